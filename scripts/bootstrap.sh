@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh machine with Python 3.11 and the OS packages: the OS packages the
+# tests need (PostgreSQL 15 server binaries), a virtual env in .venv with every package of the
+# monorepo installed editable, and the tools. Safe to run again: it skips what is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_postgres() {
+    command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+if ! have_postgres; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing PostgreSQL server binaries (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+        echo "bootstrap: PostgreSQL server binaries not found; install the 'postgresql' package" >&2
+        exit 1
+    fi
+fi
+
+PYTHON=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+# Reinstall only when a requirement or a package definition changed.
+stamp=.venv/.fireflyer-installed
+digest=$(cat requirements/*.txt $(git ls-files '*pyproject.toml' 2>/dev/null || find . -name pyproject.toml -not -path './.*') | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
+    echo "bootstrap: installing the monorepo into .venv"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+    echo "$digest" > "$stamp"
+fi
