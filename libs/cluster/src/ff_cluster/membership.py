@@ -1,0 +1,118 @@
+"""A service's membership in the cluster: register with mgmtd, heartbeat, and the T/2 rule."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from ff_cluster.lease import LeaseWatch
+from ff_cluster.mgmtd_client import MgmtdClient
+from ff_rpc import RpcError
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class MembershipOptions:
+    mgmtd_addresses: list[str]
+    cluster_token: str
+    node_type: common_pb2.NodeType.ValueType
+    hostname: str
+    endpoints: dict[str, str]
+    node_id: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+    # Called once when mgmtd has been unreachable for T/2 (stop serving), and once when it is back.
+    on_lease_lost: Callable[[], None] | None = None
+    on_lease_regained: Callable[[], None] | None = None
+    retry_interval_s: float = 0.5
+
+
+class NodeMembership:
+    """Registers the node, then heartbeats every interval mgmtd asks for, until stopped."""
+
+    def __init__(self, options: MembershipOptions, client: MgmtdClient | None = None) -> None:
+        self._opts = options
+        self._client = client or MgmtdClient(options.mgmtd_addresses, token=options.cluster_token, timeout_s=2.0)
+        self.node_id = options.node_id
+        self.cluster_id = ""
+        self.lease_duration_s = 0.0
+        self.heartbeat_interval_s = options.retry_interval_s
+        self.routing_version = 0
+        self.config_version = 0
+        self.registered = asyncio.Event()
+        self._watch: LeaseWatch | None = None
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._watch is not None and self._watch.lost
+
+    async def register(self) -> None:
+        request = mgmtd_pb2.RegisterNodeRequest(
+            node_id=self.node_id, node_type=self._opts.node_type, hostname=self._opts.hostname,
+            endpoints=[common_pb2.Endpoint(name=k, address=v) for k, v in self._opts.endpoints.items()],
+            tags=self._opts.tags,
+        )  # fmt: skip
+        resp = await self._client.mgmtd(lambda s: s.RegisterNode, request)
+        self.node_id, self.cluster_id = resp.node_id, resp.cluster_id
+        self.lease_duration_s, self.heartbeat_interval_s = resp.lease_duration_s, resp.heartbeat_interval_s
+        self.routing_version = resp.routing_version
+        self._watch = LeaseWatch(self.lease_duration_s, time.monotonic())
+        self.registered.set()
+        logger.info("registered with mgmtd", extra={"node_id": self.node_id, "cluster_id": self.cluster_id})
+
+    async def heartbeat(self) -> None:
+        request = mgmtd_pb2.HeartbeatRequest(
+            node_id=self.node_id, routing_version=self.routing_version, config_version=self.config_version
+        )
+        try:
+            resp = await self._client.mgmtd(lambda s: s.Heartbeat, request)
+        except RpcError as err:
+            if err.code is not grpc.StatusCode.NOT_FOUND:
+                raise
+            logger.warning("mgmtd does not know this node; registering again")
+            await self.register()
+            return
+        self.routing_version = resp.routing_version
+        assert self._watch is not None
+        if self._watch.acked(time.monotonic()):
+            logger.info("mgmtd reachable again")
+            if self._opts.on_lease_regained:
+                self._opts.on_lease_regained()
+
+    def _check_lease(self) -> None:
+        if self._watch is not None and self._watch.check(time.monotonic()):
+            logger.error("mgmtd unreachable for %.1fs (T/2): this node must stop serving", self._watch.tolerance_s)
+            if self._opts.on_lease_lost:
+                self._opts.on_lease_lost()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Register (retrying), then heartbeat until ``stop``."""
+        try:
+            while not stop.is_set() and not self.registered.is_set():
+                try:
+                    await self.register()
+                except RpcError as err:
+                    logger.warning("cannot register with mgmtd yet: %s", err)
+                    await _sleep_or_stop(stop, self._opts.retry_interval_s)
+            while not stop.is_set():
+                try:
+                    await self.heartbeat()
+                except RpcError as err:
+                    logger.warning("heartbeat failed: %s", err)
+                self._check_lease()
+                await _sleep_or_stop(stop, self.heartbeat_interval_s)
+        finally:
+            await self._client.close()
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

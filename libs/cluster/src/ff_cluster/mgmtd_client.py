@@ -1,0 +1,124 @@
+"""Client of mgmtd: finds the primary (following standbys' redirects), deadlines, safe retries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from ff_rpc import RetryPolicy, RpcClient, RpcError, open_channel
+from ff_rpc.client import NO_RETRY, RETRYABLE_CODES, is_idempotent, method_path
+from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+PRIMARY_ADDRESS_METADATA = "ff-primary-address"
+NOT_PRIMARY_METADATA = "ff-not-primary"
+
+MgmtdStub = mgmtd_pb2_grpc.MgmtdServiceStub
+IdentityStub = mgmtd_pb2_grpc.IdentityServiceStub
+
+
+class MgmtdClient:
+    """Calls to the primary mgmtd, wherever it is.
+
+    A standby answers UNAVAILABLE with ``ff-not-primary`` (and the primary's address when it knows
+    it): the call did not run, so it is sent again to the primary, whatever the method. Other
+    UNAVAILABLE or DEADLINE_EXCEEDED answers are retried, on the next known address, only for methods
+    the proto marks idempotent.
+    """
+
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        token: str | Callable[[], str],
+        timeout_s: float = 5.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one mgmtd address is needed")
+        self._addresses = list(dict.fromkeys(addresses))
+        self._current = self._addresses[0]
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
+        self._retry = retry or RetryPolicy(max_attempts=6, max_backoff_s=1.0)
+
+    @property
+    def current_address(self) -> str:
+        return self._current
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = open_channel(address)
+        return self._channels[address]
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def mgmtd(self, select: Callable[[MgmtdStub], Any], request: Any, *, timeout_s: float | None = None) -> Any:
+        """A unary MgmtdService call: ``await client.mgmtd(lambda s: s.Heartbeat, request)``."""
+        return await self._invoke(lambda ch: select(MgmtdStub(ch)), request, timeout_s)
+
+    async def identity(
+        self, select: Callable[[IdentityStub], Any], request: Any, *, timeout_s: float | None = None
+    ) -> Any:
+        """A unary IdentityService call."""
+        return await self._invoke(lambda ch: select(IdentityStub(ch)), request, timeout_s)
+
+    async def _invoke(self, bind: Callable[[grpc.aio.Channel], Any], request: Any, timeout_s: float | None) -> Any:
+        attempt = 1
+        while True:
+            call = bind(self._channel(self._current))
+            try:
+                return await self._rpc.unary(call, request, timeout_s=timeout_s)
+            except RpcError as err:
+                if not self._should_retry(err, method_path(call)) or attempt >= self._retry.max_attempts:
+                    raise
+                redirected = self._follow(err)
+                attempt += 1
+                if not redirected:
+                    await asyncio.sleep(self._retry.backoff_s(attempt - 1))
+
+    def _should_retry(self, err: RpcError, method: str) -> bool:
+        if err.code is grpc.StatusCode.UNAVAILABLE and NOT_PRIMARY_METADATA in err.trailing_metadata:
+            return True
+        return err.code in RETRYABLE_CODES and is_idempotent(method)
+
+    def _follow(self, err: RpcError) -> bool:
+        """Switch to the primary the answer names, else to the next known address. True if redirected."""
+        primary = err.trailing_metadata.get(PRIMARY_ADDRESS_METADATA, "")
+        if primary and primary != self._current:
+            logger.info("mgmtd primary is %s", primary)
+            if primary not in self._addresses:
+                self._addresses.append(primary)
+            self._current = primary
+            return True
+        index = self._addresses.index(self._current) if self._current in self._addresses else -1
+        self._current = self._addresses[(index + 1) % len(self._addresses)]
+        return False
+
+    async def watch_routing(self, known_version: int = 0) -> AsyncIterator[mgmtd_pb2.RoutingInfo]:
+        """Routing info at every change, following the primary across failovers, until cancelled."""
+        attempt = 0
+        while True:
+            stub = MgmtdStub(self._channel(self._current))
+            try:
+                async for msg in self._rpc.stream(stub.WatchRoutingInfo, mgmtd_pb2.WatchRoutingInfoRequest(
+                    known_version=known_version
+                )):  # fmt: skip
+                    attempt = 0
+                    known_version = msg.routing_info.version
+                    yield msg.routing_info
+                return
+            except RpcError as err:
+                if err.code not in RETRYABLE_CODES:
+                    raise
+                attempt += 1
+                if not self._follow(err):
+                    await asyncio.sleep(self._retry.backoff_s(min(attempt, 6)))

@@ -1,0 +1,19 @@
+"""Layered, validated service configuration: defaults < file < environment < flags."""
+
+from ff_config.loader import (
+    ConfigError,
+    SettingsModel,
+    add_settings_arguments,
+    describe_settings,
+    load_settings,
+    overrides_from_args,
+)
+
+__all__ = [
+    "ConfigError",
+    "SettingsModel",
+    "add_settings_arguments",
+    "describe_settings",
+    "load_settings",
+    "overrides_from_args",
+]

@@ -1,0 +1,58 @@
+"""Service runtime shared by every fireflyer service and client."""
+
+from ff_rpc.auth import (
+    Access,
+    CachingTokenValidator,
+    Principal,
+    Role,
+    TokenValidator,
+    current_principal,
+)
+from ff_rpc.client import RetryPolicy, RpcClient, open_channel
+from ff_rpc.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    RpcError,
+    ServiceError,
+    StatusTable,
+    Unauthenticated,
+    Unavailable,
+)
+from ff_rpc.logs import configure_logging, log_context
+from ff_rpc.server import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+
+__all__ = [
+    "Aborted",
+    "Access",
+    "AlreadyExists",
+    "CachingTokenValidator",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "NotFound",
+    "PermissionDenied",
+    "Principal",
+    "ResourceExhausted",
+    "RetryPolicy",
+    "Role",
+    "RpcClient",
+    "RpcError",
+    "RpcServer",
+    "ServerOptions",
+    "ServiceBinding",
+    "ServiceError",
+    "StatusTable",
+    "TokenValidator",
+    "Unauthenticated",
+    "Unavailable",
+    "configure_logging",
+    "current_principal",
+    "install_stop_signals",
+    "log_context",
+    "open_channel",
+    "write_ready_file",
+]

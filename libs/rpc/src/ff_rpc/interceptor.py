@@ -1,0 +1,195 @@
+"""The server interceptor every service runs: request ids, authentication, authorization by the
+proto's access option, one error-to-status mapping, metrics and an access log."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from ff_rpc.auth import (
+    CLUSTER_PRINCIPAL,
+    Access,
+    Principal,
+    TokenValidator,
+    authorize,
+    bearer_token,
+    is_cluster_token,
+    method_access,
+    set_current_principal,
+)
+from ff_rpc.errors import StatusTable, Unauthenticated
+from ff_rpc.logs import set_log_fields
+from ff_rpc.metrics import RpcMetrics
+
+logger = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "x-request-id"
+
+if TYPE_CHECKING:
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    Context = grpc.aio.ServicerContext[Any, Any]
+Behavior = Callable[..., Any]
+
+
+class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler of the server with the service policy (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cluster_token: str,
+        validator: TokenValidator | None,
+        status_table: StatusTable,
+        metrics: RpcMetrics,
+    ) -> None:
+        self._cluster_token = cluster_token
+        self._validator = validator
+        self._status_table = status_table
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        access = method_access(method)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, access, handler.unary_unary),
+                handler.request_deserializer, handler.response_serializer,
+            )  # fmt: skip
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(method, access, handler.stream_unary),
+                handler.request_deserializer, handler.response_serializer,
+            )  # fmt: skip
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, access, handler.unary_stream),
+                handler.request_deserializer, handler.response_serializer,
+            )  # fmt: skip
+        assert handler.stream_stream is not None  # grpc sets exactly one of the four
+        return grpc.stream_stream_rpc_method_handler(
+            self._wrap_stream(method, access, handler.stream_stream),
+            handler.request_deserializer, handler.response_serializer,
+        )  # fmt: skip
+
+    def _wrap_unary(self, method: str, access: Access | None, inner: Behavior) -> Behavior:
+        async def behavior(request: Any, context: Context) -> Any:
+            async with _Call(self, method, access, context) as call:
+                return await call.guard(inner(request, context))
+
+        return behavior
+
+    def _wrap_stream(self, method: str, access: Access | None, inner: Behavior) -> Behavior:
+        async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
+            async with _Call(self, method, access, context) as call:
+                stream = inner(request, context)
+                while True:
+                    try:
+                        item = await call.guard(anext(stream))
+                    except StopAsyncIteration:
+                        return
+                    yield item
+
+        return behavior
+
+    async def authenticate(self, access: Access | None, context: Context) -> Principal | None:
+        token = bearer_token(tuple(context.invocation_metadata() or ()))
+        if access is None or (access is Access.PUBLIC and not token):
+            return None
+        if not token:
+            raise Unauthenticated("missing bearer token (metadata 'authorization: Bearer <token>')")
+        if is_cluster_token(token, self._cluster_token):
+            principal = CLUSTER_PRINCIPAL
+        elif self._validator is None:
+            raise Unauthenticated("this service accepts only the cluster token")
+        else:
+            principal = await self._validator.validate(token)
+        if access is not None:
+            authorize(access, principal)
+        return principal
+
+    def status_for(self, exc: BaseException) -> grpc.StatusCode | None:
+        return self._status_table.code_for(exc)
+
+    @property
+    def metrics(self) -> RpcMetrics:
+        return self._metrics
+
+
+class _Call:
+    """One RPC being served: its request id, principal, status, timing."""
+
+    def __init__(
+        self,
+        policy: ServicePolicyInterceptor,
+        method: str,
+        access: Access | None,
+        context: Context,
+    ) -> None:
+        self._policy = policy
+        self._method = method
+        self._access = access
+        self._context = context
+        self.code = grpc.StatusCode.OK
+        md = dict(context.invocation_metadata() or ())
+        rid = md.get(REQUEST_ID_HEADER) or uuid.uuid4().hex[:16]
+        self.request_id = rid if isinstance(rid, str) else rid.decode()
+
+    async def __aenter__(self) -> _Call:
+        self._start = time.perf_counter()
+        # grpc.aio serves each call in its own task (own context), so the ids need no reset afterwards.
+        set_log_fields(request_id=self.request_id, rpc=self._method)
+        self._policy.metrics.in_flight.labels(self._method.split("/")[1]).inc()
+        principal = await self.guard(self._policy.authenticate(self._access, self._context))
+        set_current_principal(principal)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        exc = exc_info[1]
+        if isinstance(exc, BaseException) and self.code is grpc.StatusCode.OK:
+            self.code = grpc.StatusCode.CANCELLED
+        duration_s = time.perf_counter() - self._start
+        self._policy.metrics.in_flight.labels(self._method.split("/")[1]).dec()
+        self._policy.metrics.observe(self._method, self.code.name, duration_s)
+        logger.debug("rpc done", extra={"code": self.code.name, "duration_ms": round(duration_s * 1e3, 3)})
+        set_current_principal(None)
+
+    async def guard(self, awaitable: Awaitable[Any]) -> Any:
+        """Await ``awaitable``; turn any exception into the one status code the table gives it."""
+        try:
+            return await awaitable
+        except grpc.aio.AbortError:
+            self.code = _status_of(self._context)
+            raise
+        except (StopAsyncIteration, GeneratorExit):
+            raise
+        except Exception as exc:
+            code = self._policy.status_for(exc)
+            if code is None:
+                logger.exception("internal error in %s", self._method)
+                code, details = grpc.StatusCode.INTERNAL, f"internal error (request id {self.request_id})"
+            else:
+                details = str(exc) or type(exc).__name__
+            self.code = code
+            extra = getattr(exc, "trailing_metadata", None)
+            trailing = tuple(extra()) if callable(extra) else ()
+            trailing += ((REQUEST_ID_HEADER, self.request_id),)
+            await self._context.abort(code, details, trailing_metadata=trailing)
+            raise AssertionError("unreachable: abort raises") from exc
+
+
+def _status_of(context: Context) -> grpc.StatusCode:
+    """The status a servicer set with context.abort (grpc's typing says code() always returns one)."""
+    code: grpc.StatusCode | None = context.code()
+    return code if code is not None else grpc.StatusCode.UNKNOWN

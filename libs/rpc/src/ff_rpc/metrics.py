@@ -1,0 +1,57 @@
+"""Prometheus metrics of a service: per-RPC request counts and latency, served on /metrics."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class RpcMetrics:
+    """The RPC metrics of one server. Each server gets its own registry (tests run several per process)."""
+
+    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "ff_rpc_requests", "RPCs served, by final status code.",
+            ["service", "method", "code"], registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "ff_rpc_request_duration_seconds", "Time to serve an RPC (streams: until the stream ends).",
+            ["service", "method"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.in_flight = Gauge("ff_rpc_in_flight", "RPCs being served now.", ["service"], registry=self.registry)
+
+    def observe(self, full_method: str, code: str, duration_s: float) -> None:
+        service, method = split_method(full_method)
+        self.requests.labels(service, method, code).inc()
+        self.latency.labels(service, method).observe(duration_s)
+
+
+def split_method(full_method: str) -> tuple[str, str]:
+    service, _, method = full_method.lstrip("/").partition("/")
+    return service, method
+
+
+class MetricsHttpServer:
+    """``/metrics`` over HTTP in a background thread (prometheus_client's WSGI server)."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._httpd: WSGIServer
+        self._thread: threading.Thread
+        self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_port)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)

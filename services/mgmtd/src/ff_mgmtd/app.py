@@ -1,0 +1,285 @@
+"""The async driver of mgmtd: election, node liveness, the primary's caches, routing change notices.
+
+Decisions live in ``core`` (lease arithmetic) and ``store`` (state changes, each one serializable
+transaction fenced by the primary's lease); this class does the I/O and the timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy.orm import Session
+
+from ff_mgmtd.core.errors import NotFoundError, NotPrimary
+from ff_mgmtd.core.lease import HeartbeatTracker
+from ff_mgmtd.core.model import MgmtdInstance, Node, NodeRegistration, NodeStatus, NodeType, RoutingInfo
+from ff_mgmtd.store import cluster_state, routing
+from ff_mgmtd.store.cluster_state import Fence
+from ff_store import Store
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    lease_duration_s: float
+    heartbeat_interval_s: float
+    election_lease_s: float
+
+    @property
+    def election_tick_s(self) -> float:
+        return self.election_lease_s / 4
+
+    @property
+    def liveness_tick_s(self) -> float:
+        return min(self.lease_duration_s / 20, 0.5)
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswer:
+    routing_version: int
+    config_version: int
+    enabled: bool
+
+
+class Mgmtd:
+    """One mgmtd instance: a standby, or the primary."""
+
+    def __init__(
+        self,
+        store: Store,
+        timing: Timing,
+        *,
+        instance_id: str,
+        address: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.timing = timing
+        self.instance_id = instance_id
+        self.address = address
+        self.cluster_id = ""
+        self._clock = clock
+        self._fence: Fence | None = None
+        self._lease_deadline = 0.0
+        self._primary_address = ""
+        self._tracker = HeartbeatTracker(timing.lease_duration_s)
+        self._nodes: dict[int, Node] = {}
+        self._config_versions: dict[NodeType, int] = {}
+        self._routing_version = 0
+        self._snapshot: RoutingInfo | None = None
+        self._changed = asyncio.Condition()
+
+    # ---- primacy ----
+
+    @property
+    def is_primary(self) -> bool:
+        return self._fence is not None and self._clock() < self._lease_deadline
+
+    @property
+    def primary_address(self) -> str:
+        return self.address if self.is_primary else self._primary_address
+
+    @property
+    def epoch(self) -> int:
+        return self._fence.epoch if self._fence else 0
+
+    def require_primary(self) -> Fence:
+        if self._fence is None or not self.is_primary:
+            raise NotPrimary(self._primary_address if self._fence is None else "")
+        return self._fence
+
+    async def start(self) -> None:
+        self.cluster_id = await self.store.arun(lambda s: cluster_state.ensure_cluster(s, time.time()))
+        await self.election_tick()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The background loops, until ``stop``; then resign primacy so a standby takes over at once."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._every(self.timing.election_tick_s, self.election_tick, stop))
+            tg.create_task(self._every(self.timing.liveness_tick_s, self.liveness_tick, stop))
+        await self.resign()
+
+    async def _every(self, period_s: float, tick: Callable[[], object], stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await tick()  # type: ignore[misc]
+            except Exception:
+                logger.exception("background tick failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period_s)
+
+    async def election_tick(self) -> None:
+        started = self._clock()
+        try:
+            result = await self.store.arun(
+                lambda s: cluster_state.run_campaign(s, self.instance_id, self.address, self.timing.election_lease_s)
+            )
+        except Exception:
+            if self._fence is not None and self._clock() >= self._lease_deadline:
+                self._step_down("cannot renew the lease")
+            raise
+        if not result.is_primary:
+            self._primary_address = result.row.holder_address
+            if self._fence is not None:
+                self._step_down(f"lease held by {result.row.holder_id}")
+            return
+        # The lease runs from before the transaction began, on our own clock: conservative.
+        self._lease_deadline = started + self.timing.election_lease_s
+        self._primary_address = self.address
+        if self._fence is None or self._fence.epoch != result.row.epoch:
+            await self._take_over(Fence(self.instance_id, result.row.epoch))
+
+    async def _take_over(self, fence: Fence) -> None:
+        def load(s: Session) -> tuple[list[Node], dict[NodeType, int], int]:
+            return routing.list_nodes(s), routing.config_versions(s), cluster_state.routing_version(s)
+
+        nodes, config_versions, version = await self.store.arun(load)
+        now = self._clock()
+        self._nodes = {n.node_id: n for n in nodes}
+        self._tracker.reset([n.node_id for n in nodes if n.status is NodeStatus.ALIVE], now)
+        self._config_versions = config_versions
+        self._snapshot = None
+        self._fence = fence
+        await self._publish(version)
+        logger.info("became primary", extra={"epoch": fence.epoch, "num_nodes": len(nodes)})
+
+    def _step_down(self, why: str) -> None:
+        logger.warning("no longer primary: %s", why)
+        self._fence = None
+        self._lease_deadline = 0.0
+        self._snapshot = None
+        self._tracker.reset([], self._clock())
+
+    async def resign(self) -> None:
+        if self._fence is None:
+            return
+        fence, self._fence = self._fence, None
+        try:
+            await self.store.arun(lambda s: cluster_state.resign(s, fence))
+        except Exception:
+            logger.exception("could not resign the lease; it will expire")
+
+    async def write(self, fn: Callable[[Session, Fence], T]) -> T:
+        """Run a state change as the primary, fenced by our lease epoch in the same transaction."""
+        fence = self.require_primary()
+        try:
+            return await self.store.arun(lambda s: fn(s, fence))
+        except NotPrimary:
+            self._step_down("fenced off by a newer primary")
+            raise
+
+    # ---- liveness ----
+
+    async def liveness_tick(self) -> None:
+        if not self.is_primary:
+            return
+        expired = self._tracker.expired(self._clock())
+        if not expired:
+            return
+        version = await self.write(lambda s, f: routing.mark_dead(s, f, expired))
+        for node_id in expired:
+            self._tracker.forget(node_id)
+            if node_id in self._nodes:
+                self._nodes[node_id] = _with_status(self._nodes[node_id], NodeStatus.DEAD)
+        logger.warning("nodes declared dead (no heartbeat for %.1fs)", self.timing.lease_duration_s,
+                       extra={"node_ids": expired})  # fmt: skip
+        if version is not None:
+            await self._publish(version)
+
+    async def register_node(self, reg: NodeRegistration) -> Node:
+        node, version = await self.write(lambda s, f: routing.register_node(s, f, reg, time.time()))
+        self._nodes[node.node_id] = node
+        self._tracker.renew(node.node_id, self._clock())
+        await self._publish(version)
+        logger.info("node registered", extra={"node_id": node.node_id, "node_type": node.node_type.name})
+        return node
+
+    async def heartbeat(self, node_id: int) -> HeartbeatAnswer:
+        """Renew a lease. The steady state touches no database: the primary keeps leases in memory."""
+        self.require_primary()
+        known = self._nodes.get(node_id)
+        if known is None:
+            raise NotFoundError(f"node {node_id} is not registered")
+        node = known
+        if node.status is NodeStatus.DEAD:
+            node, version = await self.write(lambda s, f: routing.revive(s, f, node_id))
+            self._nodes[node_id] = node
+            await self._publish(version)
+            logger.info("dead node is back", extra={"node_id": node_id})
+        self._tracker.renew(node_id, self._clock())
+        return HeartbeatAnswer(self._routing_version, self._config_versions.get(node.node_type, 0), node.enabled)
+
+    def last_heartbeat_wall(self, node_id: int) -> float:
+        seen = self._tracker.last_seen(node_id)
+        return 0.0 if seen is None else time.time() - (self._clock() - seen)
+
+    def config_version(self, node_type: NodeType) -> int:
+        return self._config_versions.get(node_type, 0)
+
+    def note_config_version(self, node_type: NodeType, version: int) -> None:
+        self._config_versions[node_type] = version
+
+    async def note_node(self, node: Node, version: int) -> None:
+        self._nodes[node.node_id] = node
+        await self._publish(version)
+
+    # ---- routing ----
+
+    @property
+    def routing_version(self) -> int:
+        return self._routing_version
+
+    async def routing_info(self) -> RoutingInfo:
+        self.require_primary()
+        snapshot = self._snapshot
+        if snapshot is not None and snapshot.version == self._routing_version:
+            return snapshot
+        snapshot = await self.store.arun(lambda s: routing.routing_info(s, time.time()))
+        if self.is_primary:
+            self._snapshot = snapshot
+        return snapshot
+
+    async def publish(self, version: int) -> None:
+        await self._publish(version)
+
+    async def _publish(self, version: int) -> None:
+        async with self._changed:
+            self._routing_version = max(self._routing_version, version)
+            self._changed.notify_all()
+
+    async def watch(self, known_version: int, stopping: asyncio.Event) -> AsyncIterator[RoutingInfo]:
+        """Routing info now if newer than ``known_version``, then at every change, while primary."""
+        while not stopping.is_set():
+            info = await self.routing_info()
+            if info.version != known_version:
+                known_version = info.version
+                yield info
+            async with self._changed:
+                if self._routing_version == known_version:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), timeout=self.timing.election_tick_s)
+
+    async def instances(self) -> list[MgmtdInstance]:
+        return await self.store.arun(cluster_state.list_instances)
+
+    async def lookup_primary(self) -> str:
+        if self.is_primary:
+            return self.address
+        _, address = await self.store.arun(cluster_state.current_primary)
+        self._primary_address = address
+        return address
+
+
+def _with_status(node: Node, status: NodeStatus) -> Node:
+    from dataclasses import replace
+
+    return replace(node, status=status)

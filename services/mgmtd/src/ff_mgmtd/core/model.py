@@ -1,0 +1,147 @@
+"""mgmtd's domain types. The store and the servicer translate to and from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class NodeType(IntEnum):
+    """Mirror of fireflyer.common.v1.NodeType (same numbers)."""
+
+    MGMTD = 1
+    META = 2
+    STORAGE = 3
+    SCHEDULER = 4
+    AGENT = 5
+    TELEMETRY = 6
+    CLIENT = 7
+
+
+class NodeStatus(IntEnum):
+    ALIVE = 1
+    DEAD = 2
+
+
+class PublicTargetState(IntEnum):
+    SERVING = 1
+    SYNCING = 2
+    WAITING = 3
+    LASTSRV = 4
+    OFFLINE = 5
+
+
+class LocalTargetState(IntEnum):
+    UPTODATE = 1
+    ONLINE = 2
+    OFFLINE = 3
+
+
+class Role(IntEnum):
+    USER = 1
+    ADMIN = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    name: str
+    address: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    node_id: int
+    node_type: NodeType
+    hostname: str
+    endpoints: tuple[Endpoint, ...] = ()
+    status: NodeStatus = NodeStatus.ALIVE
+    enabled: bool = True
+    tags: dict[str, str] = field(default_factory=dict)
+    registered_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeRegistration:
+    """A RegisterNode request, validated."""
+
+    node_id: int
+    node_type: NodeType
+    hostname: str
+    endpoints: tuple[Endpoint, ...]
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainTarget:
+    target_id: int
+    node_id: int
+    public_state: PublicTargetState = PublicTargetState.SERVING
+    local_state: LocalTargetState = LocalTargetState.UPTODATE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chain:
+    """Targets head first, tail last."""
+
+    chain_id: int
+    version: int
+    targets: tuple[ChainTarget, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainTable:
+    table_id: int
+    version: int
+    chain_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingInfo:
+    version: int
+    cluster_id: str
+    nodes: tuple[Node, ...]
+    chains: tuple[Chain, ...]
+    chain_tables: tuple[ChainTable, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigEntry:
+    node_type: NodeType
+    version: int
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class User:
+    uid: int
+    name: str
+    role: Role
+    disabled: bool
+    group_names: tuple[str, ...]
+    gids: tuple[int, ...]
+    created_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    gid: int
+    name: str
+    member_names: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenInfo:
+    token_id: str
+    user_name: str
+    description: str
+    created_at: float
+    expires_at: float
+    revoked: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MgmtdInstance:
+    instance_id: str
+    address: str
+    is_primary: bool
+    last_seen_at: float

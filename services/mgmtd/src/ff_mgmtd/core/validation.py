@@ -1,0 +1,101 @@
+"""Checks on what callers send; each failure is an InvalidRequest naming the field."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ff_mgmtd.core.errors import InvalidRequest
+from ff_mgmtd.core.model import Chain, ChainTable, Endpoint, NodeRegistration, NodeType
+
+MAX_ID = 2**32 - 1
+_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,63}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]{1,255}$")
+_ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
+MAX_TAGS = 64
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def check_name(kind: str, name: str) -> str:
+    """User and group names: lowercase POSIX-like, at most 64 characters."""
+    if not _NAME_RE.match(name):
+        raise InvalidRequest(f"{kind} name {name!r} must match {_NAME_RE.pattern}")
+    return name
+
+
+def check_node_type(value: int) -> NodeType:
+    try:
+        return NodeType(value)
+    except ValueError:
+        raise InvalidRequest(f"node_type {value} is not a known node type") from None
+
+
+def check_address(field_name: str, address: str) -> str:
+    match = _ADDRESS_RE.match(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise InvalidRequest(f"{field_name} {address!r} is not host:port")
+    return address
+
+
+def check_registration(
+    node_id: int, node_type: int, hostname: str, endpoints: Sequence[Endpoint], tags: dict[str, str]
+) -> NodeRegistration:
+    if not _HOST_RE.match(hostname):
+        raise InvalidRequest(f"hostname {hostname!r} is empty or has characters a hostname cannot have")
+    if not endpoints:
+        raise InvalidRequest("endpoints: a node must have at least one endpoint")
+    names = [e.name for e in endpoints]
+    if len(set(names)) != len(names) or not all(names):
+        raise InvalidRequest("endpoints: names must be non-empty and unique")
+    for e in endpoints:
+        check_address(f"endpoint {e.name!r}", e.address)
+    if len(tags) > MAX_TAGS or any(not k or len(k) > 128 or len(v) > 1024 for k, v in tags.items()):
+        raise InvalidRequest(f"tags: at most {MAX_TAGS}, keys 1-128 and values up to 1024 characters")
+    return NodeRegistration(
+        node_id=node_id, node_type=check_node_type(node_type), hostname=hostname,
+        endpoints=tuple(endpoints), tags=dict(tags),
+    )  # fmt: skip
+
+
+def check_chains(chains: Sequence[Chain]) -> None:
+    """Shape checks; existence of nodes and versions are checked against the store."""
+    if not chains:
+        raise InvalidRequest("chains: at least one chain")
+    seen_chains: set[int] = set()
+    seen_targets: set[int] = set()
+    for chain in chains:
+        if not 0 < chain.chain_id <= MAX_ID:
+            raise InvalidRequest(f"chain_id {chain.chain_id} must be in 1..{MAX_ID}")
+        if chain.chain_id in seen_chains:
+            raise InvalidRequest(f"chain {chain.chain_id} given twice")
+        seen_chains.add(chain.chain_id)
+        if not chain.targets:
+            raise InvalidRequest(f"chain {chain.chain_id}: at least one target")
+        for target in chain.targets:
+            if target.target_id <= 0:
+                raise InvalidRequest(f"chain {chain.chain_id}: target_id must be positive")
+            if target.target_id in seen_targets:
+                raise InvalidRequest(f"target {target.target_id} appears in more than one place")
+            seen_targets.add(target.target_id)
+
+
+def check_chain_table(table: ChainTable) -> None:
+    if not 0 < table.table_id <= MAX_ID:
+        raise InvalidRequest(f"table_id {table.table_id} must be in 1..{MAX_ID}")
+    if not table.chain_ids:
+        raise InvalidRequest("chain_ids: a chain table needs at least one chain")
+    if len(set(table.chain_ids)) != len(table.chain_ids):
+        raise InvalidRequest("chain_ids: a chain may appear once in a table")
+
+
+def check_config(content: str) -> str:
+    """Config content is TOML text; it must parse, so a node never fetches a config it cannot load."""
+    import tomllib
+
+    if len(content.encode()) > MAX_CONFIG_BYTES:
+        raise InvalidRequest(f"content: at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        tomllib.loads(content)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidRequest(f"content is not valid TOML: {exc}") from None
+    return content

@@ -1,0 +1,19 @@
+"""The one table from mgmtd's exceptions to gRPC status codes."""
+
+from __future__ import annotations
+
+import grpc
+
+from ff_mgmtd.core import errors
+from ff_rpc import StatusTable
+
+STATUS_TABLE = StatusTable({
+    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFoundError: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    errors.StaleVersion: grpc.StatusCode.ABORTED,
+    errors.Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+    errors.InvalidToken: grpc.StatusCode.UNAUTHENTICATED,
+    errors.NotPrimary: grpc.StatusCode.UNAVAILABLE,
+})  # fmt: skip

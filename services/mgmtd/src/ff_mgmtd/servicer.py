@@ -1,0 +1,243 @@
+"""Thin gRPC adapters: protobuf in, domain calls, protobuf out. Errors map in ff_mgmtd.errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ff_mgmtd import wire
+from ff_mgmtd.app import Mgmtd
+from ff_mgmtd.core import tokens, validation
+from ff_mgmtd.core.errors import Forbidden, InvalidRequest, InvalidToken
+from ff_mgmtd.core.model import Role
+from ff_mgmtd.store import identity, routing
+from ff_rpc import Principal, Unauthenticated, current_principal
+from ff_rpc.auth import Role as PrincipalRole
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
+from fireflyer.mgmtd.v1 import mgmtd_pb2_grpc
+
+Context = Any
+
+
+def _require_id(field: str, value: int) -> int:
+    if value <= 0:
+        raise InvalidRequest(f"{field} is required")
+    return value
+
+
+class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
+    def __init__(self, mgmtd: Mgmtd, stopping: asyncio.Event) -> None:
+        self._m = mgmtd
+        self._stopping = stopping
+
+    async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Context) -> pb.RegisterNodeResponse:
+        reg = validation.check_registration(
+            request.node_id, request.node_type, request.hostname,
+            wire.endpoints_from_proto(list(request.endpoints)), dict(request.tags),
+        )  # fmt: skip
+        node = await self._m.register_node(reg)
+        t = self._m.timing
+        return pb.RegisterNodeResponse(
+            node_id=node.node_id, cluster_id=self._m.cluster_id, lease_duration_s=t.lease_duration_s,
+            heartbeat_interval_s=t.heartbeat_interval_s, routing_version=self._m.routing_version,
+        )  # fmt: skip
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        answer = await self._m.heartbeat(_require_id("node_id", request.node_id))
+        return pb.HeartbeatResponse(
+            lease_duration_s=self._m.timing.lease_duration_s, routing_version=answer.routing_version,
+            config_version=answer.config_version, enabled=answer.enabled,
+        )  # fmt: skip
+
+    async def GetRoutingInfo(self, request: pb.GetRoutingInfoRequest, context: Context) -> pb.GetRoutingInfoResponse:
+        self._m.require_primary()
+        if request.known_version and request.known_version == self._m.routing_version:
+            return pb.GetRoutingInfoResponse(unchanged=True)
+        info = await self._m.routing_info()
+        return pb.GetRoutingInfoResponse(routing_info=self._routing_proto(info))
+
+    async def WatchRoutingInfo(
+        self, request: pb.WatchRoutingInfoRequest, context: Context
+    ) -> AsyncIterator[pb.WatchRoutingInfoResponse]:
+        async for info in self._m.watch(request.known_version, self._stopping):
+            yield pb.WatchRoutingInfoResponse(routing_info=self._routing_proto(info))
+
+    def _routing_proto(self, info: Any) -> pb.RoutingInfo:
+        beats = {n.node_id: self._m.last_heartbeat_wall(n.node_id) for n in info.nodes}
+        return wire.routing_to_proto(info, beats)
+
+    async def GetPrimary(self, request: pb.GetPrimaryRequest, context: Context) -> pb.GetPrimaryResponse:
+        address = await self._m.lookup_primary()
+        return pb.GetPrimaryResponse(
+            primary_address=address, instance_id=self._m.instance_id, is_primary=self._m.is_primary,
+            epoch=self._m.epoch,
+        )  # fmt: skip
+
+    async def GetClusterInfo(self, request: pb.GetClusterInfoRequest, context: Context) -> pb.GetClusterInfoResponse:
+        instances = await self._m.instances()
+        return pb.GetClusterInfoResponse(
+            cluster_id=self._m.cluster_id, instances=[wire.instance_to_proto(i) for i in instances],
+            routing_version=self._m.routing_version, lease_duration_s=self._m.timing.lease_duration_s,
+        )  # fmt: skip
+
+    async def SetChains(self, request: pb.SetChainsRequest, context: Context) -> pb.SetChainsResponse:
+        chains = [wire.chain_from_proto(c) for c in request.chains]
+        validation.check_chains(chains)
+        saved, version = await self._m.write(lambda s, f: routing.set_chains(s, f, chains))
+        await self._m.publish(version)
+        return pb.SetChainsResponse(chains=[wire.chain_to_proto(c) for c in saved], routing_version=version)
+
+    async def SetChainTable(self, request: pb.SetChainTableRequest, context: Context) -> pb.SetChainTableResponse:
+        if not request.HasField("chain_table"):
+            raise InvalidRequest("chain_table is required")
+        table = wire.chain_table_from_proto(request.chain_table)
+        validation.check_chain_table(table)
+        saved, version = await self._m.write(lambda s, f: routing.set_chain_table(s, f, table))
+        await self._m.publish(version)
+        return pb.SetChainTableResponse(chain_table=wire.chain_table_to_proto(saved), routing_version=version)
+
+    async def SetNodeEnabled(self, request: pb.SetNodeEnabledRequest, context: Context) -> pb.SetNodeEnabledResponse:
+        node_id = _require_id("node_id", request.node_id)
+        node, version = await self._m.write(lambda s, f: routing.set_node_enabled(s, f, node_id, request.enabled))
+        await self._m.note_node(node, version)
+        return pb.SetNodeEnabledResponse(node=wire.node_to_proto(node), routing_version=version)
+
+    async def GetConfig(self, request: pb.GetConfigRequest, context: Context) -> pb.GetConfigResponse:
+        node_type = validation.check_node_type(request.node_type)
+        self._m.require_primary()
+        entry = await self._m.store.arun(lambda s: routing.get_config(s, node_type))
+        return pb.GetConfigResponse(node_type=request.node_type, version=entry.version, content=entry.content)
+
+    async def SetConfig(self, request: pb.SetConfigRequest, context: Context) -> pb.SetConfigResponse:
+        node_type = validation.check_node_type(request.node_type)
+        content = validation.check_config(request.content)
+        version = await self._m.write(
+            lambda s, f: routing.set_config(s, f, node_type, request.expected_version, content, time.time())
+        )
+        self._m.note_config_version(node_type, version)
+        return pb.SetConfigResponse(version=version)
+
+
+class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
+    def __init__(self, mgmtd: Mgmtd, token_cache_ttl_s: float) -> None:
+        self._m = mgmtd
+        self._ttl_s = token_cache_ttl_s
+
+    async def CreateUser(self, request: pb.CreateUserRequest, context: Context) -> pb.CreateUserResponse:
+        name = validation.check_name("user", request.name)
+        role = Role(request.role or common_pb2.ROLE_USER) if request.role in (0, 1, 2) else None
+        if role is None:
+            raise InvalidRequest(f"role {request.role} is not a known role")
+        groups = [validation.check_name("group", g) for g in request.group_names]
+        user = await self._m.write(
+            lambda s, f: identity.create_user(s, f, name, request.uid, role, groups, time.time())
+        )
+        return pb.CreateUserResponse(user=wire.user_to_proto(user))
+
+    async def ListUsers(self, request: pb.ListUsersRequest, context: Context) -> pb.ListUsersResponse:
+        self._m.require_primary()
+        users = await self._m.store.arun(identity.list_users)
+        return pb.ListUsersResponse(users=[wire.user_to_proto(u) for u in users])
+
+    async def SetUserDisabled(self, request: pb.SetUserDisabledRequest, context: Context) -> pb.SetUserDisabledResponse:
+        name = validation.check_name("user", request.name)
+        user = await self._m.write(lambda s, f: identity.set_user_disabled(s, f, name, request.disabled))
+        return pb.SetUserDisabledResponse(user=wire.user_to_proto(user))
+
+    async def CreateGroup(self, request: pb.CreateGroupRequest, context: Context) -> pb.CreateGroupResponse:
+        name = validation.check_name("group", request.name)
+        group = await self._m.write(lambda s, f: identity.create_group(s, f, name, request.gid))
+        return pb.CreateGroupResponse(group=wire.group_to_proto(group))
+
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: Context) -> pb.ListGroupsResponse:
+        self._m.require_primary()
+        groups = await self._m.store.arun(identity.list_groups)
+        return pb.ListGroupsResponse(groups=[wire.group_to_proto(g) for g in groups])
+
+    async def AddGroupMember(self, request: pb.AddGroupMemberRequest, context: Context) -> pb.AddGroupMemberResponse:
+        group = await self._membership(request.group_name, request.user_name, member=True)
+        return pb.AddGroupMemberResponse(group=wire.group_to_proto(group))
+
+    async def RemoveGroupMember(
+        self, request: pb.RemoveGroupMemberRequest, context: Context
+    ) -> pb.RemoveGroupMemberResponse:
+        group = await self._membership(request.group_name, request.user_name, member=False)
+        return pb.RemoveGroupMemberResponse(group=wire.group_to_proto(group))
+
+    async def _membership(self, group_name: str, user_name: str, *, member: bool) -> Any:
+        group_name = validation.check_name("group", group_name)
+        user_name = validation.check_name("user", user_name)
+        return await self._m.write(lambda s, f: identity.set_membership(s, f, group_name, user_name, member))
+
+    async def IssueToken(self, request: pb.IssueTokenRequest, context: Context) -> pb.IssueTokenResponse:
+        user_name = _own_or_admin(request.user_name)
+        if request.ttl_s < 0:
+            raise InvalidRequest("ttl_s must be >= 0")
+        if len(request.description) > 256:
+            raise InvalidRequest("description: at most 256 characters")
+        new = tokens.new_token()
+        info = await self._m.write(
+            lambda s, f: identity.issue_token(s, f, user_name, new, request.description, request.ttl_s, time.time())
+        )
+        return pb.IssueTokenResponse(token_info=wire.token_to_proto(info), token=new.token)
+
+    async def ListTokens(self, request: pb.ListTokensRequest, context: Context) -> pb.ListTokensResponse:
+        user_name = _own_or_admin(request.user_name)
+        self._m.require_primary()
+        infos = await self._m.store.arun(lambda s: identity.list_tokens(s, user_name))
+        return pb.ListTokensResponse(tokens=[wire.token_to_proto(i) for i in infos])
+
+    async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.RevokeTokenResponse:
+        if not request.token_id:
+            raise InvalidRequest("token_id is required")
+        caller = current_principal()
+        self._m.require_primary()
+        info = await self._m.store.arun(lambda s: identity.get_token(s, request.token_id))
+        if not caller.is_admin and info.user_name != caller.name:
+            raise Forbidden(f"token {request.token_id} belongs to another user")
+        info = await self._m.write(lambda s, f: identity.revoke_token(s, f, request.token_id, time.time()))
+        return pb.RevokeTokenResponse(token_info=wire.token_to_proto(info))
+
+    async def ValidateToken(self, request: pb.ValidateTokenRequest, context: Context) -> pb.ValidateTokenResponse:
+        principal = await authenticate_token(self._m, request.token)
+        return pb.ValidateTokenResponse(principal=principal.to_proto(), cache_ttl_s=self._ttl_s)
+
+    async def WhoAmI(self, request: pb.WhoAmIRequest, context: Context) -> pb.WhoAmIResponse:
+        return pb.WhoAmIResponse(principal=current_principal().to_proto())
+
+
+def _own_or_admin(user_name: str) -> str:
+    """Users act on their own tokens; admins (and the cluster) on anyone's. Empty means the caller."""
+    caller = current_principal()
+    name = user_name or caller.name
+    if caller.is_cluster and not user_name:
+        raise InvalidRequest("user_name is required for the cluster principal")
+    validation.check_name("user", name)
+    if name != caller.name and not caller.is_admin:
+        raise Forbidden(f"user {caller.name!r} may not act on tokens of {name!r}")
+    return name
+
+
+async def authenticate_token(mgmtd: Mgmtd, token: str) -> Principal:
+    """The registry's answer for a bearer token (read from the database by any instance)."""
+    try:
+        user = await mgmtd.store.arun(lambda s: identity.authenticate(s, token, time.time()))
+    except InvalidToken as exc:
+        raise Unauthenticated(str(exc)) from None
+    return Principal(
+        uid=user.uid, name=user.name, role=PrincipalRole(int(user.role)), gids=user.gids,
+        group_names=user.group_names,
+    )  # fmt: skip
+
+
+class LocalTokenValidator:
+    """mgmtd validates tokens against its own database (other services ask mgmtd over gRPC)."""
+
+    def __init__(self, mgmtd: Mgmtd) -> None:
+        self._m = mgmtd
+
+    async def validate(self, token: str) -> Principal:
+        return await authenticate_token(self._m, token)

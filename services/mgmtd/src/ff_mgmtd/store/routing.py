@@ -1,0 +1,211 @@
+"""Nodes, chains, chain tables and configs: reads, and the writes of the primary (fenced)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from ff_mgmtd.core.errors import Conflict, InvalidRequest, NotFoundError, StaleVersion
+from ff_mgmtd.core.model import (
+    Chain,
+    ChainTable,
+    ChainTarget,
+    ConfigEntry,
+    Endpoint,
+    LocalTargetState,
+    Node,
+    NodeRegistration,
+    NodeStatus,
+    NodeType,
+    PublicTargetState,
+    RoutingInfo,
+)
+from ff_mgmtd.store.cluster_state import Fence, bump_routing_version, check_fence, ensure_cluster, routing_version
+from ff_mgmtd.store.schema import chain_tables, chain_targets, chains, configs, nodes
+
+
+def _node(row: Any) -> Node:
+    return Node(
+        node_id=int(row.node_id), node_type=NodeType(row.node_type), hostname=row.hostname,
+        endpoints=tuple(Endpoint(name=e["name"], address=e["address"]) for e in row.endpoints),
+        status=NodeStatus(row.status), enabled=bool(row.enabled), tags=dict(row.tags),
+        registered_at=float(row.registered_at),
+    )  # fmt: skip
+
+
+def get_node(s: Session, node_id: int) -> Node:
+    row = s.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+    if row is None:
+        raise NotFoundError(f"node {node_id} is not registered")
+    return _node(row)
+
+
+def list_nodes(s: Session) -> list[Node]:
+    return [_node(r) for r in s.execute(select(nodes).order_by(nodes.c.node_id)).all()]
+
+
+def register_node(s: Session, fence: Fence, reg: NodeRegistration, now: float) -> tuple[Node, int]:
+    """Insert or refresh a node; it becomes alive. Returns the node and the routing version."""
+    check_fence(s, fence)
+    values = {
+        "node_type": int(reg.node_type), "hostname": reg.hostname,
+        "endpoints": [{"name": e.name, "address": e.address} for e in reg.endpoints],
+        "tags": reg.tags, "status": int(NodeStatus.ALIVE),
+    }  # fmt: skip
+    node_id = reg.node_id
+    existing = s.execute(select(nodes).where(nodes.c.node_id == node_id)).first() if node_id else None
+    if existing is not None:
+        if existing.node_type != int(reg.node_type):
+            raise Conflict(
+                f"node {node_id} is registered as {NodeType(existing.node_type).name}, not {reg.node_type.name}"
+            )
+        s.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
+    else:
+        if not node_id:
+            node_id = int(s.execute(select(func.coalesce(func.max(nodes.c.node_id), 0))).scalar_one()) + 1
+        s.execute(insert(nodes).values(node_id=node_id, enabled=True, registered_at=now, **values))
+    version = bump_routing_version(s)
+    return get_node(s, node_id), version
+
+
+def mark_dead(s: Session, fence: Fence, node_ids: Sequence[int]) -> int | None:
+    """Declare nodes dead (lease over). Returns the new routing version, or None if nothing changed."""
+    check_fence(s, fence)
+    alive = nodes.c.status == int(NodeStatus.ALIVE)
+    dying = s.execute(select(nodes.c.node_id).where(nodes.c.node_id.in_(node_ids), alive)).scalars().all()
+    if not dying:
+        return None
+    s.execute(update(nodes).where(nodes.c.node_id.in_(dying)).values(status=int(NodeStatus.DEAD)))
+    return bump_routing_version(s)
+
+
+def revive(s: Session, fence: Fence, node_id: int) -> tuple[Node, int]:
+    """A heartbeat from a node declared dead: it is alive again (no re-registration needed)."""
+    check_fence(s, fence)
+    node = get_node(s, node_id)
+    if node.status is NodeStatus.ALIVE:
+        return node, routing_version(s)
+    s.execute(update(nodes).where(nodes.c.node_id == node_id).values(status=int(NodeStatus.ALIVE)))
+    return get_node(s, node_id), bump_routing_version(s)
+
+
+def set_node_enabled(s: Session, fence: Fence, node_id: int, enabled: bool) -> tuple[Node, int]:
+    check_fence(s, fence)
+    node = get_node(s, node_id)
+    if node.enabled == enabled:
+        return node, routing_version(s)
+    s.execute(update(nodes).where(nodes.c.node_id == node_id).values(enabled=enabled))
+    return get_node(s, node_id), bump_routing_version(s)
+
+
+def list_chains(s: Session) -> list[Chain]:
+    versions = dict(s.execute(select(chains.c.chain_id, chains.c.version)).tuples().all())
+    members: dict[int, list[ChainTarget]] = {int(c): [] for c in versions}
+    for r in s.execute(select(chain_targets).order_by(chain_targets.c.chain_id, chain_targets.c.position)).all():
+        members[int(r.chain_id)].append(
+            ChainTarget(target_id=int(r.target_id), node_id=int(r.node_id),
+                        public_state=PublicTargetState(r.public_state), local_state=LocalTargetState(r.local_state))
+        )  # fmt: skip
+    return [Chain(chain_id=c, version=int(versions[c]), targets=tuple(members[c])) for c in sorted(versions)]
+
+
+def set_chains(s: Session, fence: Fence, wanted: Sequence[Chain]) -> tuple[list[Chain], int]:
+    """Replace chains by compare-and-set on each chain's version (0 creates)."""
+    check_fence(s, fence)
+    stored = {c.chain_id: c for c in list_chains(s)}
+    known_nodes = set(s.execute(select(nodes.c.node_id)).scalars().all())
+    owner = {t.target_id: c.chain_id for c in stored.values() for t in c.targets}
+    for chain in wanted:
+        have = stored.get(chain.chain_id)
+        if (have.version if have else 0) != chain.version:
+            raise StaleVersion(
+                f"chain {chain.chain_id}: version {chain.version} is stale (current {have.version if have else 0})"
+            )
+        for t in chain.targets:
+            if t.node_id not in known_nodes:
+                raise NotFoundError(f"chain {chain.chain_id}: node {t.node_id} is not registered")
+            other = owner.get(t.target_id)
+            if other is not None and other != chain.chain_id and other not in {c.chain_id for c in wanted}:
+                raise Conflict(f"target {t.target_id} already belongs to chain {other}")
+    for chain in wanted:
+        s.execute(delete(chain_targets).where(chain_targets.c.chain_id == chain.chain_id))
+    for chain in wanted:
+        if chain.chain_id in stored:
+            s.execute(update(chains).where(chains.c.chain_id == chain.chain_id).values(version=chain.version + 1))
+        else:
+            s.execute(insert(chains).values(chain_id=chain.chain_id, version=1))
+        for position, t in enumerate(chain.targets):
+            s.execute(insert(chain_targets).values(
+                target_id=t.target_id, chain_id=chain.chain_id, position=position, node_id=t.node_id,
+                public_state=int(t.public_state), local_state=int(t.local_state),
+            ))  # fmt: skip
+    version = bump_routing_version(s)
+    updated = {c.chain_id: c for c in list_chains(s)}
+    return [updated[c.chain_id] for c in wanted], version
+
+
+def list_chain_tables(s: Session) -> list[ChainTable]:
+    rows = s.execute(select(chain_tables).order_by(chain_tables.c.table_id)).all()
+    return [ChainTable(table_id=int(r.table_id), version=int(r.version), chain_ids=tuple(r.chain_ids)) for r in rows]
+
+
+def set_chain_table(s: Session, fence: Fence, table: ChainTable) -> tuple[ChainTable, int]:
+    check_fence(s, fence)
+    have = s.execute(select(chain_tables.c.version).where(chain_tables.c.table_id == table.table_id)).scalar()
+    current = int(have) if have is not None else 0
+    if current != table.version:
+        raise StaleVersion(f"chain table {table.table_id}: version {table.version} is stale (current {current})")
+    known = set(s.execute(select(chains.c.chain_id)).scalars().all())
+    missing = sorted(set(table.chain_ids) - known)
+    if missing:
+        raise NotFoundError(f"chain table {table.table_id}: unknown chain(s) {missing}")
+    values = {"version": current + 1, "chain_ids": list(table.chain_ids)}
+    if have is None:
+        s.execute(insert(chain_tables).values(table_id=table.table_id, **values))
+    else:
+        s.execute(update(chain_tables).where(chain_tables.c.table_id == table.table_id).values(**values))
+    saved = ChainTable(table_id=table.table_id, version=current + 1, chain_ids=table.chain_ids)
+    return saved, bump_routing_version(s)
+
+
+def routing_info(s: Session, now: float) -> RoutingInfo:
+    return RoutingInfo(
+        version=routing_version(s), cluster_id=ensure_cluster(s, now), nodes=tuple(list_nodes(s)),
+        chains=tuple(list_chains(s)), chain_tables=tuple(list_chain_tables(s)),
+    )  # fmt: skip
+
+
+def get_config(s: Session, node_type: NodeType) -> ConfigEntry:
+    row = s.execute(select(configs).where(configs.c.node_type == int(node_type))).first()
+    if row is None:
+        return ConfigEntry(node_type=node_type, version=0, content="")
+    return ConfigEntry(node_type=node_type, version=int(row.version), content=row.content)
+
+
+def config_versions(s: Session) -> dict[NodeType, int]:
+    return {NodeType(t): int(v) for t, v in s.execute(select(configs.c.node_type, configs.c.version)).tuples()}
+
+
+def set_config(s: Session, fence: Fence, node_type: NodeType, expected_version: int, content: str, now: float) -> int:
+    check_fence(s, fence)
+    current = get_config(s, node_type)
+    if current.version != expected_version:
+        raise StaleVersion(
+            f"config of {node_type.name}: version {expected_version} is stale (current {current.version})"
+        )
+    version = current.version + 1
+    values = {"version": version, "content": content, "updated_at": now}
+    if current.version == 0:
+        s.execute(insert(configs).values(node_type=int(node_type), **values))
+    else:
+        s.execute(update(configs).where(configs.c.node_type == int(node_type)).values(**values))
+    return version
+
+
+def check_positive_id(kind: str, value: int) -> int:
+    if value <= 0:
+        raise InvalidRequest(f"{kind} must be positive")
+    return value
