@@ -1,0 +1,201 @@
+"""The public surface: ``Group`` and its collectives (sync and async), on numpy arrays and torch tensors."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hfreduce.config import GroupConfig
+from hfreduce.control import query_status
+from hfreduce.counters import Counters
+from hfreduce.group import Registered, Runtime
+from hfreduce.reduction import DType, ReduceOp
+from hfreduce.tensors import Flat, PinnedStage, flatten, is_torch
+
+_DTYPE_NAMES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
+
+
+class Work:
+    """Handle of an async collective. The buffer must not be touched until ``wait()`` returns."""
+
+    def __init__(self, future: concurrent.futures.Future[None]) -> None:
+        self._future = future
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until done; re-raise the collective's error (e.g. PeerFailureError)."""
+        self._future.result(timeout=timeout_s)
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+class Group:
+    """One rank's membership of an hfreduce group; collectives must be called in the same order by all.
+
+    Collectives run one at a time, in call order, on a background thread: ``x_async`` returns a Work
+    handle, ``x`` waits for it. Every blocking step is bounded by ``config.timeout_s``; when a rank dies
+    or hangs, the others raise PeerFailureError naming it, and the group is unusable afterwards.
+    """
+
+    def __init__(self, config: GroupConfig) -> None:
+        self.config = config
+        self._rt = Runtime(config)
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-coll")
+        self._stage = PinnedStage()
+        self._registered: dict[int, tuple[Registered, int]] = {}
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Group:
+        """Join using ``GroupConfig.from_env`` (HAI launcher variables plus ``FF_HFREDUCE_*`` options)."""
+        return cls(GroupConfig.from_env(**overrides))
+
+    @property
+    def rank(self) -> int:
+        return self.config.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def seq(self) -> int:
+        """Collectives this rank has entered (the control server's view is ``status()``)."""
+        return self._rt.seq
+
+    # ----- collectives -----
+
+    def allreduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """Reduce ``buf`` over all ranks, in place, with ``op`` (sum, avg, max, min)."""
+        self.allreduce_async(buf, op).wait()
+
+    def allreduce_async(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        flat, rop = self._flat(buf), ReduceOp(op)
+        reg = self._lookup(flat)
+        return self._submit("allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg))
+
+    def reduce(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """Reduce into rank ``dst``'s ``buf``; other ranks' buffers are unchanged (registered buffers
+        excepted: they all receive the result)."""
+        self.reduce_async(buf, dst, op).wait()
+
+    def reduce_async(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        self._check_rank(dst)
+        flat, rop = self._flat(buf), ReduceOp(op)
+        reg = self._lookup(flat)
+        keep = dst == self.rank
+        return self._submit(
+            "reduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, keep=keep, registered=reg)
+        )
+
+    def broadcast(self, buf: Any, src: int) -> None:
+        """Copy rank ``src``'s ``buf`` into every rank's ``buf``."""
+        self.broadcast_async(buf, src).wait()
+
+    def broadcast_async(self, buf: Any, src: int) -> Work:
+        self._check_rank(src)
+        flat = self._flat(buf)
+        return self._submit("broadcast", flat, lambda: self._rt.broadcast(flat.array, src))
+
+    def allgather(self, out: Any, inp: Any) -> None:
+        """``out`` (``world_size`` times the size of ``inp``) receives every rank's ``inp``, by rank."""
+        self.allgather_async(out, inp).wait()
+
+    def allgather_async(self, out: Any, inp: Any) -> Work:
+        flat_out, flat_in = self._flat(out), self._flat(inp)
+        self._check_multiple(flat_out, flat_in)
+        return self._submit("allgather", flat_out,
+                            lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype))
+
+    def reduce_scatter(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """``out`` receives block ``rank`` of the reduction of every rank's ``inp`` (``world_size`` blocks)."""
+        self.reduce_scatter_async(out, inp, op).wait()
+
+    def reduce_scatter_async(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        flat_out, flat_in, rop = self._flat(out), self._flat(inp), ReduceOp(op)
+        self._check_multiple(flat_in, flat_out)
+        return self._submit("reduce_scatter", flat_out,
+                            lambda: self._rt.reduce_scatter(flat_out.array, flat_in.array, flat_in.dtype, rop))
+
+    def barrier(self) -> None:
+        """Return once every rank has called barrier (a one-element allreduce through the trees)."""
+        self.barrier_async().wait()
+
+    def barrier_async(self) -> Work:
+        token = np.zeros(1, dtype=np.float32)
+        flat = Flat(token, DType.F32, 0, lambda: None)
+        return self._submit("barrier", flat, lambda: self._rt.allreduce(token, DType.F32, ReduceOp.SUM))
+
+    # ----- registered buffers, counters, status, lifetime -----
+
+    def alloc(self, shape: int | Sequence[int], dtype: str = "float32", *, as_torch: bool = False) -> Any:
+        """A zero-filled buffer in shared memory, allreduced with no copy in or out.
+
+        Every local rank of the node must call ``alloc`` with the same shape and dtype, in the same order
+        (like gradient buckets). Returns a numpy array (bf16 as uint16 bits) or, with ``as_torch``, a
+        tensor. Only the whole buffer takes the zero-copy path; a slice of it is copied like any tensor.
+        """
+        dt = _DTYPE_NAMES[dtype]
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = math.prod(dims)
+        future = self._worker.submit(self._rt.register, count * dt.itemsize)
+        reg = future.result()
+        arr = reg.segments[self.config.local_rank].array(dt.storage, count).reshape(dims)
+        self._registered[arr.__array_interface__["data"][0]] = (reg, count * dt.itemsize)
+        if not as_torch:
+            return arr
+        import torch
+
+        if dt is DType.BF16:
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+
+    def counters(self) -> Counters:
+        """Bytes copied, reduced, sent and received by this rank so far, by phase."""
+        return self._worker.submit(self._rt.counters.copy).result()
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every rank's collective sequence number and state, from the control server."""
+        return query_status(self.config.master_addr, self.config.master_port)
+
+    def close(self) -> None:
+        """Leave the group: wait for queued collectives, then release sockets and shared memory."""
+        self._worker.shutdown(wait=True)
+        self._rt.close()
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- helpers -----
+
+    def _flat(self, buf: Any) -> Flat:
+        return flatten(buf, stage=self._stage if is_torch(buf) else None)
+
+    def _lookup(self, flat: Flat) -> Registered | None:
+        entry = self._registered.get(flat.data_ptr)
+        if entry is None or entry[1] != flat.array.nbytes:
+            return None
+        return entry[0]
+
+    def _submit(self, name: str, flat: Flat, body: Callable[[], Counters]) -> Work:
+        def task() -> None:
+            self._rt.run(name, body)
+            flat.finish()
+
+        return Work(self._worker.submit(task))
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} not in [0, {self.world_size})")
+
+    def _check_multiple(self, big: Flat, small: Flat) -> None:
+        if big.dtype is not small.dtype:
+            raise TypeError(f"dtypes differ: {big.dtype.value} and {small.dtype.value}")
+        if len(big.array) != len(small.array) * self.world_size:
+            raise ValueError(f"size {len(big.array)} must be world_size ({self.world_size}) x {len(small.array)}")

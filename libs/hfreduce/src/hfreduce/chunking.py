@@ -1,0 +1,36 @@
+"""Pure arithmetic of the pipeline: segments, per-local-rank slices, tree halves and chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+Span = tuple[int, int]
+
+
+def segments(num_elems: int, segment_elems: int) -> Iterator[Span]:
+    """Consecutive ``[start, end)`` spans of at most ``segment_elems`` covering ``num_elems``."""
+    for start in range(0, num_elems, segment_elems):
+        yield start, min(start + segment_elems, num_elems)
+
+
+def local_slice(num_elems: int, num_local: int, local_rank: int) -> Span:
+    """The part of a buffer that ``local_rank`` reduces for its node (contiguous, sizes differ by <= 1)."""
+    return num_elems * local_rank // num_local, num_elems * (local_rank + 1) // num_local
+
+
+def tree_half(span: Span, tree: int) -> Span:
+    """Tree 0 carries the first half of a slice, tree 1 the second (the odd element goes to tree 1)."""
+    start, end = span
+    mid = start + (end - start) // 2
+    return (start, mid) if tree == 0 else (mid, end)
+
+
+def chunks(span: Span, chunk_elems: int) -> list[Span]:
+    """Pipeline chunks of ``span``; the last one may be short, an empty span has none."""
+    start, end = span
+    return [(c, min(c + chunk_elems, end)) for c in range(start, end, chunk_elems)]
+
+
+def ring_blocks(num_elems: int, world_size: int) -> list[Span]:
+    """The ``world_size`` contiguous blocks a ring reduce-scatter splits a buffer into."""
+    return [local_slice(num_elems, world_size, i) for i in range(world_size)]

@@ -1,0 +1,92 @@
+"""Byte accounting per phase, and the memory-traffic model it is checked against (paper section IV-D3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hfreduce.chunking import local_slice, segments, tree_half
+from hfreduce.trees import Tree
+
+
+@dataclasses.dataclass
+class Counters:
+    """Bytes one rank moved, by phase (all cumulative since the group was made).
+
+    Attributes:
+        copied_in: written into this rank's shared-memory slot from its private buffer (D2H analogue).
+        reduce_read: read by the intra-node reduce (every local rank's copy of this rank's slice).
+        reduce_written: written by the intra-node reduce (the node partial of this rank's slice).
+        sent: sent on inter-node links (wire bytes).
+        received: received on inter-node links (wire bytes).
+        reduce_inter: received bytes combined into a partial on the way up a tree.
+        copied_out: copied from shared memory into this rank's private buffer (H2D analogue).
+        distributed: final results written into the other local ranks' registered buffers.
+        collectives: number of collectives run.
+    """
+
+    copied_in: int = 0
+    reduce_read: int = 0
+    reduce_written: int = 0
+    sent: int = 0
+    received: int = 0
+    reduce_inter: int = 0
+    copied_out: int = 0
+    distributed: int = 0
+    collectives: int = 0
+
+    def add(self, other: Counters) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def memory_ops(self) -> int:
+        """Bytes of host-memory traffic in the paper's accounting (each phase's reads or writes)."""
+        return (self.copied_in + self.reduce_read + self.reduce_written + self.sent + self.received
+                + self.reduce_inter + self.copied_out + self.distributed)
+
+    def copy(self) -> Counters:
+        return dataclasses.replace(self)
+
+
+def expected_allreduce_counters(
+    *,
+    num_elems: int,
+    itemsize: int,
+    wire_itemsize: int,
+    num_local: int,
+    local_rank: int,
+    node_rank: int,
+    trees: tuple[Tree, Tree],
+    segment_elems: int,
+    registered: bool,
+) -> Counters:
+    """What one tree allreduce must add to a rank's counters (the model the tests hold the code to)."""
+    out = Counters(collectives=1)
+    seg_list = [(0, num_elems)] if registered else list(segments(num_elems, segment_elems))
+    for seg_start, seg_end in seg_list:
+        m = seg_end - seg_start
+        start, end = local_slice(m, num_local, local_rank)
+        mine = end - start
+        if num_local > 1:
+            out.reduce_read += mine * num_local * itemsize
+            out.reduce_written += mine * itemsize
+            if registered:
+                out.distributed += mine * (num_local - 1) * itemsize
+            else:
+                out.copied_in += (m - mine) * itemsize
+                out.copied_out += m * itemsize
+        for t, tree in enumerate(trees):
+            h0, h1 = tree_half((start, end), t)
+            half = (h1 - h0) * wire_itemsize
+            node = tree[node_rank]
+            up = 0 if node.parent < 0 else 1
+            out.sent += half * (up + len(node.children))
+            out.received += half * (len(node.children) + up)
+            out.reduce_inter += half * len(node.children)
+    return out
+
+
+def paper_memory_ops_per_byte(num_local: int, *, gdrcopy: bool = True) -> int:
+    """The paper's per-node memory operations, in units of one GPU's buffer (24 for 8 GPUs, GDRCopy)."""
+    d2h, intra, inter = num_local, num_local + 1, 5
+    h2d = 2 if gdrcopy else num_local
+    return d2h + intra + inter + h2d

@@ -1,0 +1,396 @@
+"""The engine room of a group: rendezvous, links, shared memory, and the collectives on flat numpy
+arrays (storage dtype). ``api.Group`` wraps it with tensor handling and async handles."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hfreduce.chunking import local_slice, segments
+from hfreduce.config import GroupConfig
+from hfreduce.control import ControlClient, ControlServer
+from hfreduce.counters import Counters
+from hfreduce.errors import GroupClosedError, HFReduceError, PeerFailureError, RendezvousError
+from hfreduce.local import LocalComm
+from hfreduce.pipeline import TreeEngine, TreeJob
+from hfreduce.reduction import Array, DType, ReduceOp
+from hfreduce.ring import RingEngine
+from hfreduce.shm import Segment
+from hfreduce.transport import Link, LinkError, tune_tcp
+from hfreduce.trees import Tree, build_trees, node_order
+
+logger = logging.getLogger(__name__)
+
+_LINK_HELLO = struct.Struct("!II")
+_TREE_CHANNELS = (0, 1)
+_RING_UP, _RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
+_ALIGN_BYTES = 64
+
+
+@dataclasses.dataclass
+class Registered:
+    """A buffer allocated in shared memory by every local rank together (zero-copy allreduce)."""
+
+    index: int
+    nbytes: int
+    segments: list[Segment]
+
+
+class Runtime:
+    """One rank's share of a group. Not thread-safe: ``api.Group`` runs collectives on one thread."""
+
+    def __init__(self, config: GroupConfig) -> None:
+        self.config = config
+        self.rank = config.rank
+        self.num_local = config.local_world_size
+        self.chunk_elems = config.chunk_size_bytes // 4
+        self.counters = Counters()
+        self.seq = 0
+        self.broken: BaseException | None = None
+        self.server: ControlServer | None = None
+        self.control: ControlClient | None = None
+        self.local: LocalComm | None = None
+        self.tree_links: list[dict[int, Link]] = [{}, {}]
+        self.ring_next: Link | None = None
+        self.ring_prev: Link | None = None
+        self.slots: list[Segment] = []
+        self.registered: dict[int, Registered] = {}
+        self._parity = 0
+        self._closed = False
+        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfreduce-pipe")
+        try:
+            self._setup()
+        except BaseException:
+            self.close(wait_for_ranks_s=0.0)
+            raise
+
+    # ----- setup -----
+
+    def _setup(self) -> None:
+        cfg = self.config
+        if self.rank == 0:
+            self.server = ControlServer(port=cfg.master_port, world_size=cfg.world_size, timeout_s=cfg.timeout_s)
+            self.server.start()
+        self.control = ControlClient(cfg.master_addr, cfg.master_port, cfg.timeout_s)
+        with socket.create_server(("", 0), backlog=128) as listener:
+            listener.settimeout(cfg.timeout_s)
+            hello = {
+                "rank": self.rank, "node_rank": cfg.node_rank, "local_rank": cfg.local_rank,
+                "world_size": cfg.world_size, "num_nodes": cfg.num_nodes,
+                "local_world_size": cfg.local_world_size, "zone": cfg.zone,
+                "host": self.control.local_host, "port": listener.getsockname()[1],
+            }
+            reply = self.control.rendezvous(hello)
+            self.token: str = reply["token"]
+            self.table: list[dict[str, object]] = reply["ranks"]
+            self._check_table()
+            zones = [str(self.table[n * self.num_local]["zone"]) for n in range(cfg.num_nodes)]
+            self.trees: tuple[Tree, Tree] = build_trees(zones)
+            self.ring_order = [n * self.num_local + lr for n in node_order(zones) for lr in range(self.num_local)]
+            self._connect(listener)
+        self.local = LocalComm(
+            name=f"hfreduce-{self.token}-{cfg.node_rank}", local_rank=cfg.local_rank,
+            ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)], timeout_s=cfg.timeout_s,
+        )
+        if self.num_local > 1:
+            self.res_bytes = _align(cfg.shm_slot_bytes // self.num_local + 8)
+            self.slots = self._shared_segments(f"hfreduce-slot-{self.rank}", cfg.shm_slot_bytes + 2 * self.res_bytes)
+        self.tree = TreeEngine(
+            node_rank=cfg.node_rank, trees=self.trees, links=self.tree_links, pool=self.pool,
+            chunk_elems=self.chunk_elems, timeout_s=cfg.timeout_s, on_failure=self.abort,
+        )
+        pos = self.ring_order.index(self.rank)
+        self.ring = RingEngine(
+            pos=pos, size=cfg.world_size, next_link=self.ring_next, prev_link=self.ring_prev, pool=self.pool,
+            chunk_elems=self.chunk_elems, on_failure=self.abort,
+        )
+        logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
+
+    def _check_table(self) -> None:
+        cfg = self.config
+        for entry in self.table:
+            if (entry["num_nodes"], entry["local_world_size"]) != (cfg.num_nodes, cfg.local_world_size):
+                raise RendezvousError(f"rank {entry['rank']} has layout {entry['num_nodes']}x"
+                                      f"{entry['local_world_size']}, this rank {cfg.num_nodes}x{cfg.local_world_size}")
+            node_zone = self.table[int(entry["node_rank"]) * self.num_local]["zone"]  # type: ignore[call-overload]
+            if entry["zone"] != node_zone:
+                raise RendezvousError(f"rank {entry['rank']} disagrees with its node about its zone")
+
+    def _wanted_links(self) -> list[tuple[int, int]]:
+        """(peer rank, channel) of every link this rank needs."""
+        cfg = self.config
+        wanted = []
+        for t in _TREE_CHANNELS:
+            node = self.trees[t][cfg.node_rank]
+            for nb in (node.parent, *node.children):
+                if nb >= 0:
+                    wanted.append((nb * self.num_local + cfg.local_rank, t))
+        if cfg.world_size > 1:
+            pos = self.ring_order.index(self.rank)
+            nxt = self.ring_order[(pos + 1) % cfg.world_size]
+            prv = self.ring_order[(pos - 1) % cfg.world_size]
+            wanted.append((nxt, _RING_UP if self.rank < nxt else _RING_DOWN))
+            wanted.append((prv, _RING_UP if prv < self.rank else _RING_DOWN))
+        return wanted
+
+    def _connect(self, listener: socket.socket) -> None:
+        """Lower rank connects (the kernel backlog completes it), then each rank accepts the rest."""
+        cfg = self.config
+        wanted = self._wanted_links()
+        socks: dict[tuple[int, int], socket.socket] = {}
+        deadline = time.monotonic() + cfg.timeout_s
+        for peer, channel in wanted:
+            if self.rank < peer:
+                entry = self.table[peer]
+                sock = _connect_retry((str(entry["host"]), int(entry["port"])), deadline)  # type: ignore[call-overload]
+                sock.sendall(_LINK_HELLO.pack(self.rank, channel))
+                socks[(peer, channel)] = sock
+        while len(socks) < len(wanted):
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError as exc:
+                missing = sorted({p for p, c in wanted if (p, c) not in socks})
+                raise RendezvousError(f"ranks {missing} did not connect their links within {cfg.timeout_s:g} s",
+                                      missing_ranks=tuple(missing)) from exc
+            conn.settimeout(cfg.timeout_s)
+            peer, channel = _LINK_HELLO.unpack(_recv_all(conn, _LINK_HELLO.size))
+            socks[(peer, channel)] = conn
+        for (peer, channel), sock in socks.items():
+            tune_tcp(sock, cfg.socket_buffer_bytes)
+            link = Link(sock, peer, cfg.timeout_s)
+            if channel in _TREE_CHANNELS:
+                self.tree_links[channel][peer // self.num_local] = link
+        if cfg.world_size > 1:
+            pos = self.ring_order.index(self.rank)
+            nxt = self.ring_order[(pos + 1) % cfg.world_size]
+            prv = self.ring_order[(pos - 1) % cfg.world_size]
+            self.ring_next = Link(socks[(nxt, _RING_UP if self.rank < nxt else _RING_DOWN)], nxt, cfg.timeout_s)
+            self.ring_prev = Link(socks[(prv, _RING_UP if prv < self.rank else _RING_DOWN)], prv, cfg.timeout_s)
+
+    def _shared_segments(self, name: str, nbytes: int) -> list[Segment]:
+        """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's."""
+        assert self.local is not None
+        own = Segment.create(name, nbytes)
+        segs: list[Segment] = []
+        try:
+            table = self.local.exchange_fds([own.fd])
+            for lr, fds in enumerate(table):
+                segs.append(own if lr == self.config.local_rank else Segment.attach(fds[0], nbytes))
+            self.local.barrier(nbytes)
+        except BaseException:
+            own.close()
+            for seg in segs:
+                seg.close()
+            raise
+        own.release_fd()  # every peer has mapped it: the kernel frees it when the last mapping goes
+        return segs
+
+    def register(self, nbytes: int) -> Registered:
+        """Allocate ``nbytes`` of shared memory on every local rank (call in the same order everywhere)."""
+        index = len(self.registered)
+        segs = self._shared_segments(f"hfreduce-buf-{self.rank}-{index}", nbytes)
+        reg = Registered(index=index, nbytes=nbytes, segments=segs)
+        self.registered[index] = reg
+        return reg
+
+    # ----- collectives on flat arrays -----
+
+    def run(self, name: str, body: Callable[[], Counters]) -> None:
+        """Run one collective with sequence numbering, accounting and failure attribution."""
+        if self._closed:
+            raise GroupClosedError("the group was destroyed")
+        if self.broken is not None:
+            raise GroupClosedError(f"the group is broken by an earlier failure: {self.broken}")
+        assert self.control is not None
+        self.seq += 1
+        self.control.notify({"type": "enter", "rank": self.rank, "seq": self.seq, "op": name})
+        try:
+            counters = body()
+        except (LinkError, TimeoutError, OSError, RuntimeError) as exc:
+            if isinstance(exc, HFReduceError):
+                self.broken = exc
+                self.abort()
+                raise
+            raise self._attribute(exc) from exc
+        counters.collectives = 1
+        self.counters.add(counters)
+        self.control.notify({"type": "done", "rank": self.rank, "seq": self.seq})
+
+    def _attribute(self, exc: BaseException) -> PeerFailureError:
+        """Tear the group down and ask the control server which rank is to blame."""
+        self.abort()
+        suspect = exc.peer if isinstance(exc, LinkError) else self.rank
+        kind = exc.kind if isinstance(exc, LinkError) else "timeout"
+        assert self.control is not None
+        try:
+            reply = self.control.request(
+                {"type": "blame", "rank": self.rank, "seq": self.seq, "suspect": suspect, "kind": kind},
+                timeout_s=self.config.timeout_s,
+            )
+            culprit, reason = int(reply["rank"]), str(reply["reason"])
+        except (OSError, ConnectionError, ValueError):
+            culprit, reason = 0, "died (its control server is gone)"
+        entry = self.table[culprit]
+        err = PeerFailureError(rank=culprit, node_rank=int(entry["node_rank"]),  # type: ignore[call-overload]
+                               local_rank=int(entry["local_rank"]), reason=reason,  # type: ignore[call-overload]
+                               detail=f"seen by rank {self.rank} in collective {self.seq}: {exc}")
+        self.broken = err
+        return err
+
+    def allreduce(self, flat: Array, dtype: DType, op: ReduceOp, *, keep: bool = True,
+                  registered: Registered | None = None) -> Counters:
+        """In-place allreduce; with ``keep=False`` this rank's buffer is left unchanged (reduce)."""
+        if self.config.algorithm == "ring" and registered is None:
+            work = flat if keep else flat.copy()
+            return self.ring.allreduce(work, dtype, op) if self.config.world_size > 1 else Counters()
+        wire = dtype
+        if dtype is DType.F32 and self.config.compression is not None:
+            wire = DType.BF16 if self.config.compression == "bf16" else DType.F16
+        n = len(flat)
+        if registered is not None:
+            return self._allreduce_registered(registered, n, dtype, wire, op)
+        if self.num_local == 1:
+            work = flat if keep else flat.copy()
+            return self.tree.run(self._job(dtype, wire, op, mine=work, res=work, span=(0, n)))
+        total = Counters()
+        seg_elems = self.config.shm_slot_bytes // dtype.itemsize
+        for s0, s1 in segments(n, seg_elems):
+            total.add(self._allreduce_segment(flat[s0:s1], dtype, wire, op, keep))
+        return total
+
+    def _job(self, dtype: DType, wire: DType, op: ReduceOp, **arrays: object) -> TreeJob:
+        return TreeJob(dtype=dtype, wire=wire, op=op, world_size=self.config.world_size,
+                       peers=arrays.pop("peers", ()), distribute_to=arrays.pop("distribute_to", ()),
+                       **arrays)  # type: ignore[arg-type]
+
+    def _allreduce_segment(self, part: Array, dtype: DType, wire: DType, op: ReduceOp, keep: bool) -> Counters:
+        assert self.local is not None
+        me, m, num_local = self.config.local_rank, len(part), self.num_local
+        counters = Counters()
+        spans = [local_slice(m, num_local, o) for o in range(num_local)]
+        inputs = [seg.array(dtype.storage, m) for seg in self.slots]
+        offset = self.config.shm_slot_bytes + self._parity * self.res_bytes
+        results = [seg.array(dtype.storage, b - a, offset) for seg, (a, b) in zip(self.slots, spans, strict=True)]
+        self._parity ^= 1  # results alternate: a slow rank may still copy out of the other half
+        for o, (a, b) in enumerate(spans):
+            if o != me:
+                np.copyto(inputs[me][a:b], part[a:b])
+                counters.copied_in += (b - a) * dtype.itemsize
+        self.local.barrier(_signature(self.seq, m, dtype, op))
+        peers = [inputs[o] for o in range(num_local) if o != me]
+        counters.add(self.tree.run(self._job(dtype, wire, op, mine=part, res=results[me], peers=peers,
+                                             span=spans[me], res_base=spans[me][0])))
+        self.local.barrier(_signature(self.seq, m, dtype, op) + 1)
+        if keep:
+            for (a, b), res in zip(spans, results, strict=True):
+                np.copyto(part[a:b], res)
+                counters.copied_out += (b - a) * dtype.itemsize
+        return counters
+
+    def _allreduce_registered(self, reg: Registered, n: int, dtype: DType, wire: DType, op: ReduceOp) -> Counters:
+        assert self.local is not None
+        me = self.config.local_rank
+        bufs = [seg.array(dtype.storage, n) for seg in reg.segments]
+        others = [bufs[o] for o in range(self.num_local) if o != me]
+        self.local.barrier(_signature(self.seq, n, dtype, op) ^ ((reg.index + 1) << 40))
+        counters = self.tree.run(self._job(dtype, wire, op, mine=bufs[me], res=bufs[me], peers=others,
+                                           distribute_to=others, span=local_slice(n, self.num_local, me)))
+        self.local.barrier(_signature(self.seq, n, dtype, op) + 1)
+        return counters
+
+    def broadcast(self, flat: Array, src: int) -> Counters:
+        if self.config.world_size == 1:
+            return Counters()
+        return self.ring.broadcast(flat, self.ring_order.index(src))
+
+    def allgather(self, out: Array, inp: Array, dtype: DType) -> Counters:
+        n = len(inp)
+        np.copyto(out[self.rank * n : (self.rank + 1) * n], inp)
+        if self.config.world_size == 1:
+            return Counters()
+        return self.ring.allgather(out, dtype, self.ring_order)
+
+    def reduce_scatter(self, out: Array, inp: Array, dtype: DType, op: ReduceOp) -> Counters:
+        work = inp.copy()
+        if self.config.world_size > 1:
+            a, b = self.ring.reduce_scatter(work, dtype, op, self.ring_order)
+        else:
+            a, b = 0, len(work)  # a world of one: sum, average, max and min are the value itself
+        np.copyto(out, work[a:b])
+        return Counters()
+
+    # ----- teardown -----
+
+    def abort(self) -> None:
+        """Fail every blocked send/recv of this rank now (used once a collective has failed)."""
+        for links in self.tree_links:
+            for link in links.values():
+                link.abort()
+        for maybe in (self.ring_next, self.ring_prev):
+            if maybe is not None:
+                maybe.abort()
+        if self.local is not None:
+            self.local.abort()
+
+    def close(self, wait_for_ranks_s: float | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.control is not None:
+            self.control.notify({"type": "bye", "rank": self.rank})
+        if self.server is not None:
+            wait = min(self.config.timeout_s, 5.0) if wait_for_ranks_s is None else wait_for_ranks_s
+            self.server.stop(wait_for_ranks_s=wait if self.broken is None else 0.0)
+        for links in self.tree_links:
+            for link in links.values():
+                link.close()
+        for maybe in (self.ring_next, self.ring_prev):
+            if maybe is not None:
+                maybe.close()
+        if self.local is not None:
+            self.local.close()
+        if self.control is not None:
+            self.control.close()
+        for seg in self.slots:
+            seg.close()
+        for reg in self.registered.values():
+            for seg in reg.segments:
+                seg.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _signature(seq: int, n: int, dtype: DType, op: ReduceOp) -> int:
+    """What local ranks must agree on for one collective (checked at the node barrier)."""
+    return (seq << 44) ^ (n << 4) ^ (list(DType).index(dtype) << 2) ^ list(ReduceOp).index(op)
+
+
+def _align(nbytes: int) -> int:
+    return (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
+
+
+def _connect_retry(address: tuple[str, int], deadline: float) -> socket.socket:
+    while True:
+        try:
+            return socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
+            time.sleep(0.05)
+
+
+def _recv_all(sock: socket.socket, nbytes: int) -> bytes:
+    data = b""
+    while len(data) < nbytes:
+        part = sock.recv(nbytes - len(data))
+        if not part:
+            raise ConnectionError("peer closed during link setup")
+        data += part
+    return data
+

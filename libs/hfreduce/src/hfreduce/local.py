@@ -1,0 +1,132 @@
+"""Links between the ranks of one node: an AF_UNIX star around local rank 0 (abstract namespace, so
+nothing is left on disk) used for barriers and for passing shared-memory fds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+from hfreduce.errors import HFReduceError, RendezvousError
+from hfreduce.transport import Link, LinkError, recv_exact
+
+_SIGNATURE = struct.Struct("!Q")
+_OK, _MISMATCH = b"\x01", b"\x00"
+
+
+class LocalComm:
+    """Barrier and fd exchange among the ``num_local`` ranks of a node (``ranks[i]`` = global rank)."""
+
+    def __init__(self, *, name: str, local_rank: int, ranks: list[int], timeout_s: float) -> None:
+        self.local_rank = local_rank
+        self.ranks = ranks
+        self.timeout_s = timeout_s
+        self.links: dict[int, Link] = {}  # local rank -> link (leader: all others; others: the leader)
+        address = "\0" + name
+        if len(ranks) == 1:
+            return
+        if local_rank == 0:
+            self._accept_all(address)
+        else:
+            self._connect(address)
+
+    def _accept_all(self, address: str) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(address)
+            listener.listen(len(self.ranks))
+            listener.settimeout(self.timeout_s)
+            while len(self.links) < len(self.ranks) - 1:
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError as exc:
+                    missing = [self.ranks[i] for i in range(1, len(self.ranks)) if i not in self.links]
+                    raise RendezvousError(f"local ranks {missing} did not connect within {self.timeout_s:g} s",
+                                          missing_ranks=tuple(missing)) from exc
+                conn.settimeout(self.timeout_s)
+                (peer,) = struct.unpack("!I", recv_exact(conn, 4))
+                self.links[peer] = Link(conn, self.ranks[peer], self.timeout_s)
+
+    def _connect(self, address: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(address)
+                break
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise RendezvousError(f"local rank 0 (rank {self.ranks[0]}) did not listen within "
+                                          f"{self.timeout_s:g} s", missing_ranks=(self.ranks[0],)) from exc
+                time.sleep(0.02)
+        sock.sendall(struct.pack("!I", self.local_rank))
+        self.links[0] = Link(sock, self.ranks[0], self.timeout_s)
+
+    def barrier(self, signature: int = 0) -> None:
+        """Wait for every local rank; all must pass the same ``signature`` (collective, size, buffer)."""
+        if len(self.ranks) == 1:
+            return
+        sig = _SIGNATURE.pack(signature & (2**64 - 1))
+        if self.local_rank != 0:
+            link = self.links[0]
+            link.send(sig)
+            reply = bytearray(1)
+            link.recv_into(memoryview(reply))
+            if bytes(reply) != _OK:
+                raise HFReduceError("local ranks called different collectives (or sizes or buffers) at once")
+            return
+        got = {}
+        for peer, link in sorted(self.links.items()):
+            buf = bytearray(_SIGNATURE.size)
+            link.recv_into(memoryview(buf))
+            got[peer] = bytes(buf)
+        ok = all(v == sig for v in got.values())
+        for link in self.links.values():
+            link.send(_OK if ok else _MISMATCH)
+        if not ok:
+            raise HFReduceError(f"local ranks called different collectives at once: {got} vs {sig!r}")
+
+    def exchange_fds(self, fds: list[int]) -> list[list[int]]:
+        """Every local rank's ``fds`` (the same count everywhere), in local-rank order; the received fds
+        are new descriptors owned by the caller."""
+        count = len(fds)
+        if len(self.ranks) == 1:
+            return [fds]
+        if self.local_rank != 0:
+            link = self.links[0]
+            self._send_fds(link, fds)
+            flat = self._recv_fds(link, count * len(self.ranks))
+            table = [flat[i * count : (i + 1) * count] for i in range(len(self.ranks))]
+            for fd in table[self.local_rank]:
+                os.close(fd)  # our own, received back: keep the original
+            table[self.local_rank] = fds
+            return table
+        table = [fds] + [self._recv_fds(self.links[p], count) for p in range(1, len(self.ranks))]
+        flat = [fd for row in table for fd in row]
+        for peer in range(1, len(self.ranks)):
+            self._send_fds(self.links[peer], flat)
+        return table
+
+    def _send_fds(self, link: Link, fds: list[int]) -> None:
+        try:
+            socket.send_fds(link.sock, [struct.pack("!I", len(fds))], fds)
+        except OSError as exc:
+            raise LinkError(link.peer, "closed", str(exc)) from exc
+
+    def _recv_fds(self, link: Link, count: int) -> list[int]:
+        try:
+            _, fds, _, _ = socket.recv_fds(link.sock, 4, count)
+        except OSError as exc:
+            raise LinkError(link.peer, "closed", str(exc)) from exc
+        if len(fds) != count:
+            raise LinkError(link.peer, "closed", f"expected {count} fds, got {len(fds)}")
+        return list(fds)
+
+    def abort(self) -> None:
+        for link in self.links.values():
+            link.abort()
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()

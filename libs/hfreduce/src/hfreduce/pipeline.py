@@ -1,0 +1,248 @@
+"""The HFReduce pipeline of one rank: for each chunk of its slice, the intra-node reduce, reduce up a
+tree, broadcast down it, and hand-back to the other local ranks; two trees, each on its own pair of
+threads (up and down), each carrying half of the slice, so chunks of different phases overlap."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hfreduce.chunking import Span, chunks, tree_half
+from hfreduce.counters import Counters
+from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
+from hfreduce.transport import Link, LinkError
+from hfreduce.trees import Tree
+
+_QUEUE_POLL_S = 0.1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TreeJob:
+    """One allreduce of one segment, seen from one rank.
+
+    Attributes:
+        dtype: storage dtype of ``mine``, ``res`` and ``peers``.
+        wire: dtype on the wire (``dtype``, or BF16/F16 when compressing F32).
+        op: the reduction.
+        world_size: number of ranks (AVG divides by it).
+        mine: this rank's input for the segment.
+        res: where this rank's slice of the result lands (its shared slot, or ``mine`` itself).
+        peers: the other local ranks' inputs for the segment, in local-rank order.
+        distribute_to: buffers that also receive the final slice (registered buffers of the other ranks).
+        span: this rank's slice ``[start, end)`` of the segment.
+        res_base: index in the segment of ``res[0]`` (``res`` may hold only this rank's slice).
+    """
+
+    dtype: DType
+    wire: DType
+    op: ReduceOp
+    world_size: int
+    mine: Array
+    res: Array
+    peers: Sequence[Array]
+    distribute_to: Sequence[Array]
+    span: Span
+    res_base: int = 0
+
+    def final(self, c0: int, c1: int) -> Array:
+        return self.res[c0 - self.res_base : c1 - self.res_base]
+
+
+class _Scratch:
+    """Per-thread chunk buffers, allocated once and pre-touched (fresh pages copy 4x slower)."""
+
+    def __init__(self, chunk_elems: int) -> None:
+        self.f32 = np.ones(chunk_elems, dtype=np.float32)
+        self.f32b = np.ones(chunk_elems, dtype=np.float32)
+        self.u32 = np.ones(chunk_elems, dtype=np.uint32)
+        self.raw = np.ones(chunk_elems * 4, dtype=np.uint8)
+
+    def wire(self, dtype: DType, n: int) -> Array:
+        return self.raw[: n * dtype.itemsize].view(dtype.storage)
+
+
+class TreeEngine:
+    """Runs TreeJobs for one rank over its links to the same local rank on its tree neighbours."""
+
+    def __init__(
+        self,
+        *,
+        node_rank: int,
+        trees: tuple[Tree, Tree],
+        links: Sequence[dict[int, Link]],
+        pool: concurrent.futures.ThreadPoolExecutor,
+        chunk_elems: int,
+        timeout_s: float,
+        on_failure: Callable[[], None],
+    ) -> None:
+        self.node_rank = node_rank
+        self.trees = trees
+        self.links = links
+        self.pool = pool
+        self.chunk_elems = chunk_elems
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        self._scratch = [[_Scratch(chunk_elems) for _ in range(2)] for _ in range(2)]
+        self._abort = threading.Event()
+
+    def run(self, job: TreeJob) -> Counters:
+        """Run both trees' up and down threads to completion; the first failure aborts all of them."""
+        self._abort.clear()
+        queues: list[queue.Queue[Span]] = [queue.Queue(), queue.Queue()]
+        futures = []
+        for t in (0, 1):
+            futures.append(self.pool.submit(self._up, job, t, queues[t]))
+            futures.append(self.pool.submit(self._down, job, t, queues[t]))
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            self._abort.set()
+            self.on_failure()  # unblock threads stuck on sockets
+        concurrent.futures.wait(futures)
+        total = Counters()
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            first = next((e for e in errors if isinstance(e, LinkError)), errors[0])
+            raise first  # type: ignore[misc]
+        for f in futures:
+            total.add(f.result())
+        return total
+
+    def _fast(self, job: TreeJob) -> bool:
+        return job.dtype is DType.F32 and job.wire is DType.F32
+
+    def _up(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
+        node = self.trees[t][self.node_rank]
+        parent = self.links[t][node.parent] if node.parent >= 0 else None
+        children = [self.links[t][c] for c in node.children]
+        scratch = self._scratch[t][0]
+        combine = combine_fn(job.op)
+        counters = Counters()
+        wire_bytes = job.wire.itemsize
+        for c0, c1 in chunks(tree_half(job.span, t), self.chunk_elems):
+            n = c1 - c0
+            acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
+            self._intra(job, c0, c1, acc, scratch, combine, counters)
+            for link in children:
+                got = scratch.wire(job.wire, n)
+                link.recv_into(memoryview(got))
+                self._accumulate(job.wire, acc, got, scratch, combine)
+                counters.received += n * wire_bytes
+                counters.reduce_inter += n * wire_bytes
+            if parent is None:
+                self._finalize(job, c0, c1, acc, scratch)
+                handoff.put((c0, c1))
+                continue
+            if self._fast(job):
+                parent.send(memoryview(acc))
+            else:
+                out = scratch.wire(job.wire, n)
+                from_f32(job.wire, acc, out, scratch.u32)
+                parent.send(memoryview(out))
+            counters.sent += n * wire_bytes
+        return counters
+
+    def _intra(
+        self, job: TreeJob, c0: int, c1: int, acc: npt.NDArray[np.float32], scratch: _Scratch,
+        combine: Callable[[Array, Array, Array], object], counters: Counters,
+    ) -> None:
+        """acc = mine[c] (op) peers[0][c] (op) ...; fp32 goes straight into the result slot."""
+        n = c1 - c0
+        if not job.peers:  # one rank per node: the fp32 result slot already is the input
+            if not self._fast(job):
+                to_f32(job.dtype, job.mine[c0:c1], acc)
+            return
+        if self._fast(job):
+            combine(job.mine[c0:c1], job.peers[0][c0:c1], acc)
+            rest = job.peers[1:]
+        else:
+            to_f32(job.dtype, job.mine[c0:c1], acc)
+            rest = job.peers
+        for peer in rest:
+            self._accumulate(job.dtype, acc, peer[c0:c1], scratch, combine)
+        counters.reduce_read += n * (1 + len(job.peers)) * job.dtype.itemsize
+        counters.reduce_written += n * job.dtype.itemsize
+
+    @staticmethod
+    def _accumulate(
+        dtype: DType, acc: npt.NDArray[np.float32], x: Array, scratch: _Scratch,
+        combine: Callable[[Array, Array, Array], object],
+    ) -> None:
+        if dtype is DType.BF16:  # numpy cannot widen bf16 bits itself
+            wide = scratch.f32b[: len(x)]
+            to_f32(dtype, x, wide)
+            combine(acc, wide, acc)
+        else:
+            combine(acc, x, acc)
+
+    def _finalize(self, job: TreeJob, c0: int, c1: int, acc: npt.NDArray[np.float32], scratch: _Scratch) -> None:
+        """At the root: divide for AVG, round once to the wire and data dtypes, store the final chunk."""
+        if job.op is ReduceOp.AVG:
+            np.divide(acc, np.float32(job.world_size), out=acc)
+        if self._fast(job):
+            return
+        n = c1 - c0
+        if job.wire is not job.dtype:  # the root keeps exactly what the other nodes will receive
+            rounded = scratch.wire(job.wire, n)
+            from_f32(job.wire, acc, rounded, scratch.u32)
+            to_f32(job.wire, rounded, acc)
+        from_f32(job.dtype, acc, job.final(c0, c1), scratch.u32)
+
+    def _down(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
+        node = self.trees[t][self.node_rank]
+        parent = self.links[t][node.parent] if node.parent >= 0 else None
+        children = [self.links[t][c] for c in node.children]
+        scratch = self._scratch[t][1]
+        counters = Counters()
+        direct = job.wire is job.dtype
+        for c0, c1 in chunks(tree_half(job.span, t), self.chunk_elems):
+            n = c1 - c0
+            final = job.final(c0, c1)
+            if parent is None:
+                self._wait_handoff(handoff, (c0, c1))
+                payload = final if direct else scratch.wire(job.wire, n)
+                if not direct:
+                    from_f32(job.wire, final, payload, scratch.u32)  # exact: already rounded at the root
+            elif direct:
+                parent.recv_into(memoryview(final))
+                payload = final
+            else:
+                payload = scratch.wire(job.wire, n)
+                parent.recv_into(memoryview(payload))
+                to_f32(job.wire, payload, final)
+            if parent is not None:
+                counters.received += n * job.wire.itemsize
+            for link in children:
+                link.send(memoryview(payload))
+                counters.sent += n * job.wire.itemsize
+            for other in job.distribute_to:
+                np.copyto(other[c0:c1], final)
+                counters.distributed += n * job.dtype.itemsize
+        return counters
+
+    def _wait_handoff(self, handoff: queue.Queue[Span], expect: Span) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                got = handoff.get(timeout=_QUEUE_POLL_S)
+            except queue.Empty:
+                if self._abort.is_set():
+                    raise RuntimeError("aborted") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reduce of chunk {expect} not done within {self.timeout_s:g} s") from None
+                continue
+            if got != expect:
+                raise RuntimeError(f"pipeline out of order: got chunk {got}, expected {expect}")
+            return
+
+
+def as_bytes(array: npt.NDArray[Any]) -> memoryview:
+    """A flat byte view of a contiguous array, for sockets."""
+    return memoryview(array).cast("B")

@@ -1,0 +1,141 @@
+"""Adapting user buffers (numpy arrays, torch CPU and CUDA tensors) to flat numpy storage arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hfreduce.reduction import Array, DType
+
+_NUMPY_DTYPES = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
+
+
+@dataclasses.dataclass
+class Flat:
+    """A contiguous 1-D storage view of a user buffer, and how to publish results back to it."""
+
+    array: Array
+    dtype: DType
+    data_ptr: int
+    finish: Callable[[], None]  # copy back (non-contiguous or CUDA); a no-op when ``array`` is the buffer
+
+
+def is_torch(obj: object) -> bool:
+    return type(obj).__module__.startswith("torch")
+
+
+def flatten(buf: Any, *, stage: Callable[[int], Any] | None = None) -> Flat:
+    """View ``buf`` as a flat storage array; non-contiguous buffers go through a temporary copy.
+
+    Raises:
+        TypeError: unsupported type or dtype.
+    """
+    if isinstance(buf, np.ndarray):
+        return _flatten_numpy(buf)
+    if is_torch(buf):
+        return _flatten_torch(buf, stage)
+    raise TypeError(f"hfreduce reduces numpy arrays and torch tensors, not {type(buf).__name__}")
+
+
+def _flatten_numpy(arr: Array) -> Flat:
+    dtype = _NUMPY_DTYPES.get(arr.dtype)
+    if dtype is None and arr.dtype.name == "bfloat16":  # ml_dtypes arrays
+        dtype = DType.BF16
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {arr.dtype}; use float32, float16 or bfloat16")
+    if not arr.flags.writeable:
+        raise ValueError("hfreduce works in place: the array must be writeable")
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1).view(dtype.storage)
+        return Flat(flat, dtype, arr.__array_interface__["data"][0], lambda: None)
+    tmp = np.ascontiguousarray(arr).reshape(-1).view(dtype.storage)
+
+    def finish() -> None:
+        arr[...] = tmp.view(arr.dtype).reshape(arr.shape)
+
+    return Flat(tmp, dtype, 0, finish)
+
+
+def _flatten_torch(tensor: Any, stage: Callable[[int], Any] | None) -> Flat:
+    import torch
+
+    dtypes = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}
+    dtype = dtypes.get(tensor.dtype)
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {tensor.dtype}; use float32, float16 or bfloat16")
+    t = tensor.detach()
+    if t.is_cuda:
+        return _stage_cuda(t, dtype, stage)
+    if t.is_contiguous():
+        return Flat(_torch_storage_view(t.view(-1), dtype), dtype, t.data_ptr(), lambda: None)
+    tmp = t.contiguous().view(-1)
+
+    def finish() -> None:
+        t.copy_(tmp.view(t.shape))
+
+    return Flat(_torch_storage_view(tmp, dtype), dtype, 0, finish)
+
+
+def _torch_storage_view(t: Any, dtype: DType) -> Array:
+    import torch
+
+    if dtype is DType.BF16:
+        view: Array = t.view(torch.int16).numpy().view(np.uint16)
+        return view
+    arr: Array = t.numpy()
+    return arr
+
+
+def _stage_cuda(t: Any, dtype: DType, stage: Callable[[int], Any] | None) -> Flat:
+    """D2H into a pinned host buffer on the caller's current stream, reduce on the CPU, H2D back.
+
+    The D2H is ordered after the kernels that produced ``t`` because it runs on the current stream,
+    and we wait for it before the CPU reads. The H2D is queued on the same stream, so later kernels
+    see the result; an event guards the pinned buffer until that copy is done (``stage`` returns a
+    buffer only after the previous use's event completed).
+    """
+    import torch
+
+    if stage is None:
+        raise ValueError("CUDA tensors need a group with a pinned staging buffer")
+    stream = torch.cuda.current_stream(t.device)
+    src = t if t.is_contiguous() else t.contiguous()
+    nbytes = src.numel() * src.element_size()
+    host = stage(nbytes)[:nbytes].view(src.dtype)
+    host.copy_(src.view(-1), non_blocking=True)
+    stream.synchronize()
+
+    def finish() -> None:
+        with torch.cuda.stream(stream):
+            t.copy_(host.view(t.shape), non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        stage_done = getattr(stage, "record", None)
+        if stage_done is not None:
+            stage_done(done)
+
+    return Flat(_torch_storage_view(host, dtype), dtype, 0, finish)
+
+
+class PinnedStage:
+    """A reusable pinned host buffer for CUDA tensors; waits for the last H2D before handing it out."""
+
+    def __init__(self) -> None:
+        self._buf: Any = None
+        self._event: Any = None
+
+    def __call__(self, nbytes: int) -> Any:
+        import torch
+
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        if self._buf is None or self._buf.numel() < nbytes:
+            self._buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        return self._buf
+
+    def record(self, event: Any) -> None:
+        self._event = event

@@ -1,0 +1,61 @@
+"""Launches real hfreduce ranks as separate processes (loopback, or one network namespace per node)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WORKER = Path(__file__).with_name("worker.py")
+Launch = Callable[..., list[dict[str, Any]]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def run(nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 90,
+            master: str = "127.0.0.1", node_prefix: Callable[[int], list[str]] | None = None,
+            skip_ranks: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+        port = free_port()
+        outs = []
+        for node in range(nodes):
+            for lr in range(local):
+                rank = node * local + lr
+                out = tmp_path / f"rank{rank}-{scenario}.json"
+                outs.append(out)
+                if rank in skip_ranks:
+                    continue
+                penv = {**os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                        "FF_HFREDUCE_NUM_NODES": str(nodes), "FF_HFREDUCE_NODE_RANK": str(node),
+                        "LOCAL_RANK": str(lr), "LOCAL_WORLD_SIZE": str(local),
+                        "FF_HFREDUCE_TIMEOUT_S": "20", "FF_HFREDUCE_CHUNK_SIZE_BYTES": "4096",
+                        "FF_HFREDUCE_SHM_SLOT_BYTES": "65536", **(env or {})}
+                prefix = node_prefix(node) if node_prefix else []
+                cmd = [*prefix, sys.executable, str(WORKER), scenario, str(out)]
+                procs.append(subprocess.Popen(cmd, env=penv))
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return [json.loads(o.read_text()) if o.exists() else {"missing": str(o)} for o in outs]
+
+    yield run
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
