@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# Shared fixtures (databases, ports) for every package's tests.
+pytest_plugins = ["ff_testing.pytest_plugin"]
+
 LEVELS = ("unit", "integration", "e2e")
 
 

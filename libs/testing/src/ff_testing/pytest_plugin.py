@@ -1,0 +1,44 @@
+"""Pytest fixtures for every package's tests: databases (SQLite file, real PostgreSQL) and ports.
+
+Registered for the whole repository by the root conftest.py (``pytest_plugins``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ff_testing.postgres import PostgresServer, running_postgres
+
+# db_url's parameters, and the fixture giving each one's URL.
+_DATABASE_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the test session, started on first use."""
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """URL of a new, empty PostgreSQL database, dropped after the test."""
+    url = postgres_server.create_database()
+    yield url
+    postgres_server.drop_database(url)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a SQLite file (not yet created) in the test's temp folder."""
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.fixture(params=sorted(_DATABASE_FIXTURES))
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Runs the test once on a SQLite file and once on a fresh PostgreSQL database."""
+    url: str = request.getfixturevalue(_DATABASE_FIXTURES[request.param])
+    return url
