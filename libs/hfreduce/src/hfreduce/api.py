@@ -107,8 +107,9 @@ class Group:
     def allgather_async(self, out: Any, inp: Any) -> Work:
         flat_out, flat_in = self._flat(out), self._flat(inp)
         self._check_multiple(flat_out, flat_in)
-        return self._submit("allgather", flat_out,
-                            lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype))
+        return self._submit(
+            "allgather", flat_out, lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype)
+        )
 
     def reduce_scatter(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """``out`` receives block ``rank`` of the reduction of every rank's ``inp`` (``world_size`` blocks)."""
@@ -117,8 +118,11 @@ class Group:
     def reduce_scatter_async(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
         flat_out, flat_in, rop = self._flat(out), self._flat(inp), ReduceOp(op)
         self._check_multiple(flat_in, flat_out)
-        return self._submit("reduce_scatter", flat_out,
-                            lambda: self._rt.reduce_scatter(flat_out.array, flat_in.array, flat_in.dtype, rop))
+        return self._submit(
+            "reduce_scatter",
+            flat_out,
+            lambda: self._rt.reduce_scatter(flat_out.array, flat_in.array, flat_in.dtype, rop),
+        )
 
     def barrier(self) -> None:
         """Return once every rank has called barrier (a one-element allreduce through the trees)."""

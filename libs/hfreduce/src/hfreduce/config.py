@@ -54,8 +54,9 @@ class GroupConfig:
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.local_world_size < 1:
-            raise ValueError(f"need num_nodes >= 1 and local_world_size >= 1, got {self.num_nodes}, "
-                             f"{self.local_world_size}")
+            raise ValueError(
+                f"need num_nodes >= 1 and local_world_size >= 1, got {self.num_nodes}, {self.local_world_size}"
+            )
         if not 0 <= self.node_rank < self.num_nodes:
             raise ValueError(f"node_rank {self.node_rank} not in [0, {self.num_nodes})")
         if not 0 <= self.local_rank < self.local_world_size:

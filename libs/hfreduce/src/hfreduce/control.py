@@ -166,9 +166,7 @@ class ControlServer:
             else:
                 state.left = True
         elif kind == "blame":
-            self._blames.append(
-                _Blame(conn, msg["rank"], msg["seq"], msg["suspect"], msg["kind"], time.monotonic())
-            )
+            self._blames.append(_Blame(conn, msg["rank"], msg["seq"], msg["suspect"], msg["kind"], time.monotonic()))
 
     def _hello(self, conn: socket.socket, msg: Message) -> None:
         rank = msg["rank"]
@@ -196,9 +194,14 @@ class ControlServer:
             self._failed = True
             missing = sorted(set(range(self.world_size)) - set(self._ranks))
             for state in self._ranks.values():
-                self._reply(state.conn, {"type": "error", "missing": missing,
-                                         "message": f"ranks {missing} did not arrive within "
-                                                    f"{self.timeout_s:g} s"})
+                self._reply(
+                    state.conn,
+                    {
+                        "type": "error",
+                        "missing": missing,
+                        "message": f"ranks {missing} did not arrive within {self.timeout_s:g} s",
+                    },
+                )
         still = []
         for blame in self._blames:
             answer = self._resolve(blame)
@@ -233,9 +236,16 @@ class ControlServer:
 
     def status(self) -> list[Message]:
         return [
-            {"rank": r, "node_rank": s.hello["node_rank"], "local_rank": s.hello["local_rank"],
-             "seq": s.seq, "done": s.done, "op": s.op, "since": s.since,
-             "state": "dead" if s.dead else "left" if s.left else "in_collective" if s.seq > s.done else "idle"}
+            {
+                "rank": r,
+                "node_rank": s.hello["node_rank"],
+                "local_rank": s.hello["local_rank"],
+                "seq": s.seq,
+                "done": s.done,
+                "op": s.op,
+                "since": s.since,
+                "state": "dead" if s.dead else "left" if s.left else "in_collective" if s.seq > s.done else "idle",
+            }
             for r, s in sorted(self._ranks.items())
         ]
 

@@ -40,8 +40,16 @@ class Counters:
 
     def memory_ops(self) -> int:
         """Bytes of host-memory traffic in the paper's accounting (each phase's reads or writes)."""
-        return (self.copied_in + self.reduce_read + self.reduce_written + self.sent + self.received
-                + self.reduce_inter + self.copied_out + self.distributed)
+        return (
+            self.copied_in
+            + self.reduce_read
+            + self.reduce_written
+            + self.sent
+            + self.received
+            + self.reduce_inter
+            + self.copied_out
+            + self.distributed
+        )
 
     def copy(self) -> Counters:
         return dataclasses.replace(self)

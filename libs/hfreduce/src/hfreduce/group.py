@@ -82,10 +82,15 @@ class Runtime:
         with socket.create_server(("", 0), backlog=128) as listener:
             listener.settimeout(cfg.timeout_s)
             hello = {
-                "rank": self.rank, "node_rank": cfg.node_rank, "local_rank": cfg.local_rank,
-                "world_size": cfg.world_size, "num_nodes": cfg.num_nodes,
-                "local_world_size": cfg.local_world_size, "zone": cfg.zone,
-                "host": self.control.local_host, "port": listener.getsockname()[1],
+                "rank": self.rank,
+                "node_rank": cfg.node_rank,
+                "local_rank": cfg.local_rank,
+                "world_size": cfg.world_size,
+                "num_nodes": cfg.num_nodes,
+                "local_world_size": cfg.local_world_size,
+                "zone": cfg.zone,
+                "host": self.control.local_host,
+                "port": listener.getsockname()[1],
             }
             reply = self.control.rendezvous(hello)
             self.token: str = reply["token"]
@@ -96,20 +101,32 @@ class Runtime:
             self.ring_order = [n * self.num_local + lr for n in node_order(zones) for lr in range(self.num_local)]
             self._connect(listener)
         self.local = LocalComm(
-            name=f"hfreduce-{self.token}-{cfg.node_rank}", local_rank=cfg.local_rank,
-            ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)], timeout_s=cfg.timeout_s,
+            name=f"hfreduce-{self.token}-{cfg.node_rank}",
+            local_rank=cfg.local_rank,
+            ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)],
+            timeout_s=cfg.timeout_s,
         )
         if self.num_local > 1:
             self.res_bytes = _align(cfg.shm_slot_bytes // self.num_local + 8)
             self.slots = self._shared_segments(f"hfreduce-slot-{self.rank}", cfg.shm_slot_bytes + 2 * self.res_bytes)
         self.tree = TreeEngine(
-            node_rank=cfg.node_rank, trees=self.trees, links=self.tree_links, pool=self.pool,
-            chunk_elems=self.chunk_elems, timeout_s=cfg.timeout_s, on_failure=self.abort,
+            node_rank=cfg.node_rank,
+            trees=self.trees,
+            links=self.tree_links,
+            pool=self.pool,
+            chunk_elems=self.chunk_elems,
+            timeout_s=cfg.timeout_s,
+            on_failure=self.abort,
         )
         pos = self.ring_order.index(self.rank)
         self.ring = RingEngine(
-            pos=pos, size=cfg.world_size, next_link=self.ring_next, prev_link=self.ring_prev, pool=self.pool,
-            chunk_elems=self.chunk_elems, on_failure=self.abort,
+            pos=pos,
+            size=cfg.world_size,
+            next_link=self.ring_next,
+            prev_link=self.ring_prev,
+            pool=self.pool,
+            chunk_elems=self.chunk_elems,
+            on_failure=self.abort,
         )
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
 
@@ -117,8 +134,10 @@ class Runtime:
         cfg = self.config
         for entry in self.table:
             if (entry["num_nodes"], entry["local_world_size"]) != (cfg.num_nodes, cfg.local_world_size):
-                raise RendezvousError(f"rank {entry['rank']} has layout {entry['num_nodes']}x"
-                                      f"{entry['local_world_size']}, this rank {cfg.num_nodes}x{cfg.local_world_size}")
+                raise RendezvousError(
+                    f"rank {entry['rank']} has layout {entry['num_nodes']}x"
+                    f"{entry['local_world_size']}, this rank {cfg.num_nodes}x{cfg.local_world_size}"
+                )
             node_zone = self.table[int(entry["node_rank"]) * self.num_local]["zone"]  # type: ignore[call-overload]
             if entry["zone"] != node_zone:
                 raise RendezvousError(f"rank {entry['rank']} disagrees with its node about its zone")
@@ -157,8 +176,10 @@ class Runtime:
                 conn, _ = listener.accept()
             except TimeoutError as exc:
                 missing = sorted({p for p, c in wanted if (p, c) not in socks})
-                raise RendezvousError(f"ranks {missing} did not connect their links within {cfg.timeout_s:g} s",
-                                      missing_ranks=tuple(missing)) from exc
+                raise RendezvousError(
+                    f"ranks {missing} did not connect their links within {cfg.timeout_s:g} s",
+                    missing_ranks=tuple(missing),
+                ) from exc
             conn.settimeout(cfg.timeout_s)
             peer, channel = _LINK_HELLO.unpack(_recv_all(conn, _LINK_HELLO.size))
             socks[(peer, channel)] = conn
@@ -238,14 +259,19 @@ class Runtime:
         except (OSError, ConnectionError, ValueError):
             culprit, reason = 0, "died (its control server is gone)"
         entry = self.table[culprit]
-        err = PeerFailureError(rank=culprit, node_rank=int(entry["node_rank"]),  # type: ignore[call-overload]
-                               local_rank=int(entry["local_rank"]), reason=reason,  # type: ignore[call-overload]
-                               detail=f"seen by rank {self.rank} in collective {self.seq}: {exc}")
+        err = PeerFailureError(
+            rank=culprit,
+            node_rank=int(entry["node_rank"]),  # type: ignore[call-overload]
+            local_rank=int(entry["local_rank"]),
+            reason=reason,  # type: ignore[call-overload]
+            detail=f"seen by rank {self.rank} in collective {self.seq}: {exc}",
+        )
         self.broken = err
         return err
 
-    def allreduce(self, flat: Array, dtype: DType, op: ReduceOp, *, keep: bool = True,
-                  registered: Registered | None = None) -> Counters:
+    def allreduce(
+        self, flat: Array, dtype: DType, op: ReduceOp, *, keep: bool = True, registered: Registered | None = None
+    ) -> Counters:
         """In-place allreduce; with ``keep=False`` this rank's buffer is left unchanged (reduce)."""
         if self.config.algorithm == "ring" and registered is None:
             work = flat if keep else flat.copy()
@@ -266,9 +292,15 @@ class Runtime:
         return total
 
     def _job(self, dtype: DType, wire: DType, op: ReduceOp, **arrays: object) -> TreeJob:
-        return TreeJob(dtype=dtype, wire=wire, op=op, world_size=self.config.world_size,
-                       peers=arrays.pop("peers", ()), distribute_to=arrays.pop("distribute_to", ()),
-                       **arrays)  # type: ignore[arg-type]
+        return TreeJob(
+            dtype=dtype,
+            wire=wire,
+            op=op,
+            world_size=self.config.world_size,
+            peers=arrays.pop("peers", ()),
+            distribute_to=arrays.pop("distribute_to", ()),
+            **arrays,
+        )  # type: ignore[arg-type]
 
     def _allreduce_segment(self, part: Array, dtype: DType, wire: DType, op: ReduceOp, keep: bool) -> Counters:
         assert self.local is not None
@@ -285,8 +317,13 @@ class Runtime:
                 counters.copied_in += (b - a) * dtype.itemsize
         self.local.barrier(_signature(self.seq, m, dtype, op))
         peers = [inputs[o] for o in range(num_local) if o != me]
-        counters.add(self.tree.run(self._job(dtype, wire, op, mine=part, res=results[me], peers=peers,
-                                             span=spans[me], res_base=spans[me][0])))
+        counters.add(
+            self.tree.run(
+                self._job(
+                    dtype, wire, op, mine=part, res=results[me], peers=peers, span=spans[me], res_base=spans[me][0]
+                )
+            )
+        )
         self.local.barrier(_signature(self.seq, m, dtype, op) + 1)
         if keep:
             for (a, b), res in zip(spans, results, strict=True):
@@ -300,8 +337,18 @@ class Runtime:
         bufs = [seg.array(dtype.storage, n) for seg in reg.segments]
         others = [bufs[o] for o in range(self.num_local) if o != me]
         self.local.barrier(_signature(self.seq, n, dtype, op) ^ ((reg.index + 1) << 40))
-        counters = self.tree.run(self._job(dtype, wire, op, mine=bufs[me], res=bufs[me], peers=others,
-                                           distribute_to=others, span=local_slice(n, self.num_local, me)))
+        counters = self.tree.run(
+            self._job(
+                dtype,
+                wire,
+                op,
+                mine=bufs[me],
+                res=bufs[me],
+                peers=others,
+                distribute_to=others,
+                span=local_slice(n, self.num_local, me),
+            )
+        )
         self.local.barrier(_signature(self.seq, n, dtype, op) + 1)
         return counters
 
@@ -393,4 +440,3 @@ def _recv_all(sock: socket.socket, nbytes: int) -> bytes:
             raise ConnectionError("peer closed during link setup")
         data += part
     return data
-

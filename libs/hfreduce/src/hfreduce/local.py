@@ -41,8 +41,10 @@ class LocalComm:
                     conn, _ = listener.accept()
                 except TimeoutError as exc:
                     missing = [self.ranks[i] for i in range(1, len(self.ranks)) if i not in self.links]
-                    raise RendezvousError(f"local ranks {missing} did not connect within {self.timeout_s:g} s",
-                                          missing_ranks=tuple(missing)) from exc
+                    raise RendezvousError(
+                        f"local ranks {missing} did not connect within {self.timeout_s:g} s",
+                        missing_ranks=tuple(missing),
+                    ) from exc
                 conn.settimeout(self.timeout_s)
                 (peer,) = struct.unpack("!I", recv_exact(conn, 4))
                 self.links[peer] = Link(conn, self.ranks[peer], self.timeout_s)
@@ -57,8 +59,10 @@ class LocalComm:
             except OSError as exc:
                 sock.close()
                 if time.monotonic() > deadline:
-                    raise RendezvousError(f"local rank 0 (rank {self.ranks[0]}) did not listen within "
-                                          f"{self.timeout_s:g} s", missing_ranks=(self.ranks[0],)) from exc
+                    raise RendezvousError(
+                        f"local rank 0 (rank {self.ranks[0]}) did not listen within {self.timeout_s:g} s",
+                        missing_ranks=(self.ranks[0],),
+                    ) from exc
                 time.sleep(0.02)
         sock.sendall(struct.pack("!I", self.local_rank))
         self.links[0] = Link(sock, self.ranks[0], self.timeout_s)

@@ -150,8 +150,14 @@ class TreeEngine:
         return counters
 
     def _intra(
-        self, job: TreeJob, c0: int, c1: int, acc: npt.NDArray[np.float32], scratch: _Scratch,
-        combine: Callable[[Array, Array, Array], object], counters: Counters,
+        self,
+        job: TreeJob,
+        c0: int,
+        c1: int,
+        acc: npt.NDArray[np.float32],
+        scratch: _Scratch,
+        combine: Callable[[Array, Array, Array], object],
+        counters: Counters,
     ) -> None:
         """acc = mine[c] (op) peers[0][c] (op) ...; fp32 goes straight into the result slot."""
         n = c1 - c0
@@ -172,7 +178,10 @@ class TreeEngine:
 
     @staticmethod
     def _accumulate(
-        dtype: DType, acc: npt.NDArray[np.float32], x: Array, scratch: _Scratch,
+        dtype: DType,
+        acc: npt.NDArray[np.float32],
+        x: Array,
+        scratch: _Scratch,
         combine: Callable[[Array, Array, Array], object],
     ) -> None:
         if dtype is DType.BF16:  # numpy cannot widen bf16 bits itself

@@ -99,8 +99,13 @@ class RingEngine:
             self._exchange(flat, send, recv, dtype, None, counters)
 
     def _exchange(
-        self, flat: Array, send: Span, recv: Span, dtype: DType,
-        combine: Callable[[Array, Array, Array], object] | None, counters: Counters,
+        self,
+        flat: Array,
+        send: Span,
+        recv: Span,
+        dtype: DType,
+        combine: Callable[[Array, Array, Array], object] | None,
+        counters: Counters,
     ) -> None:
         """Send one block to the next rank while receiving (and combining) one from the previous."""
         assert self.next_link is not None and self.prev_link is not None  # size > 1 here
@@ -128,9 +133,7 @@ class RingEngine:
             self.next_link.send(memoryview(flat[c0:c1]))
         return span[1] - span[0]
 
-    def _combine(
-        self, dst: Array, src: Array, dtype: DType, combine: Callable[[Array, Array, Array], object]
-    ) -> None:
+    def _combine(self, dst: Array, src: Array, dtype: DType, combine: Callable[[Array, Array, Array], object]) -> None:
         if dtype is DType.F32:
             combine(dst, src, dst)
             return

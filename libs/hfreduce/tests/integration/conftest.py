@@ -29,9 +29,17 @@ def free_port() -> int:
 def launch(tmp_path: Path) -> Iterator[Launch]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def run(nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 90,
-            master: str = "127.0.0.1", node_prefix: Callable[[int], list[str]] | None = None,
-            skip_ranks: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    def run(
+        nodes: int,
+        local: int,
+        scenario: str,
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 90,
+        master: str = "127.0.0.1",
+        node_prefix: Callable[[int], list[str]] | None = None,
+        skip_ranks: tuple[int, ...] = (),
+    ) -> list[dict[str, Any]]:
         port = free_port()
         outs = []
         for node in range(nodes):
@@ -41,11 +49,19 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
                 outs.append(out)
                 if rank in skip_ranks:
                     continue
-                penv = {**os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(port),
-                        "FF_HFREDUCE_NUM_NODES": str(nodes), "FF_HFREDUCE_NODE_RANK": str(node),
-                        "LOCAL_RANK": str(lr), "LOCAL_WORLD_SIZE": str(local),
-                        "FF_HFREDUCE_TIMEOUT_S": "20", "FF_HFREDUCE_CHUNK_SIZE_BYTES": "4096",
-                        "FF_HFREDUCE_SHM_SLOT_BYTES": "65536", **(env or {})}
+                penv = {
+                    **os.environ,
+                    "MASTER_ADDR": master,
+                    "MASTER_PORT": str(port),
+                    "FF_HFREDUCE_NUM_NODES": str(nodes),
+                    "FF_HFREDUCE_NODE_RANK": str(node),
+                    "LOCAL_RANK": str(lr),
+                    "LOCAL_WORLD_SIZE": str(local),
+                    "FF_HFREDUCE_TIMEOUT_S": "20",
+                    "FF_HFREDUCE_CHUNK_SIZE_BYTES": "4096",
+                    "FF_HFREDUCE_SHM_SLOT_BYTES": "65536",
+                    **(env or {}),
+                }
                 prefix = node_prefix(node) if node_prefix else []
                 cmd = [*prefix, sys.executable, str(WORKER), scenario, str(out)]
                 procs.append(subprocess.Popen(cmd, env=penv))

@@ -55,8 +55,9 @@ def reference(op: str, x: np.ndarray) -> np.ndarray:
     return {"sum": x.sum(0), "avg": x.mean(0), "max": x.max(0), "min": x.min(0)}[op]
 
 
-def check(name: str, got: np.ndarray, ref: np.ndarray, scale: np.ndarray, dtype: DType, world: int,
-          exact: bool, raw: bytes) -> dict[str, Any]:
+def check(
+    name: str, got: np.ndarray, ref: np.ndarray, scale: np.ndarray, dtype: DType, world: int, exact: bool, raw: bytes
+) -> dict[str, Any]:
     err = np.abs(got - ref)
     # each value passes through at most (world + 2) roundings to the dtype, each relative to sum |x|
     bound = 0.0 if exact else (world + 2) * unit_roundoff(dtype)
@@ -90,8 +91,16 @@ def correctness(group: Group, cfg: GroupConfig, sizes: list[int], dtypes: list[D
                     group.allreduce(buf, op)
                 after = group.counters()
                 scale = np.abs(x).sum(0) / (world if op == "avg" else 1)
-                res = check(f"allreduce/{op}/{dtype.value}/{n}", as_f64(buf), reference(op, x), scale, dtype,
-                            world, op in ("max", "min"), raw_bytes(buf))
+                res = check(
+                    f"allreduce/{op}/{dtype.value}/{n}",
+                    as_f64(buf),
+                    reference(op, x),
+                    scale,
+                    dtype,
+                    world,
+                    op in ("max", "min"),
+                    raw_bytes(buf),
+                )
                 if op == "sum" and cfg.algorithm == "tree" and not use_torch:
                     res["counters_ok"] = _counters_ok(cfg, group, before, after, n, dtype, registered=False)
                 out.append(res)
@@ -101,24 +110,55 @@ def correctness(group: Group, cfg: GroupConfig, sizes: list[int], dtypes: list[D
             dst = world - 1
             group.reduce(buf, dst, "sum")
             if rank == dst:
-                out.append(check(f"reduce/{dtype.value}/{n}", as_f64(buf), x.sum(0), np.abs(x).sum(0), dtype,
-                                 world, False, b"dst"))
+                out.append(
+                    check(
+                        f"reduce/{dtype.value}/{n}",
+                        as_f64(buf),
+                        x.sum(0),
+                        np.abs(x).sum(0),
+                        dtype,
+                        world,
+                        False,
+                        b"dst",
+                    )
+                )
             else:
-                out.append(check(f"reduce-untouched/{dtype.value}/{n}", as_f64(buf), x[rank], x[rank], dtype,
-                                 world, True, b"other"))
+                out.append(
+                    check(
+                        f"reduce-untouched/{dtype.value}/{n}",
+                        as_f64(buf),
+                        x[rank],
+                        x[rank],
+                        dtype,
+                        world,
+                        True,
+                        b"other",
+                    )
+                )
             case += 1
             x = rounded(inputs(case, world, n), dtype)
             buf = make_buffer(x[rank], dtype, use_torch)
             src = world // 2
             group.broadcast(buf, src)
-            out.append(check(f"broadcast/{dtype.value}/{n}", as_f64(buf), x[src], x[src], dtype, world, True,
-                             raw_bytes(buf)))
+            out.append(
+                check(f"broadcast/{dtype.value}/{n}", as_f64(buf), x[src], x[src], dtype, world, True, raw_bytes(buf))
+            )
             case += 1
             x = rounded(inputs(case, world, n), dtype)
             gathered = make_buffer(np.zeros(world * n), dtype, use_torch)
             group.allgather(gathered, make_buffer(x[rank], dtype, use_torch))
-            out.append(check(f"allgather/{dtype.value}/{n}", as_f64(gathered), x.ravel(), np.abs(x).ravel(), dtype,
-                             world, True, raw_bytes(gathered)))
+            out.append(
+                check(
+                    f"allgather/{dtype.value}/{n}",
+                    as_f64(gathered),
+                    x.ravel(),
+                    np.abs(x).ravel(),
+                    dtype,
+                    world,
+                    True,
+                    raw_bytes(gathered),
+                )
+            )
             for op in ("sum", "max"):
                 case += 1
                 x = rounded(inputs(case, world, world * n), dtype)
@@ -126,8 +166,18 @@ def correctness(group: Group, cfg: GroupConfig, sizes: list[int], dtypes: list[D
                 group.reduce_scatter(part, make_buffer(x[rank], dtype, use_torch), op)
                 ref = reference(op, x)[rank * n : (rank + 1) * n]
                 scale = np.abs(x).sum(0)[rank * n : (rank + 1) * n]
-                out.append(check(f"reduce_scatter/{op}/{dtype.value}/{n}", as_f64(part), ref, scale, dtype, world,
-                                 op == "max", b"rs"))
+                out.append(
+                    check(
+                        f"reduce_scatter/{op}/{dtype.value}/{n}",
+                        as_f64(part),
+                        ref,
+                        scale,
+                        dtype,
+                        world,
+                        op == "max",
+                        b"rs",
+                    )
+                )
     return out
 
 
@@ -143,25 +193,49 @@ def registered(group: Group, cfg: GroupConfig, sizes: list[int]) -> list[Any]:
                 before = group.counters()
                 group.allreduce(buf, op)
                 after = group.counters()
-                res = check(f"registered/{op}/{dtype.value}/{n}", as_f64(buf), reference(op, x), np.abs(x).sum(0),
-                            dtype, world, op == "max", raw_bytes(buf))
+                res = check(
+                    f"registered/{op}/{dtype.value}/{n}",
+                    as_f64(buf),
+                    reference(op, x),
+                    np.abs(x).sum(0),
+                    dtype,
+                    world,
+                    op == "max",
+                    raw_bytes(buf),
+                )
                 if op == "sum":
                     res["counters_ok"] = _counters_ok(cfg, group, before, after, n, dtype, registered=True)
                 out.append(res)
     return out
 
 
-def _counters_ok(cfg: GroupConfig, group: Group, before: Any, after: Any, n: int, dtype: DType,
-                 registered: bool) -> bool:
+def _counters_ok(
+    cfg: GroupConfig, group: Group, before: Any, after: Any, n: int, dtype: DType, registered: bool
+) -> bool:
     delta = after.copy()
-    for field in ("copied_in", "reduce_read", "reduce_written", "sent", "received", "reduce_inter",
-                  "copied_out", "distributed", "collectives"):
+    for field in (
+        "copied_in",
+        "reduce_read",
+        "reduce_written",
+        "sent",
+        "received",
+        "reduce_inter",
+        "copied_out",
+        "distributed",
+        "collectives",
+    ):
         setattr(delta, field, getattr(after, field) - getattr(before, field))
     wire = dtype.itemsize if cfg.compression is None or dtype is not DType.F32 else 2
     expect = expected_allreduce_counters(
-        num_elems=n, itemsize=dtype.itemsize, wire_itemsize=wire, num_local=cfg.local_world_size,
-        local_rank=cfg.local_rank, node_rank=cfg.node_rank, trees=group._rt.trees,
-        segment_elems=cfg.shm_slot_bytes // dtype.itemsize, registered=registered,
+        num_elems=n,
+        itemsize=dtype.itemsize,
+        wire_itemsize=wire,
+        num_local=cfg.local_world_size,
+        local_rank=cfg.local_rank,
+        node_rank=cfg.node_rank,
+        trees=group._rt.trees,
+        segment_elems=cfg.shm_slot_bytes // dtype.itemsize,
+        registered=registered,
     )
     return bool(delta == expect)
 
@@ -175,11 +249,17 @@ def compression(group: Group, cfg: GroupConfig) -> list[Any]:
     err = np.abs(buf - ref)
     scale = np.abs(x).sum(0)
     wire = DType.BF16 if cfg.compression == "bf16" else DType.F16
-    return [{"name": f"compression/{cfg.compression}", "max_rel_err": float(np.max(err / scale)),
-             "mean_rel_err": float(np.mean(err / scale)), "rms_err_over_rms_ref": float(
-                 np.sqrt(np.mean(err**2)) / np.sqrt(np.mean(ref**2))),
-             "bound": (world + 2) * unit_roundoff(wire), "ok": bool(np.all(err <= (world + 2) * unit_roundoff(wire)
-                                                                         * scale)), "crc": zlib.crc32(buf.tobytes())}]
+    return [
+        {
+            "name": f"compression/{cfg.compression}",
+            "max_rel_err": float(np.max(err / scale)),
+            "mean_rel_err": float(np.mean(err / scale)),
+            "rms_err_over_rms_ref": float(np.sqrt(np.mean(err**2)) / np.sqrt(np.mean(ref**2))),
+            "bound": (world + 2) * unit_roundoff(wire),
+            "ok": bool(np.all(err <= (world + 2) * unit_roundoff(wire) * scale)),
+            "crc": zlib.crc32(buf.tobytes()),
+        }
+    ]
 
 
 def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, Any]:
@@ -199,11 +279,22 @@ def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, A
             t0 = time.monotonic()
             group.allreduce(buf)
     except PeerFailureError as exc:
-        return {"rank": cfg.rank, "error": "PeerFailureError", "culprit": exc.rank, "message": str(exc),
-                "elapsed_s": time.monotonic() - t0, "status": group.status() if cfg.rank != 0 else None}
+        return {
+            "rank": cfg.rank,
+            "error": "PeerFailureError",
+            "culprit": exc.rank,
+            "message": str(exc),
+            "elapsed_s": time.monotonic() - t0,
+            "status": group.status() if cfg.rank != 0 else None,
+        }
     except Exception as exc:
-        return {"rank": cfg.rank, "error": type(exc).__name__, "message": str(exc), "culprit": None,
-                "elapsed_s": time.monotonic() - start}
+        return {
+            "rank": cfg.rank,
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "culprit": None,
+            "elapsed_s": time.monotonic() - start,
+        }
     return {"rank": cfg.rank, "error": None}
 
 

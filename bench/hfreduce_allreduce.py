@@ -1,0 +1,165 @@
+"""hfreduce vs torch.distributed gloo allreduce, OSU style: algbw/busbw per size, interleaved rounds.
+
+Every rank is both a gloo rank and an hfreduce rank on the same layout (nodes x local ranks, all on
+loopback). Per round and size, in the same processes: hfreduce on an ordinary array (copy path),
+hfreduce on a registered buffer (zero copy), gloo on the same ordinary array, and the shared-memory
+reduce ceiling (all ranks reduce the world's buffers held in one shared-memory space, no network).
+Time = max over ranks. Ratios are medians of per-round ratios t_gloo / t_hfreduce.
+
+    .venv/bin/python bench/hfreduce_allreduce.py --layouts 2x1,2x2 --rounds 11
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KIB = 1024
+DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def rank_main(node: int, local: int, nodes: int, num_local: int, ports: tuple[int, int], sizes: list[int],
+              rounds: int, shm_prefix: str, queue: Any, slot_bytes: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from hfreduce import Group, GroupConfig
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    world, rank = nodes * num_local, node * num_local + local
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=world)
+    group = Group(GroupConfig(master_addr="127.0.0.1", master_port=ports[0], node_rank=node, num_nodes=nodes,
+                              local_rank=local, local_world_size=num_local, timeout_s=120,
+                              shm_slot_bytes=slot_bytes))
+    worst = torch.zeros(4, dtype=torch.float64)
+
+    def timed(fn: Any) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    for nbytes in sizes:
+        n = nbytes // 4
+        buf = np.ones(n, dtype=np.float32)
+        tbuf = torch.from_numpy(buf)
+        reg = group.alloc(n)
+        ceiling = [np.memmap(f"{shm_prefix}-{r}", dtype=np.float32, mode="r+", shape=(max(n, 1),))[:n]
+                   for r in range(world)]
+        a, b = n * rank // world, n * (rank + 1) // world
+        out = np.empty(b - a, dtype=np.float32)
+
+        def shm_reduce(ceiling: list[Any] = ceiling, a: int = a, b: int = b, out: Any = out) -> None:
+            np.add(ceiling[0][a:b], ceiling[1][a:b], out=out)
+            for other in ceiling[2:]:
+                np.add(out, other[a:b], out=out)
+
+        for _ in range(2):  # warm-up
+            group.allreduce(buf)
+            group.allreduce(reg)
+            dist.all_reduce(tbuf)
+        for _ in range(rounds):
+            buf.fill(1.0)
+            t_copy = timed(lambda: group.allreduce(buf))
+            ok = bool(buf[0] == world) if n else True
+            reg.fill(1.0)
+            t_reg = timed(lambda: group.allreduce(reg))
+            ok = ok and (bool(reg[-1] == world) if n else True)
+            buf.fill(1.0)
+            t_gloo = timed(lambda: dist.all_reduce(tbuf))
+            t_ceil = timed(shm_reduce)
+            worst.copy_(torch.tensor([t_copy, t_reg, t_gloo, t_ceil], dtype=torch.float64))
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            if rank == 0:
+                queue.put((nbytes, *worst.tolist(), ok))
+        del reg, ceiling
+    group.close()
+    dist.destroy_process_group()
+
+
+def run_layout(nodes: int, num_local: int, sizes: list[int], rounds: int, slot_bytes: int) -> list[tuple[Any, ...]]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    world = nodes * num_local
+    prefix = f"/dev/shm/hfbench-{os.getpid()}"
+    paths = [Path(f"{prefix}-{r}") for r in range(world)]
+    for p in paths:
+        np.ones(max(sizes) // 4, dtype=np.float32).tofile(p)
+    ports = (free_port(), free_port())
+    procs = [ctx.Process(target=rank_main, args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue,
+                                                 slot_bytes))
+             for n in range(nodes) for lr in range(num_local)]
+    try:
+        for p in procs:
+            p.start()
+        rows = [queue.get(timeout=600) for _ in range(len(sizes) * rounds)]
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for path in paths:
+            path.unlink(missing_ok=True)
+    return rows
+
+
+def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, dict[str, float]]:
+    factor = 2 * (world - 1) / world
+    print(f"\n# layout {layout} (world {world}); busbw = algbw * {factor:.2f}; GB/s = 1e9 B/s; medians")
+    print(f"{'size':>10} {'hf copy busbw':>14} {'hf reg busbw':>13} {'gloo busbw':>11} {'copy/gloo':>10} "
+          f"{'reg/gloo':>9} {'copy/ceil':>10} {'reg/ceil':>9} {'ok':>3}")
+    summary = {}
+    for nbytes in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == nbytes]
+        med = [statistics.median(r[i] for r in mine) for i in (1, 2, 3, 4)]
+        bus = [nbytes / t / 1e9 * factor for t in med[:3]]
+        copy_ratio = statistics.median(r[3] / r[1] for r in mine)
+        reg_ratio = statistics.median(r[3] / r[2] for r in mine)
+        ceil_copy = statistics.median(r[4] / r[1] for r in mine)
+        ceil_reg = statistics.median(r[4] / r[2] for r in mine)
+        ok = all(r[5] for r in mine)
+        size = f"{nbytes // KIB} KiB" if nbytes < KIB * KIB else f"{nbytes // KIB // KIB} MiB"
+        print(f"{size:>10} {bus[0]:14.3f} {bus[1]:13.3f} {bus[2]:11.3f} {copy_ratio:10.2f} {reg_ratio:9.2f} "
+              f"{ceil_copy:10.2f} {ceil_reg:9.2f} {'yes' if ok else 'NO':>3}")
+        summary[nbytes] = {"copy": copy_ratio, "reg": reg_ratio}
+    for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
+        if nbytes in summary:
+            s = summary[nbytes]
+            print(f"MEDIAN RATIO {layout} {nbytes // KIB // KIB} MiB: ordinary {s['copy']:.2f}x gloo, "
+                  f"registered {s['reg']:.2f}x gloo")
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layouts", default="2x1,2x2", help="nodes x local ranks, comma separated")
+    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="bytes, comma separated")
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--shm-slot-mib", type=int, default=64)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for layout in args.layouts.split(","):
+        nodes, num_local = (int(x) for x in layout.split("x"))
+        rows = run_layout(nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20)
+        report(layout, nodes * num_local, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The byte-accounting model against the paper's memory-traffic figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from hfreduce.counters import Counters, expected_allreduce_counters, paper_memory_ops_per_byte
+from hfreduce.trees import build_trees
+
+
+def node_totals(num_nodes: int, num_local: int, nbytes: int, registered: bool) -> list[Counters]:
+    trees = build_trees([""] * num_nodes)
+    totals = []
+    for node in range(num_nodes):
+        total = Counters()
+        for lr in range(num_local):
+            total.add(
+                expected_allreduce_counters(
+                    num_elems=nbytes // 4,
+                    itemsize=4,
+                    wire_itemsize=4,
+                    num_local=num_local,
+                    local_rank=lr,
+                    node_rank=node,
+                    trees=trees,
+                    segment_elems=1 << 40,
+                    registered=registered,
+                )
+            )
+        totals.append(total)
+    return totals
+
+
+def test_paper_figures() -> None:
+    assert paper_memory_ops_per_byte(8) == 24
+    assert paper_memory_ops_per_byte(8, gdrcopy=False) == 30
+
+
+@pytest.mark.parametrize("num_nodes", [2, 3, 4, 8, 16])
+def test_double_tree_moves_two_buffers_per_node_on_average(num_nodes: int) -> None:
+    size = 1 << 20
+    totals = node_totals(num_nodes, 8, size, registered=False)
+    sent = sum(t.sent for t in totals)
+    # every tree edge carries its half up and down: 2 (n - 1) buffers in all, i.e. busbw's 2(n-1)/n per node
+    assert sent == 2 * (num_nodes - 1) * size
+    assert sum(t.received for t in totals) == sent
+    assert max(t.sent for t in totals) <= 2 * size  # no node sends more than the paper's "2 reads"
+
+
+def test_interior_node_matches_the_paper_per_phase() -> None:
+    size = 1 << 20
+    totals = node_totals(16, 8, size, registered=False)
+    interior = max(totals, key=lambda t: t.sent)
+    assert interior.sent == 2 * size and interior.received == 2 * size
+    assert interior.reduce_inter == size  # "reduce-add 1 read"
+    assert interior.reduce_read == 8 * size and interior.reduce_written == size  # "8 reads + 1 write"
+    assert interior.copied_in == 7 * size  # the paper's 8 D2H writes, less the own slice read in place
+    assert interior.copied_out == 8 * size  # MemcpyAsync-style H2D: 8 reads
+    assert interior.memory_ops() == 29 * size  # paper without GDRCopy: 30
+
+
+def test_registered_buffers_drop_the_copies() -> None:
+    size = 1 << 20
+    interior = max(node_totals(16, 8, size, registered=True), key=lambda t: t.sent)
+    assert interior.copied_in == 0 and interior.copied_out == 0
+    assert interior.distributed == 7 * size
+    assert interior.memory_ops() == 21 * size
+
+
+def test_one_node_sends_nothing() -> None:
+    (total,) = node_totals(1, 4, 4096, registered=False)
+    assert total.sent == total.received == 0
+    assert total.reduce_read == 4 * 4096
