@@ -86,6 +86,7 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_unary(self, method: str, access: Access | None, inner: Behavior) -> Behavior:
         async def behavior(request: Any, context: Context) -> Any:
             async with _Call(self, method, access, context) as call:
+                await call.authenticate()
                 return await call.guard(inner(request, context))
 
         return behavior
@@ -93,6 +94,7 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, method: str, access: Access | None, inner: Behavior) -> Behavior:
         async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
             async with _Call(self, method, access, context) as call:
+                await call.authenticate()
                 stream = inner(request, context)
                 while True:
                     try:
@@ -151,9 +153,11 @@ class _Call:
         # grpc.aio serves each call in its own task (own context), so the ids need no reset afterwards.
         set_log_fields(request_id=self.request_id, rpc=self._method)
         self._policy.metrics.in_flight.labels(self._method.split("/")[1]).inc()
+        return self
+
+    async def authenticate(self) -> None:
         principal = await self.guard(self._policy.authenticate(self._access, self._context))
         set_current_principal(principal)
-        return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         exc = exc_info[1]

@@ -245,6 +245,8 @@ class Mgmtd:
             return snapshot
         snapshot = await self.store.arun(lambda s: routing.routing_info(s, time.time()))
         if self.is_primary:
+            # A write may have committed and not yet published its version: the database is ahead.
+            await self._publish(snapshot.version)
             self._snapshot = snapshot
         return snapshot
 

@@ -53,7 +53,7 @@ async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> No
             ServiceBinding(services["MgmtdService"].full_name, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server,
                            MgmtdServicer(mgmtd, stop)),
             ServiceBinding(services["IdentityService"].full_name, mgmtd_pb2_grpc.add_IdentityServiceServicer_to_server,
-                           IdentityServicer(mgmtd, settings.token_cache_ttl_s)),
+                           IdentityServicer(mgmtd, settings.token_cache_ttl_s, validator)),
         ],
     )  # fmt: skip
     await server.start()

@@ -13,7 +13,7 @@ from ff_mgmtd.core import tokens, validation
 from ff_mgmtd.core.errors import Forbidden, InvalidRequest, InvalidToken
 from ff_mgmtd.core.model import Role
 from ff_mgmtd.store import identity, routing
-from ff_rpc import Principal, Unauthenticated, current_principal
+from ff_rpc import CachingTokenValidator, Principal, Unauthenticated, current_principal
 from ff_rpc.auth import Role as PrincipalRole
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
@@ -122,9 +122,11 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
 
 
 class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
-    def __init__(self, mgmtd: Mgmtd, token_cache_ttl_s: float) -> None:
+    def __init__(self, mgmtd: Mgmtd, token_cache_ttl_s: float, local_cache: CachingTokenValidator) -> None:
         self._m = mgmtd
         self._ttl_s = token_cache_ttl_s
+        # This instance's own cache: dropped on revoke/disable so mgmtd itself refuses at once.
+        self._local_cache = local_cache
 
     async def CreateUser(self, request: pb.CreateUserRequest, context: Context) -> pb.CreateUserResponse:
         name = validation.check_name("user", request.name)
@@ -145,6 +147,7 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
     async def SetUserDisabled(self, request: pb.SetUserDisabledRequest, context: Context) -> pb.SetUserDisabledResponse:
         name = validation.check_name("user", request.name)
         user = await self._m.write(lambda s, f: identity.set_user_disabled(s, f, name, request.disabled))
+        self._local_cache.invalidate()
         return pb.SetUserDisabledResponse(user=wire.user_to_proto(user))
 
     async def CreateGroup(self, request: pb.CreateGroupRequest, context: Context) -> pb.CreateGroupResponse:
@@ -199,6 +202,7 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         if not caller.is_admin and info.user_name != caller.name:
             raise Forbidden(f"token {request.token_id} belongs to another user")
         info = await self._m.write(lambda s, f: identity.revoke_token(s, f, request.token_id, time.time()))
+        self._local_cache.invalidate()
         return pb.RevokeTokenResponse(token_info=wire.token_to_proto(info))
 
     async def ValidateToken(self, request: pb.ValidateTokenRequest, context: Context) -> pb.ValidateTokenResponse:

@@ -24,7 +24,7 @@ def _groups_of(s: Session, uid: int) -> list[tuple[int, str]]:
         .where(group_members.c.uid == uid)
         .order_by(groups.c.gid)
     )
-    return [(int(g), str(n)) for g, n in s.execute(stmt).tuples()]
+    return [(int(g), str(n)) for g, n in s.execute(stmt)]
 
 
 def _user(s: Session, row: Any) -> User:

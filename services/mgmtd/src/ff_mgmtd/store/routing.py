@@ -102,7 +102,7 @@ def set_node_enabled(s: Session, fence: Fence, node_id: int, enabled: bool) -> t
 
 
 def list_chains(s: Session) -> list[Chain]:
-    versions = dict(s.execute(select(chains.c.chain_id, chains.c.version)).tuples().all())
+    versions = dict(s.execute(select(chains.c.chain_id, chains.c.version)).all())
     members: dict[int, list[ChainTarget]] = {int(c): [] for c in versions}
     for r in s.execute(select(chain_targets).order_by(chain_targets.c.chain_id, chain_targets.c.position)).all():
         members[int(r.chain_id)].append(
@@ -186,7 +186,7 @@ def get_config(s: Session, node_type: NodeType) -> ConfigEntry:
 
 
 def config_versions(s: Session) -> dict[NodeType, int]:
-    return {NodeType(t): int(v) for t, v in s.execute(select(configs.c.node_type, configs.c.version)).tuples()}
+    return {NodeType(t): int(v) for t, v in s.execute(select(configs.c.node_type, configs.c.version))}
 
 
 def set_config(s: Session, fence: Fence, node_type: NodeType, expected_version: int, content: str, now: float) -> int:

@@ -1,0 +1,114 @@
+"""Helpers to run mgmtd for real in tests: in this process (an asyncio task) or as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ff_cluster import MgmtdClient
+from ff_mgmtd.config import MgmtdSettings
+from ff_mgmtd.server import main
+
+CLUSTER_TOKEN = "test-cluster-token"
+# Short leases so tests of expiry and failover take seconds.
+FAST_TIMING: dict[str, float] = {
+    "lease_duration_s": 2.0, "heartbeat_interval_s": 0.25, "election_lease_s": 2.0, "grace_s": 1.0,
+}  # fmt: skip
+
+
+@dataclass
+class InProcessMgmtd:
+    """An mgmtd serving in the test's own event loop."""
+
+    address: str
+    metrics_port: int
+    cluster_id: str
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    def client(self, token: str = CLUSTER_TOKEN) -> MgmtdClient:
+        return MgmtdClient([self.address], token=token)
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=15)
+
+
+async def wait_ready(
+    ready_file: Path, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+) -> dict[str, Any]:
+    """The ready file's content once mgmtd has written it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = await asyncio.to_thread(_read_if_exists, ready_file)
+        if text is not None:
+            return dict(json.loads(text))
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"mgmtd exited with {proc.returncode} before it was ready")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"mgmtd did not write {ready_file}")
+
+
+def _read_if_exists(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+async def start_in_process(folder: Path, database_url: str, name: str = "m1", **overrides: Any) -> InProcessMgmtd:
+    ready = folder / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)
+    settings = MgmtdSettings(**{
+        "state_dir": folder / name, "database_url": database_url, "cluster_token": CLUSTER_TOKEN,
+        "ready_file": ready, "metrics_address": "127.0.0.1:0", "instance_id": name, **FAST_TIMING, **overrides,
+    })  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(main(settings, stop))
+    try:
+        info = await wait_ready(ready)
+    except Exception:
+        stop.set()
+        await task
+        raise
+    return InProcessMgmtd(info["grpc"], info["metrics_port"], info["cluster_id"], stop, task)
+
+
+@dataclass
+class MgmtdProcess:
+    """An mgmtd in its own process (``python -m ff_mgmtd``)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    ready_file: Path
+    log: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["grpc"])
+
+    async def ready(self) -> MgmtdProcess:
+        self.info = await wait_ready(self.ready_file, proc=self.proc)
+        return self
+
+
+def spawn_process(folder: Path, database_url: str, name: str, **overrides: Any) -> MgmtdProcess:
+    ready, log = folder / f"{name}.ready.json", folder / f"{name}.log"
+    ready.unlink(missing_ok=True)
+    flags = {"database_url": database_url, "state_dir": folder / name, "ready_file": ready,
+             "instance_id": name, "metrics_address": "", **FAST_TIMING, **overrides}  # fmt: skip
+    args = [sys.executable, "-m", "ff_mgmtd"]
+    for key, value in flags.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return MgmtdProcess(name, proc, ready, log)

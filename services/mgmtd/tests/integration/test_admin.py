@@ -1,0 +1,122 @@
+"""Chains, chain tables, node enable/disable and versioned config, over real gRPC."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from ff_cluster import MgmtdClient
+from ff_mgmtd.testing import InProcessMgmtd
+from ff_rpc import RpcError
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
+
+STORAGE = common_pb2.NODE_TYPE_STORAGE
+
+
+async def storage_nodes(client: MgmtdClient, count: int) -> list[int]:
+    ids = []
+    for i in range(count):
+        req = pb.RegisterNodeRequest(
+            node_type=STORAGE, hostname=f"storage-{i}",
+            endpoints=[common_pb2.Endpoint(name="grpc", address=f"127.0.0.1:{20000 + i}")],
+        )  # fmt: skip
+        ids.append((await client.mgmtd(lambda s: s.RegisterNode, req)).node_id)
+    return ids
+
+
+def chain(chain_id: int, version: int, placement: list[tuple[int, int]]) -> pb.Chain:
+    return pb.Chain(
+        chain_id=chain_id, version=version,
+        targets=[pb.Target(target_id=t, node_id=n) for t, n in placement],
+    )  # fmt: skip
+
+
+async def expect(code: grpc.StatusCode, coro: object) -> RpcError:
+    with pytest.raises(RpcError) as err:
+        await coro  # type: ignore[misc]
+    assert err.value.code is code, err.value
+    return err.value
+
+
+async def test_chains_and_chain_tables_are_versioned(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    n1, n2, n3 = await storage_nodes(client, 3)
+    created = await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[
+        chain(1, 0, [(101, n1), (102, n2), (103, n3)]), chain(2, 0, [(201, n2), (202, n3), (203, n1)]),
+    ]))  # fmt: skip
+    assert [c.version for c in created.chains] == [1, 1]
+    assert [t.target_id for t in created.chains[0].targets] == [101, 102, 103]  # head first
+    assert all(t.public_state == pb.PUBLIC_TARGET_STATE_SERVING for t in created.chains[0].targets)
+
+    # Compare-and-set: a stale version is refused and changes nothing.
+    before = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    await expect(grpc.StatusCode.ABORTED, client.mgmtd(
+        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(101, n3)])])))  # fmt: skip
+    after = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    assert (after.version, list(after.chains)) == (before.version, list(before.chains))
+
+    moved = await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(
+        chains=[chain(1, 1, [(102, n2), (103, n3), (101, n1)])]))  # fmt: skip
+    assert moved.chains[0].version == 2
+    assert [t.target_id for t in moved.chains[0].targets] == [102, 103, 101]
+
+    table = await client.mgmtd(lambda s: s.SetChainTable, pb.SetChainTableRequest(
+        chain_table=pb.ChainTable(table_id=1, version=0, chain_ids=[1, 2])))  # fmt: skip
+    assert table.chain_table.version == 1
+    await expect(grpc.StatusCode.ABORTED, client.mgmtd(lambda s: s.SetChainTable, pb.SetChainTableRequest(
+        chain_table=pb.ChainTable(table_id=1, version=0, chain_ids=[2]))))  # fmt: skip
+    await expect(grpc.StatusCode.NOT_FOUND, client.mgmtd(lambda s: s.SetChainTable, pb.SetChainTableRequest(
+        chain_table=pb.ChainTable(table_id=1, version=1, chain_ids=[1, 9]))))  # fmt: skip
+    info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    assert [(t.table_id, t.version, list(t.chain_ids)) for t in info.chain_tables] == [(1, 1, [1, 2])]
+    assert [(c.chain_id, c.version) for c in info.chains] == [(1, 2), (2, 1)]
+    await client.close()
+
+
+async def test_chains_reject_unknown_nodes_and_stolen_targets(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    (n1,) = await storage_nodes(client, 1)
+    await expect(grpc.StatusCode.NOT_FOUND, client.mgmtd(
+        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(1, 999)])])))  # fmt: skip
+    await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(1, n1)])]))
+    err = await expect(grpc.StatusCode.FAILED_PRECONDITION, client.mgmtd(
+        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(2, 0, [(1, n1)])])))  # fmt: skip
+    assert "already belongs to chain 1" in err.details
+    await client.close()
+
+
+async def test_enable_and_disable_a_node(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    (n1,) = await storage_nodes(client, 1)
+    off = await client.mgmtd(lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=n1, enabled=False))
+    assert not off.node.enabled
+    beat = await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=n1))
+    assert not beat.enabled and beat.routing_version == off.routing_version
+    again = await client.mgmtd(lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=n1, enabled=False))
+    assert again.routing_version == off.routing_version  # idempotent: no new version
+    on = await client.mgmtd(lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=n1, enabled=True))
+    assert on.node.enabled and on.routing_version > off.routing_version
+    await client.close()
+
+
+async def test_config_is_versioned_per_node_type(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    (n1,) = await storage_nodes(client, 1)
+    empty = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=STORAGE))
+    assert (empty.version, empty.content) == (0, "")
+    v1 = await client.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(
+        node_type=STORAGE, expected_version=0, content="chunk_size_bytes = 1048576\n"))  # fmt: skip
+    assert v1.version == 1
+    await expect(grpc.StatusCode.ABORTED, client.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(
+        node_type=STORAGE, expected_version=0, content="x = 2\n")))  # fmt: skip
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, client.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(
+        node_type=STORAGE, expected_version=1, content="x = = 2\n")))  # fmt: skip
+    got = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=STORAGE))
+    assert (got.version, got.content) == (1, "chunk_size_bytes = 1048576\n")
+    # Heartbeats tell a node of that type which config version is current.
+    beat = await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=n1))
+    assert beat.config_version == 1
+    other = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=common_pb2.NODE_TYPE_META))
+    assert other.version == 0
+    await client.close()

@@ -1,0 +1,128 @@
+"""The identity registry: users, groups, roles, hashed tokens; and every service's view of callers."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from sqlalchemy import create_engine, text
+
+from ff_cluster import MgmtdClient, MgmtdTokenValidator
+from ff_mgmtd.testing import InProcessMgmtd
+from ff_rpc import RpcError, Unauthenticated
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
+
+
+async def expect(code: grpc.StatusCode, coro: object) -> RpcError:
+    with pytest.raises(RpcError) as err:
+        await coro  # type: ignore[misc]
+    assert err.value.code is code, err.value
+    return err.value
+
+
+async def issue(admin: MgmtdClient, user: str, **kw: object) -> pb.IssueTokenResponse:
+    resp: pb.IssueTokenResponse = await admin.identity(
+        lambda s: s.IssueToken,
+        pb.IssueTokenRequest(user_name=user, **kw),  # type: ignore[arg-type]
+    )
+    return resp
+
+
+async def test_users_groups_and_tokens(mgmtd: InProcessMgmtd, db_url: str) -> None:
+    admin = mgmtd.client()
+    group = await admin.identity(lambda s: s.CreateGroup, pb.CreateGroupRequest(name="vision"))
+    assert group.group.gid >= 1000
+    alice = await admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="alice", group_names=["vision"]))
+    assert alice.user.uid >= 1000 and list(alice.user.group_names) == ["vision"]
+    await admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="bob", uid=4242, role=common_pb2.ROLE_ADMIN))
+    await expect(
+        grpc.StatusCode.ALREADY_EXISTS, admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="bob"))
+    )
+    await expect(grpc.StatusCode.ALREADY_EXISTS, admin.identity(
+        lambda s: s.CreateUser, pb.CreateUserRequest(name="eve", uid=4242)))  # fmt: skip
+
+    issued = await issue(admin, "alice", description="laptop")
+    as_alice = MgmtdClient([mgmtd.address], token=issued.token)
+    me = (await as_alice.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest())).principal
+    assert (me.name, me.uid, list(me.gids), me.role) == (
+        "alice",
+        alice.user.uid,
+        [group.group.gid],
+        common_pb2.ROLE_USER,
+    )
+
+    # Only the hash is stored.
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT secret_hash FROM mgmtd_tokens")).scalars().all()
+    engine.dispose()
+    assert len(stored) == 1 and issued.token.split("_", 2)[2] not in stored[0]
+
+    # Users see and issue their own tokens only; admins anyone's.
+    own = await as_alice.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(description="second"))
+    listed = await as_alice.identity(lambda s: s.ListTokens, pb.ListTokensRequest())
+    assert sorted(t.description for t in listed.tokens) == ["laptop", "second"]
+    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
+        lambda s: s.ListTokens, pb.ListTokensRequest(user_name="bob")))  # fmt: skip
+    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
+        lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="bob")))  # fmt: skip
+    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(lambda s: s.ListUsers, pb.ListUsersRequest()))
+    bob_token = (await issue(admin, "bob")).token
+    as_bob = MgmtdClient([mgmtd.address], token=bob_token)
+    users = await as_bob.identity(lambda s: s.ListUsers, pb.ListUsersRequest())  # bob is an admin
+    assert {u.name for u in users.users} == {"alice", "bob"}
+    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
+        lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=bob_token.split("_")[1])))  # fmt: skip
+
+    # Revoking takes effect at once, here and for services asking through ValidateToken.
+    await as_alice.identity(lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=own.token_info.token_id))
+    as_second = MgmtdClient([mgmtd.address], token=own.token)
+    await expect(grpc.StatusCode.UNAUTHENTICATED, as_second.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest()))
+    validator = MgmtdTokenValidator(mgmtd.client())
+    assert (await validator.validate(issued.token)).name == "alice"
+    with pytest.raises(Unauthenticated, match="revoked"):
+        await validator.validate(own.token)
+
+    # A disabled user's tokens stop working; enabling brings them back.
+    await admin.identity(lambda s: s.SetUserDisabled, pb.SetUserDisabledRequest(name="alice", disabled=True))
+    await expect(grpc.StatusCode.UNAUTHENTICATED, as_alice.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest()))
+    await admin.identity(lambda s: s.SetUserDisabled, pb.SetUserDisabledRequest(name="alice", disabled=False))
+    assert (await as_alice.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
+    for c in (admin, as_alice, as_bob, as_second):
+        await c.close()
+
+
+async def test_expired_tokens_are_refused(mgmtd: InProcessMgmtd) -> None:
+    admin = mgmtd.client()
+    await admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="dave"))
+    short = await issue(admin, "dave", ttl_s=0.2)
+    import asyncio
+
+    await asyncio.sleep(0.3)
+    dave = MgmtdClient([mgmtd.address], token=short.token)
+    err = await expect(grpc.StatusCode.UNAUTHENTICATED, dave.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest()))
+    assert "expired" in err.details
+    await dave.close()
+    await admin.close()
+
+
+async def test_group_membership(mgmtd: InProcessMgmtd) -> None:
+    admin = mgmtd.client()
+    await admin.identity(lambda s: s.CreateGroup, pb.CreateGroupRequest(name="nlp", gid=5000))
+    await admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="erin"))
+    added = await admin.identity(
+        lambda s: s.AddGroupMember, pb.AddGroupMemberRequest(group_name="nlp", user_name="erin")
+    )
+    assert list(added.group.member_names) == ["erin"]
+    again = await admin.identity(
+        lambda s: s.AddGroupMember, pb.AddGroupMemberRequest(group_name="nlp", user_name="erin")
+    )
+    assert list(again.group.member_names) == ["erin"]
+    removed = await admin.identity(
+        lambda s: s.RemoveGroupMember, pb.RemoveGroupMemberRequest(group_name="nlp", user_name="erin"))  # fmt: skip
+    assert list(removed.group.member_names) == []
+    await expect(grpc.StatusCode.NOT_FOUND, admin.identity(
+        lambda s: s.AddGroupMember, pb.AddGroupMemberRequest(group_name="nope", user_name="erin")))  # fmt: skip
+    groups = await admin.identity(lambda s: s.ListGroups, pb.ListGroupsRequest())
+    assert [(g.name, g.gid) for g in groups.groups] == [("nlp", 5000)]
+    await admin.close()

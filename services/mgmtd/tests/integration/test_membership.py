@@ -1,0 +1,153 @@
+"""Registration, heartbeats, leases, routing info and its watch, over real gRPC on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from ff_cluster import MgmtdClient
+from ff_mgmtd.testing import InProcessMgmtd
+from ff_rpc import RpcError
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
+
+STORAGE = common_pb2.NODE_TYPE_STORAGE
+
+
+def registration(node_id: int = 0, node_type: int = STORAGE, port: int = 9000, **kw: Any) -> pb.RegisterNodeRequest:
+    return pb.RegisterNodeRequest(
+        node_id=node_id, node_type=node_type, hostname="host-a",
+        endpoints=[common_pb2.Endpoint(name="grpc", address=f"127.0.0.1:{port}")], **kw,
+    )  # fmt: skip
+
+
+async def routing(client: MgmtdClient) -> pb.RoutingInfo:
+    return (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+
+
+def node(info: pb.RoutingInfo, node_id: int) -> pb.Node:
+    return next(n for n in info.nodes if n.node_id == node_id)
+
+
+async def test_register_assigns_ids_and_reregistering_keeps_them(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    first = await client.mgmtd(lambda s: s.RegisterNode, registration(tags={"zone": "a"}))
+    second = await client.mgmtd(lambda s: s.RegisterNode, registration(port=9001))
+    assert second.node_id == first.node_id + 1
+    assert first.cluster_id == mgmtd.cluster_id
+    assert first.lease_duration_s == 2.0 and first.heartbeat_interval_s == 0.25
+    again = await client.mgmtd(lambda s: s.RegisterNode, registration(node_id=first.node_id, port=9100))
+    assert again.node_id == first.node_id
+    info = await routing(client)
+    n = node(info, first.node_id)
+    assert n.status == pb.NODE_STATUS_ALIVE and n.enabled
+    assert [e.address for e in n.endpoints] == ["127.0.0.1:9100"]
+    assert n.node_type == STORAGE
+    await client.close()
+
+
+async def test_routing_info_polls_cheaply_by_version(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    info = await routing(client)
+    same = await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest(known_version=info.version))
+    assert same.unchanged and not same.HasField("routing_info")
+    await client.mgmtd(lambda s: s.RegisterNode, registration())
+    newer = await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest(known_version=info.version))
+    assert not newer.unchanged and newer.routing_info.version > info.version
+    await client.close()
+
+
+async def test_watch_streams_every_change(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    reg = await client.mgmtd(lambda s: s.RegisterNode, registration())
+    seen: list[pb.RoutingInfo] = []
+    first = asyncio.Event()
+
+    async def watch() -> None:
+        async for info in client.watch_routing():
+            seen.append(info)
+            first.set()
+            if len(seen) == 2:
+                return
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.wait_for(first.wait(), timeout=5)
+    await client.mgmtd(lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=reg.node_id, enabled=False))
+    await asyncio.wait_for(watcher, timeout=5)
+    assert seen[1].version > seen[0].version
+    assert not node(seen[1], reg.node_id).enabled
+    await client.close()
+
+
+async def test_node_is_declared_dead_after_the_lease_and_not_before(sqlite_url: str, start_mgmtd: Any) -> None:
+    mgmtd = await start_mgmtd(sqlite_url, lease_duration_s=1.0, heartbeat_interval_s=0.25)
+    client = mgmtd.client()
+    reg = await client.mgmtd(lambda s: s.RegisterNode, registration())
+    started = time.monotonic()
+    for _ in range(6):  # heartbeats keep it alive well past T
+        await asyncio.sleep(0.25)
+        await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=reg.node_id))
+    assert node(await routing(client), reg.node_id).status == pb.NODE_STATUS_ALIVE
+    last_beat = time.monotonic()
+    await asyncio.sleep(0.7)  # T/2 < silence < T: still alive
+    assert node(await routing(client), reg.node_id).status == pb.NODE_STATUS_ALIVE
+    while node(await routing(client), reg.node_id).status == pb.NODE_STATUS_ALIVE:
+        assert time.monotonic() - last_beat < 3.0, "node never declared dead"
+        await asyncio.sleep(0.05)
+    silence = time.monotonic() - last_beat
+    assert 1.0 <= silence < 2.0, f"declared dead after {silence:.2f}s of silence, lease is 1.0s"
+    assert time.monotonic() - started > 1.5
+    # A heartbeat brings it back without re-registering.
+    await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=reg.node_id))
+    assert node(await routing(client), reg.node_id).status == pb.NODE_STATUS_ALIVE
+    await client.close()
+
+
+async def test_state_survives_a_restart(db_url: str, start_mgmtd: Any) -> None:
+    first = await start_mgmtd(db_url, name="m1")
+    client = first.client()
+    reg = await client.mgmtd(lambda s: s.RegisterNode, registration())
+    await client.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="carol"))
+    token = (await client.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="carol"))).token
+    await client.mgmtd(
+        lambda s: s.SetConfig, pb.SetConfigRequest(node_type=STORAGE, expected_version=0, content="x = 1")
+    )
+    await client.close()
+    await first.shutdown()
+    second = await start_mgmtd(db_url, name="m1")
+    assert second.cluster_id == first.cluster_id
+    client = second.client()
+    assert node(await routing(client), reg.node_id).node_type == STORAGE
+    config = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=STORAGE))
+    assert (config.version, config.content) == (1, "x = 1")
+    carol = MgmtdClient([second.address], token=token)
+    assert (await carol.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest())).principal.name == "carol"
+    await carol.close()
+    await client.close()
+
+
+async def test_mgmtd_registers_itself(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    for _ in range(100):
+        nodes = (await routing(client)).nodes
+        if any(n.node_type == common_pb2.NODE_TYPE_MGMTD for n in nodes):
+            break
+        await asyncio.sleep(0.05)
+    me = next(n for n in nodes if n.node_type == common_pb2.NODE_TYPE_MGMTD)
+    assert me.status == pb.NODE_STATUS_ALIVE
+    assert {e.name: e.address for e in me.endpoints}["grpc"] == mgmtd.address
+    info = await client.mgmtd(lambda s: s.GetClusterInfo, pb.GetClusterInfoRequest())
+    assert [(i.instance_id, i.is_primary) for i in info.instances] == [("m1", True)]
+    await client.close()
+
+
+async def test_heartbeat_for_an_unknown_node_is_not_found(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    with pytest.raises(RpcError) as err:
+        await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=4242))
+    assert err.value.code is grpc.StatusCode.NOT_FOUND
+    await client.close()
