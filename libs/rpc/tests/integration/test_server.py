@@ -133,7 +133,7 @@ async def test_reflection_lists_the_services(served: Any) -> None:
     responses = refl.ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="fireflyer.mgmtd.v1.MgmtdService")])
     )
-    protos = (await anext(responses)).file_descriptor_response.file_descriptor_proto
+    protos = [p async for r in responses for p in r.file_descriptor_response.file_descriptor_proto]
     from google.protobuf import descriptor_pb2
 
     files = [descriptor_pb2.FileDescriptorProto.FromString(p) for p in protos]

@@ -15,6 +15,7 @@ from typing import Any
 from ff_cluster import MgmtdClient
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.server import main
+from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 CLUSTER_TOKEN = "test-cluster-token"
 # Short leases so tests of expiry and failover take seconds.
@@ -78,7 +79,24 @@ async def start_in_process(folder: Path, database_url: str, name: str = "m1", **
         stop.set()
         await task
         raise
-    return InProcessMgmtd(info["grpc"], info["metrics_port"], info["cluster_id"], stop, task)
+    instance = InProcessMgmtd(info["grpc"], info["metrics_port"], info["cluster_id"], stop, task)
+    await wait_registered(instance.client(), name)
+    return instance
+
+
+async def wait_registered(client: MgmtdClient, instance_id: str, timeout_s: float = 10.0) -> None:
+    """Until the instance's own node (it registers itself) is alive in the routing info."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            info = (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+            if any(n.tags.get("instance_id") == instance_id and n.status == mgmtd_pb2.NODE_STATUS_ALIVE
+                   for n in info.nodes):  # fmt: skip
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+    raise TimeoutError(f"mgmtd {instance_id} did not register itself")
 
 
 @dataclass
