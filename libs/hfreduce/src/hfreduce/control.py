@@ -57,6 +57,8 @@ class _RankState:
     since: float = dataclasses.field(default_factory=time.time)
     left: bool = False
     dead: bool = False
+    died_at: float = 0.0
+    asked_blame: bool = False  # it saw a failure itself: if it exits later it is a victim, not a cause
 
 
 @dataclasses.dataclass
@@ -146,6 +148,7 @@ class ControlServer:
         rank = self._conn_rank.pop(conn, None)
         if rank is not None and not self._ranks[rank].left:
             self._ranks[rank].dead = True
+            self._ranks[rank].died_at = time.monotonic()
             logger.warning("hfreduce rank %d lost its control connection", rank)
         self._sel.unregister(conn)
         self._bufs.pop(conn, None)
@@ -166,6 +169,7 @@ class ControlServer:
             else:
                 state.left = True
         elif kind == "blame":
+            self._ranks[msg["rank"]].asked_blame = True
             self._blames.append(_Blame(conn, msg["rank"], msg["seq"], msg["suspect"], msg["kind"], time.monotonic()))
 
     def _hello(self, conn: socket.socket, msg: Message) -> None:
@@ -213,9 +217,11 @@ class ControlServer:
 
     def _resolve(self, blame: _Blame) -> Message | None:
         waited = time.monotonic() - blame.arrived
-        dead = sorted(r for r, s in self._ranks.items() if s.dead and r != blame.asker)
+        # the first rank that died without having seen a failure itself is the root cause
+        dead = sorted((s.died_at, r) for r, s in self._ranks.items()
+                      if s.dead and not s.asked_blame and r != blame.asker)
         if dead:
-            return {"rank": dead[0], "reason": "died (its process exited or was killed)"}
+            return {"rank": dead[0][1], "reason": "died (its process exited or was killed)"}
         if blame.kind == "closed" and waited < self._grace_s:
             return None  # a peer's socket closed: give its control connection a moment to show it died
         behind = sorted(r for r, s in self._ranks.items() if s.seq < blame.seq and r != blame.asker)

@@ -102,15 +102,17 @@ class TreeEngine:
             futures.append(self.pool.submit(self._up, job, t, queues[t]))
             futures.append(self.pool.submit(self._down, job, t, queues[t]))
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-        if any(f.exception() is not None for f in done):
+        primary = [f.exception() for f in done if f.exception() is not None]
+        if primary:
             self._abort.set()
-            self.on_failure()  # unblock threads stuck on sockets
+            self.on_failure()  # unblock threads stuck on sockets; their errors are consequences
         concurrent.futures.wait(futures)
-        total = Counters()
+        if primary:
+            raise primary[0]  # type: ignore[misc]
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
-            first = next((e for e in errors if isinstance(e, LinkError)), errors[0])
-            raise first  # type: ignore[misc]
+            raise errors[0]  # type: ignore[misc]
+        total = Counters()
         for f in futures:
             total.add(f.result())
         return total

@@ -7,6 +7,7 @@ the float64 reference itself and reports its errors; the test asserts on those r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -271,7 +272,7 @@ def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, A
             threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
             while True:
                 group.allreduce(buf)
-        time.sleep(cfg.timeout_s * 3)  # hang: never call the collective
+        time.sleep(cfg.timeout_s * 2 + 1)  # hang: never call the collective
         return {"rank": cfg.rank, "victim": True}
     start = time.monotonic()
     try:
@@ -279,14 +280,17 @@ def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, A
             t0 = time.monotonic()
             group.allreduce(buf)
     except PeerFailureError as exc:
-        return {
-            "rank": cfg.rank,
-            "error": "PeerFailureError",
-            "culprit": exc.rank,
-            "message": str(exc),
-            "elapsed_s": time.monotonic() - t0,
-            "status": group.status() if cfg.rank != 0 else None,
-        }
+        elapsed = time.monotonic() - t0
+        status = None
+        if cfg.rank == 0:
+            time.sleep(1.0)  # keep the control server up while the others read the status
+        else:
+            try:
+                status = group.status()
+            except OSError:
+                status = None
+        return {"rank": cfg.rank, "error": "PeerFailureError", "culprit": exc.rank, "message": str(exc),
+                "elapsed_s": elapsed, "status": status}
     except Exception as exc:
         return {
             "rank": cfg.rank,
@@ -323,6 +327,7 @@ def main() -> None:
     elif scenario == "compression":
         result["cases"] = compression(group, cfg)
     result["status"] = group.status()
+    result["counters"] = dataclasses.asdict(group.counters())
     result["seq"] = group.seq
     group.close()
     _write(out_path, result)

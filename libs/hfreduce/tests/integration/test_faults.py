@@ -1,0 +1,57 @@
+"""A rank dies or hangs: every other rank raises, naming it, within the timeout; nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .conftest import Launch
+
+TIMEOUT_S = 3.0
+SHM = Path("/dev/shm")
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir(SHM)) if SHM.is_dir() else set()
+
+
+@pytest.mark.parametrize(("kind", "victim"), [("kill", 3), ("kill", 0), ("hang", 2)])
+def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim: int) -> None:
+    before = shm_entries()
+    results = launch(2, 2, "fault", env={"FF_HFREDUCE_TIMEOUT_S": str(TIMEOUT_S), "TEST_FAULT": kind,
+                                         "TEST_VICTIM": str(victim), "FF_HFREDUCE_CHUNK_SIZE_BYTES": "65536"},
+                     timeout_s=60)
+    survivors = [r for i, r in enumerate(results) if i != victim]
+    assert len(survivors) == 3
+    for res in survivors:
+        assert res["error"] == "PeerFailureError", res
+        assert res["culprit"] == victim, res
+        assert f"rank {victim} " in res["message"]
+        limit = 1.5 if kind == "kill" else TIMEOUT_S + 1.5  # death shows at once; a hang after the timeout
+        assert res["elapsed_s"] <= limit, res
+    if kind == "hang":
+        status = next(r["status"] for r in survivors if r["status"] is not None)
+        by_rank = {s["rank"]: s for s in status}
+        assert by_rank[victim]["seq"] < max(s["seq"] for s in status)  # readable from another process
+        assert by_rank[victim]["state"] == "idle"
+        assert "did not enter" in survivors[0]["message"]
+    else:
+        assert "died" in survivors[0]["message"]
+    assert shm_entries() <= before  # memfd segments: nothing in /dev/shm, even after SIGKILL
+
+
+def test_rendezvous_names_the_rank_that_never_arrives(launch: Launch) -> None:
+    results = launch(2, 2, "correctness", env={"FF_HFREDUCE_TIMEOUT_S": "2"}, skip_ranks=(2,), timeout_s=30)
+    arrived = [r for i, r in enumerate(results) if i != 2]
+    for res in arrived:
+        assert res["error"] == "RendezvousError", res
+        assert 2 in res["missing"], res
+
+
+def test_rendezvous_fails_clearly_without_rank_zero(launch: Launch) -> None:
+    results = launch(2, 1, "correctness", env={"FF_HFREDUCE_TIMEOUT_S": "1.5"}, skip_ranks=(0,), timeout_s=30)
+    assert results[1]["error"] == "RendezvousError"
+    assert results[1]["missing"] == [0]
+    assert "rank 0" in results[1]["message"]
