@@ -17,6 +17,7 @@ import os
 import socket
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,18 @@ def free_port() -> int:
         return port
 
 
-def rank_main(node: int, local: int, nodes: int, num_local: int, ports: tuple[int, int], sizes: list[int],
-              rounds: int, shm_prefix: str, queue: Any, slot_bytes: int) -> None:
+def rank_main(
+    node: int,
+    local: int,
+    nodes: int,
+    num_local: int,
+    ports: tuple[int, int],
+    sizes: list[int],
+    rounds: int,
+    shm_prefix: str,
+    queue: Any,
+    slot_bytes: int,
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -44,9 +55,18 @@ def rank_main(node: int, local: int, nodes: int, num_local: int, ports: tuple[in
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     world, rank = nodes * num_local, node * num_local + local
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=world)
-    group = Group(GroupConfig(master_addr="127.0.0.1", master_port=ports[0], node_rank=node, num_nodes=nodes,
-                              local_rank=local, local_world_size=num_local, timeout_s=120,
-                              shm_slot_bytes=slot_bytes))
+    group = Group(
+        GroupConfig(
+            master_addr="127.0.0.1",
+            master_port=ports[0],
+            node_rank=node,
+            num_nodes=nodes,
+            local_rank=local,
+            local_world_size=num_local,
+            timeout_s=120,
+            shm_slot_bytes=slot_bytes,
+        )
+    )
     worst = torch.zeros(4, dtype=torch.float64)
 
     def timed(fn: Any) -> float:
@@ -60,8 +80,9 @@ def rank_main(node: int, local: int, nodes: int, num_local: int, ports: tuple[in
         buf = np.ones(n, dtype=np.float32)
         tbuf = torch.from_numpy(buf)
         reg = group.alloc(n)
-        ceiling = [np.memmap(f"{shm_prefix}-{r}", dtype=np.float32, mode="r+", shape=(max(n, 1),))[:n]
-                   for r in range(world)]
+        ceiling = [
+            np.memmap(f"{shm_prefix}-{r}", dtype=np.float32, mode="r+", shape=(max(n, 1),))[:n] for r in range(world)
+        ]
         a, b = n * rank // world, n * (rank + 1) // world
         out = np.empty(b - a, dtype=np.float32)
 
@@ -76,19 +97,18 @@ def rank_main(node: int, local: int, nodes: int, num_local: int, ports: tuple[in
             dist.all_reduce(tbuf)
         for _ in range(rounds):
             buf.fill(1.0)
-            t_copy = timed(lambda: group.allreduce(buf))
+            t_copy = timed(partial(group.allreduce, buf))
             ok = bool(buf[0] == world) if n else True
             reg.fill(1.0)
-            t_reg = timed(lambda: group.allreduce(reg))
+            t_reg = timed(partial(group.allreduce, reg))
             ok = ok and (bool(reg[-1] == world) if n else True)
             buf.fill(1.0)
-            t_gloo = timed(lambda: dist.all_reduce(tbuf))
+            t_gloo = timed(partial(dist.all_reduce, tbuf))
             t_ceil = timed(shm_reduce)
             worst.copy_(torch.tensor([t_copy, t_reg, t_gloo, t_ceil], dtype=torch.float64))
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             if rank == 0:
                 queue.put((nbytes, *worst.tolist(), ok))
-        del reg, ceiling
     group.close()
     dist.destroy_process_group()
 
@@ -102,9 +122,11 @@ def run_layout(nodes: int, num_local: int, sizes: list[int], rounds: int, slot_b
     for p in paths:
         np.ones(max(sizes) // 4, dtype=np.float32).tofile(p)
     ports = (free_port(), free_port())
-    procs = [ctx.Process(target=rank_main, args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue,
-                                                 slot_bytes))
-             for n in range(nodes) for lr in range(num_local)]
+    procs = [
+        ctx.Process(target=rank_main, args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes))
+        for n in range(nodes)
+        for lr in range(num_local)
+    ]
     try:
         for p in procs:
             p.start()
@@ -123,8 +145,10 @@ def run_layout(nodes: int, num_local: int, sizes: list[int], rounds: int, slot_b
 def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, dict[str, float]]:
     factor = 2 * (world - 1) / world
     print(f"\n# layout {layout} (world {world}); busbw = algbw * {factor:.2f}; GB/s = 1e9 B/s; medians")
-    print(f"{'size':>10} {'hf copy busbw':>14} {'hf reg busbw':>13} {'gloo busbw':>11} {'copy/gloo':>10} "
-          f"{'reg/gloo':>9} {'copy/ceil':>10} {'reg/ceil':>9} {'ok':>3}")
+    print(
+        f"{'size':>10} {'hf copy busbw':>14} {'hf reg busbw':>13} {'gloo busbw':>11} {'copy/gloo':>10} "
+        f"{'reg/gloo':>9} {'copy/ceil':>10} {'reg/ceil':>9} {'ok':>3}"
+    )
     summary = {}
     for nbytes in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == nbytes]
@@ -136,14 +160,18 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         ceil_reg = statistics.median(r[4] / r[2] for r in mine)
         ok = all(r[5] for r in mine)
         size = f"{nbytes // KIB} KiB" if nbytes < KIB * KIB else f"{nbytes // KIB // KIB} MiB"
-        print(f"{size:>10} {bus[0]:14.3f} {bus[1]:13.3f} {bus[2]:11.3f} {copy_ratio:10.2f} {reg_ratio:9.2f} "
-              f"{ceil_copy:10.2f} {ceil_reg:9.2f} {'yes' if ok else 'NO':>3}")
+        print(
+            f"{size:>10} {bus[0]:14.3f} {bus[1]:13.3f} {bus[2]:11.3f} {copy_ratio:10.2f} {reg_ratio:9.2f} "
+            f"{ceil_copy:10.2f} {ceil_reg:9.2f} {'yes' if ok else 'NO':>3}"
+        )
         summary[nbytes] = {"copy": copy_ratio, "reg": reg_ratio}
     for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
         if nbytes in summary:
             s = summary[nbytes]
-            print(f"MEDIAN RATIO {layout} {nbytes // KIB // KIB} MiB: ordinary {s['copy']:.2f}x gloo, "
-                  f"registered {s['reg']:.2f}x gloo")
+            print(
+                f"MEDIAN RATIO {layout} {nbytes // KIB // KIB} MiB: ordinary {s['copy']:.2f}x gloo, "
+                f"registered {s['reg']:.2f}x gloo"
+            )
     return summary
 
 

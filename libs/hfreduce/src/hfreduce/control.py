@@ -218,8 +218,9 @@ class ControlServer:
     def _resolve(self, blame: _Blame) -> Message | None:
         waited = time.monotonic() - blame.arrived
         # the first rank that died without having seen a failure itself is the root cause
-        dead = sorted((s.died_at, r) for r, s in self._ranks.items()
-                      if s.dead and not s.asked_blame and r != blame.asker)
+        dead = sorted(
+            (s.died_at, r) for r, s in self._ranks.items() if s.dead and not s.asked_blame and r != blame.asker
+        )
         if dead:
             return {"rank": dead[0][1], "reason": "died (its process exited or was killed)"}
         if blame.kind == "closed" and waited < self._grace_s:

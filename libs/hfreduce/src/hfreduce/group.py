@@ -9,7 +9,8 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class Runtime:
             }
             reply = self.control.rendezvous(hello)
             self.token: str = reply["token"]
-            self.table: list[dict[str, object]] = reply["ranks"]
+            self.table: list[dict[str, Any]] = reply["ranks"]
             self._check_table()
             zones = [str(self.table[n * self.num_local]["zone"]) for n in range(cfg.num_nodes)]
             self.trees: tuple[Tree, Tree] = build_trees(zones)
@@ -138,7 +139,7 @@ class Runtime:
                     f"rank {entry['rank']} has layout {entry['num_nodes']}x"
                     f"{entry['local_world_size']}, this rank {cfg.num_nodes}x{cfg.local_world_size}"
                 )
-            node_zone = self.table[int(entry["node_rank"]) * self.num_local]["zone"]  # type: ignore[call-overload]
+            node_zone = self.table[int(entry["node_rank"]) * self.num_local]["zone"]
             if entry["zone"] != node_zone:
                 raise RendezvousError(f"rank {entry['rank']} disagrees with its node about its zone")
 
@@ -168,7 +169,7 @@ class Runtime:
         for peer, channel in wanted:
             if self.rank < peer:
                 entry = self.table[peer]
-                sock = _connect_retry((str(entry["host"]), int(entry["port"])), deadline)  # type: ignore[call-overload]
+                sock = _connect_retry((str(entry["host"]), int(entry["port"])), deadline)
                 sock.sendall(_LINK_HELLO.pack(self.rank, channel))
                 socks[(peer, channel)] = sock
         while len(socks) < len(wanted):
@@ -261,9 +262,9 @@ class Runtime:
         entry = self.table[culprit]
         err = PeerFailureError(
             rank=culprit,
-            node_rank=int(entry["node_rank"]),  # type: ignore[call-overload]
+            node_rank=int(entry["node_rank"]),
             local_rank=int(entry["local_rank"]),
-            reason=reason,  # type: ignore[call-overload]
+            reason=reason,
             detail=f"seen by rank {self.rank} in collective {self.seq}: {exc}",
         )
         self.broken = err
@@ -291,16 +292,31 @@ class Runtime:
             total.add(self._allreduce_segment(flat[s0:s1], dtype, wire, op, keep))
         return total
 
-    def _job(self, dtype: DType, wire: DType, op: ReduceOp, **arrays: object) -> TreeJob:
+    def _job(
+        self,
+        dtype: DType,
+        wire: DType,
+        op: ReduceOp,
+        *,
+        mine: Array,
+        res: Array,
+        span: tuple[int, int],
+        peers: Sequence[Array] = (),
+        distribute_to: Sequence[Array] = (),
+        res_base: int = 0,
+    ) -> TreeJob:
         return TreeJob(
             dtype=dtype,
             wire=wire,
             op=op,
             world_size=self.config.world_size,
-            peers=arrays.pop("peers", ()),
-            distribute_to=arrays.pop("distribute_to", ()),
-            **arrays,
-        )  # type: ignore[arg-type]
+            mine=mine,
+            res=res,
+            span=span,
+            peers=peers,
+            distribute_to=distribute_to,
+            res_base=res_base,
+        )
 
     def _allreduce_segment(self, part: Array, dtype: DType, wire: DType, op: ReduceOp, keep: bool) -> Counters:
         assert self.local is not None

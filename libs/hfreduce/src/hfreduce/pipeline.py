@@ -10,7 +10,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +17,7 @@ import numpy.typing as npt
 from hfreduce.chunking import Span, chunks, tree_half
 from hfreduce.counters import Counters
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
-from hfreduce.transport import Link, LinkError
+from hfreduce.transport import Link
 from hfreduce.trees import Tree
 
 _QUEUE_POLL_S = 0.1
@@ -134,7 +133,7 @@ class TreeEngine:
             self._intra(job, c0, c1, acc, scratch, combine, counters)
             for link in children:
                 got = scratch.wire(job.wire, n)
-                link.recv_into(memoryview(got))
+                link.recv_into(got.data)
                 self._accumulate(job.wire, acc, got, scratch, combine)
                 counters.received += n * wire_bytes
                 counters.reduce_inter += n * wire_bytes
@@ -143,11 +142,11 @@ class TreeEngine:
                 handoff.put((c0, c1))
                 continue
             if self._fast(job):
-                parent.send(memoryview(acc))
+                parent.send(acc.data)
             else:
                 out = scratch.wire(job.wire, n)
                 from_f32(job.wire, acc, out, scratch.u32)
-                parent.send(memoryview(out))
+                parent.send(out.data)
             counters.sent += n * wire_bytes
         return counters
 
@@ -222,16 +221,16 @@ class TreeEngine:
                 if not direct:
                     from_f32(job.wire, final, payload, scratch.u32)  # exact: already rounded at the root
             elif direct:
-                parent.recv_into(memoryview(final))
+                parent.recv_into(final.data)
                 payload = final
             else:
                 payload = scratch.wire(job.wire, n)
-                parent.recv_into(memoryview(payload))
+                parent.recv_into(payload.data)
                 to_f32(job.wire, payload, final)
             if parent is not None:
                 counters.received += n * job.wire.itemsize
             for link in children:
-                link.send(memoryview(payload))
+                link.send(payload.data)
                 counters.sent += n * job.wire.itemsize
             for other in job.distribute_to:
                 np.copyto(other[c0:c1], final)
@@ -252,8 +251,3 @@ class TreeEngine:
             if got != expect:
                 raise RuntimeError(f"pipeline out of order: got chunk {got}, expected {expect}")
             return
-
-
-def as_bytes(array: npt.NDArray[Any]) -> memoryview:
-    """A flat byte view of a contiguous array, for sockets."""
-    return memoryview(array).cast("B")

@@ -74,7 +74,7 @@ class RingEngine:
         counters = Counters(collectives=1)
         last = (src_pos - 1) % self.size
         for c0, c1 in chunks((0, len(flat)), self.chunk_elems):
-            view = memoryview(flat[c0:c1])
+            view = flat[c0:c1].data
             if self.pos != src_pos and self.prev_link is not None:
                 self.prev_link.recv_into(view)
                 counters.received += view.nbytes
@@ -114,10 +114,10 @@ class RingEngine:
             for c0, c1 in chunks(recv, self.chunk_elems):
                 n = c1 - c0
                 if combine is None:
-                    self.prev_link.recv_into(memoryview(flat[c0:c1]))
+                    self.prev_link.recv_into(flat[c0:c1].data)
                 else:
                     got = self._raw[: n * dtype.itemsize].view(dtype.storage)
-                    self.prev_link.recv_into(memoryview(got))
+                    self.prev_link.recv_into(got.data)
                     self._combine(flat[c0:c1], got, dtype, combine)
                     counters.reduce_inter += n * dtype.itemsize
                 counters.received += n * dtype.itemsize
@@ -130,7 +130,7 @@ class RingEngine:
     def _send_block(self, flat: Array, span: Span) -> int:
         assert self.next_link is not None
         for c0, c1 in chunks(span, self.chunk_elems):
-            self.next_link.send(memoryview(flat[c0:c1]))
+            self.next_link.send(flat[c0:c1].data)
         return span[1] - span[0]
 
     def _combine(self, dst: Array, src: Array, dtype: DType, combine: Callable[[Array, Array, Array], object]) -> None:

@@ -111,7 +111,8 @@ def _stage_cuda(t: Any, dtype: DType, stage: Callable[[int], Any] | None) -> Fla
     def finish() -> None:
         with torch.cuda.stream(stream):
             t.copy_(host.view(t.shape), non_blocking=True)
-            done = torch.cuda.Event()
+            event_type: Any = torch.cuda.Event  # untyped constructor in torch's stubs
+            done = event_type()
             done.record(stream)
         stage_done = getattr(stage, "record", None)
         if stage_done is not None:

@@ -3,6 +3,7 @@ timeouts, memoryview sends and ``recv_into`` receives (nothing is pickled or cop
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import struct
@@ -80,10 +81,8 @@ class Link:
 
     def abort(self) -> None:
         """Wake any thread blocked on this link (its call fails), used to tear a failed group down."""
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def close(self) -> None:
         self.sock.close()

@@ -20,9 +20,18 @@ def shm_entries() -> set[str]:
 @pytest.mark.parametrize(("kind", "victim"), [("kill", 3), ("kill", 0), ("hang", 2)])
 def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim: int) -> None:
     before = shm_entries()
-    results = launch(2, 2, "fault", env={"FF_HFREDUCE_TIMEOUT_S": str(TIMEOUT_S), "TEST_FAULT": kind,
-                                         "TEST_VICTIM": str(victim), "FF_HFREDUCE_CHUNK_SIZE_BYTES": "65536"},
-                     timeout_s=60)
+    results = launch(
+        2,
+        2,
+        "fault",
+        env={
+            "FF_HFREDUCE_TIMEOUT_S": str(TIMEOUT_S),
+            "TEST_FAULT": kind,
+            "TEST_VICTIM": str(victim),
+            "FF_HFREDUCE_CHUNK_SIZE_BYTES": "65536",
+        },
+        timeout_s=60,
+    )
     survivors = [r for i, r in enumerate(results) if i != victim]
     assert len(survivors) == 3
     for res in survivors:

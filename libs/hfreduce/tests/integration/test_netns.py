@@ -11,8 +11,9 @@ import pytest
 
 from .conftest import Launch
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="needs root and iproute2 to create network namespaces")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2 to create network namespaces"
+)
 
 
 def sh(*args: str) -> str:
@@ -48,10 +49,19 @@ def test_two_nodes_in_namespaces_reduce_correctly_over_veth(
     names, veths, addrs = two_namespaces
     before = [tx_bytes(ns, v) for ns, v in zip(names, veths, strict=True)]
     n_large = 1_000_003
-    results = launch(2, 2, "correctness", master=addrs[0],
-                     node_prefix=lambda node: ["ip", "netns", "exec", names[node]],
-                     env={"TEST_SIZES": f"1,1027,{n_large}", "TEST_DTYPES": "float32",
-                          "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(1 << 18), "FF_HFREDUCE_SHM_SLOT_BYTES": str(8 << 20)})
+    results = launch(
+        2,
+        2,
+        "correctness",
+        master=addrs[0],
+        node_prefix=lambda node: ["ip", "netns", "exec", names[node]],
+        env={
+            "TEST_SIZES": f"1,1027,{n_large}",
+            "TEST_DTYPES": "float32",
+            "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(1 << 18),
+            "FF_HFREDUCE_SHM_SLOT_BYTES": str(8 << 20),
+        },
+    )
     for res in results:
         assert "cases" in res, res
         assert all(c["ok"] and c.get("counters_ok", True) for c in res["cases"]), res["rank"]

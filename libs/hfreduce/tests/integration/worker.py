@@ -289,8 +289,14 @@ def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, A
                 status = group.status()
             except OSError:
                 status = None
-        return {"rank": cfg.rank, "error": "PeerFailureError", "culprit": exc.rank, "message": str(exc),
-                "elapsed_s": elapsed, "status": status}
+        return {
+            "rank": cfg.rank,
+            "error": "PeerFailureError",
+            "culprit": exc.rank,
+            "message": str(exc),
+            "elapsed_s": elapsed,
+            "status": status,
+        }
     except Exception as exc:
         return {
             "rank": cfg.rank,

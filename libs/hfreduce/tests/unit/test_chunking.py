@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from hfreduce.chunking import chunks, local_slice, ring_blocks, segments, tree_half
@@ -12,7 +14,7 @@ from hfreduce.chunking import chunks, local_slice, ring_blocks, segments, tree_h
 def test_local_slices_tile_the_buffer_evenly(n: int, num_local: int) -> None:
     spans = [local_slice(n, num_local, lr) for lr in range(num_local)]
     assert spans[0][0] == 0 and spans[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     sizes = [b - a for a, b in spans]
     assert max(sizes) - min(sizes) <= 1
 
