@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import signal
 import socket
 import statistics
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -176,6 +178,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # run the finally blocks that remove /dev/shm files
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layouts", default="2x1,2x2", help="nodes x local ranks, comma separated")
     parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="bytes, comma separated")

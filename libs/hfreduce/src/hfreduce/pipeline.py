@@ -96,6 +96,8 @@ class TreeEngine:
         """Run both trees' up and down threads to completion; the first failure aborts all of them."""
         self._abort.clear()
         queues: list[queue.Queue[Span]] = [queue.Queue(), queue.Queue()]
+        if job.span[1] - job.span[0] <= self.chunk_elems:
+            return self._run_inline(job, queues)
         futures = []
         for t in (0, 1):
             futures.append(self.pool.submit(self._up, job, t, queues[t]))
@@ -114,6 +116,23 @@ class TreeEngine:
         total = Counters()
         for f in futures:
             total.add(f.result())
+        return total
+
+    def _run_inline(self, job: TreeJob, queues: list[queue.Queue[Span]]) -> Counters:
+        """One chunk per tree: run the four phases in this thread (no thread hand-offs for small messages).
+
+        Every up phase depends only on up phases below it and every down phase on the one above, and a
+        single chunk fits in the socket buffers, so this order cannot deadlock.
+        """
+        total = Counters()
+        try:
+            for t in (0, 1):
+                total.add(self._up(job, t, queues[t]))
+            for t in (0, 1):
+                total.add(self._down(job, t, queues[t]))
+        except BaseException:
+            self.on_failure()
+            raise
         return total
 
     def _fast(self, job: TreeJob) -> bool:
