@@ -1,0 +1,190 @@
+"""Identity administration through mgmtd: users, groups, tokens, whoami; and the first admin token."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from ff_appliance.state import StateDir, read_secret, write_secret
+from ff_appliance.status import format_table
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcError
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
+
+ADMIN_USER = "admin"
+
+
+@contextlib.asynccontextmanager
+async def connect(addresses: Sequence[str], token: str, timeout_s: float = 5.0) -> AsyncIterator[MgmtdClient]:
+    """A client of the primary mgmtd, closed on exit."""
+    client = MgmtdClient(list(addresses), token=token, timeout_s=timeout_s)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+# ---- calls (each returns the response message, printed by a render_* function or as JSON) ----
+
+
+async def user_add(
+    client: MgmtdClient, name: str, *, admin: bool = False, uid: int = 0, groups: Sequence[str] = ()
+) -> pb.CreateUserResponse:
+    role = common_pb2.ROLE_ADMIN if admin else common_pb2.ROLE_USER
+    request = pb.CreateUserRequest(name=name, uid=uid, role=role, group_names=list(groups))
+    resp: pb.CreateUserResponse = await client.identity(lambda s: s.CreateUser, request)
+    return resp
+
+
+async def user_list(client: MgmtdClient) -> pb.ListUsersResponse:
+    resp: pb.ListUsersResponse = await client.identity(lambda s: s.ListUsers, pb.ListUsersRequest())
+    return resp
+
+
+async def user_set_disabled(client: MgmtdClient, name: str, *, disabled: bool) -> pb.SetUserDisabledResponse:
+    request = pb.SetUserDisabledRequest(name=name, disabled=disabled)
+    resp: pb.SetUserDisabledResponse = await client.identity(lambda s: s.SetUserDisabled, request)
+    return resp
+
+
+async def group_add(client: MgmtdClient, name: str, *, gid: int = 0) -> pb.CreateGroupResponse:
+    resp: pb.CreateGroupResponse = await client.identity(
+        lambda s: s.CreateGroup, pb.CreateGroupRequest(name=name, gid=gid)
+    )
+    return resp
+
+
+async def group_list(client: MgmtdClient) -> pb.ListGroupsResponse:
+    resp: pb.ListGroupsResponse = await client.identity(lambda s: s.ListGroups, pb.ListGroupsRequest())
+    return resp
+
+
+async def group_add_member(client: MgmtdClient, group: str, user: str) -> pb.AddGroupMemberResponse:
+    request = pb.AddGroupMemberRequest(group_name=group, user_name=user)
+    resp: pb.AddGroupMemberResponse = await client.identity(lambda s: s.AddGroupMember, request)
+    return resp
+
+
+async def group_remove_member(client: MgmtdClient, group: str, user: str) -> pb.RemoveGroupMemberResponse:
+    request = pb.RemoveGroupMemberRequest(group_name=group, user_name=user)
+    resp: pb.RemoveGroupMemberResponse = await client.identity(lambda s: s.RemoveGroupMember, request)
+    return resp
+
+
+async def token_issue(
+    client: MgmtdClient, user: str = "", *, ttl_s: float = 0.0, description: str = ""
+) -> pb.IssueTokenResponse:
+    request = pb.IssueTokenRequest(user_name=user, ttl_s=ttl_s, description=description)
+    resp: pb.IssueTokenResponse = await client.identity(lambda s: s.IssueToken, request)
+    return resp
+
+
+async def token_list(client: MgmtdClient, user: str = "") -> pb.ListTokensResponse:
+    resp: pb.ListTokensResponse = await client.identity(lambda s: s.ListTokens, pb.ListTokensRequest(user_name=user))
+    return resp
+
+
+async def token_revoke(client: MgmtdClient, token_id: str) -> pb.RevokeTokenResponse:
+    request = pb.RevokeTokenRequest(token_id=token_id)
+    resp: pb.RevokeTokenResponse = await client.identity(lambda s: s.RevokeToken, request)
+    return resp
+
+
+async def whoami(client: MgmtdClient) -> pb.WhoAmIResponse:
+    resp: pb.WhoAmIResponse = await client.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest())
+    return resp
+
+
+# ---- rendering ----
+
+
+def role_name(role: int) -> str:
+    return "admin" if role == common_pb2.ROLE_ADMIN else "user"
+
+
+def render_user(user: pb.User) -> str:
+    groups = ",".join(user.group_names) or "-"
+    state = "disabled" if user.disabled else "enabled"
+    return f"user {user.name}: uid {user.uid}, role {role_name(user.role)}, {state}, groups {groups}"
+
+
+def render_users(users: Sequence[pb.User]) -> str:
+    rows = [[u.uid, u.name, role_name(u.role), u.disabled, ",".join(u.group_names) or "-"] for u in users]
+    return format_table(["uid", "name", "role", "disabled", "groups"], rows)
+
+
+def render_group(group: pb.Group) -> str:
+    return f"group {group.name}: gid {group.gid}, members {','.join(group.member_names) or '-'}"
+
+
+def render_groups(groups: Sequence[pb.Group]) -> str:
+    rows = [[g.gid, g.name, ",".join(g.member_names) or "-"] for g in groups]
+    return format_table(["gid", "name", "members"], rows)
+
+
+def render_issued(resp: pb.IssueTokenResponse) -> str:
+    info = resp.token_info
+    return (
+        f"token {info.token_id} issued to {info.user_name}, expires {_when(info.expires_at)}\n"
+        "the secret is shown only now; keep it (e.g. FF_TOKEN=...):\n"
+        f"secret: {resp.token}"
+    )
+
+
+def render_tokens(tokens: Sequence[pb.TokenInfo]) -> str:
+    rows = [[t.token_id, t.user_name, _when(t.created_at), _when(t.expires_at), t.revoked, t.description or "-"]
+            for t in tokens]  # fmt: skip
+    return format_table(["token id", "user", "created", "expires", "revoked", "description"], rows)
+
+
+def render_token(info: pb.TokenInfo) -> str:
+    return f"token {info.token_id} of {info.user_name}: {'revoked' if info.revoked else 'active'}"
+
+
+def render_principal(principal: common_pb2.Principal) -> str:
+    if principal.is_cluster:
+        return "cluster (the service-to-service token)"
+    groups = ",".join(principal.group_names) or "-"
+    return f"{principal.name} (uid {principal.uid}, role {role_name(principal.role)}, groups {groups})"
+
+
+def _when(unix_s: float) -> str:
+    return "never" if unix_s <= 0 else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s))
+
+
+# ---- the first admin ----
+
+
+async def ensure_admin_token(state: StateDir, addresses: Sequence[str], cluster_token: str) -> bool:
+    """Make sure ``secrets/admin_token`` holds a working token of the ``admin`` user.
+
+    Creates the user (role admin) with the cluster token if it does not exist, and issues a token when
+    the file is missing or its token no longer works (e.g. revoked). Returns whether a token was issued.
+    """
+    saved = read_secret(state.admin_token_file)
+    if saved is not None and await _token_works(addresses, saved):
+        return False
+    async with connect(addresses, cluster_token) as client:
+        try:
+            await user_add(client, ADMIN_USER, admin=True)
+        except RpcError as err:
+            if err.code is not grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        issued = await token_issue(client, ADMIN_USER, description="admin token made by fireflyer up")
+    write_secret(state.admin_token_file, issued.token)
+    return True
+
+
+async def _token_works(addresses: Sequence[str], token: str) -> bool:
+    async with connect(addresses, token) as client:
+        try:
+            await whoami(client)
+        except RpcError as err:
+            if err.code is grpc.StatusCode.UNAUTHENTICATED:
+                return False
+            raise
+    return True

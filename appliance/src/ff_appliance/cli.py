@@ -1,0 +1,341 @@
+"""The ``fireflyer`` command line: argument parsing and the one place that reads the environment."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from ff_appliance import admin, lifecycle
+from ff_appliance.demo import DemoError, run_demo
+from ff_appliance.lifecycle import ApplianceError, UpOptions
+from ff_appliance.services import MGMTD, SERVICES
+from ff_appliance.state import PlanError, StateDir, load_plan, read_secret
+from ff_appliance.status import collect_status, render_status
+from ff_appliance.supervisor import SupervisorError
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcError
+
+DEFAULT_STATE_DIR = ".fireflyer"
+STATE_DIR_ENV = "FF_STATE_DIR"
+TOKEN_ENV = "FF_TOKEN"
+EXIT_OK, EXIT_FAILED = 0, 1  # argparse exits 2 on usage errors
+
+Handler = Callable[[argparse.Namespace, "Cli"], Coroutine[Any, Any, int]]
+AdminCall = Callable[[MgmtdClient, argparse.Namespace], Awaitable[Message]]
+
+
+class CliError(Exception):
+    """A command cannot run as asked (no cluster here, no token, ...)."""
+
+
+@dataclass(frozen=True)
+class Cli:
+    """What commands get from the entry point instead of reading globals."""
+
+    environ: Mapping[str, str]
+    out: TextIO
+    prog: str = "fireflyer"
+
+    def state(self, args: argparse.Namespace) -> StateDir:
+        raw = args.state_dir or self.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+        return StateDir(Path(raw).expanduser().resolve())
+
+    def print(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def down_hint(self, state: StateDir) -> str:
+        default = Path(DEFAULT_STATE_DIR).resolve()
+        where = "" if state.root == default else f" --state-dir {state.root}"
+        return f"{self.prog} down{where}"
+
+
+# ---- cluster commands ----
+
+
+async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
+    state = cli.state(args)
+    counts = {spec.name: getattr(args, f"num_{spec.name}") for spec in SERVICES if spec.scalable}
+    options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level)
+    result = await lifecycle.up(state, options, cli.out)
+    cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
+    return EXIT_OK
+
+
+async def _cmd_down(args: argparse.Namespace, cli: Cli) -> int:
+    state = cli.state(args)
+    killed = await asyncio.to_thread(lifecycle.down, state, args.timeout_s, cli.out)
+    cli.print(f"cluster stopped; its data stays in {state.root} (`{cli.prog} up` brings it back)")
+    if killed:
+        cli.print(f"killed after {args.timeout_s:g}s without a clean stop: {', '.join(killed)}")
+    return EXIT_OK
+
+
+async def _cmd_status(args: argparse.Namespace, cli: Cli) -> int:
+    return await _show_status(cli, cli.state(args), as_json=args.json)
+
+
+async def _show_status(cli: Cli, state: StateDir, *, as_json: bool) -> int:
+    plan, cluster_token = load_plan(state), read_secret(state.cluster_token_file)
+    if plan is None or cluster_token is None:
+        raise CliError(f"no cluster in {state.root}: run `{cli.prog} up` first")
+    status = await collect_status(state, plan, cluster_token)
+    cli.print(json.dumps(status.to_dict(), indent=2) if as_json else render_status(status))
+    return EXIT_OK if status.healthy else EXIT_FAILED
+
+
+async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
+    state = cli.state(args)
+    cli.print(f"== up ({state.root})")
+    await _cmd_up(args, cli)
+    cli.print("\n== status")
+    if await _show_status(cli, state, as_json=False) != EXIT_OK:
+        raise CliError("the cluster is not healthy; see the status above and the logs in " + str(state.logs_dir))
+    cli.print("\n== exercise mgmtd")
+    plan = load_plan(state)
+    token = read_secret(state.admin_token_file)
+    if plan is None or token is None:
+        raise CliError(f"{state.root} has no plan or admin token after up")
+    mgmtd_instances = plan.of_service(MGMTD)
+    await run_demo([i.grpc_address for i in mgmtd_instances], token, mgmtd_instances[0].node_id, cli.out)
+    cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
+    return EXIT_OK
+
+
+# ---- identity commands ----
+
+
+def _mgmtd_addresses(args: argparse.Namespace, state: StateDir, cli: Cli) -> list[str]:
+    if args.mgmtd:
+        return [a.strip() for item in args.mgmtd for a in item.split(",") if a.strip()]
+    plan = load_plan(state)
+    if plan is None or not plan.of_service(MGMTD):
+        raise CliError(f"no cluster in {state.root}: run `{cli.prog} up`, or pass --mgmtd HOST:PORT")
+    return [i.grpc_address for i in plan.of_service(MGMTD)]
+
+
+def _token(args: argparse.Namespace, state: StateDir, cli: Cli) -> str:
+    token = args.token or cli.environ.get(TOKEN_ENV) or read_secret(state.admin_token_file)
+    if not token:
+        raise CliError(f"no token: pass --token, set {TOKEN_ENV}, or run `{cli.prog} up` (it saves an admin token)")
+    return token
+
+
+async def _cmd_admin(args: argparse.Namespace, cli: Cli) -> int:
+    state = cli.state(args)
+    addresses, token = _mgmtd_addresses(args, state, cli), _token(args, state, cli)
+    async with admin.connect(addresses, token) as client:
+        response = await args.call(client, args)
+    if args.json:
+        cli.print(json_format.MessageToJson(response, preserving_proto_field_name=True, indent=2))
+    else:
+        cli.print(args.render(response))
+    return EXIT_OK
+
+
+# ---- parsing ----
+
+
+def _common_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    where = f"${STATE_DIR_ENV} or ./{DEFAULT_STATE_DIR}"
+    parent.add_argument("--state-dir", default=None, help=f"the cluster's state folder (default: {where})")
+    return parent
+
+
+def _identity_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False, parents=[_common_parent()])
+    parent.add_argument(
+        "--mgmtd", action="append", metavar="HOST:PORT", help="mgmtd address(es) (default: the state folder's plan)"
+    )
+    parent.add_argument(
+        "--token", default=None, help=f"bearer token (default: ${TOKEN_ENV}, else the state folder's admin token)"
+    )
+    parent.add_argument("--json", action="store_true", help="print the answer as JSON")
+    return parent
+
+
+def _add_up_arguments(p: argparse.ArgumentParser) -> None:
+    for spec in SERVICES:
+        if spec.scalable:
+            help_text = f"number of {spec.name} instances (default: as planned; {spec.default_count} in a new cluster)"
+            p.add_argument(f"--{spec.name}", dest=f"num_{spec.name}", type=_positive_int, metavar="N", help=help_text)
+    p.add_argument("--timeout-s", type=float, default=60.0, help="how long to wait for everything to be up")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def _admin_command(sub: Any, name: str, help_text: str, call: AdminCall, render: Callable[[Any], str]) -> Any:
+    p = sub.add_parser(name, help=help_text, description=help_text, parents=[_identity_parent()])
+    p.set_defaults(handler=_cmd_admin, call=call, render=render)
+    return p
+
+
+async def _user_add(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.user_add(c, a.name, admin=a.admin, uid=a.uid, groups=a.group or [])
+
+
+async def _user_list(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.user_list(c)
+
+
+async def _user_disable(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.user_set_disabled(c, a.name, disabled=True)
+
+
+async def _user_enable(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.user_set_disabled(c, a.name, disabled=False)
+
+
+def _add_user_commands(sub: Any) -> None:
+    users = sub.add_parser("user", help="users of the cluster").add_subparsers(dest="action", required=True)
+    p = _admin_command(users, "add", "create a user", _user_add, lambda r: admin.render_user(r.user))
+    p.add_argument("name")
+    p.add_argument("--admin", action="store_true", help="give the user the admin role")
+    p.add_argument("--uid", type=int, default=0, help="uid (default: the next free one)")
+    p.add_argument("--group", action="append", metavar="G", help="add the user to group G (repeatable)")
+    _admin_command(users, "list", "list users", _user_list, lambda r: admin.render_users(r.users))
+    p = _admin_command(users, "disable", "disable a user (their tokens stop working)", _user_disable,
+                       lambda r: admin.render_user(r.user))  # fmt: skip
+    p.add_argument("name")
+    p = _admin_command(users, "enable", "enable a user again", _user_enable, lambda r: admin.render_user(r.user))
+    p.add_argument("name")
+
+
+async def _group_add(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.group_add(c, a.name, gid=a.gid)
+
+
+async def _group_list(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.group_list(c)
+
+
+async def _group_add_member(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.group_add_member(c, a.group, a.user)
+
+
+async def _group_remove_member(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.group_remove_member(c, a.group, a.user)
+
+
+def _add_group_commands(sub: Any) -> None:
+    groups = sub.add_parser("group", help="groups of users").add_subparsers(dest="action", required=True)
+    p = _admin_command(groups, "add", "create a group", _group_add, lambda r: admin.render_group(r.group))
+    p.add_argument("name")
+    p.add_argument("--gid", type=int, default=0, help="gid (default: the next free one)")
+    _admin_command(groups, "list", "list groups", _group_list, lambda r: admin.render_groups(r.groups))
+    for action, call in (("add-member", _group_add_member), ("remove-member", _group_remove_member)):
+        p = _admin_command(groups, action, f"{action.replace('-', ' ')} of a group", call,
+                           lambda r: admin.render_group(r.group))  # fmt: skip
+        p.add_argument("group")
+        p.add_argument("user")
+
+
+async def _token_issue(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.token_issue(c, a.user, ttl_s=a.ttl_s, description=a.description)
+
+
+async def _token_list(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.token_list(c, a.user)
+
+
+async def _token_revoke(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.token_revoke(c, a.token_id)
+
+
+async def _whoami(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    return await admin.whoami(c)
+
+
+def _add_token_commands(sub: Any) -> None:
+    tokens = sub.add_parser("token", help="bearer tokens").add_subparsers(dest="action", required=True)
+    p = _admin_command(tokens, "issue", "issue a token (the secret is printed once)", _token_issue, admin.render_issued)
+    p.add_argument("--user", default="", help="whose token (default: the caller)")
+    p.add_argument("--ttl-s", type=float, default=0.0, help="lifetime in seconds (default: never expires)")
+    p.add_argument("--description", default="", help="what the token is for")
+    p = _admin_command(tokens, "list", "list tokens (never their secrets)", _token_list,
+                       lambda r: admin.render_tokens(r.tokens))  # fmt: skip
+    p.add_argument("--user", default="", help="whose tokens (default: the caller)")
+    p = _admin_command(tokens, "revoke", "revoke a token", _token_revoke, lambda r: admin.render_token(r.token_info))
+    p.add_argument("token_id")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fireflyer", description="Bring up and run a Fire-Flyer cluster on this machine."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_parent()
+    p = sub.add_parser("up", parents=[common], help="start every service; wait until healthy and registered")
+    _add_up_arguments(p)
+    p.set_defaults(handler=_cmd_up)
+    p = sub.add_parser("down", parents=[common], help="stop every service (data stays)")
+    p.add_argument("--timeout-s", type=float, default=20.0, help="wait this long before SIGKILL")
+    p.set_defaults(handler=_cmd_down)
+    p = sub.add_parser("status", parents=[common], help="services, nodes, health (exit 1 unless all healthy)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_cmd_status)
+    p = sub.add_parser("demo", parents=[common], help="up, status, then exercise mgmtd end to end")
+    _add_up_arguments(p)
+    p.set_defaults(handler=_cmd_demo)
+    _add_user_commands(sub)
+    _add_group_commands(sub)
+    _add_token_commands(sub)
+    _admin_command(sub, "whoami", "who the token belongs to", _whoami, lambda r: admin.render_principal(r.principal))
+    return parser
+
+
+def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextIO, prog: str = "fireflyer") -> int:
+    """Parse ``argv`` and run the command; the exit code (0 ok, 1 failed, 2 usage).
+
+    ``prog`` is how the user ran us (e.g. ``.venv/bin/fireflyer``), for the hints printed.
+    """
+    args = build_parser().parse_args(list(argv))
+    cli = Cli(environ=environ, out=out, prog=prog)
+    handler: Handler = args.handler
+    try:
+        return asyncio.run(handler(args, cli))
+    except RpcError as exc:
+        print(f"fireflyer: {exc.code.name}: {exc.details}", file=err)
+    except (ApplianceError, SupervisorError, PlanError, DemoError, CliError, OSError) as exc:
+        print(f"fireflyer: {exc}", file=err)
+    except KeyboardInterrupt:
+        print("fireflyer: interrupted", file=err)
+        return 130
+    return EXIT_FAILED
+
+
+def _prog_name(argv0: str) -> str:
+    """How the user ran us, for hints such as ``.venv/bin/fireflyer down``."""
+    path = Path(argv0)
+    on_path = shutil.which("fireflyer")
+    if path.name != "fireflyer" or (on_path is not None and Path(on_path).resolve() == path.resolve()):
+        return "fireflyer"
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def main() -> int:
+    """Console entry point: the only place that reads ``sys.argv`` and ``os.environ``."""
+    try:
+        return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr, prog=_prog_name(sys.argv[0]))
+    except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
+        return int(exc.code or 0)

@@ -1,0 +1,109 @@
+"""The services the appliance runs, in start order, and the command line that starts each instance.
+
+Adding a service is one entry in ``SERVICES``. Every service process follows one convention, so the
+appliance can start, find and check it the same way:
+
+- it is ``python -m <module>`` and takes the common flags of :func:`common_args` (gRPC and metrics
+  address, node id, instance id, cluster token file, ready file, log level);
+- it writes the ready file (``ff_rpc.write_ready_file``) once it serves, and stops cleanly on SIGTERM;
+- it serves the standard gRPC health service, and registers with mgmtd under the given node id.
+
+Anything else a service needs (mgmtd's addresses, its data folder, ...) comes from the spec's ``args``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
+from fireflyer.common.v1 import common_pb2
+
+MGMTD = "mgmtd"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchContext:
+    """What a service's flags may depend on: the state folder, the whole plan and the log level."""
+
+    state: StateDir
+    plan: ClusterPlan
+    log_level: str = "INFO"
+
+    @property
+    def mgmtd_addresses(self) -> list[str]:
+        """gRPC addresses of every mgmtd instance (clients find the primary among them)."""
+        return [i.grpc_address for i in self.plan.of_service(MGMTD)]
+
+
+ArgsBuilder = Callable[[LaunchContext, InstancePlan], list[str]]
+
+
+def no_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    """How the appliance runs one service.
+
+    Attributes:
+        name: the service; instances are ``<name>-1``, ``<name>-2``...; its data folder is ``<state>/<name>``.
+        module: started as ``python -m <module>``.
+        node_type: the type its instances register with mgmtd as (``common_pb2.NODE_TYPE_*``).
+        default_count: instances in a new cluster.
+        scalable: whether ``fireflyer up --<name> N`` chooses the number of instances.
+        args: service-specific flags, after the common ones.
+    """
+
+    name: str
+    module: str
+    node_type: common_pb2.NodeType.ValueType
+    default_count: int = 1
+    scalable: bool = False
+    args: ArgsBuilder = no_args
+
+    @property
+    def node_type_name(self) -> str:
+        return common_pb2.NodeType.Name(self.node_type).removeprefix("NODE_TYPE_")
+
+
+def common_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    """The flags every fireflyer service takes (each is a setting of its config model)."""
+    return [
+        "--listen-address", instance.grpc_address,
+        "--metrics-address", instance.metrics_address,
+        "--node-id", str(instance.node_id),
+        "--instance-id", instance.name,
+        "--cluster-token-file", str(ctx.state.cluster_token_file),
+        "--ready-file", str(ctx.state.ready_file(instance.name)),
+        "--log-level", ctx.log_level,
+    ]  # fmt: skip
+
+
+def _mgmtd_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    # Every instance uses the same SQLite file: one of them wins the lease and is primary.
+    return ["--state-dir", str(ctx.state.data_dir(MGMTD))]
+
+
+SERVICES: tuple[ServiceSpec, ...] = (
+    ServiceSpec(name=MGMTD, module="ff_mgmtd", node_type=common_pb2.NODE_TYPE_MGMTD, scalable=True, args=_mgmtd_args),
+)
+
+
+def command(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    """The full argv of one instance, run by this interpreter."""
+    return [sys.executable, "-m", spec.module, *common_args(ctx, instance), *spec.args(ctx, instance)]
+
+
+def spec_for(instance: InstancePlan, services: Sequence[ServiceSpec] = SERVICES) -> ServiceSpec:
+    for spec in services:
+        if spec.name == instance.service:
+            return spec
+    raise KeyError(f"{instance.name}: service {instance.service!r} is not one the appliance runs")
+
+
+def default_counts(services: Sequence[ServiceSpec] = SERVICES) -> dict[str, int]:
+    """Every service in start order with its number of instances in a new cluster."""
+    return {spec.name: spec.default_count for spec in services}

@@ -1,0 +1,266 @@
+"""The state folder of a local cluster: its layout, its secrets, and the persisted cluster plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLAN_FORMAT_VERSION = 1
+LOOPBACK = "127.0.0.1"
+
+# Chooses ``count`` distinct free ports, none of them in the excluded set.
+PortPicker = Callable[[int, set[int]], list[int]]
+
+
+class PlanError(Exception):
+    """The plan cannot be created, read or changed as asked."""
+
+
+@dataclass(frozen=True)
+class StateDir:
+    """Where everything of one local cluster lives; nothing outside ``root`` is written."""
+
+    root: Path
+
+    @property
+    def plan_file(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.root / "secrets"
+
+    @property
+    def cluster_token_file(self) -> Path:
+        return self.secrets_dir / "cluster_token"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.secrets_dir / "admin_token"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.run_dir / "appliance.lock"
+
+    def data_dir(self, service: str) -> Path:
+        """The data folder of a service, shared by its instances (e.g. mgmtd's one SQLite file)."""
+        return self.root / service
+
+    def log_file(self, instance: str) -> Path:
+        return self.logs_dir / f"{instance}.log"
+
+    def pid_file(self, instance: str) -> Path:
+        return self.run_dir / f"{instance}.pid"
+
+    def ready_file(self, instance: str) -> Path:
+        return self.run_dir / f"{instance}.ready.json"
+
+    def process_marker(self, instance: str) -> str:
+        """A string only this instance's command line holds: tells our process from a recycled pid."""
+        return str(self.ready_file(instance))
+
+    def create_dirs(self) -> None:
+        for path in (self.root, self.logs_dir, self.run_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstancePlan:
+    """One process of the cluster, with the identity and ports it keeps across restarts."""
+
+    name: str
+    service: str
+    node_id: int
+    grpc_port: int
+    metrics_port: int
+    host: str = LOOPBACK
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{self.host}:{self.metrics_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.metrics_address}/metrics"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterPlan:
+    """Every service instance of the cluster, chosen at the first ``up`` and reused by every later one."""
+
+    instances: tuple[InstancePlan, ...]
+    created_at: float = field(default_factory=time.time)
+
+    def of_service(self, service: str) -> list[InstancePlan]:
+        return [i for i in self.instances if i.service == service]
+
+    def find(self, name: str) -> InstancePlan:
+        for instance in self.instances:
+            if instance.name == name:
+                return instance
+        raise PlanError(f"the plan has no instance named {name!r}")
+
+    def to_json(self) -> str:
+        doc = {"format_version": PLAN_FORMAT_VERSION, "created_at": self.created_at,
+               "instances": [asdict(i) for i in self.instances]}  # fmt: skip
+        return json.dumps(doc, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterPlan:
+        """Parse a plan file.
+
+        Raises:
+            PlanError: the text is not a plan of a format this version understands.
+        """
+        try:
+            doc: dict[str, Any] = json.loads(text)
+            if doc.get("format_version") != PLAN_FORMAT_VERSION:
+                raise PlanError(f"plan format {doc.get('format_version')!r} is not {PLAN_FORMAT_VERSION}")
+            instances = tuple(InstancePlan(**i) for i in doc["instances"])
+            return cls(instances=instances, created_at=float(doc["created_at"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanError(f"the plan is not valid: {exc}") from None
+
+
+def extend_plan(
+    existing: ClusterPlan | None,
+    counts: Mapping[str, int | None],
+    defaults: Mapping[str, int],
+    pick_ports: PortPicker,
+) -> ClusterPlan:
+    """The plan with ``counts[service]`` instances of each service; existing instances are kept as they are.
+
+    Args:
+        existing: the persisted plan, None at the first ``up``.
+        counts: instances asked for per service; None (or absent) keeps what the plan has.
+        defaults: every service, in start order, with its number of instances in a new plan.
+        pick_ports: chooses free ports for new instances.
+
+    New instances get the next node ids and fresh ports. A count below what the plan holds is refused:
+    removing an instance would leave its node registered forever.
+
+    Raises:
+        PlanError: a count is below the planned number of instances, or not positive.
+    """
+    instances = list(existing.instances) if existing else []
+    used_ports = {p for i in instances for p in (i.grpc_port, i.metrics_port)}
+    next_node_id = max((i.node_id for i in instances), default=0) + 1
+    for service, default in defaults.items():
+        have = [i for i in instances if i.service == service]
+        asked = counts.get(service)
+        want = asked if asked is not None else (len(have) or default)
+        if want < 1 or want < len(have):
+            raise PlanError(
+                f"cannot run {want} {service} instance(s): the plan has {len(have)} "
+                "(a cluster can grow, not shrink; start a new state folder for fewer)"
+            )
+        for index in range(len(have) + 1, want + 1):
+            grpc_port, metrics_port = pick_ports(2, used_ports)
+            used_ports |= {grpc_port, metrics_port}
+            instances.append(InstancePlan(name=f"{service}-{index}", service=service, node_id=next_node_id,
+                                          grpc_port=grpc_port, metrics_port=metrics_port))  # fmt: skip
+            next_node_id += 1
+    if existing is not None and len(instances) == len(existing.instances):
+        return existing
+    return ClusterPlan(instances=tuple(instances), created_at=existing.created_at if existing else time.time())
+
+
+def pick_free_ports(count: int, exclude: set[int], host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports free on ``host`` right now, none in ``exclude``.
+
+    The sockets stay bound until all ports are chosen, so the kernel never hands out one port twice.
+    """
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+            if port not in exclude:
+                ports.append(port)
+        return ports
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    """Whether something listens on ``host:port`` (connections lingering in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def load_plan(state: StateDir) -> ClusterPlan | None:
+    """The persisted plan, or None before the first ``up``."""
+    try:
+        text = state.plan_file.read_text()
+    except FileNotFoundError:
+        return None
+    return ClusterPlan.from_json(text)
+
+
+def save_plan(state: StateDir, plan: ClusterPlan) -> None:
+    _write_atomic(state.plan_file, plan.to_json(), mode=0o644)
+
+
+def write_secret(path: Path, value: str) -> None:
+    """Write a secret readable by its owner only (mode 0600), atomically."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _write_atomic(path, value + "\n", mode=0o600)
+
+
+def read_secret(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def ensure_cluster_token(state: StateDir) -> str:
+    """The cluster token of this state folder, created (random, 0600) on first use."""
+    token = read_secret(state.cluster_token_file)
+    if token is None:
+        token = secrets.token_urlsafe(32)
+        write_secret(state.cluster_token_file, token)
+    return token
+
+
+def remove_files(paths: Iterable[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, text: str, *, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)  # the umask may have narrowed it
+    tmp.replace(path)

@@ -1,0 +1,48 @@
+"""The command line each planned instance is started with."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ff_appliance.services import MGMTD, SERVICES, LaunchContext, command, default_counts, spec_for
+from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
+
+
+def _plan() -> ClusterPlan:
+    return ClusterPlan(
+        instances=(
+            InstancePlan(name="mgmtd-1", service="mgmtd", node_id=1, grpc_port=7001, metrics_port=7002),
+            InstancePlan(name="mgmtd-2", service="mgmtd", node_id=2, grpc_port=7003, metrics_port=7004),
+        )
+    )
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return dict(zip(argv[3::2], argv[4::2], strict=True))
+
+
+def test_mgmtd_instances_share_one_data_dir_and_keep_their_identity(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    ctx = LaunchContext(state=state, plan=_plan(), log_level="DEBUG")
+    spec = spec_for(ctx.plan.find("mgmtd-2"))
+    argv = command(spec, ctx, ctx.plan.find("mgmtd-2"))
+    assert argv[:3] == [sys.executable, "-m", "ff_mgmtd"]
+    assert _flags(argv) == {
+        "--listen-address": "127.0.0.1:7003",
+        "--metrics-address": "127.0.0.1:7004",
+        "--node-id": "2",
+        "--instance-id": "mgmtd-2",
+        "--cluster-token-file": str(state.cluster_token_file),
+        "--ready-file": str(state.ready_file("mgmtd-2")),
+        "--log-level": "DEBUG",
+        "--state-dir": str(state.data_dir("mgmtd")),
+    }
+    assert state.process_marker("mgmtd-2") in argv
+
+
+def test_mgmtd_addresses_and_defaults() -> None:
+    ctx = LaunchContext(state=StateDir(Path("/s")), plan=_plan())
+    assert ctx.mgmtd_addresses == ["127.0.0.1:7001", "127.0.0.1:7003"]
+    assert next(iter(default_counts())) == MGMTD  # mgmtd starts first: everything registers with it
+    assert SERVICES[0].node_type_name == "MGMTD"

@@ -1,0 +1,71 @@
+"""up -> every service healthy and registered -> down -> up -> the same cluster and nodes."""
+
+from __future__ import annotations
+
+import json
+import stat
+from typing import Any
+
+from ff_appliance.supervisor import pid_alive
+
+from .conftest import Appliance
+
+
+def _healthy_status(app: Appliance) -> dict[str, Any]:
+    result = app.run("status", "--json")
+    status = result.json()
+    assert result.code == 0, status["problems"]
+    assert status["healthy"] is True
+    for service in status["services"]:
+        assert service["pid"] is not None
+        assert service["health"] == "SERVING"
+    planned = {s["node_id"] for s in status["services"]}
+    alive = {n["node_id"] for n in status["nodes"] if n["status"] == "ALIVE"}
+    assert planned <= alive
+    return status
+
+
+def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
+    first_up = appliance.ok("up")
+    assert "is up" in first_up.out
+    assert str(appliance.state_dir / "secrets" / "admin_token") in first_up.out
+    plan_text = (appliance.state_dir / "plan.json").read_text()
+    before = _healthy_status(appliance)
+    assert [n["node_type"] for n in before["nodes"]] == ["MGMTD"]
+    assert before["cluster_id"] and before["cluster_id"] in first_up.out
+    for secret in ("cluster_token", "admin_token"):
+        assert stat.S_IMODE((appliance.state_dir / "secrets" / secret).stat().st_mode) == 0o600
+    assert (appliance.state_dir / "logs" / "mgmtd-1.log").stat().st_size > 0
+    pids = appliance.pids()
+    assert list(pids) == ["mgmtd-1"]
+
+    again = appliance.ok("up")  # already running: no second copy
+    assert "mgmtd-1: already running" in again.out
+    assert appliance.pids() == pids
+
+    appliance.down_and_check()
+    assert not any(pid_alive(p) for p in pids.values())
+    stopped = appliance.run("status", "--json")
+    assert stopped.code == 1
+    assert stopped.json()["services"][0]["pid"] is None
+
+    appliance.ok("up")
+    after = _healthy_status(appliance)
+    assert after["cluster_id"] == before["cluster_id"]
+    assert [n["node_id"] for n in after["nodes"]] == [n["node_id"] for n in before["nodes"]]
+    assert (appliance.state_dir / "plan.json").read_text() == plan_text  # same ports, same node ids
+    assert appliance.ok("whoami").out.startswith("admin ")  # the admin token survives the restart
+    appliance.down_and_check()
+
+
+def test_two_mgmtd_instances_elect_exactly_one_primary(appliance: Appliance) -> None:
+    appliance.ok("up", "--mgmtd", "2")
+    status = _healthy_status(appliance)
+    primaries = [s["instance"] for s in status["services"] if s["primary"]]
+    assert len(primaries) == 1
+    assert sorted(n["node_id"] for n in status["nodes"]) == [1, 2]
+    plan = json.loads((appliance.state_dir / "plan.json").read_text())
+    assert [i["name"] for i in plan["instances"]] == ["mgmtd-1", "mgmtd-2"]
+    shrink = appliance.run("up", "--mgmtd", "1")
+    assert shrink.code == 1
+    assert "cannot run 1 mgmtd instance(s): the plan has 2" in shrink.err

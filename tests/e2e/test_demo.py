@@ -1,0 +1,26 @@
+"""``fireflyer demo``, the README's first command: it passes, and passes again on the same cluster."""
+
+from __future__ import annotations
+
+import re
+
+from .conftest import Appliance
+
+
+def test_demo_runs_twice(appliance: Appliance) -> None:
+    first = appliance.ok("demo")
+    for expected in (
+        "[1/9] create group 'demo' and user 'demo-user' in it",
+        "refused: PERMISSION_DENIED: user 'demo-user' is not an admin",
+        "is refused: ABORTED:",
+        "whoami with it is refused after",
+        "UNAUTHENTICATED",
+    ):
+        assert expected in first.out, first.out
+    assert re.search(rf"stop it with: \S*fireflyer down --state-dir {re.escape(str(appliance.state_dir))}\n", first.out)
+    second = appliance.ok("demo")
+    assert "mgmtd-1: already running" in second.out
+    assert "group demo exists already: reused" in second.out
+    assert "user demo-user exists already: reused" in second.out
+    assert "[9/9] done" in second.out
+    assert appliance.ok("status").out.rstrip().endswith("healthy")
