@@ -38,7 +38,7 @@ def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim:
         assert res["error"] == "PeerFailureError", res
         assert res["culprit"] == victim, res
         assert f"rank {victim} " in res["message"]
-        limit = 1.5 if kind == "kill" else TIMEOUT_S + 1.5  # death shows at once; a hang after the timeout
+        limit = TIMEOUT_S if kind == "kill" else TIMEOUT_S + 2.0  # a death shows at once, a hang after the timeout
         assert res["elapsed_s"] <= limit, res
     if kind == "hang":
         status = next(r["status"] for r in survivors if r["status"] is not None)
