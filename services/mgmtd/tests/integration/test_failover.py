@@ -102,3 +102,6 @@ async def test_sigterm_drains_and_exits_zero_and_hands_over_at_once(postgres_url
     assert time.monotonic() - stopped_at < LEASE_S + 1.0
     log = a.log.read_text()
     assert '"msg": "mgmtd stopped"' in log
+    # The effective config is logged at start, with the secret masked.
+    assert '"cluster_token": "********"' in log and CLUSTER_TOKEN not in log
+    assert '"election_lease_s": 2.0' in log

@@ -1,0 +1,54 @@
+"""The client side of the lease: a node that cannot reach mgmtd for T/2 is told to stop serving."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership
+from ff_mgmtd.testing import CLUSTER_TOKEN
+from ff_testing import free_port
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
+
+
+async def test_membership_reports_lost_after_half_the_lease_and_regained(sqlite_url: str, start_mgmtd: Any) -> None:
+    port = free_port()
+    mgmtd = await start_mgmtd(sqlite_url, listen_address=f"127.0.0.1:{port}", lease_duration_s=2.0)
+    events: list[tuple[str, float]] = []
+    membership = NodeMembership(MembershipOptions(
+        mgmtd_addresses=[mgmtd.address], cluster_token=CLUSTER_TOKEN, node_type=common_pb2.NODE_TYPE_STORAGE,
+        hostname="storage-1", endpoints={"grpc": "127.0.0.1:7001"}, retry_interval_s=0.1,
+        on_lease_lost=lambda: events.append(("lost", time.monotonic())),
+        on_lease_regained=lambda: events.append(("regained", time.monotonic())),
+    ))  # fmt: skip
+    stop = asyncio.Event()
+    runner = asyncio.create_task(membership.run(stop))
+    await asyncio.wait_for(membership.registered.wait(), timeout=5)
+    assert membership.lease_duration_s == 2.0
+    await asyncio.sleep(0.6)
+    assert events == [] and not membership.lease_lost
+
+    await mgmtd.shutdown()  # mgmtd gone: heartbeats fail
+    gone_at = time.monotonic()
+    while not events:
+        assert time.monotonic() - gone_at < 5, "lease loss never reported"
+        await asyncio.sleep(0.02)
+    kind, lost_at = events[0]
+    assert kind == "lost" and membership.lease_lost
+    # Reported after T/2 without contact, counted from the last successful heartbeat (at most one
+    # heartbeat interval before mgmtd went away), and well before mgmtd's own T.
+    assert 1.0 - 0.3 <= lost_at - gone_at <= 1.0 + 0.6, lost_at - gone_at
+
+    again = await start_mgmtd(sqlite_url, name="m1", listen_address=f"127.0.0.1:{port}", lease_duration_s=2.0)
+    while len(events) < 2:
+        await asyncio.sleep(0.02)
+    assert events[1][0] == "regained" and not membership.lease_lost
+    client = MgmtdClient([again.address], token=CLUSTER_TOKEN)
+    info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    me = next(n for n in info.nodes if n.node_id == membership.node_id)
+    assert me.status == pb.NODE_STATUS_ALIVE and me.hostname == "storage-1"
+    await client.close()
+    stop.set()
+    await runner
