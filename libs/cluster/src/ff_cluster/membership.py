@@ -94,7 +94,11 @@ class NodeMembership:
                 self._opts.on_lease_lost()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Register (retrying), then heartbeat until ``stop``."""
+        """Register (retrying), then heartbeat until ``stop``.
+
+        The T/2 watch runs on its own timer: a heartbeat stuck in retries must not delay the moment
+        the node is told to stop serving.
+        """
         try:
             while not stop.is_set() and not self.registered.is_set():
                 try:
@@ -102,15 +106,25 @@ class NodeMembership:
                 except RpcError as err:
                     logger.warning("cannot register with mgmtd yet: %s", err)
                     await _sleep_or_stop(stop, self._opts.retry_interval_s)
-            while not stop.is_set():
-                try:
-                    await self.heartbeat()
-                except RpcError as err:
-                    logger.warning("heartbeat failed: %s", err)
-                self._check_lease()
-                await _sleep_or_stop(stop, self.heartbeat_interval_s)
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._heartbeat_loop(stop))
+                tg.create_task(self._lease_watch_loop(stop))
         finally:
             await self._client.close()
+
+    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.heartbeat()
+            except RpcError as err:
+                logger.warning("heartbeat failed: %s", err)
+            await _sleep_or_stop(stop, self.heartbeat_interval_s)
+
+    async def _lease_watch_loop(self, stop: asyncio.Event) -> None:
+        period_s = max(0.01, min(0.1, self.lease_duration_s / 20))
+        while not stop.is_set():
+            self._check_lease()
+            await _sleep_or_stop(stop, period_s)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -63,8 +63,14 @@ def load_settings(
     try:
         return model.model_validate(merged)
     except pydantic.ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_describe_error(e["loc"], e["msg"]) for e in exc.errors())
         raise ConfigError(f"invalid {model.__name__}: {problems}") from exc
+
+
+def _describe_error(loc: tuple[int | str, ...], msg: str) -> str:
+    """``field: message``; model-level checks have no field."""
+    where = ".".join(map(str, loc))
+    return f"{where}: {msg}" if where else msg
 
 
 def describe_settings(settings: BaseModel) -> dict[str, Any]:

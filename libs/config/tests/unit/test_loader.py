@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import pydantic
 from pydantic import Field, SecretStr
 
 from ff_config import (
@@ -109,3 +110,20 @@ def test_settings_are_frozen() -> None:
     s = load_settings(DemoSettings, env_prefix="FF_DEMO_", environ={})
     with pytest.raises(Exception, match="frozen"):
         s.num_workers = 3  # type: ignore[misc]
+
+
+class PairSettings(SettingsModel):
+    low: int = 1
+    high: int = 2
+
+    @pydantic.model_validator(mode="after")
+    def _ordered(self) -> PairSettings:
+        if self.low > self.high:
+            raise ValueError("low must not exceed high")
+        return self
+
+
+def test_model_level_checks_read_cleanly() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(PairSettings, env_prefix="FF_P_", environ={"FF_P_LOW": "5"})
+    assert str(err.value) == "invalid PairSettings: Value error, low must not exceed high"
