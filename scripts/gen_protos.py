@@ -28,23 +28,31 @@ def generate(out_dir: Path) -> None:
     bin_dir = Path(sys.executable).parent
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
     cmd = [
-        sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}",
-        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{PROTO_DIR}",
+        f"--python_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
-        f"--mypy_out={out_dir}", f"--mypy_grpc_out={out_dir}", *protos,
+        f"--mypy_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
+        *protos,
     ]
     subprocess.run(cmd, check=True, cwd=PROTO_DIR)
-    for folder in {p.parent for p in out_dir.rglob("*_pb2.py")}:
-        while folder != out_dir:
+    for leaf in {p.parent for p in out_dir.rglob("*_pb2.py")}:
+        for folder in [leaf, *leaf.parents]:
+            if folder == out_dir:
+                break
             (folder / "__init__.py").write_text(PACKAGE_DOC)
-            folder = folder.parent
     (out_dir / "fireflyer" / "py.typed").write_text("")
 
 
 def generated_files(root: Path) -> set[str]:
     return {
-        str(p.relative_to(root)) for p in (root / "fireflyer").rglob("*")
+        str(p.relative_to(root))
+        for p in (root / "fireflyer").rglob("*")
         if p.is_file() and (p.name.endswith(GENERATED_SUFFIXES) or p.name in ("__init__.py", "py.typed"))
     }
 
@@ -58,7 +66,8 @@ def check() -> int:
         problems = [f"missing: {name}" for name in sorted(fresh - current)]
         problems += [f"not generated from proto/: {name}" for name in sorted(current - fresh)]
         problems += [
-            f"differs: {name}" for name in sorted(fresh & current)
+            f"differs: {name}"
+            for name in sorted(fresh & current)
             if not filecmp.cmp(tmp_dir / name, OUT_DIR / name, shallow=False)
         ]
     for line in problems:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pytest
 import pydantic
+import pytest
 from pydantic import Field, SecretStr
 
 from ff_config import (
