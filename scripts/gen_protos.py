@@ -40,7 +40,11 @@ def generate(out_dir: Path) -> None:
         f"--mypy_grpc_out={out_dir}",
         *protos,
     ]
-    subprocess.run(cmd, check=True, cwd=PROTO_DIR)
+    # The mypy plugins chatter on stderr; show it only when protoc fails.
+    result = subprocess.run(cmd, cwd=PROTO_DIR, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        raise SystemExit(f"protoc failed with exit code {result.returncode}")
     for leaf in {p.parent for p in out_dir.rglob("*_pb2.py")}:
         for folder in [leaf, *leaf.parents]:
             if folder == out_dir:
