@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--layouts", default="2x1,2x2", help="nodes x local ranks, comma separated")
     parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="bytes, comma separated")
     parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--shm-slot-mib", type=int, default=64)
+    parser.add_argument("--shm-slot-mib", type=int, default=256)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     for layout in args.layouts.split(","):

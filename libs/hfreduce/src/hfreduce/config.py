@@ -31,7 +31,8 @@ class GroupConfig:
         zone: network zone of this node; nodes are ordered zone by zone so trees cross zones once.
         timeout_s: limit on every blocking step (rendezvous, each chunk send/receive, each barrier).
         chunk_size_bytes: pipeline chunk size.
-        shm_slot_bytes: per-rank shared-memory staging capacity; larger tensors go in segments.
+        shm_slot_bytes: cap on the per-rank shared-memory staging slot (it grows to the largest tensor
+            seen, up to this); larger tensors go through in segments of this size.
         algorithm: ``"tree"`` (HFReduce: intra-node reduce + double binary tree) or ``"ring"`` (flat ring
             over all ranks, for comparison).
         compression: send fp32 data as bf16 or fp16 on the wire (tree algorithm only), or None.
@@ -47,7 +48,7 @@ class GroupConfig:
     zone: str = ""
     timeout_s: float = 60.0
     chunk_size_bytes: int = 1 << 20
-    shm_slot_bytes: int = 64 << 20
+    shm_slot_bytes: int = 256 << 20
     algorithm: Algorithm = "tree"
     compression: WireDType | None = None
     socket_buffer_bytes: int = 0

@@ -33,6 +33,7 @@ _LINK_HELLO = struct.Struct("!II")
 _TREE_CHANNELS = (0, 1)
 _RING_UP, _RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
 _ALIGN_BYTES = 64
+_GROW_BYTES = 4 << 20  # slots grow in steps of this, so a run of growing sizes does not remap each time
 
 
 @dataclasses.dataclass
@@ -107,9 +108,8 @@ class Runtime:
             ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)],
             timeout_s=cfg.timeout_s,
         )
-        if self.num_local > 1:
-            self.res_bytes = _align(cfg.shm_slot_bytes // self.num_local + 8)
-            self.slots = self._shared_segments(f"hfreduce-slot-{self.rank}", cfg.shm_slot_bytes + 2 * self.res_bytes)
+        self.slot_bytes = 0  # shared slots grow on first use, up to cfg.shm_slot_bytes
+        self.res_bytes = 0
         self.tree = TreeEngine(
             node_rank=cfg.node_rank,
             trees=self.trees,
@@ -214,6 +214,20 @@ class Runtime:
         own.release_fd()  # every peer has mapped it: the kernel frees it when the last mapping goes
         return segs
 
+    def _ensure_slots(self, nbytes: int) -> None:
+        """Grow the shared slots to hold ``nbytes`` (capped at ``shm_slot_bytes``); a node-local collective,
+        so every local rank grows at the same call (they reduce the same sizes)."""
+        cap = self.config.shm_slot_bytes
+        want = min(cap, -(-nbytes // _GROW_BYTES) * _GROW_BYTES)
+        if want <= self.slot_bytes:
+            return
+        for seg in self.slots:
+            seg.close()
+        self.slots, self.slot_bytes = [], 0
+        res_bytes = _align(want // self.num_local + 8)
+        self.slots = self._shared_segments(f"hfreduce-slot-{self.rank}", want + 2 * res_bytes)
+        self.slot_bytes, self.res_bytes, self._parity = want, res_bytes, 0
+
     def register(self, nbytes: int) -> Registered:
         """Allocate ``nbytes`` of shared memory on every local rank (call in the same order everywhere)."""
         index = len(self.registered)
@@ -287,7 +301,10 @@ class Runtime:
             work = flat if keep else flat.copy()
             return self.tree.run(self._job(dtype, wire, op, mine=work, res=work, span=(0, n)))
         total = Counters()
-        seg_elems = self.config.shm_slot_bytes // dtype.itemsize
+        if n == 0:
+            return total
+        self._ensure_slots(n * dtype.itemsize)
+        seg_elems = self.slot_bytes // dtype.itemsize
         for s0, s1 in segments(n, seg_elems):
             total.add(self._allreduce_segment(flat[s0:s1], dtype, wire, op, keep))
         return total
@@ -324,7 +341,7 @@ class Runtime:
         counters = Counters()
         spans = [local_slice(m, num_local, o) for o in range(num_local)]
         inputs = [seg.array(dtype.storage, m) for seg in self.slots]
-        offset = self.config.shm_slot_bytes + self._parity * self.res_bytes
+        offset = self.slot_bytes + self._parity * self.res_bytes
         results = [seg.array(dtype.storage, b - a, offset) for seg, (a, b) in zip(self.slots, spans, strict=True)]
         self._parity ^= 1  # results alternate: a slow rank may still copy out of the other half
         for o, (a, b) in enumerate(spans):

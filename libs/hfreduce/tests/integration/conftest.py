@@ -39,6 +39,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
         master: str = "127.0.0.1",
         node_prefix: Callable[[int], list[str]] | None = None,
         skip_ranks: tuple[int, ...] = (),
+        node_env: Callable[[int], dict[str, str]] | None = None,
     ) -> list[dict[str, Any]]:
         port = free_port()
         outs = []
@@ -61,6 +62,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
                     "FF_HFREDUCE_CHUNK_SIZE_BYTES": "4096",
                     "FF_HFREDUCE_SHM_SLOT_BYTES": "65536",
                     **(env or {}),
+                    **(node_env(node) if node_env else {}),
                 }
                 prefix = node_prefix(node) if node_prefix else []
                 cmd = [*prefix, sys.executable, str(WORKER), scenario, str(out)]

@@ -63,3 +63,11 @@ def test_compression_error_stays_within_the_wire_rounding_bound(launch: Launch, 
     assert len({c["crc"] for c in cases}) == 1  # every rank holds the same rounded result
     # the wire rounding shows: far above fp32 rounding, within a few wire ulps
     assert all(2.0**-20 < c["max_rel_err"] <= c["bound"] for c in cases), cases
+
+
+def test_zone_aware_layout(launch: Launch) -> None:
+    zones = ["east", "west", "east", "west"]  # interleaved labels: nodes are regrouped zone by zone
+    results = launch(
+        4, 1, "correctness", env={"TEST_SIZES": "0,1,7,1027"}, node_env=lambda node: {"FF_HFREDUCE_ZONE": zones[node]}
+    )
+    assert_all_correct(results, 4)

@@ -48,7 +48,9 @@ def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim:
         assert "did not enter" in survivors[0]["message"]
     else:
         assert "died" in survivors[0]["message"]
-    assert shm_entries() <= before  # memfd segments: nothing in /dev/shm, even after SIGKILL
+    # memfd segments never get a name in /dev/shm, even when a rank is SIGKILLed (other users of the
+    # machine may add their own entries meanwhile, so only ours are checked)
+    assert not [e for e in shm_entries() - before if "hfreduce" in e]
 
 
 def test_rendezvous_names_the_rank_that_never_arrives(launch: Launch) -> None:
