@@ -26,7 +26,12 @@ fi
 stamp=.venv/.fireflyer-installed
 digest=$(cat requirements/*.txt $(git ls-files '*pyproject.toml' 2>/dev/null || find . -name pyproject.toml -not -path './.*') | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
-    echo "bootstrap: installing the monorepo into .venv"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+    echo "bootstrap: installing the monorepo into .venv (log: .venv/pip-install.log)"
+    if ! .venv/bin/python -m pip install --disable-pip-version-check -r requirements/dev.txt \
+            > .venv/pip-install.log 2>&1; then
+        tail -n 40 .venv/pip-install.log >&2
+        echo "bootstrap: pip install failed; the whole log is .venv/pip-install.log" >&2
+        exit 1
+    fi
     echo "$digest" > "$stamp"
 fi
