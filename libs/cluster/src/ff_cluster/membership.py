@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -33,6 +33,8 @@ class MembershipOptions:
     on_lease_lost: Callable[[], None] | None = None
     on_lease_regained: Callable[[], None] | None = None
     retry_interval_s: float = 0.5
+    # Storage nodes: (target id, LocalTargetState value) of every target, sent with each heartbeat.
+    target_reports: Callable[[], Sequence[tuple[int, int]]] | None = None
 
 
 class NodeMembership:
@@ -69,9 +71,12 @@ class NodeMembership:
         logger.info("registered with mgmtd", extra={"node_id": self.node_id, "cluster_id": self.cluster_id})
 
     async def heartbeat(self) -> None:
+        reports = self._opts.target_reports() if self._opts.target_reports else ()
         request = mgmtd_pb2.HeartbeatRequest(
-            node_id=self.node_id, routing_version=self.routing_version, config_version=self.config_version
-        )
+            node_id=self.node_id, routing_version=self.routing_version, config_version=self.config_version,
+            targets=[mgmtd_pb2.LocalTargetReport(target_id=t, local_state=mgmtd_pb2.LocalTargetState.ValueType(s))
+                     for t, s in reports],
+        )  # fmt: skip
         try:
             resp = await self._client.mgmtd(lambda s: s.Heartbeat, request)
         except RpcError as err:

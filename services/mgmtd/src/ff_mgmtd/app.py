@@ -18,7 +18,17 @@ from sqlalchemy.orm import Session
 
 from ff_mgmtd.core.errors import NotFoundError, NotPrimary
 from ff_mgmtd.core.lease import HeartbeatTracker
-from ff_mgmtd.core.model import MgmtdInstance, Node, NodeRegistration, NodeStatus, NodeType, RoutingInfo
+from ff_mgmtd.core.model import (
+    Chain,
+    LocalTargetState,
+    MgmtdInstance,
+    Node,
+    NodeRegistration,
+    NodeStatus,
+    NodeType,
+    RoutingInfo,
+)
+from ff_mgmtd.core.target_states import scan_chains
 from ff_mgmtd.store import cluster_state, routing
 from ff_mgmtd.store.cluster_state import Fence
 from ff_store import Store
@@ -33,6 +43,7 @@ class Timing:
     lease_duration_s: float
     heartbeat_interval_s: float
     election_lease_s: float
+    chain_scan_interval_s: float = 0.5
 
     @property
     def election_tick_s(self) -> float:
@@ -77,6 +88,9 @@ class Mgmtd:
         self._routing_version = 0
         self._snapshot: RoutingInfo | None = None
         self._changed = asyncio.Condition()
+        # Local target states as the nodes last reported them (3FS keeps them in the manager's memory).
+        self._local_states: dict[int, LocalTargetState] = {}
+        self._scan_wanted = asyncio.Event()
 
     # ---- primacy ----
 
@@ -106,6 +120,7 @@ class Mgmtd:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._every(self.timing.election_tick_s, self.election_tick, stop))
             tg.create_task(self._every(self.timing.liveness_tick_s, self.liveness_tick, stop))
+            tg.create_task(self._scan_loop(stop))
         await self.resign()
 
     async def _every(self, period_s: float, tick: Callable[[], object], stop: asyncio.Event) -> None:
@@ -148,6 +163,7 @@ class Mgmtd:
         self._tracker.reset([n.node_id for n in nodes if n.status is NodeStatus.ALIVE], now)
         self._config_versions = config_versions
         self._snapshot = None
+        self._local_states = {}
         self._fence = fence
         await self._publish(version)
         logger.info("became primary", extra={"epoch": fence.epoch, "num_nodes": len(nodes)})
@@ -194,6 +210,7 @@ class Mgmtd:
                        extra={"node_ids": expired})  # fmt: skip
         if version is not None:
             await self._publish(version)
+        self._scan_wanted.set()
 
     async def register_node(self, reg: NodeRegistration) -> Node:
         node, version = await self.write(lambda s, f: routing.register_node(s, f, reg, time.time()))
@@ -203,9 +220,18 @@ class Mgmtd:
         logger.info("node registered", extra={"node_id": node.node_id, "node_type": node.node_type.name})
         return node
 
-    async def heartbeat(self, node_id: int) -> HeartbeatAnswer:
-        """Renew a lease. The steady state touches no database: the primary keeps leases in memory."""
+    async def heartbeat(
+        self, node_id: int, target_states: dict[int, LocalTargetState] | None = None
+    ) -> HeartbeatAnswer:
+        """Renew a lease and note the node's local target states (the chain scan acts on changes).
+
+        The steady state touches no database: the primary keeps leases and local states in memory.
+        """
         self.require_primary()
+        for target_id, state in (target_states or {}).items():
+            if self._local_states.get(target_id) is not state:
+                self._local_states[target_id] = state
+                self._scan_wanted.set()
         known = self._nodes.get(node_id)
         if known is None:
             raise NotFoundError(f"node {node_id} is not registered")
@@ -217,6 +243,60 @@ class Mgmtd:
             logger.info("dead node is back", extra={"node_id": node_id})
         self._tracker.renew(node_id, self._clock())
         return HeartbeatAnswer(self._routing_version, self._config_versions.get(node.node_type, 0), node.enabled)
+
+    # ---- chain scan (3FS target states) ----
+
+    async def _scan_loop(self, stop: asyncio.Event) -> None:
+        """Scan chains every ``chain_scan_interval_s``, and at once when a state was reported or a node died."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._scan_wanted.wait(), timeout=self.timing.chain_scan_interval_s)
+            self._scan_wanted.clear()
+            try:
+                await self.chain_scan()
+            except Exception:
+                logger.exception("chain scan failed")
+                await asyncio.sleep(self.timing.chain_scan_interval_s)
+
+    def effective_local_states(self, chains: list[Chain]) -> dict[int, LocalTargetState]:
+        """Reported states, except that every target of a dead (or unknown) node is offline."""
+        states: dict[int, LocalTargetState] = {}
+        for chain in chains:
+            for t in chain.targets:
+                node = self._nodes.get(t.node_id)
+                if node is None or node.status is NodeStatus.DEAD:
+                    states[t.target_id] = LocalTargetState.OFFLINE
+                elif t.target_id in self._local_states:
+                    states[t.target_id] = self._local_states[t.target_id]
+        return states
+
+    async def chain_scan(self) -> int | None:
+        """Apply the public-state transition table to every chain; store and publish what changed."""
+        if not self.is_primary:
+            return None
+        chains = await self.store.arun(routing.list_chains)
+        by_id = {c.chain_id: c for c in chains}
+        changed = scan_chains(chains, self.effective_local_states(chains))
+        if not changed:
+            return None
+        changes = [(by_id[c.chain_id].version, c) for c in changed]
+        version = await self.write(lambda s, f: routing.apply_chain_scan(s, f, changes))
+        if version is not None:
+            for c in changed:
+                states = ", ".join(f"{t.target_id}:{t.public_state.name.lower()}/{t.local_state.name.lower()}"
+                                   for t in c.targets)  # fmt: skip
+                logger.info("chain %d v%d: %s", c.chain_id, c.version, states)
+            await self._publish(version)
+        return version
+
+    async def offline_target(self, target_id: int) -> tuple[Chain, int]:
+        """Admin: the target is locally offline until its node reports it again; scanned at once."""
+        self.require_primary()
+        await self.store.arun(lambda s: routing.find_target_chain(s, target_id))
+        self._local_states[target_id] = LocalTargetState.OFFLINE
+        await self.chain_scan()
+        chain = await self.store.arun(lambda s: routing.find_target_chain(s, target_id))
+        return chain, self._routing_version
 
     def last_heartbeat_wall(self, node_id: int) -> float:
         seen = self._tracker.last_seen(node_id)

@@ -24,6 +24,7 @@ class MgmtdSettings(SettingsModel):
     lease_duration_s: float = Field(10.0, gt=0, description="T: a node is declared dead after T without heartbeat")
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often nodes should heartbeat")
     election_lease_s: float = Field(4.0, gt=0, description="how long the primary's lease lasts without renewal")
+    chain_scan_interval_s: float = Field(0.5, gt=0, description="how often the primary applies target states")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long other services may cache a token check")
     grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")
     ready_file: Path | None = Field(None, description="write the bound addresses here once serving")

@@ -37,7 +37,7 @@ async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> No
     store = await asyncio.to_thread(open_store, settings.resolved_database_url())
     timing = Timing(
         lease_duration_s=settings.lease_duration_s, heartbeat_interval_s=settings.heartbeat_interval_s,
-        election_lease_s=settings.election_lease_s,
+        election_lease_s=settings.election_lease_s, chain_scan_interval_s=settings.chain_scan_interval_s,
     )  # fmt: skip
     services = mgmtd_pb2.DESCRIPTOR.services_by_name
     # The server must be bound before the instance knows the address it campaigns with.

@@ -46,7 +46,8 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         )  # fmt: skip
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
-        answer = await self._m.heartbeat(_require_id("node_id", request.node_id))
+        reports = validation.check_target_reports([(r.target_id, r.local_state) for r in request.targets])
+        answer = await self._m.heartbeat(_require_id("node_id", request.node_id), reports)
         return pb.HeartbeatResponse(
             lease_duration_s=self._m.timing.lease_duration_s, routing_version=answer.routing_version,
             config_version=answer.config_version, enabled=answer.enabled,
@@ -98,6 +99,11 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         saved, version = await self._m.write(lambda s, f: routing.set_chain_table(s, f, table))
         await self._m.publish(version)
         return pb.SetChainTableResponse(chain_table=wire.chain_table_to_proto(saved), routing_version=version)
+
+    async def OfflineTarget(self, request: pb.OfflineTargetRequest, context: Context) -> pb.OfflineTargetResponse:
+        target_id = _require_id("target_id", request.target_id)
+        chain, version = await self._m.offline_target(target_id)
+        return pb.OfflineTargetResponse(chain=wire.chain_to_proto(chain), routing_version=version)
 
     async def SetNodeEnabled(self, request: pb.SetNodeEnabledRequest, context: Context) -> pb.SetNodeEnabledResponse:
         node_id = _require_id("node_id", request.node_id)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from ff_mgmtd.core.errors import InvalidRequest
-from ff_mgmtd.core.model import Chain, ChainTable, Endpoint, NodeRegistration, NodeType
+from ff_mgmtd.core.model import Chain, ChainTable, Endpoint, LocalTargetState, NodeRegistration, NodeType
 
 MAX_ID = 2**32 - 1
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,63}$")
@@ -99,3 +99,21 @@ def check_config(content: str) -> str:
     except tomllib.TOMLDecodeError as exc:
         raise InvalidRequest(f"content is not valid TOML: {exc}") from None
     return content
+
+
+MAX_TARGET_REPORTS = 4096
+
+
+def check_target_reports(reports: Sequence[tuple[int, int]]) -> dict[int, LocalTargetState]:
+    """Heartbeat target reports: positive ids, each once, known local states."""
+    if len(reports) > MAX_TARGET_REPORTS:
+        raise InvalidRequest(f"targets: at most {MAX_TARGET_REPORTS} reports")
+    states: dict[int, LocalTargetState] = {}
+    for target_id, state in reports:
+        if target_id <= 0 or target_id in states:
+            raise InvalidRequest(f"targets: target_id {target_id} is not positive or is given twice")
+        try:
+            states[target_id] = LocalTargetState(state)
+        except ValueError:
+            raise InvalidRequest(f"targets: target {target_id} has unknown local state {state}") from None
+    return states

@@ -209,3 +209,34 @@ def check_positive_id(kind: str, value: int) -> int:
     if value <= 0:
         raise InvalidRequest(f"{kind} must be positive")
     return value
+
+
+def apply_chain_scan(s: Session, fence: Fence, changes: Sequence[tuple[int, Chain]]) -> int | None:
+    """Store what a chain scan decided: each ``(version it was computed from, new chain)``.
+
+    A chain whose stored version moved since (an admin SetChains) is skipped: the next scan redoes it.
+    Returns the new routing version, or None when nothing was stored.
+    """
+    check_fence(s, fence)
+    stored = dict(s.execute(select(chains.c.chain_id, chains.c.version)).all())
+    stored_ids = {int(k): int(v) for k, v in stored.items()}
+    applied = 0
+    for base_version, chain in changes:
+        if stored_ids.get(chain.chain_id) != base_version:
+            continue
+        s.execute(update(chains).where(chains.c.chain_id == chain.chain_id).values(version=chain.version))
+        s.execute(delete(chain_targets).where(chain_targets.c.chain_id == chain.chain_id))
+        for position, t in enumerate(chain.targets):
+            s.execute(insert(chain_targets).values(
+                target_id=t.target_id, chain_id=chain.chain_id, position=position, node_id=t.node_id,
+                public_state=int(t.public_state), local_state=int(t.local_state),
+            ))  # fmt: skip
+        applied += 1
+    return bump_routing_version(s) if applied else None
+
+
+def find_target_chain(s: Session, target_id: int) -> Chain:
+    row = s.execute(select(chain_targets.c.chain_id).where(chain_targets.c.target_id == target_id)).first()
+    if row is None:
+        raise NotFoundError(f"target {target_id} is in no chain")
+    return next(c for c in list_chains(s) if c.chain_id == int(row.chain_id))

@@ -249,24 +249,54 @@ class HeartbeatRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     ROUTING_VERSION_FIELD_NUMBER: _builtins.int
     CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    TARGETS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.int
     routing_version: _builtins.int
     """The routing and config versions the node holds, so the answer can say whether to refetch."""
     config_version: _builtins.int
+    @_builtins.property
+    def targets(self) -> _containers.RepeatedCompositeFieldContainer[Global___LocalTargetReport]:
+        """Storage nodes: the local state of every target the node holds (3FS local target states). mgmtd's
+        periodic chain scan turns them into public states. A node declared dead has all its targets offline.
+        """
+
     def __init__(
         self,
         *,
         node_id: _builtins.int = ...,
         routing_version: _builtins.int = ...,
         config_version: _builtins.int = ...,
+        targets: _abc.Iterable[Global___LocalTargetReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "node_id", b"node_id", "routing_version", b"routing_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "node_id", b"node_id", "routing_version", b"routing_version", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class LocalTargetReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_ID_FIELD_NUMBER: _builtins.int
+    LOCAL_STATE_FIELD_NUMBER: _builtins.int
+    target_id: _builtins.int
+    local_state: Global___LocalTargetState.ValueType
+    def __init__(
+        self,
+        *,
+        target_id: _builtins.int = ...,
+        local_state: Global___LocalTargetState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["local_state", b"local_state", "target_id", b"target_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LocalTargetReport: _TypeAlias = LocalTargetReport  # noqa: Y015
 
 @_typing.final
 class HeartbeatResponse(_message.Message):
@@ -755,6 +785,48 @@ class SetNodeEnabledResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetNodeEnabledResponse: _TypeAlias = SetNodeEnabledResponse  # noqa: Y015
+
+@_typing.final
+class OfflineTargetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_ID_FIELD_NUMBER: _builtins.int
+    target_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        target_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target_id", b"target_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfflineTargetRequest: _TypeAlias = OfflineTargetRequest  # noqa: Y015
+
+@_typing.final
+class OfflineTargetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHAIN_FIELD_NUMBER: _builtins.int
+    ROUTING_VERSION_FIELD_NUMBER: _builtins.int
+    routing_version: _builtins.int
+    @_builtins.property
+    def chain(self) -> Global___Chain: ...
+    def __init__(
+        self,
+        *,
+        chain: Global___Chain | None = ...,
+        routing_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chain", b"chain"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain", b"chain", "routing_version", b"routing_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfflineTargetResponse: _TypeAlias = OfflineTargetResponse  # noqa: Y015
 
 @_typing.final
 class GetConfigRequest(_message.Message):

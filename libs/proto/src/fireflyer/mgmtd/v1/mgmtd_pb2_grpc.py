@@ -78,6 +78,11 @@ class MgmtdServiceStub:
                 request_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetChainTableRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetChainTableResponse.FromString,
                 _registered_method=True)
+        self.OfflineTarget = channel.unary_unary(
+                '/fireflyer.mgmtd.v1.MgmtdService/OfflineTarget',
+                request_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.OfflineTargetRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.OfflineTargetResponse.FromString,
+                _registered_method=True)
         self.SetNodeEnabled = channel.unary_unary(
                 '/fireflyer.mgmtd.v1.MgmtdService/SetNodeEnabled',
                 request_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledRequest.SerializeToString,
@@ -160,6 +165,15 @@ class MgmtdServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OfflineTarget(self, request, context):
+        """Admin: report a target offline (e.g. its disk is to be replaced) as if its node had said so; the chain
+        scan then makes it offline and moves it to the end of its chain. Its node's next heartbeat that
+        reports the target again overrides this.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetNodeEnabled(self, request, context):
         """Admin: enable or disable a node. A disabled node stays registered but is not routed to.
         """
@@ -223,6 +237,11 @@ def add_MgmtdServiceServicer_to_server(servicer, server):
                     servicer.SetChainTable,
                     request_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetChainTableRequest.FromString,
                     response_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetChainTableResponse.SerializeToString,
+            ),
+            'OfflineTarget': grpc.unary_unary_rpc_method_handler(
+                    servicer.OfflineTarget,
+                    request_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.OfflineTargetRequest.FromString,
+                    response_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.OfflineTargetResponse.SerializeToString,
             ),
             'SetNodeEnabled': grpc.unary_unary_rpc_method_handler(
                     servicer.SetNodeEnabled,
@@ -460,6 +479,33 @@ class MgmtdService:
             '/fireflyer.mgmtd.v1.MgmtdService/SetChainTable',
             fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetChainTableRequest.SerializeToString,
             fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetChainTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OfflineTarget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.mgmtd.v1.MgmtdService/OfflineTarget',
+            fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.OfflineTargetRequest.SerializeToString,
+            fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.OfflineTargetResponse.FromString,
             options,
             channel_credentials,
             insecure,

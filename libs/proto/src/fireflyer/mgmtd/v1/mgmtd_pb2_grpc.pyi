@@ -57,6 +57,11 @@ class MgmtdServiceStub:
     """Admin: replace chains (compare-and-set on each chain's version; 0 = create)."""
     SetChainTable: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.SetChainTableRequest, _mgmtd_pb2.SetChainTableResponse]
     """Admin: replace a chain table (compare-and-set on its version; 0 = create)."""
+    OfflineTarget: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.OfflineTargetRequest, _mgmtd_pb2.OfflineTargetResponse]
+    """Admin: report a target offline (e.g. its disk is to be replaced) as if its node had said so; the chain
+    scan then makes it offline and moves it to the end of its chain. Its node's next heartbeat that
+    reports the target again overrides this.
+    """
     SetNodeEnabled: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.SetNodeEnabledRequest, _mgmtd_pb2.SetNodeEnabledResponse]
     """Admin: enable or disable a node. A disabled node stays registered but is not routed to."""
     GetConfig: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.GetConfigRequest, _mgmtd_pb2.GetConfigResponse]
@@ -93,6 +98,11 @@ class MgmtdServiceAsyncStub(MgmtdServiceStub):
     """Admin: replace chains (compare-and-set on each chain's version; 0 = create)."""
     SetChainTable: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.SetChainTableRequest, _mgmtd_pb2.SetChainTableResponse]  # type: ignore[assignment]
     """Admin: replace a chain table (compare-and-set on its version; 0 = create)."""
+    OfflineTarget: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.OfflineTargetRequest, _mgmtd_pb2.OfflineTargetResponse]  # type: ignore[assignment]
+    """Admin: report a target offline (e.g. its disk is to be replaced) as if its node had said so; the chain
+    scan then makes it offline and moves it to the end of its chain. Its node's next heartbeat that
+    reports the target again overrides this.
+    """
     SetNodeEnabled: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.SetNodeEnabledRequest, _mgmtd_pb2.SetNodeEnabledResponse]  # type: ignore[assignment]
     """Admin: enable or disable a node. A disabled node stays registered but is not routed to."""
     GetConfig: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.GetConfigRequest, _mgmtd_pb2.GetConfigResponse]  # type: ignore[assignment]
@@ -174,6 +184,17 @@ class MgmtdServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_mgmtd_pb2.SetChainTableResponse, _abc.Awaitable[_mgmtd_pb2.SetChainTableResponse]]:
         """Admin: replace a chain table (compare-and-set on its version; 0 = create)."""
+
+    @_abc_1.abstractmethod
+    def OfflineTarget(
+        self,
+        request: _mgmtd_pb2.OfflineTargetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_mgmtd_pb2.OfflineTargetResponse, _abc.Awaitable[_mgmtd_pb2.OfflineTargetResponse]]:
+        """Admin: report a target offline (e.g. its disk is to be replaced) as if its node had said so; the chain
+        scan then makes it offline and moves it to the end of its chain. Its node's next heartbeat that
+        reports the target again overrides this.
+        """
 
     @_abc_1.abstractmethod
     def SetNodeEnabled(

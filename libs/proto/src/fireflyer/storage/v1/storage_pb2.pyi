@@ -87,6 +87,10 @@ class _ChunkIoStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChunkIo
     """The IoCapability is missing, expired, for another inode, or read-only for a write."""
     CHUNK_IO_STATUS_FORWARD_FAILED: _ChunkIoStatus.ValueType  # 10
     """Write: the successor could not be reached before the deadline (the chain is changing); retry."""
+    CHUNK_IO_STATUS_MISSING_UPDATE: _ChunkIoStatus.ValueType  # 11
+    """Forwarded update: this replica lacks the update before it (it was not in the chain then); the
+    predecessor sends the whole chunk instead.
+    """
 
 class ChunkIoStatus(_ChunkIoStatus, metaclass=_ChunkIoStatusEnumTypeWrapper):
     """Outcome of one IO in a batch."""
@@ -114,6 +118,10 @@ CHUNK_IO_STATUS_PERMISSION_DENIED: ChunkIoStatus.ValueType  # 9
 """The IoCapability is missing, expired, for another inode, or read-only for a write."""
 CHUNK_IO_STATUS_FORWARD_FAILED: ChunkIoStatus.ValueType  # 10
 """Write: the successor could not be reached before the deadline (the chain is changing); retry."""
+CHUNK_IO_STATUS_MISSING_UPDATE: ChunkIoStatus.ValueType  # 11
+"""Forwarded update: this replica lacks the update before it (it was not in the chain then); the
+predecessor sends the whole chunk instead.
+"""
 Global___ChunkIoStatus: _TypeAlias = ChunkIoStatus  # noqa: Y015
 
 class _UpdateType:

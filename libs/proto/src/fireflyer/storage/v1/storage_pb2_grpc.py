@@ -40,7 +40,8 @@ class StorageServiceStub:
     - pull: a receiver fetches bytes the node staged for it under a transfer id (reads). Pulling is the
     receiver's permission to send: see GrantTransfer.
     The data endpoint authenticates with the same bearer token; a transfer belongs to the principal that
-    created it.
+    created it. Its wire format (hf3fs.datapath): length-prefixed JSON headers, each followed by raw bytes;
+    the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
     oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
@@ -136,7 +137,8 @@ class StorageServiceServicer:
     - pull: a receiver fetches bytes the node staged for it under a transfer id (reads). Pulling is the
     receiver's permission to send: see GrantTransfer.
     The data endpoint authenticates with the same bearer token; a transfer belongs to the principal that
-    created it.
+    created it. Its wire format (hf3fs.datapath): length-prefixed JSON headers, each followed by raw bytes;
+    the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
     oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
@@ -346,7 +348,8 @@ class StorageService:
     - pull: a receiver fetches bytes the node staged for it under a transfer id (reads). Pulling is the
     receiver's permission to send: see GrantTransfer.
     The data endpoint authenticates with the same bearer token; a transfer belongs to the principal that
-    created it.
+    created it. Its wire format (hf3fs.datapath): length-prefixed JSON headers, each followed by raw bytes;
+    the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
     oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
