@@ -573,6 +573,7 @@ class Run(_message.Message):
     END_REASON_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_FIELD_NUMBER: _builtins.int
+    END_MESSAGE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     task_id: _builtins.int
     run_index: _builtins.int
@@ -591,6 +592,8 @@ class Run(_message.Message):
     suspend_requested_at: _builtins.float
     ended_at: _builtins.float
     end_reason: Global___RunEndReason.ValueType
+    end_message: _builtins.str
+    """Why the run ended, in words (e.g. "no log output for 1800 s")."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___AssignedNode]: ...
     @_builtins.property
@@ -618,10 +621,11 @@ class Run(_message.Message):
         end_reason: Global___RunEndReason.ValueType = ...,
         failure: Global___RunFailure | None = ...,
         last_checkpoint: Global___Checkpoint | None = ...,
+        end_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "last_checkpoint", b"last_checkpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "end_reason", b"end_reason", "ended_at", b"ended_at", "failure", b"failure", "last_checkpoint", b"last_checkpoint", "master_address", b"master_address", "nodes", b"nodes", "priority", b"priority", "run_id", b"run_id", "run_index", b"run_index", "start_whole_life_state", b"start_whole_life_state", "started_at", b"started_at", "state", b"state", "suspend_requested_at", b"suspend_requested_at", "suspend_stage", b"suspend_stage", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "end_message", b"end_message", "end_reason", b"end_reason", "ended_at", b"ended_at", "failure", b"failure", "last_checkpoint", b"last_checkpoint", "master_address", b"master_address", "nodes", b"nodes", "priority", b"priority", "run_id", b"run_id", "run_index", b"run_index", "start_whole_life_state", b"start_whole_life_state", "started_at", b"started_at", "state", b"state", "suspend_requested_at", b"suspend_requested_at", "suspend_stage", b"suspend_stage", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -648,6 +652,7 @@ class Task(_message.Message):
     FIRST_STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     END_REASON_FIELD_NUMBER: _builtins.int
+    END_MESSAGE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
     user_name: _builtins.str
     uid: _builtins.int
@@ -667,6 +672,8 @@ class Task(_message.Message):
     finished_at: _builtins.float
     end_reason: Global___RunEndReason.ValueType
     """Why the task finished (the end reason of its last run)."""
+    end_message: _builtins.str
+    """Why the task finished, in words (e.g. "failed 4 times; restart limit 3 reached")."""
     @_builtins.property
     def spec(self) -> Global___TaskSpec: ...
     @_builtins.property
@@ -697,10 +704,11 @@ class Task(_message.Message):
         first_started_at: _builtins.float = ...,
         finished_at: _builtins.float = ...,
         end_reason: Global___RunEndReason.ValueType = ...,
+        end_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["current_run", b"current_run", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "current_run", b"current_run", "end_reason", b"end_reason", "finished_at", b"finished_at", "first_started_at", b"first_started_at", "node_group", b"node_group", "num_restarts", b"num_restarts", "num_runs", b"num_runs", "priority", b"priority", "queue_reason", b"queue_reason", "runs", b"runs", "spec", b"spec", "state", b"state", "task_id", b"task_id", "uid", b"uid", "user_name", b"user_name", "whole_life_state", b"whole_life_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "current_run", b"current_run", "end_message", b"end_message", "end_reason", b"end_reason", "finished_at", b"finished_at", "first_started_at", b"first_started_at", "node_group", b"node_group", "num_restarts", b"num_restarts", "num_runs", b"num_runs", "priority", b"priority", "queue_reason", b"queue_reason", "runs", b"runs", "spec", b"spec", "state", b"state", "task_id", b"task_id", "uid", b"uid", "user_name", b"user_name", "whole_life_state", b"whole_life_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,8 +29,9 @@ GRPC_VERSION: str
 class SchedulerServiceStub:
     """Priorities. A priority is an int32 level, not an enum: the numbers are the contract (they order tasks
     and key quotas, and users pass them as `--priority 30`), and a proto enum could not give LOW the
-    value 0. Named levels, higher runs first:
-      EXTREME_HIGH = 50, HIGH = 40, ABOVE_NORMAL = 30, NORMAL = 20, BELOW_NORMAL = 10, LOW = 0.
+    value 0. Named levels, HAI-Platform's, higher runs first:
+      EXTREME_HIGH = 50, VERY_HIGH = 40, HIGH = 30, ABOVE_NORMAL = 20, NORMAL = 10, UNDER_NORMAL = 8,
+      BELOW_NORMAL = 5, LOW = 0.
     Any other value is INVALID_ARGUMENT. AUTO is a separate flag (`auto_priority`): the scheduler tries the
     levels from the highest down and runs the task at the first one where the user has enough quota left.
     ABOVE_NORMAL is demoted to NORMAL after 30 minutes of running. When a priority field is unset the
@@ -85,8 +86,9 @@ class SchedulerServiceStub:
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Priorities. A priority is an int32 level, not an enum: the numbers are the contract (they order tasks
     and key quotas, and users pass them as `--priority 30`), and a proto enum could not give LOW the
-    value 0. Named levels, higher runs first:
-      EXTREME_HIGH = 50, HIGH = 40, ABOVE_NORMAL = 30, NORMAL = 20, BELOW_NORMAL = 10, LOW = 0.
+    value 0. Named levels, HAI-Platform's, higher runs first:
+      EXTREME_HIGH = 50, VERY_HIGH = 40, HIGH = 30, ABOVE_NORMAL = 20, NORMAL = 10, UNDER_NORMAL = 8,
+      BELOW_NORMAL = 5, LOW = 0.
     Any other value is INVALID_ARGUMENT. AUTO is a separate flag (`auto_priority`): the scheduler tries the
     levels from the highest down and runs the task at the first one where the user has enough quota left.
     ABOVE_NORMAL is demoted to NORMAL after 30 minutes of running. When a priority field is unset the
@@ -137,8 +139,9 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Priorities. A priority is an int32 level, not an enum: the numbers are the contract (they order tasks
     and key quotas, and users pass them as `--priority 30`), and a proto enum could not give LOW the
-    value 0. Named levels, higher runs first:
-      EXTREME_HIGH = 50, HIGH = 40, ABOVE_NORMAL = 30, NORMAL = 20, BELOW_NORMAL = 10, LOW = 0.
+    value 0. Named levels, HAI-Platform's, higher runs first:
+      EXTREME_HIGH = 50, VERY_HIGH = 40, HIGH = 30, ABOVE_NORMAL = 20, NORMAL = 10, UNDER_NORMAL = 8,
+      BELOW_NORMAL = 5, LOW = 0.
     Any other value is INVALID_ARGUMENT. AUTO is a separate flag (`auto_priority`): the scheduler tries the
     levels from the highest down and runs the task at the first one where the user has enough quota left.
     ABOVE_NORMAL is demoted to NORMAL after 30 minutes of running. When a priority field is unset the

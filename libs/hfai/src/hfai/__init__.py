@@ -1,0 +1,1 @@
+"""hfai: what a user of the fireflyer scheduler touches (SDK and CLI)."""

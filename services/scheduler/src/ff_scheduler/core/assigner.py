@@ -1,0 +1,59 @@
+"""The assigner: which tasks are within their (user, priority, group) node quota (HAI FIFOAssigner).
+
+Running tasks are charged first, in FCFS order, so a queued task of a user never pushes that user's
+running task out of quota; then queued tasks in FCFS order. A task with a fixed priority is in quota
+when the remaining quota at its key covers its nodes; otherwise it is QUOTA_EXCEEDED when the quota
+itself is smaller than its nodes (it can never run there) and OUT_OF_QUOTA when other tasks use it. An
+AUTO task takes the highest level at which the remaining quota covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ff_scheduler.core import priority
+from ff_scheduler.core.model import QueueReason, QuotaKey, TaskSnap
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The assigner's answer for one task: in quota or why not, and the priority it runs at."""
+
+    in_quota: bool
+    priority: int | None
+    reason: QueueReason = QueueReason.NONE
+
+
+def assign(tasks: list[TaskSnap], quotas: dict[QuotaKey, int], *, enforce: bool = True) -> dict[int, Verdict]:
+    """A verdict per task id (running tasks are always in quota at their run's priority)."""
+    remaining = dict(quotas)
+    verdicts: dict[int, Verdict] = {}
+    running = sorted((t for t in tasks if t.run is not None), key=lambda t: t.fcfs)
+    queued = sorted((t for t in tasks if t.run is None), key=lambda t: t.fcfs)
+    for task in running:
+        assert task.run is not None
+        level = task.run.priority
+        key = (task.user, level, task.group)
+        remaining[key] = remaining.get(key, 0) - task.num_nodes
+        verdicts[task.task_id] = Verdict(True, level)
+    for task in queued:
+        verdicts[task.task_id] = _charge(task, quotas, remaining) if enforce else _unlimited(task)
+    return verdicts
+
+
+def _unlimited(task: TaskSnap) -> Verdict:
+    return Verdict(True, task.asked_priority if task.asked_priority is not None else priority.LEVELS[0])
+
+
+def _charge(task: TaskSnap, quotas: dict[QuotaKey, int], remaining: dict[QuotaKey, int]) -> Verdict:
+    levels = priority.LEVELS if task.asked_priority is None else (task.asked_priority,)
+    for level in levels:
+        key = (task.user, level, task.group)
+        if remaining.get(key, 0) >= task.num_nodes:
+            remaining[key] -= task.num_nodes
+            return Verdict(True, level)
+    if all(quotas.get((task.user, level, task.group), 0) < task.num_nodes for level in levels):
+        reason = QueueReason.QUOTA_EXCEEDED
+    else:
+        reason = QueueReason.OUT_OF_QUOTA
+    return Verdict(False, task.asked_priority, reason)

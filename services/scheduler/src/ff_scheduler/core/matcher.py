@@ -1,0 +1,255 @@
+"""The matcher: concrete nodes for the tasks the assigner let through (HAI FIFOMatcher, corrected).
+
+Per node group, candidates (running tasks and queued tasks in quota) are visited in order: priority
+high to low, then FCFS (or fair share, then FCFS). A running task keeps its nodes. A queued task takes
+free nodes; if there are too few, it waits for nodes that are already being freed (runs suspending or
+stopping) and reserves them, so that no later task takes them; if even those are too few, it preempts
+running tasks that come after it in the order, least important first, and reserves their nodes.
+
+A running task may be preempted only when it has run at least ``min_run_time_s``, when it is not
+already being suspended, and when it is not a task of the same user at the same priority (HAI's rule).
+Whole nodes only, no node twice, and at most one task (running or starting) spans more than one zone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ff_scheduler.core.assigner import Verdict
+from ff_scheduler.core.model import NodeState, NodeView, QueueReason, TaskSnap
+from ff_scheduler.core.policy import SchedulingPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    task_id: int
+    node_ids: tuple[int, ...]
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    task_id: int
+    run_id: int
+    # The queued task the nodes are taken for.
+    for_task_id: int
+
+
+@dataclass
+class MatchResult:
+    starts: list[Start] = field(default_factory=list)
+    preemptions: list[Preempt] = field(default_factory=list)
+    # Queued tasks that stay queued, and why.
+    waiting: dict[int, QueueReason] = field(default_factory=dict)
+
+
+def order_key(task: TaskSnap, level: int, usage: int, policy: SchedulingPolicy) -> tuple[int, int, int]:
+    """Visit order: priority high to low (unless FIFO), then held nodes (fair share), then FCFS."""
+    return (-level if policy.by_priority else 0, usage if policy.fair_share else 0, task.fcfs)
+
+
+def select_nodes(available: Iterable[int], need: int, nodes: dict[int, NodeView], *, cross_zone_ok: bool) -> list[int]:
+    """``need`` nodes out of ``available``, in one zone if possible (the tightest that fits), else across
+    zones when allowed; [] when impossible."""
+    by_zone: dict[str, list[int]] = defaultdict(list)
+    total = 0
+    for node_id in available:
+        by_zone[nodes[node_id].zone].append(node_id)
+        total += 1
+    if total < need:
+        return []
+    fitting = [(len(ids), zone) for zone, ids in by_zone.items() if len(ids) >= need]
+    if fitting:
+        _, zone = min(fitting)
+        return sorted(by_zone[zone])[:need]
+    if not cross_zone_ok:
+        return []
+    chosen: list[int] = []
+    for zone in sorted(by_zone, key=lambda z: (-len(by_zone[z]), z)):
+        chosen += sorted(by_zone[zone])[: need - len(chosen)]
+        if len(chosen) == need:
+            break
+    return chosen
+
+
+def _spans_zones(node_ids: Iterable[int], nodes: dict[int, NodeView]) -> bool:
+    return len({nodes[n].zone for n in node_ids if n in nodes}) > 1
+
+
+class _GroupMatch:
+    """The matching of one node group (state of the visit)."""
+
+    def __init__(self, nodes: dict[int, NodeView], policy: SchedulingPolicy, now: float, result: MatchResult,
+                 cross_zone_in_use: bool) -> None:  # fmt: skip
+        self.nodes = nodes
+        self.policy = policy
+        self.now = now
+        self.result = result
+        self.cross_zone_in_use = cross_zone_in_use
+        self.free: set[int] = set()
+        self.draining: set[int] = set()
+        self.reserved: set[int] = set()
+        # Running tasks not yet visited that may be preempted, and their nodes per level and user.
+        self.victims: dict[int, TaskSnap] = {}
+        self.nodes_at: dict[int, int] = defaultdict(int)
+        self.nodes_at_user: dict[tuple[int, str], int] = defaultdict(int)
+        self.blocked = False
+
+    def preemptible(self, task: TaskSnap) -> bool:
+        run = task.run
+        assert run is not None
+        ran_s = self.now - (run.started_at or run.created_at)
+        return self.policy.preemption and not run.state.draining and ran_s >= self.policy.min_run_time_s
+
+    def add_victim(self, task: TaskSnap) -> None:
+        assert task.run is not None
+        self.victims[task.task_id] = task
+        self.nodes_at[task.run.priority] += task.num_nodes
+        self.nodes_at_user[(task.run.priority, task.user)] += task.num_nodes
+
+    def drop_victim(self, task: TaskSnap) -> None:
+        if self.victims.pop(task.task_id, None) is not None:
+            assert task.run is not None
+            self.nodes_at[task.run.priority] -= task.num_nodes
+            self.nodes_at_user[(task.run.priority, task.user)] -= task.num_nodes
+
+    def may_preempt(self, victim: TaskSnap, level: int, user: str) -> bool:
+        assert victim.run is not None
+        vlevel = victim.run.priority
+        if not self.policy.by_priority:
+            return victim.user != user
+        return vlevel < level or (vlevel == level and victim.user != user)
+
+    def preemptible_bound(self, level: int, user: str) -> int:
+        if not self.policy.by_priority:
+            return sum(self.nodes_at.values()) - sum(n for (_, u), n in self.nodes_at_user.items() if u == user)
+        below = sum(n for lvl, n in self.nodes_at.items() if lvl < level)
+        return below + self.nodes_at[level] - self.nodes_at_user[(level, user)]
+
+    def place(self, task: TaskSnap, level: int) -> None:
+        need = task.num_nodes
+        if self.blocked:
+            self.result.waiting[task.task_id] = QueueReason.WAITING_FOR_NODES
+            return
+        free = self.free - self.reserved
+        chosen = (
+            select_nodes(free, need, self.nodes, cross_zone_ok=not self.cross_zone_in_use) if len(free) >= need else []
+        )
+        if chosen:
+            self.free.difference_update(chosen)
+            self.cross_zone_in_use |= _spans_zones(chosen, self.nodes)
+            self.result.starts.append(Start(task.task_id, tuple(chosen), level))
+            return
+        self.result.waiting[task.task_id] = QueueReason.WAITING_FOR_NODES
+        soon = free | (self.draining - self.reserved)
+        if len(soon) >= need and self._reserve(soon, need):
+            return
+        bound = len(soon) + self.preemptible_bound(level, task.user)
+        if self.policy.preemption and bound >= need and self._preempt_for(task, level, soon):
+            return
+        if self.policy.head_of_line_blocking:
+            self.blocked = True
+
+    def _reserve(self, pool: set[int], need: int) -> bool:
+        chosen = select_nodes(pool, need, self.nodes, cross_zone_ok=not self.cross_zone_in_use)
+        self.reserved.update(chosen)
+        return bool(chosen)
+
+    def _preempt_for(self, task: TaskSnap, level: int, soon: set[int]) -> bool:
+        eligible = [v for v in self.victims.values() if self.may_preempt(v, level, task.user)]
+        # Least important first: lowest priority, then the latest to come.
+        eligible.sort(key=lambda v: (v.run.priority if v.run else 0, -v.fcfs), reverse=False)
+        pool = set(soon)
+        taken: list[TaskSnap] = []
+        for victim in eligible:
+            assert victim.run is not None
+            taken.append(victim)
+            pool.update(n for n in victim.run.node_ids if self.nodes[n].state is NodeState.READY)
+            if len(pool) >= task.num_nodes and self._reserve(pool, task.num_nodes):
+                for v in taken:
+                    assert v.run is not None
+                    self.drop_victim(v)
+                    self.draining.update(v.run.node_ids)
+                    self.result.preemptions.append(Preempt(v.task_id, v.run.run_id, task.task_id))
+                return True
+        return False
+
+
+def match(
+    tasks: list[TaskSnap], verdicts: dict[int, Verdict], nodes: dict[int, NodeView], policy: SchedulingPolicy,
+    now: float,
+) -> MatchResult:  # fmt: skip
+    """Starts, preemptions and waits for this tick (see the module docstring)."""
+    result = MatchResult()
+    groups = _groups(tasks, nodes, policy, now, result)
+    candidates = _candidates(tasks, verdicts, policy, result)
+    cross_zone_in_use = any(g.cross_zone_in_use for g in groups.values())
+    for group_name, entries in candidates.items():
+        group = groups.get(group_name)
+        if group is None:  # no node in that group (yet)
+            result.waiting.update((t.task_id, QueueReason.WAITING_FOR_NODES) for _, t, _ in entries if t.run is None)
+            continue
+        group.cross_zone_in_use = cross_zone_in_use
+        entries.sort(key=lambda e: e[0])
+        for _, task, _ in entries:
+            if task.run is not None and group.preemptible(task):
+                group.add_victim(task)
+        for _, task, level in entries:
+            if task.run is not None:
+                group.drop_victim(task)
+            else:
+                group.place(task, level)
+        cross_zone_in_use = group.cross_zone_in_use
+    return result
+
+
+def _groups(
+    tasks: list[TaskSnap], nodes: dict[int, NodeView], policy: SchedulingPolicy, now: float, result: MatchResult
+) -> dict[str, _GroupMatch]:
+    """Per node group: free nodes, and nodes being freed (by runs suspending or stopping)."""
+    held: set[int] = set()
+    cross_zone_in_use = False
+    for task in tasks:
+        if task.run is not None:
+            held.update(task.run.node_ids)
+            cross_zone_in_use |= _spans_zones(task.run.node_ids, nodes)
+    groups: dict[str, _GroupMatch] = {}
+    for node in nodes.values():
+        group = groups.get(node.group)
+        if group is None:
+            group = groups[node.group] = _GroupMatch(nodes, policy, now, result, cross_zone_in_use)
+        if node.state is NodeState.READY and node.node_id not in held:
+            group.free.add(node.node_id)
+    for task in tasks:
+        run = task.run
+        if run is not None and run.state.draining and task.group in groups:
+            ready = (n for n in run.node_ids if n in nodes and nodes[n].state is NodeState.READY)
+            groups[task.group].draining.update(ready)
+    return groups
+
+
+Candidate = tuple[tuple[int, int, int], TaskSnap, int]
+
+
+def _candidates(
+    tasks: list[TaskSnap], verdicts: dict[int, Verdict], policy: SchedulingPolicy, result: MatchResult
+) -> dict[str, list[Candidate]]:
+    """Running tasks (not being suspended or stopped) and queued tasks in quota, per group."""
+    usage: dict[tuple[str, str], int] = defaultdict(int)
+    for task in tasks:
+        if task.run is not None:
+            usage[(task.group, task.user)] += task.num_nodes
+    candidates: dict[str, list[Candidate]] = defaultdict(list)
+    for task in tasks:
+        verdict = verdicts[task.task_id]
+        if not verdict.in_quota:
+            result.waiting[task.task_id] = verdict.reason
+            continue
+        if task.run is not None and task.run.state.draining:
+            continue
+        level = verdict.priority if verdict.priority is not None else 0
+        key = order_key(task, level, usage[(task.group, task.user)], policy)
+        candidates[task.group].append((key, task, level))
+    return candidates

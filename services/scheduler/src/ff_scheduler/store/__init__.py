@@ -1,0 +1,1 @@
+"""The scheduler's state in SQL (SQLite by default, PostgreSQL at scale)."""
