@@ -14,7 +14,7 @@ from hfreduce.control import query_status
 from hfreduce.counters import Counters
 from hfreduce.group import Registered, Runtime
 from hfreduce.reduction import DType, ReduceOp
-from hfreduce.tensors import Flat, PinnedStage, flatten, is_torch
+from hfreduce.tensors import Flat, PinnedPool, flatten, is_torch
 
 _DTYPE_NAMES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
 
@@ -45,7 +45,7 @@ class Group:
         self.config = config
         self._rt = Runtime(config)
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-coll")
-        self._stage = PinnedStage()
+        self._stage = PinnedPool()
         self._registered: dict[int, tuple[Registered, int]] = {}
 
     @classmethod

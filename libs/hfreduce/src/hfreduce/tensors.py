@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -92,51 +93,52 @@ def _torch_storage_view(t: Any, dtype: DType) -> Array:
 def _stage_cuda(t: Any, dtype: DType, stage: Callable[[int], Any] | None) -> Flat:
     """D2H into a pinned host buffer on the caller's current stream, reduce on the CPU, H2D back.
 
-    The D2H is ordered after the kernels that produced ``t`` because it runs on the current stream,
-    and we wait for it before the CPU reads. The H2D is queued on the same stream, so later kernels
-    see the result; an event guards the pinned buffer until that copy is done (``stage`` returns a
-    buffer only after the previous use's event completed).
+    The D2H is queued on the caller's current stream, so it is ordered after the kernels that produced
+    ``t``; we wait for it before the CPU reads. The H2D is queued on the same stream (from the collective
+    thread), so later kernels see the result; the pinned buffer goes back to the pool with an event and
+    is reused only once that copy has completed. Each in-flight collective has its own buffer.
     """
     import torch
 
-    if stage is None:
-        raise ValueError("CUDA tensors need a group with a pinned staging buffer")
+    if not isinstance(stage, PinnedPool):
+        raise ValueError("CUDA tensors need a group with a pinned staging pool")
     stream = torch.cuda.current_stream(t.device)
     src = t if t.is_contiguous() else t.contiguous()
     nbytes = src.numel() * src.element_size()
-    host = stage(nbytes)[:nbytes].view(src.dtype)
+    buf = stage(nbytes)
+    host = buf[:nbytes].view(src.dtype)
     host.copy_(src.view(-1), non_blocking=True)
     stream.synchronize()
 
     def finish() -> None:
         with torch.cuda.stream(stream):
             t.copy_(host.view(t.shape), non_blocking=True)
-            event_type: Any = torch.cuda.Event  # untyped constructor in torch's stubs
-            done = event_type()
-            done.record(stream)
-        stage_done = getattr(stage, "record", None)
-        if stage_done is not None:
-            stage_done(done)
+        event_type: Any = torch.cuda.Event  # untyped constructor in torch's stubs
+        done = event_type()
+        done.record(stream)
+        stage.release(buf, done)
 
     return Flat(_torch_storage_view(host, dtype), dtype, 0, finish)
 
 
-class PinnedStage:
-    """A reusable pinned host buffer for CUDA tensors; waits for the last H2D before handing it out."""
+class PinnedPool:
+    """Pinned host buffers for CUDA staging; a buffer is reused only after its last H2D completed."""
 
     def __init__(self) -> None:
-        self._buf: Any = None
-        self._event: Any = None
+        self._free: list[tuple[Any, Any]] = []  # (buffer, event of its last H2D)
+        self._lock = threading.Lock()
 
     def __call__(self, nbytes: int) -> Any:
         import torch
 
-        if self._event is not None:
-            self._event.synchronize()
-            self._event = None
-        if self._buf is None or self._buf.numel() < nbytes:
-            self._buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
-        return self._buf
+        with self._lock:
+            for i, (buf, event) in enumerate(self._free):
+                if buf.numel() >= nbytes and (event is None or event.query()):
+                    del self._free[i]
+                    return buf
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
 
-    def record(self, event: Any) -> None:
-        self._event = event
+    def release(self, buf: Any, event: Any) -> None:
+        with self._lock:
+            self._free.append((buf, event))
+            del self._free[:-4]  # keep a few; the rest are freed once their copies finish
