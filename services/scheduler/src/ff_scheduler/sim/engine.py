@@ -1,0 +1,237 @@
+"""The discrete-event engine: jobs of a trace through ``core.tick.plan_tick`` (the service's own code).
+
+The engine plays the agents: a started run reports RUNNING on every node at once; a run whose work is
+done reports EXITED; a suspended task acknowledges the flag at once, saves its checkpoint in
+``suspend_overhead_s`` and calls go_suspend() (so its work so far is kept); a stopped run exits at once.
+A resumed run spends ``restart_overhead_s`` reloading before it progresses again. Between events no
+decision can change, so the engine jumps from event to event and, at each, plans ticks until nothing
+changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from ff_scheduler.core import priority
+from ff_scheduler.core.model import (
+    EndReason,
+    NodePhase,
+    NodeRunReport,
+    NodeView,
+    RunSnap,
+    RunState,
+    Snapshot,
+    SuspendStage,
+    TaskSnap,
+    TaskState,
+)
+from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
+from ff_scheduler.core.tick import TaskChange, TickPlan, plan_tick
+from ff_scheduler.sim.trace import Job
+
+MAX_TICKS_PER_EVENT = 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    num_nodes: int = 64
+    num_zones: int = 1
+    group: str = "default"
+    suspend_overhead_s: float = 30.0
+    restart_overhead_s: float = 60.0
+
+
+@dataclass
+class JobRecord:
+    """What happened to one job."""
+
+    job: Job
+    work_done_s: float = 0.0
+    first_start_s: float | None = None
+    end_s: float | None = None
+    num_suspends: int = 0
+    held_node_s: float = 0.0
+    lost_node_s: float = 0.0
+    # The current run: when it began progressing, and when its suspend began (if it is suspending).
+    progress_from_s: float = 0.0
+    suspend_at_s: float | None = None
+    exit_at_s: float | None = None
+
+    @property
+    def remaining_s(self) -> float:
+        return max(0.0, self.job.duration_s - self.work_done_s)
+
+
+@dataclass
+class SimResult:
+    policy_name: str
+    num_nodes: int
+    records: list[JobRecord]
+    makespan_s: float
+    num_ticks: int = 0
+    unfinished: list[int] = field(default_factory=list)
+
+
+class Simulation:
+    """One policy over one trace."""
+
+    def __init__(self, jobs: list[Job], sched: SchedulingPolicy, life: LifecyclePolicy, config: SimConfig,
+                 name: str = "") -> None:  # fmt: skip
+        self.sched, self.life, self.config, self.name = sched, life, config, name
+        self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.nodes = {i: NodeView(node_id=i, group=config.group, zone=f"z{i % config.num_zones}")
+                      for i in range(1, config.num_nodes + 1)}  # fmt: skip
+        self.records = {j.job_id: JobRecord(j) for j in self.jobs}
+        self.tasks: dict[int, TaskSnap] = {}
+        self.now = 0.0
+        self.num_ticks = 0
+        self._next_arrival = 0
+        self._run_ids = 0
+
+    def run(self) -> SimResult:
+        while True:
+            self._admit()
+            self._settle()
+            upcoming = self._next_event()
+            if upcoming is None:
+                break
+            self.now = upcoming
+            self._agents()
+        makespan = max((r.end_s or 0.0) for r in self.records.values()) if self.records else 0.0
+        unfinished = [r.job.job_id for r in self.records.values() if r.end_s is None]
+        return SimResult(self.name, self.config.num_nodes, list(self.records.values()), makespan, self.num_ticks,
+                         unfinished)  # fmt: skip
+
+    # ---- events ----
+
+    def _admit(self) -> None:
+        while self._next_arrival < len(self.jobs) and self.jobs[self._next_arrival].submit_s <= self.now:
+            job = self.jobs[self._next_arrival]
+            self._next_arrival += 1
+            self.tasks[job.job_id] = TaskSnap(
+                task_id=job.job_id, user=job.user, group=self.config.group, num_nodes=job.num_nodes,
+                priority=job.priority, asked_priority=job.priority, state=TaskState.QUEUED, fcfs=job.job_id,
+                watchdog_time_s=0.0, max_restarts=0,
+            )  # fmt: skip
+
+    def _next_event(self) -> float | None:
+        times: list[float] = []
+        if self._next_arrival < len(self.jobs):
+            times.append(self.jobs[self._next_arrival].submit_s)
+        queued = any(t.run is None for t in self.tasks.values())
+        for task in self.tasks.values():
+            run, rec = task.run, self.records[task.task_id]
+            if run is None:
+                continue
+            if rec.exit_at_s is not None:
+                times.append(rec.exit_at_s)
+            elif run.state in (RunState.STARTING, RunState.RUNNING):
+                times.append(rec.progress_from_s + rec.remaining_s)
+                if queued:
+                    times.append(run.started_at + self.sched.min_run_time_s)
+                if run.priority == priority.ABOVE_NORMAL:
+                    times.append(run.started_at + self.sched.demote_after_s)
+            if run.state is RunState.SUSPENDING:
+                times += [run.suspend_requested_at + run.ack_window_s, run.suspend_received_at + run.grace_s]
+        future = [t for t in times if t > self.now + 1e-9]
+        return min(future) if future else None
+
+    def _agents(self) -> None:
+        """What the agents report at ``now``: work done, checkpoints saved."""
+        for task in self.tasks.values():
+            run, rec = task.run, self.records[task.task_id]
+            if run is None:
+                continue
+            if rec.exit_at_s is not None and rec.exit_at_s <= self.now + 1e-9:
+                rec.exit_at_s = None
+                stage = SuspendStage.CAN_SUSPEND if run.state is RunState.SUSPENDING else run.suspend_stage
+                self._report(task, NodePhase.EXITED, suspend_stage=stage)
+            elif (
+                run.state in (RunState.STARTING, RunState.RUNNING) and self._work_done(rec) >= rec.job.duration_s - 1e-6
+            ):
+                self._report(task, NodePhase.EXITED)
+
+    def _work_done(self, rec: JobRecord) -> float:
+        return rec.work_done_s + max(0.0, self.now - rec.progress_from_s)
+
+    def _report(self, task: TaskSnap, phase: NodePhase, **changes: object) -> None:
+        assert task.run is not None
+        reports = {n: NodeRunReport(phase=phase, last_output_at=self.now) for n in task.run.node_ids}
+        self.tasks[task.task_id] = replace(task, run=replace(task.run, reports=reports, **changes))  # type: ignore[arg-type]
+
+    # ---- ticks ----
+
+    def _settle(self) -> None:
+        for _ in range(MAX_TICKS_PER_EVENT):
+            snap = Snapshot(now=self.now, nodes=self.nodes, tasks=list(self.tasks.values()), quotas={})
+            plan = plan_tick(snap, self.sched, self.life)
+            self.num_ticks += 1
+            if plan.empty:
+                return
+            self._apply(plan)
+
+    def _apply(self, plan: TickPlan) -> None:
+        for change in plan.run_changes:
+            task = self.tasks[change.task_id]
+            run, rec = task.run, self.records[change.task_id]
+            assert run is not None and run.state is change.expect
+            if change.priority is not None:
+                run = replace(run, priority=change.priority)
+            if change.state is RunState.RUNNING and run.state is RunState.STARTING:
+                run = replace(run, state=RunState.RUNNING, started_at=self.now)
+            elif change.state is RunState.SUSPENDING:
+                rec.work_done_s = self._work_done(rec)
+                rec.progress_from_s = math.inf
+                rec.suspend_at_s, rec.exit_at_s = self.now, self.now + self.config.suspend_overhead_s
+                run = replace(run, state=RunState.SUSPENDING, suspend_requested_at=self.now, stop_reason=change.reason,
+                              ack_window_s=change.ack_window_s, grace_s=change.grace_s,
+                              suspend_stage=SuspendStage.RECEIVED, suspend_received_at=self.now)  # fmt: skip
+            elif change.state is RunState.STOPPING:
+                rec.work_done_s = self._work_done(rec) if rec.suspend_at_s is None else rec.work_done_s
+                rec.exit_at_s = self.now
+                run = replace(run, state=RunState.STOPPING, stop_requested_at=self.now, stop_reason=change.reason)
+            elif not change.state.active:
+                self._ended(rec, run, change.reason)
+                run = None
+            self.tasks[change.task_id] = replace(task, run=run)
+        for tc in plan.task_changes:
+            self._task_change(tc)
+        for start in plan.starts:
+            self._start(start.task_id, start.node_ids, start.priority)
+
+    def _task_change(self, change: TaskChange) -> None:
+        task_id, task = change.task_id, self.tasks[change.task_id]
+        if change.state is not None:
+            task = replace(task, state=change.state)
+        if change.priority is not None:
+            task = replace(task, priority=change.priority)
+        if change.queue_reason is not None:
+            task = replace(task, queue_reason=change.queue_reason)
+        if task.state.finished:
+            del self.tasks[task_id]
+        else:
+            self.tasks[task_id] = task
+
+    def _start(self, task_id: int, node_ids: tuple[int, ...], level: int) -> None:
+        self._run_ids += 1
+        rec = self.records[task_id]
+        resumed = rec.first_start_s is not None
+        if rec.first_start_s is None:
+            rec.first_start_s = self.now
+        overhead = self.config.restart_overhead_s if resumed else 0.0
+        rec.progress_from_s = self.now + overhead
+        rec.lost_node_s += overhead * len(node_ids)
+        reports = {n: NodeRunReport(phase=NodePhase.RUNNING, last_output_at=self.now) for n in node_ids}
+        run = RunSnap(run_id=self._run_ids, task_id=task_id, state=RunState.STARTING, priority=level,
+                      node_ids=node_ids, created_at=self.now, started_at=self.now, reports=reports)  # fmt: skip
+        self.tasks[task_id] = replace(self.tasks[task_id], run=run, state=TaskState.RUNNING, priority=level)
+
+    def _ended(self, rec: JobRecord, run: RunSnap, reason: EndReason) -> None:
+        rec.held_node_s += (self.now - run.created_at) * len(run.node_ids)
+        if reason.requeues:
+            rec.num_suspends += 1
+            rec.lost_node_s += (self.now - (rec.suspend_at_s or self.now)) * len(run.node_ids)
+        elif reason is EndReason.COMPLETED:
+            rec.end_s = self.now
+        rec.suspend_at_s = rec.exit_at_s = None

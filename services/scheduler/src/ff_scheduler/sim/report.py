@@ -1,0 +1,100 @@
+"""Figures of a simulation (utilization, job completion time, queueing delay, suspends, node-time lost)
+and the side-by-side table of several policies on one trace."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from ff_scheduler.core import priority
+from ff_scheduler.core.policy import SchedulingPolicy
+from ff_scheduler.sim.engine import SimResult
+
+# The policies compared; each is a setting of the same assigner and matcher.
+POLICIES: dict[str, SchedulingPolicy] = {
+    "fifo": SchedulingPolicy(preemption=False, by_priority=False, head_of_line_blocking=True, enforce_quotas=False),
+    "priority": SchedulingPolicy(preemption=False, enforce_quotas=False),
+    "hai": SchedulingPolicy(preemption=True, enforce_quotas=False, min_run_time_s=600.0),
+}
+
+
+@dataclass(frozen=True)
+class Figures:
+    policy: str
+    num_jobs: int
+    num_unfinished: int
+    makespan_h: float
+    utilization: float
+    useful_utilization: float
+    mean_jct_h: float
+    p95_jct_h: float
+    mean_queue_h: float
+    high_mean_jct_h: float
+    num_suspends: int
+    preemption_lost_node_h: float
+    num_ticks: int
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def figures(result: SimResult) -> Figures:
+    done = [r for r in result.records if r.end_s is not None]
+    jct = [r.end_s - r.job.submit_s for r in done if r.end_s is not None]
+    high = [r.end_s - r.job.submit_s for r in done if r.end_s is not None and r.job.priority >= priority.HIGH]
+    queue = [r.first_start_s - r.job.submit_s for r in result.records if r.first_start_s is not None]
+    capacity = result.num_nodes * result.makespan_s or 1.0
+    held = sum(r.held_node_s for r in result.records)
+    useful = sum(r.job.duration_s * r.job.num_nodes for r in done)
+    return Figures(
+        policy=result.policy_name, num_jobs=len(result.records), num_unfinished=len(result.unfinished),
+        makespan_h=result.makespan_s / 3600, utilization=held / capacity, useful_utilization=useful / capacity,
+        mean_jct_h=statistics.fmean(jct) / 3600 if jct else 0.0, p95_jct_h=_p95(jct) / 3600,
+        mean_queue_h=statistics.fmean(queue) / 3600 if queue else 0.0,
+        high_mean_jct_h=statistics.fmean(high) / 3600 if high else 0.0,
+        num_suspends=sum(r.num_suspends for r in result.records),
+        preemption_lost_node_h=sum(r.lost_node_s for r in result.records) / 3600, num_ticks=result.num_ticks,
+    )  # fmt: skip
+
+
+ROWS: tuple[tuple[str, Callable[[Figures], str]], ...] = (
+    ("jobs finished", lambda f: f"{f.num_jobs - f.num_unfinished}/{f.num_jobs}"),
+    ("makespan (h)", lambda f: f"{f.makespan_h:.1f}"),
+    ("node utilization (held)", lambda f: f"{f.utilization:.1%}"),
+    ("node utilization (useful work)", lambda f: f"{f.useful_utilization:.1%}"),
+    ("mean JCT (h)", lambda f: f"{f.mean_jct_h:.2f}"),
+    ("p95 JCT (h)", lambda f: f"{f.p95_jct_h:.2f}"),
+    ("mean queueing delay (h)", lambda f: f"{f.mean_queue_h:.2f}"),
+    ("mean JCT of HIGH+ jobs (h)", lambda f: f"{f.high_mean_jct_h:.2f}"),
+    ("suspends", lambda f: f"{f.num_suspends}"),
+    ("node-time lost to preemption (node-h)", lambda f: f"{f.preemption_lost_node_h:.1f}"),
+    ("ticks planned", lambda f: f"{f.num_ticks}"),
+)
+
+
+def render(all_figures: list[Figures]) -> str:
+    """A table, one column per policy, plus the time-sharing/FIFO ratios when both ran."""
+    width = max(len(r[0]) for r in ROWS) + 2
+    cols = [f.policy for f in all_figures]
+    lines = ["".ljust(width) + "".join(c.rjust(12) for c in cols)]
+    for label, fmt in ROWS:
+        lines.append(label.ljust(width) + "".join(fmt(f).rjust(12) for f in all_figures))
+    by = {f.policy: f for f in all_figures}
+    if "fifo" in by and "hai" in by and by["fifo"].mean_jct_h:
+        fifo, hai = by["fifo"], by["hai"]
+        lines.append("")
+        lines.append(f"time-sharing / FIFO mean JCT ratio: {hai.mean_jct_h / fifo.mean_jct_h:.3f}")
+        if fifo.high_mean_jct_h:
+            lines.append(
+                f"time-sharing / FIFO mean JCT ratio, HIGH+ jobs: {hai.high_mean_jct_h / fifo.high_mean_jct_h:.3f}"
+            )
+        lines.append(f"utilization (held): FIFO {fifo.utilization:.1%}, time-sharing {hai.utilization:.1%}")
+    return "\n".join(lines)
