@@ -1,0 +1,80 @@
+"""Storage administration: create targets on nodes, upload chains and a chain table, offline a target,
+list targets and chains with their states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, open_channel
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.placement import PlacedChain, place_chains
+from hf3fs.routing import RoutingView
+
+
+@dataclass(frozen=True)
+class ChainSetup:
+    chains: list[mpb.Chain]
+    table: mpb.ChainTable
+
+
+async def storage_call(address: str, token: str, method: str, request: object, timeout_s: float = 10.0) -> object:
+    channel = open_channel(address)
+    try:
+        stub = storage_pb2_grpc.StorageServiceStub(channel)
+        return await RpcClient(token=token, timeout_s=timeout_s).unary(getattr(stub, method), request)
+    finally:
+        await channel.close()
+
+
+async def create_targets(view: RoutingView, token: str, chains: list[PlacedChain]) -> None:
+    for chain in chains:
+        for t in chain.targets:
+            node = view.node(t.node_id)
+            if node is None:
+                raise ValueError(f"node {t.node_id} is not registered")
+            await storage_call(node.grpc, token, "CreateTarget", spb.CreateTargetRequest(
+                target_id=t.target_id, chain_id=chain.chain_id, disk_index=t.disk_index))  # fmt: skip
+
+
+async def setup_chain_table(
+    mgmtd: MgmtdClient,
+    token: str,
+    *,
+    num_disks: int = 1,
+    targets_per_disk: int = 2,
+    replication: int = 3,
+    table_id: int = 1,
+) -> ChainSetup | None:
+    """Place chains over every alive storage node, create their targets, upload chains and the table.
+
+    Returns None (and changes nothing) when the cluster already has chains.
+    """
+    info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())).routing_info
+    if info.chains:
+        return None
+    view = RoutingView(info)
+    storage = sorted(n.node_id for n in info.nodes
+                     if n.node_type == 3 and n.status == mpb.NODE_STATUS_ALIVE)  # fmt: skip
+    placed = place_chains(storage, num_disks, targets_per_disk, replication)
+    await create_targets(view, token, placed)
+    chains = [mpb.Chain(chain_id=c.chain_id, version=0, targets=[
+        mpb.Target(target_id=t.target_id, node_id=t.node_id) for t in c.targets]) for c in placed]  # fmt: skip
+    saved = await mgmtd.mgmtd(lambda s: s.SetChains, mpb.SetChainsRequest(chains=chains))
+    table = mpb.ChainTable(table_id=table_id, version=0, chain_ids=[c.chain_id for c in placed])
+    saved_table = await mgmtd.mgmtd(lambda s: s.SetChainTable, mpb.SetChainTableRequest(chain_table=table))
+    return ChainSetup(list(saved.chains), saved_table.chain_table)
+
+
+def render_chains(info: mpb.RoutingInfo) -> str:
+    """One line per chain: id, version, then target:public/local head to tail."""
+    pub = {v: k.removeprefix("PUBLIC_TARGET_STATE_").lower() for k, v in mpb.PublicTargetState.items()}
+    loc = {v: k.removeprefix("LOCAL_TARGET_STATE_").lower() for k, v in mpb.LocalTargetState.items()}
+    lines = []
+    for c in info.chains:
+        members = " -> ".join(f"{t.target_id}@{t.node_id}:{pub[t.public_state]}/{loc[t.local_state]}"
+                              for t in c.targets)  # fmt: skip
+        lines.append(f"chain {c.chain_id} v{c.version}: {members}")
+    return "\n".join(lines)

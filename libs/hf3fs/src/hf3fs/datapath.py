@@ -1,0 +1,175 @@
+"""The bulk data path of a storage node: chunk bytes beside gRPC, as 3FS keeps RPC and RDMA apart.
+
+Wire format (one TCP connection carries one operation at a time):
+
+    frame   = u32 big-endian header length, header (JSON object), then ``header["length"]`` raw bytes
+    auth    -> {"op": "auth", "token": ...}                  <- {"ok": true} | {"ok": false, "error": ...}
+    push    -> {"op": "push", "transfer_id": ..., "length": n} + n bytes   <- {"ok": true}
+    pull    -> {"op": "pull", "transfer_id": ...}            <- {"ok": true, "length": n} + n bytes
+
+The first frame of a connection must authenticate (cluster or user token); the node closes the
+connection otherwise. A push deposits bytes that a later gRPC write names by transfer id (the node
+"pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
+permission to send (request-to-send). The client side sends straight from the caller's buffers and
+receives straight into one preallocated buffer (no per-piece copies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+_LEN = struct.Struct(">I")
+MAX_HEADER_BYTES = 64 * 1024
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+class DataPathError(Exception):
+    """The data endpoint refused an operation or the connection broke."""
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    body = json.dumps(header, separators=(",", ":")).encode()
+    return _LEN.pack(len(body)) + body
+
+
+async def read_header(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """One header from a stream (server side)."""
+    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+    if size > MAX_HEADER_BYTES:
+        raise DataPathError(f"header of {size} bytes is too large")
+    header = json.loads(await reader.readexactly(size))
+    if not isinstance(header, dict):
+        raise DataPathError("header is not a JSON object")
+    return header
+
+
+class DataConnection:
+    """Client side of one data-path connection (asyncio, non-blocking socket, zero-copy sends)."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self.address = address
+        self._token = token
+        self._sock: socket.socket | None = None
+        self.lock = asyncio.Lock()
+
+    async def _connect(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        host, port = self.address.rsplit(":", 1)
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        try:
+            await loop.sock_connect(sock, (host, int(port)))
+            await loop.sock_sendall(sock, encode_header({"op": "auth", "token": self._token}))
+            self._sock = sock
+            answer = await self._read_header()
+        except BaseException:
+            sock.close()
+            self._sock = None
+            raise
+        if not answer.get("ok"):
+            self.close()
+            raise DataPathError(f"data endpoint {self.address} refused the token: {answer.get('error', '')}")
+        return sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    async def _recv_into(self, view: memoryview) -> None:
+        assert self._sock is not None
+        loop = asyncio.get_running_loop()
+        got = 0
+        while got < len(view):
+            n = await loop.sock_recv_into(self._sock, view[got:])
+            if n == 0:
+                raise DataPathError(f"data endpoint {self.address} closed the connection")
+            got += n
+
+    async def _read_header(self) -> dict[str, Any]:
+        size_buf = bytearray(_LEN.size)
+        await self._recv_into(memoryview(size_buf))
+        (size,) = _LEN.unpack(size_buf)
+        if size > MAX_HEADER_BYTES:
+            raise DataPathError("header too large")
+        body = bytearray(size)
+        await self._recv_into(memoryview(body))
+        header = json.loads(body)
+        if not isinstance(header, dict):
+            raise DataPathError("header is not a JSON object")
+        return header
+
+    async def push(self, transfer_id: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Deposit ``parts`` (concatenated) at the node under ``transfer_id``."""
+        length = sum(len(p) for p in parts)
+        async with self.lock:
+            try:
+                sock = await self._connect()
+                loop = asyncio.get_running_loop()
+                await loop.sock_sendall(sock, encode_header({"op": "push", "transfer_id": transfer_id,
+                                                             "length": length}))  # fmt: skip
+                for part in parts:
+                    await loop.sock_sendall(sock, part)
+                answer = await self._read_header()
+            except (OSError, DataPathError, asyncio.CancelledError):
+                self.close()
+                raise
+        if not answer.get("ok"):
+            raise DataPathError(f"push refused: {answer.get('error', '')}")
+
+    async def pull(self, transfer_id: str) -> bytearray:
+        """Fetch the bytes staged at the node under ``transfer_id``, into one new buffer."""
+        async with self.lock:
+            try:
+                sock = await self._connect()
+                await asyncio.get_running_loop().sock_sendall(
+                    sock, encode_header({"op": "pull", "transfer_id": transfer_id})
+                )
+                answer = await self._read_header()
+                if not answer.get("ok"):
+                    raise DataPathError(f"pull refused: {answer.get('error', '')}")
+                buf = bytearray(int(answer["length"]))
+                await self._recv_into(memoryview(buf))
+            except (OSError, DataPathError, asyncio.CancelledError):
+                self.close()
+                raise
+        return buf
+
+
+class DataConnectionPool:
+    """A few connections per node address, so concurrent transfers to one node do not queue."""
+
+    def __init__(self, token: str, per_address: int = 4) -> None:
+        self._token = token
+        self._per_address = per_address
+        self._conns: dict[str, list[DataConnection]] = {}
+        self._next: dict[str, int] = {}
+
+    def get(self, address: str) -> DataConnection:
+        conns = self._conns.setdefault(address, [])
+        for conn in conns:
+            if not conn.lock.locked():
+                return conn
+        if len(conns) < self._per_address:
+            conn = DataConnection(address, self._token)
+            conns.append(conn)
+            return conn
+        i = self._next.get(address, 0)
+        self._next[address] = i + 1
+        return conns[i % len(conns)]
+
+    def close(self) -> None:
+        for conns in self._conns.values():
+            for conn in conns:
+                conn.close()
+        self._conns.clear()

@@ -1,0 +1,348 @@
+"""Batch chunk I/O across chains: writes to each chain's head, reads from any serving replica.
+
+Routing comes from mgmtd; an IO answered with a stale chain version, a target that no longer serves, or
+an unreachable node is retried with fresh routing until ``retry_deadline_s``. Reads verify the checksum
+of what they receive, go to another replica on a mismatch, and wait out pending versions (then read
+relaxed). Bytes travel on the nodes' bulk data path; a reader lets at most ``max_concurrent_transfers``
+nodes send to it at once (3FS request-to-send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError, open_channel
+from ff_rpc.client import NO_RETRY
+from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.checksum import crc32c_of
+from hf3fs.datapath import DataConnectionPool, DataPathError
+from hf3fs.routing import NodeAddress, RoutingCache, RoutingView
+
+logger = logging.getLogger(__name__)
+
+S = spb.ChunkIoStatus
+OK = spb.CHUNK_IO_STATUS_OK
+# Statuses after which the same IO may succeed with fresh routing or a little later.
+RETRY_WRITE = frozenset({
+    spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
+    spb.CHUNK_IO_STATUS_FORWARD_FAILED, spb.CHUNK_IO_STATUS_DATA_TIMEOUT, spb.CHUNK_IO_STATUS_UNSPECIFIED,
+})  # fmt: skip
+RETRY_READ = frozenset({
+    spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
+    spb.CHUNK_IO_STATUS_PENDING_VERSION, spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, spb.CHUNK_IO_STATUS_UNSPECIFIED,
+})  # fmt: skip
+FATAL_RPC_CODES = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
+})  # fmt: skip
+INLINE_MAX_BYTES = 64 * 1024
+DEFAULT_MAX_CONCURRENT_TRANSFERS = 64
+
+
+class StorageIoError(Exception):
+    """A batch could not be done: a request the nodes refuse outright (bad input, permissions)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkWrite:
+    """Write ``data`` at ``offset`` of chunk ``chunk_index`` of ``inode_id`` (on chain ``chain_id``)."""
+
+    chain_id: int
+    inode_id: int
+    chunk_index: int
+    data: bytes | bytearray | memoryview
+    chunk_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkRead:
+    chain_id: int
+    inode_id: int
+    chunk_index: int
+    length: int
+    offset: int = 0
+    relaxed: bool = False
+
+
+@dataclass
+class WriteOutcome:
+    status: int = spb.CHUNK_IO_STATUS_UNSPECIFIED
+    message: str = ""
+    committed_version: int = 0
+    chunk_length: int = 0
+    chunk_checksum: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+@dataclass
+class ReadOutcome:
+    status: int = spb.CHUNK_IO_STATUS_UNSPECIFIED
+    message: str = ""
+    data: bytes | memoryview = b""
+    version: int = 0
+    is_pending: bool = False
+    target_id: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+class RequestToSend:
+    """The reader's side of 3FS request-to-send: at most ``limit`` senders at once (a semaphore)."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONCURRENT_TRANSFERS) -> None:
+        if limit < 1:
+            raise ValueError("max_concurrent_transfers must be at least 1")
+        self.limit = limit
+        self._sem = asyncio.Semaphore(limit)
+        self.current = 0
+        self.peak = 0
+
+    async def __aenter__(self) -> RequestToSend:
+        await self._sem.acquire()
+        self.current += 1
+        self.peak = max(self.peak, self.current)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.current -= 1
+        self._sem.release()
+
+
+@dataclass
+class _ReadState:
+    excluded: set[int] = field(default_factory=set)
+    pending_rounds: int = 0
+
+
+class StorageClient:
+    """Chunk I/O against the storage nodes of one cluster."""
+
+    def __init__(
+        self,
+        mgmtd: MgmtdClient,
+        token: str,
+        *,
+        max_concurrent_transfers: int = DEFAULT_MAX_CONCURRENT_TRANSFERS,
+        timeout_s: float = 20.0,
+        retry_deadline_s: float = 30.0,
+        bulk: bool = True,
+        pending_retries: int = 20,
+    ) -> None:
+        self.routing = RoutingCache(mgmtd)
+        self._mgmtd = mgmtd
+        self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._data = DataConnectionPool(token)
+        self.rts = RequestToSend(max_concurrent_transfers)
+        self._retry_deadline_s = retry_deadline_s
+        self._bulk = bulk
+        self._pending_retries = pending_retries
+
+    async def close(self) -> None:
+        self._data.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        if address not in self._channels:
+            self._channels[address] = open_channel(address)
+        return storage_pb2_grpc.StorageServiceStub(self._channels[address])
+
+    # ---- write ----
+
+    async def batch_write(self, ios: Sequence[ChunkWrite]) -> list[WriteOutcome]:
+        """Write every IO through its chain; one outcome per IO, in order.
+
+        Raises:
+            StorageIoError: the nodes refused the request itself (bad input, token, permission).
+        """
+        outcomes = [WriteOutcome() for _ in ios]
+        todo = list(range(len(ios)))
+        deadline = time.monotonic() + self._retry_deadline_s
+        attempt = 0
+        while todo:
+            view = await (self.routing.refresh(force=True) if attempt else self.routing.get())
+            groups: dict[int, list[int]] = defaultdict(list)
+            for i in todo:
+                head = view.head(ios[i].chain_id)
+                node = view.node(head.node_id) if head else None
+                if head is None or node is None:
+                    outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "chain has no serving head")
+                    continue
+                groups[head.node_id].append(i)
+            await asyncio.gather(*(self._write_group(view, view.nodes[n], [ios[i] for i in idx], idx, outcomes)
+                                   for n, idx in groups.items()))  # fmt: skip
+            todo = [i for i in todo if outcomes[i].status in RETRY_WRITE]
+            if not todo or time.monotonic() > deadline:
+                break
+            attempt += 1
+            await asyncio.sleep(min(0.5, 0.02 * 2**attempt) * random.random())
+        return outcomes
+
+    async def _write_group(
+        self, view: RoutingView, node: NodeAddress, ios: list[ChunkWrite], idx: list[int], outcomes: list[WriteOutcome]
+    ) -> None:
+        requests: list[spb.WriteIO] = []
+        bulk_parts: list[bytes | bytearray | memoryview] = []
+        transfer_id = uuid.uuid4().hex
+        offset = 0
+        for io in ios:
+            chain = view.chain(io.chain_id)
+            msg = spb.WriteIO(
+                chain_id=io.chain_id, chain_version=chain.version if chain else 0,
+                chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
+                chunk_size_bytes=io.chunk_size, offset_bytes=io.offset, length_bytes=len(io.data),
+                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(io.data)),
+            )  # fmt: skip
+            if self._bulk and len(io.data) > INLINE_MAX_BYTES and node.data:
+                msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
+                bulk_parts.append(io.data)
+                offset += len(io.data)
+            else:
+                msg.inline_data = bytes(io.data)
+            requests.append(msg)
+        try:
+            if bulk_parts:
+                await self._data.get(node.data).push(transfer_id, bulk_parts)
+            stub = self.stub(node.grpc)
+            resp = await self._rpc.unary(stub.BatchWrite, spb.BatchWriteRequest(ios=requests))
+        except RpcError as err:
+            if err.code in FATAL_RPC_CODES:
+                raise StorageIoError(f"BatchWrite refused: {err.code.name}: {err.details}", err.code) from None
+            for i in idx:
+                outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"node {node.node_id}: {err}")
+            return
+        except (OSError, DataPathError) as err:
+            for i in idx:
+                outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"data path: {err}")
+            return
+        for i, r in zip(idx, resp.results, strict=True):
+            outcomes[i] = WriteOutcome(r.status, r.message, r.committed_version, r.chunk_length_bytes,
+                                       r.chunk_checksum.value)  # fmt: skip
+
+    # ---- read ----
+
+    async def batch_read(self, ios: Sequence[ChunkRead], *, prefer_target: int = 0) -> list[ReadOutcome]:
+        """Read every IO from a serving replica; one outcome per IO, in order.
+
+        Args:
+            prefer_target: read from this target when it serves the IO's chain (tests, repair checks).
+        """
+        outcomes = [ReadOutcome() for _ in ios]
+        states = [_ReadState() for _ in ios]
+        todo = list(range(len(ios)))
+        deadline = time.monotonic() + self._retry_deadline_s
+        attempt = 0
+        while todo:
+            view = await (self.routing.refresh(force=True) if attempt else self.routing.get())
+            groups: dict[int, list[tuple[int, int]]] = defaultdict(list)
+            for i in todo:
+                target = self._pick(view, ios[i].chain_id, states[i].excluded, prefer_target)
+                if target is None:
+                    states[i].excluded.clear()
+                    outcomes[i] = ReadOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "no serving replica")
+                    continue
+                groups[target[1]].append((i, target[0]))
+            relaxed = {i for i in todo if states[i].pending_rounds >= self._pending_retries}
+            await asyncio.gather(*(self._read_group(view, view.nodes[n], ios, members, relaxed, outcomes)
+                                   for n, members in groups.items()))  # fmt: skip
+            retry = []
+            for i in todo:
+                status = outcomes[i].status
+                if status == spb.CHUNK_IO_STATUS_PENDING_VERSION:
+                    states[i].pending_rounds += 1
+                elif status in RETRY_READ and outcomes[i].target_id:
+                    states[i].excluded.add(outcomes[i].target_id)
+                if status in RETRY_READ:
+                    retry.append(i)
+            todo = retry
+            if not todo or time.monotonic() > deadline:
+                break
+            attempt += 1
+            await asyncio.sleep(min(0.2, 0.005 * 2**attempt) * random.random())
+        return outcomes
+
+    @staticmethod
+    def _pick(view: RoutingView, chain_id: int, excluded: set[int], prefer: int) -> tuple[int, int] | None:
+        candidates = [t for t in view.serving(chain_id) if t.target_id not in excluded]
+        candidates = [t for t in candidates if (n := view.node(t.node_id)) is not None and n.alive] or candidates
+        if not candidates:
+            return None
+        chosen = next((t for t in candidates if t.target_id == prefer), None) or random.choice(candidates)
+        return chosen.target_id, chosen.node_id
+
+    async def _read_group(
+        self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
+        relaxed: set[int], outcomes: list[ReadOutcome],
+    ) -> None:  # fmt: skip
+        requests = []
+        for i, _ in members:
+            io = ios[i]
+            chain = view.chain(io.chain_id)
+            requests.append(spb.ReadIO(
+                chain_id=io.chain_id, chain_version=chain.version if chain else 0,
+                chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
+                offset_bytes=io.offset, length_bytes=io.length, relaxed=io.relaxed or i in relaxed,
+            ))  # fmt: skip
+        bulk = self._bulk and bool(node.data)
+        transport = spb.DATA_TRANSPORT_BULK if bulk else spb.DATA_TRANSPORT_INLINE
+        try:
+            resp = await self._rpc.unary(self.stub(node.grpc).BatchRead,
+                                         spb.BatchReadRequest(ios=requests, transport=transport))  # fmt: skip
+            buf: bytearray | None = None
+            if resp.transfer_id:
+                async with self.rts:  # the grant: this node may send now
+                    buf = await self._data.get(node.data).pull(resp.transfer_id)
+        except RpcError as err:
+            if err.code in FATAL_RPC_CODES:
+                raise StorageIoError(f"BatchRead refused: {err.code.name}: {err.details}", err.code) from None
+            self._fail(members, outcomes, f"node {node.node_id}: {err}")
+            return
+        except (OSError, DataPathError) as err:
+            self._fail(members, outcomes, f"data path: {err}")
+            return
+        view_buf = memoryview(buf) if buf is not None else None
+        for (i, target_id), r in zip(members, resp.results, strict=True):
+            outcomes[i] = self._read_outcome(r, target_id, view_buf)
+
+    @staticmethod
+    def _fail(members: list[tuple[int, int]], outcomes: list[ReadOutcome], message: str) -> None:
+        for i, target_id in members:
+            outcomes[i] = ReadOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, message, target_id=target_id)
+
+    @staticmethod
+    def _read_outcome(r: spb.ReadResult, target_id: int, buf: memoryview | None) -> ReadOutcome:
+        if r.status != OK:
+            return ReadOutcome(r.status, r.message, target_id=target_id)
+        data: bytes | memoryview
+        if r.HasField("transfer"):
+            if buf is None:
+                return ReadOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "transfer missing", target_id=target_id)
+            data = buf[r.transfer.offset_bytes : r.transfer.offset_bytes + r.length_bytes]
+        else:
+            data = r.inline_data
+        if crc32c_of(data) != r.checksum.value:
+            return ReadOutcome(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "bytes damaged in transit", target_id=target_id)
+        return ReadOutcome(OK, "", data, r.version, r.is_pending, target_id)

@@ -1,0 +1,1 @@
+"""Storage service: 3FS chunk store with CRAQ chain replication."""

@@ -1,0 +1,125 @@
+"""Chunk rules (pure): IO validation, applying an update to chunk content, CRAQ version decisions at a
+replica, the recovery diff, and what local state a target reports."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ff_storage.core.errors import InvalidRequest
+
+ChunkKey = tuple[int, int]  # (inode id, chunk index); a chunk id is the inode id plus the index
+MAX_INODE_ID = 2**63 - 1
+MAX_CHUNK_INDEX = 2**40
+MAX_CHUNK_SIZE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkMeta:
+    """Per-chunk metadata, committed atomically with the chunk data."""
+
+    inode_id: int
+    chunk_index: int
+    chain_version: int
+    committed_version: int
+    length: int
+    checksum: int
+    pending_version: int = 0
+
+    @property
+    def key(self) -> ChunkKey:
+        return (self.inode_id, self.chunk_index)
+
+
+def check_chunk_id(inode_id: int, chunk_index: int) -> ChunkKey:
+    if not 0 < inode_id <= MAX_INODE_ID:
+        raise InvalidRequest(f"chunk id: inode_id {inode_id} must be in 1..{MAX_INODE_ID}")
+    if not 0 <= chunk_index < MAX_CHUNK_INDEX:
+        raise InvalidRequest(f"chunk id: chunk_index {chunk_index} must be below {MAX_CHUNK_INDEX}")
+    return (inode_id, chunk_index)
+
+
+def check_range(what: str, chunk_size: int, offset: int, length: int, max_io_bytes: int) -> None:
+    """An IO's range: inside the chunk, not empty, not larger than one IO may be."""
+    if not 0 < chunk_size <= MAX_CHUNK_SIZE_BYTES:
+        raise InvalidRequest(f"{what}: chunk_size_bytes {chunk_size} must be in 1..{MAX_CHUNK_SIZE_BYTES}")
+    if length > max_io_bytes:
+        raise InvalidRequest(f"{what}: length {length} is over the limit of {max_io_bytes} bytes per IO")
+    if length <= 0:
+        raise InvalidRequest(f"{what}: length must be positive")
+    if offset + length > chunk_size:
+        raise InvalidRequest(f"{what}: offset {offset} + length {length} is past the chunk size {chunk_size}")
+
+
+def check_read_range(offset: int, length: int, max_io_bytes: int) -> None:
+    if length <= 0 or length > max_io_bytes:
+        raise InvalidRequest(f"read: length {length} must be in 1..{max_io_bytes}")
+    if offset + length > MAX_CHUNK_SIZE_BYTES:
+        raise InvalidRequest(f"read: offset {offset} + length {length} is past the largest chunk")
+
+
+def apply_write(old: bytes | None, offset: int, data: bytes | memoryview) -> bytes:
+    """Chunk content after writing ``data`` at ``offset`` (a gap before it reads as zeros)."""
+    base = old or b""
+    if offset == 0 and len(data) >= len(base):
+        return bytes(data)
+    if offset > len(base):
+        base = base + bytes(offset - len(base))
+    return base[:offset] + bytes(data) + base[offset + len(data) :]
+
+
+def apply_truncate(old: bytes | None, length: int) -> bytes:
+    base = old or b""
+    return base[:length] if length <= len(base) else base + bytes(length - len(base))
+
+
+class ForwardDecision(enum.Enum):
+    """What a replica does with an update its predecessor forwards (CRAQ, 3FS flavour)."""
+
+    APPLY = "apply"  # the next version: store it as pending, forward, commit on ack
+    DUPLICATE = "duplicate"  # already committed (a re-forward after a failure): answer OK
+    MISSING = "missing"  # a version is missing in between: the predecessor must send the whole chunk
+
+
+def decide_forward(committed_version: int, update_version: int, full_chunk_replace: bool) -> ForwardDecision:
+    if full_chunk_replace:
+        return ForwardDecision.APPLY if update_version >= committed_version else ForwardDecision.DUPLICATE
+    if update_version <= committed_version:
+        return ForwardDecision.DUPLICATE
+    if update_version == committed_version + 1:
+        return ForwardDecision.APPLY
+    return ForwardDecision.MISSING
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What the predecessor of a syncing target sends (full-chunk-replace) and removes there."""
+
+    transfer: list[ChunkKey]
+    remove: list[ChunkKey]
+
+
+def sync_diff(local: Mapping[ChunkKey, ChunkMeta], remote: Mapping[ChunkKey, ChunkMeta]) -> SyncPlan:
+    """3FS's recovery rules, from the predecessor's side (``local``) against the dump of the syncing target.
+
+    - local only: transfer; remote only: remove remotely;
+    - local chain version > remote: transfer;
+    - same chain version: identical (same committed version and checksum) or in flight (the remote's
+      pending version is our committed one: the forward running now brings it) -> nothing; otherwise
+      transfer.
+    - remote chain version > local (the remote saw a newer chain than our copy): transfer, the
+      predecessor's committed chunk is the truth.
+    """
+    transfer: list[ChunkKey] = []
+    for key, mine in local.items():
+        theirs = remote.get(key)
+        if theirs is None or mine.chain_version != theirs.chain_version:
+            transfer.append(key)
+            continue
+        identical = theirs.committed_version == mine.committed_version and theirs.checksum == mine.checksum
+        in_flight = theirs.pending_version != 0 and theirs.pending_version == mine.committed_version
+        if not (identical or in_flight):
+            transfer.append(key)
+    remove = [key for key in remote if key not in local]
+    return SyncPlan(sorted(transfer), sorted(remove))

@@ -1,0 +1,27 @@
+"""The storage service's one exception hierarchy (ff_storage.errors maps each to one status code)."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of every error the storage service answers a whole call with."""
+
+
+class InvalidRequest(StorageError):
+    """Malformed IO: ids, offsets or lengths out of range, oversized, unknown chain; nothing was written."""
+
+
+class TargetNotFound(StorageError):
+    """No such target on this node."""
+
+
+class TargetExists(StorageError):
+    """A target id already used with other arguments."""
+
+
+class Forbidden(StorageError):
+    """The caller may not touch this transfer or chunk."""
+
+
+class ChunkCorrupt(StorageError):
+    """The stored chunk does not match its checksum."""

@@ -1,0 +1,94 @@
+"""Wire the storage service: targets, data endpoint, gRPC server, membership with target reports,
+routing watch, recovery loop, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
+from ff_rpc import RpcError, RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from ff_storage.config import StorageSettings
+from ff_storage.dataserver import DataServer, TransferBoxes
+from ff_storage.errors import STATUS_TABLE
+from ff_storage.node import NodeConfig, StorageNode
+from ff_storage.servicer import StorageServicer
+from fireflyer.common.v1 import common_pb2
+from fireflyer.storage.v1 import storage_pb2, storage_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+async def watch_routing(client: MgmtdClient, node: StorageNode, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            async for info in client.watch_routing(node.view.version if node.view else 0):
+                node.on_routing(info)
+                if stop.is_set():
+                    return
+        except RpcError as err:
+            logger.warning("routing watch failed: %s", err)
+            await asyncio.sleep(0.2)
+
+
+async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    token = settings.resolved_cluster_token()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    boxes = TransferBoxes(ttl_s=settings.transfer_ttl_s)
+    node = StorageNode(NodeConfig(
+        node_id=settings.node_id, disks=settings.disk_list(), targets_file=settings.state_dir / "targets.json",
+        cluster_token=token, max_io_bytes=settings.max_io_bytes, max_batch_bytes=settings.max_batch_bytes,
+        forward_timeout_s=settings.forward_timeout_s, data_wait_s=settings.data_wait_s, fsync=settings.fsync,
+    ), boxes)  # fmt: skip
+    await asyncio.to_thread(node.open_targets)
+    node.bind_loop()
+    mgmtd = MgmtdClient(settings.mgmtd_list(), token=token, timeout_s=3.0)
+    validator = registry_validator(mgmtd)
+    data = DataServer(boxes, token, validator)
+    await data.start(settings.data_listen_address)
+    server = RpcServer(
+        ServerOptions(listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,
+                      cluster_token=token, token_validator=validator, status_table=STATUS_TABLE,
+                      grace_s=settings.grace_s),
+        [ServiceBinding(storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name,
+                        storage_pb2_grpc.add_StorageServiceServicer_to_server, StorageServicer(node))],
+    )  # fmt: skip
+    await server.start()
+    host = settings.data_listen_address.rsplit(":", 1)[0]
+    data_address = f"{host}:{data.port}"
+    membership = NodeMembership(MembershipOptions(
+        mgmtd_addresses=settings.mgmtd_list(), cluster_token=token, node_id=settings.node_id,
+        node_type=common_pb2.NODE_TYPE_STORAGE, hostname=socket.gethostname(),
+        endpoints={"grpc": server.address, "data": data_address,
+                   **({"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {})},
+        tags={"instance_id": settings.instance_id, "disks": str(len(settings.disk_list()))},
+        on_lease_lost=node.lease_lost, on_lease_regained=node.lease_regained,
+        target_reports=node.target_reports,
+    ))  # fmt: skip
+    try:
+        install_stop_signals(stop)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(membership.run(stop))
+            await membership.registered.wait()
+            node.node_id = membership.node_id
+            tg.create_task(watch_routing(mgmtd, node, stop))
+            tg.create_task(node.sync_loop(stop, settings.sync_scan_interval_s))
+            if settings.ready_file is not None:
+                write_ready_file(settings.ready_file, grpc=server.address, data=data_address,
+                                 metrics_port=server.metrics_port, node_id=membership.node_id)  # fmt: skip
+            await stop.wait()
+            raise _Stopping
+    except* _Stopping:
+        pass
+    finally:
+        await server.stop()
+        await data.stop()
+        await mgmtd.close()
+        node.close()
+    logger.info("storage stopped")
+
+
+class _Stopping(Exception):
+    """Ends the task group when asked to stop (the routing watch never ends by itself)."""

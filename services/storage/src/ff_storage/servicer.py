@@ -1,0 +1,102 @@
+"""Thin gRPC adapters: protobuf in, StorageNode calls, protobuf out. Errors map in ff_storage.errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from ff_rpc import current_principal
+from ff_storage.core.errors import InvalidRequest, TargetNotFound
+from ff_storage.node import StorageNode, Target
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as pb
+from fireflyer.storage.v1 import storage_pb2_grpc
+
+Context = Any
+DUMP_BATCH = 1000
+GRANT_PIECE_BYTES = 1 << 20
+
+
+def _owner() -> str:
+    return current_principal().name
+
+
+def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
+    num, used = t.engine.usage()
+    return pb.TargetInfo(
+        target_id=t.target_id, chain_id=t.record.chain_id, disk_index=t.record.disk_index, path=t.record.path,
+        local_state=mpb.LocalTargetState.ValueType(int(t.role.report())),
+        public_state=mpb.PublicTargetState.ValueType(int(t.role.public)), chain_version=t.role.chain_version,
+        used_bytes=used, num_chunks=num,
+    )  # fmt: skip
+
+
+class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
+    def __init__(self, node: StorageNode) -> None:
+        self._n = node
+
+    async def BatchWrite(self, request: pb.BatchWriteRequest, context: Context) -> pb.BatchWriteResponse:
+        return pb.BatchWriteResponse(results=await self._n.batch_write(list(request.ios), _owner()))
+
+    async def BatchRead(self, request: pb.BatchReadRequest, context: Context) -> pb.BatchReadResponse:
+        if request.transport not in (pb.DATA_TRANSPORT_UNSPECIFIED, pb.DATA_TRANSPORT_INLINE, pb.DATA_TRANSPORT_BULK):
+            raise InvalidRequest(f"transport {request.transport} is unknown")
+        results, tid, length = await self._n.batch_read(list(request.ios), request.transport, _owner())
+        return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
+                                    transfer_ttl_s=self._n.boxes.ttl_s)  # fmt: skip
+
+    async def GrantTransfer(
+        self, request: pb.GrantTransferRequest, context: Context
+    ) -> AsyncIterator[pb.GrantTransferResponse]:
+        staged = self._n.boxes.claim(request.transfer_id, _owner())
+        if staged is None:
+            raise TargetNotFound(f"transfer {request.transfer_id} is not staged here (or expired)")
+        offset = 0
+        for part in staged.parts:
+            view = memoryview(part)
+            for i in range(0, len(view), GRANT_PIECE_BYTES):
+                piece = bytes(view[i : i + GRANT_PIECE_BYTES])
+                yield pb.GrantTransferResponse(offset_bytes=offset, data=piece)
+                offset += len(piece)
+
+    async def TruncateChunks(self, request: pb.TruncateChunksRequest, context: Context) -> pb.TruncateChunksResponse:
+        return pb.TruncateChunksResponse(results=await self._n.truncate(list(request.ios)))
+
+    async def RemoveChunks(self, request: pb.RemoveChunksRequest, context: Context) -> pb.RemoveChunksResponse:
+        removed, more = await self._n.remove(request)
+        return pb.RemoveChunksResponse(num_removed=removed, has_more=more)
+
+    async def QueryLastChunk(self, request: pb.QueryLastChunkRequest, context: Context) -> pb.QueryLastChunkResponse:
+        return pb.QueryLastChunkResponse(results=[self._n.query_last(q) for q in request.queries])
+
+    async def ForwardUpdates(self, request: pb.ForwardUpdatesRequest, context: Context) -> pb.ForwardUpdatesResponse:
+        return pb.ForwardUpdatesResponse(results=await self._n.forward_updates(request, _owner()))
+
+    async def DumpChunkMeta(
+        self, request: pb.DumpChunkMetaRequest, context: Context
+    ) -> AsyncIterator[pb.DumpChunkMetaResponse]:
+        metas = self._n.dump_chunk_meta(request.target_id)
+        for i in range(0, max(1, len(metas)), DUMP_BATCH):
+            yield pb.DumpChunkMetaResponse(chunks=metas[i : i + DUMP_BATCH])
+
+    async def CompleteSync(self, request: pb.CompleteSyncRequest, context: Context) -> pb.CompleteSyncResponse:
+        self._n.complete_sync(request.target_id, request.chain_version)
+        return pb.CompleteSyncResponse()
+
+    async def RepairChunks(self, request: pb.RepairChunksRequest, context: Context) -> pb.RepairChunksResponse:
+        return pb.RepairChunksResponse(results=await self._n.repair(request))
+
+    async def CreateTarget(self, request: pb.CreateTargetRequest, context: Context) -> pb.CreateTargetResponse:
+        target = self._n.create_target(request.target_id, request.chain_id, request.disk_index)
+        return pb.CreateTargetResponse(target=target_info(self._n, target))
+
+    async def OfflineTarget(self, request: pb.OfflineTargetRequest, context: Context) -> pb.OfflineTargetResponse:
+        return pb.OfflineTargetResponse(target=target_info(self._n, self._n.offline_target(request.target_id)))
+
+    async def ListTargets(self, request: pb.ListTargetsRequest, context: Context) -> pb.ListTargetsResponse:
+        return pb.ListTargetsResponse(targets=[target_info(self._n, t) for t in self._n.targets.values()])
+
+
+_ = grpc

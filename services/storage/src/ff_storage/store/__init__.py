@@ -1,0 +1,1 @@
+"""Disk: the chunk engine and the target registry of a node."""

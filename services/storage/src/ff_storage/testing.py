@@ -1,0 +1,199 @@
+"""Run a real cluster for tests and benchmarks: mgmtd and storage services as subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ff_cluster import MgmtdClient
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from hf3fs.admin import setup_chain_table
+
+CLUSTER_TOKEN = "test-cluster-token"
+FAST = {"lease_duration_s": 2.0, "heartbeat_interval_s": 0.2, "election_lease_s": 2.0, "grace_s": 0.5,
+        "chain_scan_interval_s": 0.1}  # fmt: skip
+
+
+async def wait_ready(ready: Path, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = await asyncio.to_thread(_read_if_exists, ready)
+        if text is not None:
+            return dict(json.loads(text))
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{ready.name}: process exited with {proc.returncode} before it was ready")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{ready} was not written in time")
+
+
+def _read_if_exists(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def spawn_mgmtd(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """mgmtd as a process (``python -m ff_mgmtd``; a service does not import another one)."""
+    ready = folder / "m1.ready.json"
+    ready.unlink(missing_ok=True)
+    flags = {"database-url": f"sqlite:///{folder / 'mgmtd.db'}", "state-dir": str(folder / "m1"),
+             "ready-file": str(ready), "instance-id": "m1", "metrics-address": "",
+             **{k.replace("_", "-"): str(v) for k, v in FAST.items()}}  # fmt: skip
+    args = [sys.executable, "-m", "ff_mgmtd"]
+    for k, v in flags.items():
+        args += [f"--{k}", v]
+    env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
+    with (folder / "m1.log").open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return proc, ready
+
+
+@dataclass
+class StorageProcess:
+    name: str
+    folder: Path
+    args: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ready_file(self) -> Path:
+        return self.folder / f"{self.name}.ready.json"
+
+    def start(self) -> None:
+        self.ready_file.unlink(missing_ok=True)
+        with (self.folder / f"{self.name}.log").open("ab") as out:
+            self.proc = subprocess.Popen([*self.args, "--ready-file", str(self.ready_file)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)  # fmt: skip
+
+    async def ready(self) -> None:
+        self.info = await wait_ready(self.ready_file, self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class StorageCluster:
+    folder: Path
+    mgmtd_address: str
+    mgmtd_proc: subprocess.Popen[bytes]
+    nodes: list[StorageProcess]
+
+    def client(self, token: str = CLUSTER_TOKEN) -> MgmtdClient:
+        return MgmtdClient([self.mgmtd_address], token=token, timeout_s=3.0)
+
+    async def routing(self) -> mpb.RoutingInfo:
+        client = self.client()
+        try:
+            resp = await client.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())
+            info: mpb.RoutingInfo = resp.routing_info
+            return info
+        finally:
+            await client.close()
+
+    async def wait_all_serving(self, timeout_s: float = 60.0) -> mpb.RoutingInfo:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = await self.routing()
+            if info.chains and all(t.public_state == mpb.PUBLIC_TARGET_STATE_SERVING
+                                   for c in info.chains for t in c.targets):  # fmt: skip
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"targets not all serving: {info.chains}")
+            await asyncio.sleep(0.1)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.terminate()
+        if self.mgmtd_proc.poll() is None:
+            self.mgmtd_proc.terminate()
+            try:
+                self.mgmtd_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.mgmtd_proc.kill()
+                self.mgmtd_proc.wait()
+
+
+async def start_cluster(
+    folder: Path,
+    *,
+    num_nodes: int = 3,
+    targets_per_disk: int = 2,
+    replication: int = 3,
+    fsync: bool = True,
+    extra: dict[str, str] | None = None,
+) -> StorageCluster:
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    mg_proc, mg_ready = spawn_mgmtd(folder)
+    cluster: StorageCluster | None = None
+    try:
+        mg_address = str((await wait_ready(mg_ready, mg_proc))["grpc"])
+        nodes = []
+        env = {**os.environ, "FF_STORAGE_CLUSTER_TOKEN": CLUSTER_TOKEN}
+        for i in range(1, num_nodes + 1):
+            flags = {"mgmtd-addresses": mg_address, "state-dir": str(folder / f"s{i}"), "node-id": str(100 + i),
+                     "instance-id": f"s{i}", "metrics-address": "", "fsync": str(fsync).lower(),
+                     "forward-timeout-s": "8", **(extra or {})}  # fmt: skip
+            args = [sys.executable, "-m", "ff_storage"]
+            for k, v in flags.items():
+                args += [f"--{k}", v]
+            nodes.append(StorageProcess(f"s{i}", folder, args, env))
+        cluster = StorageCluster(folder, mg_address, mg_proc, nodes)
+        for n in nodes:
+            n.start()
+        for n in nodes:
+            await n.ready()
+        client = cluster.client()
+        try:
+            await _wait_alive(client, [100 + i for i in range(1, num_nodes + 1)])
+            await setup_chain_table(client, CLUSTER_TOKEN, targets_per_disk=targets_per_disk, replication=replication)
+        finally:
+            await client.close()
+        await cluster.wait_all_serving()
+        return cluster
+    except BaseException:
+        if cluster is not None:
+            cluster.stop()
+        elif mg_proc.poll() is None:
+            mg_proc.kill()
+        raise
+
+
+async def _wait_alive(client: MgmtdClient, node_ids: list[int], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = (await client.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())).routing_info
+        alive = {n.node_id for n in info.nodes if n.status == mpb.NODE_STATUS_ALIVE}
+        if set(node_ids) <= alive:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("storage nodes did not register")
+
+
+def tail_logs(folder: Path, lines: int = 30) -> str:
+    out = []
+    for log in sorted(folder.glob("*.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"== {log.name}\n" + "\n".join(text))
+    return "\n".join(out)

@@ -1,0 +1,35 @@
+"""A real cluster per test: mgmtd and three storage services as processes, chains of 3."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from hf3fs import StorageClient
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[StorageCluster]:
+    c = await start_cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+async def client(cluster: StorageCluster) -> AsyncIterator[StorageClient]:
+    mg = cluster.client()
+    sc = StorageClient(mg, CLUSTER_TOKEN, retry_deadline_s=30.0)
+    try:
+        yield sc
+    finally:
+        await sc.close()
+        await mg.close()
+
+
+def logs(cluster: StorageCluster) -> str:
+    return tail_logs(cluster.folder)
