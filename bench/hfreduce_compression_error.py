@@ -24,23 +24,36 @@ def free_port() -> int:
         return port
 
 
-def rank_main(node: int, local: int, nodes: int, num_local: int, port: int, elems: int, wire: str | None,
-              queue: Any) -> None:
+def rank_main(
+    node: int, local: int, nodes: int, num_local: int, port: int, elems: int, wire: str | None, queue: Any
+) -> None:
     from hfreduce import Group, GroupConfig
 
     world, rank = nodes * num_local, node * num_local + local
     x = np.random.default_rng(7).standard_normal((world, elems)).astype(np.float32)
     buf = x[rank].copy()
-    cfg = GroupConfig(master_addr="127.0.0.1", master_port=port, node_rank=node, num_nodes=nodes, local_rank=local,
-                      local_world_size=num_local, compression=wire)  # type: ignore[arg-type]
+    cfg = GroupConfig(
+        master_addr="127.0.0.1",
+        master_port=port,
+        node_rank=node,
+        num_nodes=nodes,
+        local_rank=local,
+        local_world_size=num_local,
+        compression=wire,
+    )  # type: ignore[arg-type]
     with Group(cfg) as group:
         group.allreduce(buf)
     if rank == 0:
         exact = x.astype(np.float64).sum(0)
         err = np.abs(buf - exact)
         scale = np.abs(x).astype(np.float64).sum(0)
-        queue.put((float(np.max(err / scale)), float(np.mean(err / scale)),
-                   float(np.sqrt(np.mean(err**2)) / np.sqrt(np.mean(exact**2)))))
+        queue.put(
+            (
+                float(np.max(err / scale)),
+                float(np.mean(err / scale)),
+                float(np.sqrt(np.mean(err**2)) / np.sqrt(np.mean(exact**2))),
+            )
+        )
 
 
 def main() -> None:
@@ -55,8 +68,11 @@ def main() -> None:
         for wire in (None, "bf16", "fp16"):
             queue = ctx.Queue()
             port = free_port()
-            procs = [ctx.Process(target=rank_main, args=(n, lr, nodes, num_local, port, args.elems, wire, queue))
-                     for n in range(nodes) for lr in range(num_local)]
+            procs = [
+                ctx.Process(target=rank_main, args=(n, lr, nodes, num_local, port, args.elems, wire, queue))
+                for n in range(nodes)
+                for lr in range(num_local)
+            ]
             for p in procs:
                 p.start()
             worst, mean, rms = queue.get(timeout=300)
