@@ -80,13 +80,13 @@ def _choose(disks: list[Disk], free: dict[Disk, int], pairs: Counter[tuple[Disk,
     open_disks = sorted((d for d in disks if free[d] > 0), key=lambda d: (-free[d], d))
     best: tuple[tuple[int, ...], list[Disk]] | None = None
     # Search among a bounded window of the freest disks (enough for balance, cheap for big clusters).
-    window = open_disks[: max(r + 6, 3 * r)]
+    window = open_disks[: max(r + 9, 4 * r)]
     for combo in itertools.combinations(window, r):
         if len({d[0] for d in combo}) < r:
             continue
         score = (
-            -sum(free[d] for d in combo),
             max(pairs[(a, b)] for a, b in itertools.combinations(sorted(combo), 2)) if r > 1 else 0,
+            -sum(free[d] for d in combo),
             sum(pairs[(a, b)] for a, b in itertools.combinations(sorted(combo), 2)) if r > 1 else 0,
         )
         if best is None or score < best[0]:
