@@ -58,8 +58,13 @@ def test_running_tasks_are_charged_before_older_queued_ones() -> None:
 
 def test_fcfs_within_quota_and_per_user_and_group() -> None:
     quotas = {("alice", p.NORMAL, GROUP): 3, ("bob", p.NORMAL, GROUP): 1}
-    tasks = [queued(1, 2, p.NORMAL), queued(2, 2, p.NORMAL), queued(3, 1, p.NORMAL), queued(4, 1, p.NORMAL, user="bob"),
-             queued(5, 1, p.NORMAL, group="other")]  # fmt: skip
+    tasks = [
+        queued(1, 2, p.NORMAL),
+        queued(2, 2, p.NORMAL),
+        queued(3, 1, p.NORMAL),
+        queued(4, 1, p.NORMAL, user="bob"),
+        queued(5, 1, p.NORMAL, group="other"),
+    ]
     verdicts = assign(tasks, quotas)
     assert [verdicts[i].in_quota for i in (1, 2, 3, 4, 5)] == [True, False, True, True, False]
     assert verdicts[5].reason is EXCEEDED

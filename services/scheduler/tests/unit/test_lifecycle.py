@@ -24,8 +24,9 @@ from ff_scheduler.core.model import (
 from ff_scheduler.core.policy import LifecyclePolicy
 
 T0 = 1000.0
-POLICY = LifecyclePolicy(ack_window_s=5, default_grace_s=60, stop_timeout_s=30, start_timeout_s=100,
-                         node_failure_threshold=2)  # fmt: skip
+POLICY = LifecyclePolicy(
+    ack_window_s=5, default_grace_s=60, stop_timeout_s=30, start_timeout_s=100, node_failure_threshold=2
+)
 
 
 def suspending(stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: float = 0.0) -> TaskSnap:
@@ -33,9 +34,17 @@ def suspending(stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: 
     assert task.run is not None
     change = request_suspend(task.run, EndReason.PREEMPTED, POLICY, 0)
     assert change is not None and change.state is RunState.SUSPENDING and change.grace_s == 60
-    run = replace(task.run, state=RunState.SUSPENDING, suspend_stage=stage, suspend_requested_at=T0,
-                  suspend_received_at=received_at, ack_window_s=change.ack_window_s, grace_s=change.grace_s,
-                  stop_reason=EndReason.PREEMPTED, checkpoint_committed_at=checkpoint_at)  # fmt: skip
+    run = replace(
+        task.run,
+        state=RunState.SUSPENDING,
+        suspend_stage=stage,
+        suspend_requested_at=T0,
+        suspend_received_at=received_at,
+        ack_window_s=change.ack_window_s,
+        grace_s=change.grace_s,
+        stop_reason=EndReason.PREEMPTED,
+        checkpoint_committed_at=checkpoint_at,
+    )
     return replace(task, run=run)
 
 
@@ -81,8 +90,9 @@ def suspending(stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: 
         ),
     ],
 )
-def test_suspend_protocol(name: str, task: TaskSnap, now: float, expected_state: RunState | None,
-                          message_part: str) -> None:  # fmt: skip
+def test_suspend_protocol(
+    name: str, task: TaskSnap, now: float, expected_state: RunState | None, message_part: str
+) -> None:
     change = step_run(task, nodes(2), now, POLICY).change
     if expected_state is None:
         assert change is None
@@ -110,8 +120,9 @@ def test_stop_not_confirmed_in_time_puts_the_node_in_err_nodes() -> None:
     task = running(1, (1, 2), p.LOW, started_at=T0)
     assert task.run is not None
     reports = {1: NodeRunReport(phase=NodePhase.EXITED), 2: NodeRunReport(phase=NodePhase.STOPPING)}
-    run = replace(task.run, state=RunState.STOPPING, stop_requested_at=T0, stop_reason=EndReason.STOPPED_BY_USER,
-                  reports=reports)  # fmt: skip
+    run = replace(
+        task.run, state=RunState.STOPPING, stop_requested_at=T0, stop_reason=EndReason.STOPPED_BY_USER, reports=reports
+    )
     assert step_run(replace(task, run=run), nodes(2), T0 + 30, POLICY).change is None
     step = step_run(replace(task, run=run), nodes(2), T0 + 31, POLICY)
     assert step.change is not None and step.change.state is RunState.STOPPED
@@ -119,8 +130,10 @@ def test_stop_not_confirmed_in_time_puts_the_node_in_err_nodes() -> None:
 
 
 def failed(node_id: int, cls: FailureClass, at: float = T0 + 5) -> NodeRunReport:
-    return NodeRunReport(phase=NodePhase.EXITED, failure=Failure(failure_class=cls, node_id=node_id, exit_code=1,
-                                                                 failed_at=at, message="boom"))  # fmt: skip
+    return NodeRunReport(
+        phase=NodePhase.EXITED,
+        failure=Failure(failure_class=cls, node_id=node_id, exit_code=1, failed_at=at, message="boom"),
+    )
 
 
 def test_rank_failure_stops_the_other_nodes_then_fails_with_the_earliest_root_cause() -> None:
@@ -150,8 +163,9 @@ def test_rank_failure_stops_the_other_nodes_then_fails_with_the_earliest_root_ca
         (EndReason.WATCHDOG_TIMEOUT, 0, 5, TaskState.FAILED, 0),
     ],
 )
-def test_task_outcome(reason: EndReason, num_restarts: int, max_restarts: int, state: TaskState,
-                      restarts_after: int) -> None:  # fmt: skip
+def test_task_outcome(
+    reason: EndReason, num_restarts: int, max_restarts: int, state: TaskState, restarts_after: int
+) -> None:
     task = replace(running(1, (1,), p.LOW), num_restarts=num_restarts, max_restarts=max_restarts)
     outcome = task_outcome(task, reason)
     assert (outcome.state, outcome.num_restarts) == (state, restarts_after)

@@ -113,8 +113,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rules(case: Case) -> None:
-    plan = plan_tick(snapshot(NOW, nodes(case.num_nodes, zones=case.zones), case.tasks), case.policy,
-                     LifecyclePolicy())  # fmt: skip
+    plan = plan_tick(snapshot(NOW, nodes(case.num_nodes, zones=case.zones), case.tasks), case.policy, LifecyclePolicy())
     assert plan.match is not None
     assert {s.task_id: len(s.node_ids) for s in plan.starts} == case.starts
     assert {pre.task_id for pre in plan.match.preemptions} == case.preempted
@@ -130,17 +129,28 @@ def _assert_no_node_twice(tasks: list[TaskSnap], starts: list) -> None:  # type:
 
 def test_cross_zone_start_only_when_no_other_spans_zones() -> None:
     all_nodes = nodes(6, zones=2)
-    plan = plan_tick(snapshot(NOW, all_nodes, [queued(1, 4, p.NORMAL), queued(2, 2, p.NORMAL)]), POLICY,
-                     LifecyclePolicy())  # fmt: skip
+    plan = plan_tick(
+        snapshot(NOW, all_nodes, [queued(1, 4, p.NORMAL), queued(2, 2, p.NORMAL)]), POLICY, LifecyclePolicy()
+    )
     zones_of = {s.task_id: {all_nodes[n].zone for n in s.node_ids} for s in plan.starts}
     assert len(zones_of[1]) == 2 and len(zones_of[2]) == 1
 
 
 def test_preempted_nodes_are_reserved_for_the_preemptor_until_freed() -> None:
     """While the victim is suspending, its nodes (and free ones the preemptor needs) are not given away."""
-    first = plan_tick(snapshot(NOW, nodes(4), [running(1, (1, 2, 3), p.LOW, started_at=OLD),
-                                                queued(2, 4, p.HIGH, user="bob"), queued(3, 1, p.LOW, user="carol")]),
-                      POLICY, LifecyclePolicy())  # fmt: skip
+    first = plan_tick(
+        snapshot(
+            NOW,
+            nodes(4),
+            [
+                running(1, (1, 2, 3), p.LOW, started_at=OLD),
+                queued(2, 4, p.HIGH, user="bob"),
+                queued(3, 1, p.LOW, user="carol"),
+            ],
+        ),
+        POLICY,
+        LifecyclePolicy(),
+    )
     assert [pre.task_id for pre in first.match.preemptions] == [1]  # type: ignore[union-attr]
     assert first.starts == []
     draining = running(1, (1, 2, 3), p.LOW, started_at=OLD)
@@ -148,32 +158,41 @@ def test_preempted_nodes_are_reserved_for_the_preemptor_until_freed() -> None:
     draining.run.state = draining.run.state.SUSPENDING
     draining.run.suspend_requested_at = NOW
     draining.run.ack_window_s = 5
-    second = plan_tick(snapshot(NOW + 1, nodes(4), [draining, queued(2, 4, p.HIGH, user="bob"),
-                                                     queued(3, 1, p.LOW, user="carol")]),
-                       POLICY, LifecyclePolicy())  # fmt: skip
+    second = plan_tick(
+        snapshot(NOW + 1, nodes(4), [draining, queued(2, 4, p.HIGH, user="bob"), queued(3, 1, p.LOW, user="carol")]),
+        POLICY,
+        LifecyclePolicy(),
+    )
     assert second.starts == []
     assert second.match is not None and second.match.preemptions == []
 
 
 def test_err_and_offline_nodes_get_nothing() -> None:
     all_nodes = with_state(with_state(nodes(4), 1, NodeState.ERR), 2, NodeState.OFFLINE)
-    plan = plan_tick(snapshot(NOW, all_nodes, [queued(1, 2, p.NORMAL), queued(2, 1, p.NORMAL)]), POLICY,
-                     LifecyclePolicy())  # fmt: skip
+    plan = plan_tick(
+        snapshot(NOW, all_nodes, [queued(1, 2, p.NORMAL), queued(2, 1, p.NORMAL)]), POLICY, LifecyclePolicy()
+    )
     assert [s.node_ids for s in plan.starts] == [(3, 4)]
 
 
 def test_other_group_nodes_are_not_used() -> None:
     all_nodes = {**nodes(2), **nodes(2, group="gpu-b", start=10)}
-    plan = plan_tick(snapshot(NOW, all_nodes, [queued(1, 2, p.NORMAL, group="gpu-b"), queued(2, 3, p.NORMAL)]),
-                     POLICY, LifecyclePolicy())  # fmt: skip
+    plan = plan_tick(
+        snapshot(NOW, all_nodes, [queued(1, 2, p.NORMAL, group="gpu-b"), queued(2, 3, p.NORMAL)]),
+        POLICY,
+        LifecyclePolicy(),
+    )
     assert [(s.task_id, s.node_ids) for s in plan.starts] == [(1, (10, 11))]
 
 
 def test_quota_reasons_reach_the_plan() -> None:
     policy = SchedulingPolicy(min_run_time_s=60)
     quotas = {("alice", p.NORMAL, GROUP): 2}
-    plan = plan_tick(snapshot(NOW, nodes(4), [queued(1, 2, p.NORMAL), queued(2, 1, p.NORMAL), queued(3, 4, p.NORMAL)],
-                              quotas), policy, LifecyclePolicy())  # fmt: skip
+    plan = plan_tick(
+        snapshot(NOW, nodes(4), [queued(1, 2, p.NORMAL), queued(2, 1, p.NORMAL), queued(3, 4, p.NORMAL)], quotas),
+        policy,
+        LifecyclePolicy(),
+    )
     reasons = {c.task_id: c.queue_reason for c in plan.task_changes if c.queue_reason is not None}
     assert [s.task_id for s in plan.starts] == [1]
     assert reasons[2] is QueueReason.OUT_OF_QUOTA
@@ -182,17 +201,22 @@ def test_quota_reasons_reach_the_plan() -> None:
 
 def test_auto_priority_starts_at_the_level_it_got() -> None:
     quotas = {("alice", p.HIGH, GROUP): 1, ("alice", p.LOW, GROUP): 4}
-    plan = plan_tick(snapshot(NOW, nodes(4), [queued(1, 1, None), queued(2, 2, None)], quotas),
-                     SchedulingPolicy(), LifecyclePolicy())  # fmt: skip
+    plan = plan_tick(
+        snapshot(NOW, nodes(4), [queued(1, 1, None), queued(2, 2, None)], quotas), SchedulingPolicy(), LifecyclePolicy()
+    )
     assert sorted((s.task_id, s.priority) for s in plan.starts) == [(1, p.HIGH), (2, p.LOW)]
 
 
 def test_fair_share_puts_the_lighter_user_first() -> None:
-    tasks = [running(1, (1, 2), p.NORMAL, user="alice", started_at=RECENT), queued(2, 2, p.NORMAL, user="alice"),
-             queued(3, 2, p.NORMAL, user="bob")]  # fmt: skip
+    tasks = [
+        running(1, (1, 2), p.NORMAL, user="alice", started_at=RECENT),
+        queued(2, 2, p.NORMAL, user="alice"),
+        queued(3, 2, p.NORMAL, user="bob"),
+    ]
     fifo = plan_tick(snapshot(NOW, nodes(4), tasks), POLICY, LifecyclePolicy())
-    fair = plan_tick(snapshot(NOW, nodes(4), tasks), SchedulingPolicy(enforce_quotas=False, fair_share=True),
-                     LifecyclePolicy())  # fmt: skip
+    fair = plan_tick(
+        snapshot(NOW, nodes(4), tasks), SchedulingPolicy(enforce_quotas=False, fair_share=True), LifecyclePolicy()
+    )
     assert [s.task_id for s in fifo.starts] == [2]
     assert [s.task_id for s in fair.starts] == [3]
 

@@ -24,8 +24,10 @@ def test_the_simulator_calls_the_service_tick_code_not_a_copy() -> None:
 
 
 def test_fifo_runs_jobs_back_to_back() -> None:
-    jobs = [Job(job_id=1, submit_s=0, num_nodes=4, duration_s=100, priority=p.LOW, user="a"),
-            Job(job_id=2, submit_s=10, num_nodes=4, duration_s=50, priority=p.HIGH, user="b")]  # fmt: skip
+    jobs = [
+        Job(job_id=1, submit_s=0, num_nodes=4, duration_s=100, priority=p.LOW, user="a"),
+        Job(job_id=2, submit_s=10, num_nodes=4, duration_s=50, priority=p.HIGH, user="b"),
+    ]
     result = Simulation(jobs, POLICIES["fifo"], LIFE, CONFIG, "fifo").run()
     ends = {r.job.job_id: r.end_s for r in result.records}
     assert ends == {1: 100, 2: 150}
@@ -35,8 +37,10 @@ def test_fifo_runs_jobs_back_to_back() -> None:
 
 
 def test_time_sharing_suspends_the_low_job_and_resumes_it_with_its_work_kept() -> None:
-    jobs = [Job(job_id=1, submit_s=0, num_nodes=4, duration_s=1000, priority=p.LOW, user="a"),
-            Job(job_id=2, submit_s=700, num_nodes=4, duration_s=100, priority=p.HIGH, user="b")]  # fmt: skip
+    jobs = [
+        Job(job_id=1, submit_s=0, num_nodes=4, duration_s=1000, priority=p.LOW, user="a"),
+        Job(job_id=2, submit_s=700, num_nodes=4, duration_s=100, priority=p.HIGH, user="b"),
+    ]
     result = Simulation(jobs, POLICIES["hai"], LIFE, CONFIG, "hai").run()  # min run time 600 s: 700 is past it
     rec = {r.job.job_id: r for r in result.records}
     # the LOW job is flagged at 700, checkpoints for 30 s; HIGH runs 730..830; LOW resumes at 830, reloads
@@ -49,8 +53,10 @@ def test_time_sharing_suspends_the_low_job_and_resumes_it_with_its_work_kept() -
 
 
 def test_minimum_run_time_delays_preemption() -> None:
-    jobs = [Job(job_id=1, submit_s=0, num_nodes=4, duration_s=1000, priority=p.LOW, user="a"),
-            Job(job_id=2, submit_s=100, num_nodes=4, duration_s=100, priority=p.HIGH, user="b")]  # fmt: skip
+    jobs = [
+        Job(job_id=1, submit_s=0, num_nodes=4, duration_s=1000, priority=p.LOW, user="a"),
+        Job(job_id=2, submit_s=100, num_nodes=4, duration_s=100, priority=p.HIGH, user="b"),
+    ]
     rec = {r.job.job_id: r for r in Simulation(jobs, POLICIES["hai"], LIFE, CONFIG, "hai").run().records}
     assert rec[2].first_start_s == pytest.approx(630)  # suspended at 600 (min run time), 30 s to checkpoint
 
@@ -70,10 +76,12 @@ def test_synthetic_trace_is_seeded_and_round_trips_through_csv(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("text", "error"),
-    [("job_id,submit_s\n1,0\n", "missing columns"),
-     ("job_id,submit_s,num_nodes,duration_s,priority,user\n1,0,0,10,10,a\n", ":2:"),
-     ("job_id,submit_s,num_nodes,duration_s,priority,user\n1,0,1,10,7,a\n", "not a level")],
-)  # fmt: skip
+    [
+        ("job_id,submit_s\n1,0\n", "missing columns"),
+        ("job_id,submit_s,num_nodes,duration_s,priority,user\n1,0,0,10,10,a\n", ":2:"),
+        ("job_id,submit_s,num_nodes,duration_s,priority,user\n1,0,1,10,7,a\n", "not a level"),
+    ],
+)
 def test_bad_trace_lines_are_named(tmp_path: Path, text: str, error: str) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(text)

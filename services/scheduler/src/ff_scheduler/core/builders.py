@@ -28,8 +28,16 @@ def with_state(all_nodes: dict[int, NodeView], node_id: int, state: NodeState) -
     return {**all_nodes, node_id: NodeView(node_id=n.node_id, group=n.group, zone=n.zone, state=state)}
 
 
-def queued(task_id: int, num_nodes: int, level: int | None, *, user: str = "alice", fcfs: int | None = None,
-           group: str = GROUP, **kw: Any) -> TaskSnap:  # fmt: skip
+def queued(
+    task_id: int,
+    num_nodes: int,
+    level: int | None,
+    *,
+    user: str = "alice",
+    fcfs: int | None = None,
+    group: str = GROUP,
+    **kw: Any,
+) -> TaskSnap:
     return TaskSnap(
         task_id=task_id,
         user=user,
@@ -43,17 +51,47 @@ def queued(task_id: int, num_nodes: int, level: int | None, *, user: str = "alic
     )
 
 
-def running(task_id: int, node_ids: tuple[int, ...], level: int, *, user: str = "alice", started_at: float = 0.0,
-            fcfs: int | None = None, state: RunState = RunState.RUNNING, group: str = GROUP,
-            phase: NodePhase = NodePhase.RUNNING, **kw: Any) -> TaskSnap:  # fmt: skip
-    run = RunSnap(run_id=1000 + task_id, task_id=task_id, state=state, priority=level, node_ids=node_ids,
-                  created_at=started_at, started_at=started_at,
-                  reports={n: NodeRunReport(phase=phase, last_output_at=started_at) for n in node_ids})  # fmt: skip
-    return TaskSnap(task_id=task_id, user=user, group=group, num_nodes=len(node_ids), priority=level,
-                    asked_priority=level, state=TaskState.RUNNING, fcfs=task_id if fcfs is None else fcfs, run=run,
-                    **{"watchdog_time_s": 0.0, **kw})  # fmt: skip
+def running(
+    task_id: int,
+    node_ids: tuple[int, ...],
+    level: int,
+    *,
+    user: str = "alice",
+    started_at: float = 0.0,
+    fcfs: int | None = None,
+    state: RunState = RunState.RUNNING,
+    group: str = GROUP,
+    phase: NodePhase = NodePhase.RUNNING,
+    **kw: Any,
+) -> TaskSnap:
+    run = RunSnap(
+        run_id=1000 + task_id,
+        task_id=task_id,
+        state=state,
+        priority=level,
+        node_ids=node_ids,
+        created_at=started_at,
+        started_at=started_at,
+        reports={n: NodeRunReport(phase=phase, last_output_at=started_at) for n in node_ids},
+    )
+    return TaskSnap(
+        task_id=task_id,
+        user=user,
+        group=group,
+        num_nodes=len(node_ids),
+        priority=level,
+        asked_priority=level,
+        state=TaskState.RUNNING,
+        fcfs=task_id if fcfs is None else fcfs,
+        run=run,
+        **{"watchdog_time_s": 0.0, **kw},
+    )
 
 
-def snapshot(now: float, all_nodes: dict[int, NodeView], tasks: list[TaskSnap],
-             quotas: dict[tuple[str, int, str], int] | None = None) -> Snapshot:  # fmt: skip
+def snapshot(
+    now: float,
+    all_nodes: dict[int, NodeView],
+    tasks: list[TaskSnap],
+    quotas: dict[tuple[str, int, str], int] | None = None,
+) -> Snapshot:
     return Snapshot(now=now, nodes=all_nodes, tasks=tasks, quotas=quotas or {})

@@ -77,18 +77,29 @@ def request_suspend(run: RunSnap, reason: EndReason, policy: LifecyclePolicy, ta
     if run.state not in (RunState.STARTING, RunState.RUNNING):
         return None
     return RunChange(
-        run_id=run.run_id, task_id=run.task_id, expect=run.state, state=RunState.SUSPENDING, reason=reason,
-        ack_window_s=policy.ack_window_s, grace_s=policy.grace_for(task_grace_s),
+        run_id=run.run_id,
+        task_id=run.task_id,
+        expect=run.state,
+        state=RunState.SUSPENDING,
+        reason=reason,
+        ack_window_s=policy.ack_window_s,
+        grace_s=policy.grace_for(task_grace_s),
         message="suspend flag sent to rank 0",
-    )  # fmt: skip
+    )
 
 
 def request_stop(run: RunSnap, reason: EndReason, message: str = "") -> RunChange | None:
     """Stop an active run now (a suspending one too: the stop wins)."""
     if run.state not in (RunState.STARTING, RunState.RUNNING, RunState.SUSPENDING):
         return None
-    return RunChange(run_id=run.run_id, task_id=run.task_id, expect=run.state, state=RunState.STOPPING,
-                     reason=reason, message=message)  # fmt: skip
+    return RunChange(
+        run_id=run.run_id,
+        task_id=run.task_id,
+        expect=run.state,
+        state=RunState.STOPPING,
+        reason=reason,
+        message=message,
+    )
 
 
 def _exited(run: RunSnap, node_id: int, nodes: dict[int, NodeView]) -> bool:
@@ -120,15 +131,29 @@ def step_run(task: TaskSnap, nodes: dict[int, NodeView], now: float, policy: Lif
 
 
 def _end(run: RunSnap, reason: EndReason, failure: Failure | None = None, message: str = "") -> RunChange:
-    return RunChange(run_id=run.run_id, task_id=run.task_id, expect=run.state, state=reason.run_state,
-                     reason=reason, failure=failure, message=message)  # fmt: skip
+    return RunChange(
+        run_id=run.run_id,
+        task_id=run.task_id,
+        expect=run.state,
+        state=reason.run_state,
+        reason=reason,
+        failure=failure,
+        message=message,
+    )
 
 
 def _stop_or_end(run: RunSnap, reason: EndReason, all_exited: bool, failure: Failure | None, message: str) -> RunChange:
     if all_exited:
         return _end(run, reason, failure, message)
-    return RunChange(run_id=run.run_id, task_id=run.task_id, expect=run.state, state=RunState.STOPPING,
-                     reason=reason, failure=failure, message=message)  # fmt: skip
+    return RunChange(
+        run_id=run.run_id,
+        task_id=run.task_id,
+        expect=run.state,
+        state=RunState.STOPPING,
+        reason=reason,
+        failure=failure,
+        message=message,
+    )
 
 
 def _step_live(
@@ -136,8 +161,13 @@ def _step_live(
 ) -> RunChange | None:
     lost = [n for n in run.node_ids if n not in nodes or nodes[n].state is NodeState.OFFLINE]
     if lost:
-        failure = Failure(failure_class=FailureClass.INFRASTRUCTURE, node_id=lost[0], failed_at=now,
-                          node_rank=run.node_ids.index(lost[0]), message=f"node {lost[0]} lost its lease")  # fmt: skip
+        failure = Failure(
+            failure_class=FailureClass.INFRASTRUCTURE,
+            node_id=lost[0],
+            failed_at=now,
+            node_rank=run.node_ids.index(lost[0]),
+            message=f"node {lost[0]} lost its lease",
+        )
         return _stop_or_end(run, EndReason.NODE_LOST, all_exited, failure, failure.message)
     first = _earliest_failure(run)
     if first is not None:
@@ -153,13 +183,19 @@ def _step_live(
         if all(run.reports.get(n) is not None and run.reports[n].phase >= NodePhase.RUNNING for n in run.node_ids):
             return RunChange(run_id=run.run_id, task_id=run.task_id, expect=run.state, state=RunState.RUNNING)
         if now - run.created_at > policy.start_timeout_s:
-            return _stop_or_end(run, EndReason.LAUNCH_FAILED, False, None,
-                                f"not running on every node after {policy.start_timeout_s:g} s")  # fmt: skip
+            return _stop_or_end(
+                run,
+                EndReason.LAUNCH_FAILED,
+                False,
+                None,
+                f"not running on every node after {policy.start_timeout_s:g} s",
+            )
         return None
     last_output = max([run.started_at, *(r.last_output_at for r in run.reports.values())])
     if task.watchdog_time_s > 0 and now - last_output > task.watchdog_time_s:
-        return _stop_or_end(run, EndReason.WATCHDOG_TIMEOUT, False, None,
-                            f"no log output for {task.watchdog_time_s:g} s (watchdog)")  # fmt: skip
+        return _stop_or_end(
+            run, EndReason.WATCHDOG_TIMEOUT, False, None, f"no log output for {task.watchdog_time_s:g} s (watchdog)"
+        )
     return None
 
 
@@ -172,8 +208,9 @@ def _step_suspending(run: RunSnap, now: float, all_exited: bool) -> RunChange | 
     if run.checkpoint_committed_at and run.checkpoint_committed_at >= run.suspend_requested_at:
         return _stop_or_end(run, reason, False, None, "checkpoint committed: evicted at once")
     if run.suspend_stage < SuspendStage.RECEIVED and now >= run.suspend_requested_at + run.ack_window_s:
-        return _stop_or_end(run, reason, False, None,
-                            f"suspend not acknowledged within {run.ack_window_s:g} s: forced stop")  # fmt: skip
+        return _stop_or_end(
+            run, reason, False, None, f"suspend not acknowledged within {run.ack_window_s:g} s: forced stop"
+        )
     received_at = run.suspend_received_at or run.suspend_requested_at
     if run.suspend_stage is SuspendStage.RECEIVED and now >= received_at + run.grace_s:
         return _stop_or_end(run, reason, False, None, f"grace of {run.grace_s:g} s is over: forced stop")
@@ -188,9 +225,14 @@ def _step_stopping(
     if now - run.stop_requested_at <= policy.stop_timeout_s:
         return None, []
     stuck = [n for n in run.node_ids if not _exited(run, n, nodes)]
-    verdicts = [NodeVerdict(node_id=n, num_failures=nodes[n].num_failures,
-                            err_reason=f"run {run.run_id} did not stop within {policy.stop_timeout_s:g} s")
-                for n in stuck]  # fmt: skip
+    verdicts = [
+        NodeVerdict(
+            node_id=n,
+            num_failures=nodes[n].num_failures,
+            err_reason=f"run {run.run_id} did not stop within {policy.stop_timeout_s:g} s",
+        )
+        for n in stuck
+    ]
     return _end(run, run.stop_reason, run.failure), verdicts
 
 
@@ -222,9 +264,15 @@ def task_outcome(task: TaskSnap, reason: EndReason) -> TaskOutcome:
     if reason in (EndReason.STOPPED_BY_USER, EndReason.STOPPED_BY_ADMIN):
         return TaskOutcome(state=TaskState.STOPPED, num_restarts=task.num_restarts, message="stopped")
     if reason.restartable and task.num_restarts < task.max_restarts:
-        return TaskOutcome(state=TaskState.SUSPENDED, num_restarts=task.num_restarts + 1,
-                           message=f"restart {task.num_restarts + 1} of {task.max_restarts}")  # fmt: skip
+        return TaskOutcome(
+            state=TaskState.SUSPENDED,
+            num_restarts=task.num_restarts + 1,
+            message=f"restart {task.num_restarts + 1} of {task.max_restarts}",
+        )
     if reason.restartable:
-        return TaskOutcome(state=TaskState.FAILED, num_restarts=task.num_restarts,
-                           message=f"{reason.name.lower()}; restart limit {task.max_restarts} reached")  # fmt: skip
+        return TaskOutcome(
+            state=TaskState.FAILED,
+            num_restarts=task.num_restarts,
+            message=f"{reason.name.lower()}; restart limit {task.max_restarts} reached",
+        )
     return TaskOutcome(state=TaskState.FAILED, num_restarts=task.num_restarts, message=reason.name.lower())

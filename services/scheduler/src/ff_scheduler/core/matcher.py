@@ -81,8 +81,14 @@ def _spans_zones(node_ids: Iterable[int], nodes: dict[int, NodeView]) -> bool:
 class _GroupMatch:
     """The matching of one node group (state of the visit)."""
 
-    def __init__(self, nodes: dict[int, NodeView], policy: SchedulingPolicy, now: float, result: MatchResult,
-                 cross_zone_in_use: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nodes: dict[int, NodeView],
+        policy: SchedulingPolicy,
+        now: float,
+        result: MatchResult,
+        cross_zone_in_use: bool,
+    ) -> None:
         self.nodes = nodes
         self.policy = policy
         self.now = now
@@ -178,9 +184,12 @@ class _GroupMatch:
 
 
 def match(
-    tasks: list[TaskSnap], verdicts: dict[int, Verdict], nodes: dict[int, NodeView], policy: SchedulingPolicy,
+    tasks: list[TaskSnap],
+    verdicts: dict[int, Verdict],
+    nodes: dict[int, NodeView],
+    policy: SchedulingPolicy,
     now: float,
-) -> MatchResult:  # fmt: skip
+) -> MatchResult:
     """Starts, preemptions and waits for this tick (see the module docstring)."""
     result = MatchResult()
     groups = _groups(tasks, nodes, policy, now, result)

@@ -12,9 +12,15 @@ BELOW_NORMAL = 5
 LOW = 0
 
 NAMES: dict[int, str] = {
-    EXTREME_HIGH: "EXTREME_HIGH", VERY_HIGH: "VERY_HIGH", HIGH: "HIGH", ABOVE_NORMAL: "ABOVE_NORMAL",
-    NORMAL: "NORMAL", UNDER_NORMAL: "UNDER_NORMAL", BELOW_NORMAL: "BELOW_NORMAL", LOW: "LOW",
-}  # fmt: skip
+    EXTREME_HIGH: "EXTREME_HIGH",
+    VERY_HIGH: "VERY_HIGH",
+    HIGH: "HIGH",
+    ABOVE_NORMAL: "ABOVE_NORMAL",
+    NORMAL: "NORMAL",
+    UNDER_NORMAL: "UNDER_NORMAL",
+    BELOW_NORMAL: "BELOW_NORMAL",
+    LOW: "LOW",
+}
 # Highest first: the order AUTO tries them in.
 LEVELS: tuple[int, ...] = tuple(sorted(NAMES, reverse=True))
 

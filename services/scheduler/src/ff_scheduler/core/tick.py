@@ -83,8 +83,16 @@ def _beat_run(
         level = priority.demoted(run.priority, snap.now - run.started_at, sched.demote_after_s)
         if level != run.priority:
             message = f"{priority.name(run.priority)} demoted to {priority.name(level)}"
-            plan.run_changes.append(RunChange(run_id=run.run_id, task_id=task.task_id, expect=run.state,
-                                              state=run.state, priority=level, message=message))  # fmt: skip
+            plan.run_changes.append(
+                RunChange(
+                    run_id=run.run_id,
+                    task_id=task.task_id,
+                    expect=run.state,
+                    state=run.state,
+                    priority=level,
+                    message=message,
+                )
+            )
             plan.task_changes.append(TaskChange(task_id=task.task_id, priority=level))
             return replace(task, priority=level, run=replace(run, priority=level))
         return task
@@ -94,20 +102,29 @@ def _beat_run(
     if change.state.active:
         return replace(task, run=replace(run, state=change.state))
     outcome = task_outcome(task, change.reason)
-    plan.task_changes.append(TaskChange(
-        task_id=task.task_id, state=outcome.state, num_restarts=outcome.num_restarts, end_reason=change.reason,
-        end_message=_join(outcome.message, change.message),
-        queue_reason=QueueReason.NONE,
-    ))  # fmt: skip
+    plan.task_changes.append(
+        TaskChange(
+            task_id=task.task_id,
+            state=outcome.state,
+            num_restarts=outcome.num_restarts,
+            end_reason=change.reason,
+            end_message=_join(outcome.message, change.message),
+            queue_reason=QueueReason.NONE,
+        )
+    )
     # Its nodes free up for the next tick; this tick they count as being freed.
     return replace(task, state=outcome.state, run=replace(run, state=RunState.STOPPING))
 
 
-def _queue_change(task: TaskSnap, start: Start | None, reason: QueueReason | None, verdicts: dict[int, Verdict],
-                  plan: TickPlan) -> None:  # fmt: skip
+def _queue_change(
+    task: TaskSnap, start: Start | None, reason: QueueReason | None, verdicts: dict[int, Verdict], plan: TickPlan
+) -> None:
     if start is not None:
-        plan.task_changes.append(TaskChange(task_id=task.task_id, state=TaskState.RUNNING, priority=start.priority,
-                                            queue_reason=QueueReason.NONE))  # fmt: skip
+        plan.task_changes.append(
+            TaskChange(
+                task_id=task.task_id, state=TaskState.RUNNING, priority=start.priority, queue_reason=QueueReason.NONE
+            )
+        )
         return
     reason = reason or QueueReason.WAITING_FOR_NODES
     level = verdicts[task.task_id].priority

@@ -34,8 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 def load_jobs(args: argparse.Namespace) -> list[Job]:
     if args.trace is not None:
         return read_csv(args.trace)
-    synthetic = SyntheticTrace(num_jobs=args.jobs, num_nodes=args.nodes, load=args.load,
-                               mean_duration_s=args.mean_duration_s, num_users=args.users)  # fmt: skip
+    synthetic = SyntheticTrace(
+        num_jobs=args.jobs,
+        num_nodes=args.nodes,
+        load=args.load,
+        mean_duration_s=args.mean_duration_s,
+        num_users=args.users,
+    )
     return synthetic.generate(args.seed)
 
 
@@ -62,8 +67,12 @@ def run(argv: list[str] | None = None) -> int:
         return 2
     if args.save_trace is not None:
         write_csv(args.save_trace, jobs)
-    config = SimConfig(num_nodes=args.nodes, num_zones=args.zones, suspend_overhead_s=args.suspend_overhead_s,
-                       restart_overhead_s=args.restart_overhead_s)  # fmt: skip
+    config = SimConfig(
+        num_nodes=args.nodes,
+        num_zones=args.zones,
+        suspend_overhead_s=args.suspend_overhead_s,
+        restart_overhead_s=args.restart_overhead_s,
+    )
     results = compare(jobs, names, config)
     if args.json:
         print(json.dumps([f.as_dict() for f in results], indent=2))

@@ -76,12 +76,15 @@ class SimResult:
 class Simulation:
     """One policy over one trace."""
 
-    def __init__(self, jobs: list[Job], sched: SchedulingPolicy, life: LifecyclePolicy, config: SimConfig,
-                 name: str = "") -> None:  # fmt: skip
+    def __init__(
+        self, jobs: list[Job], sched: SchedulingPolicy, life: LifecyclePolicy, config: SimConfig, name: str = ""
+    ) -> None:
         self.sched, self.life, self.config, self.name = sched, life, config, name
         self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
-        self.nodes = {i: NodeView(node_id=i, group=config.group, zone=f"z{i % config.num_zones}")
-                      for i in range(1, config.num_nodes + 1)}  # fmt: skip
+        self.nodes = {
+            i: NodeView(node_id=i, group=config.group, zone=f"z{i % config.num_zones}")
+            for i in range(1, config.num_nodes + 1)
+        }
         self.records = {j.job_id: JobRecord(j) for j in self.jobs}
         self.tasks: dict[int, TaskSnap] = {}
         self.now = 0.0
@@ -100,8 +103,9 @@ class Simulation:
             self._agents()
         makespan = max((r.end_s or 0.0) for r in self.records.values()) if self.records else 0.0
         unfinished = [r.job.job_id for r in self.records.values() if r.end_s is None]
-        return SimResult(self.name, self.config.num_nodes, list(self.records.values()), makespan, self.num_ticks,
-                         unfinished)  # fmt: skip
+        return SimResult(
+            self.name, self.config.num_nodes, list(self.records.values()), makespan, self.num_ticks, unfinished
+        )
 
     # ---- events ----
 
@@ -110,10 +114,17 @@ class Simulation:
             job = self.jobs[self._next_arrival]
             self._next_arrival += 1
             self.tasks[job.job_id] = TaskSnap(
-                task_id=job.job_id, user=job.user, group=self.config.group, num_nodes=job.num_nodes,
-                priority=job.priority, asked_priority=job.priority, state=TaskState.QUEUED, fcfs=job.job_id,
-                watchdog_time_s=0.0, max_restarts=0,
-            )  # fmt: skip
+                task_id=job.job_id,
+                user=job.user,
+                group=self.config.group,
+                num_nodes=job.num_nodes,
+                priority=job.priority,
+                asked_priority=job.priority,
+                state=TaskState.QUEUED,
+                fcfs=job.job_id,
+                watchdog_time_s=0.0,
+                max_restarts=0,
+            )
 
     def _next_event(self) -> float | None:
         times: list[float] = []
@@ -184,9 +195,16 @@ class Simulation:
                 rec.work_done_s = self._work_done(rec)
                 rec.progress_from_s = math.inf
                 rec.suspend_at_s, rec.exit_at_s = self.now, self.now + self.config.suspend_overhead_s
-                run = replace(run, state=RunState.SUSPENDING, suspend_requested_at=self.now, stop_reason=change.reason,
-                              ack_window_s=change.ack_window_s, grace_s=change.grace_s,
-                              suspend_stage=SuspendStage.RECEIVED, suspend_received_at=self.now)  # fmt: skip
+                run = replace(
+                    run,
+                    state=RunState.SUSPENDING,
+                    suspend_requested_at=self.now,
+                    stop_reason=change.reason,
+                    ack_window_s=change.ack_window_s,
+                    grace_s=change.grace_s,
+                    suspend_stage=SuspendStage.RECEIVED,
+                    suspend_received_at=self.now,
+                )
             elif change.state is RunState.STOPPING:
                 rec.work_done_s = self._work_done(rec) if rec.suspend_at_s is None else rec.work_done_s
                 rec.exit_at_s = self.now
@@ -223,8 +241,16 @@ class Simulation:
         rec.progress_from_s = self.now + overhead
         rec.lost_node_s += overhead * len(node_ids)
         reports = {n: NodeRunReport(phase=NodePhase.RUNNING, last_output_at=self.now) for n in node_ids}
-        run = RunSnap(run_id=self._run_ids, task_id=task_id, state=RunState.STARTING, priority=level,
-                      node_ids=node_ids, created_at=self.now, started_at=self.now, reports=reports)  # fmt: skip
+        run = RunSnap(
+            run_id=self._run_ids,
+            task_id=task_id,
+            state=RunState.STARTING,
+            priority=level,
+            node_ids=node_ids,
+            created_at=self.now,
+            started_at=self.now,
+            reports=reports,
+        )
         self.tasks[task_id] = replace(self.tasks[task_id], run=run, state=TaskState.RUNNING, priority=level)
 
     def _ended(self, rec: JobRecord, run: RunSnap, reason: EndReason) -> None:

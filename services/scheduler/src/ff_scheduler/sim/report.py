@@ -55,14 +55,20 @@ def figures(result: SimResult) -> Figures:
     held = sum(r.held_node_s for r in result.records)
     useful = sum(r.job.duration_s * r.job.num_nodes for r in done)
     return Figures(
-        policy=result.policy_name, num_jobs=len(result.records), num_unfinished=len(result.unfinished),
-        makespan_h=result.makespan_s / 3600, utilization=held / capacity, useful_utilization=useful / capacity,
-        mean_jct_h=statistics.fmean(jct) / 3600 if jct else 0.0, p95_jct_h=_p95(jct) / 3600,
+        policy=result.policy_name,
+        num_jobs=len(result.records),
+        num_unfinished=len(result.unfinished),
+        makespan_h=result.makespan_s / 3600,
+        utilization=held / capacity,
+        useful_utilization=useful / capacity,
+        mean_jct_h=statistics.fmean(jct) / 3600 if jct else 0.0,
+        p95_jct_h=_p95(jct) / 3600,
         mean_queue_h=statistics.fmean(queue) / 3600 if queue else 0.0,
         high_mean_jct_h=statistics.fmean(high) / 3600 if high else 0.0,
         num_suspends=sum(r.num_suspends for r in result.records),
-        preemption_lost_node_h=sum(r.lost_node_s for r in result.records) / 3600, num_ticks=result.num_ticks,
-    )  # fmt: skip
+        preemption_lost_node_h=sum(r.lost_node_s for r in result.records) / 3600,
+        num_ticks=result.num_ticks,
+    )
 
 
 ROWS: tuple[tuple[str, Callable[[Figures], str]], ...] = (

@@ -45,9 +45,13 @@ def read_csv(path: Path) -> list[Job]:
 def _parse_row(path: Path, line: int, row: dict[str, str]) -> Job:
     try:
         job = Job(
-            job_id=int(row["job_id"]), submit_s=float(row["submit_s"]), num_nodes=int(row["num_nodes"]),
-            duration_s=float(row["duration_s"]), priority=int(row["priority"]), user=row["user"].strip(),
-        )  # fmt: skip
+            job_id=int(row["job_id"]),
+            submit_s=float(row["submit_s"]),
+            num_nodes=int(row["num_nodes"]),
+            duration_s=float(row["duration_s"]),
+            priority=int(row["priority"]),
+            user=row["user"].strip(),
+        )
     except (TypeError, ValueError) as exc:
         raise TraceError(f"{path}:{line}: {exc}") from None
     if job.num_nodes < 1 or job.duration_s <= 0 or job.submit_s < 0 or not job.user:
@@ -103,9 +107,14 @@ class SyntheticTrace:
         jobs, t = [], 0.0
         for job_id in range(1, self.num_jobs + 1):
             t += rng.expovariate(rate)
-            jobs.append(Job(
-                job_id=job_id, submit_s=t, num_nodes=rng.choices(sizes, self.size_weights)[0],
-                duration_s=max(60.0, rng.lognormvariate(mu, self.duration_sigma)),
-                priority=rng.choices(list(self.priorities), self.priority_weights)[0], user=rng.choice(users),
-            ))  # fmt: skip
+            jobs.append(
+                Job(
+                    job_id=job_id,
+                    submit_s=t,
+                    num_nodes=rng.choices(sizes, self.size_weights)[0],
+                    duration_s=max(60.0, rng.lognormvariate(mu, self.duration_sigma)),
+                    priority=rng.choices(list(self.priorities), self.priority_weights)[0],
+                    user=rng.choice(users),
+                )
+            )
         return jobs

@@ -1,0 +1,299 @@
+"""The async driver of the scheduler: the tick loop (one serializable transaction that loads the
+snapshot, plans with ``core.tick`` and applies the plan), the reconciliation of agents' orders with
+what active runs want, and mgmtd's leases of agent nodes.
+
+Orders are derived from state, not from transitions: every tick, each node of an active run that has
+not yet shown the wanted effect in its reports gets the order (start, suspend or stop) again after
+``order_resend_interval_s``. Agents treat orders as idempotent per run id, so a scheduler restarted
+mid-run re-sends what may have been lost and nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcError
+from ff_scheduler.agents import AgentPool
+from ff_scheduler.core.model import NodePhase, RunState
+from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
+from ff_scheduler.core.tick import plan_tick
+from ff_scheduler.store import ops
+from ff_scheduler.store.schema import nodes, runs, tasks
+from ff_scheduler.store.ticks import Applied, NodeOrder, apply_plan, load_snapshot, wanted_orders
+from ff_store import Store
+from fireflyer.agent.v1 import agent_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2
+
+logger = logging.getLogger(__name__)
+
+RUN_TOKEN_TTL_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverOptions:
+    tick_interval_s: float
+    master_port: int
+    order_resend_interval_s: float
+    term_grace_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class TickStats:
+    duration_s: float
+    num_tasks: int
+    num_started: int
+    num_run_changes: int
+    num_orders: int
+
+
+class Scheduler:
+    """The scheduler's state machine driver (one instance per database)."""
+
+    def __init__(
+        self,
+        store: Store,
+        sched: SchedulingPolicy,
+        life: LifecyclePolicy,
+        options: DriverOptions,
+        agents: AgentPool,
+        mgmtd: MgmtdClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.sched = sched
+        self.life = life
+        self.options = options
+        self.agents = agents
+        self.mgmtd = mgmtd
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._sent: dict[tuple[int, int, str], float] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._run_tokens: dict[int, str] = {}
+        self.last_tick: TickStats | None = None
+
+    def wake(self) -> None:
+        """Run a tick soon (a report or a user action changed something)."""
+        self._wake.set()
+
+    def now(self) -> float:
+        return self._clock()
+
+    # ---- the tick ----
+
+    async def tick(self) -> TickStats:
+        started = time.perf_counter()
+        now = self.now()
+
+        def txn(s: Session) -> tuple[int, int, int, list[NodeOrder]]:
+            snap = load_snapshot(s, now)
+            plan = plan_tick(snap, self.sched, self.life)
+            applied = apply_plan(s, plan, now, self.options.master_port) if not plan.empty else Applied()
+            return len(snap.tasks), applied.num_started, applied.num_run_changes, wanted_orders(s)
+
+        num_tasks, num_started, num_changes, orders = await self.store.arun(txn)
+        num_sent = self._reconcile(orders)
+        stats = TickStats(time.perf_counter() - started, num_tasks, num_started, num_changes, num_sent)
+        if num_started or num_changes:
+            logger.info(
+                "tick",
+                extra={
+                    "num_started": num_started,
+                    "num_run_changes": num_changes,
+                    "num_orders": num_sent,
+                    "tick_ms": round(stats.duration_s * 1000, 1),
+                },
+            )
+        self.last_tick = stats
+        return stats
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._tick_loop(stop))
+            if self.mgmtd is not None:
+                tg.create_task(self._lease_loop(stop))
+        for task in list(self._inflight):
+            task.cancel()
+
+    async def _tick_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self.tick()
+            except Exception:
+                logger.exception("tick failed")
+            waiter = asyncio.ensure_future(self._wake.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait(
+                {waiter, stopper}, timeout=self.options.tick_interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+            stopper.cancel()
+
+    # ---- mgmtd leases ----
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        assert self.mgmtd is not None
+        while not stop.is_set():
+            try:
+                watch = self.mgmtd.watch_routing()
+                async for info in _until(stop, watch):
+                    await self.note_routing(info)
+            except RpcError as err:
+                logger.warning("watching mgmtd failed: %s", err)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    async def note_routing(self, info: mgmtd_pb2.RoutingInfo) -> None:
+        alive = {n.node_id for n in info.nodes if n.status == mgmtd_pb2.NODE_STATUS_ALIVE}
+        dead = {n.node_id for n in info.nodes if n.status == mgmtd_pb2.NODE_STATUS_DEAD}
+        changed = await self.store.arun(lambda s: ops.set_online(s, alive, dead))
+        if changed:
+            logger.warning("agent nodes changed liveness", extra={"node_ids": changed})
+            self.wake()
+
+    # ---- orders to agents ----
+
+    def _reconcile(self, orders: list[NodeOrder]) -> int:
+        now = time.monotonic()
+        live: set[tuple[int, int, str]] = set()
+        sent = 0
+        for order in orders:
+            kind = _wanted(order)
+            if kind is None or not order.online:
+                continue
+            key = (order.run_id, order.node_id, kind)
+            live.add(key)
+            if now - self._sent.get(key, -1e18) < self.options.order_resend_interval_s:
+                continue
+            self._sent[key] = now
+            task = asyncio.create_task(self._send(kind, order))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            sent += 1
+        self._sent = {k: v for k, v in self._sent.items() if k in live}
+        return sent
+
+    async def _send(self, kind: str, order: NodeOrder) -> None:
+        try:
+            if kind == "start":
+                await self.agents.start_run(order.agent_address, await self._start_request(order))
+            elif kind == "suspend":
+                run = await self.store.arun(
+                    lambda s: s.execute(select(runs).where(runs.c.run_id == order.run_id)).one()
+                )
+                await self.agents.suspend_run(
+                    order.agent_address,
+                    agent_pb2.SuspendRunRequest(
+                        task_id=order.task_id,
+                        run_id=order.run_id,
+                        ack_window_s=run.ack_window_s,
+                        grace_s=run.grace_s,
+                        term_grace_s=self.options.term_grace_s,
+                    ),
+                )
+            else:
+                run = await self.store.arun(
+                    lambda s: s.execute(select(runs).where(runs.c.run_id == order.run_id)).one()
+                )
+                await self.agents.stop_run(
+                    order.agent_address,
+                    agent_pb2.StopRunRequest(
+                        task_id=order.task_id,
+                        run_id=order.run_id,
+                        term_grace_s=self.options.term_grace_s,
+                        reason=scheduler_pb2.RunEndReason.ValueType(run.stop_reason),
+                    ),
+                )
+            logger.info("order sent", extra={"order": kind, "run_id": order.run_id, "node_id": order.node_id})
+        except RpcError as err:
+            logger.warning("%s order for run %d to node %d failed: %s", kind, order.run_id, order.node_id, err)
+
+    async def _start_request(self, order: NodeOrder) -> agent_pb2.StartRunRequest:
+        def read(s: Session) -> tuple[Any, Any, Any]:
+            run = s.execute(select(runs).where(runs.c.run_id == order.run_id)).one()
+            task = s.execute(select(tasks).where(tasks.c.task_id == order.task_id)).one()
+            node = s.execute(select(nodes).where(nodes.c.node_id == order.node_id)).one()
+            return run, task, node
+
+        run, task, node = await self.store.arun(read)
+        spec = task.spec
+        devices = [int(d.get("index", i)) for i, d in enumerate(node.devices or [])]
+        master_ip, _, port = run.master_address.rpartition(":")
+        return agent_pb2.StartRunRequest(
+            task_id=task.task_id,
+            run_id=run.run_id,
+            run_index=run.run_index,
+            user_name=task.user_name,
+            uid=task.uid,
+            argv=spec["argv"],
+            env=spec.get("env", {}),
+            working_dir=spec.get("working_dir", ""),
+            node_rank=order.node_rank,
+            num_nodes=len(run.node_ids),
+            master_ip=master_ip,
+            master_port=int(port),
+            ranks_per_node=int(spec.get("ranks_per_node", 0)),
+            device_indices=devices,
+            whole_life_state=run.start_whole_life_state,
+            token=await self._run_token(run.run_id, task.user_name),
+            image=spec.get("image", ""),
+            priority=run.priority,
+        )
+
+    async def _run_token(self, run_id: int, user_name: str) -> str:
+        """A token of the task's owner for its ranks (issued by mgmtd once per run)."""
+        if run_id in self._run_tokens or self.mgmtd is None:
+            return self._run_tokens.get(run_id, "")
+        try:
+            resp = await self.mgmtd.identity(
+                lambda s: s.IssueToken,
+                mgmtd_pb2.IssueTokenRequest(
+                    user_name=user_name, description=f"scheduler run {run_id}", ttl_s=RUN_TOKEN_TTL_S
+                ),
+            )
+        except RpcError as err:
+            logger.warning("cannot issue a token for run %d: %s", run_id, err)
+            return ""
+        self._run_tokens[run_id] = resp.token
+        return str(resp.token)
+
+
+def _wanted(order: NodeOrder) -> str | None:
+    if order.phase is NodePhase.EXITED:
+        return None
+    if order.run_state in (RunState.STARTING, RunState.RUNNING):
+        return "start" if order.phase is NodePhase.UNKNOWN else None
+    if order.run_state is RunState.SUSPENDING:
+        return "suspend"
+    return "stop"
+
+
+async def _until(stop: asyncio.Event, stream: Any) -> Any:
+    """Items of an async iterator until ``stop`` is set."""
+    it = stream.__aiter__()
+    while not stop.is_set():
+        nxt = asyncio.ensure_future(it.__anext__())
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if nxt not in done:
+            nxt.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await nxt
+            return
+        try:
+            yield nxt.result()
+        except StopAsyncIteration:
+            return
