@@ -48,7 +48,9 @@ class NodeMembership:
         self.lease_duration_s = 0.0
         self.heartbeat_interval_s = options.retry_interval_s
         self.routing_version = 0
+        # The config version of this node's type that mgmtd announced, and whether the node is enabled.
         self.config_version = 0
+        self.enabled = True
         self.registered = asyncio.Event()
         self._watch: LeaseWatch | None = None
 
@@ -62,11 +64,15 @@ class NodeMembership:
             endpoints=[common_pb2.Endpoint(name=k, address=v) for k, v in self._opts.endpoints.items()],
             tags=self._opts.tags,
         )  # fmt: skip
+        sent_at = time.monotonic()
         resp = await self._client.mgmtd(lambda s: s.RegisterNode, request)
         self.node_id, self.cluster_id = resp.node_id, resp.cluster_id
         self.lease_duration_s, self.heartbeat_interval_s = resp.lease_duration_s, resp.heartbeat_interval_s
         self.routing_version = resp.routing_version
-        self._watch = LeaseWatch(self.lease_duration_s, time.monotonic())
+        if self._watch is None:
+            self._watch = LeaseWatch(self.lease_duration_s, sent_at)
+        elif self._watch.acked(sent_at):
+            self._regained()
         self.registered.set()
         logger.info("registered with mgmtd", extra={"node_id": self.node_id, "cluster_id": self.cluster_id})
 
@@ -77,6 +83,8 @@ class NodeMembership:
             targets=[mgmtd_pb2.LocalTargetReport(target_id=t, local_state=mgmtd_pb2.LocalTargetState.ValueType(s))
                      for t, s in reports],
         )  # fmt: skip
+        # The lease is fresh as of when the request left, not when the answer came back.
+        sent_at = time.monotonic()
         try:
             resp = await self._client.mgmtd(lambda s: s.Heartbeat, request)
         except RpcError as err:
@@ -85,12 +93,16 @@ class NodeMembership:
             logger.warning("mgmtd does not know this node; registering again")
             await self.register()
             return
-        self.routing_version = resp.routing_version
-        assert self._watch is not None
-        if self._watch.acked(time.monotonic()):
-            logger.info("mgmtd reachable again")
-            if self._opts.on_lease_regained:
-                self._opts.on_lease_regained()
+        self.routing_version, self.config_version, self.enabled = (
+            resp.routing_version, resp.config_version, resp.enabled,
+        )  # fmt: skip
+        if self._watch is not None and self._watch.acked(sent_at):
+            self._regained()
+
+    def _regained(self) -> None:
+        logger.info("mgmtd reachable again")
+        if self._opts.on_lease_regained:
+            self._opts.on_lease_regained()
 
     def _check_lease(self) -> None:
         if self._watch is not None and self._watch.check(time.monotonic()):
@@ -111,9 +123,14 @@ class NodeMembership:
                 except RpcError as err:
                     logger.warning("cannot register with mgmtd yet: %s", err)
                     await _sleep_or_stop(stop, self._opts.retry_interval_s)
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._heartbeat_loop(stop))
-                tg.create_task(self._lease_watch_loop(stop))
+            loops = [asyncio.create_task(self._heartbeat_loop(stop)), asyncio.create_task(self._lease_watch_loop(stop))]
+            try:
+                await stop.wait()
+            finally:
+                # A heartbeat may be in the middle of its retries: stopping does not wait for it.
+                for task in loops:
+                    task.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
         finally:
             await self._client.close()
 

@@ -78,9 +78,11 @@ class MgmtdClient:
             try:
                 return await self._rpc.unary(call, request, timeout_s=timeout_s)
             except RpcError as err:
+                # Move on from an address that did not answer even when this call will not be retried,
+                # so the next call does not start from it again.
+                redirected = self._follow(err) if err.code in RETRYABLE_CODES else False
                 if not self._should_retry(err, method_path(call)) or attempt >= self._retry.max_attempts:
                     raise
-                redirected = self._follow(err)
                 attempt += 1
                 if not redirected:
                     await asyncio.sleep(self._retry.backoff_s(attempt - 1))
@@ -104,21 +106,24 @@ class MgmtdClient:
         return False
 
     async def watch_routing(self, known_version: int = 0) -> AsyncIterator[mgmtd_pb2.RoutingInfo]:
-        """Routing info at every change, following the primary across failovers, until cancelled."""
+        """Routing info at every change, following the primary across failovers, until cancelled.
+
+        A stream that ends (the primary stopped or stepped down) is opened again, on the primary.
+        """
         attempt = 0
         while True:
             stub = MgmtdStub(self._channel(self._current))
+            request = mgmtd_pb2.WatchRoutingInfoRequest(known_version=known_version)
             try:
-                async for msg in self._rpc.stream(stub.WatchRoutingInfo, mgmtd_pb2.WatchRoutingInfoRequest(
-                    known_version=known_version
-                )):  # fmt: skip
+                async for msg in self._rpc.stream(stub.WatchRoutingInfo, request):
                     attempt = 0
                     known_version = msg.routing_info.version
                     yield msg.routing_info
-                return
+                redirected = self._follow(RpcError(grpc.StatusCode.UNAVAILABLE, "watch stream ended"))
             except RpcError as err:
                 if err.code not in RETRYABLE_CODES:
                     raise
-                attempt += 1
-                if not self._follow(err):
-                    await asyncio.sleep(self._retry.backoff_s(min(attempt, 6)))
+                redirected = self._follow(err)
+            attempt += 1
+            if not redirected:
+                await asyncio.sleep(self._retry.backoff_s(min(attempt, 6)))

@@ -5,6 +5,8 @@ from ff_rpc.auth import (
     CachingTokenValidator,
     Principal,
     Role,
+    TokenCheck,
+    TokenChecker,
     TokenValidator,
     current_principal,
 )
@@ -46,6 +48,8 @@ __all__ = [
     "ServiceBinding",
     "ServiceError",
     "StatusTable",
+    "TokenCheck",
+    "TokenChecker",
     "TokenValidator",
     "Unauthenticated",
     "Unavailable",

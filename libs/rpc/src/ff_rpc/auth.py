@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import hmac
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -80,13 +81,19 @@ def set_current_principal(principal: Principal | None) -> contextvars.Token[Prin
     return _principal.set(principal)
 
 
-def method_access(full_method: str) -> Access | None:
-    """The access rule declared in the proto for ``/pkg.Service/Method``; None for non-fireflyer methods.
+# Standard services every server carries that need no token (health probes, grpcurl's listing).
+OPEN_SERVICES = frozenset({
+    "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection",
+})  # fmt: skip
 
-    A fireflyer method without the option is treated as CLUSTER-only: fail closed.
+
+def method_access(full_method: str) -> Access | None:
+    """The access rule declared in the proto for ``/pkg.Service/Method``; None for the open services.
+
+    Anything else without the option (unknown methods, other packages) is CLUSTER-only: fail closed.
     """
     service, _, method = full_method.lstrip("/").partition("/")
-    if not service.startswith("fireflyer."):
+    if service in OPEN_SERVICES:
         return None
     try:
         desc = descriptor_pool.Default().FindMethodByName(f"{service}.{method}")
@@ -119,9 +126,23 @@ def is_cluster_token(token: str, cluster_token: str) -> bool:
 
 
 class TokenValidator(Protocol):
-    """Turns a bearer token into a Principal, or raises Unauthenticated."""
+    """Turns a bearer token into a Principal, or raises Unauthenticated (what the interceptor calls)."""
 
     async def validate(self, token: str) -> Principal: ...
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """A registry's answer for a token, and how long it may be cached (never past the token's expiry)."""
+
+    principal: Principal
+    valid_for_s: float
+
+
+class TokenChecker(Protocol):
+    """Asks the identity registry about a token; raises Unauthenticated for a bad one."""
+
+    async def check(self, token: str) -> TokenCheck: ...
 
 
 @dataclass
@@ -133,40 +154,43 @@ class _CacheEntry:
 
 @dataclass
 class CachingTokenValidator:
-    """Caches another validator's answers briefly, so a busy service does not ask mgmtd per call.
+    """Caches a registry's answers briefly, so a busy service does not ask mgmtd on every call.
 
-    Rejections are cached too (shorter), so a client hammering with a bad token costs little. A revoked
-    token stays valid here for at most ``ttl_s``.
+    An answer is kept for the shorter of ``ttl_s`` and what the registry allows (which stops at the
+    token's own expiry); rejections for ``negative_ttl_s``. A revoked token stays valid here for at
+    most ``ttl_s``. Least recently used entries go first when the cache is full, so a flood of junk
+    tokens cannot flush the good ones all at once.
     """
 
-    inner: TokenValidator
+    inner: TokenChecker
     ttl_s: float = 5.0
     negative_ttl_s: float = 1.0
     max_entries: int = 10_000
     clock: Callable[[], float] = time.monotonic
-    _entries: dict[str, _CacheEntry] = field(default_factory=dict)
+    _entries: OrderedDict[str, _CacheEntry] = field(default_factory=OrderedDict)
 
     async def validate(self, token: str) -> Principal:
         now = self.clock()
         entry = self._entries.get(token)
         if entry is None or entry.expires_at <= now:
             entry = await self._fetch(token, now)
+        else:
+            self._entries.move_to_end(token)
         if entry.principal is None:
             raise Unauthenticated(entry.error)
         return entry.principal
 
     async def _fetch(self, token: str, now: float) -> _CacheEntry:
-        if len(self._entries) >= self.max_entries:
-            self._entries = {k: v for k, v in self._entries.items() if v.expires_at > now}
-            if len(self._entries) >= self.max_entries:
-                self._entries.clear()
         try:
-            principal = await self.inner.validate(token)
+            answer = await self.inner.check(token)
         except Unauthenticated as exc:
             entry = _CacheEntry(now + self.negative_ttl_s, None, str(exc))
         else:
-            entry = _CacheEntry(now + self.ttl_s, principal)
+            entry = _CacheEntry(now + max(0.0, min(self.ttl_s, answer.valid_for_s)), answer.principal)
         self._entries[token] = entry
+        self._entries.move_to_end(token)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
         return entry
 
     def invalidate(self) -> None:

@@ -29,6 +29,12 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
+    # A restarted or failed-over server is retried within 100 ms-2 s, not grpc's default 1-120 s, and
+    # a channel does not inherit another channel's connection backoff to the same address.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _SAFE_LEVELS = {MethodOptions.IDEMPOTENT, MethodOptions.NO_SIDE_EFFECTS}

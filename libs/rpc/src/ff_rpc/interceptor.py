@@ -106,8 +106,10 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
         return behavior
 
     async def authenticate(self, access: Access | None, context: Context) -> Principal | None:
+        if access is None:
+            return None
         token = bearer_token(tuple(context.invocation_metadata() or ()))
-        if access is None or (access is Access.PUBLIC and not token):
+        if access is Access.PUBLIC and not token:
             return None
         if not token:
             raise Unauthenticated("missing bearer token (metadata 'authorization: Bearer <token>')")

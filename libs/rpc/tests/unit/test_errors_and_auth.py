@@ -17,6 +17,7 @@ from ff_rpc import (
     RetryPolicy,
     Role,
     StatusTable,
+    TokenCheck,
     Unauthenticated,
 )
 from ff_rpc.auth import CLUSTER_PRINCIPAL, authorize, bearer_token, is_cluster_token, method_access
@@ -62,6 +63,7 @@ def test_method_access_comes_from_the_proto_option() -> None:
     # Unknown fireflyer methods fail closed; other packages (health, reflection) carry no rule.
     assert method_access("/fireflyer.mgmtd.v1.MgmtdService/NoSuchMethod") is Access.CLUSTER
     assert method_access("/grpc.health.v1.Health/Check") is None
+    assert method_access("/other.pkg.v1.Service/Method") is Access.CLUSTER
 
 
 def test_idempotency_comes_from_the_proto_option() -> None:
@@ -108,19 +110,20 @@ def test_cluster_token_comparison() -> None:
     assert not is_cluster_token("", "")  # an unset cluster token matches nothing
 
 
-class CountingValidator:
-    def __init__(self) -> None:
+class CountingChecker:
+    def __init__(self, valid_for_s: float = 60.0) -> None:
         self.calls = 0
+        self.valid_for_s = valid_for_s
 
-    async def validate(self, token: str) -> Principal:
+    async def check(self, token: str) -> TokenCheck:
         self.calls += 1
-        if token != "good":
+        if not token.startswith("good"):
             raise Unauthenticated("unknown token")
-        return ALICE
+        return TokenCheck(ALICE, self.valid_for_s)
 
 
 async def test_caching_validator_caches_answers_and_rejections_for_their_ttl() -> None:
-    inner = CountingValidator()
+    inner = CountingChecker()
     now = [100.0]
     cache = CachingTokenValidator(inner, ttl_s=5.0, negative_ttl_s=1.0, clock=lambda: now[0])
     assert await cache.validate("good") == ALICE
@@ -161,3 +164,31 @@ def test_json_log_lines_carry_context_fields() -> None:
     assert record["request_id"] == "r-1"
     assert record["node_id"] == 7
     assert record["level"] == "WARNING"
+
+
+async def test_cache_never_outlives_what_the_registry_allows() -> None:
+    inner = CountingChecker(valid_for_s=2.0)  # e.g. the token expires in 2 s
+    now = [0.0]
+    cache = CachingTokenValidator(inner, ttl_s=5.0, clock=lambda: now[0])
+    await cache.validate("good")
+    now[0] = 1.9
+    await cache.validate("good")
+    assert inner.calls == 1
+    now[0] = 2.1
+    await cache.validate("good")
+    assert inner.calls == 2
+
+
+async def test_cache_evicts_least_recently_used() -> None:
+    inner = CountingChecker()
+    cache = CachingTokenValidator(inner, max_entries=2, clock=lambda: 0.0)
+    await cache.validate("good-a")
+    await cache.validate("good-b")
+    await cache.validate("good-a")  # a is now the most recent
+    for junk in ("junk-1", "junk-2", "junk-3"):
+        with pytest.raises(Unauthenticated):
+            await cache.validate(junk)
+    calls = inner.calls
+    await cache.validate("good-a")  # evicted by the junk flood: asked again
+    assert inner.calls == calls + 1
+    assert len(cache._entries) == 2

@@ -32,6 +32,8 @@ def run(argv: list[str] | None = None) -> int:
         return 2
     configure_logging("mgmtd", settings.log_level)
     logger.info("starting", extra={"config": describe_settings(settings)})
+    if warning := settings.failover_warning():
+        logger.warning(warning)
     asyncio.run(main(settings))
     return 0
 

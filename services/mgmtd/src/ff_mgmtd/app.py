@@ -35,6 +35,9 @@ from ff_store import Store
 
 logger = logging.getLogger(__name__)
 
+# A standby campaigns this long after the primary's lease should have expired (database clock).
+ELECTION_MARGIN_S = 0.02
+
 T = TypeVar("T")
 
 
@@ -91,6 +94,10 @@ class Mgmtd:
         # Local target states as the nodes last reported them (3FS keeps them in the manager's memory).
         self._local_states: dict[int, LocalTargetState] = {}
         self._scan_wanted = asyncio.Event()
+        # Serializes changes of node status (register, revive, declare dead) against lease renewals.
+        self._node_lock = asyncio.Lock()
+        # One database read refreshes the routing snapshot for every caller waiting on it.
+        self._snapshot_lock = asyncio.Lock()
 
     # ---- primacy ----
 
@@ -118,7 +125,7 @@ class Mgmtd:
     async def run(self, stop: asyncio.Event) -> None:
         """The background loops, until ``stop``; then resign primacy so a standby takes over at once."""
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._every(self.timing.election_tick_s, self.election_tick, stop))
+            tg.create_task(self._election_loop(stop))
             tg.create_task(self._every(self.timing.liveness_tick_s, self.liveness_tick, stop))
             tg.create_task(self._scan_loop(stop))
         await self.resign()
@@ -132,10 +139,23 @@ class Mgmtd:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=period_s)
 
-    async def election_tick(self) -> None:
+    async def _election_loop(self, stop: asyncio.Event) -> None:
+        """Campaign every tick; a standby also wakes just after the primary's lease would expire, so a
+        dead primary is replaced within one lease of its last renewal."""
+        while not stop.is_set():
+            delay_s = self.timing.election_tick_s
+            try:
+                delay_s = min(delay_s, await self.election_tick())
+            except Exception:
+                logger.exception("election tick failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay_s)
+
+    async def election_tick(self) -> float:
+        """One campaign. Returns how long until the current holder's lease expires (standbys)."""
         started = self._clock()
         try:
-            result = await self.store.arun(
+            result, db_now = await self.store.arun(
                 lambda s: cluster_state.run_campaign(s, self.instance_id, self.address, self.timing.election_lease_s)
             )
         except Exception:
@@ -146,18 +166,21 @@ class Mgmtd:
             self._primary_address = result.row.holder_address
             if self._fence is not None:
                 self._step_down(f"lease held by {result.row.holder_id}")
-            return
+            return max(0.0, result.row.expires_at - db_now) + ELECTION_MARGIN_S
         # The lease runs from before the transaction began, on our own clock: conservative.
         self._lease_deadline = started + self.timing.election_lease_s
         self._primary_address = self.address
         if self._fence is None or self._fence.epoch != result.row.epoch:
             await self._take_over(Fence(self.instance_id, result.row.epoch))
+        return self.timing.election_tick_s
 
     async def _take_over(self, fence: Fence) -> None:
         def load(s: Session) -> tuple[list[Node], dict[NodeType, int], int]:
             return routing.list_nodes(s), routing.config_versions(s), cluster_state.routing_version(s)
 
-        nodes, config_versions, version = await self.store.arun(load)
+        # Serve nothing from the old term's caches while the new term's state loads.
+        self._fence = None
+        nodes, config_versions, version = await self.store.arun(load, read_only=True)
         now = self._clock()
         self._nodes = {n.node_id: n for n in nodes}
         self._tracker.reset([n.node_id for n in nodes if n.status is NodeStatus.ALIVE], now)
@@ -184,6 +207,11 @@ class Mgmtd:
         except Exception:
             logger.exception("could not resign the lease; it will expire")
 
+    async def read(self, fn: Callable[[Session], T]) -> T:
+        """Read state as the primary (read-only transaction: on SQLite it takes no write lock)."""
+        self.require_primary()
+        return await self.store.arun(fn, read_only=True)
+
     async def write(self, fn: Callable[[Session, Fence], T]) -> T:
         """Run a state change as the primary, fenced by our lease epoch in the same transaction."""
         fence = self.require_primary()
@@ -196,8 +224,12 @@ class Mgmtd:
     # ---- liveness ----
 
     async def liveness_tick(self) -> None:
-        if not self.is_primary:
+        if not self.is_primary or not self._tracker.expired(self._clock()):
             return
+        async with self._node_lock:
+            await self._declare_dead()
+
+    async def _declare_dead(self) -> None:
         expired = self._tracker.expired(self._clock())
         if not expired:
             return
@@ -213,9 +245,10 @@ class Mgmtd:
         self._scan_wanted.set()
 
     async def register_node(self, reg: NodeRegistration) -> Node:
-        node, version = await self.write(lambda s, f: routing.register_node(s, f, reg, time.time()))
-        self._nodes[node.node_id] = node
-        self._tracker.renew(node.node_id, self._clock())
+        async with self._node_lock:
+            node, version = await self.write(lambda s, f: routing.register_node(s, f, reg, time.time()))
+            self._nodes[node.node_id] = node
+            self._tracker.renew(node.node_id, self._clock())
         await self._publish(version)
         logger.info("node registered", extra={"node_id": node.node_id, "node_type": node.node_type.name})
         return node
@@ -228,20 +261,21 @@ class Mgmtd:
         The steady state touches no database: the primary keeps leases and local states in memory.
         """
         self.require_primary()
+        async with self._node_lock:
+            known = self._nodes.get(node_id)
+            if known is None:
+                raise NotFoundError(f"node {node_id} is not registered")
+            node = known
+            if node.status is NodeStatus.DEAD:
+                node, version = await self.write(lambda s, f: routing.revive(s, f, node_id))
+                self._nodes[node_id] = node
+                await self._publish(version)
+                logger.info("dead node is back", extra={"node_id": node_id})
+            self._tracker.renew(node_id, self._clock())
         for target_id, state in (target_states or {}).items():
             if self._local_states.get(target_id) is not state:
                 self._local_states[target_id] = state
                 self._scan_wanted.set()
-        known = self._nodes.get(node_id)
-        if known is None:
-            raise NotFoundError(f"node {node_id} is not registered")
-        node = known
-        if node.status is NodeStatus.DEAD:
-            node, version = await self.write(lambda s, f: routing.revive(s, f, node_id))
-            self._nodes[node_id] = node
-            await self._publish(version)
-            logger.info("dead node is back", extra={"node_id": node_id})
-        self._tracker.renew(node_id, self._clock())
         return HeartbeatAnswer(self._routing_version, self._config_versions.get(node.node_type, 0), node.enabled)
 
     # ---- chain scan (3FS target states) ----
@@ -274,7 +308,7 @@ class Mgmtd:
         """Apply the public-state transition table to every chain; store and publish what changed."""
         if not self.is_primary:
             return None
-        chains = await self.store.arun(routing.list_chains)
+        chains = await self.store.arun(routing.list_chains, read_only=True)
         by_id = {c.chain_id: c for c in chains}
         changed = scan_chains(chains, self.effective_local_states(chains))
         if not changed:
@@ -323,11 +357,15 @@ class Mgmtd:
         snapshot = self._snapshot
         if snapshot is not None and snapshot.version == self._routing_version:
             return snapshot
-        snapshot = await self.store.arun(lambda s: routing.routing_info(s, time.time()))
-        if self.is_primary:
-            # A write may have committed and not yet published its version: the database is ahead.
-            await self._publish(snapshot.version)
-            self._snapshot = snapshot
+        async with self._snapshot_lock:
+            snapshot = self._snapshot
+            if snapshot is not None and snapshot.version == self._routing_version:
+                return snapshot  # another caller refreshed it while we waited
+            snapshot = await self.store.arun(lambda s: routing.routing_info(s, time.time()), read_only=True)
+            if self.is_primary:
+                # A write may have committed and not yet published its version: the database is ahead.
+                await self._publish(snapshot.version)
+                self._snapshot = snapshot
         return snapshot
 
     async def publish(self, version: int) -> None:
@@ -339,7 +377,11 @@ class Mgmtd:
             self._changed.notify_all()
 
     async def watch(self, known_version: int, stopping: asyncio.Event) -> AsyncIterator[RoutingInfo]:
-        """Routing info now if newer than ``known_version``, then at every change, while primary."""
+        """Routing info now if newer than ``known_version``, then at every change, while primary.
+
+        Ends with NotPrimary (UNAVAILABLE) when this instance stops or steps down, so the watcher
+        reconnects to the primary instead of taking the end for "no more changes".
+        """
         while not stopping.is_set():
             info = await self.routing_info()
             if info.version != known_version:
@@ -349,14 +391,15 @@ class Mgmtd:
                 if self._routing_version == known_version:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), timeout=self.timing.election_tick_s)
+        raise NotPrimary("")
 
     async def instances(self) -> list[MgmtdInstance]:
-        return await self.store.arun(cluster_state.list_instances)
+        return await self.store.arun(cluster_state.list_instances, read_only=True)
 
     async def lookup_primary(self) -> str:
         if self.is_primary:
             return self.address
-        _, address = await self.store.arun(cluster_state.current_primary)
+        _, address = await self.store.arun(cluster_state.current_primary, read_only=True)
         self._primary_address = address
         return address
 

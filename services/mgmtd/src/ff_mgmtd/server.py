@@ -11,7 +11,7 @@ from ff_cluster import MembershipOptions, NodeMembership
 from ff_mgmtd.app import Mgmtd, Timing
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.errors import STATUS_TABLE
-from ff_mgmtd.servicer import IdentityServicer, LocalTokenValidator, MgmtdServicer
+from ff_mgmtd.servicer import IdentityServicer, LocalTokenChecker, MgmtdServicer
 from ff_mgmtd.store.schema import VERSION_TABLE
 from ff_rpc import CachingTokenValidator, RpcServer, ServerOptions, ServiceBinding, install_stop_signals
 from ff_rpc.server import write_ready_file
@@ -42,7 +42,9 @@ async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> No
     services = mgmtd_pb2.DESCRIPTOR.services_by_name
     # The server must be bound before the instance knows the address it campaigns with.
     mgmtd = Mgmtd(store, timing, instance_id="", address="")
-    validator = CachingTokenValidator(LocalTokenValidator(mgmtd), ttl_s=min(settings.token_cache_ttl_s, 1.0))
+    # mgmtd's own cache is short and dropped on every revoke or disable (see IdentityServicer).
+    local_ttl_s = min(settings.token_cache_ttl_s, 1.0)
+    validator = CachingTokenValidator(LocalTokenChecker(mgmtd, local_ttl_s), ttl_s=local_ttl_s)
     server = RpcServer(
         ServerOptions(
             listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,

@@ -13,7 +13,7 @@ from ff_mgmtd.core import tokens, validation
 from ff_mgmtd.core.errors import Forbidden, InvalidRequest, InvalidToken
 from ff_mgmtd.core.model import Role
 from ff_mgmtd.store import identity, routing
-from ff_rpc import CachingTokenValidator, Principal, Unauthenticated, current_principal
+from ff_rpc import CachingTokenValidator, Principal, TokenCheck, Unauthenticated, current_principal
 from ff_rpc.auth import Role as PrincipalRole
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
@@ -113,8 +113,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
 
     async def GetConfig(self, request: pb.GetConfigRequest, context: Context) -> pb.GetConfigResponse:
         node_type = validation.check_node_type(request.node_type)
-        self._m.require_primary()
-        entry = await self._m.store.arun(lambda s: routing.get_config(s, node_type))
+        entry = await self._m.read(lambda s: routing.get_config(s, node_type))
         return pb.GetConfigResponse(node_type=request.node_type, version=entry.version, content=entry.content)
 
     async def SetConfig(self, request: pb.SetConfigRequest, context: Context) -> pb.SetConfigResponse:
@@ -139,15 +138,14 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         role = Role(request.role or common_pb2.ROLE_USER) if request.role in (0, 1, 2) else None
         if role is None:
             raise InvalidRequest(f"role {request.role} is not a known role")
-        groups = [validation.check_name("group", g) for g in request.group_names]
+        groups = validation.check_names("group", list(request.group_names))
         user = await self._m.write(
             lambda s, f: identity.create_user(s, f, name, request.uid, role, groups, time.time())
         )
         return pb.CreateUserResponse(user=wire.user_to_proto(user))
 
     async def ListUsers(self, request: pb.ListUsersRequest, context: Context) -> pb.ListUsersResponse:
-        self._m.require_primary()
-        users = await self._m.store.arun(identity.list_users)
+        users = await self._m.read(identity.list_users)
         return pb.ListUsersResponse(users=[wire.user_to_proto(u) for u in users])
 
     async def SetUserDisabled(self, request: pb.SetUserDisabledRequest, context: Context) -> pb.SetUserDisabledResponse:
@@ -162,8 +160,7 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         return pb.CreateGroupResponse(group=wire.group_to_proto(group))
 
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Context) -> pb.ListGroupsResponse:
-        self._m.require_primary()
-        groups = await self._m.store.arun(identity.list_groups)
+        groups = await self._m.read(identity.list_groups)
         return pb.ListGroupsResponse(groups=[wire.group_to_proto(g) for g in groups])
 
     async def AddGroupMember(self, request: pb.AddGroupMemberRequest, context: Context) -> pb.AddGroupMemberResponse:
@@ -183,28 +180,24 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
 
     async def IssueToken(self, request: pb.IssueTokenRequest, context: Context) -> pb.IssueTokenResponse:
         user_name = _own_or_admin(request.user_name)
-        if request.ttl_s < 0:
-            raise InvalidRequest("ttl_s must be >= 0")
-        if len(request.description) > 256:
-            raise InvalidRequest("description: at most 256 characters")
+        ttl_s = validation.check_ttl(request.ttl_s)
+        description = validation.check_description(request.description)
         new = tokens.new_token()
         info = await self._m.write(
-            lambda s, f: identity.issue_token(s, f, user_name, new, request.description, request.ttl_s, time.time())
+            lambda s, f: identity.issue_token(s, f, user_name, new, description, ttl_s, time.time())
         )
         return pb.IssueTokenResponse(token_info=wire.token_to_proto(info), token=new.token)
 
     async def ListTokens(self, request: pb.ListTokensRequest, context: Context) -> pb.ListTokensResponse:
         user_name = _own_or_admin(request.user_name)
-        self._m.require_primary()
-        infos = await self._m.store.arun(lambda s: identity.list_tokens(s, user_name))
+        infos = await self._m.read(lambda s: identity.list_tokens(s, user_name))
         return pb.ListTokensResponse(tokens=[wire.token_to_proto(i) for i in infos])
 
     async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.RevokeTokenResponse:
         if not request.token_id:
             raise InvalidRequest("token_id is required")
         caller = current_principal()
-        self._m.require_primary()
-        info = await self._m.store.arun(lambda s: identity.get_token(s, request.token_id))
+        info = await self._m.read(lambda s: identity.get_token(s, request.token_id))
         if not caller.is_admin and info.user_name != caller.name:
             raise Forbidden(f"token {request.token_id} belongs to another user")
         info = await self._m.write(lambda s, f: identity.revoke_token(s, f, request.token_id, time.time()))
@@ -212,8 +205,8 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         return pb.RevokeTokenResponse(token_info=wire.token_to_proto(info))
 
     async def ValidateToken(self, request: pb.ValidateTokenRequest, context: Context) -> pb.ValidateTokenResponse:
-        principal = await authenticate_token(self._m, request.token)
-        return pb.ValidateTokenResponse(principal=principal.to_proto(), cache_ttl_s=self._ttl_s)
+        answer = await check_token(self._m, request.token, self._ttl_s)
+        return pb.ValidateTokenResponse(principal=answer.principal.to_proto(), cache_ttl_s=answer.valid_for_s)
 
     async def WhoAmI(self, request: pb.WhoAmIRequest, context: Context) -> pb.WhoAmIResponse:
         return pb.WhoAmIResponse(principal=current_principal().to_proto())
@@ -231,23 +224,27 @@ def _own_or_admin(user_name: str) -> str:
     return name
 
 
-async def authenticate_token(mgmtd: Mgmtd, token: str) -> Principal:
-    """The registry's answer for a bearer token (read from the database by any instance)."""
+async def check_token(mgmtd: Mgmtd, token: str, ttl_s: float) -> TokenCheck:
+    """The registry's answer for a bearer token (any instance reads it from the database), cacheable
+    for ``ttl_s`` but never past the token's expiry."""
+    now = time.time()
     try:
-        user = await mgmtd.store.arun(lambda s: identity.authenticate(s, token, time.time()))
+        user, expires_at = await mgmtd.store.arun(lambda s: identity.authenticate(s, token, now), read_only=True)
     except InvalidToken as exc:
         raise Unauthenticated(str(exc)) from None
-    return Principal(
+    principal = Principal(
         uid=user.uid, name=user.name, role=PrincipalRole(int(user.role)), gids=user.gids,
         group_names=user.group_names,
     )  # fmt: skip
+    return TokenCheck(principal, min(ttl_s, expires_at - now) if expires_at else ttl_s)
 
 
-class LocalTokenValidator:
-    """mgmtd validates tokens against its own database (other services ask mgmtd over gRPC)."""
+class LocalTokenChecker:
+    """mgmtd checks tokens against its own database (other services ask mgmtd over gRPC)."""
 
-    def __init__(self, mgmtd: Mgmtd) -> None:
+    def __init__(self, mgmtd: Mgmtd, ttl_s: float) -> None:
         self._m = mgmtd
+        self._ttl_s = ttl_s
 
-    async def validate(self, token: str) -> Principal:
-        return await authenticate_token(self._m, token)
+    async def check(self, token: str) -> TokenCheck:
+        return await check_token(self._m, token, self._ttl_s)

@@ -20,7 +20,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2
 CLUSTER_TOKEN = "test-cluster-token"
 # Short leases so tests of expiry and failover take seconds.
 FAST_TIMING: dict[str, float] = {
-    "lease_duration_s": 2.0, "heartbeat_interval_s": 0.25, "election_lease_s": 2.0, "grace_s": 1.0,
+    "lease_duration_s": 4.0, "heartbeat_interval_s": 0.25, "election_lease_s": 1.0, "grace_s": 1.0,
 }  # fmt: skip
 
 

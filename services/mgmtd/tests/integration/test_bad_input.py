@@ -45,6 +45,11 @@ CASES: list[tuple[str, str, str, Any, grpc.StatusCode]] = [
     (ADMIN, "i", "CreateUser", pb.CreateUserRequest(name="zed", role=7), C.INVALID_ARGUMENT),
     (ADMIN, "i", "CreateGroup", pb.CreateGroupRequest(name="BAD GROUP"), C.INVALID_ARGUMENT),
     (ADMIN, "i", "RevokeToken", pb.RevokeTokenRequest(), C.INVALID_ARGUMENT),
+    (ADMIN, "i", "CreateUser", pb.CreateUserRequest(name="gina", group_names=["g", "g"]), C.INVALID_ARGUMENT),
+    (ADMIN, "i", "IssueToken", pb.IssueTokenRequest(user_name="plain", ttl_s=float("nan")), C.INVALID_ARGUMENT),
+    (ADMIN, "i", "IssueToken", pb.IssueTokenRequest(user_name="plain", description="a\0b"), C.INVALID_ARGUMENT),
+    (ADMIN, "m", "SetChains", pb.SetChainsRequest(chains=[pb.Chain(
+        chain_id=1, targets=[pb.Target(target_id=2**63, node_id=1)])]), C.INVALID_ARGUMENT),
     (ADMIN, "i", "IssueToken", pb.IssueTokenRequest(user_name="plain", ttl_s=-1), C.INVALID_ARGUMENT),
     (CLUSTER_TOKEN, "i", "IssueToken", pb.IssueTokenRequest(), C.INVALID_ARGUMENT),
     # unknown ids

@@ -74,9 +74,11 @@ async def test_users_groups_and_tokens(mgmtd: InProcessMgmtd, db_url: str) -> No
     await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
         lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=bob_token.split("_")[1])))  # fmt: skip
 
-    # Revoking takes effect at once, here and for services asking through ValidateToken.
-    await as_alice.identity(lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=own.token_info.token_id))
+    # Revoking takes effect at once, here (even for a token mgmtd has just cached) and for services
+    # asking through ValidateToken.
     as_second = MgmtdClient([mgmtd.address], token=own.token)
+    assert (await as_second.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
+    await as_alice.identity(lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=own.token_info.token_id))
     await expect(grpc.StatusCode.UNAUTHENTICATED, as_second.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest()))
     validator = MgmtdTokenValidator(mgmtd.client())
     assert (await validator.validate(issued.token)).name == "alice"

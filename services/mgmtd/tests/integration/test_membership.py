@@ -39,7 +39,7 @@ async def test_register_assigns_ids_and_reregistering_keeps_them(mgmtd: InProces
     second = await client.mgmtd(lambda s: s.RegisterNode, registration(port=9001))
     assert second.node_id == first.node_id + 1
     assert first.cluster_id == mgmtd.cluster_id
-    assert first.lease_duration_s == 2.0 and first.heartbeat_interval_s == 0.25
+    assert first.lease_duration_s == 4.0 and first.heartbeat_interval_s == 0.25
     again = await client.mgmtd(lambda s: s.RegisterNode, registration(node_id=first.node_id, port=9100))
     assert again.node_id == first.node_id
     info = await routing(client)
@@ -150,4 +150,18 @@ async def test_heartbeat_for_an_unknown_node_is_not_found(mgmtd: InProcessMgmtd)
     with pytest.raises(RpcError) as err:
         await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=4242))
     assert err.value.code is grpc.StatusCode.NOT_FOUND
+    await client.close()
+
+
+async def test_ids_stay_in_range_after_the_largest_is_claimed(mgmtd: InProcessMgmtd) -> None:
+    client = mgmtd.client()
+    top = await client.mgmtd(lambda s: s.RegisterNode, registration(node_id=2**32 - 1))
+    assert top.node_id == 2**32 - 1
+    nxt = await client.mgmtd(lambda s: s.RegisterNode, registration(port=9001))
+    assert 0 < nxt.node_id < 2**32 - 1
+    assert {n.node_id for n in (await routing(client)).nodes} >= {top.node_id, nxt.node_id}
+    await client.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="big", uid=2**32 - 1))
+    after = await client.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="next"))
+    assert 1000 <= after.user.uid < 2**32 - 1
+    assert len((await client.identity(lambda s: s.ListUsers, pb.ListUsersRequest())).users) == 2
     await client.close()

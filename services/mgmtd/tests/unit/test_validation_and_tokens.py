@@ -51,7 +51,8 @@ def chain(chain_id: int, *target_ids: int, version: int = 0) -> Chain:
         ([chain(1)], "at least one target"),
         ([chain(1, 1, 1)], "more than one place"),
         ([chain(1, 1), chain(2, 1)], "more than one place"),
-        ([chain(1, 0)], "positive"),
+        ([chain(1, 0)], "target_id must be in 1.."),
+        ([chain(1, 2**63)], "target_id must be in 1.."),
     ],
 )
 def test_bad_chains(chains: list[Chain], message: str) -> None:
@@ -105,3 +106,26 @@ def test_not_primary_carries_the_primary_address() -> None:
     err = NotPrimary("10.0.0.1:9000")
     assert dict(err.trailing_metadata()) == {"ff-not-primary": "1", "ff-primary-address": "10.0.0.1:9000"}
     assert dict(NotPrimary("").trailing_metadata()) == {"ff-not-primary": "1"}
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), -1.0])
+def test_bad_token_lifetimes(ttl: float) -> None:
+    with pytest.raises(InvalidRequest, match="ttl_s"):
+        validation.check_ttl(ttl)
+
+
+def test_token_lifetimes() -> None:
+    assert validation.check_ttl(0.0) == 0.0
+    assert validation.check_ttl(3600.0) == 3600.0
+
+
+@pytest.mark.parametrize("text", ["a\0b", "line\nbreak", "x" * 257])
+def test_bad_descriptions(text: str) -> None:
+    with pytest.raises(InvalidRequest, match="description"):
+        validation.check_description(text)
+
+
+def test_names_must_be_unique() -> None:
+    assert validation.check_names("group", ["a", "b"]) == ["a", "b"]
+    with pytest.raises(InvalidRequest, match="once"):
+        validation.check_names("group", ["a", "a"])

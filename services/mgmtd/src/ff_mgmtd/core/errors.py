@@ -25,6 +25,10 @@ class AlreadyExistsError(MgmtdError):
     """A user, group or id that is taken."""
 
 
+class NoFreeId(MgmtdError):
+    """Every id of a kind is taken."""
+
+
 class StaleVersion(MgmtdError):
     """A compare-and-set against a version that is no longer current."""
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
 from ff_mgmtd.core.errors import InvalidRequest
 from ff_mgmtd.core.model import Chain, ChainTable, Endpoint, LocalTargetState, NodeRegistration, NodeType
 
-MAX_ID = 2**32 - 1
+MAX_ID = 2**32 - 1  # node, chain, table, user and group ids are uint32 on the wire
+MAX_TARGET_ID = 2**63 - 1  # target ids are uint64 on the wire, stored as signed 64-bit
+MAX_DESCRIPTION_CHARS = 256
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,63}$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]{1,255}$")
 _ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
@@ -72,8 +75,8 @@ def check_chains(chains: Sequence[Chain]) -> None:
         if not chain.targets:
             raise InvalidRequest(f"chain {chain.chain_id}: at least one target")
         for target in chain.targets:
-            if target.target_id <= 0:
-                raise InvalidRequest(f"chain {chain.chain_id}: target_id must be positive")
+            if not 0 < target.target_id <= MAX_TARGET_ID:
+                raise InvalidRequest(f"chain {chain.chain_id}: target_id must be in 1..{MAX_TARGET_ID}")
             if target.target_id in seen_targets:
                 raise InvalidRequest(f"target {target.target_id} appears in more than one place")
             seen_targets.add(target.target_id)
@@ -117,3 +120,24 @@ def check_target_reports(reports: Sequence[tuple[int, int]]) -> dict[int, LocalT
         except ValueError:
             raise InvalidRequest(f"targets: target {target_id} has unknown local state {state}") from None
     return states
+
+
+def check_names(kind: str, names: Sequence[str]) -> list[str]:
+    """A list of user or group names: each valid, none twice."""
+    checked = [check_name(kind, n) for n in names]
+    if len(set(checked)) != len(checked):
+        raise InvalidRequest(f"{kind} names: a name may appear once")
+    return checked
+
+
+def check_description(text: str) -> str:
+    if len(text) > MAX_DESCRIPTION_CHARS or not text.isprintable():
+        raise InvalidRequest(f"description: at most {MAX_DESCRIPTION_CHARS} printable characters")
+    return text
+
+
+def check_ttl(ttl_s: float) -> float:
+    """A token lifetime in seconds: 0 for none, else finite and positive."""
+    if not math.isfinite(ttl_s) or ttl_s < 0:
+        raise InvalidRequest("ttl_s must be a finite number >= 0 (0: the token does not expire)")
+    return ttl_s

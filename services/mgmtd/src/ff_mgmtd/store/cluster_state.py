@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Column, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from ff_mgmtd.core.errors import NotPrimary
+from ff_mgmtd.core.errors import NoFreeId, NotPrimary
 from ff_mgmtd.core.lease import Campaign, LeaseRow, campaign, primary_address
 from ff_mgmtd.core.model import MgmtdInstance
 from ff_mgmtd.store.schema import cluster, election, instances
@@ -23,6 +24,27 @@ class Fence:
     epoch: int
 
 
+def next_free_id(s: Session, column: Column[Any], first: int, last: int) -> int:
+    """The id after the largest in ``first..last``, or, once ``last`` is taken, the lowest free one.
+
+    Ids are uint32 on the wire: a caller who claimed the largest id must not push the next one out of range.
+    """
+    in_range = (column >= first) & (column <= last)
+    top = s.execute(select(func.max(column)).where(in_range)).scalar()
+    if top is None:
+        return first
+    if int(top) < last:
+        return int(top) + 1
+    if s.execute(select(column).where(column == first)).first() is None:
+        return first
+    taken = column.table.alias()
+    successor_taken = select(taken.c[column.name]).where(taken.c[column.name] == column + 1).exists()
+    gap = s.execute(select(func.min(column + 1)).where(in_range, column < last, ~successor_taken)).scalar()
+    if gap is None:
+        raise NoFreeId(f"every id in {first}..{last} is taken")
+    return int(gap)
+
+
 def ensure_cluster(s: Session, now: float) -> str:
     """The cluster id, created at the first start of the first instance."""
     row = s.execute(select(cluster.c.cluster_id).where(cluster.c.id == 1)).scalar_one_or_none()
@@ -31,6 +53,10 @@ def ensure_cluster(s: Session, now: float) -> str:
     cluster_id = uuid.uuid4().hex
     s.execute(insert(cluster).values(id=1, cluster_id=cluster_id, created_at=now, routing_version=1))
     return cluster_id
+
+
+def get_cluster_id(s: Session) -> str:
+    return str(s.execute(select(cluster.c.cluster_id).where(cluster.c.id == 1)).scalar_one())
 
 
 def routing_version(s: Session) -> int:
@@ -50,8 +76,11 @@ def read_lease(s: Session) -> LeaseRow | None:
     return LeaseRow(row.holder_id, row.holder_address, float(row.expires_at), int(row.epoch))
 
 
-def run_campaign(s: Session, instance_id: str, address: str, lease_s: float) -> Campaign:
-    """One election tick of one instance (in one serializable transaction), plus its liveness row."""
+def run_campaign(s: Session, instance_id: str, address: str, lease_s: float) -> tuple[Campaign, float]:
+    """One election tick of one instance (in one serializable transaction), plus its liveness row.
+
+    Returns the outcome and the database's time it was decided at.
+    """
     now = db_now(s)
     current = read_lease(s)
     result = campaign(current, instance_id, address, now, lease_s)
@@ -70,7 +99,7 @@ def run_campaign(s: Session, instance_id: str, address: str, lease_s: float) -> 
     else:
         stmt = update(instances).where(instances.c.instance_id == instance_id)
         s.execute(stmt.values(address=address, last_seen_at=now))
-    return result
+    return result, now
 
 
 def resign(s: Session, fence: Fence) -> None:

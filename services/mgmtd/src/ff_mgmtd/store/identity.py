@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from ff_mgmtd.core.errors import AlreadyExistsError, InvalidToken, NotFoundError
 from ff_mgmtd.core.model import Group, Role, TokenInfo, User
 from ff_mgmtd.core.tokens import NewToken, parse_token, secret_matches
-from ff_mgmtd.store.cluster_state import Fence, check_fence
+from ff_mgmtd.core.validation import MAX_ID
+from ff_mgmtd.store.cluster_state import Fence, check_fence, next_free_id
 from ff_mgmtd.store.schema import group_members, groups, tokens, users
 
 FIRST_UID = 1000
@@ -56,7 +57,7 @@ def create_user(s: Session, fence: Fence, name: str, uid: int, role: Role, group
         if s.execute(select(users.c.uid).where(users.c.uid == uid)).first() is not None:
             raise AlreadyExistsError(f"uid {uid} is taken")
     else:
-        uid = max(FIRST_UID, int(s.execute(select(func.coalesce(func.max(users.c.uid), 0))).scalar_one()) + 1)
+        uid = next_free_id(s, users.c.uid, FIRST_UID, MAX_ID)
     s.execute(insert(users).values(uid=uid, name=name, role=int(role), disabled=False, created_at=now))
     for gid in gids:
         s.execute(insert(group_members).values(gid=gid, uid=uid))
@@ -96,7 +97,7 @@ def create_group(s: Session, fence: Fence, name: str, gid: int) -> Group:
         if s.execute(select(groups.c.gid).where(groups.c.gid == gid)).first() is not None:
             raise AlreadyExistsError(f"gid {gid} is taken")
     else:
-        gid = max(FIRST_GID, int(s.execute(select(func.coalesce(func.max(groups.c.gid), 0))).scalar_one()) + 1)
+        gid = next_free_id(s, groups.c.gid, FIRST_GID, MAX_ID)
     s.execute(insert(groups).values(gid=gid, name=name))
     return get_group(s, name)
 
@@ -153,8 +154,11 @@ def revoke_token(s: Session, fence: Fence, token_id: str, now: float) -> TokenIn
     return get_token(s, token_id)
 
 
-def authenticate(s: Session, token: str, now: float) -> User:
-    """The user a bearer token belongs to; InvalidToken for anything but a live token of an enabled user."""
+def authenticate(s: Session, token: str, now: float) -> tuple[User, float]:
+    """The user a bearer token belongs to and when the token expires (0: never).
+
+    InvalidToken for anything but a live token of an enabled user.
+    """
     token_id, presented = parse_token(token)
     row = s.execute(select(tokens).where(tokens.c.token_id == token_id)).first()
     if row is None or not secret_matches(row.secret_hash, presented):
@@ -166,4 +170,4 @@ def authenticate(s: Session, token: str, now: float) -> User:
     user_row = s.execute(select(users).where(users.c.uid == row.uid)).first()
     if user_row is None or user_row.disabled:
         raise InvalidToken("user disabled")
-    return _user(s, user_row)
+    return _user(s, user_row), float(row.expires_at)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from ff_mgmtd.core.errors import Conflict, InvalidRequest, NotFoundError, StaleVersion
@@ -23,7 +23,15 @@ from ff_mgmtd.core.model import (
     PublicTargetState,
     RoutingInfo,
 )
-from ff_mgmtd.store.cluster_state import Fence, bump_routing_version, check_fence, ensure_cluster, routing_version
+from ff_mgmtd.core.validation import MAX_ID
+from ff_mgmtd.store.cluster_state import (
+    Fence,
+    bump_routing_version,
+    check_fence,
+    get_cluster_id,
+    next_free_id,
+    routing_version,
+)
 from ff_mgmtd.store.schema import chain_tables, chain_targets, chains, configs, nodes
 
 
@@ -65,7 +73,7 @@ def register_node(s: Session, fence: Fence, reg: NodeRegistration, now: float) -
         s.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
     else:
         if not node_id:
-            node_id = int(s.execute(select(func.coalesce(func.max(nodes.c.node_id), 0))).scalar_one()) + 1
+            node_id = next_free_id(s, nodes.c.node_id, 1, MAX_ID)
         s.execute(insert(nodes).values(node_id=node_id, enabled=True, registered_at=now, **values))
     version = bump_routing_version(s)
     return get_node(s, node_id), version
@@ -173,7 +181,7 @@ def set_chain_table(s: Session, fence: Fence, table: ChainTable) -> tuple[ChainT
 
 def routing_info(s: Session, now: float) -> RoutingInfo:
     return RoutingInfo(
-        version=routing_version(s), cluster_id=ensure_cluster(s, now), nodes=tuple(list_nodes(s)),
+        version=routing_version(s), cluster_id=get_cluster_id(s), nodes=tuple(list_nodes(s)),
         chains=tuple(list_chains(s)), chain_tables=tuple(list_chain_tables(s)),
     )  # fmt: skip
 
