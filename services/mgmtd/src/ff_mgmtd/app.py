@@ -93,6 +93,8 @@ class Mgmtd:
         self._changed = asyncio.Condition()
         # Local target states as the nodes last reported them (3FS keeps them in the manager's memory).
         self._local_states: dict[int, LocalTargetState] = {}
+        # Which node holds each target (as of the last chain scan): a node reports only its own.
+        self._target_owner: dict[int, int] = {}
         self._scan_wanted = asyncio.Event()
         # Serializes changes of node status (register, revive, declare dead) against lease renewals.
         self._node_lock = asyncio.Lock()
@@ -273,6 +275,10 @@ class Mgmtd:
                 logger.info("dead node is back", extra={"node_id": node_id})
             self._tracker.renew(node_id, self._clock())
         for target_id, state in (target_states or {}).items():
+            if self._target_owner.get(target_id, node_id) != node_id:
+                logger.warning("node %d reported target %d of node %d; ignored", node_id, target_id,
+                               self._target_owner[target_id])  # fmt: skip
+                continue
             if self._local_states.get(target_id) is not state:
                 self._local_states[target_id] = state
                 self._scan_wanted.set()
@@ -309,6 +315,7 @@ class Mgmtd:
         if not self.is_primary:
             return None
         chains = await self.store.arun(routing.list_chains, read_only=True)
+        self._target_owner = {t.target_id: t.node_id for c in chains for t in c.targets}
         by_id = {c.chain_id: c for c in chains}
         changed = scan_chains(chains, self.effective_local_states(chains))
         if not changed:

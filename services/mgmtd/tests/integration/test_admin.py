@@ -120,3 +120,32 @@ async def test_config_is_versioned_per_node_type(mgmtd: InProcessMgmtd) -> None:
     other = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=common_pb2.NODE_TYPE_META))
     assert other.version == 0
     await client.close()
+
+
+async def test_a_node_reports_only_its_own_targets(mgmtd: InProcessMgmtd) -> None:
+    import asyncio
+
+    client = mgmtd.client()
+    n1, n2 = await storage_nodes(client, 2)
+    await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(101, n1), (102, n2)])]))
+
+    def report(node_id: int, target_id: int) -> pb.HeartbeatRequest:
+        return pb.HeartbeatRequest(node_id=node_id, targets=[
+            pb.LocalTargetReport(target_id=target_id, local_state=pb.LOCAL_TARGET_STATE_OFFLINE)])  # fmt: skip
+
+    async def state_of(target_id: int) -> int:
+        info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+        return next(t.public_state for c in info.chains for t in c.targets if t.target_id == target_id)
+
+    await asyncio.sleep(0.6)  # one chain scan, so the primary knows who holds which target
+    await expect(grpc.StatusCode.NOT_FOUND, client.mgmtd(lambda s: s.Heartbeat, report(999, 101)))
+    await client.mgmtd(lambda s: s.Heartbeat, report(n2, 101))  # n2 does not hold 101
+    await asyncio.sleep(1.2)  # two scans
+    assert await state_of(101) == pb.PUBLIC_TARGET_STATE_SERVING
+    await client.mgmtd(lambda s: s.Heartbeat, report(n1, 101))  # its holder: taken into account
+    for _ in range(40):
+        if await state_of(101) != pb.PUBLIC_TARGET_STATE_SERVING:
+            break
+        await asyncio.sleep(0.05)
+    assert await state_of(101) in (pb.PUBLIC_TARGET_STATE_OFFLINE, pb.PUBLIC_TARGET_STATE_LASTSRV)
+    await client.close()

@@ -108,8 +108,9 @@ class MgmtdServiceServicer:
     """
 
     def RegisterNode(self, request, context):
-        """Register a node (a service process) or re-register it after a restart. Idempotent for the same
-        node id and type: the node keeps its id and becomes alive with a fresh lease.
+        """Register a node (a service process) or re-register it after a restart: the node keeps its id and
+        becomes alive with a fresh lease. Safe to repeat with a given node id; with node_id 0 a repeat
+        after a lost answer would register a second node, so it is not marked idempotent (not retried).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,8 +38,9 @@ class MgmtdServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MgmtdServiceAsyncStub: ...
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.RegisterNodeRequest, _mgmtd_pb2.RegisterNodeResponse]
-    """Register a node (a service process) or re-register it after a restart. Idempotent for the same
-    node id and type: the node keeps its id and becomes alive with a fresh lease.
+    """Register a node (a service process) or re-register it after a restart: the node keeps its id and
+    becomes alive with a fresh lease. Safe to repeat with a given node id; with node_id 0 a repeat
+    after a lost answer would register a second node, so it is not marked idempotent (not retried).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.HeartbeatRequest, _mgmtd_pb2.HeartbeatResponse]
     """Renew a node's lease. A node without heartbeat for `lease_duration_s` is declared dead."""
@@ -79,8 +80,9 @@ class MgmtdServiceAsyncStub(MgmtdServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     RegisterNode: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.RegisterNodeRequest, _mgmtd_pb2.RegisterNodeResponse]  # type: ignore[assignment]
-    """Register a node (a service process) or re-register it after a restart. Idempotent for the same
-    node id and type: the node keeps its id and becomes alive with a fresh lease.
+    """Register a node (a service process) or re-register it after a restart: the node keeps its id and
+    becomes alive with a fresh lease. Safe to repeat with a given node id; with node_id 0 a repeat
+    after a lost answer would register a second node, so it is not marked idempotent (not retried).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.HeartbeatRequest, _mgmtd_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Renew a node's lease. A node without heartbeat for `lease_duration_s` is declared dead."""
@@ -123,8 +125,9 @@ class MgmtdServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _mgmtd_pb2.RegisterNodeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_mgmtd_pb2.RegisterNodeResponse, _abc.Awaitable[_mgmtd_pb2.RegisterNodeResponse]]:
-        """Register a node (a service process) or re-register it after a restart. Idempotent for the same
-        node id and type: the node keeps its id and becomes alive with a fresh lease.
+        """Register a node (a service process) or re-register it after a restart: the node keeps its id and
+        becomes alive with a fresh lease. Safe to repeat with a given node id; with node_id 0 a repeat
+        after a lost answer would register a second node, so it is not marked idempotent (not retried).
         """
 
     @_abc_1.abstractmethod
