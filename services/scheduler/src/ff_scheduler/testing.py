@@ -1,0 +1,400 @@
+"""Helpers to run the scheduler for real in tests (in this process, or as a subprocess), and a
+protocol-level agent driver: a real AgentService on a port, registered with mgmtd and the scheduler,
+that records the orders it gets and reports what the test tells it to."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ff_cluster import MembershipOptions, NodeMembership
+from ff_rpc import RpcClient, RpcServer, ServerOptions, ServiceBinding, open_channel
+from ff_scheduler.config import SchedulerSettings
+from ff_scheduler.server import main
+from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
+from fireflyer.common.v1 import common_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+
+# Short deadlines so protocol tests take seconds.
+FAST: dict[str, Any] = {
+    "tick_interval_s": 0.1,
+    "ack_window_s": 1.0,
+    "default_grace_s": 2.0,
+    "max_grace_s": 10.0,
+    "min_run_time_s": 0.0,
+    "order_resend_interval_s": 0.5,
+    "stop_timeout_s": 5.0,
+    "start_timeout_s": 10.0,
+    "token_cache_ttl_s": 0.5,
+    "grace_s": 0.5,
+    "default_max_restarts": 1,
+}
+
+
+async def wait_ready(
+    ready_file: Path, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            return dict(json.loads(await asyncio.to_thread(ready_file.read_text)))
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"scheduler exited with {proc.returncode} before it was ready")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"scheduler did not write {ready_file}")
+
+
+@dataclass
+class InProcessScheduler:
+    address: str
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=15)
+
+
+def settings_for(
+    folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
+) -> dict[str, Any]:
+    return {
+        "state_dir": folder / name,
+        "database_url": database_url,
+        "mgmtd_addresses": mgmtd_address,
+        "cluster_token": cluster_token,
+        "ready_file": folder / f"{name}.ready.json",
+        "metrics_address": "",
+        "instance_id": name,
+        **FAST,
+        **overrides,
+    }
+
+
+async def start_in_process(
+    folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
+) -> InProcessScheduler:
+    values = settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
+    values["ready_file"].unlink(missing_ok=True)
+    stop = asyncio.Event()
+    task = asyncio.create_task(main(SchedulerSettings(**values), stop))
+    try:
+        info = await wait_ready(values["ready_file"])
+    except Exception:
+        stop.set()
+        await task
+        raise
+    return InProcessScheduler(info["grpc"], stop, task)
+
+
+@dataclass
+class SchedulerProcess:
+    proc: subprocess.Popen[bytes]
+    ready_file: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["grpc"])
+
+    async def ready(self) -> SchedulerProcess:
+        self.info = await wait_ready(self.ready_file, proc=self.proc)
+        return self
+
+
+def spawn_process(
+    folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
+) -> SchedulerProcess:
+    values = settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
+    values["ready_file"].unlink(missing_ok=True)
+    token = values.pop("cluster_token")
+    args = [sys.executable, "-m", "ff_scheduler"]
+    for key, value in values.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "FF_SCHEDULER_CLUSTER_TOKEN": token}
+    with (folder / f"{name}.log").open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return SchedulerProcess(proc, values["ready_file"])
+
+
+class SchedulerClient:
+    """SchedulerService and SchedulerAgentService with one token."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self.channel = open_channel(address)
+        self.rpc = RpcClient(token=token, timeout_s=10.0)
+        self.user = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
+        self.agent = scheduler_pb2_grpc.SchedulerAgentServiceStub(self.channel)
+
+    async def call(self, method: Any, request: Any) -> Any:
+        return await self.rpc.unary(method, request)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+# Suspend behaviours of the agent driver's task.
+ACK_AND_GO = "ack_and_go"  # rank 0 reads the flag, then calls go_suspend()
+ACK_ONLY = "ack_only"  # rank 0 reads the flag, never calls go_suspend()
+IGNORE = "ignore"  # rank 0 never reads the flag
+
+
+class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
+    """A node agent at the protocol level: orders in, reports out; no processes."""
+
+    def __init__(
+        self,
+        scheduler_address: str,
+        mgmtd_address: str,
+        cluster_token: str,
+        *,
+        zone: str = "",
+        node_group: str = "",
+        num_devices: int = 2,
+        suspend_mode: str = ACK_AND_GO,
+    ) -> None:
+        self.scheduler_address, self.mgmtd_address, self.cluster_token = scheduler_address, mgmtd_address, cluster_token
+        self.zone, self.node_group, self.num_devices, self.suspend_mode = zone, node_group, num_devices, suspend_mode
+        self.node_id = 0
+        self.starts: list[agent_pb2.StartRunRequest] = []
+        self.suspends: list[agent_pb2.SuspendRunRequest] = []
+        self.stops: list[agent_pb2.StopRunRequest] = []
+        self.phases: dict[int, int] = {}
+        self.task_of: dict[int, int] = {}
+        self.logs: dict[int, bytes] = defaultdict(bytes)
+        self.changed = asyncio.Condition()
+        self._server: RpcServer | None = None
+        self._stop = asyncio.Event()
+        self._membership: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Future[None]] = set()
+        self.client: SchedulerClient | None = None
+
+    async def start(self) -> AgentDriver:
+        self._server = RpcServer(
+            ServerOptions(listen_address="127.0.0.1:0", cluster_token=self.cluster_token),
+            [
+                ServiceBinding(
+                    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+                    agent_pb2_grpc.add_AgentServiceServicer_to_server,
+                    self,
+                )
+            ],
+        )
+        await self._server.start()
+        membership = NodeMembership(
+            MembershipOptions(
+                mgmtd_addresses=[self.mgmtd_address],
+                cluster_token=self.cluster_token,
+                node_type=common_pb2.NODE_TYPE_AGENT,
+                hostname="test-agent",
+                endpoints={"grpc": self._server.address},
+            )
+        )
+        self._membership = asyncio.create_task(membership.run(self._stop))
+        await asyncio.wait_for(membership.registered.wait(), 10)
+        self.node_id = membership.node_id
+        self.client = SchedulerClient(self.scheduler_address, self.cluster_token)
+        await self.register()
+        return self
+
+    async def register(self) -> Any:
+        assert self.client is not None and self._server is not None
+        devices = [pb.Device(index=i, kind=pb.DEVICE_KIND_CPU_SLOT, name="cpu-slot") for i in range(self.num_devices)]
+        return await self.client.call(
+            self.client.agent.RegisterNode,
+            pb.RegisterNodeRequest(
+                node_id=self.node_id,
+                hostname=f"node{self.node_id}",
+                agent_address=self._server.address,
+                master_ip="127.0.0.1",
+                devices=devices,
+                num_cpus=4,
+                memory_bytes=1 << 30,
+                zone=self.zone,
+                node_group=self.node_group,
+            ),
+        )
+
+    def lose_lease(self) -> None:
+        """Stop heartbeating mgmtd (the node dies as far as the cluster knows); the server stays up."""
+        self._stop.set()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._membership is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._membership, 5)
+        if self.client is not None:
+            await self.client.close()
+        if self._server is not None:
+            await self._server.stop(0)
+
+    # ---- what the agent reports ----
+
+    async def report(
+        self,
+        run_id: int,
+        phase: int,
+        *,
+        exit_code: int = 0,
+        failure_class: int = 0,
+        last_output_at: float | None = None,
+    ) -> Any:
+        assert self.client is not None
+        report = pb.RunReport(
+            task_id=self.task_of[run_id],
+            run_id=run_id,
+            phase=phase,  # type: ignore[arg-type]
+            reported_at=time.time(),
+            ranks=[
+                pb.RankStatus(local_rank=0, state=pb.RANK_STATE_RUNNING, last_output_at=last_output_at or time.time())
+            ],
+        )
+        if failure_class:
+            report.failure.CopyFrom(
+                pb.RunFailure(
+                    failure_class=failure_class,  # type: ignore[arg-type]
+                    node_id=self.node_id,
+                    exit_code=exit_code,
+                    failed_at=time.time(),
+                    message="exit 1",
+                )
+            )
+        self.phases[run_id] = phase
+        return await self.client.call(
+            self.client.agent.ReportRunStatus, pb.ReportRunStatusRequest(node_id=self.node_id, runs=[report])
+        )
+
+    async def suspend_stage(self, run_id: int, stage: int) -> None:
+        assert self.client is not None
+        await self.client.call(
+            self.client.agent.ReportSuspendStage,
+            pb.ReportSuspendStageRequest(
+                node_id=self.node_id,
+                task_id=self.task_of[run_id],
+                run_id=run_id,
+                stage=stage,  # type: ignore[arg-type]
+                reported_at=time.time(),
+            ),
+        )
+
+    async def checkpoint(self, run_id: int, step: int) -> None:
+        assert self.client is not None
+        await self.client.call(
+            self.client.agent.ReportCheckpoint,
+            pb.ReportCheckpointRequest(
+                node_id=self.node_id,
+                task_id=self.task_of[run_id],
+                run_id=run_id,
+                checkpoint=pb.Checkpoint(path=f"/3fs/ckpt/{run_id}", step=step, committed_at=time.time()),
+            ),
+        )
+
+    async def update_run(self, run_id: int, **fields: Any) -> None:
+        assert self.client is not None
+        await self.client.call(
+            self.client.agent.UpdateRun,
+            pb.UpdateRunRequest(node_id=self.node_id, task_id=self.task_of[run_id], run_id=run_id, **fields),
+        )
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(predicate), timeout_s)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        fut = asyncio.ensure_future(coro)
+        self._background.add(fut)
+        fut.add_done_callback(self._background.discard)
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    # ---- AgentService: orders from the scheduler ----
+
+    async def StartRun(self, request: agent_pb2.StartRunRequest, context: Any) -> agent_pb2.StartRunResponse:
+        self.starts.append(request)
+        self.task_of[request.run_id] = request.task_id
+        if request.run_id not in self.phases:
+            self.logs[request.run_id] += f"rank {request.node_rank} started\n".encode()
+            self._spawn(self._started(request.run_id))
+        await self._notify()
+        return agent_pb2.StartRunResponse()
+
+    async def _started(self, run_id: int) -> None:
+        with contextlib.suppress(Exception):
+            await self.report(run_id, pb.NODE_RUN_PHASE_RUNNING)
+
+    async def SuspendRun(self, request: agent_pb2.SuspendRunRequest, context: Any) -> agent_pb2.SuspendRunResponse:
+        self.suspends.append(request)
+        self.task_of.setdefault(request.run_id, request.task_id)
+        if self.suspend_mode != IGNORE and len([s for s in self.suspends if s.run_id == request.run_id]) == 1:
+            self._spawn(self._suspend_protocol(request.run_id))
+        await self._notify()
+        return agent_pb2.SuspendRunResponse(flag_raised=True)
+
+    async def _suspend_protocol(self, run_id: int) -> None:
+        with contextlib.suppress(Exception):
+            await self.suspend_stage(run_id, pb.SUSPEND_STAGE_RECEIVED)
+            if self.suspend_mode == ACK_AND_GO:
+                await asyncio.sleep(0.2)  # "saving a checkpoint"
+                await self.suspend_stage(run_id, pb.SUSPEND_STAGE_CAN_SUSPEND)
+
+    async def StopRun(self, request: agent_pb2.StopRunRequest, context: Any) -> agent_pb2.StopRunResponse:
+        self.stops.append(request)
+        self.task_of.setdefault(request.run_id, request.task_id)
+        self._spawn(self._exited(request.run_id))
+        await self._notify()
+        return agent_pb2.StopRunResponse()
+
+    async def _exited(self, run_id: int) -> None:
+        with contextlib.suppress(Exception):
+            await self.report(run_id, pb.NODE_RUN_PHASE_EXITED)
+            await self._notify()
+
+    async def ReadLogs(
+        self, request: agent_pb2.ReadLogsRequest, context: Any
+    ) -> AsyncIterator[agent_pb2.ReadLogsResponse]:
+        data = self.logs.get(request.run_id, b"")
+        yield agent_pb2.ReadLogsResponse(offset_bytes=0, data=data, end_of_log=True)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def set_quota(root: SchedulerClient, user: str, level: int, nodes: int, group: str = "default") -> None:
+    await root.call(
+        root.user.SetQuota,
+        pb.SetQuotaRequest(quota=pb.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)),
+    )
+
+
+def spec(num_nodes: int, level: int | None = None, **kw: Any) -> pb.TaskSpec:
+    s = pb.TaskSpec(
+        name=kw.pop("name", "train"), argv=kw.pop("argv", ["python", "train.py"]), num_nodes=num_nodes, **kw
+    )
+    if level is not None:
+        s.priority = level
+    return s
+
+
+async def task_of(client: SchedulerClient, task_id: int) -> pb.Task:
+    resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id, include_runs=True))
+    return resp.task

@@ -1,0 +1,80 @@
+"""A real cluster for scheduler tests: mgmtd and the scheduler in this event loop on one database
+(SQLite and PostgreSQL), users with tokens in mgmtd's registry, and protocol-level agent drivers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ff_cluster import MgmtdClient
+from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
+from ff_mgmtd.testing import start_in_process as start_mgmtd
+from ff_scheduler.testing import AgentDriver, InProcessScheduler, SchedulerClient, start_in_process
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+
+
+@dataclass
+class Cluster:
+    folder: Path
+    db_url: str
+    mgmtd: InProcessMgmtd
+    scheduler: InProcessScheduler
+    tokens: dict[str, str]
+    agents: list[AgentDriver] = field(default_factory=list)
+    clients: list[SchedulerClient] = field(default_factory=list)
+
+    def client(self, user: str) -> SchedulerClient:
+        c = SchedulerClient(self.scheduler.address, self.tokens[user] if user != "cluster" else CLUSTER_TOKEN)
+        self.clients.append(c)
+        return c
+
+    async def add_agent(self, **kw: Any) -> AgentDriver:
+        agent = await AgentDriver(self.scheduler.address, self.mgmtd.address, CLUSTER_TOKEN, **kw).start()
+        self.agents.append(agent)
+        return agent
+
+    async def restart_scheduler(self, **overrides: Any) -> None:
+        await self.scheduler.shutdown()
+        self.scheduler = await start_in_process(
+            self.folder, self.db_url, self.mgmtd.address, CLUSTER_TOKEN, **overrides
+        )
+
+
+async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
+    client: MgmtdClient = mgmtd.client()
+    tokens = {}
+    try:
+        for name, role in (
+            ("alice", common_pb2.ROLE_USER),
+            ("bob", common_pb2.ROLE_USER),
+            ("root", common_pb2.ROLE_ADMIN),
+        ):
+            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
+            tokens[name] = issued.token
+    finally:
+        await client.close()
+    return tokens
+
+
+@pytest.fixture
+async def cluster(db_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    mgmtd = await start_mgmtd(tmp_path, db_url)
+    tokens = await make_users(mgmtd)
+    scheduler = await start_in_process(tmp_path, db_url, mgmtd.address, CLUSTER_TOKEN)
+    c = Cluster(tmp_path, db_url, mgmtd, scheduler, tokens)
+    try:
+        yield c
+    finally:
+        for agent in c.agents:
+            await agent.close()
+        for client in c.clients:
+            await client.close()
+        if not c.scheduler.task.done():
+            await c.scheduler.shutdown()
+        await mgmtd.shutdown()
