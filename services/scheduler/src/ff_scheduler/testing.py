@@ -397,4 +397,5 @@ def spec(num_nodes: int, level: int | None = None, **kw: Any) -> pb.TaskSpec:
 
 async def task_of(client: SchedulerClient, task_id: int) -> pb.Task:
     resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id, include_runs=True))
-    return resp.task
+    task: pb.Task = resp.task
+    return task
