@@ -221,7 +221,7 @@ def _step_stopping(
     run: RunSnap, nodes: dict[int, NodeView], now: float, policy: LifecyclePolicy, all_exited: bool
 ) -> tuple[RunChange | None, list[NodeVerdict]]:
     if all_exited:
-        return _end(run, run.stop_reason, run.failure), []
+        return _end(run, run.stop_reason, run.failure, run.stop_message), []
     if now - run.stop_requested_at <= policy.stop_timeout_s:
         return None, []
     stuck = [n for n in run.node_ids if not _exited(run, n, nodes)]
@@ -233,7 +233,7 @@ def _step_stopping(
         )
         for n in stuck
     ]
-    return _end(run, run.stop_reason, run.failure), verdicts
+    return _end(run, run.stop_reason, run.failure, run.stop_message), verdicts
 
 
 def _node_verdicts(

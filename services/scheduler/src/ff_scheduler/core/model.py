@@ -170,6 +170,8 @@ class RunSnap:
     stop_requested_at: float = 0.0
     # Why it is suspending or stopping (the end reason it will have).
     stop_reason: EndReason = EndReason.NONE
+    # Why it was asked to suspend or stop, in words.
+    stop_message: str = ""
     ack_window_s: float = 0.0
     grace_s: float = 0.0
     checkpoint_committed_at: float = 0.0

@@ -140,6 +140,7 @@ def _run_snap(r: Any, reports: dict[int, NodeRunReport]) -> RunSnap:
         suspend_received_at=r.suspend_received_at,
         stop_requested_at=r.stop_requested_at,
         stop_reason=EndReason(r.stop_reason),
+        stop_message=r.end_message,
         ack_window_s=r.ack_window_s,
         grace_s=r.grace_s,
         checkpoint_committed_at=float((r.checkpoint or {}).get("committed_at", 0.0)),
