@@ -63,9 +63,20 @@ async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
 
 
 @pytest.fixture
-async def cluster(db_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def registry(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
+    """mgmtd on the test's database with users alice, bob (users) and root (admin) and their tokens."""
     mgmtd = await start_mgmtd(tmp_path, db_url)
-    tokens = await make_users(mgmtd)
+    try:
+        yield mgmtd, await make_users(mgmtd)
+    finally:
+        await mgmtd.shutdown()
+
+
+@pytest.fixture
+async def cluster(
+    db_url: str, tmp_path: Path, registry: tuple[InProcessMgmtd, dict[str, str]]
+) -> AsyncIterator[Cluster]:
+    mgmtd, tokens = registry
     scheduler = await start_in_process(tmp_path, db_url, mgmtd.address, CLUSTER_TOKEN)
     c = Cluster(tmp_path, db_url, mgmtd, scheduler, tokens)
     try:
@@ -77,4 +88,3 @@ async def cluster(db_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
             await client.close()
         if not c.scheduler.task.done():
             await c.scheduler.shutdown()
-        await mgmtd.shutdown()
