@@ -1,0 +1,7 @@
+"""``python -m hfai``: the hfai CLI."""
+
+import sys
+
+from hfai.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""The run-control contract between the SDK and an agent (real files), and the CLI's parsing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hfai import client, config, runcontrol
+from hfai.cli import CliError, parse_priority, split_submit
+from hfai.runcontrol import RunControl
+
+
+def test_suspend_flag_and_events_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = RunControl(tmp_path).create()
+    monkeypatch.setenv(runcontrol.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(client, "_state", {})
+    assert client.receive_suspend_command() is False
+    agent.raise_suspend()
+    assert client.receive_suspend_command() is True
+    assert client.receive_suspend_command() is True  # acknowledged once
+    client.set_watchdog_time(600)
+    client.report_checkpoint("/3fs/ckpt", step=3)
+    events = agent.new_events()
+    assert [(e.kind, e.data) for e in events] == [
+        ("received", {}),
+        ("watchdog_time", {"seconds": 600.0}),
+        ("checkpoint", {"path": "/3fs/ckpt", "step": 3}),
+    ]
+    assert agent.new_events() == []
+
+
+def test_only_rank0_sees_the_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    RunControl(tmp_path).create().raise_suspend()
+    monkeypatch.setenv(runcontrol.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    assert client.receive_suspend_command() is False
+
+
+def test_whole_life_state_waits_for_the_agent_and_is_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = RunControl(tmp_path).create()
+    monkeypatch.setenv(runcontrol.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(client.WHOLE_LIFE_STATE_ENV, "5")
+    monkeypatch.setattr(client, "_state", {})
+    monkeypatch.setattr(client, "ACK_TIMEOUT_S", 0.2)
+    assert client.get_whole_life_state() == 5
+    with pytest.raises(TimeoutError):
+        client.set_whole_life_state(8)  # nobody acknowledged it
+    assert client.get_whole_life_state() == 5  # not stored: unchanged
+    monkeypatch.setattr(client, "ACK_TIMEOUT_S", 5.0)
+    relay = threading.Thread(target=_ack_next, args=(agent,))
+    relay.start()
+    client.set_whole_life_state(9)
+    relay.join()
+    assert client.get_whole_life_state() == 9
+
+
+def _ack_next(agent: RunControl) -> None:
+    """An agent: wait for the next whole_life_state event and acknowledge it."""
+    while True:
+        events = [e for e in agent.new_events() if e.kind == "whole_life_state" and e.data["value"] == 9]
+        if events:
+            agent.ack(events[0].seq)
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("bad", [1.5, True, 2**63, "3"])
+def test_whole_life_state_must_be_a_64_bit_int(bad: object) -> None:
+    with pytest.raises(ValueError, match="64-bit"):
+        client.set_whole_life_state(bad)  # type: ignore[arg-type]
+
+
+def test_hooks_outside_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runcontrol.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(client.WHOLE_LIFE_STATE_ENV, raising=False)
+    monkeypatch.setattr(client, "_state", {})
+    assert client.receive_suspend_command() is False and client.get_whole_life_state() == 0
+    with pytest.raises(client.NotInTask):
+        client.go_suspend()
+
+
+@pytest.mark.parametrize(
+    ("args", "script", "cluster", "local"),
+    [
+        (["train.py", "--lr", "1"], ["train.py", "--lr", "1"], None, None),
+        (["train.py", "--", "--nodes", "2"], ["train.py"], ["--nodes", "2"], None),
+        (["train.py", "x", "++", "-ss", "5"], ["train.py", "x"], None, ["-ss", "5"]),
+    ],
+)
+def test_split_submit(args: list[str], script: list[str], cluster: list[str] | None, local: list[str] | None) -> None:
+    assert split_submit(args) == (script, cluster, local)
+
+
+def test_parse_priority() -> None:
+    assert parse_priority("30") == 30 and parse_priority("high") == 30 and parse_priority("auto") is None
+    with pytest.raises(CliError):
+        parse_priority("urgent")
+
+
+def test_config_file_and_environment(tmp_path: Path) -> None:
+    env = {config.CONFIG_ENV: str(tmp_path / "conf.json")}
+    with pytest.raises(config.ConfigError, match="hfai init"):
+        config.load(env).require()
+    config.save(config.HfaiConfig(server="h:1", token="t"), env)
+    assert config.load(env) == config.HfaiConfig(server="h:1", token="t")
+    assert config.load({**env, config.TOKEN_ENV: "other"}).token == "other"
+    assert (tmp_path / "conf.json").stat().st_mode & 0o777 == 0o600
