@@ -31,13 +31,14 @@ def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
     assert str(appliance.state_dir / "secrets" / "admin_token") in first_up.out
     plan_text = (appliance.state_dir / "plan.json").read_text()
     before = _healthy_status(appliance)
-    assert [n["node_type"] for n in before["nodes"]] == ["MGMTD"]
+    assert [n["node_type"] for n in before["nodes"]] == ["MGMTD", "STORAGE", "STORAGE", "STORAGE"]
+    assert "storage: created 2 chains of 3 (6 targets), all serving" in first_up.out
     assert before["cluster_id"] and before["cluster_id"] in first_up.out
     for secret in ("cluster_token", "admin_token"):
         assert stat.S_IMODE((appliance.state_dir / "secrets" / secret).stat().st_mode) == 0o600
     assert (appliance.state_dir / "logs" / "mgmtd-1.log").stat().st_size > 0
     pids = appliance.pids()
-    assert list(pids) == ["mgmtd-1"]
+    assert sorted(pids) == ["mgmtd-1", "storage-1", "storage-2", "storage-3"]
 
     again = appliance.ok("up")  # already running: no second copy
     assert "mgmtd-1: already running" in again.out
@@ -49,7 +50,8 @@ def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
     assert stopped.code == 1
     assert stopped.json()["services"][0]["pid"] is None
 
-    appliance.ok("up")
+    second_up = appliance.ok("up")  # the storage targets come back through recovery, then serve
+    assert "storage: found 2 chains of 3 (6 targets), all serving" in second_up.out
     after = _healthy_status(appliance)
     assert after["cluster_id"] == before["cluster_id"]
     assert [n["node_id"] for n in after["nodes"]] == [n["node_id"] for n in before["nodes"]]
@@ -63,9 +65,10 @@ def test_two_mgmtd_instances_elect_exactly_one_primary(appliance: Appliance) -> 
     status = _healthy_status(appliance)
     primaries = [s["instance"] for s in status["services"] if s["primary"]]
     assert len(primaries) == 1
-    assert sorted(n["node_id"] for n in status["nodes"]) == [1, 2]
     plan = json.loads((appliance.state_dir / "plan.json").read_text())
-    assert [i["name"] for i in plan["instances"]] == ["mgmtd-1", "mgmtd-2"]
+    mgmtd_ids = [i["node_id"] for i in plan["instances"] if i["service"] == "mgmtd"]
+    assert sorted(n["node_id"] for n in status["nodes"] if n["node_type"] == "MGMTD") == sorted(mgmtd_ids)
+    assert [i["name"] for i in plan["instances"] if i["service"] == "mgmtd"] == ["mgmtd-1", "mgmtd-2"]
     shrink = appliance.run("up", "--mgmtd", "1")
     assert shrink.code == 1
     assert "cannot run 1 mgmtd instance(s): the plan has 2" in shrink.err

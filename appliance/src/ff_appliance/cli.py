@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 
 from ff_appliance import admin, lifecycle
 from ff_appliance.demo import DemoError, run_demo
+from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.lifecycle import ApplianceError, UpOptions
 from ff_appliance.services import MGMTD, SERVICES
 from ff_appliance.state import PlanError, StateDir, load_plan, read_secret
@@ -313,7 +314,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
         return asyncio.run(handler(args, cli))
     except RpcError as exc:
         print(f"fireflyer: {exc.code.name}: {exc.details}", file=err)
-    except (ApplianceError, SupervisorError, PlanError, DemoError, CliError, OSError) as exc:
+    except (ApplianceError, SupervisorError, PlanError, DemoError, StorageDemoError, CliError, OSError) as exc:
         print(f"fireflyer: {exc}", file=err)
     except KeyboardInterrupt:
         print("fireflyer: interrupted", file=err)

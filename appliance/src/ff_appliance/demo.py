@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import grpc
 
 from ff_appliance import admin
+from ff_appliance.demo_storage import storage_section
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
 from fireflyer.common.v1 import common_pb2
@@ -19,7 +20,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 DEMO_GROUP = "demo"
 DEMO_USER = "demo-user"
 CONFIG_NODE_TYPE = common_pb2.NODE_TYPE_STORAGE
-NUM_STEPS = 9
+NUM_STEPS = 11
 REVOKE_WAIT_S = 5.0  # services may cache a token check for a moment
 
 
@@ -167,5 +168,6 @@ async def run_demo(addresses: Sequence[str], admin_token: str, node_id: int, out
         await demo.toggle_node(adm, node_id)
         await demo.list_tokens(adm)
         await demo.revoke(adm, issued)
-        demo.step("done")
-    demo.say("mgmtd did all of the above on the running cluster")
+    await storage_section(addresses, admin_token, demo.step, demo.say)
+    demo.step("done")
+    demo.say("mgmtd and the storage services did all of the above on the running cluster")

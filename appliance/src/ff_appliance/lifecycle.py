@@ -89,10 +89,24 @@ async def up(state: StateDir, options: UpOptions, out: TextIO, services: Sequenc
             cluster_id = await _wait_registered(ctx, cluster_token, deadline)
             if await admin.ensure_admin_token(state, ctx.mgmtd_addresses, cluster_token):
                 print(f"created the admin token: {state.admin_token_file}", file=out)
+            await _configure(ctx, services, cluster_token, out)
         except BaseException:
             await asyncio.to_thread(_stop_started, state, started, out)
             raise
     return UpResult(plan=plan, cluster_id=cluster_id, pids=pids)
+
+
+async def _configure(ctx: LaunchContext, services: Sequence[ServiceSpec], cluster_token: str, out: TextIO) -> None:
+    """Each service's cluster step (storage: chains of targets, all serving), in start order."""
+    client = MgmtdClient(ctx.mgmtd_addresses, token=cluster_token)
+    try:
+        for spec in services:
+            if spec.configure is not None and ctx.plan.of_service(spec.name):
+                print(f"{spec.name}: {await spec.configure(client, cluster_token)}", file=out)
+    except (RpcError, TimeoutError) as err:
+        raise ApplianceError(f"setting up the cluster failed: {err}") from err
+    finally:
+        await client.close()
 
 
 def _prepare_plan(state: StateDir, counts: Mapping[str, int | None], services: Sequence[ServiceSpec]) -> ClusterPlan:

@@ -14,13 +14,16 @@ Anything else a service needs (mgmtd's addresses, its data folder, ...) comes fr
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from ff_appliance import storage_setup
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
+from ff_cluster import MgmtdClient
 from fireflyer.common.v1 import common_pb2
 
 MGMTD = "mgmtd"
+STORAGE = "storage"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +41,9 @@ class LaunchContext:
 
 
 ArgsBuilder = Callable[[LaunchContext, InstancePlan], list[str]]
+# After every instance is up and registered: set the service up in the cluster (e.g. storage chains) and
+# wait until it is ready for clients. Gets the mgmtd client (cluster token); returns a line to print.
+ClusterStep = Callable[[MgmtdClient, str], Awaitable[str]]
 
 
 def no_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
@@ -55,6 +61,7 @@ class ServiceSpec:
         default_count: instances in a new cluster.
         scalable: whether ``fireflyer up --<name> N`` chooses the number of instances.
         args: service-specific flags, after the common ones.
+        configure: run at every ``up`` once all instances are registered (idempotent).
     """
 
     name: str
@@ -63,6 +70,7 @@ class ServiceSpec:
     default_count: int = 1
     scalable: bool = False
     args: ArgsBuilder = no_args
+    configure: ClusterStep | None = None
 
     @property
     def node_type_name(self) -> str:
@@ -87,8 +95,27 @@ def _mgmtd_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     return ["--state-dir", str(ctx.state.data_dir(MGMTD))]
 
 
+def _storage_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    # Each storage service keeps its targets in its own folder (its "disk"); the bulk data path takes a
+    # free port at every start and is found through mgmtd's routing info (endpoint "data").
+    return [
+        "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
+        "--state-dir", str(ctx.state.data_dir(STORAGE) / instance.name),
+        "--data-listen-address", f"{instance.host}:0",
+    ]  # fmt: skip
+
+
 SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec(name=MGMTD, module="ff_mgmtd", node_type=common_pb2.NODE_TYPE_MGMTD, scalable=True, args=_mgmtd_args),
+    ServiceSpec(
+        name=STORAGE,
+        module="ff_storage",
+        node_type=common_pb2.NODE_TYPE_STORAGE,
+        default_count=3,
+        scalable=True,
+        args=_storage_args,
+        configure=storage_setup.ensure_chains,
+    ),
 )
 
 

@@ -109,3 +109,39 @@ def test_local_state_change_alone_keeps_the_version() -> None:
     chain = _chain((1, SERVING, L.ONLINE), (2, SERVING, L.UPTODATE))
     new = scan_chain(chain, {1: L.UPTODATE})
     assert new.version == chain.version and new.targets[0].local_state is L.UPTODATE
+
+
+def test_last_serving_target_failing_while_another_syncs_becomes_lastsrv() -> None:
+    # Seen in a whole-cluster restart: nodes come back one by one. The only serving target goes offline
+    # while another is still syncing from it: it holds the chain's last copy, so it must be lastsrv (an
+    # offline one would leave every target waiting for a serving predecessor that never comes).
+    chain = _chain((1, P.SERVING, L.UPTODATE), (2, P.SYNCING, L.ONLINE), (3, P.OFFLINE, L.OFFLINE))
+    after = scan_chain(chain, {1: L.OFFLINE})
+    assert _states(after) == [(2, P.WAITING), (1, P.LASTSRV), (3, P.OFFLINE)]
+    # Everyone returns: the lastsrv target serves again, then the others sync from it in turn.
+    back = scan_chain(after, {1: L.ONLINE, 2: L.ONLINE, 3: L.ONLINE})
+    assert _states(back)[0] == (1, P.SERVING)
+    assert sorted(s for _, s in _states(back)[1:]) == [P.SYNCING, P.WAITING]
+
+
+def test_serving_target_failing_while_another_still_serves_goes_offline() -> None:
+    chain = _chain((1, P.SERVING, L.UPTODATE), (2, P.SERVING, L.UPTODATE), (3, P.SERVING, L.UPTODATE))
+    after = scan_chain(chain, {1: L.OFFLINE})
+    assert _states(after) == [(2, P.SERVING), (3, P.SERVING), (1, P.OFFLINE)]
+
+
+@pytest.mark.parametrize("fail_order", list(itertools.permutations([1, 2, 3])))
+def test_any_failure_order_keeps_a_way_back(fail_order: tuple[int, ...]) -> None:
+    """Targets fail one scan at a time in any order: exactly one lastsrv remains, and when all return
+    the chain ends with every target serving."""
+    chain = _chain((1, P.SERVING, L.UPTODATE), (2, P.SERVING, L.UPTODATE), (3, P.SERVING, L.UPTODATE))
+    down: dict[int, L] = {}
+    for target_id in fail_order:
+        down[target_id] = L.OFFLINE
+        chain = scan_chain(chain, down)
+    assert [s for _, s in _states(chain)].count(P.LASTSRV) == 1
+    up = dict.fromkeys((1, 2, 3), L.ONLINE)
+    for _ in range(6):  # returning targets sync one by one, then report up to date
+        chain = scan_chain(chain, up)
+        up = {t.target_id: L.UPTODATE if t.public_state is P.SYNCING else L.ONLINE for t in chain.targets}
+    assert [s for _, s in _states(chain)] == [P.SERVING] * 3

@@ -54,6 +54,15 @@ def scan_chain(chain: Chain, local_states: Mapping[int, L]) -> Chain:
             it keeps the local state stored in the chain.
     """
     current = [replace(t, local_state=local_states.get(t.target_id, t.local_state)) for t in chain.targets]
+    # Who serves after this scan does not depend on predecessors (serving or lastsrv and up, or an up-to-date
+    # syncing target). A serving target that goes offline is the chain's last copy (lastsrv) only when no
+    # other target will serve and no offline target already holds lastsrv: exactly one lastsrv, so the
+    # chain can come back from it, and never a lastsrv while another replica still serves.
+    will_serve = any(
+        t.local_state is not L.OFFLINE and next_public_state(t.local_state, t.public_state, P.SERVING) is P.SERVING
+        for t in current
+    )
+    lastsrv_taken = will_serve or any(t.public_state is P.LASTSRV and t.local_state is L.OFFLINE for t in current)
     # Offline targets go to the end first, so that "predecessor" means a target that is still up, and
     # among the live ones the serving targets come first.
     order = sorted(
@@ -63,9 +72,13 @@ def scan_chain(chain: Chain, local_states: Mapping[int, L]) -> Chain:
     )  # fmt: skip
     updated: list[ChainTarget] = []
     for target in order:
-        predecessor = updated[-1].public_state if updated else None
-        updated.append(replace(target, public_state=next_public_state(target.local_state, target.public_state,
-                                                                      predecessor)))  # fmt: skip
+        if target.local_state is L.OFFLINE and target.public_state is P.SERVING:
+            new_state = P.OFFLINE if lastsrv_taken else P.LASTSRV
+            lastsrv_taken = True
+        else:
+            predecessor = updated[-1].public_state if updated else None
+            new_state = next_public_state(target.local_state, target.public_state, predecessor)
+        updated.append(replace(target, public_state=new_state))
     final = tuple(sorted(updated, key=lambda t: _PUBLIC_RANK[t.public_state]))
     if final == chain.targets:
         return chain
