@@ -28,7 +28,11 @@ def test_users_groups_and_tokens(appliance: Appliance) -> None:
     assert bad_name.err.startswith("fireflyer: INVALID_ARGUMENT: ")
 
     users = appliance.ok("user", "list", "--json").json()["users"]
-    assert {u["name"]: u["role"] for u in users} == {"admin": "ROLE_ADMIN", "alice": "ROLE_USER"}
+    assert {u["name"]: u["role"] for u in users} == {
+        "admin": "ROLE_ADMIN",
+        "alice": "ROLE_USER",
+        "hfai-demo": "ROLE_USER",
+    }
     secret = _secret(appliance.ok("token", "issue", "--user", "alice", "--description", "e2e").out)
 
     # As alice: who she is; an admin call is refused; her own tokens are hers to see.

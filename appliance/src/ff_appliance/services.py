@@ -17,13 +17,14 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from ff_appliance import storage_setup
+from ff_appliance import scheduler_setup, storage_setup
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_cluster import MgmtdClient
 from fireflyer.common.v1 import common_pb2
 
 MGMTD = "mgmtd"
 STORAGE = "storage"
+SCHEDULER = "scheduler"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +106,10 @@ def _storage_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     ]  # fmt: skip
 
 
+def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    return ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses), "--state-dir", str(ctx.state.data_dir(SCHEDULER))]
+
+
 SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec(name=MGMTD, module="ff_mgmtd", node_type=common_pb2.NODE_TYPE_MGMTD, scalable=True, args=_mgmtd_args),
     ServiceSpec(
@@ -115,6 +120,13 @@ SERVICES: tuple[ServiceSpec, ...] = (
         scalable=True,
         args=_storage_args,
         configure=storage_setup.ensure_chains,
+    ),
+    ServiceSpec(
+        name=SCHEDULER,
+        module="ff_scheduler",
+        node_type=common_pb2.NODE_TYPE_SCHEDULER,
+        args=_scheduler_args,
+        configure=scheduler_setup.ensure_hfai_user,
     ),
 )
 

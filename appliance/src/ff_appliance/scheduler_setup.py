@@ -1,0 +1,59 @@
+"""What ``up`` sets up for the scheduler: a user for the hfai CLI with quotas and a fresh token, and the
+lines that tell how to use them."""
+
+from __future__ import annotations
+
+import grpc
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError, open_channel
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+HFAI_USER = "hfai-demo"
+DEFAULT_GROUP = "default"
+# (priority, nodes): what the demo user may run at once.
+HFAI_QUOTAS = ((10, 4), (30, 2))
+TOKEN_TTL_S = 30 * 24 * 3600.0
+
+
+async def scheduler_address(mgmtd: MgmtdClient) -> str:
+    info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+    for node in info.nodes:
+        if node.node_type == common_pb2.NODE_TYPE_SCHEDULER and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
+            for endpoint in node.endpoints:
+                if endpoint.name == "grpc":
+                    return str(endpoint.address)
+    raise RuntimeError("no scheduler is registered with mgmtd")
+
+
+async def set_quota(address: str, token: str, user: str, level: int, nodes: int, group: str = DEFAULT_GROUP) -> None:
+    channel = open_channel(address)
+    try:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        quota = scheduler_pb2.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)
+        await RpcClient(token=token).unary(stub.SetQuota, scheduler_pb2.SetQuotaRequest(quota=quota))
+    finally:
+        await channel.close()
+
+
+async def ensure_hfai_user(mgmtd: MgmtdClient, cluster_token: str) -> str:
+    """Create the hfai demo user (once), give it quotas, issue it a token; how to use them, as text."""
+    address = await scheduler_address(mgmtd)
+    try:
+        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=HFAI_USER))
+    except RpcError as err:
+        if err.code is not grpc.StatusCode.ALREADY_EXISTS:
+            raise
+    for level, nodes in HFAI_QUOTAS:
+        await set_quota(address, cluster_token, HFAI_USER, level, nodes)
+    issued = await mgmtd.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(
+        user_name=HFAI_USER, ttl_s=TOKEN_TTL_S, description="hfai CLI (fireflyer up)"))  # fmt: skip
+    quotas = ", ".join(f"{n} nodes at {lvl}" for lvl, n in HFAI_QUOTAS)
+    return (
+        f"at {address}; user {HFAI_USER} ({quotas}) may use the hfai CLI:\n"
+        f"    export HFAI_SERVER={address} HFAI_TOKEN={issued.token}\n"
+        f"    hfai whoami; hfai python train.py -- --nodes 1 --priority 30; hfai list; hfai nodes\n"
+        f"  as admin (quotas, nodes): HFAI_TOKEN=$(cat <state>/secrets/admin_token) hfai admin quota set USER 10 4"
+    )
