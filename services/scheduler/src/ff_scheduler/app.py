@@ -30,7 +30,7 @@ from ff_scheduler.core.tick import plan_tick
 from ff_scheduler.store import ops
 from ff_scheduler.store.schema import nodes, runs, tasks
 from ff_scheduler.store.ticks import Applied, NodeOrder, apply_plan, load_snapshot, wanted_orders
-from ff_store import Store
+from ff_scheduler.txn import Transactions
 from fireflyer.agent.v1 import agent_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2
@@ -46,6 +46,7 @@ class DriverOptions:
     master_port: int
     order_resend_interval_s: float
     term_grace_s: float = 10.0
+    drain_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Scheduler:
 
     def __init__(
         self,
-        store: Store,
+        store: Transactions,
         sched: SchedulingPolicy,
         life: LifecyclePolicy,
         options: DriverOptions,
@@ -123,8 +124,10 @@ class Scheduler:
             tg.create_task(self._tick_loop(stop))
             if self.mgmtd is not None:
                 tg.create_task(self._lease_loop(stop))
-        for task in list(self._inflight):
-            task.cancel()
+        # Orders in flight may be inside a store transaction (in a thread): let them finish (each has a
+        # deadline) so no connection is still out when the store is disposed.
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=self.options.drain_timeout_s)
 
     async def _tick_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -15,6 +15,7 @@ from ff_scheduler.config import SchedulerSettings
 from ff_scheduler.errors import STATUS_TABLE
 from ff_scheduler.servicer import SchedulerAgentServicer, SchedulerServicer
 from ff_scheduler.store.schema import VERSION_TABLE
+from ff_scheduler.txn import Transactions
 from ff_store import Store, create_engine, run_migrations
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -34,7 +35,7 @@ def open_store(database_url: str) -> Store:
 async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
-    store = await asyncio.to_thread(open_store, settings.resolved_database_url())
+    store = Transactions(await asyncio.to_thread(open_store, settings.resolved_database_url()))
     mgmtd_addresses = settings.mgmtd_address_list()
     mgmtd = MgmtdClient(mgmtd_addresses, token=cluster_token, timeout_s=5.0)
     agents = AgentPool(cluster_token, settings.agent_call_timeout_s)
@@ -96,6 +97,7 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
             tg.create_task(membership.run(stop))
     finally:
         await server.stop()
+        await store.drain(timeout_s=10.0)
         await agents.close()
         await mgmtd.close()
         await asyncio.to_thread(store.dispose)

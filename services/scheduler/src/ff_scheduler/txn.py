@@ -1,0 +1,41 @@
+"""The store as the scheduler uses it: transactions in worker threads that shutdown can wait for.
+
+A cancelled RPC handler does not stop its transaction (it runs on in its thread); disposing the engine
+under it would leak the connection. ``Transactions.drain`` waits for every transaction still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy.orm import Session
+
+from ff_store import Store
+
+T = TypeVar("T")
+
+
+class Transactions:
+    def __init__(self, store: Store, max_workers: int = 8) -> None:
+        self.store = store
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sched-txn")
+        self._pending: set[concurrent.futures.Future[object]] = set()
+
+    async def arun(self, fn: Callable[[Session], T], *, read_only: bool = False) -> T:
+        """``Store.run(fn)`` in a worker thread; same errors."""
+        future = self._pool.submit(self.store.run, fn, read_only=read_only)
+        self._pending.add(future)  # type: ignore[arg-type]
+        future.add_done_callback(self._pending.discard)
+        return await asyncio.wrap_future(future)
+
+    async def drain(self, timeout_s: float) -> None:
+        pending = list(self._pending)
+        if pending:
+            await asyncio.to_thread(concurrent.futures.wait, pending, timeout_s)
+
+    def dispose(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.store.dispose()
