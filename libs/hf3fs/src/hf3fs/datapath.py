@@ -10,8 +10,9 @@ Wire format (one TCP connection carries one operation at a time):
 The first frame of a connection must authenticate (cluster or user token); the node closes the
 connection otherwise. A push deposits bytes that a later gRPC write names by transfer id (the node
 "pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
-permission to send (request-to-send). The client side sends straight from the caller's buffers and
-receives straight into one preallocated buffer (no per-piece copies).
+permission to send (request-to-send). Both ends use non-blocking sockets on the event loop (no stream
+buffers): senders send straight from their buffers, receivers receive straight into one buffer of the
+frame's length (no per-piece copies).
 """
 
 from __future__ import annotations
@@ -37,12 +38,38 @@ def encode_header(header: dict[str, Any]) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-async def read_header(reader: asyncio.StreamReader) -> dict[str, Any]:
-    """One header from a stream (server side)."""
-    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+def tune_socket(sock: socket.socket) -> None:
+    """Large buffers (4 MiB frames), no Nagle delay: both ends of a data-path connection."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+
+
+async def recv_exactly(sock: socket.socket, view: memoryview, peer: str) -> None:
+    """Fill ``view`` from a non-blocking socket.
+
+    Raises:
+        DataPathError: the peer closed the connection first.
+    """
+    loop = asyncio.get_running_loop()
+    got = 0
+    while got < len(view):
+        n = await loop.sock_recv_into(sock, view[got:])
+        if n == 0:
+            raise DataPathError(f"{peer} closed the connection")
+        got += n
+
+
+async def recv_header(sock: socket.socket, peer: str) -> dict[str, Any]:
+    """One frame header from a non-blocking socket."""
+    size_buf = bytearray(_LEN.size)
+    await recv_exactly(sock, memoryview(size_buf), peer)
+    (size,) = _LEN.unpack(size_buf)
     if size > MAX_HEADER_BYTES:
         raise DataPathError(f"header of {size} bytes is too large")
-    header = json.loads(await reader.readexactly(size))
+    body = bytearray(size)
+    await recv_exactly(sock, memoryview(body), peer)
+    header = json.loads(body)
     if not isinstance(header, dict):
         raise DataPathError("header is not a JSON object")
     return header
@@ -64,9 +91,7 @@ class DataConnection:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        tune_socket(sock)
         try:
             await loop.sock_connect(sock, (host, int(port)))
             await loop.sock_sendall(sock, encode_header({"op": "auth", "token": self._token}))
@@ -88,26 +113,11 @@ class DataConnection:
 
     async def _recv_into(self, view: memoryview) -> None:
         assert self._sock is not None
-        loop = asyncio.get_running_loop()
-        got = 0
-        while got < len(view):
-            n = await loop.sock_recv_into(self._sock, view[got:])
-            if n == 0:
-                raise DataPathError(f"data endpoint {self.address} closed the connection")
-            got += n
+        await recv_exactly(self._sock, view, f"data endpoint {self.address}")
 
     async def _read_header(self) -> dict[str, Any]:
-        size_buf = bytearray(_LEN.size)
-        await self._recv_into(memoryview(size_buf))
-        (size,) = _LEN.unpack(size_buf)
-        if size > MAX_HEADER_BYTES:
-            raise DataPathError("header too large")
-        body = bytearray(size)
-        await self._recv_into(memoryview(body))
-        header = json.loads(body)
-        if not isinstance(header, dict):
-            raise DataPathError("header is not a JSON object")
-        return header
+        assert self._sock is not None
+        return await recv_header(self._sock, f"data endpoint {self.address}")
 
     async def push(self, transfer_id: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Deposit ``parts`` (concatenated) at the node under ``transfer_id``."""

@@ -153,6 +153,7 @@ class StorageClient:
         self._mgmtd = mgmtd
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}  # one per address: stubs are not free
         self._data = DataConnectionPool(token)
         self.rts = RequestToSend(max_concurrent_transfers)
         self._retry_deadline_s = retry_deadline_s
@@ -164,11 +165,13 @@ class StorageClient:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+        self._stubs.clear()
 
     def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
-        if address not in self._channels:
+        if address not in self._stubs:
             self._channels[address] = open_channel(address)
-        return storage_pb2_grpc.StorageServiceStub(self._channels[address])
+            self._stubs[address] = storage_pb2_grpc.StorageServiceStub(self._channels[address])
+        return self._stubs[address]
 
     # ---- write ----
 

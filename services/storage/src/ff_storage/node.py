@@ -33,7 +33,7 @@ from ff_storage.core.chunks import (
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TargetExists, TargetNotFound
 from ff_storage.core.target_role import Public, TargetRole
 from ff_storage.dataserver import TransferBoxes
-from ff_storage.store.chunk_engine import ChunkEngine, Pending
+from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 from ff_storage.store.targets import TargetRecord, load_targets, save_targets
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 ST = spb.ChunkIoStatus
 INLINE_FORWARD_MAX_BYTES = 64 * 1024
+# Chunk bytes: bulk payloads are views into the received buffer (4 MiB copies cost milliseconds).
+Payload = bytes | memoryview
 SYNC_BATCH = 16
 
 
@@ -81,12 +83,13 @@ class Update:
     kind: int  # spb.UpdateType
     chunk_size: int
     offset: int = 0
-    data: bytes = b""
+    data: Payload = b""
+    data_checksum: int | None = None  # CRC of ``data``, verified on arrival (a 4 MiB CRC costs ~0.4 ms)
     length: int = 0
     full: bool = False
     version: int = 0
     chain_version: int = 0
-    content: bytes | None = None
+    content: Payload | None = None
     pending: Pending | None = None
     result: spb.UpdateResult = field(default_factory=spb.UpdateResult)
 
@@ -131,6 +134,7 @@ class StorageNode:
         self.locks = ChunkLocks()
         self._rpc = RpcClient(token=config.cluster_token, timeout_s=config.forward_timeout_s, retry=NO_RETRY)
         self._channels: dict[str, Any] = {}
+        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}  # one per address: stubs are not free
         self._data = DataConnectionPool(config.cluster_token)
         self._syncing: set[tuple[int, int, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -241,10 +245,10 @@ class StorageNode:
         node = self.view.node(node_id) if self.view else None
         if node is None or not node.grpc:
             raise ConnectionError(f"node {node_id} has no address in routing")
-        if node.grpc not in self._channels:
+        if node.grpc not in self._stubs:
             self._channels[node.grpc] = open_channel(node.grpc)
-        stub: storage_pb2_grpc.StorageServiceStub = storage_pb2_grpc.StorageServiceStub(self._channels[node.grpc])
-        return stub
+            self._stubs[node.grpc] = storage_pb2_grpc.StorageServiceStub(self._channels[node.grpc])
+        return self._stubs[node.grpc]
 
     # ---- write (head) ----
 
@@ -283,7 +287,8 @@ class StorageNode:
             assert target is not None
             groups[target.target_id].append(Update(
                 key=(io.chunk_id.inode_id, io.chunk_id.chunk_index), kind=spb.UPDATE_TYPE_WRITE,
-                chunk_size=io.chunk_size_bytes, offset=io.offset_bytes, data=data, length=io.length_bytes,
+                chunk_size=io.chunk_size_bytes, offset=io.offset_bytes, data=data, data_checksum=io.checksum.value,
+                length=io.length_bytes,
             ))  # fmt: skip
             slots[target.target_id].append(n)
         await asyncio.gather(*(self._head_updates(self.targets[t], ups) for t, ups in groups.items()))
@@ -294,14 +299,14 @@ class StorageNode:
 
     async def _gather_payloads(
         self, ios: list[spb.WriteIO], owner: str, results: list[spb.UpdateResult]
-    ) -> list[bytes]:
-        blobs: dict[str, bytes | None] = {}
+    ) -> list[Payload]:
+        blobs: dict[str, bytearray | None] = {}
         for io in ios:
             if io.WhichOneof("data") == "transfer" and io.transfer.transfer_id not in blobs:
                 blobs[io.transfer.transfer_id] = None
         for tid in blobs:
             blobs[tid] = await self.boxes.take(tid, owner, self.config.data_wait_s)
-        out: list[bytes] = []
+        out: list[Payload] = []
         for n, io in enumerate(ios):
             if io.WhichOneof("data") == "inline_data":
                 out.append(io.inline_data)
@@ -312,7 +317,7 @@ class StorageNode:
                 results[n] = _res(spb.CHUNK_IO_STATUS_DATA_TIMEOUT, "bulk data did not arrive (or is short)")
                 out.append(b"")
                 continue
-            out.append(blob[start : start + io.length_bytes])
+            out.append(memoryview(blob)[start : start + io.length_bytes])
         return out
 
     def _head_check(self, target: Target | None, chain_id: int, chain_version: int) -> tuple[int, str] | None:
@@ -384,7 +389,7 @@ class StorageNode:
 
     def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> None:
         """Compute new contents and store them as pending versions (thread)."""
-        items: list[tuple[ChunkKey, int, int, bytes | None]] = []
+        items: list[PendingItem] = []
         ready: list[Update] = []
         for u in updates:
             meta = target.engine.get(u.key)
@@ -408,12 +413,13 @@ class StorageNode:
             if u.kind == spb.UPDATE_TYPE_REMOVE and meta is None and not at_head:
                 u.result = _res(spb.CHUNK_IO_STATUS_OK, "already removed")
                 continue
-            items.append((u.key, u.version, u.chain_version, u.content))
+            known = u.data_checksum if u.content is u.data else None
+            items.append((u.key, u.version, u.chain_version, u.content, known))
             ready.append(u)
         for u, p in zip(ready, target.engine.write_pending(items), strict=True):
             u.pending = p
 
-    def _new_content(self, target: Target, u: Update) -> bytes | None:
+    def _new_content(self, target: Target, u: Update) -> Payload | None:
         if u.kind == spb.UPDATE_TYPE_REMOVE:
             return None
         if u.full:
@@ -491,7 +497,7 @@ class StorageNode:
     ) -> list[spb.UpdateResult]:  # fmt: skip
         syncing = Public(nxt.public_state) is Public.SYNCING
         msgs: list[spb.ChunkUpdate] = []
-        parts: list[bytes] = []
+        parts: list[Payload] = []
         offset = 0
         transfer_id = uuid.uuid4().hex
         total = sum(len(u.content or b"") if (u.full or syncing or u.key in full_keys) else len(u.data)
@@ -507,7 +513,7 @@ class StorageNode:
                 update_type=spb.UpdateType.ValueType(kind),
                 update_version=u.version, chunk_size_bytes=u.chunk_size, offset_bytes=0 if full else u.offset,
                 length_bytes=len(payload) if kind == spb.UPDATE_TYPE_WRITE else u.length,
-                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(payload)),
+                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=_payload_checksum(u, payload)),
                 full_chunk_replace=full, no_forward=no_forward,
             )  # fmt: skip
             if kind == spb.UPDATE_TYPE_WRITE:
@@ -516,7 +522,7 @@ class StorageNode:
                     parts.append(payload)
                     offset += len(payload)
                 else:
-                    msg.inline_data = payload
+                    msg.inline_data = bytes(payload)
             msgs.append(msg)
         if parts:
             node = self.view.node(nxt.node_id) if self.view else None
@@ -532,7 +538,7 @@ class StorageNode:
     async def forward_updates(self, request: spb.ForwardUpdatesRequest, owner: str) -> list[spb.UpdateResult]:
         results = [spb.UpdateResult() for _ in request.updates]
         groups: dict[int, list[tuple[int, Update]]] = defaultdict(list)
-        blobs: dict[str, bytes | None] = {}
+        blobs: dict[str, bytearray | None] = {}
         for n, cu in enumerate(request.updates):
             key = check_chunk_id(cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
             target = self._target_of_chain(cu.chain_id)
@@ -546,7 +552,7 @@ class StorageNode:
             if not cu.no_forward and pos[0].version != cu.chain_version:
                 results[n] = _res(spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, f"chain at version {pos[0].version}")
                 continue
-            data = b""
+            data: Payload = b""
             if cu.WhichOneof("data") == "inline_data":
                 data = cu.inline_data
             elif cu.WhichOneof("data") == "transfer":
@@ -558,12 +564,13 @@ class StorageNode:
                 if blob is None or start + cu.length_bytes > len(blob):
                     results[n] = _res(spb.CHUNK_IO_STATUS_DATA_TIMEOUT, "bulk data did not arrive")
                     continue
-                data = blob[start : start + cu.length_bytes]
+                data = memoryview(blob)[start : start + cu.length_bytes]
             if cu.update_type == spb.UPDATE_TYPE_WRITE and crc32c_of(data) != cu.checksum.value:
                 results[n] = _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "forwarded data does not match its checksum")
                 continue
             groups[target.target_id].append((n, Update(
                 key=key, kind=cu.update_type, chunk_size=cu.chunk_size_bytes, offset=cu.offset_bytes, data=data,
+                data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
                 length=cu.length_bytes, full=cu.full_chunk_replace, version=cu.update_version,
                 chain_version=cu.chain_version,
             )))  # fmt: skip
@@ -635,6 +642,7 @@ class StorageNode:
         if meta.pending_version and not io.relaxed:
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_PENDING_VERSION,
                                   message=f"version {meta.pending_version} is pending"), None  # fmt: skip
+        checksum: int | None = None  # of the whole chunk, when already verified
         try:
             if meta.pending_version:
                 got = target.engine.read_pending(key)
@@ -646,13 +654,16 @@ class StorageNode:
                 if committed is None:
                     return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="no such chunk"), None
                 version, data, pending = committed[0].committed_version, committed[1], False
+                checksum = committed[0].checksum  # read_committed verified the bytes against it
         except ChunkCorrupt as exc:
             self._loop_spawn(target, key)
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, message=str(exc)), None
         piece = memoryview(data)[io.offset_bytes : io.offset_bytes + io.length_bytes]
+        if checksum is None or len(piece) != len(data):
+            checksum = crc32c_of(piece)
         return spb.ReadResult(
             status=spb.CHUNK_IO_STATUS_OK, length_bytes=len(piece), version=version, is_pending=pending,
-            checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(piece)),
+            checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=checksum),
         ), piece  # fmt: skip
 
     def _loop_spawn(self, target: Target, key: ChunkKey) -> None:
@@ -745,7 +756,8 @@ class StorageNode:
                     length=len(content), full=True, version=meta.committed_version,
                     chain_version=meta.chain_version)  # fmt: skip
         if own_bad:
-            pend = await asyncio.to_thread(target.engine.write_pending, [(key, up.version, up.chain_version, content)])
+            pend = await asyncio.to_thread(target.engine.write_pending,
+                                           [(key, up.version, up.chain_version, content, None)])  # fmt: skip
             await asyncio.to_thread(target.engine.commit, pend)
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
@@ -851,6 +863,15 @@ def _rounds(updates: list[Update]) -> list[list[Update]]:
         else:
             rounds.append([u])
     return rounds
+
+
+def _payload_checksum(u: Update, payload: Payload) -> int:
+    """CRC of what is forwarded, reusing one already computed over the very same object."""
+    if payload is u.data and u.data_checksum is not None:
+        return u.data_checksum
+    if u.pending is not None and u.pending.path is not None and payload is u.content:
+        return u.pending.checksum
+    return crc32c_of(payload)
 
 
 def _res(status: int, message: str = "", version: int = 0, meta: Any = None) -> spb.UpdateResult:

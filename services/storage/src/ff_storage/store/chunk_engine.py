@@ -41,6 +41,10 @@ CREATE TABLE IF NOT EXISTS chunks (
 """
 
 
+# (key, version, chain version, content or None to remove, CRC of the content if already known)
+PendingItem = tuple[ChunkKey, int, int, bytes | memoryview | None, int | None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pending:
     """A version written to its own file, not yet committed."""
@@ -163,14 +167,15 @@ class ChunkEngine:
 
     # ---- writes ----
 
-    def write_pending(self, items: Iterable[tuple[ChunkKey, int, int, bytes | None]]) -> list[Pending]:
-        """Store new versions as pending: ``(key, version, chain version, content or None to remove)``.
+    def write_pending(self, items: Iterable[PendingItem]) -> list[Pending]:
+        """Store new versions as pending: ``(key, version, chain version, content or None to remove, CRC)``.
 
-        Each content goes to a new file, fsynced (and its directory) before this returns.
+        The CRC is the content's when the caller has just verified it (None: computed here). Each content
+        goes to a new file, fsynced (and its directory) before this returns.
         """
         made: list[Pending] = []
         dirs: set[Path] = set()
-        for key, version, chain_version, content in items:
+        for key, version, chain_version, content, known_checksum in items:
             if content is None:
                 made.append(Pending(key=key, version=version, chain_version=chain_version, path=None, length=0,
                                     checksum=0))  # fmt: skip
@@ -182,8 +187,9 @@ class ChunkEngine:
             path = folder / f"{key[1]}.{version}.{uuid.uuid4().hex[:8]}"
             _write_file(path, content, self._fsync)
             dirs.add(folder)
+            checksum = crc32c_of(content) if known_checksum is None else known_checksum
             made.append(Pending(key=key, version=version, chain_version=chain_version, path=path, length=len(content),
-                                checksum=crc32c_of(content)))  # fmt: skip
+                                checksum=checksum))  # fmt: skip
         if self._fsync:
             for folder in dirs:
                 _fsync_dir(folder)
@@ -258,7 +264,7 @@ def _read_file(path: Path) -> bytes:
         return f.read()
 
 
-def _write_file(path: Path, content: bytes, fsync: bool) -> None:
+def _write_file(path: Path, content: bytes | memoryview, fsync: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(content)

@@ -1,0 +1,289 @@
+"""3FS storage plane: durable chain writes vs raw write+fsync / 3, client reads vs raw TCP loopback.
+
+One run starts a real cluster (mgmtd and three storage services as processes, through
+``ff_storage.testing.start_cluster``, as the integration tests do) with one chain of 3 targets, one per
+service, all on the disk that holds ``--dir``. Each round, in an order that alternates between rounds:
+
+- write: ``--chunks`` chunks of ``--block-mib`` MiB through ``hf3fs.StorageClient.batch_write`` (acknowledged
+  = committed on all 3 replicas, data and metadata fsynced), vs the same bytes written to one file on the
+  same disk with an fsync after every block, that throughput divided by 3 (the chain writes 3 copies);
+- read: the same chunks through ``StorageClient.batch_read`` (bulk data path, checksums verified) vs a
+  raw TCP loopback stream of the same blocks from a small server process (blocking sockets, one
+  preallocated receive buffer).
+
+Requests are of ``--batch`` blocks each on both sides. The baselines run one request at a time (one
+writer, one stream); the client keeps ``--inflight`` requests in flight (default 8, as a 3FS client
+would; ``--inflight 1`` measures one-by-one latency-bound transfers). Prints per-round MiB/s, the median
+of each, and the median of the per-round ratios (goal >= 0.5 each). The cluster runs with the test
+harness's fast heartbeats (0.2 s), which cost mgmtd some CPU on a small machine.
+
+    .venv/bin/python bench/storage_throughput.py                 # 7 rounds of 32 x 4 MiB, ~40 s
+    .venv/bin/python bench/storage_throughput.py --inflight 1 --dir /work/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from hf3fs import ChunkRead, ChunkWrite, StorageClient
+
+MIB = 1 << 20
+INODE_ID = 42
+_COUNT = struct.Struct(">Q")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    block_bytes: int
+    num_chunks: int
+    batch: int
+    inflight: int
+    rounds: int
+    folder: Path
+
+
+@dataclass
+class Round:
+    chain_write: float  # MiB/s
+    raw_write_div3: float
+    client_read: float
+    tcp_read: float
+
+    @property
+    def write_ratio(self) -> float:
+        return self.chain_write / self.raw_write_div3
+
+    @property
+    def read_ratio(self) -> float:
+        return self.client_read / self.tcp_read
+
+
+# ---- baselines ----
+
+
+def raw_write_fsync(path: Path, blocks: Sequence[bytes]) -> float:
+    """Seconds to write ``blocks`` to a new file with an fsync after each (the file is removed after)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0 = time.perf_counter()
+        for block in blocks:
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def serve_blocks(listener: socket.socket, block_bytes: int) -> None:
+    """The TCP baseline's server (own process): for each u64 count received, send that many blocks."""
+    block = os.urandom(block_bytes)
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with conn:
+        while head := conn.recv(_COUNT.size, socket.MSG_WAITALL):
+            for _ in range(_COUNT.unpack(head)[0]):
+                conn.sendall(block)
+
+
+class TcpBaseline:
+    """A block server process on loopback and a blocking client that receives into one buffer."""
+
+    def __init__(self, block_bytes: int, batch: int) -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        self._proc = mp.get_context("spawn").Process(target=serve_blocks, args=(listener, block_bytes), daemon=True)
+        self._proc.start()
+        self._sock = socket.create_connection(listener.getsockname())
+        listener.close()
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._block_bytes = block_bytes
+        self._batch = batch
+        self._buf = memoryview(bytearray(block_bytes * batch))
+
+    def read(self, num_blocks: int) -> float:
+        """Seconds to receive ``num_blocks`` blocks, asking for ``batch`` at a time."""
+        t0 = time.perf_counter()
+        for start in range(0, num_blocks, self._batch):
+            count = min(self._batch, num_blocks - start)
+            self._sock.sendall(_COUNT.pack(count))
+            want, got = count * self._block_bytes, 0
+            while got < want:
+                n = self._sock.recv_into(self._buf[got:want])
+                if not n:
+                    raise ConnectionError("block server closed the connection")
+                got += n
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._sock.close()
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+
+
+# ---- through the cluster ----
+
+
+async def in_batches(total: int, cfg: BenchConfig, one: Callable[[range], Awaitable[None]]) -> float:
+    """Seconds to run ``one`` over [0, total) in slices of ``cfg.batch``, ``cfg.inflight`` at a time."""
+    slices = [range(i, min(i + cfg.batch, total)) for i in range(0, total, cfg.batch)]
+    sem = asyncio.Semaphore(cfg.inflight)
+
+    async def run(s: range) -> None:
+        async with sem:
+            await one(s)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run(s) for s in slices))
+    return time.perf_counter() - t0
+
+
+async def chain_write(client: StorageClient, chain_id: int, blocks: Sequence[bytes], cfg: BenchConfig) -> float:
+    async def one(s: range) -> None:
+        ios = [ChunkWrite(chain_id=chain_id, inode_id=INODE_ID, chunk_index=i, data=blocks[i],
+                          chunk_size=cfg.block_bytes) for i in s]  # fmt: skip
+        bad = [r for r in await client.batch_write(ios) if not r.ok]
+        if bad:
+            raise RuntimeError(f"write failed: {bad[0]}")
+
+    return await in_batches(len(blocks), cfg, one)
+
+
+async def client_read(
+    client: StorageClient, chain_id: int, blocks: Sequence[bytes], cfg: BenchConfig, *, verify: bool
+) -> float:
+    async def one(s: range) -> None:
+        ios = [ChunkRead(chain_id=chain_id, inode_id=INODE_ID, chunk_index=i, length=cfg.block_bytes) for i in s]
+        for i, r in zip(s, await client.batch_read(ios), strict=True):
+            if not r.ok or len(r.data) != cfg.block_bytes or (verify and r.data != blocks[i]):
+                raise RuntimeError(f"read of chunk {i} failed or differs: {r.status} {r.message}")
+
+    return await in_batches(len(blocks), cfg, one)
+
+
+# ---- the run ----
+
+
+async def one_round(
+    n: int, cfg: BenchConfig, client: StorageClient, chain_id: int, tcp: TcpBaseline, blocks: Sequence[bytes]
+) -> Round:
+    mib = len(blocks) * cfg.block_bytes / MIB
+    raw_path = cfg.folder / "raw-fsync.bin"
+    raw_first = n % 2 == 1  # alternate which side goes first
+    t_raw = await asyncio.to_thread(raw_write_fsync, raw_path, blocks) if raw_first else 0.0
+    t_chain = await chain_write(client, chain_id, blocks, cfg)
+    if not raw_first:
+        t_raw = await asyncio.to_thread(raw_write_fsync, raw_path, blocks)
+    t_tcp = await asyncio.to_thread(tcp.read, len(blocks)) if raw_first else 0.0
+    t_read = await client_read(client, chain_id, blocks, cfg, verify=n == 0)
+    if not raw_first:
+        t_tcp = await asyncio.to_thread(tcp.read, len(blocks))
+    return Round(chain_write=mib / t_chain, raw_write_div3=mib / t_raw / 3, client_read=mib / t_read,
+                 tcp_read=mib / t_tcp)  # fmt: skip
+
+
+async def run(cfg: BenchConfig) -> list[Round]:
+    async with contextlib.AsyncExitStack() as stack:
+        cluster = await start_cluster(cfg.folder / "cluster", targets_per_disk=1, replication=3)
+        stack.callback(cluster.stop)
+        tcp = TcpBaseline(cfg.block_bytes, cfg.batch)
+        stack.callback(tcp.close)
+        mgmtd = cluster.client()
+        stack.push_async_callback(mgmtd.close)
+        client = StorageClient(mgmtd, CLUSTER_TOKEN)
+        stack.push_async_callback(client.close)
+        return await measure(cfg, cluster, client, tcp)
+
+
+async def measure(cfg: BenchConfig, cluster: StorageCluster, client: StorageClient, tcp: TcpBaseline) -> list[Round]:
+    info = await cluster.routing()
+    chain = info.chains[0]
+    print(f"chain {chain.chain_id}: targets {[t.target_id for t in chain.targets]} (head first), "
+          f"{len(info.chains)} chain(s)")  # fmt: skip
+    blocks = [os.urandom(cfg.block_bytes) for _ in range(cfg.num_chunks)]
+    await one_round(0, cfg, client, chain.chain_id, tcp, blocks)  # warm-up; checks the content read back
+    rounds = []
+    for n in range(1, cfg.rounds + 1):
+        r = await one_round(n, cfg, client, chain.chain_id, tcp, blocks)
+        print(f"round {n:2d}  write: chain {r.chain_write:7.1f}  raw/3 {r.raw_write_div3:7.1f}  "
+              f"ratio {r.write_ratio:5.2f}   read: client {r.client_read:7.1f}  tcp {r.tcp_read:7.1f}  "
+              f"ratio {r.read_ratio:5.2f}", flush=True)  # fmt: skip
+        rounds.append(r)
+    return rounds
+
+
+def describe_disk(folder: Path) -> str:
+    """Mount point, device and file system type of ``folder`` (from /proc/mounts)."""
+    best: list[str] = []
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if str(folder).startswith(fields[1].rstrip("/") + "/") and len(fields[1]) >= len(best[1] if best else ""):
+                best = fields
+    return f"{best[1]} ({best[0]}, {best[2]})" if best else "unknown mount"
+
+
+def report(rounds: list[Round]) -> None:
+    def med(f: Callable[[Round], float]) -> float:
+        return statistics.median(f(r) for r in rounds)
+
+    chain, raw3 = med(lambda r: r.chain_write), med(lambda r: r.raw_write_div3)
+    client, tcp = med(lambda r: r.client_read), med(lambda r: r.tcp_read)
+    print(f"median   write: chain {chain:7.1f}  raw/3 {raw3:7.1f}   read: client {client:7.1f}  tcp {tcp:7.1f}  MiB/s")
+    write_ratio, read_ratio = med(lambda r: r.write_ratio), med(lambda r: r.read_ratio)
+    print(f"MEDIAN RATIO durable write (chain of 3 / raw fsync / 3): {write_ratio:.2f}  (goal >= 0.5)")
+    print(f"MEDIAN RATIO read (client bulk path / raw TCP loopback): {read_ratio:.2f}  (goal >= 0.5)")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Path]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (after one warm-up round)")
+    parser.add_argument("--chunks", type=int, default=32, help="chunks written and read per round")
+    parser.add_argument("--block-mib", type=int, default=4, help="chunk and block size in MiB")
+    parser.add_argument("--batch", type=int, default=1, help="chunks per client request (and per TCP request)")
+    parser.add_argument("--inflight", type=int, default=8, help="client requests in flight at once (1: one by one)")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the run's folder goes")
+    parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, chunk files)")
+    args = parser.parse_args(argv)
+    if min(args.rounds, args.chunks, args.block_mib, args.batch, args.inflight) < 1:
+        parser.error("--rounds, --chunks, --block-mib, --batch and --inflight must be at least 1")
+    return args, Path(tempfile.mkdtemp(prefix="ff-storage-bench-", dir=args.dir)).resolve()
+
+
+def main(argv: list[str]) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwind: stop the cluster, remove the folder
+    args, folder = parse_args(argv)
+    cfg = BenchConfig(block_bytes=args.block_mib * MIB, num_chunks=args.chunks, batch=args.batch,
+                      inflight=args.inflight, rounds=args.rounds, folder=folder)  # fmt: skip
+    print(f"disk: {folder} on {describe_disk(folder)}; cluster targets and the raw fsync file both live there")
+    print(f"{cfg.num_chunks} x {args.block_mib} MiB per round, {cfg.batch} per request, {cfg.inflight} in flight, "
+          f"{cfg.rounds} rounds + 1 warm-up; figures in MiB/s")  # fmt: skip
+    try:
+        rounds = asyncio.run(run(cfg))
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    report(rounds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
