@@ -173,4 +173,4 @@ async def run_demo(addresses: Sequence[str], admin_token: str, node_id: int, out
     await storage_section(addresses, admin_token, demo.step, demo.say)
     await scheduler_section(addresses, admin_token, demo.step, demo.say)
     demo.step("done")
-    demo.say("mgmtd and the storage services did all of the above on the running cluster")
+    demo.say("mgmtd, the storage services and the scheduler did all of the above on the running cluster")
