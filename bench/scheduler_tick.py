@@ -72,15 +72,17 @@ def time_db_tick(num_nodes: int, num_queued: int, ticks: int) -> tuple[list[floa
     """The service's tick transaction on a SQLite file: (load only, load + plan + apply) times."""
     from sqlalchemy import insert
 
-    from ff_scheduler.server import open_store
+    from ff_scheduler.server import MIGRATIONS
+    from ff_scheduler.store.schema import VERSION_TABLE
     from ff_scheduler.store.schema import nodes as nodes_table
     from ff_scheduler.store.schema import quotas as quotas_table
     from ff_scheduler.store.schema import tasks as tasks_table
     from ff_scheduler.store.ticks import apply_plan, load_snapshot
+    from ff_store import open_store
 
     snap = build(num_nodes, num_queued, busy=False)
     with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
+        store = open_store(f"sqlite:///{Path(tmp) / 'bench.db'}", MIGRATIONS, VERSION_TABLE)
 
         def fill(s: Any) -> None:
             s.execute(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ff_store.clock import db_now
 from ff_store.engine import create_engine, read_only_engine
 from ff_store.errors import StoreError, TransactionConflict
-from ff_store.migrations import run_env, run_migrations
+from ff_store.migrations import open_store, run_env, run_migrations
 from ff_store.retry import RetryPolicy, is_retryable
 from ff_store.store import Store
 
@@ -17,6 +17,7 @@ __all__ = [
     "create_engine",
     "db_now",
     "is_retryable",
+    "open_store",
     "read_only_engine",
     "run_env",
     "run_migrations",

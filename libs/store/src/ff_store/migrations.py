@@ -27,6 +27,9 @@ from alembic import command, context
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, MetaData, func, select
 
+from ff_store.engine import create_engine
+from ff_store.store import Store
+
 # Keys of Config.attributes through which run_migrations hands its state to run_env.
 _CONNECTION = "connection"
 _VERSION_TABLE = "ff_store.version_table"
@@ -105,3 +108,10 @@ def _postgres_advisory_lock(connection: Connection, version_table: str) -> Itera
     finally:
         connection.execute(select(func.pg_advisory_unlock(key)))
         connection.commit()
+
+
+def open_store(database_url: str, script_location: str | Path, version_table: str) -> Store:
+    """A service's store at start-up: the engine, with every migration applied (a no-op when current)."""
+    engine = create_engine(database_url)
+    run_migrations(engine, script_location, version_table)
+    return Store(engine)

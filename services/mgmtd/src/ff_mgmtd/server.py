@@ -15,7 +15,7 @@ from ff_mgmtd.servicer import IdentityServicer, LocalTokenChecker, MgmtdServicer
 from ff_mgmtd.store.schema import VERSION_TABLE
 from ff_rpc import CachingTokenValidator, RpcServer, ServerOptions, ServiceBinding, install_stop_signals
 from ff_rpc.server import write_ready_file
-from ff_store import Store, create_engine, run_migrations
+from ff_store import open_store
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
 
@@ -24,17 +24,10 @@ logger = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "store" / "migrations"
 
 
-def open_store(database_url: str) -> Store:
-    """The engine with every migration applied (done at each start; a no-op when current)."""
-    engine = create_engine(database_url)
-    run_migrations(engine, MIGRATIONS, VERSION_TABLE)
-    return Store(engine)
-
-
 async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
-    store = await asyncio.to_thread(open_store, settings.resolved_database_url())
+    store = await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)
     timing = Timing(
         lease_duration_s=settings.lease_duration_s, heartbeat_interval_s=settings.heartbeat_interval_s,
         election_lease_s=settings.election_lease_s, chain_scan_interval_s=settings.chain_scan_interval_s,

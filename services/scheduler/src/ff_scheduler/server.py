@@ -16,7 +16,7 @@ from ff_scheduler.errors import STATUS_TABLE
 from ff_scheduler.servicer import SchedulerAgentServicer, SchedulerServicer
 from ff_scheduler.store.schema import VERSION_TABLE
 from ff_scheduler.txn import Transactions
-from ff_store import Store, create_engine, run_migrations
+from ff_store import open_store
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -25,17 +25,12 @@ logger = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "store" / "migrations"
 
 
-def open_store(database_url: str) -> Store:
-    """The engine with every migration applied (done at each start; a no-op when current)."""
-    engine = create_engine(database_url)
-    run_migrations(engine, MIGRATIONS, VERSION_TABLE)
-    return Store(engine)
-
-
 async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
-    store = Transactions(await asyncio.to_thread(open_store, settings.resolved_database_url()))
+    store = Transactions(
+        await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)
+    )
     mgmtd_addresses = settings.mgmtd_address_list()
     mgmtd = MgmtdClient(mgmtd_addresses, token=cluster_token, timeout_s=5.0)
     agents = AgentPool(cluster_token, settings.agent_call_timeout_s)
