@@ -6,7 +6,8 @@ from __future__ import annotations
 import grpc
 
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, RpcError, open_channel
+from ff_rpc import RpcError
+from ff_rpc.client import call_once
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -29,13 +30,11 @@ async def scheduler_address(mgmtd: MgmtdClient) -> str:
 
 
 async def set_quota(address: str, token: str, user: str, level: int, nodes: int, group: str = DEFAULT_GROUP) -> None:
-    channel = open_channel(address)
-    try:
-        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-        quota = scheduler_pb2.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)
-        await RpcClient(token=token).unary(stub.SetQuota, scheduler_pb2.SetQuotaRequest(quota=quota))
-    finally:
-        await channel.close()
+    quota = scheduler_pb2.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)
+    await call_once(
+        address, scheduler_pb2_grpc.SchedulerServiceStub, lambda s: s.SetQuota,
+        scheduler_pb2.SetQuotaRequest(quota=quota), token=token,
+    )  # fmt: skip
 
 
 async def ensure_hfai_user(mgmtd: MgmtdClient, cluster_token: str) -> str:

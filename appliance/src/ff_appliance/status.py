@@ -13,7 +13,8 @@ from ff_appliance.services import MGMTD
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_appliance.supervisor import running_pid
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, RpcError, open_channel
+from ff_rpc import RpcError
+from ff_rpc.client import call_once
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
 
@@ -117,14 +118,13 @@ async def _service_row(state: StateDir, instance: InstancePlan) -> ServiceRow:
 
 async def is_primary(address: str) -> bool | None:
     """Whether the mgmtd instance at ``address`` holds the lease; None if it does not answer."""
-    async with open_channel(address) as channel:
-        stub = mgmtd_pb2_grpc.MgmtdServiceStub(channel)
-        try:
-            resp = await RpcClient(token="", timeout_s=CALL_TIMEOUT_S).unary(
-                stub.GetPrimary, mgmtd_pb2.GetPrimaryRequest()
-            )
-        except RpcError:
-            return None
+    try:
+        resp = await call_once(
+            address, mgmtd_pb2_grpc.MgmtdServiceStub, lambda s: s.GetPrimary, mgmtd_pb2.GetPrimaryRequest(),
+            token="", timeout_s=CALL_TIMEOUT_S,
+        )  # fmt: skip
+    except RpcError:
+        return None
     return bool(resp.is_primary)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import grpc
 
-from ff_rpc import RetryPolicy, RpcClient, RpcError, open_channel
-from ff_rpc.client import NO_RETRY, RETRYABLE_CODES, is_idempotent, method_path
+from ff_rpc import RetryPolicy, RpcClient, RpcError
+from ff_rpc.client import NO_RETRY, RETRYABLE_CODES, StubPool, is_idempotent, method_path
 from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class MgmtdClient:
             raise ValueError("at least one mgmtd address is needed")
         self._addresses = list(dict.fromkeys(addresses))
         self._current = self._addresses[0]
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs = StubPool(lambda ch: (MgmtdStub(ch), IdentityStub(ch)))
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._retry = retry or RetryPolicy(max_attempts=6, max_backoff_s=1.0)
 
@@ -51,30 +51,25 @@ class MgmtdClient:
     def current_address(self) -> str:
         return self._current
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        if address not in self._channels:
-            self._channels[address] = open_channel(address)
-        return self._channels[address]
-
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._stubs.close()
 
     async def mgmtd(self, select: Callable[[MgmtdStub], Any], request: Any, *, timeout_s: float | None = None) -> Any:
         """A unary MgmtdService call: ``await client.mgmtd(lambda s: s.Heartbeat, request)``."""
-        return await self._invoke(lambda ch: select(MgmtdStub(ch)), request, timeout_s)
+        return await self._invoke(lambda stubs: select(stubs[0]), request, timeout_s)
 
     async def identity(
         self, select: Callable[[IdentityStub], Any], request: Any, *, timeout_s: float | None = None
     ) -> Any:
         """A unary IdentityService call."""
-        return await self._invoke(lambda ch: select(IdentityStub(ch)), request, timeout_s)
+        return await self._invoke(lambda stubs: select(stubs[1]), request, timeout_s)
 
-    async def _invoke(self, bind: Callable[[grpc.aio.Channel], Any], request: Any, timeout_s: float | None) -> Any:
+    async def _invoke(
+        self, bind: Callable[[tuple[MgmtdStub, IdentityStub]], Any], request: Any, timeout_s: float | None
+    ) -> Any:
         attempt = 1
         while True:
-            call = bind(self._channel(self._current))
+            call = bind(self._stubs.get(self._current))
             try:
                 return await self._rpc.unary(call, request, timeout_s=timeout_s)
             except RpcError as err:
@@ -112,7 +107,7 @@ class MgmtdClient:
         """
         attempt = 0
         while True:
-            stub = MgmtdStub(self._channel(self._current))
+            stub = self._stubs.get(self._current)[0]
             request = mgmtd_pb2.WatchRoutingInfoRequest(known_version=known_version)
             try:
                 async for msg in self._rpc.stream(stub.WatchRoutingInfo, request):

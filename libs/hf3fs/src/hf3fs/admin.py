@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, open_channel
+from ff_rpc.client import call_once
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
@@ -20,23 +20,17 @@ class ChainSetup:
     table: mpb.ChainTable
 
 
-async def storage_call(address: str, token: str, method: str, request: object, timeout_s: float = 10.0) -> object:
-    channel = open_channel(address)
-    try:
-        stub = storage_pb2_grpc.StorageServiceStub(channel)
-        return await RpcClient(token=token, timeout_s=timeout_s).unary(getattr(stub, method), request)
-    finally:
-        await channel.close()
-
-
 async def create_targets(view: RoutingView, token: str, chains: list[PlacedChain]) -> None:
     for chain in chains:
         for t in chain.targets:
             node = view.node(t.node_id)
             if node is None:
                 raise ValueError(f"node {t.node_id} is not registered")
-            await storage_call(node.grpc, token, "CreateTarget", spb.CreateTargetRequest(
-                target_id=t.target_id, chain_id=chain.chain_id, disk_index=t.disk_index))  # fmt: skip
+            request = spb.CreateTargetRequest(target_id=t.target_id, chain_id=chain.chain_id, disk_index=t.disk_index)
+            await call_once(
+                node.grpc, storage_pb2_grpc.StorageServiceStub, lambda s: s.CreateTarget, request, token=token,
+                timeout_s=10.0,
+            )  # fmt: skip
 
 
 async def setup_chain_table(

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, RpcError, open_channel
-from ff_rpc.client import NO_RETRY
+from ff_rpc import RpcClient, RpcError
+from ff_rpc.client import NO_RETRY, StubPool
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.checksum import crc32c_of
@@ -152,8 +152,7 @@ class StorageClient:
         self.routing = RoutingCache(mgmtd)
         self._mgmtd = mgmtd
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}  # one per address: stubs are not free
+        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
         self._data = DataConnectionPool(token)
         self.rts = RequestToSend(max_concurrent_transfers)
         self._retry_deadline_s = retry_deadline_s
@@ -162,16 +161,10 @@ class StorageClient:
 
     async def close(self) -> None:
         self._data.close()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
-        self._stubs.clear()
+        await self._stubs.close()
 
     def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
-        if address not in self._stubs:
-            self._channels[address] = open_channel(address)
-            self._stubs[address] = storage_pb2_grpc.StorageServiceStub(self._channels[address])
-        return self._stubs[address]
+        return self._stubs.get(address)
 
     # ---- write ----
 

@@ -9,7 +9,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -60,6 +60,49 @@ NO_RETRY = RetryPolicy(max_attempts=1)
 
 def open_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+StubT = TypeVar("StubT")
+
+
+class StubPool(Generic[StubT]):
+    """One channel (and its stub) per address, reused by every call to it, closed together."""
+
+    def __init__(self, factory: Callable[[grpc.aio.Channel], StubT]) -> None:
+        self._factory = factory
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, StubT] = {}
+
+    def get(self, address: str) -> StubT:
+        if address not in self._stubs:
+            self._channels[address] = open_channel(address)
+            self._stubs[address] = self._factory(self._channels[address])
+        return self._stubs[address]
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close()
+
+
+async def call_once(
+    address: str,
+    factory: Callable[[grpc.aio.Channel], StubT],
+    select: Callable[[StubT], Any],
+    request: Any,
+    *,
+    token: str,
+    timeout_s: float = 5.0,
+) -> Any:
+    """One call on a channel opened for it: for tools that talk to a service once (services keep a pool).
+
+    Raises:
+        RpcError: the call's status, as RpcClient.unary.
+    """
+    async with open_channel(address) as channel:
+        return await RpcClient(token=token, timeout_s=timeout_s).unary(select(factory(channel)), request)
 
 
 def method_path(multicallable: Any) -> str:

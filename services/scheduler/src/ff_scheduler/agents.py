@@ -5,22 +5,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import grpc
-
-from ff_rpc import RpcClient, open_channel
-from ff_rpc.client import NO_RETRY
+from ff_rpc import RpcClient
+from ff_rpc.client import NO_RETRY, StubPool
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 
 
 class AgentPool:
     def __init__(self, cluster_token: str, timeout_s: float) -> None:
         self._rpc = RpcClient(token=cluster_token, timeout_s=timeout_s, retry=NO_RETRY)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs = StubPool(agent_pb2_grpc.AgentServiceStub)
 
     def _stub(self, address: str) -> agent_pb2_grpc.AgentServiceStub:
-        if address not in self._channels:
-            self._channels[address] = open_channel(address)
-        return agent_pb2_grpc.AgentServiceStub(self._channels[address])
+        return self._stubs.get(address)
 
     async def start_run(self, address: str, request: agent_pb2.StartRunRequest) -> agent_pb2.StartRunResponse:
         return await self._rpc.unary(self._stub(address).StartRun, request)  # type: ignore[no-any-return]
@@ -38,6 +34,4 @@ class AgentPool:
         return self._rpc.stream(self._stub(address).ReadLogs, request)
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._stubs.close()

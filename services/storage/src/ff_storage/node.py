@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ff_rpc import RpcClient, RpcError, open_channel
-from ff_rpc.client import NO_RETRY
+from ff_rpc import RpcClient, RpcError
+from ff_rpc.client import NO_RETRY, StubPool
 from ff_storage.core.chunks import (
     ChunkKey,
     ForwardDecision,
@@ -133,8 +133,7 @@ class StorageNode:
         self.lease_ok = True
         self.locks = ChunkLocks()
         self._rpc = RpcClient(token=config.cluster_token, timeout_s=config.forward_timeout_s, retry=NO_RETRY)
-        self._channels: dict[str, Any] = {}
-        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}  # one per address: stubs are not free
+        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
         self._data = DataConnectionPool(config.cluster_token)
         self._syncing: set[tuple[int, int, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -148,6 +147,9 @@ class StorageNode:
             engine.open()
             self.targets[record.target_id] = Target(record, engine, TargetRole(restarting=True))
         logger.info("opened %d target(s)", len(self.targets))
+
+    async def close_channels(self) -> None:
+        await self._stubs.close()
 
     def close(self) -> None:
         self._data.close()
@@ -245,10 +247,7 @@ class StorageNode:
         node = self.view.node(node_id) if self.view else None
         if node is None or not node.grpc:
             raise ConnectionError(f"node {node_id} has no address in routing")
-        if node.grpc not in self._stubs:
-            self._channels[node.grpc] = open_channel(node.grpc)
-            self._stubs[node.grpc] = storage_pb2_grpc.StorageServiceStub(self._channels[node.grpc])
-        return self._stubs[node.grpc]
+        return self._stubs.get(node.grpc)
 
     # ---- write (head) ----
 

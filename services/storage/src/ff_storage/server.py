@@ -86,6 +86,7 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
         await server.stop()
         await data.stop()
         await mgmtd.close()
+        await node.close_channels()
         node.close()
     logger.info("storage stopped")
 
