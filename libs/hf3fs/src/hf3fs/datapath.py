@@ -137,8 +137,12 @@ class DataConnection:
         if not answer.get("ok"):
             raise DataPathError(f"push refused: {answer.get('error', '')}")
 
-    async def pull(self, transfer_id: str) -> bytearray:
-        """Fetch the bytes staged at the node under ``transfer_id``, into one new buffer."""
+    async def pull(self, transfer_id: str, into: Sequence[memoryview]) -> None:
+        """Fetch the bytes staged at the node under ``transfer_id`` straight into ``into``, in order.
+
+        The views (caller buffers, reused from read to read) must add up to the transfer's length.
+        """
+        want = sum(len(v) for v in into)
         async with self.lock:
             try:
                 sock = await self._connect()
@@ -148,12 +152,13 @@ class DataConnection:
                 answer = await self._read_header()
                 if not answer.get("ok"):
                     raise DataPathError(f"pull refused: {answer.get('error', '')}")
-                buf = bytearray(int(answer["length"]))
-                await self._recv_into(memoryview(buf))
+                if int(answer["length"]) != want:
+                    raise DataPathError(f"transfer has {answer['length']} bytes, the read expects {want}")
+                for view in into:
+                    await self._recv_into(view)
             except (OSError, DataPathError, asyncio.CancelledError):
                 self.close()
                 raise
-        return buf
 
 
 class DataConnectionPool:

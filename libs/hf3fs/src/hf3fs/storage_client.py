@@ -72,12 +72,20 @@ class ChunkWrite:
 
 @dataclass(frozen=True, kw_only=True)
 class ChunkRead:
+    """Read ``length`` bytes at ``offset`` of a chunk.
+
+    ``buffer`` (optional, writable, at least ``length`` bytes): the bytes land there and the outcome's
+    ``data`` is a view of it. Reusing buffers from read to read (3FS's registered I/O buffers) spares an
+    allocation per chunk; without one, each read gets a new buffer.
+    """
+
     chain_id: int
     inode_id: int
     chunk_index: int
     length: int
     offset: int = 0
     relaxed: bool = False
+    buffer: bytearray | memoryview | None = None
 
 
 @dataclass
@@ -246,6 +254,9 @@ class StorageClient:
         Args:
             prefer_target: read from this target when it serves the IO's chain (tests, repair checks).
         """
+        for n, io in enumerate(ios):
+            if io.buffer is not None and (len(io.buffer) < io.length or memoryview(io.buffer).readonly):
+                raise ValueError(f"ios[{n}]: buffer must be writable and hold {io.length} bytes")
         outcomes = [ReadOutcome() for _ in ios]
         states = [_ReadState() for _ in ios]
         todo = list(range(len(ios)))
@@ -307,10 +318,10 @@ class StorageClient:
         try:
             resp = await self._rpc.unary(self.stub(node.grpc).BatchRead,
                                          spb.BatchReadRequest(ios=requests, transport=transport))  # fmt: skip
-            buf: bytearray | None = None
+            sinks = self._sinks(ios, members, resp.results)
             if resp.transfer_id:
                 async with self.rts:  # the grant: this node may send now
-                    buf = await self._data.get(node.data).pull(resp.transfer_id)
+                    await self._data.get(node.data).pull(resp.transfer_id, _in_order(sinks))
         except RpcError as err:
             if err.code in FATAL_RPC_CODES:
                 raise StorageIoError(f"BatchRead refused: {err.code.name}: {err.details}", err.code) from None
@@ -319,9 +330,30 @@ class StorageClient:
         except (OSError, DataPathError) as err:
             self._fail(members, outcomes, f"data path: {err}")
             return
-        view_buf = memoryview(buf) if buf is not None else None
         for (i, target_id), r in zip(members, resp.results, strict=True):
-            outcomes[i] = self._read_outcome(r, target_id, view_buf)
+            sink = sinks.get(i, (0, None))[1]
+            outcomes[i] = out = self._read_outcome(r, target_id, sink)
+            buf = ios[i].buffer
+            if out.ok and sink is None and buf is not None:  # inline bytes: into the caller's buffer too
+                dest = memoryview(buf)[: len(out.data)]
+                dest[:] = out.data
+                out.data = dest
+
+    @staticmethod
+    def _sinks(
+        ios: Sequence[ChunkRead], members: list[tuple[int, int]], results: Sequence[spb.ReadResult]
+    ) -> dict[int, tuple[int, memoryview]]:
+        """Where each bulk result's bytes go (its offset in the transfer, a view of its buffer)."""
+        sinks: dict[int, tuple[int, memoryview]] = {}
+        for (i, _), r in zip(members, results, strict=True):
+            if r.status != OK or not r.HasField("transfer"):
+                continue
+            buf = ios[i].buffer
+            view = memoryview(buf) if buf is not None else memoryview(bytearray(r.length_bytes))
+            if len(view) < r.length_bytes:
+                raise DataPathError(f"node answered {r.length_bytes} bytes for a read of {len(view)}")
+            sinks[i] = (r.transfer.offset_bytes, view[: r.length_bytes])
+        return sinks
 
     @staticmethod
     def _fail(members: list[tuple[int, int]], outcomes: list[ReadOutcome], message: str) -> None:
@@ -329,16 +361,21 @@ class StorageClient:
             outcomes[i] = ReadOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, message, target_id=target_id)
 
     @staticmethod
-    def _read_outcome(r: spb.ReadResult, target_id: int, buf: memoryview | None) -> ReadOutcome:
+    def _read_outcome(r: spb.ReadResult, target_id: int, sink: memoryview | None) -> ReadOutcome:
         if r.status != OK:
             return ReadOutcome(r.status, r.message, target_id=target_id)
         data: bytes | memoryview
         if r.HasField("transfer"):
-            if buf is None:
+            if sink is None:
                 return ReadOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "transfer missing", target_id=target_id)
-            data = buf[r.transfer.offset_bytes : r.transfer.offset_bytes + r.length_bytes]
+            data = sink
         else:
             data = r.inline_data
         if crc32c_of(data) != r.checksum.value:
             return ReadOutcome(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "bytes damaged in transit", target_id=target_id)
         return ReadOutcome(OK, "", data, r.version, r.is_pending, target_id)
+
+
+def _in_order(sinks: dict[int, tuple[int, memoryview]]) -> list[memoryview]:
+    """The sinks' views by offset in the transfer (the node lays results out back to back)."""
+    return [view for _, view in sorted(sinks.values(), key=lambda s: s[0])]

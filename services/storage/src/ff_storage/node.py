@@ -642,6 +642,7 @@ class StorageNode:
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_PENDING_VERSION,
                                   message=f"version {meta.pending_version} is pending"), None  # fmt: skip
         checksum: int | None = None  # of the whole chunk, when already verified
+        data: bytes | memoryview
         try:
             if meta.pending_version:
                 got = target.engine.read_pending(key)
@@ -649,11 +650,11 @@ class StorageNode:
                     return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="pending remove"), None
                 version, data, pending = got[0].version, got[1], True
             else:
-                committed = target.engine.read_committed(key)
+                committed = target.engine.map_committed(key)
                 if committed is None:
                     return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="no such chunk"), None
                 version, data, pending = committed[0].committed_version, committed[1], False
-                checksum = committed[0].checksum  # read_committed verified the bytes against it
+                checksum = committed[0].checksum  # map_committed verified the bytes against it
         except ChunkCorrupt as exc:
             self._loop_spawn(target, key)
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, message=str(exc)), None

@@ -41,13 +41,16 @@ def _read_if_exists(path: Path) -> str | None:
         return None
 
 
-def spawn_mgmtd(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """mgmtd as a process (``python -m ff_mgmtd``; a service does not import another one)."""
+def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST) -> tuple[subprocess.Popen[bytes], Path]:
+    """mgmtd as a process (``python -m ff_mgmtd``; a service does not import another one).
+
+    ``timing``: lease, heartbeat and scan settings (default: the tests' fast ones; ``{}``: mgmtd's own).
+    """
     ready = folder / "m1.ready.json"
     ready.unlink(missing_ok=True)
     flags = {"database-url": f"sqlite:///{folder / 'mgmtd.db'}", "state-dir": str(folder / "m1"),
              "ready-file": str(ready), "instance-id": "m1", "metrics-address": "",
-             **{k.replace("_", "-"): str(v) for k, v in FAST.items()}}  # fmt: skip
+             **{k.replace("_", "-"): str(v) for k, v in timing.items()}}  # fmt: skip
     args = [sys.executable, "-m", "ff_mgmtd"]
     for k, v in flags.items():
         args += [f"--{k}", v]
@@ -143,9 +146,10 @@ async def start_cluster(
     replication: int = 3,
     fsync: bool = True,
     extra: dict[str, str] | None = None,
+    timing: dict[str, float] = FAST,
 ) -> StorageCluster:
     await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-    mg_proc, mg_ready = spawn_mgmtd(folder)
+    mg_proc, mg_ready = spawn_mgmtd(folder, timing)
     cluster: StorageCluster | None = None
     try:
         mg_address = str((await wait_ready(mg_ready, mg_proc))["grpc"])

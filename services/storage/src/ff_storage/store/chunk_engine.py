@@ -15,6 +15,7 @@ All methods block (disk I/O): the service calls them from worker threads. A lock
 
 from __future__ import annotations
 
+import mmap
 import os
 import sqlite3
 import threading
@@ -133,6 +134,25 @@ class ChunkEngine:
         if meta is None or name is None:
             return None
         data = _read_file(self.data_dir / name)
+        if len(data) != meta.length or crc32c_of(data) != meta.checksum:
+            raise ChunkCorrupt(f"chunk {key} on {self.root.name}: stored bytes do not match the checksum")
+        return meta, data
+
+    def map_committed(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
+        """The committed content as a read-only view of the chunk file's pages (no copy), verified.
+
+        Chunk files are immutable (every version is a new file), so the mapping stays valid after a newer
+        version replaces the file or the file is unlinked; the pages go when the last view is dropped. A
+        file truncated from outside while mapped would fault on access: nothing in the service does that.
+
+        Raises:
+            ChunkCorrupt: the bytes on disk do not match the checksum.
+        """
+        with self._lock:
+            meta, name = self._meta.get(key), self._files.get(key)
+        if meta is None or name is None:
+            return None
+        data = _map_file(self.data_dir / name)
         if len(data) != meta.length or crc32c_of(data) != meta.checksum:
             raise ChunkCorrupt(f"chunk {key} on {self.root.name}: stored bytes do not match the checksum")
         return meta, data
@@ -262,6 +282,18 @@ class ChunkEngine:
 def _read_file(path: Path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def _map_file(path: Path) -> memoryview:
+    """The whole file as a read-only memoryview of a shared mapping, its pages faulted in at once."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)
 
 
 def _write_file(path: Path, content: bytes | memoryview, fsync: bool) -> None:
