@@ -1,14 +1,26 @@
-"""3FS client library: chunk I/O over storage chains (``hf3fs.storage_client``), placement, admin."""
+"""3FS client library: the file system (``hf3fs.connect``: files, directories, batch I/O over meta and
+storage), chunk I/O over storage chains (``hf3fs.storage_client``), placement, admin."""
 
 from hf3fs.checksum import crc32c_of
+from hf3fs.fs import DirEntry, FileSystem, Quota, Stat, StatFs, TrashEntry, connect
+from hf3fs.meta_client import Hf3fsError, MetaClient
 from hf3fs.storage_client import ChunkRead, ChunkWrite, ReadOutcome, StorageClient, StorageIoError, WriteOutcome
 
 __all__ = [
     "ChunkRead",
     "ChunkWrite",
+    "DirEntry",
+    "FileSystem",
+    "Hf3fsError",
+    "MetaClient",
+    "Quota",
     "ReadOutcome",
+    "Stat",
+    "StatFs",
     "StorageClient",
     "StorageIoError",
+    "TrashEntry",
     "WriteOutcome",
+    "connect",
     "crc32c_of",
 ]

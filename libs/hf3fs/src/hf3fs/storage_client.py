@@ -68,6 +68,7 @@ class ChunkWrite:
     data: bytes | bytearray | memoryview
     chunk_size: int
     offset: int = 0
+    capability: bytes = b""  # the file's IoCapability from meta (user tokens need it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,7 @@ class ChunkRead:
     length: int
     offset: int = 0
     relaxed: bool = False
+    capability: bytes = b""
     buffer: bytearray | memoryview | None = None
 
 
@@ -219,6 +221,7 @@ class StorageClient:
                 chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
                 chunk_size_bytes=io.chunk_size, offset_bytes=io.offset, length_bytes=len(io.data),
                 checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(io.data)),
+                io_capability=io.capability,
             )  # fmt: skip
             if self._bulk and len(io.data) > INLINE_MAX_BYTES and node.data:
                 msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
@@ -312,6 +315,7 @@ class StorageClient:
                 chain_id=io.chain_id, chain_version=chain.version if chain else 0,
                 chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
                 offset_bytes=io.offset, length_bytes=io.length, relaxed=io.relaxed or i in relaxed,
+                io_capability=io.capability,
             ))  # fmt: skip
         bulk = self._bulk and bool(node.data)
         transport = spb.DATA_TRANSPORT_BULK if bulk else spb.DATA_TRANSPORT_INLINE

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
-from ff_rpc import current_principal
+from ff_rpc import PermissionDenied, current_principal
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
 from ff_storage.node import StorageNode, Target
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.capability import capability_key, check_capability
 
 Context = Any
 DUMP_BATCH = 1000
@@ -21,6 +23,20 @@ GRANT_PIECE_BYTES = 1 << 20
 
 def _owner() -> str:
     return current_principal().name
+
+
+def _check_capabilities(key: bytes, ios: list[Any], *, write: bool) -> None:
+    """User calls must carry meta's IoCapability for each IO's file; the cluster token and admins need none.
+    (GrantTransfer needs no check of its own: it hands out only what a checked BatchRead staged for the
+    same caller.)"""
+    principal = current_principal()
+    if principal.is_admin:
+        return
+    now = time.time_ns()
+    for n, io in enumerate(ios):
+        reason = check_capability(key, io.io_capability, io.chunk_id.inode_id, write=write, now_ns=now)
+        if reason is not None:
+            raise PermissionDenied(f"ios[{n}]: {reason}")
 
 
 def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
@@ -36,13 +52,16 @@ def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     def __init__(self, node: StorageNode) -> None:
         self._n = node
+        self._cap_key = capability_key(node.config.cluster_token)
 
     async def BatchWrite(self, request: pb.BatchWriteRequest, context: Context) -> pb.BatchWriteResponse:
+        _check_capabilities(self._cap_key, list(request.ios), write=True)
         return pb.BatchWriteResponse(results=await self._n.batch_write(list(request.ios), _owner()))
 
     async def BatchRead(self, request: pb.BatchReadRequest, context: Context) -> pb.BatchReadResponse:
         if request.transport not in (pb.DATA_TRANSPORT_UNSPECIFIED, pb.DATA_TRANSPORT_INLINE, pb.DATA_TRANSPORT_BULK):
             raise InvalidRequest(f"transport {request.transport} is unknown")
+        _check_capabilities(self._cap_key, list(request.ios), write=False)
         results, tid, length = await self._n.batch_read(list(request.ios), request.transport, _owner())
         return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
                                     transfer_ttl_s=self._n.boxes.ttl_s)  # fmt: skip

@@ -1,0 +1,555 @@
+"""The hf3fs file system, synchronous: metadata through meta, data straight to storage.
+
+``hf3fs.connect()`` gives a FileSystem; it runs the async gRPC clients on one private event-loop thread,
+so any number of threads may use it at once (FUSE callbacks, fsspec, the CLI, data loaders).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import stat as stat_mod
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcError
+from fireflyer.meta.v1 import meta_pb2 as pb
+from fireflyer.meta.v1 import meta_pb2_grpc
+from hf3fs.files import OpenMode, RawFile, layout_of, read_spans, session_lost, wrap, write_spans
+from hf3fs.layout import FileLayout
+from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
+from hf3fs.storage_client import StorageClient
+
+T = TypeVar("T")
+_TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink"}
+_TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK}
+
+
+@dataclass(frozen=True)
+class Stat:
+    inode_id: int
+    type: str
+    mode: int
+    uid: int
+    gid: int
+    nlink: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    symlink_target: str = ""
+    chunk_size: int = 0
+    stripe_size: int = 0
+    chain_table_id: int = 0
+
+    @property
+    def st_mode(self) -> int:
+        return _TYPE_BITS.get(self.type, 0) | self.mode
+
+    def is_dir(self) -> bool:
+        return self.type == "directory"
+
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    def is_symlink(self) -> bool:
+        return self.type == "symlink"
+
+    @classmethod
+    def from_pb(cls, i: pb.Inode) -> Stat:
+        return cls(
+            inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
+            size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
+            symlink_target=i.symlink_target, chunk_size=i.layout.chunk_size_bytes, stripe_size=i.layout.stripe_size,
+            chain_table_id=i.layout.chain_table_id,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    name: str
+    stat: Stat
+
+
+@dataclass(frozen=True)
+class StatFs:
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    num_inodes: int
+
+
+@dataclass(frozen=True)
+class Quota:
+    path: str
+    max_bytes: int | None
+    max_inodes: int | None
+    used_bytes: int
+    used_inodes: int
+
+
+@dataclass(frozen=True)
+class TrashEntry:
+    entry_id: str
+    original_path: str
+    removed_at_ns: int
+    expires_at_ns: int
+    size: int
+
+
+def _quota(q: pb.DirQuota) -> Quota:
+    return Quota(q.path, q.max_bytes or None, q.max_inodes or None, q.used_bytes, q.used_inodes)
+
+
+def _abs(path: str) -> str:
+    if not isinstance(path, str):
+        raise TypeError(f"path must be str, not {type(path).__name__}")
+    if not path.startswith("/"):
+        raise ValueError(f"hf3fs paths are absolute: {path!r}")
+    return path
+
+
+def _at(path: str) -> pb.PathAt:
+    return pb.PathAt(path=_abs(path))
+
+
+class FileSystem:
+    """A connection to one 3FS cluster (see the module docstring). Close it, or use it as a context manager."""
+
+    def __init__(
+        self,
+        mgmtd: str | list[str],
+        token: str,
+        *,
+        meta_addresses: list[str] | None = None,
+        timeout_s: float = 30.0,
+        renew_interval_s: float | None = None,
+    ) -> None:
+        addresses = [a.strip() for a in (mgmtd.split(",") if isinstance(mgmtd, str) else mgmtd) if a.strip()]
+        if not addresses:
+            raise ValueError("at least one mgmtd address is needed")
+        if not token:
+            raise ValueError("a token is needed (FF_TOKEN)")
+        self.client_id = uuid.uuid4().hex
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="hf3fs-loop", daemon=True)
+        self._thread.start()
+        self._writers: dict[str, RawFile] = {}
+        self._writers_lock = threading.Lock()
+        self._tables: dict[int, list[int]] = {}
+        self._closed = False
+        self._renew_interval_s = renew_interval_s
+        self._stop = asyncio.Event()
+
+        async def setup() -> None:
+            self._mgmtd = MgmtdClient(addresses, token=token, timeout_s=10.0)
+            self._meta = MetaClient(self._mgmtd, token, addresses=meta_addresses, timeout_s=timeout_s)
+            self._storage = StorageClient(self._mgmtd, token)
+            self._stop = asyncio.Event()
+            self._renewer = asyncio.ensure_future(self._renew_loop())
+
+        self._run(setup())
+
+    # ---- plumbing ----
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise ValueError("the file system is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _meta_call(self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any,
+                   path: str | None = None) -> Any:  # fmt: skip
+        try:
+            return self._run(self._meta.call(select, request))
+        except RpcError as err:
+            raise os_error(err, path) from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._writers_lock:
+            writers = list(self._writers.values())
+        for w in writers:
+            with contextlib.suppress(OSError):
+                w.close()
+
+        async def teardown() -> None:
+            self._stop.set()
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+            await self._storage.close()
+            await self._meta.close()
+            await self._mgmtd.close()
+
+        self._run(teardown())
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> FileSystem:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- write sessions ----
+
+    def _forget_writer(self, session_id: str) -> None:
+        with self._writers_lock:
+            self._writers.pop(session_id, None)
+
+    async def _renew_loop(self) -> None:
+        interval = self._renew_interval_s
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), interval or 5.0)
+                return
+            except TimeoutError:
+                pass
+            with self._writers_lock:
+                writers = dict(self._writers)
+            if not writers:
+                continue
+            reports = [r for w in writers.values() if (r := w.report()) is not None]
+            try:
+                request = pb.RenewSessionsRequest(client_id=self.client_id, sessions=reports)
+                resp = await self._meta.call(lambda s: s.RenewSessions, request)
+            except (RpcError, Hf3fsError):
+                continue
+            if interval is None and resp.lease_s:
+                interval = max(0.2, resp.lease_s / 3)
+            for sid in resp.lost_session_ids:
+                if sid in writers:
+                    session_lost(writers[sid])
+
+    def renew_sessions_now(self) -> None:
+        """Report written lengths and renew leases now (normally every lease/3 seconds)."""
+        with self._writers_lock:
+            reports = [r for w in self._writers.values() if (r := w.report()) is not None]
+        self._meta_call(lambda s: s.RenewSessions, pb.RenewSessionsRequest(client_id=self.client_id, sessions=reports))
+
+    # ---- metadata ----
+
+    def stat(self, path: str, follow_symlinks: bool = True) -> Stat:
+        resp = self._meta_call(lambda s: s.Stat, pb.StatRequest(path=_at(path), follow_last_symlink=follow_symlinks),
+                               path)  # fmt: skip
+        return Stat.from_pb(resp.inode)
+
+    def lstat(self, path: str) -> Stat:
+        return self.stat(path, follow_symlinks=False)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return self.stat(path).is_dir()
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self.stat(path).is_file()
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def batch_stat(self, paths: list[str]) -> list[Stat | OSError]:
+        resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
+            paths=[_at(p) for p in paths], follow_last_symlink=True))  # fmt: skip
+        out: list[Stat | OSError] = []
+        for p, r in zip(paths, resp.results, strict=True):
+            if r.error:
+                code = ERRNO_OF_FS_ERROR.get(pb.FsError.Name(r.error), errno.EIO)
+                out.append(OSError(code, os.strerror(code), p))
+            else:
+                out.append(Stat.from_pb(r.inode))
+        return out
+
+    def _list(self, path: str, with_inodes: bool) -> list[pb.DirEntry]:
+        entries: list[pb.DirEntry] = []
+        token = ""
+        while True:
+            resp = self._meta_call(lambda s: s.List, pb.ListRequest(
+                path=_at(path), page_token=token, include_inodes=with_inodes), path)  # fmt: skip
+            entries.extend(resp.entries)
+            token = resp.next_page_token
+            if not token:
+                return entries
+
+    def listdir(self, path: str) -> list[str]:
+        return [e.name for e in self._list(path, False)]
+
+    def scandir(self, path: str) -> list[DirEntry]:
+        return [DirEntry(e.name, Stat.from_pb(e.inode)) for e in self._list(path, True)]
+
+    def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        try:
+            entries = self.scandir(top)
+        except OSError:
+            return
+        dirs = [e.name for e in entries if e.stat.is_dir()]
+        files = [e.name for e in entries if not e.stat.is_dir()]
+        yield top, dirs, files
+        for d in dirs:
+            yield from self.walk(f"{top.rstrip('/')}/{d}")
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode), path)
+
+    def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = False) -> None:
+        if not exist_ok and self.exists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode, recursive=True), path)
+
+    def create(self, path: str, mode: int = 0o644, exclusive: bool = False) -> Stat:
+        resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(
+            path=_at(path), mode=mode, exclusive=exclusive, open_mode=pb.OPEN_MODE_READ), path)  # fmt: skip
+        return Stat.from_pb(resp.inode)
+
+    def remove(self, path: str) -> None:
+        if self.lstat(path).is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path)), path)
+
+    unlink = remove
+
+    def rmdir(self, path: str) -> None:
+        if not self.lstat(path).is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path)), path)
+
+    def rmtree(self, path: str, trash: bool = True) -> str:
+        """Remove a tree; to the trash by default (returns the trash entry id), else deleted now."""
+        resp = self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), recursive=True), path)
+        if not trash:
+            self._meta_call(lambda s: s.EmptyTrash, pb.EmptyTrashRequest(trash_ids=[resp.trash_id]), path)
+            return ""
+        return str(resp.trash_id)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._meta_call(lambda s: s.Rename, pb.RenameRequest(src_path=_at(src), dst_path=_at(dst)), src)
+
+    def symlink(self, target: str, link_path: str) -> None:
+        self._meta_call(lambda s: s.Symlink, pb.SymlinkRequest(path=_at(link_path), target=target), link_path)
+
+    def readlink(self, path: str) -> str:
+        st = self.lstat(path)
+        if not st.is_symlink():
+            raise OSError(errno.EINVAL, "Invalid argument (not a symlink)", path)
+        return st.symlink_target
+
+    def link(self, existing: str, new_path: str) -> None:
+        self._meta_call(lambda s: s.HardLink, pb.HardLinkRequest(old_path=_at(existing), new_path=_at(new_path)),
+                        new_path)  # fmt: skip
+
+    def truncate(self, path: str, length: int) -> None:
+        if length < 0:
+            raise OSError(errno.EINVAL, "negative length", path)
+        self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(path=_at(path), length_bytes=length), path)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self._meta_call(lambda s: s.SetAttr, pb.SetAttrRequest(path=_at(path), follow_last_symlink=True, mode=mode),
+                        path)  # fmt: skip
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=True)
+        if uid >= 0:
+            req.uid = uid
+        if gid >= 0:
+            req.gid = gid
+        self._meta_call(lambda s: s.SetAttr, req, path)
+
+    def utime(self, path: str, ns: tuple[int, int] | None = None, *, follow_symlinks: bool = True) -> None:
+        req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks)
+        if ns is None:
+            req.atime_now = req.mtime_now = True
+        else:
+            req.atime_ns, req.mtime_ns = ns
+        self._meta_call(lambda s: s.SetAttr, req, path)
+
+    def realpath(self, path: str) -> str:
+        return str(self._meta_call(lambda s: s.Realpath, pb.RealpathRequest(path=_at(path)), path).path)
+
+    def statfs(self) -> StatFs:
+        r = self._meta_call(lambda s: s.StatFs, pb.StatFsRequest())
+        return StatFs(r.capacity_bytes, r.used_bytes, r.free_bytes, r.num_inodes)
+
+    def du(self, path: str) -> tuple[int, int]:
+        total, count = 0, 0
+        st = self.lstat(path)
+        if not st.is_dir():
+            return (st.size if st.is_file() else 0), 1
+        stack = [path]
+        count = 1
+        while stack:
+            d = stack.pop()
+            for e in self.scandir(d):
+                count += 1
+                if e.stat.is_dir():
+                    stack.append(f"{d.rstrip('/')}/{e.name}")
+                elif e.stat.is_file():
+                    total += e.stat.size
+        return total, count
+
+    # ---- quotas and trash ----
+
+    def get_quota(self, path: str) -> Quota | None:
+        """The nearest directory quota that applies to ``path`` (None when none does)."""
+        quotas = self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
+        return _quota(quotas[0]) if quotas else None
+
+    def get_quotas(self, path: str) -> list[Quota]:
+        """Every directory quota that applies to ``path``, nearest first."""
+        return [
+            _quota(q) for q in self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
+        ]
+
+    def set_quota(self, path: str, max_bytes: int | None = None, max_inodes: int | None = None) -> Quota:
+        resp = self._meta_call(lambda s: s.SetQuota, pb.SetQuotaRequest(
+            path=_at(path), max_bytes=max_bytes or 0, max_inodes=max_inodes or 0), path)  # fmt: skip
+        return _quota(resp.quota)
+
+    def list_quotas(self) -> list[Quota]:
+        return [_quota(q) for q in self._meta_call(lambda s: s.ListQuotas, pb.ListQuotasRequest()).quotas]
+
+    def trash_list(self, all_users: bool = False) -> list[TrashEntry]:
+        out: list[TrashEntry] = []
+        token = ""
+        while True:
+            resp = self._meta_call(lambda s: s.ListTrash, pb.ListTrashRequest(page_token=token, all_users=all_users))
+            for e in resp.entries:
+                out.append(TrashEntry(e.trash_id, e.original_path, e.removed_at_ns, e.expires_at_ns, 0))
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def trash_restore(self, entry_id: str, path: str | None = None) -> str:
+        req = pb.RestoreTrashEntryRequest(trash_id=entry_id)
+        if path:
+            req.path.CopyFrom(_at(path))
+        return str(self._meta_call(lambda s: s.RestoreTrashEntry, req, path).path)
+
+    def trash_empty(self, entry_ids: list[str] | None = None) -> int:
+        resp = self._meta_call(lambda s: s.EmptyTrash, pb.EmptyTrashRequest(trash_ids=entry_ids or []))
+        return int(resp.num_deleted)
+
+    # ---- data ----
+
+    def _table(self, table_id: int, refresh: bool = False) -> list[int]:
+        if refresh or table_id not in self._tables:
+            view = self._run(self._storage.routing.refresh(force=True))
+            self._tables = {t.table_id: list(t.chain_ids) for t in view.tables.values()}
+        if table_id not in self._tables:
+            raise OSError(errno.EIO, f"chain table {table_id} is unknown")
+        return self._tables[table_id]
+
+    def _layout(self, inode: pb.Inode) -> FileLayout:
+        table = self._table(inode.layout.chain_table_id)
+        if len(table) < inode.layout.stripe_size:
+            table = self._table(inode.layout.chain_table_id, refresh=True)
+        return layout_of(inode, table)
+
+    def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644, encoding: str | None = None,
+             errors: str | None = None, newline: str | None = None) -> Any:  # fmt: skip
+        om = OpenMode.parse(mode)
+        _abs(path)
+        session_id = uuid.uuid4().hex if om.writable else ""
+        open_mode = (
+            (pb.OPEN_MODE_READ_WRITE if om.readable else pb.OPEN_MODE_WRITE) if om.writable else pb.OPEN_MODE_READ
+        )
+        if om.create:
+            resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(
+                path=_at(path), mode=perm, exclusive=om.exclusive, open_mode=open_mode, truncate=om.truncate,
+                session_id=session_id, client_id=self.client_id), path)  # fmt: skip
+        else:
+            resp = self._meta_call(lambda s: s.Open, pb.OpenRequest(
+                path=_at(path), open_mode=open_mode, session_id=session_id, client_id=self.client_id,
+            ), path)  # fmt: skip
+        inode = resp.inode
+        if inode.type == pb.INODE_TYPE_DIRECTORY:
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        session = resp.session if resp.HasField("session") else None
+        raw = RawFile(self, path, mode, om, inode, self._layout(inode), resp.io_capability.token, session)
+        if session is not None:
+            with self._writers_lock:
+                self._writers[session.session_id] = raw
+        if om.append:
+            raw.seek(0, os.SEEK_END)
+        try:
+            return wrap(raw, om, buffering, encoding, errors, newline)
+        except BaseException:
+            raw.close()
+            raise
+
+    def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
+        """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch."""
+        paths = list(dict.fromkeys(p for p, _, _ in reads))
+        resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
+            paths=[_at(p) for p in paths], follow_last_symlink=True, include_read_capability=True))  # fmt: skip
+        files: dict[str, tuple[pb.Inode, bytes]] = {}
+        for p, r in zip(paths, resp.results, strict=True):
+            if r.error:
+                code = ERRNO_OF_FS_ERROR.get(pb.FsError.Name(r.error), errno.EIO)
+                raise OSError(code, os.strerror(code), p)
+            if r.inode.type != pb.INODE_TYPE_FILE:
+                raise IsADirectoryError(errno.EISDIR, "Is a directory", p)
+            files[p] = (r.inode, r.read_capability.token)
+
+        layouts = {p: self._layout(files[p][0]) for p in paths}
+
+        async def all_reads() -> list[bytearray]:
+            jobs = []
+            for p, off, n in reads:
+                inode, cap = files[p]
+                size = max(0, min(n, inode.length_bytes - off))
+                jobs.append(read_spans(self._storage, layouts[p], cap, off, size, p))
+            return list(await asyncio.gather(*jobs))
+
+        return [bytes(b) for b in self._run(all_reads())]
+
+    def write_batch(self, writes: list[tuple[str, int, bytes]]) -> None:
+        """Many (path, offset, data) writes into existing files: one session per file, chunks in one batch."""
+        opened: dict[str, RawFile] = {}
+        try:
+            for p, _, _ in writes:
+                if p not in opened:
+                    opened[p] = self.open(p, "r+b", buffering=0)
+            for p, off, data in writes:
+                end = off + len(data)
+                raw = opened[p]
+                if end > raw._limit:
+                    raw._reserve(end)
+
+            async def all_writes() -> None:
+                await asyncio.gather(*(write_spans(self._storage, opened[p].layout, opened[p]._cap, off,
+                                                   memoryview(data), p) for p, off, data in writes))  # fmt: skip
+
+            self._run(all_writes())
+            for p, off, data in writes:
+                raw = opened[p]
+                raw.written = max(raw.written, off + len(data))
+                raw.length = max(raw.length, off + len(data))
+        finally:
+            for raw in opened.values():
+                raw.close()
+
+
+def connect(mgmtd: str | list[str] | None = None, token: str | None = None, **kwargs: Any) -> FileSystem:
+    """A FileSystem for the cluster at ``mgmtd`` (default: FF_MGMTD_ADDRESSES) with ``token`` (default: FF_TOKEN)."""
+    mgmtd = mgmtd or os.environ.get("FF_MGMTD_ADDRESSES", "")
+    token = token or os.environ.get("FF_TOKEN", "")
+    if not mgmtd:
+        raise ValueError("no mgmtd address: pass mgmtd= or set FF_MGMTD_ADDRESSES")
+    return FileSystem(mgmtd, token, **kwargs)

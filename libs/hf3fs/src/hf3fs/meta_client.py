@@ -1,0 +1,138 @@
+"""Async client of the meta service: finds meta instances in mgmtd's routing, fails over between them,
+and turns meta's errors (``ff-fs-error`` trailing metadata) into OSError with the right errno."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError
+from ff_rpc.client import NO_RETRY, StubPool, is_idempotent, method_path
+from fireflyer.common.v1 import common_pb2
+from fireflyer.meta.v1 import meta_pb2_grpc
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+
+logger = logging.getLogger(__name__)
+
+FS_ERROR_METADATA = "ff-fs-error"
+MetaStub = meta_pb2_grpc.MetaServiceStub
+
+ERRNO_OF_FS_ERROR = {
+    "FS_ERROR_NOT_FOUND": errno.ENOENT, "FS_ERROR_EXISTS": errno.EEXIST, "FS_ERROR_NOT_DIRECTORY": errno.ENOTDIR,
+    "FS_ERROR_IS_DIRECTORY": errno.EISDIR, "FS_ERROR_NOT_EMPTY": errno.ENOTEMPTY,
+    "FS_ERROR_ACCESS_DENIED": errno.EACCES, "FS_ERROR_NOT_PERMITTED": errno.EPERM,
+    "FS_ERROR_NAME_TOO_LONG": errno.ENAMETOOLONG, "FS_ERROR_INVALID_ARGUMENT": errno.EINVAL,
+    "FS_ERROR_SYMLINK_LOOP": errno.ELOOP, "FS_ERROR_RENAME_LOOP": errno.EINVAL,
+    "FS_ERROR_QUOTA_EXCEEDED": errno.EDQUOT, "FS_ERROR_NO_SPACE": errno.ENOSPC,
+    "FS_ERROR_TOO_MANY_LINKS": errno.EMLINK, "FS_ERROR_BAD_SESSION": errno.EBADF, "FS_ERROR_BUSY": errno.EBUSY,
+    "FS_ERROR_CONFLICT": errno.EAGAIN,
+}  # fmt: skip
+ERRNO_OF_FS_ERROR_VALUE = {i + 1: e for i, e in enumerate(ERRNO_OF_FS_ERROR.values())}
+_ERRNO_OF_CODE = {
+    grpc.StatusCode.NOT_FOUND: errno.ENOENT, grpc.StatusCode.ALREADY_EXISTS: errno.EEXIST,
+    grpc.StatusCode.PERMISSION_DENIED: errno.EACCES, grpc.StatusCode.UNAUTHENTICATED: errno.EACCES,
+    grpc.StatusCode.INVALID_ARGUMENT: errno.EINVAL, grpc.StatusCode.RESOURCE_EXHAUSTED: errno.ENOSPC,
+    grpc.StatusCode.ABORTED: errno.EAGAIN, grpc.StatusCode.FAILED_PRECONDITION: errno.EINVAL,
+}  # fmt: skip
+FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class Hf3fsError(ConnectionError):
+    """The file system could not be reached (no meta or storage answered)."""
+
+
+def os_error(err: RpcError, path: str | None = None) -> OSError:
+    """The OSError (with errno and filename) for a failed meta call."""
+    name = err.trailing_metadata.get(FS_ERROR_METADATA, "")
+    code = ERRNO_OF_FS_ERROR.get(name) or _ERRNO_OF_CODE.get(err.code)
+    if code is None:
+        return Hf3fsError(f"{err.code.name}: {err.details}")
+    return OSError(code, err.details or errno.errorcode.get(code, ""), path)
+
+
+class MetaClient:
+    """Calls one of the meta services, failing over to the others.
+
+    UNAVAILABLE means the call did not run, so it goes to the next instance whatever the method; a
+    timeout is retried elsewhere only for methods the proto marks idempotent.
+    """
+
+    def __init__(
+        self,
+        mgmtd: MgmtdClient,
+        token: str,
+        *,
+        addresses: list[str] | None = None,
+        timeout_s: float = 30.0,
+        attempts: int = 6,
+    ) -> None:
+        self._mgmtd = mgmtd
+        self._fixed = list(addresses or [])
+        self._addresses: list[str] = list(self._fixed)
+        self._current = 0
+        self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
+        self._stubs = StubPool(MetaStub)
+        self._attempts = attempts
+        self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        await self._stubs.close()
+
+    async def refresh(self) -> list[str]:
+        """Meta addresses from mgmtd (alive META nodes), unless fixed at construction."""
+        if self._fixed:
+            return self._fixed
+        async with self._lock:
+            resp = await self._mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())
+            found = []
+            for n in resp.routing_info.nodes:
+                if n.node_type != common_pb2.NODE_TYPE_META or n.status != mpb.NODE_STATUS_ALIVE or not n.enabled:
+                    continue
+                found += [e.address for e in n.endpoints if e.name == "grpc"]
+            if found:
+                random.shuffle(found)
+                self._addresses = found
+                self._current = 0
+            return self._addresses
+
+    async def call(self, select: Callable[[MetaStub], Any], request: Any, *, timeout_s: float | None = None) -> Any:
+        """One unary MetaService call: ``await meta.call(lambda s: s.Stat, request)``.
+
+        Raises:
+            RpcError: the service's answer (map it with ``os_error``).
+            Hf3fsError: no meta instance answered.
+        """
+        if not self._addresses:
+            try:
+                await self.refresh()
+            except RpcError as err:
+                raise Hf3fsError(f"cannot reach mgmtd to find meta services: {err}") from None
+            if not self._addresses:
+                raise Hf3fsError("no meta service is registered with mgmtd")
+        last: RpcError | None = None
+        for attempt in range(self._attempts):
+            address = self._addresses[self._current % len(self._addresses)]
+            call = select(self._stubs.get(address))
+            try:
+                return await self._rpc.unary(call, request, timeout_s=timeout_s)
+            except RpcError as err:
+                if err.code not in FAILOVER_CODES:
+                    raise
+                if err.code is grpc.StatusCode.DEADLINE_EXCEEDED and not is_idempotent(method_path(call)):
+                    raise
+                last = err
+                logger.info("meta %s: %s; trying another instance", address, err.code.name)
+                self._current += 1
+                if self._current % len(self._addresses) == 0:
+                    await asyncio.sleep(min(1.0, 0.1 * 2**attempt))
+                    with contextlib.suppress(RpcError):
+                        await self.refresh()
+        raise Hf3fsError(f"no meta service answered: {last}")

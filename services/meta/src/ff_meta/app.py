@@ -1,0 +1,291 @@
+"""Meta's application layer: transactions through the store, storage calls around them (exact lengths,
+chunk removal), inode id blocks, and the background work (session collection, GC, trash expiry)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from ff_cluster import MgmtdClient
+from ff_meta.core.errors import FsCode, FsError, fs_error
+from ff_meta.core.model import Inode
+from ff_meta.core.perms import Caller
+from ff_meta.store import fsops
+from ff_meta.store.fsops import Defaults, LayoutSpec, PathAt, Tx
+from ff_rpc import RpcClient, RpcError
+from ff_rpc.client import NO_RETRY, StubPool
+from ff_store import Store
+from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.capability import capability_key, make_capability
+from hf3fs.layout import file_chains
+from hf3fs.routing import RoutingCache
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ID_BLOCK = 256
+
+
+class StorageUnavailable(FsError):
+    """Storage could not answer (exact length, chunk removal): the call may be retried."""
+
+    fs_code = FsCode.CONFLICT
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetaOptions:
+    cluster_token: str
+    default_chain_table_id: int = 1
+    default_chunk_size: int = 4 * 1024 * 1024
+    default_stripe_size: int = 16
+    lease_s: float = 30.0
+    capability_ttl_s: float = 24 * 3600.0
+    trash_retention_s: float = 3 * 24 * 3600.0
+    capacity_bytes: int = 1 << 40
+    background_interval_s: float = 1.0
+    storage_timeout_s: float = 10.0
+
+
+class IdAllocator:
+    """Inode ids in blocks from the counter row (a block per instance, so creates do not contend on it)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._next = 0
+        self._end = 0
+
+    def take(self, count: int = 1) -> list[int]:
+        with self._lock:
+            if self._end - self._next < count:
+                n = max(ID_BLOCK, count)
+                self._next = self._store.run(lambda s: fsops.allocate_ids(s, n))
+                self._end = self._next + n
+            first = self._next
+            self._next += count
+            return list(range(first, first + count))
+
+
+class MetaApp:
+    def __init__(self, store: Store, mgmtd: MgmtdClient, options: MetaOptions) -> None:
+        self.store = store
+        self.options = options
+        self.routing = RoutingCache(mgmtd)
+        self.ids = IdAllocator(store)
+        self._cap_key = capability_key(options.cluster_token)
+        self._rpc = RpcClient(token=options.cluster_token, timeout_s=options.storage_timeout_s, retry=NO_RETRY)
+        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
+
+    async def close(self) -> None:
+        await self._stubs.close()
+
+    # ---- transactions ----
+
+    async def tx(self, caller: Caller, fn: Callable[[Tx], T], *, read_only: bool = False) -> T:
+        now = time.time_ns()
+
+        def body(session: Session) -> T:
+            return fn(Tx(session, caller, now))
+
+        return await self.store.arun(body, read_only=read_only)
+
+    async def defaults(self) -> Defaults:
+        try:
+            view = await self.routing.get()
+        except RpcError as err:
+            raise fs_error(FsCode.NO_SPACE, f"cannot reach mgmtd for the chain tables: {err}") from None
+        if self.options.default_chain_table_id not in view.tables:
+            view = await self.routing.refresh()
+        tables = {t.table_id: (t.version, len(t.chain_ids)) for t in view.tables.values() if t.chain_ids}
+        layout = LayoutSpec(self.options.default_chain_table_id, self.options.default_chunk_size,
+                            self.options.default_stripe_size)  # fmt: skip
+        return Defaults(layout, tables, self.options.lease_s)
+
+    def capability(self, inode_id: int, writable: bool) -> tuple[bytes, int]:
+        expires = time.time_ns() + int(self.options.capability_ttl_s * 1e9)
+        return make_capability(self._cap_key, inode_id, writable, expires), expires
+
+    def lease_expiry(self) -> float:
+        return time.time() + self.options.lease_s
+
+    # ---- storage ----
+
+    async def _chains(self, table_id: int, begin: int, stripe: int, seed: int) -> list[int]:
+        view = await self.routing.get()
+        table = view.tables.get(table_id)
+        if table is None or len(table.chain_ids) < stripe:
+            view = await self.routing.refresh()
+            table = view.tables.get(table_id)
+        if table is None:
+            raise StorageUnavailable(f"chain table {table_id} is unknown")
+        return file_chains(list(table.chain_ids), begin, stripe, seed)
+
+    async def _storage_call(self, chain_id: int, call: Callable[[storage_pb2_grpc.StorageServiceStub], Any],
+                            build: Callable[[int], Any], *, head: bool, ok: Callable[[Any], bool]) -> Any:  # fmt: skip
+        """One call to a serving target of the chain (its head for updates) built for the chain's current
+        version; retried with fresh routing while it fails or ``ok(response)`` says the routing was stale."""
+        last: object = None
+        view = await self.routing.get()
+        for attempt in range(8):
+            if attempt:
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+                view = await self.routing.refresh(force=True)
+            chain = view.chain(chain_id)
+            if chain is None:
+                last = f"chain {chain_id} is unknown"
+                continue
+            targets = [view.head(chain_id)] if head else view.serving(chain_id)
+            nodes = [view.node(t.node_id) for t in targets if t is not None]
+            node = next((n for n in nodes if n is not None and n.grpc), None)
+            if node is None:
+                last = f"chain {chain_id} has no serving target"
+                continue
+            try:
+                resp = await self._rpc.unary(call(self._stubs.get(node.grpc)), build(chain.version))
+            except RpcError as err:
+                last = err
+                continue
+            if ok(resp):
+                return resp
+            last = resp
+        raise StorageUnavailable(f"storage did not answer for chain {chain_id}: {last}")
+
+    async def storage_length(self, inode: Inode) -> int | None:
+        """The file's exact length from storage: the end of its last chunk (None: no chunk at all)."""
+        if not inode.is_file or not inode.chain_table_id or not inode.stripe_size:
+            return None
+        chains = await self._chains(inode.chain_table_id, inode.chain_begin, inode.stripe_size, inode.shuffle_seed)
+        best: int | None = None
+        settled = {spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND}
+        for chain_id in dict.fromkeys(chains):
+
+            def build(version: int, c: int = chain_id) -> spb.QueryLastChunkRequest:
+                q = spb.LastChunkQuery(chain_id=c, chain_version=version, inode_id=inode.inode_id)
+                return spb.QueryLastChunkRequest(queries=[q])
+
+            resp = await self._storage_call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
+                                            ok=lambda r: r.results[0].status in settled)  # fmt: skip
+            r = resp.results[0]
+            if r.status == spb.CHUNK_IO_STATUS_OK:
+                end = r.last_chunk_index * inode.chunk_size + r.last_chunk_length_bytes
+                best = end if best is None else max(best, end)
+        return best
+
+    async def remove_chunks(self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int,
+                            from_chunk: int = 0) -> int:  # fmt: skip
+        chains = await self._chains(table_id, begin, stripe, seed)
+        removed = 0
+        for chain_id in dict.fromkeys(chains):
+            while True:
+
+                def build(version: int, c: int = chain_id) -> spb.RemoveChunksRequest:
+                    return spb.RemoveChunksRequest(chain_id=c, chain_version=version, inode_id=inode_id,
+                                                   begin_chunk_index=from_chunk)  # fmt: skip
+
+                resp = await self._storage_call(chain_id, lambda s: s.RemoveChunks, build, head=True, ok=lambda r: True)
+                removed += resp.num_removed
+                if not resp.has_more:
+                    break
+        return removed
+
+    async def truncate_chunk(self, inode: Inode, chunk_index: int, length: int) -> None:
+        chains = await self._chains(inode.chain_table_id, inode.chain_begin, inode.stripe_size, inode.shuffle_seed)
+        chain_id = chains[chunk_index % len(chains)]
+
+        def build(version: int) -> spb.TruncateChunksRequest:
+            return spb.TruncateChunksRequest(ios=[spb.TruncateIO(
+                chain_id=chain_id, chain_version=version, chunk_size_bytes=inode.chunk_size, length_bytes=length,
+                chunk_id=spb.ChunkId(inode_id=inode.inode_id, chunk_index=chunk_index))])  # fmt: skip
+
+        done = {spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND}
+        await self._storage_call(chain_id, lambda s: s.TruncateChunks, build, head=True,
+                                 ok=lambda r: r.results[0].status in done)  # fmt: skip
+
+    # ---- operations that need storage ----
+
+    async def close_or_sync(self, caller: Caller, inode_id: int, session_id: str, written: int,
+                            mtime_ns: int | None, close: bool) -> Inode:  # fmt: skip
+        inode = await self.tx(caller, lambda t: t.must(inode_id), read_only=True)
+        length = await self.storage_length(inode)
+        return await self.tx(caller, lambda t: fsops.finish_length(t, inode_id, session_id, written, length,
+                                                                   mtime_ns, close))  # fmt: skip
+
+    async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
+        inode = await self.tx(caller, lambda t: fsops.truncate_check(t, at, session_id), read_only=True)
+        if length < inode.length and inode.chain_table_id and inode.stripe_size:
+            chunk, within = divmod(length, inode.chunk_size)
+            first_gone = chunk + 1 if within else chunk
+            await self.remove_chunks(inode.inode_id, inode.chain_table_id, inode.chain_begin, inode.stripe_size,
+                                     inode.shuffle_seed, from_chunk=first_gone)  # fmt: skip
+            if within:
+                await self.truncate_chunk(inode, chunk, within)
+        return await self.tx(caller, lambda t: fsops.truncate_commit(t, at, length, session_id))
+
+    # ---- background ----
+
+    async def background(self, stop: asyncio.Event) -> None:
+        """Collect sessions whose lease lapsed, remove GC'd files' chunks, expire the trash; until stopped."""
+        root = Caller(0, (0,), "meta", is_root=True)
+        while not stop.is_set():
+            for job in (self.collect_sessions, self.run_gc, self.expire_trash):
+                try:
+                    await job(root)
+                except Exception:
+                    logger.exception("background %s failed", job.__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.options.background_interval_s)
+
+    async def collect_sessions(self, root: Caller) -> int:
+        expired = await self.store.arun(lambda s: fsops.expired_sessions(s, time.time()), read_only=True)
+        done = 0
+        for session_id, inode_id in expired:
+            inode = await self.tx(root, lambda t, i=inode_id: t.get(i), read_only=True)  # type: ignore[misc]
+            length = await self.storage_length(inode) if inode is not None else None
+            if await self.tx(root, lambda t, s=session_id, n=length: fsops.collect_session(t, s, n)):  # type: ignore[misc]
+                logger.info("collected write session %s of inode %d (lease lapsed)", session_id, inode_id)
+                done += 1
+        return done
+
+    async def run_gc(self, root: Caller) -> int:
+        jobs = await self.store.arun(fsops.gc_batch, read_only=True)
+        done = 0
+        for job in jobs:
+            try:
+                await self.remove_chunks(job.inode_id, job.chain_table_id, job.chain_begin, job.stripe_size,
+                                         job.shuffle_seed)  # fmt: skip
+            except (FsError, RpcError) as err:
+                logger.warning("GC of inode %d failed (will retry): %s", job.inode_id, err)
+                await self.store.arun(lambda s, i=job.inode_id: fsops.gc_failed(s, i))  # type: ignore[misc]
+                continue
+            await self.store.arun(lambda s, i=job.inode_id: fsops.gc_done(s, i))  # type: ignore[misc]
+            done += 1
+        return done
+
+    async def expire_trash(self, root: Caller) -> int:
+        ids = await self.tx(root, lambda t: fsops.trash_ids(t, [], expired_only=True, everyone=True), read_only=True)
+        for trash_id in ids:
+            await self.tx(root, lambda t, i=trash_id: fsops.delete_trash_entry(t, i))  # type: ignore[misc]
+        return len(ids)
+
+    async def empty_trash(self, caller: Caller, ids: Sequence[str], expired_only: bool) -> int:
+        found = await self.tx(caller, lambda t: fsops.trash_ids(t, ids, expired_only), read_only=True)
+        n = 0
+        for trash_id in found:
+            if await self.tx(caller, lambda t, i=trash_id: _delete_own(t, i)):  # type: ignore[misc]
+                n += 1
+        return n
+
+
+def _delete_own(tx: Tx, trash_id: str) -> bool:
+    fsops._trash_row(tx, trash_id)  # ownership
+    fsops.delete_trash_entry(tx, trash_id)
+    return True

@@ -1,0 +1,54 @@
+"""POSIX permission checks (pure): mode bits against a caller's uid and gids; root passes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ff_meta.core.errors import FsCode, fs_error
+from ff_meta.core.model import Inode
+
+R, W, X = 4, 2, 1
+S_ISVTX = 0o1000
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    gids: tuple[int, ...]
+    name: str = ""
+    is_root: bool = False
+
+    @property
+    def gid(self) -> int:
+        """The group new inodes get."""
+        return self.gids[0] if self.gids else self.uid
+
+
+def allowed(caller: Caller, inode: Inode, want: int) -> bool:
+    """Whether ``caller`` has every bit of ``want`` (R|W|X) on ``inode``."""
+    if caller.is_root:
+        # Root may do anything except execute a file no one may execute.
+        return not (want & X) or inode.is_dir or bool(inode.mode & 0o111)
+    if caller.uid == inode.uid:
+        bits = (inode.mode >> 6) & 7
+    elif inode.gid in caller.gids:
+        bits = (inode.mode >> 3) & 7
+    else:
+        bits = inode.mode & 7
+    return bits & want == want
+
+
+def require(caller: Caller, inode: Inode, want: int, what: str) -> None:
+    if not allowed(caller, inode, want):
+        raise fs_error(FsCode.ACCESS_DENIED, f"permission denied: {what}")
+
+
+def require_owner(caller: Caller, inode: Inode, what: str) -> None:
+    if not caller.is_root and caller.uid != inode.uid:
+        raise fs_error(FsCode.NOT_PERMITTED, f"operation not permitted: {what} (not the owner)")
+
+
+def check_sticky(caller: Caller, parent: Inode, child: Inode, what: str) -> None:
+    """In a sticky directory only the owner of the entry or of the directory (or root) removes it."""
+    if parent.mode & S_ISVTX and not caller.is_root and caller.uid not in (parent.uid, child.uid):
+        raise fs_error(FsCode.NOT_PERMITTED, f"operation not permitted: {what} (sticky directory)")

@@ -1,0 +1,324 @@
+"""Thin gRPC adapters: protobuf in, MetaApp/fsops calls, protobuf out. Errors map in ff_meta.errors."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+from ff_meta.app import MetaApp
+from ff_meta.core.errors import FsCode, FsError, fs_error
+from ff_meta.core.model import Inode
+from ff_meta.core.paths import split_path
+from ff_meta.core.perms import Caller
+from ff_meta.store import fsops
+from ff_meta.store.fsops import AttrChange, LayoutSpec, PathAt, QuotaRow, SessionInfo, Tx
+from ff_rpc import current_principal
+from fireflyer.meta.v1 import meta_pb2 as pb
+from fireflyer.meta.v1 import meta_pb2_grpc
+
+Context = Any
+DEFAULT_PAGE = 1000
+MAX_PAGE = 10000
+MAX_BATCH = 10000
+
+
+def caller() -> Caller:
+    p = current_principal()
+    return Caller(uid=p.uid, gids=tuple(p.gids), name=p.name, is_root=p.is_admin)
+
+
+def to_pb(inode: Inode, sessions: int = 0) -> pb.Inode:
+    msg = pb.Inode(
+        inode_id=inode.inode_id, type=pb.InodeType.ValueType(int(inode.type)), mode=inode.mode, uid=inode.uid,
+        gid=inode.gid, nlink=inode.nlink, atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
+        length_bytes=inode.length, parent_inode_id=inode.parent_id if inode.is_dir else 0,
+        symlink_target=inode.symlink_target, num_write_sessions=sessions,
+    )  # fmt: skip
+    if not inode.is_symlink:
+        msg.layout.CopyFrom(pb.Layout(
+            chain_table_id=inode.chain_table_id, chain_table_version=inode.chain_table_version,
+            chunk_size_bytes=inode.chunk_size, stripe_size=inode.stripe_size, chain_begin_index=inode.chain_begin,
+            shuffle_seed=inode.shuffle_seed,
+        ))  # fmt: skip
+    return msg
+
+
+def at(msg: pb.PathAt) -> PathAt:
+    return PathAt(msg.parent_inode_id, msg.path)
+
+
+def layout_of(msg: pb.Layout, present: bool) -> LayoutSpec | None:
+    if not present:
+        return None
+    return LayoutSpec(msg.chain_table_id, msg.chunk_size_bytes, msg.stripe_size)
+
+
+def session_pb(s: SessionInfo) -> pb.WriteSession:
+    return pb.WriteSession(session_id=s.session_id, client_id=s.client_id, inode_id=s.inode_id,
+                           write_limit_bytes=s.write_limit, lease_s=s.lease_s)  # fmt: skip
+
+
+def quota_pb(q: QuotaRow, path: str) -> pb.DirQuota:
+    return pb.DirQuota(inode_id=q.inode_id, path=path, max_bytes=q.max_bytes, max_inodes=q.max_inodes,
+                       used_bytes=q.used_bytes + q.reserved_bytes, used_inodes=q.used_inodes,
+                       reserved_bytes=q.reserved_bytes)  # fmt: skip
+
+
+def page(size: int) -> int:
+    return min(size or DEFAULT_PAGE, MAX_PAGE)
+
+
+def token_after(token: str) -> str:
+    if not token:
+        return ""
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise fs_error(FsCode.INVALID_ARGUMENT, "bad page_token") from None
+
+
+def token_of(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode() if name else ""
+
+
+READ, WRITE, RW = pb.OPEN_MODE_READ, pb.OPEN_MODE_WRITE, pb.OPEN_MODE_READ_WRITE
+
+
+class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
+    def __init__(self, app: MetaApp) -> None:
+        self._app = app
+
+    def _cap(self, inode: Inode, writable: bool) -> pb.IoCapability:
+        token, expires = self._app.capability(inode.inode_id, writable)
+        return pb.IoCapability(token=token, inode_id=inode.inode_id, writable=writable, expires_at_ns=expires)
+
+    async def StatFs(self, request: pb.StatFsRequest, context: Context) -> pb.StatFsResponse:
+        used, count = await self._app.store.arun(fsops.statfs, read_only=True)
+        cap = self._app.options.capacity_bytes
+        return pb.StatFsResponse(capacity_bytes=cap, used_bytes=used, free_bytes=max(0, cap - used), num_inodes=count)
+
+    async def Stat(self, request: pb.StatRequest, context: Context) -> pb.StatResponse:
+        inode = await self._app.tx(caller(), lambda t: fsops.stat(t, at(request.path), request.follow_last_symlink),
+                                   read_only=True)  # fmt: skip
+        return pb.StatResponse(inode=to_pb(inode))
+
+    async def BatchStat(self, request: pb.BatchStatRequest, context: Context) -> pb.BatchStatResponse:
+        if len(request.paths) > MAX_BATCH:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} paths per BatchStat")
+        paths = [at(p) for p in request.paths]
+        results = await self._app.tx(caller(), lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink),
+                                     read_only=True)  # fmt: skip
+        out = []
+        for r in results:
+            if isinstance(r, FsError):
+                out.append(pb.StatResult(error=pb.FsError.ValueType(int(r.fs_code))))
+            else:
+                item = pb.StatResult(inode=to_pb(r))
+                if request.include_read_capability and r.is_file:
+                    item.read_capability.CopyFrom(self._cap(r, False))
+                out.append(item)
+        return pb.BatchStatResponse(results=out)
+
+    async def _session(self, c: Caller, inode: Inode, chain: list[QuotaRow], session_id: str,
+                       client_id: str) -> SessionInfo:  # fmt: skip
+        defaults = await self._app.defaults()
+        expires = self._app.lease_expiry()
+        return await self._app.tx(c, lambda t: fsops.open_session(t, inode, chain, session_id, client_id, defaults,
+                                                                  expires))  # fmt: skip
+
+    async def Create(self, request: pb.CreateRequest, context: Context) -> pb.CreateResponse:
+        c = caller()
+        write = request.open_mode in (WRITE, RW)
+        if request.truncate and not write:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
+        if write and (not request.session_id or not request.client_id):
+            raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id")
+        defaults = await self._app.defaults()
+        inode_id = (await _ids(self._app, 1))[0]
+        layout = layout_of(request.layout, request.HasField("layout"))
+        expires = self._app.lease_expiry()
+
+        def body(t: Tx) -> tuple[Inode, bool, SessionInfo | None]:
+            inode, created, chain = fsops.create(t, at(request.path), request.mode, request.exclusive, write, layout,
+                                                 inode_id, defaults)  # fmt: skip
+            sess = None
+            if write and not (request.truncate and not created and inode.length):
+                sess = fsops.open_session(t, inode, chain, request.session_id, request.client_id, defaults, expires)
+            return inode, created, sess
+
+        inode, created, sess = await self._app.tx(c, body)
+        if write and sess is None:  # O_TRUNC of an existing file with data: chunks go first, then the session
+            await self._app.truncate(c, at(request.path), 0, "")
+            inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), True, False))
+            sess = await self._session(c, inode, chain, request.session_id, request.client_id)
+        resp = pb.CreateResponse(inode=to_pb(inode), created=created)
+        if sess is not None:
+            resp.session.CopyFrom(session_pb(sess))
+        resp.io_capability.CopyFrom(self._cap(inode, write))
+        return resp
+
+    async def Mkdirs(self, request: pb.MkdirsRequest, context: Context) -> pb.MkdirsResponse:
+        _, parts = _parts(request.path.path)
+        ids = await _ids(self._app, max(1, len(parts)))
+        layout = layout_of(request.layout, request.HasField("layout"))
+        inode = await self._app.tx(caller(), lambda t: fsops.mkdirs(t, at(request.path), request.mode or 0o755,
+                                                                    request.recursive, layout, ids))  # fmt: skip
+        return pb.MkdirsResponse(inode=to_pb(inode))
+
+    async def Symlink(self, request: pb.SymlinkRequest, context: Context) -> pb.SymlinkResponse:
+        ids = await _ids(self._app, 1)
+        inode = await self._app.tx(caller(), lambda t: fsops.symlink(t, at(request.path), request.target, ids[0]))
+        return pb.SymlinkResponse(inode=to_pb(inode))
+
+    async def HardLink(self, request: pb.HardLinkRequest, context: Context) -> pb.HardLinkResponse:
+        inode = await self._app.tx(caller(), lambda t: fsops.hardlink(t, at(request.old_path), at(request.new_path)))
+        return pb.HardLinkResponse(inode=to_pb(inode))
+
+    async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
+        retention = request.trash_retention_s or self._app.options.trash_retention_s
+        if retention < 0:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "trash_retention_s must be >= 0")
+        trash_id = fsops.new_trash_id()
+        out = await self._app.tx(caller(), lambda t: fsops.remove(t, at(request.path), request.recursive,
+                                                                  request.to_trash, retention, trash_id))  # fmt: skip
+        return pb.RemoveResponse(trash_id=out)
+
+    async def Open(self, request: pb.OpenRequest, context: Context) -> pb.OpenResponse:
+        c = caller()
+        mode = request.open_mode or READ
+        write, read = mode in (WRITE, RW), mode in (READ, RW)
+        if request.truncate and not write:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
+        if write and (not request.session_id or not request.client_id):
+            raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id")
+        inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), write, read),
+                                          read_only=not write)  # fmt: skip
+        if inode.is_dir:
+            return pb.OpenResponse(inode=to_pb(inode))
+        if request.truncate and inode.length:
+            await self._app.truncate(c, at(request.path), 0, "")
+            inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), write, read))
+        resp = pb.OpenResponse(inode=to_pb(inode))
+        if write:
+            resp.session.CopyFrom(session_pb(await self._session(c, inode, chain, request.session_id,
+                                                                 request.client_id)))  # fmt: skip
+        resp.io_capability.CopyFrom(self._cap(inode, write))
+        return resp
+
+    async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
+        mtime = request.mtime_ns if request.HasField("mtime_ns") else None
+        try:
+            inode = await self._app.close_or_sync(caller(), request.inode_id, request.session_id,
+                                                  request.written_length_bytes, mtime, close=True)  # fmt: skip
+        except FsError as err:
+            if err.fs_code is not FsCode.BAD_SESSION:
+                raise
+            # Closing a closed (or collected) session succeeds.
+            inode = await self._app.tx(caller(), lambda t: t.must(request.inode_id), read_only=True)
+        return pb.CloseResponse(inode=to_pb(inode))
+
+    async def Sync(self, request: pb.SyncRequest, context: Context) -> pb.SyncResponse:
+        mtime = request.mtime_ns if request.HasField("mtime_ns") else None
+        inode = await self._app.close_or_sync(caller(), request.inode_id, request.session_id,
+                                              request.written_length_bytes, mtime, close=False)  # fmt: skip
+        return pb.SyncResponse(inode=to_pb(inode))
+
+    async def RenewSessions(self, request: pb.RenewSessionsRequest, context: Context) -> pb.RenewSessionsResponse:
+        if not request.client_id:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "client_id is required")
+        reports = [(s.session_id, s.inode_id, s.written_length_bytes) for s in request.sessions]
+        expires = self._app.lease_expiry()
+        lost = await self._app.tx(caller(), lambda t: fsops.renew(t, request.client_id, reports, expires))
+        return pb.RenewSessionsResponse(lease_s=self._app.options.lease_s, lost_session_ids=lost)
+
+    async def ReserveSpace(self, request: pb.ReserveSpaceRequest, context: Context) -> pb.ReserveSpaceResponse:
+        limit = await self._app.tx(caller(), lambda t: fsops.reserve(t, request.inode_id, request.session_id,
+                                                                     request.write_limit_bytes))  # fmt: skip
+        return pb.ReserveSpaceResponse(write_limit_bytes=limit)
+
+    async def Rename(self, request: pb.RenameRequest, context: Context) -> pb.RenameResponse:
+        inode = await self._app.tx(caller(), lambda t: fsops.rename(t, at(request.src_path), at(request.dst_path),
+                                                                    request.no_replace))  # fmt: skip
+        return pb.RenameResponse(inode=to_pb(inode))
+
+    async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
+        after = token_after(request.page_token)
+        size = page(request.page_size)
+        entries, last = await self._app.tx(caller(), lambda t: fsops.list_dir(
+            t, at(request.path), size, after, request.include_inodes), read_only=True)  # fmt: skip
+        out = []
+        for name, inode_id, typ, node in entries:
+            e = pb.DirEntry(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(int(typ)))
+            if node is not None:
+                e.inode.CopyFrom(to_pb(node))
+            out.append(e)
+        return pb.ListResponse(entries=out, next_page_token=token_of(last))
+
+    async def Truncate(self, request: pb.TruncateRequest, context: Context) -> pb.TruncateResponse:
+        if request.length_bytes >= 1 << 62:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "length too large")
+        inode = await self._app.truncate(caller(), at(request.path), request.length_bytes, request.session_id)
+        return pb.TruncateResponse(inode=to_pb(inode))
+
+    async def SetAttr(self, request: pb.SetAttrRequest, context: Context) -> pb.SetAttrResponse:
+        def opt(name: str) -> Any:
+            return getattr(request, name) if request.HasField(name) else None  # type: ignore[arg-type]
+
+        if (request.atime_now and request.HasField("atime_ns")) or (request.mtime_now and request.HasField("mtime_ns")):
+            raise fs_error(FsCode.INVALID_ARGUMENT, "set either a time or *_now, not both")
+        change = AttrChange(mode=opt("mode"), uid=opt("uid"), gid=opt("gid"), atime_ns=opt("atime_ns"),
+                            mtime_ns=opt("mtime_ns"), atime_now=request.atime_now, mtime_now=request.mtime_now,
+                            layout=layout_of(request.layout, request.HasField("layout")))  # fmt: skip
+        inode = await self._app.tx(caller(), lambda t: fsops.set_attr(t, at(request.path), request.follow_last_symlink,
+                                                                      change))  # fmt: skip
+        return pb.SetAttrResponse(inode=to_pb(inode))
+
+    async def Realpath(self, request: pb.RealpathRequest, context: Context) -> pb.RealpathResponse:
+        path, inode_id = await self._app.tx(caller(), lambda t: fsops.realpath(t, at(request.path)), read_only=True)
+        return pb.RealpathResponse(path=path, inode_id=inode_id)
+
+    async def GetQuota(self, request: pb.GetQuotaRequest, context: Context) -> pb.GetQuotaResponse:
+        rows = await self._app.tx(caller(), lambda t: fsops.get_quota(t, at(request.path)), read_only=True)
+        return pb.GetQuotaResponse(quotas=[quota_pb(q, p) for q, p in rows])
+
+    async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.SetQuotaResponse:
+        if request.max_bytes >= 1 << 63 or request.max_inodes >= 1 << 63:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "quota limit too large")
+        q, path = await self._app.tx(caller(), lambda t: fsops.set_quota(t, at(request.path), request.max_bytes,
+                                                                         request.max_inodes))  # fmt: skip
+        return pb.SetQuotaResponse(quota=quota_pb(q, path))
+
+    async def ListQuotas(self, request: pb.ListQuotasRequest, context: Context) -> pb.ListQuotasResponse:
+        rows = await self._app.tx(caller(), fsops.list_quotas, read_only=True)
+        return pb.ListQuotasResponse(quotas=[quota_pb(q, p) for q, p in rows])
+
+    async def ListTrash(self, request: pb.ListTrashRequest, context: Context) -> pb.ListTrashResponse:
+        c = caller()
+        if request.all_users and not c.is_root:
+            raise fs_error(FsCode.NOT_PERMITTED, "only admins list everyone's trash")
+        rows, last = await self._app.tx(c, lambda t: fsops.list_trash(t, request.all_users, page(request.page_size),
+                                                                      request.page_token), read_only=True)  # fmt: skip
+        return pb.ListTrashResponse(entries=[pb.TrashEntry(
+            trash_id=r.trash_id, original_path=r.original_path, inode_id=r.inode_id,
+            type=pb.InodeType.ValueType(int(r.type)), uid=r.uid, removed_at_ns=r.removed_at_ns,
+            expires_at_ns=r.expires_at_ns) for r in rows], next_page_token=last)  # fmt: skip
+
+    async def RestoreTrashEntry(
+        self, request: pb.RestoreTrashEntryRequest, context: Context
+    ) -> pb.RestoreTrashEntryResponse:
+        to = at(request.path) if request.HasField("path") and request.path.path else None
+        inode, path = await self._app.tx(caller(), lambda t: fsops.restore_trash(t, request.trash_id, to))
+        return pb.RestoreTrashEntryResponse(inode=to_pb(inode), path=path)
+
+    async def EmptyTrash(self, request: pb.EmptyTrashRequest, context: Context) -> pb.EmptyTrashResponse:
+        n = await self._app.empty_trash(caller(), list(request.trash_ids), request.expired_only)
+        return pb.EmptyTrashResponse(num_deleted=n)
+
+
+async def _ids(app: MetaApp, n: int) -> list[int]:
+    return await asyncio.to_thread(app.ids.take, n)
+
+
+def _parts(path: str) -> tuple[bool, list[str]]:
+    return split_path(path)

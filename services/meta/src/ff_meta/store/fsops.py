@@ -1,0 +1,1001 @@
+"""The file-system operations as transaction bodies over the INOD/DENT tables.
+
+Every public function here takes a ``Tx`` (one serializable transaction, run by ``Store.run`` and
+re-run on conflict) and does only reads and writes through it: no RPCs, no clocks of its own (the
+caller passes ``now_ns``), so a re-run is harmless. Storage work (exact lengths, chunk removal) is
+done by the caller around these transactions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from ff_meta.core.errors import FsCode, FsError, fs_error
+from ff_meta.core.model import NO_LIMIT, ROOT_INODE_ID, Inode, InodeType
+from ff_meta.core.paths import MAX_SYMLINK_HOPS, check_name, join, split_path
+from ff_meta.core.perms import Caller, R, W, X, check_sticky, require, require_owner
+from ff_meta.store.schema import counters, dirents, gc_queue, inodes, quotas, sessions, trash
+
+MAX_LINKS = 65000
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 64 * 1024 * 1024
+_COLS = [c.name for c in inodes.columns]
+
+
+@dataclass(frozen=True)
+class PathAt:
+    parent_id: int
+    path: str
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    chain_table_id: int = 0
+    chunk_size: int = 0
+    stripe_size: int = 0
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What new files get when no directory up the tree says otherwise, and the chain tables known now."""
+
+    layout: LayoutSpec
+    tables: dict[int, tuple[int, int]]  # table id -> (version, number of chains)
+    lease_s: float
+
+
+@dataclass
+class Resolved:
+    inode: Inode | None
+    parent: Inode | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    client_id: str
+    inode_id: int
+    write_limit: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    inode_id: int
+    max_bytes: int
+    max_inodes: int
+    used_bytes: int
+    used_inodes: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class TrashRow:
+    trash_id: str
+    inode_id: int
+    type: InodeType
+    uid: int
+    original_path: str
+    removed_at_ns: int
+    expires_at_ns: int
+
+
+@dataclass(frozen=True)
+class GcJob:
+    inode_id: int
+    chain_table_id: int
+    stripe_size: int
+    chain_begin: int
+    shuffle_seed: int
+    attempts: int
+
+
+def inode_of(row: Any) -> Inode:
+    m = row._mapping
+    return Inode(**{c: m[c] for c in _COLS if c != "type"}, type=InodeType(m["type"]))
+
+
+def _values(inode: Inode) -> dict[str, Any]:
+    return {c: (int(inode.type) if c == "type" else getattr(inode, c)) for c in _COLS}
+
+
+@dataclass
+class Tx:
+    """One transaction with the caller and the clock of the call."""
+
+    session: Session
+    caller: Caller
+    now_ns: int
+    _has_quotas: bool | None = field(default=None)
+
+    # ---- rows ----
+
+    def get(self, inode_id: int) -> Inode | None:
+        row = self.session.execute(sa.select(inodes).where(inodes.c.inode_id == inode_id)).first()
+        return inode_of(row) if row is not None else None
+
+    def must(self, inode_id: int) -> Inode:
+        inode = self.get(inode_id)
+        if inode is None:
+            raise fs_error(FsCode.NOT_FOUND, f"inode {inode_id} does not exist")
+        return inode
+
+    def lookup(self, parent_id: int, name: str) -> Inode | None:
+        row = self.session.execute(
+            sa.select(inodes).join(dirents, dirents.c.inode_id == inodes.c.inode_id)
+            .where(dirents.c.parent_id == parent_id, dirents.c.name == name)
+        ).first()  # fmt: skip
+        return inode_of(row) if row is not None else None
+
+    def insert(self, inode: Inode) -> None:
+        self.session.execute(sa.insert(inodes).values(**_values(inode)))
+
+    def update(self, inode_id: int, **values: Any) -> None:
+        self.session.execute(sa.update(inodes).where(inodes.c.inode_id == inode_id).values(**values))
+
+    def link(self, parent_id: int, name: str, inode: Inode) -> None:
+        self.session.execute(sa.insert(dirents).values(parent_id=parent_id, name=name, inode_id=inode.inode_id,
+                                                       type=int(inode.type)))  # fmt: skip
+
+    def unlink_entry(self, parent_id: int, name: str) -> None:
+        self.session.execute(sa.delete(dirents).where(dirents.c.parent_id == parent_id, dirents.c.name == name))
+
+    def has_children(self, dir_id: int) -> bool:
+        return (
+            self.session.execute(sa.select(dirents.c.name).where(dirents.c.parent_id == dir_id).limit(1)).first()
+            is not None
+        )
+
+    def has_sessions(self, inode_id: int) -> bool:
+        q = sa.select(sessions.c.session_id).where(sessions.c.inode_id == inode_id).limit(1)
+        return self.session.execute(q).first() is not None
+
+    # ---- paths ----
+
+    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0) -> Resolved:
+        absolute, parts = split_path(at.path)
+        cur = self.must(ROOT_INODE_ID if absolute or at.parent_id in (0, ROOT_INODE_ID) else at.parent_id)
+        if not parts:
+            return Resolved(cur)
+        if not cur.is_dir:
+            raise fs_error(FsCode.NOT_DIRECTORY, f"inode {cur.inode_id} is not a directory")
+        for i, comp in enumerate(parts):
+            last = i == len(parts) - 1
+            if not cur.is_dir:
+                raise fs_error(FsCode.NOT_DIRECTORY, f"{'/'.join(parts[:i])!r} is not a directory")
+            require(self.caller, cur, X, f"search {'/'.join(parts[:i]) or '/'}")
+            if comp == "..":
+                parent = self.must(cur.parent_id or ROOT_INODE_ID)
+                if last:
+                    return Resolved(parent, None, "..")
+                cur = parent
+                continue
+            child = self.lookup(cur.inode_id, comp)
+            if child is None:
+                if last:
+                    return Resolved(None, cur, comp)
+                raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {'/'.join(parts[: i + 1])}")
+            if child.is_symlink and (follow_last or not last):
+                if hops >= MAX_SYMLINK_HOPS:
+                    raise fs_error(FsCode.SYMLINK_LOOP, "too many levels of symbolic links")
+                rest = "/".join([child.symlink_target, *parts[i + 1 :]])
+                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1)
+            if last:
+                return Resolved(child, cur, comp)
+            cur = child
+        raise AssertionError("unreachable")
+
+    def existing(self, at: PathAt, *, follow_last: bool) -> Resolved:
+        r = self.resolve(at, follow_last=follow_last)
+        if r.inode is None:
+            raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {at.path}")
+        return r
+
+    def path_of(self, inode: Inode) -> str:
+        """The absolute path of a directory (walking parents), or of a file through one of its entries."""
+        names: list[str] = []
+        cur = inode
+        for _ in range(4096):
+            if cur.inode_id == ROOT_INODE_ID:
+                return "/" + "/".join(reversed(names))
+            q = sa.select(dirents.c.parent_id, dirents.c.name).where(dirents.c.inode_id == cur.inode_id)
+            if cur.is_dir:
+                q = q.where(dirents.c.parent_id == cur.parent_id)
+            row = self.session.execute(q.limit(1)).first()
+            if row is None:
+                raise fs_error(FsCode.NOT_FOUND, f"inode {inode.inode_id} is not in the namespace")
+            names.append(row.name)
+            cur = self.must(row.parent_id)
+        raise fs_error(FsCode.SYMLINK_LOOP, "directory tree too deep")
+
+    def ancestors(self, dir_inode: Inode) -> list[int]:
+        """The directory and every directory above it up to the root."""
+        out = [dir_inode.inode_id]
+        cur = dir_inode
+        while cur.inode_id != ROOT_INODE_ID and cur.parent_id:
+            out.append(cur.parent_id)
+            if len(out) > 4096:
+                break
+            cur = self.must(cur.parent_id)
+        return out
+
+    # ---- quotas ----
+
+    def any_quota(self) -> bool:
+        if self._has_quotas is None:
+            self._has_quotas = self.session.execute(sa.select(quotas.c.inode_id).limit(1)).first() is not None
+        return self._has_quotas
+
+    def quota_chain(self, dir_inode: Inode | None) -> list[QuotaRow]:
+        """Quotas of ``dir_inode`` and its ancestors, nearest first."""
+        if dir_inode is None or not self.any_quota():
+            return []
+        ids = self.ancestors(dir_inode)
+        rows = {r.inode_id: r for r in self.session.execute(sa.select(quotas).where(quotas.c.inode_id.in_(ids)))}
+        return [QuotaRow(**rows[i]._mapping) for i in ids if i in rows]
+
+    def charge(self, chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0, dreserved: int = 0,
+               enforce: bool = True) -> None:  # fmt: skip
+        """Add usage to every quota of ``chain``; growth past a limit is EDQUOT (nothing charged)."""
+        for q in chain:
+            if not enforce:
+                break
+            if dinodes > 0 and q.max_inodes and q.used_inodes + dinodes > q.max_inodes:
+                raise fs_error(FsCode.QUOTA_EXCEEDED, f"inode quota of directory {q.inode_id} exceeded "
+                                                      f"({q.used_inodes}/{q.max_inodes})")  # fmt: skip
+            grow = dbytes + dreserved
+            if grow > 0 and q.max_bytes and q.used_bytes + q.reserved_bytes + grow > q.max_bytes:
+                raise fs_error(FsCode.QUOTA_EXCEEDED, f"byte quota of directory {q.inode_id} exceeded "
+                                                      f"({q.used_bytes + q.reserved_bytes}+{grow}"
+                                                      f"/{q.max_bytes})")  # fmt: skip
+        for q in chain:
+            self.session.execute(sa.update(quotas).where(quotas.c.inode_id == q.inode_id).values(
+                used_bytes=sa.func.max(0, quotas.c.used_bytes + dbytes) if self._sqlite else
+                sa.func.greatest(0, quotas.c.used_bytes + dbytes),
+                used_inodes=quotas.c.used_inodes + dinodes,
+                reserved_bytes=sa.func.max(0, quotas.c.reserved_bytes + dreserved) if self._sqlite else
+                sa.func.greatest(0, quotas.c.reserved_bytes + dreserved),
+            ))  # fmt: skip
+
+    @property
+    def _sqlite(self) -> bool:
+        return self.session.get_bind().dialect.name == "sqlite"
+
+    def quota_ids_of(self, ids: str) -> list[QuotaRow]:
+        wanted = [int(x) for x in ids.split(",") if x]
+        if not wanted:
+            return []
+        rows = self.session.execute(sa.select(quotas).where(quotas.c.inode_id.in_(wanted)))
+        return [QuotaRow(**r._mapping) for r in rows]
+
+    def subtree_usage(self, root: Inode) -> tuple[int, int]:
+        """(bytes, inodes) of a tree: file lengths and every inode, the root included."""
+        if not root.is_dir:
+            return (root.length if root.is_file else 0), 1
+        total_bytes, total_inodes = 0, 1
+        frontier = [root.inode_id]
+        while frontier:
+            rows = self.session.execute(
+                sa.select(inodes.c.inode_id, inodes.c.type, inodes.c.length)
+                .join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id.in_(frontier[:500]))
+            ).all()  # fmt: skip
+            frontier = frontier[500:]
+            for r in rows:
+                total_inodes += 1
+                if r.type == InodeType.FILE:
+                    total_bytes += r.length
+                elif r.type == InodeType.DIRECTORY:
+                    frontier.append(r.inode_id)
+        return total_bytes, total_inodes
+
+    # ---- removal ----
+
+    def drop_link(self, inode: Inode) -> None:
+        """One entry of ``inode`` is gone: free what is no longer referenced (files go to the GC queue)."""
+        if inode.is_dir or inode.is_symlink:
+            self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == inode.inode_id))
+            return
+        nlink = max(0, inode.nlink - 1)
+        if nlink > 0 or self.has_sessions(inode.inode_id):
+            self.update(inode.inode_id, nlink=nlink, ctime_ns=self.now_ns)
+            return
+        self.free_file(inode)
+
+    def free_file(self, inode: Inode) -> None:
+        self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == inode.inode_id))
+        if inode.chain_table_id and inode.stripe_size:
+            exists = self.session.execute(
+                sa.select(gc_queue.c.inode_id).where(gc_queue.c.inode_id == inode.inode_id)
+            ).first()
+            if exists is None:
+                self.session.execute(sa.insert(gc_queue).values(
+                    inode_id=inode.inode_id, chain_table_id=inode.chain_table_id, stripe_size=inode.stripe_size,
+                    chain_begin=inode.chain_begin, shuffle_seed=inode.shuffle_seed, enqueued_at=self.now_ns / 1e9,
+                    attempts=0,
+                ))  # fmt: skip
+
+    def delete_tree(self, root: Inode, budget: int = 1 << 62) -> int:
+        """Delete a detached tree (trash expiry): every entry below, then the root. Returns inodes freed."""
+        freed = 0
+        if root.is_dir:
+            stack = [root]
+            order: list[Inode] = []
+            while stack:
+                d = stack.pop()
+                order.append(d)
+                rows = self.session.execute(
+                    sa.select(inodes, dirents.c.name.label("entry_name"))
+                    .join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id == d.inode_id)
+                ).all()  # fmt: skip
+                for r in rows:
+                    child = inode_of(r)
+                    if child.is_dir:
+                        stack.append(child)
+                    else:
+                        self.unlink_entry(d.inode_id, r.entry_name)
+                        self.drop_link(child)
+                        freed += 1
+            for d in reversed(order):
+                self.session.execute(sa.delete(dirents).where(dirents.c.parent_id == d.inode_id))
+                self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == d.inode_id))
+                freed += 1
+        else:
+            self.drop_link(root)
+            freed += 1
+        return freed
+
+
+# ---- inode allocation ----
+
+
+def allocate_ids(session: Session, count: int) -> int:
+    """Reserve ``count`` consecutive inode ids; returns the first."""
+    row = session.execute(sa.select(counters.c.value).where(counters.c.name == "next_inode_id")).one()
+    first = int(row.value)
+    session.execute(sa.update(counters).where(counters.c.name == "next_inode_id").values(value=first + count))
+    return first
+
+
+# ---- layout ----
+
+
+def choose_layout(tx: Tx, parent: Inode, asked: LayoutSpec | None, defaults: Defaults, inode_id: int) -> dict[str, Any]:
+    """The layout of a new file: the asked one, else the nearest directory's, else the defaults."""
+    spec = asked if asked is not None and asked.chain_table_id else None
+    cur: Inode | None = parent
+    hops = 0
+    while spec is None and cur is not None:
+        if cur.chain_table_id:
+            spec = LayoutSpec(cur.chain_table_id, cur.chunk_size, cur.stripe_size)
+        elif cur.inode_id == ROOT_INODE_ID or hops > 4096:
+            break
+        else:
+            cur = tx.get(cur.parent_id)
+            hops += 1
+    spec = spec or defaults.layout
+    table_id = spec.chain_table_id or defaults.layout.chain_table_id
+    chunk = (asked.chunk_size if asked and asked.chunk_size else 0) or spec.chunk_size or defaults.layout.chunk_size
+    stripe = (
+        (asked.stripe_size if asked and asked.stripe_size else 0) or spec.stripe_size or defaults.layout.stripe_size
+    )
+    check_chunk_size(chunk)
+    if table_id not in defaults.tables:
+        raise fs_error(FsCode.NO_SPACE, f"chain table {table_id} does not exist (is storage set up?)")
+    version, n = defaults.tables[table_id]
+    stripe = max(1, min(stripe, n))
+    # Round-robin start over the table; the seed from the id so that a re-run picks the same.
+    seed = (inode_id * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
+    return {"chain_table_id": table_id, "chain_table_version": version, "chunk_size": chunk, "stripe_size": stripe,
+            "chain_begin": inode_id % n, "shuffle_seed": seed}  # fmt: skip
+
+
+def check_chunk_size(chunk: int) -> None:
+    if chunk < MIN_CHUNK or chunk > MAX_CHUNK or chunk & (chunk - 1):
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"chunk size {chunk} must be a power of two from 64 KiB to 64 MiB")
+
+
+# ---- operations ----
+
+
+def stat(tx: Tx, at: PathAt, follow_last: bool) -> Inode:
+    inode = tx.existing(at, follow_last=follow_last).inode
+    assert inode is not None
+    return inode
+
+
+def batch_stat(tx: Tx, ats: Sequence[PathAt], follow_last: bool) -> list[Inode | FsError]:
+    out: list[Inode | FsError] = []
+    for at in ats:
+        try:
+            out.append(stat(tx, at, follow_last))
+        except FsError as err:
+            out.append(err)
+    return out
+
+
+def _new_parent(tx: Tx, r: Resolved, what: str) -> Inode:
+    """The directory a new entry goes in; the name checked; W and X on it."""
+    if r.inode is not None:
+        raise fs_error(FsCode.EXISTS, f"{what}: file exists")
+    if r.parent is None:
+        raise fs_error(FsCode.EXISTS, f"{what}: file exists")
+    check_name(r.name)
+    require(tx.caller, r.parent, W | X, f"create in {what}")
+    return r.parent
+
+
+def create(
+    tx: Tx, at: PathAt, mode: int, exclusive: bool, write: bool, layout: LayoutSpec | None, inode_id: int,
+    defaults: Defaults,
+) -> tuple[Inode, bool, list[QuotaRow]]:  # fmt: skip
+    """Create a file (or find the existing one). Returns (inode, created, quota chain of its directory)."""
+    r = tx.resolve(at, follow_last=True)
+    if r.inode is not None:
+        if exclusive:
+            raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
+        if r.inode.is_dir:
+            raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
+        require(tx.caller, r.inode, W if write else R, f"open {at.path}")
+        return r.inode, False, tx.quota_chain(r.parent)
+    parent = _new_parent(tx, r, at.path)
+    chain = tx.quota_chain(parent)
+    tx.charge(chain, dinodes=1)
+    inode = Inode(inode_id=inode_id, type=InodeType.FILE, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid,
+                  nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
+                  **choose_layout(tx, parent, layout, defaults, inode_id))  # fmt: skip
+    tx.insert(inode)
+    tx.link(parent.inode_id, r.name, inode)
+    return inode, True, chain
+
+
+def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
+    r = tx.existing(at, follow_last=True)
+    inode = r.inode
+    assert inode is not None
+    if inode.is_dir and write:
+        raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
+    want = (R if read else 0) | (W if write else 0)
+    require(tx.caller, inode, want or R, f"open {at.path}")
+    return inode, (tx.quota_chain(r.parent) if write else [])
+
+
+def open_session(tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str,
+                 defaults: Defaults, expires_at: float) -> SessionInfo:  # fmt: skip
+    if not session_id or not client_id or len(session_id) > 64 or len(client_id) > 64:
+        raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id (at most 64 chars)")
+    row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
+    if row is not None:
+        if row.inode_id != inode.inode_id or row.client_id != client_id:
+            raise fs_error(FsCode.BAD_SESSION, f"session {session_id} belongs to another file or client")
+        have = NO_LIMIT if row.write_limit is None else int(row.write_limit)
+        return SessionInfo(session_id, client_id, inode.inode_id, have, defaults.lease_s)
+    limit = inode.length if chain else None
+    tx.session.execute(sa.insert(sessions).values(
+        session_id=session_id, client_id=client_id, inode_id=inode.inode_id, uid=tx.caller.uid, write_limit=limit,
+        reported_length=inode.length, lease_expires_at=expires_at, quota_ids=",".join(str(q.inode_id) for q in chain),
+    ))  # fmt: skip
+    return SessionInfo(session_id, client_id, inode.inode_id, NO_LIMIT if limit is None else limit, defaults.lease_s)
+
+
+def _session(tx: Tx, inode_id: int, session_id: str) -> Any:
+    row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
+    if row is None or row.inode_id != inode_id:
+        raise fs_error(FsCode.BAD_SESSION, f"write session {session_id!r} is unknown, closed or collected")
+    return row
+
+
+def set_length(tx: Tx, inode: Inode, new_length: int, chain: list[QuotaRow], *, mtime_ns: int | None = None,
+               from_reservation: bool = False) -> Inode:  # fmt: skip
+    """Adopt a new file length, charging the difference to the quotas (out of the reservation if any)."""
+    delta = new_length - inode.length
+    if delta:
+        if from_reservation:
+            tx.charge(chain, dbytes=delta, dreserved=-delta if delta > 0 else 0, enforce=False)
+        else:
+            tx.charge(chain, dbytes=delta, enforce=False)
+    values: dict[str, Any] = {"length": new_length}
+    if mtime_ns is not None:
+        values.update(mtime_ns=mtime_ns, ctime_ns=max(mtime_ns, inode.ctime_ns))
+    tx.update(inode.inode_id, **values)
+    return inode.with_(**values)
+
+
+def finish_length(tx: Tx, inode_id: int, session_id: str, written: int, storage_length: int | None,
+                  mtime_ns: int | None, close: bool) -> Inode:  # fmt: skip
+    """Close or sync: the exact length (storage's answer, never below what meta knew), session ended on close."""
+    inode = tx.must(inode_id)
+    row = _session(tx, inode_id, session_id) if session_id else None
+    if row is not None:
+        require_owner_or_same(tx, row)
+    chain = tx.quota_ids_of(row.quota_ids) if row is not None else []
+    exact = (
+        max(inode.length, written, storage_length or 0) if storage_length is not None else max(inode.length, written)
+    )
+    inode = set_length(tx, inode, exact, chain, mtime_ns=mtime_ns, from_reservation=True)
+    if row is not None and close:
+        _end_session(tx, inode, row, chain)
+        inode = tx.get(inode_id) or inode
+    return inode
+
+
+def require_owner_or_same(tx: Tx, row: Any) -> None:
+    if not tx.caller.is_root and row.uid != tx.caller.uid:
+        raise fs_error(FsCode.BAD_SESSION, "the write session belongs to another user")
+
+
+def _end_session(tx: Tx, inode: Inode, row: Any, chain: list[QuotaRow]) -> None:
+    if row.write_limit is not None:
+        unused = max(0, int(row.write_limit) - max(inode.length, int(row.reported_length)))
+        if unused:
+            tx.charge(chain, dreserved=-unused, enforce=False)
+    tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == row.session_id))
+    if inode.nlink == 0 and not tx.has_sessions(inode.inode_id):
+        tx.free_file(inode)
+
+
+def collect_session(tx: Tx, session_id: str, storage_length: int | None) -> bool:
+    """End a session whose lease lapsed; its file gets the exact length. False if it is gone already."""
+    row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
+    if row is None:
+        return False
+    inode = tx.get(row.inode_id)
+    if inode is None:
+        tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == session_id))
+        return True
+    chain = tx.quota_ids_of(row.quota_ids)
+    exact = max(inode.length, int(row.reported_length), storage_length or 0)
+    inode = set_length(tx, inode, exact, chain, from_reservation=True)
+    _end_session(tx, inode, row, chain)
+    return True
+
+
+def expired_sessions(session: Session, now_s: float, limit: int = 100) -> list[tuple[str, int]]:
+    q = sa.select(sessions.c.session_id, sessions.c.inode_id).where(sessions.c.lease_expires_at < now_s).limit(limit)
+    return [(r.session_id, r.inode_id) for r in session.execute(q)]
+
+
+def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expires_at: float) -> list[str]:
+    """Extend every session of ``client_id``; adopt larger reported lengths. Returns lost session ids."""
+    q = sa.update(sessions).where(sessions.c.client_id == client_id)
+    if not tx.caller.is_root:
+        q = q.where(sessions.c.uid == tx.caller.uid)
+    tx.session.execute(q.values(lease_expires_at=expires_at))
+    lost = []
+    for session_id, inode_id, written in reports:
+        row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
+        if row is None or row.inode_id != inode_id or row.client_id != client_id:
+            lost.append(session_id)
+            continue
+        if written > row.reported_length:
+            tx.session.execute(sa.update(sessions).where(sessions.c.session_id == session_id)
+                               .values(reported_length=written))  # fmt: skip
+        inode = tx.get(inode_id)
+        if inode is not None and written > inode.length:
+            set_length(tx, inode, written, tx.quota_ids_of(row.quota_ids), mtime_ns=tx.now_ns, from_reservation=True)
+    return lost
+
+
+def reserve(tx: Tx, inode_id: int, session_id: str, want: int) -> int:
+    row = _session(tx, inode_id, session_id)
+    require_owner_or_same(tx, row)
+    if row.write_limit is None:
+        return NO_LIMIT
+    have = int(row.write_limit)
+    if want <= have:
+        return have
+    inode = tx.must(inode_id)
+    base = max(have, inode.length)
+    tx.charge(tx.quota_ids_of(row.quota_ids), dreserved=want - base)
+    tx.session.execute(sa.update(sessions).where(sessions.c.session_id == session_id).values(write_limit=want))
+    return want
+
+
+def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None, ids: list[int]) -> Inode:
+    """mkdir (-p). ``ids`` are pre-allocated inode ids, one per directory that may be created."""
+    absolute, parts = split_path(at.path)
+    if not recursive:
+        return _mkdir_one(tx, tx.resolve(at, follow_last=False), at.path, mode, layout, ids[0])
+    # mkdir -p: walk down, creating what is missing.
+    base = PathAt(at.parent_id if not absolute else ROOT_INODE_ID, "/" if absolute else "")
+    cur = tx.resolve(base, follow_last=True).inode
+    assert cur is not None
+    for i, comp in enumerate(parts):
+        r = tx.resolve(PathAt(cur.inode_id, comp), follow_last=True)
+        if r.inode is None:
+            r.inode = _mkdir_one(tx, r, "/".join(parts[: i + 1]), mode, layout if i == len(parts) - 1 else None,
+                                 ids[i])  # fmt: skip
+        elif not r.inode.is_dir:
+            raise fs_error(FsCode.NOT_DIRECTORY if i < len(parts) - 1 else FsCode.EXISTS,
+                           f"{'/'.join(parts[: i + 1])!r} exists and is not a directory")  # fmt: skip
+        cur = r.inode
+    return cur
+
+
+def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int) -> Inode:
+    parent = _new_parent(tx, r, what)
+    tx.charge(tx.quota_chain(parent), dinodes=1)
+    spec = layout or LayoutSpec()
+    if spec.chunk_size:
+        check_chunk_size(spec.chunk_size)
+    inode = Inode(inode_id=inode_id, type=InodeType.DIRECTORY, mode=mode & 0o7777, uid=tx.caller.uid,
+                  gid=tx.caller.gid, nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
+                  parent_id=parent.inode_id, chain_table_id=spec.chain_table_id, chunk_size=spec.chunk_size,
+                  stripe_size=spec.stripe_size)  # fmt: skip
+    tx.insert(inode)
+    tx.link(parent.inode_id, r.name, inode)
+    return inode
+
+
+def symlink(tx: Tx, at: PathAt, target: str, inode_id: int) -> Inode:
+    if not target or "\0" in target or len(target.encode()) > 4096:
+        raise fs_error(FsCode.INVALID_ARGUMENT, "a symlink target is 1-4096 bytes without NUL")
+    r = tx.resolve(at, follow_last=False)
+    parent = _new_parent(tx, r, at.path)
+    tx.charge(tx.quota_chain(parent), dinodes=1)
+    inode = Inode(inode_id=inode_id, type=InodeType.SYMLINK, mode=0o777, uid=tx.caller.uid, gid=tx.caller.gid,
+                  nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns, length=len(target.encode()),
+                  symlink_target=target)  # fmt: skip
+    tx.insert(inode)
+    tx.link(parent.inode_id, r.name, inode)
+    return inode
+
+
+def hardlink(tx: Tx, old: PathAt, new: PathAt) -> Inode:
+    src = tx.existing(old, follow_last=False).inode
+    assert src is not None
+    if src.is_dir:
+        raise fs_error(FsCode.NOT_PERMITTED, f"{old.path}: hard link to a directory")
+    if src.nlink >= MAX_LINKS:
+        raise fs_error(FsCode.TOO_MANY_LINKS, f"{old.path}: too many links")
+    r = tx.resolve(new, follow_last=False)
+    parent = _new_parent(tx, r, new.path)
+    tx.link(parent.inode_id, r.name, src)
+    tx.update(src.inode_id, nlink=src.nlink + 1, ctime_ns=tx.now_ns)
+    return src.with_(nlink=src.nlink + 1, ctime_ns=tx.now_ns)
+
+
+def _removable(tx: Tx, r: Resolved, what: str) -> tuple[Inode, Inode]:
+    if r.inode is None:
+        raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {what}")
+    if r.parent is None:
+        raise fs_error(FsCode.BUSY if r.name != ".." else FsCode.INVALID_ARGUMENT, f"cannot remove {what or '/'}")
+    if r.name in (".", ".."):
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"cannot remove {what}")
+    require(tx.caller, r.parent, W | X, f"remove {what}")
+    check_sticky(tx.caller, r.parent, r.inode, f"remove {what}")
+    return r.inode, r.parent
+
+
+def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: float, trash_id: str,
+           expect_dir: bool | None = None) -> str:  # fmt: skip
+    """Unlink/rmdir, or move to the trash. Returns the trash id ("" when unlinked)."""
+    r = tx.resolve(at, follow_last=False)
+    inode, parent = _removable(tx, r, at.path)
+    if expect_dir is True and not inode.is_dir:
+        raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
+    if expect_dir is False and inode.is_dir:
+        raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
+    if inode.is_dir and not recursive and tx.has_children(inode.inode_id):
+        raise fs_error(FsCode.NOT_EMPTY, f"{at.path}: directory not empty")
+    chain = tx.quota_chain(parent)
+    if recursive or to_trash:
+        path = join(tx.path_of(parent), r.name)
+        dbytes, dinodes = tx.subtree_usage(inode) if chain else (0, 0)
+        tx.charge(chain, dbytes=-dbytes, dinodes=-dinodes, enforce=False)
+        tx.unlink_entry(parent.inode_id, r.name)
+        if inode.is_dir:
+            tx.update(inode.inode_id, parent_id=0, ctime_ns=tx.now_ns)
+        tx.session.execute(sa.insert(trash).values(
+            trash_id=trash_id, inode_id=inode.inode_id, type=int(inode.type), uid=tx.caller.uid, original_path=path,
+            removed_at_ns=tx.now_ns, expires_at_ns=tx.now_ns + int(retention_s * 1e9),
+        ))  # fmt: skip
+        return trash_id
+    if inode.is_file and inode.nlink <= 1:
+        tx.charge(chain, dbytes=-inode.length, dinodes=-1, enforce=False)
+    elif not inode.is_file:
+        tx.charge(chain, dinodes=-1, enforce=False)
+    tx.unlink_entry(parent.inode_id, r.name)
+    tx.drop_link(inode)
+    return ""
+
+
+def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa: PLR0912
+    rs = tx.resolve(src, follow_last=False)
+    moved, sparent = _removable(tx, rs, src.path)
+    rd = tx.resolve(dst, follow_last=False)
+    if rd.parent is None:
+        raise fs_error(FsCode.BUSY if rd.name != ".." else FsCode.INVALID_ARGUMENT, f"cannot rename onto {dst.path}")
+    check_name(rd.name)
+    dparent = rd.parent
+    require(tx.caller, dparent, W | X, f"rename into {dst.path}")
+    target = rd.inode
+    if target is not None and target.inode_id == moved.inode_id:
+        return moved  # the same file: nothing to do (POSIX)
+    if target is not None:
+        if no_replace:
+            raise fs_error(FsCode.EXISTS, f"{dst.path}: file exists")
+        check_sticky(tx.caller, dparent, target, f"replace {dst.path}")
+        if moved.is_dir and not target.is_dir:
+            raise fs_error(FsCode.NOT_DIRECTORY, f"{dst.path}: not a directory")
+        if not moved.is_dir and target.is_dir:
+            raise fs_error(FsCode.IS_DIRECTORY, f"{dst.path}: is a directory")
+        if target.is_dir and tx.has_children(target.inode_id):
+            raise fs_error(FsCode.NOT_EMPTY, f"{dst.path}: directory not empty")
+    if moved.is_dir:
+        if dparent.inode_id != sparent.inode_id:
+            require(tx.caller, moved, W, f"move directory {src.path}")  # its ".." changes
+        if moved.inode_id in tx.ancestors(dparent):
+            raise fs_error(FsCode.RENAME_LOOP, f"cannot move {src.path} into itself ({dst.path})")
+    src_chain, dst_chain = tx.quota_chain(sparent), tx.quota_chain(dparent)
+    if target is not None:
+        if target.is_file and target.nlink <= 1:
+            tx.charge(dst_chain, dbytes=-target.length, dinodes=-1, enforce=False)
+        elif not target.is_file:
+            tx.charge(dst_chain, dinodes=-1, enforce=False)
+        tx.unlink_entry(dparent.inode_id, rd.name)
+        tx.drop_link(target)
+    src_ids = {q.inode_id for q in src_chain}
+    dst_ids = {q.inode_id for q in dst_chain}
+    if src_ids != dst_ids:
+        dbytes, dinodes = tx.subtree_usage(moved)
+        tx.charge([q for q in dst_chain if q.inode_id not in src_ids], dbytes=dbytes, dinodes=dinodes)
+        tx.charge([q for q in src_chain if q.inode_id not in dst_ids], dbytes=-dbytes, dinodes=-dinodes, enforce=False)
+    tx.unlink_entry(sparent.inode_id, rs.name)
+    tx.link(dparent.inode_id, rd.name, moved)
+    values: dict[str, Any] = {"ctime_ns": tx.now_ns}
+    if moved.is_dir:
+        values["parent_id"] = dparent.inode_id
+    tx.update(moved.inode_id, **values)
+    return moved.with_(**values)
+
+
+def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
+             ) -> tuple[list[tuple[str, int, InodeType, Inode | None]], str]:  # fmt: skip
+    d = tx.existing(at, follow_last=True).inode
+    assert d is not None
+    if not d.is_dir:
+        raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
+    require(tx.caller, d, R, f"list {at.path}")
+    if with_inodes:
+        q = sa.select(inodes, dirents.c.name.label("entry_name")).join(dirents, dirents.c.inode_id == inodes.c.inode_id)
+    else:
+        q = sa.select(dirents.c.name.label("entry_name"), dirents.c.inode_id, dirents.c.type)
+    q = q.where(dirents.c.parent_id == d.inode_id)
+    if after:
+        q = q.where(dirents.c.name > after)
+    rows = tx.session.execute(q.order_by(dirents.c.name).limit(page_size + 1)).all()
+    more = len(rows) > page_size
+    rows = rows[:page_size]
+    out = []
+    for row in rows:
+        node = inode_of(row) if with_inodes else None
+        out.append((row.entry_name, row.inode_id, InodeType(row.type), node))
+    return out, (rows[-1].entry_name if more else "")
+
+
+def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
+    r = tx.existing(at, follow_last=True)
+    inode = r.inode
+    assert inode is not None
+    if inode.is_dir:
+        raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
+    if not inode.is_file:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"{at.path}: not a regular file")
+    if not session_id:
+        require(tx.caller, inode, W, f"truncate {at.path}")
+    else:
+        require_owner_or_same(tx, _session(tx, inode.inode_id, session_id))
+    return inode
+
+
+def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
+    inode = truncate_check(tx, at, session_id)
+    r = tx.existing(at, follow_last=True)
+    chain = tx.quota_chain(r.parent)
+    if length > inode.length:
+        tx.charge(chain, dbytes=length - inode.length)
+    else:
+        tx.charge(chain, dbytes=length - inode.length, enforce=False)
+    shrink = sa.update(sessions).where(sessions.c.inode_id == inode.inode_id, sessions.c.reported_length > length)
+    tx.session.execute(shrink.values(reported_length=length))
+    values = {"length": length, "mtime_ns": tx.now_ns, "ctime_ns": tx.now_ns}
+    tx.update(inode.inode_id, **values)
+    return inode.with_(**values)
+
+
+@dataclass(frozen=True)
+class AttrChange:
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    atime_now: bool = False
+    mtime_now: bool = False
+    layout: LayoutSpec | None = None
+
+
+def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:  # noqa: PLR0912
+    inode = tx.existing(at, follow_last=follow_last).inode
+    assert inode is not None
+    c = tx.caller
+    values: dict[str, Any] = {}
+    if ch.mode is not None:
+        require_owner(c, inode, f"chmod {at.path}")
+        if ch.mode & ~0o7777:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"mode {ch.mode:o} has bits beyond 07777")
+        values["mode"] = ch.mode
+    if ch.uid is not None and ch.uid != inode.uid:
+        if not c.is_root:
+            raise fs_error(FsCode.NOT_PERMITTED, f"chown {at.path}: only root changes the owner")
+        values["uid"] = ch.uid
+    if ch.gid is not None and ch.gid != inode.gid:
+        if not c.is_root and (c.uid != inode.uid or ch.gid not in c.gids):
+            raise fs_error(FsCode.NOT_PERMITTED, f"chgrp {at.path}: not the owner or not a member of group {ch.gid}")
+        values["gid"] = ch.gid
+    if ch.atime_ns is not None or ch.mtime_ns is not None:
+        require_owner(c, inode, f"set times of {at.path}")
+    if (ch.atime_now or ch.mtime_now) and not c.is_root and c.uid != inode.uid:
+        require(c, inode, W, f"touch {at.path}")
+    if ch.atime_ns is not None or ch.atime_now:
+        values["atime_ns"] = tx.now_ns if ch.atime_now else ch.atime_ns
+    if ch.mtime_ns is not None or ch.mtime_now:
+        values["mtime_ns"] = tx.now_ns if ch.mtime_now else ch.mtime_ns
+    if ch.layout is not None:
+        if not inode.is_dir:
+            raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: only directories have a default layout")
+        require_owner(c, inode, f"set the layout of {at.path}")
+        if ch.layout.chunk_size:
+            check_chunk_size(ch.layout.chunk_size)
+        values.update(chain_table_id=ch.layout.chain_table_id, chunk_size=ch.layout.chunk_size,
+                      stripe_size=ch.layout.stripe_size)  # fmt: skip
+    if values:
+        values["ctime_ns"] = tx.now_ns
+        tx.update(inode.inode_id, **values)
+    return inode.with_(**values)
+
+
+def realpath(tx: Tx, at: PathAt) -> tuple[str, int]:
+    inode = tx.existing(at, follow_last=True).inode
+    assert inode is not None
+    if inode.is_dir:
+        return tx.path_of(inode), inode.inode_id
+    r = tx.existing(at, follow_last=True)
+    assert r.parent is not None
+    return join(tx.path_of(r.parent), r.name), inode.inode_id
+
+
+def statfs(session: Session) -> tuple[int, int]:
+    """(bytes in files, number of inodes)."""
+    used = session.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(inodes.c.length), 0)).where(inodes.c.type == int(InodeType.FILE))
+    ).scalar_one()
+    total = session.execute(sa.select(sa.func.count()).select_from(inodes)).scalar_one()
+    return int(used), int(total)
+
+
+# ---- quotas ----
+
+
+def get_quota(tx: Tx, at: PathAt) -> list[tuple[QuotaRow, str]]:
+    r = tx.existing(at, follow_last=True)
+    inode = r.inode
+    assert inode is not None
+    base = inode if inode.is_dir else r.parent
+    chain = tx.quota_chain(base) if base is not None else []
+    return [(q, _path_or_id(tx, q.inode_id)) for q in chain]
+
+
+def _path_or_id(tx: Tx, inode_id: int) -> str:
+    inode = tx.get(inode_id)
+    try:
+        return tx.path_of(inode) if inode is not None else f"<inode {inode_id}>"
+    except FsError:
+        return f"<inode {inode_id}>"
+
+
+def set_quota(tx: Tx, at: PathAt, max_bytes: int, max_inodes: int) -> tuple[QuotaRow, str]:
+    inode = tx.existing(at, follow_last=True).inode
+    assert inode is not None
+    if not inode.is_dir:
+        raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: quotas are set on directories")
+    tx.session.execute(sa.delete(quotas).where(quotas.c.inode_id == inode.inode_id))
+    if not max_bytes and not max_inodes:
+        return QuotaRow(inode.inode_id, 0, 0, 0, 0, 0), tx.path_of(inode)
+    used_bytes, used_inodes = tx.subtree_usage(inode)
+    # Sessions opened before the quota keep writing unreserved (they were not charged); new ones reserve.
+    reserved = 0
+    row = QuotaRow(inode.inode_id, max_bytes, max_inodes, used_bytes, used_inodes, reserved)
+    tx.session.execute(sa.insert(quotas).values(**row.__dict__))
+    return row, tx.path_of(inode)
+
+
+def list_quotas(tx: Tx) -> list[tuple[QuotaRow, str]]:
+    rows = tx.session.execute(sa.select(quotas).order_by(quotas.c.inode_id)).all()
+    return [(QuotaRow(**r._mapping), _path_or_id(tx, r.inode_id)) for r in rows]
+
+
+# ---- trash ----
+
+
+def new_trash_id() -> str:
+    return uuid.uuid4().hex
+
+
+def list_trash(tx: Tx, all_users: bool, page_size: int, after: str) -> tuple[list[TrashRow], str]:
+    q = sa.select(trash)
+    if not (all_users and tx.caller.is_root):
+        q = q.where(trash.c.uid == tx.caller.uid)
+    if after:
+        q = q.where(trash.c.trash_id > after)
+    rows = tx.session.execute(q.order_by(trash.c.trash_id).limit(page_size + 1)).all()
+    out = [TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns,
+                    r.expires_at_ns) for r in rows[:page_size]]  # fmt: skip
+    return out, (out[-1].trash_id if len(rows) > page_size else "")
+
+
+def _trash_row(tx: Tx, trash_id: str) -> TrashRow:
+    r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
+    if r is None or (r.uid != tx.caller.uid and not tx.caller.is_root):
+        raise fs_error(FsCode.NOT_FOUND, f"no trash entry {trash_id!r}")
+    return TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns,
+                    r.expires_at_ns)  # fmt: skip
+
+
+def restore_trash(tx: Tx, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
+    entry = _trash_row(tx, trash_id)
+    dest = to if to is not None and to.path else PathAt(0, entry.original_path)
+    r = tx.resolve(dest, follow_last=False)
+    parent = _new_parent(tx, r, dest.path)
+    inode = tx.must(entry.inode_id)
+    dbytes, dinodes = tx.subtree_usage(inode)
+    tx.charge(tx.quota_chain(parent), dbytes=dbytes, dinodes=dinodes)
+    tx.link(parent.inode_id, r.name, inode)
+    if inode.is_dir:
+        tx.update(inode.inode_id, parent_id=parent.inode_id, ctime_ns=tx.now_ns)
+    tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
+    return tx.must(inode.inode_id), join(tx.path_of(parent), r.name)
+
+
+def trash_ids(tx: Tx, ids: Sequence[str], expired_only: bool, everyone: bool = False) -> list[str]:
+    q = sa.select(trash.c.trash_id)
+    if not everyone:
+        q = q.where(trash.c.uid == tx.caller.uid) if not tx.caller.is_root or not ids else q
+    if ids:
+        q = q.where(trash.c.trash_id.in_(list(ids)))
+    if expired_only:
+        q = q.where(trash.c.expires_at_ns <= tx.now_ns)
+    return [r.trash_id for r in tx.session.execute(q.limit(1000))]
+
+
+def delete_trash_entry(tx: Tx, trash_id: str) -> int:
+    r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
+    if r is None:
+        return 0
+    tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
+    inode = tx.get(r.inode_id)
+    return tx.delete_tree(inode) if inode is not None else 0
+
+
+# ---- GC queue ----
+
+
+def gc_batch(session: Session, limit: int = 32) -> list[GcJob]:
+    rows = session.execute(sa.select(gc_queue).order_by(gc_queue.c.attempts, gc_queue.c.enqueued_at).limit(limit))
+    return [GcJob(r.inode_id, r.chain_table_id, r.stripe_size, r.chain_begin, r.shuffle_seed, r.attempts) for r in rows]
+
+
+def gc_done(session: Session, inode_id: int) -> None:
+    session.execute(sa.delete(gc_queue).where(gc_queue.c.inode_id == inode_id))
+
+
+def gc_failed(session: Session, inode_id: int) -> None:
+    session.execute(sa.update(gc_queue).where(gc_queue.c.inode_id == inode_id)
+                    .values(attempts=gc_queue.c.attempts + 1))  # fmt: skip

@@ -1,0 +1,95 @@
+"""Meta's tables: inodes and directory entries (the INOD/DENT schema), write sessions, quotas, trash,
+the GC queue of removed files, and counters."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+VERSION_TABLE = "ff_meta_alembic_version"
+
+metadata = sa.MetaData()
+
+inodes = sa.Table(
+    "meta_inodes", metadata,
+    sa.Column("inode_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("type", sa.SmallInteger, nullable=False),
+    sa.Column("mode", sa.Integer, nullable=False),
+    sa.Column("uid", sa.BigInteger, nullable=False),
+    sa.Column("gid", sa.BigInteger, nullable=False),
+    sa.Column("nlink", sa.Integer, nullable=False),
+    sa.Column("atime_ns", sa.BigInteger, nullable=False),
+    sa.Column("mtime_ns", sa.BigInteger, nullable=False),
+    sa.Column("ctime_ns", sa.BigInteger, nullable=False),
+    sa.Column("length", sa.BigInteger, nullable=False),
+    # Directories: the parent (the root is its own); 0 while in the trash.
+    sa.Column("parent_id", sa.BigInteger, nullable=False),
+    sa.Column("symlink_target", sa.Text, nullable=False),
+    sa.Column("chain_table_id", sa.Integer, nullable=False),
+    sa.Column("chain_table_version", sa.BigInteger, nullable=False),
+    sa.Column("chunk_size", sa.BigInteger, nullable=False),
+    sa.Column("stripe_size", sa.Integer, nullable=False),
+    sa.Column("chain_begin", sa.Integer, nullable=False),
+    sa.Column("shuffle_seed", sa.BigInteger, nullable=False),
+)  # fmt: skip
+
+dirents = sa.Table(
+    "meta_dirents", metadata,
+    sa.Column("parent_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("inode_id", sa.BigInteger, nullable=False, index=True),
+    sa.Column("type", sa.SmallInteger, nullable=False),
+)  # fmt: skip
+
+sessions = sa.Table(
+    "meta_sessions", metadata,
+    sa.Column("session_id", sa.String(64), primary_key=True),
+    sa.Column("client_id", sa.String(64), nullable=False, index=True),
+    sa.Column("inode_id", sa.BigInteger, nullable=False, index=True),
+    sa.Column("uid", sa.BigInteger, nullable=False),
+    # NULL: no directory quota applies.
+    sa.Column("write_limit", sa.BigInteger, nullable=True),
+    sa.Column("reported_length", sa.BigInteger, nullable=False),
+    sa.Column("lease_expires_at", sa.Float, nullable=False, index=True),
+    # Comma-separated inode ids of the directory quotas charged for this session's reservation.
+    sa.Column("quota_ids", sa.Text, nullable=False),
+)  # fmt: skip
+
+quotas = sa.Table(
+    "meta_quotas", metadata,
+    sa.Column("inode_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("max_bytes", sa.BigInteger, nullable=False),
+    sa.Column("max_inodes", sa.BigInteger, nullable=False),
+    sa.Column("used_bytes", sa.BigInteger, nullable=False),
+    sa.Column("used_inodes", sa.BigInteger, nullable=False),
+    sa.Column("reserved_bytes", sa.BigInteger, nullable=False),
+)  # fmt: skip
+
+trash = sa.Table(
+    "meta_trash", metadata,
+    sa.Column("trash_id", sa.String(64), primary_key=True),
+    sa.Column("inode_id", sa.BigInteger, nullable=False, index=True),
+    sa.Column("type", sa.SmallInteger, nullable=False),
+    sa.Column("uid", sa.BigInteger, nullable=False),
+    sa.Column("original_path", sa.Text, nullable=False),
+    sa.Column("removed_at_ns", sa.BigInteger, nullable=False),
+    sa.Column("expires_at_ns", sa.BigInteger, nullable=False, index=True),
+)  # fmt: skip
+
+# Files whose chunks must be removed from storage (last link gone, no write session). A row leaves the
+# queue only after storage confirmed the removal, so a crash anywhere just repeats the (idempotent) work.
+gc_queue = sa.Table(
+    "meta_gc_queue", metadata,
+    sa.Column("inode_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("chain_table_id", sa.Integer, nullable=False),
+    sa.Column("stripe_size", sa.Integer, nullable=False),
+    sa.Column("chain_begin", sa.Integer, nullable=False),
+    sa.Column("shuffle_seed", sa.BigInteger, nullable=False),
+    sa.Column("enqueued_at", sa.Float, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+)  # fmt: skip
+
+counters = sa.Table(
+    "meta_counters", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)  # fmt: skip

@@ -1,0 +1,94 @@
+"""A directory tree through the hf3fs client: create, list, stat, rename, remove; files byte-exact."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+import hf3fs
+
+
+def test_tree_created_listed_renamed_removed(fs: hf3fs.FileSystem, home: str) -> None:
+    fs.makedirs(f"{home}/a/b/c")
+    for name in ("x", "y", "z"):
+        with fs.open(f"{home}/a/b/{name}.txt", "w") as f:
+            f.write(f"hello {name}\n")
+    fs.symlink("b/x.txt", f"{home}/a/link")
+    assert fs.listdir(f"{home}/a/b") == ["c", "x.txt", "y.txt", "z.txt"]
+    assert sorted(fs.listdir(f"{home}/a")) == ["b", "link"]
+    st = fs.stat(f"{home}/a/b/y.txt")
+    assert st.is_file() and st.size == len("hello y\n") and st.mode == 0o644
+    assert fs.readlink(f"{home}/a/link") == "b/x.txt"
+    with fs.open(f"{home}/a/link") as f:  # through the symlink
+        assert f.read() == b"hello x\n"
+    walked = list(fs.walk(f"{home}/a"))
+    assert walked[0] == (f"{home}/a", ["b"], ["link"])
+    assert (f"{home}/a/b", ["c"], ["x.txt", "y.txt", "z.txt"]) in walked
+
+    fs.rename(f"{home}/a/b", f"{home}/a/renamed")
+    assert not fs.exists(f"{home}/a/b")
+    assert fs.listdir(f"{home}/a/renamed") == ["c", "x.txt", "y.txt", "z.txt"]
+    with fs.open(f"{home}/a/renamed/z.txt", "r") as f:
+        assert f.read() == "hello z\n"
+    assert fs.realpath(f"{home}/a/./renamed/../renamed/c") == f"{home}/a/renamed/c"
+
+    with pytest.raises(OSError) as exc:
+        fs.rmdir(f"{home}/a/renamed")
+    assert exc.value.errno == errno.ENOTEMPTY
+    fs.remove(f"{home}/a/renamed/x.txt")
+    assert fs.listdir(f"{home}/a/renamed") == ["c", "y.txt", "z.txt"]
+    trash_id = fs.rmtree(f"{home}/a")
+    assert fs.listdir(home) == []
+    assert any(e.entry_id == trash_id and e.original_path == f"{home}/a" for e in fs.trash_list())
+    restored = fs.trash_restore(trash_id)
+    assert restored == f"{home}/a" and fs.listdir(f"{home}/a/renamed") == ["c", "y.txt", "z.txt"]
+    fs.rmtree(f"{home}/a", trash=False)
+    assert fs.listdir(home) == []
+
+
+def test_file_modes_and_seek(fs: hf3fs.FileSystem, home: str) -> None:
+    path = f"{home}/f.bin"
+    with fs.open(path, "xb") as f:
+        f.write(b"0123456789")
+    with pytest.raises(FileExistsError):
+        fs.open(path, "xb")
+    with fs.open(path, "ab") as f:
+        f.write(b"abc")
+    with fs.open(path, "r+b") as f:
+        f.seek(2)
+        f.write(b"XY")
+        f.seek(0)
+        assert f.read() == b"01XY456789abc"
+        f.seek(-3, os.SEEK_END)
+        assert f.read(2) == b"ab"
+        f.truncate(5)
+    assert fs.stat(path).size == 5
+    with fs.open(path, "rb") as f:
+        assert f.read() == b"01XY4"
+    with fs.open(path, "wb") as f:  # O_TRUNC
+        f.write(b"new")
+    with fs.open(path) as f:
+        assert f.read() == b"new"
+    fs.truncate(path, 1 << 20)  # sparse growth reads zeros
+    with fs.open(path) as f:
+        data = f.read()
+    assert len(data) == 1 << 20 and data[:3] == b"new" and not any(data[3:])
+
+
+def test_large_file_byte_exact_across_chains(fs: hf3fs.FileSystem, home: str) -> None:
+    size = 100 * 1024 * 1024
+    data = os.urandom(size // 4) * 4
+    path = f"{home}/big.bin"
+    with fs.open(path, "wb") as f:
+        f.write(data)
+    st = fs.stat(path)
+    assert st.size == size and st.stripe_size >= 2, st
+    with fs.open(path, "rb") as f:
+        back = f.read()
+    assert back == data
+    # Ranges across chunk boundaries, in one batch.
+    ranges = [(path, 0, 10), (path, (1 << 20) - 5, 10), (path, size - 7, 100)]
+    got = fs.read_batch(ranges)
+    assert got == [data[0:10], data[(1 << 20) - 5 : (1 << 20) + 5], data[size - 7 :]]
