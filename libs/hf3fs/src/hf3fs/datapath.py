@@ -27,6 +27,7 @@ from typing import Any
 _LEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+_IOV_MAX = 512
 
 
 class DataPathError(Exception):
@@ -43,6 +44,27 @@ def tune_socket(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+
+
+async def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Send ``parts`` back to back on a non-blocking socket: one ``sendmsg`` (scatter-gather, no joining)
+    while the kernel takes everything, the event loop's ``sock_sendall`` for whatever is left."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        try:
+            sent = sock.sendmsg(views[:_IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
+        if views and not sent:  # the socket buffer is full: let the loop wait for room, piece by piece
+            loop = asyncio.get_running_loop()
+            for view in views:
+                await loop.sock_sendall(sock, view)
+            return
 
 
 async def recv_exactly(sock: socket.socket, view: memoryview, peer: str) -> None:
@@ -125,11 +147,8 @@ class DataConnection:
         async with self.lock:
             try:
                 sock = await self._connect()
-                loop = asyncio.get_running_loop()
-                await loop.sock_sendall(sock, encode_header({"op": "push", "transfer_id": transfer_id,
-                                                             "length": length}))  # fmt: skip
-                for part in parts:
-                    await loop.sock_sendall(sock, part)
+                header = encode_header({"op": "push", "transfer_id": transfer_id, "length": length})
+                await send_parts(sock, [header, *parts])
                 answer = await self._read_header()
             except (OSError, DataPathError, asyncio.CancelledError):
                 self.close()

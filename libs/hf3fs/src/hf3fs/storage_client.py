@@ -15,7 +15,7 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -48,6 +48,8 @@ FATAL_RPC_CODES = frozenset({
 })  # fmt: skip
 INLINE_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_CONCURRENT_TRANSFERS = 64
+DEFAULT_READ_CALLS_PER_NODE = 1
+MERGED_READ_MAX_BYTES = 64 << 20
 
 
 class StorageIoError(Exception):
@@ -145,6 +147,26 @@ class _ReadState:
     pending_rounds: int = 0
 
 
+@dataclass
+class _ReadPart:
+    """One batch_read's reads for one node, waiting to go in a BatchRead shared with other callers."""
+
+    view: RoutingView
+    ios: Sequence[ChunkRead]
+    members: list[tuple[int, int]]
+    relaxed: set[int]
+    outcomes: list[ReadOutcome]
+    done: asyncio.Future[None]
+
+
+@dataclass
+class _NodeReads:
+    """BatchReads to one node: ``active`` calls in flight, and the parts that wait for the next one."""
+
+    active: int = 0
+    waiting: list[_ReadPart] = field(default_factory=list)
+
+
 class StorageClient:
     """Chunk I/O against the storage nodes of one cluster."""
 
@@ -158,6 +180,7 @@ class StorageClient:
         retry_deadline_s: float = 30.0,
         bulk: bool = True,
         pending_retries: int = 20,
+        read_calls_per_node: int = DEFAULT_READ_CALLS_PER_NODE,
     ) -> None:
         self.routing = RoutingCache(mgmtd)
         self._mgmtd = mgmtd
@@ -168,8 +191,17 @@ class StorageClient:
         self._retry_deadline_s = retry_deadline_s
         self._bulk = bulk
         self._pending_retries = pending_retries
+        if read_calls_per_node < 1:
+            raise ValueError("read_calls_per_node must be at least 1")
+        self._read_calls_per_node = read_calls_per_node
+        self._node_reads: dict[int, _NodeReads] = defaultdict(_NodeReads)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.read_calls = 0  # BatchReads sent (fewer than batch_read calls when reads to a node merge)
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._data.close()
         await self._stubs.close()
 
@@ -276,7 +308,7 @@ class StorageClient:
                     continue
                 groups[target[1]].append((i, target[0]))
             relaxed = {i for i in todo if states[i].pending_rounds >= self._pending_retries}
-            await asyncio.gather(*(self._read_group(view, view.nodes[n], ios, members, relaxed, outcomes)
+            await asyncio.gather(*(self._read_node(view, view.nodes[n], ios, members, relaxed, outcomes)
                                    for n, members in groups.items()))  # fmt: skip
             retry = []
             for i in todo:
@@ -303,6 +335,70 @@ class StorageClient:
         chosen = next((t for t in candidates if t.target_id == prefer), None) or random.choice(candidates)
         return chosen.target_id, chosen.node_id
 
+    async def _read_node(
+        self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
+        relaxed: set[int], outcomes: list[ReadOutcome],
+    ) -> None:  # fmt: skip
+        """Read ``members`` from ``node``: at once while fewer than ``read_calls_per_node`` BatchReads to it are
+        in flight, else with whatever else queues meanwhile, in one call (one gRPC round trip and one data
+        transfer for many chunks, as a 3FS client batches IOs per storage node)."""
+        queue = self._node_reads[node.node_id]
+        if queue.active >= self._read_calls_per_node:
+            part = _ReadPart(view, ios, members, relaxed, outcomes, asyncio.get_running_loop().create_future())
+            queue.waiting.append(part)
+            await part.done
+            return
+        queue.active += 1
+        try:
+            await self._read_group(view, node, ios, members, relaxed, outcomes)
+        finally:
+            self._next_read(node, queue)
+
+    def _next_read(self, node: NodeAddress, queue: _NodeReads) -> None:
+        """A call to ``node`` ended: send what waits (up to ``MERGED_READ_MAX_BYTES``) or free the slot."""
+        parts: list[_ReadPart] = []
+        size = 0
+        while queue.waiting and (not parts or size < MERGED_READ_MAX_BYTES):
+            part = queue.waiting.pop(0)
+            if part.done.done():  # its caller was cancelled
+                continue
+            parts.append(part)
+            size += sum(part.ios[i].length for i, _ in part.members)
+        if not parts:
+            queue.active -= 1
+            return
+        task = asyncio.get_running_loop().create_task(self._read_merged(node, queue, parts))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read_merged(self, node: NodeAddress, queue: _NodeReads, parts: list[_ReadPart]) -> None:
+        try:
+            ios, members, relaxed, slots = _merge(parts)
+            outcomes = [ReadOutcome() for _ in ios]
+            view = max((p.view for p in parts), key=lambda v: v.version)
+            try:
+                await self._read_group(view, node, ios, members, relaxed, outcomes)
+            except StorageIoError:
+                if len(parts) == 1:
+                    raise
+                for part in parts:  # a refused request: find whose (each part alone)
+                    await _settle(part, self._read_group(part.view, node, part.ios, part.members, part.relaxed,
+                                                         part.outcomes))  # fmt: skip
+                return
+            for (part, i), outcome in zip(slots, outcomes, strict=True):
+                part.outcomes[i] = outcome
+            for part in parts:
+                if not part.done.done():
+                    part.done.set_result(None)
+        except BaseException as exc:
+            for part in parts:
+                if not part.done.done():
+                    part.done.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._next_read(node, queue)
+
     async def _read_group(
         self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
         relaxed: set[int], outcomes: list[ReadOutcome],
@@ -317,6 +413,7 @@ class StorageClient:
                 offset_bytes=io.offset, length_bytes=io.length, relaxed=io.relaxed or i in relaxed,
                 io_capability=io.capability,
             ))  # fmt: skip
+        self.read_calls += 1
         bulk = self._bulk and bool(node.data)
         transport = spb.DATA_TRANSPORT_BULK if bulk else spb.DATA_TRANSPORT_INLINE
         try:
@@ -383,3 +480,33 @@ class StorageClient:
 def _in_order(sinks: dict[int, tuple[int, memoryview]]) -> list[memoryview]:
     """The sinks' views by offset in the transfer (the node lays results out back to back)."""
     return [view for _, view in sorted(sinks.values(), key=lambda s: s[0])]
+
+
+def _merge(
+    parts: list[_ReadPart],
+) -> tuple[list[ChunkRead], list[tuple[int, int]], set[int], list[tuple[_ReadPart, int]]]:
+    """The parts' reads as one group: ios, members, relaxed indexes, and where each read came from."""
+    ios: list[ChunkRead] = []
+    members: list[tuple[int, int]] = []
+    relaxed: set[int] = set()
+    slots: list[tuple[_ReadPart, int]] = []
+    for part in parts:
+        for i, target_id in part.members:
+            if i in part.relaxed:
+                relaxed.add(len(ios))
+            members.append((len(ios), target_id))
+            slots.append((part, i))
+            ios.append(part.ios[i])
+    return ios, members, relaxed, slots
+
+
+async def _settle(part: _ReadPart, call: Awaitable[None]) -> None:
+    """Run ``call`` (the part's reads) and hand its end, result or error, to the part's waiting caller."""
+    try:
+        await call
+    except Exception as exc:
+        if not part.done.done():
+            part.done.set_exception(exc)
+        return
+    if not part.done.done():
+        part.done.set_result(None)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ff_rpc import Principal, TokenValidator, Unauthenticated
 from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token
-from hf3fs.datapath import DataPathError, encode_header, recv_exactly, recv_header, tune_socket
+from hf3fs.datapath import DataPathError, encode_header, recv_exactly, recv_header, send_parts, tune_socket
 
 logger = logging.getLogger(__name__)
 
@@ -176,9 +176,7 @@ class DataServer:
             if staged is None:
                 await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"NOT_FOUND: transfer {tid}"}))
                 return
-            await loop.sock_sendall(sock, encode_header({"ok": True, "length": staged.length}))
-            for part in staged.parts:
-                await loop.sock_sendall(sock, part)
+            await send_parts(sock, [encode_header({"ok": True, "length": staged.length}), *staged.parts])
         else:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
 

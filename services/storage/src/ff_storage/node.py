@@ -609,7 +609,7 @@ class StorageNode:
             except InvalidRequest as exc:
                 raise InvalidRequest(f"ios[{n}]: {exc}") from None
         bulk = transport == spb.DATA_TRANSPORT_BULK
-        found = await asyncio.gather(*(asyncio.to_thread(self._read_one, io) for io in ios))
+        found = await asyncio.to_thread(lambda: [self._read_one(io) for io in ios])  # one thread hop per batch
         results: list[spb.ReadResult] = []
         parts: list[bytes | memoryview] = []
         offset = 0
