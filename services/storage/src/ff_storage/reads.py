@@ -1,0 +1,114 @@
+"""The read path: chunk reads from any serving replica, verified against their checksums, staged for the
+reader's pull on the data path (or inline); a damaged copy asks the head for a repair."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from ff_storage.core.chunks import (
+    ChunkKey,
+    check_chunk_id,
+    check_read_range,
+)
+from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.node_base import NodeBase, Target
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.checksum import crc32c_of
+
+logger = logging.getLogger(__name__)
+
+
+class ReadPath(NodeBase):
+    # ---- read ----
+
+    async def batch_read(
+        self, ios: list[spb.ReadIO], transport: int, owner: str
+    ) -> tuple[list[spb.ReadResult], str, int]:
+        for n, io in enumerate(ios):
+            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
+            try:
+                check_read_range(io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"ios[{n}]: {exc}") from None
+        bulk = transport == spb.DATA_TRANSPORT_BULK
+        found = await asyncio.to_thread(lambda: [self._read_one(io) for io in ios])  # one thread hop per batch
+        results: list[spb.ReadResult] = []
+        parts: list[bytes | memoryview] = []
+        offset = 0
+        transfer_id = uuid.uuid4().hex if bulk else ""
+        for res, data in found:
+            if data is not None:
+                if bulk:
+                    res.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
+                    parts.append(data)
+                    offset += len(data)
+                else:
+                    res.inline_data = bytes(data)
+            results.append(res)
+        if not parts:
+            return results, "", 0
+        return results, transfer_id, self.boxes.stage(transfer_id, owner, parts)
+
+    def _read_one(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
+        target = self._target_of_chain(io.chain_id)
+        if target is None or not target.role.may_read(self.lease_ok):
+            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, message="not serving reads"), None
+        if target.role.chain_version != io.chain_version:
+            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION,
+                                  message=f"chain at version {target.role.chain_version}"), None  # fmt: skip
+        key = (io.chunk_id.inode_id, io.chunk_id.chunk_index)
+        meta = target.engine.get(key)
+        if meta is None:
+            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="no such chunk"), None
+        if meta.pending_version and not io.relaxed:
+            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_PENDING_VERSION,
+                                  message=f"version {meta.pending_version} is pending"), None  # fmt: skip
+        checksum: int | None = None  # of the whole chunk, when already verified
+        data: bytes | memoryview
+        try:
+            if meta.pending_version:
+                got = target.engine.read_pending(key)
+                if got is None:
+                    return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="pending remove"), None
+                version, data, pending = got[0].version, got[1], True
+            else:
+                committed = target.engine.map_committed(key)
+                if committed is None:
+                    return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="no such chunk"), None
+                version, data, pending = committed[0].committed_version, committed[1], False
+                checksum = committed[0].checksum  # map_committed verified the bytes against it
+        except ChunkCorrupt as exc:
+            self._loop_spawn(target, key)
+            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, message=str(exc)), None
+        piece = memoryview(data)[io.offset_bytes : io.offset_bytes + io.length_bytes]
+        if checksum is None or len(piece) != len(data):
+            checksum = crc32c_of(piece)
+        return spb.ReadResult(
+            status=spb.CHUNK_IO_STATUS_OK, length_bytes=len(piece), version=version, is_pending=pending,
+            checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=checksum),
+        ), piece  # fmt: skip
+
+    def _loop_spawn(self, target: Target, key: ChunkKey) -> None:
+        loop = self._loop
+        loop.call_soon_threadsafe(lambda: self.spawn(self.request_repair(target, [key])))
+
+    _loop: asyncio.AbstractEventLoop
+
+    def bind_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    def query_last(self, q: spb.LastChunkQuery) -> spb.LastChunkResult:
+        check_chunk_id(q.inode_id, q.begin_chunk_index)
+        target = self._target_of_chain(q.chain_id)
+        if target is None or not target.role.may_read(self.lease_ok):
+            return spb.LastChunkResult(status=spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING)
+        if target.role.chain_version != q.chain_version:
+            return spb.LastChunkResult(status=spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION)
+        last, count, pending = target.engine.last_chunk(q.inode_id, q.begin_chunk_index, q.end_chunk_index)
+        if last is None:
+            return spb.LastChunkResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND)
+        status = spb.CHUNK_IO_STATUS_PENDING_VERSION if pending else spb.CHUNK_IO_STATUS_OK
+        return spb.LastChunkResult(status=status, last_chunk_index=last.chunk_index,
+                                   last_chunk_length_bytes=last.length, num_chunks=count)  # fmt: skip

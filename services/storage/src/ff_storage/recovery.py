@@ -1,0 +1,191 @@
+"""Recovery and repair: a serving predecessor syncs a returning target (dump its chunk metadata, diff by
+the digest's rules, full-chunk replaces under the chunk lock, then sync-done); the head rewrites a
+damaged chunk everywhere from a good copy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from ff_rpc import RpcError
+from ff_storage.core.chunks import (
+    ChunkKey,
+    check_chunk_id,
+    sync_diff,
+)
+from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.core.target_role import Public
+from ff_storage.node_base import Target, Update, _res
+from ff_storage.writes import WritePath
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.checksum import crc32c_of
+
+logger = logging.getLogger(__name__)
+
+SYNC_BATCH = 16
+
+
+class Recovery(WritePath):
+    # ---- repair ----
+
+    async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
+        """Ask the chain's head to rewrite these chunks everywhere from a good copy."""
+        chain = self.view.chain(target.record.chain_id) if self.view else None
+        if chain is None or not chain.targets:
+            return
+        chunk_ids = [spb.ChunkId(inode_id=k[0], chunk_index=k[1]) for k in keys]
+        request = spb.RepairChunksRequest(chain_id=chain.chain_id, chain_version=chain.version, chunk_ids=chunk_ids)
+        try:
+            if chain.targets[0].node_id == self.node_id:
+                await self.repair(request)
+            else:
+                await self._rpc.unary(self._stub(chain.targets[0].node_id).RepairChunks, request)
+            logger.warning("repaired chunk(s) %s of chain %d", keys, chain.chain_id)
+        except Exception:
+            logger.exception("repair of %s failed", keys)
+
+    async def repair(self, request: spb.RepairChunksRequest) -> list[spb.UpdateResult]:
+        target = self._target_of_chain(request.chain_id)
+        if target is None:
+            raise InvalidRequest(f"no target of chain {request.chain_id} on this node")
+        pos = self._position(target)
+        if pos is None or pos[1] != 0:
+            raise InvalidRequest(f"target {target.target_id} is not the head of chain {request.chain_id}")
+        chain = pos[0]
+        results = []
+        for cid in request.chunk_ids:
+            key = check_chunk_id(cid.inode_id, cid.chunk_index)
+            async with self.locks.hold(target.target_id, [key]):
+                results.append(await self._repair_one(target, chain, key))
+        return results
+
+    async def _repair_one(self, target: Target, chain: mpb.Chain, key: ChunkKey) -> spb.UpdateResult:
+        meta = target.engine.get(key)
+        if meta is None or not meta.committed_version:
+            return _res(spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, "head has no committed copy")
+        own_bad = False
+        try:
+            got = await asyncio.to_thread(target.engine.read_committed, key)
+            content = got[1] if got else b""
+        except ChunkCorrupt:
+            own_bad, content = True, b""
+            for other in chain.targets[1:]:
+                if Public(other.public_state) is not Public.SERVING:
+                    continue
+                cid = spb.ChunkId(inode_id=key[0], chunk_index=key[1])
+                read = spb.ReadIO(chain_id=chain.chain_id, chain_version=chain.version, chunk_id=cid,
+                                  length_bytes=meta.length)  # fmt: skip
+                with contextlib.suppress(RpcError, ConnectionError):
+                    resp = await self._rpc.unary(self._stub(other.node_id).BatchRead, spb.BatchReadRequest(
+                        ios=[read], transport=spb.DATA_TRANSPORT_INLINE))  # fmt: skip
+                    r = resp.results[0]
+                    if r.status == spb.CHUNK_IO_STATUS_OK and crc32c_of(r.inline_data) == meta.checksum:
+                        content = r.inline_data
+                        break
+            else:
+                return _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "no good copy found")
+        up = Update(key=key, kind=spb.UPDATE_TYPE_WRITE, chunk_size=meta.length or 1, data=content, content=content,
+                    length=len(content), full=True, version=meta.committed_version,
+                    chain_version=meta.chain_version)  # fmt: skip
+        if own_bad:
+            pend = await asyncio.to_thread(target.engine.write_pending,
+                                           [(key, up.version, up.chain_version, content, None)])  # fmt: skip
+            await asyncio.to_thread(target.engine.commit, pend)
+        for other in chain.targets[1:]:
+            if Public(other.public_state) is Public.SERVING:
+                with contextlib.suppress(RpcError, ConnectionError, OSError):
+                    await self._send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
+        return _res(spb.CHUNK_IO_STATUS_OK, "repaired", meta.committed_version, target.engine.get(key))
+
+    # ---- recovery ----
+
+    def dump_chunk_meta(self, target_id: int) -> list[spb.ChunkMeta]:
+        target = self.get_target(target_id)
+        return [
+            spb.ChunkMeta(
+                chunk_id=spb.ChunkId(inode_id=m.inode_id, chunk_index=m.chunk_index), chain_version=m.chain_version,
+                committed_version=m.committed_version, pending_version=m.pending_version, length_bytes=m.length,
+                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=m.checksum),
+            )
+            for m in target.engine.all_metas()
+        ]  # fmt: skip
+
+    def complete_sync(self, target_id: int, chain_version: int) -> None:
+        target = self.get_target(target_id)
+        if target.role.public is not Public.SYNCING:
+            raise InvalidRequest(f"target {target_id} is not syncing")
+        target.role.sync_done(chain_version)
+        logger.info("target %d: sync done at chain version %d", target_id, chain_version)
+
+    async def sync_loop(self, stop: asyncio.Event, interval_s: float) -> None:
+        """Start a sync for every chain where this node's serving target precedes a syncing one."""
+        while not stop.is_set():
+            for target in list(self.targets.values()):
+                succ = self._successor(target)
+                if succ is None or target.role.public is not Public.SERVING:
+                    continue
+                chain, nxt = succ
+                if nxt is None:
+                    continue
+                job = (chain.chain_id, nxt.target_id, chain.version)
+                if Public(nxt.public_state) is Public.SYNCING and job not in self._syncing:
+                    self._syncing.add(job)
+                    self.spawn(self._sync(target, chain, nxt, job))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+    async def _sync(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, job: tuple[int, int, int]) -> None:
+        try:
+            logger.info("syncing target %d from %d (chain %d v%d)", nxt.target_id, target.target_id, chain.chain_id,
+                        chain.version)  # fmt: skip
+            stub = self._stub(nxt.node_id)
+            remote = {}
+            dump = spb.DumpChunkMetaRequest(chain_id=chain.chain_id, chain_version=chain.version,
+                                            target_id=nxt.target_id)  # fmt: skip
+            async for batch in self._rpc.stream(stub.DumpChunkMeta, dump, timeout_s=60):
+                for m in batch.chunks:
+                    remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
+            plan = sync_diff(target.engine.committed_metas(), remote)
+            for i in range(0, len(plan.transfer), SYNC_BATCH):
+                await self._sync_batch(target, chain, nxt, plan.transfer[i : i + SYNC_BATCH], remove=False)
+            for i in range(0, len(plan.remove), SYNC_BATCH):
+                await self._sync_batch(target, chain, nxt, plan.remove[i : i + SYNC_BATCH], remove=True)
+            await self._rpc.unary(stub.CompleteSync, spb.CompleteSyncRequest(
+                chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id))  # fmt: skip
+            logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(plan.transfer),
+                        len(plan.remove))  # fmt: skip
+        except Exception as exc:
+            logger.warning("sync of target %d failed (will retry): %s", nxt.target_id, exc)
+            await asyncio.sleep(0.5)
+            self._syncing.discard(job)
+
+    async def _sync_batch(
+        self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey], *, remove: bool
+    ) -> None:
+        async with self.locks.hold(target.target_id, keys):
+            ups = []
+            for key in keys:
+                got = None if remove else await asyncio.to_thread(target.engine.read_committed, key)
+                if got is None:
+                    ups.append(Update(key=key, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0, full=True,
+                                      version=2**62, chain_version=chain.version))  # fmt: skip
+                    continue
+                meta, content = got
+                ups.append(Update(key=key, kind=spb.UPDATE_TYPE_WRITE, chunk_size=max(1, meta.length), data=content,
+                                  content=content, length=len(content), full=True, version=meta.committed_version,
+                                  chain_version=meta.chain_version))  # fmt: skip
+            answers = await self._send_updates(chain, nxt, ups, set(), target.target_id, no_forward=True)
+            bad = [r for r in answers if r.status != spb.CHUNK_IO_STATUS_OK]
+            if bad:
+                raise RuntimeError(f"{len(bad)} sync write(s) refused: {bad[0].message}")
+
+
+def _meta_from_pb(m: spb.ChunkMeta) -> Any:
+    from ff_storage.core.chunks import ChunkMeta
+
+    return ChunkMeta(inode_id=m.chunk_id.inode_id, chunk_index=m.chunk_id.chunk_index, chain_version=m.chain_version,
+                     committed_version=m.committed_version, length=m.length_bytes, checksum=m.checksum.value,
+                     pending_version=m.pending_version)  # fmt: skip

@@ -1,0 +1,405 @@
+"""The CRAQ write path: at the head, lock, pending = committed + 1, forward, commit on the successor's ack;
+at the replicas, apply what the predecessor forwards (or, while syncing, full-chunk replaces) and pass
+it on. Writes, partial updates, truncates and removes all go through it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import defaultdict
+
+from ff_rpc import RpcError
+from ff_storage.core.chunks import (
+    ChunkKey,
+    ForwardDecision,
+    apply_truncate,
+    apply_write,
+    check_chunk_id,
+    check_range,
+    decide_forward,
+)
+from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.core.target_role import Public
+from ff_storage.node_base import NodeBase, NotServing, Payload, Target, Update, _res
+from ff_storage.store.chunk_engine import PendingItem
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.checksum import crc32c_of
+
+logger = logging.getLogger(__name__)
+
+INLINE_FORWARD_MAX_BYTES = 64 * 1024
+
+
+class WritePath(NodeBase):
+    # ---- write (head) ----
+
+    async def batch_write(self, ios: list[spb.WriteIO], owner: str) -> list[spb.UpdateResult]:
+        total = 0
+        for n, io in enumerate(ios):
+            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
+            check_range(f"ios[{n}]", io.chunk_size_bytes, io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
+            which = io.WhichOneof("data")
+            if which is None:
+                raise InvalidRequest(f"ios[{n}]: no data (inline_data or transfer)")
+            if which == "inline_data" and len(io.inline_data) != io.length_bytes:
+                raise InvalidRequest(f"ios[{n}]: inline data has {len(io.inline_data)} bytes, length says "
+                                     f"{io.length_bytes}")  # fmt: skip
+            if self.view is not None and self.view.chain(io.chain_id) is None:
+                raise InvalidRequest(f"ios[{n}]: unknown chain {io.chain_id}")
+            total += io.length_bytes
+        if total > self.config.max_batch_bytes:
+            raise InvalidRequest(f"batch of {total} bytes is over the limit of {self.config.max_batch_bytes}")
+        results = [spb.UpdateResult() for _ in ios]
+        payloads = await self._gather_payloads(ios, owner, results)
+        groups: dict[int, list[Update]] = defaultdict(list)
+        slots: dict[int, list[int]] = defaultdict(list)
+        for n, io in enumerate(ios):
+            if results[n].status:
+                continue
+            data = payloads[n]
+            if io.checksum.value != crc32c_of(data):
+                results[n] = _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "payload does not match its checksum")
+                continue
+            target = self._target_of_chain(io.chain_id)
+            status = self._head_check(target, io.chain_id, io.chain_version)
+            if status:
+                results[n] = _res(status[0], status[1])
+                continue
+            assert target is not None
+            groups[target.target_id].append(Update(
+                key=(io.chunk_id.inode_id, io.chunk_id.chunk_index), kind=spb.UPDATE_TYPE_WRITE,
+                chunk_size=io.chunk_size_bytes, offset=io.offset_bytes, data=data, data_checksum=io.checksum.value,
+                length=io.length_bytes,
+            ))  # fmt: skip
+            slots[target.target_id].append(n)
+        await asyncio.gather(*(self._head_updates(self.targets[t], ups) for t, ups in groups.items()))
+        for t, ups in groups.items():
+            for n, up in zip(slots[t], ups, strict=True):
+                results[n] = up.result
+        return results
+
+    async def _gather_payloads(
+        self, ios: list[spb.WriteIO], owner: str, results: list[spb.UpdateResult]
+    ) -> list[Payload]:
+        blobs: dict[str, bytearray | None] = {}
+        for io in ios:
+            if io.WhichOneof("data") == "transfer" and io.transfer.transfer_id not in blobs:
+                blobs[io.transfer.transfer_id] = None
+        for tid in blobs:
+            blobs[tid] = await self.boxes.take(tid, owner, self.config.data_wait_s)
+        out: list[Payload] = []
+        for n, io in enumerate(ios):
+            if io.WhichOneof("data") == "inline_data":
+                out.append(io.inline_data)
+                continue
+            blob = blobs[io.transfer.transfer_id]
+            start = io.transfer.offset_bytes
+            if blob is None or start + io.length_bytes > len(blob):
+                results[n] = _res(spb.CHUNK_IO_STATUS_DATA_TIMEOUT, "bulk data did not arrive (or is short)")
+                out.append(b"")
+                continue
+            out.append(memoryview(blob)[start : start + io.length_bytes])
+        return out
+
+    def _head_check(self, target: Target | None, chain_id: int, chain_version: int) -> tuple[int, str] | None:
+        if target is None:
+            return spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"no target of chain {chain_id} on this node"
+        pos = self._position(target)
+        if pos is None or not target.role.may_update(self.lease_ok) or target.role.public is not Public.SERVING:
+            return spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"target {target.target_id} is not serving"
+        chain, i = pos
+        if chain.version != chain_version:
+            return spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, f"chain {chain_id} is at version {chain.version}"
+        if i != 0:
+            return spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"target {target.target_id} is not the head"
+        return None
+
+    async def truncate(self, ios: list[spb.TruncateIO]) -> list[spb.UpdateResult]:
+        for n, io in enumerate(ios):
+            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
+            if io.length_bytes > io.chunk_size_bytes or io.chunk_size_bytes <= 0:
+                raise InvalidRequest(f"ios[{n}]: length {io.length_bytes} is past chunk size {io.chunk_size_bytes}")
+        return await self._head_simple(
+            [(io.chain_id, io.chain_version, Update(key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
+                                                    kind=spb.UPDATE_TYPE_TRUNCATE, chunk_size=io.chunk_size_bytes,
+                                                    length=io.length_bytes)) for io in ios]
+        )  # fmt: skip
+
+    async def remove(self, request: spb.RemoveChunksRequest, max_default: int = 256) -> tuple[int, bool]:
+        check_chunk_id(request.inode_id, request.begin_chunk_index)
+        target = self._target_of_chain(request.chain_id)
+        status = self._head_check(target, request.chain_id, request.chain_version)
+        if status:
+            raise InvalidRequest(status[1]) if target is None else NotServing(status[1])
+        assert target is not None
+        keys = target.engine.keys_of_inode(request.inode_id, request.begin_chunk_index, request.end_chunk_index)
+        limit = request.max_chunks or max_default
+        todo = keys[:limit]
+        results = await self._head_simple(
+            [(request.chain_id, request.chain_version, Update(key=k, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0))
+             for k in todo]
+        )  # fmt: skip
+        if any(r.status != spb.CHUNK_IO_STATUS_OK for r in results):
+            raise NotServing("some removals did not complete; retry")
+        return len(todo), len(keys) > limit
+
+    async def _head_simple(self, items: list[tuple[int, int, Update]]) -> list[spb.UpdateResult]:
+        groups: dict[int, list[Update]] = defaultdict(list)
+        results: list[spb.UpdateResult | Update] = []
+        for chain_id, chain_version, up in items:
+            target = self._target_of_chain(chain_id)
+            status = self._head_check(target, chain_id, chain_version)
+            if status:
+                results.append(_res(status[0], status[1]))
+                continue
+            assert target is not None
+            groups[target.target_id].append(up)
+            results.append(up)
+        await asyncio.gather(*(self._head_updates(self.targets[t], ups) for t, ups in groups.items()))
+        return [r.result if isinstance(r, Update) else r for r in results]
+
+    async def _head_updates(self, target: Target, updates: list[Update]) -> None:
+        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head)."""
+        for round_ in _rounds(updates):
+            async with self.locks.hold(target.target_id, [u.key for u in round_]):
+                chain_version = self._position(target)[0].version if self._position(target) else 0  # type: ignore[index]
+                for u in round_:
+                    u.chain_version = chain_version
+                await asyncio.to_thread(self._prepare, target, round_, True)
+                await self._forward_and_commit(target, [u for u in round_ if u.pending is not None])
+
+    def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> None:
+        """Compute new contents and store them as pending versions (thread)."""
+        items: list[PendingItem] = []
+        ready: list[Update] = []
+        for u in updates:
+            meta = target.engine.get(u.key)
+            committed = meta.committed_version if meta else 0
+            if at_head:
+                u.version = committed + 1
+            else:
+                decision = decide_forward(committed, u.version, u.full)
+                if decision is ForwardDecision.DUPLICATE:
+                    u.result = _res(spb.CHUNK_IO_STATUS_OK, "duplicate", committed, meta)
+                    continue
+                if decision is ForwardDecision.MISSING:
+                    u.result = _res(spb.CHUNK_IO_STATUS_MISSING_UPDATE, f"have version {committed}, got {u.version}")
+                    continue
+            try:
+                u.content = self._new_content(target, u)
+            except ChunkCorrupt as exc:
+                u.result = _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, str(exc))
+                self.spawn(self.request_repair(target, [u.key]))
+                continue
+            if u.kind == spb.UPDATE_TYPE_REMOVE and meta is None and not at_head:
+                u.result = _res(spb.CHUNK_IO_STATUS_OK, "already removed")
+                continue
+            known = u.data_checksum if u.content is u.data else None
+            items.append((u.key, u.version, u.chain_version, u.content, known))
+            ready.append(u)
+        for u, p in zip(ready, target.engine.write_pending(items), strict=True):
+            u.pending = p
+
+    def _new_content(self, target: Target, u: Update) -> Payload | None:
+        if u.kind == spb.UPDATE_TYPE_REMOVE:
+            return None
+        if u.full:
+            return u.data
+        if u.kind == spb.UPDATE_TYPE_WRITE and u.offset == 0 and u.length == u.chunk_size:
+            return u.data  # whole chunk: no need to read the old one
+        current = target.engine.read_committed(u.key)
+        old = current[1] if current else None
+        if u.kind == spb.UPDATE_TYPE_TRUNCATE:
+            return apply_truncate(old, u.length)
+        return apply_write(old, u.offset, u.data)
+
+    async def _forward_and_commit(self, target: Target, updates: list[Update]) -> None:
+        if not updates:
+            return
+        failed = await self._forward(target, updates)
+        done = [u for u in updates if u not in failed]
+        metas = await asyncio.to_thread(target.engine.commit, [u.pending for u in done if u.pending])
+        for u, meta in zip(done, metas, strict=True):
+            u.result = _res(spb.CHUNK_IO_STATUS_OK, "", u.version, meta)
+        if failed:
+            target.engine.abort([u.pending for u in failed if u.pending])
+
+    async def _forward(self, target: Target, updates: list[Update]) -> list[Update]:  # noqa: PLR0912
+        """Send updates to the successor until it acks them (re-forwarding as the chain changes).
+
+        Returns the updates that could not be forwarded before the deadline (their results say why).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.forward_timeout_s
+        todo = list(updates)
+        full_keys: set[ChunkKey] = set()
+        while todo:
+            if not target.role.may_update(self.lease_ok):
+                for u in todo:
+                    u.result = _res(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "this target stopped serving")
+                return todo
+            succ = self._successor(target)
+            if succ is None:
+                break
+            chain, nxt = succ
+            if nxt is None:
+                return []  # this target is the tail: commit
+            try:
+                answers = await self._send_updates(chain, nxt, todo, full_keys, target.target_id)
+            except (RpcError, OSError, ConnectionError) as exc:
+                answers = [_res(spb.CHUNK_IO_STATUS_FORWARD_FAILED, f"successor {nxt.target_id}: {exc}")] * len(todo)
+            retry = []
+            for u, r in zip(todo, answers, strict=True):
+                if r.status == spb.CHUNK_IO_STATUS_OK:
+                    continue
+                if r.status == spb.CHUNK_IO_STATUS_MISSING_UPDATE:
+                    full_keys.add(u.key)
+                u.result = r
+                retry.append(u)
+            todo = retry
+            if not todo:
+                return []
+            if loop.time() > deadline:
+                break
+            await self._wait_routing(0.05)
+        for u in todo:
+            if not u.result.status or u.result.status == spb.CHUNK_IO_STATUS_OK:
+                u.result = _res(spb.CHUNK_IO_STATUS_FORWARD_FAILED, "successor did not acknowledge in time")
+        return todo
+
+    async def _wait_routing(self, timeout_s: float) -> None:
+        self.routing_changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.routing_changed.wait(), timeout_s)
+
+    async def _send_updates(
+        self, chain: mpb.Chain, nxt: mpb.Target, updates: list[Update], full_keys: set[ChunkKey], from_target: int,
+        *, no_forward: bool = False,
+    ) -> list[spb.UpdateResult]:  # fmt: skip
+        syncing = Public(nxt.public_state) is Public.SYNCING
+        msgs: list[spb.ChunkUpdate] = []
+        parts: list[Payload] = []
+        offset = 0
+        transfer_id = uuid.uuid4().hex
+        total = sum(len(u.content or b"") if (u.full or syncing or u.key in full_keys) else len(u.data)
+                    for u in updates)  # fmt: skip
+        bulk = total > INLINE_FORWARD_MAX_BYTES
+        for u in updates:
+            full = u.full or syncing or u.key in full_keys
+            payload = (u.content or b"") if full else u.data
+            kind = u.kind if not full or u.kind == spb.UPDATE_TYPE_REMOVE else spb.UPDATE_TYPE_WRITE
+            msg = spb.ChunkUpdate(
+                chain_id=chain.chain_id, chain_version=u.chain_version if no_forward else chain.version,
+                chunk_id=spb.ChunkId(inode_id=u.key[0], chunk_index=u.key[1]),
+                update_type=spb.UpdateType.ValueType(kind),
+                update_version=u.version, chunk_size_bytes=u.chunk_size, offset_bytes=0 if full else u.offset,
+                length_bytes=len(payload) if kind == spb.UPDATE_TYPE_WRITE else u.length,
+                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=_payload_checksum(u, payload)),
+                full_chunk_replace=full, no_forward=no_forward,
+            )  # fmt: skip
+            if kind == spb.UPDATE_TYPE_WRITE:
+                if bulk:
+                    msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
+                    parts.append(payload)
+                    offset += len(payload)
+                else:
+                    msg.inline_data = bytes(payload)
+            msgs.append(msg)
+        if parts:
+            node = self.view.node(nxt.node_id) if self.view else None
+            if node is None or not node.data:
+                raise ConnectionError(f"node {nxt.node_id} has no data endpoint")
+            await self._data.get(node.data).push(transfer_id, parts)
+        resp = await self._rpc.unary(self._stub(nxt.node_id).ForwardUpdates,
+                                     spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs))  # fmt: skip
+        return list(resp.results)
+
+    # ---- write (replicas) ----
+
+    async def forward_updates(self, request: spb.ForwardUpdatesRequest, owner: str) -> list[spb.UpdateResult]:
+        results = [spb.UpdateResult() for _ in request.updates]
+        groups: dict[int, list[tuple[int, Update]]] = defaultdict(list)
+        blobs: dict[str, bytearray | None] = {}
+        for n, cu in enumerate(request.updates):
+            key = check_chunk_id(cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
+            target = self._target_of_chain(cu.chain_id)
+            if target is None:
+                results[n] = _res(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"no target of chain {cu.chain_id} here")
+                continue
+            pos = self._position(target)
+            if not target.role.may_update(self.lease_ok) or pos is None:
+                results[n] = _res(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"target {target.target_id} not serving")
+                continue
+            if not cu.no_forward and pos[0].version != cu.chain_version:
+                results[n] = _res(spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, f"chain at version {pos[0].version}")
+                continue
+            data: Payload = b""
+            if cu.WhichOneof("data") == "inline_data":
+                data = cu.inline_data
+            elif cu.WhichOneof("data") == "transfer":
+                tid = cu.transfer.transfer_id
+                if tid not in blobs:
+                    blobs[tid] = await self.boxes.take(tid, owner, self.config.data_wait_s)
+                blob = blobs[tid]
+                start = cu.transfer.offset_bytes
+                if blob is None or start + cu.length_bytes > len(blob):
+                    results[n] = _res(spb.CHUNK_IO_STATUS_DATA_TIMEOUT, "bulk data did not arrive")
+                    continue
+                data = memoryview(blob)[start : start + cu.length_bytes]
+            if cu.update_type == spb.UPDATE_TYPE_WRITE and crc32c_of(data) != cu.checksum.value:
+                results[n] = _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "forwarded data does not match its checksum")
+                continue
+            groups[target.target_id].append((n, Update(
+                key=key, kind=cu.update_type, chunk_size=cu.chunk_size_bytes, offset=cu.offset_bytes, data=data,
+                data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
+                length=cu.length_bytes, full=cu.full_chunk_replace, version=cu.update_version,
+                chain_version=cu.chain_version,
+            )))  # fmt: skip
+            if cu.no_forward:
+                groups[target.target_id][-1][1].result.message = "no_forward"
+        await asyncio.gather(*(self._replica_updates(self.targets[t], [u for _, u in items])
+                               for t, items in groups.items()))  # fmt: skip
+        for items in groups.values():
+            for n, u in items:
+                results[n] = u.result
+        return results
+
+    async def _replica_updates(self, target: Target, updates: list[Update]) -> None:
+        for round_ in _rounds(updates):
+            async with self.locks.hold(target.target_id, [u.key for u in round_]):
+                no_forward = [u for u in round_ if u.result.message == "no_forward"]
+                for u in no_forward:
+                    u.result = spb.UpdateResult()
+                await asyncio.to_thread(self._prepare, target, round_, False)
+                local_only = [u for u in no_forward if u.pending is not None]
+                chained = [u for u in round_ if u.pending is not None and u not in local_only]
+                if local_only:
+                    metas = await asyncio.to_thread(target.engine.commit, [u.pending for u in local_only if u.pending])
+                    for u, meta in zip(local_only, metas, strict=True):
+                        u.result = _res(spb.CHUNK_IO_STATUS_OK, "", u.version, meta)
+                await self._forward_and_commit(target, chained)
+
+
+def _rounds(updates: list[Update]) -> list[list[Update]]:
+    """Split so that each round touches a chunk at most once (updates to one chunk apply in order)."""
+    rounds: list[list[Update]] = []
+    for u in updates:
+        for r in rounds:
+            if all(x.key != u.key for x in r):
+                r.append(u)
+                break
+        else:
+            rounds.append([u])
+    return rounds
+
+
+def _payload_checksum(u: Update, payload: Payload) -> int:
+    """CRC of what is forwarded, reusing one already computed over the very same object."""
+    if payload is u.data and u.data_checksum is not None:
+        return u.data_checksum
+    if u.pending is not None and u.pending.path is not None and payload is u.content:
+        return u.pending.checksum
+    return crc32c_of(payload)
