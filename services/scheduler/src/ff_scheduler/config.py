@@ -41,6 +41,7 @@ class SchedulerSettings(SettingsModel):
     max_command_bytes: int = Field(64 * 1024, gt=0, description="size limit of a task's command and environment")
     master_port: int = Field(2222, gt=0, lt=65536, description="MASTER_PORT given to the ranks (HAI: 2222)")
     order_resend_interval_s: float = Field(5.0, gt=0, description="resend unanswered orders to agents this often")
+    term_grace_s: float = Field(10.0, ge=0, description="SIGTERM-to-SIGKILL delay agents give a run's processes")
     agent_call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to agents")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
     grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")

@@ -38,6 +38,7 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
         tick_interval_s=settings.tick_interval_s,
         master_port=settings.master_port,
         order_resend_interval_s=settings.order_resend_interval_s,
+        term_grace_s=settings.term_grace_s,
     )
     scheduler = Scheduler(store, settings.scheduling_policy(), settings.lifecycle_policy(), options, agents, mgmtd)
     services = scheduler_pb2.DESCRIPTOR.services_by_name

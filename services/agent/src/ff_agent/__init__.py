@@ -1,0 +1,1 @@
+"""The node agent: launches and supervises a run's rank processes, delivers suspend, keeps logs, validates the node."""

@@ -1,0 +1,196 @@
+"""The agent's async driver: membership with the scheduler (register, report runs), the runs' poll
+loop, the validator's schedule and hang detection. One ``Agent`` per process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ff_agent import devices as node_devices
+from ff_agent.config import AgentSettings
+from ff_agent.core.failures import Failure, FailureClass
+from ff_agent.core.hang import RankProgress, lagging_ranks
+from ff_agent.link import LINK_ERRORS, SchedulerLink
+from ff_agent.runs import NodeRuns, Run
+from ff_agent.validator import Validator
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from hfreduce import query_status
+
+logger = logging.getLogger(__name__)
+
+RETRY_S = 0.5
+PRUNE_EVERY_S = 60.0
+PROGRESS_TIMEOUT_S = 2.0
+
+
+@dataclass(kw_only=True)
+class NodeIdentity:
+    hostname: str
+    devices: list[node_devices.DeviceInfo]
+    # host:port of this agent's AgentService (known once the server is bound).
+    address: str = ""
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        identity: NodeIdentity,
+        runs: NodeRuns,
+        link: SchedulerLink,
+        validator: Validator,
+    ) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.runs = runs
+        self.link = link
+        self.validator = validator
+        self.node_id = 0
+        self.registered = asyncio.Event()
+        self.last_validation: pb.Validation | None = None
+        self._report_interval_s = settings.report_interval_s
+        self._progress: dict[int, tuple[float, list[RankProgress]]] = {}
+        runs.node_id_of = lambda: self.node_id
+
+    # ---- registration and reports ----
+
+    def _register_request(self) -> pb.RegisterNodeRequest:
+        kind = {True: pb.DEVICE_KIND_CUDA_GPU, False: pb.DEVICE_KIND_CPU_SLOT}
+        return pb.RegisterNodeRequest(
+            node_id=self.node_id,
+            hostname=self.identity.hostname,
+            agent_address=self.identity.address,
+            master_ip=self.settings.master_ip,
+            devices=[
+                pb.Device(index=d.index, kind=kind[d.gpu], name=d.name, memory_bytes=d.memory_bytes)
+                for d in self.identity.devices
+            ],
+            num_cpus=node_devices.num_cpus(),
+            memory_bytes=node_devices.memory_bytes(),
+            zone=self.settings.zone,
+            node_group=self.settings.node_group,
+            runs=[r.report(self.node_id) for r in self.runs.active],
+        )
+
+    async def _register(self) -> None:
+        resp = await self.link.register(self._register_request())
+        self._report_interval_s = min(self.settings.report_interval_s, resp.report_interval_s or 1e9)
+        self._stop_unwanted(resp.runs_to_stop)
+        if not self.registered.is_set():
+            logger.info("registered with the scheduler", extra={"node_id": self.node_id, "at": self.link.address})
+        self.registered.set()
+
+    def _stop_unwanted(self, keys: Iterable[pb.RunKey]) -> None:
+        for key in keys:
+            self.runs.stop(key.run_id, 0.0, "the scheduler no longer has this run on this node")
+
+    async def report_loop(self, stop: asyncio.Event) -> None:
+        connected = False
+        last_prune = time.monotonic()
+        while not stop.is_set():
+            if not connected:
+                try:
+                    await self._register()
+                    connected = True
+                except LINK_ERRORS as err:
+                    logger.debug("registering with the scheduler failed: %s", err)
+                    await _sleep(stop, RETRY_S)
+                    continue
+            pending = [r for r in self.runs.runs.values() if not r.final_reported]
+            if pending:
+                try:
+                    resp = await self.link.report_runs([r.report(self.node_id) for r in pending])
+                    for r in pending:
+                        r.final_reported = r.exited
+                    self._stop_unwanted(resp.runs_to_stop)
+                except LINK_ERRORS as err:
+                    logger.warning("reporting runs failed (will register again): %s", err)
+                    connected = False
+                    continue
+            if time.monotonic() - last_prune > PRUNE_EVERY_S:
+                self.runs.prune(self.settings.log_retention_s)
+                last_prune = time.monotonic()
+            await self.runs.wait_dirty(self._report_interval_s)
+
+    async def poll_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.runs.tick()
+            except Exception:
+                logger.exception("supervising runs failed")
+            await _sleep(stop, self.settings.poll_interval_s)
+
+    # ---- validator ----
+
+    async def validate(self, checks: list[str]) -> pb.Validation:
+        validation = await self.validator.run(checks)
+        self.last_validation = validation
+        try:
+            await self.link.report_health(validation)
+        except LINK_ERRORS as err:
+            logger.warning("reporting node health failed: %s", err)
+        return validation
+
+    async def validator_loop(self, stop: asyncio.Event) -> None:
+        interval = self.settings.validator_interval_s
+        if interval <= 0 and not self.settings.validate_at_start:
+            return
+        await self.registered.wait()
+        due = time.monotonic() + (0.0 if self.settings.validate_at_start else interval)
+        while not stop.is_set():
+            await _sleep(stop, max(0.0, due - time.monotonic()))
+            if stop.is_set() or (interval <= 0 and not self.settings.validate_at_start):
+                return
+            if self.runs.active:
+                due = time.monotonic() + 10.0  # busy: validate when the node is idle
+                continue
+            await self.validate([])
+            if interval <= 0:
+                return
+            due = time.monotonic() + interval
+
+    # ---- hang detection ----
+
+    async def progress(self, run: Run) -> tuple[float, list[RankProgress]]:
+        """The group's collective progress (from hfreduce's control server on the run's master)."""
+        order = run.order
+        try:
+            status = await asyncio.to_thread(query_status, order.master_ip, order.master_port, PROGRESS_TIMEOUT_S)
+            ranks = [RankProgress.from_status(e) for e in status]
+        except (OSError, ValueError, KeyError, TypeError, ConnectionError):
+            ranks = []
+        sampled = (time.time(), ranks)
+        self._progress[order.run_id] = sampled
+        return sampled
+
+    async def hang_loop(self, stop: asyncio.Event) -> None:
+        threshold = self.settings.hang_threshold_s
+        while not stop.is_set():
+            await _sleep(stop, self.settings.hang_check_interval_s)
+            for run in list(self.runs.active):
+                if run.stopping or run.suspend is not None or run.failure is not None:
+                    continue
+                now, ranks = await self.progress(run)
+                mine = [h for h in lagging_ranks(ranks, now, threshold) if h.node_rank == run.order.node_rank]
+                if not mine:
+                    continue
+                hang = mine[0]
+                logger.warning("%s", hang.message, extra={"run_id": run.order.run_id})
+                run.failure = Failure(
+                    failure_class=FailureClass.INFRASTRUCTURE,
+                    local_rank=hang.local_rank,
+                    exit_code=0,
+                    signal=0,
+                    failed_at=now,
+                    message=hang.message,
+                )
+                await self.runs.mark_changed()
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

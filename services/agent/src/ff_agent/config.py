@@ -1,0 +1,75 @@
+"""The agent's settings (env prefix FF_AGENT_)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+
+from ff_config import SettingsModel
+
+ENV_PREFIX = "FF_AGENT_"
+
+
+class AgentSettings(SettingsModel):
+    state_dir: Path = Field(Path("./agent-state"), description="run folders (control, logs, work) live here")
+    listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")
+    advertise_address: str = Field("", description="host:port the scheduler reaches this agent at; default: bound")
+    metrics_address: str = Field("127.0.0.1:0", description="Prometheus /metrics host:port; empty disables it")
+    instance_id: str = Field("", description="stable name of this instance")
+    node_id: int = Field(0, ge=0, description="node id to register with mgmtd under (0: assigned)")
+    mgmtd_addresses: str = Field("", description="comma-separated gRPC addresses of the mgmtd instances")
+    scheduler_address: str = Field("", description="the scheduler's gRPC address; empty: found through mgmtd")
+    cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
+    cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
+    hostname: str = Field("", description="the node's name; default: the host name (+ instance id)")
+    master_ip: str = Field("127.0.0.1", description="the IP other nodes reach this node's ranks at (MASTER_IP)")
+    zone: str = Field("", description="network zone (at most one task spans zones)")
+    node_group: str = Field("", description="node group; empty: the scheduler's default")
+    detect_gpus: bool = Field(True, description="use the GPUs torch sees as the devices when there are any")
+    num_device_slots: int = Field(2, ge=1, le=256, description="CPU device slots when the node has no GPU")
+    term_grace_s: float = Field(10.0, ge=0, description="SIGTERM-to-SIGKILL delay when an order gives none")
+    poll_interval_s: float = Field(0.2, gt=0, description="how often ranks, SDK events and deadlines are checked")
+    report_interval_s: float = Field(5.0, gt=0, description="periodic run reports (the scheduler may ask for less)")
+    python_executable: str = Field(sys.executable, description="what a task's `python` / `python3` runs")
+    log_retention_s: float = Field(7 * 24 * 3600.0, gt=0, description="run folders of ended runs are kept this long")
+    validator_interval_s: float = Field(
+        7 * 24 * 3600.0, ge=0, description="run the validator this often when idle (the paper: weekly); 0 disables"
+    )
+    validate_at_start: bool = Field(False, description="run the validator once at start")
+    validator_force_fail: str = Field(
+        "", description="TEST SWITCH: comma-separated check names forced to fail (off when empty)"
+    )
+    validator_memory_bytes: int = Field(64 << 20, gt=0, description="buffer of the memory bandwidth and pattern tests")
+    validator_disk_bytes: int = Field(32 << 20, gt=0, description="file size of the disk throughput test")
+    validator_gemm_size: int = Field(256, gt=0, description="n of the n x n matrix multiply check")
+    min_memory_bandwidth_gbps: float = Field(0.2, ge=0, description="memory copy below this fails (GB/s)")
+    min_disk_throughput_mbps: float = Field(5.0, ge=0, description="disk write+read below this fails (MB/s)")
+    min_cpu_gflops: float = Field(0.05, ge=0, description="CPU stress below this fails (GFLOP/s)")
+    hang_threshold_s: float = Field(60.0, gt=0, description="a rank this far behind the others' collective is hung")
+    hang_check_interval_s: float = Field(5.0, gt=0, description="how often collective progress is read")
+    call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to mgmtd and the scheduler")
+    token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
+    grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")
+    ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentSettings:
+        if not self.cluster_token.get_secret_value() and self.cluster_token_file is None:
+            raise ValueError("cluster_token or cluster_token_file is required")
+        if not self.mgmtd_address_list():
+            raise ValueError("mgmtd_addresses is required")
+        return self
+
+    def mgmtd_address_list(self) -> list[str]:
+        return [a.strip() for a in self.mgmtd_addresses.split(",") if a.strip()]
+
+    def resolved_cluster_token(self) -> str:
+        if self.cluster_token_file is not None:
+            return self.cluster_token_file.read_text().strip()
+        return self.cluster_token.get_secret_value()
+
+    def forced_failures(self) -> frozenset[str]:
+        return frozenset(c.strip() for c in self.validator_force_fail.split(",") if c.strip())

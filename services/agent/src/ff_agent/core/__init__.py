@@ -1,0 +1,1 @@
+"""Pure logic of the agent (no grpc, no generated code, no processes)."""

@@ -1,0 +1,99 @@
+"""The agent's calls to the scheduler (SchedulerAgentService, cluster token). The scheduler is found
+through mgmtd's routing info unless its address is configured; calls are retried by RpcClient when the
+proto marks them idempotent, and the callers retry the rest on their next pass."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError, ServiceError, Unavailable
+from ff_rpc.client import StubPool
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+# What a failed call to the scheduler raises (a status from it, or no address to call yet).
+LINK_ERRORS = (RpcError, ServiceError)
+
+
+class SchedulerLink:
+    def __init__(self, cluster_token: str, mgmtd: MgmtdClient, fixed_address: str, timeout_s: float) -> None:
+        self._rpc = RpcClient(token=cluster_token, timeout_s=timeout_s)
+        self._stubs = StubPool(scheduler_pb2_grpc.SchedulerAgentServiceStub)
+        self._mgmtd = mgmtd
+        self._fixed = fixed_address
+        self.address = fixed_address
+        self.node_id = 0
+
+    async def resolve(self) -> str:
+        """The scheduler's address (configured, else the first alive scheduler mgmtd knows)."""
+        if self._fixed:
+            return self._fixed
+        resp = await self._mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        for node in resp.routing_info.nodes:
+            if node.node_type == common_pb2.NODE_TYPE_SCHEDULER and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
+                for ep in node.endpoints:
+                    if ep.name == "grpc":
+                        self.address = str(ep.address)
+                        return self.address
+        raise Unavailable("no alive scheduler in mgmtd's routing info")
+
+    def _stub(self) -> scheduler_pb2_grpc.SchedulerAgentServiceStub:
+        if not self.address:
+            raise Unavailable("the scheduler's address is not known yet")
+        return self._stubs.get(self.address)
+
+    async def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
+        await self.resolve()
+        return await self._rpc.unary(self._stub().RegisterNode, request)  # type: ignore[no-any-return]
+
+    async def report_runs(self, reports: list[pb.RunReport]) -> pb.ReportRunStatusResponse:
+        return await self._rpc.unary(  # type: ignore[no-any-return]
+            self._stub().ReportRunStatus, pb.ReportRunStatusRequest(node_id=self.node_id, runs=reports)
+        )
+
+    async def suspend_stage(self, task_id: int, run_id: int, stage: int, at: float) -> None:
+        await self._rpc.unary(
+            self._stub().ReportSuspendStage,
+            pb.ReportSuspendStageRequest(
+                node_id=self.node_id,
+                task_id=task_id,
+                run_id=run_id,
+                stage=pb.SuspendStage.ValueType(stage),
+                reported_at=at,
+            ),
+        )
+
+    async def update_run(
+        self, task_id: int, run_id: int, *, whole_life_state: int | None = None, watchdog_time_s: float | None = None
+    ) -> None:
+        request = pb.UpdateRunRequest(node_id=self.node_id, task_id=task_id, run_id=run_id)
+        if whole_life_state is not None:
+            request.whole_life_state = whole_life_state
+        if watchdog_time_s is not None:
+            request.watchdog_time_s = watchdog_time_s
+        await self._rpc.unary(self._stub().UpdateRun, request)
+
+    async def report_checkpoint(self, task_id: int, run_id: int, path: str, step: int) -> None:
+        await self._rpc.unary(
+            self._stub().ReportCheckpoint,
+            pb.ReportCheckpointRequest(
+                node_id=self.node_id,
+                task_id=task_id,
+                run_id=run_id,
+                checkpoint=pb.Checkpoint(path=path, step=step, committed_at=time.time()),
+            ),
+        )
+
+    async def report_health(self, validation: pb.Validation) -> pb.ReportNodeHealthResponse:
+        return await self._rpc.unary(  # type: ignore[no-any-return]
+            self._stub().ReportNodeHealth, pb.ReportNodeHealthRequest(node_id=self.node_id, validation=validation)
+        )
+
+    async def close(self) -> None:
+        await self._stubs.close()

@@ -1,0 +1,73 @@
+"""Rank processes: spawn one in its own session with its log file, find every process of its session
+(its whole tree, also children that changed process group), signal them, and see when all are gone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+# Rank leaders get SIGKILL when the agent dies (a node agent that is gone owns nothing). Set by setpriv
+# (util-linux) right before exec, so the spawn itself stays a plain vfork+exec: no Python code runs in
+# a forked child of this multi-threaded process.
+_SETPRIV = shutil.which("setpriv")
+
+
+def spawn(argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start one rank: its own session (sid = pid), stdout and stderr appended to ``log_path``.
+
+    Raises:
+        OSError: the command could not be executed.
+    """
+    wrapped = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv] if _SETPRIV else argv
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            wrapped,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def session_members(sids: Iterable[int]) -> dict[int, int]:
+    """Live (non-zombie) processes in any of the sessions: pid -> sid."""
+    wanted = set(sids)
+    found: dict[int, int] = {}
+    if not wanted:
+        return found
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 4 or fields[0] == b"Z":
+            continue
+        sid = int(fields[3])
+        if sid in wanted:
+            found[int(entry.name)] = sid
+    return found
+
+
+def signal_sessions(sids: Iterable[int], sig: signal.Signals) -> int:
+    """Send ``sig`` to every process of the sessions (process groups first, then stragglers); how many."""
+    sids = list(sids)
+    for sid in sids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(sid, sig)
+    members = session_members(sids)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return len(members)

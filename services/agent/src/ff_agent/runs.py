@@ -1,0 +1,489 @@
+"""The runs of this node: start ranks, watch them exit, relay what the task tells the SDK, enforce the
+suspend deadlines, stop whole process trees, and merge the ranks' logs.
+
+One ``NodeRuns`` per agent; ``tick()`` is called every ``poll_interval_s`` by the agent's loop and does
+every periodic step of every run (a poll, not a process per run: cheap with a few runs per node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ff_agent import procs
+from ff_agent.core.errors import InvalidRequest, NotFoundError
+from ff_agent.core.failures import ErrorRecord, Failure, RankExit, root_cause
+from ff_agent.core.launch import NodeFacts, StartOrder, check_order, plan_ranks
+from ff_agent.core.suspend import SuspendClock
+from ff_agent.link import LINK_ERRORS, SchedulerLink
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from hfai import runcontrol
+from hfai.runcontrol import Event, RunControl
+
+logger = logging.getLogger(__name__)
+
+HOOK_DIR = str(Path(__file__).parent / "rank_hook")
+PIDS_FILE = "pids.json"
+NODE_LOG = "node.log"
+LOG_TAIL_BYTES = 4096
+
+
+@dataclass
+class Rank:
+    local_rank: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    error_path: Path
+    started_at: float
+    exit_code: int | None = None
+    signal: int = 0
+    exited_at: float = 0.0
+    stopped_by_agent: bool = False
+    error: ErrorRecord | None = None
+    mux_offset: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+    def as_exit(self) -> RankExit:
+        return RankExit(
+            local_rank=self.local_rank,
+            exit_code=self.exit_code or 0,
+            signal=self.signal,
+            exited_at=self.exited_at,
+            stopped_by_agent=self.stopped_by_agent,
+            error=self.error,
+            log_tail=_tail(self.log_path),
+        )
+
+
+@dataclass
+class Run:
+    order: StartOrder
+    folder: Path
+    control: RunControl
+    ranks: list[Rank]
+    phase: int = pb.NODE_RUN_PHASE_RUNNING
+    suspend: SuspendClock | None = None
+    suspend_stage: int = pb.SUSPEND_STAGE_NONE
+    stop_started_at: float = 0.0
+    term_grace_s: float = 0.0
+    stop_why: str = ""
+    failure: Failure | None = None
+    exited_at: float = 0.0
+    pending_events: list[Event] = field(default_factory=list)
+    # Reported EXITED to the scheduler (then it leaves the periodic reports).
+    final_reported: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.order.task_id, self.order.run_id
+
+    @property
+    def exited(self) -> bool:
+        return self.phase == pb.NODE_RUN_PHASE_EXITED
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_started_at > 0
+
+    @property
+    def sids(self) -> list[int]:
+        return [r.proc.pid for r in self.ranks]
+
+    def log_path(self, local_rank: int | None) -> Path:
+        if local_rank is None:
+            return self.folder / NODE_LOG
+        if not 0 <= local_rank < len(self.ranks):
+            raise InvalidRequest(f"local_rank {local_rank}: this node runs local ranks 0..{len(self.ranks) - 1}")
+        return self.ranks[local_rank].log_path
+
+    def last_output_at(self) -> float:
+        times = [r.started_at for r in self.ranks]
+        for r in self.ranks:
+            with contextlib.suppress(OSError):
+                times.append(r.log_path.stat().st_mtime)
+        return max(times)
+
+    def report(self, node_id: int) -> pb.RunReport:
+        last = self.last_output_at()
+        report = pb.RunReport(
+            task_id=self.order.task_id,
+            run_id=self.order.run_id,
+            node_rank=self.order.node_rank,
+            phase=self.phase,  # type: ignore[arg-type]
+            suspend_stage=self.suspend_stage,  # type: ignore[arg-type]
+            reported_at=time.time(),
+            ranks=[
+                pb.RankStatus(
+                    local_rank=r.local_rank,
+                    pid=r.proc.pid,
+                    state=pb.RANK_STATE_RUNNING if r.running else pb.RANK_STATE_EXITED,
+                    exit_code=r.exit_code or 0,
+                    signal=r.signal,
+                    started_at=r.started_at,
+                    exited_at=r.exited_at,
+                    last_output_at=last,
+                    error_summary=(f"{r.error.exc_type}: {r.error.message}" if r.error else "")[:1000],
+                )
+                for r in self.ranks
+            ],
+        )
+        if self.failure is not None:
+            f = self.failure
+            report.failure.CopyFrom(
+                pb.RunFailure(
+                    failure_class=int(f.failure_class),  # type: ignore[arg-type]
+                    node_id=node_id,
+                    node_rank=self.order.node_rank,
+                    local_rank=f.local_rank,
+                    exit_code=f.exit_code,
+                    signal=f.signal,
+                    failed_at=f.failed_at,
+                    message=f.message,
+                )
+            )
+        return report
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunsOptions:
+    state_dir: Path
+    term_grace_s: float
+    python_executable: str
+    base_env: dict[str, str]
+
+
+class NodeRuns:
+    """Every run on this node, and the operations the servicer and the loops call."""
+
+    def __init__(self, options: RunsOptions, node: NodeFacts, link: SchedulerLink) -> None:
+        self.options = options
+        self.node = node
+        self.link = link
+        self.runs: dict[int, Run] = {}
+        self.changed = asyncio.Condition()
+        self._dirty = asyncio.Event()
+        self.runs_dir = options.state_dir / "runs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id_of: Callable[[], int] = lambda: 0
+
+    @property
+    def active(self) -> list[Run]:
+        return [r for r in self.runs.values() if not r.exited]
+
+    def get(self, run_id: int) -> Run:
+        run = self.runs.get(run_id)
+        if run is None:
+            raise NotFoundError(f"run {run_id} is not on this node")
+        return run
+
+    async def mark_changed(self) -> None:
+        self._dirty.set()
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait_dirty(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._dirty.wait(), timeout_s)
+        self._dirty.clear()
+
+    # ---- start ----
+
+    def start(self, order: StartOrder) -> Run:
+        """Launch this node's ranks of a run (idempotent per run id); InvalidRequest launches nothing."""
+        existing = self.runs.get(order.run_id)
+        if existing is not None:
+            return existing
+        devices = check_order(order, self.node)
+        argv = self._resolve_argv(order)
+        folder = self.runs_dir / f"{order.task_id}-{order.run_id}"
+        if order.working_dir:
+            cwd = Path(order.working_dir)
+            if not cwd.is_absolute() or not cwd.is_dir():
+                raise InvalidRequest(f"working_dir {order.working_dir!r} is not an existing absolute folder here")
+        else:
+            cwd = folder / "work"
+        for sub in ("control", "logs", "errors"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
+        control = RunControl(folder / "control").create()
+        plans = plan_ranks(
+            order, self.node, devices,
+            base_env=self.options.base_env, run_dir=str(control.folder),
+            error_dir=str(folder / "errors"), hook_dir=HOOK_DIR,
+        )  # fmt: skip
+        ranks: list[Rank] = []
+        try:
+            for plan in plans:
+                log_path = folder / "logs" / f"rank{plan.local_rank}.log"
+                proc = procs.spawn(argv, plan.env, cwd, log_path)
+                ranks.append(
+                    Rank(
+                        plan.local_rank, proc, log_path, folder / "errors" / f"rank{plan.local_rank}.json", time.time()
+                    )
+                )
+        except OSError as exc:
+            self._kill_now(ranks)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise InvalidRequest(f"cannot execute {order.argv[0]!r}: {exc.strerror or exc}") from None
+        (folder / PIDS_FILE).write_text(json.dumps({"sids": [r.proc.pid for r in ranks]}))
+        run = Run(order, folder, control, ranks)
+        self.runs[order.run_id] = run
+        logger.info(
+            "run started",
+            extra={"task_id": order.task_id, "run_id": order.run_id, "num_ranks": len(ranks), "argv": argv[:8]},
+        )
+        return run
+
+    def _resolve_argv(self, order: StartOrder) -> list[str]:
+        argv = list(order.argv)
+        if argv[0] in ("python", "python3"):
+            argv[0] = self.options.python_executable
+        path = order.env.get("PATH") or self.options.base_env.get("PATH", "")
+        cwd = order.working_dir or None
+        if "/" in argv[0]:
+            candidate = Path(argv[0]) if Path(argv[0]).is_absolute() or cwd is None else Path(cwd) / argv[0]
+            found = str(candidate) if candidate.is_file() and _executable(candidate) else None
+        else:
+            found = shutil.which(argv[0], path=path)
+        if found is None:
+            raise InvalidRequest(f"command not found or not executable: {order.argv[0]!r}")
+        argv[0] = found
+        return argv
+
+    @staticmethod
+    def _kill_now(ranks: list[Rank]) -> None:
+        procs.signal_sessions([r.proc.pid for r in ranks], signal.SIGKILL)
+        for r in ranks:
+            r.proc.wait()
+
+    # ---- suspend and stop ----
+
+    def suspend(self, run_id: int, ack_window_s: float, grace_s: float, term_grace_s: float) -> Run:
+        run = self.get(run_id)
+        if run.exited or run.stopping or run.suspend is not None:
+            return run
+        flag_node = run.order.node_rank == 0
+        run.suspend = SuspendClock(
+            requested_at=time.time(),
+            ack_window_s=ack_window_s,
+            grace_s=grace_s,
+            term_grace_s=term_grace_s or self.options.term_grace_s,
+            flag_node=flag_node,
+        )
+        if flag_node:
+            run.control.raise_suspend()
+        run.suspend_stage = pb.SUSPEND_STAGE_SENT
+        run.phase = pb.NODE_RUN_PHASE_SUSPENDING
+        logger.info("suspend flag %s", "raised" if flag_node else "noted", extra={"run_id": run_id})
+        return run
+
+    def stop(self, run_id: int, term_grace_s: float, why: str) -> Run | None:
+        """SIGTERM to every process tree of the run now; SIGKILL after the grace (by ``tick``)."""
+        run = self.runs.get(run_id)
+        if run is None or run.exited or run.stopping:
+            return run
+        run.stop_started_at = time.time()
+        run.term_grace_s = term_grace_s or self.options.term_grace_s
+        run.stop_why = why
+        for r in run.ranks:
+            if r.running:
+                r.stopped_by_agent = True
+        run.phase = pb.NODE_RUN_PHASE_STOPPING
+        procs.signal_sessions(run.sids, signal.SIGTERM)
+        logger.info("run stopping: %s", why, extra={"run_id": run_id, "term_grace_s": run.term_grace_s})
+        return run
+
+    # ---- the periodic step ----
+
+    async def tick(self) -> None:
+        changed = False
+        for run in list(self.runs.values()):
+            if run.exited:
+                continue
+            changed |= self._reap(run)
+            changed |= await self._relay(run)
+            changed |= self._deadlines(run)
+            self._mux_logs(run, final=False)
+            changed |= self._finish_if_gone(run)
+        if changed:
+            await self.mark_changed()
+
+    def _reap(self, run: Run) -> bool:
+        changed = False
+        for r in run.ranks:
+            if not r.running:
+                continue
+            code = r.proc.poll()
+            if code is None:
+                continue
+            r.exit_code, r.signal = (0, -code) if code < 0 else (code, 0)
+            r.exited_at = time.time()
+            r.error = _read_error_file(r.error_path)
+            changed = True
+            logger.info(
+                "rank exited",
+                extra={"run_id": run.order.run_id, "local_rank": r.local_rank, "exit_code": code},
+            )
+        if changed:
+            run.failure = root_cause([r.as_exit() for r in run.ranks if not r.running])
+        return changed
+
+    async def _relay(self, run: Run) -> bool:
+        """Events the task wrote through the SDK, relayed to the scheduler and acknowledged in order."""
+        run.pending_events.extend(run.control.new_events())
+        changed = False
+        while run.pending_events:
+            event = run.pending_events[0]
+            try:
+                changed |= await self._relay_one(run, event)
+            except LINK_ERRORS as err:
+                logger.warning("relaying %s of run %d failed: %s", event.kind, run.order.run_id, err)
+                return changed
+            run.control.ack(event.seq)
+            run.pending_events.pop(0)
+        return changed
+
+    async def _relay_one(self, run: Run, event: Event) -> bool:
+        now = time.time()
+        task_id, run_id = run.key
+        if event.kind == runcontrol.RECEIVED:
+            await self.link.suspend_stage(task_id, run_id, pb.SUSPEND_STAGE_RECEIVED, now)
+            if run.suspend is not None:
+                run.suspend.received(now)
+            run.suspend_stage = max(run.suspend_stage, pb.SUSPEND_STAGE_RECEIVED)
+            return True
+        if event.kind == runcontrol.GO_SUSPEND:
+            await self.link.suspend_stage(task_id, run_id, pb.SUSPEND_STAGE_CAN_SUSPEND, now)
+            run.suspend_stage = pb.SUSPEND_STAGE_CAN_SUSPEND
+            if run.suspend is not None:
+                run.suspend.go_suspend(now)
+            else:
+                self.stop(run_id, 0.0, "the task called go_suspend()")
+            return True
+        if event.kind == runcontrol.WHOLE_LIFE_STATE:
+            await self.link.update_run(task_id, run_id, whole_life_state=int(event.data["value"]))
+        elif event.kind == runcontrol.WATCHDOG_TIME:
+            await self.link.update_run(task_id, run_id, watchdog_time_s=float(event.data["seconds"]))
+        elif event.kind == runcontrol.CHECKPOINT:
+            await self.link.report_checkpoint(task_id, run_id, str(event.data["path"]), int(event.data["step"]))
+        return False
+
+    def _deadlines(self, run: Run) -> bool:
+        now = time.time()
+        if run.suspend is not None and not run.stopping:
+            why = run.suspend.stop_due(now)
+            if why is not None:
+                self.stop(run.order.run_id, run.suspend.term_grace_s, f"suspend: {why}")
+                return True
+        killing = run.stopping and now >= run.stop_started_at + run.term_grace_s
+        if killing and procs.signal_sessions(run.sids, signal.SIGKILL):
+            logger.warning("run %d: SIGKILL after the %g s grace", run.order.run_id, run.term_grace_s)
+        if not run.stopping and all(not r.running for r in run.ranks) and procs.session_members(run.sids):
+            # Every rank ended, but something it started lives on in its session: that goes too.
+            self.stop(run.order.run_id, 0.0, "the ranks exited; stopping what they left behind")
+            return True
+        return False
+
+    def _finish_if_gone(self, run: Run) -> bool:
+        if any(r.running for r in run.ranks) or procs.session_members(run.sids):
+            return False
+        self._mux_logs(run, final=True)
+        run.phase = pb.NODE_RUN_PHASE_EXITED
+        run.exited_at = time.time()
+        if run.suspend is not None:
+            run.control.clear_suspend()
+        logger.info(
+            "run exited",
+            extra={"run_id": run.order.run_id, "failure": run.failure.message if run.failure else ""},
+        )
+        return True
+
+    def _mux_logs(self, run: Run, *, final: bool) -> None:
+        """Append the ranks' new complete lines to the node log, each prefixed with its local rank."""
+        out: list[bytes] = []
+        for r in run.ranks:
+            try:
+                with r.log_path.open("rb") as f:
+                    f.seek(r.mux_offset)
+                    data = f.read()
+            except OSError:
+                continue
+            cut = len(data) if final else data.rfind(b"\n") + 1
+            if cut <= 0:
+                continue
+            r.mux_offset += cut
+            prefix = f"[{r.local_rank}] ".encode()
+            lines = data[:cut].splitlines(keepends=True)
+            out.extend(prefix + (line if line.endswith(b"\n") else line + b"\n") for line in lines)
+        if out:
+            with (run.folder / NODE_LOG).open("ab") as f:
+                f.write(b"".join(out))
+
+    # ---- agent start and shutdown ----
+
+    def kill_leftovers(self) -> int:
+        """Processes of runs a previous agent on this node started (it died): killed; how many."""
+        sids: list[int] = []
+        for pids in self.runs_dir.glob(f"*/{PIDS_FILE}"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                sids += [int(s) for s in json.loads(pids.read_text())["sids"]]
+        return procs.signal_sessions(sids, signal.SIGKILL) if sids else 0
+
+    def prune(self, retention_s: float) -> None:
+        """Forget exited runs (and delete their folders) older than the log retention."""
+        cutoff = time.time() - retention_s
+        for run_id, run in list(self.runs.items()):
+            if run.exited and run.final_reported and run.exited_at < cutoff:
+                shutil.rmtree(run.folder, ignore_errors=True)
+                del self.runs[run_id]
+
+    async def shutdown(self, term_grace_s: float) -> None:
+        """Stop every run (the agent is going away and its ranks with it)."""
+        for run in self.active:
+            self.stop(run.order.run_id, term_grace_s, "the agent is stopping")
+        deadline = time.monotonic() + term_grace_s + 5.0
+        while self.active and time.monotonic() < deadline:
+            for run in self.active:
+                self._reap(run)
+                self._deadlines(run)
+                self._finish_if_gone(run)
+            await asyncio.sleep(0.05)
+
+
+def _executable(path: Path) -> bool:
+    import os
+
+    return os.access(path, os.X_OK)
+
+
+def _read_error_file(path: Path) -> ErrorRecord | None:
+    try:
+        data = json.loads(path.read_text())
+        return ErrorRecord(
+            timestamp=float(data["timestamp"]), exc_type=str(data["exc_type"]), message=str(data.get("message", ""))
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,148 @@
+"""Wire the agent together: devices, runs, scheduler link, validator, gRPC server, mgmtd membership."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+
+from ff_agent import devices
+from ff_agent.app import Agent, NodeIdentity
+from ff_agent.config import AgentSettings
+from ff_agent.core.launch import NodeFacts
+from ff_agent.errors import STATUS_TABLE
+from ff_agent.link import LINK_ERRORS, SchedulerLink
+from ff_agent.runs import NodeRuns, RunsOptions
+from ff_agent.servicer import AgentServicer
+from ff_agent.validator import Validator, ValidatorOptions
+from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
+from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
+from fireflyer.common.v1 import common_pb2
+
+logger = logging.getLogger(__name__)
+
+
+def _validator_options(settings: AgentSettings, num_devices: int) -> ValidatorOptions:
+    return ValidatorOptions(
+        work_dir=settings.state_dir / "validator",
+        memory_bytes=settings.validator_memory_bytes,
+        disk_bytes=settings.validator_disk_bytes,
+        gemm_size=settings.validator_gemm_size,
+        min_memory_bandwidth_gbps=settings.min_memory_bandwidth_gbps,
+        min_disk_throughput_mbps=settings.min_disk_throughput_mbps,
+        min_cpu_gflops=settings.min_cpu_gflops,
+        num_local_ranks=num_devices,
+        python_executable=settings.python_executable,
+        forced_failures=settings.forced_failures(),
+    )
+
+
+async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    cluster_token = settings.resolved_cluster_token()
+    mgmtd_addresses = settings.mgmtd_address_list()
+    mgmtd = MgmtdClient(mgmtd_addresses, token=cluster_token, timeout_s=settings.call_timeout_s)
+    link = SchedulerLink(cluster_token, mgmtd, settings.scheduler_address, settings.call_timeout_s)
+    node_devices = await asyncio.to_thread(devices.detect, settings.detect_gpus, settings.num_device_slots)
+    facts = NodeFacts(
+        device_indices=tuple(d.index for d in node_devices),
+        gpus=any(d.gpu for d in node_devices),
+        scheduler_address=settings.scheduler_address,
+        mgmtd_addresses=",".join(mgmtd_addresses),
+    )
+    runs = NodeRuns(
+        RunsOptions(
+            state_dir=settings.state_dir,
+            term_grace_s=settings.term_grace_s,
+            python_executable=settings.python_executable,
+            base_env=dict(os.environ),
+        ),
+        facts,
+        link,
+    )
+    killed = runs.kill_leftovers()
+    if killed:
+        logger.warning("killed %d processes left by a previous agent on this node", killed)
+    validator = Validator(_validator_options(settings, len(node_devices)), mgmtd, settings.call_timeout_s)
+    hostname = settings.hostname or socket.gethostname() + (f"-{settings.instance_id}" if settings.instance_id else "")
+    agent = Agent(settings, NodeIdentity(hostname=hostname, devices=node_devices), runs, link, validator)
+    server = RpcServer(
+        ServerOptions(
+            listen_address=settings.listen_address,
+            metrics_address=settings.metrics_address or None,
+            cluster_token=cluster_token,
+            token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
+            status_table=STATUS_TABLE,
+            grace_s=settings.grace_s,
+        ),
+        [
+            ServiceBinding(
+                agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+                agent_pb2_grpc.add_AgentServiceServicer_to_server,
+                AgentServicer(agent),
+            )
+        ],
+    )
+    await server.start()
+    agent.identity.address = settings.advertise_address or server.address
+    membership = NodeMembership(
+        MembershipOptions(
+            mgmtd_addresses=mgmtd_addresses,
+            cluster_token=cluster_token,
+            node_id=settings.node_id,
+            node_type=common_pb2.NODE_TYPE_AGENT,
+            hostname=hostname,
+            endpoints={
+                "grpc": agent.identity.address,
+                **({"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {}),
+            },
+            tags={"instance_id": settings.instance_id or hostname, "num_devices": str(len(node_devices))},
+        ),
+        mgmtd,
+    )
+    try:
+        install_stop_signals(stop)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(membership.run(stop))
+            await _until_registered(membership, stop)
+            agent.node_id = link.node_id = membership.node_id
+            tg.create_task(agent.poll_loop(stop))
+            tg.create_task(agent.report_loop(stop))
+            tg.create_task(agent.validator_loop(stop))
+            tg.create_task(agent.hang_loop(stop))
+            if settings.ready_file is not None:
+                write_ready_file(
+                    settings.ready_file,
+                    grpc=agent.identity.address,
+                    metrics_port=server.metrics_port,
+                    node_id=agent.node_id,
+                    hostname=hostname,
+                )
+            await stop.wait()
+            await runs.shutdown(settings.term_grace_s)
+            await runs.mark_changed()
+    finally:
+        await server.stop()
+        await _final_report(agent)
+        await link.close()
+        await mgmtd.close()
+    logger.info("agent stopped")
+
+
+async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> None:
+    waiter = asyncio.ensure_future(membership.registered.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    stopper.cancel()
+
+
+async def _final_report(agent: Agent) -> None:
+    """Tell the scheduler the runs ended here (best effort: the agent is going away)."""
+    pending = [r.report(agent.node_id) for r in agent.runs.runs.values() if not r.final_reported]
+    if pending and agent.node_id:
+        with contextlib.suppress(*LINK_ERRORS):
+            await asyncio.wait_for(agent.link.report_runs(pending), 3.0)

@@ -1,0 +1,162 @@
+"""Helpers to run real agents in tests: in this process (an asyncio task) or as a subprocess (to SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ff_agent.config import AgentSettings
+from ff_agent.server import main
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+# Short intervals so tests take seconds.
+FAST: dict[str, Any] = {
+    "poll_interval_s": 0.1,
+    "report_interval_s": 0.5,
+    "term_grace_s": 2.0,
+    "hang_check_interval_s": 0.5,
+    "validator_interval_s": 0.0,
+    "detect_gpus": False,
+    "num_device_slots": 2,
+    "token_cache_ttl_s": 0.5,
+    "grace_s": 0.5,
+    "metrics_address": "",
+    "validator_memory_bytes": 8 << 20,
+    "validator_disk_bytes": 4 << 20,
+    "validator_gemm_size": 128,
+}
+
+
+async def wait_ready(ready_file: Path, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            return json.loads(await asyncio.to_thread(ready_file.read_text))
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"agent exited with {proc.returncode} before it was ready")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"agent did not write {ready_file}")
+
+
+def settings_for(
+    folder: Path, mgmtd_address: str, cluster_token: str, name: str, scheduler_address: str = "", **overrides: Any
+) -> dict[str, Any]:
+    return {
+        "state_dir": folder / name,
+        "mgmtd_addresses": mgmtd_address,
+        "scheduler_address": scheduler_address,
+        "cluster_token": cluster_token,
+        "ready_file": folder / f"{name}.ready.json",
+        "instance_id": name,
+        "hostname": name,
+        **FAST,
+        **overrides,
+    }
+
+
+@dataclass
+class InProcessAgent:
+    address: str
+    node_id: int
+    state_dir: Path
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=30)
+
+
+async def start_in_process(
+    folder: Path, mgmtd_address: str, cluster_token: str, name: str = "agent1", **overrides: Any
+) -> InProcessAgent:
+    values = settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
+    values["ready_file"].unlink(missing_ok=True)
+    stop = asyncio.Event()
+    task = asyncio.create_task(main(AgentSettings(**values), stop))
+    try:
+        info = await wait_ready(values["ready_file"])
+    except Exception:
+        stop.set()
+        await task
+        raise
+    return InProcessAgent(info["grpc"], int(info["node_id"]), values["state_dir"], stop, task)
+
+
+@dataclass
+class AgentProcess:
+    proc: subprocess.Popen[bytes]
+    ready_file: Path
+    state_dir: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["grpc"])
+
+    @property
+    def node_id(self) -> int:
+        return int(self.info["node_id"])
+
+    async def ready(self) -> AgentProcess:
+        self.info = await wait_ready(self.ready_file, proc=self.proc)
+        return self
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def spawn_process(
+    folder: Path, mgmtd_address: str, cluster_token: str, name: str = "agent1", **overrides: Any
+) -> AgentProcess:
+    values = settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
+    values["ready_file"].unlink(missing_ok=True)
+    token = values.pop("cluster_token")
+    args = [sys.executable, "-m", "ff_agent"]
+    for key, value in values.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "FF_AGENT_CLUSTER_TOKEN": token}
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / f"{name}.log").open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return AgentProcess(proc, values["ready_file"], values["state_dir"])
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def wait_task(client: Any, task_id: int, *states: int, timeout_s: float = 60.0) -> pb.Task:
+    """The task once it is in one of ``states`` (``client``: a SchedulerService caller with ``call``/``user``)."""
+    found: list[pb.Task] = []
+
+    async def reached() -> bool:
+        resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id, include_runs=True))
+        found[:] = [resp.task]
+        return resp.task.state in states
+
+    try:
+        await eventually(reached, timeout_s, f"task {task_id} in {states}")
+    except TimeoutError:
+        raise TimeoutError(f"task {task_id} did not reach {states}: {found[0] if found else None}") from None
+    return found[0]

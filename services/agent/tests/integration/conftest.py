@@ -1,0 +1,111 @@
+"""A real cluster for agent tests: mgmtd and the scheduler in this event loop on a SQLite file, users
+with tokens, and real agents (in this process, or as subprocesses) launching real rank processes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ff_agent.testing import AgentProcess, InProcessAgent, eventually, spawn_process, start_in_process
+from ff_cluster import MgmtdClient
+from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
+from ff_mgmtd.testing import start_in_process as start_mgmtd
+from ff_scheduler.testing import InProcessScheduler, SchedulerClient, set_quota
+from ff_scheduler.testing import start_in_process as start_scheduler
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+# The scheduler's short protocol deadlines for these tests (the agents' are in ff_agent.testing.FAST).
+SCHEDULER = {"ack_window_s": 5.0, "default_grace_s": 10.0, "term_grace_s": 2.0, "stop_timeout_s": 20.0}
+
+
+@dataclass
+class Cluster:
+    folder: Path
+    mgmtd: InProcessMgmtd
+    scheduler: InProcessScheduler
+    tokens: dict[str, str]
+    agents: list[InProcessAgent] = field(default_factory=list)
+    processes: list[AgentProcess] = field(default_factory=list)
+    clients: list[SchedulerClient] = field(default_factory=list)
+
+    def client(self, user: str) -> SchedulerClient:
+        c = SchedulerClient(self.scheduler.address, self.tokens[user] if user != "cluster" else CLUSTER_TOKEN)
+        self.clients.append(c)
+        return c
+
+    async def add_agent(self, name: str, **overrides: Any) -> InProcessAgent:
+        agent = await start_in_process(
+            self.folder, self.mgmtd.address, CLUSTER_TOKEN, name, scheduler_address=self.scheduler.address, **overrides
+        )
+        self.agents.append(agent)
+        await self.wait_nodes(len(self.agents) + len(self.processes))
+        return agent
+
+    async def add_agent_process(self, name: str, **overrides: Any) -> AgentProcess:
+        proc = spawn_process(
+            self.folder, self.mgmtd.address, CLUSTER_TOKEN, name, scheduler_address=self.scheduler.address, **overrides
+        )
+        self.processes.append(proc)
+        await proc.ready()
+        await self.wait_nodes(len(self.agents) + len(self.processes))
+        return proc
+
+    async def nodes(self) -> list[pb.Node]:
+        root = self.client("root")
+        resp = await root.call(root.user.ListNodes, pb.ListNodesRequest())
+        return list(resp.nodes)
+
+    async def wait_nodes(self, count: int) -> None:
+        async def ready() -> bool:
+            return sum(n.state == pb.NODE_STATE_READY for n in await self.nodes()) >= count
+
+        await eventually(ready, what=f"{count} ready nodes")
+
+
+async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
+    client: MgmtdClient = mgmtd.client()
+    tokens = {}
+    try:
+        for name, role in (
+            ("alice", common_pb2.ROLE_USER),
+            ("bob", common_pb2.ROLE_USER),
+            ("root", common_pb2.ROLE_ADMIN),
+        ):
+            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
+            tokens[name] = issued.token
+    finally:
+        await client.close()
+    return tokens
+
+
+@pytest.fixture
+async def cluster(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    mgmtd = await start_mgmtd(tmp_path, sqlite_url)
+    c: Cluster | None = None
+    try:
+        tokens = await make_users(mgmtd)
+        scheduler = await start_scheduler(tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN, **SCHEDULER)
+        c = Cluster(tmp_path, mgmtd, scheduler, tokens)
+        root = c.client("root")
+        for level in (10, 30):
+            await set_quota(root, "alice", level, 3)
+            await set_quota(root, "bob", level, 3)
+        yield c
+    finally:
+        if c is not None:
+            for proc in c.processes:
+                proc.terminate()
+            for agent in c.agents:
+                await agent.shutdown()
+            for client in c.clients:
+                await client.close()
+            if not c.scheduler.task.done():
+                await c.scheduler.shutdown()
+        await mgmtd.shutdown()
