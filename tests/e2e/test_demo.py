@@ -10,7 +10,7 @@ from .conftest import Appliance
 def test_demo_runs_twice(appliance: Appliance) -> None:
     first = appliance.ok("demo")
     for expected in (
-        "[1/14] create group 'demo' and user 'demo-user' in it",
+        "[1/18] create group 'demo' and user 'demo-user' in it",
         "refused: PERMISSION_DENIED: user 'demo-user' is not an admin",
         "is refused: ABORTED:",
         "whoami with it is refused after",
@@ -20,6 +20,9 @@ def test_demo_runs_twice(appliance: Appliance) -> None:
         "'train-auto': 3 nodes, priority NORMAL, queued (waiting_for_nodes)",
         "'too-big': 8 nodes, priority NORMAL, queued (quota_exceeded)",
         "StopTask of task",
+        "read back byte-exact",
+        "refused: EDQUOT",
+        "emptied: the files' chunks are freed",
     ):
         assert expected in first.out, first.out
     assert re.search(rf"stop it with: \S*fireflyer down --state-dir {re.escape(str(appliance.state_dir))}\n", first.out)
@@ -27,6 +30,6 @@ def test_demo_runs_twice(appliance: Appliance) -> None:
     assert "mgmtd-1: already running" in second.out
     assert "group demo exists already: reused" in second.out
     assert "user demo-user exists already: reused" in second.out
-    assert "[14/14] done" in second.out
+    assert "[18/18] done" in second.out
     assert "storage: found 2 chains of 3 (6 targets), all serving" in second.out
     assert appliance.ok("status").out.rstrip().endswith("healthy")

@@ -24,6 +24,7 @@ from fireflyer.common.v1 import common_pb2
 
 MGMTD = "mgmtd"
 STORAGE = "storage"
+META = "meta"
 SCHEDULER = "scheduler"
 
 
@@ -106,6 +107,14 @@ def _storage_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     ]  # fmt: skip
 
 
+def _meta_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    # Every meta instance serves the same SQLite file (stateless services over one store).
+    return [
+        "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
+        "--database-url", f"sqlite:///{ctx.state.data_dir(META) / 'meta.db'}",
+    ]  # fmt: skip
+
+
 def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     return ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses), "--state-dir", str(ctx.state.data_dir(SCHEDULER))]
 
@@ -121,6 +130,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
         args=_storage_args,
         configure=storage_setup.ensure_chains,
     ),
+    ServiceSpec(name=META, module="ff_meta", node_type=common_pb2.NODE_TYPE_META, scalable=True, args=_meta_args),
     ServiceSpec(
         name=SCHEDULER,
         module="ff_scheduler",

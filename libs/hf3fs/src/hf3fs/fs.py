@@ -505,6 +505,8 @@ class FileSystem:
                 raise OSError(code, os.strerror(code), p)
             if r.inode.type != pb.INODE_TYPE_FILE:
                 raise IsADirectoryError(errno.EISDIR, "Is a directory", p)
+            if not r.read_capability.token:
+                raise PermissionError(errno.EACCES, "Permission denied", p)
             files[p] = (r.inode, r.read_capability.token)
 
         layouts = {p: self._layout(files[p][0]) for p in paths}

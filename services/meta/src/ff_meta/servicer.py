@@ -10,7 +10,7 @@ from ff_meta.app import MetaApp
 from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Inode
 from ff_meta.core.paths import split_path
-from ff_meta.core.perms import Caller
+from ff_meta.core.perms import Caller, R, allowed
 from ff_meta.store import fsops
 from ff_meta.store.fsops import AttrChange, LayoutSpec, PathAt, QuotaRow, SessionInfo, Tx
 from ff_rpc import current_principal
@@ -107,7 +107,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         if len(request.paths) > MAX_BATCH:
             raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} paths per BatchStat")
         paths = [at(p) for p in request.paths]
-        results = await self._app.tx(caller(), lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink),
+        c = caller()
+        results = await self._app.tx(c, lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink),
                                      read_only=True)  # fmt: skip
         out = []
         for r in results:
@@ -115,7 +116,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                 out.append(pb.StatResult(error=pb.FsError.ValueType(int(r.fs_code))))
             else:
                 item = pb.StatResult(inode=to_pb(r))
-                if request.include_read_capability and r.is_file:
+                if request.include_read_capability and r.is_file and allowed(c, r, R):
                     item.read_capability.CopyFrom(self._cap(r, False))
                 out.append(item)
         return pb.BatchStatResponse(results=out)

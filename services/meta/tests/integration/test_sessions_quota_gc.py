@@ -1,0 +1,150 @@
+"""Write sessions of a killed client, directory quotas, chunk GC of removed files, the trash."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import hf3fs
+from ff_cluster import MgmtdClient
+from ff_storage.testing import CLUSTER_TOKEN
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.layout import file_chains
+
+from .conftest import LEASE_S, MetaCluster
+
+MiB = 1 << 20
+
+
+def _wait(pred: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _chunks_on_storage(cluster: MetaCluster, inode_id: int, chains: list[int], n: int) -> int:
+    """How many of chunks 0..n-1 of the inode storage still holds (read with the cluster token)."""
+
+    async def count() -> int:
+        mg = MgmtdClient([cluster.mgmtd], token=CLUSTER_TOKEN)
+        sc = hf3fs.StorageClient(mg, CLUSTER_TOKEN)
+        try:
+            ios = [hf3fs.ChunkRead(chain_id=chains[i % len(chains)], inode_id=inode_id, chunk_index=i, length=1)
+                   for i in range(n)]  # fmt: skip
+            out = await sc.batch_read(ios)
+            return sum(1 for o in out if o.status != spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND)
+        finally:
+            await sc.close()
+            await mg.close()
+
+    return asyncio.run(count())
+
+
+def _chains_of(fs: hf3fs.FileSystem, st: hf3fs.Stat) -> list[int]:
+    resp = fs._meta_call(
+        lambda s: s.Stat,
+        __import__("fireflyer.meta.v1.meta_pb2", fromlist=["x"]).StatRequest(
+            path=__import__("fireflyer.meta.v1.meta_pb2", fromlist=["x"]).PathAt(parent_inode_id=st.inode_id)
+        ),
+    )
+    table = fs._table(st.chain_table_id)
+    lay = resp.inode.layout
+    return file_chains(table, lay.chain_begin_index, lay.stripe_size, lay.shuffle_seed)
+
+
+WRITER = textwrap.dedent("""
+    import sys, time, hf3fs
+    fs = hf3fs.connect(sys.argv[1], sys.argv[2])
+    f = fs.open(sys.argv[3], "wb", buffering=0)
+    f.write(b"k" * int(sys.argv[4]))
+    print("written", flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_killed_writer_session_collected_length_exact_then_gc(cluster: MetaCluster, fs: hf3fs.FileSystem,
+                                                              home: str) -> None:  # fmt: skip
+    path = f"{home}/killed.bin"
+    size = 3 * MiB + 100
+    args = [sys.executable, "-c", WRITER, cluster.mgmtd, cluster.tokens["alice"], path, str(size)]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == b"written"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    # The writer never closed: meta collects its session when the lease lapses, with the length from storage.
+    _wait(lambda: fs.stat(path).size == size, LEASE_S * 4 + 10, "the dead writer's session to be collected")
+    st = fs.stat(path)
+    with fs.open(path, "rb") as f:
+        assert f.read() == b"k" * size
+    chains = _chains_of(fs, st)
+    n = (size + st.chunk_size - 1) // st.chunk_size
+    assert _chunks_on_storage(cluster, st.inode_id, chains, n) == n
+    # No session is left: removing the file frees its chunks at once (GC), which waits for sessions.
+    fs.remove(path)
+    _wait(lambda: _chunks_on_storage(cluster, st.inode_id, chains, n) == 0, 30, "GC to remove the chunks")
+
+
+def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
+                                                    home: str) -> None:  # fmt: skip
+    q = admin_fs.set_quota(home, max_bytes=3 * MiB, max_inodes=5)
+    assert q.max_bytes == 3 * MiB and q.used_inodes == 1  # the directory itself
+    with fs.open(f"{home}/a.bin", "wb") as f:
+        f.write(os.urandom(2 * MiB))
+    with pytest.raises(OSError) as exc, fs.open(f"{home}/b.bin", "wb") as f:
+        f.write(b"y" * (2 * MiB))
+    assert exc.value.errno == errno.EDQUOT
+    assert "quota" in str(exc.value)
+    assert fs.stat(f"{home}/b.bin").size == 0  # nothing past the limit
+    with fs.open(f"{home}/b.bin", "ab") as f:  # what fits still goes in
+        f.write(b"z" * MiB)
+    quota = fs.get_quota(f"{home}/b.bin")
+    assert quota is not None and quota.used_bytes == 3 * MiB and quota.used_inodes == 3
+    fs.mkdir(f"{home}/d")
+    fs.create(f"{home}/d/e")
+    with pytest.raises(OSError) as exc:
+        fs.create(f"{home}/d/f")
+    assert exc.value.errno == errno.EDQUOT
+    assert not fs.exists(f"{home}/d/f")
+    # Freed space can be used again; the trash does not count.
+    fs.rmtree(f"{home}/d")
+    fs.remove(f"{home}/a.bin")
+    with fs.open(f"{home}/c.bin", "wb") as f:
+        f.write(b"c" * (2 * MiB))
+    assert fs.get_quota(home).used_bytes == 3 * MiB  # type: ignore[union-attr]
+    assert [x.path for x in admin_fs.list_quotas()].count(home) == 1
+    with pytest.raises(PermissionError):
+        fs.set_quota(home, max_bytes=1)  # admins only
+    admin_fs.set_quota(home)  # removed
+    assert fs.get_quota(home) is None
+
+
+def test_trash_restore_and_empty(fs: hf3fs.FileSystem, home: str) -> None:
+    fs.makedirs(f"{home}/t/u")
+    with fs.open(f"{home}/t/u/f", "wb") as f:
+        f.write(b"keep me")
+    tid = fs.rmtree(f"{home}/t")
+    assert not fs.exists(f"{home}/t")
+    entries = {e.entry_id: e for e in fs.trash_list()}
+    assert entries[tid].original_path == f"{home}/t" and entries[tid].expires_at_ns > time.time_ns()
+    assert fs.trash_restore(tid, f"{home}/back") == f"{home}/back"
+    with fs.open(f"{home}/back/u/f") as f:
+        assert f.read() == b"keep me"
+    tid = fs.rmtree(f"{home}/back")
+    assert fs.trash_empty([tid]) == 1
+    assert tid not in {e.entry_id for e in fs.trash_list()}
+    with pytest.raises(FileNotFoundError):
+        fs.trash_restore(tid)

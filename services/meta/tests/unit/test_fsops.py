@@ -1,0 +1,156 @@
+"""Namespace rules over a real SQLite store (no sockets): resolution, rename, links, removal, quotas."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from ff_meta.core.errors import FsCode, FsError
+from ff_meta.core.model import Inode
+from ff_meta.core.perms import Caller
+from ff_meta.server import MIGRATIONS
+from ff_meta.store import fsops
+from ff_meta.store.fsops import Defaults, LayoutSpec, PathAt, Tx
+from ff_meta.store.schema import VERSION_TABLE
+from ff_store import Store, open_store
+
+T = TypeVar("T")
+ALICE = Caller(1000, (1000,), "alice")
+BOB = Caller(1001, (1001,), "bob")
+DEFAULTS = Defaults(LayoutSpec(1, 1 << 20, 4), {1: (0, 6)}, 30.0)
+
+
+class Fs:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.ids = itertools.count(1000)
+
+    def tx(self, fn: Callable[[Tx], T], caller: Caller = ALICE) -> T:
+        return self.store.run(lambda s: fn(Tx(s, caller, time.time_ns())))
+
+    def mkdir(self, path: str, caller: Caller = ALICE) -> Inode:
+        return self.tx(lambda t: fsops.mkdirs(t, PathAt(0, path), 0o755, False, None, [next(self.ids)]), caller)
+
+    def create(self, path: str, caller: Caller = ALICE) -> Inode:
+        i = next(self.ids)
+        return self.tx(lambda t: fsops.create(t, PathAt(0, path), 0o644, True, False, None, i, DEFAULTS)[0], caller)
+
+    def stat(self, path: str, follow: bool = True) -> Inode:
+        return self.tx(lambda t: fsops.stat(t, PathAt(0, path), follow))
+
+    def names(self, path: str) -> list[str]:
+        return [e[0] for e in self.tx(lambda t: fsops.list_dir(t, PathAt(0, path), 1000, "", False))[0]]
+
+    def rename(self, a: str, b: str, caller: Caller = ALICE, no_replace: bool = False) -> Inode:
+        return self.tx(lambda t: fsops.rename(t, PathAt(0, a), PathAt(0, b), no_replace), caller)
+
+    def remove(self, path: str, recursive: bool = False, caller: Caller = ALICE) -> str:
+        return self.tx(lambda t: fsops.remove(t, PathAt(0, path), recursive, False, 60.0, fsops.new_trash_id()), caller)
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> Fs:
+    return Fs(open_store(f"sqlite:///{tmp_path / 'meta.db'}", MIGRATIONS, VERSION_TABLE))
+
+
+def code(fn: Callable[[], object]) -> FsCode:
+    with pytest.raises(FsError) as exc:
+        fn()
+    return exc.value.fs_code
+
+
+def test_resolution_dots_symlinks_and_inode_addressing(fs: Fs) -> None:
+    a = fs.mkdir("/a")
+    fs.mkdir("/a/b")
+    f = fs.create("/a/b/f")
+    fs.tx(lambda t: fsops.symlink(t, PathAt(0, "/a/up"), "b/../..", next(fs.ids)))
+    assert fs.stat("/a/./b/../b/f").inode_id == f.inode_id
+    assert fs.stat("/a/up/a/b/f").inode_id == f.inode_id  # symlink in the middle, relative target
+    assert fs.stat("/a/up", follow=False).is_symlink
+    assert fs.stat("/..").inode_id == 1  # the root is its own parent
+    got = fs.tx(lambda t: fsops.stat(t, PathAt(a.inode_id, "b/f"), True))  # relative to an inode
+    assert got.inode_id == f.inode_id
+    assert fs.tx(lambda t: fsops.stat(t, PathAt(f.inode_id, ""), True)).inode_id == f.inode_id
+    assert code(lambda: fs.stat("/a/b/f/x")) is FsCode.NOT_DIRECTORY
+    assert code(lambda: fs.stat("/a/nope/x")) is FsCode.NOT_FOUND
+    assert fs.tx(lambda t: fsops.realpath(t, PathAt(0, "/a/up/a/b/f"))) == ("/a/b/f", f.inode_id)
+
+
+def test_rename_rules(fs: Fs) -> None:
+    fs.mkdir("/d")
+    fs.mkdir("/d/sub")
+    fs.mkdir("/e")
+    fs.create("/e/inner")
+    fs.create("/f")
+    fs.create("/g")
+    assert code(lambda: fs.rename("/d", "/d/sub/x")) is FsCode.RENAME_LOOP
+    assert code(lambda: fs.rename("/d", "/d/x")) is FsCode.RENAME_LOOP
+    assert code(lambda: fs.rename("/d", "/f")) is FsCode.NOT_DIRECTORY
+    assert code(lambda: fs.rename("/f", "/d")) is FsCode.IS_DIRECTORY
+    assert code(lambda: fs.rename("/d", "/e")) is FsCode.NOT_EMPTY
+    assert code(lambda: fs.rename("/f", "/g", no_replace=True)) is FsCode.EXISTS
+    assert code(lambda: fs.rename("/", "/x")) in (FsCode.BUSY, FsCode.INVALID_ARGUMENT)
+    g = fs.stat("/f")
+    fs.rename("/f", "/g")  # a file replaces a file
+    assert fs.stat("/g").inode_id == g.inode_id and "f" not in fs.names("/")
+    fs.mkdir("/empty")
+    d = fs.stat("/d")
+    fs.rename("/d", "/empty")  # a directory replaces an empty directory
+    assert fs.stat("/empty").inode_id == d.inode_id and fs.stat("/empty").parent_id == 1
+    fs.rename("/empty/sub", "/e/sub")
+    assert fs.stat("/e/sub").parent_id == fs.stat("/e").inode_id
+    fs.rename("/g", "/g")  # same entry: nothing happens
+    assert fs.stat("/g").inode_id == g.inode_id
+
+
+def test_links_and_removal(fs: Fs) -> None:
+    f = fs.create("/f")
+    fs.tx(lambda t: fsops.hardlink(t, PathAt(0, "/f"), PathAt(0, "/h")))
+    assert fs.stat("/h").nlink == 2 and fs.stat("/h").inode_id == f.inode_id
+    fs.remove("/f")
+    assert fs.stat("/h").nlink == 1
+    fs.mkdir("/d")
+    fs.create("/d/x")
+    assert code(lambda: fs.remove("/d")) is FsCode.NOT_EMPTY
+    trash_id = fs.remove("/d", recursive=True)
+    assert trash_id and "d" not in fs.names("/")
+    fs.remove("/h")
+    from ff_meta.store.schema import gc_queue, inodes
+
+    left = fs.store.run(lambda s: {r.inode_id for r in s.execute(inodes.select())})
+    assert f.inode_id not in left
+    queued = fs.store.run(lambda s: {r.inode_id for r in s.execute(gc_queue.select())})
+    assert f.inode_id in queued  # its chunks wait for GC
+    assert fs.tx(lambda t: fsops.delete_trash_entry(t, trash_id)) == 2
+
+
+def test_permissions_and_sticky_root(fs: Fs) -> None:
+    fs.mkdir("/alice")
+    fs.create("/alice/f")
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice"), True, fsops.AttrChange(mode=0o700)))
+    assert code(lambda: fs.tx(lambda t: fsops.stat(t, PathAt(0, "/alice/f"), True), BOB)) is FsCode.ACCESS_DENIED
+    assert code(lambda: fs.remove("/alice", recursive=True, caller=BOB)) is FsCode.NOT_PERMITTED  # sticky root
+    assert code(lambda: fs.rename("/alice", "/mine", caller=BOB)) is FsCode.NOT_PERMITTED
+    chown = fsops.AttrChange(uid=BOB.uid)
+    assert code(lambda: fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice"), True, chown))) is FsCode.NOT_PERMITTED
+
+
+def test_quota_counts_and_limits(fs: Fs) -> None:
+    fs.mkdir("/q")
+    root = Caller(0, (0,), is_root=True)
+    fs.tx(lambda t: fsops.set_quota(t, PathAt(0, "/q"), 0, 3), root)
+    fs.create("/q/a")
+    fs.mkdir("/q/b")
+    assert code(lambda: fs.create("/q/b/c")) is FsCode.QUOTA_EXCEEDED
+    fs.mkdir("/elsewhere")
+    fs.create("/elsewhere/x")
+    assert code(lambda: fs.rename("/elsewhere/x", "/q/b/x")) is FsCode.QUOTA_EXCEEDED
+    fs.rename("/q/a", "/elsewhere/a")  # moving out frees the inode
+    fs.rename("/elsewhere/x", "/q/b/x")
+    ((q, _),) = fs.tx(lambda t: fsops.get_quota(t, PathAt(0, "/q/b/x")))
+    assert q.used_inodes == 3
