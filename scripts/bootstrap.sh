@@ -18,6 +18,16 @@ if ! have_postgres; then
     fi
 fi
 
+# `hf3fs mount` needs libfuse3 and fusermount3 (the FUSE tests skip, saying why, where they are missing).
+if ! command -v fusermount3 >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing fuse3 (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null
+    else
+        echo "bootstrap: fusermount3 not found; install the 'fuse3' package to use hf3fs mount" >&2
+    fi
+fi
+
 PYTHON=${PYTHON:-python3.11}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

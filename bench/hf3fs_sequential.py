@@ -1,0 +1,219 @@
+"""3FS sequential throughput: one large file written and read through the hf3fs client, through the FUSE mount
+(``hf3fs mount``), and on the local disk, in interleaved rounds; median MiB/s and median ratios to the disk.
+
+One run starts a real cluster (mgmtd, three storage services with chains of 3, one meta service, as processes
+on this machine, state under ``--dir``), mounts it with ``hf3fs mount --foreground`` when /dev/fuse and
+fusermount3 are there, and each round, in an order that rotates from round to round:
+
+- write: ``--size-mib`` MiB in ``--block-mib`` MiB writes, then made durable (client: close, which makes the
+  length exact on meta after every replica acknowledged; FUSE: fsync + close; disk: fsync + close). 3FS
+  writes three replicas (each with an fsync) on the same disk, so the disk figure is the ceiling x 3;
+- read: the whole file back into one reused buffer (client: ``readinto``; FUSE and disk: ``readinto`` on an
+  unbuffered file). The disk file and the chunk files were just written, so both reads come from the page
+  cache: the ratio measures the client path, not the device.
+
+    .venv/bin/python bench/hf3fs_sequential.py                      # 1 GiB, 3 rounds
+    .venv/bin/python bench/hf3fs_sequential.py --size-mib 256 --rounds 5 --dir /work/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import hf3fs
+from ff_cluster import MgmtdClient
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, wait_ready
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+
+MIB = 1 << 20
+
+
+def _spawn_meta(folder: Path, mgmtd: str) -> tuple[subprocess.Popen[bytes], Path]:
+    ready = folder / "meta1.ready.json"
+    args = [sys.executable, "-m", "ff_meta", "--database-url", f"sqlite:///{folder / 'meta.db'}",
+            "--mgmtd-addresses", mgmtd, "--ready-file", str(ready), "--instance-id", "meta1",
+            "--metrics-address", ""]  # fmt: skip
+    env = {**os.environ, "FF_META_CLUSTER_TOKEN": CLUSTER_TOKEN}
+    with (folder / "meta1.log").open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return proc, ready
+
+
+async def _start(folder: Path) -> tuple[StorageCluster, subprocess.Popen[bytes], str]:
+    storage = await start_cluster(folder, targets_per_disk=2, timing={})
+    meta, ready = _spawn_meta(folder, storage.mgmtd_address)
+    try:
+        await wait_ready(ready, meta)
+        client = MgmtdClient([storage.mgmtd_address], token=CLUSTER_TOKEN, timeout_s=5.0)
+        try:
+            req = mgmtd_pb2.CreateUserRequest(name="bench", role=common_pb2.ROLE_ADMIN)
+            await client.identity(lambda s: s.CreateUser, req)
+            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="bench"))
+        finally:
+            await client.close()
+        return storage, meta, str(issued.token)
+    except BaseException:
+        meta.kill()
+        storage.stop()
+        raise
+
+
+@contextlib.contextmanager
+def fuse_mount(where: Path, mgmtd: str, token: str, log: Path) -> Iterator[Path | None]:
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        print("FUSE: skipped (no /dev/fuse or fusermount3)")
+        yield None
+        return
+    where.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground"], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(where):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mount failed: {log.read_text()}")
+            time.sleep(0.1)
+        yield where
+    finally:
+        subprocess.run(["fusermount3", "-u", str(where)], capture_output=True, check=False)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _write_io(f: Any, payload: memoryview, total: int) -> None:
+    done = 0
+    while done < total:
+        n = min(len(payload), total - done)
+        f.write(payload[:n])
+        done += n
+
+
+def _read_io(f: Any, buf: memoryview, total: int) -> None:
+    done = 0
+    while done < total:
+        n = f.readinto(buf)
+        if not n:
+            raise RuntimeError(f"short read: {done} of {total}")
+        done += n
+
+
+class Runner:
+    def __init__(self, fs: Any, local_dir: Path, mount: Path | None, size: int, block: int) -> None:
+        self.fs, self.local_dir, self.mount, self.size = fs, local_dir, mount, size
+        self.payload = memoryview(os.urandom(block))
+        self.buf = memoryview(bytearray(block))
+
+    # each returns MiB/s
+    def timed(self, fn: Callable[[], None]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return self.size / MIB / (time.perf_counter() - t0)
+
+    def client_write(self) -> float:
+        def run() -> None:
+            with self.fs.open("/bench/client.bin", "wb") as f:
+                _write_io(f, self.payload, self.size)
+
+        return self.timed(run)
+
+    def client_read(self) -> float:
+        def run() -> None:
+            with self.fs.open("/bench/client.bin", "rb", buffering=0) as f:
+                _read_io(f, self.buf, self.size)
+
+        return self.timed(run)
+
+    def _posix_write(self, path: Path) -> float:
+        def run() -> None:
+            with open(path, "wb", buffering=0) as f:
+                _write_io(f, self.payload, self.size)
+                os.fsync(f.fileno())
+
+        return self.timed(run)
+
+    def _posix_read(self, path: Path) -> float:
+        def run() -> None:
+            with open(path, "rb", buffering=0) as f:
+                _read_io(f, self.buf, self.size)
+
+        return self.timed(run)
+
+    def fuse_write(self) -> float:
+        assert self.mount is not None
+        return self._posix_write(self.mount / "bench" / "fuse.bin")
+
+    def fuse_read(self) -> float:
+        assert self.mount is not None
+        return self._posix_read(self.mount / "bench" / "fuse.bin")
+
+    def disk_write(self) -> float:
+        return self._posix_write(self.local_dir / "disk.bin")
+
+    def disk_read(self) -> float:
+        return self._posix_read(self.local_dir / "disk.bin")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=int, default=1024)
+    p.add_argument("--block-mib", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dir", type=Path, default=None, help="where the cluster and the disk file live (one disk)")
+    p.add_argument("--no-fuse", action="store_true")
+    a = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="hf3fs-seq-", dir=a.dir))
+    storage, meta, token = asyncio.run(_start(root / "cluster"))
+    try:
+        fs = hf3fs.connect(mgmtd=storage.mgmtd_address, token=token)
+        fs.makedirs("/bench", exist_ok=True)
+        mount_cm = contextlib.nullcontext(None) if a.no_fuse else fuse_mount(
+            root / "mnt", storage.mgmtd_address, token, root / "mount.log")  # fmt: skip
+        with mount_cm as mount:
+            r = Runner(fs, root, mount, a.size_mib * MIB, a.block_mib * MIB)
+            kinds = ["client", "disk"] + (["fuse"] if mount is not None else [])
+            results: dict[str, list[float]] = {f"{k} {op}": [] for k in kinds for op in ("write", "read")}
+            print(f"{a.size_mib} MiB in {a.block_mib} MiB I/Os, {a.rounds} rounds, state in {root}")
+            for i in range(a.rounds):
+                order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
+                line = []
+                for kind in order:
+                    for op in ("write", "read"):
+                        mibs = getattr(r, f"{kind}_{op}")()
+                        results[f"{kind} {op}"].append(mibs)
+                        line.append(f"{kind} {op} {mibs:8.1f}")
+                print(f"round {i + 1}: " + " | ".join(line) + " MiB/s", flush=True)
+            print("\nmedian MiB/s and median of per-round ratios to the local disk:")
+            for kind in kinds:
+                for op in ("write", "read"):
+                    vals, base = results[f"{kind} {op}"], results[f"disk {op}"]
+                    ratio = statistics.median(v / b for v, b in zip(vals, base, strict=True))
+                    print(f"  {kind:<6} {op:<5} {statistics.median(vals):9.1f} MiB/s   x{ratio:.3f} of disk")
+        fs.close()
+    finally:
+        meta.terminate()
+        meta.wait(timeout=15)
+        storage.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""fsspec filesystem for 3FS, protocol ``hf3fs``: pandas, pyarrow, dask and torch read and write ``hf3fs://`` paths.
+
+``pd.read_parquet("hf3fs:///data/x.parquet", storage_options={"mgmtd": "host:port", "token": "fft_..."})``;
+without storage options the cluster comes from ``FF_MGMTD_ADDRESSES`` and ``FF_TOKEN``. Registered through the
+``fsspec.specs`` entry point of this package (and by importing this module).
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import errno
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from typing import IO, Any
+
+import fsspec
+from fsspec.spec import AbstractFileSystem
+
+import hf3fs
+from hf3fs import uri
+
+COPY_BLOCK_BYTES = 8 << 20
+_OPEN_MODES = {"rb", "wb", "ab", "xb", "r+b", "rb+", "w+b", "wb+", "a+b", "ab+"}
+
+
+_connections: dict[tuple[tuple[str, ...], str], Any] = {}
+_connections_lock = threading.Lock()
+
+
+def _shared_connection(mgmtd: str | Sequence[str] | None, token: str | None) -> Any:
+    """One client per cluster and token in a process: fsspec makes an instance per thread, the client is
+    thread-safe and owns a loop thread and channels, so they share it."""
+    addresses = tuple(a.strip() for a in (mgmtd.split(",") if isinstance(mgmtd, str) else mgmtd or ()) if a.strip())
+    key = (addresses, token or "")
+    with _connections_lock:
+        if key not in _connections:
+            if not addresses and not token:
+                _connections[key] = hf3fs.connect()
+            else:
+                _connections[key] = hf3fs.connect(mgmtd=list(addresses) or None, token=token)
+            if len(_connections) == 1:
+                atexit.register(_close_connections)
+        return _connections[key]
+
+
+def _close_connections() -> None:
+    with _connections_lock:
+        for client in _connections.values():
+            client.close()
+        _connections.clear()
+
+
+def _kind(st: Any) -> str:
+    return "directory" if st.type == "directory" else "file" if st.type == "file" else "other"
+
+
+class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
+    """3FS through fsspec.
+
+    Args:
+        mgmtd: mgmtd address(es), ``"host:port"``, ``"a:1,b:2"`` or a list; default ``FF_MGMTD_ADDRESSES``.
+        token: the user's token; default ``FF_TOKEN``.
+        use_trash: ``rm(recursive=True)`` moves trees to the 3FS trash instead of deleting them.
+        auto_mkdir: opening a file for writing creates its missing parent directories (as object stores
+            behave; pandas and pyarrow write to new folders without making them first).
+        fs: an already connected :class:`hf3fs.FileSystem` to use (then mgmtd and token are ignored).
+    """
+
+    protocol = (uri.PROTOCOL,)
+    root_marker = "/"
+
+    def __init__(
+        self,
+        mgmtd: str | Sequence[str] | None = None,
+        token: str | None = None,
+        use_trash: bool = False,
+        auto_mkdir: bool = True,
+        fs: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.client = fs if fs is not None else _shared_connection(mgmtd, token)
+        self.use_trash, self.auto_mkdir = use_trash, auto_mkdir
+
+    # ---- paths ----
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        text = os.fspath(path)
+        if not uri.has_scheme(text) and not text.startswith("/"):
+            text = "/" + text  # fsspec hands over "a/b" for "hf3fs://a/b" in some code paths
+        return uri.strip_scheme(text).rstrip("/") or "/"
+
+    def unstrip_protocol(self, name: str) -> str:
+        return uri.to_url(name)
+
+    # ---- metadata ----
+
+    def _entry(self, path: str, st: Any) -> dict[str, Any]:
+        return {
+            "name": path,
+            "size": st.size,
+            "type": _kind(st),
+            "islink": st.type == "symlink",
+            "mode": st.st_mode,
+            "uid": st.uid,
+            "gid": st.gid,
+            "nlink": st.nlink,
+            "ino": st.inode_id,
+            "mtime": st.mtime_ns / 1e9,
+            "created": st.ctime_ns / 1e9,
+            **({"destination": st.symlink_target} if st.type == "symlink" else {}),
+        }
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        path = self._strip_protocol(path)
+        lst = self.client.lstat(path)
+        if lst.type != "symlink":
+            return self._entry(path, lst)
+        try:
+            entry = self._entry(path, self.client.stat(path))
+        except FileNotFoundError:  # a dangling link is still an entry
+            entry = self._entry(path, lst)
+        entry["islink"], entry["destination"] = True, lst.symlink_target
+        return entry
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        if not self.client.isdir(path):
+            return [self.info(path)] if detail else [path]
+        prefix = path.rstrip("/")
+        if not detail:
+            return [f"{prefix}/{name}" for name in self.client.listdir(path)]
+        return [self._entry(f"{prefix}/{e.name}", e.stat) for e in self.client.scandir(path)]
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        return bool(self.client.exists(self._strip_protocol(path)))
+
+    def isdir(self, path: str) -> bool:
+        return bool(self.client.isdir(self._strip_protocol(path)))
+
+    def isfile(self, path: str) -> bool:
+        return bool(self.client.isfile(self._strip_protocol(path)))
+
+    def created(self, path: str) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.info(path)["created"], tz=datetime.UTC)
+
+    def modified(self, path: str) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.UTC)
+
+    # ---- directories and names ----
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if self.client.exists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+        if create_parents:
+            self.client.makedirs(path, exist_ok=True)
+        else:
+            self.client.mkdir(path)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.client.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
+
+    def rmdir(self, path: str) -> None:
+        self.client.rmdir(self._strip_protocol(path))
+
+    def rm_file(self, path: str) -> None:
+        self.client.remove(self._strip_protocol(path))
+
+    def _rm(self, path: str) -> None:
+        self.rm_file(path)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        paths = path if isinstance(path, list) else [path]
+        for one in paths:
+            p = self._strip_protocol(one)
+            if recursive and maxdepth is None and self.client.isdir(p):
+                self.client.rmtree(p, trash=self.use_trash)
+            elif not recursive:
+                if self.client.lstat(p).type == "directory":
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
+                self.client.remove(p)
+            else:
+                super().rm(p, recursive=recursive, maxdepth=maxdepth)
+
+    def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if src != dst:
+            self.client.rename(src, dst)  # atomic, and a whole tree at once
+
+    def rename(self, path1: str, path2: str, **kwargs: Any) -> None:
+        self.mv(path1, path2)
+
+    # ---- data ----
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> IO[bytes]:
+        if mode not in _OPEN_MODES:
+            raise ValueError(f"unsupported mode {mode!r} for {path}")
+        if not autocommit:
+            raise NotImplementedError("hf3fs does not stage writes in transactions (autocommit=False)")
+        buffering = block_size if block_size and block_size > 0 else -1
+        path = self._strip_protocol(path)
+        try:
+            f: IO[bytes] = self.client.open(path, mode, buffering=buffering)
+        except FileNotFoundError:
+            parent = self._parent(path)
+            if not self.auto_mkdir or mode.startswith("r") or self.client.exists(parent):
+                raise
+            self.client.makedirs(parent, exist_ok=True)
+            f = self.client.open(path, mode, buffering=buffering)
+        return f
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        path = self._strip_protocol(path)
+        if start is None and end is None:
+            with self.client.open(path, "rb") as f:
+                return bytes(f.read())
+        size = int(self.client.stat(path).size)
+        begin = max(0, size + start if start is not None and start < 0 else start or 0)
+        stop = size if end is None else min(size, size + end if end < 0 else end)
+        if stop <= begin:
+            return b""
+        data: bytes = self.client.read_batch([(path, begin, stop - begin)])[0]
+        return data
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        with self.client.open(self._strip_protocol(path), "xb" if mode == "create" else "wb") as f:
+            f.write(value)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.client.isdir(src):
+            self.client.makedirs(dst, exist_ok=True)
+            return
+        with self.client.open(src, "rb") as fin, self.client.open(dst, "wb") as fout:
+            shutil.copyfileobj(fin, fout, COPY_BLOCK_BYTES)
+
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if not self.client.exists(path):
+            self.client.create(path)
+        elif truncate:
+            self.client.truncate(path, 0)
+        else:
+            now = datetime.datetime.now(tz=datetime.UTC).timestamp()
+            self.client.utime(path, ns=(int(now * 1e9), int(now * 1e9)))
+
+
+def register() -> None:
+    """Make ``hf3fs://`` known to fsspec in this process (the entry point does it for installed copies)."""
+    fsspec.register_implementation(uri.PROTOCOL, Hf3fsFileSystem, clobber=True)
+
+
+register()

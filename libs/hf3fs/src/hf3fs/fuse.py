@@ -1,0 +1,414 @@
+"""``hf3fs mount``: 3FS as a POSIX mount through libfuse3 (mfusepy), multi-threaded, over one client.
+
+Every FUSE callback becomes a call on the synchronous :class:`hf3fs.FileSystem`; each open gets its own file
+object (positional reads and writes under a per-handle lock). Errors keep the errno the client raised. Sizes of
+files being written through a handle of this mount are reported up to the highest byte written, even before
+the client's buffers reach storage, so the kernel never shrinks a file that is being written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar, cast
+
+import mfusepy
+
+logger = logging.getLogger(__name__)
+
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+STATFS_BLOCK_BYTES = 4096
+FREE_INODES = 1 << 40  # 3FS has no inode table to fill; report plenty
+MOUNT_WAIT_S = 30.0
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, kw_only=True)
+class MountOptions:
+    """How to mount.
+
+    Attributes:
+        foreground: serve in this process until unmounted (else a daemon process serves).
+        debug: libfuse's debug trace on stderr.
+        keep_ids: show 3FS uids/gids; by default every inode appears owned by the mounting user (access is
+            decided by meta for the token's user anyway, and tools such as git refuse foreign-owned repos).
+        log_file: where a background daemon writes its log.
+        attr_timeout_s: how long the kernel may cache attributes and names.
+    """
+
+    foreground: bool = False
+    debug: bool = False
+    keep_ids: bool = False
+    log_file: str = ""
+    attr_timeout_s: float = 1.0
+
+
+@dataclass
+class _Handle:
+    file: IO[bytes]
+    inode_id: int
+    writable: bool
+    end: int = 0  # highest byte written through this handle
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _errno_of(err: BaseException) -> int:
+    if isinstance(err, OSError) and isinstance(err.errno, int) and err.errno > 0:
+        return err.errno
+    if isinstance(err, ValueError):
+        return errno.EINVAL
+    return errno.EIO
+
+
+def _fuse_errors(method: _F) -> _F:
+    """Every failure leaves as the errno the client gave (EIO when the cluster could not be reached)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except mfusepy.FuseOSError:
+            raise
+        except (OSError, ValueError) as err:  # hf3fs.Hf3fsError is a ConnectionError: EIO
+            code = _errno_of(err)
+            if code == errno.EIO:
+                logger.warning("%s%s failed: %s", method.__name__, args[1:2], err)
+            raise mfusepy.FuseOSError(code) from err
+
+    return cast(_F, wrapper)
+
+
+class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is untyped
+    """The FUSE callbacks over one :class:`hf3fs.FileSystem`."""
+
+    use_ns = True  # times in integer nanoseconds (utimens, getattr)
+
+    def __init__(self, fs: Any, options: MountOptions = MountOptions(), on_ready: Callable[[], None] | None = None):
+        self.fs, self.options, self.on_ready = fs, options, on_ready
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._handles: dict[int, _Handle] = {}
+        self._by_inode: dict[int, set[int]] = {}
+        self._next_fh = 1
+        self._lock = threading.Lock()
+
+    # ---- handles ----
+
+    def _add(self, handle: _Handle) -> int:
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = handle
+            self._by_inode.setdefault(handle.inode_id, set()).add(fh)
+            return fh
+
+    def _get(self, fh: int) -> _Handle:
+        with self._lock:
+            handle = self._handles.get(fh)
+        if handle is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        return handle
+
+    def _writers(self, inode_id: int) -> list[_Handle]:
+        with self._lock:
+            return [h for fh in self._by_inode.get(inode_id, ()) if (h := self._handles[fh]).writable]
+
+    def _flush_writers(self, inode_id: int, but: _Handle | None = None) -> None:
+        for h in self._writers(inode_id):
+            if h is not but:
+                with h.lock:
+                    h.file.flush()
+
+    # ---- attributes ----
+
+    def _attrs(self, st: Any) -> dict[str, Any]:
+        size = st.size
+        if st.type == "file":
+            size = max([size, *(h.end for h in self._writers(st.inode_id))])
+        return {
+            "st_mode": st.st_mode,
+            "st_ino": st.inode_id,
+            "st_nlink": st.nlink,
+            "st_uid": st.uid if self.options.keep_ids else self._uid,
+            "st_gid": st.gid if self.options.keep_ids else self._gid,
+            "st_size": size,
+            "st_blocks": (size + 511) // 512,
+            "st_blksize": st.chunk_size or 1 << 20,
+            "st_atime": st.atime_ns,
+            "st_mtime": st.mtime_ns,
+            "st_ctime": st.ctime_ns,
+        }
+
+    def init(self, path: str) -> None:
+        if self.on_ready is not None:
+            # libfuse calls init before it serves; a thread reports readiness once the mount answers.
+            threading.Thread(target=self.on_ready, name="hf3fs-mount-ready", daemon=True).start()
+
+    @_fuse_errors
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        return self._attrs(self.fs.lstat(path))
+
+    @_fuse_errors
+    def readdir(self, path: str, fh: int) -> list[Any]:
+        entries: list[Any] = [".", ".."]
+        entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(path)]
+        return entries
+
+    @_fuse_errors
+    def readlink(self, path: str) -> str:
+        return str(self.fs.readlink(path))
+
+    @_fuse_errors
+    def statfs(self, path: str) -> dict[str, int]:
+        s = self.fs.statfs()
+        bs = STATFS_BLOCK_BYTES
+        return {
+            "f_bsize": bs,
+            "f_frsize": bs,
+            "f_blocks": s.capacity_bytes // bs,
+            "f_bfree": s.free_bytes // bs,
+            "f_bavail": s.free_bytes // bs,
+            "f_files": s.num_inodes + FREE_INODES,
+            "f_ffree": FREE_INODES,
+            "f_favail": FREE_INODES,
+            "f_namemax": 255,
+        }
+
+    @_fuse_errors
+    def chmod(self, path: str, mode: int) -> int:
+        self.fs.chmod(path, mode & 0o7777)
+        return 0
+
+    @_fuse_errors
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        if not self.options.keep_ids:  # the mounting user's ids stand for "the owner as it is"
+            uid = -1 if uid == self._uid else uid
+            gid = -1 if gid == self._gid else gid
+        if uid == -1 and gid == -1:
+            return 0
+        st = self.fs.lstat(path)
+        self.fs.chown(path, st.uid if uid == -1 else uid, st.gid if gid == -1 else gid)
+        return 0
+
+    @_fuse_errors
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        now = time.time_ns()
+        atime, mtime = times if times is not None else (now, now)
+        if UTIME_OMIT in (atime, mtime):
+            st = self.fs.stat(path)
+            atime = st.atime_ns if atime == UTIME_OMIT else atime
+            mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
+        atime = now if atime == UTIME_NOW else atime
+        mtime = now if mtime == UTIME_NOW else mtime
+        self.fs.utime(path, ns=(int(atime), int(mtime)))
+        return 0
+
+    # ---- names ----
+
+    @_fuse_errors
+    def mkdir(self, path: str, mode: int) -> int:
+        self.fs.mkdir(path, mode & 0o7777)
+        return 0
+
+    @_fuse_errors
+    def rmdir(self, path: str) -> int:
+        self.fs.rmdir(path)
+        return 0
+
+    @_fuse_errors
+    def unlink(self, path: str) -> int:
+        self.fs.remove(path)
+        return 0
+
+    @_fuse_errors
+    def rename(self, old: str, new: str) -> int:
+        self.fs.rename(old, new)
+        return 0
+
+    @_fuse_errors
+    def symlink(self, target: str, source: str) -> int:
+        # mfusepy: ``target`` is the new link's path, ``source`` what it points to (ln -s source target).
+        self.fs.symlink(source, target)
+        return 0
+
+    @_fuse_errors
+    def link(self, target: str, source: str) -> int:
+        # mfusepy: ``target`` is the new name, ``source`` the existing file (ln source target).
+        self.fs.link(source, target)
+        return 0
+
+    # ---- data ----
+
+    def _open_handle(self, path: str, flags: int, f: IO[bytes] | None = None) -> int:
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        if f is None:
+            f = self.fs.open(path, "r+b" if writable else "rb")
+        try:
+            st = self.fs.stat(path)
+            if writable and flags & os.O_TRUNC:
+                f.truncate(0)
+        except BaseException:
+            f.close()
+            raise
+        return self._add(_Handle(f, st.inode_id, writable))
+
+    @_fuse_errors
+    def open(self, path: str, flags: int) -> int:
+        return self._open_handle(path, flags)
+
+    @_fuse_errors
+    def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:
+        # Created and opened in one call: a file created read-only (git's objects are 0444) is still written
+        # through the descriptor that created it, as POSIX allows.
+        perm = mode & 0o7777
+        try:
+            f = self.fs.open(path, "x+b", perm=perm)
+        except FileExistsError:
+            if flags & os.O_EXCL:
+                raise
+            f = self.fs.open(path, "r+b")
+        return self._open_handle(path, (flags & ~os.O_ACCMODE) | os.O_RDWR, f)
+
+    @_fuse_errors
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        h = self._get(fh)
+        if not h.writable:
+            self._flush_writers(h.inode_id)
+        with h.lock:
+            h.file.seek(offset)
+            return bytes(h.file.read(size))
+
+    @_fuse_errors
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        h = self._get(fh)
+        if not h.writable:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        with h.lock:
+            h.file.seek(offset)
+            h.file.write(data)
+            h.end = max(h.end, offset + len(data))
+        return len(data)
+
+    @_fuse_errors
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        st = self.fs.stat(path)
+        self._flush_writers(st.inode_id)
+        self.fs.truncate(path, length)
+        for h in self._writers(st.inode_id):
+            with h.lock:
+                h.end = min(h.end, length)
+        return 0
+
+    @_fuse_errors
+    def flush(self, path: str, fh: int) -> int:
+        h = self._get(fh)
+        if h.writable:
+            with h.lock:
+                h.file.flush()
+        return 0
+
+    @_fuse_errors
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        h = self._get(fh)
+        if h.writable:
+            with h.lock:
+                h.file.flush()
+                h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
+        return 0
+
+    @_fuse_errors
+    def release(self, path: str, fh: int) -> int:
+        h = self._get(fh)
+        try:
+            with h.lock:
+                h.file.close()  # makes the length exact on meta; until then getattr still counts h.end
+        finally:
+            with self._lock:
+                self._handles.pop(fh, None)
+                fhs = self._by_inode.get(h.inode_id, set())
+                fhs.discard(fh)
+                if not fhs:
+                    self._by_inode.pop(h.inode_id, None)
+        return 0
+
+
+def _fusermount() -> str:
+    for name in ("fusermount3", "fusermount"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise OSError(errno.ENOENT, "fusermount3 not found (install the fuse3 package)")
+
+
+def check_fuse() -> None:
+    """Raise OSError when this machine cannot mount FUSE file systems (no /dev/fuse, no libfuse)."""
+    if not os.path.exists("/dev/fuse"):
+        raise OSError(errno.ENODEV, "no /dev/fuse on this machine")
+    _fusermount()
+
+
+def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out: Any = None) -> None:
+    """Serve 3FS at ``mountpoint`` in this process until it is unmounted (or SIGINT/SIGTERM)."""
+    check_fuse()
+    where = os.path.abspath(mountpoint)
+
+    def ready() -> None:
+        deadline = time.monotonic() + MOUNT_WAIT_S
+        while not os.path.ismount(where) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"hf3fs: mounted on {where} (pid {os.getpid()})", file=out or sys.stdout, flush=True)
+
+    ops = Hf3fsOperations(fs, options, on_ready=ready)
+    mfusepy.FUSE(
+        ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
+        hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
+        entry_timeout=options.attr_timeout_s, default_permissions=False,
+    )  # fmt: skip
+
+
+def mount_background(mountpoint: str, mgmtd: str, token: str, options: MountOptions, environ: Mapping[str, str]) -> str:
+    """Start a daemon that mounts ``mountpoint``; wait until the mount serves. Returns a line to print.
+
+    The token goes to the daemon through its environment, not its command line.
+    """
+    check_fuse()
+    where = os.path.abspath(mountpoint)
+    log_file = options.log_file or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"hf3fs-mount-{os.getuid()}-{where.strip('/').replace('/', '_')}.log"
+    )
+    argv = [sys.executable, "-m", "hf3fs", "mount", where, "--foreground"]
+    argv += ["--keep-ids"] if options.keep_ids else []
+    argv += ["--debug"] if options.debug else []
+    env = {**environ, **({"FF_MGMTD_ADDRESSES": mgmtd} if mgmtd else {}), **({"FF_TOKEN": token} if token else {})}
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
+    deadline = time.monotonic() + MOUNT_WAIT_S
+    while time.monotonic() < deadline:
+        if os.path.ismount(where):
+            return f"mounted 3FS on {where} (daemon pid {proc.pid}, log {log_file}); unmount: hf3fs umount {where}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    tail = ""
+    with contextlib.suppress(OSError), open(log_file, errors="replace") as f:
+        tail = "".join(f.readlines()[-5:]).strip()
+    raise OSError(errno.EIO, f"the mount did not come up (log {log_file}): {tail}", where)
+
+
+def umount(mountpoint: str) -> None:
+    """Unmount a FUSE mount (the daemon serving it then exits)."""
+    where = os.path.abspath(mountpoint)
+    proc = subprocess.run([_fusermount(), "-u", where], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise OSError(errno.EINVAL, proc.stderr.strip() or f"fusermount -u exited {proc.returncode}", where)

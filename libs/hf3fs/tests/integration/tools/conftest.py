@@ -1,0 +1,117 @@
+"""One real cluster for the tools' integration tests (fsspec, CLI, FUSE): mgmtd, three storage services and one
+meta service as processes, a user with a token and an admin token. Started once per session (~10 s), so the
+tools share it; each test works under its own folder."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hf3fs
+from ff_cluster import MgmtdClient
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs, wait_ready
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+
+USER, ADMIN = "tools-user", "tools-admin"
+
+
+@dataclass
+class FsCluster:
+    folder: Path
+    storage: StorageCluster
+    meta: subprocess.Popen[bytes]
+    token: str
+    admin_token: str
+    client: Any = field(default=None, repr=False)
+
+    @property
+    def mgmtd(self) -> str:
+        return self.storage.mgmtd_address
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return {"mgmtd": self.mgmtd, "token": self.token}
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.meta.poll() is None:
+            self.meta.terminate()
+            try:
+                self.meta.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.meta.kill()
+                self.meta.wait()
+        self.storage.stop()
+
+
+def spawn_meta(folder: Path, mgmtd: str) -> tuple[subprocess.Popen[bytes], Path]:
+    ready = folder / "meta1.ready.json"
+    flags = {"database-url": f"sqlite:///{folder / 'meta.db'}", "mgmtd-addresses": mgmtd, "ready-file": str(ready),
+             "instance-id": "meta1", "metrics-address": "", "background-interval-s": "0.5"}  # fmt: skip
+    args = [sys.executable, "-m", "ff_meta"]
+    for k, v in flags.items():
+        args += [f"--{k}", v]
+    env = {**os.environ, "FF_META_CLUSTER_TOKEN": CLUSTER_TOKEN}
+    with (folder / "meta1.log").open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return proc, ready
+
+
+async def _issue_tokens(mgmtd: str) -> tuple[str, str]:
+    client = MgmtdClient([mgmtd], token=CLUSTER_TOKEN, timeout_s=5.0)
+    try:
+        tokens = []
+        for name, role in ((USER, common_pb2.ROLE_USER), (ADMIN, common_pb2.ROLE_ADMIN)):
+            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
+            tokens.append(str(issued.token))
+        return tokens[0], tokens[1]
+    finally:
+        await client.close()
+
+
+async def _start(folder: Path) -> FsCluster:
+    storage = await start_cluster(folder, targets_per_disk=2)
+    meta: subprocess.Popen[bytes] | None = None
+    try:
+        meta, ready = spawn_meta(folder, storage.mgmtd_address)
+        await wait_ready(ready, meta)
+        token, admin_token = await _issue_tokens(storage.mgmtd_address)
+        return FsCluster(folder, storage, meta, token, admin_token)
+    except BaseException:
+        if meta is not None and meta.poll() is None:
+            meta.kill()
+        storage.stop()
+        raise
+
+
+@pytest.fixture(scope="session")
+def fs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FsCluster]:
+    folder = tmp_path_factory.mktemp("fs-cluster")
+    cluster = asyncio.run(_start(folder))
+    try:
+        cluster.client = hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.token)
+        # the user owns a folder of their own to work in: "/" belongs to root
+        admin = hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.admin_token)
+        try:
+            for top in ("/pandas", "/ffs", "/cli", "/fuse", "/bench"):
+                if not admin.exists(top):
+                    admin.mkdir(top, mode=0o777)
+        finally:
+            admin.close()
+        yield cluster
+    except BaseException:
+        print(tail_logs(folder))
+        raise
+    finally:
+        cluster.stop()

@@ -1,0 +1,103 @@
+"""The ``hf3fs`` command as a user runs it (a process per command) against a real cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import FsCluster
+
+
+def hf3fs(cluster: FsCluster, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env.update({"FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": token or cluster.token})
+    return subprocess.run([sys.executable, "-m", "hf3fs", *args], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)  # fmt: skip
+
+
+def ok(cluster: FsCluster, *args: str, token: str | None = None) -> str:
+    proc = hf3fs(cluster, *args, token=token)
+    assert proc.returncode == 0, f"hf3fs {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
+    return proc.stdout
+
+
+def make_tree(root: Path) -> None:
+    (root / "d1" / "d2").mkdir(parents=True)
+    (root / "small.txt").write_text("small\n")
+    (root / "d1" / "big.bin").write_bytes(os.urandom(3 * (1 << 20) + 12345))
+    (root / "d1" / "d2" / "empty").write_bytes(b"")
+    for i in range(20):
+        (root / "d1" / f"f{i:02d}").write_text(f"file {i}\n" * i)
+    (root / "link").symlink_to("small.txt")
+
+
+def test_cp_tree_in_and_out_diff_equal(fs_cluster: FsCluster, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_tree(src)
+    ok(fs_cluster, "mkdir", "-p", "/cli/in")
+    proc = hf3fs(fs_cluster, "cp", "-r", "--progress", str(src), "hf3fs:/cli/in")
+    assert proc.returncode == 0, proc.stderr
+    assert "100%" in proc.stderr
+    assert ok(fs_cluster, "ls", "/cli/in/src").split() == ["d1", "link", "small.txt"]
+    listing = ok(fs_cluster, "ls", "-l", "-R", "hf3fs:/cli/in/src")
+    assert "link -> small.txt" in listing and "/cli/in/src/d1/d2:" in listing
+    assert ok(fs_cluster, "cat", "3fs:/cli/in/src/small.txt") == "small\n"
+    size, inodes = ok(fs_cluster, "du", "/cli/in/src").split()[:2]
+    expected = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    assert int(size) >= expected  # symlink targets may count too
+    assert int(inodes) >= 26
+    out = tmp_path / "out"
+    ok(fs_cluster, "cp", "-r", "hf3fs:/cli/in/src", str(out))
+    diff = subprocess.run(
+        ["diff", "-r", "--no-dereference", str(src), str(out)], capture_output=True, text=True, check=False
+    )
+    assert diff.returncode == 0, diff.stdout
+    assert "Type: file" in ok(fs_cluster, "stat", "/cli/in/src/d1/big.bin")
+    assert "Size" in ok(fs_cluster, "df")
+
+
+def test_rm_to_trash_and_restore(fs_cluster: FsCluster) -> None:
+    ok(fs_cluster, "mkdir", "-p", "/cli/trash/keep/deep")
+    fs_cluster.client.create("/cli/trash/keep/deep/f")
+    refused = hf3fs(fs_cluster, "rm", "/cli/trash/keep")
+    assert refused.returncode == 1 and refused.stderr.startswith("hf3fs: /cli/trash/keep: Is a directory")
+    ok(fs_cluster, "rm", "-r", "/cli/trash/keep")
+    assert not fs_cluster.client.exists("/cli/trash/keep")
+    entries = [line.split() for line in ok(fs_cluster, "trash", "list").splitlines()]
+    mine = [e for e in entries if e[-1] == "/cli/trash/keep"]
+    assert len(mine) == 1
+    ok(fs_cluster, "trash", "restore", mine[0][0])
+    assert fs_cluster.client.exists("/cli/trash/keep/deep/f")
+    ok(fs_cluster, "rm", "-r", "--no-trash", "/cli/trash/keep")
+    assert not fs_cluster.client.exists("/cli/trash/keep")
+    assert "/cli/trash/keep" not in ok(fs_cluster, "trash", "list")
+
+
+def test_mv_and_errors(fs_cluster: FsCluster, tmp_path: Path) -> None:
+    ok(fs_cluster, "mkdir", "-p", "/cli/mv/a", "/cli/mv/b")
+    ok(fs_cluster, "mv", "/cli/mv/a", "/cli/mv/b")
+    assert fs_cluster.client.listdir("/cli/mv/b") == ["a"]
+    missing = hf3fs(fs_cluster, "cat", "/cli/mv/nope")
+    assert (missing.returncode, missing.stderr) == (1, "hf3fs: /cli/mv/nope: No such file or directory\n")
+    exists = hf3fs(fs_cluster, "mkdir", "/cli/mv/b")
+    assert exists.returncode == 1 and exists.stderr == "hf3fs: /cli/mv/b: File exists\n"
+    usage = hf3fs(fs_cluster, "cp", str(tmp_path), str(tmp_path / "x"))
+    assert usage.returncode == 2 and "hf3fs:/path" in usage.stderr
+    assert hf3fs(fs_cluster, "ls", "relative").returncode == 2
+    bad_token = hf3fs(fs_cluster, "ls", "/", token="fft_not-a-token")
+    assert bad_token.returncode == 1 and bad_token.stderr.startswith("hf3fs: ")
+
+
+def test_quota_then_over_limit_cp_fails_clearly(fs_cluster: FsCluster, tmp_path: Path) -> None:
+    ok(fs_cluster, "mkdir", "-p", "/cli/quota")
+    ok(fs_cluster, "quota", "set", "/cli/quota", "--bytes", "1M", token=fs_cluster.admin_token)
+    got = ok(fs_cluster, "quota", "get", "/cli/quota")
+    assert f"/{1 << 20}" in got
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(3 << 20))
+    proc = hf3fs(fs_cluster, "cp", str(big), "hf3fs:/cli/quota/big.bin")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("hf3fs: /cli/quota/big.bin: Disk quota exceeded"), proc.stderr
+    assert fs_cluster.client.du("/cli/quota")[0] <= 1 << 20

@@ -1,0 +1,149 @@
+"""3FS through ``hf3fs mount`` (FUSE): git, tar, rename over a file, fsync. Needs /dev/fuse and fusermount3."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import FsCluster
+
+MOUNT_TIMEOUT_S = 30.0
+
+
+def _skip_reason() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 not installed (scripts/bootstrap.sh installs fuse3)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def mount(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``hf3fs mount --foreground`` as a process; unmounted and the daemon gone in teardown."""
+    where = tmp_path_factory.mktemp("mnt")
+    log = where.parent / "mount.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not os.path.ismount(where):
+            assert proc.poll() is None, f"mount exited {proc.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, f"not mounted in time: {log.read_text()}"
+            time.sleep(0.1)
+        fs_cluster.client.makedirs("/fuse", exist_ok=True)
+        yield where / "fuse"
+    finally:
+        subprocess.run(["fusermount3", "-u", str(where)], capture_output=True, check=False)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            subprocess.run(["fusermount3", "-uz", str(where)], capture_output=True, check=False)
+        assert not os.path.ismount(where)
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1",
+           "HOME": str(repo.parent)}  # fmt: skip
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_git_init_commit_fsck(mount: Path) -> None:
+    repo = mount / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", ".")
+    for i in range(30):
+        sub = repo / f"dir{i % 4}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"f{i}.txt").write_text(f"line {i}\n" * (i * 10))
+    (repo / "blob.bin").write_bytes(os.urandom(700_000))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "first")
+    (repo / "dir0" / "f0.txt").write_text("changed\n")
+    _git(repo, "commit", "-q", "-am", "second")
+    _git(repo, "gc", "-q")  # packs, rewrites and renames files over others
+    assert _git(repo, "fsck", "--full", "--strict") == ""
+    assert len(_git(repo, "log", "--oneline").splitlines()) == 2
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_tar_extract_equals_source(mount: Path, tmp_path: Path) -> None:
+    src = Path(__file__).resolve().parents[3] / "src"  # the hf3fs package sources: a real tree
+    archive = tmp_path / "src.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(src, arcname="src", filter=lambda ti: None if "__pycache__" in ti.name else ti)
+    (mount / "tar").mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(mount / "tar")], check=True, timeout=120)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(ref)], check=True, timeout=120)
+    diff = subprocess.run(
+        ["diff", "-r", str(ref / "src"), str(mount / "tar" / "src")], capture_output=True, text=True, check=False
+    )
+    assert diff.returncode == 0, diff.stdout
+
+
+def test_rename_over_existing_file(mount: Path, fs_cluster: FsCluster) -> None:
+    (mount / "old").write_bytes(b"new contents")
+    (mount / "target").write_bytes(b"the file that gets replaced")
+    os.rename(mount / "old", mount / "target")
+    assert (mount / "target").read_bytes() == b"new contents"
+    assert not (mount / "old").exists()
+    assert fs_cluster.client.stat("/fuse/target").size == len(b"new contents")
+
+
+def test_fsync_makes_length_exact_for_the_client(mount: Path, fs_cluster: FsCluster) -> None:
+    data = os.urandom(5 * (1 << 20) + 777)
+    fd = os.open(mount / "synced.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, data[: 1 << 20])
+        os.write(fd, data[1 << 20 :])
+        os.fsync(fd)
+        # the file is still open: the length the client sees is exact after fsync, not at close
+        assert fs_cluster.client.stat("/fuse/synced.bin").size == len(data)
+    finally:
+        os.close(fd)
+    assert fs_cluster.client.read_batch([("/fuse/synced.bin", 0, len(data))])[0] == data
+
+
+def test_posix_errors_through_the_mount(mount: Path) -> None:
+    (mount / "errs").mkdir()
+    (mount / "errs" / "f").write_text("x")
+    with pytest.raises(FileExistsError):
+        (mount / "errs").mkdir()
+    with pytest.raises(OSError, match="not empty"):
+        os.rmdir(mount / "errs")
+    with pytest.raises(FileNotFoundError):
+        os.stat(mount / "errs" / "nope")
+    os.symlink("f", mount / "errs" / "s")
+    assert os.readlink(mount / "errs" / "s") == "f" and (mount / "errs" / "s").read_text() == "x"
+    os.link(mount / "errs" / "f", mount / "errs" / "h")
+    assert os.stat(mount / "errs" / "f").st_nlink == 2
+    os.chmod(mount / "errs" / "f", 0o600)
+    assert os.stat(mount / "errs" / "f").st_mode & 0o777 == 0o600
+    os.utime(mount / "errs" / "f", ns=(1_000_000_000, 2_000_000_000))
+    assert os.stat(mount / "errs" / "f").st_mtime_ns == 2_000_000_000
+    with open(mount / "errs" / "f", "r+b") as f:
+        f.truncate(0)
+    assert os.stat(mount / "errs" / "f").st_size == 0
+    assert os.statvfs(mount).f_bsize > 0
