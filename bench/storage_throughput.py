@@ -7,9 +7,11 @@ service, all on the disk that holds ``--dir``. Each round, in an order that alte
 - write: ``--chunks`` chunks of ``--block-mib`` MiB through ``hf3fs.StorageClient.batch_write`` (acknowledged
   = committed on all 3 replicas, data and metadata fsynced), vs the same bytes written to one file on the
   same disk with an fsync after every block, that throughput divided by 3 (the chain writes 3 copies);
-- read: the same chunks through ``StorageClient.batch_read`` (bulk data path, checksums verified) vs a
-  raw TCP loopback stream of the same blocks from a small server process (blocking sockets, one
-  preallocated receive buffer).
+- read: the same chunks through ``StorageClient.batch_read`` (bulk data path, checksums verified) twice:
+  into plain buffers (the TCP data path) and into buffers in the client's shared memory (the same-host
+  path: the node writes the bytes there), vs a raw TCP loopback stream of the same blocks from a small
+  server process (blocking sockets, one preallocated receive buffer) and, for context, the same over
+  AF_UNIX. The issue's read goal is the TCP path's ratio to raw TCP.
 
 Requests are of ``--batch`` blocks each on both sides. The baselines run one request at a time (one
 writer, one stream); the client keeps ``--inflight`` requests in flight (default 8, as a 3FS client
@@ -63,8 +65,10 @@ class BenchConfig:
 class Round:
     chain_write: float  # MiB/s
     raw_write_div3: float
-    client_read: float
+    client_read: float  # over the TCP data path
     tcp_read: float
+    shm_read: float  # through shared memory (same host)
+    unix_read: float
 
     @property
     def write_ratio(self) -> float:
@@ -73,6 +77,14 @@ class Round:
     @property
     def read_ratio(self) -> float:
         return self.client_read / self.tcp_read
+
+    @property
+    def shm_ratio_tcp(self) -> float:
+        return self.shm_read / self.tcp_read
+
+    @property
+    def shm_ratio_unix(self) -> float:
+        return self.shm_read / self.unix_read
 
 
 # ---- baselines ----
@@ -98,23 +110,32 @@ def serve_blocks(listener: socket.socket, block_bytes: int) -> None:
     """The TCP baseline's server (own process): for each u64 count received, send that many blocks."""
     block = os.urandom(block_bytes)
     conn, _ = listener.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if conn.family != socket.AF_UNIX:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     with conn:
         while head := conn.recv(_COUNT.size, socket.MSG_WAITALL):
             for _ in range(_COUNT.unpack(head)[0]):
                 conn.sendall(block)
 
 
-class TcpBaseline:
-    """A block server process on loopback and a blocking client that receives into one buffer."""
+class StreamBaseline:
+    """A block server process on loopback (TCP) or an AF_UNIX socket, and a blocking client that receives
+    into one buffer."""
 
-    def __init__(self, block_bytes: int, batch: int) -> None:
-        listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, block_bytes: int, batch: int, *, unix: bool = False) -> None:
+        if unix:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(f"\0ff-bench-{os.getpid()}-{time.monotonic_ns()}")  # abstract: no file to clean up
+            listener.listen(1)
+        else:
+            listener = socket.create_server(("127.0.0.1", 0))
         self._proc = mp.get_context("spawn").Process(target=serve_blocks, args=(listener, block_bytes), daemon=True)
         self._proc.start()
-        self._sock = socket.create_connection(listener.getsockname())
+        self._sock = socket.socket(listener.family, socket.SOCK_STREAM)
+        self._sock.connect(listener.getsockname())
         listener.close()
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not unix:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._block_bytes = block_bytes
         self._batch = batch
         self._buf = memoryview(bytearray(block_bytes * batch))
@@ -186,52 +207,74 @@ async def client_read(
 # ---- the run ----
 
 
+@dataclass
+class Baselines:
+    tcp: StreamBaseline
+    unix: StreamBaseline
+
+
 async def one_round(
-    n: int, cfg: BenchConfig, client: StorageClient, chain_id: int, tcp: TcpBaseline, blocks: Sequence[bytes],
-    buffers: Sequence[memoryview],
+    n: int, cfg: BenchConfig, client: StorageClient, chain_id: int, base: Baselines, blocks: Sequence[bytes],
+    buffers: Sequence[memoryview], shm_buffers: Sequence[memoryview],
 ) -> Round:  # fmt: skip
     mib = len(blocks) * cfg.block_bytes / MIB
     raw_path = cfg.folder / "raw-fsync.bin"
-    raw_first = n % 2 == 1  # alternate which side goes first
-    t_raw = await asyncio.to_thread(raw_write_fsync, raw_path, blocks) if raw_first else 0.0
-    t_chain = await chain_write(client, chain_id, blocks, cfg)
-    if not raw_first:
-        t_raw = await asyncio.to_thread(raw_write_fsync, raw_path, blocks)
-    t_tcp = await asyncio.to_thread(tcp.read, len(blocks)) if raw_first else 0.0
-    t_read = await client_read(client, chain_id, blocks, cfg, buffers, verify=n == 0)
-    if not raw_first:
-        t_tcp = await asyncio.to_thread(tcp.read, len(blocks))
-    return Round(chain_write=mib / t_chain, raw_write_div3=mib / t_raw / 3, client_read=mib / t_read,
-                 tcp_read=mib / t_tcp)  # fmt: skip
+    flip = n % 2 == 1  # alternate which side goes first
+    verify = n == 0
+    writes: dict[str, Callable[[], Awaitable[float]]] = {
+        "raw": lambda: asyncio.to_thread(raw_write_fsync, raw_path, blocks),
+        "chain": lambda: chain_write(client, chain_id, blocks, cfg),
+    }
+    reads: dict[str, Callable[[], Awaitable[float]]] = {
+        "tcp": lambda: asyncio.to_thread(base.tcp.read, len(blocks)),
+        "client": lambda: client_read(client, chain_id, blocks, cfg, buffers, verify=verify),
+        "shm": lambda: client_read(client, chain_id, blocks, cfg, shm_buffers, verify=verify),
+        "unix": lambda: asyncio.to_thread(base.unix.read, len(blocks)),
+    }
+    t: dict[str, float] = {}
+    for name in list(writes)[::-1] if flip else list(writes):
+        t[name] = await writes[name]()
+    for name in list(reads)[::-1] if flip else list(reads):
+        t[name] = await reads[name]()
+    return Round(chain_write=mib / t["chain"], raw_write_div3=mib / t["raw"] / 3, client_read=mib / t["client"],
+                 tcp_read=mib / t["tcp"], shm_read=mib / t["shm"], unix_read=mib / t["unix"])  # fmt: skip
 
 
 async def run(cfg: BenchConfig) -> list[Round]:
     async with contextlib.AsyncExitStack() as stack:
         cluster = await start_cluster(cfg.folder / "cluster", targets_per_disk=1, replication=3, timing={})
         stack.callback(cluster.stop)
-        tcp = TcpBaseline(cfg.block_bytes, cfg.batch)
-        stack.callback(tcp.close)
+        base = Baselines(StreamBaseline(cfg.block_bytes, cfg.batch), StreamBaseline(cfg.block_bytes, cfg.batch,
+                                                                                    unix=True))  # fmt: skip
+        stack.callback(base.tcp.close)
+        stack.callback(base.unix.close)
         mgmtd = cluster.client()
         stack.push_async_callback(mgmtd.close)
         client = StorageClient(mgmtd, CLUSTER_TOKEN)
         stack.push_async_callback(client.close)
-        return await measure(cfg, cluster, client, tcp)
+        return await measure(cfg, cluster, client, base)
 
 
-async def measure(cfg: BenchConfig, cluster: StorageCluster, client: StorageClient, tcp: TcpBaseline) -> list[Round]:
+async def measure(cfg: BenchConfig, cluster: StorageCluster, client: StorageClient, base: Baselines) -> list[Round]:
     info = await cluster.routing()
     chain = info.chains[0]
     print(f"chain {chain.chain_id}: targets {[t.target_id for t in chain.targets]} (head first), "
           f"{len(info.chains)} chain(s)")  # fmt: skip
     blocks = [os.urandom(cfg.block_bytes) for _ in range(cfg.num_chunks)]
-    buffers = [memoryview(bytearray(cfg.block_bytes)) for _ in range(cfg.num_chunks)]  # reused every round
-    await one_round(0, cfg, client, chain.chain_id, tcp, blocks, buffers)  # warm-up; checks the content read back
+    # Read buffers, reused every round: plain memory (the TCP data path) and shared memory (same host).
+    buffers = [memoryview(bytearray(cfg.block_bytes)) for _ in range(cfg.num_chunks)]
+    area = client.alloc_buffer(cfg.block_bytes * cfg.num_chunks)
+    shm_buffers = [area[i * cfg.block_bytes : (i + 1) * cfg.block_bytes] for i in range(cfg.num_chunks)]
+    await one_round(0, cfg, client, chain.chain_id, base, blocks, buffers, shm_buffers)  # warm-up; checks content
+    stats = client.data_stats
+    if not stats["shm_pulls"] or not stats["tcp_pulls"]:
+        raise RuntimeError(f"both read paths should have been used: {stats}")
     rounds = []
     for n in range(1, cfg.rounds + 1):
-        r = await one_round(n, cfg, client, chain.chain_id, tcp, blocks, buffers)
-        print(f"round {n:2d}  write: chain {r.chain_write:7.1f}  raw/3 {r.raw_write_div3:7.1f}  "
-              f"ratio {r.write_ratio:5.2f}   read: client {r.client_read:7.1f}  tcp {r.tcp_read:7.1f}  "
-              f"ratio {r.read_ratio:5.2f}", flush=True)  # fmt: skip
+        r = await one_round(n, cfg, client, chain.chain_id, base, blocks, buffers, shm_buffers)
+        print(f"round {n:2d}  write: chain {r.chain_write:6.0f} raw/3 {r.raw_write_div3:6.0f} = {r.write_ratio:4.2f}  "
+              f"read: client {r.client_read:6.0f} tcp {r.tcp_read:6.0f} = {r.read_ratio:4.2f}  "
+              f"shm {r.shm_read:6.0f} unix {r.unix_read:6.0f}", flush=True)  # fmt: skip
         rounds.append(r)
     return rounds
 
@@ -251,12 +294,17 @@ def report(rounds: list[Round]) -> None:
     def med(f: Callable[[Round], float]) -> float:
         return statistics.median(f(r) for r in rounds)
 
-    chain, raw3 = med(lambda r: r.chain_write), med(lambda r: r.raw_write_div3)
-    client, tcp = med(lambda r: r.client_read), med(lambda r: r.tcp_read)
-    print(f"median   write: chain {chain:7.1f}  raw/3 {raw3:7.1f}   read: client {client:7.1f}  tcp {tcp:7.1f}  MiB/s")
-    write_ratio, read_ratio = med(lambda r: r.write_ratio), med(lambda r: r.read_ratio)
-    print(f"MEDIAN RATIO durable write (chain of 3 / raw fsync / 3): {write_ratio:.2f}  (goal >= 0.5)")
-    print(f"MEDIAN RATIO read (client bulk path / raw TCP loopback): {read_ratio:.2f}  (goal >= 0.5)")
+    def span(f: Callable[[Round], float]) -> str:
+        return f"{med(f):.2f} [{min(f(r) for r in rounds):.2f}-{max(f(r) for r in rounds):.2f}]"
+
+    print(f"median MiB/s  write: chain {med(lambda r: r.chain_write):.0f}  raw/3 {med(lambda r: r.raw_write_div3):.0f}"
+          f"   read: client (TCP path) {med(lambda r: r.client_read):.0f}  client (shm path) "
+          f"{med(lambda r: r.shm_read):.0f}  raw TCP {med(lambda r: r.tcp_read):.0f}  raw AF_UNIX "
+          f"{med(lambda r: r.unix_read):.0f}")  # fmt: skip
+    print(f"MEDIAN RATIO durable write (chain of 3 / raw fsync / 3): {span(lambda r: r.write_ratio)}  (goal >= 0.5)")
+    print(f"MEDIAN RATIO read, TCP path (client / raw TCP loopback): {span(lambda r: r.read_ratio)}  (goal >= 0.5)")
+    print(f"MEDIAN RATIO read, shm path (client / raw TCP loopback): {span(lambda r: r.shm_ratio_tcp)}")
+    print(f"median ratio read, shm path (client / raw AF_UNIX), for context: {span(lambda r: r.shm_ratio_unix)}")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Path]:

@@ -1,14 +1,24 @@
 """The bulk data path of a storage node: chunk bytes beside gRPC, as 3FS keeps RPC and RDMA apart.
 
-Wire format (one TCP connection carries one operation at a time):
+Wire format (one connection carries one operation at a time):
 
     frame   = u32 big-endian header length, header (JSON object), then ``header["length"]`` raw bytes
-    auth    -> {"op": "auth", "token": ...}                  <- {"ok": true} | {"ok": false, "error": ...}
+    auth    -> {"op": "auth", "token": ..., "host": boot id}
+            <- {"ok": true, "host": boot id[, "unix": name]} | {"ok": false, "error": ...}
     push    -> {"op": "push", "transfer_id": ..., "length": n} + n bytes   <- {"ok": true}
     pull    -> {"op": "pull", "transfer_id": ...}            <- {"ok": true, "length": n} + n bytes
+  on the node's AF_UNIX endpoint only (same host):
+    map     -> {"op": "map", "region": id, "size": n} + one byte carrying a memfd (SCM_RIGHTS)  <- {"ok": true}
+    pull_shm-> {"op": "pull_shm", "transfer_id": ..., "places": [[region, offset, length], ...]}
+            <- {"ok": true, "length": n}, the bytes having been written into the mapped regions
 
 The first frame of a connection must authenticate (cluster or user token); the node closes the
-connection otherwise. A push deposits bytes that a later gRPC write names by transfer id (the node
+connection otherwise. When the client's host id (``hf3fs.shm.host_id``, the kernel's boot id) is the
+node's, the node names its abstract AF_UNIX endpoint in the answer; a client whose read buffers lie in
+its shared-memory regions then pulls through it (authenticated the same way) and the chunk bytes never
+touch a socket. Otherwise, or if that endpoint cannot be reached (another network namespace), TCP.
+
+A push deposits bytes that a later gRPC write names by transfer id (the node
 "pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
 permission to send (request-to-send). Both ends use non-blocking sockets on the event loop (no stream
 buffers): senders send straight from their buffers, receivers receive straight into one buffer of the
@@ -24,10 +34,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from hf3fs.shm import ShmRegion, host_id, send_fd
+
 _LEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _IOV_MAX = 512
+UNIX_PREFIX = "unix:"
+Place = tuple[int, int, int]  # region id, offset, length
 
 
 class DataPathError(Exception):
@@ -98,25 +112,35 @@ async def recv_header(sock: socket.socket, peer: str) -> dict[str, Any]:
 
 
 class DataConnection:
-    """Client side of one data-path connection (asyncio, non-blocking socket, zero-copy sends)."""
+    """Client side of one data-path connection (asyncio, non-blocking socket, zero-copy sends).
 
-    def __init__(self, address: str, token: str) -> None:
+    ``address`` is ``host:port`` (TCP) or ``unix:NAME`` (the node's abstract AF_UNIX endpoint).
+    """
+
+    def __init__(self, address: str, token: str, host: str = "") -> None:
         self.address = address
         self._token = token
+        self._host = host
         self._sock: socket.socket | None = None
+        self._mapped: set[int] = set()
+        self.peer: dict[str, Any] = {}  # the node's answer to the handshake
         self.lock = asyncio.Lock()
 
     async def _connect(self) -> socket.socket:
         if self._sock is not None:
             return self._sock
-        host, port = self.address.rsplit(":", 1)
         loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if self.address.startswith(UNIX_PREFIX):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: Any = "\0" + self.address[len(UNIX_PREFIX) :]
+        else:
+            host, port = self.address.rsplit(":", 1)
+            sock, target = socket.socket(socket.AF_INET, socket.SOCK_STREAM), (host, int(port))
+            tune_socket(sock)
         sock.setblocking(False)
-        tune_socket(sock)
         try:
-            await loop.sock_connect(sock, (host, int(port)))
-            await loop.sock_sendall(sock, encode_header({"op": "auth", "token": self._token}))
+            await loop.sock_connect(sock, target)
+            await loop.sock_sendall(sock, encode_header({"op": "auth", "token": self._token, "host": self._host}))
             self._sock = sock
             answer = await self._read_header()
         except BaseException:
@@ -126,12 +150,24 @@ class DataConnection:
         if not answer.get("ok"):
             self.close()
             raise DataPathError(f"data endpoint {self.address} refused the token: {answer.get('error', '')}")
+        self.peer = answer
         return sock
+
+    async def handshake(self) -> dict[str, Any]:
+        """Connect (if not yet) and return the node's handshake answer."""
+        async with self.lock:
+            try:
+                await self._connect()
+            except (OSError, DataPathError, asyncio.CancelledError):
+                self.close()
+                raise
+        return self.peer
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._mapped.clear()
 
     async def _recv_into(self, view: memoryview) -> None:
         assert self._sock is not None
@@ -179,15 +215,92 @@ class DataConnection:
                 self.close()
                 raise
 
+    async def pull_shm(self, transfer_id: str, places: Sequence[Place], regions: Sequence[ShmRegion]) -> None:
+        """Have the node write the transfer into ``places`` of the shared-memory ``regions`` (AF_UNIX only)."""
+        want = sum(p[2] for p in places)
+        async with self.lock:
+            try:
+                sock = await self._connect()
+                for region in regions:
+                    if region.region_id in self._mapped or not any(p[0] == region.region_id for p in places):
+                        continue
+                    await send_parts(sock, [encode_header({"op": "map", "region": region.region_id,
+                                                           "size": region.size})])  # fmt: skip
+                    await send_fd(sock, region.fd)
+                    answer = await self._read_header()
+                    if not answer.get("ok"):
+                        raise DataPathError(f"map refused: {answer.get('error', '')}")
+                    self._mapped.add(region.region_id)
+                header = {"op": "pull_shm", "transfer_id": transfer_id, "places": [list(p) for p in places]}
+                await send_parts(sock, [encode_header(header)])
+                answer = await self._read_header()
+                if not answer.get("ok"):
+                    raise DataPathError(f"pull refused: {answer.get('error', '')}")
+                if int(answer["length"]) != want:
+                    raise DataPathError(f"transfer has {answer['length']} bytes, the read expects {want}")
+            except (OSError, DataPathError, asyncio.CancelledError):
+                self.close()
+                raise
+
 
 class DataConnectionPool:
-    """A few connections per node address, so concurrent transfers to one node do not queue."""
+    """A few connections per node address, so concurrent transfers to one node do not queue.
 
-    def __init__(self, token: str, per_address: int = 4) -> None:
+    Also the client's shared-memory regions (``alloc``): a pull whose buffers all lie in them goes
+    through the node's AF_UNIX endpoint when the node is on this host (``stats`` counts which way).
+    """
+
+    def __init__(self, token: str, per_address: int = 4, *, host: str | None = None, shm: bool = True) -> None:
         self._token = token
         self._per_address = per_address
+        self._host = host_id() if host is None else host
+        self._shm = shm
         self._conns: dict[str, list[DataConnection]] = {}
         self._next: dict[str, int] = {}
+        self._unix: dict[str, str | None] = {}  # node address -> its AF_UNIX endpoint, when on this host
+        self.regions: list[ShmRegion] = []
+        self.stats = {"tcp_pulls": 0, "shm_pulls": 0}
+
+    def alloc(self, nbytes: int) -> memoryview:
+        """A buffer of ``nbytes`` in a new shared-memory region (freed when the pool closes)."""
+        region = ShmRegion(nbytes, len(self.regions) + 1)
+        self.regions.append(region)
+        return region.view
+
+    async def pull(self, address: str, transfer_id: str, into: Sequence[memoryview]) -> None:
+        """Fetch a staged transfer into ``into``: through shared memory when it can, else over TCP."""
+        places = self._places(into) if self._shm and self.regions else None
+        if places is not None:
+            unix = await self._unix_endpoint(address)
+            if unix is not None:
+                try:
+                    await self.get(UNIX_PREFIX + unix).pull_shm(transfer_id, places, self.regions)
+                    self.stats["shm_pulls"] += 1
+                    return
+                except OSError:  # unreachable (another network namespace): TCP from now on
+                    self._unix[address] = None
+                    raise
+        await self.get(address).pull(transfer_id, into)
+        self.stats["tcp_pulls"] += 1
+
+    def _places(self, into: Sequence[memoryview]) -> list[Place] | None:
+        places: list[Place] = []
+        for view in into:
+            for region in self.regions:
+                offset = region.offset_of(view)
+                if offset is not None:
+                    places.append((region.region_id, offset, len(view)))
+                    break
+            else:
+                return None
+        return places
+
+    async def _unix_endpoint(self, address: str) -> str | None:
+        if address not in self._unix:
+            peer = await self.get(address).handshake()
+            same = bool(self._host) and peer.get("host") == self._host
+            self._unix[address] = str(peer["unix"]) if same and peer.get("unix") else None
+        return self._unix[address]
 
     def get(self, address: str) -> DataConnection:
         conns = self._conns.setdefault(address, [])
@@ -195,7 +308,7 @@ class DataConnectionPool:
             if not conn.lock.locked():
                 return conn
         if len(conns) < self._per_address:
-            conn = DataConnection(address, self._token)
+            conn = DataConnection(address, self._token, self._host)
             conns.append(conn)
             return conn
         i = self._next.get(address, 0)
@@ -207,3 +320,6 @@ class DataConnectionPool:
             for conn in conns:
                 conn.close()
         self._conns.clear()
+        for region in self.regions:
+            region.close()
+        self.regions.clear()

@@ -181,12 +181,16 @@ class StorageClient:
         bulk: bool = True,
         pending_retries: int = 20,
         read_calls_per_node: int = DEFAULT_READ_CALLS_PER_NODE,
+        shm: bool = True,
+        host_id: str | None = None,
     ) -> None:
+        """``shm``: pull reads into ``alloc_buffer`` buffers through shared memory from nodes on this host;
+        ``host_id``: this host's identity for that (default: the kernel's boot id; tests set another)."""
         self.routing = RoutingCache(mgmtd)
         self._mgmtd = mgmtd
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
-        self._data = DataConnectionPool(token)
+        self._data = DataConnectionPool(token, host=host_id, shm=shm)
         self.rts = RequestToSend(max_concurrent_transfers)
         self._retry_deadline_s = retry_deadline_s
         self._bulk = bulk
@@ -204,6 +208,17 @@ class StorageClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._data.close()
         await self._stubs.close()
+
+    def alloc_buffer(self, nbytes: int) -> memoryview:
+        """A read buffer in shared memory (3FS's registered iov): reads into it (``ChunkRead.buffer``, or
+        slices of it) from a node on this host are written there by the node itself, off the socket. Freed
+        by ``close``; fine for any node (elsewhere the bytes come over TCP into it)."""
+        return self._data.alloc(nbytes)
+
+    @property
+    def data_stats(self) -> dict[str, int]:
+        """Pulls done over TCP and through shared memory so far."""
+        return dict(self._data.stats)
 
     def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
         return self._stubs.get(address)
@@ -422,7 +437,7 @@ class StorageClient:
             sinks = self._sinks(ios, members, resp.results)
             if resp.transfer_id:
                 async with self.rts:  # the grant: this node may send now
-                    await self._data.get(node.data).pull(resp.transfer_id, _in_order(sinks))
+                    await self._data.pull(node.data, resp.transfer_id, _in_order(sinks))
         except RpcError as err:
             if err.code in FATAL_RPC_CODES:
                 raise StorageIoError(f"BatchRead refused: {err.code.name}: {err.details}", err.code) from None

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import mmap
+import os
 import socket
 import time
+import uuid
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 from ff_rpc import Principal, TokenValidator, Unauthenticated
 from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token
 from hf3fs.datapath import DataPathError, encode_header, recv_exactly, recv_header, send_parts, tune_socket
+from hf3fs.shm import host_id, recv_fd
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +27,7 @@ MAX_PUSH_BYTES = 1 << 30
 # the node allocate a gigabyte); larger pushes grow their buffer as the bytes come.
 PUSH_PREALLOC_BYTES = 64 << 20
 PEER = "data client"
+MAX_SHARED_REGIONS = 64
 
 
 @dataclass
@@ -92,33 +97,45 @@ class DataServer:
         self._boxes = boxes
         self._cluster_token = cluster_token
         self._validator = validator
-        self._listener: socket.socket | None = None
+        self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # The same-host endpoint: an abstract AF_UNIX name (no file to clean up), told to same-host clients.
+        self.unix_name = f"ff-storage-data-{uuid.uuid4().hex}"
+        self.host = host_id()
 
-    async def start(self, address: str) -> None:
+    async def start(self, address: str, *, shm: bool = True) -> None:
         host, port = address.rsplit(":", 1)
         listener = socket.create_server((host, int(port)), backlog=128)
         listener.setblocking(False)
-        self._listener = listener
+        self._listeners.append(listener)
         self.port = listener.getsockname()[1]
-        self._spawn(self._accept(listener))
+        self._spawn(self._accept(listener, local=False))
+        if shm and self.host:
+            local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            local.bind("\0" + self.unix_name)
+            local.listen(128)
+            local.setblocking(False)
+            self._listeners.append(local)
+            self._spawn(self._accept(local, local=True))
+        else:
+            self.unix_name = ""
 
     async def stop(self) -> None:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _accept(self, listener: socket.socket) -> None:
+    async def _accept(self, listener: socket.socket, *, local: bool) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -128,9 +145,10 @@ class DataServer:
                 await asyncio.sleep(0.1)
                 continue
             sock.setblocking(False)
-            with contextlib.suppress(OSError):
-                tune_socket(sock)
-            self._spawn(self._serve(sock))
+            if not local:
+                with contextlib.suppress(OSError):
+                    tune_socket(sock)
+            self._spawn(self._serve(sock, local))
 
     async def _authenticate(self, token: str) -> Principal:
         if is_cluster_token(token, self._cluster_token):
@@ -139,8 +157,9 @@ class DataServer:
             raise Unauthenticated("this node accepts only the cluster token")
         return await self._validator.validate(token)
 
-    async def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, sock: socket.socket, local: bool) -> None:
         loop = asyncio.get_running_loop()
+        regions = SharedRegions() if local else None
         try:
             hello = await recv_header(sock, PEER)
             try:
@@ -150,16 +169,47 @@ class DataServer:
             except Exception as exc:
                 await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"UNAUTHENTICATED: {exc}"}))
                 return
-            await loop.sock_sendall(sock, encode_header({"ok": True}))
+            answer: dict[str, object] = {"ok": True, "host": self.host}
+            if not local and self.unix_name and hello.get("host") == self.host:
+                answer["unix"] = self.unix_name
+            await loop.sock_sendall(sock, encode_header(answer))
             while True:
                 header = await recv_header(sock, PEER)
-                await self._one(header, principal, sock)
+                if regions is not None and header.get("op") in ("map", "pull_shm"):
+                    await self._shm_op(header, principal, sock, regions)
+                else:
+                    await self._one(header, principal, sock)
         except (ConnectionError, DataPathError):
             pass
         except Exception:
             logger.exception("data path connection failed")
         finally:
             sock.close()
+            if regions is not None:
+                regions.close()
+
+    async def _shm_op(
+        self, header: dict[str, object], principal: Principal, sock: socket.socket, regions: SharedRegions
+    ) -> None:
+        """``map`` a client's region, or ``pull_shm``: write a staged transfer into mapped regions."""
+        if header.get("op") == "map":
+            fd = await recv_fd(sock)
+            error = regions.add(fd, header.get("region"), header.get("size"))
+            await send_parts(sock, [encode_header({"ok": not error, "error": error})])
+            return
+        tid = str(header.get("transfer_id", ""))
+        dests, error = regions.places(header.get("places"))
+        staged = self._boxes.claim(tid, principal.name) if not error else None
+        if staged is None and not error:
+            error = f"NOT_FOUND: transfer {tid}"
+        elif staged is not None and staged.length != sum(len(d) for d in dests):
+            error = f"INVALID_ARGUMENT: transfer has {staged.length} bytes, places hold {sum(len(d) for d in dests)}"
+        if error or staged is None:
+            await send_parts(sock, [encode_header({"ok": False, "error": error})])
+            return
+        scatter(staged.parts, dests)
+        del dests
+        await send_parts(sock, [encode_header({"ok": True, "length": staged.length})])
 
     async def _one(self, header: dict[str, object], principal: Principal, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -192,3 +242,66 @@ async def _receive_payload(sock: socket.socket, length: int) -> bytearray:
         if got == length:
             return data
         data.extend(bytes(min(got, length - got)))  # doubling: a few copies, only for very large pushes
+
+
+class SharedRegions:
+    """The shared-memory regions one same-host client mapped on its AF_UNIX connection (unmapped with it)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def add(self, fd: int, region: object, size: object) -> str:
+        """Map the client's ``fd`` as ``region``; an error message, or "" when mapped."""
+        try:
+            if not isinstance(region, int) or not isinstance(size, int) or size <= 0:
+                return "INVALID_ARGUMENT: map needs an integer region and a positive size"
+            if region not in self._maps and len(self._maps) >= MAX_SHARED_REGIONS:
+                return f"RESOURCE_EXHAUSTED: at most {MAX_SHARED_REGIONS} regions per connection"
+            if os.fstat(fd).st_size < size:
+                return "INVALID_ARGUMENT: the region is smaller than its size"
+            old = self._maps.pop(region, None)
+            if old is not None:
+                old.close()
+            self._maps[region] = mmap.mmap(fd, size)
+            return ""
+        except (OSError, ValueError) as exc:
+            return f"INVALID_ARGUMENT: cannot map the region: {exc}"
+        finally:
+            os.close(fd)
+
+    def places(self, raw: object) -> tuple[list[memoryview], str]:
+        """Views of the mapped regions for ``[[region, offset, length], ...]``, or an error message."""
+        if not isinstance(raw, list) or not raw:
+            return [], "INVALID_ARGUMENT: places must be a non-empty list"
+        views: list[memoryview] = []
+        for place in raw:
+            if not (isinstance(place, list) and len(place) == 3 and all(isinstance(x, int) for x in place)):
+                return [], "INVALID_ARGUMENT: a place is [region, offset, length]"
+            region, offset, length = place
+            mapped = self._maps.get(region)
+            if mapped is None:
+                return [], f"INVALID_ARGUMENT: region {region} is not mapped"
+            if offset < 0 or length < 0 or offset + length > len(mapped):
+                return [], f"INVALID_ARGUMENT: place {place} is outside region {region}"
+            views.append(memoryview(mapped)[offset : offset + length])
+        return views, ""
+
+    def close(self) -> None:
+        for mapped in self._maps.values():
+            with contextlib.suppress(BufferError):
+                mapped.close()
+        self._maps.clear()
+
+
+def scatter(parts: Sequence[Buffer], dests: Sequence[memoryview]) -> None:
+    """Copy the concatenation of ``parts`` into the concatenation of ``dests`` (equal total lengths)."""
+    di, doff = 0, 0
+    for part in parts:
+        src = memoryview(part).cast("B")
+        while len(src):
+            dest = dests[di]
+            n = min(len(src), len(dest) - doff)
+            dest[doff : doff + n] = src[:n]
+            src, doff = src[n:], doff + n
+            if doff == len(dest):
+                di, doff = di + 1, 0
