@@ -36,6 +36,33 @@ def free_port() -> int:
         return port
 
 
+class Clock:
+    """Times one op after a gloo barrier; keeps this rank's CPU seconds (all threads, user + sys) of the
+    last copy/reg/gloo op, and with ``profile`` reports hfreduce's seconds by phase to the parent."""
+
+    def __init__(self, dist: Any, group: Any, queue: Any, rank: int, profile: bool) -> None:
+        self.dist, self.group, self.queue, self.rank, self.profile = dist, group, queue, rank, profile
+        self.cpu = [0.0, 0.0, 0.0]
+
+    def timed(self, fn: Any, slot: int = -1) -> float:
+        self.dist.barrier()
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        took = time.perf_counter() - t0
+        if slot >= 0:
+            self.cpu[slot] = time.process_time() - c0
+        return took
+
+    def profiled(self, kind: str, nbytes: int, fn: Any) -> float:
+        before = self.group.counters().seconds if self.profile else {}
+        took = self.timed(fn, 0 if kind == "copy" else 1)
+        if self.profile:
+            after = self.group.counters().seconds
+            phases = {k: v - before.get(k, 0.0) for k, v in after.items()}
+            self.queue.put(("phases", self.rank, nbytes, kind, phases))
+        return took
+
+
 def rank_main(
     node: int,
     local: int,
@@ -47,6 +74,7 @@ def rank_main(
     shm_prefix: str,
     queue: Any,
     slot_bytes: int,
+    profile: bool,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -70,12 +98,8 @@ def rank_main(
         )
     )
     worst = torch.zeros(4, dtype=torch.float64)
-
-    def timed(fn: Any) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+    clock = Clock(dist, group, queue, rank, profile)
+    timed, profiled, cpu = clock.timed, clock.profiled, clock.cpu
 
     for nbytes in sizes:
         n = nbytes // 4
@@ -99,49 +123,98 @@ def rank_main(
             dist.all_reduce(tbuf)
         for _ in range(rounds):
             buf.fill(1.0)
-            t_copy = timed(partial(group.allreduce, buf))
+            t_copy = profiled("copy", nbytes, partial(group.allreduce, buf))
             ok = bool(buf[0] == world) if n else True
             reg.fill(1.0)
-            t_reg = timed(partial(group.allreduce, reg))
+            t_reg = profiled("reg", nbytes, partial(group.allreduce, reg))
             ok = ok and (bool(reg[-1] == world) if n else True)
             buf.fill(1.0)
-            t_gloo = timed(partial(dist.all_reduce, tbuf))
+            t_gloo = timed(partial(dist.all_reduce, tbuf), 2)
             t_ceil = timed(shm_reduce)
             worst.copy_(torch.tensor([t_copy, t_reg, t_gloo, t_ceil], dtype=torch.float64))
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            cpu_sum = torch.tensor(cpu, dtype=torch.float64)
+            dist.all_reduce(cpu_sum)
             if rank == 0:
-                queue.put((nbytes, *worst.tolist(), ok))
+                queue.put(("times", nbytes, *worst.tolist(), ok, *cpu_sum.tolist()))
     group.close()
     dist.destroy_process_group()
 
 
-def run_layout(nodes: int, num_local: int, sizes: list[int], rounds: int, slot_bytes: int) -> list[tuple[Any, ...]]:
+def run_layout(
+    nodes: int, num_local: int, sizes: list[int], rounds: int, slot_bytes: int, profile: bool
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     world = nodes * num_local
     prefix = f"/dev/shm/hfbench-{os.getpid()}"
     paths = [Path(f"{prefix}-{r}") for r in range(world)]
-    for p in paths:
-        np.ones(max(sizes) // 4, dtype=np.float32).tofile(p)
+    for path in paths:
+        np.ones(max(sizes) // 4, dtype=np.float32).tofile(path)
     ports = (free_port(), free_port())
     procs = [
-        ctx.Process(target=rank_main, args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes))
+        ctx.Process(
+            target=rank_main,
+            args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes, profile),
+        )
         for n in range(nodes)
         for lr in range(num_local)
     ]
     try:
         for p in procs:
             p.start()
-        rows = [queue.get(timeout=600) for _ in range(len(sizes) * rounds)]
+        expect = len(sizes) * rounds * (1 + (2 * world if profile else 0))
+        got = [queue.get(timeout=600) for _ in range(expect)]
         for p in procs:
             p.join()
+        rows = [r[1:] for r in got if r[0] == "times"]
+        phases = [r[1:] for r in got if r[0] == "phases"]
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
         for path in paths:
             path.unlink(missing_ok=True)
-    return rows
+    return rows, phases
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // KIB} KiB" if nbytes < KIB * KIB else f"{nbytes // KIB // KIB} MiB"
+
+
+def report_phases(layout: str, phases: list[tuple[Any, ...]]) -> None:
+    """Median ms per phase over rounds, per rank, for each size and kind (copy path, registered)."""
+    print(f"\n# phases {layout}: median ms over rounds per rank (pipeline-thread phases summed over threads)")
+    for nbytes in sorted({p[1] for p in phases}):
+        for kind in ("copy", "reg"):
+            mine = [p for p in phases if p[1] == nbytes and p[2] == kind]
+            names = sorted({k for p in mine for k in p[3]}, key=_PHASE_ORDER.index)
+            head = f"{_size(nbytes)} {kind}: "
+            print(head + " ".join(f"{n:>8.8}" for n in ["rank", *names]))
+            for rank in sorted({p[0] for p in mine}):
+                per = [p[3] for p in mine if p[0] == rank]
+                meds = [statistics.median(d.get(k, 0.0) for d in per) * 1e3 for k in names]
+                print(" " * len(head) + f"{rank:>8} " + " ".join(f"{m:8.1f}" for m in meds))
+
+
+_PHASE_ORDER = [
+    "collective",
+    "notify",
+    "copy_in",
+    "barrier_in",
+    "tree",
+    "barrier_out",
+    "copy_out",
+    "up_intra_reduce",
+    "up_recv",
+    "up_inter_reduce",
+    "up_send",
+    "up_finalize",
+    "down_wait_reduce",
+    "down_recv",
+    "down_send",
+    "down_distribute",
+]
 
 
 def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, dict[str, float]]:
@@ -155,6 +228,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         f"{'copy/gloo':>9} {'reg/gloo':>8} {'copy/ceil':>9} {'reg/ceil':>8} {'ok':>3}"
     )
     summary = {}
+    cpu_lines: list[str] = []
     for nbytes in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == nbytes]
         med = [statistics.median(r[i] for r in mine) for i in (1, 2, 3, 4)]
@@ -165,12 +239,22 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         ceil_copy = statistics.median(r[4] / r[1] for r in mine)
         ceil_reg = statistics.median(r[4] / r[2] for r in mine)
         ok = all(r[5] for r in mine)
-        size = f"{nbytes // KIB} KiB" if nbytes < KIB * KIB else f"{nbytes // KIB // KIB} MiB"
+        cpu_ms = [statistics.median(r[i] for r in mine) * 1e3 for i in (6, 7, 8)]
+        cpu_lines.append(
+            f"{_size(nbytes):>10} {cpu_ms[0]:9.1f} {cpu_ms[1]:9.1f} {cpu_ms[2]:9.1f} "
+            f"{statistics.median(r[8] / r[6] for r in mine):9.2f} {statistics.median(r[8] / r[7] for r in mine):8.2f}"
+        )
+        size = _size(nbytes)
         print(
             f"{size:>10} {pair[0]:>13} {pair[1]:>12} {pair[2]:>13} {alg[3]:8.3f} {copy_ratio:9.2f} "
             f"{reg_ratio:8.2f} {ceil_copy:9.2f} {ceil_reg:8.2f} {'yes' if ok else 'NO':>3}"
         )
         summary[nbytes] = {"copy": copy_ratio, "reg": reg_ratio}
+    print(
+        "CPU ms per op, summed over ranks (user + sys, all threads; medians; independent of how busy the machine is):"
+    )
+    print(f"{'size':>10} {'copy':>9} {'reg':>9} {'gloo':>9} {'gloo/copy':>9} {'gloo/reg':>8}")
+    print("\n".join(cpu_lines))
     for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
         if nbytes in summary:
             s = summary[nbytes]
@@ -188,12 +272,15 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="bytes, comma separated")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--shm-slot-mib", type=int, default=256)
+    parser.add_argument("--profile", action="store_true", help="also print hfreduce's time per phase per rank")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     for layout in args.layouts.split(","):
         nodes, num_local = (int(x) for x in layout.split("x"))
-        rows = run_layout(nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20)
+        rows, phases = run_layout(nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20, args.profile)
         report(layout, nodes * num_local, rows)
+        if phases:
+            report_phases(layout, phases)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from hfreduce.chunking import local_slice, segments, tree_half
 from hfreduce.trees import Tree
@@ -22,6 +23,8 @@ class Counters:
         copied_out: copied from shared memory into this rank's private buffer (H2D analogue).
         distributed: final results written into the other local ranks' registered buffers.
         collectives: number of collectives run.
+        seconds: wall time by phase (``lap``); pipeline-thread phases are summed over the four threads,
+            which run at the same time, so they can add up to more than the collective took. Not compared.
     """
 
     copied_in: int = 0
@@ -33,10 +36,20 @@ class Counters:
     copied_out: int = 0
     distributed: int = 0
     collectives: int = 0
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def add(self, other: Counters) -> None:
         for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+            if field.name != "seconds":
+                setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+        for phase, sec in other.seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + sec
+
+    def lap(self, phase: str, since: float) -> float:
+        """Add the time from ``since`` (a ``time.perf_counter()``) to now to ``phase``; return now."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - since
+        return now
 
     def memory_ops(self) -> int:
         """Bytes of host-memory traffic in the paper's accounting (each phase's reads or writes)."""
@@ -52,7 +65,7 @@ class Counters:
         )
 
     def copy(self) -> Counters:
-        return dataclasses.replace(self)
+        return dataclasses.replace(self, seconds=dict(self.seconds))
 
 
 def expected_allreduce_counters(

@@ -246,7 +246,9 @@ class Runtime:
             raise GroupClosedError(f"the group is broken by an earlier failure: {self.broken}")
         assert self.control is not None
         self.seq += 1
+        start = time.perf_counter()
         self.control.notify({"type": "enter", "rank": self.rank, "seq": self.seq, "op": name})
+        notify_s = time.perf_counter() - start
         try:
             counters = body()
         except (LinkError, TimeoutError, OSError, RuntimeError) as exc:
@@ -256,8 +258,11 @@ class Runtime:
                 raise
             raise self._attribute(exc) from exc
         counters.collectives = 1
-        self.counters.add(counters)
+        now = time.perf_counter()
         self.control.notify({"type": "done", "rank": self.rank, "seq": self.seq})
+        counters.seconds["notify"] = notify_s + time.perf_counter() - now
+        counters.lap("collective", start)
+        self.counters.add(counters)
 
     def _attribute(self, exc: BaseException) -> PeerFailureError:
         """Tear the group down and ask the control server which rank is to blame."""
@@ -344,11 +349,14 @@ class Runtime:
         offset = self.slot_bytes + self._parity * self.res_bytes
         results = [seg.array(dtype.storage, b - a, offset) for seg, (a, b) in zip(self.slots, spans, strict=True)]
         self._parity ^= 1  # results alternate: a slow rank may still copy out of the other half
+        now = time.perf_counter()
         for o, (a, b) in enumerate(spans):
             if o != me:
                 np.copyto(inputs[me][a:b], part[a:b])
                 counters.copied_in += (b - a) * dtype.itemsize
+        now = counters.lap("copy_in", now)
         self.local.barrier(_signature(self.seq, m, dtype, op))
+        now = counters.lap("barrier_in", now)
         peers = [inputs[o] for o in range(num_local) if o != me]
         counters.add(
             self.tree.run(
@@ -357,11 +365,14 @@ class Runtime:
                 )
             )
         )
+        now = counters.lap("tree", now)
         self.local.barrier(_signature(self.seq, m, dtype, op) + 1)
+        now = counters.lap("barrier_out", now)
         if keep:
             for (a, b), res in zip(spans, results, strict=True):
                 np.copyto(part[a:b], res)
                 counters.copied_out += (b - a) * dtype.itemsize
+            counters.lap("copy_out", now)
         return counters
 
     def _allreduce_registered(self, reg: Registered, n: int, dtype: DType, wire: DType, op: ReduceOp) -> Counters:
@@ -369,7 +380,9 @@ class Runtime:
         me = self.config.local_rank
         bufs = [seg.array(dtype.storage, n) for seg in reg.segments]
         others = [bufs[o] for o in range(self.num_local) if o != me]
+        start = time.perf_counter()
         self.local.barrier(_signature(self.seq, n, dtype, op) ^ ((reg.index + 1) << 40))
+        barrier_s = time.perf_counter() - start
         counters = self.tree.run(
             self._job(
                 dtype,
@@ -382,7 +395,10 @@ class Runtime:
                 span=local_slice(n, self.num_local, me),
             )
         )
+        now = counters.lap("tree", start + barrier_s)
+        counters.seconds["barrier_in"] = barrier_s
         self.local.barrier(_signature(self.seq, n, dtype, op) + 1)
+        counters.lap("barrier_out", now)
         return counters
 
     def broadcast(self, flat: Array, src: int) -> Counters:

@@ -148,17 +148,22 @@ class TreeEngine:
         wire_bytes = job.wire.itemsize
         for c0, c1 in chunks(tree_half(job.span, t), self.chunk_elems):
             n = c1 - c0
+            now = time.perf_counter()
             acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
             self._intra(job, c0, c1, acc, scratch, combine, counters)
+            now = counters.lap("up_intra_reduce", now)
             for link in children:
                 got = scratch.wire(job.wire, n)
                 link.recv_into(got.data)
+                now = counters.lap("up_recv", now)
                 self._accumulate(job.wire, acc, got, scratch, combine)
+                now = counters.lap("up_inter_reduce", now)
                 counters.received += n * wire_bytes
                 counters.reduce_inter += n * wire_bytes
             if parent is None:
                 self._finalize(job, c0, c1, acc, scratch)
                 handoff.put((c0, c1))
+                counters.lap("up_finalize", now)
                 continue
             if self._fast(job):
                 parent.send(acc.data)
@@ -166,6 +171,7 @@ class TreeEngine:
                 out = scratch.wire(job.wire, n)
                 from_f32(job.wire, acc, out, scratch.u32)
                 parent.send(out.data)
+            counters.lap("up_send", now)
             counters.sent += n * wire_bytes
         return counters
 
@@ -234,26 +240,34 @@ class TreeEngine:
         for c0, c1 in chunks(tree_half(job.span, t), self.chunk_elems):
             n = c1 - c0
             final = job.final(c0, c1)
+            now = time.perf_counter()
             if parent is None:
                 self._wait_handoff(handoff, (c0, c1))
                 payload = final if direct else scratch.wire(job.wire, n)
                 if not direct:
                     from_f32(job.wire, final, payload, scratch.u32)  # exact: already rounded at the root
+                now = counters.lap("down_wait_reduce", now)
             elif direct:
                 parent.recv_into(final.data)
                 payload = final
+                now = counters.lap("down_recv", now)
             else:
                 payload = scratch.wire(job.wire, n)
                 parent.recv_into(payload.data)
                 to_f32(job.wire, payload, final)
+                now = counters.lap("down_recv", now)
             if parent is not None:
                 counters.received += n * job.wire.itemsize
             for link in children:
                 link.send(payload.data)
                 counters.sent += n * job.wire.itemsize
+            if children:
+                now = counters.lap("down_send", now)
             for other in job.distribute_to:
                 np.copyto(other[c0:c1], final)
                 counters.distributed += n * job.dtype.itemsize
+            if job.distribute_to:
+                counters.lap("down_distribute", now)
         return counters
 
     def _wait_handoff(self, handoff: queue.Queue[Span], expect: Span) -> None:
