@@ -102,10 +102,11 @@ class Agent:
                     continue
             pending = [r for r in self.runs.runs.values() if not r.final_reported]
             if pending:
+                final = [r for r in pending if r.exited]  # as sent: a run may exit during the call
                 try:
                     resp = await self.link.report_runs([r.report(self.node_id) for r in pending])
-                    for r in pending:
-                        r.final_reported = r.exited
+                    for r in final:
+                        r.final_reported = True
                     self._stop_unwanted(resp.runs_to_stop)
                 except LINK_ERRORS as err:
                     logger.warning("reporting runs failed (will register again): %s", err)
