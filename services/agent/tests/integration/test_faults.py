@@ -1,0 +1,106 @@
+"""Faults with real processes: SIGKILL of an agent re-queues its task on the other nodes; when ranks
+fail, the first failure by time is the root cause, with its class."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from ff_agent.testing import eventually, wait_task
+from ff_scheduler.testing import spec
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+FIRST_RUN_HANGS = """
+import os, sys, time
+out, run_id = sys.argv[1], os.environ["MARSV2_RUN_ID"]
+marker = os.path.join(out, "first-run")
+try:
+    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, run_id.encode())
+    os.close(fd)
+except FileExistsError:
+    pass
+time.sleep(0.2)
+with open(os.path.join(out, f"pid-{run_id}-{os.environ['RANK']}-{os.environ['LOCAL_RANK']}"), "w") as f:
+    f.write(str(os.getpid()))
+if open(marker).read() == run_id:
+    time.sleep(600)  # the first run lives until its node dies
+print("second run finished")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
+async def test_sigkill_of_an_agent_requeues_its_task_on_the_other_nodes(cluster: Any, tmp_path: Path) -> None:
+    agents = [await cluster.add_agent_process(f"p{i}") for i in range(3)]
+    script, out = tmp_path / "job.py", tmp_path / "out"
+    script.write_text(FIRST_RUN_HANGS)
+    out.mkdir()
+    alice = cluster.client("alice")
+    task = (
+        await alice.call(
+            alice.user.SubmitTask, pb.SubmitTaskRequest(spec=spec(2, 10, argv=["python", str(script), str(out)]))
+        )
+    ).task
+    running = await wait_task(alice, task.task_id, pb.TASK_STATE_RUNNING)
+    first = running.current_run
+    used = {n.node_id for n in first.nodes}
+
+    async def four_ranks() -> bool:
+        return len(list(out.glob(f"pid-{first.run_id}-*"))) == 4
+
+    await eventually(four_ranks, what="the first run's 4 ranks")
+    victim = next(a for a in agents if a.node_id in used)
+    victim_pids = [int(p.read_text()) for p in out.glob(f"pid-{first.run_id}-*")]
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(victim.proc.wait)
+    done = await wait_task(alice, task.task_id, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, timeout_s=90)
+    assert done.state == pb.TASK_STATE_SUCCEEDED, done
+    assert done.runs[0].end_reason == pb.RUN_END_REASON_NODE_LOST
+    assert done.runs[0].failure.node_id == victim.node_id
+    assert victim.node_id not in {n.node_id for n in done.runs[-1].nodes} and len(done.runs[-1].nodes) == 2
+    # Nothing of the first run is left anywhere: the dead agent's ranks died with it, the others were stopped.
+    assert not [p for p in victim_pids if _alive(p)]
+
+
+FAILING = """
+import os, sys, time
+local = os.environ["LOCAL_RANK"]
+if local == "1":
+    raise ValueError("learning rate must be positive")
+time.sleep(1.0)
+raise RuntimeError("collective failed: peer gone")
+"""
+
+
+async def test_the_first_failing_rank_is_named_as_the_root_cause(cluster: Any, tmp_path: Path) -> None:
+    agent = await cluster.add_agent("a1")
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING)
+    alice = cluster.client("alice")
+    task = (
+        await alice.call(
+            alice.user.SubmitTask,
+            pb.SubmitTaskRequest(spec=spec(1, 10, argv=["python", str(script)], max_restarts=0)),
+        )
+    ).task
+    done = await wait_task(alice, task.task_id, pb.TASK_STATE_FAILED)
+    failure = done.current_run.failure
+    assert done.current_run.end_reason == pb.RUN_END_REASON_RANK_FAILED
+    assert failure.local_rank == 1 and failure.exit_code == 1 and failure.node_id == agent.node_id
+    assert failure.failure_class == pb.FAILURE_CLASS_USER
+    assert "ValueError: learning rate must be positive" in failure.message
+    errors = next((agent.state_dir / "runs").iterdir()) / "errors"
+    record = json.loads((errors / "rank1.json").read_text())
+    assert record["exc_type"] == "ValueError" and "Traceback" in record["traceback"]
