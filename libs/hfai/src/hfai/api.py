@@ -78,6 +78,11 @@ class SchedulerApi:
     async def quotas(self, user: str = "") -> builtins.list[pb.Quota]:
         return builtins.list((await self._call(self._stub.ListQuotas, pb.ListQuotasRequest(user_name=user))).quotas)
 
+    async def validate(self, node_ids: builtins.list[int], checks: builtins.list[str]) -> builtins.list[int]:
+        """Run the validator on nodes (admins); the nodes it was ordered on (idle ones)."""
+        request = pb.ValidateNodesRequest(node_ids=node_ids, checks=checks)
+        return builtins.list((await self._call(self._stub.ValidateNodes, request)).node_ids)
+
     async def set_node_enabled(self, node_id: int, enabled: bool, reason: str = "") -> pb.Node:
         request = pb.SetNodeEnabledRequest(node_id=node_id, enabled=enabled, reason=reason)
         return (await self._call(self._stub.SetNodeEnabled, request)).node  # type: ignore[no-any-return]

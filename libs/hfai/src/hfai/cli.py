@@ -8,6 +8,7 @@ hfai bash run.sh ... (the same)
 hfai list | status ID | logs ID [-f] [--rank N] | stop ID | suspend ID | priority ID LEVEL | nodes | whoami
 hfai admin quota set USER LEVEL NODES [--group G] | quota list [USER] | node enable|disable ID [--reason R]
 hfai admin user add NAME [--admin] | user list | token issue USER | token list USER | token revoke ID
+hfai validate [NODE_ID ...] [--checks cpu_stress,gemm,...]   (admins: run the node validator)
 """
 
 from __future__ import annotations
@@ -221,6 +222,15 @@ class Cli:
                 self.print(render_node(n))
         return 0
 
+    async def validate(self, a: argparse.Namespace) -> int:
+        checks = [c.strip() for c in a.checks.split(",") if c.strip()]
+        async with self.api() as api:
+            ordered = await api.validate(a.node_ids, checks)
+        self.print(
+            f"validating nodes {ordered or '(none idle)'}; results in `hfai nodes` (failing nodes go to err_nodes)"
+        )
+        return 0
+
     async def whoami(self, a: argparse.Namespace) -> int:
         async with self.api() as api:
             me = await api.whoami()
@@ -306,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=0, help="node rank")
     sub.add_parser("nodes").add_argument("--group", default="")
     sub.add_parser("whoami", help="you, your quotas and usage")
+    p = sub.add_parser("validate", help="run the node validator (admins)")
+    p.add_argument("node_ids", type=int, nargs="*", help="default: every node")
+    p.add_argument("--checks", default="", help="comma-separated check names; default: all")
     adm = sub.add_parser("admin").add_subparsers(dest="what", required=True)
     quota = adm.add_parser("quota").add_subparsers(dest="action", required=True)
     p = quota.add_parser("set")
@@ -342,6 +355,7 @@ async def _dispatch(cli: Cli, a: argparse.Namespace) -> int:
         "priority": cli.act,
         "nodes": cli.nodes,
         "whoami": cli.whoami,
+        "validate": cli.validate,
         "admin": cli.admin,
     }
     if a.cmd in ("python", "bash"):

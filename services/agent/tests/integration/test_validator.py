@@ -3,6 +3,9 @@ switch moves the node to err_nodes and new tasks avoid it; only admins (or the s
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
 import sys
 from typing import Any
 
@@ -20,9 +23,14 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 async def test_validation_passes_on_a_healthy_node_and_a_forced_fault_sends_a_node_to_err_nodes(cluster: Any) -> None:
     good = await cluster.add_agent("good")
     bad = await cluster.add_agent("bad", validator_force_fail="memory_pattern")
-    root = cluster.client("root")
-    resp = await root.call(root.user.ValidateNodes, pb.ValidateNodesRequest())
-    assert sorted(resp.node_ids) == sorted([good.node_id, bad.node_id])
+    env = {**os.environ, "HFAI_SERVER": cluster.scheduler.address, "HFAI_TOKEN": cluster.tokens["root"],
+           "HFAI_CONFIG": str(cluster.folder / "no-hfai-conf.json")}  # fmt: skip
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hfai", "validate", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    printed = (await cli.communicate())[0].decode()
+    assert cli.returncode == 0, printed
+    assert f"validating nodes {sorted([good.node_id, bad.node_id])}" in printed
 
     async def validated() -> bool:
         return all(n.last_validation.finished_at > 0 for n in await cluster.nodes())
