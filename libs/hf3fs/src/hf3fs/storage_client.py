@@ -27,6 +27,7 @@ from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.checksum import crc32c_of
 from hf3fs.datapath import DataConnectionPool, DataPathError
+from hf3fs.readstream import ReadStream
 from hf3fs.routing import NodeAddress, RoutingCache, RoutingView
 
 logger = logging.getLogger(__name__)
@@ -183,12 +184,17 @@ class StorageClient:
         read_calls_per_node: int = DEFAULT_READ_CALLS_PER_NODE,
         shm: bool = True,
         host_id: str | None = None,
+        read_streams: bool = True,
     ) -> None:
         """``shm``: pull reads into ``alloc_buffer`` buffers through shared memory from nodes on this host;
-        ``host_id``: this host's identity for that (default: the kernel's boot id; tests set another)."""
+        ``host_id``: this host's identity for that (default: the kernel's boot id; tests set another);
+        ``read_streams``: send BatchReads on one ReadStream per node (False: one unary call each)."""
         self.routing = RoutingCache(mgmtd)
         self._mgmtd = mgmtd
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
+        self._timeout_s = timeout_s
+        self._read_streams = read_streams
+        self._streams: dict[str, ReadStream] = {}
         self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
         self._data = DataConnectionPool(token, host=host_id, shm=shm)
         self.rts = RequestToSend(max_concurrent_transfers)
@@ -206,6 +212,9 @@ class StorageClient:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for stream in self._streams.values():
+            await stream.close()
+        self._streams.clear()
         self._data.close()
         await self._stubs.close()
 
@@ -432,8 +441,7 @@ class StorageClient:
         bulk = self._bulk and bool(node.data)
         transport = spb.DATA_TRANSPORT_BULK if bulk else spb.DATA_TRANSPORT_INLINE
         try:
-            resp = await self._rpc.unary(self.stub(node.grpc).BatchRead,
-                                         spb.BatchReadRequest(ios=requests, transport=transport))  # fmt: skip
+            resp = await self._batch_read_call(node, spb.BatchReadRequest(ios=requests, transport=transport))
             sinks = self._sinks(ios, members, resp.results)
             if resp.transfer_id:
                 async with self.rts:  # the grant: this node may send now
@@ -454,6 +462,17 @@ class StorageClient:
                 dest = memoryview(buf)[: len(out.data)]
                 dest[:] = out.data
                 out.data = dest
+
+    async def _batch_read_call(self, node: NodeAddress, request: spb.BatchReadRequest) -> spb.BatchReadResponse:
+        if not self._read_streams:
+            resp: spb.BatchReadResponse = await self._rpc.unary(self.stub(node.grpc).BatchRead, request)
+            return resp
+        stream = self._streams.get(node.grpc)
+        if stream is None or stream.broken:
+            if stream is not None:
+                await stream.close()
+            stream = self._streams[node.grpc] = ReadStream(self.stub(node.grpc), self._rpc.metadata())
+        return await stream.read(request, self._timeout_s)
 
     @staticmethod
     def _sinks(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,6 +12,7 @@ import grpc
 
 from ff_rpc import PermissionDenied, current_principal
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
+from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
@@ -17,6 +20,7 @@ from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.capability import capability_key, check_capability
 
 Context = Any
+logger = logging.getLogger(__name__)
 DUMP_BATCH = 1000
 GRANT_PIECE_BYTES = 1 << 20
 
@@ -65,6 +69,41 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         results, tid, length = await self._n.batch_read(list(request.ios), request.transport, _owner())
         return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
                                     transfer_ttl_s=self._n.boxes.ttl_s)  # fmt: skip
+
+    async def ReadStream(
+        self, request_iterator: AsyncIterator[pb.ReadStreamRequest], context: Context
+    ) -> AsyncIterator[pb.ReadStreamResponse]:
+        """Each request served as BatchRead (the very same checks), concurrently, answered as it is done."""
+        answers: asyncio.Queue[pb.ReadStreamResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(req: pb.ReadStreamRequest) -> None:
+            try:
+                read = await self.BatchRead(req.read, context)
+                answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, read=read))
+            except Exception as exc:
+                code = STATUS_TABLE.code_for(exc)
+                if code is None:
+                    logger.exception("internal error in a ReadStream request")
+                    code = grpc.StatusCode.INTERNAL
+                answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, error_code=code.value[0],
+                                                         error_message=str(exc) or type(exc).__name__))  # fmt: skip
+
+        async def pump() -> None:
+            async for req in request_iterator:
+                task = asyncio.create_task(one(req))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+            answers.put_nowait(None)
+
+        pumping = asyncio.create_task(pump())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            for task in (pumping, *tasks):
+                task.cancel()
 
     async def GrantTransfer(
         self, request: pb.GrantTransferRequest, context: Context

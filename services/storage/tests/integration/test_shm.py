@@ -1,4 +1,5 @@
-"""Same-host reads through shared memory: used on one host, TCP otherwise, authenticated, nothing left over."""
+"""The data path: same-host reads through shared memory (used on one host, TCP otherwise, authenticated,
+nothing left over) and BatchReads on a ReadStream."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import os
 import socket
 from pathlib import Path
 
+import grpc
 import pytest
 
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
-from hf3fs import ChunkRead, ChunkWrite, StorageClient
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
 from hf3fs.datapath import DataConnection, DataPathError, encode_header, recv_header
 from hf3fs.shm import ShmRegion, host_id, send_fd
 
@@ -116,3 +118,25 @@ async def test_shared_memory_endpoint_needs_the_token_and_a_mapped_region(
     finally:
         sock.close()
         region.close()
+
+
+async def test_read_stream_answers_each_request_and_outlives_a_refused_one(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    chain_id = (await cluster.routing()).chains[0].chain_id
+    blocks = await write_chunks(client, chain_id)
+    with pytest.raises(StorageIoError) as err:  # refused by BatchRead's checks, on the open stream
+        await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=0, length=1 << 40)])
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    many = await asyncio.gather(*(client.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i,
+                                                               length=CHUNK)]) for i in range(COUNT)))  # fmt: skip
+    assert [bytes(got[0].data) for got in many] == blocks
+    mg = cluster.client()
+    stranger = StorageClient(mg, "not-a-token", retry_deadline_s=2.0)
+    try:
+        with pytest.raises(StorageIoError) as err:
+            await stranger.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=0, length=CHUNK)])
+        assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await stranger.close()
+        await mg.close()

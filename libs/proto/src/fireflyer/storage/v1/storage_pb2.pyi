@@ -548,6 +548,60 @@ class BatchReadResponse(_message.Message):
 Global___BatchReadResponse: _TypeAlias = BatchReadResponse  # noqa: Y015
 
 @_typing.final
+class ReadStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    READ_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """Echoed in the response."""
+    @_builtins.property
+    def read(self) -> Global___BatchReadRequest: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        read: Global___BatchReadRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read", b"read"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read", b"read", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadStreamRequest: _TypeAlias = ReadStreamRequest  # noqa: Y015
+
+@_typing.final
+class ReadStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    READ_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    error_code: _builtins.int
+    """Why the request was refused (a google.rpc.Code; 0: it was not, and `read` holds the answer)."""
+    error_message: _builtins.str
+    @_builtins.property
+    def read(self) -> Global___BatchReadResponse: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        read: Global___BatchReadResponse | None = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read", b"read"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "read", b"read", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadStreamResponse: _TypeAlias = ReadStreamResponse  # noqa: Y015
+
+@_typing.final
 class GrantTransferRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -65,6 +65,11 @@ class StorageServiceStub:
                 request_serializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.BatchReadRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.BatchReadResponse.FromString,
                 _registered_method=True)
+        self.ReadStream = channel.stream_stream(
+                '/fireflyer.storage.v1.StorageService/ReadStream',
+                request_serializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.ReadStreamRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.ReadStreamResponse.FromString,
+                _registered_method=True)
         self.GrantTransfer = channel.unary_stream(
                 '/fireflyer.storage.v1.StorageService/GrantTransfer',
                 request_serializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.GrantTransferRequest.SerializeToString,
@@ -159,6 +164,16 @@ class StorageServiceServicer:
     def BatchRead(self, request, context):
         """Read chunk ranges from any serving replica. The checksum of the stored chunk is verified on every
         read. A chunk with a pending version answers PENDING_VERSION unless the IO is relaxed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadStream(self, request_iterator, context):
+        """BatchReads on one long-lived stream (a reader keeps one per node, sparing the per-call cost of a
+        unary call, which is most of a small read's): each request is answered, in any order, by the
+        response with its request_id. Same checks and results as BatchRead; a request refused outright gets
+        error_code and error_message in its response, and the stream goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -269,6 +284,11 @@ def add_StorageServiceServicer_to_server(servicer, server):
                     servicer.BatchRead,
                     request_deserializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.BatchReadRequest.FromString,
                     response_serializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.BatchReadResponse.SerializeToString,
+            ),
+            'ReadStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReadStream,
+                    request_deserializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.ReadStreamRequest.FromString,
+                    response_serializer=fireflyer_dot_storage_dot_v1_dot_storage__pb2.ReadStreamResponse.SerializeToString,
             ),
             'GrantTransfer': grpc.unary_stream_rpc_method_handler(
                     servicer.GrantTransfer,
@@ -401,6 +421,33 @@ class StorageService:
             '/fireflyer.storage.v1.StorageService/BatchRead',
             fireflyer_dot_storage_dot_v1_dot_storage__pb2.BatchReadRequest.SerializeToString,
             fireflyer_dot_storage_dot_v1_dot_storage__pb2.BatchReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fireflyer.storage.v1.StorageService/ReadStream',
+            fireflyer_dot_storage_dot_v1_dot_storage__pb2.ReadStreamRequest.SerializeToString,
+            fireflyer_dot_storage_dot_v1_dot_storage__pb2.ReadStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,12 @@ class StorageServiceStub:
     """Read chunk ranges from any serving replica. The checksum of the stored chunk is verified on every
     read. A chunk with a pending version answers PENDING_VERSION unless the IO is relaxed.
     """
+    ReadStream: _grpc.StreamStreamMultiCallable[_storage_pb2.ReadStreamRequest, _storage_pb2.ReadStreamResponse]
+    """BatchReads on one long-lived stream (a reader keeps one per node, sparing the per-call cost of a
+    unary call, which is most of a small read's): each request is answered, in any order, by the
+    response with its request_id. Same checks and results as BatchRead; a request refused outright gets
+    error_code and error_message in its response, and the stream goes on.
+    """
     GrantTransfer: _grpc.UnaryStreamMultiCallable[_storage_pb2.GrantTransferRequest, _storage_pb2.GrantTransferResponse]
     """Request-to-send, receiver side. A bulk BatchRead reads the disk first and stages the bytes under a
     transfer id; the node then sends only when the receiver grants it by calling this (or by pulling the
@@ -147,6 +153,12 @@ class StorageServiceAsyncStub(StorageServiceStub):
     BatchRead: _aio.UnaryUnaryMultiCallable[_storage_pb2.BatchReadRequest, _storage_pb2.BatchReadResponse]  # type: ignore[assignment]
     """Read chunk ranges from any serving replica. The checksum of the stored chunk is verified on every
     read. A chunk with a pending version answers PENDING_VERSION unless the IO is relaxed.
+    """
+    ReadStream: _aio.StreamStreamMultiCallable[_storage_pb2.ReadStreamRequest, _storage_pb2.ReadStreamResponse]  # type: ignore[assignment]
+    """BatchReads on one long-lived stream (a reader keeps one per node, sparing the per-call cost of a
+    unary call, which is most of a small read's): each request is answered, in any order, by the
+    response with its request_id. Same checks and results as BatchRead; a request refused outright gets
+    error_code and error_message in its response, and the stream goes on.
     """
     GrantTransfer: _aio.UnaryStreamMultiCallable[_storage_pb2.GrantTransferRequest, _storage_pb2.GrantTransferResponse]  # type: ignore[assignment]
     """Request-to-send, receiver side. A bulk BatchRead reads the disk first and stages the bytes under a
@@ -240,6 +252,18 @@ class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_storage_pb2.BatchReadResponse, _abc.Awaitable[_storage_pb2.BatchReadResponse]]:
         """Read chunk ranges from any serving replica. The checksum of the stored chunk is verified on every
         read. A chunk with a pending version answers PENDING_VERSION unless the IO is relaxed.
+        """
+
+    @_abc_1.abstractmethod
+    def ReadStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_storage_pb2.ReadStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_storage_pb2.ReadStreamResponse], _abc.AsyncIterator[_storage_pb2.ReadStreamResponse]]:
+        """BatchReads on one long-lived stream (a reader keeps one per node, sparing the per-call cost of a
+        unary call, which is most of a small read's): each request is answered, in any order, by the
+        response with its request_id. Same checks and results as BatchRead; a request refused outright gets
+        error_code and error_message in its response, and the stream goes on.
         """
 
     @_abc_1.abstractmethod
