@@ -250,6 +250,15 @@ class RawFile(io.RawIOBase):
 
     # ---- internals ----
 
+    @property
+    def session(self) -> pb.WriteSession | None:
+        return self._session
+
+    def session_renewed(self, session: pb.WriteSession) -> None:
+        """Meta opened the session again (after collecting it): writes go on under its new limit."""
+        self._session = session
+        self._limit = session.write_limit_bytes
+
     def report(self) -> pb.SessionReport | None:
         if self._session is None:
             return None

@@ -207,13 +207,16 @@ class FileSystem:
             self._writers.pop(session_id, None)
 
     async def _renew_loop(self) -> None:
-        interval = self._renew_interval_s
+        """Every lease/4 (meta says how long a lease is; each session carries it), report written lengths and
+        renew the leases of every write session of this process."""
         while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), interval or 5.0)
+            with self._writers_lock:
+                writers = dict(self._writers)
+            leases = [w.session.lease_s for w in writers.values() if w.session is not None and w.session.lease_s]
+            interval = self._renew_interval_s or (max(0.1, min(leases) / 4) if leases else 1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), interval)
                 return
-            except TimeoutError:
-                pass
             with self._writers_lock:
                 writers = dict(self._writers)
             if not writers:
@@ -224,11 +227,27 @@ class FileSystem:
                 resp = await self._meta.call(lambda s: s.RenewSessions, request)
             except (RpcError, Hf3fsError):
                 continue
-            if interval is None and resp.lease_s:
-                interval = max(0.2, resp.lease_s / 3)
             for sid in resp.lost_session_ids:
                 if sid in writers:
-                    session_lost(writers[sid])
+                    await self._reopen(writers[sid])
+
+    async def _reopen(self, raw: RawFile) -> None:
+        """A session meta collected (its lease lapsed while this process was too busy to renew it): open it
+        again under the same id, or, if that fails (the file was renamed or removed), fail later writes."""
+        session = raw.session
+        if session is None:
+            return
+        request = pb.OpenRequest(path=_at(raw.name), open_mode=pb.OPEN_MODE_WRITE, session_id=session.session_id,
+                                 client_id=self.client_id)  # fmt: skip
+        try:
+            resp = await self._meta.call(lambda s: s.Open, request)
+        except (RpcError, Hf3fsError):
+            session_lost(raw)
+            return
+        if resp.inode.inode_id != raw.inode_id:
+            session_lost(raw)
+            return
+        raw.session_renewed(resp.session)
 
     def renew_sessions_now(self) -> None:
         """Report written lengths and renew leases now (normally every lease/3 seconds)."""

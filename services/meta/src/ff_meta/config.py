@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -14,6 +15,11 @@ ENV_PREFIX = "FF_META_"
 class MetaSettings(SettingsModel):
     database_url: str = Field(
         "sqlite:///./meta-state/meta.db", description="sqlite:///file.db or postgresql+psycopg://"
+    )
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "NORMAL",
+        description="SQLite only: NORMAL (WAL) survives a process crash but may lose the last commits on power loss;"
+        " FULL fsyncs every commit",
     )
     mgmtd_addresses: str = Field("127.0.0.1:9000", description="comma-separated mgmtd gRPC addresses")
     listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")

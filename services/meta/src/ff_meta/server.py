@@ -6,6 +6,9 @@ import asyncio
 import logging
 import socket
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, event
 
 from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
 from ff_meta.app import MetaApp, MetaOptions
@@ -23,6 +26,18 @@ logger = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "store" / "migrations"
 
 
+def tune_sqlite(engine: Engine, synchronous: str) -> None:
+    """Meta's SQLite durability setting, on every pooled connection (no-op on PostgreSQL)."""
+    if engine.dialect.name != "sqlite":
+        return
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute(f"PRAGMA synchronous = {synchronous}")
+
+    event.listen(engine, "connect", on_connect)
+    engine.dispose()
+
+
 def options_of(settings: MetaSettings, cluster_token: str) -> MetaOptions:
     return MetaOptions(
         cluster_token=cluster_token, default_chain_table_id=settings.default_chain_table_id,
@@ -37,6 +52,7 @@ async def main(settings: MetaSettings, stop: asyncio.Event | None = None) -> Non
     stop = stop or asyncio.Event()
     token = settings.resolved_cluster_token()
     store = await asyncio.to_thread(open_store, settings.database_url, MIGRATIONS, VERSION_TABLE)
+    tune_sqlite(store.engine, settings.sqlite_synchronous)
     mgmtd = MgmtdClient(settings.mgmtd_list(), token=token, timeout_s=5.0)
     app = MetaApp(store, mgmtd, options_of(settings, token))
     server = RpcServer(

@@ -215,8 +215,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         except FsError as err:
             if err.fs_code is not FsCode.BAD_SESSION:
                 raise
-            # Closing a closed (or collected) session succeeds.
-            inode = await self._app.tx(caller(), lambda t: t.must(request.inode_id), read_only=True)
+            # Closing a closed (or collected) session succeeds; the length is still made exact (from storage
+            # only: the caller's hint counts only through a live session).
+            inode = await self._app.close_or_sync(caller(), request.inode_id, "", 0, None, close=False)
         return pb.CloseResponse(inode=to_pb(inode))
 
     async def Sync(self, request: pb.SyncRequest, context: Context) -> pb.SyncResponse:
@@ -318,6 +319,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
 
 async def _ids(app: MetaApp, n: int) -> list[int]:
+    ready = app.ids.take_now(n)
+    if ready is not None:
+        return ready
     return await asyncio.to_thread(app.ids.take, n)
 
 

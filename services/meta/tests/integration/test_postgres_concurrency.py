@@ -62,7 +62,9 @@ def check_tree(engine: sa.Engine) -> dict[str, int]:  # noqa: PLR0912, PLR0915
     with engine.connect() as conn:
         nodes = {r.inode_id: r for r in conn.execute(sa.select(inodes))}
         ents = list(conn.execute(sa.select(dirents)))
-        trash_roots = {r.inode_id for r in conn.execute(sa.select(trash))}
+        # A file's links may go to the trash one by one: one trash entry per link.
+        trashed = Counter(r.inode_id for r in conn.execute(sa.select(trash)))
+        trash_roots = set(trashed)
         open_files = {r.inode_id for r in conn.execute(sa.select(sessions))}
         next_id = conn.execute(sa.select(counters.c.value).where(counters.c.name == "next_inode_id")).scalar_one()
     names = Counter((e.parent_id, e.name) for e in ents)
@@ -85,7 +87,7 @@ def check_tree(engine: sa.Engine) -> dict[str, int]:  # noqa: PLR0912, PLR0915
                 assert len(links[inode_id]) == 1, f"directory {inode_id} has {len(links[inode_id])} entries"
                 assert links[inode_id][0].parent_id == node.parent_id, f"directory {inode_id}: wrong parent id"
         elif node.type == FILE:
-            expect = len(links[inode_id]) + (1 if inode_id in trash_roots else 0)
+            expect = len(links[inode_id]) + trashed[inode_id]
             assert node.nlink == expect or (node.nlink == 0 and inode_id in open_files), (
                 f"file {inode_id}: nlink {node.nlink}, {expect} links"
             )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
@@ -97,6 +98,41 @@ class GcJob:
     attempts: int
 
 
+_GET = sa.select(inodes).where(inodes.c.inode_id == sa.bindparam("i"))
+_LOOKUP = (
+    sa.select(inodes)
+    .join(dirents, dirents.c.inode_id == inodes.c.inode_id)
+    .where(dirents.c.parent_id == sa.bindparam("p"), dirents.c.name == sa.bindparam("n"))
+)
+
+
+_ANY_QUOTA = sa.select(quotas.c.inode_id).limit(1)
+_INSERT_INODE = sa.insert(inodes)
+_INSERT_DIRENT = sa.insert(dirents)
+
+
+def _raw(sql: str) -> tuple[str, str]:
+    """The statement for qmark (SQLite) and format (psycopg) parameter styles."""
+    return sql, sql.replace("?", "%s")
+
+
+_SELECT_COLS = ", ".join(f"i.{c}" for c in _COLS)
+_RAW_GET = _raw(f"SELECT {_SELECT_COLS} FROM meta_inodes i WHERE i.inode_id = ?")
+_RAW_LOOKUP = _raw(f"SELECT {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
+                   "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
+_TYPE_AT = _COLS.index("type")
+_RAW_LIST = _raw("SELECT name, inode_id, type FROM meta_dirents WHERE parent_id = ? ORDER BY name LIMIT ?")
+_RAW_LIST_AFTER = _raw(
+    "SELECT name, inode_id, type FROM meta_dirents WHERE parent_id = ? AND name > ? ORDER BY name LIMIT ?"
+)
+
+
+def _inode_of_tuple(row: tuple[Any, ...]) -> Inode:
+    values = dict(zip(_COLS, row, strict=True))
+    values["type"] = InodeType(row[_TYPE_AT])
+    return Inode(**values)
+
+
 def inode_of(row: Any) -> Inode:
     m = row._mapping
     return Inode(**{c: m[c] for c in _COLS if c != "type"}, type=InodeType(m["type"]))
@@ -114,12 +150,38 @@ class Tx:
     caller: Caller
     now_ns: int
     _has_quotas: bool | None = field(default=None)
+    _conn: Connection | None = field(default=None)
+    _cursor: Any = field(default=None)
+    _qmark: bool = field(default=True)
 
     # ---- rows ----
 
+    @property
+    def conn(self) -> Connection:
+        """The transaction's connection: Core statements on it skip the ORM session's overhead."""
+        if self._conn is None:
+            self._conn = self.session.connection()
+        return self._conn
+
+    def _fetch(self, sql: tuple[str, str], params: tuple[Any, ...], fetch: bool = True) -> tuple[Any, ...] | None:
+        """One row of a hot-path query, straight through the DB-API cursor of this transaction's connection
+        (SQLAlchemy's per-statement machinery costs several times the query itself)."""
+        if self._cursor is None:
+            self._qmark = self.conn.dialect.paramstyle == "qmark"
+            self._cursor = self.conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        self._cursor.execute(sql[0] if self._qmark else sql[1], params)
+        if not fetch:
+            return None
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        return row
+
+    def fetch_all(self, sql: tuple[str, str], params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        self._fetch(sql, params, fetch=False)
+        return list(self._cursor.fetchall())
+
     def get(self, inode_id: int) -> Inode | None:
-        row = self.session.execute(sa.select(inodes).where(inodes.c.inode_id == inode_id)).first()
-        return inode_of(row) if row is not None else None
+        row = self._fetch(_RAW_GET, (inode_id,))
+        return _inode_of_tuple(row) if row is not None else None
 
     def must(self, inode_id: int) -> Inode:
         inode = self.get(inode_id)
@@ -128,21 +190,18 @@ class Tx:
         return inode
 
     def lookup(self, parent_id: int, name: str) -> Inode | None:
-        row = self.session.execute(
-            sa.select(inodes).join(dirents, dirents.c.inode_id == inodes.c.inode_id)
-            .where(dirents.c.parent_id == parent_id, dirents.c.name == name)
-        ).first()  # fmt: skip
-        return inode_of(row) if row is not None else None
+        row = self._fetch(_RAW_LOOKUP, (parent_id, name))
+        return _inode_of_tuple(row) if row is not None else None
 
     def insert(self, inode: Inode) -> None:
-        self.session.execute(sa.insert(inodes).values(**_values(inode)))
+        self.conn.execute(_INSERT_INODE, _values(inode))
 
     def update(self, inode_id: int, **values: Any) -> None:
         self.session.execute(sa.update(inodes).where(inodes.c.inode_id == inode_id).values(**values))
 
     def link(self, parent_id: int, name: str, inode: Inode) -> None:
-        self.session.execute(sa.insert(dirents).values(parent_id=parent_id, name=name, inode_id=inode.inode_id,
-                                                       type=int(inode.type)))  # fmt: skip
+        self.conn.execute(_INSERT_DIRENT, {"parent_id": parent_id, "name": name, "inode_id": inode.inode_id,
+                                           "type": int(inode.type)})  # fmt: skip
 
     def unlink_entry(self, parent_id: int, name: str) -> None:
         self.session.execute(sa.delete(dirents).where(dirents.c.parent_id == parent_id, dirents.c.name == name))
@@ -230,7 +289,7 @@ class Tx:
 
     def any_quota(self) -> bool:
         if self._has_quotas is None:
-            self._has_quotas = self.session.execute(sa.select(quotas.c.inode_id).limit(1)).first() is not None
+            self._has_quotas = self.conn.execute(_ANY_QUOTA).first() is not None
         return self._has_quotas
 
     def quota_chain(self, dir_inode: Inode | None) -> list[QuotaRow]:
@@ -367,18 +426,11 @@ def allocate_ids(session: Session, count: int) -> int:
 
 
 def choose_layout(tx: Tx, parent: Inode, asked: LayoutSpec | None, defaults: Defaults, inode_id: int) -> dict[str, Any]:
-    """The layout of a new file: the asked one, else the nearest directory's, else the defaults."""
+    """The layout of a new file: the asked one, else its directory's (which a new directory copies from its
+    parent), else the defaults."""
     spec = asked if asked is not None and asked.chain_table_id else None
-    cur: Inode | None = parent
-    hops = 0
-    while spec is None and cur is not None:
-        if cur.chain_table_id:
-            spec = LayoutSpec(cur.chain_table_id, cur.chunk_size, cur.stripe_size)
-        elif cur.inode_id == ROOT_INODE_ID or hops > 4096:
-            break
-        else:
-            cur = tx.get(cur.parent_id)
-            hops += 1
+    if spec is None and parent.chain_table_id:
+        spec = LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
     spec = spec or defaults.layout
     table_id = spec.chain_table_id or defaults.layout.chain_table_id
     chunk = (asked.chunk_size if asked and asked.chunk_size else 0) or spec.chunk_size or defaults.layout.chunk_size
@@ -621,7 +673,7 @@ def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | 
 def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int) -> Inode:
     parent = _new_parent(tx, r, what)
     tx.charge(tx.quota_chain(parent), dinodes=1)
-    spec = layout or LayoutSpec()
+    spec = layout or LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
     if spec.chunk_size:
         check_chunk_size(spec.chunk_size)
     inode = Inode(inode_id=inode_id, type=InodeType.DIRECTORY, mode=mode & 0o7777, uid=tx.caller.uid,
@@ -763,21 +815,22 @@ def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
     if not d.is_dir:
         raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
     require(tx.caller, d, R, f"list {at.path}")
-    if with_inodes:
-        q = sa.select(inodes, dirents.c.name.label("entry_name")).join(dirents, dirents.c.inode_id == inodes.c.inode_id)
-    else:
-        q = sa.select(dirents.c.name.label("entry_name"), dirents.c.inode_id, dirents.c.type)
+    if not with_inodes:
+        sql = _RAW_LIST_AFTER if after else _RAW_LIST
+        rows = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
+        names: list[tuple[str, int, InodeType, Inode | None]] = [
+            (r[0], r[1], InodeType(r[2]), None) for r in rows[:page_size]
+        ]
+        return names, (rows[page_size - 1][0] if len(rows) > page_size else "")
+    q = sa.select(inodes, dirents.c.name.label("entry_name")).join(dirents, dirents.c.inode_id == inodes.c.inode_id)
     q = q.where(dirents.c.parent_id == d.inode_id)
     if after:
         q = q.where(dirents.c.name > after)
-    rows = tx.session.execute(q.order_by(dirents.c.name).limit(page_size + 1)).all()
-    more = len(rows) > page_size
-    rows = rows[:page_size]
-    out = []
-    for row in rows:
-        node = inode_of(row) if with_inodes else None
-        out.append((row.entry_name, row.inode_id, InodeType(row.type), node))
-    return out, (rows[-1].entry_name if more else "")
+    full = tx.session.execute(q.order_by(dirents.c.name).limit(page_size + 1)).all()
+    out: list[tuple[str, int, InodeType, Inode | None]] = [
+        (row.entry_name, row.inode_id, InodeType(row.type), inode_of(row)) for row in full[:page_size]
+    ]
+    return out, (full[page_size - 1].entry_name if len(full) > page_size else "")
 
 
 def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
