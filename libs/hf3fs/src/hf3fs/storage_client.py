@@ -206,9 +206,11 @@ class StorageClient:
         self._read_calls_per_node = read_calls_per_node
         self._node_reads: dict[int, _NodeReads] = defaultdict(_NodeReads)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         self.read_calls = 0  # BatchReads sent (fewer than batch_read calls when reads to a node merge)
 
     async def close(self) -> None:
+        self._closed = True
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -380,6 +382,10 @@ class StorageClient:
 
     def _next_read(self, node: NodeAddress, queue: _NodeReads) -> None:
         """A call to ``node`` ended: send what waits (up to ``MERGED_READ_MAX_BYTES``) or free the slot."""
+        if self._closed:  # nothing more goes out: whoever waits is cancelled
+            for part in queue.waiting:
+                part.done.cancel()
+            queue.waiting.clear()
         parts: list[_ReadPart] = []
         size = 0
         while queue.waiting and (not parts or size < MERGED_READ_MAX_BYTES):
