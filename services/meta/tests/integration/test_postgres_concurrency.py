@@ -161,6 +161,14 @@ def test_two_meta_instances_on_postgres_keep_the_tree_consistent(cluster: MetaCl
                 fs.close()
         counts = check_tree(engine)
         assert counts["inodes"] > 5, counts
+        # A client that knows both instances carries on when one of them stops (meta is stateless).
+        with hf3fs.connect(cluster.mgmtd, cluster.tokens["alice"], meta_addresses=[m.address for m in metas]) as fs:
+            fs.makedirs("/c/failover", exist_ok=True)
+            metas[0].stop()
+            for i in range(10):
+                fs.create(f"/c/failover/f{i}")
+            assert fs.listdir("/c/failover") == [f"f{i}" for i in range(10)]
+        check_tree(engine)
     finally:
         engine.dispose()
         for m in metas:
