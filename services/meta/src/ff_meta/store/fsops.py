@@ -8,6 +8,7 @@ done by the caller around these transactions.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,23 @@ _RAW_GET = _raw(f"SELECT {_SELECT_COLS} FROM meta_inodes i WHERE i.inode_id = ?"
 _RAW_LOOKUP = _raw(f"SELECT {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
                    "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
 _TYPE_AT = _COLS.index("type")
+MAX_FAST_DEPTH = 16
+
+
+@functools.cache
+def _walk_sql(depth: int) -> tuple[str, str]:
+    """One query for a directory and the ``depth`` directories below it along given names."""
+    cols = [", ".join(f"{a}.{c}" for c in _COLS) for a in ["r", *(f"i{k}" for k in range(depth))]]
+    joins, conds, prev = [], [], "r"
+    for k in range(depth):
+        joins.append(f"JOIN meta_dirents d{k} ON d{k}.parent_id = {prev}.inode_id "
+                     f"JOIN meta_inodes i{k} ON i{k}.inode_id = d{k}.inode_id")  # fmt: skip
+        conds.append(f"d{k}.name = ?")
+        prev = f"i{k}"
+    return _raw(f"SELECT {', '.join(cols)} FROM meta_inodes r {' '.join(joins)} "
+                f"WHERE r.inode_id = ? AND {' AND '.join(conds)}")  # fmt: skip
+
+
 _RAW_LIST = _raw("SELECT name, inode_id, type FROM meta_dirents WHERE parent_id = ? ORDER BY name LIMIT ?")
 _RAW_LIST_AFTER = _raw(
     "SELECT name, inode_id, type FROM meta_dirents WHERE parent_id = ? AND name > ? ORDER BY name LIMIT ?"
@@ -218,14 +236,26 @@ class Tx:
 
     # ---- paths ----
 
-    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0) -> Resolved:
+    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0) -> Resolved:  # noqa: PLR0912
         absolute, parts = split_path(at.path)
-        cur = self.must(ROOT_INODE_ID if absolute or at.parent_id in (0, ROOT_INODE_ID) else at.parent_id)
-        if not parts:
-            return Resolved(cur)
-        if not cur.is_dir:
-            raise fs_error(FsCode.NOT_DIRECTORY, f"inode {cur.inode_id} is not a directory")
-        for i, comp in enumerate(parts):
+        start = ROOT_INODE_ID if absolute or at.parent_id in (0, ROOT_INODE_ID) else at.parent_id
+        begin = 0
+        cur: Inode | None = None
+        if 2 <= len(parts) <= MAX_FAST_DEPTH + 1 and ".." not in parts[:-1]:
+            # Fast path: every directory down to the last component in one query.
+            dirs = self._walk_dirs(start, parts[:-1])
+            if dirs is not None:
+                for k, d in enumerate(dirs[:-1]):
+                    require(self.caller, d, X, f"search {'/'.join(parts[:k]) or '/'}")
+                cur, begin = dirs[-1], len(parts) - 1
+        if cur is None:
+            cur = self.must(start)
+            if not parts:
+                return Resolved(cur)
+            if not cur.is_dir:
+                raise fs_error(FsCode.NOT_DIRECTORY, f"inode {cur.inode_id} is not a directory")
+        for i in range(begin, len(parts)):
+            comp = parts[i]
             last = i == len(parts) - 1
             if not cur.is_dir:
                 raise fs_error(FsCode.NOT_DIRECTORY, f"{'/'.join(parts[:i])!r} is not a directory")
@@ -250,6 +280,16 @@ class Tx:
                 return Resolved(child, cur, comp)
             cur = child
         raise AssertionError("unreachable")
+
+    def _walk_dirs(self, start: int, names: list[str]) -> list[Inode] | None:
+        """``start`` and the directories ``names`` lead to from it, or None when one is missing or is not a
+        directory (then the caller walks step by step, which finds the exact error or follows symlinks)."""
+        row = self._fetch(_walk_sql(len(names)), (start, *names))
+        if row is None:
+            return None
+        width = len(_COLS)
+        dirs = [_inode_of_tuple(row[k * width : (k + 1) * width]) for k in range(len(names) + 1)]
+        return dirs if all(d.is_dir for d in dirs) else None
 
     def existing(self, at: PathAt, *, follow_last: bool) -> Resolved:
         r = self.resolve(at, follow_last=follow_last)
