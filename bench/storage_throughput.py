@@ -18,7 +18,7 @@ writer, one stream); the client keeps ``--inflight`` requests in flight (default
 would; ``--inflight 1`` measures one-by-one latency-bound transfers). Prints per-round MiB/s, the median
 of each, and the median of the per-round ratios (goal >= 0.5 each). The cluster runs with mgmtd's own
 timing (1 s heartbeats; the tests' 0.2 s ones take a few percent of the two cores from the data path).
-Reads land in caller buffers reused from round to round, as the TCP baseline's receive buffer is.
+Reads land in caller buffers, one per block in flight, reused (the TCP baseline receives into one buffer).
 
     .venv/bin/python bench/storage_throughput.py                 # 7 rounds of 32 x 4 MiB, ~40 s
     .venv/bin/python bench/storage_throughput.py --inflight 1 --dir /work/tmp
@@ -194,12 +194,18 @@ async def client_read(
     client: StorageClient, chain_id: int, blocks: Sequence[bytes], cfg: BenchConfig, buffers: Sequence[memoryview],
     *, verify: bool,
 ) -> float:  # fmt: skip
+    """Read every block; each request lands in a free slot of ``buffers`` (``inflight`` slots of ``batch``
+    blocks: a streaming reader's ring, as the TCP baseline receives into its one buffer)."""
+    free = [buffers[k * cfg.batch : (k + 1) * cfg.batch] for k in range(cfg.inflight)]
+
     async def one(s: range) -> None:
+        slot = free.pop()
         ios = [ChunkRead(chain_id=chain_id, inode_id=INODE_ID, chunk_index=i, length=cfg.block_bytes,
-                         buffer=buffers[i]) for i in s]  # fmt: skip
+                         buffer=slot[k]) for k, i in enumerate(s)]  # fmt: skip
         for i, r in zip(s, await client.batch_read(ios), strict=True):
             if not r.ok or len(r.data) != cfg.block_bytes or (verify and r.data != blocks[i]):
                 raise RuntimeError(f"read of chunk {i} failed or differs: {r.status} {r.message}")
+        free.append(slot)
 
     return await in_batches(len(blocks), cfg, one)
 
@@ -261,10 +267,11 @@ async def measure(cfg: BenchConfig, cluster: StorageCluster, client: StorageClie
     print(f"chain {chain.chain_id}: targets {[t.target_id for t in chain.targets]} (head first), "
           f"{len(info.chains)} chain(s)")  # fmt: skip
     blocks = [os.urandom(cfg.block_bytes) for _ in range(cfg.num_chunks)]
-    # Read buffers, reused every round: plain memory (the TCP data path) and shared memory (same host).
-    buffers = [memoryview(bytearray(cfg.block_bytes)) for _ in range(cfg.num_chunks)]
-    area = client.alloc_buffer(cfg.block_bytes * cfg.num_chunks)
-    shm_buffers = [area[i * cfg.block_bytes : (i + 1) * cfg.block_bytes] for i in range(cfg.num_chunks)]
+    # Read buffers, one per block in flight, reused: plain memory (the TCP data path) and shared memory.
+    ring = cfg.inflight * cfg.batch
+    buffers = [memoryview(bytearray(cfg.block_bytes)) for _ in range(ring)]
+    area = client.alloc_buffer(cfg.block_bytes * ring)
+    shm_buffers = [area[i * cfg.block_bytes : (i + 1) * cfg.block_bytes] for i in range(ring)]
     await one_round(0, cfg, client, chain.chain_id, base, blocks, buffers, shm_buffers)  # warm-up; checks content
     stats = client.data_stats
     if not stats["shm_pulls"] or not stats["tcp_pulls"]:
