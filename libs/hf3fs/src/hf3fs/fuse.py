@@ -59,6 +59,7 @@ class _Handle:
     inode_id: int
     writable: bool
     end: int = 0  # highest byte written through this handle
+    dirty: bool = False  # written since the length was last made exact on meta
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -126,7 +127,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         for h in self._writers(inode_id):
             if h is not but:
                 with h.lock:
-                    h.file.flush()
+                    if not h.file.closed:
+                        h.file.flush()
 
     # ---- attributes ----
 
@@ -253,17 +255,29 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if f is None:
             f = self.fs.open(path, "r+b" if writable else "rb")
         try:
-            st = self.fs.stat(path)
+            inode_id = getattr(getattr(f, "raw", f), "inode_id", None)  # the client's files know their inode
+            if not isinstance(inode_id, int):
+                inode_id = self.fs.stat(path).inode_id
             if writable and flags & os.O_TRUNC:
                 f.truncate(0)
         except BaseException:
             f.close()
             raise
-        return self._add(_Handle(f, st.inode_id, writable))
+        return self._add(_Handle(f, inode_id, writable))
 
     @_fuse_errors
     def open(self, path: str, flags: int) -> int:
+        # close(2) waits for FLUSH but not for RELEASE, which closes the write session and makes the length
+        # exact on meta. A program that closes a file and opens it again at once (git does, all the time) may
+        # get here first: make the length exact now, or the new handle would see the old length.
+        if self._has_writers():
+            for h in self._writers(self.fs.stat(path).inode_id):
+                self._sync(h, always=False)
         return self._open_handle(path, flags)
+
+    def _has_writers(self) -> bool:
+        with self._lock:
+            return any(h.writable for h in self._handles.values())
 
     @_fuse_errors
     def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:
@@ -296,6 +310,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             h.file.seek(offset)
             h.file.write(data)
             h.end = max(h.end, offset + len(data))
+            h.dirty = True
         return len(data)
 
     @_fuse_errors
@@ -318,12 +333,19 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_fuse_errors
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        h = self._get(fh)
-        if h.writable:
-            with h.lock:
-                h.file.flush()
-                h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
+        self._sync(self._get(fh), always=True)
         return 0
+
+    def _sync(self, h: _Handle, always: bool) -> None:
+        if not h.writable:
+            return
+        with h.lock:
+            if h.file.closed:  # released meanwhile: the close made the length exact
+                return
+            h.file.flush()
+            if h.dirty or always:
+                h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
+                h.dirty = False
 
     @_fuse_errors
     def release(self, path: str, fh: int) -> int:
@@ -371,7 +393,7 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out:
     mfusepy.FUSE(
         ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
         hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
-        entry_timeout=options.attr_timeout_s, default_permissions=False,
+        entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s, default_permissions=False,
     )  # fmt: skip
 
 
