@@ -84,3 +84,49 @@ def test_other_users_files(cluster: MetaCluster, fs: hf3fs.FileSystem, home: str
     with fs.open(f"{home}/shared") as f:
         assert f.read() == b"public"
     assert fs.stat(f"{home}/shared").mode == 0o644
+
+
+def test_storage_needs_the_capability(cluster: MetaCluster, fs: hf3fs.FileSystem, home: str) -> None:
+    """Storage itself refuses user chunk I/O without meta's capability, with another file's, or read-only
+    for a write (not only the client library)."""
+    import asyncio
+
+    from ff_cluster import MgmtdClient
+    from fireflyer.meta.v1 import meta_pb2 as pb
+    from hf3fs.storage_client import ChunkRead, ChunkWrite, StorageClient, StorageIoError
+
+    with fs.open(f"{home}/f", "wb") as f:
+        f.write(b"payload")
+    with fs.open(f"{home}/g", "wb") as f:
+        f.write(b"other")
+    st = fs.stat(f"{home}/f")
+    resp = fs._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
+        paths=[pb.PathAt(path=f"{home}/f"), pb.PathAt(path=f"{home}/g")], follow_last_symlink=True,
+        include_read_capability=True))  # fmt: skip
+    cap_f, cap_g = (r.read_capability.token for r in resp.results)
+    chain = fs._layout(resp.results[0].inode).chain_of(0)
+
+    async def attempt(cap: bytes, write: bool) -> str:
+        mg = MgmtdClient([cluster.mgmtd], token=cluster.tokens["alice"])
+        sc = StorageClient(mg, cluster.tokens["alice"])
+        try:
+            if write:
+                await sc.batch_write([ChunkWrite(chain_id=chain, inode_id=st.inode_id, chunk_index=0, data=b"evil",
+                                                 chunk_size=st.chunk_size, capability=cap)])  # fmt: skip
+            else:
+                out = await sc.batch_read([ChunkRead(chain_id=chain, inode_id=st.inode_id, chunk_index=0, length=7,
+                                                     capability=cap)])  # fmt: skip
+                return bytes(out[0].data).decode()
+        except StorageIoError as err:
+            return f"refused {err.code.name if err.code else ''}"
+        finally:
+            await sc.close()
+            await mg.close()
+        return "written"
+
+    assert asyncio.run(attempt(cap_f, write=False)) == "payload"
+    assert asyncio.run(attempt(b"", write=False)) == "refused PERMISSION_DENIED"
+    assert asyncio.run(attempt(cap_g, write=False)) == "refused PERMISSION_DENIED"
+    assert asyncio.run(attempt(cap_f, write=True)) == "refused PERMISSION_DENIED"
+    with fs.open(f"{home}/f") as f:
+        assert f.read() == b"payload"
