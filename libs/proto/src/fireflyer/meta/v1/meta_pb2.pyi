@@ -149,7 +149,8 @@ class Layout(_message.Message):
     """Where a file's chunks live. Chunk i of a file has chunk id (inode_id, i) and lives on chain
     chains[i % stripe_size], where `chains` is the `stripe_size` consecutive entries of the chain table
     starting at `chain_begin_index` (wrapping around), permuted by the shuffle seeded with `shuffle_seed`
-    (the permutation is defined once, in the hf3fs client library, and must never change).
+    (the permutation is defined once, in the hf3fs client library: hf3fs.layout.file_chains, a Fisher-Yates
+    shuffle driven by splitmix64; it must never change).
     Chain tables may grow by appending chains but never reorder them, so indices stay valid; a chain keeps
     its id when its targets change.
     A directory's layout is the default for new files and subdirectories below it: only
@@ -216,13 +217,16 @@ class Inode(_message.Message):
     SYMLINK_TARGET_FIELD_NUMBER: _builtins.int
     NUM_WRITE_SESSIONS_FIELD_NUMBER: _builtins.int
     inode_id: _builtins.int
-    """64-bit, unique, increasing. The root directory is 1."""
+    """64-bit, unique, increasing. The root directory is 1 (mode 1777 and owned by root, like /tmp)."""
     type: Global___InodeType.ValueType
     mode: _builtins.int
     """Permission bits (07777), without the file-type bits."""
     uid: _builtins.int
     gid: _builtins.int
     nlink: _builtins.int
+    """Files: the number of entries (and trash entries) naming it; directories: always 1 (as btrfs does,
+    so that tools do not count subdirectories from it).
+    """
     atime_ns: _builtins.int
     mtime_ns: _builtins.int
     ctime_ns: _builtins.int
@@ -327,7 +331,8 @@ class IoCapability(_message.Message):
     """Proof for storage that meta allowed I/O on one file: storage checks it on every user call that reads
     or writes the file's chunks (cluster-token calls need none). Opaque to clients; an HMAC made by meta
     over (inode_id, writable, expires_at_ns) with a key that meta and storage derive from the cluster
-    secret (the scheme lives in one shared library). Clients refresh it by opening the file again.
+    secret (the scheme lives in one shared library: hf3fs.capability). Clients pass `token` as the
+    `io_capability` of every ReadIO/WriteIO of the file, and refresh it by opening the file again.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -258,7 +258,8 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Close(self, request, context):
-        """End a write session and make the file length exact. Closing a closed session succeeds.
+        """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
+        and still makes the length exact from storage.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -74,7 +74,9 @@ class MetaServiceStub:
     Idempotent because the client chooses the session id: a retry returns the same session.
     """
     Close: _grpc.UnaryUnaryMultiCallable[_meta_pb2.CloseRequest, _meta_pb2.CloseResponse]
-    """End a write session and make the file length exact. Closing a closed session succeeds."""
+    """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
+    and still makes the length exact from storage.
+    """
     Sync: _grpc.UnaryUnaryMultiCallable[_meta_pb2.SyncRequest, _meta_pb2.SyncResponse]
     """fsync: make the file length exact (from storage) and apply the reported mtime; the session stays."""
     RenewSessions: _grpc.UnaryUnaryMultiCallable[_meta_pb2.RenewSessionsRequest, _meta_pb2.RenewSessionsResponse]
@@ -160,7 +162,9 @@ class MetaServiceAsyncStub(MetaServiceStub):
     Idempotent because the client chooses the session id: a retry returns the same session.
     """
     Close: _aio.UnaryUnaryMultiCallable[_meta_pb2.CloseRequest, _meta_pb2.CloseResponse]  # type: ignore[assignment]
-    """End a write session and make the file length exact. Closing a closed session succeeds."""
+    """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
+    and still makes the length exact from storage.
+    """
     Sync: _aio.UnaryUnaryMultiCallable[_meta_pb2.SyncRequest, _meta_pb2.SyncResponse]  # type: ignore[assignment]
     """fsync: make the file length exact (from storage) and apply the reported mtime; the session stays."""
     RenewSessions: _aio.UnaryUnaryMultiCallable[_meta_pb2.RenewSessionsRequest, _meta_pb2.RenewSessionsResponse]  # type: ignore[assignment]
@@ -303,7 +307,9 @@ class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _meta_pb2.CloseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_meta_pb2.CloseResponse, _abc.Awaitable[_meta_pb2.CloseResponse]]:
-        """End a write session and make the file length exact. Closing a closed session succeeds."""
+        """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
+        and still makes the length exact from storage.
+        """
 
     @_abc_1.abstractmethod
     def Sync(
