@@ -94,6 +94,7 @@ class MetaApp:
         self._rpc = RpcClient(token=options.cluster_token, timeout_s=options.storage_timeout_s, retry=NO_RETRY)
         self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
         self._inline_reads = store.engine.dialect.name == "sqlite"
+        self._write_lock = threading.Lock()
 
     async def close(self) -> None:
         await self._stubs.close()
@@ -110,7 +111,15 @@ class MetaApp:
             # SQLite reads in WAL mode never wait for a lock and take well under a millisecond: run them on
             # the event loop instead of paying a worker-thread hop per call.
             return self.store.run(body, read_only=True)
+        if not read_only and self._inline_reads:
+            return await asyncio.to_thread(self._write_serialized, body)
         return await self.store.arun(body, read_only=read_only)
+
+    def _write_serialized(self, body: Callable[[Session], T]) -> T:
+        """SQLite has one writer at a time: this process's writers queue on a lock rather than in SQLite's
+        busy handler, which sleeps in steps of milliseconds (other processes still meet the busy handler)."""
+        with self._write_lock:
+            return self.store.run(body)
 
     async def defaults(self) -> Defaults:
         try:
