@@ -63,6 +63,13 @@ class _Handle:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _seek(f: IO[bytes], offset: int) -> None:
+    """Seek only when needed: a buffered file's seek() sends its pending writes first, and the kernel hands
+    sequential writes over in 128 KiB pieces that should reach storage as whole chunks."""
+    if f.tell() != offset:
+        f.seek(offset)
+
+
 def _errno_of(err: BaseException) -> int:
     if isinstance(err, OSError) and isinstance(err.errno, int) and err.errno > 0:
         return err.errno
@@ -298,7 +305,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if not h.writable:
             self._flush_writers(h.inode_id)
         with h.lock:
-            h.file.seek(offset)
+            _seek(h.file, offset)
             return bytes(h.file.read(size))
 
     @_fuse_errors
@@ -307,7 +314,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
         with h.lock:
-            h.file.seek(offset)
+            _seek(h.file, offset)
             h.file.write(data)
             h.end = max(h.end, offset + len(data))
             h.dirty = True
@@ -397,10 +404,28 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out:
     )  # fmt: skip
 
 
-def mount_background(mountpoint: str, mgmtd: str, token: str, options: MountOptions, environ: Mapping[str, str]) -> str:
-    """Start a daemon that mounts ``mountpoint``; wait until the mount serves. Returns a line to print.
+@dataclass(frozen=True)
+class BackgroundMount:
+    """A mount served by a daemon process."""
+
+    where: str
+    pid: int
+    log_file: str
+
+    def __str__(self) -> str:
+        where, pid, log = self.where, self.pid, self.log_file
+        return f"mounted 3FS on {where} (daemon pid {pid}, log {log}); unmount: hf3fs umount {where}"
+
+
+def mount_background(
+    mountpoint: str, mgmtd: str, token: str, options: MountOptions, environ: Mapping[str, str]
+) -> BackgroundMount:
+    """Start a daemon that mounts ``mountpoint`` and wait until the mount serves.
 
     The token goes to the daemon through its environment, not its command line.
+
+    Raises:
+        OSError: no FUSE here, or the daemon did not mount in time (its log's last lines in the message).
     """
     check_fuse()
     where = os.path.abspath(mountpoint)
@@ -416,12 +441,13 @@ def mount_background(mountpoint: str, mgmtd: str, token: str, options: MountOpti
     deadline = time.monotonic() + MOUNT_WAIT_S
     while time.monotonic() < deadline:
         if os.path.ismount(where):
-            return f"mounted 3FS on {where} (daemon pid {proc.pid}, log {log_file}); unmount: hf3fs umount {where}"
+            return BackgroundMount(where, proc.pid, log_file)
         if proc.poll() is not None:
             break
         time.sleep(0.1)
     if proc.poll() is None:
         proc.kill()
+        proc.wait()
     tail = ""
     with contextlib.suppress(OSError), open(log_file, errors="replace") as f:
         tail = "".join(f.readlines()[-5:]).strip()

@@ -290,7 +290,7 @@ def cmd_mount(cli: Cli) -> None:
     del fs_ok
     mgmtd = a.mgmtd or cli.environ.get(MGMTD_ENV, "")
     token = a.token or cli.environ.get(TOKEN_ENV, "")
-    cli.print(fuse.mount_background(a.mountpoint, mgmtd, token, options, cli.environ))
+    cli.print(str(fuse.mount_background(a.mountpoint, mgmtd, token, options, cli.environ)))
 
 
 def cmd_umount(cli: Cli) -> None:
