@@ -1,10 +1,14 @@
 """hfreduce vs torch.distributed gloo allreduce, OSU style: algbw/busbw per size, interleaved rounds.
 
 Every rank is both a gloo rank and an hfreduce rank on the same layout (nodes x local ranks, all on
-loopback). Per round and size, in the same processes: hfreduce on an ordinary array (copy path),
-hfreduce on a registered buffer (zero copy), gloo on the same ordinary array, and the shared-memory
-reduce ceiling (all ranks reduce the world's buffers held in one shared-memory space, no network).
-Time = max over ranks. Ratios are medians of per-round ratios t_gloo / t_hfreduce.
+loopback). Per round and size, in the same processes: hfreduce on an ordinary array ("copy": local
+ranks read and write each other's buffers directly), the same staged through shared memory ("staged",
+cross_memory=False), hfreduce on a registered buffer ("reg", zero copy), gloo on the same ordinary
+array, and the shared-memory reduce ceiling (all ranks reduce the world's buffers held in one
+shared-memory space, no network). Time = max over ranks. Ratios are medians of per-round ratios
+t_gloo / t_hfreduce. CPU time (user + sys of every thread, summed over ranks) is printed too: on this
+2-core box the ops are CPU-bound, so it predicts the ratios without the noise of other load.
+``--profile`` prints hfreduce's wall time per phase and rank.
 
     .venv/bin/python bench/hfreduce_allreduce.py --layouts 2x1,2x2 --rounds 11
 """
@@ -27,6 +31,10 @@ import numpy as np
 
 KIB = 1024
 DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
+# hfreduce on an ordinary array (local ranks read and write each other's buffers directly), on an ordinary
+# array staged through shared memory (cross_memory=False: the path before cross-memory attach), on a
+# registered buffer; then gloo
+KINDS = ("copy", "staged", "reg", "gloo")
 
 
 def free_port() -> int:
@@ -38,11 +46,11 @@ def free_port() -> int:
 
 class Clock:
     """Times one op after a gloo barrier; keeps this rank's CPU seconds (all threads, user + sys) of the
-    last copy/reg/gloo op, and with ``profile`` reports hfreduce's seconds by phase to the parent."""
+    last op of each kind, and with ``profile`` reports hfreduce's seconds by phase to the parent."""
 
-    def __init__(self, dist: Any, group: Any, queue: Any, rank: int, profile: bool) -> None:
-        self.dist, self.group, self.queue, self.rank, self.profile = dist, group, queue, rank, profile
-        self.cpu = [0.0, 0.0, 0.0]
+    def __init__(self, dist: Any, queue: Any, rank: int, profile: bool) -> None:
+        self.dist, self.queue, self.rank, self.profile = dist, queue, rank, profile
+        self.cpu = [0.0] * len(KINDS)
 
     def timed(self, fn: Any, slot: int = -1) -> float:
         self.dist.barrier()
@@ -53,11 +61,11 @@ class Clock:
             self.cpu[slot] = time.process_time() - c0
         return took
 
-    def profiled(self, kind: str, nbytes: int, fn: Any) -> float:
-        before = self.group.counters().seconds if self.profile else {}
-        took = self.timed(fn, 0 if kind == "copy" else 1)
+    def profiled(self, kind: str, nbytes: int, fn: Any, group: Any) -> float:
+        before = group.counters().seconds if self.profile else {}
+        took = self.timed(fn, KINDS.index(kind))
         if self.profile:
-            after = self.group.counters().seconds
+            after = group.counters().seconds
             phases = {k: v - before.get(k, 0.0) for k, v in after.items()}
             self.queue.put(("phases", self.rank, nbytes, kind, phases))
         return took
@@ -68,13 +76,14 @@ def rank_main(
     local: int,
     nodes: int,
     num_local: int,
-    ports: tuple[int, int],
+    ports: tuple[int, int, int],
     sizes: list[int],
     rounds: int,
     shm_prefix: str,
     queue: Any,
     slot_bytes: int,
     profile: bool,
+    chunk_bytes: int,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -85,20 +94,25 @@ def rank_main(
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     world, rank = nodes * num_local, node * num_local + local
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=world)
-    group = Group(
-        GroupConfig(
-            master_addr="127.0.0.1",
-            master_port=ports[0],
-            node_rank=node,
-            num_nodes=nodes,
-            local_rank=local,
-            local_world_size=num_local,
-            timeout_s=120,
-            shm_slot_bytes=slot_bytes,
+    group, staged = (
+        Group(
+            GroupConfig(
+                master_addr="127.0.0.1",
+                master_port=port,
+                node_rank=node,
+                num_nodes=nodes,
+                local_rank=local,
+                local_world_size=num_local,
+                timeout_s=120,
+                shm_slot_bytes=slot_bytes,
+                cross_memory=cross_memory,
+                chunk_size_bytes=chunk_bytes or GroupConfig.chunk_size_bytes,
+            )
         )
+        for port, cross_memory in ((ports[0], True), (ports[2], False))
     )
-    worst = torch.zeros(4, dtype=torch.float64)
-    clock = Clock(dist, group, queue, rank, profile)
+    worst = torch.zeros(len(KINDS) + 1, dtype=torch.float64)
+    clock = Clock(dist, queue, rank, profile)
     timed, profiled, cpu = clock.timed, clock.profiled, clock.cpu
 
     for nbytes in sizes:
@@ -119,30 +133,32 @@ def rank_main(
 
         for _ in range(2):  # warm-up
             group.allreduce(buf)
+            staged.allreduce(buf)
             group.allreduce(reg)
             dist.all_reduce(tbuf)
         for _ in range(rounds):
+            ok = True
+            took = []
+            for kind, grp, arr in (("copy", group, buf), ("staged", staged, buf), ("reg", group, reg)):
+                arr.fill(1.0)
+                took.append(profiled(kind, nbytes, partial(grp.allreduce, arr), grp))
+                ok = ok and (bool(arr[0] == world and arr[-1] == world) if n else True)
             buf.fill(1.0)
-            t_copy = profiled("copy", nbytes, partial(group.allreduce, buf))
-            ok = bool(buf[0] == world) if n else True
-            reg.fill(1.0)
-            t_reg = profiled("reg", nbytes, partial(group.allreduce, reg))
-            ok = ok and (bool(reg[-1] == world) if n else True)
-            buf.fill(1.0)
-            t_gloo = timed(partial(dist.all_reduce, tbuf), 2)
-            t_ceil = timed(shm_reduce)
-            worst.copy_(torch.tensor([t_copy, t_reg, t_gloo, t_ceil], dtype=torch.float64))
+            took.append(timed(partial(dist.all_reduce, tbuf), KINDS.index("gloo")))
+            took.append(timed(shm_reduce))
+            worst.copy_(torch.tensor(took, dtype=torch.float64))
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             cpu_sum = torch.tensor(cpu, dtype=torch.float64)
             dist.all_reduce(cpu_sum)
             if rank == 0:
-                queue.put(("times", nbytes, *worst.tolist(), ok, *cpu_sum.tolist()))
+                queue.put(("times", nbytes, ok, worst.tolist(), cpu_sum.tolist()))
+    staged.close()
     group.close()
     dist.destroy_process_group()
 
 
 def run_layout(
-    nodes: int, num_local: int, sizes: list[int], rounds: int, slot_bytes: int, profile: bool
+    nodes: int, num_local: int, sizes: list[int], rounds: int, slot_bytes: int, profile: bool, chunk_bytes: int
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -151,11 +167,11 @@ def run_layout(
     paths = [Path(f"{prefix}-{r}") for r in range(world)]
     for path in paths:
         np.ones(max(sizes) // 4, dtype=np.float32).tofile(path)
-    ports = (free_port(), free_port())
+    ports = (free_port(), free_port(), free_port())
     procs = [
         ctx.Process(
             target=rank_main,
-            args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes, profile),
+            args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes, profile, chunk_bytes),
         )
         for n in range(nodes)
         for lr in range(num_local)
@@ -163,7 +179,7 @@ def run_layout(
     try:
         for p in procs:
             p.start()
-        expect = len(sizes) * rounds * (1 + (2 * world if profile else 0))
+        expect = len(sizes) * rounds * (1 + (3 * world if profile else 0))
         got = [queue.get(timeout=600) for _ in range(expect)]
         for p in procs:
             p.join()
@@ -186,7 +202,7 @@ def report_phases(layout: str, phases: list[tuple[Any, ...]]) -> None:
     """Median ms per phase over rounds, per rank, for each size and kind (copy path, registered)."""
     print(f"\n# phases {layout}: median ms over rounds per rank (pipeline-thread phases summed over threads)")
     for nbytes in sorted({p[1] for p in phases}):
-        for kind in ("copy", "reg"):
+        for kind in KINDS[:-1]:
             mine = [p for p in phases if p[1] == nbytes and p[2] == kind]
             names = sorted({k for p in mine for k in p[3]}, key=_PHASE_ORDER.index)
             head = f"{_size(nbytes)} {kind}: "
@@ -218,49 +234,58 @@ _PHASE_ORDER = [
 
 
 def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, dict[str, float]]:
+    """rows: (nbytes, ok, max-over-ranks seconds per kind + ceiling, CPU seconds per kind summed over ranks)."""
     factor = 2 * (world - 1) / world
     print(
         f"\n# layout {layout} (world {world}); algbw = bytes/time, busbw = algbw * {factor:.2f}; GB/s = 1e9 B/s; "
-        "medians over rounds; ratios are medians of per-round time ratios"
+        "medians over rounds; ratios are medians of per-round time ratios (gloo time / hfreduce time)"
     )
+    hf = KINDS[:-1]
+    gloo = KINDS.index("gloo")
     print(
-        f"{'size':>10} {'copy alg/bus':>13} {'reg alg/bus':>12} {'gloo alg/bus':>13} {'ceil alg':>8} "
-        f"{'copy/gloo':>9} {'reg/gloo':>8} {'copy/ceil':>9} {'reg/ceil':>8} {'ok':>3}"
+        f"{'size':>10} "
+        + " ".join(f"{k + ' alg/bus':>14}" for k in KINDS)
+        + f" {'ceil alg':>8} "
+        + " ".join(f"{k + '/gloo':>11}" for k in hf)
+        + " "
+        + " ".join(f"{k + '/ceil':>11}" for k in hf)
+        + "  ok"
     )
     summary = {}
     cpu_lines: list[str] = []
     for nbytes in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == nbytes]
-        med = [statistics.median(r[i] for r in mine) for i in (1, 2, 3, 4)]
+        med = [statistics.median(r[2][i] for r in mine) for i in range(len(KINDS) + 1)]
         alg = [nbytes / t / 1e9 for t in med]
-        pair = [f"{a:.3f}/{a * factor:.3f}" for a in alg[:3]]
-        copy_ratio = statistics.median(r[3] / r[1] for r in mine)
-        reg_ratio = statistics.median(r[3] / r[2] for r in mine)
-        ceil_copy = statistics.median(r[4] / r[1] for r in mine)
-        ceil_reg = statistics.median(r[4] / r[2] for r in mine)
-        ok = all(r[5] for r in mine)
-        cpu_ms = [statistics.median(r[i] for r in mine) * 1e3 for i in (6, 7, 8)]
-        cpu_lines.append(
-            f"{_size(nbytes):>10} {cpu_ms[0]:9.1f} {cpu_ms[1]:9.1f} {cpu_ms[2]:9.1f} "
-            f"{statistics.median(r[8] / r[6] for r in mine):9.2f} {statistics.median(r[8] / r[7] for r in mine):8.2f}"
-        )
-        size = _size(nbytes)
+        pairs = " ".join(f"{f'{a:.3f}/{a * factor:.3f}':>14}" for a in alg[:-1])
+        ratios = {k: statistics.median(r[2][gloo] / r[2][i] for r in mine) for i, k in enumerate(hf)}
+        ceils = [statistics.median(r[2][-1] / r[2][i] for r in mine) for i in range(len(hf))]
+        ok = all(r[1] for r in mine)
         print(
-            f"{size:>10} {pair[0]:>13} {pair[1]:>12} {pair[2]:>13} {alg[3]:8.3f} {copy_ratio:9.2f} "
-            f"{reg_ratio:8.2f} {ceil_copy:9.2f} {ceil_reg:8.2f} {'yes' if ok else 'NO':>3}"
+            f"{_size(nbytes):>10} {pairs} {alg[-1]:8.3f} "
+            + " ".join(f"{ratios[k]:11.2f}" for k in hf)
+            + " "
+            + " ".join(f"{c:11.2f}" for c in ceils)
+            + f" {'yes' if ok else 'NO':>3}"
         )
-        summary[nbytes] = {"copy": copy_ratio, "reg": reg_ratio}
-    print(
-        "CPU ms per op, summed over ranks (user + sys, all threads; medians; independent of how busy the machine is):"
-    )
-    print(f"{'size':>10} {'copy':>9} {'reg':>9} {'gloo':>9} {'gloo/copy':>9} {'gloo/reg':>8}")
+        cpu_ms = [statistics.median(r[3][i] for r in mine) * 1e3 for i in range(len(KINDS))]
+        cpu_ratios = [statistics.median(r[3][gloo] / r[3][i] for r in mine) for i in range(len(hf))]
+        cpu_lines.append(
+            f"{_size(nbytes):>10} "
+            + " ".join(f"{c:9.1f}" for c in cpu_ms)
+            + " "
+            + " ".join(f"{c:11.2f}" for c in cpu_ratios)
+        )
+        summary[nbytes] = ratios
+    print("CPU ms per op summed over ranks (user + sys, all threads; medians), and gloo CPU / hfreduce CPU:")
+    print(f"{'size':>10} " + " ".join(f"{k:>9}" for k in KINDS) + " " + " ".join(f"{'gloo/' + k:>11}" for k in hf))
     print("\n".join(cpu_lines))
     for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
         if nbytes in summary:
             s = summary[nbytes]
             print(
-                f"MEDIAN RATIO {layout} {nbytes // KIB // KIB} MiB: ordinary {s['copy']:.2f}x gloo, "
-                f"registered {s['reg']:.2f}x gloo"
+                f"MEDIAN RATIO {layout} {nbytes // KIB // KIB} MiB: ordinary {s['copy']:.2f}x gloo "
+                f"(staged through shm {s['staged']:.2f}x), registered {s['reg']:.2f}x gloo"
             )
     return summary
 
@@ -273,11 +298,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--shm-slot-mib", type=int, default=256)
     parser.add_argument("--profile", action="store_true", help="also print hfreduce's time per phase per rank")
+    parser.add_argument("--chunk-kib", type=int, default=0, help="pipeline chunk size (default: the library's)")
     args = parser.parse_args()
+    # numpy's OpenBLAS threads spin for a while after start; nothing here uses BLAS, so keep them out of the
+    # way of both hfreduce and gloo (the ranks are spawned, so they read this before importing numpy)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     sizes = [int(s) for s in args.sizes.split(",")]
     for layout in args.layouts.split(","):
         nodes, num_local = (int(x) for x in layout.split("x"))
-        rows, phases = run_layout(nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20, args.profile)
+        rows, phases = run_layout(
+            nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20, args.profile, args.chunk_kib << 10
+        )
         report(layout, nodes * num_local, rows)
         if phases:
             report_phases(layout, phases)

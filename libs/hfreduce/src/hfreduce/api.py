@@ -88,7 +88,9 @@ class Group:
         reg = self._lookup(flat)
         keep = dst == self.rank
         return self._submit(
-            "reduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, keep=keep, registered=reg)
+            "reduce",
+            flat,
+            lambda: self._rt.allreduce(flat.array, flat.dtype, rop, keep=keep, registered=reg, reduce_only=True),
         )
 
     def broadcast(self, buf: Any, src: int) -> None:

@@ -79,10 +79,17 @@ def expected_allreduce_counters(
     trees: tuple[Tree, Tree],
     segment_elems: int,
     registered: bool,
+    direct: bool = False,
 ) -> Counters:
-    """What one tree allreduce must add to a rank's counters (the model the tests hold the code to)."""
+    """What one tree allreduce must add to a rank's counters (the model the tests hold the code to).
+
+    ``direct``: an ordinary buffer reduced with cross-memory attach (no staging): ``copied_in`` counts
+    the other local ranks' copies of this rank's slice read from their memory, ``distributed`` the final
+    slice written into their buffers.
+    """
     out = Counters(collectives=1)
-    seg_list = [(0, num_elems)] if registered else list(segments(num_elems, segment_elems))
+    whole = registered or direct
+    seg_list = [(0, num_elems)] if whole else list(segments(num_elems, segment_elems))
     for seg_start, seg_end in seg_list:
         m = seg_end - seg_start
         start, end = local_slice(m, num_local, local_rank)
@@ -91,6 +98,9 @@ def expected_allreduce_counters(
             out.reduce_read += mine * num_local * itemsize
             out.reduce_written += mine * itemsize
             if registered:
+                out.distributed += mine * (num_local - 1) * itemsize
+            elif direct:
+                out.copied_in += mine * (num_local - 1) * itemsize
                 out.distributed += mine * (num_local - 1) * itemsize
             else:
                 out.copied_in += (m - mine) * itemsize

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import socket
 import struct
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hfreduce import cma
 from hfreduce.chunking import local_slice, segments
 from hfreduce.config import GroupConfig
 from hfreduce.control import ControlClient, ControlServer
@@ -30,6 +32,7 @@ from hfreduce.trees import Tree, build_trees, node_order
 logger = logging.getLogger(__name__)
 
 _LINK_HELLO = struct.Struct("!II")
+_PID_ADDR = struct.Struct("!QQ")
 _TREE_CHANNELS = (0, 1)
 _RING_UP, _RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
 _ALIGN_BYTES = 64
@@ -108,6 +111,7 @@ class Runtime:
             ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)],
             timeout_s=cfg.timeout_s,
         )
+        self.local_pids, self.cross_memory = self._probe_cross_memory()
         self.slot_bytes = 0  # shared slots grow on first use, up to cfg.shm_slot_bytes
         self.res_bytes = 0
         self.tree = TreeEngine(
@@ -130,6 +134,24 @@ class Runtime:
             on_failure=self.abort,
         )
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
+
+    def _probe_cross_memory(self) -> tuple[list[int], bool]:
+        """Every local rank's pid, and whether every local rank can read every other's memory (same user,
+        ptrace rules allow it, same pid namespace); all local ranks agree on the answer."""
+        assert self.local is not None
+        me = os.getpid()
+        token = np.frombuffer(struct.pack("!QQ", me, self.rank), dtype=np.uint8).copy()
+        rows = self.local.barrier(1, _PID_ADDR.pack(me, cma.address(token)))
+        pids = [_PID_ADDR.unpack(row)[0] for row in rows]
+        ok = self.config.cross_memory and self.num_local > 1
+        if ok:
+            for lr, row in enumerate(rows):
+                pid, addr = _PID_ADDR.unpack(row)
+                rank = self.config.node_rank * self.num_local + lr
+                ok = ok and (lr == self.config.local_rank or cma.probe(pid, addr, struct.pack("!QQ", pid, rank)))
+        votes = self.local.barrier(2, b"\x01" if ok else b"\x00")  # the token stays alive until all have read
+        del token
+        return pids, all(v == b"\x01" for v in votes)
 
     def _check_table(self) -> None:
         cfg = self.config
@@ -290,9 +312,20 @@ class Runtime:
         return err
 
     def allreduce(
-        self, flat: Array, dtype: DType, op: ReduceOp, *, keep: bool = True, registered: Registered | None = None
+        self,
+        flat: Array,
+        dtype: DType,
+        op: ReduceOp,
+        *,
+        keep: bool = True,
+        registered: Registered | None = None,
+        reduce_only: bool = False,
     ) -> Counters:
-        """In-place allreduce; with ``keep=False`` this rank's buffer is left unchanged (reduce)."""
+        """In-place allreduce; with ``keep=False`` this rank's buffer is left unchanged (reduce).
+
+        ``reduce_only`` (a reduce: every rank passes it) keeps every buffer but ``dst``'s unchanged, so it
+        stages through shared memory rather than working in the ranks' buffers directly.
+        """
         if self.config.algorithm == "ring" and registered is None:
             work = flat if keep else flat.copy()
             return self.ring.allreduce(work, dtype, op) if self.config.world_size > 1 else Counters()
@@ -308,6 +341,8 @@ class Runtime:
         total = Counters()
         if n == 0:
             return total
+        if self.cross_memory and not reduce_only:
+            return self._allreduce_direct(flat, dtype, wire, op)
         self._ensure_slots(n * dtype.itemsize)
         seg_elems = self.slot_bytes // dtype.itemsize
         for s0, s1 in segments(n, seg_elems):
@@ -326,6 +361,7 @@ class Runtime:
         peers: Sequence[Array] = (),
         distribute_to: Sequence[Array] = (),
         res_base: int = 0,
+        remote: Sequence[cma.RemoteBuffer] = (),
     ) -> TreeJob:
         return TreeJob(
             dtype=dtype,
@@ -338,6 +374,7 @@ class Runtime:
             peers=peers,
             distribute_to=distribute_to,
             res_base=res_base,
+            remote=remote,
         )
 
     def _allreduce_segment(self, part: Array, dtype: DType, wire: DType, op: ReduceOp, keep: bool) -> Counters:
@@ -373,6 +410,30 @@ class Runtime:
                 np.copyto(part[a:b], res)
                 counters.copied_out += (b - a) * dtype.itemsize
             counters.lap("copy_out", now)
+        return counters
+
+    def _allreduce_direct(self, flat: Array, dtype: DType, wire: DType, op: ReduceOp) -> Counters:
+        """Ordinary buffers without staging: this rank reduces its slice in place in its own buffer, reading
+        the other local ranks' copies of the slice straight from their memory, and writes each final chunk
+        straight into their buffers (cross-memory attach); the two node barriers bracket the accesses."""
+        assert self.local is not None
+        me, n = self.config.local_rank, len(flat)
+        sig = _signature(self.seq, n, dtype, op)
+        start = time.perf_counter()
+        rows = self.local.barrier(sig ^ (1 << 43), _PID_ADDR.pack(os.getpid(), cma.address(flat)))
+        counters = Counters()
+        now = counters.lap("barrier_in", start)
+        remote = []
+        for lr, row in enumerate(rows):
+            if lr != me:
+                pid, base = _PID_ADDR.unpack(row)
+                rank = self.config.node_rank * self.num_local + lr
+                remote.append(cma.RemoteBuffer(pid=pid, base=base, itemsize=dtype.itemsize, rank=rank))
+        span = local_slice(n, self.num_local, me)
+        counters.add(self.tree.run(self._job(dtype, wire, op, mine=flat, res=flat, span=span, remote=remote)))
+        now = counters.lap("tree", now)
+        self.local.barrier(sig + 1)  # every rank's final slices are in every buffer
+        counters.lap("barrier_out", now)
         return counters
 
     def _allreduce_registered(self, reg: Registered, n: int, dtype: DType, wire: DType, op: ReduceOp) -> Counters:

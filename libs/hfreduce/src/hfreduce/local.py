@@ -67,29 +67,37 @@ class LocalComm:
         sock.sendall(struct.pack("!I", self.local_rank))
         self.links[0] = Link(sock, self.ranks[0], self.timeout_s)
 
-    def barrier(self, signature: int = 0) -> None:
-        """Wait for every local rank; all must pass the same ``signature`` (collective, size, buffer)."""
+    def barrier(self, signature: int = 0, payload: bytes = b"") -> list[bytes]:
+        """Wait for every local rank; all must pass the same ``signature`` (collective, size, buffer).
+
+        Every rank passes a ``payload`` of the same length; each gets all of them, in local-rank order.
+        """
         if len(self.ranks) == 1:
-            return
+            return [payload]
+        size = len(payload)
         sig = _SIGNATURE.pack(signature & (2**64 - 1))
         if self.local_rank != 0:
             link = self.links[0]
-            link.send(sig)
-            reply = bytearray(1)
+            link.send(sig + payload)
+            reply = bytearray(1 + size * len(self.ranks))
             link.recv_into(memoryview(reply))
-            if bytes(reply) != _OK:
+            if reply[:1] != _OK:
                 raise HFReduceError("local ranks called different collectives (or sizes or buffers) at once")
-            return
+            return [bytes(reply[1 + i * size : 1 + (i + 1) * size]) for i in range(len(self.ranks))]
         got = {}
+        payloads = [payload]
         for peer, link in sorted(self.links.items()):
-            buf = bytearray(_SIGNATURE.size)
+            buf = bytearray(_SIGNATURE.size + size)
             link.recv_into(memoryview(buf))
-            got[peer] = bytes(buf)
+            got[peer] = bytes(buf[: _SIGNATURE.size])
+            payloads.append(bytes(buf[_SIGNATURE.size :]))
         ok = all(v == sig for v in got.values())
+        answer = (_OK if ok else _MISMATCH) + b"".join(payloads)
         for link in self.links.values():
-            link.send(_OK if ok else _MISMATCH)
+            link.send(answer)
         if not ok:
             raise HFReduceError(f"local ranks called different collectives at once: {got} vs {sig!r}")
+        return payloads
 
     def exchange_fds(self, fds: list[int]) -> list[list[int]]:
         """Every local rank's ``fds`` (the same count everywhere), in local-rank order; the received fds

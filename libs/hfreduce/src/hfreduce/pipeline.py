@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from hfreduce.chunking import Span, chunks, tree_half
+from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
 from hfreduce.transport import Link
@@ -38,6 +40,8 @@ class TreeJob:
         distribute_to: buffers that also receive the final slice (registered buffers of the other ranks).
         span: this rank's slice ``[start, end)`` of the segment.
         res_base: index in the segment of ``res[0]`` (``res`` may hold only this rank's slice).
+        remote: the other local ranks' private buffers (cross-memory attach): their inputs for this
+            rank's slice are read from there chunk by chunk, and the final slice is written back there.
     """
 
     dtype: DType
@@ -50,19 +54,38 @@ class TreeJob:
     distribute_to: Sequence[Array]
     span: Span
     res_base: int = 0
+    remote: Sequence[RemoteBuffer] = ()
 
     def final(self, c0: int, c1: int) -> Array:
         return self.res[c0 - self.res_base : c1 - self.res_base]
 
 
 class _Scratch:
-    """Per-thread chunk buffers, allocated once and pre-touched (fresh pages copy 4x slower)."""
+    """Per-thread chunk buffers, each allocated on first use, pre-touched (fresh pages copy 4x slower)
+    and kept (a thread of an fp32 allreduce needs one or two of them, not all five)."""
 
     def __init__(self, chunk_elems: int) -> None:
-        self.f32 = np.ones(chunk_elems, dtype=np.float32)
-        self.f32b = np.ones(chunk_elems, dtype=np.float32)
-        self.u32 = np.ones(chunk_elems, dtype=np.uint32)
-        self.raw = np.ones(chunk_elems * 4, dtype=np.uint8)
+        self.chunk_elems = chunk_elems
+
+    @functools.cached_property
+    def f32(self) -> npt.NDArray[np.float32]:
+        return np.ones(self.chunk_elems, dtype=np.float32)
+
+    @functools.cached_property
+    def f32b(self) -> npt.NDArray[np.float32]:
+        return np.ones(self.chunk_elems, dtype=np.float32)
+
+    @functools.cached_property
+    def u32(self) -> npt.NDArray[np.uint32]:
+        return np.ones(self.chunk_elems, dtype=np.uint32)
+
+    @functools.cached_property
+    def raw(self) -> npt.NDArray[np.uint8]:
+        return np.ones(self.chunk_elems * 4, dtype=np.uint8)
+
+    @functools.cached_property
+    def peer_raw(self) -> npt.NDArray[np.uint8]:
+        return np.ones(self.chunk_elems * 4, dtype=np.uint8)
 
     def wire(self, dtype: DType, n: int) -> Array:
         return self.raw[: n * dtype.itemsize].view(dtype.storage)
@@ -187,20 +210,33 @@ class TreeEngine:
     ) -> None:
         """acc = mine[c] (op) peers[0][c] (op) ...; fp32 goes straight into the result slot."""
         n = c1 - c0
-        if not job.peers:  # one rank per node: the fp32 result slot already is the input
+        num_peers = len(job.peers) + len(job.remote)
+        if not num_peers:  # one rank per node: the fp32 result slot already is the input
             if not self._fast(job):
                 to_f32(job.dtype, job.mine[c0:c1], acc)
             return
+        rest = self._peer_chunks(job, c0, c1, scratch, counters)
         if self._fast(job):
-            combine(job.mine[c0:c1], job.peers[0][c0:c1], acc)
-            rest = job.peers[1:]
+            combine(job.mine[c0:c1], next(rest), acc)
         else:
             to_f32(job.dtype, job.mine[c0:c1], acc)
-            rest = job.peers
         for peer in rest:
-            self._accumulate(job.dtype, acc, peer[c0:c1], scratch, combine)
-        counters.reduce_read += n * (1 + len(job.peers)) * job.dtype.itemsize
+            self._accumulate(job.dtype, acc, peer, scratch, combine)
+        counters.reduce_read += n * (1 + num_peers) * job.dtype.itemsize
         counters.reduce_written += n * job.dtype.itemsize
+
+    @staticmethod
+    def _peer_chunks(job: TreeJob, c0: int, c1: int, scratch: _Scratch, counters: Counters) -> Iterator[Array]:
+        """The other local ranks' chunk ``[c0, c1)``: shared memory in place, private memory fetched into
+        a scratch chunk (still in cache when the reduce reads it); each is consumed before the next."""
+        for peer in job.peers:
+            yield peer[c0:c1]
+        n = c1 - c0
+        for remote in job.remote:
+            got = scratch.peer_raw[: n * job.dtype.itemsize].view(job.dtype.storage)
+            remote.read(c0, got)
+            counters.copied_in += n * job.dtype.itemsize
+            yield got
 
     @staticmethod
     def _accumulate(
@@ -266,7 +302,10 @@ class TreeEngine:
             for other in job.distribute_to:
                 np.copyto(other[c0:c1], final)
                 counters.distributed += n * job.dtype.itemsize
-            if job.distribute_to:
+            for remote in job.remote:
+                remote.write(c0, final)
+                counters.distributed += n * job.dtype.itemsize
+            if job.distribute_to or job.remote:
                 counters.lap("down_distribute", now)
         return counters
 

@@ -37,6 +37,17 @@ def test_every_op_numpy_fp32_fp16_with_registered_buffers(launch: Launch, nodes:
     status = results[0]["status"]
     assert [s["rank"] for s in status] == list(range(nodes * local))
     assert {s["seq"] for s in status} == {results[0]["seq"]}
+    # ordinary buffers of local ranks go through each other's memory directly (process_vm_readv/writev)
+    assert {res["cross_memory"] for res in results} == {local > 1}
+
+
+@pytest.mark.parametrize(("nodes", "local"), [(1, 3), (2, 2)])
+def test_ordinary_buffers_staged_through_shared_memory(launch: Launch, nodes: int, local: int) -> None:
+    """The path taken when local ranks may not access each other's memory (or cross_memory=False)."""
+    env = {"TEST_SIZES": SIZES, "FF_HFREDUCE_CROSS_MEMORY": "0", "TEST_DTYPES": "float32"}
+    results = assert_all_correct(launch(nodes, local, "correctness", env=env), nodes * local)
+    assert {res["cross_memory"] for res in results} == {False}
+    assert [c for c in results[0]["cases"] if "counters_ok" in c]
 
 
 def test_torch_tensors_all_dtypes_including_bf16(launch: Launch) -> None:

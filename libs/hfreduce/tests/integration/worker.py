@@ -237,6 +237,7 @@ def _counters_ok(
         trees=group._rt.trees,
         segment_elems=cfg.shm_slot_bytes // dtype.itemsize,
         registered=registered,
+        direct=not registered and group._rt.cross_memory,
     )
     return bool(delta == expect)
 
@@ -335,6 +336,7 @@ def main() -> None:
     result["status"] = group.status()
     result["counters"] = dataclasses.asdict(group.counters())
     result["seq"] = group.seq
+    result["cross_memory"] = group._rt.cross_memory
     group.close()
     _write(out_path, result)
 

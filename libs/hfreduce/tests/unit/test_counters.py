@@ -8,7 +8,7 @@ from hfreduce.counters import Counters, expected_allreduce_counters, paper_memor
 from hfreduce.trees import build_trees
 
 
-def node_totals(num_nodes: int, num_local: int, nbytes: int, registered: bool) -> list[Counters]:
+def node_totals(num_nodes: int, num_local: int, nbytes: int, registered: bool, direct: bool = False) -> list[Counters]:
     trees = build_trees([""] * num_nodes)
     totals = []
     for node in range(num_nodes):
@@ -25,6 +25,7 @@ def node_totals(num_nodes: int, num_local: int, nbytes: int, registered: bool) -
                     trees=trees,
                     segment_elems=1 << 40,
                     registered=registered,
+                    direct=direct,
                 )
             )
         totals.append(total)
@@ -65,6 +66,19 @@ def test_registered_buffers_drop_the_copies() -> None:
     assert interior.copied_in == 0 and interior.copied_out == 0
     assert interior.distributed == 7 * size
     assert interior.memory_ops() == 21 * size
+
+
+@pytest.mark.parametrize(("num_local", "staged", "direct"), [(2, 3, 2), (8, 15, 14)])
+def test_cross_memory_copies_fewer_bytes_than_staging(num_local: int, staged: int, direct: int) -> None:
+    """Ordinary buffers: reading the peers' copies of the own slice and writing the final slice into their
+    buffers moves (L-1) + (L-1) buffers per node, against (L-1) in and L out when staging through shm."""
+    size = 1 << 20
+    staged_total = max(node_totals(16, num_local, size, registered=False), key=lambda t: t.sent)
+    direct_total = max(node_totals(16, num_local, size, registered=False, direct=True), key=lambda t: t.sent)
+    assert staged_total.copied_in + staged_total.copied_out == staged * size
+    assert direct_total.copied_in + direct_total.distributed == direct * size
+    assert direct_total.copied_out == 0
+    assert direct_total.memory_ops() == staged_total.memory_ops() - size
 
 
 def test_one_node_sends_nothing() -> None:
