@@ -296,19 +296,27 @@ class MetaApp:
     async def expire_trash(self, root: Caller) -> int:
         ids = await self.tx(root, lambda t: fsops.trash_ids(t, [], expired_only=True, everyone=True), read_only=True)
         for trash_id in ids:
-            await self.tx(root, lambda t, i=trash_id: fsops.delete_trash_entry(t, i))  # type: ignore[misc]
+            await self.delete_trash(root, trash_id, check_owner=False)
         return len(ids)
+
+    async def delete_trash(self, caller: Caller, trash_id: str, *, check_owner: bool = True) -> bool:
+        """Delete a trash entry in small transactions (each consistent on its own); False if not found."""
+        if check_owner:
+            await self.tx(caller, lambda t: fsops.trash_row(t, trash_id), read_only=True)
+        while True:
+            _, done = await self.tx(caller, lambda t: fsops.delete_trash_entry(t, trash_id))
+            if done:
+                return True
 
     async def empty_trash(self, caller: Caller, ids: Sequence[str], expired_only: bool) -> int:
         found = await self.tx(caller, lambda t: fsops.trash_ids(t, ids, expired_only), read_only=True)
         n = 0
         for trash_id in found:
-            if await self.tx(caller, lambda t, i=trash_id: _delete_own(t, i)):  # type: ignore[misc]
-                n += 1
+            try:
+                await self.delete_trash(caller, trash_id)
+            except FsError as err:
+                if err.fs_code is not FsCode.NOT_FOUND:  # deleted meanwhile: fine
+                    raise
+                continue
+            n += 1
         return n
-
-
-def _delete_own(tx: Tx, trash_id: str) -> bool:
-    fsops._trash_row(tx, trash_id)  # ownership
-    fsops.delete_trash_entry(tx, trash_id)
-    return True

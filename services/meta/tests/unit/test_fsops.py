@@ -126,7 +126,34 @@ def test_links_and_removal(fs: Fs) -> None:
     assert f.inode_id not in left
     queued = fs.store.run(lambda s: {r.inode_id for r in s.execute(gc_queue.select())})
     assert f.inode_id in queued  # its chunks wait for GC
-    assert fs.tx(lambda t: fsops.delete_trash_entry(t, trash_id)) == 2
+    assert fs.tx(lambda t: fsops.delete_trash_entry(t, trash_id)) == (2, True)
+
+
+def test_trash_tree_deleted_in_small_steps(fs: Fs) -> None:
+    fs.mkdir("/t")
+    for d in ("a", "b"):
+        fs.mkdir(f"/t/{d}")
+        fs.mkdir(f"/t/{d}/deep")
+        for k in range(5):
+            fs.create(f"/t/{d}/deep/f{k}")
+        fs.create(f"/t/{d}/g")
+    fs.tx(lambda t: fsops.hardlink(t, PathAt(0, "/t/a/g"), PathAt(0, "/kept")))
+    trash_id = fs.remove("/t", recursive=True)
+    steps, total = 0, 0
+    while True:
+        freed, done = fs.tx(lambda t: fsops.delete_trash_entry(t, trash_id, budget=3))
+        assert freed <= 3
+        steps, total = steps + 1, total + freed
+        if done:
+            break
+    assert total == 17 and steps >= 6  # 1 + 2 x (1 + 1 + 5 + 1) inodes, 3 at a time
+    from ff_meta.store.schema import dirents, inodes, trash
+
+    left = fs.store.run(lambda s: {r.inode_id for r in s.execute(inodes.select())})
+    entries = fs.store.run(lambda s: list(s.execute(dirents.select())))
+    assert {e.name for e in entries} == {"kept"}
+    assert left == {1, fs.stat("/kept").inode_id} and fs.stat("/kept").nlink == 1
+    assert not fs.store.run(lambda s: list(s.execute(trash.select())))
 
 
 def test_permissions_and_sticky_root(fs: Fs) -> None:

@@ -420,35 +420,44 @@ class Tx:
                     attempts=0,
                 ))  # fmt: skip
 
-    def delete_tree(self, root: Inode, budget: int = 1 << 62) -> int:
-        """Delete a detached tree (trash expiry): every entry below, then the root. Returns inodes freed."""
-        freed = 0
-        if root.is_dir:
-            stack = [root]
-            order: list[Inode] = []
-            while stack:
-                d = stack.pop()
-                order.append(d)
-                rows = self.session.execute(
-                    sa.select(inodes, dirents.c.name.label("entry_name"))
-                    .join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id == d.inode_id)
-                ).all()  # fmt: skip
-                for r in rows:
-                    child = inode_of(r)
-                    if child.is_dir:
-                        stack.append(child)
-                    else:
-                        self.unlink_entry(d.inode_id, r.entry_name)
-                        self.drop_link(child)
-                        freed += 1
-            for d in reversed(order):
-                self.session.execute(sa.delete(dirents).where(dirents.c.parent_id == d.inode_id))
-                self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == d.inode_id))
-                freed += 1
-        else:
+    def delete_tree_step(self, root: Inode, budget: int) -> tuple[int, bool]:
+        """Delete at most ``budget`` inodes of a detached tree (trash), deepest first, so that a huge tree goes
+        in many small transactions and is consistent between them. Returns (freed, whether the root is gone)."""
+        if not root.is_dir:
             self.drop_link(root)
+            return 1, True
+        freed = 0
+        path: list[tuple[Inode, str]] = [(root, "")]
+        while path and freed < budget:
+            d, name = path[-1]
+            sub = self.session.execute(
+                _children(d.inode_id).where(dirents.c.type == int(InodeType.DIRECTORY)).limit(1)
+            ).first()
+            if sub is not None:
+                path.append((inode_of(sub), sub.entry_name))
+                continue
+            room = budget - freed
+            rows = self.session.execute(_children(d.inode_id).limit(room)).all()
+            for r in rows:
+                self.unlink_entry(d.inode_id, r.entry_name)
+                self.drop_link(inode_of(r))
+                freed += 1
+            if freed >= budget:
+                break  # the directory itself (now maybe empty) goes in the next step
+            path.pop()
+            if path:
+                self.unlink_entry(path[-1][0].inode_id, name)
+            self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == d.inode_id))
             freed += 1
-        return freed
+            if not path:
+                return freed, True
+        return freed, False
+
+
+def _children(dir_id: int) -> sa.Select[Any]:
+    """Entries of a directory with their inodes (``entry_name`` is the entry's name)."""
+    q = sa.select(inodes, dirents.c.name.label("entry_name"))
+    return q.join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id == dir_id)
 
 
 # ---- inode allocation ----
@@ -1034,7 +1043,7 @@ def list_trash(tx: Tx, all_users: bool, page_size: int, after: str) -> tuple[lis
     return out, (out[-1].trash_id if len(rows) > page_size else "")
 
 
-def _trash_row(tx: Tx, trash_id: str) -> TrashRow:
+def trash_row(tx: Tx, trash_id: str) -> TrashRow:
     r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
     if r is None or (r.uid != tx.caller.uid and not tx.caller.is_root):
         raise fs_error(FsCode.NOT_FOUND, f"no trash entry {trash_id!r}")
@@ -1043,7 +1052,7 @@ def _trash_row(tx: Tx, trash_id: str) -> TrashRow:
 
 
 def restore_trash(tx: Tx, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
-    entry = _trash_row(tx, trash_id)
+    entry = trash_row(tx, trash_id)
     dest = to if to is not None and to.path else PathAt(0, entry.original_path)
     r = tx.resolve(dest, follow_last=False)
     parent = _new_parent(tx, r, dest.path)
@@ -1068,13 +1077,19 @@ def trash_ids(tx: Tx, ids: Sequence[str], expired_only: bool, everyone: bool = F
     return [r.trash_id for r in tx.session.execute(q.limit(1000))]
 
 
-def delete_trash_entry(tx: Tx, trash_id: str) -> int:
+TRASH_STEP_INODES = 500
+
+
+def delete_trash_entry(tx: Tx, trash_id: str, budget: int = TRASH_STEP_INODES) -> tuple[int, bool]:
+    """One step of deleting a trash entry: (inodes freed, whether the entry is gone)."""
     r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
     if r is None:
-        return 0
-    tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
+        return 0, True
     inode = tx.get(r.inode_id)
-    return tx.delete_tree(inode) if inode is not None else 0
+    freed, done = tx.delete_tree_step(inode, budget) if inode is not None else (0, True)
+    if done:
+        tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
+    return freed, done
 
 
 # ---- GC queue ----
