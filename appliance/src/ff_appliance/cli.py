@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from ff_appliance import admin, lifecycle
+from ff_appliance import admin, lifecycle, mount
 from ff_appliance.demo import DemoError, run_demo
 from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.lifecycle import ApplianceError, UpOptions
@@ -70,11 +70,24 @@ async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
     options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level)
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
+    if getattr(args, "mount", None):
+        await _mount(args.mount, state, [i.grpc_address for i in result.plan.of_service(MGMTD)], cli)
     return EXIT_OK
+
+
+async def _mount(where: str, state: StateDir, mgmtd: list[str], cli: Cli) -> None:
+    token = read_secret(state.admin_token_file)
+    if token is None:
+        raise CliError(f"{state.root} has no admin token to mount 3FS with")
+    try:
+        cli.print(await asyncio.to_thread(mount.mount_3fs, state, mgmtd, token, where, cli.environ))
+    except OSError as err:
+        raise CliError(f"cannot mount 3FS on {where}: {err.strerror or err}") from err
 
 
 async def _cmd_down(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
+    await asyncio.to_thread(mount.unmount_3fs, state, cli.out)
     killed = await asyncio.to_thread(lifecycle.down, state, args.timeout_s, cli.out)
     cli.print(f"cluster stopped; its data stays in {state.root} (`{cli.prog} up` brings it back)")
     if killed:
@@ -285,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_parent()
     p = sub.add_parser("up", parents=[common], help="start every service; wait until healthy and registered")
     _add_up_arguments(p)
+    p.add_argument("--mount", metavar="DIR", default=None, help="also mount 3FS there with FUSE (down unmounts it)")
     p.set_defaults(handler=_cmd_up)
     p = sub.add_parser("down", parents=[common], help="stop every service (data stays)")
     p.add_argument("--timeout-s", type=float, default=20.0, help="wait this long before SIGKILL")

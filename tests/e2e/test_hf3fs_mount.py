@@ -1,0 +1,48 @@
+"""``fireflyer up --mount DIR`` mounts the cluster's 3FS with FUSE; files written there are in 3FS; ``down``
+unmounts it and its daemon is gone. Skipped where FUSE is missing (no /dev/fuse or fusermount3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ff_appliance.supervisor import pid_alive
+
+from .conftest import Appliance
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="FUSE is not available here (no /dev/fuse or fusermount3; scripts/bootstrap.sh installs fuse3)",
+)
+
+
+def test_up_mount_and_down_unmounts(appliance: Appliance, tmp_path: Path) -> None:
+    where = tmp_path / "3fs"
+    try:
+        up = appliance.ok("up", "--mount", str(where))
+        assert f"mounted 3FS on {where}" in up.out and os.path.ismount(where)
+        pid = json.loads((appliance.state_dir / "run" / "hf3fs-mount.json").read_text())["pid"]
+        (where / "from-the-mount").mkdir()
+        (where / "from-the-mount" / "hello.txt").write_text("hello through FUSE\n")
+        plan = json.loads((appliance.state_dir / "plan.json").read_text())
+        mgmtd = ",".join(f"{i['host']}:{i['grpc_port']}" for i in plan["instances"] if i["service"] == "mgmtd")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+        env["FF_MGMTD_ADDRESSES"] = mgmtd
+        env["FF_TOKEN"] = (appliance.state_dir / "secrets" / "admin_token").read_text().strip()
+        cat = subprocess.run([sys.executable, "-m", "hf3fs", "cat", "/from-the-mount/hello.txt"], env=env,
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert (cat.returncode, cat.stdout) == (0, "hello through FUSE\n"), cat.stderr
+        again = appliance.ok("up", "--mount", str(where))
+        assert "mounted on" in again.out and "already" in again.out
+        down = appliance.ok("down")
+        assert f"unmounted {where}" in down.out
+        assert not os.path.ismount(where) and not pid_alive(pid)
+    finally:
+        if os.path.ismount(where):
+            subprocess.run(["fusermount3", "-uz", str(where)], check=False)
