@@ -14,7 +14,6 @@ from typing import TextIO
 
 from ff_appliance.state import StateDir
 from ff_appliance.supervisor import pid_alive
-from hf3fs import fuse
 
 MOUNT_NAME = "hf3fs-mount"
 EXIT_WAIT_S = 10.0
@@ -30,6 +29,8 @@ def mount_3fs(state: StateDir, mgmtd: Sequence[str], token: str, where: str, env
     Raises:
         OSError: this machine cannot mount FUSE, or the mount did not come up.
     """
+    from hf3fs import fuse  # loads libfuse: only when a mount is asked for
+
     target = os.path.abspath(where)
     current = _read(state)
     if current is not None and current[0] == target and os.path.ismount(target) and pid_alive(current[1]):
@@ -47,6 +48,8 @@ def unmount_3fs(state: StateDir, out: TextIO) -> None:
     if current is None:
         return
     where, pid = current
+    from hf3fs import fuse
+
     if os.path.ismount(where):
         try:
             fuse.umount(where)

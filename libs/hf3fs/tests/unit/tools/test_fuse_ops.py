@@ -4,10 +4,14 @@ import errno
 import os
 import stat
 
-import mfusepy
 import pytest
 
-from hf3fs.fuse import UTIME_NOW, UTIME_OMIT, Hf3fsOperations, MountOptions
+try:
+    import mfusepy
+
+    from hf3fs.fuse import UTIME_NOW, UTIME_OMIT, Hf3fsOperations, MountOptions
+except OSError as exc:  # mfusepy loads libfuse when imported
+    pytest.skip(f"libfuse is not installed ({exc}); scripts/bootstrap.sh installs fuse3", allow_module_level=True)
 
 from .conftest import LocalFs
 
