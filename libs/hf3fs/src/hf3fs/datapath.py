@@ -48,6 +48,10 @@ class DataPathError(Exception):
     """The data endpoint refused an operation or the connection broke."""
 
 
+class ShmUnavailable(DataPathError):
+    """The shared-memory path could not be set up (before any transfer was asked for): use TCP."""
+
+
 def encode_header(header: dict[str, Any]) -> bytes:
     body = json.dumps(header, separators=(",", ":")).encode()
     return _LEN.pack(len(body)) + body
@@ -220,17 +224,11 @@ class DataConnection:
         want = sum(p[2] for p in places)
         async with self.lock:
             try:
-                sock = await self._connect()
-                for region in regions:
-                    if region.region_id in self._mapped or not any(p[0] == region.region_id for p in places):
-                        continue
-                    await send_parts(sock, [encode_header({"op": "map", "region": region.region_id,
-                                                           "size": region.size})])  # fmt: skip
-                    await send_fd(sock, region.fd)
-                    answer = await self._read_header()
-                    if not answer.get("ok"):
-                        raise DataPathError(f"map refused: {answer.get('error', '')}")
-                    self._mapped.add(region.region_id)
+                try:
+                    sock = await self._connect()
+                    await self._map(sock, [r for r in regions if any(p[0] == r.region_id for p in places)])
+                except (OSError, DataPathError) as exc:
+                    raise ShmUnavailable(f"shared memory with {self.address}: {exc}") from exc
                 header = {"op": "pull_shm", "transfer_id": transfer_id, "places": [list(p) for p in places]}
                 await send_parts(sock, [encode_header(header)])
                 answer = await self._read_header()
@@ -241,6 +239,17 @@ class DataConnection:
             except (OSError, DataPathError, asyncio.CancelledError):
                 self.close()
                 raise
+
+    async def _map(self, sock: socket.socket, regions: Sequence[ShmRegion]) -> None:
+        for region in regions:
+            if region.region_id in self._mapped:
+                continue
+            await send_parts(sock, [encode_header({"op": "map", "region": region.region_id, "size": region.size})])
+            await send_fd(sock, region.fd)
+            answer = await self._read_header()
+            if not answer.get("ok"):
+                raise DataPathError(f"map refused: {answer.get('error', '')}")
+            self._mapped.add(region.region_id)
 
 
 class DataConnectionPool:
@@ -277,9 +286,8 @@ class DataConnectionPool:
                     await self.get(UNIX_PREFIX + unix).pull_shm(transfer_id, places, self.regions)
                     self.stats["shm_pulls"] += 1
                     return
-                except OSError:  # unreachable (another network namespace): TCP from now on
+                except ShmUnavailable:  # unreachable (another network namespace), refused: TCP from now on
                     self._unix[address] = None
-                    raise
         await self.get(address).pull(transfer_id, into)
         self.stats["tcp_pulls"] += 1
 

@@ -52,6 +52,16 @@ async def test_same_host_reads_go_through_shared_memory_and_leave_nothing(
         assert await read_into(client, chain_id, buffers) == blocks
     stats = client.data_stats
     assert stats["shm_pulls"] >= 1 and stats["tcp_pulls"] == 0, stats
+    # An endpoint that cannot be reached (say, another network namespace on this host): TCP, same bytes.
+    endpoints = client._data._unix  # fault injection
+    for address in endpoints:
+        endpoints[address] = "ff-storage-data-nowhere"
+    assert await read_into(client, chain_id, buffers) == blocks
+    assert client.data_stats["tcp_pulls"] >= 1 and None in endpoints.values()
+    endpoints.clear()  # learn them again from a handshake
+    shm_before = client.data_stats["shm_pulls"]
+    assert await read_into(client, chain_id, buffers) == blocks
+    assert client.data_stats["shm_pulls"] > shm_before
     # A plain buffer (not in a shared region) still reads, over TCP.
     plain = [memoryview(bytearray(CHUNK)) for _ in range(COUNT)]
     assert await read_into(client, chain_id, plain) == blocks
