@@ -34,29 +34,21 @@ from typing import Any
 
 import hf3fs
 from ff_cluster import MgmtdClient
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, wait_ready
+from ff_meta.testing import MetaProcess, meta_process
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 MIB = 1 << 20
 
 
-def _spawn_meta(folder: Path, mgmtd: str) -> tuple[subprocess.Popen[bytes], Path]:
-    ready = folder / "meta1.ready.json"
-    args = [sys.executable, "-m", "ff_meta", "--database-url", f"sqlite:///{folder / 'meta.db'}",
-            "--mgmtd-addresses", mgmtd, "--ready-file", str(ready), "--instance-id", "meta1",
-            "--metrics-address", ""]  # fmt: skip
-    env = {**os.environ, "FF_META_CLUSTER_TOKEN": CLUSTER_TOKEN}
-    with (folder / "meta1.log").open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    return proc, ready
-
-
-async def _start(folder: Path) -> tuple[StorageCluster, subprocess.Popen[bytes], str]:
+async def _start(folder: Path) -> tuple[StorageCluster, MetaProcess, str]:
     storage = await start_cluster(folder, targets_per_disk=2, timing={})
-    meta, ready = _spawn_meta(folder, storage.mgmtd_address)
+    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
+                        database_url=f"sqlite:///{folder / 'meta.db'}")  # fmt: skip
     try:
-        await wait_ready(ready, meta)
+        meta.start()
+        await meta.ready()
         client = MgmtdClient([storage.mgmtd_address], token=CLUSTER_TOKEN, timeout_s=5.0)
         try:
             req = mgmtd_pb2.CreateUserRequest(name="bench", role=common_pb2.ROLE_ADMIN)
@@ -66,7 +58,7 @@ async def _start(folder: Path) -> tuple[StorageCluster, subprocess.Popen[bytes],
             await client.close()
         return storage, meta, str(issued.token)
     except BaseException:
-        meta.kill()
+        meta.stop()
         storage.stop()
         raise
 
@@ -180,7 +172,11 @@ def main() -> int:
     p.add_argument("--no-fuse", action="store_true")
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hf3fs-seq-", dir=a.dir))
-    storage, meta, token = asyncio.run(_start(root / "cluster"))
+    try:
+        storage, meta, token = asyncio.run(_start(root / "cluster"))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     try:
         fs = hf3fs.connect(mgmtd=storage.mgmtd_address, token=token)
         fs.makedirs("/bench", exist_ok=True)
@@ -208,8 +204,7 @@ def main() -> int:
                     print(f"  {kind:<6} {op:<5} {statistics.median(vals):9.1f} MiB/s   x{ratio:.3f} of disk")
         fs.close()
     finally:
-        meta.terminate()
-        meta.wait(timeout=15)
+        meta.stop()
         storage.stop()
         shutil.rmtree(root, ignore_errors=True)
     return 0

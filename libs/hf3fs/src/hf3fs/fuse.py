@@ -30,6 +30,7 @@ UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 STATFS_BLOCK_BYTES = 4096
 FREE_INODES = 1 << 40  # 3FS has no inode table to fill; report plenty
 MOUNT_WAIT_S = 30.0
+IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -157,7 +158,11 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             "st_ctime": st.ctime_ns,
         }
 
-    def init(self, path: str) -> None:
+    def init_with_config(self, conn_info: Any, config_3: Any) -> None:
+        if conn_info is not None:
+            # 1 MiB requests instead of 128 KiB: a quarter of the Python callbacks per byte moved.
+            conn_info.max_write = IO_REQUEST_BYTES
+            conn_info.max_readahead = IO_REQUEST_BYTES
         if self.on_ready is not None:
             # libfuse calls init before it serves; a thread reports readiness once the mount answers.
             threading.Thread(target=self.on_ready, name="hf3fs-mount-ready", daemon=True).start()

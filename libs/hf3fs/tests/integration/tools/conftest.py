@@ -5,9 +5,6 @@ tools share it; each test works under its own folder."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +14,8 @@ import pytest
 
 import hf3fs
 from ff_cluster import MgmtdClient
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs, wait_ready
+from ff_meta.testing import MetaProcess, meta_process
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
@@ -28,7 +26,7 @@ USER, ADMIN = "tools-user", "tools-admin"
 class FsCluster:
     folder: Path
     storage: StorageCluster
-    meta: subprocess.Popen[bytes]
+    meta: MetaProcess
     token: str
     admin_token: str
     client: Any = field(default=None, repr=False)
@@ -44,27 +42,8 @@ class FsCluster:
     def stop(self) -> None:
         if self.client is not None:
             self.client.close()
-        if self.meta.poll() is None:
-            self.meta.terminate()
-            try:
-                self.meta.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.meta.kill()
-                self.meta.wait()
+        self.meta.stop()
         self.storage.stop()
-
-
-def spawn_meta(folder: Path, mgmtd: str) -> tuple[subprocess.Popen[bytes], Path]:
-    ready = folder / "meta1.ready.json"
-    flags = {"database-url": f"sqlite:///{folder / 'meta.db'}", "mgmtd-addresses": mgmtd, "ready-file": str(ready),
-             "instance-id": "meta1", "metrics-address": "", "background-interval-s": "0.5"}  # fmt: skip
-    args = [sys.executable, "-m", "ff_meta"]
-    for k, v in flags.items():
-        args += [f"--{k}", v]
-    env = {**os.environ, "FF_META_CLUSTER_TOKEN": CLUSTER_TOKEN}
-    with (folder / "meta1.log").open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    return proc, ready
 
 
 async def _issue_tokens(mgmtd: str) -> tuple[str, str]:
@@ -82,15 +61,15 @@ async def _issue_tokens(mgmtd: str) -> tuple[str, str]:
 
 async def _start(folder: Path) -> FsCluster:
     storage = await start_cluster(folder, targets_per_disk=2)
-    meta: subprocess.Popen[bytes] | None = None
+    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
+                        database_url=f"sqlite:///{folder / 'meta.db'}", background_interval_s=0.5)  # fmt: skip
     try:
-        meta, ready = spawn_meta(folder, storage.mgmtd_address)
-        await wait_ready(ready, meta)
+        meta.start()
+        await meta.ready()
         token, admin_token = await _issue_tokens(storage.mgmtd_address)
         return FsCluster(folder, storage, meta, token, admin_token)
     except BaseException:
-        if meta is not None and meta.poll() is None:
-            meta.kill()
+        meta.stop()
         storage.stop()
         raise
 
