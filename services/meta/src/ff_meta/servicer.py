@@ -99,8 +99,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.StatFsResponse(capacity_bytes=cap, used_bytes=used, free_bytes=max(0, cap - used), num_inodes=count)
 
     async def Stat(self, request: pb.StatRequest, context: Context) -> pb.StatResponse:
-        inode = await self._app.tx(caller(), lambda t: fsops.stat(t, at(request.path), request.follow_last_symlink),
-                                   read_only=True)  # fmt: skip
+        inode = self._app.read(caller(), lambda t: fsops.stat(t, at(request.path), request.follow_last_symlink))
         return pb.StatResponse(inode=to_pb(inode))
 
     async def BatchStat(self, request: pb.BatchStatRequest, context: Context) -> pb.BatchStatResponse:
@@ -108,8 +107,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} paths per BatchStat")
         paths = [at(p) for p in request.paths]
         c = caller()
-        results = await self._app.tx(c, lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink),
-                                     read_only=True)  # fmt: skip
+        results = self._app.read(c, lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink))
         out = []
         for r in results:
             if isinstance(r, FsError):
@@ -193,8 +191,10 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
         if write and (not request.session_id or not request.client_id):
             raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id")
-        inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), write, read),
-                                          read_only=not write)  # fmt: skip
+        if write:
+            inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), write, read))
+        else:
+            inode, chain = self._app.read(c, lambda t: fsops.open_file(t, at(request.path), write, read))
         if inode.is_dir:
             return pb.OpenResponse(inode=to_pb(inode))
         if request.truncate and inode.length:
@@ -247,8 +247,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
         after = token_after(request.page_token)
         size = page(request.page_size)
-        entries, last = await self._app.tx(caller(), lambda t: fsops.list_dir(
-            t, at(request.path), size, after, request.include_inodes), read_only=True)  # fmt: skip
+        entries, last = self._app.read(caller(), lambda t: fsops.list_dir(
+            t, at(request.path), size, after, request.include_inodes))  # fmt: skip
         out = []
         for name, inode_id, typ, node in entries:
             e = pb.DirEntry(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(int(typ)))

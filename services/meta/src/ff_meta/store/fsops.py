@@ -122,6 +122,9 @@ _RAW_GET = _raw(f"SELECT {_SELECT_COLS} FROM meta_inodes i WHERE i.inode_id = ?"
 _RAW_LOOKUP = _raw(f"SELECT {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
                    "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
 _TYPE_AT = _COLS.index("type")
+_SCAN = f"SELECT d.name, {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
+_RAW_SCAN = _raw(_SCAN + "WHERE d.parent_id = ? ORDER BY d.name LIMIT ?")
+_RAW_SCAN_AFTER = _raw(_SCAN + "WHERE d.parent_id = ? AND d.name > ? ORDER BY d.name LIMIT ?")
 MAX_FAST_DEPTH = 16
 
 
@@ -164,7 +167,7 @@ def _values(inode: Inode) -> dict[str, Any]:
 class Tx:
     """One transaction with the caller and the clock of the call."""
 
-    session: Session
+    orm: Session | None
     caller: Caller
     now_ns: int
     _has_quotas: bool | None = field(default=None)
@@ -173,6 +176,12 @@ class Tx:
     _qmark: bool = field(default=True)
 
     # ---- rows ----
+
+    @property
+    def session(self) -> Session:
+        if self.orm is None:
+            raise RuntimeError("this transaction runs on a bare DB-API cursor: only the cursor helpers work")
+        return self.orm
 
     @property
     def conn(self) -> Connection:
@@ -871,15 +880,13 @@ def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
             (r[0], r[1], InodeType(r[2]), None) for r in rows[:page_size]
         ]
         return names, (rows[page_size - 1][0] if len(rows) > page_size else "")
-    q = sa.select(inodes, dirents.c.name.label("entry_name")).join(dirents, dirents.c.inode_id == inodes.c.inode_id)
-    q = q.where(dirents.c.parent_id == d.inode_id)
-    if after:
-        q = q.where(dirents.c.name > after)
-    full = tx.session.execute(q.order_by(dirents.c.name).limit(page_size + 1)).all()
-    out: list[tuple[str, int, InodeType, Inode | None]] = [
-        (row.entry_name, row.inode_id, InodeType(row.type), inode_of(row)) for row in full[:page_size]
-    ]
-    return out, (full[page_size - 1].entry_name if len(full) > page_size else "")
+    sql = _RAW_SCAN_AFTER if after else _RAW_SCAN
+    full = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
+    out: list[tuple[str, int, InodeType, Inode | None]] = []
+    for row in full[:page_size]:
+        node = _inode_of_tuple(row[1:])
+        out.append((row[0], node.inode_id, node.type, node))
+    return out, (full[page_size - 1][0] if len(full) > page_size else "")
 
 
 def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
