@@ -31,14 +31,25 @@ def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
     assert str(appliance.state_dir / "secrets" / "admin_token") in first_up.out
     plan_text = (appliance.state_dir / "plan.json").read_text()
     before = _healthy_status(appliance)
-    assert [n["node_type"] for n in before["nodes"]] == ["MGMTD", "STORAGE", "STORAGE", "STORAGE", "META", "SCHEDULER"]
+    assert [n["node_type"] for n in before["nodes"]] == [
+        "MGMTD", "STORAGE", "STORAGE", "STORAGE", "META", "SCHEDULER", "AGENT", "AGENT",
+    ]  # fmt: skip
     assert "storage: created 2 chains of 3 (6 targets), all serving" in first_up.out
     assert before["cluster_id"] and before["cluster_id"] in first_up.out
     for secret in ("cluster_token", "admin_token"):
         assert stat.S_IMODE((appliance.state_dir / "secrets" / secret).stat().st_mode) == 0o600
     assert (appliance.state_dir / "logs" / "mgmtd-1.log").stat().st_size > 0
     pids = appliance.pids()
-    assert sorted(pids) == ["meta-1", "mgmtd-1", "scheduler-1", "storage-1", "storage-2", "storage-3"]
+    assert sorted(pids) == [
+        "agent-1",
+        "agent-2",
+        "meta-1",
+        "mgmtd-1",
+        "scheduler-1",
+        "storage-1",
+        "storage-2",
+        "storage-3",
+    ]
 
     again = appliance.ok("up")  # already running: no second copy
     assert "mgmtd-1: already running" in again.out

@@ -10,7 +10,7 @@ from .conftest import Appliance
 def test_demo_runs_twice(appliance: Appliance) -> None:
     first = appliance.ok("demo")
     for expected in (
-        "[1/20] create group 'demo' and user 'demo-user' in it",
+        "[1/24] create group 'demo' and user 'demo-user' in it",
         "refused: PERMISSION_DENIED: user 'demo-user' is not an admin",
         "is refused: ABORTED:",
         "whoami with it is refused after",
@@ -25,6 +25,10 @@ def test_demo_runs_twice(appliance: Appliance) -> None:
         "emptied: the files' chunks are freed",
         "$ hf3fs cat /demo/tools-",
         "pd.read_parquet gave an equal frame",
+        "WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2",
+        "(stage CAN_SUSPEND); checkpoint",
+        "finished at step",
+        "succeeded after 2 runs",
     ):
         assert expected in first.out, first.out
     assert re.search(rf"stop it with: \S*fireflyer down --state-dir {re.escape(str(appliance.state_dir))}\n", first.out)
@@ -32,6 +36,6 @@ def test_demo_runs_twice(appliance: Appliance) -> None:
     assert "mgmtd-1: already running" in second.out
     assert "group demo exists already: reused" in second.out
     assert "user demo-user exists already: reused" in second.out
-    assert "[20/20] done" in second.out
+    assert "[24/24] done" in second.out
     assert "storage: found 2 chains of 3 (6 targets), all serving" in second.out
     assert appliance.ok("status").out.rstrip().endswith("healthy")

@@ -26,7 +26,8 @@ def test_up_prints_hfai_usage_that_works(appliance: Appliance) -> None:
 
     who = _hfai("whoami", env=user)
     assert who.returncode == 0 and "hfai-demo" in who.stdout and "used 0/2" in who.stdout, who.stderr
-    sub = _hfai("python", "train.py", "--", "--nodes", "1", "--priority", "30", "--name", "e2e-task", env=user)
+    # 3 nodes: in the NORMAL quota (4) but more than the appliance's 2 agents, so it stays queued.
+    sub = _hfai("python", "train.py", "--", "--nodes", "3", "--priority", "10", "--name", "e2e-task", env=user)
     assert sub.returncode == 0, sub.stderr
     task_id = sub.stdout.split()[2]
     listed = _hfai("list", env=user)

@@ -11,6 +11,8 @@ from typing import Any, TextIO
 import grpc
 
 from ff_appliance import admin
+from ff_appliance.demo_agent import NUM_STEPS as NUM_AGENT_STEPS
+from ff_appliance.demo_agent import agent_section
 from ff_appliance.demo_hf3fs_tools import NUM_TOOLS_STEPS, tools_section
 from ff_appliance.demo_meta import NUM_META_STEPS, meta_section
 from ff_appliance.demo_scheduler import NUM_STEPS as NUM_SCHEDULER_STEPS
@@ -24,7 +26,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 DEMO_GROUP = "demo"
 DEMO_USER = "demo-user"
 CONFIG_NODE_TYPE = common_pb2.NODE_TYPE_STORAGE
-NUM_STEPS = 11 + NUM_META_STEPS + NUM_TOOLS_STEPS + NUM_SCHEDULER_STEPS
+NUM_STEPS = 11 + NUM_META_STEPS + NUM_TOOLS_STEPS + NUM_SCHEDULER_STEPS + NUM_AGENT_STEPS
 REVOKE_WAIT_S = 5.0  # services may cache a token check for a moment
 
 
@@ -176,5 +178,8 @@ async def run_demo(addresses: Sequence[str], admin_token: str, node_id: int, out
     await meta_section(addresses, admin_token, demo.step, demo.say)
     await tools_section(addresses, admin_token, demo.step, demo.say)
     await scheduler_section(addresses, admin_token, demo.step, demo.say)
+    await agent_section(addresses, admin_token, demo.step, demo.say)
     demo.step("done")
-    demo.say("mgmtd, the storage services, meta and the scheduler did all of the above on the running cluster")
+    demo.say(
+        "mgmtd, the storage services, meta, the scheduler and the agents did all of the above on the running cluster"
+    )

@@ -1,6 +1,7 @@
 """The scheduler part of ``fireflyer demo``: quotas, submissions at several priorities (AUTO too), the
-queue's reasons, another user kept out, a suspend and a stop. No agent runs in the appliance yet, so
-tasks stay queued (waiting for nodes): what is shown is the scheduler's bookkeeping and its rules."""
+queue's reasons, another user kept out, a suspend and a stop. The tasks ask for more nodes than the
+appliance's agents have, so they stay queued (waiting for nodes): what is shown is the scheduler's
+bookkeeping and its rules (tasks that run on the agents are in the agent part of the demo)."""
 
 from __future__ import annotations
 
@@ -78,10 +79,10 @@ async def scheduler_section(
     alice, bob = _User(address, alice_token), _User(address, bob_token)
     try:
         step(f"scheduler: quotas for {USERS[0]}, then tasks at several priorities")
-        await set_quota(address, admin_token, USERS[0], 30, 2)
+        await set_quota(address, admin_token, USERS[0], 30, 3)
         await set_quota(address, admin_token, USERS[0], 10, 4)
-        say(f"quota of {USERS[0]}: HIGH 2 nodes, NORMAL 4 nodes (group default)")
-        specs = [pb.TaskSpec(name="train-high", argv=["python", "train.py"], num_nodes=2, priority=30),
+        say(f"quota of {USERS[0]}: HIGH 3 nodes, NORMAL 4 nodes (group default)")
+        specs = [pb.TaskSpec(name="train-high", argv=["python", "train.py"], num_nodes=3, priority=30),
                  pb.TaskSpec(name="train-auto", argv=["python", "train.py"], num_nodes=3, auto_priority=True),
                  pb.TaskSpec(name="too-big", argv=["python", "train.py"], num_nodes=8, priority=10)]  # fmt: skip
         ids = [(await alice.call("SubmitTask", pb.SubmitTaskRequest(spec=s))).task.task_id for s in specs]
@@ -90,7 +91,7 @@ async def scheduler_section(
             say(_line(t))
         if tasks[2].queue_reason != pb.QUEUE_REASON_QUOTA_EXCEEDED or tasks[1].priority != 10:
             raise SchedulerDemoError("expected AUTO to take NORMAL and 8 nodes to exceed the quota")
-        say("no agent runs in the appliance yet: tasks in quota wait for nodes")
+        say("the appliance's agents are 2 nodes: tasks in quota that need 3 wait for nodes")
 
         step(f"{USERS[1]} cannot see, suspend or stop {USERS[0]}'s tasks")
         for method, request in (("GetTask", pb.GetTaskRequest(task_id=ids[0])),

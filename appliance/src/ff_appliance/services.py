@@ -26,6 +26,7 @@ MGMTD = "mgmtd"
 STORAGE = "storage"
 META = "meta"
 SCHEDULER = "scheduler"
+AGENT = "agent"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +120,18 @@ def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     return ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses), "--state-dir", str(ctx.state.data_dir(SCHEDULER))]
 
 
+def _agent_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    # Each agent is one "node" with 2 CPU device slots; it finds the scheduler through mgmtd, and its run
+    # folders (logs, work, run-control) live under its own folder.
+    return [
+        "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
+        "--state-dir", str(ctx.state.data_dir(AGENT) / instance.name),
+        "--master-ip", instance.host,
+        "--num-device-slots", "2",
+        "--term-grace-s", "5",
+    ]  # fmt: skip
+
+
 SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec(name=MGMTD, module="ff_mgmtd", node_type=common_pb2.NODE_TYPE_MGMTD, scalable=True, args=_mgmtd_args),
     ServiceSpec(
@@ -137,6 +150,14 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_SCHEDULER,
         args=_scheduler_args,
         configure=scheduler_setup.ensure_hfai_user,
+    ),
+    ServiceSpec(
+        name=AGENT,
+        module="ff_agent",
+        node_type=common_pb2.NODE_TYPE_AGENT,
+        default_count=2,
+        scalable=True,
+        args=_agent_args,
     ),
 )
 

@@ -34,7 +34,7 @@ for step in range(start, start + 2000):
         with open(ckpt + ".tmp", "w") as f:
             json.dump({"step": step}, f)
         os.replace(ckpt + ".tmp", ckpt)
-        client.set_whole_life_state(step)
+        client.set_whole_life_state(step + 1)
         client.report_checkpoint(ckpt, step)
         print(f"checkpoint at step {step}; go_suspend()")
         client.go_suspend()
@@ -78,10 +78,10 @@ async def test_preempted_task_checkpoints_suspends_and_resumes_where_it_stopped(
     assert first.state == pb.RUN_STATE_SUSPENDED and first.end_reason == pb.RUN_END_REASON_PREEMPTED
     assert first.suspend_stage == pb.SUSPEND_STAGE_CAN_SUSPEND, first  # rank 0 read the flag and called go_suspend()
     step = json.loads((out / "ckpt.json").read_text())["step"]
-    assert step > 0 and first.last_checkpoint.path == str(out / "ckpt.json") and first.last_checkpoint.step == step
-    assert len(done.runs) == 2 and second.start_whole_life_state == step
+    assert first.last_checkpoint.path == str(out / "ckpt.json") and first.last_checkpoint.step == step
+    assert len(done.runs) == 2 and second.start_whole_life_state == step + 1
     resumed = await asyncio.to_thread(_read_json_files, out, f"started-{second.run_id}-")
-    assert len(resumed) == 4 and all(v == {"start": step, "wls": step} for v in resumed.values()), resumed
+    assert len(resumed) == 4 and all(v == {"start": step, "wls": step + 1} for v in resumed.values()), resumed
 
 
 IGNORE_TERM = """

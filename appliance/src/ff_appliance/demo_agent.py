@@ -1,0 +1,193 @@
+"""The node-agent part of ``fireflyer demo``: the agents' nodes, a 2-node task whose ranks print their
+environment, a suspend that the task answers with a checkpoint and go_suspend(), its resume from that
+checkpoint, and a rank's log followed while it runs (what ``hfai logs -f --rank 1`` shows)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ff_appliance.scheduler_setup import scheduler_address, set_quota
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError, open_channel
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+
+NUM_STEPS = 4
+USER = "agent-demo"
+WAIT_S = 90.0
+
+ENV_SCRIPT = """
+import os
+keys = ["WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_IP", "MASTER_PORT", "MARSV2_TASK_ID"]
+print(" ".join(f"{k}={os.environ[k]}" for k in keys))
+"""
+
+TRAIN_SCRIPT = """
+import json, os, sys, time
+from hfai import client
+folder, rank, local = sys.argv[1], os.environ["RANK"], os.environ["LOCAL_RANK"]
+ckpt = os.path.join(folder, "ckpt.json")
+start = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+resumed = client.get_whole_life_state() > 0  # the number of suspends so far
+print(f"start at step {start}, whole_life_state {client.get_whole_life_state()}", flush=True)
+for step in range(start, start + 600):
+    if rank == "0" and local == "0" and client.receive_suspend_command():
+        with open(ckpt + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(ckpt + ".tmp", ckpt)
+        client.set_whole_life_state(client.get_whole_life_state() + 1)
+        client.report_checkpoint(ckpt, step)
+        print(f"suspend flag seen: checkpoint at step {step}, go_suspend()", flush=True)
+        client.go_suspend()
+    if resumed and step >= start + 15:
+        print(f"finished at step {step}", flush=True)
+        break
+    if step % 5 == 0:
+        print(f"step {step}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+class AgentDemoError(Exception):
+    """The agents or the scheduler did not do what the demo expects."""
+
+
+class _User:
+    def __init__(self, address: str, token: str) -> None:
+        self.channel = open_channel(address)
+        self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
+        self.rpc = RpcClient(token=token, timeout_s=10.0)
+
+    async def call(self, method: str, request: Any) -> Any:
+        return await self.rpc.unary(getattr(self.stub, method), request)
+
+    async def task(self, task_id: int) -> pb.Task:
+        return (await self.call("GetTask", pb.GetTaskRequest(task_id=task_id, include_runs=True))).task  # type: ignore[no-any-return]
+
+    async def wait(self, task_id: int, what: Callable[[pb.Task], bool], why: str) -> pb.Task:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            task = await self.task(task_id)
+            if what(task):
+                return task
+            if time.monotonic() > deadline:
+                raise AgentDemoError(f"task {task_id}: {why} did not happen within {WAIT_S:g} s: {task}")
+            await asyncio.sleep(0.2)
+
+    async def log(self, task_id: int, node_rank: int, *, follow: bool = False, run_id: int = 0) -> str:
+        request = pb.StreamLogsRequest(task_id=task_id, node_rank=node_rank, follow=follow, run_id=run_id)
+        chunks = [c.data async for c in self.rpc.stream(self.stub.StreamLogs, request)]
+        return b"".join(chunks).decode(errors="replace")
+
+
+def _state(t: pb.Task) -> str:
+    return str(pb.TaskState.Name(t.state)).removeprefix("TASK_STATE_").lower()
+
+
+async def _user_token(mgmtd: MgmtdClient) -> str:
+    try:
+        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=USER))
+    except RpcError as err:
+        if err.code is not grpc.StatusCode.ALREADY_EXISTS:
+            raise
+    issued = await mgmtd.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=USER, ttl_s=3600))
+    return str(issued.token)
+
+
+async def agent_section(
+    addresses: Sequence[str], admin_token: str, step: Callable[[str], None], say: Callable[[str], None]
+) -> None:
+    mgmtd = MgmtdClient(list(addresses), token=admin_token)
+    try:
+        address = await scheduler_address(mgmtd)
+        token = await _user_token(mgmtd)
+    finally:
+        await mgmtd.close()
+    await set_quota(address, admin_token, USER, 10, 2)
+    user = _User(address, token)
+    folder = Path(tempfile.mkdtemp(prefix="fireflyer-agent-demo-"))
+    try:
+        await _nodes(user, step, say)
+        await _env_task(user, folder, step, say)
+        await _suspend_resume(user, folder, step, say)
+    finally:
+        await user.channel.close()
+
+
+async def _nodes(user: _User, step: Callable[[str], None], say: Callable[[str], None]) -> None:
+    step("agents: the nodes they registered (devices are CPU slots on this machine)")
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        nodes = [n for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes
+                 if n.state == pb.NODE_STATE_READY]  # fmt: skip
+        if len(nodes) >= 2:
+            break
+        if time.monotonic() > deadline:
+            raise AgentDemoError("fewer than 2 agent nodes are ready")
+        await asyncio.sleep(0.2)
+    for n in nodes:
+        say(f"node {n.node_id} {n.hostname}: {len(n.devices)} devices ({n.devices[0].name}), {n.num_cpus} CPUs, "
+            f"group {n.node_group}")  # fmt: skip
+
+
+async def _env_task(user: _User, folder: Path, step: Callable[[str], None], say: Callable[[str], None]) -> None:
+    step(f"{USER} runs a 2-node task; every rank prints its environment")
+    script = folder / "env.py"
+    script.write_text(ENV_SCRIPT)
+    spec = pb.TaskSpec(name="print-env", argv=["python", str(script)], num_nodes=2, priority=10)
+    task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+    done = await user.wait(task.task_id, lambda t: t.state >= pb.TASK_STATE_SUCCEEDED, "the end")
+    if done.state != pb.TASK_STATE_SUCCEEDED:
+        raise AgentDemoError(f"the print-env task ended {_state(done)}: {done.end_message}")
+    lines = []
+    for node_rank in (0, 1):
+        lines += sorted((await user.log(task.task_id, node_rank)).splitlines())
+    for line in lines:
+        say(line)
+    if len(lines) != 4 or not all("WORLD_SIZE=2" in line and "LOCAL_WORLD_SIZE=2" in line for line in lines):
+        raise AgentDemoError(f"expected 4 ranks of a 2-node task, got: {lines}")
+
+
+async def _suspend_resume(user: _User, folder: Path, step: Callable[[str], None], say: Callable[[str], None]) -> None:
+    step("suspend a running 2-node task: rank 0 checkpoints and calls go_suspend(); it resumes from there")
+    script = folder / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    spec = pb.TaskSpec(name="train", argv=["python", str(script), str(folder)], num_nodes=2, priority=10)
+    task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+    await user.wait(task.task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING, "running")
+    deadline = time.monotonic() + WAIT_S
+    while "step 5" not in await user.log(task.task_id, 0):  # it made some progress worth checkpointing
+        if time.monotonic() > deadline:
+            raise AgentDemoError("the train task printed no progress")
+        await asyncio.sleep(0.2)
+    await user.call("SuspendTask", pb.SuspendTaskRequest(task_id=task.task_id))
+    say(f"task {task.task_id}: suspend asked")
+    started = (pb.RUN_STATE_UNSPECIFIED, pb.RUN_STATE_STARTING)
+    resumed = await user.wait(
+        task.task_id, lambda t: t.num_runs >= 2 and t.current_run.state not in started, "the resume"
+    )
+    first = resumed.runs[0]
+    stage = str(pb.SuspendStage.Name(first.suspend_stage)).removeprefix("SUSPEND_STAGE_")
+    say(f"run 0 ended {pb.RunState.Name(first.state).removeprefix('RUN_STATE_').lower()} (stage {stage}); "
+        f"checkpoint {first.last_checkpoint.path} at step {first.last_checkpoint.step}")  # fmt: skip
+    say(f"run 1 starts with whole_life_state {resumed.current_run.start_whole_life_state} (suspends so far)")
+
+    step("follow node rank 1's log of the resumed run while it runs (hfai logs -f --rank 1)")
+    followed = await user.log(task.task_id, 1, follow=True, run_id=resumed.current_run.run_id)
+    for line in followed.splitlines():
+        say(line)
+    done = await user.wait(task.task_id, lambda t: t.state >= pb.TASK_STATE_SUCCEEDED, "the end")
+    say(f"task {task.task_id}: {_state(done)} after {done.num_runs} runs")
+    if done.state != pb.TASK_STATE_SUCCEEDED or first.suspend_stage != pb.SUSPEND_STAGE_CAN_SUSPEND:
+        raise AgentDemoError(f"expected a go_suspend() suspend and a resumed success: {done}")
+    resumed_at = f"start at step {first.last_checkpoint.step}, whole_life_state 1"
+    if resumed.current_run.start_whole_life_state != 1 or resumed_at not in followed or first.last_checkpoint.step < 5:
+        raise AgentDemoError("the resumed run did not continue from the checkpoint")
