@@ -104,3 +104,20 @@ def test_keep_ids(local_fs: LocalFs) -> None:
     local_fs.create("/f")
     ops = Hf3fsOperations(local_fs, MountOptions(keep_ids=True))
     assert ops.getattr("/f")["st_uid"] == local_fs.stat("/f").uid
+
+
+def test_sequential_writes_stay_buffered(ops: Hf3fsOperations, local_fs: LocalFs) -> None:
+    fh = ops.create("/seq", 0o644, os.O_WRONLY)
+    raw = ops._get(fh).file.raw  # type: ignore[attr-defined]
+    calls = []
+    write = raw.write
+    raw.write = lambda b: calls.append(len(b)) or write(b)
+    for i in range(16):
+        ops.write("/seq", bytes([i]) * 256, i * 256, fh)  # what the kernel sends for a sequential writer
+    assert calls == []  # nothing left the 8 KiB buffer yet: a seek to the same offset must not flush it
+    ops.write("/seq", b"z", 10, fh)  # a write elsewhere first sends what was buffered
+    assert calls == [4096]
+    ops.release("/seq", fh)
+    with local_fs.open("/seq", "rb") as f:
+        data = f.read()
+    assert len(data) == 4096 and data[10:11] == b"z" and data[256:257] == b"\x01"
