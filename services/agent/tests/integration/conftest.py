@@ -16,6 +16,7 @@ from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
 from ff_mgmtd.testing import start_in_process as start_mgmtd
 from ff_scheduler.testing import InProcessScheduler, SchedulerClient, set_quota
 from ff_scheduler.testing import start_in_process as start_scheduler
+from ff_testing import free_port
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -91,7 +92,10 @@ async def cluster(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     c: Cluster | None = None
     try:
         tokens = await make_users(mgmtd)
-        scheduler = await start_scheduler(tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN, **SCHEDULER)
+        # A free MASTER_PORT: ranks that build an hfreduce group serve its control plane there.
+        scheduler = await start_scheduler(
+            tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN, master_port=free_port(), **SCHEDULER
+        )
         c = Cluster(tmp_path, mgmtd, scheduler, tokens)
         root = c.client("root")
         for level in (10, 30):
