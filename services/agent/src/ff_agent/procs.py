@@ -60,6 +60,16 @@ def session_members(sids: Iterable[int]) -> dict[int, int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
 def signal_sessions(sids: Iterable[int], sig: signal.Signals) -> int:
     """Send ``sig`` to every process of the sessions (process groups first, then stragglers); how many."""
     sids = list(sids)

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from ff_agent import procs
 from ff_agent.testing import eventually, wait_task
 from ff_scheduler.testing import spec
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -31,15 +32,6 @@ if open(marker).read() == run_id:
     time.sleep(600)  # the first run lives until its node dies
 print("second run finished")
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
 async def test_sigkill_of_an_agent_requeues_its_task_on_the_other_nodes(cluster: Any, tmp_path: Path) -> None:
@@ -71,7 +63,7 @@ async def test_sigkill_of_an_agent_requeues_its_task_on_the_other_nodes(cluster:
     assert done.runs[0].failure.node_id == victim.node_id
     assert victim.node_id not in {n.node_id for n in done.runs[-1].nodes} and len(done.runs[-1].nodes) == 2
     # Nothing of the first run is left anywhere: the dead agent's ranks died with it, the others were stopped.
-    assert not [p for p in victim_pids if _alive(p)]
+    assert not [p for p in victim_pids if procs.alive(p)]
 
 
 FAILING = """

@@ -97,15 +97,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
-
-
 async def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_with_nothing_left(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -121,13 +112,13 @@ async def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_with_nothin
 
     await eventually(pids_written, what="both ranks and their children started")
     pids = [int(p) for f in sorted(out.glob("pids-*")) for p in f.read_text().split()]
-    assert len(pids) == 4 and all(_alive(p) for p in pids)
+    assert len(pids) == 4 and all(procs.alive(p) for p in pids)
     await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
     await asyncio.sleep(0.5)
-    assert all(_alive(p) for p in pids)  # SIGTERM was ignored: they are still there within the grace
+    assert all(procs.alive(p) for p in pids)  # SIGTERM was ignored: they are still there within the grace
     done = await wait_task(alice, task.task_id, pb.TASK_STATE_STOPPED)
     assert done.current_run.state == pb.RUN_STATE_STOPPED
-    assert not any(_alive(p) for p in pids), [p for p in pids if _alive(p)]
+    assert not any(procs.alive(p) for p in pids), [p for p in pids if procs.alive(p)]
     run_folder = next((cluster.agents[0].state_dir / "runs").iterdir())
     sids = json.loads((run_folder / "pids.json").read_text())["sids"]
     assert procs.session_members(sids) == {}
