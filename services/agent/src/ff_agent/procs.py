@@ -70,6 +70,15 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
+def environ_has(pid: int, entry: bytes) -> bool:
+    """Whether the process's initial environment holds ``entry`` (``b"NAME=value"``)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def signal_sessions(sids: Iterable[int], sig: signal.Signals) -> int:
     """Send ``sig`` to every process of the sessions (process groups first, then stragglers); how many."""
     sids = list(sids)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from pathlib import Path
 from ff_agent import procs
 from ff_agent.core.errors import InvalidRequest, NotFoundError
 from ff_agent.core.failures import ErrorRecord, Failure, RankExit, root_cause
-from ff_agent.core.launch import NodeFacts, StartOrder, check_order, plan_ranks
+from ff_agent.core.launch import RUN_DIR_ENV, NodeFacts, StartOrder, check_order, plan_ranks
 from ff_agent.core.suspend import SuspendClock
 from ff_agent.link import LINK_ERRORS, SchedulerLink
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -402,6 +403,7 @@ class NodeRuns:
         self._mux_logs(run, final=True)
         run.phase = pb.NODE_RUN_PHASE_EXITED
         run.exited_at = time.time()
+        (run.folder / PIDS_FILE).unlink(missing_ok=True)  # nothing of it is left to kill after a restart
         if run.suspend is not None:
             run.control.clear_suspend()
         logger.info(
@@ -434,12 +436,23 @@ class NodeRuns:
     # ---- agent start and shutdown ----
 
     def kill_leftovers(self) -> int:
-        """Processes of runs a previous agent on this node started (it died): killed; how many."""
-        sids: list[int] = []
+        """Processes of runs a previous agent on this node started (it died): killed; how many.
+
+        Only processes of those sessions that still carry the run's control folder in their environment
+        are killed: a session id whose leader is gone may have been reused by an unrelated process.
+        """
+        killed = 0
         for pids in self.runs_dir.glob(f"*/{PIDS_FILE}"):
             with contextlib.suppress(OSError, ValueError, KeyError):
-                sids += [int(s) for s in json.loads(pids.read_text())["sids"]]
-        return procs.signal_sessions(sids, signal.SIGKILL) if sids else 0
+                sids = [int(s) for s in json.loads(pids.read_text())["sids"]]
+                marker = f"{RUN_DIR_ENV}={pids.parent / 'control'}".encode()
+                for pid in procs.session_members(sids):
+                    if procs.environ_has(pid, marker):
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, signal.SIGKILL)
+                            killed += 1
+                pids.unlink()
+        return killed
 
     def prune(self, retention_s: float) -> None:
         """Forget exited runs (and delete their folders) older than the log retention."""
@@ -463,8 +476,6 @@ class NodeRuns:
 
 
 def _executable(path: Path) -> bool:
-    import os
-
     return os.access(path, os.X_OK)
 
 

@@ -96,3 +96,40 @@ async def test_the_first_failing_rank_is_named_as_the_root_cause(cluster: Any, t
     errors = next((agent.state_dir / "runs").iterdir()) / "errors"
     record = json.loads((errors / "rank1.json").read_text())
     assert record["exc_type"] == "ValueError" and "Traceback" in record["traceback"]
+
+
+ORPHAN = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(os.path.join(sys.argv[1], "child"), "w") as f:
+    f.write(str(child.pid))
+time.sleep(600)
+"""
+
+
+async def test_a_restarted_agent_kills_what_its_dead_predecessor_left(cluster: Any, tmp_path: Path) -> None:
+    agent = await cluster.add_agent_process("p1")
+    script, out = tmp_path / "orphan.py", tmp_path / "out"
+    script.write_text(ORPHAN)
+    out.mkdir()
+    alice = cluster.client("alice")
+    spec1 = spec(1, 10, argv=["python", str(script), str(out)], ranks_per_node=1)
+    task = (await alice.call(alice.user.SubmitTask, pb.SubmitTaskRequest(spec=spec1))).task
+    await wait_task(alice, task.task_id, pb.TASK_STATE_RUNNING)
+
+    async def child_started() -> bool:
+        return (out / "child").exists() and (out / "child").read_text() != ""
+
+    await eventually(child_started, what="the rank's child")
+    child = int((out / "child").read_text())
+    os.kill(agent.proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(agent.proc.wait)
+    await asyncio.sleep(1.0)
+    assert procs.alive(child)  # the rank died with the agent; its child lives on in the rank's session
+    cluster.processes.remove(agent)
+    await cluster.add_agent_process("p1")  # the same node's state folder
+
+    async def child_gone() -> bool:
+        return not procs.alive(child)
+
+    await eventually(child_gone, timeout_s=30, what="the orphan killed by the new agent")

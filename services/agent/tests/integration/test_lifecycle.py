@@ -119,9 +119,7 @@ async def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_with_nothin
     done = await wait_task(alice, task.task_id, pb.TASK_STATE_STOPPED)
     assert done.current_run.state == pb.RUN_STATE_STOPPED
     assert not any(procs.alive(p) for p in pids), [p for p in pids if procs.alive(p)]
-    run_folder = next((cluster.agents[0].state_dir / "runs").iterdir())
-    sids = json.loads((run_folder / "pids.json").read_text())["sids"]
-    assert procs.session_members(sids) == {}
+    assert procs.session_members(pids[0::2]) == {}  # each rank leads its own session
 
 
 STREAM = """
