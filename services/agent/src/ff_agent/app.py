@@ -170,7 +170,7 @@ class Agent:
 
     async def hang_loop(self, stop: asyncio.Event) -> None:
         threshold = self.settings.hang_threshold_s
-        while not stop.is_set():
+        while self.settings.hang_detection and not stop.is_set():
             await _sleep(stop, self.settings.hang_check_interval_s)
             for run in list(self.runs.active):
                 if run.stopping or run.suspend is not None or run.failure is not None:

@@ -47,6 +47,9 @@ class AgentSettings(SettingsModel):
     min_memory_bandwidth_gbps: float = Field(0.2, ge=0, description="memory copy below this fails (GB/s)")
     min_disk_throughput_mbps: float = Field(5.0, ge=0, description="disk write+read below this fails (MB/s)")
     min_cpu_gflops: float = Field(0.05, ge=0, description="CPU stress below this fails (GFLOP/s)")
+    hang_detection: bool = Field(
+        True, description="read hfreduce's collective progress on MASTER_IP:MASTER_PORT of running runs"
+    )
     hang_threshold_s: float = Field(60.0, gt=0, description="a rank this far behind the others' collective is hung")
     hang_check_interval_s: float = Field(5.0, gt=0, description="how often collective progress is read")
     call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to mgmtd and the scheduler")
