@@ -23,7 +23,7 @@ from ff_meta.store import fsops
 from ff_meta.store.fsops import Defaults, LayoutSpec, PathAt, Tx
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, StubPool
-from ff_store import Store
+from ff_store import Store, is_retryable
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.capability import capability_key, make_capability
@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ID_BLOCK = 256
+GROUP_WRITES = 64
 
 
 class StorageUnavailable(FsError):
@@ -96,6 +97,9 @@ class MetaApp:
         self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
         self._inline_reads = store.engine.dialect.name == "sqlite"
         self._write_lock = threading.Lock()
+        self._write_queue: list[tuple[Callable[[Session], Any], asyncio.Future[Any]]] = []
+        self._writer_busy = False
+        self._writer_task: asyncio.Task[None] | None = None
         self._reader: sqlite3.Connection | None = None
         if self._inline_reads and store.engine.url.database:
             self._reader = sqlite3.connect(store.engine.url.database, isolation_level=None, check_same_thread=False)
@@ -119,14 +123,62 @@ class MetaApp:
             # the event loop instead of paying a worker-thread hop per call.
             return self.store.run(body, read_only=True)
         if not read_only and self._inline_reads:
-            return await asyncio.to_thread(self._write_serialized, body)
+            return await self._group_write(body)  # type: ignore[no-any-return]
         return await self.store.arun(body, read_only=read_only)
 
-    def _write_serialized(self, body: Callable[[Session], T]) -> T:
-        """SQLite has one writer at a time: this process's writers queue on a lock rather than in SQLite's
-        busy handler, which sleeps in steps of milliseconds (other processes still meet the busy handler)."""
+    async def _group_write(self, body: Callable[[Session], Any]) -> Any:
+        """SQLite has one writer at a time, so the writes waiting in this process go together: one
+        transaction (``Store.run``, re-run whole on conflict) with a savepoint per call, so that a call that
+        fails (an FsError) changes nothing and the others still commit (group commit)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._write_queue.append((body, future))
+        if not self._writer_busy:
+            self._writer_busy = True
+            self._writer_task = asyncio.create_task(self._drain_writes())
+        return await future
+
+    async def _drain_writes(self) -> None:
+        try:
+            while self._write_queue:
+                batch, self._write_queue = self._write_queue[:GROUP_WRITES], self._write_queue[GROUP_WRITES:]
+                try:
+                    results = await asyncio.to_thread(self._write_batch, [b for b, _ in batch])
+                except Exception as exc:
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, fut), (ok, value) in zip(batch, results, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(value)
+        finally:
+            self._writer_busy = False
+
+    def _write_batch(self, bodies: list[Callable[[Session], Any]]) -> list[tuple[bool, Any]]:
+        def run_all(session: Session) -> list[tuple[bool, Any]]:
+            out: list[tuple[bool, Any]] = []
+            for body in bodies:
+                savepoint = session.begin_nested()
+                try:
+                    value = body(session)
+                except Exception as err:
+                    if is_retryable(err):
+                        raise  # the whole group runs again
+                    savepoint.rollback()
+                    out.append((False, err))
+                    continue
+                savepoint.commit()
+                out.append((True, value))
+            return out
+
+        # Writers of this process queue here rather than in SQLite's busy handler, which sleeps in steps of
+        # milliseconds (another process on the same file still meets the busy handler).
         with self._write_lock:
-            return self.store.run(body)
+            return self.store.run(run_all)
 
     def read(self, caller: Caller, fn: Callable[[Tx], T]) -> T:
         """A read-only transaction for the hottest calls (stat, list, read opens), which run on the event loop:

@@ -92,3 +92,33 @@ def test_large_file_byte_exact_across_chains(fs: hf3fs.FileSystem, home: str) ->
     ranges = [(path, 0, 10), (path, (1 << 20) - 5, 10), (path, size - 7, 100)]
     got = fs.read_batch(ranges)
     assert got == [data[0:10], data[(1 << 20) - 5 : (1 << 20) + 5], data[size - 7 :]]
+
+
+def test_concurrent_creates_each_answered_alone(fs: hf3fs.FileSystem, home: str) -> None:
+    """Writes that meta commits together (one SQLite transaction, a savepoint each): a failing one (EEXIST)
+    changes nothing and does not fail the others."""
+    import threading
+    from collections import Counter
+
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def worker(t: int) -> None:
+        for k in range(20):
+            for path in (f"{home}/shared{k}", f"{home}/own{t}-{k}"):
+                try:
+                    fs.create(path, exclusive=True)
+                    result = "created"
+                except FileExistsError:
+                    result = "exists"
+                with lock:
+                    outcomes[result] += 1
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert outcomes == {"created": 20 + 6 * 20, "exists": 5 * 20}
+    names = fs.listdir(home)
+    assert len(names) == len(set(names)) == 20 + 6 * 20

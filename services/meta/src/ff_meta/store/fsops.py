@@ -99,19 +99,6 @@ class GcJob:
     attempts: int
 
 
-_GET = sa.select(inodes).where(inodes.c.inode_id == sa.bindparam("i"))
-_LOOKUP = (
-    sa.select(inodes)
-    .join(dirents, dirents.c.inode_id == inodes.c.inode_id)
-    .where(dirents.c.parent_id == sa.bindparam("p"), dirents.c.name == sa.bindparam("n"))
-)
-
-
-_ANY_QUOTA = sa.select(quotas.c.inode_id).limit(1)
-_INSERT_INODE = sa.insert(inodes)
-_INSERT_DIRENT = sa.insert(dirents)
-
-
 def _raw(sql: str) -> tuple[str, str]:
     """The statement for qmark (SQLite) and format (psycopg) parameter styles."""
     return sql, sql.replace("?", "%s")
@@ -122,6 +109,9 @@ _RAW_GET = _raw(f"SELECT {_SELECT_COLS} FROM meta_inodes i WHERE i.inode_id = ?"
 _RAW_LOOKUP = _raw(f"SELECT {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
                    "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
 _TYPE_AT = _COLS.index("type")
+_RAW_INSERT_INODE = _raw(f"INSERT INTO meta_inodes ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})")
+_RAW_INSERT_DIRENT = _raw("INSERT INTO meta_dirents (parent_id, name, inode_id, type) VALUES (?, ?, ?, ?)")
+_RAW_ANY_QUOTA = _raw("SELECT inode_id FROM meta_quotas LIMIT 1")
 _SCAN = f"SELECT d.name, {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
 _RAW_SCAN = _raw(_SCAN + "WHERE d.parent_id = ? ORDER BY d.name LIMIT ?")
 _RAW_SCAN_AFTER = _raw(_SCAN + "WHERE d.parent_id = ? AND d.name > ? ORDER BY d.name LIMIT ?")
@@ -221,14 +211,13 @@ class Tx:
         return _inode_of_tuple(row) if row is not None else None
 
     def insert(self, inode: Inode) -> None:
-        self.conn.execute(_INSERT_INODE, _values(inode))
+        self._fetch(_RAW_INSERT_INODE, tuple(_values(inode)[c] for c in _COLS), fetch=False)
 
     def update(self, inode_id: int, **values: Any) -> None:
         self.session.execute(sa.update(inodes).where(inodes.c.inode_id == inode_id).values(**values))
 
     def link(self, parent_id: int, name: str, inode: Inode) -> None:
-        self.conn.execute(_INSERT_DIRENT, {"parent_id": parent_id, "name": name, "inode_id": inode.inode_id,
-                                           "type": int(inode.type)})  # fmt: skip
+        self._fetch(_RAW_INSERT_DIRENT, (parent_id, name, inode.inode_id, int(inode.type)), fetch=False)
 
     def unlink_entry(self, parent_id: int, name: str) -> None:
         self.session.execute(sa.delete(dirents).where(dirents.c.parent_id == parent_id, dirents.c.name == name))
@@ -338,7 +327,7 @@ class Tx:
 
     def any_quota(self) -> bool:
         if self._has_quotas is None:
-            self._has_quotas = self.conn.execute(_ANY_QUOTA).first() is not None
+            self._has_quotas = self._fetch(_RAW_ANY_QUOTA, ()) is not None
         return self._has_quotas
 
     def quota_chain(self, dir_inode: Inode | None) -> list[QuotaRow]:
