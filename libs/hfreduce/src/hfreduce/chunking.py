@@ -31,6 +31,18 @@ def chunks(span: Span, chunk_elems: int) -> list[Span]:
     return [(c, min(c + chunk_elems, end)) for c in range(start, end, chunk_elems)]
 
 
+MIN_CHUNK_ELEMS = 1 << 18  # 1 MiB of fp32
+MIN_CHUNKS_PER_HALF = 4
+
+
+def pipeline_chunk(slice_elems: int, chunk_elems: int) -> int:
+    """Chunk size for a slice: ``chunk_elems``, but smaller (not below ``MIN_CHUNK_ELEMS``) so that each tree
+    half has at least ``MIN_CHUNKS_PER_HALF`` chunks to pipeline. It depends only on the slice length, which
+    the same local rank of every node shares, so tree neighbours cut the same chunks."""
+    floor = min(chunk_elems, MIN_CHUNK_ELEMS)
+    return max(floor, min(chunk_elems, slice_elems // 2 // MIN_CHUNKS_PER_HALF))
+
+
 def ring_blocks(num_elems: int, world_size: int) -> list[Span]:
     """The ``world_size`` contiguous blocks a ring reduce-scatter splits a buffer into."""
     return [local_slice(num_elems, world_size, i) for i in range(world_size)]

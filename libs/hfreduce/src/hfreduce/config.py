@@ -31,7 +31,8 @@ class GroupConfig:
         zone: network zone of this node; nodes are ordered zone by zone so trees cross zones once.
         timeout_s: limit on every blocking step (rendezvous, each chunk send/receive, each barrier).
         chunk_size_bytes: pipeline chunk size (4 MiB: each chunk costs thread hand-offs, GIL round trips
-            and system calls, which at 1 MiB took 15-20 % more CPU on the 2-core dev box).
+            and system calls, which at 1 MiB took 15-20 % more CPU on the 2-core dev box); smaller
+            slices use smaller chunks, down to 1 MiB, so each tree half still has 4 chunks to pipeline.
         shm_slot_bytes: cap on the per-rank shared-memory staging slot (it grows to the largest tensor
             seen, up to this); larger tensors go through in segments of this size.
         algorithm: ``"tree"`` (HFReduce: intra-node reduce + double binary tree) or ``"ring"`` (flat ring

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hfreduce.chunking import Span, chunks, tree_half
+from hfreduce.chunking import Span, chunks, pipeline_chunk, tree_half
 from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
@@ -119,7 +119,7 @@ class TreeEngine:
         """Run both trees' up and down threads to completion; the first failure aborts all of them."""
         self._abort.clear()
         queues: list[queue.Queue[Span]] = [queue.Queue(), queue.Queue()]
-        if job.span[1] - job.span[0] <= self.chunk_elems:
+        if job.span[1] - job.span[0] <= self._chunk(job.span):
             return self._run_inline(job, queues)
         futures = []
         for t in (0, 1):
@@ -140,6 +140,9 @@ class TreeEngine:
         for f in futures:
             total.add(f.result())
         return total
+
+    def _chunk(self, span: Span) -> int:
+        return pipeline_chunk(span[1] - span[0], self.chunk_elems)
 
     def _run_inline(self, job: TreeJob, queues: list[queue.Queue[Span]]) -> Counters:
         """One chunk per tree: run the four phases in this thread (no thread hand-offs for small messages).
@@ -169,7 +172,7 @@ class TreeEngine:
         combine = combine_fn(job.op)
         counters = Counters()
         wire_bytes = job.wire.itemsize
-        for c0, c1 in chunks(tree_half(job.span, t), self.chunk_elems):
+        for c0, c1 in chunks(tree_half(job.span, t), self._chunk(job.span)):
             n = c1 - c0
             now = time.perf_counter()
             acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
@@ -273,7 +276,7 @@ class TreeEngine:
         scratch = self._scratch[t][1]
         counters = Counters()
         direct = job.wire is job.dtype
-        for c0, c1 in chunks(tree_half(job.span, t), self.chunk_elems):
+        for c0, c1 in chunks(tree_half(job.span, t), self._chunk(job.span)):
             n = c1 - c0
             final = job.final(c0, c1)
             now = time.perf_counter()

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from hfreduce.chunking import chunks, local_slice, ring_blocks, segments, tree_half
+from hfreduce.chunking import chunks, local_slice, pipeline_chunk, ring_blocks, segments, tree_half
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 8, 1023, 1024, 1025, 40_000])
@@ -49,3 +49,13 @@ def test_segments_cap_each_pass_at_the_shared_memory_capacity() -> None:
 def test_ring_blocks_cover_the_buffer() -> None:
     blocks = ring_blocks(10, 4)
     assert blocks == [(0, 2), (2, 5), (5, 7), (7, 10)]
+
+
+def test_pipeline_chunks_shrink_for_mid_sizes_but_not_below_1_mib() -> None:
+    mib = 1 << 18  # elements of fp32
+    assert pipeline_chunk(64 * mib, 4 * mib) == 4 * mib  # 32 MiB halves: 8 chunks of the configured size
+    assert pipeline_chunk(16 * mib, 4 * mib) == 2 * mib  # 8 MiB halves: 4 chunks
+    assert pipeline_chunk(4 * mib, 4 * mib) == mib  # never below 1 MiB
+    assert pipeline_chunk(10, 4 * mib) == mib
+    assert pipeline_chunk(1 << 30, 1024) == 1024  # a configured size below 1 MiB is kept as it is
+    assert pipeline_chunk(100, 1024) == 1024
