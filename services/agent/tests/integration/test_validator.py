@@ -12,8 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
-from ff_agent.testing import eventually, wait_task
+from ff_agent.testing import eventually, start_in_process, wait_task
 from ff_agent.validator import ALL_CHECKS
+from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_rpc import RpcClient, RpcError, open_channel
 from ff_scheduler.testing import spec
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -89,3 +90,21 @@ async def test_validate_node_is_for_admins_and_refused_while_a_run_is_active(clu
         await wait_task(alice, task.task_id, pb.TASK_STATE_STOPPED)
     finally:
         await channel.close()
+
+
+async def test_the_scheduled_validation_reports_by_itself(cluster: Any) -> None:
+    agent = await start_in_process(
+        cluster.folder, cluster.mgmtd.address, CLUSTER_TOKEN, "sched",
+        scheduler_address=cluster.scheduler.address, validate_at_start=True, validator_force_fail="gemm",
+    )  # fmt: skip
+    cluster.agents.append(agent)
+
+    async def in_err_nodes() -> bool:
+        nodes = {n.node_id: n for n in await cluster.nodes()}
+        node = nodes.get(agent.node_id)
+        return node is not None and node.state == pb.NODE_STATE_ERR and node.last_validation.finished_at > 0
+
+    await eventually(in_err_nodes, timeout_s=120, what="the node in err_nodes after its own validation")
+    node = next(n for n in await cluster.nodes() if n.node_id == agent.node_id)
+    assert [c.name for c in node.last_validation.checks if not c.passed] == ["gemm"]
+    assert "validation" in node.state_reason
