@@ -211,7 +211,8 @@ class Tx:
         return _inode_of_tuple(row) if row is not None else None
 
     def insert(self, inode: Inode) -> None:
-        self._fetch(_RAW_INSERT_INODE, tuple(_values(inode)[c] for c in _COLS), fetch=False)
+        values = _values(inode)
+        self._fetch(_RAW_INSERT_INODE, tuple(values[c] for c in _COLS), fetch=False)
 
     def update(self, inode_id: int, **values: Any) -> None:
         self.session.execute(sa.update(inodes).where(inodes.c.inode_id == inode_id).values(**values))
