@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 MAX_IO_BATCH_BYTES = 32 << 20
 NO_LIMIT = (1 << 64) - 1
 RESERVE_STEP_BYTES = 64 << 20
+CAPABILITY_MARGIN_NS = 60 * 10**9
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class RawFile(io.RawIOBase):
         self.inode_id = inode.inode_id
         self.layout = layout
         self._cap = capability
+        self.cap_expires_at_ns = 0  # 0: unknown (never refreshed ahead of time)
         self._session = session
         self._limit = session.write_limit_bytes if session is not None else NO_LIMIT
         self.length = inode.length_bytes
@@ -165,6 +167,7 @@ class RawFile(io.RawIOBase):
         done = 0
         while done < n:
             step = min(n - done, MAX_IO_BATCH_BYTES)
+            self._fresh_capability()
             data = self._fs._run(read_spans(self._fs._storage, self.layout, self._cap, self._pos + done, step,
                                             self.name))  # fmt: skip
             view[done : done + step] = data
@@ -199,6 +202,7 @@ class RawFile(io.RawIOBase):
             done = 0
             while done < len(data):
                 step = min(len(data) - done, MAX_IO_BATCH_BYTES)
+                self._fresh_capability()
                 self._fs._run(write_spans(self._fs._storage, self.layout, self._cap, self._pos + done,
                                           data[done : done + step], self.name))  # fmt: skip
                 done += step
@@ -283,6 +287,19 @@ class RawFile(io.RawIOBase):
             return
         assert err is not None
         raise err
+
+    def _fresh_capability(self) -> None:
+        """Open the file again (by inode, so a rename does not matter) for a new IoCapability shortly before
+        the one held expires; a write open names this session, which meta then just returns."""
+        if not self.cap_expires_at_ns or time.time_ns() < self.cap_expires_at_ns - CAPABILITY_MARGIN_NS:
+            return
+        request = pb.OpenRequest(path=pb.PathAt(parent_inode_id=self.inode_id), open_mode=pb.OPEN_MODE_READ)
+        if self._session is not None:
+            request.open_mode = pb.OPEN_MODE_WRITE
+            request.session_id, request.client_id = self._session.session_id, self._session.client_id
+        resp = self._fs._meta_call(lambda s: s.Open, request, self.name)
+        self._cap = resp.io_capability.token
+        self.cap_expires_at_ns = resp.io_capability.expires_at_ns
 
     def _check_open(self) -> None:
         if self.closed:

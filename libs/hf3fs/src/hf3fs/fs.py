@@ -501,6 +501,7 @@ class FileSystem:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
         session = resp.session if resp.HasField("session") else None
         raw = RawFile(self, path, mode, om, inode, self._layout(inode), resp.io_capability.token, session)
+        raw.cap_expires_at_ns = resp.io_capability.expires_at_ns
         if session is not None:
             with self._writers_lock:
                 self._writers[session.session_id] = raw

@@ -122,3 +122,17 @@ def test_concurrent_creates_each_answered_alone(fs: hf3fs.FileSystem, home: str)
     assert outcomes == {"created": 20 + 6 * 20, "exists": 5 * 20}
     names = fs.listdir(home)
     assert len(names) == len(set(names)) == 20 + 6 * 20
+
+
+def test_capability_renewed_before_it_expires(fs: hf3fs.FileSystem, home: str) -> None:
+    path = f"{home}/long-lived.bin"
+    with fs.open(path, "wb", buffering=0) as w:
+        w.write(b"a" * 10)
+        old = w._cap
+        w.cap_expires_at_ns = 1  # as if it were about to expire
+        fs.rename(path, f"{home}/renamed.bin")  # the handle re-opens by inode, not by name
+        w.write(b"b" * 10)
+        assert w._cap != old and w.cap_expires_at_ns > 1
+    with fs.open(f"{home}/renamed.bin", "rb", buffering=0) as r:
+        r.cap_expires_at_ns = 1
+        assert r.read() == b"a" * 10 + b"b" * 10
