@@ -81,7 +81,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._sent: dict[tuple[int, int, str], float] = {}
         self._inflight: set[asyncio.Task[None]] = set()
-        self._run_tokens: dict[int, str] = {}
+        # One token per run, issued once even when the start orders of its nodes go out together.
+        self._run_tokens: dict[int, asyncio.Future[str]] = {}
         self.last_tick: TickStats | None = None
 
     def wake(self) -> None:
@@ -257,8 +258,17 @@ class Scheduler:
 
     async def _run_token(self, run_id: int, user_name: str) -> str:
         """A token of the task's owner for its ranks (issued by mgmtd once per run)."""
-        if run_id in self._run_tokens or self.mgmtd is None:
-            return self._run_tokens.get(run_id, "")
+        if self.mgmtd is None:
+            return ""
+        issued = self._run_tokens.get(run_id)
+        if issued is None or (issued.done() and (issued.cancelled() or issued.exception() or not issued.result())):
+            issued = asyncio.ensure_future(self._issue_run_token(run_id, user_name))
+            self._run_tokens[run_id] = issued
+        return await asyncio.shield(issued)
+
+    async def _issue_run_token(self, run_id: int, user_name: str) -> str:
+        """The token, or an empty string when mgmtd refused (the next start order asks again)."""
+        assert self.mgmtd is not None
         try:
             resp = await self.mgmtd.identity(
                 lambda s: s.IssueToken,
@@ -269,7 +279,6 @@ class Scheduler:
         except RpcError as err:
             logger.warning("cannot issue a token for run %d: %s", run_id, err)
             return ""
-        self._run_tokens[run_id] = resp.token
         return str(resp.token)
 
 
