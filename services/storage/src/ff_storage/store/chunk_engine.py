@@ -148,14 +148,26 @@ class ChunkEngine:
         Raises:
             ChunkCorrupt: the bytes on disk do not match the checksum.
         """
+        for attempt in range(3):
+            try:
+                got = self._map_current(key)
+                break
+            except FileNotFoundError:  # a newer version was committed and the old file unlinked meanwhile
+                if attempt == 2:
+                    raise
+        if got is None:
+            return None
+        meta, data = got
+        if len(data) != meta.length or crc32c_of(data) != meta.checksum:
+            raise ChunkCorrupt(f"chunk {key} on {self.root.name}: stored bytes do not match the checksum")
+        return meta, data
+
+    def _map_current(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         with self._lock:
             meta, name = self._meta.get(key), self._files.get(key)
         if meta is None or name is None:
             return None
-        data = _map_file(self.data_dir / name)
-        if len(data) != meta.length or crc32c_of(data) != meta.checksum:
-            raise ChunkCorrupt(f"chunk {key} on {self.root.name}: stored bytes do not match the checksum")
-        return meta, data
+        return meta, _map_file(self.data_dir / name)
 
     def read_pending(self, key: ChunkKey) -> tuple[Pending, bytes] | None:
         pending = self._pending.get(key)
