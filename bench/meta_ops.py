@@ -9,7 +9,7 @@ FUSE would). Each round runs every operation for ``--seconds`` on each side, in 
 between rounds; the no-op is the gRPC health Check on the meta server (served by the same ff_rpc
 runtime and interceptor), called through the FileSystem's event-loop thread like every meta call.
 
-- create: new empty files (one meta Create each) in one directory per thread;
+- create: new empty files (one meta Create each) in one directory per thread (not the listed one);
 - stat: stat of existing files (two path components);
 - list: listdir of a directory with ``--entries`` entries (one List page);
 - rename: a file renamed back and forth within its directory.
@@ -86,6 +86,7 @@ class MetaSide:
         self.serial = itertools.count()
         for t in range(threads):
             fs.makedirs(f"{self.top}/t{t}", exist_ok=True)
+            fs.makedirs(f"{self.top}/c{t}", exist_ok=True)
             for k in range(entries):
                 fs.create(f"{self.top}/t{t}/f{k}")
 
@@ -93,7 +94,7 @@ class MetaSide:
         fs, top = self.fs, self.top
         if name == "create":
             batch = next(self.serial)
-            return lambda t, i: fs.create(f"{top}/t{t}/c{batch}-{i}") and None
+            return lambda t, i: fs.create(f"{top}/c{t}/c{batch}-{i}") and None
         if name == "stat":
             return lambda t, i: fs.stat(f"{top}/t{t}/f{i % 50}") and None
         if name == "list":
@@ -135,6 +136,7 @@ class LocalSide:
         self.serial = itertools.count()
         for t in range(threads):
             (self.top / f"t{t}").mkdir(parents=True, exist_ok=True)
+            (self.top / f"c{t}").mkdir(parents=True, exist_ok=True)
             for k in range(entries):
                 (self.top / f"t{t}" / f"f{k}").touch()
 
@@ -142,7 +144,7 @@ class LocalSide:
         top = str(self.top)
         if name == "create":
             batch = next(self.serial)
-            return lambda t, i: os.close(os.open(f"{top}/t{t}/c{batch}-{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return lambda t, i: os.close(os.open(f"{top}/c{t}/c{batch}-{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         if name == "stat":
             return lambda t, i: os.stat(f"{top}/t{t}/f{i % 50}") and None
         if name == "list":
