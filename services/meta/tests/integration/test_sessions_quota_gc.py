@@ -148,3 +148,28 @@ def test_trash_restore_and_empty(fs: hf3fs.FileSystem, home: str) -> None:
     assert tid not in {e.entry_id for e in fs.trash_list()}
     with pytest.raises(FileNotFoundError):
         fs.trash_restore(tid)
+
+
+def test_failed_rename_into_a_quota_changes_nothing(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
+                                                    home: str) -> None:  # fmt: skip
+    """The rename replaces its target before it finds the quota exceeded: all of it is undone."""
+    fs.mkdir(f"{home}/q")
+    with fs.open(f"{home}/q/target", "wb") as f:
+        f.write(b"old")
+    fs.makedirs(f"{home}/big/sub")
+    for k in range(3):
+        fs.create(f"{home}/big/sub/f{k}")
+    admin_fs.set_quota(f"{home}/q", max_inodes=4)
+    with pytest.raises(OSError) as exc:
+        fs.rename(f"{home}/big", f"{home}/q/target2")  # 5 inodes into a directory with room for 2
+    assert exc.value.errno == errno.EDQUOT
+    fs.mkdir(f"{home}/q/emptydir")
+    with pytest.raises(OSError) as exc:
+        fs.rename(f"{home}/big", f"{home}/q/emptydir")  # replaces the empty directory first
+    assert exc.value.errno == errno.EDQUOT
+    assert sorted(fs.listdir(f"{home}/q")) == ["emptydir", "target"]
+    assert fs.listdir(f"{home}/big/sub") == ["f0", "f1", "f2"]
+    with fs.open(f"{home}/q/target") as f:
+        assert f.read() == b"old"
+    assert fs.get_quota(f"{home}/q").used_inodes == 3  # type: ignore[union-attr]
+    admin_fs.set_quota(f"{home}/q")
