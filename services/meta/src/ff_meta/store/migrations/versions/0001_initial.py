@@ -13,6 +13,7 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+FIRST_INODE_ID = 1 << 20
 
 
 def upgrade() -> None:
@@ -123,4 +124,6 @@ def _root_and_counters() -> None:
         "chain_table_version": 0, "chunk_size": 0, "stripe_size": 0, "chain_begin": 0, "shuffle_seed": 0,
     }])  # fmt: skip
     counters = sa.table("meta_counters", sa.column("name"), sa.column("value"))
-    op.bulk_insert(counters, [{"name": "next_inode_id", "value": 2}])
+    # Files start at 2^20: ids below are left to tools that write raw chunks under fixed inode ids (the
+    # appliance's storage demo uses 0xDE30), so that meta's files never share chunk ids with them.
+    op.bulk_insert(counters, [{"name": "next_inode_id", "value": FIRST_INODE_ID}])
