@@ -18,8 +18,6 @@ from ff_appliance.state import (
     ensure_cluster_token,
     extend_plan,
     load_plan,
-    pick_free_ports,
-    port_in_use,
     remove_files,
     save_plan,
 )
@@ -37,6 +35,7 @@ from ff_appliance.supervisor import (
 )
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
+from ff_rpc.ports import pick_free_ports, port_in_use
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 REGISTRATION_POLL_S = 0.1

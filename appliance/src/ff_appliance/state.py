@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ff_rpc.ports import LOOPBACK
+
 PLAN_FORMAT_VERSION = 1
-LOOPBACK = "127.0.0.1"
 
 # Chooses ``count`` distinct free ports, none of them in the excluded set.
 PortPicker = Callable[[int, set[int]], list[int]]
@@ -183,38 +183,6 @@ def extend_plan(
     if existing is not None and len(instances) == len(existing.instances):
         return existing
     return ClusterPlan(instances=tuple(instances), created_at=existing.created_at if existing else time.time())
-
-
-def pick_free_ports(count: int, exclude: set[int], host: str = LOOPBACK) -> list[int]:
-    """``count`` distinct ports free on ``host`` right now, none in ``exclude``.
-
-    The sockets stay bound until all ports are chosen, so the kernel never hands out one port twice.
-    """
-    held: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        while len(ports) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)
-            sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
-            if port not in exclude:
-                ports.append(port)
-        return ports
-    finally:
-        for sock in held:
-            sock.close()
-
-
-def port_in_use(port: int, host: str = LOOPBACK) -> bool:
-    """Whether something listens on ``host:port`` (connections lingering in TIME_WAIT do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def load_plan(state: StateDir) -> ClusterPlan | None:

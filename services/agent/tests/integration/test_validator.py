@@ -81,6 +81,12 @@ async def test_validate_node_is_for_admins_and_refused_while_a_run_is_active(clu
             )
         ).task
         await wait_task(alice, task.task_id, pb.TASK_STATE_RUNNING)
+
+        async def launched() -> bool:  # the task runs once scheduled; its run once the agent has started it
+            got = await alice.call(alice.user.GetTask, pb.GetTaskRequest(task_id=task.task_id))
+            return got.task.current_run.state == pb.RUN_STATE_RUNNING
+
+        await eventually(launched, timeout_s=60, what="the run started on the agent")
         with pytest.raises(RpcError) as busy:
             await admin.unary(stub.ValidateNode, agent_pb2.ValidateNodeRequest(checks=["cpu_stress"]))
         assert busy.value.code == grpc.StatusCode.FAILED_PRECONDITION

@@ -1,0 +1,78 @@
+"""Choosing TCP ports for servers that are told their port before they start.
+
+A port picked by binding port 0 comes from the kernel's ephemeral range, the same range outgoing
+connections draw their local ports from: between the pick and the server's bind, any client on the host
+may take it (a service failing at start with EADDRINUSE). Ports are therefore picked below that range,
+where only listeners live.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Collection
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10000  # below: well-known and registered services' usual ports
+_ATTEMPTS = 2000
+
+
+def pick_free_ports(count: int, exclude: Collection[int] = (), host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports free on ``host`` right now, none in ``exclude``, outside the ephemeral range.
+
+    The sockets stay bound until all ports are chosen, so one call never returns a port twice. Falls back to
+    kernel-chosen ports when the ephemeral range leaves no room below it.
+
+    Raises:
+        OSError: no free port was found.
+    """
+    low, high = _listener_range()
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(_ATTEMPTS if high > low else count * 50):
+            if len(ports) == count:
+                return ports
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            try:
+                sock.bind((host, random.randint(low, high) if high > low else 0))
+            except OSError:
+                continue
+            port: int = sock.getsockname()[1]
+            if port not in exclude and port not in ports:
+                ports.append(port)
+        if len(ports) == count:
+            return ports
+        raise OSError(f"no {count} free TCP ports on {host} (tried ports {low}-{high})")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """One TCP port on ``host`` that was free a moment ago, outside the ephemeral range."""
+    return pick_free_ports(1, host=host)[0]
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    """Whether something listens on ``host:port`` (connections lingering in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _listener_range() -> tuple[int, int]:
+    """Ports below the ephemeral range, or (0, 0) when there are none to speak of."""
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    high = ephemeral_low - 1
+    return (_LOWEST, high) if high - _LOWEST >= 1000 else (0, 0)
