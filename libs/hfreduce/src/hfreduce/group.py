@@ -111,7 +111,7 @@ class Runtime:
             ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)],
             timeout_s=cfg.timeout_s,
         )
-        self.local_pids, self.cross_memory = self._probe_cross_memory()
+        self.cross_memory = self._probe_cross_memory()
         self.slot_bytes = 0  # shared slots grow on first use, up to cfg.shm_slot_bytes
         self.res_bytes = 0
         self.tree = TreeEngine(
@@ -135,14 +135,13 @@ class Runtime:
         )
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
 
-    def _probe_cross_memory(self) -> tuple[list[int], bool]:
-        """Every local rank's pid, and whether every local rank can read every other's memory (same user,
-        ptrace rules allow it, same pid namespace); all local ranks agree on the answer."""
+    def _probe_cross_memory(self) -> bool:
+        """Whether every local rank can read every other's memory (same user, ptrace rules allow it, same pid
+        namespace); all local ranks agree on the answer."""
         assert self.local is not None
         me = os.getpid()
         token = np.frombuffer(struct.pack("!QQ", me, self.rank), dtype=np.uint8).copy()
         rows = self.local.barrier(1, _PID_ADDR.pack(me, cma.address(token)))
-        pids = [_PID_ADDR.unpack(row)[0] for row in rows]
         ok = self.config.cross_memory and self.num_local > 1
         if ok:
             for lr, row in enumerate(rows):
@@ -151,7 +150,7 @@ class Runtime:
                 ok = ok and (lr == self.config.local_rank or cma.probe(pid, addr, struct.pack("!QQ", pid, rank)))
         votes = self.local.barrier(2, b"\x01" if ok else b"\x00")  # the token stays alive until all have read
         del token
-        return pids, all(v == b"\x01" for v in votes)
+        return all(v == b"\x01" for v in votes)
 
     def _check_table(self) -> None:
         cfg = self.config
