@@ -9,72 +9,12 @@ import shutil
 import stat as statmod
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
-@dataclass(frozen=True)
-class Stat:
-    inode_id: int
-    type: str
-    mode: int
-    uid: int
-    gid: int
-    nlink: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    symlink_target: str = ""
-    chunk_size: int = 1 << 20
-    stripe_size: int = 1
-    chain_table_id: int = 1
-
-    @property
-    def st_mode(self) -> int:
-        bits = {"file": statmod.S_IFREG, "directory": statmod.S_IFDIR, "symlink": statmod.S_IFLNK}[self.type]
-        return bits | self.mode
-
-    def is_dir(self) -> bool:
-        return self.type == "directory"
-
-    def is_file(self) -> bool:
-        return self.type == "file"
-
-
-@dataclass(frozen=True)
-class DirEntry:
-    name: str
-    stat: Stat
-
-
-@dataclass(frozen=True)
-class StatFs:
-    capacity_bytes: int
-    used_bytes: int
-    free_bytes: int
-    num_inodes: int
-
-
-@dataclass(frozen=True)
-class Quota:
-    path: str
-    max_bytes: int | None
-    max_inodes: int | None
-    used_bytes: int
-    used_inodes: int
-
-
-@dataclass(frozen=True)
-class TrashEntry:
-    entry_id: str
-    original_path: str
-    removed_at_ns: int
-    expires_at_ns: int
-    size: int
+from hf3fs.fs import DirEntry, Quota, Stat, StatFs, TrashEntry, _abs
 
 
 class _Raw(io.RawIOBase):
@@ -137,9 +77,7 @@ class LocalFs:
         self.closed = False
 
     def _p(self, path: str) -> str:
-        if not path.startswith("/"):
-            raise ValueError(f"relative path {path!r}")
-        return str(self.root) + path
+        return str(self.root) + _abs(path)
 
     def _err(self, err: OSError, path: str) -> OSError:
         return type(err)(err.errno, err.strerror, path)
@@ -155,7 +93,8 @@ class LocalFs:
         kind = "directory" if statmod.S_ISDIR(st.st_mode) else "symlink" if statmod.S_ISLNK(st.st_mode) else "file"
         target = os.readlink(self._p(path)) if kind == "symlink" else ""
         return Stat(st.st_ino, kind, st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_nlink, st.st_size,
-                    st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, target)  # fmt: skip
+                    st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, target, chunk_size=1 << 20, stripe_size=1,
+                    chain_table_id=1)  # fmt: skip
 
     def stat(self, path: str, follow_symlinks: bool = True) -> Stat:
         return self._stat(path, follow_symlinks)
