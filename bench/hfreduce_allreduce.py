@@ -19,7 +19,6 @@ import argparse
 import multiprocessing as mp
 import os
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _hfreduce_common import free_ports, loopback_config
 
 KIB = 1024
 DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
@@ -35,13 +35,6 @@ DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
 # array staged through shared memory (cross_memory=False: the path before cross-memory attach), on a
 # registered buffer; then gloo
 KINDS = ("copy", "staged", "reg", "gloo")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Clock:
@@ -96,13 +89,12 @@ def rank_main(
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=world)
     group, staged = (
         Group(
-            GroupConfig(
-                master_addr="127.0.0.1",
-                master_port=port,
-                node_rank=node,
-                num_nodes=nodes,
-                local_rank=local,
-                local_world_size=num_local,
+            loopback_config(
+                node,
+                local,
+                nodes,
+                num_local,
+                port,
                 timeout_s=120,
                 shm_slot_bytes=slot_bytes,
                 cross_memory=cross_memory,
@@ -167,7 +159,7 @@ def run_layout(
     paths = [Path(f"{prefix}-{r}") for r in range(world)]
     for path in paths:
         np.ones(max(sizes) // 4, dtype=np.float32).tofile(path)
-    ports = (free_port(), free_port(), free_port())
+    ports = free_ports(3)
     procs = [
         ctx.Process(
             target=rank_main,

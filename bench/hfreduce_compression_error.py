@@ -11,36 +11,21 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 from typing import Any
 
 import numpy as np
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from _hfreduce_common import free_port, loopback_config
 
 
 def rank_main(
     node: int, local: int, nodes: int, num_local: int, port: int, elems: int, wire: str | None, queue: Any
 ) -> None:
-    from hfreduce import Group, GroupConfig
+    from hfreduce import Group
 
     world, rank = nodes * num_local, node * num_local + local
     x = np.random.default_rng(7).standard_normal((world, elems)).astype(np.float32)
     buf = x[rank].copy()
-    cfg = GroupConfig(
-        master_addr="127.0.0.1",
-        master_port=port,
-        node_rank=node,
-        num_nodes=nodes,
-        local_rank=local,
-        local_world_size=num_local,
-        compression=wire,
-    )  # type: ignore[arg-type]
+    cfg = loopback_config(node, local, nodes, num_local, port, compression=wire)
     with Group(cfg) as group:
         group.allreduce(buf)
     if rank == 0:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ from typing import Any
 
 import pytest
 
+from ff_testing import free_port
+
 WORKER = Path(__file__).with_name("worker.py")
 Launch = Callable[..., list[dict[str, Any]]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
