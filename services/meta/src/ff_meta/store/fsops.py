@@ -112,6 +112,18 @@ _TYPE_AT = _COLS.index("type")
 _RAW_INSERT_INODE = _raw(f"INSERT INTO meta_inodes ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})")
 _RAW_INSERT_DIRENT = _raw("INSERT INTO meta_dirents (parent_id, name, inode_id, type) VALUES (?, ?, ?, ?)")
 _RAW_ANY_QUOTA = _raw("SELECT inode_id FROM meta_quotas LIMIT 1")
+_RAW_UNLINK = _raw("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?")
+_RAW_ANY_CHILD = _raw("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
+_RAW_ANY_SESSION = _raw("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
+_COL_SET = frozenset(_COLS)
+
+
+@functools.cache
+def _update_sql(columns: tuple[str, ...]) -> tuple[str, str]:
+    """``UPDATE meta_inodes SET <columns> WHERE inode_id = ?`` (column names come from code, checked first)."""
+    return _raw(f"UPDATE meta_inodes SET {', '.join(f'{c} = ?' for c in columns)} WHERE inode_id = ?")
+
+
 _SCAN = f"SELECT d.name, {_SELECT_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
 _RAW_SCAN = _raw(_SCAN + "WHERE d.parent_id = ? ORDER BY d.name LIMIT ?")
 _RAW_SCAN_AFTER = _raw(_SCAN + "WHERE d.parent_id = ? AND d.name > ? ORDER BY d.name LIMIT ?")
@@ -153,6 +165,11 @@ def _values(inode: Inode) -> dict[str, Any]:
     return {c: (int(inode.type) if c == "type" else getattr(inode, c)) for c in _COLS}
 
 
+class NeedsOrm(RuntimeError):
+    """A transaction body running on a bare DB-API cursor reached a helper that needs the ORM session: the
+    caller rolls back and runs the body again in an ordinary ``Store.run``."""
+
+
 @dataclass
 class Tx:
     """One transaction with the caller and the clock of the call."""
@@ -170,7 +187,7 @@ class Tx:
     @property
     def session(self) -> Session:
         if self.orm is None:
-            raise RuntimeError("this transaction runs on a bare DB-API cursor: only the cursor helpers work")
+            raise NeedsOrm("this transaction runs on a bare DB-API cursor: only the cursor helpers work")
         return self.orm
 
     @property
@@ -215,23 +232,22 @@ class Tx:
         self._fetch(_RAW_INSERT_INODE, tuple(values[c] for c in _COLS), fetch=False)
 
     def update(self, inode_id: int, **values: Any) -> None:
-        self.session.execute(sa.update(inodes).where(inodes.c.inode_id == inode_id).values(**values))
+        unknown = set(values) - _COL_SET
+        if unknown or not values:
+            raise ValueError(f"not columns of meta_inodes: {sorted(unknown) or 'none given'}")
+        self._fetch(_update_sql(tuple(values)), (*values.values(), inode_id), fetch=False)
 
     def link(self, parent_id: int, name: str, inode: Inode) -> None:
         self._fetch(_RAW_INSERT_DIRENT, (parent_id, name, inode.inode_id, int(inode.type)), fetch=False)
 
     def unlink_entry(self, parent_id: int, name: str) -> None:
-        self.session.execute(sa.delete(dirents).where(dirents.c.parent_id == parent_id, dirents.c.name == name))
+        self._fetch(_RAW_UNLINK, (parent_id, name), fetch=False)
 
     def has_children(self, dir_id: int) -> bool:
-        return (
-            self.session.execute(sa.select(dirents.c.name).where(dirents.c.parent_id == dir_id).limit(1)).first()
-            is not None
-        )
+        return self._fetch(_RAW_ANY_CHILD, (dir_id,)) is not None
 
     def has_sessions(self, inode_id: int) -> bool:
-        q = sa.select(sessions.c.session_id).where(sessions.c.inode_id == inode_id).limit(1)
-        return self.session.execute(q).first() is not None
+        return self._fetch(_RAW_ANY_SESSION, (inode_id,)) is not None
 
     # ---- paths ----
 
