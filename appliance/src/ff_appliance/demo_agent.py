@@ -9,16 +9,11 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import grpc
 
 from ff_appliance.scheduler_setup import scheduler_address, set_quota
+from ff_appliance.scheduler_user import SchedulerUser, user_token
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, RpcError, open_channel
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 
 NUM_STEPS = 4
 USER = "agent-demo"
@@ -60,14 +55,9 @@ class AgentDemoError(Exception):
     """The agents or the scheduler did not do what the demo expects."""
 
 
-class _User:
+class _User(SchedulerUser):
     def __init__(self, address: str, token: str) -> None:
-        self.channel = open_channel(address)
-        self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
-        self.rpc = RpcClient(token=token, timeout_s=10.0)
-
-    async def call(self, method: str, request: Any) -> Any:
-        return await self.rpc.unary(getattr(self.stub, method), request)
+        super().__init__(address, token, timeout_s=10.0)
 
     async def task(self, task_id: int) -> pb.Task:
         return (await self.call("GetTask", pb.GetTaskRequest(task_id=task_id, include_runs=True))).task  # type: ignore[no-any-return]
@@ -92,23 +82,13 @@ def _state(t: pb.Task) -> str:
     return str(pb.TaskState.Name(t.state)).removeprefix("TASK_STATE_").lower()
 
 
-async def _user_token(mgmtd: MgmtdClient) -> str:
-    try:
-        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=USER))
-    except RpcError as err:
-        if err.code is not grpc.StatusCode.ALREADY_EXISTS:
-            raise
-    issued = await mgmtd.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=USER, ttl_s=3600))
-    return str(issued.token)
-
-
 async def agent_section(
     addresses: Sequence[str], admin_token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
     mgmtd = MgmtdClient(list(addresses), token=admin_token)
     try:
         address = await scheduler_address(mgmtd)
-        token = await _user_token(mgmtd)
+        token = await user_token(mgmtd, USER)
     finally:
         await mgmtd.close()
     await set_quota(address, admin_token, USER, 10, 2)
@@ -119,7 +99,7 @@ async def agent_section(
         await _env_task(user, folder, step, say)
         await _suspend_resume(user, folder, step, say)
     finally:
-        await user.channel.close()
+        await user.close()
 
 
 async def _nodes(user: _User, step: Callable[[str], None], say: Callable[[str], None]) -> None:

@@ -8,16 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import grpc
 
 from ff_appliance.scheduler_setup import scheduler_address, set_quota
+from ff_appliance.scheduler_user import SchedulerUser, user_token
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, RpcError, open_channel
-from fireflyer.mgmtd.v1 import mgmtd_pb2
+from ff_rpc import RpcError
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 
 NUM_STEPS = 3
 USERS = ("sched-alice", "sched-bob")
@@ -30,16 +26,6 @@ class SchedulerDemoError(Exception):
     """The scheduler did not answer what the demo expects."""
 
 
-class _User:
-    def __init__(self, address: str, token: str) -> None:
-        self.channel = open_channel(address)
-        self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
-        self.rpc = RpcClient(token=token)
-
-    async def call(self, method: str, request: Any) -> Any:
-        return await self.rpc.unary(getattr(self.stub, method), request)
-
-
 def _line(t: pb.Task) -> str:
     state = pb.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower()
     reason = pb.QueueReason.Name(t.queue_reason).removeprefix("QUEUE_REASON_").lower()
@@ -47,17 +33,7 @@ def _line(t: pb.Task) -> str:
             f"{LEVEL_NAMES.get(t.priority, t.priority)}, {state} ({reason})")  # fmt: skip
 
 
-async def _user_token(mgmtd: MgmtdClient, name: str) -> str:
-    try:
-        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name))
-    except RpcError as err:
-        if err.code is not grpc.StatusCode.ALREADY_EXISTS:
-            raise
-    issued = await mgmtd.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name, ttl_s=3600))
-    return str(issued.token)
-
-
-async def _settled(user: _User, task_ids: list[int]) -> list[pb.Task]:
+async def _settled(user: SchedulerUser, task_ids: list[int]) -> list[pb.Task]:
     """The tasks once the scheduler's ticks have given each a queue reason."""
     deadline = time.monotonic() + TICK_WAIT_S
     while True:
@@ -73,10 +49,10 @@ async def scheduler_section(
     mgmtd = MgmtdClient(list(addresses), token=admin_token)
     try:
         address = await scheduler_address(mgmtd)
-        alice_token, bob_token = [await _user_token(mgmtd, u) for u in USERS]
+        alice_token, bob_token = [await user_token(mgmtd, u) for u in USERS]
     finally:
         await mgmtd.close()
-    alice, bob = _User(address, alice_token), _User(address, bob_token)
+    alice, bob = SchedulerUser(address, alice_token), SchedulerUser(address, bob_token)
     try:
         step(f"scheduler: quotas for {USERS[0]}, then tasks at several priorities")
         await set_quota(address, admin_token, USERS[0], 30, 3)
@@ -114,5 +90,5 @@ async def scheduler_section(
             if t.state != pb.TASK_STATE_STOPPED:
                 raise SchedulerDemoError(f"task {task_id} is not stopped")
     finally:
-        await alice.channel.close()
-        await bob.channel.close()
+        await alice.close()
+        await bob.close()

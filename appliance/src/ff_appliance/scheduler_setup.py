@@ -37,14 +37,19 @@ async def set_quota(address: str, token: str, user: str, level: int, nodes: int,
     )  # fmt: skip
 
 
-async def ensure_hfai_user(mgmtd: MgmtdClient, cluster_token: str) -> str:
-    """Create the hfai demo user (once), give it quotas, issue it a token; how to use them, as text."""
-    address = await scheduler_address(mgmtd)
+async def ensure_user(mgmtd: MgmtdClient, name: str) -> None:
+    """Creates user ``name`` in mgmtd's registry; nothing when it is there already."""
     try:
-        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=HFAI_USER))
+        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name))
     except RpcError as err:
         if err.code is not grpc.StatusCode.ALREADY_EXISTS:
             raise
+
+
+async def ensure_hfai_user(mgmtd: MgmtdClient, cluster_token: str) -> str:
+    """Create the hfai demo user (once), give it quotas, issue it a token; how to use them, as text."""
+    address = await scheduler_address(mgmtd)
+    await ensure_user(mgmtd, HFAI_USER)
     for level, nodes in HFAI_QUOTAS:
         await set_quota(address, cluster_token, HFAI_USER, level, nodes)
     issued = await mgmtd.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(

@@ -1,0 +1,38 @@
+"""One user's calls to the scheduler, for the parts of ``fireflyer demo``: a user with a token, and a client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ff_appliance.scheduler_setup import ensure_user
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, open_channel
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+
+TOKEN_TTL_S = 3600.0
+
+
+async def user_token(mgmtd: MgmtdClient, name: str) -> str:
+    """Creates user ``name`` unless it exists, and issues it a token for an hour."""
+    await ensure_user(mgmtd, name)
+    issued = await mgmtd.identity(
+        lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name, ttl_s=TOKEN_TTL_S)
+    )
+    return str(issued.token)
+
+
+class SchedulerUser:
+    """Calls to the scheduler at ``address`` as the user whose token is ``token``; close it when done."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 5.0) -> None:
+        self.channel = open_channel(address)
+        self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
+        self.rpc = RpcClient(token=token, timeout_s=timeout_s)
+
+    async def call(self, method: str, request: Any) -> Any:
+        """The scheduler's RPC ``method`` (e.g. ``"GetTask"``) with ``request``."""
+        return await self.rpc.unary(getattr(self.stub, method), request)
+
+    async def close(self) -> None:
+        await self.channel.close()
