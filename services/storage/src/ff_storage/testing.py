@@ -3,42 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ff_cluster import MgmtdClient
+from ff_testing.process import ServiceProcess, module_args, wait_ready
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.admin import setup_chain_table
 
 CLUSTER_TOKEN = "test-cluster-token"
 FAST = {"lease_duration_s": 2.0, "heartbeat_interval_s": 0.2, "election_lease_s": 2.0, "grace_s": 0.5,
         "chain_scan_interval_s": 0.1}  # fmt: skip
-
-
-async def wait_ready(ready: Path, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = await asyncio.to_thread(_read_if_exists, ready)
-        if text is not None:
-            return dict(json.loads(text))
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{ready.name}: process exited with {proc.returncode} before it was ready")
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{ready} was not written in time")
-
-
-def _read_if_exists(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
 
 
 def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST) -> tuple[subprocess.Popen[bytes], Path]:
@@ -51,49 +29,16 @@ def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST) -> tuple[subproce
     flags = {"database-url": f"sqlite:///{folder / 'mgmtd.db'}", "state-dir": str(folder / "m1"),
              "ready-file": str(ready), "instance-id": "m1", "metrics-address": "",
              **{k.replace("_", "-"): str(v) for k, v in timing.items()}}  # fmt: skip
-    args = [sys.executable, "-m", "ff_mgmtd"]
-    for k, v in flags.items():
-        args += [f"--{k}", v]
     env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
     with (folder / "m1.log").open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            module_args("ff_mgmtd", flags), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
     return proc, ready
 
 
-@dataclass
-class StorageProcess:
-    name: str
-    folder: Path
-    args: list[str]
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ready_file(self) -> Path:
-        return self.folder / f"{self.name}.ready.json"
-
-    def start(self) -> None:
-        self.ready_file.unlink(missing_ok=True)
-        with (self.folder / f"{self.name}.log").open("ab") as out:
-            self.proc = subprocess.Popen([*self.args, "--ready-file", str(self.ready_file)], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)  # fmt: skip
-
-    async def ready(self) -> None:
-        self.info = await wait_ready(self.ready_file, self.proc)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+class StorageProcess(ServiceProcess):
+    """A storage service process (see ``start_cluster``)."""
 
 
 @dataclass
@@ -159,10 +104,7 @@ async def start_cluster(
             flags = {"mgmtd-addresses": mg_address, "state-dir": str(folder / f"s{i}"), "node-id": str(100 + i),
                      "instance-id": f"s{i}", "metrics-address": "", "fsync": str(fsync).lower(),
                      "forward-timeout-s": "8", **(extra or {})}  # fmt: skip
-            args = [sys.executable, "-m", "ff_storage"]
-            for k, v in flags.items():
-                args += [f"--{k}", v]
-            nodes.append(StorageProcess(f"s{i}", folder, args, env))
+            nodes.append(StorageProcess(f"s{i}", folder, module_args("ff_storage", flags), env))
         cluster = StorageCluster(folder, mg_address, mg_proc, nodes)
         for n in nodes:
             n.start()

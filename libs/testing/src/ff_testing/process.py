@@ -1,0 +1,86 @@
+"""Services run as subprocesses for tests and benchmarks: started with a ready file, stopped by a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+async def wait_ready(ready: Path, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The content of a service's ready file once it is written (``ff_rpc.write_ready_file``).
+
+    Raises:
+        RuntimeError: ``proc`` exited before it wrote the file.
+        TimeoutError: the file was not written within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = await asyncio.to_thread(_read_if_exists, ready)
+        if text is not None:
+            return dict(json.loads(text))
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{ready.name}: process exited with {proc.returncode} before it was ready")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{ready} was not written in time")
+
+
+def _read_if_exists(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def module_args(module: str, flags: Mapping[str, str]) -> list[str]:
+    """The command line ``python -m <module> --<flag> <value> ...`` with this interpreter."""
+    args = [sys.executable, "-m", module]
+    for k, v in flags.items():
+        args += [f"--{k}", v]
+    return args
+
+
+@dataclass
+class ServiceProcess:
+    """A service process, ``args`` with ``--ready-file <folder>/<name>.ready.json``, logging to
+    ``<folder>/<name>.log``; ``info`` is its ready file's content once ``ready()`` returned."""
+
+    name: str
+    folder: Path
+    args: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ready_file(self) -> Path:
+        return self.folder / f"{self.name}.ready.json"
+
+    def start(self) -> None:
+        self.ready_file.unlink(missing_ok=True)
+        with (self.folder / f"{self.name}.log").open("ab") as out:
+            self.proc = subprocess.Popen([*self.args, "--ready-file", str(self.ready_file)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)  # fmt: skip
+
+    async def ready(self, timeout_s: float = 30.0) -> None:
+        self.info = await wait_ready(self.ready_file, self.proc, timeout_s)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def terminate(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if the process has not exited within ``timeout_s``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
