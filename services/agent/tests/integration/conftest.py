@@ -11,14 +11,10 @@ from typing import Any
 import pytest
 
 from ff_agent.testing import AgentProcess, InProcessAgent, eventually, spawn_process, start_in_process
-from ff_cluster import MgmtdClient
-from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
-from ff_mgmtd.testing import start_in_process as start_mgmtd
+from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
 from ff_scheduler.testing import InProcessScheduler, SchedulerClient, set_quota
 from ff_scheduler.testing import start_in_process as start_scheduler
 from ff_testing import free_port
-from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 # The scheduler's short protocol deadlines for these tests (the agents' are in ff_agent.testing.FAST).
@@ -69,47 +65,28 @@ class Cluster:
         await eventually(ready, what=f"{count} ready nodes")
 
 
-async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
-    client: MgmtdClient = mgmtd.client()
-    tokens = {}
-    try:
-        for name, role in (
-            ("alice", common_pb2.ROLE_USER),
-            ("bob", common_pb2.ROLE_USER),
-            ("root", common_pb2.ROLE_ADMIN),
-        ):
-            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
-            tokens[name] = issued.token
-    finally:
-        await client.close()
-    return tokens
-
-
 @pytest.fixture
 async def cluster(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    mgmtd = await start_mgmtd(tmp_path, sqlite_url)
-    c: Cluster | None = None
-    try:
-        tokens = await make_users(mgmtd)
-        # A free MASTER_PORT: ranks that build an hfreduce group serve its control plane there.
-        scheduler = await start_scheduler(
-            tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN, master_port=free_port(), **SCHEDULER
-        )
-        c = Cluster(tmp_path, mgmtd, scheduler, tokens)
-        root = c.client("root")
-        for level in (10, 30):
-            await set_quota(root, "alice", level, 3)
-            await set_quota(root, "bob", level, 3)
-        yield c
-    finally:
-        if c is not None:
-            for proc in c.processes:
-                proc.terminate()
-            for agent in c.agents:
-                await agent.shutdown()
-            for client in c.clients:
-                await client.close()
-            if not c.scheduler.task.done():
-                await c.scheduler.shutdown()
-        await mgmtd.shutdown()
+    async with running_with_users(tmp_path, sqlite_url) as (mgmtd, tokens):
+        c: Cluster | None = None
+        try:
+            # A free MASTER_PORT: ranks that build an hfreduce group serve its control plane there.
+            scheduler = await start_scheduler(
+                tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN, master_port=free_port(), **SCHEDULER
+            )
+            c = Cluster(tmp_path, mgmtd, scheduler, tokens)
+            root = c.client("root")
+            for level in (10, 30):
+                await set_quota(root, "alice", level, 3)
+                await set_quota(root, "bob", level, 3)
+            yield c
+        finally:
+            if c is not None:
+                for proc in c.processes:
+                    proc.terminate()
+                for agent in c.agents:
+                    await agent.shutdown()
+                for client in c.clients:
+                    await client.close()
+                if not c.scheduler.task.done():
+                    await c.scheduler.shutdown()

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from ff_cluster import MgmtdClient
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.server import main
+from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 CLUSTER_TOKEN = "test-cluster-token"
@@ -22,6 +25,8 @@ CLUSTER_TOKEN = "test-cluster-token"
 FAST_TIMING: dict[str, float] = {
     "lease_duration_s": 4.0, "heartbeat_interval_s": 0.25, "election_lease_s": 1.0, "grace_s": 1.0,
 }  # fmt: skip
+# The users of make_users(): two users and an admin.
+TEST_USERS = (("alice", common_pb2.ROLE_USER), ("bob", common_pb2.ROLE_USER), ("root", common_pb2.ROLE_ADMIN))
 
 
 @dataclass
@@ -82,6 +87,30 @@ async def start_in_process(folder: Path, database_url: str, name: str = "m1", **
     instance = InProcessMgmtd(info["grpc"], info["metrics_port"], info["cluster_id"], stop, task)
     await wait_registered(instance.client(), name)
     return instance
+
+
+async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
+    """Creates the TEST_USERS in mgmtd's registry and issues each a token; the tokens by user name."""
+    client = mgmtd.client()
+    tokens = {}
+    try:
+        for name, role in TEST_USERS:
+            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
+            tokens[name] = issued.token
+    finally:
+        await client.close()
+    return tokens
+
+
+@asynccontextmanager
+async def running_with_users(folder: Path, database_url: str) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
+    """An mgmtd in this process (``start_in_process``) with the TEST_USERS and their tokens; shut down on exit."""
+    mgmtd = await start_in_process(folder, database_url)
+    try:
+        yield mgmtd, await make_users(mgmtd)
+    finally:
+        await mgmtd.shutdown()
 
 
 async def wait_registered(client: MgmtdClient, instance_id: str, timeout_s: float = 10.0) -> None:

@@ -10,12 +10,8 @@ from typing import Any
 
 import pytest
 
-from ff_cluster import MgmtdClient
-from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
-from ff_mgmtd.testing import start_in_process as start_mgmtd
+from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
 from ff_scheduler.testing import AgentDriver, InProcessScheduler, SchedulerClient, start_in_process
-from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 
 @dataclass
@@ -45,31 +41,11 @@ class Cluster:
         )
 
 
-async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
-    client: MgmtdClient = mgmtd.client()
-    tokens = {}
-    try:
-        for name, role in (
-            ("alice", common_pb2.ROLE_USER),
-            ("bob", common_pb2.ROLE_USER),
-            ("root", common_pb2.ROLE_ADMIN),
-        ):
-            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
-            tokens[name] = issued.token
-    finally:
-        await client.close()
-    return tokens
-
-
 @pytest.fixture
 async def registry(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
     """mgmtd on the test's database with users alice, bob (users) and root (admin) and their tokens."""
-    mgmtd = await start_mgmtd(tmp_path, db_url)
-    try:
-        yield mgmtd, await make_users(mgmtd)
-    finally:
-        await mgmtd.shutdown()
+    async with running_with_users(tmp_path, db_url) as registry:
+        yield registry
 
 
 @pytest.fixture
