@@ -54,15 +54,15 @@ class Appliance:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
         return {**clean, **(extra or {})}
 
-    def run(self, *args: str, env: dict[str, str] | None = None) -> Result:
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> Result:
         proc = subprocess.run(
             [*_fireflyer_argv(), *args, "--state-dir", str(self.state_dir)], capture_output=True, text=True,
-            env=self.env(env), timeout=COMMAND_TIMEOUT_S, check=False,
+            env=self.env(env), timeout=timeout_s, check=False,
         )  # fmt: skip
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
-    def ok(self, *args: str, env: dict[str, str] | None = None) -> Result:
-        result = self.run(*args, env=env)
+    def ok(self, *args: str, env: dict[str, str] | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> Result:
+        result = self.run(*args, env=env, timeout_s=timeout_s)
         assert result.code == 0, f"fireflyer {' '.join(args)} exited {result.code}\n{result.out}\n{result.err}"
         return result
 

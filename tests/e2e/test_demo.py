@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from .conftest import Appliance
 
+DEMO_TIMEOUT_S = 240.0  # about 40 s each on an idle 2-core machine; a loaded CI runner can take several times that
 
+
+@pytest.mark.timeout(3 * DEMO_TIMEOUT_S)
 def test_demo_runs_twice(appliance: Appliance) -> None:
-    first = appliance.ok("demo")
+    first = appliance.ok("demo", timeout_s=DEMO_TIMEOUT_S)
     for expected in (
         "[1/24] create group 'demo' and user 'demo-user' in it",
         "refused: PERMISSION_DENIED: user 'demo-user' is not an admin",
@@ -32,7 +37,7 @@ def test_demo_runs_twice(appliance: Appliance) -> None:
     ):
         assert expected in first.out, first.out
     assert re.search(rf"stop it with: \S*fireflyer down --state-dir {re.escape(str(appliance.state_dir))}\n", first.out)
-    second = appliance.ok("demo")
+    second = appliance.ok("demo", timeout_s=DEMO_TIMEOUT_S)
     assert "mgmtd-1: already running" in second.out
     assert "group demo exists already: reused" in second.out
     assert "user demo-user exists already: reused" in second.out
