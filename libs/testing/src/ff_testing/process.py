@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 
-async def wait_ready(ready: Path, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> dict[str, Any]:
+async def wait_ready(
+    ready: Path, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 30.0
+) -> dict[str, Any]:
     """The content of a service's ready file once it is written (``ff_rpc.write_ready_file``).
 
     Raises:
-        RuntimeError: ``proc`` exited before it wrote the file.
+        RuntimeError: ``proc`` (the service's process, None for one in this process) exited before it
+            wrote the file.
         TimeoutError: the file was not written within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from typing import Any
 
 from ff_agent.config import AgentSettings
 from ff_agent.server import main
+from ff_testing.process import wait_ready
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 # Short intervals so tests take seconds.
@@ -34,17 +33,6 @@ FAST: dict[str, Any] = {
     "validator_disk_bytes": 4 << 20,
     "validator_gemm_size": 128,
 }
-
-
-async def wait_ready(ready_file: Path, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return json.loads(await asyncio.to_thread(ready_file.read_text))
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"agent exited with {proc.returncode} before it was ready")
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"agent did not write {ready_file}")
 
 
 def settings_for(
@@ -108,7 +96,7 @@ class AgentProcess:
         return int(self.info["node_id"])
 
     async def ready(self) -> AgentProcess:
-        self.info = await wait_ready(self.ready_file, proc=self.proc)
+        self.info = await wait_ready(self.ready_file, self.proc)
         return self
 
     def terminate(self) -> None:

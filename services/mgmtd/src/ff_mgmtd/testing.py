@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -17,10 +16,12 @@ from typing import Any
 from ff_cluster import MgmtdClient
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.server import main
+from ff_testing.process import wait_ready
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 CLUSTER_TOKEN = "test-cluster-token"
+READY_TIMEOUT_S = 20.0
 # Short leases so tests of expiry and failover take seconds.
 FAST_TIMING: dict[str, float] = {
     "lease_duration_s": 4.0, "heartbeat_interval_s": 0.25, "election_lease_s": 1.0, "grace_s": 1.0,
@@ -47,28 +48,6 @@ class InProcessMgmtd:
         await asyncio.wait_for(self.task, timeout=15)
 
 
-async def wait_ready(
-    ready_file: Path, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None
-) -> dict[str, Any]:
-    """The ready file's content once mgmtd has written it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = await asyncio.to_thread(_read_if_exists, ready_file)
-        if text is not None:
-            return dict(json.loads(text))
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"mgmtd exited with {proc.returncode} before it was ready")
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"mgmtd did not write {ready_file}")
-
-
-def _read_if_exists(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
-
-
 async def start_in_process(folder: Path, database_url: str, name: str = "m1", **overrides: Any) -> InProcessMgmtd:
     ready = folder / f"{name}.ready.json"
     ready.unlink(missing_ok=True)
@@ -79,7 +58,7 @@ async def start_in_process(folder: Path, database_url: str, name: str = "m1", **
     stop = asyncio.Event()
     task = asyncio.create_task(main(settings, stop))
     try:
-        info = await wait_ready(ready)
+        info = await wait_ready(ready, timeout_s=READY_TIMEOUT_S)
     except Exception:
         stop.set()
         await task
@@ -143,7 +122,7 @@ class MgmtdProcess:
         return str(self.info["grpc"])
 
     async def ready(self) -> MgmtdProcess:
-        self.info = await wait_ready(self.ready_file, proc=self.proc)
+        self.info = await wait_ready(self.ready_file, self.proc, READY_TIMEOUT_S)
         return self
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -21,11 +20,13 @@ from ff_cluster import MembershipOptions, NodeMembership
 from ff_rpc import RpcClient, RpcServer, ServerOptions, ServiceBinding, open_channel
 from ff_scheduler.config import SchedulerSettings
 from ff_scheduler.server import main
+from ff_testing.process import wait_ready
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 
+READY_TIMEOUT_S = 20.0
 # Short deadlines so protocol tests take seconds.
 FAST: dict[str, Any] = {
     "tick_interval_s": 0.1,
@@ -40,19 +41,6 @@ FAST: dict[str, Any] = {
     "grace_s": 0.5,
     "default_max_restarts": 1,
 }
-
-
-async def wait_ready(
-    ready_file: Path, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            return dict(json.loads(await asyncio.to_thread(ready_file.read_text)))
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"scheduler exited with {proc.returncode} before it was ready")
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"scheduler did not write {ready_file}")
 
 
 @dataclass
@@ -90,7 +78,7 @@ async def start_in_process(
     stop = asyncio.Event()
     task = asyncio.create_task(main(SchedulerSettings(**values), stop))
     try:
-        info = await wait_ready(values["ready_file"])
+        info = await wait_ready(values["ready_file"], timeout_s=READY_TIMEOUT_S)
     except Exception:
         stop.set()
         await task
@@ -109,7 +97,7 @@ class SchedulerProcess:
         return str(self.info["grpc"])
 
     async def ready(self) -> SchedulerProcess:
-        self.info = await wait_ready(self.ready_file, proc=self.proc)
+        self.info = await wait_ready(self.ready_file, self.proc, READY_TIMEOUT_S)
         return self
 
 
