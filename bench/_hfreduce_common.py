@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ff_rpc.ports import pick_free_ports
+from ff_config.ports import pick_free_ports
 from ff_testing import free_port
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from ff_appliance.supervisor import (
     wait_ready_file,
 )
 from ff_cluster import MgmtdClient
+from ff_config.ports import pick_free_ports, port_in_use
 from ff_rpc import RpcError
-from ff_rpc.ports import pick_free_ports, port_in_use
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 REGISTRATION_POLL_S = 0.1

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ff_rpc.ports import LOOPBACK
+from ff_config.ports import LOOPBACK
 
 PLAN_FORMAT_VERSION = 1
 

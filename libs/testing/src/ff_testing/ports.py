@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ff_rpc.ports import free_port
+from ff_config.ports import free_port
 
 __all__ = ["free_port"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ff_rpc import ports
+from ff_config import ports
 
 
 def test_picked_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:

@@ -1,4 +1,4 @@
-"""Choosing TCP ports for servers that are told their port before they start.
+"""Choosing the TCP ports written into services' configuration (and tests'), before the services start.
 
 A port picked by binding port 0 comes from the kernel's ephemeral range, the same range outgoing
 connections draw their local ports from: between the pick and the server's bind, any client on the host
