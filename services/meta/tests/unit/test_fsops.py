@@ -181,3 +181,16 @@ def test_quota_counts_and_limits(fs: Fs) -> None:
     fs.rename("/elsewhere/x", "/q/b/x")
     ((q, _),) = fs.tx(lambda t: fsops.get_quota(t, PathAt(0, "/q/b/x")))
     assert q.used_inodes == 3
+
+
+def test_exclusive_create_never_follows_a_symlink(fs: Fs) -> None:
+    fs.mkdir("/a")
+    fs.tx(lambda t: fsops.symlink(t, PathAt(0, "/a/dangling"), "target", next(fs.ids)))
+    assert code(lambda: fs.create("/a/dangling")) is FsCode.EXISTS  # O_EXCL: the link itself exists
+    assert fs.names("/a") == ["dangling"]
+    i = next(fs.ids)
+    made, created, _ = fs.tx(
+        lambda t: fsops.create(t, PathAt(0, "/a/dangling"), 0o644, False, False, None, i, DEFAULTS)
+    )
+    assert created and fs.names("/a") == ["dangling", "target"]  # without O_EXCL the link is followed
+    assert fs.stat("/a/dangling").inode_id == made.inode_id

@@ -551,8 +551,15 @@ def create(
     tx: Tx, at: PathAt, mode: int, exclusive: bool, write: bool, layout: LayoutSpec | None, inode_id: int,
     defaults: Defaults,
 ) -> tuple[Inode, bool, list[QuotaRow]]:  # fmt: skip
-    """Create a file (or find the existing one). Returns (inode, created, quota chain of its directory)."""
-    r = tx.resolve(at, follow_last=True)
+    """Create a file (or find the existing one). Returns (inode, created, quota chain of its directory).
+
+    A symlink as the last component is followed (a dangling one creates its target), except with ``exclusive``:
+    then any existing entry, a symlink included, is EEXIST (POSIX O_CREAT|O_EXCL)."""
+    r = tx.resolve(at, follow_last=False)
+    if r.inode is not None and r.inode.is_symlink:
+        if exclusive:
+            raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
+        r = tx.resolve(at, follow_last=True)
     if r.inode is not None:
         if exclusive:
             raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
