@@ -100,7 +100,8 @@ class TrashEntry:
     original_path: str
     removed_at_ns: int
     expires_at_ns: int
-    size: int
+    inode_id: int
+    is_dir: bool
 
 
 def _quota(q: pb.DirQuota) -> Quota:
@@ -449,7 +450,16 @@ class FileSystem:
         while True:
             resp = self._meta_call(lambda s: s.ListTrash, pb.ListTrashRequest(page_token=token, all_users=all_users))
             for e in resp.entries:
-                out.append(TrashEntry(e.trash_id, e.original_path, e.removed_at_ns, e.expires_at_ns, 0))
+                out.append(
+                    TrashEntry(
+                        e.trash_id,
+                        e.original_path,
+                        e.removed_at_ns,
+                        e.expires_at_ns,
+                        e.inode_id,
+                        e.type == pb.INODE_TYPE_DIRECTORY,
+                    )
+                )
             token = resp.next_page_token
             if not token:
                 return out

@@ -61,6 +61,7 @@ def test_cp_tree_in_and_out_diff_equal(fs_cluster: FsCluster, tmp_path: Path) ->
 def test_rm_to_trash_and_restore(fs_cluster: FsCluster) -> None:
     ok(fs_cluster, "mkdir", "-p", "/cli/trash/keep/deep")
     fs_cluster.client.create("/cli/trash/keep/deep/f")
+    kept = fs_cluster.client.stat("/cli/trash/keep")
     refused = hf3fs(fs_cluster, "rm", "/cli/trash/keep")
     assert refused.returncode == 1 and refused.stderr.startswith("hf3fs: /cli/trash/keep: Is a directory")
     ok(fs_cluster, "rm", "-r", "/cli/trash/keep")
@@ -68,6 +69,8 @@ def test_rm_to_trash_and_restore(fs_cluster: FsCluster) -> None:
     entries = [line.split() for line in ok(fs_cluster, "trash", "list").splitlines()]
     mine = [e for e in entries if e[-1] == "/cli/trash/keep"]
     assert len(mine) == 1
+    listed = [e for e in fs_cluster.client.trash_list() if e.entry_id == mine[0][0]]
+    assert [(e.original_path, e.inode_id, e.is_dir) for e in listed] == [("/cli/trash/keep", kept.inode_id, True)]
     ok(fs_cluster, "trash", "restore", mine[0][0])
     assert fs_cluster.client.exists("/cli/trash/keep/deep/f")
     ok(fs_cluster, "rm", "-r", "--no-trash", "/cli/trash/keep")

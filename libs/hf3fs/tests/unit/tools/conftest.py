@@ -207,7 +207,10 @@ class LocalFs:
         return [self._quota(p) for p in sorted(self.quotas)]
 
     def trash_list(self) -> list[TrashEntry]:
-        return [TrashEntry(e.name, (e / "origin").read_text(), 0, 0, 0) for e in sorted(self.trash.iterdir())]
+        return [
+            TrashEntry(e.name, (e / "origin").read_text(), 0, 0, (e / "item").lstat().st_ino, (e / "item").is_dir())
+            for e in sorted(self.trash.iterdir())
+        ]
 
     def trash_restore(self, entry_id: str) -> str:
         entry = self.trash / entry_id
