@@ -7,22 +7,28 @@ Wire format (one connection carries one operation at a time):
             <- {"ok": true, "host": boot id[, "unix": name]} | {"ok": false, "error": ...}
     push    -> {"op": "push", "transfer_id": ..., "length": n} + n bytes   <- {"ok": true}
     pull    -> {"op": "pull", "transfer_id": ...}            <- {"ok": true, "length": n} + n bytes
+    read    -> {"op": "read", "length": k} + k bytes (a serialized BatchReadRequest, bulk)
+            <- {"ok": true, "response": r, "length": n} + r bytes (the BatchReadResponse) + n bytes (the OK
+               results' bytes, back to back at their ``transfer.offset_bytes``)
+             | {"ok": false, "code": gRPC status name, "error": ...} (refused as BatchRead would be)
   on the node's AF_UNIX endpoint only (same host):
     map     -> {"op": "map", "region": id, "size": n} + one byte carrying a memfd (SCM_RIGHTS)  <- {"ok": true}
     pull_shm-> {"op": "pull_shm", "transfer_id": ..., "places": [[region, offset, length], ...]}
             <- {"ok": true, "length": n}, the bytes having been written into the mapped regions
 
 The first frame of a connection must authenticate (cluster or user token); the node closes the
-connection otherwise. When the client's host id (``hf3fs.shm.host_id``, the kernel's boot id) is the
+connection otherwise. Its answer carries the node's ``version`` of this protocol (``DATA_PATH_VERSION``;
+absent: 1, before ``read``). When the client's host id (``hf3fs.shm.host_id``, the kernel's boot id) is the
 node's, the node names its abstract AF_UNIX endpoint in the answer; a client whose read buffers lie in
 its shared-memory regions then pulls through it (authenticated the same way) and the chunk bytes never
 touch a socket. Otherwise, or if that endpoint cannot be reached (another network namespace), TCP.
 
 A push deposits bytes that a later gRPC write names by transfer id (the node
 "pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
-permission to send (request-to-send). Both ends use non-blocking sockets on the event loop (no stream
-buffers): senders send straight from their buffers, receivers receive straight into one buffer of the
-frame's length (no per-piece copies).
+permission to send (request-to-send). A ``read`` is a BatchRead and its pull in one round trip (no gRPC
+call, nothing staged): sending it is the permission to send, and the connection's token is the caller's.
+Both ends use non-blocking sockets on the event loop (no stream buffers): senders send straight from their
+buffers, receivers receive straight into one buffer of the frame's length (no per-piece copies).
 """
 
 from __future__ import annotations
@@ -31,21 +37,36 @@ import asyncio
 import json
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from hf3fs.checksum import crc32c_of
 from hf3fs.shm import ShmRegion, host_id, send_fd
 
 _LEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _IOV_MAX = 512
+DATA_PATH_VERSION = 2  # 2: the ``read`` op
+MAX_READ_REQUEST_BYTES = 4 * 1024 * 1024
+# Received bytes are checksummed piece by piece, each piece right after it lands (still in the CPU's cache).
+CRC_PIECE_BYTES = 512 * 1024
 UNIX_PREFIX = "unix:"
 Place = tuple[int, int, int]  # region id, offset, length
 
 
 class DataPathError(Exception):
     """The data endpoint refused an operation or the connection broke."""
+
+
+class DataRefused(DataPathError):
+    """The node refused the token (at the handshake: the connection is closed) or a ``read``, as it would
+    refuse the BatchRead (the connection stays usable); ``code``: a gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
 
 
 class ShmUnavailable(DataPathError):
@@ -98,6 +119,20 @@ async def recv_exactly(sock: socket.socket, view: memoryview, peer: str) -> None
         if n == 0:
             raise DataPathError(f"{peer} closed the connection")
         got += n
+
+
+async def recv_checksummed(sock: socket.socket, view: memoryview, peer: str) -> int:
+    """Fill ``view`` like ``recv_exactly`` and return the CRC-32C of its bytes, computed on each piece as it
+    lands (no second pass over the buffer once it is out of the cache)."""
+    loop = asyncio.get_running_loop()
+    got, crc = 0, 0
+    while got < len(view):
+        n = await loop.sock_recv_into(sock, view[got : got + CRC_PIECE_BYTES])
+        if n == 0:
+            raise DataPathError(f"{peer} closed the connection")
+        crc = crc32c_of(view[got : got + n], crc)
+        got += n
+    return crc
 
 
 async def recv_header(sock: socket.socket, peer: str) -> dict[str, Any]:
@@ -153,7 +188,8 @@ class DataConnection:
             raise
         if not answer.get("ok"):
             self.close()
-            raise DataPathError(f"data endpoint {self.address} refused the token: {answer.get('error', '')}")
+            code = str(answer.get("code", "UNAUTHENTICATED"))
+            raise DataRefused(code, f"data endpoint {self.address} refused the token: {answer.get('error', '')}")
         self.peer = answer
         return sock
 
@@ -219,6 +255,40 @@ class DataConnection:
                 self.close()
                 raise
 
+    async def read(self, request: bytes, layout: Callable[[bytes], Sequence[memoryview]]) -> tuple[bytes, list[int]]:
+        """One ``read``: send ``request`` (a serialized bulk BatchReadRequest), get the serialized response,
+        and receive the bytes that follow straight into ``layout(response)`` (views in transfer order).
+        Returns the response and the CRC-32C of each view's bytes, computed as they landed.
+
+        Raises:
+            DataRefused: the node refused the request (the connection stays open).
+            DataPathError: the connection broke, or the answer does not fit ``layout`` (closed).
+        """
+        peer = f"data endpoint {self.address}"
+        async with self.lock:
+            try:
+                sock = await self._connect()
+                await send_parts(sock, [encode_header({"op": "read", "length": len(request)}), request])
+                answer = await self._read_header()
+                if not answer.get("ok"):
+                    raise DataRefused(str(answer.get("code", "UNKNOWN")), str(answer.get("error", "")))
+                response = bytearray(int(answer["response"]))
+                await self._recv_into(memoryview(response))
+                try:
+                    views = layout(bytes(response))
+                except DataPathError:
+                    raise
+                except Exception as exc:  # a response that does not parse or fit: the stream is out of step
+                    raise DataPathError(f"bad read response from {self.address}: {exc}") from exc
+                if sum(len(v) for v in views) != int(answer["length"]):
+                    raise DataPathError(f"read sends {answer['length']} bytes, the results hold another amount")
+                return bytes(response), [await recv_checksummed(sock, view, peer) for view in views]
+            except DataRefused:
+                raise
+            except (OSError, DataPathError, asyncio.CancelledError):
+                self.close()
+                raise
+
     async def pull_shm(self, transfer_id: str, places: Sequence[Place], regions: Sequence[ShmRegion]) -> None:
         """Have the node write the transfer into ``places`` of the shared-memory ``regions`` (AF_UNIX only)."""
         want = sum(p[2] for p in places)
@@ -267,6 +337,7 @@ class DataConnectionPool:
         self._conns: dict[str, list[DataConnection]] = {}
         self._next: dict[str, int] = {}
         self._unix: dict[str, str | None] = {}  # node address -> its AF_UNIX endpoint, when on this host
+        self._versions: dict[str, int] = {}  # node address -> its DATA_PATH_VERSION
         self.regions: list[ShmRegion] = []
         self.stats = {"tcp_pulls": 0, "shm_pulls": 0}
 
@@ -290,6 +361,33 @@ class DataConnectionPool:
                     self._unix[address] = None
         await self.get(address).pull(transfer_id, into)
         self.stats["tcp_pulls"] += 1
+
+    async def reads_direct(self, address: str, into: Sequence[memoryview | None]) -> bool:
+        """Whether a read into ``into`` (caller buffers; None: a new buffer) should be a ``read`` op on TCP:
+        the node knows it, and the bytes would not go through shared memory instead."""
+        if address not in self._versions:
+            self._versions[address] = int((await self.get(address).handshake()).get("version", 1))
+        if self._versions[address] < 2:
+            return False
+        if self._shm and self.regions and all(v is not None for v in into):
+            places = self._places([v for v in into if v is not None])
+            if places is not None and await self._unix_endpoint(address) is not None:
+                return False
+        return True
+
+    async def read(
+        self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]]
+    ) -> tuple[bytes, list[int]]:
+        """``DataConnection.read`` on a connection to ``address`` (counted as a TCP pull)."""
+        try:
+            got = await self.get(address).read(request, layout)
+        except DataRefused:
+            raise
+        except DataPathError:
+            self._versions.pop(address, None)  # a restarted node may speak another version
+            raise
+        self.stats["tcp_pulls"] += 1
+        return got
 
     def _places(self, into: Sequence[memoryview]) -> list[Place] | None:
         places: list[Place] = []

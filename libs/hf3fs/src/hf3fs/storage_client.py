@@ -26,7 +26,7 @@ from ff_rpc.client import NO_RETRY, StubPool
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.checksum import crc32c_of
-from hf3fs.datapath import DataConnectionPool, DataPathError
+from hf3fs.datapath import DataConnectionPool, DataPathError, DataRefused
 from hf3fs.readstream import ReadStream
 from hf3fs.routing import NodeAddress, RoutingCache, RoutingView
 
@@ -446,15 +446,22 @@ class StorageClient:
         self.read_calls += 1
         bulk = self._bulk and bool(node.data)
         transport = spb.DATA_TRANSPORT_BULK if bulk else spb.DATA_TRANSPORT_INLINE
+        request = spb.BatchReadRequest(ios=requests, transport=transport)
+        crcs: dict[int, int] = {}
         try:
-            resp = await self._batch_read_call(node, spb.BatchReadRequest(ios=requests, transport=transport))
-            sinks = self._sinks(ios, members, resp.results)
-            if resp.transfer_id:
-                async with self.rts:  # the grant: this node may send now
-                    await self._data.pull(node.data, resp.transfer_id, _in_order(sinks))
-        except RpcError as err:
-            if err.code in FATAL_RPC_CODES:
-                raise StorageIoError(f"BatchRead refused: {err.code.name}: {err.details}", err.code) from None
+            if bulk and await self._data.reads_direct(node.data, [_buffer_view(ios[i]) for i, _ in members]):
+                resp, sinks, crcs = await self._read_direct(node, request, ios, members)
+            else:
+                resp = await self._batch_read_call(node, request)
+                sinks = self._sinks(ios, members, resp.results)
+                if resp.transfer_id:
+                    async with self.rts:  # the grant: this node may send now
+                        await self._data.pull(node.data, resp.transfer_id, _in_order(sinks))
+        except (RpcError, DataRefused) as err:
+            code = _status_code(err)
+            if code in FATAL_RPC_CODES:
+                details = err.details if isinstance(err, RpcError) else err.message
+                raise StorageIoError(f"BatchRead refused: {code.name}: {details}", code) from None
             self._fail(members, outcomes, f"node {node.node_id}: {err}")
             return
         except (OSError, DataPathError) as err:
@@ -462,12 +469,31 @@ class StorageClient:
             return
         for (i, target_id), r in zip(members, resp.results, strict=True):
             sink = sinks.get(i, (0, None))[1]
-            outcomes[i] = out = self._read_outcome(r, target_id, sink)
+            outcomes[i] = out = self._read_outcome(r, target_id, sink, crcs.get(i))
             buf = ios[i].buffer
             if out.ok and sink is None and buf is not None:  # inline bytes: into the caller's buffer too
                 dest = memoryview(buf)[: len(out.data)]
                 dest[:] = out.data
                 out.data = dest
+
+    async def _read_direct(
+        self, node: NodeAddress, request: spb.BatchReadRequest, ios: Sequence[ChunkRead], members: list[tuple[int, int]]
+    ) -> tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], dict[int, int]]:
+        """The BatchRead as a ``read`` on the data path (one round trip, no gRPC call): the response, the
+        sinks the bytes landed in, and each sink's CRC-32C as computed while receiving."""
+        got: list[tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], list[int]]] = []
+
+        def layout(raw: bytes) -> list[memoryview]:
+            resp = spb.BatchReadResponse.FromString(raw)
+            sinks = self._sinks(ios, members, resp.results)
+            order = sorted(sinks, key=lambda i: sinks[i][0])
+            got.append((resp, sinks, order))
+            return [sinks[i][1] for i in order]
+
+        async with self.rts, asyncio.timeout(self._timeout_s):  # sending the read is the grant to send
+            _, checksums = await self._data.read(node.data, request.SerializeToString(), layout)
+        resp, sinks, order = got[0]
+        return resp, sinks, dict(zip(order, checksums, strict=True))
 
     async def _batch_read_call(self, node: NodeAddress, request: spb.BatchReadRequest) -> spb.BatchReadResponse:
         if not self._read_streams:
@@ -502,7 +528,8 @@ class StorageClient:
             outcomes[i] = ReadOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, message, target_id=target_id)
 
     @staticmethod
-    def _read_outcome(r: spb.ReadResult, target_id: int, sink: memoryview | None) -> ReadOutcome:
+    def _read_outcome(r: spb.ReadResult, target_id: int, sink: memoryview | None, crc: int | None) -> ReadOutcome:
+        """``crc``: the bytes' CRC-32C if it was computed as they arrived (else computed here)."""
         if r.status != OK:
             return ReadOutcome(r.status, r.message, target_id=target_id)
         data: bytes | memoryview
@@ -512,9 +539,19 @@ class StorageClient:
             data = sink
         else:
             data = r.inline_data
-        if crc32c_of(data) != r.checksum.value:
+        if (crc32c_of(data) if crc is None else crc) != r.checksum.value:
             return ReadOutcome(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "bytes damaged in transit", target_id=target_id)
         return ReadOutcome(OK, "", data, r.version, r.is_pending, target_id)
+
+
+def _buffer_view(io: ChunkRead) -> memoryview | None:
+    return memoryview(io.buffer) if io.buffer is not None else None
+
+
+def _status_code(err: RpcError | DataRefused) -> grpc.StatusCode | None:
+    if isinstance(err, RpcError):
+        return err.code
+    return grpc.StatusCode.__members__.get(err.code)
 
 
 def _in_order(sinks: dict[int, tuple[int, memoryview]]) -> list[memoryview]:

@@ -1,4 +1,5 @@
-"""The node's bulk data endpoint (wire format in hf3fs.datapath): pushed bytes in, staged read bytes out."""
+"""The node's bulk data endpoint (wire format in hf3fs.datapath): pushed bytes in, staged read bytes out,
+and reads served in one round trip (``read``: BatchRead and its bytes, no gRPC call)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,23 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ff_rpc import Principal, TokenValidator, Unauthenticated
-from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token
-from hf3fs.datapath import DataPathError, encode_header, recv_exactly, recv_header, send_parts, tune_socket
+from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token, set_current_principal
+from hf3fs.datapath import (
+    DATA_PATH_VERSION,
+    MAX_READ_REQUEST_BYTES,
+    DataPathError,
+    DataRefused,
+    encode_header,
+    recv_exactly,
+    recv_header,
+    send_parts,
+    tune_socket,
+)
 from hf3fs.shm import host_id, recv_fd
 
 logger = logging.getLogger(__name__)
@@ -28,6 +39,10 @@ MAX_PUSH_BYTES = 1 << 30
 PUSH_PREALLOC_BYTES = 64 << 20
 PEER = "data client"
 MAX_SHARED_REGIONS = 64
+# Serves a ``read`` op: a serialized BatchReadRequest in, the serialized response and the bytes to send
+# after it out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
+# ``DataRefused`` for a request the node refuses.
+ReadHandler = Callable[[bytes], Awaitable[tuple[bytes, Sequence[Buffer]]]]
 
 
 @dataclass
@@ -93,8 +108,15 @@ class DataServer:
     straight from the chunk buffers (asyncio streams would copy each 4 MiB frame several times).
     """
 
-    def __init__(self, boxes: TransferBoxes, cluster_token: str, validator: TokenValidator | None) -> None:
+    def __init__(
+        self,
+        boxes: TransferBoxes,
+        cluster_token: str,
+        validator: TokenValidator | None,
+        read: ReadHandler | None = None,
+    ) -> None:
         self._boxes = boxes
+        self._read = read
         self._cluster_token = cluster_token
         self._validator = validator
         self._listeners: list[socket.socket] = []
@@ -167,9 +189,11 @@ class DataServer:
                     raise Unauthenticated("the first frame must authenticate")
                 principal = await self._authenticate(str(hello.get("token", "")))
             except Exception as exc:
-                await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"UNAUTHENTICATED: {exc}"}))
+                refusal = {"ok": False, "code": "UNAUTHENTICATED", "error": f"UNAUTHENTICATED: {exc}"}
+                await loop.sock_sendall(sock, encode_header(refusal))
                 return
-            answer: dict[str, object] = {"ok": True, "host": self.host}
+            set_current_principal(principal)  # this connection's task only: the read handler's caller
+            answer: dict[str, object] = {"ok": True, "host": self.host, "version": DATA_PATH_VERSION}
             if not local and self.unix_name and hello.get("host") == self.host:
                 answer["unix"] = self.unix_name
             await loop.sock_sendall(sock, encode_header(answer))
@@ -227,8 +251,24 @@ class DataServer:
                 await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"NOT_FOUND: transfer {tid}"}))
                 return
             await send_parts(sock, [encode_header({"ok": True, "length": staged.length}), *staged.parts])
+        elif op == "read" and self._read is not None:
+            await self._serve_read(sock, int(str(header.get("length", 0))))
         else:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
+
+    async def _serve_read(self, sock: socket.socket, length: int) -> None:
+        assert self._read is not None
+        if not 0 < length <= MAX_READ_REQUEST_BYTES:
+            raise DataPathError("bad read header")
+        request = bytearray(length)
+        await recv_exactly(sock, memoryview(request), PEER)
+        try:
+            response, parts = await self._read(bytes(request))
+        except DataRefused as exc:
+            await send_parts(sock, [encode_header({"ok": False, "code": exc.code, "error": exc.message})])
+            return
+        answer = {"ok": True, "response": len(response), "length": sum(len(p) for p in parts)}
+        await send_parts(sock, [encode_header(answer), response, *parts])
 
 
 async def _receive_payload(sock: socket.socket, length: int) -> bytearray:

@@ -26,18 +26,30 @@ class ReadPath(NodeBase):
     async def batch_read(
         self, ios: list[spb.ReadIO], transport: int, owner: str
     ) -> tuple[list[spb.ReadResult], str, int]:
+        """Read ``ios``; bulk bytes are staged under a new transfer id for the reader's pull (inline: in
+        the results). Returns the results, the transfer id ("" when nothing was staged) and its length."""
+        bulk = transport == spb.DATA_TRANSPORT_BULK
+        transfer_id = uuid.uuid4().hex if bulk else ""
+        results, parts = await self.read_parts(ios, bulk=bulk, transfer_id=transfer_id)
+        if not parts:
+            return results, "", 0
+        return results, transfer_id, self.boxes.stage(transfer_id, owner, parts)
+
+    async def read_parts(
+        self, ios: list[spb.ReadIO], *, bulk: bool, transfer_id: str = ""
+    ) -> tuple[list[spb.ReadResult], list[bytes | memoryview]]:
+        """Read ``ios``: the results, and (``bulk``) the bytes of the OK ones, laid out back to back in
+        that order, each result's ``transfer`` giving its offset (not inline: the caller sends them)."""
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
             try:
                 check_read_range(io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
             except InvalidRequest as exc:
                 raise InvalidRequest(f"ios[{n}]: {exc}") from None
-        bulk = transport == spb.DATA_TRANSPORT_BULK
         found = await asyncio.to_thread(lambda: [self._read_one(io) for io in ios])  # one thread hop per batch
         results: list[spb.ReadResult] = []
         parts: list[bytes | memoryview] = []
         offset = 0
-        transfer_id = uuid.uuid4().hex if bulk else ""
         for res, data in found:
             if data is not None:
                 if bulk:
@@ -47,9 +59,7 @@ class ReadPath(NodeBase):
                 else:
                     res.inline_data = bytes(data)
             results.append(res)
-        if not parts:
-            return results, "", 0
-        return results, transfer_id, self.boxes.stage(transfer_id, owner, parts)
+        return results, parts
 
     def _read_one(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
         target = self._target_of_chain(io.chain_id)

@@ -46,14 +46,15 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     node.bind_loop()
     mgmtd = MgmtdClient(settings.mgmtd_list(), token=token, timeout_s=3.0)
     validator = registry_validator(mgmtd)
-    data = DataServer(boxes, token, validator)
+    servicer = StorageServicer(node)
+    data = DataServer(boxes, token, validator, read=servicer.read_on_data_path)
     await data.start(settings.data_listen_address)
     server = RpcServer(
         ServerOptions(listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,
                       cluster_token=token, token_validator=validator, status_table=STATUS_TABLE,
                       grace_s=settings.grace_s),
         [ServiceBinding(storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name,
-                        storage_pb2_grpc.add_StorageServiceServicer_to_server, StorageServicer(node))],
+                        storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
     )  # fmt: skip
     await server.start()
     host = settings.data_listen_address.rsplit(":", 1)[0]

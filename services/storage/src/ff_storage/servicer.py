@@ -5,19 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ff_rpc import PermissionDenied, current_principal
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
+from ff_storage.dataserver import Buffer
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.capability import capability_key, check_capability
+from hf3fs.datapath import DataRefused
 
 Context = Any
 logger = logging.getLogger(__name__)
@@ -41,6 +44,15 @@ def _check_capabilities(key: bytes, ios: list[Any], *, write: bool) -> None:
         reason = check_capability(key, io.io_capability, io.chunk_id.inode_id, write=write, now_ns=now)
         if reason is not None:
             raise PermissionDenied(f"ios[{n}]: {reason}")
+
+
+def _status_of(exc: Exception, what: str) -> grpc.StatusCode:
+    """The status ``exc`` maps to; INTERNAL (logged with its traceback) when it is not a known error."""
+    code = STATUS_TABLE.code_for(exc)
+    if code is None:
+        logger.exception("internal error in %s", what)
+        return grpc.StatusCode.INTERNAL
+    return code
 
 
 def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
@@ -70,6 +82,26 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
                                     transfer_ttl_s=self._n.boxes.ttl_s)  # fmt: skip
 
+    async def read_on_data_path(self, request_bytes: bytes) -> tuple[bytes, Sequence[Buffer]]:
+        """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``): the same checks as BatchRead,
+        its response serialized, and the OK results' bytes to send after it (nothing staged).
+
+        Raises:
+            DataRefused: whatever BatchRead would answer with an error status, with that status's name.
+        """
+        try:
+            try:
+                request = pb.BatchReadRequest.FromString(request_bytes)
+            except DecodeError as exc:
+                raise InvalidRequest(f"read request does not parse: {exc}") from None
+            _check_capabilities(self._cap_key, list(request.ios), write=False)
+            results, parts = await self._n.read_parts(list(request.ios), bulk=True)
+        except Exception as exc:
+            code = _status_of(exc, "a data-path read")
+            raise DataRefused(code.name, str(exc) or type(exc).__name__) from exc
+        response = pb.BatchReadResponse(results=results, transfer_length_bytes=sum(len(p) for p in parts))
+        return response.SerializeToString(), parts
+
     async def ReadStream(
         self, request_iterator: AsyncIterator[pb.ReadStreamRequest], context: Context
     ) -> AsyncIterator[pb.ReadStreamResponse]:
@@ -82,10 +114,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 read = await self.BatchRead(req.read, context)
                 answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, read=read))
             except Exception as exc:
-                code = STATUS_TABLE.code_for(exc)
-                if code is None:
-                    logger.exception("internal error in a ReadStream request")
-                    code = grpc.StatusCode.INTERNAL
+                code = _status_of(exc, "a ReadStream request")
                 answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, error_code=code.value[0],
                                                          error_message=str(exc) or type(exc).__name__))  # fmt: skip
 

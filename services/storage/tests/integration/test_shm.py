@@ -135,18 +135,21 @@ async def test_read_stream_answers_each_request_and_outlives_a_refused_one(
 ) -> None:
     chain_id = (await cluster.routing()).chains[0].chain_id
     blocks = await write_chunks(client, chain_id)
-    with pytest.raises(StorageIoError) as err:  # refused by BatchRead's checks, on the open stream
-        await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=0, length=1 << 40)])
-    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
-    many = await asyncio.gather(*(client.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i,
-                                                               length=CHUNK)]) for i in range(COUNT)))  # fmt: skip
-    assert [bytes(got[0].data) for got in many] == blocks
     mg = cluster.client()
-    stranger = StorageClient(mg, "not-a-token", retry_deadline_s=2.0)
+    inline = StorageClient(mg, CLUSTER_TOKEN, bulk=False)  # bulk reads go on the data path, not the stream
+    stranger = StorageClient(mg, "not-a-token", retry_deadline_s=2.0, bulk=False)
     try:
+        with pytest.raises(StorageIoError) as err:  # refused by BatchRead's checks, on the open stream
+            await inline.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=0, length=1 << 40)])
+        assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        many = await asyncio.gather(*(inline.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i,
+                                                                   length=CHUNK)]) for i in range(COUNT)))  # fmt: skip
+        assert [bytes(got[0].data) for got in many] == blocks
+        assert len(inline._streams) >= 1 and inline.data_stats["tcp_pulls"] == 0
         with pytest.raises(StorageIoError) as err:
             await stranger.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=0, length=CHUNK)])
         assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
     finally:
+        await inline.close()
         await stranger.close()
         await mg.close()

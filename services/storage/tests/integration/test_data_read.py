@@ -1,0 +1,92 @@
+"""Bulk reads as one ``read`` on the data path: no gRPC call, BatchRead's checks (input, token, the file's
+IoCapability) with the connection's caller, refusals that leave the connection open."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import grpc
+import pytest
+
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
+from hf3fs.capability import capability_key, make_capability
+
+CHUNK = 512 * 1024
+INODE = 11
+
+
+async def write_chunks(client: StorageClient, chain_id: int, count: int) -> list[bytes]:
+    blocks = [os.urandom(CHUNK) for _ in range(count)]
+    ios = [ChunkWrite(chain_id=chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
+           for i, b in enumerate(blocks)]  # fmt: skip
+    assert all(r.ok for r in await client.batch_write(ios))
+    return blocks
+
+
+def reads(chain_id: int, count: int, **kw: object) -> list[ChunkRead]:
+    return [ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=i, length=CHUNK, **kw)  # type: ignore[arg-type]
+            for i in range(count)]  # fmt: skip
+
+
+async def test_reads_take_one_round_trip_on_the_data_path_and_a_refusal_keeps_the_connection(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    chain_id = (await cluster.routing()).chains[0].chain_id
+    blocks = await write_chunks(client, chain_id, 4)
+    buffers = [memoryview(bytearray(CHUNK)) for _ in blocks]
+    got = await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=i, length=CHUNK,
+                                             buffer=buffers[i]) for i in range(4)])  # fmt: skip
+    assert [bytes(o.data) for o in got] == blocks
+    assert all(o.data.obj is buffers[i].obj for i, o in enumerate(got) if isinstance(o.data, memoryview))
+    assert client._streams == {}, "no gRPC ReadStream is opened for bulk reads"  # white box: which path
+    assert client.data_stats["tcp_pulls"] >= 1
+    target = (await cluster.routing()).chains[0].targets[0].target_id
+    await client.batch_read(reads(chain_id, 1), prefer_target=target)
+    conns = {a: [(c, c._sock) for c in cs] for a, cs in client._data._conns.items()}
+    with pytest.raises(StorageIoError) as err:  # refused by BatchRead's checks, answered on the data path
+        await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=0, length=1 << 40)],
+                                prefer_target=target)  # fmt: skip
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and "ios[0]" in str(err.value)
+    assert [bytes(o.data) for o in await client.batch_read(reads(chain_id, 4), prefer_target=target)] == blocks
+    after = {a: [(c, c._sock) for c in cs] for a, cs in client._data._conns.items()}
+    assert after == conns, "the refusal neither closed nor replaced a connection"
+
+
+async def test_user_reads_on_the_data_path_need_the_files_io_capability(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    chain_id = (await cluster.routing()).chains[0].chain_id
+    blocks = await write_chunks(client, chain_id, 2)
+    admin = cluster.client()
+    try:
+        await admin.identity(lambda s: s.CreateUser,
+                             mgmtd_pb2.CreateUserRequest(name="reader", role=common_pb2.ROLE_USER))  # fmt: skip
+        token = (await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="reader"))).token
+    finally:
+        await admin.close()
+    key = capability_key(CLUSTER_TOKEN)
+    expiry = time.time_ns() + 60 * 10**9
+    mg = cluster.client(token)
+    user = StorageClient(mg, token, retry_deadline_s=2.0)
+    try:
+        for capability in (b"", make_capability(key, INODE + 1, False, expiry), make_capability(key, INODE, False, 1)):
+            with pytest.raises(StorageIoError) as err:
+                await user.batch_read(reads(chain_id, 2, capability=capability))
+            assert err.value.code is grpc.StatusCode.PERMISSION_DENIED
+        good = make_capability(key, INODE, False, expiry)
+        assert [bytes(o.data) for o in await user.batch_read(reads(chain_id, 2, capability=good))] == blocks
+        assert user._streams == {} and user.data_stats["tcp_pulls"] >= 1
+    finally:
+        await user.close()
+    stranger = StorageClient(mg, "not-a-token", retry_deadline_s=2.0)
+    try:
+        with pytest.raises(StorageIoError) as err:  # the data path's handshake refuses the token
+            await stranger.batch_read(reads(chain_id, 1, capability=good))
+        assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await stranger.close()
+        await mg.close()
