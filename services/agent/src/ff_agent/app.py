@@ -188,6 +188,7 @@ class Agent:
                     signal=0,
                     failed_at=now,
                     message=hang.message,
+                    hang=True,
                 )
                 await self.runs.mark_changed()
 

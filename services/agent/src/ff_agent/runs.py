@@ -152,6 +152,7 @@ class Run:
                     signal=f.signal,
                     failed_at=f.failed_at,
                     message=f.message,
+                    hang=f.hang,
                 )
             )
         return report

@@ -148,3 +148,20 @@ async def wait_task(client: Any, task_id: int, *states: int, timeout_s: float = 
     except TimeoutError:
         raise TimeoutError(f"task {task_id} did not reach {states}: {found[0] if found else None}") from None
     return found[0]
+
+
+async def wait_run_running(client: Any, task_id: int, timeout_s: float = 60.0) -> pb.Task:
+    """The task once its current run is RUNNING on every node (a task is RUNNING as soon as it is scheduled,
+    before any agent has started its run)."""
+    found: list[pb.Task] = []
+
+    async def started() -> bool:
+        resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id))
+        found[:] = [resp.task]
+        return bool(resp.task.current_run.state == pb.RUN_STATE_RUNNING)
+
+    try:
+        await eventually(started, timeout_s, f"task {task_id}'s run running")
+    except TimeoutError:
+        raise TimeoutError(f"the run of task {task_id} did not start: {found[0] if found else None}") from None
+    return found[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ff_agent.testing import eventually, wait_task
+from ff_agent.testing import eventually, wait_run_running, wait_task
 from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_rpc import RpcClient, open_channel
 from ff_scheduler.testing import spec
@@ -38,7 +38,7 @@ async def test_a_rank_that_stops_entering_collectives_is_named_as_hung(cluster: 
     alice = cluster.client("alice")
     task_spec = spec(2, 10, argv=["python", str(script)], max_restarts=0, env={"FF_HFREDUCE_TIMEOUT_S": "120"})
     task = (await alice.call(alice.user.SubmitTask, pb.SubmitTaskRequest(spec=task_spec))).task
-    running = await wait_task(alice, task.task_id, pb.TASK_STATE_RUNNING)
+    running = await wait_run_running(alice, task.task_id)
     run = running.current_run
     node1 = next(n.node_id for n in run.nodes if n.node_rank == 1)
     agent1 = a1 if a1.node_id == node1 else a2
@@ -63,7 +63,9 @@ async def test_a_rank_that_stops_entering_collectives_is_named_as_hung(cluster: 
     finally:
         await channel.close()
     done = await wait_task(alice, task.task_id, pb.TASK_STATE_FAILED, timeout_s=60)
+    assert done.current_run.end_reason == pb.RUN_END_REASON_HANG_DETECTED
     failure = done.current_run.failure
+    assert failure.hang
     assert failure.node_id == node1 and failure.node_rank == 1 and failure.local_rank == 1
     assert failure.failure_class == pb.FAILURE_CLASS_INFRASTRUCTURE
     assert "hang: rank 3 (node rank 1, local rank 1)" in failure.message, failure

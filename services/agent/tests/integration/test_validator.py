@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ff_agent.testing import eventually, start_in_process, wait_task
+from ff_agent.testing import eventually, start_in_process, wait_run_running, wait_task
 from ff_agent.validator import ALL_CHECKS
 from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_rpc import RpcClient, RpcError, open_channel
@@ -80,13 +80,7 @@ async def test_validate_node_is_for_admins_and_refused_while_a_run_is_active(clu
                 pb.SubmitTaskRequest(spec=spec(1, 10, argv=[sys.executable, "-c", "import time; time.sleep(60)"])),
             )
         ).task
-        await wait_task(alice, task.task_id, pb.TASK_STATE_RUNNING)
-
-        async def launched() -> bool:  # the task runs once scheduled; its run once the agent has started it
-            got = await alice.call(alice.user.GetTask, pb.GetTaskRequest(task_id=task.task_id))
-            return got.task.current_run.state == pb.RUN_STATE_RUNNING
-
-        await eventually(launched, timeout_s=60, what="the run started on the agent")
+        await wait_run_running(alice, task.task_id)
         with pytest.raises(RpcError) as busy:
             await admin.unary(stub.ValidateNode, agent_pb2.ValidateNodeRequest(checks=["cpu_stress"]))
         assert busy.value.code == grpc.StatusCode.FAILED_PRECONDITION

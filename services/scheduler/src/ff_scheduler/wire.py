@@ -180,6 +180,7 @@ def failure_from_proto(f: pb.RunFailure) -> Failure:
         signal=f.signal,
         failed_at=f.failed_at,
         message=f.message[:1000],
+        hang=f.hang,
     )
 
 

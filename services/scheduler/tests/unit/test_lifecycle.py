@@ -145,6 +145,14 @@ def test_rank_failure_stops_the_other_nodes_then_fails_with_the_earliest_root_ca
     change = step_run(replace(task, run=run), nodes(2), T0 + 10, POLICY).change
     assert change is not None and change.state is RunState.FAILED and change.reason is EndReason.RANK_FAILED
     assert change.failure is not None and change.failure.node_id == 2
+    hung = NodeRunReport(phase=NodePhase.RUNNING, failure=Failure(
+        failure_class=FailureClass.INFRASTRUCTURE, node_id=2, local_rank=1, failed_at=T0 + 3, message="hang: rank 3",
+        hang=True,
+    ))  # fmt: skip
+    change = step_run(replace(task, run=replace(task.run, reports={1: failed(1, FailureClass.USER), 2: hung})),
+                      nodes(2), T0 + 10, POLICY).change  # fmt: skip
+    assert change is not None and change.state is RunState.STOPPING and change.reason is EndReason.HANG_DETECTED
+    assert change.failure is not None and change.failure.hang and change.failure.node_id == 2
     partial = replace(task.run, reports={1: failed(1, FailureClass.USER), 2: NodeRunReport(phase=NodePhase.RUNNING)})
     change = step_run(replace(task, run=partial), nodes(2), T0 + 10, POLICY).change
     assert change is not None and change.state is RunState.STOPPING

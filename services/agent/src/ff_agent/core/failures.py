@@ -73,6 +73,7 @@ class Failure:
     signal: int
     failed_at: float
     message: str
+    hang: bool = False  # found hung by hang detection, not exited
 
 
 def classify(rank: RankExit) -> FailureClass:

@@ -173,7 +173,9 @@ def _step_live(
     if first is not None:
         failure = first
         launch = run.state is RunState.STARTING and failure.failure_class is FailureClass.PLATFORM
-        reason = EndReason.LAUNCH_FAILED if launch else EndReason.RANK_FAILED
+        reason = (
+            EndReason.LAUNCH_FAILED if launch else EndReason.HANG_DETECTED if failure.hang else EndReason.RANK_FAILED
+        )
         return _stop_or_end(
             run, reason, all_exited, failure, failure.message or f"rank failed on node {failure.node_id}"
         )

@@ -132,6 +132,7 @@ class Failure:
     signal: int = 0
     failed_at: float = 0.0
     message: str = ""
+    hang: bool = False  # an agent found the rank hung (collective progress), it did not exit
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -60,6 +60,7 @@ def failure_to_json(failure: Failure | None) -> dict[str, Any] | None:
         "signal": failure.signal,
         "failed_at": failure.failed_at,
         "message": failure.message,
+        "hang": failure.hang,
     }
 
 

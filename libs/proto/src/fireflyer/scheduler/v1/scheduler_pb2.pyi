@@ -339,6 +339,7 @@ class RunFailure(_message.Message):
     SIGNAL_FIELD_NUMBER: _builtins.int
     FAILED_AT_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    HANG_FIELD_NUMBER: _builtins.int
     failure_class: Global___FailureClass.ValueType
     node_id: _builtins.int
     node_rank: _builtins.int
@@ -350,6 +351,10 @@ class RunFailure(_message.Message):
     """Unix seconds."""
     message: _builtins.str
     """The error summary (the rank's error file, or the last lines of its log)."""
+    hang: _builtins.bool
+    """The rank did not fail by itself: its agent found it hung (behind the others' collective past the
+    threshold). The run ends with RUN_END_REASON_HANG_DETECTED.
+    """
     def __init__(
         self,
         *,
@@ -361,10 +366,11 @@ class RunFailure(_message.Message):
         signal: _builtins.int = ...,
         failed_at: _builtins.float = ...,
         message: _builtins.str = ...,
+        hang: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "failed_at", b"failed_at", "failure_class", b"failure_class", "local_rank", b"local_rank", "message", b"message", "node_id", b"node_id", "node_rank", b"node_rank", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "failed_at", b"failed_at", "failure_class", b"failure_class", "hang", b"hang", "local_rank", b"local_rank", "message", b"message", "node_id", b"node_id", "node_rank", b"node_rank", "signal", b"signal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
