@@ -2,7 +2,8 @@
 storage), chunk I/O over storage chains (``hf3fs.storage_client``), placement, admin."""
 
 from hf3fs.checksum import crc32c_of
-from hf3fs.fs import DirEntry, FileSystem, Quota, Stat, StatFs, TrashEntry, connect
+from hf3fs.dataset import FileDataset
+from hf3fs.fs import DirEntry, FileSystem, ForkedProcessError, Quota, Stat, StatFs, TrashEntry, connect
 from hf3fs.meta_client import Hf3fsError, MetaClient
 from hf3fs.storage_client import ChunkRead, ChunkWrite, ReadOutcome, StorageClient, StorageIoError, WriteOutcome
 
@@ -10,7 +11,9 @@ __all__ = [
     "ChunkRead",
     "ChunkWrite",
     "DirEntry",
+    "FileDataset",
     "FileSystem",
+    "ForkedProcessError",
     "Hf3fsError",
     "MetaClient",
     "Quota",

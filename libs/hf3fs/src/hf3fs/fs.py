@@ -2,6 +2,12 @@
 
 ``hf3fs.connect()`` gives a FileSystem; it runs the async gRPC clients on one private event-loop thread,
 so any number of threads may use it at once (FUSE callbacks, fsspec, the CLI, data loaders).
+
+Processes: gRPC does not survive ``fork()`` (a child of a process that has used it hangs in its first
+call), so a FileSystem, or a new one, used in a forked child raises ``ForkedProcessError`` at once. Worker
+processes are started with ``spawn`` or ``forkserver`` (torch: ``DataLoader(...,
+multiprocessing_context="forkserver")``); a FileSystem pickles to its arguments and connects again, as a
+client of its own, in the process that unpickles it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,33 @@ from hf3fs.storage_client import StorageClient
 T = TypeVar("T")
 _TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink"}
 _TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK}
+
+
+WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
+
+
+class ForkedProcessError(RuntimeError):
+    """A FileSystem used in a process forked after gRPC started in its parent (see the module docstring)."""
+
+
+class _Process:
+    grpc_started = False  # a FileSystem was made in this process: gRPC runs here
+    forked_after_grpc = False  # this process is a fork() child of one where gRPC ran
+
+
+def _mark_fork_child() -> None:
+    _Process.forked_after_grpc = _Process.forked_after_grpc or _Process.grpc_started
+
+
+os.register_at_fork(after_in_child=_mark_fork_child)
+
+
+def _fork_error(what: str) -> ForkedProcessError:
+    return ForkedProcessError(
+        f"{what} in a process forked after gRPC started in its parent: gRPC cannot work after fork(). Start "
+        "worker processes with 'spawn' or 'forkserver' (torch: DataLoader(..., multiprocessing_context="
+        "'forkserver')); a FileSystem passed to them pickles and connects again there"
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +170,11 @@ class FileSystem:
             raise ValueError("at least one mgmtd address is needed")
         if not token:
             raise ValueError("a token is needed (FF_TOKEN)")
+        if _Process.forked_after_grpc:
+            raise _fork_error("hf3fs.connect()")
+        _Process.grpc_started = True
+        self._args = (addresses, token, meta_addresses, timeout_s, renew_interval_s)
+        self._pid = os.getpid()
         self.client_id = uuid.uuid4().hex
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hf3fs-loop", daemon=True)
@@ -163,7 +201,16 @@ class FileSystem:
         if self._closed:
             coro.close()
             raise ValueError("the file system is closed")
+        if os.getpid() != self._pid:  # its loop thread and channels stayed in the parent
+            coro.close()
+            raise _fork_error(f"a FileSystem made in process {self._pid} was used")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, a FileSystem is its arguments: unpickling connects again (a new client with its own
+        sessions; files open here stay here)."""
+        addresses, token, meta_addresses, timeout_s, renew_interval_s = self._args
+        return _reconnect, (addresses, token, meta_addresses, timeout_s, renew_interval_s)
 
     def _meta_call(self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any,
                    path: str | None = None) -> Any:  # fmt: skip
@@ -174,6 +221,9 @@ class FileSystem:
 
     def close(self) -> None:
         if self._closed:
+            return
+        if os.getpid() != self._pid:  # a forked copy: the connection belongs to the parent, leave it be
+            self._closed = True
             return
         with self._writers_lock:
             writers = list(self._writers.values())
@@ -524,7 +574,8 @@ class FileSystem:
             raise
 
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
-        """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch."""
+        """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch. A read
+        past the end of a file stops there (as ``read`` does): a length of ``WHOLE_FILE`` reads to the end."""
         paths = list(dict.fromkeys(p for p, _, _ in reads))
         resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
             paths=[_at(p) for p in paths], follow_last_symlink=True, include_read_capability=True))  # fmt: skip
@@ -576,6 +627,14 @@ class FileSystem:
         finally:
             for raw in opened.values():
                 raw.close()
+
+
+def _reconnect(
+    addresses: list[str], token: str, meta_addresses: list[str] | None, timeout_s: float,
+    renew_interval_s: float | None,
+) -> FileSystem:  # fmt: skip
+    return FileSystem(addresses, token, meta_addresses=meta_addresses, timeout_s=timeout_s,
+                      renew_interval_s=renew_interval_s)  # fmt: skip
 
 
 def connect(mgmtd: str | list[str] | None = None, token: str | None = None, **kwargs: Any) -> FileSystem:
