@@ -15,13 +15,16 @@ Wire format (one connection carries one operation at a time):
     map     -> {"op": "map", "region": id, "size": n} + one byte carrying a memfd (SCM_RIGHTS)  <- {"ok": true}
     pull_shm-> {"op": "pull_shm", "transfer_id": ..., "places": [[region, offset, length], ...]}
             <- {"ok": true, "length": n}, the bytes having been written into the mapped regions
+    read    -> as above with "places": one [region, offset, length] per IO
+            <- {"ok": true, "response": r, "length": 0} + r bytes, each OK IO's bytes having been written
+               at the start of its place
 
 The first frame of a connection must authenticate (cluster or user token); the node closes the
 connection otherwise. Its answer carries the node's ``version`` of this protocol (``DATA_PATH_VERSION``;
 absent: 1, before ``read``). When the client's host id (``hf3fs.shm.host_id``, the kernel's boot id) is the
 node's, the node names its abstract AF_UNIX endpoint in the answer; a client whose read buffers lie in
-its shared-memory regions then pulls through it (authenticated the same way) and the chunk bytes never
-touch a socket. Otherwise, or if that endpoint cannot be reached (another network namespace), TCP.
+its shared-memory regions then reads (or pulls) through it (authenticated the same way) and the chunk
+bytes never touch a socket. Otherwise, or if that endpoint cannot be reached (another network namespace), TCP.
 
 A push deposits bytes that a later gRPC write names by transfer id (the node
 "pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
@@ -255,20 +258,29 @@ class DataConnection:
                 self.close()
                 raise
 
-    async def read(self, request: bytes, layout: Callable[[bytes], Sequence[memoryview]]) -> tuple[bytes, list[int]]:
+    async def read(
+        self, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],
+        shm: tuple[Sequence[Place], Sequence[ShmRegion]] | None = None,
+    ) -> tuple[bytes, list[int] | None]:  # fmt: skip
         """One ``read``: send ``request`` (a serialized bulk BatchReadRequest), get the serialized response,
         and receive the bytes that follow straight into ``layout(response)`` (views in transfer order).
-        Returns the response and the CRC-32C of each view's bytes, computed as they landed.
+        Returns the response and the CRC-32C of each view's bytes, computed as they landed; or, with
+        ``shm`` (one place per IO in the mapped ``regions``: AF_UNIX only), the node writes each IO's
+        bytes at its place, nothing follows the response, and None stands for the checksums.
 
         Raises:
             DataRefused: the node refused the request (the connection stays open).
+            ShmUnavailable: the regions could not be mapped (nothing was read).
             DataPathError: the connection broke, or the answer does not fit ``layout`` (closed).
         """
         peer = f"data endpoint {self.address}"
+        header: dict[str, Any] = {"op": "read", "length": len(request)}
         async with self.lock:
             try:
-                sock = await self._connect()
-                await send_parts(sock, [encode_header({"op": "read", "length": len(request)}), request])
+                sock = await self._connect_mapped(shm[1]) if shm else await self._connect()
+                if shm:
+                    header["places"] = [list(p) for p in shm[0]]
+                await send_parts(sock, [encode_header(header), request])
                 answer = await self._read_header()
                 if not answer.get("ok"):
                     raise DataRefused(str(answer.get("code", "UNKNOWN")), str(answer.get("error", "")))
@@ -280,6 +292,8 @@ class DataConnection:
                     raise
                 except Exception as exc:  # a response that does not parse or fit: the stream is out of step
                     raise DataPathError(f"bad read response from {self.address}: {exc}") from exc
+                if shm:
+                    return bytes(response), None
                 if sum(len(v) for v in views) != int(answer["length"]):
                     raise DataPathError(f"read sends {answer['length']} bytes, the results hold another amount")
                 return bytes(response), [await recv_checksummed(sock, view, peer) for view in views]
@@ -289,16 +303,20 @@ class DataConnection:
                 self.close()
                 raise
 
+    async def _connect_mapped(self, regions: Sequence[ShmRegion]) -> socket.socket:
+        try:
+            sock = await self._connect()
+            await self._map(sock, regions)
+            return sock
+        except (OSError, DataPathError) as exc:
+            raise ShmUnavailable(f"shared memory with {self.address}: {exc}") from exc
+
     async def pull_shm(self, transfer_id: str, places: Sequence[Place], regions: Sequence[ShmRegion]) -> None:
         """Have the node write the transfer into ``places`` of the shared-memory ``regions`` (AF_UNIX only)."""
         want = sum(p[2] for p in places)
         async with self.lock:
             try:
-                try:
-                    sock = await self._connect()
-                    await self._map(sock, [r for r in regions if any(p[0] == r.region_id for p in places)])
-                except (OSError, DataPathError) as exc:
-                    raise ShmUnavailable(f"shared memory with {self.address}: {exc}") from exc
+                sock = await self._connect_mapped([r for r in regions if any(p[0] == r.region_id for p in places)])
                 header = {"op": "pull_shm", "transfer_id": transfer_id, "places": [list(p) for p in places]}
                 await send_parts(sock, [encode_header(header)])
                 answer = await self._read_header()
@@ -362,24 +380,30 @@ class DataConnectionPool:
         await self.get(address).pull(transfer_id, into)
         self.stats["tcp_pulls"] += 1
 
-    async def reads_direct(self, address: str, into: Sequence[memoryview | None]) -> bool:
-        """Whether a read into ``into`` (caller buffers; None: a new buffer) should be a ``read`` op on TCP:
-        the node knows it, and the bytes would not go through shared memory instead."""
+    async def reads_direct(self, address: str) -> bool:
+        """Whether the node at ``address`` serves ``read`` (data path version 2 or later)."""
         if address not in self._versions:
             self._versions[address] = int((await self.get(address).handshake()).get("version", 1))
-        if self._versions[address] < 2:
-            return False
-        if self._shm and self.regions and all(v is not None for v in into):
-            places = self._places([v for v in into if v is not None])
-            if places is not None and await self._unix_endpoint(address) is not None:
-                return False
-        return True
+        return self._versions[address] >= 2
 
     async def read(
-        self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]]
-    ) -> tuple[bytes, list[int]]:
-        """``DataConnection.read`` on a connection to ``address`` (counted as a TCP pull)."""
+        self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],
+        into: Sequence[memoryview | None],
+    ) -> tuple[bytes, list[int] | None]:  # fmt: skip
+        """``DataConnection.read`` on a connection to ``address``, or through shared memory (the node on
+        this host, every IO's buffer ``into`` in this pool's regions: one place per IO) when it can."""
         try:
+            if self._shm and self.regions and all(v is not None for v in into):
+                places = self._places([v for v in into if v is not None])
+                unix = await self._unix_endpoint(address) if places is not None else None
+                if places is not None and unix is not None:
+                    try:
+                        regions = [r for r in self.regions if any(p[0] == r.region_id for p in places)]
+                        got = await self.get(UNIX_PREFIX + unix).read(request, layout, (places, regions))
+                        self.stats["shm_pulls"] += 1
+                        return got
+                    except ShmUnavailable:  # unreachable (another network namespace), refused: TCP from now on
+                        self._unix[address] = None
             got = await self.get(address).read(request, layout)
         except DataRefused:
             raise

@@ -449,7 +449,7 @@ class StorageClient:
         request = spb.BatchReadRequest(ios=requests, transport=transport)
         crcs: dict[int, int] = {}
         try:
-            if bulk and await self._data.reads_direct(node.data, [_buffer_view(ios[i]) for i, _ in members]):
+            if bulk and await self._data.reads_direct(node.data):
                 resp, sinks, crcs = await self._read_direct(node, request, ios, members)
             else:
                 resp = await self._batch_read_call(node, request)
@@ -480,7 +480,8 @@ class StorageClient:
         self, node: NodeAddress, request: spb.BatchReadRequest, ios: Sequence[ChunkRead], members: list[tuple[int, int]]
     ) -> tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], dict[int, int]]:
         """The BatchRead as a ``read`` on the data path (one round trip, no gRPC call): the response, the
-        sinks the bytes landed in, and each sink's CRC-32C as computed while receiving."""
+        sinks the bytes landed in, and each sink's CRC-32C if computed while receiving (not through shared
+        memory: the node wrote those)."""
         got: list[tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], list[int]]] = []
 
         def layout(raw: bytes) -> list[memoryview]:
@@ -490,10 +491,11 @@ class StorageClient:
             got.append((resp, sinks, order))
             return [sinks[i][1] for i in order]
 
+        into = [memoryview(b)[: ios[i].length] if (b := ios[i].buffer) is not None else None for i, _ in members]
         async with self.rts, asyncio.timeout(self._timeout_s):  # sending the read is the grant to send
-            _, checksums = await self._data.read(node.data, request.SerializeToString(), layout)
+            _, checksums = await self._data.read(node.data, request.SerializeToString(), layout, into)
         resp, sinks, order = got[0]
-        return resp, sinks, dict(zip(order, checksums, strict=True))
+        return resp, sinks, dict(zip(order, checksums, strict=True)) if checksums is not None else {}
 
     async def _batch_read_call(self, node: NodeAddress, request: spb.BatchReadRequest) -> spb.BatchReadResponse:
         if not self._read_streams:
@@ -542,10 +544,6 @@ class StorageClient:
         if (crc32c_of(data) if crc is None else crc) != r.checksum.value:
             return ReadOutcome(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "bytes damaged in transit", target_id=target_id)
         return ReadOutcome(OK, "", data, r.version, r.is_pending, target_id)
-
-
-def _buffer_view(io: ChunkRead) -> memoryview | None:
-    return memoryview(io.buffer) if io.buffer is not None else None
 
 
 def _status_code(err: RpcError | DataRefused) -> grpc.StatusCode | None:

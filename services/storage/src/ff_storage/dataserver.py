@@ -39,10 +39,10 @@ MAX_PUSH_BYTES = 1 << 30
 PUSH_PREALLOC_BYTES = 64 << 20
 PEER = "data client"
 MAX_SHARED_REGIONS = 64
-# Serves a ``read`` op: a serialized BatchReadRequest in, the serialized response and the bytes to send
-# after it out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
+# Serves a ``read`` op: a serialized BatchReadRequest in, the serialized response and each IO's bytes
+# (None unless OK) out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
 # ``DataRefused`` for a request the node refuses.
-ReadHandler = Callable[[bytes], Awaitable[tuple[bytes, Sequence[Buffer]]]]
+ReadHandler = Callable[[bytes], Awaitable[tuple[bytes, Sequence[Buffer | None]]]]
 
 
 @dataclass
@@ -201,6 +201,8 @@ class DataServer:
                 header = await recv_header(sock, PEER)
                 if regions is not None and header.get("op") in ("map", "pull_shm"):
                     await self._shm_op(header, principal, sock, regions)
+                elif regions is not None and header.get("op") == "read" and "places" in header:
+                    await self._serve_read(sock, header, regions)
                 else:
                     await self._one(header, principal, sock)
         except (ConnectionError, DataPathError):
@@ -252,23 +254,50 @@ class DataServer:
                 return
             await send_parts(sock, [encode_header({"ok": True, "length": staged.length}), *staged.parts])
         elif op == "read" and self._read is not None:
-            await self._serve_read(sock, int(str(header.get("length", 0))))
+            await self._serve_read(sock, header)
         else:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
 
-    async def _serve_read(self, sock: socket.socket, length: int) -> None:
-        assert self._read is not None
-        if not 0 < length <= MAX_READ_REQUEST_BYTES:
+    async def _serve_read(self, sock: socket.socket, header: dict[str, object], regions: SharedRegions | None = None
+                          ) -> None:  # fmt: skip
+        """A ``read``: its bytes follow the response, or (``places``, same host) go into the mapped regions."""
+        length = int(str(header.get("length", 0)))
+        if self._read is None or not 0 < length <= MAX_READ_REQUEST_BYTES:
             raise DataPathError("bad read header")
         request = bytearray(length)
         await recv_exactly(sock, memoryview(request), PEER)
+        dests, error = regions.places(header.get("places")) if regions is not None else ([], "")
         try:
-            response, parts = await self._read(bytes(request))
+            if error:
+                raise DataRefused("INVALID_ARGUMENT", error.removeprefix("INVALID_ARGUMENT: "))
+            response, found = await self._read(bytes(request))
+            parts = [p for p in found if p is not None]
+            if regions is not None:
+                _place(found, dests)
+                parts = []
         except DataRefused as exc:
             await send_parts(sock, [encode_header({"ok": False, "code": exc.code, "error": exc.message})])
             return
+        finally:
+            del dests
         answer = {"ok": True, "response": len(response), "length": sum(len(p) for p in parts)}
         await send_parts(sock, [encode_header(answer), response, *parts])
+
+
+def _place(found: Sequence[Buffer | None], dests: Sequence[memoryview]) -> None:
+    """Copy each IO's bytes to the start of its place (one place per IO).
+
+    Raises:
+        DataRefused: the places do not match the IOs.
+    """
+    if len(dests) != len(found):
+        raise DataRefused("INVALID_ARGUMENT", f"{len(dests)} places for {len(found)} reads")
+    for n, (part, dest) in enumerate(zip(found, dests, strict=True)):
+        if part is not None and len(part) > len(dest):
+            raise DataRefused("INVALID_ARGUMENT", f"place {n} holds {len(dest)} bytes, the read has {len(part)}")
+    for part, dest in zip(found, dests, strict=True):
+        if part is not None:
+            dest[: len(part)] = part
 
 
 async def _receive_payload(sock: socket.socket, length: int) -> bytearray:

@@ -30,16 +30,17 @@ class ReadPath(NodeBase):
         the results). Returns the results, the transfer id ("" when nothing was staged) and its length."""
         bulk = transport == spb.DATA_TRANSPORT_BULK
         transfer_id = uuid.uuid4().hex if bulk else ""
-        results, parts = await self.read_parts(ios, bulk=bulk, transfer_id=transfer_id)
+        results, found = await self.read_parts(ios, bulk=bulk, transfer_id=transfer_id)
+        parts = [p for p in found if p is not None]
         if not parts:
             return results, "", 0
         return results, transfer_id, self.boxes.stage(transfer_id, owner, parts)
 
     async def read_parts(
         self, ios: list[spb.ReadIO], *, bulk: bool, transfer_id: str = ""
-    ) -> tuple[list[spb.ReadResult], list[bytes | memoryview]]:
-        """Read ``ios``: the results, and (``bulk``) the bytes of the OK ones, laid out back to back in
-        that order, each result's ``transfer`` giving its offset (not inline: the caller sends them)."""
+    ) -> tuple[list[spb.ReadResult], list[bytes | memoryview | None]]:
+        """Read ``ios``: the results, and (``bulk``) each IO's bytes (None unless OK), to be laid out back to
+        back in that order at each result's ``transfer`` offset (not inline: the caller sends them)."""
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
             try:
@@ -48,17 +49,16 @@ class ReadPath(NodeBase):
                 raise InvalidRequest(f"ios[{n}]: {exc}") from None
         found = await asyncio.to_thread(lambda: [self._read_one(io) for io in ios])  # one thread hop per batch
         results: list[spb.ReadResult] = []
-        parts: list[bytes | memoryview] = []
+        parts: list[bytes | memoryview | None] = []
         offset = 0
         for res, data in found:
-            if data is not None:
-                if bulk:
-                    res.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
-                    parts.append(data)
-                    offset += len(data)
-                else:
-                    res.inline_data = bytes(data)
+            if data is not None and bulk:
+                res.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
+                offset += len(data)
+            elif data is not None:
+                res.inline_data = bytes(data)
             results.append(res)
+            parts.append(data if bulk else None)
         return results, parts
 
     def _read_one(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:

@@ -82,9 +82,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
                                     transfer_ttl_s=self._n.boxes.ttl_s)  # fmt: skip
 
-    async def read_on_data_path(self, request_bytes: bytes) -> tuple[bytes, Sequence[Buffer]]:
+    async def read_on_data_path(self, request_bytes: bytes) -> tuple[bytes, Sequence[Buffer | None]]:
         """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``): the same checks as BatchRead,
-        its response serialized, and the OK results' bytes to send after it (nothing staged).
+        its response serialized, and each IO's bytes (None unless OK) to deliver after it (nothing staged).
 
         Raises:
             DataRefused: whatever BatchRead would answer with an error status, with that status's name.
@@ -99,7 +99,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         except Exception as exc:
             code = _status_of(exc, "a data-path read")
             raise DataRefused(code.name, str(exc) or type(exc).__name__) from exc
-        response = pb.BatchReadResponse(results=results, transfer_length_bytes=sum(len(p) for p in parts))
+        total = sum(len(p) for p in parts if p is not None)
+        response = pb.BatchReadResponse(results=results, transfer_length_bytes=total)
         return response.SerializeToString(), parts
 
     async def ReadStream(

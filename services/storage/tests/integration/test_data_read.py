@@ -1,5 +1,6 @@
 """Bulk reads as one ``read`` on the data path: no gRPC call, BatchRead's checks (input, token, the file's
-IoCapability) with the connection's caller, refusals that leave the connection open."""
+IoCapability) with the connection's caller, refusals that leave the connection open, and same-host reads
+written into the reader's mapped places."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import pytest
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
 from hf3fs.capability import capability_key, make_capability
+from hf3fs.datapath import DataConnection, DataRefused
+from hf3fs.shm import ShmRegion, host_id
 
 CHUNK = 512 * 1024
 INODE = 11
@@ -90,3 +94,35 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
     finally:
         await stranger.close()
         await mg.close()
+
+
+async def test_a_same_host_read_needs_one_mapped_place_per_io(cluster: StorageCluster, client: StorageClient) -> None:
+    info = await cluster.routing()
+    chain = info.chains[0]
+    blocks = await write_chunks(client, chain.chain_id, 2)
+    node = next(n for n in cluster.nodes if n.info["node_id"] == chain.targets[0].node_id)
+    tcp = DataConnection(str(node.info["data"]), CLUSTER_TOKEN, host_id())
+    try:
+        unix = str((await tcp.handshake())["unix"])
+    finally:
+        tcp.close()
+    request = spb.BatchReadRequest(transport=spb.DATA_TRANSPORT_BULK, ios=[
+        spb.ReadIO(chain_id=chain.chain_id, chain_version=chain.version,
+                   chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=i), length_bytes=CHUNK) for i in range(2)
+    ]).SerializeToString()  # fmt: skip
+    region = ShmRegion(2 * CHUNK, 1)
+    conn = DataConnection(f"unix:{unix}", CLUSTER_TOKEN, host_id())
+    try:
+        bad_places = ([(1, 0, CHUNK)], [(1, CHUNK + 1, CHUNK), (1, 0, CHUNK)], [(1, 0, CHUNK), (1, CHUNK, CHUNK - 1)])
+        for places in bad_places:  # one place for two reads, one past the region's end, one too small
+            with pytest.raises(DataRefused) as err:
+                await conn.read(request, lambda raw: [], ([(p[0], p[1], p[2]) for p in places], [region]))
+            assert err.value.code == "INVALID_ARGUMENT", err.value
+        assert bytes(region.view) == bytes(2 * CHUNK), "a refused read writes nothing"
+        raw, checksums = await conn.read(request, lambda raw: [], ([(1, 0, CHUNK), (1, CHUNK, CHUNK)], [region]))
+        results = spb.BatchReadResponse.FromString(raw).results
+        assert checksums is None and [r.status for r in results] == [spb.CHUNK_IO_STATUS_OK] * 2
+        assert [bytes(region.view[i * CHUNK : (i + 1) * CHUNK]) for i in range(2)] == blocks
+    finally:
+        conn.close()
+        region.close()
