@@ -29,27 +29,28 @@ def pick_free_ports(count: int, exclude: Collection[int] = (), host: str = LOOPB
         OSError: no free port was found.
     """
     low, high = _listener_range()
-    held: list[socket.socket] = []
-    ports: list[int] = []
+    held: list[socket.socket] = []  # the chosen ports' sockets, bound until all are chosen
     try:
         for _ in range(_ATTEMPTS if high > low else count * 50):
-            if len(ports) == count:
-                return ports
+            if len(held) == count:
+                break
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)
             try:
                 sock.bind((host, random.randint(low, high) if high > low else 0))
             except OSError:
+                sock.close()
                 continue
-            port: int = sock.getsockname()[1]
-            if port not in exclude and port not in ports:
-                ports.append(port)
-        if len(ports) == count:
-            return ports
-        raise OSError(f"no {count} free TCP ports on {host} (tried ports {low}-{high})")
+            if sock.getsockname()[1] in exclude:
+                sock.close()
+                continue
+            held.append(sock)
+        ports: list[int] = [s.getsockname()[1] for s in held]
     finally:
         for sock in held:
             sock.close()
+    if len(ports) == count:
+        return ports
+    raise OSError(f"no {count} free TCP ports on {host} (tried ports {low}-{high})")
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -107,21 +107,30 @@ class MetaApp:
         self._write_queue: list[tuple[Callable[[Session], Any], asyncio.Future[Any]]] = []
         self._writer_busy = False
         self._writer_task: asyncio.Task[None] | None = None
+        self._db_file = store.engine.url.database or ""
         self._reader: sqlite3.Connection | None = None
         self._writer: sqlite3.Connection | None = None
-        if self._inline_reads and store.engine.url.database:
-            self._reader = sqlite3.connect(store.engine.url.database, isolation_level=None, check_same_thread=False)
+        self._checkpointer: sqlite3.Connection | None = None
+        if self._inline_reads and self._db_file:
+            self._reader = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False)
             self._reader.execute("PRAGMA query_only = ON")
-            # The inline writer never waits for SQLite's lock (busy timeout 0): when another writer holds it,
-            # the write queues for the group writer's thread instead of stalling the event loop.
-            self._writer = sqlite3.connect(store.engine.url.database, isolation_level=None, check_same_thread=False,
-                                           timeout=0)  # fmt: skip
-            self._writer.execute("PRAGMA foreign_keys = ON")
-            self._writer.execute(f"PRAGMA synchronous = {_synchronous(options.sqlite_synchronous)}")
+            # Inline writes only where a commit does not fsync (FULL: the group writer's thread pays it).
+            if _synchronous(options.sqlite_synchronous) == "NORMAL":
+                self._writer = self._open_writer()
+
+    def _open_writer(self) -> sqlite3.Connection:
+        """The inline writer: it never waits for SQLite's lock (busy timeout 0: when another writer holds it,
+        the write queues for the group writer's thread instead of stalling the event loop) and never
+        checkpoints the WAL (that fsyncs; ``checkpoint_wal`` does it off the loop)."""
+        writer = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False, timeout=0)
+        writer.execute("PRAGMA foreign_keys = ON")
+        writer.execute("PRAGMA synchronous = NORMAL")
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        return writer
 
     async def close(self) -> None:
         await self._stubs.close()
-        for conn in (self._reader, self._writer):
+        for conn in (self._reader, self._writer, self._checkpointer):
             if conn is not None:
                 conn.close()
 
@@ -158,21 +167,37 @@ class MetaApp:
         try:
             try:
                 cur.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError:  # SQLITE_BUSY: another writer holds the lock
+            except sqlite3.OperationalError:  # SQLITE_BUSY: another writer holds the lock (or worse: see below)
+                self._rollback()
                 return False, None
             try:
                 value = fn(Tx(None, caller, now, _cursor=cur, _qmark=True))
-                cur.execute("COMMIT")
-            except fsops.NeedsOrm:
-                cur.execute("ROLLBACK")
+            except (fsops.NeedsOrm, sqlite3.OperationalError):
+                self._rollback()  # the queued path runs it with the ORM, retries it, or reports the error
                 return False, None
             except BaseException:
-                if self._writer.in_transaction:
-                    cur.execute("ROLLBACK")
+                self._rollback()
                 raise
+            try:
+                cur.execute("COMMIT")
+            except sqlite3.OperationalError:  # e.g. SQLITE_BUSY at commit outside WAL mode: retried queued
+                self._rollback()
+                return False, None
             return True, value
         finally:
             cur.close()
+
+    def _rollback(self) -> None:
+        """Leave the inline writer outside any transaction, reopening it if it cannot roll back."""
+        assert self._writer is not None
+        try:
+            if self._writer.in_transaction:
+                self._writer.execute("ROLLBACK")
+        except sqlite3.Error:
+            logger.warning("the inline SQLite writer could not roll back: reopening it", exc_info=True)
+            with contextlib.suppress(sqlite3.Error):
+                self._writer.close()
+            self._writer = self._open_writer()
 
     async def _group_write(self, body: Callable[[Session], Any]) -> Any:
         """SQLite has one writer at a time, so the writes waiting in this process go together: one
@@ -386,13 +411,27 @@ class MetaApp:
         """Collect sessions whose lease lapsed, remove GC'd files' chunks, expire the trash; until stopped."""
         root = Caller(0, (0,), "meta", is_root=True)
         while not stop.is_set():
-            for job in (self.collect_sessions, self.run_gc, self.expire_trash):
+            for job in (self.collect_sessions, self.run_gc, self.expire_trash, self.checkpoint_wal):
                 try:
                     await job(root)
                 except Exception:
                     logger.exception("background %s failed", job.__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.options.background_interval_s)
+
+    async def checkpoint_wal(self, _root: Caller) -> int:
+        """Copy the SQLite WAL back into the database (the inline writer never does), in a worker thread: it
+        fsyncs. PASSIVE: it waits for no reader or writer. Returns the pages copied (0 without inline writes)."""
+        if self._writer is None:
+            return 0
+
+        def checkpoint() -> int:
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False)
+            busy, _log, copied = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            return int(copied) if not busy else 0
+
+        return await asyncio.to_thread(checkpoint)
 
     async def collect_sessions(self, root: Caller) -> int:
         expired = await self.store.arun(lambda s: fsops.expired_sessions(s, time.time()), read_only=True)

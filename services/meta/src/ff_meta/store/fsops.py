@@ -116,6 +116,23 @@ _RAW_UNLINK = _raw("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?")
 _RAW_ANY_CHILD = _raw("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
 _RAW_ANY_SESSION = _raw("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
 _COL_SET = frozenset(_COLS)
+# QuotaRow's fields, in its order; usage never goes below 0 (a portable MAX(0, x) for SQLite and PostgreSQL).
+_QUOTA_COLS = ("inode_id", "max_bytes", "max_inodes", "used_bytes", "used_inodes", "reserved_bytes")
+_RAW_CHARGE = _raw(
+    "UPDATE meta_quotas SET used_bytes = CASE WHEN used_bytes + ? < 0 THEN 0 ELSE used_bytes + ? END, "
+    "used_inodes = used_inodes + ?, "
+    "reserved_bytes = CASE WHEN reserved_bytes + ? < 0 THEN 0 ELSE reserved_bytes + ? END WHERE inode_id = ?"
+)
+_RAW_SESSION_OWNER = _raw("SELECT inode_id, client_id, write_limit FROM meta_sessions WHERE session_id = ?")
+_RAW_INSERT_SESSION = _raw(
+    "INSERT INTO meta_sessions (session_id, client_id, inode_id, uid, write_limit, reported_length, "
+    "lease_expires_at, quota_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+@functools.cache
+def _quota_rows_sql(count: int) -> tuple[str, str]:
+    return _raw(f"SELECT {', '.join(_QUOTA_COLS)} FROM meta_quotas WHERE inode_id IN ({', '.join('?' * count)})")
 
 
 @functools.cache
@@ -352,8 +369,11 @@ class Tx:
         if dir_inode is None or not self.any_quota():
             return []
         ids = self.ancestors(dir_inode)
-        rows = {r.inode_id: r for r in self.session.execute(sa.select(quotas).where(quotas.c.inode_id.in_(ids)))}
-        return [QuotaRow(**rows[i]._mapping) for i in ids if i in rows]
+        rows = {q.inode_id: q for q in self._quota_rows(ids)}
+        return [rows[i] for i in ids if i in rows]
+
+    def _quota_rows(self, ids: Sequence[int]) -> list[QuotaRow]:
+        return [QuotaRow(*row) for row in self.fetch_all(_quota_rows_sql(len(ids)), tuple(ids))]
 
     def charge(self, chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0, dreserved: int = 0,
                enforce: bool = True) -> None:  # fmt: skip
@@ -370,24 +390,24 @@ class Tx:
                                                       f"({q.used_bytes + q.reserved_bytes}+{grow}"
                                                       f"/{q.max_bytes})")  # fmt: skip
         for q in chain:
-            self.session.execute(sa.update(quotas).where(quotas.c.inode_id == q.inode_id).values(
-                used_bytes=sa.func.max(0, quotas.c.used_bytes + dbytes) if self._sqlite else
-                sa.func.greatest(0, quotas.c.used_bytes + dbytes),
-                used_inodes=quotas.c.used_inodes + dinodes,
-                reserved_bytes=sa.func.max(0, quotas.c.reserved_bytes + dreserved) if self._sqlite else
-                sa.func.greatest(0, quotas.c.reserved_bytes + dreserved),
-            ))  # fmt: skip
-
-    @property
-    def _sqlite(self) -> bool:
-        return self.session.get_bind().dialect.name == "sqlite"
+            self._fetch(_RAW_CHARGE, (dbytes, dbytes, dinodes, dreserved, dreserved, q.inode_id), fetch=False)
 
     def quota_ids_of(self, ids: str) -> list[QuotaRow]:
         wanted = [int(x) for x in ids.split(",") if x]
-        if not wanted:
-            return []
-        rows = self.session.execute(sa.select(quotas).where(quotas.c.inode_id.in_(wanted)))
-        return [QuotaRow(**r._mapping) for r in rows]
+        return self._quota_rows(wanted) if wanted else []
+
+    # ---- write sessions ----
+
+    def session_owner(self, session_id: str) -> tuple[int, str, int | None] | None:
+        """(inode id, client id, write limit) of an open write session."""
+        row = self._fetch(_RAW_SESSION_OWNER, (session_id,))
+        return None if row is None else (int(row[0]), str(row[1]), None if row[2] is None else int(row[2]))
+
+    def insert_session(self, session_id: str, client_id: str, inode: Inode, write_limit: int | None,
+                       expires_at: float, chain: Sequence[QuotaRow]) -> None:  # fmt: skip
+        quota_ids = ",".join(str(q.inode_id) for q in chain)
+        self._fetch(_RAW_INSERT_SESSION, (session_id, client_id, inode.inode_id, self.caller.uid, write_limit,
+                                          inode.length, expires_at, quota_ids), fetch=False)  # fmt: skip
 
     def subtree_usage(self, root: Inode) -> tuple[int, int]:
         """(bytes, inodes) of a tree: file lengths and every inode, the root included."""
@@ -593,17 +613,15 @@ def open_session(tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, c
                  defaults: Defaults, expires_at: float) -> SessionInfo:  # fmt: skip
     if not session_id or not client_id or len(session_id) > 64 or len(client_id) > 64:
         raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id (at most 64 chars)")
-    row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
-    if row is not None:
-        if row.inode_id != inode.inode_id or row.client_id != client_id:
+    owner = tx.session_owner(session_id)
+    if owner is not None:
+        owner_inode, owner_client, write_limit = owner
+        if owner_inode != inode.inode_id or owner_client != client_id:
             raise fs_error(FsCode.BAD_SESSION, f"session {session_id} belongs to another file or client")
-        have = NO_LIMIT if row.write_limit is None else int(row.write_limit)
+        have = NO_LIMIT if write_limit is None else write_limit
         return SessionInfo(session_id, client_id, inode.inode_id, have, defaults.lease_s)
     limit = inode.length if chain else None
-    tx.session.execute(sa.insert(sessions).values(
-        session_id=session_id, client_id=client_id, inode_id=inode.inode_id, uid=tx.caller.uid, write_limit=limit,
-        reported_length=inode.length, lease_expires_at=expires_at, quota_ids=",".join(str(q.inode_id) for q in chain),
-    ))  # fmt: skip
+    tx.insert_session(session_id, client_id, inode, limit, expires_at, chain)
     return SessionInfo(session_id, client_id, inode.inode_id, NO_LIMIT if limit is None else limit, defaults.lease_s)
 
 

@@ -1,5 +1,6 @@
 """Meta's write paths on SQLite: inline on the event loop when the write lock is free, queued for the group
-writer when it is not or when the body needs the ORM session; either way all or nothing."""
+writer when it is not or when the body needs the ORM session; either way all or nothing. The WAL is
+checkpointed off the loop; with synchronous FULL every write is queued (its fsync off the loop too)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,11 @@ class Spy:
 
 
 @pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[MetaApp]:
+async def app(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[MetaApp]:
     store = open_store(f"sqlite:///{tmp_path / 'meta.db'}", MIGRATIONS, VERSION_TABLE)
     mgmtd = MgmtdClient(["127.0.0.1:1"], token="unused")  # never called: these writes need no routing
-    meta = MetaApp(store, mgmtd, MetaOptions(cluster_token="t"))
+    synchronous = getattr(request, "param", "NORMAL")
+    meta = MetaApp(store, mgmtd, MetaOptions(cluster_token="t", sqlite_synchronous=synchronous))
     await meta.tx(ALICE, lambda t: fsops.mkdirs(t, PathAt(0, "/d"), 0o777, False, None, [900]))
     try:
         yield meta
@@ -60,7 +62,7 @@ def create(path: str, inode_id: int) -> Any:
 
 
 async def names(app: MetaApp) -> list[str]:
-    entries = await app.tx(ALICE, lambda t: fsops.list_dir(t, PathAt(0, "/d"), 100, "", False), read_only=True)
+    entries = await app.tx(ALICE, lambda t: fsops.list_dir(t, PathAt(0, "/d"), 1000, "", False), read_only=True)
     return [e[0] for e in entries[0]]
 
 
@@ -117,3 +119,32 @@ async def test_a_failing_body_changes_nothing(app: MetaApp, tmp_path: Path, lock
     assert err.value.fs_code is FsCode.QUOTA_EXCEEDED
     assert lock_free or time.monotonic() - started >= 0.2
     assert await names(app) == []
+
+
+async def test_writes_in_a_quota_tree_and_write_sessions_stay_inline(app: MetaApp) -> None:
+    root = Caller(0, (0,), "root", is_root=True)
+    await app.tx(root, lambda t: fsops.set_quota(t, PathAt(0, "/d"), 1 << 30, 10))
+    spy = Spy(app)
+    await app.tx(ALICE, create("/d/q", (1 << 20) + 4))
+    inode = await app.tx(ALICE, lambda t: fsops.open_file(t, PathAt(0, "/d/q"), True, False))
+    session = await app.tx(ALICE, lambda t: fsops.open_session(t, inode[0], inode[1], "s1", "c1", DEFAULTS, 1e12))
+    assert spy.queued == 0 and session.inode_id == (1 << 20) + 4
+    [(quota, _)] = await app.tx(ALICE, lambda t: fsops.get_quota(t, PathAt(0, "/d")), read_only=True)
+    assert quota.used_inodes == 2  # the directory itself and the new file
+
+
+async def test_the_inline_writer_leaves_the_wal_to_the_checkpoint(app: MetaApp, tmp_path: Path) -> None:
+    for i in range(200):
+        await app.tx(ALICE, create(f"/d/w{i}", (1 << 20) + 100 + i))
+    wal = tmp_path / "meta.db-wal"
+    assert wal.stat().st_size > 1000 * 4096  # past the 1000-page autocheckpoint: the writer did not checkpoint
+    root = Caller(0, (0,), "root", is_root=True)
+    assert await app.checkpoint_wal(root) > 1000
+    assert len(await names(app)) == 200
+
+
+@pytest.mark.parametrize("app", ["FULL"], indirect=True)
+async def test_with_synchronous_full_every_write_is_queued(app: MetaApp) -> None:
+    spy = Spy(app)
+    await app.tx(ALICE, create("/d/f", (1 << 20) + 5))
+    assert spy.queued == 1 and await names(app) == ["f"]

@@ -1,0 +1,56 @@
+"""Ports picked for servers: free, distinct, and never from the range outgoing connections draw from."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from ff_config import ports
+
+EPHEMERAL_LOW = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
+
+def free_run(length: int) -> int:
+    """The first of ``length`` consecutive ports free now, below the ephemeral range."""
+    for base in range(ports._LOWEST + 5000, EPHEMERAL_LOW - length, 97):
+        if not any(ports.port_in_use(p) for p in range(base, base + length)):
+            return base
+    raise AssertionError("no run of free ports below the ephemeral range")
+
+
+def test_picked_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    picked = ports.pick_free_ports(20)
+    assert len(set(picked)) == 20
+    assert all(ports._LOWEST <= p < EPHEMERAL_LOW for p in picked)
+    for port in picked:
+        assert not ports.port_in_use(port)
+
+
+def test_excluded_ports_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = free_run(4)
+    monkeypatch.setattr(ports, "_listener_range", lambda: (base, base + 3))
+    assert sorted(ports.pick_free_ports(2, exclude={base, base + 1})) == [base + 2, base + 3]
+
+
+def test_a_listening_port_is_in_use_and_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = free_run(2)
+    with socket.socket() as listener:
+        listener.bind((ports.LOOPBACK, base))
+        listener.listen()
+        assert ports.port_in_use(base)
+        monkeypatch.setattr(ports, "_listener_range", lambda: (base, base + 1))
+        assert ports.pick_free_ports(1) == [base + 1]
+
+
+def test_no_room_is_a_clear_error_and_leaks_no_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = free_run(2)
+    open_before = len(list(Path("/proc/self/fd").iterdir()))
+    with socket.socket() as listener:
+        listener.bind((ports.LOOPBACK, base))
+        listener.listen()
+        monkeypatch.setattr(ports, "_listener_range", lambda: (base, base + 1))
+        with pytest.raises(OSError, match="no 2 free TCP ports"):
+            ports.pick_free_ports(2)
+    assert len(list(Path("/proc/self/fd").iterdir())) == open_before
