@@ -136,32 +136,29 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 60
 
 async def wait_task(client: Any, task_id: int, *states: int, timeout_s: float = 60.0) -> pb.Task:
     """The task once it is in one of ``states`` (``client``: a SchedulerService caller with ``call``/``user``)."""
-    found: list[pb.Task] = []
-
-    async def reached() -> bool:
-        resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id, include_runs=True))
-        found[:] = [resp.task]
-        return resp.task.state in states
-
-    try:
-        await eventually(reached, timeout_s, f"task {task_id} in {states}")
-    except TimeoutError:
-        raise TimeoutError(f"task {task_id} did not reach {states}: {found[0] if found else None}") from None
-    return found[0]
+    return await _wait_for_task(client, task_id, lambda t: t.state in states, f"in {states}", timeout_s)
 
 
 async def wait_run_running(client: Any, task_id: int, timeout_s: float = 60.0) -> pb.Task:
     """The task once its current run is RUNNING on every node (a task is RUNNING as soon as it is scheduled,
     before any agent has started its run)."""
+    return await _wait_for_task(
+        client, task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING, "with its run running", timeout_s
+    )
+
+
+async def _wait_for_task(
+    client: Any, task_id: int, condition: Callable[[pb.Task], bool], what: str, timeout_s: float
+) -> pb.Task:
     found: list[pb.Task] = []
 
-    async def started() -> bool:
-        resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id))
+    async def reached() -> bool:
+        resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id, include_runs=True))
         found[:] = [resp.task]
-        return bool(resp.task.current_run.state == pb.RUN_STATE_RUNNING)
+        return condition(resp.task)
 
     try:
-        await eventually(started, timeout_s, f"task {task_id}'s run running")
+        await eventually(reached, timeout_s, f"task {task_id} {what}")
     except TimeoutError:
-        raise TimeoutError(f"the run of task {task_id} did not start: {found[0] if found else None}") from None
+        raise TimeoutError(f"task {task_id} not {what}: {found[0] if found else None}") from None
     return found[0]

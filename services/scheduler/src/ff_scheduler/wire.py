@@ -35,9 +35,10 @@ def task_request(spec: pb.TaskSpec) -> TaskRequest:
 
 
 def _failure_pb(data: dict[str, Any] | None) -> pb.RunFailure | None:
+    """A stored failure (see ``store.ticks.failure_to_json``); keys of a newer version are ignored."""
     if not data:
         return None
-    return pb.RunFailure(**data)
+    return pb.RunFailure(**{k: v for k, v in data.items() if k in pb.RunFailure.DESCRIPTOR.fields_by_name})
 
 
 def run_to_proto(run: Any, nodes_of_run: list[Any] | None = None) -> pb.Run:

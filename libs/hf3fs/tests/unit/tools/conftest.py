@@ -208,8 +208,9 @@ class LocalFs:
 
     def trash_list(self) -> list[TrashEntry]:
         return [
-            TrashEntry(e.name, (e / "origin").read_text(), 0, 0, (e / "item").lstat().st_ino, (e / "item").is_dir())
+            TrashEntry(e.name, (e / "origin").read_text(), 0, 0, st.st_ino, statmod.S_ISDIR(st.st_mode))
             for e in sorted(self.trash.iterdir())
+            for st in [(e / "item").lstat()]
         ]
 
     def trash_restore(self, entry_id: str) -> str:

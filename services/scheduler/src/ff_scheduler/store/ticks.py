@@ -4,7 +4,7 @@ from, and list the orders the agents should have (what active runs want of each 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import CursorResult, and_, insert, select, update
@@ -42,10 +42,15 @@ def node_state(row: Any) -> NodeState:
     return NodeState.READY
 
 
+_FAILURE_FIELDS = frozenset(f.name for f in fields(Failure))
+
+
 def failure_from_json(data: dict[str, Any] | None) -> Failure | None:
+    """A stored failure; keys of a newer version are ignored, missing ones (an older row) take their default."""
     if not data:
         return None
-    return Failure(**{**data, "failure_class": FailureClass(data.get("failure_class", 0))})
+    known = {k: v for k, v in data.items() if k in _FAILURE_FIELDS}
+    return Failure(**{**known, "failure_class": FailureClass(data.get("failure_class", 0))})
 
 
 def failure_to_json(failure: Failure | None) -> dict[str, Any] | None:

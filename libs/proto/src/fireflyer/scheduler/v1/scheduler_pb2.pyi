@@ -353,7 +353,8 @@ class RunFailure(_message.Message):
     """The error summary (the rank's error file, or the last lines of its log)."""
     hang: _builtins.bool
     """The rank did not fail by itself: its agent found it hung (behind the others' collective past the
-    threshold). The run ends with RUN_END_REASON_HANG_DETECTED.
+    threshold). When this is the run's root cause (the earliest failure), the run ends with
+    RUN_END_REASON_HANG_DETECTED.
     """
     def __init__(
         self,
