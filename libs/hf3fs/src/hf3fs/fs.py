@@ -80,6 +80,7 @@ class Stat:
     chunk_size: int = 0
     stripe_size: int = 0
     chain_table_id: int = 0
+    write_sessions: int = 0  # open write sessions of a file (stat() counts them; other calls leave 0)
 
     @property
     def st_mode(self) -> int:
@@ -100,7 +101,7 @@ class Stat:
             inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
             size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
             symlink_target=i.symlink_target, chunk_size=i.layout.chunk_size_bytes, stripe_size=i.layout.stripe_size,
-            chain_table_id=i.layout.chain_table_id,
+            chain_table_id=i.layout.chain_table_id, write_sessions=i.num_write_sessions,
         )  # fmt: skip
 
 

@@ -99,8 +99,10 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.StatFsResponse(capacity_bytes=cap, used_bytes=used, free_bytes=max(0, cap - used), num_inodes=count)
 
     async def Stat(self, request: pb.StatRequest, context: Context) -> pb.StatResponse:
-        inode = self._app.read(caller(), lambda t: fsops.stat(t, at(request.path), request.follow_last_symlink))
-        return pb.StatResponse(inode=to_pb(inode))
+        inode, sessions = self._app.read(
+            caller(), lambda t: fsops.stat_with_sessions(t, at(request.path), request.follow_last_symlink)
+        )
+        return pb.StatResponse(inode=to_pb(inode, sessions))
 
     async def BatchStat(self, request: pb.BatchStatRequest, context: Context) -> pb.BatchStatResponse:
         if len(request.paths) > MAX_BATCH:

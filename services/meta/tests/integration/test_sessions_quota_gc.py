@@ -82,12 +82,14 @@ def test_killed_writer_session_collected_length_exact_then_gc(cluster: MetaClust
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == b"written"
+            assert fs.stat(path).write_sessions == 1  # the writer's, open
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
     # The writer never closed: meta collects its session when the lease lapses, with the length from storage.
     _wait(lambda: fs.stat(path).size == size, LEASE_S * 4 + 10, "the dead writer's session to be collected")
     st = fs.stat(path)
+    assert st.write_sessions == 0
     with fs.open(path, "rb") as f:
         assert f.read() == b"k" * size
     chains = _chains_of(fs, st)

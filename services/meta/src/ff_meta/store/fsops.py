@@ -115,6 +115,7 @@ _RAW_ANY_QUOTA = _raw("SELECT inode_id FROM meta_quotas LIMIT 1")
 _RAW_UNLINK = _raw("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?")
 _RAW_ANY_CHILD = _raw("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
 _RAW_ANY_SESSION = _raw("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
+_RAW_COUNT_SESSIONS = _raw("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ?")
 _COL_SET = frozenset(_COLS)
 # QuotaRow's fields, in its order; usage never goes below 0 (a portable MAX(0, x) for SQLite and PostgreSQL).
 _QUOTA_COLS = ("inode_id", "max_bytes", "max_inodes", "used_bytes", "used_inodes", "reserved_bytes")
@@ -265,6 +266,10 @@ class Tx:
 
     def has_sessions(self, inode_id: int) -> bool:
         return self._fetch(_RAW_ANY_SESSION, (inode_id,)) is not None
+
+    def count_sessions(self, inode_id: int) -> int:
+        row = self._fetch(_RAW_COUNT_SESSIONS, (inode_id,))
+        return int(row[0]) if row is not None else 0
 
     # ---- paths ----
 
@@ -544,6 +549,12 @@ def stat(tx: Tx, at: PathAt, follow_last: bool) -> Inode:
     inode = tx.existing(at, follow_last=follow_last).inode
     assert inode is not None
     return inode
+
+
+def stat_with_sessions(tx: Tx, at: PathAt, follow_last: bool) -> tuple[Inode, int]:
+    """The inode and, for a file, how many write sessions it has open."""
+    inode = stat(tx, at, follow_last)
+    return inode, (tx.count_sessions(inode.inode_id) if inode.is_file else 0)
 
 
 def batch_stat(tx: Tx, ats: Sequence[PathAt], follow_last: bool) -> list[Inode | FsError]:

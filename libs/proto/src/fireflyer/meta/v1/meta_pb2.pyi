@@ -237,7 +237,9 @@ class Inode(_message.Message):
     symlink_target: _builtins.str
     """Symlinks only."""
     num_write_sessions: _builtins.int
-    """Files only: number of open write sessions."""
+    """Files only: number of open write sessions. Filled by Stat; 0 in the other answers (BatchStat, List,
+    Create, ...), which skip the count.
+    """
     @_builtins.property
     def layout(self) -> Global___Layout:
         """Files: the layout; directories: the default layout of new children; symlinks: unset."""
