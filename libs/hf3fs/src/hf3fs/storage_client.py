@@ -492,8 +492,9 @@ class StorageClient:
             return [sinks[i][1] for i in order]
 
         into = [memoryview(b)[: ios[i].length] if (b := ios[i].buffer) is not None else None for i, _ in members]
-        async with self.rts, asyncio.timeout(self._timeout_s):  # sending the read is the grant to send
-            _, checksums = await self._data.read(node.data, request.SerializeToString(), layout, into)
+        async with self.rts:  # sending the read is the grant to send
+            async with asyncio.timeout(self._timeout_s):  # the node's answer, not the wait for a grant
+                _, checksums = await self._data.read(node.data, request.SerializeToString(), layout, into)
         resp, sinks, order = got[0]
         return resp, sinks, dict(zip(order, checksums, strict=True)) if checksums is not None else {}
 
