@@ -54,6 +54,9 @@ class MountOptions:
     attr_timeout_s: float = 1.0
 
 
+_STAT_ATTEMPTS = 8
+
+
 @dataclass
 class _Handle:
     file: IO[bytes]
@@ -109,6 +112,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._by_inode: dict[int, set[int]] = {}
         self._next_fh = 1
         self._lock = threading.Lock()
+        self._releases = 0  # writable handles released so far (each after its close made the length exact)
 
     # ---- handles ----
 
@@ -140,6 +144,25 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     # ---- attributes ----
 
+    def _stat(self, path: str) -> dict[str, Any]:
+        """Attributes of ``path``: meta's, with a file's size raised to what open handles here have written.
+
+        A writer's release makes the length exact on meta and only then drops the handle. Should one finish
+        between the meta stat and the look at the handles, both would miss its bytes (a size the kernel then
+        caches: git met "object file is empty" that way), so the stat is taken again (a few times at most:
+        under a storm of releases elsewhere the last answer stands)."""
+        for _ in range(_STAT_ATTEMPTS):
+            with self._lock:
+                releases = self._releases
+            st = self.fs.lstat(path)
+            attrs = self._attrs(st)
+            if st.type != "file":
+                return attrs
+            with self._lock:
+                if self._releases == releases:
+                    return attrs
+        return attrs
+
     def _attrs(self, st: Any) -> dict[str, Any]:
         size = st.size
         if st.type == "file":
@@ -169,7 +192,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_fuse_errors
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        return self._attrs(self.fs.lstat(path))
+        return self._stat(path)
 
     @_fuse_errors
     def readdir(self, path: str, fh: int) -> list[Any]:
@@ -368,6 +391,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         finally:
             with self._lock:
                 self._handles.pop(fh, None)
+                self._releases += h.writable
                 fhs = self._by_inode.get(h.inode_id, set())
                 fhs.discard(fh)
                 if not fhs:

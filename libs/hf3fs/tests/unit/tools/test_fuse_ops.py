@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
+from typing import Any
 
 import pytest
 
@@ -39,6 +41,27 @@ def test_write_read_and_size_while_buffered(ops: Hf3fsOperations, local_fs: Loca
     with pytest.raises(mfusepy.FuseOSError) as exc:
         ops.read("/f", 1, 0, fh)
     assert exc.value.errno == errno.EBADF
+
+
+def test_a_release_between_the_meta_stat_and_the_handles_is_not_missed(
+    ops: Hf3fsOperations, local_fs: LocalFs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fh = ops.create("/g", 0o644, os.O_WRONLY)
+    ops.write("/g", b"hello", 0, fh)
+    real_lstat = local_fs.lstat
+    seen: list[int] = []
+
+    def racing_lstat(path: str) -> Any:
+        st = real_lstat(path)
+        if not seen:  # meta answers from before the close; then the writer's release finishes, handle gone
+            ops.release("/g", fh)
+            st = dataclasses.replace(st, size=0)
+        seen.append(st.size)
+        return st
+
+    monkeypatch.setattr(local_fs, "lstat", racing_lstat)
+    assert ops.getattr("/g")["st_size"] == 5  # not the stale 0 that neither the stat nor the handles showed
+    assert seen == [0, 5]
 
 
 def test_truncate_and_o_trunc(ops: Hf3fsOperations, local_fs: LocalFs) -> None:
