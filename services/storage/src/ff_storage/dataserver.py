@@ -55,15 +55,17 @@ class _Staged:
 
 @dataclass
 class TransferBoxes:
-    """Inbox (bytes pushed for a coming write) and outbox (bytes a read staged for its reader)."""
+    """Inbox (bytes pushed for a coming write) and outbox (bytes a read staged for its reader). What nobody
+    takes or claims within ``ttl_s`` (a write refused before it looked for its bytes, bytes that came after
+    the write gave up waiting, a reader that went away) is dropped at the next deposit or stage."""
 
     ttl_s: float = 30.0
-    _inbox: dict[str, tuple[str, bytearray]] = field(default_factory=dict)
+    _inbox: dict[str, tuple[str, bytearray, float]] = field(default_factory=dict)
     _waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     _outbox: dict[str, _Staged] = field(default_factory=dict)
 
     def deposit(self, transfer_id: str, owner: str, data: bytearray) -> None:
-        self._inbox[transfer_id] = (owner, data)
+        self._inbox[transfer_id] = (owner, data, time.monotonic() + self.ttl_s)
         waiter = self._waiters.pop(transfer_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -99,6 +101,8 @@ class TransferBoxes:
         now = time.monotonic()
         for tid in [t for t, s in self._outbox.items() if s.expires_at < now]:
             del self._outbox[tid]
+        for tid in [t for t, (_owner, _data, expires_at) in self._inbox.items() if expires_at < now]:
+            del self._inbox[tid]
 
 
 class DataServer:
