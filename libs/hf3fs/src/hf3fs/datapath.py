@@ -308,6 +308,8 @@ class DataConnection:
             sock = await self._connect()
             await self._map(sock, regions)
             return sock
+        except DataRefused:  # the token (or its check) failed: not a reason to give shared memory up
+            raise
         except (OSError, DataPathError) as exc:
             raise ShmUnavailable(f"shared memory with {self.address}: {exc}") from exc
 

@@ -209,7 +209,8 @@ class FileSystem:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled, a FileSystem is its arguments: unpickling connects again (a new client with its own
-        sessions; files open here stay here)."""
+        sessions; files open here stay here). The pickle holds the token in clear, like the arguments it was
+        made with: hand it to worker processes, do not store it."""
         addresses, token, meta_addresses, timeout_s, renew_interval_s = self._args
         return _reconnect, (addresses, token, meta_addresses, timeout_s, renew_interval_s)
 

@@ -449,7 +449,9 @@ class StorageClient:
         request = spb.BatchReadRequest(ios=requests, transport=transport)
         crcs: dict[int, int] = {}
         try:
-            if bulk and await self._data.reads_direct(node.data):
+            async with asyncio.timeout(self._timeout_s):  # a node that accepts but never answers fails over
+                direct = bulk and await self._data.reads_direct(node.data)
+            if direct:
                 resp, sinks, crcs = await self._read_direct(node, request, ios, members)
             else:
                 resp = await self._batch_read_call(node, request)

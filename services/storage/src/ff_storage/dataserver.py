@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from ff_rpc import Principal, TokenValidator, Unauthenticated
 from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token, set_current_principal
 from hf3fs.datapath import (
@@ -60,12 +62,13 @@ class TransferBoxes:
     the write gave up waiting, a reader that went away) is dropped at the next deposit or stage."""
 
     ttl_s: float = 30.0
+    clock: Callable[[], float] = time.monotonic
     _inbox: dict[str, tuple[str, bytearray, float]] = field(default_factory=dict)
     _waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     _outbox: dict[str, _Staged] = field(default_factory=dict)
 
     def deposit(self, transfer_id: str, owner: str, data: bytearray) -> None:
-        self._inbox[transfer_id] = (owner, data, time.monotonic() + self.ttl_s)
+        self._inbox[transfer_id] = (owner, data, self.clock() + self.ttl_s)
         waiter = self._waiters.pop(transfer_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -87,7 +90,7 @@ class TransferBoxes:
 
     def stage(self, transfer_id: str, owner: str, parts: Sequence[Buffer]) -> int:
         length = sum(len(p) for p in parts)
-        self._outbox[transfer_id] = _Staged(owner, parts, length, time.monotonic() + self.ttl_s)
+        self._outbox[transfer_id] = _Staged(owner, parts, length, self.clock() + self.ttl_s)
         self._expire()
         return length
 
@@ -98,7 +101,7 @@ class TransferBoxes:
         return self._outbox.pop(transfer_id)
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for tid in [t for t, s in self._outbox.items() if s.expires_at < now]:
             del self._outbox[tid]
         for tid in [t for t, (_owner, _data, expires_at) in self._inbox.items() if expires_at < now]:
@@ -176,6 +179,17 @@ class DataServer:
                     tune_socket(sock)
             self._spawn(self._serve(sock, local))
 
+    async def _caller(self, token: str, sock: socket.socket) -> Principal | None:
+        """The token's principal, made this connection task's caller; or None after sending the refusal (the
+        connection then closes)."""
+        try:
+            principal = await self._authenticate(token)
+        except Exception as exc:
+            await _refuse(sock, exc)
+            return None
+        set_current_principal(principal)  # this connection's task only: the read handler's caller
+        return principal
+
     async def _authenticate(self, token: str) -> Principal:
         if is_cluster_token(token, self._cluster_token):
             return CLUSTER_PRINCIPAL
@@ -183,26 +197,40 @@ class DataServer:
             raise Unauthenticated("this node accepts only the cluster token")
         return await self._validator.validate(token)
 
+    async def _handshake(self, sock: socket.socket, local: bool) -> tuple[Principal, str] | None:
+        """The first frame: the caller and its token, answered with this node's version (2: serves ``read``)
+        and, to a client on this host, the AF_UNIX endpoint; or None once refused."""
+        hello = await recv_header(sock, PEER)
+        token = str(hello.get("token", ""))
+        if hello.get("op") != "auth":
+            await _refuse(sock, Unauthenticated("the first frame must authenticate"))
+            return None
+        principal = await self._caller(token, sock)
+        if principal is None:
+            return None
+        version = DATA_PATH_VERSION if self._read is not None else 1
+        answer: dict[str, object] = {"ok": True, "host": self.host, "version": version}
+        if not local and self.unix_name and hello.get("host") == self.host:
+            answer["unix"] = self.unix_name
+        await asyncio.get_running_loop().sock_sendall(sock, encode_header(answer))
+        return principal, token
+
     async def _serve(self, sock: socket.socket, local: bool) -> None:
-        loop = asyncio.get_running_loop()
         regions = SharedRegions() if local else None
         try:
-            hello = await recv_header(sock, PEER)
-            try:
-                if hello.get("op") != "auth":
-                    raise Unauthenticated("the first frame must authenticate")
-                principal = await self._authenticate(str(hello.get("token", "")))
-            except Exception as exc:
-                refusal = {"ok": False, "code": "UNAUTHENTICATED", "error": f"UNAUTHENTICATED: {exc}"}
-                await loop.sock_sendall(sock, encode_header(refusal))
+            caller = await self._handshake(sock, local)
+            if caller is None:
                 return
-            set_current_principal(principal)  # this connection's task only: the read handler's caller
-            answer: dict[str, object] = {"ok": True, "host": self.host, "version": DATA_PATH_VERSION}
-            if not local and self.unix_name and hello.get("host") == self.host:
-                answer["unix"] = self.unix_name
-            await loop.sock_sendall(sock, encode_header(answer))
+            principal, token = caller
             while True:
                 header = await recv_header(sock, PEER)
+                if header.get("op") == "read":
+                    # A read is authorized here alone (no gRPC call before it): the token is checked again
+                    # (cached by the validator), so a revoked or demoted token stops reading at once.
+                    again = await self._caller(token, sock)
+                    if again is None:
+                        return
+                    principal = again
                 if regions is not None and header.get("op") in ("map", "pull_shm"):
                     await self._shm_op(header, principal, sock, regions)
                 elif regions is not None and header.get("op") == "read" and "places" in header:
@@ -245,7 +273,7 @@ class DataServer:
         loop = asyncio.get_running_loop()
         op, tid = header.get("op"), str(header.get("transfer_id", ""))
         if op == "push":
-            length = int(str(header.get("length", 0)))
+            length = _int_field(header, "length")
             if not tid or not 0 <= length <= MAX_PUSH_BYTES:
                 raise DataPathError("bad push header")
             data = await _receive_payload(sock, length)
@@ -265,7 +293,7 @@ class DataServer:
     async def _serve_read(self, sock: socket.socket, header: dict[str, object], regions: SharedRegions | None = None
                           ) -> None:  # fmt: skip
         """A ``read``: its bytes follow the response, or (``places``, same host) go into the mapped regions."""
-        length = int(str(header.get("length", 0)))
+        length = _int_field(header, "length")
         if self._read is None or not 0 < length <= MAX_READ_REQUEST_BYTES:
             raise DataPathError("bad read header")
         request = bytearray(length)
@@ -277,6 +305,8 @@ class DataServer:
             response, found = await self._read(bytes(request))
             parts = [p for p in found if p is not None]
             if regions is not None:
+                if _peer_gone(sock):  # it gave up (and may have reused the places): write nothing
+                    raise ConnectionError("the reader closed its connection before its bytes were ready")
                 _place(found, dests)
                 parts = []
         except DataRefused as exc:
@@ -286,6 +316,33 @@ class DataServer:
             del dests
         answer = {"ok": True, "response": len(response), "length": sum(len(p) for p in parts)}
         await send_parts(sock, [encode_header(answer), response, *parts])
+
+
+async def _refuse(sock: socket.socket, exc: BaseException) -> None:
+    """Tell the client why its token was not taken: UNAUTHENTICATED (or the validator's own status), or
+    UNAVAILABLE when it could not be checked (mgmtd unreachable), which the client retries elsewhere."""
+    status = getattr(exc, "code", None)
+    code = status.name if isinstance(status, grpc.StatusCode) else "UNAVAILABLE"
+    await asyncio.get_running_loop().sock_sendall(
+        sock, encode_header({"ok": False, "code": code, "error": f"{code}: {exc}"})
+    )
+
+
+def _int_field(header: dict[str, object], name: str) -> int:
+    try:
+        return int(str(header.get(name, 0)))
+    except ValueError:
+        raise DataPathError(f"bad {name} in the header") from None
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether the client closed its end (a reader that timed out): its shared memory must not be written."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def _place(found: Sequence[Buffer | None], dests: Sequence[memoryview]) -> None:

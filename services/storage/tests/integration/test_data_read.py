@@ -4,6 +4,7 @@ written into the reader's mapped places."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -69,7 +70,8 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
     try:
         await admin.identity(lambda s: s.CreateUser,
                              mgmtd_pb2.CreateUserRequest(name="reader", role=common_pb2.ROLE_USER))  # fmt: skip
-        token = (await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="reader"))).token
+        issued = await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="reader"))
+        token = issued.token
     finally:
         await admin.close()
     key = capability_key(CLUSTER_TOKEN)
@@ -84,16 +86,35 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
         good = make_capability(key, INODE, False, expiry)
         assert [bytes(o.data) for o in await user.batch_read(reads(chain_id, 2, capability=good))] == blocks
         assert user._streams == {} and user.data_stats["tcp_pulls"] >= 1
+        # Revoked while its data-path connections stay open: each read checks the token again (the nodes cache
+        # mgmtd's answer for at most 5 s), so the open connections stop serving it.
+        admin = cluster.client()
+        try:
+            await admin.identity(lambda s: s.RevokeToken,
+                                 mgmtd_pb2.RevokeTokenRequest(token_id=issued.token_info.token_id))  # fmt: skip
+        finally:
+            await admin.close()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                await user.batch_read(reads(chain_id, 2, capability=good))
+            except StorageIoError as refused:
+                assert refused.code is grpc.StatusCode.UNAUTHENTICATED
+                break
+            assert time.monotonic() < deadline, "a revoked token still reads on its open connections"
+            await asyncio.sleep(0.5)
     finally:
         await user.close()
-    stranger = StorageClient(mg, "not-a-token", retry_deadline_s=2.0)
+    await mg.close()
+    routing = cluster.client()  # the reader's token is revoked: routing through the cluster's
+    stranger = StorageClient(routing, "not-a-token", retry_deadline_s=2.0)
     try:
         with pytest.raises(StorageIoError) as err:  # the data path's handshake refuses the token
             await stranger.batch_read(reads(chain_id, 1, capability=good))
         assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
     finally:
         await stranger.close()
-        await mg.close()
+        await routing.close()
 
 
 async def test_a_same_host_read_needs_one_mapped_place_per_io(cluster: StorageCluster, client: StorageClient) -> None:

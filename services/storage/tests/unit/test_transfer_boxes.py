@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-from ff_storage import dataserver
 from ff_storage.dataserver import TransferBoxes
 
 
@@ -16,15 +13,9 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(dataserver.time, "monotonic", c)
-    return c
-
-
-async def test_pushed_bytes_nobody_takes_are_dropped_after_the_ttl(clock: Clock) -> None:
-    boxes = TransferBoxes(ttl_s=30.0)
+async def test_pushed_bytes_nobody_takes_are_dropped_after_the_ttl() -> None:
+    clock = Clock()
+    boxes = TransferBoxes(ttl_s=30.0, clock=clock)
     boxes.deposit("refused-write", "alice", bytearray(b"never taken"))
     clock.now += 10
     boxes.deposit("young", "alice", bytearray(b"kept"))
@@ -35,8 +26,9 @@ async def test_pushed_bytes_nobody_takes_are_dropped_after_the_ttl(clock: Clock)
     assert await boxes.take("young", "alice", timeout_s=0) is None  # taken once
 
 
-async def test_staged_reads_nobody_claims_are_dropped_after_the_ttl(clock: Clock) -> None:
-    boxes = TransferBoxes(ttl_s=30.0)
+async def test_staged_reads_nobody_claims_are_dropped_after_the_ttl() -> None:
+    clock = Clock()
+    boxes = TransferBoxes(ttl_s=30.0, clock=clock)
     boxes.stage("gone-reader", "bob", [b"abc"])
     clock.now += 31
     boxes.deposit("any", "alice", bytearray(b"x"))  # any deposit or stage sweeps both boxes

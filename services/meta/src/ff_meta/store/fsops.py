@@ -115,7 +115,7 @@ _RAW_ANY_QUOTA = _raw("SELECT inode_id FROM meta_quotas LIMIT 1")
 _RAW_UNLINK = _raw("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?")
 _RAW_ANY_CHILD = _raw("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
 _RAW_ANY_SESSION = _raw("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
-_RAW_COUNT_SESSIONS = _raw("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ?")
+_RAW_COUNT_SESSIONS = _raw("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ? AND lease_expires_at > ?")
 _COL_SET = frozenset(_COLS)
 # QuotaRow's fields, in its order; usage never goes below 0 (a portable MAX(0, x) for SQLite and PostgreSQL).
 _QUOTA_COLS = ("inode_id", "max_bytes", "max_inodes", "used_bytes", "used_inodes", "reserved_bytes")
@@ -268,7 +268,8 @@ class Tx:
         return self._fetch(_RAW_ANY_SESSION, (inode_id,)) is not None
 
     def count_sessions(self, inode_id: int) -> int:
-        row = self._fetch(_RAW_COUNT_SESSIONS, (inode_id,))
+        """Write sessions of the inode whose lease holds (a lapsed one waits for collection, not counted)."""
+        row = self._fetch(_RAW_COUNT_SESSIONS, (inode_id, self.now_ns / 1e9))
         return int(row[0]) if row is not None else 0
 
     # ---- paths ----
