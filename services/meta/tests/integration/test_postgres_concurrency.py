@@ -168,6 +168,15 @@ def test_two_meta_instances_on_postgres_keep_the_tree_consistent(cluster: MetaCl
             for i in range(10):
                 fs.create(f"/c/failover/f{i}")
             assert fs.listdir("/c/failover") == [f"f{i}" for i in range(10)]
+            # Quotas and write sessions on PostgreSQL too (their statements share the SQLite fast path's SQL).
+            with hf3fs.connect(cluster.mgmtd, cluster.tokens["root"], meta_addresses=[metas[1].address]) as admin:
+                admin.set_quota("/c/failover", max_bytes=1 << 20, max_inodes=100)
+            with fs.open("/c/failover/w", "wb") as f:
+                f.write(b"q" * 1000)
+                assert fs.stat("/c/failover/w").write_sessions == 1
+            assert fs.stat("/c/failover/w").size == 1000 and fs.stat("/c/failover/w").write_sessions == 0
+            quota = fs.get_quota("/c/failover")
+            assert quota is not None and quota.used_inodes == 12 and quota.used_bytes == 1000, quota
         check_tree(engine)
     finally:
         engine.dispose()
