@@ -22,6 +22,9 @@ def test_an_older_row_reads_with_defaults_and_a_newer_one_ignores_unknown_keys()
     assert failure_from_json(older) == Failure(**{**HUNG.__dict__, "hang": False})
     newer = {**(failure_to_json(HUNG) or {}), "from_a_later_version": 1}
     assert failure_from_json(newer) == HUNG
+    later_class = {**(failure_to_json(HUNG) or {}), "failure_class": 99}  # a class this version does not know
+    got = failure_from_json(later_class)
+    assert got is not None and got.failure_class is FailureClass.UNSPECIFIED and got.message == HUNG.message
     msg = _failure_pb(newer)
     assert msg is not None and msg.hang
     assert failure_from_json(None) is None and _failure_pb({}) is None

@@ -50,7 +50,9 @@ def failure_from_json(data: dict[str, Any] | None) -> Failure | None:
     if not data:
         return None
     known = {k: v for k, v in data.items() if k in _FAILURE_FIELDS}
-    return Failure(**{**known, "failure_class": FailureClass(data.get("failure_class", 0))})
+    stored_class = data.get("failure_class", 0)
+    failure_class = FailureClass(stored_class) if stored_class in iter(FailureClass) else FailureClass.UNSPECIFIED
+    return Failure(**{**known, "failure_class": failure_class})
 
 
 def failure_to_json(failure: Failure | None) -> dict[str, Any] | None:
