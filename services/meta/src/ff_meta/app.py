@@ -20,7 +20,7 @@ from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.store import fsops
-from ff_meta.store.fsops import Defaults, LayoutSpec, PathAt, Tx
+from ff_meta.store.tx import Defaults, LayoutSpec, NeedsOrm, PathAt, Tx
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, StubPool
 from ff_store import Store, is_retryable
@@ -172,7 +172,7 @@ class MetaApp:
                 return False, None
             try:
                 value = fn(Tx(None, caller, now, _cursor=cur, _qmark=True))
-            except (fsops.NeedsOrm, sqlite3.OperationalError):
+            except (NeedsOrm, sqlite3.OperationalError):
                 self._rollback()  # the queued path runs it with the ORM, retries it, or reports the error
                 return False, None
             except BaseException:

@@ -12,7 +12,8 @@ from ff_meta.core.model import Inode
 from ff_meta.core.paths import split_path
 from ff_meta.core.perms import Caller, R, allowed
 from ff_meta.store import fsops
-from ff_meta.store.fsops import AttrChange, LayoutSpec, PathAt, QuotaRow, SessionInfo, Tx
+from ff_meta.store.fsops import AttrChange
+from ff_meta.store.tx import LayoutSpec, PathAt, QuotaRow, SessionInfo, Tx
 from ff_rpc import current_principal
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc

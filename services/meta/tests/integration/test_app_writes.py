@@ -20,8 +20,8 @@ from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.server import MIGRATIONS
 from ff_meta.store import fsops
-from ff_meta.store.fsops import Defaults, LayoutSpec, PathAt, Tx
 from ff_meta.store.schema import VERSION_TABLE
+from ff_meta.store.tx import Defaults, LayoutSpec, PathAt, Tx
 from ff_store import open_store
 
 ALICE = Caller(1000, (1000,), "alice")

@@ -15,8 +15,8 @@ from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.server import MIGRATIONS
 from ff_meta.store import fsops
-from ff_meta.store.fsops import Defaults, LayoutSpec, PathAt, Tx
 from ff_meta.store.schema import VERSION_TABLE
+from ff_meta.store.tx import Defaults, LayoutSpec, PathAt, Tx
 from ff_store import Store, open_store
 
 T = TypeVar("T")

@@ -1,0 +1,492 @@
+"""The transaction of a file-system operation (``Tx``: the caller, the clock, the rows it reads and writes)
+and the value types the operations take and return.
+
+Hot-path rows go straight through the DB-API cursor of the transaction's connection with the raw SQL here
+(``raw_sql``: SQLite's and psycopg's parameter styles); the rest through the ORM session. A ``Tx`` without a
+session (meta's inline SQLite writer and readers) has only the cursor: a helper that needs the session
+raises ``NeedsOrm``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from ff_meta.core.errors import FsCode, fs_error
+from ff_meta.core.model import ROOT_INODE_ID, Inode, InodeType
+from ff_meta.core.paths import MAX_SYMLINK_HOPS, split_path
+from ff_meta.core.perms import Caller, X, require
+from ff_meta.store.schema import dirents, gc_queue, inodes
+
+MAX_LINKS = 65000
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 64 * 1024 * 1024
+_COLS = [c.name for c in inodes.columns]
+
+
+@dataclass(frozen=True)
+class PathAt:
+    parent_id: int
+    path: str
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    chain_table_id: int = 0
+    chunk_size: int = 0
+    stripe_size: int = 0
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What new files get when no directory up the tree says otherwise, and the chain tables known now."""
+
+    layout: LayoutSpec
+    tables: dict[int, tuple[int, int]]  # table id -> (version, number of chains)
+    lease_s: float
+
+
+@dataclass
+class Resolved:
+    inode: Inode | None
+    parent: Inode | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    client_id: str
+    inode_id: int
+    write_limit: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    inode_id: int
+    max_bytes: int
+    max_inodes: int
+    used_bytes: int
+    used_inodes: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class TrashRow:
+    trash_id: str
+    inode_id: int
+    type: InodeType
+    uid: int
+    original_path: str
+    removed_at_ns: int
+    expires_at_ns: int
+
+
+@dataclass(frozen=True)
+class GcJob:
+    inode_id: int
+    chain_table_id: int
+    stripe_size: int
+    chain_begin: int
+    shuffle_seed: int
+    attempts: int
+
+
+def raw_sql(sql: str) -> tuple[str, str]:
+    """The statement for qmark (SQLite) and format (psycopg) parameter styles."""
+    return sql, sql.replace("?", "%s")
+
+
+SELECT_INODE_COLS = ", ".join(f"i.{c}" for c in _COLS)
+_RAW_GET = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_inodes i WHERE i.inode_id = ?")
+_RAW_LOOKUP = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
+                   "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
+_TYPE_AT = _COLS.index("type")
+_RAW_INSERT_INODE = raw_sql(f"INSERT INTO meta_inodes ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})")
+_RAW_INSERT_DIRENT = raw_sql("INSERT INTO meta_dirents (parent_id, name, inode_id, type) VALUES (?, ?, ?, ?)")
+_RAW_ANY_QUOTA = raw_sql("SELECT inode_id FROM meta_quotas LIMIT 1")
+_RAW_UNLINK = raw_sql("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?")
+_RAW_ANY_CHILD = raw_sql("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
+_RAW_ANY_SESSION = raw_sql("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
+_RAW_COUNT_SESSIONS = raw_sql("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ? AND lease_expires_at > ?")
+_COL_SET = frozenset(_COLS)
+# QuotaRow's fields, in its order; usage never goes below 0 (a portable MAX(0, x) for SQLite and PostgreSQL).
+_QUOTA_COLS = ("inode_id", "max_bytes", "max_inodes", "used_bytes", "used_inodes", "reserved_bytes")
+_RAW_CHARGE = raw_sql(
+    "UPDATE meta_quotas SET used_bytes = CASE WHEN used_bytes + ? < 0 THEN 0 ELSE used_bytes + ? END, "
+    "used_inodes = used_inodes + ?, "
+    "reserved_bytes = CASE WHEN reserved_bytes + ? < 0 THEN 0 ELSE reserved_bytes + ? END WHERE inode_id = ?"
+)
+_RAW_SESSION_OWNER = raw_sql("SELECT inode_id, client_id, write_limit FROM meta_sessions WHERE session_id = ?")
+_RAW_INSERT_SESSION = raw_sql(
+    "INSERT INTO meta_sessions (session_id, client_id, inode_id, uid, write_limit, reported_length, "
+    "lease_expires_at, quota_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+@functools.cache
+def _quota_rows_sql(count: int) -> tuple[str, str]:
+    return raw_sql(f"SELECT {', '.join(_QUOTA_COLS)} FROM meta_quotas WHERE inode_id IN ({', '.join('?' * count)})")
+
+
+@functools.cache
+def _update_sql(columns: tuple[str, ...]) -> tuple[str, str]:
+    """``UPDATE meta_inodes SET <columns> WHERE inode_id = ?`` (column names come from code, checked first)."""
+    return raw_sql(f"UPDATE meta_inodes SET {', '.join(f'{c} = ?' for c in columns)} WHERE inode_id = ?")
+
+
+MAX_FAST_DEPTH = 16
+
+
+@functools.cache
+def _walk_sql(depth: int) -> tuple[str, str]:
+    """One query for a directory and the ``depth`` directories below it along given names."""
+    cols = [", ".join(f"{a}.{c}" for c in _COLS) for a in ["r", *(f"i{k}" for k in range(depth))]]
+    joins, conds, prev = [], [], "r"
+    for k in range(depth):
+        joins.append(f"JOIN meta_dirents d{k} ON d{k}.parent_id = {prev}.inode_id "
+                     f"JOIN meta_inodes i{k} ON i{k}.inode_id = d{k}.inode_id")  # fmt: skip
+        conds.append(f"d{k}.name = ?")
+        prev = f"i{k}"
+    return raw_sql(f"SELECT {', '.join(cols)} FROM meta_inodes r {' '.join(joins)} "
+                f"WHERE r.inode_id = ? AND {' AND '.join(conds)}")  # fmt: skip
+
+
+def inode_of_tuple(row: tuple[Any, ...]) -> Inode:
+    values = dict(zip(_COLS, row, strict=True))
+    values["type"] = InodeType(row[_TYPE_AT])
+    return Inode(**values)
+
+
+def inode_of(row: Any) -> Inode:
+    m = row._mapping
+    return Inode(**{c: m[c] for c in _COLS if c != "type"}, type=InodeType(m["type"]))
+
+
+def _values(inode: Inode) -> dict[str, Any]:
+    return {c: (int(inode.type) if c == "type" else getattr(inode, c)) for c in _COLS}
+
+
+class NeedsOrm(RuntimeError):
+    """A transaction body running on a bare DB-API cursor reached a helper that needs the ORM session: the
+    caller rolls back and runs the body again in an ordinary ``Store.run``."""
+
+
+@dataclass
+class Tx:
+    """One transaction with the caller and the clock of the call."""
+
+    orm: Session | None
+    caller: Caller
+    now_ns: int
+    _has_quotas: bool | None = field(default=None)
+    _conn: Connection | None = field(default=None)
+    _cursor: Any = field(default=None)
+    _qmark: bool = field(default=True)
+
+    # ---- rows ----
+
+    @property
+    def session(self) -> Session:
+        if self.orm is None:
+            raise NeedsOrm("this transaction runs on a bare DB-API cursor: only the cursor helpers work")
+        return self.orm
+
+    @property
+    def conn(self) -> Connection:
+        """The transaction's connection: Core statements on it skip the ORM session's overhead."""
+        if self._conn is None:
+            self._conn = self.session.connection()
+        return self._conn
+
+    def _fetch(self, sql: tuple[str, str], params: tuple[Any, ...], fetch: bool = True) -> tuple[Any, ...] | None:
+        """One row of a hot-path query, straight through the DB-API cursor of this transaction's connection
+        (SQLAlchemy's per-statement machinery costs several times the query itself)."""
+        if self._cursor is None:
+            self._qmark = self.conn.dialect.paramstyle == "qmark"
+            self._cursor = self.conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        self._cursor.execute(sql[0] if self._qmark else sql[1], params)
+        if not fetch:
+            return None
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        return row
+
+    def fetch_all(self, sql: tuple[str, str], params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        self._fetch(sql, params, fetch=False)
+        return list(self._cursor.fetchall())
+
+    def get(self, inode_id: int) -> Inode | None:
+        row = self._fetch(_RAW_GET, (inode_id,))
+        return inode_of_tuple(row) if row is not None else None
+
+    def must(self, inode_id: int) -> Inode:
+        inode = self.get(inode_id)
+        if inode is None:
+            raise fs_error(FsCode.NOT_FOUND, f"inode {inode_id} does not exist")
+        return inode
+
+    def lookup(self, parent_id: int, name: str) -> Inode | None:
+        row = self._fetch(_RAW_LOOKUP, (parent_id, name))
+        return inode_of_tuple(row) if row is not None else None
+
+    def insert(self, inode: Inode) -> None:
+        values = _values(inode)
+        self._fetch(_RAW_INSERT_INODE, tuple(values[c] for c in _COLS), fetch=False)
+
+    def update(self, inode_id: int, **values: Any) -> None:
+        unknown = set(values) - _COL_SET
+        if unknown or not values:
+            raise ValueError(f"not columns of meta_inodes: {sorted(unknown) or 'none given'}")
+        self._fetch(_update_sql(tuple(values)), (*values.values(), inode_id), fetch=False)
+
+    def link(self, parent_id: int, name: str, inode: Inode) -> None:
+        self._fetch(_RAW_INSERT_DIRENT, (parent_id, name, inode.inode_id, int(inode.type)), fetch=False)
+
+    def unlink_entry(self, parent_id: int, name: str) -> None:
+        self._fetch(_RAW_UNLINK, (parent_id, name), fetch=False)
+
+    def has_children(self, dir_id: int) -> bool:
+        return self._fetch(_RAW_ANY_CHILD, (dir_id,)) is not None
+
+    def has_sessions(self, inode_id: int) -> bool:
+        return self._fetch(_RAW_ANY_SESSION, (inode_id,)) is not None
+
+    def count_sessions(self, inode_id: int) -> int:
+        """Write sessions of the inode whose lease holds (a lapsed one waits for collection, not counted)."""
+        row = self._fetch(_RAW_COUNT_SESSIONS, (inode_id, self.now_ns / 1e9))
+        return int(row[0]) if row is not None else 0
+
+    # ---- paths ----
+
+    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0) -> Resolved:  # noqa: PLR0912
+        absolute, parts = split_path(at.path)
+        start = ROOT_INODE_ID if absolute or at.parent_id in (0, ROOT_INODE_ID) else at.parent_id
+        begin = 0
+        cur: Inode | None = None
+        if 2 <= len(parts) <= MAX_FAST_DEPTH + 1 and ".." not in parts[:-1]:
+            # Fast path: every directory down to the last component in one query.
+            dirs = self._walk_dirs(start, parts[:-1])
+            if dirs is not None:
+                for k, d in enumerate(dirs[:-1]):
+                    require(self.caller, d, X, f"search {'/'.join(parts[:k]) or '/'}")
+                cur, begin = dirs[-1], len(parts) - 1
+        if cur is None:
+            cur = self.must(start)
+            if not parts:
+                return Resolved(cur)
+            if not cur.is_dir:
+                raise fs_error(FsCode.NOT_DIRECTORY, f"inode {cur.inode_id} is not a directory")
+        for i in range(begin, len(parts)):
+            comp = parts[i]
+            last = i == len(parts) - 1
+            if not cur.is_dir:
+                raise fs_error(FsCode.NOT_DIRECTORY, f"{'/'.join(parts[:i])!r} is not a directory")
+            require(self.caller, cur, X, f"search {'/'.join(parts[:i]) or '/'}")
+            if comp == "..":
+                parent = self.must(cur.parent_id or ROOT_INODE_ID)
+                if last:
+                    return Resolved(parent, None, "..")
+                cur = parent
+                continue
+            child = self.lookup(cur.inode_id, comp)
+            if child is None:
+                if last:
+                    return Resolved(None, cur, comp)
+                raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {'/'.join(parts[: i + 1])}")
+            if child.is_symlink and (follow_last or not last):
+                if hops >= MAX_SYMLINK_HOPS:
+                    raise fs_error(FsCode.SYMLINK_LOOP, "too many levels of symbolic links")
+                rest = "/".join([child.symlink_target, *parts[i + 1 :]])
+                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1)
+            if last:
+                return Resolved(child, cur, comp)
+            cur = child
+        raise AssertionError("unreachable")
+
+    def _walk_dirs(self, start: int, names: list[str]) -> list[Inode] | None:
+        """``start`` and the directories ``names`` lead to from it, or None when one is missing or is not a
+        directory (then the caller walks step by step, which finds the exact error or follows symlinks)."""
+        row = self._fetch(_walk_sql(len(names)), (start, *names))
+        if row is None:
+            return None
+        width = len(_COLS)
+        dirs = [inode_of_tuple(row[k * width : (k + 1) * width]) for k in range(len(names) + 1)]
+        return dirs if all(d.is_dir for d in dirs) else None
+
+    def existing(self, at: PathAt, *, follow_last: bool) -> Resolved:
+        r = self.resolve(at, follow_last=follow_last)
+        if r.inode is None:
+            raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {at.path}")
+        return r
+
+    def path_of(self, inode: Inode) -> str:
+        """The absolute path of a directory (walking parents), or of a file through one of its entries."""
+        names: list[str] = []
+        cur = inode
+        for _ in range(4096):
+            if cur.inode_id == ROOT_INODE_ID:
+                return "/" + "/".join(reversed(names))
+            q = sa.select(dirents.c.parent_id, dirents.c.name).where(dirents.c.inode_id == cur.inode_id)
+            if cur.is_dir:
+                q = q.where(dirents.c.parent_id == cur.parent_id)
+            row = self.session.execute(q.limit(1)).first()
+            if row is None:
+                raise fs_error(FsCode.NOT_FOUND, f"inode {inode.inode_id} is not in the namespace")
+            names.append(row.name)
+            cur = self.must(row.parent_id)
+        raise fs_error(FsCode.SYMLINK_LOOP, "directory tree too deep")
+
+    def ancestors(self, dir_inode: Inode) -> list[int]:
+        """The directory and every directory above it up to the root."""
+        out = [dir_inode.inode_id]
+        cur = dir_inode
+        while cur.inode_id != ROOT_INODE_ID and cur.parent_id:
+            out.append(cur.parent_id)
+            if len(out) > 4096:
+                break
+            cur = self.must(cur.parent_id)
+        return out
+
+    # ---- quotas ----
+
+    def any_quota(self) -> bool:
+        if self._has_quotas is None:
+            self._has_quotas = self._fetch(_RAW_ANY_QUOTA, ()) is not None
+        return self._has_quotas
+
+    def quota_chain(self, dir_inode: Inode | None) -> list[QuotaRow]:
+        """Quotas of ``dir_inode`` and its ancestors, nearest first."""
+        if dir_inode is None or not self.any_quota():
+            return []
+        ids = self.ancestors(dir_inode)
+        rows = {q.inode_id: q for q in self._quota_rows(ids)}
+        return [rows[i] for i in ids if i in rows]
+
+    def _quota_rows(self, ids: Sequence[int]) -> list[QuotaRow]:
+        return [QuotaRow(*row) for row in self.fetch_all(_quota_rows_sql(len(ids)), tuple(ids))]
+
+    def charge(self, chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0, dreserved: int = 0,
+               enforce: bool = True) -> None:  # fmt: skip
+        """Add usage to every quota of ``chain``; growth past a limit is EDQUOT (nothing charged)."""
+        for q in chain:
+            if not enforce:
+                break
+            if dinodes > 0 and q.max_inodes and q.used_inodes + dinodes > q.max_inodes:
+                raise fs_error(FsCode.QUOTA_EXCEEDED, f"inode quota of directory {q.inode_id} exceeded "
+                                                      f"({q.used_inodes}/{q.max_inodes})")  # fmt: skip
+            grow = dbytes + dreserved
+            if grow > 0 and q.max_bytes and q.used_bytes + q.reserved_bytes + grow > q.max_bytes:
+                raise fs_error(FsCode.QUOTA_EXCEEDED, f"byte quota of directory {q.inode_id} exceeded "
+                                                      f"({q.used_bytes + q.reserved_bytes}+{grow}"
+                                                      f"/{q.max_bytes})")  # fmt: skip
+        for q in chain:
+            self._fetch(_RAW_CHARGE, (dbytes, dbytes, dinodes, dreserved, dreserved, q.inode_id), fetch=False)
+
+    def quota_ids_of(self, ids: str) -> list[QuotaRow]:
+        wanted = [int(x) for x in ids.split(",") if x]
+        return self._quota_rows(wanted) if wanted else []
+
+    # ---- write sessions ----
+
+    def session_owner(self, session_id: str) -> tuple[int, str, int | None] | None:
+        """(inode id, client id, write limit) of an open write session."""
+        row = self._fetch(_RAW_SESSION_OWNER, (session_id,))
+        return None if row is None else (int(row[0]), str(row[1]), None if row[2] is None else int(row[2]))
+
+    def insert_session(self, session_id: str, client_id: str, inode: Inode, write_limit: int | None,
+                       expires_at: float, chain: Sequence[QuotaRow]) -> None:  # fmt: skip
+        quota_ids = ",".join(str(q.inode_id) for q in chain)
+        self._fetch(_RAW_INSERT_SESSION, (session_id, client_id, inode.inode_id, self.caller.uid, write_limit,
+                                          inode.length, expires_at, quota_ids), fetch=False)  # fmt: skip
+
+    def subtree_usage(self, root: Inode) -> tuple[int, int]:
+        """(bytes, inodes) of a tree: file lengths and every inode, the root included."""
+        if not root.is_dir:
+            return (root.length if root.is_file else 0), 1
+        total_bytes, total_inodes = 0, 1
+        frontier = [root.inode_id]
+        while frontier:
+            rows = self.session.execute(
+                sa.select(inodes.c.inode_id, inodes.c.type, inodes.c.length)
+                .join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id.in_(frontier[:500]))
+            ).all()  # fmt: skip
+            frontier = frontier[500:]
+            for r in rows:
+                total_inodes += 1
+                if r.type == InodeType.FILE:
+                    total_bytes += r.length
+                elif r.type == InodeType.DIRECTORY:
+                    frontier.append(r.inode_id)
+        return total_bytes, total_inodes
+
+    # ---- removal ----
+
+    def drop_link(self, inode: Inode) -> None:
+        """One entry of ``inode`` is gone: free what is no longer referenced (files go to the GC queue)."""
+        if inode.is_dir or inode.is_symlink:
+            self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == inode.inode_id))
+            return
+        nlink = max(0, inode.nlink - 1)
+        if nlink > 0 or self.has_sessions(inode.inode_id):
+            self.update(inode.inode_id, nlink=nlink, ctime_ns=self.now_ns)
+            return
+        self.free_file(inode)
+
+    def free_file(self, inode: Inode) -> None:
+        self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == inode.inode_id))
+        if inode.chain_table_id and inode.stripe_size:
+            exists = self.session.execute(
+                sa.select(gc_queue.c.inode_id).where(gc_queue.c.inode_id == inode.inode_id)
+            ).first()
+            if exists is None:
+                self.session.execute(sa.insert(gc_queue).values(
+                    inode_id=inode.inode_id, chain_table_id=inode.chain_table_id, stripe_size=inode.stripe_size,
+                    chain_begin=inode.chain_begin, shuffle_seed=inode.shuffle_seed, enqueued_at=self.now_ns / 1e9,
+                    attempts=0,
+                ))  # fmt: skip
+
+    def delete_tree_step(self, root: Inode, budget: int) -> tuple[int, bool]:
+        """Delete at most ``budget`` inodes of a detached tree (trash), deepest first, so that a huge tree goes
+        in many small transactions and is consistent between them. Returns (freed, whether the root is gone)."""
+        if not root.is_dir:
+            self.drop_link(root)
+            return 1, True
+        freed = 0
+        path: list[tuple[Inode, str]] = [(root, "")]
+        while path and freed < budget:
+            d, name = path[-1]
+            sub = self.session.execute(
+                _children(d.inode_id).where(dirents.c.type == int(InodeType.DIRECTORY)).limit(1)
+            ).first()
+            if sub is not None:
+                path.append((inode_of(sub), sub.entry_name))
+                continue
+            room = budget - freed
+            rows = self.session.execute(_children(d.inode_id).limit(room)).all()
+            for r in rows:
+                self.unlink_entry(d.inode_id, r.entry_name)
+                self.drop_link(inode_of(r))
+                freed += 1
+            if freed >= budget:
+                break  # the directory itself (now maybe empty) goes in the next step
+            path.pop()
+            if path:
+                self.unlink_entry(path[-1][0].inode_id, name)
+            self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == d.inode_id))
+            freed += 1
+            if not path:
+                return freed, True
+        return freed, False
+
+
+def _children(dir_id: int) -> sa.Select[Any]:
+    """Entries of a directory with their inodes (``entry_name`` is the entry's name)."""
+    q = sa.select(inodes, dirents.c.name.label("entry_name"))
+    return q.join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id == dir_id)
