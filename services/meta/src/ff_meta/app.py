@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -55,13 +55,7 @@ class MetaOptions:
     capacity_bytes: int = 1 << 40
     background_interval_s: float = 1.0
     storage_timeout_s: float = 10.0
-    sqlite_synchronous: str = "NORMAL"
-
-
-def _synchronous(value: str) -> str:
-    if value not in ("FULL", "NORMAL"):
-        raise ValueError(f"sqlite_synchronous must be FULL or NORMAL, got {value!r}")
-    return value
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = "NORMAL"  # checked by MetaSettings
 
 
 class IdAllocator:
@@ -115,7 +109,7 @@ class MetaApp:
             self._reader = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False)
             self._reader.execute("PRAGMA query_only = ON")
             # Inline writes only where a commit does not fsync (FULL: the group writer's thread pays it).
-            if _synchronous(options.sqlite_synchronous) == "NORMAL":
+            if options.sqlite_synchronous == "NORMAL":
                 self._writer = self._open_writer()
 
     def _open_writer(self) -> sqlite3.Connection:
