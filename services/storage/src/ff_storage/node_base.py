@@ -75,6 +75,7 @@ class Update:
     version: int = 0
     chain_version: int = 0
     content: Payload | None = None
+    content_checksum: int | None = None  # CRC of ``content`` (None: a remove)
     pending: Pending | None = None
     result: spb.UpdateResult = field(default_factory=spb.UpdateResult)
 
@@ -185,7 +186,7 @@ class NodeBase:
         """T/2 without mgmtd: stop serving; every target comes back only through recovery."""
         self.lease_ok = False
         for t in self.targets.values():
-            t.role.restarting = True
+            t.role.needs_recovery()
 
     def lease_regained(self) -> None:
         self.lease_ok = True

@@ -168,12 +168,12 @@ class WritePath(NodeBase):
                 chain_version = self._position(target)[0].version if self._position(target) else 0  # type: ignore[index]
                 for u in round_:
                     u.chain_version = chain_version
-                await asyncio.to_thread(self._prepare, target, round_, True)
-                await self._forward_and_commit(target, [u for u in round_ if u.pending is not None])
+                ready = await asyncio.to_thread(self._prepare, target, round_, True)
+                await self._store_forward_commit(target, ready)
 
-    def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> None:
-        """Compute new contents and store them as pending versions (thread)."""
-        items: list[PendingItem] = []
+    def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
+        """Decide each update and compute its new content (thread); returns the ones to store and pass on.
+        The others have their result set (duplicate, missing update, corrupt base chunk, nothing to remove)."""
         ready: list[Update] = []
         for u in updates:
             meta = target.engine.get(u.key)
@@ -197,11 +197,12 @@ class WritePath(NodeBase):
             if u.kind == spb.UPDATE_TYPE_REMOVE and meta is None and not at_head:
                 u.result = _res(spb.CHUNK_IO_STATUS_OK, "already removed")
                 continue
-            known = u.data_checksum if u.content is u.data else None
-            items.append((u.key, u.version, u.chain_version, u.content, known))
+            if u.content is not None:
+                u.content_checksum = u.data_checksum if u.content is u.data else None
+                if u.content_checksum is None:
+                    u.content_checksum = crc32c_of(u.content)
             ready.append(u)
-        for u, p in zip(ready, target.engine.write_pending(items), strict=True):
-            u.pending = p
+        return ready
 
     def _new_content(self, target: Target, u: Update) -> Payload | None:
         if u.kind == spb.UPDATE_TYPE_REMOVE:
@@ -216,16 +217,42 @@ class WritePath(NodeBase):
             return apply_truncate(old, u.length)
         return apply_write(old, u.offset, u.data)
 
-    async def _forward_and_commit(self, target: Target, updates: list[Update]) -> None:
+    async def _store_forward_commit(self, target: Target, updates: list[Update], *, forward: bool = True) -> None:
+        """Store the updates as pending versions here while passing them on, then commit those the successor
+        acknowledged (the tail: all of them) and drop the rest.
+
+        The local write (file + fsync) and the forward run at once, so a chain of 3 pays about one write's
+        latency instead of three in a row; the ack upstream still waits for both, so an acknowledged update
+        is durable on every replica. If the local write fails after the successor took the update, this
+        replica would be a version behind the rest of the chain: the target then reports offline and goes
+        through recovery, as after a restart.
+        """
         if not updates:
             return
-        failed = await self._forward(target, updates)
-        done = [u for u in updates if u not in failed]
+        items: list[PendingItem] = [(u.key, u.version, u.chain_version, u.content, u.content_checksum)
+                                    for u in updates]  # fmt: skip
+        stored, forwarded = await asyncio.gather(
+            asyncio.to_thread(target.engine.write_pending, items),
+            self._forward(target, updates) if forward else _nothing_failed(),
+            return_exceptions=True,
+        )
+        if isinstance(stored, BaseException):
+            if not isinstance(stored, asyncio.CancelledError):
+                logger.error("target %d: storing %d updates failed (%s); it goes through recovery",
+                             target.target_id, len(updates), stored)  # fmt: skip
+                target.role.needs_recovery()
+            raise stored
+        for u, p in zip(updates, stored, strict=True):
+            u.pending = p
+        if isinstance(forwarded, BaseException):
+            target.engine.abort(stored)
+            raise forwarded
+        done = [u for u in updates if u not in forwarded]
         metas = await asyncio.to_thread(target.engine.commit, [u.pending for u in done if u.pending])
         for u, meta in zip(done, metas, strict=True):
             u.result = _res(spb.CHUNK_IO_STATUS_OK, "", u.version, meta)
-        if failed:
-            target.engine.abort([u.pending for u in failed if u.pending])
+        if forwarded:
+            target.engine.abort([u.pending for u in forwarded if u.pending])
 
     async def _forward(self, target: Target, updates: list[Update]) -> list[Update]:  # noqa: PLR0912
         """Send updates to the successor until it acks them (re-forwarding as the chain changes).
@@ -373,14 +400,10 @@ class WritePath(NodeBase):
                 no_forward = [u for u in round_ if u.result.message == "no_forward"]
                 for u in no_forward:
                     u.result = spb.UpdateResult()
-                await asyncio.to_thread(self._prepare, target, round_, False)
-                local_only = [u for u in no_forward if u.pending is not None]
-                chained = [u for u in round_ if u.pending is not None and u not in local_only]
-                if local_only:
-                    metas = await asyncio.to_thread(target.engine.commit, [u.pending for u in local_only if u.pending])
-                    for u, meta in zip(local_only, metas, strict=True):
-                        u.result = _res(spb.CHUNK_IO_STATUS_OK, "", u.version, meta)
-                await self._forward_and_commit(target, chained)
+                ready = await asyncio.to_thread(self._prepare, target, round_, False)
+                local_only = [u for u in ready if u in no_forward]
+                await self._store_forward_commit(target, local_only, forward=False)
+                await self._store_forward_commit(target, [u for u in ready if u not in local_only])
 
 
 def _rounds(updates: list[Update]) -> list[list[Update]]:
@@ -400,6 +423,10 @@ def _payload_checksum(u: Update, payload: Payload) -> int:
     """CRC of what is forwarded, reusing one already computed over the very same object."""
     if payload is u.data and u.data_checksum is not None:
         return u.data_checksum
-    if u.pending is not None and u.pending.path is not None and payload is u.content:
-        return u.pending.checksum
+    if payload is u.content and u.content_checksum is not None:
+        return u.content_checksum
     return crc32c_of(payload)
+
+
+async def _nothing_failed() -> list[Update]:
+    return []

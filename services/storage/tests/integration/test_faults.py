@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import sqlite3
 import time
 
 import grpc
@@ -101,8 +103,10 @@ async def test_corrupt_chunk_is_detected_served_elsewhere_and_repaired(
     assert (await client.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=5, chunk_index=3, data=data,
                                                  chunk_size=CHUNK)]))[0].ok  # fmt: skip
     bad = chain.targets[1]
-    folder = cluster.folder / f"s{bad.node_id - 100}" / "disk0" / f"target-{bad.target_id}" / "chunks"
-    [path] = list(folder.rglob("3.*"))
+    root = cluster.folder / f"s{bad.node_id - 100}" / "disk0" / f"target-{bad.target_id}"
+    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:  # the engine's own record of the file
+        [(name,)] = db.execute("SELECT file FROM chunks WHERE inode_id = 5 AND chunk_index = 3").fetchall()
+    path = root / "chunks" / name
     with open(path, "r+b") as f:  # noqa: ASYNC230 (a test damaging a file on purpose)
         f.seek(100)
         f.write(b"\x00garbage\x00")

@@ -59,6 +59,11 @@ class TargetRole:
             return Local.UPTODATE
         return Local.ONLINE
 
+    def needs_recovery(self) -> None:
+        """Its data may be behind the chain (a local write failed after the successor took the update): report
+        offline until mgmtd stops routing to it, then come back through syncing, as after a restart."""
+        self.restarting = True
+
     def sync_done(self, chain_version: int) -> None:
         self.sync_done_version = chain_version
 

@@ -1,16 +1,27 @@
 """The chunk engine of one target: chunk data in files, metadata in an embedded SQLite, never a torn chunk.
 
-Copy-on-write (write-new-then-commit): every new version of a chunk goes to a new file; the metadata row
-that points to it is committed afterwards, in one SQLite transaction with the rest of the batch; the old
-file is unlinked only after that commit. A crash at any point leaves either the old or the new version
-whole, and at most orphan files, which ``open`` removes.
+Copy-on-write (write-new-then-commit) over recycled files: every new version of a chunk is written to a
+file that holds no live version (a free file left by an earlier version, else a new one); the metadata row
+that points to it is committed afterwards, in one SQLite transaction with the rest of the batch; the file of
+the replaced version becomes free only after that commit. A crash at any point leaves either the old or the
+new version whole; files no committed row names are free when ``open`` runs again.
 
-fsync discipline: (1) each new data file is fsynced before its metadata is committed; (2) each directory
-that got new files is fsynced before the commit, so the names survive a crash; (3) SQLite runs in WAL
-mode with ``synchronous=FULL``, so a commit is durable when it returns. Pending versions live in memory
+Why recycle: a chunk write then overwrites blocks the file system already allocated. A new file per
+version allocated blocks on every write and freed the old version's on every commit, and on a disk mounted
+with online discard each free is a TRIM inside the next journal commit, which every fsync waits for: on
+the dev VM 4 MiB new-file-and-unlink writes ran at 0.9 GB/s against 2.3 GB/s for overwrites. A free file is
+reused only when no reader maps it (mappings are tracked by weak references, and taken under the lock that
+hands out free files), so a read never sees a file change under it. At most ``max_free_files`` free files
+are kept; more are unlinked.
+
+fsync discipline: (1) each new version's data is on disk before its metadata is committed: ``fdatasync``
+for an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) each
+directory that got new files is fsynced before the commit, so the names survive a crash; (3) SQLite runs in
+WAL mode with ``synchronous=FULL``, so a commit is durable when it returns. Pending versions live in memory
 only: a replica that crashes loses them, and every restarted target goes through recovery anyway.
 
-All methods block (disk I/O): the service calls them from worker threads. A lock serializes metadata.
+All methods block (disk I/O): the service calls them from worker threads. A lock serializes metadata,
+the free list and new mappings.
 """
 
 from __future__ import annotations
@@ -20,7 +31,8 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -59,15 +71,18 @@ class Pending:
 
 
 class ChunkEngine:
-    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True, max_free_files: int = 64) -> None:
         self.root = root
         self.data_dir = root / "chunks"
         self._fsync = fsync
+        self._max_free = max_free_files
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._meta: dict[ChunkKey, ChunkMeta] = {}
         self._files: dict[ChunkKey, str] = {}
         self._pending: dict[ChunkKey, Pending] = {}
+        self._free: dict[str, int] = {}  # file name (relative to data_dir) -> size; no version lives in it
+        self._maps: weakref.WeakValueDictionary[str, mmap.mmap] = weakref.WeakValueDictionary()
 
     # ---- open / close ----
 
@@ -84,13 +99,18 @@ class ChunkEngine:
                              length=row[4], checksum=row[5])  # fmt: skip
             self._meta[meta.key] = meta
             self._files[meta.key] = row[6]
-        self._remove_orphans()
+        self._collect_free()
 
-    def _remove_orphans(self) -> None:
-        """Files of versions that were never committed (a crash between write and commit)."""
+    def _collect_free(self) -> None:
+        """Files no committed row names (replaced versions, or a crash between write and commit) are free."""
         live = set(self._files.values())
-        for path in self.data_dir.rglob("*"):
-            if path.is_file() and str(path.relative_to(self.data_dir)) not in live:
+        for path in sorted(self.data_dir.rglob("*")):
+            name = str(path.relative_to(self.data_dir))
+            if not path.is_file() or name in live:
+                continue
+            if len(self._free) < self._max_free:
+                self._free[name] = path.stat().st_size
+            else:
                 path.unlink()
 
     def close(self) -> None:
@@ -124,60 +144,54 @@ class ChunkEngine:
             return dict(self._meta)
 
     def read_committed(self, key: ChunkKey) -> tuple[ChunkMeta, bytes] | None:
-        """The committed content, verified against its checksum.
+        """The committed content (a copy), verified against its checksum.
 
         Raises:
             ChunkCorrupt: the bytes on disk do not match the checksum.
         """
-        with self._lock:
-            meta, name = self._meta.get(key), self._files.get(key)
-        if meta is None or name is None:
-            return None
-        data = _read_file(self.data_dir / name)
-        if len(data) != meta.length or crc32c_of(data) != meta.checksum:
-            raise ChunkCorrupt(f"chunk {key} on {self.root.name}: stored bytes do not match the checksum")
-        return meta, data
+        got = self.map_committed(key)
+        return None if got is None else (got[0], bytes(got[1]))
 
     def map_committed(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         """The committed content as a read-only view of the chunk file's pages (no copy), verified.
 
-        Chunk files are immutable (every version is a new file), so the mapping stays valid after a newer
-        version replaces the file or the file is unlinked; the pages go when the last view is dropped. A
-        file truncated from outside while mapped would fault on access: nothing in the service does that.
+        While the view (or anything made from it) lives, its file is not reused, even after a newer version
+        replaced it; a file changed from outside while mapped (a damaged disk, a test) fails the check.
 
         Raises:
             ChunkCorrupt: the bytes on disk do not match the checksum.
         """
-        for attempt in range(3):
-            try:
-                got = self._map_current(key)
-                break
-            except FileNotFoundError:  # a newer version was committed and the old file unlinked meanwhile
-                if attempt == 2:
-                    raise
-        if got is None:
-            return None
-        meta, data = got
+        with self._lock:
+            meta, name = self._meta.get(key), self._files.get(key)
+            if meta is None or name is None:
+                return None
+            data = self._map_locked(name)
         if len(data) != meta.length or crc32c_of(data) != meta.checksum:
             raise ChunkCorrupt(f"chunk {key} on {self.root.name}: stored bytes do not match the checksum")
         return meta, data
 
-    def _map_current(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
+    def read_pending(self, key: ChunkKey) -> tuple[Pending, memoryview] | None:
+        """The pending version's content (a view of its file, not reused while the view lives)."""
         with self._lock:
-            meta, name = self._meta.get(key), self._files.get(key)
-        if meta is None or name is None:
-            return None
-        return meta, _map_file(self.data_dir / name)
+            pending = self._pending.get(key)
+            if pending is None or pending.path is None:
+                return None
+            return pending, self._map_locked(str(pending.path.relative_to(self.data_dir)))
 
-    def read_pending(self, key: ChunkKey) -> tuple[Pending, bytes] | None:
-        pending = self._pending.get(key)
-        if pending is None or pending.path is None:
-            return None
-        return pending, _read_file(pending.path)
-
-    def chunk_file(self, key: ChunkKey) -> Path | None:
-        name = self._files.get(key)
-        return self.data_dir / name if name else None
+    def _map_locked(self, name: str) -> memoryview:
+        """A read-only view of the whole file, sharing a mapping other readers already hold (lock held)."""
+        mapped = self._maps.get(name)
+        if mapped is None:
+            fd = os.open(self.data_dir / name, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    return memoryview(b"")
+                mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            self._maps[name] = mapped
+        return memoryview(mapped)
 
     def last_chunk(self, inode_id: int, begin: int, end: int) -> tuple[ChunkMeta | None, int, bool]:
         """The committed chunk with the highest index in [begin, end) (end 0: unbounded), the number of
@@ -203,35 +217,82 @@ class ChunkEngine:
         """Store new versions as pending: ``(key, version, chain version, content or None to remove, CRC)``.
 
         The CRC is the content's when the caller has just verified it (None: computed here). Each content
-        goes to a new file, fsynced (and its directory) before this returns.
+        goes to a free file (or a new one) and is on disk, with the names of new files, before this returns.
         """
         made: list[Pending] = []
-        dirs: set[Path] = set()
-        for key, version, chain_version, content, known_checksum in items:
-            if content is None:
-                made.append(Pending(key=key, version=version, chain_version=chain_version, path=None, length=0,
-                                    checksum=0))  # fmt: skip
-                continue
-            folder = self.data_dir / f"{key[0]:016x}"
-            if folder not in dirs and not folder.exists():
-                folder.mkdir(parents=True, exist_ok=True)
-                dirs.add(self.data_dir)
-            path = folder / f"{key[1]}.{version}.{uuid.uuid4().hex[:8]}"
-            _write_file(path, content, self._fsync)
-            dirs.add(folder)
-            checksum = crc32c_of(content) if known_checksum is None else known_checksum
-            made.append(Pending(key=key, version=version, chain_version=chain_version, path=path, length=len(content),
-                                checksum=checksum))  # fmt: skip
-        if self._fsync:
-            for folder in dirs:
-                _fsync_dir(folder)
+        written: list[Path] = []  # files taken for this call, released if it fails
+        new_dirs: set[Path] = set()
+        try:
+            for key, version, chain_version, content, known_checksum in items:
+                if content is None:
+                    made.append(Pending(key=key, version=version, chain_version=chain_version, path=None, length=0,
+                                        checksum=0))  # fmt: skip
+                    continue
+                with self._lock:
+                    name = self._take_free(len(content))
+                if name is None:
+                    path = self.data_dir / self._new_name(new_dirs)
+                    written.append(path)
+                    _write_file(path, content, os.O_CREAT | os.O_EXCL, sync=os.fsync if self._fsync else None)
+                    new_dirs.add(path.parent)
+                else:
+                    path = self.data_dir / name
+                    written.append(path)
+                    same_size = os.stat(path).st_size == len(content)
+                    _write_file(path, content, 0, sync=(os.fdatasync if same_size else os.fsync) if self._fsync
+                                else None)  # fmt: skip
+                checksum = crc32c_of(content) if known_checksum is None else known_checksum
+                made.append(Pending(key=key, version=version, chain_version=chain_version, path=path,
+                                    length=len(content), checksum=checksum))  # fmt: skip
+            if self._fsync:
+                for folder in sorted(new_dirs):
+                    _fsync_dir(folder)
+        except BaseException:
+            self._release(written)
+            raise
+        replaced: list[Path] = []
         with self._lock:
             for p in made:
                 old = self._pending.get(p.key)
                 if old is not None and old.path is not None and old.path != p.path:
-                    old.path.unlink(missing_ok=True)
+                    replaced.append(old.path)
                 self._pending[p.key] = p
+        self._release(replaced)
         return made
+
+    def _take_free(self, size: int) -> str | None:
+        """A free file no reader maps, one of ``size`` bytes if there is one (lock held)."""
+        fallback = None
+        for name, have in self._free.items():
+            if name in self._maps:
+                continue
+            if have == size:
+                del self._free[name]
+                return name
+            fallback = fallback or name
+        if fallback is not None:
+            del self._free[fallback]
+        return fallback
+
+    def _new_name(self, new_dirs: set[Path]) -> str:
+        tag = uuid.uuid4().hex[:24]
+        folder = self.data_dir / tag[:2]
+        if folder not in new_dirs and not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            new_dirs.add(self.data_dir)
+        return f"{tag[:2]}/{tag}"
+
+    def _release(self, paths: Iterable[Path]) -> None:
+        """Files that no longer hold a live version: free, or unlinked past ``max_free_files``."""
+        extra: list[Path] = []
+        with self._lock:
+            for path in paths:
+                if len(self._free) < self._max_free and path.exists():
+                    self._free[str(path.relative_to(self.data_dir))] = path.stat().st_size
+                else:
+                    extra.append(path)
+        for path in extra:
+            path.unlink(missing_ok=True)
 
     def commit(self, pendings: Iterable[Pending]) -> list[ChunkMeta | None]:
         """Make pending versions the committed ones, in one transaction; then drop the old files."""
@@ -272,18 +333,19 @@ class ChunkEngine:
                     old_files.append(self.data_dir / old)
                 if self._pending.get(p.key) is p:
                     del self._pending[p.key]
-        for path in old_files:
-            path.unlink(missing_ok=True)
+        self._release(old_files)
         return results
 
     def abort(self, pendings: Iterable[Pending]) -> None:
         """Forget pending versions that will not be committed."""
+        dropped: list[Path] = []
         with self._lock:
             for p in pendings:
                 if self._pending.get(p.key) is p:
                     del self._pending[p.key]
                     if p.path is not None:
-                        p.path.unlink(missing_ok=True)
+                        dropped.append(p.path)
+        self._release(dropped)
 
     def iter_keys(self) -> Iterator[ChunkKey]:
         with self._lock:
@@ -291,32 +353,17 @@ class ChunkEngine:
         yield from keys
 
 
-def _read_file(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _map_file(path: Path) -> memoryview:
-    """The whole file as a read-only memoryview of a shared mapping, its pages faulted in at once."""
-    fd = os.open(path, os.O_RDONLY)
+def _write_file(path: Path, content: bytes | memoryview, flags: int, sync: Callable[[int], None] | None) -> None:
+    """Write ``content`` as the whole file from offset 0 (over the blocks it has), then ``sync`` it."""
+    fd = os.open(path, os.O_WRONLY | flags, 0o600)
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return memoryview(b"")
-        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ))
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, content: bytes | memoryview, fsync: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(content)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        if fsync:
-            os.fsync(fd)
+        view, offset = memoryview(content), 0
+        while offset < len(view):
+            offset += os.pwrite(fd, view[offset:], offset)
+        if os.fstat(fd).st_size != len(view):
+            os.ftruncate(fd, len(view))
+        if sync is not None:
+            sync(fd)
     finally:
         os.close(fd)
 

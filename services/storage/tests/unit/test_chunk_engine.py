@@ -1,0 +1,109 @@
+"""The chunk engine on real files: versions go to free files, never to one a reader maps, and a crash
+between write and commit leaves the committed version whole."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ff_storage.core.errors import ChunkCorrupt
+from ff_storage.store.chunk_engine import ChunkEngine
+from hf3fs.checksum import crc32c_of
+
+KEY = (7, 0)
+
+
+def _files(engine: ChunkEngine) -> set[Path]:
+    return {p for p in engine.data_dir.rglob("*") if p.is_file()}
+
+
+def _put(engine: ChunkEngine, content: bytes, key: tuple[int, int] = KEY) -> None:
+    meta = engine.get(key)
+    version = (meta.committed_version if meta else 0) + 1
+    [pending] = engine.write_pending([(key, version, 1, content, None)])
+    engine.commit([pending])
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[ChunkEngine]:
+    e = ChunkEngine(tmp_path / "target", max_free_files=4)
+    e.open()
+    yield e
+    e.close()
+
+
+def test_overwrites_reuse_the_replaced_versions_files(engine: ChunkEngine) -> None:
+    _put(engine, b"a" * 4096)
+    _put(engine, b"b" * 4096)
+    files = _files(engine)
+    assert len(files) == 2  # the live version and the free one
+    for n in range(10):
+        _put(engine, bytes([n]) * 4096)
+        assert _files(engine) == files
+    meta, data = engine.read_committed(KEY) or (None, b"")
+    assert data == bytes([9]) * 4096 and meta is not None and meta.committed_version == 12
+
+
+def test_a_mapped_file_is_not_reused_until_its_reader_drops_it(engine: ChunkEngine) -> None:
+    _put(engine, b"old" * 1000)
+    got = engine.map_committed(KEY)
+    assert got is not None
+    meta, view = got
+    for n in range(5):
+        _put(engine, bytes([n]) * 3000)
+    assert bytes(view) == b"old" * 1000 and crc32c_of(view) == meta.checksum  # the reader's bytes never moved
+    mapped_file = len(_files(engine))
+    del view, got
+    _put(engine, b"new" * 1000)
+    assert len(_files(engine)) == mapped_file  # its file is free again and was taken
+
+
+def test_a_pending_version_is_served_from_a_view_until_committed(engine: ChunkEngine) -> None:
+    _put(engine, b"x" * 100)
+    [pending] = engine.write_pending([(KEY, 2, 1, b"y" * 50, None)])
+    got = engine.read_pending(KEY)
+    assert got is not None and bytes(got[1]) == b"y" * 50 and got[0].checksum == crc32c_of(b"y" * 50)
+    engine.abort([pending])
+    assert engine.read_pending(KEY) is None
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"x" * 100)
+
+
+def test_crash_between_write_and_commit_keeps_the_committed_version(tmp_path: Path) -> None:
+    root = tmp_path / "target"
+    first = ChunkEngine(root)
+    first.open()
+    _put(first, b"committed" * 100)
+    first.write_pending([(KEY, 2, 1, b"never committed" * 100, None)])
+    first.close()  # as if the process died: the pending version is only in a file no row names
+    again = ChunkEngine(root)
+    again.open()
+    assert again.pending(KEY) is None
+    assert again.read_committed(KEY) == (again.get(KEY), b"committed" * 100)
+    files = _files(again)
+    _put(again, b"next" * 100)  # goes to the file the lost pending version had
+    assert _files(again) == files
+    again.close()
+
+
+def test_free_files_past_the_cap_are_unlinked(engine: ChunkEngine) -> None:
+    for index in range(8):
+        _put(engine, b"v1" * 10, (1, index))
+    for index in range(8):
+        engine.commit([engine.write_pending([((1, index), 2, 1, None, None)])[0]])  # removes
+    assert len(_files(engine)) == 4  # max_free_files
+    assert engine.usage() == (0, 0)
+
+
+def test_a_damaged_file_fails_the_check(engine: ChunkEngine) -> None:
+    _put(engine, b"z" * 8192)
+    [path] = _files(engine)
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"!")
+        f.flush()
+        os.fsync(f.fileno())
+    with pytest.raises(ChunkCorrupt):
+        engine.map_committed(KEY)
