@@ -11,6 +11,11 @@ Wire format (one connection carries one operation at a time):
             <- {"ok": true, "response": r, "length": n} + r bytes (the BatchReadResponse) + n bytes (the OK
                results' bytes, back to back at their ``transfer.offset_bytes``)
              | {"ok": false, "code": gRPC status name, "error": ...} (refused as BatchRead would be)
+    call    -> {"op": "call", "method": M, "request": k, "transfer_id": t, "length": n} + k bytes (a serialized
+               request of the storage RPC M: BatchWrite or ForwardUpdates) + n bytes (its bulk data, which the
+               request's TransferRefs name under t)
+            <- {"ok": true, "response": r} + r bytes (M's serialized response)
+             | {"ok": false, "code": gRPC status name, "error": ...} (refused as the gRPC call would be)
   on the node's AF_UNIX endpoint only (same host):
     map     -> {"op": "map", "region": id, "size": n} + one byte carrying a memfd (SCM_RIGHTS)  <- {"ok": true}
     pull_shm-> {"op": "pull_shm", "transfer_id": ..., "places": [[region, offset, length], ...]}
@@ -21,15 +26,19 @@ Wire format (one connection carries one operation at a time):
 
 The first frame of a connection must authenticate (cluster or user token); the node closes the
 connection otherwise. Its answer carries the node's ``version`` of this protocol (``DATA_PATH_VERSION``;
-absent: 1, before ``read``). When the client's host id (``hf3fs.shm.host_id``, the kernel's boot id) is the
-node's, the node names its abstract AF_UNIX endpoint in the answer; a client whose read buffers lie in
-its shared-memory regions then reads (or pulls) through it (authenticated the same way) and the chunk
-bytes never touch a socket. Otherwise, or if that endpoint cannot be reached (another network namespace), TCP.
+absent: 1, before ``read``; 3 adds ``call``). When the client's host id (``hf3fs.shm.host_id``, the
+kernel's boot id) is the node's, the node names its abstract AF_UNIX endpoint in the answer; a client
+whose read buffers lie in its shared-memory regions then reads (or pulls) through it (authenticated the
+same way) and the chunk bytes never touch a socket. Otherwise, or if that endpoint cannot be reached
+(another network namespace), TCP.
 
 A push deposits bytes that a later gRPC write names by transfer id (the node
 "pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
 permission to send (request-to-send). A ``read`` is a BatchRead and its pull in one round trip (no gRPC
 call, nothing staged): sending it is the permission to send, and the connection's token is the caller's.
+A ``call`` is a write-side RPC and its bytes in one round trip (a push plus the gRPC call it names): the
+node checks the method's declared access and the same things the gRPC call does, with the connection's
+token as the caller (checked again on every call).
 Both ends use non-blocking sockets on the event loop (no stream buffers): senders send straight from their
 buffers, receivers receive straight into one buffer of the frame's length (no per-piece copies).
 """
@@ -50,8 +59,9 @@ _LEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _IOV_MAX = 512
-DATA_PATH_VERSION = 2  # 2: the ``read`` op
-MAX_READ_REQUEST_BYTES = 4 * 1024 * 1024
+DATA_PATH_VERSION = 3  # 2: the ``read`` op; 3: the ``call`` op
+MAX_READ_REQUEST_BYTES = 4 * 1024 * 1024  # the serialized request of a ``read`` or a ``call``
+CALL_METHODS = frozenset({"BatchWrite", "ForwardUpdates"})  # the storage RPCs a ``call`` may carry
 # Received bytes are checksummed piece by piece, each piece right after it lands (still in the CPU's cache).
 CRC_PIECE_BYTES = 512 * 1024
 UNIX_PREFIX = "unix:"
@@ -235,6 +245,35 @@ class DataConnection:
         if not answer.get("ok"):
             raise DataPathError(f"push refused: {answer.get('error', '')}")
 
+    async def call(
+        self, method: str, request: bytes, transfer_id: str, parts: Sequence[bytes | bytearray | memoryview]
+    ) -> bytes:
+        """One ``call``: the storage RPC ``method`` with its serialized ``request`` and the bytes its
+        TransferRefs name under ``transfer_id`` (``parts``, concatenated) in one round trip; returns the
+        serialized response.
+
+        Raises:
+            DataRefused: the node refused the call as the gRPC call would be (the connection stays open).
+            DataPathError: the connection broke (closed).
+        """
+        header = {"op": "call", "method": method, "request": len(request), "transfer_id": transfer_id,
+                  "length": sum(len(p) for p in parts)}  # fmt: skip
+        async with self.lock:
+            try:
+                sock = await self._connect()
+                await send_parts(sock, [encode_header(header), request, *parts])
+                answer = await self._read_header()
+                if not answer.get("ok"):
+                    raise DataRefused(str(answer.get("code", "UNKNOWN")), str(answer.get("error", "")))
+                response = bytearray(int(answer["response"]))
+                await self._recv_into(memoryview(response))
+                return bytes(response)
+            except DataRefused:
+                raise
+            except (OSError, DataPathError, asyncio.CancelledError):
+                self.close()
+                raise
+
     async def pull(self, transfer_id: str, into: Sequence[memoryview]) -> None:
         """Fetch the bytes staged at the node under ``transfer_id`` straight into ``into``, in order.
 
@@ -349,7 +388,7 @@ class DataConnectionPool:
     through the node's AF_UNIX endpoint when the node is on this host (``stats`` counts which way).
     """
 
-    def __init__(self, token: str, per_address: int = 4, *, host: str | None = None, shm: bool = True) -> None:
+    def __init__(self, token: str, per_address: int = 16, *, host: str | None = None, shm: bool = True) -> None:
         self._token = token
         self._per_address = per_address
         self._host = host_id() if host is None else host
@@ -359,7 +398,7 @@ class DataConnectionPool:
         self._unix: dict[str, str | None] = {}  # node address -> its AF_UNIX endpoint, when on this host
         self._versions: dict[str, int] = {}  # node address -> its DATA_PATH_VERSION
         self.regions: list[ShmRegion] = []
-        self.stats = {"tcp_pulls": 0, "shm_pulls": 0}
+        self.stats = {"tcp_pulls": 0, "shm_pulls": 0, "calls": 0}
 
     def alloc(self, nbytes: int) -> memoryview:
         """A buffer of ``nbytes`` in a new shared-memory region (freed when the pool closes)."""
@@ -382,11 +421,34 @@ class DataConnectionPool:
         await self.get(address).pull(transfer_id, into)
         self.stats["tcp_pulls"] += 1
 
-    async def reads_direct(self, address: str) -> bool:
-        """Whether the node at ``address`` serves ``read`` (data path version 2 or later)."""
+    async def version(self, address: str) -> int:
+        """The data path version of the node at ``address`` (2: serves ``read``; 3: ``call``)."""
         if address not in self._versions:
             self._versions[address] = int((await self.get(address).handshake()).get("version", 1))
-        return self._versions[address] >= 2
+        return self._versions[address]
+
+    async def reads_direct(self, address: str) -> bool:
+        """Whether the node at ``address`` serves ``read`` (data path version 2 or later)."""
+        return await self.version(address) >= 2
+
+    async def calls_direct(self, address: str) -> bool:
+        """Whether the node at ``address`` serves ``call`` (data path version 3 or later)."""
+        return await self.version(address) >= 3
+
+    async def call(
+        self, address: str, method: str, request: bytes, transfer_id: str,
+        parts: Sequence[bytes | bytearray | memoryview],
+    ) -> bytes:  # fmt: skip
+        """``DataConnection.call`` on a connection to ``address``."""
+        try:
+            response = await self.get(address).call(method, request, transfer_id, parts)
+            self.stats["calls"] += 1
+            return response
+        except DataRefused:
+            raise
+        except DataPathError:
+            self._versions.pop(address, None)  # a restarted node may speak another version
+            raise
 
     async def read(
         self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient, RpcError
@@ -228,7 +229,7 @@ class StorageClient:
 
     @property
     def data_stats(self) -> dict[str, int]:
-        """Pulls done over TCP and through shared memory so far."""
+        """Pulls (and reads) done over TCP and through shared memory so far, and writes sent as data-path calls."""
         return dict(self._data.stats)
 
     def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
@@ -288,18 +289,27 @@ class StorageClient:
             else:
                 msg.inline_data = bytes(io.data)
             requests.append(msg)
+        request = spb.BatchWriteRequest(ios=requests)
         try:
-            if bulk_parts:
-                await self._data.get(node.data).push(transfer_id, bulk_parts)
-            stub = self.stub(node.grpc)
-            resp = await self._rpc.unary(stub.BatchWrite, spb.BatchWriteRequest(ios=requests))
-        except RpcError as err:
-            if err.code in FATAL_RPC_CODES:
-                raise StorageIoError(f"BatchWrite refused: {err.code.name}: {err.details}", err.code) from None
+            if bulk_parts and await self._data.calls_direct(node.data):
+                # one round trip on the data path: the request and its bytes together, no push, no gRPC call
+                async with asyncio.timeout(self._timeout_s):
+                    raw = await self._data.call(node.data, "BatchWrite", request.SerializeToString(), transfer_id,
+                                                bulk_parts)  # fmt: skip
+                resp = spb.BatchWriteResponse.FromString(raw)
+            else:
+                if bulk_parts:
+                    await self._data.get(node.data).push(transfer_id, bulk_parts)
+                resp = await self._rpc.unary(self.stub(node.grpc).BatchWrite, request)
+        except (RpcError, DataRefused) as err:
+            code = _status_code(err)
+            if code in FATAL_RPC_CODES:
+                details = err.details if isinstance(err, RpcError) else err.message
+                raise StorageIoError(f"BatchWrite refused: {code.name}: {details}", code) from None
             for i in idx:
                 outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"node {node.node_id}: {err}")
             return
-        except (OSError, DataPathError) as err:
+        except (OSError, DataPathError, DecodeError) as err:
             for i in idx:
                 outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"data path: {err}")
             return

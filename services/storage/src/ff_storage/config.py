@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 
 from ff_config import SettingsModel
+from hf3fs.datapath import DATA_PATH_VERSION
 
 ENV_PREFIX = "FF_STORAGE_"
 
@@ -28,6 +29,12 @@ class StorageSettings(SettingsModel):
     data_wait_s: float = Field(10.0, gt=0, description="how long a write waits for its bulk bytes")
     transfer_ttl_s: float = Field(30.0, gt=0, description="staged read bytes not pulled by then are freed")
     fsync: bool = Field(True, description="fsync chunk files and metadata (never off in production)")
+    data_path_version: int = Field(
+        DATA_PATH_VERSION,
+        ge=1,
+        le=DATA_PATH_VERSION,
+        description="newest data path version served (lower: speak as an older node)",
+    )
     sync_scan_interval_s: float = Field(0.2, gt=0, description="how often to look for targets to recover")
     grace_s: float = Field(3.0, ge=0, description="drain time for in-flight calls on SIGTERM")
     ready_file: Path | None = Field(None, description="write the bound addresses here once serving")

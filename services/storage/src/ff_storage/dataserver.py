@@ -1,5 +1,6 @@
 """The node's bulk data endpoint (wire format in hf3fs.datapath): pushed bytes in, staged read bytes out,
-and reads served in one round trip (``read``: BatchRead and its bytes, no gRPC call)."""
+reads served in one round trip (``read``: BatchRead and its bytes, no gRPC call), and writes too
+(``call``: BatchWrite or ForwardUpdates with their bytes, no push and no gRPC call)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ import grpc
 from ff_rpc import Principal, TokenValidator, Unauthenticated
 from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token, set_current_principal
 from hf3fs.datapath import (
+    CALL_METHODS,
     DATA_PATH_VERSION,
     MAX_READ_REQUEST_BYTES,
     DataPathError,
@@ -45,6 +47,10 @@ MAX_SHARED_REGIONS = 64
 # (None unless OK) out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
 # ``DataRefused`` for a request the node refuses.
 ReadHandler = Callable[[bytes], Awaitable[tuple[bytes, Sequence[Buffer | None]]]]
+# Serves a ``call`` of one storage RPC: its serialized request in (its bulk bytes already in the inbox under
+# the call's transfer id, owned by the connection's principal), its serialized response out. Runs with the
+# connection's principal as ``ff_rpc.current_principal()``; raises ``DataRefused`` for a refused call.
+CallHandler = Callable[[bytes], Awaitable[bytes]]
 
 
 @dataclass
@@ -88,6 +94,10 @@ class TransferBoxes:
             return None
         return item[1]
 
+    def discard(self, transfer_id: str) -> None:
+        """Drop pushed bytes nobody took."""
+        self._inbox.pop(transfer_id, None)
+
     def stage(self, transfer_id: str, owner: str, parts: Sequence[Buffer]) -> int:
         length = sum(len(p) for p in parts)
         self._outbox[transfer_id] = _Staged(owner, parts, length, self.clock() + self.ttl_s)
@@ -121,9 +131,15 @@ class DataServer:
         cluster_token: str,
         validator: TokenValidator | None,
         read: ReadHandler | None = None,
+        calls: Mapping[str, CallHandler] | None = None,
     ) -> None:
+        """``read`` serves the ``read`` op (version 2), ``calls`` (by method, with ``read``) the ``call`` op
+        (version 3); without them the node speaks the older versions."""
         self._boxes = boxes
         self._read = read
+        self._calls = dict(calls or {}) if read is not None else {}
+        if set(self._calls) - CALL_METHODS:
+            raise ValueError(f"no call op for {sorted(set(self._calls) - CALL_METHODS)}")
         self._cluster_token = cluster_token
         self._validator = validator
         self._listeners: list[socket.socket] = []
@@ -208,7 +224,7 @@ class DataServer:
         principal = await self._caller(token, sock)
         if principal is None:
             return None
-        version = DATA_PATH_VERSION if self._read is not None else 1
+        version = DATA_PATH_VERSION if self._calls else 2 if self._read is not None else 1
         answer: dict[str, object] = {"ok": True, "host": self.host, "version": version}
         if not local and self.unix_name and hello.get("host") == self.host:
             answer["unix"] = self.unix_name
@@ -224,9 +240,9 @@ class DataServer:
             principal, token = caller
             while True:
                 header = await recv_header(sock, PEER)
-                if header.get("op") == "read":
-                    # A read is authorized here alone (no gRPC call before it): the token is checked again
-                    # (cached by the validator), so a revoked or demoted token stops reading at once.
+                if header.get("op") in ("read", "call"):
+                    # A read or call is authorized here alone (no gRPC call before it): the token is checked
+                    # again (cached by the validator), so a revoked or demoted token stops at once.
                     again = await self._caller(token, sock)
                     if again is None:
                         return
@@ -287,6 +303,8 @@ class DataServer:
             await send_parts(sock, [encode_header({"ok": True, "length": staged.length}), *staged.parts])
         elif op == "read" and self._read is not None:
             await self._serve_read(sock, header)
+        elif op == "call" and self._calls:
+            await self._serve_call(sock, header, principal)
         else:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
 
@@ -316,6 +334,30 @@ class DataServer:
             del dests
         answer = {"ok": True, "response": len(response), "length": sum(len(p) for p in parts)}
         await send_parts(sock, [encode_header(answer), response, *parts])
+
+    async def _serve_call(self, sock: socket.socket, header: dict[str, object], principal: Principal) -> None:
+        """A ``call``: the request and its bytes in (all of them, so the stream stays in step even when the call
+        is refused), the bytes into the inbox under the call's transfer id, the handler's response out."""
+        size, length = _int_field(header, "request"), _int_field(header, "length")
+        tid = str(header.get("transfer_id", ""))
+        if not 0 < size <= MAX_READ_REQUEST_BYTES or not 0 <= length <= MAX_PUSH_BYTES or (length and not tid):
+            raise DataPathError("bad call header")
+        request = await _receive_payload(sock, size)
+        data = await _receive_payload(sock, length) if length else None
+        handler = self._calls.get(str(header.get("method", "")))
+        try:
+            if handler is None:
+                raise DataRefused("UNIMPLEMENTED", f"no call op for method {header.get('method')!r}")
+            if data is not None:
+                self._boxes.deposit(tid, principal.name, data)
+            response = await handler(bytes(request))
+        except DataRefused as exc:
+            await send_parts(sock, [encode_header({"ok": False, "code": exc.code, "error": exc.message})])
+            return
+        finally:
+            if data is not None:
+                self._boxes.discard(tid)  # what the call did not take (refused before it looked) goes now
+        await send_parts(sock, [encode_header({"ok": True, "response": len(response)}), response])
 
 
 async def _refuse(sock: socket.socket, exc: BaseException) -> None:

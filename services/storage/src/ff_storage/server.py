@@ -47,7 +47,9 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     mgmtd = MgmtdClient(settings.mgmtd_list(), token=token, timeout_s=3.0)
     validator = registry_validator(mgmtd)
     servicer = StorageServicer(node)
-    data = DataServer(boxes, token, validator, read=servicer.read_on_data_path)
+    version = settings.data_path_version
+    data = DataServer(boxes, token, validator, read=servicer.read_on_data_path if version >= 2 else None,
+                      calls=servicer.data_path_calls() if version >= 3 else None)  # fmt: skip
     await data.start(settings.data_listen_address)
     server = RpcServer(
         ServerOptions(listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,

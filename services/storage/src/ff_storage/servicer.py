@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from ff_rpc import PermissionDenied, current_principal
+from ff_rpc.auth import authorize, method_access
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
-from ff_storage.dataserver import Buffer
+from ff_storage.dataserver import Buffer, CallHandler
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
@@ -102,6 +103,35 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         total = sum(len(p) for p in parts if p is not None)
         response = pb.BatchReadResponse(results=results, transfer_length_bytes=total)
         return response.SerializeToString(), parts
+
+    def data_path_calls(self) -> dict[str, CallHandler]:
+        """The RPCs the data path's ``call`` op carries (``dataserver.CallHandler``s): the same methods as over
+        gRPC, behind the access their proto declares, refusals with the status gRPC would answer."""
+        return {
+            "BatchWrite": self._data_path_call("BatchWrite", pb.BatchWriteRequest, self.BatchWrite),
+            "ForwardUpdates": self._data_path_call("ForwardUpdates", pb.ForwardUpdatesRequest, self.ForwardUpdates),
+        }
+
+    def _data_path_call(
+        self, name: str, request_type: type[Any], method: Callable[[Any, Context], Awaitable[Message]]
+    ) -> CallHandler:
+        access = method_access(f"/{pb.DESCRIPTOR.services_by_name['StorageService'].full_name}/{name}")
+
+        async def call(request_bytes: bytes) -> bytes:
+            try:
+                if access is not None:
+                    authorize(access, current_principal())
+                try:
+                    request = request_type.FromString(request_bytes)
+                except DecodeError as exc:
+                    raise InvalidRequest(f"{name} request does not parse: {exc}") from None
+                response = await method(request, None)
+            except Exception as exc:
+                code = _status_of(exc, f"a data-path {name}")
+                raise DataRefused(code.name, str(exc) or type(exc).__name__) from exc
+            return response.SerializeToString()
+
+        return call
 
     async def ReadStream(
         self, request_iterator: AsyncIterator[pb.ReadStreamRequest], context: Context

@@ -10,6 +10,8 @@ import logging
 import uuid
 from collections import defaultdict
 
+from google.protobuf.message import DecodeError
+
 from ff_rpc import RpcError
 from ff_storage.core.chunks import (
     ChunkKey,
@@ -27,6 +29,7 @@ from ff_storage.store.chunk_engine import PendingItem
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
+from hf3fs.datapath import DataPathError
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +279,7 @@ class WritePath(NodeBase):
                 return []  # this target is the tail: commit
             try:
                 answers = await self._send_updates(chain, nxt, todo, full_keys, target.target_id)
-            except (RpcError, OSError, ConnectionError) as exc:
+            except (RpcError, OSError, ConnectionError, DataPathError, DecodeError) as exc:
                 answers = [_res(spb.CHUNK_IO_STATUS_FORWARD_FAILED, f"successor {nxt.target_id}: {exc}")] * len(todo)
             retry = []
             for u, r in zip(todo, answers, strict=True):
@@ -335,13 +338,19 @@ class WritePath(NodeBase):
                 else:
                     msg.inline_data = bytes(payload)
             msgs.append(msg)
+        request = spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs)
+        node = self.view.node(nxt.node_id) if self.view else None
+        if node is not None and node.data and await self._data.calls_direct(node.data):
+            # one round trip on the data path: the request and its bytes together, no push, no gRPC call
+            async with asyncio.timeout(self.config.forward_timeout_s):
+                raw = await self._data.call(node.data, "ForwardUpdates", request.SerializeToString(), transfer_id,
+                                            parts)  # fmt: skip
+            return list(spb.ForwardUpdatesResponse.FromString(raw).results)
         if parts:
-            node = self.view.node(nxt.node_id) if self.view else None
             if node is None or not node.data:
                 raise ConnectionError(f"node {nxt.node_id} has no data endpoint")
             await self._data.get(node.data).push(transfer_id, parts)
-        resp = await self._rpc.unary(self._stub(nxt.node_id).ForwardUpdates,
-                                     spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs))  # fmt: skip
+        resp = await self._rpc.unary(self._stub(nxt.node_id).ForwardUpdates, request)
         return list(resp.results)
 
     # ---- write (replicas) ----

@@ -1,0 +1,184 @@
+"""Writes as one ``call`` on the data path (BatchWrite and ForwardUpdates with their bytes, no push and no
+gRPC call): the RPCs' own checks and access rules with the connection's caller, refusals that leave the
+connection open, and nodes speaking an older data path version still served the old way."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
+from hf3fs.capability import capability_key, make_capability
+from hf3fs.datapath import DataConnection, DataPathError, DataRefused, encode_header, send_parts
+from hf3fs.routing import RoutingView
+
+CHUNK = 512 * 1024
+INODE = 21
+
+
+def _write_request(chain: object, index: int, data: bytes, transfer_id: str, capability: bytes = b"") -> bytes:
+    return spb.BatchWriteRequest(ios=[spb.WriteIO(
+        chain_id=chain.chain_id, chain_version=chain.version,  # type: ignore[attr-defined]
+        chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=index), chunk_size_bytes=CHUNK, offset_bytes=0,
+        length_bytes=len(data), checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(data)),
+        transfer=spb.TransferRef(transfer_id=transfer_id, offset_bytes=0), io_capability=capability,
+    )]).SerializeToString()  # fmt: skip
+
+
+async def _read(client: StorageClient, chain_id: int, index: int) -> bytes | None:
+    [got] = await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=index, length=CHUNK)])
+    return bytes(got.data) if got.ok else None
+
+
+def _data_address(info: mgmtd_pb2.RoutingInfo, node_id: int) -> str:
+    node = RoutingView(info).node(node_id)
+    assert node is not None and node.data
+    return node.data
+
+
+async def _user_token(cluster: StorageCluster, name: str) -> str:
+    admin = cluster.client()
+    try:
+        await admin.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=common_pb2.ROLE_USER))
+        return (await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))).token
+    finally:
+        await admin.close()
+
+
+async def test_writes_are_one_call_on_the_data_path_and_a_refusal_keeps_the_connection(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    info = await cluster.routing()
+    chain = info.chains[0]
+    blocks = [os.urandom(CHUNK) for _ in range(3)]
+    ios = [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
+           for i, b in enumerate(blocks)]  # fmt: skip
+    assert all(r.ok for r in await client.batch_write(ios))
+    assert client.data_stats["calls"] >= 1, "bulk writes go as data-path calls"
+    for i, b in enumerate(blocks):
+        assert await _read(client, chain.chain_id, i) == b  # every replica took them (reads pick any)
+
+    head = _data_address(info, chain.targets[0].node_id)
+    conn = DataConnection(head, CLUSTER_TOKEN)
+    try:
+        new = os.urandom(CHUNK)
+        with pytest.raises(DataRefused) as err:
+            await conn.call("BatchWrite", b"\xff\xff not a request", "t1", [new])
+        assert err.value.code == "INVALID_ARGUMENT"
+        with pytest.raises(DataRefused) as err:
+            await conn.call("DeleteEverything", _write_request(chain, 0, new, "t2"), "t2", [new])
+        assert err.value.code == "UNIMPLEMENTED"
+        # bytes that do not match the request's checksum: answered per IO, as BatchWrite does
+        bad = _write_request(chain, 0, new, "t3")
+        resp = spb.BatchWriteResponse.FromString(await conn.call("BatchWrite", bad, "t3", [new[:-1] + b"x"]))
+        assert resp.results[0].status == spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH
+        with pytest.raises(DataRefused) as err:  # an IO larger than the limit: BatchWrite's own check
+            huge = spb.BatchWriteRequest.FromString(_write_request(chain, 0, new, "t4"))
+            huge.ios[0].length_bytes = 1 << 40
+            await conn.call("BatchWrite", huge.SerializeToString(), "t4", [new])
+        assert err.value.code == "INVALID_ARGUMENT"
+        assert await _read(client, chain.chain_id, 0) == blocks[0], "nothing refused was written"
+        sock = conn._sock
+        resp = spb.BatchWriteResponse.FromString(await conn.call("BatchWrite", _write_request(chain, 0, new, "t5"),
+                                                                 "t5", [new]))  # fmt: skip
+        assert resp.results[0].status == spb.CHUNK_IO_STATUS_OK and conn._sock is sock, "same connection"
+        assert await _read(client, chain.chain_id, 0) == new
+    finally:
+        conn.close()
+    conn = DataConnection(head, CLUSTER_TOKEN)
+    try:  # a malformed header closes the connection: the stream cannot be trusted to be in step
+        sock = await conn._connect()
+        await send_parts(sock, [encode_header({"op": "call", "method": "BatchWrite", "request": 0, "length": 0})])
+        with pytest.raises(DataPathError):
+            await conn._read_header()
+    finally:
+        conn.close()
+
+
+async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluster, client: StorageClient) -> None:
+    info = await cluster.routing()
+    chain = info.chains[0]
+    old = os.urandom(CHUNK)
+    assert (await client.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=old,
+                                                 chunk_size=CHUNK)]))[0].ok  # fmt: skip
+    token = await _user_token(cluster, "writer")
+    head = _data_address(info, chain.targets[0].node_id)
+    middle = _data_address(info, chain.targets[1].node_id)
+    new = os.urandom(CHUNK)
+    key = capability_key(CLUSTER_TOKEN)
+    expiry = time.time_ns() + 60 * 10**9
+    conn = DataConnection(head, token)
+    try:
+        for capability in (b"", make_capability(key, INODE, False, expiry), make_capability(key, INODE + 1, True,
+                                                                                             expiry)):  # fmt: skip
+            with pytest.raises(DataRefused) as err:  # no IoCapability, a read-only one, another file's
+                await conn.call("BatchWrite", _write_request(chain, 0, new, "u1", capability), "u1", [new])
+            assert err.value.code == "PERMISSION_DENIED"
+    finally:
+        conn.close()
+    conn = DataConnection(middle, token)
+    try:  # a user may not pose as a predecessor in the chain
+        update = spb.ForwardUpdatesRequest(from_target_id=chain.targets[0].target_id, updates=[spb.ChunkUpdate(
+            chain_id=chain.chain_id, chain_version=chain.version, chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=0),
+            update_type=spb.UPDATE_TYPE_WRITE, update_version=99, chunk_size_bytes=CHUNK, length_bytes=CHUNK,
+            checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(new)), full_chunk_replace=True,
+            transfer=spb.TransferRef(transfer_id="u2", offset_bytes=0),
+        )])  # fmt: skip
+        with pytest.raises(DataRefused) as err:
+            await conn.call("ForwardUpdates", update.SerializeToString(), "u2", [new])
+        assert err.value.code == "PERMISSION_DENIED"
+    finally:
+        conn.close()
+    for target in chain.targets:
+        got = await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0,
+                                                 length=CHUNK)], prefer_target=target.target_id)  # fmt: skip
+        assert got[0].ok and bytes(got[0].data) == old, "nothing was written on any replica"
+    user_mg = cluster.client(token)
+    user = StorageClient(user_mg, token, retry_deadline_s=2.0)
+    try:  # the user's own client: refused as over gRPC, with the same status
+        with pytest.raises(StorageIoError) as refused:
+            await user.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=new,
+                                               chunk_size=CHUNK)])  # fmt: skip
+        assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
+        good = make_capability(key, INODE, True, expiry)
+        assert (await user.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=new,
+                                                   chunk_size=CHUNK, capability=good)]))[0].ok  # fmt: skip
+        assert user.data_stats["calls"] == 1
+    finally:
+        await user.close()
+        await user_mg.close()
+    assert await _read(client, chain.chain_id, 0) == new
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_nodes_speaking_an_older_data_path_are_written_and_read_the_old_way(tmp_path: Path, version: int) -> None:
+    cluster = await start_cluster(tmp_path / "cluster", targets_per_disk=1, extra={"data-path-version": str(version)})
+    try:
+        mg = cluster.client()
+        client = StorageClient(mg, CLUSTER_TOKEN, retry_deadline_s=30.0)
+        try:
+            chain = (await cluster.routing()).chains[0]
+            blocks = [os.urandom(CHUNK) for _ in range(3)]
+            ios = [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
+                   for i, b in enumerate(blocks)]  # fmt: skip
+            assert all(r.ok for r in await client.batch_write(ios))
+            for target in chain.targets:  # forwarded to every replica through push + gRPC
+                got = await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i,
+                                                         length=CHUNK) for i in range(3)],
+                                              prefer_target=target.target_id)  # fmt: skip
+                assert [bytes(g.data) for g in got] == blocks
+            assert client.data_stats["calls"] == 0 and client.data_stats["tcp_pulls"] >= 1
+            assert (client._streams != {}) is (version == 1), "version 1 reads through a ReadStream and a pull"
+        finally:
+            await client.close()
+            await mg.close()
+    finally:
+        cluster.stop()
