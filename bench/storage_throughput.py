@@ -20,7 +20,7 @@ of each, and the median of the per-round ratios (goal >= 0.5 each). The cluster 
 timing (1 s heartbeats; the tests' 0.2 s ones take a few percent of the two cores from the data path).
 Reads land in caller buffers, one per block in flight, reused (the TCP baseline receives into one buffer).
 
-    .venv/bin/python bench/storage_throughput.py                 # 7 rounds of 32 x 4 MiB, ~40 s
+    .venv/bin/python bench/storage_throughput.py                 # 11 rounds of 32 x 4 MiB, ~20 s
     .venv/bin/python bench/storage_throughput.py --inflight 1 --dir /work/tmp
 """
 
@@ -357,7 +357,7 @@ def report(rounds: list[Round]) -> None:
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Path]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (after one warm-up round)")
+    parser.add_argument("--rounds", type=int, default=11, help="measured rounds (after one warm-up round)")
     parser.add_argument("--chunks", type=int, default=32, help="chunks written and read per round")
     parser.add_argument("--block-mib", type=int, default=4, help="chunk and block size in MiB")
     parser.add_argument("--batch", type=int, default=1, help="chunks per client request (and per TCP request)")
