@@ -13,4 +13,5 @@ STATUS_TABLE = StatusTable({
     errors.TargetExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.Forbidden: grpc.StatusCode.PERMISSION_DENIED,
     errors.ChunkCorrupt: grpc.StatusCode.DATA_LOSS,
+    errors.PendingReplaced: grpc.StatusCode.ABORTED,
 })  # fmt: skip

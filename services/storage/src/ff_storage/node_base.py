@@ -77,6 +77,7 @@ class Update:
     content: Payload | None = None
     content_checksum: int | None = None  # CRC of ``content`` (None: a remove)
     pending: Pending | None = None
+    forwarded: bool = False  # the successor acknowledged it
     result: spb.UpdateResult = field(default_factory=spb.UpdateResult)
 
 

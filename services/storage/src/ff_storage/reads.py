@@ -77,8 +77,9 @@ class ReadPath(NodeBase):
                                   message=f"version {meta.pending_version} is pending"), None  # fmt: skip
         checksum: int | None = None  # of the whole chunk, when already verified
         data: bytes | memoryview
+        stored = target.engine.pending(key) if meta.pending_version else None
         try:
-            if meta.pending_version:
+            if stored is not None and stored.stored:  # a relaxed read of a reserved version reads the committed one
                 got = target.engine.read_pending(key)
                 if got is None:
                     return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="pending remove"), None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections import defaultdict
@@ -25,7 +26,7 @@ from ff_storage.core.chunks import (
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
 from ff_storage.core.target_role import Public
 from ff_storage.node_base import NodeBase, NotServing, Payload, Target, Update, _res
-from ff_storage.store.chunk_engine import PendingItem
+from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
@@ -224,38 +225,49 @@ class WritePath(NodeBase):
         """Store the updates as pending versions here while passing them on, then commit those the successor
         acknowledged (the tail: all of them) and drop the rest.
 
-        The local write (file + fsync) and the forward run at once, so a chain of 3 pays about one write's
-        latency instead of three in a row; the ack upstream still waits for both, so an acknowledged update
-        is durable on every replica. If the local write fails after the successor took the update, this
-        replica would be a version behind the rest of the chain: the target then reports offline and goes
-        through recovery, as after a restart.
+        The versions are reserved first (reads here answer "pending" from now on, as before the write began);
+        then the local write (file + fsync) and the forward run at once, so a chain of 3 pays about one
+        write's latency instead of three in a row. The ack upstream waits for both, so an acknowledged update
+        is durable on every replica. If storing or committing here fails after the successor took an update,
+        this replica is a version behind the rest of the chain: the target reports offline and goes through
+        recovery, as after a restart. A cancelled call (its caller gave up) drops what it stored once the
+        write thread is done.
         """
         if not updates:
             return
+        engine = target.engine
+        reserved = engine.reserve([(u.key, u.version, u.chain_version) for u in updates])
         items: list[PendingItem] = [(u.key, u.version, u.chain_version, u.content, u.content_checksum)
                                     for u in updates]  # fmt: skip
-        stored, forwarded = await asyncio.gather(
-            asyncio.to_thread(target.engine.write_pending, items),
-            self._forward(target, updates) if forward else _nothing_failed(),
-            return_exceptions=True,
-        )
-        if isinstance(stored, BaseException):
-            if not isinstance(stored, asyncio.CancelledError):
-                logger.error("target %d: storing %d updates failed (%s); it goes through recovery",
-                             target.target_id, len(updates), stored)  # fmt: skip
-                target.role.needs_recovery()
-            raise stored
+        store = asyncio.ensure_future(asyncio.to_thread(engine.write_pending, items, reserved))
+        try:
+            failed = await self._forward(target, updates) if forward else []
+            stored = await asyncio.shield(store)
+        except BaseException as exc:
+            store.add_done_callback(functools.partial(_drop_stored, engine, reserved))
+            failed_here = store.done() and not store.cancelled() and store.exception() is exc
+            if failed_here and any(u.forwarded for u in updates):
+                self._behind_the_chain(target, "storing", exc)
+            raise
         for u, p in zip(updates, stored, strict=True):
             u.pending = p
-        if isinstance(forwarded, BaseException):
-            target.engine.abort(stored)
-            raise forwarded
-        done = [u for u in updates if u not in forwarded]
-        metas = await asyncio.to_thread(target.engine.commit, [u.pending for u in done if u.pending])
+        done = [u for u in updates if u not in failed]
+        try:
+            metas = await asyncio.to_thread(engine.commit, [u.pending for u in done if u.pending])
+        except Exception as exc:
+            if any(u.forwarded for u in done):
+                self._behind_the_chain(target, "committing", exc)
+            engine.abort(stored)
+            raise
         for u, meta in zip(done, metas, strict=True):
             u.result = _res(spb.CHUNK_IO_STATUS_OK, "", u.version, meta)
-        if forwarded:
-            target.engine.abort([u.pending for u in forwarded if u.pending])
+        if failed:
+            engine.abort([u.pending for u in failed if u.pending])
+
+    def _behind_the_chain(self, target: Target, what: str, exc: BaseException) -> None:
+        logger.error("target %d: %s updates its successor already took failed (%s); it goes through recovery",
+                     target.target_id, what, exc)  # fmt: skip
+        target.role.needs_recovery()
 
     async def _forward(self, target: Target, updates: list[Update]) -> list[Update]:  # noqa: PLR0912
         """Send updates to the successor until it acks them (re-forwarding as the chain changes).
@@ -284,6 +296,7 @@ class WritePath(NodeBase):
             retry = []
             for u, r in zip(todo, answers, strict=True):
                 if r.status == spb.CHUNK_IO_STATUS_OK:
+                    u.forwarded = True
                     continue
                 if r.status == spb.CHUNK_IO_STATUS_MISSING_UPDATE:
                     full_keys.add(u.key)
@@ -437,5 +450,9 @@ def _payload_checksum(u: Update, payload: Payload) -> int:
     return crc32c_of(payload)
 
 
-async def _nothing_failed() -> list[Update]:
-    return []
+def _drop_stored(engine: ChunkEngine, reserved: list[Pending], store: asyncio.Future[list[Pending]]) -> None:
+    """Once the write thread of an abandoned update is done: drop what it stored (or its reservations)."""
+    if store.cancelled() or store.exception() is not None:
+        engine.abort(reserved)
+    else:
+        engine.abort(store.result())

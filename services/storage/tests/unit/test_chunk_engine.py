@@ -4,12 +4,14 @@ between write and commit leaves the committed version whole."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ff_storage.core.errors import ChunkCorrupt
+from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
 from ff_storage.store.chunk_engine import ChunkEngine
 from hf3fs.checksum import crc32c_of
 
@@ -49,16 +51,47 @@ def test_overwrites_reuse_the_replaced_versions_files(engine: ChunkEngine) -> No
 
 def test_a_mapped_file_is_not_reused_until_its_reader_drops_it(engine: ChunkEngine) -> None:
     _put(engine, b"old" * 1000)
+    mapped_name = engine._files[KEY]
     got = engine.map_committed(KEY)
     assert got is not None
     meta, view = got
     for n in range(5):
         _put(engine, bytes([n]) * 3000)
+        assert engine._files[KEY] != mapped_name  # every version went elsewhere
     assert bytes(view) == b"old" * 1000 and crc32c_of(view) == meta.checksum  # the reader's bytes never moved
-    mapped_file = len(_files(engine))
     del view, got
     _put(engine, b"new" * 1000)
-    assert len(_files(engine)) == mapped_file  # its file is free again and was taken
+    assert engine._files[KEY] == mapped_name  # free again (the oldest free file) and taken
+
+
+def test_a_reserved_version_reads_as_pending_and_a_replaced_reservation_stores_nothing(engine: ChunkEngine) -> None:
+    _put(engine, b"v1" * 100)
+    [first] = engine.reserve([(KEY, 2, 1)])
+    meta = engine.get(KEY)
+    assert meta is not None and meta.pending_version == 2 and meta.committed_version == 1
+    assert engine.read_pending(KEY) is None  # nothing to read yet: relaxed readers read the committed copy
+    files = _files(engine)
+    [second] = engine.reserve([(KEY, 2, 1)])  # a retry took over (the first one's caller gave up)
+    with pytest.raises(PendingReplaced):
+        engine.write_pending([(KEY, 2, 1, b"late" * 100, None)], [first])
+    assert engine.pending(KEY) is second
+    [stored] = engine.write_pending([(KEY, 2, 1, b"v2" * 100, None)], [second])
+    assert len(_files(engine)) == len(files) + 1  # the late write's file went back to the free list, reused
+    engine.commit([stored])
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"v2" * 100)
+
+
+def test_a_version_that_is_no_longer_the_pending_one_is_not_committed(engine: ChunkEngine) -> None:
+    _put(engine, b"v1" * 100)
+    [old] = engine.write_pending([(KEY, 2, 1, b"abandoned" * 100, None)])
+    [new] = engine.write_pending([(KEY, 2, 1, b"retried" * 100, None)])
+    with pytest.raises(PendingReplaced):
+        engine.commit([old])
+    engine.commit([new])
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"retried" * 100)
+    _put(engine, b"v3" * 100, (8, 0))  # the abandoned version's file is free, not shared by two chunks
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"retried" * 100)
+    assert engine.read_committed((8, 0)) == (engine.get((8, 0)), b"v3" * 100)
 
 
 def test_a_pending_version_is_served_from_a_view_until_committed(engine: ChunkEngine) -> None:
@@ -76,13 +109,22 @@ def test_crash_between_write_and_commit_keeps_the_committed_version(tmp_path: Pa
     first = ChunkEngine(root)
     first.open()
     _put(first, b"committed" * 100)
-    first.write_pending([(KEY, 2, 1, b"never committed" * 100, None)])
-    first.close()  # as if the process died: the pending version is only in a file no row names
+    first.close()
+    # another process stores a new version and dies before committing it (no close, no cleanup)
+    code = (
+        "import os, sys; from pathlib import Path; from ff_storage.store.chunk_engine import ChunkEngine\n"
+        "e = ChunkEngine(Path(sys.argv[1])); e.open()\n"
+        "e.write_pending([((7, 0), 2, 1, b'never committed' * 100, None)])\n"
+        "os._exit(9)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", code, str(root)], check=False)
+    assert died.returncode == 9
     again = ChunkEngine(root)
     again.open()
     assert again.pending(KEY) is None
     assert again.read_committed(KEY) == (again.get(KEY), b"committed" * 100)
     files = _files(again)
+    assert len(files) == 2  # the committed version's file and the lost pending version's, now free
     _put(again, b"next" * 100)  # goes to the file the lost pending version had
     assert _files(again) == files
     again.close()

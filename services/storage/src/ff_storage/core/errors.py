@@ -25,3 +25,7 @@ class Forbidden(StorageError):
 
 class ChunkCorrupt(StorageError):
     """The stored chunk does not match its checksum."""
+
+
+class PendingReplaced(StorageError):
+    """A newer update of the chunk took its place while this one was in flight (its caller had given up)."""

@@ -14,11 +14,18 @@ reused only when no reader maps it (mappings are tracked by weak references, and
 hands out free files), so a read never sees a file change under it. At most ``max_free_files`` free files
 are kept; more are unlinked.
 
+Pending versions: ``reserve`` marks a version pending before its content is written (reads answer
+"pending" from then on), ``write_pending`` stores it in place of its reservation (``PendingReplaced`` if a
+newer update took the reservation over meanwhile: its caller had given up), ``commit`` makes it the committed
+version (only the current pending one: a stale one raises ``PendingReplaced``), ``abort`` drops it. They live
+in memory only: a replica that crashes loses them, and every restarted target goes through recovery anyway.
+
 fsync discipline: (1) each new version's data is on disk before its metadata is committed: ``fdatasync``
-for an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) each
-directory that got new files is fsynced before the commit, so the names survive a crash; (3) SQLite runs in
-WAL mode with ``synchronous=FULL``, so a commit is durable when it returns. Pending versions live in memory
-only: a replica that crashes loses them, and every restarted target goes through recovery anyway.
+for an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) a new
+file's folder is fsynced before the commit, and a new folder's parent before any file goes in it, so the
+names survive a crash (``open`` fsyncs every folder once, for whatever an earlier crash left; a new file
+whose write failed is unlinked, not kept as free); (3) SQLite runs in WAL mode with ``synchronous=FULL``,
+so a commit is durable when it returns.
 
 All methods block (disk I/O): the service calls them from worker threads. A lock serializes metadata,
 the free list and new mappings.
@@ -32,12 +39,12 @@ import sqlite3
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ff_storage.core.chunks import ChunkKey, ChunkMeta
-from ff_storage.core.errors import ChunkCorrupt
+from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
 from hf3fs.checksum import crc32c_of
 
 SCHEMA = """
@@ -60,14 +67,15 @@ PendingItem = tuple[ChunkKey, int, int, bytes | memoryview | None, int | None]
 
 @dataclass(frozen=True, kw_only=True)
 class Pending:
-    """A version written to its own file, not yet committed."""
+    """A version not yet committed: written to its own file, or only reserved (in flight, being written)."""
 
     key: ChunkKey
     version: int
     chain_version: int
-    path: Path | None  # None: the update removes the chunk
+    path: Path | None  # None: the update removes the chunk (or, reserved, nothing is written yet)
     length: int
     checksum: int
+    stored: bool = True  # False: reserved; reads answer "pending" but there is no content to read yet
 
 
 class ChunkEngine:
@@ -82,6 +90,7 @@ class ChunkEngine:
         self._files: dict[ChunkKey, str] = {}
         self._pending: dict[ChunkKey, Pending] = {}
         self._free: dict[str, int] = {}  # file name (relative to data_dir) -> size; no version lives in it
+        self._durable_dirs: set[Path] = set()  # folders whose own entry is known to be on disk
         self._maps: weakref.WeakValueDictionary[str, mmap.mmap] = weakref.WeakValueDictionary()
 
     # ---- open / close ----
@@ -99,6 +108,10 @@ class ChunkEngine:
                              length=row[4], checksum=row[5])  # fmt: skip
             self._meta[meta.key] = meta
             self._files[meta.key] = row[6]
+        if self._fsync:  # whatever a crash left: names on disk before any of these files is reused
+            for folder in [self.data_dir, *(d for d in self.data_dir.iterdir() if d.is_dir())]:
+                _fsync_dir(folder)
+        self._durable_dirs = {d for d in self.data_dir.iterdir() if d.is_dir()}
         self._collect_free()
 
     def _collect_free(self) -> None:
@@ -171,7 +184,8 @@ class ChunkEngine:
         return meta, data
 
     def read_pending(self, key: ChunkKey) -> tuple[Pending, memoryview] | None:
-        """The pending version's content (a view of its file, not reused while the view lives)."""
+        """The pending version's content (a view of its file, not reused while the view lives); None when the
+        pending version removes the chunk or is only reserved."""
         with self._lock:
             pending = self._pending.get(key)
             if pending is None or pending.path is None:
@@ -213,15 +227,62 @@ class ChunkEngine:
 
     # ---- writes ----
 
-    def write_pending(self, items: Iterable[PendingItem]) -> list[Pending]:
+    def reserve(self, items: Iterable[tuple[ChunkKey, int, int]]) -> list[Pending]:
+        """Mark ``(key, version, chain version)`` pending before the content is written: from here on reads of
+        the chunk answer "pending", as at every replica that already has the version. ``write_pending`` with
+        these reservations stores the content, ``abort`` drops them."""
+        made = [Pending(key=k, version=v, chain_version=cv, path=None, length=0, checksum=0, stored=False)
+                for k, v, cv in items]  # fmt: skip
+        replaced: list[Path] = []
+        with self._lock:
+            for p in made:
+                old = self._pending.get(p.key)
+                if old is not None and old.path is not None:
+                    replaced.append(old.path)  # left by an update whose caller gave up
+                self._pending[p.key] = p
+        self._release(replaced)
+        return made
+
+    def write_pending(self, items: Iterable[PendingItem], reserved: Sequence[Pending] | None = None) -> list[Pending]:
         """Store new versions as pending: ``(key, version, chain version, content or None to remove, CRC)``.
 
         The CRC is the content's when the caller has just verified it (None: computed here). Each content
         goes to a free file (or a new one) and is on disk, with the names of new files, before this returns.
+        With ``reserved`` (``reserve``'s answer for the same items, in order), each version replaces its
+        reservation, and only if that still stands.
+
+        Raises:
+            PendingReplaced: a reservation was replaced meanwhile (a newer update of the chunk took over after
+                this one's caller gave up); nothing of this call stays pending.
         """
+        made = self._write_contents(items)
+        if reserved is not None and len(reserved) != len(made):
+            raise ValueError(f"{len(reserved)} reservations for {len(made)} items")
+        dropped: list[Path] = []
+        stale = False
+        with self._lock:
+            if reserved is not None and any(self._pending.get(r.key) is not r for r in reserved):
+                stale = True
+                dropped = [p.path for p in made if p.path is not None]
+                for r in reserved:
+                    if self._pending.get(r.key) is r:
+                        del self._pending[r.key]
+            else:
+                for p in made:
+                    old = self._pending.get(p.key)
+                    if old is not None and old.path is not None and old.path != p.path:
+                        dropped.append(old.path)
+                    self._pending[p.key] = p
+        self._release(dropped)
+        if stale:
+            raise PendingReplaced(f"{self.root.name}: a newer update took over while these were being written")
+        return made
+
+    def _write_contents(self, items: Iterable[PendingItem]) -> list[Pending]:
+        """Each content into a free file (or a new one), on disk with the new files' names; nothing installed."""
         made: list[Pending] = []
-        written: list[Path] = []  # files taken for this call, released if it fails
-        new_dirs: set[Path] = set()
+        written: list[Path] = []  # free files taken: back to the free list if this fails
+        created: list[Path] = []  # new files: unlinked instead (their names may not be on disk yet)
         try:
             for key, version, chain_version, content, known_checksum in items:
                 if content is None:
@@ -231,10 +292,9 @@ class ChunkEngine:
                 with self._lock:
                     name = self._take_free(len(content))
                 if name is None:
-                    path = self.data_dir / self._new_name(new_dirs)
-                    written.append(path)
+                    path = self.data_dir / self._new_name()
+                    created.append(path)
                     _write_file(path, content, os.O_CREAT | os.O_EXCL, sync=os.fsync if self._fsync else None)
-                    new_dirs.add(path.parent)
                 else:
                     path = self.data_dir / name
                     written.append(path)
@@ -245,19 +305,13 @@ class ChunkEngine:
                 made.append(Pending(key=key, version=version, chain_version=chain_version, path=path,
                                     length=len(content), checksum=checksum))  # fmt: skip
             if self._fsync:
-                for folder in sorted(new_dirs):
+                for folder in sorted({p.parent for p in created}):
                     _fsync_dir(folder)
         except BaseException:
+            for path in created:
+                path.unlink(missing_ok=True)
             self._release(written)
             raise
-        replaced: list[Path] = []
-        with self._lock:
-            for p in made:
-                old = self._pending.get(p.key)
-                if old is not None and old.path is not None and old.path != p.path:
-                    replaced.append(old.path)
-                self._pending[p.key] = p
-        self._release(replaced)
         return made
 
     def _take_free(self, size: int) -> str | None:
@@ -274,12 +328,16 @@ class ChunkEngine:
             del self._free[fallback]
         return fallback
 
-    def _new_name(self, new_dirs: set[Path]) -> str:
+    def _new_name(self) -> str:
+        """A fresh file name in a folder whose entry is on disk (made and fsynced here if it is new)."""
         tag = uuid.uuid4().hex[:24]
         folder = self.data_dir / tag[:2]
-        if folder not in new_dirs and not folder.is_dir():
+        if folder not in self._durable_dirs:
             folder.mkdir(parents=True, exist_ok=True)
-            new_dirs.add(self.data_dir)
+            if self._fsync:
+                _fsync_dir(self.data_dir)
+            with self._lock:
+                self._durable_dirs.add(folder)
         return f"{tag[:2]}/{tag}"
 
     def _release(self, paths: Iterable[Path]) -> None:
@@ -301,6 +359,8 @@ class ChunkEngine:
         results: list[ChunkMeta | None] = []
         with self._lock:
             assert self._db is not None, "engine is closed"
+            if any(self._pending.get(p.key) is not p or not p.stored for p in todo):
+                raise PendingReplaced(f"{self.root.name}: a version to commit is no longer the pending one")
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:

@@ -1,0 +1,171 @@
+"""One replica's step of a chain write (``WritePath._store_forward_commit``) on a real chunk engine, with the
+forward to the successor faked: reads see the version pending while it is in flight, and every failure
+leaves the target consistent (nothing committed, nothing left pending) or, when its successor already took
+the update, out of service until recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from ff_storage.core.target_role import Local, Public
+from ff_storage.dataserver import TransferBoxes
+from ff_storage.node import StorageNode
+from ff_storage.node_base import NodeConfig, Target, Update
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.checksum import crc32c_of
+
+KEY = (3, 0)
+Forward = Callable[[Target, list[Update]], Awaitable[list[Update]]]
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
+    config = NodeConfig(node_id=101, disks=[tmp_path / "disk0"], targets_file=tmp_path / "targets.json",
+                        cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
+                        data_wait_s=1.0, fsync=True)  # fmt: skip
+    n = StorageNode(config, TransferBoxes())
+    target = n.create_target(1, 1, 0)
+    target.role.observe(Public.SERVING, 1)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def _target(node: StorageNode) -> Target:
+    return node.targets[1]
+
+
+def _update(data: bytes, version: int) -> Update:
+    return Update(key=KEY, kind=spb.UPDATE_TYPE_WRITE, chunk_size=len(data), data=data, data_checksum=crc32c_of(data),
+                  length=len(data), full=True, version=version, chain_version=1, content=data,
+                  content_checksum=crc32c_of(data))  # fmt: skip
+
+
+def _fake_forward(node: StorageNode, monkeypatch: pytest.MonkeyPatch, forward: Forward) -> None:
+    monkeypatch.setattr(node, "_forward", forward)
+
+
+async def _committed(node: StorageNode, data: bytes, version: int) -> None:
+    await node._store_forward_commit(_target(node), [_update(data, version)], forward=False)
+
+
+async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _committed(node, b"one" * 100, 1)
+    release = asyncio.Event()
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        await release.wait()
+        for u in updates:
+            u.forwarded = True
+        return []
+
+    _fake_forward(node, monkeypatch, forward)
+    u = _update(b"two" * 100, 2)
+    step = asyncio.create_task(node._store_forward_commit(_target(node), [u]))
+    await asyncio.sleep(0.05)
+    meta = _target(node).engine.get(KEY)
+    assert meta is not None and meta.pending_version == 2 and meta.committed_version == 1
+    release.set()
+    await step
+    meta = _target(node).engine.get(KEY)
+    assert meta is not None and meta.committed_version == 2 and not meta.pending_version
+    assert u.result.status == spb.CHUNK_IO_STATUS_OK
+
+
+@pytest.mark.parametrize("successor_took_it", [True, False])
+async def test_a_failed_local_write_leaves_nothing_and_takes_the_target_out_only_if_the_successor_has_it(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch, successor_took_it: bool
+) -> None:
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        for u in updates:
+            u.forwarded = successor_took_it  # False: this is the tail, nobody else has it
+        return []
+
+    def disk_full(*args: object, **kw: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    _fake_forward(node, monkeypatch, forward)
+    monkeypatch.setattr(engine, "write_pending", disk_full)
+    with pytest.raises(OSError):
+        await node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
+    await asyncio.sleep(0.05)  # the drop runs when the (failed) write is done
+    assert engine.pending(KEY) is None
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
+    assert _target(node).role.report() is (Local.OFFLINE if successor_took_it else Local.UPTODATE)
+
+
+async def test_a_failed_commit_after_the_successor_committed_takes_the_target_out(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        for u in updates:
+            u.forwarded = True
+        return []
+
+    def broken(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    _fake_forward(node, monkeypatch, forward)
+    monkeypatch.setattr(engine, "commit", broken)
+    with pytest.raises(sqlite3.OperationalError):
+        await node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
+    assert engine.pending(KEY) is None
+    assert _target(node).role.report() is Local.OFFLINE
+
+
+async def test_an_update_the_successor_did_not_take_is_dropped(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        for u in updates:
+            u.result = spb.UpdateResult(status=spb.CHUNK_IO_STATUS_FORWARD_FAILED, message="successor down")
+        return list(updates)
+
+    _fake_forward(node, monkeypatch, forward)
+    u = _update(b"two" * 100, 2)
+    await node._store_forward_commit(_target(node), [u])
+    assert u.result.status == spb.CHUNK_IO_STATUS_FORWARD_FAILED
+    assert engine.pending(KEY) is None
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
+    assert _target(node).role.report() is Local.UPTODATE
+
+
+async def test_a_cancelled_update_drops_what_it_stored(node: StorageNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        await asyncio.sleep(3600)  # the successor never answers; the caller gives up
+        return []
+
+    _fake_forward(node, monkeypatch, forward)
+    step = asyncio.create_task(node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)]))
+    await asyncio.sleep(0.2)  # the local write is done by now
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    for _ in range(50):
+        if engine.pending(KEY) is None:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.pending(KEY) is None, "an abandoned update stayed pending"
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
+    await _committed(node, b"three" * 100, 2)  # the chunk takes the next update as usual
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
