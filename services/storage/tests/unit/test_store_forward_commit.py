@@ -51,6 +51,12 @@ def _fake_forward(node: StorageNode, monkeypatch: pytest.MonkeyPatch, forward: F
     monkeypatch.setattr(node, "_forward", forward)
 
 
+async def _successor_takes_all(target: Target, updates: list[Update]) -> list[Update]:
+    for u in updates:
+        u.forwarded = True
+    return []
+
+
 async def _committed(node: StorageNode, data: bytes, version: int) -> None:
     await node._store_forward_commit(_target(node), [_update(data, version)], forward=False)
 
@@ -63,9 +69,7 @@ async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
 
     async def forward(target: Target, updates: list[Update]) -> list[Update]:
         await release.wait()
-        for u in updates:
-            u.forwarded = True
-        return []
+        return await _successor_takes_all(target, updates)
 
     _fake_forward(node, monkeypatch, forward)
     u = _update(b"two" * 100, 2)
@@ -111,15 +115,10 @@ async def test_a_failed_commit_after_the_successor_committed_takes_the_target_ou
     await _committed(node, b"one" * 100, 1)
     engine = _target(node).engine
 
-    async def forward(target: Target, updates: list[Update]) -> list[Update]:
-        for u in updates:
-            u.forwarded = True
-        return []
-
     def broken(*args: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
-    _fake_forward(node, monkeypatch, forward)
+    _fake_forward(node, monkeypatch, _successor_takes_all)
     monkeypatch.setattr(engine, "commit", broken)
     with pytest.raises(sqlite3.OperationalError):
         await node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
