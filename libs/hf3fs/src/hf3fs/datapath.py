@@ -62,6 +62,9 @@ _IOV_MAX = 512
 DATA_PATH_VERSION = 3  # 2: the ``read`` op; 3: the ``call`` op
 MAX_READ_REQUEST_BYTES = 4 * 1024 * 1024  # the serialized request of a ``read`` or a ``call``
 CALL_METHODS = frozenset({"BatchWrite", "ForwardUpdates"})  # the storage RPCs a ``call`` may carry
+# Refusals after which the node closes the connection (the token failed its check again; an op it does not
+# know, whose body it did not read): the client closes its side too instead of reusing it.
+CONNECTION_ENDING_CODES = frozenset({"UNAUTHENTICATED", "UNAVAILABLE", "UNKNOWN"})
 # Received bytes are checksummed piece by piece, each piece right after it lands (still in the CPU's cache).
 CRC_PIECE_BYTES = 512 * 1024
 UNIX_PREFIX = "unix:"
@@ -261,6 +264,8 @@ class DataConnection:
         async with self.lock:
             try:
                 sock = await self._connect()
+                if int(self.peer.get("version", 1)) < 3:  # this very connection's node (it may have restarted)
+                    raise DataPathError(f"data endpoint {self.address} speaks version {self.peer.get('version', 1)}")
                 await send_parts(sock, [encode_header(header), request, *parts])
                 answer = await self._read_header()
                 if not answer.get("ok"):
@@ -268,11 +273,16 @@ class DataConnection:
                 response = bytearray(int(answer["response"]))
                 await self._recv_into(memoryview(response))
                 return bytes(response)
-            except DataRefused:
+            except DataRefused as exc:
+                if exc.code in CONNECTION_ENDING_CODES:
+                    self.close()
                 raise
             except (OSError, DataPathError, asyncio.CancelledError):
                 self.close()
                 raise
+            except Exception as exc:  # an answer that does not parse: the stream is out of step
+                self.close()
+                raise DataPathError(f"bad call answer from {self.address}: {exc}") from exc
 
     async def pull(self, transfer_id: str, into: Sequence[memoryview]) -> None:
         """Fetch the bytes staged at the node under ``transfer_id`` straight into ``into``, in order.
@@ -336,7 +346,9 @@ class DataConnection:
                 if sum(len(v) for v in views) != int(answer["length"]):
                     raise DataPathError(f"read sends {answer['length']} bytes, the results hold another amount")
                 return bytes(response), [await recv_checksummed(sock, view, peer) for view in views]
-            except DataRefused:
+            except DataRefused as exc:
+                if exc.code in CONNECTION_ENDING_CODES:
+                    self.close()
                 raise
             except (OSError, DataPathError, asyncio.CancelledError):
                 self.close()
@@ -442,13 +454,15 @@ class DataConnectionPool:
         """``DataConnection.call`` on a connection to ``address``."""
         try:
             response = await self.get(address).call(method, request, transfer_id, parts)
-            self.stats["calls"] += 1
-            return response
-        except DataRefused:
+        except DataRefused as exc:
+            if exc.code in CONNECTION_ENDING_CODES:
+                self._versions.pop(address, None)
             raise
-        except DataPathError:
-            self._versions.pop(address, None)  # a restarted node may speak another version
+        except BaseException:
+            self._versions.pop(address, None)  # a restarted node may speak another version: ask again
             raise
+        self.stats["calls"] += 1
+        return response
 
     async def read(
         self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],

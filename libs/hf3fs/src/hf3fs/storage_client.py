@@ -289,18 +289,8 @@ class StorageClient:
             else:
                 msg.inline_data = bytes(io.data)
             requests.append(msg)
-        request = spb.BatchWriteRequest(ios=requests)
         try:
-            if bulk_parts and await self._data.calls_direct(node.data):
-                # one round trip on the data path: the request and its bytes together, no push, no gRPC call
-                async with asyncio.timeout(self._timeout_s):
-                    raw = await self._data.call(node.data, "BatchWrite", request.SerializeToString(), transfer_id,
-                                                bulk_parts)  # fmt: skip
-                resp = spb.BatchWriteResponse.FromString(raw)
-            else:
-                if bulk_parts:
-                    await self._data.get(node.data).push(transfer_id, bulk_parts)
-                resp = await self._rpc.unary(self.stub(node.grpc).BatchWrite, request)
+            resp = await self._send_write(node, spb.BatchWriteRequest(ios=requests), transfer_id, bulk_parts)
         except (RpcError, DataRefused) as err:
             code = _status_code(err)
             if code in FATAL_RPC_CODES:
@@ -316,6 +306,22 @@ class StorageClient:
         for i, r in zip(idx, resp.results, strict=True):
             outcomes[i] = WriteOutcome(r.status, r.message, r.committed_version, r.chunk_length_bytes,
                                        r.chunk_checksum.value)  # fmt: skip
+
+    async def _send_write(
+        self, node: NodeAddress, request: spb.BatchWriteRequest, transfer_id: str,
+        bulk_parts: list[bytes | bytearray | memoryview],
+    ) -> spb.BatchWriteResponse:  # fmt: skip
+        """BatchWrite with bulk bytes as one ``call`` on the node's data path (no push, no gRPC call); inline
+        only, or to a node before data path version 3: (push and) gRPC."""
+        if bulk_parts:
+            async with asyncio.timeout(self._timeout_s):  # the version check too
+                if await self._data.calls_direct(node.data):
+                    raw = await self._data.call(node.data, "BatchWrite", request.SerializeToString(), transfer_id,
+                                                bulk_parts)  # fmt: skip
+                    return spb.BatchWriteResponse.FromString(raw)
+            await self._data.get(node.data).push(transfer_id, bulk_parts)
+        resp: spb.BatchWriteResponse = await self._rpc.unary(self.stub(node.grpc).BatchWrite, request)
+        return resp
 
     # ---- read ----
 

@@ -14,6 +14,7 @@ from ff_mgmtd.core.errors import Forbidden, InvalidRequest, InvalidToken
 from ff_mgmtd.core.model import Role
 from ff_mgmtd.store import identity, routing
 from ff_rpc import CachingTokenValidator, Principal, TokenCheck, Unauthenticated, current_principal
+from ff_rpc.auth import CLUSTER_PRINCIPAL_NAME
 from ff_rpc.auth import Role as PrincipalRole
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
@@ -134,7 +135,7 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         self._local_cache = local_cache
 
     async def CreateUser(self, request: pb.CreateUserRequest, context: Context) -> pb.CreateUserResponse:
-        name = validation.check_name("user", request.name)
+        name = validation.check_new_user_name(request.name, {CLUSTER_PRINCIPAL_NAME})
         role = Role(request.role or common_pb2.ROLE_USER) if request.role in (0, 1, 2) else None
         if role is None:
             raise InvalidRequest(f"role {request.role} is not a known role")

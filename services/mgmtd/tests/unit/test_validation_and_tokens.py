@@ -86,6 +86,14 @@ def test_bad_names(name: str) -> None:
         validation.check_name("user", name)
 
 
+def test_a_new_user_cannot_take_a_reserved_name() -> None:
+    assert validation.check_new_user_name("alice", {"cluster"}) == "alice"
+    with pytest.raises(InvalidRequest, match="reserved"):
+        validation.check_new_user_name("cluster", {"cluster"})
+    with pytest.raises(InvalidRequest, match="user name"):
+        validation.check_new_user_name("Bad Name", {"cluster"})
+
+
 def test_tokens_round_trip_and_only_the_hash_is_kept() -> None:
     new = tokens.new_token()
     token_id, presented_hash = tokens.parse_token(new.token)

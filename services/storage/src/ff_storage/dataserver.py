@@ -350,7 +350,7 @@ class DataServer:
                 raise DataRefused("UNIMPLEMENTED", f"no call op for method {header.get('method')!r}")
             if data is not None:
                 self._boxes.deposit(tid, principal.name, data)
-            response = await handler(bytes(request))
+            response = await _unless_caller_leaves(sock, handler(bytes(request)))
         except DataRefused as exc:
             await send_parts(sock, [encode_header({"ok": False, "code": exc.code, "error": exc.message})])
             return
@@ -358,6 +358,29 @@ class DataServer:
             if data is not None:
                 self._boxes.discard(tid)  # what the call did not take (refused before it looked) goes now
         await send_parts(sock, [encode_header({"ok": True, "response": len(response)}), response])
+
+
+async def _unless_caller_leaves(sock: socket.socket, work: Awaitable[bytes]) -> bytes:
+    """Run a call's ``work`` while watching its connection: if the caller closes it (it gave up: timeout,
+    cancel) or sends anything before the answer, the work is cancelled, as gRPC cancels a handler whose
+    deadline passed, and the connection closes."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(loop.sock_recv(sock, 1))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ConnectionError("the caller left before its call was answered")
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await watch
+        if watch.done() and not watch.cancelled() and watch.exception() is None:
+            raise DataPathError("the caller sent bytes before its call was answered")
+    return task.result()
 
 
 async def _refuse(sock: socket.socket, exc: BaseException) -> None:

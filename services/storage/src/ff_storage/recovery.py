@@ -9,6 +9,8 @@ import contextlib
 import logging
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from ff_rpc import RpcError
 from ff_storage.core.chunks import (
     ChunkKey,
@@ -22,6 +24,7 @@ from ff_storage.writes import WritePath
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
+from hf3fs.datapath import DataPathError
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +99,7 @@ class Recovery(WritePath):
             await asyncio.to_thread(target.engine.commit, pend)
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
-                with contextlib.suppress(RpcError, ConnectionError, OSError):
+                with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError, DecodeError):
                     await self._send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
         return _res(spb.CHUNK_IO_STATUS_OK, "repaired", meta.committed_version, target.engine.get(key))
 

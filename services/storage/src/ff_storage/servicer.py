@@ -56,6 +56,15 @@ def _status_of(exc: Exception, what: str) -> grpc.StatusCode:
     return code
 
 
+def _refusal(exc: Exception, what: str) -> DataRefused:
+    """The data path's answer for ``exc``: its status, and its message unless it is an internal error (logged
+    with its traceback; the caller learns no more than a gRPC caller would)."""
+    code = _status_of(exc, what)
+    if code is grpc.StatusCode.INTERNAL:
+        return DataRefused(code.name, f"internal error in {what}")
+    return DataRefused(code.name, str(exc) or type(exc).__name__)
+
+
 def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
     num, used = t.engine.usage()
     return pb.TargetInfo(
@@ -98,8 +107,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             _check_capabilities(self._cap_key, list(request.ios), write=False)
             results, parts = await self._n.read_parts(list(request.ios), bulk=True)
         except Exception as exc:
-            code = _status_of(exc, "a data-path read")
-            raise DataRefused(code.name, str(exc) or type(exc).__name__) from exc
+            raise _refusal(exc, "a data-path read") from exc
         total = sum(len(p) for p in parts if p is not None)
         response = pb.BatchReadResponse(results=results, transfer_length_bytes=total)
         return response.SerializeToString(), parts
@@ -127,8 +135,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                     raise InvalidRequest(f"{name} request does not parse: {exc}") from None
                 response = await method(request, None)
             except Exception as exc:
-                code = _status_of(exc, f"a data-path {name}")
-                raise DataRefused(code.name, str(exc) or type(exc).__name__) from exc
+                raise _refusal(exc, f"a data-path {name}") from exc
             return response.SerializeToString()
 
         return call

@@ -353,12 +353,13 @@ class WritePath(NodeBase):
             msgs.append(msg)
         request = spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs)
         node = self.view.node(nxt.node_id) if self.view else None
-        if node is not None and node.data and await self._data.calls_direct(node.data):
+        if node is not None and node.data:
             # one round trip on the data path: the request and its bytes together, no push, no gRPC call
-            async with asyncio.timeout(self.config.forward_timeout_s):
-                raw = await self._data.call(node.data, "ForwardUpdates", request.SerializeToString(), transfer_id,
-                                            parts)  # fmt: skip
-            return list(spb.ForwardUpdatesResponse.FromString(raw).results)
+            async with asyncio.timeout(self.config.forward_timeout_s):  # the version check too
+                if await self._data.calls_direct(node.data):
+                    raw = await self._data.call(node.data, "ForwardUpdates", request.SerializeToString(),
+                                                transfer_id, parts)  # fmt: skip
+                    return list(spb.ForwardUpdatesResponse.FromString(raw).results)
         if parts:
             if node is None or not node.data:
                 raise ConnectionError(f"node {nxt.node_id} has no data endpoint")

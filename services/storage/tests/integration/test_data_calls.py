@@ -4,6 +4,7 @@ connection open, and nodes speaking an older data path version still served the 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -11,13 +12,21 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ff_storage.dataserver import DataServer, TransferBoxes
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
 from hf3fs.capability import capability_key, make_capability
-from hf3fs.datapath import DataConnection, DataPathError, DataRefused, encode_header, send_parts
+from hf3fs.datapath import (
+    DataConnection,
+    DataConnectionPool,
+    DataPathError,
+    DataRefused,
+    encode_header,
+    send_parts,
+)
 from hf3fs.routing import RoutingView
 
 CHUNK = 512 * 1024
@@ -182,3 +191,58 @@ async def test_nodes_speaking_an_older_data_path_are_written_and_read_the_old_wa
             await mg.close()
     finally:
         cluster.stop()
+
+
+async def _no_read(request: bytes) -> tuple[bytes, list[bytes | None]]:
+    raise AssertionError("no read expected")
+
+
+async def test_a_call_whose_caller_gives_up_is_cancelled_on_the_node() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: bytes) -> bytes:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return b""
+
+    server = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read, calls={"BatchWrite": slow})
+    await server.start("127.0.0.1:0", shm=False)
+    conn = DataConnection(f"127.0.0.1:{server.port}", CLUSTER_TOKEN)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await conn.call("BatchWrite", b"request", "", [])
+        assert started.is_set()
+        await asyncio.wait_for(cancelled.wait(), 5)  # as gRPC cancels a handler whose deadline passed
+    finally:
+        conn.close()
+        await server.stop()
+
+
+async def test_a_node_that_comes_back_speaking_an_older_version_gets_no_call() -> None:
+    async def echo(request: bytes) -> bytes:
+        return b"answer to " + request
+
+    new = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read, calls={"BatchWrite": echo})
+    await new.start("127.0.0.1:0", shm=False)
+    address = f"127.0.0.1:{new.port}"
+    pool = DataConnectionPool(CLUSTER_TOKEN, host="")
+    old = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read)  # version 2: reads, no calls
+    try:
+        assert await pool.calls_direct(address)
+        assert await pool.call(address, "BatchWrite", b"x", "", []) == b"answer to x"
+        await new.stop()
+        await old.start(address, shm=False)
+        with pytest.raises((OSError, DataPathError)):  # the connection to the stopped node is gone
+            await pool.call(address, "BatchWrite", b"y", "", [])
+        with pytest.raises(DataPathError, match="version 2"):  # a new connection: nothing is sent to it
+            await pool.call(address, "BatchWrite", b"z", "", [])
+        assert not await pool.calls_direct(address)  # asked again
+    finally:
+        pool.close()
+        await old.stop()
+        await new.stop()

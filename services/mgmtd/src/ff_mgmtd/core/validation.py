@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ff_mgmtd.core.errors import InvalidRequest
 from ff_mgmtd.core.model import Chain, ChainTable, Endpoint, LocalTargetState, NodeRegistration, NodeType
@@ -23,6 +23,15 @@ def check_name(kind: str, name: str) -> str:
     """User and group names: lowercase POSIX-like, at most 64 characters."""
     if not _NAME_RE.match(name):
         raise InvalidRequest(f"{kind} name {name!r} must match {_NAME_RE.pattern}")
+    return name
+
+
+def check_new_user_name(name: str, reserved: Collection[str]) -> str:
+    """A name for a new user: ``check_name``, and none of the ``reserved`` names (the principal the cluster's
+    services act under, which some checks compare by name)."""
+    check_name("user", name)
+    if name in reserved:
+        raise InvalidRequest(f"user name {name!r} is reserved for the cluster's services")
     return name
 
 
