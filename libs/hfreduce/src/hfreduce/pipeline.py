@@ -23,6 +23,9 @@ from hfreduce.transport import Link
 from hfreduce.trees import Tree
 
 _QUEUE_POLL_S = 0.1
+# Elements per block of the root's fused reduce (256 KiB of fp32: the block's operands stay in the core's
+# cache between the intra-node reduce, the children's adds and the copies to the other local ranks).
+FUSED_BLOCK_ELEMS = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,6 +167,12 @@ class TreeEngine:
     def _fast(self, job: TreeJob) -> bool:
         return job.dtype is DType.F32 and job.wire is DType.F32
 
+    def _fused_root(self, job: TreeJob, t: int) -> bool:
+        """Whether this rank, root of tree ``t``, reduces each chunk in one blocked pass (``_root_chunk``):
+        fp32 on the wire, the other local ranks' data in shared memory (not fetched), at most two children."""
+        node = self.trees[t][self.node_rank]
+        return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2 and not job.remote
+
     def _up(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
         node = self.trees[t][self.node_rank]
         parent = self.links[t][node.parent] if node.parent >= 0 else None
@@ -172,9 +181,20 @@ class TreeEngine:
         combine = combine_fn(job.op)
         counters = Counters()
         wire_bytes = job.wire.itemsize
+        fused = self._fused_root(job, t)
         for c0, c1 in chunks(tree_half(job.span, t), self._chunk(job.span)):
             n = c1 - c0
             now = time.perf_counter()
+            if fused:
+                partials = [buf[:n] for buf in (scratch.f32, scratch.f32b)[: len(children)]]
+                for link, into in zip(children, partials, strict=True):
+                    link.recv_into(into.data)
+                    counters.received += n * wire_bytes
+                now = counters.lap("up_recv", now)
+                self._root_chunk(job, c0, c1, partials, combine, counters)
+                handoff.put((c0, c1))
+                counters.lap("up_intra_reduce", now)
+                continue
             acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
             self._intra(job, c0, c1, acc, scratch, combine, counters)
             now = counters.lap("up_intra_reduce", now)
@@ -200,6 +220,43 @@ class TreeEngine:
             counters.lap("up_send", now)
             counters.sent += n * wire_bytes
         return counters
+
+    @staticmethod
+    def _root_chunk(
+        job: TreeJob,
+        c0: int,
+        c1: int,
+        children: Sequence[npt.NDArray[np.float32]],
+        combine: Callable[[Array, Array, Array], object],
+        counters: Counters,
+    ) -> None:
+        """The root's whole reduce of chunk ``[c0, c1)`` in one pass of cache-sized blocks: the local ranks'
+        data, then the children's partials, the AVG division, and the copies of the final block into the
+        other local ranks' buffers (which the down thread then skips). Same arithmetic, in the same order, as
+        the unfused phases: bit-identical results, the same bytes counted."""
+        final = job.final(c0, c1)
+        mine, peers = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
+        others = [other[c0:c1] for other in job.distribute_to]
+        world = np.float32(job.world_size)
+        for b0 in range(0, c1 - c0, FUSED_BLOCK_ELEMS):
+            b1 = min(b0 + FUSED_BLOCK_ELEMS, c1 - c0)
+            acc = final[b0:b1]
+            if peers:
+                combine(mine[b0:b1], peers[0][b0:b1], acc)
+                for peer in peers[1:]:
+                    combine(acc, peer[b0:b1], acc)
+            for child in children:
+                combine(acc, child[b0:b1], acc)
+            if job.op is ReduceOp.AVG:
+                np.divide(acc, world, out=acc)
+            for other in others:
+                np.copyto(other[b0:b1], acc)
+        n, size = c1 - c0, job.dtype.itemsize
+        if peers:
+            counters.reduce_read += n * (1 + len(peers)) * size
+            counters.reduce_written += n * size
+        counters.reduce_inter += n * len(children) * size
+        counters.distributed += n * len(others) * size
 
     def _intra(
         self,
@@ -302,6 +359,8 @@ class TreeEngine:
                 counters.sent += n * job.wire.itemsize
             if children:
                 now = counters.lap("down_send", now)
+            if parent is None and self._fused_root(job, t):
+                continue  # the up thread copied the final chunk to the other local ranks
             for other in job.distribute_to:
                 np.copyto(other[c0:c1], final)
                 counters.distributed += n * job.dtype.itemsize

@@ -41,6 +41,16 @@ def test_every_op_numpy_fp32_fp16_with_registered_buffers(launch: Launch, nodes:
     assert {res["cross_memory"] for res in results} == {local > 1}
 
 
+@pytest.mark.parametrize(("nodes", "local"), [(2, 2), (3, 2)])
+def test_registered_buffers_with_chunks_of_many_blocks(launch: Launch, nodes: int, local: int) -> None:
+    """The library's own chunk size: each tree root reduces a chunk in several cache-sized blocks (the
+    local ranks, the children, the AVG division and the copies to the other ranks, block by block)."""
+    env = {"TEST_SIZES": "300001", "TEST_REGISTERED": "1", "TEST_DTYPES": "float32",
+           "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(4 << 20), "FF_HFREDUCE_SHM_SLOT_BYTES": str(8 << 20)}  # fmt: skip
+    results = assert_all_correct(launch(nodes, local, "correctness", env=env), nodes * local)
+    assert {c["name"] for c in results[0]["cases"]} >= {f"registered/{op}/float32/300001" for op in ("sum", "avg")}
+
+
 @pytest.mark.parametrize(("nodes", "local"), [(1, 3), (2, 2)])
 def test_ordinary_buffers_staged_through_shared_memory(launch: Launch, nodes: int, local: int) -> None:
     """The path taken when local ranks may not access each other's memory (or cross_memory=False)."""

@@ -188,7 +188,7 @@ def registered(group: Group, cfg: GroupConfig, sizes: list[int]) -> list[Any]:
     for dtype in (DType.F32, DType.F16):
         for n in sizes:
             buf = group.alloc(n, dtype.value)
-            for op in ("sum", "max"):
+            for op in ("sum", "max", "avg"):
                 x = rounded(inputs(1000 + n + len(op), world, n), dtype)
                 buf[...] = x[rank].astype(dtype.storage)
                 before = group.counters()
