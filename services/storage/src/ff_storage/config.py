@@ -28,6 +28,7 @@ class StorageSettings(SettingsModel):
     forward_timeout_s: float = Field(15.0, gt=0, description="how long a replica keeps re-forwarding an update")
     data_wait_s: float = Field(10.0, gt=0, description="how long a write waits for its bulk bytes")
     transfer_ttl_s: float = Field(30.0, gt=0, description="staged read bytes not pulled by then are freed")
+    max_inbox_bytes: int = Field(1 << 30, gt=0, description="bulk bytes one caller may have waiting on this node")
     fsync: bool = Field(True, description="fsync chunk files and metadata (never off in production)")
     data_path_version: int = Field(
         DATA_PATH_VERSION,

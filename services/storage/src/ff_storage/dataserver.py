@@ -65,16 +65,26 @@ class _Staged:
 class TransferBoxes:
     """Inbox (bytes pushed for a coming write) and outbox (bytes a read staged for its reader). What nobody
     takes or claims within ``ttl_s`` (a write refused before it looked for its bytes, bytes that came after
-    the write gave up waiting, a reader that went away) is dropped at the next deposit or stage."""
+    the write gave up waiting, a reader that went away) is dropped at the next deposit or stage. The inbox
+    holds at most ``max_owner_bytes`` for one caller (``room``): more is refused before it is received."""
 
     ttl_s: float = 30.0
     clock: Callable[[], float] = time.monotonic
+    max_owner_bytes: int = 1 << 30
     _inbox: dict[str, tuple[str, bytearray, float]] = field(default_factory=dict)
+    _held: dict[str, int] = field(default_factory=dict)  # inbox bytes per owner
     _waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     _outbox: dict[str, _Staged] = field(default_factory=dict)
 
+    def room(self, owner: str, length: int) -> bool:
+        """Whether ``owner`` may deposit ``length`` more bytes now."""
+        self._expire()
+        return self._held.get(owner, 0) + length <= self.max_owner_bytes
+
     def deposit(self, transfer_id: str, owner: str, data: bytearray) -> None:
+        self._pop(transfer_id)
         self._inbox[transfer_id] = (owner, data, self.clock() + self.ttl_s)
+        self._held[owner] = self._held.get(owner, 0) + len(data)
         waiter = self._waiters.pop(transfer_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -87,7 +97,7 @@ class TransferBoxes:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
             self._waiters.pop(transfer_id, None)
-        item = self._inbox.pop(transfer_id, None)
+        item = self._pop(transfer_id)
         if item is None:
             return None
         if owner not in (item[0], CLUSTER_PRINCIPAL.name):
@@ -96,7 +106,17 @@ class TransferBoxes:
 
     def discard(self, transfer_id: str) -> None:
         """Drop pushed bytes nobody took."""
-        self._inbox.pop(transfer_id, None)
+        self._pop(transfer_id)
+
+    def _pop(self, transfer_id: str) -> tuple[str, bytearray, float] | None:
+        item = self._inbox.pop(transfer_id, None)
+        if item is not None:
+            left = self._held[item[0]] - len(item[1])
+            if left:
+                self._held[item[0]] = left
+            else:
+                del self._held[item[0]]
+        return item
 
     def stage(self, transfer_id: str, owner: str, parts: Sequence[Buffer]) -> int:
         length = sum(len(p) for p in parts)
@@ -115,7 +135,7 @@ class TransferBoxes:
         for tid in [t for t, s in self._outbox.items() if s.expires_at < now]:
             del self._outbox[tid]
         for tid in [t for t, (_owner, _data, expires_at) in self._inbox.items() if expires_at < now]:
-            del self._inbox[tid]
+            self._pop(tid)
 
 
 class DataServer:
@@ -292,6 +312,7 @@ class DataServer:
             length = _int_field(header, "length")
             if not tid or not 0 <= length <= MAX_PUSH_BYTES:
                 raise DataPathError("bad push header")
+            await self._make_room(sock, principal, length)
             data = await _receive_payload(sock, length)
             self._boxes.deposit(tid, principal.name, data)
             await loop.sock_sendall(sock, encode_header({"ok": True}))
@@ -307,6 +328,19 @@ class DataServer:
             await self._serve_call(sock, header, principal)
         else:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
+
+    async def _make_room(self, sock: socket.socket, principal: Principal, length: int) -> None:
+        """Refuse (RESOURCE_EXHAUSTED) bytes that would take the caller's inbox over its limit, before they are
+        received; the connection then closes (its frame was not read)."""
+        if self._boxes.room(principal.name, length):
+            return
+        held = self._boxes.max_owner_bytes
+        await asyncio.get_running_loop().sock_sendall(sock, encode_header({
+            "ok": False, "code": "RESOURCE_EXHAUSTED",
+            "error": f"RESOURCE_EXHAUSTED: {length} more bytes would take {principal.name!r} over the {held} bytes "
+                     "a caller may have waiting on this node",
+        }))  # fmt: skip
+        raise DataPathError("inbox limit")
 
     async def _serve_read(self, sock: socket.socket, header: dict[str, object], regions: SharedRegions | None = None
                           ) -> None:  # fmt: skip
@@ -342,6 +376,8 @@ class DataServer:
         tid = str(header.get("transfer_id", ""))
         if not 0 < size <= MAX_READ_REQUEST_BYTES or not 0 <= length <= MAX_PUSH_BYTES or (length and not tid):
             raise DataPathError("bad call header")
+        if length:
+            await self._make_room(sock, principal, length)
         request = await _receive_payload(sock, size)
         data = await _receive_payload(sock, length) if length else None
         handler = self._calls.get(str(header.get("method", "")))

@@ -36,7 +36,7 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     stop = stop or asyncio.Event()
     token = settings.resolved_cluster_token()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    boxes = TransferBoxes(ttl_s=settings.transfer_ttl_s)
+    boxes = TransferBoxes(ttl_s=settings.transfer_ttl_s, max_owner_bytes=settings.max_inbox_bytes)
     node = StorageNode(NodeConfig(
         node_id=settings.node_id, disks=settings.disk_list(), targets_file=settings.state_dir / "targets.json",
         cluster_token=token, max_io_bytes=settings.max_io_bytes, max_batch_bytes=settings.max_batch_bytes,

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ff_rpc.auth import CLUSTER_PRINCIPAL
 from ff_storage.dataserver import DataServer, TransferBoxes
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
 from fireflyer.common.v1 import common_pb2
@@ -246,3 +247,30 @@ async def test_a_node_that_comes_back_speaking_an_older_version_gets_no_call() -
         pool.close()
         await old.stop()
         await new.stop()
+
+
+async def test_bytes_over_a_callers_inbox_limit_are_refused_before_they_are_received() -> None:
+    async def take(request: bytes) -> bytes:
+        return request
+
+    boxes = TransferBoxes(max_owner_bytes=1 << 20)
+    server = DataServer(boxes, CLUSTER_TOKEN, None, read=_no_read, calls={"BatchWrite": take})
+    await server.start("127.0.0.1:0", shm=False)
+    address = f"127.0.0.1:{server.port}"
+    conn = DataConnection(address, CLUSTER_TOKEN)
+    try:
+        with pytest.raises((OSError, DataPathError)) as err:
+            await conn.push("big", [os.urandom(2 << 20)])
+        if isinstance(err.value, DataPathError):
+            assert "RESOURCE_EXHAUSTED" in str(err.value)
+        with pytest.raises((OSError, DataPathError)):
+            await conn.call("BatchWrite", b"request", "big-call", [os.urandom(2 << 20)])
+        assert boxes.room(CLUSTER_PRINCIPAL.name, 1 << 20)  # nothing of either was kept
+        await conn.push("small", [b"x" * (512 << 10)])  # within the limit: taken as usual (a new connection)
+        assert await conn.call("BatchWrite", b"request", "small-call", [b"y" * (512 << 10)]) == b"request"
+        waiting = 1 << 19  # "small" waits for its write
+        assert boxes.room(CLUSTER_PRINCIPAL.name, (1 << 20) - waiting)
+        assert not boxes.room(CLUSTER_PRINCIPAL.name, (1 << 20) - waiting + 1)
+    finally:
+        conn.close()
+        await server.stop()

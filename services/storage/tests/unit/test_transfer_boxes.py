@@ -33,3 +33,24 @@ async def test_staged_reads_nobody_claims_are_dropped_after_the_ttl() -> None:
     clock.now += 31
     boxes.deposit("any", "alice", bytearray(b"x"))  # any deposit or stage sweeps both boxes
     assert boxes.claim("gone-reader", "bob") is None
+
+
+async def test_the_inbox_holds_at_most_max_owner_bytes_per_caller() -> None:
+    clock = Clock()
+    boxes = TransferBoxes(ttl_s=30.0, clock=clock, max_owner_bytes=100)
+    boxes.deposit("a1", "alice", bytearray(60))
+    assert boxes.room("alice", 40) and not boxes.room("alice", 41)
+    assert boxes.room("bob", 100)  # per caller
+    boxes.deposit("a1", "alice", bytearray(60))  # the same transfer again replaces, it does not add
+    assert boxes.room("alice", 40)
+    assert await boxes.take("a1", "alice", timeout_s=0) == bytearray(60)
+    assert boxes.room("alice", 100)
+    boxes.deposit("a2", "alice", bytearray(100))
+    boxes.discard("a2")
+    assert boxes.room("alice", 100)
+    boxes.deposit("a3", "alice", bytearray(100))
+    assert await boxes.take("a3", "mallory", timeout_s=0) is None  # not hers; and it is gone
+    assert boxes.room("alice", 100)
+    boxes.deposit("a4", "alice", bytearray(100))
+    clock.now += 31
+    assert boxes.room("alice", 100)  # expired bytes are no longer held
