@@ -169,9 +169,9 @@ class TreeEngine:
 
     def _fused_root(self, job: TreeJob, t: int) -> bool:
         """Whether this rank, root of tree ``t``, reduces each chunk in one blocked pass (``_root_chunk``):
-        fp32 on the wire, the other local ranks' data in shared memory (not fetched), at most two children."""
+        fp32 on the wire, at most two children."""
         node = self.trees[t][self.node_rank]
-        return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2 and not job.remote
+        return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2
 
     def _up(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
         node = self.trees[t][self.node_rank]
@@ -191,7 +191,7 @@ class TreeEngine:
                     link.recv_into(into.data)
                     counters.received += n * wire_bytes
                 now = counters.lap("up_recv", now)
-                self._root_chunk(job, c0, c1, partials, combine, counters)
+                self._root_chunk(job, c0, c1, partials, scratch.peer_raw.view(np.float32), combine, counters)
                 handoff.put((c0, c1))
                 counters.lap("up_intra_reduce", now)
                 continue
@@ -227,36 +227,44 @@ class TreeEngine:
         c0: int,
         c1: int,
         children: Sequence[npt.NDArray[np.float32]],
+        fetched: npt.NDArray[np.float32],
         combine: Callable[[Array, Array, Array], object],
         counters: Counters,
     ) -> None:
         """The root's whole reduce of chunk ``[c0, c1)`` in one pass of cache-sized blocks: the local ranks'
-        data, then the children's partials, the AVG division, and the copies of the final block into the
-        other local ranks' buffers (which the down thread then skips). Same arithmetic, in the same order, as
-        the unfused phases: bit-identical results, the same bytes counted."""
+        data (read in place from shared memory, or fetched block by block from their private memory into
+        ``fetched``), then the children's partials, the AVG division, and the final block written to the other
+        local ranks (which the down thread then skips). Same arithmetic, in the same order, as the unfused
+        phases: bit-identical results, the same bytes counted."""
         final = job.final(c0, c1)
-        mine, peers = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
+        mine, shared = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
         others = [other[c0:c1] for other in job.distribute_to]
         world = np.float32(job.world_size)
         for b0 in range(0, c1 - c0, FUSED_BLOCK_ELEMS):
             b1 = min(b0 + FUSED_BLOCK_ELEMS, c1 - c0)
             acc = final[b0:b1]
-            if peers:
-                combine(mine[b0:b1], peers[0][b0:b1], acc)
-                for peer in peers[1:]:
-                    combine(acc, peer[b0:b1], acc)
+            for i in range(len(shared) + len(job.remote)):
+                if i < len(shared):
+                    peer = shared[i][b0:b1]
+                else:  # a private buffer: fetched just before it is added
+                    peer = fetched[: b1 - b0]
+                    job.remote[i - len(shared)].read(c0 + b0, peer)
+                combine(mine[b0:b1] if i == 0 else acc, peer, acc)
             for child in children:
                 combine(acc, child[b0:b1], acc)
             if job.op is ReduceOp.AVG:
                 np.divide(acc, world, out=acc)
             for other in others:
                 np.copyto(other[b0:b1], acc)
-        n, size = c1 - c0, job.dtype.itemsize
-        if peers:
-            counters.reduce_read += n * (1 + len(peers)) * size
+            for remote in job.remote:
+                remote.write(c0 + b0, acc)
+        n, size, num_peers = c1 - c0, job.dtype.itemsize, len(shared) + len(job.remote)
+        if num_peers:
+            counters.reduce_read += n * (1 + num_peers) * size
             counters.reduce_written += n * size
+        counters.copied_in += n * len(job.remote) * size
         counters.reduce_inter += n * len(children) * size
-        counters.distributed += n * len(others) * size
+        counters.distributed += n * (len(others) + len(job.remote)) * size
 
     def _intra(
         self,
