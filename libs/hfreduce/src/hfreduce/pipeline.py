@@ -169,9 +169,11 @@ class TreeEngine:
 
     def _fused_root(self, job: TreeJob, t: int) -> bool:
         """Whether this rank, root of tree ``t``, reduces each chunk in one blocked pass (``_root_chunk``):
-        fp32 on the wire, at most two children."""
+        fp32 on the wire, at most two children, and other local ranks to read from (one rank per node has
+        nothing to keep in cache between the steps)."""
         node = self.trees[t][self.node_rank]
-        return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2
+        others = job.peers or job.remote or job.distribute_to
+        return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2 and bool(others)
 
     def _up(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
         node = self.trees[t][self.node_rank]
