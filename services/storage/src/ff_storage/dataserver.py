@@ -66,7 +66,8 @@ class TransferBoxes:
     """Inbox (bytes pushed for a coming write) and outbox (bytes a read staged for its reader). What nobody
     takes or claims within ``ttl_s`` (a write refused before it looked for its bytes, bytes that came after
     the write gave up waiting, a reader that went away) is dropped at the next deposit or stage. The inbox
-    holds at most ``max_owner_bytes`` for one caller (``room``): more is refused before it is received."""
+    holds at most ``max_owner_bytes`` for one caller, counting bytes still being received (``reserve`` before
+    receiving, ``release`` after): more is refused before it is received."""
 
     ttl_s: float = 30.0
     clock: Callable[[], float] = time.monotonic
@@ -76,10 +77,22 @@ class TransferBoxes:
     _waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     _outbox: dict[str, _Staged] = field(default_factory=dict)
 
-    def room(self, owner: str, length: int) -> bool:
-        """Whether ``owner`` may deposit ``length`` more bytes now."""
+    def reserve(self, owner: str, length: int) -> bool:
+        """Hold room for ``length`` bytes of ``owner`` about to be received; False (nothing held) if that would
+        take it over ``max_owner_bytes``."""
         self._expire()
-        return self._held.get(owner, 0) + length <= self.max_owner_bytes
+        if self._held.get(owner, 0) + length > self.max_owner_bytes:
+            return False
+        self._held[owner] = self._held.get(owner, 0) + length
+        return True
+
+    def release(self, owner: str, length: int) -> None:
+        """Give back a ``reserve`` (the bytes arrived and are deposited now, or never came)."""
+        left = self._held.get(owner, 0) - length
+        if left > 0:
+            self._held[owner] = left
+        else:
+            self._held.pop(owner, None)
 
     def deposit(self, transfer_id: str, owner: str, data: bytearray) -> None:
         self._pop(transfer_id)
@@ -111,11 +124,7 @@ class TransferBoxes:
     def _pop(self, transfer_id: str) -> tuple[str, bytearray, float] | None:
         item = self._inbox.pop(transfer_id, None)
         if item is not None:
-            left = self._held[item[0]] - len(item[1])
-            if left:
-                self._held[item[0]] = left
-            else:
-                del self._held[item[0]]
+            self.release(item[0], len(item[1]))
         return item
 
     def stage(self, transfer_id: str, owner: str, parts: Sequence[Buffer]) -> int:
@@ -313,7 +322,10 @@ class DataServer:
             if not tid or not 0 <= length <= MAX_PUSH_BYTES:
                 raise DataPathError("bad push header")
             await self._make_room(sock, principal, length)
-            data = await _receive_payload(sock, length)
+            try:
+                data = await _receive_payload(sock, length)
+            finally:
+                self._boxes.release(principal.name, length)
             self._boxes.deposit(tid, principal.name, data)
             await loop.sock_sendall(sock, encode_header({"ok": True}))
         elif op == "pull":
@@ -330,9 +342,9 @@ class DataServer:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
 
     async def _make_room(self, sock: socket.socket, principal: Principal, length: int) -> None:
-        """Refuse (RESOURCE_EXHAUSTED) bytes that would take the caller's inbox over its limit, before they are
-        received; the connection then closes (its frame was not read)."""
-        if self._boxes.room(principal.name, length):
+        """Hold room for bytes about to be received (the caller releases it), or refuse them (RESOURCE_EXHAUSTED)
+        if they would take the caller's inbox over its limit; the connection then closes (its frame unread)."""
+        if self._boxes.reserve(principal.name, length):
             return
         held = self._boxes.max_owner_bytes
         await asyncio.get_running_loop().sock_sendall(sock, encode_header({
@@ -378,8 +390,11 @@ class DataServer:
             raise DataPathError("bad call header")
         if length:
             await self._make_room(sock, principal, length)
-        request = await _receive_payload(sock, size)
-        data = await _receive_payload(sock, length) if length else None
+        try:
+            request = await _receive_payload(sock, size)
+            data = await _receive_payload(sock, length) if length else None
+        finally:
+            self._boxes.release(principal.name, length)
         handler = self._calls.get(str(header.get("method", "")))
         try:
             if handler is None:

@@ -265,12 +265,13 @@ async def test_bytes_over_a_callers_inbox_limit_are_refused_before_they_are_rece
             assert "RESOURCE_EXHAUSTED" in str(err.value)
         with pytest.raises((OSError, DataPathError)):
             await conn.call("BatchWrite", b"request", "big-call", [os.urandom(2 << 20)])
-        assert boxes.room(CLUSTER_PRINCIPAL.name, 1 << 20)  # nothing of either was kept
+        assert boxes.reserve(CLUSTER_PRINCIPAL.name, 1 << 20)  # nothing of either was kept
+        boxes.release(CLUSTER_PRINCIPAL.name, 1 << 20)
         await conn.push("small", [b"x" * (512 << 10)])  # within the limit: taken as usual (a new connection)
         assert await conn.call("BatchWrite", b"request", "small-call", [b"y" * (512 << 10)]) == b"request"
         waiting = 1 << 19  # "small" waits for its write
-        assert boxes.room(CLUSTER_PRINCIPAL.name, (1 << 20) - waiting)
-        assert not boxes.room(CLUSTER_PRINCIPAL.name, (1 << 20) - waiting + 1)
+        assert not boxes.reserve(CLUSTER_PRINCIPAL.name, (1 << 20) - waiting + 1)
+        assert boxes.reserve(CLUSTER_PRINCIPAL.name, (1 << 20) - waiting)
     finally:
         conn.close()
         await server.stop()

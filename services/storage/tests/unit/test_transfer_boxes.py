@@ -38,19 +38,29 @@ async def test_staged_reads_nobody_claims_are_dropped_after_the_ttl() -> None:
 async def test_the_inbox_holds_at_most_max_owner_bytes_per_caller() -> None:
     clock = Clock()
     boxes = TransferBoxes(ttl_s=30.0, clock=clock, max_owner_bytes=100)
+
+    def room(owner: str, length: int) -> bool:
+        if boxes.reserve(owner, length):
+            boxes.release(owner, length)
+            return True
+        return False
+
     boxes.deposit("a1", "alice", bytearray(60))
-    assert boxes.room("alice", 40) and not boxes.room("alice", 41)
-    assert boxes.room("bob", 100)  # per caller
+    assert room("alice", 40) and not room("alice", 41)
+    assert room("bob", 100)  # per caller
+    assert boxes.reserve("alice", 30)  # bytes on their way count too
+    assert not room("alice", 11)
+    boxes.release("alice", 30)
     boxes.deposit("a1", "alice", bytearray(60))  # the same transfer again replaces, it does not add
-    assert boxes.room("alice", 40)
+    assert room("alice", 40)
     assert await boxes.take("a1", "alice", timeout_s=0) == bytearray(60)
-    assert boxes.room("alice", 100)
+    assert room("alice", 100)
     boxes.deposit("a2", "alice", bytearray(100))
     boxes.discard("a2")
-    assert boxes.room("alice", 100)
+    assert room("alice", 100)
     boxes.deposit("a3", "alice", bytearray(100))
     assert await boxes.take("a3", "mallory", timeout_s=0) is None  # not hers; and it is gone
-    assert boxes.room("alice", 100)
+    assert room("alice", 100)
     boxes.deposit("a4", "alice", bytearray(100))
     clock.now += 31
-    assert boxes.room("alice", 100)  # expired bytes are no longer held
+    assert room("alice", 100)  # expired bytes are no longer held
