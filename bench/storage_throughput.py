@@ -116,8 +116,7 @@ def raw_write_fsync(path: Path, blocks: Sequence[bytes]) -> float:
 def raw_overwrite_fsync(path: Path, blocks: Sequence[bytes]) -> float:
     """Seconds to write ``blocks`` over a file that already has them (blocks allocated, size unchanged)
     with an fdatasync after each: the cheapest durable write the disk offers, for context."""
-    if not path.exists() or path.stat().st_size != sum(len(b) for b in blocks):
-        raw_write_fsync(path.with_suffix(".tmp"), blocks)  # nothing timed: first run only
+    if not path.exists() or path.stat().st_size != sum(len(b) for b in blocks):  # the first run lays it out
         with open(path, "wb") as f:
             for block in blocks:
                 f.write(block)
