@@ -4,10 +4,14 @@ Every rank is both a gloo rank and an hfreduce rank on the same layout (nodes x 
 loopback). Per round and size, in the same processes: hfreduce on an ordinary array ("copy": local
 ranks read and write each other's buffers directly), the same staged through shared memory ("staged",
 cross_memory=False), hfreduce on a registered buffer ("reg", zero copy), gloo on the same ordinary
-array, and the shared-memory reduce ceiling (all ranks reduce the world's buffers held in one
-shared-memory space, no network). Time = max over ranks. Ratios are medians of per-round ratios
+array, the shared-memory reduce ceiling (all ranks reduce the world's buffers held in one
+shared-memory space, no network), and at 2 nodes the wire floor (each rank only exchanges its slice with
+the same local rank of the other node over loopback TCP: the bytes hfreduce's trees move, nothing else).
+Time = max over ranks. Ratios are medians of per-round ratios
 t_gloo / t_hfreduce. CPU time (user + sys of every thread, summed over ranks) is printed too: on this
-2-core box the ops are CPU-bound, so it predicts the ratios without the noise of other load.
+2-core box the ops are CPU-bound, so it predicts the ratios without the noise of other load. Process CPU
+time leaves out the kernel's softirq work (loopback TCP's receive path), so the machine's busy time during
+each kind of op (all CPUs, from /proc/stat, summed over rounds) is printed as well.
 ``--profile`` prints hfreduce's wall time per phase and rank.
 
     .venv/bin/python bench/hfreduce_allreduce.py --layouts 2x1,2x2 --rounds 11
@@ -16,9 +20,12 @@ t_gloo / t_hfreduce. CPU time (user + sys of every thread, summed over ranks) is
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import math
 import multiprocessing as mp
 import os
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -44,14 +51,18 @@ class Clock:
     def __init__(self, dist: Any, queue: Any, rank: int, profile: bool) -> None:
         self.dist, self.queue, self.rank, self.profile = dist, queue, rank, profile
         self.cpu = [0.0] * len(KINDS)
+        self.busy = [0] * len(KINDS)  # rank 0: the machine's busy clock ticks during the last op of each kind
 
     def timed(self, fn: Any, slot: int = -1) -> float:
         self.dist.barrier()
+        b0 = machine_busy_ticks() if self.rank == 0 and slot >= 0 else 0
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         took = time.perf_counter() - t0
         if slot >= 0:
             self.cpu[slot] = time.process_time() - c0
+            if self.rank == 0:
+                self.busy[slot] = machine_busy_ticks() - b0
         return took
 
     def profiled(self, kind: str, nbytes: int, fn: Any, group: Any) -> float:
@@ -64,12 +75,73 @@ class Clock:
         return took
 
 
+def machine_busy_ticks() -> int:
+    """Clock ticks all CPUs spent on anything but idle and iowait (user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return sum(ticks[:8]) - ticks[3] - ticks[4]
+
+
+class WireFloor:
+    """At 2 nodes, the bytes hfreduce's trees move for one rank and nothing else: the rank exchanges its slice
+    (1/num_local of the buffer) with the same local rank of the other node over two loopback TCP connections,
+    one per tree half, in the library's chunks, each direction on its own thread as in hfreduce. No reduction,
+    no copies between local ranks: a design that sends these bytes over TCP cannot take less time."""
+
+    def __init__(self, node: int, port: int, chunk_bytes: int, dist: Any) -> None:
+        server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
+        dist.barrier()  # every node-0 rank listens before any node-1 rank connects
+        if server is None:
+            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+            for tree, sock in enumerate(socks):
+                sock.sendall(bytes([tree]))
+        else:
+            by_tree = {}
+            with server:
+                for _ in range(2):
+                    conn, _ = server.accept()
+                    by_tree[conn.recv(1)[0]] = conn
+            socks = [by_tree[0], by_tree[1]]
+        for sock in socks:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.socks, self.chunk = socks, chunk_bytes
+        self.pool = concurrent.futures.ThreadPoolExecutor(4)
+
+    def exchange(self, out: Any, into: Any) -> None:
+        """Send ``out`` and receive as many bytes into ``into``, half on each connection."""
+        src, dst = memoryview(out).cast("B"), memoryview(into).cast("B")
+        mid = len(src) // 2
+        spans = ((0, mid), (mid, len(src)))
+
+        def send(tree: int) -> None:
+            a, b = spans[tree]
+            for c in range(a, b, self.chunk):
+                self.socks[tree].sendall(src[c : min(c + self.chunk, b)])
+
+        def recv(tree: int) -> None:
+            a, b = spans[tree]
+            got = a
+            while got < b:
+                n = self.socks[tree].recv_into(dst[got:b], min(b - got, self.chunk), socket.MSG_WAITALL)
+                if n == 0:
+                    raise ConnectionError("wire floor: peer closed")
+                got += n
+
+        for f in [self.pool.submit(fn, tree) for tree in (0, 1) for fn in (send, recv)]:
+            f.result()
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for sock in self.socks:
+            sock.close()
+
+
 def rank_main(
     node: int,
     local: int,
     nodes: int,
     num_local: int,
-    ports: tuple[int, int, int],
+    ports: tuple[int, ...],
     sizes: list[int],
     rounds: int,
     shm_prefix: str,
@@ -103,9 +175,11 @@ def rank_main(
         )
         for port, cross_memory in ((ports[0], True), (ports[2], False))
     )
-    worst = torch.zeros(len(KINDS) + 1, dtype=torch.float64)
+    worst = torch.zeros(len(KINDS) + 2, dtype=torch.float64)
     clock = Clock(dist, queue, rank, profile)
     timed, profiled, cpu = clock.timed, clock.profiled, clock.cpu
+    chunk = chunk_bytes or GroupConfig.chunk_size_bytes
+    wire = WireFloor(node, ports[3 + local], chunk, dist) if nodes == 2 else None
 
     for nbytes in sizes:
         n = nbytes // 4
@@ -117,6 +191,8 @@ def rank_main(
         ]
         a, b = n * rank // world, n * (rank + 1) // world
         out = np.empty(b - a, dtype=np.float32)
+        s0, s1 = n * local // num_local, n * (local + 1) // num_local  # this rank's slice: the same on both nodes
+        wire_into = np.ones(s1 - s0, dtype=np.float32)
 
         def shm_reduce(ceiling: list[Any] = ceiling, a: int = a, b: int = b, out: Any = out) -> None:
             np.add(ceiling[0][a:b], ceiling[1][a:b], out=out)
@@ -138,12 +214,15 @@ def rank_main(
             buf.fill(1.0)
             took.append(timed(partial(dist.all_reduce, tbuf), KINDS.index("gloo")))
             took.append(timed(shm_reduce))
+            took.append(timed(partial(wire.exchange, buf[s0:s1], wire_into)) if wire is not None else float("nan"))
             worst.copy_(torch.tensor(took, dtype=torch.float64))
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             cpu_sum = torch.tensor(cpu, dtype=torch.float64)
             dist.all_reduce(cpu_sum)
             if rank == 0:
-                queue.put(("times", nbytes, ok, worst.tolist(), cpu_sum.tolist()))
+                queue.put(("times", nbytes, ok, worst.tolist(), cpu_sum.tolist(), list(clock.busy)))
+    if wire is not None:
+        wire.close()
     staged.close()
     group.close()
     dist.destroy_process_group()
@@ -159,7 +238,7 @@ def run_layout(
     paths = [Path(f"{prefix}-{r}") for r in range(world)]
     for path in paths:
         np.ones(max(sizes) // 4, dtype=np.float32).tofile(path)
-    ports = free_ports(3)
+    ports = free_ports(3 + num_local)  # hfreduce, gloo, hfreduce staged, a wire floor port per local rank
     procs = [
         ctx.Process(
             target=rank_main,
@@ -226,7 +305,8 @@ _PHASE_ORDER = [
 
 
 def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, dict[str, float]]:
-    """rows: (nbytes, ok, max-over-ranks seconds per kind + ceiling, CPU seconds per kind summed over ranks)."""
+    """rows: (nbytes, ok, max-over-ranks seconds per kind + ceiling + wire floor, CPU seconds per kind summed over
+    ranks, the machine's busy clock ticks per kind)."""
     factor = 2 * (world - 1) / world
     print(
         f"\n# layout {layout} (world {world}); algbw = bytes/time, busbw = algbw * {factor:.2f}; GB/s = 1e9 B/s; "
@@ -245,13 +325,15 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
     )
     summary = {}
     cpu_lines: list[str] = []
+    wire_lines: list[str] = []
     for nbytes in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == nbytes]
         med = [statistics.median(r[2][i] for r in mine) for i in range(len(KINDS) + 1)]
         alg = [nbytes / t / 1e9 for t in med]
+        ceil = len(KINDS)
         pairs = " ".join(f"{f'{a:.3f}/{a * factor:.3f}':>14}" for a in alg[:-1])
         ratios = {k: statistics.median(r[2][gloo] / r[2][i] for r in mine) for i, k in enumerate(hf)}
-        ceils = [statistics.median(r[2][-1] / r[2][i] for r in mine) for i in range(len(hf))]
+        ceils = [statistics.median(r[2][ceil] / r[2][i] for r in mine) for i in range(len(hf))]
         ok = all(r[1] for r in mine)
         print(
             f"{_size(nbytes):>10} {pairs} {alg[-1]:8.3f} "
@@ -262,16 +344,41 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         )
         cpu_ms = [statistics.median(r[3][i] for r in mine) * 1e3 for i in range(len(KINDS))]
         cpu_ratios = [statistics.median(r[3][gloo] / r[3][i] for r in mine) for i in range(len(hf))]
+        busy_ms = [sum(r[4][i] for r in mine) * 1e3 / _TICKS_PER_S / len(mine) for i in range(len(KINDS))]
+        busy_ratios = [busy_ms[gloo] / b if b else float("nan") for b in busy_ms[: len(hf)]]
         cpu_lines.append(
             f"{_size(nbytes):>10} "
             + " ".join(f"{c:9.1f}" for c in cpu_ms)
             + " "
             + " ".join(f"{c:11.2f}" for c in cpu_ratios)
+            + " | "
+            + " ".join(f"{c:9.1f}" for c in busy_ms)
+            + " "
+            + " ".join(f"{c:11.2f}" for c in busy_ratios)
         )
+        wire = [r[2][ceil + 1] for r in mine]
+        if not any(math.isnan(w) for w in wire):  # measured (2 nodes)
+            wire_lines.append(
+                f"{_size(nbytes):>10} {nbytes / statistics.median(wire) / 1e9:9.3f} "
+                + " ".join(f"{statistics.median(r[2][ceil + 1] / r[2][i] for r in mine):11.2f}" for i in range(len(hf)))
+                + f" {statistics.median(r[2][gloo] / r[2][ceil + 1] for r in mine):11.2f}"
+            )
         summary[nbytes] = ratios
-    print("CPU ms per op summed over ranks (user + sys, all threads; medians), and gloo CPU / hfreduce CPU:")
-    print(f"{'size':>10} " + " ".join(f"{k:>9}" for k in KINDS) + " " + " ".join(f"{'gloo/' + k:>11}" for k in hf))
+    print(
+        "CPU ms per op: the ranks' processes (user + sys of all threads, medians), then the whole machine's busy "
+        "time during the op (all CPUs, softirq included, mean over rounds); gloo CPU / hfreduce CPU for each:"
+    )
+    cpu_head = " ".join(f"{k:>9}" for k in KINDS) + " " + " ".join(f"{'gloo/' + k:>11}" for k in hf)
+    print(f"{'size':>10} {cpu_head} | {cpu_head}")
     print("\n".join(cpu_lines))
+    if wire_lines:
+        print(
+            "wire floor: each rank only exchanges its slice with its peer on the other node over TCP (algbw of "
+            "the whole buffer); wire time / hfreduce time, and gloo time / wire time (the most any design "
+            "sending these bytes could reach):"
+        )
+        print(f"{'size':>10} {'wire alg':>9} " + " ".join(f"{k + ' eff':>11}" for k in hf) + f" {'gloo/wire':>11}")
+        print("\n".join(wire_lines))
     for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
         if nbytes in summary:
             s = summary[nbytes]
@@ -280,6 +387,9 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
                 f"(staged through shm {s['staged']:.2f}x), registered {s['reg']:.2f}x gloo"
             )
     return summary
+
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
