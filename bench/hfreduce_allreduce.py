@@ -11,7 +11,7 @@ Time = max over ranks. Ratios are medians of per-round ratios
 t_gloo / t_hfreduce. CPU time (user + sys of every thread, summed over ranks) is printed too: on this
 2-core box the ops are CPU-bound, so it predicts the ratios without the noise of other load. Process CPU
 time leaves out the kernel's softirq work (loopback TCP's receive path), so the machine's busy time during
-each kind of op (all CPUs, from /proc/stat, summed over rounds) is printed as well.
+each kind of op (all CPUs, from /proc/stat, averaged over rounds) is printed as well.
 ``--profile`` prints hfreduce's wall time per phase and rank.
 
     .venv/bin/python bench/hfreduce_allreduce.py --layouts 2x1,2x2 --rounds 11
@@ -86,7 +86,7 @@ class WireFloor:
     """At 2 nodes, the bytes hfreduce's trees move for one rank and nothing else: the rank exchanges its slice
     (1/num_local of the buffer) with the same local rank of the other node over two loopback TCP connections,
     one per tree half, in the library's chunks, each direction on its own thread as in hfreduce. No reduction,
-    no copies between local ranks: a design that sends these bytes over TCP cannot take less time."""
+    no copies between local ranks: what hfreduce's transport costs before any of its own work."""
 
     def __init__(self, node: int, port: int, chunk_bytes: int, dist: Any) -> None:
         server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
@@ -374,8 +374,8 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
     if wire_lines:
         print(
             "wire floor: each rank only exchanges its slice with its peer on the other node over TCP (algbw of "
-            "the whole buffer); wire time / hfreduce time, and gloo time / wire time (the most any design "
-            "sending these bytes could reach):"
+            "the whole buffer); wire time / hfreduce time, and gloo time / wire time (about the most a design "
+            "sending these bytes this way could reach):"
         )
         print(f"{'size':>10} {'wire alg':>9} " + " ".join(f"{k + ' eff':>11}" for k in hf) + f" {'gloo/wire':>11}")
         print("\n".join(wire_lines))
