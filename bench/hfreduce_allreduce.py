@@ -75,6 +75,9 @@ class Clock:
         return took
 
 
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
 def machine_busy_ticks() -> int:
     """Clock ticks all CPUs spent on anything but idle and iowait (user, nice, system, irq, softirq, steal)."""
     with open("/proc/stat") as f:
@@ -88,7 +91,9 @@ class WireFloor:
     one per tree half, in the library's chunks, each direction on its own thread as in hfreduce. No reduction,
     no copies between local ranks: what hfreduce's transport costs before any of its own work."""
 
-    def __init__(self, node: int, port: int, chunk_bytes: int, dist: Any) -> None:
+    def __init__(self, node: int, port: int, config: Any, dist: Any) -> None:
+        from hfreduce.transport import Link, tune_tcp  # in the rank processes only
+
         server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
         dist.barrier()  # every node-0 rank listens before any node-1 rank connects
         if server is None:
@@ -102,9 +107,10 @@ class WireFloor:
                     conn, _ = server.accept()
                     by_tree[conn.recv(1)[0]] = conn
             socks = [by_tree[0], by_tree[1]]
-        for sock in socks:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.socks, self.chunk = socks, chunk_bytes
+        for sock in socks:  # set up as hfreduce sets up its tree links
+            tune_tcp(sock, config.socket_buffer_bytes)
+        self.links = [Link(sock, -1, config.timeout_s) for sock in socks]
+        self.chunk = config.chunk_size_bytes
         self.pool = concurrent.futures.ThreadPoolExecutor(4)
 
     def exchange(self, out: Any, into: Any) -> None:
@@ -116,24 +122,20 @@ class WireFloor:
         def send(tree: int) -> None:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                self.socks[tree].sendall(src[c : min(c + self.chunk, b)])
+                self.links[tree].send(src[c : min(c + self.chunk, b)])
 
         def recv(tree: int) -> None:
             a, b = spans[tree]
-            got = a
-            while got < b:
-                n = self.socks[tree].recv_into(dst[got:b], min(b - got, self.chunk), socket.MSG_WAITALL)
-                if n == 0:
-                    raise ConnectionError("wire floor: peer closed")
-                got += n
+            for c in range(a, b, self.chunk):
+                self.links[tree].recv_into(dst[c : min(c + self.chunk, b)])
 
         for f in [self.pool.submit(fn, tree) for tree in (0, 1) for fn in (send, recv)]:
             f.result()
 
     def close(self) -> None:
         self.pool.shutdown()
-        for sock in self.socks:
-            sock.close()
+        for link in self.links:
+            link.close()
 
 
 def rank_main(
@@ -159,27 +161,25 @@ def rank_main(
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     world, rank = nodes * num_local, node * num_local + local
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=world)
-    group, staged = (
-        Group(
-            loopback_config(
-                node,
-                local,
-                nodes,
-                num_local,
-                port,
-                timeout_s=120,
-                shm_slot_bytes=slot_bytes,
-                cross_memory=cross_memory,
-                chunk_size_bytes=chunk_bytes or GroupConfig.chunk_size_bytes,
-            )
+    configs = [
+        loopback_config(
+            node,
+            local,
+            nodes,
+            num_local,
+            port,
+            timeout_s=120,
+            shm_slot_bytes=slot_bytes,
+            cross_memory=cross_memory,
+            chunk_size_bytes=chunk_bytes or GroupConfig.chunk_size_bytes,
         )
         for port, cross_memory in ((ports[0], True), (ports[2], False))
-    )
+    ]
+    group, staged = (Group(config) for config in configs)
     worst = torch.zeros(len(KINDS) + 2, dtype=torch.float64)
     clock = Clock(dist, queue, rank, profile)
     timed, profiled, cpu = clock.timed, clock.profiled, clock.cpu
-    chunk = chunk_bytes or GroupConfig.chunk_size_bytes
-    wire = WireFloor(node, ports[3 + local], chunk, dist) if nodes == 2 else None
+    wire = WireFloor(node, ports[3 + local], configs[0], dist) if nodes == 2 else None
 
     for nbytes in sizes:
         n = nbytes // 4
@@ -323,6 +323,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         + " ".join(f"{k + '/ceil':>11}" for k in hf)
         + "  ok"
     )
+    ceil, floor = len(KINDS), len(KINDS) + 1  # slots of the shared-memory ceiling and the wire floor in r[2]
     summary = {}
     cpu_lines: list[str] = []
     wire_lines: list[str] = []
@@ -330,7 +331,6 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         mine = [r for r in rows if r[0] == nbytes]
         med = [statistics.median(r[2][i] for r in mine) for i in range(len(KINDS) + 1)]
         alg = [nbytes / t / 1e9 for t in med]
-        ceil = len(KINDS)
         pairs = " ".join(f"{f'{a:.3f}/{a * factor:.3f}':>14}" for a in alg[:-1])
         ratios = {k: statistics.median(r[2][gloo] / r[2][i] for r in mine) for i, k in enumerate(hf)}
         ceils = [statistics.median(r[2][ceil] / r[2][i] for r in mine) for i in range(len(hf))]
@@ -356,12 +356,12 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
             + " "
             + " ".join(f"{c:11.2f}" for c in busy_ratios)
         )
-        wire = [r[2][ceil + 1] for r in mine]
+        wire = [r[2][floor] for r in mine]
         if not any(math.isnan(w) for w in wire):  # measured (2 nodes)
             wire_lines.append(
                 f"{_size(nbytes):>10} {nbytes / statistics.median(wire) / 1e9:9.3f} "
-                + " ".join(f"{statistics.median(r[2][ceil + 1] / r[2][i] for r in mine):11.2f}" for i in range(len(hf)))
-                + f" {statistics.median(r[2][gloo] / r[2][ceil + 1] for r in mine):11.2f}"
+                + " ".join(f"{statistics.median(r[2][floor] / r[2][i] for r in mine):11.2f}" for i in range(len(hf)))
+                + f" {statistics.median(r[2][gloo] / r[2][floor] for r in mine):11.2f}"
             )
         summary[nbytes] = ratios
     print(
@@ -387,9 +387,6 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
                 f"(staged through shm {s['staged']:.2f}x), registered {s['reg']:.2f}x gloo"
             )
     return summary
-
-
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
