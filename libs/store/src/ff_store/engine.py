@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from ff_store.retry import RetryPolicy, is_retryable
 
 SQLITE_DRIVER = "pysqlite"
 POSTGRES_DRIVER = "psycopg"
@@ -81,10 +87,37 @@ def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> No
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute("PRAGMA journal_mode = WAL")
+        switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys = ON")
     finally:
         cursor.close()
+
+
+_WAL_SWITCH_RETRIES = RetryPolicy()
+
+
+def switch_to_wal(
+    cursor: sqlite3.Cursor,
+    *,
+    policy: RetryPolicy = _WAL_SWITCH_RETRIES,
+    rng: random.Random | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
+
+    When several processes open the same new database file at once (two mgmtd instances brought up together),
+    SQLite answers this pragma "database is locked" at once, without waiting out the busy timeout, to every
+    connection but the one converting the file. It is retried under ``policy`` like a conflicted transaction.
+    """
+    rng = rng or random.Random()
+    for retry in itertools.count():
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if retry >= policy.max_retries or not is_retryable(exc):
+                raise
+            sleep(policy.backoff_s(retry, rng))
 
 
 def _on_sqlite_begin(connection: Connection) -> None:

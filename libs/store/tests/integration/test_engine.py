@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -93,3 +95,31 @@ def test_bare_postgresql_url_uses_psycopg(postgres_url: str) -> None:
             assert connection.exec_driver_sql("SELECT 1").scalar_one() == 1
     finally:
         engine.dispose()
+
+
+def _connect_after(barrier: Any, url: str, results: Any) -> None:
+    engine = create_engine(url)
+    try:
+        barrier.wait()
+        with engine.connect() as connection:
+            results.put(connection.exec_driver_sql("PRAGMA journal_mode").scalar_one())
+    except Exception as exc:  # reported to the test, which names it
+        results.put(repr(exc))
+    finally:
+        engine.dispose()
+
+
+def test_processes_opening_one_new_sqlite_file_at_once_all_connect(tmp_path: Path) -> None:
+    # Without a retry, SQLite answers the WAL switch "database is locked" at once (busy timeout or not) to
+    # every connection but the one converting the new file: two mgmtd instances started together failed so.
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(8):
+        url = f"sqlite:///{tmp_path / f'race-{trial}.db'}"
+        barrier, results = ctx.Barrier(6), ctx.Queue()
+        procs = [ctx.Process(target=_connect_after, args=(barrier, url, results)) for _ in range(6)]
+        for proc in procs:
+            proc.start()
+        got = [results.get(timeout=30) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        assert got == ["wal"] * 6, f"trial {trial}: {got}"
