@@ -1,6 +1,6 @@
 """Cross-memory attach: copy between this process and another local rank's private memory with
 ``process_vm_readv``/``process_vm_writev`` (one kernel copy, no shared staging buffer). The ctypes calls
-release the GIL, so pipeline threads overlap them with socket I/O and numpy work."""
+release the GIL."""
 
 from __future__ import annotations
 

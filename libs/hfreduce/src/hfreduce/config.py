@@ -30,8 +30,8 @@ class GroupConfig:
         local_world_size: ranks per node (the same on every node).
         zone: network zone of this node; nodes are ordered zone by zone so trees cross zones once.
         timeout_s: limit on every blocking step (rendezvous, each chunk send/receive, each barrier).
-        chunk_size_bytes: pipeline chunk size (4 MiB: each chunk costs thread hand-offs, GIL round trips
-            and system calls, which at 1 MiB took 15-20 % more CPU on the 2-core dev box); smaller
+        chunk_size_bytes: pipeline chunk size (4 MiB: each chunk costs task switches and system calls;
+            1, 2 and 4 MiB measured alike on the 2-core dev box, 8 MiB slower); smaller
             slices use smaller chunks, down to 1 MiB, so each tree half still has 4 chunks to pipeline.
         shm_slot_bytes: cap on the per-rank shared-memory staging slot (it grows to the largest tensor
             seen, up to this); larger tensors go through in segments of this size.

@@ -23,8 +23,8 @@ class Counters:
         copied_out: copied from shared memory into this rank's private buffer (H2D analogue).
         distributed: final results written into the other local ranks' registered buffers.
         collectives: number of collectives run.
-        seconds: wall time by phase (``lap``); pipeline-thread phases are summed over the four threads,
-            which run at the same time, so they can add up to more than the collective took. Not compared.
+        seconds: wall time by phase (``lap``); pipeline phases are summed over the four tasks (two
+            trees, up and down), which interleave, so they can add up to more than the collective took. Not compared.
     """
 
     copied_in: int = 0

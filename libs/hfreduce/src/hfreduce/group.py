@@ -22,6 +22,7 @@ from hfreduce.control import ControlClient, ControlServer
 from hfreduce.counters import Counters
 from hfreduce.errors import GroupClosedError, HFReduceError, PeerFailureError, RendezvousError
 from hfreduce.local import LocalComm
+from hfreduce.loop import EventLoop
 from hfreduce.pipeline import TreeEngine, TreeJob
 from hfreduce.reduction import Array, DType, ReduceOp
 from hfreduce.ring import RingEngine
@@ -69,7 +70,8 @@ class Runtime:
         self.registered: dict[int, Registered] = {}
         self._parity = 0
         self._closed = False
-        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfreduce-pipe")
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-ring")
+        self.loop = EventLoop(config.timeout_s)
         try:
             self._setup()
         except BaseException:
@@ -118,10 +120,9 @@ class Runtime:
             node_rank=cfg.node_rank,
             trees=self.trees,
             links=self.tree_links,
-            pool=self.pool,
+            loop=self.loop,
             chunk_elems=self.chunk_elems,
             timeout_s=cfg.timeout_s,
-            on_failure=self.abort,
         )
         pos = self.ring_order.index(self.rank)
         self.ring = RingEngine(
@@ -504,6 +505,7 @@ class Runtime:
         if self.server is not None:
             wait = min(self.config.timeout_s, 5.0) if wait_for_ranks_s is None else wait_for_ranks_s
             self.server.stop(wait_for_ranks_s=wait if self.broken is None else 0.0)
+        self.loop.close()
         for links in self.tree_links:
             for link in links.values():
                 link.close()

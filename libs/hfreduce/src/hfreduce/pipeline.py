@@ -1,14 +1,13 @@
 """The HFReduce pipeline of one rank: for each chunk of its slice, the intra-node reduce, reduce up a
-tree, broadcast down it, and hand-back to the other local ranks; two trees, each on its own pair of
-threads (up and down), each carrying half of the slice, so chunks of different phases overlap."""
+tree, broadcast down it, and hand-back to the other local ranks; two trees, each carrying half of the
+slice with its own pair of tasks (up and down) on the rank's event loop, so chunks of different phases
+overlap."""
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import dataclasses
 import functools
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -18,11 +17,11 @@ import numpy.typing as npt
 from hfreduce.chunking import Span, chunks, pipeline_chunk, tree_half
 from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
+from hfreduce.loop import EventLoop, Task, Until
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
 from hfreduce.transport import Link
 from hfreduce.trees import Tree
 
-_QUEUE_POLL_S = 0.1
 # Elements per block of the root's fused reduce (256 KiB of fp32: the block's operands stay in the core's
 # cache between the intra-node reduce, the children's adds and the copies to the other local ranks).
 FUSED_BLOCK_ELEMS = 64 * 1024
@@ -64,8 +63,8 @@ class TreeJob:
 
 
 class _Scratch:
-    """Per-thread chunk buffers, each allocated on first use, pre-touched (fresh pages copy 4x slower)
-    and kept (a thread of an fp32 allreduce needs one or two of them, not all five)."""
+    """Per-task chunk buffers, each allocated on first use, pre-touched (fresh pages copy 4x slower)
+    and kept (a task of an fp32 allreduce needs one or two of them, not all five)."""
 
     def __init__(self, chunk_elems: int) -> None:
         self.chunk_elems = chunk_elems
@@ -103,66 +102,30 @@ class TreeEngine:
         node_rank: int,
         trees: tuple[Tree, Tree],
         links: Sequence[dict[int, Link]],
-        pool: concurrent.futures.ThreadPoolExecutor,
+        loop: EventLoop,
         chunk_elems: int,
         timeout_s: float,
-        on_failure: Callable[[], None],
     ) -> None:
         self.node_rank = node_rank
         self.trees = trees
         self.links = links
-        self.pool = pool
         self.chunk_elems = chunk_elems
         self.timeout_s = timeout_s
-        self.on_failure = on_failure
+        self.loop = loop
         self._scratch = [[_Scratch(chunk_elems) for _ in range(2)] for _ in range(2)]
-        self._abort = threading.Event()
 
     def run(self, job: TreeJob) -> Counters:
-        """Run both trees' up and down threads to completion; the first failure aborts all of them."""
-        self._abort.clear()
-        queues: list[queue.Queue[Span]] = [queue.Queue(), queue.Queue()]
-        if job.span[1] - job.span[0] <= self._chunk(job.span):
-            return self._run_inline(job, queues)
-        futures = []
-        for t in (0, 1):
-            futures.append(self.pool.submit(self._up, job, t, queues[t]))
-            futures.append(self.pool.submit(self._down, job, t, queues[t]))
-        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-        primary = [f.exception() for f in done if f.exception() is not None]
-        if primary:
-            self._abort.set()
-            self.on_failure()  # unblock threads stuck on sockets; their errors are consequences
-        concurrent.futures.wait(futures)
-        if primary:
-            raise primary[0]  # type: ignore[misc]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise errors[0]  # type: ignore[misc]
+        """Run both trees' up and down tasks to completion on this thread's event loop; the first failure
+        stops all of them."""
+        handoffs: list[collections.deque[Span]] = [collections.deque(), collections.deque()]
+        tasks = [phase(job, t, handoffs[t]) for t in (0, 1) for phase in (self._up, self._down)]
         total = Counters()
-        for f in futures:
-            total.add(f.result())
+        for counters in self.loop.run(tasks):
+            total.add(counters)
         return total
 
     def _chunk(self, span: Span) -> int:
         return pipeline_chunk(span[1] - span[0], self.chunk_elems)
-
-    def _run_inline(self, job: TreeJob, queues: list[queue.Queue[Span]]) -> Counters:
-        """One chunk per tree: run the four phases in this thread (no thread hand-offs for small messages).
-
-        Every up phase depends only on up phases below it and every down phase on the one above, and a
-        single chunk fits in the socket buffers, so this order cannot deadlock.
-        """
-        total = Counters()
-        try:
-            for t in (0, 1):
-                total.add(self._up(job, t, queues[t]))
-            for t in (0, 1):
-                total.add(self._down(job, t, queues[t]))
-        except BaseException:
-            self.on_failure()
-            raise
-        return total
 
     def _fast(self, job: TreeJob) -> bool:
         return job.dtype is DType.F32 and job.wire is DType.F32
@@ -175,7 +138,7 @@ class TreeEngine:
         others = job.peers or job.remote or job.distribute_to
         return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2 and bool(others)
 
-    def _up(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
+    def _up(self, job: TreeJob, t: int, handoff: collections.deque[Span]) -> Task:
         node = self.trees[t][self.node_rank]
         parent = self.links[t][node.parent] if node.parent >= 0 else None
         children = [self.links[t][c] for c in node.children]
@@ -190,11 +153,11 @@ class TreeEngine:
             if fused:
                 partials = [buf[:n] for buf in (scratch.f32, scratch.f32b)[: len(children)]]
                 for link, into in zip(children, partials, strict=True):
-                    link.recv_into(into.data)
+                    yield from link.recv_steps(into.data)
                     counters.received += n * wire_bytes
                 now = counters.lap("up_recv", now)
                 self._root_chunk(job, c0, c1, partials, scratch.peer_raw.view(np.float32), combine, counters)
-                handoff.put((c0, c1))
+                handoff.append((c0, c1))
                 counters.lap("up_intra_reduce", now)
                 continue
             acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
@@ -202,7 +165,7 @@ class TreeEngine:
             now = counters.lap("up_intra_reduce", now)
             for link in children:
                 got = scratch.wire(job.wire, n)
-                link.recv_into(got.data)
+                yield from link.recv_steps(got.data)
                 now = counters.lap("up_recv", now)
                 self._accumulate(job.wire, acc, got, scratch, combine)
                 now = counters.lap("up_inter_reduce", now)
@@ -210,15 +173,15 @@ class TreeEngine:
                 counters.reduce_inter += n * wire_bytes
             if parent is None:
                 self._finalize(job, c0, c1, acc, scratch)
-                handoff.put((c0, c1))
+                handoff.append((c0, c1))
                 counters.lap("up_finalize", now)
                 continue
             if self._fast(job):
-                parent.send(acc.data)
+                yield from parent.send_steps(acc.data)
             else:
                 out = scratch.wire(job.wire, n)
                 from_f32(job.wire, acc, out, scratch.u32)
-                parent.send(out.data)
+                yield from parent.send_steps(out.data)
             counters.lap("up_send", now)
             counters.sent += n * wire_bytes
         return counters
@@ -236,7 +199,7 @@ class TreeEngine:
         """The root's whole reduce of chunk ``[c0, c1)`` in one pass of cache-sized blocks: the local ranks'
         data (read in place from shared memory, or fetched block by block from their private memory into
         ``fetched``), then the children's partials, the AVG division, and the final block written to the other
-        local ranks (which the down thread then skips). Same arithmetic, in the same order, as the unfused
+        local ranks (which the down task then skips). Same arithmetic, in the same order, as the unfused
         phases: bit-identical results, the same bytes counted."""
         final = job.final(c0, c1)
         mine, shared = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
@@ -336,7 +299,7 @@ class TreeEngine:
             to_f32(job.wire, rounded, acc)
         from_f32(job.dtype, acc, job.final(c0, c1), scratch.u32)
 
-    def _down(self, job: TreeJob, t: int, handoff: queue.Queue[Span]) -> Counters:
+    def _down(self, job: TreeJob, t: int, handoff: collections.deque[Span]) -> Task:
         node = self.trees[t][self.node_rank]
         parent = self.links[t][node.parent] if node.parent >= 0 else None
         children = [self.links[t][c] for c in node.children]
@@ -348,29 +311,29 @@ class TreeEngine:
             final = job.final(c0, c1)
             now = time.perf_counter()
             if parent is None:
-                self._wait_handoff(handoff, (c0, c1))
+                yield from self._handed_off(handoff, (c0, c1))
                 payload = final if direct else scratch.wire(job.wire, n)
                 if not direct:
                     from_f32(job.wire, final, payload, scratch.u32)  # exact: already rounded at the root
                 now = counters.lap("down_wait_reduce", now)
             elif direct:
-                parent.recv_into(final.data)
+                yield from parent.recv_steps(final.data)
                 payload = final
                 now = counters.lap("down_recv", now)
             else:
                 payload = scratch.wire(job.wire, n)
-                parent.recv_into(payload.data)
+                yield from parent.recv_steps(payload.data)
                 to_f32(job.wire, payload, final)
                 now = counters.lap("down_recv", now)
             if parent is not None:
                 counters.received += n * job.wire.itemsize
             for link in children:
-                link.send(payload.data)
+                yield from link.send_steps(payload.data)
                 counters.sent += n * job.wire.itemsize
             if children:
                 now = counters.lap("down_send", now)
             if parent is None and self._fused_root(job, t):
-                continue  # the up thread copied the final chunk to the other local ranks
+                continue  # the up task copied the final chunk to the other local ranks
             for other in job.distribute_to:
                 np.copyto(other[c0:c1], final)
                 counters.distributed += n * job.dtype.itemsize
@@ -381,17 +344,11 @@ class TreeEngine:
                 counters.lap("down_distribute", now)
         return counters
 
-    def _wait_handoff(self, handoff: queue.Queue[Span], expect: Span) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                got = handoff.get(timeout=_QUEUE_POLL_S)
-            except queue.Empty:
-                if self._abort.is_set():
-                    raise RuntimeError("aborted") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"reduce of chunk {expect} not done within {self.timeout_s:g} s") from None
-                continue
-            if got != expect:
-                raise RuntimeError(f"pipeline out of order: got chunk {got}, expected {expect}")
-            return
+    @staticmethod
+    def _handed_off(handoff: collections.deque[Span], expect: Span) -> Task:
+        """Wait until the root's up task hands chunk ``expect`` over (its reduce is done)."""
+        if not handoff:
+            yield Until(lambda: bool(handoff), f"reduce of chunk {expect}")
+        got = handoff.popleft()
+        if got != expect:
+            raise RuntimeError(f"pipeline out of order: got chunk {got}, expected {expect}")

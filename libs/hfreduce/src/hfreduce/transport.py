@@ -4,10 +4,11 @@ timeouts, memoryview sends and ``recv_into`` receives (nothing is pickled or cop
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 _TIMEOUT_ERRNOS = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT)
 
@@ -28,6 +29,14 @@ def set_kernel_timeouts(sock: socket.socket, timeout_s: float) -> None:
     tv = struct.pack("ll", sec, int((timeout_s - sec) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """What a cooperative send or receive waits for: ``link``'s socket writable (``write``) or readable."""
+
+    link: Link
+    write: bool
 
 
 class Link:
@@ -68,6 +77,34 @@ class Link:
         while got < total:  # each recv waits at most timeout_s for progress (SO_RCVTIMEO)
             try:
                 n = self.sock.recv_into(view[got:], total - got, socket.MSG_WAITALL)
+            except OSError as exc:
+                raise self._error(exc) from exc
+            if n == 0:
+                raise LinkError(self.peer, "closed", "connection closed by peer")
+            got += n
+
+    def send_steps(self, data: memoryview) -> Generator[Wait, None, None]:
+        """``send`` for an event loop: non-blocking sends, yielding a Wait whenever the socket buffer is full."""
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        sent, total = 0, len(view)
+        while sent < total:
+            try:
+                sent += self.sock.send(view[sent:], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                yield Wait(self, write=True)
+            except OSError as exc:
+                raise self._error(exc) from exc
+
+    def recv_steps(self, buf: memoryview) -> Generator[Wait, None, None]:
+        """``recv_into`` for an event loop: non-blocking receives, yielding a Wait whenever nothing is queued."""
+        view = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        got, total = 0, len(view)
+        while got < total:
+            try:
+                n = self.sock.recv_into(view[got:], total - got, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                yield Wait(self, write=False)
+                continue
             except OSError as exc:
                 raise self._error(exc) from exc
             if n == 0:
