@@ -20,7 +20,6 @@ each kind of op (all CPUs, from /proc/stat, averaged over rounds) is printed as 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import math
 import multiprocessing as mp
 import os
@@ -88,11 +87,12 @@ def machine_busy_ticks() -> int:
 class WireFloor:
     """At 2 nodes, the bytes hfreduce's trees move for one rank and nothing else: the rank exchanges its slice
     (1/num_local of the buffer) with the same local rank of the other node over two loopback TCP connections,
-    one per tree half, in the library's chunks, each direction on its own thread as in hfreduce. No reduction,
-    no copies between local ranks: what hfreduce's transport costs before any of its own work."""
+    one per tree half, in the library's chunks, all four directions on one event loop as in hfreduce. No
+    reduction, no copies between local ranks: what hfreduce's transport costs before any of its own work."""
 
     def __init__(self, node: int, port: int, config: Any, dist: Any) -> None:
-        from hfreduce.transport import Link, tune_tcp  # in the rank processes only
+        from hfreduce.loop import EventLoop  # in the rank processes only
+        from hfreduce.transport import Link, tune_tcp
 
         server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
         dist.barrier()  # every node-0 rank listens before any node-1 rank connects
@@ -111,7 +111,7 @@ class WireFloor:
             tune_tcp(sock, config.socket_buffer_bytes)
         self.links = [Link(sock, -1, config.timeout_s) for sock in socks]
         self.chunk = config.chunk_size_bytes
-        self.pool = concurrent.futures.ThreadPoolExecutor(4)
+        self.loop = EventLoop(config.timeout_s)
 
     def exchange(self, out: Any, into: Any) -> None:
         """Send ``out`` and receive as many bytes into ``into``, half on each connection."""
@@ -119,21 +119,20 @@ class WireFloor:
         mid = len(src) // 2
         spans = ((0, mid), (mid, len(src)))
 
-        def send(tree: int) -> None:
+        def send(tree: int) -> Any:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                self.links[tree].send(src[c : min(c + self.chunk, b)])
+                yield from self.links[tree].send_steps(src[c : min(c + self.chunk, b)])
 
-        def recv(tree: int) -> None:
+        def recv(tree: int) -> Any:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                self.links[tree].recv_into(dst[c : min(c + self.chunk, b)])
+                yield from self.links[tree].recv_steps(dst[c : min(c + self.chunk, b)])
 
-        for f in [self.pool.submit(fn, tree) for tree in (0, 1) for fn in (send, recv)]:
-            f.result()
+        self.loop.run([fn(tree) for tree in (0, 1) for fn in (send, recv)])
 
     def close(self) -> None:
-        self.pool.shutdown()
+        self.loop.close()
         for link in self.links:
             link.close()
 

@@ -3,7 +3,6 @@ arrays (storage dtype). ``api.Group`` wraps it with tensor handling and async ha
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -70,7 +69,6 @@ class Runtime:
         self.registered: dict[int, Registered] = {}
         self._parity = 0
         self._closed = False
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-ring")
         self.loop = EventLoop(config.timeout_s)
         try:
             self._setup()
@@ -130,9 +128,8 @@ class Runtime:
             size=cfg.world_size,
             next_link=self.ring_next,
             prev_link=self.ring_prev,
-            pool=self.pool,
+            loop=self.loop,
             chunk_elems=self.chunk_elems,
-            on_failure=self.abort,
         )
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
 
@@ -521,7 +518,6 @@ class Runtime:
         for reg in self.registered.values():
             for seg in reg.segments:
                 seg.close()
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _signature(seq: int, n: int, dtype: DType, op: ReduceOp) -> int:

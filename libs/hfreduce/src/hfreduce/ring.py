@@ -3,13 +3,13 @@ and allgather, reduce-scatter and broadcast."""
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable
 
 import numpy as np
 
 from hfreduce.chunking import Span, chunks, ring_blocks
 from hfreduce.counters import Counters
+from hfreduce.loop import EventLoop, Task
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
 from hfreduce.transport import Link
 
@@ -24,17 +24,15 @@ class RingEngine:
         size: int,
         next_link: Link | None,
         prev_link: Link | None,
-        pool: concurrent.futures.ThreadPoolExecutor,
+        loop: EventLoop,
         chunk_elems: int,
-        on_failure: Callable[[], None],
     ) -> None:
         self.pos = pos
         self.size = size
         self.next_link = next_link
         self.prev_link = prev_link
-        self.pool = pool
+        self.loop = loop
         self.chunk_elems = chunk_elems
-        self.on_failure = on_failure
         self._f32 = [np.ones(chunk_elems, dtype=np.float32) for _ in range(2)]
         self._u32 = np.ones(chunk_elems, dtype=np.uint32)
         self._raw = np.ones(chunk_elems * 4, dtype=np.uint8)
@@ -108,30 +106,35 @@ class RingEngine:
         counters: Counters,
     ) -> None:
         """Send one block to the next rank while receiving (and combining) one from the previous."""
-        assert self.next_link is not None and self.prev_link is not None  # size > 1 here
-        sender = self.pool.submit(self._send_block, flat, send)
-        try:
-            for c0, c1 in chunks(recv, self.chunk_elems):
-                n = c1 - c0
-                if combine is None:
-                    self.prev_link.recv_into(flat[c0:c1].data)
-                else:
-                    got = self._raw[: n * dtype.itemsize].view(dtype.storage)
-                    self.prev_link.recv_into(got.data)
-                    self._combine(flat[c0:c1], got, dtype, combine)
-                    counters.reduce_inter += n * dtype.itemsize
-                counters.received += n * dtype.itemsize
-            counters.sent += sender.result() * dtype.itemsize
-        except BaseException:
-            self.on_failure()
-            concurrent.futures.wait([sender])
-            raise
+        self.loop.run(
+            [self._send_block(flat, send, dtype, counters), self._recv_block(flat, recv, dtype, combine, counters)]
+        )
 
-    def _send_block(self, flat: Array, span: Span) -> int:
-        assert self.next_link is not None
+    def _send_block(self, flat: Array, span: Span, dtype: DType, counters: Counters) -> Task:
+        assert self.next_link is not None  # size > 1 here
         for c0, c1 in chunks(span, self.chunk_elems):
-            self.next_link.send(flat[c0:c1].data)
-        return span[1] - span[0]
+            yield from self.next_link.send_steps(flat[c0:c1].data)
+        counters.sent += (span[1] - span[0]) * dtype.itemsize
+
+    def _recv_block(
+        self,
+        flat: Array,
+        span: Span,
+        dtype: DType,
+        combine: Callable[[Array, Array, Array], object] | None,
+        counters: Counters,
+    ) -> Task:
+        assert self.prev_link is not None  # size > 1 here
+        for c0, c1 in chunks(span, self.chunk_elems):
+            n = c1 - c0
+            if combine is None:
+                yield from self.prev_link.recv_steps(flat[c0:c1].data)
+            else:
+                got = self._raw[: n * dtype.itemsize].view(dtype.storage)
+                yield from self.prev_link.recv_steps(got.data)
+                self._combine(flat[c0:c1], got, dtype, combine)
+                counters.reduce_inter += n * dtype.itemsize
+            counters.received += n * dtype.itemsize
 
     def _combine(self, dst: Array, src: Array, dtype: DType, combine: Callable[[Array, Array, Array], object]) -> None:
         if dtype is DType.F32:
