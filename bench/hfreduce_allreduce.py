@@ -270,7 +270,7 @@ def _size(nbytes: int) -> str:
 
 def report_phases(layout: str, phases: list[tuple[Any, ...]]) -> None:
     """Median ms per phase over rounds, per rank, for each size and kind (copy path, registered)."""
-    print(f"\n# phases {layout}: median ms over rounds per rank (pipeline-thread phases summed over threads)")
+    print(f"\n# phases {layout}: median ms over rounds per rank (pipeline-task phases summed over tasks)")
     for nbytes in sorted({p[1] for p in phases}):
         for kind in KINDS[:-1]:
             mine = [p for p in phases if p[1] == nbytes and p[2] == kind]
@@ -402,6 +402,12 @@ def main() -> None:
     # way of both hfreduce and gloo (the ranks are spawned, so they read this before importing numpy)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     sizes = [int(s) for s in args.sizes.split(",")]
+    from hfreduce.shm import huge_pages  # after the environment above is set
+
+    print(
+        f"# transparent huge pages: private memory '{huge_pages(shared=False)}' (gloo's buffers here are numpy's, "
+        f"which ask for them), shared memory '{huge_pages()}' (hfreduce's segments ask for them)"
+    )
     for layout in args.layouts.split(","):
         nodes, num_local = (int(x) for x in layout.split("x"))
         rows, phases = run_layout(

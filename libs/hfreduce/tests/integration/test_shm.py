@@ -1,0 +1,81 @@
+"""Shared-memory segments ask the kernel for huge pages, and get them wherever its policy allows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hfreduce.shm import Segment, huge_pages
+
+POLICY = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+SEGMENT_BYTES = 8 << 20
+
+
+def mapping_of(arr: np.ndarray) -> dict[str, str]:
+    """The /proc/self/smaps entry of the mapping that holds ``arr``."""
+    addr = arr.__array_interface__["data"][0]
+    entry: dict[str, str] = {}
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            if inside:
+                break
+            inside = int(head.group(1), 16) <= addr < int(head.group(2), 16)
+        elif inside:
+            key, _, value = line.partition(":")
+            entry[key] = value.strip()
+    assert entry, "no mapping holds the array"
+    return entry
+
+
+@contextlib.contextmanager
+def shared_policy(mode: str) -> Iterator[None]:
+    old = huge_pages()
+    POLICY.write_text(mode)
+    try:
+        yield
+    finally:
+        POLICY.write_text(old)
+
+
+def test_a_segment_asks_for_huge_pages_whatever_the_policy() -> None:
+    seg = Segment.create("hfreduce-test-hg", SEGMENT_BYTES)
+    try:
+        arr = seg.array(np.uint8, SEGMENT_BYTES)
+        assert "hg" in mapping_of(arr)["VmFlags"].split()
+        assert huge_pages() in {"always", "within_size", "advise", "never", "deny", "force"}
+        del arr
+    finally:
+        seg.close()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(POLICY, os.W_OK), reason="setting the kernel's huge-page policy needs root"
+)
+def test_under_the_advise_policy_segments_are_mapped_with_huge_pages() -> None:
+    with shared_policy("advise"):
+        seg = Segment.create("hfreduce-test-huge", SEGMENT_BYTES)
+        try:
+            arr = seg.array(np.float32, SEGMENT_BYTES // 4)
+            arr[:] = 1.5  # data stays right on huge pages
+            assert float(arr.sum(dtype=np.float64)) == 1.5 * len(arr)
+            huge_kib = int(mapping_of(arr)["ShmemPmdMapped"].split()[0])
+            assert huge_kib >= SEGMENT_BYTES // 1024 // 2, mapping_of(arr)
+            del arr
+        finally:
+            seg.close()
+    with shared_policy("never"):
+        seg = Segment.create("hfreduce-test-small", SEGMENT_BYTES)
+        try:
+            arr = seg.array(np.uint8, SEGMENT_BYTES)
+            assert mapping_of(arr)["ShmemPmdMapped"].startswith("0 ")
+            del arr
+        finally:
+            seg.close()
