@@ -87,11 +87,12 @@ def machine_busy_ticks() -> int:
 class WireFloor:
     """At 2 nodes, the bytes hfreduce's trees move for one rank and nothing else: the rank exchanges its slice
     (1/num_local of the buffer) with the same local rank of the other node over two loopback TCP connections,
-    one per tree half, in the library's chunks, all four directions on one event loop as in hfreduce. No
-    reduction, no copies between local ranks: what hfreduce's transport costs before any of its own work."""
+    one per tree half, in the library's chunks, on the runner hfreduce picks for the layout (a thread per
+    direction, or one event loop). No reduction, no copies between local ranks: what hfreduce's transport
+    costs before any of its own work."""
 
     def __init__(self, node: int, port: int, config: Any, dist: Any) -> None:
-        from hfreduce.loop import EventLoop  # in the rank processes only
+        from hfreduce.runners import choose  # in the rank processes only
         from hfreduce.transport import Link, tune_tcp
 
         server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
@@ -111,7 +112,7 @@ class WireFloor:
             tune_tcp(sock, config.socket_buffer_bytes)
         self.links = [Link(sock, -1, config.timeout_s) for sock in socks]
         self.chunk = config.chunk_size_bytes
-        self.loop = EventLoop(config.timeout_s)
+        self.runner = choose(config.pipeline, config.local_world_size, config.timeout_s, self._abort)
 
     def exchange(self, out: Any, into: Any) -> None:
         """Send ``out`` and receive as many bytes into ``into``, half on each connection."""
@@ -122,17 +123,21 @@ class WireFloor:
         def send(tree: int) -> Any:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                yield from self.links[tree].send_steps(src[c : min(c + self.chunk, b)])
+                yield from self.runner.send(self.links[tree], src[c : min(c + self.chunk, b)])
 
         def recv(tree: int) -> Any:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                yield from self.links[tree].recv_steps(dst[c : min(c + self.chunk, b)])
+                yield from self.runner.recv(self.links[tree], dst[c : min(c + self.chunk, b)])
 
-        self.loop.run([fn(tree) for tree in (0, 1) for fn in (send, recv)])
+        self.runner.run([fn(tree) for tree in (0, 1) for fn in (send, recv)])
+
+    def _abort(self) -> None:
+        for link in self.links:
+            link.abort()
 
     def close(self) -> None:
-        self.loop.close()
+        self.runner.close()
         for link in self.links:
             link.close()
 

@@ -9,6 +9,7 @@ from typing import Literal
 
 Algorithm = Literal["tree", "ring"]
 WireDType = Literal["bf16", "fp16"]
+PipelineMode = Literal["auto", "threads", "loop"]
 
 ENV_PREFIX = "FF_HFREDUCE_"
 
@@ -30,8 +31,9 @@ class GroupConfig:
         local_world_size: ranks per node (the same on every node).
         zone: network zone of this node; nodes are ordered zone by zone so trees cross zones once.
         timeout_s: limit on every blocking step (rendezvous, each chunk send/receive, each barrier).
-        chunk_size_bytes: pipeline chunk size (4 MiB: each chunk costs task switches and system calls;
-            1, 2 and 4 MiB measured alike on the 2-core dev box, 8 MiB slower); smaller
+        chunk_size_bytes: pipeline chunk size (4 MiB: each chunk costs thread hand-offs or task switches,
+            and system calls; on the 2-core dev box 1 MiB took 15-20 % more CPU with threads, and on the
+            event loop 1, 2 and 4 MiB measured alike, 8 MiB slower); smaller
             slices use smaller chunks, down to 1 MiB, so each tree half still has 4 chunks to pipeline.
         shm_slot_bytes: cap on the per-rank shared-memory staging slot (it grows to the largest tensor
             seen, up to this); larger tensors go through in segments of this size.
@@ -42,6 +44,9 @@ class GroupConfig:
         cross_memory: let local ranks read and write each other's ordinary buffers directly
             (``process_vm_readv``/``writev``; used only when every local rank may): no copy into shared
             memory and no copy back. False: always stage ordinary buffers through shared memory.
+        pipeline: how the pipeline's tasks run: ``"threads"`` (a thread per tree and direction, as HFReduce),
+            ``"loop"`` (all on one event-loop thread), or ``"auto"``: threads when this process may use at
+            least 2 cores per local rank, else the loop (``runners.choose``).
     """
 
     master_addr: str
@@ -58,6 +63,7 @@ class GroupConfig:
     compression: WireDType | None = None
     socket_buffer_bytes: int = 0
     cross_memory: bool = True
+    pipeline: PipelineMode = "auto"
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.local_world_size < 1:
@@ -80,6 +86,8 @@ class GroupConfig:
             raise ValueError(f"unknown algorithm {self.algorithm!r}")
         if self.compression not in (None, "bf16", "fp16"):
             raise ValueError(f"unknown compression {self.compression!r}")
+        if self.pipeline not in ("auto", "threads", "loop"):
+            raise ValueError(f"unknown pipeline {self.pipeline!r} (auto, threads or loop)")
 
     @property
     def world_size(self) -> int:
@@ -129,7 +137,7 @@ class GroupConfig:
 def _parse(name: str, raw: str) -> object:
     if name in ("timeout_s",):
         return float(raw)
-    if name in ("zone", "algorithm", "master_addr"):
+    if name in ("zone", "algorithm", "master_addr", "pipeline"):
         return raw
     if name == "compression":
         return raw or None

@@ -21,10 +21,10 @@ from hfreduce.control import ControlClient, ControlServer
 from hfreduce.counters import Counters
 from hfreduce.errors import GroupClosedError, HFReduceError, PeerFailureError, RendezvousError
 from hfreduce.local import LocalComm
-from hfreduce.loop import EventLoop
 from hfreduce.pipeline import TreeEngine, TreeJob
 from hfreduce.reduction import Array, DType, ReduceOp
 from hfreduce.ring import RingEngine
+from hfreduce.runners import choose
 from hfreduce.shm import Segment
 from hfreduce.transport import Link, LinkError, tune_tcp
 from hfreduce.trees import Tree, build_trees, node_order
@@ -69,7 +69,7 @@ class Runtime:
         self.registered: dict[int, Registered] = {}
         self._parity = 0
         self._closed = False
-        self.loop = EventLoop(config.timeout_s)
+        self.runner = choose(config.pipeline, config.local_world_size, config.timeout_s, self.abort)
         try:
             self._setup()
         except BaseException:
@@ -118,7 +118,7 @@ class Runtime:
             node_rank=cfg.node_rank,
             trees=self.trees,
             links=self.tree_links,
-            loop=self.loop,
+            runner=self.runner,
             chunk_elems=self.chunk_elems,
             timeout_s=cfg.timeout_s,
         )
@@ -128,7 +128,7 @@ class Runtime:
             size=cfg.world_size,
             next_link=self.ring_next,
             prev_link=self.ring_prev,
-            loop=self.loop,
+            runner=self.runner,
             chunk_elems=self.chunk_elems,
         )
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
@@ -502,7 +502,7 @@ class Runtime:
         if self.server is not None:
             wait = min(self.config.timeout_s, 5.0) if wait_for_ranks_s is None else wait_for_ranks_s
             self.server.stop(wait_for_ranks_s=wait if self.broken is None else 0.0)
-        self.loop.close()
+        self.runner.close()
         for links in self.tree_links:
             for link in links.values():
                 link.close()

@@ -1,11 +1,10 @@
 """The HFReduce pipeline of one rank: for each chunk of its slice, the intra-node reduce, reduce up a
 tree, broadcast down it, and hand-back to the other local ranks; two trees, each carrying half of the
-slice with its own pair of tasks (up and down) on the rank's event loop, so chunks of different phases
-overlap."""
+slice with its own pair of tasks (up and down), run by the rank's runner (a thread each, or one event loop),
+so chunks of different phases overlap."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import time
@@ -17,8 +16,8 @@ import numpy.typing as npt
 from hfreduce.chunking import Span, chunks, pipeline_chunk, tree_half
 from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
-from hfreduce.loop import EventLoop, Task, Until
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
+from hfreduce.runners import Handoff, Runner, Task
 from hfreduce.transport import Link
 from hfreduce.trees import Tree
 
@@ -102,7 +101,7 @@ class TreeEngine:
         node_rank: int,
         trees: tuple[Tree, Tree],
         links: Sequence[dict[int, Link]],
-        loop: EventLoop,
+        runner: Runner,
         chunk_elems: int,
         timeout_s: float,
     ) -> None:
@@ -111,16 +110,25 @@ class TreeEngine:
         self.links = links
         self.chunk_elems = chunk_elems
         self.timeout_s = timeout_s
-        self.loop = loop
+        self.runner = runner
         self._scratch = [[_Scratch(chunk_elems) for _ in range(2)] for _ in range(2)]
 
     def run(self, job: TreeJob) -> Counters:
-        """Run both trees' up and down tasks to completion on this thread's event loop; the first failure
-        stops all of them."""
-        handoffs: list[collections.deque[Span]] = [collections.deque(), collections.deque()]
-        tasks = [phase(job, t, handoffs[t]) for t in (0, 1) for phase in (self._up, self._down)]
+        """Run both trees' up and down tasks to completion; the first failure stops all of them.
+
+        A slice of one chunk per tree runs its four tasks one after the other (no thread hand-offs for small
+        messages): every up task depends only on up tasks below it and every down task on the one above, and
+        a single chunk fits in the socket buffers, so this order cannot deadlock.
+        """
+        handoffs = [Handoff(), Handoff()]
+        if job.span[1] - job.span[0] <= self._chunk(job.span):
+            ups = [self._up(job, t, handoffs[t]) for t in (0, 1)]
+            results = self.runner.run([*ups, *(self._down(job, t, handoffs[t]) for t in (0, 1))], in_order=True)
+        else:
+            tasks = [phase(job, t, handoffs[t]) for t in (0, 1) for phase in (self._up, self._down)]
+            results = self.runner.run(tasks)
         total = Counters()
-        for counters in self.loop.run(tasks):
+        for counters in results:
             total.add(counters)
         return total
 
@@ -138,7 +146,7 @@ class TreeEngine:
         others = job.peers or job.remote or job.distribute_to
         return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2 and bool(others)
 
-    def _up(self, job: TreeJob, t: int, handoff: collections.deque[Span]) -> Task:
+    def _up(self, job: TreeJob, t: int, handoff: Handoff) -> Task:
         node = self.trees[t][self.node_rank]
         parent = self.links[t][node.parent] if node.parent >= 0 else None
         children = [self.links[t][c] for c in node.children]
@@ -153,11 +161,11 @@ class TreeEngine:
             if fused:
                 partials = [buf[:n] for buf in (scratch.f32, scratch.f32b)[: len(children)]]
                 for link, into in zip(children, partials, strict=True):
-                    yield from link.recv_steps(into.data)
+                    yield from self.runner.recv(link, into.data)
                     counters.received += n * wire_bytes
                 now = counters.lap("up_recv", now)
                 self._root_chunk(job, c0, c1, partials, scratch.peer_raw.view(np.float32), combine, counters)
-                handoff.append((c0, c1))
+                handoff.put((c0, c1))
                 counters.lap("up_intra_reduce", now)
                 continue
             acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
@@ -165,7 +173,7 @@ class TreeEngine:
             now = counters.lap("up_intra_reduce", now)
             for link in children:
                 got = scratch.wire(job.wire, n)
-                yield from link.recv_steps(got.data)
+                yield from self.runner.recv(link, got.data)
                 now = counters.lap("up_recv", now)
                 self._accumulate(job.wire, acc, got, scratch, combine)
                 now = counters.lap("up_inter_reduce", now)
@@ -173,15 +181,15 @@ class TreeEngine:
                 counters.reduce_inter += n * wire_bytes
             if parent is None:
                 self._finalize(job, c0, c1, acc, scratch)
-                handoff.append((c0, c1))
+                handoff.put((c0, c1))
                 counters.lap("up_finalize", now)
                 continue
             if self._fast(job):
-                yield from parent.send_steps(acc.data)
+                yield from self.runner.send(parent, acc.data)
             else:
                 out = scratch.wire(job.wire, n)
                 from_f32(job.wire, acc, out, scratch.u32)
-                yield from parent.send_steps(out.data)
+                yield from self.runner.send(parent, out.data)
             counters.lap("up_send", now)
             counters.sent += n * wire_bytes
         return counters
@@ -299,7 +307,7 @@ class TreeEngine:
             to_f32(job.wire, rounded, acc)
         from_f32(job.dtype, acc, job.final(c0, c1), scratch.u32)
 
-    def _down(self, job: TreeJob, t: int, handoff: collections.deque[Span]) -> Task:
+    def _down(self, job: TreeJob, t: int, handoff: Handoff) -> Task:
         node = self.trees[t][self.node_rank]
         parent = self.links[t][node.parent] if node.parent >= 0 else None
         children = [self.links[t][c] for c in node.children]
@@ -317,18 +325,18 @@ class TreeEngine:
                     from_f32(job.wire, final, payload, scratch.u32)  # exact: already rounded at the root
                 now = counters.lap("down_wait_reduce", now)
             elif direct:
-                yield from parent.recv_steps(final.data)
+                yield from self.runner.recv(parent, final.data)
                 payload = final
                 now = counters.lap("down_recv", now)
             else:
                 payload = scratch.wire(job.wire, n)
-                yield from parent.recv_steps(payload.data)
+                yield from self.runner.recv(parent, payload.data)
                 to_f32(job.wire, payload, final)
                 now = counters.lap("down_recv", now)
             if parent is not None:
                 counters.received += n * job.wire.itemsize
             for link in children:
-                yield from link.send_steps(payload.data)
+                yield from self.runner.send(link, payload.data)
                 counters.sent += n * job.wire.itemsize
             if children:
                 now = counters.lap("down_send", now)
@@ -344,11 +352,8 @@ class TreeEngine:
                 counters.lap("down_distribute", now)
         return counters
 
-    @staticmethod
-    def _handed_off(handoff: collections.deque[Span], expect: Span) -> Task:
+    def _handed_off(self, handoff: Handoff, expect: Span) -> Task:
         """Wait until the root's up task hands chunk ``expect`` over (its reduce is done)."""
-        if not handoff:
-            yield Until(lambda: bool(handoff), f"reduce of chunk {expect}")
-        got = handoff.popleft()
+        got = yield from self.runner.take(handoff, f"reduce of chunk {expect}")
         if got != expect:
             raise RuntimeError(f"pipeline out of order: got chunk {got}, expected {expect}")

@@ -9,8 +9,8 @@ import numpy as np
 
 from hfreduce.chunking import Span, chunks, ring_blocks
 from hfreduce.counters import Counters
-from hfreduce.loop import EventLoop, Task
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
+from hfreduce.runners import Runner, Task
 from hfreduce.transport import Link
 
 
@@ -24,14 +24,14 @@ class RingEngine:
         size: int,
         next_link: Link | None,
         prev_link: Link | None,
-        loop: EventLoop,
+        runner: Runner,
         chunk_elems: int,
     ) -> None:
         self.pos = pos
         self.size = size
         self.next_link = next_link
         self.prev_link = prev_link
-        self.loop = loop
+        self.runner = runner
         self.chunk_elems = chunk_elems
         self._f32 = [np.ones(chunk_elems, dtype=np.float32) for _ in range(2)]
         self._u32 = np.ones(chunk_elems, dtype=np.uint32)
@@ -106,14 +106,14 @@ class RingEngine:
         counters: Counters,
     ) -> None:
         """Send one block to the next rank while receiving (and combining) one from the previous."""
-        self.loop.run(
+        self.runner.run(
             [self._send_block(flat, send, dtype, counters), self._recv_block(flat, recv, dtype, combine, counters)]
         )
 
     def _send_block(self, flat: Array, span: Span, dtype: DType, counters: Counters) -> Task:
         assert self.next_link is not None  # size > 1 here
         for c0, c1 in chunks(span, self.chunk_elems):
-            yield from self.next_link.send_steps(flat[c0:c1].data)
+            yield from self.runner.send(self.next_link, flat[c0:c1].data)
         counters.sent += (span[1] - span[0]) * dtype.itemsize
 
     def _recv_block(
@@ -128,10 +128,10 @@ class RingEngine:
         for c0, c1 in chunks(span, self.chunk_elems):
             n = c1 - c0
             if combine is None:
-                yield from self.prev_link.recv_steps(flat[c0:c1].data)
+                yield from self.runner.recv(self.prev_link, flat[c0:c1].data)
             else:
                 got = self._raw[: n * dtype.itemsize].view(dtype.storage)
-                yield from self.prev_link.recv_steps(got.data)
+                yield from self.runner.recv(self.prev_link, got.data)
                 self._combine(flat[c0:c1], got, dtype, combine)
                 counters.reduce_inter += n * dtype.itemsize
             counters.received += n * dtype.itemsize

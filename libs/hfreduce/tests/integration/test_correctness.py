@@ -41,6 +41,16 @@ def test_every_op_numpy_fp32_fp16_with_registered_buffers(launch: Launch, nodes:
     assert {res["cross_memory"] for res in results} == {local > 1}
 
 
+@pytest.mark.parametrize("pipeline", ["threads", "loop"])
+@pytest.mark.parametrize(("nodes", "local"), [(2, 2), (3, 1)])
+def test_every_op_on_each_pipeline_runner(launch: Launch, nodes: int, local: int, pipeline: str) -> None:
+    """Both runners explicitly, whichever ``auto`` picks on this machine: a thread per tree and direction,
+    or every task of the rank on one event loop (tree and ring collectives alike)."""
+    env = {"TEST_SIZES": SIZES, "TEST_REGISTERED": "1", "FF_HFREDUCE_PIPELINE": pipeline}
+    results = assert_all_correct(launch(nodes, local, "correctness", env=env), nodes * local)
+    assert {res["pipeline"] for res in results} == {pipeline}
+
+
 @pytest.mark.parametrize(("nodes", "local"), [(2, 2), (3, 2)])
 def test_registered_buffers_with_chunks_of_many_blocks(launch: Launch, nodes: int, local: int) -> None:
     """The library's own chunk size: each tree root reduces a chunk in several cache-sized blocks (the

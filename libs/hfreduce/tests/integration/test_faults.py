@@ -17,8 +17,9 @@ def shm_entries() -> set[str]:
     return set(os.listdir(SHM)) if SHM.is_dir() else set()
 
 
+@pytest.mark.parametrize("pipeline", ["threads", "loop"])
 @pytest.mark.parametrize(("kind", "victim"), [("kill", 3), ("kill", 0), ("hang", 2)])
-def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim: int) -> None:
+def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim: int, pipeline: str) -> None:
     before = shm_entries()
     results = launch(
         2,
@@ -29,6 +30,7 @@ def test_every_survivor_names_the_failed_rank(launch: Launch, kind: str, victim:
             "TEST_FAULT": kind,
             "TEST_VICTIM": str(victim),
             "FF_HFREDUCE_CHUNK_SIZE_BYTES": "65536",
+            "FF_HFREDUCE_PIPELINE": pipeline,
         },
         timeout_s=60,
     )

@@ -337,6 +337,7 @@ def main() -> None:
     result["counters"] = dataclasses.asdict(group.counters())
     result["seq"] = group.seq
     result["cross_memory"] = group._rt.cross_memory
+    result["pipeline"] = group._rt.runner.mode
     group.close()
     _write(out_path, result)
 

@@ -1,0 +1,298 @@
+"""How a rank's pipeline tasks run. A task is a generator (reduce up one tree, broadcast down it, one side of
+a ring step) that does its sends and receives through its runner and yields what it waits for.
+
+- ``ThreadRunner``: each task on its own thread, with blocking sockets (kernel timeouts), as HFReduce runs
+  its up and down phases. Sends, receives and numpy work release the GIL, so they run in parallel where the
+  rank has cores to spare.
+- ``EventLoop``: every task of the rank on the calling thread, over non-blocking sockets and one
+  edge-triggered epoll set. Where the ranks of a node outnumber its cores (the 2-core dev box runs two ranks
+  per emulated node, four in all), the threads buy no parallelism and their hand-offs cost: the loop took 7 %
+  less CPU per registered 2x2 allreduce there (README).
+
+``choose`` picks one from ``GroupConfig.pipeline`` and the cores this process may use.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Protocol
+
+from hfreduce.config import PipelineMode
+from hfreduce.transport import Link, LinkError, Wait
+
+Task = Generator["Wait | Until", None, Any]
+
+_EDGE = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
+_READABLE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+_WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+_ABORT_POLL_S = 0.1
+# ``auto`` runs threads when each local rank has at least this many cores: its up and down threads of two
+# trees then have cores to overlap on.
+CORES_PER_RANK_FOR_THREADS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Until:
+    """Wait until ``ready()`` holds (another task makes it so); ``what`` names it in a timeout."""
+
+    ready: Callable[[], bool]
+    what: str
+
+
+class Handoff:
+    """Chunks passed from one task to another (a tree root's up task to its down task), in order."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition()
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify_all()
+
+    def ready(self) -> bool:
+        return bool(self._items)
+
+    def pop(self) -> Any:
+        with self._cond:
+            return self._items.popleft()
+
+    def wait(self, timeout_s: float, abort: threading.Event, what: str) -> None:
+        """Block until an item is there (threads); fails on ``abort`` or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not self._items:
+                if abort.is_set():
+                    raise RuntimeError("aborted")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{what} not done within {timeout_s:g} s")
+                self._cond.wait(min(left, _ABORT_POLL_S))
+
+
+class Runner(Protocol):
+    mode: str  # "threads" or "loop"
+
+    def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
+        """Run ``tasks`` to completion; their return values in order. ``in_order``: one after the other
+        (small messages, where each task's sends fit the socket buffers)."""
+
+    def send(self, link: Link, data: memoryview) -> Task: ...
+
+    def recv(self, link: Link, buf: memoryview) -> Task: ...
+
+    def take(self, handoff: Handoff, what: str) -> Task:
+        """Wait for ``handoff``'s next item and return it."""
+
+    def close(self) -> None: ...
+
+
+def choose(mode: PipelineMode, local_world_size: int, timeout_s: float, on_failure: Callable[[], None]) -> Runner:
+    """The runner for ``mode``; ``auto``: threads when this rank has ``CORES_PER_RANK_FOR_THREADS`` cores of
+    the node's to itself, else the event loop."""
+    if mode == "auto":
+        cores = len(os.sched_getaffinity(0))
+        mode = "threads" if cores >= CORES_PER_RANK_FOR_THREADS * local_world_size else "loop"
+    if mode == "threads":
+        return ThreadRunner(timeout_s, on_failure)
+    return EventLoop(timeout_s)
+
+
+class ThreadRunner:
+    """Each task on its own thread, sockets blocking with kernel timeouts (``Link``); the first failure shuts
+    the rank's links (``on_failure``) so the other threads' blocked calls fail at once."""
+
+    mode = "threads"
+
+    def __init__(self, timeout_s: float, on_failure: Callable[[], None]) -> None:
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfreduce-pipe")
+        self._abort = threading.Event()
+
+    def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
+        self._abort.clear()
+        if in_order:
+            try:
+                return [self._drive(task) for task in tasks]
+            except BaseException:
+                self.on_failure()
+                raise
+        futures = [self._pool.submit(self._drive, task) for task in tasks]
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        primary = [f.exception() for f in done if f.exception() is not None]
+        if primary:
+            self._abort.set()
+            self.on_failure()  # unblock threads stuck on sockets; their errors are consequences
+        concurrent.futures.wait(futures)
+        errors = primary or [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    @staticmethod
+    def _drive(task: Task) -> Any:
+        try:
+            wait = next(task)
+        except StopIteration as stop:
+            return stop.value
+        task.close()
+        raise RuntimeError(f"a task of a thread runner waited on {wait!r}; its runner blocks instead")
+
+    def send(self, link: Link, data: memoryview) -> Task:
+        yield from ()  # a task that never waits: the kernel blocks the thread instead
+        link.send(data)
+
+    def recv(self, link: Link, buf: memoryview) -> Task:
+        yield from ()
+        link.recv_into(buf)
+
+    def take(self, handoff: Handoff, what: str) -> Task:
+        yield from ()
+        handoff.wait(self.timeout_s, self._abort, what)
+        return handoff.pop()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclasses.dataclass
+class _Parked:
+    index: int
+    wait: Wait | Until
+    since: float
+
+
+class _Run:
+    """The state of one ``EventLoop.run``: tasks ready to step, and tasks parked on sockets or conditions."""
+
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        self.tasks = tasks
+        self.results: list[Any] = [None] * len(tasks)
+        self.pending = len(tasks)
+        self.ready: collections.deque[int] = collections.deque(range(len(tasks)))
+        self.readers: dict[int, _Parked] = {}  # fd -> the task waiting to receive on it
+        self.writers: dict[int, _Parked] = {}  # fd -> the task waiting to send on it
+        self.conditions: list[_Parked] = []
+
+    def resume_met(self) -> None:
+        """Move tasks whose condition now holds to the front of the ready queue."""
+        if not self.conditions:
+            return
+        still = []
+        for parked in self.conditions:
+            if parked.wait.ready():  # type: ignore[union-attr]
+                self.ready.appendleft(parked.index)
+            else:
+                still.append(parked)
+        self.conditions = still
+
+    def parked(self) -> list[_Parked]:
+        return [*self.readers.values(), *self.writers.values(), *self.conditions]
+
+
+class EventLoop:
+    """Runs a set of tasks to completion in the calling thread.
+
+    A task waiting on a socket resumes when epoll reports the socket ready. Tasks retry their send or receive
+    until the kernel answers EAGAIN before they wait, as edge-triggered epoll needs. A task that waits
+    ``timeout_s`` without progress fails the run: LinkError(kind="timeout") naming the peer it waits on, or
+    TimeoutError for a condition, so a dead or silent rank surfaces within the timeout. A link shut down by
+    ``Group.abort`` from another thread wakes its task, which then fails with LinkError(kind="closed").
+    """
+
+    mode = "loop"
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._epoll = select.epoll()
+        self._registered: dict[int, socket.socket] = {}  # fd -> the socket registered under it
+
+    def close(self) -> None:
+        self._epoll.close()
+
+    def send(self, link: Link, data: memoryview) -> Task:
+        return link.send_steps(data)
+
+    def recv(self, link: Link, buf: memoryview) -> Task:
+        return link.recv_steps(buf)
+
+    def take(self, handoff: Handoff, what: str) -> Task:
+        if not handoff.ready():
+            yield Until(handoff.ready, what)
+        return handoff.pop()
+
+    def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
+        """Run ``tasks`` until all finish; their return values, in order. The first error closes the other
+        tasks and is raised. Interleaving never blocks, so ``in_order`` changes nothing here."""
+        run = _Run(tasks)
+        try:
+            while run.pending:
+                while run.ready:
+                    self._step(run, run.ready.popleft())
+                if run.pending:
+                    self._poll(run)
+        except BaseException:
+            for task in tasks:
+                task.close()
+            raise
+        return run.results
+
+    def _step(self, run: _Run, index: int) -> None:
+        try:
+            wait = next(run.tasks[index])
+        except StopIteration as stop:
+            run.results[index] = stop.value
+            run.pending -= 1
+            run.resume_met()
+            return
+        parked = _Parked(index, wait, time.monotonic())
+        if isinstance(wait, Until):
+            run.conditions.append(parked)
+        else:
+            (run.writers if wait.write else run.readers)[self._register(wait)] = parked
+        run.resume_met()  # this step may have met a condition (another task's, or its own)
+
+    def _poll(self, run: _Run) -> None:
+        oldest = min(p.since for p in run.parked())
+        wait_s = max(0.0, oldest + self.timeout_s - time.monotonic()) + 0.001
+        for fd, events in self._epoll.poll(wait_s):
+            if events & _READABLE and fd in run.readers:
+                run.ready.append(run.readers.pop(fd).index)
+            if events & _WRITABLE and fd in run.writers:
+                run.ready.append(run.writers.pop(fd).index)
+        if not run.ready:
+            self._check_deadlines(run)
+
+    def _register(self, wait: Wait) -> int:
+        """The socket's fd, added to the epoll set the first time it is waited on (it stays for later runs)."""
+        sock = wait.link.sock
+        fd = sock.fileno()
+        if fd < 0:
+            raise LinkError(wait.link.peer, "closed", "socket closed")
+        if self._registered.get(fd) is not sock:
+            if fd in self._registered:  # a new socket under a closed one's number
+                with contextlib.suppress(OSError):
+                    self._epoll.unregister(fd)
+            self._epoll.register(fd, _EDGE)
+            self._registered[fd] = sock
+        return fd
+
+    def _check_deadlines(self, run: _Run) -> None:
+        now = time.monotonic()
+        for parked in sorted(run.parked(), key=lambda p: p.since):
+            if now - parked.since < self.timeout_s:
+                continue
+            if isinstance(parked.wait, Until):
+                raise TimeoutError(f"{parked.wait.what} not done within {self.timeout_s:g} s")
+            raise LinkError(parked.wait.link.peer, "timeout", f"no progress for {self.timeout_s:g} s")
