@@ -120,7 +120,6 @@ class Runtime:
             links=self.tree_links,
             runner=self.runner,
             chunk_elems=self.chunk_elems,
-            timeout_s=cfg.timeout_s,
         )
         pos = self.ring_order.index(self.rank)
         self.ring = RingEngine(

@@ -103,13 +103,11 @@ class TreeEngine:
         links: Sequence[dict[int, Link]],
         runner: Runner,
         chunk_elems: int,
-        timeout_s: float,
     ) -> None:
         self.node_rank = node_rank
         self.trees = trees
         self.links = links
         self.chunk_elems = chunk_elems
-        self.timeout_s = timeout_s
         self.runner = runner
         self._scratch = [[_Scratch(chunk_elems) for _ in range(2)] for _ in range(2)]
 

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from hfreduce.config import PipelineMode
@@ -35,6 +36,8 @@ _EDGE = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 _ABORT_POLL_S = 0.1
+_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
+MAX_TASKS = 4  # per run: two trees x (up, down), or a ring step's send and receive
 # ``auto`` runs threads when each local rank has at least this many cores: its up and down threads of two
 # trees then have cores to overlap on.
 CORES_PER_RANK_FOR_THREADS = 2
@@ -101,11 +104,22 @@ def choose(mode: PipelineMode, local_world_size: int, timeout_s: float, on_failu
     """The runner for ``mode``; ``auto``: threads when this rank has ``CORES_PER_RANK_FOR_THREADS`` cores of
     the node's to itself, else the event loop."""
     if mode == "auto":
-        cores = len(os.sched_getaffinity(0))
-        mode = "threads" if cores >= CORES_PER_RANK_FOR_THREADS * local_world_size else "loop"
+        mode = "threads" if usable_cores() >= CORES_PER_RANK_FOR_THREADS * local_world_size else "loop"
     if mode == "threads":
         return ThreadRunner(timeout_s, on_failure)
-    return EventLoop(timeout_s)
+    return EventLoop(timeout_s, on_failure)
+
+
+def usable_cores() -> float:
+    """The cores this process may run on: its CPU affinity, capped by its cgroup's CPU quota (containers)."""
+    cores: float = len(os.sched_getaffinity(0))
+    try:
+        quota, period = _CPU_MAX.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota != "max":
+        cores = min(cores, int(quota) / int(period))
+    return cores
 
 
 class ThreadRunner:
@@ -117,10 +131,12 @@ class ThreadRunner:
     def __init__(self, timeout_s: float, on_failure: Callable[[], None]) -> None:
         self.timeout_s = timeout_s
         self.on_failure = on_failure
-        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfreduce-pipe")
+        self._pool = concurrent.futures.ThreadPoolExecutor(MAX_TASKS, thread_name_prefix="hfreduce-pipe")
         self._abort = threading.Event()
 
     def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
+        if len(tasks) > MAX_TASKS:  # the ones beyond the pool would wait for threads that wait for them
+            raise ValueError(f"at most {MAX_TASKS} tasks run at once, got {len(tasks)}")
         self._abort.clear()
         if in_order:
             try:
@@ -213,8 +229,9 @@ class EventLoop:
 
     mode = "loop"
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, on_failure: Callable[[], None] = lambda: None) -> None:
         self.timeout_s = timeout_s
+        self.on_failure = on_failure
         self._epoll = select.epoll()
         self._registered: dict[int, socket.socket] = {}  # fd -> the socket registered under it
 
@@ -234,7 +251,8 @@ class EventLoop:
 
     def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
         """Run ``tasks`` until all finish; their return values, in order. The first error closes the other
-        tasks and is raised. Interleaving never blocks, so ``in_order`` changes nothing here."""
+        tasks, shuts the rank's links (``on_failure``: whatever the error, the streams are mid-chunk) and is
+        raised. Interleaving never blocks, so ``in_order`` changes nothing here."""
         run = _Run(tasks)
         try:
             while run.pending:
@@ -244,7 +262,9 @@ class EventLoop:
                     self._poll(run)
         except BaseException:
             for task in tasks:
-                task.close()
+                with contextlib.suppress(Exception):  # the first error is the one to report
+                    task.close()
+            self.on_failure()
             raise
         return run.results
 
@@ -260,7 +280,11 @@ class EventLoop:
         if isinstance(wait, Until):
             run.conditions.append(parked)
         else:
-            (run.writers if wait.write else run.readers)[self._register(wait)] = parked
+            waiting = run.writers if wait.write else run.readers
+            fd = self._register(wait)
+            if fd in waiting:
+                raise RuntimeError(f"two tasks wait to {'send' if wait.write else 'receive'} on one link")
+            waiting[fd] = parked
         run.resume_met()  # this step may have met a condition (another task's, or its own)
 
     def _poll(self, run: _Run) -> None:
@@ -271,8 +295,7 @@ class EventLoop:
                 run.ready.append(run.readers.pop(fd).index)
             if events & _WRITABLE and fd in run.writers:
                 run.ready.append(run.writers.pop(fd).index)
-        if not run.ready:
-            self._check_deadlines(run)
+        self._check_deadlines(run)  # a task still parked may be overdue even while others progress
 
     def _register(self, wait: Wait) -> int:
         """The socket's fd, added to the epoll set the first time it is waited on (it stays for later runs)."""
@@ -289,10 +312,10 @@ class EventLoop:
         return fd
 
     def _check_deadlines(self, run: _Run) -> None:
+        """Fail on the longest overdue wait, a silent peer before a hand-off (which waits on that peer)."""
         now = time.monotonic()
-        for parked in sorted(run.parked(), key=lambda p: p.since):
-            if now - parked.since < self.timeout_s:
-                continue
+        overdue = [p for p in run.parked() if now - p.since >= self.timeout_s]
+        for parked in sorted(overdue, key=lambda p: (isinstance(p.wait, Until), p.since)):
             if isinstance(parked.wait, Until):
                 raise TimeoutError(f"{parked.wait.what} not done within {self.timeout_s:g} s")
             raise LinkError(parked.wait.link.peer, "timeout", f"no progress for {self.timeout_s:g} s")

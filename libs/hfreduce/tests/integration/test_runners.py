@@ -12,28 +12,55 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from hfreduce.runners import EventLoop, Handoff, Runner, Task, ThreadRunner, Until
+from hfreduce.runners import MAX_TASKS, EventLoop, Handoff, Runner, Task, ThreadRunner, Until
 from hfreduce.transport import Link, LinkError
 
-TIMEOUT_S = 0.5
+LONG_S = 10.0  # runs that must succeed: generous, CI machines are slow and shared
+SHORT_S = 0.5  # runs that must time out
 BIG = 8 << 20  # several times the socket buffers: neither side's send finishes before the other receives
 
+Pair = tuple[Link, Link]
 
-@pytest.fixture
-def pair() -> Iterator[tuple[Link, Link]]:
+
+def make_pair(timeout_s: float) -> Pair:
     a, b = socket.socketpair()
-    left, right = Link(a, peer=1, timeout_s=TIMEOUT_S), Link(b, peer=0, timeout_s=TIMEOUT_S)
-    yield left, right
-    left.close()
-    right.close()
+    return Link(a, peer=1, timeout_s=timeout_s), Link(b, peer=0, timeout_s=timeout_s)
 
 
 @pytest.fixture(params=["loop", "threads"])
-def runner(request: pytest.FixtureRequest, pair: tuple[Link, Link]) -> Iterator[Runner]:
-    """Each runner; on a failure the thread runner shuts the pair down, as a group shuts its links."""
-    made: Runner = (
-        EventLoop(TIMEOUT_S) if request.param == "loop" else ThreadRunner(TIMEOUT_S, lambda: [x.abort() for x in pair])
-    )
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Rig:
+    """A runner of one kind over a socket pair; a failure shuts the pair down, as a group shuts its links."""
+
+    def __init__(self, kind: str, timeout_s: float) -> None:
+        self.pair = make_pair(timeout_s)
+        self.failures = 0
+        self.runner: Runner = (EventLoop if kind == "loop" else ThreadRunner)(timeout_s, self._on_failure)
+
+    def _on_failure(self) -> None:
+        self.failures += 1
+        for link in self.pair:
+            link.abort()
+
+    def close(self) -> None:
+        self.runner.close()
+        for link in self.pair:
+            link.close()
+
+
+@pytest.fixture
+def rig(kind: str) -> Iterator[Rig]:
+    made = Rig(kind, LONG_S)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def short(kind: str) -> Iterator[Rig]:
+    made = Rig(kind, SHORT_S)
     yield made
     made.close()
 
@@ -49,121 +76,215 @@ def recv(runner: Runner, link: Link, nbytes: int) -> Task:
     return bytes(buf)
 
 
-def test_both_directions_at_once_move_every_byte(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, right = pair
+def test_both_directions_at_once_move_every_byte(rig: Rig) -> None:
+    (left, right), run = rig.pair, rig.runner
     rng = np.random.default_rng(7)
     x, y = rng.bytes(BIG), rng.bytes(BIG + 13)
-    tasks = [send(runner, left, x), send(runner, right, y), recv(runner, left, len(y)), recv(runner, right, len(x))]
-    assert runner.run(tasks) == [len(x), len(y), y, x]
+    tasks = [send(run, left, x), send(run, right, y), recv(run, left, len(y)), recv(run, right, len(x))]
+    assert run.run(tasks) == [len(x), len(y), y, x]
+    assert rig.failures == 0
 
 
-def test_the_same_runner_runs_again_on_the_same_sockets(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, right = pair
+def test_the_same_runner_runs_again_on_the_same_sockets(rig: Rig) -> None:
+    (left, right), run = rig.pair, rig.runner
     for i in range(3):
         data = bytes([i]) * (BIG // 4)
-        assert runner.run([recv(runner, right, len(data)), send(runner, left, data)]) == [data, len(data)]
+        assert run.run([recv(run, right, len(data)), send(run, left, data)]) == [data, len(data)]
 
 
-def test_small_messages_run_in_order(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, right = pair
-    assert runner.run([send(runner, left, b"x" * 1000), recv(runner, right, 1000)], in_order=True) == [
-        1000,
-        b"x" * 1000,
-    ]
+def test_a_loop_serves_new_sockets_under_old_numbers() -> None:
+    loop = EventLoop(LONG_S)
+    try:
+        for _ in range(3):  # each new pair likely reuses the closed pair's descriptor numbers
+            left, right = make_pair(LONG_S)
+            data = b"z" * (BIG // 4)
+            assert loop.run([recv(loop, right, len(data)), send(loop, left, data)]) == [data, len(data)]
+            left.close()
+            right.close()
+    finally:
+        loop.close()
 
 
-def test_a_handoff_passes_every_item_in_order(runner: Runner) -> None:
-    handoff = Handoff()
+def test_small_messages_run_in_order(rig: Rig) -> None:
+    (left, right), run = rig.pair, rig.runner
+    assert run.run([send(run, left, b"x" * 1000), recv(run, right, 1000)], in_order=True) == [1000, b"x" * 1000]
+
+
+def test_a_handoff_passes_every_item_in_order(rig: Rig) -> None:
+    handoff, run = Handoff(), rig.runner
 
     def producer() -> Task:
         for i in range(50):
             handoff.put(i)
-            if i % 7 == 0:  # give the consumer a chance to wait on an empty hand-off
-                yield from ()
-                time.sleep(0.001)
+            if i % 7 == 0:  # threads: give the consumer time to drain and wait on an empty hand-off
+                time.sleep(0.002)
         return "done"
+        yield
 
     def consumer() -> Task:
         got = []
         for _ in range(50):
-            got.append((yield from runner.take(handoff, "producer")))
+            got.append((yield from run.take(handoff, "producer")))
         return got
 
-    assert runner.run([consumer(), producer()]) == [list(range(50)), "done"]
+    assert run.run([consumer(), producer()]) == [list(range(50)), "done"]
 
 
-def test_a_silent_peer_times_out_naming_it(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, _ = pair
+def test_on_a_loop_a_consumer_waits_and_resumes_for_each_item() -> None:
+    loop, handoff, waits = EventLoop(LONG_S), Handoff(), []
+
+    def producer() -> Task:
+        for i in range(20):
+            handoff.put(i)
+            yield Until(lambda: not handoff.ready(), "consumer")  # let it take this one first
+        return "done"
+
+    def consumer() -> Task:
+        got = []
+        for _ in range(20):
+            waits.append(not handoff.ready())
+            got.append((yield from loop.take(handoff, "producer")))
+        return got
+
+    try:
+        assert loop.run([consumer(), producer()]) == [list(range(20)), "done"]
+    finally:
+        loop.close()
+    assert all(waits)  # every item was waited for, not found already there
+
+
+def test_a_silent_peer_times_out_naming_it(short: Rig) -> None:
+    (left, _), run = short.pair, short.runner
     start = time.monotonic()
     with pytest.raises(LinkError) as info:
-        runner.run([recv(runner, left, 10)])
+        run.run([recv(run, left, 10)])
     assert info.value.kind == "timeout" and info.value.peer == 1
-    assert TIMEOUT_S * 0.9 <= time.monotonic() - start < TIMEOUT_S + 1.0
+    assert SHORT_S * 0.9 <= time.monotonic() - start < SHORT_S + 2.0
+    assert short.failures == 1
 
 
-def test_a_full_peer_that_never_reads_times_out_the_sender(pair: tuple[Link, Link], runner: Runner) -> None:
-    _, right = pair
+def test_a_silent_peer_times_out_while_another_task_keeps_progressing(kind: str) -> None:
+    busy = Rig(kind, SHORT_S)
+    silent_left, silent_right = make_pair(SHORT_S)
+    run, (left, right) = busy.runner, busy.pair
+
+    def feed() -> None:  # another process's sends: a byte every 20 ms for 3 s, far past the timeout
+        for _ in range(150):
+            try:
+                left.sock.send(b"t")
+            except OSError:  # the runner shut the pair down when the silent peer timed out
+                return
+            time.sleep(0.02)
+
+    def trickle() -> Task:  # each byte wakes the runner: this task keeps progressing
+        for _ in range(150):
+            yield from run.recv(right, memoryview(bytearray(1)))
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(LinkError) as info:
+            run.run([trickle(), recv(run, silent_left, 10)])
+        assert info.value.kind == "timeout" and info.value.peer == 1
+        assert time.monotonic() - start < SHORT_S + 1.5
+    finally:
+        busy.close()
+        feeder.join(timeout=5)
+        silent_left.close()
+        silent_right.close()
+
+
+def test_a_full_peer_that_never_reads_times_out_the_sender(short: Rig) -> None:
+    (_, right), run = short.pair, short.runner
     with pytest.raises(LinkError) as info:
-        runner.run([send(runner, right, bytes(BIG))])
+        run.run([send(run, right, bytes(BIG))])
     assert info.value.kind == "timeout" and info.value.peer == 0
 
 
-def test_a_handoff_never_made_times_out_naming_it(runner: Runner) -> None:
+def test_a_handoff_never_made_times_out_naming_it(short: Rig) -> None:
+    run = short.runner
+
     def forever() -> Task:
-        yield from runner.take(Handoff(), "reduce of chunk (0, 4)")
+        yield from run.take(Handoff(), "reduce of chunk (0, 4)")
 
     with pytest.raises(TimeoutError, match=r"reduce of chunk \(0, 4\) not done within 0.5 s"):
-        runner.run([forever()])
+        run.run([forever()])
 
 
-def test_a_closed_peer_fails_the_receiver(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, right = pair
-    right.close()
-    with pytest.raises(LinkError) as info:
-        runner.run([recv(runner, left, 10)])
-    assert info.value.kind == "closed" and info.value.peer == 1
-
-
-def test_an_abort_from_another_thread_wakes_the_runner_at_once(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, _ = pair
-    timer = threading.Timer(0.1, left.abort)
+def test_a_peer_closing_while_waited_on_fails_the_receiver(rig: Rig) -> None:
+    (left, right), run = rig.pair, rig.runner
+    timer = threading.Timer(0.2, right.close)
     timer.start()
     start = time.monotonic()
     with pytest.raises(LinkError) as info:
-        runner.run([recv(runner, left, 10)])
+        run.run([recv(run, left, 10)])
+    timer.join()
+    assert info.value.kind == "closed" and info.value.peer == 1
+    assert time.monotonic() - start < LONG_S / 2
+
+
+def test_an_abort_from_another_thread_wakes_the_runner_at_once(rig: Rig) -> None:
+    (left, _), run = rig.pair, rig.runner
+    timer = threading.Timer(0.2, left.abort)
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(LinkError) as info:
+        run.run([recv(run, left, 10)])
     timer.join()
     assert info.value.kind == "closed"
-    assert time.monotonic() - start < TIMEOUT_S
+    assert time.monotonic() - start < LONG_S / 2
 
 
-def test_the_first_failure_stops_every_other_task_and_is_raised(pair: tuple[Link, Link], runner: Runner) -> None:
-    left, _ = pair
+def test_any_failure_stops_every_other_task_shuts_the_links_and_is_raised(rig: Rig) -> None:
+    (left, _), run = rig.pair, rig.runner
     stopped: list[str] = []
 
     def waiting() -> Task:
         try:
-            yield from runner.recv(left, memoryview(bytearray(10)))
+            yield from run.recv(left, memoryview(bytearray(10)))
         finally:
             stopped.append("waiting")
 
     def failing() -> Task:
-        yield from ()
         time.sleep(0.05)  # the other task is blocked or parked on its receive by now
         raise ValueError("bad chunk")
+        yield
 
     start = time.monotonic()
     with pytest.raises(ValueError, match="bad chunk"):
-        runner.run([waiting(), failing()])
+        run.run([waiting(), failing()])
     assert stopped == ["waiting"]
-    assert time.monotonic() - start < TIMEOUT_S  # not left to time out
+    assert rig.failures >= 1  # the links were shut: a half-sent chunk must not meet the next collective
+    assert time.monotonic() - start < LONG_S / 2  # not left to time out
 
 
-def test_a_thread_runner_task_must_not_wait_on_the_loop() -> None:
-    threads = ThreadRunner(TIMEOUT_S, lambda: None)
+def test_two_tasks_receiving_on_one_link_is_refused_on_a_loop() -> None:
+    loop = EventLoop(LONG_S)
+    left, right = make_pair(LONG_S)
+    try:
+        with pytest.raises(RuntimeError, match="two tasks wait to receive on one link"):
+            loop.run([recv(loop, left, 10), recv(loop, left, 10)])
+    finally:
+        loop.close()
+        left.close()
+        right.close()
+
+
+def test_a_thread_runner_refuses_more_tasks_than_threads_and_tasks_that_wait() -> None:
+    threads = ThreadRunner(LONG_S, lambda: None)
+
+    def idle() -> Task:
+        return None
+        yield
 
     def confused() -> Task:
         yield Until(lambda: True, "nothing")
 
-    with pytest.raises(RuntimeError, match="blocks instead"):
-        threads.run([confused()])
-    threads.close()
+    try:
+        with pytest.raises(ValueError, match=f"at most {MAX_TASKS} tasks"):
+            threads.run([idle() for _ in range(MAX_TASKS + 1)])
+        with pytest.raises(RuntimeError, match="blocks instead"):
+            threads.run([confused()])
+    finally:
+        threads.close()

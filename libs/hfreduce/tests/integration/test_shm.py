@@ -37,6 +37,8 @@ def mapping_of(arr: np.ndarray) -> dict[str, str]:
 
 @contextlib.contextmanager
 def shared_policy(mode: str) -> Iterator[None]:
+    """The machine-wide policy set to ``mode`` for a moment (it governs only mappings that ask, under
+    ``advise``), and put back."""
     old = huge_pages()
     POLICY.write_text(mode)
     try:
@@ -45,6 +47,7 @@ def shared_policy(mode: str) -> Iterator[None]:
         POLICY.write_text(old)
 
 
+@pytest.mark.skipif(not POLICY.exists(), reason="this kernel has no transparent huge pages")
 def test_a_segment_asks_for_huge_pages_whatever_the_policy() -> None:
     seg = Segment.create("hfreduce-test-hg", SEGMENT_BYTES)
     try:
@@ -57,7 +60,8 @@ def test_a_segment_asks_for_huge_pages_whatever_the_policy() -> None:
 
 
 @pytest.mark.skipif(
-    os.geteuid() != 0 or not os.access(POLICY, os.W_OK), reason="setting the kernel's huge-page policy needs root"
+    not POLICY.exists() or os.geteuid() != 0 or not os.access(POLICY, os.W_OK),
+    reason="setting the kernel's huge-page policy needs root and transparent huge pages",
 )
 def test_under_the_advise_policy_segments_are_mapped_with_huge_pages() -> None:
     with shared_policy("advise"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hfreduce import runners
@@ -23,9 +25,31 @@ def test_choice_follows_mode_and_cores_per_local_rank(
     monkeypatch: pytest.MonkeyPatch, mode: runners.PipelineMode, cores: int, local: int, expect: type
 ) -> None:
     monkeypatch.setattr(runners.os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    monkeypatch.setattr(runners, "_CPU_MAX", Path("/nonexistent/cpu.max"))
     made = runners.choose(mode, local, 1.0, lambda: None)
     try:
         assert type(made) is expect
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize(("cpu_max", "expect"), [("max 100000\n", 8.0), ("150000 100000\n", 1.5), ("", 8.0)])
+def test_a_cgroup_cpu_quota_caps_the_usable_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str, expect: float
+) -> None:
+    monkeypatch.setattr(runners.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    (tmp_path / "cpu.max").write_text(cpu_max)
+    monkeypatch.setattr(runners, "_CPU_MAX", tmp_path / "cpu.max")
+    assert runners.usable_cores() == expect
+
+
+def test_a_container_with_a_small_quota_gets_the_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(runners.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    (tmp_path / "cpu.max").write_text("300000 100000\n")
+    monkeypatch.setattr(runners, "_CPU_MAX", tmp_path / "cpu.max")
+    made = runners.choose("auto", 2, 1.0, lambda: None)
+    try:
+        assert made.mode == "loop"
     finally:
         made.close()
 
