@@ -154,12 +154,12 @@ def rank_main(
     queue: Any,
     slot_bytes: int,
     profile: bool,
-    chunk_bytes: int,
+    options: dict[str, Any],
 ) -> None:
     import torch
     import torch.distributed as dist
 
-    from hfreduce import Group, GroupConfig
+    from hfreduce import Group
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -175,7 +175,7 @@ def rank_main(
             timeout_s=120,
             shm_slot_bytes=slot_bytes,
             cross_memory=cross_memory,
-            chunk_size_bytes=chunk_bytes or GroupConfig.chunk_size_bytes,
+            **options,
         )
         for port, cross_memory in ((ports[0], True), (ports[2], False))
     ]
@@ -233,7 +233,13 @@ def rank_main(
 
 
 def run_layout(
-    nodes: int, num_local: int, sizes: list[int], rounds: int, slot_bytes: int, profile: bool, chunk_bytes: int
+    nodes: int,
+    num_local: int,
+    sizes: list[int],
+    rounds: int,
+    slot_bytes: int,
+    profile: bool,
+    options: dict[str, Any],
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -246,7 +252,7 @@ def run_layout(
     procs = [
         ctx.Process(
             target=rank_main,
-            args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes, profile, chunk_bytes),
+            args=(n, lr, nodes, num_local, ports, sizes, rounds, prefix, queue, slot_bytes, profile, options),
         )
         for n in range(nodes)
         for lr in range(num_local)
@@ -402,11 +408,17 @@ def main() -> None:
     parser.add_argument("--shm-slot-mib", type=int, default=256)
     parser.add_argument("--profile", action="store_true", help="also print hfreduce's time per phase per rank")
     parser.add_argument("--chunk-kib", type=int, default=0, help="pipeline chunk size (default: the library's)")
+    parser.add_argument(
+        "--pipeline", choices=["auto", "threads", "loop"], default="auto", help="hfreduce's runner (GroupConfig)"
+    )
     args = parser.parse_args()
     # numpy's OpenBLAS threads spin for a while after start; nothing here uses BLAS, so keep them out of the
     # way of both hfreduce and gloo (the ranks are spawned, so they read this before importing numpy)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     sizes = [int(s) for s in args.sizes.split(",")]
+    options: dict[str, Any] = {"pipeline": args.pipeline}  # GroupConfig fields of both hfreduce groups
+    if args.chunk_kib:
+        options["chunk_size_bytes"] = args.chunk_kib << 10
     from hfreduce.shm import huge_pages  # after the environment above is set
 
     print(
@@ -415,9 +427,7 @@ def main() -> None:
     )
     for layout in args.layouts.split(","):
         nodes, num_local = (int(x) for x in layout.split("x"))
-        rows, phases = run_layout(
-            nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20, args.profile, args.chunk_kib << 10
-        )
+        rows, phases = run_layout(nodes, num_local, sizes, args.rounds, args.shm_slot_mib << 20, args.profile, options)
         report(layout, nodes * num_local, rows)
         if phases:
             report_phases(layout, phases)
