@@ -275,6 +275,10 @@ class Runtime:
                 self.abort()
                 raise
             raise self._attribute(exc) from exc
+        except BaseException as exc:  # a bug, MemoryError, ^C: the links may be mid-chunk all the same
+            self.broken = exc
+            self.abort()
+            raise
         counters.collectives = 1
         now = time.perf_counter()
         self.control.notify({"type": "done", "rank": self.rank, "seq": self.seq})

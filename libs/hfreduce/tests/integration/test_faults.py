@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from ff_testing import free_port
+from hfreduce import Group, GroupClosedError, GroupConfig
+from hfreduce.counters import Counters
 
 from .conftest import Launch
 
@@ -68,3 +73,20 @@ def test_rendezvous_fails_clearly_without_rank_zero(launch: Launch) -> None:
     assert results[1]["error"] == "RendezvousError"
     assert results[1]["missing"] == [0]
     assert "rank 0" in results[1]["message"]
+
+
+def test_any_error_inside_a_collective_breaks_the_group() -> None:
+    """Not only link failures: whatever stops a collective midway may leave a chunk half-sent, so the group
+    refuses further calls, naming the first error (a 1x1 group in this process, real control server)."""
+    group = Group(GroupConfig(master_addr="127.0.0.1", master_port=free_port(), node_rank=0, num_nodes=1))
+    try:
+        with pytest.raises(MemoryError):
+            group._rt.run("allreduce", _raise_memory_error)
+        with pytest.raises(GroupClosedError, match="broken by an earlier failure"):
+            group.allreduce(np.ones(4, dtype=np.float32))
+    finally:
+        group.close()
+
+
+def _raise_memory_error() -> Counters:
+    raise MemoryError("scratch buffer")
