@@ -1,5 +1,6 @@
 """Point-to-point links: TCP between nodes, AF_UNIX inside a node; blocking sockets with kernel
-timeouts, memoryview sends and ``recv_into`` receives (nothing is pickled or copied into bytes)."""
+timeouts, memoryview sends and ``recv_into`` receives (nothing is pickled or copied into bytes), and the
+same calls as non-blocking steps for the event loop (``send_steps``, ``recv_steps``)."""
 
 from __future__ import annotations
 
