@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,10 +238,23 @@ class NodeBase:
             raise ConnectionError(f"node {node_id} has no address in routing")
         return self._stubs.get(node.grpc)
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    async def to_the_end(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run a chain update to its end even if its caller is cancelled (a client that timed out, a
+        predecessor that died mid-call), as 3FS's storage service finishes every update it started.
+
+        Dropping it halfway would leave this replica behind its successor when the successor already
+        committed the version: a retried write then brings that version again, the successor answers
+        "duplicate" and keeps its copy, and the replicas hold different bytes under one version. The update
+        is bounded anyway (the forward gives up after ``forward_timeout_s``), and it holds its chunks' locks,
+        so the next update of those chunks waits for it.
+        """
+        await asyncio.shield(self.spawn(step))
 
     async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
         """Ask the chain's head to rewrite ``keys`` from a good copy (recovery.Recovery does it)."""

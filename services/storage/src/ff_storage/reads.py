@@ -14,6 +14,7 @@ from ff_storage.core.chunks import (
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
 from ff_storage.node_base import NodeBase, Target
+from ff_storage.store.chunk_engine import Pending
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
 
@@ -77,12 +78,13 @@ class ReadPath(NodeBase):
                                   message=f"version {meta.pending_version} is pending"), None  # fmt: skip
         checksum: int | None = None  # of the whole chunk, when already verified
         data: bytes | memoryview
-        stored = target.engine.pending(key) if meta.pending_version else None
         try:
-            if stored is not None and stored.stored:  # a relaxed read of a reserved version reads the committed one
-                got = target.engine.read_pending(key)
-                if got is None:
-                    return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="pending remove"), None
+            # relaxed: the pending version's content if it is stored; a reserved one (nothing written yet) or
+            # one committed or dropped since ``get`` reads as the committed version
+            got = target.engine.read_pending(key) if meta.pending_version else None
+            if got is None and meta.pending_version and _removing(target.engine.pending(key)):
+                return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="pending remove"), None
+            if got is not None:
                 version, data, pending = got[0].version, got[1], True
             else:
                 committed = target.engine.map_committed(key)
@@ -123,3 +125,8 @@ class ReadPath(NodeBase):
         status = spb.CHUNK_IO_STATUS_PENDING_VERSION if pending else spb.CHUNK_IO_STATUS_OK
         return spb.LastChunkResult(status=status, last_chunk_index=last.chunk_index,
                                    last_chunk_length_bytes=last.length, num_chunks=count)  # fmt: skip
+
+
+def _removing(pending: Pending | None) -> bool:
+    """A stored pending version that removes the chunk (not a reservation)."""
+    return pending is not None and pending.stored and pending.path is None

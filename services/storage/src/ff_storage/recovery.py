@@ -152,10 +152,9 @@ class Recovery(WritePath):
                 for m in batch.chunks:
                     remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
             plan = sync_diff(target.engine.committed_metas(), remote)
-            for i in range(0, len(plan.transfer), SYNC_BATCH):
-                await self._sync_batch(target, chain, nxt, plan.transfer[i : i + SYNC_BATCH], remove=False)
-            for i in range(0, len(plan.remove), SYNC_BATCH):
-                await self._sync_batch(target, chain, nxt, plan.remove[i : i + SYNC_BATCH], remove=True)
+            keys = plan.transfer + plan.remove
+            for i in range(0, len(keys), SYNC_BATCH):
+                await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
             await self._rpc.unary(stub.CompleteSync, spb.CompleteSyncRequest(
                 chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id))  # fmt: skip
             logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(plan.transfer),
@@ -165,13 +164,15 @@ class Recovery(WritePath):
             await asyncio.sleep(0.5)
             self._syncing.discard(job)
 
-    async def _sync_batch(
-        self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey], *, remove: bool
-    ) -> None:
+    async def _sync_batch(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey]) -> None:
+        """Make ``keys`` on ``nxt`` what they are here now: each chunk's committed copy as a full replace, or a
+        removal if this target has none. Decided under the chunks' locks, from this target's state at that
+        moment, not from the plan: a write may have committed a chunk the plan saw only as pending at the
+        syncing target (listed for removal), and that write may be acknowledged by now."""
         async with self.locks.hold(target.target_id, keys):
             ups = []
             for key in keys:
-                got = None if remove else await asyncio.to_thread(target.engine.read_committed, key)
+                got = await asyncio.to_thread(target.engine.read_committed, key)
                 if got is None:
                     ups.append(Update(key=key, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0, full=True,
                                       version=2**62, chain_version=chain.version))  # fmt: skip

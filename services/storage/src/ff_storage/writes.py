@@ -166,7 +166,11 @@ class WritePath(NodeBase):
         return [r.result if isinstance(r, Update) else r for r in results]
 
     async def _head_updates(self, target: Target, updates: list[Update]) -> None:
-        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head)."""
+        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head), to the end even if the
+        caller goes away (``to_the_end``)."""
+        await self.to_the_end(self._head_rounds(target, updates))
+
+    async def _head_rounds(self, target: Target, updates: list[Update]) -> None:
         for round_ in _rounds(updates):
             async with self.locks.hold(target.target_id, [u.key for u in round_]):
                 chain_version = self._position(target)[0].version if self._position(target) else 0  # type: ignore[index]
@@ -418,6 +422,10 @@ class WritePath(NodeBase):
         return results
 
     async def _replica_updates(self, target: Target, updates: list[Update]) -> None:
+        """Apply what the predecessor forwarded and pass it on, to the end even if the predecessor goes away."""
+        await self.to_the_end(self._replica_rounds(target, updates))
+
+    async def _replica_rounds(self, target: Target, updates: list[Update]) -> None:
         for round_ in _rounds(updates):
             async with self.locks.hold(target.target_id, [u.key for u in round_]):
                 no_forward = [u for u in round_ if u.result.message == "no_forward"]

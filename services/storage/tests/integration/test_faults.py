@@ -76,7 +76,9 @@ async def test_kill_a_storage_service_mid_stream(cluster: StorageCluster, client
         while time.monotonic() - killed_at < 5:
             sample = random.sample(sorted(acked), 20)
             got = await client.batch_read(_reads(chains, sample))
-            assert all(g.ok and bytes(g.data) == acked[k] for k, g in zip(sample, got, strict=True))
+            for k, g in zip(sample, got, strict=True):
+                assert g.ok, f"{k}: {g.status} {g.message!r} from target {g.target_id}\n" + tail_logs(cluster.folder)
+                assert bytes(g.data) == acked[k], f"{k}: other bytes from target {g.target_id}, version {g.version}"
             reads_during_outage += 20
             await asyncio.sleep(0.1)
         assert len(acked) > before, "writes did not go on while a replica was down"

@@ -1,7 +1,10 @@
-"""One replica's step of a chain write (``WritePath._store_forward_commit``) on a real chunk engine, with the
-forward to the successor faked: reads see the version pending while it is in flight, and every failure
-leaves the target consistent (nothing committed, nothing left pending) or, when its successor already took
-the update, out of service until recovery."""
+"""One replica's steps on a real chunk engine, with what crosses to the successor faked.
+
+A chain write (``WritePath._store_forward_commit``): reads see the version pending while it is in flight,
+and every failure leaves the target consistent (nothing committed, nothing left pending) or, when its
+successor already took the update, out of service until recovery; a caller going away does not stop it.
+A relaxed read racing a commit, and a sync to a returning replica racing a write, see the chunk as it is.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from ff_storage.core.chunks import ChunkMeta, sync_diff
 from ff_storage.core.target_role import Local, Public
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
 from ff_storage.node_base import NodeConfig, Target, Update
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
 
@@ -168,3 +173,85 @@ async def test_a_cancelled_update_drops_what_it_stored(node: StorageNode, monkey
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
     await _committed(node, b"three" * 100, 2)  # the chunk takes the next update as usual
     assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
+
+
+async def test_a_chain_update_goes_on_to_its_end_when_its_caller_goes_away(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client timing out (or a predecessor dying) mid-update must not leave this replica behind a successor
+    that already committed the version: a retry would then meet "duplicate" there and keep its old bytes."""
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+    taken, release = asyncio.Event(), asyncio.Event()
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        await _successor_takes_all(target, updates)  # the successor committed it...
+        taken.set()
+        await release.wait()  # ...and its answer is slow to come back
+        return []
+
+    _fake_forward(node, monkeypatch, forward)
+    u = _update(b"two" * 100, 0)
+    call = asyncio.create_task(node._head_updates(_target(node), [u]))
+    await taken.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    release.set()
+    for _ in range(100):
+        if engine.pending(KEY) is None:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"two" * 100)
+    assert engine.get(KEY).committed_version == 2  # type: ignore[union-attr]
+    assert u.result.status == spb.CHUNK_IO_STATUS_OK
+
+
+async def test_a_relaxed_read_racing_the_commit_of_a_new_chunk_finds_it(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _target(node).engine
+    [pending] = engine.write_pending([(KEY, 1, 1, b"new" * 100, None)])
+    read_pending = engine.read_pending
+
+    def committed_meanwhile(key: tuple[int, int]) -> object:
+        engine.commit([pending])  # lands between the read's look at the chunk and its read of the pending copy
+        return read_pending(key)
+
+    monkeypatch.setattr(engine, "read_pending", committed_meanwhile)
+    io = spb.ReadIO(chain_id=1, chain_version=1, chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
+                    length_bytes=300, relaxed=True)  # fmt: skip
+    result, data = node._read_one(io)
+    assert result.status == spb.CHUNK_IO_STATUS_OK, result.message
+    assert bytes(data) == b"new" * 100 and result.version == 1  # type: ignore[arg-type]
+
+
+async def test_a_sync_sends_what_the_chunk_is_when_its_turn_comes_not_what_the_plan_saw(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan lists a chunk the syncing replica had only pending (and this one not yet) for removal; by the
+    time its batch goes, the write committed here and may be acknowledged: the sync sends it, never removes."""
+    engine = _target(node).engine
+    other = (3, 1)  # not here at all: removed there
+    [pending] = engine.write_pending([(KEY, 1, 1, b"new" * 100, None)])
+    # the syncing replica's dump: both chunks pending only
+    dump = {k: ChunkMeta(inode_id=k[0], chunk_index=k[1], chain_version=1, committed_version=0, length=0, checksum=0,
+                         pending_version=1) for k in (KEY, other)}  # fmt: skip
+    plan = sync_diff(engine.committed_metas(), dump)
+    assert plan.remove == [KEY, other] and not plan.transfer
+    engine.commit([pending])  # the write goes on: committed here, and acknowledged upstream
+    sent: list[Update] = []
+
+    async def send_updates(chain: mpb.Chain, nxt: mpb.Target, ups: list[Update], *args: object,
+                           **kw: object) -> list[spb.UpdateResult]:  # fmt: skip
+        sent.extend(ups)
+        return [spb.UpdateResult(status=spb.CHUNK_IO_STATUS_OK) for _ in ups]
+
+    monkeypatch.setattr(node, "_send_updates", send_updates)
+    chain = mpb.Chain(chain_id=1, version=1, targets=[mpb.Target(target_id=1, node_id=101),
+                                                      mpb.Target(target_id=2, node_id=102)])  # fmt: skip
+    await node._sync_batch(_target(node), chain, chain.targets[1], plan.transfer + plan.remove)
+    by_key = {u.key: u for u in sent}
+    assert by_key[KEY].kind == spb.UPDATE_TYPE_WRITE and by_key[KEY].full
+    assert bytes(by_key[KEY].content or b"") == b"new" * 100 and by_key[KEY].version == 1
+    assert by_key[other].kind == spb.UPDATE_TYPE_REMOVE

@@ -135,6 +135,12 @@ class ChunkEngine:
     # ---- reads ----
 
     def get(self, key: ChunkKey) -> ChunkMeta | None:
+        """The chunk's committed metadata with its pending version, if any (one consistent look: a commit
+        moving a version from pending to committed in between would otherwise hide a new chunk)."""
+        with self._lock:
+            return self._get_locked(key)
+
+    def _get_locked(self, key: ChunkKey) -> ChunkMeta | None:
         meta = self._meta.get(key)
         pending = self._pending.get(key)
         if meta is not None and pending is not None:
@@ -150,7 +156,7 @@ class ChunkEngine:
     def all_metas(self) -> list[ChunkMeta]:
         with self._lock:
             keys = set(self._meta) | set(self._pending)
-            return [m for k in sorted(keys) if (m := self.get(k)) is not None]
+            return [m for k in sorted(keys) if (m := self._get_locked(k)) is not None]
 
     def committed_metas(self) -> dict[ChunkKey, ChunkMeta]:
         with self._lock:
