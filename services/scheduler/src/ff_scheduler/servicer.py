@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from ff_rpc import Principal, current_principal
 from ff_scheduler import wire
 from ff_scheduler.app import Scheduler
@@ -57,13 +59,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise InvalidRequest("request_id: at most 128 characters")
         checked = validation.check_task(wire.task_request(request.spec), self._limits)
         now = self._s.now()
-        task_id = await self._s.store.arun(
-            lambda s: ops.submit_task(
+
+        def submit(s: Session) -> ops.TaskView:
+            """The task as accepted, read in the same transaction: a scheduling pass may start it at once, and
+            the answer still says what the submit did (queued), not how far the scheduler got."""
+            task_id = ops.submit_task(
                 s, caller.name, caller.uid, checked, request.request_id, now, self._limits.default_group
             )
-        )
+            return ops.get_task(s, task_id, caller.name)
+
+        accepted = await self._s.store.arun(submit)
         self._s.wake()
-        return pb.SubmitTaskResponse(task=await self._task(task_id))
+        return pb.SubmitTaskResponse(task=wire.task_to_proto(accepted))
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: Context) -> pb.ListTasksResponse:
         caller = current_principal()
