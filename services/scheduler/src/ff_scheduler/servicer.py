@@ -61,8 +61,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         now = self._s.now()
 
         def submit(s: Session) -> ops.TaskView:
-            """The task as accepted, read in the same transaction: a scheduling pass may start it at once, and
-            the answer still says what the submit did (queued), not how far the scheduler got."""
+            """The task as of the submit's own transaction: a new one is queued (the scheduling pass woken
+            below may start it at once, and the answer does not depend on how far it got); a retry with the
+            same request_id answers the task as it is now."""
             task_id = ops.submit_task(
                 s, caller.name, caller.uid, checked, request.request_id, now, self._limits.default_group
             )

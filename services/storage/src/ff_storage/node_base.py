@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,19 +88,15 @@ class ChunkLocks:
         self._locks: dict[tuple[int, ChunkKey], asyncio.Lock] = {}
         self._users: dict[tuple[int, ChunkKey], int] = defaultdict(int)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, target_id: int, keys: list[ChunkKey]) -> AsyncIterator[None]:
+    async def acquire(self, target_id: int, keys: list[ChunkKey]) -> Callable[[], None]:
+        """Take the chunks' locks (in key order, so two callers never wait on each other); returns what releases
+        them. A caller cancelled while waiting holds nothing."""
         ids = [(target_id, k) for k in sorted(set(keys))]
         for i in ids:
             self._users[i] += 1
         acquired: list[asyncio.Lock] = []
-        try:
-            for i in ids:
-                lock = self._locks.setdefault(i, asyncio.Lock())
-                await lock.acquire()
-                acquired.append(lock)
-            yield
-        finally:
+
+        def release() -> None:
             for lock in acquired:
                 lock.release()
             for i in ids:
@@ -108,6 +104,24 @@ class ChunkLocks:
                 if not self._users[i]:
                     del self._users[i]
                     self._locks.pop(i, None)
+
+        try:
+            for i in ids:
+                lock = self._locks.setdefault(i, asyncio.Lock())
+                await lock.acquire()
+                acquired.append(lock)
+        except BaseException:
+            release()
+            raise
+        return release
+
+    @contextlib.asynccontextmanager
+    async def hold(self, target_id: int, keys: list[ChunkKey]) -> AsyncIterator[None]:
+        release = await self.acquire(target_id, keys)
+        try:
+            yield
+        finally:
+            release()
 
 
 class NodeBase:
@@ -126,6 +140,7 @@ class NodeBase:
         self._data = DataConnectionPool(config.cluster_token)
         self._syncing: set[tuple[int, int, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self._updates: set[asyncio.Task[None]] = set()  # chain updates (``update_to_the_end``)
         self.routing_changed = asyncio.Event()
 
     # ---- targets ----
@@ -238,27 +253,56 @@ class NodeBase:
             raise ConnectionError(f"node {node_id} has no address in routing")
         return self._stubs.get(node.grpc)
 
-    def spawn(self, coro: Any) -> asyncio.Task[None]:
+    def spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        return task
 
-    async def to_the_end(self, step: Coroutine[Any, Any, None]) -> None:
-        """Run a chain update to its end even if its caller is cancelled (a client that timed out, a
-        predecessor that died mid-call), as 3FS's storage service finishes every update it started.
+    async def update_to_the_end(
+        self, target_id: int, keys: list[ChunkKey], step: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        """Wait for the chunks' locks, then run ``step`` (a chain update of those chunks) to its end, locks held,
+        even if the caller is cancelled meanwhile (a client that timed out, a predecessor that died mid-call),
+        as 3FS's storage service finishes every update it started. A caller that gives up while still
+        waiting for the locks leaves nothing behind.
 
-        Dropping it halfway would leave this replica behind its successor when the successor already
+        Dropping an update halfway would leave this replica behind its successor when the successor already
         committed the version: a retried write then brings that version again, the successor answers
         "duplicate" and keeps its copy, and the replicas hold different bytes under one version. The update
-        is bounded anyway (the forward gives up after ``forward_timeout_s``), and it holds its chunks' locks,
-        so the next update of those chunks waits for it.
+        is bounded anyway: the forward gives up after ``forward_timeout_s``.
         """
-        await asyncio.shield(self.spawn(step))
+        release = await self.locks.acquire(target_id, keys)
+
+        async def run() -> None:
+            try:
+                await step()
+            finally:
+                release()
+
+        task: asyncio.Task[None] = asyncio.ensure_future(run())
+        self._updates.add(task)
+        task.add_done_callback(self._updates.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                task.add_done_callback(_log_orphan_failure)
+            raise
+
+    async def finish_updates(self) -> None:
+        """Wait (at most ``forward_timeout_s``) for chain updates whose callers left: at shutdown, before the
+        chunk engines close under them."""
+        if self._updates:
+            await asyncio.wait(set(self._updates), timeout=self.config.forward_timeout_s)
 
     async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
         """Ask the chain's head to rewrite ``keys`` from a good copy (recovery.Recovery does it)."""
         raise NotImplementedError
+
+
+def _log_orphan_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.warning("a chain update whose caller had left failed: %r", exc)
 
 
 class NotServing(InvalidRequest):

@@ -153,22 +153,23 @@ class Recovery(WritePath):
                     remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
             plan = sync_diff(target.engine.committed_metas(), remote)
             keys = plan.transfer + plan.remove
+            removed = 0
             for i in range(0, len(keys), SYNC_BATCH):
-                await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
+                removed += await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
             await self._rpc.unary(stub.CompleteSync, spb.CompleteSyncRequest(
                 chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id))  # fmt: skip
-            logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(plan.transfer),
-                        len(plan.remove))  # fmt: skip
+            logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed,
+                        removed)  # fmt: skip
         except Exception as exc:
             logger.warning("sync of target %d failed (will retry): %s", nxt.target_id, exc)
             await asyncio.sleep(0.5)
             self._syncing.discard(job)
 
-    async def _sync_batch(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey]) -> None:
+    async def _sync_batch(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey]) -> int:
         """Make ``keys`` on ``nxt`` what they are here now: each chunk's committed copy as a full replace, or a
-        removal if this target has none. Decided under the chunks' locks, from this target's state at that
-        moment, not from the plan: a write may have committed a chunk the plan saw only as pending at the
-        syncing target (listed for removal), and that write may be acknowledged by now."""
+        removal if this target has none; returns the number of removals. Decided under the chunks' locks, from
+        this target's state at that moment, not from the plan: a write may have committed a chunk the plan saw
+        only as pending at the syncing target (listed for removal), and that write may be acknowledged by now."""
         async with self.locks.hold(target.target_id, keys):
             ups = []
             for key in keys:
@@ -185,6 +186,7 @@ class Recovery(WritePath):
             bad = [r for r in answers if r.status != spb.CHUNK_IO_STATUS_OK]
             if bad:
                 raise RuntimeError(f"{len(bad)} sync write(s) refused: {bad[0].message}")
+        return sum(u.kind == spb.UPDATE_TYPE_REMOVE for u in ups)
 
 
 def _meta_from_pb(m: spb.ChunkMeta) -> Any:

@@ -88,6 +88,7 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     finally:
         await server.stop()
         await data.stop()
+        await node.finish_updates()
         await mgmtd.close()
         await node.close_channels()
         node.close()

@@ -166,18 +166,18 @@ class WritePath(NodeBase):
         return [r.result if isinstance(r, Update) else r for r in results]
 
     async def _head_updates(self, target: Target, updates: list[Update]) -> None:
-        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head), to the end even if the
-        caller goes away (``to_the_end``)."""
-        await self.to_the_end(self._head_rounds(target, updates))
-
-    async def _head_rounds(self, target: Target, updates: list[Update]) -> None:
+        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head); a round started goes
+        on to its end even if the caller goes away (``update_to_the_end``)."""
         for round_ in _rounds(updates):
-            async with self.locks.hold(target.target_id, [u.key for u in round_]):
-                chain_version = self._position(target)[0].version if self._position(target) else 0  # type: ignore[index]
-                for u in round_:
-                    u.chain_version = chain_version
-                ready = await asyncio.to_thread(self._prepare, target, round_, True)
-                await self._store_forward_commit(target, ready)
+            await self.update_to_the_end(target.target_id, [u.key for u in round_],
+                                         functools.partial(self._head_round, target, round_))  # fmt: skip
+
+    async def _head_round(self, target: Target, round_: list[Update]) -> None:
+        chain_version = self._position(target)[0].version if self._position(target) else 0  # type: ignore[index]
+        for u in round_:
+            u.chain_version = chain_version
+        ready = await asyncio.to_thread(self._prepare, target, round_, True)
+        await self._store_forward_commit(target, ready)
 
     def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
         """Decide each update and compute its new content (thread); returns the ones to store and pass on.
@@ -234,8 +234,9 @@ class WritePath(NodeBase):
         write's latency instead of three in a row. The ack upstream waits for both, so an acknowledged update
         is durable on every replica. If storing or committing here fails after the successor took an update,
         this replica is a version behind the rest of the chain: the target reports offline and goes through
-        recovery, as after a restart. A cancelled call (its caller gave up) drops what it stored once the
-        write thread is done.
+        recovery, as after a restart. Callers run it through ``update_to_the_end``, so it is not cancelled
+        when a client or predecessor gives up; cancelled anyway (the service stopping), it drops what it
+        stored once the write thread is done.
         """
         if not updates:
             return
@@ -422,19 +423,20 @@ class WritePath(NodeBase):
         return results
 
     async def _replica_updates(self, target: Target, updates: list[Update]) -> None:
-        """Apply what the predecessor forwarded and pass it on, to the end even if the predecessor goes away."""
-        await self.to_the_end(self._replica_rounds(target, updates))
-
-    async def _replica_rounds(self, target: Target, updates: list[Update]) -> None:
+        """Apply what the predecessor forwarded and pass it on; a round started goes on to its end even if the
+        predecessor goes away (``update_to_the_end``)."""
         for round_ in _rounds(updates):
-            async with self.locks.hold(target.target_id, [u.key for u in round_]):
-                no_forward = [u for u in round_ if u.result.message == "no_forward"]
-                for u in no_forward:
-                    u.result = spb.UpdateResult()
-                ready = await asyncio.to_thread(self._prepare, target, round_, False)
-                local_only = [u for u in ready if u in no_forward]
-                await self._store_forward_commit(target, local_only, forward=False)
-                await self._store_forward_commit(target, [u for u in ready if u not in local_only])
+            await self.update_to_the_end(target.target_id, [u.key for u in round_],
+                                         functools.partial(self._replica_round, target, round_))  # fmt: skip
+
+    async def _replica_round(self, target: Target, round_: list[Update]) -> None:
+        no_forward = [u for u in round_ if u.result.message == "no_forward"]
+        for u in no_forward:
+            u.result = spb.UpdateResult()
+        ready = await asyncio.to_thread(self._prepare, target, round_, False)
+        local_only = [u for u in ready if u in no_forward]
+        await self._store_forward_commit(target, local_only, forward=False)
+        await self._store_forward_commit(target, [u for u in ready if u not in local_only])
 
 
 def _rounds(updates: list[Update]) -> list[list[Update]]:

@@ -198,13 +198,29 @@ async def test_a_chain_update_goes_on_to_its_end_when_its_caller_goes_away(
     with pytest.raises(asyncio.CancelledError):
         await call
     release.set()
-    for _ in range(100):
-        if engine.pending(KEY) is None:
-            break
-        await asyncio.sleep(0.02)
+    await node.finish_updates()  # the update its caller left goes on to its end
     assert engine.read_committed(KEY) == (engine.get(KEY), b"two" * 100)
     assert engine.get(KEY).committed_version == 2  # type: ignore[union-attr]
     assert u.result.status == spb.CHUNK_IO_STATUS_OK
+
+
+async def test_a_caller_that_gives_up_while_waiting_for_the_chunk_leaves_nothing_behind(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+    _fake_forward(node, monkeypatch, _successor_takes_all)
+    async with node.locks.hold(1, [KEY]):  # an earlier update of the chunk is running
+        call = asyncio.create_task(node._head_updates(_target(node), [_update(b"two" * 100, 0)]))
+        await asyncio.sleep(0)
+        assert node.locks._users[(1, KEY)] == 2, "the update is not waiting for the chunk's lock"
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await node.finish_updates()
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100) and engine.pending(KEY) is None
+    await _committed(node, b"three" * 100, 2)  # and the chunk's lock is free
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
 
 
 async def test_a_relaxed_read_racing_the_commit_of_a_new_chunk_finds_it(

@@ -16,9 +16,10 @@ are kept; more are unlinked.
 
 Pending versions: ``reserve`` marks a version pending before its content is written (reads answer
 "pending" from then on), ``write_pending`` stores it in place of its reservation (``PendingReplaced`` if a
-newer update took the reservation over meanwhile: its caller had given up), ``commit`` makes it the committed
-version (only the current pending one: a stale one raises ``PendingReplaced``), ``abort`` drops it. They live
-in memory only: a replica that crashes loses them, and every restarted target goes through recovery anyway.
+newer update took the reservation over meanwhile, which the service's chunk locks keep from happening),
+``commit`` makes it the committed version (only the current pending one: a stale one raises
+``PendingReplaced``), ``abort`` drops it. They live in memory only: a replica that crashes loses them, and
+every restarted target goes through recovery anyway.
 
 fsync discipline: (1) each new version's data is on disk before its metadata is committed: ``fdatasync``
 for an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) a new
@@ -27,8 +28,10 @@ names survive a crash (``open`` fsyncs every folder once, for whatever an earlie
 whose write failed is unlinked, not kept as free); (3) SQLite runs in WAL mode with ``synchronous=FULL``,
 so a commit is durable when it returns.
 
-All methods block (disk I/O): the service calls them from worker threads. A lock serializes metadata,
-the free list and new mappings.
+The methods that touch the disk (writes, commits, mappings) block: the service calls them from worker
+threads. The metadata-only ones (``get``, ``reserve``, ``abort``) are cheap and also run on its event loop,
+where they may wait for the lock while a commit holds it. A lock serializes metadata, the free list and new
+mappings.
 """
 
 from __future__ import annotations
@@ -244,7 +247,7 @@ class ChunkEngine:
             for p in made:
                 old = self._pending.get(p.key)
                 if old is not None and old.path is not None:
-                    replaced.append(old.path)  # left by an update whose caller gave up
+                    replaced.append(old.path)  # left by an update that was given up
                 self._pending[p.key] = p
         self._release(replaced)
         return made
@@ -258,8 +261,8 @@ class ChunkEngine:
         reservation, and only if that still stands.
 
         Raises:
-            PendingReplaced: a reservation was replaced meanwhile (a newer update of the chunk took over after
-                this one's caller gave up); nothing of this call stays pending.
+            PendingReplaced: a reservation was replaced meanwhile (a newer update of the chunk took over);
+                nothing of this call stays pending.
         """
         made = self._write_contents(items)
         if reserved is not None and len(reserved) != len(made):
