@@ -40,6 +40,11 @@ class Wait:
     write: bool
 
 
+def _bytes(view: memoryview) -> memoryview:
+    """``view`` as flat bytes (a numpy-backed view may be typed or multi-dimensional)."""
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
 class Link:
     """One connected stream socket to the peer with global rank ``peer``."""
 
@@ -73,7 +78,7 @@ class Link:
 
     def recv_into(self, buf: memoryview) -> None:
         """Fill ``buf`` exactly; a silent peer for ``timeout_s`` raises LinkError(kind="timeout")."""
-        view = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        view = _bytes(buf)
         got, total = 0, len(view)
         while got < total:  # each recv waits at most timeout_s for progress (SO_RCVTIMEO)
             try:
@@ -86,7 +91,7 @@ class Link:
 
     def send_steps(self, data: memoryview) -> Generator[Wait, None, None]:
         """``send`` for an event loop: non-blocking sends, yielding a Wait whenever the socket buffer is full."""
-        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        view = _bytes(data)
         sent, total = 0, len(view)
         while sent < total:
             try:
@@ -98,7 +103,7 @@ class Link:
 
     def recv_steps(self, buf: memoryview) -> Generator[Wait, None, None]:
         """``recv_into`` for an event loop: non-blocking receives, yielding a Wait whenever nothing is queued."""
-        view = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        view = _bytes(buf)
         got, total = 0, len(view)
         while got < total:
             try:

@@ -253,10 +253,13 @@ class NodeBase:
             raise ConnectionError(f"node {node_id} has no address in routing")
         return self._stubs.get(node.grpc)
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any, tasks: set[asyncio.Task[None]] | None = None) -> asyncio.Task[None]:
+        """Run ``coro`` as a task kept in ``tasks`` (default: the node's background tasks) until it ends."""
+        tasks = self._background if tasks is None else tasks
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
 
     async def update_to_the_end(
         self, target_id: int, keys: list[ChunkKey], step: Callable[[], Coroutine[Any, Any, None]]
@@ -279,9 +282,7 @@ class NodeBase:
             finally:
                 release()
 
-        task: asyncio.Task[None] = asyncio.ensure_future(run())
-        self._updates.add(task)
-        task.add_done_callback(self._updates.discard)
+        task = self.spawn(run(), self._updates)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
