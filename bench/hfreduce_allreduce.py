@@ -11,7 +11,8 @@ Time = max over ranks. Ratios are medians of per-round ratios
 t_gloo / t_hfreduce. CPU time (user + sys of every thread, summed over ranks) is printed too: on this
 2-core box the ops are CPU-bound, so it predicts the ratios without the noise of other load. Process CPU
 time leaves out the kernel's softirq work (loopback TCP's receive path), so the machine's busy time during
-each kind of op (all CPUs, from /proc/stat, averaged over rounds) is printed as well.
+each kind of op (all CPUs, from /proc/stat, averaged over rounds) is printed as well, also for the wire floor
+and the ceiling: what hfreduce's TCP bytes cost alone, and what the sums of an allreduce cost alone.
 ``--profile`` prints hfreduce's wall time per phase and rank.
 
     .venv/bin/python bench/hfreduce_allreduce.py --layouts 2x1,2x2 --rounds 11
@@ -41,6 +42,8 @@ DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
 # array staged through shared memory (cross_memory=False: the path before cross-memory attach), on a
 # registered buffer; then gloo
 KINDS = ("copy", "staged", "reg", "gloo")
+# what the CPU clocks keep per op: the kinds above, the shared-memory reduce ceiling, the wire floor
+SLOTS = (*KINDS, "ceil", "wire")
 
 
 class Clock:
@@ -49,8 +52,8 @@ class Clock:
 
     def __init__(self, dist: Any, queue: Any, rank: int, profile: bool) -> None:
         self.dist, self.queue, self.rank, self.profile = dist, queue, rank, profile
-        self.cpu = [0.0] * len(KINDS)
-        self.busy = [0] * len(KINDS)  # rank 0: the machine's busy clock ticks during the last op of each kind
+        self.cpu = [0.0] * len(SLOTS)
+        self.busy = [0] * len(SLOTS)  # rank 0: the machine's busy clock ticks during the last op of each slot
 
     def timed(self, fn: Any, slot: int = -1) -> float:
         self.dist.barrier()
@@ -217,8 +220,9 @@ def rank_main(
                 ok = ok and (bool(arr[0] == world and arr[-1] == world) if n else True)
             buf.fill(1.0)
             took.append(timed(partial(dist.all_reduce, tbuf), KINDS.index("gloo")))
-            took.append(timed(shm_reduce))
-            took.append(timed(partial(wire.exchange, buf[s0:s1], wire_into)) if wire is not None else float("nan"))
+            took.append(timed(shm_reduce, SLOTS.index("ceil")))
+            exchange = partial(wire.exchange, buf[s0:s1], wire_into) if wire is not None else None
+            took.append(timed(exchange, SLOTS.index("wire")) if exchange is not None else float("nan"))
             worst.copy_(torch.tensor(took, dtype=torch.float64))
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             cpu_sum = torch.tensor(cpu, dtype=torch.float64)
@@ -354,7 +358,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         )
         cpu_ms = [statistics.median(r[3][i] for r in mine) * 1e3 for i in range(len(KINDS))]
         cpu_ratios = [statistics.median(r[3][gloo] / r[3][i] for r in mine) for i in range(len(hf))]
-        busy_ms = [sum(r[4][i] for r in mine) * 1e3 / _TICKS_PER_S / len(mine) for i in range(len(KINDS))]
+        busy_ms = [sum(r[4][i] for r in mine) * 1e3 / _TICKS_PER_S / len(mine) for i in range(len(SLOTS))]
         busy_ratios = [busy_ms[gloo] / b if b else float("nan") for b in busy_ms[: len(hf)]]
         cpu_lines.append(
             f"{_size(nbytes):>10} "
@@ -362,7 +366,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
             + " "
             + " ".join(f"{c:11.2f}" for c in cpu_ratios)
             + " | "
-            + " ".join(f"{c:9.1f}" for c in busy_ms)
+            + " ".join(f"{c:9.1f}" for c in busy_ms[: len(KINDS)])
             + " "
             + " ".join(f"{c:11.2f}" for c in busy_ratios)
         )
@@ -372,6 +376,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
                 f"{_size(nbytes):>10} {nbytes / statistics.median(wire) / 1e9:9.3f} "
                 + " ".join(f"{statistics.median(r[2][floor] / r[2][i] for r in mine):11.2f}" for i in range(len(hf)))
                 + f" {statistics.median(r[2][gloo] / r[2][floor] for r in mine):11.2f}"
+                + f" | {busy_ms[SLOTS.index('wire')]:9.1f} {busy_ms[SLOTS.index('ceil')]:9.1f}"
             )
         summary[nbytes] = ratios
     print(
@@ -385,9 +390,15 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         print(
             "wire floor: each rank only exchanges its slice with its peer on the other node over TCP (algbw of "
             "the whole buffer); wire time / hfreduce time, and gloo time / wire time (about the most a design "
-            "sending these bytes this way could reach):"
+            "sending these bytes this way could reach); then the machine's busy ms during the wire floor, and during "
+            "the shared-memory ceiling (the sums of an allreduce, world size - 1 per element, read from shared "
+            "memory):"
         )
-        print(f"{'size':>10} {'wire alg':>9} " + " ".join(f"{k + ' eff':>11}" for k in hf) + f" {'gloo/wire':>11}")
+        print(
+            f"{'size':>10} {'wire alg':>9} "
+            + " ".join(f"{k + ' eff':>11}" for k in hf)
+            + f" {'gloo/wire':>11} | {'wire busy':>9} {'ceil busy':>9}"
+        )
         print("\n".join(wire_lines))
     for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
         if nbytes in summary:
