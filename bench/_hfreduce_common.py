@@ -1,7 +1,9 @@
-"""What the hfreduce benchmarks share: a rank's GroupConfig on a loopback layout, and free ports."""
+"""What the hfreduce benchmarks share: a rank's GroupConfig on a loopback layout, free ports, running the rank
+processes, and the machine's busy clock."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ff_config.ports import pick_free_ports
@@ -10,7 +12,9 @@ from ff_testing import free_port
 if TYPE_CHECKING:
     from hfreduce import GroupConfig
 
-__all__ = ["free_port", "free_ports", "loopback_config"]
+__all__ = ["MS_PER_TICK", "free_port", "free_ports", "loopback_config", "machine_busy_ticks", "run_ranks"]
+
+MS_PER_TICK = 1e3 / os.sysconf("SC_CLK_TCK")  # milliseconds per clock tick of /proc/stat
 
 
 def free_ports(count: int) -> tuple[int, ...]:
@@ -32,3 +36,26 @@ def loopback_config(node: int, local: int, nodes: int, num_local: int, port: int
         local_world_size=num_local,
         **options,
     )
+
+
+def machine_busy_ticks() -> int:
+    """Clock ticks all CPUs spent on anything but idle and iowait (user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return sum(ticks[:8]) - ticks[3] - ticks[4]
+
+
+def run_ranks(procs: list[Any], queue: Any, expect: int, timeout_s: float = 600) -> list[Any]:
+    """Start the rank processes, collect ``expect`` reports from ``queue`` and join them; whatever happens, none is
+    left running."""
+    try:
+        for p in procs:
+            p.start()
+        got = [queue.get(timeout=timeout_s) for _ in range(expect)]
+        for p in procs:
+            p.join()
+        return got
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()

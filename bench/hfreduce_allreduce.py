@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _hfreduce_common import free_ports, loopback_config
+from _hfreduce_common import MS_PER_TICK, free_ports, loopback_config, machine_busy_ticks, run_ranks
 
 KIB = 1024
 DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
@@ -77,22 +77,12 @@ class Clock:
         return took
 
 
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_ticks() -> int:
-    """Clock ticks all CPUs spent on anything but idle and iowait (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return sum(ticks[:8]) - ticks[3] - ticks[4]
-
-
 class WireFloor:
     """At 2 nodes, the bytes hfreduce's trees move for one rank and nothing else: the rank exchanges its slice
-    (1/num_local of the buffer) with the same local rank of the other node over two loopback TCP connections,
-    one per tree half, in the library's chunks, on the runner hfreduce picks for the layout (a thread per
-    direction, or one event loop). No reduction, no copies between local ranks: what hfreduce's transport
-    costs before any of its own work."""
+    (1/num_local of the buffer) with the same local rank of the other node over loopback TCP, laid out as the
+    library's tree links (per tree half, one connection each way), in the library's chunks, on the runner
+    hfreduce picks for the layout (a thread per task, or one event loop). No reduction, no copies between local
+    ranks: what hfreduce's transport costs before any of its own work."""
 
     def __init__(self, node: int, port: int, config: Any, dist: Any) -> None:
         from hfreduce.runners import choose  # in the rank processes only
@@ -100,25 +90,29 @@ class WireFloor:
 
         server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
         dist.barrier()  # every node-0 rank listens before any node-1 rank connects
+        # connection 2 * tree + d carries data from node d to the other node
         if server is None:
-            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
-            for tree, sock in enumerate(socks):
-                sock.sendall(bytes([tree]))
+            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+            for index, sock in enumerate(socks):
+                sock.sendall(bytes([index]))
         else:
-            by_tree = {}
+            by_index = {}
             with server:
-                for _ in range(2):
+                for _ in range(4):
                     conn, _ = server.accept()
-                    by_tree[conn.recv(1)[0]] = conn
-            socks = [by_tree[0], by_tree[1]]
+                    by_index[conn.recv(1)[0]] = conn
+            socks = [by_index[i] for i in range(4)]
         for sock in socks:  # set up as hfreduce sets up its tree links
             tune_tcp(sock, config.socket_buffer_bytes)
-        self.links = [Link(sock, -1, config.timeout_s) for sock in socks]
+        links = [Link(sock, -1, config.timeout_s) for sock in socks]
+        self.links = links
+        self.out_links = [links[2 * tree + node] for tree in (0, 1)]
+        self.in_links = [links[2 * tree + 1 - node] for tree in (0, 1)]
         self.chunk = config.chunk_size_bytes
         self.runner = choose(config.pipeline, config.local_world_size, config.timeout_s, self._abort)
 
     def exchange(self, out: Any, into: Any) -> None:
-        """Send ``out`` and receive as many bytes into ``into``, half on each connection."""
+        """Send ``out`` and receive as many bytes into ``into``, half per tree."""
         src, dst = memoryview(out).cast("B"), memoryview(into).cast("B")
         mid = len(src) // 2
         spans = ((0, mid), (mid, len(src)))
@@ -126,12 +120,12 @@ class WireFloor:
         def send(tree: int) -> Any:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                yield from self.runner.send(self.links[tree], src[c : min(c + self.chunk, b)])
+                yield from self.runner.send(self.out_links[tree], src[c : min(c + self.chunk, b)])
 
         def recv(tree: int) -> Any:
             a, b = spans[tree]
             for c in range(a, b, self.chunk):
-                yield from self.runner.recv(self.links[tree], dst[c : min(c + self.chunk, b)])
+                yield from self.runner.recv(self.in_links[tree], dst[c : min(c + self.chunk, b)])
 
         self.runner.run([fn(tree) for tree in (0, 1) for fn in (send, recv)])
 
@@ -262,21 +256,11 @@ def run_layout(
         for lr in range(num_local)
     ]
     try:
-        for p in procs:
-            p.start()
-        expect = len(sizes) * rounds * (1 + (3 * world if profile else 0))
-        got = [queue.get(timeout=600) for _ in range(expect)]
-        for p in procs:
-            p.join()
-        rows = [r[1:] for r in got if r[0] == "times"]
-        phases = [r[1:] for r in got if r[0] == "phases"]
+        got = run_ranks(procs, queue, len(sizes) * rounds * (1 + (3 * world if profile else 0)))
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
         for path in paths:
             path.unlink(missing_ok=True)
-    return rows, phases
+    return [r[1:] for r in got if r[0] == "times"], [r[1:] for r in got if r[0] == "phases"]
 
 
 def _size(nbytes: int) -> str:
@@ -358,7 +342,7 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
         )
         cpu_ms = [statistics.median(r[3][i] for r in mine) * 1e3 for i in range(len(KINDS))]
         cpu_ratios = [statistics.median(r[3][gloo] / r[3][i] for r in mine) for i in range(len(hf))]
-        busy_ms = [sum(r[4][i] for r in mine) * 1e3 / _TICKS_PER_S / len(mine) for i in range(len(SLOTS))]
+        busy_ms = [sum(r[4][i] for r in mine) * MS_PER_TICK / len(mine) for i in range(len(SLOTS))]
         busy_ratios = [busy_ms[gloo] / b if b else float("nan") for b in busy_ms[: len(hf)]]
         cpu_lines.append(
             f"{_size(nbytes):>10} "

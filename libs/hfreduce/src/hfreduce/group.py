@@ -33,7 +33,11 @@ logger = logging.getLogger(__name__)
 
 _LINK_HELLO = struct.Struct("!II")
 _PID_ADDR = struct.Struct("!QQ")
-_TREE_CHANNELS = (0, 1)
+# Tree t's links to a neighbour: partial chunks go up on channel _TREE_UP[t] (child to parent), final chunks come
+# down on _TREE_DOWN[t]. One direction per socket: a socket carrying data both ways cost about 10 % more CPU per
+# byte on loopback (README, "One socket per direction").
+_TREE_DOWN = (0, 1)
+_TREE_UP = (4, 5)
 _RING_UP, _RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
 _ALIGN_BYTES = 64
 _GROW_BYTES = 4 << 20  # slots grow in steps of this, so a run of growing sizes does not remap each time
@@ -62,7 +66,9 @@ class Runtime:
         self.server: ControlServer | None = None
         self.control: ControlClient | None = None
         self.local: LocalComm | None = None
-        self.tree_links: list[dict[int, Link]] = [{}, {}]
+        # [tree][node rank of the neighbour]: the links partials go up on, and the links final chunks come down on
+        self.up_links: list[dict[int, Link]] = [{}, {}]
+        self.down_links: list[dict[int, Link]] = [{}, {}]
         self.ring_next: Link | None = None
         self.ring_prev: Link | None = None
         self.slots: list[Segment] = []
@@ -117,7 +123,8 @@ class Runtime:
         self.tree = TreeEngine(
             node_rank=cfg.node_rank,
             trees=self.trees,
-            links=self.tree_links,
+            up_links=self.up_links,
+            down_links=self.down_links,
             runner=self.runner,
             chunk_elems=self.chunk_elems,
         )
@@ -165,11 +172,11 @@ class Runtime:
         """(peer rank, channel) of every link this rank needs."""
         cfg = self.config
         wanted = []
-        for t in _TREE_CHANNELS:
+        for t in (0, 1):
             node = self.trees[t][cfg.node_rank]
             for nb in (node.parent, *node.children):
                 if nb >= 0:
-                    wanted.append((nb * self.num_local + cfg.local_rank, t))
+                    wanted += [(nb * self.num_local + cfg.local_rank, ch) for ch in (_TREE_UP[t], _TREE_DOWN[t])]
         if cfg.world_size > 1:
             pos = self.ring_order.index(self.rank)
             nxt = self.ring_order[(pos + 1) % cfg.world_size]
@@ -205,8 +212,10 @@ class Runtime:
         for (peer, channel), sock in socks.items():
             tune_tcp(sock, cfg.socket_buffer_bytes)
             link = Link(sock, peer, cfg.timeout_s)
-            if channel in _TREE_CHANNELS:
-                self.tree_links[channel][peer // self.num_local] = link
+            if channel in _TREE_UP:
+                self.up_links[_TREE_UP.index(channel)][peer // self.num_local] = link
+            elif channel in _TREE_DOWN:
+                self.down_links[_TREE_DOWN.index(channel)][peer // self.num_local] = link
         if cfg.world_size > 1:
             pos = self.ring_order.index(self.rank)
             nxt = self.ring_order[(pos + 1) % cfg.world_size]
@@ -487,7 +496,7 @@ class Runtime:
 
     def abort(self) -> None:
         """Fail every blocked send/recv of this rank now (used once a collective has failed)."""
-        for links in self.tree_links:
+        for links in (*self.up_links, *self.down_links):
             for link in links.values():
                 link.abort()
         for maybe in (self.ring_next, self.ring_prev):
@@ -506,7 +515,7 @@ class Runtime:
             wait = min(self.config.timeout_s, 5.0) if wait_for_ranks_s is None else wait_for_ranks_s
             self.server.stop(wait_for_ranks_s=wait if self.broken is None else 0.0)
         self.runner.close()
-        for links in self.tree_links:
+        for links in (*self.up_links, *self.down_links):
             for link in links.values():
                 link.close()
         for maybe in (self.ring_next, self.ring_prev):

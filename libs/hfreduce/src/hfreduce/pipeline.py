@@ -93,20 +93,24 @@ class _Scratch:
 
 
 class TreeEngine:
-    """Runs TreeJobs for one rank over its links to the same local rank on its tree neighbours."""
+    """Runs TreeJobs for one rank over its links to the same local rank on its tree neighbours: per tree, one
+    link per neighbour that partial chunks go up on (``up_links[t][node]``) and one that final chunks come
+    down on (``down_links[t][node]``), so each socket carries data one way."""
 
     def __init__(
         self,
         *,
         node_rank: int,
         trees: tuple[Tree, Tree],
-        links: Sequence[dict[int, Link]],
+        up_links: Sequence[dict[int, Link]],
+        down_links: Sequence[dict[int, Link]],
         runner: Runner,
         chunk_elems: int,
     ) -> None:
         self.node_rank = node_rank
         self.trees = trees
-        self.links = links
+        self.up_links = up_links
+        self.down_links = down_links
         self.chunk_elems = chunk_elems
         self.runner = runner
         self._scratch = [[_Scratch(chunk_elems) for _ in range(2)] for _ in range(2)]
@@ -146,8 +150,8 @@ class TreeEngine:
 
     def _up(self, job: TreeJob, t: int, handoff: Handoff) -> Task:
         node = self.trees[t][self.node_rank]
-        parent = self.links[t][node.parent] if node.parent >= 0 else None
-        children = [self.links[t][c] for c in node.children]
+        parent = self.up_links[t][node.parent] if node.parent >= 0 else None
+        children = [self.up_links[t][c] for c in node.children]
         scratch = self._scratch[t][0]
         combine = combine_fn(job.op)
         counters = Counters()
@@ -307,8 +311,8 @@ class TreeEngine:
 
     def _down(self, job: TreeJob, t: int, handoff: Handoff) -> Task:
         node = self.trees[t][self.node_rank]
-        parent = self.links[t][node.parent] if node.parent >= 0 else None
-        children = [self.links[t][c] for c in node.children]
+        parent = self.down_links[t][node.parent] if node.parent >= 0 else None
+        children = [self.down_links[t][c] for c in node.children]
         scratch = self._scratch[t][1]
         counters = Counters()
         direct = job.wire is job.dtype

@@ -49,6 +49,23 @@ def test_every_op_on_each_pipeline_runner(launch: Launch, nodes: int, local: int
     env = {"TEST_SIZES": SIZES, "TEST_REGISTERED": "1", "FF_HFREDUCE_PIPELINE": pipeline}
     results = assert_all_correct(launch(nodes, local, "correctness", env=env), nodes * local)
     assert {res["pipeline"] for res in results} == {pipeline}
+    assert_tree_links_one_way(results)
+
+
+def assert_tree_links_one_way(results: list[dict[str, Any]]) -> None:
+    """Partial chunks go up and final chunks come down on separate sockets: each tree link carried data one
+    way only (the other way at most the 8-byte hello its connecting side sends, and the SYN, which the kernel
+    counts in bytes acknowledged)."""
+    hello = 8 + 1
+    for res in results:
+        links = res["tree_links"]
+        assert {(link["direction"], link["to"]) for link in links} == {
+            (d, to) for d in ("up", "down") for to in ("parent", "child")
+        }, links
+        for link in links:
+            outgoing = (link["direction"], link["to"]) in {("up", "parent"), ("down", "child")}
+            sent, received = (link["sent"], link["received"]) if outgoing else (link["received"], link["sent"])
+            assert sent > hello and received <= hello, (res["rank"], link)
 
 
 @pytest.mark.parametrize(("nodes", "local"), [(2, 2), (3, 2)])

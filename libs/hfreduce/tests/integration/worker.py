@@ -11,6 +11,8 @@ import dataclasses
 import json
 import os
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -23,6 +25,9 @@ from hfreduce import Group, GroupConfig, PeerFailureError, RendezvousError, expe
 from hfreduce.reduction import DType, bf16_bits, bf16_values, unit_roundoff
 
 OPS = ("sum", "avg", "max", "min")
+# struct tcp_info (linux/tcp.h): tcpi_bytes_acked and tcpi_bytes_received, two u64 at byte 120
+_TCP_INFO_BYTES = struct.Struct("QQ")
+_TCP_INFO_BYTES_AT = 120
 
 
 def inputs(seed: int, world: int, n: int) -> np.ndarray:
@@ -309,6 +314,21 @@ def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, A
     return {"rank": cfg.rank, "error": None}
 
 
+def tree_link_traffic(group: Group) -> list[dict[str, Any]]:
+    """Bytes each of this rank's tree links sent (acknowledged) and received, by direction and neighbour."""
+    rt = group._rt
+    rows = []
+    for direction, table in (("up", rt.up_links), ("down", rt.down_links)):
+        for tree in (0, 1):
+            node = rt.trees[tree][rt.config.node_rank]
+            for neighbour, link in table[tree].items():
+                info = link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                sent, received = _TCP_INFO_BYTES.unpack_from(info, _TCP_INFO_BYTES_AT)
+                to = "parent" if neighbour == node.parent else "child"
+                rows.append({"direction": direction, "tree": tree, "to": to, "sent": sent, "received": received})
+    return rows
+
+
 def main() -> None:
     scenario, out_path = sys.argv[1], sys.argv[2]
     cfg = GroupConfig.from_env()
@@ -338,6 +358,7 @@ def main() -> None:
     result["seq"] = group.seq
     result["cross_memory"] = group._rt.cross_memory
     result["pipeline"] = group._rt.runner.mode
+    result["tree_links"] = tree_link_traffic(group)
     group.close()
     _write(out_path, result)
 

@@ -1,0 +1,70 @@
+"""hfreduce alone: back-to-back allreduces on one layout, wall time and CPU per op.
+
+No gloo and no barrier between ops: what the library costs when nothing else runs, for comparing two versions of
+the code (run it alternately at both commits, several pairs; these machines are noisy). Prints the wall time per
+op (max over ranks), the CPU of the ranks' processes per op (user + sys, summed over ranks) and the machine's busy
+time per op (all CPUs, softirq included, from /proc/stat).
+
+    .venv/bin/python bench/hfreduce_back_to_back.py --layout 2x2 --mib 64 --ops 80 --buffer registered
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from _hfreduce_common import MS_PER_TICK, free_port, loopback_config, machine_busy_ticks, run_ranks
+
+
+def rank_main(
+    node: int, local: int, nodes: int, num_local: int, port: int, args: argparse.Namespace, queue: Any
+) -> None:
+    from hfreduce import Group  # in the rank processes only
+
+    cfg = loopback_config(node, local, nodes, num_local, port, timeout_s=60, pipeline=args.pipeline)
+    with Group(cfg) as group:
+        n = (args.mib << 20) // 4
+        buf = group.alloc(n) if args.buffer == "registered" else np.ones(n, dtype=np.float32)
+        for _ in range(3):
+            group.allreduce(buf)
+        group.barrier()
+        b0, c0, t0 = machine_busy_ticks(), time.process_time(), time.perf_counter()
+        for _ in range(args.ops):
+            group.allreduce(buf)
+        group.barrier()
+        queue.put((time.perf_counter() - t0, time.process_time() - c0, machine_busy_ticks() - b0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layout", default="2x2", help="nodes x local ranks")
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--ops", type=int, default=80)
+    parser.add_argument("--buffer", choices=["registered", "ordinary"], default="registered")
+    parser.add_argument("--pipeline", choices=["auto", "threads", "loop"], default="auto")
+    args = parser.parse_args()
+    nodes, num_local = (int(x) for x in args.layout.split("x"))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=rank_main, args=(node, local, nodes, num_local, port, args, queue))
+        for node in range(nodes)
+        for local in range(num_local)
+    ]
+    got = run_ranks(procs, queue, len(procs))
+    wall = max(g[0] for g in got) / args.ops * 1e3
+    cpu = sum(g[1] for g in got) / args.ops * 1e3
+    busy = statistics.median(g[2] for g in got) * MS_PER_TICK / args.ops
+    print(
+        f"{args.layout} {args.buffer} {args.mib} MiB, {args.ops} ops: wall {wall:.1f} ms/op, "
+        f"CPU of the ranks {cpu:.1f} ms/op, machine busy {busy:.1f} ms/op"
+    )
+
+
+if __name__ == "__main__":
+    main()
