@@ -2,8 +2,9 @@
 
 No gloo and no barrier between ops: what the library costs when nothing else runs, for comparing two versions of
 the code (run it alternately at both commits, several pairs; these machines are noisy). Prints the wall time per
-op (max over ranks), the CPU of the ranks' processes per op (user + sys, summed over ranks) and the machine's busy
-time per op (all CPUs, softirq included, from /proc/stat).
+op (max over ranks), the CPU of the ranks' processes per op (user + sys, summed over ranks), the machine's busy
+time per op (all CPUs, softirq included, from /proc/stat), and which copy of the library the ranks ran (so a run
+with another version on ``PYTHONPATH`` says so).
 
     .venv/bin/python bench/hfreduce_back_to_back.py --layout 2x2 --mib 64 --ops 80 --buffer registered
 """
@@ -14,6 +15,7 @@ import argparse
 import multiprocessing as mp
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,12 +25,14 @@ from _hfreduce_common import MS_PER_TICK, free_port, loopback_config, machine_bu
 def rank_main(
     node: int, local: int, nodes: int, num_local: int, port: int, args: argparse.Namespace, queue: Any
 ) -> None:
-    from hfreduce import Group  # in the rank processes only
+    import hfreduce  # in the rank processes only
+    from hfreduce import Group
 
     cfg = loopback_config(node, local, nodes, num_local, port, timeout_s=60, pipeline=args.pipeline)
     with Group(cfg) as group:
         n = (args.mib << 20) // 4
-        buf = group.alloc(n) if args.buffer == "registered" else np.ones(n, dtype=np.float32)
+        # zeros: sums of ones would overflow to inf after some 60 ops at 4 ranks
+        buf = group.alloc(n) if args.buffer == "registered" else np.zeros(n, dtype=np.float32)
         for _ in range(3):
             group.allreduce(buf)
         group.barrier()
@@ -36,7 +40,7 @@ def rank_main(
         for _ in range(args.ops):
             group.allreduce(buf)
         group.barrier()
-        queue.put((time.perf_counter() - t0, time.process_time() - c0, machine_busy_ticks() - b0))
+        queue.put((time.perf_counter() - t0, time.process_time() - c0, machine_busy_ticks() - b0, hfreduce.__file__))
 
 
 def main() -> None:
@@ -62,7 +66,8 @@ def main() -> None:
     busy = statistics.median(g[2] for g in got) * MS_PER_TICK / args.ops
     print(
         f"{args.layout} {args.buffer} {args.mib} MiB, {args.ops} ops: wall {wall:.1f} ms/op, "
-        f"CPU of the ranks {cpu:.1f} ms/op, machine busy {busy:.1f} ms/op"
+        f"CPU of the ranks {cpu:.1f} ms/op, machine busy {busy:.1f} ms/op; hfreduce from "
+        f"{', '.join(sorted({str(Path(g[3]).parent) for g in got}))}"
     )
 
 

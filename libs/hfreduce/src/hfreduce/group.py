@@ -3,13 +3,14 @@ arrays (storage dtype). ``api.Group`` wraps it with tensor handling and async ha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,14 +32,15 @@ from hfreduce.trees import Tree, build_trees, node_order
 
 logger = logging.getLogger(__name__)
 
-_LINK_HELLO = struct.Struct("!II")
+LINK_HELLO = struct.Struct("!II")  # (rank, channel): what the connecting side of a link sends first
 _PID_ADDR = struct.Struct("!QQ")
-# Tree t's links to a neighbour: partial chunks go up on channel _TREE_UP[t] (child to parent), final chunks come
-# down on _TREE_DOWN[t]. One direction per socket: a socket carrying data both ways cost about 10 % more CPU per
-# byte on loopback (README, "One socket per direction").
-_TREE_DOWN = (0, 1)
-_TREE_UP = (4, 5)
-_RING_UP, _RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
+# Link channels. Tree t's links to a neighbour: partial chunks go up on TREE_UP[t] (child to parent), final chunks
+# come down on TREE_DOWN[t], so no socket carries data both ways. With a thread per task, a socket carrying data
+# both ways cost 3-11 % more machine time on loopback (its sending and receiving threads contend for it); on the
+# event loop it made no difference (README, "One socket per direction").
+TREE_DOWN = (0, 1)
+TREE_UP = (4, 5)
+RING_UP, RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
 _ALIGN_BYTES = 64
 _GROW_BYTES = 4 << 20  # slots grow in steps of this, so a run of growing sizes does not remap each time
 
@@ -168,60 +170,50 @@ class Runtime:
             if entry["zone"] != node_zone:
                 raise RendezvousError(f"rank {entry['rank']} disagrees with its node about its zone")
 
-    def _wanted_links(self) -> list[tuple[int, int]]:
-        """(peer rank, channel) of every link this rank needs."""
-        cfg = self.config
-        wanted = []
-        for t in (0, 1):
-            node = self.trees[t][cfg.node_rank]
-            for nb in (node.parent, *node.children):
-                if nb >= 0:
-                    wanted += [(nb * self.num_local + cfg.local_rank, ch) for ch in (_TREE_UP[t], _TREE_DOWN[t])]
-        if cfg.world_size > 1:
-            pos = self.ring_order.index(self.rank)
-            nxt = self.ring_order[(pos + 1) % cfg.world_size]
-            prv = self.ring_order[(pos - 1) % cfg.world_size]
-            wanted.append((nxt, _RING_UP if self.rank < nxt else _RING_DOWN))
-            wanted.append((prv, _RING_UP if prv < self.rank else _RING_DOWN))
-        return wanted
-
     def _connect(self, listener: socket.socket) -> None:
-        """Lower rank connects (the kernel backlog completes it), then each rank accepts the rest."""
+        """Lower rank connects (the kernel backlog completes it), then each rank accepts the rest; on failure
+        the sockets made so far are closed."""
         cfg = self.config
-        wanted = self._wanted_links()
+        wanted = wanted_links(self.trees, self.ring_order, cfg.node_rank, cfg.local_rank, self.num_local)
         socks: dict[tuple[int, int], socket.socket] = {}
         deadline = time.monotonic() + cfg.timeout_s
-        for peer, channel in wanted:
-            if self.rank < peer:
-                entry = self.table[peer]
-                sock = _connect_retry((str(entry["host"]), int(entry["port"])), deadline)
-                sock.sendall(_LINK_HELLO.pack(self.rank, channel))
-                socks[(peer, channel)] = sock
-        while len(socks) < len(wanted):
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError as exc:
-                missing = sorted({p for p, c in wanted if (p, c) not in socks})
-                raise RendezvousError(
-                    f"ranks {missing} did not connect their links within {cfg.timeout_s:g} s",
-                    missing_ranks=tuple(missing),
-                ) from exc
-            conn.settimeout(cfg.timeout_s)
-            peer, channel = _LINK_HELLO.unpack(_recv_all(conn, _LINK_HELLO.size))
-            socks[(peer, channel)] = conn
+        try:
+            for peer, channel in wanted:
+                if self.rank < peer:
+                    entry = self.table[peer]
+                    sock = _connect_retry((str(entry["host"]), int(entry["port"])), deadline)
+                    socks[(peer, channel)] = sock
+                    sock.sendall(LINK_HELLO.pack(self.rank, channel))
+            while len(socks) < len(wanted):
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError as exc:
+                    missing = sorted({p for p, c in wanted if (p, c) not in socks})
+                    raise RendezvousError(
+                        f"ranks {missing} did not connect their links within {cfg.timeout_s:g} s",
+                        missing_ranks=tuple(missing),
+                    ) from exc
+                with _closed_on_error(conn):
+                    conn.settimeout(cfg.timeout_s)
+                    peer, channel = LINK_HELLO.unpack(_recv_all(conn, LINK_HELLO.size))
+                socks[(peer, channel)] = conn
+        except BaseException:
+            for sock in socks.values():
+                sock.close()
+            raise
         for (peer, channel), sock in socks.items():
             tune_tcp(sock, cfg.socket_buffer_bytes)
             link = Link(sock, peer, cfg.timeout_s)
-            if channel in _TREE_UP:
-                self.up_links[_TREE_UP.index(channel)][peer // self.num_local] = link
-            elif channel in _TREE_DOWN:
-                self.down_links[_TREE_DOWN.index(channel)][peer // self.num_local] = link
+            if channel in TREE_UP:
+                self.up_links[TREE_UP.index(channel)][peer // self.num_local] = link
+            elif channel in TREE_DOWN:
+                self.down_links[TREE_DOWN.index(channel)][peer // self.num_local] = link
         if cfg.world_size > 1:
             pos = self.ring_order.index(self.rank)
             nxt = self.ring_order[(pos + 1) % cfg.world_size]
             prv = self.ring_order[(pos - 1) % cfg.world_size]
-            self.ring_next = Link(socks[(nxt, _RING_UP if self.rank < nxt else _RING_DOWN)], nxt, cfg.timeout_s)
-            self.ring_prev = Link(socks[(prv, _RING_UP if prv < self.rank else _RING_DOWN)], prv, cfg.timeout_s)
+            self.ring_next = Link(socks[(nxt, RING_UP if self.rank < nxt else RING_DOWN)], nxt, cfg.timeout_s)
+            self.ring_prev = Link(socks[(prv, RING_UP if prv < self.rank else RING_DOWN)], prv, cfg.timeout_s)
 
     def _shared_segments(self, name: str, nbytes: int) -> list[Segment]:
         """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's."""
@@ -530,6 +522,36 @@ class Runtime:
         for reg in self.registered.values():
             for seg in reg.segments:
                 seg.close()
+
+
+def wanted_links(
+    trees: tuple[Tree, Tree], ring_order: Sequence[int], node_rank: int, local_rank: int, num_local: int
+) -> list[tuple[int, int]]:
+    """(peer rank, channel) of every link the rank ``(node_rank, local_rank)`` needs: to the same local rank of each
+    of its tree neighbours, one link per tree for partial chunks going up and one for final chunks coming down; and
+    to its two neighbours on the ring (``ring_order``: global ranks in ring order)."""
+    rank, world = node_rank * num_local + local_rank, len(ring_order)
+    wanted = []
+    for t in (0, 1):
+        node = trees[t][node_rank]
+        for nb in (node.parent, *node.children):
+            if nb >= 0:
+                wanted += [(nb * num_local + local_rank, ch) for ch in (TREE_UP[t], TREE_DOWN[t])]
+    if world > 1:
+        pos = ring_order.index(rank)
+        nxt, prv = ring_order[(pos + 1) % world], ring_order[(pos - 1) % world]
+        wanted.append((nxt, RING_UP if rank < nxt else RING_DOWN))
+        wanted.append((prv, RING_UP if prv < rank else RING_DOWN))
+    return wanted
+
+
+@contextlib.contextmanager
+def _closed_on_error(sock: socket.socket) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _signature(seq: int, n: int, dtype: DType, op: ReduceOp) -> int:

@@ -39,6 +39,7 @@ def test_every_op_numpy_fp32_fp16_with_registered_buffers(launch: Launch, nodes:
     assert {s["seq"] for s in status} == {results[0]["seq"]}
     # ordinary buffers of local ranks go through each other's memory directly (process_vm_readv/writev)
     assert {res["cross_memory"] for res in results} == {local > 1}
+    assert_tree_links_one_way(results)
 
 
 @pytest.mark.parametrize("pipeline", ["threads", "loop"])
@@ -53,19 +54,23 @@ def test_every_op_on_each_pipeline_runner(launch: Launch, nodes: int, local: int
 
 
 def assert_tree_links_one_way(results: list[dict[str, Any]]) -> None:
-    """Partial chunks go up and final chunks come down on separate sockets: each tree link carried data one
-    way only (the other way at most the 8-byte hello its connecting side sends, and the SYN, which the kernel
-    counts in bytes acknowledged)."""
-    hello = 8 + 1
+    """Partial chunks go up and final chunks come down on separate sockets: every rank has, per tree and tree
+    neighbour, one link each way, and each carried data one way only (the other way at most the hello its
+    connecting side sends, and the SYN, which the kernel counts in bytes acknowledged)."""
     for res in results:
-        links = res["tree_links"]
-        assert {(link["direction"], link["to"]) for link in links} == {
-            (d, to) for d in ("up", "down") for to in ("parent", "child")
-        }, links
+        traffic = res["tree_links"]
+        expect = set()
+        for tree, node in enumerate(traffic["nodes"]):
+            neighbours = [nb for nb in (node["parent"], *node["children"]) if nb >= 0]
+            expect |= {(tree, d, nb) for nb in neighbours for d in ("up", "down")}
+        links = traffic["links"]
+        assert sorted((link["tree"], link["direction"], link["neighbour"]) for link in links) == sorted(expect)
+        handshake = traffic["hello_bytes"] + 1
         for link in links:
-            outgoing = (link["direction"], link["to"]) in {("up", "parent"), ("down", "child")}
+            to_parent = link["neighbour"] == traffic["nodes"][link["tree"]]["parent"]
+            outgoing = to_parent == (link["direction"] == "up")  # partials to the parent, final chunks to children
             sent, received = (link["sent"], link["received"]) if outgoing else (link["received"], link["sent"])
-            assert sent > hello and received <= hello, (res["rank"], link)
+            assert sent > handshake and received <= handshake, (res["rank"], link)
 
 
 @pytest.mark.parametrize(("nodes", "local"), [(2, 2), (3, 2)])
@@ -119,3 +124,4 @@ def test_zone_aware_layout(launch: Launch) -> None:
         4, 1, "correctness", env={"TEST_SIZES": "0,1,7,1027"}, node_env=lambda node: {"FF_HFREDUCE_ZONE": zones[node]}
     )
     assert_all_correct(results, 4)
+    assert_tree_links_one_way(results)  # the zones' trees are chained

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hfreduce import Group, GroupConfig, PeerFailureError, RendezvousError, expected_allreduce_counters
+from hfreduce.group import LINK_HELLO
 from hfreduce.reduction import DType, bf16_bits, bf16_values, unit_roundoff
 
 OPS = ("sum", "avg", "max", "min")
@@ -314,19 +315,25 @@ def fault(group: Group, cfg: GroupConfig, kind: str, victim: int) -> dict[str, A
     return {"rank": cfg.rank, "error": None}
 
 
-def tree_link_traffic(group: Group) -> list[dict[str, Any]]:
-    """Bytes each of this rank's tree links sent (acknowledged) and received, by direction and neighbour."""
+def tree_link_traffic(group: Group) -> dict[str, Any]:
+    """This rank's node in each tree (parent, children), and the bytes each of its tree links sent (acknowledged)
+    and received, by tree, direction and neighbour."""
     rt = group._rt
-    rows = []
+    nodes = [rt.trees[tree][rt.config.node_rank] for tree in (0, 1)]
+    links = []
     for direction, table in (("up", rt.up_links), ("down", rt.down_links)):
         for tree in (0, 1):
-            node = rt.trees[tree][rt.config.node_rank]
             for neighbour, link in table[tree].items():
                 info = link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
                 sent, received = _TCP_INFO_BYTES.unpack_from(info, _TCP_INFO_BYTES_AT)
-                to = "parent" if neighbour == node.parent else "child"
-                rows.append({"direction": direction, "tree": tree, "to": to, "sent": sent, "received": received})
-    return rows
+                links.append(
+                    {"tree": tree, "direction": direction, "neighbour": neighbour, "sent": sent, "received": received}
+                )
+    return {
+        "nodes": [{"parent": node.parent, "children": list(node.children)} for node in nodes],
+        "links": links,
+        "hello_bytes": LINK_HELLO.size,
+    }
 
 
 def main() -> None:
