@@ -37,7 +37,7 @@ _PID_ADDR = struct.Struct("!QQ")
 # Link channels. Tree t's links to a neighbour: partial chunks go up on TREE_UP[t] (child to parent), final chunks
 # come down on TREE_DOWN[t], so no socket carries data both ways. With a thread per task, a socket carrying data
 # both ways cost 3-11 % more machine time on loopback (its sending and receiving threads contend for it); on the
-# event loop it made no difference (README, "One socket per direction").
+# event loop it made no difference (README, session 8).
 TREE_DOWN = (0, 1)
 TREE_UP = (4, 5)
 RING_UP, RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back

@@ -75,11 +75,36 @@ def test_under_the_advise_policy_segments_are_mapped_with_huge_pages() -> None:
             del arr
         finally:
             seg.close()
-    with shared_policy("never"):
+    with shared_policy("deny"):  # the one policy that refuses huge pages to everyone, collapse included
         seg = Segment.create("hfreduce-test-small", SEGMENT_BYTES)
         try:
             arr = seg.array(np.uint8, SEGMENT_BYTES)
             assert mapping_of(arr)["ShmemPmdMapped"].startswith("0 ")
             del arr
         finally:
+            seg.close()
+
+
+@pytest.mark.skipif(
+    not POLICY.exists() or os.geteuid() != 0 or not os.access(POLICY, os.W_OK),
+    reason="setting the kernel's huge-page policy needs root and transparent huge pages",
+)
+@pytest.mark.skipif(tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) < (6, 1), reason="Linux < 6.1")
+def test_under_the_never_policy_segments_are_collapsed_into_huge_pages_for_every_process() -> None:
+    """``never`` is what many kernels ship: the creator's MADV_COLLAPSE still moves a segment into huge pages
+    (data kept), and another mapping of it (another process attaching it) maps those huge pages."""
+    with shared_policy("never"):
+        seg = Segment.create("hfreduce-test-collapse", SEGMENT_BYTES)
+        other = Segment.attach(os.dup(seg.fd), SEGMENT_BYTES)
+        try:
+            arr = seg.array(np.float32, SEGMENT_BYTES // 4)
+            arr[:] = np.arange(len(arr), dtype=np.float32)
+            assert seg.collapse()  # again, with data in it: the data survives the move
+            seen = other.array(np.float32, SEGMENT_BYTES // 4)
+            assert np.array_equal(seen, np.arange(len(arr), dtype=np.float32))
+            for view in (arr, seen):
+                assert int(mapping_of(view)["ShmemPmdMapped"].split()[0]) == SEGMENT_BYTES // 1024, mapping_of(view)
+            del arr, seen
+        finally:
+            other.close()
             seg.close()
