@@ -418,8 +418,8 @@ def main() -> None:
 
     print(
         f"# transparent huge pages: private memory '{huge_pages(shared=False)}' (gloo's buffers here are numpy's, "
-        f"which ask for them), shared memory '{huge_pages()}' (hfreduce's segments ask for them, and collapse into "
-        "them under any policy but 'deny')"
+        f"which ask for them), shared memory '{huge_pages()}' (hfreduce's segments ask for them, and its "
+        "registered buffers are collapsed into them where the kernel allows)"
     )
     for layout in args.layouts.split(","):
         nodes, num_local = (int(x) for x in layout.split("x"))

@@ -215,10 +215,10 @@ class Runtime:
             self.ring_next = Link(socks[(nxt, RING_UP if self.rank < nxt else RING_DOWN)], nxt, cfg.timeout_s)
             self.ring_prev = Link(socks[(prv, RING_UP if prv < self.rank else RING_DOWN)], prv, cfg.timeout_s)
 
-    def _shared_segments(self, name: str, nbytes: int) -> list[Segment]:
+    def _shared_segments(self, name: str, nbytes: int, *, huge: bool = False) -> list[Segment]:
         """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's."""
         assert self.local is not None
-        own = Segment.create(name, nbytes)
+        own = Segment.create(name, nbytes, huge=huge)
         segs: list[Segment] = []
         try:
             table = self.local.exchange_fds([own.fd])
@@ -250,7 +250,7 @@ class Runtime:
     def register(self, nbytes: int) -> Registered:
         """Allocate ``nbytes`` of shared memory on every local rank (call in the same order everywhere)."""
         index = len(self.registered)
-        segs = self._shared_segments(f"hfreduce-buf-{self.rank}-{index}", nbytes)
+        segs = self._shared_segments(f"hfreduce-buf-{self.rank}-{index}", nbytes, huge=True)
         reg = Registered(index=index, nbytes=nbytes, segments=segs)
         self.registered[index] = reg
         return reg

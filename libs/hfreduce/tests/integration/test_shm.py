@@ -90,21 +90,41 @@ def test_under_the_advise_policy_segments_are_mapped_with_huge_pages() -> None:
     reason="setting the kernel's huge-page policy needs root and transparent huge pages",
 )
 @pytest.mark.skipif(tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) < (6, 1), reason="Linux < 6.1")
-def test_under_the_never_policy_segments_are_collapsed_into_huge_pages_for_every_process() -> None:
-    """``never`` is what many kernels ship: the creator's MADV_COLLAPSE still moves a segment into huge pages
-    (data kept), and another mapping of it (another process attaching it) maps those huge pages."""
+@pytest.mark.parametrize(
+    "nbytes", [SEGMENT_BYTES, SEGMENT_BYTES + 4096]
+)  # the second is mapped off its reservation's start
+def test_under_the_never_policy_huge_segments_are_collapsed_for_every_process(nbytes: int) -> None:
+    """``never`` is what many kernels ship: a segment created ``huge`` (registered buffers) is still moved into
+    huge pages by its creator (MADV_COLLAPSE), and another mapping of it (another process attaching it) maps those
+    huge pages; its data survives a collapse."""
+    whole = nbytes // 1024 // 2048 * 2048  # KiB in whole huge pages
     with shared_policy("never"):
-        seg = Segment.create("hfreduce-test-collapse", SEGMENT_BYTES)
-        other = Segment.attach(os.dup(seg.fd), SEGMENT_BYTES)
+        seg = Segment.create("hfreduce-test-collapse", nbytes, huge=True)
+        other = Segment.attach(os.dup(seg.fd), nbytes)
         try:
-            arr = seg.array(np.float32, SEGMENT_BYTES // 4)
-            arr[:] = np.arange(len(arr), dtype=np.float32)
-            assert seg.collapse()  # again, with data in it: the data survives the move
-            seen = other.array(np.float32, SEGMENT_BYTES // 4)
-            assert np.array_equal(seen, np.arange(len(arr), dtype=np.float32))
-            for view in (arr, seen):
-                assert int(mapping_of(view)["ShmemPmdMapped"].split()[0]) == SEGMENT_BYTES // 1024, mapping_of(view)
+            arr, seen = seg.array(np.uint8, nbytes), other.array(np.uint8, nbytes)
+            for view in (arr, seen):  # collapsed at creation: the attached mapping faulted huge pages in
+                assert int(mapping_of(view)["ShmemPmdMapped"].split()[0]) >= whole // 2, mapping_of(view)
+            values = np.arange(nbytes // 4, dtype=np.float32)
+            seg.array(np.float32, nbytes // 4)[:] = values
+            seg.collapse()  # again, with data in it
+            assert np.array_equal(other.array(np.float32, nbytes // 4), values)
+            with pytest.raises(ValueError, match="past"):
+                seg.array(np.uint8, nbytes + 1)  # the mapping's reservation is longer; the segment is not
             del arr, seen
         finally:
             other.close()
             seg.close()
+
+
+def test_a_segment_that_is_not_huge_is_not_collapsed() -> None:
+    seg = Segment.create("hfreduce-test-plain", SEGMENT_BYTES)
+    try:
+        arr = seg.array(np.uint8, SEGMENT_BYTES)
+        if huge_pages() in {"never", "deny"}:  # nothing but a collapse could have given it huge pages
+            assert mapping_of(arr)["ShmemPmdMapped"].startswith("0 ")
+        with pytest.raises(ValueError):
+            seg.array(np.uint8, -1)
+        del arr
+    finally:
+        seg.close()
