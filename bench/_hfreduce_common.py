@@ -4,6 +4,8 @@ processes, and the machine's busy clock."""
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ff_config.ports import pick_free_ports
@@ -12,7 +14,15 @@ from ff_testing import free_port
 if TYPE_CHECKING:
     from hfreduce import GroupConfig
 
-__all__ = ["MS_PER_TICK", "free_port", "free_ports", "loopback_config", "machine_busy_ticks", "run_ranks"]
+__all__ = [
+    "MS_PER_TICK",
+    "connect_to_peer",
+    "free_port",
+    "free_ports",
+    "loopback_config",
+    "machine_busy_ticks",
+    "run_ranks",
+]
 
 MS_PER_TICK = 1e3 / os.sysconf("SC_CLK_TCK")  # milliseconds per clock tick of /proc/stat
 
@@ -59,3 +69,27 @@ def run_ranks(procs: list[Any], queue: Any, expect: int, timeout_s: float = 600)
         for p in procs:
             if p.is_alive():
                 p.kill()
+
+
+def connect_to_peer(
+    node: int, port: int, count: int, barrier: Callable[[], object], timeout_s: float = 60.0
+) -> list[socket.socket]:
+    """``count`` loopback connections between this rank and the same local rank of the other node (of 2), in
+    index order: node 0 listens on ``port``, ``barrier`` (every rank of both nodes calls it) makes sure it does
+    before node 1 connects and says each connection's index."""
+    server = socket.create_server(("127.0.0.1", port), backlog=count) if node == 0 else None
+    barrier()
+    if server is None:
+        socks = []
+        for index in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+            sock.sendall(bytes([index]))
+            socks.append(sock)
+        return socks
+    by_index = {}
+    with server:
+        server.settimeout(timeout_s)
+        for _ in range(count):
+            conn, _ = server.accept()
+            by_index[conn.recv(1)[0]] = conn
+    return [by_index[i] for i in range(count)]

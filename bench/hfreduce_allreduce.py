@@ -25,7 +25,6 @@ import math
 import multiprocessing as mp
 import os
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -34,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _hfreduce_common import MS_PER_TICK, free_ports, loopback_config, machine_busy_ticks, run_ranks
+from _hfreduce_common import (
+    MS_PER_TICK,
+    connect_to_peer,
+    free_ports,
+    loopback_config,
+    machine_busy_ticks,
+    run_ranks,
+)
 
 KIB = 1024
 DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
@@ -88,20 +94,7 @@ class WireFloor:
         from hfreduce.runners import choose  # in the rank processes only
         from hfreduce.transport import Link, tune_tcp
 
-        server = socket.create_server(("127.0.0.1", port)) if node == 0 else None
-        dist.barrier()  # every node-0 rank listens before any node-1 rank connects
-        # connection 2 * tree + d carries data from node d to the other node
-        if server is None:
-            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-            for index, sock in enumerate(socks):
-                sock.sendall(bytes([index]))
-        else:
-            by_index = {}
-            with server:
-                for _ in range(4):
-                    conn, _ = server.accept()
-                    by_index[conn.recv(1)[0]] = conn
-            socks = [by_index[i] for i in range(4)]
+        socks = connect_to_peer(node, port, 4, dist.barrier)  # 2 * tree + d carries tree's data from node d
         for sock in socks:  # set up as hfreduce sets up its tree links
             tune_tcp(sock, config.socket_buffer_bytes)
         links = [Link(sock, -1, config.timeout_s) for sock in socks]

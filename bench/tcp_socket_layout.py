@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import statistics
 import threading
 import time
 from typing import Any
 
 import numpy as np
-from _hfreduce_common import MS_PER_TICK, free_ports, machine_busy_ticks, run_ranks
+from _hfreduce_common import MS_PER_TICK, connect_to_peer, free_ports, machine_busy_ticks, run_ranks
 
 LAYOUTS = ("both", "one-way")
 TIMEOUT_S = 60.0
@@ -39,26 +38,6 @@ def backlog_coalesced() -> int:
     with open("/proc/net/netstat") as f:
         lines = [line.split() for line in f if line.startswith("TcpExt:")]
     return int(dict(zip(lines[0][1:], lines[1][1:], strict=True))["TCPBacklogCoalesce"])
-
-
-def connect(node: int, port: int, count: int, barrier: Any) -> list[socket.socket]:
-    """``count`` connections between this rank and the same local rank of the other node, in index order."""
-    server = socket.create_server(("127.0.0.1", port), backlog=count) if node == 0 else None
-    barrier.wait()  # every node-0 rank listens before any node-1 rank connects
-    if server is None:
-        socks = []
-        for index in range(count):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-            sock.sendall(bytes([index]))
-            socks.append(sock)
-        return socks
-    by_index = {}
-    with server:
-        server.settimeout(TIMEOUT_S)
-        for _ in range(count):
-            conn, _ = server.accept()
-            by_index[conn.recv(1)[0]] = conn
-    return [by_index[i] for i in range(count)]
 
 
 def rank_main(
@@ -75,7 +54,7 @@ def rank_main(
     from hfreduce.transport import Link, tune_tcp  # in the rank processes only
 
     chunk = 4 << 20
-    socks = connect(node, port, 6, barrier)
+    socks = connect_to_peer(node, port, 6, barrier.wait, TIMEOUT_S)
     for sock in socks:
         tune_tcp(sock, 0)  # as hfreduce sets up its links (kernel autotuning)
     links = [Link(sock, -1, TIMEOUT_S) for sock in socks]

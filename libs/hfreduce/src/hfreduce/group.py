@@ -209,11 +209,9 @@ class Runtime:
             elif channel in TREE_DOWN:
                 self.down_links[TREE_DOWN.index(channel)][peer // self.num_local] = link
         if cfg.world_size > 1:
-            pos = self.ring_order.index(self.rank)
-            nxt = self.ring_order[(pos + 1) % cfg.world_size]
-            prv = self.ring_order[(pos - 1) % cfg.world_size]
-            self.ring_next = Link(socks[(nxt, RING_UP if self.rank < nxt else RING_DOWN)], nxt, cfg.timeout_s)
-            self.ring_prev = Link(socks[(prv, RING_UP if prv < self.rank else RING_DOWN)], prv, cfg.timeout_s)
+            (nxt, nxt_channel), (prv, prv_channel) = _ring_links(self.ring_order, self.rank)
+            self.ring_next = Link(socks[(nxt, nxt_channel)], nxt, cfg.timeout_s)
+            self.ring_prev = Link(socks[(prv, prv_channel)], prv, cfg.timeout_s)
 
     def _shared_segments(self, name: str, nbytes: int, *, huge: bool = False) -> list[Segment]:
         """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's."""
@@ -530,19 +528,24 @@ def wanted_links(
     """(peer rank, channel) of every link the rank ``(node_rank, local_rank)`` needs: to the same local rank of each
     of its tree neighbours, one link per tree for partial chunks going up and one for final chunks coming down; and
     to its two neighbours on the ring (``ring_order``: global ranks in ring order)."""
-    rank, world = node_rank * num_local + local_rank, len(ring_order)
+    rank = node_rank * num_local + local_rank
     wanted = []
     for t in (0, 1):
         node = trees[t][node_rank]
         for nb in (node.parent, *node.children):
             if nb >= 0:
                 wanted += [(nb * num_local + local_rank, ch) for ch in (TREE_UP[t], TREE_DOWN[t])]
-    if world > 1:
-        pos = ring_order.index(rank)
-        nxt, prv = ring_order[(pos + 1) % world], ring_order[(pos - 1) % world]
-        wanted.append((nxt, RING_UP if rank < nxt else RING_DOWN))
-        wanted.append((prv, RING_UP if prv < rank else RING_DOWN))
+    if len(ring_order) > 1:
+        wanted += _ring_links(ring_order, rank)
     return wanted
+
+
+def _ring_links(ring_order: Sequence[int], rank: int) -> list[tuple[int, int]]:
+    """(peer, channel) of ``rank``'s links to its next and its previous rank on the ring: the edge from the lower
+    to the higher rank of a pair is RING_UP, the one back RING_DOWN (two links even when both are one rank)."""
+    pos = ring_order.index(rank)
+    nxt, prv = ring_order[(pos + 1) % len(ring_order)], ring_order[(pos - 1) % len(ring_order)]
+    return [(nxt, RING_UP if rank < nxt else RING_DOWN), (prv, RING_UP if prv < rank else RING_DOWN)]
 
 
 @contextlib.contextmanager
