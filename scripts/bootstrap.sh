@@ -32,9 +32,11 @@ PYTHON=${PYTHON:-python3.11}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# Reinstall only when a requirement or a package definition changed.
+# Reinstall only when a requirement, a package definition or a C source changed.
 stamp=.venv/.fireflyer-installed
-digest=$(cat requirements/*.txt $(git ls-files '*pyproject.toml' 2>/dev/null || find . -name pyproject.toml -not -path './.*') | sha256sum | cut -d' ' -f1)
+# (C sources too: the editable install compiles hfreduce's kernel in place, and only a reinstall rebuilds it)
+digest=$(cat requirements/*.txt $(git ls-files '*pyproject.toml' '*setup.py' '*.c' 2>/dev/null \
+    || find . \( -name pyproject.toml -o -name setup.py -o -name '*.c' \) -not -path './.*') | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
     echo "bootstrap: installing the monorepo into .venv (log: .venv/pip-install.log)"
     if ! .venv/bin/python -m pip install --disable-pip-version-check -r requirements/dev.txt \

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hfreduce import _kernels
 from hfreduce.chunking import Span, chunks, pipeline_chunk, tree_half
 from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
@@ -207,24 +208,54 @@ class TreeEngine:
         counters: Counters,
     ) -> None:
         """The root's whole reduce of chunk ``[c0, c1)`` in one pass of cache-sized blocks: the local ranks'
-        data (read in place from shared memory, or fetched block by block from their private memory into
-        ``fetched``), then the children's partials, the AVG division, and the final block written to the other
-        local ranks (which the down task then skips). Same arithmetic, in the same order, as the unfused
-        phases: bit-identical results, the same bytes counted."""
+        data, then the children's partials, the AVG division, and the final block written to the other local
+        ranks (which the down task then skips). Same arithmetic, in the same order, as the unfused phases:
+        bit-identical results, the same bytes counted.
+
+        A sum whose operands are all in this process's memory (registered buffers, shared slots) is one call of
+        the compiled kernel, which blocks the chunk itself; others (MAX/MIN, or private buffers of other local
+        ranks, fetched block by block into ``fetched``) go block by block through numpy."""
         final = job.final(c0, c1)
         mine, shared = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
         others = [other[c0:c1] for other in job.distribute_to]
+        if job.op in (ReduceOp.SUM, ReduceOp.AVG) and not job.remote:
+            divisor = float(job.world_size) if job.op is ReduceOp.AVG else 0.0
+            _kernels.sum_into(final, [mine, *shared, *children], others, divisor)
+        else:
+            TreeEngine._root_blocks(job, c0, final, [mine, *shared], children, others, fetched, combine)
+        n, size, num_peers = c1 - c0, job.dtype.itemsize, len(shared) + len(job.remote)
+        if num_peers:
+            counters.reduce_read += n * (1 + num_peers) * size
+            counters.reduce_written += n * size
+        counters.copied_in += n * len(job.remote) * size
+        counters.reduce_inter += n * len(children) * size
+        counters.distributed += n * (len(others) + len(job.remote)) * size
+
+    @staticmethod
+    def _root_blocks(
+        job: TreeJob,
+        c0: int,
+        final: npt.NDArray[np.float32],
+        local: Sequence[npt.NDArray[np.float32]],
+        children: Sequence[npt.NDArray[np.float32]],
+        others: Sequence[npt.NDArray[np.float32]],
+        fetched: npt.NDArray[np.float32],
+        combine: Callable[[Array, Array, Array], object],
+    ) -> None:
+        """``_root_chunk`` in numpy, block by block: ``local`` is this rank's chunk and the other local ranks'
+        in shared memory; the private ones (``job.remote``) are read into ``fetched`` just before they are
+        added, and the final block is written back to them."""
         world = np.float32(job.world_size)
-        for b0 in range(0, c1 - c0, FUSED_BLOCK_ELEMS):
-            b1 = min(b0 + FUSED_BLOCK_ELEMS, c1 - c0)
+        for b0 in range(0, len(final), FUSED_BLOCK_ELEMS):
+            b1 = min(b0 + FUSED_BLOCK_ELEMS, len(final))
             acc = final[b0:b1]
-            for i in range(len(shared) + len(job.remote)):
-                if i < len(shared):
-                    peer = shared[i][b0:b1]
-                else:  # a private buffer: fetched just before it is added
+            for i in range(1, len(local) + len(job.remote)):
+                if i < len(local):
+                    peer = local[i][b0:b1]
+                else:
                     peer = fetched[: b1 - b0]
-                    job.remote[i - len(shared)].read(c0 + b0, peer)
-                combine(mine[b0:b1] if i == 0 else acc, peer, acc)
+                    job.remote[i - len(local)].read(c0 + b0, peer)
+                combine(local[0][b0:b1] if i == 1 else acc, peer, acc)
             for child in children:
                 combine(acc, child[b0:b1], acc)
             if job.op is ReduceOp.AVG:
@@ -233,13 +264,6 @@ class TreeEngine:
                 np.copyto(other[b0:b1], acc)
             for remote in job.remote:
                 remote.write(c0 + b0, acc)
-        n, size, num_peers = c1 - c0, job.dtype.itemsize, len(shared) + len(job.remote)
-        if num_peers:
-            counters.reduce_read += n * (1 + num_peers) * size
-            counters.reduce_written += n * size
-        counters.copied_in += n * len(job.remote) * size
-        counters.reduce_inter += n * len(children) * size
-        counters.distributed += n * (len(others) + len(job.remote)) * size
 
     def _intra(
         self,

@@ -1,0 +1,110 @@
+"""The compiled sum kernel gives numpy's results bit for bit, and refuses buffers it cannot use."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hfreduce import _kernels
+
+pytestmark = pytest.mark.unit
+
+F32 = npt.NDArray[np.float32]
+# around the kernel's 4096-element block: empty, one, odd, a block, a block and one, several blocks and a tail
+LENGTHS = [0, 1, 7, 4096, 4097, 3 * 4096 + 5]
+
+
+def _numpy_sum(sources: list[F32], divisor: float) -> F32:
+    out = np.add(sources[0], sources[1]) if len(sources) > 1 else sources[0].copy()
+    for src in sources[2:]:
+        np.add(out, src, out=out)
+    if divisor:
+        np.divide(out, np.float32(divisor), out=out)
+    return out
+
+
+def _random(rng: np.random.Generator, n: int) -> F32:
+    # wide exponents and signs, so any change in the order of the adds shows in the last bits
+    return (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 7, n)).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("num_sources", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("divisor", [0.0, 3.0])
+def test_sum_is_numpys_bit_for_bit(n: int, num_sources: int, divisor: float) -> None:
+    rng = np.random.default_rng([n, num_sources, int(divisor)])
+    sources = [_random(rng, n) for _ in range(num_sources)]
+    copies = [np.full(n, np.nan, dtype=np.float32) for _ in range(2)]
+    out = np.full(n, np.nan, dtype=np.float32)
+    _kernels.sum_into(out, sources, copies, divisor)
+    want = _numpy_sum(sources, divisor)
+    assert out.tobytes() == want.tobytes()
+    for copy in copies:
+        assert copy.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 4097, 3 * 4096 + 5])
+def test_in_place_and_a_copy_over_a_source(n: int) -> None:
+    """A root's case: ``out`` is its own input, and a copy goes over another local rank's input."""
+    rng = np.random.default_rng(n)
+    mine, peer, child = (_random(rng, n) for _ in range(3))
+    want = _numpy_sum([mine, peer, child], 4.0)
+    _kernels.sum_into(mine, [mine, peer, child], [peer], 4.0)
+    assert mine.tobytes() == want.tobytes()
+    assert peer.tobytes() == want.tobytes()
+
+
+def test_special_values_follow_ieee() -> None:
+    a = np.array([np.inf, -np.inf, np.nan, 3.0e38, -0.0, 1.0], dtype=np.float32)
+    b = np.array([1.0, np.inf, 1.0, 3.0e38, -0.0, -1.0], dtype=np.float32)
+    out = np.empty_like(a)
+    with np.errstate(all="ignore"):
+        want = np.add(a, b)
+    _kernels.sum_into(out, [a, b], [], 0.0)
+    assert out.tobytes() == want.tobytes()  # inf, nan, nan, inf, -0.0, 0.0
+
+
+def test_a_slice_of_a_larger_buffer_leaves_the_rest_alone() -> None:
+    base = np.zeros(10_000, dtype=np.float32)
+    ones = np.ones(5_000, dtype=np.float32)
+    _kernels.sum_into(base[2_000:7_000], [ones, ones], [], 0.0)
+    assert (base[2_000:7_000] == 2.0).all()
+    assert not base[:2_000].any() and not base[7_000:].any()
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: (np.ones(4, np.float32), [np.ones(5, np.float32)], []), ValueError, "lengths differ"),
+        (lambda: (np.ones(4, np.float32), [np.ones(4, np.float64)], []), TypeError, "float32"),
+        (lambda: (np.ones(4, np.float32), [np.ones(8, np.float32)[::2]], []), TypeError, "C-contiguous"),
+        (lambda: (np.ones(4, np.float32), [], []), ValueError, "1-64 sources"),
+        (lambda: (np.ones(4, np.float32), [np.ones(4, np.float32)] * 65, []), ValueError, "1-64 sources"),
+        (lambda: (np.ones(4, np.float32), [np.ones(4, np.float32)], [b"xxxxxxxxxxxxxxxx"]), TypeError, "writable"),
+        (lambda: (np.ones(4, np.float32), 3, []), TypeError, "sequence"),
+    ],
+)
+def test_bad_buffers_are_refused(make: object, error: type[Exception], message: str) -> None:
+    out, sources, copies = make()  # type: ignore[operator]
+    before = out.copy()
+    with pytest.raises(error, match=message):
+        _kernels.sum_into(out, sources, copies, 0.0)
+    assert (out == before).all()
+
+
+def test_partly_overlapping_buffers_are_refused() -> None:
+    buf = np.arange(10, dtype=np.float32)
+    before = buf.copy()
+    with pytest.raises(ValueError, match="overlap"):
+        _kernels.sum_into(buf[1:9], [buf[0:8], buf[2:10]], [], 0.0)
+    with pytest.raises(ValueError, match="overlap"):
+        _kernels.sum_into(np.zeros(8, np.float32), [buf[0:8]], [buf[1:9]], 0.0)
+    assert buf.tobytes() == before.tobytes()
+
+
+def test_read_only_out_is_refused() -> None:
+    out = np.ones(4, dtype=np.float32)
+    out.flags.writeable = False
+    with pytest.raises(TypeError, match="writable"):
+        _kernels.sum_into(out, [np.ones(4, np.float32)], [], 0.0)
