@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hfreduce.counters import Counters, expected_allreduce_counters, paper_memory_ops_per_byte
@@ -85,3 +87,11 @@ def test_one_node_sends_nothing() -> None:
     (total,) = node_totals(1, 4, 4096, registered=False)
     assert total.sent == total.received == 0
     assert total.reduce_read == 4 * 4096
+
+
+def test_add_sums_every_field() -> None:
+    names = [f.name for f in dataclasses.fields(Counters) if f.name != "seconds"]
+    total = Counters(**{name: i + 1 for i, name in enumerate(names)}, seconds={"up_recv": 1.0})
+    total.add(Counters(**{name: 100 * (i + 1) for i, name in enumerate(names)}, seconds={"up_recv": 2.0, "x": 3.0}))
+    assert [getattr(total, name) for name in names] == [101 * (i + 1) for i in range(len(names))]
+    assert total.seconds == {"up_recv": 3.0, "x": 3.0}
