@@ -287,6 +287,7 @@ _PHASE_ORDER = [
     "up_recv",
     "up_inter_reduce",
     "up_send",
+    "up_reduce_send",
     "up_finalize",
     "down_wait_reduce",
     "down_recv",

@@ -25,6 +25,10 @@ from hfreduce.trees import Tree
 # Elements per block of the root's fused reduce (256 KiB of fp32: the block's operands stay in the core's
 # cache between the intra-node reduce, the children's adds and the copies to the other local ranks).
 FUSED_BLOCK_ELEMS = 64 * 1024
+# Elements a leaf reduces and then sends at a time (512 KiB of fp32): the send copies the piece into the socket
+# while it is still in the core's L2, instead of reading a whole 4 MiB chunk back from memory. Registered 2x2
+# 64 MiB alone, 6 A/B runs: 3 % less wall and machine time (README); 256 KiB pieces gained less.
+LEAF_SEND_ELEMS = 128 * 1024
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -172,6 +176,14 @@ class TreeEngine:
                 counters.lap("up_intra_reduce", now)
                 continue
             acc = job.final(c0, c1) if self._fast(job) else scratch.f32[:n]
+            if parent is not None and not children and self._fast(job) and (job.peers or job.remote):
+                for s0, s1 in chunks((c0, c1), LEAF_SEND_ELEMS):  # each piece sent while it is in cache
+                    piece = acc[s0 - c0 : s1 - c0]
+                    self._intra(job, s0, s1, piece, scratch, combine, counters)
+                    yield from self.runner.send(parent, piece.data)
+                counters.lap("up_reduce_send", now)
+                counters.sent += n * wire_bytes
+                continue
             self._intra(job, c0, c1, acc, scratch, combine, counters)
             now = counters.lap("up_intra_reduce", now)
             for link in children:
