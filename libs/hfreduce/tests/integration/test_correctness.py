@@ -83,6 +83,18 @@ def test_registered_buffers_with_chunks_of_many_blocks(launch: Launch, nodes: in
     assert {c["name"] for c in results[0]["cases"]} >= {f"registered/{op}/float32/300001" for op in ("sum", "avg")}
 
 
+def test_leaves_reduce_and_send_chunks_in_pieces(launch: Launch) -> None:
+    """Chunks of 163840 elements (640 KiB): at 700001 elements, each leaf reduces and sends a chunk in pieces of
+    131072 and 32768, then a last chunk of about 11160; ordinary buffers (read across processes) and registered
+    ones."""
+    env = {"TEST_SIZES": "700001", "TEST_REGISTERED": "1", "TEST_DTYPES": "float32",
+           "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(640 << 10), "FF_HFREDUCE_SHM_SLOT_BYTES": str(4 << 20)}  # fmt: skip
+    results = assert_all_correct(launch(2, 2, "correctness", env=env), 4)
+    assert {res["cross_memory"] for res in results} == {True}
+    names = {c["name"] for c in results[0]["cases"]}
+    assert names >= {f"{path}/{op}/float32/700001" for path in ("allreduce", "registered") for op in ("sum", "avg")}
+
+
 @pytest.mark.parametrize(("nodes", "local"), [(1, 3), (2, 2)])
 def test_ordinary_buffers_staged_through_shared_memory(launch: Launch, nodes: int, local: int) -> None:
     """The path taken when local ranks may not access each other's memory (or cross_memory=False)."""
