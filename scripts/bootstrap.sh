@@ -29,6 +29,21 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
 fi
 
 PYTHON=${PYTHON:-python3.11}
+
+# hfreduce's kernel (libs/hfreduce/src/hfreduce/_kernels.c) is compiled by the install: a C compiler and the
+# Python headers.
+python_headers() {
+    "$PYTHON" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+}
+if ! command -v cc >/dev/null 2>&1 || ! python_headers; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing a C compiler and the Python headers (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc "$(basename "$PYTHON")-dev" >/dev/null
+    else
+        echo "bootstrap: hfreduce needs a C compiler and the Python headers; install 'gcc' and '$(basename "$PYTHON")-dev'" >&2
+        exit 1
+    fi
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
