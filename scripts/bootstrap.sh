@@ -35,7 +35,10 @@ PYTHON=${PYTHON:-python3.11}
 python_headers() {
     "$PYTHON" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 }
-if ! command -v cc >/dev/null 2>&1 || ! python_headers; then
+python_cc() {  # the compiler setuptools will call (sysconfig's CC, first word)
+    "$PYTHON" -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])'
+}
+if ! command -v "$(python_cc)" >/dev/null 2>&1 || ! python_headers; then
     if [ "$(id -u)" = 0 ]; then
         echo "bootstrap: installing a C compiler and the Python headers (apt)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc "$(basename "$PYTHON")-dev" >/dev/null
@@ -52,7 +55,9 @@ stamp=.venv/.fireflyer-installed
 # (C sources too: the editable install compiles hfreduce's kernel in place, and only a reinstall rebuilds it)
 digest=$(cat requirements/*.txt $(git ls-files '*pyproject.toml' '*setup.py' '*.c' 2>/dev/null \
     || find . \( -name pyproject.toml -o -name setup.py -o -name '*.c' \) -not -path './.*') | sha256sum | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
+# (and when the compiled kernel is gone, e.g. after `git clean -X`)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] \
+        || ! .venv/bin/python -c 'import hfreduce._kernels' >/dev/null 2>&1; then
     echo "bootstrap: installing the monorepo into .venv (log: .venv/pip-install.log)"
     if ! .venv/bin/python -m pip install --disable-pip-version-check -r requirements/dev.txt \
             > .venv/pip-install.log 2>&1; then

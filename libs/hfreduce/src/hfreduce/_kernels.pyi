@@ -3,6 +3,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-F32 = npt.NDArray[np.float32]
-
-def sum_into(out: F32, sources: Sequence[F32], copies: Sequence[F32], divisor: float, /) -> None: ...
+def sum_into(
+    out: npt.NDArray[np.float32],
+    sources: Sequence[npt.NDArray[np.float32]],
+    copies: Sequence[npt.NDArray[np.float32]],
+    divisor: float,
+    /,
+) -> None: ...

@@ -224,17 +224,20 @@ class TreeEngine:
         ranks (which the down task then skips). Same arithmetic, in the same order, as the unfused phases:
         bit-identical results, the same bytes counted.
 
-        A sum whose operands are all in this process's memory (registered buffers, shared slots) is one call of
-        the compiled kernel, which blocks the chunk itself; others (MAX/MIN, or private buffers of other local
-        ranks, fetched block by block into ``fetched``) go block by block through numpy."""
+        A sum whose buffers are all in this process's memory (registered buffers, shared slots) and 4-byte
+        aligned is one call of the compiled kernel, which blocks the chunk itself; the rest (MAX/MIN, private
+        buffers of other local ranks fetched block by block into ``fetched``, or a caller's array off a 4-byte
+        boundary, which numpy copes with) go block by block through numpy (``_root_blocks``)."""
         final = job.final(c0, c1)
         mine, shared = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
         others = [other[c0:c1] for other in job.distribute_to]
-        if job.op in (ReduceOp.SUM, ReduceOp.AVG) and not job.remote:
+        operands = [mine, *shared, *children]
+        aligned = all(a.flags.aligned for a in (final, *operands, *others))
+        if job.op in (ReduceOp.SUM, ReduceOp.AVG) and not job.remote and aligned:
             divisor = float(job.world_size) if job.op is ReduceOp.AVG else 0.0
-            _kernels.sum_into(final, [mine, *shared, *children], others, divisor)
+            _kernels.sum_into(final, operands, others, divisor)
         else:
-            TreeEngine._root_blocks(job, c0, final, [mine, *shared], children, others, fetched, combine)
+            TreeEngine._root_blocks(job, c0, c1, final, [mine, *shared], children, others, fetched, combine)
         n, size, num_peers = c1 - c0, job.dtype.itemsize, len(shared) + len(job.remote)
         if num_peers:
             counters.reduce_read += n * (1 + num_peers) * size
@@ -247,6 +250,7 @@ class TreeEngine:
     def _root_blocks(
         job: TreeJob,
         c0: int,
+        c1: int,
         final: npt.NDArray[np.float32],
         local: Sequence[npt.NDArray[np.float32]],
         children: Sequence[npt.NDArray[np.float32]],
@@ -258,8 +262,8 @@ class TreeEngine:
         in shared memory; the private ones (``job.remote``) are read into ``fetched`` just before they are
         added, and the final block is written back to them."""
         world = np.float32(job.world_size)
-        for b0 in range(0, len(final), FUSED_BLOCK_ELEMS):
-            b1 = min(b0 + FUSED_BLOCK_ELEMS, len(final))
+        for b0 in range(0, c1 - c0, FUSED_BLOCK_ELEMS):
+            b1 = min(b0 + FUSED_BLOCK_ELEMS, c1 - c0)
             acc = final[b0:b1]
             for i in range(1, len(local) + len(job.remote)):
                 if i < len(local):

@@ -83,14 +83,17 @@ def test_registered_buffers_with_chunks_of_many_blocks(launch: Launch, nodes: in
     assert {c["name"] for c in results[0]["cases"]} >= {f"registered/{op}/float32/300001" for op in ("sum", "avg")}
 
 
-def test_leaves_reduce_and_send_chunks_in_pieces(launch: Launch) -> None:
+@pytest.mark.parametrize("pipeline", ["loop", "threads"])
+def test_leaves_reduce_and_send_chunks_in_pieces(launch: Launch, pipeline: str) -> None:
     """Chunks of 163840 elements (640 KiB): at 700001 elements, each leaf reduces and sends a chunk in pieces of
     131072 and 32768, then a last chunk of about 11160; ordinary buffers (read across processes) and registered
-    ones."""
-    env = {"TEST_SIZES": "700001", "TEST_REGISTERED": "1", "TEST_DTYPES": "float32",
+    ones, on both runners. At 2 nodes every rank is a leaf of one tree."""
+    env = {"TEST_SIZES": "700001", "TEST_REGISTERED": "1", "TEST_DTYPES": "float32", "FF_HFREDUCE_PIPELINE": pipeline,
            "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(640 << 10), "FF_HFREDUCE_SHM_SLOT_BYTES": str(4 << 20)}  # fmt: skip
     results = assert_all_correct(launch(2, 2, "correctness", env=env), 4)
     assert {res["cross_memory"] for res in results} == {True}
+    assert {res["pipeline"] for res in results} == {pipeline}
+    assert all("up_reduce_send" in res["counters"]["seconds"] for res in results)
     names = {c["name"] for c in results[0]["cases"]}
     assert names >= {f"{path}/{op}/float32/700001" for path in ("allreduce", "registered") for op in ("sum", "avg")}
 
