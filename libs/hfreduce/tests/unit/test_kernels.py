@@ -155,10 +155,18 @@ def test_more_than_64_copies_are_refused() -> None:
 @pytest.mark.parametrize("num_children", [1, 2])
 @pytest.mark.parametrize("registered", [True, False])
 def test_a_roots_chunk_through_the_kernel_is_the_numpy_blocks_bit_for_bit(
-    num_peers: int, num_children: int, registered: bool
+    num_peers: int, num_children: int, registered: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline's use of the kernel: the same operands, in the same order, as its numpy blocks. Registered:
     the result is also written over the other local ranks' inputs (their buffers); else into other arrays."""
+    calls: list[int] = []
+    kernel = _kernels.sum_into
+
+    def counted(*args: object) -> None:
+        calls.append(1)
+        kernel(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_kernels, "sum_into", counted)
     n, c0, c1 = 200_003, 1_000, 190_001  # several numpy blocks and a tail, inside the buffer
     rng = np.random.default_rng([num_peers, num_children, registered])
     data = [_random(rng, n) for _ in range(1 + num_peers)]
@@ -181,6 +189,7 @@ def test_a_roots_chunk_through_the_kernel_is_the_numpy_blocks_bit_for_bit(
                 job, c0, c1, mine[c0:c1], local, children, copies, fetched, combine_fn(ReduceOp.AVG)
             )
         results.append([mine.tobytes(), *(o.tobytes() for o in others)])
+    assert calls == [1]  # the chunk went through the kernel, in one call
     assert results[0] == results[1]
     want = _numpy_sum([data[0][c0:c1], *(d[c0:c1] for d in data[1:]), *children], 7.0)
     assert np.frombuffer(results[0][0], np.float32)[c0:c1].tobytes() == want.tobytes()
