@@ -232,8 +232,8 @@ class TreeEngine:
         mine, shared = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
         others = [other[c0:c1] for other in job.distribute_to]
         operands = [mine, *shared, *children]
-        aligned = all(a.flags.aligned for a in (final, *operands, *others))
-        if job.op in (ReduceOp.SUM, ReduceOp.AVG) and not job.remote and aligned:
+        in_process = job.op in (ReduceOp.SUM, ReduceOp.AVG) and not job.remote
+        if in_process and all(a.flags.aligned for a in (final, *operands, *others)):
             divisor = float(job.world_size) if job.op is ReduceOp.AVG else 0.0
             _kernels.sum_into(final, operands, others, divisor)
         else:
