@@ -1,5 +1,6 @@
 """The server interceptor every service runs: request ids, authentication, authorization by the
-proto's access option, one error-to-status mapping, metrics and an access log."""
+proto's access option, malformed request bytes refused as INVALID_ARGUMENT, one error-to-status
+mapping, metrics and an access log."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ff_rpc.auth import (
     method_access,
     set_current_principal,
 )
-from ff_rpc.errors import StatusTable, Unauthenticated
+from ff_rpc.errors import InvalidArgument, StatusTable, Unauthenticated
 from ff_rpc.logs import set_log_fields
 from ff_rpc.metrics import RpcMetrics
 
@@ -34,6 +35,38 @@ if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
     Context = grpc.aio.ServicerContext[Any, Any]
 Behavior = Callable[..., Any]
+Deserializer = Callable[[bytes], Any]
+
+
+class MalformedRequest:
+    """What a request that could not be parsed becomes, so the call can refuse it as INVALID_ARGUMENT.
+
+    grpc answers an exception raised by a request deserializer with UNKNOWN before any handler or
+    interceptor code runs; the interceptor therefore wraps each deserializer to return this instead.
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(f"malformed request message: {self.reason}")
+
+
+def lenient_deserializer(deserialize: Deserializer | None) -> Deserializer | None:
+    """``deserialize`` that returns a MalformedRequest where it would raise (None stays None: raw bytes)."""
+    if deserialize is None:
+        return None
+    strict = deserialize
+
+    def parse(data: bytes) -> Any:
+        try:
+            return strict(data)
+        except Exception as exc:  # DecodeError, and anything a custom deserializer raises on bad bytes
+            return MalformedRequest(str(exc) or type(exc).__name__)
+
+    return parse
 
 
 class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
@@ -62,39 +95,42 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         access = method_access(method)
+        deserialize = lenient_deserializer(handler.request_deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(method, access, handler.unary_unary),
-                handler.request_deserializer, handler.response_serializer,
+                self._wrap_unary(method, access, handler.unary_unary, streamed=False),
+                deserialize, handler.response_serializer,
             )  # fmt: skip
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(method, access, handler.stream_unary),
-                handler.request_deserializer, handler.response_serializer,
+                self._wrap_unary(method, access, handler.stream_unary, streamed=True),
+                deserialize, handler.response_serializer,
             )  # fmt: skip
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, access, handler.unary_stream),
-                handler.request_deserializer, handler.response_serializer,
+                self._wrap_stream(method, access, handler.unary_stream, streamed=False),
+                deserialize, handler.response_serializer,
             )  # fmt: skip
         assert handler.stream_stream is not None  # grpc sets exactly one of the four
         return grpc.stream_stream_rpc_method_handler(
-            self._wrap_stream(method, access, handler.stream_stream),
-            handler.request_deserializer, handler.response_serializer,
+            self._wrap_stream(method, access, handler.stream_stream, streamed=True),
+            deserialize, handler.response_serializer,
         )  # fmt: skip
 
-    def _wrap_unary(self, method: str, access: Access | None, inner: Behavior) -> Behavior:
+    def _wrap_unary(self, method: str, access: Access | None, inner: Behavior, *, streamed: bool) -> Behavior:
         async def behavior(request: Any, context: Context) -> Any:
             async with _Call(self, method, access, context) as call:
                 await call.authenticate()
+                request = await call.checked_request(request, streamed=streamed)
                 return await call.guard(inner(request, context))
 
         return behavior
 
-    def _wrap_stream(self, method: str, access: Access | None, inner: Behavior) -> Behavior:
+    def _wrap_stream(self, method: str, access: Access | None, inner: Behavior, *, streamed: bool) -> Behavior:
         async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
             async with _Call(self, method, access, context) as call:
                 await call.authenticate()
+                request = await call.checked_request(request, streamed=streamed)
                 stream = inner(request, context)
                 while True:
                     try:
@@ -161,6 +197,29 @@ class _Call:
         principal = await self.guard(self._policy.authenticate(self._access, self._context))
         set_current_principal(principal)
 
+    async def checked_request(self, request: Any, *, streamed: bool) -> Any:
+        """The request, refused as INVALID_ARGUMENT when it is malformed; a request stream is checked as
+        each message arrives (see ``_checked_messages``)."""
+        if streamed:
+            return self._checked_messages(request)
+        if isinstance(request, MalformedRequest):
+            await self.guard(_raise(request.error()))
+        return request
+
+    async def _checked_messages(self, messages: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """The messages of a request stream; a malformed one ends the call with INVALID_ARGUMENT.
+
+        The status is sent from here at once (``context.abort``), so the answer does not depend on what
+        the servicer does with the error raised into its loop (it may read the stream in another task).
+        """
+        async for message in messages:
+            if isinstance(message, MalformedRequest):
+                self.code = grpc.StatusCode.INVALID_ARGUMENT
+                await self._context.abort(
+                    self.code, str(message.error()), trailing_metadata=((REQUEST_ID_HEADER, self.request_id),)
+                )
+            yield message
+
     async def __aexit__(self, *exc_info: object) -> None:
         exc = exc_info[1]
         if isinstance(exc, BaseException) and self.code is grpc.StatusCode.OK:
@@ -193,6 +252,10 @@ class _Call:
             trailing += ((REQUEST_ID_HEADER, self.request_id),)
             await self._context.abort(code, details, trailing_metadata=trailing)
             raise AssertionError("unreachable: abort raises") from exc
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
 
 
 def _status_of(context: Context) -> grpc.StatusCode:

@@ -32,6 +32,7 @@ from ff_rpc import (
     current_principal,
     open_channel,
 )
+from ff_rpc.testing import MALFORMED_MESSAGES, call_raw
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2_grpc
 
@@ -247,3 +248,40 @@ async def test_graceful_stop_drains_in_flight_calls_and_refuses_new_ones(served:
             channel, "alice-token", "GetRoutingInfo", pb.GetRoutingInfoRequest(), retry=RetryPolicy(max_attempts=1)
         )
     assert err.value.code is grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("data", MALFORMED_MESSAGES)
+async def test_malformed_request_bytes_are_invalid_argument_and_change_nothing(served: Any, data: bytes) -> None:
+    _, servicer, channel = served
+    answer = await call_raw(channel, f"/{SERVICE}/Heartbeat", [data], token=CLUSTER_TOKEN)
+    assert answer.code is grpc.StatusCode.INVALID_ARGUMENT, answer
+    assert "malformed request message" in answer.details
+    assert servicer.heartbeats == 0  # refused before the servicer ran
+    resp = await call(channel, CLUSTER_TOKEN, "Heartbeat", pb.HeartbeatRequest(node_id=1))
+    assert resp.routing_version == 1  # and the server goes on serving
+
+
+async def test_malformed_request_of_an_unauthenticated_caller_is_unauthenticated(served: Any) -> None:
+    _, _, channel = served
+    answer = await call_raw(channel, f"/{SERVICE}/GetRoutingInfo", [MALFORMED_MESSAGES[0]])
+    assert answer.code is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_malformed_request_of_a_response_stream_is_invalid_argument(served: Any) -> None:
+    _, _, channel = served
+    answer = await call_raw(
+        channel, f"/{SERVICE}/WatchRoutingInfo", [MALFORMED_MESSAGES[1]], token="alice-token", response_stream=True
+    )
+    assert answer.code is grpc.StatusCode.INVALID_ARGUMENT and not answer.messages
+
+
+async def test_malformed_message_in_a_request_stream_ends_the_call_with_invalid_argument(served: Any) -> None:
+    _, _, channel = served
+    method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    good = reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()
+    answer = await call_raw(channel, method, [good], request_stream=True, response_stream=True)
+    assert answer.code is grpc.StatusCode.OK and len(answer.messages) == 1
+    answer = await call_raw(channel, method, [good, MALFORMED_MESSAGES[2], good], request_stream=True,
+                            response_stream=True)  # fmt: skip
+    assert answer.code is grpc.StatusCode.INVALID_ARGUMENT, answer
+    assert len(answer.messages) <= 1  # at most the answer to the first, good message
