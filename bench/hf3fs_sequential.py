@@ -24,70 +24,18 @@ import contextlib
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _hf3fs_common import fuse_mount, start_cluster_with_meta
+
 import hf3fs
-from ff_cluster import MgmtdClient
-from ff_meta.testing import MetaProcess, meta_process
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
-from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 MIB = 1 << 20
-
-
-async def _start(folder: Path) -> tuple[StorageCluster, MetaProcess, str]:
-    storage = await start_cluster(folder, targets_per_disk=2, timing={})
-    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
-                        database_url=f"sqlite:///{folder / 'meta.db'}")  # fmt: skip
-    try:
-        meta.start()
-        await meta.ready()
-        client = MgmtdClient([storage.mgmtd_address], token=CLUSTER_TOKEN, timeout_s=5.0)
-        try:
-            req = mgmtd_pb2.CreateUserRequest(name="bench", role=common_pb2.ROLE_ADMIN)
-            await client.identity(lambda s: s.CreateUser, req)
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="bench"))
-        finally:
-            await client.close()
-        return storage, meta, str(issued.token)
-    except BaseException:
-        meta.stop()
-        storage.stop()
-        raise
-
-
-@contextlib.contextmanager
-def fuse_mount(where: Path, mgmtd: str, token: str, log: Path) -> Iterator[Path | None]:
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        print("FUSE: skipped (no /dev/fuse or fusermount3)")
-        yield None
-        return
-    where.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token}
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground"], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(where):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mount failed: {log.read_text()}")
-            time.sleep(0.1)
-        yield where
-    finally:
-        subprocess.run(["fusermount3", "-u", str(where)], capture_output=True, check=False)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _write_io(f: Any, payload: memoryview, total: int) -> None:
@@ -173,7 +121,7 @@ def main() -> int:
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hf3fs-seq-", dir=a.dir))
     try:
-        storage, meta, token = asyncio.run(_start(root / "cluster"))
+        storage, meta, token = asyncio.run(start_cluster_with_meta(root / "cluster"))
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

@@ -1,0 +1,282 @@
+"""3FS small files: many small files, ``tar x``, SQLite and random 4 KiB I/O, through the hf3fs client and the FUSE
+mount, against the local disk, in interleaved rounds; medians, ratios to the disk, and issue 16's goals.
+
+One run starts a real cluster (mgmtd, three storage services with chains of 3, one meta service, as processes on
+this machine, state under ``--dir``) and mounts it with ``hf3fs mount --foreground`` (skipped without /dev/fuse
+and fusermount3). Each round, in an order that rotates between the kinds (client, mount, disk):
+
+- files: ``--files`` files of 4-16 KiB (seeded sizes and bytes) written into 20 folders, one open/write/close
+  each (client: ``fs.open``; mount and disk: ``open``), then read back and compared; files/s;
+- tar: a tree of ``--tar-files`` files (the size mix of a source tree) extracted with ``tar x`` (mount, disk);
+  seconds;
+- sqlite: one process, ``--sqlite-tx`` transactions of 100 rows each, journal mode delete (mount, disk); seconds;
+- random: 4 threads doing 4 KiB ``pread``/``pwrite`` (half each) at random aligned offsets of one file of one
+  chunk (4 MiB) and of one of two chunks (8 MiB), through the mount; IOPS and the two-chunk/one-chunk ratio
+  (3FS should be no slower on files of several chunks).
+
+Goals (issue 16): client writes >= 500 files/s; ``tar x`` of 241 files <= 1.5 s; SQLite 100 transactions on the
+mount <= 1.5 s; random 4 KiB I/O on two-chunk files >= one-chunk files. Absolute figures swing with the
+machine's load; the ratios to the disk measured in the same round swing less.
+
+    .venv/bin/python bench/hf3fs_small_files.py                    # 3 rounds
+    .venv/bin/python bench/hf3fs_small_files.py --rounds 5 --files 500 --dir /work/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _hf3fs_common import fuse_mount, start_cluster_with_meta
+
+import hf3fs
+
+KIB = 1 << 10
+MIB = 1 << 20
+NUM_FOLDERS = 20
+
+
+def small_payloads(num_files: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(4 * KIB, 16 * KIB)) for _ in range(num_files)]
+
+
+def make_tarball(path: Path, num_files: int, seed: int) -> None:
+    """A tree like a source checkout: nested folders, mostly small files, a few larger ones."""
+    rng = random.Random(seed)
+    with tarfile.open(path, "w") as tar:
+        folders = [f"src/pkg{i}/sub{j}" for i in range(6) for j in range(4)]
+        for n in range(num_files):
+            size = rng.choice([300, 900, 2 * KIB, 5 * KIB, 12 * KIB, 40 * KIB]) + rng.randint(0, 999)
+            info = tarfile.TarInfo(f"{rng.choice(folders)}/file{n}.py")
+            info.size, info.mtime, info.mode = size, 1_700_000_000 + n, 0o644
+            tar.addfile(info, io.BytesIO(rng.randbytes(size)))
+
+
+class Round:
+    """One kind's operations; each returns its figure (files/s, seconds or IOPS)."""
+
+    def __init__(self, kind: str, fs: Any, root: Path | None, payloads: list[bytes], tarball: Path) -> None:
+        self.kind, self.fs, self.root, self.payloads, self.tarball = kind, fs, root, payloads, tarball
+        self.n = 0
+
+    def _fresh(self, what: str) -> str:
+        self.n += 1
+        return f"{what}{self.n}"
+
+    def files(self) -> tuple[float, float]:
+        base = self._fresh("files")
+        names = [f"{base}/d{i % NUM_FOLDERS}/f{i}" for i in range(len(self.payloads))]
+        if self.kind == "client":
+            for d in range(NUM_FOLDERS):
+                self.fs.makedirs(f"/bench/{base}/d{d}", exist_ok=True)
+            t0 = time.perf_counter()
+            for name, data in zip(names, self.payloads, strict=True):
+                with self.fs.open(f"/bench/{name}", "wb") as f:
+                    f.write(data)
+            t1 = time.perf_counter()
+            for name, data in zip(names, self.payloads, strict=True):
+                with self.fs.open(f"/bench/{name}", "rb") as f:
+                    if f.read() != data:
+                        raise RuntimeError(f"client read of {name} differs")
+        else:
+            assert self.root is not None
+            for d in range(NUM_FOLDERS):
+                (self.root / base / f"d{d}").mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            for name, data in zip(names, self.payloads, strict=True):
+                with open(self.root / name, "wb") as f:
+                    f.write(data)
+            t1 = time.perf_counter()
+            for name, data in zip(names, self.payloads, strict=True):
+                with open(self.root / name, "rb") as f:
+                    if f.read() != data:
+                        raise RuntimeError(f"{self.kind} read of {name} differs")
+        t2 = time.perf_counter()
+        return len(names) / (t1 - t0), len(names) / (t2 - t1)
+
+    def tar(self) -> float:
+        assert self.root is not None
+        dest = self.root / self._fresh("tar")
+        dest.mkdir()
+        t0 = time.perf_counter()
+        subprocess.run(["tar", "xf", str(self.tarball), "-C", str(dest)], check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    def sqlite(self, num_tx: int) -> float:
+        assert self.root is not None
+        path = self.root / f"{self._fresh('db')}.sqlite"
+        t0 = time.perf_counter()
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, tx INTEGER, payload TEXT)")
+            for tx in range(num_tx):
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany("INSERT INTO t (tx, payload) VALUES (?, ?)", [(tx, "x" * 64) for _ in range(100)])
+                db.execute("COMMIT")
+            (count,) = db.execute("SELECT count(*) FROM t").fetchone()
+        finally:
+            db.close()
+        if count != num_tx * 100:
+            raise RuntimeError(f"sqlite on {self.kind}: {count} rows, expected {num_tx * 100}")
+        return time.perf_counter() - t0
+
+    def random_io(self, file_bytes: int, ops_per_thread: int) -> float:
+        assert self.root is not None
+        path = self.root / f"{self._fresh('rand')}.bin"
+        with open(path, "wb") as f:
+            f.write(os.urandom(file_bytes))
+            f.flush()
+            os.fsync(f.fileno())
+        block = os.urandom(4 * KIB)
+        errors: list[BaseException] = []
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                for _ in range(ops_per_thread):
+                    offset = rng.randrange(file_bytes // (4 * KIB)) * 4 * KIB
+                    if rng.random() < 0.5:
+                        if len(os.pread(fd, 4 * KIB, offset)) != 4 * KIB:
+                            raise RuntimeError(f"short read at {offset}")
+                    else:
+                        os.pwrite(fd, block, offset)
+            except BaseException as e:  # reported after join
+                errors.append(e)
+            finally:
+                os.close(fd)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        return 4 * ops_per_thread / elapsed
+
+
+def _median_ratio(vals: list[float], base: list[float]) -> float:
+    return statistics.median(v / b for v, b in zip(vals, base, strict=True))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=2000)
+    p.add_argument("--tar-files", type=int, default=241)
+    p.add_argument("--sqlite-tx", type=int, default=100)
+    p.add_argument("--random-ops", type=int, default=250, help="4 KiB operations per thread (4 threads)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dir", type=Path, default=None, help="where the cluster and the disk files live (one disk)")
+    p.add_argument("--no-fuse", action="store_true")
+    a = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="hf3fs-small-", dir=a.dir))
+    try:
+        storage, meta, token = asyncio.run(start_cluster_with_meta(root / "cluster"))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        fs = hf3fs.connect(mgmtd=storage.mgmtd_address, token=token)
+        fs.makedirs("/bench", exist_ok=True)
+        payloads = small_payloads(a.files, seed=1)
+        tarball = root / "tree.tar"
+        make_tarball(tarball, a.tar_files, seed=2)
+        disk = root / "disk"
+        disk.mkdir()
+        mount_cm = contextlib.nullcontext(None) if a.no_fuse else fuse_mount(
+            root / "mnt", storage.mgmtd_address, token, root / "mount.log")  # fmt: skip
+        with mount_cm as mount:
+            rounds = {
+                "client": Round("client", fs, None, payloads, tarball),
+                "disk": Round("disk", fs, disk, payloads, tarball),
+            }
+            if mount is not None:
+                rounds["mount"] = Round("mount", fs, mount / "bench", payloads, tarball)
+            results = run_rounds(rounds, a)
+        fs.close()
+        report(results, a, mount_present="mount" in rounds)
+    finally:
+        meta.stop()
+        storage.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def run_rounds(rounds: dict[str, Round], a: argparse.Namespace) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {}
+    kinds = list(rounds)
+    print(f"{a.files} files of 4-16 KiB, tar of {a.tar_files} files, {a.sqlite_tx} SQLite transactions, "
+          f"{a.rounds} rounds; kinds: {', '.join(kinds)}", flush=True)  # fmt: skip
+    for i in range(a.rounds):
+        order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
+        line: list[str] = []
+        for kind in order:
+            r = rounds[kind]
+            steps: list[tuple[str, Callable[[], float]]] = []
+            write_read = r.files()
+            for name, val in (("files write/s", write_read[0]), ("files read/s", write_read[1])):
+                results.setdefault(f"{kind} {name}", []).append(val)
+                line.append(f"{kind} {name} {val:.0f}")
+            if kind != "client":
+                steps = [("tar x s", r.tar), ("sqlite s", lambda r=r: r.sqlite(a.sqlite_tx))]
+            if kind == "mount":
+                steps += [("rand 1-chunk iops", lambda r=r: r.random_io(4 * MIB, a.random_ops)),
+                          ("rand 2-chunk iops", lambda r=r: r.random_io(8 * MIB, a.random_ops))]  # fmt: skip
+            for name, fn in steps:
+                val = fn()
+                results.setdefault(f"{kind} {name}", []).append(val)
+                line.append(f"{kind} {name} {val:.2f}")
+        print(f"round {i + 1}: " + " | ".join(line), flush=True)
+    return results
+
+
+def report(results: dict[str, list[float]], a: argparse.Namespace, *, mount_present: bool) -> None:
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print("\nmedians, and the median of per-round ratios to the local disk (files/s: higher is better):")
+    for key in sorted(results):
+        kind, name = key.split(" ", 1)
+        if kind == "disk":
+            continue
+        base = results.get(f"disk {name}")
+        ratio = f"   x{_median_ratio(results[key], base):.3f} of disk" if base else ""
+        print(f"  {key:<28} {med[key]:10.2f}{ratio}")
+    for key in sorted(k for k in results if k.startswith("disk ")):
+        print(f"  {key:<28} {med[key]:10.2f}")
+    print("\nissue 16's goals:")
+    goal(f"client writes of {a.files} files, files/s >= 500", med["client files write/s"], 500, higher=True)
+    if mount_present:
+        if a.tar_files == 241:
+            goal("tar x of 241 files on the mount, s <= 1.5", med["mount tar x s"], 1.5, higher=False)
+        if a.sqlite_tx == 100:
+            goal("SQLite 100 transactions on the mount, s <= 1.5", med["mount sqlite s"], 1.5, higher=False)
+        two_over_one = _median_ratio(results["mount rand 2-chunk iops"], results["mount rand 1-chunk iops"])
+        goal("random 4 KiB on the mount, 2-chunk / 1-chunk IOPS >= 1.0", two_over_one, 1.0, higher=True)
+
+
+def goal(what: str, value: float, bar: float, *, higher: bool) -> None:
+    met = value >= bar if higher else value <= bar
+    print(f"  {what:<58} {value:10.3f}   {'met' if met else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
