@@ -403,12 +403,13 @@ class Mgmtd:
     async def instances(self) -> list[MgmtdInstance]:
         return await self.store.arun(cluster_state.list_instances, read_only=True)
 
-    async def lookup_primary(self) -> str:
+    async def lookup_primary(self) -> tuple[str, str]:
+        """The primary's instance id and address; both "" while no instance holds an unexpired lease."""
         if self.is_primary:
-            return self.address
-        _, address = await self.store.arun(cluster_state.current_primary, read_only=True)
+            return self.instance_id, self.address
+        row, address = await self.store.arun(cluster_state.current_primary, read_only=True)
         self._primary_address = address
-        return address
+        return (row.holder_id if row is not None and address else ""), address
 
 
 def _with_status(node: Node, status: NodeStatus) -> Node:

@@ -72,10 +72,10 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         return wire.routing_to_proto(info, beats)
 
     async def GetPrimary(self, request: pb.GetPrimaryRequest, context: Context) -> pb.GetPrimaryResponse:
-        address = await self._m.lookup_primary()
+        primary_id, address = await self._m.lookup_primary()
         return pb.GetPrimaryResponse(
-            primary_address=address, instance_id=self._m.instance_id, is_primary=self._m.is_primary,
-            epoch=self._m.epoch,
+            primary_address=address, primary_instance_id=primary_id, instance_id=self._m.instance_id,
+            is_primary=self._m.is_primary, epoch=self._m.epoch,
         )  # fmt: skip
 
     async def GetClusterInfo(self, request: pb.GetClusterInfoRequest, context: Context) -> pb.GetClusterInfoResponse:

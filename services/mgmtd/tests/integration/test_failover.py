@@ -158,3 +158,14 @@ async def test_heartbeating_nodes_ride_through_a_failover(postgres_url: str, spa
     await runner
     await client.close()
     await watcher_client.close()
+
+
+async def test_every_instance_names_the_primary_by_address_and_instance_id(db_url: str, start_mgmtd: Any) -> None:
+    a = await start_mgmtd(db_url, "a")
+    b = await start_mgmtd(db_url, "b")
+    primary_addr = await wait_for_primary([a.address, b.address])
+    primary_name = "a" if primary_addr == a.address else "b"
+    for name, instance in (("a", a), ("b", b)):
+        answer = await primary_of(instance.address)
+        assert (answer.primary_instance_id, answer.primary_address) == (primary_name, primary_addr)
+        assert (answer.instance_id, answer.is_primary) == (name, name == primary_name)
