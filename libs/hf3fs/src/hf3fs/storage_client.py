@@ -10,13 +10,15 @@ nodes send to it at once (3FS request-to-send).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -32,6 +34,7 @@ from hf3fs.readstream import ReadStream
 from hf3fs.routing import NodeAddress, RoutingCache, RoutingView
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 S = spb.ChunkIoStatus
 OK = spb.CHUNK_IO_STATUS_OK
@@ -52,6 +55,12 @@ INLINE_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_CONCURRENT_TRANSFERS = 64
 DEFAULT_READ_CALLS_PER_NODE = 1
 MERGED_READ_MAX_BYTES = 64 << 20
+# The nodes' default cost limits per call (ff_storage's max_batch_ios, max_read_batch_bytes,
+# max_inline_read_bytes, max_batch_bytes): a node's IOs go in calls within them.
+MAX_CALL_IOS = 4096
+MAX_CALL_READ_BYTES = 256 << 20
+MAX_CALL_INLINE_READ_BYTES = 64 << 20
+MAX_CALL_WRITE_BYTES = 256 << 20
 
 
 class StorageIoError(Exception):
@@ -208,6 +217,8 @@ class StorageClient:
         self._node_reads: dict[int, _NodeReads] = defaultdict(_NodeReads)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.client_id = uuid.uuid4().bytes  # with a per-client request id, each write's update id
+        self._request_ids = itertools.count(1)
         self.read_calls = 0  # BatchReads sent (fewer than batch_read calls when reads to a node merge)
 
     async def close(self) -> None:
@@ -244,6 +255,9 @@ class StorageClient:
             StorageIoError: the nodes refused the request itself (bad input, token, permission).
         """
         outcomes = [WriteOutcome() for _ in ios]
+        # one id per write, the same on every attempt: a node that committed it answers a retry with the
+        # original result instead of applying it again (a retry after the head died mid-write, for one)
+        ids = [spb.UpdateId(client_id=self.client_id, request_id=next(self._request_ids)) for _ in ios]
         todo = list(range(len(ios)))
         deadline = time.monotonic() + self._retry_deadline_s
         attempt = 0
@@ -257,8 +271,11 @@ class StorageClient:
                     outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "chain has no serving head")
                     continue
                 groups[head.node_id].append(i)
-            await asyncio.gather(*(self._write_group(view, view.nodes[n], [ios[i] for i in idx], idx, outcomes)
-                                   for n, idx in groups.items()))  # fmt: skip
+            calls = [(n, part) for n, idx in groups.items()
+                     for part in _split(idx, lambda i: len(ios[i].data), MAX_CALL_WRITE_BYTES)]  # fmt: skip
+            await asyncio.gather(*(self._write_group(view, view.nodes[n], [ios[i] for i in idx],
+                                                     [ids[i] for i in idx], idx, outcomes)
+                                   for n, idx in calls))  # fmt: skip
             todo = [i for i in todo if outcomes[i].status in RETRY_WRITE]
             if not todo or time.monotonic() > deadline:
                 break
@@ -267,20 +284,21 @@ class StorageClient:
         return outcomes
 
     async def _write_group(
-        self, view: RoutingView, node: NodeAddress, ios: list[ChunkWrite], idx: list[int], outcomes: list[WriteOutcome]
-    ) -> None:
+        self, view: RoutingView, node: NodeAddress, ios: list[ChunkWrite], ids: list[spb.UpdateId], idx: list[int],
+        outcomes: list[WriteOutcome],
+    ) -> None:  # fmt: skip
         requests: list[spb.WriteIO] = []
         bulk_parts: list[bytes | bytearray | memoryview] = []
         transfer_id = uuid.uuid4().hex
         offset = 0
-        for io in ios:
+        for io, update_id in zip(ios, ids, strict=True):
             chain = view.chain(io.chain_id)
             msg = spb.WriteIO(
                 chain_id=io.chain_id, chain_version=chain.version if chain else 0,
                 chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
                 chunk_size_bytes=io.chunk_size, offset_bytes=io.offset, length_bytes=len(io.data),
                 checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(io.data)),
-                io_capability=io.capability,
+                io_capability=io.capability, update_id=update_id,
             )  # fmt: skip
             if self._bulk and len(io.data) > INLINE_MAX_BYTES and node.data:
                 msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
@@ -350,8 +368,11 @@ class StorageClient:
                     continue
                 groups[target[1]].append((i, target[0]))
             relaxed = {i for i in todo if states[i].pending_rounds >= self._pending_retries}
+            limit = MAX_CALL_READ_BYTES if self._bulk else MAX_CALL_INLINE_READ_BYTES
+            calls = [(n, part) for n, members in groups.items()
+                     for part in _split(members, lambda m: ios[m[0]].length, limit)]  # fmt: skip
             await asyncio.gather(*(self._read_node(view, view.nodes[n], ios, members, relaxed, outcomes)
-                                   for n, members in groups.items()))  # fmt: skip
+                                   for n, members in calls))  # fmt: skip
             retry = []
             for i in todo:
                 status = outcomes[i].status
@@ -403,13 +424,17 @@ class StorageClient:
                 part.done.cancel()
             queue.waiting.clear()
         parts: list[_ReadPart] = []
-        size = 0
-        while queue.waiting and (not parts or size < MERGED_READ_MAX_BYTES):
-            part = queue.waiting.pop(0)
+        size = count = 0
+        while queue.waiting:
+            part = queue.waiting[0]
+            more = sum(part.ios[i].length for i, _ in part.members)
+            if parts and (size + more > MERGED_READ_MAX_BYTES or count + len(part.members) > MAX_CALL_IOS):
+                break
+            queue.waiting.pop(0)
             if part.done.done():  # its caller was cancelled
                 continue
             parts.append(part)
-            size += sum(part.ios[i].length for i, _ in part.members)
+            size, count = size + more, count + len(part.members)
         if not parts:
             queue.active -= 1
             return
@@ -446,6 +471,33 @@ class StorageClient:
             self._next_read(node, queue)
 
     async def _read_group(
+        self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
+        relaxed: set[int], outcomes: list[ReadOutcome],
+    ) -> None:  # fmt: skip
+        """Read ``members`` from ``node`` in one call; a range asked more than once (merged callers) goes once
+        (nodes refuse repeats) and its outcome is copied to the others."""
+        first: dict[tuple[int, int, int, int, int, bool], int] = {}
+        unique: list[tuple[int, int]] = []
+        copies: list[tuple[int, int]] = []
+        for i, target_id in members:
+            io = ios[i]
+            what = (io.chain_id, io.inode_id, io.chunk_index, io.offset, io.length, io.relaxed or i in relaxed)
+            if what in first:
+                copies.append((i, first[what]))
+                continue
+            first[what] = i
+            unique.append((i, target_id))
+        await self._read_unique(view, node, ios, unique, relaxed, outcomes)
+        for i, source in copies:
+            got = outcomes[source]
+            outcomes[i] = ReadOutcome(got.status, got.message, got.data, got.version, got.is_pending, got.target_id)
+            buf = ios[i].buffer
+            if got.ok and buf is not None:
+                dest = memoryview(buf)[: len(got.data)]
+                dest[:] = got.data
+                outcomes[i].data = dest
+
+    async def _read_unique(
         self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
         relaxed: set[int], outcomes: list[ReadOutcome],
     ) -> None:  # fmt: skip
@@ -563,6 +615,20 @@ class StorageClient:
         if (crc32c_of(data) if crc is None else crc) != r.checksum.value:
             return ReadOutcome(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "bytes damaged in transit", target_id=target_id)
         return ReadOutcome(OK, "", data, r.version, r.is_pending, target_id)
+
+
+def _split(items: list[T], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:
+    """``items`` in runs of at most ``MAX_CALL_IOS`` items and ``max_bytes`` (a larger item goes alone)."""
+    runs: list[list[T]] = []
+    total = 0
+    for item in items:
+        n = size(item)
+        if not runs or len(runs[-1]) >= MAX_CALL_IOS or total + n > max_bytes:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += n
+    return runs
 
 
 def _status_code(err: RpcError | DataRefused) -> grpc.StatusCode | None:

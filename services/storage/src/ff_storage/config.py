@@ -24,7 +24,19 @@ class StorageSettings(SettingsModel):
     cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
     cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
     max_io_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest single IO")
-    max_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="largest batch of IOs in one call")
+    max_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchWrite may carry")
+    max_read_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchRead may ask for")
+    max_inline_read_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="most bytes one BatchRead may ask for inline (copied into the answer)"
+    )
+    max_batch_ios: int = Field(4096, gt=0, description="most IOs (or updates, queries, chunk ids) in one call")
+    update_ids: bool = Field(
+        True, description="recognize retried updates by their ids (off only for the test showing why they exist)"
+    )
+    update_id_ttl_s: float = Field(
+        120.0, gt=0, description="how long a chunk's update ids are remembered (above clients' retry_deadline_s)"
+    )
+    max_update_ids_per_chunk: int = Field(1024, gt=0, description="most update ids remembered per chunk")
     forward_timeout_s: float = Field(15.0, gt=0, description="how long a replica keeps re-forwarding an update")
     data_wait_s: float = Field(10.0, gt=0, description="how long a write waits for its bulk bytes")
     transfer_ttl_s: float = Field(30.0, gt=0, description="staged read bytes not pulled by then are freed")

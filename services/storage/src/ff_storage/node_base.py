@@ -18,8 +18,8 @@ from typing import Any
 
 from ff_rpc import RpcClient
 from ff_rpc.client import NO_RETRY, StubPool
-from ff_storage.core.chunks import ChunkKey
-from ff_storage.core.errors import InvalidRequest, TargetExists, TargetNotFound
+from ff_storage.core.chunks import ChunkKey, UpdateKey, UpdateRecord
+from ff_storage.core.errors import InvalidRequest, TargetExists, TargetNotFound, TooCostly
 from ff_storage.core.target_role import Public, TargetRole
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.store.chunk_engine import ChunkEngine, Pending
@@ -47,6 +47,12 @@ class NodeConfig:
     forward_timeout_s: float
     data_wait_s: float
     fsync: bool
+    update_ids: bool = True  # off only for the test that shows what goes wrong without them
+    update_id_ttl_s: float = 120.0
+    max_update_ids_per_chunk: int = 1024
+    max_batch_ios: int = 4096
+    max_read_batch_bytes: int = 256 * 1024 * 1024
+    max_inline_read_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -78,6 +84,9 @@ class Update:
     content_checksum: int | None = None  # CRC of ``content`` (None: a remove)
     pending: Pending | None = None
     forwarded: bool = False  # the successor acknowledged it
+    update_id: UpdateKey | None = None
+    records: list[UpdateRecord] | None = None  # a full replace: the sender's records of the chunk
+    corrupt: bool = False  # the base copy here does not match its checksum (the update was not prepared)
     result: spb.UpdateResult = field(default_factory=spb.UpdateResult)
 
 
@@ -143,14 +152,24 @@ class NodeBase:
         self._updates: set[asyncio.Task[None]] = set()  # chain updates (``update_to_the_end``)
         self.routing_changed = asyncio.Event()
 
+    def check_count(self, what: str, count: int) -> None:
+        """A call's number of IOs (updates, queries, chunk ids) against ``max_batch_ios``, before any work."""
+        if count > self.config.max_batch_ios:
+            raise TooCostly(f"{count} {what} in one call: the limit is {self.config.max_batch_ios}")
+
     # ---- targets ----
 
     def open_targets(self) -> None:
         for record in load_targets(self.config.targets_file):
-            engine = ChunkEngine(Path(record.path), fsync=self.config.fsync)
+            engine = self._engine(Path(record.path))
             engine.open()
             self.targets[record.target_id] = Target(record, engine, TargetRole(restarting=True))
         logger.info("opened %d target(s)", len(self.targets))
+
+    def _engine(self, path: Path) -> ChunkEngine:
+        c = self.config
+        return ChunkEngine(path, fsync=c.fsync, update_id_ttl_s=c.update_id_ttl_s,
+                           max_update_ids_per_chunk=c.max_update_ids_per_chunk)  # fmt: skip
 
     async def close_channels(self) -> None:
         await self._stubs.close()
@@ -175,7 +194,7 @@ class NodeBase:
             raise TargetExists(f"this node already holds a target of chain {chain_id}")
         path = self.config.disks[disk_index] / f"target-{target_id}"
         record = TargetRecord(target_id=target_id, chain_id=chain_id, disk_index=disk_index, path=str(path))
-        engine = ChunkEngine(path, fsync=self.config.fsync)
+        engine = self._engine(path)
         engine.open()
         save_targets(self.config.targets_file, [*(t.record for t in self.targets.values()), record])
         target = Target(record, engine, TargetRole())
@@ -298,6 +317,11 @@ class NodeBase:
 
     async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
         """Ask the chain's head to rewrite ``keys`` from a good copy (recovery.Recovery does it)."""
+        raise NotImplementedError
+
+    async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
+        """At the head, chunk lock held: rewrite ``key`` here and down the chain from a good copy (recovery.Recovery
+        does it); whether it was repaired."""
         raise NotImplementedError
 
 

@@ -12,7 +12,7 @@ from ff_storage.core.chunks import (
     check_chunk_id,
     check_read_range,
 )
-from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TooCostly
 from ff_storage.node_base import NodeBase, Target
 from ff_storage.store.chunk_engine import Pending
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -42,12 +42,7 @@ class ReadPath(NodeBase):
     ) -> tuple[list[spb.ReadResult], list[bytes | memoryview | None]]:
         """Read ``ios``: the results, and (``bulk``) each IO's bytes (None unless OK), to be laid out back to
         back in that order at each result's ``transfer`` offset (not inline: the caller sends them)."""
-        for n, io in enumerate(ios):
-            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
-            try:
-                check_read_range(io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
-            except InvalidRequest as exc:
-                raise InvalidRequest(f"ios[{n}]: {exc}") from None
+        self._check_reads(ios, bulk)
         found = await asyncio.to_thread(lambda: [self._read_one(io) for io in ios])  # one thread hop per batch
         results: list[spb.ReadResult] = []
         parts: list[bytes | memoryview | None] = []
@@ -61,6 +56,28 @@ class ReadPath(NodeBase):
             results.append(res)
             parts.append(data if bulk else None)
         return results, parts
+
+    def _check_reads(self, ios: list[spb.ReadIO], bulk: bool) -> None:
+        """What a BatchRead may cost, before any work: IOs, bytes in all (less inline, where each is copied
+        into the answer), no IO asked twice (the same range read again costs again and brings nothing)."""
+        self.check_count("IOs", len(ios))
+        seen: dict[tuple[int, int, int, int, int], int] = {}
+        total = 0
+        for n, io in enumerate(ios):
+            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
+            try:
+                check_read_range(io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"ios[{n}]: {exc}") from None
+            what = (io.chain_id, io.chunk_id.inode_id, io.chunk_id.chunk_index, io.offset_bytes, io.length_bytes)
+            if (first := seen.setdefault(what, n)) != n:
+                raise InvalidRequest(f"ios[{n}] asks for the same range as ios[{first}]")
+            total += io.length_bytes
+        limit = self.config.max_read_batch_bytes
+        if not bulk:
+            limit = min(limit, self.config.max_inline_read_bytes)
+        if total > limit:
+            raise TooCostly(f"reads of {total} bytes in one call{'' if bulk else ' inline'}: the limit is {limit}")
 
     def _read_one(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
         target = self._target_of_chain(io.chain_id)
@@ -111,6 +128,12 @@ class ReadPath(NodeBase):
 
     def bind_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
+
+    def query_last_all(self, queries: list[spb.LastChunkQuery]) -> list[spb.LastChunkResult]:
+        self.check_count("queries", len(queries))
+        for q in queries:
+            check_chunk_id(q.inode_id, q.begin_chunk_index)
+        return [self.query_last(q) for q in queries]
 
     def query_last(self, q: spb.LastChunkQuery) -> spb.LastChunkResult:
         check_chunk_id(q.inode_id, q.begin_chunk_index)

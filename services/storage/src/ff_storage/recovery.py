@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from ff_rpc import RpcError
 from ff_storage.core.chunks import (
     ChunkKey,
+    ChunkMeta,
     check_chunk_id,
     sync_diff,
 )
@@ -58,9 +59,12 @@ class Recovery(WritePath):
         if pos is None or pos[1] != 0:
             raise InvalidRequest(f"target {target.target_id} is not the head of chain {request.chain_id}")
         chain = pos[0]
+        self.check_count("chunk ids", len(request.chunk_ids))
+        keys = [check_chunk_id(cid.inode_id, cid.chunk_index) for cid in request.chunk_ids]
+        if len(set(keys)) != len(keys):
+            raise InvalidRequest("a chunk id is repeated")
         results = []
-        for cid in request.chunk_ids:
-            key = check_chunk_id(cid.inode_id, cid.chunk_index)
+        for key in keys:
             async with self.locks.hold(target.target_id, [key]):
                 results.append(await self._repair_one(target, chain, key))
         return results
@@ -90,18 +94,33 @@ class Recovery(WritePath):
                         break
             else:
                 return _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "no good copy found")
-        up = Update(key=key, kind=spb.UPDATE_TYPE_WRITE, chunk_size=meta.length or 1, data=content, content=content,
-                    length=len(content), full=True, version=meta.committed_version,
-                    chain_version=meta.chain_version)  # fmt: skip
+        up = self._full_replace(target, key, meta, content)
         if own_bad:
             pend = await asyncio.to_thread(target.engine.write_pending,
                                            [(key, up.version, up.chain_version, content, None)])  # fmt: skip
-            await asyncio.to_thread(target.engine.commit, pend)
+            await asyncio.to_thread(target.engine.commit, pend, [(up.update_id, up.records)])
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
                 with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError, DecodeError):
                     await self._send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
         return _res(spb.CHUNK_IO_STATUS_OK, "repaired", meta.committed_version, target.engine.get(key))
+
+    async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
+        pos = self._position(target)
+        if pos is None or pos[1] != 0:
+            return False
+        result = await self._repair_one(target, pos[0], key)
+        logger.warning("repaired chunk %s of chain %d before an update: %s", key, pos[0].chain_id, result.message)
+        return result.status == spb.CHUNK_IO_STATUS_OK
+
+    @staticmethod
+    def _full_replace(target: Target, key: ChunkKey, meta: ChunkMeta, content: bytes) -> Update:
+        """The committed chunk as a full-chunk replace, with its remembered updates (recovery, repair)."""
+        last = target.engine.update_at(key, meta.committed_version)
+        return Update(key=key, kind=spb.UPDATE_TYPE_WRITE, chunk_size=max(1, meta.length), data=content,
+                      content=content, length=len(content), full=True, version=meta.committed_version,
+                      chain_version=meta.chain_version, update_id=last.update_id if last else None,
+                      records=target.engine.recent_updates(key))  # fmt: skip
 
     # ---- recovery ----
 
@@ -179,9 +198,7 @@ class Recovery(WritePath):
                                       version=2**62, chain_version=chain.version))  # fmt: skip
                     continue
                 meta, content = got
-                ups.append(Update(key=key, kind=spb.UPDATE_TYPE_WRITE, chunk_size=max(1, meta.length), data=content,
-                                  content=content, length=len(content), full=True, version=meta.committed_version,
-                                  chain_version=meta.chain_version))  # fmt: skip
+                ups.append(self._full_replace(target, key, meta, content))
             answers = await self._send_updates(chain, nxt, ups, set(), target.target_id, no_forward=True)
             bad = [r for r in answers if r.status != spb.CHUNK_IO_STATUS_OK]
             if bad:
@@ -190,8 +207,6 @@ class Recovery(WritePath):
 
 
 def _meta_from_pb(m: spb.ChunkMeta) -> Any:
-    from ff_storage.core.chunks import ChunkMeta
-
     return ChunkMeta(inode_id=m.chunk_id.inode_id, chunk_index=m.chunk_id.chunk_index, chain_version=m.chain_version,
                      committed_version=m.committed_version, length=m.length_bytes, checksum=m.checksum.value,
                      pending_version=m.pending_version)  # fmt: skip

@@ -41,6 +41,9 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
         node_id=settings.node_id, disks=settings.disk_list(), targets_file=settings.state_dir / "targets.json",
         cluster_token=token, max_io_bytes=settings.max_io_bytes, max_batch_bytes=settings.max_batch_bytes,
         forward_timeout_s=settings.forward_timeout_s, data_wait_s=settings.data_wait_s, fsync=settings.fsync,
+        update_ids=settings.update_ids, update_id_ttl_s=settings.update_id_ttl_s,
+        max_update_ids_per_chunk=settings.max_update_ids_per_chunk, max_batch_ios=settings.max_batch_ios,
+        max_read_batch_bytes=settings.max_read_batch_bytes, max_inline_read_bytes=settings.max_inline_read_bytes,
     ), boxes)  # fmt: skip
     await asyncio.to_thread(node.open_targets)
     node.bind_loop()

@@ -27,6 +27,7 @@ Context = Any
 logger = logging.getLogger(__name__)
 DUMP_BATCH = 1000
 GRANT_PIECE_BYTES = 1 << 20
+READ_STREAM_IN_FLIGHT = 16
 
 
 def _owner() -> str:
@@ -156,9 +157,18 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, error_code=code.value[0],
                                                          error_message=str(exc) or type(exc).__name__))  # fmt: skip
 
+        in_flight = asyncio.Semaphore(READ_STREAM_IN_FLIGHT)
+
+        async def bounded(req: pb.ReadStreamRequest) -> None:
+            try:
+                await one(req)
+            finally:
+                in_flight.release()
+
         async def pump() -> None:
             async for req in request_iterator:
-                task = asyncio.create_task(one(req))
+                await in_flight.acquire()  # a stream has at most this many reads in flight (back pressure)
+                task = asyncio.create_task(bounded(req))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks)
@@ -194,7 +204,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return pb.RemoveChunksResponse(num_removed=removed, has_more=more)
 
     async def QueryLastChunk(self, request: pb.QueryLastChunkRequest, context: Context) -> pb.QueryLastChunkResponse:
-        return pb.QueryLastChunkResponse(results=[self._n.query_last(q) for q in request.queries])
+        return pb.QueryLastChunkResponse(results=self._n.query_last_all(list(request.queries)))
 
     async def ForwardUpdates(self, request: pb.ForwardUpdatesRequest, context: Context) -> pb.ForwardUpdatesResponse:
         return pb.ForwardUpdatesResponse(results=await self._n.forward_updates(request, _owner()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import uuid
 from collections import defaultdict
@@ -15,15 +16,19 @@ from google.protobuf.message import DecodeError
 
 from ff_rpc import RpcError
 from ff_storage.core.chunks import (
+    MAX_CHUNK_SIZE_BYTES,
     ChunkKey,
     ForwardDecision,
+    UpdateKey,
+    UpdateRecord,
     apply_truncate,
     apply_write,
     check_chunk_id,
     check_range,
+    check_update_id,
     decide_forward,
 )
-from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TooCostly
 from ff_storage.core.target_role import Public
 from ff_storage.node_base import NodeBase, NotServing, Payload, Target, Update, _res
 from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
@@ -35,15 +40,27 @@ from hf3fs.datapath import DataPathError
 logger = logging.getLogger(__name__)
 
 INLINE_FORWARD_MAX_BYTES = 64 * 1024
+_HEAD_CLIENT_ID = uuid.uuid4().bytes  # ids the head gives updates that come without one
+_head_request_ids = itertools.count(1)
 
 
 class WritePath(NodeBase):
     # ---- write (head) ----
 
+    def _update_id(self, what: str, pb_id: spb.UpdateId) -> UpdateKey | None:
+        """The update's id from the wire, or a new one of the head's when it has none (ids on)."""
+        got = check_update_id(what, pb_id.client_id, pb_id.request_id)
+        if got is None and self.config.update_ids:
+            return (_HEAD_CLIENT_ID, next(_head_request_ids))
+        return got
+
     async def batch_write(self, ios: list[spb.WriteIO], owner: str) -> list[spb.UpdateResult]:
+        self.check_count("IOs", len(ios))
         total = 0
+        ids: list[UpdateKey | None] = []
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
+            ids.append(self._update_id(f"ios[{n}]", io.update_id))
             check_range(f"ios[{n}]", io.chunk_size_bytes, io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
             which = io.WhichOneof("data")
             if which is None:
@@ -55,7 +72,7 @@ class WritePath(NodeBase):
                 raise InvalidRequest(f"ios[{n}]: unknown chain {io.chain_id}")
             total += io.length_bytes
         if total > self.config.max_batch_bytes:
-            raise InvalidRequest(f"batch of {total} bytes is over the limit of {self.config.max_batch_bytes}")
+            raise TooCostly(f"batch of {total} bytes is over the limit of {self.config.max_batch_bytes}")
         results = [spb.UpdateResult() for _ in ios]
         payloads = await self._gather_payloads(ios, owner, results)
         groups: dict[int, list[Update]] = defaultdict(list)
@@ -76,7 +93,7 @@ class WritePath(NodeBase):
             groups[target.target_id].append(Update(
                 key=(io.chunk_id.inode_id, io.chunk_id.chunk_index), kind=spb.UPDATE_TYPE_WRITE,
                 chunk_size=io.chunk_size_bytes, offset=io.offset_bytes, data=data, data_checksum=io.checksum.value,
-                length=io.length_bytes,
+                length=io.length_bytes, update_id=ids[n],
             ))  # fmt: skip
             slots[target.target_id].append(n)
         await asyncio.gather(*(self._head_updates(self.targets[t], ups) for t, ups in groups.items()))
@@ -122,14 +139,21 @@ class WritePath(NodeBase):
         return None
 
     async def truncate(self, ios: list[spb.TruncateIO]) -> list[spb.UpdateResult]:
+        self.check_count("IOs", len(ios))
+        ids = []
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
-            if io.length_bytes > io.chunk_size_bytes or io.chunk_size_bytes <= 0:
+            if not 0 < io.chunk_size_bytes <= MAX_CHUNK_SIZE_BYTES:
+                raise InvalidRequest(f"ios[{n}]: chunk_size_bytes {io.chunk_size_bytes} must be in "
+                                     f"1..{MAX_CHUNK_SIZE_BYTES}")  # fmt: skip
+            if io.length_bytes > io.chunk_size_bytes:
                 raise InvalidRequest(f"ios[{n}]: length {io.length_bytes} is past chunk size {io.chunk_size_bytes}")
+            ids.append(self._update_id(f"ios[{n}]", io.update_id))
         return await self._head_simple(
             [(io.chain_id, io.chain_version, Update(key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
                                                     kind=spb.UPDATE_TYPE_TRUNCATE, chunk_size=io.chunk_size_bytes,
-                                                    length=io.length_bytes)) for io in ios]
+                                                    length=io.length_bytes, update_id=uid))
+             for io, uid in zip(ios, ids, strict=True)]
         )  # fmt: skip
 
     async def remove(self, request: spb.RemoveChunksRequest, max_default: int = 256) -> tuple[int, bool]:
@@ -140,10 +164,11 @@ class WritePath(NodeBase):
             raise InvalidRequest(status[1]) if target is None else NotServing(status[1])
         assert target is not None
         keys = target.engine.keys_of_inode(request.inode_id, request.begin_chunk_index, request.end_chunk_index)
-        limit = request.max_chunks or max_default
+        limit = min(request.max_chunks or max_default, self.config.max_batch_ios)
         todo = keys[:limit]
         results = await self._head_simple(
-            [(request.chain_id, request.chain_version, Update(key=k, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0))
+            [(request.chain_id, request.chain_version, Update(key=k, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0,
+                                                              update_id=self._update_id("remove", spb.UpdateId())))
              for k in todo]
         )  # fmt: skip
         if any(r.status != spb.CHUNK_IO_STATUS_OK for r in results):
@@ -177,19 +202,31 @@ class WritePath(NodeBase):
         for u in round_:
             u.chain_version = chain_version
         ready = await asyncio.to_thread(self._prepare, target, round_, True)
+        damaged = [u for u in round_ if u.corrupt]
+        for u in damaged:  # the head's own copy is bad: repair it (and the chain) from a good one, then go on
+            if await self.repair_locked(target, u.key):
+                u.corrupt, u.result = False, spb.UpdateResult()
+                ready += await asyncio.to_thread(self._prepare, target, [u], True)
         await self._store_forward_commit(target, ready)
 
     def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
         """Decide each update and compute its new content (thread); returns the ones to store and pass on.
-        The others have their result set (duplicate, missing update, corrupt base chunk, nothing to remove)."""
+        The others have their result set (already committed, duplicate, missing update, corrupt base chunk:
+        ``corrupt`` set, the caller repairs; nothing to remove). Runs in a worker thread: no event loop here."""
         ready: list[Update] = []
         for u in updates:
             meta = target.engine.get(u.key)
             committed = meta.committed_version if meta else 0
             if at_head:
+                done = self._already_committed(target, u)
+                if done is not None:  # a retry of an update committed before: its original result
+                    u.result = _res(spb.CHUNK_IO_STATUS_OK, "already committed", done.version)
+                    u.result.chunk_length_bytes = done.length
+                    u.result.chunk_checksum.CopyFrom(spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=done.checksum))
+                    continue
                 u.version = committed + 1
             else:
-                decision = decide_forward(committed, u.version, u.full)
+                decision = decide_forward(committed, u.version, u.full, self._same_update(target, u, committed))
                 if decision is ForwardDecision.DUPLICATE:
                     u.result = _res(spb.CHUNK_IO_STATUS_OK, "duplicate", committed, meta)
                     continue
@@ -199,8 +236,9 @@ class WritePath(NodeBase):
             try:
                 u.content = self._new_content(target, u)
             except ChunkCorrupt as exc:
-                u.result = _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, str(exc))
-                self.spawn(self.request_repair(target, [u.key]))
+                # a replica asks for the whole chunk instead (which replaces its bad copy); the head repairs
+                status = spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH if at_head else spb.CHUNK_IO_STATUS_MISSING_UPDATE
+                u.result, u.corrupt = _res(status, str(exc)), True
                 continue
             if u.kind == spb.UPDATE_TYPE_REMOVE and meta is None and not at_head:
                 u.result = _res(spb.CHUNK_IO_STATUS_OK, "already removed")
@@ -211,6 +249,19 @@ class WritePath(NodeBase):
                     u.content_checksum = crc32c_of(u.content)
             ready.append(u)
         return ready
+
+    def _already_committed(self, target: Target, u: Update) -> UpdateRecord | None:
+        if not self.config.update_ids or u.update_id is None:
+            return None
+        return target.engine.find_update(u.key, u.update_id)
+
+    def _same_update(self, target: Target, u: Update, committed: int) -> bool | None:
+        """Whether this replica committed ``u.version`` from this very update (None: ids off, or the update
+        has none, so the version alone decides)."""
+        if not self.config.update_ids or u.update_id is None or u.full or u.version > committed:
+            return None
+        record = target.engine.update_at(u.key, u.version)
+        return record is not None and record.update_id == u.update_id
 
     def _new_content(self, target: Target, u: Update) -> Payload | None:
         if u.kind == spb.UPDATE_TYPE_REMOVE:
@@ -257,8 +308,9 @@ class WritePath(NodeBase):
         for u, p in zip(updates, stored, strict=True):
             u.pending = p
         done = [u for u in updates if u not in failed]
+        tags = [(u.update_id, u.records if u.full else None) for u in done if u.pending]
         try:
-            metas = await asyncio.to_thread(engine.commit, [u.pending for u in done if u.pending])
+            metas = await asyncio.to_thread(engine.commit, [u.pending for u in done if u.pending], tags)
         except Exception as exc:
             if any(u.forwarded for u in done):
                 self._behind_the_chain(target, "committing", exc)
@@ -348,6 +400,11 @@ class WritePath(NodeBase):
                 checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=_payload_checksum(u, payload)),
                 full_chunk_replace=full, no_forward=no_forward,
             )  # fmt: skip
+            if u.update_id is not None:
+                msg.update_id.CopyFrom(spb.UpdateId(client_id=u.update_id[0], request_id=u.update_id[1]))
+            if full:
+                records = u.records if u.records is not None else self.targets[from_target].engine.recent_updates(u.key)
+                msg.recent_updates.extend(_record_pb(r) for r in records)
             if kind == spb.UPDATE_TYPE_WRITE:
                 if bulk:
                     msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
@@ -374,12 +431,49 @@ class WritePath(NodeBase):
 
     # ---- write (replicas) ----
 
+    def _check_forwarded(self, n: int, cu: spb.ChunkUpdate) -> tuple[UpdateKey | None, list[UpdateRecord] | None]:
+        """A forwarded update's shape (before any work): its id, and a full replace's records."""
+        what = f"updates[{n}]"
+        check_chunk_id(cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
+        kind = cu.update_type
+        if kind not in (spb.UPDATE_TYPE_WRITE, spb.UPDATE_TYPE_TRUNCATE, spb.UPDATE_TYPE_REMOVE):
+            raise InvalidRequest(f"{what}: update_type {kind} is not a write, truncate or remove")
+        if kind != spb.UPDATE_TYPE_REMOVE:
+            if not 0 < cu.chunk_size_bytes <= MAX_CHUNK_SIZE_BYTES:
+                raise InvalidRequest(f"{what}: chunk_size_bytes {cu.chunk_size_bytes} must be in "
+                                     f"1..{MAX_CHUNK_SIZE_BYTES}")  # fmt: skip
+            end = cu.offset_bytes + (cu.length_bytes if kind == spb.UPDATE_TYPE_WRITE else 0)
+            if max(end, cu.length_bytes) > cu.chunk_size_bytes:
+                raise InvalidRequest(f"{what}: offset {cu.offset_bytes} + length {cu.length_bytes} is past the "
+                                     f"chunk size {cu.chunk_size_bytes}")  # fmt: skip
+        if cu.update_version <= 0:
+            raise InvalidRequest(f"{what}: update_version must be positive")
+        which = cu.WhichOneof("data")
+        if which == "inline_data" and len(cu.inline_data) != cu.length_bytes:
+            raise InvalidRequest(f"{what}: inline data has {len(cu.inline_data)} bytes, length says {cu.length_bytes}")
+        if kind == spb.UPDATE_TYPE_WRITE and which is None and cu.length_bytes:
+            raise InvalidRequest(f"{what}: a write without data")
+        self.check_count("recent_updates", len(cu.recent_updates))
+        records = [record_from_pb(r) for r in cu.recent_updates] if cu.full_chunk_replace else None
+        return check_update_id(what, cu.update_id.client_id, cu.update_id.request_id), records
+
+    def _check_forward_call(
+        self, request: spb.ForwardUpdatesRequest
+    ) -> list[tuple[UpdateKey | None, list[UpdateRecord] | None]]:
+        self.check_count("updates", len(request.updates))
+        checked = [self._check_forwarded(n, cu) for n, cu in enumerate(request.updates)]
+        total = sum(cu.length_bytes for cu in request.updates if cu.update_type == spb.UPDATE_TYPE_WRITE)
+        if total > self.config.max_batch_bytes:
+            raise TooCostly(f"updates of {total} bytes in one call: the limit is {self.config.max_batch_bytes}")
+        return checked
+
     async def forward_updates(self, request: spb.ForwardUpdatesRequest, owner: str) -> list[spb.UpdateResult]:
+        checked = self._check_forward_call(request)
         results = [spb.UpdateResult() for _ in request.updates]
         groups: dict[int, list[tuple[int, Update]]] = defaultdict(list)
         blobs: dict[str, bytearray | None] = {}
         for n, cu in enumerate(request.updates):
-            key = check_chunk_id(cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
+            key = (cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
             target = self._target_of_chain(cu.chain_id)
             if target is None:
                 results[n] = _res(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"no target of chain {cu.chain_id} here")
@@ -411,7 +505,7 @@ class WritePath(NodeBase):
                 key=key, kind=cu.update_type, chunk_size=cu.chunk_size_bytes, offset=cu.offset_bytes, data=data,
                 data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
                 length=cu.length_bytes, full=cu.full_chunk_replace, version=cu.update_version,
-                chain_version=cu.chain_version,
+                chain_version=cu.chain_version, update_id=checked[n][0], records=checked[n][1],
             )))  # fmt: skip
             if cu.no_forward:
                 groups[target.target_id][-1][1].result.message = "no_forward"
@@ -437,6 +531,22 @@ class WritePath(NodeBase):
         local_only = [u for u in ready if u in no_forward]
         await self._store_forward_commit(target, local_only, forward=False)
         await self._store_forward_commit(target, [u for u in ready if u not in local_only])
+
+
+def _record_pb(r: UpdateRecord) -> spb.UpdateRecord:
+    return spb.UpdateRecord(
+        update_id=spb.UpdateId(client_id=r.update_id[0], request_id=r.update_id[1]), version=r.version,
+        chunk_length_bytes=r.length, chunk_checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=r.checksum),
+        committed_at_ms=r.committed_at_ms,
+    )  # fmt: skip
+
+
+def record_from_pb(m: spb.UpdateRecord) -> UpdateRecord:
+    got = check_update_id("recent_updates", m.update_id.client_id, m.update_id.request_id)
+    if got is None:
+        raise InvalidRequest("recent_updates: a record without an update id")
+    return UpdateRecord(update_id=got, version=m.version, length=m.chunk_length_bytes,
+                        checksum=m.chunk_checksum.value, committed_at_ms=m.committed_at_ms)  # fmt: skip
 
 
 def _rounds(updates: list[Update]) -> list[list[Update]]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from ff_storage.core.errors import InvalidRequest
 
 ChunkKey = tuple[int, int]  # (inode id, chunk index); a chunk id is the inode id plus the index
+UpdateKey = tuple[bytes, int]  # an update's id: (client id, request id), chosen by the client (3FS)
+MAX_CLIENT_ID_BYTES = 64
 MAX_INODE_ID = 2**63 - 1
 MAX_CHUNK_INDEX = 2**40
 MAX_CHUNK_SIZE_BYTES = 64 * 1024 * 1024
@@ -30,6 +32,28 @@ class ChunkMeta:
     @property
     def key(self) -> ChunkKey:
         return (self.inode_id, self.chunk_index)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateRecord:
+    """An update a replica remembers for a chunk: its id, the version it created, the chunk after it."""
+
+    update_id: UpdateKey
+    version: int
+    length: int
+    checksum: int
+    committed_at_ms: int
+
+
+def check_update_id(what: str, client_id: bytes, request_id: int) -> UpdateKey | None:
+    """An update id from the wire: None when unset (empty client id and request id 0)."""
+    if not client_id and not request_id:
+        return None
+    if not 0 < len(client_id) <= MAX_CLIENT_ID_BYTES:
+        raise InvalidRequest(f"{what}: update_id.client_id must have 1..{MAX_CLIENT_ID_BYTES} bytes")
+    if request_id <= 0:
+        raise InvalidRequest(f"{what}: update_id.request_id must be positive")
+    return (client_id, request_id)
 
 
 def check_chunk_id(inode_id: int, chunk_index: int) -> ChunkKey:
@@ -82,11 +106,19 @@ class ForwardDecision(enum.Enum):
     MISSING = "missing"  # a version is missing in between: the predecessor must send the whole chunk
 
 
-def decide_forward(committed_version: int, update_version: int, full_chunk_replace: bool) -> ForwardDecision:
+def decide_forward(
+    committed_version: int, update_version: int, full_chunk_replace: bool, same_update: bool | None = None
+) -> ForwardDecision:
+    """``same_update``: whether this replica committed ``update_version`` from the very update forwarded now
+    (same update id); None: update ids are off, a version at or below the committed one is a duplicate.
+
+    A different update at a version this replica already committed is no duplicate: this replica took an
+    update its predecessor then dropped (the ack was lost, the predecessor aborted), and the predecessor's
+    copy is the chain's. It answers MISSING, and the predecessor sends the whole chunk."""
     if full_chunk_replace:
         return ForwardDecision.APPLY if update_version >= committed_version else ForwardDecision.DUPLICATE
     if update_version <= committed_version:
-        return ForwardDecision.DUPLICATE
+        return ForwardDecision.MISSING if same_update is False else ForwardDecision.DUPLICATE
     if update_version == committed_version + 1:
         return ForwardDecision.APPLY
     return ForwardDecision.MISSING

@@ -11,6 +11,10 @@ class InvalidRequest(StorageError):
     """Malformed IO: ids, offsets or lengths out of range, oversized, unknown chain; nothing was written."""
 
 
+class TooCostly(StorageError):
+    """A request over the node's cost limits (IOs or bytes per call); refused before any work."""
+
+
 class TargetNotFound(StorageError):
     """No such target on this node."""
 

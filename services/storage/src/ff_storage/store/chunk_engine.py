@@ -40,13 +40,14 @@ import mmap
 import os
 import sqlite3
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ff_storage.core.chunks import ChunkKey, ChunkMeta
+from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
 from hf3fs.checksum import crc32c_of
 
@@ -61,7 +62,23 @@ CREATE TABLE IF NOT EXISTS chunks (
     file TEXT NOT NULL,
     PRIMARY KEY (inode_id, chunk_index)
 );
+CREATE TABLE IF NOT EXISTS update_ids (
+    inode_id INTEGER NOT NULL,
+    chunk_index INTEGER NOT NULL,
+    client_id BLOB NOT NULL,
+    request_id INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    checksum INTEGER NOT NULL,
+    committed_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (inode_id, chunk_index, client_id, request_id)
+);
 """
+
+# What a commit records per pending version: the update's id (None: none) and, for a full-chunk replace
+# from a predecessor, the records that replace this chunk's (None: keep them).
+UpdateTag = tuple[UpdateKey | None, Sequence[UpdateRecord] | None]
+SWEEP_EVERY_COMMITS = 1024
 
 
 # (key, version, chain version, content or None to remove, CRC of the content if already known)
@@ -82,8 +99,15 @@ class Pending:
 
 
 class ChunkEngine:
-    def __init__(self, root: Path, *, fsync: bool = True, max_free_files: int = 64) -> None:
+    def __init__(
+        self, root: Path, *, fsync: bool = True, max_free_files: int = 64, update_id_ttl_s: float = 120.0,
+        max_update_ids_per_chunk: int = 1024,
+    ) -> None:  # fmt: skip
         self.root = root
+        self._ttl_ms = int(update_id_ttl_s * 1000)
+        self._max_ids = max_update_ids_per_chunk
+        self._recent: dict[ChunkKey, dict[UpdateKey, UpdateRecord]] = {}  # oldest first
+        self._commits = 0
         self.data_dir = root / "chunks"
         self._fsync = fsync
         self._max_free = max_free_files
@@ -111,6 +135,12 @@ class ChunkEngine:
                              length=row[4], checksum=row[5])  # fmt: skip
             self._meta[meta.key] = meta
             self._files[meta.key] = row[6]
+        rows = db.execute("SELECT inode_id, chunk_index, client_id, request_id, version, length, checksum, "
+                          "committed_at_ms FROM update_ids ORDER BY committed_at_ms, version")  # fmt: skip
+        for row in rows:
+            rec = UpdateRecord(update_id=(bytes(row[2]), row[3]), version=row[4], length=row[5], checksum=row[6],
+                               committed_at_ms=row[7])  # fmt: skip
+            self._recent.setdefault((row[0], row[1]), {})[rec.update_id] = rec
         if self._fsync:  # whatever a crash left: names on disk before any of these files is reused
             for folder in [self.data_dir, *(d for d in self.data_dir.iterdir() if d.is_dir())]:
                 _fsync_dir(folder)
@@ -233,6 +263,42 @@ class ChunkEngine:
     def usage(self) -> tuple[int, int]:
         with self._lock:
             return len(self._meta), sum(m.length for m in self._meta.values())
+
+    # ---- update ids ----
+
+    def find_update(self, key: ChunkKey, update_id: UpdateKey) -> UpdateRecord | None:
+        """The remembered update of ``key`` with this id (committed here), if any."""
+        with self._lock:
+            return self._recent.get(key, {}).get(update_id)
+
+    def update_at(self, key: ChunkKey, version: int) -> UpdateRecord | None:
+        """The remembered update that created ``version`` of ``key``, if any."""
+        with self._lock:
+            return next((r for r in self._recent.get(key, {}).values() if r.version == version), None)
+
+    def recent_updates(self, key: ChunkKey) -> list[UpdateRecord]:
+        with self._lock:
+            return list(self._recent.get(key, {}).values())
+
+    def num_update_records(self) -> int:
+        with self._lock:
+            return sum(len(r) for r in self._recent.values())
+
+    def _next_records(
+        self, p: Pending, tag: UpdateTag, now_ms: int
+    ) -> tuple[dict[UpdateKey, UpdateRecord], list[UpdateRecord], list[UpdateRecord]]:
+        """The chunk's records after committing ``p`` with ``tag``, the ones that go, the new ones (lock held)."""
+        update_id, inherited = tag
+        before = self._recent.get(p.key, {})
+        records = dict(before) if inherited is None else {r.update_id: r for r in inherited}
+        if update_id is not None:
+            records.pop(update_id, None)
+            records[update_id] = UpdateRecord(update_id=update_id, version=p.version, length=p.length,
+                                              checksum=p.checksum, committed_at_ms=now_ms)  # fmt: skip
+        _prune(records, now_ms - self._ttl_ms, self._max_ids)
+        gone = [r for k, r in before.items() if records.get(k) is not r]
+        added = [r for k, r in records.items() if before.get(k) is not r]
+        return records, gone, added
 
     # ---- writes ----
 
@@ -361,11 +427,16 @@ class ChunkEngine:
         for path in extra:
             path.unlink(missing_ok=True)
 
-    def commit(self, pendings: Iterable[Pending]) -> list[ChunkMeta | None]:
-        """Make pending versions the committed ones, in one transaction; then drop the old files."""
+    def commit(self, pendings: Iterable[Pending], tags: Sequence[UpdateTag] | None = None) -> list[ChunkMeta | None]:
+        """Make pending versions the committed ones, in one transaction with the updates' ids (``tags``, one
+        per pending: see ``UpdateTag``); then drop the old files."""
         todo = list(pendings)
+        tags = list(tags) if tags is not None else [(None, None)] * len(todo)
+        if len(tags) != len(todo):
+            raise ValueError(f"{len(tags)} tags for {len(todo)} pending versions")
         old_files: list[Path] = []
         results: list[ChunkMeta | None] = []
+        now_ms = int(time.time() * 1000)
         with self._lock:
             assert self._db is not None, "engine is closed"
             if any(self._pending.get(p.key) is not p or not p.stored for p in todo):
@@ -373,19 +444,14 @@ class ChunkEngine:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
-                for p in todo:
-                    if p.path is None:
-                        db.execute("DELETE FROM chunks WHERE inode_id=? AND chunk_index=?", p.key)
-                        continue
-                    name = str(p.path.relative_to(self.data_dir))
-                    db.execute(
-                        "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (p.key[0], p.key[1], p.chain_version, p.version, p.length, p.checksum, name),
-                    )
+                records = self._commit_rows(db, todo, tags, now_ms)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+            self._recent.update(records)
+            for key in [k for k, r in records.items() if not r]:
+                del self._recent[key]
             for p in todo:
                 old = self._files.get(p.key)
                 if p.path is None:
@@ -403,7 +469,50 @@ class ChunkEngine:
                 if self._pending.get(p.key) is p:
                     del self._pending[p.key]
         self._release(old_files)
+        self._commits += 1
+        if self._commits % SWEEP_EVERY_COMMITS == 0:
+            self.forget_expired_updates()
         return results
+
+    def _commit_rows(
+        self, db: sqlite3.Connection, todo: list[Pending], tags: list[UpdateTag], now_ms: int
+    ) -> dict[ChunkKey, dict[UpdateKey, UpdateRecord]]:
+        """The SQL of a commit (transaction open, lock held); returns the chunks' records after it."""
+        records: dict[ChunkKey, dict[UpdateKey, UpdateRecord]] = {}
+        for p, tag in zip(todo, tags, strict=True):
+            if p.path is None:
+                db.execute("DELETE FROM chunks WHERE inode_id=? AND chunk_index=?", p.key)
+            else:
+                name = str(p.path.relative_to(self.data_dir))
+                db.execute(
+                    "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (p.key[0], p.key[1], p.chain_version, p.version, p.length, p.checksum, name),
+                )
+            if tag == (None, None):
+                continue
+            after, gone, added = self._next_records(p, tag, now_ms)
+            records[p.key] = after
+            for r in gone:
+                db.execute("DELETE FROM update_ids WHERE inode_id=? AND chunk_index=? AND client_id=? AND "
+                           "request_id=?", (*p.key, *r.update_id))  # fmt: skip
+            db.executemany("INSERT OR REPLACE INTO update_ids VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(*p.key, *r.update_id, r.version, r.length, r.checksum, r.committed_at_ms)
+                            for r in added])  # fmt: skip
+        return records
+
+    def forget_expired_updates(self) -> int:
+        """Drop every remembered update older than the ttl (commits prune only their own chunks)."""
+        cutoff = int(time.time() * 1000) - self._ttl_ms
+        with self._lock:
+            if self._db is None:
+                return 0
+            stale = [k for k, r in self._recent.items() if r and next(iter(r.values())).committed_at_ms < cutoff]
+            for key in stale:
+                _prune(self._recent[key], cutoff, self._max_ids)
+                if not self._recent[key]:
+                    del self._recent[key]
+            self._db.execute("DELETE FROM update_ids WHERE committed_at_ms < ?", (cutoff,))
+            return len(stale)
 
     def abort(self, pendings: Iterable[Pending]) -> None:
         """Forget pending versions that will not be committed."""
@@ -420,6 +529,15 @@ class ChunkEngine:
         with self._lock:
             keys = sorted(self._meta)
         yield from keys
+
+
+def _prune(records: dict[UpdateKey, UpdateRecord], cutoff_ms: int, max_records: int) -> None:
+    """Forget the oldest records: those committed before ``cutoff_ms``, and any beyond ``max_records``."""
+    while records:
+        oldest = next(iter(records))
+        if len(records) <= max_records and records[oldest].committed_at_ms >= cutoff_ms:
+            return
+        del records[oldest]
 
 
 def _write_file(path: Path, content: bytes | memoryview, flags: int, sync: Callable[[int], None] | None) -> None:

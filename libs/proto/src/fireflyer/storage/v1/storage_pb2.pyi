@@ -222,6 +222,74 @@ class TransferRef(_message.Message):
 Global___TransferRef: _TypeAlias = TransferRef  # noqa: Y015
 
 @_typing.final
+class UpdateId(_message.Message):
+    """The client-chosen identity of one chain update (3FS: client id + request id). A client sends the same id
+    on every attempt of one write; each replica remembers the ids of a chunk's recent updates with the
+    version and result they produced (persistently, and carried to a recovering target), so an attempt of an
+    update already committed is answered with its original result and not applied again, by the head it
+    first went to or by a new head after that one died. Unset: the head gives the update an id of its own
+    (replicas still tell a different update at the same version from a re-sent one).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.bytes
+    """Chosen once per client (16 random bytes); at most 64 bytes."""
+    request_id: _builtins.int
+    """Unique among the client's updates; nonzero."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.bytes = ...,
+        request_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateId: _TypeAlias = UpdateId  # noqa: Y015
+
+@_typing.final
+class UpdateRecord(_message.Message):
+    """An update a replica remembers: its id, the version it created and the chunk after it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPDATE_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CHUNK_LENGTH_BYTES_FIELD_NUMBER: _builtins.int
+    CHUNK_CHECKSUM_FIELD_NUMBER: _builtins.int
+    COMMITTED_AT_MS_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    chunk_length_bytes: _builtins.int
+    committed_at_ms: _builtins.int
+    """When the update committed (Unix ms); records older than the node's `update_id_ttl_s` are forgotten."""
+    @_builtins.property
+    def update_id(self) -> Global___UpdateId: ...
+    @_builtins.property
+    def chunk_checksum(self) -> Global___Checksum: ...
+    def __init__(
+        self,
+        *,
+        update_id: Global___UpdateId | None = ...,
+        version: _builtins.int = ...,
+        chunk_length_bytes: _builtins.int = ...,
+        chunk_checksum: Global___Checksum | None = ...,
+        committed_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk_checksum", b"chunk_checksum", "update_id", b"update_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_checksum", b"chunk_checksum", "chunk_length_bytes", b"chunk_length_bytes", "committed_at_ms", b"committed_at_ms", "update_id", b"update_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateRecord: _TypeAlias = UpdateRecord  # noqa: Y015
+
+@_typing.final
 class UpdateResult(_message.Message):
     """Result of a chain update (write, truncate, forwarded update)."""
 
@@ -314,6 +382,7 @@ class WriteIO(_message.Message):
     INLINE_DATA_FIELD_NUMBER: _builtins.int
     TRANSFER_FIELD_NUMBER: _builtins.int
     IO_CAPABILITY_FIELD_NUMBER: _builtins.int
+    UPDATE_ID_FIELD_NUMBER: _builtins.int
     chain_id: _builtins.int
     chain_version: _builtins.int
     """The chain version the client routed with; must equal the target's (else STALE_CHAIN_VERSION)."""
@@ -331,6 +400,10 @@ class WriteIO(_message.Message):
 
     @_builtins.property
     def transfer(self) -> Global___TransferRef: ...
+    @_builtins.property
+    def update_id(self) -> Global___UpdateId:
+        """Makes a retry of this write idempotent: the same id on every attempt of one write (see UpdateId)."""
+
     def __init__(
         self,
         *,
@@ -344,10 +417,11 @@ class WriteIO(_message.Message):
         inline_data: _builtins.bytes = ...,
         transfer: Global___TransferRef | None = ...,
         io_capability: _builtins.bytes = ...,
+        update_id: Global___UpdateId | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "chunk_id", b"chunk_id", "data", b"data", "inline_data", b"inline_data", "transfer", b"transfer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "chunk_id", b"chunk_id", "data", b"data", "inline_data", b"inline_data", "transfer", b"transfer", "update_id", b"update_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_id", b"chain_id", "chain_version", b"chain_version", "checksum", b"checksum", "chunk_id", b"chunk_id", "chunk_size_bytes", b"chunk_size_bytes", "data", b"data", "inline_data", b"inline_data", "io_capability", b"io_capability", "length_bytes", b"length_bytes", "offset_bytes", b"offset_bytes", "transfer", b"transfer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_id", b"chain_id", "chain_version", b"chain_version", "checksum", b"checksum", "chunk_id", b"chunk_id", "chunk_size_bytes", b"chunk_size_bytes", "data", b"data", "inline_data", b"inline_data", "io_capability", b"io_capability", "length_bytes", b"length_bytes", "offset_bytes", b"offset_bytes", "transfer", b"transfer", "update_id", b"update_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_data: _TypeAlias = _typing.Literal["inline_data", "transfer"]  # noqa: Y015
     _WhichOneofArgType_data: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
@@ -654,6 +728,7 @@ class TruncateIO(_message.Message):
     CHUNK_ID_FIELD_NUMBER: _builtins.int
     CHUNK_SIZE_BYTES_FIELD_NUMBER: _builtins.int
     LENGTH_BYTES_FIELD_NUMBER: _builtins.int
+    UPDATE_ID_FIELD_NUMBER: _builtins.int
     chain_id: _builtins.int
     chain_version: _builtins.int
     chunk_size_bytes: _builtins.int
@@ -661,6 +736,10 @@ class TruncateIO(_message.Message):
     """New length of the chunk; longer than the chunk extends it with zeros."""
     @_builtins.property
     def chunk_id(self) -> Global___ChunkId: ...
+    @_builtins.property
+    def update_id(self) -> Global___UpdateId:
+        """As WriteIO.update_id."""
+
     def __init__(
         self,
         *,
@@ -669,10 +748,11 @@ class TruncateIO(_message.Message):
         chunk_id: Global___ChunkId | None = ...,
         chunk_size_bytes: _builtins.int = ...,
         length_bytes: _builtins.int = ...,
+        update_id: Global___UpdateId | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "update_id", b"update_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_id", b"chain_id", "chain_version", b"chain_version", "chunk_id", b"chunk_id", "chunk_size_bytes", b"chunk_size_bytes", "length_bytes", b"length_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_id", b"chain_id", "chain_version", b"chain_version", "chunk_id", b"chunk_id", "chunk_size_bytes", b"chunk_size_bytes", "length_bytes", b"length_bytes", "update_id", b"update_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -899,6 +979,8 @@ class ChunkUpdate(_message.Message):
     TRANSFER_FIELD_NUMBER: _builtins.int
     FULL_CHUNK_REPLACE_FIELD_NUMBER: _builtins.int
     NO_FORWARD_FIELD_NUMBER: _builtins.int
+    UPDATE_ID_FIELD_NUMBER: _builtins.int
+    RECENT_UPDATES_FIELD_NUMBER: _builtins.int
     chain_id: _builtins.int
     chain_version: _builtins.int
     update_type: Global___UpdateType.ValueType
@@ -922,6 +1004,16 @@ class ChunkUpdate(_message.Message):
     def checksum(self) -> Global___Checksum: ...
     @_builtins.property
     def transfer(self) -> Global___TransferRef: ...
+    @_builtins.property
+    def update_id(self) -> Global___UpdateId:
+        """The update's id (the head sets one on every update). A replica that committed `update_version` from
+        an update with another id answers MISSING_UPDATE (the predecessor sends the whole chunk), not OK.
+        """
+
+    @_builtins.property
+    def recent_updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___UpdateRecord]:
+        """Full-chunk replaces only: the sender's remembered updates of this chunk, kept by the receiver."""
+
     def __init__(
         self,
         *,
@@ -938,10 +1030,12 @@ class ChunkUpdate(_message.Message):
         transfer: Global___TransferRef | None = ...,
         full_chunk_replace: _builtins.bool = ...,
         no_forward: _builtins.bool = ...,
+        update_id: Global___UpdateId | None = ...,
+        recent_updates: _abc.Iterable[Global___UpdateRecord] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "chunk_id", b"chunk_id", "data", b"data", "inline_data", b"inline_data", "transfer", b"transfer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "chunk_id", b"chunk_id", "data", b"data", "inline_data", b"inline_data", "transfer", b"transfer", "update_id", b"update_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_id", b"chain_id", "chain_version", b"chain_version", "checksum", b"checksum", "chunk_id", b"chunk_id", "chunk_size_bytes", b"chunk_size_bytes", "data", b"data", "full_chunk_replace", b"full_chunk_replace", "inline_data", b"inline_data", "length_bytes", b"length_bytes", "no_forward", b"no_forward", "offset_bytes", b"offset_bytes", "transfer", b"transfer", "update_type", b"update_type", "update_version", b"update_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_id", b"chain_id", "chain_version", b"chain_version", "checksum", b"checksum", "chunk_id", b"chunk_id", "chunk_size_bytes", b"chunk_size_bytes", "data", b"data", "full_chunk_replace", b"full_chunk_replace", "inline_data", b"inline_data", "length_bytes", b"length_bytes", "no_forward", b"no_forward", "offset_bytes", b"offset_bytes", "recent_updates", b"recent_updates", "transfer", b"transfer", "update_id", b"update_id", "update_type", b"update_type", "update_version", b"update_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_data: _TypeAlias = _typing.Literal["inline_data", "transfer"]  # noqa: Y015
     _WhichOneofArgType_data: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015

@@ -44,7 +44,9 @@ class StorageServiceStub:
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
-    oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
+    oversized IO, an unknown chain, an IO repeated in one read) fails the whole call with INVALID_ARGUMENT
+    before anything is done; a request over the node's cost limits (IOs or bytes per call) fails with
+    RESOURCE_EXHAUSTED, also before any work.
     User calls that touch a file's chunks carry the file's IoCapability from meta (PERMISSION_DENIED
     otherwise); calls with the cluster token need none.
     """
@@ -146,7 +148,9 @@ class StorageServiceServicer:
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
-    oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
+    oversized IO, an unknown chain, an IO repeated in one read) fails the whole call with INVALID_ARGUMENT
+    before anything is done; a request over the node's cost limits (IOs or bytes per call) fails with
+    RESOURCE_EXHAUSTED, also before any work.
     User calls that touch a file's chunks carry the file's IoCapability from meta (PERMISSION_DENIED
     otherwise); calls with the cluster token need none.
     """
@@ -154,8 +158,8 @@ class StorageServiceServicer:
     def BatchWrite(self, request, context):
         """Write chunk data (full or partial: an update at an offset). Sent to the head target of each IO's
         chain; answers after the whole chain committed (the write is then acknowledged and durable on
-        every serving replica). Idempotent in content: writing the same bytes again is harmless (as in 3FS,
-        a retry is not ordered against other writers of the same range).
+        every serving replica). Idempotent: an IO carrying the update_id of an update already committed is
+        answered with that update's original result and not applied again (as in 3FS).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -217,7 +221,8 @@ class StorageServiceServicer:
     def ForwardUpdates(self, request, context):
         """Chain internal: a predecessor forwards updates to its successor (and a recovery predecessor sends
         full-chunk-replace writes to a syncing target). Answers after this target and everything after it
-        committed. A duplicate (this replica already committed `update_version`) is answered OK.
+        committed. A duplicate (this replica already committed `update_version` from the same update id) is
+        answered OK.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -372,7 +377,9 @@ class StorageService:
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
-    oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
+    oversized IO, an unknown chain, an IO repeated in one read) fails the whole call with INVALID_ARGUMENT
+    before anything is done; a request over the node's cost limits (IOs or bytes per call) fails with
+    RESOURCE_EXHAUSTED, also before any work.
     User calls that touch a file's chunks carry the file's IoCapability from meta (PERMISSION_DENIED
     otherwise); calls with the cluster token need none.
     """

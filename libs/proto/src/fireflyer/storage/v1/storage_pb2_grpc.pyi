@@ -45,7 +45,9 @@ class StorageServiceStub:
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
-    oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
+    oversized IO, an unknown chain, an IO repeated in one read) fails the whole call with INVALID_ARGUMENT
+    before anything is done; a request over the node's cost limits (IOs or bytes per call) fails with
+    RESOURCE_EXHAUSTED, also before any work.
     User calls that touch a file's chunks carry the file's IoCapability from meta (PERMISSION_DENIED
     otherwise); calls with the cluster token need none.
     """
@@ -57,8 +59,8 @@ class StorageServiceStub:
     BatchWrite: _grpc.UnaryUnaryMultiCallable[_storage_pb2.BatchWriteRequest, _storage_pb2.BatchWriteResponse]
     """Write chunk data (full or partial: an update at an offset). Sent to the head target of each IO's
     chain; answers after the whole chain committed (the write is then acknowledged and durable on
-    every serving replica). Idempotent in content: writing the same bytes again is harmless (as in 3FS,
-    a retry is not ordered against other writers of the same range).
+    every serving replica). Idempotent: an IO carrying the update_id of an update already committed is
+    answered with that update's original result and not applied again (as in 3FS).
     """
     BatchRead: _grpc.UnaryUnaryMultiCallable[_storage_pb2.BatchReadRequest, _storage_pb2.BatchReadResponse]
     """Read chunk ranges from any serving replica. The checksum of the stored chunk is verified on every
@@ -91,7 +93,8 @@ class StorageServiceStub:
     ForwardUpdates: _grpc.UnaryUnaryMultiCallable[_storage_pb2.ForwardUpdatesRequest, _storage_pb2.ForwardUpdatesResponse]
     """Chain internal: a predecessor forwards updates to its successor (and a recovery predecessor sends
     full-chunk-replace writes to a syncing target). Answers after this target and everything after it
-    committed. A duplicate (this replica already committed `update_version`) is answered OK.
+    committed. A duplicate (this replica already committed `update_version` from the same update id) is
+    answered OK.
     """
     DumpChunkMeta: _grpc.UnaryStreamMultiCallable[_storage_pb2.DumpChunkMetaRequest, _storage_pb2.DumpChunkMetaResponse]
     """Recovery (3FS dump-chunkmeta): the predecessor of a syncing target asks it for the metadata of all
@@ -138,7 +141,9 @@ class StorageServiceAsyncStub(StorageServiceStub):
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
-    oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
+    oversized IO, an unknown chain, an IO repeated in one read) fails the whole call with INVALID_ARGUMENT
+    before anything is done; a request over the node's cost limits (IOs or bytes per call) fails with
+    RESOURCE_EXHAUSTED, also before any work.
     User calls that touch a file's chunks carry the file's IoCapability from meta (PERMISSION_DENIED
     otherwise); calls with the cluster token need none.
     """
@@ -147,8 +152,8 @@ class StorageServiceAsyncStub(StorageServiceStub):
     BatchWrite: _aio.UnaryUnaryMultiCallable[_storage_pb2.BatchWriteRequest, _storage_pb2.BatchWriteResponse]  # type: ignore[assignment]
     """Write chunk data (full or partial: an update at an offset). Sent to the head target of each IO's
     chain; answers after the whole chain committed (the write is then acknowledged and durable on
-    every serving replica). Idempotent in content: writing the same bytes again is harmless (as in 3FS,
-    a retry is not ordered against other writers of the same range).
+    every serving replica). Idempotent: an IO carrying the update_id of an update already committed is
+    answered with that update's original result and not applied again (as in 3FS).
     """
     BatchRead: _aio.UnaryUnaryMultiCallable[_storage_pb2.BatchReadRequest, _storage_pb2.BatchReadResponse]  # type: ignore[assignment]
     """Read chunk ranges from any serving replica. The checksum of the stored chunk is verified on every
@@ -181,7 +186,8 @@ class StorageServiceAsyncStub(StorageServiceStub):
     ForwardUpdates: _aio.UnaryUnaryMultiCallable[_storage_pb2.ForwardUpdatesRequest, _storage_pb2.ForwardUpdatesResponse]  # type: ignore[assignment]
     """Chain internal: a predecessor forwards updates to its successor (and a recovery predecessor sends
     full-chunk-replace writes to a syncing target). Answers after this target and everything after it
-    committed. A duplicate (this replica already committed `update_version`) is answered OK.
+    committed. A duplicate (this replica already committed `update_version` from the same update id) is
+    answered OK.
     """
     DumpChunkMeta: _aio.UnaryStreamMultiCallable[_storage_pb2.DumpChunkMetaRequest, _storage_pb2.DumpChunkMetaResponse]  # type: ignore[assignment]
     """Recovery (3FS dump-chunkmeta): the predecessor of a syncing target asks it for the metadata of all
@@ -227,7 +233,9 @@ class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
-    oversized IO, an unknown chain) fails the whole call with INVALID_ARGUMENT before anything is written.
+    oversized IO, an unknown chain, an IO repeated in one read) fails the whole call with INVALID_ARGUMENT
+    before anything is done; a request over the node's cost limits (IOs or bytes per call) fails with
+    RESOURCE_EXHAUSTED, also before any work.
     User calls that touch a file's chunks carry the file's IoCapability from meta (PERMISSION_DENIED
     otherwise); calls with the cluster token need none.
     """
@@ -240,8 +248,8 @@ class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_storage_pb2.BatchWriteResponse, _abc.Awaitable[_storage_pb2.BatchWriteResponse]]:
         """Write chunk data (full or partial: an update at an offset). Sent to the head target of each IO's
         chain; answers after the whole chain committed (the write is then acknowledged and durable on
-        every serving replica). Idempotent in content: writing the same bytes again is harmless (as in 3FS,
-        a retry is not ordered against other writers of the same range).
+        every serving replica). Idempotent: an IO carrying the update_id of an update already committed is
+        answered with that update's original result and not applied again (as in 3FS).
         """
 
     @_abc_1.abstractmethod
@@ -316,7 +324,8 @@ class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_storage_pb2.ForwardUpdatesResponse, _abc.Awaitable[_storage_pb2.ForwardUpdatesResponse]]:
         """Chain internal: a predecessor forwards updates to its successor (and a recovery predecessor sends
         full-chunk-replace writes to a syncing target). Answers after this target and everything after it
-        committed. A duplicate (this replica already committed `update_version`) is answered OK.
+        committed. A duplicate (this replica already committed `update_version` from the same update id) is
+        answered OK.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,153 @@
+"""Chain updates happen once under retries (update ids), and a partial write to a chunk with a damaged copy
+succeeds and repairs it; real processes, chains of 3."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ff_rpc import RpcClient, open_channel
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, crc32c_of
+
+CHUNK = 64 * 1024
+
+
+def _address(info: mpb.RoutingInfo, node_id: int) -> str:
+    return next(e.address for n in info.nodes if n.node_id == node_id for e in n.endpoints if e.name == "grpc")
+
+
+async def _write_raw(
+    info: mpb.RoutingInfo, chain: mpb.Chain, data: bytes, update_id: spb.UpdateId, inode: int = 41
+) -> spb.UpdateResult:
+    """One BatchWrite straight to the chain's head, with the given update id (what a retry sends)."""
+    io = spb.WriteIO(chain_id=chain.chain_id, chain_version=chain.version,
+                     chunk_id=spb.ChunkId(inode_id=inode, chunk_index=0), chunk_size_bytes=CHUNK,
+                     length_bytes=len(data), checksum=spb.Checksum(type=1, value=crc32c_of(data)),
+                     inline_data=data, update_id=update_id)  # fmt: skip
+    channel = open_channel(_address(info, chain.targets[0].node_id))
+    try:
+        stub = storage_pb2_grpc.StorageServiceStub(channel)
+        resp = await RpcClient(token=CLUSTER_TOKEN).unary(stub.BatchWrite, spb.BatchWriteRequest(ios=[io]))
+        result: spb.UpdateResult = resp.results[0]
+        return result
+    finally:
+        await channel.close()
+
+
+async def _read(client: StorageClient, chain_id: int, inode: int = 41, target: int = 0) -> tuple[bytes, int, int]:
+    got = (await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=inode, chunk_index=0, length=CHUNK)],
+                                   prefer_target=target))[0]  # fmt: skip
+    assert got.ok, (got.status, got.message)
+    return bytes(got.data), got.version, got.target_id
+
+
+async def _new_head(cluster: StorageCluster, chain_id: int, old_node: int) -> tuple[mpb.RoutingInfo, mpb.Chain]:
+    deadline = time.monotonic() + 30
+    while True:
+        info = await cluster.routing()
+        chain = next(c for c in info.chains if c.chain_id == chain_id)
+        head = chain.targets[0]
+        if head.node_id != old_node and head.public_state == mpb.PUBLIC_TARGET_STATE_SERVING:
+            return info, chain
+        assert time.monotonic() < deadline, "no new head\n" + tail_logs(cluster.folder)
+        await asyncio.sleep(0.1)
+
+
+async def test_a_retry_to_the_same_head_gets_the_original_result(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    info = await cluster.routing()
+    chain = info.chains[0]
+    first = spb.UpdateId(client_id=b"writer-a", request_id=1)
+    a = await _write_raw(info, chain, b"A" * 100, first)
+    b = await _write_raw(info, chain, b"B" * 200, spb.UpdateId(client_id=b"writer-b", request_id=1))
+    assert (a.status, a.committed_version, b.status, b.committed_version) == (1, 1, 1, 2)
+    again = await _write_raw(info, chain, b"A" * 100, first)
+    assert again.status == spb.CHUNK_IO_STATUS_OK and again.committed_version == 1
+    assert (again.chunk_length_bytes, again.chunk_checksum.value) == (100, crc32c_of(b"A" * 100))
+    for target in chain.targets:  # B's write stays the last one everywhere
+        data, version, _ = await _read(client, chain.chain_id, target=target.target_id)
+        assert (data, version) == (b"B" * 200, 2)
+
+
+@pytest.fixture(params=[True, False], ids=["ids", "no-ids"])
+async def id_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[StorageCluster, bool]]:
+    on = bool(request.param)
+    c = await start_cluster(tmp_path / "cluster", extra={"update-ids": str(on).lower()})
+    try:
+        yield c, on
+    finally:
+        c.stop()
+
+
+async def test_a_retry_after_the_head_died_is_not_applied_again(id_cluster: tuple[StorageCluster, bool]) -> None:
+    """The write reached every replica, the head died before answering; the client's retry goes to the new
+    head. With update ids it gets the original result; without them (the setting off) it is a new write that
+    lands after another writer's acknowledged one, which readers see as X -> Y -> X."""
+    cluster, ids_on = id_cluster
+    mg = cluster.client()
+    client = StorageClient(mg, CLUSTER_TOKEN, retry_deadline_s=30.0)
+    try:
+        info = await cluster.routing()
+        chain = info.chains[0]
+        x = spb.UpdateId(client_id=b"writer-x", request_id=7)
+        assert (await _write_raw(info, chain, b"X" * 100, x)).committed_version == 1
+        old = chain.targets[0].node_id
+        cluster.nodes[old - 101].kill()
+        info, chain = await _new_head(cluster, chain.chain_id, old)
+        y = await _write_raw(info, chain, b"Y" * 100, spb.UpdateId(client_id=b"writer-y", request_id=1))
+        assert (y.status, y.committed_version) == (1, 2)
+        retry = await _write_raw(info, chain, b"X" * 100, x)
+        data, version, _ = await _read(client, chain.chain_id)
+        if ids_on:
+            assert (retry.status, retry.committed_version) == (1, 1)
+            assert (data, version) == (b"Y" * 100, 2)
+        else:
+            assert (retry.status, retry.committed_version) == (1, 3)
+            assert (data, version) == (b"X" * 100, 3)
+    finally:
+        await client.close()
+        await mg.close()
+
+
+def _damage(cluster: StorageCluster, node_id: int, target_id: int, inode: int) -> None:
+    root = cluster.folder / f"s{node_id - 100}" / "disk0" / f"target-{target_id}"
+    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:
+        [(name,)] = db.execute("SELECT file FROM chunks WHERE inode_id = ? AND chunk_index = 0", (inode,)).fetchall()
+    with open(root / "chunks" / name, "r+b") as f:  # a test damaging a file on purpose
+        f.seek(100)
+        f.write(b"\x00garbage\x00")
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=["head", "middle", "tail"])
+async def test_a_partial_write_to_a_chunk_with_a_damaged_copy_succeeds_and_repairs_it(
+    cluster: StorageCluster, client: StorageClient, position: int
+) -> None:
+    info = await cluster.routing()
+    chain = info.chains[1]
+    inode = 50 + position
+    base = os.urandom(CHUNK)
+    write = ChunkWrite(chain_id=chain.chain_id, inode_id=inode, chunk_index=0, data=base, chunk_size=CHUNK)
+    assert (await client.batch_write([write]))[0].ok
+    bad = chain.targets[position]
+    _damage(cluster, bad.node_id, bad.target_id, inode)
+    patch = ChunkWrite(chain_id=chain.chain_id, inode_id=inode, chunk_index=0, data=b"patch", offset=1000,
+                       chunk_size=CHUNK)  # fmt: skip
+    got = (await client.batch_write([patch]))[0]
+    assert got.ok, f"{got.status} {got.message}\n" + tail_logs(cluster.folder)
+    expected = base[:1000] + b"patch" + base[1005:]
+    assert got.chunk_checksum == crc32c_of(expected)
+    for target in chain.targets:  # every copy, the damaged one too, holds the patched chunk
+        data, version, served_by = await _read(client, chain.chain_id, inode, target=target.target_id)
+        assert served_by == target.target_id and data == expected and version == got.committed_version
