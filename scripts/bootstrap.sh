@@ -28,6 +28,17 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
     fi
 fi
 
+# `tox -e posix` builds pjdfstest (autoconf, automake, make, a C compiler) and runs it with perl's prove.
+if ! command -v autoreconf >/dev/null 2>&1 || ! command -v automake >/dev/null 2>&1 \
+        || ! command -v make >/dev/null 2>&1 || ! command -v prove >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing autoconf, automake, make and perl for pjdfstest (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq autoconf automake make perl >/dev/null
+    else
+        echo "bootstrap: tox -e posix needs autoconf, automake, make and perl (prove); it skips without them" >&2
+    fi
+fi
+
 PYTHON=${PYTHON:-python3.11}
 
 # hfreduce's kernel (libs/hfreduce/src/hfreduce/_kernels.c) is compiled by the install: a C compiler and the
