@@ -130,18 +130,21 @@ class MetaApp:
 
     # ---- transactions ----
 
-    async def tx(self, caller: Caller, fn: Callable[[Tx], T], *, read_only: bool = False) -> T:
+    async def tx(self, caller: Caller, fn: Callable[[Tx], T], *, read_only: bool = False, small: bool = True) -> T:
+        """``fn`` in one transaction, never holding the event loop for long: on SQLite a ``small`` call (a few
+        indexed statements, well under a millisecond) runs on the loop; anything else (large calls, and every
+        call on PostgreSQL, whose statements wait for the network and for locks) in a worker thread."""
         now = time.time_ns()
 
         def body(session: Session) -> T:
             return fn(Tx(session, caller, now))
 
-        if read_only and self._inline_reads:
+        if read_only and self._inline_reads and small:
             # SQLite reads in WAL mode never wait for a lock and take well under a millisecond: run them on
             # the event loop instead of paying a worker-thread hop per call.
             return self.store.run(body, read_only=True)
         if not read_only and self._inline_reads:
-            if self._writer is not None:
+            if self._writer is not None and small:
                 done, value = self._write_inline(caller, fn, now)
                 if done:
                     return value  # type: ignore[return-value]
@@ -252,13 +255,14 @@ class MetaApp:
                     return [(False, err)]
             return self.store.run(run_all)
 
-    def read(self, caller: Caller, fn: Callable[[Tx], T]) -> T:
-        """A read-only transaction for the hottest calls (stat, list, read opens), which run on the event loop:
-        on SQLite straight on one DB-API connection in WAL mode (a snapshot from BEGIN to COMMIT; the ORM
-        session a ``Store.run`` sets up costs several times these few indexed lookups); ``fn`` may use only
-        the ``Tx`` helpers that go through the cursor. Elsewhere an ordinary read-only ``Store.run``."""
-        if self._reader is None:
-            return self.store.run(lambda s: fn(Tx(s, caller, time.time_ns())), read_only=True)
+    async def read(self, caller: Caller, fn: Callable[[Tx], T], *, small: bool = True) -> T:
+        """A read-only transaction for the hottest calls (stat, list, read opens). A ``small`` one on SQLite
+        runs on the event loop, straight on one DB-API connection in WAL mode (a snapshot from BEGIN to COMMIT;
+        the ORM session a ``Store.run`` sets up costs several times these few indexed lookups); ``fn`` may use
+        only the ``Tx`` helpers that go through the cursor. Anything else (large batches; PostgreSQL, whose
+        reads wait on the network) is an ordinary read-only ``Store.run`` in a worker thread."""
+        if self._reader is None or not small:
+            return await self.store.arun(lambda s: fn(Tx(s, caller, time.time_ns())), read_only=True)
         cur = self._reader.cursor()
         cur.execute("BEGIN")
         try:
@@ -383,7 +387,10 @@ class MetaApp:
 
     async def close_or_sync(self, caller: Caller, inode_id: int, session_id: str, written: int,
                             mtime_ns: int | None, close: bool) -> Inode:  # fmt: skip
-        inode = await self.tx(caller, lambda t: t.must(inode_id), read_only=True)
+        inode, _, may_change = await self.tx(caller, lambda t: fsops.authorize_finish(t, inode_id, session_id),
+                                             read_only=True)  # fmt: skip
+        if not may_change:  # a reader's fsync: nothing to make exact on its behalf
+            return inode
         length = await self.storage_length(inode)
         return await self.tx(caller, lambda t: fsops.finish_length(t, inode_id, session_id, written, length,
                                                                    mtime_ns, close))  # fmt: skip

@@ -22,6 +22,15 @@ Context = Any
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 MAX_BATCH = 10000
+# Calls up to these sizes run on the event loop on SQLite (well under a millisecond); larger ones in a thread.
+SMALL_BATCH = 64
+SMALL_PAGE = 1000
+SMALL_MKDIRS = 16
+# Inode ids are positive and below 2^63 (the store's integers are signed 64-bit); lengths below 2^62.
+MAX_INODE_ID = (1 << 63) - 1
+MAX_LENGTH = 1 << 62
+MAX_TRASH_IDS = 1000
+MAX_RETENTION_S = 100 * 365 * 24 * 3600.0
 
 
 def caller() -> Caller:
@@ -45,8 +54,21 @@ def to_pb(inode: Inode, sessions: int = 0) -> pb.Inode:
     return msg
 
 
+def inode_id_of(value: int) -> int:
+    """An inode id from a request: one the store cannot hold names no inode (ENOENT), checked before any work."""
+    if value > MAX_INODE_ID:
+        raise fs_error(FsCode.NOT_FOUND, f"no inode {value} (inode ids are below 2^63)")
+    return value
+
+
+def length_of(value: int, what: str) -> int:
+    if value >= MAX_LENGTH:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"{what} {value} is too large (at most 2^62 - 1)")
+    return value
+
+
 def at(msg: pb.PathAt) -> PathAt:
-    return PathAt(msg.parent_inode_id, msg.path)
+    return PathAt(inode_id_of(msg.parent_inode_id), msg.path)
 
 
 def layout_of(msg: pb.Layout, present: bool) -> LayoutSpec | None:
@@ -100,17 +122,24 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.StatFsResponse(capacity_bytes=cap, used_bytes=used, free_bytes=max(0, cap - used), num_inodes=count)
 
     async def Stat(self, request: pb.StatRequest, context: Context) -> pb.StatResponse:
-        inode, sessions = self._app.read(
-            caller(), lambda t: fsops.stat_with_sessions(t, at(request.path), request.follow_last_symlink)
+        where = at(request.path)
+        inode, sessions = await self._app.read(
+            caller(), lambda t: fsops.stat_with_sessions(t, where, request.follow_last_symlink)
         )
         return pb.StatResponse(inode=to_pb(inode, sessions))
 
     async def BatchStat(self, request: pb.BatchStatRequest, context: Context) -> pb.BatchStatResponse:
         if len(request.paths) > MAX_BATCH:
             raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} paths per BatchStat")
-        paths = [at(p) for p in request.paths]
         c = caller()
-        results = self._app.read(c, lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink))
+        paths: list[PathAt | FsError] = []
+        for p in request.paths:
+            try:
+                paths.append(at(p))
+            except FsError as err:  # one bad entry fails only itself
+                paths.append(err)
+        results = await self._app.read(c, lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink),
+                                       small=len(paths) <= SMALL_BATCH)  # fmt: skip
         out = []
         for r in results:
             if isinstance(r, FsError):
@@ -121,6 +150,15 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                     item.read_capability.CopyFrom(self._cap(r, False))
                 out.append(item)
         return pb.BatchStatResponse(results=out)
+
+    async def _check_table(self, layout: LayoutSpec | None) -> None:
+        """A layout naming a chain table that does not exist is a bad argument (not ENOSPC at the next create)."""
+        if layout is None or not layout.chain_table_id:
+            return
+        tables = (await self._app.defaults()).tables
+        if layout.chain_table_id not in tables:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"chain table {layout.chain_table_id} does not exist; chain "
+                                                    f"tables: {sorted(tables)}")  # fmt: skip
 
     async def _session(self, c: Caller, inode: Inode, chain: list[QuotaRow], session_id: str,
                        client_id: str) -> SessionInfo:  # fmt: skip
@@ -161,11 +199,14 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return resp
 
     async def Mkdirs(self, request: pb.MkdirsRequest, context: Context) -> pb.MkdirsResponse:
-        _, parts = _parts(request.path.path)
-        ids = await _ids(self._app, max(1, len(parts)))
+        where = at(request.path)
+        _, parts = _parts(where.path)
         layout = layout_of(request.layout, request.HasField("layout"))
-        inode = await self._app.tx(caller(), lambda t: fsops.mkdirs(t, at(request.path), request.mode or 0o755,
-                                                                    request.recursive, layout, ids))  # fmt: skip
+        await self._check_table(layout)
+        ids = await _ids(self._app, max(1, len(parts)))
+        inode = await self._app.tx(caller(), lambda t: fsops.mkdirs(t, where, request.mode or 0o755,
+                                                                    request.recursive, layout, ids),
+                                   small=len(parts) <= SMALL_MKDIRS)  # fmt: skip
         return pb.MkdirsResponse(inode=to_pb(inode))
 
     async def Symlink(self, request: pb.SymlinkRequest, context: Context) -> pb.SymlinkResponse:
@@ -179,8 +220,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
         retention = request.trash_retention_s or self._app.options.trash_retention_s
-        if retention < 0:
-            raise fs_error(FsCode.INVALID_ARGUMENT, "trash_retention_s must be >= 0")
+        if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = fsops.new_trash_id()
         out = await self._app.tx(caller(), lambda t: fsops.remove(t, at(request.path), request.recursive,
                                                                   request.to_trash, retention, trash_id))  # fmt: skip
@@ -194,10 +235,11 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
         if write and (not request.session_id or not request.client_id):
             raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id")
+        where = at(request.path)
         if write:
-            inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), write, read))
+            inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, where, write, read))
         else:
-            inode, chain = self._app.read(c, lambda t: fsops.open_file(t, at(request.path), write, read))
+            inode, chain = await self._app.read(c, lambda t: fsops.open_file(t, where, write, read))
         if inode.is_dir:
             return pb.OpenResponse(inode=to_pb(inode))
         if request.truncate and inode.length:
@@ -212,34 +254,42 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
         mtime = request.mtime_ns if request.HasField("mtime_ns") else None
+        inode_id = inode_id_of(request.inode_id)
+        written = length_of(request.written_length_bytes, "written_length_bytes")
         try:
-            inode = await self._app.close_or_sync(caller(), request.inode_id, request.session_id,
-                                                  request.written_length_bytes, mtime, close=True)  # fmt: skip
+            inode = await self._app.close_or_sync(caller(), inode_id, request.session_id, written, mtime,
+                                                  close=True)  # fmt: skip
         except FsError as err:
             if err.fs_code is not FsCode.BAD_SESSION:
                 raise
             # Closing a closed (or collected) session succeeds; the length is still made exact (from storage
             # only: the caller's hint counts only through a live session).
-            inode = await self._app.close_or_sync(caller(), request.inode_id, "", 0, None, close=False)
+            inode = await self._app.close_or_sync(caller(), inode_id, "", 0, None, close=False)
         return pb.CloseResponse(inode=to_pb(inode))
 
     async def Sync(self, request: pb.SyncRequest, context: Context) -> pb.SyncResponse:
         mtime = request.mtime_ns if request.HasField("mtime_ns") else None
-        inode = await self._app.close_or_sync(caller(), request.inode_id, request.session_id,
-                                              request.written_length_bytes, mtime, close=False)  # fmt: skip
+        inode_id = inode_id_of(request.inode_id)
+        written = length_of(request.written_length_bytes, "written_length_bytes")
+        inode = await self._app.close_or_sync(caller(), inode_id, request.session_id, written, mtime,
+                                              close=False)  # fmt: skip
         return pb.SyncResponse(inode=to_pb(inode))
 
     async def RenewSessions(self, request: pb.RenewSessionsRequest, context: Context) -> pb.RenewSessionsResponse:
         if not request.client_id:
             raise fs_error(FsCode.INVALID_ARGUMENT, "client_id is required")
-        reports = [(s.session_id, s.inode_id, s.written_length_bytes) for s in request.sessions]
+        if len(request.sessions) > MAX_BATCH:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} sessions per RenewSessions")
+        reports = [(s.session_id, min(s.inode_id, MAX_INODE_ID), length_of(s.written_length_bytes,
+                    "written_length_bytes")) for s in request.sessions]  # fmt: skip
         expires = self._app.lease_expiry()
         lost = await self._app.tx(caller(), lambda t: fsops.renew(t, request.client_id, reports, expires))
         return pb.RenewSessionsResponse(lease_s=self._app.options.lease_s, lost_session_ids=lost)
 
     async def ReserveSpace(self, request: pb.ReserveSpaceRequest, context: Context) -> pb.ReserveSpaceResponse:
-        limit = await self._app.tx(caller(), lambda t: fsops.reserve(t, request.inode_id, request.session_id,
-                                                                     request.write_limit_bytes))  # fmt: skip
+        inode_id = inode_id_of(request.inode_id)
+        want = length_of(request.write_limit_bytes, "write_limit_bytes")
+        limit = await self._app.tx(caller(), lambda t: fsops.reserve(t, inode_id, request.session_id, want))
         return pb.ReserveSpaceResponse(write_limit_bytes=limit)
 
     async def Rename(self, request: pb.RenameRequest, context: Context) -> pb.RenameResponse:
@@ -250,8 +300,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
         after = token_after(request.page_token)
         size = page(request.page_size)
-        entries, last = self._app.read(caller(), lambda t: fsops.list_dir(
-            t, at(request.path), size, after, request.include_inodes))  # fmt: skip
+        where = at(request.path)
+        entries, last = await self._app.read(caller(), lambda t: fsops.list_dir(
+            t, where, size, after, request.include_inodes), small=size <= SMALL_PAGE)  # fmt: skip
         out = []
         for name, inode_id, typ, node in entries:
             e = pb.DirEntry(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(int(typ)))
@@ -261,9 +312,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.ListResponse(entries=out, next_page_token=token_of(last))
 
     async def Truncate(self, request: pb.TruncateRequest, context: Context) -> pb.TruncateResponse:
-        if request.length_bytes >= 1 << 62:
-            raise fs_error(FsCode.INVALID_ARGUMENT, "length too large")
-        inode = await self._app.truncate(caller(), at(request.path), request.length_bytes, request.session_id)
+        length = length_of(request.length_bytes, "length_bytes")
+        inode = await self._app.truncate(caller(), at(request.path), length, request.session_id)
         return pb.TruncateResponse(inode=to_pb(inode))
 
     async def SetAttr(self, request: pb.SetAttrRequest, context: Context) -> pb.SetAttrResponse:
@@ -275,16 +325,19 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         change = AttrChange(mode=opt("mode"), uid=opt("uid"), gid=opt("gid"), atime_ns=opt("atime_ns"),
                             mtime_ns=opt("mtime_ns"), atime_now=request.atime_now, mtime_now=request.mtime_now,
                             layout=layout_of(request.layout, request.HasField("layout")))  # fmt: skip
-        inode = await self._app.tx(caller(), lambda t: fsops.set_attr(t, at(request.path), request.follow_last_symlink,
-                                                                      change))  # fmt: skip
+        where = at(request.path)
+        await self._check_table(change.layout)
+        inode = await self._app.tx(caller(), lambda t: fsops.set_attr(t, where, request.follow_last_symlink, change))
         return pb.SetAttrResponse(inode=to_pb(inode))
 
     async def Realpath(self, request: pb.RealpathRequest, context: Context) -> pb.RealpathResponse:
-        path, inode_id = await self._app.tx(caller(), lambda t: fsops.realpath(t, at(request.path)), read_only=True)
+        where = at(request.path)
+        path, inode_id = await self._app.tx(caller(), lambda t: fsops.realpath(t, where), read_only=True)
         return pb.RealpathResponse(path=path, inode_id=inode_id)
 
     async def GetQuota(self, request: pb.GetQuotaRequest, context: Context) -> pb.GetQuotaResponse:
-        rows = await self._app.tx(caller(), lambda t: fsops.get_quota(t, at(request.path)), read_only=True)
+        where = at(request.path)
+        rows = await self._app.tx(caller(), lambda t: fsops.get_quota(t, where), read_only=True)
         return pb.GetQuotaResponse(quotas=[quota_pb(q, p) for q, p in rows])
 
     async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.SetQuotaResponse:
@@ -295,15 +348,16 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.SetQuotaResponse(quota=quota_pb(q, path))
 
     async def ListQuotas(self, request: pb.ListQuotasRequest, context: Context) -> pb.ListQuotasResponse:
-        rows = await self._app.tx(caller(), fsops.list_quotas, read_only=True)
+        rows = await self._app.tx(caller(), fsops.list_quotas, read_only=True, small=False)
         return pb.ListQuotasResponse(quotas=[quota_pb(q, p) for q, p in rows])
 
     async def ListTrash(self, request: pb.ListTrashRequest, context: Context) -> pb.ListTrashResponse:
         c = caller()
         if request.all_users and not c.is_root:
             raise fs_error(FsCode.NOT_PERMITTED, "only admins list everyone's trash")
-        rows, last = await self._app.tx(c, lambda t: fsops.list_trash(t, request.all_users, page(request.page_size),
-                                                                      request.page_token), read_only=True)  # fmt: skip
+        size = page(request.page_size)
+        rows, last = await self._app.tx(c, lambda t: fsops.list_trash(t, request.all_users, size, request.page_token),
+                                        read_only=True, small=size <= SMALL_PAGE)  # fmt: skip
         return pb.ListTrashResponse(entries=[pb.TrashEntry(
             trash_id=r.trash_id, original_path=r.original_path, inode_id=r.inode_id,
             type=pb.InodeType.ValueType(int(r.type)), uid=r.uid, removed_at_ns=r.removed_at_ns,
@@ -317,7 +371,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.RestoreTrashEntryResponse(inode=to_pb(inode), path=path)
 
     async def EmptyTrash(self, request: pb.EmptyTrashRequest, context: Context) -> pb.EmptyTrashResponse:
-        n = await self._app.empty_trash(caller(), list(request.trash_ids), request.expired_only)
+        if len(request.trash_ids) > MAX_TRASH_IDS:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_TRASH_IDS} trash ids per EmptyTrash")
+        n = await self._app.empty_trash(caller(), list(dict.fromkeys(request.trash_ids)), request.expired_only)
         return pb.EmptyTrashResponse(num_deleted=n)
 
 

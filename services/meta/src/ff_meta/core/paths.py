@@ -7,6 +7,11 @@ from ff_meta.core.errors import FsCode, fs_error
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
 MAX_SYMLINK_HOPS = 40
+# A path of 4096 bytes has at most 2048 components ("a/" each); said explicitly so that no walk is longer.
+MAX_PATH_COMPONENTS = MAX_PATH_BYTES // 2
+# Directories may nest at most this deep below the root (Linux has no such limit, but every walk up the tree
+# (permission checks of inode addressing, quotas, rename's loop check, realpath) is bounded by it).
+MAX_DIR_DEPTH = 4096
 
 
 def check_name(name: str) -> str:
@@ -39,6 +44,8 @@ def split_path(path: str) -> tuple[bool, list[str]]:
     if size > MAX_PATH_BYTES:
         raise fs_error(FsCode.NAME_TOO_LONG, f"path of {size} bytes (at most {MAX_PATH_BYTES})")
     parts = [p for p in path.split("/") if p and p != "."]
+    if len(parts) > MAX_PATH_COMPONENTS:
+        raise fs_error(FsCode.NAME_TOO_LONG, f"path of {len(parts)} components (at most {MAX_PATH_COMPONENTS})")
     for p in parts:
         if len(p.encode()) > MAX_NAME_BYTES:
             raise fs_error(FsCode.NAME_TOO_LONG, f"path component of {len(p.encode())} bytes: {p[:40]!r}...")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import NO_LIMIT, ROOT_INODE_ID, Inode, InodeType
-from ff_meta.core.paths import check_name, join, split_path
-from ff_meta.core.perms import R, W, X, check_sticky, require, require_owner
+from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
+from ff_meta.core.perms import R, W, X, allowed, check_sticky, require, require_owner
 from ff_meta.store.schema import counters, gc_queue, inodes, quotas, sessions, trash
 from ff_meta.store.tx import (
     MAX_CHUNK,
@@ -76,7 +76,11 @@ def choose_layout(tx: Tx, parent: Inode, asked: LayoutSpec | None, defaults: Def
     )
     check_chunk_size(chunk)
     if table_id not in defaults.tables:
-        raise fs_error(FsCode.NO_SPACE, f"chain table {table_id} does not exist (is storage set up?)")
+        if spec is defaults.layout or table_id == defaults.layout.chain_table_id:
+            raise fs_error(FsCode.NO_SPACE, f"the default chain table {table_id} does not exist (is storage set up?)")
+        named_by = "request" if spec is asked else "directory"
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"chain table {table_id} (named by the {named_by}'s layout) does not "
+                                                f"exist; chain tables: {sorted(defaults.tables)}")  # fmt: skip
     version, n = defaults.tables[table_id]
     stripe = max(1, min(stripe, n))
     # Round-robin start over the table; the seed from the id so that a re-run picks the same.
@@ -105,9 +109,13 @@ def stat_with_sessions(tx: Tx, at: PathAt, follow_last: bool) -> tuple[Inode, in
     return inode, (tx.count_sessions(inode.inode_id) if inode.is_file else 0)
 
 
-def batch_stat(tx: Tx, ats: Sequence[PathAt], follow_last: bool) -> list[Inode | FsError]:
+def batch_stat(tx: Tx, ats: Sequence[PathAt | FsError], follow_last: bool) -> list[Inode | FsError]:
+    """Each path's inode or error (an FsError given in place of a path is its answer)."""
     out: list[Inode | FsError] = []
     for at in ats:
+        if isinstance(at, FsError):
+            out.append(at)
+            continue
         try:
             out.append(stat(tx, at, follow_last))
         except FsError as err:
@@ -207,13 +215,36 @@ def set_length(tx: Tx, inode: Inode, new_length: int, chain: list[QuotaRow], *, 
     return inode.with_(**values)
 
 
+def authorize_finish(tx: Tx, inode_id: int, session_id: str) -> tuple[Inode, Any, bool]:
+    """Who may Close or Sync a file, as (inode, session row or None, whether the call may change it): the
+    holder of the write session named; without one, whoever may reach the file by inode and write it (then
+    only storage's length counts); a reader gets the inode unchanged; anyone else is refused."""
+    inode = tx.must(inode_id)
+    if session_id:
+        row = _session(tx, inode_id, session_id)
+        require_owner_or_same(tx, row)
+        return inode, row, True
+    tx.check_reachable(inode)
+    if inode.is_file and allowed(tx.caller, inode, W):
+        return inode, None, True
+    require(tx.caller, inode, R, f"sync inode {inode_id}")
+    return inode, None, False
+
+
 def finish_length(tx: Tx, inode_id: int, session_id: str, written: int, storage_length: int | None,
                   mtime_ns: int | None, close: bool) -> Inode:  # fmt: skip
-    """Close or sync: the exact length (storage's answer, never below what meta knew), session ended on close."""
-    inode = tx.must(inode_id)
-    row = _session(tx, inode_id, session_id) if session_id else None
-    if row is not None:
-        require_owner_or_same(tx, row)
+    """Close or sync: the exact length (storage's answer, never below what meta knew), session ended on close.
+
+    Without a session the caller's hints (written length, mtime) do not count. A session's write time counts
+    only if it is later than an explicit mtime set while the session was open (utime after the last write:
+    ``cp -p``, ``tar x``), so that a late Close does not put an earlier time back."""
+    inode, row, may_change = authorize_finish(tx, inode_id, session_id)
+    if not may_change:
+        return inode
+    if row is None:
+        written, mtime_ns = 0, None
+    elif mtime_ns is not None and row.times_set_at_ns is not None and mtime_ns <= row.times_set_at_ns:
+        mtime_ns = None
     chain = tx.quota_ids_of(row.quota_ids) if row is not None else []
     exact = (
         max(inode.length, written, storage_length or 0) if storage_length is not None else max(inode.length, written)
@@ -270,7 +301,12 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
     lost = []
     for session_id, inode_id, written in reports:
         row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
-        if row is None or row.inode_id != inode_id or row.client_id != client_id:
+        if (
+            row is None
+            or row.inode_id != inode_id
+            or row.client_id != client_id
+            or not (tx.caller.is_root or row.uid == tx.caller.uid)
+        ):
             lost.append(session_id)
             continue
         if written > row.reported_length:
@@ -278,7 +314,10 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
                                .values(reported_length=written))  # fmt: skip
         inode = tx.get(inode_id)
         if inode is not None and written > inode.length:
-            set_length(tx, inode, written, tx.quota_ids_of(row.quota_ids), mtime_ns=tx.now_ns, from_reservation=True)
+            # The write time is unknown here: meta's clock, unless an explicit mtime was set meanwhile (then the
+            # session's Close or Sync brings the time of its last write, which counts if later).
+            mtime_ns = tx.now_ns if row.times_set_at_ns is None else None
+            set_length(tx, inode, written, tx.quota_ids_of(row.quota_ids), mtime_ns=mtime_ns, from_reservation=True)
     return lost
 
 
@@ -297,20 +336,42 @@ def reserve(tx: Tx, inode_id: int, session_id: str, want: int) -> int:
     return want
 
 
+@dataclass
+class _Above:
+    """Quota ids and depth of the directories one Mkdirs creates in, so that a deep ``mkdir -p`` walks up the
+    tree once, not once per new level (which made it quadratic)."""
+
+    tx: Tx
+    known: dict[int, tuple[list[int], int]] = field(default_factory=dict)
+
+    def of(self, d: Inode) -> tuple[list[int], int]:
+        if d.inode_id not in self.known:
+            ids = [int(r[0]) for r in self.tx.ancestry(d.inode_id)]
+            quota_ids = [q.inode_id for q in self.tx.quota_chain_of(ids)]
+            self.known[d.inode_id] = (quota_ids, len(ids) - 1)
+        return self.known[d.inode_id]
+
+    def created(self, parent: Inode, child: Inode) -> None:
+        quota_ids, depth = self.of(parent)
+        self.known[child.inode_id] = (quota_ids, depth + 1)
+
+
 def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None, ids: list[int]) -> Inode:
-    """mkdir (-p). ``ids`` are pre-allocated inode ids, one per directory that may be created."""
+    """mkdir (-p). ``ids`` are pre-allocated inode ids, one per directory that may be created. Linear in the
+    number of components (at most ``MAX_PATH_COMPONENTS``); no directory deeper than ``MAX_DIR_DEPTH``."""
     absolute, parts = split_path(at.path)
+    above = _Above(tx)
     if not recursive:
-        return _mkdir_one(tx, tx.resolve(at, follow_last=False), at.path, mode, layout, ids[0])
+        return _mkdir_one(tx, tx.resolve(at, follow_last=False), at.path, mode, layout, ids[0], above)
     # mkdir -p: walk down, creating what is missing.
     base = PathAt(at.parent_id if not absolute else ROOT_INODE_ID, "/" if absolute else "")
     cur = tx.resolve(base, follow_last=True).inode
     assert cur is not None
     for i, comp in enumerate(parts):
-        r = tx.resolve(PathAt(cur.inode_id, comp), follow_last=True)
+        r = tx.resolve(PathAt(cur.inode_id, comp), follow_last=True, reached=True)
         if r.inode is None:
             r.inode = _mkdir_one(tx, r, "/".join(parts[: i + 1]), mode, layout if i == len(parts) - 1 else None,
-                                 ids[i])  # fmt: skip
+                                 ids[i], above)  # fmt: skip
         elif not r.inode.is_dir:
             raise fs_error(FsCode.NOT_DIRECTORY if i < len(parts) - 1 else FsCode.EXISTS,
                            f"{'/'.join(parts[: i + 1])!r} exists and is not a directory")  # fmt: skip
@@ -318,9 +379,13 @@ def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | 
     return cur
 
 
-def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int) -> Inode:
+def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int,
+               above: _Above) -> Inode:  # fmt: skip
     parent = _new_parent(tx, r, what)
-    tx.charge(tx.quota_chain(parent), dinodes=1)
+    quota_ids, depth = above.of(parent)
+    if depth + 1 > MAX_DIR_DEPTH:
+        raise fs_error(FsCode.NAME_TOO_LONG, f"{what}: directories nest at most {MAX_DIR_DEPTH} levels deep")
+    tx.charge(tx.quota_chain_of(quota_ids), dinodes=1)
     spec = layout or LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
     if spec.chunk_size:
         check_chunk_size(spec.chunk_size)
@@ -330,6 +395,7 @@ def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | N
                   stripe_size=spec.stripe_size)  # fmt: skip
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
+    above.created(parent, inode)
     return inode
 
 
@@ -431,8 +497,11 @@ def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa
     if moved.is_dir:
         if dparent.inode_id != sparent.inode_id:
             require(tx.caller, moved, W, f"move directory {src.path}")  # its ".." changes
-        if moved.inode_id in tx.ancestors(dparent):
+        above = tx.ancestors(dparent)
+        if moved.inode_id in above:
             raise fs_error(FsCode.RENAME_LOOP, f"cannot move {src.path} into itself ({dst.path})")
+        if len(above) > MAX_DIR_DEPTH:
+            raise fs_error(FsCode.NAME_TOO_LONG, f"{dst.path}: directories nest at most {MAX_DIR_DEPTH} levels deep")
     src_chain, dst_chain = tx.quota_chain(sparent), tx.quota_chain(dparent)
     if target is not None:
         if target.is_file and target.nlink <= 1:
@@ -547,6 +616,8 @@ def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:  #
         values["atime_ns"] = tx.now_ns if ch.atime_now else ch.atime_ns
     if ch.mtime_ns is not None or ch.mtime_now:
         values["mtime_ns"] = tx.now_ns if ch.mtime_now else ch.mtime_ns
+        if inode.is_file:
+            tx.pin_times(inode.inode_id)
     if ch.layout is not None:
         if not inode.is_dir:
             raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: only directories have a default layout")
@@ -562,12 +633,13 @@ def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:  #
 
 
 def realpath(tx: Tx, at: PathAt) -> tuple[str, int]:
-    inode = tx.existing(at, follow_last=True).inode
+    r = tx.existing(at, follow_last=True)
+    inode = r.inode
     assert inode is not None
     if inode.is_dir:
         return tx.path_of(inode), inode.inode_id
-    r = tx.existing(at, follow_last=True)
-    assert r.parent is not None
+    if r.parent is None:  # a file addressed by its own inode: through an entry the caller may search
+        return tx.reachable_path(inode), inode.inode_id
     return join(tx.path_of(r.parent), r.name), inode.inode_id
 
 

@@ -52,6 +52,9 @@ sessions = sa.Table(
     sa.Column("lease_expires_at", sa.Float, nullable=False, index=True),
     # Comma-separated inode ids of the directory quotas charged for this session's reservation.
     sa.Column("quota_ids", sa.Text, nullable=False),
+    # Meta's clock when an explicit mtime was last set on the file while this session was open (NULL: never):
+    # a write time the session reports later counts only if it is later than this.
+    sa.Column("times_set_at_ns", sa.BigInteger, nullable=True),
 )  # fmt: skip
 
 quotas = sa.Table(

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from ff_meta.core.errors import FsCode, fs_error
 from ff_meta.core.model import ROOT_INODE_ID, Inode, InodeType
-from ff_meta.core.paths import MAX_SYMLINK_HOPS, split_path
-from ff_meta.core.perms import Caller, X, require
+from ff_meta.core.paths import MAX_DIR_DEPTH, MAX_SYMLINK_HOPS, join, split_path
+from ff_meta.core.perms import Caller, X, allowed, require
 from ff_meta.store.schema import dirents, gc_queue, inodes
 
 MAX_LINKS = 65000
@@ -116,6 +116,19 @@ _RAW_UNLINK = raw_sql("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?
 _RAW_ANY_CHILD = raw_sql("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
 _RAW_ANY_SESSION = raw_sql("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
 _RAW_COUNT_SESSIONS = raw_sql("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ? AND lease_expires_at > ?")
+_RAW_LINKS = raw_sql("SELECT parent_id, name FROM meta_dirents WHERE inode_id = ? ORDER BY parent_id, name LIMIT ?")
+# A directory and the directories above it, nearest first, up to the root (or to where a tree in the trash
+# was cut off: parent 0), at most ``depth`` + 1 rows; each with its entry's name (NULL for the root).
+_RAW_ANCESTRY = raw_sql(
+    "WITH RECURSIVE up(inode_id, depth) AS (SELECT CAST(? AS BIGINT), 0 UNION ALL "
+    "SELECT i.parent_id, up.depth + 1 FROM up JOIN meta_inodes i ON i.inode_id = up.inode_id "
+    f"WHERE up.inode_id <> {ROOT_INODE_ID} AND up.depth < CAST(? AS INTEGER)) "
+    "SELECT i.inode_id, i.type, i.mode, i.uid, i.gid, i.parent_id, d.name FROM up "
+    "JOIN meta_inodes i ON i.inode_id = up.inode_id "
+    "LEFT JOIN meta_dirents d ON d.parent_id = i.parent_id AND d.inode_id = i.inode_id ORDER BY up.depth"
+)
+_RAW_PIN_TIMES = raw_sql("UPDATE meta_sessions SET times_set_at_ns = ? WHERE inode_id = ?")
+MAX_LINKS_CHECKED = 16
 _COL_SET = frozenset(_COLS)
 # QuotaRow's fields, in its order; usage never goes below 0 (a portable MAX(0, x) for SQLite and PostgreSQL).
 _QUOTA_COLS = ("inode_id", "max_bytes", "max_inodes", "used_bytes", "used_inodes", "reserved_bytes")
@@ -190,6 +203,9 @@ class Tx:
     _conn: Connection | None = field(default=None)
     _cursor: Any = field(default=None)
     _qmark: bool = field(default=True)
+    # Directories a path lookup of this caller may pass through (search permission on each and on every
+    # directory above it), learnt in this transaction.
+    _passable: set[int] = field(default_factory=set)
 
     # ---- rows ----
 
@@ -265,11 +281,18 @@ class Tx:
 
     # ---- paths ----
 
-    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0) -> Resolved:  # noqa: PLR0912
+    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0, reached: bool = False) -> Resolved:  # noqa: PLR0912
+        """Walk ``at`` (search permission on every directory walked). A lookup that starts at an inode (a
+        relative path or the inode itself) is refused as a path lookup from the root would be: see
+        ``check_reachable``; ``reached`` skips that for a directory this transaction already walked to."""
         absolute, parts = split_path(at.path)
         start = ROOT_INODE_ID if absolute or at.parent_id in (0, ROOT_INODE_ID) else at.parent_id
         begin = 0
         cur: Inode | None = None
+        start_inode: Inode | None = None
+        if start != ROOT_INODE_ID and not reached:
+            start_inode = self.must(start)
+            self.check_reachable(start_inode)
         if 2 <= len(parts) <= MAX_FAST_DEPTH + 1 and ".." not in parts[:-1]:
             # Fast path: every directory down to the last component in one query.
             dirs = self._walk_dirs(start, parts[:-1])
@@ -278,7 +301,7 @@ class Tx:
                     require(self.caller, d, X, f"search {'/'.join(parts[:k]) or '/'}")
                 cur, begin = dirs[-1], len(parts) - 1
         if cur is None:
-            cur = self.must(start)
+            cur = start_inode or self.must(start)
             if not parts:
                 return Resolved(cur)
             if not cur.is_dir:
@@ -304,7 +327,7 @@ class Tx:
                 if hops >= MAX_SYMLINK_HOPS:
                     raise fs_error(FsCode.SYMLINK_LOOP, "too many levels of symbolic links")
                 rest = "/".join([child.symlink_target, *parts[i + 1 :]])
-                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1)
+                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1, reached=True)
             if last:
                 return Resolved(child, cur, comp)
             cur = child
@@ -326,33 +349,101 @@ class Tx:
             raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {at.path}")
         return r
 
+    # ---- the way up: inode addressing, paths, depth ----
+
+    def ancestry(self, dir_id: int) -> list[tuple[Any, ...]]:
+        """``(inode_id, type, mode, uid, gid, parent_id, name)`` of a directory and of every directory above it,
+        nearest first, ending at the root (or where a tree in the trash was cut off). One query.
+
+        Raises:
+            FsInvalid: the tree is deeper than ``MAX_DIR_DEPTH`` there (ENAMETOOLONG).
+        """
+        rows = self.fetch_all(_RAW_ANCESTRY, (dir_id, MAX_DIR_DEPTH + 1))
+        if len(rows) > MAX_DIR_DEPTH + 1 or (len(rows) == MAX_DIR_DEPTH + 1 and rows[-1][0] != ROOT_INODE_ID):
+            raise fs_error(FsCode.NAME_TOO_LONG, f"directory tree deeper than {MAX_DIR_DEPTH} levels")
+        return rows
+
+    def depth_of(self, dir_id: int) -> int:
+        """How many levels below the root a directory is (the root: 0)."""
+        return len(self.ancestry(dir_id)) - 1
+
+    def _passable_why(self, dir_id: int) -> FsCode | None:
+        """None when a path lookup of the caller may pass through directory ``dir_id`` (search permission on it
+        and on every directory above it); else why not: NOT_FOUND (not in the namespace) or ACCESS_DENIED."""
+        if dir_id in self._passable:
+            return None
+        rows = self.ancestry(dir_id)
+        if not rows or rows[-1][0] != ROOT_INODE_ID:
+            return FsCode.NOT_FOUND
+        for row in reversed(rows):  # from the root down: every directory passed is remembered
+            node = Inode(inode_id=row[0], type=InodeType(row[1]), mode=row[2], uid=row[3], gid=row[4])
+            if not node.is_dir or not allowed(self.caller, node, X):
+                return FsCode.ACCESS_DENIED
+            self._passable.add(node.inode_id)
+        return None
+
+    def _reachable_link(self, inode: Inode) -> tuple[FsCode | None, tuple[int, str] | None]:
+        """For a file or symlink: (None, (parent id, name)) of an entry naming it whose directory the caller
+        may pass through, else (why not, None). A file no entry names (removed while open, or in the trash)
+        is reachable by its owner only, without an entry."""
+        links = self.fetch_all(_RAW_LINKS, (inode.inode_id, MAX_LINKS_CHECKED))
+        if not links:
+            return (None if self.caller.is_root or inode.uid == self.caller.uid else FsCode.NOT_FOUND), None
+        why = FsCode.NOT_FOUND
+        for parent_id, name in links:
+            w = None if self.caller.is_root else self._passable_why(int(parent_id))
+            if w is None:
+                return None, (int(parent_id), str(name))
+            if w is FsCode.ACCESS_DENIED:
+                why = w
+        return why, None
+
+    def check_reachable(self, inode: Inode) -> None:
+        """Inode addressing (FUSE, relative paths): refused where a path lookup from the root would be, so that
+        knowing an inode id gives no access that a path would not (POSIX: search permission on every
+        directory above). Root passes.
+
+        Raises:
+            FsDenied: some directory above is not searchable by the caller (EACCES).
+            FsNotFound: the inode is not in the namespace (in the trash, or a removed file of another user).
+        """
+        if self.caller.is_root or inode.inode_id == ROOT_INODE_ID:
+            return
+        if inode.is_dir:
+            why = self._passable_why(inode.parent_id) if inode.parent_id else FsCode.NOT_FOUND
+        else:
+            why = self._reachable_link(inode)[0]
+        if why is not None:
+            raise fs_error(why, f"inode {inode.inode_id}: no path to it that the caller may search")
+
+    def reachable_path(self, inode: Inode) -> str:
+        """The absolute path of an inode the caller may reach (see ``check_reachable``); for a file with
+        several links, one the caller may search."""
+        self.check_reachable(inode)
+        if inode.is_dir:
+            return self.path_of(inode)
+        _, link = self._reachable_link(inode)
+        if link is None:
+            raise fs_error(FsCode.NOT_FOUND, f"inode {inode.inode_id} is not in the namespace")
+        parent_id, name = link
+        return join(self.path_of(self.must(parent_id)), name)
+
     def path_of(self, inode: Inode) -> str:
-        """The absolute path of a directory (walking parents), or of a file through one of its entries."""
-        names: list[str] = []
-        cur = inode
-        for _ in range(4096):
-            if cur.inode_id == ROOT_INODE_ID:
-                return "/" + "/".join(reversed(names))
-            q = sa.select(dirents.c.parent_id, dirents.c.name).where(dirents.c.inode_id == cur.inode_id)
-            if cur.is_dir:
-                q = q.where(dirents.c.parent_id == cur.parent_id)
-            row = self.session.execute(q.limit(1)).first()
-            if row is None:
+        """The absolute path of a directory, or of a file through one of its entries (no permission check)."""
+        if not inode.is_dir:
+            links = self.fetch_all(_RAW_LINKS, (inode.inode_id, 1))
+            if not links:
                 raise fs_error(FsCode.NOT_FOUND, f"inode {inode.inode_id} is not in the namespace")
-            names.append(row.name)
-            cur = self.must(row.parent_id)
-        raise fs_error(FsCode.SYMLINK_LOOP, "directory tree too deep")
+            return join(self.path_of(self.must(int(links[0][0]))), str(links[0][1]))
+        rows = self.ancestry(inode.inode_id)
+        names = [r[6] for r in rows[:-1]]
+        if not rows or rows[-1][0] != ROOT_INODE_ID or any(n is None for n in names):
+            raise fs_error(FsCode.NOT_FOUND, f"inode {inode.inode_id} is not in the namespace")
+        return "/" + "/".join(reversed(names))
 
     def ancestors(self, dir_inode: Inode) -> list[int]:
         """The directory and every directory above it up to the root."""
-        out = [dir_inode.inode_id]
-        cur = dir_inode
-        while cur.inode_id != ROOT_INODE_ID and cur.parent_id:
-            out.append(cur.parent_id)
-            if len(out) > 4096:
-                break
-            cur = self.must(cur.parent_id)
-        return out
+        return [int(r[0]) for r in self.ancestry(dir_inode.inode_id)]
 
     # ---- quotas ----
 
@@ -365,11 +456,18 @@ class Tx:
         """Quotas of ``dir_inode`` and its ancestors, nearest first."""
         if dir_inode is None or not self.any_quota():
             return []
-        ids = self.ancestors(dir_inode)
-        rows = {q.inode_id: q for q in self._quota_rows(ids)}
-        return [rows[i] for i in ids if i in rows]
+        return self.quota_chain_of(self.ancestors(dir_inode))
+
+    def quota_chain_of(self, dir_ids: Sequence[int]) -> list[QuotaRow]:
+        """The quotas (as they are now) of those of ``dir_ids`` that have one, in the order given."""
+        if not dir_ids or not self.any_quota():
+            return []
+        rows = {q.inode_id: q for q in self._quota_rows(dir_ids)}
+        return [rows[i] for i in dir_ids if i in rows]
 
     def _quota_rows(self, ids: Sequence[int]) -> list[QuotaRow]:
+        if not ids:
+            return []
         return [QuotaRow(*row) for row in self.fetch_all(_quota_rows_sql(len(ids)), tuple(ids))]
 
     def charge(self, chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0, dreserved: int = 0,
@@ -405,6 +503,11 @@ class Tx:
         quota_ids = ",".join(str(q.inode_id) for q in chain)
         self._fetch(_RAW_INSERT_SESSION, (session_id, client_id, inode.inode_id, self.caller.uid, write_limit,
                                           inode.length, expires_at, quota_ids), fetch=False)  # fmt: skip
+
+    def pin_times(self, inode_id: int) -> None:
+        """An explicit mtime was just set: the file's open write sessions report no earlier write time over it
+        (see ``fsops.finish_length``)."""
+        self._fetch(_RAW_PIN_TIMES, (self.now_ns, inode_id), fetch=False)
 
     def subtree_usage(self, root: Inode) -> tuple[int, int]:
         """(bytes, inodes) of a tree: file lengths and every inode, the root included."""
