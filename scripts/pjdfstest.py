@@ -92,7 +92,7 @@ def umount(where: Path) -> None:
         subprocess.run(["fusermount3", "-uz", str(where)], check=False)
 
 
-_SUMMARY = re.compile(r"^(\S+\.t) \(Wstat: \d+ Tests: (\d+) Failed: (\d+)\)")
+_SUMMARY = re.compile(r"^(\S+\.t)\s+\(Wstat: \d+ Tests: (\d+) Failed: (\d+)\)")
 _FAILED = re.compile(r"^\s*Failed tests?:\s*(.*)$")
 _MORE = re.compile(r"^\s+[\d, -]+$")
 _PLANNED = re.compile(r"You planned (\d+) tests? but ran (\d+)")
