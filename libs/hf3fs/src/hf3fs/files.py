@@ -24,6 +24,8 @@ MAX_IO_BATCH_BYTES = 32 << 20
 NO_LIMIT = (1 << 64) - 1
 RESERVE_STEP_BYTES = 64 << 20
 CAPABILITY_MARGIN_NS = 60 * 10**9
+APPEND_LEASE_PREFIX = "append-lease-"  # the write session that serializes appends to one inode
+APPEND_WAIT_S = 90.0  # a dead holder's lease (30 s by default) lapses and meta collects it well before this
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class RawFile(io.RawIOBase):
         elif whence == io.SEEK_CUR:
             pos = self._pos + offset
         elif whence == io.SEEK_END:
-            pos = self.length + offset
+            pos = self.refresh_length() + offset
         else:
             raise ValueError(f"invalid whence {whence}")
         if pos < 0:
@@ -161,6 +163,12 @@ class RawFile(io.RawIOBase):
         if not self._om.readable:
             raise io.UnsupportedOperation("not readable")
         view = memoryview(buffer).cast("B")
+        if self._pos + len(view) > self.length:  # past the end known here: the file may have grown since
+            self.refresh_length()
+        return self._read_known(view)
+
+    def _read_known(self, view: memoryview) -> int:
+        """Read into ``view`` up to the length known now (no meta call)."""
         n = min(len(view), max(0, self.length - self._pos))
         if n <= 0:
             return 0
@@ -176,13 +184,25 @@ class RawFile(io.RawIOBase):
         return n
 
     def readall(self) -> bytes:
+        """To the end of the file: the length known here first, then one Stat for growth since, and so on."""
+        self._check_open()
+        if not self._om.readable:
+            raise io.UnsupportedOperation("not readable")
         out = bytearray()
         while True:
-            chunk = bytearray(max(self.layout.chunk_size, self.length - self._pos))
-            n = self.readinto(chunk)
-            if not n:
+            while self._pos < self.length:
+                chunk = bytearray(min(self.length - self._pos, MAX_IO_BATCH_BYTES))
+                out += chunk[: self._read_known(memoryview(chunk))]
+            if self.refresh_length() <= self._pos:
                 return bytes(out)
-            out += chunk[:n]
+
+    def refresh_length(self) -> int:
+        """The file's length now: meta's (a Stat by inode: what writers closed, synced or reported), or
+        what this handle or another writer of this client wrote, whichever is larger. Cheap (one Stat)."""
+        resp = self._fs._meta_call(lambda s: s.Stat, pb.StatRequest(path=pb.PathAt(parent_inode_id=self.inode_id)),
+                                   self.name)  # fmt: skip
+        self.length = max(resp.inode.length_bytes, self.written, self._fs._local_length(self.inode_id))
+        return self.length
 
     def write(self, b: Any) -> int:
         self._check_open()
@@ -195,22 +215,66 @@ class RawFile(io.RawIOBase):
             return 0
         with self._lock:
             if self._om.append:
-                self._pos = self.length
-            end = self._pos + len(data)
-            if end > self._limit:
-                self._reserve(end)
-            done = 0
-            while done < len(data):
-                step = min(len(data) - done, MAX_IO_BATCH_BYTES)
-                self._fresh_capability()
-                self._fs._run(write_spans(self._fs._storage, self.layout, self._cap, self._pos + done,
-                                          data[done : done + step], self.name))  # fmt: skip
-                done += step
-            self._pos = end
-            self.written = max(self.written, end)
-            self.length = max(self.length, end)
-            self._last_write_ns = time.time_ns()
+                self._append(data)
+            else:
+                self._write_at(self._pos, data)
         return len(data)
+
+    def _write_at(self, offset: int, data: memoryview) -> int:
+        """Write ``data`` at ``offset`` (reserving quota first); the position moves to its end."""
+        end = offset + len(data)
+        self.ensure_room(end)
+        done = 0
+        while done < len(data):
+            step = min(len(data) - done, MAX_IO_BATCH_BYTES)
+            self._fresh_capability()
+            self._fs._run(write_spans(self._fs._storage, self.layout, self._cap, offset + done,
+                                      data[done : done + step], self.name))  # fmt: skip
+            done += step
+        self._pos = end
+        self.written = max(self.written, end)
+        self.length = max(self.length, end)
+        self._last_write_ns = time.time_ns()
+        return end
+
+    def _append(self, data: memoryview) -> None:
+        """O_APPEND across clients: hold the inode's append lease (a write session with a well-known id, which
+        meta gives one client at a time), write at the end meta knows, and close the lease with the new end,
+        so the next holder starts after it. A dead holder's lease lapses and meta collects it."""
+        with self._fs._append_guard(self.inode_id):
+            lease, end_now = self._take_append_lease()
+            end = end_now
+            try:
+                end = self._write_at(max(end_now, self.written, self._fs._local_length(self.inode_id)), data)
+            finally:
+                req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end,
+                                      mtime_ns=self._last_write_ns or time.time_ns())  # fmt: skip
+                self._fs._close_session(req, self.name)
+
+    def _take_append_lease(self) -> tuple[pb.WriteSession, int]:
+        """Open the inode's append lease, waiting while another client holds it; (session, meta's length)."""
+        lease_id = f"{APPEND_LEASE_PREFIX}{self.inode_id}"
+        request = pb.OpenRequest(path=pb.PathAt(parent_inode_id=self.inode_id), open_mode=pb.OPEN_MODE_WRITE,
+                                 session_id=lease_id, client_id=self._fs.client_id)  # fmt: skip
+        deadline = time.monotonic() + APPEND_WAIT_S
+        delay = 0.002
+        while True:
+            try:
+                resp = self._fs._meta_call(lambda s: s.Open, request, self.name)
+                return resp.session, int(resp.inode.length_bytes)
+            except OSError as err:
+                if err.errno != errno.EBADF:
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise OSError(errno.EAGAIN, f"another client held the append lease for {APPEND_WAIT_S:.0f} s",
+                                  self.name) from None  # fmt: skip
+            time.sleep(delay)  # another client is appending: it holds the lease for one write
+            delay = min(delay * 2, 0.05)
+
+    def ensure_room(self, end: int) -> None:
+        """Reserve quota up to ``end`` unless the session's limit covers it (EDQUOT when the quota is full)."""
+        if end > self._limit:
+            self._reserve(end)
 
     def truncate(self, size: int | None = None) -> int:
         self._check_open()
@@ -219,8 +283,7 @@ class RawFile(io.RawIOBase):
         size = self._pos if size is None else size
         if size < 0:
             raise OSError(errno.EINVAL, "negative size", self.name)
-        if size > self._limit:
-            self._reserve(size)
+        self.ensure_room(size)
         sid = self._session.session_id if self._session is not None else ""
         inode = self._fs._meta_call(lambda s: s.Truncate, pb.TruncateRequest(
             path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid), self.name)  # fmt: skip
@@ -247,8 +310,7 @@ class RawFile(io.RawIOBase):
                                       written_length_bytes=self.written)  # fmt: skip
                 if self._last_write_ns is not None:
                     req.mtime_ns = self._last_write_ns
-                self._fs._forget_writer(self._session.session_id)
-                self._fs._meta_call(lambda s: s.Close, req, self.name)
+                self._fs._close_session(req, self.name)
         finally:
             super().close()
 
@@ -311,17 +373,31 @@ def _sync(f: Any) -> None:
     f.raw.fsync()
 
 
+def _room_for(f: Any, b: Any) -> None:
+    """Reserve quota for a buffered write when it is buffered, so EDQUOT comes from this ``write`` rather
+    than from the flush at close (one ReserveSpace per 64 MiB; nothing when no quota applies)."""
+    f.raw.ensure_room(f.tell() + memoryview(b).nbytes)
+
+
 class BufferedReader(io.BufferedReader):
     def fsync(self) -> None:
         _sync(self)
 
 
 class BufferedWriter(io.BufferedWriter):
+    def write(self, b: Any) -> int:
+        _room_for(self, b)
+        return super().write(b)
+
     def fsync(self) -> None:
         _sync(self)
 
 
 class BufferedRandom(io.BufferedRandom):
+    def write(self, b: Any) -> int:
+        _room_for(self, b)
+        return super().write(b)
+
     def fsync(self) -> None:
         _sync(self)
 

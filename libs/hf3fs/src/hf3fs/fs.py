@@ -15,26 +15,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import stat as stat_mod
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import grpc
+
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.files import OpenMode, RawFile, layout_of, read_spans, session_lost, wrap, write_spans
 from hf3fs.layout import FileLayout
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
 from hf3fs.storage_client import StorageClient
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink"}
-_TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK}
+_TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink",
+          pb.INODE_TYPE_FIFO: "fifo", pb.INODE_TYPE_SOCKET: "socket", pb.INODE_TYPE_CHAR_DEVICE: "char_device",
+          pb.INODE_TYPE_BLOCK_DEVICE: "block_device"}  # fmt: skip
+_TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
+              "fifo": stat_mod.S_IFIFO, "socket": stat_mod.S_IFSOCK, "char_device": stat_mod.S_IFCHR,
+              "block_device": stat_mod.S_IFBLK}  # fmt: skip
+_NODE_TYPES = {stat_mod.S_IFIFO: pb.INODE_TYPE_FIFO, stat_mod.S_IFSOCK: pb.INODE_TYPE_SOCKET,
+               stat_mod.S_IFCHR: pb.INODE_TYPE_CHAR_DEVICE, stat_mod.S_IFBLK: pb.INODE_TYPE_BLOCK_DEVICE}  # fmt: skip
 
 
 WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
@@ -81,6 +93,7 @@ class Stat:
     stripe_size: int = 0
     chain_table_id: int = 0
     write_sessions: int = 0  # open write sessions of a file (stat() counts them; other calls leave 0)
+    rdev: int = 0  # device nodes: the device number
 
     @property
     def st_mode(self) -> int:
@@ -101,7 +114,7 @@ class Stat:
             inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
             size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
             symlink_target=i.symlink_target, chunk_size=i.layout.chunk_size_bytes, stripe_size=i.layout.stripe_size,
-            chain_table_id=i.layout.chain_table_id, write_sessions=i.num_write_sessions,
+            chain_table_id=i.layout.chain_table_id, write_sessions=i.num_write_sessions, rdev=i.rdev,
         )  # fmt: skip
 
 
@@ -165,6 +178,7 @@ class FileSystem:
         meta_addresses: list[str] | None = None,
         timeout_s: float = 30.0,
         renew_interval_s: float | None = None,
+        close_retry_s: float = 60.0,
     ) -> None:
         addresses = [a.strip() for a in (mgmtd.split(",") if isinstance(mgmtd, str) else mgmtd) if a.strip()]
         if not addresses:
@@ -174,7 +188,7 @@ class FileSystem:
         if _Process.forked_after_grpc:
             raise _fork_error("hf3fs.connect()")
         _Process.grpc_started = True
-        self._args = (addresses, token, meta_addresses, timeout_s, renew_interval_s)
+        self._args = (addresses, token, meta_addresses, timeout_s, renew_interval_s, close_retry_s)
         self._pid = os.getpid()
         self.client_id = uuid.uuid4().hex
         self._loop = asyncio.new_event_loop()
@@ -182,6 +196,9 @@ class FileSystem:
         self._thread.start()
         self._writers: dict[str, RawFile] = {}
         self._writers_lock = threading.Lock()
+        self._unclosed: dict[str, tuple[pb.CloseRequest, str]] = {}  # sessions whose Close did not reach meta
+        self._append_locks: dict[int, threading.Lock] = {}
+        self._close_retry_s = close_retry_s
         self._tables: dict[int, list[int]] = {}
         self._closed = False
         self._renew_interval_s = renew_interval_s
@@ -195,8 +212,28 @@ class FileSystem:
             self._renewer = asyncio.ensure_future(self._renew_loop())
 
         self._run(setup())
+        try:
+            self._run(self._check_token(addresses))
+        except BaseException:
+            self.close()
+            raise
 
     # ---- plumbing ----
+
+    async def _check_token(self, addresses: list[str]) -> None:
+        """Ask mgmtd who the token belongs to, so a refused token and an unreachable cluster fail at connect,
+        each with its own error.
+
+        Raises:
+            PermissionError: mgmtd refused the token (unknown, revoked, or its user disabled).
+            Hf3fsError: no mgmtd answered.
+        """
+        try:
+            await self._mgmtd.identity(lambda s: s.WhoAmI, mpb.WhoAmIRequest())
+        except RpcError as err:
+            if err.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                raise PermissionError(errno.EACCES, f"token refused by mgmtd ({err.details})") from None
+            raise Hf3fsError(f"cannot reach mgmtd at {','.join(addresses)}: {err.code.name} {err.details}") from None
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
@@ -211,8 +248,7 @@ class FileSystem:
         """Pickled, a FileSystem is its arguments: unpickling connects again (a new client with its own
         sessions; files open here stay here). The pickle holds the token in clear, like the arguments it was
         made with: hand it to worker processes, do not store it."""
-        addresses, token, meta_addresses, timeout_s, renew_interval_s = self._args
-        return _reconnect, (addresses, token, meta_addresses, timeout_s, renew_interval_s)
+        return _reconnect, self._args
 
     def _meta_call(self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any,
                    path: str | None = None) -> Any:  # fmt: skip
@@ -232,6 +268,10 @@ class FileSystem:
         for w in writers:
             with contextlib.suppress(OSError):
                 w.close()
+        self._run(self._close_unclosed())
+        if self._unclosed:
+            logger.warning("closing with %d write sessions meta never closed: %s", len(self._unclosed),
+                           ", ".join(self.unclosed_sessions()))  # fmt: skip
 
         async def teardown() -> None:
             self._stop.set()
@@ -259,6 +299,84 @@ class FileSystem:
         with self._writers_lock:
             self._writers.pop(session_id, None)
 
+    def _local_length(self, inode_id: int) -> int:
+        """The furthest any open writer of this client wrote into ``inode_id`` (0 if none)."""
+        with self._writers_lock:
+            return max((w.written for w in self._writers.values() if w.inode_id == inode_id), default=0)
+
+    @contextlib.contextmanager
+    def _append_guard(self, inode_id: int) -> Iterator[None]:
+        """One appending thread per inode in this client (meta's append lease is per client)."""
+        with self._writers_lock:
+            lock = self._append_locks.setdefault(inode_id, threading.Lock())
+        with lock:
+            yield
+
+    def _close_session(self, request: pb.CloseRequest, path: str) -> None:
+        """Close a write session, retrying while meta cannot be reached, for up to ``close_retry_s``.
+
+        Retries are idempotent: a retry that finds the session gone means an earlier attempt committed it.
+        When the deadline passes the session is kept and closed later (by the renewer, within a second of meta
+        answering again, or by ``close()``), and Hf3fsError is raised: until then the file's length may be
+        short of what was written.
+
+        Raises:
+            Hf3fsError: meta did not answer within ``close_retry_s``.
+            OSError: meta refused the close.
+        """
+        deadline = time.monotonic() + self._close_retry_s
+        delay, retry = 0.1, False
+        while True:
+            try:
+                self._run(self._close_once(request, retry))
+                self._forget_writer(request.session_id)
+                return
+            except Hf3fsError as err:
+                if time.monotonic() + delay > deadline:
+                    with self._writers_lock:
+                        self._writers.pop(request.session_id, None)
+                        self._unclosed[request.session_id] = (request, path)
+                    raise Hf3fsError(f"{path}: close did not reach meta within {self._close_retry_s:g} s ({err}); "
+                                     "the session stays open and is closed once meta answers") from None  # fmt: skip
+            except OSError:
+                self._forget_writer(request.session_id)
+                raise
+            time.sleep(delay)
+            delay, retry = min(delay * 2, 2.0), True
+
+    async def _close_once(self, request: pb.CloseRequest, retry: bool) -> None:
+        """One Close; on a retry, a session meta no longer knows was closed by an earlier attempt.
+
+        Raises:
+            Hf3fsError: meta could not be reached.
+            OSError: meta refused the close.
+        """
+        try:
+            await self._meta.call(lambda s: s.Close, request)
+        except RpcError as err:
+            error = os_error(err, None)
+            if isinstance(error, Hf3fsError) or not retry or error.errno != errno.EBADF:
+                raise error from None
+
+    async def _close_unclosed(self) -> None:
+        """Retry the closes that failed while meta was away; stop at the first that still cannot reach it."""
+        with self._writers_lock:
+            pending = list(self._unclosed.values())
+        for request, path in pending:
+            try:
+                await self._close_once(request, retry=True)
+            except Hf3fsError:
+                return
+            except OSError as err:
+                logger.warning("%s: close of write session %s refused: %s", path, request.session_id, err)
+            with self._writers_lock:
+                self._unclosed.pop(request.session_id, None)
+
+    def unclosed_sessions(self) -> list[str]:
+        """Paths of files whose close has not reached meta yet (closed later, see ``_close_session``)."""
+        with self._writers_lock:
+            return [path for _, path in self._unclosed.values()]
+
     async def _renew_loop(self) -> None:
         """Every lease/4 (meta says how long a lease is; each session carries it), report written lengths and
         renew the leases of every write session of this process."""
@@ -270,6 +388,8 @@ class FileSystem:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), interval)
                 return
+            if self._unclosed:
+                await self._close_unclosed()
             with self._writers_lock:
                 writers = dict(self._writers)
             if not writers:
@@ -416,6 +536,15 @@ class FileSystem:
     def symlink(self, target: str, link_path: str) -> None:
         self._meta_call(lambda s: s.Symlink, pb.SymlinkRequest(path=_at(link_path), target=target), link_path)
 
+    def mknod(self, path: str, mode: int = 0o600 | stat_mod.S_IFIFO, device: int = 0) -> Stat:
+        """A FIFO, socket or device node (``mode`` carries its type bits, as os.mknod's does)."""
+        kind = _NODE_TYPES.get(stat_mod.S_IFMT(mode))
+        if kind is None:
+            raise OSError(errno.EINVAL, "mknod makes FIFOs, sockets and device nodes", path)
+        resp = self._meta_call(lambda s: s.Mknod, pb.MknodRequest(
+            path=_at(path), type=kind, mode=stat_mod.S_IMODE(mode), rdev=device), path)  # fmt: skip
+        return Stat.from_pb(resp.inode)
+
     def readlink(self, path: str) -> str:
         st = self.lstat(path)
         if not st.is_symlink():
@@ -458,7 +587,9 @@ class FileSystem:
         r = self._meta_call(lambda s: s.StatFs, pb.StatFsRequest())
         return StatFs(r.capacity_bytes, r.used_bytes, r.free_bytes, r.num_inodes)
 
-    def du(self, path: str) -> tuple[int, int]:
+    def du(self, path: str, on_error: Callable[[str, OSError], None] | None = None) -> tuple[int, int]:
+        """(bytes in files, inodes) under ``path``. A folder below it that cannot be listed raises, or, with
+        ``on_error``, is passed to it and left out (the sums are then of what could be read)."""
         total, count = 0, 0
         st = self.lstat(path)
         if not st.is_dir():
@@ -467,7 +598,14 @@ class FileSystem:
         count = 1
         while stack:
             d = stack.pop()
-            for e in self.scandir(d):
+            try:
+                entries = self.scandir(d)
+            except OSError as err:
+                if on_error is None or d == path:
+                    raise
+                on_error(d, err)
+                continue
+            for e in entries:
                 count += 1
                 if e.stat.is_dir():
                     stack.append(f"{d.rstrip('/')}/{e.name}")
@@ -568,7 +706,7 @@ class FileSystem:
             with self._writers_lock:
                 self._writers[session.session_id] = raw
         if om.append:
-            raw.seek(0, os.SEEK_END)
+            raw.seek(raw.length)  # the length Open just answered
         try:
             return wrap(raw, om, buffering, encoding, errors, newline)
         except BaseException:
@@ -612,10 +750,7 @@ class FileSystem:
                 if p not in opened:
                     opened[p] = self.open(p, "r+b", buffering=0)
             for p, off, data in writes:
-                end = off + len(data)
-                raw = opened[p]
-                if end > raw._limit:
-                    raw._reserve(end)
+                opened[p].ensure_room(off + len(data))
 
             async def all_writes() -> None:
                 await asyncio.gather(*(write_spans(self._storage, opened[p].layout, opened[p]._cap, off,
@@ -633,10 +768,10 @@ class FileSystem:
 
 def _reconnect(
     addresses: list[str], token: str, meta_addresses: list[str] | None, timeout_s: float,
-    renew_interval_s: float | None,
+    renew_interval_s: float | None, close_retry_s: float = 60.0,
 ) -> FileSystem:  # fmt: skip
     return FileSystem(addresses, token, meta_addresses=meta_addresses, timeout_s=timeout_s,
-                      renew_interval_s=renew_interval_s)  # fmt: skip
+                      renew_interval_s=renew_interval_s, close_retry_s=close_retry_s)  # fmt: skip
 
 
 def connect(mgmtd: str | list[str] | None = None, token: str | None = None, **kwargs: Any) -> FileSystem:

@@ -13,8 +13,8 @@ import errno
 import os
 import shutil
 import threading
-from collections.abc import Sequence
-from typing import IO, Any
+from collections.abc import Callable, Sequence
+from typing import IO, Any, TypeVar
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
@@ -22,6 +22,7 @@ from fsspec.spec import AbstractFileSystem
 import hf3fs
 from hf3fs import uri
 
+T = TypeVar("T")
 COPY_BLOCK_BYTES = 8 << 20
 _OPEN_MODES = {"rb", "wb", "ab", "xb", "r+b", "rb+", "w+b", "wb+", "a+b", "ab+"}
 
@@ -69,7 +70,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         fs: an already connected :class:`hf3fs.FileSystem` to use (then mgmtd and token are ignored).
     """
 
-    protocol = (uri.PROTOCOL,)
+    protocol = uri.SCHEMES
     root_marker = "/"
 
     def __init__(
@@ -214,15 +215,22 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             raise NotImplementedError("hf3fs does not stage writes in transactions (autocommit=False)")
         buffering = block_size if block_size and block_size > 0 else -1
         path = self._strip_protocol(path)
-        try:
+        if mode.startswith("r"):
             f: IO[bytes] = self.client.open(path, mode, buffering=buffering)
+            return f
+        return self._making_parent(path, lambda: self.client.open(path, mode, buffering=buffering))
+
+    def _making_parent(self, path: str, create: Callable[[], T]) -> T:
+        """``create()`` (which makes ``path``); with ``auto_mkdir``, when the parent folder is missing it is
+        made and ``create()`` runs again (no extra call when the parent exists)."""
+        try:
+            return create()
         except FileNotFoundError:
             parent = self._parent(path)
-            if not self.auto_mkdir or mode.startswith("r") or self.client.exists(parent):
+            if not self.auto_mkdir or self.client.exists(parent):
                 raise
             self.client.makedirs(parent, exist_ok=True)
-            f = self.client.open(path, mode, buffering=buffering)
-        return f
+            return create()
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         path = self._strip_protocol(path)
@@ -238,7 +246,9 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         return data
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        with self.client.open(self._strip_protocol(path), "xb" if mode == "create" else "wb") as f:
+        path = self._strip_protocol(path)
+        open_mode = "xb" if mode == "create" else "wb"
+        with self._making_parent(path, lambda: self.client.open(path, open_mode)) as f:
             f.write(value)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
@@ -246,13 +256,13 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         if self.client.isdir(src):
             self.client.makedirs(dst, exist_ok=True)
             return
-        with self.client.open(src, "rb") as fin, self.client.open(dst, "wb") as fout:
+        with self.client.open(src, "rb") as fin, self._making_parent(dst, lambda: self.client.open(dst, "wb")) as fout:
             shutil.copyfileobj(fin, fout, COPY_BLOCK_BYTES)
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
         path = self._strip_protocol(path)
         if not self.client.exists(path):
-            self.client.create(path)
+            self._making_parent(path, lambda: self.client.create(path))
         elif truncate:
             self.client.truncate(path, 0)
         else:
@@ -261,8 +271,10 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
 
 
 def register() -> None:
-    """Make ``hf3fs://`` known to fsspec in this process (the entry point does it for installed copies)."""
-    fsspec.register_implementation(uri.PROTOCOL, Hf3fsFileSystem, clobber=True)
+    """Make ``hf3fs://`` and ``3fs://`` known to fsspec in this process (the entry points do it for installed
+    copies)."""
+    for scheme in uri.SCHEMES:
+        fsspec.register_implementation(scheme, Hf3fsFileSystem, clobber=True)
 
 
 register()

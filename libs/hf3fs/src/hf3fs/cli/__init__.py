@@ -4,6 +4,7 @@ hf3fs [--mgmtd A[,B]] [--token T] COMMAND ...
   ls [-l] [-R] [PATH...]      stat PATH...     cat PATH...      mkdir [-p] PATH...
   cp [-r] [--progress] SRC... DST      (local <-> 3FS; 3FS paths are written hf3fs:/a/b, or 3fs:/a/b)
   mv SRC DST     rm [-r] [-f] [--no-trash] PATH...     du [-s] [-h] PATH...     df [-h]
+  (ls quotes names as GNU ls does on a terminal: 'a b', 'a'$'\\n''b')
   quota get PATH | quota set PATH [--bytes N] [--inodes N] | quota list
   trash list | trash restore ID... | trash empty
   mount MOUNTPOINT [--foreground]  |  umount MOUNTPOINT
@@ -27,7 +28,7 @@ from typing import Any, TextIO
 
 import hf3fs
 from hf3fs import uri
-from hf3fs.cli.render import format_long, format_size, format_stat, parse_size
+from hf3fs.cli.render import format_long, format_size, format_stat, parse_size, quote_name
 from hf3fs.cli.transfer import Copier, Endpoint, Progress
 
 MGMTD_ENV, TOKEN_ENV = "FF_MGMTD_ADDRESSES", "FF_TOKEN"
@@ -119,16 +120,16 @@ def cmd_ls(cli: Cli) -> None:
     def list_one(path: str) -> None:
         st = fs.stat(path)
         if not st.is_dir():
-            cli.print(format_long(path, fs.lstat(path)) if a.long else path)
+            cli.print(format_long(path, fs.lstat(path)) if a.long else quote_name(path))
             return
         todo = [path]
         while todo:
             here = todo.pop(0)
             if a.recursive or len(paths) > 1:
-                cli.print(f"{here}:")
+                cli.print(f"{quote_name(here)}:")
             entries = fs.scandir(here)
             for e in entries:
-                cli.print(format_long(e.name, e.stat) if a.long else e.name)
+                cli.print(format_long(e.name, e.stat) if a.long else quote_name(e.name))
             if a.recursive:
                 todo[:0] = [f"{here.rstrip('/')}/{e.name}" for e in entries if e.stat.type == "directory"]
                 if todo:
@@ -213,8 +214,8 @@ def cmd_cp(cli: Cli) -> None:
 def cmd_du(cli: Cli) -> None:
     a = cli.args
 
-    def du(path: str) -> None:
-        size, inodes = cli.fs.du(path)
+    def du(path: str) -> None:  # an unreadable folder below is printed as a failure and left out of the sums
+        size, inodes = cli.fs.du(path, on_error=cli.fail)
         cli.print(f"{format_size(size, a.human):>10}  {inodes:>8}  {path}")
 
     cli.each(a.paths or ["/"], du)

@@ -7,6 +7,34 @@ import time
 from typing import Any
 
 _UNITS = "KMGTPE"
+_SHELL_SPECIAL = frozenset(" \"'\\`$&*()[]{};|<>?!#~")
+_C_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f", "\r": "\\r"}
+
+
+def quote_name(name: str) -> str:
+    """A name as GNU ``ls`` prints it on a terminal (``--quoting-style=shell-escape``): as is when it is plain,
+    in single quotes when it holds a space or a shell character, and with each control character written as
+    ``$'\\n'`` between quoted runs (``a<newline>b`` -> ``'a'$'\\n''b'``), so one entry is always one line."""
+    if name and all(c.isprintable() and c not in _SHELL_SPECIAL for c in name):
+        return name
+    parts: list[str] = []
+    run = ""
+    for c in name:
+        if c.isprintable():
+            run += c
+            continue
+        if run:
+            parts.append(_single_quoted(run))
+            run = ""
+        escaped = _C_ESCAPES.get(c) or "".join(f"\\{b:03o}" for b in c.encode("utf-8", "surrogateescape"))
+        parts.append(f"$'{escaped}'")
+    if run or not parts:
+        parts.append(_single_quoted(run))
+    return "".join(parts)
+
+
+def _single_quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def format_size(num_bytes: int, human: bool = False) -> str:
@@ -46,11 +74,11 @@ def _mtime(ns: int) -> str:
 
 
 def format_long(name: str, st: Any) -> str:
-    """One ``ls -l`` line: mode, links, owner, size, mtime, name (and a symlink's target)."""
-    target = f" -> {st.symlink_target}" if st.type == "symlink" else ""
+    """One ``ls -l`` line: mode, links, owner, size, mtime, name (and a symlink's target), names quoted."""
+    target = f" -> {quote_name(st.symlink_target)}" if st.type == "symlink" else ""
     return (
         f"{statmod.filemode(st.st_mode)} {st.nlink:>3} {st.uid:>6} {st.gid:>6} {st.size:>12} "
-        f"{_mtime(st.mtime_ns)} {name}{target}"
+        f"{_mtime(st.mtime_ns)} {quote_name(name)}{target}"
     )
 
 

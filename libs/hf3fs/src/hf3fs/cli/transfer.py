@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -174,7 +175,30 @@ class Copier:
             self._copy_file(step.src, step.dst)
 
     def _copy_file(self, src: Endpoint, dst: Endpoint) -> None:
-        with self._open(src, "rb") as fin, self._open(dst, "wb") as fout:
-            while block := fin.read(BLOCK_BYTES):
-                fout.write(block)
-                self.progress.advance(len(block))
+        """Copy one file; a file this copy created is removed again when the copy fails (over quota, a read
+        error), so a failed ``cp`` leaves no empty or partial file behind."""
+        with self._open(src, "rb") as fin:
+            fout, created = self._create(dst)
+            try:
+                with fout:
+                    while block := fin.read(BLOCK_BYTES):
+                        fout.write(block)
+                        self.progress.advance(len(block))
+            except BaseException:
+                if created:
+                    self._remove_quietly(dst)
+                raise
+
+    def _create(self, ep: Endpoint) -> tuple[IO[bytes], bool]:
+        """``ep`` opened for writing, and whether this made it (one create either way)."""
+        try:
+            return self._open(ep, "xb"), True
+        except FileExistsError:
+            return self._open(ep, "wb"), False
+
+    def _remove_quietly(self, ep: Endpoint) -> None:
+        with contextlib.suppress(OSError):
+            if ep.remote:
+                self.fs.remove(ep.path)
+            else:
+                os.unlink(ep.path)

@@ -182,9 +182,10 @@ class LocalFs:
     def statfs(self) -> StatFs:
         return StatFs(1 << 40, 1 << 30, (1 << 40) - (1 << 30), 42)
 
-    def du(self, path: str) -> tuple[int, int]:
+    def du(self, path: str, on_error: Any = None) -> tuple[int, int]:
         total, inodes = 0, 0
-        for here, _dirs, files in os.walk(self._p(path)):
+        report = None if on_error is None else (lambda err: on_error(err.filename, err))
+        for here, _dirs, files in os.walk(self._p(path), onerror=report):
             inodes += 1 + len(files)
             total += sum(os.lstat(os.path.join(here, f)).st_size for f in files)
         return total, inodes
@@ -233,7 +234,7 @@ class LocalFs:
             raise ValueError("binary modes only in this stand-in")
         if "x" in mode:  # created with ``perm`` and opened in one step, like the client
             os.close(self._wrap(path, os.open, self._p(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, perm))
-            mode = mode.replace("x", "r")
+            mode = mode.replace("x", "w")  # the file is new and empty: truncating it changes nothing
         raw = self._wrap(path, _Raw, self._p(path), mode.replace("b", ""))
         if "r" in mode and "+" not in mode:
             return io.BufferedReader(raw)
