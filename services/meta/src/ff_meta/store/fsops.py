@@ -258,7 +258,7 @@ def finish_length(tx: Tx, inode_id: int, session_id: str, written: int, storage_
 
 def require_owner_or_same(tx: Tx, row: Any) -> None:
     if not tx.caller.is_root and row.uid != tx.caller.uid:
-        raise fs_error(FsCode.BAD_SESSION, "the write session belongs to another user")
+        raise fs_error(FsCode.ACCESS_DENIED, "the write session belongs to another user")
 
 
 def _end_session(tx: Tx, inode: Inode, row: Any, chain: list[QuotaRow]) -> None:
