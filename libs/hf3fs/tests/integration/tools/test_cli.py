@@ -91,6 +91,36 @@ def test_mv_and_errors(fs_cluster: FsCluster, tmp_path: Path) -> None:
     assert hf3fs(fs_cluster, "ls", "relative").returncode == 2
     bad_token = hf3fs(fs_cluster, "ls", "/", token="fft_not-a-token")
     assert bad_token.returncode == 1 and bad_token.stderr.startswith("hf3fs: ")
+    assert "token refused" in bad_token.stderr and "cannot reach" not in bad_token.stderr, bad_token.stderr
+
+
+def test_ls_quotes_names_as_gnu_ls_does(fs_cluster: FsCluster) -> None:
+    ok(fs_cluster, "mkdir", "-p", "/cli/names")
+    for name in ("plain", "two words", "line\nbreak"):
+        fs_cluster.client.create(f"/cli/names/{name}")
+    assert ok(fs_cluster, "ls", "/cli/names").splitlines() == ["'line'$'\\n''break'", "plain", "'two words'"]
+    long = ok(fs_cluster, "ls", "-l", "/cli/names").splitlines()
+    assert len(long) == 3 and long[0].endswith(" 'line'$'\\n''break'")
+
+
+def test_du_reports_what_it_can_past_an_unreadable_folder(fs_cluster: FsCluster) -> None:
+    client = fs_cluster.client
+    client.makedirs("/cli/du/open/deeper", exist_ok=True)
+    client.makedirs("/cli/du/closed", exist_ok=True)
+    for path, size in (("/cli/du/open/a", 1000), ("/cli/du/open/deeper/b", 234), ("/cli/du/closed/c", 5000)):
+        with client.open(path, "wb") as f:
+            f.write(b"d" * size)
+    client.chmod("/cli/du/closed", 0)
+    try:
+        proc = hf3fs(fs_cluster, "du", "/cli/du")
+    finally:
+        client.chmod("/cli/du/closed", 0o755)
+    assert proc.returncode == 1
+    assert proc.stderr == "hf3fs: /cli/du/closed: Permission denied\n" or proc.stderr.startswith(
+        "hf3fs: /cli/du/closed: Permission denied ("
+    ), proc.stderr
+    size, inodes, path = proc.stdout.split()
+    assert (int(size), int(inodes), path) == (1234, 6, "/cli/du")  # du, open, deeper, a, b, closed
 
 
 def test_quota_then_over_limit_cp_fails_clearly(fs_cluster: FsCluster, tmp_path: Path) -> None:
@@ -104,3 +134,8 @@ def test_quota_then_over_limit_cp_fails_clearly(fs_cluster: FsCluster, tmp_path:
     assert proc.returncode == 1
     assert proc.stderr.startswith("hf3fs: /cli/quota/big.bin: Disk quota exceeded"), proc.stderr
     assert fs_cluster.client.du("/cli/quota")[0] <= 1 << 20
+    assert not fs_cluster.client.exists("/cli/quota/big.bin")  # no empty or partial file left behind
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"s" * 1000)
+    ok(fs_cluster, "cp", str(small), "hf3fs:/cli/quota/small.bin")  # what fits is copied
+    assert fs_cluster.client.stat("/cli/quota/small.bin").size == 1000
