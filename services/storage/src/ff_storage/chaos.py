@@ -1,0 +1,139 @@
+"""A linearizability workload for tests and benchmarks: writers and readers on a few shared chunks of a real
+cluster while storage services are SIGKILLed and restarted at random; every operation's start, end and
+result is recorded for ``core.linearizability.check_history``.
+
+Each writer has its own ``StorageClient`` (its own client id) and writes whole small chunks holding a unique
+value (writer id and counter); each reader has its own client too and reads whole chunks. A write that did
+not answer OK is "maybe happened" (no end); a read that did not answer OK is left out; a chunk not found
+reads as the initial value (None).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+from ff_storage.core.linearizability import READ, WRITE, Operation
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs import ChunkRead, ChunkWrite, StorageClient
+
+CHUNK_BYTES = 64
+INODE = 4242
+
+
+@dataclass
+class ChaosStats:
+    writes_ok: int = 0
+    writes_unknown: int = 0
+    reads_ok: int = 0
+    reads_failed: int = 0
+    kills: int = 0
+    history: list[Operation] = field(default_factory=list)
+
+
+def _encode(value: str) -> bytes:
+    return value.encode().ljust(CHUNK_BYTES, b".")
+
+
+def _decode(data: bytes) -> str:
+    return bytes(data).rstrip(b".").decode()
+
+
+async def run_chaos(
+    cluster: StorageCluster, *, duration_s: float, num_writers: int = 3, num_readers: int = 3, num_chunks: int = 3,
+    kill_every_s: tuple[float, float] = (2.0, 5.0), down_for_s: tuple[float, float] = (0.5, 3.0), seed: int = 0,
+) -> ChaosStats:  # fmt: skip
+    """Run the workload for ``duration_s`` (kills only during it), then let every write finish."""
+    rng = random.Random(seed)
+    info = await cluster.routing()
+    chains = [c.chain_id for c in info.chains]
+    keys = [(i, chains[i % len(chains)]) for i in range(num_chunks)]
+    stats = ChaosStats()
+    stop = asyncio.Event()
+    origin = time.monotonic()
+    clients = [StorageClient(cluster.client(), CLUSTER_TOKEN, retry_deadline_s=30.0, timeout_s=5.0,
+                             pending_retries=1_000_000) for _ in range(num_writers + num_readers)]  # fmt: skip
+    try:
+        workers = [asyncio.create_task(_writer(clients[w], w, keys, stop, stats, origin, rng.random()))
+                   for w in range(num_writers)]  # fmt: skip
+        workers += [asyncio.create_task(_reader(clients[num_writers + r], r, keys, stop, stats, origin,
+                                                rng.random())) for r in range(num_readers)]  # fmt: skip
+        await _kill_loop(cluster, rng, duration_s, kill_every_s, down_for_s, stats)
+        stop.set()
+        await asyncio.gather(*workers)
+    finally:
+        stop.set()
+        for c in clients:
+            await c.close()
+            await c._mgmtd.close()
+    return stats
+
+
+async def _kill_loop(
+    cluster: StorageCluster, rng: random.Random, duration_s: float, every: tuple[float, float],
+    down: tuple[float, float], stats: ChaosStats,
+) -> None:  # fmt: skip
+    """One storage service down at a time: SIGKILL, down a while, restart, wait until every target serves."""
+    end = time.monotonic() + duration_s
+    while time.monotonic() + every[0] < end:
+        await asyncio.sleep(rng.uniform(*every))
+        victim = rng.choice(cluster.nodes)
+        victim.kill()
+        stats.kills += 1
+        await asyncio.sleep(rng.uniform(*down))
+        victim.start()
+        await victim.ready()
+        await cluster.wait_all_serving(timeout_s=60)
+    await asyncio.sleep(max(0.0, end - time.monotonic()))
+
+
+async def _writer(
+    client: StorageClient, w: int, keys: list[tuple[int, int]], stop: asyncio.Event, stats: ChaosStats,
+    origin: float, jitter: float,
+) -> None:  # fmt: skip
+    rng = random.Random(jitter)
+    n = 0
+    while not stop.is_set():
+        index, chain = rng.choice(keys)
+        value = f"w{w}-{n}"
+        n += 1
+        io = ChunkWrite(chain_id=chain, inode_id=INODE, chunk_index=index, data=_encode(value), chunk_size=CHUNK_BYTES)
+        start = time.monotonic() - origin
+        try:
+            ok = (await client.batch_write([io]))[0].ok
+        except Exception:  # a refused call: the outcome is unknown to the writer as well
+            ok = False
+        end = time.monotonic() - origin if ok else math.inf
+        stats.writes_ok += ok
+        stats.writes_unknown += not ok
+        stats.history.append(Operation(key=index, kind=WRITE, value=value, start=start, end=end, client=f"w{w}"))
+
+
+async def _reader(
+    client: StorageClient, r: int, keys: list[tuple[int, int]], stop: asyncio.Event, stats: ChaosStats,
+    origin: float, jitter: float,
+) -> None:  # fmt: skip
+    rng = random.Random(jitter)
+    while not stop.is_set():
+        index, chain = rng.choice(keys)
+        start = time.monotonic() - origin
+        try:
+            got = (await client.batch_read([ChunkRead(chain_id=chain, inode_id=INODE, chunk_index=index,
+                                                      length=CHUNK_BYTES)]))[0]  # fmt: skip
+        except Exception:
+            stats.reads_failed += 1
+            continue
+        end = time.monotonic() - origin
+        if got.ok and not got.is_pending:
+            value: str | None = _decode(bytes(got.data))
+        elif got.status == spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND:
+            value = None
+        else:
+            stats.reads_failed += 1
+            continue
+        stats.reads_ok += 1
+        stats.history.append(Operation(key=index, kind=READ, value=value, start=start, end=end, client=f"r{r}"))
