@@ -30,6 +30,9 @@ from ff_rpc import RpcError
 DEFAULT_STATE_DIR = ".fireflyer"
 STATE_DIR_ENV = "FF_STATE_DIR"
 TOKEN_ENV = "FF_TOKEN"
+MGMTD_ENV = "FF_MGMTD_ADDRESSES"
+# uids and gids of the identity registry: uint32 on the wire, 0 (root) never, 2^32-1 is (uid_t)-1.
+MAX_ID = 2**32 - 2
 EXIT_OK, EXIT_FAILED = 0, 1  # argparse exits 2 on usage errors
 
 Handler = Callable[[argparse.Namespace, "Cli"], Coroutine[Any, Any, int]]
@@ -130,11 +133,14 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
 
 
 def _mgmtd_addresses(args: argparse.Namespace, state: StateDir, cli: Cli) -> list[str]:
-    if args.mgmtd:
-        return [a.strip() for item in args.mgmtd for a in item.split(",") if a.strip()]
+    """--mgmtd, else $FF_MGMTD_ADDRESSES (as every client reads it), else the state folder's plan."""
+    given = args.mgmtd or [cli.environ.get(MGMTD_ENV, "")]
+    addresses = [a.strip() for item in given for a in item.split(",") if a.strip()]
+    if addresses:
+        return addresses
     plan = load_plan(state)
     if plan is None or not plan.of_service(MGMTD):
-        raise CliError(f"no cluster in {state.root}: run `{cli.prog} up`, or pass --mgmtd HOST:PORT")
+        raise CliError(f"no cluster in {state.root}: run `{cli.prog} up`, set {MGMTD_ENV} or pass --mgmtd HOST:PORT")
     return [i.grpc_address for i in plan.of_service(MGMTD)]
 
 
@@ -170,7 +176,10 @@ def _common_parent() -> argparse.ArgumentParser:
 def _identity_parent() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False, parents=[_common_parent()])
     parent.add_argument(
-        "--mgmtd", action="append", metavar="HOST:PORT", help="mgmtd address(es) (default: the state folder's plan)"
+        "--mgmtd",
+        action="append",
+        metavar="HOST:PORT",
+        help=f"mgmtd address(es) (default: ${MGMTD_ENV}, else the state folder's plan)",
     )
     parent.add_argument(
         "--token", default=None, help=f"bearer token (default: ${TOKEN_ENV}, else the state folder's admin token)"
@@ -189,9 +198,22 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def _registry_id(text: str) -> int:
+    """A uid or gid given on the command line: 1..2^32-2 (0 is root, and on the wire "pick one")."""
+    if text.strip() == "0":
+        raise argparse.ArgumentTypeError("0 is root's; leave the option out to get the next free one")
+    value = _positive_int(text)
+    if value > MAX_ID:
+        raise argparse.ArgumentTypeError(f"{text} is above {MAX_ID}")
     return value
 
 
@@ -222,7 +244,7 @@ def _add_user_commands(sub: Any) -> None:
     p = _admin_command(users, "add", "create a user", _user_add, lambda r: admin.render_user(r.user))
     p.add_argument("name")
     p.add_argument("--admin", action="store_true", help="give the user the admin role")
-    p.add_argument("--uid", type=int, default=0, help="uid (default: the next free one)")
+    p.add_argument("--uid", type=_registry_id, default=0, help=f"uid, 1..{MAX_ID} (default: the next free one)")
     p.add_argument("--group", action="append", metavar="G", help="add the user to group G (repeatable)")
     _admin_command(users, "list", "list users", _user_list, lambda r: admin.render_users(r.users))
     p = _admin_command(users, "disable", "disable a user (their tokens stop working)", _user_disable,
@@ -252,7 +274,7 @@ def _add_group_commands(sub: Any) -> None:
     groups = sub.add_parser("group", help="groups of users").add_subparsers(dest="action", required=True)
     p = _admin_command(groups, "add", "create a group", _group_add, lambda r: admin.render_group(r.group))
     p.add_argument("name")
-    p.add_argument("--gid", type=int, default=0, help="gid (default: the next free one)")
+    p.add_argument("--gid", type=_registry_id, default=0, help=f"gid, 1..{MAX_ID} (default: the next free one)")
     _admin_command(groups, "list", "list groups", _group_list, lambda r: admin.render_groups(r.groups))
     for action, call in (("add-member", _group_add_member), ("remove-member", _group_remove_member)):
         p = _admin_command(groups, action, f"{action.replace('-', ' ')} of a group", call,
@@ -328,6 +350,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
         return asyncio.run(handler(args, cli))
     except RpcError as exc:
         print(f"fireflyer: {exc.code.name}: {exc.details}", file=err)
+    except BrokenPipeError:
+        raise  # the reader went away (`fireflyer user list | head -1`): main() stops quietly
     except (ApplianceError, SupervisorError, PlanError, DemoError, StorageDemoError, CliError, OSError) as exc:
         print(f"fireflyer: {exc}", file=err)
     except KeyboardInterrupt:
@@ -354,3 +378,8 @@ def main() -> int:
         return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr, prog=_prog_name(sys.argv[0]))
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
         return int(exc.code or 0)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail again
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe ended

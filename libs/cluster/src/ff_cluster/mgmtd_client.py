@@ -11,6 +11,7 @@ import grpc
 
 from ff_rpc import RetryPolicy, RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, RETRYABLE_CODES, StubPool, is_idempotent, method_path
+from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,17 @@ class MgmtdClient:
         index = self._addresses.index(self._current) if self._current in self._addresses else -1
         self._current = self._addresses[(index + 1) % len(self._addresses)]
         return False
+
+    async def service_address(self, node_type: common_pb2.NodeType.ValueType, endpoint: str = "grpc") -> str:
+        """The ``endpoint`` address of the first alive node of ``node_type`` in the routing info (any
+        user may ask); "" when none is alive."""
+        resp = await self.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        for node in resp.routing_info.nodes:
+            if node.node_type == node_type and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
+                for ep in node.endpoints:
+                    if ep.name == endpoint:
+                        return str(ep.address)
+        return ""
 
     async def watch_routing(self, known_version: int = 0) -> AsyncIterator[mgmtd_pb2.RoutingInfo]:
         """Routing info at every change, following the primary across failovers, until cancelled.

@@ -4,21 +4,53 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
-from ff_rpc import RpcClient, open_channel
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError, open_channel
+from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+from hfai.config import HfaiConfig
 
 
 class SchedulerApi:
-    def __init__(self, server: str, token: str, timeout_s: float = 10.0) -> None:
-        self._channel: grpc.aio.Channel = open_channel(server)
+    """The scheduler at ``server``, or (``server`` empty) the one mgmtd at ``mgmtd`` names, found at the
+    first call."""
+
+    def __init__(self, server: str, token: str, timeout_s: float = 10.0, *, mgmtd: Sequence[str] = ()) -> None:
+        if not server and not mgmtd:
+            raise ValueError("a scheduler address or mgmtd addresses are needed")
+        self._server, self._mgmtd, self._token = server, list(mgmtd), token
+        self._channel: grpc.aio.Channel | None = None
         self._rpc = RpcClient(token=token, timeout_s=timeout_s)
-        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        self._stub_: scheduler_pb2_grpc.SchedulerServiceStub | None = None
+
+    @classmethod
+    def from_config(cls, cfg: HfaiConfig) -> SchedulerApi:
+        cfg.require()
+        return cls(cfg.server, cfg.token, mgmtd=cfg.mgmtd_addresses())
+
+    async def _stub(self) -> scheduler_pb2_grpc.SchedulerServiceStub:
+        if self._stub_ is None:
+            if not self._server:
+                self._server = await self._find_scheduler()
+            self._channel = open_channel(self._server)
+            self._stub_ = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        return self._stub_
+
+    async def _find_scheduler(self) -> str:
+        mgmtd = MgmtdClient(self._mgmtd, token=self._token)
+        try:
+            address = await mgmtd.service_address(common_pb2.NODE_TYPE_SCHEDULER)
+        finally:
+            await mgmtd.close()
+        if not address:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "mgmtd knows no alive scheduler")
+        return address
 
     async def __aenter__(self) -> SchedulerApi:
         return self
@@ -27,62 +59,63 @@ class SchedulerApi:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
-    async def _call(self, method: Any, request: Any) -> Any:
-        return await self._rpc.unary(method, request)
+    async def _call(self, select: Callable[[scheduler_pb2_grpc.SchedulerServiceStub], Any], request: Any) -> Any:
+        return await self._rpc.unary(select(await self._stub()), request)
 
     async def submit(self, spec: pb.TaskSpec, request_id: str = "") -> pb.Task:
-        return (await self._call(self._stub.SubmitTask, pb.SubmitTaskRequest(spec=spec, request_id=request_id))).task  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.SubmitTask, pb.SubmitTaskRequest(spec=spec, request_id=request_id))).task  # type: ignore[no-any-return]
 
     async def list(
         self, *, states: Sequence[int] = (), name_contains: str = "", all_users: bool = False, page_size: int = 100
     ) -> builtins.list[pb.Task]:
         request = pb.ListTasksRequest(name_contains=name_contains, all_users=all_users, page_size=page_size)
         request.states.extend(states)  # type: ignore[arg-type]
-        return builtins.list((await self._call(self._stub.ListTasks, request)).tasks)
+        return builtins.list((await self._call(lambda s: s.ListTasks, request)).tasks)
 
     async def get(self, task_id: int, include_runs: bool = False) -> pb.Task:
         request = pb.GetTaskRequest(task_id=task_id, include_runs=include_runs)
-        return (await self._call(self._stub.GetTask, request)).task  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.GetTask, request)).task  # type: ignore[no-any-return]
 
     async def stop(self, task_id: int) -> pb.Task:
-        return (await self._call(self._stub.StopTask, pb.StopTaskRequest(task_id=task_id))).task  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.StopTask, pb.StopTaskRequest(task_id=task_id))).task  # type: ignore[no-any-return]
 
     async def suspend(self, task_id: int) -> pb.Task:
-        return (await self._call(self._stub.SuspendTask, pb.SuspendTaskRequest(task_id=task_id))).task  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.SuspendTask, pb.SuspendTaskRequest(task_id=task_id))).task  # type: ignore[no-any-return]
 
     async def set_priority(self, task_id: int, level: int | None) -> pb.Task:
         request = pb.SetTaskPriorityRequest(task_id=task_id, auto_priority=level is None)
         if level is not None:
             request.priority = level
-        return (await self._call(self._stub.SetTaskPriority, request)).task  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.SetTaskPriority, request)).task  # type: ignore[no-any-return]
 
     async def logs(
         self, task_id: int, *, node_rank: int = 0, follow: bool = False, tail_bytes: int = 0
     ) -> AsyncIterator[bytes]:
         request = pb.StreamLogsRequest(task_id=task_id, node_rank=node_rank, follow=follow, tail_bytes=tail_bytes)
-        async for chunk in self._rpc.stream(self._stub.StreamLogs, request):
+        async for chunk in self._rpc.stream((await self._stub()).StreamLogs, request):
             yield chunk.data
 
     async def whoami(self) -> pb.WhoAmIResponse:
-        return await self._call(self._stub.WhoAmI, pb.WhoAmIRequest())  # type: ignore[no-any-return]
+        return await self._call(lambda s: s.WhoAmI, pb.WhoAmIRequest())  # type: ignore[no-any-return]
 
     async def nodes(self, group: str = "") -> builtins.list[pb.Node]:
-        return builtins.list((await self._call(self._stub.ListNodes, pb.ListNodesRequest(node_group=group))).nodes)
+        return builtins.list((await self._call(lambda s: s.ListNodes, pb.ListNodesRequest(node_group=group))).nodes)
 
     async def set_quota(self, user: str, level: int, group: str, max_nodes: int) -> pb.Quota:
         quota = pb.Quota(user_name=user, priority=level, node_group=group, max_nodes=max_nodes)
-        return (await self._call(self._stub.SetQuota, pb.SetQuotaRequest(quota=quota))).quota  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.SetQuota, pb.SetQuotaRequest(quota=quota))).quota  # type: ignore[no-any-return]
 
     async def quotas(self, user: str = "") -> builtins.list[pb.Quota]:
-        return builtins.list((await self._call(self._stub.ListQuotas, pb.ListQuotasRequest(user_name=user))).quotas)
+        return builtins.list((await self._call(lambda s: s.ListQuotas, pb.ListQuotasRequest(user_name=user))).quotas)
 
     async def validate(self, node_ids: builtins.list[int], checks: builtins.list[str]) -> builtins.list[int]:
         """Run the validator on nodes (admins); the nodes it was ordered on (idle ones)."""
         request = pb.ValidateNodesRequest(node_ids=node_ids, checks=checks)
-        return builtins.list((await self._call(self._stub.ValidateNodes, request)).node_ids)
+        return builtins.list((await self._call(lambda s: s.ValidateNodes, request)).node_ids)
 
     async def set_node_enabled(self, node_id: int, enabled: bool, reason: str = "") -> pb.Node:
         request = pb.SetNodeEnabledRequest(node_id=node_id, enabled=enabled, reason=reason)
-        return (await self._call(self._stub.SetNodeEnabled, request)).node  # type: ignore[no-any-return]
+        return (await self._call(lambda s: s.SetNodeEnabled, request)).node  # type: ignore[no-any-return]

@@ -1,6 +1,6 @@
 """``hfai``: submit and manage tasks on the fireflyer scheduler, or run a script locally.
 
-hfai init <token> --server host:port [--mgmtd host:port]
+hfai init <token> --mgmtd host:port [--server host:port]     (the token is checked before it is saved)
 hfai python train.py [script args] -- --nodes 2 --priority 30 --group G --name N   (submit)
 hfai python train.py [script args]                                                (run here)
 hfai python train.py [script args] ++ --suspend-after 5                           (run here, suspend once)
@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
+
+import grpc
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
@@ -71,7 +73,7 @@ def split_submit(args: list[str]) -> tuple[list[str], list[str] | None, list[str
 
 
 def _submit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hfai python SCRIPT ... --", add_help=False)
+    p = argparse.ArgumentParser(prog="hfai python SCRIPT ... --", description="submit to the cluster")
     p.add_argument("-n", "--nodes", type=int, default=1)
     p.add_argument("-p", "--priority", default=None)
     p.add_argument("-g", "--group", default="")
@@ -85,11 +87,22 @@ def _submit_parser() -> argparse.ArgumentParser:
 
 
 def _local_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hfai python SCRIPT ... ++", add_help=False)
+    p = argparse.ArgumentParser(prog="hfai python SCRIPT ... ++", description="run here, as a task would run")
     p.add_argument("-ss", "--suspend-after", type=float, default=None, help="simulate a suspend after N seconds")
     p.add_argument("-ls", "--whole-life-state", type=int, default=0, help="start with this whole_life_state")
     p.add_argument("--grace", type=float, default=60.0)
     return p
+
+
+def submit_help(kind: str) -> str:
+    """What ``hfai python --help`` prints: the three forms and the options after ``--`` and ``++``."""
+    return "\n\n".join([
+        f"usage: hfai {kind} SCRIPT [args] -- [options]   submit to the cluster\n"
+        f"       hfai {kind} SCRIPT [args]                 run here\n"
+        f"       hfai {kind} SCRIPT [args] ++ [options]   run here, as a task would run",
+        _submit_parser().format_help().strip(),
+        _local_parser().format_help().strip(),
+    ])  # fmt: skip
 
 
 def state_name(value: int) -> str:
@@ -134,19 +147,21 @@ class Cli:
         print(text, file=self.out, flush=True)
 
     def api(self) -> SchedulerApi:
-        cfg = config.load(self.environ).require()
-        return SchedulerApi(cfg.server, cfg.token)
+        return SchedulerApi.from_config(config.load(self.environ))
 
     def mgmtd(self) -> MgmtdClient:
         cfg = config.load(self.environ).require()
         if not cfg.mgmtd:
-            raise CliError(f"no mgmtd address: pass --mgmtd to `hfai init` or set {config.MGMTD_ENV}")
-        return MgmtdClient([a.strip() for a in cfg.mgmtd.split(",")], token=cfg.token)
+            raise CliError(f"no mgmtd address: pass --mgmtd to `hfai init` or set {config.FF_MGMTD_ENV}")
+        return MgmtdClient(cfg.mgmtd_addresses(), token=cfg.token)
 
     # ---- commands ----
 
     async def submit_or_run(self, kind: str, args: list[str]) -> int:
         script, cluster, local = split_submit(args)
+        if script[:1] in (["-h"], ["--help"]):
+            self.print(submit_help(kind))
+            return 0
         if not script:
             raise CliError(f"usage: hfai {kind} SCRIPT [args] [-- options | ++ local options]")
         argv = [sys.executable if kind == "python" else "bash", *script]
@@ -286,8 +301,19 @@ class Cli:
             self.print(f"token {a.token_id} revoked")
 
     async def init(self, a: argparse.Namespace) -> int:
-        path = config.save(config.HfaiConfig(server=a.server, token=a.token, mgmtd=a.mgmtd or ""), self.environ)
-        self.print(f"saved {path}")
+        """Save where the cluster is and the token, once the cluster has accepted the token."""
+        cfg = config.HfaiConfig(server=a.server, token=a.token.strip(), mgmtd=a.mgmtd)
+        if not cfg.server and not cfg.mgmtd:
+            raise CliError("where is the cluster? pass --mgmtd HOST:PORT (or --server HOST:PORT, the scheduler)")
+        try:
+            async with SchedulerApi.from_config(cfg) as api:
+                me = await api.whoami()
+        except RpcError as exc:
+            if exc.code is grpc.StatusCode.UNAUTHENTICATED:
+                raise CliError(f"the cluster refused this token ({exc.details}); nothing saved") from None
+            raise
+        path = config.save(cfg, self.environ)
+        self.print(f"saved {path} (token of {me.principal.name})")
         return 0
 
 
@@ -296,10 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hfai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("init", help="save the scheduler address and your token")
+    p = sub.add_parser("init", help="save where the cluster is and your token (checked first)")
     p.add_argument("token")
-    p.add_argument("--server", required=True)
-    p.add_argument("--mgmtd", default="")
+    p.add_argument("--mgmtd", default="", help="mgmtd address(es), comma-separated")
+    p.add_argument("--server", default="", help="the scheduler's address (default: found through mgmtd)")
     for kind in ("python", "bash"):
         p = sub.add_parser(kind, help=f"submit a {kind} task (after --), or run it here", add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
@@ -363,9 +389,17 @@ async def _dispatch(cli: Cli, a: argparse.Namespace) -> int:
     return int(await handlers[a.cmd](a))
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line; ``python``/``bash`` take everything after them as it is (argparse's REMAINDER
+    refuses a leading option such as ``--help``)."""
+    if argv and argv[0] in ("python", "bash"):
+        return argparse.Namespace(cmd=argv[0], args=list(argv[1:]))
+    return build_parser().parse_args(list(argv))
+
+
 def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     try:
-        args = build_parser().parse_args(list(argv))
+        args = parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     cli = Cli(environ, out, err)
@@ -382,7 +416,22 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
 
 
 def main() -> int:
-    return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
+    try:
+        return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of our output went away (``hfai list | head -1``): stop quietly, as ``ls`` does.
+
+    stdout is pointed at /dev/null so the interpreter's final flush does not fail again; exit 141
+    (128 + SIGPIPE), what a shell reports for a command a broken pipe ended.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

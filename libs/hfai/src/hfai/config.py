@@ -1,5 +1,7 @@
-"""Where the scheduler is and who the user is: ``~/.hfai/conf.json`` (``hfai init``), overridden by
-``HFAI_SERVER``, ``HFAI_TOKEN`` and ``HFAI_MGMTD`` (the agent sets them for tasks)."""
+"""Where the cluster is and who the user is: ``~/.hfai/conf.json`` (``hfai init``), overridden by the
+environment: the cluster's client variables ``FF_MGMTD_ADDRESSES`` and ``FF_TOKEN`` (what every tool
+reads, and what the agent gives every task), or HAI's ``HFAI_MGMTD``, ``HFAI_TOKEN`` and ``HFAI_SERVER``.
+Without a scheduler address the scheduler is found through mgmtd."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SERVER_ENV, TOKEN_ENV, MGMTD_ENV, CONFIG_ENV = "HFAI_SERVER", "HFAI_TOKEN", "HFAI_MGMTD", "HFAI_CONFIG"
+# The cluster's client variables (hf3fs, fireflyer, hfai alike); HAI's names above win when both are set.
+FF_TOKEN_ENV, FF_MGMTD_ENV = "FF_TOKEN", "FF_MGMTD_ADDRESSES"
 
 
 class ConfigError(Exception):
@@ -23,12 +27,15 @@ class HfaiConfig:
     mgmtd: str = ""
 
     def require(self) -> HfaiConfig:
-        if not self.server or not self.token:
+        if not (self.server or self.mgmtd) or not self.token:
             raise ConfigError(
-                f"no scheduler address or token: run `hfai init <token> --server host:port` "
-                f"or set {SERVER_ENV} and {TOKEN_ENV}"
+                f"no cluster address or token: run `hfai init <token> --mgmtd host:port` "
+                f"or set {FF_MGMTD_ENV} and {FF_TOKEN_ENV}"
             )
         return self
+
+    def mgmtd_addresses(self) -> list[str]:
+        return [a.strip() for a in self.mgmtd.split(",") if a.strip()]
 
 
 def config_path(environ: Mapping[str, str]) -> Path:
@@ -43,8 +50,8 @@ def load(environ: Mapping[str, str] | None = None) -> HfaiConfig:
         stored = json.loads(path.read_text())
     return HfaiConfig(
         server=env.get(SERVER_ENV) or stored.get("server", ""),
-        token=env.get(TOKEN_ENV) or stored.get("token", ""),
-        mgmtd=env.get(MGMTD_ENV) or stored.get("mgmtd", ""),
+        token=env.get(TOKEN_ENV) or env.get(FF_TOKEN_ENV) or stored.get("token", ""),
+        mgmtd=env.get(MGMTD_ENV) or env.get(FF_MGMTD_ENV) or stored.get("mgmtd", ""),
     )
 
 

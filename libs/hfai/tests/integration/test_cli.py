@@ -147,3 +147,52 @@ async def test_cli_commands_against_a_cluster(env: dict[str, Any]) -> None:
 async def test_cli_without_configuration_says_how_to_set_it(tmp_path: Path) -> None:
     code, _, err = await hfai("list", env={"HFAI_CONFIG": str(tmp_path / "none.json")})
     assert code == 2 and "hfai init" in err
+
+
+async def test_help_of_python_and_bash_lists_the_submit_options() -> None:
+    for kind in ("python", "bash"):
+        code, out, err = await hfai(kind, "--help")
+        assert code == 0, err
+        assert f"hfai {kind} SCRIPT [args] -- [options]" in out and "--nodes" in out and "--suspend-after" in out
+
+
+async def test_init_checks_the_token_before_saving_it(env: dict[str, Any]) -> None:
+    conf = env["tmp"] / "init.json"
+    where = {"HFAI_CONFIG": str(conf)}
+    code, _, err = await hfai("init", "garbage", "--mgmtd", env["mgmtd"], env=where)
+    assert code == 2 and "refused this token" in err and "Traceback" not in err, err
+    assert not conf.exists()
+    code, out, err = await hfai("init", env["tokens"]["alice"], "--mgmtd", env["mgmtd"], env=where)
+    assert code == 0 and "token of alice" in out, err
+    # Only mgmtd was given: the scheduler is found through it.
+    code, out, err = await hfai("whoami", env=where)
+    assert code == 0 and out.startswith("alice (uid"), err
+
+
+async def test_the_cluster_client_variables_are_enough(env: dict[str, Any], tmp_path: Path) -> None:
+    ff_only = {"FF_MGMTD_ADDRESSES": env["mgmtd"], "FF_TOKEN": env["tokens"]["bob"],
+               "HFAI_CONFIG": str(tmp_path / "none.json")}  # fmt: skip
+    code, out, err = await hfai("whoami", env=ff_only)
+    assert code == 0 and out.startswith("bob (uid"), err
+
+
+async def test_a_task_bigger_than_the_cluster_is_refused_at_submit(env: dict[str, Any]) -> None:
+    alice = as_user(env, "alice")
+    code, _, err = await hfai("python", "x.py", "--", "--nodes", "99", env=alice)
+    assert code == 1 and "FAILED_PRECONDITION" in err and "has 1: it could never run" in err, err
+    code, out, _ = await hfai("list", env=alice)
+    assert out.strip() == "no tasks"
+
+
+async def test_output_into_a_closed_pipe_ends_quietly(env: dict[str, Any]) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line, as `hfai list | head -0` would be
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hfai", "whoami", stdout=write_end, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **as_user(env, "alice")},
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 141 and err.decode() == ""

@@ -11,7 +11,6 @@ from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient, RpcError, ServiceError, Unavailable
 from ff_rpc.client import StubPool
 from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 
@@ -34,14 +33,11 @@ class SchedulerLink:
         """The scheduler's address (configured, else the first alive scheduler mgmtd knows)."""
         if self._fixed:
             return self._fixed
-        resp = await self._mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
-        for node in resp.routing_info.nodes:
-            if node.node_type == common_pb2.NODE_TYPE_SCHEDULER and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
-                for ep in node.endpoints:
-                    if ep.name == "grpc":
-                        self.address = str(ep.address)
-                        return self.address
-        raise Unavailable("no alive scheduler in mgmtd's routing info")
+        address = await self._mgmtd.service_address(common_pb2.NODE_TYPE_SCHEDULER)
+        if not address:
+            raise Unavailable("no alive scheduler in mgmtd's routing info")
+        self.address = address
+        return address
 
     def _stub(self) -> scheduler_pb2_grpc.SchedulerAgentServiceStub:
         if not self.address:

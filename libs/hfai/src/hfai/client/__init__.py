@@ -107,8 +107,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _api() -> SchedulerApi:
-    cfg = config.load().require()
-    return SchedulerApi(cfg.server, cfg.token)
+    return SchedulerApi.from_config(config.load())
 
 
 async def _with_api(method: str, *args: Any, **kw: Any) -> Any:

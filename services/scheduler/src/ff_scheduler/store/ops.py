@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import CursorResult, and_, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from ff_scheduler.core.errors import InvalidRequest, NotFoundError
+from ff_scheduler.core.errors import Conflict, InvalidRequest, NotFoundError
 from ff_scheduler.core.lifecycle import request_stop, request_suspend
 from ff_scheduler.core.model import EndReason, NodePhase, QueueReason, RunState, SuspendStage, TaskState
 from ff_scheduler.core.policy import LifecyclePolicy
@@ -38,6 +38,19 @@ def known_groups(s: Session, default_group: str) -> set[str]:
     return {default_group, *s.execute(select(nodes.c.node_group).distinct()).scalars()}
 
 
+def _check_fits(s: Session, checked: CheckedTask) -> None:
+    """Conflict for a task that can never run: more nodes than its group has (every registered node
+    counts, offline or disabled ones too, as they may come back). A group with no node yet accepts any
+    task, since its agents may not have registered yet."""
+    in_group = select(func.count()).select_from(nodes).where(nodes.c.node_group == checked.node_group)
+    num_known = int(s.execute(in_group).scalar_one())
+    if 0 < num_known < checked.num_nodes:
+        raise Conflict(
+            f"the task asks for {checked.num_nodes} nodes, but node group {checked.node_group!r} has "
+            f"{num_known}: it could never run"
+        )
+
+
 def submit_task(
     s: Session, user: str, uid: int, checked: CheckedTask, request_id: str, now: float, default_group: str
 ) -> int:
@@ -49,6 +62,7 @@ def submit_task(
             return int(existing)
     if checked.node_group not in known_groups(s, default_group):
         raise InvalidRequest(f"node group {checked.node_group!r} is unknown")
+    _check_fits(s, checked)
     result: CursorResult[Any] = s.execute(
         insert(tasks).values(
             user_name=user,
