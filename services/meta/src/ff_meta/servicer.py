@@ -8,7 +8,7 @@ from typing import Any
 
 from ff_meta.app import MetaApp
 from ff_meta.core.errors import FsCode, FsError, fs_error
-from ff_meta.core.model import Inode
+from ff_meta.core.model import Inode, InodeType
 from ff_meta.core.paths import split_path
 from ff_meta.core.perms import Caller, R, allowed
 from ff_meta.store import fsops
@@ -39,13 +39,16 @@ def caller() -> Caller:
 
 
 def to_pb(inode: Inode, sessions: int = 0) -> pb.Inode:
+    # A directory's stored count is 1 plus its subdirectories; it shows 2 plus them (its "." too); at least 2
+    # for the folders made before the count was kept.
+    nlink = max(2, inode.nlink + 1) if inode.is_dir else inode.nlink
     msg = pb.Inode(
         inode_id=inode.inode_id, type=pb.InodeType.ValueType(int(inode.type)), mode=inode.mode, uid=inode.uid,
-        gid=inode.gid, nlink=inode.nlink, atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
+        gid=inode.gid, nlink=nlink, atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
         length_bytes=inode.length, parent_inode_id=inode.parent_id if inode.is_dir else 0,
-        symlink_target=inode.symlink_target, num_write_sessions=sessions,
+        symlink_target=inode.symlink_target if inode.is_symlink else "", num_write_sessions=sessions, rdev=inode.rdev,
     )  # fmt: skip
-    if not inode.is_symlink:
+    if inode.is_file or inode.is_dir:
         msg.layout.CopyFrom(pb.Layout(
             chain_table_id=inode.chain_table_id, chain_table_version=inode.chain_table_version,
             chunk_size_bytes=inode.chunk_size, stripe_size=inode.stripe_size, chain_begin_index=inode.chain_begin,
@@ -220,6 +223,16 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
         retention = request.trash_retention_s or self._app.options.trash_retention_s
+    async def Mknod(self, request: pb.MknodRequest, context: Context) -> pb.MknodResponse:
+        try:
+            kind = InodeType(request.type)
+        except ValueError:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"unknown inode type {request.type}") from None
+        ids = await _ids(self._app, 1)
+        inode = await self._app.tx(caller(), lambda t: fsops.mknod(t, at(request.path), kind, request.mode,
+                                                                   request.rdev, ids[0]))  # fmt: skip
+        return pb.MknodResponse(inode=to_pb(inode))
+
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = fsops.new_trash_id()

@@ -13,6 +13,14 @@ class InodeType(IntEnum):
     FILE = 1
     DIRECTORY = 2
     SYMLINK = 3
+    FIFO = 4
+    SOCKET = 5
+    CHAR_DEVICE = 6
+    BLOCK_DEVICE = 7
+
+
+SPECIAL_TYPES = frozenset({InodeType.FIFO, InodeType.SOCKET, InodeType.CHAR_DEVICE, InodeType.BLOCK_DEVICE})
+DEVICE_TYPES = frozenset({InodeType.CHAR_DEVICE, InodeType.BLOCK_DEVICE})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +55,12 @@ class Inode:
     @property
     def is_symlink(self) -> bool:
         return self.type is InodeType.SYMLINK
+
+    @property
+    def rdev(self) -> int:
+        """A device node's number. Kept as decimal text in the column symlinks use for their target (special
+        files have no target), so device nodes needed no schema change."""
+        return int(self.symlink_target) if self.type in DEVICE_TYPES and self.symlink_target.isdigit() else 0
 
     def with_(self, **changes: object) -> Inode:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
-from ff_meta.core.model import NO_LIMIT, ROOT_INODE_ID, Inode, InodeType
+from ff_meta.core.model import DEVICE_TYPES, NO_LIMIT, ROOT_INODE_ID, SPECIAL_TYPES, Inode, InodeType
 from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
 from ff_meta.core.perms import R, W, X, allowed, check_sticky, require, require_owner
 from ff_meta.store.schema import counters, gc_queue, inodes, quotas, sessions, trash
@@ -408,6 +408,25 @@ def symlink(tx: Tx, at: PathAt, target: str, inode_id: int) -> Inode:
     inode = Inode(inode_id=inode_id, type=InodeType.SYMLINK, mode=0o777, uid=tx.caller.uid, gid=tx.caller.gid,
                   nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns, length=len(target.encode()),
                   symlink_target=target)  # fmt: skip
+    tx.insert(inode)
+    tx.link(parent.inode_id, r.name, inode)
+    return inode
+
+
+def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: int) -> Inode:
+    """A FIFO, socket or device node: an inode without data or layout (a device's number in ``rdev``)."""
+    if kind not in SPECIAL_TYPES:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"mknod makes FIFOs, sockets and devices, not type {int(kind)}")
+    if not 0 <= rdev < 1 << 64 or (rdev and kind not in DEVICE_TYPES):
+        raise fs_error(FsCode.INVALID_ARGUMENT, "a device number belongs to a device node only")
+    if kind in DEVICE_TYPES and not tx.caller.is_root:
+        raise fs_error(FsCode.NOT_PERMITTED, f"mknod {at.path}: only root makes device nodes (as CAP_MKNOD)")
+    r = tx.resolve(at, follow_last=False)
+    parent = _new_parent(tx, r, at.path)
+    tx.charge(tx.quota_chain(parent), dinodes=1)
+    inode = Inode(inode_id=inode_id, type=kind, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid, nlink=1,
+                  atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
+                  symlink_target=str(rdev) if kind in DEVICE_TYPES else "")  # fmt: skip
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode

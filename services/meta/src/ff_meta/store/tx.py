@@ -113,6 +113,10 @@ _RAW_INSERT_INODE = raw_sql(f"INSERT INTO meta_inodes ({', '.join(_COLS)}) VALUE
 _RAW_INSERT_DIRENT = raw_sql("INSERT INTO meta_dirents (parent_id, name, inode_id, type) VALUES (?, ?, ?, ?)")
 _RAW_ANY_QUOTA = raw_sql("SELECT inode_id FROM meta_quotas LIMIT 1")
 _RAW_UNLINK = raw_sql("DELETE FROM meta_dirents WHERE parent_id = ? AND name = ?")
+_RAW_ENTRY_TYPE = raw_sql("SELECT type FROM meta_dirents WHERE parent_id = ? AND name = ?")
+_RAW_ENTRIES_CHANGED = raw_sql(
+    "UPDATE meta_inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE inode_id = ?"
+)
 _RAW_ANY_CHILD = raw_sql("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
 _RAW_ANY_SESSION = raw_sql("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
 _RAW_COUNT_SESSIONS = raw_sql("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ? AND lease_expires_at > ?")
@@ -264,9 +268,18 @@ class Tx:
 
     def link(self, parent_id: int, name: str, inode: Inode) -> None:
         self._fetch(_RAW_INSERT_DIRENT, (parent_id, name, inode.inode_id, int(inode.type)), fetch=False)
+        self._entries_changed(parent_id, 1 if inode.is_dir else 0)
 
     def unlink_entry(self, parent_id: int, name: str) -> None:
+        row = self._fetch(_RAW_ENTRY_TYPE, (parent_id, name))
         self._fetch(_RAW_UNLINK, (parent_id, name), fetch=False)
+        if row is not None:
+            self._entries_changed(parent_id, -1 if row[0] == InodeType.DIRECTORY else 0)
+
+    def _entries_changed(self, dir_id: int, dsubdirs: int) -> None:
+        """A directory's entries changed (POSIX: its mtime and ctime move); its link count follows its
+        subdirectories (each one's ".." names it)."""
+        self._fetch(_RAW_ENTRIES_CHANGED, (self.now_ns, self.now_ns, dsubdirs, dir_id), fetch=False)
 
     def has_children(self, dir_id: int) -> bool:
         return self._fetch(_RAW_ANY_CHILD, (dir_id,)) is not None

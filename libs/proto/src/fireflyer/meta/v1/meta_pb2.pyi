@@ -115,6 +115,11 @@ class _InodeTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InodeType.V
     INODE_TYPE_FILE: _InodeType.ValueType  # 1
     INODE_TYPE_DIRECTORY: _InodeType.ValueType  # 2
     INODE_TYPE_SYMLINK: _InodeType.ValueType  # 3
+    INODE_TYPE_FIFO: _InodeType.ValueType  # 4
+    """Special files (Mknod): no data, no layout."""
+    INODE_TYPE_SOCKET: _InodeType.ValueType  # 5
+    INODE_TYPE_CHAR_DEVICE: _InodeType.ValueType  # 6
+    INODE_TYPE_BLOCK_DEVICE: _InodeType.ValueType  # 7
 
 class InodeType(_InodeType, metaclass=_InodeTypeEnumTypeWrapper):
     """---- inodes ----"""
@@ -123,6 +128,11 @@ INODE_TYPE_UNSPECIFIED: InodeType.ValueType  # 0
 INODE_TYPE_FILE: InodeType.ValueType  # 1
 INODE_TYPE_DIRECTORY: InodeType.ValueType  # 2
 INODE_TYPE_SYMLINK: InodeType.ValueType  # 3
+INODE_TYPE_FIFO: InodeType.ValueType  # 4
+"""Special files (Mknod): no data, no layout."""
+INODE_TYPE_SOCKET: InodeType.ValueType  # 5
+INODE_TYPE_CHAR_DEVICE: InodeType.ValueType  # 6
+INODE_TYPE_BLOCK_DEVICE: InodeType.ValueType  # 7
 Global___InodeType: _TypeAlias = InodeType  # noqa: Y015
 
 class _OpenMode:
@@ -216,6 +226,7 @@ class Inode(_message.Message):
     PARENT_INODE_ID_FIELD_NUMBER: _builtins.int
     SYMLINK_TARGET_FIELD_NUMBER: _builtins.int
     NUM_WRITE_SESSIONS_FIELD_NUMBER: _builtins.int
+    RDEV_FIELD_NUMBER: _builtins.int
     inode_id: _builtins.int
     """64-bit, unique, increasing. The root directory is 1 (mode 1777 and owned by root, like /tmp)."""
     type: Global___InodeType.ValueType
@@ -224,8 +235,9 @@ class Inode(_message.Message):
     uid: _builtins.int
     gid: _builtins.int
     nlink: _builtins.int
-    """Files: the number of entries (and trash entries) naming it; directories: always 1 (as btrfs does,
-    so that tools do not count subdirectories from it).
+    """Files: the number of entries (and trash entries) naming it; directories: 2 plus the number of
+    subdirectories (POSIX: its entry, its ".", and each subdirectory's ".."), counted for directories made
+    since meta kept the count (older ones start from 2).
     """
     atime_ns: _builtins.int
     mtime_ns: _builtins.int
@@ -240,6 +252,8 @@ class Inode(_message.Message):
     """Files only: number of open write sessions. Filled by Stat; 0 in the other answers (BatchStat, List,
     Create, ...), which skip the count.
     """
+    rdev: _builtins.int
+    """Device nodes only: the device number (Linux's dev_t encoding, as st_rdev)."""
     @_builtins.property
     def layout(self) -> Global___Layout:
         """Files: the layout; directories: the default layout of new children; symlinks: unset."""
@@ -261,10 +275,11 @@ class Inode(_message.Message):
         parent_inode_id: _builtins.int = ...,
         symlink_target: _builtins.str = ...,
         num_write_sessions: _builtins.int = ...,
+        rdev: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["atime_ns", b"atime_ns", "ctime_ns", b"ctime_ns", "gid", b"gid", "inode_id", b"inode_id", "layout", b"layout", "length_bytes", b"length_bytes", "mode", b"mode", "mtime_ns", b"mtime_ns", "nlink", b"nlink", "num_write_sessions", b"num_write_sessions", "parent_inode_id", b"parent_inode_id", "symlink_target", b"symlink_target", "type", b"type", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["atime_ns", b"atime_ns", "ctime_ns", b"ctime_ns", "gid", b"gid", "inode_id", b"inode_id", "layout", b"layout", "length_bytes", b"length_bytes", "mode", b"mode", "mtime_ns", b"mtime_ns", "nlink", b"nlink", "num_write_sessions", b"num_write_sessions", "parent_inode_id", b"parent_inode_id", "rdev", b"rdev", "symlink_target", b"symlink_target", "type", b"type", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -755,6 +770,60 @@ class SymlinkResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SymlinkResponse: _TypeAlias = SymlinkResponse  # noqa: Y015
+
+@_typing.final
+class MknodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    RDEV_FIELD_NUMBER: _builtins.int
+    type: Global___InodeType.ValueType
+    """FIFO, SOCKET, CHAR_DEVICE or BLOCK_DEVICE; anything else is FS_ERROR_INVALID_ARGUMENT."""
+    mode: _builtins.int
+    """Permission bits, the client's umask already applied."""
+    rdev: _builtins.int
+    """Device nodes: the device number; 0 for FIFOs and sockets."""
+    @_builtins.property
+    def path(self) -> Global___PathAt:
+        """Where the node is created (EEXIST when the name exists)."""
+
+    def __init__(
+        self,
+        *,
+        path: Global___PathAt | None = ...,
+        type: Global___InodeType.ValueType = ...,
+        mode: _builtins.int = ...,
+        rdev: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "path", b"path", "rdev", b"rdev", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MknodRequest: _TypeAlias = MknodRequest  # noqa: Y015
+
+@_typing.final
+class MknodResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INODE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def inode(self) -> Global___Inode: ...
+    def __init__(
+        self,
+        *,
+        inode: Global___Inode | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["inode", b"inode"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inode", b"inode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MknodResponse: _TypeAlias = MknodResponse  # noqa: Y015
 
 @_typing.final
 class HardLinkRequest(_message.Message):

@@ -80,6 +80,11 @@ class MetaServiceStub:
                 request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.SymlinkRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.SymlinkResponse.FromString,
                 _registered_method=True)
+        self.Mknod = channel.unary_unary(
+                '/fireflyer.meta.v1.MetaService/Mknod',
+                request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.MknodRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.MknodResponse.FromString,
+                _registered_method=True)
         self.HardLink = channel.unary_unary(
                 '/fireflyer.meta.v1.MetaService/HardLink',
                 request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.HardLinkRequest.SerializeToString,
@@ -229,6 +234,14 @@ class MetaServiceServicer:
 
     def Symlink(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Mknod(self, request, context):
+        """A FIFO, socket or device node (mknod(2)): a name and an inode with no data in 3FS (what it stands for
+        lives on the machine that opens it).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -401,6 +414,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Symlink,
                     request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.SymlinkRequest.FromString,
                     response_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.SymlinkResponse.SerializeToString,
+            ),
+            'Mknod': grpc.unary_unary_rpc_method_handler(
+                    servicer.Mknod,
+                    request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.MknodRequest.FromString,
+                    response_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.MknodResponse.SerializeToString,
             ),
             'HardLink': grpc.unary_unary_rpc_method_handler(
                     servicer.HardLink,
@@ -671,6 +689,33 @@ class MetaService:
             '/fireflyer.meta.v1.MetaService/Symlink',
             fireflyer_dot_meta_dot_v1_dot_meta__pb2.SymlinkRequest.SerializeToString,
             fireflyer_dot_meta_dot_v1_dot_meta__pb2.SymlinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mknod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.meta.v1.MetaService/Mknod',
+            fireflyer_dot_meta_dot_v1_dot_meta__pb2.MknodRequest.SerializeToString,
+            fireflyer_dot_meta_dot_v1_dot_meta__pb2.MknodResponse.FromString,
             options,
             channel_credentials,
             insecure,

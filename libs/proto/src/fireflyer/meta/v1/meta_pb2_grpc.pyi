@@ -62,6 +62,10 @@ class MetaServiceStub:
     Mkdirs: _grpc.UnaryUnaryMultiCallable[_meta_pb2.MkdirsRequest, _meta_pb2.MkdirsResponse]
     """Create a directory, with missing parents when `recursive` (mkdir -p)."""
     Symlink: _grpc.UnaryUnaryMultiCallable[_meta_pb2.SymlinkRequest, _meta_pb2.SymlinkResponse]
+    Mknod: _grpc.UnaryUnaryMultiCallable[_meta_pb2.MknodRequest, _meta_pb2.MknodResponse]
+    """A FIFO, socket or device node (mknod(2)): a name and an inode with no data in 3FS (what it stands for
+    lives on the machine that opens it).
+    """
     HardLink: _grpc.UnaryUnaryMultiCallable[_meta_pb2.HardLinkRequest, _meta_pb2.HardLinkResponse]
     """A new name for an existing file (not a directory)."""
     Remove: _grpc.UnaryUnaryMultiCallable[_meta_pb2.RemoveRequest, _meta_pb2.RemoveResponse]
@@ -150,6 +154,10 @@ class MetaServiceAsyncStub(MetaServiceStub):
     Mkdirs: _aio.UnaryUnaryMultiCallable[_meta_pb2.MkdirsRequest, _meta_pb2.MkdirsResponse]  # type: ignore[assignment]
     """Create a directory, with missing parents when `recursive` (mkdir -p)."""
     Symlink: _aio.UnaryUnaryMultiCallable[_meta_pb2.SymlinkRequest, _meta_pb2.SymlinkResponse]  # type: ignore[assignment]
+    Mknod: _aio.UnaryUnaryMultiCallable[_meta_pb2.MknodRequest, _meta_pb2.MknodResponse]  # type: ignore[assignment]
+    """A FIFO, socket or device node (mknod(2)): a name and an inode with no data in 3FS (what it stands for
+    lives on the machine that opens it).
+    """
     HardLink: _aio.UnaryUnaryMultiCallable[_meta_pb2.HardLinkRequest, _meta_pb2.HardLinkResponse]  # type: ignore[assignment]
     """A new name for an existing file (not a directory)."""
     Remove: _aio.UnaryUnaryMultiCallable[_meta_pb2.RemoveRequest, _meta_pb2.RemoveResponse]  # type: ignore[assignment]
@@ -271,6 +279,16 @@ class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _meta_pb2.SymlinkRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_meta_pb2.SymlinkResponse, _abc.Awaitable[_meta_pb2.SymlinkResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Mknod(
+        self,
+        request: _meta_pb2.MknodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_meta_pb2.MknodResponse, _abc.Awaitable[_meta_pb2.MknodResponse]]:
+        """A FIFO, socket or device node (mknod(2)): a name and an inode with no data in 3FS (what it stands for
+        lives on the machine that opens it).
+        """
 
     @_abc_1.abstractmethod
     def HardLink(
