@@ -111,6 +111,12 @@ def token_of(name: str) -> str:
 READ, WRITE, RW = pb.OPEN_MODE_READ, pb.OPEN_MODE_WRITE, pb.OPEN_MODE_READ_WRITE
 
 
+def open_mode_of(value: int, default: int) -> int:
+    if value not in (pb.OPEN_MODE_UNSPECIFIED, READ, WRITE, RW):
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"unknown open_mode {value}")
+    return value or default
+
+
 class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def __init__(self, app: MetaApp) -> None:
         self._app = app
@@ -172,7 +178,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Create(self, request: pb.CreateRequest, context: Context) -> pb.CreateResponse:
         c = caller()
-        write = request.open_mode in (WRITE, RW)
+        write = open_mode_of(request.open_mode, READ) in (WRITE, RW)
         if request.truncate and not write:
             raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
         if write and (not request.session_id or not request.client_id):
@@ -217,12 +223,6 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         inode = await self._app.tx(caller(), lambda t: fsops.symlink(t, at(request.path), request.target, ids[0]))
         return pb.SymlinkResponse(inode=to_pb(inode))
 
-    async def HardLink(self, request: pb.HardLinkRequest, context: Context) -> pb.HardLinkResponse:
-        inode = await self._app.tx(caller(), lambda t: fsops.hardlink(t, at(request.old_path), at(request.new_path)))
-        return pb.HardLinkResponse(inode=to_pb(inode))
-
-    async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
-        retention = request.trash_retention_s or self._app.options.trash_retention_s
     async def Mknod(self, request: pb.MknodRequest, context: Context) -> pb.MknodResponse:
         try:
             kind = InodeType(request.type)
@@ -233,6 +233,12 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                                                                    request.rdev, ids[0]))  # fmt: skip
         return pb.MknodResponse(inode=to_pb(inode))
 
+    async def HardLink(self, request: pb.HardLinkRequest, context: Context) -> pb.HardLinkResponse:
+        inode = await self._app.tx(caller(), lambda t: fsops.hardlink(t, at(request.old_path), at(request.new_path)))
+        return pb.HardLinkResponse(inode=to_pb(inode))
+
+    async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
+        retention = request.trash_retention_s or self._app.options.trash_retention_s
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = fsops.new_trash_id()
@@ -242,7 +248,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Open(self, request: pb.OpenRequest, context: Context) -> pb.OpenResponse:
         c = caller()
-        mode = request.open_mode or READ
+        mode = open_mode_of(request.open_mode, READ)
         write, read = mode in (WRITE, RW), mode in (READ, RW)
         if request.truncate and not write:
             raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
