@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcError
+from ff_rpc import Identity, RpcError, acting_as, current_acting
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
@@ -50,6 +50,13 @@ _NODE_TYPES = {stat_mod.S_IFIFO: pb.INODE_TYPE_FIFO, stat_mod.S_IFSOCK: pb.INODE
 
 
 WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
+
+
+async def _as(identity: Identity, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` with its calls acting as ``identity`` (see ``ff_rpc.acting_as``): the task this runs in
+    has a context of its own, so the identity ends with it."""
+    with acting_as(identity):
+        return await coro
 
 
 class ForkedProcessError(RuntimeError):
@@ -242,6 +249,9 @@ class FileSystem:
         if os.getpid() != self._pid:  # its loop thread and channels stayed in the parent
             coro.close()
             raise _fork_error(f"a FileSystem made in process {self._pid} was used")
+        acting = current_acting()  # the caller's thread's identity; the loop thread has its own context
+        if acting is not None:
+            coro = _as(acting, coro)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -560,12 +570,12 @@ class FileSystem:
             raise OSError(errno.EINVAL, "negative length", path)
         self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(path=_at(path), length_bytes=length), path)
 
-    def chmod(self, path: str, mode: int) -> None:
-        self._meta_call(lambda s: s.SetAttr, pb.SetAttrRequest(path=_at(path), follow_last_symlink=True, mode=mode),
-                        path)  # fmt: skip
+    def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> None:
+        self._meta_call(lambda s: s.SetAttr, pb.SetAttrRequest(
+            path=_at(path), follow_last_symlink=follow_symlinks, mode=mode), path)  # fmt: skip
 
-    def chown(self, path: str, uid: int, gid: int) -> None:
-        req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=True)
+    def chown(self, path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> None:
+        req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks)
         if uid >= 0:
             req.uid = uid
         if gid >= 0:
@@ -681,12 +691,16 @@ class FileSystem:
         return layout_of(inode, table)
 
     def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644, encoding: str | None = None,
-             errors: str | None = None, newline: str | None = None) -> Any:  # fmt: skip
+             errors: str | None = None, newline: str | None = None, write_only: bool = False) -> Any:  # fmt: skip
+        """Open a file; ``write_only`` with a writable mode asks meta for write permission only (POSIX O_WRONLY:
+        a file the caller may write but not read opens), though the file object may still read."""
         om = OpenMode.parse(mode)
         _abs(path)
         session_id = uuid.uuid4().hex if om.writable else ""
         open_mode = (
-            (pb.OPEN_MODE_READ_WRITE if om.readable else pb.OPEN_MODE_WRITE) if om.writable else pb.OPEN_MODE_READ
+            (pb.OPEN_MODE_READ_WRITE if om.readable and not write_only else pb.OPEN_MODE_WRITE)
+            if om.writable
+            else pb.OPEN_MODE_READ
         )
         if om.create:
             resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -24,12 +25,15 @@ from typing import IO, Any, TypeVar, cast
 
 import mfusepy
 
+from ff_rpc import Identity, acting_as
+
 logger = logging.getLogger(__name__)
 
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 STATFS_BLOCK_BYTES = 4096
 FREE_INODES = 1 << 40  # 3FS has no inode table to fill; report plenty
 MOUNT_WAIT_S = 30.0
+UMOUNT_WAIT_S = 10.0
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -45,6 +49,9 @@ class MountOptions:
             decided by meta for the token's user anyway, and tools such as git refuse foreign-owned repos).
         log_file: where a background daemon writes its log.
         attr_timeout_s: how long the kernel may cache attributes and names.
+        multi_user: serve every user of this machine (``allow_other``): each request runs in meta as the uid and
+            groups of the process that made it, and inodes show their 3FS owners. Needs a token that may act for
+            other users (an admin's); a plain mount serves its own user only (the kernel refuses the others).
     """
 
     foreground: bool = False
@@ -52,6 +59,7 @@ class MountOptions:
     keep_ids: bool = False
     log_file: str = ""
     attr_timeout_s: float = 1.0
+    multi_user: bool = False
 
 
 _STAT_ATTEMPTS = 8
@@ -100,6 +108,38 @@ def _fuse_errors(method: _F) -> _F:
     return cast(_F, wrapper)
 
 
+def _groups_of(pid: int) -> tuple[int, ...]:
+    """The supplementary groups of a (thread of a) process, from /proc; () when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return tuple(int(g) for g in line.split()[1:] if g.isdigit())
+    except OSError:
+        pass
+    return ()
+
+
+def caller_identity() -> Identity:
+    """Who made the FUSE request being served: its uid, its gid first, then its supplementary groups."""
+    uid, gid, pid = mfusepy.fuse_get_context()
+    return Identity(uid, (gid, *(g for g in _groups_of(pid) if g != gid)))
+
+
+def _as_caller(method: _F) -> _F:
+    """A request on names (not on an open handle): in a multi-user mount it runs in meta as its caller, so meta's
+    permission checks apply to them (an open handle's reads, writes and close were checked at open)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Hf3fsOperations, *args: Any, **kwargs: Any) -> Any:
+        if not self.options.multi_user:
+            return method(self, *args, **kwargs)
+        with acting_as(caller_identity()):
+            return method(self, *args, **kwargs)
+
+    return cast(_F, _fuse_errors(wrapper))
+
+
 class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is untyped
     """The FUSE callbacks over one :class:`hf3fs.FileSystem`."""
 
@@ -108,6 +148,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def __init__(self, fs: Any, options: MountOptions = MountOptions(), on_ready: Callable[[], None] | None = None):
         self.fs, self.options, self.on_ready = fs, options, on_ready
         self._uid, self._gid = os.getuid(), os.getgid()
+        self._real_ids = options.keep_ids or options.multi_user
         self._handles: dict[int, _Handle] = {}
         self._by_inode: dict[int, set[int]] = {}
         self._next_fh = 1
@@ -171,11 +212,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             "st_mode": st.st_mode,
             "st_ino": st.inode_id,
             "st_nlink": st.nlink,
-            "st_uid": st.uid if self.options.keep_ids else self._uid,
-            "st_gid": st.gid if self.options.keep_ids else self._gid,
+            "st_uid": st.uid if self._real_ids else self._uid,
+            "st_gid": st.gid if self._real_ids else self._gid,
             "st_size": size,
             "st_blocks": (size + 511) // 512,
             "st_blksize": st.chunk_size or 1 << 20,
+            "st_rdev": st.rdev,
             "st_atime": st.atime_ns,
             "st_mtime": st.mtime_ns,
             "st_ctime": st.ctime_ns,
@@ -190,17 +232,17 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             # libfuse calls init before it serves; a thread reports readiness once the mount answers.
             threading.Thread(target=self.on_ready, name="hf3fs-mount-ready", daemon=True).start()
 
-    @_fuse_errors
+    @_as_caller
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         return self._stat(path)
 
-    @_fuse_errors
+    @_as_caller
     def readdir(self, path: str, fh: int) -> list[Any]:
         entries: list[Any] = [".", ".."]
         entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(path)]
         return entries
 
-    @_fuse_errors
+    @_as_caller
     def readlink(self, path: str) -> str:
         return str(self.fs.readlink(path))
 
@@ -220,64 +262,77 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             "f_namemax": 255,
         }
 
-    @_fuse_errors
+    @_as_caller
     def chmod(self, path: str, mode: int) -> int:
-        self.fs.chmod(path, mode & 0o7777)
+        self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)  # the kernel resolved the path already
         return 0
 
-    @_fuse_errors
+    @_as_caller
     def chown(self, path: str, uid: int, gid: int) -> int:
-        if not self.options.keep_ids:  # the mounting user's ids stand for "the owner as it is"
+        if not self._real_ids:  # the mounting user's ids stand for "the owner as it is"
             uid = -1 if uid == self._uid else uid
             gid = -1 if gid == self._gid else gid
-        if uid == -1 and gid == -1:
+        if uid == -1 and gid == -1 and not self.options.multi_user:
             return 0
-        st = self.fs.lstat(path)
-        self.fs.chown(path, st.uid if uid == -1 else uid, st.gid if gid == -1 else gid)
+        # lchown, fchownat(AT_SYMLINK_NOFOLLOW) and chown all reach here on the inode the kernel resolved
+        self.fs.chown(path, uid, gid, follow_symlinks=False)
         return 0
 
-    @_fuse_errors
+    @_as_caller
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        atime, mtime = times if times is not None else (UTIME_NOW, UTIME_NOW)
+        if atime == mtime == UTIME_OMIT:
+            return 0
+        if atime == mtime == UTIME_NOW:  # "now" needs write permission only, not ownership (POSIX)
+            self.fs.utime(path, None, follow_symlinks=False)
+            return 0
         now = time.time_ns()
-        atime, mtime = times if times is not None else (now, now)
         if UTIME_OMIT in (atime, mtime):
-            st = self.fs.stat(path)
+            st = self.fs.lstat(path)
             atime = st.atime_ns if atime == UTIME_OMIT else atime
             mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
         atime = now if atime == UTIME_NOW else atime
         mtime = now if mtime == UTIME_NOW else mtime
-        self.fs.utime(path, ns=(int(atime), int(mtime)))
+        self.fs.utime(path, ns=(int(atime), int(mtime)), follow_symlinks=False)  # the symlink itself if one
         return 0
 
     # ---- names ----
 
-    @_fuse_errors
+    @_as_caller
     def mkdir(self, path: str, mode: int) -> int:
         self.fs.mkdir(path, mode & 0o7777)
         return 0
 
-    @_fuse_errors
+    @_as_caller
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        if stat.S_ISREG(mode):  # mknod(S_IFREG) makes an empty file
+            self.fs.create(path, stat.S_IMODE(mode), exclusive=True)
+        else:
+            self.fs.mknod(path, mode, dev)
+        return 0
+
+    @_as_caller
     def rmdir(self, path: str) -> int:
         self.fs.rmdir(path)
         return 0
 
-    @_fuse_errors
+    @_as_caller
     def unlink(self, path: str) -> int:
         self.fs.remove(path)
         return 0
 
-    @_fuse_errors
+    @_as_caller
     def rename(self, old: str, new: str) -> int:
         self.fs.rename(old, new)
         return 0
 
-    @_fuse_errors
+    @_as_caller
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: ``target`` is the new link's path, ``source`` what it points to (ln -s source target).
         self.fs.symlink(source, target)
         return 0
 
-    @_fuse_errors
+    @_as_caller
     def link(self, target: str, source: str) -> int:
         # mfusepy: ``target`` is the new name, ``source`` the existing file (ln source target).
         self.fs.link(source, target)
@@ -288,7 +343,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def _open_handle(self, path: str, flags: int, f: IO[bytes] | None = None) -> int:
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if f is None:
-            f = self.fs.open(path, "r+b" if writable else "rb")
+            write_only = (flags & os.O_ACCMODE) == os.O_WRONLY
+            f = self.fs.open(path, "r+b" if writable else "rb", write_only=write_only)
         try:
             inode_id = getattr(getattr(f, "raw", f), "inode_id", None)  # the client's files know their inode
             if not isinstance(inode_id, int):
@@ -300,7 +356,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             raise
         return self._add(_Handle(f, inode_id, writable))
 
-    @_fuse_errors
+    @_as_caller
     def open(self, path: str, flags: int) -> int:
         # close(2) waits for FLUSH but not for RELEASE, which closes the write session and makes the length
         # exact on meta. A program that closes a file and opens it again at once (git does, all the time) may
@@ -314,7 +370,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         with self._lock:
             return any(h.writable for h in self._handles.values())
 
-    @_fuse_errors
+    @_as_caller
     def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:
         # Created and opened in one call: a file created read-only (git's objects are 0444) is still written
         # through the descriptor that created it, as POSIX allows.
@@ -348,7 +404,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             h.dirty = True
         return len(data)
 
-    @_fuse_errors
+    @_as_caller
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         st = self.fs.stat(path)
         self._flush_writers(st.inode_id)
@@ -414,10 +470,57 @@ def check_fuse() -> None:
     _fusermount()
 
 
-def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out: Any = None) -> None:
-    """Serve 3FS at ``mountpoint`` in this process until it is unmounted (or SIGINT/SIGTERM)."""
-    check_fuse()
+NOBODY = Identity(65534, (65534,))  # whom a --multi-user mount's check acts as
+
+
+def check_mount_point(mountpoint: str) -> str:
+    """The absolute mount point, if a mount can go there.
+
+    Raises:
+        OSError: it is missing (ENOENT) or not a folder (ENOTDIR); a dead FUSE mount is in the way (ENOTCONN:
+            ``hf3fs umount`` removes it); something is mounted there already (EBUSY).
+    """
     where = os.path.abspath(mountpoint)
+    try:
+        st = os.stat(where)
+    except OSError as err:
+        if err.errno == errno.ENOTCONN:
+            raise OSError(errno.ENOTCONN, f"a dead mount is in the way (its daemon is gone): run 'hf3fs umount "
+                                          f"{where}' first", where) from None  # fmt: skip
+        if err.errno == errno.ENOENT:
+            raise OSError(errno.ENOENT, "the mount point does not exist (make the folder first)", where) from None
+        raise
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "the mount point is not a folder", where)
+    if os.path.ismount(where):
+        raise OSError(errno.EBUSY, "something is mounted there already ('hf3fs umount' it first)", where)
+    return where
+
+
+def check_cluster(fs: Any, options: MountOptions) -> None:
+    """Before anything is mounted: the cluster answers and takes the token, and a ``--multi-user`` mount's token
+    may act for other users (meta refuses the calls of the others otherwise).
+
+    Raises:
+        OSError: with what went wrong (EACCES: the token; EIO/ConnectionError: the cluster).
+    """
+    fs.stat("/")
+    if options.multi_user:
+        try:
+            with acting_as(NOBODY):
+                fs.stat("/")
+        except PermissionError as err:
+            raise PermissionError(errno.EACCES, f"--multi-user needs a token that may act for other users (an "
+                                                f"admin's): {err.strerror}") from None  # fmt: skip
+
+
+def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out: Any = None) -> None:
+    """Serve 3FS at ``mountpoint`` in this process until it is unmounted (or SIGINT/SIGTERM).
+
+    Nothing is mounted unless the mount point is usable, the cluster answers and it takes the token."""
+    check_fuse()
+    where = check_mount_point(mountpoint)
+    check_cluster(fs, options)
 
     def ready() -> None:
         deadline = time.monotonic() + MOUNT_WAIT_S
@@ -426,10 +529,18 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out:
         print(f"hf3fs: mounted on {where} (pid {os.getpid()})", file=out or sys.stdout, flush=True)
 
     ops = Hf3fsOperations(fs, options, on_ready=ready)
+    try:
+        _serve(ops, where, options)
+    except RuntimeError as err:  # mfusepy: fuse_main's status (the reason went to stderr)
+        raise OSError(errno.EIO, f"libfuse could not mount or serve (status {err})", where) from None
+
+
+def _serve(ops: Hf3fsOperations, where: str, options: MountOptions) -> None:
     mfusepy.FUSE(
         ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
         hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
         entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s, default_permissions=False,
+        **({"allow_other": True} if options.multi_user else {}),
     )  # fmt: skip
 
 
@@ -463,6 +574,7 @@ def mount_background(
     )
     argv = [sys.executable, "-m", "hf3fs", "mount", where, "--foreground"]
     argv += ["--keep-ids"] if options.keep_ids else []
+    argv += ["--multi-user"] if options.multi_user else []
     argv += ["--debug"] if options.debug else []
     env = {**environ, **({"FF_MGMTD_ADDRESSES": mgmtd} if mgmtd else {}), **({"FF_TOKEN": token} if token else {})}
     with open(log_file, "ab") as log:
@@ -483,9 +595,55 @@ def mount_background(
     raise OSError(errno.EIO, f"the mount did not come up (log {log_file}): {tail}", where)
 
 
+def _fuse_mounts() -> dict[str, str]:
+    """FUSE mount points of this mount namespace -> their device ("major:minor"), read from mountinfo (a stat of
+    a hung mount would block)."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-") if "-" in fields else -1
+            if sep > 4 and fields[sep + 1].startswith("fuse"):
+                point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+                found[point.replace("\\134", "\\")] = fields[2]
+    return found
+
+
+def _abort_connection(device: str) -> bool:
+    """Abort a FUSE connection (what a hung or dead daemon leaves): its waiting calls fail at once (root only)."""
+    minor = device.partition(":")[2]
+    try:
+        with open(f"/sys/fs/fuse/connections/{minor}/abort", "w", encoding="ascii") as f:
+            f.write("1")
+    except OSError:
+        return False
+    return True
+
+
 def umount(mountpoint: str) -> None:
-    """Unmount a FUSE mount (the daemon serving it then exits)."""
+    """Unmount a FUSE mount (the daemon serving it then exits). A mount whose daemon died or hangs is removed too:
+    its connection is aborted (as root) and it is detached lazily.
+
+    Raises:
+        OSError: nothing is mounted there (EINVAL), or it could not be removed (with fusermount's reason).
+    """
     where = os.path.abspath(mountpoint)
-    proc = subprocess.run([_fusermount(), "-u", where], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise OSError(errno.EINVAL, proc.stderr.strip() or f"fusermount -u exited {proc.returncode}", where)
+    device = _fuse_mounts().get(where)
+    if device is None:
+        raise OSError(errno.EINVAL, "no FUSE mount there", where)
+    try:
+        proc = subprocess.run([_fusermount(), "-u", where], capture_output=True, text=True, check=False,
+                              timeout=UMOUNT_WAIT_S)  # fmt: skip
+        if proc.returncode == 0:
+            return
+        reason = proc.stderr.strip() or f"fusermount -u exited {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        reason = f"fusermount -u did not return in {UMOUNT_WAIT_S:.0f} s"
+    if _fuse_mounts().get(where) != device:  # gone meanwhile
+        return
+    aborted = _abort_connection(device)
+    lazy = subprocess.run([_fusermount(), "-u", "-z", where], capture_output=True, text=True, check=False,
+                          timeout=UMOUNT_WAIT_S)  # fmt: skip
+    if lazy.returncode != 0 and where in _fuse_mounts():
+        raise OSError(errno.EBUSY, f"{reason}; lazy unmount: {lazy.stderr.strip()}", where)
+    logger.info("%s: %s; %s and detached it", where, reason, "aborted its connection" if aborted else "")

@@ -1,5 +1,6 @@
 """Service runtime shared by every fireflyer service and client."""
 
+from ff_rpc.acting import Identity, acting_as, current_acting
 from ff_rpc.auth import (
     Access,
     CachingTokenValidator,
@@ -34,6 +35,7 @@ __all__ = [
     "AlreadyExists",
     "CachingTokenValidator",
     "FailedPrecondition",
+    "Identity",
     "InvalidArgument",
     "NotFound",
     "PermissionDenied",
@@ -53,7 +55,9 @@ __all__ = [
     "TokenValidator",
     "Unauthenticated",
     "Unavailable",
+    "acting_as",
     "configure_logging",
+    "current_acting",
     "current_principal",
     "install_stop_signals",
     "log_context",

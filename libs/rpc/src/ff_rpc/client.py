@@ -15,6 +15,7 @@ import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor_pb2 import MethodOptions
 
+from ff_rpc.acting import ACT_AS_HEADER, current_acting
 from ff_rpc.auth import AUTHORIZATION_HEADER, BEARER_PREFIX
 from ff_rpc.errors import RpcError
 from ff_rpc.interceptor import REQUEST_ID_HEADER
@@ -141,6 +142,9 @@ class RpcClient:
         md: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, str(rid)),)
         if token:
             md += ((AUTHORIZATION_HEADER, BEARER_PREFIX + token),)
+        acting = current_acting()
+        if acting is not None:
+            md += ((ACT_AS_HEADER, acting.header()),)
         return md
 
     async def unary(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ff_rpc.acting import ACT_AS_HEADER, acting_principal
 from ff_rpc.auth import (
     CLUSTER_PRINCIPAL,
     Access,
@@ -144,7 +145,8 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
     async def authenticate(self, access: Access | None, context: Context) -> Principal | None:
         if access is None:
             return None
-        token = bearer_token(tuple(context.invocation_metadata() or ()))
+        metadata = tuple(context.invocation_metadata() or ())
+        token = bearer_token(metadata)
         if access is Access.PUBLIC and not token:
             return None
         if not token:
@@ -155,6 +157,9 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
             raise Unauthenticated("this service accepts only the cluster token")
         else:
             principal = await self._validator.validate(token)
+        act_as = next((v for k, v in metadata if k == ACT_AS_HEADER), None)
+        if act_as is not None:
+            principal = acting_principal(principal, act_as if isinstance(act_as, str) else act_as.decode())
         if access is not None:
             authorize(access, principal)
         return principal

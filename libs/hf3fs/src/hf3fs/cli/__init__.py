@@ -282,13 +282,16 @@ def cmd_mount(cli: Cli) -> None:
     from hf3fs import fuse
 
     a = cli.args
-    options = fuse.MountOptions(foreground=a.foreground, debug=a.debug, keep_ids=a.keep_ids, log_file=a.log_file)
+    options = fuse.MountOptions(foreground=a.foreground, debug=a.debug, keep_ids=a.keep_ids, log_file=a.log_file,
+                                multi_user=a.multi_user)  # fmt: skip
     if a.foreground:
         logging.basicConfig(level=logging.DEBUG if a.debug else logging.WARNING, stream=cli.err)
         fuse.mount(cli.fs, a.mountpoint, options, out=cli.out)
         return
-    fs_ok = cli.fs  # fail here, with a clear message, when the cluster cannot be reached
-    del fs_ok
+    # Fail here, before a daemon starts, with a clear message: no FUSE, a bad mount point, no cluster, a bad token.
+    fuse.check_fuse()
+    fuse.check_mount_point(a.mountpoint)
+    fuse.check_cluster(cli.fs, options)
     mgmtd = a.mgmtd or cli.environ.get(MGMTD_ENV, "")
     token = a.token or cli.environ.get(TOKEN_ENV, "")
     cli.print(str(fuse.mount_background(a.mountpoint, mgmtd, token, options, cli.environ)))
@@ -380,6 +383,8 @@ def _add_tree_commands(sub: Any) -> None:
     p.add_argument("--debug", action="store_true", help="libfuse debug output")
     p.add_argument("--keep-ids", action="store_true", help="show 3FS uids/gids instead of the mounting user's")
     p.add_argument("--log-file", default="", help="daemon log (background mounts)")
+    help_multi = "serve every local user (allow_other), each as their own uid and groups (needs an admin token)"
+    p.add_argument("--multi-user", action="store_true", help=help_multi)
     sub.add_parser("umount", help="unmount a FUSE mount").add_argument("mountpoint")
 
 

@@ -67,6 +67,10 @@ class _Writer(io.BufferedWriter):
         os.fsync(self.raw.fileno())
 
 
+_KINDS = {statmod.S_IFDIR: "directory", statmod.S_IFLNK: "symlink", statmod.S_IFIFO: "fifo",
+          statmod.S_IFSOCK: "socket", statmod.S_IFCHR: "char_device", statmod.S_IFBLK: "block_device"}  # fmt: skip
+
+
 class LocalFs:
     def __init__(self, root: Path) -> None:
         self.root = root / "data"
@@ -90,11 +94,11 @@ class LocalFs:
 
     def _stat(self, path: str, follow: bool) -> Stat:
         st = self._wrap(path, os.stat if follow else os.lstat, self._p(path))
-        kind = "directory" if statmod.S_ISDIR(st.st_mode) else "symlink" if statmod.S_ISLNK(st.st_mode) else "file"
+        kind = _KINDS.get(statmod.S_IFMT(st.st_mode), "file")
         target = os.readlink(self._p(path)) if kind == "symlink" else ""
         return Stat(st.st_ino, kind, st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_nlink, st.st_size,
                     st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, target, chunk_size=1 << 20, stripe_size=1,
-                    chain_table_id=1)  # fmt: skip
+                    chain_table_id=1, rdev=st.st_rdev)  # fmt: skip
 
     def stat(self, path: str, follow_symlinks: bool = True) -> Stat:
         return self._stat(path, follow_symlinks)
@@ -170,14 +174,23 @@ class LocalFs:
     def truncate(self, path: str, length: int) -> None:
         self._wrap(path, os.truncate, self._p(path), length)
 
-    def chmod(self, path: str, mode: int) -> None:
+    def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> None:
+        if not follow_symlinks and os.path.islink(self._p(path)):  # Linux cannot chmod a symlink
+            raise OSError(95, "Operation not supported", path)
         self._wrap(path, os.chmod, self._p(path), mode)
 
-    def chown(self, path: str, uid: int, gid: int) -> None:
-        self._wrap(path, os.chown, self._p(path), uid, gid)
+    def chown(self, path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> None:
+        self._wrap(path, lambda: os.chown(self._p(path), uid, gid, follow_symlinks=follow_symlinks))
 
-    def utime(self, path: str, ns: tuple[int, int]) -> None:
-        self._wrap(path, lambda: os.utime(self._p(path), ns=ns))
+    def utime(self, path: str, ns: tuple[int, int] | None = None, *, follow_symlinks: bool = True) -> None:
+        if ns is None:
+            self._wrap(path, lambda: os.utime(self._p(path), follow_symlinks=follow_symlinks))
+        else:
+            self._wrap(path, lambda: os.utime(self._p(path), ns=ns, follow_symlinks=follow_symlinks))
+
+    def mknod(self, path: str, mode: int = 0o600 | statmod.S_IFIFO, device: int = 0) -> Stat:
+        self._wrap(path, os.mknod, self._p(path), mode, device)
+        return self.lstat(path)
 
     def statfs(self) -> StatFs:
         return StatFs(1 << 40, 1 << 30, (1 << 40) - (1 << 30), 42)
@@ -229,7 +242,8 @@ class LocalFs:
             shutil.rmtree(e)
         return len(entries)
 
-    def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644) -> Any:
+    def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644,
+             write_only: bool = False) -> Any:  # fmt: skip
         if "b" not in mode:
             raise ValueError("binary modes only in this stand-in")
         if "x" in mode:  # created with ``perm`` and opened in one step, like the client

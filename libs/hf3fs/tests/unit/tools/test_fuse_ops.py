@@ -11,6 +11,7 @@ import pytest
 try:
     import mfusepy
 
+    from ff_rpc import Identity, current_acting
     from hf3fs.fuse import UTIME_NOW, UTIME_OMIT, Hf3fsOperations, MountOptions
 except OSError as exc:  # mfusepy loads libfuse when imported
     pytest.skip(f"libfuse is not installed ({exc}); scripts/bootstrap.sh installs fuse3", allow_module_level=True)
@@ -144,3 +145,70 @@ def test_sequential_writes_stay_buffered(ops: Hf3fsOperations, local_fs: LocalFs
     with local_fs.open("/seq", "rb") as f:
         data = f.read()
     assert len(data) == 4096 and data[10:11] == b"z" and data[256:257] == b"\x01"
+
+
+def test_mknod_makes_fifos_sockets_devices_and_plain_files(ops: Hf3fsOperations) -> None:
+    ops.mknod("/fifo", stat.S_IFIFO | 0o640, 0)
+    ops.mknod("/plain", stat.S_IFREG | 0o600, 0)  # mknod(S_IFREG) is an empty file
+    assert stat.S_ISFIFO(ops.getattr("/fifo")["st_mode"]) and ops.getattr("/fifo")["st_mode"] & 0o7777 == 0o640
+    assert stat.S_ISREG(ops.getattr("/plain")["st_mode"]) and ops.getattr("/plain")["st_size"] == 0
+    if os.getuid() == 0:  # making device nodes needs root here too
+        ops.mknod("/tty", stat.S_IFCHR | 0o600, os.makedev(5, 0))
+        attrs = ops.getattr("/tty")
+        assert stat.S_ISCHR(attrs["st_mode"]) and attrs["st_rdev"] == os.makedev(5, 0)
+    with pytest.raises(mfusepy.FuseOSError) as exc:
+        ops.mknod("/fifo", stat.S_IFIFO | 0o640, 0)
+    assert exc.value.errno == errno.EEXIST
+
+
+def test_times_and_owner_of_a_symlink_change_the_link_not_its_target(ops: Hf3fsOperations, local_fs: LocalFs) -> None:
+    local_fs.create("/target")
+    local_fs.utime("/target", ns=(3_000_000_000, 4_000_000_000))
+    ops.symlink("/link", "target")
+    ops.utimens("/link", (1_000_000_000, 2_000_000_000))  # what utimensat(AT_SYMLINK_NOFOLLOW) sends
+    assert (ops.getattr("/link")["st_atime"], ops.getattr("/link")["st_mtime"]) == (1_000_000_000, 2_000_000_000)
+    assert (ops.getattr("/target")["st_atime"], ops.getattr("/target")["st_mtime"]) == (3_000_000_000, 4_000_000_000)
+    if os.getuid() == 0:  # lchown to another user needs root
+        ops = Hf3fsOperations(local_fs, MountOptions(keep_ids=True))
+        ops.chown("/link", 4321, 4321)
+        assert (ops.getattr("/link")["st_uid"], ops.getattr("/target")["st_uid"]) == (4321, 0)
+
+
+class _Recording:
+    """The client stand-in, noting as whom each metadata call was made."""
+
+    def __init__(self, fs: LocalFs) -> None:
+        self._fs = fs
+        self.seen: list[tuple[str, Identity | None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._fs, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.seen.append((name, current_acting()))
+            return real(*args, **kwargs)
+
+        return call
+
+
+def test_a_multi_user_mount_runs_name_calls_as_the_caller(local_fs: LocalFs, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mfusepy, "fuse_get_context", lambda: (4321, 8765, os.getpid()))
+    groups = tuple(g for g in os.getgroups() if g != 8765)
+    fs = _Recording(local_fs)
+    ops = Hf3fsOperations(fs, MountOptions(multi_user=True))
+    ops.mkdir("/d", 0o755)
+    fh = ops.create("/d/f", 0o644, os.O_WRONLY)
+    fs.seen.clear()
+    ops.write("/d/f", b"data", 0, fh)  # calls on an open handle were checked at open: the mount's own user
+    ops.release("/d/f", fh)
+    assert {who for _, who in fs.seen} <= {None}
+    fs.seen.clear()
+    ops.getattr("/d/f")
+    ops.chmod("/d/f", 0o600)
+    ops.unlink("/d/f")
+    who = Identity(4321, (8765, *groups))
+    assert fs.seen and all(w == who for _, w in fs.seen), fs.seen
+    assert current_acting() is None  # nothing left set in the FUSE thread
+    fs.seen.clear()
+    Hf3fsOperations(fs, MountOptions()).getattr("/d")  # a single-user mount acts as its token's user
+    assert fs.seen == [("lstat", None)]
