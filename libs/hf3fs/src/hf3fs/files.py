@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from hf3fs.storage_client import ChunkRead, ChunkWrite, StorageClient, StorageIo
 
 if TYPE_CHECKING:
     from hf3fs.fs import FileSystem
+
+logger = logging.getLogger(__name__)
 
 MAX_IO_BATCH_BYTES = 32 << 20
 NO_LIMIT = (1 << 64) - 1
@@ -198,10 +201,19 @@ class RawFile(io.RawIOBase):
 
     def refresh_length(self) -> int:
         """The file's length now: meta's (a Stat by inode: what writers closed, synced or reported), or
-        what this handle or another writer of this client wrote, whichever is larger. Cheap (one Stat)."""
-        resp = self._fs._meta_call(lambda s: s.Stat, pb.StatRequest(path=pb.PathAt(parent_inode_id=self.inode_id)),
-                                   self.name)  # fmt: skip
-        self.length = max(resp.inode.length_bytes, self.written, self._fs._local_length(self.inode_id))
+        what this handle or another writer of this client wrote, whichever is larger. Cheap (one Stat).
+
+        When meta cannot say (the file was removed and collected, or meta is away) the length known here
+        stays, so a read that needed no meta before does not fail for want of it.
+        """
+        request = pb.StatRequest(path=pb.PathAt(parent_inode_id=self.inode_id))
+        try:
+            meta_length = int(self._fs._meta_call(lambda s: s.Stat, request, self.name).inode.length_bytes)
+        except OSError as err:
+            log = logger.debug if err.errno == errno.ENOENT else logger.warning
+            log("%s: length not refreshed (%s); reading to the length known here", self.name, err)
+            meta_length = self.length
+        self.length = max(meta_length, self.written, self._fs._local_length(self.inode_id))
         return self.length
 
     def write(self, b: Any) -> int:

@@ -1,0 +1,56 @@
+"""Edges of the client and its fsspec layer on a real cluster (issue 16, defects 5, 7 and 8): a quota error from
+the write that crosses the limit, not from close; fsspec making missing parents wherever it creates a file; the
+``3fs://`` form of a URL."""
+
+from __future__ import annotations
+
+import errno
+
+import fsspec
+import pytest
+
+import hf3fs
+
+from .conftest import FsCluster
+
+
+def test_a_buffered_write_over_quota_fails_at_write_and_keeps_what_fit(fs_cluster: FsCluster) -> None:
+    client = fs_cluster.client
+    client.makedirs("/ffs/quota-write", exist_ok=True)
+    admin = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.admin_token)
+    try:
+        admin.set_quota("/ffs/quota-write", max_bytes=1 << 20)
+    finally:
+        admin.close()
+    with client.open("/ffs/quota-write/f", "wb") as f:  # buffered: 4 MiB before anything reaches storage
+        f.write(b"a" * 600_000)
+        with pytest.raises(OSError) as refused:
+            f.write(b"b" * 600_000)
+        assert refused.value.errno == errno.EDQUOT
+    assert client.stat("/ffs/quota-write/f").size == 600_000
+    with client.open("/ffs/quota-write/f", "rb") as f:
+        assert f.read() == b"a" * 600_000
+
+
+def test_fsspec_makes_missing_parents_wherever_it_creates_a_file(fs_cluster: FsCluster) -> None:
+    fs = fsspec.filesystem("hf3fs", **fs_cluster.storage_options)
+    fs.makedirs("/ffs/parents/src", exist_ok=True)
+    fs.touch("/ffs/parents/t1/t2/touched")
+    fs.pipe_file("/ffs/parents/p1/p2/piped", b"piped")
+    fs.cp_file("/ffs/parents/p1/p2/piped", "/ffs/parents/c1/c2/copied")
+    assert fs.cat_file("/ffs/parents/c1/c2/copied") == b"piped" and fs.info("/ffs/parents/t1/t2/touched")["size"] == 0
+    fs.pipe({"/ffs/parents/src/a": b"A", "/ffs/parents/src/b": b"B"})
+    fs.copy("/ffs/parents/src/*", "/ffs/parents/d1/", recursive=True)  # used to drop files silently
+    assert sorted(fs.ls("/ffs/parents/d1", detail=False)) == ["/ffs/parents/d1/a", "/ffs/parents/d1/b"]
+    strict = fsspec.filesystem("hf3fs", auto_mkdir=False, skip_instance_cache=True, **fs_cluster.storage_options)
+    with pytest.raises(FileNotFoundError):
+        strict.touch("/ffs/parents/none/x")
+
+
+def test_3fs_and_hf3fs_urls_name_the_same_file(fs_cluster: FsCluster) -> None:
+    opts = fs_cluster.storage_options
+    with fsspec.open("3fs:///ffs/urls/x", "wb", **opts) as f:
+        f.write(b"same")
+    with fsspec.open("hf3fs:///ffs/urls/x", "rb", **opts) as f:
+        assert f.read() == b"same"
+    assert fs_cluster.client.stat("/ffs/urls/x").size == 4
