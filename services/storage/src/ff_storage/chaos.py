@@ -11,10 +11,10 @@ reads as the initial value (None).
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from ff_storage.core.linearizability import READ, WRITE, Operation
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
@@ -46,8 +46,12 @@ def _decode(data: bytes) -> str:
 async def run_chaos(
     cluster: StorageCluster, *, duration_s: float, num_writers: int = 3, num_readers: int = 3, num_chunks: int = 3,
     kill_every_s: tuple[float, float] = (2.0, 5.0), down_for_s: tuple[float, float] = (0.5, 3.0), seed: int = 0,
+    stop_when: Callable[[list[Operation]], bool] | None = None,
 ) -> ChaosStats:  # fmt: skip
-    """Run the workload for ``duration_s`` (kills only during it), then let every write finish."""
+    """Run the workload for ``duration_s`` (kills only during it), then let every write finish.
+
+    ``stop_when``: asked after every kill and restart with the history so far (writes still in flight in it
+    with no end, as of unknown outcome); True ends the run early."""
     rng = random.Random(seed)
     info = await cluster.routing()
     chains = [c.chain_id for c in info.chains]
@@ -62,7 +66,7 @@ async def run_chaos(
                    for w in range(num_writers)]  # fmt: skip
         workers += [asyncio.create_task(_reader(clients[num_writers + r], r, keys, stop, stats, origin,
                                                 rng.random())) for r in range(num_readers)]  # fmt: skip
-        await _kill_loop(cluster, rng, duration_s, kill_every_s, down_for_s, stats)
+        await _kill_loop(cluster, rng, duration_s, kill_every_s, down_for_s, stats, stop_when)
         stop.set()
         await asyncio.gather(*workers)
     finally:
@@ -75,19 +79,24 @@ async def run_chaos(
 
 async def _kill_loop(
     cluster: StorageCluster, rng: random.Random, duration_s: float, every: tuple[float, float],
-    down: tuple[float, float], stats: ChaosStats,
+    down: tuple[float, float], stats: ChaosStats, stop_when: Callable[[list[Operation]], bool] | None,
 ) -> None:  # fmt: skip
-    """One storage service down at a time: SIGKILL, down a while, restart, wait until every target serves."""
+    """One storage service down at a time, at random times: SIGKILL the head of a random chain (the node whose
+    death leaves writes unanswered, which clients then retry), down a while, restart, wait until every target
+    serves again."""
     end = time.monotonic() + duration_s
     while time.monotonic() + every[0] < end:
         await asyncio.sleep(rng.uniform(*every))
-        victim = rng.choice(cluster.nodes)
+        chain = rng.choice(list((await cluster.routing()).chains))
+        victim = cluster.nodes[[n.name for n in cluster.nodes].index(f"s{chain.targets[0].node_id - 100}")]
         victim.kill()
         stats.kills += 1
         await asyncio.sleep(rng.uniform(*down))
         victim.start()
         await victim.ready()
         await cluster.wait_all_serving(timeout_s=60)
+        if stop_when is not None and stop_when(list(stats.history)):
+            return
     await asyncio.sleep(max(0.0, end - time.monotonic()))
 
 
@@ -102,15 +111,17 @@ async def _writer(
         value = f"w{w}-{n}"
         n += 1
         io = ChunkWrite(chain_id=chain, inode_id=INODE, chunk_index=index, data=_encode(value), chunk_size=CHUNK_BYTES)
-        start = time.monotonic() - origin
+        op = Operation(key=index, kind=WRITE, value=value, start=time.monotonic() - origin, client=f"w{w}")
+        slot = len(stats.history)
+        stats.history.append(op)  # in flight: no end yet
         try:
             ok = (await client.batch_write([io]))[0].ok
         except Exception:  # a refused call: the outcome is unknown to the writer as well
             ok = False
-        end = time.monotonic() - origin if ok else math.inf
+        if ok:
+            stats.history[slot] = replace(op, end=time.monotonic() - origin)
         stats.writes_ok += ok
         stats.writes_unknown += not ok
-        stats.history.append(Operation(key=index, kind=WRITE, value=value, start=start, end=end, client=f"w{w}"))
 
 
 async def _reader(

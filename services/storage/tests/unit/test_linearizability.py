@@ -98,3 +98,35 @@ def test_a_random_linearizable_history_passes() -> None:
                     key=lambda i: ops[i].start)  # fmt: skip
     ops.append(r(None, ops[last_read].end + 100, ops[last_read].end + 101))  # the initial value, long after
     assert not check_register(ops).ok
+
+
+# Recorded by bench/storage_linearizability.py with update ids off (seed 1, one chunk, times in seconds since the
+# start): w2's write of w2-35 lasted across a kill of the chain's head (7.53-10.27 s); readers saw w2-35, then
+# w1-31 and w1-32 (acknowledged at 10.004 s), then w2-35 again: the retry of w2-35 was committed a second time.
+RECORDED_WITHOUT_IDS = [
+    ("w2", WRITE, "w2-35", 7.5292, 10.2660),
+    ("w1", WRITE, "w1-31", 7.5762, 9.9614),
+    ("r0", READ, "w2-35", 9.8631, 9.8832),
+    ("r0", READ, "w2-35", 9.8832, 9.9070),
+    ("r1", READ, "w2-35", 9.9059, 9.9149),
+    ("r0", READ, "w1-31", 9.9252, 9.9467),
+    ("r1", READ, "w1-31", 9.9332, 9.9468),
+    ("w1", WRITE, "w1-32", 9.9614, 10.0042),
+    ("r0", READ, "w1-32", 9.9715, 10.0124),
+    ("r2", READ, "w1-32", 9.9942, 10.1299),
+    ("r1", READ, "w1-32", 9.9971, 10.0036),
+    ("r0", READ, "w2-35", 10.0905, 10.3121),
+    ("r1", READ, "w2-35", 10.0917, 10.3476),
+    ("r2", READ, "w2-35", 10.1299, 10.3124),
+    ("w1", WRITE, "w1-34", 10.3478, 10.5343),
+    ("r0", READ, "w2-35", 10.4017, 10.4319),
+    ("r0", READ, "w1-34", 10.4320, 10.5388),
+]
+
+
+def test_a_recorded_duplicate_commit_is_found() -> None:
+    ops = [Operation(key=0, kind=k, value=v, start=s, end=e, client=c) for c, k, v, s, e in RECORDED_WITHOUT_IDS]
+    verdict = check_history(ops)
+    assert not verdict.ok and verdict.key == 0
+    # without the reads that saw w2-35 come back, the same history is linearizable
+    assert check_history([op for op in ops if not (op.kind == READ and op.value == "w2-35" and op.start > 10)]).ok
