@@ -5,6 +5,7 @@ checkpoint, and a rank's log followed while it runs (what ``hfai logs -f --rank 
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,8 @@ async def agent_section(
     await set_quota(address, admin_token, USER, 10, 2)
     user = _User(address, token)
     folder = Path(tempfile.mkdtemp(prefix="fireflyer-agent-demo-"))
+    # The ranks may run as the demo's user (agents started by root): the folder is theirs to write too.
+    os.chmod(folder, 0o1777)
     try:
         await _nodes(user, step, say)
         await _env_task(user, folder, step, say)

@@ -6,17 +6,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ff_agent import devices as node_devices
 from ff_agent.config import AgentSettings
+from ff_agent.core.errors import InvalidRequest
 from ff_agent.core.failures import Failure, FailureClass
 from ff_agent.core.hang import RankProgress, lagging_ranks
+from ff_agent.core.launch import Owner, StartOrder, ranks_user
 from ff_agent.link import LINK_ERRORS, SchedulerLink
 from ff_agent.runs import NodeRuns, Run
 from ff_agent.validator import Validator
+from ff_rpc import TokenValidator, Unauthenticated
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from hfreduce import query_status
 
@@ -43,8 +47,10 @@ class Agent:
         runs: NodeRuns,
         link: SchedulerLink,
         validator: Validator,
+        tokens: TokenValidator | None = None,
     ) -> None:
         self.settings = settings
+        self.tokens = tokens
         self.identity = identity
         self.runs = runs
         self.link = link
@@ -55,6 +61,28 @@ class Agent:
         self._report_interval_s = settings.report_interval_s
         self._progress: dict[int, tuple[float, list[RankProgress]]] = {}
         runs.node_id_of = lambda: self.node_id
+
+    # ---- runs ----
+
+    async def start_run(self, order: StartOrder) -> Run:
+        """Check the order, learn from the identity registry whose its token is, and launch the ranks as
+        that user (idempotent per run id); nothing is launched when any of it fails."""
+        existing = self.runs.runs.get(order.run_id)
+        if existing is not None:
+            return existing
+        launch = self.runs.check(order)
+        owner = await self._owner(order.token)
+        run_as = ranks_user(order.user_name, owner, mode=self.settings.ranks_run_as, agent_uid=os.geteuid())
+        return self.runs.launch(launch, run_as)
+
+    async def _owner(self, token: str) -> Owner:
+        if self.tokens is None:
+            raise InvalidRequest("token: this agent has no identity registry to check it with")
+        try:
+            who = await self.tokens.validate(token)
+        except Unauthenticated as exc:
+            raise InvalidRequest(f"token: the identity registry refused it ({exc})") from None
+        return Owner(uid=who.uid, name=who.name, gids=who.gids, is_cluster=who.is_cluster)
 
     # ---- registration and reports ----
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
 
+from ff_agent.core.launch import RanksRunAs
 from ff_config import SettingsModel
 
 ENV_PREFIX = "FF_AGENT_"
@@ -29,6 +30,11 @@ class AgentSettings(SettingsModel):
     node_group: str = Field("", description="node group; empty: the scheduler's default")
     detect_gpus: bool = Field(True, description="use the GPUs torch sees as the devices when there are any")
     num_device_slots: int = Field(2, ge=1, le=256, description="CPU device slots when the node has no GPU")
+    ranks_run_as: RanksRunAs = Field(
+        RanksRunAs.TASK_USER,
+        description="task-user: ranks run as the task's user (uid and groups from the identity registry; needs "
+        "root, else only that uid's tasks run); agent-user: every rank as the agent's own user (no isolation)",
+    )
     term_grace_s: float = Field(10.0, ge=0, description="SIGTERM-to-SIGKILL delay when an order gives none")
     poll_interval_s: float = Field(0.2, gt=0, description="how often ranks, SDK events and deadlines are checked")
     report_interval_s: float = Field(5.0, gt=0, description="periodic run reports (the scheduler may ask for less)")

@@ -12,5 +12,6 @@ STATUS_TABLE = StatusTable(
         errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
         errors.NotFoundError: grpc.StatusCode.NOT_FOUND,
         errors.Busy: grpc.StatusCode.FAILED_PRECONDITION,
+        errors.CannotRunAs: grpc.StatusCode.FAILED_PRECONDITION,
     }
 )

@@ -7,9 +7,12 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from ff_agent.core.launch import RunAs
 
 # Rank leaders get SIGKILL when the agent dies (a node agent that is gone owns nothing). Set by setpriv
 # (util-linux) right before exec, so the spawn itself stays a plain vfork+exec: no Python code runs in
@@ -17,15 +20,24 @@ from pathlib import Path
 _SETPRIV = shutil.which("setpriv")
 
 
-def spawn(argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """Start one rank: its own session (sid = pid), stdout and stderr appended to ``log_path``.
+def spawn(
+    argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, run_as: RunAs | None = None
+) -> subprocess.Popen[bytes]:
+    """Start one rank: its own session (sid = pid), stdout and stderr appended to ``log_path``, with the
+    uid, gid and groups of ``run_as`` (None: the agent's).
+
+    The credentials are switched by the child before it execs setpriv (subprocess does it in C: groups,
+    gid, then uid), and setpriv sets the death signal after that, since a change of uid clears it.
 
     Raises:
         OSError: the command could not be executed.
     """
     wrapped = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv] if _SETPRIV else argv
+    creds: dict[str, object] = {}
+    if run_as is not None:
+        creds = {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups)}
     with log_path.open("ab") as log:
-        return subprocess.Popen(
+        return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
             wrapped,
             env=dict(env),
             cwd=cwd,
@@ -34,6 +46,7 @@ def spawn(argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path) ->
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            **creds,
         )
 
 
@@ -90,3 +103,11 @@ def signal_sessions(sids: Iterable[int], sig: signal.Signals) -> int:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
     return len(members)
+
+
+def closed_ancestor(folder: Path) -> Path | None:
+    """The first existing folder on the way to ``folder`` (itself included) that others cannot search."""
+    for path in [*reversed(folder.parents), folder]:
+        if path.exists() and not path.stat().st_mode & stat.S_IXOTH:
+            return path
+    return None

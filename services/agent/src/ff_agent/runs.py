@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 from ff_agent import procs
 from ff_agent.core.errors import InvalidRequest, NotFoundError
 from ff_agent.core.failures import ErrorRecord, Failure, RankExit, root_cause
-from ff_agent.core.launch import RUN_DIR_ENV, NodeFacts, StartOrder, check_order, plan_ranks
+from ff_agent.core.launch import RUN_DIR_ENV, NodeFacts, RunAs, StartOrder, check_order, plan_ranks
 from ff_agent.core.suspend import SuspendClock
 from ff_agent.link import LINK_ERRORS, SchedulerLink
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -202,11 +203,8 @@ class NodeRuns:
 
     # ---- start ----
 
-    def start(self, order: StartOrder) -> Run:
-        """Launch this node's ranks of a run (idempotent per run id); InvalidRequest launches nothing."""
-        existing = self.runs.get(order.run_id)
-        if existing is not None:
-            return existing
+    def check(self, order: StartOrder) -> Launch:
+        """What ``launch`` will start, every field of the order checked (InvalidRequest); no side effect."""
         devices = check_order(order, self.node)
         argv = self._resolve_argv(order)
         folder = self.runs_dir / f"{order.task_id}-{order.run_id}"
@@ -216,12 +214,24 @@ class NodeRuns:
                 raise InvalidRequest(f"working_dir {order.working_dir!r} is not an existing absolute folder here")
         else:
             cwd = folder / "work"
-        for sub in ("control", "logs", "errors"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        cwd.mkdir(parents=True, exist_ok=True)
-        control = RunControl(folder / "control").create()
+        return Launch(order=order, devices=tuple(devices), argv=argv, folder=folder, cwd=cwd)
+
+    def start(self, order: StartOrder, run_as: RunAs | None = None) -> Run:
+        """Launch this node's ranks of a run (idempotent per run id), as ``run_as`` (None: as the agent);
+        InvalidRequest launches nothing."""
+        existing = self.runs.get(order.run_id)
+        if existing is not None:
+            return existing
+        return self.launch(self.check(order), run_as)
+
+    def launch(self, launch: Launch, run_as: RunAs | None) -> Run:
+        existing = self.runs.get(launch.order.run_id)
+        if existing is not None:
+            return existing
+        order, folder, cwd = launch.order, launch.folder, launch.cwd
+        control = _make_run_folder(launch, run_as)
         plans = plan_ranks(
-            order, self.node, devices,
+            order, self.node, launch.devices,
             base_env=self.options.base_env, run_dir=str(control.folder),
             error_dir=str(folder / "errors"), hook_dir=HOOK_DIR,
         )  # fmt: skip
@@ -229,7 +239,8 @@ class NodeRuns:
         try:
             for plan in plans:
                 log_path = folder / "logs" / f"rank{plan.local_rank}.log"
-                proc = procs.spawn(argv, plan.env, cwd, log_path)
+                env = plan.env if run_as is None else {**plan.env, **_user_env(run_as, cwd)}
+                proc = procs.spawn(launch.argv, env, cwd, log_path, run_as)
                 ranks.append(
                     Rank(
                         plan.local_rank, proc, log_path, folder / "errors" / f"rank{plan.local_rank}.json", time.time()
@@ -244,8 +255,9 @@ class NodeRuns:
         self.runs[order.run_id] = run
         logger.info(
             "run started",
-            extra={"task_id": order.task_id, "run_id": order.run_id, "num_ranks": len(ranks), "argv": argv[:8]},
-        )
+            extra={"task_id": order.task_id, "run_id": order.run_id, "num_ranks": len(ranks),
+                   "argv": launch.argv[:8], "uid": os.geteuid() if run_as is None else run_as.uid},
+        )  # fmt: skip
         return run
 
     def _resolve_argv(self, order: StartOrder) -> list[str]:
@@ -476,13 +488,57 @@ class NodeRuns:
             await asyncio.sleep(0.05)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """A checked start order: what to run, where, on which devices."""
+
+    order: StartOrder
+    devices: tuple[int, ...]
+    argv: list[str]
+    folder: Path
+    cwd: Path
+
+
+def _make_run_folder(launch: Launch, run_as: RunAs | None) -> RunControl:
+    """The run's folder. With ``run_as``, what the ranks write is theirs: the working folder the agent
+    made, ``errors/`` and the SDK's event file; everything the agent writes (the suspend flag, acks, logs,
+    pids) stays root's, in folders the ranks cannot change, so no rank can point it elsewhere."""
+    folder = launch.folder
+    for sub in ("control", "logs", "errors"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    made_cwd = not launch.order.working_dir
+    launch.cwd.mkdir(parents=True, exist_ok=True)
+    control = RunControl(folder / "control").create()
+    if run_as is not None:
+        events = control.folder / runcontrol.EVENTS_FILE
+        events.touch(mode=0o644)
+        owned = [folder / "errors", events, *([launch.cwd] if made_cwd else [])]
+        for path in owned:
+            os.chown(path, run_as.uid, run_as.gid)
+        for path in (folder, folder / "control", folder / "logs"):
+            path.chmod(0o755)
+    return control
+
+
+def _user_env(run_as: RunAs, cwd: Path) -> dict[str, str]:
+    """Who the ranks are, for tools that read it (home: the user's own where this host knows it)."""
+    try:
+        home = pwd.getpwuid(run_as.uid).pw_dir
+    except KeyError:
+        home = str(cwd)
+    return {"USER": run_as.user_name, "LOGNAME": run_as.user_name, "HOME": home}
+
+
 def _executable(path: Path) -> bool:
     return os.access(path, os.X_OK)
 
 
 def _read_error_file(path: Path) -> ErrorRecord | None:
+    """The rank's error file; never through a symbolic link (the folder is the rank's own)."""
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(1 << 20))
         return ErrorRecord(
             timestamp=float(data["timestamp"]), exc_type=str(data["exc_type"]), message=str(data.get("message", ""))
         )

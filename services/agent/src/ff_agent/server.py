@@ -7,13 +7,16 @@ import contextlib
 import logging
 import os
 import socket
+import stat
+from pathlib import Path
 
 from ff_agent import devices
 from ff_agent.app import Agent, NodeIdentity
 from ff_agent.config import AgentSettings
-from ff_agent.core.launch import NodeFacts
+from ff_agent.core.launch import NodeFacts, RanksRunAs
 from ff_agent.errors import STATUS_TABLE
 from ff_agent.link import LINK_ERRORS, SchedulerLink
+from ff_agent.procs import closed_ancestor
 from ff_agent.runs import NodeRuns, RunsOptions
 from ff_agent.servicer import AgentServicer
 from ff_agent.validator import Validator, ValidatorOptions
@@ -63,18 +66,20 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
         facts,
         link,
     )
+    check_ranks_user(settings)
     killed = runs.kill_leftovers()
     if killed:
         logger.warning("killed %d processes left by a previous agent on this node", killed)
     validator = Validator(_validator_options(settings, len(node_devices)), mgmtd, settings.call_timeout_s)
     hostname = settings.hostname or socket.gethostname() + (f"-{settings.instance_id}" if settings.instance_id else "")
-    agent = Agent(settings, NodeIdentity(hostname=hostname, devices=node_devices), runs, link, validator)
+    tokens = registry_validator(mgmtd, settings.token_cache_ttl_s)
+    agent = Agent(settings, NodeIdentity(hostname=hostname, devices=node_devices), runs, link, validator, tokens)
     server = RpcServer(
         ServerOptions(
             listen_address=settings.listen_address,
             metrics_address=settings.metrics_address or None,
             cluster_token=cluster_token,
-            token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
+            token_validator=tokens,
             status_table=STATUS_TABLE,
             grace_s=settings.grace_s,
         ),
@@ -130,6 +135,30 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
         await link.close()
         await mgmtd.close()
     logger.info("agent stopped")
+
+
+def check_ranks_user(settings: AgentSettings) -> None:
+    """Say at start whose uid ranks will get; refuse to start as root when task users could not reach
+    their run folders (every folder above ``state_dir`` must let others through)."""
+    uid = os.geteuid()
+    if settings.ranks_run_as is RanksRunAs.AGENT_USER:
+        logger.warning("ranks of every user run as this agent's uid %d: users are not isolated from each other", uid)
+    elif uid != 0:
+        logger.warning(
+            "not root (uid %d): only tasks of users with uid %d run here, others are refused "
+            "(ranks_run_as=agent-user runs every rank as this agent instead)", uid, uid,
+        )  # fmt: skip
+    else:
+        closed = closed_ancestor(settings.state_dir.resolve())
+        if closed is not None:
+            raise RuntimeError(
+                f"ranks_run_as=task-user: {closed} (mode {closed.stat().st_mode & 0o777:o}) keeps the task users "
+                f"out of their run folders under {settings.state_dir}; use a state_dir every user can traverse"
+            )
+        python = Path(settings.python_executable).resolve()
+        if closed_ancestor(python.parent) is not None or not python.stat().st_mode & stat.S_IXOTH:
+            logger.warning("python_executable %s cannot be run by task users: their `python` tasks will fail", python)
+        logger.info("ranks run as their task's user (uid, gid and groups from the identity registry)")
 
 
 async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> None:

@@ -37,7 +37,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def StartRun(self, request: agent_pb2.StartRunRequest, context: Context) -> agent_pb2.StartRunResponse:
         if request.image:
             raise InvalidRequest("image: this agent runs ranks directly (no container mode)")
-        run = self._a.runs.start(order_from_proto(request))
+        run = await self._a.start_run(order_from_proto(request))
         await self._a.runs.mark_changed()
         return agent_pb2.StartRunResponse(run=self._report(run))
 

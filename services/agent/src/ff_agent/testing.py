@@ -32,6 +32,9 @@ FAST: dict[str, Any] = {
     "validator_memory_bytes": 8 << 20,
     "validator_disk_bytes": 4 << 20,
     "validator_gemm_size": 128,
+    # Test clusters live in pytest's private folders (0700) with a single OS user; the tests of running
+    # ranks as their task's user pass ranks_run_as="task-user" with a folder everyone can traverse.
+    "ranks_run_as": "agent-user",
 }
 
 

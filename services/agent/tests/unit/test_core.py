@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from ff_agent.core.errors import InvalidRequest
+from ff_agent.core.errors import CannotRunAs, InvalidRequest
 from ff_agent.core.failures import ErrorRecord, FailureClass, RankExit, root_cause
 from ff_agent.core.hang import RankProgress, lagging_ranks
-from ff_agent.core.launch import NodeFacts, StartOrder, check_order, plan_ranks
+from ff_agent.core.launch import NodeFacts, Owner, RanksRunAs, RunAs, StartOrder, check_order, plan_ranks, ranks_user
 from ff_agent.core.suspend import SuspendClock
 
 NODE = NodeFacts(device_indices=(0, 1), gpus=False, scheduler_address="s:1", mgmtd_addresses="m:1")
@@ -40,6 +40,44 @@ def test_every_rank_gets_the_hai_variables_and_the_agents_win() -> None:
         assert env["X"] == "y" and env["PATH"] == "/bin" and "FF_AGENT_CLUSTER_TOKEN" not in env
         assert env["FF_DEVICE_INDEX"] == str(i) and "CUDA_VISIBLE_DEVICES" not in env
         assert env["FF_RANK_ERROR_FILE"] == f"/e/rank{i}.json" and env["PYTHONPATH"].split(":")[0] == "/h"
+
+
+def test_the_cluster_client_variables_are_the_runs_and_no_secret_of_the_agent_leaks() -> None:
+    base = {"FF_TOKEN": "agent-admin", "FF_MGMTD_ADDRESSES": "elsewhere:1", "HFAI_TOKEN": "agent",
+            "FF_META_CLUSTER_TOKEN": "s1", "MY_CLUSTER_TOKEN_FILE": "/s", "LANG": "C"}  # fmt: skip
+    order = replace(ORDER, env={"FF_TOKEN": "mine?"})
+    env = plan_ranks(order, NODE, (0,), base_env=base, run_dir="/r", error_dir="/e", hook_dir="/h")[0].env
+    assert (env["FF_TOKEN"], env["FF_MGMTD_ADDRESSES"], env["HFAI_TOKEN"]) == ("tok", "m:1", "tok")
+    assert env["LANG"] == "C" and not [k for k in env if "CLUSTER_TOKEN" in k]
+
+
+ALICE = Owner(uid=3000, name="alice", gids=(500, 501))
+
+
+def test_ranks_run_as_the_tokens_user_with_the_registrys_groups() -> None:
+    assert ranks_user("alice", ALICE, mode=RanksRunAs.TASK_USER, agent_uid=0) == RunAs(
+        uid=3000, gid=500, groups=(500, 501), user_name="alice"
+    )
+    no_groups = ranks_user("", replace(ALICE, gids=()), mode=RanksRunAs.TASK_USER, agent_uid=0)
+    assert no_groups is not None and (no_groups.gid, no_groups.groups) == (3000, ())
+    assert ranks_user("alice", ALICE, mode=RanksRunAs.AGENT_USER, agent_uid=0) is None
+    assert ranks_user("alice", ALICE, mode=RanksRunAs.TASK_USER, agent_uid=3000) is None  # it is the agent's uid
+
+
+@pytest.mark.parametrize(
+    ("owner", "order_user", "agent_uid", "error", "says"),
+    [
+        (replace(ALICE, is_cluster=True, uid=0), "", 0, InvalidRequest, "never the cluster's or root's"),
+        (replace(ALICE, uid=0), "alice", 0, InvalidRequest, "never the cluster's or root's"),
+        (ALICE, "bob", 0, InvalidRequest, "not to the task's user 'bob'"),
+        (ALICE, "alice", 1000, CannotRunAs, "not root"),
+    ],
+)
+def test_ranks_user_refuses_root_other_users_and_what_a_plain_agent_cannot_do(
+    owner: Owner, order_user: str, agent_uid: int, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=re.escape(says)):
+        ranks_user(order_user, owner, mode=RanksRunAs.TASK_USER, agent_uid=agent_uid)
 
 
 def test_gpus_are_made_visible_one_per_rank_and_shared_when_ranks_differ() -> None:

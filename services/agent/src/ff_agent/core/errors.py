@@ -17,3 +17,7 @@ class NotFoundError(AgentError):
 
 class Busy(AgentError):
     """The node cannot do this now (e.g. validate while a run is active, without ``force``)."""
+
+
+class CannotRunAs(AgentError):
+    """This agent cannot run the ranks as the task's user (it is not root); nothing launched."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from ff_agent.core.errors import InvalidRequest
+from ff_agent.core.errors import CannotRunAs, InvalidRequest
 
 # Names the hfai SDK reads (hfai.client, hfai.config, hfai.runcontrol).
 TASK_ID_ENV = "MARSV2_TASK_ID"
@@ -16,14 +17,71 @@ RUN_DIR_ENV = "HFAI_RUN_DIR"
 TOKEN_ENV = "HFAI_TOKEN"
 SERVER_ENV = "HFAI_SERVER"
 MGMTD_ENV = "HFAI_MGMTD"
+# The cluster's client variables every tool reads (hf3fs.connect(), the hf3fs and fireflyer CLIs, hfai).
+FF_MGMTD_ENV = "FF_MGMTD_ADDRESSES"
+FF_TOKEN_ENV = "FF_TOKEN"
 # Where a rank writes its error file (the rank hook's excepthook), and which device slot it owns.
 ERROR_FILE_ENV = "FF_RANK_ERROR_FILE"
 DEVICE_ENV = "FF_DEVICE_INDEX"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 MAX_RANKS_PER_NODE = 256
-# Variables of the agent that never reach a task (its own settings and secrets).
+# Variables of the agent that never reach a task (its own settings and secrets, any service's cluster
+# token); the client variables above are the run's own, set below, never the agent's.
 _PRIVATE_PREFIXES = ("FF_AGENT_",)
+_PRIVATE_PARTS = ("CLUSTER_TOKEN",)
+_PRIVATE_NAMES = frozenset({FF_TOKEN_ENV, TOKEN_ENV})
+
+
+class RanksRunAs(StrEnum):
+    """Whose uid a run's ranks get: the task's user (needs root) or the agent's own (no isolation)."""
+
+    TASK_USER = "task-user"
+    AGENT_USER = "agent-user"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owner:
+    """Who a run's token belongs to, as the identity registry answered for it."""
+
+    uid: int
+    name: str
+    gids: tuple[int, ...] = ()
+    is_cluster: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunAs:
+    """The credentials of a run's ranks: the owner's uid, primary gid and groups."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    user_name: str
+
+
+def ranks_user(order_user: str, owner: Owner, *, mode: RanksRunAs, agent_uid: int) -> RunAs | None:
+    """Whose credentials the ranks get; None: the agent's own (it is not root and the owner is it, or
+    the agent is configured to run every rank as itself).
+
+    Raises:
+        InvalidRequest: the token is the cluster's or root's, or not the task owner's.
+        CannotRunAs: the agent is not root and the owner is another uid (it cannot switch to it).
+    """
+    if owner.is_cluster or owner.uid == 0:
+        raise InvalidRequest("token: a task runs with its user's token, never the cluster's or root's")
+    if order_user and owner.name != order_user:
+        raise InvalidRequest(f"token: it belongs to {owner.name!r}, not to the task's user {order_user!r}")
+    if mode is RanksRunAs.AGENT_USER or (agent_uid != 0 and owner.uid == agent_uid):
+        return None
+    if agent_uid != 0:
+        raise CannotRunAs(
+            f"this agent runs as uid {agent_uid}, not root: it cannot run the ranks of {owner.name!r} "
+            f"(uid {owner.uid}) as their user (the operator may set ranks_run_as=agent-user)"
+        )
+    # The primary group as meta takes it: the first group, else the user's private group (gid = uid).
+    gid = owner.gids[0] if owner.gids else owner.uid
+    return RunAs(uid=owner.uid, gid=gid, groups=owner.gids, user_name=owner.name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +154,10 @@ def check_order(order: StartOrder, node: NodeFacts) -> tuple[int, ...]:
 
 def task_env(base: Mapping[str, str]) -> dict[str, str]:
     """The agent's own environment minus what is private to it."""
-    return {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIXES)}
+    return {
+        k: v for k, v in base.items()
+        if not k.startswith(_PRIVATE_PREFIXES) and k not in _PRIVATE_NAMES and not any(p in k for p in _PRIVATE_PARTS)
+    }  # fmt: skip
 
 
 def plan_ranks(
@@ -129,6 +190,8 @@ def plan_ranks(
         TOKEN_ENV: order.token,
         SERVER_ENV: node.scheduler_address,
         MGMTD_ENV: node.mgmtd_addresses,
+        FF_TOKEN_ENV: order.token,
+        FF_MGMTD_ENV: node.mgmtd_addresses,
         "PYTHONUNBUFFERED": "1",
     }
     user_path = order.env.get("PYTHONPATH") or base_env.get("PYTHONPATH", "")
