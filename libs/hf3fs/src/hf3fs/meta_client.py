@@ -17,7 +17,7 @@ from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, StubPool, is_idempotent, method_path
 from fireflyer.common.v1 import common_pb2
-from fireflyer.meta.v1 import meta_pb2_grpc
+from fireflyer.meta.v1 import meta_pb2, meta_pb2_grpc
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 logger = logging.getLogger(__name__)
@@ -136,3 +136,23 @@ class MetaClient:
                     with contextlib.suppress(RpcError):
                         await self.refresh()
         raise Hf3fsError(f"no meta service answered: {last}")
+
+    async def reserve_space(self, inode_id: int, session_id: str, write_limit_bytes: int, *,
+                            partial: bool = False) -> tuple[int, int]:  # fmt: skip
+        """Raise a write session's limit to ``write_limit_bytes`` before writing past it: ``(limit, available)``.
+
+        Call it from ``write()`` before taking (or buffering) bytes past the session's limit, so that the quota
+        error reaches the writing call. All or nothing; with ``partial`` meta grants as much as the directory
+        quotas allow, and ``limit`` may be below the one asked (never below the current one): write up to it
+        (a short write) and report EDQUOT on the next. ``available`` is what the quotas would still grant
+        (2^64-1: no byte quota applies).
+
+        Raises:
+            RpcError: RESOURCE_EXHAUSTED with ``ff-fs-error`` FS_ERROR_QUOTA_EXCEEDED (``os_error`` gives EDQUOT)
+                when nothing (all or nothing: not everything) could be granted; FAILED_PRECONDITION
+                (FS_ERROR_BAD_SESSION, EBADF) for a session meta no longer knows.
+        """
+        request = meta_pb2.ReserveSpaceRequest(inode_id=inode_id, session_id=session_id,
+                                               write_limit_bytes=write_limit_bytes, partial=partial)  # fmt: skip
+        resp = await self.call(lambda s: s.ReserveSpace, request)
+        return int(resp.write_limit_bytes), int(resp.available_bytes)

@@ -308,8 +308,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def ReserveSpace(self, request: pb.ReserveSpaceRequest, context: Context) -> pb.ReserveSpaceResponse:
         inode_id = inode_id_of(request.inode_id)
         want = length_of(request.write_limit_bytes, "write_limit_bytes")
-        limit = await self._app.tx(caller(), lambda t: fsops.reserve(t, inode_id, request.session_id, want))
-        return pb.ReserveSpaceResponse(write_limit_bytes=limit)
+        limit, available = await self._app.tx(caller(), lambda t: fsops.reserve(t, inode_id, request.session_id,
+                                                                                want, request.partial))  # fmt: skip
+        return pb.ReserveSpaceResponse(write_limit_bytes=limit, available_bytes=available)
 
     async def Rename(self, request: pb.RenameRequest, context: Context) -> pb.RenameResponse:
         inode = await self._app.tx(caller(), lambda t: fsops.rename(t, at(request.src_path), at(request.dst_path),

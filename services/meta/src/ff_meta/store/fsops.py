@@ -321,19 +321,34 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
     return lost
 
 
-def reserve(tx: Tx, inode_id: int, session_id: str, want: int) -> int:
+def headroom(chain: Sequence[QuotaRow]) -> int:
+    """Bytes the byte quotas of ``chain`` would still grant (``NO_LIMIT`` when none limits bytes)."""
+    rooms = [max(0, q.max_bytes - q.used_bytes - q.reserved_bytes) for q in chain if q.max_bytes]
+    return min(rooms) if rooms else NO_LIMIT
+
+
+def reserve(tx: Tx, inode_id: int, session_id: str, want: int, partial: bool = False) -> tuple[int, int]:
+    """Raise a write session's limit to ``want`` (all or nothing, or with ``partial`` as far as the quotas
+    allow). Returns (the session's limit, bytes the quotas would still grant)."""
     row = _session(tx, inode_id, session_id)
     require_owner_or_same(tx, row)
     if row.write_limit is None:
-        return NO_LIMIT
+        return NO_LIMIT, NO_LIMIT
+    chain = tx.quota_ids_of(row.quota_ids)
     have = int(row.write_limit)
     if want <= have:
-        return have
+        return have, headroom(chain)
     inode = tx.must(inode_id)
-    base = max(have, inode.length)
-    tx.charge(tx.quota_ids_of(row.quota_ids), dreserved=want - base)
+    base = max(have, inode.length)  # the reservation covers what lies past the file's end
+    grow = max(0, want - base)
+    if partial:
+        grow = min(grow, headroom(chain))
+        want = base + grow
+        if want <= have:
+            raise fs_error(FsCode.QUOTA_EXCEEDED, f"byte quota above inode {inode_id} exhausted")
+    tx.charge(chain, dreserved=grow)
     tx.session.execute(sa.update(sessions).where(sessions.c.session_id == session_id).values(write_limit=want))
-    return want
+    return want, headroom(tx.quota_ids_of(row.quota_ids))
 
 
 @dataclass

@@ -1177,20 +1177,28 @@ class ReserveSpaceRequest(_message.Message):
     INODE_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     WRITE_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     inode_id: _builtins.int
     session_id: _builtins.str
     write_limit_bytes: _builtins.int
     """The file length the session wants to write up to (absolute, so a retry asks for the same thing)."""
+    partial: _builtins.bool
+    """Grant as much of the growth as the directory quotas allow instead of all or nothing: the answer's
+    `write_limit_bytes` may then be below the one asked (never below the session's current limit), so a
+    write can be cut short where the quota ends, as a write to a full disk is; FS_ERROR_QUOTA_EXCEEDED only
+    when not one more byte can be granted.
+    """
     def __init__(
         self,
         *,
         inode_id: _builtins.int = ...,
         session_id: _builtins.str = ...,
         write_limit_bytes: _builtins.int = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inode_id", b"inode_id", "session_id", b"session_id", "write_limit_bytes", b"write_limit_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inode_id", b"inode_id", "partial", b"partial", "session_id", b"session_id", "write_limit_bytes", b"write_limit_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1201,15 +1209,22 @@ class ReserveSpaceResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WRITE_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    AVAILABLE_BYTES_FIELD_NUMBER: _builtins.int
     write_limit_bytes: _builtins.int
+    """The session's limit now: at least the asked one, or with `partial` possibly less."""
+    available_bytes: _builtins.int
+    """How many more bytes the directory quotas above the file would grant now (2^64-1 when no byte quota
+    applies). Informational: other writers may take them first.
+    """
     def __init__(
         self,
         *,
         write_limit_bytes: _builtins.int = ...,
+        available_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["write_limit_bytes", b"write_limit_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_bytes", b"available_bytes", "write_limit_bytes", b"write_limit_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -296,8 +296,10 @@ class MetaServiceServicer:
 
     def ReserveSpace(self, request, context):
         """Raise the length up to which a write session may write, charging the growth to every directory
-        quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing.
-        Only needed when Open/Create answered a finite `write_limit_bytes` (some directory quota applies).
+        quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing;
+        with `partial`, as much as the quotas allow. Only needed when Open/Create answered a finite
+        `write_limit_bytes` (some directory quota applies). A client calls it from write() before taking bytes
+        past its limit (before buffering them), so the quota error reaches the writing call, not the close.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

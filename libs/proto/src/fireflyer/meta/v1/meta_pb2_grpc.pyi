@@ -90,8 +90,10 @@ class MetaServiceStub:
     """
     ReserveSpace: _grpc.UnaryUnaryMultiCallable[_meta_pb2.ReserveSpaceRequest, _meta_pb2.ReserveSpaceResponse]
     """Raise the length up to which a write session may write, charging the growth to every directory
-    quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing.
-    Only needed when Open/Create answered a finite `write_limit_bytes` (some directory quota applies).
+    quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing;
+    with `partial`, as much as the quotas allow. Only needed when Open/Create answered a finite
+    `write_limit_bytes` (some directory quota applies). A client calls it from write() before taking bytes
+    past its limit (before buffering them), so the quota error reaches the writing call, not the close.
     """
     Rename: _grpc.UnaryUnaryMultiCallable[_meta_pb2.RenameRequest, _meta_pb2.RenameResponse]
     """Atomic rename with POSIX overwrite rules; moving a directory below itself is FS_ERROR_RENAME_LOOP."""
@@ -182,8 +184,10 @@ class MetaServiceAsyncStub(MetaServiceStub):
     """
     ReserveSpace: _aio.UnaryUnaryMultiCallable[_meta_pb2.ReserveSpaceRequest, _meta_pb2.ReserveSpaceResponse]  # type: ignore[assignment]
     """Raise the length up to which a write session may write, charging the growth to every directory
-    quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing.
-    Only needed when Open/Create answered a finite `write_limit_bytes` (some directory quota applies).
+    quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing;
+    with `partial`, as much as the quotas allow. Only needed when Open/Create answered a finite
+    `write_limit_bytes` (some directory quota applies). A client calls it from write() before taking bytes
+    past its limit (before buffering them), so the quota error reaches the writing call, not the close.
     """
     Rename: _aio.UnaryUnaryMultiCallable[_meta_pb2.RenameRequest, _meta_pb2.RenameResponse]  # type: ignore[assignment]
     """Atomic rename with POSIX overwrite rules; moving a directory below itself is FS_ERROR_RENAME_LOOP."""
@@ -355,8 +359,10 @@ class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_meta_pb2.ReserveSpaceResponse, _abc.Awaitable[_meta_pb2.ReserveSpaceResponse]]:
         """Raise the length up to which a write session may write, charging the growth to every directory
-        quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing.
-        Only needed when Open/Create answered a finite `write_limit_bytes` (some directory quota applies).
+        quota above the file. All or nothing: RESOURCE_EXHAUSTED (FS_ERROR_QUOTA_EXCEEDED) grants nothing;
+        with `partial`, as much as the quotas allow. Only needed when Open/Create answered a finite
+        `write_limit_bytes` (some directory quota applies). A client calls it from write() before taking bytes
+        past its limit (before buffering them), so the quota error reaches the writing call, not the close.
         """
 
     @_abc_1.abstractmethod
