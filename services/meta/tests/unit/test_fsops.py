@@ -194,3 +194,72 @@ def test_exclusive_create_never_follows_a_symlink(fs: Fs) -> None:
     )
     assert created and fs.names("/a") == ["dangling", "target"]  # without O_EXCL the link is followed
     assert fs.stat("/a/dangling").inode_id == made.inode_id
+
+
+def test_inode_addressing_needs_search_permission_on_every_directory_above(fs: Fs) -> None:
+    fs.mkdir("/alice")
+    fs.mkdir("/alice/private")
+    sub = fs.mkdir("/alice/private/sub")
+    f = fs.create("/alice/private/sub/f")
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice/private"), True, fsops.AttrChange(mode=0o700)))
+
+    def as_bob(at: PathAt) -> FsCode | int:
+        try:
+            return fs.tx(lambda t: fsops.stat(t, at, True), BOB).inode_id
+        except FsError as err:
+            return err.fs_code
+
+    assert as_bob(PathAt(f.inode_id, "")) is FsCode.ACCESS_DENIED  # the file itself
+    assert as_bob(PathAt(sub.inode_id, "f")) is FsCode.ACCESS_DENIED  # relative to a directory below
+    assert as_bob(PathAt(sub.inode_id, "")) is FsCode.ACCESS_DENIED
+    assert fs.tx(lambda t: fsops.realpath(t, PathAt(f.inode_id, ""))) == ("/alice/private/sub/f", f.inode_id)
+    assert code(lambda: fs.tx(lambda t: fsops.realpath(t, PathAt(f.inode_id, "")), BOB)) is FsCode.ACCESS_DENIED
+    # A second link in a folder bob may search makes the file reachable, through that link only.
+    fs.tx(lambda t: fsops.hardlink(t, PathAt(0, "/alice/private/sub/f"), PathAt(0, "/alice/pub")))
+    assert as_bob(PathAt(f.inode_id, "")) == f.inode_id
+    assert fs.tx(lambda t: fsops.realpath(t, PathAt(f.inode_id, "")), BOB) == ("/alice/pub", f.inode_id)
+    # 0711: searchable, not readable; the search bit is what counts.
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice/private"), True, fsops.AttrChange(mode=0o711)))
+    assert as_bob(PathAt(sub.inode_id, "f")) == f.inode_id
+    # A tree in the trash is not in the namespace: ENOENT for others, found by root.
+    fs.remove("/alice/private", recursive=True)
+    assert as_bob(PathAt(sub.inode_id, "")) is FsCode.NOT_FOUND
+    root = Caller(0, (0,), is_root=True)
+    assert fs.tx(lambda t: fsops.stat(t, PathAt(sub.inode_id, ""), True), root).inode_id == sub.inode_id
+
+
+def test_close_and_sync_without_the_session_change_only_what_the_caller_may(fs: Fs) -> None:
+    fs.mkdir("/d")
+    f = fs.create("/d/f")
+    before = fs.stat("/d/f")
+    sync = fs.tx(lambda t: fsops.finish_length(t, f.inode_id, "", 99_999_999, None, 0, close=False), BOB)
+    assert (sync.length, sync.mtime_ns) == (before.length, before.mtime_ns)  # bob may read: nothing changes
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/d/f"), True, fsops.AttrChange(mode=0o600)))
+    denied = code(lambda: fs.tx(lambda t: fsops.finish_length(t, f.inode_id, "", 5, 5, 0, close=True), BOB))
+    assert denied is FsCode.ACCESS_DENIED
+    own = fs.tx(lambda t: fsops.finish_length(t, f.inode_id, "", 99_999_999, 7, 0, close=False))
+    assert (own.length, own.mtime_ns) == (7, before.mtime_ns)  # storage's length; no session: no hints
+
+
+def test_deep_mkdirs_charges_each_level_and_stops_at_the_depth_limit(fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ff_meta.store import tx as tx_module
+
+    monkeypatch.setattr(fsops, "MAX_DIR_DEPTH", 50)
+    monkeypatch.setattr(tx_module, "MAX_DIR_DEPTH", 50)
+    fs.mkdir("/q")
+    root = Caller(0, (0,), is_root=True)
+    fs.tx(lambda t: fsops.set_quota(t, PathAt(0, "/q"), 0, 41), root)
+
+    def mkdir_p(path: str) -> Inode:
+        ids = [next(fs.ids) for _ in range(60)]
+        return fs.tx(lambda t: fsops.mkdirs(t, PathAt(0, path), 0o755, True, None, ids))
+
+    deep = mkdir_p("/q/" + "/".join(["a"] * 40))
+    assert code(lambda: mkdir_p("/q/" + "/".join(["b"] * 41))) is FsCode.QUOTA_EXCEEDED  # 41 + 1 > 41 inodes
+    ((q, _),) = fs.tx(lambda t: fsops.get_quota(t, PathAt(0, "/q")))
+    assert q.used_inodes == 41  # the refused call charged nothing
+    fs.tx(lambda t: fsops.set_quota(t, PathAt(0, "/q"), 0, 0), root)
+    assert code(lambda: mkdir_p("/q/" + "/".join(["a"] * 40) + "/c/c/c/c/c/c/c/c/c/c")) is FsCode.NAME_TOO_LONG
+    assert fs.tx(lambda t: t.depth_of(deep.inode_id)) == 41
+    assert fs.tx(lambda t: fsops.realpath(t, PathAt(deep.inode_id, ""))) == ("/q/" + "/".join(["a"] * 40),
+                                                                              deep.inode_id)  # fmt: skip
