@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hf3fs import cli
+from hf3fs.cli import render
 
 from .conftest import LocalFs
 
@@ -128,3 +129,34 @@ def test_parse_size(text: str, value: int) -> None:
     from hf3fs.cli.render import parse_size
 
     assert parse_size(text) == value
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("plain-name_1.txt", "plain-name_1.txt"),
+        ("é", "é"),
+        ("two words", "'two words'"),
+        ("it's", "'it'\\''s'"),
+        ("a\nb", "'a'$'\\n''b'"),
+        ("\n", "$'\\n'"),
+        ("x\x01y\t", "'x'$'\\001''y'$'\\t'"),
+    ],
+)
+def test_names_are_quoted_as_gnu_ls_shell_escape(name: str, shown: str) -> None:
+    assert render.quote_name(name) == shown
+    if "\n" not in name:
+        return
+    assert "\n" not in render.quote_name(name)  # one entry, one line
+
+
+def test_cp_that_fails_leaves_no_file_it_created(local_fs: LocalFs) -> None:
+    local_fs.makedirs("/data", exist_ok=True)
+    # a source that opens but fails on its first read (EIO at address 0), whoever runs the test
+    code, _, err = run(local_fs, "cp", "/proc/self/mem", "hf3fs:/data/copy")
+    assert code == 1 and "Input/output error" in err, err
+    assert not local_fs.exists("/data/copy")
+    with local_fs.open("/data/kept", "wb") as f:
+        f.write(b"old")
+    assert run(local_fs, "cp", "/proc/self/mem", "hf3fs:/data/kept")[0] == 1
+    assert local_fs.exists("/data/kept")  # a file that was there before is not removed
