@@ -250,13 +250,24 @@ class _Call:
                 logger.exception("internal error in %s", self._method)
                 code, details = grpc.StatusCode.INTERNAL, f"internal error (request id {self.request_id})"
             else:
-                details = str(exc) or type(exc).__name__
+                details = bounded_details(str(exc) or type(exc).__name__)
             self.code = code
             extra = getattr(exc, "trailing_metadata", None)
             trailing = tuple(extra()) if callable(extra) else ()
             trailing += ((REQUEST_ID_HEADER, self.request_id),)
             await self._context.abort(code, details, trailing_metadata=trailing)
             raise AssertionError("unreachable: abort raises") from exc
+
+
+MAX_DETAILS_CHARS = 1024
+
+
+def bounded_details(text: str) -> str:
+    """An error's details cut to MAX_DETAILS_CHARS: a message that quotes a caller's huge field would
+    otherwise go back whole in a header (clients refuse headers over 16 KiB, and get no status at all)."""
+    if len(text) <= MAX_DETAILS_CHARS:
+        return text
+    return f"{text[:MAX_DETAILS_CHARS]}... ({len(text) - MAX_DETAILS_CHARS} more characters)"
 
 
 async def _raise(exc: Exception) -> None:

@@ -44,6 +44,8 @@ class ServerOptions:
     token_validator: TokenValidator | None = None
     status_table: StatusTable = field(default_factory=StatusTable)
     grace_s: float = 5.0
+    # The largest request message taken; a larger one is RESOURCE_EXHAUSTED before it is parsed.
+    max_request_bytes: int = MAX_MESSAGE_BYTES
 
 
 class RpcServer:
@@ -76,7 +78,7 @@ class RpcServer:
             interceptors=[interceptor],
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", self._options.max_request_bytes),
                 ("grpc.so_reuseport", 0),
             ],
         )

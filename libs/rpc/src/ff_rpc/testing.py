@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,10 +34,12 @@ async def call_raw(
     token: str = "",
     request_stream: bool = False,
     response_stream: bool = False,
+    max_messages: int | None = None,
     timeout_s: float = 10.0,
 ) -> RawAnswer:
     """Call ``/pkg.Service/Method`` with ``requests`` as they are (no serializer), as a client of any
-    language with a corrupt encoder would; a unary request sends ``requests[0]``."""
+    language with a corrupt encoder would; a unary request sends ``requests[0]``. A response stream is
+    read to its end, or (``max_messages``) until that many messages came, then cancelled: OK."""
     metadata = ((AUTHORIZATION_HEADER, BEARER_PREFIX + token),) if token else ()
     raw = {"request_serializer": _same, "response_deserializer": _same}
     try:
@@ -47,7 +51,13 @@ async def call_raw(
             return RawAnswer(grpc.StatusCode.OK, "", [reply])
         if response_stream:
             unary_stream = channel.unary_stream(method, **raw)(requests[0], metadata=metadata, timeout=timeout_s)
-            return RawAnswer(grpc.StatusCode.OK, "", [m async for m in unary_stream])
+            got: list[bytes] = []
+            async for message in unary_stream:
+                got.append(message)
+                if max_messages is not None and len(got) >= max_messages:
+                    unary_stream.cancel()
+                    break
+            return RawAnswer(grpc.StatusCode.OK, "", got)
         reply = await channel.unary_unary(method, **raw)(requests[0], metadata=metadata, timeout=timeout_s)
         return RawAnswer(grpc.StatusCode.OK, "", [reply])
     except grpc.aio.AioRpcError as err:
@@ -61,6 +71,71 @@ def _same(data: bytes) -> bytes:
 async def _iterate(items: Sequence[bytes]) -> AsyncIterator[bytes]:
     for item in items:
         yield item
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile call: what it is, the method (``/pkg.Service/Method``), the request bytes (usually a
+    message's ``SerializeToString()``), the caller's token and the status it must get."""
+
+    what: str
+    method: str
+    request: bytes
+    code: grpc.StatusCode
+    token: str = ""
+    response_stream: bool = False
+    max_messages: int | None = None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one request may cost the service: time to its answer, growth of resident and peak memory."""
+
+    max_seconds: float = 10.0
+    max_rss_growth_kib: int = 64 * 1024
+    max_peak_growth_kib: int = 256 * 1024
+
+
+async def check_hostile(
+    channel: grpc.aio.Channel,
+    pid: int,
+    case: Hostile,
+    still_serving: Callable[[], Awaitable[object]],
+    bounds: Bounds = Bounds(),
+) -> list[str]:
+    """Send ``case`` to the service in process ``pid``; what went wrong (empty: nothing).
+
+    Checked: the status is ``case.code``, the answer came within ``bounds.max_seconds`` (the call's
+    deadline, so a stuck service shows as DEADLINE_EXCEEDED), the process's resident memory and its peak
+    (reset before the call where the kernel lets us) grew within the bounds, and ``still_serving()`` works.
+    """
+    _reset_peak(pid)
+    rss, peak = rss_kib(pid), peak_rss_kib(pid)
+    started = time.monotonic()
+    answer = await call_raw(
+        channel, case.method, [case.request], token=case.token, response_stream=case.response_stream,
+        max_messages=case.max_messages, timeout_s=bounds.max_seconds,
+    )  # fmt: skip
+    took_s = time.monotonic() - started
+    problems = []
+    if answer.code != case.code:
+        problems.append(f"{case.what}: {answer.code.name} ({answer.details[:200]!r}), expected {case.code.name}")
+    if took_s > bounds.max_seconds:
+        problems.append(f"{case.what}: answered after {took_s:.1f}s")
+    grown, peaked = rss_kib(pid) - rss, peak_rss_kib(pid) - peak
+    if grown > bounds.max_rss_growth_kib or peaked > bounds.max_peak_growth_kib:
+        problems.append(f"{case.what}: memory grew {grown} KiB (peak +{peaked} KiB)")
+    try:
+        await still_serving()
+    except Exception as exc:  # any failure of the follow-up call is what this check reports
+        problems.append(f"{case.what}: the service no longer serves ({exc})")
+    return problems
+
+
+def _reset_peak(pid: int) -> None:
+    """Reset the process's peak resident size (VmHWM) to its current size (Linux 4.0+, own or root)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def rss_kib(pid: int) -> int:

@@ -192,3 +192,12 @@ async def test_cache_evicts_least_recently_used() -> None:
     await cache.validate("good-a")  # evicted by the junk flood: asked again
     assert inner.calls == calls + 1
     assert len(cache._entries) == 2
+
+
+def test_error_details_are_bounded() -> None:
+    from ff_rpc.interceptor import MAX_DETAILS_CHARS, bounded_details
+
+    assert bounded_details("short") == "short"
+    cut = bounded_details("n" * (MAX_DETAILS_CHARS + 5000))
+    assert cut.startswith("n" * MAX_DETAILS_CHARS) and cut.endswith("... (5000 more characters)")
+    assert len(cut) < MAX_DETAILS_CHARS + 40

@@ -10,6 +10,7 @@ from pathlib import Path
 from ff_cluster import MembershipOptions, NodeMembership
 from ff_mgmtd.app import Mgmtd, Timing
 from ff_mgmtd.config import MgmtdSettings
+from ff_mgmtd.core import validation
 from ff_mgmtd.errors import STATUS_TABLE
 from ff_mgmtd.servicer import IdentityServicer, LocalTokenChecker, MgmtdServicer
 from ff_mgmtd.store.schema import VERSION_TABLE
@@ -42,7 +43,7 @@ async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> No
         ServerOptions(
             listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,
             cluster_token=cluster_token, token_validator=validator, status_table=STATUS_TABLE,
-            grace_s=settings.grace_s,
+            grace_s=settings.grace_s, max_request_bytes=validation.MAX_REQUEST_BYTES,
         ),
         [
             ServiceBinding(services["MgmtdService"].full_name, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server,

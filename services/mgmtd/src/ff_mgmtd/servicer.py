@@ -35,6 +35,8 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         self._stopping = stopping
 
     async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Context) -> pb.RegisterNodeResponse:
+        validation.check_count("endpoints", len(request.endpoints), validation.MAX_ENDPOINTS)
+        validation.check_count("tags", len(request.tags), validation.MAX_TAGS)
         reg = validation.check_registration(
             request.node_id, request.node_type, request.hostname,
             wire.endpoints_from_proto(list(request.endpoints)), dict(request.tags),
@@ -47,6 +49,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         )  # fmt: skip
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        validation.check_count("targets", len(request.targets), validation.MAX_TARGET_REPORTS)
         reports = validation.check_target_reports([(r.target_id, r.local_state) for r in request.targets])
         answer = await self._m.heartbeat(_require_id("node_id", request.node_id), reports)
         return pb.HeartbeatResponse(
@@ -86,6 +89,10 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         )  # fmt: skip
 
     async def SetChains(self, request: pb.SetChainsRequest, context: Context) -> pb.SetChainsResponse:
+        validation.check_count("chains", len(request.chains), validation.MAX_CHAINS_PER_CALL)
+        for chain in request.chains:
+            validation.check_count(f"chain {chain.chain_id}: targets", len(chain.targets),
+                                   validation.MAX_TARGETS_PER_CHAIN)  # fmt: skip
         chains = [wire.chain_from_proto(c) for c in request.chains]
         validation.check_chains(chains)
         saved, version = await self._m.write(lambda s, f: routing.set_chains(s, f, chains))
@@ -95,6 +102,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
     async def SetChainTable(self, request: pb.SetChainTableRequest, context: Context) -> pb.SetChainTableResponse:
         if not request.HasField("chain_table"):
             raise InvalidRequest("chain_table is required")
+        validation.check_count("chain_ids", len(request.chain_table.chain_ids), validation.MAX_TABLE_CHAINS)
         table = wire.chain_table_from_proto(request.chain_table)
         validation.check_chain_table(table)
         saved, version = await self._m.write(lambda s, f: routing.set_chain_table(s, f, table))
@@ -102,7 +110,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         return pb.SetChainTableResponse(chain_table=wire.chain_table_to_proto(saved), routing_version=version)
 
     async def OfflineTarget(self, request: pb.OfflineTargetRequest, context: Context) -> pb.OfflineTargetResponse:
-        target_id = _require_id("target_id", request.target_id)
+        target_id = validation.check_target_id("target_id", _require_id("target_id", request.target_id))
         chain, version = await self._m.offline_target(target_id)
         return pb.OfflineTargetResponse(chain=wire.chain_to_proto(chain), routing_version=version)
 
@@ -139,7 +147,9 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         role = Role(request.role or common_pb2.ROLE_USER) if request.role in (0, 1, 2) else None
         if role is None:
             raise InvalidRequest(f"role {request.role} is not a known role")
+        validation.check_count("group_names", len(request.group_names), validation.MAX_GROUPS_PER_USER)
         groups = validation.check_names("group", list(request.group_names))
+        validation.check_posix_id("uid", request.uid)
         user = await self._m.write(
             lambda s, f: identity.create_user(s, f, name, request.uid, role, groups, time.time())
         )
@@ -157,6 +167,7 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
 
     async def CreateGroup(self, request: pb.CreateGroupRequest, context: Context) -> pb.CreateGroupResponse:
         name = validation.check_name("group", request.name)
+        validation.check_posix_id("gid", request.gid)
         group = await self._m.write(lambda s, f: identity.create_group(s, f, name, request.gid))
         return pb.CreateGroupResponse(group=wire.group_to_proto(group))
 
@@ -195,6 +206,8 @@ class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
         return pb.ListTokensResponse(tokens=[wire.token_to_proto(i) for i in infos])
 
     async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.RevokeTokenResponse:
+        if len(request.token_id) > validation.MAX_TOKEN_ID_CHARS:
+            raise InvalidRequest(f"token_id: at most {validation.MAX_TOKEN_ID_CHARS} characters")
         if not request.token_id:
             raise InvalidRequest("token_id is required")
         caller = current_principal()

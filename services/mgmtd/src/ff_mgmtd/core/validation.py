@@ -10,6 +10,7 @@ from ff_mgmtd.core.errors import InvalidRequest
 from ff_mgmtd.core.model import Chain, ChainTable, Endpoint, LocalTargetState, NodeRegistration, NodeType
 
 MAX_ID = 2**32 - 1  # node, chain, table, user and group ids are uint32 on the wire
+MAX_POSIX_ID = 2**32 - 2  # a uid or gid: 2^32-1 is (uid_t)-1, "no change" to chown and setreuid
 MAX_TARGET_ID = 2**63 - 1  # target ids are uint64 on the wire, stored as signed 64-bit
 MAX_DESCRIPTION_CHARS = 256
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,63}$")
@@ -17,6 +18,36 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]{1,255}$")
 _ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
 MAX_TAGS = 64
 MAX_CONFIG_BYTES = 1 << 20
+# What one request may carry; checked before anything is converted or looked up. A whole request is at
+# most MAX_REQUEST_BYTES (larger ones are RESOURCE_EXHAUSTED before they are parsed).
+MAX_REQUEST_BYTES = 4 << 20
+MAX_ENDPOINTS = 16
+MAX_CHAINS_PER_CALL = 4096
+MAX_TARGETS_PER_CHAIN = 16
+MAX_TABLE_CHAINS = 65536
+MAX_GROUPS_PER_USER = 256
+MAX_TOKEN_TTL_S = 10 * 365 * 24 * 3600.0
+MAX_TOKEN_ID_CHARS = 64
+
+
+def check_count(field: str, count: int, most: int) -> None:
+    """A repeated field's length, checked before its entries are looked at."""
+    if count > most:
+        raise InvalidRequest(f"{field}: at most {most} entries, got {count}")
+
+
+def check_target_id(field: str, target_id: int) -> int:
+    """A target id as stored (signed 64-bit): 1..2^63-1."""
+    if not 0 < target_id <= MAX_TARGET_ID:
+        raise InvalidRequest(f"{field} {target_id} must be in 1..{MAX_TARGET_ID}")
+    return target_id
+
+
+def check_posix_id(field: str, value: int) -> int:
+    """A uid or gid given by a caller: 0 (assign the next free one) or 1..2^32-2."""
+    if value > MAX_POSIX_ID:
+        raise InvalidRequest(f"{field} {value} must be in 1..{MAX_POSIX_ID} (0: the next free one)")
+    return value
 
 
 def check_name(kind: str, name: str) -> str:
@@ -56,6 +87,7 @@ def check_registration(
         raise InvalidRequest(f"hostname {hostname!r} is empty or has characters a hostname cannot have")
     if not endpoints:
         raise InvalidRequest("endpoints: a node must have at least one endpoint")
+    check_count("endpoints", len(endpoints), MAX_ENDPOINTS)
     names = [e.name for e in endpoints]
     if len(set(names)) != len(names) or not all(names):
         raise InvalidRequest("endpoints: names must be non-empty and unique")
@@ -73,6 +105,7 @@ def check_chains(chains: Sequence[Chain]) -> None:
     """Shape checks; existence of nodes and versions are checked against the store."""
     if not chains:
         raise InvalidRequest("chains: at least one chain")
+    check_count("chains", len(chains), MAX_CHAINS_PER_CALL)
     seen_chains: set[int] = set()
     seen_targets: set[int] = set()
     for chain in chains:
@@ -83,6 +116,7 @@ def check_chains(chains: Sequence[Chain]) -> None:
         seen_chains.add(chain.chain_id)
         if not chain.targets:
             raise InvalidRequest(f"chain {chain.chain_id}: at least one target")
+        check_count(f"chain {chain.chain_id}: targets", len(chain.targets), MAX_TARGETS_PER_CHAIN)
         for target in chain.targets:
             if not 0 < target.target_id <= MAX_TARGET_ID:
                 raise InvalidRequest(f"chain {chain.chain_id}: target_id must be in 1..{MAX_TARGET_ID}")
@@ -96,6 +130,7 @@ def check_chain_table(table: ChainTable) -> None:
         raise InvalidRequest(f"table_id {table.table_id} must be in 1..{MAX_ID}")
     if not table.chain_ids:
         raise InvalidRequest("chain_ids: a chain table needs at least one chain")
+    check_count("chain_ids", len(table.chain_ids), MAX_TABLE_CHAINS)
     if len(set(table.chain_ids)) != len(table.chain_ids):
         raise InvalidRequest("chain_ids: a chain may appear once in a table")
 
@@ -122,8 +157,8 @@ def check_target_reports(reports: Sequence[tuple[int, int]]) -> dict[int, LocalT
         raise InvalidRequest(f"targets: at most {MAX_TARGET_REPORTS} reports")
     states: dict[int, LocalTargetState] = {}
     for target_id, state in reports:
-        if target_id <= 0 or target_id in states:
-            raise InvalidRequest(f"targets: target_id {target_id} is not positive or is given twice")
+        if not 0 < target_id <= MAX_TARGET_ID or target_id in states:
+            raise InvalidRequest(f"targets: target_id {target_id} is not in 1..{MAX_TARGET_ID} or is given twice")
         try:
             states[target_id] = LocalTargetState(state)
         except ValueError:
@@ -147,6 +182,6 @@ def check_description(text: str) -> str:
 
 def check_ttl(ttl_s: float) -> float:
     """A token lifetime in seconds: 0 for none, else finite and positive."""
-    if not math.isfinite(ttl_s) or ttl_s < 0:
-        raise InvalidRequest("ttl_s must be a finite number >= 0 (0: the token does not expire)")
+    if not math.isfinite(ttl_s) or not 0 <= ttl_s <= MAX_TOKEN_TTL_S:
+        raise InvalidRequest(f"ttl_s must be in 0..{MAX_TOKEN_TTL_S:.0f} (0: the token does not expire)")
     return ttl_s

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from ff_mgmtd.core.errors import AlreadyExistsError, InvalidToken, NotFoundError
 from ff_mgmtd.core.model import Group, Role, TokenInfo, User
 from ff_mgmtd.core.tokens import NewToken, parse_token, secret_matches
-from ff_mgmtd.core.validation import MAX_ID
+from ff_mgmtd.core.validation import MAX_POSIX_ID
 from ff_mgmtd.store.cluster_state import Fence, check_fence, next_free_id
 from ff_mgmtd.store.schema import group_members, groups, tokens, users
 
@@ -57,7 +57,7 @@ def create_user(s: Session, fence: Fence, name: str, uid: int, role: Role, group
         if s.execute(select(users.c.uid).where(users.c.uid == uid)).first() is not None:
             raise AlreadyExistsError(f"uid {uid} is taken")
     else:
-        uid = next_free_id(s, users.c.uid, FIRST_UID, MAX_ID)
+        uid = next_free_id(s, users.c.uid, FIRST_UID, MAX_POSIX_ID)
     s.execute(insert(users).values(uid=uid, name=name, role=int(role), disabled=False, created_at=now))
     for gid in gids:
         s.execute(insert(group_members).values(gid=gid, uid=uid))
@@ -97,7 +97,7 @@ def create_group(s: Session, fence: Fence, name: str, gid: int) -> Group:
         if s.execute(select(groups.c.gid).where(groups.c.gid == gid)).first() is not None:
             raise AlreadyExistsError(f"gid {gid} is taken")
     else:
-        gid = next_free_id(s, groups.c.gid, FIRST_GID, MAX_ID)
+        gid = next_free_id(s, groups.c.gid, FIRST_GID, MAX_POSIX_ID)
     s.execute(insert(groups).values(gid=gid, name=name))
     return get_group(s, name)
 
