@@ -228,14 +228,14 @@ class RawFile(io.RawIOBase):
         with self._lock:
             if self._om.append:
                 self._append(data)
-            else:
-                self._write_at(self._pos, data)
-        return len(data)
+                return len(data)
+            n = self._room(self._pos, len(data))  # short where a quota ends, as a write to a full disk
+            self._write_at(self._pos, data[:n])
+            return n
 
     def _write_at(self, offset: int, data: memoryview) -> int:
-        """Write ``data`` at ``offset`` (reserving quota first); the position moves to its end."""
+        """Write ``data`` at ``offset`` (its quota reserved by the caller); the position moves to its end."""
         end = offset + len(data)
-        self.ensure_room(end)
         done = 0
         while done < len(data):
             step = min(len(data) - done, MAX_IO_BATCH_BYTES)
@@ -257,7 +257,9 @@ class RawFile(io.RawIOBase):
             lease, end_now = self._take_append_lease()
             end = end_now
             try:
-                end = self._write_at(max(end_now, self.written, self._fs._local_length(self.inode_id)), data)
+                start = max(end_now, self.written, self._fs._local_length(self.inode_id))
+                self.ensure_room(start + len(data))  # an append lands whole or not at all
+                end = self._write_at(start, data)
             finally:
                 req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end,
                                       mtime_ns=self._last_write_ns or time.time_ns())  # fmt: skip
@@ -284,9 +286,22 @@ class RawFile(io.RawIOBase):
             delay = min(delay * 2, 0.05)
 
     def ensure_room(self, end: int) -> None:
-        """Reserve quota up to ``end`` unless the session's limit covers it (EDQUOT when the quota is full)."""
-        if end > self._limit:
-            self._reserve(end)
+        """Reserve quota up to ``end`` unless the session's limit covers it: all of it, or EDQUOT."""
+        if end > self._limit and self._reserve(end) < end:
+            raise self._quota_error()
+
+    def _room(self, offset: int, size: int) -> int:
+        """How many of ``size`` bytes at ``offset`` the quotas let this session write, reserved: all, or as
+        many as fit before the quota ends; EDQUOT when not one does."""
+        if offset + size > self._limit:
+            self._reserve(offset + size)
+        n = min(size, self._limit - offset)
+        if n <= 0:
+            raise self._quota_error()
+        return n
+
+    def _quota_error(self) -> OSError:
+        return OSError(errno.EDQUOT, f"directory quota exhausted at byte {self._limit}", self.name)
 
     def truncate(self, size: int | None = None) -> int:
         self._check_open()
@@ -343,24 +358,28 @@ class RawFile(io.RawIOBase):
         return pb.SessionReport(session_id=self._session.session_id, inode_id=self.inode_id,
                                 written_length_bytes=self.written)  # fmt: skip
 
-    def _reserve(self, end: int) -> None:
-        """Raise the session's write limit to cover ``end`` (a step more when the quota allows)."""
+    def _reserve(self, end: int) -> int:
+        """Raise the session's write limit toward ``end``: a step past it when the quotas allow, else as much
+        of it as they allow (meta's partial grant, possibly less than ``end``). Returns the new limit.
+
+        Raises:
+            OSError: EDQUOT when not one more byte may be written.
+        """
         assert self._session is not None
-        sid = self._session.session_id
-        err: OSError | None = None
-        for want in (max(end, min(self._limit, 1 << 62) + RESERVE_STEP_BYTES), end):
-            try:
-                resp = self._fs._meta_call(lambda s, w=want: s.ReserveSpace, pb.ReserveSpaceRequest(  # type: ignore[misc]
-                    inode_id=self.inode_id, session_id=sid, write_limit_bytes=want), self.name)  # fmt: skip
-            except OSError as exc:
-                if exc.errno != errno.EDQUOT:
-                    raise
-                err = exc
-                continue
-            self._limit = resp.write_limit_bytes
-            return
-        assert err is not None
-        raise err
+        step = max(end, min(self._limit, 1 << 62) + RESERVE_STEP_BYTES)
+        try:
+            self._limit = self._ask_reserve(step, partial=False)
+        except OSError as exc:
+            if exc.errno != errno.EDQUOT:
+                raise
+            self._limit = self._ask_reserve(end, partial=True)
+        return self._limit
+
+    def _ask_reserve(self, want: int, partial: bool) -> int:
+        assert self._session is not None
+        request = pb.ReserveSpaceRequest(inode_id=self.inode_id, session_id=self._session.session_id,
+                                         write_limit_bytes=want, partial=partial)  # fmt: skip
+        return int(self._fs._meta_call(lambda s: s.ReserveSpace, request, self.name).write_limit_bytes)
 
     def _fresh_capability(self) -> None:
         """Open the file again (by inode, so a rename does not matter) for a new IoCapability shortly before

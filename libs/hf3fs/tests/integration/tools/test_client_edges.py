@@ -14,14 +14,18 @@ import hf3fs
 from .conftest import FsCluster
 
 
-def test_a_buffered_write_over_quota_fails_at_write_and_keeps_what_fit(fs_cluster: FsCluster) -> None:
-    client = fs_cluster.client
-    client.makedirs("/ffs/quota-write", exist_ok=True)
-    admin = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.admin_token)
+def _folder_with_quota(cluster: FsCluster, path: str, max_bytes: int) -> None:
+    cluster.client.makedirs(path, exist_ok=True)
+    admin = hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.admin_token)
     try:
-        admin.set_quota("/ffs/quota-write", max_bytes=1 << 20)
+        admin.set_quota(path, max_bytes=max_bytes)
     finally:
         admin.close()
+
+
+def test_a_buffered_write_over_quota_fails_at_write_and_keeps_what_fit(fs_cluster: FsCluster) -> None:
+    client = fs_cluster.client
+    _folder_with_quota(fs_cluster, "/ffs/quota-write", 1 << 20)
     with client.open("/ffs/quota-write/f", "wb") as f:  # buffered: 4 MiB before anything reaches storage
         f.write(b"a" * 600_000)
         with pytest.raises(OSError) as refused:
@@ -30,6 +34,18 @@ def test_a_buffered_write_over_quota_fails_at_write_and_keeps_what_fit(fs_cluste
     assert client.stat("/ffs/quota-write/f").size == 600_000
     with client.open("/ffs/quota-write/f", "rb") as f:
         assert f.read() == b"a" * 600_000
+
+
+def test_an_unbuffered_write_is_cut_short_where_the_quota_ends(fs_cluster: FsCluster) -> None:
+    client = fs_cluster.client
+    _folder_with_quota(fs_cluster, "/ffs/quota-short", 1 << 20)
+    with client.open("/ffs/quota-short/f", "wb", buffering=0) as f:
+        assert f.write(b"a" * 600_000) == 600_000
+        assert f.write(b"b" * 600_000) == (1 << 20) - 600_000  # a short write, as on a full disk
+        with pytest.raises(OSError) as refused:
+            f.write(b"c")
+        assert refused.value.errno == errno.EDQUOT
+    assert client.stat("/ffs/quota-short/f").size == 1 << 20
 
 
 def test_fsspec_makes_missing_parents_wherever_it_creates_a_file(fs_cluster: FsCluster) -> None:
