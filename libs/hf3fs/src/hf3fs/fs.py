@@ -206,6 +206,7 @@ class FileSystem:
         self._unclosed: dict[str, tuple[pb.CloseRequest, str]] = {}  # sessions whose Close did not reach meta
         self._append_locks: dict[int, threading.Lock] = {}
         self._close_retry_s = close_retry_s
+        self._closing_by: float | None = None  # while close() runs: one retry deadline for all its writers
         self._tables: dict[int, list[int]] = {}
         self._closed = False
         self._renew_interval_s = renew_interval_s
@@ -275,6 +276,7 @@ class FileSystem:
             return
         with self._writers_lock:
             writers = list(self._writers.values())
+        self._closing_by = time.monotonic() + self._close_retry_s
         for w in writers:
             with contextlib.suppress(OSError):
                 w.close()
@@ -335,6 +337,8 @@ class FileSystem:
             OSError: meta refused the close.
         """
         deadline = time.monotonic() + self._close_retry_s
+        if self._closing_by is not None:
+            deadline = min(deadline, self._closing_by)
         delay, retry = 0.1, False
         while True:
             try:
