@@ -61,7 +61,7 @@ class ReadPath(NodeBase):
         """What a BatchRead may cost, before any work: IOs, bytes in all (less inline, where each is copied
         into the answer), no IO asked twice (the same range read again costs again and brings nothing)."""
         self.check_count("IOs", len(ios))
-        seen: dict[tuple[int, int, int, int, int], int] = {}
+        seen: dict[tuple[int, int, int, int, int, bool], int] = {}
         total = 0
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
@@ -69,7 +69,8 @@ class ReadPath(NodeBase):
                 check_read_range(io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
             except InvalidRequest as exc:
                 raise InvalidRequest(f"ios[{n}]: {exc}") from None
-            what = (io.chain_id, io.chunk_id.inode_id, io.chunk_id.chunk_index, io.offset_bytes, io.length_bytes)
+            what = (io.chain_id, io.chunk_id.inode_id, io.chunk_id.chunk_index, io.offset_bytes, io.length_bytes,
+                    io.relaxed)  # fmt: skip
             if (first := seen.setdefault(what, n)) != n:
                 raise InvalidRequest(f"ios[{n}] asks for the same range as ios[{first}]")
             total += io.length_bytes

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from ff_storage.testing import StorageCluster
-from hf3fs import ChunkRead, ChunkWrite, StorageClient
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, storage_client
 
 CHUNK = 256 * 1024
 
@@ -30,3 +32,28 @@ async def test_write_then_read_every_replica(cluster: StorageCluster, client: St
     assert partial[0].ok and partial[0].committed_version == 2
     got = await client.batch_read([ChunkRead(chain_id=ios[0].chain_id, inode_id=7, chunk_index=0, length=20)])
     assert bytes(got[0].data) == data[0][:10] + b"xyz" + data[0][13:20]
+
+
+async def test_the_client_reads_a_repeated_range_once_and_splits_large_batches(
+    cluster: StorageCluster, client: StorageClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes refuse a range asked twice in one call and calls over their limits; the client sends the range
+    once (both reads get it, each in its own buffer) and a node's IOs in calls within the limits."""
+    chain = (await cluster.routing()).chains[0]
+    data = os.urandom(CHUNK)
+    ios = [
+        ChunkWrite(chain_id=chain.chain_id, inode_id=8, chunk_index=i, data=data, chunk_size=CHUNK) for i in range(6)
+    ]
+    assert all(r.ok for r in await client.batch_write(ios))
+    buffers = [bytearray(100), bytearray(100)]
+    same = [ChunkRead(chain_id=chain.chain_id, inode_id=8, chunk_index=0, offset=7, length=100, buffer=b)
+            for b in buffers]  # fmt: skip
+    got = await client.batch_read([*same, same[0]])
+    assert all(g.ok and bytes(g.data) == data[7:107] for g in got), got
+    assert buffers[0] == buffers[1] == data[7:107]
+    monkeypatch.setattr(storage_client, "MAX_CALL_IOS", 4)  # as if the nodes took 4 IOs per call
+    calls_before = client.read_calls
+    reads = [ChunkRead(chain_id=chain.chain_id, inode_id=8, chunk_index=i, length=CHUNK) for i in range(6)]
+    got = await client.batch_read(reads, prefer_target=chain.targets[0].target_id)
+    assert all(g.ok and bytes(g.data) == data for g in got)
+    assert client.read_calls - calls_before == 2

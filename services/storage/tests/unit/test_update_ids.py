@@ -4,14 +4,19 @@ engine remembers each chunk's recent updates (version and result) durably, withi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from ff_storage.core.chunks import ForwardDecision, UpdateRecord, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
+from ff_storage.dataserver import TransferBoxes
+from ff_storage.node import StorageNode
+from ff_storage.node_base import NodeConfig
 from ff_storage.store.chunk_engine import ChunkEngine
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
 
 KEY = (7, 0)
@@ -92,3 +97,47 @@ def test_a_full_replace_takes_the_senders_records(engine: ChunkEngine) -> None:
                           committed_at_ms=int(time.time() * 1000))  # fmt: skip
     _commit(engine, b"theirs", None, inherited=[theirs])
     assert engine.find_update(KEY, A) is None and engine.find_update(KEY, B) == theirs
+
+
+@pytest.fixture
+async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
+    """A node whose one target is the tail (and only member) of chain 1: forwarded updates commit here."""
+    config = NodeConfig(node_id=101, disks=[tmp_path / "disk0"], targets_file=tmp_path / "targets.json",
+                        cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
+                        data_wait_s=1.0, fsync=False)  # fmt: skip
+    node = StorageNode(config, TransferBoxes())
+    node.create_target(1, 1, 0)
+    node.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=[
+        mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)])]))  # fmt: skip
+    node.targets[1].role.sync_done(1)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def _forward(
+    data: bytes, version: int, update_id: tuple[bytes, int], *, full: bool = False
+) -> spb.ForwardUpdatesRequest:
+    return spb.ForwardUpdatesRequest(from_target_id=9, updates=[spb.ChunkUpdate(
+        chain_id=1, chain_version=1, chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
+        update_type=spb.UPDATE_TYPE_WRITE, update_version=version, chunk_size_bytes=64, length_bytes=len(data),
+        checksum=spb.Checksum(type=1, value=crc32c_of(data)), inline_data=data, full_chunk_replace=full,
+        update_id=spb.UpdateId(client_id=update_id[0], request_id=update_id[1]))])  # fmt: skip
+
+
+async def test_a_replica_takes_the_whole_chunk_for_another_update_at_its_version(tail: StorageNode) -> None:
+    """The old gap: this replica committed v=1 from A, its predecessor dropped A and sends B at v=1. That is no
+    duplicate: MISSING_UPDATE, and the whole chunk that follows replaces A's bytes. A re-sent A is a duplicate."""
+    [first] = await tail.forward_updates(_forward(b"A" * 10, 1, A), "cluster")
+    assert (first.status, first.committed_version) == (spb.CHUNK_IO_STATUS_OK, 1)
+    [again] = await tail.forward_updates(_forward(b"A" * 10, 1, A), "cluster")
+    assert (again.status, again.message) == (spb.CHUNK_IO_STATUS_OK, "duplicate")
+    [other] = await tail.forward_updates(_forward(b"B" * 10, 1, B), "cluster")
+    assert other.status == spb.CHUNK_IO_STATUS_MISSING_UPDATE
+    [whole] = await tail.forward_updates(_forward(b"B" * 10, 1, B, full=True), "cluster")
+    assert whole.status == spb.CHUNK_IO_STATUS_OK
+    got = tail.targets[1].engine.read_committed(KEY)
+    assert got is not None and got[1] == b"B" * 10
+    assert tail.targets[1].engine.update_at(KEY, 1) is not None
+    assert tail.targets[1].engine.update_at(KEY, 1).update_id == B  # type: ignore[union-attr]
