@@ -1,8 +1,10 @@
-"""fsspec filesystem for 3FS, protocol ``hf3fs``: pandas, pyarrow, dask and torch read and write ``hf3fs://`` paths.
+"""fsspec filesystem for 3FS, protocols ``hf3fs`` and ``3fs``: pandas, pyarrow, dask and torch read and write
+``hf3fs://`` paths.
 
 ``pd.read_parquet("hf3fs:///data/x.parquet", storage_options={"mgmtd": "host:port", "token": "fft_..."})``;
 without storage options the cluster comes from ``FF_MGMTD_ADDRESSES`` and ``FF_TOKEN``. Registered through the
-``fsspec.specs`` entry point of this package (and by importing this module).
+``fsspec.specs`` entry points of this package (and by importing this module). fsspec and pandas see a protocol
+only in a URL (``scheme://``): the short ``hf3fs:/a/b`` of the ``hf3fs`` command is a local path to them.
 """
 
 from __future__ import annotations
