@@ -20,7 +20,7 @@ from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.store import fsops
-from ff_meta.store.tx import Defaults, LayoutSpec, NeedsOrm, PathAt, Tx
+from ff_meta.store.tx import Defaults, LayoutSpec, NeedsOrm, NeedsThread, PathAt, Tx
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, StubPool
 from ff_store import Store, is_retryable
@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 ID_BLOCK = 256
 GROUP_WRITES = 64
+# What a transaction may spend walking paths on the event loop (``Tx.loop_budget``: about 2,000 lookups, tens
+# of milliseconds); past it, it runs again in a worker thread (NeedsThread).
+LOOP_BUDGET_ROWS = 2048
 
 
 class StorageUnavailable(FsError):
@@ -142,7 +145,9 @@ class MetaApp:
         if read_only and self._inline_reads and small:
             # SQLite reads in WAL mode never wait for a lock and take well under a millisecond: run them on
             # the event loop instead of paying a worker-thread hop per call.
-            return self.store.run(body, read_only=True)
+            with contextlib.suppress(NeedsThread):
+                return self.store.run(lambda s: fn(Tx(s, caller, now, loop_budget=LOOP_BUDGET_ROWS)), read_only=True)
+            return await self.store.arun(body, read_only=True)
         if not read_only and self._inline_reads:
             if self._writer is not None and small:
                 done, value = self._write_inline(caller, fn, now)
@@ -168,7 +173,7 @@ class MetaApp:
                 self._rollback()
                 return False, None
             try:
-                value = fn(Tx(None, caller, now, _cursor=cur, _qmark=True))
+                value = fn(Tx(None, caller, now, _cursor=cur, _qmark=True, loop_budget=LOOP_BUDGET_ROWS))
             except (NeedsOrm, sqlite3.OperationalError):
                 self._rollback()  # the queued path runs it with the ORM, retries it, or reports the error
                 return False, None
@@ -261,15 +266,17 @@ class MetaApp:
         the ORM session a ``Store.run`` sets up costs several times these few indexed lookups); ``fn`` may use
         only the ``Tx`` helpers that go through the cursor. Anything else (large batches; PostgreSQL, whose
         reads wait on the network) is an ordinary read-only ``Store.run`` in a worker thread."""
-        if self._reader is None or not small:
-            return await self.store.arun(lambda s: fn(Tx(s, caller, time.time_ns())), read_only=True)
-        cur = self._reader.cursor()
-        cur.execute("BEGIN")
-        try:
-            return fn(Tx(None, caller, time.time_ns(), _cursor=cur, _qmark=True))
-        finally:
-            cur.execute("COMMIT")
-            cur.close()
+        if self._reader is not None and small:
+            cur = self._reader.cursor()
+            cur.execute("BEGIN")
+            try:
+                return fn(Tx(None, caller, time.time_ns(), _cursor=cur, _qmark=True, loop_budget=LOOP_BUDGET_ROWS))
+            except NeedsOrm:  # NeedsThread: too long for the loop; run it again below
+                pass
+            finally:
+                cur.execute("COMMIT")
+                cur.close()
+        return await self.store.arun(lambda s: fn(Tx(s, caller, time.time_ns())), read_only=True)
 
     async def defaults(self) -> Defaults:
         try:

@@ -268,8 +268,9 @@ def _stat_latencies(cluster: MetaCluster, stop: threading.Event) -> list[float]:
     return out
 
 
-def _deep_mkdirs_while_stating(cluster: MetaCluster, fs: hf3fs.FileSystem, base: str, levels: int,
-                               inode_id: int = 0) -> tuple[float, list[float], pb.Inode]:  # fmt: skip
+def _while_stating(cluster: MetaCluster, fs: hf3fs.FileSystem, method: str,
+                   request: Any) -> tuple[grpc.StatusCode, Any, float, list[float]]:  # fmt: skip
+    """(status, response, seconds) of one call, and how long another client's Stats took meanwhile."""
     stop = threading.Event()
     latencies: list[float] = []
     watcher = threading.Thread(target=lambda: latencies.extend(_stat_latencies(cluster, stop)))
@@ -277,14 +278,21 @@ def _deep_mkdirs_while_stating(cluster: MetaCluster, fs: hf3fs.FileSystem, base:
     try:
         time.sleep(0.3)
         start = time.monotonic()
-        path = "/".join(["a"] * levels)
-        code, resp = call(fs, "Mkdirs", pb.MkdirsRequest(path=at(path if inode_id else f"{base}/{path}", inode_id),
-                                                         mode=0o755, recursive=True))  # fmt: skip
+        code, resp = call(fs, method, request)
         took = time.monotonic() - start
         time.sleep(0.3)
     finally:
         stop.set()
         watcher.join()
+    assert latencies
+    return code, resp, took, latencies
+
+
+def _deep_mkdirs_while_stating(cluster: MetaCluster, fs: hf3fs.FileSystem, base: str, levels: int,
+                               inode_id: int = 0) -> tuple[float, list[float], pb.Inode]:  # fmt: skip
+    path = "/".join(["a"] * levels)
+    request = pb.MkdirsRequest(path=at(path if inode_id else f"{base}/{path}", inode_id), mode=0o755, recursive=True)
+    code, resp, took, latencies = _while_stating(cluster, fs, "Mkdirs", request)
     assert code is OK, code
     return took, latencies, resp.inode
 
@@ -316,3 +324,25 @@ def _used_inodes(fs: hf3fs.FileSystem, path: str) -> int:
     quota = fs.get_quota(path)
     assert quota is not None
     return quota.used_inodes
+
+
+def test_symlinks_through_a_deep_tree_cost_a_bounded_walk(cluster: MetaCluster, fs: hf3fs.FileSystem,
+                                                          home: str) -> None:  # fmt: skip
+    """40 symlinks, each naming the next through a 1,000-level tree: one Stat would walk 40,000 components
+    (on the event loop before); it stops with ELOOP past 8,192, and a batch of 64 of them runs off the loop
+    within a bounded cost while another client's Stat is answered."""
+    deep = home + "/" + "/".join(["a"] * 1000)
+    fs.makedirs(deep)
+    with fs.open(f"{deep}/f", "wb") as f:
+        f.write(b"end")
+    for i in range(40):
+        fs.symlink(f"{deep}/l{i + 1}" if i < 39 else f"{deep}/f", f"{deep}/l{i}")
+    assert fs.stat(f"{deep}/l39").size == 3  # a short chain still resolves
+    start = time.monotonic()
+    code, _ = call(fs, "Stat", pb.StatRequest(path=at(f"{deep}/l0"), follow_last_symlink=True))
+    assert code is FAILED and time.monotonic() - start < MAX_REQUEST_S  # ELOOP
+    request = pb.BatchStatRequest(paths=[at(f"{deep}/l{i % 32}") for i in range(64)], follow_last_symlink=True)
+    code, resp, took, latencies = _while_stating(cluster, fs, "BatchStat", request)
+    assert code is OK and [r.error for r in resp.results] == [pb.FS_ERROR_SYMLINK_LOOP] * 64
+    assert took < MAX_REQUEST_S, f"the batch took {took:.1f} s"
+    assert max(latencies) < 2.0, f"Stat waited {max(latencies):.2f} s during the batch"

@@ -26,15 +26,20 @@ class Caller:
 
 def allowed(caller: Caller, inode: Inode, want: int) -> bool:
     """Whether ``caller`` has every bit of ``want`` (R|W|X) on ``inode``."""
+    return allowed_bits(caller, want, uid=inode.uid, gid=inode.gid, mode=inode.mode, is_dir=inode.is_dir)
+
+
+def allowed_bits(caller: Caller, want: int, *, uid: int, gid: int, mode: int, is_dir: bool) -> bool:
+    """``allowed`` on an inode's owner, group and mode alone (path walks check many directories per query)."""
     if caller.is_root:
         # Root may do anything except execute a file no one may execute.
-        return not (want & X) or inode.is_dir or bool(inode.mode & 0o111)
-    if caller.uid == inode.uid:
-        bits = (inode.mode >> 6) & 7
-    elif inode.gid in caller.gids:
-        bits = (inode.mode >> 3) & 7
+        return not (want & X) or is_dir or bool(mode & 0o111)
+    if caller.uid == uid:
+        bits = (mode >> 6) & 7
+    elif gid in caller.gids:
+        bits = (mode >> 3) & 7
     else:
-        bits = inode.mode & 7
+        bits = mode & 7
     return bits & want == want
 
 

@@ -111,6 +111,7 @@ def stat_with_sessions(tx: Tx, at: PathAt, follow_last: bool) -> tuple[Inode, in
 
 def batch_stat(tx: Tx, ats: Sequence[PathAt | FsError], follow_last: bool) -> list[Inode | FsError]:
     """Each path's inode or error (an FsError given in place of a path is its answer)."""
+    tx.cache_walks = True  # read only: a directory walked for one path is the same for the next
     out: list[Inode | FsError] = []
     for at in ats:
         if isinstance(at, FsError):

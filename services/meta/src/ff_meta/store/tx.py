@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from ff_meta.core.errors import FsCode, fs_error
 from ff_meta.core.model import ROOT_INODE_ID, Inode, InodeType
 from ff_meta.core.paths import MAX_DIR_DEPTH, MAX_SYMLINK_HOPS, join, split_path
-from ff_meta.core.perms import Caller, X, allowed, require
+from ff_meta.core.perms import Caller, X, allowed, allowed_bits, require
 from ff_meta.store.schema import dirents, gc_queue, inodes
 
 MAX_LINKS = 65000
@@ -162,10 +162,17 @@ def _update_sql(columns: tuple[str, ...]) -> tuple[str, str]:
 MAX_FAST_DEPTH = 16
 
 
+_PERM_COLS = ("inode_id", "type", "mode", "uid", "gid")
+
+
 @functools.cache
 def _walk_sql(depth: int) -> tuple[str, str]:
-    """One query for a directory and the ``depth`` directories below it along given names."""
-    cols = [", ".join(f"{a}.{c}" for c in _COLS) for a in ["r", *(f"i{k}" for k in range(depth))]]
+    """One query for a directory and the ``depth`` directories below it along given names: ``_PERM_COLS`` of
+    each but the last, every column of the last (only it becomes an ``Inode``: building one per directory
+    cost more than the query)."""
+    aliases = ["r", *(f"i{k}" for k in range(depth))]
+    cols = [", ".join(f"{a}.{c}" for c in _PERM_COLS) for a in aliases[:-1]]
+    cols.append(", ".join(f"{aliases[-1]}.{c}" for c in _COLS))
     joins, conds, prev = [], [], "r"
     for k in range(depth):
         joins.append(f"JOIN meta_dirents d{k} ON d{k}.parent_id = {prev}.inode_id "
@@ -196,6 +203,20 @@ class NeedsOrm(RuntimeError):
     caller rolls back and runs the body again in an ordinary ``Store.run``."""
 
 
+class NeedsThread(NeedsOrm):
+    """A transaction body running on the event loop walked more rows than ``Tx.loop_budget`` allows (a batch
+    of deep paths, symlinks into deep trees): the caller rolls back and runs it again in a worker thread."""
+
+
+# One path resolution may walk at most this many components, symlink expansions included (40 hops of
+# 2,048-component targets would otherwise be 80,000 lookups for one Stat): ELOOP beyond. One transaction
+# (a BatchStat of 10,000 paths) may spend at most MAX_WALK_COST on walking paths (a lookup costs 1; one
+# query for up to 16 directories down, 1 + 1 per 2; the directories above an inode, 1 + 1 per 16 rows):
+# ELOOP for what comes after, so that no request costs more than a few seconds.
+MAX_COMPONENTS_WALKED = 4096
+MAX_WALK_COST = 1 << 16
+
+
 @dataclass
 class Tx:
     """One transaction with the caller and the clock of the call."""
@@ -210,6 +231,23 @@ class Tx:
     # Directories a path lookup of this caller may pass through (search permission on each and on every
     # directory above it), learnt in this transaction.
     _passable: set[int] = field(default_factory=set)
+    # What the transaction may still spend walking paths (see MAX_WALK_COST) on the event loop; None: no
+    # limit (it runs in a thread). Past it: NeedsThread.
+    loop_budget: int | None = field(default=None)
+    _walk_left: int = field(default=MAX_WALK_COST)
+    # Read-only batches (BatchStat) remember the directory walks of their paths: files of one folder, or the
+    # same symlinks, are walked once.
+    cache_walks: bool = field(default=False)
+    _walks: dict[tuple[int, tuple[str, ...]], Inode] = field(default_factory=dict)
+
+    def _spend(self, cost: int) -> None:
+        self._walk_left -= cost
+        if self._walk_left < 0:
+            raise fs_error(FsCode.SYMLINK_LOOP, "the request walks too many path components (symlinks?)")
+        if self.loop_budget is not None:
+            self.loop_budget -= cost
+            if self.loop_budget < 0:
+                raise NeedsThread("too long for the event loop")
 
     # ---- rows ----
 
@@ -253,6 +291,7 @@ class Tx:
         return inode
 
     def lookup(self, parent_id: int, name: str) -> Inode | None:
+        self._spend(1)
         row = self._fetch(_RAW_LOOKUP, (parent_id, name))
         return inode_of_tuple(row) if row is not None else None
 
@@ -294,11 +333,16 @@ class Tx:
 
     # ---- paths ----
 
-    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0, reached: bool = False) -> Resolved:  # noqa: PLR0912
+    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0, reached: bool = False,  # noqa: PLR0912
+                walked: int = 0) -> Resolved:  # fmt: skip
         """Walk ``at`` (search permission on every directory walked). A lookup that starts at an inode (a
         relative path or the inode itself) is refused as a path lookup from the root would be: see
-        ``check_reachable``; ``reached`` skips that for a directory this transaction already walked to."""
+        ``check_reachable``; ``reached`` skips that for a directory this transaction already walked to.
+        ``walked``: components of the symlink expansions before this one (``MAX_COMPONENTS_WALKED``)."""
         absolute, parts = split_path(at.path)
+        walked += len(parts)
+        if walked > MAX_COMPONENTS_WALKED:
+            raise fs_error(FsCode.SYMLINK_LOOP, f"path resolution past {MAX_COMPONENTS_WALKED} components")
         start = ROOT_INODE_ID if absolute or at.parent_id in (0, ROOT_INODE_ID) else at.parent_id
         begin = 0
         cur: Inode | None = None
@@ -306,13 +350,14 @@ class Tx:
         if start != ROOT_INODE_ID and not reached:
             start_inode = self.must(start)
             self.check_reachable(start_inode)
-        if 2 <= len(parts) <= MAX_FAST_DEPTH + 1 and ".." not in parts[:-1]:
-            # Fast path: every directory down to the last component in one query.
-            dirs = self._walk_dirs(start, parts[:-1])
-            if dirs is not None:
-                for k, d in enumerate(dirs[:-1]):
-                    require(self.caller, d, X, f"search {'/'.join(parts[:k]) or '/'}")
-                cur, begin = dirs[-1], len(parts) - 1
+        cur_id = start
+        while begin < len(parts) - 1:
+            # Fast path: the directories down to the last component, up to MAX_FAST_DEPTH of them per query.
+            chunk = parts[begin : min(begin + MAX_FAST_DEPTH, len(parts) - 1)]
+            down = self._walk_dirs(cur_id, chunk, parts[:begin]) if ".." not in chunk else None
+            if down is None:
+                break
+            cur, cur_id, begin = down, down.inode_id, begin + len(chunk)
         if cur is None:
             cur = start_inode or self.must(start)
             if not parts:
@@ -340,21 +385,36 @@ class Tx:
                 if hops >= MAX_SYMLINK_HOPS:
                     raise fs_error(FsCode.SYMLINK_LOOP, "too many levels of symbolic links")
                 rest = "/".join([child.symlink_target, *parts[i + 1 :]])
-                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1, reached=True)
+                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1, reached=True,
+                                    walked=walked)  # fmt: skip
             if last:
                 return Resolved(child, cur, comp)
             cur = child
         raise AssertionError("unreachable")
 
-    def _walk_dirs(self, start: int, names: list[str]) -> list[Inode] | None:
-        """``start`` and the directories ``names`` lead to from it, or None when one is missing or is not a
-        directory (then the caller walks step by step, which finds the exact error or follows symlinks)."""
+    def _walk_dirs(self, start: int, names: list[str], what: list[str]) -> Inode | None:
+        """The directory ``names`` lead to from directory ``start``, with search permission checked on
+        ``start`` and every directory before the last (``what``: the components walked before ``start``, for
+        the error); None when one is missing or is not a directory (then the caller walks step by step,
+        which finds the exact error or follows symlinks)."""
+        key = (start, tuple(names))
+        if self.cache_walks and key in self._walks:
+            return self._walks[key]
+        self._spend(1 + len(names) // 2)
         row = self._fetch(_walk_sql(len(names)), (start, *names))
         if row is None:
             return None
-        width = len(_COLS)
-        dirs = [inode_of_tuple(row[k * width : (k + 1) * width]) for k in range(len(names) + 1)]
-        return dirs if all(d.is_dir for d in dirs) else None
+        width = len(_PERM_COLS)
+        last = inode_of_tuple(row[len(names) * width :])
+        above = [row[k * width : (k + 1) * width] for k in range(len(names))]
+        if not last.is_dir or any(d[1] != InodeType.DIRECTORY for d in above):
+            return None
+        for k, (_, _, mode, uid, gid) in enumerate(above):
+            if not allowed_bits(self.caller, X, uid=uid, gid=gid, mode=mode, is_dir=True):
+                raise fs_error(FsCode.ACCESS_DENIED, f"permission denied: search {'/'.join(what + names[:k]) or '/'}")
+        if self.cache_walks:
+            self._walks[key] = last
+        return last
 
     def existing(self, at: PathAt, *, follow_last: bool) -> Resolved:
         r = self.resolve(at, follow_last=follow_last)
@@ -372,6 +432,7 @@ class Tx:
             FsInvalid: the tree is deeper than ``MAX_DIR_DEPTH`` there (ENAMETOOLONG).
         """
         rows = self.fetch_all(_RAW_ANCESTRY, (dir_id, MAX_DIR_DEPTH + 1))
+        self._spend(1 + len(rows) // 16)
         if len(rows) > MAX_DIR_DEPTH + 1 or (len(rows) == MAX_DIR_DEPTH + 1 and rows[-1][0] != ROOT_INODE_ID):
             raise fs_error(FsCode.NAME_TOO_LONG, f"directory tree deeper than {MAX_DIR_DEPTH} levels")
         return rows
