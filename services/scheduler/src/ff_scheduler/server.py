@@ -12,6 +12,7 @@ from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signal
 from ff_scheduler.agents import AgentPool
 from ff_scheduler.app import DriverOptions, Scheduler
 from ff_scheduler.config import SchedulerSettings
+from ff_scheduler.core import validation
 from ff_scheduler.errors import STATUS_TABLE
 from ff_scheduler.servicer import SchedulerAgentServicer, SchedulerServicer
 from ff_scheduler.store.schema import VERSION_TABLE
@@ -51,6 +52,7 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
             token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
             status_table=STATUS_TABLE,
             grace_s=settings.grace_s,
+            max_request_bytes=validation.MAX_REQUEST_BYTES,
         ),
         [
             ServiceBinding(

@@ -15,8 +15,8 @@ from ff_rpc import Principal, current_principal
 from ff_scheduler import wire
 from ff_scheduler.app import Scheduler
 from ff_scheduler.core import validation
-from ff_scheduler.core.errors import Forbidden, InvalidRequest
-from ff_scheduler.core.model import EndReason, SuspendStage
+from ff_scheduler.core.errors import Forbidden, InvalidRequest, NotFoundError
+from ff_scheduler.core.model import EndReason, NodeState, SuspendStage, TaskState
 from ff_scheduler.core.validation import Limits
 from ff_scheduler.store import ops
 from fireflyer.agent.v1 import agent_pb2
@@ -34,9 +34,13 @@ def _owner(caller: Principal) -> str | None:
 
 
 def _task_id(value: int) -> int:
-    if value <= 0:
-        raise InvalidRequest("task_id is required")
-    return value
+    return validation.existing_id("task_id", value)
+
+
+def _run_ids(task_id: int, run_id: int) -> None:
+    """The run an agent reports on: ids SQL can hold (NOT_FOUND past 2^63-1)."""
+    validation.existing_id("task_id", task_id)
+    validation.existing_id("run_id", run_id)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -84,10 +88,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         if size > MAX_PAGE:
             raise InvalidRequest(f"page_size: at most {MAX_PAGE}")
         try:
-            before = int(request.page_token) if request.page_token else 0
+            before = int(request.page_token[:32]) if request.page_token else 0
         except ValueError:
-            raise InvalidRequest("page_token is not one this service issued") from None
-        states = [int(s) for s in request.states]
+            before = -1
+        if not 0 <= before <= validation.MAX_ROW_ID or len(request.page_token) > 32:
+            raise InvalidRequest("page_token is not one this service issued")
+        validation.check_length("name_contains", request.name_contains, validation.MAX_NAME_CHARS)
+        states = validation.check_enum_values("states", request.states, TaskState)
         views = await self._s.store.arun(
             lambda s: ops.list_tasks(s, owner, states, request.name_contains, size, before), read_only=True
         )
@@ -125,6 +132,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def StreamLogs(self, request: pb.StreamLogsRequest, context: Context) -> AsyncIterator[pb.StreamLogsResponse]:
         task_id, owner = _task_id(request.task_id), _owner(current_principal())
+        if request.run_id > validation.MAX_ROW_ID:
+            raise NotFoundError(f"run {request.run_id} does not exist")
         run, node = await self._s.store.arun(
             lambda s: ops.run_location(s, task_id, owner, request.run_id, request.node_rank), read_only=True
         )
@@ -157,7 +166,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
     async def ListNodes(self, request: pb.ListNodesRequest, context: Context) -> pb.ListNodesResponse:
-        states = [int(x) for x in request.states]
+        states = validation.check_enum_values("states", request.states, NodeState)
+        if request.node_group:
+            validation.check_group_name(request.node_group)
         rows = await self._s.store.arun(lambda s: ops.list_nodes(s, request.node_group, states), read_only=True)
         return pb.ListNodesResponse(nodes=[wire.node_to_proto(r, ids) for r, ids in rows])
 
@@ -171,6 +182,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
     async def ListQuotas(self, request: pb.ListQuotasRequest, context: Context) -> pb.ListQuotasResponse:
+        validation.check_length("user_name", request.user_name, validation.MAX_NAME_CHARS)
         rows = await self._s.store.arun(lambda s: ops.list_quotas(s, request.user_name or None), read_only=True)
         return pb.ListQuotasResponse(quotas=[wire.quota_to_proto(r, u) for r, u in rows])
 
@@ -189,6 +201,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return pb.SetNodeEnabledResponse(node=wire.node_to_proto(row, ids))
 
     async def ValidateNodes(self, request: pb.ValidateNodesRequest, context: Context) -> pb.ValidateNodesResponse:
+        validation.check_count("node_ids", len(request.node_ids), validation.MAX_NODES)
+        validation.check_count("checks", len(request.checks), validation.MAX_CHECKS)
+        if any(len(c) > validation.MAX_CHECK_CHARS for c in request.checks):
+            raise InvalidRequest(f"checks: names of at most {validation.MAX_CHECK_CHARS} characters")
         rows = await self._s.store.arun(lambda s: ops.list_nodes(s, "", []), read_only=True)
         wanted = set(request.node_ids)
         unknown = wanted - {r.node_id for r, _ in rows}
@@ -221,6 +237,13 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
             raise InvalidRequest("node_id is required (register with mgmtd first)")
         if not request.agent_address or not request.hostname:
             raise InvalidRequest("hostname and agent_address are required")
+        for name, text in (("hostname", request.hostname), ("agent_address", request.agent_address),
+                           ("master_ip", request.master_ip), ("zone", request.zone)):  # fmt: skip
+            validation.check_length(name, text, validation.MAX_HOST_CHARS)
+        validation.check_count("devices", len(request.devices), validation.MAX_DEVICES)
+        validation.check_count("runs", len(request.runs), validation.MAX_REPORTED_RUNS)
+        if len({d.index for d in request.devices}) != len(request.devices):
+            raise InvalidRequest("devices: a device index may appear once")
         group = validation.check_group_name(request.node_group or self._default_group)
         values = {
             "node_id": request.node_id,
@@ -245,6 +268,7 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
         )
 
     async def ReportRunStatus(self, request: pb.ReportRunStatusRequest, context: Context) -> pb.ReportRunStatusResponse:
+        validation.check_count("runs", len(request.runs), validation.MAX_REPORTED_RUNS)
         facts = [wire.run_facts(r) for r in request.runs]
         now = self._s.now()
         await self._s.store.arun(lambda s: ops.get_node(s, request.node_id), read_only=True)
@@ -257,7 +281,8 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
     ) -> pb.ReportSuspendStageResponse:
         if request.stage not in (pb.SUSPEND_STAGE_RECEIVED, pb.SUSPEND_STAGE_CAN_SUSPEND):
             raise InvalidRequest("stage must be RECEIVED or CAN_SUSPEND")
-        at = request.reported_at or self._s.now()
+        at = validation.check_seconds("reported_at", request.reported_at) or self._s.now()
+        _run_ids(request.task_id, request.run_id)
         await self._s.store.arun(
             lambda s: ops.report_suspend_stage(
                 s, request.node_id, request.task_id, request.run_id, SuspendStage(request.stage), at, self._s.life
@@ -270,7 +295,10 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
         self, request: pb.ReportCheckpointRequest, context: Context
     ) -> pb.ReportCheckpointResponse:
         c = request.checkpoint
-        data = {"path": c.path[:1024], "step": c.step, "committed_at": c.committed_at or self._s.now()}
+        validation.check_length("checkpoint.path", c.path, validation.MAX_PATH_CHARS)
+        committed_at = validation.check_seconds("checkpoint.committed_at", c.committed_at) or self._s.now()
+        _run_ids(request.task_id, request.run_id)
+        data = {"path": c.path, "step": c.step, "committed_at": committed_at}
         await self._s.store.arun(
             lambda s: ops.report_checkpoint(s, request.node_id, request.task_id, request.run_id, data)
         )
@@ -280,8 +308,9 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
     async def UpdateRun(self, request: pb.UpdateRunRequest, context: Context) -> pb.UpdateRunResponse:
         wls = request.whole_life_state if request.HasField("whole_life_state") else None
         watchdog = request.watchdog_time_s if request.HasField("watchdog_time_s") else None
-        if watchdog is not None and watchdog < 0:
-            raise InvalidRequest("watchdog_time_s must be >= 0")
+        if watchdog is not None:
+            validation.check_seconds("watchdog_time_s", watchdog)
+        _run_ids(request.task_id, request.run_id)
         await self._s.store.arun(
             lambda s: ops.update_run(s, request.node_id, request.task_id, request.run_id, wls, watchdog)
         )

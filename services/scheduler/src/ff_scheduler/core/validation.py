@@ -2,15 +2,70 @@
 
 from __future__ import annotations
 
+import enum
+import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ff_scheduler.core import priority
-from ff_scheduler.core.errors import InvalidRequest
+from ff_scheduler.core.errors import InvalidRequest, NotFoundError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_NAME_CHARS = 256
 MAX_NODES = 100_000
+# What one request may carry (checked before anything is converted or looked up); a whole request is at
+# most MAX_REQUEST_BYTES (larger: RESOURCE_EXHAUSTED before it is parsed).
+MAX_REQUEST_BYTES = 4 << 20
+MAX_ROW_ID = 2**63 - 1  # task, run ids: uint64 on the wire, signed 64-bit in SQL
+MAX_RANKS_PER_NODE = 256  # as the agent
+MAX_PATH_CHARS = 4096
+MAX_TAGS, MAX_TAG_CHARS = 64, 1024
+MAX_IMAGE_CHARS = 1024
+MAX_FILTER_VALUES = 16
+MAX_HOST_CHARS = 255
+MAX_DEVICES = 256
+MAX_REPORTED_RUNS = 4096
+MAX_CHECKS, MAX_CHECK_CHARS = 64, 64
+
+
+def check_count(field_name: str, count: int, most: int) -> None:
+    """A repeated field's length, checked before its entries are looked at."""
+    if count > most:
+        raise InvalidRequest(f"{field_name}: at most {most} entries, got {count}")
+
+
+def check_length(field_name: str, text: str, most: int) -> str:
+    if len(text) > most:
+        raise InvalidRequest(f"{field_name}: at most {most} characters, got {len(text)}")
+    return text
+
+
+def check_seconds(field_name: str, value: float) -> float:
+    """A duration or time in seconds: finite and >= 0."""
+    if not math.isfinite(value) or value < 0:
+        raise InvalidRequest(f"{field_name} must be a finite number >= 0, got {value}")
+    return value
+
+
+def existing_id(field_name: str, value: int) -> int:
+    """A task or run id given by a caller: required, and NOT_FOUND past what SQL stores (2^63-1)."""
+    if value <= 0:
+        raise InvalidRequest(f"{field_name} is required")
+    if value > MAX_ROW_ID:
+        raise NotFoundError(f"{field_name} {value} does not exist")
+    return value
+
+
+def check_enum_values(field_name: str, values: Iterable[int], kind: type[enum.IntEnum]) -> list[int]:
+    """A filter on enum values: each known, at most MAX_FILTER_VALUES."""
+    listed = list(values)
+    check_count(field_name, len(listed), MAX_FILTER_VALUES)
+    known = {int(v) for v in kind}
+    unknown = sorted(set(listed) - known)
+    if unknown:
+        raise InvalidRequest(f"{field_name}: unknown values {unknown[:8]}")
+    return listed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,8 +151,15 @@ def check_task(req: TaskRequest, limits: Limits) -> CheckedTask:
         raise InvalidRequest(f"command and environment are {size} bytes; the limit is {limits.max_command_bytes}")
     if len(req.name) > MAX_NAME_CHARS:
         raise InvalidRequest(f"name: at most {MAX_NAME_CHARS} characters")
-    if req.watchdog_time_s < 0 or req.suspend_grace_s < 0:
-        raise InvalidRequest("watchdog_time_s and suspend_grace_s must be >= 0")
+    check_seconds("watchdog_time_s", req.watchdog_time_s)
+    check_seconds("suspend_grace_s", req.suspend_grace_s)
+    if req.ranks_per_node > MAX_RANKS_PER_NODE:
+        raise InvalidRequest(f"ranks_per_node: at most {MAX_RANKS_PER_NODE}")
+    check_length("working_dir", req.working_dir, MAX_PATH_CHARS)
+    check_length("image", req.image, MAX_IMAGE_CHARS)
+    check_count("tags", len(req.tags), MAX_TAGS)
+    if any(not k or len(k) > MAX_TAG_CHARS or len(v) > MAX_TAG_CHARS for k, v in req.tags.items()):
+        raise InvalidRequest(f"tags: keys 1..{MAX_TAG_CHARS} and values up to {MAX_TAG_CHARS} characters")
     if req.max_restarts is not None and req.max_restarts > limits.max_restarts:
         raise InvalidRequest(f"max_restarts: at most {limits.max_restarts}")
     if any(not k or "=" in k for k in req.env):
