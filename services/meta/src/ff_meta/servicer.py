@@ -150,13 +150,16 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         results = await self._app.read(c, lambda t: fsops.batch_stat(t, paths, request.follow_last_symlink),
                                        small=len(paths) <= SMALL_BATCH)  # fmt: skip
         out = []
+        caps: dict[int, pb.IoCapability] = {}  # one per file, however often it is asked for
         for r in results:
             if isinstance(r, FsError):
                 out.append(pb.StatResult(error=pb.FsError.ValueType(int(r.fs_code))))
             else:
                 item = pb.StatResult(inode=to_pb(r))
                 if request.include_read_capability and r.is_file and allowed(c, r, R):
-                    item.read_capability.CopyFrom(self._cap(r, False))
+                    if r.inode_id not in caps:
+                        caps[r.inode_id] = self._cap(r, False)
+                    item.read_capability.CopyFrom(caps[r.inode_id])
                 out.append(item)
         return pb.BatchStatResponse(results=out)
 

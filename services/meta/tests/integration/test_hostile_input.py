@@ -23,7 +23,7 @@ from fireflyer.meta.v1 import meta_pb2 as pb
 from .conftest import MetaCluster
 
 U64_MAX = (1 << 64) - 1
-MAX_REQUEST_S = 5.0  # generous: the machine is shared; a hostile call used to take 20-30 s
+MAX_REQUEST_S = 10.0  # generous: the test machine is shared and loaded; hostile calls used to take 20-120 s
 MAX_GROWTH_KIB = 256 * 1024
 OK = grpc.StatusCode.OK
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND

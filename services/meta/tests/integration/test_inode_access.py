@@ -82,6 +82,7 @@ def _attack_requests(t: PrivateTree, bob_dir: str, bob_trash_id: str) -> dict[st
         "Create existing": ("Create", pb.CreateRequest(path=by_inode(sub, "f"), mode=0o644)),
         "Mkdirs": ("Mkdirs", pb.MkdirsRequest(path=by_inode(sub, "d/e"), mode=0o755, recursive=True)),
         "Symlink": ("Symlink", pb.SymlinkRequest(path=by_inode(sub, "ln"), target="f")),
+        "Mknod": ("Mknod", pb.MknodRequest(path=by_inode(sub, "fifo"), type=pb.INODE_TYPE_FIFO, mode=0o644)),
         "HardLink": ("HardLink", pb.HardLinkRequest(old_path=by_inode(f), new_path=pb.PathAt(path=f"{bob_dir}/l"))),
         "Remove": ("Remove", pb.RemoveRequest(path=by_inode(sub, "f"))),
         "Remove to trash": ("Remove", pb.RemoveRequest(path=by_inode(sub, "f"), to_trash=True)),

@@ -231,6 +231,7 @@ class Tx:
     # Directories a path lookup of this caller may pass through (search permission on each and on every
     # directory above it), learnt in this transaction.
     _passable: set[int] = field(default_factory=set)
+    _reachable: set[int] = field(default_factory=set)  # inodes check_reachable let through
     # What the transaction may still spend walking paths (see MAX_WALK_COST) on the event loop; None: no
     # limit (it runs in a thread). Past it: NeedsThread.
     loop_budget: int | None = field(default=None)
@@ -481,7 +482,7 @@ class Tx:
             FsDenied: some directory above is not searchable by the caller (EACCES).
             FsNotFound: the inode is not in the namespace (in the trash, or a removed file of another user).
         """
-        if self.caller.is_root or inode.inode_id == ROOT_INODE_ID:
+        if self.caller.is_root or inode.inode_id == ROOT_INODE_ID or inode.inode_id in self._reachable:
             return
         if inode.is_dir:
             why = self._passable_why(inode.parent_id) if inode.parent_id else FsCode.NOT_FOUND
@@ -489,6 +490,7 @@ class Tx:
             why = self._reachable_link(inode)[0]
         if why is not None:
             raise fs_error(why, f"inode {inode.inode_id}: no path to it that the caller may search")
+        self._reachable.add(inode.inode_id)
 
     def reachable_path(self, inode: Inode) -> str:
         """The absolute path of an inode the caller may reach (see ``check_reachable``); for a file with
