@@ -85,7 +85,7 @@ async def _kill_loop(
     death leaves writes unanswered, which clients then retry), down a while, restart, wait until every target
     serves again."""
     end = time.monotonic() + duration_s
-    while time.monotonic() + every[0] < end:
+    while time.monotonic() + every[1] + down[1] < end:  # only a cycle that ends in time (recovery aside)
         await asyncio.sleep(rng.uniform(*every))
         chain = rng.choice(list((await cluster.routing()).chains))
         victim = cluster.nodes[[n.name for n in cluster.nodes].index(f"s{chain.targets[0].node_id - 100}")]

@@ -52,6 +52,10 @@ class Recovery(WritePath):
             logger.exception("repair of %s failed", keys)
 
     async def repair(self, request: spb.RepairChunksRequest) -> list[spb.UpdateResult]:
+        self.check_count("chunk ids", len(request.chunk_ids))
+        keys = [check_chunk_id(cid.inode_id, cid.chunk_index) for cid in request.chunk_ids]
+        if len(set(keys)) != len(keys):
+            raise InvalidRequest("a chunk id is repeated")
         target = self._target_of_chain(request.chain_id)
         if target is None:
             raise InvalidRequest(f"no target of chain {request.chain_id} on this node")
@@ -59,10 +63,6 @@ class Recovery(WritePath):
         if pos is None or pos[1] != 0:
             raise InvalidRequest(f"target {target.target_id} is not the head of chain {request.chain_id}")
         chain = pos[0]
-        self.check_count("chunk ids", len(request.chunk_ids))
-        keys = [check_chunk_id(cid.inode_id, cid.chunk_index) for cid in request.chunk_ids]
-        if len(set(keys)) != len(keys):
-            raise InvalidRequest("a chunk id is repeated")
         results = []
         for key in keys:
             async with self.locks.hold(target.target_id, [key]):

@@ -24,6 +24,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, crc32c_of
+from hf3fs.datapath import DataConnection, DataRefused
 
 BIG = 16 << 20  # the largest IO a node takes by default
 MAX_PEAK_GROWTH_BYTES = 160 << 20
@@ -57,16 +58,36 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         head = chain.targets[0].node_id
         big = ChunkWrite(chain_id=chain.chain_id, inode_id=9, chunk_index=0, data=os.urandom(BIG), chunk_size=BIG)
         assert (await client.batch_write([big]))[0].ok
-        address = next(e.address for n in info.nodes if n.node_id == head for e in n.endpoints if e.name == "grpc")
-        channel = open_channel(address)
+        channel = open_channel(_grpc_address(info, head))
         proc = cluster.nodes[head - 101].proc
         assert proc is not None
-        yield Env(cluster, client, info, chain, proc.pid, storage_pb2_grpc.StorageServiceStub(channel), channel)
-        await channel.close()
+        env = Env(cluster, client, info, chain, proc.pid, storage_pb2_grpc.StorageServiceStub(channel), channel)
+        yield env
+        await env.channel.close()
     finally:
         await client.close()
         await mg.close()
         cluster.stop()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def _current_routing(env: Env) -> None:
+    """Each test against the chain as it is now (a loaded machine may have moved the head meanwhile)."""
+    info = await env.cluster.wait_all_serving()
+    chain = next(c for c in info.chains if c.chain_id == env.chain.chain_id)
+    head = chain.targets[0].node_id
+    if head != env.chain.targets[0].node_id:
+        await env.channel.close()
+        env.channel = open_channel(_grpc_address(info, head))
+        env.stub = storage_pb2_grpc.StorageServiceStub(env.channel)
+        proc = env.cluster.nodes[head - 101].proc
+        assert proc is not None
+        env.pid = proc.pid
+    env.info, env.chain = info, chain
+
+
+def _grpc_address(info: mpb.RoutingInfo, node_id: int) -> str:
+    return next(e.address for n in info.nodes if n.node_id == node_id for e in n.endpoints if e.name == "grpc")
 
 
 def _cid(inode: int = 9, index: int = 0) -> spb.ChunkId:
@@ -418,21 +439,25 @@ async def _still_serves(e: Env, n: int) -> None:
     assert got.ok and bytes(got.data) == data
 
 
-async def _bounded(e: Env, name: str, call: Callable[[], Any]) -> C | None:
-    """Run ``call``; its status (None: OK); asserts the time and the peak memory it cost the node."""
+async def _bounded(e: Env, name: str, call: Callable[[], Any]) -> RpcError | DataRefused | None:
+    """Run ``call``; its refusal (None: it succeeded); asserts the time and the peak memory it cost the node."""
     _peak_reset(e.pid)
     before = rss_kib(e.pid) * 1024
     began = time.monotonic()
+    refusal: RpcError | DataRefused | None = None
     try:
         await call()
-        code = None
-    except RpcError as err:
-        code = err.code
+    except (RpcError, DataRefused) as exc:
+        refusal = exc
     elapsed = time.monotonic() - began
     peak = peak_rss_kib(e.pid) * 1024
     assert elapsed < MAX_ANSWER_S, f"{name}: {elapsed:.1f} s"
     assert peak - before < MAX_PEAK_GROWTH_BYTES, f"{name}: peak RSS grew {(peak - before) >> 20} MiB"
-    return code
+    return refusal
+
+
+def _code(refusal: RpcError | DataRefused | None) -> C | None:
+    return refusal.code if isinstance(refusal, RpcError) else None
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -440,7 +465,7 @@ async def test_each_rpc_refuses_hostile_input_cheaply(env: Env, name: str) -> No
     build, expected = CASES[name]
     method, request = build(env)
     rpc = RpcClient(token=CLUSTER_TOKEN, timeout_s=30.0)
-    code = await _bounded(env, name, lambda: rpc.unary(getattr(env.stub, method), request))
+    code = _code(await _bounded(env, name, lambda: rpc.unary(getattr(env.stub, method), request)))
     assert code is expected, f"{name}: {code}"
     await _still_serves(env, abs(hash(name)) % 1000)
 
@@ -455,7 +480,7 @@ async def test_each_stream_rpc_refuses_hostile_input(env: Env, name: str) -> Non
         async for _ in rpc.stream(getattr(env.stub, method), request):
             pass
 
-    assert await _bounded(env, name, drain) is expected
+    assert _code(await _bounded(env, name, drain)) is expected
     await _still_serves(env, abs(hash(name)) % 1000)
 
 
@@ -494,3 +519,33 @@ async def test_malformed_bytes_are_an_invalid_argument(env: Env, method: str) ->
         )
         assert answer.code is C.INVALID_ARGUMENT, (method, raw, answer)
     await _still_serves(env, 999)
+
+
+async def test_the_data_path_refuses_the_same_requests_cheaply(env: Env) -> None:
+    """The data path's ``read`` and ``call`` run BatchRead's and BatchWrite's checks: the issue's request and
+    an oversized write are refused on the connection, which stays open and serves a normal read."""
+    head = env.chain.targets[0].node_id
+    node = next(n for n in env.cluster.nodes if n.info["node_id"] == head)
+    conn = DataConnection(str(node.info["data"]), CLUSTER_TOKEN, "another-host")
+    hostile_read = spb.BatchReadRequest(ios=[_read(env, length_bytes=BIG)] * 24, transport=spb.DATA_TRANSPORT_BULK)
+    too_much = spb.BatchReadRequest(
+        ios=[_read(env, offset_bytes=i, length_bytes=BIG - i) for i in range(17)], transport=spb.DATA_TRANSPORT_BULK
+    )
+    too_many = spb.BatchWriteRequest(ios=[_write(env)] * 5000)
+    try:
+        for request, expected in ((hostile_read, "INVALID_ARGUMENT"), (too_much, "RESOURCE_EXHAUSTED")):
+
+            async def read(request: spb.BatchReadRequest = request) -> None:
+                await conn.read(request.SerializeToString(), lambda raw: [])
+
+            refusal = await _bounded(env, expected, read)
+            assert isinstance(refusal, DataRefused) and refusal.code == expected, refusal
+        with pytest.raises(DataRefused) as err:
+            await conn.call("BatchWrite", too_many.SerializeToString(), "", [])
+        assert err.value.code == "RESOURCE_EXHAUSTED", err.value
+        one = spb.BatchReadRequest(ios=[_read(env)], transport=spb.DATA_TRANSPORT_BULK)
+        sink = memoryview(bytearray(4096))
+        raw, _ = await conn.read(one.SerializeToString(), lambda raw: [sink])
+        assert spb.BatchReadResponse.FromString(raw).results[0].status == spb.CHUNK_IO_STATUS_OK
+    finally:
+        conn.close()
