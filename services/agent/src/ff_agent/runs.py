@@ -210,7 +210,7 @@ class NodeRuns:
         folder = self.runs_dir / f"{order.task_id}-{order.run_id}"
         if order.working_dir:
             cwd = Path(order.working_dir)
-            if not cwd.is_absolute() or not cwd.is_dir():
+            if not cwd.is_absolute() or not _is_dir(cwd):
                 raise InvalidRequest(f"working_dir {order.working_dir!r} is not an existing absolute folder here")
         else:
             cwd = folder / "work"
@@ -527,6 +527,14 @@ def _user_env(run_as: RunAs, cwd: Path) -> dict[str, str]:
     except KeyError:
         home = str(cwd)
     return {"USER": run_as.user_name, "LOGNAME": run_as.user_name, "HOME": home}
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder; False for a name the system cannot even look up (too long, NUL)."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def _executable(path: Path) -> bool:

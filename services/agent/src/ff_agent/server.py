@@ -13,7 +13,7 @@ from pathlib import Path
 from ff_agent import devices
 from ff_agent.app import Agent, NodeIdentity
 from ff_agent.config import AgentSettings
-from ff_agent.core.launch import NodeFacts, RanksRunAs
+from ff_agent.core.launch import MAX_REQUEST_BYTES, NodeFacts, RanksRunAs
 from ff_agent.errors import STATUS_TABLE
 from ff_agent.link import LINK_ERRORS, SchedulerLink
 from ff_agent.procs import closed_ancestor
@@ -82,6 +82,7 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
             token_validator=tokens,
             status_table=STATUS_TABLE,
             grace_s=settings.grace_s,
+            max_request_bytes=MAX_REQUEST_BYTES,
         ),
         [
             ServiceBinding(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,6 +11,7 @@ from ff_agent.app import Agent
 from ff_agent.core.errors import Busy, InvalidRequest
 from ff_agent.core.launch import StartOrder
 from ff_agent.runs import Run
+from ff_agent.validator import ALL_CHECKS
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
@@ -42,16 +44,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return agent_pb2.StartRunResponse(run=self._report(run))
 
     async def SuspendRun(self, request: agent_pb2.SuspendRunRequest, context: Context) -> agent_pb2.SuspendRunResponse:
-        if request.ack_window_s < 0 or request.grace_s < 0 or request.term_grace_s < 0:
-            raise InvalidRequest("ack_window_s, grace_s and term_grace_s must be >= 0")
+        if not all(math.isfinite(t) and t >= 0 for t in (request.ack_window_s, request.grace_s, request.term_grace_s)):
+            raise InvalidRequest("ack_window_s, grace_s and term_grace_s must be finite and >= 0")
         run = self._a.runs.suspend(request.run_id, request.ack_window_s, request.grace_s, request.term_grace_s)
         await self._a.runs.mark_changed()
         raised = run.suspend is not None and run.suspend.flag_node
         return agent_pb2.SuspendRunResponse(flag_raised=raised, run=self._report(run))
 
     async def StopRun(self, request: agent_pb2.StopRunRequest, context: Context) -> agent_pb2.StopRunResponse:
-        if request.term_grace_s < 0:
-            raise InvalidRequest("term_grace_s must be >= 0")
+        if not math.isfinite(request.term_grace_s) or request.term_grace_s < 0:
+            raise InvalidRequest("term_grace_s must be finite and >= 0")
+        if request.reason not in pb.RunEndReason.values():
+            raise InvalidRequest(f"reason {request.reason} is not a known RunEndReason")
         reason = pb.RunEndReason.Name(request.reason) if request.reason else "stop order"
         run = self._a.runs.stop(request.run_id, request.term_grace_s, f"the scheduler ordered a stop ({reason})")
         await self._a.runs.mark_changed()
@@ -62,6 +66,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> AsyncIterator[agent_pb2.WatchRunsResponse]:
         sent: dict[int, tuple[Any, ...]] = {}
         runs = self._a.runs
+        if request.run_id:
+            runs.get(request.run_id)  # one run that is not here: NOT_FOUND now, not a watch that never ends
         while True:
             for run in list(runs.runs.values()):
                 if request.run_id and run.order.run_id != request.run_id:
@@ -101,6 +107,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def ValidateNode(
         self, request: agent_pb2.ValidateNodeRequest, context: Context
     ) -> agent_pb2.ValidateNodeResponse:
+        if len(request.checks) > len(ALL_CHECKS) or len(set(request.checks)) != len(request.checks):
+            raise InvalidRequest(f"checks: each of {list(ALL_CHECKS)} at most once")
         if self._a.runs.active and not request.force:
             raise Busy(f"{len(self._a.runs.active)} runs are active on this node (use force to validate anyway)")
         validation = await self._a.validate(list(request.checks))

@@ -24,7 +24,8 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 ENV_SCRIPT = """
 import json, os, sys
 keys = ["WORLD_SIZE", "RANK", "MASTER_IP", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MARSV2_TASK_ID",
-        "MARSV2_RUN_ID", "MARSV2_WHOLE_LIFE_STATE", "HFAI_TOKEN", "HFAI_RUN_DIR", "FF_DEVICE_INDEX", "MY_VAR"]
+        "MARSV2_RUN_ID", "MARSV2_WHOLE_LIFE_STATE", "HFAI_TOKEN", "HFAI_RUN_DIR", "FF_DEVICE_INDEX", "MY_VAR",
+        "FF_TOKEN", "FF_MGMTD_ADDRESSES"]
 env = {k: os.environ.get(k) for k in keys}
 env["private"] = sorted(k for k in os.environ if k.startswith("FF_AGENT_"))
 env["cwd"] = os.getcwd()
@@ -64,6 +65,8 @@ async def test_two_node_task_runs_with_the_hai_environment_on_every_rank(cluster
         assert env["MARSV2_TASK_ID"] == str(task.task_id) and env["MARSV2_RUN_ID"] == str(run.run_id)
         assert env["MARSV2_WHOLE_LIFE_STATE"] == "0" and env["MY_VAR"] == "x"
         assert env["private"] == []  # nothing of the agent's own settings (its cluster token) leaks
+        # The cluster's client variables (hf3fs.connect(), hf3fs, fireflyer, hfai): the run's token, the cluster.
+        assert env["FF_TOKEN"] == env["HFAI_TOKEN"] and env["FF_MGMTD_ADDRESSES"] == cluster.mgmtd.address
         dirs += [env["HFAI_RUN_DIR"], env["cwd"]]
         tokens.add(env["HFAI_TOKEN"])
     assert all(await asyncio.to_thread(lambda: [os.path.isdir(d) for d in dirs]))

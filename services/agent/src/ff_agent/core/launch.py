@@ -26,6 +26,12 @@ DEVICE_ENV = "FF_DEVICE_INDEX"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 MAX_RANKS_PER_NODE = 256
+# What one start order may carry (checked before anything else); a whole request is at most
+# MAX_REQUEST_BYTES (larger: RESOURCE_EXHAUSTED before it is parsed).
+MAX_REQUEST_BYTES = 4 << 20
+MAX_COMMAND_BYTES = 256 * 1024  # argv and env together; Linux refuses one argument over 128 KiB anyway
+MAX_ARG_BYTES = 128 * 1024
+MAX_FIELD_CHARS = 4096  # master_ip, working_dir, token, user_name
 # Variables of the agent that never reach a task (its own settings and secrets, any service's cluster
 # token); the client variables above are the run's own, set below, never the agent's.
 _PRIVATE_PREFIXES = ("FF_AGENT_",)
@@ -122,8 +128,23 @@ class RankPlan:
     env: dict[str, str]
 
 
+def check_sizes(order: StartOrder) -> None:
+    """Bounds on what an order may make the agent hold or pass to exec (before anything else)."""
+    if len(order.device_indices) > MAX_RANKS_PER_NODE:
+        raise InvalidRequest(f"device_indices: at most {MAX_RANKS_PER_NODE}")
+    if any(len(a.encode()) > MAX_ARG_BYTES for a in order.argv):
+        raise InvalidRequest(f"argv: an argument is over {MAX_ARG_BYTES} bytes")
+    size = sum(len(a.encode()) + 1 for a in order.argv) + sum(len(k) + len(v) + 2 for k, v in order.env.items())
+    if size > MAX_COMMAND_BYTES:
+        raise InvalidRequest(f"argv and env are {size} bytes; the limit is {MAX_COMMAND_BYTES}")
+    for name in ("master_ip", "working_dir", "token", "user_name"):
+        if len(getattr(order, name)) > MAX_FIELD_CHARS:
+            raise InvalidRequest(f"{name}: at most {MAX_FIELD_CHARS} characters")
+
+
 def check_order(order: StartOrder, node: NodeFacts) -> tuple[int, ...]:
     """The devices the run uses on this node; InvalidRequest for anything that must not launch."""
+    check_sizes(order)
     if order.task_id <= 0 or order.run_id <= 0:
         raise InvalidRequest("task_id and run_id are required")
     if not order.argv or not order.argv[0].strip():
