@@ -452,6 +452,34 @@ class FileSystem:
     def lstat(self, path: str) -> Stat:
         return self.stat(path, follow_symlinks=False)
 
+    def stat_inode(self, inode_id: int) -> Stat:
+        """The inode itself, by id (also one no name reaches any more while a session keeps it: fstat)."""
+        resp = self._meta_call(lambda s: s.Stat, pb.StatRequest(path=pb.PathAt(parent_inode_id=inode_id)))
+        return Stat.from_pb(resp.inode)
+
+    def set_attr_inode(self, inode_id: int, *, mode: int | None = None, uid: int = -1, gid: int = -1,
+                       ns: tuple[int, int] | None = None, now: bool = False) -> None:  # fmt: skip
+        """fchmod, fchown and futimens: the attributes of an inode by id (``now``: both times to meta's clock)."""
+        req = pb.SetAttrRequest(path=pb.PathAt(parent_inode_id=inode_id))
+        if mode is not None:
+            req.mode = mode
+        if uid >= 0:
+            req.uid = uid
+        if gid >= 0:
+            req.gid = gid
+        if ns is not None:
+            req.atime_ns, req.mtime_ns = ns
+        if now:
+            req.atime_now = req.mtime_now = True
+        self._meta_call(lambda s: s.SetAttr, req)
+
+    def truncate_inode(self, inode_id: int, length: int) -> None:
+        """ftruncate: an inode's length by id."""
+        if length < 0:
+            raise OSError(errno.EINVAL, "negative length")
+        self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(
+            path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length))  # fmt: skip
+
     def exists(self, path: str) -> bool:
         try:
             self.stat(path)

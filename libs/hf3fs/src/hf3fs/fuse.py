@@ -9,6 +9,7 @@ the client's buffers reach storage, so the kernel never shrinks a file that is b
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import functools
 import logging
@@ -82,6 +83,19 @@ def _seek(f: IO[bytes], offset: int) -> None:
         f.seek(offset)
 
 
+def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` from the raw file under a buffered one, its position kept. Reading through
+    the buffered layer would answer later reads from what it read ahead, which another handle or process may
+    have overwritten since (SQLite's pages, with the lock that orders them held by someone else)."""
+    raw: Any = getattr(f, "raw", f)
+    here = raw.tell()
+    try:
+        raw.seek(offset)
+        return bytes(raw.read(size) or b"")
+    finally:
+        raw.seek(here)
+
+
 def _errno_of(err: BaseException) -> int:
     if isinstance(err, OSError) and isinstance(err.errno, int) and err.errno > 0:
         return err.errno
@@ -144,6 +158,10 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     """The FUSE callbacks over one :class:`hf3fs.FileSystem`."""
 
     use_ns = True  # times in integer nanoseconds (utimens, getattr)
+    # libfuse's nullpath_ok: calls on an open handle come without a path (the handle says which inode), so they
+    # keep working after the file's last name is gone (mfusepy sets it only with both flags).
+    flag_nullpath_ok = True
+    flag_nopath = True
 
     def __init__(self, fs: Any, options: MountOptions = MountOptions(), on_ready: Callable[[], None] | None = None):
         self.fs, self.options, self.on_ready = fs, options, on_ready
@@ -154,6 +172,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._next_fh = 1
         self._lock = threading.Lock()
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
+        self._holds: dict[int, IO[bytes]] = {}  # removed files still open here: inode -> its hold (a session)
+        self._dirs: dict[int, str] = {}  # open folders: handle -> path
 
     # ---- handles ----
 
@@ -233,14 +253,37 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             threading.Thread(target=self.on_ready, name="hf3fs-mount-ready", daemon=True).start()
 
     @_as_caller
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+    def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+        if path is None and fh is not None:  # fstat of a file whose last name is gone: by its inode, which
+            with acting_as(None):  # its handle keeps (fstat needs no permission: as the mount's own user)
+                return self._attrs(self.fs.stat_inode(self._get(fh).inode_id))
+        if path is None:
+            raise mfusepy.FuseOSError(errno.ENOENT)
         return self._stat(path)
 
     @_as_caller
-    def readdir(self, path: str, fh: int) -> list[Any]:
+    def opendir(self, path: str) -> int:
+        self.fs.stat(path)  # ENOENT/ENOTDIR/EACCES now, as opendir(3) gets them
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._dirs[fh] = path
+        return fh
+
+    @_as_caller
+    def readdir(self, path: str | None, fh: int) -> list[Any]:
+        with self._lock:
+            where = self._dirs.get(fh, path)  # no path with nullpath_ok: the folder opendir named
+        if where is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
         entries: list[Any] = [".", ".."]
-        entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(path)]
+        entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(where)]
         return entries
+
+    def releasedir(self, path: str | None, fh: int) -> int:
+        with self._lock:
+            self._dirs.pop(fh, None)
+        return 0
 
     @_as_caller
     def readlink(self, path: str) -> str:
@@ -263,37 +306,54 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         }
 
     @_as_caller
-    def chmod(self, path: str, mode: int) -> int:
+    def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
+        if path is None:  # fchmod
+            self.fs.set_attr_inode(self._inode_of(fh), mode=mode & 0o7777)
+            return 0
         self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)  # the kernel resolved the path already
         return 0
 
+    def _inode_of(self, fh: int | None) -> int:
+        if fh is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        return self._get(fh).inode_id
+
     @_as_caller
-    def chown(self, path: str, uid: int, gid: int) -> int:
+    def chown(self, path: str | None, uid: int, gid: int, fh: int | None = None) -> int:
         if not self._real_ids:  # the mounting user's ids stand for "the owner as it is"
             uid = -1 if uid == self._uid else uid
             gid = -1 if gid == self._gid else gid
         if uid == -1 and gid == -1 and not self.options.multi_user:
+            return 0
+        if path is None:  # fchown
+            self.fs.set_attr_inode(self._inode_of(fh), uid=uid, gid=gid)
             return 0
         # lchown, fchownat(AT_SYMLINK_NOFOLLOW) and chown all reach here on the inode the kernel resolved
         self.fs.chown(path, uid, gid, follow_symlinks=False)
         return 0
 
     @_as_caller
-    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+    def utimens(self, path: str | None, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
         atime, mtime = times if times is not None else (UTIME_NOW, UTIME_NOW)
         if atime == mtime == UTIME_OMIT:
             return 0
+        inode = self._inode_of(fh) if path is None else None  # futimens
         if atime == mtime == UTIME_NOW:  # "now" needs write permission only, not ownership (POSIX)
-            self.fs.utime(path, None, follow_symlinks=False)
+            if inode is not None:
+                self.fs.set_attr_inode(inode, now=True)
+            else:
+                self.fs.utime(path, None, follow_symlinks=False)
             return 0
         now = time.time_ns()
         if UTIME_OMIT in (atime, mtime):
-            st = self.fs.lstat(path)
+            st = self.fs.stat_inode(inode) if inode is not None else self.fs.lstat(path)
             atime = st.atime_ns if atime == UTIME_OMIT else atime
             mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
-        atime = now if atime == UTIME_NOW else atime
-        mtime = now if mtime == UTIME_NOW else mtime
-        self.fs.utime(path, ns=(int(atime), int(mtime)), follow_symlinks=False)  # the symlink itself if one
+        ns = (int(now if atime == UTIME_NOW else atime), int(now if mtime == UTIME_NOW else mtime))
+        if inode is not None:
+            self.fs.set_attr_inode(inode, ns=ns)
+        else:
+            self.fs.utime(path, ns=ns, follow_symlinks=False)  # the symlink itself if one
         return 0
 
     # ---- names ----
@@ -318,13 +378,43 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def unlink(self, path: str) -> int:
+        self._hold_if_open(path)
         self.fs.remove(path)
         return 0
 
     @_as_caller
     def rename(self, old: str, new: str) -> int:
+        self._hold_if_open(new)  # a file renamed over loses its last name too
         self.fs.rename(old, new)
         return 0
+
+    def _hold_if_open(self, path: str) -> None:
+        """Before the last name of a file open here goes: open a write session on it as the mount's own user
+        and keep it until the file's last handle here is released. Meta keeps an inode with no name while a
+        session is open, so the open handles keep reading, writing and fstat-ing it, as POSIX wants; its
+        chunks go when the hold closes. Without write permission for the mount's user (a single-user mount of
+        someone else's file) no hold is taken, and the handles fail once meta frees the file."""
+        with self._lock:
+            if not self._by_inode:
+                return
+            open_inodes = set(self._by_inode)
+        try:
+            st = self.fs.lstat(path)
+        except OSError:
+            return  # the removal itself reports it
+        if st.type != "file" or st.nlink > 1 or st.inode_id not in open_inodes:
+            return
+        with self._lock:
+            if st.inode_id in self._holds:
+                return
+        try:
+            with acting_as(None):
+                held = self.fs.open(path, "r+b", buffering=0)
+        except OSError as err:
+            logger.info("%s: open but not held across its removal: %s", path, err)
+            return
+        with self._lock:
+            self._holds[st.inode_id] = held
 
     @_as_caller
     def symlink(self, target: str, source: str) -> int:
@@ -386,17 +476,16 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_fuse_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         h = self._get(fh)
-        if not h.writable:
-            self._flush_writers(h.inode_id)
+        self._flush_writers(h.inode_id)  # what any handle here wrote, this one's too, reaches storage first
         with h.lock:
-            _seek(h.file, offset)
-            return bytes(h.file.read(size))
+            return _pread(h.file, offset, size)
 
     @_fuse_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         h = self._get(fh)
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
+        self._flush_writers(h.inode_id, but=h)  # another handle's older bytes may not land over these later
         with h.lock:
             _seek(h.file, offset)
             h.file.write(data)
@@ -405,11 +494,17 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         return len(data)
 
     @_as_caller
-    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-        st = self.fs.stat(path)
-        self._flush_writers(st.inode_id)
-        self.fs.truncate(path, length)
-        for h in self._writers(st.inode_id):
+    def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+        if path is None:  # ftruncate: the handle was opened for writing (the kernel checks), meta checked then
+            inode_id = self._inode_of(fh)
+            self._flush_writers(inode_id)
+            with acting_as(None):
+                self.fs.truncate_inode(inode_id, length)
+        else:
+            inode_id = self.fs.stat(path).inode_id
+            self._flush_writers(inode_id)
+            self.fs.truncate(path, length)
+        for h in self._writers(inode_id):
             with h.lock:
                 h.end = min(h.end, length)
         return 0
@@ -450,8 +545,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 self._releases += h.writable
                 fhs = self._by_inode.get(h.inode_id, set())
                 fhs.discard(fh)
+                held = None
                 if not fhs:
                     self._by_inode.pop(h.inode_id, None)
+                    held = self._holds.pop(h.inode_id, None)
+            if held is not None:
+                held.close()  # the last handle of a removed file: meta may free it now
         return 0
 
 
@@ -535,8 +634,39 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = MountOptions(), out:
         raise OSError(errno.EIO, f"libfuse could not mount or serve (status {err})", where) from None
 
 
+class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
+    """mfusepy's FUSE, but the open handle of ftruncate, fchmod, fchown and futimens reaches the callback (mfusepy
+    drops it; with nullpath_ok those calls come without a path)."""
+
+    def _fh(self, fip: Any) -> int | None:
+        return int(fip.contents.fh) if fip else None
+
+    def _path(self, path: bytes | None) -> str | None:
+        return None if path is None else path.decode(self.encoding, self.errors)
+
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+        return int(self.operations.truncate(self._path(path), length, self._fh(fip)))
+
+    def chmod_fuse_3(self, path: bytes | None, mode: int, fip: Any) -> int:
+        return int(self.operations.chmod(self._path(path), mode, self._fh(fip)))
+
+    def chown_fuse_3(self, path: bytes | None, uid: int, gid: int, fip: Any) -> int:
+        if ctypes.c_uint32(uid + 1).value == 0:  # (uid_t)-1 arrives as 2**32 - 1: "unchanged"
+            uid = -1
+        if ctypes.c_uint32(gid + 1).value == 0:
+            gid = -1
+        return int(self.operations.chown(self._path(path), uid, gid, self._fh(fip)))
+
+    def utimens_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
+        times = None
+        if buf:
+            times = (mfusepy.time_of_timespec(buf.contents.actime, use_ns=self.use_ns),
+                     mfusepy.time_of_timespec(buf.contents.modtime, use_ns=self.use_ns))  # fmt: skip
+        return int(self.operations.utimens(self._path(path), times, self._fh(fip)))
+
+
 def _serve(ops: Hf3fsOperations, where: str, options: MountOptions) -> None:
-    mfusepy.FUSE(
+    _Fuse(
         ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
         hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
         entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s, default_permissions=False,
@@ -609,11 +739,17 @@ def _fuse_mounts() -> dict[str, str]:
     return found
 
 
+FUSECTL = "/sys/fs/fuse/connections"
+
+
 def _abort_connection(device: str) -> bool:
-    """Abort a FUSE connection (what a hung or dead daemon leaves): its waiting calls fail at once (root only)."""
-    minor = device.partition(":")[2]
+    """Abort a FUSE connection (what a hung or dead daemon leaves): its waiting calls fail at once (root only;
+    the fusectl file system is mounted first where the system has not)."""
+    abort = os.path.join(FUSECTL, device.partition(":")[2], "abort")
+    if not os.path.exists(abort) and os.path.isdir(FUSECTL) and not os.listdir(FUSECTL):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], capture_output=True, check=False, timeout=10)
     try:
-        with open(f"/sys/fs/fuse/connections/{minor}/abort", "w", encoding="ascii") as f:
+        with open(abort, "w", encoding="ascii") as f:
             f.write("1")
     except OSError:
         return False

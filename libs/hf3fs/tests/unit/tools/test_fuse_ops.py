@@ -212,3 +212,31 @@ def test_a_multi_user_mount_runs_name_calls_as_the_caller(local_fs: LocalFs, mon
     fs.seen.clear()
     Hf3fsOperations(fs, MountOptions()).getattr("/d")  # a single-user mount acts as its token's user
     assert fs.seen == [("lstat", None)]
+
+
+def test_a_handle_reads_what_another_wrote_over_bytes_it_read_before(ops: Hf3fsOperations) -> None:
+    one = ops.create("/db", 0o644, os.O_RDWR)
+    ops.write("/db", b"a" * 8192, 0, one)
+    ops.fsync("/db", 0, one)
+    two = ops.open("/db", os.O_RDWR)  # as SQLite's processes do: both handles may write
+    assert ops.read("/db", 10, 0, two) == b"a" * 10  # a buffered reader would keep 8 KiB of it
+    ops.write("/db", b"b" * 10, 100, one)  # not flushed yet: it sits in the handle's buffer
+    assert ops.read("/db", 10, 100, two) == b"b" * 10
+    ops.write("/db", b"c" * 10, 100, two)
+    assert ops.read("/db", 10, 100, one) == b"c" * 10
+    ops.release("/db", one)
+    ops.release("/db", two)
+
+
+def test_a_folder_is_listed_through_its_handle(ops: Hf3fsOperations) -> None:
+    ops.mkdir("/d", 0o755)
+    ops.mkdir("/d/e", 0o755)
+    fh = ops.opendir("/d")
+    assert [n if isinstance(n, str) else n[0] for n in ops.readdir(None, fh)] == [".", "..", "e"]  # nullpath_ok
+    ops.releasedir(None, fh)
+    with pytest.raises(mfusepy.FuseOSError) as exc:
+        ops.readdir(None, fh)
+    assert exc.value.errno == errno.EBADF
+    with pytest.raises(mfusepy.FuseOSError) as exc:
+        ops.opendir("/nope")
+    assert exc.value.errno == errno.ENOENT

@@ -1,0 +1,137 @@
+"""``hf3fs mount``/``umount`` when something is wrong (issue 16, defect 4): a bad token, an unreachable cluster, a
+missing mount point, a ``--multi-user`` mount without an admin token: a clear message, exit 1 and nothing mounted;
+a dead mount (daemon killed) in the way is named, and ``hf3fs umount`` removes it, and a hung one (daemon stopped).
+Needs /dev/fuse and fusermount3; the hung-mount case needs root (it aborts the FUSE connection)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .conftest import FsCluster
+from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+def hf3fs(*args: str, mgmtd: str, token: str, timeout_s: float = 120) -> Run:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env.update({"FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token})
+    proc = subprocess.run([sys.executable, "-m", "hf3fs", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)  # fmt: skip
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when the socket goes
+
+
+@pytest.fixture
+def where(tmp_path: Path) -> Iterator[Path]:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    yield point
+    if point.is_mount() or _dead(point):
+        subprocess.run(["fusermount3", "-uz", str(point)], capture_output=True, check=False)
+
+
+def _dead(point: Path) -> bool:
+    try:
+        os.stat(point)
+    except OSError as err:
+        return err.errno == 107  # ENOTCONN
+    return False
+
+
+@pytest.mark.parametrize("foreground", [False, True], ids=["daemon", "foreground"])
+def test_a_refused_token_mounts_nothing(fs_cluster: FsCluster, where: Path, foreground: bool) -> None:
+    run = hf3fs("mount", str(where), *(["--foreground"] if foreground else []), mgmtd=fs_cluster.mgmtd,
+                token="not-a-token")  # fmt: skip
+    assert run.code == 1 and "token refused" in run.err, run
+    assert not where.is_mount() and not _dead(where) and list(where.iterdir()) == []
+
+
+def test_an_unreachable_cluster_mounts_nothing(fs_cluster: FsCluster, where: Path) -> None:
+    run = hf3fs("mount", str(where), mgmtd=f"127.0.0.1:{_closed_port()}", token=fs_cluster.token)
+    assert run.code == 1 and "cannot reach mgmtd" in run.err, run
+    assert not where.is_mount() and not _dead(where)
+
+
+def test_a_missing_mount_point_is_named(fs_cluster: FsCluster, tmp_path: Path) -> None:
+    for args in ((), ("--foreground",)):
+        run = hf3fs("mount", str(tmp_path / "nope"), *args, mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+        assert run.code == 1 and "mount point does not exist" in run.err and "RuntimeError" not in run.err, run
+    (tmp_path / "file").write_text("x")
+    run = hf3fs("mount", str(tmp_path / "file"), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    assert run.code == 1 and "not a folder" in run.err, run
+
+
+def test_multi_user_needs_a_token_that_may_act_for_others(fs_cluster: FsCluster, where: Path) -> None:
+    run = hf3fs("mount", str(where), "--multi-user", mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    assert run.code == 1 and "may act for other users" in run.err, run
+    assert not where.is_mount() and not _dead(where)
+
+
+def _mount_daemon(fs_cluster: FsCluster, where: Path) -> int:
+    run = hf3fs("mount", str(where), "--log-file", str(where.parent / "mount.log"), mgmtd=fs_cluster.mgmtd,
+                token=fs_cluster.token, timeout_s=MOUNT_TIMEOUT_S + 30)  # fmt: skip
+    assert run.code == 0 and where.is_mount(), run
+    return int(run.out.split("daemon pid ")[1].split(",")[0])
+
+
+def test_a_dead_mount_is_named_and_umount_removes_it(fs_cluster: FsCluster, where: Path) -> None:
+    os.kill(_mount_daemon(fs_cluster, where), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not _dead(where):  # the kernel sees the connection close a moment after the kill
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    again = hf3fs("mount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    assert again.code == 1 and "dead mount is in the way" in again.err and "RuntimeError" not in again.err, again
+    gone = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    assert gone.code == 0, gone
+    assert not _dead(where) and not where.is_mount()
+    _mount_daemon(fs_cluster, where)  # the folder serves again
+    assert hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token).code == 0
+    assert not where.is_mount()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="aborting a FUSE connection needs root")
+def test_umount_removes_a_hung_mount(fs_cluster: FsCluster, where: Path) -> None:
+    pid = _mount_daemon(fs_cluster, where)
+    inside = subprocess.Popen(["sleep", "600"], cwd=where)  # keeps the mount busy: a plain unmount fails
+    os.kill(pid, signal.SIGSTOP)  # the daemon answers nothing: calls on the mount block
+    try:
+        lister = subprocess.Popen(["ls", str(where)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # (no timing asserted: only lets ls reach the mount before the unmount)
+        gone = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+        assert gone.code == 0, gone
+        assert not where.is_mount() and not _dead(where)
+        assert lister.wait(timeout=30) != 0  # the blocked call failed when the connection was aborted
+    finally:
+        inside.kill()
+        inside.wait()
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_umount_of_a_folder_that_is_no_mount_fails_clearly(fs_cluster: FsCluster, where: Path) -> None:
+    run = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    assert run.code == 1 and "no FUSE mount there" in run.err, run
