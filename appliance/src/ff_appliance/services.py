@@ -13,13 +13,10 @@ Anything else a service needs (mgmtd's addresses, its data folder, ...) comes fr
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from ff_agent.procs import closed_ancestor
 from ff_appliance import scheduler_setup, storage_setup
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_cluster import MgmtdClient
@@ -123,20 +120,13 @@ def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     return ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses), "--state-dir", str(ctx.state.data_dir(SCHEDULER))]
 
 
-def ranks_run_as(state_dir: Path, python: str = sys.executable) -> str:
-    """``task-user`` (ranks run as their task's user) when the appliance runs as root and every user can
-    reach the state folder and run the interpreter; else ``agent-user``: a one-user cluster on this
-    machine, every rank runs as the user who ran ``fireflyer up`` (the agents say so in their logs)."""
-    interpreter = Path(python).resolve()
-    open_to_all = closed_ancestor(state_dir.resolve()) is None and closed_ancestor(interpreter.parent) is None
-    return "task-user" if os.geteuid() == 0 and open_to_all else "agent-user"
-
-
 def _agent_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     # Each agent is one "node" with 2 CPU device slots; it finds the scheduler through mgmtd, and its run
     # folders (logs, work, run-control) live under its own folder.
     return [
-        "--ranks-run-as", ranks_run_as(ctx.state.root),
+        # Ranks run as their task's user when this runs as root with folders open to every user (else
+        # every rank runs as the user who ran `fireflyer up`; the agent says so in its log).
+        "--ranks-run-as", "auto",
         "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
         "--state-dir", str(ctx.state.data_dir(AGENT) / instance.name),
         "--master-ip", instance.host,

@@ -51,6 +51,8 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.tokens = tokens
+        # Resolved at start (``auto`` becomes one of the two); see server.ranks_run_as_at_start.
+        self.ranks_run_as = settings.ranks_run_as
         self.identity = identity
         self.runs = runs
         self.link = link
@@ -72,7 +74,7 @@ class Agent:
             return existing
         launch = self.runs.check(order)
         owner = await self._owner(order.token)
-        run_as = ranks_user(order.user_name, owner, mode=self.settings.ranks_run_as, agent_uid=os.geteuid())
+        run_as = ranks_user(order.user_name, owner, mode=self.ranks_run_as, agent_uid=os.geteuid())
         return self.runs.launch(launch, run_as)
 
     async def _owner(self, token: str) -> Owner:

@@ -33,7 +33,8 @@ class AgentSettings(SettingsModel):
     ranks_run_as: RanksRunAs = Field(
         RanksRunAs.TASK_USER,
         description="task-user: ranks run as the task's user (uid and groups from the identity registry; needs "
-        "root, else only that uid's tasks run); agent-user: every rank as the agent's own user (no isolation)",
+        "root, else only that uid's tasks run); agent-user: every rank as the agent's own user (no isolation); "
+        "auto: task-user when root and the state folder and python are open to every user, else agent-user",
     )
     term_grace_s: float = Field(10.0, ge=0, description="SIGTERM-to-SIGKILL delay when an order gives none")
     poll_interval_s: float = Field(0.2, gt=0, description="how often ranks, SDK events and deadlines are checked")

@@ -66,7 +66,7 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
         facts,
         link,
     )
-    check_ranks_user(settings)
+    ranks_run_as = ranks_run_as_at_start(settings)
     killed = runs.kill_leftovers()
     if killed:
         logger.warning("killed %d processes left by a previous agent on this node", killed)
@@ -74,6 +74,7 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
     hostname = settings.hostname or socket.gethostname() + (f"-{settings.instance_id}" if settings.instance_id else "")
     tokens = registry_validator(mgmtd, settings.token_cache_ttl_s)
     agent = Agent(settings, NodeIdentity(hostname=hostname, devices=node_devices), runs, link, validator, tokens)
+    agent.ranks_run_as = ranks_run_as
     server = RpcServer(
         ServerOptions(
             listen_address=settings.listen_address,
@@ -138,28 +139,46 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
     logger.info("agent stopped")
 
 
-def check_ranks_user(settings: AgentSettings) -> None:
-    """Say at start whose uid ranks will get; refuse to start as root when task users could not reach
-    their run folders (every folder above ``state_dir`` must let others through)."""
-    uid = os.geteuid()
-    if settings.ranks_run_as is RanksRunAs.AGENT_USER:
+def ranks_run_as_at_start(settings: AgentSettings) -> RanksRunAs:
+    """Whose uid the ranks get (said at start). ``task-user`` as root refuses to start when the task users
+    could not reach their run folders (a folder above ``state_dir`` without o+x); ``auto`` is ``task-user``
+    when the agent is root and both its state folder and its interpreter are open to every user, else
+    ``agent-user``."""
+    uid, mode = os.geteuid(), settings.ranks_run_as
+    closed_state, closed_python = _closed_state_dir(settings), _closed_python(settings)
+    if mode is RanksRunAs.AUTO:
+        why = "not root" if uid != 0 else closed_state or closed_python
+        mode = RanksRunAs.AGENT_USER if why else RanksRunAs.TASK_USER
+        if why:
+            logger.warning("ranks_run_as=auto: %s, so ranks cannot run as their task's user", why)
+    if mode is RanksRunAs.AGENT_USER:
         logger.warning("ranks of every user run as this agent's uid %d: users are not isolated from each other", uid)
     elif uid != 0:
         logger.warning(
             "not root (uid %d): only tasks of users with uid %d run here, others are refused "
             "(ranks_run_as=agent-user runs every rank as this agent instead)", uid, uid,
         )  # fmt: skip
+    elif closed_state:
+        raise RuntimeError(f"ranks_run_as=task-user: {closed_state}; use a state_dir every user can traverse")
     else:
-        closed = closed_ancestor(settings.state_dir.resolve())
-        if closed is not None:
-            raise RuntimeError(
-                f"ranks_run_as=task-user: {closed} (mode {closed.stat().st_mode & 0o777:o}) keeps the task users "
-                f"out of their run folders under {settings.state_dir}; use a state_dir every user can traverse"
-            )
-        python = Path(settings.python_executable).resolve()
-        if closed_ancestor(python.parent) is not None or not python.stat().st_mode & stat.S_IXOTH:
-            logger.warning("python_executable %s cannot be run by task users: their `python` tasks will fail", python)
+        if closed_python:
+            logger.warning("%s: their `python` tasks will fail", closed_python)
         logger.info("ranks run as their task's user (uid, gid and groups from the identity registry)")
+    return mode
+
+
+def _closed_state_dir(settings: AgentSettings) -> str:
+    closed = closed_ancestor(settings.state_dir.resolve())
+    if closed is None:
+        return ""
+    return f"{closed} (mode {closed.stat().st_mode & 0o777:o}) keeps task users out of {settings.state_dir}"
+
+
+def _closed_python(settings: AgentSettings) -> str:
+    python = Path(settings.python_executable).resolve()
+    if closed_ancestor(python.parent) is None and python.stat().st_mode & stat.S_IXOTH:
+        return ""
+    return f"task users cannot run python_executable {python}"
 
 
 async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> None:

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from ff_agent.config import AgentSettings
+from ff_agent.core.launch import RanksRunAs
+from ff_agent.server import ranks_run_as_at_start
 from ff_agent.testing import eventually, wait_task
 from ff_scheduler.testing import spec
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -107,3 +110,18 @@ async def test_ranks_run_as_their_user_and_cannot_signal_another_users_ranks(clu
     assert _proc_ids(me["pid"])[0] == alice_uid  # alice's rank is still there
     await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
     await wait_task(alice, task.task_id, pb.TASK_STATE_STOPPED, pb.TASK_STATE_FAILED, pb.TASK_STATE_SUCCEEDED)
+
+
+@pytest.mark.skipif(not OPEN_PYTHON, reason="no system python3 that every user may run")
+def test_auto_runs_ranks_as_their_user_only_where_users_can_reach_the_run_folders(
+    open_folder: Path, tmp_path: Path
+) -> None:
+    def settings(state_dir: Path, **kw: Any) -> AgentSettings:
+        return AgentSettings(state_dir=state_dir, mgmtd_addresses="127.0.0.1:1", cluster_token="t",
+                             python_executable=OPEN_PYTHON, **kw)  # fmt: skip
+
+    assert ranks_run_as_at_start(settings(open_folder / "a", ranks_run_as="auto")) is RanksRunAs.TASK_USER
+    closed = tmp_path / "a"  # pytest's own folders are 0700
+    assert ranks_run_as_at_start(settings(closed, ranks_run_as="auto")) is RanksRunAs.AGENT_USER
+    with pytest.raises(RuntimeError, match="keeps task users out"):
+        ranks_run_as_at_start(settings(closed, ranks_run_as="task-user"))

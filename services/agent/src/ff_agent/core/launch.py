@@ -40,10 +40,12 @@ _PRIVATE_NAMES = frozenset({FF_TOKEN_ENV, TOKEN_ENV})
 
 
 class RanksRunAs(StrEnum):
-    """Whose uid a run's ranks get: the task's user (needs root) or the agent's own (no isolation)."""
+    """Whose uid a run's ranks get: the task's user (needs root) or the agent's own (no isolation); ``auto``
+    is resolved at start to one of the two."""
 
     TASK_USER = "task-user"
     AGENT_USER = "agent-user"
+    AUTO = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +80,7 @@ def ranks_user(order_user: str, owner: Owner, *, mode: RanksRunAs, agent_uid: in
         raise InvalidRequest("token: a task runs with its user's token, never the cluster's or root's")
     if order_user and owner.name != order_user:
         raise InvalidRequest(f"token: it belongs to {owner.name!r}, not to the task's user {order_user!r}")
-    if mode is RanksRunAs.AGENT_USER or (agent_uid != 0 and owner.uid == agent_uid):
+    if mode is not RanksRunAs.TASK_USER or (agent_uid != 0 and owner.uid == agent_uid):
         return None
     if agent_uid != 0:
         raise CannotRunAs(
