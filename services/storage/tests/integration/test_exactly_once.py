@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ff_rpc import RpcClient, open_channel
+from ff_storage.core.linearizability import READ, WRITE, Operation, check_history
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -98,24 +99,41 @@ async def test_a_retry_after_the_head_died_is_not_applied_again(id_cluster: tupl
     cluster, ids_on = id_cluster
     mg = cluster.client()
     client = StorageClient(mg, CLUSTER_TOKEN, retry_deadline_s=30.0)
+    history: list[Operation] = []
+
+    async def read(chain: mpb.Chain) -> bytes:
+        start = time.monotonic()
+        data, _, _ = await _read(client, chain.chain_id)
+        history.append(Operation(key=0, kind=READ, value=data[:1], start=start, end=time.monotonic()))
+        return data
+
     try:
         info = await cluster.routing()
         chain = info.chains[0]
         x = spb.UpdateId(client_id=b"writer-x", request_id=7)
+        x_start = time.monotonic()  # the writer's call: its first attempt to the retry's answer
         assert (await _write_raw(info, chain, b"X" * 100, x)).committed_version == 1
+        assert await read(chain) == b"X" * 100
         old = chain.targets[0].node_id
-        cluster.nodes[old - 101].kill()
+        cluster.nodes[old - 101].kill()  # as if it died before answering the writer
         info, chain = await _new_head(cluster, chain.chain_id, old)
+        y_start = time.monotonic()
         y = await _write_raw(info, chain, b"Y" * 100, spb.UpdateId(client_id=b"writer-y", request_id=1))
+        history.append(Operation(key=0, kind=WRITE, value=b"Y", start=y_start, end=time.monotonic()))
         assert (y.status, y.committed_version) == (1, 2)
+        assert await read(chain) == b"Y" * 100
         retry = await _write_raw(info, chain, b"X" * 100, x)
-        data, version, _ = await _read(client, chain.chain_id)
+        history.append(Operation(key=0, kind=WRITE, value=b"X", start=x_start, end=time.monotonic()))
+        data = await read(chain)
+        _, version, _ = await _read(client, chain.chain_id)
         if ids_on:
             assert (retry.status, retry.committed_version) == (1, 1)
             assert (data, version) == (b"Y" * 100, 2)
+            assert check_history(history).ok
         else:
             assert (retry.status, retry.committed_version) == (1, 3)
             assert (data, version) == (b"X" * 100, 3)
+            assert not check_history(history).ok  # X -> Y -> X, as the checker sees it
     finally:
         await client.close()
         await mg.close()
