@@ -87,12 +87,18 @@ def test_two_processes_appending_lose_nothing(fs_cluster: FsCluster) -> None:
     client = fs_cluster.client
     path = "/ffs/coherent/log"
     _fresh(client, path)
-    procs = [_in_process(fs_cluster, _appender(path, tag, 100)) for tag in ("A", "B")]
-    for p in procs:
-        _, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
+    early = client.open(path, "rb")  # a reader opened before the appends
+    try:
+        assert early.read() == b""
+        procs = [_in_process(fs_cluster, _appender(path, tag, 100)) for tag in ("A", "B")]
+        for p in procs:
+            _, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err
+        records = _records(early.read())  # sees them all, as a local file's reader would
+    finally:
+        early.close()
     with client.open(path, "rb") as f:
-        records = _records(f.read())
+        assert _records(f.read()) == records
     assert len(records) == 200  # 5,600 bytes, where 2,800 were lost before
     for tag in (b"A", b"B"):
         mine = [r for r in records if r.startswith(tag + b"-")]
