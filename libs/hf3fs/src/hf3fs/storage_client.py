@@ -55,11 +55,12 @@ INLINE_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_CONCURRENT_TRANSFERS = 64
 DEFAULT_READ_CALLS_PER_NODE = 1
 MERGED_READ_MAX_BYTES = 64 << 20
-# The nodes' default cost limits per call (ff_storage's max_batch_ios, max_read_batch_bytes,
-# max_inline_read_bytes, max_batch_bytes): a node's IOs go in calls within them.
+# A node's IOs go in calls within the nodes' default cost limits per call (ff_storage's max_batch_ios,
+# max_read_batch_bytes, max_batch_bytes); inline reads in answers well under gRPC's 64 MiB message cap
+# (the nodes take up to max_inline_read_bytes, 64 MiB, which leaves no room for the rest of the answer).
 MAX_CALL_IOS = 4096
 MAX_CALL_READ_BYTES = 256 << 20
-MAX_CALL_INLINE_READ_BYTES = 64 << 20
+MAX_CALL_INLINE_READ_BYTES = 32 << 20
 MAX_CALL_WRITE_BYTES = 256 << 20
 
 
