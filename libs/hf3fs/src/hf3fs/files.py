@@ -257,12 +257,15 @@ class RawFile(io.RawIOBase):
             lease, end_now = self._take_append_lease()
             end = end_now
             try:
-                start = max(end_now, self.written, self._fs._local_length(self.inode_id))
+                # meta's end has this client's earlier appends (each lease closed with its end); a writer of this
+                # client may have written further without reporting it yet
+                start = max(end_now, self._fs._local_length(self.inode_id))
                 self.ensure_room(start + len(data))  # an append lands whole or not at all
                 end = self._write_at(start, data)
             finally:
-                req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end,
-                                      mtime_ns=self._last_write_ns or time.time_ns())  # fmt: skip
+                req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end)
+                if end > end_now and self._last_write_ns is not None:
+                    req.mtime_ns = self._last_write_ns
                 self._fs._close_session(req, self.name)
 
     def _take_append_lease(self) -> tuple[pb.WriteSession, int]:
