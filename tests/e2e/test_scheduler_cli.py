@@ -26,8 +26,11 @@ def test_up_prints_hfai_usage_that_works(appliance: Appliance) -> None:
 
     who = _hfai("whoami", env=user)
     assert who.returncode == 0 and "hfai-demo" in who.stdout and "used 0/2" in who.stdout, who.stderr
-    # 3 nodes: in the NORMAL quota (4) but more than the appliance's 2 agents, so it stays queued.
-    sub = _hfai("python", "train.py", "--", "--nodes", "3", "--priority", "10", "--name", "e2e-task", env=user)
+    # 3 nodes: in the NORMAL quota (4) but more than the appliance's 2 agents: it could never run.
+    too_big = _hfai("python", "train.py", "--", "--nodes", "3", "--priority", "10", env=user)
+    assert too_big.returncode == 1 and "could never run" in too_big.stderr, too_big.stderr
+    # LOW: hfai-demo has no quota at that level, so the task stays queued.
+    sub = _hfai("python", "train.py", "--", "--nodes", "1", "--priority", "0", "--name", "e2e-task", env=user)
     assert sub.returncode == 0, sub.stderr
     task_id = sub.stdout.split()[2]
     listed = _hfai("list", env=user)
