@@ -1,7 +1,7 @@
 """The scheduler part of ``fireflyer demo``: quotas, submissions at several priorities (AUTO too), the
-queue's reasons, another user kept out, a suspend and a stop. The tasks ask for more nodes than the
-appliance's agents have, so they stay queued (waiting for nodes): what is shown is the scheduler's
-bookkeeping and its rules (tasks that run on the agents are in the agent part of the demo)."""
+queue's reasons, a task bigger than the cluster refused, another user kept out, a suspend and a stop. The
+appliance's nodes are held (disabled) meanwhile, so the tasks stay queued: what is shown is the
+scheduler's bookkeeping and its rules (tasks that run on the agents are in the agent part of the demo)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ USERS = ("sched-alice", "sched-bob")
 LEVEL_NAMES = {50: "EXTREME_HIGH", 40: "VERY_HIGH", 30: "HIGH", 20: "ABOVE_NORMAL", 10: "NORMAL", 8: "UNDER_NORMAL",
                5: "BELOW_NORMAL", 0: "LOW", -1: "AUTO (not placed yet)"}  # fmt: skip
 TICK_WAIT_S = 5.0
+HELD = "held by fireflyer demo while it shows queued tasks"
 
 
 class SchedulerDemoError(Exception):
@@ -43,6 +44,31 @@ async def _settled(user: SchedulerUser, task_ids: list[int]) -> list[pb.Task]:
         await asyncio.sleep(0.2)
 
 
+async def _hold_nodes(admin: SchedulerUser) -> list[int]:
+    """Disable the ready nodes (so the demo's tasks wait); the ids, to enable them again."""
+    nodes = (await admin.call("ListNodes", pb.ListNodesRequest(states=[pb.NODE_STATE_READY]))).nodes
+    for n in nodes:
+        await admin.call("SetNodeEnabled", pb.SetNodeEnabledRequest(node_id=n.node_id, enabled=False, reason=HELD))
+    return [n.node_id for n in nodes]
+
+
+async def _release_nodes(admin: SchedulerUser, node_ids: list[int]) -> None:
+    for node_id in node_ids:
+        await admin.call("SetNodeEnabled", pb.SetNodeEnabledRequest(node_id=node_id, enabled=True))
+
+
+async def _refused_as_too_big(alice: SchedulerUser, say: Callable[[str], None]) -> None:
+    spec = pb.TaskSpec(name="too-big", argv=["python", "train.py"], num_nodes=8, priority=10)
+    try:
+        await alice.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))
+    except RpcError as err:
+        if err.code.name != "FAILED_PRECONDITION":
+            raise
+        say(f"8 nodes on this cluster: {err.code.name}: {err.details}")
+        return
+    raise SchedulerDemoError("a task bigger than the cluster was accepted")
+
+
 async def scheduler_section(
     addresses: Sequence[str], admin_token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
@@ -53,21 +79,26 @@ async def scheduler_section(
     finally:
         await mgmtd.close()
     alice, bob = SchedulerUser(address, alice_token), SchedulerUser(address, bob_token)
+    admin = SchedulerUser(address, admin_token)
+    held: list[int] = []
     try:
         step(f"scheduler: quotas for {USERS[0]}, then tasks at several priorities")
         await set_quota(address, admin_token, USERS[0], 30, 3)
         await set_quota(address, admin_token, USERS[0], 10, 4)
         say(f"quota of {USERS[0]}: HIGH 3 nodes, NORMAL 4 nodes (group default)")
-        specs = [pb.TaskSpec(name="train-high", argv=["python", "train.py"], num_nodes=3, priority=30),
-                 pb.TaskSpec(name="train-auto", argv=["python", "train.py"], num_nodes=3, auto_priority=True),
-                 pb.TaskSpec(name="too-big", argv=["python", "train.py"], num_nodes=8, priority=10)]  # fmt: skip
+        held = await _hold_nodes(admin)
+        say(f"the appliance's nodes {held} are held (disabled) meanwhile, so the tasks wait")
+        specs = [pb.TaskSpec(name="train-high", argv=["python", "train.py"], num_nodes=2, priority=30),
+                 pb.TaskSpec(name="train-auto", argv=["python", "train.py"], num_nodes=2, auto_priority=True),
+                 pb.TaskSpec(name="over-quota", argv=["python", "train.py"], num_nodes=1, priority=20)]  # fmt: skip
         ids = [(await alice.call("SubmitTask", pb.SubmitTaskRequest(spec=s))).task.task_id for s in specs]
         tasks = await _settled(alice, ids)
         for t in tasks:
             say(_line(t))
         if tasks[2].queue_reason != pb.QUEUE_REASON_QUOTA_EXCEEDED or tasks[1].priority != 10:
-            raise SchedulerDemoError("expected AUTO to take NORMAL and 8 nodes to exceed the quota")
-        say("the appliance's agents are 2 nodes: tasks in quota that need 3 wait for nodes")
+            raise SchedulerDemoError("expected AUTO to take NORMAL and no quota at ABOVE_NORMAL")
+        say("AUTO took NORMAL (HIGH has 1 node left); ABOVE_NORMAL has no quota for this user")
+        await _refused_as_too_big(alice, say)
 
         step(f"{USERS[1]} cannot see, suspend or stop {USERS[0]}'s tasks")
         for method, request in (("GetTask", pb.GetTaskRequest(task_id=ids[0])),
@@ -90,5 +121,7 @@ async def scheduler_section(
             if t.state != pb.TASK_STATE_STOPPED:
                 raise SchedulerDemoError(f"task {task_id} is not stopped")
     finally:
+        await _release_nodes(admin, held)
         await alice.close()
         await bob.close()
+        await admin.close()
