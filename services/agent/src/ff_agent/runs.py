@@ -216,15 +216,8 @@ class NodeRuns:
             cwd = folder / "work"
         return Launch(order=order, devices=tuple(devices), argv=argv, folder=folder, cwd=cwd)
 
-    def start(self, order: StartOrder, run_as: RunAs | None = None) -> Run:
-        """Launch this node's ranks of a run (idempotent per run id), as ``run_as`` (None: as the agent);
-        InvalidRequest launches nothing."""
-        existing = self.runs.get(order.run_id)
-        if existing is not None:
-            return existing
-        return self.launch(self.check(order), run_as)
-
     def launch(self, launch: Launch, run_as: RunAs | None) -> Run:
+        """Start a checked order's ranks (idempotent per run id) as ``run_as`` (None: as the agent)."""
         existing = self.runs.get(launch.order.run_id)
         if existing is not None:
             return existing
