@@ -1238,6 +1238,7 @@ class TargetInfo(_message.Message):
     USED_BYTES_FIELD_NUMBER: _builtins.int
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     NUM_CHUNKS_FIELD_NUMBER: _builtins.int
+    FILESYSTEM_ID_FIELD_NUMBER: _builtins.int
     target_id: _builtins.int
     chain_id: _builtins.int
     disk_index: _builtins.int
@@ -1249,9 +1250,17 @@ class TargetInfo(_message.Message):
     """As last seen in mgmtd's routing info."""
     chain_version: _builtins.int
     capacity_bytes: _builtins.int
+    """Size of the file system the target's directory lives on, and its bytes free for unprivileged
+    writers (statvfs f_blocks and f_bavail). Targets on one file system share these: see filesystem_id.
+    """
     used_bytes: _builtins.int
+    """Bytes in this target's chunks."""
     free_bytes: _builtins.int
     num_chunks: _builtins.int
+    filesystem_id: _builtins.str
+    """Which file system the target lives on, unique in the cluster (the host's kernel boot id and the
+    device number): a sum of capacity or free bytes counts each file system once.
+    """
     def __init__(
         self,
         *,
@@ -1266,10 +1275,11 @@ class TargetInfo(_message.Message):
         used_bytes: _builtins.int = ...,
         free_bytes: _builtins.int = ...,
         num_chunks: _builtins.int = ...,
+        filesystem_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "chain_id", b"chain_id", "chain_version", b"chain_version", "disk_index", b"disk_index", "free_bytes", b"free_bytes", "local_state", b"local_state", "num_chunks", b"num_chunks", "path", b"path", "public_state", b"public_state", "target_id", b"target_id", "used_bytes", b"used_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "chain_id", b"chain_id", "chain_version", b"chain_version", "disk_index", b"disk_index", "filesystem_id", b"filesystem_id", "free_bytes", b"free_bytes", "local_state", b"local_state", "num_chunks", b"num_chunks", "path", b"path", "public_state", b"public_state", "target_id", b"target_id", "used_bytes", b"used_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -271,7 +271,7 @@ class StorageServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTargets(self, request, context):
-        """The targets of this node with states and space (admins; meta uses it for StatFs).
+        """The targets of this node with states and space (admins, and meta for StatFs with the cluster token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -119,7 +119,7 @@ class StorageServiceStub:
     (e.g. before replacing a disk). It comes back only through recovery (restart of the service).
     """
     ListTargets: _grpc.UnaryUnaryMultiCallable[_storage_pb2.ListTargetsRequest, _storage_pb2.ListTargetsResponse]
-    """The targets of this node with states and space (admins; meta uses it for StatFs)."""
+    """The targets of this node with states and space (admins, and meta for StatFs with the cluster token)."""
 
 @_typing.type_check_only
 class StorageServiceAsyncStub(StorageServiceStub):
@@ -212,7 +212,7 @@ class StorageServiceAsyncStub(StorageServiceStub):
     (e.g. before replacing a disk). It comes back only through recovery (restart of the service).
     """
     ListTargets: _aio.UnaryUnaryMultiCallable[_storage_pb2.ListTargetsRequest, _storage_pb2.ListTargetsResponse]  # type: ignore[assignment]
-    """The targets of this node with states and space (admins; meta uses it for StatFs)."""
+    """The targets of this node with states and space (admins, and meta for StatFs with the cluster token)."""
 
 class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
     """Chunk store of one storage node: several targets (directories on local disks), each a member of one
@@ -386,6 +386,6 @@ class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _storage_pb2.ListTargetsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_storage_pb2.ListTargetsResponse, _abc.Awaitable[_storage_pb2.ListTargetsResponse]]:
-        """The targets of this node with states and space (admins; meta uses it for StatFs)."""
+        """The targets of this node with states and space (admins, and meta for StatFs with the cluster token)."""
 
 def add_StorageServiceServicer_to_server(servicer: StorageServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
