@@ -159,3 +159,37 @@ def test_a_folder_counts_its_subfolders_in_its_links(ns: Ns) -> None:
     assert _nlink(ns, "/d") == 2
     ns.tx(lambda t: fsops.rename(t, PathAt(0, "/e/a"), PathAt(0, "/e/a2"), False))
     assert _nlink(ns, "/e") == 3  # a rename within a folder keeps its count
+
+
+BOB = Caller(1001, (1001, 50), "bob")
+
+
+def _set(ns: Ns, path: str, caller: Caller, **change: int) -> Inode:
+    return ns.tx(lambda t: fsops.set_attr(t, PathAt(0, path), False, fsops.AttrChange(**change)), caller)
+
+
+def test_chown_follows_linux_rules(ns: Ns) -> None:
+    ns.create("/d/f")
+    _set(ns, "/d/f", ROOT, uid=1000, gid=1000)
+    refused: list[tuple[Caller, dict[str, int]]] = [
+        (BOB, {"uid": 1000}),  # not the owner, even to "change" the owner to what it is
+        (BOB, {"gid": 1000}),  # nor the group
+        (ALICE, {"uid": 1001}),  # the owner may not give the file away
+        (ALICE, {"gid": 50}),  # nor hand it to a group she is not in
+    ]
+    for caller, change in refused:
+        with pytest.raises(FsError) as err:
+            _set(ns, "/d/f", caller, **change)
+        assert err.value.fs_code is FsCode.NOT_PERMITTED, (caller.name, change)
+    assert (ns.stat("/d/f").uid, ns.stat("/d/f").gid) == (1000, 1000)
+    _set(ns, "/d/f", ALICE, uid=1000, gid=1000)  # the owner, to what is: fine
+    assert _set(ns, "/d/f", Caller(1000, (1000, 50), "alice"), gid=50).gid == 50  # a group of hers
+    assert _set(ns, "/d/f", ROOT, uid=7, gid=8).uid == 7
+
+
+def test_chmod_drops_set_group_id_for_a_caller_outside_the_group(ns: Ns) -> None:
+    ns.create("/d/g")
+    _set(ns, "/d/g", ROOT, uid=1000, gid=50)
+    assert _set(ns, "/d/g", ALICE, mode=0o2755).mode == 0o755  # alice is not in group 50
+    assert _set(ns, "/d/g", Caller(1000, (1000, 50), "alice"), mode=0o2755).mode == 0o2755
+    assert _set(ns, "/d/g", ROOT, mode=0o6755).mode == 0o6755

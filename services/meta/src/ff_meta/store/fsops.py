@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from stat import S_ISGID
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import DEVICE_TYPES, NO_LIMIT, ROOT_INODE_ID, SPECIAL_TYPES, Inode, InodeType
 from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
-from ff_meta.core.perms import R, W, X, allowed, check_sticky, require, require_owner
+from ff_meta.core.perms import Caller, R, W, X, allowed, check_sticky, require, require_owner
 from ff_meta.store.schema import counters, gc_queue, inodes, quotas, sessions, trash
 from ff_meta.store.tx import (
     MAX_CHUNK,
@@ -625,24 +626,37 @@ class AttrChange:
     layout: LayoutSpec | None = None
 
 
-def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:  # noqa: PLR0912
+def _checked_mode(c: Caller, inode: Inode, mode: int, path: str) -> int:
+    """chmod(2): the owner (or root) only; set-group-ID is dropped when the caller is not in the file's group
+    (as Linux does for a caller without CAP_FSETID)."""
+    require_owner(c, inode, f"chmod {path}")
+    if mode & ~0o7777:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"mode {mode:o} has bits beyond 07777")
+    if not c.is_root and mode & S_ISGID and inode.gid not in c.gids:
+        mode &= ~S_ISGID
+    return mode
+
+
+def _checked_owner(c: Caller, inode: Inode, uid: int | None, gid: int | None, path: str) -> dict[str, int]:
+    """chown(2) as Linux checks it: root changes anything; anyone else must own the file, may "change" the
+    owner only to itself, and the group only to the current one or one of its own groups."""
+    if c.is_root:
+        return {k: v for k, v in (("uid", uid), ("gid", gid)) if v is not None and v != getattr(inode, k)}
+    if uid is not None and (c.uid != inode.uid or uid != inode.uid):
+        raise fs_error(FsCode.NOT_PERMITTED, f"chown {path}: only root changes the owner")
+    if gid is not None and (c.uid != inode.uid or (gid != inode.gid and gid not in c.gids)):
+        raise fs_error(FsCode.NOT_PERMITTED, f"chgrp {path}: not the owner or not a member of group {gid}")
+    return {"gid": gid} if gid is not None and gid != inode.gid else {}
+
+
+def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:
     inode = tx.existing(at, follow_last=follow_last).inode
     assert inode is not None
     c = tx.caller
     values: dict[str, Any] = {}
     if ch.mode is not None:
-        require_owner(c, inode, f"chmod {at.path}")
-        if ch.mode & ~0o7777:
-            raise fs_error(FsCode.INVALID_ARGUMENT, f"mode {ch.mode:o} has bits beyond 07777")
-        values["mode"] = ch.mode
-    if ch.uid is not None and ch.uid != inode.uid:
-        if not c.is_root:
-            raise fs_error(FsCode.NOT_PERMITTED, f"chown {at.path}: only root changes the owner")
-        values["uid"] = ch.uid
-    if ch.gid is not None and ch.gid != inode.gid:
-        if not c.is_root and (c.uid != inode.uid or ch.gid not in c.gids):
-            raise fs_error(FsCode.NOT_PERMITTED, f"chgrp {at.path}: not the owner or not a member of group {ch.gid}")
-        values["gid"] = ch.gid
+        values["mode"] = _checked_mode(c, inode, ch.mode, at.path)
+    values.update(_checked_owner(c, inode, ch.uid, ch.gid, at.path))
     if ch.atime_ns is not None or ch.mtime_ns is not None:
         require_owner(c, inode, f"set times of {at.path}")
     if (ch.atime_now or ch.mtime_now) and not c.is_root and c.uid != inode.uid:
