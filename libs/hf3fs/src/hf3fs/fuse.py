@@ -310,8 +310,22 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if path is None:  # fchmod
             self.fs.set_attr_inode(self._inode_of(fh), mode=mode & 0o7777)
             return 0
+        if self.options.multi_user and self._drops_set_id_bits(path, mode):
+            with acting_as(None):  # the kernel clearing set-id bits after a write by a non-owner (as POSIX asks)
+                self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)
+            return 0
         self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)  # the kernel resolved the path already
         return 0
+
+    def _drops_set_id_bits(self, path: str, mode: int) -> bool:
+        """Whether a chmod only clears the set-uid/set-gid bits of a file whose owner is not the caller: with
+        default_permissions the kernel refuses a non-owner's chmod itself, so this is the kernel's own
+        (file_remove_privs, on a write through a handle opened for writing)."""
+        uid = caller_identity().uid
+        with acting_as(None):
+            st = self.fs.lstat(path)
+        kept = st.mode & ~(stat.S_ISUID | stat.S_ISGID)
+        return uid not in (0, st.uid) and (mode & 0o7777) == kept and st.mode != kept
 
     def _inode_of(self, fh: int | None) -> int:
         if fh is None:
@@ -669,8 +683,10 @@ def _serve(ops: Hf3fsOperations, where: str, options: MountOptions) -> None:
     _Fuse(
         ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
         hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
-        entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s, default_permissions=False,
-        **({"allow_other": True} if options.multi_user else {}),
+        entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s,
+        # multi-user: the kernel checks modes too (FIFOs and devices, which it opens without asking the mount;
+        # a chmod from a non-owner is then only its clearing of set-id bits on write), and meta checks again
+        **({"allow_other": True, "default_permissions": True} if options.multi_user else {}),
     )  # fmt: skip
 
 
@@ -705,6 +721,7 @@ def mount_background(
     argv = [sys.executable, "-m", "hf3fs", "mount", where, "--foreground"]
     argv += ["--keep-ids"] if options.keep_ids else []
     argv += ["--multi-user"] if options.multi_user else []
+    argv += ["--attr-timeout-s", str(options.attr_timeout_s)]
     argv += ["--debug"] if options.debug else []
     env = {**environ, **({"FF_MGMTD_ADDRESSES": mgmtd} if mgmtd else {}), **({"FF_TOKEN": token} if token else {})}
     with open(log_file, "ab") as log:

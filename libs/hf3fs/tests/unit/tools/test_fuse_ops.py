@@ -204,10 +204,12 @@ def test_a_multi_user_mount_runs_name_calls_as_the_caller(local_fs: LocalFs, mon
     assert {who for _, who in fs.seen} <= {None}
     fs.seen.clear()
     ops.getattr("/d/f")
-    ops.chmod("/d/f", 0o600)
-    ops.unlink("/d/f")
     who = Identity(4321, (8765, *groups))
-    assert fs.seen and all(w == who for _, w in fs.seen), fs.seen
+    assert fs.seen == [("lstat", who)]
+    fs.seen.clear()
+    ops.chmod("/d/f", 0o600)  # (the mount looks at the mode itself first: is it the kernel clearing set-id bits?)
+    ops.unlink("/d/f")
+    assert [c for c in fs.seen if c[0] != "lstat"] == [("chmod", who), ("remove", who)], fs.seen
     assert current_acting() is None  # nothing left set in the FUSE thread
     fs.seen.clear()
     Hf3fsOperations(fs, MountOptions()).getattr("/d")  # a single-user mount acts as its token's user
@@ -240,3 +242,20 @@ def test_a_folder_is_listed_through_its_handle(ops: Hf3fsOperations) -> None:
     with pytest.raises(mfusepy.FuseOSError) as exc:
         ops.opendir("/nope")
     assert exc.value.errno == errno.ENOENT
+
+
+def test_the_kernel_clearing_set_id_bits_on_a_write_runs_as_the_mount(
+    local_fs: LocalFs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_fs.create("/suid", mode=0o644)
+    local_fs.chmod("/suid", 0o6755)
+    owner = local_fs.stat("/suid").uid
+    monkeypatch.setattr(mfusepy, "fuse_get_context", lambda: (owner + 4321, 8765, os.getpid()))
+    fs = _Recording(local_fs)
+    ops = Hf3fsOperations(fs, MountOptions(multi_user=True))
+    ops.chmod("/suid", 0o755)  # what file_remove_privs sends after a non-owner's write (default_permissions)
+    assert [c for c in fs.seen if c[0] == "chmod"] == [("chmod", None)]
+    assert local_fs.stat("/suid").mode == 0o755
+    fs.seen.clear()
+    ops.chmod("/suid", 0o700)  # anything else is the caller's own chmod, for meta to judge
+    assert [who.uid if who else None for name, who in fs.seen if name == "chmod"] == [owner + 4321]
