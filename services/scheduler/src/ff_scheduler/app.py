@@ -82,7 +82,8 @@ class Scheduler:
         self._sent: dict[tuple[int, int, str], float] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         # One token per run, issued once even when the start orders of its nodes go out together.
-        self._run_tokens: dict[int, asyncio.Future[str]] = {}
+        # run id -> (token id, token) of the run's token, revoked once the run has ended.
+        self._run_tokens: dict[int, asyncio.Future[tuple[str, str]]] = {}
         self.last_tick: TickStats | None = None
 
     def wake(self) -> None:
@@ -106,6 +107,7 @@ class Scheduler:
 
         num_tasks, num_started, num_changes, orders = await self.store.arun(txn)
         num_sent = self._reconcile(orders)
+        self._revoke_ended_runs_tokens({o.run_id for o in orders})
         stats = TickStats(time.perf_counter() - started, num_tasks, num_started, num_changes, num_sent)
         if num_started or num_changes:
             logger.info(
@@ -257,17 +259,18 @@ class Scheduler:
         )
 
     async def _run_token(self, run_id: int, user_name: str) -> str:
-        """A token of the task's owner for its ranks (issued by mgmtd once per run)."""
+        """A token of the task's owner for its ranks, issued by mgmtd once per run and revoked when the run
+        has ended (``_revoke_ended_runs_tokens``): what the ranks hold works only while they run."""
         if self.mgmtd is None:
             return ""
         issued = self._run_tokens.get(run_id)
-        if issued is None or (issued.done() and (issued.cancelled() or issued.exception() or not issued.result())):
+        if issued is None or (issued.done() and (issued.cancelled() or issued.exception() or not issued.result()[1])):
             issued = asyncio.ensure_future(self._issue_run_token(run_id, user_name))
             self._run_tokens[run_id] = issued
-        return await asyncio.shield(issued)
+        return (await asyncio.shield(issued))[1]
 
-    async def _issue_run_token(self, run_id: int, user_name: str) -> str:
-        """The token, or an empty string when mgmtd refused (the next start order asks again)."""
+    async def _issue_run_token(self, run_id: int, user_name: str) -> tuple[str, str]:
+        """The token's id and secret, or empty strings when mgmtd refused (the next start order asks again)."""
         assert self.mgmtd is not None
         try:
             resp = await self.mgmtd.identity(
@@ -278,8 +281,29 @@ class Scheduler:
             )
         except RpcError as err:
             logger.warning("cannot issue a token for run %d: %s", run_id, err)
-            return ""
-        return str(resp.token)
+            return "", ""
+        return str(resp.token_info.token_id), str(resp.token)
+
+    def _revoke_ended_runs_tokens(self, active_run_ids: set[int]) -> None:
+        """Revoke the tokens of runs no longer active (a scheduler restart forgets them: they then last
+        until their TTL)."""
+        for run_id in [r for r in self._run_tokens if r not in active_run_ids]:
+            task = asyncio.create_task(self._revoke_run_token(run_id, self._run_tokens.pop(run_id)))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _revoke_run_token(self, run_id: int, issued: asyncio.Future[tuple[str, str]]) -> None:
+        assert self.mgmtd is not None
+        try:
+            token_id, _ = await issued
+        except Exception:  # the issue failed: there is nothing to revoke
+            return
+        if not token_id:
+            return
+        try:
+            await self.mgmtd.identity(lambda s: s.RevokeToken, mgmtd_pb2.RevokeTokenRequest(token_id=token_id))
+        except RpcError as err:
+            logger.warning("cannot revoke the token of ended run %d: %s", run_id, err)
 
 
 def _wanted(order: NodeOrder) -> str | None:

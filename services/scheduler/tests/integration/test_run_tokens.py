@@ -1,0 +1,37 @@
+"""A run's token (what its ranks use as FF_TOKEN/HFAI_TOKEN) is its owner's, works while the run runs,
+and is revoked in the identity registry once the run has ended."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from ff_rpc import RpcError
+from ff_scheduler.testing import SchedulerClient, eventually, set_quota, spec
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+
+async def test_a_runs_token_is_its_owners_and_is_revoked_when_the_run_ends(cluster: Any) -> None:
+    agent = await cluster.add_agent()
+    root, alice = cluster.client("root"), cluster.client("alice")
+    await set_quota(root, "alice", 10, 1)
+    task = (await alice.call(alice.user.SubmitTask, pb.SubmitTaskRequest(spec=spec(1, 10)))).task
+    await agent.wait_for(lambda: bool(agent.starts))
+    token = agent.starts[0].token
+    as_run = SchedulerClient(cluster.scheduler.address, token)
+    cluster.clients.append(as_run)
+    assert (await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
+
+    await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
+
+    async def revoked() -> bool:
+        try:
+            await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())
+        except RpcError as err:
+            return err.code is grpc.StatusCode.UNAUTHENTICATED
+        return False
+
+    await eventually(revoked, timeout_s=20, what="the ended run's token revoked")
+    # alice's own token is untouched
+    assert (await alice.call(alice.user.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
