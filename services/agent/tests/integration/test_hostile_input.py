@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,12 @@ async def test_hostile_input_gets_its_status_within_bounds_and_the_agent_keeps_s
     problems: list[str] = []
     try:
         for case in CASES:
-            hostile = Hostile(**{**case.__dict__, "token": tokens["alice"] if case.token == ALICE else case.token})
+            hostile = replace(case, token=tokens["alice"] if case.token == ALICE else case.token)
             if case.what.startswith("start:"):
                 order = pb.StartRunRequest.FromString(case.request)
                 if order.token == ALICE:
                     order.token = tokens["alice"]
-                    hostile = Hostile(**{**hostile.__dict__, "request": order.SerializeToString()})
+                    hostile = replace(hostile, request=order.SerializeToString())
             problems += await check_hostile(channel, agent.proc.pid, hostile, still_serving)
     finally:
         await channel.close()

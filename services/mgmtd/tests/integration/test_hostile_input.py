@@ -5,6 +5,7 @@ its intended status within the time and memory bounds, and mgmtd still serving a
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -166,8 +167,7 @@ async def test_hostile_input_gets_its_status_within_bounds_and_mgmtd_keeps_servi
     try:
         for case in CASES:
             token = tokens.get(case.token, case.token)
-            problems += await check_hostile(channel, mgmtd.proc.pid, Hostile(**{**case.__dict__, "token": token}),
-                                            still_serving)  # fmt: skip
+            problems += await check_hostile(channel, mgmtd.proc.pid, replace(case, token=token), still_serving)
         after = await observer.identity(lambda s: s.ListUsers, pb.ListUsersRequest())
     finally:
         await channel.close()

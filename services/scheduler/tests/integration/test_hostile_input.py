@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ async def test_hostile_input_gets_its_status_within_bounds_and_the_scheduler_kee
     problems: list[str] = []
     try:
         for case in CASES:
-            hostile = Hostile(**{**case.__dict__, "token": tokens.get(case.token, case.token)})
+            hostile = replace(case, token=tokens.get(case.token, case.token))
             problems += await check_hostile(channel, scheduler.proc.pid, hostile, still_serving)
         listed = await rpc.unary(user.ListTasks, pb.ListTasksRequest(all_users=False))
     finally:
