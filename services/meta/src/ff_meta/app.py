@@ -20,6 +20,7 @@ from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.store import fsops
+from ff_meta.store.storage_space import StorageSpace
 from ff_meta.store.tx import Defaults, LayoutSpec, NeedsOrm, NeedsThread, PathAt, Tx
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, StubPool
@@ -55,7 +56,7 @@ class MetaOptions:
     lease_s: float = 30.0
     capability_ttl_s: float = 24 * 3600.0
     trash_retention_s: float = 3 * 24 * 3600.0
-    capacity_bytes: int = 1 << 40
+    capacity_bytes: int = 1 << 40  # StatFs's figure only while no storage target reports its disk
     background_interval_s: float = 1.0
     storage_timeout_s: float = 10.0
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "NORMAL"  # checked by MetaSettings
@@ -99,6 +100,7 @@ class MetaApp:
         self._cap_key = capability_key(options.cluster_token)
         self._rpc = RpcClient(token=options.cluster_token, timeout_s=options.storage_timeout_s, retry=NO_RETRY)
         self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
+        self.space = StorageSpace(self.routing, self._rpc, self._stubs)
         self._inline_reads = store.engine.dialect.name == "sqlite"
         self._write_lock = threading.Lock()
         self._write_queue: list[tuple[Callable[[Session], Any], asyncio.Future[Any]]] = []

@@ -34,7 +34,7 @@ class MetaSettings(SettingsModel):
     session_lease_s: float = Field(30.0, gt=0, description="write sessions not renewed for this long are collected")
     capability_ttl_s: float = Field(86400.0, gt=0, description="how long an IoCapability lets a client do I/O")
     trash_retention_s: float = Field(3 * 86400.0, gt=0, description="default time a removed tree stays in the trash")
-    capacity_bytes: int = Field(1 << 40, gt=0, description="capacity reported by statfs")
+    capacity_bytes: int = Field(1 << 40, gt=0, description="statfs capacity while no storage target reports its disk")
     background_interval_s: float = Field(1.0, gt=0, description="session collection, GC and trash expiry period")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a user token check is cached")
     grace_s: float = Field(3.0, ge=0, description="drain time for in-flight calls on SIGTERM")

@@ -127,8 +127,13 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def StatFs(self, request: pb.StatFsRequest, context: Context) -> pb.StatFsResponse:
         used, count = await self._app.store.arun(fsops.statfs, read_only=True)
-        cap = self._app.options.capacity_bytes
-        return pb.StatFsResponse(capacity_bytes=cap, used_bytes=used, free_bytes=max(0, cap - used), num_inodes=count)
+        space = await self._app.space.get()
+        if space is not None:
+            cap, free = space.capacity_bytes, space.free_bytes
+        else:  # no target reported its disk: the configured figure
+            cap = self._app.options.capacity_bytes
+            free = max(0, cap - used)
+        return pb.StatFsResponse(capacity_bytes=cap, used_bytes=used, free_bytes=free, num_inodes=count)
 
     async def Stat(self, request: pb.StatRequest, context: Context) -> pb.StatResponse:
         where = at(request.path)

@@ -17,6 +17,7 @@ from ff_storage.core.errors import InvalidRequest, TargetNotFound
 from ff_storage.dataserver import Buffer, CallHandler
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
+from ff_storage.store.disk_space import disk_space
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
@@ -68,11 +69,13 @@ def _refusal(exc: Exception, what: str) -> DataRefused:
 
 def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
     num, used = t.engine.usage()
+    space = disk_space(t.record.path)
     return pb.TargetInfo(
         target_id=t.target_id, chain_id=t.record.chain_id, disk_index=t.record.disk_index, path=t.record.path,
         local_state=mpb.LocalTargetState.ValueType(int(t.role.report())),
         public_state=mpb.PublicTargetState.ValueType(int(t.role.public)), chain_version=t.role.chain_version,
-        used_bytes=used, num_chunks=num,
+        used_bytes=used, num_chunks=num, capacity_bytes=space.capacity_bytes, free_bytes=space.free_bytes,
+        filesystem_id=space.filesystem_id,
     )  # fmt: skip
 
 

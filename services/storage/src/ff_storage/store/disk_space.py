@@ -1,0 +1,24 @@
+"""The space of the file system a target's folder lives on (what ListTargets reports for meta's StatFs)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hf3fs.shm import host_id
+
+
+@dataclass(frozen=True)
+class DiskSpace:
+    capacity_bytes: int
+    free_bytes: int
+    filesystem_id: str
+
+
+def disk_space(path: str) -> DiskSpace:
+    """statvfs of ``path``'s file system: its size and the bytes an unprivileged writer may still use
+    (``f_bavail``, what ``df`` shows as available), with an id that is the same for every folder on that
+    file system and unique in the cluster (kernel boot id and device number), so sums count it once."""
+    st = os.statvfs(path)
+    filesystem_id = f"{host_id() or os.uname().nodename}:{os.stat(path).st_dev}"
+    return DiskSpace(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, filesystem_id)
