@@ -169,3 +169,44 @@ async def test_a_partial_write_to_a_chunk_with_a_damaged_copy_succeeds_and_repai
     for target in chain.targets:  # every copy, the damaged one too, holds the patched chunk
         data, version, served_by = await _read(client, chain.chain_id, inode, target=target.target_id)
         assert served_by == target.target_id and data == expected and version == got.committed_version
+
+
+async def test_a_recovered_replica_knows_the_updates_it_was_not_there_for(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    """The tail is down while X is written; it comes back through recovery (full-chunk replaces carry the
+    chunk's update ids), then the other two die and it alone serves the chain: X's retry there gets the original
+    result, not a second application."""
+    info = await cluster.routing()
+    chain = info.chains[0]
+    tail = chain.targets[2].node_id
+    cluster.nodes[tail - 101].kill()
+    deadline = time.monotonic() + 30
+    while True:  # X is written by the other two only
+        info = await cluster.routing()
+        chain = next(c for c in info.chains if c.chain_id == chain.chain_id)
+        serving = [t.node_id for t in chain.targets if t.public_state == mpb.PUBLIC_TARGET_STATE_SERVING]
+        if tail not in serving:
+            break
+        assert time.monotonic() < deadline, "the tail was not taken out of service"
+        await asyncio.sleep(0.1)
+    x = spb.UpdateId(client_id=b"writer-x", request_id=3)
+    assert (await _write_raw(info, chain, b"X" * 100, x, inode=43)).committed_version == 1
+    cluster.nodes[tail - 101].start()
+    await cluster.nodes[tail - 101].ready()
+    await cluster.wait_all_serving()
+    for node_id in {101, 102, 103} - {tail}:
+        cluster.nodes[node_id - 101].kill()
+    deadline = time.monotonic() + 30
+    while True:  # the recovered tail heads the chain alone
+        info = await cluster.routing()
+        chain = next(c for c in info.chains if c.chain_id == chain.chain_id)
+        head = chain.targets[0]
+        if head.node_id == tail and head.public_state == mpb.PUBLIC_TARGET_STATE_SERVING:
+            break
+        assert time.monotonic() < deadline, "the recovered tail did not become the head\n" + tail_logs(cluster.folder)
+        await asyncio.sleep(0.1)
+    retry = await _write_raw(info, chain, b"X" * 100, x, inode=43)
+    assert (retry.status, retry.committed_version) == (spb.CHUNK_IO_STATUS_OK, 1), retry
+    data, version, _ = await _read(client, chain.chain_id, inode=43)
+    assert (data, version) == (b"X" * 100, 1)
