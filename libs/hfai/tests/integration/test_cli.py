@@ -27,7 +27,7 @@ print(f"start whole_life_state={start}", flush=True)
 for step in range(start, start + 200):
     time.sleep(0.05)
     if client.receive_suspend_command():
-        client.set_whole_life_state(step)
+        client.set_whole_life_state(step + 1)  # the next step: > 0 even when the flag came before step 1
         print(f"suspending at step {step}", flush=True)
         client.go_suspend()
     if start > 0 and step >= start + 3:
@@ -57,7 +57,7 @@ async def test_local_mode_simulates_a_suspend_and_resumes_with_whole_life_state(
     assert code == 0, err
     lines = out.splitlines()
     suspended_at = int(next(line for line in lines if line.startswith("suspending at step")).rsplit(" ", 1)[1])
-    assert "start whole_life_state=0" in lines and f"start whole_life_state={suspended_at}" in lines
+    assert "start whole_life_state=0" in lines and f"start whole_life_state={suspended_at + 1}" in lines
     assert "finished" in lines and any("suspended (go_suspend())" in line for line in lines)
 
 
