@@ -35,6 +35,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.files import OpenMode, RawFile, layout_of, read_spans, session_lost, wrap, write_spans
 from hf3fs.layout import FileLayout
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
+from hf3fs.statfs import within_quotas
 from hf3fs.storage_client import StorageClient
 
 logger = logging.getLogger(__name__)
@@ -625,9 +626,12 @@ class FileSystem:
     def realpath(self, path: str) -> str:
         return str(self._meta_call(lambda s: s.Realpath, pb.RealpathRequest(path=_at(path)), path).path)
 
-    def statfs(self) -> StatFs:
+    def statfs(self, path: str | None = None) -> StatFs:
+        """The cluster's space (meta sums the storage targets' disks); with ``path``, ``df`` of that folder:
+        where a byte quota over it leaves less room than the cluster has, that quota's figures."""
         r = self._meta_call(lambda s: s.StatFs, pb.StatFsRequest())
-        return StatFs(r.capacity_bytes, r.used_bytes, r.free_bytes, r.num_inodes)
+        space = StatFs(r.capacity_bytes, r.used_bytes, r.free_bytes, r.num_inodes)
+        return space if path is None else within_quotas(space, self.get_quotas(path))
 
     def du(self, path: str, on_error: Callable[[str, OSError], None] | None = None) -> tuple[int, int]:
         """(bytes in files, inodes) under ``path``. A folder below it that cannot be listed raises, or, with

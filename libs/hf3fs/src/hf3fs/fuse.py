@@ -289,9 +289,9 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def readlink(self, path: str) -> str:
         return str(self.fs.readlink(path))
 
-    @_fuse_errors
-    def statfs(self, path: str) -> dict[str, int]:
-        s = self.fs.statfs()
+    @_as_caller
+    def statfs(self, path: str | None) -> dict[str, int]:
+        s = self.fs.statfs(path or None)  # df of a folder under a byte quota shows the quota
         bs = STATFS_BLOCK_BYTES
         return {
             "f_bsize": bs,

@@ -53,3 +53,18 @@ def test_statfs_is_the_targets_disks_counted_once(cluster: MetaCluster, fs: hf3f
     low, high = min(free_before, free_after) - FREE_TOLERANCE_BYTES, max(free_before, free_after) + FREE_TOLERANCE_BYTES
     assert int(low / replication) <= s.free_bytes <= int(high / replication)
     assert s.free_bytes <= s.capacity_bytes
+
+
+def test_df_of_a_folder_under_a_small_quota_shows_the_quota(
+    fs: hf3fs.FileSystem, admin_fs: hf3fs.FileSystem, home: str
+) -> None:
+    admin_fs.set_quota(home, max_bytes=8 << 20)
+    with fs.open(f"{home}/f", "wb") as f:
+        f.write(b"q" * (3 << 20))
+    s = fs.statfs(home)
+    assert (s.capacity_bytes, s.used_bytes, s.free_bytes) == (8 << 20, 3 << 20, 5 << 20)
+    assert fs.statfs(f"{home}/f") == s  # a file: its folder's quota
+    whole = fs.statfs()
+    assert whole.capacity_bytes > 8 << 20 and s.num_inodes == whole.num_inodes
+    admin_fs.set_quota(home, max_bytes=1 << 60)  # more room than the cluster has: the cluster's figures
+    assert fs.statfs(home).capacity_bytes == whole.capacity_bytes

@@ -222,14 +222,21 @@ def cmd_du(cli: Cli) -> None:
 
 
 def cmd_df(cli: Cli) -> None:
-    s = cli.fs.statfs()
     h = cli.args.human
-    pct = 100 * s.used_bytes // s.capacity_bytes if s.capacity_bytes else 0
-    cli.print(f"{'Size':>10} {'Used':>10} {'Avail':>10} {'Use%':>5} {'Inodes':>10}")
-    cli.print(
-        f"{format_size(s.capacity_bytes, h):>10} {format_size(s.used_bytes, h):>10} "
-        f"{format_size(s.free_bytes, h):>10} {pct:>4}% {s.num_inodes:>10}"
-    )
+
+    def show(path: str | None) -> None:
+        s = cli.fs.statfs(path)
+        pct = 100 * s.used_bytes // s.capacity_bytes if s.capacity_bytes else 0
+        cli.print(f"{'Size':>10} {'Used':>10} {'Avail':>10} {'Use%':>5} {'Inodes':>10}")
+        cli.print(
+            f"{format_size(s.capacity_bytes, h):>10} {format_size(s.used_bytes, h):>10} "
+            f"{format_size(s.free_bytes, h):>10} {pct:>4}% {s.num_inodes:>10}"
+        )
+
+    if cli.args.path:
+        cli.each([cli.args.path], show)
+    else:
+        show(None)
 
 
 def _quota_line(q: Any) -> str:
@@ -368,6 +375,7 @@ def _add_tree_commands(sub: Any) -> None:
     p = sub.add_parser("df", help="cluster capacity", add_help=False)
     p.add_argument("--help", action="help", help="show this help message and exit")
     p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.add_argument("path", nargs="?", help="a folder: its byte quota's figures where that leaves less room")
     quota = sub.add_parser("quota", help="directory quotas").add_subparsers(dest="action", required=True)
     quota.add_parser("get").add_argument("path")
     quota.add_parser("list")

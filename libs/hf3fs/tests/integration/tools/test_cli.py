@@ -58,6 +58,13 @@ def test_cp_tree_in_and_out_diff_equal(fs_cluster: FsCluster, tmp_path: Path) ->
     assert "Size" in ok(fs_cluster, "df")
 
 
+def test_df_of_a_path(fs_cluster: FsCluster) -> None:
+    size = ok(fs_cluster, "df").splitlines()[1].split()[0]
+    assert ok(fs_cluster, "df", "hf3fs:/cli").splitlines()[1].split()[0] == size  # no quota there
+    missing = hf3fs(fs_cluster, "df", "/cli/no-such-folder")
+    assert missing.returncode == 1 and "No such file or directory" in missing.stderr
+
+
 def test_rm_to_trash_and_restore(fs_cluster: FsCluster) -> None:
     ok(fs_cluster, "mkdir", "-p", "/cli/trash/keep/deep")
     fs_cluster.client.create("/cli/trash/keep/deep/f")

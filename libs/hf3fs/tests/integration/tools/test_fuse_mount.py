@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import hf3fs
+
 from .conftest import FsCluster
 
 MOUNT_TIMEOUT_S = 30.0
@@ -147,3 +149,22 @@ def test_posix_errors_through_the_mount(mount: Path) -> None:
         f.truncate(0)
     assert os.stat(mount / "errs" / "f").st_size == 0
     assert os.statvfs(mount).f_bsize > 0
+
+
+def test_df_on_the_mount_shows_the_storage_disks_and_a_folders_quota(mount: Path, fs_cluster: FsCluster) -> None:
+    """Issue 16, defect 7: df showed meta's configured 1 TiB. Every target lives under the cluster's folder (one
+    file system), kept 3 times; other processes write to that disk meanwhile, hence the tolerance."""
+    disk = os.statvfs(fs_cluster.folder)
+    got = os.statvfs(mount)
+    assert got.f_blocks * got.f_frsize == pytest.approx(disk.f_blocks * disk.f_frsize / 3, abs=got.f_frsize)
+    assert got.f_bavail * got.f_frsize == pytest.approx(disk.f_bavail * disk.f_frsize / 3, abs=1 << 30)
+    (mount / "quota").mkdir()
+    admin = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.admin_token)
+    try:
+        admin.set_quota("/fuse/quota", max_bytes=64 << 20)
+    finally:
+        admin.close()
+    with fs_cluster.client.open("/fuse/quota/f", "wb") as f:  # closed here (the mount's close comes later)
+        f.write(b"x" * (1 << 20))
+    inside = os.statvfs(mount / "quota")
+    assert (inside.f_blocks * inside.f_frsize, inside.f_bavail * inside.f_frsize) == (64 << 20, 63 << 20)

@@ -192,7 +192,7 @@ class LocalFs:
         self._wrap(path, os.mknod, self._p(path), mode, device)
         return self.lstat(path)
 
-    def statfs(self) -> StatFs:
+    def statfs(self, path: str | None = None) -> StatFs:
         return StatFs(1 << 40, 1 << 30, (1 << 40) - (1 << 30), 42)
 
     def du(self, path: str, on_error: Any = None) -> tuple[int, int]:
