@@ -23,6 +23,7 @@ from ff_storage.core.chunks import (
     UpdateRecord,
     apply_truncate,
     apply_write,
+    chain_update_id,
     check_chunk_id,
     check_range,
     check_update_id,
@@ -47,12 +48,13 @@ _head_request_ids = itertools.count(1)
 class WritePath(NodeBase):
     # ---- write (head) ----
 
-    def _update_id(self, what: str, pb_id: spb.UpdateId) -> UpdateKey | None:
-        """The update's id from the wire, or a new one of the head's when it has none (ids on)."""
+    def _update_id(self, what: str, pb_id: spb.UpdateId, owner: str = "", *fields: int) -> UpdateKey | None:
+        """The update's id from the wire bound to its caller and content (``chain_update_id``), or a new one of
+        the head's when it has none (ids on)."""
         got = check_update_id(what, pb_id.client_id, pb_id.request_id)
-        if got is None and self.config.update_ids:
-            return (_HEAD_CLIENT_ID, next(_head_request_ids))
-        return got
+        if got is None:
+            return (_HEAD_CLIENT_ID, next(_head_request_ids)) if self.config.update_ids else None
+        return chain_update_id(owner, got, *fields)
 
     async def batch_write(self, ios: list[spb.WriteIO], owner: str) -> list[spb.UpdateResult]:
         self.check_count("IOs", len(ios))
@@ -60,7 +62,8 @@ class WritePath(NodeBase):
         ids: list[UpdateKey | None] = []
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
-            ids.append(self._update_id(f"ios[{n}]", io.update_id))
+            ids.append(self._update_id(f"ios[{n}]", io.update_id, owner, spb.UPDATE_TYPE_WRITE, io.offset_bytes,
+                                       io.length_bytes, io.checksum.value, io.chunk_size_bytes))  # fmt: skip
             check_range(f"ios[{n}]", io.chunk_size_bytes, io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
             which = io.WhichOneof("data")
             if which is None:
@@ -148,7 +151,8 @@ class WritePath(NodeBase):
                                      f"1..{MAX_CHUNK_SIZE_BYTES}")  # fmt: skip
             if io.length_bytes > io.chunk_size_bytes:
                 raise InvalidRequest(f"ios[{n}]: length {io.length_bytes} is past chunk size {io.chunk_size_bytes}")
-            ids.append(self._update_id(f"ios[{n}]", io.update_id))
+            ids.append(self._update_id(f"ios[{n}]", io.update_id, "", spb.UPDATE_TYPE_TRUNCATE, io.length_bytes,
+                                       io.chunk_size_bytes))  # fmt: skip
         return await self._head_simple(
             [(io.chain_id, io.chain_version, Update(key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
                                                     kind=spb.UPDATE_TYPE_TRUNCATE, chunk_size=io.chunk_size_bytes,

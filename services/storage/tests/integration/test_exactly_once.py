@@ -82,6 +82,26 @@ async def test_a_retry_to_the_same_head_gets_the_original_result(
         assert (data, version) == (b"B" * 200, 2)
 
 
+async def test_an_update_id_reused_for_other_data_is_a_new_write(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    """A write that reuses an update id with other bytes is no retry: it is applied (not answered with the first
+    write's result while its bytes are dropped); a true retry of either write still gets its own result."""
+    info = await cluster.routing()
+    chain = info.chains[0]
+    reused = spb.UpdateId(client_id=b"writer-a", request_id=1)
+    a = await _write_raw(info, chain, b"A" * 100, reused)
+    z = await _write_raw(info, chain, b"Z" * 300, reused)
+    assert (a.status, a.committed_version, z.status, z.committed_version) == (1, 1, 1, 2), (a, z)
+    assert (z.chunk_length_bytes, z.chunk_checksum.value) == (300, crc32c_of(b"Z" * 300))
+    z_again = await _write_raw(info, chain, b"Z" * 300, reused)
+    a_again = await _write_raw(info, chain, b"A" * 100, reused)
+    assert (z_again.committed_version, a_again.committed_version) == (2, 1)
+    for target in chain.targets:  # Z's bytes everywhere, applied once
+        data, version, _ = await _read(client, chain.chain_id, target=target.target_id)
+        assert (data, version) == (b"Z" * 300, 2)
+
+
 @pytest.fixture(params=[True, False], ids=["ids", "no-ids"])
 async def id_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[StorageCluster, bool]]:
     on = bool(request.param)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ff_storage.core.chunks import ForwardDecision, UpdateRecord, check_update_id, decide_forward
+from ff_storage.core.chunks import ForwardDecision, UpdateRecord, chain_update_id, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
@@ -141,3 +141,19 @@ async def test_a_replica_takes_the_whole_chunk_for_another_update_at_its_version
     assert got is not None and got[1] == b"B" * 10
     assert tail.targets[1].engine.update_at(KEY, 1) is not None
     assert tail.targets[1].engine.update_at(KEY, 1).update_id == B  # type: ignore[union-attr]
+
+
+def test_the_chain_id_of_an_update_is_bound_to_its_caller_and_content() -> None:
+    """A retry maps to the same id; another user sending the same client id and request id, or the same client
+    reusing an id for another update, maps to another one (it can neither take nor block the first's result)."""
+    first = chain_update_id("alice", (b"client-a", 7), 1, 0, 100, 1234, 4096)
+    assert first == chain_update_id("alice", (b"client-a", 7), 1, 0, 100, 1234, 4096)
+    assert first[1] == 7 and 0 < len(first[0]) <= 64
+    others = {
+        chain_update_id("bob", (b"client-a", 7), 1, 0, 100, 1234, 4096),
+        chain_update_id("alice", (b"client-a", 7), 1, 0, 100, 999, 4096),
+        chain_update_id("alice", (b"client-a", 7), 1, 8, 100, 1234, 4096),
+        chain_update_id("alice", (b"client-b", 7), 1, 0, 100, 1234, 4096),
+        chain_update_id("alic", (b"eclient-a", 7), 1, 0, 100, 1234, 4096),  # no ambiguity at the seam
+    }
+    assert first not in others and len(others) == 5

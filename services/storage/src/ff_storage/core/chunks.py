@@ -4,6 +4,8 @@ replica, the recovery diff, and what local state a target reports."""
 from __future__ import annotations
 
 import enum
+import hashlib
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -54,6 +56,21 @@ def check_update_id(what: str, client_id: bytes, request_id: int) -> UpdateKey |
     if request_id <= 0:
         raise InvalidRequest(f"{what}: update_id.request_id must be positive")
     return (client_id, request_id)
+
+
+def chain_update_id(owner: str, client_update: UpdateKey, *what: int) -> UpdateKey:
+    """The id the chain remembers for a client's update: the client's id bound to the caller (``owner``, the
+    authenticated principal) and to what the update does (``what``: type, offset, length, checksum, chunk size).
+
+    A retry (same caller, same id, same update) maps to the same id, so it gets the original result. Another
+    caller sending the same client id and request id, or the same caller reusing an id for a different update,
+    maps to another id: it is a new update, applied, and can neither take another's result nor make another's
+    write be answered as done without being applied."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (owner.encode(), client_update[0]):
+        digest.update(struct.pack("<I", len(part)) + part)
+    digest.update(struct.pack(f"<{len(what)}Q", *what))
+    return (digest.digest(), client_update[1])
 
 
 def check_chunk_id(inode_id: int, chunk_index: int) -> ChunkKey:
