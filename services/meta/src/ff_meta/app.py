@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from ff_cluster import MgmtdClient
 from ff_meta.core.errors import FsCode, FsError, fs_error
+from ff_meta.core.lengths import LastChunk, file_end
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.store import fsops
@@ -346,21 +347,19 @@ class MetaApp:
         if not inode.is_file or not inode.chain_table_id or not inode.stripe_size:
             return None
         chains = await self._chains(inode.chain_table_id, inode.chain_begin, inode.stripe_size, inode.shuffle_seed)
-        best: int | None = None
         settled = {spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND}
-        for chain_id in dict.fromkeys(chains):
 
-            def build(version: int, c: int = chain_id) -> spb.QueryLastChunkRequest:
-                q = spb.LastChunkQuery(chain_id=c, chain_version=version, inode_id=inode.inode_id)
+        async def last_chunk(chain_id: int) -> LastChunk:
+            def build(version: int) -> spb.QueryLastChunkRequest:
+                q = spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=inode.inode_id)
                 return spb.QueryLastChunkRequest(queries=[q])
 
             resp = await self._storage_call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
                                             ok=lambda r: r.results[0].status in settled)  # fmt: skip
             r = resp.results[0]
-            if r.status == spb.CHUNK_IO_STATUS_OK:
-                end = r.last_chunk_index * inode.chunk_size + r.last_chunk_length_bytes
-                best = end if best is None else max(best, end)
-        return best
+            return (r.last_chunk_index, r.last_chunk_length_bytes) if r.status == spb.CHUNK_IO_STATUS_OK else None
+
+        return await file_end(chains, inode.chunk_size, last_chunk)
 
     async def remove_chunks(self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int,
                             from_chunk: int = 0) -> int:  # fmt: skip
