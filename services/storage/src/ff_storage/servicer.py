@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 DUMP_BATCH = 1000
 GRANT_PIECE_BYTES = 1 << 20
 READ_STREAM_IN_FLIGHT = 16
+READ_STREAM_BYTES = 32 << 20  # bytes one ReadStream may have asked for and not yet had sent (one larger read alone)
 
 
 def _owner() -> str:
@@ -77,6 +78,29 @@ def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
         used_bytes=used, num_chunks=num, capacity_bytes=space.capacity_bytes, free_bytes=space.free_bytes,
         filesystem_id=space.filesystem_id,
     )  # fmt: skip
+
+
+class _StreamBudget:
+    """At most ``count`` requests and ``max_bytes`` asked-for bytes held at once; a request larger than
+    ``max_bytes`` goes alone (when nothing else is held)."""
+
+    def __init__(self, count: int, max_bytes: int) -> None:
+        self._count, self._max_bytes = count, max_bytes
+        self._held, self._bytes = 0, 0
+        self._changed = asyncio.Event()
+
+    def _fits(self, cost: int) -> bool:
+        return self._held == 0 or (self._held < self._count and self._bytes + cost <= self._max_bytes)
+
+    async def acquire(self, cost: int) -> None:
+        while not self._fits(cost):  # one waiter: the stream's pump
+            self._changed.clear()
+            await self._changed.wait()
+        self._held, self._bytes = self._held + 1, self._bytes + cost
+
+    def release(self, cost: int) -> None:
+        self._held, self._bytes = self._held - 1, self._bytes - cost
+        self._changed.set()
 
 
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
@@ -147,31 +171,28 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def ReadStream(
         self, request_iterator: AsyncIterator[pb.ReadStreamRequest], context: Context
     ) -> AsyncIterator[pb.ReadStreamResponse]:
-        """Each request served as BatchRead (the very same checks), concurrently, answered as it is done."""
-        answers: asyncio.Queue[pb.ReadStreamResponse | None] = asyncio.Queue()
+        """Each request served as BatchRead (the very same checks), concurrently, answered as it is done. A
+        request holds its share of the stream's budget (``_StreamBudget``) until its answer is sent, so a caller
+        that takes no answer makes the node read ahead a bounded amount, not everything it asked for."""
+        answers: asyncio.Queue[tuple[pb.ReadStreamResponse, int] | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
+        budget = _StreamBudget(READ_STREAM_IN_FLIGHT, READ_STREAM_BYTES)
 
-        async def one(req: pb.ReadStreamRequest) -> None:
+        async def one(req: pb.ReadStreamRequest, cost: int) -> None:
             try:
                 read = await self.BatchRead(req.read, context)
-                answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, read=read))
+                answer = pb.ReadStreamResponse(request_id=req.request_id, read=read)
             except Exception as exc:
                 code = _status_of(exc, "a ReadStream request")
-                answers.put_nowait(pb.ReadStreamResponse(request_id=req.request_id, error_code=code.value[0],
-                                                         error_message=str(exc) or type(exc).__name__))  # fmt: skip
-
-        in_flight = asyncio.Semaphore(READ_STREAM_IN_FLIGHT)
-
-        async def bounded(req: pb.ReadStreamRequest) -> None:
-            try:
-                await one(req)
-            finally:
-                in_flight.release()
+                answer = pb.ReadStreamResponse(request_id=req.request_id, error_code=code.value[0],
+                                               error_message=str(exc) or type(exc).__name__)  # fmt: skip
+            answers.put_nowait((answer, cost))
 
         async def pump() -> None:
             async for req in request_iterator:
-                await in_flight.acquire()  # a stream has at most this many reads in flight (back pressure)
-                task = asyncio.create_task(bounded(req))
+                cost = sum(io.length_bytes for io in req.read.ios)
+                await budget.acquire(cost)  # back pressure: the request waits for answers to be taken
+                task = asyncio.create_task(one(req, cost))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks)
@@ -179,8 +200,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
         pumping = asyncio.create_task(pump())
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
+            while (item := await answers.get()) is not None:
+                yield item[0]  # resumes once the answer is sent, so the caller's pace sets the release
+                budget.release(item[1])
         finally:
             for task in (pumping, *tasks):
                 task.cancel()

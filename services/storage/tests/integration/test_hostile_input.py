@@ -6,6 +6,7 @@ each."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -549,3 +550,32 @@ async def test_the_data_path_refuses_the_same_requests_cheaply(env: Env) -> None
         assert spb.BatchReadResponse.FromString(raw).results[0].status == spb.CHUNK_IO_STATUS_OK
     finally:
         conn.close()
+
+
+async def test_a_read_stream_whose_caller_takes_no_answer_holds_bounded_memory(env: Env) -> None:
+    """A caller sends 20 reads of the 16 MiB chunk on one ReadStream and takes no answer for a while: the node
+    reads ahead only a bounded part of what the stream asked for (it held every answer before: 320 MiB, and
+    more with more requests), and the stream then delivers every answer."""
+    many = [spb.ReadStreamRequest(request_id=n, read=spb.BatchReadRequest(ios=[_read(env, length_bytes=BIG)]))
+            for n in range(20)]  # fmt: skip
+
+    async def requests() -> AsyncIterator[spb.ReadStreamRequest]:
+        for request in many:
+            yield request
+
+    _peak_reset(env.pid)
+    before = rss_kib(env.pid) * 1024
+    metadata = RpcClient(token=CLUSTER_TOKEN).metadata()
+    call = env.stub.ReadStream(requests(), metadata=metadata, timeout=120)
+    growth = 0
+    for _ in range(40):  # 8 s for the node to do what it will with the stream meanwhile (no answer taken)
+        await asyncio.sleep(0.2)
+        growth = peak_rss_kib(env.pid) * 1024 - before
+        if growth >= MAX_PEAK_GROWTH_BYTES:
+            break
+    assert growth < MAX_PEAK_GROWTH_BYTES, f"peak RSS grew {growth >> 20} MiB"
+    answers = [a async for a in call]
+    assert sorted(a.request_id for a in answers) == list(range(20))
+    failed = [(a.request_id, a.error_message, a.read.results[0].status if a.read.results else None) for a in answers
+              if a.error_code or a.read.results[0].status != spb.CHUNK_IO_STATUS_OK]  # fmt: skip
+    assert not failed, failed
