@@ -160,7 +160,10 @@ async def recv_header(sock: socket.socket, peer: str) -> dict[str, Any]:
         raise DataPathError(f"header of {size} bytes is too large")
     body = bytearray(size)
     await recv_exactly(sock, memoryview(body), peer)
-    header = json.loads(body)
+    try:
+        header = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep: a bad header
+        raise DataPathError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise DataPathError("header is not a JSON object")
     return header

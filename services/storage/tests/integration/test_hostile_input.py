@@ -7,7 +7,9 @@ each."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -579,3 +581,31 @@ async def test_a_read_stream_whose_caller_takes_no_answer_holds_bounded_memory(e
     failed = [(a.request_id, a.error_message, a.read.results[0].status if a.read.results else None) for a in answers
               if a.error_code or a.read.results[0].status != spb.CHUNK_IO_STATUS_OK]  # fmt: skip
     assert not failed, failed
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"\xff\xfe{}", b"[1, 2]", b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"],
+    ids=["bad-json", "not-utf8", "not-an-object", "nested-5000"],
+)
+async def test_a_malformed_data_path_header_closes_the_connection_quietly(env: Env, body: bytes) -> None:
+    """A frame header that is not a JSON object (before and after the handshake) closes the connection as a bad
+    header, with no error traceback in the node's log per connection (a hostile client could flood the log),
+    and the node serves on."""
+    head = env.chain.targets[0].node_id
+    node = next(n for n in env.cluster.nodes if n.info["node_id"] == head)
+    host, port = str(node.info["data"]).rsplit(":", 1)
+    log = env.cluster.folder / f"{node.name}.log"
+    logged = log.stat().st_size
+    hello = json.dumps({"op": "auth", "token": CLUSTER_TOKEN}).encode()
+    for prefix in (b"", struct.pack(">I", len(hello)) + hello):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(prefix + struct.pack(">I", len(body)) + body)
+            await writer.drain()
+            got = await asyncio.wait_for(reader.read(), MAX_ANSWER_S)  # the handshake's answer, then the end
+            assert prefix or got == b""
+        finally:
+            writer.close()
+    await _still_serves(env, 998)
+    assert b"Traceback" not in log.read_bytes()[logged:]
