@@ -395,8 +395,8 @@ class MetaApp:
 
     async def close_or_sync(self, caller: Caller, inode_id: int, session_id: str, written: int,
                             mtime_ns: int | None, close: bool) -> Inode:  # fmt: skip
-        inode, _, may_change = await self.tx(caller, lambda t: fsops.authorize_finish(t, inode_id, session_id),
-                                             read_only=True)  # fmt: skip
+        # a cursor read on the event loop (an ORM session in a worker thread only if the check needs one)
+        inode, _, may_change = await self.read(caller, lambda t: fsops.authorize_finish(t, inode_id, session_id))
         if not may_change:  # a reader's fsync: nothing to make exact on its behalf
             return inode
         length = await self.storage_length(inode)

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from stat import S_ISGID
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -194,11 +194,28 @@ def open_session(tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, c
     return SessionInfo(session_id, client_id, inode.inode_id, NO_LIMIT if limit is None else limit, defaults.lease_s)
 
 
-def _session(tx: Tx, inode_id: int, session_id: str) -> Any:
-    row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
-    if row is None or row.inode_id != inode_id:
+class SessionRow(NamedTuple):
+    """A write session's row (``meta_sessions``)."""
+
+    session_id: str
+    inode_id: int
+    uid: int
+    write_limit: int | None
+    reported_length: int
+    quota_ids: str
+    times_set_at_ns: int | None
+
+
+_RAW_SESSION = raw_sql(f"SELECT {', '.join(SessionRow._fields)} FROM meta_sessions WHERE session_id = ?")
+
+
+def _session(tx: Tx, inode_id: int, session_id: str) -> SessionRow:
+    """The session's row, read through the cursor helpers (so that Close's first check runs on a bare cursor
+    on the event loop, without an ORM session: see ``MetaApp.read``)."""
+    rows = tx.fetch_all(_RAW_SESSION, (session_id,))
+    if not rows or rows[0][1] != inode_id:
         raise fs_error(FsCode.BAD_SESSION, f"write session {session_id!r} is unknown, closed or collected")
-    return row
+    return SessionRow(*rows[0])
 
 
 def set_length(tx: Tx, inode: Inode, new_length: int, chain: list[QuotaRow], *, mtime_ns: int | None = None,
@@ -268,7 +285,7 @@ def _end_session(tx: Tx, inode: Inode, row: Any, chain: list[QuotaRow]) -> None:
         unused = max(0, int(row.write_limit) - max(inode.length, int(row.reported_length)))
         if unused:
             tx.charge(chain, dreserved=-unused, enforce=False)
-    tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == row.session_id))
+    tx.delete_session(row.session_id)
     if inode.nlink == 0 and not tx.has_sessions(inode.inode_id):
         tx.free_file(inode)
 

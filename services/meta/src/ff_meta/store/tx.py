@@ -118,6 +118,7 @@ _RAW_ENTRIES_CHANGED = raw_sql(
     "UPDATE meta_inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE inode_id = ?"
 )
 _RAW_ANY_CHILD = raw_sql("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
+_RAW_DELETE_SESSION = raw_sql("DELETE FROM meta_sessions WHERE session_id = ?")
 _RAW_ANY_SESSION = raw_sql("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
 _RAW_COUNT_SESSIONS = raw_sql("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ? AND lease_expires_at > ?")
 _RAW_LINKS = raw_sql("SELECT parent_id, name FROM meta_dirents WHERE inode_id = ? ORDER BY parent_id, name LIMIT ?")
@@ -579,6 +580,10 @@ class Tx:
         quota_ids = ",".join(str(q.inode_id) for q in chain)
         self._fetch(_RAW_INSERT_SESSION, (session_id, client_id, inode.inode_id, self.caller.uid, write_limit,
                                           inode.length, expires_at, quota_ids), fetch=False)  # fmt: skip
+
+    def delete_session(self, session_id: str) -> None:
+        """Through the cursor, as ``insert_session``: a Close then runs on the inline writer, no ORM session."""
+        self._fetch(_RAW_DELETE_SESSION, (session_id,), fetch=False)
 
     def pin_times(self, inode_id: int) -> None:
         """An explicit mtime was just set: the file's open write sessions report no earlier write time over it
