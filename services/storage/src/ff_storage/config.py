@@ -27,8 +27,10 @@ class StorageSettings(SettingsModel):
     max_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchWrite may carry")
     max_read_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchRead may ask for")
     max_inline_read_bytes: int = Field(
-        64 * 1024 * 1024, gt=0, description="most bytes one BatchRead may ask for inline (copied into the answer)"
-    )
+        32 * 1024 * 1024, gt=0, le=48 * 1024 * 1024,
+        description="most bytes one BatchRead may ask for inline (copied into the answer, which must stay under "
+        "gRPC's 64 MiB message cap with its results: at most 48 MiB)",
+    )  # fmt: skip
     max_batch_ios: int = Field(4096, gt=0, description="most IOs (or updates, queries, chunk ids) in one call")
     update_ids: bool = Field(
         True, description="recognize retried updates by their ids (off only for the test showing why they exist)"

@@ -52,7 +52,7 @@ class NodeConfig:
     max_update_ids_per_chunk: int = 1024
     max_batch_ios: int = 4096
     max_read_batch_bytes: int = 256 * 1024 * 1024
-    max_inline_read_bytes: int = 64 * 1024 * 1024
+    max_inline_read_bytes: int = 32 * 1024 * 1024  # the answer must fit gRPC's 64 MiB message cap
 
 
 @dataclass

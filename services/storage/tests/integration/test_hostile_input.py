@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from ff_rpc import RpcClient, RpcError, open_channel
 from ff_rpc.testing import MALFORMED_MESSAGES, call_raw, peak_rss_kib, rss_kib
+from ff_storage.config import StorageSettings
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -609,3 +610,15 @@ async def test_a_malformed_data_path_header_closes_the_connection_quietly(env: E
             writer.close()
     await _still_serves(env, 998)
     assert b"Traceback" not in log.read_bytes()[logged:]
+
+
+async def test_an_inline_read_just_under_the_inline_limit_gets_its_answer(env: Env) -> None:
+    """Inline reads that ask for just under the node's inline limit in all are answered: the limit leaves the
+    answer room under gRPC's message cap (at 64 MiB, the answer was read, then too large to send)."""
+    limit = StorageSettings.model_fields["max_inline_read_bytes"].default
+    count = -(-limit // BIG)  # IOs of at most BIG bytes (distinct ranges) that add up to just under the limit
+    each = limit // count - count
+    ios = [_read(env, offset_bytes=n, length_bytes=each) for n in range(count)]
+    rpc = RpcClient(token=CLUSTER_TOKEN, timeout_s=60.0)
+    answer = await rpc.unary(env.stub.BatchRead, spb.BatchReadRequest(ios=ios, transport=spb.DATA_TRANSPORT_INLINE))
+    assert [(r.status, len(r.inline_data)) for r in answer.results] == [(spb.CHUNK_IO_STATUS_OK, each)] * count
