@@ -43,6 +43,7 @@ class Inode:
     stripe_size: int = 0
     chain_begin: int = 0
     shuffle_seed: int = 0
+    rdev: int = 0  # a device node's number (0 for every other type)
 
     @property
     def is_dir(self) -> bool:
@@ -55,12 +56,6 @@ class Inode:
     @property
     def is_symlink(self) -> bool:
         return self.type is InodeType.SYMLINK
-
-    @property
-    def rdev(self) -> int:
-        """A device node's number. Kept as decimal text in the column symlinks use for their target (special
-        files have no target), so device nodes needed no schema change."""
-        return int(self.symlink_target) if self.type in DEVICE_TYPES and self.symlink_target.isdigit() else 0
 
     def with_(self, **changes: object) -> Inode:
         return replace(self, **changes)  # type: ignore[arg-type]

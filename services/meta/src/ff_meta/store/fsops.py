@@ -451,8 +451,8 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
     """A FIFO, socket or device node: an inode without data or layout (a device's number in ``rdev``)."""
     if kind not in SPECIAL_TYPES:
         raise fs_error(FsCode.INVALID_ARGUMENT, f"mknod makes FIFOs, sockets and devices, not type {int(kind)}")
-    if not 0 <= rdev < 1 << 64 or (rdev and kind not in DEVICE_TYPES):
-        raise fs_error(FsCode.INVALID_ARGUMENT, "a device number belongs to a device node only")
+    if not 0 <= rdev < 1 << 63 or (rdev and kind not in DEVICE_TYPES):
+        raise fs_error(FsCode.INVALID_ARGUMENT, "a device number (below 2^63) belongs to a device node only")
     if kind in DEVICE_TYPES and not tx.caller.is_root:
         raise fs_error(FsCode.NOT_PERMITTED, f"mknod {at.path}: only root makes device nodes (as CAP_MKNOD)")
     r = tx.resolve(at, follow_last=False)
@@ -460,7 +460,7 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
     tx.charge(tx.quota_chain(parent), dinodes=1)
     inode = Inode(inode_id=inode_id, type=kind, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid, nlink=1,
                   atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
-                  symlink_target=str(rdev) if kind in DEVICE_TYPES else "")  # fmt: skip
+                  rdev=rdev)  # fmt: skip
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode

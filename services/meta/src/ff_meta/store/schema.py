@@ -30,6 +30,8 @@ inodes = sa.Table(
     sa.Column("stripe_size", sa.Integer, nullable=False),
     sa.Column("chain_begin", sa.Integer, nullable=False),
     sa.Column("shuffle_seed", sa.BigInteger, nullable=False),
+    # Device nodes: the device number (0 for every other type).
+    sa.Column("rdev", sa.BigInteger, nullable=False, server_default="0"),
 )  # fmt: skip
 
 dirents = sa.Table(
