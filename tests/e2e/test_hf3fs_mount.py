@@ -3,11 +3,14 @@ unmounts it and its daemon is gone. Skipped where FUSE is missing (no /dev/fuse 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,9 +43,35 @@ def test_up_mount_and_down_unmounts(appliance: Appliance, tmp_path: Path) -> Non
         assert (cat.returncode, cat.stdout) == (0, "hello through FUSE\n"), cat.stderr
         again = appliance.ok("up", "--mount", str(where))
         assert "mounted on" in again.out and "already" in again.out
+        # the daemon dies: its mount stays, dead ("Transport endpoint is not connected"); `up --mount` replaces it
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+        assert str(where) in _fuse_mounts()
+        with pytest.raises(OSError) as dead:
+            os.listdir(where)
+        assert dead.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+        remount = appliance.ok("up", "--mount", str(where))
+        assert f"mounted 3FS on {where}" in remount.out and os.path.ismount(where)
+        assert (where / "from-the-mount" / "hello.txt").read_text() == "hello through FUSE\n"
+        pid = json.loads((appliance.state_dir / "run" / "hf3fs-mount.json").read_text())["pid"]
+        # and `down` removes a dead mount too
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
         down = appliance.ok("down")
         assert f"unmounted {where}" in down.out
-        assert not os.path.ismount(where) and not pid_alive(pid)
+        assert str(where) not in _fuse_mounts() and not pid_alive(pid)
     finally:
-        if os.path.ismount(where):
+        if str(where) in _fuse_mounts():  # also a dead mount, which os.path.ismount may not see
             subprocess.run(["fusermount3", "-uz", str(where)], check=False)
+
+
+def _fuse_mounts() -> list[str]:
+    with open("/proc/self/mounts") as f:
+        return [line.split()[1] for line in f if line.split()[2].startswith("fuse")]
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid)

@@ -4,6 +4,8 @@ unmounts it before it stops the services. Nothing is mounted unless asked."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import signal
@@ -35,6 +37,8 @@ def mount_3fs(state: StateDir, mgmtd: Sequence[str], token: str, where: str, env
     current = _read(state)
     if current is not None and current[0] == target and os.path.ismount(target) and pid_alive(current[1]):
         return f"3FS is mounted on {target} already (daemon pid {current[1]})"
+    if current is not None:  # what an earlier `up --mount` left: its daemon died or the mount moved
+        unmount_3fs(state, io.StringIO())
     os.makedirs(target, exist_ok=True)
     options = fuse.MountOptions(log_file=str(state.log_file(MOUNT_NAME)))
     mounted = fuse.mount_background(target, ",".join(mgmtd), token, options, env)
@@ -50,10 +54,10 @@ def unmount_3fs(state: StateDir, out: TextIO) -> None:
     where, pid = current
     from hf3fs import fuse
 
-    if os.path.ismount(where):
-        try:
-            fuse.umount(where)
-        except OSError as err:
+    try:  # also a dead or hung mount, which os.path.ismount does not see (its stat fails)
+        fuse.umount(where)
+    except OSError as err:
+        if err.errno != errno.EINVAL:  # EINVAL: nothing mounted there
             print(f"{MOUNT_NAME}: {err}", file=out)
     deadline = time.monotonic() + EXIT_WAIT_S
     while pid_alive(pid) and time.monotonic() < deadline:
