@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
+from ff_storage.store import chunk_engine
 from ff_storage.store.chunk_engine import ChunkEngine
 from hf3fs.checksum import crc32c_of
 
@@ -31,7 +32,8 @@ def _put(engine: ChunkEngine, content: bytes, key: tuple[int, int] = KEY) -> Non
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[ChunkEngine]:
-    e = ChunkEngine(tmp_path / "target", max_free_files=4)
+    """New files one at a time (no batch of empty free ones), so that the tests can count files."""
+    e = ChunkEngine(tmp_path / "target", max_free_files=4, new_file_batch=1)
     e.open()
     yield e
     e.close()
@@ -106,20 +108,20 @@ def test_a_pending_version_is_served_from_a_view_until_committed(engine: ChunkEn
 
 def test_crash_between_write_and_commit_keeps_the_committed_version(tmp_path: Path) -> None:
     root = tmp_path / "target"
-    first = ChunkEngine(root)
+    first = ChunkEngine(root, new_file_batch=1)
     first.open()
     _put(first, b"committed" * 100)
     first.close()
     # another process stores a new version and dies before committing it (no close, no cleanup)
     code = (
         "import os, sys; from pathlib import Path; from ff_storage.store.chunk_engine import ChunkEngine\n"
-        "e = ChunkEngine(Path(sys.argv[1])); e.open()\n"
+        "e = ChunkEngine(Path(sys.argv[1]), new_file_batch=1); e.open()\n"
         "e.write_pending([((7, 0), 2, 1, b'never committed' * 100, None)])\n"
         "os._exit(9)\n"
     )
     died = subprocess.run([sys.executable, "-c", code, str(root)], check=False)
     assert died.returncode == 9
-    again = ChunkEngine(root)
+    again = ChunkEngine(root, new_file_batch=1)
     again.open()
     assert again.pending(KEY) is None
     assert again.read_committed(KEY) == (again.get(KEY), b"committed" * 100)
@@ -149,3 +151,37 @@ def test_a_damaged_file_fails_the_check(engine: ChunkEngine) -> None:
         os.fsync(f.fileno())
     with pytest.raises(ChunkCorrupt):
         engine.map_committed(KEY)
+
+
+def test_new_files_come_in_batches_with_one_folder_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight new chunks with batches of 8: one batch of files, its folder fsynced once (and the data folder once
+    for the new folder), where one file at a time fsynced a folder for each chunk. Every chunk reads back."""
+    synced: list[Path] = []
+    real = chunk_engine._fsync_dir
+    monkeypatch.setattr(chunk_engine, "_fsync_dir", lambda p: (synced.append(p), real(p))[1])
+    e = ChunkEngine(tmp_path / "target", new_file_batch=8)
+    e.open()
+    synced.clear()
+    for index in range(8):
+        _put(e, bytes([index]) * 5000, (3, index))
+    assert len(_files(e)) == 8 and len(synced) <= 2, synced
+    assert all(e.read_committed((3, i)) == (e.get((3, i)), bytes([i]) * 5000) for i in range(8))
+    _put(e, b"ninth" * 10, (3, 8))  # the batch is used up: a new one
+    assert len(_files(e)) == 16
+    e.close()
+
+
+def test_unused_files_of_a_batch_are_free_after_a_restart(tmp_path: Path) -> None:
+    root = tmp_path / "target"
+    e = ChunkEngine(root, new_file_batch=4)
+    e.open()
+    _put(e, b"only" * 100)
+    e.close()
+    again = ChunkEngine(root, new_file_batch=4)
+    again.open()
+    files = _files(again)
+    assert len(files) == 4 and again.read_committed(KEY) == (again.get(KEY), b"only" * 100)
+    for index in range(1, 4):  # the three empty ones are taken before any new file is made
+        _put(again, b"more" * 100, (7, index))
+    assert _files(again) == files
+    again.close()
