@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ff_cluster import MgmtdClient
 from ff_meta.core.errors import FsCode, FsError, fs_error
-from ff_meta.core.lengths import LastChunk, file_end
+from ff_meta.core.lengths import LastChunk, file_end, on_every_chain
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.store import fsops
@@ -363,20 +363,23 @@ class MetaApp:
 
     async def remove_chunks(self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int,
                             from_chunk: int = 0) -> int:  # fmt: skip
+        """Remove the file's chunks from ``from_chunk`` on, on every chain of its stripe at once."""
         chains = await self._chains(table_id, begin, stripe, seed)
-        removed = 0
-        for chain_id in dict.fromkeys(chains):
+
+        async def on_chain(chain_id: int) -> int:
+            removed = 0
             while True:
 
-                def build(version: int, c: int = chain_id) -> spb.RemoveChunksRequest:
-                    return spb.RemoveChunksRequest(chain_id=c, chain_version=version, inode_id=inode_id,
+                def build(version: int) -> spb.RemoveChunksRequest:
+                    return spb.RemoveChunksRequest(chain_id=chain_id, chain_version=version, inode_id=inode_id,
                                                    begin_chunk_index=from_chunk)  # fmt: skip
 
                 resp = await self._storage_call(chain_id, lambda s: s.RemoveChunks, build, head=True, ok=lambda r: True)
-                removed += resp.num_removed
+                removed += int(resp.num_removed)
                 if not resp.has_more:
-                    break
-        return removed
+                    return removed
+
+        return sum(await on_every_chain(chains, on_chain))
 
     async def truncate_chunk(self, inode: Inode, chunk_index: int, length: int) -> None:
         chains = await self._chains(inode.chain_table_id, inode.chain_begin, inode.stripe_size, inode.shuffle_seed)
@@ -404,7 +407,7 @@ class MetaApp:
                                                                    mtime_ns, close))  # fmt: skip
 
     async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
-        inode = await self.tx(caller, lambda t: fsops.truncate_check(t, at, session_id), read_only=True)
+        inode = await self.read(caller, lambda t: fsops.truncate_check(t, at, session_id))  # a cursor read
         if length < inode.length and inode.chain_table_id and inode.stripe_size:
             chunk, within = divmod(length, inode.chunk_size)
             first_gone = chunk + 1 if within else chunk

@@ -624,8 +624,7 @@ def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
         tx.charge(chain, dbytes=length - inode.length)
     else:
         tx.charge(chain, dbytes=length - inode.length, enforce=False)
-    shrink = sa.update(sessions).where(sessions.c.inode_id == inode.inode_id, sessions.c.reported_length > length)
-    tx.session.execute(shrink.values(reported_length=length))
+    tx.shrink_reported(inode.inode_id, length)
     values = {"length": length, "mtime_ns": tx.now_ns, "ctime_ns": tx.now_ns}
     tx.update(inode.inode_id, **values)
     return inode.with_(**values)

@@ -118,6 +118,9 @@ _RAW_ENTRIES_CHANGED = raw_sql(
     "UPDATE meta_inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE inode_id = ?"
 )
 _RAW_ANY_CHILD = raw_sql("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
+_RAW_SHRINK_REPORTED = raw_sql(
+    "UPDATE meta_sessions SET reported_length = ? WHERE inode_id = ? AND reported_length > ?"
+)
 _RAW_DELETE_SESSION = raw_sql("DELETE FROM meta_sessions WHERE session_id = ?")
 _RAW_ANY_SESSION = raw_sql("SELECT session_id FROM meta_sessions WHERE inode_id = ? LIMIT 1")
 _RAW_COUNT_SESSIONS = raw_sql("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ? AND lease_expires_at > ?")
@@ -584,6 +587,10 @@ class Tx:
     def delete_session(self, session_id: str) -> None:
         """Through the cursor, as ``insert_session``: a Close then runs on the inline writer, no ORM session."""
         self._fetch(_RAW_DELETE_SESSION, (session_id,), fetch=False)
+
+    def shrink_reported(self, inode_id: int, length: int) -> None:
+        """No write session of the inode reports more than ``length`` (a truncate), through the cursor."""
+        self._fetch(_RAW_SHRINK_REPORTED, (length, inode_id, length), fetch=False)
 
     def pin_times(self, inode_id: int) -> None:
         """An explicit mtime was just set: the file's open write sessions report no earlier write time over it
