@@ -36,6 +36,7 @@ FREE_INODES = 1 << 40  # 3FS has no inode table to fill; report plenty
 MOUNT_WAIT_S = 30.0
 UMOUNT_WAIT_S = 10.0
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -352,6 +353,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if atime == mtime == UTIME_OMIT:
             return 0
         inode = self._inode_of(fh) if path is None else None  # futimens
+        if self._has_writers():  # bytes written before the new times must not land after them (a later mtime)
+            self._flush_writers(inode if inode is not None else self.fs.lstat(path).inode_id)
         if atime == mtime == UTIME_NOW:  # "now" needs write permission only, not ownership (POSIX)
             if inode is not None:
                 self.fs.set_attr_inode(inode, now=True)
@@ -521,6 +524,27 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         for h in self._writers(inode_id):
             with h.lock:
                 h.end = min(h.end, length)
+        return 0
+
+    @_fuse_errors
+    def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
+        """posix_fallocate: the file grows to ``offset + size`` if it is shorter (a sparse extension, charged to the
+        directory quotas at once, so EDQUOT comes here; 3FS writes chunks when data comes, so storage space is not
+        set aside). FALLOC_FL_KEEP_SIZE alone has nothing to do; punching holes, collapsing, zeroing or inserting
+        ranges are EOPNOTSUPP."""
+        if offset < 0 or size <= 0:
+            raise mfusepy.FuseOSError(errno.EINVAL)
+        if mode & ~FALLOC_FL_KEEP_SIZE:
+            raise mfusepy.FuseOSError(errno.EOPNOTSUPP)
+        h = self._get(fh)
+        if not h.writable:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        if mode & FALLOC_FL_KEEP_SIZE:
+            return 0
+        self._flush_writers(h.inode_id)
+        with acting_as(None):  # on the open handle, as ftruncate: meta checked write access at open
+            if self.fs.stat_inode(h.inode_id).size < offset + size:
+                self.fs.truncate_inode(h.inode_id, offset + size)
         return 0
 
     @_fuse_errors

@@ -62,3 +62,29 @@ def test_no_byte_quota_grants_everything(fs: hf3fs.FileSystem, admin_fs: hf3fs.F
                                                       partial=True))  # fmt: skip
     assert (limit, available) == (1 << 40, (1 << 64) - 1)
     call(fs, "Close", pb.CloseRequest(inode_id=opened.inode.inode_id, session_id=opened.session.session_id))
+
+
+def test_a_file_addressed_by_its_inode_counts_against_its_folders_quota(
+    fs: hf3fs.FileSystem, admin_fs: hf3fs.FileSystem, home: str
+) -> None:
+    """Opening for writing or truncating a file by its inode id (no path: as the mount does for an open handle)
+    charged no quota at all: a 4 MiB folder held an 8 MiB file and counted 1 byte."""
+    admin_fs.set_quota(home, max_bytes=4 * MiB)
+    with fs.open(f"{home}/f", "wb") as f:
+        f.write(b"x")
+    inode_id = fs.stat(f"{home}/f").inode_id
+    by_inode = pb.PathAt(parent_inode_id=inode_id)
+    opened = call(fs, "Open", pb.OpenRequest(path=by_inode, open_mode=pb.OPEN_MODE_WRITE,
+                                             session_id=uuid.uuid4().hex, client_id=fs.client_id))  # fmt: skip
+    sid = opened.session.session_id
+    assert opened.session.write_limit_bytes < 4 * MiB  # a quota applies: writes must reserve
+    refused = call(fs, "ReserveSpace", pb.ReserveSpaceRequest(inode_id=inode_id, session_id=sid,
+                                                              write_limit_bytes=8 * MiB))  # fmt: skip
+    assert refused == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert call(fs, "Close", pb.CloseRequest(inode_id=inode_id, session_id=sid)).inode.length_bytes == 1
+    truncated = call(fs, "Truncate", pb.TruncateRequest(path=by_inode, length_bytes=8 * MiB))
+    assert truncated == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert fs.stat(f"{home}/f").size == 1
+    assert call(fs, "Truncate", pb.TruncateRequest(path=by_inode, length_bytes=2 * MiB)).inode.length_bytes == 2 * MiB
+    quota = fs.get_quota(home)
+    assert quota is not None and quota.used_bytes == 2 * MiB

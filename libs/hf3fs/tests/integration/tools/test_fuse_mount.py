@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import shutil
 import subprocess
@@ -168,3 +170,84 @@ def test_df_on_the_mount_shows_the_storage_disks_and_a_folders_quota(mount: Path
         f.write(b"x" * (1 << 20))
     inside = os.statvfs(mount / "quota")
     assert (inside.f_blocks * inside.f_frsize, inside.f_bavail * inside.f_frsize) == (64 << 20, 63 << 20)
+
+
+def _quota_folder(mount: Path, fs_cluster: FsCluster, name: str, max_bytes: int) -> Path:
+    (mount / name).mkdir()
+    admin = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.admin_token)
+    try:
+        admin.set_quota(f"/fuse/{name}", max_bytes=max_bytes)
+    finally:
+        admin.close()
+    return mount / name
+
+
+def test_quota_is_refused_at_write_and_keeps_what_was_written(mount: Path, fs_cluster: FsCluster) -> None:
+    """Issue 16, defect 5: through the mount, `dd` over a folder's quota failed only at close and the file ended
+    at 0 bytes. The write that crosses the quota fails (or is cut short), close does not, the bytes before stay."""
+    folder = _quota_folder(mount, fs_cluster, "dd-quota", 1 << 20)
+    block = os.urandom(256 << 10)
+    written = 0
+    fd = os.open(folder / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as refused:
+            for _ in range(8):
+                written += os.write(fd, block)
+        assert refused.value.errno == errno.EDQUOT
+    finally:
+        os.close(fd)  # no error here
+    assert 0 < written <= 1 << 20
+    with open(folder / "f", "rb") as f:
+        data = f.read()
+    assert len(data) == written and data == (block * 4)[:written]
+
+
+def test_posix_fallocate_grows_the_file_and_is_charged_to_the_quota(mount: Path, fs_cluster: FsCluster) -> None:
+    """Issue 16, defect 7: fallocate was unsupported (ENOSYS)."""
+    folder = _quota_folder(mount, fs_cluster, "falloc", 4 << 20)
+    fd = os.open(folder / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"head")
+        os.posix_fallocate(fd, 0, 1 << 20)
+        assert os.fstat(fd).st_size == 1 << 20
+        assert os.pread(fd, 8, 0) == b"head\0\0\0\0" and os.pread(fd, 4, (1 << 20) - 4) == b"\0" * 4
+        os.posix_fallocate(fd, 0, 4096)  # inside the file: nothing changes
+        assert os.fstat(fd).st_size == 1 << 20
+        with pytest.raises(OSError) as refused:
+            os.posix_fallocate(fd, 0, 8 << 20)
+        assert refused.value.errno == errno.EDQUOT
+        assert os.fstat(fd).st_size == 1 << 20
+    finally:
+        os.close(fd)
+    assert fs_cluster.client.stat("/fuse/falloc/f").size == 1 << 20
+
+
+def test_times_set_after_close_stay(mount: Path, tmp_path: Path) -> None:
+    """Issue 16, defect 3: mtimes set right after close (`tar x`, `cp -p`, `os.utime`) reverted a couple of
+    seconds later, and a following `tar c` said "file changed as we read it"."""
+    archive = tmp_path / "old.tar"
+    with tarfile.open(archive, "w") as tar:
+        for i in range(20):
+            info = tarfile.TarInfo(f"tree/f{i}")
+            data = os.urandom(3000 + i)
+            info.size, info.mtime = len(data), 1_500_000_000 + i
+            tar.addfile(info, io.BytesIO(data))
+    dest = mount / "times"
+    dest.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(dest)], check=True, timeout=120)
+    src = tmp_path / "local"
+    src.write_bytes(b"copied with its times")
+    os.utime(src, ns=(1_400_000_000 * 10**9, 1_400_000_000 * 10**9))
+    shutil.copy2(src, dest / "copied")
+    with open(dest / "touched", "wb") as f:
+        f.write(b"x" * 5000)
+    os.utime(dest / "touched", ns=(1_300_000_000 * 10**9, 1_300_000_000 * 10**9))
+    time.sleep(3)  # past the moment the writers' sessions closed (the kernel releases handles after close)
+    assert [os.stat(dest / "tree" / f"f{i}").st_mtime_ns for i in range(20)] == [
+        (1_500_000_000 + i) * 10**9 for i in range(20)
+    ]
+    assert os.stat(dest / "copied").st_mtime_ns == 1_400_000_000 * 10**9
+    assert os.stat(dest / "touched").st_mtime_ns == 1_300_000_000 * 10**9
+    again = subprocess.run(["tar", "-cf", str(tmp_path / "again.tar"), "-C", str(dest), "tree"],
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert again.returncode == 0, again.stderr

@@ -155,7 +155,7 @@ def create(
         if r.inode.is_dir:
             raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
         require(tx.caller, r.inode, W if write else R, f"open {at.path}")
-        return r.inode, False, tx.quota_chain(r.parent)
+        return r.inode, False, tx.quota_chain(tx.folder_of(r))
     parent = _new_parent(tx, r, at.path)
     chain = tx.quota_chain(parent)
     tx.charge(chain, dinodes=1)
@@ -175,7 +175,7 @@ def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[
         raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
     want = (R if read else 0) | (W if write else 0)
     require(tx.caller, inode, want or R, f"open {at.path}")
-    return inode, (tx.quota_chain(r.parent) if write else [])
+    return inode, (tx.quota_chain(tx.folder_of(r)) if write else [])
 
 
 def open_session(tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str,
@@ -619,7 +619,7 @@ def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
 def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
     inode = truncate_check(tx, at, session_id)
     r = tx.existing(at, follow_last=True)
-    chain = tx.quota_chain(r.parent)
+    chain = tx.quota_chain(tx.folder_of(r))
     if length > inode.length:
         tx.charge(chain, dbytes=length - inode.length)
     else:
@@ -724,7 +724,7 @@ def get_quota(tx: Tx, at: PathAt) -> list[tuple[QuotaRow, str]]:
     r = tx.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
-    base = inode if inode.is_dir else r.parent
+    base = inode if inode.is_dir else tx.folder_of(r)
     chain = tx.quota_chain(base) if base is not None else []
     return [(q, _path_or_id(tx, q.inode_id)) for q in chain]
 

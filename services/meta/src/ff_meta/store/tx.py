@@ -106,6 +106,7 @@ def raw_sql(sql: str) -> tuple[str, str]:
 
 SELECT_INODE_COLS = ", ".join(f"i.{c}" for c in _COLS)
 _RAW_GET = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_inodes i WHERE i.inode_id = ?")
+_RAW_FIRST_NAME_FOLDER = raw_sql("SELECT parent_id FROM meta_dirents WHERE inode_id = ? ORDER BY parent_id, name LIMIT 1")
 _RAW_LOOKUP = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
                    "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
 _TYPE_AT = _COLS.index("type")
@@ -531,6 +532,14 @@ class Tx:
         if self._has_quotas is None:
             self._has_quotas = self._fetch(_RAW_ANY_QUOTA, ()) is not None
         return self._has_quotas
+
+    def folder_of(self, r: Resolved) -> Inode | None:
+        """The folder whose quotas a file's bytes count against: the one it was reached through, or, for a file
+        addressed by its own inode (no path), the folder of its first name (None: no name is left)."""
+        if r.parent is not None or r.inode is None or r.inode.is_dir:
+            return r.parent
+        row = self._fetch(_RAW_FIRST_NAME_FOLDER, (r.inode.inode_id,))
+        return None if row is None else self.must(int(row[0]))
 
     def quota_chain(self, dir_inode: Inode | None) -> list[QuotaRow]:
         """Quotas of ``dir_inode`` and its ancestors, nearest first."""
