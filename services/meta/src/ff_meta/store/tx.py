@@ -106,7 +106,9 @@ def raw_sql(sql: str) -> tuple[str, str]:
 
 SELECT_INODE_COLS = ", ".join(f"i.{c}" for c in _COLS)
 _RAW_GET = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_inodes i WHERE i.inode_id = ?")
-_RAW_FIRST_NAME_FOLDER = raw_sql("SELECT parent_id FROM meta_dirents WHERE inode_id = ? ORDER BY parent_id, name LIMIT 1")
+_RAW_FIRST_NAME_FOLDER = raw_sql(
+    "SELECT parent_id FROM meta_dirents WHERE inode_id = ? ORDER BY parent_id, name LIMIT 1"
+)
 _RAW_LOOKUP = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
                    "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
 _TYPE_AT = _COLS.index("type")
