@@ -3,15 +3,20 @@ one meta service, as processes; an admin user and its token) and a FUSE mount of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import hf3fs
 from ff_cluster import MgmtdClient
 from ff_meta.testing import MetaProcess, meta_process
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
@@ -65,3 +70,36 @@ def fuse_mount(where: Path, mgmtd: str, token: str, log: Path) -> Iterator[Path 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass(frozen=True)
+class BenchCluster:
+    root: Path  # the run's folder: the cluster's state, and room for the disk baseline on the same disk
+    fs: Any  # an hf3fs.FileSystem of the admin, with /bench made
+    mount: Path | None  # the FUSE mount, None when skipped
+
+
+@contextlib.contextmanager
+def bench_cluster(prefix: str, where: Path | None, *, with_mount: bool) -> Iterator[BenchCluster]:
+    """A cluster under a new folder in ``where`` (a client connected, mounted if asked and possible); all of it
+    stopped and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    try:
+        storage, meta, token = asyncio.run(start_cluster_with_meta(root / "cluster"))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        fs = hf3fs.connect(mgmtd=storage.mgmtd_address, token=token)
+        try:
+            fs.makedirs("/bench", exist_ok=True)
+            mount_cm = fuse_mount(root / "mnt", storage.mgmtd_address, token, root / "mount.log") if with_mount \
+                else contextlib.nullcontext(None)  # fmt: skip
+            with mount_cm as mount:
+                yield BenchCluster(root, fs, mount)
+        finally:
+            fs.close()
+    finally:
+        meta.stop()
+        storage.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -19,21 +19,15 @@ fusermount3 are there, and each round, in an order that rotates from round to ro
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _hf3fs_common import fuse_mount, start_cluster_with_meta
-
-import hf3fs
+from _hf3fs_common import bench_cluster
 
 MIB = 1 << 20
 
@@ -119,42 +113,26 @@ def main() -> int:
     p.add_argument("--dir", type=Path, default=None, help="where the cluster and the disk file live (one disk)")
     p.add_argument("--no-fuse", action="store_true")
     a = p.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="hf3fs-seq-", dir=a.dir))
-    try:
-        storage, meta, token = asyncio.run(start_cluster_with_meta(root / "cluster"))
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    try:
-        fs = hf3fs.connect(mgmtd=storage.mgmtd_address, token=token)
-        fs.makedirs("/bench", exist_ok=True)
-        mount_cm = contextlib.nullcontext(None) if a.no_fuse else fuse_mount(
-            root / "mnt", storage.mgmtd_address, token, root / "mount.log")  # fmt: skip
-        with mount_cm as mount:
-            r = Runner(fs, root, mount, a.size_mib * MIB, a.block_mib * MIB)
-            kinds = ["client", "disk"] + (["fuse"] if mount is not None else [])
-            results: dict[str, list[float]] = {f"{k} {op}": [] for k in kinds for op in ("write", "read")}
-            print(f"{a.size_mib} MiB in {a.block_mib} MiB I/Os, {a.rounds} rounds, state in {root}")
-            for i in range(a.rounds):
-                order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
-                line = []
-                for kind in order:
-                    for op in ("write", "read"):
-                        mibs = getattr(r, f"{kind}_{op}")()
-                        results[f"{kind} {op}"].append(mibs)
-                        line.append(f"{kind} {op} {mibs:8.1f}")
-                print(f"round {i + 1}: " + " | ".join(line) + " MiB/s", flush=True)
-            print("\nmedian MiB/s and median of per-round ratios to the local disk:")
-            for kind in kinds:
+    with bench_cluster("hf3fs-seq-", a.dir, with_mount=not a.no_fuse) as c:
+        r = Runner(c.fs, c.root, c.mount, a.size_mib * MIB, a.block_mib * MIB)
+        kinds = ["client", "disk"] + (["fuse"] if c.mount is not None else [])
+        results: dict[str, list[float]] = {f"{k} {op}": [] for k in kinds for op in ("write", "read")}
+        print(f"{a.size_mib} MiB in {a.block_mib} MiB I/Os, {a.rounds} rounds, state in {c.root}")
+        for i in range(a.rounds):
+            order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
+            line = []
+            for kind in order:
                 for op in ("write", "read"):
-                    vals, base = results[f"{kind} {op}"], results[f"disk {op}"]
-                    ratio = statistics.median(v / b for v, b in zip(vals, base, strict=True))
-                    print(f"  {kind:<6} {op:<5} {statistics.median(vals):9.1f} MiB/s   x{ratio:.3f} of disk")
-        fs.close()
-    finally:
-        meta.stop()
-        storage.stop()
-        shutil.rmtree(root, ignore_errors=True)
+                    mibs = getattr(r, f"{kind}_{op}")()
+                    results[f"{kind} {op}"].append(mibs)
+                    line.append(f"{kind} {op} {mibs:8.1f}")
+            print(f"round {i + 1}: " + " | ".join(line) + " MiB/s", flush=True)
+        print("\nmedian MiB/s and median of per-round ratios to the local disk:")
+        for kind in kinds:
+            for op in ("write", "read"):
+                vals, base = results[f"{kind} {op}"], results[f"disk {op}"]
+                ratio = statistics.median(v / b for v, b in zip(vals, base, strict=True))
+                print(f"  {kind:<6} {op:<5} {statistics.median(vals):9.1f} MiB/s   x{ratio:.3f} of disk")
     return 0
 
 

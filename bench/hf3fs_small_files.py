@@ -25,27 +25,21 @@ machine's load; the ratios to the disk measured in the same round swing less.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import io
 import os
 import random
-import shutil
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _hf3fs_common import fuse_mount, start_cluster_with_meta
-
-import hf3fs
+from _hf3fs_common import bench_cluster
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -189,36 +183,20 @@ def main() -> int:
     p.add_argument("--dir", type=Path, default=None, help="where the cluster and the disk files live (one disk)")
     p.add_argument("--no-fuse", action="store_true")
     a = p.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="hf3fs-small-", dir=a.dir))
-    try:
-        storage, meta, token = asyncio.run(start_cluster_with_meta(root / "cluster"))
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    try:
-        fs = hf3fs.connect(mgmtd=storage.mgmtd_address, token=token)
-        fs.makedirs("/bench", exist_ok=True)
-        payloads = small_payloads(a.files, seed=1)
-        tarball = root / "tree.tar"
+    payloads = small_payloads(a.files, seed=1)
+    with bench_cluster("hf3fs-small-", a.dir, with_mount=not a.no_fuse) as c:
+        tarball = c.root / "tree.tar"
         make_tarball(tarball, a.tar_files, seed=2)
-        disk = root / "disk"
+        disk = c.root / "disk"
         disk.mkdir()
-        mount_cm = contextlib.nullcontext(None) if a.no_fuse else fuse_mount(
-            root / "mnt", storage.mgmtd_address, token, root / "mount.log")  # fmt: skip
-        with mount_cm as mount:
-            rounds = {
-                "client": Round("client", fs, None, payloads, tarball),
-                "disk": Round("disk", fs, disk, payloads, tarball),
-            }
-            if mount is not None:
-                rounds["mount"] = Round("mount", fs, mount / "bench", payloads, tarball)
-            results = run_rounds(rounds, a)
-        fs.close()
-        report(results, a, mount_present="mount" in rounds)
-    finally:
-        meta.stop()
-        storage.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        rounds = {
+            "client": Round("client", c.fs, None, payloads, tarball),
+            "disk": Round("disk", c.fs, disk, payloads, tarball),
+        }
+        if c.mount is not None:
+            rounds["mount"] = Round("mount", c.fs, c.mount / "bench", payloads, tarball)
+        results = run_rounds(rounds, a)
+    report(results, a, mount_present="mount" in rounds)
     return 0
 
 
