@@ -20,7 +20,7 @@ from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.lengths import LastChunk, file_end, on_every_chain
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
-from ff_meta.store import fsops
+from ff_meta.store import fsops, trash
 from ff_meta.store.storage_space import StorageSpace
 from ff_meta.store.tx import Defaults, LayoutSpec, NeedsOrm, NeedsThread, PathAt, Tx
 from ff_rpc import RpcClient, RpcError
@@ -457,7 +457,7 @@ class MetaApp:
         return done
 
     async def run_gc(self, root: Caller) -> int:
-        jobs = await self.store.arun(fsops.gc_batch, read_only=True)
+        jobs = await self.store.arun(trash.gc_batch, read_only=True)
         done = 0
         for job in jobs:
             try:
@@ -465,14 +465,14 @@ class MetaApp:
                                          job.shuffle_seed)  # fmt: skip
             except (FsError, RpcError) as err:
                 logger.warning("GC of inode %d failed (will retry): %s", job.inode_id, err)
-                await self.store.arun(lambda s, i=job.inode_id: fsops.gc_failed(s, i))  # type: ignore[misc]
+                await self.store.arun(lambda s, i=job.inode_id: trash.gc_failed(s, i))  # type: ignore[misc]
                 continue
-            await self.store.arun(lambda s, i=job.inode_id: fsops.gc_done(s, i))  # type: ignore[misc]
+            await self.store.arun(lambda s, i=job.inode_id: trash.gc_done(s, i))  # type: ignore[misc]
             done += 1
         return done
 
     async def expire_trash(self, root: Caller) -> int:
-        ids = await self.tx(root, lambda t: fsops.trash_ids(t, [], expired_only=True, everyone=True), read_only=True)
+        ids = await self.tx(root, lambda t: trash.trash_ids(t, [], expired_only=True, everyone=True), read_only=True)
         for trash_id in ids:
             await self.delete_trash(root, trash_id, check_owner=False)
         return len(ids)
@@ -480,14 +480,14 @@ class MetaApp:
     async def delete_trash(self, caller: Caller, trash_id: str, *, check_owner: bool = True) -> bool:
         """Delete a trash entry in small transactions (each consistent on its own); False if not found."""
         if check_owner:
-            await self.tx(caller, lambda t: fsops.trash_row(t, trash_id), read_only=True)
+            await self.tx(caller, lambda t: trash.trash_row(t, trash_id), read_only=True)
         while True:
-            _, done = await self.tx(caller, lambda t: fsops.delete_trash_entry(t, trash_id))
+            _, done = await self.tx(caller, lambda t: trash.delete_trash_entry(t, trash_id))
             if done:
                 return True
 
     async def empty_trash(self, caller: Caller, ids: Sequence[str], expired_only: bool) -> int:
-        found = await self.tx(caller, lambda t: fsops.trash_ids(t, ids, expired_only), read_only=True)
+        found = await self.tx(caller, lambda t: trash.trash_ids(t, ids, expired_only), read_only=True)
         n = 0
         for trash_id in found:
             try:

@@ -11,7 +11,7 @@ from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Inode, InodeType
 from ff_meta.core.paths import split_path
 from ff_meta.core.perms import Caller, R, allowed
-from ff_meta.store import fsops
+from ff_meta.store import fsops, trash
 from ff_meta.store.fsops import AttrChange
 from ff_meta.store.tx import LayoutSpec, PathAt, QuotaRow, SessionInfo, Tx
 from ff_rpc import current_principal
@@ -249,7 +249,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         retention = request.trash_retention_s or self._app.options.trash_retention_s
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
-        trash_id = fsops.new_trash_id()
+        trash_id = trash.new_trash_id()
         out = await self._app.tx(caller(), lambda t: fsops.remove(t, at(request.path), request.recursive,
                                                                   request.to_trash, retention, trash_id))  # fmt: skip
         return pb.RemoveResponse(trash_id=out)
@@ -384,7 +384,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         if request.all_users and not c.is_root:
             raise fs_error(FsCode.NOT_PERMITTED, "only admins list everyone's trash")
         size = page(request.page_size)
-        rows, last = await self._app.tx(c, lambda t: fsops.list_trash(t, request.all_users, size, request.page_token),
+        rows, last = await self._app.tx(c, lambda t: trash.list_trash(t, request.all_users, size, request.page_token),
                                         read_only=True, small=size <= SMALL_PAGE)  # fmt: skip
         return pb.ListTrashResponse(entries=[pb.TrashEntry(
             trash_id=r.trash_id, original_path=r.original_path, inode_id=r.inode_id,
@@ -395,7 +395,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         self, request: pb.RestoreTrashEntryRequest, context: Context
     ) -> pb.RestoreTrashEntryResponse:
         to = at(request.path) if request.HasField("path") and request.path.path else None
-        inode, path = await self._app.tx(caller(), lambda t: fsops.restore_trash(t, request.trash_id, to))
+        inode, path = await self._app.tx(caller(), lambda t: trash.restore_trash(t, request.trash_id, to))
         return pb.RestoreTrashEntryResponse(inode=to_pb(inode), path=path)
 
     async def EmptyTrash(self, request: pb.EmptyTrashRequest, context: Context) -> pb.EmptyTrashResponse:

@@ -14,7 +14,7 @@ from ff_meta.core.errors import FsCode, FsError
 from ff_meta.core.model import Inode
 from ff_meta.core.perms import Caller
 from ff_meta.server import MIGRATIONS
-from ff_meta.store import fsops
+from ff_meta.store import fsops, trash
 from ff_meta.store.schema import VERSION_TABLE
 from ff_meta.store.tx import Defaults, LayoutSpec, PathAt, Tx
 from ff_store import Store, open_store
@@ -50,7 +50,7 @@ class Fs:
         return self.tx(lambda t: fsops.rename(t, PathAt(0, a), PathAt(0, b), no_replace), caller)
 
     def remove(self, path: str, recursive: bool = False, caller: Caller = ALICE) -> str:
-        return self.tx(lambda t: fsops.remove(t, PathAt(0, path), recursive, False, 60.0, fsops.new_trash_id()), caller)
+        return self.tx(lambda t: fsops.remove(t, PathAt(0, path), recursive, False, 60.0, trash.new_trash_id()), caller)
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_links_and_removal(fs: Fs) -> None:
     assert f.inode_id not in left
     queued = fs.store.run(lambda s: {r.inode_id for r in s.execute(gc_queue.select())})
     assert f.inode_id in queued  # its chunks wait for GC
-    assert fs.tx(lambda t: fsops.delete_trash_entry(t, trash_id)) == (2, True)
+    assert fs.tx(lambda t: trash.delete_trash_entry(t, trash_id)) == (2, True)
 
 
 def test_trash_tree_deleted_in_small_steps(fs: Fs) -> None:
@@ -141,19 +141,20 @@ def test_trash_tree_deleted_in_small_steps(fs: Fs) -> None:
     trash_id = fs.remove("/t", recursive=True)
     steps, total = 0, 0
     while True:
-        freed, done = fs.tx(lambda t: fsops.delete_trash_entry(t, trash_id, budget=3))
+        freed, done = fs.tx(lambda t: trash.delete_trash_entry(t, trash_id, budget=3))
         assert freed <= 3
         steps, total = steps + 1, total + freed
         if done:
             break
     assert total == 17 and steps >= 6  # 1 + 2 x (1 + 1 + 5 + 1) inodes, 3 at a time
-    from ff_meta.store.schema import dirents, inodes, trash
+    from ff_meta.store.schema import dirents, inodes
+    from ff_meta.store.schema import trash as trash_table
 
     left = fs.store.run(lambda s: {r.inode_id for r in s.execute(inodes.select())})
     entries = fs.store.run(lambda s: list(s.execute(dirents.select())))
     assert {e.name for e in entries} == {"kept"}
     assert left == {1, fs.stat("/kept").inode_id} and fs.stat("/kept").nlink == 1
-    assert not fs.store.run(lambda s: list(s.execute(trash.select())))
+    assert not fs.store.run(lambda s: list(s.execute(trash_table.select())))
 
 
 def test_permissions_and_sticky_root(fs: Fs) -> None:

@@ -15,7 +15,7 @@ from ff_meta.core.model import Inode, InodeType
 from ff_meta.core.perms import Caller
 from ff_meta.server import MIGRATIONS
 from ff_meta.servicer import to_pb
-from ff_meta.store import fsops
+from ff_meta.store import fsops, trash
 from ff_meta.store.schema import VERSION_TABLE
 from ff_meta.store.tx import Defaults, LayoutSpec, PathAt, Tx
 from ff_store import Store, open_store
@@ -52,7 +52,7 @@ class Ns:
         return self.tx(lambda t: fsops.mknod(t, PathAt(0, path), kind, 0o640, rdev, i), caller)
 
     def remove(self, path: str) -> None:
-        self.tx(lambda t: fsops.remove(t, PathAt(0, path), False, False, 60.0, fsops.new_trash_id()))
+        self.tx(lambda t: fsops.remove(t, PathAt(0, path), False, False, 60.0, trash.new_trash_id()))
 
 
 @pytest.fixture

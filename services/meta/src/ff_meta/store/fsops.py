@@ -8,7 +8,6 @@ done by the caller around these transactions.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from stat import S_ISGID
@@ -21,20 +20,18 @@ from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import DEVICE_TYPES, NO_LIMIT, ROOT_INODE_ID, SPECIAL_TYPES, Inode, InodeType
 from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
 from ff_meta.core.perms import Caller, R, W, X, allowed, check_sticky, require, require_owner
-from ff_meta.store.schema import counters, gc_queue, inodes, quotas, sessions, trash
+from ff_meta.store.schema import counters, inodes, quotas, sessions, trash
 from ff_meta.store.tx import (
     MAX_CHUNK,
     MAX_LINKS,
     MIN_CHUNK,
     SELECT_INODE_COLS,
     Defaults,
-    GcJob,
     LayoutSpec,
     PathAt,
     QuotaRow,
     Resolved,
     SessionInfo,
-    TrashRow,
     Tx,
     inode_of_tuple,
     raw_sql,
@@ -125,7 +122,7 @@ def batch_stat(tx: Tx, ats: Sequence[PathAt | FsError], follow_last: bool) -> li
     return out
 
 
-def _new_parent(tx: Tx, r: Resolved, what: str) -> Inode:
+def new_parent(tx: Tx, r: Resolved, what: str) -> Inode:
     """The directory a new entry goes in; the name checked; W and X on it."""
     if r.inode is not None:
         raise fs_error(FsCode.EXISTS, f"{what}: file exists")
@@ -156,7 +153,7 @@ def create(
             raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
         require(tx.caller, r.inode, W if write else R, f"open {at.path}")
         return r.inode, False, tx.quota_chain(tx.folder_of(r))
-    parent = _new_parent(tx, r, at.path)
+    parent = new_parent(tx, r, at.path)
     chain = tx.quota_chain(parent)
     tx.charge(chain, dinodes=1)
     inode = Inode(inode_id=inode_id, type=InodeType.FILE, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid,
@@ -415,7 +412,7 @@ def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | 
 
 def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int,
                above: _Above) -> Inode:  # fmt: skip
-    parent = _new_parent(tx, r, what)
+    parent = new_parent(tx, r, what)
     quota_ids, depth = above.of(parent)
     if depth + 1 > MAX_DIR_DEPTH:
         raise fs_error(FsCode.NAME_TOO_LONG, f"{what}: directories nest at most {MAX_DIR_DEPTH} levels deep")
@@ -437,7 +434,7 @@ def symlink(tx: Tx, at: PathAt, target: str, inode_id: int) -> Inode:
     if not target or "\0" in target or len(target.encode()) > 4096:
         raise fs_error(FsCode.INVALID_ARGUMENT, "a symlink target is 1-4096 bytes without NUL")
     r = tx.resolve(at, follow_last=False)
-    parent = _new_parent(tx, r, at.path)
+    parent = new_parent(tx, r, at.path)
     tx.charge(tx.quota_chain(parent), dinodes=1)
     inode = Inode(inode_id=inode_id, type=InodeType.SYMLINK, mode=0o777, uid=tx.caller.uid, gid=tx.caller.gid,
                   nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns, length=len(target.encode()),
@@ -456,7 +453,7 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
     if kind in DEVICE_TYPES and not tx.caller.is_root:
         raise fs_error(FsCode.NOT_PERMITTED, f"mknod {at.path}: only root makes device nodes (as CAP_MKNOD)")
     r = tx.resolve(at, follow_last=False)
-    parent = _new_parent(tx, r, at.path)
+    parent = new_parent(tx, r, at.path)
     tx.charge(tx.quota_chain(parent), dinodes=1)
     inode = Inode(inode_id=inode_id, type=kind, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid, nlink=1,
                   atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
@@ -474,7 +471,7 @@ def hardlink(tx: Tx, old: PathAt, new: PathAt) -> Inode:
     if src.nlink >= MAX_LINKS:
         raise fs_error(FsCode.TOO_MANY_LINKS, f"{old.path}: too many links")
     r = tx.resolve(new, follow_last=False)
-    parent = _new_parent(tx, r, new.path)
+    parent = new_parent(tx, r, new.path)
     tx.link(parent.inode_id, r.name, src)
     tx.update(src.inode_id, nlink=src.nlink + 1, ctime_ns=tx.now_ns)
     return src.with_(nlink=src.nlink + 1, ctime_ns=tx.now_ns)
@@ -756,88 +753,3 @@ def set_quota(tx: Tx, at: PathAt, max_bytes: int, max_inodes: int) -> tuple[Quot
 def list_quotas(tx: Tx) -> list[tuple[QuotaRow, str]]:
     rows = tx.session.execute(sa.select(quotas).order_by(quotas.c.inode_id)).all()
     return [(QuotaRow(**r._mapping), _path_or_id(tx, r.inode_id)) for r in rows]
-
-
-# ---- trash ----
-
-
-def new_trash_id() -> str:
-    return uuid.uuid4().hex
-
-
-def list_trash(tx: Tx, all_users: bool, page_size: int, after: str) -> tuple[list[TrashRow], str]:
-    q = sa.select(trash)
-    if not (all_users and tx.caller.is_root):
-        q = q.where(trash.c.uid == tx.caller.uid)
-    if after:
-        q = q.where(trash.c.trash_id > after)
-    rows = tx.session.execute(q.order_by(trash.c.trash_id).limit(page_size + 1)).all()
-    out = [TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns,
-                    r.expires_at_ns) for r in rows[:page_size]]  # fmt: skip
-    return out, (out[-1].trash_id if len(rows) > page_size else "")
-
-
-def trash_row(tx: Tx, trash_id: str) -> TrashRow:
-    r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
-    if r is None or (r.uid != tx.caller.uid and not tx.caller.is_root):
-        raise fs_error(FsCode.NOT_FOUND, f"no trash entry {trash_id!r}")
-    return TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns,
-                    r.expires_at_ns)  # fmt: skip
-
-
-def restore_trash(tx: Tx, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
-    entry = trash_row(tx, trash_id)
-    dest = to if to is not None and to.path else PathAt(0, entry.original_path)
-    r = tx.resolve(dest, follow_last=False)
-    parent = _new_parent(tx, r, dest.path)
-    inode = tx.must(entry.inode_id)
-    dbytes, dinodes = tx.subtree_usage(inode)
-    tx.charge(tx.quota_chain(parent), dbytes=dbytes, dinodes=dinodes)
-    tx.link(parent.inode_id, r.name, inode)
-    if inode.is_dir:
-        tx.update(inode.inode_id, parent_id=parent.inode_id, ctime_ns=tx.now_ns)
-    tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
-    return tx.must(inode.inode_id), join(tx.path_of(parent), r.name)
-
-
-def trash_ids(tx: Tx, ids: Sequence[str], expired_only: bool, everyone: bool = False) -> list[str]:
-    q = sa.select(trash.c.trash_id)
-    if not everyone:
-        q = q.where(trash.c.uid == tx.caller.uid) if not tx.caller.is_root or not ids else q
-    if ids:
-        q = q.where(trash.c.trash_id.in_(list(ids)))
-    if expired_only:
-        q = q.where(trash.c.expires_at_ns <= tx.now_ns)
-    return [r.trash_id for r in tx.session.execute(q.limit(1000))]
-
-
-TRASH_STEP_INODES = 500
-
-
-def delete_trash_entry(tx: Tx, trash_id: str, budget: int = TRASH_STEP_INODES) -> tuple[int, bool]:
-    """One step of deleting a trash entry: (inodes freed, whether the entry is gone)."""
-    r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
-    if r is None:
-        return 0, True
-    inode = tx.get(r.inode_id)
-    freed, done = tx.delete_tree_step(inode, budget) if inode is not None else (0, True)
-    if done:
-        tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
-    return freed, done
-
-
-# ---- GC queue ----
-
-
-def gc_batch(session: Session, limit: int = 32) -> list[GcJob]:
-    rows = session.execute(sa.select(gc_queue).order_by(gc_queue.c.attempts, gc_queue.c.enqueued_at).limit(limit))
-    return [GcJob(r.inode_id, r.chain_table_id, r.stripe_size, r.chain_begin, r.shuffle_seed, r.attempts) for r in rows]
-
-
-def gc_done(session: Session, inode_id: int) -> None:
-    session.execute(sa.delete(gc_queue).where(gc_queue.c.inode_id == inode_id))
-
-
-def gc_failed(session: Session, inode_id: int) -> None:
-    session.execute(sa.update(gc_queue).where(gc_queue.c.inode_id == inode_id)
-                    .values(attempts=gc_queue.c.attempts + 1))  # fmt: skip
