@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fireflyer.common.v1 import common_pb2 as fireflyer_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&fireflyer/telemetry/v1/telemetry.proto\x12\x16\x66ireflyer.telemetry.v1\x1a fireflyer/common/v1/common.proto\"l\n\x0eMetricMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x04type\x18\x02 \x01(\x0e\x32\".fireflyer.telemetry.v1.MetricType\x12\x0c\n\x04help\x18\x03 \x01(\t\x12\x0c\n\x04unit\x18\x04 \x01(\t\"\xa4\x01\n\x06Sample\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x06labels\x18\x02 \x03(\x0b\x32*.fireflyer.telemetry.v1.Sample.LabelsEntry\x12\r\n\x05value\x18\x03 \x01(\x01\x12\x12\n\nsampled_at\x18\x04 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x02\n\x12PushSamplesRequest\x12/\n\x07samples\x18\x01 \x03(\x0b\x32\x1e.fireflyer.telemetry.v1.Sample\x12S\n\rcommon_labels\x18\x02 \x03(\x0b\x32<.fireflyer.telemetry.v1.PushSamplesRequest.CommonLabelsEntry\x12\x38\n\x08metadata\x18\x03 \x03(\x0b\x32&.fireflyer.telemetry.v1.MetricMetadata\x1a\x33\n\x11\x43ommonLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\")\n\x13PushSamplesResponse\x12\x12\n\nnum_stored\x18\x01 \x01(\r\"X\n\x0cLabelMatcher\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x02op\x18\x02 \x01(\x0e\x32\x1f.fireflyer.telemetry.v1.MatchOp\x12\r\n\x05value\x18\x03 \x01(\t\"\xf9\x01\n\x11QueryRangeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\x08matchers\x18\x02 \x03(\x0b\x32$.fireflyer.telemetry.v1.LabelMatcher\x12\x10\n\x08start_at\x18\x03 \x01(\x01\x12\x0e\n\x06\x65nd_at\x18\x04 \x01(\x01\x12\x0e\n\x06step_s\x18\x05 \x01(\x01\x12\x12\n\nlookback_s\x18\x06 \x01(\x01\x12\x0c\n\x04rate\x18\x07 \x01(\x08\x12\x38\n\x0b\x61ggregation\x18\x08 \x01(\x0e\x32#.fireflyer.telemetry.v1.Aggregation\x12\x10\n\x08group_by\x18\t \x03(\t\"\"\n\x05Point\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12\r\n\x05value\x18\x02 \x01(\x01\"\xb0\x01\n\x06Series\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x06labels\x18\x02 \x03(\x0b\x32*.fireflyer.telemetry.v1.Series.LabelsEntry\x12-\n\x06points\x18\x03 \x03(\x0b\x32\x1d.fireflyer.telemetry.v1.Point\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x12QueryRangeResponse\x12.\n\x06series\x18\x01 \x03(\x0b\x32\x1e.fireflyer.telemetry.v1.Series\"\xa2\x01\n\x11ListSeriesRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\x08matchers\x18\x02 \x03(\x0b\x32$.fireflyer.telemetry.v1.LabelMatcher\x12\x10\n\x08start_at\x18\x03 \x01(\x01\x12\x0e\n\x06\x65nd_at\x18\x04 \x01(\x01\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\"\xee\x01\n\nSeriesInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12>\n\x06labels\x18\x02 \x03(\x0b\x32..fireflyer.telemetry.v1.SeriesInfo.LabelsEntry\x12\x30\n\x04type\x18\x03 \x01(\x0e\x32\".fireflyer.telemetry.v1.MetricType\x12\x18\n\x10\x66irst_sampled_at\x18\x04 \x01(\x01\x12\x17\n\x0flast_sampled_at\x18\x05 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"a\n\x12ListSeriesResponse\x12\x32\n\x06series\x18\x01 \x03(\x0b\x32\".fireflyer.telemetry.v1.SeriesInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*t\n\nMetricType\x12\x1b\n\x17METRIC_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11METRIC_TYPE_GAUGE\x10\x01\x12\x17\n\x13METRIC_TYPE_COUNTER\x10\x02\x12\x19\n\x15METRIC_TYPE_HISTOGRAM\x10\x03*{\n\x07MatchOp\x12\x18\n\x14MATCH_OP_UNSPECIFIED\x10\x00\x12\x12\n\x0eMATCH_OP_EQUAL\x10\x01\x12\x16\n\x12MATCH_OP_NOT_EQUAL\x10\x02\x12\x12\n\x0eMATCH_OP_REGEX\x10\x03\x12\x16\n\x12MATCH_OP_NOT_REGEX\x10\x04*\xab\x01\n\x0b\x41ggregation\x12\x1b\n\x17\x41GGREGATION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41GGREGATION_NONE\x10\x01\x12\x13\n\x0f\x41GGREGATION_SUM\x10\x02\x12\x13\n\x0f\x41GGREGATION_AVG\x10\x03\x12\x13\n\x0f\x41GGREGATION_MIN\x10\x04\x12\x13\n\x0f\x41GGREGATION_MAX\x10\x05\x12\x15\n\x11\x41GGREGATION_COUNT\x10\x06\x32\xdf\x02\n\x10TelemetryService\x12o\n\x0bPushSamples\x12*.fireflyer.telemetry.v1.PushSamplesRequest\x1a+.fireflyer.telemetry.v1.PushSamplesResponse\"\x07\x90\x02\x02\x88\xb5\x18\x02\x12l\n\nQueryRange\x12).fireflyer.telemetry.v1.QueryRangeRequest\x1a*.fireflyer.telemetry.v1.QueryRangeResponse\"\x07\x90\x02\x01\x88\xb5\x18\x02\x12l\n\nListSeries\x12).fireflyer.telemetry.v1.ListSeriesRequest\x1a*.fireflyer.telemetry.v1.ListSeriesResponse\"\x07\x90\x02\x01\x88\xb5\x18\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&fireflyer/telemetry/v1/telemetry.proto\x12\x16\x66ireflyer.telemetry.v1\x1a fireflyer/common/v1/common.proto\"l\n\x0eMetricMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x04type\x18\x02 \x01(\x0e\x32\".fireflyer.telemetry.v1.MetricType\x12\x0c\n\x04help\x18\x03 \x01(\t\x12\x0c\n\x04unit\x18\x04 \x01(\t\"\xa4\x01\n\x06Sample\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x06labels\x18\x02 \x03(\x0b\x32*.fireflyer.telemetry.v1.Sample.LabelsEntry\x12\r\n\x05value\x18\x03 \x01(\x01\x12\x12\n\nsampled_at\x18\x04 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x02\n\x12PushSamplesRequest\x12/\n\x07samples\x18\x01 \x03(\x0b\x32\x1e.fireflyer.telemetry.v1.Sample\x12S\n\rcommon_labels\x18\x02 \x03(\x0b\x32<.fireflyer.telemetry.v1.PushSamplesRequest.CommonLabelsEntry\x12\x38\n\x08metadata\x18\x03 \x03(\x0b\x32&.fireflyer.telemetry.v1.MetricMetadata\x1a\x33\n\x11\x43ommonLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x13PushSamplesResponse\x12\x12\n\nnum_stored\x18\x01 \x01(\r\x12\x16\n\x0enum_new_series\x18\x02 \x01(\r\"X\n\x0cLabelMatcher\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x02op\x18\x02 \x01(\x0e\x32\x1f.fireflyer.telemetry.v1.MatchOp\x12\r\n\x05value\x18\x03 \x01(\t\"\xa1\x02\n\x11QueryRangeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\x08matchers\x18\x02 \x03(\x0b\x32$.fireflyer.telemetry.v1.LabelMatcher\x12\x10\n\x08start_at\x18\x03 \x01(\x01\x12\x0e\n\x06\x65nd_at\x18\x04 \x01(\x01\x12\x0e\n\x06step_s\x18\x05 \x01(\x01\x12\x12\n\nlookback_s\x18\x06 \x01(\x01\x12\x0c\n\x04rate\x18\x07 \x01(\x08\x12\x38\n\x0b\x61ggregation\x18\x08 \x01(\x0e\x32#.fireflyer.telemetry.v1.Aggregation\x12\x10\n\x08group_by\x18\t \x03(\t\x12\x10\n\x08quantile\x18\n \x01(\x01\x12\x14\n\x0cresolution_s\x18\x0b \x01(\x01\"\"\n\x05Point\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12\r\n\x05value\x18\x02 \x01(\x01\"\xb0\x01\n\x06Series\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x06labels\x18\x02 \x03(\x0b\x32*.fireflyer.telemetry.v1.Series.LabelsEntry\x12-\n\x06points\x18\x03 \x03(\x0b\x32\x1d.fireflyer.telemetry.v1.Point\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x12QueryRangeResponse\x12.\n\x06series\x18\x01 \x03(\x0b\x32\x1e.fireflyer.telemetry.v1.Series\x12\x14\n\x0cresolution_s\x18\x02 \x01(\x01\"\xa2\x01\n\x11ListSeriesRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\x08matchers\x18\x02 \x03(\x0b\x32$.fireflyer.telemetry.v1.LabelMatcher\x12\x10\n\x08start_at\x18\x03 \x01(\x01\x12\x0e\n\x06\x65nd_at\x18\x04 \x01(\x01\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\"\xee\x01\n\nSeriesInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12>\n\x06labels\x18\x02 \x03(\x0b\x32..fireflyer.telemetry.v1.SeriesInfo.LabelsEntry\x12\x30\n\x04type\x18\x03 \x01(\x0e\x32\".fireflyer.telemetry.v1.MetricType\x12\x18\n\x10\x66irst_sampled_at\x18\x04 \x01(\x01\x12\x17\n\x0flast_sampled_at\x18\x05 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"a\n\x12ListSeriesResponse\x12\x32\n\x06series\x18\x01 \x03(\x0b\x32\".fireflyer.telemetry.v1.SeriesInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\x8d\x01\n\nMetricType\x12\x1b\n\x17METRIC_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11METRIC_TYPE_GAUGE\x10\x01\x12\x17\n\x13METRIC_TYPE_COUNTER\x10\x02\x12\x19\n\x15METRIC_TYPE_HISTOGRAM\x10\x03\x12\x17\n\x13METRIC_TYPE_SUMMARY\x10\x04*{\n\x07MatchOp\x12\x18\n\x14MATCH_OP_UNSPECIFIED\x10\x00\x12\x12\n\x0eMATCH_OP_EQUAL\x10\x01\x12\x16\n\x12MATCH_OP_NOT_EQUAL\x10\x02\x12\x12\n\x0eMATCH_OP_REGEX\x10\x03\x12\x16\n\x12MATCH_OP_NOT_REGEX\x10\x04*\xab\x01\n\x0b\x41ggregation\x12\x1b\n\x17\x41GGREGATION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41GGREGATION_NONE\x10\x01\x12\x13\n\x0f\x41GGREGATION_SUM\x10\x02\x12\x13\n\x0f\x41GGREGATION_AVG\x10\x03\x12\x13\n\x0f\x41GGREGATION_MIN\x10\x04\x12\x13\n\x0f\x41GGREGATION_MAX\x10\x05\x12\x15\n\x11\x41GGREGATION_COUNT\x10\x06\x32\xdf\x02\n\x10TelemetryService\x12o\n\x0bPushSamples\x12*.fireflyer.telemetry.v1.PushSamplesRequest\x1a+.fireflyer.telemetry.v1.PushSamplesResponse\"\x07\x90\x02\x02\x88\xb5\x18\x02\x12l\n\nQueryRange\x12).fireflyer.telemetry.v1.QueryRangeRequest\x1a*.fireflyer.telemetry.v1.QueryRangeResponse\"\x07\x90\x02\x01\x88\xb5\x18\x02\x12l\n\nListSeries\x12).fireflyer.telemetry.v1.ListSeriesRequest\x1a*.fireflyer.telemetry.v1.ListSeriesResponse\"\x07\x90\x02\x01\x88\xb5\x18\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,12 +46,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TELEMETRYSERVICE'].methods_by_name['QueryRange']._serialized_options = b'\220\002\001\210\265\030\002'
   _globals['_TELEMETRYSERVICE'].methods_by_name['ListSeries']._loaded_options = None
   _globals['_TELEMETRYSERVICE'].methods_by_name['ListSeries']._serialized_options = b'\220\002\001\210\265\030\002'
-  _globals['_METRICTYPE']._serialized_start=1820
-  _globals['_METRICTYPE']._serialized_end=1936
-  _globals['_MATCHOP']._serialized_start=1938
-  _globals['_MATCHOP']._serialized_end=2061
-  _globals['_AGGREGATION']._serialized_start=2064
-  _globals['_AGGREGATION']._serialized_end=2235
+  _globals['_METRICTYPE']._serialized_start=1907
+  _globals['_METRICTYPE']._serialized_end=2048
+  _globals['_MATCHOP']._serialized_start=2050
+  _globals['_MATCHOP']._serialized_end=2173
+  _globals['_AGGREGATION']._serialized_start=2176
+  _globals['_AGGREGATION']._serialized_end=2347
   _globals['_METRICMETADATA']._serialized_start=100
   _globals['_METRICMETADATA']._serialized_end=208
   _globals['_SAMPLE']._serialized_start=211
@@ -63,27 +63,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHSAMPLESREQUEST_COMMONLABELSENTRY']._serialized_start=592
   _globals['_PUSHSAMPLESREQUEST_COMMONLABELSENTRY']._serialized_end=643
   _globals['_PUSHSAMPLESRESPONSE']._serialized_start=645
-  _globals['_PUSHSAMPLESRESPONSE']._serialized_end=686
-  _globals['_LABELMATCHER']._serialized_start=688
-  _globals['_LABELMATCHER']._serialized_end=776
-  _globals['_QUERYRANGEREQUEST']._serialized_start=779
-  _globals['_QUERYRANGEREQUEST']._serialized_end=1028
-  _globals['_POINT']._serialized_start=1030
-  _globals['_POINT']._serialized_end=1064
-  _globals['_SERIES']._serialized_start=1067
-  _globals['_SERIES']._serialized_end=1243
+  _globals['_PUSHSAMPLESRESPONSE']._serialized_end=710
+  _globals['_LABELMATCHER']._serialized_start=712
+  _globals['_LABELMATCHER']._serialized_end=800
+  _globals['_QUERYRANGEREQUEST']._serialized_start=803
+  _globals['_QUERYRANGEREQUEST']._serialized_end=1092
+  _globals['_POINT']._serialized_start=1094
+  _globals['_POINT']._serialized_end=1128
+  _globals['_SERIES']._serialized_start=1131
+  _globals['_SERIES']._serialized_end=1307
   _globals['_SERIES_LABELSENTRY']._serialized_start=330
   _globals['_SERIES_LABELSENTRY']._serialized_end=375
-  _globals['_QUERYRANGERESPONSE']._serialized_start=1245
-  _globals['_QUERYRANGERESPONSE']._serialized_end=1313
-  _globals['_LISTSERIESREQUEST']._serialized_start=1316
-  _globals['_LISTSERIESREQUEST']._serialized_end=1478
-  _globals['_SERIESINFO']._serialized_start=1481
-  _globals['_SERIESINFO']._serialized_end=1719
+  _globals['_QUERYRANGERESPONSE']._serialized_start=1309
+  _globals['_QUERYRANGERESPONSE']._serialized_end=1399
+  _globals['_LISTSERIESREQUEST']._serialized_start=1402
+  _globals['_LISTSERIESREQUEST']._serialized_end=1564
+  _globals['_SERIESINFO']._serialized_start=1567
+  _globals['_SERIESINFO']._serialized_end=1805
   _globals['_SERIESINFO_LABELSENTRY']._serialized_start=330
   _globals['_SERIESINFO_LABELSENTRY']._serialized_end=375
-  _globals['_LISTSERIESRESPONSE']._serialized_start=1721
-  _globals['_LISTSERIESRESPONSE']._serialized_end=1818
-  _globals['_TELEMETRYSERVICE']._serialized_start=2238
-  _globals['_TELEMETRYSERVICE']._serialized_end=2589
+  _globals['_LISTSERIESRESPONSE']._serialized_start=1807
+  _globals['_LISTSERIESRESPONSE']._serialized_end=1904
+  _globals['_TELEMETRYSERVICE']._serialized_start=2350
+  _globals['_TELEMETRYSERVICE']._serialized_end=2701
 # @@protoc_insertion_point(module_scope)

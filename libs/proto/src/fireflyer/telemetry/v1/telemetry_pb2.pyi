@@ -31,6 +31,8 @@ class _MetricTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MetricType
     """Monotonic except for resets (a process restart); rate() handles resets."""
     METRIC_TYPE_HISTOGRAM: _MetricType.ValueType  # 3
     """Pushed as Prometheus does: <name>_bucket (with `le`), <name>_sum and <name>_count series."""
+    METRIC_TYPE_SUMMARY: _MetricType.ValueType  # 4
+    """Pushed as Prometheus does: <name> (with `quantile`), <name>_sum and <name>_count series."""
 
 class MetricType(_MetricType, metaclass=_MetricTypeEnumTypeWrapper): ...
 
@@ -40,6 +42,8 @@ METRIC_TYPE_COUNTER: MetricType.ValueType  # 2
 """Monotonic except for resets (a process restart); rate() handles resets."""
 METRIC_TYPE_HISTOGRAM: MetricType.ValueType  # 3
 """Pushed as Prometheus does: <name>_bucket (with `le`), <name>_sum and <name>_count series."""
+METRIC_TYPE_SUMMARY: MetricType.ValueType  # 4
+"""Pushed as Prometheus does: <name> (with `quantile`), <name>_sum and <name>_count series."""
 Global___MetricType: _TypeAlias = MetricType  # noqa: Y015
 
 class _MatchOp:
@@ -94,8 +98,9 @@ Global___Aggregation: _TypeAlias = Aggregation  # noqa: Y015
 
 @_typing.final
 class MetricMetadata(_message.Message):
-    """What a metric is, for exposition (# TYPE, # HELP) and the dashboard. Sent once per name and process
-    is enough; the last one wins.
+    """What a metric is, for exposition (# TYPE, # HELP), downsampling and the dashboard. Sent once per name
+    and process is enough; the last one wins. A sample whose metric has no metadata (in its request or
+    stored before) is a gauge. `name` is the base name of a histogram or summary (without _bucket etc.).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -177,6 +182,10 @@ Global___Sample: _TypeAlias = Sample  # noqa: Y015
 
 @_typing.final
 class PushSamplesRequest(_message.Message):
+    """Limits (INVALID_ARGUMENT beyond): 10,000 samples, 32 labels per sample, names and label names of 200
+    characters, label values of 1,024; the request as a whole 8 MiB (RESOURCE_EXHAUSTED).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -232,15 +241,19 @@ class PushSamplesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NUM_STORED_FIELD_NUMBER: _builtins.int
+    NUM_NEW_SERIES_FIELD_NUMBER: _builtins.int
     num_stored: _builtins.int
+    num_new_series: _builtins.int
+    """Series this call saw for the first time."""
     def __init__(
         self,
         *,
         num_stored: _builtins.int = ...,
+        num_new_series: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_stored", b"num_stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_new_series", b"num_new_series", "num_stored", b"num_stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,6 +299,8 @@ class QueryRangeRequest(_message.Message):
     RATE_FIELD_NUMBER: _builtins.int
     AGGREGATION_FIELD_NUMBER: _builtins.int
     GROUP_BY_FIELD_NUMBER: _builtins.int
+    QUANTILE_FIELD_NUMBER: _builtins.int
+    RESOLUTION_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     start_at: _builtins.float
     """Unix seconds; end >= start. At most 11,000 steps (INVALID_ARGUMENT beyond)."""
@@ -297,6 +312,15 @@ class QueryRangeRequest(_message.Message):
     """Per-second rate of a counter over the lookback instead of the last value."""
     aggregation: Global___Aggregation.ValueType
     """Across series; UNSPECIFIED means NONE."""
+    quantile: _builtins.float
+    """In (0, 1]: the quantile of a histogram instead (Prometheus histogram_quantile over the increase of its
+    <name>_bucket series within the lookback, buckets summed per `group_by` combination; `name` is the
+    histogram's base name). Excludes `rate` and `aggregation`. 0 = not a quantile query.
+    """
+    resolution_s: _builtins.float
+    """Which tier to read: 0 = the finest one that still holds start_at; 60 or 3600 = that tier (INVALID_ARGUMENT
+    for any other value). In a downsampled tier a bucket counts at its end.
+    """
     @_builtins.property
     def matchers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LabelMatcher]:
         """All must match."""
@@ -317,10 +341,12 @@ class QueryRangeRequest(_message.Message):
         rate: _builtins.bool = ...,
         aggregation: Global___Aggregation.ValueType = ...,
         group_by: _abc.Iterable[_builtins.str] | None = ...,
+        quantile: _builtins.float = ...,
+        resolution_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregation", b"aggregation", "end_at", b"end_at", "group_by", b"group_by", "lookback_s", b"lookback_s", "matchers", b"matchers", "name", b"name", "rate", b"rate", "start_at", b"start_at", "step_s", b"step_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregation", b"aggregation", "end_at", b"end_at", "group_by", b"group_by", "lookback_s", b"lookback_s", "matchers", b"matchers", "name", b"name", "quantile", b"quantile", "rate", b"rate", "resolution_s", b"resolution_s", "start_at", b"start_at", "step_s", b"step_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -404,16 +430,20 @@ class QueryRangeResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SERIES_FIELD_NUMBER: _builtins.int
+    RESOLUTION_S_FIELD_NUMBER: _builtins.int
+    resolution_s: _builtins.float
+    """The tier that answered: 0 raw, 60 or 3600."""
     @_builtins.property
     def series(self) -> _containers.RepeatedCompositeFieldContainer[Global___Series]: ...
     def __init__(
         self,
         *,
         series: _abc.Iterable[Global___Series] | None = ...,
+        resolution_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["series", b"series"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resolution_s", b"resolution_s", "series", b"series"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

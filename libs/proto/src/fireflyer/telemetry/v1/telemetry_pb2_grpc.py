@@ -32,9 +32,16 @@ class TelemetryServiceStub:
     names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, names starting "__" are
     reserved).
 
-    Tenancy: samples pushed with a user token get the label `user` set to the caller's name (overriding
-    any given), so users cannot write system series. Queries by a user see series without a `user` label
-    and their own; admins and the cluster token see everything.
+    Tenancy: samples pushed with a user token (a run's token is its owner's) get the label `user` set to
+    the caller's name (overriding any given), so users cannot write system series. A series with a `user`
+    label belongs to that user: a task's series carry it (the agent's environment pushes with the run token;
+    a service attributing a series to a task sets `user` itself). Queries by a user see series without a
+    `user` label (the cluster's: nodes, storage, services) and their own; admins and the cluster token see
+    everything.
+
+    Storage tiers: raw samples, then 1-minute and 1-hour buckets (retention per tier). Counters (and the
+    _bucket/_sum/_count series of histograms and summaries) keep their increase per bucket, so a counter's
+    increase over any span of whole buckets is the same in every tier; gauges keep min, max, avg and last.
     """
 
     def __init__(self, channel):
@@ -67,15 +74,24 @@ class TelemetryServiceServicer:
     names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, names starting "__" are
     reserved).
 
-    Tenancy: samples pushed with a user token get the label `user` set to the caller's name (overriding
-    any given), so users cannot write system series. Queries by a user see series without a `user` label
-    and their own; admins and the cluster token see everything.
+    Tenancy: samples pushed with a user token (a run's token is its owner's) get the label `user` set to
+    the caller's name (overriding any given), so users cannot write system series. A series with a `user`
+    label belongs to that user: a task's series carry it (the agent's environment pushes with the run token;
+    a service attributing a series to a task sets `user` itself). Queries by a user see series without a
+    `user` label (the cluster's: nodes, storage, services) and their own; admins and the cluster token see
+    everything.
+
+    Storage tiers: raw samples, then 1-minute and 1-hour buckets (retention per tier). Counters (and the
+    _bucket/_sum/_count series of histograms and summaries) keep their increase per bucket, so a counter's
+    increase over any span of whole buckets is the same in every tier; gauges keep min, max, avg and last.
     """
 
     def PushSamples(self, request, context):
         """Store a batch of samples. A sample with the same series and timestamp as a stored one replaces it, so
-        a retried push is harmless. A malformed sample fails the whole call with INVALID_ARGUMENT and
-        nothing is stored.
+        a retried push is harmless. A malformed sample (bad name or label, non-finite value of a counter,
+        unknown metric type, timestamp outside [now - raw retention, now + 5 min], too many samples or bytes)
+        fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
+        RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -130,9 +146,16 @@ class TelemetryService:
     names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, names starting "__" are
     reserved).
 
-    Tenancy: samples pushed with a user token get the label `user` set to the caller's name (overriding
-    any given), so users cannot write system series. Queries by a user see series without a `user` label
-    and their own; admins and the cluster token see everything.
+    Tenancy: samples pushed with a user token (a run's token is its owner's) get the label `user` set to
+    the caller's name (overriding any given), so users cannot write system series. A series with a `user`
+    label belongs to that user: a task's series carry it (the agent's environment pushes with the run token;
+    a service attributing a series to a task sets `user` itself). Queries by a user see series without a
+    `user` label (the cluster's: nodes, storage, services) and their own; admins and the cluster token see
+    everything.
+
+    Storage tiers: raw samples, then 1-minute and 1-hour buckets (retention per tier). Counters (and the
+    _bucket/_sum/_count series of histograms and summaries) keep their increase per bucket, so a counter's
+    increase over any span of whole buckets is the same in every tier; gauges keep min, max, avg and last.
     """
 
     @staticmethod

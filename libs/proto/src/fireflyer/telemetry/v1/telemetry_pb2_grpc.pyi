@@ -33,9 +33,16 @@ class TelemetryServiceStub:
     names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, names starting "__" are
     reserved).
 
-    Tenancy: samples pushed with a user token get the label `user` set to the caller's name (overriding
-    any given), so users cannot write system series. Queries by a user see series without a `user` label
-    and their own; admins and the cluster token see everything.
+    Tenancy: samples pushed with a user token (a run's token is its owner's) get the label `user` set to
+    the caller's name (overriding any given), so users cannot write system series. A series with a `user`
+    label belongs to that user: a task's series carry it (the agent's environment pushes with the run token;
+    a service attributing a series to a task sets `user` itself). Queries by a user see series without a
+    `user` label (the cluster's: nodes, storage, services) and their own; admins and the cluster token see
+    everything.
+
+    Storage tiers: raw samples, then 1-minute and 1-hour buckets (retention per tier). Counters (and the
+    _bucket/_sum/_count series of histograms and summaries) keep their increase per bucket, so a counter's
+    increase over any span of whole buckets is the same in every tier; gauges keep min, max, avg and last.
     """
 
     @_typing.overload
@@ -44,8 +51,10 @@ class TelemetryServiceStub:
     def __new__(cls, channel: _aio.Channel) -> TelemetryServiceAsyncStub: ...
     PushSamples: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.PushSamplesRequest, _telemetry_pb2.PushSamplesResponse]
     """Store a batch of samples. A sample with the same series and timestamp as a stored one replaces it, so
-    a retried push is harmless. A malformed sample fails the whole call with INVALID_ARGUMENT and
-    nothing is stored.
+    a retried push is harmless. A malformed sample (bad name or label, non-finite value of a counter,
+    unknown metric type, timestamp outside [now - raw retention, now + 5 min], too many samples or bytes)
+    fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
+    RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
     """
     QueryRange: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.QueryRangeRequest, _telemetry_pb2.QueryRangeResponse]
     """Values of the series of one metric that match the label matchers, evaluated at start, start + step,
@@ -63,16 +72,25 @@ class TelemetryServiceAsyncStub(TelemetryServiceStub):
     names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, names starting "__" are
     reserved).
 
-    Tenancy: samples pushed with a user token get the label `user` set to the caller's name (overriding
-    any given), so users cannot write system series. Queries by a user see series without a `user` label
-    and their own; admins and the cluster token see everything.
+    Tenancy: samples pushed with a user token (a run's token is its owner's) get the label `user` set to
+    the caller's name (overriding any given), so users cannot write system series. A series with a `user`
+    label belongs to that user: a task's series carry it (the agent's environment pushes with the run token;
+    a service attributing a series to a task sets `user` itself). Queries by a user see series without a
+    `user` label (the cluster's: nodes, storage, services) and their own; admins and the cluster token see
+    everything.
+
+    Storage tiers: raw samples, then 1-minute and 1-hour buckets (retention per tier). Counters (and the
+    _bucket/_sum/_count series of histograms and summaries) keep their increase per bucket, so a counter's
+    increase over any span of whole buckets is the same in every tier; gauges keep min, max, avg and last.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     PushSamples: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.PushSamplesRequest, _telemetry_pb2.PushSamplesResponse]  # type: ignore[assignment]
     """Store a batch of samples. A sample with the same series and timestamp as a stored one replaces it, so
-    a retried push is harmless. A malformed sample fails the whole call with INVALID_ARGUMENT and
-    nothing is stored.
+    a retried push is harmless. A malformed sample (bad name or label, non-finite value of a counter,
+    unknown metric type, timestamp outside [now - raw retention, now + 5 min], too many samples or bytes)
+    fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
+    RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
     """
     QueryRange: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.QueryRangeRequest, _telemetry_pb2.QueryRangeResponse]  # type: ignore[assignment]
     """Values of the series of one metric that match the label matchers, evaluated at start, start + step,
@@ -89,9 +107,16 @@ class TelemetryServiceServicer(metaclass=_abc_1.ABCMeta):
     names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, names starting "__" are
     reserved).
 
-    Tenancy: samples pushed with a user token get the label `user` set to the caller's name (overriding
-    any given), so users cannot write system series. Queries by a user see series without a `user` label
-    and their own; admins and the cluster token see everything.
+    Tenancy: samples pushed with a user token (a run's token is its owner's) get the label `user` set to
+    the caller's name (overriding any given), so users cannot write system series. A series with a `user`
+    label belongs to that user: a task's series carry it (the agent's environment pushes with the run token;
+    a service attributing a series to a task sets `user` itself). Queries by a user see series without a
+    `user` label (the cluster's: nodes, storage, services) and their own; admins and the cluster token see
+    everything.
+
+    Storage tiers: raw samples, then 1-minute and 1-hour buckets (retention per tier). Counters (and the
+    _bucket/_sum/_count series of histograms and summaries) keep their increase per bucket, so a counter's
+    increase over any span of whole buckets is the same in every tier; gauges keep min, max, avg and last.
     """
 
     @_abc_1.abstractmethod
@@ -101,8 +126,10 @@ class TelemetryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_telemetry_pb2.PushSamplesResponse, _abc.Awaitable[_telemetry_pb2.PushSamplesResponse]]:
         """Store a batch of samples. A sample with the same series and timestamp as a stored one replaces it, so
-        a retried push is harmless. A malformed sample fails the whole call with INVALID_ARGUMENT and
-        nothing is stored.
+        a retried push is harmless. A malformed sample (bad name or label, non-finite value of a counter,
+        unknown metric type, timestamp outside [now - raw retention, now + 5 min], too many samples or bytes)
+        fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
+        RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
         """
 
     @_abc_1.abstractmethod
