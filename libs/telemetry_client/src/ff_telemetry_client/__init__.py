@@ -1,0 +1,7 @@
+"""Push samples to the telemetry service without ever blocking or failing the caller."""
+
+from ff_telemetry_client.background import BackgroundPusher
+from ff_telemetry_client.buffer import Kind, Point, SampleBuffer
+from ff_telemetry_client.pusher import DROPPED_METRIC, PushOptions, TelemetryPusher
+
+__all__ = ["DROPPED_METRIC", "BackgroundPusher", "Kind", "Point", "PushOptions", "SampleBuffer", "TelemetryPusher"]

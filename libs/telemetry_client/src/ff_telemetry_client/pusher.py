@@ -1,0 +1,150 @@
+"""The sender: batches from a SampleBuffer to TelemetryService.PushSamples, found through mgmtd.
+
+It never raises to its caller and never blocks the code that adds samples: a push that fails puts its
+batch back (the buffer's bound drops the oldest); a batch the service refuses as malformed is dropped and
+counted. The count of dropped samples is pushed as the counter ``ff_telemetry_client_dropped_samples``
+with the next batch that goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RetryPolicy, RpcClient, RpcError
+from ff_rpc.client import StubPool
+from ff_telemetry_client.buffer import Kind, Point, SampleBuffer
+from fireflyer.common.v1 import common_pb2
+from fireflyer.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+DROPPED_METRIC = "ff_telemetry_client_dropped_samples"
+_KINDS = {Kind.GAUGE: telemetry_pb2.METRIC_TYPE_GAUGE, Kind.COUNTER: telemetry_pb2.METRIC_TYPE_COUNTER}
+# Refusals that sending the same batch again cannot fix.
+_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushOptions:
+    """Where to push and how.
+
+    Attributes:
+        token: the caller's token (a rank's run token, a service's cluster token).
+        mgmtd_addresses: where to find the telemetry service (the first alive one in the routing info).
+        address: the telemetry service's gRPC address; empty: found through mgmtd.
+        common_labels: added to every sample (a sample's own label of the same name wins at the service).
+    """
+
+    token: str | Callable[[], str]
+    mgmtd_addresses: Sequence[str] = ()
+    address: str = ""
+    common_labels: Mapping[str, str] = field(default_factory=dict)
+    batch_size: int = 500
+    flush_interval_s: float = 1.0
+    timeout_s: float = 5.0
+    # After a failed push or no telemetry found, wait this long before trying again.
+    retry_interval_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.address and not self.mgmtd_addresses:
+            raise ValueError("a telemetry address or mgmtd addresses are needed")
+        if self.batch_size < 1 or self.flush_interval_s <= 0:
+            raise ValueError("batch_size must be at least 1 and flush_interval_s positive")
+
+
+class TelemetryPusher:
+    """Sends what a SampleBuffer holds every ``flush_interval_s``; ``run`` in the owner's TaskGroup."""
+
+    def __init__(self, options: PushOptions, buffer: SampleBuffer | None = None) -> None:
+        self.options = options
+        self.buffer = buffer or SampleBuffer()
+        self.num_pushed = 0
+        self._address = options.address
+        mgmtd = list(options.mgmtd_addresses)
+        self._mgmtd = MgmtdClient(mgmtd, token=options.token) if mgmtd else None
+        self._stubs = StubPool(telemetry_pb2_grpc.TelemetryServiceStub)
+        self._rpc = RpcClient(token=options.token, timeout_s=options.timeout_s, retry=RetryPolicy(max_attempts=2))
+        self._described: set[str] = set()
+        self._dropped_reported = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Push until ``stop`` is set, then once more (best effort) and close."""
+        try:
+            while not stop.is_set():
+                ok = await self.flush()
+                wait = self.options.flush_interval_s if ok else self.options.retry_interval_s
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+            await self.flush()
+        finally:
+            await self.close()
+
+    async def flush(self) -> bool:
+        """Push everything buffered now, a batch at a time; False when a push could not be made."""
+        while True:
+            batch = self.buffer.take(self.options.batch_size)
+            dropped = self.buffer.dropped
+            if not batch and dropped == self._dropped_reported:
+                return True
+            if not await self._push(batch, dropped):
+                self.buffer.put_back(batch)
+                return False
+            if len(batch) < self.options.batch_size:
+                return True
+
+    async def close(self) -> None:
+        await self._stubs.close()
+        if self._mgmtd is not None:
+            await self._mgmtd.close()
+
+    async def _push(self, batch: list[Point], dropped: int) -> bool:
+        address = await self._find()
+        if not address:
+            return False
+        request = self._request(batch, dropped)
+        try:
+            await self._rpc.unary(self._stubs.get(address).PushSamples, request)
+        except RpcError as err:
+            if err.code in _REFUSED:
+                logger.warning("telemetry refused %d samples: %s: %s", len(batch), err.code.name, err.details)
+                self.buffer.drop(len(batch))
+                return True
+            logger.debug("pushing samples to %s failed: %s", address, err)
+            if not self.options.address:
+                self._address = ""  # find it again: it may have moved
+            return False
+        self.num_pushed += len(batch)
+        self._dropped_reported = dropped
+        self._described.update(m.name for m in request.metadata)
+        return True
+
+    async def _find(self) -> str:
+        if self._address or self._mgmtd is None:
+            return self._address
+        try:
+            self._address = await self._mgmtd.service_address(common_pb2.NODE_TYPE_TELEMETRY)
+        except RpcError as err:
+            logger.debug("finding telemetry through mgmtd failed: %s", err)
+        return self._address
+
+    def _request(self, batch: list[Point], dropped: int) -> telemetry_pb2.PushSamplesRequest:
+        samples = [
+            telemetry_pb2.Sample(name=p.name, labels=dict(p.labels), value=p.value, sampled_at=p.sampled_at)
+            for p in batch
+        ]
+        kinds = {p.name: p.kind for p in batch if p.name not in self._described}
+        if dropped:
+            samples.append(telemetry_pb2.Sample(name=DROPPED_METRIC, value=float(dropped), sampled_at=time.time()))
+            kinds.setdefault(DROPPED_METRIC, Kind.COUNTER)
+        metadata = [telemetry_pb2.MetricMetadata(name=n, type=_KINDS[k]) for n, k in kinds.items()]
+        return telemetry_pb2.PushSamplesRequest(
+            samples=samples, common_labels=dict(self.options.common_labels), metadata=metadata
+        )
