@@ -599,6 +599,7 @@ class CreateRequest(_message.Message):
     LAYOUT_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    RESERVE_BYTES_FIELD_NUMBER: _builtins.int
     mode: _builtins.int
     """Permission bits, the client's umask already applied."""
     exclusive: _builtins.bool
@@ -610,6 +611,10 @@ class CreateRequest(_message.Message):
     session_id: _builtins.str
     """Needed with a write mode (see WriteSession)."""
     client_id: _builtins.str
+    reserve_bytes: _builtins.int
+    """With a write mode: also reserve quota up to this length for the session, in the same transaction (as
+    ReserveSpace, all or nothing: FS_ERROR_QUOTA_EXCEEDED fails the Create and nothing is created). 0: none.
+    """
     @_builtins.property
     def path(self) -> Global___PathAt: ...
     @_builtins.property
@@ -627,10 +632,11 @@ class CreateRequest(_message.Message):
         layout: Global___Layout | None = ...,
         session_id: _builtins.str = ...,
         client_id: _builtins.str = ...,
+        reserve_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "path", b"path"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "exclusive", b"exclusive", "layout", b"layout", "mode", b"mode", "open_mode", b"open_mode", "path", b"path", "session_id", b"session_id", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "exclusive", b"exclusive", "layout", b"layout", "mode", b"mode", "open_mode", b"open_mode", "path", b"path", "reserve_bytes", b"reserve_bytes", "session_id", b"session_id", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -669,6 +675,77 @@ class CreateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateResponse: _TypeAlias = CreateResponse  # noqa: Y015
+
+@_typing.final
+class BatchCreateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def creates(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreateRequest]: ...
+    def __init__(
+        self,
+        *,
+        creates: _abc.Iterable[Global___CreateRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creates", b"creates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCreateRequest: _TypeAlias = BatchCreateRequest  # noqa: Y015
+
+@_typing.final
+class CreateResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    error: Global___FsError.ValueType
+    message: _builtins.str
+    """Why, when `error` is set."""
+    @_builtins.property
+    def response(self) -> Global___CreateResponse:
+        """Unset when `error` is set."""
+
+    def __init__(
+        self,
+        *,
+        response: Global___CreateResponse | None = ...,
+        error: Global___FsError.ValueType = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "message", b"message", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateResult: _TypeAlias = CreateResult  # noqa: Y015
+
+@_typing.final
+class BatchCreateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreateResult]:
+        """One per item, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CreateResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCreateResponse: _TypeAlias = BatchCreateResponse  # noqa: Y015
 
 @_typing.final
 class MkdirsRequest(_message.Message):
@@ -1042,6 +1119,76 @@ class CloseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseResponse: _TypeAlias = CloseResponse  # noqa: Y015
+
+@_typing.final
+class BatchCloseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLOSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def closes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CloseRequest]: ...
+    def __init__(
+        self,
+        *,
+        closes: _abc.Iterable[Global___CloseRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["closes", b"closes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCloseRequest: _TypeAlias = BatchCloseRequest  # noqa: Y015
+
+@_typing.final
+class CloseResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    error: Global___FsError.ValueType
+    message: _builtins.str
+    @_builtins.property
+    def inode(self) -> Global___Inode:
+        """With the exact length; unset when `error` is set."""
+
+    def __init__(
+        self,
+        *,
+        inode: Global___Inode | None = ...,
+        error: Global___FsError.ValueType = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["inode", b"inode"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "inode", b"inode", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseResult: _TypeAlias = CloseResult  # noqa: Y015
+
+@_typing.final
+class BatchCloseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CloseResult]:
+        """One per item, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CloseResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCloseResponse: _TypeAlias = BatchCloseResponse  # noqa: Y015
 
 @_typing.final
 class SyncRequest(_message.Message):

@@ -70,6 +70,11 @@ class MetaServiceStub:
                 request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CreateRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CreateResponse.FromString,
                 _registered_method=True)
+        self.BatchCreate = channel.unary_unary(
+                '/fireflyer.meta.v1.MetaService/BatchCreate',
+                request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCreateRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCreateResponse.FromString,
+                _registered_method=True)
         self.Mkdirs = channel.unary_unary(
                 '/fireflyer.meta.v1.MetaService/Mkdirs',
                 request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.MkdirsRequest.SerializeToString,
@@ -104,6 +109,11 @@ class MetaServiceStub:
                 '/fireflyer.meta.v1.MetaService/Close',
                 request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CloseRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CloseResponse.FromString,
+                _registered_method=True)
+        self.BatchClose = channel.unary_unary(
+                '/fireflyer.meta.v1.MetaService/BatchClose',
+                request_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCloseRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCloseResponse.FromString,
                 _registered_method=True)
         self.Sync = channel.unary_unary(
                 '/fireflyer.meta.v1.MetaService/Sync',
@@ -225,6 +235,16 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchCreate(self, request, context):
+        """Many Creates in one round trip (a client's write-back of small files commits a batch at once). Each
+        item is authorized and checked exactly as a Create by the same caller and succeeds or fails alone (its
+        own transaction: a failed item changes nothing); results in request order. At most 1024 items
+        (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Mkdirs(self, request, context):
         """Create a directory, with missing parents when `recursive` (mkdir -p).
         """
@@ -273,6 +293,15 @@ class MetaServiceServicer:
     def Close(self, request, context):
         """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
         and still makes the length exact from storage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchClose(self, request, context):
+        """Many Closes in one round trip: each item is authorized and applied exactly as a Close and succeeds or
+        fails alone; the exact lengths ask storage once per chain for the whole batch (not once per file).
+        Results in request order. At most 1024 items (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -407,6 +436,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CreateRequest.FromString,
                     response_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CreateResponse.SerializeToString,
             ),
+            'BatchCreate': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchCreate,
+                    request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCreateRequest.FromString,
+                    response_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCreateResponse.SerializeToString,
+            ),
             'Mkdirs': grpc.unary_unary_rpc_method_handler(
                     servicer.Mkdirs,
                     request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.MkdirsRequest.FromString,
@@ -441,6 +475,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CloseRequest.FromString,
                     response_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.CloseResponse.SerializeToString,
+            ),
+            'BatchClose': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchClose,
+                    request_deserializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCloseRequest.FromString,
+                    response_serializer=fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCloseResponse.SerializeToString,
             ),
             'Sync': grpc.unary_unary_rpc_method_handler(
                     servicer.Sync,
@@ -648,6 +687,33 @@ class MetaService:
             _registered_method=True)
 
     @staticmethod
+    def BatchCreate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.meta.v1.MetaService/BatchCreate',
+            fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCreateRequest.SerializeToString,
+            fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCreateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Mkdirs(request,
             target,
             options=(),
@@ -826,6 +892,33 @@ class MetaService:
             '/fireflyer.meta.v1.MetaService/Close',
             fireflyer_dot_meta_dot_v1_dot_meta__pb2.CloseRequest.SerializeToString,
             fireflyer_dot_meta_dot_v1_dot_meta__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchClose(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.meta.v1.MetaService/BatchClose',
+            fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCloseRequest.SerializeToString,
+            fireflyer_dot_meta_dot_v1_dot_meta__pb2.BatchCloseResponse.FromString,
             options,
             channel_credentials,
             insecure,

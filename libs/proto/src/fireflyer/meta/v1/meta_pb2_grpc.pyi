@@ -59,6 +59,12 @@ class MetaServiceStub:
     """Create a regular file (open(O_CREAT)), optionally opening a write session on it. The layout comes
     from the parent directory unless given.
     """
+    BatchCreate: _grpc.UnaryUnaryMultiCallable[_meta_pb2.BatchCreateRequest, _meta_pb2.BatchCreateResponse]
+    """Many Creates in one round trip (a client's write-back of small files commits a batch at once). Each
+    item is authorized and checked exactly as a Create by the same caller and succeeds or fails alone (its
+    own transaction: a failed item changes nothing); results in request order. At most 1024 items
+    (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
+    """
     Mkdirs: _grpc.UnaryUnaryMultiCallable[_meta_pb2.MkdirsRequest, _meta_pb2.MkdirsResponse]
     """Create a directory, with missing parents when `recursive` (mkdir -p)."""
     Symlink: _grpc.UnaryUnaryMultiCallable[_meta_pb2.SymlinkRequest, _meta_pb2.SymlinkResponse]
@@ -80,6 +86,11 @@ class MetaServiceStub:
     Close: _grpc.UnaryUnaryMultiCallable[_meta_pb2.CloseRequest, _meta_pb2.CloseResponse]
     """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
     and still makes the length exact from storage.
+    """
+    BatchClose: _grpc.UnaryUnaryMultiCallable[_meta_pb2.BatchCloseRequest, _meta_pb2.BatchCloseResponse]
+    """Many Closes in one round trip: each item is authorized and applied exactly as a Close and succeeds or
+    fails alone; the exact lengths ask storage once per chain for the whole batch (not once per file).
+    Results in request order. At most 1024 items (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
     """
     Sync: _grpc.UnaryUnaryMultiCallable[_meta_pb2.SyncRequest, _meta_pb2.SyncResponse]
     """fsync: make the file length exact (from storage) and apply the reported mtime; the session stays."""
@@ -153,6 +164,12 @@ class MetaServiceAsyncStub(MetaServiceStub):
     """Create a regular file (open(O_CREAT)), optionally opening a write session on it. The layout comes
     from the parent directory unless given.
     """
+    BatchCreate: _aio.UnaryUnaryMultiCallable[_meta_pb2.BatchCreateRequest, _meta_pb2.BatchCreateResponse]  # type: ignore[assignment]
+    """Many Creates in one round trip (a client's write-back of small files commits a batch at once). Each
+    item is authorized and checked exactly as a Create by the same caller and succeeds or fails alone (its
+    own transaction: a failed item changes nothing); results in request order. At most 1024 items
+    (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
+    """
     Mkdirs: _aio.UnaryUnaryMultiCallable[_meta_pb2.MkdirsRequest, _meta_pb2.MkdirsResponse]  # type: ignore[assignment]
     """Create a directory, with missing parents when `recursive` (mkdir -p)."""
     Symlink: _aio.UnaryUnaryMultiCallable[_meta_pb2.SymlinkRequest, _meta_pb2.SymlinkResponse]  # type: ignore[assignment]
@@ -174,6 +191,11 @@ class MetaServiceAsyncStub(MetaServiceStub):
     Close: _aio.UnaryUnaryMultiCallable[_meta_pb2.CloseRequest, _meta_pb2.CloseResponse]  # type: ignore[assignment]
     """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
     and still makes the length exact from storage.
+    """
+    BatchClose: _aio.UnaryUnaryMultiCallable[_meta_pb2.BatchCloseRequest, _meta_pb2.BatchCloseResponse]  # type: ignore[assignment]
+    """Many Closes in one round trip: each item is authorized and applied exactly as a Close and succeeds or
+    fails alone; the exact lengths ask storage once per chain for the whole batch (not once per file).
+    Results in request order. At most 1024 items (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
     """
     Sync: _aio.UnaryUnaryMultiCallable[_meta_pb2.SyncRequest, _meta_pb2.SyncResponse]  # type: ignore[assignment]
     """fsync: make the file length exact (from storage) and apply the reported mtime; the session stays."""
@@ -270,6 +292,18 @@ class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def BatchCreate(
+        self,
+        request: _meta_pb2.BatchCreateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_meta_pb2.BatchCreateResponse, _abc.Awaitable[_meta_pb2.BatchCreateResponse]]:
+        """Many Creates in one round trip (a client's write-back of small files commits a batch at once). Each
+        item is authorized and checked exactly as a Create by the same caller and succeeds or fails alone (its
+        own transaction: a failed item changes nothing); results in request order. At most 1024 items
+        (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
+        """
+
+    @_abc_1.abstractmethod
     def Mkdirs(
         self,
         request: _meta_pb2.MkdirsRequest,
@@ -331,6 +365,17 @@ class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_meta_pb2.CloseResponse, _abc.Awaitable[_meta_pb2.CloseResponse]]:
         """End a write session and make the file length exact. Closing a closed (or collected) session succeeds
         and still makes the length exact from storage.
+        """
+
+    @_abc_1.abstractmethod
+    def BatchClose(
+        self,
+        request: _meta_pb2.BatchCloseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_meta_pb2.BatchCloseResponse, _abc.Awaitable[_meta_pb2.BatchCloseResponse]]:
+        """Many Closes in one round trip: each item is authorized and applied exactly as a Close and succeeds or
+        fails alone; the exact lengths ask storage once per chain for the whole batch (not once per file).
+        Results in request order. At most 1024 items (FS_ERROR_INVALID_ARGUMENT beyond, nothing done).
         """
 
     @_abc_1.abstractmethod
