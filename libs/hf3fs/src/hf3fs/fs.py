@@ -459,8 +459,9 @@ class FileSystem:
         return Stat.from_pb(resp.inode)
 
     def set_attr_inode(self, inode_id: int, *, mode: int | None = None, uid: int = -1, gid: int = -1,
-                       ns: tuple[int, int] | None = None, now: bool = False) -> None:  # fmt: skip
-        """fchmod, fchown and futimens: the attributes of an inode by id (``now``: both times to meta's clock)."""
+                       ns: tuple[int, int] | None = None, now: bool = False) -> Stat:  # fmt: skip
+        """fchmod, fchown and futimens: the attributes of an inode by id (``now``: both times to meta's clock).
+        Returns the inode as meta left it."""
         req = pb.SetAttrRequest(path=pb.PathAt(parent_inode_id=inode_id))
         if mode is not None:
             req.mode = mode
@@ -472,7 +473,7 @@ class FileSystem:
             req.atime_ns, req.mtime_ns = ns
         if now:
             req.atime_now = req.mtime_now = True
-        self._meta_call(lambda s: s.SetAttr, req)
+        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req).inode)
 
     def truncate_inode(self, inode_id: int, length: int) -> None:
         """ftruncate: an inode's length by id."""
@@ -603,25 +604,26 @@ class FileSystem:
             raise OSError(errno.EINVAL, "negative length", path)
         self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(path=_at(path), length_bytes=length), path)
 
-    def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> None:
-        self._meta_call(lambda s: s.SetAttr, pb.SetAttrRequest(
-            path=_at(path), follow_last_symlink=follow_symlinks, mode=mode), path)  # fmt: skip
+    def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> Stat:
+        """Returns the inode as meta left it (as chown and utime do)."""
+        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, pb.SetAttrRequest(
+            path=_at(path), follow_last_symlink=follow_symlinks, mode=mode), path).inode)  # fmt: skip
 
-    def chown(self, path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> None:
+    def chown(self, path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> Stat:
         req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks)
         if uid >= 0:
             req.uid = uid
         if gid >= 0:
             req.gid = gid
-        self._meta_call(lambda s: s.SetAttr, req, path)
+        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req, path).inode)
 
-    def utime(self, path: str, ns: tuple[int, int] | None = None, *, follow_symlinks: bool = True) -> None:
+    def utime(self, path: str, ns: tuple[int, int] | None = None, *, follow_symlinks: bool = True) -> Stat:
         req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks)
         if ns is None:
             req.atime_now = req.mtime_now = True
         else:
             req.atime_ns, req.mtime_ns = ns
-        self._meta_call(lambda s: s.SetAttr, req, path)
+        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req, path).inode)
 
     def realpath(self, path: str) -> str:
         return str(self._meta_call(lambda s: s.Realpath, pb.RealpathRequest(path=_at(path)), path).path)
