@@ -50,7 +50,9 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
     mgmtd = MgmtdClient(mgmtd_addresses, token=cluster_token, timeout_s=settings.call_timeout_s)
     link = SchedulerLink(cluster_token, mgmtd, settings.scheduler_address, settings.call_timeout_s)
     node_devices = await asyncio.to_thread(devices.detect, settings.detect_gpus, settings.num_device_slots)
+    hostname = settings.hostname or socket.gethostname() + (f"-{settings.instance_id}" if settings.instance_id else "")
     facts = NodeFacts(
+        hostname=hostname,
         device_indices=tuple(d.index for d in node_devices),
         gpus=any(d.gpu for d in node_devices),
         scheduler_address=settings.scheduler_address,
@@ -71,7 +73,6 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
     if killed:
         logger.warning("killed %d processes left by a previous agent on this node", killed)
     validator = Validator(_validator_options(settings, len(node_devices)), mgmtd, settings.call_timeout_s)
-    hostname = settings.hostname or socket.gethostname() + (f"-{settings.instance_id}" if settings.instance_id else "")
     tokens = registry_validator(mgmtd, settings.token_cache_ttl_s)
     agent = Agent(settings, NodeIdentity(hostname=hostname, devices=node_devices), runs, link, validator, tokens)
     agent.ranks_run_as = ranks_run_as

@@ -3,6 +3,7 @@ the suspend deadlines, and hang detection."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from dataclasses import replace
@@ -166,3 +167,13 @@ def test_a_rank_behind_the_others_collective_past_the_threshold_is_hung() -> Non
     # Everyone in step, or only one rank left: nothing to name.
     assert lagging_ranks([_p(0, 8, 8, 0.0), _p(1, 8, 8, 0.0)], 1e6, 1.0) == []
     assert lagging_ranks([_p(0, 8, 7, 0.0), _p(1, 7, 7, 0.0, "dead")], 1e6, 1.0) == []
+
+
+def test_every_rank_gets_its_telemetry_labels_and_the_order_cannot_change_them() -> None:
+    node = NodeFacts(device_indices=(0, 1), gpus=False, hostname="n7")
+    order = replace(ORDER, env={"FF_TELEMETRY_LABELS": '{"task_id": "1"}'})
+    labels = [json.loads(env["FF_TELEMETRY_LABELS"]) for env in _plan(order, node)]
+    assert labels == [
+        {"task_id": "7", "run_id": "70", "node_rank": "1", "rank": str(2 + i), "local_rank": str(i), "node": "n7"}
+        for i in range(2)
+    ]

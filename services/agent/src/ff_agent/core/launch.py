@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -23,6 +24,9 @@ FF_TOKEN_ENV = "FF_TOKEN"
 # Where a rank writes its error file (the rank hook's excepthook), and which device slot it owns.
 ERROR_FILE_ENV = "FF_RANK_ERROR_FILE"
 DEVICE_ENV = "FF_DEVICE_INDEX"
+# The labels every telemetry sample of a rank carries (JSON object; hfai.telemetry reads it, users cannot
+# override it: the agent's variables win over the order's).
+TELEMETRY_LABELS_ENV = "FF_TELEMETRY_LABELS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 MAX_RANKS_PER_NODE = 256
@@ -122,6 +126,7 @@ class NodeFacts:
     gpus: bool
     scheduler_address: str = ""
     mgmtd_addresses: str = ""
+    hostname: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,5 +233,19 @@ def plan_ranks(
         env[DEVICE_ENV] = ",".join(str(d) for d in visible)
         if node.gpus:
             env[CUDA_VISIBLE_DEVICES] = env[DEVICE_ENV]
+        env[TELEMETRY_LABELS_ENV] = json.dumps(telemetry_labels(order, node, local_rank, num_local))
         plans.append(RankPlan(local_rank=local_rank, env=env))
     return plans
+
+
+def telemetry_labels(order: StartOrder, node: NodeFacts, local_rank: int, num_local: int) -> dict[str, str]:
+    """Who a rank's samples come from: task, run, node rank, global rank (node rank x local world size +
+    local rank), local rank and node."""
+    return {
+        "task_id": str(order.task_id),
+        "run_id": str(order.run_id),
+        "node_rank": str(order.node_rank),
+        "rank": str(order.node_rank * num_local + local_rank),
+        "local_rank": str(local_rank),
+        "node": node.hostname,
+    }
