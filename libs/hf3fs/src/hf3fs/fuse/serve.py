@@ -1,0 +1,262 @@
+"""Mounting and unmounting: the checks before a mount, serving :class:`Hf3fsOperations` through libfuse in this
+process or in a daemon, and removing a mount (a dead or hung one too)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mfusepy
+
+from ff_rpc import Identity, acting_as
+from hf3fs.fuse.ops import DEFAULT_OPTIONS, Hf3fsOperations, MountOptions
+
+logger = logging.getLogger(__name__)
+
+MOUNT_WAIT_S = 30.0
+UMOUNT_WAIT_S = 10.0
+
+
+def _fusermount() -> str:
+    for name in ("fusermount3", "fusermount"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise OSError(errno.ENOENT, "fusermount3 not found (install the fuse3 package)")
+
+
+def check_fuse() -> None:
+    """Raise OSError when this machine cannot mount FUSE file systems (no /dev/fuse, no libfuse)."""
+    if not os.path.exists("/dev/fuse"):
+        raise OSError(errno.ENODEV, "no /dev/fuse on this machine")
+    _fusermount()
+
+
+NOBODY = Identity(65534, (65534,))  # whom a --multi-user mount's check acts as
+
+
+def check_mount_point(mountpoint: str) -> str:
+    """The absolute mount point, if a mount can go there.
+
+    Raises:
+        OSError: it is missing (ENOENT) or not a folder (ENOTDIR); a dead FUSE mount is in the way (ENOTCONN:
+            ``hf3fs umount`` removes it); something is mounted there already (EBUSY).
+    """
+    where = os.path.abspath(mountpoint)
+    try:
+        st = os.stat(where)
+    except OSError as err:
+        if err.errno == errno.ENOTCONN:
+            raise OSError(errno.ENOTCONN, f"a dead mount is in the way (its daemon is gone): run 'hf3fs umount "
+                                          f"{where}' first", where) from None  # fmt: skip
+        if err.errno == errno.ENOENT:
+            raise OSError(errno.ENOENT, "the mount point does not exist (make the folder first)", where) from None
+        raise
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "the mount point is not a folder", where)
+    if os.path.ismount(where):
+        raise OSError(errno.EBUSY, "something is mounted there already ('hf3fs umount' it first)", where)
+    return where
+
+
+def check_cluster(fs: Any, options: MountOptions) -> None:
+    """Before anything is mounted: the cluster answers and takes the token, and a ``--multi-user`` mount's token
+    may act for other users (meta refuses the calls of the others otherwise).
+
+    Raises:
+        OSError: with what went wrong (EACCES: the token; EIO/ConnectionError: the cluster).
+    """
+    fs.stat("/")
+    if options.multi_user:
+        try:
+            with acting_as(NOBODY):
+                fs.stat("/")
+        except PermissionError as err:
+            raise PermissionError(errno.EACCES, f"--multi-user needs a token that may act for other users (an "
+                                                f"admin's): {err.strerror}") from None  # fmt: skip
+
+
+def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out: Any = None) -> None:
+    """Serve 3FS at ``mountpoint`` in this process until it is unmounted (or SIGINT/SIGTERM).
+
+    Nothing is mounted unless the mount point is usable, the cluster answers and it takes the token."""
+    check_fuse()
+    where = check_mount_point(mountpoint)
+    check_cluster(fs, options)
+
+    def ready() -> None:
+        deadline = time.monotonic() + MOUNT_WAIT_S
+        while not os.path.ismount(where) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"hf3fs: mounted on {where} (pid {os.getpid()})", file=out or sys.stdout, flush=True)
+
+    ops = Hf3fsOperations(fs, options, on_ready=ready)
+    try:
+        _serve(ops, where, options)
+    except RuntimeError as err:  # mfusepy: fuse_main's status (the reason went to stderr)
+        raise OSError(errno.EIO, f"libfuse could not mount or serve (status {err})", where) from None
+
+
+class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
+    """mfusepy's FUSE, but the open handle of ftruncate, fchmod, fchown and futimens reaches the callback (mfusepy
+    drops it; with nullpath_ok those calls come without a path)."""
+
+    def _fh(self, fip: Any) -> int | None:
+        return int(fip.contents.fh) if fip else None
+
+    def _path(self, path: bytes | None) -> str | None:
+        return None if path is None else path.decode(self.encoding, self.errors)
+
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+        return int(self.operations.truncate(self._path(path), length, self._fh(fip)))
+
+    def chmod_fuse_3(self, path: bytes | None, mode: int, fip: Any) -> int:
+        return int(self.operations.chmod(self._path(path), mode, self._fh(fip)))
+
+    def chown_fuse_3(self, path: bytes | None, uid: int, gid: int, fip: Any) -> int:
+        if ctypes.c_uint32(uid + 1).value == 0:  # (uid_t)-1 arrives as 2**32 - 1: "unchanged"
+            uid = -1
+        if ctypes.c_uint32(gid + 1).value == 0:
+            gid = -1
+        return int(self.operations.chown(self._path(path), uid, gid, self._fh(fip)))
+
+    def utimens_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
+        times = None
+        if buf:
+            times = (mfusepy.time_of_timespec(buf.contents.actime, use_ns=self.use_ns),
+                     mfusepy.time_of_timespec(buf.contents.modtime, use_ns=self.use_ns))  # fmt: skip
+        return int(self.operations.utimens(self._path(path), times, self._fh(fip)))
+
+
+def _serve(ops: Hf3fsOperations, where: str, options: MountOptions) -> None:
+    _Fuse(
+        ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
+        hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
+        entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s,
+        # multi-user: the kernel checks modes too (FIFOs and devices, which it opens without asking the mount;
+        # a chmod from a non-owner is then only its clearing of set-id bits on write), and meta checks again
+        **({"allow_other": True, "default_permissions": True} if options.multi_user else {}),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BackgroundMount:
+    """A mount served by a daemon process."""
+
+    where: str
+    pid: int
+    log_file: str
+
+    def __str__(self) -> str:
+        where, pid, log = self.where, self.pid, self.log_file
+        return f"mounted 3FS on {where} (daemon pid {pid}, log {log}); unmount: hf3fs umount {where}"
+
+
+def mount_background(
+    mountpoint: str, mgmtd: str, token: str, options: MountOptions, environ: Mapping[str, str]
+) -> BackgroundMount:
+    """Start a daemon that mounts ``mountpoint`` and wait until the mount serves.
+
+    The token goes to the daemon through its environment, not its command line.
+
+    Raises:
+        OSError: no FUSE here, or the daemon did not mount in time (its log's last lines in the message).
+    """
+    check_fuse()
+    where = os.path.abspath(mountpoint)
+    log_file = options.log_file or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"hf3fs-mount-{os.getuid()}-{where.strip('/').replace('/', '_')}.log"
+    )
+    argv = [sys.executable, "-m", "hf3fs", "mount", where, "--foreground"]
+    argv += ["--keep-ids"] if options.keep_ids else []
+    argv += ["--multi-user"] if options.multi_user else []
+    argv += ["--attr-timeout-s", str(options.attr_timeout_s)]
+    argv += ["--debug"] if options.debug else []
+    env = {**environ, **({"FF_MGMTD_ADDRESSES": mgmtd} if mgmtd else {}), **({"FF_TOKEN": token} if token else {})}
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
+    deadline = time.monotonic() + MOUNT_WAIT_S
+    while time.monotonic() < deadline:
+        if os.path.ismount(where):
+            return BackgroundMount(where, proc.pid, log_file)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    tail = ""
+    with contextlib.suppress(OSError), open(log_file, errors="replace") as f:
+        tail = "".join(f.readlines()[-5:]).strip()
+    raise OSError(errno.EIO, f"the mount did not come up (log {log_file}): {tail}", where)
+
+
+def _fuse_mounts() -> dict[str, str]:
+    """FUSE mount points of this mount namespace -> their device ("major:minor"), read from mountinfo (a stat of
+    a hung mount would block)."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-") if "-" in fields else -1
+            if sep > 4 and fields[sep + 1].startswith("fuse"):
+                point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+                found[point.replace("\\134", "\\")] = fields[2]
+    return found
+
+
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def _abort_connection(device: str) -> bool:
+    """Abort a FUSE connection (what a hung or dead daemon leaves): its waiting calls fail at once (root only;
+    the fusectl file system is mounted first where the system has not)."""
+    abort = os.path.join(FUSECTL, device.partition(":")[2], "abort")
+    if not os.path.exists(abort) and os.path.isdir(FUSECTL) and not os.listdir(FUSECTL):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], capture_output=True, check=False, timeout=10)
+    try:
+        with open(abort, "w", encoding="ascii") as f:
+            f.write("1")
+    except OSError:
+        return False
+    return True
+
+
+def umount(mountpoint: str) -> None:
+    """Unmount a FUSE mount (the daemon serving it then exits). A mount whose daemon died or hangs is removed too:
+    its connection is aborted (as root) and it is detached lazily.
+
+    Raises:
+        OSError: nothing is mounted there (EINVAL), or it could not be removed (with fusermount's reason).
+    """
+    where = os.path.abspath(mountpoint)
+    device = _fuse_mounts().get(where)
+    if device is None:
+        raise OSError(errno.EINVAL, "no FUSE mount there", where)
+    try:
+        proc = subprocess.run([_fusermount(), "-u", where], capture_output=True, text=True, check=False,
+                              timeout=UMOUNT_WAIT_S)  # fmt: skip
+        if proc.returncode == 0:
+            return
+        reason = proc.stderr.strip() or f"fusermount -u exited {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        reason = f"fusermount -u did not return in {UMOUNT_WAIT_S:.0f} s"
+    if _fuse_mounts().get(where) != device:  # gone meanwhile
+        return
+    aborted = _abort_connection(device)
+    lazy = subprocess.run([_fusermount(), "-u", "-z", where], capture_output=True, text=True, check=False,
+                          timeout=UMOUNT_WAIT_S)  # fmt: skip
+    if lazy.returncode != 0 and where in _fuse_mounts():
+        raise OSError(errno.EBUSY, f"{reason}; lazy unmount: {lazy.stderr.strip()}", where)
+    logger.info("%s: %s; %s and detached it", where, reason, "aborted its connection" if aborted else "")
