@@ -59,6 +59,9 @@ class AgentSettings(SettingsModel):
     )
     hang_threshold_s: float = Field(60.0, gt=0, description="a rank this far behind the others' collective is hung")
     hang_check_interval_s: float = Field(5.0, gt=0, description="how often collective progress is read")
+    telemetry_interval_s: float = Field(
+        10.0, ge=0, description="push the node's CPU, memory, disk, network and GPU series this often; 0: never"
+    )
     call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to mgmtd and the scheduler")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
     grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")

@@ -16,12 +16,14 @@ from ff_agent.config import AgentSettings
 from ff_agent.core.launch import MAX_REQUEST_BYTES, NodeFacts, RanksRunAs
 from ff_agent.errors import STATUS_TABLE
 from ff_agent.link import LINK_ERRORS, SchedulerLink
+from ff_agent.node_metrics import NodeMetrics
 from ff_agent.procs import closed_ancestor
 from ff_agent.runs import NodeRuns, RunsOptions
 from ff_agent.servicer import AgentServicer
 from ff_agent.validator import Validator, ValidatorOptions
 from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
 from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from ff_telemetry_client import service_reporter
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.common.v1 import common_pb2
 
@@ -121,6 +123,13 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
             tg.create_task(agent.report_loop(stop))
             tg.create_task(agent.validator_loop(stop))
             tg.create_task(agent.hang_loop(stop))
+            if settings.telemetry_interval_s > 0:
+                node = NodeMetrics(settings.state_dir)
+                reporter = service_reporter(
+                    service="agent", node_id=agent.node_id, hostname=hostname, mgmtd_addresses=mgmtd_addresses,
+                    token=cluster_token, collect=node.collect, interval_s=settings.telemetry_interval_s,
+                )  # fmt: skip
+                tg.create_task(reporter.run(stop))
             if settings.ready_file is not None:
                 write_ready_file(
                     settings.ready_file,
