@@ -96,6 +96,23 @@ AGGREGATION_MAX: Aggregation.ValueType  # 5
 AGGREGATION_COUNT: Aggregation.ValueType  # 6
 Global___Aggregation: _TypeAlias = Aggregation  # noqa: Y015
 
+class _AlertState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AlertStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AlertState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ALERT_STATE_UNSPECIFIED: _AlertState.ValueType  # 0
+    ALERT_STATE_FIRING: _AlertState.ValueType  # 1
+    ALERT_STATE_RESOLVED: _AlertState.ValueType  # 2
+
+class AlertState(_AlertState, metaclass=_AlertStateEnumTypeWrapper): ...
+
+ALERT_STATE_UNSPECIFIED: AlertState.ValueType  # 0
+ALERT_STATE_FIRING: AlertState.ValueType  # 1
+ALERT_STATE_RESOLVED: AlertState.ValueType  # 2
+Global___AlertState: _TypeAlias = AlertState  # noqa: Y015
+
 @_typing.final
 class MetricMetadata(_message.Message):
     """What a metric is, for exposition (# TYPE, # HELP), downsampling and the dashboard. Sent once per name
@@ -560,3 +577,140 @@ class ListSeriesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListSeriesResponse: _TypeAlias = ListSeriesResponse  # noqa: Y015
+
+@_typing.final
+class Alert(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ALERT_ID_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SEVERITY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    FIRED_AT_FIELD_NUMBER: _builtins.int
+    RESOLVED_AT_FIELD_NUMBER: _builtins.int
+    CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    alert_id: _builtins.int
+    rule: _builtins.str
+    """The rule's name in the alert config, and its kind (node_lost, target_not_serving, chain_not_serving,
+    task_no_progress, validator_failed, storage_near_full, loss_nan, loss_exploding).
+    """
+    kind: _builtins.str
+    severity: _builtins.str
+    """"critical" or "warning", from the rule."""
+    state: Global___AlertState.ValueType
+    summary: _builtins.str
+    fired_at: _builtins.float
+    """Unix seconds; resolved_at is 0 while firing."""
+    resolved_at: _builtins.float
+    config_version: _builtins.int
+    """The alert config version whose rule raised it."""
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What the alert is about: node_id, target_id, chain_id, task_id, user, ..."""
+
+    def __init__(
+        self,
+        *,
+        alert_id: _builtins.int = ...,
+        rule: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        severity: _builtins.str = ...,
+        state: Global___AlertState.ValueType = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        summary: _builtins.str = ...,
+        fired_at: _builtins.float = ...,
+        resolved_at: _builtins.float = ...,
+        config_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "config_version", b"config_version", "fired_at", b"fired_at", "kind", b"kind", "labels", b"labels", "resolved_at", b"resolved_at", "rule", b"rule", "severity", b"severity", "state", b"state", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Alert: _TypeAlias = Alert  # noqa: Y015
+
+@_typing.final
+class ListAlertsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    SINCE_AT_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    state: Global___AlertState.ValueType
+    """Only alerts in this state; UNSPECIFIED = any."""
+    since_at: _builtins.float
+    """Only alerts firing at or after this time, or resolved at or after it (0 = all)."""
+    rule: _builtins.str
+    """Only this rule (empty = all)."""
+    page_size: _builtins.int
+    """Default 100, at most 1,000."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        state: Global___AlertState.ValueType = ...,
+        since_at: _builtins.float = ...,
+        rule: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "rule", b"rule", "since_at", b"since_at", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAlertsRequest: _TypeAlias = ListAlertsRequest  # noqa: Y015
+
+@_typing.final
+class ListAlertsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALERTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    config_version: _builtins.int
+    """The version of the alert config being evaluated now."""
+    @_builtins.property
+    def alerts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Alert]: ...
+    def __init__(
+        self,
+        *,
+        alerts: _abc.Iterable[Global___Alert] | None = ...,
+        next_page_token: _builtins.str = ...,
+        config_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alerts", b"alerts", "config_version", b"config_version", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAlertsResponse: _TypeAlias = ListAlertsResponse  # noqa: Y015

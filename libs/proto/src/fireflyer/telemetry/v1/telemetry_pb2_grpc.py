@@ -65,6 +65,11 @@ class TelemetryServiceStub:
                 request_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListSeriesRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListSeriesResponse.FromString,
                 _registered_method=True)
+        self.ListAlerts = channel.unary_unary(
+                '/fireflyer.telemetry.v1.TelemetryService/ListAlerts',
+                request_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListAlertsRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListAlertsResponse.FromString,
+                _registered_method=True)
 
 
 class TelemetryServiceServicer:
@@ -113,6 +118,17 @@ class TelemetryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAlerts(self, request, context):
+        """The alert log: alerts the rules of the versioned alert config raised (node lost, storage target not
+        serving, chain without a serving target, task without progress, validator failure, storage near full,
+        loss NaN or exploding), newest first, each with when it fired and when it resolved. Tenancy as for
+        series: a user sees the cluster's alerts (no `user` label) and their own tasks'; admins and the
+        cluster token see all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TelemetryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +146,11 @@ def add_TelemetryServiceServicer_to_server(servicer, server):
                     servicer.ListSeries,
                     request_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListSeriesRequest.FromString,
                     response_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListSeriesResponse.SerializeToString,
+            ),
+            'ListAlerts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAlerts,
+                    request_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListAlertsRequest.FromString,
+                    response_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListAlertsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -229,6 +250,33 @@ class TelemetryService:
             '/fireflyer.telemetry.v1.TelemetryService/ListSeries',
             fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListSeriesRequest.SerializeToString,
             fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListSeriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAlerts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.telemetry.v1.TelemetryService/ListAlerts',
+            fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListAlertsRequest.SerializeToString,
+            fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.ListAlertsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,13 @@ class TelemetryServiceStub:
     """
     ListSeries: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.ListSeriesRequest, _telemetry_pb2.ListSeriesResponse]
     """The series that had samples in a time window (metric names and label sets), a page at a time."""
+    ListAlerts: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.ListAlertsRequest, _telemetry_pb2.ListAlertsResponse]
+    """The alert log: alerts the rules of the versioned alert config raised (node lost, storage target not
+    serving, chain without a serving target, task without progress, validator failure, storage near full,
+    loss NaN or exploding), newest first, each with when it fired and when it resolved. Tenancy as for
+    series: a user sees the cluster's alerts (no `user` label) and their own tasks'; admins and the
+    cluster token see all.
+    """
 
 @_typing.type_check_only
 class TelemetryServiceAsyncStub(TelemetryServiceStub):
@@ -99,6 +106,13 @@ class TelemetryServiceAsyncStub(TelemetryServiceStub):
     """
     ListSeries: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.ListSeriesRequest, _telemetry_pb2.ListSeriesResponse]  # type: ignore[assignment]
     """The series that had samples in a time window (metric names and label sets), a page at a time."""
+    ListAlerts: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.ListAlertsRequest, _telemetry_pb2.ListAlertsResponse]  # type: ignore[assignment]
+    """The alert log: alerts the rules of the versioned alert config raised (node lost, storage target not
+    serving, chain without a serving target, task without progress, validator failure, storage near full,
+    loss NaN or exploding), newest first, each with when it fired and when it resolved. Tenancy as for
+    series: a user sees the cluster's alerts (no `user` label) and their own tasks'; admins and the
+    cluster token see all.
+    """
 
 class TelemetryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Metrics collector (3FS monitor_collector + HAI monitor): services and training processes push samples;
@@ -150,5 +164,18 @@ class TelemetryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_telemetry_pb2.ListSeriesResponse, _abc.Awaitable[_telemetry_pb2.ListSeriesResponse]]:
         """The series that had samples in a time window (metric names and label sets), a page at a time."""
+
+    @_abc_1.abstractmethod
+    def ListAlerts(
+        self,
+        request: _telemetry_pb2.ListAlertsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_telemetry_pb2.ListAlertsResponse, _abc.Awaitable[_telemetry_pb2.ListAlertsResponse]]:
+        """The alert log: alerts the rules of the versioned alert config raised (node lost, storage target not
+        serving, chain without a serving target, task without progress, validator failure, storage near full,
+        loss NaN or exploding), newest first, each with when it fired and when it resolved. Tenancy as for
+        series: a user sees the cluster's alerts (no `user` label) and their own tasks'; admins and the
+        cluster token see all.
+        """
 
 def add_TelemetryServiceServicer_to_server(servicer: TelemetryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
