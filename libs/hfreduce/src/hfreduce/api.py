@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,9 +42,11 @@ class Group:
     or hangs, the others raise PeerFailureError naming it, and the group is unusable afterwards.
     """
 
-    def __init__(self, config: GroupConfig) -> None:
+    def __init__(self, config: GroupConfig, *, control_listener: socket.socket | None = None) -> None:
+        """Join the group. Global rank 0 serves the rendezvous on ``config.master_port``, or on
+        ``control_listener`` when given (a socket it bound itself, listening on that port)."""
         self.config = config
-        self._rt = Runtime(config)
+        self._rt = Runtime(config, control_listener)
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-coll")
         self._stage = PinnedPool()
         self._registered: dict[int, tuple[Registered, int]] = {}

@@ -125,13 +125,27 @@ class GroupConfig:
             "local_rank": int(env.get("LOCAL_RANK", "0")),
             "local_world_size": int(env.get("LOCAL_WORLD_SIZE", "1")),
         }
-        for field in dataclasses.fields(cls):
-            raw = env.get(ENV_PREFIX + field.name.upper())
-            if raw is None or field.name in ("num_nodes", "node_rank"):
-                continue
-            values[field.name] = _parse(field.name, raw)
+        values.update(options_from_env(env))
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """The ``FF_HFREDUCE_<FIELD>`` settings present in ``env`` (default ``os.environ``), parsed, by field name.
+
+    ``FF_HFREDUCE_NUM_NODES`` and ``FF_HFREDUCE_NODE_RANK`` describe the layout, not options: left out.
+
+    Raises:
+        ValueError: a value is malformed.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for field in dataclasses.fields(GroupConfig):
+        raw = env.get(ENV_PREFIX + field.name.upper())
+        if raw is None or field.name in ("num_nodes", "node_rank"):
+            continue
+        values[field.name] = _parse(field.name, raw)
+    return values
 
 
 def _parse(name: str, raw: str) -> object:

@@ -74,12 +74,14 @@ class _Blame:
 class ControlServer:
     """Runs on global rank 0's process in a daemon thread; never on the data path."""
 
-    def __init__(self, *, port: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, *, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None) -> None:
+        """Listen on ``port``, or on ``listener`` when given (bound by the caller, e.g. on port 0 before
+        publishing its address through a torch store)."""
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.token = secrets.token_hex(6)
         self._grace_s = min(0.5, timeout_s / 4)
-        self._listener = socket.create_server(("", port), reuse_port=False)
+        self._listener = listener if listener is not None else socket.create_server(("", port), reuse_port=False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ)
         self._bufs: dict[socket.socket, bytearray] = {}

@@ -57,9 +57,10 @@ class Registered:
 class Runtime:
     """One rank's share of a group. Not thread-safe: ``api.Group`` runs collectives on one thread."""
 
-    def __init__(self, config: GroupConfig) -> None:
+    def __init__(self, config: GroupConfig, control_listener: socket.socket | None = None) -> None:
         self.config = config
         self.rank = config.rank
+        self._control_listener = control_listener
         self.num_local = config.local_world_size
         self.chunk_elems = config.chunk_size_bytes // 4
         self.counters = Counters()
@@ -89,7 +90,12 @@ class Runtime:
     def _setup(self) -> None:
         cfg = self.config
         if self.rank == 0:
-            self.server = ControlServer(port=cfg.master_port, world_size=cfg.world_size, timeout_s=cfg.timeout_s)
+            self.server = ControlServer(
+                port=cfg.master_port,
+                world_size=cfg.world_size,
+                timeout_s=cfg.timeout_s,
+                listener=self._control_listener,
+            )
             self.server.start()
         self.control = ControlClient(cfg.master_addr, cfg.master_port, cfg.timeout_s)
         with socket.create_server(("", 0), backlog=128) as listener:

@@ -71,3 +71,46 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+TORCH_WORKER = Path(__file__).with_name("torch_worker.py")
+TorchLaunch = Callable[..., list[dict[str, Any]]]
+
+
+@pytest.fixture
+def torch_launch(tmp_path: Path) -> Iterator[TorchLaunch]:
+    """Start ``nodes x local`` ranks of ``torch_worker.py`` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK; return their reports."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def run(
+        nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 90
+    ) -> list[dict[str, Any]]:
+        port = free_port()
+        outs = []
+        for rank in range(nodes * local):
+            out = tmp_path / f"rank{rank}-{scenario}.json"
+            outs.append(out)
+            penv = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(nodes * local),
+                "LOCAL_RANK": str(rank % local),
+                "LOCAL_WORLD_SIZE": str(local),
+                "FF_HFREDUCE_NODE_RANK": str(rank // local),
+                "OMP_NUM_THREADS": "1",
+                **(env or {}),
+            }
+            procs.append(subprocess.Popen([sys.executable, str(TORCH_WORKER), scenario, str(out)], env=penv))
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return [json.loads(o.read_text()) if o.exists() else {"crash": f"no report {o.name}"} for o in outs]
+
+    yield run
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
