@@ -119,6 +119,7 @@ class RawFile(io.RawIOBase):
         self.mode = mode
         self._om = om
         self.inode_id = inode.inode_id
+        self.inode_at_open = inode  # meta's answer to the Open or Create (the mount keeps its attributes)
         self.layout = layout
         self._cap = capability
         self.cap_expires_at_ns = 0  # 0: unknown (never refreshed ahead of time)
