@@ -6,6 +6,7 @@ from hf3fs.dataset import FileDataset
 from hf3fs.fs import DirEntry, FileSystem, ForkedProcessError, Quota, Stat, StatFs, TrashEntry, connect
 from hf3fs.meta_client import Hf3fsError, MetaClient
 from hf3fs.storage_client import ChunkRead, ChunkWrite, ReadOutcome, StorageClient, StorageIoError, WriteOutcome
+from hf3fs.writeback import WritebackError, WritebackOptions
 
 __all__ = [
     "ChunkRead",
@@ -24,6 +25,8 @@ __all__ = [
     "StorageIoError",
     "TrashEntry",
     "WriteOutcome",
+    "WritebackError",
+    "WritebackOptions",
     "connect",
     "crc32c_of",
 ]

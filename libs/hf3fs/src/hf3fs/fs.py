@@ -13,14 +13,17 @@ client of its own, in the process that unpickles it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import errno
+import io
 import logging
 import os
 import stat as stat_mod
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,6 +40,7 @@ from hf3fs.layout import FileLayout
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
 from hf3fs.statfs import within_quotas
 from hf3fs.storage_client import StorageClient
+from hf3fs.writeback import PendingFile, Writeback, WritebackError, WritebackFile, WritebackOptions, places_of
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -187,7 +191,11 @@ class FileSystem:
         timeout_s: float = 30.0,
         renew_interval_s: float | None = None,
         close_retry_s: float = 60.0,
+        writeback: bool | WritebackOptions = False,
     ) -> None:
+        """``writeback``: files opened ``"w"``/``"wb"`` are written back (``True``: with the default
+        ``WritebackOptions``); off by default, so a close is visible to every client when it returns (see
+        ``hf3fs.writeback`` for the semantics and ``sync``)."""
         addresses = [a.strip() for a in (mgmtd.split(",") if isinstance(mgmtd, str) else mgmtd) if a.strip()]
         if not addresses:
             raise ValueError("at least one mgmtd address is needed")
@@ -196,7 +204,10 @@ class FileSystem:
         if _Process.forked_after_grpc:
             raise _fork_error("hf3fs.connect()")
         _Process.grpc_started = True
-        self._args = (addresses, token, meta_addresses, timeout_s, renew_interval_s, close_retry_s)
+        self._args = (addresses, token, meta_addresses, timeout_s, renew_interval_s, close_retry_s, writeback)
+        self._wb_options = writeback if isinstance(writeback, WritebackOptions) else WritebackOptions()
+        self._wb_default = bool(writeback)
+        self._wb: Writeback | None = None
         self._pid = os.getpid()
         self.client_id = uuid.uuid4().hex
         self._loop = asyncio.new_event_loop()
@@ -264,6 +275,9 @@ class FileSystem:
 
     def _meta_call(self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any,
                    path: str | None = None) -> Any:  # fmt: skip
+        wb = self._wb
+        if wb is not None and wb.busy() and not wb.on_flusher() and wb.related(places_of(request)):
+            wb.flush()  # this client sees its queued files as committed
         try:
             return self._run(self._meta.call(select, request))
         except RpcError as err:
@@ -275,6 +289,16 @@ class FileSystem:
         if os.getpid() != self._pid:  # a forked copy: the connection belongs to the parent, leave it be
             self._closed = True
             return
+        if self._wb is not None:
+            self._wb.close()
+        failures = self._wb.take_errors() if self._wb is not None else []
+        try:
+            self._teardown()
+        finally:
+            if failures:
+                raise WritebackError(failures)
+
+    def _teardown(self) -> None:
         with self._writers_lock:
             writers = list(self._writers.values())
         self._closing_by = time.monotonic() + self._close_retry_s
@@ -299,6 +323,40 @@ class FileSystem:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+
+    # ---- write-back of small files (hf3fs.writeback) ----
+
+    def _writeback_queue(self) -> Writeback:
+        with self._writers_lock:
+            if self._wb is None:
+                self._wb = Writeback(self, self._wb_options)
+                _exiting.add(self)
+            return self._wb
+
+    def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
+                   parent: tuple[int, str] | None = None) -> None:  # fmt: skip
+        """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch, as
+        ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
+        it in that folder instead of at ``path`` (which then only names it in errors); ``mtime_ns``: its write
+        time (default now). Returns at once; errors come from ``sync``/``close`` (``WritebackError``)."""
+        _abs(path)
+        item = PendingFile(path=path, data=bytes(data), perm=perm, mtime_ns=mtime_ns or time.time_ns(),
+                           parent=parent, acting=current_acting())  # fmt: skip
+        self._writeback_queue().submit(item)
+
+    def sync(self) -> None:
+        """Commit every file queued for write-back and raise ``WritebackError`` for each one whose commit
+        failed since the last ``sync`` (or ``close``). Without write-back: nothing to do."""
+        if self._wb is None:
+            return
+        self._wb.flush()
+        failures = self._wb.take_errors()
+        if failures:
+            raise WritebackError(failures)
+
+    def writeback_pending(self) -> int:
+        """How many files are queued or being committed."""
+        return self._wb.pending() if self._wb is not None else 0
 
     def __enter__(self) -> FileSystem:
         return self
@@ -729,11 +787,15 @@ class FileSystem:
         return layout_of(inode, table)
 
     def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644, encoding: str | None = None,
-             errors: str | None = None, newline: str | None = None, write_only: bool = False) -> Any:  # fmt: skip
+             errors: str | None = None, newline: str | None = None, write_only: bool = False,
+             writeback: bool | None = None) -> Any:  # fmt: skip
         """Open a file; ``write_only`` with a writable mode asks meta for write permission only (POSIX O_WRONLY:
-        a file the caller may write but not read opens), though the file object may still read."""
+        a file the caller may write but not read opens), though the file object may still read. ``writeback``
+        (default: the FileSystem's): ``"w"``/``"wb"`` files are written back (see ``hf3fs.writeback``)."""
         om = OpenMode.parse(mode)
         _abs(path)
+        if (self._wb_default if writeback is None else writeback) and om.truncate and not om.readable:
+            return self._open_writeback(path, mode, om, perm, buffering, encoding, errors, newline)
         session_id = uuid.uuid4().hex if om.writable else ""
         open_mode = (
             (pb.OPEN_MODE_READ_WRITE if om.readable and not write_only else pb.OPEN_MODE_WRITE)
@@ -764,6 +826,16 @@ class FileSystem:
         except BaseException:
             raw.close()
             raise
+
+    def _open_writeback(self, path: str, mode: str, om: OpenMode, perm: int, buffering: int, encoding: str | None,
+                        errors: str | None, newline: str | None) -> Any:  # fmt: skip
+        if buffering == 0 and not om.binary:
+            raise ValueError("can't have unbuffered text I/O")
+        f = WritebackFile(self, path, mode, perm, self._writeback_queue().options.max_file_bytes)
+        if om.binary:
+            return f
+        return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline,
+                                line_buffering=buffering == 1)  # fmt: skip
 
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
         """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch. A read
@@ -820,10 +892,22 @@ class FileSystem:
 
 def _reconnect(
     addresses: list[str], token: str, meta_addresses: list[str] | None, timeout_s: float,
-    renew_interval_s: float | None, close_retry_s: float = 60.0,
+    renew_interval_s: float | None, close_retry_s: float = 60.0, writeback: bool | WritebackOptions = False,
 ) -> FileSystem:  # fmt: skip
     return FileSystem(addresses, token, meta_addresses=meta_addresses, timeout_s=timeout_s,
-                      renew_interval_s=renew_interval_s, close_retry_s=close_retry_s)  # fmt: skip
+                      renew_interval_s=renew_interval_s, close_retry_s=close_retry_s, writeback=writeback)  # fmt: skip
+
+
+_exiting: weakref.WeakSet[FileSystem] = weakref.WeakSet()  # file systems with a write-back queue
+
+
+@atexit.register
+def _commit_at_exit() -> None:
+    """A process exiting with files queued for write-back commits them; what fails is logged (by the flusher)."""
+    for fs in list(_exiting):
+        if not fs._closed and fs._wb is not None and os.getpid() == fs._pid:
+            with contextlib.suppress(Exception):
+                fs._wb.flush()
 
 
 def connect(mgmtd: str | list[str] | None = None, token: str | None = None, **kwargs: Any) -> FileSystem:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import threading
@@ -40,6 +41,15 @@ GROUP_WRITES = 64
 # What a transaction may spend walking paths on the event loop (``Tx.loop_budget``: about 2,000 lookups, tens
 # of milliseconds); past it, it runs again in a worker thread (NeedsThread).
 LOOP_BUDGET_ROWS = 2048
+LAST_CHUNK_QUERIES = 512  # files per QueryLastChunk call of ``storage_lengths``
+
+
+def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, Any, bool]:
+    return fsops.authorize_finish(t, inode_id, session_id)
+
+
+def _finish(inode_id: int, session_id: str, written: int, length: int | None, mtime_ns: int | None, t: Tx) -> Inode:
+    return fsops.finish_length(t, inode_id, session_id, written, length, mtime_ns, close=bool(session_id))
 
 
 class StorageUnavailable(FsError):
@@ -361,6 +371,42 @@ class MetaApp:
 
         return await file_end(chains, inode.chunk_size, last_chunk)
 
+    async def storage_lengths(self, inodes: Sequence[Inode]) -> list[int | None]:
+        """``storage_length`` of many files at once: one QueryLastChunk per chain (up to ``LAST_CHUNK_QUERIES``
+        files each) for the whole batch, all chains at once, instead of one per file and chain."""
+        per_chain: dict[int, list[int]] = {}  # chain -> inode ids asking it
+        chains_of: list[list[int]] = []
+        for inode in inodes:
+            chains: list[int] = []
+            if inode.is_file and inode.chain_table_id and inode.stripe_size:
+                chains = list(dict.fromkeys(await self._chains(inode.chain_table_id, inode.chain_begin,
+                                                               inode.stripe_size, inode.shuffle_seed)))  # fmt: skip
+            chains_of.append(chains)
+            for c in chains:
+                per_chain.setdefault(c, []).append(inode.inode_id)
+        settled = {spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND}
+        answers: dict[tuple[int, int], LastChunk] = {}
+
+        async def ask(chain_id: int, ids: list[int]) -> None:
+            def build(version: int) -> spb.QueryLastChunkRequest:
+                return spb.QueryLastChunkRequest(queries=[
+                    spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=i) for i in ids])  # fmt: skip
+
+            resp = await self._storage_call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
+                                            ok=lambda r: all(x.status in settled for x in r.results))  # fmt: skip
+            for i, r in zip(ids, resp.results, strict=True):
+                ok = r.status == spb.CHUNK_IO_STATUS_OK
+                answers[(chain_id, i)] = (r.last_chunk_index, r.last_chunk_length_bytes) if ok else None
+
+        await asyncio.gather(*(ask(c, ids[k : k + LAST_CHUNK_QUERIES]) for c, ids in per_chain.items()
+                               for k in range(0, len(ids), LAST_CHUNK_QUERIES)))  # fmt: skip
+        out: list[int | None] = []
+        for inode, chains in zip(inodes, chains_of, strict=True):
+            found = [answers[(c, inode.inode_id)] for c in chains]
+            ends = [i * inode.chunk_size + n for i, n in (a for a in found if a is not None)]
+            out.append(max(ends) if ends else None)
+        return out
+
     async def remove_chunks(self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int,
                             from_chunk: int = 0) -> int:  # fmt: skip
         """Remove the file's chunks from ``from_chunk`` on, on every chain of its stripe at once."""
@@ -405,6 +451,44 @@ class MetaApp:
         length = await self.storage_length(inode)
         return await self.tx(caller, lambda t: fsops.finish_length(t, inode_id, session_id, written, length,
                                                                    mtime_ns, close))  # fmt: skip
+
+    async def batch_close(self, caller: Caller, items: Sequence[tuple[int, str, int, int | None]]
+                          ) -> list[Inode | FsError]:  # fmt: skip
+        """Many ``close_or_sync(..., close=True)`` (inode id, session id, written, mtime): each authorized and
+        committed as that one would be, alone (one item's error fails only itself), with the lengths from
+        ``storage_lengths`` (one storage round trip for the batch). A session meta no longer knows closes as
+        Close does: the length made exact from storage only."""
+        out: list[Inode | FsError] = []
+        todo: list[tuple[int, Inode, str, int, int | None]] = []
+        for inode_id, session_id, written, mtime in items:
+            try:
+                inode, sid, may = await self._authorize_close(caller, inode_id, session_id)
+            except FsError as err:
+                out.append(err)
+                continue
+            out.append(inode)
+            if may:
+                todo.append((len(out) - 1, inode, sid, written if sid else 0, mtime if sid else None))
+        lengths = await self.storage_lengths([inode for _, inode, _, _, _ in todo])
+        for (k, inode, sid, written, mtime), length in zip(todo, lengths, strict=True):
+            finish = functools.partial(_finish, inode.inode_id, sid, written, length, mtime)
+            try:
+                out[k] = await self.tx(caller, finish)
+            except FsError as err:
+                out[k] = err
+        return out
+
+    async def _authorize_close(self, caller: Caller, inode_id: int, session_id: str) -> tuple[Inode, str, bool]:
+        """(inode, the session id that counts, whether the close may change the file): a session meta no longer
+        knows counts as none (the length is then made exact from storage only), as in Close."""
+        try:
+            inode, _, may = await self.read(caller, functools.partial(_authorize, inode_id, session_id))
+            return inode, session_id, may
+        except FsError as err:
+            if err.fs_code is not FsCode.BAD_SESSION:
+                raise
+        inode, _, may = await self.read(caller, functools.partial(_authorize, inode_id, ""))
+        return inode, "", may
 
     async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
         inode = await self.read(caller, lambda t: fsops.truncate_check(t, at, session_id))  # a cursor read

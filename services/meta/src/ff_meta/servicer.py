@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from typing import Any
 
 from ff_meta.app import MetaApp
@@ -22,6 +23,7 @@ Context = Any
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 MAX_BATCH = 10000
+MAX_WRITE_BATCH = 1024  # items of a BatchCreate or BatchClose (each a write transaction)
 # Calls up to these sizes run on the event loop on SQLite (well under a millisecond); larger ones in a thread.
 SMALL_BATCH = 64
 SMALL_PAGE = 1000
@@ -185,8 +187,50 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                                                                   expires))  # fmt: skip
 
     async def Create(self, request: pb.CreateRequest, context: Context) -> pb.CreateResponse:
+        return await self._create(caller(), request)
+
+    async def BatchCreate(self, request: pb.BatchCreateRequest, context: Context) -> pb.BatchCreateResponse:
+        """Each item as Create by the same caller, one after another (a later item sees an earlier one)."""
+        check_batch(len(request.creates), "BatchCreate")
         c = caller()
+        out = []
+        for item in request.creates:
+            try:
+                out.append(pb.CreateResult(response=await self._create(c, item)))
+            except FsError as err:
+                out.append(pb.CreateResult(error=pb.FsError.ValueType(int(err.fs_code)), message=str(err)))
+        return pb.BatchCreateResponse(results=out)
+
+    async def BatchClose(self, request: pb.BatchCloseRequest, context: Context) -> pb.BatchCloseResponse:
+        check_batch(len(request.closes), "BatchClose")
+        items = []
+        for r in request.closes:
+            mtime = r.mtime_ns if r.HasField("mtime_ns") else None
+            # an id or length no store can hold: that item alone fails (as its Close would)
+            items.append((min(r.inode_id, MAX_INODE_ID + 1), r.session_id, r.written_length_bytes, mtime))
+        bad: dict[int, FsError] = {}
+        for k, (inode_id, _, written, _) in enumerate(items):
+            try:
+                inode_id_of(inode_id)
+                length_of(written, "written_length_bytes")
+            except FsError as err:
+                bad[k] = err
+        good = [k for k in range(len(items)) if k not in bad]
+        done = dict(zip(good, await self._app.batch_close(caller(), [items[k] for k in good]), strict=True))
+        out = []
+        for k in range(len(items)):
+            got = bad.get(k) or done[k]
+            if isinstance(got, FsError):
+                out.append(pb.CloseResult(error=pb.FsError.ValueType(int(got.fs_code)), message=str(got)))
+            else:
+                out.append(pb.CloseResult(inode=to_pb(got)))
+        return pb.BatchCloseResponse(results=out)
+
+    async def _create(self, c: Caller, request: pb.CreateRequest) -> pb.CreateResponse:
         write = open_mode_of(request.open_mode, READ) in (WRITE, RW)
+        reserve = length_of(request.reserve_bytes, "reserve_bytes")
+        if reserve and not write:
+            raise fs_error(FsCode.INVALID_ARGUMENT, "reserve_bytes needs a write mode")
         if request.truncate and not write:
             raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
         if write and (not request.session_id or not request.client_id):
@@ -202,6 +246,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             sess = None
             if write and not (request.truncate and not created and inode.length):
                 sess = fsops.open_session(t, inode, chain, request.session_id, request.client_id, defaults, expires)
+                sess = _reserved(t, sess, reserve)
             return inode, created, sess
 
         inode, created, sess = await self._app.tx(c, body)
@@ -209,6 +254,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             await self._app.truncate(c, at(request.path), 0, "")
             inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), True, False))
             sess = await self._session(c, inode, chain, request.session_id, request.client_id)
+            if reserve > sess.write_limit:
+                opened = sess
+                sess = await self._app.tx(c, lambda t: _reserved(t, opened, reserve))
         resp = pb.CreateResponse(inode=to_pb(inode), created=created)
         if sess is not None:
             resp.session.CopyFrom(session_pb(sess))
@@ -403,6 +451,19 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_TRASH_IDS} trash ids per EmptyTrash")
         n = await self._app.empty_trash(caller(), list(dict.fromkeys(request.trash_ids)), request.expired_only)
         return pb.EmptyTrashResponse(num_deleted=n)
+
+
+def check_batch(n: int, what: str) -> None:
+    if n > MAX_WRITE_BATCH:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_WRITE_BATCH} items per {what} ({n} given)")
+
+
+def _reserved(t: Tx, sess: SessionInfo, reserve: int) -> SessionInfo:
+    """The session with its quota reserved up to ``reserve`` (ReserveSpace in the same transaction)."""
+    if reserve <= sess.write_limit:
+        return sess
+    limit, _ = fsops.reserve(t, sess.inode_id, sess.session_id, reserve)
+    return dataclasses.replace(sess, write_limit=limit)
 
 
 async def _ids(app: MetaApp, n: int) -> list[int]:

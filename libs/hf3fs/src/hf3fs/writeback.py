@@ -1,0 +1,451 @@
+"""Write-back of small files: ``close()`` queues the file, a flusher thread commits queued files in batches.
+
+A file opened ``"wb"``/``"w"`` with write-back on (``hf3fs.connect(writeback=True)`` or ``fs.open(...,
+writeback=True)``) is kept in client memory while it is written; its ``close()`` queues it and returns. The
+flusher commits a batch when ``max_files`` files or ``max_bytes`` bytes are queued, when the oldest has waited
+``max_delay_s``, or when a caller waits for it (a sync point): one meta ``BatchCreate`` for the whole batch
+(each file created or truncated with a write session, its quota reserved in the same transaction), one storage
+``BatchWrite`` per chain head carrying every chunk of the batch, and one meta ``BatchClose``. That is the way
+JuiceFS's ``--writeback`` and NFS's asynchronous writes go, with CephFS's batched creates at meta.
+
+Semantics (see ``hf3fs/README.md``, "Write-back of small files"):
+
+- this client sees its queued files as committed: any call on a queued path, on a folder above one or on a path
+  below one (stat, open, listdir, rename, remove, truncate, ...) commits the queue first (paths as written: a
+  path that reaches a queued file through a symlink does not count);
+- other clients see a file once its batch committed: at most ``max_delay_s`` after its close, plus the commit;
+- ``fs.sync()`` and ``fs.close()`` commit everything queued and raise ``WritebackError`` naming every file whose
+  commit failed since the last sync point; failures are also logged when they happen, and a process exiting
+  with files queued commits them (atexit) and logs what failed. ``f.fsync()`` on a write-back file writes it
+  through at once (errors raised there);
+- errors of a deferred commit (the folder missing, permission, the name a folder, quota) surface at the next
+  sync point, not at ``open``/``close``: a file whose create failed does not exist, one whose quota could not be
+  reserved is not created, one whose data did not reach storage is left with what storage holds (usually empty).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ff_rpc import Identity, acting_as, current_acting
+from fireflyer.meta.v1 import meta_pb2 as pb
+from hf3fs.meta_client import ERRNO_OF_FS_ERROR
+from hf3fs.storage_client import ChunkWrite, StorageIoError
+
+if TYPE_CHECKING:
+    from hf3fs.fs import FileSystem
+
+logger = logging.getLogger(__name__)
+MAX_BATCH_ITEMS = 1024  # meta's bound on a BatchCreate / BatchClose
+
+
+@dataclass(frozen=True)
+class WritebackOptions:
+    """When the flusher commits (whichever comes first) and what is written back.
+
+    Defaults: a batch of 256 files or 16 MiB costs meta and storage about what 3-4 single files do, so batches
+    of that size bring the per-file cost down to a few percent of a synchronous close; 50 ms bounds how late
+    another client sees a file (NFS's close-to-open is stricter, its async writes far looser) and is short
+    enough that a single slow writer is not kept waiting at a sync point. Files above ``max_file_bytes`` (1
+    MiB) are written through: a large file pays nothing per batch anyway. ``close()`` waits (backpressure)
+    while ``max_queued_bytes`` or ``4 * max_files`` files are queued.
+    """
+
+    max_files: int = 256
+    max_bytes: int = 16 << 20
+    max_delay_s: float = 0.05
+    max_file_bytes: int = 1 << 20
+    max_queued_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_files <= MAX_BATCH_ITEMS:
+            raise ValueError(f"max_files must be 1..{MAX_BATCH_ITEMS}")
+        if self.max_bytes <= 0 or self.max_file_bytes < 0 or self.max_delay_s < 0:
+            raise ValueError("max_bytes must be positive, max_file_bytes and max_delay_s not negative")
+        if self.max_queued_bytes < self.max_file_bytes:
+            raise ValueError("max_queued_bytes must hold at least one file of max_file_bytes")
+
+
+class WritebackError(OSError):
+    """Files whose deferred commit failed: ``failures`` lists (path, OSError), in the order they failed."""
+
+    def __init__(self, failures: list[tuple[str, OSError]]) -> None:
+        shown = "; ".join(f"{p}: {e.strerror or e}" for p, e in failures[:10])
+        more = f" (and {len(failures) - 10} more)" if len(failures) > 10 else ""
+        super().__init__(errno.EIO, f"{len(failures)} written-back file(s) failed to commit: {shown}{more}")
+        self.failures = failures
+
+
+@dataclass
+class PendingFile:
+    """A closed small file waiting for its batch: its whole content, permission bits and write time."""
+
+    path: str  # absolute path (the file's name in errors)
+    data: bytes
+    perm: int = 0o644
+    mtime_ns: int = 0
+    parent: tuple[int, str] | None = None  # (folder inode id, name): created there instead of at ``path``
+    acting: Identity | None = None  # the caller it is committed as (a multi-user mount's caller)
+    seq: int = 0
+    queued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def key(self) -> str:
+        return f"@{self.parent[0]}/{self.parent[1]}" if self.parent else self.path
+
+
+def places_of(request: Any) -> list[tuple[int, str]]:
+    """The (folder inode id or 0, path) of every PathAt a meta request names (``path``, ``src_path``, ...)."""
+    out: list[tuple[int, str]] = []
+    for fd, value in request.ListFields():
+        if fd.message_type is not pb.PathAt.DESCRIPTOR:
+            continue
+        for at in [value] if isinstance(value, pb.PathAt) else value:
+            out.append((at.parent_inode_id, at.path))
+    return out
+
+
+def _under(path: str, other: str) -> bool:
+    """Whether ``other`` is ``path`` or lies below it (paths as written)."""
+    base = path.rstrip("/")
+    return other == path or other.startswith(base + "/")
+
+
+class Writeback:
+    """The queue and flusher of one FileSystem (made by it: see ``FileSystem.write_back``)."""
+
+    def __init__(self, fs: FileSystem, options: WritebackOptions) -> None:
+        self._fs = fs
+        self.options = options
+        self._cond = threading.Condition()
+        self._queue: dict[str, PendingFile] = {}
+        self._queued_bytes = 0
+        self._inflight: list[PendingFile] = []
+        self._errors: list[tuple[str, OSError]] = []
+        self._seq = 0
+        self._waiters = 0
+        self._stopping = False
+        self.batches = 0  # batches committed (for tests and the bench)
+        self._thread = threading.Thread(target=self._loop, name="hf3fs-writeback", daemon=True)
+        self._thread.start()
+
+    # ---- callers ----
+
+    def submit(self, item: PendingFile) -> None:
+        """Queue a closed file (replacing a queued version of the same file); waits while the queue is full."""
+        limit_files = 4 * self.options.max_files
+        with self._cond:
+            if self._stopping:
+                raise ValueError("the file system is closed")
+            while self._queue and (self._queued_bytes + len(item.data) > self.options.max_queued_bytes
+                                   or len(self._queue) >= limit_files):  # fmt: skip
+                self._cond.wait()
+            old = self._queue.pop(item.key, None)
+            if old is not None:
+                self._queued_bytes -= len(old.data)
+            self._seq += 1
+            item.seq = self._seq
+            self._queue[item.key] = item
+            self._queued_bytes += len(item.data)
+            self._cond.notify_all()
+
+    def busy(self) -> bool:
+        return bool(self._queue or self._inflight)
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + len(self._inflight)
+
+    def on_flusher(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def related(self, places: Iterable[tuple[int, str]]) -> bool:
+        """Whether a call on ``places`` ((folder inode id or 0, path)) touches a queued file: its own path, a
+        folder above it, or (relative to a folder inode) that folder. A call by inode alone, or relative to a
+        folder when queued files have no folder inode, counts as touching (the safe side)."""
+        with self._cond:
+            items = [*self._queue.values(), *self._inflight]
+        if not items:
+            return False
+        for inode_id, path in places:
+            if not inode_id:
+                if any(_under(path, i.path) or _under(i.path, path) for i in items if not i.parent):
+                    return True
+                if any(i.parent for i in items):  # queued by folder inode: cannot compare with a path
+                    return True
+            elif not path or any(i.parent is None or i.parent[0] == inode_id for i in items):
+                return True
+        return False
+
+    def flush(self) -> None:
+        """Commit everything queued up to now (and wait for it); errors stay for ``take_errors``."""
+        with self._cond:
+            target = self._seq
+            self._waiters += 1
+            self._cond.notify_all()
+            try:
+                while any(i.seq <= target for i in [*self._queue.values(), *self._inflight]):
+                    self._cond.wait()
+            finally:
+                self._waiters -= 1
+
+    def take_errors(self) -> list[tuple[str, OSError]]:
+        with self._cond:
+            errors, self._errors = self._errors, []
+        return errors
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the flusher."""
+        self.flush()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+
+    # ---- the flusher ----
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._commit(batch)
+            except BaseException as exc:  # a bug must not drop files silently: every file of the batch fails
+                logger.exception("write-back: committing %d file(s) failed", len(batch))
+                err = exc if isinstance(exc, OSError) else OSError(errno.EIO, f"write-back failed: {exc!r}")
+                self._fail([(i.path, err) for i in batch])
+            with self._cond:
+                self._inflight = []
+                self.batches += 1
+                self._cond.notify_all()
+
+    def _next_batch(self) -> list[PendingFile] | None:
+        o = self.options
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            while not (self._waiters or self._stopping or len(self._queue) >= o.max_files
+                       or self._queued_bytes >= o.max_bytes):  # fmt: skip
+                left = next(iter(self._queue.values())).queued_at + o.max_delay_s - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch: list[PendingFile] = []
+            size = 0
+            for key in list(self._queue):
+                item = self._queue[key]
+                if batch and (len(batch) >= o.max_files or size + len(item.data) > o.max_bytes):
+                    break
+                batch.append(self._queue.pop(key))
+                size += len(item.data)
+            self._queued_bytes -= size
+            self._inflight = batch
+            self._cond.notify_all()  # room for waiting submitters
+            return batch
+
+    def _fail(self, failures: list[tuple[str, OSError]]) -> None:
+        if not failures:
+            return
+        logger.warning("write-back: %d file(s) failed to commit: %s", len(failures),
+                       "; ".join(f"{p}: {e}" for p, e in failures[:20]))  # fmt: skip
+        with self._cond:
+            self._errors += failures
+
+    def _commit(self, batch: list[PendingFile]) -> None:
+        groups: dict[Identity | None, list[PendingFile]] = {}
+        for item in batch:
+            groups.setdefault(item.acting, []).append(item)
+        for identity, items in groups.items():
+            with acting_as(identity):
+                self._commit_group(items)
+
+    def _commit_group(self, items: list[PendingFile]) -> None:
+        """BatchCreate, one storage batch write, BatchClose; each file's failure recorded alone."""
+        fs = self._fs
+        opened = self._create(items)
+        if not opened:
+            return
+        ios: list[ChunkWrite] = []
+        owners: list[int] = []
+        for k, (item, resp) in enumerate(opened):
+            layout = fs._layout(resp.inode)
+            view = memoryview(item.data)
+            for s in layout.spans(0, len(item.data)):
+                ios.append(ChunkWrite(chain_id=s.chain_id, inode_id=layout.inode_id, chunk_index=s.chunk_index,
+                                      offset=s.offset, data=view[s.file_offset : s.file_offset + s.length],
+                                      chunk_size=layout.chunk_size, capability=resp.io_capability.token))  # fmt: skip
+                owners.append(k)
+        failed: dict[int, OSError] = {}
+        if ios:
+            try:
+                outcomes = fs._run(fs._storage.batch_write(ios))
+            except StorageIoError as err:
+                outcomes = []
+                failed = {k: OSError(errno.EIO, f"write refused by storage: {err}") for k in range(len(opened))}
+            for k, o in zip(owners, outcomes, strict=False):
+                if not o.ok and k not in failed:
+                    failed[k] = OSError(errno.EIO, f"write failed: {o.message or o.status}")
+        self._close(opened, failed)
+
+    def _create(self, items: list[PendingFile]) -> list[tuple[PendingFile, pb.CreateResponse]]:
+        fs = self._fs
+        requests = [pb.CreateRequest(
+            path=pb.PathAt(parent_inode_id=i.parent[0], path=i.parent[1]) if i.parent else pb.PathAt(path=i.path),
+            mode=i.perm, open_mode=pb.OPEN_MODE_WRITE, truncate=True, session_id=uuid.uuid4().hex,
+            client_id=fs.client_id, reserve_bytes=len(i.data)) for i in items]  # fmt: skip
+        try:
+            resp = fs._meta_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests))
+        except OSError as err:
+            self._fail([(i.path, err) for i in items])
+            return []
+        opened, failures = [], []
+        for item, r in zip(items, resp.results, strict=True):
+            if r.error:
+                failures.append((item.path, _os_error(r.error, r.message, item.path)))
+            else:
+                opened.append((item, r.response))
+        self._fail(failures)
+        return opened
+
+    def _close(self, opened: list[tuple[PendingFile, pb.CreateResponse]], failed: dict[int, OSError]) -> None:
+        closes = [pb.CloseRequest(inode_id=r.inode.inode_id, session_id=r.session.session_id, mtime_ns=i.mtime_ns,
+                                  written_length_bytes=0 if k in failed else len(i.data))
+                  for k, (i, r) in enumerate(opened)]  # fmt: skip
+        failures = [(opened[k][0].path, err) for k, err in failed.items()]
+        try:
+            resp = self._fs._meta_call(lambda s: s.BatchClose, pb.BatchCloseRequest(closes=closes))
+        except OSError as err:  # the sessions lapse and meta collects them (lengths from storage)
+            failures += [(i.path, err) for k, (i, _) in enumerate(opened) if k not in failed]
+        else:
+            for k, ((item, _), r) in enumerate(zip(opened, resp.results, strict=True)):
+                if r.error and k not in failed:
+                    failures.append((item.path, _os_error(r.error, r.message, item.path)))
+        self._fail(failures)
+
+
+def _os_error(code: int, message: str, path: str) -> OSError:
+    number = ERRNO_OF_FS_ERROR.get(pb.FsError.Name(code), errno.EIO)  # type: ignore[arg-type]
+    return OSError(number, message or errno.errorcode.get(number, ""), path)
+
+
+class WritebackFile(io.BufferedIOBase):
+    """A small file being written with write-back (``FileSystem.open(..., "wb")``): its bytes stay here until
+    ``close()`` queues it. Growing past ``max_file_bytes``, or ``fsync()``, writes it through: it then goes
+    on as an ordinary file (created and written now, errors raised by the calls themselves)."""
+
+    def __init__(self, fs: FileSystem, path: str, mode: str, perm: int, limit: int) -> None:
+        super().__init__()
+        self._fs = fs
+        self.name = path
+        self.mode = mode
+        self._perm = perm
+        self._limit = limit
+        self._buf = bytearray()
+        self._pos = 0
+        self._acting = current_acting()
+        self._direct: Any = None  # the ordinary file once written through
+        self._last_write_ns = time.time_ns()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self._check()
+        if self._direct is not None:
+            return int(self._direct.write(b))
+        data = memoryview(b).cast("B")
+        end = self._pos + len(data)
+        if end > self._limit:
+            return int(self._write_through().write(data))
+        if end > len(self._buf):
+            self._buf.extend(bytes(end - len(self._buf)))
+        self._buf[self._pos : end] = data
+        self._pos = end
+        self._last_write_ns = time.time_ns()
+        return len(data)
+
+    def tell(self) -> int:
+        self._check()
+        return int(self._direct.tell()) if self._direct is not None else self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._check()
+        if self._direct is not None:
+            return int(self._direct.seek(offset, whence))
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf)}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence}")
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "negative seek position", self.name)
+        self._pos = base + offset
+        return self._pos
+
+    def truncate(self, size: int | None = None) -> int:
+        self._check()
+        if self._direct is not None:
+            return int(self._direct.truncate(size))
+        size = self._pos if size is None else size
+        if size < 0:
+            raise OSError(errno.EINVAL, "negative size", self.name)
+        if size > self._limit:
+            return int(self._write_through().truncate(size))
+        del self._buf[size:]
+        self._buf.extend(bytes(size - len(self._buf)))
+        return size
+
+    def flush(self) -> None:
+        """Nothing to do until ``close`` (the bytes stay in client memory); ``fsync`` commits them now."""
+        if self._direct is not None and not self._direct.closed:
+            self._direct.flush()
+
+    def fsync(self) -> None:
+        """Write the file through now (create, write, make its length exact on meta): errors raised here."""
+        self._check()
+        self._write_through().fsync()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._direct is not None:
+                self._direct.close()
+            else:
+                self._fs._writeback_queue().submit(PendingFile(
+                    path=self.name, data=bytes(self._buf), perm=self._perm, mtime_ns=self._last_write_ns,
+                    acting=self._acting))  # fmt: skip
+        finally:
+            super().close()
+
+    def _write_through(self) -> Any:
+        """The ordinary file this one now is (created and written with what was buffered)."""
+        if self._direct is not None:
+            return self._direct
+        with acting_as(self._acting):
+            direct = self._fs.open(self.name, "wb", perm=self._perm, writeback=False)
+            try:
+                direct.write(self._buf)
+                direct.seek(self._pos)
+            except BaseException:
+                direct.close()
+                raise
+        self._direct = direct
+        self._buf = bytearray()
+        return direct
+
+    def _check(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
