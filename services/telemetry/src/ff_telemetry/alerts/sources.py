@@ -1,0 +1,167 @@
+"""Where the alert rules' facts come from: mgmtd (nodes, targets), the scheduler (running tasks, node
+validations) and the collected series (steps, losses, storage use), each read with the cluster token.
+
+A source that cannot be read leaves its facts unknown (``Snapshot.known``), so the rules that need it are
+not evaluated: an unreachable scheduler does not resolve the alerts about tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcClient, RpcError
+from ff_rpc.client import StubPool
+from ff_telemetry.alerts.conditions import ClusterView, NodeFact, SeriesFact, TargetFact, TaskFact, ValidationFact
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+STEP_METRIC = "hfai_step"
+LOSS_METRIC = "hfai_loss"
+TARGET_USED_METRIC = "ff_storage_target_used_bytes"
+TARGET_CAPACITY_METRIC = "ff_storage_target_capacity_bytes"
+
+
+class Source(StrEnum):
+    MGMTD = "mgmtd"
+    SCHEDULER = "scheduler"
+    METRICS = "metrics"
+
+
+class MetricReader(Protocol):
+    """The collector's own series, as the alert rules read them."""
+
+    async def series(self, name: str, since: float, until: float) -> Sequence[SeriesFact]:
+        """Every series of ``name`` with its samples in [since, until], oldest first."""
+        ...
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    view: ClusterView
+    known: frozenset[Source]
+
+
+def _enum_word(name: str, prefix: str) -> str:
+    return name.removeprefix(prefix).lower()
+
+
+class ClusterSources:
+    def __init__(self, mgmtd: MgmtdClient, token: str, metrics: MetricReader, *, timeout_s: float = 5.0) -> None:
+        self.mgmtd = mgmtd
+        self.metrics = metrics
+        self._rpc = RpcClient(token=token, timeout_s=timeout_s)
+        self._stubs = StubPool(scheduler_pb2_grpc.SchedulerServiceStub)
+
+    async def close(self) -> None:
+        await self._stubs.close()
+
+    async def snapshot(self, now: float, window_s: float) -> Snapshot:
+        """Everything the rules look at, read at once; ``window_s``: how much history of the series."""
+        routing, scheduler, metrics = await asyncio.gather(
+            self._routing(), self._scheduler(), self._series(now - window_s, now)
+        )
+        known = {
+            s for s, got in ((Source.MGMTD, routing), (Source.SCHEDULER, scheduler), (Source.METRICS, metrics)) if got
+        }
+        nodes, targets = routing or ((), ())
+        tasks, validations = scheduler or ((), ())
+        steps, losses, used = metrics or ((), (), ())
+        view = ClusterView(
+            now=now, nodes=nodes, targets=targets, tasks=tasks, validations=validations,
+            steps=steps, losses=losses, storage_used=used,
+        )  # fmt: skip
+        return Snapshot(view, frozenset(known))
+
+    async def _routing(self) -> tuple[list[NodeFact], list[TargetFact]] | None:
+        try:
+            resp = await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        except RpcError as err:
+            logger.warning("alerts: mgmtd's routing info could not be read: %s", err)
+            return None
+        info = resp.routing_info
+        nodes = [
+            NodeFact(
+                node_id=n.node_id,
+                node_type=_enum_word(common_pb2.NodeType.Name(n.node_type), "NODE_TYPE_"),
+                hostname=n.hostname,
+                alive=n.status != mgmtd_pb2.NODE_STATUS_DEAD,
+            )
+            for n in info.nodes
+        ]
+        targets = [
+            TargetFact(
+                target_id=t.target_id,
+                node_id=t.node_id,
+                chain_id=chain.chain_id,
+                state=_enum_word(mgmtd_pb2.PublicTargetState.Name(t.public_state), "PUBLIC_TARGET_STATE_"),
+            )
+            for chain in info.chains
+            for t in chain.targets
+        ]
+        return nodes, targets
+
+    async def _scheduler(self) -> tuple[list[TaskFact], list[ValidationFact]] | None:
+        try:
+            address = await self.mgmtd.service_address(common_pb2.NODE_TYPE_SCHEDULER)
+            if not address:
+                return None
+            stub = self._stubs.get(address)
+            running = scheduler_pb2.ListTasksRequest(states=[scheduler_pb2.TASK_STATE_RUNNING], all_users=True)
+            tasks, nodes = await asyncio.gather(
+                self._rpc.unary(stub.ListTasks, running),
+                self._rpc.unary(stub.ListNodes, scheduler_pb2.ListNodesRequest()),
+            )
+        except RpcError as err:
+            logger.warning("alerts: the scheduler's tasks and nodes could not be read: %s", err)
+            return None
+        facts = [
+            TaskFact(t.task_id, t.user_name, t.current_run.run_id, t.current_run.started_at)
+            for t in tasks.tasks
+            if t.current_run.started_at > 0
+        ]
+        validations = [
+            ValidationFact(
+                n.node_id,
+                n.hostname,
+                n.last_validation.passed,
+                tuple(c.name for c in n.last_validation.checks if not c.passed),
+            )
+            for n in nodes.nodes
+            if n.last_validation.finished_at > 0
+        ]
+        return facts, validations
+
+    async def _series(
+        self, since: float, until: float
+    ) -> tuple[Sequence[SeriesFact], Sequence[SeriesFact], list[tuple[Mapping[str, str], float]]] | None:
+        try:
+            steps, losses, used, capacity = await asyncio.gather(
+                *(
+                    self.metrics.series(n, since, until)
+                    for n in (STEP_METRIC, LOSS_METRIC, TARGET_USED_METRIC, TARGET_CAPACITY_METRIC)
+                )
+            )
+        except Exception:
+            logger.exception("alerts: the collected series could not be read")
+            return None
+        return steps, losses, storage_used(used, capacity)
+
+
+def storage_used(used: Sequence[SeriesFact], capacity: Sequence[SeriesFact]) -> list[tuple[Mapping[str, str], float]]:
+    """Used share per target: the last used bytes over the last capacity of the same target."""
+    capacity_of = {s.labels.get("target_id"): s.points[-1][1] for s in capacity if s.points}
+    out = []
+    for s in used:
+        total = capacity_of.get(s.labels.get("target_id"), 0.0)
+        if s.points and total > 0:
+            out.append((s.labels, s.points[-1][1] / total))
+    return out
