@@ -1,0 +1,1 @@
+"""The collector's samples in SQL (SQLite by default, PostgreSQL at scale): ingest, queries, downsampling."""

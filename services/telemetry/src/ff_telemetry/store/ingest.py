@@ -1,0 +1,173 @@
+"""Ingest in one transaction: metadata, series interning (with the per-metric series limit), samples.
+
+Cheap for large batches: the series of a batch are found in a process cache (the ids never change),
+only new ones go to the database, and samples, metadata and the series' latest values are each written
+with one executemany.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import Table, bindparam, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import Insert
+
+from ff_telemetry.core import validation
+from ff_telemetry.core.errors import LimitExceeded
+from ff_telemetry.core.model import Kind, Labels, MetricMeta, MetricType, Sample
+from ff_telemetry.store import schema
+from ff_telemetry.store.rows import labels_hash, labels_json, to_db
+
+SeriesKey = tuple[str, Labels]
+
+
+@dataclass(frozen=True)
+class Interned:
+    series_id: int
+    kind: Kind
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    num_stored: int
+    new_series: dict[SeriesKey, Interned]
+
+
+def upsert(session: Session, table: Table, keys: list[str]) -> Insert:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE of every other column, in the session's dialect."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table)
+    updates = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
+    result: Insert = stmt.on_conflict_do_update(index_elements=keys, set_=updates)
+    return result
+
+
+def ingest(
+    session: Session,
+    samples: tuple[Sample, ...],
+    metadata: tuple[MetricMeta, ...],
+    cache: Mapping[SeriesKey, Interned],
+    limits: validation.Limits,
+) -> IngestResult:
+    """Store a checked batch; raises InvalidRequest or LimitExceeded with nothing written (the caller's
+    transaction rolls back). The caller adds ``new_series`` to its cache once committed."""
+    _store_metadata(session, metadata)
+    keys = {(s.name, s.labels) for s in samples}
+    missing = [k for k in keys if k not in cache]
+    new_series = _intern(session, missing, metadata, samples, limits) if missing else {}
+    ids = {**{k: cache[k] for k in keys if k in cache}, **new_series}
+    for s in samples:
+        validation.check_value(s, ids[(s.name, s.labels)].kind)
+    rows = {(ids[(s.name, s.labels)].series_id, s.at): to_db(s.value) for s in samples}
+    if rows:
+        session.execute(
+            upsert(session, schema.samples, ["series_id", "at"]),
+            [{"series_id": sid, "at": at, "value": v} for (sid, at), v in rows.items()],
+        )
+        _update_latest(session, rows)
+        _mark_dirty(session, min(at for _, at in rows))
+    return IngestResult(len(rows), {k: v for k, v in new_series.items()})
+
+
+def _store_metadata(session: Session, metadata: Iterable[MetricMeta]) -> None:
+    rows = {m.name: {"name": m.name, "type": int(m.type), "help": m.help, "unit": m.unit} for m in metadata}
+    if rows:
+        session.execute(upsert(session, schema.metric_metadata, ["name"]), list(rows.values()))
+
+
+def known_types(session: Session, names: Iterable[str]) -> dict[str, MetricType]:
+    """Stored types of ``names`` and of the base names they may be suffixed forms of."""
+    candidates = set()
+    for name in names:
+        candidates.add(name)
+        candidates.update(name.removesuffix(sfx) for sfx in validation.HISTOGRAM_SUFFIXES)
+    table = schema.metric_metadata
+    rows = session.execute(select(table.c.name, table.c.type).where(table.c.name.in_(sorted(candidates))))
+    return {str(name): MetricType(t) for name, t in rows}
+
+
+def _intern(
+    session: Session,
+    keys: list[SeriesKey],
+    metadata: tuple[MetricMeta, ...],
+    samples: tuple[Sample, ...],
+    limits: validation.Limits,
+) -> dict[SeriesKey, Interned]:
+    found = _find_series(session, keys)
+    new = [k for k in keys if k not in found]
+    if not new:
+        return found
+    _check_cardinality(session, new, limits)
+    types = known_types(session, {name for name, _ in new})  # metadata of this call is stored already
+    first_at: dict[SeriesKey, float] = {}
+    for s in samples:
+        first_at[(s.name, s.labels)] = min(s.at, first_at.get((s.name, s.labels), s.at))
+    rows = []
+    for name, labels in new:
+        kind, mtype = validation.classify(name, labels, types)
+        rows.append({
+            "name": name, "labels_hash": labels_hash(labels), "labels": labels_json(labels),
+            "owner": dict(labels).get(validation.USER_LABEL, ""), "kind": int(kind), "type": int(mtype),
+            "first_at": first_at[(name, labels)], "last_at": 0.0, "last_value": None,
+        })  # fmt: skip
+    session.execute(schema.series.insert(), rows)
+    return {**found, **_find_series(session, new)}
+
+
+def _find_series(session: Session, keys: list[SeriesKey]) -> dict[SeriesKey, Interned]:
+    table = schema.series
+    by_hash = {(name, labels_hash(labels)): (name, labels) for name, labels in keys}
+    hashes = sorted({h for _, h in by_hash})
+    found: dict[SeriesKey, Interned] = {}
+    for i in range(0, len(hashes), 900):
+        stmt = select(table.c.series_id, table.c.name, table.c.labels_hash, table.c.kind).where(
+            table.c.labels_hash.in_(hashes[i : i + 900])
+        )
+        for sid, name, h, kind in session.execute(stmt):
+            key = by_hash.get((name, h))
+            if key is not None:
+                found[key] = Interned(int(sid), Kind(kind))
+    return found
+
+
+def _check_cardinality(session: Session, new: list[SeriesKey], limits: validation.Limits) -> None:
+    adding: dict[str, int] = {}
+    for name, _ in new:
+        adding[name] = adding.get(name, 0) + 1
+    table = schema.series
+    stmt = select(table.c.name, func.count()).where(table.c.name.in_(sorted(adding))).group_by(table.c.name)
+    existing = {str(name): int(n) for name, n in session.execute(stmt)}
+    for name, n in sorted(adding.items()):
+        if existing.get(name, 0) + n > limits.max_series_per_metric:
+            raise LimitExceeded(
+                f"metric {name!r} would have {existing.get(name, 0) + n} series, "
+                f"the limit is {limits.max_series_per_metric} (too many distinct label values)"
+            )
+
+
+def _update_latest(session: Session, rows: Mapping[tuple[int, float], float | None]) -> None:
+    latest: dict[int, tuple[float, float | None]] = {}
+    for (sid, at), value in rows.items():
+        if sid not in latest or at >= latest[sid][0]:
+            latest[sid] = (at, value)
+    table = schema.series
+    stmt = (
+        update(table)
+        .where(table.c.series_id == bindparam("sid"), table.c.last_at <= bindparam("at"))
+        .values(last_at=bindparam("at"), last_value=bindparam("v"))
+    )
+    session.connection().execute(stmt, [{"sid": sid, "at": at, "v": v} for sid, (at, v) in latest.items()])
+
+
+def _mark_dirty(session: Session, earliest_at: float) -> None:
+    """Samples older than a tier's watermark make their buckets be computed again."""
+    table = schema.watermarks
+    session.execute(
+        update(table)
+        .where(table.c.done_until > earliest_at)
+        .where(or_(table.c.dirty_since.is_(None), table.c.dirty_since > earliest_at))
+        .values(dirty_since=earliest_at)
+    )

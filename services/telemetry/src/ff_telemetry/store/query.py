@@ -1,0 +1,134 @@
+"""Reads for queries: the series that match (and that the viewer may see), their rows from a tier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Select, Table, and_, func, select
+from sqlalchemy.orm import Session
+
+from ff_telemetry.core.downsample import step_increase
+from ff_telemetry.core.evaluate import Row, SeriesRows
+from ff_telemetry.core.model import HOUR, MINUTE, RAW, Kind, Matcher, MetricType, SeriesInfo, matches_all
+from ff_telemetry.store import schema
+from ff_telemetry.store.rows import chunks, from_db, labels_from_json
+
+# For a rate at the first step, the raw sample before the window is looked for this far back.
+PREVIOUS_SAMPLE_HORIZON_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Whose series a query sees: ``user`` None sees all (admins, the cluster), else the cluster's and theirs."""
+
+    user: str | None
+
+    @classmethod
+    def everything(cls) -> Viewer:
+        return cls(None)
+
+
+def _visible(stmt: Select[tuple[object, ...]], viewer: Viewer) -> Select[tuple[object, ...]]:
+    if viewer.user is None:
+        return stmt
+    return stmt.where(schema.series.c.owner.in_(["", viewer.user]))
+
+
+def find_series(
+    session: Session,
+    name: str,
+    matchers: tuple[Matcher, ...],
+    viewer: Viewer,
+    *,
+    active_from: float | None = None,
+    after_id: int = 0,
+    limit: int | None = None,
+) -> list[SeriesInfo]:
+    """Series of ``name`` (every name if "") matching every matcher, in id order."""
+    t = schema.series
+    stmt = select(t).where(t.c.series_id > after_id).order_by(t.c.series_id)
+    if name:
+        stmt = stmt.where(t.c.name == name)
+    if active_from is not None:
+        stmt = stmt.where(t.c.last_at >= active_from)
+    found = []
+    for r in session.execute(_visible(stmt, viewer)):
+        labels = labels_from_json(r.labels)
+        if matches_all(matchers, dict(labels)):
+            info = SeriesInfo(
+                series_id=int(r.series_id), name=str(r.name), labels=labels, kind=Kind(r.kind),
+                type=MetricType(r.type), first_at=float(r.first_at), last_at=float(r.last_at),
+            )  # fmt: skip
+            found.append(info)
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
+def rows_for(session: Session, series: list[SeriesInfo], resolution_s: float, lo: float, hi: float) -> list[SeriesRows]:
+    """The rows of ``series`` in (lo, hi] from one tier (buckets count at their end)."""
+    if resolution_s == RAW:
+        by_id = _raw_rows(session, series, lo, hi)
+    else:
+        by_id = _bucket_rows(session, schema.samples_1m if resolution_s == MINUTE else schema.samples_1h,
+                             [s.series_id for s in series], resolution_s, lo, hi)  # fmt: skip
+    return [SeriesRows(s.name, s.labels, by_id.get(s.series_id, [])) for s in series]
+
+
+def _raw_rows(session: Session, series: list[SeriesInfo], lo: float, hi: float) -> dict[int, list[Row]]:
+    t, kinds = schema.samples, {s.series_id: s.kind for s in series}
+    previous = _previous_values(session, list(kinds), lo)
+    out: dict[int, list[Row]] = {}
+    for ids in chunks(list(kinds)):
+        stmt = (
+            select(t.c.series_id, t.c.at, t.c.value)
+            .where(t.c.series_id.in_(ids), t.c.at > lo, t.c.at <= hi)
+            .order_by(t.c.series_id, t.c.at)
+        )
+        for raw_sid, at, raw_value in session.execute(stmt):
+            sid, value = int(raw_sid), from_db(raw_value)
+            inc = step_increase(previous.get(sid), value, kinds[sid])
+            previous[sid] = value
+            out.setdefault(sid, []).append(Row(float(at), value, inc))
+    return out
+
+
+def _previous_values(session: Session, ids: list[int], before: float) -> dict[int, float]:
+    """Each series' last raw value at or before ``before`` (within the horizon)."""
+    t, out = schema.samples, {}
+    for part in chunks(ids):
+        latest = (
+            select(t.c.series_id, func.max(t.c.at).label("at"))
+            .where(t.c.series_id.in_(part), t.c.at <= before, t.c.at > before - PREVIOUS_SAMPLE_HORIZON_S)
+            .group_by(t.c.series_id)
+            .subquery()
+        )
+        stmt = select(t.c.series_id, t.c.value).join(
+            latest, and_(t.c.series_id == latest.c.series_id, t.c.at == latest.c.at)
+        )
+        out.update({int(sid): from_db(value) for sid, value in session.execute(stmt)})
+    return out
+
+
+def _bucket_rows(
+    session: Session, tier: Table, ids: list[int], width_s: float, lo: float, hi: float
+) -> dict[int, list[Row]]:
+    out: dict[int, list[Row]] = {}
+    for part in chunks(ids):
+        stmt = (
+            select(tier.c.series_id, tier.c.start, tier.c.last, tier.c.increase)
+            .where(tier.c.series_id.in_(part), tier.c.start > lo - width_s, tier.c.start <= hi - width_s)
+            .order_by(tier.c.series_id, tier.c.start)
+        )
+        for sid, start, last, inc in session.execute(stmt):
+            out.setdefault(int(sid), []).append(Row(float(start) + width_s, from_db(last), from_db(inc)))
+    return out
+
+
+def choose_resolution(requested: float, start_at: float, now: float, raw_s: float, minute_s: float) -> float:
+    """The requested tier, or the finest that still holds ``start_at``."""
+    if requested:
+        return requested
+    if start_at >= now - raw_s:
+        return RAW
+    return MINUTE if start_at >= now - minute_s else HOUR

@@ -1,0 +1,173 @@
+"""The downsampling and retention job: raw -> 1-minute -> 1-hour buckets, then old rows deleted.
+
+Each run computes the whole buckets between a tier's watermark (or the earliest late sample since)
+and ``now - lag``, replacing what was there, then moves the watermark. The value before the first
+bucket comes from the 1-minute tier's last bucket before it (every older raw sample is in that tier).
+Raw samples are deleted only once downsampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import CursorResult, Table, delete, func, select, tuple_
+from sqlalchemy.orm import Session
+
+from ff_telemetry.core.downsample import Bucket, bucket_start, downsample, roll_up
+from ff_telemetry.core.model import HOUR, MINUTE, Kind
+from ff_telemetry.store import schema
+from ff_telemetry.store.rows import from_db, to_db
+
+# How far back the value before a pass is looked for: a counter silent for longer starts over at 0.
+PREVIOUS_HORIZON_S = 86_400.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retention:
+    raw_s: float = 86_400.0
+    minute_s: float = 14 * 86_400.0
+    hour_s: float = 400 * 86_400.0
+    # Buckets are made this long after they end, so that in-flight pushes land first.
+    lag_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class JobReport:
+    num_minute_buckets: int
+    num_hour_buckets: int
+    num_raw_deleted: int
+    num_series_deleted: int
+
+
+def run_job(session: Session, now: float, retention: Retention) -> JobReport:
+    """One pass of downsampling and retention (one transaction)."""
+    minute_until = bucket_start(now - retention.lag_s, MINUTE)
+    num_minute = _downsample_raw(session, minute_until)
+    num_hour = _roll_up_minutes(session, bucket_start(minute_until, HOUR))
+    num_raw, num_series = _expire(session, now, retention, minute_until)
+    return JobReport(num_minute, num_hour, num_raw, num_series)
+
+
+def _window(session: Session, tier: str, until: float, first: float | None) -> float | None:
+    """Where this tier's pass starts (None: nothing to do), creating its watermark row if missing."""
+    table = schema.watermarks
+    row = session.execute(select(table.c.done_until, table.c.dirty_since).where(table.c.tier == tier)).first()
+    if row is None:
+        start = first if first is not None else until
+        session.execute(table.insert().values(tier=tier, done_until=start, dirty_since=None))
+        return start if start < until else None
+    start = row.done_until if row.dirty_since is None else min(row.done_until, row.dirty_since)
+    return float(start) if start < until else None
+
+
+def _advance(session: Session, tier: str, until: float) -> None:
+    table = schema.watermarks
+    session.execute(table.update().where(table.c.tier == tier).values(done_until=until, dirty_since=None))
+
+
+def _downsample_raw(session: Session, until: float) -> int:
+    first = session.execute(select(func.min(schema.samples.c.at))).scalar()
+    start = _window(session, "1m", until, None if first is None else bucket_start(float(first), MINUTE))
+    if start is None:
+        return 0
+    start = bucket_start(start, MINUTE)
+    raw = schema.samples
+    rows = session.execute(
+        select(raw.c.series_id, raw.c.at, raw.c.value)
+        .where(raw.c.at >= start, raw.c.at < until)
+        .order_by(raw.c.series_id, raw.c.at)
+    ).all()
+    points: dict[int, list[tuple[float, float]]] = {}
+    for sid, at, value in rows:
+        points.setdefault(int(sid), []).append((float(at), from_db(value)))
+    kinds = _kinds(session, list(points))
+    previous = _last_before(session, schema.samples_1m, list(points), start)
+    buckets = {sid: downsample(p, previous.get(sid), MINUTE, kinds[sid]) for sid, p in points.items()}
+    _replace(session, schema.samples_1m, start, until, buckets)
+    _advance(session, "1m", until)
+    _mark_dirty(session, "1h", start)
+    return sum(len(b) for b in buckets.values())
+
+
+def _roll_up_minutes(session: Session, until: float) -> int:
+    first = session.execute(select(func.min(schema.samples_1m.c.start))).scalar()
+    start = _window(session, "1h", until, None if first is None else bucket_start(float(first), HOUR))
+    if start is None:
+        return 0
+    start = bucket_start(start, HOUR)
+    tier = schema.samples_1m
+    rows = session.execute(
+        select(tier).where(tier.c.start >= start, tier.c.start < until).order_by(tier.c.series_id, tier.c.start)
+    ).all()
+    minutes: dict[int, list[Bucket]] = {}
+    for r in rows:
+        minutes.setdefault(int(r.series_id), []).append(_bucket_of(r))
+    buckets = {sid: roll_up(b, HOUR) for sid, b in minutes.items()}
+    _replace(session, schema.samples_1h, start, until, buckets)
+    _advance(session, "1h", until)
+    return sum(len(b) for b in buckets.values())
+
+
+def _mark_dirty(session: Session, tier: str, since: float) -> None:
+    table = schema.watermarks
+    row = session.execute(select(table.c.done_until, table.c.dirty_since).where(table.c.tier == tier)).first()
+    if row is not None and since < row.done_until and (row.dirty_since is None or since < row.dirty_since):
+        session.execute(table.update().where(table.c.tier == tier).values(dirty_since=since))
+
+
+def _bucket_of(r: object) -> Bucket:
+    return Bucket(
+        start=float(r.start), count=int(r.count), sum=from_db(r.sum), min=from_db(r.min),  # type: ignore[attr-defined]
+        max=from_db(r.max), last=from_db(r.last), increase=from_db(r.increase),  # type: ignore[attr-defined]
+    )  # fmt: skip
+
+
+def _kinds(session: Session, ids: list[int]) -> dict[int, Kind]:
+    table, kinds = schema.series, {}
+    for i in range(0, len(ids), 900):
+        stmt = select(table.c.series_id, table.c.kind).where(table.c.series_id.in_(ids[i : i + 900]))
+        kinds.update({int(sid): Kind(k) for sid, k in session.execute(stmt)})
+    return kinds
+
+
+def _last_before(session: Session, tier: Table, ids: list[int], before: float) -> dict[int, float]:
+    """Each series' last value in its latest bucket of ``tier`` that starts before ``before``."""
+    latest = (
+        select(tier.c.series_id, func.max(tier.c.start).label("start"))
+        .where(tier.c.start < before, tier.c.start >= before - PREVIOUS_HORIZON_S)
+        .group_by(tier.c.series_id)
+        .subquery()
+    )
+    stmt = select(tier.c.series_id, tier.c.last).where(
+        tuple_(tier.c.series_id, tier.c.start).in_(select(latest.c.series_id, latest.c.start))
+    )
+    wanted = set(ids)
+    return {int(sid): from_db(last) for sid, last in session.execute(stmt) if int(sid) in wanted}
+
+
+def _replace(session: Session, tier: Table, start: float, until: float, buckets: dict[int, list[Bucket]]) -> None:
+    session.execute(delete(tier).where(tier.c.start >= start, tier.c.start < until))
+    rows = [_bucket_row(sid, b) for sid, bs in buckets.items() for b in bs]
+    if rows:
+        session.execute(tier.insert(), rows)
+
+
+def _bucket_row(series_id: int, b: Bucket) -> dict[str, object]:
+    return {
+        "series_id": series_id, "start": b.start, "count": b.count, "sum": to_db(b.sum), "min": to_db(b.min),
+        "max": to_db(b.max), "last": to_db(b.last), "increase": to_db(b.increase),
+    }  # fmt: skip
+
+
+def _expire(session: Session, now: float, retention: Retention, downsampled_until: float) -> tuple[int, int]:
+    raw_before = min(now - retention.raw_s, downsampled_until)
+    num_raw = _rowcount(session.execute(delete(schema.samples).where(schema.samples.c.at < raw_before)))
+    session.execute(delete(schema.samples_1m).where(schema.samples_1m.c.start < now - retention.minute_s))
+    session.execute(delete(schema.samples_1h).where(schema.samples_1h.c.start < now - retention.hour_s))
+    series = schema.series
+    num_series = _rowcount(session.execute(delete(series).where(series.c.last_at < now - retention.hour_s)))
+    return num_raw, num_series
+
+
+def _rowcount(result: object) -> int:
+    return int(result.rowcount) if isinstance(result, CursorResult) else 0
