@@ -52,6 +52,9 @@ class StorageSettings(SettingsModel):
     )
     sync_scan_interval_s: float = Field(0.2, gt=0, description="how often to look for targets to recover")
     grace_s: float = Field(3.0, ge=0, description="drain time for in-flight calls on SIGTERM")
+    telemetry_interval_s: float = Field(
+        10.0, ge=0, description="push per-target bytes, latencies and space to telemetry this often; 0: never"
+    )
     ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
 

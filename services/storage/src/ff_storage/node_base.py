@@ -22,6 +22,7 @@ from ff_storage.core.chunks import ChunkKey, UpdateKey, UpdateRecord
 from ff_storage.core.errors import InvalidRequest, TargetExists, TargetNotFound, TooCostly
 from ff_storage.core.target_role import Public, TargetRole
 from ff_storage.dataserver import TransferBoxes
+from ff_storage.io_stats import TargetIoStats
 from ff_storage.store.chunk_engine import ChunkEngine, Pending
 from ff_storage.store.targets import TargetRecord, load_targets, save_targets
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
@@ -151,6 +152,7 @@ class NodeBase:
         self._background: set[asyncio.Task[None]] = set()
         self._updates: set[asyncio.Task[None]] = set()  # chain updates (``update_to_the_end``)
         self.routing_changed = asyncio.Event()
+        self.io_stats = TargetIoStats()  # bytes and latencies per target, for telemetry
 
     def check_count(self, what: str, count: int) -> None:
         """A call's number of IOs (updates, queries, chunk ids) against ``max_batch_ios``, before any work."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 from ff_storage.core.chunks import (
@@ -13,6 +14,7 @@ from ff_storage.core.chunks import (
     check_read_range,
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TooCostly
+from ff_storage.io_stats import READ
 from ff_storage.node_base import NodeBase, Target
 from ff_storage.store.chunk_engine import Pending
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -43,7 +45,7 @@ class ReadPath(NodeBase):
         """Read ``ios``: the results, and (``bulk``) each IO's bytes (None unless OK), to be laid out back to
         back in that order at each result's ``transfer`` offset (not inline: the caller sends them)."""
         self._check_reads(ios, bulk)
-        found = await asyncio.to_thread(lambda: [self._read_one(io) for io in ios])  # one thread hop per batch
+        found = await asyncio.to_thread(lambda: [self._read_counted(io) for io in ios])  # one thread hop per batch
         results: list[spb.ReadResult] = []
         parts: list[bytes | memoryview | None] = []
         offset = 0
@@ -79,6 +81,14 @@ class ReadPath(NodeBase):
             limit = min(limit, self.config.max_inline_read_bytes)
         if total > limit:
             raise TooCostly(f"reads of {total} bytes in one call{'' if bulk else ' inline'}: the limit is {limit}")
+
+    def _read_counted(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
+        started = time.perf_counter()
+        res, data = self._read_one(io)
+        target = self._target_of_chain(io.chain_id) if data is not None else None
+        if target is not None:
+            self.io_stats.record(READ, target.target_id, len(data or b""), time.perf_counter() - started)
+        return res, data
 
     def _read_one(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
         target = self._target_of_chain(io.chain_id)

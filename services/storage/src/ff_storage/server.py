@@ -13,7 +13,9 @@ from ff_storage.config import StorageSettings
 from ff_storage.dataserver import DataServer, TransferBoxes
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import NodeConfig, StorageNode
+from ff_storage.reporter import StorageReporter
 from ff_storage.servicer import StorageServicer
+from ff_telemetry_client import service_reporter
 from fireflyer.common.v1 import common_pb2
 from fireflyer.storage.v1 import storage_pb2, storage_pb2_grpc
 
@@ -81,6 +83,12 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
             node.node_id = membership.node_id
             tg.create_task(watch_routing(mgmtd, node, stop))
             tg.create_task(node.sync_loop(stop, settings.sync_scan_interval_s))
+            if settings.telemetry_interval_s > 0:
+                tg.create_task(service_reporter(
+                    service="storage", node_id=membership.node_id, hostname=socket.gethostname(),
+                    mgmtd_addresses=settings.mgmtd_list(), token=token,
+                    collect=StorageReporter(node).collect, interval_s=settings.telemetry_interval_s,
+                ).run(stop))  # fmt: skip
             if settings.ready_file is not None:
                 write_ready_file(settings.ready_file, grpc=server.address, data=data_address,
                                  metrics_port=server.metrics_port, node_id=membership.node_id)  # fmt: skip

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import time
 import uuid
 from collections import defaultdict
 
@@ -31,6 +32,7 @@ from ff_storage.core.chunks import (
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TooCostly
 from ff_storage.core.target_role import Public
+from ff_storage.io_stats import WRITE
 from ff_storage.node_base import NodeBase, NotServing, Payload, Target, Update, _res
 from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
@@ -197,9 +199,13 @@ class WritePath(NodeBase):
     async def _head_updates(self, target: Target, updates: list[Update]) -> None:
         """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head); a round started goes
         on to its end even if the caller goes away (``update_to_the_end``)."""
+        started = time.perf_counter()
         for round_ in _rounds(updates):
             await self.update_to_the_end(target.target_id, [u.key for u in round_],
                                          functools.partial(self._head_round, target, round_))  # fmt: skip
+        ok = spb.CHUNK_IO_STATUS_OK
+        written = sum(u.length for u in updates if u.kind == spb.UPDATE_TYPE_WRITE and u.result.status == ok)
+        self.io_stats.record(WRITE, target.target_id, written, time.perf_counter() - started)
 
     async def _head_round(self, target: Target, round_: list[Update]) -> None:
         chain_version = self._position(target)[0].version if self._position(target) else 0  # type: ignore[index]

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 STEP_METRIC = "hfai_step"
 LOSS_METRIC = "hfai_loss"
-TARGET_USED_METRIC = "ff_storage_target_used_bytes"
+TARGET_FREE_METRIC = "ff_storage_target_free_bytes"
 TARGET_CAPACITY_METRIC = "ff_storage_target_capacity_bytes"
 
 
@@ -144,24 +144,24 @@ class ClusterSources:
         self, since: float, until: float
     ) -> tuple[Sequence[SeriesFact], Sequence[SeriesFact], list[tuple[Mapping[str, str], float]]] | None:
         try:
-            steps, losses, used, capacity = await asyncio.gather(
+            steps, losses, free, capacity = await asyncio.gather(
                 *(
                     self.metrics.series(n, since, until)
-                    for n in (STEP_METRIC, LOSS_METRIC, TARGET_USED_METRIC, TARGET_CAPACITY_METRIC)
+                    for n in (STEP_METRIC, LOSS_METRIC, TARGET_FREE_METRIC, TARGET_CAPACITY_METRIC)
                 )
             )
         except Exception:
             logger.exception("alerts: the collected series could not be read")
             return None
-        return steps, losses, storage_used(used, capacity)
+        return steps, losses, storage_used(free, capacity)
 
 
-def storage_used(used: Sequence[SeriesFact], capacity: Sequence[SeriesFact]) -> list[tuple[Mapping[str, str], float]]:
-    """Used share per target: the last used bytes over the last capacity of the same target."""
+def storage_used(free: Sequence[SeriesFact], capacity: Sequence[SeriesFact]) -> list[tuple[Mapping[str, str], float]]:
+    """Used share of each target's file system: 1 - its last free bytes over its last capacity."""
     capacity_of = {s.labels.get("target_id"): s.points[-1][1] for s in capacity if s.points}
     out = []
-    for s in used:
+    for s in free:
         total = capacity_of.get(s.labels.get("target_id"), 0.0)
         if s.points and total > 0:
-            out.append((s.labels, s.points[-1][1] / total))
+            out.append((s.labels, 1.0 - s.points[-1][1] / total))
     return out

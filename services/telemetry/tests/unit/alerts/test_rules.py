@@ -18,6 +18,7 @@ from ff_telemetry.alerts.conditions import (
 )
 from ff_telemetry.alerts.config import AlertConfigError, Rule, RuleKind, load_config
 from ff_telemetry.alerts.log import AlertFilter, AlertLog, AlertState
+from ff_telemetry.alerts.sources import storage_used
 
 
 def _rule(kind: RuleKind, **kw: object) -> Rule:
@@ -166,3 +167,9 @@ def test_listing_filters_pages_and_hides_other_users_alerts() -> None:
         log.list(AlertFilter(), page_token="x")
     retired = log.retire(["node_lost"], 9.0)  # the loss rule left the config: its alerts resolve
     assert sorted(a.alert_id for a in retired) == [1, 2, 3] and log.firing() == []
+
+
+def test_storage_use_is_the_file_systems_free_share() -> None:
+    free = [SeriesFact({"target_id": "1"}, ((0.0, 50.0), (1.0, 5.0))), SeriesFact({"target_id": "2"}, ((1.0, 1.0),))]
+    capacity = [SeriesFact({"target_id": "1"}, ((1.0, 100.0),))]  # target 2: capacity unknown, left out
+    assert storage_used(free, capacity) == [({"target_id": "1"}, pytest.approx(0.95))]

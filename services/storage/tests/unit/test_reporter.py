@@ -1,0 +1,80 @@
+"""The storage node's telemetry: bytes and latencies counted per target on the write and read paths."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ff_storage.dataserver import TransferBoxes
+from ff_storage.io_stats import quantile
+from ff_storage.node import StorageNode
+from ff_storage.node_base import NodeConfig
+from ff_storage.reporter import StorageReporter
+from ff_telemetry_client import Kind, SampleBuffer
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.checksum import crc32c_of
+
+
+def test_quantile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (quantile(values, 0.5), quantile(values, 0.9), quantile(values, 0.99)) == (50.0, 90.0, 99.0)
+    assert quantile([3.0], 0.99) == 3.0
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
+    """One target, the whole chain 7 (head and tail)."""
+    config = NodeConfig(node_id=1, disks=[tmp_path / "disk0"], targets_file=tmp_path / "targets.json",
+                        cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
+                        data_wait_s=1.0, fsync=False)  # fmt: skip
+    node = StorageNode(config, TransferBoxes())
+    node.create_target(70, 7, 0)
+    node.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=7, version=1, targets=[
+        mpb.Target(target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7)])]))  # fmt: skip
+    node.targets[70].role.sync_done(1)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def _write(index: int, data: bytes) -> spb.WriteIO:
+    return spb.WriteIO(
+        chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=5, chunk_index=index), offset_bytes=0,
+        length_bytes=len(data), chunk_size_bytes=1 << 16, inline_data=data,
+        checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(data)),
+    )  # fmt: skip
+
+
+async def test_written_and_read_bytes_and_latencies_per_target(node: StorageNode) -> None:
+    results = await node.batch_write([_write(0, b"a" * 1000), _write(1, b"b" * 3000)], owner="o")
+    assert all(r.status == spb.CHUNK_IO_STATUS_OK for r in results), results
+    reads = [spb.ReadIO(chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=5, chunk_index=0), length_bytes=500)]
+    got, _, _ = await node.batch_read(reads, spb.DATA_TRANSPORT_INLINE, "o")
+    assert got[0].status == spb.CHUNK_IO_STATUS_OK
+    missing = [spb.ReadIO(chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=9, chunk_index=0), length_bytes=5)]
+    await node.batch_read(missing, spb.DATA_TRANSPORT_INLINE, "o")  # not found: no bytes, not counted
+    buffer = SampleBuffer()
+    StorageReporter(node).collect_now(buffer)
+    points = {(p.name, p.labels.get("quantile", "")): p for p in buffer.take(100)}
+    assert points[("ff_storage_target_written_bytes_total", "")].value == 4000
+    assert points[("ff_storage_target_written_bytes_total", "")].kind is Kind.COUNTER
+    assert points[("ff_storage_target_read_bytes_total", "")].value == 500
+    assert points[("ff_storage_target_stored_bytes", "")].value == 4000
+    assert points[("ff_storage_target_chunks", "")].value == 2
+    assert points[("ff_storage_target_capacity_bytes", "")].value >= points[("ff_storage_target_free_bytes", "")].value
+    assert {p.labels["target_id"] for p in points.values()} == {"70"}
+    assert {p.labels["chain_id"] for p in points.values()} == {"7"}
+    for op in ("read", "write"):
+        p50, p99 = (
+            points[(f"ff_storage_target_{op}_latency_seconds", "0.5")],
+            points[(f"ff_storage_target_{op}_latency_seconds", "0.99")],
+        )
+        assert 0 < p50.value <= p99.value < 10
+    StorageReporter(node).collect_now(buffer)  # latencies are per interval; byte counters keep counting
+    again = {(p.name, p.labels.get("quantile", "")) for p in buffer.take(100)}
+    assert ("ff_storage_target_read_latency_seconds", "0.5") not in again
+    assert ("ff_storage_target_read_bytes_total", "") in again
