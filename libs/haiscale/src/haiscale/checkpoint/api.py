@@ -1,0 +1,211 @@
+"""``save``, ``load`` and the handle of a save running in the background (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from typing import Any
+
+from haiscale.checkpoint import loader, saver
+from haiscale.checkpoint.loader import Loaded
+from haiscale.checkpoint.manifest import MANIFEST
+from haiscale.checkpoint.saver import CheckpointError, Snapshot
+from haiscale.checkpoint.storage import Location, locate
+
+
+class SaveHandle:
+    """One save: its snapshot is taken; ``wait()`` returns once it is written (and, on rank 0, committed)."""
+
+    def __init__(self, step: int, loc: Location) -> None:
+        self.step = step
+        self._loc = loc
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._error_seen = False
+        self.manifest_url: str | None = None
+        self.removed_steps: list[int] = []
+        self.reported = False
+
+    def done(self) -> bool:
+        """Whether the save finished (committed, or failed)."""
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> str | None:
+        """Wait for the save; the committed manifest's URL on rank 0 (None on other ranks).
+
+        Raises:
+            TimeoutError: not finished within ``timeout_s``.
+            CheckpointError, OSError: the save failed (nothing of it counts; earlier checkpoints are intact).
+        """
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"the save of step {self.step} did not finish within {timeout_s} s")
+        if self._error is not None:
+            self._error_seen = True
+            raise self._error
+        return self.manifest_url
+
+    def _run(self, snap: Snapshot, keep: int | None, report: bool, part_timeout_s: float) -> None:
+        try:
+            saver.write_rank(self._loc, snap)
+            if snap.rank == 0:
+                path = saver.commit(self._loc, snap, part_timeout_s)
+                self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
+                self.removed_steps = saver.prune(self._loc, snap.step, keep)
+                self.reported = report and saver.report(self._loc, path, snap.step)
+        except BaseException as err:  # kept for wait() and the next save()
+            self._error = err
+        finally:
+            self._done.set()
+
+
+class _InFlight:
+    """This process's save in flight (at most one)."""
+
+    lock = threading.Lock()
+    handle: SaveHandle | None = None
+
+
+def _finish_in_flight() -> None:
+    """Wait for this process's save in flight; raise its error if it failed and nobody has seen it."""
+    with _InFlight.lock:
+        handle, _InFlight.handle = _InFlight.handle, None
+    if handle is None:
+        return
+    handle._done.wait()
+    if handle._error is not None and not handle._error_seen:
+        handle._error_seen = True
+        raise CheckpointError(f"the previous save (step {handle.step}) failed: {handle._error}") from handle._error
+
+
+def _ranks(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if group is not None or (rank is None and dist.is_available() and dist.is_initialized()):
+        return dist.get_rank(group), dist.get_world_size(group)
+    r, w = rank or 0, world_size or 1
+    if not 0 <= r < w:
+        raise ValueError(f"rank {r} is not in 0..{w - 1}")
+    return r, w
+
+
+def _save_id(save_id: str | None, rank: int, world_size: int, group: Any) -> str:
+    """The id every rank's files of this save carry, so a commit never mixes in files of a killed save."""
+    if save_id is not None:
+        if not save_id.isalnum():
+            raise ValueError(f"save_id must be letters and digits, not {save_id!r}")
+        return save_id
+    if world_size == 1:
+        return uuid.uuid4().hex[:16]
+    import torch.distributed as dist
+
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("a save on several ranks without a process group needs the same save_id on every rank")
+    box = [uuid.uuid4().hex[:16] if rank == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return str(box[0])
+
+
+def save(
+    path: str | os.PathLike[str],
+    state_dict: dict[Any, Any],
+    *,
+    step: int,
+    blocking: bool = False,
+    keep: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    group: Any = None,
+    save_id: str | None = None,
+    fs: Any = None,
+    report: bool = True,
+    part_timeout_s: float = 600.0,
+) -> SaveHandle:
+    """Save ``state_dict`` as checkpoint ``step`` under the root ``path``.
+
+    Returns once every tensor this rank writes is copied to host memory: changing them afterwards does not
+    change the checkpoint. The write runs in a background thread unless ``blocking``; a process has at most
+    one save in flight, so a second ``save`` first waits for the first (and raises ``CheckpointError`` if
+    that one failed and its handle's ``wait()`` was never called). Call ``save`` on every rank.
+
+    Args:
+        path: the checkpoint root: ``hf3fs:///a/b`` (3FS, through the batch API) or a folder of this machine
+            (a local disk, or a 3FS FUSE mount).
+        state_dict: a tree of dicts of tensors (rank 0 writes them), ``Shard``s (each rank its own) and other
+            picklable values (rank 0's are kept).
+        step: the checkpoint's number; its folder is ``step-<step, 9 digits>``.
+        keep: once committed, keep only the newest ``keep`` checkpoints (None: all).
+        rank, world_size, group: this rank among how many: from ``group`` (or the default process group
+            when torch.distributed is initialized), else ``rank``/``world_size`` (default 0 of 1).
+        save_id: the same string on every rank when several ranks save without a process group.
+        fs: the ``hf3fs.FileSystem`` for 3FS paths (default: one connection from FF_MGMTD_ADDRESSES/FF_TOKEN).
+        report: when committed in 3FS inside an HAI task, report it to the scheduler (rank 0).
+        part_timeout_s: how long rank 0 waits for the other ranks' files before giving the save up.
+
+    Raises:
+        FileExistsError: checkpoint ``step`` is already committed (nothing is written).
+        CheckpointError: the previous save of this process failed unseen.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an integer >= 0, not {step!r}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1, not {keep}")
+    r, w = _ranks(rank, world_size, group)
+    loc = locate(path, fs)
+    _finish_in_flight()
+    if loc.storage.exists(loc.join(saver.step_folder(step), MANIFEST)):
+        raise FileExistsError(f"{loc.url(saver.step_folder(step))}: checkpoint {step} is already committed")
+    snap = saver.take_snapshot(state_dict, step, r, w, _save_id(save_id, r, w, group))
+    handle = SaveHandle(step, loc)
+    with _InFlight.lock:
+        _InFlight.handle = handle
+    threading.Thread(
+        target=handle._run, args=(snap, keep, report, part_timeout_s), name=f"haiscale-save-{step}"
+    ).start()  # not a daemon: the interpreter waits for it at exit
+    if blocking:
+        handle.wait()
+    return handle
+
+
+def wait_for_saves() -> None:
+    """Wait for this process's save in flight, if any (raising its error if nobody saw it)."""
+    _finish_in_flight()
+
+
+def latest_step(path: str | os.PathLike[str], *, fs: Any = None) -> int | None:
+    """The step of the newest committed checkpoint under ``path``; None when there is none."""
+    steps = saver.committed_steps(locate(path, fs))
+    return steps[-1] if steps else None
+
+
+def load(
+    path: str | os.PathLike[str],
+    state_dict: dict[Any, Any],
+    *,
+    step: int | None = None,
+    allocate_missing: bool = False,
+    fs: Any = None,
+) -> Loaded:
+    """Read a checkpoint into ``state_dict``: its tensors and ``Shard``s in place, its other values set.
+
+    Args:
+        path: a checkpoint root (the newest committed checkpoint, or ``step``'s) or one checkpoint's folder.
+        state_dict: the structure to fill; every tensor must have the saved dtype and (global) shape, each
+            ``Shard`` any slice, whichever ranks saved it.
+        allocate_missing: tensors the checkpoint has and ``state_dict`` lacks (an optimizer that has not
+            stepped yet) are made and set, instead of being a mismatch.
+
+    Raises:
+        FileNotFoundError: no committed checkpoint there.
+        CheckpointMismatch: the first tensor or value that does not match; ``state_dict`` is unchanged.
+        CorruptCheckpoint: bytes that fail their checksum; ``state_dict`` is unchanged.
+    """
+    _finish_in_flight()
+    loc = locate(path, fs)
+    folder = loader.find_checkpoint(loc, step)
+    if folder is None:
+        what = f"checkpoint {step}" if step is not None else "committed checkpoint"
+        raise FileNotFoundError(f"{loc.url()}: no {what}")
+    manifest = loader.read_manifest(loc, folder)
+    loader.read_into(loc, folder, manifest, state_dict, allocate_missing)
+    return Loaded(manifest.step, loc.url(folder), manifest.world_size)

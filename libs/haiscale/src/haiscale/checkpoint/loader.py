@@ -1,0 +1,170 @@
+"""Loading: match the state dict against the manifest, read every needed slice in batches, check the crc32s,
+and only then copy into the caller's tensors (a mismatch or a bad checksum changes nothing)."""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from haiscale.checkpoint.manifest import (
+    MANIFEST,
+    Key,
+    Manifest,
+    Shard,
+    TensorEntry,
+    dtype_name,
+    dtype_of,
+    leaves,
+    put,
+)
+from haiscale.checkpoint.saver import committed_steps, step_folder
+from haiscale.checkpoint.storage import Location
+
+
+class CheckpointMismatch(ValueError):
+    """The state dict does not match the checkpoint; the message names the first tensor or value that differs."""
+
+
+class CorruptCheckpoint(ValueError):
+    """Bytes read from a checkpoint do not match the checksum its manifest recorded."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``load`` read: the checkpoint's step and where it is."""
+
+    step: int
+    url: str
+    world_size: int
+
+
+@dataclass
+class _Want:
+    """Elements [start, stop) of tensor ``name`` go to ``target`` (a flat view of the caller's tensor)."""
+
+    name: str
+    start: int
+    stop: int
+    target: torch.Tensor
+
+
+def find_checkpoint(loc: Location, step: int | None) -> str | None:
+    """The folder name of the checkpoint to load: ``step``'s, or the newest committed one; None if none."""
+    if loc.storage.exists(loc.join(MANIFEST)):
+        return ""  # the path is a checkpoint folder itself
+    steps = committed_steps(loc)
+    if step is None:
+        return step_folder(steps[-1]) if steps else None
+    return step_folder(step) if step in steps else None
+
+
+def _describe(dtype: str, shape: tuple[int, ...]) -> str:
+    return f"{dtype} {list(shape)}"
+
+
+def _mismatch(name: str, saved: str, given: str) -> CheckpointMismatch:
+    return CheckpointMismatch(f"{name}: the checkpoint has {saved}, the state dict {given}")
+
+
+def _plan(manifest: Manifest, objects: dict[str, tuple[tuple[Key, ...], Any]], state: dict[Any, Any],
+          allocate_missing: bool) -> tuple[list[_Want], list[tuple[tuple[Key, ...], Any]]]:  # fmt: skip
+    """What to read into which tensor and which values to set, checking everything first.
+
+    Raises:
+        CheckpointMismatch: the first leaf (state dict order, then the checkpoint's) that does not match.
+    """
+    saved: dict[str, TensorEntry] = {}
+    for e in manifest.tensors:
+        saved.setdefault(e.name, e)
+    wants: list[_Want] = []
+    sets: list[tuple[tuple[Key, ...], Any]] = []
+    seen: set[str] = set()
+    for name, _, _, value in leaves(state):
+        seen.add(name)
+        entry = saved.get(name)
+        if isinstance(value, torch.Tensor | Shard):
+            local = value.local if isinstance(value, Shard) else value
+            shape = value.global_shape if isinstance(value, Shard) else tuple(value.shape)
+            given = _describe(dtype_name(local.dtype), shape)
+            if entry is None:
+                raise _mismatch(name, "no such tensor" + (" (a value)" if name in objects else ""), given)
+            if entry.dtype != dtype_name(local.dtype) or entry.shape != shape:
+                raise _mismatch(name, _describe(entry.dtype, entry.shape), given)
+            start = value.offset if isinstance(value, Shard) else 0
+            wants.append(_Want(name, start, start + local.numel(), local))
+        elif name in objects:
+            continue
+        else:
+            found = _describe(entry.dtype, entry.shape) if entry else "no such value"
+            raise _mismatch(name, found, f"a value of type {type(value).__name__}")
+    for name, entry in saved.items():
+        if name in seen:
+            continue
+        if not allocate_missing:
+            raise _mismatch(name, _describe(entry.dtype, entry.shape), "no such tensor")
+        t = torch.empty(entry.shape, dtype=dtype_of(entry.dtype))
+        sets.append((entry.keys, t))
+        wants.append(_Want(name, 0, t.numel(), t))
+    sets.extend(v for n, v in objects.items())
+    return wants, sets
+
+
+def _sources(manifest: Manifest, want: _Want) -> Iterator[TensorEntry]:
+    """The saved slices that cover ``want``'s range.
+
+    Raises:
+        CheckpointMismatch: part of the range was saved by no rank.
+    """
+    covering = sorted((e for e in manifest.tensors if e.name == want.name and e.offset < want.stop
+                       and e.offset + e.numel > want.start), key=lambda e: e.offset)  # fmt: skip
+    pos = want.start
+    for e in covering:
+        if e.offset > pos:
+            break
+        pos = max(pos, e.offset + e.numel)
+        yield e
+    if pos < want.stop:
+        raise CheckpointMismatch(f"{want.name}: elements {pos}..{want.stop} were saved by no rank")
+
+
+def _checked(data: bytes, length: int, crc: int, where: str) -> bytes:
+    if len(data) != length or zlib.crc32(data) != crc:
+        raise CorruptCheckpoint(f"{where}: {len(data)} bytes read, checksum does not match the manifest")
+    return data
+
+
+def read_into(loc: Location, folder: str, manifest: Manifest, state: dict[Any, Any], allocate_missing: bool) -> None:
+    """Fill ``state`` from the checkpoint in ``folder`` (see the module docstring)."""
+    objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
+    if manifest.objects is not None:
+        b = manifest.objects
+        raw = loc.storage.read_ranges([(loc.join(folder, b.file), b.file_offset, b.length)])[0]
+        objects = pickle.loads(_checked(raw, b.length, b.crc32, f"{b.file} (values)"))
+    wants, sets = _plan(manifest, objects, state, allocate_missing)
+    plan = [(w, list(_sources(manifest, w))) for w in wants]
+    entries = list({(e.file, e.file_offset): e for _, es in plan for e in es}.values())
+    read = loc.storage.read_ranges([(loc.join(folder, e.file), e.file_offset, e.length) for e in entries])
+    data = {(e.file, e.file_offset): _checked(r, e.length, e.crc32, f"{e.file} ({e.name})")
+            for e, r in zip(entries, read, strict=True)}  # fmt: skip
+    for w, sources in plan:  # every check passed: now change the caller's state
+        flat = w.target.view(-1) if w.target.is_contiguous() else None
+        out = flat if flat is not None else torch.empty(w.target.numel(), dtype=w.target.dtype)
+        for e in sources:
+            saved = torch.frombuffer(bytearray(data[(e.file, e.file_offset)]), dtype=dtype_of(e.dtype)) \
+                if e.length else torch.empty(0, dtype=dtype_of(e.dtype))  # fmt: skip
+            lo, hi = max(w.start, e.offset), min(w.stop, e.offset + e.numel)
+            out[lo - w.start : hi - w.start].copy_(saved[lo - e.offset : hi - e.offset])
+        if flat is None:
+            w.target.copy_(out.view(w.target.shape))
+    for keys, value in sets:
+        put(state, keys, value)
+
+
+def read_manifest(loc: Location, folder: str) -> Manifest:
+    path = loc.join(folder, MANIFEST)
+    return Manifest.from_json(loc.storage.read_small(path), path)

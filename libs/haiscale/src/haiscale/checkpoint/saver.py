@@ -1,0 +1,206 @@
+"""Saving: a host snapshot taken in the caller's thread, then the write, the commit and the pruning.
+
+Layout of a checkpoint root (every rank writes its own files; rank 0 commits)::
+
+    ROOT/step-000000100/rank-00000.<save id>.bin    rank 0's bytes: pickled values, then its tensors
+    ROOT/step-000000100/part-00000.<save id>.json   rank 0's entries (written after its .bin is durable)
+    ROOT/step-000000100/MANIFEST.json               all parts merged by rank 0: the commit
+
+A checkpoint counts only once its MANIFEST.json is there, written under a temporary name and renamed. Rank 0
+writes it when every rank's part of this save (same save id) is there, then removes checkpoints beyond the
+newest ``keep`` (each one's manifest first, so a half-removed checkpoint never counts) and leftovers of saves
+that never committed. A process killed at any moment leaves every earlier committed checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from haiscale.checkpoint.manifest import (
+    MANIFEST,
+    Blob,
+    Key,
+    Manifest,
+    Shard,
+    TensorEntry,
+    dtype_name,
+    leaves,
+)
+from haiscale.checkpoint.storage import Location, Piece
+
+logger = logging.getLogger(__name__)
+
+STEP_PREFIX = "step-"
+PART_WAIT_POLL_S = 0.05
+
+
+class CheckpointError(RuntimeError):
+    """A save that could not be committed (a rank's part never came, storage failed)."""
+
+
+def step_folder(step: int) -> str:
+    return f"{STEP_PREFIX}{step:09d}"
+
+
+def folder_step(name: str) -> int | None:
+    rest = name.removeprefix(STEP_PREFIX)
+    return int(rest) if name.startswith(STEP_PREFIX) and rest.isdigit() else None
+
+
+@dataclass
+class HostTensor:
+    """A tensor copied to host memory at snapshot time."""
+
+    name: str
+    keys: tuple[Key, ...]
+    data: torch.Tensor  # contiguous, on the CPU, owned by the snapshot
+    shape: tuple[int, ...]
+    offset: int
+
+
+@dataclass
+class Snapshot:
+    step: int
+    rank: int
+    world_size: int
+    save_id: str
+    tensors: list[HostTensor] = field(default_factory=list)
+    objects: bytes | None = None
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+    out.copy_(t.detach())
+    return out
+
+
+def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: int, save_id: str) -> Snapshot:
+    """Everything this rank writes, copied now: after it returns the caller may change its tensors.
+
+    Plain tensors and other values are rank 0's to write; every rank writes its ``Shard``s.
+    """
+    snap = Snapshot(step, rank, world_size, save_id)
+    objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
+    for name, keys, _, value in leaves(state_dict):
+        if isinstance(value, Shard):
+            snap.tensors.append(HostTensor(name, keys, _host_copy(value.local), value.global_shape, value.offset))
+        elif rank != 0:
+            continue
+        elif isinstance(value, torch.Tensor):
+            snap.tensors.append(HostTensor(name, keys, _host_copy(value), tuple(value.shape), 0))
+        else:
+            objects[name] = (keys, value)
+    if rank == 0:
+        snap.objects = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL)
+    return snap
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    if not t.numel():
+        return memoryview(b"")
+    array: Any = t.reshape(-1).view(torch.uint8).numpy()  # shares the snapshot's memory: no copy
+    return memoryview(array)
+
+
+def write_rank(loc: Location, snap: Snapshot) -> None:
+    """This rank's data file, made durable, then its part of the manifest (atomically)."""
+    folder = step_folder(snap.step)
+    loc.storage.makedirs(loc.join(folder))
+    data_name = f"rank-{snap.rank:05d}.{snap.save_id}.bin"
+    pieces: list[Piece] = []
+    pos = 0
+    blob = None
+    if snap.objects is not None:
+        blob = Blob(data_name, 0, len(snap.objects), zlib.crc32(snap.objects))
+        pieces.append((0, memoryview(snap.objects)))
+        pos = len(snap.objects)
+    entries = []
+    for t in snap.tensors:
+        data = _bytes_of(t.data)
+        entries.append(TensorEntry(
+            name=t.name, keys=t.keys, shard=snap.rank, dtype=dtype_name(t.data.dtype), shape=t.shape,
+            offset=t.offset, numel=t.data.numel(), file=data_name, file_offset=pos, length=len(data),
+            crc32=zlib.crc32(data),
+        ))  # fmt: skip
+        pieces.append((pos, data))
+        pos += len(data)
+    loc.storage.write_file(loc.join(folder, data_name), pieces)
+    part = Manifest(snap.step, snap.world_size, tuple(entries), blob)
+    loc.storage.write_atomic(loc.join(folder, f"part-{snap.rank:05d}.{snap.save_id}.json"), part.to_json())
+
+
+def commit(loc: Location, snap: Snapshot, part_timeout_s: float) -> str:
+    """Rank 0: wait for every rank's part of this save, merge them, and rename the manifest into place.
+
+    Returns:
+        The manifest's path in its storage.
+
+    Raises:
+        CheckpointError: some rank's part did not come within ``part_timeout_s``.
+    """
+    folder = loc.join(step_folder(snap.step))
+    wanted = {f"part-{r:05d}.{snap.save_id}.json" for r in range(snap.world_size)}
+    deadline = time.monotonic() + part_timeout_s
+    while True:
+        missing = wanted - set(loc.storage.listdir(folder))
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            ranks = sorted(int(m[5:10]) for m in missing)
+            raise CheckpointError(
+                f"step {snap.step}: ranks {ranks} did not write their part within {part_timeout_s:g} s; not committed"
+            )
+        time.sleep(PART_WAIT_POLL_S)
+    names = sorted(wanted)
+    parts = [Manifest.from_json(loc.storage.read_small(loc.join(step_folder(snap.step), n)), n) for n in names]
+    merged = Manifest(snap.step, snap.world_size, tuple(e for p in parts for e in p.tensors), parts[0].objects)
+    path = loc.join(step_folder(snap.step), MANIFEST)
+    loc.storage.write_atomic(path, merged.to_json())
+    return path
+
+
+def committed_steps(loc: Location) -> list[int]:
+    """Steps of the committed checkpoints under the root, oldest first."""
+    steps = []
+    for name in loc.storage.listdir(loc.path):
+        step = folder_step(name)
+        if step is not None and loc.storage.exists(loc.join(name, MANIFEST)):
+            steps.append(step)
+    return sorted(steps)
+
+
+def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
+    """Remove committed checkpoints beyond the newest ``keep`` and uncommitted folders older than ``newest``.
+
+    Returns:
+        The steps removed.
+    """
+    committed = committed_steps(loc)
+    doomed = set(committed[:-keep] if keep else [])
+    for name in loc.storage.listdir(loc.path):
+        step = folder_step(name)
+        if step is not None and step < newest and step not in committed:
+            doomed.add(step)  # a save that never committed (killed, or a rank failed)
+    for step in sorted(doomed):
+        manifest = loc.join(step_folder(step), MANIFEST)
+        if loc.storage.exists(manifest):
+            loc.storage.remove(manifest)  # uncounted from here on, whatever happens next
+        loc.storage.remove_tree(loc.join(step_folder(step)))
+    return sorted(doomed)
+
+
+def report(loc: Location, manifest_path: str, step: int) -> bool:
+    """Tell the scheduler about a committed 3FS checkpoint when running as a task; whether it was told."""
+    from hfai import client, runcontrol
+
+    if not loc.in_3fs or runcontrol.RunControl.from_env() is None:
+        return False
+    client.report_checkpoint(manifest_path, step)
+    return True

@@ -1,0 +1,226 @@
+"""Where checkpoint bytes go: a 3FS folder through the hf3fs client's batch API, or a POSIX folder (a local disk
+or a 3FS FUSE mount, which is POSIX too).
+
+A checkpoint path written ``hf3fs:///a/b`` (or ``hf3fs:/a/b``, ``3fs:/a/b``) is in 3FS and is written with
+``FileSystem.write_batch`` in batches of at most ``BATCH_BYTES``; any other path is a folder of this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hf3fs.uri import has_scheme, strip_scheme
+
+BATCH_BYTES = 64 << 20  # bytes in flight per batch call: bounds the client's buffers, keeps many chunks going
+
+Piece = tuple[int, memoryview]  # (offset in the file, bytes)
+
+
+class Storage(Protocol):
+    """The file operations a checkpoint needs; paths are this storage's own (absolute)."""
+
+    def makedirs(self, path: str) -> None: ...
+    def exists(self, path: str) -> bool: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def write_file(self, path: str, pieces: Sequence[Piece]) -> None: ...
+    def write_atomic(self, path: str, data: bytes) -> None: ...
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]: ...
+    def read_small(self, path: str) -> bytes: ...
+    def remove(self, path: str) -> None: ...
+    def remove_tree(self, path: str) -> None: ...
+
+
+def split_batches(pieces: Sequence[Piece], limit: int = BATCH_BYTES) -> Iterator[list[Piece]]:
+    """The pieces cut to at most ``limit`` bytes each and grouped into batches of at most ``limit`` bytes."""
+    batch: list[Piece] = []
+    size = 0
+    for offset, data in pieces:
+        for start in range(0, max(len(data), 1), limit):
+            part = data[start : start + limit]
+            if size + len(part) > limit and batch:
+                yield batch
+                batch, size = [], 0
+            batch.append((offset + start, part))
+            size += len(part)
+    if batch:
+        yield batch
+
+
+class LocalStorage:
+    """A POSIX folder: ``pwrite`` + ``fsync``, renames made durable by an ``fsync`` of the folder."""
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def write_file(self, path: str, pieces: Sequence[Piece]) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for offset, data in pieces:
+                done = 0
+                while done < len(data):
+                    done += os.pwrite(fd, data[done:], offset + done)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        self.write_file(tmp, [(0, memoryview(data))])
+        os.rename(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        fds: dict[str, int] = {}
+        try:
+            out = []
+            for path, offset, length in ranges:
+                if path not in fds:
+                    fds[path] = os.open(path, os.O_RDONLY)
+                out.append(_pread_all(fds[path], offset, length))
+            return out
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def read_small(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def remove_tree(self, path: str) -> None:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    parts = []
+    done = 0
+    while done < length:
+        data = os.pread(fd, length - done, offset + done)
+        if not data:
+            break
+        parts.append(data)
+        done += len(data)
+    return b"".join(parts)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Hf3fsStorage:
+    """A folder in 3FS through one ``hf3fs.FileSystem``: data with ``write_batch``/``read_batch``; a close makes
+    a file's bytes durable (every replica acknowledged) and its length exact; a rename is one meta transaction."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(path, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return list(self.fs.listdir(path))
+        except FileNotFoundError:
+            return []
+
+    def write_file(self, path: str, pieces: Sequence[Piece]) -> None:
+        self.fs.create(path)
+        for batch in split_batches(pieces):
+            self.fs.write_batch([(path, offset, data) for offset, data in batch if len(data)])
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        self.fs.rename(tmp, path)
+
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        out: list[bytes] = []
+        batch: list[tuple[str, int, int]] = []
+        size = 0
+        for r in ranges:
+            if batch and size + r[2] > BATCH_BYTES:
+                out.extend(self.fs.read_batch(batch))
+                batch, size = [], 0
+            batch.append(r)
+            size += r[2]
+        if batch:
+            out.extend(self.fs.read_batch(batch))
+        return out
+
+    def read_small(self, path: str) -> bytes:
+        with self.fs.open(path, "rb") as f:
+            return bytes(f.read())
+
+    def remove(self, path: str) -> None:
+        self.fs.remove(path)
+
+    def remove_tree(self, path: str) -> None:
+        if self.fs.exists(path):
+            self.fs.rmtree(path, trash=False)
+
+
+@dataclass(frozen=True)
+class Location:
+    """A checkpoint root: its storage, its path there, and the URL a user wrote (for messages and reports)."""
+
+    storage: Storage
+    path: str
+    in_3fs: bool
+
+    def join(self, *names: str) -> str:
+        """The path of ``names`` under the root (empty names are skipped)."""
+        parts = [n for n in names if n]
+        return "/".join([self.path.rstrip("/"), *parts]) if self.in_3fs else os.path.join(self.path, *parts)
+
+    def url(self, *names: str) -> str:
+        return f"hf3fs://{self.join(*names)}" if self.in_3fs else self.join(*names)
+
+
+_connections: dict[tuple[str, str], Any] = {}
+_connections_lock = threading.Lock()
+
+
+def _default_fs() -> Any:
+    """One ``hf3fs.FileSystem`` per process for FF_MGMTD_ADDRESSES/FF_TOKEN, made on first use."""
+    import hf3fs
+
+    key = (os.environ.get("FF_MGMTD_ADDRESSES", ""), os.environ.get("FF_TOKEN", ""))
+    with _connections_lock:
+        fs = _connections.get(key)
+        if fs is None:
+            fs = _connections[key] = hf3fs.connect()
+        return fs
+
+
+def locate(path: str | os.PathLike[str], fs: Any = None) -> Location:
+    """The storage of a checkpoint root: 3FS for ``hf3fs://`` URLs (through ``fs``, or a connection made from
+    FF_MGMTD_ADDRESSES and FF_TOKEN), a POSIX folder otherwise (a relative path is made absolute)."""
+    text = os.fspath(path)
+    if has_scheme(text):
+        return Location(Hf3fsStorage(fs if fs is not None else _default_fs()), strip_scheme(text), True)
+    return Location(LocalStorage(), os.path.abspath(text), False)
