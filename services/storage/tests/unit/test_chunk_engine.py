@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,3 +186,35 @@ def test_unused_files_of_a_batch_are_free_after_a_restart(tmp_path: Path) -> Non
         _put(again, b"more" * 100, (7, index))
     assert _files(again) == files
     again.close()
+
+
+def test_a_batch_of_new_chunks_is_synced_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sixteen new chunks in one write_pending (a write-back batch of small files): their files are made at once
+    (one folder fsync, where batches of 4 fsynced a folder 4 times) and their data fsyncs overlap (the journal
+    takes them in one commit), where one after another had at most one running. Every chunk reads back."""
+    folders: list[Path] = []
+    real_dir = chunk_engine._fsync_dir
+    monkeypatch.setattr(chunk_engine, "_fsync_dir", lambda p: (folders.append(p), real_dir(p))[1])
+    running, most = [0], [0]
+    real_sync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.02)  # long enough for the others to start (what is counted is overlap, not time)
+            real_sync(fd)
+        finally:
+            running[0] -= 1
+
+    e = ChunkEngine(tmp_path / "target", new_file_batch=4)
+    e.open()
+    folders.clear()
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    made = e.write_pending([((5, i), 1, 1, bytes([i]) * 5000, None) for i in range(16)])
+    monkeypatch.setattr(os, "fsync", real_sync)
+    e.commit(made)
+    assert len(folders) <= 2, folders
+    assert most[0] > 1
+    assert all(e.read_committed((5, i)) == (e.get((5, i)), bytes([i]) * 5000) for i in range(16))
+    e.close()

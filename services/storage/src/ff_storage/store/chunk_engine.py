@@ -21,14 +21,15 @@ newer update took the reservation over meanwhile, which the service's chunk lock
 ``PendingReplaced``), ``abort`` drops it. They live in memory only: a replica that crashes loses them, and
 every restarted target goes through recovery anyway.
 
-fsync discipline: (1) each new version's data is on disk before its metadata is committed: ``fdatasync``
-for an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) a new
-file's folder is fsynced before the commit, and a new folder's parent before any file goes in it, so the
-names survive a crash (new files are made ``new_file_batch`` at a time, empty, in one folder fsynced once
-before any of them is written; the others wait in the free list, so a stream of new small chunks pays one
-folder fsync per batch) (``open`` fsyncs every folder once, for whatever an earlier crash left; a new file
-whose write failed is unlinked, not kept as free); (3) SQLite runs in WAL mode with ``synchronous=FULL``,
-so a commit is durable when it returns.
+fsync discipline: (1) each new version's data is on disk before its metadata is committed: ``fdatasync`` for
+an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) a new
+file's folder is fsynced before the commit, and a new folder's parent before any file goes in it, so the names
+survive a crash (new files are made ``new_file_batch`` at a time, empty, in one folder fsynced once before any
+of them is written; the others wait in the free list, so a stream of new small chunks pays one folder fsync
+per batch; the files of one batch are fsynced at once, from a few threads, so a batch of many small chunks
+waits for about one journal commit) (``open`` fsyncs every folder once, for whatever an earlier crash left; a
+new file whose write failed is unlinked, not kept as free); (3) SQLite runs in WAL mode with
+``synchronous=FULL``, so a commit is durable when it returns.
 
 The methods that touch the disk (writes, commits, mappings) block: the service calls them from worker
 threads. The metadata-only ones (``get``, ``reserve``, ``abort``) are cheap and also run on its event loop,
@@ -46,6 +47,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -81,6 +83,8 @@ CREATE TABLE IF NOT EXISTS update_ids (
 # from a predecessor, the records that replace this chunk's (None: keep them).
 UpdateTag = tuple[UpdateKey | None, Sequence[UpdateRecord] | None]
 SWEEP_EVERY_COMMITS = 1024
+SYNC_THREADS = 8  # files of one write_pending batch fsynced at once
+MAX_NEW_FILES = 1024  # new files made at once for one write batch
 # A new file is made with up to this many - 1 more (empty, free), in one folder fsynced once for all of them: a
 # stream of new small chunks pays one folder fsync per batch instead of one each.
 NEW_FILE_BATCH = 16
@@ -364,30 +368,34 @@ class ChunkEngine:
         made: list[Pending] = []
         written: list[Path] = []  # free files taken: back to the free list if this fails
         created: list[Path] = []  # new files: unlinked instead (their names may not be on disk yet)
+        to_sync: list[tuple[Path, Callable[[int], None]]] = []
+        todo = list(items)
         try:
-            for key, version, chain_version, content, known_checksum in items:
+            for i, (key, version, chain_version, content, known_checksum) in enumerate(todo):
                 if content is None:
                     made.append(Pending(key=key, version=version, chain_version=chain_version, path=None, length=0,
                                         checksum=0))  # fmt: skip
                     continue
                 with self._lock:
                     name = self._take_free(len(content))
-                if name is None and self._new_batch > 1:
-                    name = self._new_files()
+                if name is None and self._new_batch > 1:  # enough new files for the rest of the batch at once
+                    name = self._new_files(sum(1 for item in todo[i:] if item[3] is not None))
                 if name is None:
                     path = self.data_dir / self._new_name()
                     created.append(path)
-                    _write_file(path, content, os.O_CREAT | os.O_EXCL, sync=os.fsync if self._fsync else None)
+                    _write_file(path, content, os.O_CREAT | os.O_EXCL, sync=None)
+                    to_sync.append((path, os.fsync))
                 else:
                     path = self.data_dir / name
                     written.append(path)
                     same_size = os.stat(path).st_size == len(content)
-                    _write_file(path, content, 0, sync=(os.fdatasync if same_size else os.fsync) if self._fsync
-                                else None)  # fmt: skip
+                    _write_file(path, content, 0, sync=None)
+                    to_sync.append((path, os.fdatasync if same_size else os.fsync))
                 checksum = crc32c_of(content) if known_checksum is None else known_checksum
                 made.append(Pending(key=key, version=version, chain_version=chain_version, path=path,
                                     length=len(content), checksum=checksum))  # fmt: skip
             if self._fsync:
+                _sync_files(to_sync)
                 for folder in sorted({p.parent for p in created}):
                     _fsync_dir(folder)
         except BaseException:
@@ -411,12 +419,13 @@ class ChunkEngine:
             del self._free[fallback]
         return fallback
 
-    def _new_files(self) -> str | None:
-        """A new empty file, made with up to ``new_file_batch`` - 1 more that go to the free list, all in one
-        folder whose entries are on disk (one fsync of it) before any is used; None when the free list is full
-        (the caller makes one file alone)."""
+    def _new_files(self, want: int = 1) -> str | None:
+        """A new empty file, made with up to ``new_file_batch`` - 1 more (or ``want`` - 1, for the rest of one
+        write batch, up to ``MAX_NEW_FILES``) that go to the free list, all in one folder whose entries are on
+        disk (one fsync of it) before any is used; None when the free list is full (the caller makes one file
+        alone)."""
         with self._lock:
-            count = min(self._new_batch, self._max_free - len(self._free) + 1)
+            count = max(min(self._new_batch, self._max_free - len(self._free) + 1), min(want, MAX_NEW_FILES))
         if count < 2:
             return None
         first = self._new_name()
@@ -587,6 +596,37 @@ def _write_file(path: Path, content: bytes | memoryview, flags: int, sync: Calla
             sync(fd)
     finally:
         os.close(fd)
+
+
+def _sync_file(item: tuple[Path, Callable[[int], None]]) -> None:
+    path, sync = item
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        sync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_files(items: Sequence[tuple[Path, Callable[[int], None]]]) -> None:
+    """fsync (or fdatasync) the files written for one batch, several at once: the file system's journal takes
+    concurrent syncs in one commit, so a batch of many small chunks waits for about one journal commit
+    instead of one per chunk (a stream of small files written back in batches: issue 16)."""
+    if len(items) <= 1:
+        for item in items:
+            _sync_file(item)
+        return
+    list(_sync_pool().map(_sync_file, items))
+
+
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="ff-storage-fsync"))
+        return _POOL[0]
 
 
 def _fsync_dir(path: Path) -> None:
