@@ -13,3 +13,7 @@ class InvalidRequest(TelemetryError):
 
 class LimitExceeded(TelemetryError):
     """A metric would get more distinct series than allowed: nothing of the request was stored."""
+
+
+class AlertsOff(TelemetryError):
+    """The alert log was asked for on an instance that runs no alert engine."""

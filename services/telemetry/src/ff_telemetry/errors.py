@@ -1,0 +1,16 @@
+"""The one table from the collector's exceptions to gRPC status codes."""
+
+from __future__ import annotations
+
+import grpc
+
+from ff_rpc import StatusTable
+from ff_telemetry.core import errors
+
+STATUS_TABLE = StatusTable(
+    {
+        errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+        errors.LimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        errors.AlertsOff: grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)

@@ -1,0 +1,72 @@
+"""Helpers to run the collector for real in tests and benchmarks: in this process (an asyncio task),
+and a client with one token."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ff_rpc import RpcClient, open_channel
+from ff_telemetry.config import TelemetrySettings
+from ff_telemetry.server import main
+from ff_testing.process import wait_ready
+from fireflyer.telemetry.v1 import telemetry_pb2_grpc
+
+READY_TIMEOUT_S = 20.0
+# Jobs every fraction of a second so tests take seconds.
+FAST: dict[str, Any] = {
+    "downsample_interval_s": 0.2,
+    "downsample_lag_s": 0.0,
+    "scrape_interval_s": 0.3,
+    "token_cache_ttl_s": 0.5,
+    "grace_s": 0.5,
+}
+
+
+@dataclass
+class InProcessTelemetry:
+    address: str
+    http_address: str
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=15)
+
+
+async def start_in_process(
+    folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "t1", **overrides: Any
+) -> InProcessTelemetry:
+    ready = folder / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)
+    settings = TelemetrySettings(**{
+        "state_dir": folder / name, "database_url": database_url, "mgmtd_addresses": mgmtd_address,
+        "cluster_token": cluster_token, "ready_file": ready, "instance_id": name, **FAST, **overrides,
+    })  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(main(settings, stop))
+    try:
+        info = await wait_ready(ready, timeout_s=READY_TIMEOUT_S)
+    except Exception:
+        stop.set()
+        await task
+        raise
+    return InProcessTelemetry(info["grpc"], info["http"], stop, task)
+
+
+class TelemetryClient:
+    """TelemetryService with one token."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self.channel = open_channel(address)
+        self.rpc = RpcClient(token=token, timeout_s=10.0)
+        self.stub = telemetry_pb2_grpc.TelemetryServiceStub(self.channel)
+
+    async def call(self, method: Any, request: Any) -> Any:
+        return await self.rpc.unary(method, request)
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,236 @@
+"""The collector as a real service on port 0 (with a real mgmtd): pushes, range queries, rates and
+quantiles, tenancy, bad input refused with a clear status and nothing stored, the downsampling job,
+scraping the services mgmtd knows, and /federate. One cluster for the module (SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+import pytest_asyncio
+
+from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
+from ff_rpc import RpcError
+from ff_telemetry.testing import InProcessTelemetry, TelemetryClient, start_in_process
+from fireflyer.telemetry.v1 import telemetry_pb2 as pb
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+MAX_SERIES = 300
+
+
+@dataclass
+class Env:
+    telemetry: InProcessTelemetry
+    tokens: dict[str, str]
+    clients: dict[str, TelemetryClient] = field(default_factory=dict)
+
+    def client(self, who: str) -> TelemetryClient:
+        if who not in self.clients:
+            token = CLUSTER_TOKEN if who == "cluster" else self.tokens[who]
+            self.clients[who] = TelemetryClient(self.telemetry.address, token)
+        return self.clients[who]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
+    folder = Path(tmp_path_factory.mktemp("telemetry"))
+    async with running_with_users(folder, f"sqlite:///{folder / 'mgmtd.db'}") as (mgmtd, tokens):
+        telemetry = await start_in_process(
+            folder, f"sqlite:///{folder / 'telemetry.db'}", mgmtd.address, CLUSTER_TOKEN,
+            max_series_per_metric=MAX_SERIES, raw_retention_s=3 * 3600.0,
+        )  # fmt: skip
+        e = Env(telemetry, tokens)
+        try:
+            yield e
+        finally:
+            for c in e.clients.values():
+                await c.close()
+            await telemetry.shutdown()
+
+
+async def push(env: Env, who: str, *samples: pb.Sample, **kw: object) -> pb.PushSamplesResponse:
+    c = env.client(who)
+    return await c.call(c.stub.PushSamples, pb.PushSamplesRequest(samples=samples, **kw))  # type: ignore[arg-type]
+
+
+async def query(env: Env, who: str, **kw: object) -> pb.QueryRangeResponse:
+    c = env.client(who)
+    return await c.call(c.stub.QueryRange, pb.QueryRangeRequest(**kw))  # type: ignore[arg-type]
+
+
+async def series_count(env: Env, name: str = "") -> int:
+    c = env.client("root")
+    return len((await c.call(c.stub.ListSeries, pb.ListSeriesRequest(name=name))).series)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_users_series_are_theirs_and_other_users_do_not_see_them(env: Env) -> None:
+    now = time.time()
+    got = await push(
+        env, "alice", pb.Sample(name="loss", labels={"task_id": "1", "user": "bob"}, value=0.5, sampled_at=now)
+    )
+    assert (got.num_stored, got.num_new_series) == (1, 1)
+    await push(env, "bob", pb.Sample(name="loss", labels={"task_id": "2"}, value=0.7, sampled_at=now))
+    await push(env, "cluster", pb.Sample(name="loss", labels={"node": "n1"}, value=9.0, sampled_at=now))
+
+    async def seen(who: str) -> dict[str, float]:
+        resp = await query(env, who, name="loss", start_at=now, end_at=now, step_s=1)
+        return {s.labels.get("user", "-"): s.points[0].value for s in resp.series}
+
+    assert await seen("alice") == {"alice": 0.5, "-": 9.0}  # alice's push is hers even when she says "bob"
+    assert await seen("bob") == {"bob": 0.7, "-": 9.0}
+    assert await seen("root") == {"alice": 0.5, "bob": 0.7, "-": 9.0}
+    c = env.client("bob")
+    listed = await c.call(c.stub.ListSeries, pb.ListSeriesRequest(name="loss"))
+    assert sorted(s.labels.get("user", "-") for s in listed.series) == ["-", "bob"]
+
+
+async def test_rate_and_aggregation_of_a_counter(env: Env) -> None:
+    t0 = time.time() - 100
+    meta = [pb.MetricMetadata(name="steps_total", type=pb.METRIC_TYPE_COUNTER, help="steps")]
+    samples = [
+        pb.Sample(name="steps_total", labels={"rank": str(r)}, value=float(i * 10 * (r + 1)), sampled_at=t0 + i * 10)
+        for r in range(2)
+        for i in range(10)
+    ]
+    await push(env, "cluster", *samples, metadata=meta)
+    resp = await query(env, "alice", name="steps_total", start_at=t0 + 50, end_at=t0 + 90, step_s=40,
+                       lookback_s=40, rate=True, aggregation=pb.AGGREGATION_SUM)  # fmt: skip
+    (series,) = resp.series
+    assert [(p.at - t0, p.value) for p in series.points] == [(50.0, 3.0), (90.0, 3.0)]  # 1/s + 2/s
+    assert resp.resolution_s == 0
+
+
+async def test_quantile_of_a_pushed_histogram(env: Env) -> None:
+    t0 = time.time() - 20
+    meta = [pb.MetricMetadata(name="step_seconds", type=pb.METRIC_TYPE_HISTOGRAM)]
+    counts = {"0.1": (0, 10), "0.5": (0, 60), "1": (0, 100), "+Inf": (0, 100)}
+    samples = [
+        pb.Sample(name="step_seconds_bucket", labels={"le": le}, value=float(c), sampled_at=t0 + 10 * i)
+        for le, pair in counts.items()
+        for i, c in enumerate(pair)
+    ]
+    await push(env, "cluster", *samples, metadata=meta)
+    resp = await query(
+        env, "bob", name="step_seconds", start_at=t0 + 10, end_at=t0 + 10, step_s=1, lookback_s=30, quantile=0.5
+    )
+    assert resp.series[0].points[0].value == pytest.approx(0.42)
+
+
+@pytest.mark.parametrize(
+    ("request_kw", "code", "detail"),
+    [
+        ({"samples": [pb.Sample(name="bad name", value=1)]}, grpc.StatusCode.INVALID_ARGUMENT, "bad metric name"),
+        ({"samples": [pb.Sample(name="x", labels={"0bad": "v"}, value=1)]},
+         grpc.StatusCode.INVALID_ARGUMENT, "bad label name"),
+        ({"samples": [pb.Sample(name="x", value=1)], "metadata": [pb.MetricMetadata(name="x", type=7)]},
+         grpc.StatusCode.INVALID_ARGUMENT, "unknown metric type 7"),
+        ({"samples": [pb.Sample(name="c_total", value=float("nan"))],
+          "metadata": [pb.MetricMetadata(name="c_total", type=pb.METRIC_TYPE_COUNTER)]},
+         grpc.StatusCode.INVALID_ARGUMENT, "must be finite"),
+        ({"samples": [pb.Sample(name="x", value=1, sampled_at=1.0)]}, grpc.StatusCode.INVALID_ARGUMENT, "outside"),
+        ({"samples": [pb.Sample(name="card", labels={"id": str(i)}, value=1) for i in range(MAX_SERIES + 1)]},
+         grpc.StatusCode.RESOURCE_EXHAUSTED, "the limit is 300"),
+    ],
+)  # fmt: skip
+async def test_bad_pushes_are_refused_and_store_nothing(
+    env: Env, request_kw: dict[str, object], code: grpc.StatusCode, detail: str
+) -> None:
+    before = await series_count(env)
+    good = pb.Sample(name="fine", labels={"case": detail}, value=1.0)
+    with pytest.raises(RpcError) as err:
+        await push(env, "cluster", good, *request_kw["samples"], metadata=request_kw.get("metadata", []))  # type: ignore[misc]
+    assert err.value.code is code and detail in err.value.details
+    assert await series_count(env) == before  # not even the good sample
+    assert (await push(env, "cluster", good)).num_stored == 1  # and the service goes on
+
+
+@pytest.mark.parametrize(
+    ("request_kw", "detail"),
+    [
+        ({"name": "x", "start_at": 0, "end_at": 1e6, "step_s": 1}, "more than 11000 steps"),
+        ({"name": "x", "start_at": 2, "end_at": 1, "step_s": 1}, "end_at >= start_at"),
+        ({"name": "x", "start_at": 1, "end_at": 1, "step_s": 1,
+          "matchers": [pb.LabelMatcher(name="a", op=pb.MATCH_OP_REGEX, value="(")]}, "bad regular expression"),
+        ({"name": "x", "start_at": 1, "end_at": 1, "step_s": 1, "resolution_s": 7}, "resolution_s"),
+        ({"name": "x", "start_at": 1, "end_at": 1, "step_s": 1, "quantile": 0.5, "rate": True}, "quantile"),
+    ],
+)  # fmt: skip
+async def test_bad_queries_are_invalid_argument(env: Env, request_kw: dict[str, object], detail: str) -> None:
+    with pytest.raises(RpcError) as err:
+        await query(env, "alice", **request_kw)
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and detail in err.value.details
+
+
+async def test_no_token_is_unauthenticated(env: Env) -> None:
+    c = TelemetryClient(env.telemetry.address, "fft_0000000000000000_notarealtokennotarealtokennotarealtoken00")
+    try:
+        with pytest.raises(RpcError) as err:
+            await c.call(c.stub.PushSamples, pb.PushSamplesRequest(samples=[pb.Sample(name="x", value=1)]))
+        assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await c.close()
+
+
+async def test_the_job_downsamples_and_the_minute_tier_keeps_the_increase(env: Env) -> None:
+    t0 = (time.time() // 3600 - 2) * 3600  # two hours ago, on the hour
+    meta = [pb.MetricMetadata(name="bytes_total", type=pb.METRIC_TYPE_COUNTER)]
+    values = [float(i * i) for i in range(120)]  # a minute apart
+    samples = [pb.Sample(name="bytes_total", value=v, sampled_at=t0 + 60 * i + 1) for i, v in enumerate(values)]
+    await push(env, "cluster", *samples, metadata=meta)
+    end = t0 + 7200
+
+    async def downsampled() -> bool:
+        resp = await query(env, "root", name="bytes_total", start_at=end, end_at=end, step_s=1, lookback_s=7200,
+                           rate=True, resolution_s=60)  # fmt: skip
+        return bool(resp.series) and resp.series[0].points[0].value * 7200 == pytest.approx(values[-1])
+
+    await eventually(downsampled, what="the 1-minute tier to hold the counter's increase")
+
+    async def rolled_up() -> bool:
+        resp = await query(env, "root", name="bytes_total", start_at=end, end_at=end, step_s=1, lookback_s=7200,
+                           rate=True, resolution_s=3600)  # fmt: skip
+        return bool(resp.series) and resp.series[0].points[0].value * 7200 == pytest.approx(values[-1])
+
+    await eventually(rolled_up, what="the 1-hour tier to hold the counter's increase")
+
+
+async def test_it_scrapes_the_services_mgmtd_knows(env: Env) -> None:
+    c = env.client("root")
+
+    async def scraped() -> bool:
+        resp = await c.call(c.stub.ListSeries, pb.ListSeriesRequest(name="ff_rpc_requests_total"))
+        return {"mgmtd", "telemetry"} <= {s.labels["job"] for s in resp.series}
+
+    await eventually(scraped, what="mgmtd's and telemetry's own /metrics scraped")
+    resp = await c.call(c.stub.ListSeries, pb.ListSeriesRequest(name="ff_rpc_requests_total"))
+    assert all(s.type == pb.METRIC_TYPE_COUNTER and s.labels["instance"] for s in resp.series)
+
+
+async def test_federate_exposes_what_it_holds_to_whom_may_see_it(env: Env) -> None:
+    now = time.time()
+    await push(env, "alice", pb.Sample(name="fed_loss", value=1.25, sampled_at=now))
+    await push(env, "bob", pb.Sample(name="fed_loss", value=2.5, sampled_at=now))
+    url = f"http://{env.telemetry.http_address}/federate"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as resp:
+            assert resp.status == 401
+        async with http.get(url, headers={"Authorization": f"Bearer {env.tokens['alice']}"}) as resp:
+            text = await resp.text()
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "# TYPE fed_loss gauge" in text and 'fed_loss{user="alice"} 1.25 ' in text
+    assert 'user="bob"' not in text
