@@ -21,15 +21,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from ff_agent import procs
 from ff_agent.core.errors import InvalidRequest, NotFoundError
 from ff_agent.core.failures import ErrorRecord, Failure, RankExit, root_cause
 from ff_agent.core.launch import RUN_DIR_ENV, NodeFacts, RunAs, StartOrder, check_order, plan_ranks
 from ff_agent.core.suspend import SuspendClock
 from ff_agent.link import LINK_ERRORS, SchedulerLink
+from ff_rpc import RpcError
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from hfai import runcontrol
 from hfai.runcontrol import Event, RunControl
+
+CHECKPOINT_REFUSALS = frozenset({
+    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
+})  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +172,12 @@ class RunsOptions:
     term_grace_s: float
     python_executable: str
     base_env: dict[str, str]
+
+
+def _refused_checkpoint(event: Event, err: Exception) -> bool:
+    """A checkpoint the scheduler checked and refused (no such manifest, another user's): retrying cannot
+    help, and the events after it (go_suspend) must not wait behind it."""
+    return event.kind == runcontrol.CHECKPOINT and isinstance(err, RpcError) and err.code in CHECKPOINT_REFUSALS
 
 
 class NodeRuns:
@@ -356,8 +369,11 @@ class NodeRuns:
             try:
                 changed |= await self._relay_one(run, event)
             except LINK_ERRORS as err:
-                logger.warning("relaying %s of run %d failed: %s", event.kind, run.order.run_id, err)
-                return changed
+                if not _refused_checkpoint(event, err):
+                    logger.warning("relaying %s of run %d failed: %s", event.kind, run.order.run_id, err)
+                    return changed  # tried again next tick, in order
+                logger.warning("run %d: the scheduler did not count checkpoint %s: %s", run.order.run_id,
+                               event.data.get("path"), err)  # fmt: skip
             run.control.ack(event.seq)
             run.pending_events.pop(0)
         return changed

@@ -31,6 +31,9 @@ class SchedulerSettings(SettingsModel):
     min_run_time_s: float = Field(60.0, ge=0, description="a run is not preempted before it ran this long")
     fair_share: bool = Field(False, description="within a priority, users holding fewer nodes go first")
     ack_window_s: float = Field(5.0, gt=0, description="time rank 0 has to read the suspend flag")
+    check_checkpoints: bool = Field(
+        True, description="count a reported checkpoint only when its file is in 3FS, owned by the task's user"
+    )
     default_grace_s: float = Field(60.0, gt=0, description="time to checkpoint and go_suspend() after the flag")
     max_grace_s: float = Field(600.0, gt=0, description="cap of a task's own suspend grace")
     start_timeout_s: float = Field(300.0, gt=0, description="a run not running everywhere after this failed")
@@ -42,6 +45,9 @@ class SchedulerSettings(SettingsModel):
     master_port: int = Field(2222, gt=0, lt=65536, description="MASTER_PORT given to the ranks (HAI: 2222)")
     order_resend_interval_s: float = Field(5.0, gt=0, description="resend unanswered orders to agents this often")
     term_grace_s: float = Field(10.0, ge=0, description="SIGTERM-to-SIGKILL delay agents give a run's processes")
+    telemetry_interval_s: float = Field(
+        10.0, ge=0, description="push the queue's counts (pending by reason, running, suspends) this often; 0: never"
+    )
     agent_call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to agents")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
     grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")

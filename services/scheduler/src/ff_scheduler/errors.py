@@ -13,5 +13,6 @@ STATUS_TABLE = StatusTable(
         errors.NotFoundError: grpc.StatusCode.NOT_FOUND,
         errors.Forbidden: grpc.StatusCode.PERMISSION_DENIED,
         errors.Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+        errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     }
 )

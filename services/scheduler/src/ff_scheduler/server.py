@@ -11,13 +11,16 @@ from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_
 from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
 from ff_scheduler.agents import AgentPool
 from ff_scheduler.app import DriverOptions, Scheduler
+from ff_scheduler.checkpoints import ManifestCheck
 from ff_scheduler.config import SchedulerSettings
 from ff_scheduler.core import validation
 from ff_scheduler.errors import STATUS_TABLE
+from ff_scheduler.reporter import SchedulerReporter
 from ff_scheduler.servicer import SchedulerAgentServicer, SchedulerServicer
 from ff_scheduler.store.schema import VERSION_TABLE
 from ff_scheduler.txn import Transactions
 from ff_store import open_store
+from ff_telemetry_client import service_reporter
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -42,6 +45,7 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
         term_grace_s=settings.term_grace_s,
     )
     scheduler = Scheduler(store, settings.scheduling_policy(), settings.lifecycle_policy(), options, agents, mgmtd)
+    checkpoints = ManifestCheck(mgmtd, cluster_token) if settings.check_checkpoints else None
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     report_interval_s = max(1.0, settings.tick_interval_s * 5)
     server = RpcServer(
@@ -63,7 +67,7 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
             ServiceBinding(
                 services["SchedulerAgentService"].full_name,
                 scheduler_pb2_grpc.add_SchedulerAgentServiceServicer_to_server,
-                SchedulerAgentServicer(scheduler, settings.default_group, report_interval_s),
+                SchedulerAgentServicer(scheduler, settings.default_group, report_interval_s, checkpoints),
             ),
         ],
     )
@@ -93,10 +97,27 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
         async with asyncio.TaskGroup() as tg:
             tg.create_task(scheduler.run(stop))
             tg.create_task(membership.run(stop))
+            if settings.telemetry_interval_s > 0:
+                await _until_registered(membership, stop)
+                tg.create_task(service_reporter(
+                    service="scheduler", node_id=membership.node_id, hostname=socket.gethostname(),
+                    mgmtd_addresses=mgmtd_addresses, token=cluster_token,
+                    collect=SchedulerReporter(scheduler).collect, interval_s=settings.telemetry_interval_s,
+                ).run(stop))  # fmt: skip
     finally:
         await server.stop()
         await store.drain(timeout_s=10.0)
         await agents.close()
+        if checkpoints is not None:
+            await checkpoints.close()
         await mgmtd.close()
         await asyncio.to_thread(store.dispose)
     logger.info("scheduler stopped")
+
+
+async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> None:
+    waiter = asyncio.ensure_future(membership.registered.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    stopper.cancel()

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from ff_rpc import Principal, current_principal
 from ff_scheduler import wire
 from ff_scheduler.app import Scheduler
+from ff_scheduler.checkpoints import ManifestCheck
 from ff_scheduler.core import validation
 from ff_scheduler.core.errors import Forbidden, InvalidRequest, NotFoundError
 from ff_scheduler.core.model import EndReason, NodeState, SuspendStage, TaskState
@@ -227,10 +228,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
     """What agents call (cluster token): registration and facts; decisions happen in the tick."""
 
-    def __init__(self, scheduler: Scheduler, default_group: str, report_interval_s: float) -> None:
+    def __init__(
+        self, scheduler: Scheduler, default_group: str, report_interval_s: float, checkpoints: ManifestCheck | None
+    ) -> None:
         self._s = scheduler
         self._default_group = default_group
         self._report_interval_s = report_interval_s
+        self._checkpoints = checkpoints  # None: checkpoints are taken as reported (no 3FS to ask)
 
     async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Context) -> pb.RegisterNodeResponse:
         if request.node_id <= 0:
@@ -298,6 +302,11 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
         validation.check_length("checkpoint.path", c.path, validation.MAX_PATH_CHARS)
         committed_at = validation.check_seconds("checkpoint.committed_at", c.committed_at) or self._s.now()
         _run_ids(request.task_id, request.run_id)
+        if self._checkpoints is not None:
+            uid = await self._s.store.arun(
+                lambda s: ops.task_uid_of_run(s, request.node_id, request.task_id, request.run_id), read_only=True
+            )
+            await self._checkpoints.check(c.path, uid)
         data = {"path": c.path, "step": c.step, "committed_at": committed_at}
         await self._s.store.arun(
             lambda s: ops.report_checkpoint(s, request.node_id, request.task_id, request.run_id, data)

@@ -277,7 +277,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
             ),
         )
 
-    async def checkpoint(self, run_id: int, step: int) -> None:
+    async def checkpoint(self, run_id: int, step: int, path: str | None = None) -> None:
         assert self.client is not None
         await self.client.call(
             self.client.agent.ReportCheckpoint,
@@ -285,7 +285,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
                 node_id=self.node_id,
                 task_id=self.task_of[run_id],
                 run_id=run_id,
-                checkpoint=pb.Checkpoint(path=f"/3fs/ckpt/{run_id}", step=step, committed_at=time.time()),
+                checkpoint=pb.Checkpoint(path=path or f"/3fs/ckpt/{run_id}", step=step, committed_at=time.time()),
             ),
         )
 

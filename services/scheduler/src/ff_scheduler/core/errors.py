@@ -19,5 +19,9 @@ class Forbidden(SchedulerError):
     """The caller may not do this (e.g. a user listing every user's tasks)."""
 
 
+class Unavailable(SchedulerError):
+    """A service the answer depends on (3FS's meta, for a checkpoint) did not answer; nothing was changed."""
+
+
 class Conflict(SchedulerError):
     """The request contradicts the current state (e.g. logs of a run on a node that is gone)."""

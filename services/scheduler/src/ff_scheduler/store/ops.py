@@ -382,6 +382,12 @@ def report_suspend_stage(
     s.execute(update(runs).where(and_(runs.c.run_id == run_id, runs.c.suspend_stage < int(stage))).values(**values))
 
 
+def task_uid_of_run(s: Session, node_id: int, task_id: int, run_id: int) -> int:
+    """The uid of the user whose task this run on ``node_id`` is."""
+    _run_of_node(s, node_id, task_id, run_id)
+    return int(s.execute(select(tasks.c.uid).where(tasks.c.task_id == task_id)).scalar_one())
+
+
 def report_checkpoint(s: Session, node_id: int, task_id: int, run_id: int, checkpoint: dict[str, Any]) -> None:
     _run_of_node(s, node_id, task_id, run_id)
     s.execute(update(runs).where(runs.c.run_id == run_id).values(checkpoint=checkpoint))

@@ -1,0 +1,199 @@
+"""haiscale.checkpoint on a real 3FS cluster (mgmtd, three storage services, meta, as processes) and the real
+scheduler's check of reported checkpoints: save and load through the batch API, sharded state, keep-K, a save
+SIGKILLed at three moments, and the scheduler counting only a manifest that exists and is the task's user's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from haiscale import checkpoint as ckpt
+
+import hf3fs
+from ff_cluster import MgmtdClient
+from ff_meta.testing import MetaProcess, meta_process
+from ff_rpc import RpcError
+from ff_scheduler.core import priority
+from ff_scheduler.testing import (
+    AgentDriver,
+    SchedulerClient,
+    SchedulerProcess,
+    eventually,
+    set_quota,
+    spawn_process,
+    spec,
+    task_of,
+)
+from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+WORKER = Path(__file__).with_name("checkpoint_crash_worker.py")
+USERS = {"ck-alice": common_pb2.ROLE_USER, "ck-bob": common_pb2.ROLE_USER, "ck-admin": common_pb2.ROLE_ADMIN}
+
+
+@dataclass
+class Cluster:
+    folder: Path
+    storage: StorageCluster
+    meta: MetaProcess
+    scheduler: SchedulerProcess
+    tokens: dict[str, str]
+    fs: dict[str, Any]
+
+    @property
+    def mgmtd(self) -> str:
+        return self.storage.mgmtd_address
+
+
+async def _users(mgmtd: str) -> dict[str, str]:
+    client = MgmtdClient([mgmtd], token=CLUSTER_TOKEN, timeout_s=5.0)
+    try:
+        tokens = {}
+        for name, role in USERS.items():
+            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
+            tokens[name] = str(issued.token)
+        return tokens
+    finally:
+        await client.close()
+
+
+async def _start(folder: Path) -> tuple[StorageCluster, MetaProcess, SchedulerProcess, dict[str, str]]:
+    storage = await start_cluster(folder, targets_per_disk=2)
+    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
+                        database_url=f"sqlite:///{folder / 'meta.db'}", background_interval_s=0.5)  # fmt: skip
+    meta.start()
+    scheduler = spawn_process(folder, f"sqlite:///{folder / 'sched.db'}", storage.mgmtd_address, CLUSTER_TOKEN)
+    try:
+        await meta.ready()
+        await scheduler.ready()
+        return storage, meta, scheduler, await _users(storage.mgmtd_address)
+    except BaseException:
+        scheduler.proc.kill()
+        meta.stop()
+        storage.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    folder = tmp_path_factory.mktemp("ckpt-cluster")
+    storage, meta, scheduler, tokens = asyncio.run(_start(folder))
+    c = Cluster(folder, storage, meta, scheduler, tokens, {})
+    try:
+        for name, token in tokens.items():
+            c.fs[name] = hf3fs.connect(mgmtd=c.mgmtd, token=token)
+        c.fs["ck-admin"].mkdir("/ck", mode=0o777)
+        for name in ("ck-alice", "ck-bob"):
+            c.fs[name].mkdir(f"/ck/{name}")
+        yield c
+    except BaseException:
+        print(tail_logs(folder))
+        raise
+    finally:
+        for fs in c.fs.values():
+            fs.close()
+        scheduler.proc.kill()  # nothing of it is checked after the tests
+        scheduler.proc.wait(15)
+        meta.stop()
+        storage.stop()
+
+
+def _tensors(value: float) -> dict[str, Any]:
+    w, b = torch.full((300, 700), float(value)), torch.arange(5, dtype=torch.int64) * int(value)
+    return {"w": w, "b": b, "step": value}
+
+
+def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
+    fs, root = cluster.fs["ck-alice"], "hf3fs:///ck/ck-alice/run1"
+    flat = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    for step in (1, 2, 3):
+        for rank in (1, 0):  # two ranks in one process, rank 0 (which commits) last
+            part = flat[rank * 500 : (rank + 1) * 500] * step
+            state = {"model": _tensors(step), "moment": ckpt.Shard(part, (10, 100), rank * 500)}
+            handle = ckpt.save(root, state, step=step, keep=2, rank=rank, world_size=2, save_id=f"a{step}", fs=fs)
+        assert handle.wait() == f"hf3fs:///ck/ck-alice/run1/step-{step:09d}/{ckpt.MANIFEST}"
+    assert sorted(fs.listdir("/ck/ck-alice/run1")) == ["step-000000002", "step-000000003"]
+    assert handle.removed_steps == [1]
+    one = {"model": {"w": torch.zeros(300, 700), "b": torch.zeros(5, dtype=torch.int64), "step": 0.0},
+           "moment": ckpt.Shard(torch.zeros(1000), (10, 100), 0)}  # fmt: skip
+    loaded = ckpt.load(root, one, fs=fs)  # on one rank: both saved slices
+    assert (loaded.step, loaded.world_size, loaded.url) == (3, 2, "hf3fs:///ck/ck-alice/run1/step-000000003")
+    assert torch.equal(one["moment"].local, flat * 3) and one["model"]["step"] == 3
+    assert torch.equal(one["model"]["w"], torch.full((300, 700), 3.0))
+    middle = {"model": _tensors(0), "moment": ckpt.Shard(torch.zeros(200), (10, 100), 400)}
+    ckpt.load(root, middle, step=2, fs=fs)  # a slice across the two ranks' parts
+    assert torch.equal(middle["moment"].local, flat[400:600] * 2)
+
+
+@pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(cluster: Cluster, tmp_path: Path, where: str,
+                                                             stage: str) -> None:  # fmt: skip
+    fs = cluster.fs["ck-alice"]
+    root = f"hf3fs:///ck/ck-alice/crash-{stage}" if where == "3fs" else str(tmp_path / "crash")
+    env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
+    args = [sys.executable, str(WORKER), root, stage]
+    proc = subprocess.run(args, env=env, timeout=120, capture_output=True, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    survivor = 2 if stage == "prune" else 1  # killed before its commit, the save never counts
+    assert ckpt.latest_step(root, fs=fs) == survivor
+    state = {f"t{i}": torch.zeros(1 << 16) for i in range(4)} | {"step": 0}
+    assert ckpt.load(root, state, fs=fs).step == survivor
+    assert all(bool((t == float(survivor)).all()) for k, t in state.items() if k != "step")
+    # the next save commits and clears what the killed one left
+    ckpt.save(root, state, step=3, keep=1, fs=fs).wait()
+    listing = fs.listdir(f"/ck/ck-alice/crash-{stage}") if where == "3fs" else os.listdir(root)
+    assert listing == ["step-000000003"]
+
+
+async def test_the_scheduler_counts_only_a_manifest_of_the_tasks_user(cluster: Cluster) -> None:
+    address = cluster.scheduler.address
+    agent = await AgentDriver(address, cluster.mgmtd, CLUSTER_TOKEN, suspend_mode="ack_only").start()
+    root = SchedulerClient(address, cluster.tokens["ck-admin"])
+    alice = SchedulerClient(address, cluster.tokens["ck-alice"])
+    try:
+        await set_quota(root, "ck-alice", priority.NORMAL, 1)
+        task = (await alice.call(alice.user.SubmitTask, pb.SubmitTaskRequest(spec=spec(1)))).task
+        await agent.wait_for(lambda: bool(agent.starts))
+        run_id = agent.starts[0].run_id
+
+        async def checkpoint_step() -> int:
+            return int((await task_of(alice, task.task_id)).runs[0].last_checkpoint.step)
+
+        mine = ckpt.save("hf3fs:///ck/ck-alice/job", _tensors(7), step=7, fs=cluster.fs["ck-alice"]).wait()
+        theirs = ckpt.save("hf3fs:///ck/ck-bob/job", _tensors(9), step=9, fs=cluster.fs["ck-bob"]).wait()
+        assert mine and theirs
+        await agent.checkpoint(run_id, 7, path=mine)
+        assert await checkpoint_step() == 7
+        refused = [
+            (mine.replace("000000007", "000000008"), 8, grpc.StatusCode.FAILED_PRECONDITION, "no such file in 3FS"),
+            ("/ck/ck-alice/job/step-000000007", 8, grpc.StatusCode.FAILED_PRECONDITION, "not a file"),
+            (theirs, 9, grpc.StatusCode.PERMISSION_DENIED, "not by the task's user"),
+            ("ck/relative/MANIFEST.json", 10, grpc.StatusCode.INVALID_ARGUMENT, "not an absolute 3FS path"),
+        ]
+        for path, step, code, words in refused:
+            with pytest.raises(RpcError) as err:
+                await agent.checkpoint(run_id, step, path=path)
+            assert err.value.code == code and words in err.value.details, (path, err.value)
+        assert await checkpoint_step() == 7  # none of them was counted
+        await eventually(lambda: _running(alice, task.task_id), what="the run still running")
+    finally:
+        await alice.close()
+        await root.close()
+        await agent.close()
+
+
+async def _running(client: SchedulerClient, task_id: int) -> bool:
+    return (await task_of(client, task_id)).current_run.state == pb.RUN_STATE_RUNNING

@@ -1,0 +1,62 @@
+"""The check of a reported checkpoint: its manifest must be a file in 3FS that the task's user owns.
+
+An agent relays what a task's ``hfai.client.report_checkpoint(path, step)`` said; a checkpoint counts
+(and can end a suspend before its grace) only once it is durable, so the scheduler asks meta about the
+manifest before storing it. The Stat runs as the task's user (``ff-act-as``, which the cluster token may
+send): a path that user cannot reach is refused, and so is a file someone else owns, so a user cannot claim
+another user's checkpoint as their own.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcError
+from ff_rpc.acting import Identity, acting_as
+from ff_scheduler.core.errors import Conflict, Forbidden, InvalidRequest, Unavailable
+from fireflyer.meta.v1 import meta_pb2
+from hf3fs.meta_client import Hf3fsError, MetaClient, os_error
+from hf3fs.uri import strip_scheme
+
+
+class ManifestCheck:
+    """Stats reported manifests in 3FS as the task's user."""
+
+    def __init__(self, mgmtd: MgmtdClient, cluster_token: str, timeout_s: float = 5.0) -> None:
+        self._meta = MetaClient(mgmtd, cluster_token, timeout_s=timeout_s, attempts=3)
+
+    async def close(self) -> None:
+        await self._meta.close()
+
+    async def check(self, path: str, uid: int) -> None:
+        """Return when ``path`` is a file in 3FS owned by ``uid``, reachable by that user.
+
+        Raises:
+            InvalidRequest: ``path`` is not an absolute 3FS path.
+            Conflict: no such file (the checkpoint is not durable there), or it is not a file.
+            Forbidden: the user may not reach it, or another user owns it.
+            Unavailable: meta did not answer.
+        """
+        try:
+            fs_path = strip_scheme(path)
+        except ValueError:
+            raise InvalidRequest(f"checkpoint.path {path[:200]!r} is not an absolute 3FS path") from None
+        request = meta_pb2.StatRequest(path=meta_pb2.PathAt(path=fs_path), follow_last_symlink=True)
+        try:
+            with acting_as(Identity(uid, ())):
+                resp = await self._meta.call(lambda s: s.Stat, request)
+        except RpcError as err:
+            e = os_error(err, fs_path)
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise Conflict(f"checkpoint {fs_path}: no such file in 3FS; not counted") from None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise Forbidden(f"checkpoint {fs_path}: the task's user (uid {uid}) may not reach it") from None
+            raise Unavailable(f"checkpoint {fs_path}: meta answered {err.code.name}: {err.details}") from None
+        except Hf3fsError as err:
+            raise Unavailable(f"checkpoint {fs_path}: cannot ask 3FS ({err})") from None
+        inode = resp.inode
+        if inode.type != meta_pb2.INODE_TYPE_FILE:
+            raise Conflict(f"checkpoint {fs_path}: not a file in 3FS; not counted")
+        if inode.uid != uid:
+            raise Forbidden(f"checkpoint {fs_path}: owned by uid {inode.uid}, not by the task's user (uid {uid})")
