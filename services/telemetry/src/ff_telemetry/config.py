@@ -36,6 +36,10 @@ class TelemetrySettings(SettingsModel):
     scrape_interval_s: float = Field(15.0, ge=0, description="how often services' /metrics are scraped; 0: never")
     scrape_timeout_s: float = Field(5.0, gt=0, description="deadline of one scrape")
     exposition_max_age_s: float = Field(300.0, gt=0, description="/federate leaves out series older than this")
+    alerts: bool = Field(True, description="evaluate the alert rules and keep the alert log (ListAlerts)")
+    alerts_config: Path | None = Field(
+        None, description="alert rules (TOML); default: ff_telemetry/alerts/default_rules.toml"
+    )
     grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")
     ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")

@@ -11,6 +11,8 @@ from pathlib import Path
 from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
 from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
 from ff_store import open_store
+from ff_telemetry.alerts.config import DEFAULT_CONFIG
+from ff_telemetry.alerts.service import AlertService
 from ff_telemetry.config import TelemetrySettings
 from ff_telemetry.core.validation import MAX_REQUEST_BYTES
 from ff_telemetry.errors import STATUS_TABLE
@@ -48,6 +50,11 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
     mgmtd_addresses = settings.mgmtd_address_list()
     mgmtd = MgmtdClient(mgmtd_addresses, token=cluster_token, timeout_s=5.0)
     validator = registry_validator(mgmtd, settings.token_cache_ttl_s)
+    alerts = (
+        AlertService.create(store, mgmtd, cluster_token, settings.state_dir, settings.alerts_config or DEFAULT_CONFIG)
+        if settings.alerts
+        else None
+    )
     server = RpcServer(
         ServerOptions(
             listen_address=settings.listen_address,
@@ -62,7 +69,7 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
             ServiceBinding(
                 telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
                 telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
-                TelemetryServicer(store),
+                TelemetryServicer(store, alerts.list_alerts if alerts else None),
             )
         ],
     )
@@ -97,6 +104,8 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
         async with asyncio.TaskGroup() as tg:
             tg.create_task(membership.run(stop))
             tg.create_task(run_retention(store, settings.downsample_interval_s, stop))
+            if alerts is not None:
+                tg.create_task(alerts.run(stop))
             if settings.scrape_interval_s > 0:
                 scraper = Scraper(store, mgmtd, settings.scrape_interval_s, settings.scrape_timeout_s)
                 tg.create_task(scraper.run(stop))
