@@ -54,9 +54,10 @@ class WritebackOptions:
     Defaults: a batch of 256 files or 16 MiB costs meta and storage about what 3-4 single files do, so batches
     of that size bring the per-file cost down to a few percent of a synchronous close; 50 ms bounds how late
     another client sees a file (NFS's close-to-open is stricter, its async writes far looser) and is short
-    enough that a single slow writer is not kept waiting at a sync point. Files above ``max_file_bytes`` (1
-    MiB) are written through: a large file pays nothing per batch anyway. ``close()`` waits (backpressure)
-    while ``max_queued_bytes`` or ``4 * max_files`` files are queued.
+    enough that a single slow writer is not kept waiting at a sync point. Two flushers: while one batch waits
+    for storage's fsyncs, the next one's creates run at meta (a file is in one batch at a time). Files above
+    ``max_file_bytes`` (1 MiB) are written through: a large file pays nothing per batch anyway. ``close()``
+    waits (backpressure) while ``max_queued_bytes`` or ``4 * max_files`` files are queued.
     """
 
     max_files: int = 256
@@ -64,12 +65,15 @@ class WritebackOptions:
     max_delay_s: float = 0.05
     max_file_bytes: int = 1 << 20
     max_queued_bytes: int = 64 << 20
+    flushers: int = 2  # batches committed at once (one creating while another writes storage)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_files <= MAX_BATCH_ITEMS:
             raise ValueError(f"max_files must be 1..{MAX_BATCH_ITEMS}")
         if self.max_bytes <= 0 or self.max_file_bytes < 0 or self.max_delay_s < 0:
             raise ValueError("max_bytes must be positive, max_file_bytes and max_delay_s not negative")
+        if not 1 <= self.flushers <= 16:
+            raise ValueError("flushers must be 1..16")
         if self.max_queued_bytes < self.max_file_bytes:
             raise ValueError("max_queued_bytes must hold at least one file of max_file_bytes")
 
@@ -128,14 +132,16 @@ class Writeback:
         self._cond = threading.Condition()
         self._queue: dict[str, PendingFile] = {}
         self._queued_bytes = 0
-        self._inflight: list[PendingFile] = []
+        self._inflight: dict[str, PendingFile] = {}
         self._errors: list[tuple[str, OSError]] = []
         self._seq = 0
         self._waiters = 0
         self._stopping = False
         self.batches = 0  # batches committed (for tests and the bench)
-        self._thread = threading.Thread(target=self._loop, name="hf3fs-writeback", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"hf3fs-writeback-{i}", daemon=True)
+                         for i in range(options.flushers)]  # fmt: skip
+        for t in self._threads:
+            t.start()
 
     # ---- callers ----
 
@@ -165,14 +171,14 @@ class Writeback:
             return len(self._queue) + len(self._inflight)
 
     def on_flusher(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.current_thread() in self._threads
 
     def related(self, places: Iterable[tuple[int, str]]) -> bool:
         """Whether a call on ``places`` ((folder inode id or 0, path)) touches a queued file: its own path, a
         folder above it, or (relative to a folder inode) that folder. A call by inode alone, or relative to a
         folder when queued files have no folder inode, counts as touching (the safe side)."""
         with self._cond:
-            items = [*self._queue.values(), *self._inflight]
+            items = [*self._queue.values(), *self._inflight.values()]
         if not items:
             return False
         for inode_id, path in places:
@@ -192,7 +198,7 @@ class Writeback:
             self._waiters += 1
             self._cond.notify_all()
             try:
-                while any(i.seq <= target for i in [*self._queue.values(), *self._inflight]):
+                while any(i.seq <= target for i in [*self._queue.values(), *self._inflight.values()]):
                     self._cond.wait()
             finally:
                 self._waiters -= 1
@@ -208,7 +214,8 @@ class Writeback:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join(timeout=60)
+        for t in self._threads:
+            t.join(timeout=60)
 
     # ---- the flusher ----
 
@@ -217,6 +224,8 @@ class Writeback:
             batch = self._next_batch()
             if batch is None:
                 return
+            if not batch:
+                continue
             try:
                 self._commit(batch)
             except BaseException as exc:  # a bug must not drop files silently: every file of the batch fails
@@ -224,33 +233,41 @@ class Writeback:
                 err = exc if isinstance(exc, OSError) else OSError(errno.EIO, f"write-back failed: {exc!r}")
                 self._fail([(i.path, err) for i in batch])
             with self._cond:
-                self._inflight = []
+                for item in batch:
+                    if self._inflight.get(item.key) is item:
+                        del self._inflight[item.key]
                 self.batches += 1
                 self._cond.notify_all()
 
     def _next_batch(self) -> list[PendingFile] | None:
         o = self.options
         with self._cond:
-            while not self._queue:
-                if self._stopping:
+            while True:
+                ready = [k for k in self._queue if k not in self._inflight]  # a file in one batch at a time
+                if ready:
+                    break
+                if self._stopping and not self._queue:
                     return None
                 self._cond.wait()
-            while not (self._waiters or self._stopping or len(self._queue) >= o.max_files
+            while not (self._waiters or self._stopping or len(ready) >= o.max_files
                        or self._queued_bytes >= o.max_bytes):  # fmt: skip
-                left = next(iter(self._queue.values())).queued_at + o.max_delay_s - time.monotonic()
+                left = self._queue[ready[0]].queued_at + o.max_delay_s - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
+                ready = [k for k in self._queue if k not in self._inflight]
+                if not ready:
+                    return []
             batch: list[PendingFile] = []
             size = 0
-            for key in list(self._queue):
+            for key in ready:
                 item = self._queue[key]
                 if batch and (len(batch) >= o.max_files or size + len(item.data) > o.max_bytes):
                     break
                 batch.append(self._queue.pop(key))
+                self._inflight[key] = item
                 size += len(item.data)
             self._queued_bytes -= size
-            self._inflight = batch
             self._cond.notify_all()  # room for waiting submitters
             return batch
 

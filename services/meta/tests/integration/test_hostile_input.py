@@ -138,6 +138,51 @@ def _cases(home: str, file_id: int, session: pb.WriteSession) -> list[Case]:
             pb.CloseRequest(inode_id=file_id, session_id=sid, written_length_bytes=U64_MAX),
             INVALID,
         ),
+        Case(
+            "batchclose 1,025 items",
+            "BatchClose",
+            pb.BatchCloseRequest(closes=[pb.CloseRequest(inode_id=file_id, session_id=sid)] * 1025),
+            INVALID,
+        ),
+        Case(
+            "batchclose bad items alone",
+            "BatchClose",
+            pb.BatchCloseRequest(closes=[
+                pb.CloseRequest(inode_id=U64_MAX, session_id=sid),
+                pb.CloseRequest(inode_id=file_id, session_id=sid, written_length_bytes=U64_MAX),
+                pb.CloseRequest(inode_id=file_id, session_id="not-a-session"),
+            ]),
+            OK,
+            lambda r: [x.error for x in r.results] == [pb.FS_ERROR_NOT_FOUND, pb.FS_ERROR_INVALID_ARGUMENT,
+                                                       pb.FS_ERROR_UNSPECIFIED],
+        ),
+        Case(
+            "batchcreate 1,025 items",
+            "BatchCreate",
+            pb.BatchCreateRequest(creates=[pb.CreateRequest(path=at(f"{home}/new"), mode=0o644)] * 1025),
+            INVALID,
+        ),
+        Case(
+            "batchcreate 1,024 bad names",
+            "BatchCreate",
+            pb.BatchCreateRequest(creates=[pb.CreateRequest(path=at(long_name), mode=0o644)] * 1024),
+            OK,
+            lambda r: {x.error for x in r.results} == {pb.FS_ERROR_NAME_TOO_LONG},
+        ),
+        Case(
+            "batchcreate bad items alone",
+            "BatchCreate",
+            pb.BatchCreateRequest(creates=[
+                pb.CreateRequest(path=at(f"{home}/r"), open_mode=pb.OPEN_MODE_WRITE, session_id="s",
+                                 client_id="c", reserve_bytes=1 << 62),
+                pb.CreateRequest(path=at(f"{home}/r"), reserve_bytes=5),
+                pb.CreateRequest(path=at(inode_id=1 << 63, path="x")),
+                pb.CreateRequest(path=at(f"{home}/f"), exclusive=True),
+            ]),
+            OK,
+            lambda r: [x.error for x in r.results] == [pb.FS_ERROR_INVALID_ARGUMENT] * 2 + [
+                pb.FS_ERROR_NOT_FOUND, pb.FS_ERROR_EXISTS],
+        ),
         Case("sync id 2^63", "Sync", pb.SyncRequest(inode_id=1 << 63), NOT_FOUND),
         Case(
             "sync written 2^63",

@@ -119,6 +119,27 @@ def _attack_requests(t: PrivateTree, bob_dir: str, bob_trash_id: str) -> dict[st
     }
 
 
+REFUSED_ITEM = {pb.FS_ERROR_ACCESS_DENIED, pb.FS_ERROR_NOT_FOUND}
+
+
+def _batch_attacks(bob: hf3fs.FileSystem, t: PrivateTree) -> dict[str, Any]:
+    """BatchCreate and BatchClose items aimed at alice's private tree (each item must be refused alone)."""
+    f, sid = t.file_id, t.session.session_id
+    write = {"open_mode": pb.OPEN_MODE_WRITE, "client_id": "bob"}
+    return {
+        "BatchCreate": call(bob, "BatchCreate", pb.BatchCreateRequest(creates=[
+            pb.CreateRequest(path=by_inode(t.sub_id, "new"), mode=0o644),
+            pb.CreateRequest(path=by_inode(t.sub_id, "f"), mode=0o644, truncate=True, session_id="bob2", **write),
+            pb.CreateRequest(path=by_inode(t.sub_id, "w"), mode=0o644, session_id="bob3", reserve_bytes=9, **write),
+        ])),
+        "BatchClose": call(bob, "BatchClose", pb.BatchCloseRequest(closes=[
+            pb.CloseRequest(inode_id=f, written_length_bytes=99999999, mtime_ns=0),
+            pb.CloseRequest(inode_id=f, session_id="nope", written_length_bytes=99999999, mtime_ns=0),
+            pb.CloseRequest(inode_id=f, session_id=sid, written_length_bytes=99999999, mtime_ns=0),
+        ])),
+    }  # fmt: skip
+
+
 def test_bob_cannot_reach_alices_private_tree_by_inode(cluster: MetaCluster, fs: hf3fs.FileSystem,
                                                        tree: PrivateTree) -> None:  # fmt: skip
     before = fs.stat(tree.file)
@@ -133,6 +154,7 @@ def test_bob_cannot_reach_alices_private_tree_by_inode(cluster: MetaCluster, fs:
         batch = call(bob, "BatchStat", pb.BatchStatRequest(
             paths=[by_inode(tree.file_id), by_inode(tree.sub_id, "f"), by_inode(tree.sub_id)],
             follow_last_symlink=True, include_read_capability=True))  # fmt: skip
+        batches = _batch_attacks(bob, tree)
         renew = call(bob, "RenewSessions", pb.RenewSessionsRequest(client_id=fs.client_id, sessions=[
             pb.SessionReport(session_id=tree.session.session_id, inode_id=tree.file_id,
                              written_length_bytes=99999999)]))  # fmt: skip
@@ -143,6 +165,10 @@ def test_bob_cannot_reach_alices_private_tree_by_inode(cluster: MetaCluster, fs:
     assert [r.error for r in batch.results] == [pb.FS_ERROR_ACCESS_DENIED] * 3
     assert not any(r.HasField("read_capability") or r.HasField("inode") for r in batch.results)
     assert list(renew.lost_session_ids) == [tree.session.session_id]
+    wrong_items = {name: [pb.FsError.Name(r.error) for r in resp.results] for name, resp in batches.items()
+                   if not all(r.error in REFUSED_ITEM and not r.HasField(field) for r in resp.results
+                              for field in ("inode", "response") if field in r.DESCRIPTOR.fields_by_name)}  # fmt: skip
+    assert not wrong_items, f"batch items answered instead of refused: {wrong_items}"
     # Nothing changed: length, times, content, entries; alice's session still works.
     after = fs.stat(tree.file)
     assert (
