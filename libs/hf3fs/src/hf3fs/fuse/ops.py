@@ -8,6 +8,7 @@ the client's buffers reach storage, so the kernel never shrinks a file that is b
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -15,13 +16,15 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar, cast
 
 import mfusepy
 
 from ff_rpc import Identity, acting_as
+from hf3fs.fs import Stat
+from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +172,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
         self._holds: dict[int, IO[bytes]] = {}  # removed files still open here: inode -> its hold (a session)
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
+        self._cache = AttrCache(options.attr_timeout_s)  # meta's recent answers (see hf3fs.fuse.attrs)
 
     # ---- handles ----
 
@@ -210,7 +214,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         for _ in range(_STAT_ATTEMPTS):
             with self._lock:
                 releases = self._releases
-            st = self.fs.lstat(path)
+            st = self._lstat(path)
             attrs = self._attrs(st)
             if st.type != "file":
                 return attrs
@@ -218,6 +222,38 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 if self._releases == releases:
                     return attrs
         return attrs
+
+    def _lstat(self, path: str) -> Any:
+        """meta's lstat of ``path``, or what it said moments ago (the attribute cache)."""
+        known, st = self._cache.lookup(path)
+        if known:
+            if st is ABSENT:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            return st
+        since = self._cache.generation()
+        st = self.fs.lstat(path)
+        self._cache.remember(path, st, since)
+        return st
+
+    def _stat_inode(self, inode_id: int) -> Any:
+        st = self._cache.lookup_inode(inode_id)
+        if st is ABSENT:
+            since = self._cache.generation()
+            st = self.fs.stat_inode(inode_id)
+            self._cache.remember(None, st, since)
+        return st
+
+    @contextlib.contextmanager
+    def _changing(self, path: str) -> Iterator[None]:
+        """Around a change of ``path`` through meta: should it fail half way, nothing cached about it stays."""
+        try:
+            yield
+        except BaseException:
+            self._cache.forget(path)
+            raise
+
+    def _changed_inode(self, inode_id: int, st: Any = ABSENT) -> None:
+        self._cache.changed_inode(inode_id, st if isinstance(st, Stat) else ABSENT)
 
     def _attrs(self, st: Any) -> dict[str, Any]:
         size = st.size
@@ -251,14 +287,15 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
         if path is None and fh is not None:  # fstat of a file whose last name is gone: by its inode, which
             with acting_as(None):  # its handle keeps (fstat needs no permission: as the mount's own user)
-                return self._attrs(self.fs.stat_inode(self._get(fh).inode_id))
+                return self._attrs(self._stat_inode(self._get(fh).inode_id))
         if path is None:
             raise mfusepy.FuseOSError(errno.ENOENT)
         return self._stat(path)
 
     @_as_caller
     def opendir(self, path: str) -> int:
-        self.fs.stat(path)  # ENOENT/ENOTDIR/EACCES now, as opendir(3) gets them
+        if not self._cache.exists(path):  # made or seen here moments ago: it is there
+            self._lstat(path)  # ENOENT/EACCES now, as opendir(3) gets them (the kernel resolved symlinks)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
@@ -303,13 +340,16 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_as_caller
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
         if path is None:  # fchmod
-            self.fs.set_attr_inode(self._inode_of(fh), mode=mode & 0o7777)
+            inode = self._inode_of(fh)
+            self._changed_inode(inode, self.fs.set_attr_inode(inode, mode=mode & 0o7777))
             return 0
-        if self.options.multi_user and self._drops_set_id_bits(path, mode):
-            with acting_as(None):  # the kernel clearing set-id bits after a write by a non-owner (as POSIX asks)
-                self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)
-            return 0
-        self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)  # the kernel resolved the path already
+        with self._changing(path):
+            if self.options.multi_user and self._drops_set_id_bits(path, mode):
+                with acting_as(None):  # the kernel clearing set-id bits after a write by a non-owner (POSIX)
+                    st = self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)
+            else:
+                st = self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)  # the kernel resolved the path
+        self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
         return 0
 
     def _drops_set_id_bits(self, path: str, mode: int) -> bool:
@@ -335,10 +375,13 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if uid == -1 and gid == -1 and not self.options.multi_user:
             return 0
         if path is None:  # fchown
-            self.fs.set_attr_inode(self._inode_of(fh), uid=uid, gid=gid)
+            inode = self._inode_of(fh)
+            self._changed_inode(inode, self.fs.set_attr_inode(inode, uid=uid, gid=gid))
             return 0
         # lchown, fchownat(AT_SYMLINK_NOFOLLOW) and chown all reach here on the inode the kernel resolved
-        self.fs.chown(path, uid, gid, follow_symlinks=False)
+        with self._changing(path):
+            st = self.fs.chown(path, uid, gid, follow_symlinks=False)
+        self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
         return 0
 
     @_as_caller
@@ -347,56 +390,66 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if atime == mtime == UTIME_OMIT:
             return 0
         inode = self._inode_of(fh) if path is None else None  # futimens
+        where = path or ""
         if self._has_writers():  # bytes written before the new times must not land after them (a later mtime)
-            self._flush_writers(inode if inode is not None else self.fs.lstat(path).inode_id)
-        if atime == mtime == UTIME_NOW:  # "now" needs write permission only, not ownership (POSIX)
-            if inode is not None:
-                self.fs.set_attr_inode(inode, now=True)
-            else:
-                self.fs.utime(path, None, follow_symlinks=False)
-            return 0
-        now = time.time_ns()
-        if UTIME_OMIT in (atime, mtime):
-            st = self.fs.stat_inode(inode) if inode is not None else self.fs.lstat(path)
-            atime = st.atime_ns if atime == UTIME_OMIT else atime
-            mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
-        ns = (int(now if atime == UTIME_NOW else atime), int(now if mtime == UTIME_NOW else mtime))
+            self._flush_writers(inode if inode is not None else self._lstat(where).inode_id)
+        ns: tuple[int, int] | None = None  # None: "now" (needs write permission only, not ownership: POSIX)
+        if not atime == mtime == UTIME_NOW:
+            now = time.time_ns()
+            if UTIME_OMIT in (atime, mtime):
+                st = self._stat_inode(inode) if inode is not None else self._lstat(where)
+                atime = st.atime_ns if atime == UTIME_OMIT else atime
+                mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
+            ns = (int(now if atime == UTIME_NOW else atime), int(now if mtime == UTIME_NOW else mtime))
         if inode is not None:
-            self.fs.set_attr_inode(inode, ns=ns)
-        else:
-            self.fs.utime(path, ns=ns, follow_symlinks=False)  # the symlink itself if one
+            self._changed_inode(inode, self.fs.set_attr_inode(inode, ns=ns, now=ns is None))
+            return 0
+        with self._changing(where):
+            st = self.fs.utime(where, ns, follow_symlinks=False)  # the symlink itself if one
+        self._cache.changed(where, st if isinstance(st, Stat) else UNKNOWN)
         return 0
 
     # ---- names ----
 
     @_as_caller
     def mkdir(self, path: str, mode: int) -> int:
-        self.fs.mkdir(path, mode & 0o7777)
+        with self._changing(path):
+            self.fs.mkdir(path, mode & 0o7777)
+        self._cache.changed(path, UNKNOWN, new_dir=True)
         return 0
 
     @_as_caller
     def mknod(self, path: str, mode: int, dev: int) -> int:
-        if stat.S_ISREG(mode):  # mknod(S_IFREG) makes an empty file
-            self.fs.create(path, stat.S_IMODE(mode), exclusive=True)
-        else:
-            self.fs.mknod(path, mode, dev)
+        with self._changing(path):
+            if stat.S_ISREG(mode):  # mknod(S_IFREG) makes an empty file
+                st = self.fs.create(path, stat.S_IMODE(mode), exclusive=True)
+            else:
+                st = self.fs.mknod(path, mode, dev)
+        self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
         return 0
 
     @_as_caller
     def rmdir(self, path: str) -> int:
-        self.fs.rmdir(path)
+        with self._changing(path):
+            self.fs.rmdir(path)
+        self._cache.changed(path, ABSENT)
         return 0
 
     @_as_caller
     def unlink(self, path: str) -> int:
         self._hold_if_open(path)
-        self.fs.remove(path)
+        with self._changing(path):
+            self.fs.remove(path)
+        self._cache.changed(path, ABSENT)
         return 0
 
     @_as_caller
     def rename(self, old: str, new: str) -> int:
         self._hold_if_open(new)  # a file renamed over loses its last name too
-        self.fs.rename(old, new)
+        try:
+            self.fs.rename(old, new)
+        finally:
+            self._cache.clear()  # every name under the two changes
         return 0
 
     def _hold_if_open(self, path: str) -> None:
@@ -410,7 +463,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 return
             open_inodes = set(self._by_inode)
         try:
-            st = self.fs.lstat(path)
+            st = self._lstat(path)
         except OSError:
             return  # the removal itself reports it
         if st.type != "file" or st.nlink > 1 or st.inode_id not in open_inodes:
@@ -430,13 +483,18 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_as_caller
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: ``target`` is the new link's path, ``source`` what it points to (ln -s source target).
-        self.fs.symlink(source, target)
+        with self._changing(target):
+            self.fs.symlink(source, target)
+        self._cache.changed(target, UNKNOWN)
         return 0
 
     @_as_caller
     def link(self, target: str, source: str) -> int:
         # mfusepy: ``target`` is the new name, ``source`` the existing file (ln source target).
-        self.fs.link(source, target)
+        try:
+            self.fs.link(source, target)
+        finally:
+            self._cache.clear()  # the source's link count changes, under any of its names
         return 0
 
     # ---- data ----
@@ -452,6 +510,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 inode_id = self.fs.stat(path).inode_id
             if writable and flags & os.O_TRUNC:
                 f.truncate(0)
+                self._changed_inode(inode_id)
         except BaseException:
             f.close()
             raise
@@ -463,7 +522,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         # exact on meta. A program that closes a file and opens it again at once (git does, all the time) may
         # get here first: make the length exact now, or the new handle would see the old length.
         if self._has_writers():
-            for h in self._writers(self.fs.stat(path).inode_id):
+            for h in self._writers(self._lstat(path).inode_id):
                 self._sync(h, always=False)
         return self._open_handle(path, flags)
 
@@ -476,13 +535,18 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         # Created and opened in one call: a file created read-only (git's objects are 0444) is still written
         # through the descriptor that created it, as POSIX allows.
         perm = mode & 0o7777
-        try:
-            f = self.fs.open(path, "x+b", perm=perm)
-        except FileExistsError:
-            if flags & os.O_EXCL:
-                raise
-            f = self.fs.open(path, "r+b")
-        return self._open_handle(path, (flags & ~os.O_ACCMODE) | os.O_RDWR, f)
+        with self._changing(path):
+            try:
+                f = self.fs.open(path, "x+b", perm=perm)
+            except FileExistsError:
+                if flags & os.O_EXCL:
+                    raise
+                f = self.fs.open(path, "r+b")
+            fh = self._open_handle(path, (flags & ~os.O_ACCMODE) | os.O_RDWR, f)
+        # meta's answer to the Create: the getattr libfuse makes next (and the kernel's) needs no Stat
+        inode = getattr(getattr(f, "raw", f), "inode_at_open", None)
+        self._cache.changed(path, UNKNOWN if inode is None or flags & os.O_TRUNC else Stat.from_pb(inode))
+        return fh
 
     @_fuse_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -506,15 +570,17 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
-        if path is None:  # ftruncate: the handle was opened for writing (the kernel checks), meta checked then
-            inode_id = self._inode_of(fh)
-            self._flush_writers(inode_id)
-            with acting_as(None):
-                self.fs.truncate_inode(inode_id, length)
-        else:
-            inode_id = self.fs.stat(path).inode_id
-            self._flush_writers(inode_id)
-            self.fs.truncate(path, length)
+        # ftruncate (no path): the handle was opened for writing (the kernel checks), meta checked then
+        inode_id = self._inode_of(fh) if path is None else self._lstat(path).inode_id
+        self._flush_writers(inode_id)
+        try:
+            if path is None:
+                with acting_as(None):
+                    self.fs.truncate_inode(inode_id, length)
+            else:
+                self.fs.truncate(path, length)
+        finally:
+            self._changed_inode(inode_id)
         for h in self._writers(inode_id):
             with h.lock:
                 h.end = min(h.end, length)
@@ -539,6 +605,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         with acting_as(None):  # on the open handle, as ftruncate: meta checked write access at open
             if self.fs.stat_inode(h.inode_id).size < offset + size:
                 self.fs.truncate_inode(h.inode_id, offset + size)
+                self._changed_inode(h.inode_id)
         return 0
 
     @_fuse_errors
@@ -562,7 +629,10 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 return
             h.file.flush()
             if h.dirty or always:
-                h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
+                try:
+                    h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
+                finally:
+                    self._changed_inode(h.inode_id)  # meta's length and mtime moved
                 h.dirty = False
 
     @_fuse_errors
@@ -572,6 +642,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             with h.lock:
                 h.file.close()  # makes the length exact on meta; until then getattr still counts h.end
         finally:
+            if h.writable:
+                self._changed_inode(h.inode_id)  # the close moved meta's length and mtime
             with self._lock:
                 self._handles.pop(fh, None)
                 self._releases += h.writable

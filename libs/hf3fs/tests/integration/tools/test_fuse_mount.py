@@ -6,6 +6,7 @@ import errno
 import io
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -251,3 +252,58 @@ def test_times_set_after_close_stay(mount: Path, tmp_path: Path) -> None:
     again = subprocess.run(["tar", "-cf", str(tmp_path / "again.tar"), "-C", str(dest), "tree"],
                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert again.returncode == 0, again.stderr
+
+
+# The mount remembers meta's answers for its attribute timeout (1 s here: hf3fs.fuse.attrs); the kernel may keep them
+# as long again. Changes made through the mount are seen at once by every handle and process on it; changes made
+# by another client within 2 timeouts.
+SEEN_ELSEWHERE_S = 2.5
+
+
+def test_changes_through_one_handle_are_seen_through_the_others_at_once(mount: Path) -> None:
+    path = mount / "cache-handles"
+    path.write_bytes(b"x" * 100)
+    a = os.open(path, os.O_RDWR)
+    b = os.open(path, os.O_RDONLY)
+    try:
+        assert os.fstat(b).st_size == 100 and os.stat(path).st_size == 100  # both cached now
+        os.pwrite(a, b"y" * 50, 100)
+        assert os.fstat(b).st_size == 150 and os.stat(path).st_size == 150
+        os.fchmod(a, 0o600)
+        assert stat.S_IMODE(os.fstat(b).st_mode) == 0o600 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        os.chmod(path, 0o640)  # by name: the handles' inode sees it
+        assert stat.S_IMODE(os.fstat(a).st_mode) == 0o640
+        os.utime(path, ns=(1_000_000_000, 2_000_000_000))
+        assert os.fstat(b).st_mtime_ns == 2_000_000_000
+        os.ftruncate(a, 10)
+        assert os.fstat(b).st_size == 10 and os.stat(path).st_size == 10
+        assert os.pread(b, 100, 0) == b"x" * 10
+    finally:
+        os.close(a)
+        os.close(b)
+
+
+def test_a_name_made_by_another_process_in_a_folder_made_here_is_seen(mount: Path) -> None:
+    """A folder this mount made is known empty for a moment (tar's lookups before each create): a name another
+    process makes in it through the mount shows at once."""
+    (mount / "cache-new").mkdir()
+    assert not (mount / "cache-new" / "f").exists()
+    subprocess.run([sys.executable, "-c", f"open({str(mount / 'cache-new' / 'f')!r}, 'wb').write(b'abc')"], check=True)
+    assert (mount / "cache-new" / "f").read_bytes() == b"abc"
+    assert sorted(os.listdir(mount / "cache-new")) == ["f"]
+
+
+def test_changes_by_another_client_show_within_two_attribute_timeouts(mount: Path, fs_cluster: FsCluster) -> None:
+    (mount / "cache-other").mkdir()
+    assert not (mount / "cache-other" / "g").exists()  # known empty here (made here), and the kernel's negative entry
+    (mount / "cache-other" / "h").write_bytes(b"12345")
+    assert os.stat(mount / "cache-other" / "h").st_size == 5
+    with fs_cluster.client.open("/fuse/cache-other/g", "wb") as f:
+        f.write(b"from the client")
+    with fs_cluster.client.open("/fuse/cache-other/h", "ab") as f:
+        f.write(b"678")
+    fs_cluster.client.chmod("/fuse/cache-other/h", 0o600)
+    time.sleep(SEEN_ELSEWHERE_S)
+    assert (mount / "cache-other" / "g").read_bytes() == b"from the client"
+    st = os.stat(mount / "cache-other" / "h")
+    assert st.st_size == 8 and stat.S_IMODE(st.st_mode) == 0o600

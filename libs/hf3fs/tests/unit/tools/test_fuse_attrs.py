@@ -1,0 +1,112 @@
+"""The mount's attribute cache (hf3fs.fuse.attrs): what it answers, and what each change through the mount makes it
+forget. A fake clock stands for time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
+
+
+@dataclasses.dataclass(frozen=True)
+class St:
+    inode_id: int
+    mode: int = 0o644
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cache(clock: Clock) -> AttrCache:
+    return AttrCache(1.0, clock)
+
+
+def test_a_stat_is_kept_for_the_ttl_then_asked_again(cache: AttrCache, clock: Clock) -> None:
+    cache.remember("/a", St(5), cache.generation())
+    assert cache.lookup("/a") == (True, St(5))
+    assert cache.lookup_inode(5) == St(5)
+    clock.now += 1.01
+    assert cache.lookup("/a") == (False, None)
+    assert cache.lookup_inode(5) is ABSENT
+
+
+def test_a_stat_read_before_a_change_is_not_kept(cache: AttrCache) -> None:
+    since = cache.generation()
+    cache.changed_inode(5)  # e.g. a release made the length exact while the Stat was on the wire
+    cache.remember("/a", St(5), since)
+    assert cache.lookup("/a") == (False, None)
+
+
+def test_a_change_by_handle_forgets_every_name_of_the_inode(cache: AttrCache) -> None:
+    for path in ("/a", "/b"):  # two hard links
+        cache.remember(path, St(5), cache.generation())
+    cache.changed_inode(5)
+    assert cache.lookup("/a") == cache.lookup("/b") == (False, None)
+    assert cache.lookup_inode(5) is ABSENT
+    cache.changed_inode(5, St(5, 0o600))  # a SetAttr's answer: kept for every name
+    assert cache.lookup("/b") == (True, St(5, 0o600)) and cache.lookup_inode(5) == St(5, 0o600)
+
+
+def test_a_folder_made_here_answers_for_names_in_it_until_the_ttl(cache: AttrCache, clock: Clock) -> None:
+    cache.changed("/d", UNKNOWN, new_dir=True)
+    assert cache.lookup("/d") == (False, None)  # it exists: its attributes come from meta
+    assert cache.lookup("/d/x") == (True, ABSENT)  # it was empty and nothing was made in it here
+    cache.changed("/d/x", St(7))
+    assert cache.lookup("/d/x") == (True, St(7))
+    clock.now += 1.01
+    assert cache.lookup("/d/y") == (False, None)  # someone else may have made it by now
+
+
+def test_names_made_in_a_new_folder_never_read_as_absent(cache: AttrCache, clock: Clock) -> None:
+    """A file's attributes forgotten (its close) or a sub-folder's times changed (a file made in it) leave the
+    name known to exist: the new folder's 'empty when made' must not answer for it (tar x failed so)."""
+    cache.changed("/d", UNKNOWN, new_dir=True)
+    cache.changed("/d/sub", UNKNOWN, new_dir=True)
+    cache.changed("/d/f", St(7))
+    clock.now += 0.5
+    cache.changed("/d/sub/g", St(8))  # /d/sub's times change
+    cache.changed_inode(7)  # /d/f closed
+    assert cache.lookup("/d/sub") == (False, None)
+    assert cache.lookup("/d/f") == (False, None)
+    assert cache.exists("/d/sub") and cache.exists("/d/f")
+
+
+def test_a_removed_name_is_absent_and_a_failed_change_forgets(cache: AttrCache) -> None:
+    cache.remember("/a", St(5), cache.generation())
+    cache.changed("/a", ABSENT)
+    assert cache.lookup("/a") == (True, ABSENT) and not cache.exists("/a")
+    cache.changed("/n", UNKNOWN, new_dir=True)
+    cache.forget("/n/x")  # a create in it failed half way: the folder is no longer known whole
+    assert cache.lookup("/n/x") == (False, None)
+
+
+def test_removing_a_folder_forgets_what_was_under_it_and_rename_forgets_all(cache: AttrCache) -> None:
+    cache.changed("/d", UNKNOWN, new_dir=True)
+    cache.changed("/d/f", St(7))
+    cache.changed("/d/f", ABSENT)
+    cache.changed("/d", ABSENT)
+    assert cache.lookup("/d/f") == (False, None) and cache.lookup("/d/g") == (False, None)
+    cache.remember("/a", St(5), cache.generation())
+    cache.clear()
+    assert cache.lookup("/a") == (False, None)
+
+
+def test_a_ttl_of_zero_keeps_nothing(clock: Clock) -> None:
+    cache = AttrCache(0.0, clock)
+    cache.changed("/d", UNKNOWN, new_dir=True)
+    cache.remember("/a", St(5), cache.generation())
+    cache.changed("/b", St(6))
+    assert cache.lookup("/a") == cache.lookup("/b") == cache.lookup("/d/x") == (False, None)
