@@ -1,0 +1,55 @@
+"""Launches haiscale DDP ranks as real processes on this machine, nodes simulated by FF_HFREDUCE_NODE_RANK."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ff_testing import free_port
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+Launch = Callable[..., list[dict[str, Any]]]
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def run(
+        nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 90
+    ) -> list[dict[str, Any]]:
+        port = free_port()
+        outs = []
+        for rank in range(nodes * local):
+            out = tmp_path / f"rank{rank}-{scenario}.json"
+            outs.append(out)
+            penv = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(nodes * local),
+                "FF_HFREDUCE_NODE_RANK": str(rank // local),
+                "FF_HFREDUCE_TIMEOUT_S": "20",
+                "OMP_NUM_THREADS": "1",
+                **(env or {}),
+            }
+            procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(out)], env=penv))
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return [json.loads(o.read_text()) if o.exists() else {"missing": str(o)} for o in outs]
+
+    yield run
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
