@@ -19,7 +19,7 @@ class BackgroundPusher:
 
     def __init__(self, options: PushOptions, buffer: SampleBuffer | None = None) -> None:
         self.options = options
-        self.buffer = buffer or SampleBuffer()
+        self.buffer = buffer if buffer is not None else SampleBuffer()
         self.pusher: TelemetryPusher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

@@ -27,8 +27,10 @@ from fireflyer.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 logger = logging.getLogger(__name__)
 
 DROPPED_METRIC = "ff_telemetry_client_dropped_samples"
+FINAL_FLUSH_S = 2.0
 _KINDS = {Kind.GAUGE: telemetry_pb2.METRIC_TYPE_GAUGE, Kind.COUNTER: telemetry_pb2.METRIC_TYPE_COUNTER}
 # Refusals that sending the same batch again cannot fix.
+_ONE_RETRY = RetryPolicy(max_attempts=2)
 _REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
@@ -65,11 +67,13 @@ class TelemetryPusher:
 
     def __init__(self, options: PushOptions, buffer: SampleBuffer | None = None) -> None:
         self.options = options
-        self.buffer = buffer or SampleBuffer()
+        self.buffer = buffer if buffer is not None else SampleBuffer()
         self.num_pushed = 0
         self._address = options.address
         mgmtd = list(options.mgmtd_addresses)
-        self._mgmtd = MgmtdClient(mgmtd, token=options.token) if mgmtd else None
+        self._mgmtd = (
+            MgmtdClient(mgmtd, token=options.token, timeout_s=options.timeout_s, retry=_ONE_RETRY) if mgmtd else None
+        )
         self._stubs = StubPool(telemetry_pb2_grpc.TelemetryServiceStub)
         self._rpc = RpcClient(token=options.token, timeout_s=options.timeout_s, retry=RetryPolicy(max_attempts=2))
         self._described: set[str] = set()
@@ -83,7 +87,8 @@ class TelemetryPusher:
                 wait = self.options.flush_interval_s if ok else self.options.retry_interval_s
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
-            await self.flush()
+            with contextlib.suppress(TimeoutError):  # the owner is stopping: a last push, briefly
+                await asyncio.wait_for(self.flush(), FINAL_FLUSH_S)
         finally:
             await self.close()
 

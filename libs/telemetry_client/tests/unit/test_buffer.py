@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from ff_telemetry_client import Kind, PushOptions, SampleBuffer, TelemetryPusher
+from ff_telemetry_client import BackgroundPusher, Kind, PushOptions, SampleBuffer, TelemetryPusher
 from ff_telemetry_client.pusher import DROPPED_METRIC
 from fireflyer.telemetry.v1 import telemetry_pb2
 
@@ -76,3 +76,10 @@ def test_request_carries_labels_types_once_and_the_drop_count() -> None:
     assert dict(req.samples[0].labels) == {"rank": "0"}
     types = {m.name: m.type for m in req.metadata}
     assert types == {"steps": telemetry_pb2.METRIC_TYPE_COUNTER, DROPPED_METRIC: telemetry_pb2.METRIC_TYPE_COUNTER}
+
+
+def test_a_pusher_sends_the_buffer_it_is_given_even_an_empty_one() -> None:
+    buf = SampleBuffer()  # empty, so falsy: it must still be the one pushed
+    options = PushOptions(token="t", address="a:1")
+    assert TelemetryPusher(options, buf).buffer is buf
+    assert BackgroundPusher(options, buf).buffer is buf
