@@ -372,6 +372,7 @@ class WritebackFile(io.BufferedIOBase):
         self._pos = 0
         self._acting = current_acting()
         self._direct: Any = None  # the ordinary file once written through
+        self._broken = False  # writing through failed: close queues nothing (the error was raised)
         self._last_write_ns = time.time_ns()
 
     def writable(self) -> bool:
@@ -440,7 +441,7 @@ class WritebackFile(io.BufferedIOBase):
         try:
             if self._direct is not None:
                 self._direct.close()
-            else:
+            elif not self._broken:
                 self._fs._writeback_queue().submit(PendingFile(
                     path=self.name, data=bytes(self._buf), perm=self._perm, mtime_ns=self._last_write_ns,
                     acting=self._acting))  # fmt: skip
@@ -451,6 +452,7 @@ class WritebackFile(io.BufferedIOBase):
         """The ordinary file this one now is (created and written with what was buffered)."""
         if self._direct is not None:
             return self._direct
+        self._broken = True
         with acting_as(self._acting):
             direct = self._fs.open(self.name, "wb", perm=self._perm, writeback=False)
             try:
@@ -459,6 +461,7 @@ class WritebackFile(io.BufferedIOBase):
             except BaseException:
                 direct.close()
                 raise
+        self._broken = False
         self._direct = direct
         self._buf = bytearray()
         return direct

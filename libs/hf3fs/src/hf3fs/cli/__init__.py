@@ -201,7 +201,7 @@ def cmd_cp(cli: Cli) -> None:
     if not dst.remote and not any(s.remote for s in sources):
         raise UsageError("cp copies to or from 3FS: write 3FS paths as hf3fs:/path")
     show = a.progress or (cli.err.isatty() and not a.quiet)
-    copier = Copier(cli.fs, Progress(cli.err, enabled=show), on_error=cli.fail)
+    copier = Copier(cli.fs, Progress(cli.err, enabled=show), on_error=cli.fail, writeback=True)
     dst_is_dir = copier.is_dir(dst)
     if len(sources) > 1 and not dst_is_dir:
         raise UsageError(f"cp: target {a.operands[-1]} is not a directory")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import IO, Any, TextIO
 
 from hf3fs.cli.render import format_size
+from hf3fs.writeback import WritebackError
 
 BLOCK_BYTES = 8 << 20
 _REDRAW_S = 0.2
@@ -79,10 +80,18 @@ class _Step:
 
 
 class Copier:
-    """Plans a copy (so the progress bar knows the total), then runs it; failures go to ``on_error``."""
+    """Plans a copy (so the progress bar knows the total), then runs it; failures go to ``on_error``.
 
-    def __init__(self, fs: Any, progress: Progress, on_error: Callable[[str, BaseException], None]) -> None:
+    With ``writeback`` small files copied into 3FS are written back (``hf3fs.writeback``): committed in batches,
+    and at the end of ``copy``, whose deferred failures go to ``on_error`` like the others (a file this copy
+    would have created is then not there, or removed)."""
+
+    def __init__(self, fs: Any, progress: Progress, on_error: Callable[[str, BaseException], None], *,
+                 writeback: bool = False) -> None:  # fmt: skip
         self.fs, self.progress, self.on_error = fs, progress, on_error
+        self.writeback = writeback
+        self._existing: set[str] = set()  # 3FS destination files there before the copy (write-back only)
+        self._created: set[str] = set()  # 3FS files written back that this copy makes
 
     # ---- one side or the other ----
 
@@ -157,14 +166,40 @@ class Copier:
             return
         for step in steps:
             self.progress.add_total(step.size)
-        for step in steps:
-            try:
-                self._run(step)
-            except OSError as err:
-                failed = err.filename if isinstance(err.filename, str) else str(step.dst)
-                self.on_error(failed, err)
-                if step.kind == "dir":
-                    return  # nothing below can be copied
+        if self.writeback and dst.remote:
+            self._existing = self._remote_files([s.dst.path for s in steps if s.kind == "file"])
+        try:
+            for step in steps:
+                try:
+                    self._run(step)
+                except OSError as err:
+                    failed = err.filename if isinstance(err.filename, str) else str(step.dst)
+                    self.on_error(failed, err)
+                    if step.kind == "dir":
+                        return  # nothing below can be copied
+        finally:
+            self._commit()
+
+    def _remote_files(self, paths: list[str]) -> set[str]:
+        """Which of ``paths`` exist in 3FS (one BatchStat per 1,000)."""
+        found: set[str] = set()
+        for k in range(0, len(paths), 1000):
+            part = paths[k : k + 1000]
+            found.update(p for p, st in zip(part, self.fs.batch_stat(part), strict=True) if not isinstance(st, OSError))
+        return found
+
+    def _commit(self) -> None:
+        """The written-back files committed; each that failed reported (and removed if this copy made it)."""
+        if not self.writeback:
+            return
+        try:
+            self.fs.sync()
+        except WritebackError as err:
+            for path, why in err.failures:
+                self.on_error(path, why)
+                if path in self._created:
+                    self._remove_quietly(Endpoint(path, remote=True))
+        self._created.clear()
 
     def _run(self, step: _Step) -> None:
         if step.kind == "dir":
@@ -190,7 +225,13 @@ class Copier:
                 raise
 
     def _create(self, ep: Endpoint) -> tuple[IO[bytes], bool]:
-        """``ep`` opened for writing, and whether this made it (one create either way)."""
+        """``ep`` opened for writing, and whether this made it (one create either way; none with write-back)."""
+        if ep.remote and self.writeback:
+            created = ep.path not in self._existing
+            if created:
+                self._created.add(ep.path)
+            f: IO[bytes] = self.fs.open(ep.path, "wb", writeback=True)
+            return f, created
         try:
             return self._open(ep, "xb"), True
         except FileExistsError:

@@ -243,7 +243,7 @@ class LocalFs:
         return len(entries)
 
     def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644,
-             write_only: bool = False) -> Any:  # fmt: skip
+             write_only: bool = False, writeback: bool | None = None) -> Any:  # fmt: skip
         if "b" not in mode:
             raise ValueError("binary modes only in this stand-in")
         if "x" in mode:  # created with ``perm`` and opened in one step, like the client
@@ -253,6 +253,18 @@ class LocalFs:
         if "r" in mode and "+" not in mode:
             return io.BufferedReader(raw)
         return _File(raw) if "+" in mode else _Writer(raw)
+
+    def batch_stat(self, paths: list[str]) -> list[Stat | OSError]:
+        out: list[Stat | OSError] = []
+        for p in paths:
+            try:
+                out.append(self.stat(p))
+            except OSError as err:
+                out.append(err)
+        return out
+
+    def sync(self) -> None:
+        """Nothing is written back here (the stand-in writes at once)."""
 
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
         out = []
