@@ -38,6 +38,9 @@ class MetaSettings(SettingsModel):
     background_interval_s: float = Field(1.0, gt=0, description="session collection, GC and trash expiry period")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a user token check is cached")
     grace_s: float = Field(3.0, ge=0, description="drain time for in-flight calls on SIGTERM")
+    telemetry_interval_s: float = Field(
+        10.0, ge=0, description="push the operation counts to telemetry this often; 0: never"
+    )
     ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
 

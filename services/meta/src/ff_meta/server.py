@@ -14,10 +14,12 @@ from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_
 from ff_meta.app import MetaApp, MetaOptions
 from ff_meta.config import MetaSettings
 from ff_meta.errors import STATUS_TABLE
+from ff_meta.reporter import MetaReporter
 from ff_meta.servicer import MetaServicer
 from ff_meta.store.schema import VERSION_TABLE
 from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
 from ff_store import open_store
+from ff_telemetry_client import service_reporter
 from fireflyer.common.v1 import common_pb2
 from fireflyer.meta.v1 import meta_pb2, meta_pb2_grpc
 
@@ -76,6 +78,12 @@ async def main(settings: MetaSettings, stop: asyncio.Event | None = None) -> Non
             tg.create_task(membership.run(stop))
             tg.create_task(app.background(stop))
             await membership.registered.wait()
+            if settings.telemetry_interval_s > 0:
+                tg.create_task(service_reporter(
+                    service="meta", node_id=membership.node_id, hostname=socket.gethostname(),
+                    mgmtd_addresses=settings.mgmtd_list(), token=token,
+                    collect=MetaReporter(server.metrics).collect, interval_s=settings.telemetry_interval_s,
+                ).run(stop))  # fmt: skip
             if settings.ready_file is not None:
                 write_ready_file(settings.ready_file, grpc=server.address, metrics_port=server.metrics_port,
                                  node_id=membership.node_id)  # fmt: skip
