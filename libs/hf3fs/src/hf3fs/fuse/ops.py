@@ -171,6 +171,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._lock = threading.Lock()
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
         self._holds: dict[int, IO[bytes]] = {}  # removed files still open here: inode -> its hold (a session)
+        self._removed_open: set[int] = set()  # removed files kept by a writable handle's own session (no hold yet)
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
         self._cache = AttrCache(options.attr_timeout_s)  # meta's recent answers (see hf3fs.fuse.attrs)
 
@@ -457,7 +458,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         and keep it until the file's last handle here is released. Meta keeps an inode with no name while a
         session is open, so the open handles keep reading, writing and fstat-ing it, as POSIX wants; its
         chunks go when the hold closes. Without write permission for the mount's user (a single-user mount of
-        someone else's file) no hold is taken, and the handles fail once meta frees the file."""
+        someone else's file) no hold is taken, and the handles fail once meta frees the file.
+
+        A file with a writable handle here needs no new session: that handle's keeps the inode, and should it be
+        released before read-only handles, it becomes the hold (``release``). SQLite removes its journal as soon
+        as it closed it, while the kernel's release of the handle may still be on its way: no Open and Close
+        for a hold per transaction."""
         with self._lock:
             if not self._by_inode:
                 return
@@ -470,6 +476,9 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             return
         with self._lock:
             if st.inode_id in self._holds:
+                return
+            if any(self._handles[fh].writable for fh in self._by_inode.get(st.inode_id, ())):
+                self._removed_open.add(st.inode_id)
                 return
         try:
             with acting_as(None):
@@ -635,12 +644,28 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                     self._changed_inode(h.inode_id)  # meta's length and mtime moved
                 h.dirty = False
 
+    def _becomes_hold(self, h: _Handle, fh: int) -> bool:
+        """Whether a writable handle being released must keep its session as the hold of its removed file: only
+        read-only handles of it are left here."""
+        with self._lock:
+            if not h.writable or h.inode_id not in self._removed_open or h.inode_id in self._holds:
+                return False
+            others = [self._handles[o] for o in self._by_inode.get(h.inode_id, ()) if o != fh]
+            if not others or any(o.writable for o in others):
+                return False
+            self._removed_open.discard(h.inode_id)
+            return True
+
     @_fuse_errors
     def release(self, path: str, fh: int) -> int:
         h = self._get(fh)
+        hold = self._becomes_hold(h, fh)
         try:
             with h.lock:
-                h.file.close()  # makes the length exact on meta; until then getattr still counts h.end
+                if hold:  # its bytes and exact length go to meta now, its session stays (closed by the last handle)
+                    h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
+                else:
+                    h.file.close()  # makes the length exact on meta; until then getattr still counts h.end
         finally:
             if h.writable:
                 self._changed_inode(h.inode_id)  # the close moved meta's length and mtime
@@ -650,8 +675,11 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 fhs = self._by_inode.get(h.inode_id, set())
                 fhs.discard(fh)
                 held = None
+                if hold:
+                    self._holds[h.inode_id] = h.file
                 if not fhs:
                     self._by_inode.pop(h.inode_id, None)
+                    self._removed_open.discard(h.inode_id)
                     held = self._holds.pop(h.inode_id, None)
             if held is not None:
                 held.close()  # the last handle of a removed file: meta may free it now

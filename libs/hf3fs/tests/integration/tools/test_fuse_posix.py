@@ -145,3 +145,14 @@ def test_a_file_removed_while_open_stays_usable_until_closed(shared: Path) -> No
         assert os.pread(ro, 5, 95) == b"xxxxx"
     finally:
         os.close(ro)
+    kept = shared / "kept"  # removed while a writer and a reader have it; the writer closes first
+    rw = os.open(kept, os.O_CREAT | os.O_RDWR, 0o644)
+    ro = os.open(kept, os.O_RDONLY)
+    try:
+        os.write(rw, b"abc" * 10)
+        os.unlink(kept)
+        os.close(rw)  # its session becomes what keeps the file
+        time.sleep(0.2)  # the kernel's release of rw is asynchronous: let it land
+        assert os.pread(ro, 100, 0) == b"abc" * 10
+    finally:
+        os.close(ro)
