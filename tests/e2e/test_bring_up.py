@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
+import time
+import urllib.request
 from typing import Any
 
 from ff_appliance.supervisor import pid_alive
@@ -25,6 +28,20 @@ def _healthy_status(app: Appliance) -> dict[str, Any]:
     return status
 
 
+def _telemetry_scraped_mgmtd(app: Appliance, up_out: str) -> None:
+    """`up` printed telemetry's /federate URL, and it holds mgmtd's scraped RPC counters."""
+    url = re.search(r"telemetry: .* Prometheus exposition at (http://\S+/federate)", up_out)
+    assert url is not None, up_out
+    token = (app.state_dir / "secrets" / "admin_token").read_text().strip()
+    request = urllib.request.Request(url.group(1), headers={"Authorization": f"Bearer {token}"})
+    deadline, text = time.monotonic() + 30, ""
+    while time.monotonic() < deadline and 'job="mgmtd"' not in text:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            text = resp.read().decode()
+        time.sleep(0.5)
+    assert "# TYPE ff_rpc_requests_total counter" in text and 'job="mgmtd"' in text
+
+
 def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
     first_up = appliance.ok("up")
     assert "is up" in first_up.out
@@ -32,7 +49,7 @@ def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
     plan_text = (appliance.state_dir / "plan.json").read_text()
     before = _healthy_status(appliance)
     assert [n["node_type"] for n in before["nodes"]] == [
-        "MGMTD", "STORAGE", "STORAGE", "STORAGE", "META", "SCHEDULER", "AGENT", "AGENT",
+        "MGMTD", "STORAGE", "STORAGE", "STORAGE", "META", "SCHEDULER", "TELEMETRY", "AGENT", "AGENT",
     ]  # fmt: skip
     assert "storage: created 2 chains of 3 (6 targets), all serving" in first_up.out
     assert before["cluster_id"] and before["cluster_id"] in first_up.out
@@ -49,7 +66,9 @@ def test_up_status_down_up_keeps_the_cluster(appliance: Appliance) -> None:
         "storage-1",
         "storage-2",
         "storage-3",
+        "telemetry-1",
     ]
+    _telemetry_scraped_mgmtd(appliance, first_up.out)
 
     again = appliance.ok("up")  # already running: no second copy
     assert "mgmtd-1: already running" in again.out

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from ff_appliance import scheduler_setup, storage_setup
+from ff_appliance import scheduler_setup, storage_setup, telemetry_setup
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_cluster import MgmtdClient
 from fireflyer.common.v1 import common_pb2
@@ -26,6 +26,7 @@ MGMTD = "mgmtd"
 STORAGE = "storage"
 META = "meta"
 SCHEDULER = "scheduler"
+TELEMETRY = "telemetry"
 AGENT = "agent"
 
 
@@ -120,6 +121,16 @@ def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     return ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses), "--state-dir", str(ctx.state.data_dir(SCHEDULER))]
 
 
+def _telemetry_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    # Its HTTP side (/federate, later the dashboard) takes a free port at every start; `up` prints it
+    # (found through mgmtd's routing info, endpoint "http").
+    return [
+        "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
+        "--state-dir", str(ctx.state.data_dir(TELEMETRY)),
+        "--http-address", f"{instance.host}:0",
+    ]  # fmt: skip
+
+
 def _agent_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     # Each agent is one "node" with 2 CPU device slots; it finds the scheduler through mgmtd, and its run
     # folders (logs, work, run-control) live under its own folder.
@@ -153,6 +164,13 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_SCHEDULER,
         args=_scheduler_args,
         configure=scheduler_setup.ensure_hfai_user,
+    ),
+    ServiceSpec(
+        name=TELEMETRY,
+        module="ff_telemetry",
+        node_type=common_pb2.NODE_TYPE_TELEMETRY,
+        args=_telemetry_args,
+        configure=telemetry_setup.describe,
     ),
     ServiceSpec(
         name=AGENT,

@@ -46,3 +46,25 @@ def test_mgmtd_addresses_and_defaults() -> None:
     assert ctx.mgmtd_addresses == ["127.0.0.1:7001", "127.0.0.1:7003"]
     assert next(iter(default_counts())) == MGMTD  # mgmtd starts first: everything registers with it
     assert SERVICES[0].node_type_name == "MGMTD"
+
+
+def test_telemetry_starts_after_the_scheduler_and_before_the_agents_with_a_free_http_port(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    plan = ClusterPlan(
+        instances=(
+            *_plan().instances,
+            InstancePlan(name="telemetry-1", service="telemetry", node_id=3, grpc_port=7005, metrics_port=7006),
+        )
+    )
+    ctx = LaunchContext(state=state, plan=plan)
+    instance = plan.find("telemetry-1")
+    argv = command(spec_for(instance), ctx, instance)
+    assert argv[:3] == [sys.executable, "-m", "ff_telemetry"]
+    flags = _flags(argv)
+    assert flags["--mgmtd-addresses"] == "127.0.0.1:7001,127.0.0.1:7003"
+    assert flags["--state-dir"] == str(state.data_dir("telemetry"))
+    assert flags["--http-address"] == "127.0.0.1:0"
+    assert flags["--listen-address"] == "127.0.0.1:7005"
+    order = list(default_counts())
+    assert order.index("scheduler") < order.index("telemetry") < order.index("agent")
+    assert default_counts()["telemetry"] == 1

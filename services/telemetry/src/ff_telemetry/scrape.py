@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ff_cluster import MgmtdClient
 from ff_telemetry.core.errors import TelemetryError
 from ff_telemetry.core.model import MetricMeta, MetricType
-from ff_telemetry.core.validation import PushBatch, RawSample, build_samples
+from ff_telemetry.core.validation import PushBatch, RawSample
 from ff_telemetry.store.api import TelemetryStore
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
@@ -107,7 +107,7 @@ class Scraper:
                 response.raise_for_status()
                 text = await response.text()
             raw, metadata = parse(text, target, time.time())
-            samples = build_samples(raw, {}, owner=None, now=self._store.clock(), limits=self._store.limits)
+            samples = self._store.checker.build(raw, {}, owner=None, now=self._store.clock())
             return (await self._store.apush(PushBatch(samples, metadata))).num_stored
         except (aiohttp.ClientError, TimeoutError, ValueError, TelemetryError) as exc:
             logger.warning("scraping %s (%s) failed: %s", target.url, target.job, exc)

@@ -14,7 +14,7 @@ from ff_rpc import Principal, current_principal
 from ff_telemetry import wire
 from ff_telemetry.core.errors import AlertsOff, InvalidRequest
 from ff_telemetry.core.model import RangeQuery
-from ff_telemetry.core.validation import PushBatch, build_samples, check_metadata, check_name
+from ff_telemetry.core.validation import PushBatch, check_metadata, check_name
 from ff_telemetry.store.api import TelemetryStore
 from ff_telemetry.store.query import Viewer
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
@@ -76,10 +76,9 @@ def push_batch(store: TelemetryStore, request: pb.PushSamplesRequest, caller: Pr
     """The checked batch of a push (InvalidRequest for anything malformed)."""
     metadata = wire.metadata(request)
     check_metadata(metadata, store.limits)
-    samples = build_samples(
-        wire.raw_samples(request), dict(request.common_labels), owner=owner_of(caller), now=store.clock(),
-        limits=store.limits,
-    )  # fmt: skip
+    samples = store.checker.build(
+        request.samples, dict(request.common_labels), owner=owner_of(caller), now=store.clock()
+    )
     return PushBatch(samples, metadata)
 
 

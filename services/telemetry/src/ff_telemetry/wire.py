@@ -16,12 +16,8 @@ from ff_telemetry.core.model import (
     RangeQuery,
     SeriesInfo,
 )
-from ff_telemetry.core.validation import RawSample, metric_type
+from ff_telemetry.core.validation import metric_type
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
-
-
-def raw_samples(request: pb.PushSamplesRequest) -> list[RawSample]:
-    return [RawSample(s.name, dict(s.labels), s.value, s.sampled_at) for s in request.samples]
 
 
 def metadata(request: pb.PushSamplesRequest) -> tuple[MetricMeta, ...]:

@@ -3,6 +3,7 @@ the series limit, queries by tier, and the downsampling job keeping a counter's 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from collections.abc import Iterator
@@ -147,3 +148,17 @@ def test_histogram_quantile_from_pushed_buckets(tstore: TelemetryStore, clock: C
     with pytest.raises(InvalidRequest, match="numeric 'le'"):
         push(tstore, [RawSample("lat_seconds_bucket", {}, 1.0, T0)], meta)
     assert not math.isnan(series.points[0].value)
+
+
+async def test_concurrent_pushes_commit_together_and_a_bad_one_fails_alone(tstore: TelemetryStore) -> None:
+    def batch(i: int, value: float) -> PushBatch:
+        raw = [RawSample("req_total", {"pusher": str(i), "n": str(n)}, value, T0 + n) for n in range(10)]
+        return PushBatch(build_samples(raw, {}, owner=None, now=T0, limits=tstore.limits), COUNTER)
+
+    tstore.push(PushBatch((), COUNTER))  # the metadata first: req_total is a counter
+    results = await asyncio.gather(
+        *(tstore.apush(batch(i, -1.0 if i == 2 else 5.0)) for i in range(5)), return_exceptions=True
+    )
+    assert isinstance(results[2], InvalidRequest), results
+    assert [r.num_stored for i, r in enumerate(results) if i != 2] == [10] * 4  # type: ignore[union-attr]
+    assert {dict(s.labels)["pusher"] for s in tstore.list_series(None, ALL)} == {"0", "1", "3", "4"}

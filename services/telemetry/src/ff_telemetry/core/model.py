@@ -6,6 +6,7 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: a series' identity with its name
 
@@ -60,9 +61,8 @@ class MetricMeta:
     unit: str = ""
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One value of one series at one time (unix seconds)."""
+class Sample(NamedTuple):
+    """One value of one series at one time (unix seconds). A tuple: batches make many of them."""
 
     name: str
     labels: Labels

@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from ff_telemetry.core.errors import InvalidRequest
 from ff_telemetry.core.model import (
@@ -41,8 +42,7 @@ class Limits:
     max_sample_age_s: float = 86_400.0
 
 
-@dataclass(frozen=True)
-class RawSample:
+class RawSample(NamedTuple):
     """A sample as pushed, before checks."""
 
     name: str
@@ -128,7 +128,7 @@ def check_value(sample: Sample, kind: Kind) -> None:
 
 
 def build_samples(
-    raw: Sequence[RawSample],
+    raw: Sequence[PushedSample],
     common_labels: Mapping[str, str],
     *,
     owner: str | None,
@@ -140,26 +140,69 @@ def build_samples(
     Args:
         owner: the pushing user's name for a user token (its samples are theirs); None for the cluster.
     """
-    if len(raw) > limits.max_samples:
-        raise InvalidRequest(f"{len(raw)} samples in one call, at most {limits.max_samples}")
-    check_labels(common_labels, limits)
-    return tuple(_build_sample(r, common_labels, owner, now, limits) for r in raw)
+    return SampleChecker(limits).build(raw, common_labels, owner=owner, now=now)
 
 
-def _build_sample(
-    raw: RawSample, common_labels: Mapping[str, str], owner: str | None, now: float, limits: Limits
-) -> Sample:
-    check_name(raw.name, limits)
-    labels = {**common_labels, **raw.labels}
-    if owner is not None:
-        labels[USER_LABEL] = owner
-    check_labels(labels, limits)
-    at = raw.sampled_at or now
-    if not math.isfinite(at) or at < now - limits.max_sample_age_s or at > now + FUTURE_SLACK_S:
-        raise InvalidRequest(
-            f"sample of {raw.name!r} at {at}: outside [now - {limits.max_sample_age_s:g} s, now + {FUTURE_SLACK_S:g} s]"
-        )
-    return Sample(raw.name, labels_of({k: v for k, v in labels.items() if v != ""}), raw.value, at)
+class PushedSample(Protocol):
+    """What a pushed sample offers: a RawSample, or the wire message itself (no copy on the hot path)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def sampled_at(self) -> float: ...
+
+
+class SampleChecker:
+    """``build_samples`` for a stream of batches. A collector sees the same few thousand label sets
+    over and over: each (name, labels, common labels, owner) checked once is remembered with its merged,
+    sorted label set, so a batch of known series costs a lookup per sample."""
+
+    MAX_REMEMBERED = 100_000
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._known: dict[tuple[object, ...], Labels] = {}
+
+    def build(
+        self, raw: Sequence[PushedSample], common_labels: Mapping[str, str], *, owner: str | None, now: float
+    ) -> tuple[Sample, ...]:
+        limits = self.limits
+        if len(raw) > limits.max_samples:
+            raise InvalidRequest(f"{len(raw)} samples in one call, at most {limits.max_samples}")
+        check_labels(common_labels, limits)
+        context = (tuple(sorted(common_labels.items())), owner)
+        earliest, latest = now - limits.max_sample_age_s, now + FUTURE_SLACK_S
+        known, out = self._known, []
+        for r in raw:
+            key = (r.name, tuple(r.labels.items()), context)
+            labels = known.get(key)
+            if labels is None:
+                labels = self._check_new(r, common_labels, owner)
+                if len(known) >= self.MAX_REMEMBERED:
+                    known.clear()
+                known[key] = labels
+            at = r.sampled_at or now
+            if not earliest <= at <= latest:  # False for NaN too
+                raise InvalidRequest(
+                    f"sample of {r.name!r} at {at}: outside [now - {limits.max_sample_age_s:g} s, "
+                    f"now + {FUTURE_SLACK_S:g} s]"
+                )
+            out.append(Sample(r.name, labels, r.value, at))
+        return tuple(out)
+
+    def _check_new(self, r: PushedSample, common_labels: Mapping[str, str], owner: str | None) -> Labels:
+        check_name(r.name, self.limits)
+        check_labels(r.labels, self.limits)
+        labels = {**common_labels, **r.labels}
+        if owner is not None:
+            labels[USER_LABEL] = owner
+        if len(labels) > self.limits.max_labels:
+            raise InvalidRequest(f"{len(labels)} labels, at most {self.limits.max_labels}")
+        return labels_of({k: v for k, v in labels.items() if v != ""})
 
 
 def check_query(query: RangeQuery, limits: Limits) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from ff_store import Store
 from ff_telemetry.core import evaluate
+from ff_telemetry.core.errors import InvalidRequest, LimitExceeded
 from ff_telemetry.core.model import (
     MetricMeta,
     MetricType,
@@ -24,15 +26,18 @@ from ff_telemetry.core.model import (
     RangeQuery,
     SeriesInfo,
 )
-from ff_telemetry.core.validation import Limits, PushBatch, check_query
+from ff_telemetry.core.validation import Limits, PushBatch, SampleChecker, check_query
 from ff_telemetry.store import query as reads
 from ff_telemetry.store import schema
-from ff_telemetry.store.ingest import Interned, SeriesKey, ingest
+from ff_telemetry.store.ingest import IngestResult, Interned, SeriesKey, flush_latest, ingest
 from ff_telemetry.store.query import Viewer
 from ff_telemetry.store.retention import JobReport, Retention, run_job
 from ff_telemetry.store.rows import from_db, labels_from_json
 
 T = TypeVar("T")
+
+# Samples of the pushes written in one transaction at most.
+MAX_GROUP_SAMPLES = 50_000
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,14 @@ class TelemetryStore:
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
+        self.checker = SampleChecker(self.limits)
         self.retention = retention or Retention()
         self.clock = clock
         self._series: dict[SeriesKey, Interned] = {}
+        self._latest: dict[int, tuple[float, float]] = {}  # series id -> newest (at, value) not yet flushed
         self._lock = threading.Lock()
+        self._queue: deque[tuple[PushBatch, asyncio.Future[PushResult]]] = deque()
+        self._writer: asyncio.Task[None] | None = None
 
     async def _thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.to_thread(fn)
@@ -75,14 +84,89 @@ class TelemetryStore:
     # -- ingest ---------------------------------------------------------------------------------
     def push(self, batch: PushBatch) -> PushResult:
         """Store a checked batch in one transaction; InvalidRequest/LimitExceeded store nothing."""
-        # The transaction only reads the cache (it may re-run); what it interned is added once committed.
-        result = self.store.run(lambda s: ingest(s, batch.samples, batch.metadata, self._series, self.limits))
-        with self._lock:
-            self._series.update(result.new_series)
-        return PushResult(result.num_stored, len(result.new_series))
+        (result,) = self._push_group([batch])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def apush(self, batch: PushBatch) -> PushResult:
-        return await self._thread(lambda: self.push(batch))
+        """``push`` with group commit: batches arriving while a transaction runs go into the next one
+        together (each still all or nothing), so many small pushes cost few commits."""
+        future: asyncio.Future[PushResult] = asyncio.get_running_loop().create_future()
+        self._queue.append((batch, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued())
+        return await future
+
+    async def _write_queued(self) -> None:
+        while self._queue:
+            group: list[tuple[PushBatch, asyncio.Future[PushResult]]] = []
+            size = 0
+            while self._queue and (not group or size + len(self._queue[0][0].samples) <= MAX_GROUP_SAMPLES):
+                group.append(self._queue.popleft())
+                size += len(group[-1][0].samples)
+            try:
+                results = await asyncio.to_thread(self._push_group, [b for b, _ in group])
+            except Exception as exc:  # the database itself failed: every caller of the group hears it
+                results = [exc] * len(group)
+            for (_, future), result in zip(group, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    def _push_group(self, batches: list[PushBatch]) -> list[PushResult | Exception]:
+        """One transaction for the group; if it fails, each batch alone (so one bad batch fails alone)."""
+        try:
+            results = self.store.run(lambda s: self._ingest_all(s, batches))
+        except (InvalidRequest, LimitExceeded) as exc:
+            if len(batches) == 1:
+                return [exc]
+            return [self._push_one(b) for b in batches]
+        for result in results:
+            self._committed(result)
+        return [PushResult(r.num_stored, len(r.new_series)) for r in results]
+
+    def _push_one(self, batch: PushBatch) -> PushResult | Exception:
+        try:
+            (result,) = self._push_group([batch])
+        except Exception as exc:
+            return exc
+        return result
+
+    def _ingest_all(self, session: Session, batches: list[PushBatch]) -> list[IngestResult]:
+        # The transaction only reads the cache (it may re-run); what it interned is added once committed.
+        interned: dict[SeriesKey, Interned] = {}
+        results = []
+        for batch in batches:
+            result = ingest(session, batch.samples, batch.metadata, self._series, self.limits, interned)
+            interned.update(result.new_series)
+            results.append(result)
+        return results
+
+    def _committed(self, result: IngestResult) -> None:
+        with self._lock:
+            self._series.update(result.new_series)
+            for sid, (at, value) in result.latest.items():
+                known = self._latest.get(sid)
+                if known is None or at >= known[0]:
+                    self._latest[sid] = (at, value)
+
+    def flush(self) -> None:
+        """Write the series' latest samples held in memory (ListSeries and /federate read them in SQL)."""
+        with self._lock:
+            latest, self._latest = self._latest, {}
+        if not latest:
+            return
+        try:
+            self.store.run(lambda s: flush_latest(s, latest))
+        except Exception:
+            with self._lock:
+                for sid, value in latest.items():
+                    self._latest.setdefault(sid, value)
+            raise
 
     # -- queries --------------------------------------------------------------------------------
     def query_range(self, query: RangeQuery, viewer: Viewer) -> QueryResult:
@@ -99,7 +183,7 @@ class TelemetryStore:
         lo, hi = query.start_at - query.effective_lookback_s, query.end_at
 
         def read(session: Session) -> list[evaluate.SeriesRows]:
-            found = reads.find_series(session, name, query.matchers, viewer, active_from=lo)
+            found = reads.find_series(session, name, query.matchers, viewer)
             return reads.rows_for(session, found, resolution, lo, hi)
 
         rows = self.store.run(read, read_only=True)
@@ -114,6 +198,7 @@ class TelemetryStore:
         self, query: RangeQuery | None, viewer: Viewer, *, after_id: int = 0, limit: int = 1000
     ) -> list[SeriesInfo]:
         """Series of ``query.name`` ("" = all) matching its matchers with a sample in [start_at, end_at]."""
+        self.flush()
         name, matchers = (query.name, query.matchers) if query else ("", ())
         start = query.start_at if query else 0.0
 
@@ -133,6 +218,7 @@ class TelemetryStore:
 
     def latest(self, max_age_s: float = 300.0) -> tuple[list[Latest], dict[str, MetricMeta]]:
         """Every series' latest sample if not older than ``max_age_s``, and the metrics' metadata."""
+        self.flush()
         since = self.clock() - max_age_s
 
         def read(session: Session) -> tuple[list[Latest], dict[str, MetricMeta]]:
@@ -157,6 +243,7 @@ class TelemetryStore:
     # -- maintenance ----------------------------------------------------------------------------
     def run_retention(self, now: float | None = None) -> JobReport:
         """One pass of downsampling and retention."""
+        self.flush()
         report = self.store.run(lambda s: run_job(s, self.clock() if now is None else now, self.retention))
         if report.num_series_deleted:
             with self._lock:

@@ -34,6 +34,8 @@ class Interned:
 class IngestResult:
     num_stored: int
     new_series: dict[SeriesKey, Interned]
+    # Per series of the batch, its newest sample (at, value).
+    latest: dict[int, tuple[float, float]]
 
 
 def upsert(session: Session, table: Table, keys: list[str]) -> Insert:
@@ -51,25 +53,63 @@ def ingest(
     metadata: tuple[MetricMeta, ...],
     cache: Mapping[SeriesKey, Interned],
     limits: validation.Limits,
+    uncommitted: Mapping[SeriesKey, Interned] | None = None,
 ) -> IngestResult:
     """Store a checked batch; raises InvalidRequest or LimitExceeded with nothing written (the caller's
-    transaction rolls back). The caller adds ``new_series`` to its cache once committed."""
-    _store_metadata(session, metadata)
-    keys = {(s.name, s.labels) for s in samples}
-    missing = [k for k in keys if k not in cache]
-    new_series = _intern(session, missing, metadata, samples, limits) if missing else {}
-    ids = {**{k: cache[k] for k in keys if k in cache}, **new_series}
+    transaction rolls back). The caller adds ``new_series`` to its cache once committed; ``uncommitted``
+    holds those interned by earlier batches of the same transaction."""
+    if metadata:
+        _store_metadata(session, metadata)
+    found: list[Interned | None] = []
+    missing: dict[SeriesKey, None] = {}
     for s in samples:
-        validation.check_value(s, ids[(s.name, s.labels)].kind)
-    rows = {(ids[(s.name, s.labels)].series_id, s.at): to_db(s.value) for s in samples}
+        key = (s.name, s.labels)
+        known = cache.get(key)
+        if known is None and uncommitted:
+            known = uncommitted.get(key)
+        if known is None:
+            missing[key] = None
+        found.append(known)
+    new_series = _intern(session, list(missing), samples, limits) if missing else {}
+    rows: dict[tuple[int, float], float | None] = {}
+    latest: dict[int, tuple[float, float]] = {}
+    for s, cached in zip(samples, found, strict=True):
+        series = cached if cached is not None else new_series[(s.name, s.labels)]
+        if series.kind is Kind.COUNTER:
+            validation.check_value(s, series.kind)
+        sid, at = series.series_id, s.at
+        rows[(sid, at)] = None if s.value != s.value else s.value  # NaN as NULL (see rows.to_db)
+        newest = latest.get(sid)
+        if newest is None or at >= newest[0]:
+            latest[sid] = (at, s.value)
     if rows:
-        session.execute(
-            upsert(session, schema.samples, ["series_id", "at"]),
-            [{"series_id": sid, "at": at, "value": v} for (sid, at), v in rows.items()],
-        )
-        _update_latest(session, rows)
+        _insert_samples(session, rows)
         _mark_dirty(session, min(at for _, at in rows))
-    return IngestResult(len(rows), {k: v for k, v in new_series.items()})
+    return IngestResult(len(rows), new_series, latest)
+
+
+def _insert_samples(session: Session, rows: Mapping[tuple[int, float], float | None]) -> None:
+    """One executemany of plain tuples: the hot path of ingest, without per-row parameter processing."""
+    connection = session.connection()
+    mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
+    sql = (
+        f"INSERT INTO {schema.samples.name} (series_id, at, value) VALUES ({mark}, {mark}, {mark}) "
+        "ON CONFLICT (series_id, at) DO UPDATE SET value = excluded.value"
+    )
+    connection.exec_driver_sql(sql, [(sid, at, v) for (sid, at), v in rows.items()])
+
+
+def flush_latest(session: Session, latest: Mapping[int, tuple[float, float]]) -> None:
+    """Write series' latest samples (kept in memory between flushes) where they are newer."""
+    if not latest:
+        return
+    table = schema.series
+    stmt = (
+        update(table)
+        .where(table.c.series_id == bindparam("sid"), table.c.last_at <= bindparam("at"))
+        .values(last_at=bindparam("at"), last_value=bindparam("v"))
+    )
+    session.connection().execute(stmt, [{"sid": sid, "at": at, "v": to_db(v)} for sid, (at, v) in latest.items()])
 
 
 def _store_metadata(session: Session, metadata: Iterable[MetricMeta]) -> None:
@@ -92,7 +132,6 @@ def known_types(session: Session, names: Iterable[str]) -> dict[str, MetricType]
 def _intern(
     session: Session,
     keys: list[SeriesKey],
-    metadata: tuple[MetricMeta, ...],
     samples: tuple[Sample, ...],
     limits: validation.Limits,
 ) -> dict[SeriesKey, Interned]:
@@ -103,15 +142,17 @@ def _intern(
     _check_cardinality(session, new, limits)
     types = known_types(session, {name for name, _ in new})  # metadata of this call is stored already
     first_at: dict[SeriesKey, float] = {}
+    last_at: dict[SeriesKey, float] = {}
     for s in samples:
         first_at[(s.name, s.labels)] = min(s.at, first_at.get((s.name, s.labels), s.at))
+        last_at[(s.name, s.labels)] = max(s.at, last_at.get((s.name, s.labels), s.at))
     rows = []
     for name, labels in new:
         kind, mtype = validation.classify(name, labels, types)
         rows.append({
             "name": name, "labels_hash": labels_hash(labels), "labels": labels_json(labels),
             "owner": dict(labels).get(validation.USER_LABEL, ""), "kind": int(kind), "type": int(mtype),
-            "first_at": first_at[(name, labels)], "last_at": 0.0, "last_value": None,
+            "first_at": first_at[(name, labels)], "last_at": last_at[(name, labels)], "last_value": None,
         })  # fmt: skip
     session.execute(schema.series.insert(), rows)
     return {**found, **_find_series(session, new)}
@@ -146,20 +187,6 @@ def _check_cardinality(session: Session, new: list[SeriesKey], limits: validatio
                 f"metric {name!r} would have {existing.get(name, 0) + n} series, "
                 f"the limit is {limits.max_series_per_metric} (too many distinct label values)"
             )
-
-
-def _update_latest(session: Session, rows: Mapping[tuple[int, float], float | None]) -> None:
-    latest: dict[int, tuple[float, float | None]] = {}
-    for (sid, at), value in rows.items():
-        if sid not in latest or at >= latest[sid][0]:
-            latest[sid] = (at, value)
-    table = schema.series
-    stmt = (
-        update(table)
-        .where(table.c.series_id == bindparam("sid"), table.c.last_at <= bindparam("at"))
-        .values(last_at=bindparam("at"), last_value=bindparam("v"))
-    )
-    session.connection().execute(stmt, [{"sid": sid, "at": at, "v": v} for sid, (at, v) in latest.items()])
 
 
 def _mark_dirty(session: Session, earliest_at: float) -> None:

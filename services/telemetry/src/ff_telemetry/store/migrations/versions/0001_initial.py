@@ -51,6 +51,7 @@ def upgrade() -> None:
         sa.Column("series_id", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("at", sa.Float, primary_key=True),
         sa.Column("value", sa.Float, nullable=True),
+        sqlite_with_rowid=False,
     )
     op.create_index("ix_tel_samples_at", "tel_samples", ["at"])
     _bucket_table("tel_samples_1m")

@@ -1,0 +1,176 @@
+"""Telemetry ingest: samples/s into the collector with batches of 500, against a no-op RPC carrying the
+same bytes, in interleaved rounds; then a sustained minute with every acknowledged sample counted in SQL.
+
+A server process (``--serve``, started by this script) runs an in-process mgmtd (the registry), the real
+collector (ff_telemetry, SQLite, its downsampling job on) and a no-op TelemetryService on the same
+service runtime (tokens, interceptor, metrics) whose PushSamples only answers. The client sends one
+pre-serialized PushSamplesRequest of 500 samples (50 metrics x 10 ranks, labels task/rank/node, no
+timestamps: the collector stamps them, so every call is new samples) with ``--concurrency`` calls in
+flight. Rounds alternate which side goes first; the figure is the median of the per-round ratios
+collector/no-op (goal >= 0.5). The sustained phase pushes for ``--sustain-s`` and then counts the rows
+the collector holds: lost = acknowledged - stored.
+
+    .venv/bin/python bench/telemetry_ingest.py                       # 3 rounds of 5 s, a minute sustained
+    .venv/bin/python bench/telemetry_ingest.py --rounds 5 --round-s 10 --sustain-s 60 --dir /work/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import sqlalchemy as sa
+
+BATCH = 500
+METHOD = "/fireflyer.telemetry.v1.TelemetryService/PushSamples"
+
+
+def batch_bytes() -> bytes:
+    from fireflyer.telemetry.v1 import telemetry_pb2 as pb
+
+    samples = [
+        pb.Sample(name=f"bench_metric_{m}", labels={"rank": str(r)}, value=float(m * r) + 0.5)
+        for m in range(50)
+        for r in range(10)
+    ]
+    assert len(samples) == BATCH
+    return pb.PushSamplesRequest(samples=samples, common_labels={"task_id": "7", "node": "bench-1"}).SerializeToString()
+
+
+# -- server side ---------------------------------------------------------------------------------------
+async def serve(folder: Path) -> None:
+    from ff_mgmtd.testing import CLUSTER_TOKEN, start_in_process
+    from ff_rpc import RpcServer, ServerOptions, ServiceBinding
+    from ff_telemetry.core.validation import MAX_REQUEST_BYTES
+    from ff_telemetry.testing import start_in_process as start_telemetry
+    from fireflyer.telemetry.v1 import telemetry_pb2 as pb
+    from fireflyer.telemetry.v1 import telemetry_pb2_grpc
+
+    class NoopTelemetry(telemetry_pb2_grpc.TelemetryServiceServicer):
+        async def PushSamples(self, request: pb.PushSamplesRequest, context: Any) -> pb.PushSamplesResponse:
+            return pb.PushSamplesResponse(num_stored=len(request.samples))
+
+    mgmtd = await start_in_process(folder, f"sqlite:///{folder / 'mgmtd.db'}")
+    db = folder / "telemetry.db"
+    telemetry = await start_telemetry(
+        folder, f"sqlite:///{db}", mgmtd.address, CLUSTER_TOKEN, scrape_interval_s=0.0,
+        downsample_interval_s=10.0, downsample_lag_s=5.0, metrics_address="", log_level="WARNING",
+    )  # fmt: skip
+    noop = RpcServer(
+        ServerOptions(listen_address="127.0.0.1:0", cluster_token=CLUSTER_TOKEN, max_request_bytes=MAX_REQUEST_BYTES),
+        [
+            ServiceBinding(
+                "fireflyer.telemetry.v1.TelemetryService",
+                telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
+                NoopTelemetry(),
+            )
+        ],
+    )
+    await noop.start()
+    info = {"telemetry": telemetry.address, "noop": noop.address, "db": str(db), "token": CLUSTER_TOKEN}
+    (folder / "bench.json").write_text(json.dumps(info))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await noop.stop(0)
+    await telemetry.shutdown()
+    await mgmtd.shutdown()
+
+
+# -- client side ---------------------------------------------------------------------------------------
+async def push_for(address: str, token: str, payload: bytes, seconds: float, concurrency: int) -> tuple[int, float]:
+    """Pushes ``payload`` for ``seconds``; (samples acknowledged, elapsed s)."""
+    from fireflyer.telemetry.v1 import telemetry_pb2 as pb
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(
+            METHOD, request_serializer=lambda b: b, response_deserializer=pb.PushSamplesResponse.FromString
+        )
+        metadata = (("authorization", f"Bearer {token}"),)
+        acked = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        async def worker() -> None:
+            nonlocal acked
+            while time.perf_counter() < deadline:
+                resp = await call(payload, metadata=metadata, timeout=30)
+                acked += resp.num_stored
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return acked, time.perf_counter() - start
+
+
+def stored_rows(db: str) -> int:
+    engine = sa.create_engine(f"sqlite:///{db}")
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT COUNT(*) FROM tel_samples")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+async def client(info: dict[str, str], args: argparse.Namespace) -> None:
+    payload = batch_bytes()
+    print(f"batch: {BATCH} samples, {len(payload)} bytes; {args.concurrency} calls in flight")
+    await push_for(info["noop"], info["token"], payload, 1.0, args.concurrency)  # warm both up
+    await push_for(info["telemetry"], info["token"], payload, 1.0, args.concurrency)
+    ratios = []
+    for r in range(args.rounds):
+        order = ["noop", "telemetry"] if r % 2 == 0 else ["telemetry", "noop"]
+        rates = {}
+        for side in order:
+            acked, elapsed = await push_for(info[side], info["token"], payload, args.round_s, args.concurrency)
+            rates[side] = acked / elapsed
+        ratios.append(rates["telemetry"] / rates["noop"])
+        print(f"round {r + 1}: collector {rates['telemetry']:,.0f} samples/s, no-op {rates['noop']:,.0f} samples/s, "
+              f"ratio {ratios[-1]:.2f}")  # fmt: skip
+    print(f"median ratio collector/no-op over {args.rounds} rounds: {statistics.median(ratios):.2f} (goal >= 0.5)")
+    before = stored_rows(info["db"])
+    acked, elapsed = await push_for(info["telemetry"], info["token"], payload, args.sustain_s, args.concurrency)
+    stored = stored_rows(info["db"]) - before
+    print(f"sustained {elapsed:.0f} s: {acked / elapsed:,.0f} samples/s; acknowledged {acked:,}, stored {stored:,}, "
+          f"lost {acked - stored:,}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--round-s", type=float, default=5.0)
+    parser.add_argument("--sustain-s", type=float, default=60.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--dir", type=Path, default=None, help="where the server keeps its state (default: a temp dir)")
+    parser.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        asyncio.run(serve(args.serve))
+        return
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        folder = Path(tmp)
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(folder)], env={**os.environ})
+        try:
+            ready = folder / "bench.json"
+            deadline = time.monotonic() + 60
+            while not ready.exists():
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the bench server did not start")
+                time.sleep(0.1)
+            asyncio.run(client(json.loads(ready.read_text()), args))
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
