@@ -169,6 +169,60 @@ class MetaApp:
             return await self._group_write(body)  # type: ignore[no-any-return]
         return await self.store.arun(body, read_only=read_only)
 
+    async def tx_many(self, caller: Caller, fns: Sequence[Callable[[Tx], T]]) -> list[T | FsError]:
+        """Many small write calls (a BatchCreate's or BatchClose's items), in order, each as its own ``tx``
+        would be: one that fails (an FsError) changes nothing and the others go on. On SQLite's inline writer
+        they share transactions of up to ``GROUP_WRITES`` calls, a savepoint each (one commit per group instead
+        of one per call); elsewhere, or when a group cannot run inline (the write lock taken, a call that needs
+        the ORM), each goes through ``tx``."""
+        out: list[T | FsError] = []
+        for k in range(0, len(fns), GROUP_WRITES):
+            group = fns[k : k + GROUP_WRITES]
+            done, values = (self._write_inline_many(caller, group, time.time_ns()) if self._writer is not None
+                            else (False, []))  # fmt: skip
+            if done:
+                out += values
+                continue
+            for fn in group:
+                try:
+                    out.append(await self.tx(caller, fn))
+                except FsError as err:
+                    out.append(err)
+        return out
+
+    def _write_inline_many(self, caller: Caller, fns: Sequence[Callable[[Tx], T]], now: int
+                           ) -> tuple[bool, list[T | FsError]]:  # fmt: skip
+        """``_write_inline`` for several calls, a savepoint each: ``(True, results)``, or ``(False, [])`` with
+        nothing changed (the lock taken, a call needing the ORM: the caller runs them one by one)."""
+        assert self._writer is not None
+        cur = self._writer.cursor()
+        try:
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                self._rollback()
+                return False, []
+            out: list[T | FsError] = []
+            try:
+                for fn in fns:
+                    cur.execute("SAVEPOINT item")
+                    try:
+                        out.append(fn(Tx(None, caller, now, _cursor=cur, _qmark=True, loop_budget=LOOP_BUDGET_ROWS)))
+                    except FsError as err:
+                        cur.execute("ROLLBACK TO item")
+                        out.append(err)
+                    cur.execute("RELEASE item")
+                cur.execute("COMMIT")
+            except (NeedsOrm, sqlite3.OperationalError):
+                self._rollback()
+                return False, []
+            except BaseException:
+                self._rollback()
+                raise
+            return True, out
+        finally:
+            cur.close()
+
     def _write_inline(self, caller: Caller, fn: Callable[[Tx], T], now: int) -> tuple[bool, T | None]:
         """The write on the event loop, on the bare DB-API writer connection: ``(True, result)``; or
         ``(False, None)`` with nothing changed when SQLite's write lock is taken (by the group writer or another
@@ -470,12 +524,10 @@ class MetaApp:
             if may:
                 todo.append((len(out) - 1, inode, sid, written if sid else 0, mtime if sid else None))
         lengths = await self.storage_lengths([inode for _, inode, _, _, _ in todo])
-        for (k, inode, sid, written, mtime), length in zip(todo, lengths, strict=True):
-            finish = functools.partial(_finish, inode.inode_id, sid, written, length, mtime)
-            try:
-                out[k] = await self.tx(caller, finish)
-            except FsError as err:
-                out[k] = err
+        finishes = [functools.partial(_finish, inode.inode_id, sid, written, length, mtime)
+                    for (_, inode, sid, written, mtime), length in zip(todo, lengths, strict=True)]  # fmt: skip
+        for (k, _, _, _, _), got in zip(todo, await self.tx_many(caller, finishes), strict=True):
+            out[k] = got
         return out
 
     async def _authorize_close(self, caller: Caller, inode_id: int, session_id: str) -> tuple[Inode, str, bool]:

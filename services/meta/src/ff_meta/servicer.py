@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ff_meta.app import MetaApp
@@ -20,6 +21,7 @@ from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc
 
 Context = Any
+CreateDone = tuple[Inode, bool, SessionInfo | None]  # Create's transaction: inode, created, write session
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 MAX_BATCH = 10000
@@ -187,16 +189,29 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                                                                   expires))  # fmt: skip
 
     async def Create(self, request: pb.CreateRequest, context: Context) -> pb.CreateResponse:
-        return await self._create(caller(), request)
+        c = caller()
+        body = await self._create_body(request)
+        return await self._create_finish(c, request, await self._app.tx(c, body))
 
     async def BatchCreate(self, request: pb.BatchCreateRequest, context: Context) -> pb.BatchCreateResponse:
-        """Each item as Create by the same caller, one after another (a later item sees an earlier one)."""
+        """Each item as Create by the same caller, in order (a later item sees an earlier one), each in a
+        savepoint of a few shared transactions (``MetaApp.tx_many``): one failing changes nothing."""
         check_batch(len(request.creates), "BatchCreate")
         c = caller()
-        out = []
+        bodies: list[Any] = []
         for item in request.creates:
             try:
-                out.append(pb.CreateResult(response=await self._create(c, item)))
+                bodies.append(await self._create_body(item))
+            except FsError as err:
+                bodies.append(err)
+        ran = iter(await self._app.tx_many(c, [b for b in bodies if not isinstance(b, FsError)]))
+        out = []
+        for item, body in zip(request.creates, bodies, strict=True):
+            got = body if isinstance(body, FsError) else next(ran)
+            try:
+                if isinstance(got, FsError):
+                    raise got
+                out.append(pb.CreateResult(response=await self._create_finish(c, item, got)))
             except FsError as err:
                 out.append(pb.CreateResult(error=pb.FsError.ValueType(int(err.fs_code)), message=str(err)))
         return pb.BatchCreateResponse(results=out)
@@ -226,7 +241,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                 out.append(pb.CloseResult(inode=to_pb(got)))
         return pb.BatchCloseResponse(results=out)
 
-    async def _create(self, c: Caller, request: pb.CreateRequest) -> pb.CreateResponse:
+    async def _create_body(self, request: pb.CreateRequest) -> Callable[[Tx], CreateDone]:
+        """Create's checks, and its transaction's body (run by ``tx`` or ``tx_many``)."""
         write = open_mode_of(request.open_mode, READ) in (WRITE, RW)
         reserve = length_of(request.reserve_bytes, "reserve_bytes")
         if reserve and not write:
@@ -249,7 +265,13 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                 sess = _reserved(t, sess, reserve)
             return inode, created, sess
 
-        inode, created, sess = await self._app.tx(c, body)
+        return body
+
+    async def _create_finish(self, c: Caller, request: pb.CreateRequest, done: CreateDone) -> pb.CreateResponse:
+        """After Create's transaction: O_TRUNC of an existing file with data (storage first), the answer."""
+        inode, created, sess = done
+        write = open_mode_of(request.open_mode, READ) in (WRITE, RW)
+        reserve = request.reserve_bytes
         if write and sess is None:  # O_TRUNC of an existing file with data: chunks go first, then the session
             await self._app.truncate(c, at(request.path), 0, "")
             inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), True, False))
