@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from ff_appliance import admin, lifecycle, mount
+from ff_appliance import admin, alerts, lifecycle, mount
 from ff_appliance.demo import DemoError, run_demo
 from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.lifecycle import ApplianceError, UpOptions
@@ -154,6 +154,7 @@ def _token(args: argparse.Namespace, state: StateDir, cli: Cli) -> str:
 async def _cmd_admin(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     addresses, token = _mgmtd_addresses(args, state, cli), _token(args, state, cli)
+    args.token = token  # calls to other services (alerts) go with the same token
     async with admin.connect(addresses, token) as client:
         response = await args.call(client, args)
     if args.json:
@@ -312,6 +313,22 @@ def _add_token_commands(sub: Any) -> None:
     p.add_argument("token_id")
 
 
+async def _alerts(c: MgmtdClient, a: argparse.Namespace) -> Message:
+    state = "firing" if a.firing else "resolved" if a.resolved else "any"
+    return await alerts.list_alerts(c, a.token, state=state, rule=a.rule, since_s=a.since_s, limit=a.limit)
+
+
+def _add_alerts_command(sub: Any) -> None:
+    p = _admin_command(sub, "alerts", "the alert log (newest first): what fired, when, and whether it resolved",
+                       _alerts, alerts.render_alerts)  # fmt: skip
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--firing", action="store_true", help="only alerts still firing")
+    which.add_argument("--resolved", action="store_true", help="only resolved alerts")
+    p.add_argument("--rule", default="", help="only this rule's alerts")
+    p.add_argument("--since-s", type=float, default=0.0, help="only alerts active in the last that many seconds")
+    p.add_argument("--limit", type=_positive_int, default=100, help="at most this many (default 100, at most 1000)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fireflyer", description="Bring up and run a Fire-Flyer cluster on this machine."
@@ -334,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_user_commands(sub)
     _add_group_commands(sub)
     _add_token_commands(sub)
+    _add_alerts_command(sub)
     _admin_command(sub, "whoami", "who the token belongs to", _whoami, lambda r: admin.render_principal(r.principal))
     return parser
 

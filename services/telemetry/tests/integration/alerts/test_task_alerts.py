@@ -6,6 +6,7 @@ that stops making progress, a NaN loss, an agent killed."""
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from ff_agent.testing import AgentProcess, eventually, spawn_process, wait_run_running
+from ff_appliance import cli
 from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
 from ff_rpc import RpcError
 from ff_scheduler.testing import SchedulerClient, set_quota, spec
@@ -135,6 +137,14 @@ async def wait_alert(env: Env, rule: str, *, resolved: bool, **labels: str) -> p
     return found[0]
 
 
+async def fireflyer(env: Env, *argv: str, token: str) -> tuple[int, str]:
+    """The appliance CLI (``fireflyer``), run as a user would (its own event loop, in a thread)."""
+    out, err = io.StringIO(), io.StringIO()
+    args = [*argv, "--mgmtd", env.mgmtd_address, "--token", token, "--state-dir", str(env.folder / "no-state")]
+    code = await asyncio.to_thread(cli.run, args, {}, out, err)
+    return code, out.getvalue() + err.getvalue()
+
+
 async def query(env: Env, who: str, name: str, **labels: str) -> list[pb.Series]:
     c = env.telemetry(who)
     now = time.time()
@@ -183,6 +193,10 @@ async def test_a_ranks_samples_carry_the_agents_labels_and_alerts_follow_its_fau
     (ctl / "nan").unlink()
     cleared = await wait_alert(env, "loss-nan", resolved=True, task_id=str(task.task_id))
     assert cleared.alert_id == nan.alert_id
+    code, out = await fireflyer(env, "alerts", "--resolved", "--rule", "loss-nan", token=env.tokens["alice"])
+    assert code == 0 and f"\n{nan.alert_id} " in out and "resolved" in out and "loss is nan" in out, out
+    code, out = await fireflyer(env, "alerts", "--rule", "loss-nan", token=env.tokens["bob"])
+    assert code == 0 and out.startswith("no alerts (rules version 2)"), out
     (ctl / "stop").touch()
 
     # The agent is killed: mgmtd declares its node dead and the alert fires; back, it resolves.
