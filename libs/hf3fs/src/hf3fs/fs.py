@@ -25,7 +25,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -35,21 +34,19 @@ from ff_rpc import Identity, RpcError, acting_as, current_acting
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from hf3fs.entries import DirEntry, Quota, Stat, StatFs, TrashEntry, quota_of
 from hf3fs.files import OpenMode, RawFile, layout_of, read_spans, session_lost, wrap, write_spans
+from hf3fs.forks import ForkedProcessError, Process, fork_error
 from hf3fs.layout import FileLayout
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
 from hf3fs.statfs import within_quotas
 from hf3fs.storage_client import StorageClient
 from hf3fs.writeback import PendingFile, Writeback, WritebackError, WritebackFile, WritebackOptions, places_of
 
+__all__ = ["WHOLE_FILE", "DirEntry", "FileSystem", "ForkedProcessError", "Quota", "Stat", "StatFs", "TrashEntry",
+           "connect"]  # fmt: skip
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink",
-          pb.INODE_TYPE_FIFO: "fifo", pb.INODE_TYPE_SOCKET: "socket", pb.INODE_TYPE_CHAR_DEVICE: "char_device",
-          pb.INODE_TYPE_BLOCK_DEVICE: "block_device"}  # fmt: skip
-_TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
-              "fifo": stat_mod.S_IFIFO, "socket": stat_mod.S_IFSOCK, "char_device": stat_mod.S_IFCHR,
-              "block_device": stat_mod.S_IFBLK}  # fmt: skip
 _NODE_TYPES = {stat_mod.S_IFIFO: pb.INODE_TYPE_FIFO, stat_mod.S_IFSOCK: pb.INODE_TYPE_SOCKET,
                stat_mod.S_IFCHR: pb.INODE_TYPE_CHAR_DEVICE, stat_mod.S_IFBLK: pb.INODE_TYPE_BLOCK_DEVICE}  # fmt: skip
 
@@ -62,109 +59,6 @@ async def _as(identity: Identity, coro: Coroutine[Any, Any, T]) -> T:
     has a context of its own, so the identity ends with it."""
     with acting_as(identity):
         return await coro
-
-
-class ForkedProcessError(RuntimeError):
-    """A FileSystem used in a process forked after gRPC started in its parent (see the module docstring)."""
-
-
-class _Process:
-    grpc_started = False  # a FileSystem was made in this process: gRPC runs here
-    forked_after_grpc = False  # this process is a fork() child of one where gRPC ran
-
-
-def _mark_fork_child() -> None:
-    _Process.forked_after_grpc = _Process.forked_after_grpc or _Process.grpc_started
-
-
-os.register_at_fork(after_in_child=_mark_fork_child)
-
-
-def _fork_error(what: str) -> ForkedProcessError:
-    return ForkedProcessError(
-        f"{what} in a process forked after gRPC started in its parent: gRPC cannot work after fork(). Start "
-        "worker processes with 'spawn' or 'forkserver' (torch: DataLoader(..., multiprocessing_context="
-        "'forkserver')); a FileSystem passed to them pickles and connects again there"
-    )
-
-
-@dataclass(frozen=True)
-class Stat:
-    inode_id: int
-    type: str
-    mode: int
-    uid: int
-    gid: int
-    nlink: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    symlink_target: str = ""
-    chunk_size: int = 0
-    stripe_size: int = 0
-    chain_table_id: int = 0
-    write_sessions: int = 0  # open write sessions of a file (stat() counts them; other calls leave 0)
-    rdev: int = 0  # device nodes: the device number
-
-    @property
-    def st_mode(self) -> int:
-        return _TYPE_BITS.get(self.type, 0) | self.mode
-
-    def is_dir(self) -> bool:
-        return self.type == "directory"
-
-    def is_file(self) -> bool:
-        return self.type == "file"
-
-    def is_symlink(self) -> bool:
-        return self.type == "symlink"
-
-    @classmethod
-    def from_pb(cls, i: pb.Inode) -> Stat:
-        return cls(
-            inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
-            size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
-            symlink_target=i.symlink_target, chunk_size=i.layout.chunk_size_bytes, stripe_size=i.layout.stripe_size,
-            chain_table_id=i.layout.chain_table_id, write_sessions=i.num_write_sessions, rdev=i.rdev,
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class DirEntry:
-    name: str
-    stat: Stat
-
-
-@dataclass(frozen=True)
-class StatFs:
-    capacity_bytes: int
-    used_bytes: int
-    free_bytes: int
-    num_inodes: int
-
-
-@dataclass(frozen=True)
-class Quota:
-    path: str
-    max_bytes: int | None
-    max_inodes: int | None
-    used_bytes: int
-    used_inodes: int
-
-
-@dataclass(frozen=True)
-class TrashEntry:
-    entry_id: str
-    original_path: str
-    removed_at_ns: int
-    expires_at_ns: int
-    inode_id: int
-    is_dir: bool
-
-
-def _quota(q: pb.DirQuota) -> Quota:
-    return Quota(q.path, q.max_bytes or None, q.max_inodes or None, q.used_bytes, q.used_inodes)
 
 
 def _abs(path: str) -> str:
@@ -201,9 +95,9 @@ class FileSystem:
             raise ValueError("at least one mgmtd address is needed")
         if not token:
             raise ValueError("a token is needed (FF_TOKEN)")
-        if _Process.forked_after_grpc:
-            raise _fork_error("hf3fs.connect()")
-        _Process.grpc_started = True
+        if Process.forked_after_grpc:
+            raise fork_error("hf3fs.connect()")
+        Process.grpc_started = True
         self._args = (addresses, token, meta_addresses, timeout_s, renew_interval_s, close_retry_s, writeback)
         self._wb_options = writeback if isinstance(writeback, WritebackOptions) else WritebackOptions()
         self._wb_default = bool(writeback)
@@ -261,7 +155,7 @@ class FileSystem:
             raise ValueError("the file system is closed")
         if os.getpid() != self._pid:  # its loop thread and channels stayed in the parent
             coro.close()
-            raise _fork_error(f"a FileSystem made in process {self._pid} was used")
+            raise fork_error(f"a FileSystem made in process {self._pid} was used")
         acting = current_acting()  # the caller's thread's identity; the loop thread has its own context
         if acting is not None:
             coro = _as(acting, coro)
@@ -724,21 +618,21 @@ class FileSystem:
     def get_quota(self, path: str) -> Quota | None:
         """The nearest directory quota that applies to ``path`` (None when none does)."""
         quotas = self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
-        return _quota(quotas[0]) if quotas else None
+        return quota_of(quotas[0]) if quotas else None
 
     def get_quotas(self, path: str) -> list[Quota]:
         """Every directory quota that applies to ``path``, nearest first."""
         return [
-            _quota(q) for q in self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
+            quota_of(q) for q in self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
         ]
 
     def set_quota(self, path: str, max_bytes: int | None = None, max_inodes: int | None = None) -> Quota:
         resp = self._meta_call(lambda s: s.SetQuota, pb.SetQuotaRequest(
             path=_at(path), max_bytes=max_bytes or 0, max_inodes=max_inodes or 0), path)  # fmt: skip
-        return _quota(resp.quota)
+        return quota_of(resp.quota)
 
     def list_quotas(self) -> list[Quota]:
-        return [_quota(q) for q in self._meta_call(lambda s: s.ListQuotas, pb.ListQuotasRequest()).quotas]
+        return [quota_of(q) for q in self._meta_call(lambda s: s.ListQuotas, pb.ListQuotasRequest()).quotas]
 
     def trash_list(self, all_users: bool = False) -> list[TrashEntry]:
         out: list[TrashEntry] = []

@@ -1,0 +1,94 @@
+"""What the file system's calls answer: a file's attributes (``Stat``), folder entries, space, quotas, trash."""
+
+from __future__ import annotations
+
+import stat as stat_mod
+from dataclasses import dataclass
+
+from fireflyer.meta.v1 import meta_pb2 as pb
+
+_TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink",
+          pb.INODE_TYPE_FIFO: "fifo", pb.INODE_TYPE_SOCKET: "socket", pb.INODE_TYPE_CHAR_DEVICE: "char_device",
+          pb.INODE_TYPE_BLOCK_DEVICE: "block_device"}  # fmt: skip
+_TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
+              "fifo": stat_mod.S_IFIFO, "socket": stat_mod.S_IFSOCK, "char_device": stat_mod.S_IFCHR,
+              "block_device": stat_mod.S_IFBLK}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stat:
+    inode_id: int
+    type: str
+    mode: int
+    uid: int
+    gid: int
+    nlink: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    symlink_target: str = ""
+    chunk_size: int = 0
+    stripe_size: int = 0
+    chain_table_id: int = 0
+    write_sessions: int = 0  # open write sessions of a file (stat() counts them; other calls leave 0)
+    rdev: int = 0  # device nodes: the device number
+
+    @property
+    def st_mode(self) -> int:
+        return _TYPE_BITS.get(self.type, 0) | self.mode
+
+    def is_dir(self) -> bool:
+        return self.type == "directory"
+
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    def is_symlink(self) -> bool:
+        return self.type == "symlink"
+
+    @classmethod
+    def from_pb(cls, i: pb.Inode) -> Stat:
+        return cls(
+            inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
+            size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
+            symlink_target=i.symlink_target, chunk_size=i.layout.chunk_size_bytes, stripe_size=i.layout.stripe_size,
+            chain_table_id=i.layout.chain_table_id, write_sessions=i.num_write_sessions, rdev=i.rdev,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    name: str
+    stat: Stat
+
+
+@dataclass(frozen=True)
+class StatFs:
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    num_inodes: int
+
+
+@dataclass(frozen=True)
+class Quota:
+    path: str
+    max_bytes: int | None
+    max_inodes: int | None
+    used_bytes: int
+    used_inodes: int
+
+
+@dataclass(frozen=True)
+class TrashEntry:
+    entry_id: str
+    original_path: str
+    removed_at_ns: int
+    expires_at_ns: int
+    inode_id: int
+    is_dir: bool
+
+
+def quota_of(q: pb.DirQuota) -> Quota:
+    return Quota(q.path, q.max_bytes or None, q.max_inodes or None, q.used_bytes, q.used_inodes)
