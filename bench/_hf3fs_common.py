@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,19 @@ class BenchCluster:
     root: Path  # the run's folder: the cluster's state, and room for the disk baseline on the same disk
     fs: Any  # an hf3fs.FileSystem of the admin, with /bench made
     mount: Path | None  # the FUSE mount, None when skipped
+    mgmtd: str = ""  # the cluster's mgmtd address and the admin's token (for more clients)
+    token: str = ""
+    pids: dict[str, int] = field(default_factory=dict)  # the cluster's processes: mgmtd, meta, storage1..
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds (user + system) each cluster process has used so far, from /proc/<pid>/stat."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, pid in self.pids.items():
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
 
 
 @contextlib.contextmanager
@@ -95,8 +108,10 @@ def bench_cluster(prefix: str, where: Path | None, *, with_mount: bool) -> Itera
             fs.makedirs("/bench", exist_ok=True)
             mount_cm = fuse_mount(root / "mnt", storage.mgmtd_address, token, root / "mount.log") if with_mount \
                 else contextlib.nullcontext(None)  # fmt: skip
+            pids = {"mgmtd": storage.mgmtd_proc.pid, "meta": meta.proc.pid if meta.proc else 0}
+            pids.update({f"storage{i + 1}": n.proc.pid for i, n in enumerate(storage.nodes) if n.proc})
             with mount_cm as mount:
-                yield BenchCluster(root, fs, mount)
+                yield BenchCluster(root, fs, mount, storage.mgmtd_address, token, pids)
         finally:
             fs.close()
     finally:

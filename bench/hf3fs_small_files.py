@@ -6,7 +6,10 @@ this machine, state under ``--dir``) and mounts it with ``hf3fs mount --foregrou
 and fusermount3). Each round, in an order that rotates between the kinds (client, mount, disk):
 
 - files: ``--files`` files of 4-16 KiB (seeded sizes and bytes) written into 20 folders, one open/write/close
-  each (client: ``fs.open``; mount and disk: ``open``), then read back and compared; files/s;
+  each (client: ``fs.open``; client-wb: ``fs.open`` with write-back, the time including the final
+  ``fs.sync()`` that commits the last batch; mount and disk: ``open``), then read back and compared; files/s;
+  for the client kinds also the CPU per file of each cluster process and of the client (``/proc/<pid>/stat``,
+  ``time.process_time``): the comparable figure on a loaded machine;
 - tar: a tree of ``--tar-files`` files (the size mix of a source tree) extracted with ``tar x`` (mount, disk);
   seconds;
 - sqlite: one process, ``--sqlite-tx`` transactions of 100 rows each, journal mode delete (mount, disk); seconds;
@@ -41,6 +44,8 @@ from typing import Any
 
 from _hf3fs_common import bench_cluster
 
+import hf3fs
+
 KIB = 1 << 10
 MIB = 1 << 20
 NUM_FOLDERS = 20
@@ -66,9 +71,12 @@ def make_tarball(path: Path, num_files: int, seed: int) -> None:
 class Round:
     """One kind's operations; each returns its figure (files/s, seconds or IOPS)."""
 
-    def __init__(self, kind: str, fs: Any, root: Path | None, payloads: list[bytes], tarball: Path) -> None:
+    def __init__(self, kind: str, fs: Any, root: Path | None, payloads: list[bytes], tarball: Path,
+                 cpu: Callable[[], dict[str, float]] | None = None) -> None:  # fmt: skip
         self.kind, self.fs, self.root, self.payloads, self.tarball = kind, fs, root, payloads, tarball
         self.n = 0
+        self.cpu = cpu  # the cluster processes' CPU seconds so far (client kinds)
+        self.cpu_ms: dict[str, float] = {}  # CPU per file written, ms, of the last files()
 
     def _fresh(self, what: str) -> str:
         self.n += 1
@@ -77,14 +85,21 @@ class Round:
     def files(self) -> tuple[float, float]:
         base = self._fresh("files")
         names = [f"{base}/d{i % NUM_FOLDERS}/f{i}" for i in range(len(self.payloads))]
-        if self.kind == "client":
+        if self.kind.startswith("client"):
             for d in range(NUM_FOLDERS):
                 self.fs.makedirs(f"/bench/{base}/d{d}", exist_ok=True)
+            cpu0 = self.cpu() if self.cpu else {}
+            p0 = time.process_time()
             t0 = time.perf_counter()
             for name, data in zip(names, self.payloads, strict=True):
                 with self.fs.open(f"/bench/{name}", "wb") as f:
                     f.write(data)
+            self.fs.sync()  # write-back: the last batch committed (nothing to do without it)
             t1 = time.perf_counter()
+            cpu1 = self.cpu() if self.cpu else {}
+            self.cpu_ms = {k: (cpu1[k] - cpu0[k]) * 1000 / len(names) for k in cpu0}
+            self.cpu_ms["client"] = (time.process_time() - p0) * 1000 / len(names)
+            self.cpu_ms["total"] = sum(self.cpu_ms.values())
             for name, data in zip(names, self.payloads, strict=True):
                 with self.fs.open(f"/bench/{name}", "rb") as f:
                     if f.read() != data:
@@ -182,6 +197,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", type=Path, default=None, help="where the cluster and the disk files live (one disk)")
     p.add_argument("--no-fuse", action="store_true")
+    p.add_argument("--no-mount", action="store_true", help="mount but skip the mount's figures (client only)")
     a = p.parse_args()
     payloads = small_payloads(a.files, seed=1)
     with bench_cluster("hf3fs-small-", a.dir, with_mount=not a.no_fuse) as c:
@@ -189,13 +205,15 @@ def main() -> int:
         make_tarball(tarball, a.tar_files, seed=2)
         disk = c.root / "disk"
         disk.mkdir()
-        rounds = {
-            "client": Round("client", c.fs, None, payloads, tarball),
-            "disk": Round("disk", c.fs, disk, payloads, tarball),
-        }
-        if c.mount is not None:
-            rounds["mount"] = Round("mount", c.fs, c.mount / "bench", payloads, tarball)
-        results = run_rounds(rounds, a)
+        with hf3fs.connect(c.mgmtd, c.token, writeback=True) as wb_fs:
+            rounds = {
+                "client": Round("client", c.fs, None, payloads, tarball, c.cpu_s),
+                "client-wb": Round("client-wb", wb_fs, None, payloads, tarball, c.cpu_s),
+                "disk": Round("disk", c.fs, disk, payloads, tarball),
+            }
+            if c.mount is not None and not a.no_mount:
+                rounds["mount"] = Round("mount", c.fs, c.mount / "bench", payloads, tarball)
+            results = run_rounds(rounds, a)
     report(results, a, mount_present="mount" in rounds)
     return 0
 
@@ -215,7 +233,11 @@ def run_rounds(rounds: dict[str, Round], a: argparse.Namespace) -> dict[str, lis
             for name, val in (("files write/s", write_read[0]), ("files read/s", write_read[1])):
                 results.setdefault(f"{kind} {name}", []).append(val)
                 line.append(f"{kind} {name} {val:.0f}")
-            if kind != "client":
+            for proc, ms in r.cpu_ms.items():
+                results.setdefault(f"{kind} cpu ms/file {proc}", []).append(ms)
+            if r.cpu_ms:
+                line.append(f"{kind} cpu ms/file {r.cpu_ms['total']:.1f}")
+            if not kind.startswith("client"):
                 steps = [("tar x s", r.tar), ("sqlite s", lambda r=r: r.sqlite(a.sqlite_tx))]
             if kind == "mount":
                 steps += [("rand 1-chunk iops", lambda r=r: r.random_io(4 * MIB, a.random_ops)),
@@ -242,6 +264,7 @@ def report(results: dict[str, list[float]], a: argparse.Namespace, *, mount_pres
         print(f"  {key:<28} {med[key]:10.2f}")
     print("\nissue 16's goals:")
     goal(f"client writes of {a.files} files, files/s >= 500", med["client files write/s"], 500, higher=True)
+    goal("client writes with write-back, files/s >= 500", med["client-wb files write/s"], 500, higher=True)
     if mount_present:
         if a.tar_files == 241:
             goal("tar x of 241 files on the mount, s <= 1.5", med["mount tar x s"], 1.5, higher=False)
