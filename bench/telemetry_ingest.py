@@ -116,7 +116,7 @@ def stored_rows(db: str) -> int:
     engine = sa.create_engine(f"sqlite:///{db}")
     try:
         with engine.connect() as conn:
-            return int(conn.execute(sa.text("SELECT COUNT(*) FROM tel_samples")).scalar_one())
+            return int(conn.execute(sa.text("SELECT COALESCE(SUM(count), 0) FROM tel_sample_blocks")).scalar_one())
     finally:
         engine.dispose()
 

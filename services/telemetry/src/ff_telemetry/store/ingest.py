@@ -1,8 +1,7 @@
 """Ingest in one transaction: metadata, series interning (with the per-metric series limit), samples.
 
 Cheap for large batches: the series of a batch are found in a process cache (the ids never change),
-only new ones go to the database, and samples, metadata and the series' latest values are each written
-with one executemany.
+only new ones go to the database, and the samples are one row (a block, ff_telemetry.store.blocks).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from sqlalchemy.sql.dml import Insert
 from ff_telemetry.core import validation
 from ff_telemetry.core.errors import LimitExceeded
 from ff_telemetry.core.model import Kind, Labels, MetricMeta, MetricType, Sample
-from ff_telemetry.store import schema
+from ff_telemetry.store import blocks, schema
 from ff_telemetry.store.rows import labels_hash, labels_json, to_db
 
 SeriesKey = tuple[str, Labels]
@@ -71,32 +70,22 @@ def ingest(
             missing[key] = None
         found.append(known)
     new_series = _intern(session, list(missing), samples, limits) if missing else {}
-    rows: dict[tuple[int, float], float | None] = {}
+    sids: list[int] = []
     latest: dict[int, tuple[float, float]] = {}
     for s, cached in zip(samples, found, strict=True):
         series = cached if cached is not None else new_series[(s.name, s.labels)]
         if series.kind is Kind.COUNTER:
             validation.check_value(s, series.kind)
-        sid, at = series.series_id, s.at
-        rows[(sid, at)] = None if s.value != s.value else s.value  # NaN as NULL (see rows.to_db)
+        sid = series.series_id
+        sids.append(sid)
         newest = latest.get(sid)
-        if newest is None or at >= newest[0]:
-            latest[sid] = (at, s.value)
-    if rows:
-        _insert_samples(session, rows)
-        _mark_dirty(session, min(at for _, at in rows))
-    return IngestResult(len(rows), new_series, latest)
-
-
-def _insert_samples(session: Session, rows: Mapping[tuple[int, float], float | None]) -> None:
-    """One executemany of plain tuples: the hot path of ingest, without per-row parameter processing."""
-    connection = session.connection()
-    mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
-    sql = (
-        f"INSERT INTO {schema.samples.name} (series_id, at, value) VALUES ({mark}, {mark}, {mark}) "
-        "ON CONFLICT (series_id, at) DO UPDATE SET value = excluded.value"
-    )
-    connection.exec_driver_sql(sql, [(sid, at, v) for (sid, at), v in rows.items()])
+        if newest is None or s.at >= newest[0]:
+            latest[sid] = (s.at, s.value)
+    if sids:
+        ats = [s.at for s in samples]
+        blocks.insert_block(session, sids, ats, [s.value for s in samples])
+        _mark_dirty(session, min(ats))
+    return IngestResult(len(sids), new_series, latest)
 
 
 def flush_latest(session: Session, latest: Mapping[int, tuple[float, float]]) -> None:

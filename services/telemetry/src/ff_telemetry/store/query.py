@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Select, Table, and_, func, select
+from sqlalchemy import Select, Table, select
 from sqlalchemy.orm import Session
 
 from ff_telemetry.core.downsample import step_increase
 from ff_telemetry.core.evaluate import Row, SeriesRows
 from ff_telemetry.core.model import HOUR, MINUTE, RAW, Kind, Matcher, MetricType, SeriesInfo, matches_all
-from ff_telemetry.store import schema
+from ff_telemetry.store import blocks, schema
 from ff_telemetry.store.rows import chunks, from_db, labels_from_json
 
 # For a rate at the first step, the raw sample before the window is looked for this far back.
-PREVIOUS_SAMPLE_HORIZON_S = 3600.0
+PREVIOUS_SAMPLE_HORIZON_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -76,37 +76,20 @@ def rows_for(session: Session, series: list[SeriesInfo], resolution_s: float, lo
 
 
 def _raw_rows(session: Session, series: list[SeriesInfo], lo: float, hi: float) -> dict[int, list[Row]]:
-    t, kinds = schema.samples, {s.series_id: s.kind for s in series}
-    previous = _previous_values(session, list(kinds), lo)
+    """Raw rows in (lo, hi]; each row's increase is from the sample before it (looked for up to
+    PREVIOUS_SAMPLE_HORIZON_S before the window)."""
+    kinds = {s.series_id: s.kind for s in series}
+    points = blocks.read(session, lo - PREVIOUS_SAMPLE_HORIZON_S, hi, kinds).by_series()
     out: dict[int, list[Row]] = {}
-    for ids in chunks(list(kinds)):
-        stmt = (
-            select(t.c.series_id, t.c.at, t.c.value)
-            .where(t.c.series_id.in_(ids), t.c.at > lo, t.c.at <= hi)
-            .order_by(t.c.series_id, t.c.at)
-        )
-        for raw_sid, at, raw_value in session.execute(stmt):
-            sid, value = int(raw_sid), from_db(raw_value)
-            inc = step_increase(previous.get(sid), value, kinds[sid])
-            previous[sid] = value
-            out.setdefault(sid, []).append(Row(float(at), value, inc))
-    return out
-
-
-def _previous_values(session: Session, ids: list[int], before: float) -> dict[int, float]:
-    """Each series' last raw value at or before ``before`` (within the horizon)."""
-    t, out = schema.samples, {}
-    for part in chunks(ids):
-        latest = (
-            select(t.c.series_id, func.max(t.c.at).label("at"))
-            .where(t.c.series_id.in_(part), t.c.at <= before, t.c.at > before - PREVIOUS_SAMPLE_HORIZON_S)
-            .group_by(t.c.series_id)
-            .subquery()
-        )
-        stmt = select(t.c.series_id, t.c.value).join(
-            latest, and_(t.c.series_id == latest.c.series_id, t.c.at == latest.c.at)
-        )
-        out.update({int(sid): from_db(value) for sid, value in session.execute(stmt)})
+    for sid, pts in points.items():
+        previous: float | None = None
+        rows = []
+        for at, value in pts:
+            if at > lo:
+                rows.append(Row(at, value, step_increase(previous, value, kinds[sid])))
+            previous = value
+        if rows:
+            out[sid] = rows
     return out
 
 

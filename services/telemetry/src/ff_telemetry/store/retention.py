@@ -3,7 +3,7 @@
 Each run computes the whole buckets between a tier's watermark (or the earliest late sample since)
 and ``now - lag``, replacing what was there, then moves the watermark. The value before the first
 bucket comes from the 1-minute tier's last bucket before it (every older raw sample is in that tier).
-Raw samples are deleted only once downsampled.
+Raw blocks are deleted only once all their samples are downsampled.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from ff_telemetry.core.downsample import Bucket, bucket_start, downsample, roll_up
 from ff_telemetry.core.model import HOUR, MINUTE, Kind
-from ff_telemetry.store import schema
+from ff_telemetry.store import blocks, schema
 from ff_telemetry.store.rows import from_db, to_db
 
 # How far back the value before a pass is looked for: a counter silent for longer starts over at 0.
@@ -66,23 +66,15 @@ def _advance(session: Session, tier: str, until: float) -> None:
 
 
 def _downsample_raw(session: Session, until: float) -> int:
-    first = session.execute(select(func.min(schema.samples.c.at))).scalar()
-    start = _window(session, "1m", until, None if first is None else bucket_start(float(first), MINUTE))
+    first = blocks.earliest(session)
+    start = _window(session, "1m", until, None if first is None else bucket_start(first, MINUTE))
     if start is None:
         return 0
     start = bucket_start(start, MINUTE)
-    raw = schema.samples
-    rows = session.execute(
-        select(raw.c.series_id, raw.c.at, raw.c.value)
-        .where(raw.c.at >= start, raw.c.at < until)
-        .order_by(raw.c.series_id, raw.c.at)
-    ).all()
-    points: dict[int, list[tuple[float, float]]] = {}
-    for sid, at, value in rows:
-        points.setdefault(int(sid), []).append((float(at), from_db(value)))
+    points = blocks.read(session, start, until, closed_low=True).by_series()
     kinds = _kinds(session, list(points))
     previous = _last_before(session, schema.samples_1m, list(points), start)
-    buckets = {sid: downsample(p, previous.get(sid), MINUTE, kinds[sid]) for sid, p in points.items()}
+    buckets = {sid: downsample(p, previous.get(sid), MINUTE, kinds[sid]) for sid, p in points.items() if sid in kinds}
     _replace(session, schema.samples_1m, start, until, buckets)
     _advance(session, "1m", until)
     _mark_dirty(session, "1h", start)
@@ -160,8 +152,7 @@ def _bucket_row(series_id: int, b: Bucket) -> dict[str, object]:
 
 
 def _expire(session: Session, now: float, retention: Retention, downsampled_until: float) -> tuple[int, int]:
-    raw_before = min(now - retention.raw_s, downsampled_until)
-    num_raw = _rowcount(session.execute(delete(schema.samples).where(schema.samples.c.at < raw_before)))
+    num_raw = blocks.expire(session, min(now - retention.raw_s, downsampled_until))
     session.execute(delete(schema.samples_1m).where(schema.samples_1m.c.start < now - retention.minute_s))
     session.execute(delete(schema.samples_1h).where(schema.samples_1h.c.start < now - retention.hour_s))
     series = schema.series

@@ -6,7 +6,7 @@ its name and a hash of its labels (label sets can be longer than an index entry 
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, UniqueConstraint
+from sqlalchemy import Column, Float, Index, Integer, LargeBinary, MetaData, String, Table, Text, UniqueConstraint
 
 metadata = MetaData()
 
@@ -30,15 +30,18 @@ series = Table(
 )
 Index("ix_tel_series_last_at", series.c.last_at)
 
-samples = Table(
-    "tel_samples",
+# Raw samples, one row per pushed batch (ff_telemetry.store.blocks has the blob's layout).
+sample_blocks = Table(
+    "tel_sample_blocks",
     metadata,
-    Column("series_id", Integer, primary_key=True, autoincrement=False),
-    Column("at", Float, primary_key=True),
-    Column("value", Float, nullable=True),
-    sqlite_with_rowid=False,  # the primary key is the table: one B-tree less to write per sample
+    Column("block_id", Integer, primary_key=True, autoincrement=True),
+    Column("min_at", Float, nullable=False),
+    Column("max_at", Float, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
 )
-Index("ix_tel_samples_at", samples.c.at)
+Index("ix_tel_sample_blocks_max_at", sample_blocks.c.max_at)
+Index("ix_tel_sample_blocks_min_at", sample_blocks.c.min_at)
 
 
 def _bucket_table(name: str) -> Table:

@@ -1,4 +1,4 @@
-"""The collector's initial schema: series, raw samples, 1-minute and 1-hour buckets, metadata, watermarks.
+"""The collector's initial schema: series, raw sample blocks, 1-minute and 1-hour buckets, metadata, watermarks.
 
 Revision ID: 0001
 Revises:
@@ -47,13 +47,15 @@ def upgrade() -> None:
     )
     op.create_index("ix_tel_series_last_at", "tel_series", ["last_at"])
     op.create_table(
-        "tel_samples",
-        sa.Column("series_id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("at", sa.Float, primary_key=True),
-        sa.Column("value", sa.Float, nullable=True),
-        sqlite_with_rowid=False,
+        "tel_sample_blocks",
+        sa.Column("block_id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("min_at", sa.Float, nullable=False),
+        sa.Column("max_at", sa.Float, nullable=False),
+        sa.Column("count", sa.Integer, nullable=False),
+        sa.Column("data", sa.LargeBinary, nullable=False),
     )
-    op.create_index("ix_tel_samples_at", "tel_samples", ["at"])
+    op.create_index("ix_tel_sample_blocks_max_at", "tel_sample_blocks", ["max_at"])
+    op.create_index("ix_tel_sample_blocks_min_at", "tel_sample_blocks", ["min_at"])
     _bucket_table("tel_samples_1m")
     _bucket_table("tel_samples_1h")
     op.create_table(
@@ -72,5 +74,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for name in ("tel_watermarks", "tel_metadata", "tel_samples_1h", "tel_samples_1m", "tel_samples", "tel_series"):
+    for name in ("tel_watermarks", "tel_metadata", "tel_samples_1h", "tel_samples_1m", "tel_sample_blocks", "tel_series"):
         op.drop_table(name)

@@ -1,0 +1,103 @@
+"""Raw samples as blocks: one row per pushed batch, its (series id, time, value) triples packed in a blob.
+
+Writing a batch of 500 samples is one row (not 500 index entries): that is what makes ingest cheap. Reads
+decode the blocks that overlap a window with numpy and keep the wanted series; where two blocks hold the
+same series and time, the later block wins (a retried push replaces). Raw is the short-lived tier (the
+job turns it into 1-minute buckets), so reads stay within hours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from ff_telemetry.store import schema
+
+_SID = np.dtype("<i8")
+_F64 = np.dtype("<f8")
+
+
+def pack(series_ids: list[int], ats: list[float], values: list[float]) -> bytes:
+    """The blob of a block: all ids, then all times, then all values (little-endian; NaN stays NaN)."""
+    return (
+        np.asarray(series_ids, dtype=_SID).tobytes()
+        + np.asarray(ats, dtype=_F64).tobytes()
+        + np.asarray(values, dtype=_F64).tobytes()
+    )
+
+
+@dataclass(frozen=True)
+class RawPoints:
+    """Decoded samples, sorted by (series id, time), one per (series id, time)."""
+
+    series_ids: npt.NDArray[np.int64]
+    ats: npt.NDArray[np.float64]
+    values: npt.NDArray[np.float64]
+
+    def by_series(self) -> dict[int, list[tuple[float, float]]]:
+        out: dict[int, list[tuple[float, float]]] = {}
+        if not len(self.series_ids):
+            return out
+        starts = np.flatnonzero(np.diff(self.series_ids, prepend=self.series_ids[0] - 1))
+        bounds = [*starts.tolist(), len(self.series_ids)]
+        ats, values = self.ats.tolist(), self.values.tolist()
+        for i, sid in enumerate(self.series_ids[starts].tolist()):
+            lo, hi = bounds[i], bounds[i + 1]
+            out[int(sid)] = list(zip(ats[lo:hi], values[lo:hi], strict=True))
+        return out
+
+
+def insert_block(session: Session, series_ids: list[int], ats: list[float], values: list[float]) -> None:
+    session.execute(
+        schema.sample_blocks.insert().values(
+            min_at=min(ats), max_at=max(ats), count=len(ats), data=pack(series_ids, ats, values)
+        )
+    )
+
+
+def read(
+    session: Session, lo: float, hi: float, wanted: Collection[int] | None = None, *, closed_low: bool = False
+) -> RawPoints:
+    """Samples with lo < at <= hi (lo <= at < hi with ``closed_low``) of the ``wanted`` series (None: all)."""
+    t = schema.sample_blocks
+    stmt = select(t.c.count, t.c.data).where(t.c.max_at >= lo, t.c.min_at <= hi).order_by(t.c.block_id)
+    parts = [(int(n), bytes(data)) for n, data in session.execute(stmt)]
+    if not parts:
+        empty = np.empty(0)
+        return RawPoints(empty.astype(_SID), empty, empty)
+    sids = np.concatenate([np.frombuffer(d, _SID, n, 0) for n, d in parts])
+    ats = np.concatenate([np.frombuffer(d, _F64, n, 8 * n) for n, d in parts])
+    values = np.concatenate([np.frombuffer(d, _F64, n, 16 * n) for n, d in parts])
+    keep = ((ats >= lo) & (ats < hi)) if closed_low else ((ats > lo) & (ats <= hi))
+    if wanted is not None:
+        keep &= np.isin(sids, np.fromiter(wanted, dtype=_SID, count=len(wanted)))
+    order = np.arange(len(sids))[keep]  # block order: a later copy of a sample comes later
+    sids, ats, values = sids[keep], ats[keep], values[keep]
+    by_key = np.lexsort((order, ats, sids))
+    sids, ats, values = sids[by_key], ats[by_key], values[by_key]
+    last_of_key = np.ones(len(sids), dtype=bool)
+    last_of_key[:-1] = (sids[1:] != sids[:-1]) | (ats[1:] != ats[:-1])
+    return RawPoints(sids[last_of_key], ats[last_of_key], values[last_of_key])
+
+
+def earliest(session: Session) -> float | None:
+    value = session.execute(select(func.min(schema.sample_blocks.c.min_at))).scalar()
+    return None if value is None else float(value)
+
+
+def count(session: Session) -> int:
+    return int(session.execute(select(func.coalesce(func.sum(schema.sample_blocks.c.count), 0))).scalar_one())
+
+
+def expire(session: Session, before: float) -> int:
+    """Delete the blocks whose every sample is older than ``before``; the number of samples deleted."""
+    t = schema.sample_blocks
+    gone = t.c.max_at < before
+    num = int(session.execute(select(func.coalesce(func.sum(t.c.count), 0)).where(gone)).scalar_one())
+    session.execute(delete(t).where(gone))
+    return num
