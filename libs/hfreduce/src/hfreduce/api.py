@@ -33,6 +33,10 @@ class Work:
     def is_completed(self) -> bool:
         return self._future.done()
 
+    def add_done_callback(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn(error or None)`` once the collective ends, on the thread that ran it (or now, if it has)."""
+        self._future.add_done_callback(lambda fut: fn(fut.exception()))
+
 
 class Group:
     """One rank's membership of an hfreduce group; collectives must be called in the same order by all.

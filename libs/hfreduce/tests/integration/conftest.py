@@ -77,17 +77,14 @@ TORCH_WORKER = Path(__file__).with_name("torch_worker.py")
 TorchLaunch = Callable[..., list[dict[str, Any]]]
 
 
-@pytest.fixture
-def torch_launch(tmp_path: Path) -> Iterator[TorchLaunch]:
+def launch_torch(
+    tmp_path: Path, nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> list[dict[str, Any]]:
     """Start ``nodes x local`` ranks of ``torch_worker.py`` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
     LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK; return their reports."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def run(
-        nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 90
-    ) -> list[dict[str, Any]]:
-        port = free_port()
-        outs = []
+    port = free_port()
+    outs, procs = [], []
+    try:
         for rank in range(nodes * local):
             out = tmp_path / f"rank{rank}-{scenario}.json"
             outs.append(out)
@@ -107,10 +104,15 @@ def torch_launch(tmp_path: Path) -> Iterator[TorchLaunch]:
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        return [json.loads(o.read_text()) if o.exists() else {"crash": f"no report {o.name}"} for o in outs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [json.loads(o.read_text()) if o.exists() else {"crash": f"no report {o.name}"} for o in outs]
 
-    yield run
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+
+@pytest.fixture
+def torch_launch(tmp_path: Path) -> TorchLaunch:
+    """``launch_torch`` into this test's temporary folder."""
+    return lambda *args, **kwargs: launch_torch(tmp_path, *args, **kwargs)

@@ -19,23 +19,35 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import hfreduce.distributed  # noqa: F401 (registers the backend)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_collectives as collectives
+import torch_ddp as ddp
+
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("TEST_TIMEOUT_S", "20")))
 
 
-def scenario_rendezvous() -> dict[str, Any]:
-    """group_from_store on the store of a gloo default group, as haiscale does: layout and an allreduce."""
-    from hfreduce.distributed import group_from_store, join_store
+def init_groups() -> tuple[Any, Any]:
+    """The hfreduce group and a gloo group over the same ranks, set up the way TEST_INIT says."""
+    how = os.environ.get("TEST_INIT", "hfreduce")
+    if how == "new_group":
+        dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=TIMEOUT)
+        return dist.new_group(backend="hfreduce"), dist.group.WORLD
+    dist.init_process_group(how, rank=RANK, world_size=WORLD, timeout=TIMEOUT)
+    return dist.group.WORLD, dist.new_group(backend="gloo")
 
-    dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=TIMEOUT)
+
+def check_rendezvous() -> dict[str, Any]:
+    """group_from_store on the default store, as haiscale does: layout and an allreduce."""
+    from hfreduce.distributed import join_store
+
     store = dist.distributed_c10d._get_default_store()
-    group = group_from_store(store, RANK, WORLD, prefix="test-a", timeout_s=20)
+    group, layout = join_store(store, RANK, WORLD, prefix="test-a", timeout_s=20)
     buf = torch.full((1000,), float(RANK + 1))
     group.allreduce(buf)
-    second, layout = join_store(store, RANK, WORLD, prefix="test-b", timeout_s=20)
-    buf2 = torch.full((10,), float(RANK))
-    second.allreduce(buf2, op="max")
     report = {
         "hf_rank": group.rank,
         "node_rank": group.config.node_rank,
@@ -43,32 +55,91 @@ def scenario_rendezvous() -> dict[str, Any]:
         "num_nodes": group.config.num_nodes,
         "local_world_size": group.config.local_world_size,
         "sum": buf.tolist()[:3],
-        "max": buf2.tolist()[:3],
         "torch_ranks": list(layout.torch_ranks),
     }
-    second.close()
     group.close()
+    return report
+
+
+def scenario_layout() -> dict[str, Any]:
+    """Everything one layout shows, in one launch: rendezvous, collectives against gloo, DDP."""
+    hf, gloo = init_groups()
+    report: dict[str, Any] = {"backend": dist.get_backend(hf), "seconds": {}}
+    parts = {
+        "rendezvous": check_rendezvous,
+        "collectives": lambda: collectives.compare(hf, gloo, RANK, WORLD),
+        "errors": lambda: collectives.unsupported(hf, RANK, WORLD),
+        "ddp": lambda: ddp.train_and_compare(hf, RANK, WORLD),
+    }
+    for name, part in parts.items():
+        start = time.monotonic()
+        report[name] = part()
+        report["seconds"][name] = round(time.monotonic() - start, 2)
+    dist.barrier(group=gloo)
     dist.destroy_process_group()
     return report
 
 
 def scenario_rendezvous_missing() -> dict[str, Any]:
-    """Rank WORLD-1 never calls group_from_store: the others raise RendezvousError naming it."""
+    """WORLD_SIZE counts one rank more than is launched: the others raise RendezvousError naming it."""
     from hfreduce import RendezvousError
     from hfreduce.distributed import group_from_store
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), WORLD, RANK == 0, timeout=TIMEOUT)
-    if RANK == WORLD - 1:
-        time.sleep(4)
-        return {"skipped": True}
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        WORLD,
+        RANK == 0,
+        timeout=TIMEOUT,
+        wait_for_workers=False,
+    )
+    store.set(f"started/{RANK}", "1")  # the launched ranks wait for each other, however slow their start
+    store.wait([f"started/{r}" for r in range(WORLD - 1)], TIMEOUT)
     start = time.monotonic()
     try:
-        group_from_store(store, RANK, WORLD, timeout_s=1.5)
+        group_from_store(store, RANK, WORLD, timeout_s=1.0)
     except RendezvousError as exc:
         return {
             "error": type(exc).__name__,
             "message": str(exc),
             "missing": list(exc.missing_ranks),
+            "elapsed_s": time.monotonic() - start,
+        }
+    return {"error": None}
+
+
+def scenario_kill() -> dict[str, Any]:
+    """DDP on hfreduce; rank TEST_VICTIM SIGKILLs itself in the middle of step 2's backward."""
+    import signal
+
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    victim = int(os.environ["TEST_VICTIM"])
+    dist.init_process_group("hfreduce", rank=RANK, world_size=WORLD, timeout=TIMEOUT)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(256, 1024), nn.Tanh(), nn.Linear(1024, 256))
+    ddp = DistributedDataParallel(net, bucket_cap_mb=1)
+    step = {"n": 0}
+
+    def die(grad: torch.Tensor) -> torch.Tensor:
+        if victim == RANK and step["n"] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return grad
+
+    net[0].weight.register_hook(die)  # the first layer's gradient comes last: the later buckets are in flight
+    x = torch.randn(8, 256)
+    start = time.monotonic()
+    try:
+        for n in range(6):
+            step["n"] = n
+            start = time.monotonic()
+            ddp(x).square().mean().backward()
+    except Exception as exc:
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "step": step["n"],
             "elapsed_s": time.monotonic() - start,
         }
     return {"error": None}

@@ -7,6 +7,18 @@ derive a group from a torch process group); ``ProcessGroupHFReduce`` is the back
 
 from __future__ import annotations
 
+from hfreduce.distributed.backend import BACKEND_NAME, ProcessGroupHFReduce, register
 from hfreduce.distributed.rendezvous import Layout, group_from_store, join_store, node_key, plan_layout
 
-__all__ = ["Layout", "group_from_store", "join_store", "node_key", "plan_layout"]
+register()
+
+__all__ = [
+    "BACKEND_NAME",
+    "Layout",
+    "ProcessGroupHFReduce",
+    "group_from_store",
+    "join_store",
+    "node_key",
+    "plan_layout",
+    "register",
+]

@@ -1,0 +1,539 @@
+"""The torch.distributed backend ``"hfreduce"``: a Python ``ProcessGroup`` whose collectives run on an hfreduce
+``Group``.
+
+torch 2.13 lets Python backends subclass ``torch.distributed.ProcessGroup`` only (its ``Backend`` class has no
+Python constructor), so the object the creator returns *is* the process group. Every collective returns a
+``Work`` made from a ``torch.futures.Future`` (``_create_work_from_future``) that completes with the output
+tensors, so ``work.wait()`` and ``work.get_future()`` (DDP comm hooks) work.
+
+Order: hfreduce runs collectives one at a time in submission order, and all ranks must submit in the same
+order. A collective that is one hfreduce call (``allreduce`` of float tensors, ``broadcast``, ...) is
+submitted from the caller's thread; one that needs two calls, the second shaped by the first's result
+(``all_to_all`` with split sizes), runs on this backend's own thread, and while one is pending, later
+collectives queue behind it there, so every rank submits the same sequence.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+from torch.futures import Future
+
+from hfreduce.api import Work as HFWork
+from hfreduce.distributed import tensors as tx
+from hfreduce.distributed.rendezvous import join_store
+from hfreduce.errors import GroupClosedError
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "hfreduce"
+Tensors = list[torch.Tensor]
+Start = Callable[[], HFWork]
+
+
+class ProcessGroupHFReduce(dist.ProcessGroup):
+    """torch process group over an hfreduce group formed through torch's store (see ``join_store``)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, **options: Any) -> None:
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stubs know only the C++ constructor
+        self.hf, self.layout = join_store(
+            store, rank, size, prefix="hfreduce", timeout_s=_timeout_s(timeout), **options
+        )
+        self._me = rank
+        self._lock = threading.RLock()
+        self._queued = 0  # collectives submitted to self._thread and not yet handed to hfreduce
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-torch")
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupHFReduce(rank={self._me}, size={self.size()}, nodes={self.layout.num_nodes})"
+
+    # ----- reductions -----
+
+    def allreduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        t = _one(tensors, "all_reduce")
+        kind, factor = tx.reduce_op(_op(opts), "all_reduce", t.dtype)
+        if factor is not None:  # PREMUL_SUM: scale, then sum
+            with torch.no_grad():
+                t.mul_(factor)
+            kind = "SUM"
+        if not tx.is_native(t, kind):
+            return self._via_gather(t, t, kind, keep=True)
+        op = tx.NATIVE_OPS[kind]
+        return self._simple(lambda: self.hf.allreduce_async(t, op), [t])
+
+    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> dist.Work:
+        if not tensors:
+            return _done([])
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        work = self.allreduce([flat], _reduce_opts(dist.AllreduceOptions(), opts))
+
+        def scatter_back(done: Future[Tensors]) -> Tensors:
+            done.wait()  # re-raises the allreduce's error
+            offset = 0
+            with torch.no_grad():
+                for t in tensors:
+                    t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+                    offset += t.numel()
+            return tensors
+
+        coalesced: dist.Work = _create_work_from_future(work.get_future().then(scatter_back))
+        return coalesced
+
+    def reduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        t = _one(tensors, "reduce")
+        root = self._root(opts, "reduce")
+        kind, factor = tx.reduce_op(_op(opts), "reduce", t.dtype)
+        src = t
+        if factor is not None:  # scale a copy: the buffers of ranks other than the root stay unchanged
+            src, kind = t.detach().mul(factor), "SUM"
+        if not tx.is_native(t, kind):
+            return self._via_gather(src, t, kind, keep=root == self._me)
+        op = tx.NATIVE_OPS[kind]
+        dst = self.layout.hf_rank(root)
+
+        def finish() -> None:
+            if src is not t and root == self._me:
+                with torch.no_grad():
+                    t.copy_(src)
+
+        return self._simple(lambda: self.hf.reduce_async(src, dst, op), [t], finish)
+
+    def reduce_scatter(self, outputs: Tensors, inputs: list[Tensors], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        out = _one(outputs, "reduce_scatter")
+        parts = _one(inputs, "reduce_scatter")
+        _check_parts(parts, out, self.size(), "reduce_scatter")
+        ordered = [parts[r] for r in self.layout.torch_ranks]
+        inp = torch.cat([p.detach().reshape(-1) for p in ordered])
+        return self._reduce_scatter(out, inp, opts, "reduce_scatter")
+
+    def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> dist.Work:
+        if inp.numel() != output.numel() * self.size():
+            raise ValueError(
+                f"hfreduce backend: reduce_scatter_tensor input has {inp.numel()} elements, "
+                f"needs world size ({self.size()}) x {output.numel()}"
+            )
+        if not self.layout.is_identity:
+            blocks = inp.detach().reshape(self.size(), -1)
+            inp = blocks[list(self.layout.torch_ranks)].reshape(-1)
+        return self._reduce_scatter(output, inp, opts, "reduce_scatter_tensor")
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> dist.Work:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _all_of(works, outputs)
+
+    def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, opts: Any, what: str) -> dist.Work:
+        kind, factor = tx.reduce_op(_op(opts), what, out.dtype)
+        if inp.dtype != out.dtype:
+            raise TypeError(f"hfreduce backend: {what} input is {inp.dtype}, output {out.dtype}")
+        if factor is not None:
+            inp = inp.detach().mul(factor)
+            kind = "SUM"
+        if not tx.is_native(out, kind):
+            return self._reduce_scatter_via_gather(out, inp, kind)
+        flat = inp.detach().contiguous()
+        op = tx.NATIVE_OPS[kind]
+        return self._simple(lambda: self.hf.reduce_scatter_async(out, flat, op), [out])
+
+    def _via_gather(self, src: torch.Tensor, t: torch.Tensor, kind: tx.OpName, *, keep: bool) -> dist.Work:
+        """Reduce a dtype/op hfreduce does not: gather every rank's ``src``, reduce locally in rank order (the
+        same on every rank), write the result into ``t`` if ``keep``."""
+        gathered, start, rows = self._gather_bytes(src)
+
+        def finish() -> None:
+            if keep:
+                with torch.no_grad():
+                    t.copy_(tx.combine([tx.as_dtype(r, src) for r in rows(gathered)], kind))
+
+        return self._simple(start, [t], finish)
+
+    def _reduce_scatter_via_gather(self, out: torch.Tensor, inp: torch.Tensor, kind: tx.OpName) -> dist.Work:
+        gathered, start, rows = self._gather_bytes(inp)
+        block = self.layout.hf_rank(self._me)  # inp is already in hfreduce rank order
+
+        def finish() -> None:
+            total = tx.combine([r.view(inp.dtype) for r in rows(gathered)], kind)
+            with torch.no_grad():
+                out.copy_(total.reshape(self.size(), -1)[block].view(out.shape))
+
+        return self._simple(start, [out], finish)
+
+    # ----- data movement -----
+
+    def broadcast(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        t = _one(tensors, "broadcast")
+        src = self.layout.hf_rank(self._root(opts, "broadcast"))
+        if t.dtype in tx.NATIVE_DTYPES:
+            return self._simple(lambda: self.hf.broadcast_async(t, src), [t])
+        flat, write_back = tx.host_bytes(t)
+        buf = flat if flat.numel() % 2 == 0 else torch.cat([flat, flat.new_zeros(1)])
+
+        def finish() -> None:
+            if buf is not flat:
+                flat.copy_(buf[: flat.numel()])
+            write_back()
+
+        return self._simple(lambda: self.hf.broadcast_async(tx.wire(buf), src), [t], finish)
+
+    def allgather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        outs, t = _one(outputs, "all_gather"), _one(inputs, "all_gather")
+        _check_parts(outs, t, self.size(), "all_gather")
+        gathered, start, rows = self._gather_bytes(t)
+
+        def finish() -> None:
+            blocks = rows(gathered)
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(tx.as_dtype(blocks[r], o))
+
+        return self._simple(start, outs, finish)
+
+    def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> dist.Work:
+        if output.numel() != inp.numel() * self.size() or output.dtype != inp.dtype:
+            raise ValueError(
+                f"hfreduce backend: all_gather_into_tensor output ({output.dtype}, {output.numel()} elements) "
+                f"must be world size ({self.size()}) x input ({inp.dtype}, {inp.numel()})"
+            )
+        direct = output.device.type == "cpu" and output.is_contiguous() and self.layout.is_identity
+        if direct and inp.dtype in tx.NATIVE_DTYPES:
+            src = inp.detach().contiguous()
+            return self._simple(lambda: self.hf.allgather_async(output, src), [output])
+        gathered, start, rows = self._gather_bytes(inp)
+
+        def finish() -> None:
+            with torch.no_grad():
+                output.copy_(torch.cat(rows(gathered)).view(output.dtype).reshape(output.shape))
+
+        return self._simple(start, [output], finish)
+
+    def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> dist.Work:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _all_of(works, outputs)
+
+    def gather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        t = _one(inputs, "gather")
+        root = self._root(opts, "gather")
+        outs = _one(outputs, "gather") if root == self._me else []
+        if root == self._me:
+            _check_parts(outs, t, self.size(), "gather")
+        gathered, start, rows = self._gather_bytes(t)
+
+        def finish() -> None:
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(tx.as_dtype(rows(gathered)[r], o))
+
+        return self._simple(start, outs, finish)
+
+    def scatter(self, outputs: Tensors, inputs: list[Tensors], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        out = _one(outputs, "scatter")
+        root = self._root(opts, "scatter")
+        nbytes = tx.padded(out.numel() * out.element_size())
+        buf = torch.zeros(nbytes * self.size(), dtype=torch.uint8)
+        if root == self._me:
+            parts = _one(inputs, "scatter")
+            _check_parts(parts, out, self.size(), "scatter")
+            for r, p in enumerate(parts):
+                raw, _ = tx.host_bytes(p)
+                buf[r * nbytes : r * nbytes + raw.numel()].copy_(raw)
+        src = self.layout.hf_rank(root)
+
+        def finish() -> None:
+            mine = buf[self._me * nbytes : self._me * nbytes + out.numel() * out.element_size()]
+            with torch.no_grad():
+                out.copy_(tx.as_dtype(mine, out))
+
+        return self._simple(lambda: self.hf.broadcast_async(tx.wire(buf), src), [out], finish)
+
+    def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> dist.Work:
+        if len(outputs) != self.size() or len(inputs) != self.size():
+            raise ValueError(f"hfreduce backend: all_to_all needs {self.size()} input and output tensors")
+        raws = [tx.host_bytes(t)[0] for t in inputs]
+        send = torch.cat(raws) if raws else torch.zeros(0, dtype=torch.uint8)
+        in_sizes = [r.numel() for r in raws]
+        out_sizes = [o.numel() * o.element_size() for o in outputs]
+
+        def body() -> None:
+            pieces = self._exchange(send, in_sizes, out_sizes, "all_to_all")
+            with torch.no_grad():
+                for o, piece in zip(outputs, pieces, strict=True):
+                    o.copy_(tx.as_dtype(piece, o))
+
+        return self._composite(body, outputs)
+
+    def all_to_all_single(
+        self, output: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
+    ) -> dist.Work:
+        n = self.size()
+        in_rows, out_rows = _splits(in_splits, inp, n, "input"), _splits(out_splits, output, n, "output")
+        in_row = inp[0].numel() * inp.element_size() if inp.dim() and inp.shape[0] else 0
+        out_row = output[0].numel() * output.element_size() if output.dim() and output.shape[0] else 0
+        send, _ = tx.host_bytes(inp)
+        in_sizes, out_sizes = [r * in_row for r in in_rows], [r * out_row for r in out_rows]
+        flat, write_back = tx.host_bytes(output)
+
+        def place(pieces: Tensors) -> None:
+            if pieces:
+                flat.copy_(torch.cat(pieces))
+            write_back()
+
+        if not in_splits and not out_splits:  # even splits: every rank's input has the same size
+            gathered, start, rows = self._gather_bytes(inp)
+            me, size = self._me, in_sizes[0] if in_sizes else 0
+
+            def finish() -> None:
+                blocks = rows(gathered)
+                place([blocks[j][me * size : (me + 1) * size] for j in range(n)])
+
+            return self._simple(start, [output], finish)
+
+        def body() -> None:
+            place(self._exchange(send, in_sizes, out_sizes, "all_to_all_single"))
+
+        return self._composite(body, [output])
+
+    def _exchange(self, send: torch.Tensor, in_sizes: list[int], out_sizes: list[int], what: str) -> Tensors:
+        """All-to-all of bytes, on the backend thread: every rank learns every rank's split sizes, then gathers
+        every rank's whole input (padded to the largest) and keeps its pieces."""
+        n, me = self.size(), self._me
+        sizes = torch.tensor(in_sizes, dtype=torch.int64)
+        table = torch.zeros(n * n, dtype=torch.int64)
+        self.hf.allgather(tx.wire(table.view(torch.uint8)), tx.wire(sizes.view(torch.uint8)))
+        matrix = table.view(n, n)[[self.layout.hf_rank(j) for j in range(n)]]
+        got = matrix[:, me].tolist()
+        if got != out_sizes:
+            raise ValueError(f"hfreduce backend: {what} output splits take {out_sizes} bytes, the senders send {got}")
+        width = tx.padded(int(matrix.sum(1).max()))
+        mine = torch.zeros(width, dtype=torch.uint8)
+        mine[: send.numel()].copy_(send)
+        everyone = torch.empty(width * n, dtype=torch.uint8)
+        self.hf.allgather(tx.wire(everyone), tx.wire(mine))
+        offsets = torch.cumsum(matrix, 1) - matrix
+        pieces = []
+        for j in range(n):
+            base = self.layout.hf_rank(j) * width + int(offsets[j, me])
+            pieces.append(everyone[base : base + got[j]])
+        return pieces
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        return self._simple(self.hf.barrier_async, [torch.zeros(0)])
+
+    # ----- what hfreduce does not do -----
+
+    def send(self, tensors: Tensors, dst: int, tag: int = 0) -> dist.Work:
+        raise NotImplementedError("hfreduce backend: send is not supported (no point-to-point transfers)")
+
+    def recv(self, tensors: Tensors, src: int, tag: int = 0) -> dist.Work:
+        raise NotImplementedError("hfreduce backend: recv is not supported (no point-to-point transfers)")
+
+    def recv_anysource(self, tensors: Tensors, tag: int = 0) -> dist.Work:
+        raise NotImplementedError("hfreduce backend: recv (any source) is not supported (no point-to-point)")
+
+    def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
+        raise NotImplementedError("hfreduce backend: monitored_barrier is not supported (use barrier)")
+
+    # ----- lifetime -----
+
+    def shutdown(self) -> None:
+        self._thread.shutdown(wait=True)
+        self.hf.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    # ----- machinery -----
+
+    def _root(self, opts: Any, what: str) -> int:
+        root = int(getattr(opts, "rootRank", 0))
+        if not 0 <= root < self.size():
+            raise ValueError(f"hfreduce backend: {what} root rank {root} not in [0, {self.size()})")
+        return root
+
+    def _gather_bytes(self, t: torch.Tensor) -> tuple[torch.Tensor, Start, Callable[[torch.Tensor], Tensors]]:
+        """Buffers for an allgather of ``t``'s bytes: the gathered buffer, the call, and its rows by torch rank."""
+        raw, _ = tx.host_bytes(t)
+        nbytes, width = raw.numel(), tx.padded(raw.numel())
+        mine = raw if width == nbytes else torch.cat([raw, raw.new_zeros(1)])
+        gathered = torch.empty(width * self.size(), dtype=torch.uint8)
+
+        def start() -> HFWork:
+            return self.hf.allgather_async(tx.wire(gathered), tx.wire(mine))
+
+        def rows(buf: torch.Tensor) -> Tensors:
+            at = [self.layout.hf_rank(j) * width for j in range(self.size())]
+            return [buf[a : a + nbytes] for a in at]
+
+        return gathered, start, rows
+
+    def _simple(self, start: Start, result: Tensors, finish: Callable[[], None] | None = None) -> dist.Work:
+        """One hfreduce call: submitted now from this thread, or behind a pending multi-step collective."""
+        outcome = Outcome(result)
+
+        def settle(error: BaseException | None) -> None:
+            if error is None and finish is not None:
+                try:
+                    finish()
+                except BaseException as exc:
+                    error = exc
+            outcome.settle(error)
+
+        with self._lock:
+            direct = self._queued == 0
+            if direct:
+                try:
+                    work = start()
+                except GroupClosedError as exc:
+                    raise _named(exc) from exc
+        if direct:
+            work.add_done_callback(settle)  # outside the lock: torch runs the future's callbacks right here
+            return outcome.work()
+
+        def run() -> None:
+            try:
+                start().wait()
+            except BaseException as exc:
+                settle(exc)
+                return
+            settle(None)
+
+        return self._queue(run, outcome)
+
+    def _composite(self, body: Callable[[], None], result: Tensors) -> dist.Work:
+        outcome = Outcome(result)
+
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:
+                outcome.settle(exc)
+                return
+            outcome.settle(None)
+
+        return self._queue(run, outcome)
+
+    def _queue(self, run: Callable[[], None], outcome: Outcome) -> dist.Work:
+        def task() -> None:
+            try:
+                run()
+            finally:
+                with self._lock:
+                    self._queued -= 1
+
+        with self._lock:
+            self._queued += 1
+            self._thread.submit(task)
+        return outcome.work()
+
+
+class Outcome:
+    """The future a collective's ``Work`` hands out, failed the way torch's C++ side sees.
+
+    ``torch.futures.Future.set_exception`` only stores the exception as the future's *value*: C++ consumers (DDP's
+    reducer, ``Work.wait``) would take it for a result. A callback that raises, though, marks the future it
+    returns as failed, so the work's future is ``raw.then(unwrap)`` and a failure raises in ``unwrap``.
+    """
+
+    def __init__(self, result: Tensors) -> None:
+        self._result = result
+        self._error: BaseException | None = None
+        self._raw: Future[Tensors] = Future()
+        self.future: Future[Tensors] = self._raw.then(self._unwrap)
+
+    def _unwrap(self, _: Future[Tensors]) -> Tensors:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def settle(self, error: BaseException | None) -> None:
+        self._error = None if error is None else _named(error)
+        self._raw.set_result([])
+
+    def work(self) -> dist.Work:
+        work: dist.Work = _create_work_from_future(self.future)
+        return work
+
+
+def _timeout_s(timeout: datetime.timedelta | None) -> float | None:
+    return timeout.total_seconds() if timeout is not None and timeout.total_seconds() > 0 else None
+
+
+def _op(opts: Any) -> Any:
+    return getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+
+
+def _reduce_opts(target: Any, source: Any) -> Any:
+    if source is not None:
+        target.reduceOp = source.reduceOp
+    return target
+
+
+def _one(items: Sequence[Any], what: str) -> Any:
+    if len(items) != 1:
+        raise ValueError(f"hfreduce backend: {what} takes one tensor (list) per rank, got {len(items)}")
+    return items[0]
+
+
+def _check_parts(parts: Tensors, like: torch.Tensor, world: int, what: str) -> None:
+    if len(parts) != world:
+        raise ValueError(f"hfreduce backend: {what} needs {world} tensors, got {len(parts)}")
+    for p in parts:
+        if p.numel() != like.numel() or p.dtype != like.dtype:
+            raise ValueError(
+                f"hfreduce backend: {what} tensors must all be {like.dtype} with {like.numel()} elements, "
+                f"got {p.dtype} with {p.numel()}"
+            )
+
+
+def _splits(splits: list[int], t: torch.Tensor, world: int, what: str) -> list[int]:
+    rows = t.shape[0] if t.dim() else 0
+    if not splits:
+        if rows % world:
+            raise ValueError(f"hfreduce backend: all_to_all_single {what} of {rows} rows does not split {world} ways")
+        return [rows // world] * world
+    if len(splits) != world or sum(splits) != rows or min(splits) < 0:
+        raise ValueError(f"hfreduce backend: all_to_all_single {what} splits {splits} do not cover {rows} rows")
+    return list(splits)
+
+
+def _done(result: Tensors) -> dist.Work:
+    outcome = Outcome(result)
+    outcome.settle(None)
+    return outcome.work()
+
+
+def _all_of(works: list[dist.Work], result: Tensors) -> dist.Work:
+    def check(done: Future[list[Future[Any]]]) -> Tensors:
+        for part in done.wait():
+            part.wait()  # re-raises a part's error
+        return result
+
+    work: dist.Work = _create_work_from_future(torch.futures.collect_all([w.get_future() for w in works]).then(check))
+    return work
+
+
+def _named(error: BaseException) -> BaseException:
+    """torch shows a failed future's error as text: keep hfreduce's message (it names the failed rank)."""
+    if isinstance(error, RuntimeError | ValueError | TypeError | NotImplementedError):
+        return error
+    return RuntimeError(f"hfreduce backend: {type(error).__name__}: {error}")
+
+
+def create_process_group(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupHFReduce:
+    """The creator torch calls for ``init_process_group("hfreduce")`` and ``new_group(backend="hfreduce")``."""
+    return ProcessGroupHFReduce(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Register ``"hfreduce"`` with torch.distributed (done once by ``import hfreduce.distributed``)."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])

@@ -1,0 +1,68 @@
+"""hfreduce inside torch.distributed, on real processes: one launch per layout (nodes x ranks per node) shows
+``group_from_store``, every collective against gloo, and torch DDP against single-process training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+# one way of creating the group per layout, so each is covered
+LAYOUTS = [(1, 2, "hfreduce"), (2, 1, "cpu:hfreduce"), (2, 2, "new_group")]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}x{p[1]}-{p[2]}")
+def layout_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from .conftest import launch_torch
+
+    nodes, local, init = request.param
+    results = launch_torch(tmp_path_factory.mktemp("torch"), nodes, local, "layout", env={"TEST_INIT": init})
+    return {"nodes": nodes, "local": local, "results": results}
+
+
+def ranks(run: dict[str, Any]) -> list[dict[str, Any]]:
+    for res in run["results"]:
+        assert "crash" not in res, res.get("traceback", res)
+    return list(run["results"])
+
+
+def test_group_from_store_finds_the_layout(layout_run: dict[str, Any]) -> None:
+    nodes, local = layout_run["nodes"], layout_run["local"]
+    world = nodes * local
+    for rank, res in enumerate(ranks(layout_run)):
+        rv = res["rendezvous"]
+        assert rv["hf_rank"] == rank
+        assert (rv["node_rank"], rv["local_rank"]) == divmod(rank, local)
+        assert (rv["num_nodes"], rv["local_world_size"]) == (nodes, local)
+        assert rv["sum"] == [world * (world + 1) / 2] * 3
+        assert rv["torch_ranks"] == list(range(world))
+
+
+def test_every_collective_matches_gloo(layout_run: dict[str, Any]) -> None:
+    for res in ranks(layout_run):
+        assert res["backend"] in ("hfreduce", "cpu:hfreduce")
+        failed = {name: what for name, what in res["collectives"].items() if what != "ok"}
+        assert not failed, failed
+        assert len(res["collectives"]) > 40
+
+
+def test_unsupported_ops_raise_naming_the_op(layout_run: dict[str, Any]) -> None:
+    world = layout_run["nodes"] * layout_run["local"]
+    for res in ranks(layout_run):
+        errors = res["errors"]
+        assert errors["send"].startswith("NotImplementedError") and "send" in errors["send"], errors
+        assert "BAND" in errors["BAND float"] and "torch.float32" in errors["BAND float"], errors
+        assert errors["recv"].startswith("NotImplementedError") and "recv" in errors["recv"], errors
+        bxor = errors["BXOR half in reduce_scatter"]
+        assert "reduce_scatter" in bxor and "BXOR" in bxor and "torch.float16" in bxor, errors
+        assert "AVG" in errors["AVG int"] and "int64" in errors["AVG int"], errors
+        assert errors["after"] == str([float(world)] * 3)  # the group still works
+
+
+def test_torch_ddp_trains_like_one_process(layout_run: dict[str, Any]) -> None:
+    for res in ranks(layout_run):
+        ddp = res["ddp"]
+        assert ddp["default"] <= ddp["tolerance"], ddp
+        assert ddp["comm_hook"] <= ddp["tolerance"], ddp
