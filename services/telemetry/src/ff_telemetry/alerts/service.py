@@ -28,6 +28,7 @@ from ff_telemetry.store.query import Viewer
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 LOG_FILE = "alerts.jsonl"
+LAST_AT_SLACK_S = 300.0
 _STATES = {pb.ALERT_STATE_FIRING: AlertState.FIRING, pb.ALERT_STATE_RESOLVED: AlertState.RESOLVED}
 _STATES_PB = {v: k for k, v in _STATES.items()}
 
@@ -40,7 +41,8 @@ class StoreMetricReader:
 
     async def series(self, name: str, since: float, until: float) -> Sequence[SeriesFact]:
         def read(session: Session) -> list[SeriesFact]:
-            found = reads.find_series(session, name, (), Viewer.everything(), active_from=since)
+            # A series' last_at is written by the store's job: look that much further back.
+            found = reads.find_series(session, name, (), Viewer.everything(), active_from=since - LAST_AT_SLACK_S)
             rows = reads.rows_for(session, found, RAW, since, until)
             return [SeriesFact(dict(r.labels), tuple((row.at, row.value) for row in r.rows)) for r in rows]
 
