@@ -31,7 +31,9 @@ class TelemetrySettings(SettingsModel):
     hour_retention_s: float = Field(400 * 86_400.0, gt=0, description="how long 1-hour buckets are kept")
     downsample_interval_s: float = Field(30.0, gt=0, description="how often downsampling and retention run")
     downsample_lag_s: float = Field(120.0, ge=0, description="a bucket is made this long after it ends")
-    max_series_per_metric: int = Field(10_000, ge=1, description="distinct label sets one metric may have")
+    max_series_per_metric: int = Field(
+        50_000, ge=1, description="distinct label sets one metric may have (all sources)"
+    )
     max_samples_per_push: int = Field(10_000, ge=1, description="samples in one PushSamples call")
     scrape_interval_s: float = Field(15.0, ge=0, description="how often services' /metrics are scraped; 0: never")
     scrape_timeout_s: float = Field(5.0, gt=0, description="deadline of one scrape")

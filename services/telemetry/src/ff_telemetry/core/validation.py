@@ -37,7 +37,7 @@ class Limits:
     max_labels: int = 32
     max_name_chars: int = 200
     max_value_chars: int = 1024
-    max_series_per_metric: int = 10_000
+    max_series_per_metric: int = 50_000
     # Samples older than this are refused: the raw tier would not keep them.
     max_sample_age_s: float = 86_400.0
 
