@@ -96,7 +96,9 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     folder = Path(tmp_path_factory.mktemp("alerts"))
     (folder / "rules.toml").write_text(RULES)
     async with running_with_users(folder, f"sqlite:///{folder / 'mgmtd.db'}") as (mgmtd, tokens):
-        scheduler = await start_scheduler(folder, f"sqlite:///{folder / 'sched.db'}", mgmtd.address, CLUSTER_TOKEN)
+        scheduler = await start_scheduler(
+            folder, f"sqlite:///{folder / 'sched.db'}", mgmtd.address, CLUSTER_TOKEN, telemetry_interval_s=0.5
+        )
         telemetry = await start_telemetry(
             folder, f"sqlite:///{folder / 'telemetry.db'}", mgmtd.address, CLUSTER_TOKEN,
             alerts=True, alerts_config=folder / "rules.toml", scrape_interval_s=0,
@@ -176,6 +178,13 @@ async def test_a_ranks_samples_carry_the_agents_labels_and_alerts_follow_its_fau
     assert values == sorted(values) and values[-1] > 1
     assert await query(env, "bob", "hfai_step", task_id=str(task.task_id)) == []  # bob does not see alice's task
     assert await query(env, "cluster", "ff_node_cpus", node="a1", service="agent")  # the agent's node series
+
+    async def queue_pushed() -> bool:  # the scheduler's queue series: one task running, its run running
+        tasks = await query(env, "cluster", "ff_scheduler_tasks", state="running", service="scheduler")
+        runs = await query(env, "cluster", "ff_scheduler_runs", state="running")
+        return [s.points[-1].value for s in tasks + runs] == [1.0, 1.0]
+
+    await eventually(queue_pushed, timeout_s=30, what="the scheduler's queue series")
 
     # The task stops making progress, and its loss turns NaN: both alerts fire, for alice's eyes only.
     (ctl / "stall").touch()
