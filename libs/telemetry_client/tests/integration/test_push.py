@@ -1,0 +1,47 @@
+"""The pusher against a real collector found through a real mgmtd: while telemetry is not there the buffer
+keeps the newest samples and counts the rest; once it is, they arrive with the drop count as a counter."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
+from ff_telemetry.testing import TelemetryClient
+from ff_telemetry.testing import start_in_process as start_telemetry
+from ff_telemetry_client import DROPPED_METRIC, Kind, PushOptions, SampleBuffer, TelemetryPusher
+from fireflyer.telemetry.v1 import telemetry_pb2 as pb
+
+
+async def _last_values(client: TelemetryClient, name: str) -> list[float]:
+    now = time.time()
+    req = pb.QueryRangeRequest(name=name, start_at=now - 60, end_at=now, step_s=1.0)
+    return [s.points[-1].value for s in (await client.call(client.stub.QueryRange, req)).series if s.points]
+
+
+async def test_samples_wait_for_telemetry_and_drops_arrive_as_a_counter(tmp_path: Path) -> None:
+    async with running_with_users(tmp_path, f"sqlite:///{tmp_path / 'mgmtd.db'}") as (mgmtd, tokens):
+        buffer = SampleBuffer(capacity=5)
+        options = PushOptions(token=tokens["alice"], mgmtd_addresses=[mgmtd.address], common_labels={"job": "t"})
+        pusher = TelemetryPusher(options, buffer)
+        try:
+            for i in range(8):
+                buffer.add("steps_done", i, {"rank": "0"}, kind=Kind.COUNTER, sampled_at=time.time() - 8 + i)
+            assert not await pusher.flush()  # no telemetry registered yet: nothing sent, nothing lost but 3
+            assert (len(buffer), buffer.dropped) == (5, 3)
+            telemetry = await start_telemetry(tmp_path, f"sqlite:///{tmp_path / 't.db'}", mgmtd.address, CLUSTER_TOKEN)
+            client = TelemetryClient(telemetry.address, tokens["alice"])
+            try:
+                for _ in range(50):  # until telemetry has registered with mgmtd
+                    if await pusher.flush() and pusher.num_pushed:
+                        break
+                    await asyncio.sleep(0.1)
+                assert pusher.num_pushed == 5 and len(buffer) == 0
+                assert await _last_values(client, "steps_done") == [7.0]
+                assert await _last_values(client, DROPPED_METRIC) == [3.0]
+            finally:
+                await client.close()
+                await telemetry.shutdown()
+        finally:
+            await pusher.close()
