@@ -112,6 +112,12 @@ async def push_for(address: str, token: str, payload: bytes, seconds: float, con
         return acked, time.perf_counter() - start
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stored_rows(db: str) -> int:
     engine = sa.create_engine(f"sqlite:///{db}")
     try:
@@ -121,22 +127,27 @@ def stored_rows(db: str) -> int:
         engine.dispose()
 
 
-async def client(info: dict[str, str], args: argparse.Namespace) -> None:
+async def client(info: dict[str, str], args: argparse.Namespace, server_pid: int) -> None:
     payload = batch_bytes()
     print(f"batch: {BATCH} samples, {len(payload)} bytes; {args.concurrency} calls in flight")
     await push_for(info["noop"], info["token"], payload, 1.0, args.concurrency)  # warm both up
     await push_for(info["telemetry"], info["token"], payload, 1.0, args.concurrency)
-    ratios = []
+    ratios, cpu_ratios = [], []
     for r in range(args.rounds):
         order = ["noop", "telemetry"] if r % 2 == 0 else ["telemetry", "noop"]
-        rates = {}
+        rates, cpu_per_k = {}, {}
         for side in order:
+            cpu_before = cpu_s(server_pid)
             acked, elapsed = await push_for(info[side], info["token"], payload, args.round_s, args.concurrency)
             rates[side] = acked / elapsed
+            cpu_per_k[side] = (cpu_s(server_pid) - cpu_before) / acked * 1e6  # server CPU ms per 1000 samples
         ratios.append(rates["telemetry"] / rates["noop"])
-        print(f"round {r + 1}: collector {rates['telemetry']:,.0f} samples/s, no-op {rates['noop']:,.0f} samples/s, "
-              f"ratio {ratios[-1]:.2f}")  # fmt: skip
-    print(f"median ratio collector/no-op over {args.rounds} rounds: {statistics.median(ratios):.2f} (goal >= 0.5)")
+        cpu_ratios.append(cpu_per_k["noop"] / cpu_per_k["telemetry"])
+        tel, noop = rates["telemetry"], rates["noop"]
+        print(f"round {r + 1}: collector {tel:,.0f} samples/s ({cpu_per_k['telemetry']:.2f} ms server CPU per 1000), "
+              f"no-op {noop:,.0f} samples/s ({cpu_per_k['noop']:.2f} ms), ratio {ratios[-1]:.2f}")  # fmt: skip
+    print(f"median ratio collector/no-op over {args.rounds} rounds: {statistics.median(ratios):.2f} (goal >= 0.5); "
+          f"by server CPU per sample: {statistics.median(cpu_ratios):.2f}")  # fmt: skip
     before = stored_rows(info["db"])
     acked, elapsed = await push_for(info["telemetry"], info["token"], payload, args.sustain_s, args.concurrency)
     stored = stored_rows(info["db"]) - before
@@ -166,7 +177,7 @@ def main() -> None:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("the bench server did not start")
                 time.sleep(0.1)
-            asyncio.run(client(json.loads(ready.read_text()), args))
+            asyncio.run(client(json.loads(ready.read_text()), args, server.pid))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
