@@ -5,10 +5,12 @@ SIGKILLed at three moments, and the scheduler counting only a manifest that exis
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,6 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from haiscale import checkpoint as ckpt
 
 import hf3fs
 from ff_cluster import MgmtdClient
@@ -35,9 +36,13 @@ from ff_scheduler.testing import (
     task_of,
 )
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing import free_port
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from haiscale import checkpoint as ckpt
+from hfai import runcontrol
+from hfai.runcontrol import RunControl
 
 WORKER = Path(__file__).with_name("checkpoint_crash_worker.py")
 USERS = {"ck-alice": common_pb2.ROLE_USER, "ck-bob": common_pb2.ROLE_USER, "ck-admin": common_pb2.ROLE_ADMIN}
@@ -197,3 +202,75 @@ async def test_the_scheduler_counts_only_a_manifest_of_the_tasks_user(cluster: C
 
 async def _running(client: SchedulerClient, task_id: int) -> bool:
     return (await task_of(client, task_id)).current_run.state == pb.RUN_STATE_RUNNING
+
+
+# ---- the example trainer: data and checkpoints in 3FS, suspended through HAI's run-control protocol ----
+
+EXAMPLE = Path(__file__).parents[4] / "examples" / "gpt"
+STEPS = 60
+TINY = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "1", "--heads", "2", "--log-every", "5"]
+
+
+def _launch(cluster: Cluster, args: list[str], env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    """Two ranks of the trainer, torchrun-style, as alice."""
+    port = str(free_port())
+    base = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"],
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+            **env}  # fmt: skip
+    return [subprocess.Popen([sys.executable, str(EXAMPLE / "train.py"), *TINY, *args], env={**base, "RANK": str(r)},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]  # fmt: skip
+
+
+def _losses(path: Path) -> dict[int, float]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {(d := json.loads(line))["step"]: d["loss"] for line in lines}
+
+
+def _finish(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out.decode()[-3000:]
+
+
+@pytest.mark.timeout(600)  # six trainer processes: about 30 s on a quiet 2-core machine, far more under load
+def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(cluster: Cluster,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
+    data = "hf3fs:///ck/ck-alice/corpus.txt"
+    subprocess.run([sys.executable, str(EXAMPLE / "corpus.py"), data, "--mib", "0.25"], env=env, check=True,
+                   timeout=120)  # fmt: skip
+    common = ["--data", data, "--ckpt-every", "10"]
+    reference = _launch(cluster, [*common, "--steps", str(STEPS), "--ckpt", "hf3fs:///ck/ck-alice/gpt-ref",
+                                  "--metrics", str(tmp_path / "ref.jsonl")], {})  # fmt: skip
+    run_dir = RunControl(tmp_path / "run").create()
+    root, metrics = "hf3fs:///ck/ck-alice/gpt", tmp_path / "run.jsonl"
+    first = _launch(
+        cluster,
+        [*common, "--steps", "100000", "--ckpt", root, "--metrics", str(metrics)],
+        {"HFAI_RUN_DIR": str(run_dir.folder)},
+    )  # fmt: skip (suspended long before its end)
+    deadline = time.monotonic() + 400
+    while max(_losses(metrics), default=0) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    run_dir.raise_suspend()  # what the agent does when the scheduler suspends the run
+    events: list[Any] = []
+    while not any(e.kind == runcontrol.GO_SUSPEND for e in events) and time.monotonic() < deadline:
+        events += run_dir.new_events()
+        time.sleep(0.05)
+    kinds = [e.kind for e in events]
+    assert kinds[:2] == [runcontrol.RECEIVED, runcontrol.CHECKPOINT] and kinds[-1] == runcontrol.GO_SUSPEND, kinds
+    for p in first:  # the agent stops the run once it called go_suspend()
+        p.terminate()
+        p.wait(30)
+    suspended_at = int(events[-2].data["step"])  # the last report: the checkpoint taken at the suspend
+    assert events[-2].data["path"] == f"/ck/ck-alice/gpt/step-{suspended_at:09d}/{ckpt.MANIFEST}"
+    assert 6 <= suspended_at < STEPS - 5 and max(_losses(metrics)) == suspended_at, suspended_at
+
+    _finish(_launch(cluster, [*common, "--steps", str(STEPS), "--ckpt", root, "--metrics", str(metrics)], {}))
+    _finish(reference)
+    ref, run = _losses(tmp_path / "ref.jsonl"), _losses(metrics)
+    assert sorted(run) == sorted(ref) == list(range(1, STEPS + 1))
+    # same data order, RNG, optimizer state and reduction order: equal to fp32 rounding (1e-6 relative)
+    for step in range(1, STEPS + 1):
+        assert abs(run[step] - ref[step]) <= 1e-6 * abs(ref[step]), (step, run[step], ref[step], suspended_at)
+    assert run[STEPS] < run[1] - 0.5  # and it learned something

@@ -1,0 +1,180 @@
+"""haiscale.checkpoint on a real 3FS cluster: save and load throughput against the hf3fs client's sequential
+write and read of the same bytes, and a training step's time while an async save runs against without.
+
+One run starts a real cluster (mgmtd, three storage services with chains of 3, one meta service, as processes
+on this machine, state under ``--dir``) and, each round, in an order that rotates from round to round:
+
+- ``save``: ``ckpt.save(..., blocking=True)`` of a state of ``--size-mib`` MiB (an MLP's parameters and two
+  Adam-like moments, a few dozen tensors), snapshot, crc32, batch writes, manifest and rename included;
+  ``seq write``: the same number of bytes written to one file with ``fs.open(..., "wb")`` in 4 MiB writes
+  and closed (the client's sequential path, as in bench/hf3fs_sequential.py);
+- ``load``: ``ckpt.load`` of that checkpoint into the same tensors (batch reads, crc32 checked);
+  ``seq read``: the file read back with ``readinto`` into a reused 4 MiB buffer;
+- ``steps``: ``--steps`` training steps of a small MLP (``--step-mib`` MiB of parameters) timed alone, and the
+  same steps with an async save of the MLP's state started before them (the steps run while it is written).
+
+    .venv/bin/python bench/checkpoint.py                        # 256 MiB, 3 rounds
+    .venv/bin/python bench/checkpoint.py --size-mib 128 --rounds 5 --dir /work/tmp
+
+Prints the median MiB/s of each, the median of per-round ratios save/seq write and load/seq read (goal
+>= 0.7), and the median per-round ratio of the step time with a save in flight to without (goal <= 1.15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _hf3fs_common import bench_cluster
+
+from haiscale import checkpoint as ckpt
+
+MIB = 1 << 20
+BLOCK = 4 * MIB
+
+
+def state_of(size: int) -> dict[str, Any]:
+    """About ``size`` bytes of fp32: 16 layers of weights and biases and two moments of each."""
+    per_tensor = size // (16 * 3) // 4
+    cols = 1024
+    rows = max(1, per_tensor // cols)
+    g = torch.Generator().manual_seed(0)
+    layers = {f"l{i}": {"w": torch.randn(rows, cols, generator=g), "b": torch.randn(cols, generator=g)}
+              for i in range(16)}  # fmt: skip
+    moments = {f"l{i}.{m}": torch.randn(rows, cols, generator=g) for i in range(16) for m in ("m", "v")}
+    return {"model": layers, "moments": moments, "step": 1}
+
+
+def nbytes(state: dict[str, Any]) -> int:
+    total = 0
+    for v in state.values():
+        if isinstance(v, dict):
+            total += nbytes(v)
+        elif isinstance(v, torch.Tensor):
+            total += v.numel() * v.element_size()
+    return total
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Runner:
+    def __init__(self, fs: Any, size_mib: int, step_mib: int, steps: int) -> None:
+        self.fs = fs
+        self.state = state_of(size_mib * MIB)
+        self.size = nbytes(self.state)
+        self.payload = memoryview(torch.randn(BLOCK // 4).numpy().tobytes())
+        self.buf = memoryview(bytearray(BLOCK))
+        self.step_no = 0
+        self.steps = steps
+        width = int((step_mib * MIB / 4 / 4) ** 0.5)
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(4)))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
+        self.x = torch.randn(32, width)
+
+    def save(self) -> float:
+        self.step_no += 1
+        return timed(lambda: ckpt.save("hf3fs:///bench/ckpt", self.state, step=self.step_no, keep=1, fs=self.fs,
+                                       blocking=True) and None)  # fmt: skip
+
+    def seq_write(self) -> float:
+        def run() -> None:
+            with self.fs.open("/bench/seq.bin", "wb") as f:
+                done = 0
+                while done < self.size:
+                    n = min(BLOCK, self.size - done)
+                    f.write(self.payload[:n])
+                    done += n
+
+        return timed(run)
+
+    def load(self) -> float:
+        return timed(lambda: ckpt.load("hf3fs:///bench/ckpt", self.state, fs=self.fs) and None)
+
+    def seq_read(self) -> float:
+        def run() -> None:
+            with self.fs.open("/bench/seq.bin", "rb", buffering=0) as f:
+                while f.readinto(self.buf):
+                    pass
+
+        return timed(run)
+
+    def _train(self) -> float:
+        t0 = time.perf_counter()
+        for _ in range(self.steps):
+            loss = self.model(self.x).square().mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return (time.perf_counter() - t0) / self.steps
+
+    def steps_alone(self) -> float:
+        return self._train()
+
+    def steps_saving(self) -> float:
+        """Mean step time of steps run while an async save of the state is written."""
+        self.step_no += 1
+        state = {"model": self.model.state_dict(), "big": self.state}
+        handle = ckpt.save("hf3fs:///bench/train", state, step=self.step_no, keep=1, fs=self.fs)
+        mean = self._train()
+        if not handle.done():
+            print("  (the save outlasted the steps)", flush=True)
+        handle.wait()
+        return mean
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=int, default=256)
+    p.add_argument("--step-mib", type=int, default=16, help="MiB of parameters of the trained MLP")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dir", type=Path, default=None, help="where the cluster lives")
+    a = p.parse_args()
+    with bench_cluster("ckpt-bench-", a.dir, with_mount=False) as c:
+        r = Runner(c.fs, a.size_mib, a.step_mib, a.steps)
+        mib = r.size / MIB
+        print(f"{mib:.0f} MiB in {sum(1 for _ in ckpt_leaves(r.state))} tensors, {a.rounds} rounds, state in {c.root}")
+        pairs = [("save", "seq_write"), ("load", "seq_read"), ("steps_saving", "steps_alone")]
+        times: dict[str, list[float]] = {k: [] for pair in pairs for k in pair}
+        r.seq_write()  # the file seq_read reads
+        r.save()  # the checkpoint load reads
+        for i in range(a.rounds):
+            line = []
+            for pair in pairs[i % 3 :] + pairs[: i % 3]:
+                for name in pair if i % 2 == 0 else pair[::-1]:
+                    times[name].append(getattr(r, name)())
+                    line.append(f"{name} {times[name][-1]:.3f}s")
+            print(f"round {i + 1}: " + " | ".join(line), flush=True)
+        print("\nmedians:")
+        for a_, b_ in pairs[:2]:
+            ratio = statistics.median(b / x for x, b in zip(times[a_], times[b_], strict=True))
+            print(f"  {a_:<5} {mib / statistics.median(times[a_]):8.1f} MiB/s   {b_:<9} "
+                  f"{mib / statistics.median(times[b_]):8.1f} MiB/s   ratio x{ratio:.3f} (goal >= 0.7)")  # fmt: skip
+        ratio = statistics.median(x / b for x, b in zip(times["steps_saving"], times["steps_alone"], strict=True))
+        print(f"  step {1e3 * statistics.median(times['steps_alone']):.1f} ms alone, "
+              f"{1e3 * statistics.median(times['steps_saving']):.1f} ms with a save in flight: "
+              f"x{ratio:.3f} (goal <= 1.15)")  # fmt: skip
+    return 0
+
+
+def ckpt_leaves(state: dict[str, Any]) -> Any:
+    for v in state.values():
+        if isinstance(v, dict):
+            yield from ckpt_leaves(v)
+        elif isinstance(v, torch.Tensor):
+            yield v
+
+
+if __name__ == "__main__":
+    sys.exit(main())
