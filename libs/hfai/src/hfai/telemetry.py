@@ -37,6 +37,7 @@ class _Process:
 
     lock = threading.Lock()
     reporter: _Reporter | None = None
+    valid_names: set[str] = set()  # checked once (report is called every step)
 
 
 class _Reporter:
@@ -53,12 +54,11 @@ class _Reporter:
             options = PushOptions(token=cfg.token, mgmtd_addresses=cfg.mgmtd_addresses(), address=address)
             self.pusher = BackgroundPusher(options, self.buffer).start()
 
-    def add(self, metrics: Mapping[str, float], labels: Mapping[str, str], at: float) -> None:
-        if self.pusher is None:
-            return
-        merged = sample_labels(labels, self.labels)
-        for key, value in metrics.items():
-            self.buffer.add(METRIC_PREFIX + key, value, merged, sampled_at=at)
+    def add(self, metrics: list[tuple[str, float]], labels: Mapping[str, str] | None, at: float) -> None:
+        if self.pusher is not None:
+            # Without labels of the caller's, every sample shares the agent's (never changed afterwards).
+            merged = sample_labels(labels, self.labels) if labels else self.labels
+            self.buffer.add_many(metrics, merged, sampled_at=at)
 
     def close(self, timeout_s: float) -> None:
         if self.pusher is not None:
@@ -73,11 +73,10 @@ def report(*, labels: Mapping[str, str] | None = None, **metrics: float) -> None
         ValueError: a name is not a valid metric or label name.
     """
     at = time.time()
-    values = {key: _number(key, value) for key, value in metrics.items()}
-    for key in [*values, *(labels or {})]:
-        if not _NAME.fullmatch(key) or key.startswith("__"):
-            raise ValueError(f"{key!r} is not a valid metric or label name ([a-zA-Z_][a-zA-Z0-9_]*)")
-    _current().add(values, labels or {}, at)
+    values = [(_metric_name(key), _number(key, value)) for key, value in metrics.items()]
+    for key in labels or ():
+        _check_name(key)
+    _current().add(values, labels, at)
 
 
 def sample_labels(given: Mapping[str, str], agent: Mapping[str, str]) -> dict[str, str]:
@@ -108,6 +107,18 @@ def _number(key: str, value: object) -> float:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise TypeError(f"{key}={value!r}: telemetry values are numbers") from None
+
+
+def _check_name(key: str) -> None:
+    if key not in _Process.valid_names:
+        if not _NAME.fullmatch(key) or key.startswith("__"):
+            raise ValueError(f"{key!r} is not a valid metric or label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        _Process.valid_names.add(key)
+
+
+def _metric_name(key: str) -> str:
+    _check_name(key)
+    return METRIC_PREFIX + key
 
 
 def _agent_labels(environ: Mapping[str, str]) -> dict[str, str]:

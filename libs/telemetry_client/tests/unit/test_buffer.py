@@ -83,3 +83,13 @@ def test_a_pusher_sends_the_buffer_it_is_given_even_an_empty_one() -> None:
     options = PushOptions(token="t", address="a:1")
     assert TelemetryPusher(options, buf).buffer is buf
     assert BackgroundPusher(options, buf).buffer is buf
+
+
+def test_add_many_shares_labels_and_time_and_drops_the_oldest() -> None:
+    buf = SampleBuffer(capacity=4)
+    buf.add("x", 0)
+    buf.add_many([("a", 1.0), ("b", 2.0)], {"rank": "0"}, sampled_at=5.0)
+    assert [(p.name, p.value, p.sampled_at, dict(p.labels)) for p in buf.take(2)][1] == ("a", 1.0, 5.0, {"rank": "0"})
+    buf.add_many([(f"m{i}", float(i)) for i in range(6)], {})  # 1 left + 6 new into 4: 3 dropped
+    assert [p.name for p in buf.take(10)] == ["m2", "m3", "m4", "m5"]
+    assert buf.dropped == 3
