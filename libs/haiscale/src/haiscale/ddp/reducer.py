@@ -92,28 +92,27 @@ class Reducer:
                 bucket.zero_()
 
     def attach_grads(self) -> None:
-        """Point each ``.grad`` at its bucket slot (keeping its value); a missing grad becomes a zero slot."""
+        """Move gradients the module already has into their bucket slots (None stays None)."""
         if not self.grads_as_views:
             return
         with torch.no_grad():
-            for i, p in enumerate(self.params):
-                view = self.views[i]
-                if p.grad is None:
-                    view.zero_()
-                    p.grad = view
-                    self._fresh[i] = True
-                elif not _same(p.grad, view):
+            for view, p in zip(self.views, self.params, strict=True):
+                if p.grad is not None and not _same(p.grad, view):
                     view.copy_(p.grad)
                     p.grad = view
 
     # ----- per step -----
 
     def prepare(self) -> None:
-        """Before a forward whose backward will be reduced: gradients back into their buckets."""
+        """Before a forward whose backward will be reduced.
+
+        A ``.grad`` that ``zero_grad()`` set to None stays None: autograd then hands over a fresh gradient and
+        the hook copies it into its slot (one pass over it), which costs less than zero-filling the slot for
+        autograd to add into (a fill, then a pass reading both).
+        """
         self._check_usable()
         if self._works:
             raise RuntimeError("haiscale DDP: a forward started while the previous backward's reduction is in flight")
-        self.attach_grads()
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:

@@ -1,0 +1,190 @@
+"""Training steps/s: haiscale DDP vs torch DDP on backend "hfreduce" vs torch DDP on gloo, interleaved.
+
+Every rank process calls ``init_process_group("gloo")`` and holds one copy of the model per contender (same
+initial values, same batch): haiscale DDP (``haiscale.ddp.DistributedDataParallel``, hfreduce group derived
+from the gloo group), torch DDP over ``new_group(backend="hfreduce")`` (skipped with a message where that
+backend is not available), torch DDP over the gloo group (torch's defaults: 25 MiB buckets, grads copied
+into them). Per round each contender runs ``--steps`` training steps (forward, backward, SGD step,
+zero_grad) after a gloo barrier, in an order that rotates from round to round; time = max over ranks.
+haiscale DDP runs twice per round: reducing each bucket as soon as it is full ("overlap", the default) and
+all buckets after backward ("after"), which is the overlap's gain. Ratios are medians over rounds of per-round
+ratios (t_gloo / t_haiscale, ...). Nodes are simulated on this machine (FF_HFREDUCE_NODE_RANK); every rank
+runs torch with one thread.
+
+Models: "mlp", a wide MLP (``--mlp-layers`` square layers of ``--mlp-width``, about 50 M parameters by default)
+on a small batch, communication-bound; "gpt", a tiny GPT (examples/gpt/model.py) on byte sequences.
+
+    .venv/bin/python bench/haiscale_ddp.py --layouts 2x1,2x2 --models mlp,gpt --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _hfreduce_common import free_ports, run_ranks
+
+REPO = Path(__file__).resolve().parent.parent
+CONTENDERS = ("haiscale", "haiscale_after", "torch_hfreduce", "torch_gloo")
+
+
+def build_model(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model (seeded: the same on every rank and for every contender) and a function computing its loss."""
+    import torch
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        layers: list[Any] = []
+        for _ in range(args.mlp_layers):
+            layers += [torch.nn.Linear(args.mlp_width, args.mlp_width), torch.nn.ReLU()]
+        mlp = torch.nn.Sequential(*layers[:-1])
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(args.mlp_batch, args.mlp_width, generator=g)
+        y = torch.randn(args.mlp_batch, args.mlp_width, generator=g)
+        return mlp, lambda model: torch.nn.functional.mse_loss(model(x), y)
+    sys.path.insert(0, str(REPO / "examples" / "gpt"))
+    from model import GPTConfig, TinyGPT  # examples/gpt/model.py
+
+    cfg = GPTConfig(context=args.gpt_context, dim=args.gpt_dim, heads=4, layers=args.gpt_layers, dropout=0.0)
+    gpt = TinyGPT(cfg)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (args.gpt_batch, cfg.context + 1), generator=g)
+    return gpt, lambda model: model(tokens[:, :-1], tokens[:, 1:])
+
+
+def rank_main(
+    rank: int, world: int, num_local: int, port: int, model_name: str, args: argparse.Namespace, queue: Any
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        FF_HFREDUCE_NODE_RANK=str(rank // num_local),
+        FF_HFREDUCE_TIMEOUT_S="120",
+        GLOO_SOCKET_IFNAME="lo",
+    )
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    from haiscale.ddp import DistributedDataParallel as HaiDDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    models: dict[str, Any] = {}
+    model, loss_of = build_model(model_name, args)
+    models["haiscale"] = HaiDDP(model)
+    models["haiscale_after"] = models["haiscale"]  # the same wrapper, reducing after backward
+    hf_group, skipped = _hfreduce_backend_group(dist)
+    if hf_group is not None:
+        models["torch_hfreduce"] = TorchDDP(build_model(model_name, args)[0], process_group=hf_group)
+    models["torch_gloo"] = TorchDDP(build_model(model_name, args)[0])
+    optimizers = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
+    kinds = [k for k in CONTENDERS if k in models]
+    if rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        queue.put(("info", params, len(models["haiscale"].reducer.buckets), skipped))
+
+    def steps(kind: str) -> float:
+        ddp, opt = models[kind], optimizers[kind]
+        models["haiscale"].reducer.overlap = kind != "haiscale_after"
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss_of(ddp).backward()
+            opt.step()
+            opt.zero_grad()
+        return time.perf_counter() - start
+
+    for kind in kinds:  # warm-up: first-touch of buffers, torch's lazy initialisation
+        steps(kind)
+    for r in range(args.rounds):
+        order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
+        took = {kind: steps(kind) for kind in order}
+        worst = torch.tensor([took[k] for k in kinds], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            queue.put(("round", dict(zip(kinds, worst.tolist(), strict=True))))
+    models["haiscale"].reducer.stop()
+    dist.destroy_process_group()
+
+
+def _hfreduce_backend_group(dist: Any) -> tuple[Any, str]:
+    try:
+        import hfreduce.distributed  # noqa: F401  (registers the backend where it exists)
+
+        return dist.new_group(backend="hfreduce"), ""
+    except Exception as exc:  # the backend is another helper's work; absent, the column is skipped
+        return None, f"torch DDP on backend 'hfreduce' skipped: {type(exc).__name__}: {exc}"
+
+
+def run(nodes: int, num_local: int, model_name: str, args: argparse.Namespace) -> None:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    world = nodes * num_local
+    (port,) = free_ports(1)
+    procs = [
+        ctx.Process(target=rank_main, args=(rank, world, num_local, port, model_name, args, queue))
+        for rank in range(world)
+    ]
+    got = run_ranks(procs, queue, 1 + args.rounds, timeout_s=1800)
+    _, params, buckets, skipped = next(g for g in got if g[0] == "info")
+    rounds = [g[1] for g in got if g[0] == "round"]
+    report(f"{nodes}x{num_local}", model_name, params, buckets, skipped, rounds, args.steps)
+
+
+def report(
+    layout: str, model: str, params: int, buckets: int, skipped: str, rounds: list[dict[str, float]], steps: int
+) -> None:
+    print(f"\n# {model} at {layout}: {params / 1e6:.1f} M parameters, haiscale buckets {buckets}, {steps} steps/round")
+    if skipped:
+        print(f"  {skipped}")
+    kinds = list(rounds[0])
+    print("  round  " + "  ".join(f"{k:>15}" for k in kinds) + "   (steps/s)")
+    for i, r in enumerate(rounds):
+        print(f"  {i:5d}  " + "  ".join(f"{steps / r[k]:15.2f}" for k in kinds))
+    med = {k: statistics.median(steps / r[k] for r in rounds) for k in kinds}
+    print("  median " + "  ".join(f"{med[k]:15.2f}" for k in kinds))
+
+    def ratio(num: str, den: str) -> float:
+        return statistics.median(r[num] / r[den] for r in rounds)
+
+    print(f"MEDIAN RATIO {model} {layout}: haiscale / torch-gloo {ratio('torch_gloo', 'haiscale'):.2f}x", end="")
+    if "torch_hfreduce" in kinds:
+        print(f", torch-hfreduce / torch-gloo {ratio('torch_gloo', 'torch_hfreduce'):.2f}x", end="")
+        print(f", haiscale / torch-hfreduce {ratio('torch_hfreduce', 'haiscale'):.2f}x", end="")
+    print(f", overlap gain (after-backward / overlapped) {ratio('haiscale_after', 'haiscale'):.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layouts", default="2x1,2x2", help="nodes x local ranks, comma separated")
+    parser.add_argument("--models", default="mlp,gpt", help="mlp, gpt or both")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2, help="training steps per contender and round")
+    parser.add_argument("--mlp-width", type=int, default=4096)
+    parser.add_argument("--mlp-layers", type=int, default=3)
+    parser.add_argument("--mlp-batch", type=int, default=8)
+    parser.add_argument("--gpt-dim", type=int, default=128)
+    parser.add_argument("--gpt-layers", type=int, default=4)
+    parser.add_argument("--gpt-context", type=int, default=64)
+    parser.add_argument("--gpt-batch", type=int, default=4)
+    args = parser.parse_args()
+    for model_name in args.models.split(","):
+        if model_name == "gpt" and not (REPO / "examples" / "gpt" / "model.py").exists():
+            print("\n# gpt skipped: examples/gpt/model.py is not there")
+            continue
+        for layout in args.layouts.split(","):
+            nodes, num_local = (int(v) for v in layout.split("x"))
+            run(nodes, num_local, model_name, args)
+
+
+if __name__ == "__main__":
+    main()
