@@ -78,10 +78,18 @@ TorchLaunch = Callable[..., list[dict[str, Any]]]
 
 
 def launch_torch(
-    tmp_path: Path, nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 120
+    tmp_path: Path,
+    nodes: int,
+    local: int,
+    scenario: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 240,
+    interleaved: bool = False,
 ) -> list[dict[str, Any]]:
     """Start ``nodes x local`` ranks of ``torch_worker.py`` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK; return their reports."""
+    LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK; return their reports.
+    ``interleaved``: rank r on node r % nodes (a cyclic placement) instead of r // local."""
     port = free_port()
     outs, procs = [], []
     try:
@@ -94,9 +102,9 @@ def launch_torch(
                 "MASTER_PORT": str(port),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(nodes * local),
-                "LOCAL_RANK": str(rank % local),
+                "LOCAL_RANK": str(rank // nodes if interleaved else rank % local),
                 "LOCAL_WORLD_SIZE": str(local),
-                "FF_HFREDUCE_NODE_RANK": str(rank // local),
+                "FF_HFREDUCE_NODE_RANK": str(rank % nodes if interleaved else rank // local),
                 "OMP_NUM_THREADS": "1",
                 **(env or {}),
             }

@@ -7,16 +7,18 @@ from typing import Any
 
 import pytest
 
+from .conftest import TorchLaunch, launch_torch
+
 pytest.importorskip("torch")
 
 # one way of creating the group per layout, so each is covered
 LAYOUTS = [(1, 2, "hfreduce"), (2, 1, "cpu:hfreduce"), (2, 2, "new_group")]
+# launches of 4 processes importing torch (and DDP importing torch._dynamo) take minutes on a loaded 2-core box
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}x{p[1]}-{p[2]}")
 def layout_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from .conftest import launch_torch
-
     nodes, local, init = request.param
     results = launch_torch(tmp_path_factory.mktemp("torch"), nodes, local, "layout", env={"TEST_INIT": init})
     return {"nodes": nodes, "local": local, "results": results}
@@ -66,3 +68,17 @@ def test_torch_ddp_trains_like_one_process(layout_run: dict[str, Any]) -> None:
         ddp = res["ddp"]
         assert ddp["default"] <= ddp["tolerance"], ddp
         assert ddp["comm_hook"] <= ddp["tolerance"], ddp
+
+
+def test_ranks_placed_cyclically_over_nodes(torch_launch: TorchLaunch) -> None:
+    """Torch ranks 0, 2 on node 0 and 1, 3 on node 1: hfreduce numbers them node by node (0, 2, 1, 3), and the
+    backend maps every rooted and rank-ordered collective back to torch's order."""
+    results = torch_launch(
+        2, 2, "layout", env={"TEST_INIT": "hfreduce", "TEST_PARTS": "rendezvous,collectives"}, interleaved=True
+    )
+    for rank, res in enumerate(results):
+        assert "crash" not in res, res.get("traceback", res)
+        assert res["rendezvous"]["torch_ranks"] == [0, 2, 1, 3]
+        assert res["rendezvous"]["hf_rank"] == [0, 2, 1, 3].index(rank)
+        failed = {name: what for name, what in res["collectives"].items() if what != "ok"}
+        assert not failed, failed

@@ -9,6 +9,7 @@ from .conftest import TorchLaunch
 pytest.importorskip("torch")
 
 TIMEOUT_S = 3.0
+pytestmark = pytest.mark.timeout(300)  # 4 processes importing torch: minutes on a loaded 2-core box
 
 
 def test_a_rank_killed_mid_backward_is_named_by_every_other_rank(torch_launch: TorchLaunch) -> None:
