@@ -218,3 +218,29 @@ def test_a_batch_of_new_chunks_is_synced_at_once(tmp_path: Path, monkeypatch: py
     assert most[0] > 1
     assert all(e.read_committed((5, i)) == (e.get((5, i)), bytes([i]) * 5000) for i in range(16))
     e.close()
+
+
+def test_a_files_last_chunk_comes_from_its_own_chunks(tmp_path: Path) -> None:
+    """last_chunk and keys_of_inode answer from a per-inode index (a Close's length query no longer scans every
+    chunk of the target): right after writes, after a chunk is removed, and after the target opens again."""
+    root = tmp_path / "target"
+    e = ChunkEngine(root, new_file_batch=8)
+    e.open()
+    for inode in (1, 2, 3):
+        for index in range(4):
+            _put(e, bytes([inode]) * (100 + index), (inode, index))
+    last, count, pending = e.last_chunk(2, 0, 0)
+    assert last is not None and (last.chunk_index, last.length, count, pending) == (3, 103, 4, False)
+    [gone] = e.write_pending([((2, 3), 2, 1, None, None)])  # remove chunk 3 of inode 2
+    e.commit([gone])
+    last, count, _ = e.last_chunk(2, 0, 0)
+    assert last is not None and (last.chunk_index, count) == (2, 3)
+    assert e.keys_of_inode(2, 1, 3) == [(2, 1), (2, 2)] and e.last_chunk(9, 0, 0) == (None, 0, False)
+    e.close()
+    again = ChunkEngine(root, new_file_batch=8)
+    again.open()
+    assert again.keys_of_inode(2, 0, 0) == [(2, 0), (2, 1), (2, 2)] and again.keys_of_inode(3, 0, 0) == [
+        (3, i) for i in range(4)]  # fmt: skip
+    last, count, _ = again.last_chunk(1, 1, 3)
+    assert last is not None and (last.chunk_index, count) == (2, 2)
+    again.close()

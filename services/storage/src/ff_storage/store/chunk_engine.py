@@ -124,6 +124,7 @@ class ChunkEngine:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._meta: dict[ChunkKey, ChunkMeta] = {}
+        self._by_inode: dict[int, set[int]] = {}  # inode id -> chunk indexes in _meta (a file's chunks at once)
         self._files: dict[ChunkKey, str] = {}
         self._pending: dict[ChunkKey, Pending] = {}
         self._free: dict[str, int] = {}  # file name (relative to data_dir) -> size; no version lives in it
@@ -144,6 +145,7 @@ class ChunkEngine:
             meta = ChunkMeta(inode_id=row[0], chunk_index=row[1], chain_version=row[2], committed_version=row[3],
                              length=row[4], checksum=row[5])  # fmt: skip
             self._meta[meta.key] = meta
+            self._by_inode.setdefault(meta.inode_id, set()).add(meta.chunk_index)
             self._files[meta.key] = row[6]
         rows = db.execute("SELECT inode_id, chunk_index, client_id, request_id, version, length, checksum, "
                           "committed_at_ms FROM update_ids ORDER BY committed_at_ms, version")  # fmt: skip
@@ -256,11 +258,23 @@ class ChunkEngine:
             self._maps[name] = mapped
         return memoryview(mapped)
 
+    def _forget_index(self, key: ChunkKey) -> None:
+        indexes = self._by_inode.get(key[0])
+        if indexes is not None:
+            indexes.discard(key[1])
+            if not indexes:
+                del self._by_inode[key[0]]
+
+    def _indexes(self, inode_id: int, begin: int, end: int) -> list[int]:
+        """The chunk indexes of ``inode_id`` in [begin, end) (end 0: unbounded), from the per-inode index (a
+        Close's length query costs the file's chunks, not every chunk of the target). Lock held."""
+        return [i for i in self._by_inode.get(inode_id, ()) if i >= begin and (not end or i < end)]
+
     def last_chunk(self, inode_id: int, begin: int, end: int) -> tuple[ChunkMeta | None, int, bool]:
         """The committed chunk with the highest index in [begin, end) (end 0: unbounded), the number of
         chunks there, and whether the last one has a pending version."""
         with self._lock:
-            metas = [m for k, m in self._meta.items() if k[0] == inode_id and k[1] >= begin and (not end or k[1] < end)]
+            metas = [self._meta[(inode_id, i)] for i in self._indexes(inode_id, begin, end)]
         if not metas:
             return None, 0, False
         last = max(metas, key=lambda m: m.chunk_index)
@@ -268,7 +282,7 @@ class ChunkEngine:
 
     def keys_of_inode(self, inode_id: int, begin: int, end: int) -> list[ChunkKey]:
         with self._lock:
-            return sorted(k for k in self._meta if k[0] == inode_id and k[1] >= begin and (not end or k[1] < end))
+            return sorted((inode_id, i) for i in self._indexes(inode_id, begin, end))
 
     def usage(self) -> tuple[int, int]:
         with self._lock:
@@ -500,12 +514,14 @@ class ChunkEngine:
                 if p.path is None:
                     self._meta.pop(p.key, None)
                     self._files.pop(p.key, None)
+                    self._forget_index(p.key)
                     results.append(None)
                 else:
                     name = str(p.path.relative_to(self.data_dir))
                     meta = ChunkMeta(inode_id=p.key[0], chunk_index=p.key[1], chain_version=p.chain_version,
                                      committed_version=p.version, length=p.length, checksum=p.checksum)  # fmt: skip
                     self._meta[p.key], self._files[p.key] = meta, name
+                    self._by_inode.setdefault(p.key[0], set()).add(p.key[1])
                     results.append(meta)
                 if old is not None and (p.path is None or old != str(p.path.relative_to(self.data_dir))):
                     old_files.append(self.data_dir / old)
