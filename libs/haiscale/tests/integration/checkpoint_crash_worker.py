@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from haiscale import checkpoint as ckpt
 from haiscale.checkpoint import storage
 from haiscale.checkpoint.storage import Piece

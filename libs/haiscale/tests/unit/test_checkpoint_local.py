@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from haiscale import checkpoint as ckpt
 
 

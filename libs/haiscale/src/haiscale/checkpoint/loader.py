@@ -147,15 +147,15 @@ def read_into(loc: Location, folder: str, manifest: Manifest, state: dict[Any, A
         objects = pickle.loads(_checked(raw, b.length, b.crc32, f"{b.file} (values)"))
     wants, sets = _plan(manifest, objects, state, allocate_missing)
     plan = [(w, list(_sources(manifest, w))) for w in wants]
-    entries = list({(e.file, e.file_offset): e for _, es in plan for e in es}.values())
+    entries = list({(e.file, e.file_offset, e.length): e for _, es in plan for e in es}.values())
     read = loc.storage.read_ranges([(loc.join(folder, e.file), e.file_offset, e.length) for e in entries])
-    data = {(e.file, e.file_offset): _checked(r, e.length, e.crc32, f"{e.file} ({e.name})")
+    data = {(e.file, e.file_offset, e.length): _checked(r, e.length, e.crc32, f"{e.file} ({e.name})")
             for e, r in zip(entries, read, strict=True)}  # fmt: skip
     for w, sources in plan:  # every check passed: now change the caller's state
         flat = w.target.view(-1) if w.target.is_contiguous() else None
         out = flat if flat is not None else torch.empty(w.target.numel(), dtype=w.target.dtype)
         for e in sources:
-            saved = torch.frombuffer(bytearray(data[(e.file, e.file_offset)]), dtype=dtype_of(e.dtype)) \
+            saved = torch.frombuffer(bytearray(data[(e.file, e.file_offset, e.length)]), dtype=dtype_of(e.dtype)) \
                 if e.length else torch.empty(0, dtype=dtype_of(e.dtype))  # fmt: skip
             lo, hi = max(w.start, e.offset), min(w.stop, e.offset + e.numel)
             out[lo - w.start : hi - w.start].copy_(saved[lo - e.offset : hi - e.offset])
