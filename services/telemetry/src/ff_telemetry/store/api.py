@@ -29,7 +29,7 @@ from ff_telemetry.core.model import (
 from ff_telemetry.core.validation import Limits, PushBatch, SampleChecker, check_query
 from ff_telemetry.store import query as reads
 from ff_telemetry.store import schema
-from ff_telemetry.store.ingest import IngestResult, Interned, SeriesKey, flush_latest, ingest
+from ff_telemetry.store.ingest import IngestResult, Interned, SeriesKey, flush_latest, prepare, write
 from ff_telemetry.store.query import Viewer
 from ff_telemetry.store.retention import JobReport, Retention, run_job
 from ff_telemetry.store.rows import from_db, labels_from_json
@@ -141,9 +141,10 @@ class TelemetryStore:
         interned: dict[SeriesKey, Interned] = {}
         results = []
         for batch in batches:
-            result = ingest(session, batch.samples, batch.metadata, self._series, self.limits, interned)
+            result = prepare(session, batch.samples, batch.metadata, self._series, self.limits, interned)
             interned.update(result.new_series)
             results.append(result)
+        write(session, results)
         return results
 
     def _committed(self, result: IngestResult) -> None:

@@ -52,12 +52,25 @@ class RawPoints:
         return out
 
 
-def insert_block(session: Session, series_ids: list[int], ats: list[float], values: list[float]) -> None:
-    session.execute(
-        schema.sample_blocks.insert().values(
-            min_at=min(ats), max_at=max(ats), count=len(ats), data=pack(series_ids, ats, values)
-        )
+@dataclass(frozen=True)
+class Block:
+    """The samples of one push, in columns."""
+
+    series_ids: list[int]
+    ats: list[float]
+    values: list[float]
+
+
+def insert_blocks(session: Session, new: list[Block]) -> None:
+    """One executemany of plain tuples (no per-row parameter processing): the hot path of ingest."""
+    connection = session.connection()
+    mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
+    sql = (
+        f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) "
+        f"VALUES ({mark}, {mark}, {mark}, {mark})"
     )
+    rows = [(min(b.ats), max(b.ats), len(b.ats), pack(b.series_ids, b.ats, b.values)) for b in new]
+    connection.exec_driver_sql(sql, rows)
 
 
 def read(

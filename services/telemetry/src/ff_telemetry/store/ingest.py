@@ -35,6 +35,7 @@ class IngestResult:
     new_series: dict[SeriesKey, Interned]
     # Per series of the batch, its newest sample (at, value).
     latest: dict[int, tuple[float, float]]
+    block: blocks.Block
 
 
 def upsert(session: Session, table: Table, keys: list[str]) -> Insert:
@@ -46,7 +47,7 @@ def upsert(session: Session, table: Table, keys: list[str]) -> Insert:
     return result
 
 
-def ingest(
+def prepare(
     session: Session,
     samples: tuple[Sample, ...],
     metadata: tuple[MetricMeta, ...],
@@ -54,9 +55,10 @@ def ingest(
     limits: validation.Limits,
     uncommitted: Mapping[SeriesKey, Interned] | None = None,
 ) -> IngestResult:
-    """Store a checked batch; raises InvalidRequest or LimitExceeded with nothing written (the caller's
-    transaction rolls back). The caller adds ``new_series`` to its cache once committed; ``uncommitted``
-    holds those interned by earlier batches of the same transaction."""
+    """Check a batch against its series and intern the new ones; raises InvalidRequest or LimitExceeded
+    (the caller's transaction rolls back, nothing written). ``write`` stores the samples. The caller adds
+    ``new_series`` to its cache once committed; ``uncommitted`` holds those interned by earlier batches
+    of the same transaction."""
     if metadata:
         _store_metadata(session, metadata)
     found: list[Interned | None] = []
@@ -81,11 +83,16 @@ def ingest(
         newest = latest.get(sid)
         if newest is None or s.at >= newest[0]:
             latest[sid] = (s.at, s.value)
-    if sids:
-        ats = [s.at for s in samples]
-        blocks.insert_block(session, sids, ats, [s.value for s in samples])
-        _mark_dirty(session, min(ats))
-    return IngestResult(len(sids), new_series, latest)
+    block = blocks.Block(sids, [s.at for s in samples], [s.value for s in samples])
+    return IngestResult(len(sids), new_series, latest, block)
+
+
+def write(session: Session, results: list[IngestResult]) -> None:
+    """The samples of prepared batches: one block row each, in one statement."""
+    written = [r.block for r in results if r.block.series_ids]
+    if written:
+        blocks.insert_blocks(session, written)
+        _mark_dirty(session, min(min(b.ats) for b in written))
 
 
 def flush_latest(session: Session, latest: Mapping[int, tuple[float, float]]) -> None:
