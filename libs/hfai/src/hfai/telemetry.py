@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 LABELS_ENV = "FF_TELEMETRY_LABELS"
 ADDRESS_ENV = "FF_TELEMETRY_ADDRESS"
 METRIC_PREFIX = "hfai_"
+FLUSH_INTERVAL_S = 2.0
+_NO_LABELS: Mapping[str, str] = {}
 _NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -51,14 +53,20 @@ class _Reporter:
         cfg = config.load(environ)
         address = environ.get(ADDRESS_ENV, "")
         if cfg.token and (address or cfg.mgmtd_addresses()):
-            options = PushOptions(token=cfg.token, mgmtd_addresses=cfg.mgmtd_addresses(), address=address)
+            # The agent's labels go once per push (common_labels), not with every sample.
+            options = PushOptions(
+                token=cfg.token,
+                mgmtd_addresses=cfg.mgmtd_addresses(),
+                address=address,
+                common_labels=self.labels,
+                flush_interval_s=FLUSH_INTERVAL_S,
+            )
             self.pusher = BackgroundPusher(options, self.buffer).start()
 
     def add(self, metrics: list[tuple[str, float]], labels: Mapping[str, str] | None, at: float) -> None:
         if self.pusher is not None:
-            # Without labels of the caller's, every sample shares the agent's (never changed afterwards).
-            merged = sample_labels(labels, self.labels) if labels else self.labels
-            self.buffer.add_many(metrics, merged, sampled_at=at)
+            own = sample_labels(labels, self.labels) if labels else _NO_LABELS
+            self.buffer.add_many(metrics, own, sampled_at=at)
 
     def close(self, timeout_s: float) -> None:
         if self.pusher is not None:
@@ -80,8 +88,9 @@ def report(*, labels: Mapping[str, str] | None = None, **metrics: float) -> None
 
 
 def sample_labels(given: Mapping[str, str], agent: Mapping[str, str]) -> dict[str, str]:
-    """The labels of a rank's sample: the caller's, then the agent's over them (the agent's always win)."""
-    return {**given, **agent}
+    """A sample's own labels: the caller's without those the agent sets (a sample's own label would win over
+    the push's common labels, and the agent's must win)."""
+    return {k: v for k, v in given.items() if k not in agent}
 
 
 def flush(timeout_s: float = 5.0) -> None:

@@ -10,11 +10,8 @@ from hfai import telemetry
 def test_the_agents_labels_win_over_the_callers() -> None:
     agent = telemetry._agent_labels({"FF_TELEMETRY_LABELS": '{"task_id": "7", "rank": 3}'})
     assert agent == {"task_id": "7", "rank": "3"}
-    assert telemetry.sample_labels({"rank": "0", "phase": "eval"}, agent) == {
-        "rank": "3",
-        "phase": "eval",
-        "task_id": "7",
-    }
+    # The agent's go with every push as common labels; the caller's of the same names are left out.
+    assert telemetry.sample_labels({"rank": "0", "phase": "eval"}, agent) == {"phase": "eval"}
 
 
 def test_labels_outside_a_task_or_malformed_are_empty() -> None:

@@ -141,8 +141,11 @@ class TelemetryPusher:
         return self._address
 
     def _request(self, batch: list[Point], dropped: int) -> telemetry_pb2.PushSamplesRequest:
+        sample = telemetry_pb2.Sample
         samples = [
-            telemetry_pb2.Sample(name=p.name, labels=dict(p.labels), value=p.value, sampled_at=p.sampled_at)
+            sample(name=p.name, labels=p.labels, value=p.value, sampled_at=p.sampled_at)
+            if p.labels
+            else sample(name=p.name, value=p.value, sampled_at=p.sampled_at)
             for p in batch
         ]
         kinds = {p.name: p.kind for p in batch if p.name not in self._described}
