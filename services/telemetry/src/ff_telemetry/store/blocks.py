@@ -66,8 +66,7 @@ def insert_blocks(session: Session, new: list[Block]) -> None:
     connection = session.connection()
     mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
     sql = (
-        f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) "
-        f"VALUES ({mark}, {mark}, {mark}, {mark})"
+        f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) VALUES ({mark}, {mark}, {mark}, {mark})"
     )
     rows = [(min(b.ats), max(b.ats), len(b.ats), pack(b.series_ids, b.ats, b.values)) for b in new]
     connection.exec_driver_sql(sql, rows)
