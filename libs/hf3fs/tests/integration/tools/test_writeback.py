@@ -161,3 +161,18 @@ def test_fsync_and_large_files_write_through(fs_cluster: FsCluster, folder: str)
         assert fs.writeback_pending() == 0
         assert fs_cluster.client.open(f"{folder}/large", "rb").read() == b"L" * 600 + b"M" * 600
         assert fs_cluster.client.open(f"{folder}/synced", "rb").read() == b"durable and more"
+
+
+def test_write_back_of_a_whole_file_relative_to_a_folder_inode(fs_cluster: FsCluster, held: hf3fs.FileSystem,
+                                                               folder: str) -> None:  # fmt: skip
+    """The mount's way: ``write_back(..., parent=(folder inode, name))`` creates the file in that folder (even
+    after the folder was renamed), and any call of the client on a path commits such files first."""
+    folder_id = held.stat(folder).inode_id
+    held.write_back(f"{folder}/p", b"by folder inode", parent=(folder_id, "p"), perm=0o600, mtime_ns=10**18)
+    held.write_back(f"{folder}/q", b"queued", parent=(folder_id, "q"))
+    assert held.writeback_pending() == 2 and fs_cluster.client.listdir(folder) == []
+    fs_cluster.client.rename(folder, f"{folder}-moved")
+    assert sorted(held.listdir(f"{folder}-moved")) == ["p", "q"]  # committed first, in the folder it names
+    st = fs_cluster.client.stat(f"{folder}-moved/p")
+    assert (st.size, st.mode, st.mtime_ns) == (15, 0o600, 10**18)
+    assert fs_cluster.client.open(f"{folder}-moved/p", "rb").read() == b"by folder inode"
