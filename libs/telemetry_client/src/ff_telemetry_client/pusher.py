@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 DROPPED_METRIC = "ff_telemetry_client_dropped_samples"
 FINAL_FLUSH_S = 2.0
+MAX_RETRY_S = 10.0
 _KINDS = {Kind.GAUGE: telemetry_pb2.METRIC_TYPE_GAUGE, Kind.COUNTER: telemetry_pb2.METRIC_TYPE_COUNTER}
 # Refusals that sending the same batch again cannot fix.
 _ONE_RETRY = RetryPolicy(max_attempts=2)
@@ -82,9 +83,12 @@ class TelemetryPusher:
     async def run(self, stop: asyncio.Event) -> None:
         """Push until ``stop`` is set, then once more (best effort) and close."""
         try:
+            failures = 0
             while not stop.is_set():
-                ok = await self.flush()
-                wait = self.options.flush_interval_s if ok else self.options.retry_interval_s
+                failures = 0 if await self.flush() else failures + 1
+                # No telemetry (or down): try again later and later, up to MAX_RETRY_S.
+                retry = min(self.options.retry_interval_s * 2 ** min(failures - 1, 10), MAX_RETRY_S)
+                wait = self.options.flush_interval_s if not failures else retry
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
             with contextlib.suppress(TimeoutError):  # the owner is stopping: a last push, briefly
