@@ -27,7 +27,7 @@ from hf3fs_small_files import Round, make_tarball
 # $HF3FS_COUNT_DIR/counts.json whenever a file "dump" appears there (libfuse's loop holds the main thread, so a
 # thread watches).
 _COUNTING = r"""
-import collections, json, os, sys, threading, time
+import collections, functools, json, os, sys, threading, time
 from hf3fs import fuse, meta_client, storage_client
 out = os.environ["HF3FS_COUNT_DIR"]
 counts = collections.Counter()
@@ -52,6 +52,7 @@ def storage(name):
 storage("batch_read"); storage("batch_write")
 def op(name):
     orig = getattr(fuse.Hf3fsOperations, name)
+    @functools.wraps(orig)  # mfusepy reads the callbacks' signatures (create's flags)
     def counted(self, *a, **kw):
         bump("fuse " + name)
         return orig(self, *a, **kw)

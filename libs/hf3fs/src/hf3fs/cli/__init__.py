@@ -292,7 +292,8 @@ def cmd_mount(cli: Cli) -> None:
     if not 0 <= a.attr_timeout_s <= 3600:  # NaN fails too
         raise UsageError("--attr-timeout-s must be from 0 to 3600")
     options = fuse.MountOptions(foreground=a.foreground, debug=a.debug, keep_ids=a.keep_ids, log_file=a.log_file,
-                                multi_user=a.multi_user, attr_timeout_s=a.attr_timeout_s)  # fmt: skip
+                                multi_user=a.multi_user, attr_timeout_s=a.attr_timeout_s,
+                                writeback=not a.no_writeback)  # fmt: skip
     if a.foreground:
         logging.basicConfig(level=logging.DEBUG if a.debug else logging.WARNING, stream=cli.err)
         fuse.mount(cli.fs, a.mountpoint, options, out=cli.out)
@@ -397,6 +398,8 @@ def _add_tree_commands(sub: Any) -> None:
     p.add_argument("--multi-user", action="store_true", help=help_multi)
     p.add_argument("--attr-timeout-s", type=float, default=1.0,
                    help="how long the kernel may cache attributes and names (0: ask meta every time)")  # fmt: skip
+    p.add_argument("--no-writeback", action="store_true",
+                   help="create every new file in meta at once (no write-back of tar-style new files)")  # fmt: skip
     sub.add_parser("umount", help="unmount a FUSE mount").add_argument("mountpoint")
 
 

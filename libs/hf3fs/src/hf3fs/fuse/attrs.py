@@ -31,10 +31,11 @@ class _Unknown:
 
 
 UNKNOWN: Any = _Unknown()
+ASK: Any = _Unknown()  # something about the name changed in a way not known here: ask meta
 
 
 def _inode(stat: Any) -> int | None:
-    return None if stat is ABSENT or stat is UNKNOWN else int(stat.inode_id)
+    return None if stat is ABSENT or stat is UNKNOWN or stat is ASK else int(stat.inode_id)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class _Entry:
     stat: Any  # hf3fs.fs.Stat, UNKNOWN or ABSENT
     expires: float
     inode_id: int | None = None  # also for UNKNOWN when known
+    gen: int = 0  # the generation that put it
 
 
 class AttrCache:
@@ -53,6 +55,7 @@ class AttrCache:
         self._inodes: dict[int, _Entry] = {}  # the same Stats by inode (calls on an open handle name no path)
         self._new_dirs: dict[str, float] = {}  # folders made here, empty then: path -> until when we know them whole
         self._gen = 0
+        self._cleared = 0  # the generation of the last clear()
         self._lock = threading.Lock()
         self.hits = 0
 
@@ -73,7 +76,7 @@ class AttrCache:
             entry = self._entries.get(path)
             if entry is not None:
                 if entry.expires > now:
-                    if entry.stat is UNKNOWN:
+                    if entry.stat is UNKNOWN or entry.stat is ASK:
                         return False, None
                     self.hits += 1
                     return True, entry.stat
@@ -93,7 +96,8 @@ class AttrCache:
             return False
         with self._lock:
             entry = self._entries.get(path)
-            return entry is not None and entry.stat is not ABSENT and entry.expires > self._clock()
+            known = entry is not None and entry.stat is not ABSENT and entry.stat is not ASK
+            return known and entry is not None and entry.expires > self._clock()
 
     def lookup_inode(self, inode_id: int) -> Any:
         """The Stat of an inode when known, else ABSENT."""
@@ -111,11 +115,12 @@ class AttrCache:
 
     def remember(self, path: str | None, stat: Any, since: int) -> None:
         """Keep a Stat read at generation ``since`` (of ``path``, or by inode when None), unless something
-        changed since then."""
+        changed since then. A "no such name" is kept unless that name (or everything) changed since: the
+        changes of other files (a release of the previous one racing ``tar``'s next lookup) do not matter."""
         if not self.enabled:
             return
         with self._lock:
-            if self._gen != since:
+            if self._gen != since and not (stat is ABSENT and path is not None and self._untouched(path, since)):
                 return
             if path is None:
                 self._inodes[stat.inode_id] = _Entry(stat, self._clock() + self.ttl_s)
@@ -164,7 +169,7 @@ class AttrCache:
         and about names in its folder."""
         with self._lock:
             self._gen += 1
-            self._entries.pop(path, None)
+            self._entries[path] = _Entry(ASK, self._clock() + self.ttl_s, None, self._gen)
             self._new_dirs.pop(path, None)
             self._new_dirs.pop(path.rsplit("/", 1)[0] or "/", None)
 
@@ -172,13 +177,18 @@ class AttrCache:
         """Forget everything (renames: every path under the names moved changes)."""
         with self._lock:
             self._gen += 1
+            self._cleared = self._gen
             self._entries.clear()
             self._inodes.clear()
             self._new_dirs.clear()
 
+    def _untouched(self, path: str, since: int) -> bool:
+        entry = self._entries.get(path)
+        return self._cleared <= since and (entry is None or entry.gen <= since)
+
     def _put(self, path: str, stat: Any, inode_id: int | None = None) -> None:
         ino = _inode(stat)
-        entry = _Entry(stat, self._clock() + self.ttl_s, inode_id if ino is None else ino)
+        entry = _Entry(stat, self._clock() + self.ttl_s, inode_id if ino is None else ino, self._gen)
         self._entries[path] = entry
         if ino is not None:
             self._inodes[ino] = entry

@@ -17,7 +17,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any, TypeVar, cast
 
 import mfusepy
@@ -25,6 +25,8 @@ import mfusepy
 from ff_rpc import Identity, acting_as
 from hf3fs.fs import Stat
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
+from hf3fs.fuse.handles import Handle
+from hf3fs.fuse.pending import PendingFiles
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +48,10 @@ class MountOptions:
         keep_ids: show 3FS uids/gids; by default every inode appears owned by the mounting user (access is
             decided by meta for the token's user anyway, and tools such as git refuse foreign-owned repos).
         log_file: where a background daemon writes its log.
-        attr_timeout_s: how long the kernel may cache attributes and names.
+        attr_timeout_s: how long the kernel may cache attributes and names, and the mount meta's answers
+            (hf3fs.fuse.attrs); 0: neither.
+        writeback: new files created write-only and exclusive (``tar x``) start in the mount's memory and reach
+            meta through the client's write-back at close (hf3fs.fuse.pending); single-user mounts only.
         multi_user: serve every user of this machine (``allow_other``): each request runs in meta as the uid and
             groups of the process that made it, and inodes show their 3FS owners. Needs a token that may act for
             other users (an admin's); a plain mount serves its own user only (the kernel refuses the others).
@@ -58,20 +63,11 @@ class MountOptions:
     log_file: str = ""
     attr_timeout_s: float = 1.0
     multi_user: bool = False
+    writeback: bool = True
 
 
 DEFAULT_OPTIONS = MountOptions()
 _STAT_ATTEMPTS = 8
-
-
-@dataclass
-class _Handle:
-    file: IO[bytes]
-    inode_id: int
-    writable: bool
-    end: int = 0  # highest byte written through this handle
-    dirty: bool = False  # written since the length was last made exact on meta
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _seek(f: IO[bytes], offset: int) -> None:
@@ -152,7 +148,7 @@ def _as_caller(method: _F) -> _F:
     return cast(_F, _fuse_errors(wrapper))
 
 
-class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is untyped
+class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  # mfusepy is untyped
     """The FUSE callbacks over one :class:`hf3fs.FileSystem`."""
 
     use_ns = True  # times in integer nanoseconds (utimens, getattr)
@@ -165,7 +161,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self.fs, self.options, self.on_ready = fs, options, on_ready
         self._uid, self._gid = os.getuid(), os.getgid()
         self._real_ids = options.keep_ids or options.multi_user
-        self._handles: dict[int, _Handle] = {}
+        self._handles: dict[int, Handle] = {}
         self._by_inode: dict[int, set[int]] = {}
         self._next_fh = 1
         self._lock = threading.Lock()
@@ -174,10 +170,11 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._removed_open: set[int] = set()  # removed files kept by a writable handle's own session (no hold yet)
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
         self._cache = AttrCache(options.attr_timeout_s)  # meta's recent answers (see hf3fs.fuse.attrs)
+        self._pending: dict[str, int] = {}  # new files meta does not know yet: path -> handle (hf3fs.fuse.pending)
 
     # ---- handles ----
 
-    def _add(self, handle: _Handle) -> int:
+    def _add(self, handle: Handle) -> int:
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
@@ -185,18 +182,18 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             self._by_inode.setdefault(handle.inode_id, set()).add(fh)
             return fh
 
-    def _get(self, fh: int) -> _Handle:
+    def _get(self, fh: int) -> Handle:
         with self._lock:
             handle = self._handles.get(fh)
         if handle is None:
             raise mfusepy.FuseOSError(errno.EBADF)
         return handle
 
-    def _writers(self, inode_id: int) -> list[_Handle]:
+    def _writers(self, inode_id: int) -> list[Handle]:
         with self._lock:
             return [h for fh in self._by_inode.get(inode_id, ()) if (h := self._handles[fh]).writable]
 
-    def _flush_writers(self, inode_id: int, but: _Handle | None = None) -> None:
+    def _flush_writers(self, inode_id: int, but: Handle | None = None) -> None:
         for h in self._writers(inode_id):
             if h is not but:
                 with h.lock:
@@ -226,13 +223,19 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     def _lstat(self, path: str) -> Any:
         """meta's lstat of ``path``, or what it said moments ago (the attribute cache)."""
+        if (pending := self._pending_at(path)) is not None:
+            return pending
         known, st = self._cache.lookup(path)
         if known:
             if st is ABSENT:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
             return st
         since = self._cache.generation()
-        st = self.fs.lstat(path)
+        try:
+            st = self.fs.lstat(path)
+        except FileNotFoundError:
+            self._cache.remember(path, ABSENT, since)  # as the kernel's negative entry: a create may follow
+            raise
         self._cache.remember(path, st, since)
         return st
 
@@ -287,8 +290,11 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_as_caller
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
         if path is None and fh is not None:  # fstat of a file whose last name is gone: by its inode, which
+            h = self._get(fh)
+            if h.pending is not None:
+                return self._attrs(self._pending_stat(h))
             with acting_as(None):  # its handle keeps (fstat needs no permission: as the mount's own user)
-                return self._attrs(self._stat_inode(self._get(fh).inode_id))
+                return self._attrs(self._stat_inode(h.inode_id))
         if path is None:
             raise mfusepy.FuseOSError(errno.ENOENT)
         return self._stat(path)
@@ -309,6 +315,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             where = self._dirs.get(fh, path)  # no path with nullpath_ok: the folder opendir named
         if where is None:
             raise mfusepy.FuseOSError(errno.EBADF)
+        self._settle(where)  # a listing shows the files made here that meta does not know yet
         entries: list[Any] = [".", ".."]
         entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(where)]
         return entries
@@ -340,10 +347,15 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
+        if (h := self._pending_handle(path, fh)) is not None and h.pending is not None:
+            h.pending.set_mode(mode & 0o7777)
+            self._pending_changed(h)
+            return 0
         if path is None:  # fchmod
             inode = self._inode_of(fh)
             self._changed_inode(inode, self.fs.set_attr_inode(inode, mode=mode & 0o7777))
             return 0
+        self._settle(path)
         with self._changing(path):
             if self.options.multi_user and self._drops_set_id_bits(path, mode):
                 with acting_as(None):  # the kernel clearing set-id bits after a write by a non-owner (POSIX)
@@ -376,10 +388,13 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if uid == -1 and gid == -1 and not self.options.multi_user:
             return 0
         if path is None:  # fchown
+            if fh is not None and self._get(fh).pending is not None:
+                self._materialize(fh)
             inode = self._inode_of(fh)
             self._changed_inode(inode, self.fs.set_attr_inode(inode, uid=uid, gid=gid))
             return 0
         # lchown, fchownat(AT_SYMLINK_NOFOLLOW) and chown all reach here on the inode the kernel resolved
+        self._settle(path)
         with self._changing(path):
             st = self.fs.chown(path, uid, gid, follow_symlinks=False)
         self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
@@ -392,16 +407,25 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             return 0
         inode = self._inode_of(fh) if path is None else None  # futimens
         where = path or ""
+        ph = self._pending_handle(path, fh)
+        pending = ph.pending if ph is not None else None
+        if path is not None and pending is None:
+            self._settle(path)  # pending files below a folder: in meta before its times are set
         if self._has_writers():  # bytes written before the new times must not land after them (a later mtime)
             self._flush_writers(inode if inode is not None else self._lstat(where).inode_id)
         ns: tuple[int, int] | None = None  # None: "now" (needs write permission only, not ownership: POSIX)
         if not atime == mtime == UTIME_NOW:
             now = time.time_ns()
             if UTIME_OMIT in (atime, mtime):
-                st = self._stat_inode(inode) if inode is not None else self._lstat(where)
+                st = self._lstat(where) if inode is None else pending.stat(0) if pending else self._stat_inode(inode)
                 atime = st.atime_ns if atime == UTIME_OMIT else atime
                 mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
             ns = (int(now if atime == UTIME_NOW else atime), int(now if mtime == UTIME_NOW else mtime))
+        if ph is not None and pending is not None:
+            now_ns = time.time_ns()
+            pending.set_times(*(ns or (now_ns, now_ns)))
+            self._pending_changed(ph)
+            return 0
         if inode is not None:
             self._changed_inode(inode, self.fs.set_attr_inode(inode, ns=ns, now=ns is None))
             return 0
@@ -414,6 +438,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def mkdir(self, path: str, mode: int) -> int:
+        self._settle(path)
         with self._changing(path):
             self.fs.mkdir(path, mode & 0o7777)
         self._cache.changed(path, UNKNOWN, new_dir=True)
@@ -421,6 +446,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def mknod(self, path: str, mode: int, dev: int) -> int:
+        self._settle(path)
         with self._changing(path):
             if stat.S_ISREG(mode):  # mknod(S_IFREG) makes an empty file
                 st = self.fs.create(path, stat.S_IMODE(mode), exclusive=True)
@@ -431,6 +457,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def rmdir(self, path: str) -> int:
+        self._settle(path)
         with self._changing(path):
             self.fs.rmdir(path)
         self._cache.changed(path, ABSENT)
@@ -438,6 +465,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def unlink(self, path: str) -> int:
+        self._settle(path)
         self._hold_if_open(path)
         with self._changing(path):
             self.fs.remove(path)
@@ -446,6 +474,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_as_caller
     def rename(self, old: str, new: str) -> int:
+        self._settle(old, new)
         self._hold_if_open(new)  # a file renamed over loses its last name too
         try:
             self.fs.rename(old, new)
@@ -492,6 +521,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_as_caller
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: ``target`` is the new link's path, ``source`` what it points to (ln -s source target).
+        self._settle(target)
         with self._changing(target):
             self.fs.symlink(source, target)
         self._cache.changed(target, UNKNOWN)
@@ -500,6 +530,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_as_caller
     def link(self, target: str, source: str) -> int:
         # mfusepy: ``target`` is the new name, ``source`` the existing file (ln source target).
+        self._settle(source, target)
         try:
             self.fs.link(source, target)
         finally:
@@ -523,13 +554,17 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         except BaseException:
             f.close()
             raise
-        return self._add(_Handle(f, inode_id, writable))
+        known, st = self._cache.lookup(path)
+        if known and st is not ABSENT and st.inode_id != inode_id:  # a written-back file's stand-in
+            self._cache.changed(path, UNKNOWN)
+        return self._add(Handle(f, inode_id, writable))
 
     @_as_caller
     def open(self, path: str, flags: int) -> int:
         # close(2) waits for FLUSH but not for RELEASE, which closes the write session and makes the length
         # exact on meta. A program that closes a file and opens it again at once (git does, all the time) may
         # get here first: make the length exact now, or the new handle would see the old length.
+        self._settle(path)
         if self._has_writers():
             for h in self._writers(self._lstat(path).inode_id):
                 self._sync(h, always=False)
@@ -544,6 +579,10 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         # Created and opened in one call: a file created read-only (git's objects are 0444) is still written
         # through the descriptor that created it, as POSIX allows.
         perm = mode & 0o7777
+        deferred = self._defer_create(path, perm, flags)
+        if deferred is not None:
+            return deferred
+        self._settle(path)
         with self._changing(path):
             try:
                 f = self.fs.open(path, "x+b", perm=perm)
@@ -569,6 +608,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         h = self._get(fh)
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
+        if h.pending is not None and self._pending_write(fh, h, data, offset):
+            return len(data)
         self._flush_writers(h.inode_id, but=h)  # another handle's older bytes may not land over these later
         with h.lock:
             _seek(h.file, offset)
@@ -580,6 +621,9 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_as_caller
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         # ftruncate (no path): the handle was opened for writing (the kernel checks), meta checked then
+        if fh is not None and self._get(fh).pending is not None:
+            self._materialize(fh)
+        self._settle(path or "")  # ("" names no file)
         inode_id = self._inode_of(fh) if path is None else self._lstat(path).inode_id
         self._flush_writers(inode_id)
         try:
@@ -608,6 +652,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         h = self._get(fh)
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
+        if h.pending is not None:
+            self._materialize(fh)
         if mode & FALLOC_FL_KEEP_SIZE:
             return 0
         self._flush_writers(h.inode_id)
@@ -627,10 +673,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @_fuse_errors
     def fsync(self, path: str, datasync: int, fh: int) -> int:
+        if self._get(fh).pending is not None:
+            self._materialize(fh)
         self._sync(self._get(fh), always=True)
         return 0
 
-    def _sync(self, h: _Handle, always: bool) -> None:
+    def _sync(self, h: Handle, always: bool) -> None:
         if not h.writable:
             return
         with h.lock:
@@ -644,7 +692,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                     self._changed_inode(h.inode_id)  # meta's length and mtime moved
                 h.dirty = False
 
-    def _becomes_hold(self, h: _Handle, fh: int) -> bool:
+    def _becomes_hold(self, h: Handle, fh: int) -> bool:
         """Whether a writable handle being released must keep its session as the hold of its removed file: only
         read-only handles of it are left here."""
         with self._lock:
@@ -659,6 +707,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     @_fuse_errors
     def release(self, path: str, fh: int) -> int:
         h = self._get(fh)
+        if h.pending is not None and self._pending_release(fh, h):
+            return 0
         hold = self._becomes_hold(h, fh)
         try:
             with h.lock:

@@ -13,6 +13,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -307,3 +308,85 @@ def test_changes_by_another_client_show_within_two_attribute_timeouts(mount: Pat
     assert (mount / "cache-other" / "g").read_bytes() == b"from the client"
     st = os.stat(mount / "cache-other" / "h")
     assert st.st_size == 8 and stat.S_IMODE(st.st_mode) == 0o600
+
+
+# New files created O_WRONLY|O_CREAT|O_EXCL (tar x) start in the mount's memory and reach the cluster through the
+# client's write-back at close (hf3fs.fuse.pending): what a program sees through the mount does not change.
+TAR_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+
+def _written_like_tar(path: Path, data: bytes, mode: int, mtime_ns: int) -> None:
+    fd = os.open(path, TAR_FLAGS, 0o600)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+        os.utime(fd, ns=(time.time_ns(), mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def _eventually(check: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return check()
+        except (OSError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_files_written_like_tar_reach_the_cluster_whole(mount: Path, fs_cluster: FsCluster) -> None:
+    (mount / "wb").mkdir()
+    files = {f"f{i}": os.urandom(100 + 997 * i) for i in range(20)}
+    for name, data in files.items():
+        _written_like_tar(mount / "wb" / name, data, 0o640, 1_600_000_000_000_000_000 + len(data))
+    for name, data in files.items():  # through the mount at once
+        st = os.stat(mount / "wb" / name)
+        assert (st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (
+            len(data),
+            0o640,
+            1_600_000_000_000_000_000 + len(data),
+        )
+    assert (mount / "wb" / "f3").read_bytes() == files["f3"]
+    assert sorted(os.listdir(mount / "wb")) == sorted(files)
+    client = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)  # another client: after the commit
+    try:
+        for name, data in files.items():
+            st = _eventually(lambda n=name: client.stat(f"/fuse/wb/{n}"))
+            assert (st.size, st.mode, st.mtime_ns) == (len(data), 0o640, 1_600_000_000_000_000_000 + len(data))
+            with client.open(f"/fuse/wb/{name}", "rb") as f:
+                assert f.read() == data
+    finally:
+        client.close()
+    with pytest.raises(FileExistsError):
+        os.open(mount / "wb" / "f1", TAR_FLAGS, 0o600)
+
+
+def test_a_new_file_still_open_is_listed_synced_and_opened_again(mount: Path, fs_cluster: FsCluster) -> None:
+    (mount / "wb-open").mkdir()
+    path = mount / "wb-open" / "new"
+    fd = os.open(path, TAR_FLAGS, 0o644)
+    try:
+        os.write(fd, b"first")
+        assert os.listdir(mount / "wb-open") == ["new"]  # listing the folder puts it in meta
+        assert fs_cluster.client.stat("/fuse/wb-open/new").inode_id == os.fstat(fd).st_ino
+        os.write(fd, b" second")
+        os.fsync(fd)
+        assert fs_cluster.client.open("/fuse/wb-open/new", "rb").read() == b"first second"
+        other = os.open(mount / "wb-open" / "other", TAR_FLAGS, 0o644)
+        os.write(other, b"x" * 10)
+        assert (mount / "wb-open" / "other").read_bytes() == b"x" * 10  # another open: in meta first
+        os.close(other)
+    finally:
+        os.close(fd)
+    big = mount / "wb-open" / "big"  # past the write-back's small-file bound: written through
+    data = os.urandom(3 << 20)
+    _written_like_tar(big, data, 0o600, 1_700_000_000_000_000_000)
+    assert big.read_bytes() == data
+    # another client: once the kernel's release (after close returned) closed the write session
+    _eventually(lambda: _equal(fs_cluster.client.stat("/fuse/wb-open/big").size, len(data)))
+
+
+def _equal(a: object, b: object) -> None:
+    assert a == b

@@ -110,3 +110,18 @@ def test_a_ttl_of_zero_keeps_nothing(clock: Clock) -> None:
     cache.remember("/a", St(5), cache.generation())
     cache.changed("/b", St(6))
     assert cache.lookup("/a") == cache.lookup("/b") == cache.lookup("/d/x") == (False, None)
+
+
+def test_a_no_such_name_is_kept_past_changes_of_other_names_only(cache: AttrCache) -> None:
+    since = cache.generation()
+    cache.changed_inode(9)  # the release of the file tar wrote before, racing its lookup of the next name
+    cache.remember("/next", ABSENT, since)
+    assert cache.lookup("/next") == (True, ABSENT)
+    since = cache.generation()
+    cache.changed("/made", St(3))  # made here while meta's "not there" was on the wire
+    cache.remember("/made", ABSENT, since)
+    assert cache.lookup("/made") == (True, St(3))
+    since = cache.generation()
+    cache.clear()  # a rename: any name may have changed
+    cache.remember("/next", ABSENT, since)
+    assert cache.lookup("/next") == (False, None)
