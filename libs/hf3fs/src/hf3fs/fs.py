@@ -112,6 +112,7 @@ class FileSystem:
         self._unclosed: dict[str, tuple[pb.CloseRequest, str]] = {}  # sessions whose Close did not reach meta
         self._append_locks: dict[int, threading.Lock] = {}
         self._close_retry_s = close_retry_s
+        self.timeout_s = timeout_s  # of one meta call (write-back's batches get more: see hf3fs.writeback)
         self._closing_by: float | None = None  # while close() runs: one retry deadline for all its writers
         self._tables: dict[int, list[int]] = {}
         self._closed = False

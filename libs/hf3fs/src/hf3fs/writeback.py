@@ -31,13 +31,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ff_rpc import Identity, acting_as, current_acting
+import grpc
+
+from ff_rpc import Identity, RpcError, acting_as, current_acting
 from fireflyer.meta.v1 import meta_pb2 as pb
-from hf3fs.meta_client import ERRNO_OF_FS_ERROR
+from hf3fs.meta_client import ERRNO_OF_FS_ERROR, os_error
 from hf3fs.storage_client import ChunkWrite, StorageIoError
 
 if TYPE_CHECKING:
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 MAX_BATCH_ITEMS = 1024  # meta's bound on a BatchCreate / BatchClose
+ITEMS_PER_TIMEOUT = 32  # a batch call may take the FileSystem's timeout_s per this many items
+BATCH_ATTEMPTS = 3  # tries of a batch call that timed out
 
 
 @dataclass(frozen=True)
@@ -322,7 +326,7 @@ class Writeback:
             mode=i.perm, open_mode=pb.OPEN_MODE_WRITE, truncate=True, session_id=uuid.uuid4().hex,
             client_id=fs.client_id, reserve_bytes=len(i.data)) for i in items]  # fmt: skip
         try:
-            resp = fs._meta_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests))
+            resp = self._batch_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests), len(requests))
         except OSError as err:
             self._fail([(i.path, err) for i in items])
             return []
@@ -335,13 +339,34 @@ class Writeback:
         self._fail(failures)
         return opened
 
+    def _batch_call(self, select: Callable[[Any], Any], request: Any, items: int) -> Any:
+        """A BatchCreate or BatchClose, with a deadline that grows with the batch (meta on a loaded machine takes
+        a while over hundreds of items), tried again when it runs out: the same request again is safe, as its
+        files are never exclusive and their write sessions have the ids this client chose (meta returns the
+        session a first attempt opened).
+
+        Raises:
+            OSError: meta refused the call or did not answer (Hf3fsError).
+        """
+        fs = self._fs
+        timeout = fs.timeout_s * max(1.0, items / ITEMS_PER_TIMEOUT)
+        for attempt in range(BATCH_ATTEMPTS):
+            try:
+                return fs._run(fs._meta.call(select, request, timeout_s=timeout))
+            except RpcError as err:
+                if _timed_out(err) and attempt + 1 < BATCH_ATTEMPTS:
+                    logger.info("write-back: a batch call of %d items timed out after %.0f s; again", items, timeout)
+                    continue
+                raise os_error(err) from None
+        raise AssertionError("unreachable")
+
     def _close(self, opened: list[tuple[PendingFile, pb.CreateResponse]], failed: dict[int, OSError]) -> None:
         closes = [pb.CloseRequest(inode_id=r.inode.inode_id, session_id=r.session.session_id, mtime_ns=i.mtime_ns,
                                   written_length_bytes=0 if k in failed else len(i.data))
                   for k, (i, r) in enumerate(opened)]  # fmt: skip
         failures = [(opened[k][0].path, err) for k, err in failed.items()]
         try:
-            resp = self._fs._meta_call(lambda s: s.BatchClose, pb.BatchCloseRequest(closes=closes))
+            resp = self._batch_call(lambda s: s.BatchClose, pb.BatchCloseRequest(closes=closes), len(closes))
         except OSError as err:  # the sessions lapse and meta collects them (lengths from storage)
             failures += [(i.path, err) for k, (i, _) in enumerate(opened) if k not in failed]
         else:
@@ -349,6 +374,10 @@ class Writeback:
                 if r.error and k not in failed:
                     failures.append((item.path, _os_error(r.error, r.message, item.path)))
         self._fail(failures)
+
+
+def _timed_out(err: RpcError) -> bool:
+    return err.code is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def _os_error(code: int, message: str, path: str) -> OSError:
