@@ -11,12 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import hf3fs
 from ff_appliance.scheduler_setup import scheduler_address, set_quota
 from ff_appliance.scheduler_user import SchedulerUser, user_token
 from ff_cluster import MgmtdClient
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 NUM_STEPS = 4
+CHECKPOINTS = "/demo-checkpoints"  # in 3FS
 USER = "agent-demo"
 WAIT_S = 90.0
 
@@ -26,19 +28,22 @@ keys = ["WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_IP", "MA
 print(" ".join(f"{k}={os.environ[k]}" for k in keys))
 """
 
+# The checkpoint is a file in 3FS (the task's FF_TOKEN is the user's): the scheduler counts a reported checkpoint
+# only when it exists there and is the task's user's.
 TRAIN_SCRIPT = """
 import json, os, sys, time
+import hf3fs
 from hfai import client
-folder, rank, local = sys.argv[1], os.environ["RANK"], os.environ["LOCAL_RANK"]
-ckpt = os.path.join(folder, "ckpt.json")
-start = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+ckpt, rank, local = sys.argv[1], os.environ["RANK"], os.environ["LOCAL_RANK"]
+fs = hf3fs.connect()
+start = json.loads(fs.open(ckpt, "rb").read())["step"] if fs.exists(ckpt) else 0
 resumed = client.get_whole_life_state() > 0  # the number of suspends so far
 print(f"start at step {start}, whole_life_state {client.get_whole_life_state()}", flush=True)
 for step in range(start, start + 600):
     if rank == "0" and local == "0" and client.receive_suspend_command():
-        with open(ckpt + ".tmp", "w") as f:
-            json.dump({"step": step}, f)
-        os.replace(ckpt + ".tmp", ckpt)
+        with fs.open(ckpt + ".tmp", "wb") as f:
+            f.write(json.dumps({"step": step}).encode())
+        fs.rename(ckpt + ".tmp", ckpt)
         client.set_whole_life_state(client.get_whole_life_state() + 1)
         client.report_checkpoint(ckpt, step)
         print(f"suspend flag seen: checkpoint at step {step}, go_suspend()", flush=True)
@@ -97,12 +102,20 @@ async def agent_section(
     folder = Path(tempfile.mkdtemp(prefix="fireflyer-agent-demo-"))
     # The ranks may run as the demo's user (agents started by root): the folder is theirs to write too.
     os.chmod(folder, 0o1777)
+    await asyncio.to_thread(_checkpoint_folder, list(addresses), admin_token)
     try:
         await _nodes(user, step, say)
         await _env_task(user, folder, step, say)
         await _suspend_resume(user, folder, step, say)
     finally:
         await user.close()
+
+
+def _checkpoint_folder(addresses: list[str], admin_token: str) -> None:
+    """The 3FS folder the train task checkpoints into: anyone may make files there (sticky, as /tmp)."""
+    with hf3fs.connect(mgmtd=addresses, token=admin_token) as fs:
+        fs.makedirs(CHECKPOINTS, exist_ok=True)
+        fs.chmod(CHECKPOINTS, 0o1777)
 
 
 async def _nodes(user: _User, step: Callable[[str], None], say: Callable[[str], None]) -> None:
@@ -143,7 +156,8 @@ async def _suspend_resume(user: _User, folder: Path, step: Callable[[str], None]
     step("suspend a running 2-node task: rank 0 checkpoints and calls go_suspend(); it resumes from there")
     script = folder / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    spec = pb.TaskSpec(name="train", argv=["python", str(script), str(folder)], num_nodes=2, priority=10)
+    ckpt = f"{CHECKPOINTS}/{folder.name}.json"
+    spec = pb.TaskSpec(name="train", argv=["python", str(script), ckpt], num_nodes=2, priority=10)
     task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
     await user.wait(task.task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING, "running")
     deadline = time.monotonic() + WAIT_S
