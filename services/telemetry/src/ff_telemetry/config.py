@@ -29,6 +29,7 @@ class TelemetrySettings(SettingsModel):
     raw_retention_s: float = Field(86_400.0, gt=0, description="how long raw samples are kept")
     minute_retention_s: float = Field(14 * 86_400.0, gt=0, description="how long 1-minute buckets are kept")
     hour_retention_s: float = Field(400 * 86_400.0, gt=0, description="how long 1-hour buckets are kept")
+    raw_query_span_s: float = Field(3600.0, gt=0, description="queries spanning longer read the 1-minute tier")
     downsample_interval_s: float = Field(30.0, gt=0, description="how often downsampling and retention run")
     downsample_lag_s: float = Field(120.0, ge=0, description="a bucket is made this long after it ends")
     max_series_per_metric: int = Field(

@@ -46,7 +46,9 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
     sql = await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)
-    store = TelemetryStore(sql, limits=settings.limits(), retention=settings.retention())
+    store = TelemetryStore(
+        sql, limits=settings.limits(), retention=settings.retention(), raw_query_span_s=settings.raw_query_span_s
+    )
     mgmtd_addresses = settings.mgmtd_address_list()
     mgmtd = MgmtdClient(mgmtd_addresses, token=cluster_token, timeout_s=5.0)
     validator = registry_validator(mgmtd, settings.token_cache_ttl_s)

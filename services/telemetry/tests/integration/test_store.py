@@ -162,3 +162,17 @@ async def test_concurrent_pushes_commit_together_and_a_bad_one_fails_alone(tstor
     assert isinstance(results[2], InvalidRequest), results
     assert [r.num_stored for i, r in enumerate(results) if i != 2] == [10] * 4  # type: ignore[union-attr]
     assert {dict(s.labels)["pusher"] for s in tstore.list_series(None, ALL)} == {"0", "1", "3", "4"}
+
+
+def test_long_spans_read_the_minute_tier_and_an_oversized_raw_read_is_refused(
+    tstore: TelemetryStore, clock: Clock
+) -> None:
+    clock.now = T0 + 7200
+    push(tstore, [RawSample("g", {"i": str(i)}, 1.0, T0 + 60 * j) for i in range(5) for j in range(100)])
+    short = RangeQuery(name="g", start_at=T0 + 3600, end_at=T0 + 3660, step_s=60)
+    assert tstore.query_range(short, ALL).resolution_s == 0.0
+    long = RangeQuery(name="g", start_at=T0, end_at=T0 + 7200, step_s=60)
+    assert tstore.query_range(long, ALL).resolution_s == MINUTE
+    tstore.max_raw_samples_read = 100  # the window's blocks hold 500
+    with pytest.raises(LimitExceeded, match="more than 100 to read"):
+        tstore.query_range(short, ALL)

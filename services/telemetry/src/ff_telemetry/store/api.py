@@ -66,12 +66,16 @@ class TelemetryStore:
         limits: Limits | None = None,
         retention: Retention | None = None,
         clock: Callable[[], float] = time.time,
+        raw_query_span_s: float = 3600.0,
+        max_raw_samples_read: int = reads.MAX_RAW_SAMPLES_READ,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
         self.checker = SampleChecker(self.limits)
         self.retention = retention or Retention()
         self.clock = clock
+        self.raw_query_span_s = raw_query_span_s
+        self.max_raw_samples_read = max_raw_samples_read
         self._series: dict[SeriesKey, Interned] = {}
         self._latest: dict[int, tuple[float, float]] = {}  # series id -> newest (at, value) not yet flushed
         self._lock = threading.Lock()
@@ -177,15 +181,17 @@ class TelemetryStore:
         """
         check_query(query, self.limits)
         now = self.clock()
+        span_s = query.end_at - query.start_at + query.effective_lookback_s
         resolution = reads.choose_resolution(
-            query.resolution_s, query.start_at, now, self.retention.raw_s, self.retention.minute_s
-        )
+            query.resolution_s, query.start_at, span_s, now, self.retention.raw_s, self.retention.minute_s,
+            self.raw_query_span_s,
+        )  # fmt: skip
         name = f"{query.name}_bucket" if query.quantile else query.name
         lo, hi = query.start_at - query.effective_lookback_s, query.end_at
 
         def read(session: Session) -> list[evaluate.SeriesRows]:
             found = reads.find_series(session, name, query.matchers, viewer)
-            return reads.rows_for(session, found, resolution, lo, hi)
+            return reads.rows_for(session, found, resolution, lo, hi, self.max_raw_samples_read)
 
         rows = self.store.run(read, read_only=True)
         if query.quantile:
@@ -243,9 +249,12 @@ class TelemetryStore:
 
     # -- maintenance ----------------------------------------------------------------------------
     def run_retention(self, now: float | None = None) -> JobReport:
-        """One pass of downsampling and retention."""
+        """Downsampling and retention, in passes (one transaction each) until caught up."""
         self.flush()
-        report = self.store.run(lambda s: run_job(s, self.clock() if now is None else now, self.retention))
+        at = self.clock() if now is None else now
+        report = self.store.run(lambda s: run_job(s, at, self.retention))
+        while report.more:
+            report = report + self.store.run(lambda s: run_job(s, at, self.retention))
         if report.num_series_deleted:
             with self._lock:
                 self._series.clear()

@@ -16,6 +16,7 @@ import numpy.typing as npt
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from ff_telemetry.core.errors import LimitExceeded
 from ff_telemetry.store import schema
 
 _SID = np.dtype("<i8")
@@ -73,11 +74,28 @@ def insert_blocks(session: Session, new: list[Block]) -> None:
 
 
 def read(
-    session: Session, lo: float, hi: float, wanted: Collection[int] | None = None, *, closed_low: bool = False
+    session: Session,
+    lo: float,
+    hi: float,
+    wanted: Collection[int] | None = None,
+    *,
+    closed_low: bool = False,
+    max_samples: int | None = None,
 ) -> RawPoints:
-    """Samples with lo < at <= hi (lo <= at < hi with ``closed_low``) of the ``wanted`` series (None: all)."""
+    """Samples with lo < at <= hi (lo <= at < hi with ``closed_low``) of the ``wanted`` series (None: all).
+
+    Raises LimitExceeded when the blocks to decode hold more than ``max_samples``.
+    """
     t = schema.sample_blocks
-    stmt = select(t.c.count, t.c.data).where(t.c.max_at >= lo, t.c.min_at <= hi).order_by(t.c.block_id)
+    overlap = (t.c.max_at >= lo, t.c.min_at <= hi)
+    if max_samples is not None:
+        total = int(session.execute(select(func.coalesce(func.sum(t.c.count), 0)).where(*overlap)).scalar_one())
+        if total > max_samples:
+            raise LimitExceeded(
+                f"the raw samples of this window are {total:,}, more than {max_samples:,} to read: "
+                "ask a shorter window or resolution_s=60"
+            )
+    stmt = select(t.c.count, t.c.data).where(*overlap).order_by(t.c.block_id)
     parts = [(int(n), bytes(data)) for n, data in session.execute(stmt)]
     if not parts:
         empty = np.empty(0)

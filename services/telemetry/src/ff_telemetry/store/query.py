@@ -15,6 +15,8 @@ from ff_telemetry.store.rows import chunks, from_db, labels_from_json
 
 # For a rate at the first step, the raw sample before the window is looked for this far back.
 PREVIOUS_SAMPLE_HORIZON_S = 60.0
+# A raw query decoding more samples than this (every series' in its window) is refused: ask a tier.
+MAX_RAW_SAMPLES_READ = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -65,21 +67,31 @@ def find_series(
     return found
 
 
-def rows_for(session: Session, series: list[SeriesInfo], resolution_s: float, lo: float, hi: float) -> list[SeriesRows]:
-    """The rows of ``series`` in (lo, hi] from one tier (buckets count at their end)."""
+def rows_for(
+    session: Session,
+    series: list[SeriesInfo],
+    resolution_s: float,
+    lo: float,
+    hi: float,
+    max_raw_samples: int = MAX_RAW_SAMPLES_READ,
+) -> list[SeriesRows]:
+    """The rows of ``series`` in (lo, hi] from one tier (buckets count at their end); LimitExceeded when the
+    raw tier would decode more than ``max_raw_samples``."""
     if resolution_s == RAW:
-        by_id = _raw_rows(session, series, lo, hi)
+        by_id = _raw_rows(session, series, lo, hi, max_raw_samples)
     else:
         by_id = _bucket_rows(session, schema.samples_1m if resolution_s == MINUTE else schema.samples_1h,
                              [s.series_id for s in series], resolution_s, lo, hi)  # fmt: skip
     return [SeriesRows(s.name, s.labels, by_id.get(s.series_id, [])) for s in series]
 
 
-def _raw_rows(session: Session, series: list[SeriesInfo], lo: float, hi: float) -> dict[int, list[Row]]:
+def _raw_rows(
+    session: Session, series: list[SeriesInfo], lo: float, hi: float, max_samples: int
+) -> dict[int, list[Row]]:
     """Raw rows in (lo, hi]; each row's increase is from the sample before it (looked for up to
     PREVIOUS_SAMPLE_HORIZON_S before the window)."""
     kinds = {s.series_id: s.kind for s in series}
-    points = blocks.read(session, lo - PREVIOUS_SAMPLE_HORIZON_S, hi, kinds).by_series()
+    points = blocks.read(session, lo - PREVIOUS_SAMPLE_HORIZON_S, hi, kinds, max_samples=max_samples).by_series()
     out: dict[int, list[Row]] = {}
     for sid, pts in points.items():
         previous: float | None = None
@@ -108,10 +120,13 @@ def _bucket_rows(
     return out
 
 
-def choose_resolution(requested: float, start_at: float, now: float, raw_s: float, minute_s: float) -> float:
-    """The requested tier, or the finest that still holds ``start_at``."""
+def choose_resolution(
+    requested: float, start_at: float, span_s: float, now: float, raw_s: float, minute_s: float, raw_span_s: float
+) -> float:
+    """The requested tier, or the finest that still holds ``start_at``, raw only for spans up to
+    ``raw_span_s`` (a raw read decodes every series' samples of the window)."""
     if requested:
         return requested
-    if start_at >= now - raw_s:
+    if start_at >= now - raw_s and span_s <= raw_span_s:
         return RAW
     return MINUTE if start_at >= now - minute_s else HOUR

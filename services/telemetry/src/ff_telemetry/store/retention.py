@@ -37,15 +37,29 @@ class JobReport:
     num_hour_buckets: int
     num_raw_deleted: int
     num_series_deleted: int
+    # The pass stopped at MAX_PASS_S of raw samples: run another.
+    more: bool = False
+
+    def __add__(self, other: JobReport) -> JobReport:
+        return JobReport(
+            self.num_minute_buckets + other.num_minute_buckets, self.num_hour_buckets + other.num_hour_buckets,
+            self.num_raw_deleted + other.num_raw_deleted, self.num_series_deleted + other.num_series_deleted,
+            other.more,
+        )  # fmt: skip
+
+
+# One pass reads at most this much raw time (a collector catching up after a stop does it in slices, so
+# its memory stays bounded); whole minutes.
+MAX_PASS_S = 900.0
 
 
 def run_job(session: Session, now: float, retention: Retention) -> JobReport:
     """One pass of downsampling and retention (one transaction)."""
     minute_until = bucket_start(now - retention.lag_s, MINUTE)
-    num_minute = _downsample_raw(session, minute_until)
-    num_hour = _roll_up_minutes(session, bucket_start(minute_until, HOUR))
-    num_raw, num_series = _expire(session, now, retention, minute_until)
-    return JobReport(num_minute, num_hour, num_raw, num_series)
+    num_minute, done_until = _downsample_raw(session, minute_until)
+    num_hour = _roll_up_minutes(session, bucket_start(done_until, HOUR))
+    num_raw, num_series = _expire(session, now, retention, done_until)
+    return JobReport(num_minute, num_hour, num_raw, num_series, more=done_until < minute_until)
 
 
 def _window(session: Session, tier: str, until: float, first: float | None) -> float | None:
@@ -65,12 +79,14 @@ def _advance(session: Session, tier: str, until: float) -> None:
     session.execute(table.update().where(table.c.tier == tier).values(done_until=until, dirty_since=None))
 
 
-def _downsample_raw(session: Session, until: float) -> int:
+def _downsample_raw(session: Session, until: float) -> tuple[int, float]:
+    """The 1-minute buckets made, and the time up to which they now are."""
     first = blocks.earliest(session)
     start = _window(session, "1m", until, None if first is None else bucket_start(first, MINUTE))
     if start is None:
-        return 0
+        return 0, _done_until(session, "1m", until)
     start = bucket_start(start, MINUTE)
+    until = min(until, start + MAX_PASS_S)
     points = blocks.read(session, start, until, closed_low=True).by_series()
     kinds = _kinds(session, list(points))
     previous = _last_before(session, schema.samples_1m, list(points), start)
@@ -78,7 +94,13 @@ def _downsample_raw(session: Session, until: float) -> int:
     _replace(session, schema.samples_1m, start, until, buckets)
     _advance(session, "1m", until)
     _mark_dirty(session, "1h", start)
-    return sum(len(b) for b in buckets.values())
+    return sum(len(b) for b in buckets.values()), until
+
+
+def _done_until(session: Session, tier: str, default: float) -> float:
+    table = schema.watermarks
+    value = session.execute(select(table.c.done_until).where(table.c.tier == tier)).scalar()
+    return default if value is None else min(default, float(value))
 
 
 def _roll_up_minutes(session: Session, until: float) -> int:
