@@ -331,6 +331,7 @@ class RawFile(io.RawIOBase):
             req.mtime_ns = self._last_write_ns
         resp = self._fs._meta_call(lambda s: s.Sync, req, self.name)
         self.length = max(self.length, resp.inode.length_bytes)
+        self.inode_at_sync = resp.inode  # meta's answer (the mount keeps its attributes)
 
     def close(self) -> None:
         if self.closed:
