@@ -8,7 +8,9 @@ from .conftest import TorchLaunch
 
 pytest.importorskip("torch")
 
-TIMEOUT_S = 3.0
+# a death is seen at once, not after the timeout; the timeout must still cover the ranks drifting apart while
+# they import torch and build DDP on a loaded machine
+TIMEOUT_S = 10.0
 pytestmark = pytest.mark.timeout(300)  # 4 processes importing torch: minutes on a loaded 2-core box
 
 
@@ -16,14 +18,15 @@ def test_a_rank_killed_mid_backward_is_named_by_every_other_rank(torch_launch: T
     """torch DDP, 2 nodes x 2 ranks; rank 3 SIGKILLs itself in step 2's backward while buckets are in flight.
 
     Each survivor's backward raises (no hang, no crash: a failed future must reach DDP's C++ reducer as an
-    error, not as a value) naming rank 3, well within the timeout."""
+    error, not as a value) naming rank 3 as dead, in well under the timeout (a hang would be seen only after it,
+    and named as not entering the collective)."""
     results = torch_launch(2, 2, "kill", env={"TEST_VICTIM": "3", "FF_HFREDUCE_TIMEOUT_S": str(TIMEOUT_S)})
     assert "crash" in results[3]  # the victim wrote no report
     for res in results[:3]:
         assert res["error"] == "RuntimeError", res
         assert "rank 3 (node 1, local rank 1) died" in res["message"], res
         assert res["step"] == 2
-        assert res["elapsed_s"] <= TIMEOUT_S, res
+        assert res["elapsed_s"] <= TIMEOUT_S / 2, res
 
 
 def test_a_rank_that_never_publishes_is_named(torch_launch: TorchLaunch) -> None:

@@ -119,6 +119,8 @@ def scenario_kill() -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     victim = int(os.environ["TEST_VICTIM"])
+    import torch._dynamo  # DDP imports it: seconds on a loaded machine, so before the group's clock runs
+
     dist.init_process_group("hfreduce", rank=RANK, world_size=WORLD, timeout=TIMEOUT)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(256, 1024), nn.Tanh(), nn.Linear(1024, 256))

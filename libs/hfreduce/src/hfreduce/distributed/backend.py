@@ -28,6 +28,7 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 from torch.futures import Future
 
 from hfreduce.api import Work as HFWork
+from hfreduce.config import options_from_env
 from hfreduce.distributed import tensors as tx
 from hfreduce.distributed.rendezvous import join_store
 from hfreduce.errors import GroupClosedError
@@ -44,9 +45,10 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, **options: Any) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stubs know only the C++ constructor
-        self.hf, self.layout = join_store(
-            store, rank, size, prefix="hfreduce", timeout_s=_timeout_s(timeout), **options
-        )
+        # FF_HFREDUCE_TIMEOUT_S, when set, wins over torch's timeout (30 min by default) for hfreduce's steps
+        from_env = options_from_env().get("timeout_s")
+        timeout_s = from_env if isinstance(from_env, float) else _timeout_s(timeout)
+        self.hf, self.layout = join_store(store, rank, size, prefix="hfreduce", timeout_s=timeout_s, **options)
         self._me = rank
         self._lock = threading.RLock()
         self._queued = 0  # collectives submitted to self._thread and not yet handed to hfreduce
