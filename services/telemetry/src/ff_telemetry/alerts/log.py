@@ -148,7 +148,8 @@ class AlertLog:
                 del self._records[oldest]
 
     def _replay(self, path: Path) -> None:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
             try:
                 rec = AlertRecord(**json.loads(line))
             except (ValueError, TypeError) as exc:
@@ -160,3 +161,19 @@ class AlertLog:
                 self._firing.pop(rec.key, None)
             else:
                 self._firing[rec.key] = rec.alert_id
+        self._trim()
+        if len(lines) > 2 * len(self._records):
+            self._rewrite(path)
+
+    def _trim(self) -> None:
+        resolved = [i for i, r in self._records.items() if r.resolved_at]
+        for alert_id in resolved[: max(0, len(self._records) - self.max_kept)]:
+            del self._records[alert_id]
+
+    def _rewrite(self, path: Path) -> None:
+        """The file holds one line per change: at start it is written again with what is kept (atomically)."""
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w") as f:
+            for rec in self._records.values():
+                f.write(json.dumps({**asdict(rec), "labels": dict(rec.labels)}) + "\n")
+        tmp.replace(path)

@@ -173,3 +173,19 @@ def test_storage_use_is_the_file_systems_free_share() -> None:
     free = [SeriesFact({"target_id": "1"}, ((0.0, 50.0), (1.0, 5.0))), SeriesFact({"target_id": "2"}, ((1.0, 1.0),))]
     capacity = [SeriesFact({"target_id": "1"}, ((1.0, 100.0),))]  # target 2: capacity unknown, left out
     assert storage_used(free, capacity) == [({"target_id": "1"}, pytest.approx(0.95))]
+
+
+def test_the_log_file_is_compacted_at_start_to_what_is_kept(tmp_path: Path) -> None:
+    rule = _rule(RuleKind.NODE_LOST)
+    lost = conditions(rule, ClusterView(now=0.0, nodes=[NodeFact(2, "agent", "a1", False)]))
+    log = AlertLog(tmp_path / "alerts.jsonl", max_kept=3)
+    for i in range(10):  # 10 alerts fired and resolved: 20 lines
+        log.update(rule, lost, float(2 * i), 1)
+        log.update(rule, [], float(2 * i + 1), 1)
+    log.update(rule, lost, 100.0, 1)  # one still firing
+    assert len((tmp_path / "alerts.jsonl").read_text().splitlines()) == 21
+    again = AlertLog(tmp_path / "alerts.jsonl", max_kept=3)
+    kept, _ = again.list(AlertFilter())
+    assert [a.alert_id for a in kept] == [11, 10, 9] and kept[0].state is AlertState.FIRING
+    assert len((tmp_path / "alerts.jsonl").read_text().splitlines()) == 3
+    assert [a.alert_id for a in AlertLog(tmp_path / "alerts.jsonl").firing()] == [11]
