@@ -64,10 +64,14 @@ def test_unsupported_ops_raise_naming_the_op(layout_run: dict[str, Any]) -> None
 
 
 def test_torch_ddp_trains_like_one_process(layout_run: dict[str, Any]) -> None:
+    """Unchanged torch DDP on "hfreduce" (small buckets; plain, with a comm hook using get_future, and with
+    no_sync accumulation over 2 micro-batches; an unused layer each time) ends where one process training on
+    the same global batches ends."""
     for res in ranks(layout_run):
         ddp = res["ddp"]
-        assert ddp["default"] <= ddp["tolerance"], ddp
-        assert ddp["comm_hook"] <= ddp["tolerance"], ddp
+        for variant in ("default", "comm_hook", "no_sync"):
+            assert ddp[variant] <= ddp["tolerance"], ddp
+            assert ddp[f"{variant} spare moved"] == 0.0, ddp
 
 
 def test_ranks_placed_cyclically_over_nodes(torch_launch: TorchLaunch) -> None:
