@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,7 @@ async def serve(folder: Path) -> None:
             ServiceBinding(
                 "fireflyer.telemetry.v1.TelemetryService",
                 telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
-                NoopTelemetry(),
+                NoopTelemetry(),  # type: ignore[abstract]  # the other RPCs answer UNIMPLEMENTED (base class)
             )
         ],
     )
@@ -155,6 +157,24 @@ async def client(info: dict[str, str], args: argparse.Namespace, server_pid: int
           f"lost {acked - stored:,}")  # fmt: skip
 
 
+@contextmanager
+def bench_server(folder: Path) -> Iterator[tuple[dict[str, str], int]]:
+    """The ``--serve`` process (mgmtd, the collector, the no-op) with its state in ``folder``: where it
+    listens (``telemetry``, ``noop``, ``db``, ``token``) and its pid; stopped on exit."""
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(folder)], env={**os.environ})
+    try:
+        ready = folder / "bench.json"
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the bench server did not start")
+            time.sleep(0.1)
+        yield json.loads(ready.read_text()), server.pid
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -167,20 +187,8 @@ def main() -> None:
     if args.serve is not None:
         asyncio.run(serve(args.serve))
         return
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        folder = Path(tmp)
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(folder)], env={**os.environ})
-        try:
-            ready = folder / "bench.json"
-            deadline = time.monotonic() + 60
-            while not ready.exists():
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the bench server did not start")
-                time.sleep(0.1)
-            asyncio.run(client(json.loads(ready.read_text()), args, server.pid))
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp, bench_server(Path(tmp)) as (info, pid):
+        asyncio.run(client(info, args, pid))
 
 
 if __name__ == "__main__":
