@@ -48,3 +48,9 @@ def test_any_tensor_is_seen_as_its_bytes_and_written_back() -> None:
     own = torch.zeros(4)
     view, _ = tx.host_bytes(own)
     assert view.data_ptr() == own.data_ptr()  # contiguous CPU: its own memory, no copy
+
+
+def test_bytes_that_start_off_the_element_size_are_read_all_the_same() -> None:
+    raw = torch.zeros(13, dtype=torch.uint8)
+    raw[1:9].copy_(torch.tensor([7], dtype=torch.int64).view(torch.uint8))
+    assert tx.as_dtype(raw[1:9], torch.zeros(1, dtype=torch.int64)).tolist() == [7]

@@ -45,7 +45,10 @@ def padded(nbytes: int) -> int:
 
 
 def as_dtype(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """uint8 bytes ``raw`` read as a tensor of ``like``'s dtype and shape."""
+    """uint8 bytes ``raw`` read as a tensor of ``like``'s dtype and shape (copied first when they do not start at
+    a multiple of the element size, which ``view`` refuses)."""
+    if raw.storage_offset() % like.element_size():
+        raw = raw.clone()
     return raw.view(like.dtype).reshape(like.shape)
 
 
