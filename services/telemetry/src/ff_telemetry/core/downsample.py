@@ -9,8 +9,11 @@ of whole buckets is the same in every tier: that is what keeps a counter's total
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from ff_telemetry.core.model import Kind
 
@@ -43,27 +46,56 @@ def downsample(
     points: Sequence[tuple[float, float]], previous: float | None, width_s: float, kind: Kind
 ) -> list[Bucket]:
     """Buckets of one series' raw points (time order); ``previous`` is the value just before them."""
-    groups: dict[float, list[float]] = {}
-    increases: dict[float, float] = {}
-    for at, value in points:
-        start = bucket_start(at, width_s)
-        groups.setdefault(start, []).append(value)
-        increases[start] = increases.get(start, 0.0) + step_increase(previous, value, kind)
-        previous = value
-    return [_bucket(start, values, increases[start]) for start, values in groups.items()]
+    if not points:
+        return []
+    ats, values = zip(*points, strict=True)
+    buckets = downsample_arrays(
+        np.zeros(len(points), dtype=np.int64), np.asarray(ats, dtype=np.float64),
+        np.asarray(values, dtype=np.float64), {0: kind}, {} if previous is None else {0: previous}, width_s,
+    )  # fmt: skip
+    return buckets[0]
 
 
-def _bucket(start: float, values: list[float], increase: float) -> Bucket:
-    finite = [v for v in values if not math.isnan(v)]
-    return Bucket(
-        start=start,
-        count=len(values),
-        sum=math.fsum(values),
-        min=min(finite) if finite else math.nan,
-        max=max(finite) if finite else math.nan,
-        last=values[-1],
-        increase=increase,
-    )
+def downsample_arrays(
+    series_ids: npt.NDArray[np.int64],
+    ats: npt.NDArray[np.float64],
+    values: npt.NDArray[np.float64],
+    kinds: Mapping[int, Kind],
+    previous: Mapping[int, float],
+    width_s: float,
+) -> dict[int, list[Bucket]]:
+    """Buckets of many series at once; the points sorted by (series id, time), ``previous`` each series'
+    value just before them. Vectorized: the job's cost per sample is a few array operations."""
+    n = len(series_ids)
+    if n == 0:
+        return {}
+    first_of_series = np.ones(n, dtype=bool)
+    first_of_series[1:] = series_ids[1:] != series_ids[:-1]
+    before = np.empty(n)
+    before[1:] = values[:-1]
+    firsts = np.flatnonzero(first_of_series)
+    before[firsts] = [previous.get(int(sid), math.nan) for sid in series_ids[firsts].tolist()]
+    counters = np.fromiter((sid for sid, k in kinds.items() if k is Kind.COUNTER), dtype=np.int64)
+    increase = values - before
+    reset = np.isin(series_ids, counters) & (values < before)
+    increase[reset] = values[reset]
+    increase[np.isnan(before) | np.isnan(values)] = 0.0
+    starts = np.floor(ats / width_s) * width_s
+    group_start = first_of_series.copy()
+    group_start[1:] |= starts[1:] != starts[:-1]
+    idx = np.flatnonzero(group_start)
+    ends = np.append(idx[1:], n)
+    with np.errstate(invalid="ignore"):  # all-NaN buckets: min and max are NaN
+        mins, maxes = np.fmin.reduceat(values, idx), np.fmax.reduceat(values, idx)
+    columns = zip(
+        series_ids[idx].tolist(), starts[idx].tolist(), (ends - idx).tolist(), np.add.reduceat(values, idx).tolist(),
+        mins.tolist(), maxes.tolist(), values[ends - 1].tolist(), np.add.reduceat(increase, idx).tolist(),
+        strict=True,
+    )  # fmt: skip
+    out: dict[int, list[Bucket]] = {}
+    for sid, start, count, total, low, high, last, inc in columns:
+        out.setdefault(sid, []).append(Bucket(start, count, total, low, high, last, inc))
+    return out
 
 
 def roll_up(buckets: Iterable[Bucket], width_s: float) -> list[Bucket]:

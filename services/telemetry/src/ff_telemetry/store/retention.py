@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy import CursorResult, Table, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from ff_telemetry.core.downsample import Bucket, bucket_start, downsample, roll_up
+from ff_telemetry.core.downsample import Bucket, bucket_start, downsample_arrays, roll_up
 from ff_telemetry.core.model import HOUR, MINUTE, Kind
 from ff_telemetry.store import blocks, schema
 from ff_telemetry.store.rows import from_db, to_db
@@ -87,10 +88,12 @@ def _downsample_raw(session: Session, until: float) -> tuple[int, float]:
         return 0, _done_until(session, "1m", until)
     start = bucket_start(start, MINUTE)
     until = min(until, start + MAX_PASS_S)
-    points = blocks.read(session, start, until, closed_low=True).by_series()
-    kinds = _kinds(session, list(points))
-    previous = _last_before(session, schema.samples_1m, list(points), start)
-    buckets = {sid: downsample(p, previous.get(sid), MINUTE, kinds[sid]) for sid, p in points.items() if sid in kinds}
+    raw = blocks.read(session, start, until, closed_low=True)
+    ids = np.unique(raw.series_ids).tolist()
+    kinds = _kinds(session, ids)
+    known = np.isin(raw.series_ids, np.asarray(list(kinds), dtype=np.int64))  # not of a deleted series
+    previous = _last_before(session, schema.samples_1m, ids, start)
+    buckets = downsample_arrays(raw.series_ids[known], raw.ats[known], raw.values[known], kinds, previous, MINUTE)
     _replace(session, schema.samples_1m, start, until, buckets)
     _advance(session, "1m", until)
     _mark_dirty(session, "1h", start)
