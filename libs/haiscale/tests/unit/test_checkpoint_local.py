@@ -96,8 +96,10 @@ def test_mismatch_names_the_first_tensor_and_changes_nothing(tmp_path: Path) -> 
 def test_bytes_that_fail_their_checksum_change_nothing(tmp_path: Path) -> None:
     ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(4)}, step=1, blocking=True)
     data = next((tmp_path / "step-000000001").glob("rank-00000.*.bin"))
+    manifest = json.loads((tmp_path / "step-000000001" / ckpt.MANIFEST).read_text())
+    b = next(t for t in manifest["tensors"] if t["name"] == "b")
     raw = bytearray(data.read_bytes())
-    raw[-1] ^= 0xFF  # inside b, the last tensor
+    raw[b["file_offset"] + 5] ^= 0xFF  # inside b
     data.write_bytes(bytes(raw))
     target = {"a": torch.zeros(4), "b": torch.zeros(4)}
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(b\)"):

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
 from haiscale.checkpoint.manifest import (
@@ -22,8 +23,10 @@ from haiscale.checkpoint.manifest import (
     leaves,
     put,
 )
-from haiscale.checkpoint.saver import committed_steps, step_folder
+from haiscale.checkpoint.saver import ALIGN, committed_steps, step_folder
 from haiscale.checkpoint.storage import Location
+
+READ_RANGE_BYTES = 64 << 20  # neighbouring slices are read together up to this size
 
 
 class CheckpointMismatch(ValueError):
@@ -132,10 +135,49 @@ def _sources(manifest: Manifest, want: _Want) -> Iterator[TensorEntry]:
         raise CheckpointMismatch(f"{want.name}: elements {pos}..{want.stop} were saved by no rank")
 
 
-def _checked(data: bytes, length: int, crc: int, where: str) -> bytes:
+def _checked(data: bytes | memoryview, length: int, crc: int, where: str) -> memoryview:
     if len(data) != length or zlib.crc32(data) != crc:
         raise CorruptCheckpoint(f"{where}: {len(data)} bytes read, checksum does not match the manifest")
-    return data
+    return memoryview(data)
+
+
+Slot = tuple[str, int, int]  # (file, file offset, length) of a saved slice
+
+
+def _read_slices(loc: Location, folder: str, entries: list[TensorEntry]) -> dict[Slot, memoryview]:
+    """Every slice's bytes, checked: neighbours in a file are read as one range (up to ``READ_RANGE_BYTES``)."""
+    ranges: list[tuple[str, int, int, list[TensorEntry]]] = []
+    for e in sorted(entries, key=lambda e: (e.file, e.file_offset)):
+        last = ranges[-1] if ranges else None
+        if last and last[0] == e.file and 0 <= e.file_offset - (last[1] + last[2]) <= ALIGN \
+                and e.file_offset + e.length - last[1] <= READ_RANGE_BYTES:  # fmt: skip
+            ranges[-1] = (last[0], last[1], e.file_offset + e.length - last[1], [*last[3], e])
+        else:
+            ranges.append((e.file, e.file_offset, e.length, [e]))
+    read = loc.storage.read_ranges([(loc.join(folder, f), start, n) for f, start, n, _ in ranges])
+    out: dict[Slot, memoryview] = {}
+    for (_, start, _, members), raw in zip(ranges, read, strict=True):
+        view = memoryview(raw)
+        for e in members:
+            part = view[e.file_offset - start : e.file_offset - start + e.length]
+            out[(e.file, e.file_offset, e.length)] = _checked(part, e.length, e.crc32, f"{e.file} ({e.name})")
+    return out
+
+
+def _copy(w: _Want, sources: list[TensorEntry], data: dict[Slot, memoryview]) -> None:
+    """Copy the saved elements of ``w``'s range into its tensor (bytes to bytes, through numpy views)."""
+    size = w.target.element_size()
+    contiguous = w.target.is_contiguous()
+    out = w.target if contiguous else torch.empty(w.target.shape, dtype=w.target.dtype)
+    if not out.numel():
+        return
+    dst: Any = out.view(-1).view(torch.uint8).numpy()
+    for e in sources:
+        lo, hi = max(w.start, e.offset), min(w.stop, e.offset + e.numel)
+        src = numpy.frombuffer(data[(e.file, e.file_offset, e.length)], dtype=numpy.uint8)
+        dst[(lo - w.start) * size : (hi - w.start) * size] = src[(lo - e.offset) * size : (hi - e.offset) * size]
+    if not contiguous:
+        w.target.copy_(out)
 
 
 def read_into(loc: Location, folder: str, manifest: Manifest, state: dict[Any, Any], allocate_missing: bool) -> None:
@@ -148,19 +190,9 @@ def read_into(loc: Location, folder: str, manifest: Manifest, state: dict[Any, A
     wants, sets = _plan(manifest, objects, state, allocate_missing)
     plan = [(w, list(_sources(manifest, w))) for w in wants]
     entries = list({(e.file, e.file_offset, e.length): e for _, es in plan for e in es}.values())
-    read = loc.storage.read_ranges([(loc.join(folder, e.file), e.file_offset, e.length) for e in entries])
-    data = {(e.file, e.file_offset, e.length): _checked(r, e.length, e.crc32, f"{e.file} ({e.name})")
-            for e, r in zip(entries, read, strict=True)}  # fmt: skip
+    data = _read_slices(loc, folder, entries)
     for w, sources in plan:  # every check passed: now change the caller's state
-        flat = w.target.view(-1) if w.target.is_contiguous() else None
-        out = flat if flat is not None else torch.empty(w.target.numel(), dtype=w.target.dtype)
-        for e in sources:
-            saved = torch.frombuffer(bytearray(data[(e.file, e.file_offset, e.length)]), dtype=dtype_of(e.dtype)) \
-                if e.length else torch.empty(0, dtype=dtype_of(e.dtype))  # fmt: skip
-            lo, hi = max(w.start, e.offset), min(w.stop, e.offset + e.numel)
-            out[lo - w.start : hi - w.start].copy_(saved[lo - e.offset : hi - e.offset])
-        if flat is None:
-            w.target.copy_(out.view(w.target.shape))
+        _copy(w, sources, data)
     for keys, value in sets:
         put(state, keys, value)
 

@@ -33,7 +33,7 @@ from haiscale.checkpoint.manifest import (
     dtype_name,
     leaves,
 )
-from haiscale.checkpoint.storage import Location, Piece
+from haiscale.checkpoint.storage import Location
 
 logger = logging.getLogger(__name__)
 
@@ -54,31 +54,36 @@ def folder_step(name: str) -> int | None:
     return int(rest) if name.startswith(STEP_PREFIX) and rest.isdigit() else None
 
 
+ALIGN = 64  # bytes: every tensor starts at a multiple, so a view of the buffer can have any dtype
+
+
 @dataclass
 class HostTensor:
-    """A tensor copied to host memory at snapshot time."""
+    """A tensor copied to host memory at snapshot time: ``file_offset`` into the rank's buffer and file."""
 
     name: str
     keys: tuple[Key, ...]
-    data: torch.Tensor  # contiguous, on the CPU, owned by the snapshot
+    data: torch.Tensor  # a view of the snapshot's buffer
     shape: tuple[int, ...]
     offset: int
+    file_offset: int
 
 
 @dataclass
 class Snapshot:
+    """One rank's bytes in one contiguous host buffer (its data file's image: pickled values, then tensors)."""
+
     step: int
     rank: int
     world_size: int
     save_id: str
+    buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     tensors: list[HostTensor] = field(default_factory=list)
-    objects: bytes | None = None
+    objects_length: int | None = None
 
 
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
-    out.copy_(t.detach())
-    return out
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: int, save_id: str) -> Snapshot:
@@ -88,50 +93,57 @@ def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: 
     """
     snap = Snapshot(step, rank, world_size, save_id)
     objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
+    chosen: list[tuple[str, tuple[Key, ...], torch.Tensor, tuple[int, ...], int]] = []
     for name, keys, _, value in leaves(state_dict):
         if isinstance(value, Shard):
-            snap.tensors.append(HostTensor(name, keys, _host_copy(value.local), value.global_shape, value.offset))
+            chosen.append((name, keys, value.local, value.global_shape, value.offset))
         elif rank != 0:
             continue
         elif isinstance(value, torch.Tensor):
-            snap.tensors.append(HostTensor(name, keys, _host_copy(value), tuple(value.shape), 0))
+            chosen.append((name, keys, value, tuple(value.shape), 0))
         else:
             objects[name] = (keys, value)
+    blob = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if rank == 0 else b""
+    pos = _aligned(len(blob))
+    offsets = []
+    for _, _, t, _, _ in chosen:
+        offsets.append(pos)
+        pos = _aligned(pos + t.numel() * t.element_size())
+    snap.buffer = torch.empty(pos, dtype=torch.uint8)
     if rank == 0:
-        snap.objects = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL)
+        snap.objects_length = len(blob)
+        snap.buffer[: len(blob)].numpy()[:] = memoryview(blob)
+    for (name, keys, t, shape, offset), at in zip(chosen, offsets, strict=True):
+        view = snap.buffer[at : at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        view.copy_(t.detach())
+        snap.tensors.append(HostTensor(name, keys, view, shape, offset, at))
     return snap
 
 
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    if not t.numel():
-        return memoryview(b"")
-    array: Any = t.reshape(-1).view(torch.uint8).numpy()  # shares the snapshot's memory: no copy
+def _bytes(buffer: torch.Tensor) -> memoryview:
+    array: Any = buffer.numpy()  # shares the snapshot's memory: no copy
     return memoryview(array)
 
 
 def write_rank(loc: Location, snap: Snapshot) -> None:
-    """This rank's data file, made durable, then its part of the manifest (atomically)."""
+    """This rank's data file (the snapshot's buffer), made durable, then its part of the manifest."""
     folder = step_folder(snap.step)
     loc.storage.makedirs(loc.join(folder))
     data_name = f"rank-{snap.rank:05d}.{snap.save_id}.bin"
-    pieces: list[Piece] = []
-    pos = 0
+    image = _bytes(snap.buffer)
     blob = None
-    if snap.objects is not None:
-        blob = Blob(data_name, 0, len(snap.objects), zlib.crc32(snap.objects))
-        pieces.append((0, memoryview(snap.objects)))
-        pos = len(snap.objects)
+    if snap.objects_length is not None:
+        n = snap.objects_length
+        blob = Blob(data_name, 0, n, zlib.crc32(image[:n]))
     entries = []
     for t in snap.tensors:
-        data = _bytes_of(t.data)
+        length = t.data.numel() * t.data.element_size()
         entries.append(TensorEntry(
             name=t.name, keys=t.keys, shard=snap.rank, dtype=dtype_name(t.data.dtype), shape=t.shape,
-            offset=t.offset, numel=t.data.numel(), file=data_name, file_offset=pos, length=len(data),
-            crc32=zlib.crc32(data),
+            offset=t.offset, numel=t.data.numel(), file=data_name, file_offset=t.file_offset, length=length,
+            crc32=zlib.crc32(image[t.file_offset : t.file_offset + length]),
         ))  # fmt: skip
-        pieces.append((pos, data))
-        pos += len(data)
-    loc.storage.write_file(loc.join(folder, data_name), pieces)
+    loc.storage.write_file(loc.join(folder, data_name), [(0, image)] if len(image) else [])
     part = Manifest(snap.step, snap.world_size, tuple(entries), blob)
     loc.storage.write_atomic(loc.join(folder, f"part-{snap.rank:05d}.{snap.save_id}.json"), part.to_json())
 

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from hf3fs.uri import has_scheme, strip_scheme
 
-BATCH_BYTES = 64 << 20  # bytes in flight per batch call: bounds the client's buffers, keeps many chunks going
+PIECE_BYTES = 32 << 20  # one (path, offset, data) of a batch: what the client's file writes send at a time
+BATCH_BYTES = 256 << 20  # bytes per batch call (its pieces go concurrently): one write session per call
 
 Piece = tuple[int, memoryview]  # (offset in the file, bytes)
 
@@ -34,13 +35,17 @@ class Storage(Protocol):
     def remove_tree(self, path: str) -> None: ...
 
 
-def split_batches(pieces: Sequence[Piece], limit: int = BATCH_BYTES) -> Iterator[list[Piece]]:
-    """The pieces cut to at most ``limit`` bytes each and grouped into batches of at most ``limit`` bytes."""
+def split_batches(
+    pieces: Sequence[Piece], limit: int = BATCH_BYTES, piece_limit: int = PIECE_BYTES
+) -> Iterator[list[Piece]]:
+    """The pieces cut to at most ``piece_limit`` bytes each and grouped into batches of at most ``limit`` bytes.
+
+    Few large pieces write faster than many small ones: each piece of a batch is its own concurrent write."""
     batch: list[Piece] = []
     size = 0
     for offset, data in pieces:
-        for start in range(0, max(len(data), 1), limit):
-            part = data[start : start + limit]
+        for start in range(0, max(len(data), 1), piece_limit):
+            part = data[start : start + piece_limit]
             if size + len(part) > limit and batch:
                 yield batch
                 batch, size = [], 0
