@@ -92,26 +92,31 @@ def rank_main(
         params = sum(p.numel() for p in model.parameters())
         queue.put(("info", params, len(models["haiscale"].reducer.buckets), skipped))
 
-    def steps(kind: str) -> float:
+    def steps(kind: str) -> tuple[float, float]:
+        """Wall seconds and this process's CPU seconds (every thread: hfreduce's and gloo's too)."""
         ddp, opt = models[kind], optimizers[kind]
         models["haiscale"].reducer.overlap = kind != "haiscale_after"
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             loss_of(ddp).backward()
             opt.step()
             opt.zero_grad()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     for kind in kinds:  # warm-up: first-touch of buffers, torch's lazy initialisation
         steps(kind)
     for r in range(args.rounds):
         order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
         took = {kind: steps(kind) for kind in order}
-        worst = torch.tensor([took[k] for k in kinds], dtype=torch.float64)
+        worst = torch.tensor([took[k][0] for k in kinds], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        cpu = torch.tensor([took[k][1] for k in kinds], dtype=torch.float64)
+        dist.all_reduce(cpu)
         if rank == 0:
-            queue.put(("round", dict(zip(kinds, worst.tolist(), strict=True))))
+            queue.put(
+                ("round", dict(zip(kinds, worst.tolist(), strict=True)), dict(zip(kinds, cpu.tolist(), strict=True)))
+            )
     models["haiscale"].reducer.stop()
     dist.destroy_process_group()
 
@@ -137,11 +142,19 @@ def run(nodes: int, num_local: int, model_name: str, args: argparse.Namespace) -
     got = run_ranks(procs, queue, 1 + args.rounds, timeout_s=1800)
     _, params, buckets, skipped = next(g for g in got if g[0] == "info")
     rounds = [g[1] for g in got if g[0] == "round"]
-    report(f"{nodes}x{num_local}", model_name, params, buckets, skipped, rounds, args.steps)
+    cpu = [g[2] for g in got if g[0] == "round"]
+    report(f"{nodes}x{num_local}", model_name, params, buckets, skipped, rounds, cpu, args.steps)
 
 
 def report(
-    layout: str, model: str, params: int, buckets: int, skipped: str, rounds: list[dict[str, float]], steps: int
+    layout: str,
+    model: str,
+    params: int,
+    buckets: int,
+    skipped: str,
+    rounds: list[dict[str, float]],
+    cpu: list[dict[str, float]],
+    steps: int,
 ) -> None:
     print(f"\n# {model} at {layout}: {params / 1e6:.1f} M parameters, haiscale buckets {buckets}, {steps} steps/round")
     if skipped:
@@ -152,6 +165,8 @@ def report(
         print(f"  {i:5d}  " + "  ".join(f"{steps / r[k]:15.2f}" for k in kinds))
     med = {k: statistics.median(steps / r[k] for r in rounds) for k in kinds}
     print("  median " + "  ".join(f"{med[k]:15.2f}" for k in kinds))
+    cpu_ms = {k: statistics.median(1e3 * c[k] / steps for c in cpu) for k in kinds}
+    print("  cpu ms " + "  ".join(f"{cpu_ms[k]:15.0f}" for k in kinds) + "   (per step, all ranks, median)")
 
     def ratio(num: str, den: str) -> float:
         return statistics.median(r[num] / r[den] for r in rounds)
@@ -161,6 +176,8 @@ def report(
         print(f", torch-hfreduce / torch-gloo {ratio('torch_gloo', 'torch_hfreduce'):.2f}x", end="")
         print(f", haiscale / torch-hfreduce {ratio('torch_hfreduce', 'haiscale'):.2f}x", end="")
     print(f", overlap gain (after-backward / overlapped) {ratio('haiscale_after', 'haiscale'):.2f}x")
+    cpu_ratio = statistics.median(c["torch_gloo"] / c["haiscale"] for c in cpu)
+    print(f"MEDIAN CPU RATIO {model} {layout}: torch-gloo CPU / haiscale CPU {cpu_ratio:.2f}x")
 
 
 def main() -> None:

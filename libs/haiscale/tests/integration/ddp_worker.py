@@ -108,11 +108,13 @@ def train_reference(scenario: str, world: int, micro: int) -> Net:
 
 
 def train_ddp(scenario: str, rank: int, world: int) -> dict[str, Any]:
-    net = Net(
-        seed=100 + rank, extras=scenario == "unused"
-    )  # different on every rank: DDP must start everyone from rank 0's values
+    # different on every rank: DDP must start everyone from rank 0's values
+    net = Net(seed=100 + rank, extras=scenario == "unused")
+    # one scenario passes its own process group (all ranks, new_group): its store forms the hfreduce group
+    group = dist.new_group(list(range(world))) if scenario == "after_backward" else None
     ddp = DistributedDataParallel(
         net,
+        process_group=group,
         bucket_cap_mb=BUCKET_CAP_MB,
         find_unused_parameters=scenario == "unused",
         gradient_as_bucket_view=scenario != "copy_grads",
@@ -122,6 +124,7 @@ def train_ddp(scenario: str, rank: int, world: int) -> dict[str, Any]:
     report["scale"] = net.scale.tolist()
     opt = Momentum(ddp.parameters())
     micro = 2 if scenario == "no_sync" else 1
+    before = ddp.reducer.group.counters()
     for step in range(STEPS):
         for m in range(micro):
             x, y = batch(step, m, world)
@@ -133,6 +136,10 @@ def train_ddp(scenario: str, rank: int, world: int) -> dict[str, Any]:
             report.setdefault("grads_are_views", []).append(_grads_are_views(ddp))
         opt.step()
         opt.zero_grad(set_to_none=scenario != "copy_grads")
+    after = ddp.reducer.group.counters()
+    # registered buckets: nothing copied in or out of the user's buffers, only sent, received and reduced
+    report["copied_bytes"] = after.copied_in - before.copied_in + after.copied_out - before.copied_out
+    report["moved_bytes"] = after.sent - before.sent + after.reduce_read - before.reduce_read
     report["never_grad_is_none"] = all(p.grad is None for p in net.never.parameters())
     reference = train_reference(scenario, world, micro)
     report["max_abs_diff"] = max(
