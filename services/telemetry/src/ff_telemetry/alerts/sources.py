@@ -115,17 +115,15 @@ class ClusterSources:
             if not address:
                 return None
             stub = self._stubs.get(address)
-            running = scheduler_pb2.ListTasksRequest(states=[scheduler_pb2.TASK_STATE_RUNNING], all_users=True)
             tasks, nodes = await asyncio.gather(
-                self._rpc.unary(stub.ListTasks, running),
-                self._rpc.unary(stub.ListNodes, scheduler_pb2.ListNodesRequest()),
+                self._running_tasks(stub), self._rpc.unary(stub.ListNodes, scheduler_pb2.ListNodesRequest())
             )
         except RpcError as err:
             logger.warning("alerts: the scheduler's tasks and nodes could not be read: %s", err)
             return None
         facts = [
             TaskFact(t.task_id, t.user_name, t.current_run.run_id, t.current_run.started_at)
-            for t in tasks.tasks
+            for t in tasks
             if t.current_run.started_at > 0
         ]
         validations = [
@@ -139,6 +137,20 @@ class ClusterSources:
             if n.last_validation.finished_at > 0
         ]
         return facts, validations
+
+    async def _running_tasks(self, stub: scheduler_pb2_grpc.SchedulerServiceStub) -> list[scheduler_pb2.Task]:
+        """Every running task of every user, a page of 1,000 at a time."""
+        tasks: list[scheduler_pb2.Task] = []
+        token = ""
+        while True:
+            request = scheduler_pb2.ListTasksRequest(
+                states=[scheduler_pb2.TASK_STATE_RUNNING], all_users=True, page_size=1000, page_token=token
+            )
+            resp = await self._rpc.unary(stub.ListTasks, request)
+            tasks += resp.tasks
+            token = resp.next_page_token
+            if not token:
+                return tasks
 
     async def _series(
         self, since: float, until: float
