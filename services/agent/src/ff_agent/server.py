@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -199,9 +198,12 @@ async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> 
     stopper.cancel()
 
 
-async def _final_report(agent: Agent) -> None:
-    """Tell the scheduler the runs ended here (best effort: the agent is going away)."""
+async def _final_report(agent: Agent, timeout_s: float = 3.0) -> None:
+    """Tell the scheduler the runs ended here (best effort: the agent is going away, and a scheduler that is
+    gone or does not answer within ``timeout_s`` does not keep it from stopping cleanly)."""
     pending = [r.report(agent.node_id) for r in agent.runs.runs.values() if not r.final_reported]
     if pending and agent.node_id:
-        with contextlib.suppress(*LINK_ERRORS):
-            await asyncio.wait_for(agent.link.report_runs(pending), 3.0)
+        try:
+            await asyncio.wait_for(agent.link.report_runs(pending), timeout_s)
+        except (*LINK_ERRORS, TimeoutError) as err:
+            logger.warning("the final report of %d run(s) did not reach the scheduler: %r", len(pending), err)
