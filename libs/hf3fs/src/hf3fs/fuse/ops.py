@@ -688,8 +688,11 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             if h.dirty or always:
                 try:
                     h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact
-                finally:
-                    self._changed_inode(h.inode_id)  # meta's length and mtime moved
+                except BaseException:
+                    self._changed_inode(h.inode_id)
+                    raise
+                synced = getattr(getattr(h.file, "raw", h.file), "inode_at_sync", None)  # meta's new length, mtime
+                self._changed_inode(h.inode_id, Stat.from_pb(synced) if synced is not None else ABSENT)
                 h.dirty = False
 
     def _becomes_hold(self, h: Handle, fh: int) -> bool:
