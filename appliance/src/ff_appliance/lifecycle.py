@@ -126,13 +126,14 @@ async def _start_all(
     ctx: LaunchContext, services: Sequence[ServiceSpec], options: UpOptions, deadline: float,
     started: list[Started], out: TextIO,
 ) -> dict[str, int]:  # fmt: skip
-    """Start service after service (mgmtd first); each one's instances together, then wait for them."""
+    """Start service after service (mgmtd first); each one's instances together, then wait for them (a
+    service that ``overlaps_next`` is waited for together with the next one)."""
     pids = _running_pids(ctx)
     for name, pid in pids.items():
         print(f"{name}: already running (pid {pid})", file=out)
     _check_ports_free(ctx, [i for i in ctx.plan.instances if i.name not in pids])
+    batch: list[tuple[Started, InstancePlan]] = []
     for spec in services:
-        batch: list[tuple[Started, InstancePlan]] = []
         for instance in ctx.plan.of_service(spec.name):
             if instance.name in pids:
                 continue
@@ -141,8 +142,13 @@ async def _start_all(
             batch.append((launched, instance))
             pids[instance.name] = launched.pid
             print(f"{instance.name}: started (pid {launched.pid})", file=out)
+        if spec.overlaps_next:
+            continue
         for launched, instance in batch:
             await _wait_serving(ctx.state, launched, instance, deadline)
+        batch = []
+    for launched, instance in batch:
+        await _wait_serving(ctx.state, launched, instance, deadline)
     return pids
 
 

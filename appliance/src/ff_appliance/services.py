@@ -66,6 +66,8 @@ class ServiceSpec:
         scalable: whether ``fireflyer up --<name> N`` chooses the number of instances.
         args: service-specific flags, after the common ones.
         configure: run at every ``up`` once all instances are registered (idempotent).
+        overlaps_next: start the next service without waiting for this one to serve (the next needs
+            nothing from it); both are waited for together.
     """
 
     name: str
@@ -75,6 +77,7 @@ class ServiceSpec:
     scalable: bool = False
     args: ArgsBuilder = no_args
     configure: ClusterStep | None = None
+    overlaps_next: bool = False
 
     @property
     def node_type_name(self) -> str:
@@ -171,6 +174,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_TELEMETRY,
         args=_telemetry_args,
         configure=telemetry_setup.describe,
+        # Agents push to it through mgmtd and retry until it is there: its start overlaps theirs.
+        overlaps_next=True,
     ),
     ServiceSpec(
         name=AGENT,

@@ -68,3 +68,5 @@ def test_telemetry_starts_after_the_scheduler_and_before_the_agents_with_a_free_
     order = list(default_counts())
     assert order.index("scheduler") < order.index("telemetry") < order.index("agent")
     assert default_counts()["telemetry"] == 1
+    # its start overlaps the agents' (they retry their pushes until it registers); no other service overlaps
+    assert [s.name for s in SERVICES if s.overlaps_next] == ["telemetry"]
