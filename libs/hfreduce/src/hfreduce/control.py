@@ -234,6 +234,11 @@ class ControlServer:
             return {"rank": behind[0], "reason": f"{what} collective {blame.seq} (it entered {state.seq})"}
         if waited < self._grace_s:
             return None
+        suspect = self._ranks.get(blame.suspect)
+        if suspect is not None and suspect.asked_blame and not suspect.dead and waited < self.timeout_s / 2:
+            # the suspect saw a failure itself: a victim that shut its links; wait for the cause (a death this
+            # server has not read yet on a loaded machine, or a rank that never entered) to show
+            return None
         verb = "stopped responding" if blame.kind == "timeout" else "closed its connection"
         return {"rank": blame.suspect, "reason": f"{verb} during collective {blame.seq}"}
 
