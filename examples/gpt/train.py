@@ -163,7 +163,8 @@ class Trainer:
 
     def suspend_asked(self) -> bool:
         """Whether the scheduler asked to suspend: only rank 0 is told, so it tells the others."""
-        flag = torch.tensor([1 if hfai_client.receive_suspend_command() else 0])
+        asked = self.r.rank == 0 and hfai_client.receive_suspend_command()  # global rank 0 asks, once
+        flag = torch.tensor([1 if asked else 0])
         if self.r.world > 1:
             dist.broadcast(flag, src=0)
         return bool(flag.item())
