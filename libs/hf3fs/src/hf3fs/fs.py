@@ -19,6 +19,7 @@ import errno
 import io
 import logging
 import os
+import signal
 import stat as stat_mod
 import threading
 import time
@@ -102,6 +103,8 @@ class FileSystem:
         self._wb_options = writeback if isinstance(writeback, WritebackOptions) else WritebackOptions()
         self._wb_default = bool(writeback)
         self._wb: Writeback | None = None
+        if writeback:
+            _catch_sigterm()
         self._pid = os.getpid()
         self.client_id = uuid.uuid4().hex
         self._loop = asyncio.new_event_loop()
@@ -226,6 +229,7 @@ class FileSystem:
             if self._wb is None:
                 self._wb = Writeback(self, self._wb_options)
                 _exiting.add(self)
+                _catch_sigterm()
             return self._wb
 
     def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
@@ -803,6 +807,31 @@ def _commit_at_exit() -> None:
         if not fs._closed and fs._wb is not None and os.getpid() == fs._pid:
             with contextlib.suppress(Exception):
                 fs._wb.flush()
+
+
+SIGTERM_COMMIT_S = 8.0  # what a SIGTERM waits for queued files (docker stop waits 10 s before SIGKILL)
+
+
+def _commit_then_die(signum: int, frame: Any) -> None:
+    """SIGTERM (``kill``, ``docker stop``, a task stopped) runs no atexit: commit the queued files first (for at
+    most ``SIGTERM_COMMIT_S``, from another thread, so a main thread stopped inside the queue cannot hold it up),
+    then die of the signal as its default action would."""
+    committer = threading.Thread(target=_commit_at_exit, name="hf3fs-sigterm-commit", daemon=True)
+    committer.start()
+    committer.join(SIGTERM_COMMIT_S)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _catch_sigterm() -> None:
+    """Commit queued files on SIGTERM, where the process left SIGTERM to its default action (a handler of its
+    own is left alone: it decides how to exit, and atexit or ``fs.close()`` commit). Only the main thread may
+    set a handler: a write-back first used elsewhere sets none."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _commit_then_die)
 
 
 def connect(mgmtd: str | list[str] | None = None, token: str | None = None, **kwargs: Any) -> FileSystem:

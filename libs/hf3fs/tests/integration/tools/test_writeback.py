@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -145,6 +146,20 @@ def test_closing_or_exiting_commits_queued_files(fs_cluster: FsCluster, folder: 
     for i in range(5):
         assert other.open(f"{folder}/c{i}", "rb").read() == b"closed %d" % i
         assert other.open(f"{folder}/e{i}", "rb").read() == b"exit %d" % i
+
+
+def test_a_process_ended_by_sigterm_commits_its_queued_files_first(fs_cluster: FsCluster, folder: str) -> None:
+    """SIGTERM (kill, docker stop) runs no atexit: the client commits what is queued, then dies of the signal
+    (before: the files a process had closed were lost, silently)."""
+    script = (f"import os, signal, hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
+              f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
+              f"with fs.open('{folder}/termed', 'wb') as f: f.write(b'closed before SIGTERM')\n"
+              f"os.kill(os.getpid(), signal.SIGTERM)\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert fs_cluster.client.open(f"{folder}/termed", "rb").read() == b"closed before SIGTERM"
 
 
 def test_fsync_and_large_files_write_through(fs_cluster: FsCluster, folder: str) -> None:
