@@ -107,7 +107,7 @@ class PendingFile:
 
     @property
     def key(self) -> str:
-        return f"@{self.parent[0]}/{self.parent[1]}" if self.parent else self.path
+        return f"@{self.parent[0]}/{self.parent[1]}" if self.parent else canonical(self.path)
 
 
 def places_of(request: Any) -> list[tuple[int, str]]:
@@ -121,10 +121,16 @@ def places_of(request: Any) -> list[tuple[int, str]]:
     return out
 
 
+def canonical(path: str) -> str:
+    """``path`` without empty and ``.`` components, as meta resolves it (``d//a`` and ``d/./a`` are ``d/a``);
+    ``..`` stays (through a symlink it is not the folder above)."""
+    return "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
+
+
 def _under(path: str, other: str) -> bool:
-    """Whether ``other`` is ``path`` or lies below it (paths as written)."""
-    base = path.rstrip("/")
-    return other == path or other.startswith(base + "/")
+    """Whether ``other`` is ``path`` or lies below it (paths as meta resolves them, ``..`` and symlinks aside)."""
+    path, other = canonical(path), canonical(other)
+    return other == path or other.startswith(path.rstrip("/") + "/")
 
 
 class Writeback:
