@@ -105,9 +105,30 @@ class PendingFile:
     seq: int = 0
     queued_at: float = field(default_factory=time.monotonic)
 
+    def __post_init__(self) -> None:
+        check_carried(self.parent[1] if self.parent else self.path, self.perm, self.mtime_ns,
+                      self.parent[0] if self.parent else 0)  # fmt: skip
+
     @property
     def key(self) -> str:
         return f"@{self.parent[0]}/{self.parent[1]}" if self.parent else canonical(self.path)
+
+
+def check_carried(path: str, perm: int, mtime_ns: int = 0, folder_id: int = 0) -> None:
+    """Refuse, when a file is queued, what no Create/Close could carry (else building the batch's requests fails in
+    the flusher, failing every file of the batch with it).
+
+    Raises:
+        ValueError: ``path`` not UTF-8 (a lone surrogate of ``os.fsdecode``: UnicodeEncodeError), ``perm`` not a
+            uint32, ``mtime_ns`` not an int64, ``folder_id`` not a uint64.
+    """
+    path.encode()
+    if not 0 <= perm < 1 << 32:
+        raise ValueError(f"perm out of range: {perm}")
+    if not -(1 << 63) <= mtime_ns < 1 << 63:
+        raise ValueError(f"mtime_ns out of range: {mtime_ns}")
+    if not 0 <= folder_id < 1 << 64:
+        raise ValueError(f"folder inode id out of range: {folder_id}")
 
 
 def places_of(request: Any) -> list[tuple[int, str]]:
@@ -397,6 +418,7 @@ class WritebackFile(io.BufferedIOBase):
     on as an ordinary file (created and written now, errors raised by the calls themselves)."""
 
     def __init__(self, fs: FileSystem, path: str, mode: str, perm: int, limit: int) -> None:
+        check_carried(path, perm)  # before the file object exists (its close would queue it)
         super().__init__()
         self._fs = fs
         self.name = path

@@ -262,3 +262,21 @@ def test_times_set_after_a_written_back_close_stay_and_the_file_opens_for_trunca
         f.truncate()
         f.write(b"new")
     assert _read(fs_cluster.client, f"/fuse/{where.name}/f") == b"new"
+
+
+def test_a_bad_item_is_refused_when_queued_and_does_not_fail_the_files_batched_with_it(
+    fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
+) -> None:
+    """A name, permission, time or folder inode no request can carry is refused at ``write_back``/``open`` (ValueError,
+    as a file written through refuses it at its open); it used to reach the flusher, where building the batch's
+    request failed and every file of the batch failed with it (a good file queued before it was never written)."""
+    _write(held, f"{folder}/good", b"fine")
+    for bad in ({"perm": 1 << 32}, {"perm": -1}, {"mtime_ns": 1 << 63}, {"parent": (1 << 64, "x")}):
+        with pytest.raises(ValueError):
+            held.write_back(f"{folder}/bad", b"x", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        held.open(f"{folder}/bad", "wb", perm=1 << 32)
+    with pytest.raises(ValueError):  # a local name not in UTF-8, as os.fsdecode gives it (hf3fs cp -r)
+        held.open(f"{folder}/bad-\udcff", "wb")
+    held.sync()  # nothing to report
+    assert _read(fs_cluster.client, f"{folder}/good") == b"fine" and not fs_cluster.client.exists(f"{folder}/bad")
