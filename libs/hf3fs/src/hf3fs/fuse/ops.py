@@ -347,9 +347,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
-        if (h := self._pending_handle(path, fh)) is not None and h.pending is not None:
-            h.pending.set_mode(mode & 0o7777)
-            self._pending_changed(h)
+        if self._pending_set(self._pending_handle(path, fh), lambda pf: pf.set_mode(mode & 0o7777)):
             return 0
         if path is None:  # fchmod
             inode = self._inode_of(fh)
@@ -411,21 +409,24 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         pending = ph.pending if ph is not None else None
         if path is not None and pending is None:
             self._settle(path)  # pending files below a folder: in meta before its times are set
+        if pending is not None and UTIME_OMIT not in (atime, mtime):
+            now_ns = time.time_ns()
+            both = (now_ns if atime == UTIME_NOW else atime, now_ns if mtime == UTIME_NOW else mtime)
+            if self._pending_set(ph, lambda pf: pf.set_times(*both)):
+                return 0
+            pending = None  # handed to the write-back meanwhile: by path through meta (which commits it first)
+        elif pending is not None:  # one time kept as it is: its bytes go to meta first, then the other time
+            self._settle(path) if path is not None else self._materialize(fh or 0)
         if self._has_writers():  # bytes written before the new times must not land after them (a later mtime)
             self._flush_writers(inode if inode is not None else self._lstat(where).inode_id)
         ns: tuple[int, int] | None = None  # None: "now" (needs write permission only, not ownership: POSIX)
         if not atime == mtime == UTIME_NOW:
             now = time.time_ns()
             if UTIME_OMIT in (atime, mtime):
-                st = self._lstat(where) if inode is None else pending.stat(0) if pending else self._stat_inode(inode)
+                st = self._lstat(where) if inode is None else self._stat_inode(inode)
                 atime = st.atime_ns if atime == UTIME_OMIT else atime
                 mtime = st.mtime_ns if mtime == UTIME_OMIT else mtime
             ns = (int(now if atime == UTIME_NOW else atime), int(now if mtime == UTIME_NOW else mtime))
-        if ph is not None and pending is not None:
-            now_ns = time.time_ns()
-            pending.set_times(*(ns or (now_ns, now_ns)))
-            self._pending_changed(ph)
-            return 0
         if inode is not None:
             self._changed_inode(inode, self.fs.set_attr_inode(inode, ns=ns, now=ns is None))
             return 0
@@ -637,6 +638,10 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         for h in self._writers(inode_id):
             with h.lock:
                 h.end = min(h.end, length)
+                raw: Any = getattr(h.file, "raw", h.file)
+                if isinstance(getattr(raw, "written", None), int):  # else its close reports the old end again
+                    raw.written = min(raw.written, length)
+                    raw.length = min(raw.length, length)
         return 0
 
     @_fuse_errors

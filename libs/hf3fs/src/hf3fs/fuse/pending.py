@@ -1,30 +1,30 @@
-"""New small files the mount has not told meta about yet (write-back through the mount).
+"""New small files whose bytes the mount keeps until their close (write-back through the mount).
 
 ``tar x`` creates each file with ``O_WRONLY|O_CREAT|O_EXCL``, writes it, sets its mode and times and closes it:
 a Create, a storage write, two SetAttrs and a Close per file when each goes to the cluster at once. A file created
-so (single-user mounts) starts here instead: its bytes stay in the mount's memory, ``fchmod``/``futimens`` only
+so (single-user mounts) is created in meta at once, exclusively and without a write session (so ``O_EXCL`` holds
+across clients and the file has its inode), but its bytes stay in the mount's memory, ``fchmod``/``futimens`` only
 change what is kept, and its release hands it to the client's write-back (``FileSystem.write_back``), which
-creates, writes and closes queued files in batches (``hf3fs.writeback``). Anything else that needs the file in
-meta first (another open of it, an ``fsync``, a name operation on it or its folder, a listing of its folder, more
-than ``MAX_PENDING_BYTES``) makes it real at once: created (exclusively), written, its times set.
+writes and closes queued files in batches (``hf3fs.writeback``). Anything else that needs the bytes in meta first
+(another open of it, an ``fsync``, a name operation on it or its folder, a listing of its folder, more than
+``MAX_PENDING_BYTES``) writes them at once.
 
-What changes for the program: the file's inode number (``st_ino``) is a stand-in until the file reaches meta; an
-``O_EXCL`` create is checked against what meta said moments ago (the kernel's lookup), so another client creating
-the same name in that moment is overwritten rather than refused; errors of the deferred create (quota, a folder
-removed meanwhile) are logged by the write-back, not returned to the program. Other clients see the file once its
-batch is committed (``WritebackOptions.max_delay_s`` after the close, 50 ms by default).
+What changes for the program: other clients see the file empty until its batch is committed
+(``WritebackOptions.max_delay_s`` after the close, 50 ms by default); errors of the deferred write (a folder
+renamed or removed by another client meanwhile, storage refusing) are logged by the write-back, not returned to
+the program.
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import logging
 import os
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hf3fs.fs import Stat
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_BYTES = 1 << 20  # the write-back's own bound for a small file (WritebackOptions.max_file_bytes)
-STAND_IN_INODES = itertools.count(1 << 62)  # inode numbers meta never hands out (ids are 48-bit at most here)
 
 
 def deferrable(flags: int) -> bool:
@@ -52,8 +51,9 @@ class PendingFile:
     perm: int
     uid: int
     gid: int
-    inode_id: int = field(default_factory=lambda: next(STAND_IN_INODES))
-    ctime_ns: int = field(default_factory=time.time_ns)
+    inode_id: int
+    ctime_ns: int
+    made_perm: int = 0  # the permission bits it was created with
     atime_ns: int = 0
     mtime_ns: int = 0  # 0: the time of its last write
     times_set: bool = False  # futimens was called (the times to give meta)
@@ -112,15 +112,15 @@ class PendingFiles:
         raise NotImplementedError  # Hf3fsOperations'  own
 
     def _defer_create(self, path: str, perm: int, flags: int) -> int | None:
-        """A handle on a new pending file at ``path``, when the create may wait (see the module docstring):
-        meta said moments ago that nothing is there."""
+        """A handle on a new pending file at ``path`` when its bytes may wait (see the module docstring). The
+        file is created in meta now, exclusively and without a write session, so ``O_EXCL`` holds across
+        clients (a lock file excludes) and it has its inode; its owner may write it (the write-back opens it)."""
         if not self.options.writeback or self.options.multi_user or self.options.keep_ids or not deferrable(flags):
-            return None
-        if self._cache.lookup(path) != (True, None):  # not known absent
             return None
         from hf3fs.fuse.handles import Handle
 
-        pf = PendingFile(path, perm, self._uid, self._gid)
+        made = self.fs.create(path, perm | stat.S_IWUSR, exclusive=True)
+        pf = PendingFile(path, perm, self._uid, self._gid, made.inode_id, made.ctime_ns, made_perm=perm | stat.S_IWUSR)
         fh = self._add(Handle(io.BytesIO(), pf.inode_id, True, pending=pf))
         with self._lock:
             self._pending[path] = fh
@@ -167,23 +167,21 @@ class PendingFiles:
             if pf is None:
                 return
             data = h.file.getvalue()  # type: ignore[attr-defined]
-            f = self.fs.open(pf.path, "x+b", perm=pf.perm)
+            f = self.fs.open(pf.path, "r+b")
             try:
                 f.write(data)
-                inode_id = int(getattr(f, "raw", f).inode_id)
+                f.flush()
+                if pf.perm != pf.made_perm:
+                    self.fs.set_attr_inode(pf.inode_id, mode=pf.perm)
                 if pf.times_set:
-                    f.flush()
-                    self.fs.set_attr_inode(inode_id, ns=(pf.atime_ns, pf.mtime_ns))
+                    self.fs.set_attr_inode(pf.inode_id, ns=(pf.atime_ns, pf.mtime_ns))
             except BaseException:
                 f.close()
                 raise
-            fake, h.file, h.inode_id, h.pending, h.dirty = h.inode_id, f, inode_id, None, bool(data)
+            h.file, h.pending, h.dirty = f, None, bool(data)
             with self._lock:
                 self._pending.pop(pf.path, None)
-                self._by_inode.pop(fake, None)
-                self._by_inode.setdefault(inode_id, set()).add(fh)
         self._cache.changed(pf.path, UNKNOWN)
-        self._cache.changed_inode(fake)
 
     def _pending_write(self, fh: int, h: Handle, data: bytes, offset: int) -> bool:
         """Write into a pending file's memory: False (made real first) when it would grow past the bound."""
@@ -199,9 +197,18 @@ class PendingFiles:
             h.pending.wrote()
         return True
 
-    def _pending_changed(self, h: Handle) -> None:
-        assert h.pending is not None
-        self._cache.changed_inode(h.inode_id, self._pending_stat(h))
+    def _pending_set(self, h: Handle | None, change: Callable[[PendingFile], None]) -> bool:
+        """Apply a setattr to a pending file, under its handle's lock: False when it is not (or no longer: its
+        release handed it to the write-back meanwhile) pending, and the setattr must go to meta."""
+        if h is None:
+            return False
+        with h.lock:
+            if h.pending is None:
+                return False
+            change(h.pending)
+            st = h.pending.stat(_size(h))
+        self._cache.changed_inode(h.inode_id, st)
+        return True
 
     def _pending_release(self, fh: int, h: Handle) -> bool:
         """Hand a released pending file to the write-back (or make it real when the write-back cannot carry all
@@ -211,11 +218,13 @@ class PendingFiles:
             if pf is not None and pf.written_back_whole():
                 data = h.file.getvalue()  # type: ignore[attr-defined]
                 self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns)
+                if pf.perm != pf.made_perm:  # by inode: the write-back commits first (it writes as the owner)
+                    self.fs.set_attr_inode(pf.inode_id, mode=pf.perm)
                 with self._lock:
                     self._pending.pop(pf.path, None)
                     self._handles.pop(fh, None)
                     self._by_inode.pop(h.inode_id, None)
-                self._cache.changed(pf.path, pf.stat(len(data)))  # its stand-in until meta has it
+                self._cache.changed(pf.path, pf.stat(len(data)))  # what meta will have once it commits
                 return True
         if pf is not None:
             self._materialize(fh)

@@ -282,6 +282,10 @@ def test_changes_through_one_handle_are_seen_through_the_others_at_once(mount: P
     finally:
         os.close(a)
         os.close(b)
+    # the writer's close does not put back the length it had written before the ftruncate (it did: 150)
+    _eventually(lambda: _equal(os.stat(path).st_size, 10))
+    time.sleep(SEEN_ELSEWHERE_S)  # the kernel's release (its Close) has landed
+    assert os.stat(path).st_size == 10 and path.read_bytes() == b"x" * 10
 
 
 def test_a_name_made_by_another_process_in_a_folder_made_here_is_seen(mount: Path) -> None:
