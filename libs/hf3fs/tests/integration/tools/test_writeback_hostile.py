@@ -156,13 +156,11 @@ def _settled(fs: hf3fs.FileSystem, path: str, timeout_s: float = 5.0) -> bool:
 
 
 @needs_fuse
-@pytest.mark.xfail(strict=True, reason="defect: an O_EXCL create on the mount stays in the mount's memory for as "
-                   "long as the file is open, so another client's exclusive create of the same name succeeds "
-                   "meanwhile and is then overwritten: a lock file (filelock's SoftFileLock: O_WRONLY|O_CREAT|O_EXCL, "
-                   "held open) excludes nobody off this mount; the docstring speaks of 'a moment'")  # fmt: skip
 def test_an_exclusive_create_on_the_mount_excludes_another_client_while_held_open(
     mount: Path, fs_cluster: FsCluster
 ) -> None:
+    """Fixed defect (dce613f): the create waited in the mount's memory while the file was open, so another
+    client's exclusive create succeeded meanwhile and was then overwritten (a held lock file excluded nobody)."""
     where = mount / f"lock-{uuid.uuid4().hex[:8]}"
     where.mkdir()
     fd = os.open(where / "lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -175,10 +173,10 @@ def test_an_exclusive_create_on_the_mount_excludes_another_client_while_held_ope
 
 
 @needs_fuse
-@pytest.mark.xfail(strict=True, reason="defect: a file still pending on the mount is written back by its path as it "
-                   "was at the create (FileSystem.write_back without parent=), so a rename of its folder by another "
-                   "client before the close loses it: the deferred create fails ENOENT, logged only, and close() "
-                   "had returned 0")  # fmt: skip
+@pytest.mark.xfail(strict=True, reason="defect: a pending file's bytes are written back by its path as it was at "
+                   "the create (FileSystem.write_back(path), truncate=True), so after another client renamed its "
+                   "folder the file there stays empty and the bytes fail ENOENT (logged only; close() returned 0), or "
+                   "land in (and truncate) whatever file now has the old path")  # fmt: skip
 def test_a_pending_file_whose_folder_another_client_renamed_lands_in_the_renamed_folder(
     mount: Path, fs_cluster: FsCluster
 ) -> None:
@@ -220,13 +218,11 @@ def test_a_pending_file_is_refused_as_the_name_of_a_second_exclusive_create_on_t
 
 
 @needs_fuse
-@pytest.mark.xfail(strict=True, reason="defect: an O_EXCL create on the mount in a folder the user may not write "
-                   "(or over its quota) succeeds, and write and close return 0: the create is deferred without any "
-                   "check, its EACCES/EDQUOT reaches only the mount's log, and the file never exists (issue 16 "
-                   "defect 5 asked for quota errors earlier, not later)")  # fmt: skip
 def test_a_pending_create_in_a_folder_the_user_may_not_write_is_refused_to_the_program(
     mount: Path, fs_cluster: FsCluster, admin: hf3fs.FileSystem
 ) -> None:
+    """Fixed defect (dce613f): the create was deferred unchecked, write and close returned 0, the EACCES went
+    to the mount's log only and the file never existed."""
     name = f"ro-{uuid.uuid4().hex[:8]}"
     admin.mkdir(f"/fuse/{name}", mode=0o755)  # the admin's: the mount's user may read it, not create in it
     assert os.listdir(mount / name) == []  # the kernel and the mount learn that it is empty
@@ -242,26 +238,44 @@ def test_a_pending_create_in_a_folder_the_user_may_not_write_is_refused_to_the_p
 
 
 @needs_fuse
-def test_times_set_after_a_written_back_close_stay_and_the_file_opens_for_truncate(
-    mount: Path, fs_cluster: FsCluster
-) -> None:
+def test_times_set_after_a_written_back_close_stay(mount: Path, fs_cluster: FsCluster) -> None:
     """``cp -p``/``tar x`` on the mount: a file written back at close, then ``utime`` by path: the time stays
-    (issue 16 defect 3: it reverted a couple of seconds later), and an ``O_TRUNC`` open after it sees the file."""
+    (issue 16 defect 3: it reverted a couple of seconds later). The kernel's release of the file can still be on
+    its way when the utime arrives: a setattr that found the handle pending before the release handed the file to
+    the write-back was kept on the handed-over file and lost (the mtime became the write time: seen once in 4 runs;
+    fixed in hf3fs/fuse/pending.py, the release marks its handle no longer pending under its lock)."""
     where = mount / f"times-{uuid.uuid4().hex[:8]}"
     where.mkdir()
-    fd = os.open(where / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    os.write(fd, b"written back at close")
-    os.close(fd)
-    os.utime(where / "f", ns=(10**18, 10**18))
+    for i in range(4):
+        fd = os.open(where / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"written back at close")
+        os.close(fd)
+        os.utime(where / f"f{i}", ns=(10**18, 10**18))
     time.sleep(2.0)  # meta's background length/time work runs every 0.5 s on this cluster
-    st = fs_cluster.client.stat(f"/fuse/{where.name}/f")
-    assert (st.mtime_ns, st.size) == (10**18, 21) and os.stat(where / "f").st_mtime_ns == 10**18
-    with open(where / "f", "r+b") as f:
-        assert f.read() == b"written back at close"
-        f.seek(0)
-        f.truncate()
-        f.write(b"new")
-    assert _read(fs_cluster.client, f"/fuse/{where.name}/f") == b"new"
+    for i in range(4):
+        st = fs_cluster.client.stat(f"/fuse/{where.name}/f{i}")
+        assert (st.mtime_ns, st.size) == (10**18, 21) and os.stat(where / f"f{i}").st_mtime_ns == 10**18
+
+
+@needs_fuse
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect (the mount, not the write-back): a file truncated and written through "
+    "the mount, then closed, reads empty from another client right after the close (8 of 8 tries; "
+    "the bytes and length reach meta with the kernel's release, which comes after close() returned): "
+    "close-to-open across clients (issue 16 defect 1) does not hold; an append shows it 2 times in 8",
+)
+def test_a_file_truncated_and_written_through_the_mount_is_seen_by_another_client_after_close(
+    mount: Path, fs_cluster: FsCluster
+) -> None:
+    name = f"c2o-{uuid.uuid4().hex[:8]}"
+    fs_cluster.client.makedirs(f"/fuse/{name}")
+    for i in range(3):
+        _write(fs_cluster.client, f"/fuse/{name}/f{i}", b"written through by a client")
+        with open(mount / name / f"f{i}", "r+b") as f:
+            f.truncate()
+            f.write(b"new")
+        assert _read(fs_cluster.client, f"/fuse/{name}/f{i}") == b"new"
 
 
 def test_a_bad_item_is_refused_when_queued_and_does_not_fail_the_files_batched_with_it(
