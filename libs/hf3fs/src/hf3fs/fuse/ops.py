@@ -26,7 +26,7 @@ from ff_rpc import Identity, acting_as
 from hf3fs.fs import Stat
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 from hf3fs.fuse.handles import Handle
-from hf3fs.fuse.pending import PendingFiles
+from hf3fs.fuse.pending import PendingFile, PendingFiles
 
 logger = logging.getLogger(__name__)
 
@@ -409,14 +409,17 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         pending = ph.pending if ph is not None else None
         if path is not None and pending is None:
             self._settle(path)  # pending files below a folder: in meta before its times are set
-        if pending is not None and UTIME_OMIT not in (atime, mtime):
+        if pending is not None:
             now_ns = time.time_ns()
-            both = (now_ns if atime == UTIME_NOW else atime, now_ns if mtime == UTIME_NOW else mtime)
-            if self._pending_set(ph, lambda pf: pf.set_times(*both)):
+
+            def times_of(pf: PendingFile) -> None:  # UTIME_OMIT keeps the one it has (tar's atime)
+                a, m = (pf_t if t == UTIME_OMIT else now_ns if t == UTIME_NOW else t
+                        for t, pf_t in ((atime, pf.atime_ns), (mtime, pf.mtime_ns)))  # fmt: skip
+                pf.set_times(a, m, atime_kept=atime == UTIME_OMIT)
+
+            if self._pending_set(ph, times_of):
                 return 0
             pending = None  # handed to the write-back meanwhile: by path through meta (which commits it first)
-        elif pending is not None:  # one time kept as it is: its bytes go to meta first, then the other time
-            self._settle(path) if path is not None else self._materialize(fh or 0)
         if self._has_writers():  # bytes written before the new times must not land after them (a later mtime)
             self._flush_writers(inode if inode is not None else self._lstat(where).inode_id)
         ns: tuple[int, int] | None = None  # None: "now" (needs write permission only, not ownership: POSIX)

@@ -57,6 +57,7 @@ class PendingFile:
     atime_ns: int = 0
     mtime_ns: int = 0  # 0: the time of its last write
     times_set: bool = False  # futimens was called (the times to give meta)
+    atime_kept: bool = True  # no futimens gave it an atime (UTIME_OMIT: tar's)
 
     def __post_init__(self) -> None:
         self.atime_ns = self.atime_ns or self.ctime_ns
@@ -71,9 +72,10 @@ class PendingFile:
         if not self.times_set:
             self.mtime_ns = time.time_ns()
 
-    def set_times(self, atime_ns: int, mtime_ns: int) -> None:
+    def set_times(self, atime_ns: int, mtime_ns: int, *, atime_kept: bool = False) -> None:
         self.atime_ns, self.mtime_ns, self.times_set = atime_ns, mtime_ns, True
         self.ctime_ns = time.time_ns()
+        self.atime_kept = self.atime_kept and atime_kept
 
     def set_mode(self, perm: int) -> None:
         self.perm = perm
@@ -83,7 +85,7 @@ class PendingFile:
         """Whether the write-back can carry everything set on it: it takes the bytes, the permission bits and the
         mtime; the atime becomes the time of the create, so an atime set by futimens must be that (``tar x``
         sets it to the time of extraction) or equal the mtime, else the file needs meta at once."""
-        return not self.times_set or self.atime_ns == self.mtime_ns or abs(self.atime_ns - self.ctime_ns) < 10**9
+        return self.atime_kept or self.atime_ns == self.mtime_ns or abs(self.atime_ns - self.ctime_ns) < 10**9
 
 
 def _under(path: str, name: str) -> bool:
@@ -217,9 +219,13 @@ class PendingFiles:
             pf = h.pending
             if pf is not None and pf.written_back_whole():
                 data = h.file.getvalue()  # type: ignore[attr-defined]
+                late = pf.perm != pf.made_perm and not pf.perm & stat.S_IWUSR
+                if pf.perm != pf.made_perm and not late:  # before it is queued, by path: no commit to wait for
+                    self.fs.chmod(pf.path, pf.perm, follow_symlinks=False)  # (by inode, queued files commit first)
                 self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns)
-                if pf.perm != pf.made_perm:  # by inode: the write-back commits first (it writes as the owner)
+                if late:  # the owner may not write it then: after the write-back (by inode: it commits first)
                     self.fs.set_attr_inode(pf.inode_id, mode=pf.perm)
+                h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
                 with self._lock:
                     self._pending.pop(pf.path, None)
                     self._handles.pop(fh, None)
