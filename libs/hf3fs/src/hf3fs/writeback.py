@@ -39,7 +39,7 @@ import grpc
 
 from ff_rpc import Identity, RpcError, acting_as, current_acting
 from fireflyer.meta.v1 import meta_pb2 as pb
-from hf3fs.meta_client import ERRNO_OF_FS_ERROR, os_error
+from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, os_error
 from hf3fs.storage_client import ChunkWrite, StorageIoError
 
 if TYPE_CHECKING:
@@ -370,22 +370,31 @@ class Writeback:
         """A BatchCreate or BatchClose, with a deadline that grows with the batch (meta on a loaded machine takes
         a while over hundreds of items), tried again when it runs out: the same request again is safe, as its
         files are never exclusive and their write sessions have the ids this client chose (meta returns the
-        session a first attempt opened).
+        session a first attempt opened). No meta answering (a restart, a failover) is waited out as a Close does,
+        up to the FileSystem's ``close_retry_s`` (60 s): the files' bytes exist nowhere else.
 
         Raises:
             OSError: meta refused the call or did not answer (Hf3fsError).
         """
         fs = self._fs
         timeout = fs.timeout_s * max(1.0, items / ITEMS_PER_TIMEOUT)
-        for attempt in range(BATCH_ATTEMPTS):
+        deadline = time.monotonic() + fs._close_retry_s
+        attempt, delay = 0, 0.1
+        while True:
             try:
                 return fs._run(fs._meta.call(select, request, timeout_s=timeout))
             except RpcError as err:
-                if _timed_out(err) and attempt + 1 < BATCH_ATTEMPTS:
+                attempt += 1
+                if _timed_out(err) and attempt < BATCH_ATTEMPTS:
                     logger.info("write-back: a batch call of %d items timed out after %.0f s; again", items, timeout)
                     continue
                 raise os_error(err) from None
-        raise AssertionError("unreachable")
+            except Hf3fsError as err:  # no meta instance answered
+                if time.monotonic() + delay > deadline:
+                    raise
+                logger.info("write-back: a batch call of %d items: %s; again in %.1f s", items, err, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def _close(self, opened: list[tuple[PendingFile, pb.CreateResponse]], failed: dict[int, OSError]) -> None:
         closes = [pb.CloseRequest(inode_id=r.inode.inode_id, session_id=r.session.session_id, mtime_ns=i.mtime_ns,

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 import hf3fs
 from hf3fs import WritebackError, WritebackOptions
 
-from . import test_fuse_mount, test_writeback
+from . import test_fuse_mount, test_meta_restart, test_writeback
 from .conftest import FsCluster
 
 folder, held, _write = test_writeback.folder, test_writeback.held, test_writeback._write  # its fixtures
@@ -294,3 +295,32 @@ def test_a_bad_item_is_refused_when_queued_and_does_not_fail_the_files_batched_w
         held.open(f"{folder}/bad-\udcff", "wb")
     held.sync()  # nothing to report
     assert _read(fs_cluster.client, f"{folder}/good") == b"fine" and not fs_cluster.client.exists(f"{folder}/bad")
+
+
+meta_restarted = test_meta_restart.cluster  # the fixture: the shared cluster, meta running again afterwards
+
+
+def test_queued_files_commit_across_a_meta_restart(meta_restarted: FsCluster, folder: str) -> None:
+    """Meta stopped with ten files queued and a sync waiting, started again a second later: the sync returns
+    without errors and every file is there whole (the batch calls wait for meta as a Close does)."""
+    cluster = meta_restarted
+    errors: list[BaseException] = []
+
+    def sync(fs: hf3fs.FileSystem) -> None:
+        try:
+            fs.sync()
+        except BaseException as err:
+            errors.append(err)
+
+    with hf3fs.connect(cluster.mgmtd, cluster.token, writeback=test_writeback.HELD) as fs:
+        for i in range(10):
+            _write(fs, f"{folder}/r{i}", b"restart %d" % i)
+        cluster.meta.stop()
+        waiting = threading.Thread(target=sync, args=(fs,))
+        waiting.start()
+        time.sleep(1.0)
+        test_meta_restart._restart_meta(cluster)
+        waiting.join(timeout=120)
+        assert not waiting.is_alive() and errors == []
+    for i in range(10):
+        assert _read(cluster.client, f"{folder}/r{i}") == b"restart %d" % i
