@@ -239,6 +239,29 @@ def test_a_pending_create_in_a_folder_the_user_may_not_write_is_refused_to_the_p
 
 
 @needs_fuse
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: a pending file over its folder's byte quota: write and close return "
+    "0 (the bytes wait in the mount), the write-back's EDQUOT goes to the mount's log only and the file "
+    "stays empty; issue 16 defect 5 asked for the quota error at write, it no longer comes at all",
+)
+def test_a_pending_file_over_its_folders_byte_quota_fails_the_program_not_only_the_log(
+    mount: Path, fs_cluster: FsCluster, admin: hf3fs.FileSystem
+) -> None:
+    name = f"quota-{uuid.uuid4().hex[:8]}"
+    admin.mkdir(f"/fuse/{name}", mode=0o777)
+    admin.set_quota(f"/fuse/{name}", max_bytes=1000)
+    assert os.listdir(mount / name) == []
+    with pytest.raises(OSError) as caught:
+        fd = os.open(mount / name / "big", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"q" * 5000)
+        finally:
+            os.close(fd)
+    assert caught.value.errno == errno.EDQUOT
+
+
+@needs_fuse
 def test_times_set_after_a_written_back_close_stay(mount: Path, fs_cluster: FsCluster) -> None:
     """``cp -p``/``tar x`` on the mount: a file written back at close, then ``utime`` by path: the time stays
     (issue 16 defect 3: it reverted a couple of seconds later). The kernel's release of the file can still be on
