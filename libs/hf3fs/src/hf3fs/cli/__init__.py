@@ -293,7 +293,7 @@ def cmd_mount(cli: Cli) -> None:
         raise UsageError("--attr-timeout-s must be from 0 to 3600")
     options = fuse.MountOptions(foreground=a.foreground, debug=a.debug, keep_ids=a.keep_ids, log_file=a.log_file,
                                 multi_user=a.multi_user, attr_timeout_s=a.attr_timeout_s,
-                                writeback=not a.no_writeback)  # fmt: skip
+                                writeback=a.writeback)  # fmt: skip
     if a.foreground:
         logging.basicConfig(level=logging.DEBUG if a.debug else logging.WARNING, stream=cli.err)
         fuse.mount(cli.fs, a.mountpoint, options, out=cli.out)
@@ -398,8 +398,10 @@ def _add_tree_commands(sub: Any) -> None:
     p.add_argument("--multi-user", action="store_true", help=help_multi)
     p.add_argument("--attr-timeout-s", type=float, default=1.0,
                    help="how long the kernel may cache attributes and names (0: ask meta every time)")  # fmt: skip
-    p.add_argument("--no-writeback", action="store_true",
-                   help="create every new file in meta at once (no write-back of tar-style new files)")  # fmt: skip
+    p.add_argument("--writeback", action="store_true",
+                   help="tar-style new files (write-only, exclusive) wait in memory and are committed in batches "
+                        "after close: faster, but a late error (quota, a folder renamed by another client) is only "
+                        "logged")  # fmt: skip
     sub.add_parser("umount", help="unmount a FUSE mount").add_argument("mountpoint")
 
 

@@ -51,7 +51,9 @@ class MountOptions:
         attr_timeout_s: how long the kernel may cache attributes and names, and the mount meta's answers
             (hf3fs.fuse.attrs); 0: neither.
         writeback: new files created write-only and exclusive (``tar x``) start in the mount's memory and reach
-            meta through the client's write-back at close (hf3fs.fuse.pending); single-user mounts only.
+            meta through the client's write-back at close (hf3fs.fuse.pending); single-user mounts only. Off by
+            default: an error of the late commit (a quota exceeded, a folder another client renamed meanwhile)
+            reaches only the mount's log, not the program that wrote the file.
         multi_user: serve every user of this machine (``allow_other``): each request runs in meta as the uid and
             groups of the process that made it, and inodes show their 3FS owners. Needs a token that may act for
             other users (an admin's); a plain mount serves its own user only (the kernel refuses the others).
@@ -63,7 +65,7 @@ class MountOptions:
     log_file: str = ""
     attr_timeout_s: float = 1.0
     multi_user: bool = False
-    writeback: bool = True
+    writeback: bool = False
 
 
 DEFAULT_OPTIONS = MountOptions()
@@ -673,10 +675,12 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def flush(self, path: str, fh: int) -> int:
+        """close(2) of a descriptor (each of its dups): what it wrote reaches storage and its length meta before
+        close returns, so another client opening the file next sees it (close-to-open; the kernel's release comes
+        later, asynchronously). A pending new file (``--writeback``) waits for its release as documented."""
         h = self._get(fh)
-        if h.writable:
-            with h.lock:
-                h.file.flush()
+        if h.writable and h.pending is None:
+            self._sync(h, always=False)
         return 0
 
     @_fuse_errors

@@ -182,7 +182,7 @@ def mount_background(
     argv += ["--keep-ids"] if options.keep_ids else []
     argv += ["--multi-user"] if options.multi_user else []
     argv += ["--attr-timeout-s", str(options.attr_timeout_s)]
-    argv += [] if options.writeback else ["--no-writeback"]
+    argv += ["--writeback"] if options.writeback else []
     argv += ["--debug"] if options.debug else []
     env = {**environ, **({"FF_MGMTD_ADDRESSES": mgmtd} if mgmtd else {}), **({"FF_TOKEN": token} if token else {})}
     with open(log_file, "ab") as log:

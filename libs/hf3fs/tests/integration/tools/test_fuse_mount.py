@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -38,12 +39,24 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason(
 @pytest.fixture(scope="module")
 def mount(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``hf3fs mount --foreground`` as a process; unmounted and the daemon gone in teardown."""
-    where = tmp_path_factory.mktemp("mnt")
-    log = where.parent / "mount.log"
+    with _mounted(fs_cluster, tmp_path_factory.mktemp("mnt")) as where:
+        yield where
+
+
+@pytest.fixture(scope="module")
+def wb_mount(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The same with ``--writeback``: tar-style new files wait in the mount's memory (hf3fs.fuse.pending)."""
+    with _mounted(fs_cluster, tmp_path_factory.mktemp("wbmnt"), "--writeback") as where:
+        yield where
+
+
+@contextlib.contextmanager
+def _mounted(fs_cluster: FsCluster, where: Path, *flags: str) -> Iterator[Path]:
+    log = where.parent / f"{where.name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground"],
+        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", *flags],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
@@ -340,7 +353,8 @@ def _eventually(check: Any, timeout_s: float = 20.0) -> Any:
             time.sleep(0.05)
 
 
-def test_files_written_like_tar_reach_the_cluster_whole(mount: Path, fs_cluster: FsCluster) -> None:
+def test_files_written_like_tar_reach_the_cluster_whole(wb_mount: Path, fs_cluster: FsCluster) -> None:
+    mount = wb_mount
     (mount / "wb").mkdir()
     files = {f"f{i}": os.urandom(100 + 997 * i) for i in range(20)}
     for name, data in files.items():
@@ -367,7 +381,8 @@ def test_files_written_like_tar_reach_the_cluster_whole(mount: Path, fs_cluster:
         os.open(mount / "wb" / "f1", TAR_FLAGS, 0o600)
 
 
-def test_a_new_file_still_open_is_listed_synced_and_opened_again(mount: Path, fs_cluster: FsCluster) -> None:
+def test_a_new_file_still_open_is_listed_synced_and_opened_again(wb_mount: Path, fs_cluster: FsCluster) -> None:
+    mount = wb_mount
     (mount / "wb-open").mkdir()
     path = mount / "wb-open" / "new"
     fd = os.open(path, TAR_FLAGS, 0o644)

@@ -142,7 +142,14 @@ def test_a_process_ending_by_an_exception_commits_its_queued_files(fs_cluster: F
 
 # ---- the mount: new files created write-only and exclusive start in its memory (hf3fs.fuse.pending) ----
 
-mount = test_fuse_mount.mount  # the fixture: a mount of this module's own (module scope)
+wb_mount = test_fuse_mount.wb_mount  # the fixture: a ``--writeback`` mount of this module's own (module scope)
+
+
+@pytest.fixture(scope="module")
+def mount(wb_mount: Path) -> Path:
+    return wb_mount
+
+
 needs_fuse = pytest.mark.skipif(test_fuse_mount._skip_reason() is not None, reason=test_fuse_mount._skip_reason() or "")
 
 
@@ -286,13 +293,6 @@ def test_times_set_after_a_written_back_close_stay(mount: Path, fs_cluster: FsCl
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (the mount, not the write-back): a file truncated and written through "
-    "the mount, then closed, reads empty from another client right after the close (8 of 8 tries; "
-    "the bytes and length reach meta with the kernel's release, which comes after close() returned): "
-    "close-to-open across clients (issue 16 defect 1) does not hold; an append shows it 2 times in 8",
-)
 def test_a_file_truncated_and_written_through_the_mount_is_seen_by_another_client_after_close(
     mount: Path, fs_cluster: FsCluster
 ) -> None:
