@@ -19,8 +19,13 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 # The scheduler's short protocol deadlines for these tests (the agents' are in ff_agent.testing.FAST).
 # check_checkpoints off: these clusters have no 3FS, the test tasks checkpoint to files on this machine
-SCHEDULER = {"ack_window_s": 5.0, "default_grace_s": 10.0, "term_grace_s": 2.0, "stop_timeout_s": 20.0,
-             "check_checkpoints": False}
+SCHEDULER = {
+    "ack_window_s": 5.0,
+    "default_grace_s": 10.0,
+    "term_grace_s": 2.0,
+    "stop_timeout_s": 20.0,
+    "check_checkpoints": False,
+}
 
 
 @dataclass
