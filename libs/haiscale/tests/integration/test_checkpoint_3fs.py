@@ -261,7 +261,7 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(cl
     assert kinds[:2] == [runcontrol.RECEIVED, runcontrol.CHECKPOINT] and kinds[-1] == runcontrol.GO_SUSPEND, kinds
     for p in first:  # the agent stops the run once it called go_suspend()
         p.terminate()
-        p.wait(30)
+        p.communicate(timeout=30)  # (reads and closes its output pipe: an unclosed pipe fails the test)
     suspended_at = int(events[-2].data["step"])  # the last report: the checkpoint taken at the suspend
     assert events[-2].data["path"] == f"/ck/ck-alice/gpt/step-{suspended_at:09d}/{ckpt.MANIFEST}"
     assert 6 <= suspended_at < STEPS - 5 and max(_losses(metrics)) == suspended_at, suspended_at
