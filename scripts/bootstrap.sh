@@ -28,6 +28,17 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
     fi
 fi
 
+# The dashboard's browser test drives Debian's Chromium through playwright (it skips, saying why, without it;
+# never `playwright install`: the system browser is used).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing chromium (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "bootstrap: chromium not found; install the 'chromium' package to run the dashboard's browser test" >&2
+    fi
+fi
+
 # `tox -e posix` builds pjdfstest (autoconf, automake, make, a C compiler) and runs it with perl's prove.
 if ! command -v autoreconf >/dev/null 2>&1 || ! command -v automake >/dev/null 2>&1 \
         || ! command -v make >/dev/null 2>&1 || ! command -v prove >/dev/null 2>&1; then

@@ -1,4 +1,4 @@
-"""What ``up`` prints for telemetry: where its gRPC API and its HTTP side (/federate) are."""
+"""What ``up`` prints for telemetry: where its dashboard, its gRPC API and its HTTP side (/federate) are."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ async def describe(mgmtd: MgmtdClient, cluster_token: str) -> str:
     if "http" not in endpoints:
         raise RuntimeError("no telemetry instance with an http endpoint is registered with mgmtd")
     return (
+        f"dashboard at http://{endpoints['http']}/ (log in with a user token); "
         f"collecting at {endpoints.get('grpc', '?')} (gRPC TelemetryService); Prometheus exposition at "
         f"http://{endpoints['http']}/federate (Authorization: Bearer <token>); it scrapes every service's /metrics"
     )

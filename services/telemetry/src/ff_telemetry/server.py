@@ -11,6 +11,7 @@ from pathlib import Path
 from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
 from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
 from ff_store import open_store
+from ff_telemetry import dashboard
 from ff_telemetry.alerts.config import DEFAULT_CONFIG
 from ff_telemetry.alerts.service import AlertService
 from ff_telemetry.config import TelemetrySettings
@@ -76,6 +77,8 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
         ],
     )
     web = WebServer(store, cluster_token, validator, settings.exposition_max_age_s)
+    reader = dashboard.ClusterReader(mgmtd_addresses)
+    dashboard.install(web.app, store, web.authenticate, reader, alerts.list_alerts if alerts else None)
     await server.start()
     try:
         await web.start(settings.http_address)
@@ -114,6 +117,7 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
     finally:
         await server.stop()
         await web.stop()
+        await reader.close()
         await mgmtd.close()
         await asyncio.to_thread(sql.dispose)
     logger.info("telemetry stopped")

@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from ff_rpc import Principal, TokenValidator, Unauthenticated
+from ff_rpc import Principal, TokenValidator, Unauthenticated, Unavailable
 from ff_rpc.auth import BEARER_PREFIX, CLUSTER_PRINCIPAL, is_cluster_token
 from ff_telemetry.core.exposition import CONTENT_TYPE, ExposedSample, render
 from ff_telemetry.core.validation import USER_LABEL
@@ -51,7 +51,10 @@ class WebServer:
         header = request.headers.get("Authorization", "")
         if not header.startswith(BEARER_PREFIX):
             raise web.HTTPUnauthorized(text="an 'Authorization: Bearer <token>' header is required\n")
-        token = header[len(BEARER_PREFIX) :].strip()
+        return await self.authenticate(header[len(BEARER_PREFIX) :].strip())
+
+    async def authenticate(self, token: str) -> Principal:
+        """The owner of ``token`` (401 for an unknown or malformed one)."""
         if is_cluster_token(token, self._cluster_token):
             return CLUSTER_PRINCIPAL
         if self._validator is None:
@@ -60,6 +63,8 @@ class WebServer:
             return await self._validator.validate(token)
         except Unauthenticated as exc:
             raise web.HTTPUnauthorized(text=f"{exc}\n") from None
+        except Unavailable as exc:
+            raise web.HTTPServiceUnavailable(text=f"{exc}\n") from None
 
     async def _federate(self, request: web.Request) -> web.Response:
         caller = await self.principal(request)

@@ -20,6 +20,9 @@ from ff_store import Store
 from ff_telemetry.core import evaluate
 from ff_telemetry.core.errors import InvalidRequest, LimitExceeded
 from ff_telemetry.core.model import (
+    MINUTE,
+    RAW,
+    Matcher,
     MetricMeta,
     MetricType,
     QueryResult,
@@ -200,6 +203,31 @@ class TelemetryStore:
 
     async def aquery_range(self, query: RangeQuery, viewer: Viewer) -> QueryResult:
         return await self._thread(lambda: self.query_range(query, viewer))
+
+    def samples(
+        self, name: str, matchers: tuple[Matcher, ...], viewer: Viewer, start_at: float, end_at: float
+    ) -> list[evaluate.SeriesRows]:
+        """The samples of the matching series in (start_at, end_at] as they were pushed (the raw tier while
+        it holds ``start_at``, else the 1-minute buckets' last values), oldest first.
+
+        Raises InvalidRequest for a bad name or matcher, LimitExceeded past ``max_raw_samples_read``.
+        """
+        span_s = end_at - start_at if end_at - start_at >= 1.0 else 1.0  # one step: only the checks matter
+        check_query(
+            RangeQuery(name=name, matchers=matchers, start_at=start_at, end_at=end_at, step_s=span_s), self.limits
+        )
+        resolution = RAW if start_at >= self.clock() - self.retention.raw_s else MINUTE
+
+        def read(session: Session) -> list[evaluate.SeriesRows]:
+            found = reads.find_series(session, name, matchers, viewer)
+            return reads.rows_for(session, found, resolution, start_at, end_at, self.max_raw_samples_read)
+
+        return self.store.run(read, read_only=True)
+
+    async def asamples(
+        self, name: str, matchers: tuple[Matcher, ...], viewer: Viewer, start_at: float, end_at: float
+    ) -> list[evaluate.SeriesRows]:
+        return await self._thread(lambda: self.samples(name, matchers, viewer, start_at, end_at))
 
     def list_series(
         self, query: RangeQuery | None, viewer: Viewer, *, after_id: int = 0, limit: int = 1000
