@@ -127,6 +127,7 @@ class RawFile(io.RawIOBase):
         self._limit = session.write_limit_bytes if session is not None else NO_LIMIT
         self.length = inode.length_bytes
         self.written = 0  # highest offset written by this session
+        self.meta_length = inode.length_bytes  # the length meta gave in its last answer to this file object
         self._last_write_ns: int | None = None
         self._pos = 0
         self._lock = threading.Lock()
@@ -318,7 +319,7 @@ class RawFile(io.RawIOBase):
         sid = self._session.session_id if self._session is not None else ""
         inode = self._fs._meta_call(lambda s: s.Truncate, pb.TruncateRequest(
             path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid), self.name)  # fmt: skip
-        self.length = inode.inode.length_bytes
+        self.length = self.meta_length = inode.inode.length_bytes
         self.written = min(self.written, size)
         return size
 
@@ -331,7 +332,15 @@ class RawFile(io.RawIOBase):
             req.mtime_ns = self._last_write_ns
         resp = self._fs._meta_call(lambda s: s.Sync, req, self.name)
         self.length = max(self.length, resp.inode.length_bytes)
+        self.meta_length = resp.inode.length_bytes
         self.inode_at_sync = resp.inode  # meta's answer (the mount keeps its attributes)
+
+    def length_covered(self) -> bool:
+        """Whether the length meta last gave this file object covers every byte this session wrote: then a Sync
+        would change only the mtime, and fdatasync (and close-to-open) need none. The bytes themselves are durable
+        once storage acknowledged their write (every replica of the chain); a client crashing before its Close
+        leaves its session to lapse, and meta makes the length exact from storage when it collects it."""
+        return self.written <= self.meta_length
 
     def close(self) -> None:
         if self.closed:

@@ -233,14 +233,16 @@ class FileSystem:
             return self._wb
 
     def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
-                   parent: tuple[int, str] | None = None) -> None:  # fmt: skip
+                   parent: tuple[int, str] | None = None, set_mode: bool = False) -> None:  # fmt: skip
         """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch, as
         ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
         it in that folder instead of at ``path`` (which then only names it in errors); ``mtime_ns``: its write
-        time (default now). Returns at once; errors come from ``sync``/``close`` (``WritebackError``)."""
+        time (default now); ``set_mode``: an existing file gets ``perm`` too (a chmod by its owner, after the
+        check that it may be written), not only a new one. Returns at once; errors come from ``sync``/``close``
+        (``WritebackError``)."""
         _abs(path)
         item = PendingFile(path=path, data=bytes(data), perm=perm, mtime_ns=mtime_ns or time.time_ns(),
-                           parent=parent, acting=current_acting())  # fmt: skip
+                           parent=parent, acting=current_acting(), set_mode=set_mode)  # fmt: skip
         self._writeback_queue().submit(item)
 
     def sync(self) -> None:
@@ -512,16 +514,15 @@ class FileSystem:
         return Stat.from_pb(resp.inode)
 
     def remove(self, path: str) -> None:
-        if self.lstat(path).is_dir():
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
-        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path)), path)
+        """unlink(2): a file, symlink or special file (IsADirectoryError for a folder, nothing removed). One meta
+        call: meta checks the type in the same transaction."""
+        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), expect_directory=False), path)
 
     unlink = remove
 
     def rmdir(self, path: str) -> None:
-        if not self.lstat(path).is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
-        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path)), path)
+        """rmdir(2): an empty folder (NotADirectoryError for anything else, nothing removed)."""
+        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), expect_directory=True), path)
 
     def rmtree(self, path: str, trash: bool = True) -> str:
         """Remove a tree; to the trash by default (returns the trash entry id), else deleted now."""

@@ -102,6 +102,7 @@ class PendingFile:
     mtime_ns: int = 0
     parent: tuple[int, str] | None = None  # (folder inode id, name): created there instead of at ``path``
     acting: Identity | None = None  # the caller it is committed as (a multi-user mount's caller)
+    set_mode: bool = False  # ``perm`` for a file that exists too (one created earlier), not only a new one
     seq: int = 0
     queued_at: float = field(default_factory=time.monotonic)
 
@@ -351,7 +352,8 @@ class Writeback:
         requests = [pb.CreateRequest(
             path=pb.PathAt(parent_inode_id=i.parent[0], path=i.parent[1]) if i.parent else pb.PathAt(path=i.path),
             mode=i.perm, open_mode=pb.OPEN_MODE_WRITE, truncate=True, session_id=uuid.uuid4().hex,
-            client_id=fs.client_id, reserve_bytes=len(i.data)) for i in items]  # fmt: skip
+            client_id=fs.client_id, reserve_bytes=len(i.data), set_mode=i.perm if i.set_mode else None)
+            for i in items]  # fmt: skip
         try:
             resp = self._batch_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests), len(requests))
         except OSError as err:

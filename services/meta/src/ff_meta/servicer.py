@@ -256,9 +256,14 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         layout = layout_of(request.layout, request.HasField("layout"))
         expires = self._app.lease_expiry()
 
+        set_mode = request.set_mode if request.HasField("set_mode") else None
+
         def body(t: Tx) -> tuple[Inode, bool, SessionInfo | None]:
-            inode, created, chain = fsops.create(t, at(request.path), request.mode, request.exclusive, write, layout,
-                                                 inode_id, defaults)  # fmt: skip
+            where = at(request.path)
+            mode = request.mode if set_mode is None else set_mode
+            inode, created, chain = fsops.create(t, where, mode, request.exclusive, write, layout, inode_id, defaults)
+            if set_mode is not None and not created:
+                inode = fsops.chmod_opened(t, inode, set_mode, where.path)
             sess = None
             if write and not (request.truncate and not created and inode.length):
                 sess = fsops.open_session(t, inode, chain, request.session_id, request.client_id, defaults, expires)
@@ -320,8 +325,10 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = trash.new_trash_id()
+        expect_dir = request.expect_directory if request.HasField("expect_directory") else None
         out = await self._app.tx(caller(), lambda t: fsops.remove(t, at(request.path), request.recursive,
-                                                                  request.to_trash, retention, trash_id))  # fmt: skip
+                                                                  request.to_trash, retention, trash_id,
+                                                                  expect_dir))  # fmt: skip
         return pb.RemoveResponse(trash_id=out)
 
     async def Open(self, request: pb.OpenRequest, context: Context) -> pb.OpenResponse:

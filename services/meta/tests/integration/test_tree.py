@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,67 @@ def test_capability_renewed_before_it_expires(fs: hf3fs.FileSystem, home: str) -
     with fs.open(f"{home}/renamed.bin", "rb", buffering=0) as r:
         r.cap_expires_at_ns = 1
         assert r.read() == b"a" * 10 + b"b" * 10
+
+
+def test_unlink_and_rmdir_check_the_type_in_meta_in_one_call(
+    fs: hf3fs.FileSystem, home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """unlink of a folder is EISDIR, rmdir of a file ENOTDIR, nothing removed, and each is one meta call (the
+    client sent a Stat first to tell them apart: the FUSE mount's unlink of SQLite's journal paid it each
+    transaction)."""
+    fs.makedirs(f"{home}/d")
+    fs.create(f"{home}/f")
+    fs.symlink("d", f"{home}/link")  # unlink removes the symlink, not the folder it names
+    calls: list[str] = []
+    real_call = fs._meta_call
+
+    class Namer:
+        def __getattr__(self, name: str) -> str:
+            return name
+
+    def counted(select: Any, request: Any, path: str | None = None) -> Any:
+        calls.append(select(Namer()))
+        return real_call(select, request, path)
+
+    monkeypatch.setattr(fs, "_meta_call", counted)
+    with pytest.raises(IsADirectoryError):
+        fs.remove(f"{home}/d")
+    with pytest.raises(NotADirectoryError):
+        fs.rmdir(f"{home}/f")
+    with pytest.raises(NotADirectoryError):
+        fs.rmdir(f"{home}/link")
+    with pytest.raises(FileNotFoundError):
+        fs.remove(f"{home}/missing")
+    assert calls == ["Remove"] * 4
+    monkeypatch.undo()
+    assert sorted(fs.listdir(home)) == ["d", "f", "link"]
+    fs.remove(f"{home}/link")
+    fs.remove(f"{home}/f")
+    fs.rmdir(f"{home}/d")
+    assert fs.listdir(home) == []
+
+
+def test_create_with_set_mode_chmods_an_existing_file_as_its_owner(
+    fs: hf3fs.FileSystem, home: str, cluster: Any
+) -> None:
+    """CreateRequest.set_mode (the mount's write-back of a tar-style file chmod-ed after its create): the owner's
+    open for writing also sets the mode, a mode without owner write included, in one call; anyone else's is
+    refused and nothing changes; a new file is made with it."""
+    from fireflyer.meta.v1 import meta_pb2 as pb
+
+    def create(client: hf3fs.FileSystem, path: str, set_mode: int) -> Any:
+        return client._meta_call(lambda s: s.Create, pb.CreateRequest(
+            path=pb.PathAt(path=path), mode=0o600, open_mode=pb.OPEN_MODE_WRITE, session_id=os.urandom(8).hex(),
+            client_id=client.client_id, set_mode=set_mode), path)  # fmt: skip
+
+    fs.chmod(home, 0o777)
+    fs.create(f"{home}/tar", 0o600, exclusive=True)
+    resp = create(fs, f"{home}/tar", 0o444)
+    assert resp.inode.mode & 0o7777 == 0o444 and resp.HasField("session") and not resp.created
+    assert fs.stat(f"{home}/tar").mode == 0o444
+    fs.chmod(f"{home}/tar", 0o666)
+    with cluster.connect("bob") as bob, pytest.raises(PermissionError):
+        create(bob, f"{home}/tar", 0o600)
+    assert fs.stat(f"{home}/tar").mode == 0o666
+    resp = create(fs, f"{home}/new", 0o640)
+    assert resp.created and resp.inode.mode & 0o7777 == 0o640

@@ -647,6 +647,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
                 if isinstance(getattr(raw, "written", None), int):  # else its close reports the old end again
                     raw.written = min(raw.written, length)
                     raw.length = min(raw.length, length)
+                    raw.meta_length = min(raw.meta_length, length)
         return 0
 
     @_fuse_errors
@@ -687,16 +688,24 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         if self._get(fh).pending is not None:
             self._materialize(fh)
-        self._sync(self._get(fh), always=True)
+        self._sync(self._get(fh), always=not datasync)
         return 0
 
     def _sync(self, h: Handle, always: bool) -> None:
+        """Bytes written through ``h`` to storage, and meta's length made exact: fsync (``always``: its mtime too,
+        even when nothing was written), fdatasync and close(2)'s FLUSH (only when this handle wrote past the length
+        meta last gave it: the bytes are durable once storage acknowledged them, and the release's Close brings the
+        mtime; SQLite's rewrite of its journal's header costs no Sync)."""
         if not h.writable:
             return
         with h.lock:
             if h.file.closed:  # released meanwhile: the close made the length exact
                 return
             h.file.flush()
+            raw: Any = getattr(h.file, "raw", h.file)
+            if not always and h.dirty and getattr(raw, "length_covered", lambda: False)():
+                h.dirty = False
+                return
             if h.dirty or always:
                 try:
                     h.file.fsync()  # type: ignore[attr-defined]  # hf3fs file objects make the length exact

@@ -219,12 +219,9 @@ class PendingFiles:
             pf = h.pending
             if pf is not None and pf.written_back_whole():
                 data = h.file.getvalue()  # type: ignore[attr-defined]
-                late = pf.perm != pf.made_perm and not pf.perm & stat.S_IWUSR
-                if pf.perm != pf.made_perm and not late:  # before it is queued, by path: no commit to wait for
-                    self.fs.chmod(pf.path, pf.perm, follow_symlinks=False)  # (by inode, queued files commit first)
-                self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns)
-                if late:  # the owner may not write it then: after the write-back (by inode: it commits first)
-                    self.fs.set_attr_inode(pf.inode_id, mode=pf.perm)
+                # a mode set since the create (tar's fchmod) goes with the batch's Create: meta checks that the owner
+                # may write it, then applies it (a mode without owner write too), no SetAttr of its own
+                self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns, set_mode=pf.perm != pf.made_perm)
                 h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
                 with self._lock:
                     self._pending.pop(pf.path, None)

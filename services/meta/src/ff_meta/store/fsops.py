@@ -639,6 +639,16 @@ class AttrChange:
     layout: LayoutSpec | None = None
 
 
+def chmod_opened(tx: Tx, inode: Inode, mode: int, path: str) -> Inode:
+    """chmod(2) of a file just opened in the same transaction (Create's ``set_mode``); nothing when it has the
+    mode already."""
+    mode = _checked_mode(tx.caller, inode, mode, path)
+    if mode == inode.mode:
+        return inode
+    tx.update(inode.inode_id, mode=mode, ctime_ns=tx.now_ns)
+    return inode.with_(mode=mode, ctime_ns=tx.now_ns)
+
+
 def _checked_mode(c: Caller, inode: Inode, mode: int, path: str) -> int:
     """chmod(2): the owner (or root) only; set-group-ID is dropped when the caller is not in the file's group
     (as Linux does for a caller without CAP_FSETID)."""

@@ -600,6 +600,7 @@ class CreateRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     RESERVE_BYTES_FIELD_NUMBER: _builtins.int
+    SET_MODE_FIELD_NUMBER: _builtins.int
     mode: _builtins.int
     """Permission bits, the client's umask already applied."""
     exclusive: _builtins.bool
@@ -614,6 +615,12 @@ class CreateRequest(_message.Message):
     reserve_bytes: _builtins.int
     """With a write mode: also reserve quota up to this length for the session, in the same transaction (as
     ReserveSpace, all or nothing: FS_ERROR_QUOTA_EXCEEDED fails the Create and nothing is created). 0: none.
+    """
+    set_mode: _builtins.int
+    """Permission bits the file gets whether it is created (instead of `mode`) or an existing one is opened: then a
+    chmod(2) in the same transaction, after the open's permission check, by the owner only (FS_ERROR_NOT_PERMITTED
+    otherwise, and nothing opened). A write-back of a file created earlier and chmod-ed since (the FUSE mount's
+    tar-style new files) carries its mode so, without a SetAttr of its own.
     """
     @_builtins.property
     def path(self) -> Global___PathAt: ...
@@ -633,12 +640,15 @@ class CreateRequest(_message.Message):
         session_id: _builtins.str = ...,
         client_id: _builtins.str = ...,
         reserve_bytes: _builtins.int = ...,
+        set_mode: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "path", b"path"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode", "layout", b"layout", "path", b"path", "set_mode", b"set_mode"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "exclusive", b"exclusive", "layout", b"layout", "mode", b"mode", "open_mode", b"open_mode", "path", b"path", "reserve_bytes", b"reserve_bytes", "session_id", b"session_id", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode", "client_id", b"client_id", "exclusive", b"exclusive", "layout", b"layout", "mode", b"mode", "open_mode", b"open_mode", "path", b"path", "reserve_bytes", b"reserve_bytes", "session_id", b"session_id", "set_mode", b"set_mode", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__set_mode: _TypeAlias = _typing.Literal["set_mode"]  # noqa: Y015
+    _WhichOneofArgType__set_mode: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__set_mode) -> _WhichOneofReturnType__set_mode | None: ...
 
 Global___CreateRequest: _TypeAlias = CreateRequest  # noqa: Y015
 
@@ -956,6 +966,7 @@ class RemoveRequest(_message.Message):
     RECURSIVE_FIELD_NUMBER: _builtins.int
     TO_TRASH_FIELD_NUMBER: _builtins.int
     TRASH_RETENTION_S_FIELD_NUMBER: _builtins.int
+    EXPECT_DIRECTORY_FIELD_NUMBER: _builtins.int
     recursive: _builtins.bool
     """Remove a directory with everything below it. Always goes through the trash, so a huge tree leaves
     the namespace in one transaction and is deleted later in small ones.
@@ -964,6 +975,11 @@ class RemoveRequest(_message.Message):
     """Move a file or empty directory to the trash instead of unlinking it (implied by `recursive`)."""
     trash_retention_s: _builtins.float
     """How long the trash keeps it; 0 = the server's default."""
+    expect_directory: _builtins.bool
+    """What the caller means to remove: true for rmdir(2) (FS_ERROR_NOT_DIRECTORY when it is not a directory),
+    false for unlink(2) (FS_ERROR_IS_DIRECTORY when it is one); unset: either. Nothing is removed on a mismatch,
+    and the client needs no Stat first to tell them apart.
+    """
     @_builtins.property
     def path(self) -> Global___PathAt: ...
     def __init__(
@@ -973,12 +989,15 @@ class RemoveRequest(_message.Message):
         recursive: _builtins.bool = ...,
         to_trash: _builtins.bool = ...,
         trash_retention_s: _builtins.float = ...,
+        expect_directory: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_directory", b"_expect_directory", "expect_directory", b"expect_directory", "path", b"path"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "recursive", b"recursive", "to_trash", b"to_trash", "trash_retention_s", b"trash_retention_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_directory", b"_expect_directory", "expect_directory", b"expect_directory", "path", b"path", "recursive", b"recursive", "to_trash", b"to_trash", "trash_retention_s", b"trash_retention_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expect_directory: _TypeAlias = _typing.Literal["expect_directory"]  # noqa: Y015
+    _WhichOneofArgType__expect_directory: _TypeAlias = _typing.Literal["_expect_directory", b"_expect_directory"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expect_directory) -> _WhichOneofReturnType__expect_directory | None: ...
 
 Global___RemoveRequest: _TypeAlias = RemoveRequest  # noqa: Y015
 

@@ -1,0 +1,176 @@
+"""The FUSE mount's meta round trips, counted in the serving process (issue 16, small files): what a ``tar x`` file
+and a SQLite transaction cost is mostly their number (``bench/hf3fs_mount_rpcs.py`` counts them the same way).
+Needs /dev/fuse and fusermount3."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import FsCluster
+from .test_fuse_mount import _mounted, _skip_reason
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+# The mount process's sitecustomize: every meta call counted by method; the counts written to counts.json when a
+# file "dump" appears (libfuse's loop holds the main thread, so a thread watches).
+_COUNTING = r"""
+import collections, json, os, threading, time
+from hf3fs import meta_client
+out = os.environ["HF3FS_TEST_COUNT_DIR"]
+counts = collections.Counter()
+lock = threading.Lock()
+class _Namer:
+    def __getattr__(self, name):
+        return name
+_call = meta_client.MetaClient.call
+async def _counted(self, select, request, **kw):
+    with lock:
+        counts[select(_Namer())] += 1
+    return await _call(self, select, request, **kw)
+meta_client.MetaClient.call = _counted
+def _watch():
+    while True:
+        if os.path.exists(os.path.join(out, "dump")):
+            with lock:
+                data = json.dumps(counts)
+            with open(os.path.join(out, "counts.tmp"), "w") as f:
+                f.write(data)
+            os.replace(os.path.join(out, "counts.tmp"), os.path.join(out, "counts.json"))
+            os.remove(os.path.join(out, "dump"))
+        time.sleep(0.01)
+threading.Thread(target=_watch, daemon=True).start()
+"""
+
+
+class Meter:
+    """The mount's meta calls so far, by method."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def counts(self) -> Counter[str]:
+        (self.folder / "dump").touch()
+        deadline = time.monotonic() + 10
+        while (self.folder / "dump").exists():
+            assert time.monotonic() < deadline, "the mount's counter did not answer"
+            time.sleep(0.01)
+        return Counter(json.loads((self.folder / "counts.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def counted(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Meter]]:
+    """``hf3fs mount --writeback`` whose meta calls are counted; yields its work folder and the meter."""
+    folder = tmp_path_factory.mktemp("counts")
+    (folder / "site").mkdir()
+    (folder / "site" / "sitecustomize.py").write_text(_COUNTING)
+    path = os.pathsep.join(p for p in (str(folder / "site"), os.environ.get("PYTHONPATH", "")) if p)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF3FS_TEST_COUNT_DIR", str(folder))
+        mp.setenv("PYTHONPATH", path)
+        with _mounted(fs_cluster, tmp_path_factory.mktemp("countmnt"), "--writeback") as where:
+            mp.undo()  # the mount process has its environment; the tests' own processes need none of it
+            yield where, Meter(folder)
+
+
+def _delta(meter: Meter, before: Counter[str]) -> dict[str, int]:
+    return {k: v for k, v in (meter.counts() - before).items() if k != "RenewSessions"}
+
+
+def test_unlink_and_rmdir_are_one_remove_each(counted: tuple[Path, Meter]) -> None:
+    """No Stat before Remove (meta checks the type: the kernel already knew it); unlinking SQLite's journal paid
+    one per transaction."""
+    where, meter = counted
+    work = where / "rm"
+    work.mkdir()
+    (work / "f").write_bytes(b"x")
+    (work / "d").mkdir()
+    before = meter.counts()
+    os.unlink(work / "f")
+    os.rmdir(work / "d")
+    assert _delta(meter, before) == {"Remove": 2}
+    assert os.listdir(work) == []
+
+
+def test_fdatasync_and_close_within_the_length_meta_has_send_no_sync(
+    counted: tuple[Path, Meter], fs_cluster: FsCluster
+) -> None:
+    """fdatasync (and close(2)) make the length exact on meta: a Sync only when the handle wrote past the length
+    meta last gave it; bytes rewritten inside it are durable once storage acknowledged them (SQLite rewrites its
+    journal's header and fdatasyncs it each transaction). fsync still sends one (the mtime is file metadata)."""
+    where, meter = counted
+    path = where / "sync.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"a" * 8192, 0)
+        before = meter.counts()
+        os.fdatasync(fd)  # grew: meta must know the length before fdatasync returns
+        assert _delta(meter, before) == {"Sync": 1}
+        remote = f"/fuse/{path.name}"
+        assert fs_cluster.client.stat(remote).size == 8192
+
+        os.pwrite(fd, b"header", 0)
+        before = meter.counts()
+        os.fdatasync(fd)
+        assert _delta(meter, before) == {}
+        with fs_cluster.client.open(remote, "rb") as f:  # another client: the bytes are there
+            assert f.read() == b"header" + b"a" * 8186
+
+        os.pwrite(fd, b"B", 1)
+        before = meter.counts()
+        os.fsync(fd)  # fsync: the mtime too
+        assert _delta(meter, before) == {"Sync": 1}
+
+        os.pwrite(fd, b"tail", 8192)
+        before = meter.counts()
+        os.fdatasync(fd)
+        assert _delta(meter, before) == {"Sync": 1}
+        assert fs_cluster.client.stat(remote).size == 8196
+
+        os.pwrite(fd, b"C", 2)
+    finally:
+        before = meter.counts()
+        os.close(fd)
+    with fs_cluster.client.open(remote, "rb") as f:  # close-to-open: what was written before close is seen
+        assert f.read() == b"hBC" + b"der" + b"a" * 8186 + b"tail"
+    deadline = time.monotonic() + 10  # the release's Close comes after close(2) returned
+    while "Close" not in (delta := _delta(meter, before)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert delta == {"Close": 1}, delta
+
+
+def test_a_tar_style_file_chmod_ed_after_its_create_needs_no_set_attr(
+    counted: tuple[Path, Meter], fs_cluster: FsCluster
+) -> None:
+    """tar x creates each file owner-only (O_WRONLY|O_CREAT|O_EXCL, 0600), writes it, fchmods it to its mode and
+    closes it: on a --writeback mount the mode goes with the write-back's batched Create (meta chmods after its
+    write check), not as a SetAttr per file; a mode without owner write too."""
+    where, meter = counted
+    work = where / "tar"
+    work.mkdir()
+    before = meter.counts()
+    for name, mode in (("a.py", 0o644), ("ro.py", 0o444)):
+        fd = os.open(work / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, name.encode() * 100)
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=(1_700_000_000 * 10**9, 1_700_000_000 * 10**9))
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + 20
+    while True:  # committed by the write-back after the close
+        st = [fs_cluster.client.stat(f"/fuse/tar/{n}") for n in ("a.py", "ro.py")]
+        if [s.size for s in st] == [400, 500] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [(s.size, s.mode, s.mtime_ns) for s in st] == [(400, 0o644, 1_700_000_000 * 10**9),
+                                                          (500, 0o444, 1_700_000_000 * 10**9)]  # fmt: skip
+    delta = _delta(meter, before)
+    assert "SetAttr" not in delta and delta["Create"] == 2, delta
+    assert [os.stat(work / n).st_mode & 0o7777 for n in ("a.py", "ro.py")] == [0o644, 0o444]
