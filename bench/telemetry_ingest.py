@@ -3,11 +3,13 @@ same bytes, in interleaved rounds; then a sustained minute with every acknowledg
 
 A server process (``--serve``, started by this script) runs an in-process mgmtd (the registry), the real
 collector (ff_telemetry, SQLite, its downsampling job on) and a no-op TelemetryService on the same
-service runtime (tokens, interceptor, metrics) whose PushSamples only answers. The client sends one
-pre-serialized PushSamplesRequest of 500 samples (50 metrics x 10 ranks, labels task/rank/node, no
+service runtime (tokens, interceptor, metrics) whose PushPacked and PushSamples only answer. The client
+sends one pre-serialized request of 500 samples (50 metrics x 10 ranks, labels task/rank/node, no
 timestamps: the collector stamps them, so every call is new samples) with ``--concurrency`` calls in
-flight. Rounds alternate which side goes first; the figure is the median of the per-round ratios
-collector/no-op (goal >= 0.5). The sustained phase pushes for ``--sustain-s`` and then counts the rows
+flight: with ``--protocol packed`` (the default) a PushPackedRequest of the ids RegisterSeries gave and
+the values as packed arrays, with ``--protocol samples`` a PushSamplesRequest (one message per sample).
+Rounds alternate which side goes first; the figure is the median of the per-round ratios collector/no-op
+(goal >= 0.5). The sustained phase pushes for ``--sustain-s`` and then counts the rows
 the collector holds: lost = acknowledged - stored.
 
     .venv/bin/python bench/telemetry_ingest.py                       # 3 rounds of 5 s, a minute sustained
@@ -35,19 +37,39 @@ import grpc
 import sqlalchemy as sa
 
 BATCH = 500
-METHOD = "/fireflyer.telemetry.v1.TelemetryService/PushSamples"
+SERVICE = "/fireflyer.telemetry.v1.TelemetryService/"
+COMMON_LABELS = {"task_id": "7", "node": "bench-1"}
+SERIES = [(f"bench_metric_{m}", {"rank": str(r)}) for m in range(50) for r in range(10)]
+VALUES = [float(m * r) + 0.5 for m in range(50) for r in range(10)]
 
 
 def batch_bytes() -> bytes:
+    """A PushSamplesRequest of the batch (one message per sample)."""
     from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
-    samples = [
-        pb.Sample(name=f"bench_metric_{m}", labels={"rank": str(r)}, value=float(m * r) + 0.5)
-        for m in range(50)
-        for r in range(10)
-    ]
+    samples = [pb.Sample(name=n, labels=lb, value=v) for (n, lb), v in zip(SERIES, VALUES, strict=True)]
     assert len(samples) == BATCH
-    return pb.PushSamplesRequest(samples=samples, common_labels={"task_id": "7", "node": "bench-1"}).SerializeToString()
+    return pb.PushSamplesRequest(samples=samples, common_labels=COMMON_LABELS).SerializeToString()
+
+
+async def packed_batch_bytes(address: str, token: str) -> bytes:
+    """A PushPackedRequest of the batch: its series registered with the collector at ``address``."""
+    import numpy as np
+
+    from fireflyer.telemetry.v1 import telemetry_pb2 as pb
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        register = channel.unary_unary(
+            SERVICE + "RegisterSeries", request_serializer=pb.RegisterSeriesRequest.SerializeToString,
+            response_deserializer=pb.RegisterSeriesResponse.FromString,
+        )  # fmt: skip
+        keys = [pb.SeriesKey(name=n, labels=lb) for n, lb in SERIES]
+        request = pb.RegisterSeriesRequest(series=keys, common_labels=COMMON_LABELS)
+        got = await register(request, metadata=(("authorization", f"Bearer {token}"),), timeout=30)
+    return pb.PushPackedRequest(
+        registry_epoch=got.registry_epoch, series_ids=np.asarray(got.series_ids, "<i8").tobytes(),
+        values=np.asarray(VALUES, "<f8").tobytes(),
+    ).SerializeToString()  # fmt: skip
 
 
 # -- server side ---------------------------------------------------------------------------------------
@@ -62,6 +84,9 @@ async def serve(folder: Path) -> None:
     class NoopTelemetry(telemetry_pb2_grpc.TelemetryServiceServicer):
         async def PushSamples(self, request: pb.PushSamplesRequest, context: Any) -> pb.PushSamplesResponse:
             return pb.PushSamplesResponse(num_stored=len(request.samples))
+
+        async def PushPacked(self, request: pb.PushPackedRequest, context: Any) -> pb.PushPackedResponse:
+            return pb.PushPackedResponse(num_stored=len(request.values) // 8)
 
     mgmtd = await start_in_process(folder, f"sqlite:///{folder / 'mgmtd.db'}")
     db = folder / "telemetry.db"
@@ -91,13 +116,16 @@ async def serve(folder: Path) -> None:
 
 
 # -- client side ---------------------------------------------------------------------------------------
-async def push_for(address: str, token: str, payload: bytes, seconds: float, concurrency: int) -> tuple[int, float]:
-    """Pushes ``payload`` for ``seconds``; (samples acknowledged, elapsed s)."""
+async def push_for(
+    address: str, token: str, payload: bytes, seconds: float, concurrency: int, method: str = "PushPacked"
+) -> tuple[int, float]:
+    """Pushes ``payload`` to ``method`` for ``seconds``; (samples acknowledged, elapsed s)."""
     from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
+    # PushPackedResponse and PushSamplesResponse both start with num_stored = 1.
     async with grpc.aio.insecure_channel(address) as channel:
         call = channel.unary_unary(
-            METHOD, request_serializer=lambda b: b, response_deserializer=pb.PushSamplesResponse.FromString
+            SERVICE + method, request_serializer=lambda b: b, response_deserializer=pb.PushPackedResponse.FromString
         )
         metadata = (("authorization", f"Bearer {token}"),)
         acked = 0
@@ -130,17 +158,24 @@ def stored_rows(db: str) -> int:
 
 
 async def client(info: dict[str, str], args: argparse.Namespace, server_pid: int) -> None:
-    payload = batch_bytes()
-    print(f"batch: {BATCH} samples, {len(payload)} bytes; {args.concurrency} calls in flight")
-    await push_for(info["noop"], info["token"], payload, 1.0, args.concurrency)  # warm both up
-    await push_for(info["telemetry"], info["token"], payload, 1.0, args.concurrency)
+    if args.protocol == "packed":
+        payload, method = await packed_batch_bytes(info["telemetry"], info["token"]), "PushPacked"
+    else:
+        payload, method = batch_bytes(), "PushSamples"
+    print(f"{method}: {BATCH} samples, {len(payload)} bytes a request; {args.concurrency} calls in flight")
+
+    async def push(side: str, seconds: float) -> tuple[int, float]:
+        return await push_for(info[side], info["token"], payload, seconds, args.concurrency, method)
+
+    await push("noop", 1.0)  # warm both up
+    await push("telemetry", 1.0)
     ratios, cpu_ratios = [], []
     for r in range(args.rounds):
         order = ["noop", "telemetry"] if r % 2 == 0 else ["telemetry", "noop"]
         rates, cpu_per_k = {}, {}
         for side in order:
             cpu_before = cpu_s(server_pid)
-            acked, elapsed = await push_for(info[side], info["token"], payload, args.round_s, args.concurrency)
+            acked, elapsed = await push(side, args.round_s)
             rates[side] = acked / elapsed
             cpu_per_k[side] = (cpu_s(server_pid) - cpu_before) / acked * 1e6  # server CPU ms per 1000 samples
         ratios.append(rates["telemetry"] / rates["noop"])
@@ -151,7 +186,7 @@ async def client(info: dict[str, str], args: argparse.Namespace, server_pid: int
     print(f"median ratio collector/no-op over {args.rounds} rounds: {statistics.median(ratios):.2f} (goal >= 0.5); "
           f"by server CPU per sample: {statistics.median(cpu_ratios):.2f}")  # fmt: skip
     before = stored_rows(info["db"])
-    acked, elapsed = await push_for(info["telemetry"], info["token"], payload, args.sustain_s, args.concurrency)
+    acked, elapsed = await push("telemetry", args.sustain_s)
     stored = stored_rows(info["db"]) - before
     print(f"sustained {elapsed:.0f} s: {acked / elapsed:,.0f} samples/s; acknowledged {acked:,}, stored {stored:,}, "
           f"lost {acked - stored:,}")  # fmt: skip
@@ -181,6 +216,7 @@ def main() -> None:
     parser.add_argument("--round-s", type=float, default=5.0)
     parser.add_argument("--sustain-s", type=float, default=60.0)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--protocol", choices=("packed", "samples"), default="packed")
     parser.add_argument("--dir", type=Path, default=None, help="where the server keeps its state (default: a temp dir)")
     parser.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,4 +1,10 @@
-"""The sender: batches from a SampleBuffer to TelemetryService.PushSamples, found through mgmtd.
+"""The sender: batches from a SampleBuffer to the telemetry service, found through mgmtd.
+
+A batch goes as a packed push (TelemetryService.PushPacked: series ids, values and times as packed
+arrays, which the collector stores without looking at each sample): the series are registered once
+(RegisterSeries) and their ids kept per collector; after a collector restart (FAILED_PRECONDITION) or a
+series it no longer knows (NOT_FOUND) they are registered again and the batch sent once more. A collector
+without PushPacked (UNIMPLEMENTED) gets PushSamples instead.
 
 It never raises to its caller and never blocks the code that adds samples: a push that fails puts its
 batch back (the buffer's bound drops the oldest); a batch the service refuses as malformed is dropped and
@@ -11,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +40,29 @@ MAX_RETRY_S = 10.0
 _KINDS = {Kind.GAUGE: telemetry_pb2.METRIC_TYPE_GAUGE, Kind.COUNTER: telemetry_pb2.METRIC_TYPE_COUNTER}
 # Refusals that sending the same batch again cannot fix.
 _ONE_RETRY = RetryPolicy(max_attempts=2)
-_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_REFUSED = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.PERMISSION_DENIED,
+})  # fmt: skip
+# The collector does not know the ids (restarted, or the series expired): register again.
+_REGISTER_AGAIN = frozenset({
+    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+})  # fmt: skip
+SeriesKey = tuple[str, tuple[tuple[str, str], ...], Kind]
+
+
+@dataclass
+class _Registry:
+    """The series ids one collector gave, and which instance of it (its registry epoch)."""
+
+    epoch: int = 0
+    ids: dict[SeriesKey, int] = field(default_factory=dict)
+
+
+def _packed(typecode: str, items: Sequence[float] | Sequence[int]) -> bytes:
+    packed = array(typecode, items)
+    if sys.byteorder == "big":
+        packed.byteswap()  # the wire is little-endian
+    return packed.tobytes()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +109,8 @@ class TelemetryPusher:
         self._rpc = RpcClient(token=options.token, timeout_s=options.timeout_s, retry=RetryPolicy(max_attempts=2))
         self._described: set[str] = set()
         self._dropped_reported = 0
+        self._registries: dict[str, _Registry] = {}
+        self._packed_push = True  # False once a collector answered UNIMPLEMENTED: PushSamples instead
 
     async def run(self, stop: asyncio.Event) -> None:
         """Push until ``stop`` is set, then once more (best effort) and close."""
@@ -118,10 +150,18 @@ class TelemetryPusher:
         address = await self._find()
         if not address:
             return False
-        request = self._request(batch, dropped)
         try:
-            await self._rpc.unary(self._stubs.get(address).PushSamples, request)
+            if self._packed_push:
+                await self._push_packed(address, batch, dropped)
+            else:
+                request = self._request(batch, dropped)
+                await self._rpc.unary(self._stubs.get(address).PushSamples, request)
+                self._described.update(m.name for m in request.metadata)
         except RpcError as err:
+            if err.code is grpc.StatusCode.UNIMPLEMENTED and self._packed_push:
+                logger.info("telemetry at %s has no packed push: using PushSamples", address)
+                self._packed_push = False
+                return await self._push(batch, dropped)
             if err.code in _REFUSED:
                 logger.warning("telemetry refused %d samples: %s: %s", len(batch), err.code.name, err.details)
                 self.buffer.drop(len(batch))
@@ -132,8 +172,51 @@ class TelemetryPusher:
             return False
         self.num_pushed += len(batch)
         self._dropped_reported = dropped
-        self._described.update(m.name for m in request.metadata)
         return True
+
+    async def _push_packed(self, address: str, batch: list[Point], dropped: int) -> None:
+        """Register the batch's unknown series, push it packed; once more after a NOT_FOUND/FAILED_PRECONDITION
+        (the collector restarted or forgot them). Raises RpcError."""
+        points = batch
+        if dropped:
+            points = [*batch, Point(DROPPED_METRIC, float(dropped), time.time(), {}, Kind.COUNTER)]
+        keys = [(p.name, tuple(p.labels.items()), p.kind) for p in points]
+        request = telemetry_pb2.PushPackedRequest(
+            values=_packed("d", [p.value for p in points]), sampled_at=_packed("d", [p.sampled_at for p in points])
+        )
+        for attempt in range(2):
+            registry = await self._registered(address, keys)
+            request.registry_epoch = registry.epoch
+            request.series_ids = _packed("q", [registry.ids[k] for k in keys])
+            try:
+                await self._rpc.unary(self._stubs.get(address).PushPacked, request)
+                return
+            except RpcError as err:
+                if err.code not in _REGISTER_AGAIN or attempt:
+                    raise
+                logger.info("telemetry at %s answered %s: registering the series again", address, err.code.name)
+                self._registries.pop(address, None)
+
+    async def _registered(self, address: str, keys: list[SeriesKey]) -> _Registry:
+        """The collector's registry with every key of ``keys`` in it (RegisterSeries for the new ones)."""
+        registry = self._registries.setdefault(address, _Registry())
+        missing = list(dict.fromkeys(k for k in keys if k not in registry.ids))
+        if not missing:
+            return registry
+        kinds = {name: kind for name, _, kind in missing}
+        request = telemetry_pb2.RegisterSeriesRequest(
+            series=[telemetry_pb2.SeriesKey(name=name, labels=dict(labels)) for name, labels, _ in missing],
+            common_labels=dict(self.options.common_labels),
+            metadata=[telemetry_pb2.MetricMetadata(name=n, type=_KINDS[k]) for n, k in kinds.items()],
+        )
+        response = await self._rpc.unary(self._stubs.get(address).RegisterSeries, request)
+        if registry.ids and response.registry_epoch != registry.epoch:
+            # Another instance answered (the collector restarted): the ids held are not its ids.
+            self._registries[address] = registry = _Registry()
+            return await self._registered(address, keys)
+        registry.epoch = response.registry_epoch
+        registry.ids.update(zip(missing, response.series_ids, strict=True))
+        return registry
 
     async def _find(self) -> str:
         if self._address or self._mgmtd is None:

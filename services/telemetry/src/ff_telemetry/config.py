@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -26,6 +27,11 @@ class TelemetrySettings(SettingsModel):
     cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
     cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "NORMAL",
+        description="SQLite PRAGMA synchronous: NORMAL loses no commit when the collector crashes, only on an OS "
+        "crash or power loss (no fsync per commit); FULL fsyncs every commit",
+    )
     raw_retention_s: float = Field(86_400.0, gt=0, description="how long raw samples are kept")
     minute_retention_s: float = Field(14 * 86_400.0, gt=0, description="how long 1-minute buckets are kept")
     hour_retention_s: float = Field(400 * 86_400.0, gt=0, description="how long 1-hour buckets are kept")

@@ -12,5 +12,8 @@ STATUS_TABLE = StatusTable(
         errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
         errors.LimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
         errors.AlertsOff: grpc.StatusCode.FAILED_PRECONDITION,
+        errors.UnknownSeries: grpc.StatusCode.NOT_FOUND,
+        errors.StaleRegistration: grpc.StatusCode.FAILED_PRECONDITION,
+        errors.NotYourSeries: grpc.StatusCode.PERMISSION_DENIED,
     }
 )

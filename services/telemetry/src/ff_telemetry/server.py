@@ -21,6 +21,7 @@ from ff_telemetry.scrape import Scraper
 from ff_telemetry.servicer import TelemetryServicer
 from ff_telemetry.store.api import TelemetryStore
 from ff_telemetry.store.schema import VERSION_TABLE
+from ff_telemetry.store.sqlite import set_synchronous
 from ff_telemetry.web import WebServer
 from fireflyer.common.v1 import common_pb2
 from fireflyer.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
@@ -47,6 +48,7 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
     sql = await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)
+    set_synchronous(sql.engine, settings.sqlite_synchronous)
     store = TelemetryStore(
         sql, limits=settings.limits(), retention=settings.retention(), raw_query_span_s=settings.raw_query_span_s
     )

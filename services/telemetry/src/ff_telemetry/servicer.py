@@ -14,7 +14,8 @@ from ff_rpc import Principal, current_principal
 from ff_telemetry import wire
 from ff_telemetry.core.errors import AlertsOff, InvalidRequest
 from ff_telemetry.core.model import RangeQuery
-from ff_telemetry.core.validation import PushBatch, check_metadata, check_name
+from ff_telemetry.core.packed import decode
+from ff_telemetry.core.validation import PushBatch, RawSample, check_metadata, check_name
 from ff_telemetry.store.api import TelemetryStore
 from ff_telemetry.store.query import Viewer
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
@@ -47,6 +48,25 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         batch = push_batch(self._store, request, current_principal())
         result = await self._store.apush(batch)
         return pb.PushSamplesResponse(num_stored=result.num_stored, num_new_series=result.num_new_series)
+
+    async def RegisterSeries(self, request: pb.RegisterSeriesRequest, context: Context) -> pb.RegisterSeriesResponse:
+        metadata = wire.metadata(request)
+        check_metadata(metadata, self._store.limits)
+        keys = [RawSample(k.name, k.labels, 0.0, 0.0) for k in request.series]
+        checked = self._store.checker.build(
+            keys, dict(request.common_labels), owner=owner_of(current_principal()), now=self._store.clock()
+        )
+        registered = await self._store.aregister([(s.name, s.labels) for s in checked], metadata)
+        return pb.RegisterSeriesResponse(
+            series_ids=registered.series_ids, registry_epoch=registered.epoch,
+            num_new_series=registered.num_new_series,
+        )  # fmt: skip
+
+    async def PushPacked(self, request: pb.PushPackedRequest, context: Context) -> pb.PushPackedResponse:
+        store = self._store
+        samples = decode(request.series_ids, request.values, request.sampled_at, now=store.clock(), limits=store.limits)
+        result = await store.apush_packed(request.registry_epoch, samples, owner_of(current_principal()))
+        return pb.PushPackedResponse(num_stored=result.num_stored)
 
     async def QueryRange(self, request: pb.QueryRangeRequest, context: Context) -> pb.QueryRangeResponse:
         query = wire.range_query(request)

@@ -20,7 +20,7 @@ from ff_telemetry.core.validation import metric_type
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 
-def metadata(request: pb.PushSamplesRequest) -> tuple[MetricMeta, ...]:
+def metadata(request: pb.PushSamplesRequest | pb.RegisterSeriesRequest) -> tuple[MetricMeta, ...]:
     return tuple(MetricMeta(m.name, metric_type(m.type, m.name), m.help, m.unit) for m in request.metadata)
 
 

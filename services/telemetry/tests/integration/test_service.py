@@ -5,6 +5,7 @@ scraping the services mgmtd knows, and /federate. One cluster for the module (SQ
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+import numpy as np
 import pytest
 import pytest_asyncio
 
@@ -258,3 +260,139 @@ async def test_federate_exposes_what_it_holds_to_whom_may_see_it(env: Env) -> No
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     assert "# TYPE fed_loss gauge" in text and 'fed_loss{user="alice"} 1.25 ' in text
     assert 'user="bob"' not in text
+
+
+# -- packed pushes (RegisterSeries + PushPacked) -------------------------------------------------------
+def packed(typecode: str, items: list[float] | list[int]) -> bytes:
+    return np.asarray(items, dtype="<i8" if typecode == "q" else "<f8").tobytes()
+
+
+async def register(env: Env, who: str, *keys: pb.SeriesKey, **kw: object) -> pb.RegisterSeriesResponse:
+    c = env.client(who)
+    return await c.call(c.stub.RegisterSeries, pb.RegisterSeriesRequest(series=keys, **kw))  # type: ignore[arg-type]
+
+
+async def push_packed(env: Env, who: str, **kw: object) -> pb.PushPackedResponse:
+    c = env.client(who)
+    return await c.call(c.stub.PushPacked, pb.PushPackedRequest(**kw))  # type: ignore[arg-type]
+
+
+async def test_packed_push_stores_the_values_in_order_nan_included(env: Env) -> None:
+    keys = [pb.SeriesKey(name="pk_loss", labels={"rank": str(r)}) for r in range(2)]
+    first = await register(env, "alice", *keys, common_labels={"task_id": "9"})
+    again = await register(env, "alice", *keys, common_labels={"task_id": "9"})
+    assert list(again.series_ids) == list(first.series_ids) and again.registry_epoch == first.registry_epoch
+    assert (first.num_new_series, again.num_new_series) == (2, 0)
+    t0 = time.time() - 10
+    values = [0.9, 0.8, float("nan"), 0.6]  # a NaN loss is stored (the loss-NaN alert reads it)
+    got = await push_packed(
+        env, "alice", registry_epoch=first.registry_epoch, series_ids=packed("q", [first.series_ids[0]] * 4),
+        values=packed("d", values), sampled_at=packed("d", [t0 + i for i in range(4)]),
+    )  # fmt: skip
+    assert got.num_stored == 4
+    await push_packed(env, "alice", registry_epoch=first.registry_epoch,
+                      series_ids=packed("q", [first.series_ids[1]]), values=packed("d", [2.0]))  # fmt: skip
+    resp = await query(env, "alice", name="pk_loss", start_at=t0, end_at=t0 + 3, step_s=1, lookback_s=0.5)
+    by_rank = {s.labels["rank"]: s for s in resp.series}
+    assert dict(by_rank["0"].labels) == {"rank": "0", "task_id": "9", "user": "alice"}
+    assert [p.at - t0 for p in by_rank["0"].points] == [0.0, 1.0, 2.0, 3.0]
+    assert np.array_equal([p.value for p in by_rank["0"].points], values, equal_nan=True)
+    now = time.time()
+    latest = await query(env, "alice", name="pk_loss", start_at=now, end_at=now, step_s=1, lookback_s=60)
+    assert sorted(s.points[-1].value for s in latest.series if s.labels["rank"] == "1") == [2.0]  # now-stamped
+    assert not (await query(env, "bob", name="pk_loss", start_at=t0, end_at=now, step_s=1)).series
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def packed_series(env: Env) -> dict[str, object]:
+    """alice's gauge, a cluster counter: ids and the epoch."""
+    alice = await register(env, "alice", pb.SeriesKey(name="pk_gauge"))
+    meta = [pb.MetricMetadata(name="pk_total", type=pb.METRIC_TYPE_COUNTER)]
+    cluster = await register(env, "cluster", pb.SeriesKey(name="pk_total"), metadata=meta)
+    return {"epoch": alice.registry_epoch, "alice": alice.series_ids[0], "counter": cluster.series_ids[0]}
+
+
+PACKED_T0 = float(int(time.time()) - 600)  # the good pushes of the bad-input tests: one a second from here
+_good_pushes = itertools.count()
+
+
+async def _points(env: Env) -> int:
+    """Seconds from PACKED_T0 to 5 min ahead with a sample of the packed test series."""
+    total = 0
+    for name in ("pk_gauge", "pk_total"):
+        resp = await query(env, "root", name=name, start_at=PACKED_T0, end_at=time.time() + 300, step_s=1,
+                           lookback_s=0.5)  # fmt: skip
+        total += sum(len(s.points) for s in resp.series)
+    return total
+
+
+BAD_PACKED = [
+    # (who, fields given as functions of the ids, code, detail)
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"], 10**9]), "values": packed("d", [1, 2])},
+     grpc.StatusCode.NOT_FOUND, "not registered"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"], -1]), "values": packed("d", [1, 2])},
+     grpc.StatusCode.NOT_FOUND, "not registered"),
+    ("bob", lambda p: {"series_ids": packed("q", [p["alice"]]), "values": packed("d", [1])},
+     grpc.StatusCode.PERMISSION_DENIED, "not one of 'bob'"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"], p["counter"]]), "values": packed("d", [1, 2])},
+     grpc.StatusCode.PERMISSION_DENIED, "not one of 'alice'"),
+    ("cluster", lambda p: {"series_ids": packed("q", [p["alice"]]), "values": packed("d", [1]), "registry_epoch": 7},
+     grpc.StatusCode.FAILED_PRECONDITION, "register again"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"]] * 2), "values": packed("d", [1])},
+     grpc.StatusCode.INVALID_ARGUMENT, "2 series ids but 1 values"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"]]), "values": packed("d", [1]) + b"\0"},
+     grpc.StatusCode.INVALID_ARGUMENT, "not a whole number of 8-byte items"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"]]), "values": packed("d", [1]),
+                         "sampled_at": packed("d", [time.time()] * 2)},
+     grpc.StatusCode.INVALID_ARGUMENT, "1 series ids but 2 times"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"]]), "values": packed("d", [1]),
+                         "sampled_at": packed("d", [float("nan")])},
+     grpc.StatusCode.INVALID_ARGUMENT, "outside"),
+    ("cluster", lambda p: {"series_ids": packed("q", [p["alice"], p["counter"]]),
+                           "values": packed("d", [1.0, float("inf")])},
+     grpc.StatusCode.INVALID_ARGUMENT, "must be finite and >= 0"),
+    ("cluster", lambda p: {"series_ids": packed("q", [p["counter"]]), "values": packed("d", [-1.0])},
+     grpc.StatusCode.INVALID_ARGUMENT, "must be finite and >= 0"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"]] * 10_001), "values": packed("d", [1.0] * 10_001)},
+     grpc.StatusCode.INVALID_ARGUMENT, "10001 samples in one call"),
+    ("alice", lambda p: {"series_ids": packed("q", [p["alice"]] * 600_000), "values": packed("d", [1.0] * 600_000)},
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("who", "fields", "code", "detail"), BAD_PACKED)
+async def test_bad_packed_pushes_are_refused_and_store_nothing(
+    env: Env, packed_series: dict[str, int], who: str, fields: Callable[[dict[str, int]], dict[str, object]],
+    code: grpc.StatusCode, detail: str,
+) -> None:  # fmt: skip
+    before = await _points(env)
+    request = {"registry_epoch": packed_series["epoch"], **fields(packed_series)}
+    with pytest.raises(RpcError) as err:
+        await push_packed(env, who, **request)
+    assert err.value.code is code and detail in err.value.details
+    assert await _points(env) == before
+    good = {"registry_epoch": packed_series["epoch"], "series_ids": packed("q", [packed_series["alice"]]),
+            "values": packed("d", [3.0]), "sampled_at": packed("d", [PACKED_T0 + next(_good_pushes)])}  # fmt: skip
+    assert (await push_packed(env, "alice", **good)).num_stored == 1  # and the service goes on
+    assert await _points(env) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("keys", "code", "detail"),
+    [
+        ([pb.SeriesKey(name="bad name")], grpc.StatusCode.INVALID_ARGUMENT, "bad metric name"),
+        ([pb.SeriesKey(name="pk_ok"), pb.SeriesKey(name="x", labels={"0bad": "v"})],
+         grpc.StatusCode.INVALID_ARGUMENT, "bad label name"),
+        ([pb.SeriesKey(name="pk_card", labels={"id": str(i)}) for i in range(MAX_SERIES + 1)],
+         grpc.StatusCode.RESOURCE_EXHAUSTED, "the limit is 300"),
+    ],
+)  # fmt: skip
+async def test_bad_registrations_are_refused_and_store_nothing(
+    env: Env, keys: list[pb.SeriesKey], code: grpc.StatusCode, detail: str
+) -> None:
+    before = await series_count(env)
+    with pytest.raises(RpcError) as err:
+        await register(env, "alice", *keys)
+    assert err.value.code is code and detail in err.value.details
+    assert await series_count(env) == before
+    assert len((await register(env, "alice", pb.SeriesKey(name="pk_ok"))).series_ids) == 1

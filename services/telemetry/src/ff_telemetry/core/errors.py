@@ -17,3 +17,15 @@ class LimitExceeded(TelemetryError):
 
 class AlertsOff(TelemetryError):
     """The alert log was asked for on an instance that runs no alert engine."""
+
+
+class UnknownSeries(TelemetryError):
+    """A packed push named a series id this collector instance did not register: register again."""
+
+
+class StaleRegistration(TelemetryError):
+    """A packed push's ids were registered by another collector instance (or before a restart)."""
+
+
+class NotYourSeries(TelemetryError):
+    """A user's packed push named a series of another user or of the cluster."""

@@ -23,7 +23,7 @@ _SID = np.dtype("<i8")
 _F64 = np.dtype("<f8")
 
 
-def pack(series_ids: list[int], ats: list[float], values: list[float]) -> bytes:
+def pack(series_ids: npt.ArrayLike, ats: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
     """The blob of a block: all ids, then all times, then all values (little-endian; NaN stays NaN)."""
     return (
         np.asarray(series_ids, dtype=_SID).tobytes()
@@ -57,9 +57,12 @@ class RawPoints:
 class Block:
     """The samples of one push, in columns."""
 
-    series_ids: list[int]
-    ats: list[float]
-    values: list[float]
+    series_ids: npt.NDArray[np.int64]
+    ats: npt.NDArray[np.float64]
+    values: npt.NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return len(self.series_ids)
 
 
 def insert_blocks(session: Session, new: list[Block]) -> None:
@@ -69,7 +72,7 @@ def insert_blocks(session: Session, new: list[Block]) -> None:
     sql = (
         f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) VALUES ({mark}, {mark}, {mark}, {mark})"
     )
-    rows = [(min(b.ats), max(b.ats), len(b.ats), pack(b.series_ids, b.ats, b.values)) for b in new]
+    rows = [(float(b.ats.min()), float(b.ats.max()), len(b), pack(b.series_ids, b.ats, b.values)) for b in new]
     connection.exec_driver_sql(sql, rows)
 
 

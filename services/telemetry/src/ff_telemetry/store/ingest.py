@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import Table, bindparam, func, or_, select, update
+import numpy as np
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
-from ff_telemetry.core import validation
+from ff_telemetry.core import packed, validation
 from ff_telemetry.core.errors import LimitExceeded
 from ff_telemetry.core.model import Kind, Labels, MetricMeta, MetricType, Sample
 from ff_telemetry.store import blocks, schema
@@ -33,9 +34,11 @@ class Interned:
 class IngestResult:
     num_stored: int
     new_series: dict[SeriesKey, Interned]
-    # Per series of the batch, its newest sample (at, value).
-    latest: dict[int, tuple[float, float]]
     block: blocks.Block
+
+    def latest(self) -> tuple[packed.Int64s, packed.Floats, packed.Floats]:
+        """Per series of the batch, its newest sample: ids, times, values."""
+        return packed.newest_per_series(self.block.series_ids, self.block.ats, self.block.values)
 
 
 def upsert(session: Session, table: Table, keys: list[str]) -> Insert:
@@ -73,26 +76,50 @@ def prepare(
         found.append(known)
     new_series = _intern(session, list(missing), samples, limits) if missing else {}
     sids: list[int] = []
-    latest: dict[int, tuple[float, float]] = {}
     for s, cached in zip(samples, found, strict=True):
         series = cached if cached is not None else new_series[(s.name, s.labels)]
         if series.kind is Kind.COUNTER:
             validation.check_value(s, series.kind)
-        sid = series.series_id
-        sids.append(sid)
-        newest = latest.get(sid)
-        if newest is None or s.at >= newest[0]:
-            latest[sid] = (s.at, s.value)
-    block = blocks.Block(sids, [s.at for s in samples], [s.value for s in samples])
-    return IngestResult(len(sids), new_series, latest, block)
+        sids.append(series.series_id)
+    block = blocks.Block(
+        np.asarray(sids, dtype=packed.SID),
+        np.asarray([s.at for s in samples], dtype=packed.F64),
+        np.asarray([s.value for s in samples], dtype=packed.F64),
+    )
+    return IngestResult(len(sids), new_series, block)
+
+
+def prepare_packed(session: Session, samples: packed.PackedSamples) -> IngestResult:
+    """A checked packed push (SeriesTable.check): nothing to intern, one block."""
+    return IngestResult(len(samples), {}, blocks.Block(samples.series_ids, samples.ats, samples.values))
+
+
+def register(
+    session: Session,
+    keys: list[SeriesKey],
+    metadata: tuple[MetricMeta, ...],
+    cache: Mapping[SeriesKey, Interned],
+    limits: validation.Limits,
+    now: float,
+) -> tuple[list[Interned], dict[SeriesKey, Interned]]:
+    """Intern checked series keys (metadata first, the per-metric series limit as for a push): each key's
+    series, and those created (for the caller's cache once committed). Raises InvalidRequest or
+    LimitExceeded, the transaction then stores nothing."""
+    if metadata:
+        _store_metadata(session, metadata)
+    missing = list(dict.fromkeys(k for k in keys if k not in cache))
+    placeholders = tuple(Sample(name, labels, 0.0, now) for name, labels in missing)
+    interned = _intern(session, missing, placeholders, limits) if missing else {}
+    found = [cache[k] if k in cache else interned[k] for k in keys]
+    return found, interned
 
 
 def write(session: Session, results: list[IngestResult]) -> None:
     """The samples of prepared batches: one block row each, in one statement."""
-    written = [r.block for r in results if r.block.series_ids]
+    written = [r.block for r in results if len(r.block)]
     if written:
         blocks.insert_blocks(session, written)
-        _mark_dirty(session, min(min(b.ats) for b in written))
+        _mark_dirty(session, min(float(b.ats.min()) for b in written))
 
 
 def flush_latest(session: Session, latest: Mapping[int, tuple[float, float]]) -> None:
@@ -186,11 +213,12 @@ def _check_cardinality(session: Session, new: list[SeriesKey], limits: validatio
 
 
 def _mark_dirty(session: Session, earliest_at: float) -> None:
-    """Samples older than a tier's watermark make their buckets be computed again."""
-    table = schema.watermarks
-    session.execute(
-        update(table)
-        .where(table.c.done_until > earliest_at)
-        .where(or_(table.c.dirty_since.is_(None), table.c.dirty_since > earliest_at))
-        .values(dirty_since=earliest_at)
+    """Samples older than a tier's watermark make their buckets be computed again. Plain SQL: it runs
+    once per group commit, on the hot path (building the expression cost more than running it)."""
+    connection = session.connection()
+    mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
+    sql = (
+        f"UPDATE {schema.watermarks.name} SET dirty_since = {mark} "
+        f"WHERE done_until > {mark} AND (dirty_since IS NULL OR dirty_since > {mark})"
     )
+    connection.exec_driver_sql(sql, (earliest_at, earliest_at, earliest_at))

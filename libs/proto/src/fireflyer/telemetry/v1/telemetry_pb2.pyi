@@ -277,6 +277,189 @@ class PushSamplesResponse(_message.Message):
 Global___PushSamplesResponse: _TypeAlias = PushSamplesResponse  # noqa: Y015
 
 @_typing.final
+class SeriesKey(_message.Message):
+    """A series to register: a metric name and its own labels (common_labels of the request are added)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SeriesKey: _TypeAlias = SeriesKey  # noqa: Y015
+
+@_typing.final
+class RegisterSeriesRequest(_message.Message):
+    """Limits as PushSamplesRequest's (10,000 series, 32 labels per series, ...)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CommonLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SERIES_FIELD_NUMBER: _builtins.int
+    COMMON_LABELS_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def series(self) -> _containers.RepeatedCompositeFieldContainer[Global___SeriesKey]: ...
+    @_builtins.property
+    def common_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Added to every series (a series' own label of the same name wins)."""
+
+    @_builtins.property
+    def metadata(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricMetadata]:
+        """Stored before the series are classified (a counter's series are stored as counters)."""
+
+    def __init__(
+        self,
+        *,
+        series: _abc.Iterable[Global___SeriesKey] | None = ...,
+        common_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        metadata: _abc.Iterable[Global___MetricMetadata] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_labels", b"common_labels", "metadata", b"metadata", "series", b"series"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterSeriesRequest: _TypeAlias = RegisterSeriesRequest  # noqa: Y015
+
+@_typing.final
+class RegisterSeriesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERIES_IDS_FIELD_NUMBER: _builtins.int
+    REGISTRY_EPOCH_FIELD_NUMBER: _builtins.int
+    NUM_NEW_SERIES_FIELD_NUMBER: _builtins.int
+    registry_epoch: _builtins.int
+    """Which collector instance registered them: PushPackedRequest.registry_epoch."""
+    num_new_series: _builtins.int
+    """Series this call created."""
+    @_builtins.property
+    def series_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """One per requested series, in order."""
+
+    def __init__(
+        self,
+        *,
+        series_ids: _abc.Iterable[_builtins.int] | None = ...,
+        registry_epoch: _builtins.int = ...,
+        num_new_series: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_new_series", b"num_new_series", "registry_epoch", b"registry_epoch", "series_ids", b"series_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterSeriesResponse: _TypeAlias = RegisterSeriesResponse  # noqa: Y015
+
+@_typing.final
+class PushPackedRequest(_message.Message):
+    """n samples as three packed arrays, little-endian: series ids (int64), values (float64) and times
+    (float64 Unix seconds), sample i being (series_ids[i], values[i], sampled_at[i]). Stored as one block.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTRY_EPOCH_FIELD_NUMBER: _builtins.int
+    SERIES_IDS_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    SAMPLED_AT_FIELD_NUMBER: _builtins.int
+    registry_epoch: _builtins.int
+    series_ids: _builtins.bytes
+    """8 n bytes of int64 ids from RegisterSeries."""
+    values: _builtins.bytes
+    """8 n bytes of float64."""
+    sampled_at: _builtins.bytes
+    """8 n bytes of float64 times, or empty: every sample at the time the collector receives it."""
+    def __init__(
+        self,
+        *,
+        registry_epoch: _builtins.int = ...,
+        series_ids: _builtins.bytes = ...,
+        values: _builtins.bytes = ...,
+        sampled_at: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["registry_epoch", b"registry_epoch", "sampled_at", b"sampled_at", "series_ids", b"series_ids", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushPackedRequest: _TypeAlias = PushPackedRequest  # noqa: Y015
+
+@_typing.final
+class PushPackedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NUM_STORED_FIELD_NUMBER: _builtins.int
+    num_stored: _builtins.int
+    def __init__(
+        self,
+        *,
+        num_stored: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_stored", b"num_stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushPackedResponse: _TypeAlias = PushPackedResponse  # noqa: Y015
+
+@_typing.final
 class LabelMatcher(_message.Message):
     """A label matcher; a missing label has the value ""."""
 

@@ -55,6 +55,16 @@ class TelemetryServiceStub:
                 request_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushSamplesRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushSamplesResponse.FromString,
                 _registered_method=True)
+        self.RegisterSeries = channel.unary_unary(
+                '/fireflyer.telemetry.v1.TelemetryService/RegisterSeries',
+                request_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.RegisterSeriesRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.RegisterSeriesResponse.FromString,
+                _registered_method=True)
+        self.PushPacked = channel.unary_unary(
+                '/fireflyer.telemetry.v1.TelemetryService/PushPacked',
+                request_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushPackedRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushPackedResponse.FromString,
+                _registered_method=True)
         self.QueryRange = channel.unary_unary(
                 '/fireflyer.telemetry.v1.TelemetryService/QueryRange',
                 request_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.QueryRangeRequest.SerializeToString,
@@ -102,6 +112,31 @@ class TelemetryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterSeries(self, request, context):
+        """Packed ingest, step 1: intern a set of series (names and labels, checked as PushSamples checks them:
+        bad names or labels INVALID_ARGUMENT, a metric over its limit of distinct series RESOURCE_EXHAUSTED,
+        nothing stored either way) and answer their ids, in the order asked. A series already known gets its
+        id again, so registering is safe to repeat. Tenancy as for PushSamples: a user's series get `user` =
+        the caller's name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushPacked(self, request, context):
+        """Packed ingest, step 2: samples of registered series as packed arrays (no per-sample message), stored
+        as PushSamples stores them. Refused, nothing stored: ids this collector instance did not register
+        (NOT_FOUND: register again), a registry_epoch of another instance (FAILED_PRECONDITION: the collector
+        restarted, register again), a user's push naming a series that is not theirs (PERMISSION_DENIED),
+        arrays of lengths that are not whole 8-byte items or that differ, more than 10,000 samples, a time
+        outside [now - raw retention, now + 5 min], a counter's value negative or not finite
+        (INVALID_ARGUMENT). Gauges may be NaN or infinite (a NaN loss is stored as NaN: the loss-NaN alert
+        reads it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def QueryRange(self, request, context):
         """Values of the series of one metric that match the label matchers, evaluated at start, start + step,
         ... up to end (like Prometheus query_range): at each step the last sample within the lookback, or
@@ -136,6 +171,16 @@ def add_TelemetryServiceServicer_to_server(servicer, server):
                     servicer.PushSamples,
                     request_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushSamplesRequest.FromString,
                     response_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushSamplesResponse.SerializeToString,
+            ),
+            'RegisterSeries': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSeries,
+                    request_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.RegisterSeriesRequest.FromString,
+                    response_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.RegisterSeriesResponse.SerializeToString,
+            ),
+            'PushPacked': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushPacked,
+                    request_deserializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushPackedRequest.FromString,
+                    response_serializer=fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushPackedResponse.SerializeToString,
             ),
             'QueryRange': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryRange,
@@ -196,6 +241,60 @@ class TelemetryService:
             '/fireflyer.telemetry.v1.TelemetryService/PushSamples',
             fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushSamplesRequest.SerializeToString,
             fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushSamplesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSeries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.telemetry.v1.TelemetryService/RegisterSeries',
+            fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.RegisterSeriesRequest.SerializeToString,
+            fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.RegisterSeriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPacked(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.telemetry.v1.TelemetryService/PushPacked',
+            fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushPackedRequest.SerializeToString,
+            fireflyer_dot_telemetry_dot_v1_dot_telemetry__pb2.PushPackedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,23 @@ class TelemetryServiceStub:
     fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
     RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
     """
+    RegisterSeries: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.RegisterSeriesRequest, _telemetry_pb2.RegisterSeriesResponse]
+    """Packed ingest, step 1: intern a set of series (names and labels, checked as PushSamples checks them:
+    bad names or labels INVALID_ARGUMENT, a metric over its limit of distinct series RESOURCE_EXHAUSTED,
+    nothing stored either way) and answer their ids, in the order asked. A series already known gets its
+    id again, so registering is safe to repeat. Tenancy as for PushSamples: a user's series get `user` =
+    the caller's name.
+    """
+    PushPacked: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.PushPackedRequest, _telemetry_pb2.PushPackedResponse]
+    """Packed ingest, step 2: samples of registered series as packed arrays (no per-sample message), stored
+    as PushSamples stores them. Refused, nothing stored: ids this collector instance did not register
+    (NOT_FOUND: register again), a registry_epoch of another instance (FAILED_PRECONDITION: the collector
+    restarted, register again), a user's push naming a series that is not theirs (PERMISSION_DENIED),
+    arrays of lengths that are not whole 8-byte items or that differ, more than 10,000 samples, a time
+    outside [now - raw retention, now + 5 min], a counter's value negative or not finite
+    (INVALID_ARGUMENT). Gauges may be NaN or infinite (a NaN loss is stored as NaN: the loss-NaN alert
+    reads it).
+    """
     QueryRange: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.QueryRangeRequest, _telemetry_pb2.QueryRangeResponse]
     """Values of the series of one metric that match the label matchers, evaluated at start, start + step,
     ... up to end (like Prometheus query_range): at each step the last sample within the lookback, or
@@ -98,6 +115,23 @@ class TelemetryServiceAsyncStub(TelemetryServiceStub):
     unknown metric type, timestamp outside [now - raw retention, now + 5 min], too many samples or bytes)
     fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
     RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
+    """
+    RegisterSeries: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.RegisterSeriesRequest, _telemetry_pb2.RegisterSeriesResponse]  # type: ignore[assignment]
+    """Packed ingest, step 1: intern a set of series (names and labels, checked as PushSamples checks them:
+    bad names or labels INVALID_ARGUMENT, a metric over its limit of distinct series RESOURCE_EXHAUSTED,
+    nothing stored either way) and answer their ids, in the order asked. A series already known gets its
+    id again, so registering is safe to repeat. Tenancy as for PushSamples: a user's series get `user` =
+    the caller's name.
+    """
+    PushPacked: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.PushPackedRequest, _telemetry_pb2.PushPackedResponse]  # type: ignore[assignment]
+    """Packed ingest, step 2: samples of registered series as packed arrays (no per-sample message), stored
+    as PushSamples stores them. Refused, nothing stored: ids this collector instance did not register
+    (NOT_FOUND: register again), a registry_epoch of another instance (FAILED_PRECONDITION: the collector
+    restarted, register again), a user's push naming a series that is not theirs (PERMISSION_DENIED),
+    arrays of lengths that are not whole 8-byte items or that differ, more than 10,000 samples, a time
+    outside [now - raw retention, now + 5 min], a counter's value negative or not finite
+    (INVALID_ARGUMENT). Gauges may be NaN or infinite (a NaN loss is stored as NaN: the loss-NaN alert
+    reads it).
     """
     QueryRange: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.QueryRangeRequest, _telemetry_pb2.QueryRangeResponse]  # type: ignore[assignment]
     """Values of the series of one metric that match the label matchers, evaluated at start, start + step,
@@ -144,6 +178,35 @@ class TelemetryServiceServicer(metaclass=_abc_1.ABCMeta):
         unknown metric type, timestamp outside [now - raw retention, now + 5 min], too many samples or bytes)
         fails the whole call with INVALID_ARGUMENT; a metric over its limit of distinct series fails it with
         RESOURCE_EXHAUSTED. Either way nothing of the call is stored.
+        """
+
+    @_abc_1.abstractmethod
+    def RegisterSeries(
+        self,
+        request: _telemetry_pb2.RegisterSeriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_telemetry_pb2.RegisterSeriesResponse, _abc.Awaitable[_telemetry_pb2.RegisterSeriesResponse]]:
+        """Packed ingest, step 1: intern a set of series (names and labels, checked as PushSamples checks them:
+        bad names or labels INVALID_ARGUMENT, a metric over its limit of distinct series RESOURCE_EXHAUSTED,
+        nothing stored either way) and answer their ids, in the order asked. A series already known gets its
+        id again, so registering is safe to repeat. Tenancy as for PushSamples: a user's series get `user` =
+        the caller's name.
+        """
+
+    @_abc_1.abstractmethod
+    def PushPacked(
+        self,
+        request: _telemetry_pb2.PushPackedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_telemetry_pb2.PushPackedResponse, _abc.Awaitable[_telemetry_pb2.PushPackedResponse]]:
+        """Packed ingest, step 2: samples of registered series as packed arrays (no per-sample message), stored
+        as PushSamples stores them. Refused, nothing stored: ids this collector instance did not register
+        (NOT_FOUND: register again), a registry_epoch of another instance (FAILED_PRECONDITION: the collector
+        restarted, register again), a user's push naming a series that is not theirs (PERMISSION_DENIED),
+        arrays of lengths that are not whole 8-byte items or that differ, more than 10,000 samples, a time
+        outside [now - raw retention, now + 5 min], a counter's value negative or not finite
+        (INVALID_ARGUMENT). Gauges may be NaN or infinite (a NaN loss is stored as NaN: the loss-NaN alert
+        reads it).
         """
 
     @_abc_1.abstractmethod
