@@ -20,7 +20,7 @@ async def wait_ready(
 
     Raises:
         RuntimeError: ``proc`` (the service's process, None for one in this process) exited before it
-            wrote the file.
+            wrote the file (with the end of its log, where there is one).
         TimeoutError: the file was not written within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
@@ -29,9 +29,21 @@ async def wait_ready(
         if text is not None:
             return dict(json.loads(text))
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{ready.name}: process exited with {proc.returncode} before it was ready")
+            raise RuntimeError(
+                f"{ready.name}: process exited with {proc.returncode} before it was ready{_log_tail(ready)}"
+            )
         await asyncio.sleep(0.05)
     raise TimeoutError(f"{ready} was not written in time")
+
+
+def _log_tail(ready: Path, lines: int = 25) -> str:
+    """The end of the service's log (``<name>.log`` next to ``<name>.ready.json``, the harnesses' layout), so a
+    service that died at start says why in the test's failure; "" when there is none."""
+    log = ready.with_name(ready.name.removesuffix(".ready.json") + ".log")
+    text = _read_if_exists(log)
+    if not text:
+        return ""
+    return f"; the end of {log.name}:\n" + "\n".join(text.splitlines()[-lines:])
 
 
 def _read_if_exists(path: Path) -> str | None:

@@ -11,6 +11,7 @@ import time
 import grpc
 import pytest
 
+from ff_rpc import RpcError
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
@@ -98,7 +99,7 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
         while True:
             try:
                 await user.batch_read(reads(chain_id, 2, capability=good))
-            except StorageIoError as refused:
+            except (StorageIoError, RpcError) as refused:  # (RpcError: mgmtd's, when the routing view was due)
                 assert refused.code is grpc.StatusCode.UNAUTHENTICATED
                 break
             assert time.monotonic() < deadline, "a revoked token still reads on its open connections"
