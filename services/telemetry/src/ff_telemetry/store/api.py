@@ -39,6 +39,7 @@ from ff_telemetry.store.ingest import (
     Interned,
     SeriesKey,
     flush_latest,
+    newest_of_all,
     prepare,
     prepare_packed,
     register,
@@ -185,8 +186,7 @@ class TelemetryStore:
             if len(batches) == 1:
                 return [exc]
             return [self._push_one(b) for b in batches]
-        for result in results:
-            self._committed(result)
+        self._committed(results)
         return [PushResult(r.num_stored, len(r.new_series)) for r in results]
 
     def _push_one(self, batch: Queued) -> PushResult | Exception:
@@ -210,10 +210,12 @@ class TelemetryStore:
         write(session, results)
         return results
 
-    def _committed(self, result: IngestResult) -> None:
+    def _committed(self, results: list[IngestResult]) -> None:
+        newest = newest_of_all(results)  # one sort for the group
         with self._lock:
-            self._series.update(result.new_series)
-            self._latest.update(*result.latest())
+            for result in results:
+                self._series.update(result.new_series)
+            self._latest.update(*newest)
 
     def flush(self) -> None:
         """Write the series' latest samples held in memory (ListSeries and /federate read them in SQL)."""

@@ -36,9 +36,17 @@ class IngestResult:
     new_series: dict[SeriesKey, Interned]
     block: blocks.Block
 
-    def latest(self) -> tuple[packed.Int64s, packed.Floats, packed.Floats]:
-        """Per series of the batch, its newest sample: ids, times, values."""
-        return packed.newest_per_series(self.block.series_ids, self.block.ats, self.block.values)
+
+def newest_of_all(results: list[IngestResult]) -> tuple[packed.Int64s, packed.Floats, packed.Floats]:
+    """Per series of the batches, its newest sample (of equal times, the later batch's): ids, times, values."""
+    if len(results) == 1:
+        b = results[0].block
+        return packed.newest_per_series(b.series_ids, b.ats, b.values)
+    return packed.newest_per_series(
+        np.concatenate([r.block.series_ids for r in results]),
+        np.concatenate([r.block.ats for r in results]),
+        np.concatenate([r.block.values for r in results]),
+    )
 
 
 def upsert(session: Session, table: Table, keys: list[str]) -> Insert:
