@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from model import GPTConfig, TinyGPT
 
+import hfai.telemetry
 from haiscale import checkpoint as ckpt
 from haiscale.ddp import DistributedDataParallel  # torch.nn.parallel's runs the same (the one line to switch)
 from hfai import client as hfai_client
@@ -170,6 +171,31 @@ class Trainer:
         return bool(flag.item())
 
 
+class Progress:
+    """Rank 0's account of the run: a JSON line per step (``--metrics``), the task's telemetry (loss every step,
+    tokens/s every ``--log-every`` steps: what the dashboard draws) and a line on stdout every ``--log-every``."""
+
+    def __init__(self, a: argparse.Namespace, r: Ranks) -> None:
+        self.on = r.rank == 0
+        self.every = a.log_every
+        self.log = open(a.metrics, "a") if a.metrics and self.on else None  # noqa: SIM115
+        self.tokens = a.batch * r.world * a.context
+        self.started = time.perf_counter()
+
+    def step(self, step: int, loss: float) -> None:
+        if not self.on:
+            return
+        if self.log is not None:
+            self.log.write(json.dumps({"step": step, "loss": loss}) + "\n")
+            self.log.flush()
+        hfai.telemetry.report(step=step, loss=loss)  # buffered and sent in the background: never blocks
+        if step % self.every == 0:
+            rate = self.tokens * self.every / (time.perf_counter() - self.started)
+            print(f"step {step} loss {loss:.4f} tokens/s {rate:.0f}", flush=True)
+            hfai.telemetry.report(step=step, tokens_per_s=rate)
+            self.started = time.perf_counter()
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     r = ranks_from_env(dict(os.environ))
@@ -177,11 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(a.backend, rank=r.rank, world_size=r.world)
     t = Trainer(a, r)
     resumed = t.resume()
-    log = open(a.metrics, "a") if a.metrics and r.rank == 0 else None  # noqa: SIM115
+    progress = Progress(a, r)
     if r.rank == 0:
         print(f"rank 0 of {r.world}: " + (f"resumed from step {resumed}" if resumed is not None else "from scratch"))
-    tokens = a.batch * r.world * a.context
-    started = time.perf_counter()
     while t.step < a.steps:
         if t.suspend_asked():
             t.save(blocking=True)  # every rank's slice written, rank 0 committed (and reported) it
@@ -193,13 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             while True:
                 time.sleep(1)
         loss = t.train_step()
-        if log is not None:
-            log.write(json.dumps({"step": t.step, "loss": loss}) + "\n")
-            log.flush()
-        if r.rank == 0 and t.step % a.log_every == 0:
-            rate = tokens * a.log_every / (time.perf_counter() - started)
-            print(f"step {t.step} loss {loss:.4f} tokens/s {rate:.0f}", flush=True)
-            started = time.perf_counter()
+        progress.step(t.step, loss)
         if a.ckpt_every and t.step % a.ckpt_every == 0:
             t.save(blocking=False)
     t.save(blocking=True)

@@ -36,10 +36,13 @@ from ff_scheduler.testing import (
     task_of,
 )
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_telemetry.testing import TelemetryClient, telemetry_process
 from ff_testing import free_port
+from ff_testing.process import ServiceProcess
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+from fireflyer.telemetry.v1 import telemetry_pb2 as tpb
 from haiscale import checkpoint as ckpt
 from hfai import runcontrol
 from hfai.runcontrol import RunControl
@@ -54,6 +57,7 @@ class Cluster:
     storage: StorageCluster
     meta: MetaProcess
     scheduler: SchedulerProcess
+    telemetry: ServiceProcess
     tokens: dict[str, str]
     fs: dict[str, Any]
 
@@ -75,18 +79,23 @@ async def _users(mgmtd: str) -> dict[str, str]:
         await client.close()
 
 
-async def _start(folder: Path) -> tuple[StorageCluster, MetaProcess, SchedulerProcess, dict[str, str]]:
+async def _start(folder: Path) -> Cluster:
     storage = await start_cluster(folder, targets_per_disk=2)
     meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
                         database_url=f"sqlite:///{folder / 'meta.db'}", background_interval_s=0.5)  # fmt: skip
     meta.start()
     scheduler = spawn_process(folder, f"sqlite:///{folder / 'sched.db'}", storage.mgmtd_address, CLUSTER_TOKEN)
+    # (the trainers find it through mgmtd, as ranks of a task do)
+    telemetry = telemetry_process(folder, "t1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN)
+    telemetry.start()
     try:
         await meta.ready()
         await scheduler.ready()
-        return storage, meta, scheduler, await _users(storage.mgmtd_address)
+        await telemetry.ready()
+        return Cluster(folder, storage, meta, scheduler, telemetry, await _users(storage.mgmtd_address), {})
     except BaseException:
         scheduler.proc.kill()
+        telemetry.kill()
         meta.stop()
         storage.stop()
         raise
@@ -95,10 +104,9 @@ async def _start(folder: Path) -> tuple[StorageCluster, MetaProcess, SchedulerPr
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("ckpt-cluster")
-    storage, meta, scheduler, tokens = asyncio.run(_start(folder))
-    c = Cluster(folder, storage, meta, scheduler, tokens, {})
+    c = asyncio.run(_start(folder))
     try:
-        for name, token in tokens.items():
+        for name, token in c.tokens.items():
             c.fs[name] = hf3fs.connect(mgmtd=c.mgmtd, token=token)
         c.fs["ck-admin"].mkdir("/ck", mode=0o777)
         for name in ("ck-alice", "ck-bob"):
@@ -110,10 +118,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         for fs in c.fs.values():
             fs.close()
-        scheduler.proc.kill()  # nothing of it is checked after the tests
-        scheduler.proc.wait(15)
-        meta.stop()
-        storage.stop()
+        c.scheduler.proc.kill()  # nothing of it is checked after the tests
+        c.scheduler.proc.wait(15)
+        c.telemetry.kill()
+        c.meta.stop()
+        c.storage.stop()
 
 
 def _tensors(value: float) -> dict[str, Any]:
@@ -274,3 +283,34 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(cl
     for step in range(1, STEPS + 1):
         assert abs(run[step] - ref[step]) <= 1e-6 * abs(ref[step]), (step, run[step], ref[step], suspended_at)
     assert run[STEPS] < run[1] - 0.5  # and it learned something
+    # What the ranks reported reached the task's telemetry as alice's: the loss curve and haiscale's own figures.
+    series = asyncio.run(_series_of(cluster, "ck-alice"))
+    for name in ("hfai_loss", "hfai_step", "hfai_ddp_step_seconds", "hfai_ddp_allreduce_bytes",
+                 "hfai_checkpoint_save_seconds", "hfai_checkpoint_load_seconds"):  # fmt: skip
+        assert name in series, (name, sorted(series))
+    assert series["hfai_ddp_allreduce_bytes"] > 0 and series["hfai_ddp_step_seconds"] > 0, series
+    assert series["hfai_step"] == STEPS  # the newest step reported: the last one
+    assert asyncio.run(_series_of(cluster, "ck-bob")) == {}  # another user sees none of it
+
+
+async def _series_of(cluster: Cluster, user: str) -> dict[str, float]:
+    """The newest value of each hfai_* series ``user`` can read (waiting up to 20 s for the pushes to land)."""
+    client = TelemetryClient(str(cluster.telemetry.info["grpc"]), cluster.tokens[user])
+    try:
+        newest: dict[str, float] = {}
+        deadline = time.monotonic() + (20 if user == "ck-alice" else 0)
+        while True:
+            now = time.time()
+            listed = await client.call(client.stub.ListSeries, tpb.ListSeriesRequest(start_at=now - 600))
+            names = sorted({s.name for s in listed.series if s.name.startswith("hfai_")})
+            for name in names:
+                got = await client.call(client.stub.QueryRange, tpb.QueryRangeRequest(
+                    name=name, start_at=now - 600, end_at=now, step_s=5, lookback_s=600))  # fmt: skip
+                values = [p.value for r in got.series for p in r.points]
+                if values:
+                    newest[name] = values[-1]
+            if newest.get("hfai_step") == STEPS or time.monotonic() > deadline:
+                return newest
+            await asyncio.sleep(0.5)
+    finally:
+        await client.close()

@@ -4,6 +4,7 @@ and a client with one token."""
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from ff_rpc import RpcClient, open_channel
 from ff_telemetry.config import TelemetrySettings
 from ff_telemetry.server import main
-from ff_testing.process import wait_ready
+from ff_testing.process import ServiceProcess, module_args, wait_ready
 from fireflyer.telemetry.v1 import telemetry_pb2_grpc
 
 READY_TIMEOUT_S = 20.0
@@ -57,6 +58,18 @@ async def start_in_process(
         await task
         raise
     return InProcessTelemetry(info["grpc"], info["http"], stop, task)
+
+
+def telemetry_process(folder: Path, name: str, *, mgmtd_address: str, cluster_token: str,
+                      **settings: object) -> ServiceProcess:  # fmt: skip
+    """The collector as a process (``python -m ff_telemetry``, SQLite in ``folder/name``, the tests' fast jobs),
+    not yet started; ``settings`` become ``--flags``."""
+    values = {"state_dir": folder / name, "instance_id": name, "mgmtd_addresses": mgmtd_address,
+              "metrics_address": "", **FAST, **settings}  # fmt: skip
+    flags = {k.replace("_", "-"): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}
+    env = {**os.environ, "FF_TELEMETRY_CLUSTER_TOKEN": cluster_token}
+    folder.mkdir(parents=True, exist_ok=True)
+    return ServiceProcess(name, folder, module_args("ff_telemetry", flags), env)
 
 
 class TelemetryClient:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ from haiscale.checkpoint.loader import Loaded
 from haiscale.checkpoint.manifest import MANIFEST
 from haiscale.checkpoint.saver import CheckpointError, Snapshot
 from haiscale.checkpoint.storage import Location, locate
+from haiscale.telemetry import default_sink, send
 
 
 class SaveHandle:
@@ -47,12 +49,15 @@ class SaveHandle:
 
     def _run(self, snap: Snapshot, keep: int | None, report: bool, part_timeout_s: float) -> None:
         try:
+            started = time.perf_counter()
             saver.write_rank(self._loc, snap)
             if snap.rank == 0:
                 path = saver.commit(self._loc, snap, part_timeout_s)
                 self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
                 self.removed_steps = saver.prune(self._loc, snap.step, keep)
                 self.reported = report and saver.report(self._loc, path, snap.step)
+            seconds = time.perf_counter() - started
+            send(default_sink(), checkpoint_save_seconds=seconds, checkpoint_save_bytes=snap.buffer.numel())
         except BaseException as err:  # kept for wait() and the next save()
             self._error = err
         finally:
@@ -155,7 +160,9 @@ def save(
     _finish_in_flight()
     if loc.storage.exists(loc.join(saver.step_folder(step), MANIFEST)):
         raise FileExistsError(f"{loc.url(saver.step_folder(step))}: checkpoint {step} is already committed")
+    started = time.perf_counter()
     snap = saver.take_snapshot(state_dict, step, r, w, _save_id(save_id, r, w, group))
+    send(default_sink(), checkpoint_snapshot_seconds=time.perf_counter() - started)
     handle = SaveHandle(step, loc)
     with _InFlight.lock:
         _InFlight.handle = handle
@@ -201,6 +208,7 @@ def load(
         CorruptCheckpoint: bytes that fail their checksum; ``state_dict`` is unchanged.
     """
     _finish_in_flight()
+    started = time.perf_counter()
     loc = locate(path, fs)
     folder = loader.find_checkpoint(loc, step)
     if folder is None:
@@ -208,4 +216,5 @@ def load(
         raise FileNotFoundError(f"{loc.url()}: no {what}")
     manifest = loader.read_manifest(loc, folder)
     loader.read_into(loc, folder, manifest, state_dict, allocate_missing)
+    send(default_sink(), checkpoint_load_seconds=time.perf_counter() - started)
     return Loaded(manifest.step, loc.url(folder), manifest.world_size)

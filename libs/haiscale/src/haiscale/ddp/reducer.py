@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from haiscale.ddp.buckets import BucketSpec, LaunchOrder
+from haiscale.telemetry import StepMetrics
 from hfreduce import Group, Work
 
 logger = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ class Reducer:
         grads_as_views: bool,
         overlap: bool,
         on_stop: Callable[[], None] | None = None,
+        metrics: StepMetrics | None = None,
     ) -> None:
         self.group = group
         self.names = [n for n, _ in named_params]
@@ -50,8 +53,11 @@ class Reducer:
         self.overlap = overlap
         self.sync_enabled = True
         self._on_stop = on_stop
+        self.metrics = metrics if metrics is not None else StepMetrics(None)
         self._order = LaunchOrder(self.specs, len(self.params))
         self.buckets = [self._alloc(spec) for spec in self.specs]
+        self._bucket_bytes = sum(b.numel() * b.element_size() for b in self.buckets)
+        self._wire_seen = 0  # hfreduce's sent + received when the last reduced step ended (telemetry on)
         self.views: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
         for spec, bucket in zip(self.specs, self.buckets, strict=True):
             for s in spec.slots:
@@ -113,6 +119,7 @@ class Reducer:
         self._check_usable()
         if self._works:
             raise RuntimeError("haiscale DDP: a forward started while the previous backward's reduction is in flight")
+        self.metrics.step_started()
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:
@@ -176,14 +183,25 @@ class Reducer:
                 self._launch(range(len(self.buckets)))
             flags_work = self._launch_flags()
             works, self._works = self._works, []
+            waited = time.perf_counter()
             for work in works:
                 work.wait()
             if flags_work is not None:
                 flags_work.wait()
+            waited = time.perf_counter() - waited
             self._publish()
+            if self.metrics.enabled:
+                self.metrics.reduced(waited, self._bucket_bytes, self._wire_delta())
         finally:
             self._works = []
             self._order.reset()
+
+    def _wire_delta(self) -> int:
+        """Bytes sent and received between nodes since the last reduced step (hfreduce's counters)."""
+        c = self.group.counters()
+        total = c.sent + c.received
+        delta, self._wire_seen = total - self._wire_seen, total
+        return delta
 
     def _launch_flags(self) -> Work | None:
         if self._flags is None:
@@ -219,6 +237,7 @@ class Reducer:
         if self._stopped:
             return
         self._stopped = True
+        self.metrics.flush()
         for handle in self._handles:
             handle.remove()
         try:

@@ -12,6 +12,7 @@ from haiscale.ddp.buckets import ParamInfo, cap_bytes_of, plan_buckets
 from haiscale.ddp.buffers import BufferBroadcaster
 from haiscale.ddp.groups import SharedGroup, acquire_group, check_same_parameters, resolve_process_group
 from haiscale.ddp.reducer import _HFREDUCE_DTYPES, Reducer
+from haiscale.telemetry import StepMetrics, default_sink
 
 _PREFIX = "module."
 
@@ -45,6 +46,8 @@ class DistributedDataParallel(torch.nn.Module):
         static_graph: accepted; nothing depends on it.
         overlap: reduce each bucket as soon as it is full, during backward (default); False: reduce all
             buckets after backward (for measuring the overlap's gain).
+
+    Step time, allreduce wait and bytes go to the task's telemetry (``haiscale.telemetry``).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class DistributedDataParallel(torch.nn.Module):
             grads_as_views=gradient_as_bucket_view,
             overlap=overlap,
             on_stop=self._shared.release,
+            metrics=StepMetrics(default_sink()),
         )
         buffers = [b for _, b in module.named_buffers()]
         self._buffers_sync = BufferBroadcaster(self._shared.group, buffers)
