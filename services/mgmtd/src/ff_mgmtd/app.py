@@ -96,6 +96,11 @@ class Mgmtd:
         # Which node holds each target (as of the last chain scan): a node reports only its own.
         self._target_owner: dict[int, int] = {}
         self._scan_wanted = asyncio.Event()
+        # What a chain scan reads besides the database: bumped whenever a reported local state changes or the
+        # term changes. A scan whose inputs (this and the routing version) equal those of the last scan that
+        # changed nothing would change nothing either, and reads nothing.
+        self._scan_inputs = 0
+        self._quiet_scan: tuple[int, int] | None = None
         # Serializes changes of node status (register, revive, declare dead) against lease renewals.
         self._node_lock = asyncio.Lock()
         # One database read refreshes the routing snapshot for every caller waiting on it.
@@ -189,6 +194,7 @@ class Mgmtd:
         self._config_versions = config_versions
         self._snapshot = None
         self._local_states = {}
+        self._scan_inputs += 1
         self._fence = fence
         await self._publish(version)
         logger.info("became primary", extra={"epoch": fence.epoch, "num_nodes": len(nodes)})
@@ -281,6 +287,7 @@ class Mgmtd:
                 continue
             if self._local_states.get(target_id) is not state:
                 self._local_states[target_id] = state
+                self._scan_inputs += 1
                 self._scan_wanted.set()
         return HeartbeatAnswer(self._routing_version, self._config_versions.get(node.node_type, 0), node.enabled)
 
@@ -314,11 +321,15 @@ class Mgmtd:
         """Apply the public-state transition table to every chain; store and publish what changed."""
         if not self.is_primary:
             return None
+        inputs = (self._routing_version, self._scan_inputs)  # (taken before reading: a change meanwhile rescans)
+        if inputs == self._quiet_scan:
+            return None
         chains = await self.store.arun(routing.list_chains, read_only=True)
         self._target_owner = {t.target_id: t.node_id for c in chains for t in c.targets}
         by_id = {c.chain_id: c for c in chains}
         changed = scan_chains(chains, self.effective_local_states(chains))
         if not changed:
+            self._quiet_scan = inputs
             return None
         changes = [(by_id[c.chain_id].version, c) for c in changed]
         version = await self.write(lambda s, f: routing.apply_chain_scan(s, f, changes))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -10,6 +11,7 @@ import grpc
 import pytest
 
 from ff_cluster import MgmtdClient
+from ff_mgmtd.store import routing as store_routing
 from ff_mgmtd.testing import InProcessMgmtd
 from ff_rpc import RpcError
 from fireflyer.common.v1 import common_pb2
@@ -166,3 +168,38 @@ async def test_ids_stay_in_range_after_the_largest_is_claimed(mgmtd: InProcessMg
     assert 1000 <= after.user.uid < 2**32 - 2
     assert len((await client.identity(lambda s: s.ListUsers, pb.ListUsersRequest())).users) == 2
     await client.close()
+
+
+async def test_an_idle_primary_reads_no_chains_until_an_input_of_the_scan_changes(
+    sqlite_url: str, start_mgmtd: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[float] = []
+    read = threading.Event()  # (the store reads in a worker thread)
+    original = store_routing.list_chains
+
+    def counting(session: Any) -> Any:
+        reads.append(time.monotonic())
+        read.set()
+        return original(session)
+
+    monkeypatch.setattr(store_routing, "list_chains", counting)
+    m = await start_mgmtd(sqlite_url, chain_scan_interval_s=0.05)
+    client = m.client()
+    try:
+        await asyncio.sleep(0.5)
+        settled = len(reads)
+        await asyncio.sleep(1.0)  # 20 scan intervals with nothing changed
+        assert len(reads) == settled, "an idle primary re-read the chains"
+        read.clear()
+        reg = await client.mgmtd(lambda s: s.RegisterNode, registration())  # the routing version moves
+        assert await asyncio.to_thread(read.wait, 5), "a new routing version did not bring a scan"
+        await asyncio.sleep(0.3)
+        read.clear()
+        report = pb.LocalTargetReport(target_id=7, local_state=pb.LOCAL_TARGET_STATE_UPTODATE)
+        await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=reg.node_id, targets=[report]))
+        assert await asyncio.to_thread(read.wait, 5), "a changed local target state did not bring a scan"
+        after_change = len(reads)
+        await asyncio.sleep(0.5)
+        assert len(reads) <= after_change + 1  # and it settles again (one more read at most: the change's own)
+    finally:
+        await client.close()
