@@ -73,7 +73,7 @@ async def packed_batch_bytes(address: str, token: str) -> bytes:
 
 
 # -- server side ---------------------------------------------------------------------------------------
-async def serve(folder: Path) -> None:
+async def serve(folder: Path, synchronous: str = "NORMAL") -> None:
     from ff_mgmtd.testing import CLUSTER_TOKEN, start_in_process
     from ff_rpc import RpcServer, ServerOptions, ServiceBinding
     from ff_telemetry.core.validation import MAX_REQUEST_BYTES
@@ -93,6 +93,7 @@ async def serve(folder: Path) -> None:
     telemetry = await start_telemetry(
         folder, f"sqlite:///{db}", mgmtd.address, CLUSTER_TOKEN, scrape_interval_s=0.0,
         downsample_interval_s=10.0, downsample_lag_s=5.0, metrics_address="", log_level="WARNING",
+        sqlite_synchronous=synchronous,
     )  # fmt: skip
     noop = RpcServer(
         ServerOptions(listen_address="127.0.0.1:0", cluster_token=CLUSTER_TOKEN, max_request_bytes=MAX_REQUEST_BYTES),
@@ -162,7 +163,9 @@ async def client(info: dict[str, str], args: argparse.Namespace, server_pid: int
         payload, method = await packed_batch_bytes(info["telemetry"], info["token"]), "PushPacked"
     else:
         payload, method = batch_bytes(), "PushSamples"
-    print(f"{method}: {BATCH} samples, {len(payload)} bytes a request; {args.concurrency} calls in flight")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{method}: {BATCH} samples, {len(payload)} bytes a request; {args.concurrency} calls in flight; "
+          f"SQLite synchronous={args.synchronous}; load average {load}")  # fmt: skip
 
     async def push(side: str, seconds: float) -> tuple[int, float]:
         return await push_for(info[side], info["token"], payload, seconds, args.concurrency, method)
@@ -190,13 +193,15 @@ async def client(info: dict[str, str], args: argparse.Namespace, server_pid: int
     stored = stored_rows(info["db"]) - before
     print(f"sustained {elapsed:.0f} s: {acked / elapsed:,.0f} samples/s; acknowledged {acked:,}, stored {stored:,}, "
           f"lost {acked - stored:,}")  # fmt: skip
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 @contextmanager
-def bench_server(folder: Path) -> Iterator[tuple[dict[str, str], int]]:
+def bench_server(folder: Path, synchronous: str = "NORMAL") -> Iterator[tuple[dict[str, str], int]]:
     """The ``--serve`` process (mgmtd, the collector, the no-op) with its state in ``folder``: where it
     listens (``telemetry``, ``noop``, ``db``, ``token``) and its pid; stopped on exit."""
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(folder)], env={**os.environ})
+    command = [sys.executable, __file__, "--serve", str(folder), "--synchronous", synchronous]
+    server = subprocess.Popen(command, env={**os.environ})
     try:
         ready = folder / "bench.json"
         deadline = time.monotonic() + 60
@@ -218,12 +223,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--protocol", choices=("packed", "samples"), default="packed")
     parser.add_argument("--dir", type=Path, default=None, help="where the server keeps its state (default: a temp dir)")
+    parser.add_argument("--synchronous", choices=("NORMAL", "FULL"), default="NORMAL", help="the collector's SQLite")
     parser.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve(args.serve))
+        asyncio.run(serve(args.serve, args.synchronous))
         return
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp, bench_server(Path(tmp)) as (info, pid):
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp, bench_server(Path(tmp), args.synchronous) as (info, pid):
         asyncio.run(client(info, args, pid))
 
 

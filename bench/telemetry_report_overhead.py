@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> None:
     for report in (False, True):  # warm up both (and start the pusher)
         train_block(model, opt, data, target, 50, step, report)
         step += 50
+    reporter = telemetry._Process.reporter
+    thread = reporter.pusher._thread if reporter is not None and reporter.pusher is not None else None
+    clock = time.pthread_getcpuclockid(thread.ident) if thread is not None and thread.ident else None
+    push_cpu0, wall0 = (time.clock_gettime(clock) if clock is not None else 0.0), time.perf_counter()
+    pushed0 = reporter.pusher.pusher.num_pushed if reporter and reporter.pusher and reporter.pusher.pusher else 0
     wall, cpu = [], []
     for r in range(args.rounds):
         got = {}
@@ -79,7 +84,11 @@ def run(args: argparse.Namespace) -> None:
               f"(CPU {cpu[-1]:.4f})")  # fmt: skip
     print(f"median ratio reporting/plain over {args.rounds} rounds: wall {statistics.median(wall):.4f}, "
           f"CPU {statistics.median(cpu):.4f} (goal <= 1.02)")  # fmt: skip
-    reporter = telemetry._Process.reporter
+    if clock is not None and reporter is not None and reporter.pusher is not None and reporter.pusher.pusher:
+        push_cpu, elapsed = time.clock_gettime(clock) - push_cpu0, time.perf_counter() - wall0
+        num = reporter.pusher.pusher.num_pushed - pushed0
+        print(f"the push thread over the rounds: {push_cpu / elapsed * 1e3:.2f} ms CPU per second, "
+              f"{push_cpu / max(num, 1) * 1e6:.1f} us per sample pushed ({num:,} samples)")  # fmt: skip
     telemetry.flush(10.0)
     pusher = reporter.pusher.pusher if reporter is not None and reporter.pusher is not None else None
     if pusher is not None:
