@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -27,7 +28,7 @@ from ff_scheduler.agents import AgentPool
 from ff_scheduler.core.model import NodePhase, RunState
 from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
 from ff_scheduler.core.tick import plan_tick
-from ff_scheduler.store import ops
+from ff_scheduler.store import ops, run_tokens
 from ff_scheduler.store.schema import nodes, runs, tasks
 from ff_scheduler.store.ticks import Applied, NodeOrder, apply_plan, load_snapshot, wanted_orders
 from ff_scheduler.txn import Transactions
@@ -84,6 +85,7 @@ class Scheduler:
         # One token per run, issued once even when the start orders of its nodes go out together.
         # run id -> (token id, token) of the run's token, revoked once the run has ended.
         self._run_tokens: dict[int, asyncio.Future[tuple[str, str]]] = {}
+        self._revoking: set[str] = set()  # token ids whose revocation is in flight
         self.last_tick: TickStats | None = None
 
     def wake(self) -> None:
@@ -99,15 +101,17 @@ class Scheduler:
         started = time.perf_counter()
         now = self.now()
 
-        def txn(s: Session) -> tuple[int, int, int, list[NodeOrder]]:
+        def txn(s: Session) -> tuple[int, int, int, list[NodeOrder], list[tuple[str, int]]]:
             snap = load_snapshot(s, now)
             plan = plan_tick(snap, self.sched, self.life)
             applied = apply_plan(s, plan, now, self.options.master_port) if not plan.empty else Applied()
-            return len(snap.tasks), applied.num_started, applied.num_run_changes, wanted_orders(s)
+            ended = run_tokens.ended(s) if self.mgmtd is not None else []
+            return len(snap.tasks), applied.num_started, applied.num_run_changes, wanted_orders(s), ended
 
-        num_tasks, num_started, num_changes, orders = await self.store.arun(txn)
+        num_tasks, num_started, num_changes, orders, ended_tokens = await self.store.arun(txn)
         num_sent = self._reconcile(orders)
-        self._revoke_ended_runs_tokens({o.run_id for o in orders})
+        self._forget_ended_runs({o.run_id for o in orders})
+        self._revoke(ended_tokens)
         stats = TickStats(time.perf_counter() - started, num_tasks, num_started, num_changes, num_sent)
         if num_started or num_changes:
             logger.info(
@@ -259,8 +263,10 @@ class Scheduler:
         )
 
     async def _run_token(self, run_id: int, user_name: str) -> str:
-        """A token of the task's owner for its ranks, issued by mgmtd once per run and revoked when the run
-        has ended (``_revoke_ended_runs_tokens``): what the ranks hold works only while they run."""
+        """A token of the task's owner for its ranks, issued by mgmtd once per run (per scheduler process) and
+        revoked when the run has ended: what the ranks hold works only while they run. Each issued token is
+        in the run-token ledger (``store.run_tokens``) before it is handed out, so one issued before a
+        restart of the scheduler is revoked all the same."""
         if self.mgmtd is None:
             return ""
         issued = self._run_tokens.get(run_id)
@@ -270,7 +276,8 @@ class Scheduler:
         return (await asyncio.shield(issued))[1]
 
     async def _issue_run_token(self, run_id: int, user_name: str) -> tuple[str, str]:
-        """The token's id and secret, or empty strings when mgmtd refused (the next start order asks again)."""
+        """The token's id and secret, or empty strings when mgmtd refused or the ledger could not record it
+        (the next start order asks again)."""
         assert self.mgmtd is not None
         try:
             resp = await self.mgmtd.identity(
@@ -282,28 +289,50 @@ class Scheduler:
         except RpcError as err:
             logger.warning("cannot issue a token for run %d: %s", run_id, err)
             return "", ""
-        return str(resp.token_info.token_id), str(resp.token)
+        token_id = str(resp.token_info.token_id)
+        try:
+            await self.store.arun(lambda s: run_tokens.record(s, token_id, run_id, time.time()))
+        except Exception:
+            logger.exception("cannot record the token of run %d; revoking it", run_id)
+            await self._revoke_token(token_id, run_id)
+            return "", ""
+        return token_id, str(resp.token)
 
-    def _revoke_ended_runs_tokens(self, active_run_ids: set[int]) -> None:
-        """Revoke the tokens of runs no longer active (a scheduler restart forgets them: they then last
-        until their TTL)."""
+    def _forget_ended_runs(self, active_run_ids: set[int]) -> None:
+        """Drop the cached tokens of runs no longer active (the ledger revokes them)."""
         for run_id in [r for r in self._run_tokens if r not in active_run_ids]:
-            task = asyncio.create_task(self._revoke_run_token(run_id, self._run_tokens.pop(run_id)))
+            del self._run_tokens[run_id]
+
+    def _revoke(self, ended: list[tuple[str, int]]) -> None:
+        """Revoke the ledger's tokens of ended runs (each once at a time), and drop them from the ledger."""
+        for token_id, run_id in ended:
+            if token_id in self._revoking:
+                continue
+            self._revoking.add(token_id)
+            task = asyncio.create_task(self._revoke_and_forget(token_id, run_id))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _revoke_run_token(self, run_id: int, issued: asyncio.Future[tuple[str, str]]) -> None:
-        assert self.mgmtd is not None
+    async def _revoke_and_forget(self, token_id: str, run_id: int) -> None:
         try:
-            token_id, _ = await issued
-        except Exception:  # the issue failed: there is nothing to revoke
-            return
-        if not token_id:
-            return
+            if await self._revoke_token(token_id, run_id):
+                await self.store.arun(lambda s: run_tokens.forget(s, [token_id]))
+        except Exception:
+            logger.exception("cannot drop the revoked token of run %d from the ledger", run_id)
+        finally:
+            self._revoking.discard(token_id)
+
+    async def _revoke_token(self, token_id: str, run_id: int) -> bool:
+        """Whether the token is revoked (or was already gone); False to try again at a later tick."""
+        assert self.mgmtd is not None
         try:
             await self.mgmtd.identity(lambda s: s.RevokeToken, mgmtd_pb2.RevokeTokenRequest(token_id=token_id))
         except RpcError as err:
+            if err.code is grpc.StatusCode.NOT_FOUND:
+                return True
             logger.warning("cannot revoke the token of ended run %d: %s", run_id, err)
+            return False
+        return True
 
 
 def _wanted(order: NodeOrder) -> str | None:

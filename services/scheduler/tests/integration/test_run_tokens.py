@@ -35,3 +35,29 @@ async def test_a_runs_token_is_its_owners_and_is_revoked_when_the_run_ends(clust
     await eventually(revoked, timeout_s=20, what="the ended run's token revoked")
     # alice's own token is untouched
     assert (await alice.call(alice.user.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
+
+
+async def test_a_token_issued_before_a_scheduler_restart_is_revoked_when_its_run_ends(cluster: Any) -> None:
+    agent = await cluster.add_agent()
+    root, alice = cluster.client("root"), cluster.client("alice")
+    await set_quota(root, "alice", 10, 1)
+    task = (await alice.call(alice.user.SubmitTask, pb.SubmitTaskRequest(spec=spec(1, 10)))).task
+    await agent.wait_for(lambda: bool(agent.starts))
+    as_run = SchedulerClient(cluster.scheduler.address, agent.starts[0].token)
+    cluster.clients.append(as_run)
+    await cluster.restart_scheduler()  # the new process never saw this token issued
+    as_run = SchedulerClient(cluster.scheduler.address, agent.starts[0].token)
+    cluster.clients.append(as_run)
+    assert (await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
+
+    alice = cluster.client("alice")
+    await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
+
+    async def revoked() -> bool:
+        try:
+            await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())
+        except RpcError as err:
+            return err.code is grpc.StatusCode.UNAUTHENTICATED
+        return False
+
+    await eventually(revoked, timeout_s=20, what="the token of a run that ended after a restart revoked")

@@ -125,3 +125,14 @@ run_nodes = Table(
     Column("reported_at", Float, nullable=False),
     Column("failure", JSON, nullable=True),
 )
+
+# Tokens issued (by mgmtd) for runs' ranks, by id (never the secret), until revoked: a restarted scheduler still
+# revokes the tokens of runs that end after the restart.
+run_tokens = Table(
+    "sched_run_tokens",
+    metadata,
+    Column("token_id", String(64), primary_key=True),
+    Column("run_id", Integer, nullable=False),
+    Column("issued_at", Float, nullable=False),
+    Index("ix_sched_run_tokens_run", "run_id"),
+)
