@@ -93,13 +93,15 @@ class SeriesTable:
     def add(self, series_id: int, owner: str, kind: Kind) -> None:
         if series_id < 0:
             raise ValueError(f"series id {series_id} < 0")
+        # Registration runs in a worker thread while the event loop checks pushes: the counter flags grow and
+        # are set before the owners, so a check never sees an owner without its flag (nor an index past them).
         if series_id >= len(self._owner):
             size = max(series_id + 1, 2 * len(self._owner))
-            self._owner = np.concatenate([self._owner, np.zeros(size - len(self._owner), np.int32)])
             self._counter = np.concatenate([self._counter, np.zeros(size - len(self._counter), bool)])
+            self._owner = np.concatenate([self._owner, np.zeros(size - len(self._owner), np.int32)])
         code = self._owner_codes.setdefault(owner, len(self._owner_codes) + 1)
-        self._owner[series_id] = code
         self._counter[series_id] = kind is Kind.COUNTER
+        self._owner[series_id] = code
 
     def clear(self) -> None:
         """Forget every registration (series were deleted): clients get UnknownSeries and register again."""
@@ -120,12 +122,14 @@ class SeriesTable:
         sids = samples.series_ids
         if not len(sids):
             return
-        in_range = (sids >= 0) & (sids < len(self._owner))
+        owner_of = self._owner  # then the flags: they are never shorter than the owners read before them
+        is_counter = self._counter
+        in_range = (sids >= 0) & (sids < len(owner_of))
         if not in_range.all():
             raise UnknownSeries(
                 f"series id {int(sids[np.flatnonzero(~in_range)[0]])} is not registered: register again"
             )
-        owners = self._owner[sids]
+        owners = owner_of[sids]
         if not owners.all():
             raise UnknownSeries(
                 f"series id {int(sids[np.flatnonzero(owners == 0)[0]])} is not registered: register again"
@@ -135,7 +139,7 @@ class SeriesTable:
             if not (owners == code).all():
                 bad = int(sids[np.flatnonzero(owners != code)[0]])
                 raise NotYourSeries(f"series id {bad} is not one of {owner!r}'s series")
-        counters = self._counter[sids]
+        counters = is_counter[sids]
         if counters.any():
             values = samples.values[counters]
             ok = np.isfinite(values) & (values >= 0)
