@@ -47,7 +47,7 @@ _REFUSED = frozenset({
 _REGISTER_AGAIN = frozenset({
     grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
 })  # fmt: skip
-SeriesKey = tuple[str, tuple[tuple[str, str], ...], Kind]
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 @dataclass
@@ -180,14 +180,19 @@ class TelemetryPusher:
         points = batch
         if dropped:
             points = [*batch, Point(DROPPED_METRIC, float(dropped), time.time(), {}, Kind.COUNTER)]
-        keys = [(p.name, tuple(p.labels.items()), p.kind) for p in points]
+        # A series is its name and labels (a plain tuple: hashed once a lookup, no enum in it).
+        keys = [(p.name, tuple(p.labels.items()) if p.labels else ()) for p in points]
         request = telemetry_pb2.PushPackedRequest(
             values=_packed("d", [p.value for p in points]), sampled_at=_packed("d", [p.sampled_at for p in points])
         )
         for attempt in range(2):
-            registry = await self._registered(address, keys)
+            registry = self._registries.setdefault(address, _Registry())
+            found = [registry.ids.get(k) for k in keys]
+            if None in found:
+                registry = await self._register(address, registry, keys, points, found)
+                found = [registry.ids.get(k) for k in keys]
             request.registry_epoch = registry.epoch
-            request.series_ids = _packed("q", [registry.ids[k] for k in keys])
+            request.series_ids = _packed("q", found)  # type: ignore[arg-type]  # all registered now
             try:
                 await self._rpc.unary(self._stubs.get(address).PushPacked, request)
                 return
@@ -197,23 +202,26 @@ class TelemetryPusher:
                 logger.info("telemetry at %s answered %s: registering the series again", address, err.code.name)
                 self._registries.pop(address, None)
 
-    async def _registered(self, address: str, keys: list[SeriesKey]) -> _Registry:
-        """The collector's registry with every key of ``keys`` in it (RegisterSeries for the new ones)."""
-        registry = self._registries.setdefault(address, _Registry())
-        missing = list(dict.fromkeys(k for k in keys if k not in registry.ids))
-        if not missing:
-            return registry
-        kinds = {name: kind for name, _, kind in missing}
+    async def _register(
+        self, address: str, registry: _Registry, keys: list[SeriesKey], points: list[Point], found: list[int | None]
+    ) -> _Registry:
+        """``registry`` with the series of ``keys`` not ``found`` registered (RegisterSeries); a new registry
+        with all of them when another collector instance answers."""
+        missing: dict[SeriesKey, Kind] = {}
+        for key, point, sid in zip(keys, points, found, strict=True):
+            if sid is None:
+                missing.setdefault(key, point.kind)
+        kinds = {name: kind for (name, _), kind in missing.items()}
         request = telemetry_pb2.RegisterSeriesRequest(
-            series=[telemetry_pb2.SeriesKey(name=name, labels=dict(labels)) for name, labels, _ in missing],
+            series=[telemetry_pb2.SeriesKey(name=name, labels=dict(labels)) for name, labels in missing],
             common_labels=dict(self.options.common_labels),
             metadata=[telemetry_pb2.MetricMetadata(name=n, type=_KINDS[k]) for n, k in kinds.items()],
         )
         response = await self._rpc.unary(self._stubs.get(address).RegisterSeries, request)
         if registry.ids and response.registry_epoch != registry.epoch:
             # Another instance answered (the collector restarted): the ids held are not its ids.
-            self._registries[address] = registry = _Registry()
-            return await self._registered(address, keys)
+            self._registries[address] = fresh = _Registry()
+            return await self._register(address, fresh, keys, points, [None] * len(keys))
         registry.epoch = response.registry_epoch
         registry.ids.update(zip(missing, response.series_ids, strict=True))
         return registry
