@@ -150,6 +150,9 @@ class Trainer:
             if blocking:
                 ckpt.wait_for_saves()
             return
+        # The steps reported so far reach telemetry first: once the scheduler counts this checkpoint it may end
+        # the run at once (a suspend asked for), and samples still buffered would be lost with it.
+        hfai.telemetry.flush()
         ckpt.save(self.a.ckpt, self.state(), step=self.step, keep=self.a.keep, blocking=blocking)
         self.saved_step = self.step
 

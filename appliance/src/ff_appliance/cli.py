@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from ff_appliance import admin, alerts, lifecycle, mount
 from ff_appliance.demo import DemoError, run_demo
 from ff_appliance.demo_storage import StorageDemoError
+from ff_appliance.demo_train import TrainDemoError, TrainPlan, find_example, run_train_demo
 from ff_appliance.lifecycle import ApplianceError, UpOptions
 from ff_appliance.services import MGMTD, SERVICES
 from ff_appliance.state import PlanError, StateDir, load_plan, read_secret
@@ -113,18 +114,24 @@ async def _show_status(cli: Cli, state: StateDir, *, as_json: bool) -> int:
 
 async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
+    example = None if args.tour else find_example(args.example)  # before anything starts: a clear error
     cli.print(f"== up ({state.root})")
     await _cmd_up(args, cli)
     cli.print("\n== status")
     if await _show_status(cli, state, as_json=False) != EXIT_OK:
         raise CliError("the cluster is not healthy; see the status above and the logs in " + str(state.logs_dir))
-    cli.print("\n== exercise mgmtd")
     plan = load_plan(state)
     token = read_secret(state.admin_token_file)
     if plan is None or token is None:
         raise CliError(f"{state.root} has no plan or admin token after up")
     mgmtd_instances = plan.of_service(MGMTD)
-    await run_demo([i.grpc_address for i in mgmtd_instances], token, mgmtd_instances[0].node_id, cli.out)
+    addresses = [i.grpc_address for i in mgmtd_instances]
+    if example is None:
+        cli.print("\n== a tour of the services")
+        await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out)
+    else:
+        cli.print("\n== train the tiny GPT on this cluster" + (" (--quick: no faults)" if args.quick else ""))
+        await run_train_demo(addresses, token, TrainPlan.for_demo(example, quick=args.quick), cli.out)
     cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
     return EXIT_OK
 
@@ -345,8 +352,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[common], help="services, nodes, health (exit 1 unless all healthy)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_cmd_status)
-    p = sub.add_parser("demo", parents=[common], help="up, status, then exercise mgmtd end to end")
+    p = sub.add_parser("demo", parents=[common], help="up, status, then train a tiny GPT through a preemption")
     _add_up_arguments(p)
+    p.add_argument("--quick", action="store_true", help="skip the faults (the preemption stays)")
+    p.add_argument("--tour", action="store_true", help="instead of training: a tour of each service's calls")
+    p.add_argument(
+        "--example",
+        metavar="DIR",
+        default=None,
+        help="the tiny-GPT example's folder, readable by every agent (default: this checkout's)",
+    )
     p.set_defaults(handler=_cmd_demo)
     _add_user_commands(sub)
     _add_group_commands(sub)
@@ -370,7 +385,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
         print(f"fireflyer: {exc.code.name}: {exc.details}", file=err)
     except BrokenPipeError:
         raise  # the reader went away (`fireflyer user list | head -1`): main() stops quietly
-    except (ApplianceError, SupervisorError, PlanError, DemoError, StorageDemoError, CliError, OSError) as exc:
+    except (ApplianceError, SupervisorError, PlanError, DemoError, StorageDemoError, TrainDemoError, CliError,
+            OSError) as exc:  # fmt: skip
         print(f"fireflyer: {exc}", file=err)
     except KeyboardInterrupt:
         print("fireflyer: interrupted", file=err)

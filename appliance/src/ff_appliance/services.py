@@ -121,7 +121,13 @@ def _meta_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
 
 
 def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
-    return ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses), "--state-dir", str(ctx.state.data_dir(SCHEDULER))]
+    # A run may be preempted after 10 s (the service's default is 60 s): on this one-machine cluster the demo's
+    # preemption comes while its tiny model trains, not a minute later.
+    return [
+        "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
+        "--state-dir", str(ctx.state.data_dir(SCHEDULER)),
+        "--min-run-time-s", "10",
+    ]  # fmt: skip
 
 
 def _telemetry_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
