@@ -233,16 +233,19 @@ class FileSystem:
             return self._wb
 
     def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
-                   parent: tuple[int, str] | None = None, set_mode: bool = False) -> None:  # fmt: skip
+                   parent: tuple[int, str] | None = None, set_mode: bool = False,
+                   inode_id: int = 0) -> None:  # fmt: skip
         """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch, as
         ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
         it in that folder instead of at ``path`` (which then only names it in errors); ``mtime_ns``: its write
         time (default now); ``set_mode``: an existing file gets ``perm`` too (a chmod by its owner, after the
-        check that it may be written), not only a new one. Returns at once; errors come from ``sync``/``close``
+        check that it may be written), not only a new one; ``inode_id``: the file exists already (made earlier by
+        this client) and only it is written, wherever it is by then (a file that took its name is left alone;
+        one removed meanwhile is not written). Returns at once; errors come from ``sync``/``close``
         (``WritebackError``)."""
         _abs(path)
         item = PendingFile(path=path, data=bytes(data), perm=perm, mtime_ns=mtime_ns or time.time_ns(),
-                           parent=parent, acting=current_acting(), set_mode=set_mode)  # fmt: skip
+                           parent=parent, acting=current_acting(), set_mode=set_mode, inode_id=inode_id)  # fmt: skip
         self._writeback_queue().submit(item)
 
     def sync(self) -> None:

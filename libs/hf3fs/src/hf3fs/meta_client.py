@@ -34,6 +34,7 @@ ERRNO_OF_FS_ERROR = {
     "FS_ERROR_QUOTA_EXCEEDED": errno.EDQUOT, "FS_ERROR_NO_SPACE": errno.ENOSPC,
     "FS_ERROR_TOO_MANY_LINKS": errno.EMLINK, "FS_ERROR_BAD_SESSION": errno.EBADF, "FS_ERROR_BUSY": errno.EBUSY,
     "FS_ERROR_CONFLICT": errno.EAGAIN,
+    "FS_ERROR_STALE": errno.ESTALE,
 }  # fmt: skip
 ERRNO_OF_FS_ERROR_VALUE = {i + 1: e for i, e in enumerate(ERRNO_OF_FS_ERROR.values())}
 _ERRNO_OF_CODE = {

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -103,6 +103,9 @@ class PendingFile:
     parent: tuple[int, str] | None = None  # (folder inode id, name): created there instead of at ``path``
     acting: Identity | None = None  # the caller it is committed as (a multi-user mount's caller)
     set_mode: bool = False  # ``perm`` for a file that exists too (one created earlier), not only a new one
+    # Nonzero: the file exists already as this inode (created earlier, its bytes held until now): written back
+    # only into that file, wherever another client may have moved it meanwhile, never into a file that took its name.
+    inode_id: int = 0
     seq: int = 0
     queued_at: float = field(default_factory=time.monotonic)
 
@@ -347,26 +350,48 @@ class Writeback:
                     failed[k] = OSError(errno.EIO, f"write failed: {o.message or o.status}")
         self._close(opened, failed)
 
-    def _create(self, items: list[PendingFile]) -> list[tuple[PendingFile, pb.CreateResponse]]:
+    def _create(self, items: list[PendingFile], relocated: bool = False) -> list[tuple[PendingFile, pb.CreateResponse]]:
         fs = self._fs
         requests = [pb.CreateRequest(
             path=pb.PathAt(parent_inode_id=i.parent[0], path=i.parent[1]) if i.parent else pb.PathAt(path=i.path),
             mode=i.perm, open_mode=pb.OPEN_MODE_WRITE, truncate=True, session_id=uuid.uuid4().hex,
-            client_id=fs.client_id, reserve_bytes=len(i.data), set_mode=i.perm if i.set_mode else None)
+            client_id=fs.client_id, reserve_bytes=len(i.data), set_mode=i.perm if i.set_mode else None,
+            expect_inode_id=i.inode_id)
             for i in items]  # fmt: skip
         try:
             resp = self._batch_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests), len(requests))
         except OSError as err:
             self._fail([(i.path, err) for i in items])
             return []
-        opened, failures = [], []
+        opened, failures, moved = [], [], []
         for item, r in zip(items, resp.results, strict=True):
-            if r.error:
+            if r.error == pb.FS_ERROR_STALE and not relocated:
+                moved.append(item)
+            elif r.error:
                 failures.append((item.path, _os_error(r.error, r.message, item.path)))
             else:
                 opened.append((item, r.response))
         self._fail(failures)
-        return opened
+        return opened + (self._create(self._relocate(moved), relocated=True) if moved else [])
+
+    def _relocate(self, items: list[PendingFile]) -> list[PendingFile]:
+        """The files whose path names another file by now (another client renamed a folder above them), each at
+        its path now; one removed meanwhile is left out: its bytes go with it, as a removed open file's do."""
+        found = []
+        for item in items:
+            try:
+                where = self._fs._meta_call(lambda s: s.Realpath,
+                                            pb.RealpathRequest(path=pb.PathAt(parent_inode_id=item.inode_id)),
+                                            item.path)  # fmt: skip
+            except FileNotFoundError:
+                logger.info("write-back: %s was removed before its bytes were written back", item.path)
+                continue
+            except OSError as err:
+                self._fail([(item.path, err)])
+                continue
+            logger.info("write-back: %s is %s by now", item.path, where.path)
+            found.append(replace(item, path=str(where.path), parent=None))
+        return found
 
     def _batch_call(self, select: Callable[[Any], Any], request: Any, items: int) -> Any:
         """A BatchCreate or BatchClose, with a deadline that grows with the batch (meta on a loaded machine takes

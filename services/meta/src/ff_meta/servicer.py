@@ -258,10 +258,14 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
         set_mode = request.set_mode if request.HasField("set_mode") else None
 
+        expect = inode_id_of(request.expect_inode_id)
+
         def body(t: Tx) -> tuple[Inode, bool, SessionInfo | None]:
             where = at(request.path)
             mode = request.mode if set_mode is None else set_mode
             inode, created, chain = fsops.create(t, where, mode, request.exclusive, write, layout, inode_id, defaults)
+            if expect and (created or inode.inode_id != expect):  # (raised: the transaction creates nothing)
+                raise fs_error(FsCode.STALE, f"{where.path} is no longer the file {expect}")
             if set_mode is not None and not created:
                 inode = fsops.chmod_opened(t, inode, set_mode, where.path)
             sess = None
@@ -280,6 +284,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         if write and sess is None:  # O_TRUNC of an existing file with data: chunks go first, then the session
             await self._app.truncate(c, at(request.path), 0, "")
             inode, chain = await self._app.tx(c, lambda t: fsops.open_file(t, at(request.path), True, False))
+            if request.expect_inode_id and inode.inode_id != request.expect_inode_id:  # renamed in between
+                raise fs_error(FsCode.STALE, f"{request.path.path} is no longer the file {request.expect_inode_id}")
             sess = await self._session(c, inode, chain, request.session_id, request.client_id)
             if reserve > sess.write_limit:
                 opened = sess

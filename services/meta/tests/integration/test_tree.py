@@ -201,3 +201,30 @@ def test_create_with_set_mode_chmods_an_existing_file_as_its_owner(
     assert fs.stat(f"{home}/tar").mode == 0o666
     resp = create(fs, f"{home}/new", 0o640)
     assert resp.created and resp.inode.mode & 0o7777 == 0o640
+
+
+def test_create_expecting_an_inode_opens_only_that_file(fs: hf3fs.FileSystem, home: str) -> None:
+    """CreateRequest.expect_inode_id (the mount's write-back of a file created earlier): the path must still name
+    that file; a path that names another file, or none, is ESTALE and nothing is opened or created there."""
+    from fireflyer.meta.v1 import meta_pb2 as pb
+
+    def create(path: str, expect: int) -> Any:
+        return fs._meta_call(lambda s: s.Create, pb.CreateRequest(
+            path=pb.PathAt(path=path), mode=0o644, open_mode=pb.OPEN_MODE_WRITE, truncate=True,
+            session_id=os.urandom(8).hex(), client_id=fs.client_id, expect_inode_id=expect), path)  # fmt: skip
+
+    mine = fs.create(f"{home}/f", 0o644, exclusive=True).inode_id
+    assert create(f"{home}/f", mine).inode.inode_id == mine  # still there: opened
+    fs.rename(f"{home}/f", f"{home}/moved")
+    with fs.open(f"{home}/f", "wb") as other:
+        other.write(b"another file")
+    with pytest.raises(OSError) as stale:
+        create(f"{home}/f", mine)
+    assert stale.value.errno == errno.ESTALE
+    with fs.open(f"{home}/f", "rb") as other:
+        assert other.read() == b"another file"  # the file that took the name is untouched
+    with pytest.raises(OSError) as gone:
+        create(f"{home}/none", mine)  # no file at the path: not created
+    assert gone.value.errno == errno.ESTALE and not fs.exists(f"{home}/none")
+    with pytest.raises(FileNotFoundError):
+        create(f"{home}/f", 1 << 63)  # an id no inode can have

@@ -221,7 +221,10 @@ class PendingFiles:
                 data = h.file.getvalue()  # type: ignore[attr-defined]
                 # a mode set since the create (tar's fchmod) goes with the batch's Create: meta checks that the owner
                 # may write it, then applies it (a mode without owner write too), no SetAttr of its own
-                self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns, set_mode=pf.perm != pf.made_perm)
+                # by its inode: written into this file wherever another client moved it, never into one that took
+                # its name
+                self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns, set_mode=pf.perm != pf.made_perm,
+                                   inode_id=pf.inode_id)  # fmt: skip
                 h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
                 with self._lock:
                     self._pending.pop(pf.path, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,7 +153,8 @@ def test_a_tar_style_file_chmod_ed_after_its_create_needs_no_set_attr(
     closes it: on a --writeback mount the mode goes with the write-back's batched Create (meta chmods after its
     write check), not as a SetAttr per file; a mode without owner write too."""
     where, meter = counted
-    work = where / "tar"
+    folder = f"tar-{uuid.uuid4().hex[:8]}"  # (the session's cluster is shared: test_fuse_mount has a /fuse/tar)
+    work = where / folder
     work.mkdir()
     before = meter.counts()
     for name, mode in (("a.py", 0o644), ("ro.py", 0o444)):
@@ -165,7 +167,7 @@ def test_a_tar_style_file_chmod_ed_after_its_create_needs_no_set_attr(
             os.close(fd)
     deadline = time.monotonic() + 20
     while True:  # committed by the write-back after the close
-        st = [fs_cluster.client.stat(f"/fuse/tar/{n}") for n in ("a.py", "ro.py")]
+        st = [fs_cluster.client.stat(f"/fuse/{folder}/{n}") for n in ("a.py", "ro.py")]
         if [s.size for s in st] == [400, 500] or time.monotonic() > deadline:
             break
         time.sleep(0.05)

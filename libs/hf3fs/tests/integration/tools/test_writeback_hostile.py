@@ -181,10 +181,6 @@ def test_an_exclusive_create_on_the_mount_excludes_another_client_while_held_ope
 
 
 @needs_fuse
-@pytest.mark.xfail(strict=True, reason="defect: a pending file's bytes are written back by its path as it was at "
-                   "the create (FileSystem.write_back(path), truncate=True), so after another client renamed its "
-                   "folder the file there stays empty and the bytes fail ENOENT (logged only; close() returned 0), or "
-                   "overwrite whatever file now has the old path (seen: another client's file there)")  # fmt: skip
 def test_a_pending_file_whose_folder_another_client_renamed_lands_in_the_renamed_folder(
     mount: Path, fs_cluster: FsCluster
 ) -> None:
@@ -200,9 +196,28 @@ def test_a_pending_file_whose_folder_another_client_renamed_lands_in_the_renamed
     finally:
         os.close(fd)  # 0: as far as the program knows, the file is saved
     time.sleep(1.0)  # the mount's write-back commits 50 ms after the release
-    # seen: the other file became b"written before the rename, and after" and the renamed one stayed empty
+    # (before the write-back went by inode: the other file became b"written before the rename, and after" and the
+    # renamed one stayed empty)
     assert _read(fs_cluster.client, f"/fuse/{name}/f") == b"another file"
     assert _read(fs_cluster.client, f"/fuse/{name}-moved/f") == b"written before the rename, and after"
+
+
+@needs_fuse
+def test_a_pending_file_another_client_removed_is_not_made_again(mount: Path, fs_cluster: FsCluster) -> None:
+    """Removed while open here: its bytes go with it (as a removed open file's do); a file made at the name since
+    is left alone, and nothing reappears at the name."""
+    name = f"rm-{uuid.uuid4().hex[:8]}"
+    (mount / name).mkdir()
+    fd = os.open(mount / name / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"written to a file another client removes")
+        fs_cluster.client.remove(f"/fuse/{name}/f")
+        _write(fs_cluster.client, f"/fuse/{name}/g", b"a neighbour")
+    finally:
+        os.close(fd)
+    time.sleep(1.0)  # the mount's write-back commits 50 ms after the release
+    assert sorted(fs_cluster.client.listdir(f"/fuse/{name}")) == ["g"]
+    assert _read(fs_cluster.client, f"/fuse/{name}/g") == b"a neighbour"
 
 
 @needs_fuse

@@ -30,6 +30,7 @@ class FsCode(IntEnum):
     BAD_SESSION = 15
     BUSY = 16
     CONFLICT = 17
+    STALE = 18
 
     @property
     def wire_name(self) -> str:

@@ -60,6 +60,10 @@ class _FsErrorEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FsError.Value
     """EBUSY: e.g. removing the root [FAILED_PRECONDITION]"""
     FS_ERROR_CONFLICT: _FsError.ValueType  # 17
     """The store kept conflicting past the retry budget; the call may be retried [ABORTED]"""
+    FS_ERROR_STALE: _FsError.ValueType  # 18
+    """ESTALE: the path no longer names the file the call expects (see CreateRequest.expect_inode_id)
+    [FAILED_PRECONDITION]
+    """
 
 class FsError(_FsError, metaclass=_FsErrorEnumTypeWrapper):
     """---- errors ----
@@ -103,6 +107,10 @@ FS_ERROR_BUSY: FsError.ValueType  # 16
 """EBUSY: e.g. removing the root [FAILED_PRECONDITION]"""
 FS_ERROR_CONFLICT: FsError.ValueType  # 17
 """The store kept conflicting past the retry budget; the call may be retried [ABORTED]"""
+FS_ERROR_STALE: FsError.ValueType  # 18
+"""ESTALE: the path no longer names the file the call expects (see CreateRequest.expect_inode_id)
+[FAILED_PRECONDITION]
+"""
 Global___FsError: _TypeAlias = FsError  # noqa: Y015
 
 class _InodeType:
@@ -601,6 +609,7 @@ class CreateRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     RESERVE_BYTES_FIELD_NUMBER: _builtins.int
     SET_MODE_FIELD_NUMBER: _builtins.int
+    EXPECT_INODE_ID_FIELD_NUMBER: _builtins.int
     mode: _builtins.int
     """Permission bits, the client's umask already applied."""
     exclusive: _builtins.bool
@@ -622,6 +631,11 @@ class CreateRequest(_message.Message):
     otherwise, and nothing opened). A write-back of a file created earlier and chmod-ed since (the FUSE mount's
     tar-style new files) carries its mode so, without a SetAttr of its own.
     """
+    expect_inode_id: _builtins.int
+    """Nonzero: the path must name this existing file, else FS_ERROR_STALE and nothing changes (no file is
+    created). A write-back of a file created earlier whose folder another client may have renamed since (the FUSE
+    mount's pending files) then looks up where the file is now instead of writing whatever has the old name.
+    """
     @_builtins.property
     def path(self) -> Global___PathAt: ...
     @_builtins.property
@@ -641,10 +655,11 @@ class CreateRequest(_message.Message):
         client_id: _builtins.str = ...,
         reserve_bytes: _builtins.int = ...,
         set_mode: _builtins.int | None = ...,
+        expect_inode_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode", "layout", b"layout", "path", b"path", "set_mode", b"set_mode"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode", "client_id", b"client_id", "exclusive", b"exclusive", "layout", b"layout", "mode", b"mode", "open_mode", b"open_mode", "path", b"path", "reserve_bytes", b"reserve_bytes", "session_id", b"session_id", "set_mode", b"set_mode", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode", "client_id", b"client_id", "exclusive", b"exclusive", "expect_inode_id", b"expect_inode_id", "layout", b"layout", "mode", b"mode", "open_mode", b"open_mode", "path", b"path", "reserve_bytes", b"reserve_bytes", "session_id", b"session_id", "set_mode", b"set_mode", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__set_mode: _TypeAlias = _typing.Literal["set_mode"]  # noqa: Y015
     _WhichOneofArgType__set_mode: _TypeAlias = _typing.Literal["_set_mode", b"_set_mode"]  # noqa: Y015
