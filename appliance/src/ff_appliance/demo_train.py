@@ -87,11 +87,8 @@ def find_example(given: str | None) -> Path:
     """``given``, else ``examples/gpt`` of the checkout this package is installed from (editable)."""
     import ff_appliance
 
-    folder = (
-        Path(given).expanduser().resolve()
-        if given
-        else Path(ff_appliance.__file__).resolve().parents[3] / ("examples/gpt")
-    )
+    checkout = Path(ff_appliance.__file__).resolve().parents[3]  # <checkout>/appliance/src/ff_appliance
+    folder = Path(given).expanduser().resolve() if given else checkout / "examples" / "gpt"
     if not (folder / "train.py").is_file() or not (folder / "corpus.py").is_file():
         raise TrainDemoError(
             f"no tiny-GPT example (train.py, corpus.py) in {folder}: pass --example DIR (a folder every agent can read)"
@@ -129,15 +126,16 @@ class TrainDemo:
         await asyncio.to_thread(self._folders)
 
     def _folders(self) -> None:
-        with self._fs(None) as fs:
+        with self.fs(None) as fs:
             fs.makedirs(TRAIN_ROOT, exist_ok=True)
             fs.chmod(TRAIN_ROOT, 0o1777)  # anyone makes their own folder there (sticky, as /tmp)
-        with self._fs(TRAINER) as fs:
+        with self.fs(TRAINER) as fs:
             if not fs.exists(f"{TRAIN_ROOT}/{TRAINER}"):
                 fs.mkdir(f"{TRAIN_ROOT}/{TRAINER}", mode=0o700)
             fs.mkdir(self.folder, mode=0o700)
 
-    def _fs(self, user: str | None) -> Any:
+    def fs(self, user: str | None) -> Any:
+        """A 3FS client as ``user`` (None: the admin); close it."""
         return hf3fs.connect(mgmtd=self.addresses, token=self.tokens[user] if user else self.admin_token)
 
     def _env(self, user: str) -> dict[str, str]:
@@ -200,7 +198,7 @@ class TrainDemo:
         bar = proc.stderr.replace("\r", "\n").strip().splitlines()
         if bar:
             self.say(f"  {bar[-1].strip()}")
-        with self._fs(TRAINER) as fs:
+        with self.fs(TRAINER) as fs:
             st = fs.stat(target)
             mode = oct(fs.stat(self.folder).mode & 0o777)
         self.say(f"in 3FS: {target}, {st.size} bytes, owner uid {st.uid}; its folder is mode {mode} (only {TRAINER})")
@@ -422,7 +420,7 @@ async def _task_as(demo: TrainDemo, who: str, task_id: int) -> pb.Task:
 
 
 def _owner(demo: TrainDemo, path: str) -> int:
-    with demo._fs(TRAINER) as fs:
+    with demo.fs(TRAINER) as fs:
         return int(fs.stat(path).uid)
 
 
