@@ -81,11 +81,16 @@ digest=$(cat requirements/*.txt $(git ls-files '*pyproject.toml' '*setup.py' '*.
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] \
         || ! .venv/bin/python -c 'import hfreduce._kernels' >/dev/null 2>&1; then
     echo "bootstrap: installing the monorepo into .venv (log: .venv/pip-install.log)"
-    if ! .venv/bin/python -m pip install --disable-pip-version-check -r requirements/dev.txt \
+    # --no-compile: pip would byte-compile every file of every package (torch alone: ~45 s of one core here), most
+    # of which nothing imports; the import below compiles what the stack uses, and the rest is compiled on first use.
+    if ! .venv/bin/python -m pip install --no-compile --disable-pip-version-check -r requirements/dev.txt \
             > .venv/pip-install.log 2>&1; then
         tail -n 40 .venv/pip-install.log >&2
         echo "bootstrap: pip install failed; the whole log is .venv/pip-install.log" >&2
         exit 1
     fi
+    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import torch, ff_mgmtd.__main__, ff_meta.__main__, \
+ff_storage.__main__, ff_scheduler.__main__, ff_agent.__main__, ff_telemetry.__main__, ff_appliance.cli, hf3fs.cli, \
+hfai.cli, haiscale.ddp, haiscale.checkpoint, hfreduce.distributed" >> .venv/pip-install.log 2>&1
     echo "$digest" > "$stamp"
 fi
