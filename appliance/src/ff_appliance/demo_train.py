@@ -249,14 +249,14 @@ class TrainDemo:
                     text = await self.log(user, run.task_id, current.run_id)
                 except RpcError:  # no log yet: the run is starting
                     text = ""
-                self._show(run, current.run_id, text)
+                self._show(run, current.run_id, current.run_index, text)
             if done(task, run):
                 return task
             if time.monotonic() > deadline:
                 raise TrainDemoError(f"task {run.task_id}: {why} did not happen within {WAIT_S:g} s")
             await asyncio.sleep(POLL_S)
 
-    def _show(self, run: _Run, run_id: int, text: str) -> None:
+    def _show(self, run: _Run, run_id: int, run_index: int, text: str) -> None:
         for raw in text.splitlines():
             if raw.startswith("[") and not raw.startswith("[0] "):
                 continue  # another local rank's line
@@ -267,7 +267,7 @@ class TrainDemo:
                 continue
             run.printed.add(key)
             if m is None:
-                self.say(f"[run {run_id}] {line}")
+                self.say(f"[run {run_index}] {line}")  # as the summary counts runs: 0, 1, ...
                 continue
             step = int(m.group(1))
             run.newest_step = max(run.newest_step, step)
@@ -381,7 +381,7 @@ async def train_section(
         urgent_id = await demo.preempt(run)
         task = await demo.follow(user, run, _suspended, "the suspend")
         first = task.runs[0]
-        say(f"run {first.run_id} {_name(pb.RunState, first.state)} ({_name(pb.RunEndReason, first.end_reason)}: "
+        say(f"run {first.run_index} {_name(pb.RunState, first.state)} ({_name(pb.RunEndReason, first.end_reason)}: "
             f"{first.end_message}); suspend stage {_name(pb.SuspendStage, first.suspend_stage)}")  # fmt: skip
         owner = await asyncio.to_thread(_owner, demo, first.last_checkpoint.path)
         say(f"its checkpoint, as the scheduler counted it: {first.last_checkpoint.path} at step "

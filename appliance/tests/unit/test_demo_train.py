@@ -23,10 +23,10 @@ def test_only_rank_0_progress_lines_are_shown_once() -> None:
     log = (
         "[0] rank 0 of 4: from scratch\n[0] step 2 loss 3.5000 tokens/s 900\n[1] step 2 loss 9 tokens/s 1\n[0] noise\n"
     )
-    demo._show(run, 7, log)
-    demo._show(run, 7, log + "[0] step 4 loss 2.2500 tokens/s 1000\n")
+    demo._show(run, 7, 0, log)
+    demo._show(run, 7, 0, log + "[0] step 4 loss 2.2500 tokens/s 1000\n")
     assert shown == [
-        "[run 7] rank 0 of 4: from scratch",
+        "[run 0] rank 0 of 4: from scratch",
         "[########................] step    2/6 loss 3.5000 tokens/s 900",
         "[################........] step    4/6 loss 2.2500 tokens/s 1000",
     ]
