@@ -52,7 +52,7 @@ async def _facts(mgmtd: list[str], admin_token: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 120)
 def test_demo_quick_trains_through_a_preemption(appliance: Appliance) -> None:
-    appliance.ok("demo", "--quick", timeout_s=DEMO_TIMEOUT_S)
+    appliance.ok("demo", "--quick", "--train-only", timeout_s=DEMO_TIMEOUT_S)
     plan = json.loads((appliance.state_dir / "plan.json").read_text())
     mgmtd = [f"{i['host']}:{i['grpc_port']}" for i in plan["instances"] if i["service"] == "mgmtd"]
     admin_token = (appliance.state_dir / "secrets" / "admin_token").read_text().strip()

@@ -126,10 +126,10 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
         raise CliError(f"{state.root} has no plan or admin token after up")
     mgmtd_instances = plan.of_service(MGMTD)
     addresses = [i.grpc_address for i in mgmtd_instances]
-    if example is None:
+    if not args.train_only:
         cli.print("\n== a tour of the services")
         await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out)
-    else:
+    if example is not None:
         cli.print("\n== train the tiny GPT on this cluster" + (" (--quick: no faults)" if args.quick else ""))
         await run_train_demo(addresses, token, TrainPlan.for_demo(example, quick=args.quick), cli.out)
     cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
@@ -352,10 +352,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[common], help="services, nodes, health (exit 1 unless all healthy)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_cmd_status)
-    p = sub.add_parser("demo", parents=[common], help="up, status, then train a tiny GPT through a preemption")
+    p = sub.add_parser(
+        "demo", parents=[common], help="up, status, a tour of each service's calls, then train a tiny GPT through a "
+        "preemption"
+    )  # fmt: skip
     _add_up_arguments(p)
     p.add_argument("--quick", action="store_true", help="skip the faults (the preemption stays)")
-    p.add_argument("--tour", action="store_true", help="instead of training: a tour of each service's calls")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--tour", action="store_true", help="only the tour of each service's calls (no training)")
+    what.add_argument("--train-only", action="store_true", help="only the training (no tour)")
     p.add_argument(
         "--example",
         metavar="DIR",

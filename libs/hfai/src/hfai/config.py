@@ -42,12 +42,24 @@ def config_path(environ: Mapping[str, str]) -> Path:
     return Path(environ.get(CONFIG_ENV) or Path.home() / ".hfai" / "conf.json")
 
 
+def _stored(path: Path) -> dict[str, str]:
+    """The settings ``hfai init`` saved; ConfigError for a file that is not what it writes (empty, edited, cut
+    short)."""
+    try:
+        parsed = json.loads(path.read_text() or "null")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not an hfai config ({exc}); run `hfai init` again or remove it") from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
+        raise ConfigError(f"{path}: not an hfai config (a JSON object of strings); run `hfai init` again or remove it")
+    return {str(k): v for k, v in parsed.items()}
+
+
 def load(environ: Mapping[str, str] | None = None) -> HfaiConfig:
     env = os.environ if environ is None else environ
     stored: dict[str, str] = {}
     path = config_path(env)
     if path.exists():
-        stored = json.loads(path.read_text())
+        stored = _stored(path)
     return HfaiConfig(
         server=env.get(SERVER_ENV) or stored.get("server", ""),
         token=env.get(TOKEN_ENV) or env.get(FF_TOKEN_ENV) or stored.get("token", ""),

@@ -50,7 +50,11 @@ class _Reporter:
         self.labels = _agent_labels(environ)
         self.buffer = SampleBuffer(capacity=10_000)
         self.pusher: BackgroundPusher | None = None
-        cfg = config.load(environ)
+        try:
+            cfg = config.load(environ)
+        except config.ConfigError as exc:  # reporting must never fail the step
+            logger.warning("telemetry off: %s", exc)
+            return
         address = environ.get(ADDRESS_ENV, "")
         if cfg.token and (address or cfg.mgmtd_addresses()):
             # The agent's labels go once per push (common_labels), not with every sample.
