@@ -63,13 +63,25 @@ def test_concurrent_increments_are_all_kept(make_store: MakeStore) -> None:
     num_attempts = 0
     attempts_lock = threading.Lock()
     start = threading.Barrier(num_threads)
+    # On PostgreSQL each thread's first transaction reads, then waits for the other's to have read too: both write
+    # the same value, so one of them must lose and be run again (without it the threads may happen never to
+    # overlap). SQLite's write transactions take the write lock when they begin: the second one waits there.
+    both_read = threading.Barrier(num_threads, timeout=30)
+    first = threading.local()
+    rendezvous = store.engine.dialect.name == "postgresql"
     errors: list[BaseException] = []
 
     def counted_increment(session: Session) -> int:
         nonlocal num_attempts
         with attempts_lock:
             num_attempts += 1
-        return increment(session)
+        if not rendezvous or getattr(first, "done", False):
+            return increment(session)
+        first.done = True
+        value = read_counter(session) + 1
+        both_read.wait()
+        write_counter(session, value)
+        return value
 
     def worker() -> None:
         start.wait()
