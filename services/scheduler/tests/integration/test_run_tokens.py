@@ -24,15 +24,7 @@ async def test_a_runs_token_is_its_owners_and_is_revoked_when_the_run_ends(clust
     assert (await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
 
     await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
-
-    async def revoked() -> bool:
-        try:
-            await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())
-        except RpcError as err:
-            return err.code is grpc.StatusCode.UNAUTHENTICATED
-        return False
-
-    await eventually(revoked, timeout_s=20, what="the ended run's token revoked")
+    await eventually(lambda: revoked(as_run), timeout_s=20, what="the ended run's token revoked")
     # alice's own token is untouched
     assert (await alice.call(alice.user.WhoAmI, pb.WhoAmIRequest())).principal.name == "alice"
 
@@ -52,12 +44,13 @@ async def test_a_token_issued_before_a_scheduler_restart_is_revoked_when_its_run
 
     alice = cluster.client("alice")
     await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
+    await eventually(lambda: revoked(as_run), timeout_s=20, what="the token of a run ended after a restart revoked")
 
-    async def revoked() -> bool:
-        try:
-            await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())
-        except RpcError as err:
-            return err.code is grpc.StatusCode.UNAUTHENTICATED
-        return False
 
-    await eventually(revoked, timeout_s=20, what="the token of a run that ended after a restart revoked")
+async def revoked(as_run: SchedulerClient) -> bool:
+    """Whether the scheduler now refuses the run's token as unknown."""
+    try:
+        await as_run.call(as_run.user.WhoAmI, pb.WhoAmIRequest())
+    except RpcError as err:
+        return err.code is grpc.StatusCode.UNAUTHENTICATED
+    return False
