@@ -36,4 +36,6 @@ def test_telemetry_reports_nothing_but_does_not_fail_with_a_broken_config(
     monkeypatch.setenv(config.CONFIG_ENV, str(path))
     telemetry.flush()  # (a reporter made earlier in this process goes)
     telemetry.report(step=1, loss=2.0)  # no exception: the step goes on
+    reporter = telemetry._Process.reporter
+    assert reporter is not None and reporter.pusher is None  # and nothing is sent
     telemetry.flush()
