@@ -224,8 +224,14 @@ async def test_metrics_count_requests_by_code(served: Any) -> None:
     with pytest.raises(RpcError):
         await call(channel, "", "GetRoutingInfo", pb.GetRoutingInfoRequest())
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
     labels = 'method="GetRoutingInfo",service="fireflyer.mgmtd.v1.MgmtdService"'
+    # The status reaches the client before the server's call ends and counts it: scrape until all three
+    # are counted (none in flight), for a bounded time.
+    for _ in range(100):
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+        if "ff_rpc_in_flight{service=\"fireflyer.mgmtd.v1.MgmtdService\"} 0.0" in text:
+            break
+        await asyncio.sleep(0.05)
     assert f'ff_rpc_requests_total{{code="OK",{labels}}} 1.0' in text
     assert f'ff_rpc_requests_total{{code="NOT_FOUND",{labels}}} 1.0' in text
     assert f'ff_rpc_requests_total{{code="UNAUTHENTICATED",{labels}}} 1.0' in text
