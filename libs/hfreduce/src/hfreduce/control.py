@@ -105,6 +105,22 @@ class ControlServer:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def wait_settled(self, culprit: int, timeout_s: float) -> bool:
+        """Wait until every rank but ``culprit`` (which may hang, not ask) has left, died, or asked who failed and
+        had its answer, for at most ``timeout_s``.
+
+        Rank 0 calls this before it raises a peer failure: its process may exit right after, taking this server
+        with it, and a rank that had not asked yet would then blame rank 0 instead of the rank that failed.
+        """
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            pending = {b.asker for b in self._blames}
+            ranks = [(r, s) for r, s in list(self._ranks.items()) if r != culprit]
+            if all(s.left or s.dead or (s.asked_blame and r not in pending) for r, s in ranks):
+                return True
+            time.sleep(0.01)
+        return False
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -171,8 +187,8 @@ class ControlServer:
             else:
                 state.left = True
         elif kind == "blame":
-            self._ranks[msg["rank"]].asked_blame = True
             self._blames.append(_Blame(conn, msg["rank"], msg["seq"], msg["suspect"], msg["kind"], time.monotonic()))
+            self._ranks[msg["rank"]].asked_blame = True  # after the append: wait_settled must see it pending
 
     def _hello(self, conn: socket.socket, msg: Message) -> None:
         rank = msg["rank"]

@@ -305,6 +305,8 @@ class Runtime:
             culprit, reason = int(reply["rank"]), str(reply["reason"])
         except (OSError, ConnectionError, ValueError):
             culprit, reason = 0, "died (its control server is gone)"
+        if self.server is not None:  # the other ranks learn the culprit before this process may exit
+            self.server.wait_settled(culprit, min(self.config.timeout_s, 5.0))
         entry = self.table[culprit]
         err = PeerFailureError(
             rank=culprit,
