@@ -234,18 +234,19 @@ class FileSystem:
 
     def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
                    parent: tuple[int, str] | None = None, set_mode: bool = False,
-                   inode_id: int = 0) -> None:  # fmt: skip
+                   inode_id: int = 0, quota_id: int = 0) -> None:  # fmt: skip
         """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch, as
         ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
         it in that folder instead of at ``path`` (which then only names it in errors); ``mtime_ns``: its write
         time (default now); ``set_mode``: an existing file gets ``perm`` too (a chmod by its owner, after the
         check that it may be written), not only a new one; ``inode_id``: the file exists already (made earlier by
         this client) and only it is written, wherever it is by then (a file that took its name is left alone;
-        one removed meanwhile is not written). Returns at once; errors come from ``sync``/``close``
-        (``WritebackError``)."""
+        one removed meanwhile is not written); ``quota_id``: the folder of the byte quota it counts against, for
+        ``writeback_held_bytes``. Returns at once; errors come from ``sync``/``close`` (``WritebackError``)."""
         _abs(path)
         item = PendingFile(path=path, data=bytes(data), perm=perm, mtime_ns=mtime_ns or time.time_ns(),
-                           parent=parent, acting=current_acting(), set_mode=set_mode, inode_id=inode_id)  # fmt: skip
+                           parent=parent, acting=current_acting(), set_mode=set_mode, inode_id=inode_id,
+                           quota_id=quota_id)  # fmt: skip
         self._writeback_queue().submit(item)
 
     def sync(self) -> None:
@@ -261,6 +262,10 @@ class FileSystem:
     def writeback_pending(self) -> int:
         """How many files are queued or being committed."""
         return self._wb.pending() if self._wb is not None else 0
+
+    def writeback_held_bytes(self, quota_id: int) -> int:
+        """Bytes of files queued or being committed with this ``quota_id`` (see ``write_back``)."""
+        return self._wb.held_bytes(quota_id) if self._wb is not None else 0
 
     def __enter__(self) -> FileSystem:
         return self
@@ -512,9 +517,15 @@ class FileSystem:
         self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode, recursive=True), path)
 
     def create(self, path: str, mode: int = 0o644, exclusive: bool = False) -> Stat:
+        return self.create_file(path, mode, exclusive)[0]
+
+    def create_file(self, path: str, mode: int = 0o644, exclusive: bool = False) -> tuple[Stat, tuple[int, int] | None]:
+        """``create`` and (bytes still allowed, folder) of the tightest byte quota over the file, or None when no
+        byte quota applies (what a caller that holds the file's bytes before writing them stays within)."""
         resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(
             path=_at(path), mode=mode, exclusive=exclusive, open_mode=pb.OPEN_MODE_READ), path)  # fmt: skip
-        return Stat.from_pb(resp.inode)
+        room = (resp.quota_room_bytes, resp.quota_inode_id) if resp.HasField("quota_room_bytes") else None
+        return Stat.from_pb(resp.inode), room
 
     def remove(self, path: str) -> None:
         """unlink(2): a file, symlink or special file (IsADirectoryError for a folder, nothing removed). One meta

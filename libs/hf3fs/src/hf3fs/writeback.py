@@ -106,6 +106,7 @@ class PendingFile:
     # Nonzero: the file exists already as this inode (created earlier, its bytes held until now): written back
     # only into that file, wherever another client may have moved it meanwhile, never into a file that took its name.
     inode_id: int = 0
+    quota_id: int = 0  # the folder of the byte quota it counts against (0: none given)
     seq: int = 0
     queued_at: float = field(default_factory=time.monotonic)
 
@@ -204,6 +205,11 @@ class Writeback:
     def pending(self) -> int:
         with self._cond:
             return len(self._queue) + len(self._inflight)
+
+    def held_bytes(self, quota_id: int) -> int:
+        """Bytes of the queued and in-flight files that count against the quota of folder ``quota_id``."""
+        with self._cond:
+            return sum(len(i.data) for i in [*self._queue.values(), *self._inflight.values()] if i.quota_id == quota_id)
 
     def on_flusher(self) -> bool:
         return threading.current_thread() in self._threads

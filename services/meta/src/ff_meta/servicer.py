@@ -21,7 +21,8 @@ from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc
 
 Context = Any
-CreateDone = tuple[Inode, bool, SessionInfo | None]  # Create's transaction: inode, created, write session
+# Create's transaction: inode, created, write session, (room, folder) of the tightest byte quota over it or None
+CreateDone = tuple[Inode, bool, SessionInfo | None, tuple[int, int] | None]
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 MAX_BATCH = 10000
@@ -260,7 +261,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
         expect = inode_id_of(request.expect_inode_id)
 
-        def body(t: Tx) -> tuple[Inode, bool, SessionInfo | None]:
+        def body(t: Tx) -> CreateDone:
             where = at(request.path)
             mode = request.mode if set_mode is None else set_mode
             inode, created, chain = fsops.create(t, where, mode, request.exclusive, write, layout, inode_id, defaults)
@@ -272,13 +273,13 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             if write and not (request.truncate and not created and inode.length):
                 sess = fsops.open_session(t, inode, chain, request.session_id, request.client_id, defaults, expires)
                 sess = _reserved(t, sess, reserve)
-            return inode, created, sess
+            return inode, created, sess, fsops.quota_room(chain, reserved=reserve if sess is not None else 0)
 
         return body
 
     async def _create_finish(self, c: Caller, request: pb.CreateRequest, done: CreateDone) -> pb.CreateResponse:
         """After Create's transaction: O_TRUNC of an existing file with data (storage first), the answer."""
-        inode, created, sess = done
+        inode, created, sess, room = done
         write = open_mode_of(request.open_mode, READ) in (WRITE, RW)
         reserve = request.reserve_bytes
         if write and sess is None:  # O_TRUNC of an existing file with data: chunks go first, then the session
@@ -294,6 +295,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         if sess is not None:
             resp.session.CopyFrom(session_pb(sess))
         resp.io_capability.CopyFrom(self._cap(inode, write))
+        if room is not None:
+            resp.quota_room_bytes, resp.quota_inode_id = room
         return resp
 
     async def Mkdirs(self, request: pb.MkdirsRequest, context: Context) -> pb.MkdirsResponse:

@@ -134,6 +134,23 @@ def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, 
     assert fs.get_quota(home) is None
 
 
+def test_create_answers_the_tightest_byte_quotas_room(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
+                                                       home: str) -> None:  # fmt: skip
+    assert fs.create_file(f"{home}/free")[1] is None  # no quota above it
+    admin_fs.set_quota(home, max_bytes=3 * MiB)
+    fs.mkdir(f"{home}/in")
+    admin_fs.set_quota(f"{home}/in", max_bytes=2 * MiB, max_inodes=10)
+    outer, inner = fs.stat(home), fs.stat(f"{home}/in")
+    assert fs.create_file(f"{home}/in/x")[1] == (2 * MiB, inner.inode_id)
+    with fs.open(f"{home}/a.bin", "wb") as f:
+        f.write(b"a" * (MiB + 5))
+    # the outer quota is the tightest now, though the folder's own one has more left
+    assert fs.create_file(f"{home}/in/y")[1] == (2 * MiB - 5, outer.inode_id)
+    admin_fs.set_quota(f"{home}/in", max_inodes=10)  # an inode quota alone limits no bytes
+    assert fs.create_file(f"{home}/in/z")[1] == (2 * MiB - 5, outer.inode_id)
+    assert fs.create_file(f"{home}/z")[1] == (2 * MiB - 5, outer.inode_id)
+
+
 def test_trash_restore_and_empty(fs: hf3fs.FileSystem, home: str) -> None:
     fs.makedirs(f"{home}/t/u")
     with fs.open(f"{home}/t/u/f", "wb") as f:

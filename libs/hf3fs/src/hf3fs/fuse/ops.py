@@ -173,6 +173,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
         self._cache = AttrCache(options.attr_timeout_s)  # meta's recent answers (see hf3fs.fuse.attrs)
         self._pending: dict[str, int] = {}  # new files meta does not know yet: path -> handle (hf3fs.fuse.pending)
+        self._quota_room: dict[int, int] = {}  # byte quotas' room for pending files (hf3fs.fuse.pending)
 
     # ---- handles ----
 

@@ -7,12 +7,13 @@ across clients and the file has its inode), but its bytes stay in the mount's me
 change what is kept, and its release hands it to the client's write-back (``FileSystem.write_back``), which
 writes and closes queued files in batches (``hf3fs.writeback``). Anything else that needs the bytes in meta first
 (another open of it, an ``fsync``, a name operation on it or its folder, a listing of its folder, more than
-``MAX_PENDING_BYTES``) writes them at once.
+``MAX_PENDING_BYTES``, more than its folder's byte quota has room for as the last Create told) writes them at once,
+so a quota's EDQUOT comes at ``write(2)`` as without write-back.
 
 What changes for the program: other clients see the file empty until its batch is committed
 (``WritebackOptions.max_delay_s`` after the close, 50 ms by default); errors of the deferred write (a folder
-renamed or removed by another client meanwhile, storage refusing) are logged by the write-back, not returned to
-the program.
+renamed or removed by another client meanwhile, storage refusing, another client filling the quota) are logged by
+the write-back, not returned to the program.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class PendingFile:
     inode_id: int
     ctime_ns: int
     made_perm: int = 0  # the permission bits it was created with
+    quota_id: int = 0  # the folder of the tightest byte quota over it (0: none)
     atime_ns: int = 0
     mtime_ns: int = 0  # 0: the time of its last write
     times_set: bool = False  # futimens was called (the times to give meta)
@@ -107,6 +109,7 @@ class PendingFiles:
     _handles: dict[int, Handle]
     _by_inode: dict[int, set[int]]
     _pending: dict[str, int]  # path -> the handle of the pending file there
+    _quota_room: dict[int, int]  # quota folder -> bytes its pending files may still hold (see _hold)
     _uid: int
     _gid: int
 
@@ -121,11 +124,14 @@ class PendingFiles:
             return None
         from hf3fs.fuse.handles import Handle
 
-        made = self.fs.create(path, perm | stat.S_IWUSR, exclusive=True)
-        pf = PendingFile(path, perm, self._uid, self._gid, made.inode_id, made.ctime_ns, made_perm=perm | stat.S_IWUSR)
+        made, room = self.fs.create_file(path, perm | stat.S_IWUSR, exclusive=True)
+        pf = PendingFile(path, perm, self._uid, self._gid, made.inode_id, made.ctime_ns, made_perm=perm | stat.S_IWUSR,
+                         quota_id=room[1] if room else 0)  # fmt: skip
         fh = self._add(Handle(io.BytesIO(), pf.inode_id, True, pending=pf))
         with self._lock:
             self._pending[path] = fh
+        if room is not None:
+            self._count_room(*room)
         self._cache.changed(path, pf.stat(0))
         return fh
 
@@ -185,19 +191,48 @@ class PendingFiles:
                 self._pending.pop(pf.path, None)
         self._cache.changed(pf.path, UNKNOWN)
 
+    def _count_room(self, room: int, quota_id: int) -> None:
+        """Meta's word on a byte quota (``room`` bytes left, as of a Create just now) less what this mount holds
+        that meta does not count yet: bytes of open pending files and of files queued for write-back under it."""
+        with self._lock:
+            handles = [self._handles.get(fh) for fh in self._pending.values()]
+        held = sum(h.end for h in handles if h is not None and h.pending is not None and h.pending.quota_id == quota_id)
+        held += self.fs.writeback_held_bytes(quota_id)
+        with self._lock:
+            self._quota_room[quota_id] = room - held
+
+    def _hold(self, pf: PendingFile, grow: int) -> bool:
+        """Count ``grow`` more bytes of a pending file against its quota's room: False (nothing counted) when they
+        do not fit, and the file must be written through, where meta reserves its bytes (EDQUOT at write(2)).
+        The room is meta's at the last Create under that quota less what this mount holds since, so it errs on
+        the side of writing through (another client's writes meanwhile are meta's to refuse, at the write-back)."""
+        if not pf.quota_id or grow <= 0:
+            return True
+        with self._lock:
+            left = self._quota_room.get(pf.quota_id, 0)
+            if grow > left:
+                return False
+            self._quota_room[pf.quota_id] = left - grow
+        return True
+
     def _pending_write(self, fh: int, h: Handle, data: bytes, offset: int) -> bool:
-        """Write into a pending file's memory: False (made real first) when it would grow past the bound."""
+        """Write into a pending file's memory: False (made real first) when it would grow past the bound or past
+        what its folder's byte quota allows."""
         if offset + len(data) > MAX_PENDING_BYTES:
             self._materialize(fh)
             return False
         with h.lock:
             if h.pending is None:  # made real meanwhile
                 return False
-            h.file.seek(offset)
-            h.file.write(data)
-            h.end = max(h.end, offset + len(data))
-            h.pending.wrote()
-        return True
+            fits = self._hold(h.pending, offset + len(data) - h.end)
+            if fits:
+                h.file.seek(offset)
+                h.file.write(data)
+                h.end = max(h.end, offset + len(data))
+                h.pending.wrote()
+        if not fits:
+            self._materialize(fh)
+        return fits
 
     def _pending_set(self, h: Handle | None, change: Callable[[PendingFile], None]) -> bool:
         """Apply a setattr to a pending file, under its handle's lock: False when it is not (or no longer: its
@@ -224,7 +259,7 @@ class PendingFiles:
                 # by its inode: written into this file wherever another client moved it, never into one that took
                 # its name
                 self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns, set_mode=pf.perm != pf.made_perm,
-                                   inode_id=pf.inode_id)  # fmt: skip
+                                   inode_id=pf.inode_id, quota_id=pf.quota_id)  # fmt: skip
                 h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
                 with self._lock:
                     self._pending.pop(pf.path, None)

@@ -265,12 +265,6 @@ def test_a_pending_create_in_a_folder_the_user_may_not_write_is_refused_to_the_p
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a pending file over its folder's byte quota: write and close return "
-    "0 (the bytes wait in the mount), the write-back's EDQUOT goes to the mount's log only and the file "
-    "stays empty; issue 16 defect 5 asked for the quota error at write, it no longer comes at all",
-)
 def test_a_pending_file_over_its_folders_byte_quota_fails_the_program_not_only_the_log(
     mount: Path, fs_cluster: FsCluster, admin: hf3fs.FileSystem
 ) -> None:
@@ -285,6 +279,31 @@ def test_a_pending_file_over_its_folders_byte_quota_fails_the_program_not_only_t
         finally:
             os.close(fd)
     assert caught.value.errno == errno.EDQUOT
+
+
+@needs_fuse
+def test_pending_files_that_fit_alone_but_not_together_fail_at_write(
+    mount: Path, fs_cluster: FsCluster, admin: hf3fs.FileSystem
+) -> None:
+    """Each file fits the quota's room, the second with the first does not: its write(2) fails (the first was
+    held in the mount, not yet counted by meta); what fits is written back whole."""
+    name = f"quota-{uuid.uuid4().hex[:8]}"
+    admin.mkdir(f"/fuse/{name}", mode=0o777)
+    admin.set_quota(f"/fuse/{name}", max_bytes=10_000)
+    (mount / name / "a").write_bytes(b"a" * 6000)
+    fd = os.open(mount / name / "b", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"b" * 3000)  # fits beside a
+        with pytest.raises(OSError) as caught:
+            os.write(fd, b"b" * 3000)
+        assert caught.value.errno == errno.EDQUOT
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + 5.0  # the write-back commits a within its 50 ms delay
+    while _read(admin, f"/fuse/{name}/a") != b"a" * 6000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _read(admin, f"/fuse/{name}/a") == b"a" * 6000
+    assert _read(admin, f"/fuse/{name}/b") == b"b" * 3000
 
 
 @needs_fuse

@@ -164,6 +164,14 @@ def create(
     return inode, True, chain
 
 
+def quota_room(chain: list[QuotaRow], reserved: int = 0) -> tuple[int, int] | None:
+    """(bytes still allowed, folder) of the tightest byte quota of ``chain`` once ``reserved`` more bytes are
+    taken; None when none of them limits bytes."""
+    rooms = [(max(0, q.max_bytes - q.used_bytes - q.reserved_bytes - reserved), q.inode_id)
+             for q in chain if q.max_bytes]  # fmt: skip
+    return min(rooms) if rooms else None
+
+
 def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
     r = tx.existing(at, follow_last=True)
     inode = r.inode

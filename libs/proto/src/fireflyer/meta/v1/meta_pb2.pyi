@@ -675,8 +675,16 @@ class CreateResponse(_message.Message):
     CREATED_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
     IO_CAPABILITY_FIELD_NUMBER: _builtins.int
+    QUOTA_ROOM_BYTES_FIELD_NUMBER: _builtins.int
+    QUOTA_INODE_ID_FIELD_NUMBER: _builtins.int
     created: _builtins.bool
     """False when an existing file was opened."""
+    quota_room_bytes: _builtins.int
+    """The bytes the tightest byte quota over the file's folder still allows after this call (its limit less what is
+    used and reserved), and that quota's folder; unset when no byte quota applies. A client that keeps a new file's
+    bytes before writing them (the FUSE mount's write-back) writes through past this, so EDQUOT comes at write(2).
+    """
+    quota_inode_id: _builtins.int
     @_builtins.property
     def inode(self) -> Global___Inode: ...
     @_builtins.property
@@ -692,12 +700,16 @@ class CreateResponse(_message.Message):
         created: _builtins.bool = ...,
         session: Global___WriteSession | None = ...,
         io_capability: Global___IoCapability | None = ...,
+        quota_room_bytes: _builtins.int | None = ...,
+        quota_inode_id: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["inode", b"inode", "io_capability", b"io_capability", "session", b"session"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_room_bytes", b"_quota_room_bytes", "inode", b"inode", "io_capability", b"io_capability", "quota_room_bytes", b"quota_room_bytes", "session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "inode", b"inode", "io_capability", b"io_capability", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_room_bytes", b"_quota_room_bytes", "created", b"created", "inode", b"inode", "io_capability", b"io_capability", "quota_inode_id", b"quota_inode_id", "quota_room_bytes", b"quota_room_bytes", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__quota_room_bytes: _TypeAlias = _typing.Literal["quota_room_bytes"]  # noqa: Y015
+    _WhichOneofArgType__quota_room_bytes: _TypeAlias = _typing.Literal["_quota_room_bytes", b"_quota_room_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_room_bytes) -> _WhichOneofReturnType__quota_room_bytes | None: ...
 
 Global___CreateResponse: _TypeAlias = CreateResponse  # noqa: Y015
 
