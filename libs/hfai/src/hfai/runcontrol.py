@@ -6,7 +6,8 @@ folder per run on the node (``$HFAI_RUN_DIR``) holds:
 - ``suspend``: written by the agent (``b"1"``) to ask rank 0 to suspend (``receive_suspend_command``);
 - ``events.jsonl``: appended by the SDK, one JSON object per line with a ``seq`` and a ``kind``:
   ``received`` (rank 0 read the flag), ``go_suspend`` (checkpoint saved: stop me now), ``whole_life_state``
-  (``value``), ``watchdog_time`` (``seconds``), ``checkpoint`` (``path``, ``step``);
+  (``value``), ``watchdog_time`` (``seconds``), ``checkpoint`` (``path``, ``step``,
+  ``taken_at``: when its state was captured, 0 if not told);
 - ``acked``: the highest ``seq`` the agent has relayed to the scheduler (stored durably there), so
   ``set_whole_life_state`` returns only once the value will reach the next run.
 
@@ -40,6 +41,11 @@ class Event:
     seq: int
     kind: str
     data: dict[str, Any]
+
+    @property
+    def written_at(self) -> float:
+        """When the task appended it (``seq`` is its ``time.time_ns()``), on this node's clock."""
+        return self.seq / 1e9
 
 
 class RunControl:

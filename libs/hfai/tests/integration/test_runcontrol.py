@@ -24,12 +24,19 @@ def test_suspend_flag_and_events_round_trip(tmp_path: Path, monkeypatch: pytest.
     assert client.receive_suspend_command() is True  # acknowledged once
     client.set_watchdog_time(600)
     client.report_checkpoint("/3fs/ckpt", step=3)
+    taken_at = time.time()
+    client.report_checkpoint("/3fs/ckpt2", step=4, taken_at=taken_at)
+    with pytest.raises(ValueError, match="taken_at"):
+        client.report_checkpoint("/3fs/ckpt3", step=5, taken_at=float("nan"))
     events = agent.new_events()
     assert [(e.kind, e.data) for e in events] == [
         ("received", {}),
         ("watchdog_time", {"seconds": 600.0}),
-        ("checkpoint", {"path": "/3fs/ckpt", "step": 3}),
+        ("checkpoint", {"path": "/3fs/ckpt", "step": 3, "taken_at": 0.0}),  # not told: it cannot end a suspend
+        ("checkpoint", {"path": "/3fs/ckpt2", "step": 4, "taken_at": taken_at}),
     ]
+    # When rank 0 read the flag, on this clock: what a checkpoint's taken_at is compared with.
+    assert events[0].written_at <= taken_at <= time.time()
     assert agent.new_events() == []
 
 

@@ -75,14 +75,14 @@ class SchedulerLink:
             request.watchdog_time_s = watchdog_time_s
         await self._rpc.unary(self._stub().UpdateRun, request)
 
-    async def report_checkpoint(self, task_id: int, run_id: int, path: str, step: int) -> None:
+    async def report_checkpoint(self, task_id: int, run_id: int, path: str, step: int, taken_at: float) -> None:
         await self._rpc.unary(
             self._stub().ReportCheckpoint,
             pb.ReportCheckpointRequest(
                 node_id=self.node_id,
                 task_id=task_id,
                 run_id=run_id,
-                checkpoint=pb.Checkpoint(path=path, step=step, committed_at=time.time()),
+                checkpoint=pb.Checkpoint(path=path, step=step, committed_at=time.time(), taken_at=taken_at),
             ),
         )
 

@@ -382,7 +382,9 @@ class NodeRuns:
         now = time.time()
         task_id, run_id = run.key
         if event.kind == runcontrol.RECEIVED:
-            await self.link.suspend_stage(task_id, run_id, pb.SUSPEND_STAGE_RECEIVED, now)
+            # When rank 0 read the flag, on this node's clock: a checkpoint it takes after counts for the suspend.
+            read_at = min(now, event.written_at)
+            await self.link.suspend_stage(task_id, run_id, pb.SUSPEND_STAGE_RECEIVED, read_at)
             if run.suspend is not None:
                 run.suspend.received(now)
             run.suspend_stage = max(run.suspend_stage, pb.SUSPEND_STAGE_RECEIVED)
@@ -400,7 +402,12 @@ class NodeRuns:
         elif event.kind == runcontrol.WATCHDOG_TIME:
             await self.link.update_run(task_id, run_id, watchdog_time_s=float(event.data["seconds"]))
         elif event.kind == runcontrol.CHECKPOINT:
-            await self.link.report_checkpoint(task_id, run_id, str(event.data["path"]), int(event.data["step"]))
+            path, step, taken_at = (
+                str(event.data["path"]),
+                int(event.data["step"]),
+                float(event.data.get("taken_at", 0)),
+            )
+            await self.link.report_checkpoint(task_id, run_id, path, step, taken_at)
         return False
 
     def _deadlines(self, run: Run) -> bool:

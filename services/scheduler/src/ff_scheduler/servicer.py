@@ -301,13 +301,14 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
         c = request.checkpoint
         validation.check_length("checkpoint.path", c.path, validation.MAX_PATH_CHARS)
         committed_at = validation.check_seconds("checkpoint.committed_at", c.committed_at) or self._s.now()
+        taken_at = validation.check_seconds("checkpoint.taken_at", c.taken_at)
         _run_ids(request.task_id, request.run_id)
         if self._checkpoints is not None:
             uid = await self._s.store.arun(
                 lambda s: ops.task_uid_of_run(s, request.node_id, request.task_id, request.run_id), read_only=True
             )
             await self._checkpoints.check(c.path, uid)
-        data = {"path": c.path, "step": c.step, "committed_at": committed_at}
+        data = {"path": c.path, "step": c.step, "committed_at": committed_at, "taken_at": taken_at}
         await self._s.store.arun(
             lambda s: ops.report_checkpoint(s, request.node_id, request.task_id, request.run_id, data)
         )

@@ -277,7 +277,8 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
             ),
         )
 
-    async def checkpoint(self, run_id: int, step: int, path: str | None = None) -> None:
+    async def checkpoint(self, run_id: int, step: int, path: str | None = None, taken_at: float | None = None) -> None:
+        """Report a checkpoint of ``run_id``, its state captured at ``taken_at`` (default: now)."""
         assert self.client is not None
         await self.client.call(
             self.client.agent.ReportCheckpoint,
@@ -285,7 +286,12 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
                 node_id=self.node_id,
                 task_id=self.task_of[run_id],
                 run_id=run_id,
-                checkpoint=pb.Checkpoint(path=path or f"/3fs/ckpt/{run_id}", step=step, committed_at=time.time()),
+                checkpoint=pb.Checkpoint(
+                    path=path or f"/3fs/ckpt/{run_id}",
+                    step=step,
+                    committed_at=time.time(),
+                    taken_at=time.time() if taken_at is None else taken_at,
+                ),
             ),
         )
 

@@ -3,6 +3,8 @@ resume with whole_life_state: real gRPC both ways (users -> scheduler -> agent d
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from ff_scheduler.core import priority as p
@@ -70,7 +72,7 @@ async def test_suspend_without_acknowledgment_is_forced_after_the_window(cluster
     assert (await task_of(alice, task.task_id)).runs[0].end_reason == pb.RUN_END_REASON_SUSPENDED_BY_USER
 
 
-async def test_committed_checkpoint_evicts_before_the_grace_ends(cluster: Any) -> None:
+async def test_checkpoint_taken_after_the_flag_evicts_before_the_grace_ends(cluster: Any) -> None:
     await cluster.restart_scheduler(check_checkpoints=False)  # no 3FS here (haiscale's tests check with one)
     agent = await cluster.add_agent(suspend_mode="ack_only")
     root, alice = cluster.client("root"), cluster.client("alice")
@@ -83,7 +85,13 @@ async def test_committed_checkpoint_evicts_before_the_grace_ends(cluster: Any) -
     assert agent.suspends[0].grace_s == 10.0
     run_id = agent.suspends[0].run_id
     await eventually(lambda: _stage(alice, task.task_id, pb.SUSPEND_STAGE_RECEIVED), what="acknowledged")
-    await agent.checkpoint(run_id, step=100)
+    # A periodic save begun before rank 0 read the flag commits now: it lacks the steps since, so it must not
+    # end the run (the task is saving again). Several ticks (0.1 s apart) see it; none stops the run.
+    await agent.checkpoint(run_id, step=90, taken_at=time.time() - 5)
+    assert (await task_of(alice, task.task_id)).current_run.last_checkpoint.step == 90
+    await asyncio.sleep(0.5)
+    assert not agent.stops and (await task_of(alice, task.task_id)).current_run.state == pb.RUN_STATE_SUSPENDING
+    await agent.checkpoint(run_id, step=100)  # taken now: after the flag was read
     await agent.wait_for(lambda: bool(agent.stops), timeout_s=3)  # well within the 10 s grace
     t = await task_of(alice, task.task_id)
     assert t.runs[0].last_checkpoint.step == 100

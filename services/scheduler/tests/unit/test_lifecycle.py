@@ -29,7 +29,9 @@ POLICY = LifecyclePolicy(
 )
 
 
-def suspending(stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: float = 0.0) -> TaskSnap:
+def suspending(
+    stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: float = 0.0, taken_at: float = 0.0
+) -> TaskSnap:
     task = running(1, (1, 2), p.LOW, started_at=T0 - 100)
     assert task.run is not None
     change = request_suspend(task.run, EndReason.PREEMPTED, POLICY, 0)
@@ -44,6 +46,7 @@ def suspending(stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: 
         grace_s=change.grace_s,
         stop_reason=EndReason.PREEMPTED,
         checkpoint_committed_at=checkpoint_at,
+        checkpoint_taken_at=taken_at,
     )
     return replace(task, run=run)
 
@@ -75,15 +78,38 @@ def suspending(stage: SuspendStage, *, received_at: float = 0.0, checkpoint_at: 
             "go_suspend",
         ),
         (
-            "checkpoint committed after the suspend: evicted at once",
-            suspending(SuspendStage.RECEIVED, received_at=T0 + 1, checkpoint_at=T0 + 2),
+            "checkpoint taken after the flag was read: evicted at once",
+            suspending(SuspendStage.RECEIVED, received_at=T0 + 1, checkpoint_at=T0 + 2, taken_at=T0 + 1.5),
             T0 + 3,
             RunState.STOPPING,
             "checkpoint committed",
         ),
         (
             "a checkpoint older than the suspend does not count",
-            suspending(SuspendStage.RECEIVED, received_at=T0 + 1, checkpoint_at=T0 - 1),
+            suspending(SuspendStage.RECEIVED, received_at=T0 + 1, checkpoint_at=T0 - 1, taken_at=T0 - 2),
+            T0 + 3,
+            None,
+            "",
+        ),
+        (
+            # A periodic save the task started before it read the flag commits after it: it lacks the steps
+            # since, and the task is saving again (then calls go_suspend()); ending the run now loses them.
+            "a save started before the flag was read and committed after it does not count",
+            suspending(SuspendStage.RECEIVED, received_at=T0 + 1, checkpoint_at=T0 + 2, taken_at=T0 + 0.5),
+            T0 + 3,
+            None,
+            "",
+        ),
+        (
+            "a checkpoint without its snapshot time does not end a suspend",
+            suspending(SuspendStage.RECEIVED, received_at=T0 + 1, checkpoint_at=T0 + 2),
+            T0 + 3,
+            None,
+            "",
+        ),
+        (
+            "a checkpoint before the flag is read does not count, whenever it was taken",
+            suspending(SuspendStage.SENT, checkpoint_at=T0 + 2, taken_at=T0 + 1),
             T0 + 3,
             None,
             "",

@@ -55,7 +55,7 @@ class SaveHandle:
                 path = saver.commit(self._loc, snap, part_timeout_s)
                 self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
                 self.removed_steps = saver.prune(self._loc, snap.step, keep)
-                self.reported = report and saver.report(self._loc, path, snap.step)
+                self.reported = report and saver.report(self._loc, path, snap.step, snap.taken_at)
             seconds = time.perf_counter() - started
             send(default_sink(), checkpoint_save_seconds=seconds, checkpoint_save_bytes=snap.buffer.numel())
         except BaseException as err:  # kept for wait() and the next save()

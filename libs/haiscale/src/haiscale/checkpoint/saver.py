@@ -77,6 +77,7 @@ class Snapshot:
     rank: int
     world_size: int
     save_id: str
+    taken_at: float = 0.0  # time.time() when the copy began: the state is as of then
     buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     tensors: list[HostTensor] = field(default_factory=list)
     objects_length: int | None = None
@@ -91,7 +92,7 @@ def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: 
 
     Plain tensors and other values are rank 0's to write; every rank writes its ``Shard``s.
     """
-    snap = Snapshot(step, rank, world_size, save_id)
+    snap = Snapshot(step, rank, world_size, save_id, taken_at=time.time())
     objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
     chosen: list[tuple[str, tuple[Key, ...], torch.Tensor, tuple[int, ...], int]] = []
     for name, keys, _, value in leaves(state_dict):
@@ -208,11 +209,14 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     return sorted(doomed)
 
 
-def report(loc: Location, manifest_path: str, step: int) -> bool:
-    """Tell the scheduler about a committed 3FS checkpoint when running as a task; whether it was told."""
+def report(loc: Location, manifest_path: str, step: int, taken_at: float) -> bool:
+    """Tell the scheduler about a committed 3FS checkpoint when running as a task; whether it was told.
+
+    ``taken_at`` (the snapshot's time) lets a suspend tell the checkpoint it asked for from a save begun before.
+    """
     from hfai import client, runcontrol
 
     if not loc.in_3fs or runcontrol.RunControl.from_env() is None:
         return False
-    client.report_checkpoint(manifest_path, step)
+    client.report_checkpoint(manifest_path, step, taken_at=taken_at)
     return True

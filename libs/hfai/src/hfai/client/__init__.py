@@ -9,6 +9,7 @@ suspend and the whole-life state is 0.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
@@ -97,9 +98,19 @@ def set_watchdog_time(seconds: float) -> None:
     _control().append(runcontrol.WATCHDOG_TIME, seconds=float(seconds))
 
 
-def report_checkpoint(path: str, step: int = 0) -> None:
-    """Tell the scheduler a checkpoint is durable; during a suspend it may then stop the run at once."""
-    _control().append(runcontrol.CHECKPOINT, path=path, step=int(step))
+def report_checkpoint(path: str, step: int = 0, taken_at: float | None = None) -> None:
+    """Tell the scheduler a checkpoint is durable.
+
+    Args:
+        path: the checkpoint (its manifest) in 3FS.
+        step: the task's step counter at the checkpoint.
+        taken_at: when its state was captured (``time.time()`` at the snapshot, before the write). During a
+            suspend the scheduler stops the run at once on a checkpoint taken after rank 0 read the flag;
+            without ``taken_at`` (or one taken before) the run goes on until ``go_suspend()`` or the grace.
+    """
+    if taken_at is not None and not (math.isfinite(taken_at) and taken_at >= 0):
+        raise ValueError(f"taken_at must be a time in seconds >= 0, not {taken_at!r}")
+    _control().append(runcontrol.CHECKPOINT, path=path, step=int(step), taken_at=float(taken_at or 0.0))
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

@@ -6,10 +6,11 @@ make. The driver applies it (guarded by the state it was decided from) and sends
 Suspend protocol (HAI's, with a longer, configurable grace): the flag goes to rank 0 (stage SENT); if
 rank 0 does not read it within the acknowledge window, the run is stopped at once; once read
 (RECEIVED), the task has the grace to checkpoint and call go_suspend() (CAN_SUSPEND), after which, or
-when the grace is over, the run is stopped. A checkpoint committed after the suspend was asked also
-lets the scheduler stop it at once. A stop ends when every node confirmed that its processes exited
-(a node that went offline counts as exited); a node that has not confirmed after ``stop_timeout_s``
-goes to err_nodes.
+when the grace is over, the run is stopped. A checkpoint taken (its state captured) after rank 0 read
+the flag also lets the scheduler stop it at once; one the task started before, even if it commits
+after, does not (it lacks the steps since: the task saves again and calls go_suspend()). A stop ends
+when every node confirmed that its processes exited (a node that went offline counts as exited); a
+node that has not confirmed after ``stop_timeout_s`` goes to err_nodes.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def _step_suspending(run: RunSnap, now: float, all_exited: bool) -> RunChange | 
         return _end(run, reason, message="suspended")
     if run.suspend_stage is SuspendStage.CAN_SUSPEND:
         return _stop_or_end(run, reason, False, None, "the task called go_suspend()")
-    if run.checkpoint_committed_at and run.checkpoint_committed_at >= run.suspend_requested_at:
+    if _suspend_checkpoint_committed(run):
         return _stop_or_end(run, reason, False, None, "checkpoint committed: evicted at once")
     if run.suspend_stage < SuspendStage.RECEIVED and now >= run.suspend_requested_at + run.ack_window_s:
         return _stop_or_end(
@@ -217,6 +218,21 @@ def _step_suspending(run: RunSnap, now: float, all_exited: bool) -> RunChange | 
     if run.suspend_stage is SuspendStage.RECEIVED and now >= received_at + run.grace_s:
         return _stop_or_end(run, reason, False, None, f"grace of {run.grace_s:g} s is over: forced stop")
     return None
+
+
+def _suspend_checkpoint_committed(run: RunSnap) -> bool:
+    """Whether the last checkpoint is the one the suspend asked for: taken after rank 0 read the flag.
+
+    Both times are rank 0's node clock (the acknowledgement's and the snapshot's), so skew between the
+    scheduler and the node does not matter. A checkpoint without a snapshot time never counts here.
+    """
+    received_at = run.suspend_received_at
+    return (
+        run.suspend_stage >= SuspendStage.RECEIVED
+        and received_at > 0
+        and run.checkpoint_committed_at > 0
+        and run.checkpoint_taken_at >= received_at
+    )
 
 
 def _step_stopping(

@@ -176,6 +176,8 @@ class RunSnap:
     ack_window_s: float = 0.0
     grace_s: float = 0.0
     checkpoint_committed_at: float = 0.0
+    # When the last reported checkpoint's state was captured (rank 0's node clock); 0 when not told.
+    checkpoint_taken_at: float = 0.0
     reports: dict[int, NodeRunReport] = field(default_factory=dict)
     failure: Failure | None = None
 

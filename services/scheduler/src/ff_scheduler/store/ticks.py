@@ -152,6 +152,7 @@ def _run_snap(r: Any, reports: dict[int, NodeRunReport]) -> RunSnap:
         ack_window_s=r.ack_window_s,
         grace_s=r.grace_s,
         checkpoint_committed_at=float((r.checkpoint or {}).get("committed_at", 0.0)),
+        checkpoint_taken_at=float((r.checkpoint or {}).get("taken_at", 0.0)),
         reports=reports,
         failure=failure_from_json(r.failure),
     )

@@ -384,21 +384,29 @@ class Checkpoint(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     COMMITTED_AT_FIELD_NUMBER: _builtins.int
+    TAKEN_AT_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Where the task wrote it (usually an hf3fs path); informational."""
     step: _builtins.int
     """The task's own step counter; informational."""
     committed_at: _builtins.float
+    taken_at: _builtins.float
+    """When the checkpoint's state was captured (its snapshot), on the clock of the node that reported it:
+    the clock of rank 0's suspend acknowledgement. A suspending run ends at once only on a checkpoint
+    taken after rank 0 read the suspend flag (a save started before, committed after, lacks the steps
+    since). 0: unknown; such a checkpoint is kept but does not end a suspend.
+    """
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         step: _builtins.int = ...,
         committed_at: _builtins.float = ...,
+        taken_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_at", b"committed_at", "path", b"path", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_at", b"committed_at", "path", b"path", "step", b"step", "taken_at", b"taken_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
