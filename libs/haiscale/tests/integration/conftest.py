@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -14,14 +13,16 @@ from typing import Any
 import pytest
 
 from ff_testing import free_port
+from ff_testing.forkserver import ForkedProcess, ForkServer
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 Launch = Callable[..., list[dict[str, Any]]]
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
-    procs: list[subprocess.Popen[bytes]] = []
+def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
+    """Start the ranks of a ``ddp_worker.py`` scenario, forked from the session's fork server (torch imported once)."""
+    procs: list[ForkedProcess] = []
 
     def run(
         nodes: int, local: int, scenario: str, *, env: dict[str, str] | None = None, timeout_s: float = 90
@@ -42,7 +43,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
                 "OMP_NUM_THREADS": "1",
                 **(env or {}),
             }
-            procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(out)], env=penv))
+            procs.append(torch_forks.start([sys.executable, str(WORKER), scenario, str(out)], env=penv))
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))

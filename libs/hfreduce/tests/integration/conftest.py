@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ff_testing import free_port
+from ff_testing.forkserver import ForkServer
 
 WORKER = Path(__file__).with_name("worker.py")
 Launch = Callable[..., list[dict[str, Any]]]
@@ -78,6 +79,7 @@ TorchLaunch = Callable[..., list[dict[str, Any]]]
 
 
 def launch_torch(
+    forks: ForkServer,
     tmp_path: Path,
     nodes: int,
     local: int,
@@ -88,7 +90,8 @@ def launch_torch(
     interleaved: bool = False,
 ) -> list[dict[str, Any]]:
     """Start ``nodes x local`` ranks of ``torch_worker.py`` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK; return their reports.
+    LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK, forked from ``forks``
+    (torch imported once); return their reports.
     ``interleaved``: rank r on node r % nodes (a cyclic placement) instead of r // local."""
     port = free_port()
     outs, procs = [], []
@@ -108,7 +111,7 @@ def launch_torch(
                 "OMP_NUM_THREADS": "1",
                 **(env or {}),
             }
-            procs.append(subprocess.Popen([sys.executable, str(TORCH_WORKER), scenario, str(out)], env=penv))
+            procs.append(forks.start([sys.executable, str(TORCH_WORKER), scenario, str(out)], env=penv))
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -121,6 +124,6 @@ def launch_torch(
 
 
 @pytest.fixture
-def torch_launch(tmp_path: Path) -> TorchLaunch:
+def torch_launch(torch_forks: ForkServer, tmp_path: Path) -> TorchLaunch:
     """``launch_torch`` into this test's temporary folder."""
-    return lambda *args, **kwargs: launch_torch(tmp_path, *args, **kwargs)
+    return lambda *args, **kwargs: launch_torch(torch_forks, tmp_path, *args, **kwargs)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from ff_testing.forkserver import ForkServer
+
 from .conftest import TorchLaunch, launch_torch
 
 pytest.importorskip("torch")
@@ -18,9 +20,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}x{p[1]}-{p[2]}")
-def layout_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def layout_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, torch_forks: ForkServer
+) -> dict[str, Any]:
     nodes, local, init = request.param
-    results = launch_torch(tmp_path_factory.mktemp("torch"), nodes, local, "layout", env={"TEST_INIT": init})
+    results = launch_torch(torch_forks, tmp_path_factory.mktemp("torch"), nodes, local, "layout",
+                           env={"TEST_INIT": init})  # fmt: skip
     return {"nodes": nodes, "local": local, "results": results}
 
 

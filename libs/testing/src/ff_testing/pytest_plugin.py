@@ -1,4 +1,4 @@
-"""Pytest fixtures for every package's tests: databases (SQLite file, real PostgreSQL) and ports.
+"""Pytest fixtures for every package's tests: databases (SQLite file, real PostgreSQL), a fork server for torch ranks.
 
 Registered for the whole repository by the root conftest.py (``pytest_plugins``).
 """
@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from ff_testing.forkserver import ForkServer
 from ff_testing.postgres import PostgresServer, running_postgres
+
+# What torch ranks of the tests import before they run: imported once by the fork server (see torch_forks).
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn", "hfreduce.distributed")
 
 # db_url's parameters, and the fixture giving each one's URL.
 _DATABASE_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}
@@ -20,6 +24,14 @@ _DATABASE_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}
 def postgres_server() -> Iterator[PostgresServer]:
     """One real PostgreSQL server for the test session, started on first use."""
     with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def torch_forks() -> Iterator[ForkServer]:
+    """A fork server that imported torch once for this test session (xdist worker): tests start the ranks of
+    their training jobs from it, each for the cost of a fork instead of ~3 s of CPU importing torch."""
+    with ForkServer(TORCH_PRELOAD, env={"OMP_NUM_THREADS": "1"}) as server:
         yield server
 
 

@@ -1,0 +1,291 @@
+"""Many short Python processes that import the same heavy modules (torch), for the cost of a fork each.
+
+A test that starts ranks of a training job starts a Python process per rank, and each spends ~3 s of CPU importing
+torch before it does anything. A fork server imports the modules once; ``start`` forks a child of it that runs a
+script as ``python script args`` would: its own environment, working folder, ``sys.argv`` and ``sys.path[0]``,
+the caller's stdout and stderr at the time of the call (passed over the server's socket), and its exit status
+reported back. DataLoader workers and ``torch.multiprocessing``'s fork start method fork a process that has
+imported torch the same way. What differs from a fresh interpreter: the preloaded modules were imported with the
+server's environment (start it with the variables they read at import, such as ``OMP_NUM_THREADS``), and the
+child is the server's, not the caller's (``ForkedProcess`` stands in for ``subprocess.Popen``: ``wait``, ``poll``,
+``kill``).
+
+    with ForkServer(["torch", "torch.distributed"], env={"OMP_NUM_THREADS": "1"}) as server:
+        proc = server.start([sys.executable, "worker.py", "arg"], env={**os.environ, "RANK": "0"})
+        proc.wait(timeout=60)
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_MAX_MSG = 1 << 20
+
+
+class ForkedProcess:
+    """A child of the fork server (the parts of ``subprocess.Popen`` the tests use)."""
+
+    def __init__(self, server: ForkServer, pid: int, args: Sequence[str]) -> None:
+        self._server = server
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server._exit_code(self.pid, 0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._server._exit_code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class ForkServer:
+    """A process that imported ``preload`` and forks children on request (see the module docstring)."""
+
+    def __init__(self, preload: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "ff_testing.forkserver", str(theirs.fileno()), *preload],
+            pass_fds=(theirs.fileno(),),
+            env=dict(os.environ if env is None else {**os.environ, **env}),
+        )
+        theirs.close()
+        self._sock = ours
+        self._file = ours.makefile("rb")
+        self._lock = threading.Lock()  # one request at a time
+        self._cond = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._replies: list[dict[str, Any]] = []
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
+        self._reader.start()
+
+    def start(self, args: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> ForkedProcess:
+        """Fork a child running the script ``args[1]`` with ``args[2:]`` (``args[0]``: the interpreter, as for
+        ``subprocess.Popen``; it must be this one)."""
+        if len(args) < 2 or args[0] != sys.executable:
+            raise ValueError(f"the fork server runs scripts of {sys.executable} only: {list(args)}")
+        request = {"argv": list(args[1:]), "env": dict(env), "cwd": cwd or os.getcwd()}
+        body = json.dumps(request).encode()
+        with self._lock:
+            fds = array.array("i", [sys.stdout.fileno(), sys.stderr.fileno()])
+            self._sock.sendmsg([len(body).to_bytes(4, "big") + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            reply = self._next_reply(30.0)
+        if "error" in reply:
+            raise RuntimeError(f"fork server: {reply['error']}")
+        return ForkedProcess(self, int(reply["pid"]), args)
+
+    def close(self) -> None:
+        """Stop the server; children still running are killed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._sock.shutdown(socket.SHUT_RDWR)
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._file.close()
+        self._sock.close()
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_reply(self, timeout_s: float) -> dict[str, Any]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._replies or self._reader_done(), timeout_s):
+                raise RuntimeError("fork server: no answer")
+            if not self._replies:
+                raise RuntimeError(f"fork server exited ({self._proc.poll()})")
+            return self._replies.pop(0)
+
+    def _reader_done(self) -> bool:
+        return not self._reader.is_alive()
+
+    def _exit_code(self, pid: int, timeout: float | None) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or self._reader_done(), timeout)
+            return self._exits.get(pid)
+
+    def _read(self) -> None:
+        try:
+            for line in self._file:
+                msg = json.loads(line)
+                with self._cond:
+                    if "exit" in msg:
+                        self._exits[int(msg["exit"])] = int(msg["code"])
+                    else:
+                        self._replies.append(msg)
+                    self._cond.notify_all()
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+
+# ---- the server process ----
+
+
+class _Server:
+    """Forks a child per request; reports each child's pid, then its exit status (as ``Popen.returncode``)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.children: set[int] = set()
+        self.out = sock.makefile("wb", buffering=0)
+        self.buf = b""
+        self.passed: list[int] = []  # the stdio fds that came with requests (two per request)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.out.write(json.dumps(msg).encode() + b"\n")
+
+    def serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self.wake_r, selectors.EVENT_READ)
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.fileobj == self.wake_r:
+                        os.read(self.wake_r, 4096)
+                    elif not self.receive(sel):
+                        return
+                self.reap()
+        finally:
+            for pid in self.children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def receive(self, sel: selectors.BaseSelector) -> bool:
+        """Read from the socket and fork for each whole request; False at its end."""
+        data, fds = _recv(self.sock)
+        if not data:
+            return False
+        self.buf += data
+        self.passed += fds
+        while len(self.buf) >= 4 and len(self.buf) >= 4 + int.from_bytes(self.buf[:4], "big"):
+            size = int.from_bytes(self.buf[:4], "big")
+            request, self.buf = json.loads(self.buf[4 : 4 + size]), self.buf[4 + size :]
+            stdio, self.passed = self.passed[:2], self.passed[2:]
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                self.send({"error": str(exc)})
+                continue
+            if pid == 0:
+                sel.close()
+                _child(request, stdio, self.sock, self.wake_r, self.wake_w)
+            for fd in stdio:
+                os.close(fd)
+            self.children.add(pid)
+            self.send({"pid": pid})
+        return True
+
+    def reap(self) -> None:
+        while self.children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            self.send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _recv(sock: socket.socket) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(_MAX_MSG, socket.CMSG_SPACE(16 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def _child(request: dict[str, Any], stdio: list[int], sock: socket.socket, *fds: int) -> None:
+    """In the forked child: become ``python argv...`` and exit with its status; never returns."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sock.close()
+        for fd in fds:
+            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        for target, fd in zip((1, 2), stdio, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        script = request["argv"][0]
+        sys.argv = list(request["argv"])
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        import atexit
+        import runpy
+
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed stream: nothing to flush
+                stream.flush()
+        os._exit(code)
+
+
+def main() -> None:
+    fd, *preload = sys.argv[1:]
+    import importlib
+
+    for name in preload:
+        importlib.import_module(name)
+    _Server(socket.socket(fileno=int(fd))).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The fork server runs scripts as ``python script`` would: environment, argv, path, stdio, exit status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ff_testing.forkserver import ForkServer
+
+SCRIPT = """
+import json, os, sys
+import helper_beside_the_script
+sys.stdout.write("out:" + os.environ["GREETING"] + "\\n")
+sys.stderr.write("err:" + " ".join(sys.argv[1:]) + "\\n")
+with open(sys.argv[1], "w") as f:
+    json.dump({"cwd": os.getcwd(), "preloaded": "json" in sys.modules, "helper": helper_beside_the_script.X}, f)
+code = int(os.environ.get("EXIT", "0"))
+if code == 99:
+    raise RuntimeError("boom")
+if os.environ.get("HANG"):
+    import time
+    time.sleep(60)
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    with ForkServer(["json"]) as s:
+        yield s
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    (tmp_path / "helper_beside_the_script.py").write_text("X = 7\n")
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_a_child_runs_the_script_with_its_env_argv_cwd_and_stdio(
+    server: ForkServer, script: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "report.json"
+    proc = server.start([sys.executable, str(script), str(report), "b"], env={**os.environ, "GREETING": "hi"},
+                        cwd=str(tmp_path))  # fmt: skip
+    assert proc.wait(timeout=30) == 0
+    assert report.read_text() == f'{{"cwd": "{tmp_path}", "preloaded": true, "helper": 7}}'
+    out, err = capfd.readouterr()
+    assert "out:hi" in out and f"err:{report} b" in err  # this test's stdout and stderr, not the server's
+
+
+def test_exit_codes_exceptions_and_signals_come_back_as_popen_gives_them(
+    server: ForkServer, script: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "GREETING": "x"}
+    procs = [server.start([sys.executable, str(script), str(tmp_path / f"r{code}")], env={**env, "EXIT": str(code)})
+             for code in (3, 99)]  # fmt: skip
+    assert [p.wait(timeout=30) for p in procs] == [3, 1]
+    hung = server.start([sys.executable, str(script), str(tmp_path / "h")], env={**env, "HANG": "1"})
+    with pytest.raises(subprocess.TimeoutExpired):
+        hung.wait(timeout=0.5)
+    assert hung.poll() is None
+    hung.kill()
+    assert hung.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_closing_the_server_kills_its_children(script: Path, tmp_path: Path) -> None:
+    with ForkServer([]) as s:
+        hung = s.start([sys.executable, str(script), str(tmp_path / "h")], env={**os.environ, "GREETING": "x",
+                                                                                 "HANG": "1"})  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "h").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{hung.pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{hung.pid}").exists()
