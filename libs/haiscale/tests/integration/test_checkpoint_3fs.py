@@ -38,6 +38,7 @@ from ff_scheduler.testing import (
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
 from ff_telemetry.testing import TelemetryClient, telemetry_process
 from ff_testing import free_port
+from ff_testing.forkserver import ForkedProcess, ForkServer
 from ff_testing.process import ServiceProcess
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
@@ -220,14 +221,20 @@ STEPS = 60
 TINY = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "1", "--heads", "2", "--log-every", "5"]
 
 
-def _launch(cluster: Cluster, args: list[str], env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
-    """Two ranks of the trainer, torchrun-style, as alice."""
+def _launch(forks: ForkServer, cluster: Cluster, args: list[str], env: dict[str, str],
+            logs: Path) -> list[tuple[ForkedProcess, Path]]:  # fmt: skip
+    """Two ranks of the trainer, torchrun-style, as alice (forked with torch imported; output to ``logs``)."""
     port = str(free_port())
     base = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"],
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
             **env}  # fmt: skip
-    return [subprocess.Popen([sys.executable, str(EXAMPLE / "train.py"), *TINY, *args], env={**base, "RANK": str(r)},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]  # fmt: skip
+    procs = []
+    for r in (0, 1):
+        log = logs.with_name(f"{logs.name}-rank{r}.log")
+        with log.open("wb") as out:
+            procs.append((forks.start([sys.executable, str(EXAMPLE / "train.py"), *TINY, *args],
+                                      env={**base, "RANK": str(r)}, stdout=out, stderr=out), log))  # fmt: skip
+    return procs
 
 
 def _losses(path: Path) -> dict[int, float]:
@@ -235,28 +242,31 @@ def _losses(path: Path) -> dict[int, float]:
     return {(d := json.loads(line))["step"]: d["loss"] for line in lines}
 
 
-def _finish(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out.decode()[-3000:]
+def _finish(procs: list[tuple[ForkedProcess, Path]]) -> None:
+    for p, log in procs:
+        assert p.wait(timeout=300) == 0, log.read_text(errors="replace")[-3000:]
 
 
 @pytest.mark.timeout(600)  # six trainer processes: about 30 s on a quiet 2-core machine, far more under load
-def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(cluster: Cluster,
-                                                                               tmp_path: Path) -> None:  # fmt: skip
+def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(
+    cluster: Cluster, tmp_path: Path, torch_forks: ForkServer
+) -> None:
     env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
     data = "hf3fs:///ck/ck-alice/corpus.txt"
     subprocess.run([sys.executable, str(EXAMPLE / "corpus.py"), data, "--mib", "0.25"], env=env, check=True,
                    timeout=120)  # fmt: skip
     common = ["--data", data, "--ckpt-every", "10"]
-    reference = _launch(cluster, [*common, "--steps", str(STEPS), "--ckpt", "hf3fs:///ck/ck-alice/gpt-ref",
-                                  "--metrics", str(tmp_path / "ref.jsonl")], {})  # fmt: skip
+    ref_args = [*common, "--steps", str(STEPS), "--ckpt", "hf3fs:///ck/ck-alice/gpt-ref", "--metrics",
+                str(tmp_path / "ref.jsonl")]  # fmt: skip
+    reference = _launch(torch_forks, cluster, ref_args, {}, tmp_path / "ref")
     run_dir = RunControl(tmp_path / "run").create()
     root, metrics = "hf3fs:///ck/ck-alice/gpt", tmp_path / "run.jsonl"
     first = _launch(
+        torch_forks,
         cluster,
         [*common, "--steps", "100000", "--ckpt", root, "--metrics", str(metrics)],
         {"HFAI_RUN_DIR": str(run_dir.folder)},
+        tmp_path / "first",
     )  # fmt: skip (suspended long before its end)
     deadline = time.monotonic() + 400
     while max(_losses(metrics), default=0) < 6 and time.monotonic() < deadline:
@@ -268,14 +278,15 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(cl
         time.sleep(0.05)
     kinds = [e.kind for e in events]
     assert kinds[:2] == [runcontrol.RECEIVED, runcontrol.CHECKPOINT] and kinds[-1] == runcontrol.GO_SUSPEND, kinds
-    for p in first:  # the agent stops the run once it called go_suspend()
+    for p, _ in first:  # the agent stops the run once it called go_suspend()
         p.terminate()
-        p.communicate(timeout=30)  # (reads and closes its output pipe: an unclosed pipe fails the test)
+        p.wait(timeout=30)
     suspended_at = int(events[-2].data["step"])  # the last report: the checkpoint taken at the suspend
     assert events[-2].data["path"] == f"/ck/ck-alice/gpt/step-{suspended_at:09d}/{ckpt.MANIFEST}"
     assert 6 <= suspended_at < STEPS - 5 and max(_losses(metrics)) == suspended_at, suspended_at
 
-    _finish(_launch(cluster, [*common, "--steps", str(STEPS), "--ckpt", root, "--metrics", str(metrics)], {}))
+    _finish(_launch(torch_forks, cluster, [*common, "--steps", str(STEPS), "--ckpt", root, "--metrics", str(metrics)],
+                    {}, tmp_path / "resumed"))  # fmt: skip
     _finish(reference)
     ref, run = _losses(tmp_path / "ref.jsonl"), _losses(metrics)
     assert sorted(run) == sorted(ref) == list(range(1, STEPS + 1))

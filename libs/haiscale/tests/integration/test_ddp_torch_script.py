@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,26 +11,22 @@ import torch
 from torch.utils.data import DataLoader
 
 from ff_testing import free_port
+from ff_testing.forkserver import ForkServer
 
 SCRIPT = Path(__file__).with_name("torch_ddp_script.py")
 
 
-def test_torch_ddp_script_runs_unchanged_and_trains_like_one_process(tmp_path: Path) -> None:
+def test_torch_ddp_script_runs_unchanged_and_trains_like_one_process(tmp_path: Path, torch_forks: ForkServer) -> None:
     """Started as torchrun starts its ranks (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, ...)."""
     out = tmp_path / "model.pt"
     port, world = free_port(), 2
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(out)],
-            env={**os.environ, "OMP_NUM_THREADS": "1", **_torchrun_env(rank, world, port)},
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=90)
-        assert p.returncode == 0, err[-3000:]
+    procs = []
+    for rank in range(world):
+        with (tmp_path / f"rank{rank}.log").open("wb") as log:
+            env = {**os.environ, "OMP_NUM_THREADS": "1", **_torchrun_env(rank, world, port)}
+            procs.append(torch_forks.start([sys.executable, str(SCRIPT), str(out)], env=env, stderr=log))
+    for rank, p in enumerate(procs):
+        assert p.wait(timeout=90) == 0, (tmp_path / f"rank{rank}.log").read_text(errors="replace")[-3000:]
     trained = torch.load(out)
     assert set(trained) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # model.module.state_dict(): no prefix
     reference = _train_one_process(world)

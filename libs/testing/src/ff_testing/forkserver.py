@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 _MAX_MSG = 1 << 20
 
@@ -87,15 +87,24 @@ class ForkServer:
         self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
         self._reader.start()
 
-    def start(self, args: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> ForkedProcess:
+    def start(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        *,
+        stdout: IO[Any] | None = None,
+        stderr: IO[Any] | None = None,
+    ) -> ForkedProcess:
         """Fork a child running the script ``args[1]`` with ``args[2:]`` (``args[0]``: the interpreter, as for
-        ``subprocess.Popen``; it must be this one)."""
+        ``subprocess.Popen``; it must be this one); its stdout and stderr are the given files, else this process's
+        at the time of the call."""
         if len(args) < 2 or args[0] != sys.executable:
             raise ValueError(f"the fork server runs scripts of {sys.executable} only: {list(args)}")
         request = {"argv": list(args[1:]), "env": dict(env), "cwd": cwd or os.getcwd()}
         body = json.dumps(request).encode()
         with self._lock:
-            fds = array.array("i", [sys.stdout.fileno(), sys.stderr.fileno()])
+            fds = array.array("i", [(stdout or sys.stdout).fileno(), (stderr or sys.stderr).fileno()])
             self._sock.sendmsg([len(body).to_bytes(4, "big") + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
             reply = self._next_reply(30.0)
         if "error" in reply:
