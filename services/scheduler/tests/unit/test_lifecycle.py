@@ -237,6 +237,33 @@ def test_repeated_non_user_failures_put_the_node_in_err_nodes_and_success_clears
     assert [(v.node_id, v.num_failures) for v in cleared] == [(1, 0)]
 
 
+def test_a_hung_rank_cordons_its_node_at_once_and_requeues_the_task() -> None:
+    task = replace(running(1, (1, 2), p.LOW, started_at=T0), max_restarts=2)
+    assert task.run is not None
+    message = "hang: rank 3 (node rank 1, local rank 1) finished collective 5 but never entered 6"
+    hang = Failure(
+        failure_class=FailureClass.INFRASTRUCTURE, node_id=2, node_rank=1, local_rank=1, failed_at=T0 + 5,
+        message=message, hang=True,
+    )  # fmt: skip
+    hung = replace(task.run, reports={1: NodeRunReport(phase=NodePhase.RUNNING),
+                                      2: NodeRunReport(phase=NodePhase.RUNNING, failure=hang)})  # fmt: skip
+    stopping = step_run(replace(task, run=hung), nodes(3), T0 + 6, POLICY)
+    assert stopping.change is not None and stopping.change.state is RunState.STOPPING
+    assert stopping.change.reason is EndReason.HANG_DETECTED and stopping.node_verdicts == []
+    stopped = replace(
+        hung, state=RunState.STOPPING, stop_reason=EndReason.HANG_DETECTED, stop_requested_at=T0 + 6, failure=hang,
+        reports={n: NodeRunReport(phase=NodePhase.EXITED) for n in (1, 2)},
+    )  # fmt: skip
+    ended = step_run(replace(task, run=stopped), nodes(3), T0 + 9, POLICY)
+    assert ended.change is not None and ended.change.reason is EndReason.HANG_DETECTED
+    # The first failure on node 2 (the threshold is 2), yet it goes to err_nodes: a hang names its node.
+    [verdict] = ended.node_verdicts
+    assert (verdict.node_id, verdict.num_failures) == (2, 1)
+    assert verdict.err_reason == f"cordoned: task 1 run 1001: {message}"
+    outcome = task_outcome(task, ended.change.reason)
+    assert outcome.state is TaskState.SUSPENDED and outcome.num_restarts == 1
+
+
 @pytest.mark.parametrize(("silent_s", "fires"), [(299.0, False), (301.0, True)])
 def test_watchdog(silent_s: float, fires: bool) -> None:
     task = replace(running(1, (1,), p.LOW, started_at=T0), watchdog_time_s=300.0)

@@ -257,7 +257,12 @@ def _step_stopping(
 def _node_verdicts(
     run: RunSnap, nodes: dict[int, NodeView], change: RunChange, policy: LifecyclePolicy, already: list[NodeVerdict]
 ) -> list[NodeVerdict]:
-    """Count non-user failures against the node blamed; a completed run clears its nodes' counts."""
+    """Count non-user failures against the node blamed; a completed run clears its nodes' counts.
+
+    A node whose rank hung goes to err_nodes at once (cordoned): a rank that stops entering collectives
+    while it still runs is a node fault more often than not (a stuck device, a lost link), and the task's
+    next run must not be placed there. An admin (SetNodeEnabled) or a passing validation returns it.
+    """
     verdicts = {v.node_id: v for v in already}
     if change.reason is EndReason.COMPLETED:
         for n in run.node_ids:
@@ -269,8 +274,16 @@ def _node_verdicts(
         if blamed in nodes and not user_fault and blamed not in verdicts:
             count = nodes[blamed].num_failures + 1
             err = f"{count} runs failed on it in a row" if count >= policy.node_failure_threshold else ""
+            if change.failure.hang:
+                err = hang_cordon_reason(run, change.failure)
             verdicts[blamed] = NodeVerdict(node_id=blamed, num_failures=count, err_reason=err)
     return list(verdicts.values())
+
+
+def hang_cordon_reason(run: RunSnap, failure: Failure) -> str:
+    """Why a node is in err_nodes after a rank on it hung: the run, the task, and the agent's account of the rank."""
+    account = failure.message or f"node rank {failure.node_rank}, local rank {failure.local_rank} hung"
+    return f"cordoned: task {run.task_id} run {run.run_id}: {account}"
 
 
 def task_outcome(task: TaskSnap, reason: EndReason) -> TaskOutcome:

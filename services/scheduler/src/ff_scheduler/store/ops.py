@@ -407,10 +407,14 @@ def update_run(
 
 
 def report_node_health(s: Session, node_id: int, validation: dict[str, Any]) -> None:
+    """Store a validation: a failed one puts the node in err_nodes; a passing one returns a node the scheduler
+    put there (failures, a hang, a failed validation). An admin's disable stays until the admin enables it."""
     get_node(s, node_id)
     values: dict[str, Any] = {"validation": validation}
     if not validation.get("passed", True):
         values["err_reason"] = "failed validation"
+    else:
+        values.update(err_reason="", num_failures=0)
     s.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
 
 
