@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ff_testing.ports import free_port
 from ff_testing.postgres import PostgresServer, PostgresServerError, running_postgres, start_postgres
-from ff_testing.process import ServiceProcess, module_args, wait_ready
+from ff_testing.process import ServiceProcess, module_args, stop_all, wait_ready
 
 __all__ = [
     "PostgresServer",
@@ -14,5 +14,6 @@ __all__ = [
     "module_args",
     "running_postgres",
     "start_postgres",
+    "stop_all",
     "wait_ready",
 ]

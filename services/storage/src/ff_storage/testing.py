@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ff_cluster import MgmtdClient
-from ff_testing.process import ServiceProcess, module_args, wait_ready
+from ff_testing import free_port
+from ff_testing.process import ServiceProcess, module_args, stop_all, wait_ready
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.admin import setup_chain_table
 
@@ -19,15 +20,18 @@ FAST = {"lease_duration_s": 2.0, "heartbeat_interval_s": 0.2, "election_lease_s"
         "chain_scan_interval_s": 0.1}  # fmt: skip
 
 
-def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST) -> tuple[subprocess.Popen[bytes], Path]:
+def spawn_mgmtd(
+    folder: Path, timing: dict[str, float] = FAST, listen: str = "127.0.0.1:0"
+) -> tuple[subprocess.Popen[bytes], Path]:
     """mgmtd as a process (``python -m ff_mgmtd``; a service does not import another one).
 
-    ``timing``: lease, heartbeat and scan settings (default: the tests' fast ones; ``{}``: mgmtd's own).
+    ``timing``: lease, heartbeat and scan settings (default: the tests' fast ones; ``{}``: mgmtd's own);
+    ``listen``: its gRPC address (a fixed port lets the storage services start before it is ready).
     """
     ready = folder / "m1.ready.json"
     ready.unlink(missing_ok=True)
     flags = {"database-url": f"sqlite:///{folder / 'mgmtd.db'}", "state-dir": str(folder / "m1"),
-             "ready-file": str(ready), "instance-id": "m1", "metrics-address": "",
+             "ready-file": str(ready), "instance-id": "m1", "metrics-address": "", "listen-address": listen,
              **{k.replace("_", "-"): str(v) for k, v in timing.items()}}  # fmt: skip
     env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
     with (folder / "m1.log").open("ab") as out:
@@ -72,8 +76,7 @@ class StorageCluster:
             await asyncio.sleep(0.1)
 
     def stop(self) -> None:
-        for n in self.nodes:
-            n.terminate()
+        stop_all(self.nodes)
         if self.mgmtd_proc.poll() is None:
             self.mgmtd_proc.terminate()
             try:
@@ -94,10 +97,10 @@ async def start_cluster(
     timing: dict[str, float] = FAST,
 ) -> StorageCluster:
     await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-    mg_proc, mg_ready = spawn_mgmtd(folder, timing)
+    mg_address = f"127.0.0.1:{free_port()}"  # known before mgmtd is up: every process starts at once
+    mg_proc, mg_ready = spawn_mgmtd(folder, timing, mg_address)
     cluster: StorageCluster | None = None
     try:
-        mg_address = str((await wait_ready(mg_ready, mg_proc))["grpc"])
         nodes = []
         env = {**os.environ, "FF_STORAGE_CLUSTER_TOKEN": CLUSTER_TOKEN}
         for i in range(1, num_nodes + 1):
@@ -108,6 +111,7 @@ async def start_cluster(
         cluster = StorageCluster(folder, mg_address, mg_proc, nodes)
         for n in nodes:
             n.start()
+        await wait_ready(mg_ready, mg_proc)
         for n in nodes:
             await n.ready()
         client = cluster.client()
