@@ -10,7 +10,16 @@ from typing import TextIO
 
 from ff_appliance import admin
 from ff_appliance.health import Health, wait_serving
-from ff_appliance.services import SERVICES, LaunchContext, ServiceSpec, command, default_counts
+from ff_appliance.services import (
+    META,
+    SCHEDULER,
+    SERVICES,
+    TELEMETRY,
+    LaunchContext,
+    ServiceSpec,
+    command,
+    default_counts,
+)
 from ff_appliance.state import (
     ClusterPlan,
     InstancePlan,
@@ -261,9 +270,25 @@ def down(state: StateDir, timeout_s: float, out: TextIO, services: Sequence[Serv
     order = sorted({i.service for i in plan.instances} - set(order)) + order
     killed: list[str] = []
     with exclusive_lock(state.lock_file):
-        for service in order:
-            killed += _stop_service(state, plan.of_service(service), timeout_s, out)
+        for wave in stop_waves(order):
+            killed += _stop_service(state, [i for service in wave for i in plan.of_service(service)], timeout_s, out)
     return killed
+
+
+# Services that need nothing of each other while they stop: stopped at once. The agents go before them (their
+# ranks stop and report while the scheduler is still up), storage after meta, mgmtd last (the others leave it).
+STOP_TOGETHER = frozenset({TELEMETRY, SCHEDULER, META})
+
+
+def stop_waves(order: Sequence[str]) -> list[list[str]]:
+    """``order`` cut into waves: neighbours both in ``STOP_TOGETHER`` share one."""
+    waves: list[list[str]] = []
+    for service in order:
+        if waves and service in STOP_TOGETHER and waves[-1][-1] in STOP_TOGETHER:
+            waves[-1].append(service)
+        else:
+            waves.append([service])
+    return waves
 
 
 def _stop_service(state: StateDir, instances: Sequence[InstancePlan], timeout_s: float, out: TextIO) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ff_appliance.lifecycle import stop_waves
 from ff_appliance.services import MGMTD, SERVICES, LaunchContext, command, default_counts, spec_for
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 
@@ -70,3 +71,9 @@ def test_telemetry_starts_after_the_scheduler_and_before_the_agents_with_a_free_
     assert default_counts()["telemetry"] == 1
     # its start overlaps the agents' (they retry their pushes until it registers); no other service overlaps
     assert [s.name for s in SERVICES if s.overlaps_next] == ["telemetry"]
+
+
+def test_down_stops_agents_first_then_the_independent_services_together_then_storage_then_mgmtd() -> None:
+    order = [s.name for s in reversed(SERVICES)]
+    assert stop_waves(["retired", *order]) == [["retired"], ["agent"], ["telemetry", "scheduler", "meta"],
+                                                ["storage"], ["mgmtd"]]  # fmt: skip
