@@ -237,6 +237,30 @@ def test_repeated_non_user_failures_put_the_node_in_err_nodes_and_success_clears
     assert [(v.node_id, v.num_failures) for v in cleared] == [(1, 0)]
 
 
+def test_peers_that_failed_before_their_dead_node_was_noticed_blame_that_node() -> None:
+    task = replace(running(1, (1, 2), p.LOW, started_at=T0), max_restarts=2)
+    assert task.run is not None
+    peer = Failure(failure_class=FailureClass.USER, node_id=1, exit_code=1, failed_at=T0 + 1,
+                   message="local rank 1 exited with 1: RuntimeError: Connection reset by peer")  # fmt: skip
+    stopping = replace(
+        task.run, state=RunState.STOPPING, stop_reason=EndReason.RANK_FAILED, stop_requested_at=T0 + 1, failure=peer,
+        reports={1: NodeRunReport(phase=NodePhase.EXITED, failure=peer), 2: NodeRunReport(phase=NodePhase.RUNNING)},
+    )  # fmt: skip
+    # Node 2's agent died with its ranks: it never reports; its lease lapses 10 s later.
+    assert step_run(replace(task, run=stopping), nodes(2), T0 + 5, POLICY).change is None
+    lost = with_state(nodes(2), 2, NodeState.OFFLINE)
+    ended = step_run(replace(task, run=stopping), lost, T0 + 11, POLICY)
+    assert ended.change is not None and ended.change.reason is EndReason.NODE_LOST
+    failure = ended.change.failure
+    assert failure is not None and (failure.node_id, failure.node_rank, failure.failed_at) == (2, 1, T0 + 11)
+    assert failure.failure_class is FailureClass.INFRASTRUCTURE and "Connection reset by peer" in failure.message
+    assert [(v.node_id, v.num_failures) for v in ended.node_verdicts] == [(2, 1)]
+    # A lost node that had reported its ranks' exit did not cause the failure: the peers' failure stands.
+    told = replace(stopping, reports={**stopping.reports, 2: NodeRunReport(phase=NodePhase.EXITED)})
+    change = step_run(replace(task, run=told), lost, T0 + 11, POLICY).change
+    assert change is not None and change.reason is EndReason.RANK_FAILED and change.failure == peer
+
+
 def test_a_hung_rank_cordons_its_node_at_once_and_requeues_the_task() -> None:
     task = replace(running(1, (1, 2), p.LOW, started_at=T0), max_restarts=2)
     assert task.run is not None

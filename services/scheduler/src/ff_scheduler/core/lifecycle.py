@@ -239,7 +239,7 @@ def _step_stopping(
     run: RunSnap, nodes: dict[int, NodeView], now: float, policy: LifecyclePolicy, all_exited: bool
 ) -> tuple[RunChange | None, list[NodeVerdict]]:
     if all_exited:
-        return _end(run, run.stop_reason, run.failure, run.stop_message), []
+        return _end_stopped(run, nodes, now), []
     if now - run.stop_requested_at <= policy.stop_timeout_s:
         return None, []
     stuck = [n for n in run.node_ids if not _exited(run, n, nodes)]
@@ -252,6 +252,37 @@ def _step_stopping(
         for n in stuck
     ]
     return _end(run, run.stop_reason, run.failure, run.stop_message), verdicts
+
+
+def _end_stopped(run: RunSnap, nodes: dict[int, NodeView], now: float) -> RunChange:
+    """The end of a run stopped for a rank's failure, or for what it was asked to stop.
+
+    A node that dies takes its ranks with it; their peers on the other nodes see a broken connection at once
+    and fail, while the dead node's lease lapses only seconds later. So a run stopping for a rank failure,
+    whose node was then lost without having reported its ranks' exit or a failure of its own, ended because of
+    that node: NODE_LOST, blaming it (the peers' failure stays in the message).
+    """
+    first = run.failure
+    if run.stop_reason is EndReason.RANK_FAILED and first is not None:
+        silent = [n for n in run.node_ids if n != first.node_id and _lost_silently(run, n, nodes)]
+        if silent:
+            node_id = silent[0]
+            failure = Failure(
+                failure_class=FailureClass.INFRASTRUCTURE,
+                node_id=node_id,
+                node_rank=run.node_ids.index(node_id),
+                failed_at=now,
+                message=f"node {node_id} lost its lease (its ranks' peers failed first: {first.message})",
+            )
+            return _end(run, EndReason.NODE_LOST, failure, failure.message)
+    return _end(run, run.stop_reason, first, run.stop_message)
+
+
+def _lost_silently(run: RunSnap, node_id: int, nodes: dict[int, NodeView]) -> bool:
+    node, report = nodes.get(node_id), run.reports.get(node_id)
+    lost = node is None or node.state is NodeState.OFFLINE
+    told = report is not None and (report.phase is NodePhase.EXITED or report.failure is not None)
+    return lost and not told
 
 
 def _node_verdicts(
