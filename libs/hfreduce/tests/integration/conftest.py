@@ -14,15 +14,17 @@ from typing import Any
 import pytest
 
 from ff_testing import free_port
-from ff_testing.forkserver import ForkServer
+from ff_testing.forkserver import ForkedProcess, ForkServer
 
 WORKER = Path(__file__).with_name("worker.py")
 Launch = Callable[..., list[dict[str, Any]]]
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
-    procs: list[subprocess.Popen[bytes]] = []
+def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
+    """Start the ranks of a ``worker.py`` scenario: forked from the session's fork server (numpy, hfreduce and
+    torch imported once), or as new processes under ``node_prefix`` (a network namespace per node)."""
+    procs: list[subprocess.Popen[bytes] | ForkedProcess] = []
 
     def run(
         nodes: int,
@@ -59,9 +61,11 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
                     **(env or {}),
                     **(node_env(node) if node_env else {}),
                 }
-                prefix = node_prefix(node) if node_prefix else []
-                cmd = [*prefix, sys.executable, str(WORKER), scenario, str(out)]
-                procs.append(subprocess.Popen(cmd, env=penv))
+                cmd = [sys.executable, str(WORKER), scenario, str(out)]
+                if node_prefix is None:
+                    procs.append(torch_forks.start(cmd, env=penv))
+                else:
+                    procs.append(subprocess.Popen([*node_prefix(node), *cmd], env=penv))
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
