@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ff_cluster.lease import lease_expired
+
+def lease_expired(last_renewal: float, now: float, duration_s: float) -> bool:
+    """A lease renewed at ``last_renewal`` is over once more than ``duration_s`` has passed (not before).
+
+    The same rule as ``ff_cluster.lease.lease_expired`` (the client's T/2), written here because importing
+    ``ff_cluster`` runs its ``__init__``, which loads grpc: ``core/`` stays free of it.
+    """
+    return now - last_renewal > duration_s
 
 
 @dataclass
