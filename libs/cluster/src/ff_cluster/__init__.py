@@ -1,5 +1,7 @@
-"""Clients of mgmtd used by every service: routing, membership (register, heartbeat, T/2), tokens."""
+"""Clients of mgmtd used by every service: routing, membership (register, heartbeat, T/2), tokens, and the
+service chassis built on them (``serve_service``)."""
 
+from ff_cluster.chassis import ServiceWiring, Serving, cancel_on_stop, serve_service
 from ff_cluster.lease import LeaseWatch, lease_expired
 from ff_cluster.membership import MembershipOptions, NodeMembership
 from ff_cluster.mgmtd_client import MgmtdClient
@@ -11,6 +13,10 @@ __all__ = [
     "MgmtdClient",
     "MgmtdTokenValidator",
     "NodeMembership",
+    "ServiceWiring",
+    "Serving",
+    "cancel_on_stop",
     "lease_expired",
     "registry_validator",
+    "serve_service",
 ]

@@ -8,9 +8,12 @@ from ff_config.loader import (
     load_settings,
     overrides_from_args,
 )
+from ff_config.service import MgmtdClientSettings, ServiceSettings
 
 __all__ = [
     "ConfigError",
+    "MgmtdClientSettings",
+    "ServiceSettings",
     "SettingsModel",
     "add_settings_arguments",
     "describe_settings",
