@@ -12,6 +12,9 @@ WireDType = Literal["bf16", "fp16"]
 PipelineMode = Literal["auto", "threads", "loop"]
 
 ENV_PREFIX = "FF_HFREDUCE_"
+# Where a group formed through a store (its control server on a free port, not MASTER_PORT) writes that
+# server's address, {"addr": ..., "port": ...}: a node agent reads it to watch the ranks' collective progress.
+CONTROL_FILE_ENV = ENV_PREFIX + "CONTROL_FILE"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

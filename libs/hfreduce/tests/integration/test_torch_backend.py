@@ -45,6 +45,7 @@ def test_group_from_store_finds_the_layout(layout_run: dict[str, Any]) -> None:
         assert (rv["num_nodes"], rv["local_world_size"]) == (nodes, local)
         assert rv["sum"] == [world * (world + 1) / 2] * 3
         assert rv["torch_ranks"] == list(range(world))
+        assert rv["control_written"] == rv["control"]  # FF_HFREDUCE_CONTROL_FILE: the server's address
 
 
 def test_every_collective_matches_gloo(layout_run: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -45,7 +46,12 @@ def check_rendezvous() -> dict[str, Any]:
     from hfreduce.distributed import join_store
 
     store = dist.distributed_c10d._get_default_store()
-    group, layout = join_store(store, RANK, WORLD, prefix="test-a", timeout_s=20)
+    with tempfile.TemporaryDirectory() as tmp:  # where the control server's address is written (for an agent)
+        control_file = os.path.join(tmp, "control.json")
+        env = {**os.environ, "FF_HFREDUCE_CONTROL_FILE": control_file}
+        group, layout = join_store(store, RANK, WORLD, prefix="test-a", timeout_s=20, env=env)
+        with open(control_file) as f:
+            written = json.load(f)
     buf = torch.full((1000,), float(RANK + 1))
     group.allreduce(buf)
     report = {
@@ -56,6 +62,8 @@ def check_rendezvous() -> dict[str, Any]:
         "local_world_size": group.config.local_world_size,
         "sum": buf.tolist()[:3],
         "torch_ranks": list(layout.torch_ranks),
+        "control_written": written,
+        "control": {"addr": group.config.master_addr, "port": group.config.master_port},
     }
     group.close()
     return report

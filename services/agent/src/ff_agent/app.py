@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -12,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ff_agent import devices as node_devices
+from ff_agent import procs
 from ff_agent.config import AgentSettings
 from ff_agent.core.errors import InvalidRequest
 from ff_agent.core.failures import Failure, FailureClass
-from ff_agent.core.hang import RankProgress, lagging_ranks
+from ff_agent.core.hang import Hang, RankProgress, lagging_ranks, stopped_hangs, track_stopped
 from ff_agent.core.launch import Owner, StartOrder, ranks_user
 from ff_agent.link import LINK_ERRORS, SchedulerLink
 from ff_agent.runs import NodeRuns, Run
@@ -62,6 +64,8 @@ class Agent:
         self.last_validation: pb.Validation | None = None
         self._report_interval_s = settings.report_interval_s
         self._progress: dict[int, tuple[float, list[RankProgress]]] = {}
+        # run id -> local rank -> when its process was first seen stopped (state T), while it stays so
+        self._stopped: dict[int, dict[int, float]] = {}
         runs.node_id_of = lambda: self.node_id
 
     # ---- runs ----
@@ -187,10 +191,12 @@ class Agent:
     # ---- hang detection ----
 
     async def progress(self, run: Run) -> tuple[float, list[RankProgress]]:
-        """The group's collective progress (from hfreduce's control server on the run's master)."""
+        """The group's collective progress, from hfreduce's control server: where the ranks said it is (a group
+        formed through torch's store, as haiscale's DDP does, serves it on a free port), else the run's master."""
         order = run.order
         try:
-            status = await asyncio.to_thread(query_status, order.master_ip, order.master_port, PROGRESS_TIMEOUT_S)
+            addr, port = await asyncio.to_thread(control_address, run)
+            status = await asyncio.to_thread(query_status, addr, port, PROGRESS_TIMEOUT_S)
             ranks = [RankProgress.from_status(e) for e in status]
         except (OSError, ValueError, KeyError, TypeError, ConnectionError):
             ranks = []
@@ -202,11 +208,16 @@ class Agent:
         threshold = self.settings.hang_threshold_s
         while self.settings.hang_detection and not stop.is_set():
             await _sleep(stop, self.settings.hang_check_interval_s)
-            for run in list(self.runs.active):
+            active = list(self.runs.active)
+            self._stopped = {r.order.run_id: self._stopped.get(r.order.run_id, {}) for r in active}
+            for run in active:
                 if run.stopping or run.suspend is not None or run.failure is not None:
                     continue
-                now, ranks = await self.progress(run)
-                mine = [h for h in lagging_ranks(ranks, now, threshold) if h.node_rank == run.order.node_rank]
+                mine = self._stopped_ranks(run, threshold / 2)
+                now = time.time()
+                if not mine:
+                    now, ranks = await self.progress(run)
+                    mine = [h for h in lagging_ranks(ranks, now, threshold) if h.node_rank == run.order.node_rank]
                 if not mine:
                     continue
                 hang = mine[0]
@@ -221,6 +232,28 @@ class Agent:
                     hang=True,
                 )
                 await self.runs.mark_changed()
+
+    def _stopped_ranks(self, run: Run, threshold_s: float) -> list[Hang]:
+        """This node's ranks of ``run`` whose processes have stayed stopped for ``threshold_s``."""
+        now = time.time()
+        stopped = {r.local_rank for r in run.ranks if r.running and procs.stopped(r.proc.pid)}
+        since = track_stopped(self._stopped.get(run.order.run_id, {}), stopped, now)
+        self._stopped[run.order.run_id] = since
+        return stopped_hangs(since, now, threshold_s, node_rank=run.order.node_rank, ranks_per_node=len(run.ranks))
+
+
+def control_address(run: Run) -> tuple[str, int]:
+    """The run's hfreduce control server: the address its ranks wrote, else the run's master address."""
+    try:
+        written = json.loads(run.collective_file.read_text())
+        addr, port = written["addr"], written["port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return run.order.master_ip, run.order.master_port
+    if not isinstance(addr, str) or not isinstance(port, int) or not 0 < port < 65536:
+        return run.order.master_ip, run.order.master_port
+    # A group formed on one host advertises the loopback; the ranks of another node's agent reach rank 0's
+    # server through the run's master address (the host of node rank 0).
+    return (run.order.master_ip if addr in ("127.0.0.1", "localhost", "") else addr), port
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

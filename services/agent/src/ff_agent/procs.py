@@ -83,6 +83,16 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped: by a signal (SIGSTOP, SIGTSTP, ...) or by a tracer (state T or t)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] in (b"T", b"t")
+
+
 def environ_has(pid: int, entry: bytes) -> bool:
     """Whether the process's initial environment holds ``entry`` (``b"NAME=value"``)."""
     try:

@@ -99,6 +99,11 @@ class Run:
         return self.order.task_id, self.order.run_id
 
     @property
+    def collective_file(self) -> Path:
+        """Where the ranks write their hfreduce group's control address (a group formed through a store)."""
+        return collective_file(self.folder)
+
+    @property
     def exited(self) -> bool:
         return self.phase == pb.NODE_RUN_PHASE_EXITED
 
@@ -239,7 +244,7 @@ class NodeRuns:
         plans = plan_ranks(
             order, self.node, launch.devices,
             base_env=self.options.base_env, run_dir=str(control.folder),
-            error_dir=str(folder / "errors"), hook_dir=HOOK_DIR,
+            error_dir=str(folder / "errors"), hook_dir=HOOK_DIR, collective_file=str(collective_file(folder)),
         )  # fmt: skip
         ranks: list[Rank] = []
         try:
@@ -517,10 +522,10 @@ class Launch:
 
 def _make_run_folder(launch: Launch, run_as: RunAs | None) -> RunControl:
     """The run's folder. With ``run_as``, what the ranks write is theirs: the working folder the agent
-    made, ``errors/`` and the SDK's event file; everything the agent writes (the suspend flag, acks, logs,
-    pids) stays root's, in folders the ranks cannot change, so no rank can point it elsewhere."""
+    made, ``errors/``, ``collective/`` and the SDK's event file; everything the agent writes (the suspend flag,
+    acks, logs, pids) stays root's, in folders the ranks cannot change, so no rank can point it elsewhere."""
     folder = launch.folder
-    for sub in ("control", "logs", "errors"):
+    for sub in ("control", "logs", "errors", "collective"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     made_cwd = not launch.order.working_dir
     launch.cwd.mkdir(parents=True, exist_ok=True)
@@ -528,12 +533,16 @@ def _make_run_folder(launch: Launch, run_as: RunAs | None) -> RunControl:
     if run_as is not None:
         events = control.folder / runcontrol.EVENTS_FILE
         events.touch(mode=0o644)
-        owned = [folder / "errors", events, *([launch.cwd] if made_cwd else [])]
+        owned = [folder / "errors", folder / "collective", events, *([launch.cwd] if made_cwd else [])]
         for path in owned:
             os.chown(path, run_as.uid, run_as.gid)
         for path in (folder, folder / "control", folder / "logs"):
             path.chmod(0o755)
     return control
+
+
+def collective_file(run_folder: Path) -> Path:
+    return run_folder / "collective" / "control.json"
 
 
 def _user_env(run_as: RunAs, cwd: Path) -> dict[str, str]:

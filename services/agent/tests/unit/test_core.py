@@ -12,7 +12,7 @@ import pytest
 
 from ff_agent.core.errors import CannotRunAs, InvalidRequest
 from ff_agent.core.failures import ErrorRecord, FailureClass, RankExit, root_cause
-from ff_agent.core.hang import RankProgress, lagging_ranks
+from ff_agent.core.hang import RankProgress, lagging_ranks, stopped_hangs, track_stopped
 from ff_agent.core.launch import NodeFacts, Owner, RanksRunAs, RunAs, StartOrder, check_order, plan_ranks, ranks_user
 from ff_agent.core.suspend import SuspendClock
 
@@ -26,7 +26,8 @@ ORDER = StartOrder(
 def _plan(order: StartOrder = ORDER, node: NodeFacts = NODE) -> list[dict[str, str]]:
     devices = check_order(order, node)
     base = {"PATH": "/bin", "FF_AGENT_CLUSTER_TOKEN": "secret", "HOME": "/root"}
-    plans = plan_ranks(order, node, devices, base_env=base, run_dir="/r", error_dir="/e", hook_dir="/h")
+    plans = plan_ranks(order, node, devices, base_env=base, run_dir="/r", error_dir="/e", hook_dir="/h",
+                       collective_file="/c/control.json")  # fmt: skip
     return [p.env for p in plans]
 
 
@@ -41,6 +42,7 @@ def test_every_rank_gets_the_hai_variables_and_the_agents_win() -> None:
         assert env["X"] == "y" and env["PATH"] == "/bin" and "FF_AGENT_CLUSTER_TOKEN" not in env
         assert env["FF_DEVICE_INDEX"] == str(i) and "CUDA_VISIBLE_DEVICES" not in env
         assert env["FF_RANK_ERROR_FILE"] == f"/e/rank{i}.json" and env["PYTHONPATH"].split(":")[0] == "/h"
+        assert env["FF_HFREDUCE_CONTROL_FILE"] == "/c/control.json"  # where a store-formed group says its server is
 
 
 def test_the_cluster_client_variables_are_the_runs_and_no_secret_of_the_agent_leaks() -> None:
@@ -167,6 +169,17 @@ def test_a_rank_behind_the_others_collective_past_the_threshold_is_hung() -> Non
     # Everyone in step, or only one rank left: nothing to name.
     assert lagging_ranks([_p(0, 8, 8, 0.0), _p(1, 8, 8, 0.0)], 1e6, 1.0) == []
     assert lagging_ranks([_p(0, 8, 7, 0.0), _p(1, 7, 7, 0.0, "dead")], 1e6, 1.0) == []
+
+
+def test_a_rank_stopped_past_the_threshold_is_hung_and_one_that_ran_again_is_forgotten() -> None:
+    since = track_stopped({}, {1}, 100.0)
+    since = track_stopped(since, {0, 1}, 103.0)
+    assert since == {0: 103.0, 1: 100.0}
+    assert stopped_hangs(since, 104.0, 5.0, node_rank=1, ranks_per_node=2) == []
+    (hung,) = stopped_hangs(since, 105.0, 5.0, node_rank=1, ranks_per_node=2)
+    assert (hung.rank, hung.node_rank, hung.local_rank, hung.stopped) == (3, 1, 1, True)
+    assert hung.message.startswith("hang: rank 3 (node rank 1, local rank 1) is stopped")
+    assert track_stopped(since, {0}, 106.0) == {0: 103.0}  # local rank 1 runs again: its clock starts over
 
 
 def test_every_rank_gets_its_telemetry_labels_and_the_order_cannot_change_them() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hfreduce.api import Group
-from hfreduce.config import ENV_PREFIX, GroupConfig, options_from_env
+from hfreduce.config import CONTROL_FILE_ENV, ENV_PREFIX, GroupConfig, options_from_env
 from hfreduce.errors import RendezvousError
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ def join_store(
     try:
         _wait(store, [f"{prefix}/control"], timeout, what="publish the control address", ranks=[layout.torch_ranks[0]])
         control = json.loads(store.get(f"{prefix}/control"))
+        _publish_control(env, control)
         settings.pop("zone", None)
         config = GroupConfig(
             master_addr=str(control["addr"]),
@@ -185,6 +186,21 @@ def join_store(
             listener.close()
         raise
     return group, layout
+
+
+def _publish_control(env: Mapping[str, str], control: dict[str, Any]) -> None:
+    """Write the control server's address where ``FF_HFREDUCE_CONTROL_FILE`` says (if set): the node agent's
+    hang detection asks that server for the ranks' progress. A failure to write is logged, not raised."""
+    path = env.get(CONTROL_FILE_ENV, "")
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"addr": str(control["addr"]), "port": int(control["port"])}, f)
+        os.replace(tmp, path)
+    except OSError as err:
+        logger.warning("cannot write the control address to %s: %s", path, err)
 
 
 def _wait(store: Store, keys: list[str], timeout_s: float, *, what: str, ranks: Sequence[int] = ()) -> None:

@@ -1,8 +1,14 @@
-"""Hang detection from the ranks' collective sequence numbers (hfreduce's control-plane status).
+"""Hang detection from the ranks' collective sequence numbers (hfreduce's control-plane status), and from
+the state of the agent's own rank processes.
 
 A rank that has not entered the newest collective while other ranks have been waiting in it for longer
 than the threshold is the hung (lagging) rank. Every agent checks the whole group's status and names
 only its own ranks, so the report comes from the node that holds the culprit.
+
+A rank process that stays stopped (SIGSTOP, or a tracer) makes no progress at all, wherever it stopped: also
+inside a collective it had entered, where the sequence numbers cannot tell it from the ranks waiting for it
+(and a rank behind it in a pipeline of collectives would be named instead). Its own agent sees the state;
+it names it after half the threshold, before the lag rule can blame a bystander.
 """
 
 from __future__ import annotations
@@ -44,14 +50,37 @@ class Hang:
     stuck_seq: int
     waiting_seq: int
     waited_s: float
+    stopped: bool = False  # its process is stopped (state T); the sequence numbers are not known
 
     @property
     def message(self) -> str:
+        if self.stopped:
+            return (
+                f"hang: rank {self.rank} (node rank {self.node_rank}, local rank {self.local_rank}) is stopped "
+                f"(SIGSTOP or a tracer) and has made no progress for {self.waited_s:.0f} s"
+            )
         return (
             f"hang: rank {self.rank} (node rank {self.node_rank}, local rank {self.local_rank}) finished collective "
             f"{self.stuck_seq} but never entered {self.waiting_seq}, which the other ranks have waited in "
             f"for {self.waited_s:.0f} s"
         )
+
+
+def track_stopped(since: dict[int, float], stopped_now: set[int], now: float) -> dict[int, float]:
+    """Local rank -> when it was first seen stopped, for the ranks stopped now (a rank that ran again is dropped)."""
+    return {rank: since.get(rank, now) for rank in stopped_now}
+
+
+def stopped_hangs(
+    since: dict[int, float], now: float, threshold_s: float, *, node_rank: int, ranks_per_node: int
+) -> list[Hang]:
+    """Ranks seen stopped for ``threshold_s`` or longer, as hangs (``stuck_seq``/``waiting_seq`` unknown: 0)."""
+    return [
+        Hang(rank=node_rank * ranks_per_node + local, node_rank=node_rank, local_rank=local, stuck_seq=0,
+             waiting_seq=0, waited_s=now - first, stopped=True)
+        for local, first in sorted(since.items())
+        if now - first >= threshold_s
+    ]  # fmt: skip
 
 
 def lagging_ranks(ranks: list[RankProgress], now: float, threshold_s: float) -> list[Hang]:

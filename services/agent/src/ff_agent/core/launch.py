@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ff_agent.core.errors import CannotRunAs, InvalidRequest
+from hfreduce.config import CONTROL_FILE_ENV
 
 # Names the hfai SDK reads (hfai.client, hfai.config, hfai.runcontrol).
 TASK_ID_ENV = "MARSV2_TASK_ID"
@@ -197,8 +198,13 @@ def plan_ranks(
     run_dir: str,
     error_dir: str,
     hook_dir: str,
+    collective_file: str = "",
 ) -> list[RankPlan]:
-    """One entry per local rank with its full environment (the agent's variables win over the task's)."""
+    """One entry per local rank with its full environment (the agent's variables win over the task's).
+
+    ``collective_file``: where a group the ranks form through a store writes its control server's address
+    (``FF_HFREDUCE_CONTROL_FILE``), for hang detection; empty: not asked.
+    """
     num_local = order.ranks_per_node or len(devices)
     one_per_device = num_local == len(devices)
     common = {
@@ -222,6 +228,8 @@ def plan_ranks(
         FF_MGMTD_ENV: node.mgmtd_addresses,
         "PYTHONUNBUFFERED": "1",
     }
+    if collective_file:
+        common[CONTROL_FILE_ENV] = collective_file
     user_path = order.env.get("PYTHONPATH") or base_env.get("PYTHONPATH", "")
     common["PYTHONPATH"] = hook_dir + (":" + user_path if user_path else "")
     plans = []
