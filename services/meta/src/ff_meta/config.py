@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 
-from ff_config import SettingsModel
+from ff_config import MgmtdClientSettings
 
 ENV_PREFIX = "FF_META_"
 
 
-class MetaSettings(SettingsModel):
+class MetaSettings(MgmtdClientSettings):
     database_url: str = Field(
         "sqlite:///./meta-state/meta.db", description="sqlite:///file.db or postgresql+psycopg://"
     )
@@ -21,13 +20,6 @@ class MetaSettings(SettingsModel):
         description="SQLite only: NORMAL (WAL) survives a process crash but may lose the last commits on power loss;"
         " FULL fsyncs every commit",
     )
-    mgmtd_addresses: str = Field("127.0.0.1:9000", description="comma-separated mgmtd gRPC addresses")
-    listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")
-    metrics_address: str = Field("127.0.0.1:0", description="Prometheus /metrics host:port; empty disables it")
-    instance_id: str = Field("", description="name of this instance (logs)")
-    node_id: int = Field(0, ge=0, description="node id to register under (0: assigned by mgmtd)")
-    cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
-    cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
     default_chain_table_id: int = Field(1, ge=1, description="chain table of files whose directories set none")
     default_chunk_size: int = Field(4 * 1024 * 1024, description="chunk size of new files (power of two, 64K-64M)")
     default_stripe_size: int = Field(16, ge=1, description="chains per file (capped by the chain table)")
@@ -36,29 +28,14 @@ class MetaSettings(SettingsModel):
     trash_retention_s: float = Field(3 * 86400.0, gt=0, description="default time a removed tree stays in the trash")
     capacity_bytes: int = Field(1 << 40, gt=0, description="statfs capacity while no storage target reports its disk")
     background_interval_s: float = Field(1.0, gt=0, description="session collection, GC and trash expiry period")
-    token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a user token check is cached")
     grace_s: float = Field(3.0, ge=0, description="drain time for in-flight calls on SIGTERM")
     telemetry_interval_s: float = Field(
         10.0, ge=0, description="push the operation counts to telemetry this often; 0: never"
     )
-    ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
 
     @model_validator(mode="after")
     def _check(self) -> MetaSettings:
-        if not self.cluster_token.get_secret_value() and self.cluster_token_file is None:
-            raise ValueError("cluster_token or cluster_token_file is required")
-        if not self.mgmtd_list():
-            raise ValueError("mgmtd_addresses: at least one address")
         c = self.default_chunk_size
         if c < 65536 or c > 64 << 20 or c & (c - 1):
             raise ValueError("default_chunk_size must be a power of two from 64 KiB to 64 MiB")
         return self
-
-    def mgmtd_list(self) -> list[str]:
-        return [a.strip() for a in self.mgmtd_addresses.split(",") if a.strip()]
-
-    def resolved_cluster_token(self) -> str:
-        if self.cluster_token_file is not None:
-            return self.cluster_token_file.read_text().strip()
-        return self.cluster_token.get_secret_value()
