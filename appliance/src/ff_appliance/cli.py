@@ -18,10 +18,11 @@ from google.protobuf.message import Message
 
 from ff_appliance import admin, alerts, lifecycle, mount
 from ff_appliance.demo import DemoError, run_demo
+from ff_appliance.demo_faults import ClusterHandle
 from ff_appliance.demo_storage import StorageDemoError
-from ff_appliance.demo_train import TrainDemoError, TrainPlan, find_example, run_train_demo
+from ff_appliance.demo_train import NUM_AGENTS_WITH_FAULTS, TrainDemoError, TrainPlan, find_example, run_train_demo
 from ff_appliance.lifecycle import ApplianceError, UpOptions
-from ff_appliance.services import MGMTD, SERVICES
+from ff_appliance.services import AGENT, MGMTD, SERVICES
 from ff_appliance.state import PlanError, StateDir, load_plan, read_secret
 from ff_appliance.status import collect_status, render_status
 from ff_appliance.supervisor import SupervisorError
@@ -115,6 +116,11 @@ async def _show_status(cli: Cli, state: StateDir, *, as_json: bool) -> int:
 async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     example = None if args.tour else find_example(args.example)  # before anything starts: a clear error
+    faults = example is not None and not args.quick
+    if faults:
+        # The SIGSTOP fault cordons a node: a third agent keeps 2 for the task (a cluster only grows).
+        planned = len(existing.of_service(AGENT)) if (existing := load_plan(state)) is not None else 0
+        args.num_agent = max(args.num_agent or 0, planned, NUM_AGENTS_WITH_FAULTS)
     cli.print(f"== up ({state.root})")
     await _cmd_up(args, cli)
     cli.print("\n== status")
@@ -131,7 +137,8 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
         await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out)
     if example is not None:
         cli.print("\n== train the tiny GPT on this cluster" + (" (--quick: no faults)" if args.quick else ""))
-        await run_train_demo(addresses, token, TrainPlan.for_demo(example, quick=args.quick), cli.out)
+        cluster = ClusterHandle(state=state, env=dict(cli.environ))
+        await run_train_demo(addresses, token, TrainPlan.for_demo(example, quick=args.quick), cli.out, cluster)
     cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
     return EXIT_OK
 

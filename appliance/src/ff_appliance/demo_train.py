@@ -1,6 +1,7 @@
 """``fireflyer demo``: a user trains the tiny GPT on the cluster, with its data and checkpoints in 3FS; another
-user's higher-priority task preempts it; it resumes from its checkpoint. Every figure printed is read back from
-the scheduler, telemetry or 3FS (the trainer's own log lines come through the scheduler's StreamLogs).
+user's higher-priority task preempts it; it resumes from its checkpoint. The full demo then injects faults
+(``demo_faults``): a storage service and an agent SIGKILLed, a rank SIGSTOPped. Every figure printed is read
+back from the scheduler, mgmtd, telemetry or 3FS (the trainer's own log lines come through StreamLogs).
 
 The trainer is ``examples/gpt`` of this checkout (or ``--example DIR``): its path is given to the agents, which
 run on this machine. A pip-installed appliance has no checkout: it passes ``--example`` with a folder that every
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import hf3fs
+from ff_appliance.demo_faults import FAULT_AFTER_STEPS, ClusterHandle, FaultError, FaultRecord, Faults, fault_rows
 from ff_appliance.scheduler_setup import scheduler_address, set_quota
 from ff_appliance.scheduler_user import SchedulerUser, user_token
 from ff_appliance.telemetry_setup import telemetry_endpoints
@@ -42,6 +44,12 @@ NUM_NODES = 2
 MODEL_ARGS = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "1", "--heads", "2", "--lr", "1e-2"]
 CORPUS_MIB = 0.25
 NUM_STEPS = 240  # about 15 steps/s on a quiet 2-core machine
+# With the faults: the trainer must still be training after the storage fault's ~20 s and two restarts.
+NUM_STEPS_WITH_FAULTS = 800
+NUM_AGENTS_WITH_FAULTS = 3  # a cordoned node leaves 2 for the task
+# The ranks wait this long in a collective before they give up on a peer: longer than the appliance's hang
+# threshold, so a stopped rank is named by hang detection rather than by its peers timing out.
+HFREDUCE_TIMEOUT_S = 120
 PREEMPT_AT_STEP = 110  # the urgent task comes once the trainer reached this step (not at a periodic checkpoint)
 CKPT_EVERY = 40
 URGENT_SECONDS = 3  # how long the urgent task holds the nodes
@@ -69,7 +77,8 @@ class TrainPlan:
 
     @classmethod
     def for_demo(cls, example: Path, *, quick: bool) -> TrainPlan:
-        return cls(example=example, num_steps=NUM_STEPS, preempt_at_step=PREEMPT_AT_STEP, ckpt_every=CKPT_EVERY,
+        steps = NUM_STEPS if quick else NUM_STEPS_WITH_FAULTS
+        return cls(example=example, num_steps=steps, preempt_at_step=PREEMPT_AT_STEP, ckpt_every=CKPT_EVERY,
                    quick=quick)  # fmt: skip
 
 
@@ -81,6 +90,7 @@ class _Run:
     dashboard_url: str
     printed: set[tuple[int, int]] = field(default_factory=set)  # (run_id, step) lines shown
     newest_step: int = 0
+    newest_by_run: dict[int, int] = field(default_factory=dict)  # run id -> the newest step shown of it
 
 
 def find_example(given: str | None) -> Path:
@@ -214,7 +224,8 @@ class TrainDemo:
     async def submit(self, data: str, ckpt: str, name: str) -> _Run:
         """``hfai python train.py ... -- --nodes 2`` as the trainer; the task as the scheduler took it."""
         script = self.trainer_argv(data, ckpt, self.plan.num_steps)
-        opts = ["--nodes", str(NUM_NODES), "--priority", str(NORMAL), "--name", name, "-e", "OMP_NUM_THREADS=1"]
+        opts = ["--nodes", str(NUM_NODES), "--priority", str(NORMAL), "--name", name, "-e", "OMP_NUM_THREADS=1",
+                "-e", f"FF_HFREDUCE_TIMEOUT_S={HFREDUCE_TIMEOUT_S}"]  # fmt: skip
         proc = await asyncio.to_thread(self._cli, TRAINER, "-m", "hfai", "python", *script, "--", *opts)
         self.say(f"$ hfai python {' '.join(script)} -- {' '.join(opts)}")
         for line in proc.stdout.splitlines():
@@ -238,18 +249,23 @@ class TrainDemo:
         chunks = [c.data async for c in user.rpc.stream(user.stub.StreamLogs, request)]
         return b"".join(chunks).decode(errors="replace")
 
+    async def poll(self, user: SchedulerUser, run: _Run) -> pb.Task:
+        """The task now, after printing node rank 0's new progress lines (a bar per ``step`` line)."""
+        task = await self.task(user, run.task_id)
+        current = task.current_run
+        if current.run_id and current.state != pb.RUN_STATE_UNSPECIFIED:
+            try:
+                text = await self.log(user, run.task_id, current.run_id)
+            except RpcError:  # no log yet: the run is starting
+                text = ""
+            self._show(run, current.run_id, current.run_index, text)
+        return task
+
     async def follow(self, user: SchedulerUser, run: _Run, done: Callable[[pb.Task, _Run], bool], why: str) -> pb.Task:
-        """Print node rank 0's new progress lines (a bar per ``step`` line) until ``done``; the task then."""
+        """Print node rank 0's new progress lines until ``done``; the task then."""
         deadline = time.monotonic() + WAIT_S
         while True:
-            task = await self.task(user, run.task_id)
-            current = task.current_run
-            if current.run_id and current.state != pb.RUN_STATE_UNSPECIFIED:
-                try:
-                    text = await self.log(user, run.task_id, current.run_id)
-                except RpcError:  # no log yet: the run is starting
-                    text = ""
-                self._show(run, current.run_id, current.run_index, text)
+            task = await self.poll(user, run)
             if done(task, run):
                 return task
             if time.monotonic() > deadline:
@@ -271,6 +287,7 @@ class TrainDemo:
                 continue
             step = int(m.group(1))
             run.newest_step = max(run.newest_step, step)
+            run.newest_by_run[run_id] = max(run.newest_by_run.get(run_id, 0), step)
             filled = BAR_WIDTH * min(step, self.plan.num_steps) // self.plan.num_steps
             bar = "#" * filled + "." * (BAR_WIDTH - filled)
             self.say(f"[{bar}] step {step:>4}/{self.plan.num_steps} loss {float(m.group(2)):.4f} "
@@ -365,9 +382,10 @@ def _fmt_s(seconds: float) -> str:
 
 async def train_section(
     addresses: Sequence[str], admin_token: str, plan: TrainPlan,
-    step: Callable[[str], None], say: Callable[[str], None],
+    step: Callable[[str], None], say: Callable[[str], None], cluster: ClusterHandle | None = None,
 ) -> None:  # fmt: skip
-    """The whole training story on the running cluster (see the module docstring)."""
+    """The whole training story on the running cluster (see the module docstring); the faults need ``cluster``
+    (unless ``plan.quick``)."""
     demo = TrainDemo(addresses, admin_token, plan, step, say)
     await demo.setup()
     await demo.nodes()
@@ -388,6 +406,11 @@ async def train_section(
             f"{first.last_checkpoint.step}; in 3FS, owner uid {owner}")  # fmt: skip
         step(f"{URGENT}'s task runs; then the trainer resumes from its checkpoint and continues its loss curve")
         task = await demo.follow(user, run, _resumed, "the resume")
+        faults: list[FaultRecord] = []
+        if not plan.quick:
+            if cluster is None:
+                raise TrainDemoError("the faults need the appliance's state folder")
+            faults = await _inject_faults(demo, cluster, user, run)
         task = await demo.follow(user, run, _finished, "the end")
         say(f"task {run.task_id}: {_name(pb.TaskState, task.state)} after {task.num_runs} runs")
         if task.state != pb.TASK_STATE_SUCCEEDED:
@@ -404,11 +427,31 @@ async def train_section(
         await user.close()
     series = await wait_series(demo.http, demo.tokens[TRAINER], run.task_id, plan.num_steps, task.num_runs)
     step("summary (read back from the scheduler, telemetry and 3FS)")
-    for line in summary(task, urgent_task, series, reference, owner, plan):
+    for line in summary(task, urgent_task, series, reference, owner, plan, faults):
         say(line)
     if plan.quick:
         say("--quick: faults skipped")
-    say("not built yet (the next part of issue 20): a storage service SIGKILLed, an agent SIGKILLed, a rank SIGSTOPped")
+
+
+async def _inject_faults(demo: TrainDemo, cluster: ClusterHandle, user: SchedulerUser, run: _Run) -> list[FaultRecord]:
+    """The three faults, one after the other, each once the run it hits has trained a little; then the cordoned
+    node is validated back into scheduling."""
+    mgmtd = MgmtdClient(demo.addresses, token=demo.admin_token)
+    admin = SchedulerUser(demo.scheduler, demo.admin_token, timeout_s=10.0)
+    faults = Faults(cluster, mgmtd, admin, lambda: demo.poll(user, run), lambda rid: run.newest_by_run.get(rid, 0),
+                    demo.step, demo.say)  # fmt: skip
+    records = []
+    try:
+        for inject in (faults.storage, faults.agent, faults.hang):
+            task, at_step = await faults.trained(FAULT_AFTER_STEPS)
+            records.append(await inject(task, at_step))
+        demo.say(await faults.return_node(records[-1].node_id))
+    except FaultError as err:
+        raise TrainDemoError(str(err)) from None
+    finally:
+        await admin.close()
+        await mgmtd.close()
+    return records
 
 
 async def _task_as(demo: TrainDemo, who: str, task_id: int) -> pb.Task:
@@ -427,9 +470,10 @@ def _owner(demo: TrainDemo, path: str) -> int:
 def summary(
     task: pb.Task, urgent: pb.Task, series: dict[int, list[tuple[int, float, float]]],
     reference: dict[int, list[tuple[int, float, float]]] | None, owner_uid: int, plan: TrainPlan,
+    faults: Sequence[FaultRecord] = (),
 ) -> list[str]:  # fmt: skip
     """The table of events and figures; raises TrainDemoError where the facts contradict the story."""
-    first, second = task.runs[0], task.runs[-1]
+    first, second = task.runs[0], task.runs[1]
     ck = first.last_checkpoint
     before = series.get(first.run_id, [])
     after = series.get(second.run_id, [])
@@ -437,7 +481,7 @@ def summary(
     resumed_at = min((s for s, _, _ in after), default=0) - 1
     first_new_at = min((at for s, _, at in after), default=0.0)
     steps = sorted({s for points in series.values() for s, _, _ in points})
-    final = {s: v for points in series.values() for s, v, _ in points}
+    final = {s: v for _, points in sorted(series.items()) for s, v, _ in points}  # a step trained again: the last
     nodes = ", ".join(str(n.node_id) for n in first.nodes)
     rows = [
         ("run 0 started", f"on {len(first.nodes)} nodes (node ids {nodes}) at priority {first.priority}"),
@@ -455,6 +499,10 @@ def summary(
         ("loss series", f"steps {steps[0] if steps else '?'}..{steps[-1] if steps else '?'}, {len(steps)} steps, "
                         f"{'no gap' if steps == list(range(1, plan.num_steps + 1)) else 'GAPS'}"),
     ]  # fmt: skip
+    try:
+        rows += fault_rows(task, series, list(faults))
+    except FaultError as err:
+        raise TrainDemoError(str(err)) from None
     last = plan.num_steps
     if final:
         ref_text = f"step 1: {final.get(1, float('nan')):.4f}; a uniform guess over bytes: {math.log(256):.4f}"
@@ -470,9 +518,11 @@ def summary(
     return lines
 
 
-async def run_train_demo(addresses: Sequence[str], admin_token: str, plan: TrainPlan, out: TextIO) -> None:
+async def run_train_demo(
+    addresses: Sequence[str], admin_token: str, plan: TrainPlan, out: TextIO, cluster: ClusterHandle | None = None
+) -> None:
     """The training story, its steps numbered as ``[n/N] title`` and what the cluster answered indented."""
-    num_titles = 6 if plan.quick else 7
+    num_titles = 6 if plan.quick else 10
     counter = [0]
 
     def step(title: str) -> None:
@@ -483,4 +533,4 @@ async def run_train_demo(addresses: Sequence[str], admin_token: str, plan: Train
         for line in text.splitlines():
             print(f"    {line}", file=out, flush=True)
 
-    await train_section(addresses, admin_token, plan, step, say)
+    await train_section(addresses, admin_token, plan, step, say, cluster)

@@ -152,6 +152,10 @@ def _agent_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
         "--master-ip", instance.host,
         "--num-device-slots", "2",
         "--term-grace-s", "5",
+        # A rank behind its group's collective for 10 s is hung (the service's default is 60 s): the demo's
+        # stopped rank is named, and its node cordoned, while the tiny model trains.
+        "--hang-threshold-s", "10",
+        "--hang-check-interval-s", "1",
     ]  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ff_appliance.demo_faults import FaultError, FaultRecord, fault_rows, rank_pids
 from ff_appliance.demo_train import TrainDemo, TrainDemoError, TrainPlan, _Run, summary
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
@@ -58,3 +59,47 @@ def test_the_summary_refuses_a_resume_elsewhere_or_a_stranger_checkpoint() -> No
     task, series = _task(resume_step=4)
     with pytest.raises(TrainDemoError, match="do not match"):
         summary(task, pb.Task(task_id=2), series, None, 4242, PLAN)  # not the task's user's
+
+
+def _faulted_task() -> tuple[pb.Task, dict[int, list[tuple[int, float, float]]]]:
+    """Run 2 lost its agent at step 14 (checkpoint 12, trained to 15); run 3 resumed at 13."""
+    node = pb.AssignedNode
+    runs = [
+        pb.Run(run_id=2, run_index=1, started_at=30, ended_at=50, end_reason=pb.RUN_END_REASON_NODE_LOST,
+               last_checkpoint=pb.Checkpoint(step=12), nodes=[node(node_id=5), node(node_id=6, node_rank=1)]),
+        pb.Run(run_id=3, run_index=2, started_at=55, nodes=[node(node_id=5), node(node_id=7, node_rank=1)]),
+    ]  # fmt: skip
+    series = {2: [(s, 1.0, 30.0 + s) for s in range(4, 16)], 3: [(s, 1.0, 60.0 + s) for s in range(13, 21)]}
+    return pb.Task(task_id=1, runs=runs), series
+
+
+def test_fault_rows_state_detection_recovery_and_steps_lost() -> None:
+    task, series = _faulted_task()
+    storage = FaultRecord(kind="storage", event="storage-3 SIGKILLed", signalled_at=35.0, at_step=5, run_id=2,
+                          node_id=9, detected_at=38.0, detected_by="mgmtd", recovered_at=40.5,
+                          recovered_by="mgmtd")  # fmt: skip
+    agent = FaultRecord(kind="agent", event="agent-2 SIGKILLed", signalled_at=44.0, at_step=14, run_id=2, node_id=6,
+                        detected_at=54.0, detected_by="scheduler: NODE_LOST")  # fmt: skip
+    rows = dict(fault_rows(task, series, [storage, agent]))
+    assert "recovered after 5.5 s" in rows["storage-3 SIGKILLed"] and "steps lost 0" in rows["storage-3 SIGKILLed"]
+    text = rows["agent-2 SIGKILLed"]
+    assert "detected after 10.0 s" in text and "training again after 29.0 s" in text
+    assert "from checkpoint 12" in text and "steps lost 3" in text and "nodes [5, 7]" in text
+
+
+def test_fault_rows_refuse_a_resume_at_another_step_than_the_checkpoint() -> None:
+    task, series = _faulted_task()
+    series[3] = [(s, 1.0, 60.0 + s) for s in range(14, 21)]  # resumed at 14: checkpoint 12 says 13
+    agent = FaultRecord(kind="agent", event="agent-2 SIGKILLed", signalled_at=44.0, at_step=14, run_id=2, node_id=6)
+    with pytest.raises(FaultError, match="resumed at step 14"):
+        fault_rows(task, series, [agent])
+
+
+def test_the_rank_is_found_by_the_environment_the_agent_gave_it(tmp_path: Path) -> None:
+    environs = {11: "MARSV2_RUN_ID=7\0RANK=1\0LOCAL_RANK=1\0", 12: "MARSV2_RUN_ID=7\0RANK=1\0LOCAL_RANK=0\0",
+                13: "MARSV2_RUN_ID=8\0RANK=1\0LOCAL_RANK=1\0", 14: "MARSV2_RUN_ID=7\0LOCAL_RANK=1\0RANK=1"}  # fmt: skip
+    for pid, env in environs.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(env.encode())
+    (tmp_path / "self").mkdir()
+    assert rank_pids(7, 1, 1, proc=tmp_path) == [11, 14]

@@ -1,0 +1,374 @@
+"""The faults of the full ``fireflyer demo``: while the tiny GPT trains, a storage service is SIGKILLed and
+restarted, an agent is SIGKILLed (and restarted), and one rank is stopped with SIGSTOP.
+
+The demo's own clock only says when it sent each signal. Everything else is read back: when mgmtd declared the
+storage service dead and when its targets served again (routing info), how the scheduler ended the run hit and
+why (its failure: node, rank, time), which node it cordoned and why (ListNodes), where and from which step the
+task resumed (its runs, the loss series in telemetry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ff_appliance import lifecycle
+from ff_appliance.lifecycle import UpOptions
+from ff_appliance.scheduler_user import SchedulerUser
+from ff_appliance.services import AGENT, STORAGE
+from ff_appliance.state import InstancePlan, StateDir, load_plan
+from ff_appliance.supervisor import running_pid
+from ff_cluster import MgmtdClient
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+FAULT_AFTER_STEPS = 20  # each fault comes once the run it hits has trained this many steps
+WATCH_POLL_S = 0.25  # how often the services are asked while a fault is under way
+FAULT_WAIT_S = 300.0
+UP_TIMEOUT_S = 120.0
+# The rank the hang fault stops: global rank 3 (node rank 1, local rank 1), on the node that is not the master's.
+HUNG_NODE_RANK, HUNG_LOCAL_RANK = 1, 1
+
+
+class FaultError(Exception):
+    """A fault did not have the effect the services should show."""
+
+
+@dataclass(frozen=True)
+class ClusterHandle:
+    """What the faults need beyond the services' addresses: the appliance's state folder (plan, pid files) and
+    the environment ``up`` starts processes with."""
+
+    state: StateDir
+    env: Mapping[str, str]
+
+
+@dataclass
+class FaultRecord:
+    """One injected fault and what the services said about it.
+
+    ``detected_at`` and ``recovered_at`` are read back (or, for the storage service, the first poll of mgmtd that
+    showed it): for the agent and the rank, the scheduler's failure time; the first step after the fault comes from
+    telemetry when the summary is made.
+    """
+
+    kind: str  # "storage", "agent", "hang"
+    event: str
+    signalled_at: float
+    at_step: int
+    run_id: int
+    node_id: int
+    detected_at: float = 0.0
+    detected_by: str = ""
+    recovered_at: float = 0.0
+    recovered_by: str = ""
+    facts: list[str] = field(default_factory=list)
+
+
+# The follower the faults print progress through while they wait (TrainDemo.poll, bound to the task), and the
+# newest step it printed of a run (by run id; 0 before its first).
+Poll = Callable[[], Awaitable[pb.Task]]
+Progress = Callable[[int], int]
+
+
+class Faults:
+    """Injects the three faults into the training task and follows what the services say."""
+
+    def __init__(
+        self, cluster: ClusterHandle, mgmtd: MgmtdClient, admin: SchedulerUser, poll: Poll, progress: Progress,
+        step: Callable[[str], None], say: Callable[[str], None],
+    ) -> None:  # fmt: skip
+        self.cluster, self.mgmtd, self.admin, self.poll, self.progress = cluster, mgmtd, admin, poll, progress
+        self.step, self.say = step, say
+
+    # ---- waiting while the terminal follows the training ----
+
+    async def until(self, check: Callable[[pb.Task], Awaitable[Any]], why: str) -> Any:
+        """Follow the task until ``check(task)`` answers something truthy; that answer."""
+        deadline = time.monotonic() + FAULT_WAIT_S
+        last_poll = 0.0
+        task = await self.poll()
+        while True:
+            if time.monotonic() - last_poll >= 1.0:
+                task, last_poll = await self.poll(), time.monotonic()
+            found = await check(task)
+            if found:
+                return found
+            if task.state >= pb.TASK_STATE_SUCCEEDED:
+                raise FaultError(f"the training task ended ({task.current_run.end_message}) before {why}")
+            if time.monotonic() > deadline:
+                raise FaultError(f"{why} did not happen within {FAULT_WAIT_S:g} s")
+            await asyncio.sleep(WATCH_POLL_S)
+
+    async def trained(self, steps: int) -> tuple[pb.Task, int]:
+        """Follow until the current run has trained ``steps`` steps past the newest one shown now; the task and
+        the newest step then."""
+        task = await self.poll()
+        start = self.progress(task.current_run.run_id)
+
+        async def check(task: pb.Task) -> pb.Task | None:
+            run = task.current_run
+            return task if run.state == pb.RUN_STATE_RUNNING and self.progress(run.run_id) >= start + steps else None
+
+        found: pb.Task = await self.until(check, f"{steps} more steps")
+        return found, self.progress(found.current_run.run_id)
+
+    async def routing(self) -> mgmtd_pb2.RoutingInfo:
+        resp = await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        info: mgmtd_pb2.RoutingInfo = resp.routing_info
+        return info
+
+    async def restart(self, what: str) -> None:
+        """``fireflyer up`` again: it starts what is not running (``what``) and waits until it is registered."""
+        options = UpOptions(env=dict(self.cluster.env), counts={}, timeout_s=UP_TIMEOUT_S)
+        out = io.StringIO()
+        await lifecycle.up(self.cluster.state, options, out)
+        started = [line for line in out.getvalue().splitlines() if ": started" in line]
+        self.say(f"restarted with `fireflyer up`: {'; '.join(started) or what + ' (already running)'}")
+
+    def instance(self, service: str, node_id: int | None = None) -> InstancePlan:
+        plan = load_plan(self.cluster.state)
+        if plan is None:
+            raise FaultError(f"no cluster plan in {self.cluster.state.root}")
+        instances = plan.of_service(service)
+        chosen = [i for i in instances if node_id is None or i.node_id == node_id]
+        if not chosen:
+            raise FaultError(f"no {service} instance of node {node_id} in the plan")
+        return chosen[-1]
+
+    def kill(self, instance: InstancePlan) -> int:
+        state = self.cluster.state
+        pid = running_pid(state.pid_file(instance.name), state.process_marker(instance.name))
+        if pid is None:
+            raise FaultError(f"{instance.name} is not running")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    # ---- a storage service ----
+
+    async def storage(self, task: pb.Task, at_step: int) -> FaultRecord:
+        self.step("a storage service is SIGKILLed while the trainer trains, then restarted")
+        instance = self.instance(STORAGE)
+        targets = [
+            t.target_id for c in (await self.routing()).chains for t in c.targets if t.node_id == instance.node_id
+        ]
+        run_id = task.current_run.run_id
+        pid = self.kill(instance)
+        rec = FaultRecord(kind="storage", event=f"{instance.name} SIGKILLed", signalled_at=time.time(),
+                          at_step=at_step, run_id=run_id, node_id=instance.node_id)  # fmt: skip
+        self.say(f"{instance.name} (node {instance.node_id}, pid {pid}, {len(targets)} targets) SIGKILLed after step "
+                 f"{at_step} of run {task.current_run.run_index}")  # fmt: skip
+
+        async def dead(_: pb.Task) -> mgmtd_pb2.Node | None:
+            nodes = {n.node_id: n for n in (await self.routing()).nodes}
+            node = nodes.get(instance.node_id)
+            return node if node is not None and node.status == mgmtd_pb2.NODE_STATUS_DEAD else None
+
+        node: mgmtd_pb2.Node = await self.until(dead, f"mgmtd declaring {instance.name} dead")
+        rec.detected_at = time.time()
+        rec.detected_by = f"mgmtd: node {instance.node_id} dead"
+        if node.last_heartbeat_at > 0:
+            rec.detected_by += (
+                f" (its last heartbeat {rec.signalled_at - node.last_heartbeat_at:.1f} s before the kill)"
+            )
+        self.say(f"mgmtd declared node {instance.node_id} dead {rec.detected_at - rec.signalled_at:.1f} s after the "
+                 f"kill; its targets left their chains")  # fmt: skip
+        await self.restart(instance.name)
+
+        async def serving(_: pb.Task) -> bool:
+            info = await self.routing()
+            mine = [t for c in info.chains for t in c.targets if t.target_id in targets]
+            alive = any(n.node_id == instance.node_id and n.status == mgmtd_pb2.NODE_STATUS_ALIVE for n in info.nodes)
+            return (
+                alive
+                and len(mine) == len(targets)
+                and all(t.public_state == mgmtd_pb2.PUBLIC_TARGET_STATE_SERVING for t in mine)
+            )
+
+        await self.until(serving, f"{instance.name}'s targets serving again")
+        rec.recovered_at = time.time()
+        rec.recovered_by = f"mgmtd: node {instance.node_id} alive, its {len(targets)} targets resynced and serving"
+        after = await self.poll()
+        if after.current_run.run_id != run_id or after.current_run.state != pb.RUN_STATE_RUNNING:
+            raise FaultError(f"the training run did not go on through the storage fault: run "
+                             f"{after.current_run.run_index} is {pb.RunState.Name(after.current_run.state)} "
+                             f"({after.current_run.end_message})")  # fmt: skip
+        self.say(f"its targets serve again {rec.recovered_at - rec.signalled_at:.1f} s after the kill; run "
+                 f"{after.current_run.run_index} kept running throughout (the scheduler: "
+                 f"{pb.RunState.Name(after.current_run.state).removeprefix('RUN_STATE_').lower()})")  # fmt: skip
+        return rec
+
+    # ---- an agent ----
+
+    async def agent(self, task: pb.Task, at_step: int) -> FaultRecord:
+        self.step("the agent of one of the trainer's nodes is SIGKILLed; then restarted")
+        run = task.current_run
+        node_id = next(n.node_id for n in run.nodes if n.node_rank == HUNG_NODE_RANK)
+        instance = self.instance(AGENT, node_id)
+        pid = self.kill(instance)
+        rec = FaultRecord(kind="agent", event=f"{instance.name} SIGKILLed", signalled_at=time.time(), at_step=at_step,
+                          run_id=run.run_id, node_id=node_id)  # fmt: skip
+        self.say(f"{instance.name} (node {node_id}, node rank {HUNG_NODE_RANK} of run {run.run_index}, pid {pid}) "
+                 f"SIGKILLed after step {at_step}")  # fmt: skip
+        ended = await self.until(_run_ended(run.run_id), f"run {run.run_index} ending")
+        failure = ended.failure
+        if ended.end_reason != pb.RUN_END_REASON_NODE_LOST or failure.node_id != node_id:
+            raise FaultError(f"run {run.run_index} ended {pb.RunEndReason.Name(ended.end_reason)} on node "
+                             f"{failure.node_id}, not NODE_LOST on node {node_id}: {ended.end_message}")  # fmt: skip
+        rec.detected_at = failure.failed_at or ended.ended_at
+        rec.detected_by = f"scheduler: run {run.run_index} NODE_LOST, {failure.message or ended.end_message}"
+        self.say(f"the scheduler ended run {run.run_index} NODE_LOST {rec.detected_at - rec.signalled_at:.1f} s "
+                 f"after the kill: {failure.message or ended.end_message} (checkpoint step "
+                 f"{ended.last_checkpoint.step})")  # fmt: skip
+        await self.restart(instance.name)
+        await self.node_ready(node_id)
+        resumed = await self.until(self._next_run_stepping(run.run_id), "the task resuming")
+        rec.recovered_by = f"scheduler: run {resumed.run_index} running on nodes {_node_ids(resumed)}"
+        self.say(f"task re-queued and resumed: run {resumed.run_index} on nodes {_node_ids(resumed)}")
+        return rec
+
+    def _next_run_stepping(self, run_id: int) -> Callable[[pb.Task], Awaitable[pb.Run | None]]:
+        """The run after ``run_id`` once it runs and its first step has shown in the log."""
+
+        async def check(task: pb.Task) -> pb.Run | None:
+            later = [r for r in task.runs if r.run_id > run_id and r.state == pb.RUN_STATE_RUNNING]
+            return later[0] if later and self.progress(later[0].run_id) > 0 else None
+
+        return check
+
+    async def node_ready(self, node_id: int) -> pb.Node:
+        async def ready(_: pb.Task) -> pb.Node | None:
+            nodes = (await self.admin.call("ListNodes", pb.ListNodesRequest())).nodes
+            node = next((n for n in nodes if n.node_id == node_id), None)
+            return node if node is not None and node.state == pb.NODE_STATE_READY else None
+
+        found: pb.Node = await self.until(ready, f"node {node_id} ready")
+        return found
+
+    # ---- a rank stopped ----
+
+    async def hang(self, task: pb.Task, at_step: int) -> FaultRecord:
+        self.step(f"one rank is stopped (SIGSTOP): rank {2 * HUNG_NODE_RANK + HUNG_LOCAL_RANK} of the trainer")
+        run = task.current_run
+        node_id = next(n.node_id for n in run.nodes if n.node_rank == HUNG_NODE_RANK)
+        pids = rank_pids(run.run_id, HUNG_NODE_RANK, HUNG_LOCAL_RANK)
+        if not pids:
+            raise FaultError(f"no process of node rank {HUNG_NODE_RANK}, local rank {HUNG_LOCAL_RANK} of run "
+                             f"{run.run_id} on this machine")  # fmt: skip
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        rec = FaultRecord(kind="hang", event="a rank SIGSTOPped", signalled_at=time.time(), at_step=at_step,
+                          run_id=run.run_id, node_id=node_id)  # fmt: skip
+        self.say(f"SIGSTOP to pid {', '.join(map(str, pids))} (node {node_id}, node rank {HUNG_NODE_RANK}, local rank "
+                 f"{HUNG_LOCAL_RANK}) after step {at_step}")  # fmt: skip
+        ended = await self.until(_run_ended(run.run_id), f"run {run.run_index} ending")
+        failure = ended.failure
+        named = (failure.hang and failure.node_id == node_id and failure.node_rank == HUNG_NODE_RANK
+                 and failure.local_rank == HUNG_LOCAL_RANK)  # fmt: skip
+        if ended.end_reason != pb.RUN_END_REASON_HANG_DETECTED or not named:
+            raise FaultError(f"run {run.run_index} ended {pb.RunEndReason.Name(ended.end_reason)}, the stopped rank "
+                             f"not named: {failure.message or ended.end_message}")  # fmt: skip
+        rec.detected_at = failure.failed_at
+        rec.detected_by = f"agent of node {node_id}: {failure.message}"
+        self.say(f"hang detected {rec.detected_at - rec.signalled_at:.1f} s after the SIGSTOP: {failure.message}")
+        nodes = {n.node_id: n for n in (await self.admin.call("ListNodes", pb.ListNodesRequest())).nodes}
+        cordoned = nodes[node_id]
+        if cordoned.state != pb.NODE_STATE_ERR:
+            raise FaultError(f"node {node_id} was not cordoned: {pb.NodeState.Name(cordoned.state)}")
+        rec.facts.append(f"node {node_id} in err_nodes: {cordoned.state_reason}")
+        self.say(f"node {node_id} cordoned (`hfai nodes`: err, {cordoned.state_reason})")
+        resumed = await self.until(self._next_run_stepping(run.run_id), "the task resuming")
+        if node_id in _node_ids(resumed):
+            raise FaultError(f"run {resumed.run_index} was placed on the cordoned node {node_id}")
+        rec.recovered_by = f"scheduler: run {resumed.run_index} running on nodes {_node_ids(resumed)}"
+        self.say(f"task re-queued and resumed on the other nodes: run {resumed.run_index} on {_node_ids(resumed)}")
+        return rec
+
+    async def return_node(self, node_id: int) -> str:
+        """A validation of the cordoned node; once it passes, the scheduler returns the node (read back)."""
+        started = time.time()
+        await self.admin.call("ValidateNodes", pb.ValidateNodesRequest(node_ids=[node_id]))
+        node = await self.node_ready(node_id)
+        checks = ", ".join(c.name for c in node.last_validation.checks)
+        return (f"node {node_id} validated ({checks}: "
+                f"{'passed' if node.last_validation.passed else 'failed'}) and back in scheduling after "
+                f"{time.time() - started:.1f} s")  # fmt: skip
+
+
+def _node_ids(run: pb.Run) -> list[int]:
+    return [n.node_id for n in sorted(run.nodes, key=lambda n: n.node_rank)]
+
+
+def _run_ended(run_id: int) -> Callable[[pb.Task], Awaitable[pb.Run | None]]:
+    async def check(task: pb.Task) -> pb.Run | None:
+        return next((r for r in task.runs if r.run_id == run_id and r.ended_at > 0), None)
+
+    return check
+
+
+def rank_pids(run_id: int, node_rank: int, local_rank: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes of one rank of a run on this machine, found by the environment the agent gave them."""
+    wanted = {b"MARSV2_RUN_ID": str(run_id).encode(), b"RANK": str(node_rank).encode(),
+              b"LOCAL_RANK": str(local_rank).encode()}  # fmt: skip
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            env = dict(item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
+            if all(env.get(k) == v for k, v in wanted.items()):
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+# ---- the summary's rows ----
+
+Series = dict[int, list[tuple[int, float, float]]]  # run id -> [(step, loss, at)] from telemetry
+
+
+def fault_rows(task: pb.Task, series: Series, faults: list[FaultRecord]) -> list[tuple[str, str]]:
+    """One row per fault: detection, recovery, steps lost, from the records and what the services kept.
+
+    Raises:
+        FaultError: the facts contradict the fault's story (a storage fault that ended the run, a resume at
+            another step than the failed run's newest checkpoint).
+    """
+    runs = sorted(task.runs, key=lambda r: r.run_id)
+    rows = []
+    for rec in faults:
+        hit = next((r for r in runs if r.run_id == rec.run_id), None)
+        if hit is None:
+            raise FaultError(f"{rec.event}: the scheduler has no run {rec.run_id} of task {task.task_id}")
+        detect = f"detected after {rec.detected_at - rec.signalled_at:.1f} s ({rec.detected_by})"
+        if rec.kind == "storage":
+            if 0 < hit.ended_at < rec.recovered_at:
+                raise FaultError(f"{rec.event}: run {hit.run_index} ended during the storage fault: {hit.end_message}")
+            steps = [s for s, _, at in series.get(hit.run_id, []) if rec.signalled_at <= at <= rec.recovered_at]
+            rows.append((rec.event, f"after step {rec.at_step}; {detect}; recovered after "
+                         f"{rec.recovered_at - rec.signalled_at:.1f} s ({rec.recovered_by}); steps lost 0: run "
+                         f"{hit.run_index} trained {len(steps)} steps meanwhile and went on"))  # fmt: skip
+            continue
+        after = next((r for r in runs if r.run_id > hit.run_id), None)
+        before_steps = [s for s, _, _ in series.get(hit.run_id, [])]
+        after_points = sorted(series.get(after.run_id, [])) if after is not None else []
+        if after is None or not after_points:
+            raise FaultError(f"{rec.event}: no run after run {hit.run_index} trained")
+        ck = hit.last_checkpoint.step
+        resumed_at = after_points[0][0] - 1
+        if resumed_at != ck:
+            raise FaultError(f"{rec.event}: run {after.run_index} resumed at step {resumed_at + 1}, but the newest "
+                             f"checkpoint of run {hit.run_index} is step {ck}")  # fmt: skip
+        back = min(at for _, _, at in after_points)
+        lost = max(max(before_steps, default=0) - ck, 0)
+        rows.append((rec.event, f"after step {rec.at_step}; {detect}; training again after "
+                     f"{back - rec.signalled_at:.1f} s (run {after.run_index} on nodes {_node_ids(after)}, from "
+                     f"checkpoint {ck}); steps lost {lost}" + "".join(f"; {f}" for f in rec.facts)))  # fmt: skip
+    return rows
