@@ -20,6 +20,10 @@ FAST = {"lease_duration_s": 2.0, "heartbeat_interval_s": 0.2, "election_lease_s"
         "chain_scan_interval_s": 0.1}  # fmt: skip
 
 
+# Four processes importing grpc at once on a loaded 2-core CI machine: each may take far longer than alone.
+READY_TIMEOUT_S = 60.0
+
+
 def spawn_mgmtd(
     folder: Path, timing: dict[str, float] = FAST, listen: str = "127.0.0.1:0"
 ) -> tuple[subprocess.Popen[bytes], Path]:
@@ -111,9 +115,9 @@ async def start_cluster(
         cluster = StorageCluster(folder, mg_address, mg_proc, nodes)
         for n in nodes:
             n.start()
-        await wait_ready(mg_ready, mg_proc)
+        await wait_ready(mg_ready, mg_proc, READY_TIMEOUT_S)
         for n in nodes:
-            await n.ready()
+            await n.ready(READY_TIMEOUT_S)
         client = cluster.client()
         try:
             await _wait_alive(client, [100 + i for i in range(1, num_nodes + 1)])
