@@ -4,25 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field
 
-from ff_config import SettingsModel
+from ff_config import MgmtdClientSettings
 from hf3fs.datapath import DATA_PATH_VERSION
 
 ENV_PREFIX = "FF_STORAGE_"
 
 
-class StorageSettings(SettingsModel):
+class StorageSettings(MgmtdClientSettings):
     state_dir: Path = Field(Path("./storage-state"), description="the node's target list and default disk")
     disks: str = Field("", description="comma-separated disk folders; targets live in them (default: state_dir)")
-    mgmtd_addresses: str = Field("127.0.0.1:9000", description="comma-separated mgmtd gRPC addresses")
-    listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")
     data_listen_address: str = Field("127.0.0.1:0", description="bulk data path host:port")
-    metrics_address: str = Field("127.0.0.1:0", description="Prometheus /metrics host:port; empty disables it")
-    instance_id: str = Field("", description="name of this instance (logs)")
-    node_id: int = Field(0, ge=0, description="node id to register under (0: assigned by mgmtd)")
-    cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
-    cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
     max_io_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest single IO")
     max_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchWrite may carry")
     max_read_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchRead may ask for")
@@ -55,25 +48,7 @@ class StorageSettings(SettingsModel):
     telemetry_interval_s: float = Field(
         10.0, ge=0, description="push per-target bytes, latencies and space to telemetry this often; 0: never"
     )
-    ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
-
-    @model_validator(mode="after")
-    def _check(self) -> StorageSettings:
-        if not self.cluster_token.get_secret_value() and self.cluster_token_file is None:
-            raise ValueError("cluster_token or cluster_token_file is required")
-        if not self.mgmtd_list():
-            raise ValueError("mgmtd_addresses: at least one address")
-        return self
-
-    def mgmtd_list(self) -> list[str]:
-        return [a.strip() for a in self.mgmtd_addresses.split(",") if a.strip()]
 
     def disk_list(self) -> list[Path]:
         disks = [Path(d.strip()) for d in self.disks.split(",") if d.strip()]
         return disks or [self.state_dir / "disk0"]
-
-    def resolved_cluster_token(self) -> str:
-        if self.cluster_token_file is not None:
-            return self.cluster_token_file.read_text().strip()
-        return self.cluster_token.get_secret_value()

@@ -1,14 +1,14 @@
-"""Wire the storage service: targets, data endpoint, gRPC server, membership with target reports,
-routing watch, recovery loop, graceful stop."""
+"""Wire the storage service: targets, data endpoint, routing watch and recovery loop on the service chassis
+(membership with target reports and the T/2 rule)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
-from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
-from ff_rpc import RpcError, RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from ff_cluster import MgmtdClient, ServiceWiring, Serving, cancel_on_stop, registry_validator, serve_service
+from ff_cluster.chassis import Loop
+from ff_rpc import RpcError, ServiceBinding
 from ff_storage.config import StorageSettings
 from ff_storage.dataserver import DataServer, TransferBoxes
 from ff_storage.errors import STATUS_TABLE
@@ -49,62 +49,43 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     ), boxes)  # fmt: skip
     await asyncio.to_thread(node.open_targets)
     node.bind_loop()
-    mgmtd = MgmtdClient(settings.mgmtd_list(), token=token, timeout_s=3.0)
-    validator = registry_validator(mgmtd)
+    mgmtd = MgmtdClient(settings.mgmtd_address_list(), token=token, timeout_s=3.0)
+    validator = registry_validator(mgmtd, settings.token_cache_ttl_s)
     servicer = StorageServicer(node)
     version = settings.data_path_version
     data = DataServer(boxes, token, validator, read=servicer.read_on_data_path if version >= 2 else None,
                       calls=servicer.data_path_calls() if version >= 3 else None)  # fmt: skip
     await data.start(settings.data_listen_address)
-    server = RpcServer(
-        ServerOptions(listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,
-                      cluster_token=token, token_validator=validator, status_table=STATUS_TABLE,
-                      grace_s=settings.grace_s),
-        [ServiceBinding(storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name,
-                        storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
+    data_address = f"{settings.data_listen_address.rsplit(':', 1)[0]}:{data.port}"
+
+    def loops_after_registration(serving: Serving) -> list[Loop]:
+        node.node_id = serving.node_id
+        loops = [cancel_on_stop(watch_routing(mgmtd, node, serving.stop), serving.stop),
+                 node.sync_loop(serving.stop, settings.sync_scan_interval_s)]  # fmt: skip
+        if settings.telemetry_interval_s > 0:
+            loops.append(service_reporter(
+                service="storage", node_id=serving.node_id, hostname=serving.hostname,
+                mgmtd_addresses=settings.mgmtd_address_list(), token=token,
+                collect=StorageReporter(node).collect, interval_s=settings.telemetry_interval_s,
+            ).run(serving.stop))  # fmt: skip
+        return loops
+
+    wiring = ServiceWiring(
+        node_type=common_pb2.NODE_TYPE_STORAGE, status_table=STATUS_TABLE, token_validator=validator,
+        bindings=[ServiceBinding(storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name,
+                                 storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
+        mgmtd_addresses=settings.mgmtd_address_list(),
+        endpoints={"data": data_address}, tags={"disks": str(len(settings.disk_list()))},
+        on_lease_lost=node.lease_lost, on_lease_regained=node.lease_regained, target_reports=node.target_reports,
+        loops_after_registration=loops_after_registration,
+        ready_info=lambda serving: {"data": data_address},
     )  # fmt: skip
-    await server.start()
-    host = settings.data_listen_address.rsplit(":", 1)[0]
-    data_address = f"{host}:{data.port}"
-    membership = NodeMembership(MembershipOptions(
-        mgmtd_addresses=settings.mgmtd_list(), cluster_token=token, node_id=settings.node_id,
-        node_type=common_pb2.NODE_TYPE_STORAGE, hostname=socket.gethostname(),
-        endpoints={"grpc": server.address, "data": data_address,
-                   **({"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {})},
-        tags={"instance_id": settings.instance_id, "disks": str(len(settings.disk_list()))},
-        on_lease_lost=node.lease_lost, on_lease_regained=node.lease_regained,
-        target_reports=node.target_reports,
-    ))  # fmt: skip
     try:
-        install_stop_signals(stop)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(membership.run(stop))
-            await membership.registered.wait()
-            node.node_id = membership.node_id
-            tg.create_task(watch_routing(mgmtd, node, stop))
-            tg.create_task(node.sync_loop(stop, settings.sync_scan_interval_s))
-            if settings.telemetry_interval_s > 0:
-                tg.create_task(service_reporter(
-                    service="storage", node_id=membership.node_id, hostname=socket.gethostname(),
-                    mgmtd_addresses=settings.mgmtd_list(), token=token,
-                    collect=StorageReporter(node).collect, interval_s=settings.telemetry_interval_s,
-                ).run(stop))  # fmt: skip
-            if settings.ready_file is not None:
-                write_ready_file(settings.ready_file, grpc=server.address, data=data_address,
-                                 metrics_port=server.metrics_port, node_id=membership.node_id)  # fmt: skip
-            await stop.wait()
-            raise _Stopping
-    except* _Stopping:
-        pass
+        await serve_service(settings, wiring, stop)
     finally:
-        await server.stop()
         await data.stop()
         await node.finish_updates()
         await mgmtd.close()
         await node.close_channels()
         node.close()
     logger.info("storage stopped")
-
-
-class _Stopping(Exception):
-    """Ends the task group when asked to stop (the routing watch never ends by itself)."""
