@@ -5,28 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 
-from ff_config import SettingsModel
+from ff_config import MgmtdClientSettings
 from ff_telemetry.core.validation import Limits
 from ff_telemetry.store.retention import Retention
 
 ENV_PREFIX = "FF_TELEMETRY_"
 
 
-class TelemetrySettings(SettingsModel):
+class TelemetrySettings(MgmtdClientSettings):
     state_dir: Path = Field(Path("./telemetry-state"), description="where the default SQLite file lives")
     database_url: str = Field("", description="SQLAlchemy URL; default sqlite:///<state_dir>/telemetry.db")
-    listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")
-    advertise_address: str = Field("", description="host:port others reach this instance at; default: bound")
-    metrics_address: str = Field("127.0.0.1:0", description="Prometheus /metrics host:port; empty disables it")
     http_address: str = Field("127.0.0.1:0", description="HTTP host:port of /federate (and the dashboard)")
-    instance_id: str = Field("", description="stable name of this instance")
-    node_id: int = Field(0, ge=0, description="node id to register with mgmtd under (0: assigned)")
-    mgmtd_addresses: str = Field("", description="comma-separated gRPC addresses of the mgmtd instances")
-    cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
-    cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
-    token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "NORMAL",
         description="SQLite PRAGMA synchronous: NORMAL loses no commit when the collector crashes, only on an OS "
@@ -49,32 +40,17 @@ class TelemetrySettings(SettingsModel):
     alerts_config: Path | None = Field(
         None, description="alert rules (TOML); default: ff_telemetry/alerts/default_rules.toml"
     )
-    grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")
-    ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
 
     @model_validator(mode="after")
     def _check(self) -> TelemetrySettings:
-        if not self.cluster_token.get_secret_value() and self.cluster_token_file is None:
-            raise ValueError("cluster_token or cluster_token_file is required")
-        if not self.mgmtd_address_list():
-            raise ValueError("mgmtd_addresses is required")
         if not self.raw_retention_s <= self.minute_retention_s <= self.hour_retention_s:
             raise ValueError("need raw_retention_s <= minute_retention_s <= hour_retention_s")
         if self.downsample_lag_s >= self.raw_retention_s:
             raise ValueError("downsample_lag_s must be shorter than raw_retention_s")
         return self
 
-    def mgmtd_address_list(self) -> list[str]:
-        return [a.strip() for a in self.mgmtd_addresses.split(",") if a.strip()]
-
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.state_dir / 'telemetry.db'}"
-
-    def resolved_cluster_token(self) -> str:
-        if self.cluster_token_file is not None:
-            return self.cluster_token_file.read_text().strip()
-        return self.cluster_token.get_secret_value()
 
     def limits(self) -> Limits:
         return Limits(

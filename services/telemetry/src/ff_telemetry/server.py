@@ -1,15 +1,15 @@
-"""Wire the collector together: store, gRPC server, HTTP server, scraper, downsampling job, mgmtd membership."""
+"""Wire the collector: store, HTTP server, scraper, alerts and downsampling job on the service chassis."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import socket
 from pathlib import Path
 
-from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
-from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from ff_cluster import MgmtdClient, ServiceWiring, Serving, registry_validator, serve_service
+from ff_cluster.chassis import Loop
+from ff_rpc import ServiceBinding
 from ff_store import open_store
 from ff_telemetry import dashboard
 from ff_telemetry.alerts.config import DEFAULT_CONFIG
@@ -60,64 +60,42 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
         if settings.alerts
         else None
     )
-    server = RpcServer(
-        ServerOptions(
-            listen_address=settings.listen_address,
-            metrics_address=settings.metrics_address or None,
-            cluster_token=cluster_token,
-            token_validator=validator,
-            status_table=STATUS_TABLE,
-            grace_s=settings.grace_s,
-            max_request_bytes=MAX_REQUEST_BYTES,
-        ),
-        [
-            ServiceBinding(
-                telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
-                telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
-                TelemetryServicer(store, alerts.list_alerts if alerts else None),
-            )
-        ],
-    )
+    list_alerts = alerts.list_alerts if alerts else None
     web = WebServer(store, cluster_token, validator, settings.exposition_max_age_s)
     reader = dashboard.ClusterReader(mgmtd_addresses)
-    dashboard.install(web.app, store, web.authenticate, reader, alerts.list_alerts if alerts else None)
-    await server.start()
+    dashboard.install(web.app, store, web.authenticate, reader, list_alerts)
+
+    def loops(serving: Serving) -> list[Loop]:
+        started = [run_retention(store, settings.downsample_interval_s, serving.stop)]
+        if alerts is not None:
+            started.append(alerts.run(serving.stop))
+        if settings.scrape_interval_s > 0:
+            scraper = Scraper(store, mgmtd, settings.scrape_interval_s, settings.scrape_timeout_s)
+            started.append(scraper.run(serving.stop))
+        return started
+
     try:
         await web.start(settings.http_address)
-        address = settings.advertise_address or server.address
         http = f"{settings.http_address.rsplit(':', 1)[0]}:{web.port}"
-        instance_id = settings.instance_id or address
-        membership = NodeMembership(
-            MembershipOptions(
-                mgmtd_addresses=mgmtd_addresses,
-                cluster_token=cluster_token,
-                node_id=settings.node_id,
-                node_type=common_pb2.NODE_TYPE_TELEMETRY,
-                hostname=socket.gethostname(),
-                endpoints={
-                    "grpc": address,
-                    "http": http,
-                    **({"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {}),
-                },
-                tags={"instance_id": instance_id},
-            )
+        wiring = ServiceWiring(
+            node_type=common_pb2.NODE_TYPE_TELEMETRY,
+            bindings=[
+                ServiceBinding(
+                    telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
+                    telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
+                    TelemetryServicer(store, list_alerts),
+                )
+            ],
+            status_table=STATUS_TABLE,
+            token_validator=validator,
+            max_request_bytes=MAX_REQUEST_BYTES,
+            mgmtd_addresses=mgmtd_addresses,
+            endpoints={"http": http},
+            loops=loops,
+            ready_info=lambda serving: {"http": http},
         )
-        if settings.ready_file is not None:
-            write_ready_file(
-                settings.ready_file, grpc=address, http=http, metrics_port=server.metrics_port,
-                instance_id=instance_id,
-            )  # fmt: skip
-        install_stop_signals(stop)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(membership.run(stop))
-            tg.create_task(run_retention(store, settings.downsample_interval_s, stop))
-            if alerts is not None:
-                tg.create_task(alerts.run(stop))
-            if settings.scrape_interval_s > 0:
-                scraper = Scraper(store, mgmtd, settings.scrape_interval_s, settings.scrape_timeout_s)
-                tg.create_task(scraper.run(stop))
+        await serve_service(settings, wiring, stop)
     finally:
-        await server.stop()
         await web.stop()
         await reader.close()
         await mgmtd.close()
