@@ -1,7 +1,8 @@
 """``fireflyer demo --quick`` on a fresh cluster: the facts behind what it prints, read from the services. The
-trainer ran on 2 nodes, was preempted with a checkpoint in 3FS that is its user's, resumed from that
-checkpoint's step, its loss series in telemetry is steps 1..N without a gap, and another user can read
-neither its checkpoint nor its data."""
+trainer ran on 2 nodes, was preempted with a checkpoint in 3FS that is its user's and lost no step to it,
+resumed from that checkpoint's step, its loss series in telemetry is steps 1..N without a gap, and another
+user can read neither its checkpoint nor its data. (The faults of the full demo are tested at the service
+level: services/agent/tests/integration/test_hang.py and test_faults.py.)"""
 
 from __future__ import annotations
 
@@ -82,9 +83,9 @@ def test_demo_quick_trains_through_a_preemption(appliance: Appliance) -> None:
     assert f"resumed from step {ck.step}".encode() in facts["logs"][second.run_id], facts["logs"][second.run_id]
     series = read_series(facts["http"], tokens[TRAINER], task.task_id, "loss")
     steps = {run_id: [s for s, _, _ in points] for run_id, points in series.items()}
-    # run 0 may have trained a few steps past its checkpoint before it stopped (steps lost, trained again)
-    assert steps[first.run_id] == list(range(1, len(steps[first.run_id]) + 1)), steps[first.run_id]
-    assert len(steps[first.run_id]) >= ck.step
+    # The suspend ended on the checkpoint it asked for (taken after rank 0 read the flag), or on go_suspend():
+    # run 0 trained nothing past its checkpoint (no steps lost).
+    assert steps[first.run_id] == list(range(1, ck.step + 1)), (steps[first.run_id], ck.step)
     assert steps[second.run_id] == list(range(ck.step + 1, NUM_STEPS + 1)), steps[second.run_id]
     losses = [v for run_id in (first.run_id, second.run_id) for _, v, _ in series[run_id]]
     assert losses[-1] < losses[0] - 1.0  # it learned
