@@ -69,8 +69,9 @@ class ServiceWiring:
     # The client membership uses (and closes when it ends); default: one of its own.
     mgmtd_client: MgmtdClient | None = None
     hostname: str = ""  # default: the host's name
+    default_instance_id: str = ""  # when the instance_id setting is empty; default: the advertised address
     endpoints: Mapping[str, str] = field(default_factory=dict)  # registered besides "grpc" and "metrics"
-    tags: Mapping[str, str] = field(default_factory=dict)  # registered besides "instance_id" (may replace it)
+    tags: Mapping[str, str] = field(default_factory=dict)  # registered besides "instance_id"
     on_lease_lost: Callable[[], None] | None = None
     on_lease_regained: Callable[[], None] | None = None
     target_reports: Callable[[], Sequence[tuple[int, int]]] | None = None
@@ -102,7 +103,7 @@ async def serve_service(settings: ServiceSettings, wiring: ServiceWiring, stop: 
         if wiring.on_bound is not None:
             await wiring.on_bound(address)
         hostname = wiring.hostname or socket.gethostname()
-        instance_id = settings.instance_id or address
+        instance_id = settings.instance_id or wiring.default_instance_id or address
         membership = _membership(settings, wiring, server, address, hostname, instance_id)
         serving = Serving(server, address, instance_id, hostname, membership, stop)
         install_stop_signals(stop)

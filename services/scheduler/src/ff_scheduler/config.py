@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 
-from ff_config import SettingsModel
+from ff_config import MgmtdClientSettings
 from ff_scheduler.core import priority
 from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
 from ff_scheduler.core.validation import Limits
@@ -14,17 +14,9 @@ from ff_scheduler.core.validation import Limits
 ENV_PREFIX = "FF_SCHEDULER_"
 
 
-class SchedulerSettings(SettingsModel):
+class SchedulerSettings(MgmtdClientSettings):
     state_dir: Path = Field(Path("./scheduler-state"), description="where the default SQLite file lives")
     database_url: str = Field("", description="SQLAlchemy URL; default sqlite:///<state_dir>/scheduler.db")
-    listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")
-    advertise_address: str = Field("", description="host:port others reach this instance at; default: bound")
-    metrics_address: str = Field("127.0.0.1:0", description="Prometheus /metrics host:port; empty disables it")
-    instance_id: str = Field("", description="stable name of this instance")
-    node_id: int = Field(0, ge=0, description="node id to register with mgmtd under (0: assigned)")
-    mgmtd_addresses: str = Field("", description="comma-separated gRPC addresses of the mgmtd instances")
-    cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
-    cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
     tick_interval_s: float = Field(1.0, gt=0, description="time between scheduling ticks (HAI: 1 s)")
     default_group: str = Field("default", description="node group of tasks and agents that name none")
     default_priority: int = Field(priority.NORMAL, description="priority of tasks that give none")
@@ -49,33 +41,17 @@ class SchedulerSettings(SettingsModel):
         10.0, ge=0, description="push the queue's counts (pending by reason, running, suspends) this often; 0: never"
     )
     agent_call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to agents")
-    token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
-    grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")
-    ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerSettings:
-        if not self.cluster_token.get_secret_value() and self.cluster_token_file is None:
-            raise ValueError("cluster_token or cluster_token_file is required")
-        if not self.mgmtd_address_list():
-            raise ValueError("mgmtd_addresses is required")
         if not priority.is_level(self.default_priority):
             raise ValueError(f"default_priority must be a level: {priority.describe_levels()}")
         if self.default_grace_s > self.max_grace_s:
             raise ValueError("default_grace_s must be at most max_grace_s")
         return self
 
-    def mgmtd_address_list(self) -> list[str]:
-        return [a.strip() for a in self.mgmtd_addresses.split(",") if a.strip()]
-
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.state_dir / 'scheduler.db'}"
-
-    def resolved_cluster_token(self) -> str:
-        if self.cluster_token_file is not None:
-            return self.cluster_token_file.read_text().strip()
-        return self.cluster_token.get_secret_value()
 
     def scheduling_policy(self) -> SchedulingPolicy:
         return SchedulingPolicy(min_run_time_s=self.min_run_time_s, fair_share=self.fair_share)

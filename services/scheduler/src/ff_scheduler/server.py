@@ -1,14 +1,14 @@
-"""Wire the scheduler together: store, driver, gRPC server, mgmtd membership, graceful stop."""
+"""Wire the scheduler: store, driver, agent pool and servicers on the service chassis."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from pathlib import Path
 
-from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
-from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from ff_cluster import MgmtdClient, ServiceWiring, Serving, registry_validator, serve_service
+from ff_cluster.chassis import Loop
+from ff_rpc import ServiceBinding
 from ff_scheduler.agents import AgentPool
 from ff_scheduler.app import DriverOptions, Scheduler
 from ff_scheduler.checkpoints import ManifestCheck
@@ -48,17 +48,19 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
     checkpoints = ManifestCheck(mgmtd, cluster_token) if settings.check_checkpoints else None
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     report_interval_s = max(1.0, settings.tick_interval_s * 5)
-    server = RpcServer(
-        ServerOptions(
-            listen_address=settings.listen_address,
-            metrics_address=settings.metrics_address or None,
-            cluster_token=cluster_token,
-            token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
-            status_table=STATUS_TABLE,
-            grace_s=settings.grace_s,
-            max_request_bytes=validation.MAX_REQUEST_BYTES,
-        ),
-        [
+
+    def reporter(serving: Serving) -> list[Loop]:
+        if settings.telemetry_interval_s <= 0:
+            return []
+        return [service_reporter(
+            service="scheduler", node_id=serving.node_id, hostname=serving.hostname,
+            mgmtd_addresses=mgmtd_addresses, token=cluster_token,
+            collect=SchedulerReporter(scheduler).collect, interval_s=settings.telemetry_interval_s,
+        ).run(serving.stop)]  # fmt: skip
+
+    wiring = ServiceWiring(
+        node_type=common_pb2.NODE_TYPE_SCHEDULER,
+        bindings=[
             ServiceBinding(
                 services["SchedulerService"].full_name,
                 scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
@@ -70,42 +72,16 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
                 SchedulerAgentServicer(scheduler, settings.default_group, report_interval_s, checkpoints),
             ),
         ],
+        status_table=STATUS_TABLE,
+        token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
+        max_request_bytes=validation.MAX_REQUEST_BYTES,
+        mgmtd_addresses=mgmtd_addresses,
+        loops=lambda serving: [scheduler.run(serving.stop)],
+        loops_after_registration=reporter,
     )
-    await server.start()
-    address = settings.advertise_address or server.address
-    instance_id = settings.instance_id or address
     try:
-        membership = NodeMembership(
-            MembershipOptions(
-                mgmtd_addresses=mgmtd_addresses,
-                cluster_token=cluster_token,
-                node_id=settings.node_id,
-                node_type=common_pb2.NODE_TYPE_SCHEDULER,
-                hostname=socket.gethostname(),
-                endpoints={
-                    "grpc": address,
-                    **({"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {}),
-                },
-                tags={"instance_id": instance_id},
-            )
-        )
-        if settings.ready_file is not None:
-            write_ready_file(
-                settings.ready_file, grpc=address, metrics_port=server.metrics_port, instance_id=instance_id
-            )
-        install_stop_signals(stop)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(scheduler.run(stop))
-            tg.create_task(membership.run(stop))
-            if settings.telemetry_interval_s > 0:
-                await _until_registered(membership, stop)
-                tg.create_task(service_reporter(
-                    service="scheduler", node_id=membership.node_id, hostname=socket.gethostname(),
-                    mgmtd_addresses=mgmtd_addresses, token=cluster_token,
-                    collect=SchedulerReporter(scheduler).collect, interval_s=settings.telemetry_interval_s,
-                ).run(stop))  # fmt: skip
+        await serve_service(settings, wiring, stop)
     finally:
-        await server.stop()
         await store.drain(timeout_s=10.0)
         await agents.close()
         if checkpoints is not None:
@@ -113,11 +89,3 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
         await mgmtd.close()
         await asyncio.to_thread(store.dispose)
     logger.info("scheduler stopped")
-
-
-async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> None:
-    waiter = asyncio.ensure_future(membership.registered.wait())
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    stopper.cancel()
