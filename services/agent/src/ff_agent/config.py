@@ -5,25 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field
 
 from ff_agent.core.launch import RanksRunAs
-from ff_config import SettingsModel
+from ff_config import MgmtdClientSettings
 
 ENV_PREFIX = "FF_AGENT_"
 
 
-class AgentSettings(SettingsModel):
+class AgentSettings(MgmtdClientSettings):
     state_dir: Path = Field(Path("./agent-state"), description="run folders (control, logs, work) live here")
-    listen_address: str = Field("127.0.0.1:0", description="gRPC host:port (port 0 picks a free one)")
-    advertise_address: str = Field("", description="host:port the scheduler reaches this agent at; default: bound")
-    metrics_address: str = Field("127.0.0.1:0", description="Prometheus /metrics host:port; empty disables it")
-    instance_id: str = Field("", description="stable name of this instance")
-    node_id: int = Field(0, ge=0, description="node id to register with mgmtd under (0: assigned)")
-    mgmtd_addresses: str = Field("", description="comma-separated gRPC addresses of the mgmtd instances")
     scheduler_address: str = Field("", description="the scheduler's gRPC address; empty: found through mgmtd")
-    cluster_token: SecretStr = Field(SecretStr(""), description="shared secret for service-to-service calls")
-    cluster_token_file: Path | None = Field(None, description="file holding the cluster token")
     hostname: str = Field("", description="the node's name; default: the host name (+ instance id)")
     master_ip: str = Field("127.0.0.1", description="the IP other nodes reach this node's ranks at (MASTER_IP)")
     zone: str = Field("", description="network zone (at most one task spans zones)")
@@ -63,26 +55,6 @@ class AgentSettings(SettingsModel):
         10.0, ge=0, description="push the node's CPU, memory, disk, network and GPU series this often; 0: never"
     )
     call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to mgmtd and the scheduler")
-    token_cache_ttl_s: float = Field(5.0, ge=0, description="how long a token check is cached")
-    grace_s: float = Field(5.0, ge=0, description="drain time for in-flight calls on SIGTERM")
-    ready_file: Path | None = Field(None, description="write the bound addresses here once serving")
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
-
-    @model_validator(mode="after")
-    def _check(self) -> AgentSettings:
-        if not self.cluster_token.get_secret_value() and self.cluster_token_file is None:
-            raise ValueError("cluster_token or cluster_token_file is required")
-        if not self.mgmtd_address_list():
-            raise ValueError("mgmtd_addresses is required")
-        return self
-
-    def mgmtd_address_list(self) -> list[str]:
-        return [a.strip() for a in self.mgmtd_addresses.split(",") if a.strip()]
-
-    def resolved_cluster_token(self) -> str:
-        if self.cluster_token_file is not None:
-            return self.cluster_token_file.read_text().strip()
-        return self.cluster_token.get_secret_value()
 
     def forced_failures(self) -> frozenset[str]:
         return frozenset(c.strip() for c in self.validator_force_fail.split(",") if c.strip())

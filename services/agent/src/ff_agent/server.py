@@ -1,4 +1,4 @@
-"""Wire the agent together: devices, runs, scheduler link, validator, gRPC server, mgmtd membership."""
+"""Wire the agent: devices, runs, scheduler link and validator on the service chassis."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from ff_agent.procs import closed_ancestor
 from ff_agent.runs import NodeRuns, RunsOptions
 from ff_agent.servicer import AgentServicer
 from ff_agent.validator import Validator, ValidatorOptions
-from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership, registry_validator
-from ff_rpc import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
+from ff_cluster import MgmtdClient, ServiceWiring, Serving, registry_validator, serve_service
+from ff_cluster.chassis import Loop
+from ff_rpc import ServiceBinding
 from ff_telemetry_client import service_reporter
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.common.v1 import common_pb2
@@ -77,71 +78,50 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
     tokens = registry_validator(mgmtd, settings.token_cache_ttl_s)
     agent = Agent(settings, NodeIdentity(hostname=hostname, devices=node_devices), runs, link, validator, tokens)
     agent.ranks_run_as = ranks_run_as
-    server = RpcServer(
-        ServerOptions(
-            listen_address=settings.listen_address,
-            metrics_address=settings.metrics_address or None,
-            cluster_token=cluster_token,
-            token_validator=tokens,
-            status_table=STATUS_TABLE,
-            grace_s=settings.grace_s,
-            max_request_bytes=MAX_REQUEST_BYTES,
-        ),
-        [
+
+    async def on_bound(address: str) -> None:
+        agent.identity.address = address
+
+    def loops_after_registration(serving: Serving) -> list[Loop]:
+        agent.node_id = link.node_id = serving.node_id
+        loops = [agent.poll_loop(stop), agent.report_loop(stop), agent.validator_loop(stop), agent.hang_loop(stop)]
+        if settings.telemetry_interval_s > 0:
+            node = NodeMetrics(settings.state_dir)
+            loops.append(service_reporter(
+                service="agent", node_id=agent.node_id, hostname=hostname, mgmtd_addresses=mgmtd_addresses,
+                token=cluster_token, collect=node.collect, interval_s=settings.telemetry_interval_s,
+            ).run(stop))  # fmt: skip
+        return loops
+
+    async def on_stop(serving: Serving) -> None:
+        await runs.shutdown(settings.term_grace_s)
+        await runs.mark_changed()
+
+    wiring = ServiceWiring(
+        node_type=common_pb2.NODE_TYPE_AGENT,
+        bindings=[
             ServiceBinding(
                 agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
                 agent_pb2_grpc.add_AgentServiceServicer_to_server,
                 AgentServicer(agent),
             )
         ],
-    )
-    await server.start()
-    agent.identity.address = settings.advertise_address or server.address
-    membership = NodeMembership(
-        MembershipOptions(
-            mgmtd_addresses=mgmtd_addresses,
-            cluster_token=cluster_token,
-            node_id=settings.node_id,
-            node_type=common_pb2.NODE_TYPE_AGENT,
-            hostname=hostname,
-            endpoints={
-                "grpc": agent.identity.address,
-                **({"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {}),
-            },
-            tags={"instance_id": settings.instance_id or hostname, "num_devices": str(len(node_devices))},
-        ),
-        mgmtd,
+        status_table=STATUS_TABLE,
+        token_validator=tokens,
+        max_request_bytes=MAX_REQUEST_BYTES,
+        mgmtd_addresses=mgmtd_addresses,
+        mgmtd_client=mgmtd,
+        hostname=hostname,
+        default_instance_id=hostname,
+        tags={"num_devices": str(len(node_devices))},
+        on_bound=on_bound,
+        loops_after_registration=loops_after_registration,
+        ready_info=lambda serving: {"hostname": hostname},
+        on_stop=on_stop,
     )
     try:
-        install_stop_signals(stop)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(membership.run(stop))
-            await _until_registered(membership, stop)
-            agent.node_id = link.node_id = membership.node_id
-            tg.create_task(agent.poll_loop(stop))
-            tg.create_task(agent.report_loop(stop))
-            tg.create_task(agent.validator_loop(stop))
-            tg.create_task(agent.hang_loop(stop))
-            if settings.telemetry_interval_s > 0:
-                node = NodeMetrics(settings.state_dir)
-                reporter = service_reporter(
-                    service="agent", node_id=agent.node_id, hostname=hostname, mgmtd_addresses=mgmtd_addresses,
-                    token=cluster_token, collect=node.collect, interval_s=settings.telemetry_interval_s,
-                )  # fmt: skip
-                tg.create_task(reporter.run(stop))
-            if settings.ready_file is not None:
-                write_ready_file(
-                    settings.ready_file,
-                    grpc=agent.identity.address,
-                    metrics_port=server.metrics_port,
-                    node_id=agent.node_id,
-                    hostname=hostname,
-                )
-            await stop.wait()
-            await runs.shutdown(settings.term_grace_s)
-            await runs.mark_changed()
+        await serve_service(settings, wiring, stop)
     finally:
-        await server.stop()
         await _final_report(agent)
         await link.close()
         await mgmtd.close()
@@ -188,14 +168,6 @@ def _closed_python(settings: AgentSettings) -> str:
     if closed_ancestor(python.parent) is None and python.stat().st_mode & stat.S_IXOTH:
         return ""
     return f"task users cannot run python_executable {python}"
-
-
-async def _until_registered(membership: NodeMembership, stop: asyncio.Event) -> None:
-    waiter = asyncio.ensure_future(membership.registered.wait())
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    stopper.cancel()
 
 
 async def _final_report(agent: Agent, timeout_s: float = 3.0) -> None:
