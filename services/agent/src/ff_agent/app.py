@@ -243,17 +243,19 @@ class Agent:
 
 
 def control_address(run: Run) -> tuple[str, int]:
-    """The run's hfreduce control server: the address its ranks wrote, else the run's master address."""
+    """The run's hfreduce control server: on the run's master host (node rank 0's, where rank 0 serves it), at the
+    port its ranks wrote (a group formed through torch's store serves it on a free port), else the master port.
+
+    Only the port is taken from the file: the ranks write it as their user, and this agent (root, perhaps) must
+    not be pointed at another host.
+    """
     try:
-        written = json.loads(run.collective_file.read_text())
-        addr, port = written["addr"], written["port"]
+        port = json.loads(run.collective_file.read_text())["port"]
     except (OSError, ValueError, KeyError, TypeError):
         return run.order.master_ip, run.order.master_port
-    if not isinstance(addr, str) or not isinstance(port, int) or not 0 < port < 65536:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         return run.order.master_ip, run.order.master_port
-    # A group formed on one host advertises the loopback; the ranks of another node's agent reach rank 0's
-    # server through the run's master address (the host of node rank 0).
-    return (run.order.master_ip if addr in ("127.0.0.1", "localhost", "") else addr), port
+    return run.order.master_ip, port
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
