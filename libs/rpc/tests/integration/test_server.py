@@ -229,7 +229,7 @@ async def test_metrics_count_requests_by_code(served: Any) -> None:
     # are counted (none in flight), for a bounded time.
     for _ in range(100):
         text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
-        if "ff_rpc_in_flight{service=\"fireflyer.mgmtd.v1.MgmtdService\"} 0.0" in text:
+        if 'ff_rpc_in_flight{service="fireflyer.mgmtd.v1.MgmtdService"} 0.0' in text:
             break
         await asyncio.sleep(0.05)
     assert f'ff_rpc_requests_total{{code="OK",{labels}}} 1.0' in text
