@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from ff_config import MgmtdClientSettings
 
@@ -12,8 +12,9 @@ ENV_PREFIX = "FF_META_"
 
 
 class MetaSettings(MgmtdClientSettings):
-    database_url: str = Field(
-        "sqlite:///./meta-state/meta.db", description="sqlite:///file.db or postgresql+psycopg://"
+    database_url: SecretStr = Field(
+        SecretStr("sqlite:///./meta-state/meta.db"),
+        description="sqlite:///file.db or postgresql+psycopg:// (may hold a password)",
     )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "NORMAL",

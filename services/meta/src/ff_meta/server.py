@@ -53,7 +53,7 @@ def options_of(settings: MetaSettings, cluster_token: str) -> MetaOptions:
 async def main(settings: MetaSettings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     token = settings.resolved_cluster_token()
-    store = await asyncio.to_thread(open_store, settings.database_url, MIGRATIONS, VERSION_TABLE)
+    store = await asyncio.to_thread(open_store, settings.database_url.get_secret_value(), MIGRATIONS, VERSION_TABLE)
     tune_sqlite(store.engine, settings.sqlite_synchronous)
     mgmtd = MgmtdClient(settings.mgmtd_address_list(), token=token, timeout_s=5.0)
     app = MetaApp(store, mgmtd, options_of(settings, token))

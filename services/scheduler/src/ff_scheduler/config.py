@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from ff_config import MgmtdClientSettings
 from ff_scheduler.core import priority
@@ -16,7 +16,9 @@ ENV_PREFIX = "FF_SCHEDULER_"
 
 class SchedulerSettings(MgmtdClientSettings):
     state_dir: Path = Field(Path("./scheduler-state"), description="where the default SQLite file lives")
-    database_url: str = Field("", description="SQLAlchemy URL; default sqlite:///<state_dir>/scheduler.db")
+    database_url: SecretStr = Field(
+        SecretStr(""), description="SQLAlchemy URL (may hold a password); default sqlite:///<state_dir>/scheduler.db"
+    )
     tick_interval_s: float = Field(1.0, gt=0, description="time between scheduling ticks (HAI: 1 s)")
     default_group: str = Field("default", description="node group of tasks and agents that name none")
     default_priority: int = Field(priority.NORMAL, description="priority of tasks that give none")
@@ -51,7 +53,7 @@ class SchedulerSettings(MgmtdClientSettings):
         return self
 
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.state_dir / 'scheduler.db'}"
+        return self.database_url.get_secret_value() or f"sqlite:///{self.state_dir / 'scheduler.db'}"
 
     def scheduling_policy(self) -> SchedulingPolicy:
         return SchedulingPolicy(min_run_time_s=self.min_run_time_s, fair_share=self.fair_share)

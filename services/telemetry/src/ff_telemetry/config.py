@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from ff_config import MgmtdClientSettings
 from ff_telemetry.core.validation import Limits
@@ -16,7 +16,9 @@ ENV_PREFIX = "FF_TELEMETRY_"
 
 class TelemetrySettings(MgmtdClientSettings):
     state_dir: Path = Field(Path("./telemetry-state"), description="where the default SQLite file lives")
-    database_url: str = Field("", description="SQLAlchemy URL; default sqlite:///<state_dir>/telemetry.db")
+    database_url: SecretStr = Field(
+        SecretStr(""), description="SQLAlchemy URL (may hold a password); default sqlite:///<state_dir>/telemetry.db"
+    )
     http_address: str = Field("127.0.0.1:0", description="HTTP host:port of /federate (and the dashboard)")
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "NORMAL",
@@ -50,7 +52,7 @@ class TelemetrySettings(MgmtdClientSettings):
         return self
 
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.state_dir / 'telemetry.db'}"
+        return self.database_url.get_secret_value() or f"sqlite:///{self.state_dir / 'telemetry.db'}"
 
     def limits(self) -> Limits:
         return Limits(
