@@ -143,7 +143,8 @@ def _membership(
     settings: ServiceSettings, wiring: ServiceWiring, server: RpcServer, address: str, hostname: str,
     instance_id: str,
 ) -> NodeMembership:  # fmt: skip
-    metrics = {"metrics": f"127.0.0.1:{server.metrics_port}"} if server.metrics_port else {}
+    port = server.metrics_port
+    metrics = {"metrics": _metrics_endpoint(settings.metrics_address, address, port)} if port else {}
     options = MembershipOptions(
         mgmtd_addresses=list(wiring.mgmtd_addresses) if wiring.mgmtd_addresses is not None else [address],
         cluster_token=settings.resolved_cluster_token(), node_id=settings.node_id, node_type=wiring.node_type,
@@ -153,6 +154,15 @@ def _membership(
         target_reports=wiring.target_reports,
     )  # fmt: skip
     return NodeMembership(options, wiring.mgmtd_client)
+
+
+def _metrics_endpoint(metrics_address: str, address: str, port: int) -> str:
+    """Where others scrape /metrics: the metrics host, or the advertised gRPC host when it listens on all
+    interfaces (services registered 127.0.0.1 before, which a scraper on another host cannot reach)."""
+    host = metrics_address.rsplit(":", 1)[0]
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        host = address.rsplit(":", 1)[0]
+    return f"{host}:{port}"
 
 
 async def _registered_or_stopped(membership: NodeMembership, stop: asyncio.Event) -> bool:

@@ -53,10 +53,10 @@ class _Recorder:
         self.events.append("on_stop, server stopping" if serving.server.stopping.is_set() else "on_stop, serving")
 
 
-def _settings(tmp_path: Path, mgmtd_addresses: str) -> MgmtdClientSettings:
+def _settings(tmp_path: Path, mgmtd_addresses: str, metrics_address: str = "") -> MgmtdClientSettings:
     return MgmtdClientSettings.model_validate({
-        "cluster_token": CLUSTER_TOKEN, "mgmtd_addresses": mgmtd_addresses,
-        "ready_file": tmp_path / "probe.ready.json", "metrics_address": "", "instance_id": "probe-1", "grace_s": 0.5,
+        "cluster_token": CLUSTER_TOKEN, "mgmtd_addresses": mgmtd_addresses, "metrics_address": metrics_address,
+        "ready_file": tmp_path / "probe.ready.json", "instance_id": "probe-1", "grace_s": 0.5,
     })  # fmt: skip
 
 
@@ -64,7 +64,8 @@ async def test_ready_file_is_written_once_registered(tmp_path: Path) -> None:
     mgmtd = await start_in_process(tmp_path, f"sqlite:///{tmp_path / 'mgmtd.db'}")
     client = mgmtd.client()
     try:
-        settings, probe, stop = _settings(tmp_path, mgmtd.address), _Recorder(), asyncio.Event()
+        # /metrics on another loopback address than gRPC: the registered endpoint must name its own host.
+        settings, probe, stop = _settings(tmp_path, mgmtd.address, "127.0.0.2:0"), _Recorder(), asyncio.Event()
         task = asyncio.create_task(serve_service(settings, probe.wiring([mgmtd.address]), stop))
         ready = await wait_ready(tmp_path / "probe.ready.json", timeout_s=20)
         # Read at once: the node must already be in mgmtd's registry.
@@ -73,7 +74,9 @@ async def test_ready_file_is_written_once_registered(tmp_path: Path) -> None:
         assert ready["node_id"] == node.node_id == probe.node_id_after_registration > 0
         assert (ready["instance_id"], ready["extra"]) == ("probe-1", "yes")
         assert node.status == mgmtd_pb2.NODE_STATUS_ALIVE and node.tags["role"] == "probe"
-        assert {e.name: e.address for e in node.endpoints} == {"grpc": ready["grpc"], "data": "127.0.0.1:1"}
+        assert {e.name: e.address for e in node.endpoints} == {
+            "grpc": ready["grpc"], "data": "127.0.0.1:1", "metrics": f"127.0.0.2:{ready['metrics_port']}",
+        }  # fmt: skip
         stop.set()
         await asyncio.wait_for(task, 15)
         assert probe.events[:3] == ["bound", "loop started", "registered loop started"]
