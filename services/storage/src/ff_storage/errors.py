@@ -9,6 +9,7 @@ from ff_storage.core import errors
 
 STATUS_TABLE = StatusTable({
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotServing: grpc.StatusCode.UNAVAILABLE,
     errors.TooCostly: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.TargetNotFound: grpc.StatusCode.NOT_FOUND,
     errors.TargetExists: grpc.StatusCode.ALREADY_EXISTS,

@@ -332,10 +332,6 @@ def _log_orphan_failure(task: asyncio.Task[None]) -> None:
         logger.warning("a chain update whose caller had left failed: %r", exc)
 
 
-class NotServing(InvalidRequest):
-    """Raised for calls without per-IO results when the target does not serve (mapped like bad input)."""
-
-
 def _res(status: int, message: str = "", version: int = 0, meta: Any = None) -> spb.UpdateResult:
     r = spb.UpdateResult(status=spb.ChunkIoStatus.ValueType(status), message=message, committed_version=version)
     if meta is not None:

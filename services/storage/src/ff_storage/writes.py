@@ -30,10 +30,10 @@ from ff_storage.core.chunks import (
     check_update_id,
     decide_forward,
 )
-from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TooCostly
+from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, NotServing, TooCostly
 from ff_storage.core.target_role import Public
 from ff_storage.io_stats import WRITE
-from ff_storage.node_base import NodeBase, NotServing, Payload, Target, Update, _res
+from ff_storage.node_base import NodeBase, Payload, Target, Update, _res
 from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb

@@ -368,6 +368,13 @@ CASES: dict[str, tuple[Build, C]] = {
         lambda e: ("RemoveChunks", spb.RemoveChunksRequest(chain_id=9999, inode_id=34)),
         C.INVALID_ARGUMENT,
     ),
+    "remove: a stale chain version": (  # not bad input: the caller's routing is old; retry after a fresh one
+        lambda e: (
+            "RemoveChunks",
+            spb.RemoveChunksRequest(chain_id=e.chain.chain_id, chain_version=e.chain.version + 7, inode_id=34),
+        ),
+        C.UNAVAILABLE,
+    ),
     "query last: 5,000 queries": (
         lambda e: (
             "QueryLastChunk",

@@ -11,6 +11,11 @@ class InvalidRequest(StorageError):
     """Malformed IO: ids, offsets or lengths out of range, oversized, unknown chain; nothing was written."""
 
 
+class NotServing(StorageError):
+    """The target does not serve this call now (not the head, not serving, a step of it not done): retry, after
+    fresh routing; for calls without per-IO results (those carry a status per IO instead)."""
+
+
 class TooCostly(StorageError):
     """A request over the node's cost limits (IOs or bytes per call); refused before any work."""
 
