@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from ff_appliance import admin, alerts, lifecycle, mount
 from ff_appliance.demo import DemoError, run_demo
-from ff_appliance.demo_faults import ClusterHandle
+from ff_appliance.demo_faults import FAULT_KINDS, ClusterHandle
 from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.demo_train import NUM_AGENTS_WITH_FAULTS, TrainDemoError, TrainPlan, find_example, run_train_demo
 from ff_appliance.lifecycle import ApplianceError, UpOptions
@@ -116,8 +116,8 @@ async def _show_status(cli: Cli, state: StateDir, *, as_json: bool) -> int:
 async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     example = None if args.tour else find_example(args.example)  # before anything starts: a clear error
-    faults = example is not None and not args.quick
-    if faults:
+    faults: tuple[str, ...] = () if args.quick else (args.faults if args.faults is not None else FAULT_KINDS)
+    if example is not None and "hang" in faults:
         # The SIGSTOP fault cordons a node: a third agent keeps 2 for the task (a cluster only grows).
         planned = len(existing.of_service(AGENT)) if (existing := load_plan(state)) is not None else 0
         args.num_agent = max(args.num_agent or 0, planned, NUM_AGENTS_WITH_FAULTS)
@@ -136,11 +136,21 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
         cli.print("\n== a tour of the services")
         await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out)
     if example is not None:
-        cli.print("\n== train the tiny GPT on this cluster" + (" (--quick: no faults)" if args.quick else ""))
+        cli.print("\n== train the tiny GPT on this cluster" + (f" (faults: {', '.join(faults)})" if faults else
+                                                                 " (--quick: no faults)"))  # fmt: skip
         cluster = ClusterHandle(state=state, env=dict(cli.environ))
-        await run_train_demo(addresses, token, TrainPlan.for_demo(example, quick=args.quick), cli.out, cluster)
+        await run_train_demo(addresses, token, TrainPlan.for_demo(example, faults=faults), cli.out, cluster)
     cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
     return EXIT_OK
+
+
+def _fault_kinds(text: str) -> tuple[str, ...]:
+    """``--faults``: a comma-separated subset of FAULT_KINDS."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: give some of {', '.join(FAULT_KINDS)}, comma-separated")
+    return kinds
 
 
 # ---- identity commands ----
@@ -364,7 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
         "preemption"
     )  # fmt: skip
     _add_up_arguments(p)
-    p.add_argument("--quick", action="store_true", help="skip the faults (the preemption stays)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--quick", action="store_true", help="skip the faults and the reference run (the preemption stays)"
+    )
+    how.add_argument(
+        "--faults", type=_fault_kinds, metavar="KIND[,KIND]", default=None,
+        help=f"only these faults ({', '.join(FAULT_KINDS)}; default: all), then the reference run",
+    )  # fmt: skip
     what = p.add_mutually_exclusive_group()
     what.add_argument("--tour", action="store_true", help="only the tour of each service's calls (no training)")
     what.add_argument("--train-only", action="store_true", help="only the training (no tour)")

@@ -30,6 +30,8 @@ from ff_cluster import MgmtdClient
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
+# The faults, in the order the demo injects them (``fireflyer demo --faults`` picks some).
+FAULT_KINDS = ("storage", "agent", "hang")
 FAULT_AFTER_STEPS = 20  # each fault comes once the run it hits has trained this many steps
 WATCH_POLL_S = 0.25  # how often the services are asked while a fault is under way
 FAULT_WAIT_S = 300.0
@@ -60,7 +62,7 @@ class FaultRecord:
     telemetry when the summary is made.
     """
 
-    kind: str  # "storage", "agent", "hang"
+    kind: str  # one of FAULT_KINDS
     event: str
     signalled_at: float
     at_step: int

@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import hf3fs
-from ff_appliance.demo_faults import FAULT_AFTER_STEPS, ClusterHandle, FaultError, FaultRecord, Faults, fault_rows
+from ff_appliance.demo_faults import (
+    FAULT_AFTER_STEPS,
+    FAULT_KINDS,
+    ClusterHandle,
+    FaultError,
+    FaultRecord,
+    Faults,
+    fault_rows,
+)
 from ff_appliance.scheduler_setup import scheduler_address, set_quota
 from ff_appliance.scheduler_user import SchedulerUser, user_token
 from ff_appliance.telemetry_setup import telemetry_endpoints
@@ -37,14 +45,16 @@ TRAINER = "demo-trainer"  # submits the training task
 URGENT = "demo-urgent"  # another user, whose higher-priority task preempts it
 TRAIN_ROOT = "/demo-train"  # in 3FS: one folder per user, only theirs (0700)
 TASK_NAME = "gpt-demo"
+REFERENCE_NAME = TASK_NAME + "-reference"  # the uninterrupted run on the same data order (when there are faults)
 URGENT_NAME = "urgent-eval"
 NORMAL, HIGH = 10, 30
 NUM_NODES = 2
 # Tiny enough that 4 ranks on 2 cores take a few steps a second.
 MODEL_ARGS = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "1", "--heads", "2", "--lr", "1e-2"]
 CORPUS_MIB = 0.25
-NUM_STEPS = 240  # about 15 steps/s on a quiet 2-core machine
-# With the faults: the trainer must still be training after the storage fault's ~20 s and two restarts.
+NUM_STEPS = 240  # about 15 steps/s on a quiet 2-core machine; enough for the agent fault alone
+# With the storage or the hang fault: the trainer must still be training after the storage fault's ~20 s and
+# two restarts.
 NUM_STEPS_WITH_FAULTS = 800
 NUM_AGENTS_WITH_FAULTS = 3  # a cordoned node leaves 2 for the task
 # The ranks wait this long in a collective before they give up on a peer: longer than the appliance's hang
@@ -65,21 +75,31 @@ class TrainDemoError(Exception):
     """The cluster did not do what the training demo expects."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainPlan:
-    """What the demo runs: steps, when the preemption comes, and the example's folder."""
+    """What the demo runs: steps, when the preemption comes, the faults after it (none: ``--quick``, and no
+    reference run either), and the example's folder."""
 
     example: Path
     num_steps: int
     preempt_at_step: int
     ckpt_every: int
-    quick: bool
+    faults: tuple[str, ...] = ()  # of FAULT_KINDS, in that order
+
+    @property
+    def quick(self) -> bool:
+        return not self.faults
 
     @classmethod
-    def for_demo(cls, example: Path, *, quick: bool) -> TrainPlan:
-        steps = NUM_STEPS if quick else NUM_STEPS_WITH_FAULTS
+    def for_demo(cls, example: Path, *, faults: Sequence[str]) -> TrainPlan:
+        """The demo's plan with ``faults`` (each of FAULT_KINDS; injected in that order whatever the order given)."""
+        unknown = set(faults) - set(FAULT_KINDS)
+        if unknown:
+            raise TrainDemoError(f"no such fault: {', '.join(sorted(unknown))} (the faults: {', '.join(FAULT_KINDS)})")
+        kinds = tuple(k for k in FAULT_KINDS if k in faults)
+        steps = NUM_STEPS_WITH_FAULTS if {"storage", "hang"} & set(kinds) else NUM_STEPS
         return cls(example=example, num_steps=steps, preempt_at_step=PREEMPT_AT_STEP, ckpt_every=CKPT_EVERY,
-                   quick=quick)  # fmt: skip
+                   faults=kinds)  # fmt: skip
 
 
 @dataclass
@@ -384,8 +404,7 @@ async def train_section(
     addresses: Sequence[str], admin_token: str, plan: TrainPlan,
     step: Callable[[str], None], say: Callable[[str], None], cluster: ClusterHandle | None = None,
 ) -> None:  # fmt: skip
-    """The whole training story on the running cluster (see the module docstring); the faults need ``cluster``
-    (unless ``plan.quick``)."""
+    """The whole training story on the running cluster (see the module docstring); the faults need ``cluster``."""
     demo = TrainDemo(addresses, admin_token, plan, step, say)
     await demo.setup()
     await demo.nodes()
@@ -407,10 +426,10 @@ async def train_section(
         step(f"{URGENT}'s task runs; then the trainer resumes from its checkpoint and continues its loss curve")
         task = await demo.follow(user, run, _resumed, "the resume")
         faults: list[FaultRecord] = []
-        if not plan.quick:
+        if plan.faults:
             if cluster is None:
                 raise TrainDemoError("the faults need the appliance's state folder")
-            faults = await _inject_faults(demo, cluster, user, run)
+            faults = await _inject_faults(demo, cluster, user, run, plan.faults)
         task = await demo.follow(user, run, _finished, "the end")
         say(f"task {run.task_id}: {_name(pb.TaskState, task.state)} after {task.num_runs} runs")
         if task.state != pb.TASK_STATE_SUCCEEDED:
@@ -418,9 +437,9 @@ async def train_section(
                                  f"{task.current_run.end_message}")  # fmt: skip
         urgent_task = await _task_as(demo, URGENT, urgent_id)
         reference = None
-        if not plan.quick:
+        if plan.faults:
             step("an uninterrupted reference run of the same trainer (same data order and seed)")
-            ref_run = await demo.submit(data, f"hf3fs://{demo.folder}/ckpt-reference", TASK_NAME + "-reference")
+            ref_run = await demo.submit(data, f"hf3fs://{demo.folder}/ckpt-reference", REFERENCE_NAME)
             await demo.follow(user, ref_run, _finished, "the reference's end")
             reference = await wait_series(demo.http, demo.tokens[TRAINER], ref_run.task_id, plan.num_steps, 1)
     finally:
@@ -433,19 +452,24 @@ async def train_section(
         say("--quick: faults skipped")
 
 
-async def _inject_faults(demo: TrainDemo, cluster: ClusterHandle, user: SchedulerUser, run: _Run) -> list[FaultRecord]:
-    """The three faults, one after the other, each once the run it hits has trained a little; then the cordoned
-    node is validated back into scheduling."""
+async def _inject_faults(
+    demo: TrainDemo, cluster: ClusterHandle, user: SchedulerUser, run: _Run, kinds: Sequence[str]
+) -> list[FaultRecord]:
+    """The faults ``kinds``, one after the other, each once the run it hits has trained a little; then a node
+    the hang fault cordoned is validated back into scheduling."""
     mgmtd = MgmtdClient(demo.addresses, token=demo.admin_token)
     admin = SchedulerUser(demo.scheduler, demo.admin_token, timeout_s=10.0)
     faults = Faults(cluster, mgmtd, admin, lambda: demo.poll(user, run), lambda rid: run.newest_by_run.get(rid, 0),
                     demo.step, demo.say)  # fmt: skip
     records = []
     try:
-        for inject in (faults.storage, faults.agent, faults.hang):
+        every = zip(FAULT_KINDS, (faults.storage, faults.agent, faults.hang), strict=True)
+        for inject in [inject for kind, inject in every if kind in kinds]:
             task, at_step = await faults.trained(FAULT_AFTER_STEPS)
             records.append(await inject(task, at_step))
-        demo.say(await faults.return_node(records[-1].node_id))
+        for rec in records:
+            if rec.kind == "hang":
+                demo.say(await faults.return_node(rec.node_id))
     except FaultError as err:
         raise TrainDemoError(str(err)) from None
     finally:
@@ -522,7 +546,7 @@ async def run_train_demo(
     addresses: Sequence[str], admin_token: str, plan: TrainPlan, out: TextIO, cluster: ClusterHandle | None = None
 ) -> None:
     """The training story, its steps numbered as ``[n/N] title`` and what the cluster answered indented."""
-    num_titles = 6 if plan.quick else 10
+    num_titles = 6 + (len(plan.faults) + 1 if plan.faults else 0)  # a title per fault, and the reference run
     counter = [0]
 
     def step(title: str) -> None:

@@ -26,13 +26,20 @@ def test_up_options() -> None:
 @pytest.mark.parametrize(
     "argv",
     [[], ["up", "--mgmtd", "0"], ["up", "--mgmtd", "x"], ["frob"], ["user"], ["user", "add"],
-     ["group", "add-member", "g"], ["token", "revoke"], ["status", "--bogus"]],
+     ["group", "add-member", "g"], ["token", "revoke"], ["status", "--bogus"], ["demo", "--faults", "fire"],
+     ["demo", "--faults", ","], ["demo", "--quick", "--faults", "agent"]],
 )  # fmt: skip
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         run(argv, {}, io.StringIO(), io.StringIO())
     assert exc.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_demo_faults_are_a_subset_of_the_kinds() -> None:
+    assert _parse("demo", "--faults", "hang, agent").faults == ("hang", "agent")
+    assert _parse("demo").faults is None and not _parse("demo").quick  # every fault
+    assert _parse("demo", "--quick").faults is None
 
 
 def test_identity_commands_parse_to_their_calls() -> None:

@@ -8,10 +8,28 @@ from pathlib import Path
 import pytest
 
 from ff_appliance.demo_faults import FaultError, FaultRecord, fault_rows, rank_pids
-from ff_appliance.demo_train import TrainDemo, TrainDemoError, TrainPlan, _Run, summary
+from ff_appliance.demo_train import (
+    NUM_STEPS,
+    NUM_STEPS_WITH_FAULTS,
+    TrainDemo,
+    TrainDemoError,
+    TrainPlan,
+    _Run,
+    summary,
+)
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
-PLAN = TrainPlan(example=Path("/nowhere"), num_steps=6, preempt_at_step=3, ckpt_every=2, quick=True)
+PLAN = TrainPlan(example=Path("/nowhere"), num_steps=6, preempt_at_step=3, ckpt_every=2)
+
+
+def test_the_plan_injects_the_faults_in_the_demos_order_and_trains_long_enough_for_them() -> None:
+    agent = TrainPlan.for_demo(Path("/x"), faults=["agent"])
+    assert (agent.faults, agent.num_steps, agent.quick) == (("agent",), NUM_STEPS, False)
+    every = TrainPlan.for_demo(Path("/x"), faults=["hang", "storage", "agent"])
+    assert (every.faults, every.num_steps) == (("storage", "agent", "hang"), NUM_STEPS_WITH_FAULTS)
+    assert TrainPlan.for_demo(Path("/x"), faults=[]).quick
+    with pytest.raises(TrainDemoError, match="no such fault: fire"):
+        TrainPlan.for_demo(Path("/x"), faults=["agent", "fire"])
 
 
 def _demo(lines: list[str]) -> TrainDemo:
