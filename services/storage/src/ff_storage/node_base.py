@@ -88,6 +88,7 @@ class Update:
     update_id: UpdateKey | None = None
     records: list[UpdateRecord] | None = None  # a full replace: the sender's records of the chunk
     corrupt: bool = False  # the base copy here does not match its checksum (the update was not prepared)
+    no_forward: bool = False  # stored here only, not passed on (a repair's copy for this one replica)
     result: spb.UpdateResult = field(default_factory=spb.UpdateResult)
 
 

@@ -516,9 +516,8 @@ class WritePath(NodeBase):
                 data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
                 length=cu.length_bytes, full=cu.full_chunk_replace, version=cu.update_version,
                 chain_version=cu.chain_version, update_id=checked[n][0], records=checked[n][1],
+                no_forward=cu.no_forward,
             )))  # fmt: skip
-            if cu.no_forward:
-                groups[target.target_id][-1][1].result.message = "no_forward"
         await asyncio.gather(*(self._replica_updates(self.targets[t], [u for _, u in items])
                                for t, items in groups.items()))  # fmt: skip
         for items in groups.values():
@@ -534,13 +533,9 @@ class WritePath(NodeBase):
                                          functools.partial(self._replica_round, target, round_))  # fmt: skip
 
     async def _replica_round(self, target: Target, round_: list[Update]) -> None:
-        no_forward = [u for u in round_ if u.result.message == "no_forward"]
-        for u in no_forward:
-            u.result = spb.UpdateResult()
         ready = await asyncio.to_thread(self._prepare, target, round_, False)
-        local_only = [u for u in ready if u in no_forward]
-        await self._store_forward_commit(target, local_only, forward=False)
-        await self._store_forward_commit(target, [u for u in ready if u not in local_only])
+        await self._store_forward_commit(target, [u for u in ready if u.no_forward], forward=False)
+        await self._store_forward_commit(target, [u for u in ready if not u.no_forward])
 
 
 def _record_pb(r: UpdateRecord) -> spb.UpdateRecord:
