@@ -123,6 +123,18 @@ class Faults:
         found: pb.Task = await self.until(check, f"{steps} more steps")
         return found, self.progress(found.current_run.run_id)
 
+    async def checkpointed(self) -> tuple[pb.Task, int]:
+        """Follow until the current run has a checkpoint of its own that the scheduler counted (a fault that ends
+        the run then resumes from it, not from a checkpoint the run is still writing); the task and the newest
+        step shown then."""
+
+        async def check(task: pb.Task) -> pb.Task | None:
+            run = task.current_run
+            return task if run.state == pb.RUN_STATE_RUNNING and run.last_checkpoint.step > 0 else None
+
+        found: pb.Task = await self.until(check, "a checkpoint of the current run")
+        return found, self.progress(found.current_run.run_id)
+
     async def routing(self) -> mgmtd_pb2.RoutingInfo:
         resp = await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
         info: mgmtd_pb2.RoutingInfo = resp.routing_info

@@ -455,17 +455,21 @@ async def train_section(
 async def _inject_faults(
     demo: TrainDemo, cluster: ClusterHandle, user: SchedulerUser, run: _Run, kinds: Sequence[str]
 ) -> list[FaultRecord]:
-    """The faults ``kinds``, one after the other, each once the run it hits has trained a little; then a node
-    the hang fault cordoned is validated back into scheduling."""
+    """The faults ``kinds``, one after the other, each once the run it hits has trained a little (and, for those
+    that end it, has a checkpoint of its own); then a node the hang fault cordoned is validated back into
+    scheduling."""
     mgmtd = MgmtdClient(demo.addresses, token=demo.admin_token)
     admin = SchedulerUser(demo.scheduler, demo.admin_token, timeout_s=10.0)
     faults = Faults(cluster, mgmtd, admin, lambda: demo.poll(user, run), lambda rid: run.newest_by_run.get(rid, 0),
                     demo.step, demo.say)  # fmt: skip
     records = []
     try:
-        every = zip(FAULT_KINDS, (faults.storage, faults.agent, faults.hang), strict=True)
-        for inject in [inject for kind, inject in every if kind in kinds]:
+        for kind, inject in zip(FAULT_KINDS, (faults.storage, faults.agent, faults.hang), strict=True):
+            if kind not in kinds:
+                continue
             task, at_step = await faults.trained(FAULT_AFTER_STEPS)
+            if kind != "storage":  # it ends the run: the task resumes from the run's own newest checkpoint
+                task, at_step = await faults.checkpointed()
             records.append(await inject(task, at_step))
         for rec in records:
             if rec.kind == "hang":
