@@ -16,6 +16,7 @@ from collections import defaultdict
 from google.protobuf.message import DecodeError
 
 from ff_rpc import RpcError
+from ff_storage.core import admission
 from ff_storage.core.chunks import (
     MAX_CHUNK_SIZE_BYTES,
     ChunkKey,
@@ -131,17 +132,17 @@ class WritePath(NodeBase):
         return out
 
     def _head_check(self, target: Target | None, chain_id: int, chain_version: int) -> tuple[int, str] | None:
+        return _status(admission.at_head(self._admission_state(target), chain_id, chain_version))
+
+    def _admission_state(self, target: Target | None) -> admission.TargetState | None:
+        """What ``core.admission`` decides on: the target's place in its chain and its role, as they are now."""
         if target is None:
-            return spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"no target of chain {chain_id} on this node"
+            return None
         pos = self._position(target)
-        if pos is None or not target.role.may_update(self.lease_ok) or target.role.public is not Public.SERVING:
-            return spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"target {target.target_id} is not serving"
-        chain, i = pos
-        if chain.version != chain_version:
-            return spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, f"chain {chain_id} is at version {chain.version}"
-        if i != 0:
-            return spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"target {target.target_id} is not the head"
-        return None
+        return admission.TargetState(
+            target_id=target.target_id, chain_version=pos[0].version if pos else None, index=pos[1] if pos else None,
+            may_update=target.role.may_update(self.lease_ok), serving=target.role.public is Public.SERVING,
+        )  # fmt: skip
 
     async def truncate(self, ios: list[spb.TruncateIO]) -> list[spb.UpdateResult]:
         self.check_count("IOs", len(ios))
@@ -485,16 +486,12 @@ class WritePath(NodeBase):
         for n, cu in enumerate(request.updates):
             key = (cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
             target = self._target_of_chain(cu.chain_id)
-            if target is None:
-                results[n] = _res(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"no target of chain {cu.chain_id} here")
+            refused = _status(admission.at_replica(self._admission_state(target), cu.chain_id, cu.chain_version,
+                                                   cu.no_forward))  # fmt: skip
+            if refused is not None:
+                results[n] = _res(*refused)
                 continue
-            pos = self._position(target)
-            if not target.role.may_update(self.lease_ok) or pos is None:
-                results[n] = _res(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"target {target.target_id} not serving")
-                continue
-            if not cu.no_forward and pos[0].version != cu.chain_version:
-                results[n] = _res(spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, f"chain at version {pos[0].version}")
-                continue
+            assert target is not None
             data: Payload = b""
             if cu.WhichOneof("data") == "inline_data":
                 data = cu.inline_data
@@ -536,6 +533,16 @@ class WritePath(NodeBase):
         ready = await asyncio.to_thread(self._prepare, target, round_, False)
         await self._store_forward_commit(target, [u for u in ready if u.no_forward], forward=False)
         await self._store_forward_commit(target, [u for u in ready if not u.no_forward])
+
+
+_REFUSAL_STATUS = {
+    admission.Refusal.NOT_SERVING: spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
+    admission.Refusal.STALE_CHAIN_VERSION: spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION,
+}
+
+
+def _status(refusal: tuple[admission.Refusal, str] | None) -> tuple[int, str] | None:
+    return None if refusal is None else (_REFUSAL_STATUS[refusal[0]], refusal[1])
 
 
 def _record_pb(r: UpdateRecord) -> spb.UpdateRecord:
