@@ -342,11 +342,11 @@ def _suspended(task: pb.Task, run: _Run) -> bool:
 
 
 def _resumed(task: pb.Task, run: _Run) -> bool:
-    return (
-        len(task.runs) >= 2
-        and task.runs[1].state == pb.RUN_STATE_RUNNING
-        and run.newest_step > 0
-        and any(k[0] == task.runs[1].run_id and k[1] > 0 for k in run.printed)
+    """A run after the preempted one is running and has trained a step (not necessarily run 1: a resume that
+    failed to start, a port taken for instance, is followed by another)."""
+    return any(
+        r.state == pb.RUN_STATE_RUNNING and any(k[0] == r.run_id and k[1] > 0 for k in run.printed)
+        for r in task.runs[1:]
     )
 
 
@@ -501,7 +501,9 @@ def summary(
     faults: Sequence[FaultRecord] = (),
 ) -> list[str]:  # fmt: skip
     """The table of events and figures; raises TrainDemoError where the facts contradict the story."""
-    first, second = task.runs[0], task.runs[1]
+    first = task.runs[0]
+    # the resume: the first later run that trained (one that failed before a step does not count)
+    second = next((r for r in task.runs[1:] if series.get(r.run_id)), task.runs[1])
     ck = first.last_checkpoint
     before = series.get(first.run_id, [])
     after = series.get(second.run_id, [])

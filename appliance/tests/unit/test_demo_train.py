@@ -14,6 +14,7 @@ from ff_appliance.demo_train import (
     TrainDemo,
     TrainDemoError,
     TrainPlan,
+    _resumed,
     _Run,
     summary,
 )
@@ -121,3 +122,13 @@ def test_the_rank_is_found_by_the_environment_the_agent_gave_it(tmp_path: Path) 
         (tmp_path / str(pid) / "environ").write_bytes(env.encode())
     (tmp_path / "self").mkdir()
     assert rank_pids(7, 1, 1, proc=tmp_path) == [11, 14]
+
+
+def test_the_resume_is_the_first_later_run_that_trains_not_always_run_1() -> None:
+    run = _Run(task_id=1, dashboard_url="", printed={(10, 129), (12, 140)})
+    preempted = pb.Run(run_id=10, run_index=0, state=pb.RUN_STATE_SUSPENDED)
+    failed = pb.Run(run_id=11, run_index=1, state=pb.RUN_STATE_FAILED)  # e.g. its port was taken: no step
+    resumed = pb.Run(run_id=12, run_index=2, state=pb.RUN_STATE_RUNNING)
+    assert not _resumed(pb.Task(runs=[preempted, failed]), run)
+    assert _resumed(pb.Task(runs=[preempted, failed, resumed]), run)
+    assert not _resumed(pb.Task(runs=[preempted, failed, resumed]), _Run(task_id=1, dashboard_url=""))  # no step yet
