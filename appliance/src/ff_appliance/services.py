@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ff_appliance import scheduler_setup, storage_setup, telemetry_setup
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_cluster import MgmtdClient
+from ff_config.ports import free_port
 from fireflyer.common.v1 import common_pb2
 
 MGMTD = "mgmtd"
@@ -122,11 +123,14 @@ def _meta_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
 
 def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     # A run may be preempted after 10 s (the service's default is 60 s): on this one-machine cluster the demo's
-    # preemption comes while its tiny model trains, not a minute later.
+    # preemption comes while its tiny model trains, not a minute later. Every agent here is 127.0.0.1: the ranks'
+    # MASTER_PORT is one free at this start, not HAI's fixed 2222, which another cluster's trainer on this
+    # machine may hold (a run that cannot bind it fails and is started again).
     return [
         "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
         "--state-dir", str(ctx.state.data_dir(SCHEDULER)),
         "--min-run-time-s", "10",
+        "--master-port", str(free_port(instance.host)),
     ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from ff_appliance.lifecycle import stop_waves
 from ff_appliance.services import MGMTD, SERVICES, LaunchContext, command, default_counts, spec_for
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
+from ff_config.ports import port_in_use
 
 
 def _plan() -> ClusterPlan:
@@ -77,3 +78,16 @@ def test_down_stops_agents_first_then_the_independent_services_together_then_sto
     order = [s.name for s in reversed(SERVICES)]
     assert stop_waves(["retired", *order]) == [["retired"], ["agent"], ["telemetry", "scheduler", "meta"],
                                                 ["storage"], ["mgmtd"]]  # fmt: skip
+
+
+def test_the_scheduler_gives_ranks_a_master_port_free_at_its_start(tmp_path: Path) -> None:
+    plan = ClusterPlan(
+        instances=(
+            *_plan().instances,
+            InstancePlan(name="scheduler-1", service="scheduler", node_id=3, grpc_port=7005, metrics_port=7006),
+        )
+    )
+    ctx = LaunchContext(state=StateDir(tmp_path), plan=plan)
+    instance = plan.find("scheduler-1")
+    port = int(_flags(command(spec_for(instance), ctx, instance))["--master-port"])
+    assert port != 2222 and not port_in_use(port)  # not HAI's fixed one another cluster may hold
