@@ -59,6 +59,7 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
         gpus=any(d.gpu for d in node_devices),
         scheduler_address=settings.scheduler_address,
         mgmtd_addresses=",".join(mgmtd_addresses),
+        zone=settings.zone,
     )
     runs = NodeRuns(
         RunsOptions(

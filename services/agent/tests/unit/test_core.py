@@ -15,6 +15,7 @@ from ff_agent.core.failures import ErrorRecord, FailureClass, RankExit, root_cau
 from ff_agent.core.hang import RankProgress, lagging_ranks, stopped_hangs, track_stopped
 from ff_agent.core.launch import NodeFacts, Owner, RanksRunAs, RunAs, StartOrder, check_order, plan_ranks, ranks_user
 from ff_agent.core.suspend import SuspendClock
+from hfreduce.config import options_from_env
 
 NODE = NodeFacts(device_indices=(0, 1), gpus=False, scheduler_address="s:1", mgmtd_addresses="m:1")
 ORDER = StartOrder(
@@ -190,3 +191,11 @@ def test_every_rank_gets_its_telemetry_labels_and_the_order_cannot_change_them()
         {"task_id": "7", "run_id": "70", "node_rank": "1", "rank": str(2 + i), "local_rank": str(i), "node": "n7"}
         for i in range(2)
     ]
+
+
+def test_ranks_learn_their_nodes_zone_for_hfreduces_trees_and_the_order_cannot_change_it() -> None:
+    zoned = replace(NODE, zone="rack-b")
+    order = replace(ORDER, env={"FF_HFREDUCE_ZONE": "rack-a"})
+    assert [env["FF_HFREDUCE_ZONE"] for env in _plan(order, zoned)] == ["rack-b", "rack-b"]
+    assert options_from_env(_plan(ORDER, zoned)[0])["zone"] == "rack-b"  # what hfreduce reads
+    assert "FF_HFREDUCE_ZONE" not in _plan(ORDER, NODE)[0]  # no zone configured: hfreduce's default

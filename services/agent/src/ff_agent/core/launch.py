@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ff_agent.core.errors import CannotRunAs, InvalidRequest
-from hfreduce.config import CONTROL_FILE_ENV
+from hfreduce.config import CONTROL_FILE_ENV, ENV_PREFIX
 
 # Names the hfai SDK reads (hfai.client, hfai.config, hfai.runcontrol).
 TASK_ID_ENV = "MARSV2_TASK_ID"
@@ -119,6 +119,9 @@ class StartOrder:
     priority: int = 0
 
 
+ZONE_ENV = ENV_PREFIX + "ZONE"
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodeFacts:
     """What the agent knows of its node and the cluster, for the ranks' environment."""
@@ -128,6 +131,7 @@ class NodeFacts:
     scheduler_address: str = ""
     mgmtd_addresses: str = ""
     hostname: str = ""
+    zone: str = ""  # the node's network zone: hfreduce orders nodes zone by zone, so its trees cross zones once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,6 +234,8 @@ def plan_ranks(
     }
     if collective_file:
         common[CONTROL_FILE_ENV] = collective_file
+    if node.zone:  # the placement fact hfreduce builds its trees from (the scheduler gives node ranks zone by zone)
+        common[ZONE_ENV] = node.zone
     user_path = order.env.get("PYTHONPATH") or base_env.get("PYTHONPATH", "")
     common["PYTHONPATH"] = hook_dir + (":" + user_path if user_path else "")
     plans = []
