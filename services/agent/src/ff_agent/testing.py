@@ -102,14 +102,20 @@ class AgentProcess:
         self.info = await wait_ready(self.ready_file, self.proc)
         return self
 
-    def terminate(self) -> None:
+    def terminate(self, *, wait: bool = True) -> None:
+        """SIGTERM; with ``wait``, until it exited (``wait_stopped``)."""
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            if wait:
+                self.wait_stopped()
+
+    def wait_stopped(self, timeout_s: float = 30.0) -> None:
+        """Wait for the process to exit after its SIGTERM (it stops its runs first); SIGKILL past ``timeout_s``."""
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def spawn_process(

@@ -89,8 +89,10 @@ async def cluster(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
             yield c
         finally:
             if c is not None:
+                for proc in c.processes:  # all at once: each stops its runs first, which takes seconds
+                    proc.terminate(wait=False)
                 for proc in c.processes:
-                    proc.terminate()
+                    proc.wait_stopped()
                 for agent in c.agents:
                     await agent.shutdown()
                 for client in c.clients:
