@@ -65,9 +65,6 @@ class _User(SchedulerUser):
     def __init__(self, address: str, token: str) -> None:
         super().__init__(address, token, timeout_s=10.0)
 
-    async def task(self, task_id: int) -> pb.Task:
-        return (await self.call("GetTask", pb.GetTaskRequest(task_id=task_id, include_runs=True))).task  # type: ignore[no-any-return]
-
     async def wait(self, task_id: int, what: Callable[[pb.Task], bool], why: str) -> pb.Task:
         deadline = time.monotonic() + WAIT_S
         while True:
@@ -77,11 +74,6 @@ class _User(SchedulerUser):
             if time.monotonic() > deadline:
                 raise AgentDemoError(f"task {task_id}: {why} did not happen within {WAIT_S:g} s: {task}")
             await asyncio.sleep(0.2)
-
-    async def log(self, task_id: int, node_rank: int, *, follow: bool = False, run_id: int = 0) -> str:
-        request = pb.StreamLogsRequest(task_id=task_id, node_rank=node_rank, follow=follow, run_id=run_id)
-        chunks = [c.data async for c in self.rpc.stream(self.stub.StreamLogs, request)]
-        return b"".join(chunks).decode(errors="replace")
 
 
 def _state(t: pb.Task) -> str:

@@ -111,6 +111,7 @@ class _Run:
     printed: set[tuple[int, int]] = field(default_factory=set)  # (run_id, step) lines shown
     newest_step: int = 0
     newest_by_run: dict[int, int] = field(default_factory=dict)  # run id -> the newest step shown of it
+    log_read: dict[int, int] = field(default_factory=dict)  # run id -> bytes of its log already shown
 
 
 def find_example(given: str | None) -> Path:
@@ -260,25 +261,19 @@ class TrainDemo:
 
     # ---- following a task ----
 
-    async def task(self, user: SchedulerUser, task_id: int) -> pb.Task:
-        request = pb.GetTaskRequest(task_id=task_id, include_runs=True)
-        return (await user.call("GetTask", request)).task  # type: ignore[no-any-return]
-
-    async def log(self, user: SchedulerUser, task_id: int, run_id: int) -> str:
-        request = pb.StreamLogsRequest(task_id=task_id, node_rank=0, run_id=run_id)
-        chunks = [c.data async for c in user.rpc.stream(user.stub.StreamLogs, request)]
-        return b"".join(chunks).decode(errors="replace")
-
     async def poll(self, user: SchedulerUser, run: _Run) -> pb.Task:
         """The task now, after printing node rank 0's new progress lines (a bar per ``step`` line)."""
-        task = await self.task(user, run.task_id)
+        task = await user.task(run.task_id)
         current = task.current_run
         if current.run_id and current.state != pb.RUN_STATE_UNSPECIFIED:
+            read = run.log_read.get(current.run_id, 0)
             try:
-                text = await self.log(user, run.task_id, current.run_id)
+                new = await user.log_bytes(run.task_id, 0, run_id=current.run_id, offset=read)
             except RpcError:  # no log yet: the run is starting
-                text = ""
-            self._show(run, current.run_id, current.run_index, text)
+                new = b""
+            whole = new[: new.rfind(b"\n") + 1]  # complete lines; a line still being written comes next time
+            run.log_read[current.run_id] = read + len(whole)
+            self._show(run, current.run_id, current.run_index, whole.decode(errors="replace"))
         return task
 
     async def follow(self, user: SchedulerUser, run: _Run, done: Callable[[pb.Task, _Run], bool], why: str) -> pb.Task:
@@ -485,7 +480,7 @@ async def _inject_faults(
 async def _task_as(demo: TrainDemo, who: str, task_id: int) -> pb.Task:
     user = SchedulerUser(demo.scheduler, demo.tokens[who], timeout_s=10.0)
     try:
-        return await demo.task(user, task_id)
+        return await user.task(task_id)
     finally:
         await user.close()
 

@@ -8,6 +8,7 @@ from ff_appliance.scheduler_setup import ensure_user
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient, open_channel
 from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 
 TOKEN_TTL_S = 3600.0
@@ -33,6 +34,23 @@ class SchedulerUser:
     async def call(self, method: str, request: Any) -> Any:
         """The scheduler's RPC ``method`` (e.g. ``"GetTask"``) with ``request``."""
         return await self.rpc.unary(getattr(self.stub, method), request)
+
+    async def task(self, task_id: int) -> pb.Task:
+        """The task with its runs."""
+        return (await self.call("GetTask", pb.GetTaskRequest(task_id=task_id, include_runs=True))).task  # type: ignore[no-any-return]
+
+    async def log_bytes(
+        self, task_id: int, node_rank: int, *, run_id: int = 0, offset: int = 0, follow: bool = False
+    ) -> bytes:
+        """Node ``node_rank``'s combined log of the run (0: the latest), from byte ``offset``; with ``follow``, until
+        the run ends."""
+        request = pb.StreamLogsRequest(task_id=task_id, node_rank=node_rank, run_id=run_id, offset_bytes=offset,
+                                       follow=follow)  # fmt: skip
+        return b"".join([c.data async for c in self.rpc.stream(self.stub.StreamLogs, request)])
+
+    async def log(self, task_id: int, node_rank: int, *, run_id: int = 0, follow: bool = False) -> str:
+        """``log_bytes`` from the start, as text."""
+        return (await self.log_bytes(task_id, node_rank, run_id=run_id, follow=follow)).decode(errors="replace")
 
     async def close(self) -> None:
         await self.channel.close()
