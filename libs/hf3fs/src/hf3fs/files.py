@@ -60,23 +60,35 @@ def io_error(message: str, path: str, code: int = errno.EIO) -> OSError:
 
 
 async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, length: int,
-                     path: str) -> bytearray:  # fmt: skip
-    """Bytes ``[offset, offset + length)`` of a file from storage; holes and short chunks read as zeros."""
-    out = bytearray(length)
+                     path: str, into: memoryview | None = None) -> bytearray | memoryview:  # fmt: skip
+    """Bytes ``[offset, offset + length)`` of a file from storage; holes and short chunks read as zeros.
+
+    ``into`` (writable, ``length`` bytes): the chunks land there straight from the transport (no copy), and
+    it is what is returned; without it, a new buffer is.
+    """
+    out = memoryview(bytearray(length)) if into is None else into
+    if len(out) != length or out.readonly:
+        raise ValueError(f"read into a buffer of {len(out)} bytes (readonly: {out.readonly}), not {length}")
     spans = layout.spans(offset, length)
     ios = [ChunkRead(chain_id=s.chain_id, inode_id=layout.inode_id, chunk_index=s.chunk_index, offset=s.offset,
-                     length=s.length, capability=cap) for s in spans]  # fmt: skip
+                     length=s.length, capability=cap, buffer=out[s.file_offset - offset :][: s.length])
+           for s in spans]  # fmt: skip
     try:
         outcomes = await storage.batch_read(ios)
     except StorageIoError as err:
         raise io_error(f"read refused by storage: {err}", path, _errno_of(err)) from None
     for s, o in zip(spans, outcomes, strict=True):
+        pos = s.file_offset - offset
+        got = 0
         if o.ok:
-            pos = s.file_offset - offset
-            out[pos : pos + len(o.data)] = o.data
+            got = len(o.data)
+            if not (isinstance(o.data, memoryview) and o.data.obj is out.obj):  # not landed in place (no buffer use)
+                out[pos : pos + got] = o.data
         elif o.status != spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND:
             raise io_error(f"read of chunk {s.chunk_index} failed: {o.message or o.status}", path)
-    return out
+        if got < s.length and into is not None:  # a hole or a short chunk: zeros (a new buffer has them)
+            out[pos + got : pos + s.length] = bytes(s.length - got)
+    return out.obj if into is None else out  # type: ignore[return-value]  # the bytearray made above
 
 
 async def write_spans(storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, data: memoryview,
@@ -181,9 +193,8 @@ class RawFile(io.RawIOBase):
         while done < n:
             step = min(n - done, MAX_IO_BATCH_BYTES)
             self._fresh_capability()
-            data = self._fs._run(read_spans(self._fs._storage, self.layout, self._cap, self._pos + done, step,
-                                            self.name))  # fmt: skip
-            view[done : done + step] = data
+            self._fs._run(read_spans(self._fs._storage, self.layout, self._cap, self._pos + done, step, self.name,
+                                     view[done : done + step]))  # fmt: skip
             done += step
         self._pos += n
         return n

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -754,6 +754,37 @@ class FileSystem:
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
         """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch. A read
         past the end of a file stops there (as ``read`` does): a length of ``WHOLE_FILE`` reads to the end."""
+        jobs = self._read_jobs(reads)
+
+        async def all_reads() -> list[bytearray | memoryview]:
+            return list(await asyncio.gather(*(read_spans(self._storage, layout, cap, off, size, p)
+                                               for p, layout, cap, off, size in jobs)))  # fmt: skip
+
+        return [bytes(b) for b in self._run(all_reads())]
+
+    def read_batch_into(self, reads: list[tuple[str, int, int]], buffers: Sequence[Any]) -> list[int]:
+        """``read_batch`` into the caller's writable buffers (one per read, each at least its length; the bytes
+        land there from the transport, no copy): the number of bytes each read (short past the end of its file)."""
+        if len(buffers) != len(reads):
+            raise ValueError(f"{len(reads)} reads but {len(buffers)} buffers")
+        views = [memoryview(b).cast("B") for b in buffers]
+        for n, ((p, _, length), view) in enumerate(zip(reads, views, strict=True)):
+            if view.readonly or (length != WHOLE_FILE and len(view) < length):
+                raise ValueError(f"buffers[{n}] ({p}): must be writable and hold {length} bytes")
+        jobs = self._read_jobs(reads)
+        for n, ((p, _, _, _, size), view) in enumerate(zip(jobs, views, strict=True)):
+            if len(view) < size:
+                raise ValueError(f"buffers[{n}] ({p}): holds {len(view)} bytes, the read is {size}")
+
+        async def all_reads() -> None:
+            await asyncio.gather(*(read_spans(self._storage, layout, cap, off, size, p, view[:size])
+                                   for (p, layout, cap, off, size), view in zip(jobs, views, strict=True)))  # fmt: skip
+
+        self._run(all_reads())
+        return [size for _, _, _, _, size in jobs]
+
+    def _read_jobs(self, reads: list[tuple[str, int, int]]) -> list[tuple[str, FileLayout, bytes, int, int]]:
+        """Each read's (path, layout, read capability, offset, bytes to read): one BatchStat for the files."""
         paths = list(dict.fromkeys(p for p, _, _ in reads))
         resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
             paths=[_at(p) for p in paths], follow_last_symlink=True, include_read_capability=True))  # fmt: skip
@@ -767,18 +798,12 @@ class FileSystem:
             if not r.read_capability.token:
                 raise PermissionError(errno.EACCES, "Permission denied", p)
             files[p] = (r.inode, r.read_capability.token)
-
         layouts = {p: self._layout(files[p][0]) for p in paths}
-
-        async def all_reads() -> list[bytearray]:
-            jobs = []
-            for p, off, n in reads:
-                inode, cap = files[p]
-                size = max(0, min(n, inode.length_bytes - off))
-                jobs.append(read_spans(self._storage, layouts[p], cap, off, size, p))
-            return list(await asyncio.gather(*jobs))
-
-        return [bytes(b) for b in self._run(all_reads())]
+        jobs = []
+        for p, off, n in reads:
+            inode, cap = files[p]
+            jobs.append((p, layouts[p], cap, off, max(0, min(n, inode.length_bytes - off))))
+        return jobs
 
     def write_batch(self, writes: list[tuple[str, int, bytes]]) -> None:
         """Many (path, offset, data) writes into existing files: one session per file, chunks in one batch."""

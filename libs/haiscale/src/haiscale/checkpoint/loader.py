@@ -24,7 +24,7 @@ from haiscale.checkpoint.manifest import (
     put,
 )
 from haiscale.checkpoint.saver import ALIGN, committed_steps, step_folder
-from haiscale.checkpoint.storage import Location
+from haiscale.checkpoint.storage import Bytes, Location
 
 READ_RANGE_BYTES = 64 << 20  # neighbouring slices are read together up to this size
 
@@ -135,7 +135,7 @@ def _sources(manifest: Manifest, want: _Want) -> Iterator[TensorEntry]:
         raise CheckpointMismatch(f"{want.name}: elements {pos}..{want.stop} were saved by no rank")
 
 
-def _checked(data: bytes | memoryview, length: int, crc: int, where: str) -> memoryview:
+def _checked(data: Bytes, length: int, crc: int, where: str) -> memoryview:
     if len(data) != length or zlib.crc32(data) != crc:
         raise CorruptCheckpoint(f"{where}: {len(data)} bytes read, checksum does not match the manifest")
     return memoryview(data)

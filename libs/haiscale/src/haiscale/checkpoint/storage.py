@@ -13,8 +13,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy
+
 from hf3fs.uri import has_scheme, strip_scheme
 
+Bytes = bytes | bytearray | memoryview  # what a read gives: a buffer of the bytes asked for
 PIECE_BYTES = 32 << 20  # one (path, offset, data) of a batch: what the client's file writes send at a time
 BATCH_BYTES = 256 << 20  # bytes per batch call (its pieces go concurrently): one write session per call
 
@@ -29,7 +32,7 @@ class Storage(Protocol):
     def listdir(self, path: str) -> list[str]: ...
     def write_file(self, path: str, pieces: Sequence[Piece]) -> None: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]: ...
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]: ...
     def read_small(self, path: str) -> bytes: ...
     def remove(self, path: str) -> None: ...
     def remove_tree(self, path: str) -> None: ...
@@ -87,10 +90,10 @@ class LocalStorage:
         os.rename(tmp, path)
         _fsync_dir(os.path.dirname(path))
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
         fds: dict[str, int] = {}
         try:
-            out = []
+            out: list[Bytes] = []
             for path, offset, length in ranges:
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY)
@@ -163,18 +166,21 @@ class Hf3fsStorage:
             f.write(data)
         self.fs.rename(tmp, path)
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        out: list[bytes] = []
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
+        """Each range into a buffer of its own, straight from the transport (``read_batch_into``: no copy); a range
+        past the end of its file comes back short."""
+        out: list[Bytes] = []
         batch: list[tuple[str, int, int]] = []
         size = 0
-        for r in ranges:
-            if batch and size + r[2] > BATCH_BYTES:
-                out.extend(self.fs.read_batch(batch))
+        for r in [*ranges, None]:
+            if batch and (r is None or size + r[2] > BATCH_BYTES):
+                buffers = [numpy.empty(n, dtype=numpy.uint8).data for _, _, n in batch]  # not zeroed: read over
+                got = self.fs.read_batch_into(batch, buffers)
+                out.extend(b[:n] for b, n in zip(buffers, got, strict=True))
                 batch, size = [], 0
-            batch.append(r)
-            size += r[2]
-        if batch:
-            out.extend(self.fs.read_batch(batch))
+            if r is not None:
+                batch.append(r)
+                size += r[2]
         return out
 
     def read_small(self, path: str) -> bytes:

@@ -70,3 +70,26 @@ def test_3fs_and_hf3fs_urls_name_the_same_file(fs_cluster: FsCluster) -> None:
     with fsspec.open("hf3fs:///ffs/urls/x", "rb", **opts) as f:
         assert f.read() == b"same"
     assert fs_cluster.client.stat("/ffs/urls/x").size == 4
+
+
+def test_reads_into_the_callers_buffers_fill_holes_with_zeros_and_stop_at_the_end(fs_cluster: FsCluster) -> None:
+    """``read_batch_into`` and ``readinto`` land the chunks straight in the caller's buffer: a hole and a short
+    chunk must read as zeros there too (the buffer is not fresh), and a read past the end comes back short."""
+    client = fs_cluster.client
+    with client.open("/ffs/sparse", "wb", buffering=0) as f:
+        chunk = f.layout.chunk_size
+        f.seek(chunk + 10)  # chunk 0 a hole; chunk 1 holds 110 bytes, its first 10 a hole
+        f.write(b"x" * 100)
+    expected = bytes(chunk + 10) + b"x" * 100
+    dirty = [bytearray(b"\xff" * (chunk + 200)), bytearray(b"\xff" * 64)]
+    got = client.read_batch_into([("/ffs/sparse", 0, chunk + 200), ("/ffs/sparse", chunk + 60, 64)], dirty)
+    assert got == [chunk + 110, 50]
+    assert dirty[0][: got[0]] == expected and dirty[1][:50] == b"x" * 50
+    assert client.read_batch([("/ffs/sparse", 0, chunk + 200)]) == [expected]
+    with client.open("/ffs/sparse", "rb", buffering=0) as f:
+        view = bytearray(b"\xff" * (chunk + 110))
+        assert f.readinto(view) == chunk + 110 and view == expected
+
+    for bad in ([bytearray(10)], [bytes(chunk + 200)], []):  # too small, read-only, one buffer short
+        with pytest.raises(ValueError):
+            client.read_batch_into([("/ffs/sparse", 0, chunk + 200)], bad)
