@@ -1,0 +1,190 @@
+"""One wrapped unit: its flat fp32 shard, the gathered buffer its module computes with, and their lifetimes."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from haiscale.fsdp.comm import Comm, Pending
+from haiscale.fsdp.flat import FlatLayout, Piece, layout_of
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRef:
+    """One parameter of the unit: its names (several when tied), where the module holds it, its shape."""
+
+    names: tuple[str, ...]
+    slots: tuple[tuple[torch.nn.Module, str], ...]  # (module, attribute) pairs that hold this tensor
+    shape: torch.Size
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+class UnitState(enum.Enum):
+    FREE = "free"  # the gathered buffer has no memory
+    GATHERING = "gathering"  # an all-gather into it is in flight
+    READY = "ready"  # it holds every rank's shard
+
+
+class Unit:
+    """A module whose parameters (those no unit nested in it owns) are sharded as one flat buffer.
+
+    ``shard`` is this rank's ``1 / world_size`` of the flat parameters, in the master dtype (the parameters'
+    own, float32 for mixed precision): the optimizer's parameter. Before the module runs, the shards are
+    all-gathered into ``buffer`` (compute dtype) and the module's attributes are set to views of it; afterwards
+    the buffer's storage is resized to zero, so the views autograd saved stay valid and get their data back
+    when the buffer is gathered again before backward (torch FSDP does the same).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        module: torch.nn.Module,
+        params: list[ParamRef],
+        values: list[torch.Tensor],
+        comm: Comm,
+        *,
+        compute_dtype: torch.dtype,
+        reduce_dtype: torch.dtype,
+        reshard_after_forward: bool,
+    ) -> None:
+        self.index = index
+        self.module = module
+        self.params = params
+        self.comm = comm
+        self.layout: FlatLayout = layout_of([v.numel() for v in values], comm.world_size)
+        self.offsets = self.layout.offsets()
+        self.compute_dtype = compute_dtype
+        self.reduce_dtype = reduce_dtype
+        self.reshard_after_forward = reshard_after_forward
+        master = values[0].dtype
+        device = values[0].device
+        flat = torch.zeros(self.layout.padded, dtype=master, device=device)
+        with torch.no_grad():
+            for v, off in zip(values, self.offsets, strict=True):
+                flat[off : off + v.numel()].copy_(v.detach().reshape(-1))
+        self.flat_init = flat  # the whole flat buffer, until ``take_shard`` (after rank 0's values were taken)
+        self.shard = torch.nn.Parameter(torch.empty(0, dtype=master, device=device))
+        self.buffer = torch.empty(self.layout.padded, dtype=compute_dtype, device=device)
+        self._nbytes = self.buffer.untyped_storage().nbytes()
+        self.buffer.untyped_storage().resize_(0)
+        self.state = UnitState.FREE
+        self._gather: Pending | None = None
+        self._staging: torch.Tensor | None = None
+        self.full: torch.Tensor | None = None  # this forward's leaf: views of it are the module's parameters
+        self._hook: Any = None
+        self.backward_started = False
+        self._placeholders()
+
+    # ----- construction -----
+
+    def take_shard(self) -> None:
+        """Keep only this rank's part of the flat parameters (called once they hold rank 0's values)."""
+        n, r = self.layout.shard_numel, self.comm.rank
+        self.shard.data = self.flat_init[r * n : (r + 1) * n].clone()
+        del self.flat_init
+
+    def pieces(self) -> list[Piece]:
+        return self.layout.pieces(self.comm.rank)
+
+    # ----- gather and free -----
+
+    def start_gather(self) -> None:
+        """Start the all-gather of every rank's shard (nothing if gathered or in flight).
+
+        It lands in a staging tensor, copied into ``buffer`` once complete: a backend may pin the memory it
+        writes (hfreduce's views it through numpy, which makes a storage non-resizable), and ``buffer``'s
+        storage must stay resizable so that it can be freed under the views autograd saved.
+        """
+        if self.state is not UnitState.FREE:
+            return
+        src = self.shard.detach()
+        if src.dtype != self.compute_dtype:
+            src = src.to(self.compute_dtype)
+        self._staging = torch.empty(self.layout.padded, dtype=self.compute_dtype, device=self.buffer.device)
+        self._gather = self.comm.all_gather(self._staging, src)
+        self.state = UnitState.GATHERING
+
+    def wait_gather(self) -> None:
+        """Make sure ``buffer`` holds the gathered parameters."""
+        self.start_gather()
+        if self._gather is not None and self._staging is not None:
+            pending, self._gather = self._gather, None
+            pending.wait()
+            self.buffer.untyped_storage().resize_(self._nbytes)
+            with torch.no_grad():
+                self.buffer.copy_(self._staging)
+            self._staging = None
+        self.state = UnitState.READY
+
+    def free(self) -> None:
+        """Give the gathered buffer's memory back (waiting first for an all-gather still writing into it)."""
+        if self.state is UnitState.FREE:
+            return
+        if self._gather is not None:
+            pending, self._gather = self._gather, None
+            pending.wait()
+            self._staging = None
+        self.buffer.untyped_storage().resize_(0)
+        self.state = UnitState.FREE
+        self._placeholders()
+
+    # ----- the module's view of its parameters -----
+
+    def bind(self, on_grad: Callable[[Unit, torch.Tensor], None] | None) -> None:
+        """Point the module's parameter attributes at views of the gathered buffer.
+
+        With ``on_grad`` (a forward that records a graph), the views come from a new leaf tensor over the
+        buffer's storage (its own version counter, so re-gathering before backward is not an in-place change
+        autograd objects to); ``on_grad(unit, grad)`` runs once its gradient, all parameters' at once, is
+        complete. A unit used twice in one forward keeps the first leaf, so its gradient arrives once.
+        """
+        if self.full is None:
+            full = torch.empty(0, dtype=self.compute_dtype, device=self.buffer.device)
+            full.set_(self.buffer.untyped_storage(), 0, (self.layout.padded,), (1,))
+            if on_grad is not None:
+                full.requires_grad_(True)
+                register: Any = full.register_post_accumulate_grad_hook  # untyped in torch's stubs
+                self._hook = register(lambda t: on_grad(self, t))
+            self.full = full
+        split: Any = self.full[: self.layout.total].split  # untyped in torch's stubs
+        views = split(list(self.layout.numels))
+        for ref, view in zip(self.params, views, strict=True):
+            shaped = view.view(ref.shape)
+            for module, attr in ref.slots:
+                setattr(module, attr, shaped)
+
+    def end_iteration(self) -> None:
+        """Forget this iteration's leaf (its gradient was taken or will not come)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.full = None
+        self.backward_started = False
+
+    def _placeholders(self) -> None:
+        """Between uses the attributes are meta tensors of the right shape: reading their values raises
+        instead of touching freed memory (use ``full_state_dict()`` for the values)."""
+        for ref in self.params:
+            meta = torch.empty(ref.shape, dtype=self.compute_dtype, device="meta")
+            for module, attr in ref.slots:
+                setattr(module, attr, meta)
+
+    # ----- sizes -----
+
+    def gathered_bytes(self) -> int:
+        """Bytes of the gathered buffer and of an all-gather in flight."""
+        staging = 0 if self._staging is None else self._staging.numel() * self._staging.element_size()
+        return self.buffer.untyped_storage().nbytes() + staging
+
+    def resident_bytes(self) -> int:
+        """Bytes of this rank's shard and its gradient (what stays between steps)."""
+        n = self.shard.numel() * self.shard.element_size()
+        grad = self.shard.grad
+        return n + (0 if grad is None else grad.numel() * grad.element_size())
