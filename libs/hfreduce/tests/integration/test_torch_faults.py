@@ -29,6 +29,17 @@ def test_a_rank_killed_mid_backward_is_named_by_every_other_rank(torch_launch: T
         assert res["elapsed_s"] <= TIMEOUT_S / 2, res
 
 
+def test_waiting_on_a_dead_peer_raises_naming_it(torch_launch: TorchLaunch) -> None:
+    """``dist.recv`` and ``dist.all_reduce`` (``Work.wait()``) raise when their peer died: the transfer's error
+    names it; the collective finds the group broken by the death."""
+    results = torch_launch(2, 1, "peer_gone", env={"FF_HFREDUCE_TIMEOUT_S": str(TIMEOUT_S)})
+    res = results[0]
+    assert res["first"] == [1.0, 1.0]
+    assert "rank 1 (node 1, local rank 0) died" in res["recv"], res
+    assert res["all_reduce"] != "returned" and "rank 1" in res["all_reduce"], res
+    assert res["recv elapsed_s"] < TIMEOUT_S / 2, res
+
+
 def test_a_rank_that_never_publishes_is_named(torch_launch: TorchLaunch) -> None:
     """group_from_store with WORLD_SIZE 3 and only ranks 0 and 1 started: rank 0 (the store's host) names 2."""
     results = torch_launch(1, 2, "rendezvous_missing", env={"WORLD_SIZE": "3"})

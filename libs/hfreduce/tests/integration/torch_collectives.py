@@ -55,7 +55,33 @@ def cases(rank: int, world: int) -> dict[str, Case]:
     out["gather"] = lambda g: _gather(g, rank, world)
     out["scatter"] = lambda g: _scatter(g, rank, world)
     out["all_gather_object"] = lambda g: _gather_object(g, rank, world)
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+        out[f"send/recv ring {dtype}"] = lambda g, d=dtype: _ring(g, rank, world, values(rank, 37, d))
+    out["send/recv ring 3 MiB"] = lambda g: _ring(g, rank, world, values(rank, 3 << 18, torch.float32))
+    out["send/recv ring empty"] = lambda g: _ring(g, rank, world, values(rank, 0, torch.float32))
+    out["isend/irecv tagged, in order"] = lambda g: _tagged(g, rank, world)
     return out
+
+
+def _ring(g: Any, rank: int, world: int, t: torch.Tensor) -> torch.Tensor:
+    """Every rank sends to the next and receives from the previous (isend first: both directions at once)."""
+    got = torch.empty_like(t)
+    work = dist.isend(t, (rank + 1) % world, group=g)
+    dist.recv(got, (rank - 1) % world, group=g)
+    work.wait()
+    return got
+
+
+def _tagged(g: Any, rank: int, world: int) -> list[torch.Tensor]:
+    """Three messages to the next rank, received in the order sent, each with its tag."""
+    sends = [
+        dist.isend(values(rank, 5 + i, torch.float32, salt=i), (rank + 1) % world, group=g, tag=i) for i in range(3)
+    ]
+    got = [torch.empty(5 + i) for i in range(3)]
+    recvs = [dist.irecv(got[i], (rank - 1) % world, group=g, tag=i) for i in range(3)]
+    for w in [*sends, *recvs]:
+        w.wait()
+    return got
 
 
 def compare(hf: Any, gloo: Any, rank: int, world: int) -> dict[str, str]:
@@ -73,9 +99,8 @@ def compare(hf: Any, gloo: Any, rank: int, world: int) -> dict[str, str]:
 def unsupported(hf: Any, rank: int, world: int) -> dict[str, str]:
     """What the backend cannot do raises an error naming it; the group still works afterwards."""
     attempts: dict[str, Callable[[], Any]] = {
-        "send": lambda: dist.send(torch.ones(2), (rank + 1) % world, group=hf),
+        "recv any source": lambda: dist.recv(torch.ones(2), group=hf),
         "BAND float": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, group=hf),
-        "recv": lambda: dist.recv(torch.ones(2), (rank + 1) % world, group=hf),
         "BXOR half in reduce_scatter": lambda: dist.reduce_scatter_tensor(
             torch.ones(1, dtype=torch.float16), torch.ones(world, dtype=torch.float16), op=dist.ReduceOp.BXOR, group=hf
         ),

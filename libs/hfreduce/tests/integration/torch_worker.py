@@ -158,6 +158,30 @@ def scenario_kill() -> dict[str, Any]:
     return {"error": None}
 
 
+def scenario_peer_gone() -> dict[str, Any]:
+    """Rank 1 sends rank 0 one message and exits; rank 0's next ``dist.recv`` and ``dist.all_reduce`` must raise
+    naming it (``Work.wait()`` raises the failure), not return with the buffers unchanged."""
+    dist.init_process_group("hfreduce", rank=RANK, world_size=WORLD, timeout=TIMEOUT)
+    if RANK == 1:
+        dist.send(torch.ones(2), 0)
+        os._exit(0)
+    first = torch.zeros(2)
+    dist.recv(first, 1)
+    report: dict[str, Any] = {"first": first.tolist()}
+    for name, call in (
+        ("recv", lambda: dist.recv(torch.zeros(2), 1)),
+        ("all_reduce", lambda: dist.all_reduce(torch.ones(2))),
+    ):
+        start = time.monotonic()
+        try:
+            call()
+            report[name] = "returned"
+        except Exception as exc:
+            report[name] = f"{type(exc).__name__}: {exc}"
+        report[f"{name} elapsed_s"] = time.monotonic() - start
+    return report
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")
 }

@@ -3,8 +3,8 @@
 
 torch 2.13 lets Python backends subclass ``torch.distributed.ProcessGroup`` only (its ``Backend`` class has no
 Python constructor), so the object the creator returns *is* the process group. Every collective returns a
-``Work`` made from a ``torch.futures.Future`` (``_create_work_from_future``) that completes with the output
-tensors, so ``work.wait()`` and ``work.get_future()`` (DDP comm hooks) work.
+``Work`` (``RaisingWork``, a Python subclass) around a ``torch.futures.Future`` that completes with the output
+tensors, so ``work.get_future()`` (DDP comm hooks) works and ``work.wait()`` raises the collective's error.
 
 Order: hfreduce runs collectives one at a time in submission order, and all ranks must submit in the same
 order. A collective that is one hfreduce call (``allreduce`` of float tensors, ``broadcast``, ...) is
@@ -18,18 +18,19 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
 from hfreduce.api import Work as HFWork
 from hfreduce.config import options_from_env
 from hfreduce.distributed import tensors as tx
+from hfreduce.distributed.p2p import PeerLinks
 from hfreduce.distributed.rendezvous import join_store
 from hfreduce.errors import GroupClosedError
 
@@ -53,6 +54,14 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         self._lock = threading.RLock()
         self._queued = 0  # collectives submitted to self._thread and not yet handed to hfreduce
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-torch")
+        self._p2p = PeerLinks(
+            store,
+            rank,
+            size,
+            timeout_s=timeout_s,
+            describe=lambda r: divmod(self.layout.hf_rank(r), self.layout.local_world_size),
+            route_to=os.environ.get("MASTER_ADDR"),
+        )
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -89,8 +98,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
                     offset += t.numel()
             return tensors
 
-        coalesced: dist.Work = _create_work_from_future(work.get_future().then(scatter_back))
-        return coalesced
+        return RaisingWork(work.get_future().then(scatter_back))
 
     def reduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
         t = _one(tensors, "reduce")
@@ -330,16 +338,34 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         return self._simple(self.hf.barrier_async, [torch.zeros(0)])
 
-    # ----- what hfreduce does not do -----
+    # ----- point to point (not hfreduce's trees: a TCP connection per pair, see p2p.py) -----
 
     def send(self, tensors: Tensors, dst: int, tag: int = 0) -> dist.Work:
-        raise NotImplementedError("hfreduce backend: send is not supported (no point-to-point transfers)")
+        t = _one(tensors, "send")
+        return self._point_to_point("send", dst, [t], lambda: self._p2p.send(t, dst, tag))
 
     def recv(self, tensors: Tensors, src: int, tag: int = 0) -> dist.Work:
-        raise NotImplementedError("hfreduce backend: recv is not supported (no point-to-point transfers)")
+        t = _one(tensors, "recv")
+        return self._point_to_point("recv", src, [t], lambda: self._p2p.recv(t, src, tag))
+
+    def _point_to_point(self, direction: str, peer: int, result: Tensors, transfer: Callable[[], None]) -> dist.Work:
+        outcome = Outcome(result)
+
+        def run() -> None:
+            try:
+                transfer()
+            except BaseException as exc:
+                outcome.settle(exc)
+                return
+            outcome.settle(None)
+
+        self._p2p.submit(direction, peer, run)
+        return outcome.work()
+
+    # ----- what hfreduce does not do -----
 
     def recv_anysource(self, tensors: Tensors, tag: int = 0) -> dist.Work:
-        raise NotImplementedError("hfreduce backend: recv (any source) is not supported (no point-to-point)")
+        raise NotImplementedError("hfreduce backend: recv from any source is not supported (name the source rank)")
 
     def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
         raise NotImplementedError("hfreduce backend: monitored_barrier is not supported (use barrier)")
@@ -347,6 +373,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     # ----- lifetime -----
 
     def shutdown(self) -> None:
+        self._p2p.close()
         self._thread.shutdown(wait=True)
         self.hf.close()
 
@@ -461,8 +488,30 @@ class Outcome:
         self._raw.set_result([])
 
     def work(self) -> dist.Work:
-        work: dist.Work = _create_work_from_future(self.future)
-        return work
+        return RaisingWork(self.future)
+
+
+class RaisingWork(dist.Work):
+    """A ``Work`` whose ``wait()`` raises the operation's error.
+
+    ``_create_work_from_future``'s work only waits for its future: a failed collective or transfer returned from
+    ``wait()`` (``dist.all_reduce``, ``dist.recv``) as if it had succeeded, its buffers unchanged. ``Future.wait()``
+    raises.
+    """
+
+    def __init__(self, future: Future[Tensors]) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> Future[Tensors]:
+        return self._future
 
 
 def _timeout_s(timeout: datetime.timedelta | None) -> float | None:
@@ -519,8 +568,7 @@ def _all_of(works: list[dist.Work], result: Tensors) -> dist.Work:
             part.wait()  # re-raises a part's error
         return result
 
-    work: dist.Work = _create_work_from_future(torch.futures.collect_all([w.get_future() for w in works]).then(check))
-    return work
+    return RaisingWork(torch.futures.collect_all([w.get_future() for w in works]).then(check))
 
 
 def _named(error: BaseException) -> BaseException:
