@@ -99,5 +99,6 @@ async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -
         await web.stop()
         await reader.close()
         await mgmtd.close()
+        await asyncio.to_thread(store.close)
         await asyncio.to_thread(sql.dispose)
     logger.info("telemetry stopped")

@@ -9,11 +9,13 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ff_store import open_store
 from ff_telemetry.core.errors import InvalidRequest, LimitExceeded
 from ff_telemetry.core.model import HOUR, MINUTE, Matcher, MatchOp, MetricMeta, MetricType, RangeQuery
+from ff_telemetry.core.packed import PackedSamples, decode
 from ff_telemetry.core.validation import Limits, PushBatch, RawSample, build_samples
 from ff_telemetry.store.api import TelemetryStore
 from ff_telemetry.store.query import Viewer
@@ -42,7 +44,9 @@ def clock() -> Clock:
 def tstore(db_url: str, clock: Clock) -> Iterator[TelemetryStore]:
     store = open_store(db_url, MIGRATIONS, VERSION_TABLE)
     limits = Limits(max_series_per_metric=50, max_sample_age_s=2 * 86_400.0)
-    yield TelemetryStore(store, limits=limits, retention=Retention(raw_s=86_400.0, lag_s=60.0), clock=clock)
+    tstore = TelemetryStore(store, limits=limits, retention=Retention(raw_s=86_400.0, lag_s=60.0), clock=clock)
+    yield tstore
+    tstore.close()
     store.dispose()
 
 
@@ -162,6 +166,39 @@ async def test_concurrent_pushes_commit_together_and_a_bad_one_fails_alone(tstor
     assert isinstance(results[2], InvalidRequest), results
     assert [r.num_stored for i, r in enumerate(results) if i != 2] == [10] * 4  # type: ignore[union-attr]
     assert {dict(s.labels)["pusher"] for s in tstore.list_series(None, ALL)} == {"0", "1", "3", "4"}
+
+
+async def test_packed_pushes_beside_a_samples_batch_all_commit_and_a_late_one_recomputes_buckets(
+    tstore: TelemetryStore, clock: Clock
+) -> None:
+    clock.now = T0 + 600
+    keys = [("req_total", (("pusher", str(i)),)) for i in range(8)]
+    registered = tstore.register(keys, COUNTER)
+
+    def packed(i: int, value: float, at: float) -> PackedSamples:
+        return decode(np.asarray(registered.series_ids[i : i + 1], "<i8").tobytes(), np.asarray([value]).tobytes(),
+                      np.asarray([at]).tobytes(), now=clock.now, limits=tstore.limits)  # fmt: skip
+
+    # Eight pushes and a PushSamples batch at once: packed ones share raw transactions, the batch its session's.
+    batch = PushBatch(build_samples([RawSample("g", {}, 1.0, T0 + 5)], {}, owner=None, now=clock.now,
+                                    limits=tstore.limits), ())  # fmt: skip
+    results = await asyncio.gather(
+        *(tstore.apush_packed(registered.epoch, packed(i, 10.0 * i, T0 + 10), None) for i in range(8)),
+        tstore.apush(batch),
+    )
+    assert [r.num_stored for r in results] == [1] * 9
+    tstore.run_retention()  # the minute [T0, T0 + 60) is done
+    await tstore.apush_packed(registered.epoch, packed(0, 5.0, T0 + 20), None)  # later in that minute
+    tstore.run_retention()
+    q = RangeQuery(name="req_total", start_at=T0 + 60, end_at=T0 + 60, step_s=1, lookback_s=60, rate=True,
+                   resolution_s=MINUTE, matchers=(Matcher("pusher", MatchOp.EQUAL, "0"),))  # fmt: skip
+    (series,) = tstore.query_range(q, ALL).series
+    assert series.points[0].value * 60 == 5.0  # 0 -> 5: the late sample's bucket was computed again
+    (rows,) = tstore.samples("req_total", (Matcher("pusher", MatchOp.EQUAL, "3"),), ALL, T0, T0 + 60)
+    assert [(r.at, r.value) for r in rows.rows] == [(T0 + 10, 30.0)]
+    tstore.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await tstore.apush_packed(registered.epoch, packed(1, 1.0, T0 + 30), None)
 
 
 def test_long_spans_read_the_minute_tier_and_an_oversized_raw_read_is_refused(

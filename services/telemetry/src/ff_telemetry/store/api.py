@@ -9,7 +9,6 @@ import asyncio
 import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -34,6 +33,8 @@ from ff_telemetry.core.packed import LatestTable, PackedSamples, SeriesTable
 from ff_telemetry.core.validation import USER_LABEL, Limits, PushBatch, SampleChecker, check_query
 from ff_telemetry.store import query as reads
 from ff_telemetry.store import schema
+from ff_telemetry.store.blocks import Block
+from ff_telemetry.store.group_commit import GroupCommitter
 from ff_telemetry.store.ingest import (
     IngestResult,
     Interned,
@@ -41,9 +42,9 @@ from ff_telemetry.store.ingest import (
     flush_latest,
     newest_of_all,
     prepare,
-    prepare_packed,
     register,
     write,
+    write_packed,
 )
 from ff_telemetry.store.query import Viewer
 from ff_telemetry.store.retention import JobReport, Retention, run_job
@@ -53,10 +54,6 @@ T = TypeVar("T")
 
 # Samples of the pushes written in one transaction at most.
 MAX_GROUP_SAMPLES = 50_000
-# A group smaller than this waits GROUP_LINGER_S for more pushes before its transaction: a transaction costs
-# about three pushes' worth of CPU, so waiting 2 ms for the pushes in flight makes ingest cheaper per sample.
-GROUP_MIN_SAMPLES = 2_000
-GROUP_LINGER_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -78,6 +75,15 @@ Queued = PushBatch | PackedSamples
 
 def _size(batch: Queued) -> int:
     return len(batch) if isinstance(batch, PackedSamples) else len(batch.samples)
+
+
+def _each(indices: list[int], write: Callable[[], list[PushResult | Exception]]) -> dict[int, PushResult | Exception]:
+    """The answers of a part of a group by its batches' indices; what ``write`` raised is each one's answer."""
+    try:
+        results = write()
+    except Exception as exc:
+        results = [exc] * len(indices)
+    return dict(zip(indices, results, strict=True))
 
 
 @dataclass(frozen=True)
@@ -115,8 +121,16 @@ class TelemetryStore:
         # The series registered for packed pushes; a random epoch per instance (ids are only valid here).
         self.series_table = SeriesTable(epoch=secrets.randbits(64))
         self._lock = threading.Lock()
-        self._queue: deque[tuple[Queued, asyncio.Future[PushResult]]] = deque()
-        self._writer: asyncio.Task[None] | None = None
+        # Packed pushes are written on a connection of their own with plain statements (ff_store.RawWriter).
+        self._raw = store.raw_writer()
+        self._ingest: GroupCommitter[Queued, PushResult] = GroupCommitter(
+            self._write_group, _size, MAX_GROUP_SAMPLES, name="telemetry-ingest"
+        )
+
+    def close(self) -> None:
+        """Write the pushes queued, stop the ingest thread and give its connection back (before dispose)."""
+        self._ingest.close()
+        self._raw.close()
 
     async def _thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.to_thread(fn)
@@ -149,36 +163,30 @@ class TelemetryStore:
         return await self.apush(samples)
 
     async def apush(self, batch: Queued) -> PushResult:
-        """``push`` with group commit: batches arriving while a transaction runs go into the next one
-        together (each still all or nothing), so many small pushes cost few commits."""
-        future: asyncio.Future[PushResult] = asyncio.get_running_loop().create_future()
-        self._queue.append((batch, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_queued())
-        return await future
+        """``push`` with group commit (ff_telemetry.store.group_commit): batches arriving while a transaction
+        runs go into the next one together (each still all or nothing), so many small pushes cost few commits."""
+        return await self._ingest.submit(batch)
 
-    async def _write_queued(self) -> None:
-        while self._queue:
-            if GROUP_LINGER_S and sum(_size(b) for b, _ in self._queue) < GROUP_MIN_SAMPLES:
-                await asyncio.sleep(GROUP_LINGER_S)  # let the pushes in flight join: fewer, larger transactions
-            group: list[tuple[Queued, asyncio.Future[PushResult]]] = []
-            size = 0
-            while self._queue and (not group or size + _size(self._queue[0][0]) <= MAX_GROUP_SAMPLES):
-                group.append(self._queue.popleft())
-                size += _size(group[-1][0])
-            try:
-                results = await asyncio.to_thread(self._push_group, [b for b, _ in group])
-            except Exception as exc:  # the database itself failed: every caller of the group hears it
-                results = [exc] * len(group)
-            for (_, future), result in zip(group, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+    def _write_group(self, batches: list[Queued]) -> list[PushResult | Exception]:
+        """The ingest thread's group: its packed pushes in one raw transaction, its PushSamples batches in a
+        session's (they intern series); a failure of one part is the answer to each batch of that part."""
+        packed = [(i, b) for i, b in enumerate(batches) if isinstance(b, PackedSamples)]
+        others = [(i, b) for i, b in enumerate(batches) if not isinstance(b, PackedSamples)]
+        answers: dict[int, PushResult | Exception] = {}
+        if packed:
+            answers.update(_each([i for i, _ in packed], lambda: self._push_packed([b for _, b in packed])))
+        if others:
+            answers.update(_each([i for i, _ in others], lambda: self._push_group([b for _, b in others])))
+        return [answers[i] for i in range(len(batches))]
 
-    def _push_group(self, batches: list[Queued]) -> list[PushResult | Exception]:
+    def _push_packed(self, pushes: list[PackedSamples]) -> list[PushResult | Exception]:
+        """Checked packed pushes (SeriesTable.check) in one transaction: nothing to intern, a block each."""
+        written = [Block(p.series_ids, p.ats, p.values) for p in pushes]
+        self._raw.run(lambda tx: write_packed(tx, written))
+        self._committed([], written)
+        return [PushResult(len(p), 0) for p in pushes]
+
+    def _push_group(self, batches: list[PushBatch]) -> list[PushResult | Exception]:
         """One transaction for the group; if it fails, each batch alone (so one bad batch fails alone)."""
         try:
             results = self.store.run(lambda s: self._ingest_all(s, batches))
@@ -186,32 +194,29 @@ class TelemetryStore:
             if len(batches) == 1:
                 return [exc]
             return [self._push_one(b) for b in batches]
-        self._committed(results)
+        self._committed(results, [r.block for r in results])
         return [PushResult(r.num_stored, len(r.new_series)) for r in results]
 
-    def _push_one(self, batch: Queued) -> PushResult | Exception:
+    def _push_one(self, batch: PushBatch) -> PushResult | Exception:
         try:
             (result,) = self._push_group([batch])
         except Exception as exc:
             return exc
         return result
 
-    def _ingest_all(self, session: Session, batches: list[Queued]) -> list[IngestResult]:
+    def _ingest_all(self, session: Session, batches: list[PushBatch]) -> list[IngestResult]:
         # The transaction only reads the cache (it may re-run); what it interned is added once committed.
         interned: dict[SeriesKey, Interned] = {}
         results = []
         for batch in batches:
-            if isinstance(batch, PackedSamples):
-                results.append(prepare_packed(session, batch))
-                continue
             result = prepare(session, batch.samples, batch.metadata, self._series, self.limits, interned)
             interned.update(result.new_series)
             results.append(result)
         write(session, results)
         return results
 
-    def _committed(self, results: list[IngestResult]) -> None:
-        newest = newest_of_all(results)  # one sort for the group
+    def _committed(self, results: list[IngestResult], written: list[Block]) -> None:
+        newest = newest_of_all(written)  # one sort for the group
         with self._lock:
             for result in results:
                 self._series.update(result.new_series)

@@ -65,15 +65,16 @@ class Block:
         return len(self.series_ids)
 
 
-def insert_blocks(session: Session, new: list[Block]) -> None:
-    """One executemany of plain tuples (no per-row parameter processing): the hot path of ingest."""
-    connection = session.connection()
-    mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
-    sql = (
+def insert_sql(mark: str) -> str:
+    """The INSERT of blocks, with the driver's placeholder ``mark`` (``?`` or ``%s``)."""
+    return (
         f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) VALUES ({mark}, {mark}, {mark}, {mark})"
     )
-    rows = [(float(b.ats.min()), float(b.ats.max()), len(b), pack(b.series_ids, b.ats, b.values)) for b in new]
-    connection.exec_driver_sql(sql, rows)
+
+
+def rows(new: list[Block]) -> list[tuple[float, float, int, bytes]]:
+    """The rows of ``insert_sql`` for blocks: plain tuples, no per-row parameter processing."""
+    return [(float(b.ats.min()), float(b.ats.max()), len(b), pack(b.series_ids, b.ats, b.values)) for b in new]
 
 
 def read(

@@ -2,6 +2,8 @@
 
 Cheap for large batches: the series of a batch are found in a process cache (the ids never change),
 only new ones go to the database, and the samples are one row (a block, ff_telemetry.store.blocks).
+Packed pushes (series registered before) intern nothing: ``write_packed`` stores their blocks with plain
+statements on the collector's raw writer (ff_store.RawWriter), not in a session.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
+from ff_store import RawTransaction
 from ff_telemetry.core import packed, validation
 from ff_telemetry.core.errors import LimitExceeded
 from ff_telemetry.core.model import Kind, Labels, MetricMeta, MetricType, Sample
@@ -37,15 +40,15 @@ class IngestResult:
     block: blocks.Block
 
 
-def newest_of_all(results: list[IngestResult]) -> tuple[packed.Int64s, packed.Floats, packed.Floats]:
-    """Per series of the batches, its newest sample (of equal times, the later batch's): ids, times, values."""
-    if len(results) == 1:
-        b = results[0].block
+def newest_of_all(written: list[blocks.Block]) -> tuple[packed.Int64s, packed.Floats, packed.Floats]:
+    """Per series of the blocks, its newest sample (of equal times, the later block's): ids, times, values."""
+    if len(written) == 1:
+        b = written[0]
         return packed.newest_per_series(b.series_ids, b.ats, b.values)
     return packed.newest_per_series(
-        np.concatenate([r.block.series_ids for r in results]),
-        np.concatenate([r.block.ats for r in results]),
-        np.concatenate([r.block.values for r in results]),
+        np.concatenate([b.series_ids for b in written]),
+        np.concatenate([b.ats for b in written]),
+        np.concatenate([b.values for b in written]),
     )
 
 
@@ -97,11 +100,6 @@ def prepare(
     return IngestResult(len(sids), new_series, block)
 
 
-def prepare_packed(session: Session, samples: packed.PackedSamples) -> IngestResult:
-    """A checked packed push (SeriesTable.check): nothing to intern, one block."""
-    return IngestResult(len(samples), {}, blocks.Block(samples.series_ids, samples.ats, samples.values))
-
-
 def register(
     session: Session,
     keys: list[SeriesKey],
@@ -126,8 +124,21 @@ def write(session: Session, results: list[IngestResult]) -> None:
     """The samples of prepared batches: one block row each, in one statement."""
     written = [r.block for r in results if len(r.block)]
     if written:
-        blocks.insert_blocks(session, written)
-        _mark_dirty(session, min(float(b.ats.min()) for b in written))
+        connection = session.connection()
+        mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
+        connection.exec_driver_sql(blocks.insert_sql(mark), blocks.rows(written))
+        earliest_at = min(float(b.ats.min()) for b in written)
+        connection.exec_driver_sql(mark_dirty_sql(mark), (earliest_at,) * 3)
+
+
+def write_packed(tx: RawTransaction, written: list[blocks.Block]) -> None:
+    """The samples of checked packed pushes (SeriesTable.check): one block row each, in one statement, and
+    one watermark update, on a raw writer's transaction."""
+    rows = blocks.rows([b for b in written if len(b)])
+    if rows:
+        tx.executemany(blocks.insert_sql(tx.mark), rows)
+        earliest_at = min(row[0] for row in rows)
+        tx.execute(mark_dirty_sql(tx.mark), (earliest_at,) * 3)
 
 
 def flush_latest(session: Session, latest: Mapping[int, tuple[float, float]]) -> None:
@@ -220,13 +231,11 @@ def _check_cardinality(session: Session, new: list[SeriesKey], limits: validatio
             )
 
 
-def _mark_dirty(session: Session, earliest_at: float) -> None:
-    """Samples older than a tier's watermark make their buckets be computed again. Plain SQL: it runs
+def mark_dirty_sql(mark: str) -> str:
+    """Samples older than a tier's watermark make their buckets be computed again: the UPDATE, whose three
+    parameters are the earliest sample time written, ``mark`` the driver's placeholder. Plain SQL: it runs
     once per group commit, on the hot path (building the expression cost more than running it)."""
-    connection = session.connection()
-    mark = "%s" if connection.dialect.paramstyle in ("format", "pyformat") else "?"
-    sql = (
+    return (
         f"UPDATE {schema.watermarks.name} SET dirty_since = {mark} "
         f"WHERE done_until > {mark} AND (dirty_since IS NULL OR dirty_since > {mark})"
     )
-    connection.exec_driver_sql(sql, (earliest_at, earliest_at, earliest_at))
