@@ -65,7 +65,7 @@ class Momentum:
             p.grad = None
 
 
-def reference(dp: int) -> dict[str, torch.Tensor]:
+def reference(dp: int) -> torch.nn.Sequential:
     """One process, the whole global batch per step, the mean loss over it."""
     net = mlp(seed=7)
     opt = Momentum(net.parameters())
@@ -73,7 +73,7 @@ def reference(dp: int) -> dict[str, torch.Tensor]:
         x, y = global_batch(step, dp)
         torch.nn.functional.mse_loss(net(x), y).backward()
         opt.step()
-    return dict(net.named_parameters())
+    return net
 
 
 def criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -101,9 +101,14 @@ def train(kind: str, *, ddp: bool, offset: bool, dp_group: Any, pp_group: Any) -
         report["offset_s"].append(model.stats.offset_s)
         report["peak_activation_bytes"] = model.stats.peak_activation_bytes
         report["peak_in_flight"] = model.stats.peak_in_flight
-    want = reference(dp)
+    ref = reference(dp)
+    want = dict(ref.named_parameters())
     bare = stage.module if isinstance(stage, DistributedDataParallel) else stage
     report["max_abs_diff"] = max(float((p.detach() - want[n].detach()).abs().max()) for n, p in bare.named_parameters())
+    with torch.no_grad():  # evaluation: forwards only, the outputs on the last stage
+        x_eval = torch.randn(CHUNKS * 3, 6, generator=torch.Generator().manual_seed(5))
+        out = model(x_eval)
+        report["eval_diff"] = None if out is None else float((out - ref(x_eval)).abs().max())
     report["params"] = sorted(n for n, _ in bare.named_parameters())
     if isinstance(stage, DistributedDataParallel):
         stage.reducer.stop()
@@ -192,6 +197,24 @@ def scenario_bubble(rank: int, world: int) -> dict[str, Any]:
     return report
 
 
+def scenario_offset(rank: int, world: int) -> dict[str, Any]:
+    """pp=2 x dp=2, DDP, one fixed-cost layer per stage: when stage 0's activation sends leave, per replica, with
+    and without ``offset_replicas`` (ranks 0 and 1, stage 0 of replicas 0 and 1, share node 0)."""
+    dp_group, pp_group = make_subgroups(pp_size=2)
+    forward_s = float(os.environ["TEST_FORWARD_S"])
+    report: dict[str, Any] = {}
+    for offset in (False, True):
+        layers = torch.nn.Sequential(*[FixedCost(forward_s, 2 * forward_s) for _ in range(2)])
+        stage = DistributedDataParallel(partition(layers, pp_group.rank(), 2), process_group=dp_group)
+        model = PipeDream(stage, CHUNKS, process_group=pp_group, offset_replicas=offset)
+        for _ in range(3):
+            x, y = torch.randn(CHUNKS, 8), torch.randn(CHUNKS, 8)
+            model.forward_backward(x, criterion=lambda out, y: (out - y).pow(2).mean(), labels=(y,))
+        report["offset" if offset else "plain"] = {"sends": model.stats.send_times, "offset_s": model.stats.offset_s}
+        stage.reducer.stop()
+    return report
+
+
 def scenario_kill(rank: int, world: int) -> dict[str, Any]:
     """pp=2 x dp=2 with DDP: rank TEST_VICTIM SIGKILLs itself in the forward of the third micro-batch of its
     second step; the others report what they saw."""
@@ -225,7 +248,7 @@ def scenario_kill(rank: int, world: int) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {"train": scenario_train, "bubble": scenario_bubble, "kill": scenario_kill}
+SCENARIOS = {"train": scenario_train, "bubble": scenario_bubble, "offset": scenario_offset, "kill": scenario_kill}
 
 
 def main() -> None:

@@ -86,6 +86,8 @@ def test_pipeline_alone_trains_like_one_process(pp2: list[dict[str, Any]], kind:
         run = res[kind]
         assert run["max_abs_diff"] <= TOLERANCE, (rank, run)
         assert run["params"] == (["0.bias", "0.weight", "2.bias", "2.weight"] if rank == 0 else ["4.bias", "4.weight"])
+        # model(x) after training: forwards only, the outputs on the last stage, the reference model's
+        assert run["eval_diff"] is None if rank == 0 else run["eval_diff"] <= TOLERANCE, (rank, run)
     assert len(pp2[1][kind]["losses"]) == 3 and not pp2[0][kind]["losses"]  # losses on the last stage only
 
 
@@ -116,6 +118,24 @@ def test_offset_replicas_start_later_on_a_shared_node_with_the_same_result(pp2dp
     last = [pp2dp2[rank] for rank in (2, 3)]
     for res in last:  # the losses are those of the schedule without the offset, bit for bit
         assert res["1f1b offset"]["losses"] == res["1f1b"]["losses"]
+
+
+def test_offset_replicas_send_apart(torch_forks: ForkServer, tmp_path: Path) -> None:
+    """The NIC fix's point, measured: stage 0 of replicas 0 and 1 (one node) with a fixed 20 ms forward and 40 ms
+    backward per micro-batch. Without the offset their activation sends leave together (median gap under 10 ms,
+    1 ms seen: DDP's reduction lines the replicas up every step); with it replica 1's leave half a slot later."""
+    results = _ok(launch(torch_forks, tmp_path, 4, "offset", {"TEST_FORWARD_S": "0.02"}))
+
+    def gap_ms(kind: str) -> float:
+        first, second = results[0][kind]["sends"], results[1][kind]["sends"]
+        assert len(first) == len(second) == 4
+        return 1e3 * statistics.median(b - a for a, b in zip(first, second, strict=True))
+
+    assert abs(gap_ms("plain")) < 10, gap_ms("plain")
+    assert 20 <= gap_ms("offset") <= 60, gap_ms("offset")  # 31-35 ms seen
+    # half the slot measured at the previous step: at least 60 ms of sleeps (plus their overshoot, 65 ms seen)
+    assert 0.030 <= results[1]["offset"]["offset_s"] <= 0.05, results[1]["offset"]
+    assert results[0]["offset"]["offset_s"] == 0
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe(pp2: list[dict[str, Any]]) -> None:
