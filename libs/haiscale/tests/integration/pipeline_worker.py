@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from haiscale.ddp import DistributedDataParallel
-from haiscale.pipeline import GPipe, PipeDream, Pipeline, make_subgroups, partition
+from haiscale.pipeline import GPipe, PipeDream, Pipeline, SequentialModel, make_subgroups, partition
 
 STEPS = 3
 CHUNKS = 4
@@ -115,6 +115,56 @@ def train(kind: str, *, ddp: bool, offset: bool, dp_group: Any, pp_group: Any) -
     return report
 
 
+class Embed(torch.nn.Module):
+    """A first layer that passes three tensors on: features, an index (int64), a mask (bool)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.lin(x), torch.arange(8).flip(0), x[:, :1] > 0
+
+
+class Mix(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, h: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.tanh(self.lin(h[:, idx])) * mask + h, idx, mask
+
+
+class Head(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 3)
+
+    def forward(self, h: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.lin(h)
+
+
+def tuple_model() -> SequentialModel:
+    torch.manual_seed(11)
+    return SequentialModel(Embed(), Mix(), Mix(), Head())
+
+
+def train_tuples(pp_group: Any) -> float:
+    """A SequentialModel whose stages pass (float, int64, bool) tensors on, as HaiScale's GraphCast example's
+    do: 1F1B against one process."""
+    model = PipeDream(partition(tuple_model(), pp_group.rank(), 2, balance=[2, 2]), CHUNKS, pp_group)
+    ref = tuple_model()
+    opt, ref_opt = Momentum(model.parameters()), Momentum(ref.parameters())
+    for step in range(STEPS):
+        x, y = global_batch(step, 1)
+        model.forward_backward(x, criterion=criterion, labels=(y,))
+        opt.step()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    want = dict(ref.named_parameters())
+    return max(float((p.detach() - want[n].detach()).abs().max()) for n, p in model.module.named_parameters())
+
+
 def scenario_train(rank: int, world: int) -> dict[str, Any]:
     dp_group, pp_group = make_subgroups(pp_size=int(os.environ["TEST_PP"]))
     ddp = dp_group.size() > 1
@@ -123,6 +173,8 @@ def scenario_train(rank: int, world: int) -> dict[str, Any]:
         report[kind] = train(kind, ddp=ddp, offset=False, dp_group=dp_group, pp_group=pp_group)
     if ddp:
         report["1f1b offset"] = train("1f1b", ddp=True, offset=True, dp_group=dp_group, pp_group=pp_group)
+    else:
+        report["tuples max_abs_diff"] = train_tuples(pp_group)
     report["errors"] = bad_calls(pp_group)
     return report
 

@@ -102,6 +102,13 @@ def test_stages_sending_over_the_hfreduce_backend_train_as_over_gloo(
         assert all(res[kind]["max_abs_diff"] <= TOLERANCE for res in results)
 
 
+def test_stages_passing_several_tensors_train_like_one_process(pp2: list[dict[str, Any]]) -> None:
+    """A SequentialModel cut where it passes (float features, int64 index, bool mask): only the features get
+    a gradient back; 1F1B ends where one process does."""
+    for res in pp2:
+        assert res["tuples max_abs_diff"] <= TOLERANCE, res
+
+
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b", "1f1b offset"])
 def test_pipeline_with_ddp_across_replicas_trains_like_one_process(pp2dp2: list[dict[str, Any]], kind: str) -> None:
     for rank, res in enumerate(pp2dp2):
