@@ -1,6 +1,8 @@
 """Raw samples as blocks: one row per pushed batch, its (series id, time, value) triples packed in a blob.
 
-Writing a batch of 500 samples is one row (not 500 index entries): that is what makes ingest cheap. Reads
+Writing a batch of 500 samples is one row (not 500 index entries): that is what makes ingest cheap. A
+blob has one of two layouts, told apart by its length (``pack``); the compact one halves what a push
+stamped at receipt writes (6 KB instead of 12 KB for 500 samples: fewer pages in the WAL and the file). Reads
 decode the blocks that overlap a window with numpy and keep the wanted series; where two blocks hold the
 same series and time, the later block wins (a retried push replaces). Raw is the short-lived tier (the
 job turns it into 1-minute buckets), so reads stay within hours.
@@ -20,16 +22,47 @@ from ff_telemetry.core.errors import LimitExceeded
 from ff_telemetry.store import schema
 
 _SID = np.dtype("<i8")
+_SID32 = np.dtype("<i4")
 _F64 = np.dtype("<f8")
+_MAX_SID32 = 2**31 - 1
+Int64s = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
 
 
 def pack(series_ids: npt.ArrayLike, ats: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
-    """The blob of a block: all ids, then all times, then all values (little-endian; NaN stays NaN)."""
-    return (
-        np.asarray(series_ids, dtype=_SID).tobytes()
-        + np.asarray(ats, dtype=_F64).tobytes()
-        + np.asarray(values, dtype=_F64).tobytes()
-    )
+    """The blob of a block of n samples, little-endian (NaN stays NaN), in one of two layouts:
+
+    - 24 n bytes: all ids (int64), then all times, then all values;
+    - 12 n + 8 bytes (compact), when every sample has the same time and every id fits in 31 bits (a push
+      stamped at receipt): all ids (int32), the one time, then all values.
+
+    ``unpack`` tells them apart by the length: 24 n = 12 n + 8 has no whole solution.
+    """
+    times = np.asarray(ats, dtype=_F64)
+    same_time = len(times) > 0 and bool(times.min() == times.max())
+    return _pack(np.asarray(series_ids, dtype=_SID), times, np.asarray(values, dtype=_F64), same_time)
+
+
+def _pack(sids: Int64s, ats: Floats, values: Floats, same_time: bool) -> bytes:
+    if same_time and len(sids) and int(sids.min()) >= 0 and int(sids.max()) <= _MAX_SID32:
+        return sids.astype(_SID32).tobytes() + ats[:1].tobytes() + values.tobytes()
+    return sids.tobytes() + ats.tobytes() + values.tobytes()
+
+
+def unpack(count: int, data: bytes) -> tuple[Int64s, Floats, Floats]:
+    """Ids, times and values of a blob of ``count`` samples, in either layout of ``pack``."""
+    n = count
+    if len(data) == 24 * n:
+        return (
+            np.frombuffer(data, _SID, n, 0),
+            np.frombuffer(data, _F64, n, 8 * n),
+            np.frombuffer(data, _F64, n, 16 * n),
+        )
+    if len(data) == 12 * n + 8:
+        at = float(np.frombuffer(data, _F64, 1, 4 * n)[0])
+        sids = np.frombuffer(data, _SID32, n, 0).astype(_SID)
+        return sids, np.full(n, at), np.frombuffer(data, _F64, n, 4 * n + 8)
+    raise ValueError(f"a block of {n} samples cannot have {len(data)} bytes")
 
 
 @dataclass(frozen=True)
@@ -74,7 +107,13 @@ def insert_sql(mark: str) -> str:
 
 def rows(new: list[Block]) -> list[tuple[float, float, int, bytes]]:
     """The rows of ``insert_sql`` for blocks: plain tuples, no per-row parameter processing."""
-    return [(float(b.ats.min()), float(b.ats.max()), len(b), pack(b.series_ids, b.ats, b.values)) for b in new]
+    out = []
+    for b in new:
+        ats = np.asarray(b.ats, dtype=_F64)
+        lo, hi = float(ats.min()), float(ats.max())
+        sids, values = np.asarray(b.series_ids, dtype=_SID), np.asarray(b.values, dtype=_F64)
+        out.append((lo, hi, len(b), _pack(sids, ats, values, lo == hi)))
+    return out
 
 
 def read(
@@ -104,9 +143,10 @@ def read(
     if not parts:
         empty = np.empty(0)
         return RawPoints(empty.astype(_SID), empty, empty)
-    sids = np.concatenate([np.frombuffer(d, _SID, n, 0) for n, d in parts])
-    ats = np.concatenate([np.frombuffer(d, _F64, n, 8 * n) for n, d in parts])
-    values = np.concatenate([np.frombuffer(d, _F64, n, 16 * n) for n, d in parts])
+    decoded = [unpack(n, data) for n, data in parts]
+    sids = np.concatenate([d[0] for d in decoded])
+    ats = np.concatenate([d[1] for d in decoded])
+    values = np.concatenate([d[2] for d in decoded])
     keep = ((ats >= lo) & (ats < hi)) if closed_low else ((ats > lo) & (ats <= hi))
     if wanted is not None:
         keep &= np.isin(sids, np.fromiter(wanted, dtype=_SID, count=len(wanted)))
