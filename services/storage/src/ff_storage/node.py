@@ -1,24 +1,41 @@
 """The storage node: its targets, the CRAQ update pipeline (head and replicas), reads, recovery, repair.
 
-Decisions come from ``core`` (IO checks, version rules, sync diff, the target's state machine); disk
-work runs in threads on the chunk engine; the node does the ordering, locking and the calls to the
-other replicas. It is put together from one module per path: ``node_base`` (targets, routing, locks),
-``writes`` (CRAQ), ``reads``, ``recovery`` (sync and repair).
+Decisions come from ``core`` (IO checks, version rules, sync diff, the target's state machine); disk work runs in
+threads on the chunk engine. The node is its state and four collaborators, each given what it uses:
+
+- ``node_state.NodeState``: targets, the routing followed, per-chunk locks, the lease, background tasks;
+- ``peers.Peers``: calls to the other storage nodes and the forward wire;
+- ``writes.ChainWriter``: the CRAQ update pipeline (state, peers, and recovery for repairs at the head);
+- ``reads.ChunkReader``: chunk reads (state, and recovery for repairs of a damaged copy);
+- ``recovery.Recovery``: sync of a returning target and repair of a damaged chunk (state, peers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ff_storage.node_base import NodeConfig, Target
-from ff_storage.reads import ReadPath
+from ff_storage.dataserver import TransferBoxes
+from ff_storage.node_state import NodeConfig, NodeState, Target
+from ff_storage.peers import Peers
+from ff_storage.reads import ChunkReader
 from ff_storage.recovery import Recovery
+from ff_storage.writes import ChainWriter
 
 __all__ = ["NodeConfig", "StorageNode", "Target"]
 
 
-class StorageNode(Recovery, ReadPath):
-    """One storage service's node: ``NodeBase`` state with the write, read and recovery paths."""
+class StorageNode:
+    """One storage service's node, put together (see the module doc)."""
 
+    def __init__(self, config: NodeConfig, boxes: TransferBoxes) -> None:
+        self.state = NodeState(config, boxes)
+        self.peers = Peers(self.state)
+        self.recovery = Recovery(self.state, self.peers)
+        self.writer = ChainWriter(self.state, self.peers, self.recovery)
+        self.reader = ChunkReader(self.state, self.recovery)
 
-Factory = Callable[[], StorageNode]
+    async def close_channels(self) -> None:
+        await self.peers.close_channels()
+
+    def close(self) -> None:
+        """The data-path connections, then the chunk engines (after ``state.finish_updates``)."""
+        self.peers.close()
+        self.state.close()

@@ -1,5 +1,6 @@
-"""The read path: chunk reads from any serving replica, verified against their checksums, staged for the
-reader's pull on the data path (or inline); a damaged copy asks the head for a repair."""
+"""The read path (``ChunkReader``): chunk reads from any serving replica, verified against their checksums,
+staged for the reader's pull on the data path (or inline); a damaged copy asks the head for a repair
+(``RepairRequests``: recovery)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Protocol
 
 from ff_storage.core.chunks import (
     ChunkKey,
@@ -15,7 +17,7 @@ from ff_storage.core.chunks import (
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, TooCostly
 from ff_storage.io_stats import READ
-from ff_storage.node_base import NodeBase, Target
+from ff_storage.node_state import NodeState, Target
 from ff_storage.store.chunk_engine import Pending
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
@@ -23,8 +25,17 @@ from hf3fs.checksum import crc32c_of
 logger = logging.getLogger(__name__)
 
 
-class ReadPath(NodeBase):
-    # ---- read ----
+class RepairRequests(Protocol):
+    """What the reader asks of recovery: have the chain's head rewrite damaged chunks from a good copy."""
+
+    async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None: ...
+
+
+class ChunkReader:
+    """Chunk reads of one node's targets (see the module doc)."""
+
+    def __init__(self, state: NodeState, repairs: RepairRequests) -> None:
+        self.state, self.repairs = state, repairs
 
     async def batch_read(
         self, ios: list[spb.ReadIO], transport: int, owner: str
@@ -37,7 +48,7 @@ class ReadPath(NodeBase):
         parts = [p for p in found if p is not None]
         if not parts:
             return results, "", 0
-        return results, transfer_id, self.boxes.stage(transfer_id, owner, parts)
+        return results, transfer_id, self.state.boxes.stage(transfer_id, owner, parts)
 
     async def read_parts(
         self, ios: list[spb.ReadIO], *, bulk: bool, transfer_id: str = ""
@@ -62,13 +73,13 @@ class ReadPath(NodeBase):
     def _check_reads(self, ios: list[spb.ReadIO], bulk: bool) -> None:
         """What a BatchRead may cost, before any work: IOs, bytes in all (less inline, where each is copied
         into the answer), no IO asked twice (the same range read again costs again and brings nothing)."""
-        self.check_count("IOs", len(ios))
+        self.state.check_count("IOs", len(ios))
         seen: dict[tuple[int, int, int, int, int, bool], int] = {}
         total = 0
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
             try:
-                check_read_range(io.offset_bytes, io.length_bytes, self.config.max_io_bytes)
+                check_read_range(io.offset_bytes, io.length_bytes, self.state.config.max_io_bytes)
             except InvalidRequest as exc:
                 raise InvalidRequest(f"ios[{n}]: {exc}") from None
             what = (io.chain_id, io.chunk_id.inode_id, io.chunk_id.chunk_index, io.offset_bytes, io.length_bytes,
@@ -76,23 +87,23 @@ class ReadPath(NodeBase):
             if (first := seen.setdefault(what, n)) != n:
                 raise InvalidRequest(f"ios[{n}] asks for the same range as ios[{first}]")
             total += io.length_bytes
-        limit = self.config.max_read_batch_bytes
+        limit = self.state.config.max_read_batch_bytes
         if not bulk:
-            limit = min(limit, self.config.max_inline_read_bytes)
+            limit = min(limit, self.state.config.max_inline_read_bytes)
         if total > limit:
             raise TooCostly(f"reads of {total} bytes in one call{'' if bulk else ' inline'}: the limit is {limit}")
 
     def _read_counted(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
         started = time.perf_counter()
         res, data = self._read_one(io)
-        target = self._target_of_chain(io.chain_id) if data is not None else None
+        target = self.state.target_of_chain(io.chain_id) if data is not None else None
         if target is not None:
-            self.io_stats.record(READ, target.target_id, len(data or b""), time.perf_counter() - started)
+            self.state.io_stats.record(READ, target.target_id, len(data or b""), time.perf_counter() - started)
         return res, data
 
     def _read_one(self, io: spb.ReadIO) -> tuple[spb.ReadResult, memoryview | None]:
-        target = self._target_of_chain(io.chain_id)
-        if target is None or not target.role.may_read(self.lease_ok):
+        target = self.state.target_of_chain(io.chain_id)
+        if target is None or not target.role.may_read(self.state.lease_ok):
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, message="not serving reads"), None
         if target.role.chain_version != io.chain_version:
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION,
@@ -133,7 +144,7 @@ class ReadPath(NodeBase):
 
     def _loop_spawn(self, target: Target, key: ChunkKey) -> None:
         loop = self._loop
-        loop.call_soon_threadsafe(lambda: self.spawn(self.request_repair(target, [key])))
+        loop.call_soon_threadsafe(lambda: self.state.spawn(self.repairs.request_repair(target, [key])))
 
     _loop: asyncio.AbstractEventLoop
 
@@ -141,15 +152,15 @@ class ReadPath(NodeBase):
         self._loop = asyncio.get_running_loop()
 
     def query_last_all(self, queries: list[spb.LastChunkQuery]) -> list[spb.LastChunkResult]:
-        self.check_count("queries", len(queries))
+        self.state.check_count("queries", len(queries))
         for q in queries:
             check_chunk_id(q.inode_id, q.begin_chunk_index)
         return [self.query_last(q) for q in queries]
 
     def query_last(self, q: spb.LastChunkQuery) -> spb.LastChunkResult:
         check_chunk_id(q.inode_id, q.begin_chunk_index)
-        target = self._target_of_chain(q.chain_id)
-        if target is None or not target.role.may_read(self.lease_ok):
+        target = self.state.target_of_chain(q.chain_id)
+        if target is None or not target.role.may_read(self.state.lease_ok):
             return spb.LastChunkResult(status=spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING)
         if target.role.chain_version != q.chain_version:
             return spb.LastChunkResult(status=spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION)

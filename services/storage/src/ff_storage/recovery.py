@@ -19,9 +19,10 @@ from ff_storage.core.chunks import (
     sync_diff,
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public
-from ff_storage.node_base import Target, Update, _res
-from ff_storage.writes import WritePath
+from ff_storage.node_state import NodeState, Target, Update, result_of
+from ff_storage.peers import Peers
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
@@ -32,47 +33,53 @@ logger = logging.getLogger(__name__)
 SYNC_BATCH = 16
 
 
-class Recovery(WritePath):
+class Recovery:
+    """Repair and sync of one node's targets (see the module doc)."""
+
+    def __init__(self, state: NodeState, peers: Peers) -> None:
+        self.state, self.peers = state, peers
+        self._syncing: set[tuple[int, int, int]] = set()  # (chain, target synced, chain version) under way
+
     # ---- repair ----
 
     async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
         """Ask the chain's head to rewrite these chunks everywhere from a good copy."""
-        chain = self.view.chain(target.record.chain_id) if self.view else None
+        chain = self.state.view.chain(target.record.chain_id) if self.state.view else None
         if chain is None or not chain.targets:
             return
         chunk_ids = [spb.ChunkId(inode_id=k[0], chunk_index=k[1]) for k in keys]
         request = spb.RepairChunksRequest(chain_id=chain.chain_id, chain_version=chain.version, chunk_ids=chunk_ids)
         try:
-            if chain.targets[0].node_id == self.node_id:
+            if chain.targets[0].node_id == self.state.node_id:
                 await self.repair(request)
             else:
-                await self._rpc.unary(self._stub(chain.targets[0].node_id).RepairChunks, request)
+                await self.peers.rpc.unary(self.peers.stub(chain.targets[0].node_id).RepairChunks, request)
             logger.warning("repaired chunk(s) %s of chain %d", keys, chain.chain_id)
         except Exception:
             logger.exception("repair of %s failed", keys)
 
-    async def repair(self, request: spb.RepairChunksRequest) -> list[spb.UpdateResult]:
-        self.check_count("chunk ids", len(request.chunk_ids))
+    async def repair(self, request: spb.RepairChunksRequest) -> list[UpdateResult]:
+        self.state.check_count("chunk ids", len(request.chunk_ids))
         keys = [check_chunk_id(cid.inode_id, cid.chunk_index) for cid in request.chunk_ids]
         if len(set(keys)) != len(keys):
             raise InvalidRequest("a chunk id is repeated")
-        target = self._target_of_chain(request.chain_id)
+        target = self.state.target_of_chain(request.chain_id)
         if target is None:
             raise InvalidRequest(f"no target of chain {request.chain_id} on this node")
-        pos = self._position(target)
+        pos = self.state.position(target)
         if pos is None or pos[1] != 0:
             raise InvalidRequest(f"target {target.target_id} is not the head of chain {request.chain_id}")
         chain = pos[0]
         results = []
         for key in keys:
-            async with self.locks.hold(target.target_id, [key]):
+            async with self.state.locks.hold(target.target_id, [key]):
                 results.append(await self._repair_one(target, chain, key))
         return results
 
-    async def _repair_one(self, target: Target, chain: mpb.Chain, key: ChunkKey) -> spb.UpdateResult:
+    async def _repair_one(self, target: Target, chain: mpb.Chain, key: ChunkKey) -> UpdateResult:
         meta = target.engine.get(key)
         if meta is None or not meta.committed_version:
-            return _res(spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, "head has no committed copy")
+            return result_of(IoStatus.CHUNK_NOT_FOUND, "head has no committed copy")
         own_bad = False
         try:
             got = await asyncio.to_thread(target.engine.read_committed, key)
@@ -86,14 +93,14 @@ class Recovery(WritePath):
                 read = spb.ReadIO(chain_id=chain.chain_id, chain_version=chain.version, chunk_id=cid,
                                   length_bytes=meta.length)  # fmt: skip
                 with contextlib.suppress(RpcError, ConnectionError):
-                    resp = await self._rpc.unary(self._stub(other.node_id).BatchRead, spb.BatchReadRequest(
+                    resp = await self.peers.rpc.unary(self.peers.stub(other.node_id).BatchRead, spb.BatchReadRequest(
                         ios=[read], transport=spb.DATA_TRANSPORT_INLINE))  # fmt: skip
                     r = resp.results[0]
-                    if r.status == spb.CHUNK_IO_STATUS_OK and crc32c_of(r.inline_data) == meta.checksum:
+                    if r.status == IoStatus.OK and crc32c_of(r.inline_data) == meta.checksum:
                         content = r.inline_data
                         break
             else:
-                return _res(spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, "no good copy found")
+                return result_of(IoStatus.CHECKSUM_MISMATCH, "no good copy found")
         up = self._full_replace(target, key, meta, content)
         if own_bad:
             pend = await asyncio.to_thread(target.engine.write_pending,
@@ -102,16 +109,16 @@ class Recovery(WritePath):
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
                 with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError, DecodeError):
-                    await self._send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
-        return _res(spb.CHUNK_IO_STATUS_OK, "repaired", meta.committed_version, target.engine.get(key))
+                    await self.peers.send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
+        return result_of(IoStatus.OK, "repaired", meta.committed_version, target.engine.get(key))
 
     async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
-        pos = self._position(target)
+        pos = self.state.position(target)
         if pos is None or pos[1] != 0:
             return False
         result = await self._repair_one(target, pos[0], key)
         logger.warning("repaired chunk %s of chain %d before an update: %s", key, pos[0].chain_id, result.message)
-        return result.status == spb.CHUNK_IO_STATUS_OK
+        return result.status == IoStatus.OK
 
     @staticmethod
     def _full_replace(target: Target, key: ChunkKey, meta: ChunkMeta, content: bytes) -> Update:
@@ -125,7 +132,7 @@ class Recovery(WritePath):
     # ---- recovery ----
 
     def dump_chunk_meta(self, target_id: int) -> list[spb.ChunkMeta]:
-        target = self.get_target(target_id)
+        target = self.state.get_target(target_id)
         return [
             spb.ChunkMeta(
                 chunk_id=spb.ChunkId(inode_id=m.inode_id, chunk_index=m.chunk_index), chain_version=m.chain_version,
@@ -136,7 +143,7 @@ class Recovery(WritePath):
         ]  # fmt: skip
 
     def complete_sync(self, target_id: int, chain_version: int) -> None:
-        target = self.get_target(target_id)
+        target = self.state.get_target(target_id)
         if target.role.public is not Public.SYNCING:
             raise InvalidRequest(f"target {target_id} is not syncing")
         target.role.sync_done(chain_version)
@@ -145,8 +152,8 @@ class Recovery(WritePath):
     async def sync_loop(self, stop: asyncio.Event, interval_s: float) -> None:
         """Start a sync for every chain where this node's serving target precedes a syncing one."""
         while not stop.is_set():
-            for target in list(self.targets.values()):
-                succ = self._successor(target)
+            for target in list(self.state.targets.values()):
+                succ = self.state.successor(target)
                 if succ is None or target.role.public is not Public.SERVING:
                     continue
                 chain, nxt = succ
@@ -155,7 +162,7 @@ class Recovery(WritePath):
                 job = (chain.chain_id, nxt.target_id, chain.version)
                 if Public(nxt.public_state) is Public.SYNCING and job not in self._syncing:
                     self._syncing.add(job)
-                    self.spawn(self._sync(target, chain, nxt, job))
+                    self.state.spawn(self._sync(target, chain, nxt, job))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
 
@@ -163,11 +170,11 @@ class Recovery(WritePath):
         try:
             logger.info("syncing target %d from %d (chain %d v%d)", nxt.target_id, target.target_id, chain.chain_id,
                         chain.version)  # fmt: skip
-            stub = self._stub(nxt.node_id)
+            stub = self.peers.stub(nxt.node_id)
             remote = {}
             dump = spb.DumpChunkMetaRequest(chain_id=chain.chain_id, chain_version=chain.version,
                                             target_id=nxt.target_id)  # fmt: skip
-            async for batch in self._rpc.stream(stub.DumpChunkMeta, dump, timeout_s=60):
+            async for batch in self.peers.rpc.stream(stub.DumpChunkMeta, dump, timeout_s=60):
                 for m in batch.chunks:
                     remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
             plan = sync_diff(target.engine.committed_metas(), remote)
@@ -175,7 +182,7 @@ class Recovery(WritePath):
             removed = 0
             for i in range(0, len(keys), SYNC_BATCH):
                 removed += await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
-            await self._rpc.unary(stub.CompleteSync, spb.CompleteSyncRequest(
+            await self.peers.rpc.unary(stub.CompleteSync, spb.CompleteSyncRequest(
                 chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id))  # fmt: skip
             logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed,
                         removed)  # fmt: skip
@@ -189,7 +196,7 @@ class Recovery(WritePath):
         removal if this target has none; returns the number of removals. Decided under the chunks' locks, from
         this target's state at that moment, not from the plan: a write may have committed a chunk the plan saw
         only as pending at the syncing target (listed for removal), and that write may be acknowledged by now."""
-        async with self.locks.hold(target.target_id, keys):
+        async with self.state.locks.hold(target.target_id, keys):
             ups = []
             for key in keys:
                 got = await asyncio.to_thread(target.engine.read_committed, key)
@@ -199,8 +206,8 @@ class Recovery(WritePath):
                     continue
                 meta, content = got
                 ups.append(self._full_replace(target, key, meta, content))
-            answers = await self._send_updates(chain, nxt, ups, set(), target.target_id, no_forward=True)
-            bad = [r for r in answers if r.status != spb.CHUNK_IO_STATUS_OK]
+            answers = await self.peers.send_updates(chain, nxt, ups, set(), target.target_id, no_forward=True)
+            bad = [r for r in answers if r.status != IoStatus.OK]
             if bad:
                 raise RuntimeError(f"{len(bad)} sync write(s) refused: {bad[0].message}")
         return sum(u.kind == spb.UPDATE_TYPE_REMOVE for u in ups)

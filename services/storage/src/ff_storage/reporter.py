@@ -27,8 +27,8 @@ class StorageReporter:
         await asyncio.to_thread(self.collect_now, buffer)
 
     def collect_now(self, buffer: SampleBuffer) -> None:
-        chains = {t.target_id: str(t.record.chain_id) for t in list(self.node.targets.values())}
-        for target in list(self.node.targets.values()):
+        chains = {t.target_id: str(t.record.chain_id) for t in list(self.node.state.targets.values())}
+        for target in list(self.node.state.targets.values()):
             labels = {"target_id": str(target.target_id), "chain_id": chains[target.target_id]}
             space = disk_space(target.record.path)
             chunks, stored = target.engine.usage()
@@ -36,7 +36,7 @@ class StorageReporter:
             buffer.add("ff_storage_target_free_bytes", space.free_bytes, labels)
             buffer.add("ff_storage_target_stored_bytes", stored, labels)
             buffer.add("ff_storage_target_chunks", chunks, labels)
-        for (op, target_id), (total, latencies) in self.node.io_stats.take().items():
+        for (op, target_id), (total, latencies) in self.node.state.io_stats.take().items():
             labels = {"target_id": str(target_id), "chain_id": chains.get(target_id, "")}
             buffer.add(_BYTES[op], total, labels, kind=Kind.COUNTER)
             latencies.sort()

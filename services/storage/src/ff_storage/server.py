@@ -25,8 +25,8 @@ logger = logging.getLogger(__name__)
 async def watch_routing(client: MgmtdClient, node: StorageNode, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
-            async for info in client.watch_routing(node.view.version if node.view else 0):
-                node.on_routing(info)
+            async for info in client.watch_routing(node.state.view.version if node.state.view else 0):
+                node.state.on_routing(info)
                 if stop.is_set():
                     return
         except RpcError as err:
@@ -47,8 +47,8 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
         max_update_ids_per_chunk=settings.max_update_ids_per_chunk, max_batch_ios=settings.max_batch_ios,
         max_read_batch_bytes=settings.max_read_batch_bytes, max_inline_read_bytes=settings.max_inline_read_bytes,
     ), boxes)  # fmt: skip
-    await asyncio.to_thread(node.open_targets)
-    node.bind_loop()
+    await asyncio.to_thread(node.state.open_targets)
+    node.reader.bind_loop()
     mgmtd = MgmtdClient(settings.mgmtd_address_list(), token=token, timeout_s=3.0)
     validator = registry_validator(mgmtd, settings.token_cache_ttl_s)
     servicer = StorageServicer(node)
@@ -59,9 +59,9 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     data_address = f"{settings.data_listen_address.rsplit(':', 1)[0]}:{data.port}"
 
     def loops_after_registration(serving: Serving) -> list[Loop]:
-        node.node_id = serving.node_id
+        node.state.node_id = serving.node_id
         loops = [cancel_on_stop(watch_routing(mgmtd, node, serving.stop), serving.stop),
-                 node.sync_loop(serving.stop, settings.sync_scan_interval_s)]  # fmt: skip
+                 node.recovery.sync_loop(serving.stop, settings.sync_scan_interval_s)]  # fmt: skip
         if settings.telemetry_interval_s > 0:
             loops.append(service_reporter(
                 service="storage", node_id=serving.node_id, hostname=serving.hostname,
@@ -76,7 +76,8 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
                                  storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
         mgmtd_addresses=settings.mgmtd_address_list(),
         endpoints={"data": data_address}, tags={"disks": str(len(settings.disk_list()))},
-        on_lease_lost=node.lease_lost, on_lease_regained=node.lease_regained, target_reports=node.target_reports,
+        on_lease_lost=node.state.lease_lost, on_lease_regained=node.state.lease_regained,
+        target_reports=node.state.target_reports,
         loops_after_registration=loops_after_registration,
         ready_info=lambda serving: {"data": data_address},
     )  # fmt: skip
@@ -84,7 +85,7 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
         await serve_service(settings, wiring, stop)
     finally:
         await data.stop()
-        await node.finish_updates()
+        await node.state.finish_updates()
         await mgmtd.close()
         await node.close_channels()
         node.close()

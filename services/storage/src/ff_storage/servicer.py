@@ -14,10 +14,12 @@ from google.protobuf.message import DecodeError, Message
 from ff_rpc import PermissionDenied, current_principal
 from ff_rpc.auth import authorize, method_access
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
+from ff_storage.core.results import UpdateResult
 from ff_storage.dataserver import Buffer, CallHandler
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
 from ff_storage.store.disk_space import disk_space
+from ff_storage.wire import update_result_pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
@@ -106,19 +108,19 @@ class _StreamBudget:
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     def __init__(self, node: StorageNode) -> None:
         self._n = node
-        self._cap_key = capability_key(node.config.cluster_token)
+        self._cap_key = capability_key(node.state.config.cluster_token)
 
     async def BatchWrite(self, request: pb.BatchWriteRequest, context: Context) -> pb.BatchWriteResponse:
         _check_capabilities(self._cap_key, list(request.ios), write=True)
-        return pb.BatchWriteResponse(results=await self._n.batch_write(list(request.ios), _owner()))
+        return pb.BatchWriteResponse(results=_results(await self._n.writer.batch_write(list(request.ios), _owner())))
 
     async def BatchRead(self, request: pb.BatchReadRequest, context: Context) -> pb.BatchReadResponse:
         if request.transport not in (pb.DATA_TRANSPORT_UNSPECIFIED, pb.DATA_TRANSPORT_INLINE, pb.DATA_TRANSPORT_BULK):
             raise InvalidRequest(f"transport {request.transport} is unknown")
         _check_capabilities(self._cap_key, list(request.ios), write=False)
-        results, tid, length = await self._n.batch_read(list(request.ios), request.transport, _owner())
+        results, tid, length = await self._n.reader.batch_read(list(request.ios), request.transport, _owner())
         return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
-                                    transfer_ttl_s=self._n.boxes.ttl_s)  # fmt: skip
+                                    transfer_ttl_s=self._n.state.boxes.ttl_s)  # fmt: skip
 
     async def read_on_data_path(self, request_bytes: bytes) -> tuple[bytes, Sequence[Buffer | None]]:
         """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``): the same checks as BatchRead,
@@ -133,7 +135,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             except DecodeError as exc:
                 raise InvalidRequest(f"read request does not parse: {exc}") from None
             _check_capabilities(self._cap_key, list(request.ios), write=False)
-            results, parts = await self._n.read_parts(list(request.ios), bulk=True)
+            results, parts = await self._n.reader.read_parts(list(request.ios), bulk=True)
         except Exception as exc:
             raise _refusal(exc, "a data-path read") from exc
         total = sum(len(p) for p in parts if p is not None)
@@ -210,7 +212,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def GrantTransfer(
         self, request: pb.GrantTransferRequest, context: Context
     ) -> AsyncIterator[pb.GrantTransferResponse]:
-        staged = self._n.boxes.claim(request.transfer_id, _owner())
+        staged = self._n.state.boxes.claim(request.transfer_id, _owner())
         if staged is None:
             raise TargetNotFound(f"transfer {request.transfer_id} is not staged here (or expired)")
         offset = 0
@@ -222,41 +224,45 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 offset += len(piece)
 
     async def TruncateChunks(self, request: pb.TruncateChunksRequest, context: Context) -> pb.TruncateChunksResponse:
-        return pb.TruncateChunksResponse(results=await self._n.truncate(list(request.ios)))
+        return pb.TruncateChunksResponse(results=_results(await self._n.writer.truncate(list(request.ios))))
 
     async def RemoveChunks(self, request: pb.RemoveChunksRequest, context: Context) -> pb.RemoveChunksResponse:
-        removed, more = await self._n.remove(request)
+        removed, more = await self._n.writer.remove(request)
         return pb.RemoveChunksResponse(num_removed=removed, has_more=more)
 
     async def QueryLastChunk(self, request: pb.QueryLastChunkRequest, context: Context) -> pb.QueryLastChunkResponse:
-        return pb.QueryLastChunkResponse(results=self._n.query_last_all(list(request.queries)))
+        return pb.QueryLastChunkResponse(results=self._n.reader.query_last_all(list(request.queries)))
 
     async def ForwardUpdates(self, request: pb.ForwardUpdatesRequest, context: Context) -> pb.ForwardUpdatesResponse:
-        return pb.ForwardUpdatesResponse(results=await self._n.forward_updates(request, _owner()))
+        return pb.ForwardUpdatesResponse(results=_results(await self._n.writer.forward_updates(request, _owner())))
 
     async def DumpChunkMeta(
         self, request: pb.DumpChunkMetaRequest, context: Context
     ) -> AsyncIterator[pb.DumpChunkMetaResponse]:
-        metas = self._n.dump_chunk_meta(request.target_id)
+        metas = self._n.recovery.dump_chunk_meta(request.target_id)
         for i in range(0, max(1, len(metas)), DUMP_BATCH):
             yield pb.DumpChunkMetaResponse(chunks=metas[i : i + DUMP_BATCH])
 
     async def CompleteSync(self, request: pb.CompleteSyncRequest, context: Context) -> pb.CompleteSyncResponse:
-        self._n.complete_sync(request.target_id, request.chain_version)
+        self._n.recovery.complete_sync(request.target_id, request.chain_version)
         return pb.CompleteSyncResponse()
 
     async def RepairChunks(self, request: pb.RepairChunksRequest, context: Context) -> pb.RepairChunksResponse:
-        return pb.RepairChunksResponse(results=await self._n.repair(request))
+        return pb.RepairChunksResponse(results=_results(await self._n.recovery.repair(request)))
 
     async def CreateTarget(self, request: pb.CreateTargetRequest, context: Context) -> pb.CreateTargetResponse:
-        target = self._n.create_target(request.target_id, request.chain_id, request.disk_index)
+        target = self._n.state.create_target(request.target_id, request.chain_id, request.disk_index)
         return pb.CreateTargetResponse(target=target_info(self._n, target))
 
     async def OfflineTarget(self, request: pb.OfflineTargetRequest, context: Context) -> pb.OfflineTargetResponse:
-        return pb.OfflineTargetResponse(target=target_info(self._n, self._n.offline_target(request.target_id)))
+        return pb.OfflineTargetResponse(target=target_info(self._n, self._n.state.offline_target(request.target_id)))
 
     async def ListTargets(self, request: pb.ListTargetsRequest, context: Context) -> pb.ListTargetsResponse:
-        return pb.ListTargetsResponse(targets=[target_info(self._n, t) for t in self._n.targets.values()])
+        return pb.ListTargetsResponse(targets=[target_info(self._n, t) for t in self._n.state.targets.values()])
+
+
+def _results(results: list[UpdateResult]) -> list[pb.UpdateResult]:
+    return [update_result_pb(r) for r in results]
 
 
 _ = grpc

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from ff_storage.core.results import IoStatus
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.io_stats import quantile
 from ff_storage.node import StorageNode
-from ff_storage.node_base import NodeConfig
+from ff_storage.node_state import NodeConfig
 from ff_storage.reporter import StorageReporter
 from ff_telemetry_client import Kind, SampleBuffer
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
@@ -31,10 +32,10 @@ async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
                         cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
                         data_wait_s=1.0, fsync=False)  # fmt: skip
     node = StorageNode(config, TransferBoxes())
-    node.create_target(70, 7, 0)
-    node.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=7, version=1, targets=[
+    node.state.create_target(70, 7, 0)
+    node.state.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=7, version=1, targets=[
         mpb.Target(target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7)])]))  # fmt: skip
-    node.targets[70].role.sync_done(1)
+    node.state.targets[70].role.sync_done(1)
     try:
         yield node
     finally:
@@ -50,13 +51,13 @@ def _write(index: int, data: bytes) -> spb.WriteIO:
 
 
 async def test_written_and_read_bytes_and_latencies_per_target(node: StorageNode) -> None:
-    results = await node.batch_write([_write(0, b"a" * 1000), _write(1, b"b" * 3000)], owner="o")
-    assert all(r.status == spb.CHUNK_IO_STATUS_OK for r in results), results
+    results = await node.writer.batch_write([_write(0, b"a" * 1000), _write(1, b"b" * 3000)], owner="o")
+    assert all(r.status == IoStatus.OK for r in results), results
     reads = [spb.ReadIO(chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=5, chunk_index=0), length_bytes=500)]
-    got, _, _ = await node.batch_read(reads, spb.DATA_TRANSPORT_INLINE, "o")
-    assert got[0].status == spb.CHUNK_IO_STATUS_OK
+    got, _, _ = await node.reader.batch_read(reads, spb.DATA_TRANSPORT_INLINE, "o")
+    assert got[0].status == IoStatus.OK
     missing = [spb.ReadIO(chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=9, chunk_index=0), length_bytes=5)]
-    await node.batch_read(missing, spb.DATA_TRANSPORT_INLINE, "o")  # not found: no bytes, not counted
+    await node.reader.batch_read(missing, spb.DATA_TRANSPORT_INLINE, "o")  # not found: no bytes, not counted
     buffer = SampleBuffer()
     StorageReporter(node).collect_now(buffer)
     points = {(p.name, p.labels.get("quantile", "")): p for p in buffer.take(100)}

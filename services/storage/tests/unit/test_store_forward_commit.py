@@ -1,6 +1,6 @@
 """One replica's steps on a real chunk engine, with what crosses to the successor faked.
 
-A chain write (``WritePath._store_forward_commit``): reads see the version pending while it is in flight,
+A chain write (``ChainWriter._store_forward_commit``): reads see the version pending while it is in flight,
 and every failure leaves the target consistent (nothing committed, nothing left pending) or, when its
 successor already took the update, out of service until recovery; a caller going away does not stop it.
 A relaxed read racing a commit, and a sync to a returning replica racing a write, see the chunk as it is.
@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from ff_storage.core.chunks import ChunkMeta, sync_diff
+from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Local, Public
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
-from ff_storage.node_base import NodeConfig, Target, Update
+from ff_storage.node_state import NodeConfig, Target, Update
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.checksum import crc32c_of
@@ -34,7 +35,7 @@ async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
                         cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
                         data_wait_s=1.0, fsync=True)  # fmt: skip
     n = StorageNode(config, TransferBoxes())
-    target = n.create_target(1, 1, 0)
+    target = n.state.create_target(1, 1, 0)
     target.role.observe(Public.SERVING, 1)
     try:
         yield n
@@ -43,7 +44,7 @@ async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
 
 
 def _target(node: StorageNode) -> Target:
-    return node.targets[1]
+    return node.state.targets[1]
 
 
 def _update(data: bytes, version: int) -> Update:
@@ -53,7 +54,7 @@ def _update(data: bytes, version: int) -> Update:
 
 
 def _fake_forward(node: StorageNode, monkeypatch: pytest.MonkeyPatch, forward: Forward) -> None:
-    monkeypatch.setattr(node, "_forward", forward)
+    monkeypatch.setattr(node.writer, "_forward", forward)
 
 
 async def _successor_takes_all(target: Target, updates: list[Update]) -> list[Update]:
@@ -63,7 +64,7 @@ async def _successor_takes_all(target: Target, updates: list[Update]) -> list[Up
 
 
 async def _committed(node: StorageNode, data: bytes, version: int) -> None:
-    await node._store_forward_commit(_target(node), [_update(data, version)], forward=False)
+    await node.writer._store_forward_commit(_target(node), [_update(data, version)], forward=False)
 
 
 async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
@@ -78,7 +79,7 @@ async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
 
     _fake_forward(node, monkeypatch, forward)
     u = _update(b"two" * 100, 2)
-    step = asyncio.create_task(node._store_forward_commit(_target(node), [u]))
+    step = asyncio.create_task(node.writer._store_forward_commit(_target(node), [u]))
     await asyncio.sleep(0.05)
     meta = _target(node).engine.get(KEY)
     assert meta is not None and meta.pending_version == 2 and meta.committed_version == 1
@@ -86,7 +87,7 @@ async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
     await step
     meta = _target(node).engine.get(KEY)
     assert meta is not None and meta.committed_version == 2 and not meta.pending_version
-    assert u.result.status == spb.CHUNK_IO_STATUS_OK
+    assert u.result.status == IoStatus.OK
 
 
 @pytest.mark.parametrize("successor_took_it", [True, False])
@@ -107,7 +108,7 @@ async def test_a_failed_local_write_leaves_nothing_and_takes_the_target_out_only
     _fake_forward(node, monkeypatch, forward)
     monkeypatch.setattr(engine, "write_pending", disk_full)
     with pytest.raises(OSError):
-        await node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
+        await node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
     await asyncio.sleep(0.05)  # the drop runs when the (failed) write is done
     assert engine.pending(KEY) is None
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
@@ -126,7 +127,7 @@ async def test_a_failed_commit_after_the_successor_committed_takes_the_target_ou
     _fake_forward(node, monkeypatch, _successor_takes_all)
     monkeypatch.setattr(engine, "commit", broken)
     with pytest.raises(sqlite3.OperationalError):
-        await node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
+        await node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
     assert engine.pending(KEY) is None
     assert _target(node).role.report() is Local.OFFLINE
 
@@ -139,13 +140,13 @@ async def test_an_update_the_successor_did_not_take_is_dropped(
 
     async def forward(target: Target, updates: list[Update]) -> list[Update]:
         for u in updates:
-            u.result = spb.UpdateResult(status=spb.CHUNK_IO_STATUS_FORWARD_FAILED, message="successor down")
+            u.result = UpdateResult(status=IoStatus.FORWARD_FAILED, message="successor down")
         return list(updates)
 
     _fake_forward(node, monkeypatch, forward)
     u = _update(b"two" * 100, 2)
-    await node._store_forward_commit(_target(node), [u])
-    assert u.result.status == spb.CHUNK_IO_STATUS_FORWARD_FAILED
+    await node.writer._store_forward_commit(_target(node), [u])
+    assert u.result.status == IoStatus.FORWARD_FAILED
     assert engine.pending(KEY) is None
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
     assert _target(node).role.report() is Local.UPTODATE
@@ -160,7 +161,7 @@ async def test_a_cancelled_update_drops_what_it_stored(node: StorageNode, monkey
         return []
 
     _fake_forward(node, monkeypatch, forward)
-    step = asyncio.create_task(node._store_forward_commit(_target(node), [_update(b"two" * 100, 2)]))
+    step = asyncio.create_task(node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)]))
     await asyncio.sleep(0.2)  # the local write is done by now
     step.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -192,16 +193,16 @@ async def test_a_chain_update_goes_on_to_its_end_when_its_caller_goes_away(
 
     _fake_forward(node, monkeypatch, forward)
     u = _update(b"two" * 100, 0)
-    call = asyncio.create_task(node._head_updates(_target(node), [u]))
+    call = asyncio.create_task(node.writer._head_updates(_target(node), [u]))
     await taken.wait()
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     release.set()
-    await node.finish_updates()  # the update its caller left goes on to its end
+    await node.state.finish_updates()  # the update its caller left goes on to its end
     assert engine.read_committed(KEY) == (engine.get(KEY), b"two" * 100)
     assert engine.get(KEY).committed_version == 2  # type: ignore[union-attr]
-    assert u.result.status == spb.CHUNK_IO_STATUS_OK
+    assert u.result.status == IoStatus.OK
 
 
 async def test_a_caller_that_gives_up_while_waiting_for_the_chunk_leaves_nothing_behind(
@@ -210,14 +211,14 @@ async def test_a_caller_that_gives_up_while_waiting_for_the_chunk_leaves_nothing
     await _committed(node, b"one" * 100, 1)
     engine = _target(node).engine
     _fake_forward(node, monkeypatch, _successor_takes_all)
-    async with node.locks.hold(1, [KEY]):  # an earlier update of the chunk is running
-        call = asyncio.create_task(node._head_updates(_target(node), [_update(b"two" * 100, 0)]))
+    async with node.state.locks.hold(1, [KEY]):  # an earlier update of the chunk is running
+        call = asyncio.create_task(node.writer._head_updates(_target(node), [_update(b"two" * 100, 0)]))
         await asyncio.sleep(0)
-        assert node.locks._users[(1, KEY)] == 2, "the update is not waiting for the chunk's lock"
+        assert node.state.locks._users[(1, KEY)] == 2, "the update is not waiting for the chunk's lock"
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    await node.finish_updates()
+    await node.state.finish_updates()
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100) and engine.pending(KEY) is None
     await _committed(node, b"three" * 100, 2)  # and the chunk's lock is free
     assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
@@ -237,7 +238,7 @@ async def test_a_relaxed_read_racing_the_commit_of_a_new_chunk_finds_it(
     monkeypatch.setattr(engine, "read_pending", committed_meanwhile)
     io = spb.ReadIO(chain_id=1, chain_version=1, chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
                     length_bytes=300, relaxed=True)  # fmt: skip
-    result, data = node._read_one(io)
+    result, data = node.reader._read_one(io)
     assert result.status == spb.CHUNK_IO_STATUS_OK, result.message
     assert bytes(data) == b"new" * 100 and result.version == 1  # type: ignore[arg-type]
 
@@ -259,14 +260,14 @@ async def test_a_sync_sends_what_the_chunk_is_when_its_turn_comes_not_what_the_p
     sent: list[Update] = []
 
     async def send_updates(chain: mpb.Chain, nxt: mpb.Target, ups: list[Update], *args: object,
-                           **kw: object) -> list[spb.UpdateResult]:  # fmt: skip
+                           **kw: object) -> list[UpdateResult]:  # fmt: skip
         sent.extend(ups)
-        return [spb.UpdateResult(status=spb.CHUNK_IO_STATUS_OK) for _ in ups]
+        return [UpdateResult(status=IoStatus.OK) for _ in ups]
 
-    monkeypatch.setattr(node, "_send_updates", send_updates)
+    monkeypatch.setattr(node.peers, "send_updates", send_updates)
     chain = mpb.Chain(chain_id=1, version=1, targets=[mpb.Target(target_id=1, node_id=101),
                                                       mpb.Target(target_id=2, node_id=102)])  # fmt: skip
-    await node._sync_batch(_target(node), chain, chain.targets[1], plan.transfer + plan.remove)
+    await node.recovery._sync_batch(_target(node), chain, chain.targets[1], plan.transfer + plan.remove)
     by_key = {u.key: u for u in sent}
     assert by_key[KEY].kind == spb.UPDATE_TYPE_WRITE and by_key[KEY].full
     assert bytes(by_key[KEY].content or b"") == b"new" * 100 and by_key[KEY].version == 1

@@ -11,9 +11,10 @@ import pytest
 
 from ff_storage.core.chunks import ForwardDecision, UpdateRecord, chain_update_id, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
+from ff_storage.core.results import IoStatus
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
-from ff_storage.node_base import NodeConfig
+from ff_storage.node_state import NodeConfig
 from ff_storage.store.chunk_engine import ChunkEngine
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -106,10 +107,10 @@ async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
                         cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
                         data_wait_s=1.0, fsync=False)  # fmt: skip
     node = StorageNode(config, TransferBoxes())
-    node.create_target(1, 1, 0)
-    node.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=[
+    node.state.create_target(1, 1, 0)
+    node.state.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=[
         mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)])]))  # fmt: skip
-    node.targets[1].role.sync_done(1)
+    node.state.targets[1].role.sync_done(1)
     try:
         yield node
     finally:
@@ -129,18 +130,18 @@ def _forward(
 async def test_a_replica_takes_the_whole_chunk_for_another_update_at_its_version(tail: StorageNode) -> None:
     """The old gap: this replica committed v=1 from A, its predecessor dropped A and sends B at v=1. That is no
     duplicate: MISSING_UPDATE, and the whole chunk that follows replaces A's bytes. A re-sent A is a duplicate."""
-    [first] = await tail.forward_updates(_forward(b"A" * 10, 1, A), "cluster")
-    assert (first.status, first.committed_version) == (spb.CHUNK_IO_STATUS_OK, 1)
-    [again] = await tail.forward_updates(_forward(b"A" * 10, 1, A), "cluster")
-    assert (again.status, again.message) == (spb.CHUNK_IO_STATUS_OK, "duplicate")
-    [other] = await tail.forward_updates(_forward(b"B" * 10, 1, B), "cluster")
-    assert other.status == spb.CHUNK_IO_STATUS_MISSING_UPDATE
-    [whole] = await tail.forward_updates(_forward(b"B" * 10, 1, B, full=True), "cluster")
-    assert whole.status == spb.CHUNK_IO_STATUS_OK
-    got = tail.targets[1].engine.read_committed(KEY)
+    [first] = await tail.writer.forward_updates(_forward(b"A" * 10, 1, A), "cluster")
+    assert (first.status, first.committed_version) == (IoStatus.OK, 1)
+    [again] = await tail.writer.forward_updates(_forward(b"A" * 10, 1, A), "cluster")
+    assert (again.status, again.message) == (IoStatus.OK, "duplicate")
+    [other] = await tail.writer.forward_updates(_forward(b"B" * 10, 1, B), "cluster")
+    assert other.status == IoStatus.MISSING_UPDATE
+    [whole] = await tail.writer.forward_updates(_forward(b"B" * 10, 1, B, full=True), "cluster")
+    assert whole.status == IoStatus.OK
+    got = tail.state.targets[1].engine.read_committed(KEY)
     assert got is not None and got[1] == b"B" * 10
-    assert tail.targets[1].engine.update_at(KEY, 1) is not None
-    assert tail.targets[1].engine.update_at(KEY, 1).update_id == B  # type: ignore[union-attr]
+    assert tail.state.targets[1].engine.update_at(KEY, 1) is not None
+    assert tail.state.targets[1].engine.update_at(KEY, 1).update_id == B  # type: ignore[union-attr]
 
 
 def test_the_chain_id_of_an_update_is_bound_to_its_caller_and_content() -> None:

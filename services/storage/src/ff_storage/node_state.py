@@ -1,8 +1,9 @@
 """The storage node's state: its targets, the routing it follows, per-chunk locks, background tasks.
 
-The paths that act on it live beside it: ``writes`` (the CRAQ update pipeline, head and replicas),
-``reads`` (chunk reads onto the data path), ``recovery`` (sync of a returning target, repair of a
-damaged chunk); ``node.StorageNode`` puts them together.
+The collaborators that act on it live beside it, each given this state: ``peers`` (calls to the other storage
+nodes, the forward wire), ``writes`` (the CRAQ update pipeline, head and replicas), ``reads`` (chunk reads onto
+the data path), ``recovery`` (sync of a returning target, repair of a damaged chunk); ``node.StorageNode`` puts
+them together.
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ff_rpc import RpcClient
-from ff_rpc.client import NO_RETRY, StubPool
-from ff_storage.core.chunks import ChunkKey, UpdateKey, UpdateRecord
+from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import InvalidRequest, TargetExists, TargetNotFound, TooCostly
+from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public, TargetRole
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.io_stats import TargetIoStats
 from ff_storage.store.chunk_engine import ChunkEngine, Pending
 from ff_storage.store.targets import TargetRecord, load_targets, save_targets
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
-from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.datapath import DataConnectionPool
 from hf3fs.routing import RoutingView
 
 logger = logging.getLogger(__name__)
@@ -89,7 +86,7 @@ class Update:
     records: list[UpdateRecord] | None = None  # a full replace: the sender's records of the chunk
     corrupt: bool = False  # the base copy here does not match its checksum (the update was not prepared)
     no_forward: bool = False  # stored here only, not passed on (a repair's copy for this one replica)
-    result: spb.UpdateResult = field(default_factory=spb.UpdateResult)
+    result: UpdateResult = field(default_factory=UpdateResult)
 
 
 class ChunkLocks:
@@ -135,7 +132,7 @@ class ChunkLocks:
             release()
 
 
-class NodeBase:
+class NodeState:
     """State and routing shared by the write, read and recovery paths (see the module doc)."""
 
     def __init__(self, config: NodeConfig, boxes: TransferBoxes) -> None:
@@ -146,10 +143,6 @@ class NodeBase:
         self.view: RoutingView | None = None
         self.lease_ok = True
         self.locks = ChunkLocks()
-        self._rpc = RpcClient(token=config.cluster_token, timeout_s=config.forward_timeout_s, retry=NO_RETRY)
-        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
-        self._data = DataConnectionPool(config.cluster_token)
-        self._syncing: set[tuple[int, int, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._updates: set[asyncio.Task[None]] = set()  # chain updates (``update_to_the_end``)
         self.routing_changed = asyncio.Event()
@@ -174,11 +167,7 @@ class NodeBase:
         return ChunkEngine(path, fsync=c.fsync, update_id_ttl_s=c.update_id_ttl_s,
                            max_update_ids_per_chunk=c.max_update_ids_per_chunk)  # fmt: skip
 
-    async def close_channels(self) -> None:
-        await self._stubs.close()
-
     def close(self) -> None:
-        self._data.close()
         for t in self.targets.values():
             t.engine.close()
 
@@ -247,7 +236,7 @@ class NodeBase:
         if target.role.public is not before:
             logger.info("target %d is publicly %s", target.target_id, target.role.public.name.lower())
 
-    def _position(self, target: Target) -> tuple[mpb.Chain, int] | None:
+    def position(self, target: Target) -> tuple[mpb.Chain, int] | None:
         chain = self.view.chain(target.record.chain_id) if self.view else None
         if chain is None:
             return None
@@ -256,8 +245,8 @@ class NodeBase:
                 return chain, i
         return None
 
-    def _successor(self, target: Target) -> tuple[mpb.Chain, mpb.Target | None] | None:
-        pos = self._position(target)
+    def successor(self, target: Target) -> tuple[mpb.Chain, mpb.Target | None] | None:
+        pos = self.position(target)
         if pos is None:
             return None
         chain, i = pos
@@ -266,14 +255,8 @@ class NodeBase:
         )
         return chain, nxt
 
-    def _target_of_chain(self, chain_id: int) -> Target | None:
+    def target_of_chain(self, chain_id: int) -> Target | None:
         return next((t for t in self.targets.values() if t.record.chain_id == chain_id), None)
-
-    def _stub(self, node_id: int) -> storage_pb2_grpc.StorageServiceStub:
-        node = self.view.node(node_id) if self.view else None
-        if node is None or not node.grpc:
-            raise ConnectionError(f"node {node_id} has no address in routing")
-        return self._stubs.get(node.grpc)
 
     def spawn(self, coro: Any, tasks: set[asyncio.Task[None]] | None = None) -> asyncio.Task[None]:
         """Run ``coro`` as a task kept in ``tasks`` (default: the node's background tasks) until it ends."""
@@ -318,24 +301,14 @@ class NodeBase:
         if self._updates:
             await asyncio.wait(set(self._updates), timeout=self.config.forward_timeout_s)
 
-    async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
-        """Ask the chain's head to rewrite ``keys`` from a good copy (recovery.Recovery does it)."""
-        raise NotImplementedError
-
-    async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
-        """At the head, chunk lock held: rewrite ``key`` here and down the chain from a good copy (recovery.Recovery
-        does it); whether it was repaired."""
-        raise NotImplementedError
-
 
 def _log_orphan_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         logger.warning("a chain update whose caller had left failed: %r", exc)
 
 
-def _res(status: int, message: str = "", version: int = 0, meta: Any = None) -> spb.UpdateResult:
-    r = spb.UpdateResult(status=spb.ChunkIoStatus.ValueType(status), message=message, committed_version=version)
-    if meta is not None:
-        r.chunk_length_bytes = meta.length
-        r.chunk_checksum.CopyFrom(spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=meta.checksum))
-    return r
+def result_of(status: IoStatus, message: str = "", version: int = 0, meta: ChunkMeta | None = None) -> UpdateResult:
+    """An update's result; with the chunk's metadata after it (``meta``), its length and checksum too."""
+    if meta is None:
+        return UpdateResult(status, message, version)
+    return UpdateResult(status, message, version, meta.length, meta.checksum)

@@ -1,0 +1,116 @@
+"""The other storage nodes as this one calls them: gRPC stubs and data-path connections, and the forward wire
+(updates sent to a successor, as inline bytes or one data-path round trip)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from ff_rpc import RpcClient
+from ff_rpc.client import NO_RETRY, StubPool
+from ff_storage.core.chunks import ChunkKey
+from ff_storage.core.results import UpdateResult
+from ff_storage.core.target_role import Public
+from ff_storage.node_state import NodeState, Payload, Update
+from ff_storage.wire import record_pb, update_result_from_pb
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.checksum import crc32c_of
+from hf3fs.datapath import DataConnectionPool
+
+INLINE_FORWARD_MAX_BYTES = 64 * 1024
+
+
+class Peers:
+    """Calls from this node to the others (its successors, the heads it asks for repairs, the targets it syncs)."""
+
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
+        config = state.config
+        self.rpc = RpcClient(token=config.cluster_token, timeout_s=config.forward_timeout_s, retry=NO_RETRY)
+        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
+        self.data = DataConnectionPool(config.cluster_token)
+
+    def stub(self, node_id: int) -> storage_pb2_grpc.StorageServiceStub:
+        view = self.state.view
+        node = view.node(node_id) if view else None
+        if node is None or not node.grpc:
+            raise ConnectionError(f"node {node_id} has no address in routing")
+        return self._stubs.get(node.grpc)
+
+    async def close_channels(self) -> None:
+        await self._stubs.close()
+
+    def close(self) -> None:
+        self.data.close()
+
+    async def send_updates(
+        self, chain: mpb.Chain, nxt: mpb.Target, updates: list[Update], full_keys: set[ChunkKey], from_target: int,
+        *, no_forward: bool = False,
+    ) -> list[UpdateResult]:  # fmt: skip
+        """Send ``updates`` of ``from_target`` to its successor ``nxt`` in one call; its answers, one per update.
+
+        An update goes as a full-chunk replace when it is one, when ``nxt`` is syncing or when ``nxt`` said it
+        misses an update of that chunk (``full_keys``); ``no_forward``: ``nxt`` stores it only, passes nothing on
+        (a repair's or a sync's copy for that one replica)."""
+        syncing = Public(nxt.public_state) is Public.SYNCING
+        msgs: list[spb.ChunkUpdate] = []
+        parts: list[Payload] = []
+        offset = 0
+        transfer_id = uuid.uuid4().hex
+        total = sum(len(u.content or b"") if (u.full or syncing or u.key in full_keys) else len(u.data)
+                    for u in updates)  # fmt: skip
+        bulk = total > INLINE_FORWARD_MAX_BYTES
+        for u in updates:
+            full = u.full or syncing or u.key in full_keys
+            payload = (u.content or b"") if full else u.data
+            kind = u.kind if not full or u.kind == spb.UPDATE_TYPE_REMOVE else spb.UPDATE_TYPE_WRITE
+            msg = spb.ChunkUpdate(
+                chain_id=chain.chain_id, chain_version=u.chain_version if no_forward else chain.version,
+                chunk_id=spb.ChunkId(inode_id=u.key[0], chunk_index=u.key[1]),
+                update_type=spb.UpdateType.ValueType(kind),
+                update_version=u.version, chunk_size_bytes=u.chunk_size, offset_bytes=0 if full else u.offset,
+                length_bytes=len(payload) if kind == spb.UPDATE_TYPE_WRITE else u.length,
+                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=_payload_checksum(u, payload)),
+                full_chunk_replace=full, no_forward=no_forward,
+            )  # fmt: skip
+            if u.update_id is not None:
+                msg.update_id.CopyFrom(spb.UpdateId(client_id=u.update_id[0], request_id=u.update_id[1]))
+            if full:
+                records = u.records
+                if records is None:
+                    records = self.state.targets[from_target].engine.recent_updates(u.key)
+                msg.recent_updates.extend(record_pb(r) for r in records)
+            if kind == spb.UPDATE_TYPE_WRITE:
+                if bulk:
+                    msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
+                    parts.append(payload)
+                    offset += len(payload)
+                else:
+                    msg.inline_data = bytes(payload)
+            msgs.append(msg)
+        request = spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs)
+        node = self.state.view.node(nxt.node_id) if self.state.view else None
+        if node is not None and node.data:
+            # one round trip on the data path: the request and its bytes together, no push, no gRPC call
+            async with asyncio.timeout(self.state.config.forward_timeout_s):  # the version check too
+                if await self.data.calls_direct(node.data):
+                    raw = await self.data.call(node.data, "ForwardUpdates", request.SerializeToString(),
+                                                transfer_id, parts)  # fmt: skip
+                    return [update_result_from_pb(r) for r in spb.ForwardUpdatesResponse.FromString(raw).results]
+        if parts:
+            if node is None or not node.data:
+                raise ConnectionError(f"node {nxt.node_id} has no data endpoint")
+            await self.data.get(node.data).push(transfer_id, parts)
+        resp = await self.rpc.unary(self.stub(nxt.node_id).ForwardUpdates, request)
+        return [update_result_from_pb(r) for r in resp.results]
+
+
+def _payload_checksum(u: Update, payload: Payload) -> int:
+    """CRC of what is forwarded, reusing one already computed over the very same object."""
+    if payload is u.data and u.data_checksum is not None:
+        return u.data_checksum
+    if payload is u.content and u.content_checksum is not None:
+        return u.content_checksum
+    return crc32c_of(payload)
