@@ -159,11 +159,12 @@ def test_1f1b_holds_fewer_activations_than_gpipe(pp2: list[dict[str, Any]]) -> N
 def test_bubble_fraction_is_close_to_the_ideal(torch_forks: ForkServer, tmp_path: Path) -> None:
     """4 stages, 8 micro-batches, each stage a fixed 30 ms forward and 60 ms backward (sleeps: compute that
     takes the same time on a loaded machine). Bubble = 1 - mean busy time / the step's span over all stages;
-    ideal (p - 1) / (m + p - 1) = 3/11 = 0.273. Allowed: 0.08 above it (each of the 11 slots of the critical
-    path also carries a send and a receive, a few ms on 2 shared cores: 0.31-0.33 measured with 20 ms sleeps)
-    and 0.02 below; the better of two steps counts."""
+    ideal (p - 1) / (m + p - 1) = 3/11 = 0.273. Allowed: 0.02 below, 0.10 above, for the best of 3 steps per
+    schedule: each of the 11 slots of the critical path also carries sends and receives, whose thread wake-ups
+    wait for a core on a loaded machine (best of 3 measured: 0.28-0.30 at load 3-4, 0.33-0.34 at load 12 with six
+    extra busy loops; with 50/100 ms no better, 0.31-0.36 there)."""
     p, m = 4, 8
-    env = {"TEST_CHUNKS": str(m), "TEST_FORWARD_S": "0.03"}
+    env = {"TEST_CHUNKS": str(m), "TEST_FORWARD_S": "0.03", "TEST_STEPS": "3"}
     results = _ok(launch(torch_forks, tmp_path, p, "bubble", env))
     ideal = ideal_bubble(m, p)
     for kind in ("gpipe", "1f1b"):
@@ -173,7 +174,7 @@ def test_bubble_fraction_is_close_to_the_ideal(torch_forks: ForkServer, tmp_path
             span = max(s["finished"] for s in stages) - min(s["started"] for s in stages)
             bubbles.append(1 - statistics.mean(s["busy_s"] for s in stages) / span)
         measured = min(bubbles)
-        assert ideal - 0.02 <= measured <= ideal + 0.08, (kind, bubbles, ideal)
+        assert ideal - 0.02 <= measured <= ideal + 0.10, (kind, bubbles, ideal)
 
 
 def test_a_stage_rank_killed_mid_step_is_named_by_every_other_rank(torch_forks: ForkServer, tmp_path: Path) -> None:

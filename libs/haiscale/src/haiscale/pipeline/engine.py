@@ -17,6 +17,7 @@ from haiscale.ddp import DistributedDataParallel
 from haiscale.pipeline import schedule as sched
 from haiscale.pipeline.transport import StageLink, TransferError
 from hfreduce.distributed import node_key
+from hfreduce.errors import PeerFailureError
 
 logger = logging.getLogger(__name__)
 
@@ -310,10 +311,11 @@ class Pipeline(torch.nn.Module):
         if isinstance(exc, TransferError):
             return exc.peer
         for cause in _chain(exc):
-            rank = getattr(cause, "rank", None)
-            if type(cause).__name__ == "PeerFailureError" and isinstance(rank, int):
+            if isinstance(cause, PeerFailureError):  # from haiscale DDP's reduction over the DP group
+                # hfreduce numbers the group's ranks node by node: the DP group's own ranks when each node's
+                # ranks are consecutive (make_subgroups' layout)
                 group = self._ddp.process_group if self._ddp is not None else None
-                return dist.get_global_rank(group, rank) if group is not None else rank
+                return dist.get_global_rank(group, cause.rank) if group is not None else cause.rank
         return None
 
     def _record(self, culprit: int) -> int:
