@@ -177,12 +177,17 @@ def test_bubble_fraction_is_close_to_the_ideal(torch_forks: ForkServer, tmp_path
         assert ideal - 0.02 <= measured <= ideal + 0.10, (kind, bubbles, ideal)
 
 
-def test_a_stage_rank_killed_mid_step_is_named_by_every_other_rank(torch_forks: ForkServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["gloo", "hfreduce"])
+def test_a_stage_rank_killed_mid_step_is_named_by_every_other_rank(
+    torch_forks: ForkServer, tmp_path: Path, backend: str
+) -> None:
     """pp=2 x dp=2 with DDP; rank 3 (stage 1 of replica 1) dies in its second step. Rank 1 (its pipeline
     neighbour) sees the transfer fail, rank 2 (its DDP peer) the reduction; rank 0 sees only those ranks stop,
-    and names rank 3 from the record the first to notice left in the job's store. None waits for a timeout."""
+    and names rank 3 from the record the first to notice left in the job's store. None waits for a timeout.
+    Transfers over gloo, and over the hfreduce backend's send/recv."""
     victim = 3
-    results = launch(torch_forks, tmp_path, 4, "kill", {"TEST_VICTIM": str(victim), "TEST_TIMEOUT_S": "60"})
+    env = {"TEST_VICTIM": str(victim), "TEST_TIMEOUT_S": "60", "TEST_BACKEND": backend}
+    results = launch(torch_forks, tmp_path, 4, "kill", env)
     assert "missing" in results[victim]
     for rank, res in enumerate(results):
         if rank == victim:
