@@ -18,6 +18,8 @@ from ff_telemetry.core.model import HOUR, MINUTE, Matcher, MatchOp, MetricMeta, 
 from ff_telemetry.core.packed import PackedSamples, decode
 from ff_telemetry.core.validation import Limits, PushBatch, RawSample, build_samples
 from ff_telemetry.store.api import TelemetryStore
+from ff_telemetry.store.blocks import Block
+from ff_telemetry.store.ingest import MAX_ROWS_PER_INSERT, write_packed
 from ff_telemetry.store.query import Viewer
 from ff_telemetry.store.retention import Retention
 from ff_telemetry.store.schema import VERSION_TABLE
@@ -196,6 +198,14 @@ async def test_packed_pushes_beside_a_samples_batch_all_commit_and_a_late_one_re
     assert series.points[0].value * 60 == 5.0  # 0 -> 5: the late sample's bucket was computed again
     (rows,) = tstore.samples("req_total", (Matcher("pusher", MatchOp.EQUAL, "3"),), ALL, T0, T0 + 60)
     assert [(r.at, r.value) for r in rows.rows] == [(T0 + 10, 30.0)]
+    # A group past one INSERT's rows (MAX_ROWS_PER_INSERT) is several INSERTs of the same transaction.
+    many = [Block(np.asarray(registered.series_ids[5:6]), np.asarray([T0 + 30 + i / 1000]), np.asarray([float(i)]))
+            for i in range(MAX_ROWS_PER_INSERT + 5)]  # fmt: skip
+    writer = tstore.store.raw_writer()
+    writer.run(lambda tx: write_packed(tx, many))
+    writer.close()
+    (rows,) = tstore.samples("req_total", (Matcher("pusher", MatchOp.EQUAL, "5"),), ALL, T0 + 29, T0 + 60)
+    assert [r.value for r in rows.rows] == [float(i) for i in range(MAX_ROWS_PER_INSERT + 5)]
     tstore.close()
     with pytest.raises(RuntimeError, match="closed"):
         await tstore.apush_packed(registered.epoch, packed(1, 1.0, T0 + 30), None)

@@ -98,11 +98,11 @@ class Block:
         return len(self.series_ids)
 
 
-def insert_sql(mark: str) -> str:
-    """The INSERT of blocks, with the driver's placeholder ``mark`` (``?`` or ``%s``)."""
-    return (
-        f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) VALUES ({mark}, {mark}, {mark}, {mark})"
-    )
+def insert_sql(mark: str, num_rows: int = 1) -> str:
+    """The INSERT of ``num_rows`` blocks in one statement (its parameters: the rows' values one after the
+    other), with the driver's placeholder ``mark`` (``?`` or ``%s``)."""
+    row = f"({mark}, {mark}, {mark}, {mark})"
+    return f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) VALUES {', '.join([row] * num_rows)}"
 
 
 def rows(new: list[Block]) -> list[tuple[float, float, int, bytes]]:
