@@ -80,8 +80,12 @@ def criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(out, y) / CHUNKS  # the step's mean over its micro-batches
 
 
-def train(kind: str, *, ddp: bool, offset: bool, dp_group: Any, pp_group: Any) -> dict[str, Any]:
-    """STEPS steps of the pipeline (DDP across replicas if ``ddp``); distance to the one-process reference."""
+def train(
+    kind: str, *, ddp: bool, offset: bool, dp_group: Any, pp_group: Any, accumulate: bool = False
+) -> dict[str, Any]:
+    """STEPS steps of the pipeline (DDP across replicas if ``ddp``); distance to the one-process reference.
+    ``accumulate``: each step is two ``forward_backward`` calls on the two halves of the batch, the first inside
+    the DDP wrapper's ``no_sync()``."""
     pp_rank, pp_size = pp_group.rank(), pp_group.size()
     dp, replica = dp_group.size(), dp_group.rank()
     stage: torch.nn.Module = partition(mlp(seed=7 if not ddp else 7 + replica), pp_rank, pp_size, balance=BALANCE)
@@ -91,10 +95,17 @@ def train(kind: str, *, ddp: bool, offset: bool, dp_group: Any, pp_group: Any) -
     opt = Momentum(model.parameters())
     report: dict[str, Any] = {"losses": [], "offset_s": [], "peak_activation_bytes": 0, "peak_in_flight": 0}
     per = CHUNKS * MICRO
+    before = stage.reducer.group.counters().collectives if isinstance(stage, DistributedDataParallel) else 0
     for step in range(STEPS):
         x, y = global_batch(step, dp)
         x, y = x[replica * per : (replica + 1) * per], y[replica * per : (replica + 1) * per]
-        loss, _ = model.forward_backward(x, criterion=criterion, labels=(y,))
+        if accumulate and isinstance(stage, DistributedDataParallel):
+            half = per // 2
+            with stage.no_sync():
+                model.forward_backward(x[:half], criterion=half_criterion, labels=(y[:half],))
+            loss, _ = model.forward_backward(x[half:], criterion=half_criterion, labels=(y[half:],))
+        else:
+            loss, _ = model.forward_backward(x, criterion=criterion, labels=(y,))
         opt.step()
         if loss is not None:
             report["losses"].append(float(loss.sum()))
@@ -111,6 +122,7 @@ def train(kind: str, *, ddp: bool, offset: bool, dp_group: Any, pp_group: Any) -
         report["eval_diff"] = None if out is None else float((out - ref(x_eval)).abs().max())
     report["params"] = sorted(n for n, _ in bare.named_parameters())
     if isinstance(stage, DistributedDataParallel):
+        report["collectives"] = stage.reducer.group.counters().collectives - before  # DDP's reductions
         stage.reducer.stop()
     return report
 
@@ -149,6 +161,10 @@ def tuple_model() -> SequentialModel:
     return SequentialModel(Embed(), Mix(), Mix(), Head())
 
 
+def half_criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(out, y) / (2 * CHUNKS)  # two calls per step
+
+
 def train_tuples(pp_group: Any) -> float:
     """A SequentialModel whose stages pass (float, int64, bool) tensors on, as HaiScale's GraphCast example's
     do: 1F1B against one process."""
@@ -173,6 +189,9 @@ def scenario_train(rank: int, world: int) -> dict[str, Any]:
         report[kind] = train(kind, ddp=ddp, offset=False, dp_group=dp_group, pp_group=pp_group)
     if ddp:
         report["1f1b offset"] = train("1f1b", ddp=True, offset=True, dp_group=dp_group, pp_group=pp_group)
+        report["1f1b no_sync"] = train(
+            "1f1b", ddp=True, offset=False, dp_group=dp_group, pp_group=pp_group, accumulate=True
+        )
     else:
         report["tuples max_abs_diff"] = train_tuples(pp_group)
     report["errors"] = bad_calls(pp_group)

@@ -109,11 +109,13 @@ def test_stages_passing_several_tensors_train_like_one_process(pp2: list[dict[st
         assert res["tuples max_abs_diff"] <= TOLERANCE, res
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "1f1b offset"])
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "1f1b offset", "1f1b no_sync"])
 def test_pipeline_with_ddp_across_replicas_trains_like_one_process(pp2dp2: list[dict[str, Any]], kind: str) -> None:
     for rank, res in enumerate(pp2dp2):
         assert (res["pp_rank"], res["dp_rank"]) == divmod(rank, 2)  # stage-major: a node holds one stage's replicas
         assert res[kind]["max_abs_diff"] <= TOLERANCE, (rank, res[kind])
+        # one reduction per step (one bucket, 3 steps), also when half the step ran inside DDP's no_sync()
+        assert res[kind]["collectives"] == 3, (rank, res[kind])
 
 
 def test_offset_replicas_start_later_on_a_shared_node_with_the_same_result(pp2dp2: list[dict[str, Any]]) -> None:

@@ -174,7 +174,9 @@ class Pipeline(torch.nn.Module):
         xs = _split_or_empty(inputs, self.chunks, "input", needed=self.is_first_stage)
         ys = _split_or_empty(tuple(labels), self.chunks, "label", needed=self.is_last_stage)
         actions = type(self).schedule(self.chunks, self.stage, self.num_stages)
-        run = _Run(xs, ys, criterion, len([a for a in actions if a.kind == "B"]))
+        # inside the DDP wrapper's no_sync() (accumulation over steps) no backward of this step reduces
+        reduce = self._ddp.reducer.sync_enabled if self._ddp is not None else False
+        run = _Run(xs, ys, criterion, len([a for a in actions if a.kind == "B"]), reduce)
         self.stats = StepStats(started=time.monotonic(), peak_in_flight=sched.peak_in_flight(actions))
         try:
             self._offset()
@@ -188,7 +190,7 @@ class Pipeline(torch.nn.Module):
             raise self._failed(exc) from exc
         finally:
             if self._ddp is not None:
-                self._ddp.reducer.sync_enabled = True
+                self._ddp.reducer.sync_enabled = reduce
         self.stats.finished = time.monotonic()
         self._slot_s = self.stats.busy_s / self.chunks
         self._steps += 1
@@ -224,7 +226,7 @@ class Pipeline(torch.nn.Module):
     def _forward(self, run: _Run, i: int) -> None:
         inputs = run.xs[i] if self.is_first_stage else self._link.recv_activations()
         if self._ddp is not None:  # the step's first forward prepares the reducer (and broadcasts buffers)
-            self._ddp.reducer.sync_enabled = run.forwards == 0
+            self._ddp.reducer.sync_enabled = run.reduce and run.forwards == 0
         run.forwards += 1
         saved: dict[int, int] = {}
         started = time.perf_counter()
@@ -256,7 +258,7 @@ class Pipeline(torch.nn.Module):
             grads = self._link.recv_grads(roots) if roots else None
         run.backwards += 1
         if self._ddp is not None:  # gradients accumulate locally; the step's last backward reduces them
-            self._ddp.reducer.sync_enabled = run.backwards == run.total_backwards
+            self._ddp.reducer.sync_enabled = run.reduce and run.backwards == run.total_backwards
         started = time.perf_counter()
         if roots:
             torch.autograd.backward(roots, grad_tensors=grads)
@@ -349,6 +351,7 @@ class _Run:
     ys: list[list[torch.Tensor]]
     criterion: Callable[..., torch.Tensor]
     total_backwards: int
+    reduce: bool  # the step's last backward averages the gradients over the replicas (DDP, not in no_sync)
     forwards: int = 0
     backwards: int = 0
     live_bytes: int = 0
