@@ -72,7 +72,8 @@ class Cli:
 async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     counts = {spec.name: getattr(args, f"num_{spec.name}") for spec in SERVICES if spec.scalable}
-    options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level)
+    options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level,
+                        database_url=getattr(args, "database", None))  # fmt: skip
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
     if getattr(args, "mount", None):
@@ -361,6 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_parent()
     p = sub.add_parser("up", parents=[common], help="start every service; wait until healthy and registered")
     _add_up_arguments(p)
+    database_help = (
+        "a new cluster only: keep mgmtd's, meta's, the scheduler's and telemetry's state on this "
+        "PostgreSQL database (postgresql://user:password@host:port/db; a schema each), not SQLite files"
+    )
+    p.add_argument("--database", metavar="URL", default=None, help=database_help)
     p.add_argument("--mount", metavar="DIR", default=None, help="also mount 3FS there with FUSE (down unmounts it)")
     p.set_defaults(handler=_cmd_up)
     p = sub.add_parser("down", parents=[common], help="stop every service (data stays)")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ff_appliance import admin
+from ff_appliance import admin, database
 from ff_appliance.health import Health, wait_serving
 from ff_appliance.services import (
     META,
@@ -63,12 +63,14 @@ class UpOptions:
         counts: instances asked for per service (None: as planned, or the default of a new cluster).
         timeout_s: how long the whole bring-up may take.
         log_level: passed to every service.
+        database_url: put the cluster's state on this PostgreSQL database (a new cluster only; ``database``).
     """
 
     env: Mapping[str, str]
     counts: Mapping[str, int | None] = field(default_factory=dict)
     timeout_s: float = 60.0
     log_level: str = "INFO"
+    database_url: str | None = None  # a new cluster's PostgreSQL database (``database``); None: as chosen before
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,9 +89,10 @@ async def up(state: StateDir, options: UpOptions, out: TextIO, services: Sequenc
     """
     state.create_dirs()
     with exclusive_lock(state.lock_file):
+        database_urls = await asyncio.to_thread(_database_urls, state, options.database_url, services)
         plan = _prepare_plan(state, options.counts, services)
         cluster_token = ensure_cluster_token(state)
-        ctx = LaunchContext(state=state, plan=plan, log_level=options.log_level)
+        ctx = LaunchContext(state=state, plan=plan, log_level=options.log_level, database_urls=database_urls)
         deadline = time.monotonic() + options.timeout_s
         started: list[Started] = []
         try:
@@ -115,6 +118,19 @@ async def _configure(ctx: LaunchContext, services: Sequence[ServiceSpec], cluste
         raise ApplianceError(f"setting up the cluster failed: {err}") from err
     finally:
         await client.close()
+
+
+def _database_urls(state: StateDir, given: str | None, services: Sequence[ServiceSpec]) -> dict[str, str]:
+    """The services' PostgreSQL URLs (schemas made), or none when the cluster is on SQLite files."""
+    try:
+        url = database.chosen_url(state, given)
+        if url is None:
+            return {}
+        urls = dict(database.prepare(url, [spec.name for spec in services if spec.database_env]))
+        database.keep(state, url)
+        return urls
+    except database.DatabaseError as err:
+        raise ApplianceError(str(err)) from None
 
 
 def _prepare_plan(state: StateDir, counts: Mapping[str, int | None], services: Sequence[ServiceSpec]) -> ClusterPlan:
@@ -186,6 +202,8 @@ def _launch(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan, env: 
     ctx.state.data_dir(spec.name).mkdir(mode=0o700, parents=True, exist_ok=True)
     remove_files([ctx.state.ready_file(instance.name)])  # a stale one would look ready at once
     child_env = {**env, "PYTHONUNBUFFERED": "1"}  # log lines reach the file as they happen
+    if spec.name in ctx.database_urls:
+        child_env[spec.database_env] = ctx.database_urls[spec.name]
     return start_detached(
         instance.name, command(spec, ctx, instance), log_file=ctx.state.log_file(instance.name),
         pid_file=ctx.state.pid_file(instance.name), env=child_env,

@@ -14,8 +14,8 @@ Anything else a service needs (mgmtd's addresses, its data folder, ...) comes fr
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ff_appliance import scheduler_setup, storage_setup, telemetry_setup
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
@@ -38,6 +38,7 @@ class LaunchContext:
     state: StateDir
     plan: ClusterPlan
     log_level: str = "INFO"
+    database_urls: Mapping[str, str] = field(default_factory=dict)  # service -> its PostgreSQL URL (``database``)
 
     @property
     def mgmtd_addresses(self) -> list[str]:
@@ -69,6 +70,8 @@ class ServiceSpec:
         configure: run at every ``up`` once all instances are registered (idempotent).
         overlaps_next: start the next service without waiting for this one to serve (the next needs
             nothing from it); both are waited for together.
+        database_env: the variable its database URL goes in when the cluster is on PostgreSQL ("": it keeps no
+            state in a database).
     """
 
     name: str
@@ -79,6 +82,7 @@ class ServiceSpec:
     args: ArgsBuilder = no_args
     configure: ClusterStep | None = None
     overlaps_next: bool = False
+    database_env: str = ""
 
     @property
     def node_type_name(self) -> str:
@@ -114,11 +118,12 @@ def _storage_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
 
 
 def _meta_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
-    # Every meta instance serves the same SQLite file (stateless services over one store).
-    return [
-        "--mgmtd-addresses", ",".join(ctx.mgmtd_addresses),
-        "--database-url", f"sqlite:///{ctx.state.data_dir(META) / 'meta.db'}",
-    ]  # fmt: skip
+    # Every meta instance serves the same store (stateless services over one store): one SQLite file, or the
+    # cluster's PostgreSQL database (its URL in the environment, see ``database``).
+    args = ["--mgmtd-addresses", ",".join(ctx.mgmtd_addresses)]
+    if META not in ctx.database_urls:
+        args += ["--database-url", f"sqlite:///{ctx.state.data_dir(META) / 'meta.db'}"]
+    return args
 
 
 def _scheduler_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
@@ -164,7 +169,14 @@ def _agent_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
 
 
 SERVICES: tuple[ServiceSpec, ...] = (
-    ServiceSpec(name=MGMTD, module="ff_mgmtd", node_type=common_pb2.NODE_TYPE_MGMTD, scalable=True, args=_mgmtd_args),
+    ServiceSpec(
+        name=MGMTD,
+        module="ff_mgmtd",
+        node_type=common_pb2.NODE_TYPE_MGMTD,
+        scalable=True,
+        args=_mgmtd_args,
+        database_env="FF_MGMTD_DATABASE_URL",
+    ),
     ServiceSpec(
         name=STORAGE,
         module="ff_storage",
@@ -174,13 +186,21 @@ SERVICES: tuple[ServiceSpec, ...] = (
         args=_storage_args,
         configure=storage_setup.ensure_chains,
     ),
-    ServiceSpec(name=META, module="ff_meta", node_type=common_pb2.NODE_TYPE_META, scalable=True, args=_meta_args),
+    ServiceSpec(
+        name=META,
+        module="ff_meta",
+        node_type=common_pb2.NODE_TYPE_META,
+        scalable=True,
+        args=_meta_args,
+        database_env="FF_META_DATABASE_URL",
+    ),
     ServiceSpec(
         name=SCHEDULER,
         module="ff_scheduler",
         node_type=common_pb2.NODE_TYPE_SCHEDULER,
         args=_scheduler_args,
         configure=scheduler_setup.ensure_hfai_user,
+        database_env="FF_SCHEDULER_DATABASE_URL",
     ),
     ServiceSpec(
         name=TELEMETRY,
@@ -188,6 +208,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_TELEMETRY,
         args=_telemetry_args,
         configure=telemetry_setup.describe,
+        database_env="FF_TELEMETRY_DATABASE_URL",
         # Agents push to it through mgmtd and retry until it is there: its start overlaps theirs.
         overlaps_next=True,
     ),

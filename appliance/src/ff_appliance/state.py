@@ -46,6 +46,11 @@ class StateDir:
         return self.secrets_dir / "admin_token"
 
     @property
+    def database_url_file(self) -> Path:
+        """``up --database``'s PostgreSQL URL (absent: SQLite files under the state folder)."""
+        return self.secrets_dir / "database_url"
+
+    @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
 
