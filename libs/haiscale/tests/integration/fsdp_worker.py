@@ -1,8 +1,10 @@
 """One rank of a haiscale FSDP test, run as its own process: ``python fsdp_worker.py SCENARIO OUT_JSON``.
 
 The launcher sets torch's variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), FF_HFREDUCE_NODE_RANK (the
-simulated node) and TEST_BACKEND (``hfreduce`` or ``gloo``). Every rank also trains the same model on the whole
-global batch in one process (the reference) and reports how far its FSDP parameters are from it.
+simulated node), TEST_BACKEND (the process group's: ``hfreduce`` or ``gloo``) and TEST_COLLECTIVES (FSDP's:
+``hfreduce``, registered-buffer allreduces; ``torch``, the process group's all-gather and reduce-scatter).
+Every rank also trains the same model on the whole global batch in one process (the reference) and reports how
+far its FSDP parameters are from it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from haiscale.fsdp import FullyShardedDataParallel, MixedPrecision, ModuleWrapPo
 GLOBAL_BATCH = 8  # rows per step, split evenly over the ranks (1, 2 or 4)
 WIDTH = 24
 STEPS = 4
+COLLECTIVES = os.environ.get("TEST_COLLECTIVES", "hfreduce")  # haiscale FSDP's collectives= option
 
 
 class Block(torch.nn.Module):
@@ -113,7 +116,7 @@ def train_reference(steps: int) -> Net:
 
 
 def wrap(net: Net, **options: Any) -> FullyShardedDataParallel:
-    return FullyShardedDataParallel(net, auto_wrap_policy=ModuleWrapPolicy([Block]), **options)
+    return FullyShardedDataParallel(net, auto_wrap_policy=ModuleWrapPolicy([Block]), collectives=COLLECTIVES, **options)
 
 
 def train_fsdp(fsdp: FullyShardedDataParallel, opt: Momentum | None, steps: range, rank: int, world: int) -> list[bool]:
@@ -194,7 +197,7 @@ def memory_ratio(rank: int, world: int) -> dict[str, Any]:
         net = Net(seed=100, width=64, blocks=4)
         model: torch.nn.Module
         if kind == "fsdp":
-            model = FullyShardedDataParallel(net, auto_wrap_policy=SizeWrapPolicy(10_000))
+            model = FullyShardedDataParallel(net, auto_wrap_policy=SizeWrapPolicy(10_000), collectives=COLLECTIVES)
         else:
             model = DistributedDataParallel(net)
         opt = Momentum(model.parameters())
@@ -324,6 +327,7 @@ def scenario_bad_arguments(rank: int, world: int) -> dict[str, Any]:
         "precision_dtype": _error_of(lambda: MixedPrecision(torch.int8)),
         "step": _error_of(lambda: FullyShardedDataParallel(Net(1), step_in_backward=3)),  # type: ignore[arg-type]
         "group": _error_of(lambda: FullyShardedDataParallel(Net(1), process_group="world")),
+        "collectives": _error_of(lambda: FullyShardedDataParallel(Net(1), collectives="nccl")),
         "frozen": _error_of(lambda: FullyShardedDataParallel(frozen)),
         "float64": _error_of(lambda: FullyShardedDataParallel(wide)),
         "tied": _error_of(lambda: FullyShardedDataParallel(Tied(), auto_wrap_policy=policy)),

@@ -34,8 +34,8 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
     """Start the ranks of an ``fsdp_worker.py`` scenario (two ranks per simulated node)."""
     procs: list[ForkedProcess] = []
 
-    def run(world: int, scenario: str, *, backend: str = "hfreduce", env: dict[str, str] | None = None,
-            timeout_s: float = 120) -> list[dict[str, Any]]:  # fmt: skip
+    def run(world: int, scenario: str, *, backend: str = "hfreduce", collectives: str = "hfreduce",
+            env: dict[str, str] | None = None, timeout_s: float = 120) -> list[dict[str, Any]]:  # fmt: skip
         port = free_port()
         outs = []
         for rank in range(world):
@@ -51,6 +51,7 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
                 "FF_HFREDUCE_TIMEOUT_S": "20",
                 "OMP_NUM_THREADS": "1",
                 "TEST_BACKEND": backend,
+                "TEST_COLLECTIVES": collectives,
                 "TEST_DIR": str(tmp_path),
                 **(env or {}),
             }
@@ -67,9 +68,16 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
             p.wait()
 
 
-@pytest.mark.parametrize(("backend", "world"), [("hfreduce", 2), ("hfreduce", 4), ("gloo", 2)])
-def test_fsdp_trains_like_one_process_with_1_over_n_of_the_memory(launch: Launch, backend: str, world: int) -> None:
-    results = launch(world, "train", backend=backend)
+@pytest.mark.parametrize(
+    ("backend", "collectives", "world"),
+    [("hfreduce", "hfreduce", 2), ("gloo", "hfreduce", 4), ("hfreduce", "torch", 4), ("gloo", "torch", 2)],
+)
+def test_fsdp_trains_like_one_process_with_1_over_n_of_the_memory(
+    launch: Launch, backend: str, collectives: str, world: int
+) -> None:
+    """Process groups on hfreduce's backend and on gloo; FSDP's collectives through hfreduce's registered
+    buffers (the default) and through the process group's own all-gather and reduce-scatter."""
+    results = launch(world, "train", backend=backend, collectives=collectives)
     for rank, res in enumerate(results):
         assert "crash" not in res and "missing" not in res, (rank, res)
         for name in VARIANTS:
@@ -133,6 +141,7 @@ def test_bad_arguments_are_refused_with_the_reason(launch: Launch) -> None:
         "precision_dtype": ("ValueError", "param_dtype must be float32, float16 or bfloat16"),
         "step": ("TypeError", "step_in_backward must be callable"),
         "group": ("TypeError", "process_group must be a torch.distributed ProcessGroup"),
+        "collectives": ("ValueError", "collectives must be 'hfreduce' or 'torch', got 'nccl'"),
         "frozen": ("RuntimeError", "no parameter that requires a gradient"),
         "float64": ("TypeError", "'weight' is torch.float64"),
         "tied": ("ValueError", "'b.up.weight' is the same tensor as 'a.up.weight' but in another unit"),

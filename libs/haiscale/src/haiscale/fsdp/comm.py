@@ -1,79 +1,247 @@
-"""The two collectives FSDP needs, asynchronous, on any torch.distributed process group."""
+"""The two collectives FSDP needs, asynchronous: through hfreduce (registered buffers) or the process group's own.
+
+``HFReduceComm`` (the default) forms an hfreduce group from the torch process group, as haiscale DDP does, and
+does both collectives as allreduces of registered buffers: within a node they are summed in shared memory with
+no copy in or out, between nodes reduced over hfreduce's trees. An all-gather is an allreduce in which each rank
+contributes its shard at its place and zeros elsewhere (x + 0 is exact); a reduce-scatter is an allreduce (AVG)
+of which each rank keeps its block. That moves more bytes between nodes than ring collectives (an allreduce is a
+reduce-scatter plus an all-gather), but on these machines the intra-node shared-memory reduce is what is fast:
+measured on 3.3 M floats at 2 ranks of one node, 6 ms for the registered allreduce against 25 ms for hfreduce's
+ring all-gather and 48-52 ms for gloo's all-gather and reduce-scatter.
+
+``TorchComm`` calls ``all_gather_single`` and ``reduce_scatter_single`` on the process group (gloo, nccl,
+``hfreduce``'s backend): for backends hfreduce does not serve, e.g. NCCL on GPUs.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+import collections
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from haiscale.ddp.groups import SharedGroup, acquire_group
 
-@dataclasses.dataclass
+
 class Pending:
-    """An asynchronous collective and the tensors it uses, kept alive until ``wait()`` returns."""
+    """An asynchronous collective: ``wait()`` blocks until it is done and its result is in place (once).
 
-    work: Any  # torch.distributed Work, or None when nothing was sent (a world of one)
-    keep: tuple[torch.Tensor, ...]
-    what: str = "collective"
+    ``finish`` (copy the result out) runs after a successful wait; ``release`` (give buffers back) after any.
+    """
+
+    def __init__(
+        self,
+        work: Any,
+        what: str,
+        finish: Callable[[], None] | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        self._work = work  # a torch Work, an hfreduce Work, or None when nothing was sent (a world of one)
+        self._what = what
+        self._finish = finish
+        self._release = release
+        self._done = False
 
     def wait(self) -> None:
-        """Block until done; raise the collective's error (e.g. hfreduce's naming a dead rank)."""
-        if self.work is not None:
-            self.work.wait()
-            # hfreduce's torch backend fails a collective through its future only (work.wait() returns as if
-            # it succeeded); gloo's reduce-scatter has no future (its wait() raises)
-            try:
-                future = self.work.get_future()
-            except RuntimeError:
-                future = None
-            if future is not None:
+        """Block until done; raise the collective's error (naming a dead rank, for instance)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._work is not None:
                 try:
-                    future.wait()
-                except RuntimeError as exc:
-                    raise RuntimeError(f"haiscale FSDP: {self.what} failed: {_cause(exc)}") from exc
-        self.keep = ()
+                    _wait(self._work)
+                except Exception as exc:
+                    raise RuntimeError(f"haiscale FSDP: {self._what} failed: {_cause(exc)}") from exc
+            if self._finish is not None:
+                self._finish()
+        finally:
+            self._finish = None
+            if self._release is not None:
+                release, self._release = self._release, None
+                release()
 
     def done(self) -> bool:
-        return self.work is None or bool(self.work.is_completed())
+        """The collective has completed (``wait()`` will not block on the network)."""
+        return self._done or self._work is None or bool(self._work.is_completed())
 
 
-class Comm:
-    """``all_gather`` and ``reduce_scatter`` of flat tensors over ``pg``, started without waiting.
+def _wait(work: Any) -> None:
+    work.wait()
+    # hfreduce's torch backend fails a collective through its future only (its work.wait() returns as if it had
+    # succeeded); gloo's reduce-scatter has no future (its wait() raises); hfreduce's own Work.wait() raises
+    get_future = getattr(work, "get_future", None)
+    if get_future is None:
+        return
+    try:
+        future = get_future()
+    except RuntimeError:
+        return
+    future.wait()
 
-    On backend ``hfreduce`` each runs on hfreduce's collective thread (ring over the ranks' links); on gloo on
-    gloo's threads; on nccl on its stream (``wait()`` makes the caller's stream wait for it). Collectives are
-    started in the same order on every rank: FSDP's hooks run in the same order everywhere for the same graph.
-    """
+
+class Comm(Protocol):
+    """What a unit needs: all-gather its shards, average-and-scatter its gradient; both started, not waited."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
+        """``out`` (world size x ``shard``) receives every rank's ``shard`` in rank order."""
+        ...
+
+    def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
+        """``out`` receives block ``rank`` of the mean of every rank's ``full`` (``full`` may be modified)."""
+        ...
+
+    def registered_bytes(self) -> int:
+        """Bytes of communication buffers held for the collectives."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TorchComm:
+    """The collectives of the process group itself."""
 
     def __init__(self, pg: Any) -> None:
         self.pg = pg
         self.rank = dist.get_rank(pg)
         self.world_size = dist.get_world_size(pg)
-        self.src = dist.get_global_rank(pg, 0)
+        # hfreduce's backend views a CPU output through numpy, which makes its storage non-resizable: gather into
+        # a staging tensor there, so that the unit's buffer can still be freed
+        self._stage = dist.get_backend(pg) == "hfreduce"
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
-        """``out`` (world size x ``shard``) receives every rank's ``shard`` in rank order."""
         if self.world_size == 1:
             with torch.no_grad():
                 out.copy_(shard)
-            return Pending(None, ())
-        work = dist.all_gather_single(out, shard, group=self.pg, async_op=True)
-        return Pending(work, (out, shard), "all-gather")
+            return Pending(None, "all-gather")
+        target = torch.empty_like(out) if self._stage else out
+        work = dist.all_gather_single(target, shard, group=self.pg, async_op=True)
 
-    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
-        """``out`` receives block ``rank`` of the sum of every rank's ``full``."""
+        def finish() -> None:
+            _ = shard  # alive until the collective is done
+            if target is not out:
+                with torch.no_grad():
+                    out.copy_(target)
+
+        return Pending(work, "all-gather", finish)
+
+    def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
         if self.world_size == 1:
             with torch.no_grad():
                 out.copy_(full)
-            return Pending(None, ())
+            return Pending(None, "reduce-scatter")
+        with torch.no_grad():
+            full.div_(self.world_size)  # a SUM of pre-divided gradients: gloo has no AVG
         work = dist.reduce_scatter_single(out, full, op=dist.ReduceOp.SUM, group=self.pg, async_op=True)
-        return Pending(work, (out, full), "reduce-scatter")
+        return Pending(work, "reduce-scatter", lambda: _keep(full))
 
-    def broadcast(self, t: torch.Tensor) -> None:
-        """Give every rank group rank 0's ``t``."""
-        if self.world_size > 1:
-            dist.broadcast(t, src=self.src, group=self.pg)
+    def registered_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class HFReduceComm:
+    """Both collectives as allreduces of hfreduce registered buffers (see the module docstring).
+
+    Registered buffers cannot be freed one by one (every local rank maps them), so there are a few per buffer
+    size, ``depth`` each, reused: a collective takes one when it starts and gives it back once its result is
+    copied out; when none is free, the oldest collective in flight is finished first.
+    """
+
+    def __init__(self, pg: Any, sizes: list[tuple[int, torch.dtype]], *, depth: int = 3) -> None:
+        self.rank = dist.get_rank(pg)
+        self.world_size = dist.get_world_size(pg)
+        self._shared: SharedGroup | None = acquire_group(pg) if self.world_size > 1 else None
+        self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
+        self._in_flight: collections.deque[Pending] = collections.deque()
+        self._bytes = 0
+        if self._shared is not None:
+            names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+            for numel, dtype in sorted(set(sizes), key=lambda s: (s[0], str(s[1]))):  # the same order everywhere
+                pool = [self._shared.group.alloc(numel, names[dtype], as_torch=True) for _ in range(depth)]
+                self._free[(numel, dtype)] = pool
+                self._bytes += depth * numel * pool[0].element_size()
+
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
+        if self._shared is None:
+            with torch.no_grad():
+                out.copy_(shard)
+            return Pending(None, "all-gather")
+        buf = self._take(out.numel(), out.dtype)
+        n, r = shard.numel(), self.rank
+        with torch.no_grad():
+            buf[: r * n].zero_()
+            buf[(r + 1) * n :].zero_()
+            buf[r * n : (r + 1) * n].copy_(shard)
+        work = self._shared.group.allreduce_async(buf, "sum")
+
+        def finish() -> None:
+            with torch.no_grad():
+                out.copy_(buf)
+
+        return self._track(work, "all-gather", finish, buf)
+
+    def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
+        if self._shared is None:
+            with torch.no_grad():
+                out.copy_(full)
+            return Pending(None, "reduce-scatter")
+        buf = self._take(full.numel(), full.dtype)
+        with torch.no_grad():
+            buf.copy_(full)
+        work = self._shared.group.allreduce_async(buf, "avg")
+        n, r = out.numel(), self.rank
+
+        def finish() -> None:
+            with torch.no_grad():
+                out.copy_(buf[r * n : (r + 1) * n])
+
+        return self._track(work, "reduce-scatter", finish, buf)
+
+    def _take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        free = self._free[(numel, dtype)]
+        while not free:
+            self._in_flight[0].wait()  # finishes it, giving its buffer back
+        return free.pop()
+
+    def _track(self, work: Any, what: str, finish: Callable[[], None], buf: torch.Tensor) -> Pending:
+        def release() -> None:
+            self._free[(buf.numel(), buf.dtype)].append(buf)
+            self._in_flight.remove(pending)
+
+        pending = Pending(work, what, finish, release)
+        self._in_flight.append(pending)
+        return pending
+
+    def registered_bytes(self) -> int:
+        return self._bytes
+
+    def close(self) -> None:
+        """Finish what is in flight and release the hfreduce group (closed with its last user)."""
+        try:
+            while self._in_flight:
+                self._in_flight[0].wait()
+        finally:
+            if self._shared is not None:
+                shared, self._shared = self._shared, None
+                shared.release()
+
+
+def broadcast(pg: Any, t: torch.Tensor) -> None:
+    """Give every rank of ``pg`` group rank 0's ``t``."""
+    if dist.get_world_size(pg) > 1:
+        dist.broadcast(t, src=dist.get_global_rank(pg, 0), group=pg)
+
+
+def _keep(_t: torch.Tensor) -> None:
+    """Holds a tensor in a closure until the collective using it is done."""
 
 
 def _cause(exc: BaseException) -> str:

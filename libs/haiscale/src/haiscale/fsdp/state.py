@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from haiscale.checkpoint import Shard
+from haiscale.fsdp.comm import TorchComm
 
 if TYPE_CHECKING:
     from haiscale.fsdp.unit import Unit
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 def _gather(fsdp: FSDP, unit: Unit, shard: torch.Tensor) -> torch.Tensor:
     """Every rank's ``shard`` (a tensor shaped like the unit's shard) as the unit's padded flat tensor."""
     out = torch.empty(unit.layout.padded, dtype=shard.dtype, device=shard.device)
-    fsdp.comm.all_gather(out, shard.detach().contiguous()).wait()
+    # the process group's own all-gather: any dtype, no registered buffer (called between steps)
+    TorchComm(fsdp.process_group).all_gather(out, shard.detach().contiguous()).wait()
     return out
 
 

@@ -76,7 +76,6 @@ class Unit:
         self.buffer.untyped_storage().resize_(0)
         self.state = UnitState.FREE
         self._gather: Pending | None = None
-        self._staging: torch.Tensor | None = None
         self.full: torch.Tensor | None = None  # this forward's leaf: views of it are the module's parameters
         self._hook: Any = None
         self.backward_started = False
@@ -96,31 +95,22 @@ class Unit:
     # ----- gather and free -----
 
     def start_gather(self) -> None:
-        """Start the all-gather of every rank's shard (nothing if gathered or in flight).
-
-        It lands in a staging tensor, copied into ``buffer`` once complete: a backend may pin the memory it
-        writes (hfreduce's views it through numpy, which makes a storage non-resizable), and ``buffer``'s
-        storage must stay resizable so that it can be freed under the views autograd saved.
-        """
+        """Start the all-gather of every rank's shard into ``buffer`` (nothing if gathered or in flight)."""
         if self.state is not UnitState.FREE:
             return
         src = self.shard.detach()
         if src.dtype != self.compute_dtype:
             src = src.to(self.compute_dtype)
-        self._staging = torch.empty(self.layout.padded, dtype=self.compute_dtype, device=self.buffer.device)
-        self._gather = self.comm.all_gather(self._staging, src)
+        self.buffer.untyped_storage().resize_(self._nbytes)
+        self._gather = self.comm.all_gather(self.buffer, src)
         self.state = UnitState.GATHERING
 
     def wait_gather(self) -> None:
         """Make sure ``buffer`` holds the gathered parameters."""
         self.start_gather()
-        if self._gather is not None and self._staging is not None:
+        if self._gather is not None:
             pending, self._gather = self._gather, None
             pending.wait()
-            self.buffer.untyped_storage().resize_(self._nbytes)
-            with torch.no_grad():
-                self.buffer.copy_(self._staging)
-            self._staging = None
         self.state = UnitState.READY
 
     def free(self) -> None:
@@ -130,7 +120,6 @@ class Unit:
         if self._gather is not None:
             pending, self._gather = self._gather, None
             pending.wait()
-            self._staging = None
         self.buffer.untyped_storage().resize_(0)
         self.state = UnitState.FREE
         self._placeholders()
@@ -179,9 +168,8 @@ class Unit:
     # ----- sizes -----
 
     def gathered_bytes(self) -> int:
-        """Bytes of the gathered buffer and of an all-gather in flight."""
-        staging = 0 if self._staging is None else self._staging.numel() * self._staging.element_size()
-        return self.buffer.untyped_storage().nbytes() + staging
+        """Bytes of the gathered buffer (also while an all-gather into it is in flight)."""
+        return int(self.buffer.untyped_storage().nbytes())
 
     def resident_bytes(self) -> int:
         """Bytes of this rank's shard and its gradient (what stays between steps)."""

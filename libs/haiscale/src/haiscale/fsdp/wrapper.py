@@ -8,11 +8,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from haiscale.fsdp import state as state_fns
 from haiscale.fsdp.build import Owned, assign_params, check_devices, check_same_units, resolve_process_group
-from haiscale.fsdp.comm import Comm, Pending
+from haiscale.fsdp.comm import Comm, HFReduceComm, Pending, TorchComm, broadcast
+from haiscale.fsdp.flat import layout_of
 from haiscale.fsdp.unit import Unit
 from haiscale.fsdp.wrap import WrapPolicy, plan_units
 
@@ -60,6 +62,10 @@ class FullyShardedDataParallel(torch.nn.Module):
             optimizer step); ``optimizers`` lists them. Then do not call ``step()`` yourself, and gradients are
             not accumulated over several backwards nor visible after backward (no clipping by global norm).
         sync_module_states: start every rank from rank 0's parameters and buffers.
+        collectives: ``"hfreduce"`` (default): all-gathers and reduce-scatters as allreduces of hfreduce
+            registered buffers, over an hfreduce group formed from ``process_group`` (as haiscale DDP does;
+            a few buffers per unit size are kept, ``comm.registered_bytes()``); ``"torch"``: the process
+            group's own ``all_gather_single``/``reduce_scatter_single`` (e.g. NCCL on GPUs).
 
     Original parameter attributes (``model.layer.weight``) hold the gathered values only while their unit
     runs; between uses they are meta tensors (shape and dtype only). Use ``state_dict()``/``full_state_dict()``
@@ -76,9 +82,10 @@ class FullyShardedDataParallel(torch.nn.Module):
         prefetch: bool = True,
         step_in_backward: OptimizerFactory | None = None,
         sync_module_states: bool = True,
+        collectives: str = "hfreduce",
     ) -> None:
         super().__init__()
-        _check_arguments(module, mixed_precision, step_in_backward)
+        _check_arguments(module, mixed_precision, step_in_backward, collectives)
         owned = assign_params(module, plan_units(module, auto_wrap_policy))
         if not owned:
             raise RuntimeError("haiscale FSDP: the module has no parameter that requires a gradient; nothing to shard")
@@ -87,19 +94,19 @@ class FullyShardedDataParallel(torch.nn.Module):
         check_same_units(pg, owned)  # every check before anything changes
         self.module = module
         self.process_group = pg
-        self.comm = Comm(pg)
         self.mixed_precision = mixed_precision
         self.prefetch = prefetch
+        self.comm = self._make_comm(collectives, owned)
         self._state_keys = list(module.state_dict(keep_vars=True).keys())
         self.units = [self._make_unit(i, o) for i, o in enumerate(owned)]
         for unit in self.units:
             if sync_module_states:
-                self.comm.broadcast(unit.flat_init)
+                broadcast(pg, unit.flat_init)
             unit.take_shard()
         if sync_module_states:
             with torch.no_grad():
                 for t in [p for p in module.parameters() if not p.requires_grad] + list(module.buffers()):
-                    self.comm.broadcast(t.data)
+                    broadcast(pg, t.data)
         self.flat_params = torch.nn.ParameterList([u.shard for u in self.units])
         self.optimizers: list[Any] = []
         if step_in_backward is not None:
@@ -116,12 +123,25 @@ class FullyShardedDataParallel(torch.nn.Module):
             self._handles.append(unit.module.register_forward_pre_hook(self._pre_forward_hook(unit)))
             self._handles.append(unit.module.register_forward_hook(self._post_forward_hook(unit)))
 
+    def _dtypes(self, master: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
+        """(compute, reduce) dtypes of a unit whose parameters are ``master``."""
+        mp = self.mixed_precision
+        compute = mp.param_dtype if mp else master
+        return compute, ((mp.reduce_dtype or compute) if mp else master)
+
+    def _make_comm(self, collectives: str, owned: list[Owned]) -> Comm:
+        if collectives == "torch":
+            return TorchComm(self.process_group)
+        world = dist.get_world_size(self.process_group)
+        sizes = []
+        for o in owned:
+            padded = layout_of([v.numel() for v in o.values], world).padded
+            sizes += [(padded, dt) for dt in self._dtypes(o.values[0].dtype)]
+        return HFReduceComm(self.process_group, sizes)
+
     def _make_unit(self, index: int, owned: Owned) -> Unit:
         """Take the unit's parameters out of their modules into a ``Unit`` (its flat buffer, not yet sharded)."""
-        mp = self.mixed_precision
-        master = owned.values[0].dtype
-        compute = mp.param_dtype if mp else master
-        reduce = (mp.reduce_dtype or compute) if mp else master
+        compute, reduce = self._dtypes(owned.values[0].dtype)
         for ref in owned.params:
             for mod, attr in ref.slots:
                 del mod._parameters[attr]
@@ -190,11 +210,11 @@ class FullyShardedDataParallel(torch.nn.Module):
     def _pre_backward_hook(self, unit: Unit) -> Callable[[torch.Tensor], None]:
         def hook(_grad: torch.Tensor) -> None:
             self._queue_callback()
+            self._guard(unit.wait_gather)  # also after a recomputing forward (activation checkpointing) freed it
             if unit.backward_started:
                 return
             unit.backward_started = True
             self._cur_bwd.append(unit)
-            self._guard(unit.wait_gather)
             if self.prefetch:
                 nxt = _after(self._bwd_order, unit)
                 if nxt is not None:
@@ -212,10 +232,8 @@ class FullyShardedDataParallel(torch.nn.Module):
             return
         with torch.no_grad():
             g = grad if grad.dtype == unit.reduce_dtype else grad.to(unit.reduce_dtype)
-            if self.comm.world_size > 1:
-                g.div_(self.comm.world_size)  # the mean, as a SUM of pre-divided gradients (gloo has no AVG)
             out = torch.empty(unit.layout.shard_numel, dtype=unit.reduce_dtype, device=g.device)
-            self._pending.append((unit, self._guard(lambda: self.comm.reduce_scatter(out, g)), out))
+            self._pending.append((unit, self._guard(lambda: self.comm.reduce_scatter_mean(out, g)), out))
         unit.free()
         if self.optimizers:
             self._drain(block=False)
@@ -302,6 +320,13 @@ class FullyShardedDataParallel(torch.nn.Module):
         ``checkpoint.load(..., allocate_missing=True)`` made for an optimizer that had no state yet)."""
         state_fns.load_sharded_optim_state_dict(self, _as_list(optimizers), state)
 
+    def close(self) -> None:
+        """Remove the hooks and release the hfreduce group (closed with its last user). Idempotent."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.comm.close()
+
     # ----- sizes -----
 
     def resident_bytes(self, optimizers: Any = None) -> int:
@@ -319,7 +344,9 @@ class FullyShardedDataParallel(torch.nn.Module):
         return sum(u.gathered_bytes() for u in self.units)
 
 
-def _check_arguments(module: Any, mixed_precision: Any, step_in_backward: Any) -> None:
+def _check_arguments(module: Any, mixed_precision: Any, step_in_backward: Any, collectives: Any) -> None:
+    if collectives not in ("hfreduce", "torch"):
+        raise ValueError(f"collectives must be 'hfreduce' or 'torch', got {collectives!r}")
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"haiscale FSDP wraps a torch.nn.Module, got {type(module).__name__}")
     if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
