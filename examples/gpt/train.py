@@ -21,7 +21,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 import torch
@@ -138,12 +138,15 @@ class Trainer:
             return None
         state = self.state()
         loaded = ckpt.load(self.a.ckpt, state, allocate_missing=True)  # the optimizer has no moments yet
-        self.opt.load_state_dict(state["optim"])
+        self.restore_optimizer(state["optim"])
         self.step = self.saved_step = state["step"]
         self.batches.restore(state["data"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         return loaded.step
+
+    def restore_optimizer(self, state: dict[str, Any]) -> None:
+        self.opt.load_state_dict(state)
 
     def save(self, blocking: bool) -> None:
         if self.saved_step == self.step:  # saved already (maybe still being written)
@@ -199,16 +202,18 @@ class Progress:
             self.started = time.perf_counter()
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    r = ranks_from_env(dict(os.environ))
-    if r.world > 1:
-        dist.init_process_group(a.backend, rank=r.rank, world_size=r.world)
-    t = Trainer(a, r)
-    resumed = t.resume()
-    progress = Progress(a, r)
-    if r.rank == 0:
-        print(f"rank 0 of {r.world}: " + (f"resumed from step {resumed}" if resumed is not None else "from scratch"))
+class Steps(Protocol):
+    """What ``run`` drives: a trainer of this file or of its variants (pipeline, FSDP)."""
+
+    step: int
+
+    def train_step(self) -> float: ...
+    def save(self, blocking: bool) -> None: ...
+    def suspend_asked(self) -> bool: ...
+
+
+def run(t: Steps, a: argparse.Namespace, r: Ranks, progress: Progress) -> None:
+    """Train until ``--steps``: a checkpoint every ``--ckpt-every`` steps, and at a suspend (then ``go_suspend``)."""
     while t.step < a.steps:
         if t.suspend_asked():
             t.save(blocking=True)  # every rank's slice written, rank 0 committed (and reported) it
@@ -224,8 +229,22 @@ def main(argv: list[str] | None = None) -> int:
         if a.ckpt_every and t.step % a.ckpt_every == 0:
             t.save(blocking=False)
     t.save(blocking=True)
+    if r.world > 1:
+        dist.barrier()
     if r.rank == 0:
         print(f"done at step {t.step}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    r = ranks_from_env(dict(os.environ))
+    if r.world > 1:
+        dist.init_process_group(a.backend, rank=r.rank, world_size=r.world)
+    t = Trainer(a, r)
+    resumed = t.resume()
+    if r.rank == 0:
+        print(f"rank 0 of {r.world}: " + (f"resumed from step {resumed}" if resumed is not None else "from scratch"))
+    run(t, a, r, Progress(a, r))
     if r.world > 1:
         t.ddp.reducer.stop()
         dist.destroy_process_group()

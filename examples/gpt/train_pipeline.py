@@ -24,7 +24,6 @@ import argparse
 import os
 import random
 import sys
-import time
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from model import VOCAB, GPTConfig, TinyGPT
 from torch import nn
-from train import Batches, Progress, Ranks, ranks_from_env, read_corpus
+from train import Batches, Progress, Ranks, ranks_from_env, read_corpus, run
 from train import parse_args as parse_common
 
 import hfai.telemetry
@@ -180,23 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if r.rank == 0:
         print(f"rank 0 of {r.world} ({a.pp} stages x {t.replicas} replicas, {a.schedule}): "
               + (f"resumed from step {resumed}" if resumed is not None else "from scratch"), flush=True)  # fmt: skip
-    while t.step < a.steps:
-        if t.suspend_asked():
-            t.save(blocking=True)
-            dist.barrier()
-            if r.rank == 0:
-                print(f"suspending at step {t.step}", flush=True)
-                hfai_client.go_suspend()
-            while True:
-                time.sleep(1)
-        loss = t.train_step()
-        progress.step(t.step, loss)
-        if a.ckpt_every and t.step % a.ckpt_every == 0:
-            t.save(blocking=False)
-    t.save(blocking=True)
-    dist.barrier()
-    if r.rank == 0:
-        print(f"done at step {t.step}", flush=True)
+    run(t, a, r, progress)
     if isinstance(t.ddp, DistributedDataParallel):
         t.ddp.reducer.stop()
     dist.destroy_process_group()

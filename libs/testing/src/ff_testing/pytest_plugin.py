@@ -13,8 +13,11 @@ import pytest
 from ff_testing.forkserver import ForkServer
 from ff_testing.postgres import PostgresServer, running_postgres
 
-# What torch ranks of the tests import before they run: imported once by the fork server (see torch_forks).
-TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn", "hfreduce.distributed")
+# What torch ranks of the tests import before they run (the example trainers' too): imported once by the fork
+# server (see torch_forks). None of it starts a thread on import, which a fork would leave broken.
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn", "hfreduce.distributed", "haiscale.ddp",
+                 "haiscale.checkpoint", "haiscale.pipeline", "haiscale.fsdp", "hfai.telemetry", "hfai.client", "hf3fs",
+                 "fsspec")  # fmt: skip
 
 # db_url's parameters, and the fixture giving each one's URL.
 _DATABASE_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}
