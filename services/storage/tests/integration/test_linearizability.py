@@ -15,7 +15,7 @@ from ff_storage.chaos import run_chaos
 from ff_storage.core.linearizability import check_history
 from ff_storage.testing import start_cluster, tail_logs
 
-RUN_S = 45.0
+RUN_S = 30.0  # about 10 head kills (one every 1-3 s), a few hundred operations
 
 
 async def test_reads_and_writes_stay_linearizable_while_chain_heads_are_killed(tmp_path: Path) -> None:
@@ -32,4 +32,4 @@ async def test_reads_and_writes_stay_linearizable_while_chain_heads_are_killed(t
     verdict = check_history(stats.history)
     assert verdict.ok, verdict.describe()
     counts = (stats.kills, stats.writes_ok, stats.reads_ok)
-    assert counts[0] >= 1 and counts[1] >= 30 and counts[2] >= 30, f"kills, writes, reads: {counts}"
+    assert counts[0] >= 3 and counts[1] >= 30 and counts[2] >= 30, f"kills, writes, reads: {counts}"
