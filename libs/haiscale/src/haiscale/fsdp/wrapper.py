@@ -186,7 +186,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             if self.prefetch:
                 nxt = _after(self._fwd_order, unit)
                 if nxt is not None:
-                    nxt.start_gather()
+                    self._guard(nxt.start_gather)
             unit.bind(self._on_grad if torch.is_grad_enabled() else None)
 
         return hook
@@ -218,7 +218,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             if self.prefetch:
                 nxt = _after(self._bwd_order, unit)
                 if nxt is not None:
-                    nxt.start_gather()
+                    self._guard(nxt.start_gather)
 
         return hook
 
