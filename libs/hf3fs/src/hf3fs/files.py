@@ -86,7 +86,7 @@ async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, off
                 out[pos : pos + got] = o.data
         elif o.status != spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND:
             raise io_error(f"read of chunk {s.chunk_index} failed: {o.message or o.status}", path)
-        if got < s.length and into is not None:  # a hole or a short chunk: zeros (a new buffer has them)
+        if got < s.length:  # a hole or a short chunk: zeros (also in a new buffer: a failed attempt may have written)
             out[pos + got : pos + s.length] = bytes(s.length - got)
     return out.obj if into is None else out  # type: ignore[return-value]  # the bytearray made above
 

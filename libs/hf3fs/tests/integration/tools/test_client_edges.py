@@ -90,6 +90,14 @@ def test_reads_into_the_callers_buffers_fill_holes_with_zeros_and_stop_at_the_en
         view = bytearray(b"\xff" * (chunk + 110))
         assert f.readinto(view) == chunk + 110 and view == expected
 
+    with client.open("/ffs/short", "wb", buffering=0) as f:  # chunk 0 short (10 bytes stored), chunk 1 a hole
+        f.write(b"a" * 10)
+        f.seek(2 * chunk)
+        f.write(b"b" * 5)
+    dirty = [bytearray(b"\xff" * (2 * chunk + 5))]
+    assert client.read_batch_into([("/ffs/short", 0, 2 * chunk + 5)], dirty) == [2 * chunk + 5]
+    assert dirty[0] == b"a" * 10 + bytes(2 * chunk - 10) + b"b" * 5
+
     for bad in ([bytearray(10)], [bytes(chunk + 200)], []):  # too small, read-only, one buffer short
         with pytest.raises(ValueError):
             client.read_batch_into([("/ffs/sparse", 0, chunk + 200)], bad)
