@@ -65,8 +65,9 @@ def test_a_cluster_on_postgresql_fails_over_and_stays_there(appliance: Appliance
     finally:
         engine.dispose()
     tables = dict(rows)
-    assert set(tables) == {f"fireflyer_{s}" for s in ("mgmtd", "meta", "scheduler", "telemetry")}, tables
-    assert all(n >= 2 for n in tables.values()), tables  # each its own tables and migration history
+    services = {f"fireflyer_{s}" for s in ("mgmtd", "meta", "scheduler", "telemetry")}
+    assert set(tables) == services | {"fireflyer_appliance"}, tables  # and the record of the cluster it holds
+    assert all(tables[s] >= 2 for s in services), tables  # each its own tables and migration history
 
     plan = json.loads((state / "plan.json").read_text())
     mgmtd = [f"{i['host']}:{i['grpc_port']}" for i in plan["instances"] if i["service"] == "mgmtd"]
@@ -96,6 +97,11 @@ def test_a_cluster_on_postgresql_fails_over_and_stays_there(appliance: Appliance
     assert not [p for p in state.rglob("*.db*") if p.is_file()]
     refused = appliance.run("up", "--database", postgres_url.rsplit("/", 1)[0] + "/another")
     assert refused.code != 0 and "cannot move to another database" in refused.err, refused
+    # Another cluster (another state folder, another cluster token) never adopts this one's state there.
+    other = Appliance(appliance.state_dir.parent / "other-state")
+    taken = other.run("up", "--database", postgres_url, timeout_s=60)
+    assert taken.code != 0 and "holds another cluster's state" in taken.err, taken
+    assert not (other.state_dir / "plan.json").exists()
 
 
 def test_up_refuses_a_database_it_cannot_use(appliance: Appliance, tmp_path: Path) -> None:

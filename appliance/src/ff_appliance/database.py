@@ -10,6 +10,7 @@ environment (``FF_<SERVICE>_DATABASE_URL``), never on a command line another use
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from ff_appliance.state import StateDir, load_plan, read_secret, write_secret
 
 SCHEMA_PREFIX = "fireflyer_"
+OWNER_SCHEMA = f"{SCHEMA_PREFIX}appliance"  # which cluster the database holds
 CONNECT_TIMEOUT_S = 10
 
 
@@ -34,8 +36,9 @@ def parse(url: str) -> URL:
     """
     try:
         parsed = make_url(url)
-    except ArgumentError as err:
-        raise DatabaseError(f"not a database URL: {err}") from None
+        parsed.port  # noqa: B018  # a bad port raises here (ValueError), not at the first connection
+    except (ArgumentError, ValueError) as err:
+        raise DatabaseError(f"not a database URL: {str(err).splitlines()[0]}") from None
     if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in ("psycopg", "psycopg2"):
         raise DatabaseError(
             f"--database takes a PostgreSQL URL (postgresql://user:password@host:port/database), not "
@@ -52,20 +55,22 @@ def chosen_url(state: StateDir, given: str | None) -> str | None:
     """The cluster's database URL: the one kept from its first ``up``, or ``given`` for a new cluster (``keep`` it
     once prepared).
 
+    A ``given`` URL that differs from the kept one only in its password replaces it (a rotated password).
+
     Raises:
-        DatabaseError: ``given`` differs from the kept one, or the cluster already runs on SQLite files.
+        DatabaseError: ``given`` names another database than the kept one, or the cluster runs on SQLite files.
     """
     kept = read_secret(state.database_url_file)
     if given is None:
         return kept
     url = parse(given).render_as_string(hide_password=False)
     if kept is not None:
-        if parse(kept) != parse(url):
+        if parse(kept)._replace(password=None) != parse(url)._replace(password=None):  # (URL is a namedtuple)
             raise DatabaseError(
                 f"this cluster keeps its state on {parse(kept).render_as_string()}; it cannot move to another "
                 f"database (start a new cluster with another --state-dir)"
             )
-        return kept
+        return url
     if load_plan(state) is not None:
         raise DatabaseError(
             f"this cluster keeps its state in SQLite files under {state.root}; it cannot move to PostgreSQL "
@@ -76,7 +81,7 @@ def chosen_url(state: StateDir, given: str | None) -> str | None:
 
 def keep(state: StateDir, url: str) -> None:
     """Remember the cluster's database for every later ``up`` (with the other secrets: it may hold a password)."""
-    if read_secret(state.database_url_file) is None:
+    if read_secret(state.database_url_file) != url:
         write_secret(state.database_url_file, url)
 
 
@@ -91,16 +96,32 @@ def service_urls(url: str, services: Sequence[str]) -> dict[str, str]:
     }
 
 
-def prepare(url: str, services: Sequence[str]) -> Mapping[str, str]:
+def prepare(url: str, services: Sequence[str], owner: str) -> Mapping[str, str]:
     """Make every service's schema (if missing) and return the services' URLs (``service_urls``).
 
+    The database records which cluster it holds (``owner``: a digest of the cluster token, in
+    ``fireflyer_appliance.owner``): a second cluster, or this state folder made anew, never adopts another's
+    registry, inodes and tasks.
+
     Raises:
-        DatabaseError: the server cannot be reached, or refuses (login, rights to create schemas).
+        DatabaseError: the server cannot be reached, or refuses (login, rights to create schemas), or the
+            database holds another cluster's state.
     """
     base = parse(url)
     engine = sa.create_engine(base, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
     try:
         with engine.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{OWNER_SCHEMA}"'))
+            conn.execute(sa.text(f'CREATE TABLE IF NOT EXISTS "{OWNER_SCHEMA}".owner (cluster TEXT PRIMARY KEY)'))
+            conn.execute(sa.text(f'LOCK TABLE "{OWNER_SCHEMA}".owner'))  # two first ups at once: one wins
+            found = conn.execute(sa.text(f'SELECT cluster FROM "{OWNER_SCHEMA}".owner')).scalars().all()
+            if not found:
+                conn.execute(sa.text(f'INSERT INTO "{OWNER_SCHEMA}".owner VALUES (:c)'), {"c": owner})
+            elif found != [owner]:
+                raise DatabaseError(
+                    f"{base.render_as_string()} holds another cluster's state (made with another cluster token): "
+                    "give this cluster a database of its own"
+                )
             for s in services:
                 conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{SCHEMA_PREFIX}{s}"'))
     except SQLAlchemyError as err:
@@ -109,3 +130,8 @@ def prepare(url: str, services: Sequence[str]) -> Mapping[str, str]:
     finally:
         engine.dispose()
     return service_urls(url, services)
+
+
+def owner_of(cluster_token: str) -> str:
+    """What the database records as its cluster: a digest of the cluster token (not the token)."""
+    return hashlib.sha256(b"fireflyer-database-owner\0" + cluster_token.encode()).hexdigest()

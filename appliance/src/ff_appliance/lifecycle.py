@@ -89,9 +89,9 @@ async def up(state: StateDir, options: UpOptions, out: TextIO, services: Sequenc
     """
     state.create_dirs()
     with exclusive_lock(state.lock_file):
-        database_urls = await asyncio.to_thread(_database_urls, state, options.database_url, services)
-        plan = _prepare_plan(state, options.counts, services)
         cluster_token = ensure_cluster_token(state)
+        database_urls = await asyncio.to_thread(_database_urls, state, options.database_url, services, cluster_token)
+        plan = _prepare_plan(state, options.counts, services)
         ctx = LaunchContext(state=state, plan=plan, log_level=options.log_level, database_urls=database_urls)
         deadline = time.monotonic() + options.timeout_s
         started: list[Started] = []
@@ -120,13 +120,16 @@ async def _configure(ctx: LaunchContext, services: Sequence[ServiceSpec], cluste
         await client.close()
 
 
-def _database_urls(state: StateDir, given: str | None, services: Sequence[ServiceSpec]) -> dict[str, str]:
+def _database_urls(
+    state: StateDir, given: str | None, services: Sequence[ServiceSpec], cluster_token: str
+) -> dict[str, str]:
     """The services' PostgreSQL URLs (schemas made), or none when the cluster is on SQLite files."""
     try:
         url = database.chosen_url(state, given)
         if url is None:
             return {}
-        urls = dict(database.prepare(url, [spec.name for spec in services if spec.database_env]))
+        names = [spec.name for spec in services if spec.database_env]
+        urls = dict(database.prepare(url, names, database.owner_of(cluster_token)))
         database.keep(state, url)
         return urls
     except database.DatabaseError as err:

@@ -20,6 +20,7 @@ from ff_appliance.state import StateDir
         ("postgresql://u@h:5432", "names no database"),
         ("postgresql://u@h/db?options=-cfoo", "may not set options"),
         ("not a url", "not a database URL"),
+        ("postgresql://u:pw@h:5x/db", "not a database URL"),  # a bad port: refused, no traceback
     ],
 )
 def test_unusable_urls_are_refused(url: str, says: str) -> None:
@@ -45,3 +46,7 @@ def test_the_first_choice_is_kept_and_never_changed(tmp_path: Path) -> None:
     assert database.chosen_url(state, None) == url and database.chosen_url(state, "postgresql+psycopg://u@h/db") == url
     with pytest.raises(database.DatabaseError, match="cannot move to another database"):
         database.chosen_url(state, "postgresql://u@h/other")
+    rotated = database.chosen_url(state, "postgresql://u:new-password@h/db")  # only the password changed: taken
+    assert rotated is not None and make_url(rotated).password == "new-password"
+    database.keep(state, rotated)
+    assert database.chosen_url(state, None) == rotated
