@@ -7,8 +7,8 @@ demo:
 	.venv/bin/fireflyer demo
 
 # The whole test suite: lint, types, protos, import rules, unit, integration, e2e. The first five run two at a
-# time (mypy and the unit tests, each about a minute from a fresh clone, side by side); integration waits for them
-# and e2e for integration (tox.ini's depends), each alone on the machine.
+# time (mypy and the unit tests, each about a minute from a fresh clone, side by side); integration and e2e wait
+# for them and run together, two workers, e2e files first (tox.ini's env "system").
 test:
 	bash scripts/bootstrap.sh
 	.venv/bin/tox run-parallel --parallel 2 --parallel-live --parallel-no-spinner

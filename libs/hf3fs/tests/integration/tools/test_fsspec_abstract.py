@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from fsspec.tests.abstract import (
@@ -32,11 +32,12 @@ class Hf3fsFixtures(AbstractFixtures):  # type: ignore[misc]  # fsspec is untype
         return posixpath.join
 
     @pytest.fixture
-    def fs_path(self, fs: Hf3fsFileSystem) -> Iterator[str]:
+    def fs_path(self, fs: Hf3fsFileSystem) -> str:
+        """A new folder per test; not removed after it (the cluster, and all of it, goes with the module), which
+        saved a recursive remove of every scenario's files per test."""
         path = f"/ffs/abstract/{uuid.uuid4().hex[:12]}"
         fs.makedirs(path, exist_ok=True)
-        yield path
-        fs.rm(path, recursive=True)
+        return path
 
 
 class TestHf3fsCopy(AbstractCopyTests, Hf3fsFixtures):  # type: ignore[misc]
