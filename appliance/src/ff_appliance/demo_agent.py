@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -153,7 +154,9 @@ async def _suspend_resume(user: _User, folder: Path, step: Callable[[str], None]
     task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
     await user.wait(task.task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING, "running")
     deadline = time.monotonic() + WAIT_S
-    while "step 5" not in await user.log(task.task_id, 0):  # it made some progress worth checkpointing
+    # Node rank 0's local rank 0 (the rank that checkpoints) made some progress worth checkpointing: its own line
+    # (local rank 1 may be steps ahead of it: a checkpoint at step 3 once followed local rank 1's "step 5").
+    while not re.search(r"^\[0\] step 5$", await user.log(task.task_id, 0), re.MULTILINE):
         if time.monotonic() > deadline:
             raise AgentDemoError("the train task printed no progress")
         await asyncio.sleep(0.2)
