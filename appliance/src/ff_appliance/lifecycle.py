@@ -128,7 +128,7 @@ def _database_urls(
         url = database.chosen_url(state, given)
         if url is None:
             return {}
-        names = [spec.name for spec in services if spec.database_env]
+        names = [spec.name for spec in services if spec.keeps_database]
         urls = dict(database.prepare(url, names, database.owner_of(cluster_token)))
         database.keep(state, url)
         return urls

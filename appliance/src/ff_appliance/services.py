@@ -70,8 +70,8 @@ class ServiceSpec:
         configure: run at every ``up`` once all instances are registered (idempotent).
         overlaps_next: start the next service without waiting for this one to serve (the next needs
             nothing from it); both are waited for together.
-        database_env: the variable its database URL goes in when the cluster is on PostgreSQL ("": it keeps no
-            state in a database).
+        keeps_database: it keeps its state in a database: when the cluster is on PostgreSQL, its URL goes in
+            ``database_env``.
     """
 
     name: str
@@ -82,7 +82,12 @@ class ServiceSpec:
     args: ArgsBuilder = no_args
     configure: ClusterStep | None = None
     overlaps_next: bool = False
-    database_env: str = ""
+    keeps_database: bool = False
+
+    @property
+    def database_env(self) -> str:
+        """The setting its database URL goes in (each service's settings read ``FF_<SERVICE>_*``)."""
+        return f"FF_{self.name.upper()}_DATABASE_URL"
 
     @property
     def node_type_name(self) -> str:
@@ -175,7 +180,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_MGMTD,
         scalable=True,
         args=_mgmtd_args,
-        database_env="FF_MGMTD_DATABASE_URL",
+        keeps_database=True,
     ),
     ServiceSpec(
         name=STORAGE,
@@ -192,7 +197,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_META,
         scalable=True,
         args=_meta_args,
-        database_env="FF_META_DATABASE_URL",
+        keeps_database=True,
     ),
     ServiceSpec(
         name=SCHEDULER,
@@ -200,7 +205,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_SCHEDULER,
         args=_scheduler_args,
         configure=scheduler_setup.ensure_hfai_user,
-        database_env="FF_SCHEDULER_DATABASE_URL",
+        keeps_database=True,
     ),
     ServiceSpec(
         name=TELEMETRY,
@@ -208,7 +213,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
         node_type=common_pb2.NODE_TYPE_TELEMETRY,
         args=_telemetry_args,
         configure=telemetry_setup.describe,
-        database_env="FF_TELEMETRY_DATABASE_URL",
+        keeps_database=True,
         # Agents push to it through mgmtd and retry until it is there: its start overlaps theirs.
         overlaps_next=True,
     ),
