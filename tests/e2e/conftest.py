@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from ff_appliance.supervisor import pid_alive
+from ff_testing.environ import clean_env
 
 COMMAND_TIMEOUT_S = 60.0
 
@@ -50,9 +51,7 @@ class Appliance:
     state_dir: Path
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        # tox passes FF_* through; a stray FF_TOKEN or FF_MGMTD_* must not change what the test sees.
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
-        return {**clean, **(extra or {})}
+        return clean_env(extra)
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> Result:
         proc = subprocess.run(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ff_appliance.supervisor import pid_alive
+from ff_testing.environ import clean_env
 
 from .conftest import Appliance
 
@@ -35,7 +36,7 @@ def test_up_mount_and_down_unmounts(appliance: Appliance, tmp_path: Path) -> Non
         (where / "from-the-mount" / "hello.txt").write_text("hello through FUSE\n")
         plan = json.loads((appliance.state_dir / "plan.json").read_text())
         mgmtd = ",".join(f"{i['host']}:{i['grpc_port']}" for i in plan["instances"] if i["service"] == "mgmtd")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+        env = clean_env()
         env["FF_MGMTD_ADDRESSES"] = mgmtd
         env["FF_TOKEN"] = (appliance.state_dir / "secrets" / "admin_token").read_text().strip()
         cat = subprocess.run([sys.executable, "-m", "hf3fs", "cat", "/from-the-mount/hello.txt"], env=env,

@@ -23,6 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ff_cluster import MgmtdClient
+from ff_testing.environ import clean_env
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
@@ -362,7 +363,7 @@ def start_pods(docs: list[Doc], root: Path, mgmtd_address: str, monkeypatch: pyt
             argv = [a for a in pod_argv(c, env, root) if not a.startswith("--mgmtd-addresses=")]
             if name != "mgmtd":
                 argv.append(f"--mgmtd-addresses={mgmtd_address}")
-            base = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+            base = clean_env()
             with (root / f"{pod_name}.log").open("wb") as log:
                 proc = subprocess.Popen(argv, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT)
             pods.append(Pod(pod_name, f"{ip}:{c['readinessProbe']['grpc']['port']}", proc))

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from ff_mgmtd.testing import CLUSTER_TOKEN, start_in_process
+from ff_testing.environ import clean_env
 
 
 def fireflyer(
     *args: str, env: dict[str, str] | None = None, stdout: int = subprocess.PIPE
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
     return subprocess.run(
-        [sys.executable, "-m", "ff_appliance", *args], env={**clean, **(env or {})}, stdout=stdout,
+        [sys.executable, "-m", "ff_appliance", *args], env=clean_env(env), stdout=stdout,
         stderr=subprocess.PIPE, text=True, timeout=60, check=False,
     )  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 from pathlib import Path
 
@@ -54,3 +55,27 @@ def test_no_room_is_a_clear_error_and_leaks_no_sockets(monkeypatch: pytest.Monke
         with pytest.raises(OSError, match="no 2 free TCP ports"):
             ports.pick_free_ports(2)
     assert len(list(Path("/proc/self/fd").iterdir())) == open_before
+
+
+def test_picks_stay_inside_the_range_given_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = free_run(8)
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, f"{base}-{base + 7}")
+    assert all(base <= p <= base + 7 for p in ports.pick_free_ports(8))
+    assert base <= ports.free_port() <= base + 7
+
+
+@pytest.mark.parametrize("given", ["1000", "20-10", "a-b", "0-10", "10-70000"])
+def test_a_malformed_range_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, given)
+    with pytest.raises(ValueError, match="expected LOW-HIGH"):
+        ports.pick_free_ports(1)
+
+
+def test_shares_of_the_range_are_disjoint_and_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ports.PORT_RANGE_ENV, raising=False)
+    low, high = ports._listener_range()
+    shares = [ports._parse_range(ports.share_of_range(i, 3)) for i in range(3)]
+    assert shares[0][0] == low and shares[-1][1] <= high
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(shares))
+    with pytest.raises(ValueError, match="index must be"):
+        ports.share_of_range(3, 3)

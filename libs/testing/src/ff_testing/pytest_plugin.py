@@ -5,11 +5,13 @@ Registered for the whole repository by the root conftest.py (``pytest_plugins``)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ff_config import ports
 from ff_testing.forkserver import ForkServer
 from ff_testing.postgres import PostgresServer, running_postgres
 
@@ -21,6 +23,14 @@ TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn", "hfreduce.distributed
 
 # db_url's parameters, and the fixture giving each one's URL.
 _DATABASE_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker picks ports only from its own share of the range: the clusters two workers start side by side
+    (services, the appliance's planned ports) cannot pick the same free port and race to bind it."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count.isdigit() and ports.PORT_RANGE_ENV not in os.environ:
+        os.environ[ports.PORT_RANGE_ENV] = ports.share_of_range(int(worker[2:]), int(count))
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ff_testing.environ import clean_env
+
 from .conftest import FsCluster
 
 
 def hf3fs(cluster: FsCluster, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": token or cluster.token})
     return subprocess.run([sys.executable, "-m", "hf3fs", *args], capture_output=True, text=True, env=env,
                           timeout=120, check=False)  # fmt: skip

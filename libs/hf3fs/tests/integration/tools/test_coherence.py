@@ -10,6 +10,7 @@ import sys
 import threading
 
 import hf3fs
+from ff_testing.environ import clean_env
 
 from .conftest import FsCluster
 
@@ -20,7 +21,7 @@ def _in_process(cluster: FsCluster, body: str) -> subprocess.Popen[str]:
     """``body`` in a new Python process with ``fs`` connected to the cluster as the test user."""
     connect = f"fs = hf3fs.connect(mgmtd={cluster.mgmtd!r}, token={cluster.token!r})"
     script = f"import os, hf3fs\n{connect}\n{body}\nfs.close()\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import hf3fs
+from ff_testing.environ import clean_env
 
 from .conftest import FsCluster
 
@@ -53,7 +54,7 @@ def wb_mount(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) ->
 @contextlib.contextmanager
 def _mounted(fs_cluster: FsCluster, where: Path, *flags: str) -> Iterator[Path]:
     log = where.parent / f"{where.name}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", *flags],

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ff_testing.environ import clean_env
+
 from .conftest import FsCluster
 from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
 
@@ -31,7 +33,7 @@ class Run:
 
 
 def hf3fs(*args: str, mgmtd: str, token: str, timeout_s: float = 120) -> Run:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token})
     proc = subprocess.run([sys.executable, "-m", "hf3fs", *args], env=env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)  # fmt: skip

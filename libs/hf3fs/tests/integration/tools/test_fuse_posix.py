@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ff_testing.environ import clean_env
+
 from .conftest import FsCluster
 from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
 
@@ -38,7 +40,7 @@ def shared(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     os.chmod(top, 0o755)
     where = top / "mnt"
     where.mkdir(mode=0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.admin_token})
     log = tmp_path_factory.mktemp("multi-log") / "mount.log"
     with log.open("wb") as out:

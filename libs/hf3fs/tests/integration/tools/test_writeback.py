@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 import hf3fs
+from ff_testing.environ import clean_env
 from hf3fs import WritebackError, WritebackOptions
 
 from .conftest import FsCluster
@@ -138,7 +139,7 @@ def test_closing_or_exiting_commits_queued_files(fs_cluster: FsCluster, folder: 
               f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
               f"for i in range(5):\n"
               f"    with fs.open(f'{folder}/e{{i}}', 'wb') as f: f.write(b'exit %d' % i)\n")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -155,7 +156,7 @@ def test_a_process_ended_by_sigterm_commits_its_queued_files_first(fs_cluster: F
               f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
               f"with fs.open('{folder}/termed', 'wb') as f: f.write(b'closed before SIGTERM')\n"
               f"os.kill(os.getpid(), signal.SIGTERM)\n")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip
     assert done.returncode == -signal.SIGTERM, done.stderr

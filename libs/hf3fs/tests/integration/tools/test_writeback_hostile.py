@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import hf3fs
+from ff_testing.environ import clean_env
 from hf3fs import WritebackError, WritebackOptions
 
 from . import test_fuse_mount, test_meta_restart, test_writeback
@@ -129,7 +130,7 @@ def _exit_with_queued(fs_cluster: FsCluster, folder: str, how: str) -> subproces
               f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
               f"with fs.open({folder + '/' + how!r}, 'wb') as f: f.write(b'closed before the exit')\n"
               f"{how}\n")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FF_")}
+    env = clean_env()
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip
 

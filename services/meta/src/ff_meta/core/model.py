@@ -59,3 +59,78 @@ class Inode:
 
     def with_(self, **changes: object) -> Inode:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PathAt:
+    """A path as a request names it: absolute, or relative to directory ``parent_id`` (0: the root); an empty
+    path with a parent names that inode itself."""
+
+    parent_id: int
+    path: str
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """A layout as asked for (0: not said, the directory's or the default then)."""
+
+    chain_table_id: int = 0
+    chunk_size: int = 0
+    stripe_size: int = 0
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What new files get when no directory up the tree says otherwise, and the chain tables known now."""
+
+    layout: LayoutSpec
+    tables: dict[int, tuple[int, int]]  # table id -> (version, number of chains)
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A write session as its holder sees it."""
+
+    session_id: str
+    client_id: str
+    inode_id: int
+    write_limit: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    """A directory quota: its limits (0: none) and what the tree under it uses and has reserved."""
+
+    inode_id: int
+    max_bytes: int
+    max_inodes: int
+    used_bytes: int
+    used_inodes: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class TrashRow:
+    """A tree in the trash."""
+
+    trash_id: str
+    inode_id: int
+    type: InodeType
+    uid: int
+    original_path: str
+    removed_at_ns: int
+    expires_at_ns: int
+
+
+@dataclass(frozen=True)
+class GcJob:
+    """A removed file whose chunks storage must still delete."""
+
+    inode_id: int
+    chain_table_id: int
+    stripe_size: int
+    chain_begin: int
+    shuffle_seed: int
+    attempts: int
