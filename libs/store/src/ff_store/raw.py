@@ -46,9 +46,11 @@ class RawTransaction:
         self.mark = "%s" if dialect.paramstyle in ("format", "pyformat") else "?"
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Runs one statement (placeholders written as ``mark``) in the transaction; results stay on ``cursor``."""
         self.cursor.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Runs one statement once per row of parameters, in one driver call (the batch insert of a group commit)."""
         self.cursor.executemany(sql, rows)
 
 
@@ -74,6 +76,7 @@ class RawWriter:
 
     @property
     def dialect(self) -> Dialect:
+        """The engine's dialect, so a caller can prepare its SQL for SQLite or PostgreSQL before the first ``run``."""
         return self._dialect
 
     def run(self, fn: Callable[[RawTransaction], T], *, retries: int | None = None) -> T:

@@ -49,6 +49,7 @@ class Store:
 
     @property
     def engine(self) -> Engine:
+        """The engine the store runs on, for what is outside a transaction: its dialect, URL, connect-time tuning."""
         return self._engine
 
     def run(self, fn: Callable[[Session], T], *, retries: int | None = None, read_only: bool = False) -> T:
@@ -96,9 +97,11 @@ class Store:
         return await asyncio.to_thread(self.run, fn, retries=retries, read_only=read_only)
 
     def raw_writer(self) -> RawWriter:
-        """A writer with its own connection of this store's engine and retry policy (``ff_store.raw``): for
-        a path that runs the same few statements hundreds of times a second, where the session's ~0.5 ms of
-        CPU per transaction matters. Close it before ``dispose``."""
+        """A writer with its own connection of this store's engine and retry policy (``ff_store.raw``).
+
+        For a path that runs the same few statements hundreds of times a second, where the session's
+        ~0.5 ms of CPU per transaction matters. Close it before ``dispose``.
+        """
         return RawWriter(self._engine, retry_policy=self._retry_policy)
 
     def dispose(self) -> None:
