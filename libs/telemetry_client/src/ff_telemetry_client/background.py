@@ -13,9 +13,11 @@ logger = logging.getLogger(__name__)
 
 
 class BackgroundPusher:
-    """Starts a daemon thread that pushes ``buffer`` every ``flush_interval_s``; ``close`` pushes what is
-    left (within ``timeout_s``) and stops it. The thread is a daemon so that it never keeps a finished
-    training process alive."""
+    """A daemon thread that pushes ``buffer`` every ``flush_interval_s``; ``close`` pushes the rest and stops it.
+
+    ``close`` waits at most ``timeout_s``. The thread is a daemon so that it never keeps a finished training
+    process alive.
+    """
 
     def __init__(self, options: PushOptions, buffer: SampleBuffer | None = None) -> None:
         self.options = options
@@ -27,6 +29,7 @@ class BackgroundPusher:
         self._thread = threading.Thread(target=self._main, name="ff-telemetry-push", daemon=True)
 
     def start(self) -> BackgroundPusher:
+        """Starts the thread and returns once its pusher exists (``self.pusher``); returns ``self``, to chain."""
         self._thread.start()
         self._ready.wait()
         return self

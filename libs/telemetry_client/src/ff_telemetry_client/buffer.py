@@ -18,8 +18,10 @@ class Kind(Enum):
 
 
 class Point(NamedTuple):
-    """One sample: a series (name and labels), a value and when it was taken (Unix seconds). A tuple: a
-    training step makes a few every step, and a frozen dataclass costs several times more to build."""
+    """One sample: a series (name and labels), a value and when it was taken (Unix seconds).
+
+    A tuple: a training step makes a few every step, and a frozen dataclass costs several times more to build.
+    """
 
     name: str
     value: float
@@ -29,8 +31,11 @@ class Point(NamedTuple):
 
 
 class SampleBuffer:
-    """Samples in arrival order, at most ``capacity``; a full buffer drops the oldest (a new value of a
-    gauge is worth more than an old one) and counts it. ``add`` never blocks beyond a short lock."""
+    """Samples in arrival order, at most ``capacity``; a full buffer drops the oldest and counts it.
+
+    The oldest goes because a new value of a gauge is worth more than an old one. Thread-safe: ``add`` never
+    blocks beyond a short lock.
+    """
 
     def __init__(self, capacity: int = 10_000) -> None:
         if capacity < 1:
@@ -57,6 +62,7 @@ class SampleBuffer:
         kind: Kind = Kind.GAUGE,
         sampled_at: float | None = None,
     ) -> None:
+        """Buffers one sample, taken now unless ``sampled_at`` (Unix seconds) says when; drops the oldest if full."""
         point = Point(name, float(value), time.time() if sampled_at is None else sampled_at, labels or {}, kind)
         with self._lock:
             if len(self._points) >= self.capacity:

@@ -31,14 +31,15 @@ class PeriodicReporter:
         self._interval_s = interval_s
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Collects and pushes until ``stop`` is set, then pushes once more (best effort) and closes the pusher."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.pusher.run(stop))
             while not stop.is_set():
-                await self.collect_once()
+                await self._collect_once()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self._interval_s)
 
-    async def collect_once(self) -> None:
+    async def _collect_once(self) -> None:
         try:
             await self._collect(self.buffer)
         except Exception:
@@ -55,8 +56,10 @@ def service_reporter(
     collect: Collect,
     interval_s: float,
 ) -> PeriodicReporter:
-    """The reporter of one service process: its samples carry ``service``, ``node_id`` and ``node``, and go
-    to the telemetry service found through mgmtd, with the cluster token."""
+    """The reporter of one service process, its samples labelled with ``service``, ``node_id`` and ``node``.
+
+    They go to the telemetry service found through mgmtd, with the cluster token.
+    """
     labels = {"service": service, "node_id": str(node_id), "node": hostname}
     options = PushOptions(token=token, mgmtd_addresses=mgmtd_addresses, common_labels=labels)
     return PeriodicReporter(options, collect, interval_s)

@@ -38,15 +38,23 @@ DROPPED_METRIC = "ff_telemetry_client_dropped_samples"
 FINAL_FLUSH_S = 2.0
 MAX_RETRY_S = 10.0
 _KINDS = {Kind.GAUGE: telemetry_pb2.METRIC_TYPE_GAUGE, Kind.COUNTER: telemetry_pb2.METRIC_TYPE_COUNTER}
-# Refusals that sending the same batch again cannot fix.
 _ONE_RETRY = RetryPolicy(max_attempts=2)
-_REFUSED = frozenset({
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.PERMISSION_DENIED,
-})  # fmt: skip
+# Refusals that sending the same batch again cannot fix.
+_REFUSED = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
 # The collector does not know the ids (restarted, or the series expired): register again.
-_REGISTER_AGAIN = frozenset({
-    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
-})  # fmt: skip
+_REGISTER_AGAIN = frozenset(
+    {
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
@@ -142,6 +150,7 @@ class TelemetryPusher:
                 return True
 
     async def close(self) -> None:
+        """Closes the channels to telemetry and mgmtd: ``run`` does on its way out; a caller of ``flush`` alone must."""
         await self._stubs.close()
         if self._mgmtd is not None:
             await self._mgmtd.close()
@@ -175,8 +184,10 @@ class TelemetryPusher:
         return True
 
     async def _push_packed(self, address: str, batch: list[Point], dropped: int) -> None:
-        """Register the batch's unknown series, push it packed; once more after a NOT_FOUND/FAILED_PRECONDITION
-        (the collector restarted or forgot them). Raises RpcError."""
+        """Register the batch's unknown series and push it packed; once more after NOT_FOUND/FAILED_PRECONDITION.
+
+        Those say the collector restarted or forgot the series. Raises RpcError.
+        """
         points = batch
         if dropped:
             points = [*batch, Point(DROPPED_METRIC, float(dropped), time.time(), {}, Kind.COUNTER)]
@@ -205,8 +216,10 @@ class TelemetryPusher:
     async def _register(
         self, address: str, registry: _Registry, keys: list[SeriesKey], points: list[Point], found: list[int | None]
     ) -> _Registry:
-        """``registry`` with the series of ``keys`` not ``found`` registered (RegisterSeries); a new registry
-        with all of them when another collector instance answers."""
+        """``registry`` with the series of ``keys`` not ``found`` registered (RegisterSeries).
+
+        A new registry with all of them when another collector instance answers.
+        """
         missing: dict[SeriesKey, Kind] = {}
         for key, point, sid in zip(keys, points, found, strict=True):
             if sid is None:
