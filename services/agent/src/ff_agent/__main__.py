@@ -10,10 +10,15 @@ from ff_rpc.entry import run_service
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Run the agent with settings from ``argv`` and ``FF_AGENT_*``; returns the process exit code."""
     return run_service(
-        service="agent", description="fireflyer node agent", model=AgentSettings,
-        env_prefix=ENV_PREFIX, main=main, argv=argv,
-    )  # fmt: skip
+        service="agent",
+        description="fireflyer node agent",
+        model=AgentSettings,
+        env_prefix=ENV_PREFIX,
+        main=main,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""The agent's async driver: membership with the scheduler (register, report runs), the runs' poll
-loop, the validator's schedule and hang detection. One ``Agent`` per process."""
+"""The agent's async driver: scheduler membership, the runs' poll loop, the validator and hang detection.
+
+Membership is registering with the scheduler and reporting runs to it. One ``Agent`` per process.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ PROGRESS_TIMEOUT_S = 2.0
 
 @dataclass(kw_only=True)
 class NodeIdentity:
+    """What the agent tells the scheduler this node is: its name, its devices and where its AgentService listens."""
+
     hostname: str
     devices: list[node_devices.DeviceInfo]
     # host:port of this agent's AgentService (known once the server is bound).
@@ -42,6 +46,12 @@ class NodeIdentity:
 
 
 class Agent:
+    """The node agent: launches and supervises runs, keeps the scheduler informed, validates the node.
+
+    Every method runs on the one event loop; the ``*_loop`` coroutines are the background tasks ``server.main``
+    starts, each returning when ``stop`` is set.
+    """
+
     def __init__(
         self,
         settings: AgentSettings,
@@ -71,8 +81,13 @@ class Agent:
     # ---- runs ----
 
     async def start_run(self, order: StartOrder) -> Run:
-        """Check the order, learn from the identity registry whose its token is, and launch the ranks as
-        that user (idempotent per run id); nothing is launched when any of it fails."""
+        """Check the order, learn whose its token is, and launch the ranks as that user (idempotent per run id).
+
+        The identity registry says whose the token is. Nothing is launched when any of it fails.
+
+        Raises:
+            InvalidRequest: the order is malformed, or the token is refused or cannot be checked.
+        """
         existing = self.runs.runs.get(order.run_id)
         if existing is not None:
             return existing
@@ -123,6 +138,10 @@ class Agent:
             self.runs.stop(key.run_id, 0.0, "the scheduler no longer has this run on this node")
 
     async def report_loop(self, stop: asyncio.Event) -> None:
+        """Register with the scheduler (again after any failed call), then report runs whenever they change.
+
+        Also stops the runs the scheduler no longer places here and prunes old run folders.
+        """
         connected = False
         last_prune = time.monotonic()
         while not stop.is_set():
@@ -152,6 +171,7 @@ class Agent:
             await self.runs.wait_dirty(self._report_interval_s)
 
     async def poll_loop(self, stop: asyncio.Event) -> None:
+        """Advance the runs (exits, SDK events, deadlines) every ``poll_interval_s``; a failing tick is logged."""
         while not stop.is_set():
             try:
                 await self.runs.tick()
@@ -162,6 +182,7 @@ class Agent:
     # ---- validator ----
 
     async def validate(self, checks: list[str]) -> pb.Validation:
+        """Run the validator's ``checks`` (all when empty) and report the result to the scheduler (best effort)."""
         validation = await self.validator.run(checks)
         self.last_validation = validation
         try:
@@ -171,6 +192,7 @@ class Agent:
         return validation
 
     async def validator_loop(self, stop: asyncio.Event) -> None:
+        """Validate the node every ``validator_interval_s`` (and at start if asked), only while it runs nothing."""
         interval = self.settings.validator_interval_s
         if interval <= 0 and not self.settings.validate_at_start:
             return
@@ -191,8 +213,11 @@ class Agent:
     # ---- hang detection ----
 
     async def progress(self, run: Run) -> tuple[float, list[RankProgress]]:
-        """The group's collective progress, from hfreduce's control server: where the ranks said it is (a group
-        formed through torch's store, as haiscale's DDP does, serves it on a free port), else the run's master."""
+        """The group's collective progress, from hfreduce's control server, as ``(sampled_at, ranks)``.
+
+        The server is where the ranks said it is (a group formed through torch's store, as haiscale's DDP does,
+        serves it on a free port), else the run's master. ``ranks`` is empty when it cannot be reached.
+        """
         order = run.order
         try:
             addr, port = await asyncio.to_thread(control_address, run)
@@ -205,6 +230,11 @@ class Agent:
         return sampled
 
     async def hang_loop(self, stop: asyncio.Event) -> None:
+        """Mark a run failed (infrastructure, hang) when one of this node's ranks stays stopped or falls behind.
+
+        A rank is hung when its process stays stopped for half of ``hang_threshold_s``, or when its collective
+        progress trails the others' by ``hang_threshold_s``.
+        """
         threshold = self.settings.hang_threshold_s
         while self.settings.hang_detection and not stop.is_set():
             await _sleep(stop, self.settings.hang_check_interval_s)
@@ -243,8 +273,10 @@ class Agent:
 
 
 def control_address(run: Run) -> tuple[str, int]:
-    """The run's hfreduce control server: on the run's master host (node rank 0's, where rank 0 serves it), at the
-    port its ranks wrote (a group formed through torch's store serves it on a free port), else the master port.
+    """The run's hfreduce control server as ``(host, port)``: the master host, at the port the ranks wrote.
+
+    The host is the run's master (node rank 0's, where rank 0 serves it); the port is the one its ranks wrote (a
+    group formed through torch's store serves it on a free port), else the master port.
 
     Only the port is taken from the file: the ranks write it as their user, and this agent (root, perhaps) must
     not be pointed at another host.

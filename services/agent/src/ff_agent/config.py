@@ -14,6 +14,8 @@ ENV_PREFIX = "FF_AGENT_"
 
 
 class AgentSettings(MgmtdClientSettings):
+    """The agent's settings, loaded once in ``__main__`` from ``FF_AGENT_*`` and the command line."""
+
     state_dir: Path = Field(Path("./agent-state"), description="run folders (control, logs, work) live here")
     scheduler_address: str = Field("", description="the scheduler's gRPC address; empty: found through mgmtd")
     hostname: str = Field("", description="the node's name; default: the host name (+ instance id)")
@@ -57,4 +59,5 @@ class AgentSettings(MgmtdClientSettings):
     call_timeout_s: float = Field(5.0, gt=0, description="deadline of calls to mgmtd and the scheduler")
 
     def forced_failures(self) -> frozenset[str]:
+        """The validator check names ``validator_force_fail`` forces to fail (a test switch; empty in production)."""
         return frozenset(c.strip() for c in self.validator_force_fail.split(",") if c.strip())

@@ -1,5 +1,7 @@
-"""The node's devices: the GPUs torch sees (only asked when an NVIDIA driver is present, so CPU nodes
-do not pay for importing torch), else the configured number of CPU device slots."""
+"""The node's devices: the GPUs torch sees, else the configured number of CPU device slots.
+
+Torch is only asked when an NVIDIA driver is present, so CPU nodes do not pay for importing it.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ CPU_SLOT = "cpu-slot"
 
 @dataclass(frozen=True)
 class DeviceInfo:
+    """One device a rank can be given: a GPU (``index`` as torch numbers it) or a CPU slot."""
+
     index: int
     gpu: bool
     name: str
@@ -21,6 +25,7 @@ class DeviceInfo:
 
 
 def detect(detect_gpus: bool, num_slots: int) -> list[DeviceInfo]:
+    """The node's GPUs when ``detect_gpus`` and torch sees any, else ``num_slots`` CPU slots; never raises."""
     if detect_gpus and os.path.exists("/proc/driver/nvidia/version"):
         try:
             import torch
@@ -41,8 +46,10 @@ def detect(detect_gpus: bool, num_slots: int) -> list[DeviceInfo]:
 
 
 def memory_bytes() -> int:
+    """The node's physical memory in bytes."""
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def num_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, not the host's count)."""
     return len(os.sched_getaffinity(0))

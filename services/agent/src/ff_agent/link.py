@@ -1,6 +1,8 @@
-"""The agent's calls to the scheduler (SchedulerAgentService, cluster token). The scheduler is found
-through mgmtd's routing info unless its address is configured; calls are retried by RpcClient when the
-proto marks them idempotent, and the callers retry the rest on their next pass."""
+"""The agent's calls to the scheduler (SchedulerAgentService, with the cluster token).
+
+The scheduler is found through mgmtd's routing info unless its address is configured; calls are retried by
+RpcClient when the proto marks them idempotent, and the callers retry the rest on their next pass.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +23,12 @@ LINK_ERRORS = (RpcError, ServiceError)
 
 
 class SchedulerLink:
+    """A client of the scheduler's SchedulerAgentService, speaking for node ``node_id``.
+
+    Every call raises one of ``LINK_ERRORS`` when it fails (``Unavailable`` while no scheduler is known); each has
+    the deadline ``timeout_s``.
+    """
+
     def __init__(self, cluster_token: str, mgmtd: MgmtdClient, fixed_address: str, timeout_s: float) -> None:
         self._rpc = RpcClient(token=cluster_token, timeout_s=timeout_s)
         self._stubs = StubPool(scheduler_pb2_grpc.SchedulerAgentServiceStub)
@@ -45,15 +53,18 @@ class SchedulerLink:
         return self._stubs.get(self.address)
 
     async def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
+        """Register (or register again) this node, finding the scheduler first; the answer names runs to stop."""
         await self.resolve()
         return await self._rpc.unary(self._stub().RegisterNode, request)  # type: ignore[no-any-return]
 
     async def report_runs(self, reports: list[pb.RunReport]) -> pb.ReportRunStatusResponse:
+        """Send the state of the given runs; the answer names runs the scheduler no longer has on this node."""
         return await self._rpc.unary(  # type: ignore[no-any-return]
             self._stub().ReportRunStatus, pb.ReportRunStatusRequest(node_id=self.node_id, runs=reports)
         )
 
     async def suspend_stage(self, task_id: int, run_id: int, stage: int, at: float) -> None:
+        """Tell the scheduler a run reached suspend ``stage`` (a ``SuspendStage`` value) at ``at`` (epoch s)."""
         await self._rpc.unary(
             self._stub().ReportSuspendStage,
             pb.ReportSuspendStageRequest(
@@ -68,6 +79,7 @@ class SchedulerLink:
     async def update_run(
         self, task_id: int, run_id: int, *, whole_life_state: int | None = None, watchdog_time_s: float | None = None
     ) -> None:
+        """Pass on what the task changed through the SDK: its whole-life state, its watchdog time (None: unchanged)."""
         request = pb.UpdateRunRequest(node_id=self.node_id, task_id=task_id, run_id=run_id)
         if whole_life_state is not None:
             request.whole_life_state = whole_life_state
@@ -76,6 +88,7 @@ class SchedulerLink:
         await self._rpc.unary(self._stub().UpdateRun, request)
 
     async def report_checkpoint(self, task_id: int, run_id: int, path: str, step: int, taken_at: float) -> None:
+        """Record a checkpoint the task committed (``taken_at``: when it was taken, epoch seconds)."""
         await self._rpc.unary(
             self._stub().ReportCheckpoint,
             pb.ReportCheckpointRequest(
@@ -87,9 +100,11 @@ class SchedulerLink:
         )
 
     async def report_health(self, validation: pb.Validation) -> pb.ReportNodeHealthResponse:
+        """Send the validator's verdict on this node (the scheduler stops placing on a node that failed)."""
         return await self._rpc.unary(  # type: ignore[no-any-return]
             self._stub().ReportNodeHealth, pb.ReportNodeHealthRequest(node_id=self.node_id, validation=validation)
         )
 
     async def close(self) -> None:
+        """Close the channels to the scheduler."""
         await self._stubs.close()

@@ -31,6 +31,8 @@ _WHOLE_DISK = re.compile(r"(?:[shv]d[a-z]+|xvd[a-z]+|nvme\d+n\d+|mmcblk\d+)")
 
 @dataclass(frozen=True)
 class CpuTimes:
+    """The aggregate CPU time since boot, busy and in all, in /proc/stat's clock ticks."""
+
     busy: int
     total: int
 
@@ -44,6 +46,7 @@ def parse_cpu(stat_text: str) -> CpuTimes:
 
 
 def cpu_utilization(before: CpuTimes, after: CpuTimes) -> float:
+    """The busy share (0..1) of the CPU time between two samples; 0 when no time passed."""
     elapsed = after.total - before.total
     return (after.busy - before.busy) / elapsed if elapsed > 0 else 0.0
 
@@ -117,6 +120,7 @@ class Gpus:
             self._events = None
 
     def collect(self, buffer: SampleBuffer, labels: Mapping[str, str]) -> None:
+        """Add the GPU count and, per GPU, utilization, memory and Xid errors to ``buffer`` (blocking NVML calls)."""
         buffer.add("ff_node_gpus", len(self.handles), labels)
         if self.nvml is None:
             return
@@ -152,9 +156,14 @@ class NodeMetrics:
         self._cpu: CpuTimes | None = None
 
     async def collect(self, buffer: SampleBuffer) -> None:
+        """Add one sample of every node series to ``buffer``; the blocking reads run in a thread."""
         await asyncio.to_thread(self.collect_now, buffer, {})
 
     def collect_now(self, buffer: SampleBuffer, labels: Mapping[str, str]) -> None:
+        """Read /proc, the state folder's file system and the GPUs, adding samples labelled ``labels`` (blocking).
+
+        The CPU utilization needs two reads: the first call adds none.
+        """
         cpu = parse_cpu((self.proc / "stat").read_text())
         if self._cpu is not None:
             buffer.add("ff_node_cpu_utilization", cpu_utilization(self._cpu, cpu), labels)

@@ -1,5 +1,8 @@
-"""Rank processes: spawn one in its own session with its log file, find every process of its session
-(its whole tree, also children that changed process group), signal them, and see when all are gone."""
+"""Rank processes: spawn, find, signal and watch each rank's whole session.
+
+A rank is spawned in its own session with its log file; every process of its session (its whole tree, also
+children that changed process group) can be found, signalled, and seen gone.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ _SETPRIV = shutil.which("setpriv")
 def spawn(
     argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, run_as: RunAs | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start one rank: its own session (sid = pid), stdout and stderr appended to ``log_path``, with the
-    uid, gid and groups of ``run_as`` (None: the agent's).
+    """Start one rank in its own session (sid = pid), stdout and stderr appended to ``log_path``.
+
+    It gets the uid, gid and groups of ``run_as`` (None: the agent's).
 
     The credentials are switched by the child before it execs setpriv (subprocess does it in C: groups,
     gid, then uid), and setpriv sets the death signal after that, since a change of uid clears it.

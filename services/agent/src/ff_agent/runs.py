@@ -1,5 +1,7 @@
-"""The runs of this node: start ranks, watch them exit, relay what the task tells the SDK, enforce the
-suspend deadlines, stop whole process trees, and merge the ranks' logs.
+"""The runs of this node: start, watch, relay, suspend, stop, and log their ranks.
+
+The agent starts ranks, watches them exit, relays what the task tells the SDK, enforces the suspend deadlines,
+stops whole process trees, and merges the ranks' logs.
 
 One ``NodeRuns`` per agent; ``tick()`` is called every ``poll_interval_s`` by the agent's loop and does
 every periodic step of every run (a poll, not a process per run: cheap with a few runs per node).
@@ -34,9 +36,13 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from hfai import runcontrol
 from hfai.runcontrol import Event, RunControl
 
-CHECKPOINT_REFUSALS = frozenset({
-    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
-})  # fmt: skip
+CHECKPOINT_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,8 @@ LOG_TAIL_BYTES = 4096
 
 @dataclass
 class Rank:
+    """One local rank's process and what the agent learned of it; ``exit_code`` is None while it runs."""
+
     local_rank: int
     proc: subprocess.Popen[bytes]
     log_path: Path
@@ -62,9 +70,11 @@ class Rank:
 
     @property
     def running(self) -> bool:
+        """Whether the rank's process has not been seen to exit (its children may outlive it)."""
         return self.exit_code is None
 
     def as_exit(self) -> RankExit:
+        """How the rank ended, for root-cause analysis (reads the end of its log); only for an exited rank."""
         return RankExit(
             local_rank=self.local_rank,
             exit_code=self.exit_code or 0,
@@ -78,6 +88,11 @@ class Rank:
 
 @dataclass
 class Run:
+    """One run's share on this node: its order, folder, ranks, and where it is in its life.
+
+    Owned by ``NodeRuns``; only the event loop changes it.
+    """
+
     order: StartOrder
     folder: Path
     control: RunControl
@@ -96,6 +111,7 @@ class Run:
 
     @property
     def key(self) -> tuple[int, int]:
+        """``(task_id, run_id)``."""
         return self.order.task_id, self.order.run_id
 
     @property
@@ -105,17 +121,25 @@ class Run:
 
     @property
     def exited(self) -> bool:
+        """Whether every process of the run is gone (its last report may still be pending)."""
         return self.phase == pb.NODE_RUN_PHASE_EXITED
 
     @property
     def stopping(self) -> bool:
+        """Whether the agent has sent the run SIGTERM (by order, suspend deadline or agent shutdown)."""
         return self.stop_started_at > 0
 
     @property
     def sids(self) -> list[int]:
+        """The ranks' session ids (each rank leads its own session, so sid = its pid)."""
         return [r.proc.pid for r in self.ranks]
 
     def log_path(self, local_rank: int | None) -> Path:
+        """One rank's log file, or the node log (every rank's lines, prefixed) when ``local_rank`` is None.
+
+        Raises:
+            InvalidRequest: this node runs no such local rank.
+        """
         if local_rank is None:
             return self.folder / NODE_LOG
         if not 0 <= local_rank < len(self.ranks):
@@ -123,6 +147,7 @@ class Run:
         return self.ranks[local_rank].log_path
 
     def last_output_at(self) -> float:
+        """When a rank last wrote to its log (epoch seconds), else when the last rank started: the watchdog's input."""
         times = [r.started_at for r in self.ranks]
         for r in self.ranks:
             with contextlib.suppress(OSError):
@@ -130,6 +155,7 @@ class Run:
         return max(times)
 
     def report(self, node_id: int) -> pb.RunReport:
+        """The run's state as the scheduler takes it: phase, suspend stage, every rank and the root-cause failure."""
         last = self.last_output_at()
         report = pb.RunReport(
             task_id=self.order.task_id,
@@ -173,6 +199,8 @@ class Run:
 
 @dataclass(frozen=True, kw_only=True)
 class RunsOptions:
+    """The settings ``NodeRuns`` needs (from ``AgentSettings``); ``base_env`` is the agent's own environment."""
+
     state_dir: Path
     term_grace_s: float
     python_executable: str
@@ -180,8 +208,10 @@ class RunsOptions:
 
 
 def _refused_checkpoint(event: Event, err: Exception) -> bool:
-    """A checkpoint the scheduler checked and refused (no such manifest, another user's): retrying cannot
-    help, and the events after it (go_suspend) must not wait behind it."""
+    """Whether the scheduler checked and refused a checkpoint (no such manifest, another user's).
+
+    Retrying cannot help, and the events after it (go_suspend) must not wait behind it.
+    """
     return event.kind == runcontrol.CHECKPOINT and isinstance(err, RpcError) and err.code in CHECKPOINT_REFUSALS
 
 
@@ -201,20 +231,28 @@ class NodeRuns:
 
     @property
     def active(self) -> list[Run]:
+        """The runs that have not exited."""
         return [r for r in self.runs.values() if not r.exited]
 
     def get(self, run_id: int) -> Run:
+        """The run ``run_id``, exited or not.
+
+        Raises:
+            NotFoundError: the run is not (or no longer) on this node.
+        """
         run = self.runs.get(run_id)
         if run is None:
             raise NotFoundError(f"run {run_id} is not on this node")
         return run
 
     async def mark_changed(self) -> None:
+        """Wake the report loop (``wait_dirty``) and every waiter on ``changed`` (the servicer's watch streams)."""
         self._dirty.set()
         async with self.changed:
             self.changed.notify_all()
 
     async def wait_dirty(self, timeout_s: float) -> None:
+        """Wait until a run changed or ``timeout_s`` passed, whichever is first, then clear the mark."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._dirty.wait(), timeout_s)
         self._dirty.clear()
@@ -242,10 +280,15 @@ class NodeRuns:
         order, folder, cwd = launch.order, launch.folder, launch.cwd
         control = _make_run_folder(launch, run_as)
         plans = plan_ranks(
-            order, self.node, launch.devices,
-            base_env=self.options.base_env, run_dir=str(control.folder),
-            error_dir=str(folder / "errors"), hook_dir=HOOK_DIR, collective_file=str(collective_file(folder)),
-        )  # fmt: skip
+            order,
+            self.node,
+            launch.devices,
+            base_env=self.options.base_env,
+            run_dir=str(control.folder),
+            error_dir=str(folder / "errors"),
+            hook_dir=HOOK_DIR,
+            collective_file=str(collective_file(folder)),
+        )
         ranks: list[Rank] = []
         try:
             for plan in plans:
@@ -266,9 +309,14 @@ class NodeRuns:
         self.runs[order.run_id] = run
         logger.info(
             "run started",
-            extra={"task_id": order.task_id, "run_id": order.run_id, "num_ranks": len(ranks),
-                   "argv": launch.argv[:8], "uid": os.geteuid() if run_as is None else run_as.uid},
-        )  # fmt: skip
+            extra={
+                "task_id": order.task_id,
+                "run_id": order.run_id,
+                "num_ranks": len(ranks),
+                "argv": launch.argv[:8],
+                "uid": os.geteuid() if run_as is None else run_as.uid,
+            },
+        )
         return run
 
     def _resolve_argv(self, order: StartOrder) -> list[str]:
@@ -296,6 +344,14 @@ class NodeRuns:
     # ---- suspend and stop ----
 
     def suspend(self, run_id: int, ack_window_s: float, grace_s: float, term_grace_s: float) -> Run:
+        """Start the suspend protocol (idempotent): raise the flag on node rank 0, start the deadlines everywhere.
+
+        ``tick`` stops the run when its deadlines (``core.suspend``) say so; ``term_grace_s`` 0 takes the
+        agent's default.
+
+        Raises:
+            NotFoundError: the run is not on this node.
+        """
         run = self.get(run_id)
         if run.exited or run.stopping or run.suspend is not None:
             return run
@@ -333,6 +389,7 @@ class NodeRuns:
     # ---- the periodic step ----
 
     async def tick(self) -> None:
+        """One periodic step of every run: reap exits, relay SDK events, apply deadlines, merge logs, finish."""
         changed = False
         for run in list(self.runs.values()):
             if run.exited:
@@ -377,8 +434,12 @@ class NodeRuns:
                 if not _refused_checkpoint(event, err):
                     logger.warning("relaying %s of run %d failed: %s", event.kind, run.order.run_id, err)
                     return changed  # tried again next tick, in order
-                logger.warning("run %d: the scheduler did not count checkpoint %s: %s", run.order.run_id,
-                               event.data.get("path"), err)  # fmt: skip
+                logger.warning(
+                    "run %d: the scheduler did not count checkpoint %s: %s",
+                    run.order.run_id,
+                    event.data.get("path"),
+                    err,
+                )
             run.control.ack(event.seq)
             run.pending_events.pop(0)
         return changed
@@ -521,9 +582,12 @@ class Launch:
 
 
 def _make_run_folder(launch: Launch, run_as: RunAs | None) -> RunControl:
-    """The run's folder. With ``run_as``, what the ranks write is theirs: the working folder the agent
-    made, ``errors/``, ``collective/`` and the SDK's event file; everything the agent writes (the suspend flag,
-    acks, logs, pids) stays root's, in folders the ranks cannot change, so no rank can point it elsewhere."""
+    """Make the run's folder and return its SDK control folder.
+
+    With ``run_as``, what the ranks write is theirs: the working folder the agent made, ``errors/``,
+    ``collective/`` and the SDK's event file; everything the agent writes (the suspend flag, acks, logs, pids)
+    stays root's, in folders the ranks cannot change, so no rank can point it elsewhere.
+    """
     folder = launch.folder
     for sub in ("control", "logs", "errors", "collective"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
@@ -542,6 +606,7 @@ def _make_run_folder(launch: Launch, run_as: RunAs | None) -> RunControl:
 
 
 def collective_file(run_folder: Path) -> Path:
+    """Where a run's ranks write their hfreduce group's control address (``FF_HFREDUCE_CONTROL_FILE``)."""
     return run_folder / "collective" / "control.json"
 
 

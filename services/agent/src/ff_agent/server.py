@@ -46,6 +46,11 @@ def _validator_options(settings: AgentSettings, num_devices: int) -> ValidatorOp
 
 
 async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
+    """Serve the agent until ``stop`` is set (or a signal): register, supervise runs, then stop them all.
+
+    Raises:
+        RuntimeError: ranks must run as their task's user but the state folder keeps those users out.
+    """
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
     mgmtd_addresses = settings.mgmtd_address_list()
@@ -88,10 +93,17 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
         loops = [agent.poll_loop(stop), agent.report_loop(stop), agent.validator_loop(stop), agent.hang_loop(stop)]
         if settings.telemetry_interval_s > 0:
             node = NodeMetrics(settings.state_dir)
-            loops.append(service_reporter(
-                service="agent", node_id=agent.node_id, hostname=hostname, mgmtd_addresses=mgmtd_addresses,
-                token=cluster_token, collect=node.collect, interval_s=settings.telemetry_interval_s,
-            ).run(stop))  # fmt: skip
+            loops.append(
+                service_reporter(
+                    service="agent",
+                    node_id=agent.node_id,
+                    hostname=hostname,
+                    mgmtd_addresses=mgmtd_addresses,
+                    token=cluster_token,
+                    collect=node.collect,
+                    interval_s=settings.telemetry_interval_s,
+                ).run(stop)
+            )
         return loops
 
     async def on_stop(serving: Serving) -> None:
@@ -130,10 +142,15 @@ async def main(settings: AgentSettings, stop: asyncio.Event | None = None) -> No
 
 
 def ranks_run_as_at_start(settings: AgentSettings) -> RanksRunAs:
-    """Whose uid the ranks get (said at start). ``task-user`` as root refuses to start when the task users
-    could not reach their run folders (a folder above ``state_dir`` without o+x); ``auto`` is ``task-user``
-    when the agent is root and both its state folder and its interpreter are open to every user, else
-    ``agent-user``."""
+    """Whose uid the ranks get, decided (and logged) once at start.
+
+    ``auto`` is ``task-user`` when the agent is root and both its state folder and its interpreter are open to
+    every user, else ``agent-user``.
+
+    Raises:
+        RuntimeError: ``task-user`` as root, and the task users could not reach their run folders (a folder
+            above ``state_dir`` without o+x).
+    """
     uid, mode = os.geteuid(), settings.ranks_run_as
     closed_state, closed_python = _closed_state_dir(settings), _closed_python(settings)
     if mode is RanksRunAs.AUTO:
@@ -146,8 +163,10 @@ def ranks_run_as_at_start(settings: AgentSettings) -> RanksRunAs:
     elif uid != 0:
         logger.warning(
             "not root (uid %d): only tasks of users with uid %d run here, others are refused "
-            "(ranks_run_as=agent-user runs every rank as this agent instead)", uid, uid,
-        )  # fmt: skip
+            "(ranks_run_as=agent-user runs every rank as this agent instead)",
+            uid,
+            uid,
+        )
     elif closed_state:
         raise RuntimeError(f"ranks_run_as=task-user: {closed_state}; use a state_dir every user can traverse")
     else:
@@ -172,8 +191,11 @@ def _closed_python(settings: AgentSettings) -> str:
 
 
 async def _final_report(agent: Agent, timeout_s: float = 3.0) -> None:
-    """Tell the scheduler the runs ended here (best effort: the agent is going away, and a scheduler that is
-    gone or does not answer within ``timeout_s`` does not keep it from stopping cleanly)."""
+    """Tell the scheduler the runs ended here, best effort.
+
+    The agent is going away: a scheduler that is gone or does not answer within ``timeout_s`` does not keep it
+    from stopping cleanly.
+    """
     pending = [r.report(agent.node_id) for r in agent.runs.runs.values() if not r.final_reported]
     if pending and agent.node_id:
         try:

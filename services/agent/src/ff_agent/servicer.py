@@ -19,17 +19,30 @@ Context = Any
 LOG_CHUNK_BYTES = 64 * 1024
 
 
-def order_from_proto(r: agent_pb2.StartRunRequest) -> StartOrder:
+def _order_from_proto(r: agent_pb2.StartRunRequest) -> StartOrder:
     return StartOrder(
-        task_id=r.task_id, run_id=r.run_id, run_index=r.run_index, user_name=r.user_name, argv=tuple(r.argv),
-        env=dict(r.env), working_dir=r.working_dir, node_rank=r.node_rank, num_nodes=r.num_nodes,
-        master_ip=r.master_ip, master_port=r.master_port, ranks_per_node=r.ranks_per_node,
-        device_indices=tuple(r.device_indices), whole_life_state=r.whole_life_state, token=r.token,
+        task_id=r.task_id,
+        run_id=r.run_id,
+        run_index=r.run_index,
+        user_name=r.user_name,
+        argv=tuple(r.argv),
+        env=dict(r.env),
+        working_dir=r.working_dir,
+        node_rank=r.node_rank,
+        num_nodes=r.num_nodes,
+        master_ip=r.master_ip,
+        master_port=r.master_port,
+        ranks_per_node=r.ranks_per_node,
+        device_indices=tuple(r.device_indices),
+        whole_life_state=r.whole_life_state,
+        token=r.token,
         priority=r.priority,
-    )  # fmt: skip
+    )
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """AgentService over one ``Agent``; domain errors become status codes in ``ff_agent.errors``."""
+
     def __init__(self, agent: Agent) -> None:
         self._a = agent
 
@@ -39,7 +52,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def StartRun(self, request: agent_pb2.StartRunRequest, context: Context) -> agent_pb2.StartRunResponse:
         if request.image:
             raise InvalidRequest("image: this agent runs ranks directly (no container mode)")
-        run = await self._a.start_run(order_from_proto(request))
+        run = await self._a.start_run(_order_from_proto(request))
         await self._a.runs.mark_changed()
         return agent_pb2.StartRunResponse(run=self._report(run))
 

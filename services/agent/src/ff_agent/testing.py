@@ -38,7 +38,7 @@ FAST: dict[str, Any] = {
 }
 
 
-def settings_for(
+def _settings_for(
     folder: Path, mgmtd_address: str, cluster_token: str, name: str, scheduler_address: str = "", **overrides: Any
 ) -> dict[str, Any]:
     return {
@@ -56,6 +56,8 @@ def settings_for(
 
 @dataclass
 class InProcessAgent:
+    """An agent serving in this process as an asyncio task (``start_in_process``); ``shutdown`` stops it."""
+
     address: str
     node_id: int
     state_dir: Path
@@ -63,6 +65,7 @@ class InProcessAgent:
     task: asyncio.Task[None]
 
     async def shutdown(self) -> None:
+        """Stop the agent (it stops its runs first) and wait up to 30 s for it to finish."""
         self.stop.set()
         await asyncio.wait_for(self.task, timeout=30)
 
@@ -70,7 +73,11 @@ class InProcessAgent:
 async def start_in_process(
     folder: Path, mgmtd_address: str, cluster_token: str, name: str = "agent1", **overrides: Any
 ) -> InProcessAgent:
-    values = settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
+    """Start an agent named ``name`` in this process with the test settings (``FAST``) and return it once ready.
+
+    Its state lives in ``folder / name``; ``overrides`` are settings fields.
+    """
+    values = _settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
     values["ready_file"].unlink(missing_ok=True)
     stop = asyncio.Event()
     task = asyncio.create_task(main(AgentSettings(**values), stop))
@@ -85,6 +92,8 @@ async def start_in_process(
 
 @dataclass
 class AgentProcess:
+    """An agent running as a subprocess (``spawn_process``), so a test can SIGTERM or SIGKILL it."""
+
     proc: subprocess.Popen[bytes]
     ready_file: Path
     state_dir: Path
@@ -92,13 +101,16 @@ class AgentProcess:
 
     @property
     def address(self) -> str:
+        """The agent's gRPC address, from its ready file (after ``ready``)."""
         return str(self.info["grpc"])
 
     @property
     def node_id(self) -> int:
+        """The node id mgmtd gave the agent, from its ready file (after ``ready``)."""
         return int(self.info["node_id"])
 
     async def ready(self) -> AgentProcess:
+        """Wait for the agent's ready file and return this process; raises if the process exits first."""
         self.info = await wait_ready(self.ready_file, self.proc)
         return self
 
@@ -121,7 +133,11 @@ class AgentProcess:
 def spawn_process(
     folder: Path, mgmtd_address: str, cluster_token: str, name: str = "agent1", **overrides: Any
 ) -> AgentProcess:
-    values = settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
+    """Start ``python -m ff_agent`` with the test settings, its output in ``folder/<name>.log``; not yet ready.
+
+    The cluster token goes through the environment, not the command line.
+    """
+    values = _settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
     values["ready_file"].unlink(missing_ok=True)
     token = values.pop("cluster_token")
     args = [sys.executable, "-m", "ff_agent"]
@@ -135,6 +151,11 @@ def spawn_process(
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Poll ``check`` every 0.1 s until it returns True.
+
+    Raises:
+        TimeoutError: ``check`` did not return True within ``timeout_s`` (the message names ``what``).
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await check():
@@ -149,8 +170,10 @@ async def wait_task(client: Any, task_id: int, *states: int, timeout_s: float = 
 
 
 async def wait_run_running(client: Any, task_id: int, timeout_s: float = 60.0) -> pb.Task:
-    """The task once its current run is RUNNING on every node (a task is RUNNING as soon as it is scheduled,
-    before any agent has started its run)."""
+    """The task once its current run is RUNNING on every node.
+
+    A task is RUNNING as soon as it is scheduled, before any agent has started its run: this waits for the run.
+    """
     return await _wait_for_task(
         client, task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING, "with its run running", timeout_s
     )

@@ -1,7 +1,9 @@
-"""The node validator (the paper's weekly checks, adapted to a CPU node): CPU stress, memory bandwidth,
-a memory pattern test over every byte of a buffer, disk throughput with a read-back check, a matrix
-multiply checked against a float64 reference, an intra-node hfreduce allreduce, and storage reachability
-(mgmtd's routing info and each alive storage service's health)."""
+"""The node validator: the paper's weekly checks, adapted to a CPU node.
+
+CPU stress, memory bandwidth, a memory pattern test over every byte of a buffer, disk throughput with a
+read-back check, a matrix multiply checked against a float64 reference, an intra-node hfreduce allreduce, and
+storage reachability (mgmtd's routing info and each alive storage service's health).
+"""
 
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ ALL_CHECKS = (CPU_STRESS, MEMORY_BANDWIDTH, MEMORY_PATTERN, DISK_THROUGHPUT, GEM
 
 @dataclass(frozen=True, kw_only=True)
 class ValidatorOptions:
+    """Sizes and pass thresholds of the checks (from ``AgentSettings``); ``forced_failures`` is a test switch."""
+
     work_dir: Path
     memory_bytes: int
     disk_bytes: int
@@ -58,7 +62,7 @@ def _result(name: str, passed: bool, value: float, threshold: float, unit: str, 
     return pb.CheckResult(name=name, passed=passed, value=value, threshold=threshold, unit=unit, message=message)
 
 
-def cpu_stress(o: ValidatorOptions) -> pb.CheckResult:
+def _cpu_stress(o: ValidatorOptions) -> pb.CheckResult:
     n, reps = 1 << 21, 20
     x = np.full(n, 0.5)
     started = time.perf_counter()
@@ -69,7 +73,7 @@ def cpu_stress(o: ValidatorOptions) -> pb.CheckResult:
     return _result(CPU_STRESS, ok, gflops, o.min_cpu_gflops, "GFLOP/s", msg)
 
 
-def memory_bandwidth(o: ValidatorOptions) -> pb.CheckResult:
+def _memory_bandwidth(o: ValidatorOptions) -> pb.CheckResult:
     src = np.arange(o.memory_bytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     reps = 5
@@ -79,11 +83,17 @@ def memory_bandwidth(o: ValidatorOptions) -> pb.CheckResult:
     gbps = 2 * src.nbytes * reps / (time.perf_counter() - started) / 1e9
     same = bool(np.array_equal(dst, src))
     ok = same and gbps >= o.min_memory_bandwidth_gbps
-    return _result(MEMORY_BANDWIDTH, ok, gbps, o.min_memory_bandwidth_gbps, "GB/s",
-                   f"copy {gbps:.2f} GB/s (read + write)" if same else "copied data differs")  # fmt: skip
+    return _result(
+        MEMORY_BANDWIDTH,
+        ok,
+        gbps,
+        o.min_memory_bandwidth_gbps,
+        "GB/s",
+        f"copy {gbps:.2f} GB/s (read + write)" if same else "copied data differs",
+    )
 
 
-def memory_pattern(o: ValidatorOptions) -> pb.CheckResult:
+def _memory_pattern(o: ValidatorOptions) -> pb.CheckResult:
     buf = np.empty(o.memory_bytes, dtype=np.uint8)
     bad = 0
     for pattern in (0x00, 0xFF, 0xAA, 0x55):
@@ -92,11 +102,12 @@ def memory_pattern(o: ValidatorOptions) -> pb.CheckResult:
     words = buf[: len(buf) // 4 * 4].view(np.uint32)
     words[:] = np.arange(len(words), dtype=np.uint32)
     bad += int(np.count_nonzero(words != np.arange(len(words), dtype=np.uint32)))
-    return _result(MEMORY_PATTERN, bad == 0, float(bad), 0.0, "bad bytes",
-                   f"{o.memory_bytes} bytes x 5 patterns, {bad} mismatches")  # fmt: skip
+    return _result(
+        MEMORY_PATTERN, bad == 0, float(bad), 0.0, "bad bytes", f"{o.memory_bytes} bytes x 5 patterns, {bad} mismatches"
+    )
 
 
-def disk_throughput(o: ValidatorOptions) -> pb.CheckResult:
+def _disk_throughput(o: ValidatorOptions) -> pb.CheckResult:
     o.work_dir.mkdir(parents=True, exist_ok=True)
     path = o.work_dir / "validator-disk.bin"
     block = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
@@ -119,11 +130,17 @@ def disk_throughput(o: ValidatorOptions) -> pb.CheckResult:
     mbps = 2 * blocks * len(block) / (time.perf_counter() - started) / 1e6
     same = written.digest() == read.digest()
     ok = same and mbps >= o.min_disk_throughput_mbps
-    return _result(DISK_THROUGHPUT, ok, mbps, o.min_disk_throughput_mbps, "MB/s",
-                   f"write+fsync+read {mbps:.0f} MB/s" if same else "data read back differs")  # fmt: skip
+    return _result(
+        DISK_THROUGHPUT,
+        ok,
+        mbps,
+        o.min_disk_throughput_mbps,
+        "MB/s",
+        f"write+fsync+read {mbps:.0f} MB/s" if same else "data read back differs",
+    )
 
 
-def gemm(o: ValidatorOptions) -> pb.CheckResult:
+def _gemm(o: ValidatorOptions) -> pb.CheckResult:
     import torch
 
     rng = np.random.default_rng(11)
@@ -138,7 +155,7 @@ def gemm(o: ValidatorOptions) -> pb.CheckResult:
     return _result(GEMM, err <= tol, err, tol, "max relative error", f"{n}x{n} float32 matmul vs float64 reference")
 
 
-def allreduce(o: ValidatorOptions) -> pb.CheckResult:
+def _allreduce(o: ValidatorOptions) -> pb.CheckResult:
     n = max(2, o.num_local_ranks)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,7 +181,7 @@ def allreduce(o: ValidatorOptions) -> pb.CheckResult:
     return _result(ALLREDUCE, ok, worst, 0.0, "max error", f"{n} local ranks, hfreduce allreduce of 4 MiB")
 
 
-async def storage_reachability(mgmtd: MgmtdClient, timeout_s: float) -> pb.CheckResult:
+async def _storage_reachability(mgmtd: MgmtdClient, timeout_s: float) -> pb.CheckResult:
     try:
         resp = await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
     except Exception as exc:
@@ -180,8 +197,11 @@ async def storage_reachability(mgmtd: MgmtdClient, timeout_s: float) -> pb.Check
             reachable += 1
         else:
             failures.append(f"node {node.node_id} at {address or '?'} not serving")
-    no_replica = [c.chain_id for c in info.chains if not any(t.public_state == mgmtd_pb2.PUBLIC_TARGET_STATE_SERVING
-                                                              for t in c.targets)]  # fmt: skip
+    no_replica = [
+        c.chain_id
+        for c in info.chains
+        if not any(t.public_state == mgmtd_pb2.PUBLIC_TARGET_STATE_SERVING for t in c.targets)
+    ]
     if no_replica:
         failures.append(f"chains without a serving target: {no_replica[:10]}")
     message = "; ".join(failures) or (
@@ -205,16 +225,18 @@ async def _serving(address: str, timeout_s: float) -> bool:
 
 
 LOCAL_CHECKS: dict[str, Callable[[ValidatorOptions], pb.CheckResult]] = {
-    CPU_STRESS: cpu_stress,
-    MEMORY_BANDWIDTH: memory_bandwidth,
-    MEMORY_PATTERN: memory_pattern,
-    DISK_THROUGHPUT: disk_throughput,
-    GEMM: gemm,
-    ALLREDUCE: allreduce,
+    CPU_STRESS: _cpu_stress,
+    MEMORY_BANDWIDTH: _memory_bandwidth,
+    MEMORY_PATTERN: _memory_pattern,
+    DISK_THROUGHPUT: _disk_throughput,
+    GEMM: _gemm,
+    ALLREDUCE: _allreduce,
 }
 
 
 class Validator:
+    """Runs the node checks on request or on schedule, never two validations at once."""
+
     def __init__(self, options: ValidatorOptions, mgmtd: MgmtdClient, timeout_s: float) -> None:
         self.options = options
         self.mgmtd = mgmtd
@@ -222,7 +244,13 @@ class Validator:
         self._lock = asyncio.Lock()
 
     async def run(self, checks: list[str]) -> pb.Validation:
-        """Run the named checks (all when empty), one at a time; the blocking ones in a thread."""
+        """Run the named checks (all when empty), one at a time; the blocking ones in a thread.
+
+        A check that raises counts as failed, with the exception as its message.
+
+        Raises:
+            InvalidRequest: a name is not one of ``ALL_CHECKS``.
+        """
         unknown = sorted(set(checks) - set(ALL_CHECKS))
         if unknown:
             raise InvalidRequest(f"unknown checks {unknown}; known: {list(ALL_CHECKS)}")
@@ -231,16 +259,17 @@ class Validator:
             results = [await self._one(name) for name in names]
         validation = pb.Validation(finished_at=time.time(), passed=all(r.passed for r in results), checks=results)
         logger.info(
-            "validation %s", "passed" if validation.passed else "FAILED",
+            "validation %s",
+            "passed" if validation.passed else "FAILED",
             extra={"failed": [r.name for r in results if not r.passed]},
-        )  # fmt: skip
+        )
         return validation
 
     async def _one(self, name: str) -> pb.CheckResult:
         started = time.perf_counter()
         try:
             if name == STORAGE_REACHABILITY:
-                result = await storage_reachability(self.mgmtd, self.timeout_s)
+                result = await _storage_reachability(self.mgmtd, self.timeout_s)
             else:
                 result = await asyncio.to_thread(LOCAL_CHECKS[name], self.options)
         except Exception as exc:  # a check that breaks is a failed check, with why

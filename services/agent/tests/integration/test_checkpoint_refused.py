@@ -23,13 +23,22 @@ print("second run", flush=True)
 """
 
 
-async def test_a_refused_checkpoint_does_not_hold_back_go_suspend(cluster: Any, sqlite_url: str,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+async def test_a_refused_checkpoint_does_not_hold_back_go_suspend(
+    cluster: Any, sqlite_url: str, tmp_path: Path
+) -> None:
     await cluster.scheduler.shutdown()  # the same database, now checking checkpoints
     cluster.scheduler = await start_scheduler(
-        tmp_path, sqlite_url, cluster.mgmtd.address, CLUSTER_TOKEN, master_port=free_port(), ack_window_s=5.0,
-        default_grace_s=10.0, term_grace_s=2.0, stop_timeout_s=20.0, check_checkpoints=True,
-    )  # fmt: skip
+        tmp_path,
+        sqlite_url,
+        cluster.mgmtd.address,
+        CLUSTER_TOKEN,
+        master_port=free_port(),
+        ack_window_s=5.0,
+        default_grace_s=10.0,
+        term_grace_s=2.0,
+        stop_timeout_s=20.0,
+        check_checkpoints=True,
+    )
     await cluster.add_agent("a1")
     script = tmp_path / "task.py"
     script.write_text(TASK)

@@ -32,8 +32,9 @@ NAN, INF = float("nan"), float("inf")
 ALICE = "<alice>"  # replaced by a real token of alice (the run token a scheduler would send)
 
 
-def _case(what: str, method: str, request: Message | bytes, code: grpc.StatusCode, token: str = CLUSTER_TOKEN,
-          **kw: Any) -> Hostile:  # fmt: skip
+def _case(
+    what: str, method: str, request: Message | bytes, code: grpc.StatusCode, token: str = CLUSTER_TOKEN, **kw: Any
+) -> Hostile:
     data = request if isinstance(request, bytes) else request.SerializeToString()
     return Hostile(what, A + method, data, code, token, **kw)
 
@@ -43,9 +44,17 @@ _run_ids = iter(range(100, 10_000))
 
 def _start(what: str, code: grpc.StatusCode = C.INVALID_ARGUMENT, **order: Any) -> Hostile:
     """A start order that would launch but for ``order``; each its own run id (a start is idempotent)."""
-    base: dict[str, Any] = {"task_id": 9, "run_id": next(_run_ids), "user_name": "alice", "node_rank": 0,
-                            "num_nodes": 1, "argv": [sys.executable, "-c", "pass"], "master_ip": "127.0.0.1",
-                            "master_port": 2222, "token": ALICE}  # fmt: skip
+    base: dict[str, Any] = {
+        "task_id": 9,
+        "run_id": next(_run_ids),
+        "user_name": "alice",
+        "node_rank": 0,
+        "num_nodes": 1,
+        "argv": [sys.executable, "-c", "pass"],
+        "master_ip": "127.0.0.1",
+        "master_port": 2222,
+        "token": ALICE,
+    }
     return _case(f"start: {what}", "StartRun", pb.StartRunRequest(**{**base, **order}), code)
 
 

@@ -88,9 +88,15 @@ async def test_two_node_task_runs_with_the_hai_environment_on_every_rank(cluster
 
 def _start(agent_pb: type, **kw: object) -> agent_pb2.StartRunRequest:
     base: dict[str, object] = dict(
-        task_id=9, run_id=99, argv=[sys.executable, "-c", "import time; time.sleep(60)"], node_rank=0, num_nodes=1,
-        master_ip="127.0.0.1", master_port=2222, token="t",
-    )  # fmt: skip
+        task_id=9,
+        run_id=99,
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        node_rank=0,
+        num_nodes=1,
+        master_ip="127.0.0.1",
+        master_port=2222,
+        token="t",
+    )
     base.update(kw)
     return agent_pb2.StartRunRequest(**base)  # type: ignore[arg-type]
 

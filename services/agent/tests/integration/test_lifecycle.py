@@ -148,9 +148,18 @@ async def test_hfai_logs_follow_shows_one_node_ranks_output_live(cluster: Any, t
         "HFAI_CONFIG": str(tmp_path / "no-conf.json"),
     }
     cli = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hfai", "logs", str(task.task_id), "-f", "--rank", "1",
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "hfai",
+        "logs",
+        str(task.task_id),
+        "-f",
+        "--rank",
+        "1",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert cli.stdout is not None
         seen = []

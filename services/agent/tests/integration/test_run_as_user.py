@@ -117,8 +117,9 @@ def test_auto_runs_ranks_as_their_user_only_where_users_can_reach_the_run_folder
     open_folder: Path, tmp_path: Path
 ) -> None:
     def settings(state_dir: Path, **kw: Any) -> AgentSettings:
-        return AgentSettings(state_dir=state_dir, mgmtd_addresses="127.0.0.1:1", cluster_token="t",
-                             python_executable=OPEN_PYTHON, **kw)  # fmt: skip
+        return AgentSettings(
+            state_dir=state_dir, mgmtd_addresses="127.0.0.1:1", cluster_token="t", python_executable=OPEN_PYTHON, **kw
+        )
 
     assert ranks_run_as_at_start(settings(open_folder / "a", ranks_run_as="auto")) is RanksRunAs.TASK_USER
     closed = tmp_path / "a"  # pytest's own folders are 0700

@@ -24,8 +24,12 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 async def test_validation_passes_on_a_healthy_node_and_a_forced_fault_sends_a_node_to_err_nodes(cluster: Any) -> None:
     good = await cluster.add_agent("good")
     bad = await cluster.add_agent("bad", validator_force_fail="memory_pattern")
-    env = {**os.environ, "HFAI_SERVER": cluster.scheduler.address, "HFAI_TOKEN": cluster.tokens["root"],
-           "HFAI_CONFIG": str(cluster.folder / "no-hfai-conf.json")}  # fmt: skip
+    env = {
+        **os.environ,
+        "HFAI_SERVER": cluster.scheduler.address,
+        "HFAI_TOKEN": cluster.tokens["root"],
+        "HFAI_CONFIG": str(cluster.folder / "no-hfai-conf.json"),
+    }
     cli = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hfai", "validate", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -94,9 +98,14 @@ async def test_validate_node_is_for_admins_and_refused_while_a_run_is_active(clu
 
 async def test_the_scheduled_validation_reports_by_itself(cluster: Any) -> None:
     agent = await start_in_process(
-        cluster.folder, cluster.mgmtd.address, CLUSTER_TOKEN, "sched",
-        scheduler_address=cluster.scheduler.address, validate_at_start=True, validator_force_fail="gemm",
-    )  # fmt: skip
+        cluster.folder,
+        cluster.mgmtd.address,
+        CLUSTER_TOKEN,
+        "sched",
+        scheduler_address=cluster.scheduler.address,
+        validate_at_start=True,
+        validator_force_fail="gemm",
+    )
     cluster.agents.append(agent)
 
     async def in_err_nodes() -> bool:

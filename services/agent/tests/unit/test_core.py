@@ -19,16 +19,32 @@ from hfreduce.config import options_from_env
 
 NODE = NodeFacts(device_indices=(0, 1), gpus=False, scheduler_address="s:1", mgmtd_addresses="m:1")
 ORDER = StartOrder(
-    task_id=7, run_id=70, argv=("python", "t.py"), node_rank=1, num_nodes=2, master_ip="10.0.0.1",
-    master_port=2222, token="tok", whole_life_state=5, env={"RANK": "9", "X": "y"},
-)  # fmt: skip
+    task_id=7,
+    run_id=70,
+    argv=("python", "t.py"),
+    node_rank=1,
+    num_nodes=2,
+    master_ip="10.0.0.1",
+    master_port=2222,
+    token="tok",
+    whole_life_state=5,
+    env={"RANK": "9", "X": "y"},
+)
 
 
 def _plan(order: StartOrder = ORDER, node: NodeFacts = NODE) -> list[dict[str, str]]:
     devices = check_order(order, node)
     base = {"PATH": "/bin", "FF_AGENT_CLUSTER_TOKEN": "secret", "HOME": "/root"}
-    plans = plan_ranks(order, node, devices, base_env=base, run_dir="/r", error_dir="/e", hook_dir="/h",
-                       collective_file="/c/control.json")  # fmt: skip
+    plans = plan_ranks(
+        order,
+        node,
+        devices,
+        base_env=base,
+        run_dir="/r",
+        error_dir="/e",
+        hook_dir="/h",
+        collective_file="/c/control.json",
+    )
     return [p.env for p in plans]
 
 
@@ -47,8 +63,14 @@ def test_every_rank_gets_the_hai_variables_and_the_agents_win() -> None:
 
 
 def test_the_cluster_client_variables_are_the_runs_and_no_secret_of_the_agent_leaks() -> None:
-    base = {"FF_TOKEN": "agent-admin", "FF_MGMTD_ADDRESSES": "elsewhere:1", "HFAI_TOKEN": "agent",
-            "FF_META_CLUSTER_TOKEN": "s1", "MY_CLUSTER_TOKEN_FILE": "/s", "LANG": "C"}  # fmt: skip
+    base = {
+        "FF_TOKEN": "agent-admin",
+        "FF_MGMTD_ADDRESSES": "elsewhere:1",
+        "HFAI_TOKEN": "agent",
+        "FF_META_CLUSTER_TOKEN": "s1",
+        "MY_CLUSTER_TOKEN_FILE": "/s",
+        "LANG": "C",
+    }
     order = replace(ORDER, env={"FF_TOKEN": "mine?"})
     env = plan_ranks(order, NODE, (0,), base_env=base, run_dir="/r", error_dir="/e", hook_dir="/h")[0].env
     assert (env["FF_TOKEN"], env["FF_MGMTD_ADDRESSES"], env["HFAI_TOKEN"]) == ("tok", "m:1", "tok")
@@ -157,8 +179,16 @@ def test_suspend_deadlines_on_the_flag_node_and_elsewhere() -> None:
 
 def _p(rank: int, seq: int, done: int, since: float, state: str = "") -> RankProgress:
     state = state or ("in_collective" if seq > done else "idle")
-    return RankProgress(rank=rank, node_rank=rank // 2, local_rank=rank % 2, seq=seq, done=done, op="allreduce",
-                        since=since, state=state)  # fmt: skip
+    return RankProgress(
+        rank=rank,
+        node_rank=rank // 2,
+        local_rank=rank % 2,
+        seq=seq,
+        done=done,
+        op="allreduce",
+        since=since,
+        state=state,
+    )
 
 
 def test_a_rank_behind_the_others_collective_past_the_threshold_is_hung() -> None:

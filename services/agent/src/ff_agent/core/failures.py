@@ -31,6 +31,8 @@ LAUNCH_EXIT_CODES = frozenset({126, 127})
 
 
 class FailureClass(enum.IntEnum):
+    """Whose fault a failure is: the task's code, the platform's launch, or the machine or network."""
+
     USER = 1
     PLATFORM = 2
     INFRASTRUCTURE = 3
@@ -47,6 +49,8 @@ class ErrorRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class RankExit:
+    """How one local rank's process ended, with its error file and the end of its log when there are any."""
+
     local_rank: int
     exit_code: int
     signal: int
@@ -58,15 +62,19 @@ class RankExit:
 
     @property
     def failed(self) -> bool:
+        """Whether the rank ended badly (non-zero exit or a signal) without the agent having stopped it."""
         return not self.stopped_by_agent and (self.exit_code != 0 or self.signal != 0)
 
     @property
     def failed_at(self) -> float:
+        """When the rank failed (epoch seconds): its error file's time, else when the agent saw it exit."""
         return self.error.timestamp if self.error is not None else self.exited_at
 
 
 @dataclass(frozen=True, kw_only=True)
 class Failure:
+    """A run's root-cause failure on this node, as reported to the scheduler."""
+
     failure_class: FailureClass
     local_rank: int
     exit_code: int
@@ -76,7 +84,7 @@ class Failure:
     hang: bool = False  # found hung by hang detection, not exited
 
 
-def classify(rank: RankExit) -> FailureClass:
+def _classify(rank: RankExit) -> FailureClass:
     if rank.error is not None:
         return FailureClass.INFRASTRUCTURE if rank.error.exc_type in INFRASTRUCTURE_ERRORS else FailureClass.USER
     if rank.signal in INFRASTRUCTURE_SIGNALS:
@@ -86,7 +94,7 @@ def classify(rank: RankExit) -> FailureClass:
     return FailureClass.USER
 
 
-def describe(rank: RankExit) -> str:
+def _describe(rank: RankExit) -> str:
     how = f"killed by {_signal_name(rank.signal)}" if rank.signal else f"exited with {rank.exit_code}"
     if rank.error is not None:
         return f"local rank {rank.local_rank} {how}: {rank.error.exc_type}: {rank.error.message}"[:2000]
@@ -101,12 +109,12 @@ def root_cause(ranks: list[RankExit]) -> Failure | None:
         return None
     first = min(failed, key=lambda r: (r.failed_at, r.local_rank))
     return Failure(
-        failure_class=classify(first),
+        failure_class=_classify(first),
         local_rank=first.local_rank,
         exit_code=first.exit_code,
         signal=first.signal,
         failed_at=first.failed_at,
-        message=describe(first),
+        message=_describe(first),
     )
 
 

@@ -1,5 +1,6 @@
-"""Hang detection from the ranks' collective sequence numbers (hfreduce's control-plane status), and from
-the state of the agent's own rank processes.
+"""Hang detection from the ranks' collective sequence numbers and from the state of the agent's rank processes.
+
+The sequence numbers are hfreduce's control-plane status.
 
 A rank that has not entered the newest collective while other ranks have been waiting in it for longer
 than the threshold is the hung (lagging) rank. Every agent checks the whole group's status and names
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class RankProgress:
+    """One rank's place in the group's collectives, as hfreduce's control server reports it."""
+
     rank: int
     node_rank: int
     local_rank: int
@@ -30,6 +33,13 @@ class RankProgress:
 
     @classmethod
     def from_status(cls, entry: dict[str, object]) -> RankProgress:
+        """Parse one entry of ``hfreduce.query_status``.
+
+        Raises:
+            KeyError: a required field is missing.
+            ValueError: a field is not a number.
+            TypeError: a field is not a number.
+        """
         return cls(
             rank=int(entry["rank"]),  # type: ignore[call-overload]
             node_rank=int(entry["node_rank"]),  # type: ignore[call-overload]
@@ -44,6 +54,8 @@ class RankProgress:
 
 @dataclass(frozen=True, kw_only=True)
 class Hang:
+    """A rank found hung: stopped, or behind a collective the others wait in (``waited_s`` seconds so far)."""
+
     rank: int
     node_rank: int
     local_rank: int
@@ -54,6 +66,7 @@ class Hang:
 
     @property
     def message(self) -> str:
+        """The failure message the scheduler and the user see."""
         if self.stopped:
             return (
                 f"hang: rank {self.rank} (node rank {self.node_rank}, local rank {self.local_rank}) is stopped "
@@ -76,11 +89,18 @@ def stopped_hangs(
 ) -> list[Hang]:
     """Ranks seen stopped for ``threshold_s`` or longer, as hangs (``stuck_seq``/``waiting_seq`` unknown: 0)."""
     return [
-        Hang(rank=node_rank * ranks_per_node + local, node_rank=node_rank, local_rank=local, stuck_seq=0,
-             waiting_seq=0, waited_s=now - first, stopped=True)
+        Hang(
+            rank=node_rank * ranks_per_node + local,
+            node_rank=node_rank,
+            local_rank=local,
+            stuck_seq=0,
+            waiting_seq=0,
+            waited_s=now - first,
+            stopped=True,
+        )
         for local, first in sorted(since.items())
         if now - first >= threshold_s
-    ]  # fmt: skip
+    ]
 
 
 def lagging_ranks(ranks: list[RankProgress], now: float, threshold_s: float) -> list[Hang]:

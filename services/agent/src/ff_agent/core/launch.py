@@ -45,8 +45,10 @@ _PRIVATE_NAMES = frozenset({FF_TOKEN_ENV, TOKEN_ENV})
 
 
 class RanksRunAs(StrEnum):
-    """Whose uid a run's ranks get: the task's user (needs root) or the agent's own (no isolation); ``auto``
-    is resolved at start to one of the two."""
+    """Whose uid a run's ranks get: the task's user (needs root) or the agent's own (no isolation).
+
+    ``auto`` is resolved at start to one of the two.
+    """
 
     TASK_USER = "task-user"
     AGENT_USER = "agent-user"
@@ -74,8 +76,10 @@ class RunAs:
 
 
 def ranks_user(order_user: str, owner: Owner, *, mode: RanksRunAs, agent_uid: int) -> RunAs | None:
-    """Whose credentials the ranks get; None: the agent's own (it is not root and the owner is it, or
-    the agent is configured to run every rank as itself).
+    """Whose credentials the ranks get; None: the agent's own.
+
+    None when the agent is not root and the owner is it, or when the agent is configured to run every rank as
+    itself.
 
     Raises:
         InvalidRequest: the token is the cluster's or root's, or not the task owner's.
@@ -136,6 +140,8 @@ class NodeFacts:
 
 @dataclass(frozen=True, kw_only=True)
 class RankPlan:
+    """How to start one local rank: its number and its full environment."""
+
     local_rank: int
     env: dict[str, str]
 
@@ -188,9 +194,10 @@ def check_order(order: StartOrder, node: NodeFacts) -> tuple[int, ...]:
 def task_env(base: Mapping[str, str]) -> dict[str, str]:
     """The agent's own environment minus what is private to it."""
     return {
-        k: v for k, v in base.items()
+        k: v
+        for k, v in base.items()
         if not k.startswith(_PRIVATE_PREFIXES) and k not in _PRIVATE_NAMES and not any(p in k for p in _PRIVATE_PARTS)
-    }  # fmt: skip
+    }
 
 
 def plan_ranks(
@@ -253,8 +260,10 @@ def plan_ranks(
 
 
 def telemetry_labels(order: StartOrder, node: NodeFacts, local_rank: int, num_local: int) -> dict[str, str]:
-    """Who a rank's samples come from: task, run, node rank, global rank (node rank x local world size +
-    local rank), local rank and node."""
+    """Who a rank's samples come from: task, run, node rank, global rank, local rank and node.
+
+    The global rank is node rank x local world size + local rank.
+    """
     return {
         "task_id": str(order.task_id),
         "run_id": str(order.run_id),

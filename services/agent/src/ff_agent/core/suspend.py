@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(kw_only=True)
 class SuspendClock:
+    """One run's suspend deadlines on this node (times in ``time.time()`` seconds); ``stop_due`` applies them."""
+
     requested_at: float
     ack_window_s: float
     grace_s: float
@@ -22,10 +24,12 @@ class SuspendClock:
     go_suspend_at: float | None = None
 
     def received(self, now: float) -> None:
+        """Note that the task acknowledged the suspend flag (the first acknowledgement counts)."""
         if self.received_at is None:
             self.received_at = now
 
     def go_suspend(self, now: float) -> None:
+        """Note that the task said, through the SDK, that its checkpoint is done: it may be stopped now."""
         if self.go_suspend_at is None:
             self.go_suspend_at = now
 

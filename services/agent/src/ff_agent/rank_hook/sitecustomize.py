@@ -1,6 +1,8 @@
-"""Imported by every rank's interpreter (the agent puts this folder first on PYTHONPATH): an excepthook
-that writes the rank's error file (timestamp, exception type, message, traceback) before it dies, so
-the agent can tell which rank failed first and why (torch.distributed.elastic's error files)."""
+"""An excepthook that writes a rank's error file before it dies, imported by every rank's interpreter.
+
+The agent puts this folder first on PYTHONPATH. The file (timestamp, exception type, message, traceback) lets
+the agent tell which rank failed first and why (torch.distributed.elastic's error files).
+"""
 
 import json
 import os
