@@ -1,5 +1,4 @@
-"""Clients of mgmtd used by every service: routing, membership (register, heartbeat, T/2), tokens, and the
-service chassis built on them (``serve_service``)."""
+"""Clients of mgmtd every service uses (routing, membership, tokens) and the service chassis built on them."""
 
 from ff_cluster.chassis import ServiceWiring, Serving, cancel_on_stop, serve_service
 from ff_cluster.lease import LeaseWatch, lease_expired

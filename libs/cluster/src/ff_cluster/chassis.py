@@ -52,6 +52,7 @@ class Serving:
 
     @property
     def metrics_port(self) -> int:
+        """The port /metrics is served on; 0 when the service has no ``metrics_address``."""
         return self.server.metrics_port
 
 
@@ -91,12 +92,16 @@ async def serve_service(settings: ServiceSettings, wiring: ServiceWiring, stop: 
     """Serve until ``stop`` is set (SIGTERM, SIGINT, or the caller), then stop in order; see the module doc."""
     server = RpcServer(
         ServerOptions(
-            listen_address=settings.listen_address, metrics_address=settings.metrics_address or None,
-            cluster_token=settings.resolved_cluster_token(), token_validator=wiring.token_validator,
-            status_table=wiring.status_table, grace_s=settings.grace_s, max_request_bytes=wiring.max_request_bytes,
+            listen_address=settings.listen_address,
+            metrics_address=settings.metrics_address or None,
+            cluster_token=settings.resolved_cluster_token(),
+            token_validator=wiring.token_validator,
+            status_table=wiring.status_table,
+            grace_s=settings.grace_s,
+            max_request_bytes=wiring.max_request_bytes,
         ),
         wiring.bindings,
-    )  # fmt: skip
+    )
     await server.start()
     try:
         address = settings.advertise_address or server.address
@@ -123,8 +128,10 @@ async def serve_service(settings: ServiceSettings, wiring: ServiceWiring, stop: 
 
 
 async def cancel_on_stop(loop: Loop, stop: asyncio.Event) -> None:
-    """Run ``loop`` until it returns or ``stop`` is set, then cancel it: for loops that wait on something
-    other than ``stop`` (a server stream) and so would not return by themselves."""
+    """Run ``loop`` until it returns or ``stop`` is set, then cancel it; re-raises what ``loop`` raised.
+
+    For loops that wait on something other than ``stop`` (a server stream) and so would not return by themselves.
+    """
     task = asyncio.ensure_future(loop)
     stopped = asyncio.ensure_future(stop.wait())
     try:
@@ -140,25 +147,35 @@ async def cancel_on_stop(loop: Loop, stop: asyncio.Event) -> None:
 
 
 def _membership(
-    settings: ServiceSettings, wiring: ServiceWiring, server: RpcServer, address: str, hostname: str,
+    settings: ServiceSettings,
+    wiring: ServiceWiring,
+    server: RpcServer,
+    address: str,
+    hostname: str,
     instance_id: str,
-) -> NodeMembership:  # fmt: skip
+) -> NodeMembership:
     port = server.metrics_port
     metrics = {"metrics": _metrics_endpoint(settings.metrics_address, address, port)} if port else {}
     options = MembershipOptions(
         mgmtd_addresses=list(wiring.mgmtd_addresses) if wiring.mgmtd_addresses is not None else [address],
-        cluster_token=settings.resolved_cluster_token(), node_id=settings.node_id, node_type=wiring.node_type,
-        hostname=hostname, endpoints={"grpc": address, **wiring.endpoints, **metrics},
+        cluster_token=settings.resolved_cluster_token(),
+        node_id=settings.node_id,
+        node_type=wiring.node_type,
+        hostname=hostname,
+        endpoints={"grpc": address, **wiring.endpoints, **metrics},
         tags={"instance_id": instance_id, **wiring.tags},
-        on_lease_lost=wiring.on_lease_lost, on_lease_regained=wiring.on_lease_regained,
+        on_lease_lost=wiring.on_lease_lost,
+        on_lease_regained=wiring.on_lease_regained,
         target_reports=wiring.target_reports,
-    )  # fmt: skip
+    )
     return NodeMembership(options, wiring.mgmtd_client)
 
 
 def _metrics_endpoint(metrics_address: str, address: str, port: int) -> str:
-    """Where others scrape /metrics: the metrics host, or the advertised gRPC host when it listens on all
-    interfaces (services registered 127.0.0.1 before, which a scraper on another host cannot reach)."""
+    """Where others scrape /metrics: the metrics host, or the advertised gRPC host when it listens on all interfaces.
+
+    Services registered 127.0.0.1 before, which a scraper on another host cannot reach.
+    """
     host = metrics_address.rsplit(":", 1)[0]
     if host in ("", "0.0.0.0", "[::]", "::"):
         host = address.rsplit(":", 1)[0]
@@ -179,7 +196,11 @@ def _write_ready(settings: ServiceSettings, wiring: ServiceWiring, serving: Serv
     extra = wiring.ready_info(serving) if wiring.ready_info else {}
     if settings.ready_file is not None:
         write_ready_file(
-            settings.ready_file, grpc=serving.address, metrics_port=serving.metrics_port, node_id=serving.node_id,
-            instance_id=serving.instance_id, **extra,
-        )  # fmt: skip
+            settings.ready_file,
+            grpc=serving.address,
+            metrics_port=serving.metrics_port,
+            node_id=serving.node_id,
+            instance_id=serving.instance_id,
+            **extra,
+        )
     logger.info("ready", extra={"ready": {"grpc": serving.address, "node_id": serving.node_id, **extra}})

@@ -25,6 +25,7 @@ class LeaseWatch:
 
     @property
     def tolerance_s(self) -> float:
+        """How long without a successful heartbeat before the node must stop serving: T/2, in seconds."""
         return self.duration_s / 2
 
     def acked(self, now: float) -> bool:

@@ -22,6 +22,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass(kw_only=True)
 class MembershipOptions:
+    """Who the node is and where to register: what ``NodeMembership`` sends to mgmtd.
+
+    Attributes:
+        mgmtd_addresses: the mgmtd instances; the client follows the primary among them.
+        cluster_token: the token the node registers and heartbeats with.
+        node_type: what the node serves (NODE_TYPE_STORAGE, ...).
+        hostname: the host's name, as mgmtd lists the node.
+        endpoints: named addresses others reach the node at ("grpc", "metrics", ...).
+        node_id: the id to register under; 0: mgmtd assigns one.
+        tags: free-form labels registered with the node ("instance_id", ...).
+    """
+
     mgmtd_addresses: list[str]
     cluster_token: str
     node_type: common_pb2.NodeType.ValueType
@@ -56,14 +68,17 @@ class NodeMembership:
 
     @property
     def lease_lost(self) -> bool:
+        """True while mgmtd has not been reached for more than T/2: the node must not serve."""
         return self._watch is not None and self._watch.lost
 
-    async def register(self) -> None:
+    async def _register(self) -> None:
         request = mgmtd_pb2.RegisterNodeRequest(
-            node_id=self.node_id, node_type=self._opts.node_type, hostname=self._opts.hostname,
+            node_id=self.node_id,
+            node_type=self._opts.node_type,
+            hostname=self._opts.hostname,
             endpoints=[common_pb2.Endpoint(name=k, address=v) for k, v in self._opts.endpoints.items()],
             tags=self._opts.tags,
-        )  # fmt: skip
+        )
         sent_at = time.monotonic()
         resp = await self._client.mgmtd(lambda s: s.RegisterNode, request)
         self.node_id, self.cluster_id = resp.node_id, resp.cluster_id
@@ -76,13 +91,17 @@ class NodeMembership:
         self.registered.set()
         logger.info("registered with mgmtd", extra={"node_id": self.node_id, "cluster_id": self.cluster_id})
 
-    async def heartbeat(self) -> None:
+    async def _heartbeat(self) -> None:
         reports = self._opts.target_reports() if self._opts.target_reports else ()
         request = mgmtd_pb2.HeartbeatRequest(
-            node_id=self.node_id, routing_version=self.routing_version, config_version=self.config_version,
-            targets=[mgmtd_pb2.LocalTargetReport(target_id=t, local_state=mgmtd_pb2.LocalTargetState.ValueType(s))
-                     for t, s in reports],
-        )  # fmt: skip
+            node_id=self.node_id,
+            routing_version=self.routing_version,
+            config_version=self.config_version,
+            targets=[
+                mgmtd_pb2.LocalTargetReport(target_id=t, local_state=mgmtd_pb2.LocalTargetState.ValueType(s))
+                for t, s in reports
+            ],
+        )
         # The lease is fresh as of when the request left, not when the answer came back.
         sent_at = time.monotonic()
         try:
@@ -91,11 +110,13 @@ class NodeMembership:
             if err.code is not grpc.StatusCode.NOT_FOUND:
                 raise
             logger.warning("mgmtd does not know this node; registering again")
-            await self.register()
+            await self._register()
             return
         self.routing_version, self.config_version, self.enabled = (
-            resp.routing_version, resp.config_version, resp.enabled,
-        )  # fmt: skip
+            resp.routing_version,
+            resp.config_version,
+            resp.enabled,
+        )
         if self._watch is not None and self._watch.acked(sent_at):
             self._regained()
 
@@ -119,7 +140,7 @@ class NodeMembership:
         try:
             while not stop.is_set() and not self.registered.is_set():
                 try:
-                    await self.register()
+                    await self._register()
                 except RpcError as err:
                     logger.warning("cannot register with mgmtd yet: %s", err)
                     await _sleep_or_stop(stop, self._opts.retry_interval_s)
@@ -137,7 +158,7 @@ class NodeMembership:
     async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self.heartbeat()
+                await self._heartbeat()
             except RpcError as err:
                 logger.warning("heartbeat failed: %s", err)
             await _sleep_or_stop(stop, self.heartbeat_interval_s)

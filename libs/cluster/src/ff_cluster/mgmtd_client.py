@@ -50,9 +50,11 @@ class MgmtdClient:
 
     @property
     def current_address(self) -> str:
+        """The mgmtd address the next call goes to: the primary, as far as the client knows."""
         return self._current
 
     async def close(self) -> None:
+        """Closes the open channels to mgmtd (at shutdown)."""
         await self._stubs.close()
 
     async def mgmtd(self, select: Callable[[MgmtdStub], Any], request: Any, *, timeout_s: float | None = None) -> Any:
@@ -102,8 +104,10 @@ class MgmtdClient:
         return False
 
     async def service_address(self, node_type: common_pb2.NodeType.ValueType, endpoint: str = "grpc") -> str:
-        """The ``endpoint`` address of the first alive node of ``node_type`` in the routing info (any
-        user may ask); "" when none is alive."""
+        """The ``endpoint`` address of the first alive node of ``node_type`` in the routing info; "" when none is.
+
+        A user token is enough (GetRoutingInfo is ACCESS_USER).
+        """
         resp = await self.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
         for node in resp.routing_info.nodes:
             if node.node_type == node_type and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:

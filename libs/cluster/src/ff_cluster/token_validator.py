@@ -20,9 +20,16 @@ class MgmtdTokenValidator:
         self._client = client
 
     async def validate(self, token: str) -> Principal:
+        """The principal the token stands for, uncached (``registry_validator`` adds the cache).
+
+        Raises:
+            Unauthenticated: the token is malformed, or mgmtd does not accept it.
+            Unavailable: mgmtd answered anything else (unreachable, no primary, ...).
+        """
         return (await self.check(token)).principal
 
     async def check(self, token: str) -> TokenCheck:
+        """The principal the token stands for and how long mgmtd lets the answer be cached; raises as ``validate``."""
         if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
             raise Unauthenticated("malformed token")
         try:

@@ -27,11 +27,19 @@ class _Recorder:
 
     def wiring(self, mgmtd_addresses: list[str]) -> ServiceWiring:
         return ServiceWiring(
-            node_type=common_pb2.NODE_TYPE_META, bindings=[], status_table=StatusTable(), token_validator=None,
-            mgmtd_addresses=mgmtd_addresses, endpoints={"data": "127.0.0.1:1"}, tags={"role": "probe"},
-            on_bound=self._on_bound, loops=self._loops, loops_after_registration=self._after_registration,
-            ready_info=lambda serving: {"extra": "yes"}, on_stop=self._on_stop,
-        )  # fmt: skip
+            node_type=common_pb2.NODE_TYPE_META,
+            bindings=[],
+            status_table=StatusTable(),
+            token_validator=None,
+            mgmtd_addresses=mgmtd_addresses,
+            endpoints={"data": "127.0.0.1:1"},
+            tags={"role": "probe"},
+            on_bound=self._on_bound,
+            loops=self._loops,
+            loops_after_registration=self._after_registration,
+            ready_info=lambda serving: {"extra": "yes"},
+            on_stop=self._on_stop,
+        )
 
     async def _on_bound(self, address: str) -> None:
         self.events.append("bound")
@@ -54,10 +62,16 @@ class _Recorder:
 
 
 def _settings(tmp_path: Path, mgmtd_addresses: str, metrics_address: str = "") -> MgmtdClientSettings:
-    return MgmtdClientSettings.model_validate({
-        "cluster_token": CLUSTER_TOKEN, "mgmtd_addresses": mgmtd_addresses, "metrics_address": metrics_address,
-        "ready_file": tmp_path / "probe.ready.json", "instance_id": "probe-1", "grace_s": 0.5,
-    })  # fmt: skip
+    return MgmtdClientSettings.model_validate(
+        {
+            "cluster_token": CLUSTER_TOKEN,
+            "mgmtd_addresses": mgmtd_addresses,
+            "metrics_address": metrics_address,
+            "ready_file": tmp_path / "probe.ready.json",
+            "instance_id": "probe-1",
+            "grace_s": 0.5,
+        }
+    )
 
 
 async def test_ready_file_is_written_once_registered(tmp_path: Path) -> None:
@@ -75,8 +89,10 @@ async def test_ready_file_is_written_once_registered(tmp_path: Path) -> None:
         assert (ready["instance_id"], ready["extra"]) == ("probe-1", "yes")
         assert node.status == mgmtd_pb2.NODE_STATUS_ALIVE and node.tags["role"] == "probe"
         assert {e.name: e.address for e in node.endpoints} == {
-            "grpc": ready["grpc"], "data": "127.0.0.1:1", "metrics": f"127.0.0.2:{ready['metrics_port']}",
-        }  # fmt: skip
+            "grpc": ready["grpc"],
+            "data": "127.0.0.1:1",
+            "metrics": f"127.0.0.2:{ready['metrics_port']}",
+        }
         stop.set()
         await asyncio.wait_for(task, 15)
         assert probe.events[:3] == ["bound", "loop started", "registered loop started"]
