@@ -12,7 +12,9 @@ _KEPT = frozenset({PORT_RANGE_ENV})
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``os.environ`` without ``FF_*`` settings (tox passes them through; a stray ``FF_TOKEN`` or
-    ``FF_MGMTD_ADDRESSES`` must not change what a test sees), plus ``extra``."""
+    """``os.environ`` without ``FF_*`` settings, plus ``extra``.
+
+    tox passes them through, and a stray ``FF_TOKEN`` or ``FF_MGMTD_ADDRESSES`` must not change what a test sees.
+    """
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FF_") or k in _KEPT}
     return {**clean, **(extra or {})}

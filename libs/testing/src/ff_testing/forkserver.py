@@ -43,11 +43,17 @@ class ForkedProcess:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
+        """The exit status if the child has exited (negative: killed by that signal), else None; never blocks."""
         if self.returncode is None:
             self.returncode = self._server._exit_code(self.pid, 0.0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """Waits up to ``timeout`` seconds (None: forever) for the child to exit and returns its status.
+
+        Raises:
+            subprocess.TimeoutExpired: the child is still running after ``timeout``.
+        """
         if self.returncode is None:
             self.returncode = self._server._exit_code(self.pid, timeout)
             if self.returncode is None:
@@ -55,14 +61,17 @@ class ForkedProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` to the child unless it has exited (its pid may already be another process's)."""
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
     def kill(self) -> None:
+        """SIGKILL to the child, as ``subprocess.Popen.kill``."""
         self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
+        """SIGTERM to the child, as ``subprocess.Popen.terminate``."""
         self.send_signal(signal.SIGTERM)
 
 
@@ -96,9 +105,15 @@ class ForkServer:
         stdout: IO[Any] | None = None,
         stderr: IO[Any] | None = None,
     ) -> ForkedProcess:
-        """Fork a child running the script ``args[1]`` with ``args[2:]`` (``args[0]``: the interpreter, as for
-        ``subprocess.Popen``; it must be this one); its stdout and stderr are the given files, else this process's
-        at the time of the call."""
+        """Fork a child running the script ``args[1]`` with ``args[2:]``, as ``subprocess.Popen(args)`` would.
+
+        ``args[0]`` is the interpreter, as for ``subprocess.Popen``, and must be this one. The child's stdout and
+        stderr are the given files, else this process's at the time of the call.
+
+        Raises:
+            ValueError: ``args`` does not run a script with this interpreter.
+            RuntimeError: the server could not fork the child.
+        """
         if len(args) < 2 or args[0] != sys.executable:
             raise ValueError(f"the fork server runs scripts of {sys.executable} only: {list(args)}")
         request = {"argv": list(args[1:]), "env": dict(env), "cwd": cwd or os.getcwd()}
@@ -288,6 +303,7 @@ def _child(request: dict[str, Any], stdio: list[int], sock: socket.socket, *fds:
 
 
 def main() -> None:
+    """The server process (``python -m ff_testing.forkserver <socket fd> <module>...``): imports, then serves."""
     fd, *preload = sys.argv[1:]
     import importlib
 

@@ -52,14 +52,17 @@ class PostgresServer:
 
     @property
     def data_dir(self) -> Path:
+        """The cluster's data folder (initdb's, owned by ``run_as`` when set)."""
         return self.base_dir / "data"
 
     @property
     def socket_dir(self) -> Path:
+        """Where the server puts its Unix socket, instead of the system's /var/run/postgresql."""
         return self.base_dir / "sockets"
 
     @property
     def log_file(self) -> Path:
+        """The server's log (pg_ctl -l); its end is in the error when the server fails to start."""
         return self.base_dir / "postgres.log"
 
     @property
@@ -68,6 +71,7 @@ class PostgresServer:
         return self.database_url("postgres")
 
     def database_url(self, database: str) -> str:
+        """SQLAlchemy URL (psycopg 3 driver) of ``database`` on this server, as the superuser."""
         return f"postgresql+psycopg://{SUPERUSER}@{HOST}:{self.port}/{database}"
 
     def create_database(self) -> str:

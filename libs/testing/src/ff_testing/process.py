@@ -37,8 +37,10 @@ async def wait_ready(
 
 
 def _log_tail(ready: Path, lines: int = 25) -> str:
-    """The end of the service's log (``<name>.log`` next to ``<name>.ready.json``, the harnesses' layout), so a
-    service that died at start says why in the test's failure; "" when there is none."""
+    """The end of the service's log (``<name>.log`` next to ``<name>.ready.json``); "" when there is none.
+
+    So a service that died at start says why in the test's failure.
+    """
     log = ready.with_name(ready.name.removesuffix(".ready.json") + ".log")
     text = _read_if_exists(log)
     if not text:
@@ -63,8 +65,10 @@ def module_args(module: str, flags: Mapping[str, str]) -> list[str]:
 
 @dataclass
 class ServiceProcess:
-    """A service process, ``args`` with ``--ready-file <folder>/<name>.ready.json``, logging to
-    ``<folder>/<name>.log``; ``info`` is its ready file's content once ``ready()`` returned."""
+    """A service process: ``args`` with ``--ready-file <folder>/<name>.ready.json``, logging to ``<folder>/<name>.log``.
+
+    ``info`` is its ready file's content once ``ready()`` returned.
+    """
 
     name: str
     folder: Path
@@ -75,18 +79,27 @@ class ServiceProcess:
 
     @property
     def ready_file(self) -> Path:
+        """Where the service writes its ready file: ``<folder>/<name>.ready.json``."""
         return self.folder / f"{self.name}.ready.json"
 
     def start(self) -> None:
+        """Starts the process (a stale ready file removed first); returns at once: ``ready`` waits for it."""
         self.ready_file.unlink(missing_ok=True)
         with (self.folder / f"{self.name}.log").open("ab") as out:
-            self.proc = subprocess.Popen([*self.args, "--ready-file", str(self.ready_file)], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [*self.args, "--ready-file", str(self.ready_file)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+            )
 
     async def ready(self, timeout_s: float = 30.0) -> None:
+        """Waits for the ready file and keeps its content in ``info``; raises as ``wait_ready``."""
         self.info = await wait_ready(self.ready_file, self.proc, timeout_s)
 
     def kill(self) -> None:
+        """SIGKILL, and waits (10 s at most) for the process to exit; nothing if it is not running."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
@@ -102,8 +115,10 @@ class ServiceProcess:
 
 
 def stop_all(processes: Iterable[ServiceProcess], timeout_s: float = 10.0) -> None:
-    """SIGTERM to every process at once, then wait for each (SIGKILL past ``timeout_s``): they shut down together
-    instead of one after another."""
+    """SIGTERM to every process at once, then wait for each (SIGKILL past ``timeout_s``).
+
+    At once, so they shut down together instead of one after another.
+    """
     running = [p for p in processes if p.proc is not None and p.proc.poll() is None]
     for p in running:
         assert p.proc is not None

@@ -17,17 +17,31 @@ from ff_testing.postgres import PostgresServer, running_postgres
 
 # What torch ranks of the tests import before they run (the example trainers' too): imported once by the fork
 # server (see torch_forks). None of it starts a thread on import, which a fork would leave broken.
-TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn", "hfreduce.distributed", "haiscale.ddp",
-                 "haiscale.checkpoint", "haiscale.pipeline", "haiscale.fsdp", "hfai.telemetry", "hfai.client", "hf3fs",
-                 "fsspec")  # fmt: skip
+TORCH_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn",
+    "hfreduce.distributed",
+    "haiscale.ddp",
+    "haiscale.checkpoint",
+    "haiscale.pipeline",
+    "haiscale.fsdp",
+    "hfai.telemetry",
+    "hfai.client",
+    "hf3fs",
+    "fsspec",
+)
 
 # db_url's parameters, and the fixture giving each one's URL.
 _DATABASE_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """An xdist worker picks ports only from its own share of the range: the clusters two workers start side by side
-    (services, the appliance's planned ports) cannot pick the same free port and race to bind it."""
+    """An xdist worker picks ports only from its own share of the range.
+
+    So the clusters two workers start side by side (services, the appliance's planned ports) cannot pick the same
+    free port and race to bind it.
+    """
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and count.isdigit() and ports.PORT_RANGE_ENV not in os.environ:
         os.environ[ports.PORT_RANGE_ENV] = ports.share_of_range(int(worker[2:]), int(count))
@@ -42,8 +56,11 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 @pytest.fixture(scope="session")
 def torch_forks() -> Iterator[ForkServer]:
-    """A fork server that imported torch once for this test session (xdist worker): tests start the ranks of
-    their training jobs from it, each for the cost of a fork instead of ~3 s of CPU importing torch."""
+    """A fork server that imported torch once for this test session (xdist worker).
+
+    Tests start the ranks of their training jobs from it, each for the cost of a fork instead of ~3 s of CPU
+    importing torch.
+    """
     with ForkServer(TORCH_PRELOAD, env={"OMP_NUM_THREADS": "1"}) as server:
         yield server
 

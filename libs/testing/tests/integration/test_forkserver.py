@@ -49,8 +49,9 @@ def test_a_child_runs_the_script_with_its_env_argv_cwd_and_stdio(
     server: ForkServer, script: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "report.json"
-    proc = server.start([sys.executable, str(script), str(report), "b"], env={**os.environ, "GREETING": "hi"},
-                        cwd=str(tmp_path))  # fmt: skip
+    proc = server.start(
+        [sys.executable, str(script), str(report), "b"], env={**os.environ, "GREETING": "hi"}, cwd=str(tmp_path)
+    )
     assert proc.wait(timeout=30) == 0
     assert report.read_text() == f'{{"cwd": "{tmp_path}", "preloaded": true, "helper": 7}}'
     out, err = capfd.readouterr()
@@ -61,8 +62,10 @@ def test_exit_codes_exceptions_and_signals_come_back_as_popen_gives_them(
     server: ForkServer, script: Path, tmp_path: Path
 ) -> None:
     env = {**os.environ, "GREETING": "x"}
-    procs = [server.start([sys.executable, str(script), str(tmp_path / f"r{code}")], env={**env, "EXIT": str(code)})
-             for code in (3, 99)]  # fmt: skip
+    procs = [
+        server.start([sys.executable, str(script), str(tmp_path / f"r{code}")], env={**env, "EXIT": str(code)})
+        for code in (3, 99)
+    ]
     assert [p.wait(timeout=30) for p in procs] == [3, 1]
     hung = server.start([sys.executable, str(script), str(tmp_path / "h")], env={**env, "HANG": "1"})
     with pytest.raises(subprocess.TimeoutExpired):
@@ -74,8 +77,9 @@ def test_exit_codes_exceptions_and_signals_come_back_as_popen_gives_them(
 
 def test_closing_the_server_kills_its_children(script: Path, tmp_path: Path) -> None:
     with ForkServer([]) as s:
-        hung = s.start([sys.executable, str(script), str(tmp_path / "h")], env={**os.environ, "GREETING": "x",
-                                                                                 "HANG": "1"})  # fmt: skip
+        hung = s.start(
+            [sys.executable, str(script), str(tmp_path / "h")], env={**os.environ, "GREETING": "x", "HANG": "1"}
+        )
         deadline = time.monotonic() + 30
         while not (tmp_path / "h").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
