@@ -10,10 +10,16 @@ from ff_rpc.entry import run_service
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Run mgmtd with settings from ``argv`` and ``FF_MGMTD_*``; returns the process exit code."""
     return run_service(
-        service="mgmtd", description="fireflyer cluster manager", model=MgmtdSettings, env_prefix=ENV_PREFIX,
-        main=main, argv=argv, warnings=lambda s: [s.failover_warning()],
-    )  # fmt: skip
+        service="mgmtd",
+        description="fireflyer cluster manager",
+        model=MgmtdSettings,
+        env_prefix=ENV_PREFIX,
+        main=main,
+        argv=argv,
+        warnings=lambda s: [s.failover_warning()],
+    )
 
 
 if __name__ == "__main__":

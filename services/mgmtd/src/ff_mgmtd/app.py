@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, kw_only=True)
 class Timing:
+    """mgmtd's periods in seconds: node lease (T), heartbeat, election lease and chain scan."""
+
     lease_duration_s: float
     heartbeat_interval_s: float
     election_lease_s: float
@@ -50,15 +52,19 @@ class Timing:
 
     @property
     def election_tick_s(self) -> float:
+        """How often an instance campaigns: four times per election lease, so the primary renews in time."""
         return self.election_lease_s / 4
 
     @property
     def liveness_tick_s(self) -> float:
+        """How often the primary looks for expired node leases: T/20, at most every 0.5 s."""
         return min(self.lease_duration_s / 20, 0.5)
 
 
 @dataclass(frozen=True)
 class HeartbeatAnswer:
+    """What a heartbeat learns: the current routing and config versions, and whether the node is enabled."""
+
     routing_version: int
     config_version: int
     enabled: bool
@@ -110,32 +116,41 @@ class Mgmtd:
 
     @property
     def is_primary(self) -> bool:
+        """Whether this instance holds an unexpired election lease, on its own (conservative) clock."""
         return self._fence is not None and self._clock() < self._lease_deadline
 
     @property
     def primary_address(self) -> str:
+        """Where the primary is as last seen: this instance's address while primary; "" when none is known."""
         return self.address if self.is_primary else self._primary_address
 
     @property
     def epoch(self) -> int:
+        """The epoch of the lease this instance holds; 0 while it is not primary."""
         return self._fence.epoch if self._fence else 0
 
     def require_primary(self) -> Fence:
+        """The fence of this instance's term, for a change or a read only the primary may make.
+
+        Raises:
+            NotPrimary: this instance is a standby (the error names the primary when it is known).
+        """
         if self._fence is None or not self.is_primary:
             raise NotPrimary(self._primary_address if self._fence is None else "")
         return self._fence
 
     async def start(self) -> None:
+        """Create the cluster's identity on first start (else read it), then campaign once."""
         self.cluster_id = await self.store.arun(lambda s: cluster_state.ensure_cluster(s, time.time()))
-        await self.election_tick()
+        await self._election_tick()
 
     async def run(self, stop: asyncio.Event) -> None:
         """The background loops, until ``stop``; then resign primacy so a standby takes over at once."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._election_loop(stop))
-            tg.create_task(self._every(self.timing.liveness_tick_s, self.liveness_tick, stop))
+            tg.create_task(self._every(self.timing.liveness_tick_s, self._liveness_tick, stop))
             tg.create_task(self._scan_loop(stop))
-        await self.resign()
+        await self._resign()
 
     async def _every(self, period_s: float, tick: Callable[[], object], stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -147,18 +162,20 @@ class Mgmtd:
                 await asyncio.wait_for(stop.wait(), timeout=period_s)
 
     async def _election_loop(self, stop: asyncio.Event) -> None:
-        """Campaign every tick; a standby also wakes just after the primary's lease would expire, so a
-        dead primary is replaced within one lease of its last renewal."""
+        """Campaign every tick; a standby also wakes just after the primary's lease would expire.
+
+        So a dead primary is replaced within one lease of its last renewal.
+        """
         while not stop.is_set():
             delay_s = self.timing.election_tick_s
             try:
-                delay_s = min(delay_s, await self.election_tick())
+                delay_s = min(delay_s, await self._election_tick())
             except Exception:
                 logger.exception("election tick failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay_s)
 
-    async def election_tick(self) -> float:
+    async def _election_tick(self) -> float:
         """One campaign. Returns how long until the current holder's lease expires (standbys)."""
         started = self._clock()
         try:
@@ -206,7 +223,7 @@ class Mgmtd:
         self._snapshot = None
         self._tracker.reset([], self._clock())
 
-    async def resign(self) -> None:
+    async def _resign(self) -> None:
         if self._fence is None:
             return
         fence, self._fence = self._fence, None
@@ -231,7 +248,7 @@ class Mgmtd:
 
     # ---- liveness ----
 
-    async def liveness_tick(self) -> None:
+    async def _liveness_tick(self) -> None:
         if not self.is_primary or not self._tracker.expired(self._clock()):
             return
         async with self._node_lock:
@@ -246,13 +263,21 @@ class Mgmtd:
             self._tracker.forget(node_id)
             if node_id in self._nodes:
                 self._nodes[node_id] = _with_status(self._nodes[node_id], NodeStatus.DEAD)
-        logger.warning("nodes declared dead (no heartbeat for %.1fs)", self.timing.lease_duration_s,
-                       extra={"node_ids": expired})  # fmt: skip
+        logger.warning(
+            "nodes declared dead (no heartbeat for %.1fs)", self.timing.lease_duration_s, extra={"node_ids": expired}
+        )
         if version is not None:
             await self._publish(version)
         self._scan_wanted.set()
 
     async def register_node(self, reg: NodeRegistration) -> Node:
+        """Register (or register again) a node as alive with a full lease, and publish the new routing version.
+
+        Raises:
+            NotPrimary: this instance is a standby.
+            Conflict: the node id is registered with another node type.
+            NoFreeId: ``reg.node_id`` is 0 and every id of the type is taken.
+        """
         async with self._node_lock:
             node, version = await self.write(lambda s, f: routing.register_node(s, f, reg, time.time()))
             self._nodes[node.node_id] = node
@@ -282,8 +307,9 @@ class Mgmtd:
             self._tracker.renew(node_id, self._clock())
         for target_id, state in (target_states or {}).items():
             if self._target_owner.get(target_id, node_id) != node_id:
-                logger.warning("node %d reported target %d of node %d; ignored", node_id, target_id,
-                               self._target_owner[target_id])  # fmt: skip
+                logger.warning(
+                    "node %d reported target %d of node %d; ignored", node_id, target_id, self._target_owner[target_id]
+                )
                 continue
             if self._local_states.get(target_id) is not state:
                 self._local_states[target_id] = state
@@ -305,7 +331,7 @@ class Mgmtd:
                 logger.exception("chain scan failed")
                 await asyncio.sleep(self.timing.chain_scan_interval_s)
 
-    def effective_local_states(self, chains: list[Chain]) -> dict[int, LocalTargetState]:
+    def _effective_local_states(self, chains: list[Chain]) -> dict[int, LocalTargetState]:
         """Reported states, except that every target of a dead (or unknown) node is offline."""
         states: dict[int, LocalTargetState] = {}
         for chain in chains:
@@ -327,7 +353,7 @@ class Mgmtd:
         chains = await self.store.arun(routing.list_chains, read_only=True)
         self._target_owner = {t.target_id: t.node_id for c in chains for t in c.targets}
         by_id = {c.chain_id: c for c in chains}
-        changed = scan_chains(chains, self.effective_local_states(chains))
+        changed = scan_chains(chains, self._effective_local_states(chains))
         if not changed:
             self._quiet_scan = inputs
             return None
@@ -335,8 +361,9 @@ class Mgmtd:
         version = await self.write(lambda s, f: routing.apply_chain_scan(s, f, changes))
         if version is not None:
             for c in changed:
-                states = ", ".join(f"{t.target_id}:{t.public_state.name.lower()}/{t.local_state.name.lower()}"
-                                   for t in c.targets)  # fmt: skip
+                states = ", ".join(
+                    f"{t.target_id}:{t.public_state.name.lower()}/{t.local_state.name.lower()}" for t in c.targets
+                )
                 logger.info("chain %d v%d: %s", c.chain_id, c.version, states)
             await self._publish(version)
         return version
@@ -351,16 +378,20 @@ class Mgmtd:
         return chain, self._routing_version
 
     def last_heartbeat_wall(self, node_id: int) -> float:
+        """When ``node_id`` last heartbeated to this primary, in epoch seconds; 0 when it is not tracked."""
         seen = self._tracker.last_seen(node_id)
         return 0.0 if seen is None else time.time() - (self._clock() - seen)
 
     def config_version(self, node_type: NodeType) -> int:
+        """The current config version of ``node_type`` as the primary caches it; 0: none stored."""
         return self._config_versions.get(node_type, 0)
 
     def note_config_version(self, node_type: NodeType, version: int) -> None:
+        """Cache a config version just stored, so heartbeats announce it."""
         self._config_versions[node_type] = version
 
     async def note_node(self, node: Node, version: int) -> None:
+        """Cache a node just changed in the store (enabled, tags) and publish the routing version it made."""
         self._nodes[node.node_id] = node
         await self._publish(version)
 
@@ -368,9 +399,15 @@ class Mgmtd:
 
     @property
     def routing_version(self) -> int:
+        """The newest routing version this instance has published."""
         return self._routing_version
 
     async def routing_info(self) -> RoutingInfo:
+        """The current routing info, from a snapshot shared by every caller until the version changes.
+
+        Raises:
+            NotPrimary: this instance is a standby.
+        """
         self.require_primary()
         snapshot = self._snapshot
         if snapshot is not None and snapshot.version == self._routing_version:
@@ -387,6 +424,7 @@ class Mgmtd:
         return snapshot
 
     async def publish(self, version: int) -> None:
+        """Announce routing version ``version`` (after a write committed it): wakes every ``watch``."""
         await self._publish(version)
 
     async def _publish(self, version: int) -> None:
@@ -412,6 +450,7 @@ class Mgmtd:
         raise NotPrimary("")
 
     async def instances(self) -> list[MgmtdInstance]:
+        """Every mgmtd instance the election table knows, primary or standby (any instance may answer)."""
         return await self.store.arun(cluster_state.list_instances, read_only=True)
 
     async def lookup_primary(self) -> tuple[str, str]:

@@ -12,6 +12,8 @@ ENV_PREFIX = "FF_MGMTD_"
 
 
 class MgmtdSettings(ServiceSettings):
+    """mgmtd's settings, loaded once in ``__main__``; the heartbeat must be at most half the node lease."""
+
     state_dir: Path = Field(Path("./mgmtd-state"), description="where the default SQLite file lives")
     database_url: SecretStr = Field(
         SecretStr(""), description="SQLAlchemy URL (may hold a password); default sqlite:///<state_dir>/mgmtd.db"
@@ -44,4 +46,5 @@ class MgmtdSettings(ServiceSettings):
         )
 
     def resolved_database_url(self) -> str:
+        """The database to open: ``database_url``, else a SQLite file in ``state_dir`` (holds secrets: not logged)."""
         return self.database_url.get_secret_value() or f"sqlite:///{self.state_dir / 'mgmtd.db'}"

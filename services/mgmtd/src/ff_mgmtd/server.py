@@ -24,6 +24,7 @@ MIGRATIONS = Path(__file__).parent / "store" / "migrations"
 
 
 async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> None:
+    """Open the database (migrating it) and serve mgmtd until ``stop`` is set (or a signal)."""
     stop = stop or asyncio.Event()
     store = await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)
     try:
@@ -35,9 +36,11 @@ async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> No
 
 def _wiring(settings: MgmtdSettings, store: Store, stop: asyncio.Event) -> ServiceWiring:
     timing = Timing(
-        lease_duration_s=settings.lease_duration_s, heartbeat_interval_s=settings.heartbeat_interval_s,
-        election_lease_s=settings.election_lease_s, chain_scan_interval_s=settings.chain_scan_interval_s,
-    )  # fmt: skip
+        lease_duration_s=settings.lease_duration_s,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        election_lease_s=settings.election_lease_s,
+        chain_scan_interval_s=settings.chain_scan_interval_s,
+    )
     # The server must be bound before the instance knows the address it campaigns with (on_bound).
     mgmtd = Mgmtd(store, timing, instance_id="", address="")
     # mgmtd's own cache is short and dropped on every revoke or disable (see IdentityServicer).
@@ -51,16 +54,24 @@ def _wiring(settings: MgmtdSettings, store: Store, stop: asyncio.Event) -> Servi
         await mgmtd.start()
 
     return ServiceWiring(
-        node_type=common_pb2.NODE_TYPE_MGMTD, status_table=STATUS_TABLE, token_validator=validator,
+        node_type=common_pb2.NODE_TYPE_MGMTD,
+        status_table=STATUS_TABLE,
+        token_validator=validator,
         max_request_bytes=validation.MAX_REQUEST_BYTES,
         bindings=[
-            ServiceBinding(services["MgmtdService"].full_name, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server,
-                           MgmtdServicer(mgmtd, stop)),
-            ServiceBinding(services["IdentityService"].full_name, mgmtd_pb2_grpc.add_IdentityServiceServicer_to_server,
-                           IdentityServicer(mgmtd, settings.token_cache_ttl_s, validator)),
+            ServiceBinding(
+                services["MgmtdService"].full_name,
+                mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server,
+                MgmtdServicer(mgmtd, stop),
+            ),
+            ServiceBinding(
+                services["IdentityService"].full_name,
+                mgmtd_pb2_grpc.add_IdentityServiceServicer_to_server,
+                IdentityServicer(mgmtd, settings.token_cache_ttl_s, validator),
+            ),
         ],
         mgmtd_addresses=None,  # it registers with itself
         on_bound=on_bound,
         loops=lambda serving: [mgmtd.run(serving.stop)],
         ready_info=lambda serving: {"cluster_id": mgmtd.cluster_id},
-    )  # fmt: skip
+    )

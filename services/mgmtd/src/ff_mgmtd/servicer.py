@@ -30,6 +30,8 @@ def _require_id(field: str, value: int) -> int:
 
 
 class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
+    """MgmtdService over one ``Mgmtd`` instance; a standby answers NotPrimary for what only the primary does."""
+
     def __init__(self, mgmtd: Mgmtd, stopping: asyncio.Event) -> None:
         self._m = mgmtd
         self._stopping = stopping
@@ -38,24 +40,32 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         validation.check_count("endpoints", len(request.endpoints), validation.MAX_ENDPOINTS)
         validation.check_count("tags", len(request.tags), validation.MAX_TAGS)
         reg = validation.check_registration(
-            request.node_id, request.node_type, request.hostname,
-            wire.endpoints_from_proto(list(request.endpoints)), dict(request.tags),
-        )  # fmt: skip
+            request.node_id,
+            request.node_type,
+            request.hostname,
+            wire.endpoints_from_proto(list(request.endpoints)),
+            dict(request.tags),
+        )
         node = await self._m.register_node(reg)
         t = self._m.timing
         return pb.RegisterNodeResponse(
-            node_id=node.node_id, cluster_id=self._m.cluster_id, lease_duration_s=t.lease_duration_s,
-            heartbeat_interval_s=t.heartbeat_interval_s, routing_version=self._m.routing_version,
-        )  # fmt: skip
+            node_id=node.node_id,
+            cluster_id=self._m.cluster_id,
+            lease_duration_s=t.lease_duration_s,
+            heartbeat_interval_s=t.heartbeat_interval_s,
+            routing_version=self._m.routing_version,
+        )
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
         validation.check_count("targets", len(request.targets), validation.MAX_TARGET_REPORTS)
         reports = validation.check_target_reports([(r.target_id, r.local_state) for r in request.targets])
         answer = await self._m.heartbeat(_require_id("node_id", request.node_id), reports)
         return pb.HeartbeatResponse(
-            lease_duration_s=self._m.timing.lease_duration_s, routing_version=answer.routing_version,
-            config_version=answer.config_version, enabled=answer.enabled,
-        )  # fmt: skip
+            lease_duration_s=self._m.timing.lease_duration_s,
+            routing_version=answer.routing_version,
+            config_version=answer.config_version,
+            enabled=answer.enabled,
+        )
 
     async def GetRoutingInfo(self, request: pb.GetRoutingInfoRequest, context: Context) -> pb.GetRoutingInfoResponse:
         self._m.require_primary()
@@ -77,22 +87,28 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
     async def GetPrimary(self, request: pb.GetPrimaryRequest, context: Context) -> pb.GetPrimaryResponse:
         primary_id, address = await self._m.lookup_primary()
         return pb.GetPrimaryResponse(
-            primary_address=address, primary_instance_id=primary_id, instance_id=self._m.instance_id,
-            is_primary=self._m.is_primary, epoch=self._m.epoch,
-        )  # fmt: skip
+            primary_address=address,
+            primary_instance_id=primary_id,
+            instance_id=self._m.instance_id,
+            is_primary=self._m.is_primary,
+            epoch=self._m.epoch,
+        )
 
     async def GetClusterInfo(self, request: pb.GetClusterInfoRequest, context: Context) -> pb.GetClusterInfoResponse:
         instances = await self._m.instances()
         return pb.GetClusterInfoResponse(
-            cluster_id=self._m.cluster_id, instances=[wire.instance_to_proto(i) for i in instances],
-            routing_version=self._m.routing_version, lease_duration_s=self._m.timing.lease_duration_s,
-        )  # fmt: skip
+            cluster_id=self._m.cluster_id,
+            instances=[wire.instance_to_proto(i) for i in instances],
+            routing_version=self._m.routing_version,
+            lease_duration_s=self._m.timing.lease_duration_s,
+        )
 
     async def SetChains(self, request: pb.SetChainsRequest, context: Context) -> pb.SetChainsResponse:
         validation.check_count("chains", len(request.chains), validation.MAX_CHAINS_PER_CALL)
         for chain in request.chains:
-            validation.check_count(f"chain {chain.chain_id}: targets", len(chain.targets),
-                                   validation.MAX_TARGETS_PER_CHAIN)  # fmt: skip
+            validation.check_count(
+                f"chain {chain.chain_id}: targets", len(chain.targets), validation.MAX_TARGETS_PER_CHAIN
+            )
         chains = [wire.chain_from_proto(c) for c in request.chains]
         validation.check_chains(chains)
         saved, version = await self._m.write(lambda s, f: routing.set_chains(s, f, chains))
@@ -136,6 +152,8 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
 
 
 class IdentityServicer(mgmtd_pb2_grpc.IdentityServiceServicer):
+    """IdentityService (users, groups, tokens) over one ``Mgmtd`` instance; changes go through the primary."""
+
     def __init__(self, mgmtd: Mgmtd, token_cache_ttl_s: float, local_cache: CachingTokenValidator) -> None:
         self._m = mgmtd
         self._ttl_s = token_cache_ttl_s
@@ -239,17 +257,25 @@ def _own_or_admin(user_name: str) -> str:
 
 
 async def check_token(mgmtd: Mgmtd, token: str, ttl_s: float) -> TokenCheck:
-    """The registry's answer for a bearer token (any instance reads it from the database), cacheable
-    for ``ttl_s`` but never past the token's expiry."""
+    """The registry's answer for a bearer token, cacheable for ``ttl_s`` but never past the token's expiry.
+
+    Any instance reads it from the database, standbys too.
+
+    Raises:
+        Unauthenticated: the token is unknown, malformed, expired or revoked, or its user is disabled.
+    """
     now = time.time()
     try:
         user, expires_at = await mgmtd.store.arun(lambda s: identity.authenticate(s, token, now), read_only=True)
     except InvalidToken as exc:
         raise Unauthenticated(str(exc)) from None
     principal = Principal(
-        uid=user.uid, name=user.name, role=PrincipalRole(int(user.role)), gids=user.gids,
+        uid=user.uid,
+        name=user.name,
+        role=PrincipalRole(int(user.role)),
+        gids=user.gids,
         group_names=user.group_names,
-    )  # fmt: skip
+    )
     return TokenCheck(principal, min(ttl_s, expires_at - now) if expires_at else ttl_s)
 
 

@@ -24,8 +24,11 @@ CLUSTER_TOKEN = "test-cluster-token"
 READY_TIMEOUT_S = 20.0
 # Short leases so tests of expiry and failover take seconds.
 FAST_TIMING: dict[str, float] = {
-    "lease_duration_s": 4.0, "heartbeat_interval_s": 0.25, "election_lease_s": 1.0, "grace_s": 1.0,
-}  # fmt: skip
+    "lease_duration_s": 4.0,
+    "heartbeat_interval_s": 0.25,
+    "election_lease_s": 1.0,
+    "grace_s": 1.0,
+}
 # The users of make_users(): two users and an admin.
 TEST_USERS = (("alice", common_pb2.ROLE_USER), ("bob", common_pb2.ROLE_USER), ("root", common_pb2.ROLE_ADMIN))
 
@@ -41,20 +44,34 @@ class InProcessMgmtd:
     task: asyncio.Task[None]
 
     def client(self, token: str = CLUSTER_TOKEN) -> MgmtdClient:
+        """A new client of this instance (the caller closes it); the cluster token unless ``token`` is given."""
         return MgmtdClient([self.address], token=token)
 
     async def shutdown(self) -> None:
+        """Stop the instance (it resigns its lease) and wait up to 15 s for it to finish."""
         self.stop.set()
         await asyncio.wait_for(self.task, timeout=15)
 
 
 async def start_in_process(folder: Path, database_url: str, name: str = "m1", **overrides: Any) -> InProcessMgmtd:
+    """Start mgmtd ``name`` in this event loop with short leases; return it once it registered itself.
+
+    ``overrides`` are settings fields.
+    """
     ready = folder / f"{name}.ready.json"
     ready.unlink(missing_ok=True)
-    settings = MgmtdSettings(**{
-        "state_dir": folder / name, "database_url": database_url, "cluster_token": CLUSTER_TOKEN,
-        "ready_file": ready, "metrics_address": "127.0.0.1:0", "instance_id": name, **FAST_TIMING, **overrides,
-    })  # fmt: skip
+    settings = MgmtdSettings(
+        **{
+            "state_dir": folder / name,
+            "database_url": database_url,
+            "cluster_token": CLUSTER_TOKEN,
+            "ready_file": ready,
+            "metrics_address": "127.0.0.1:0",
+            "instance_id": name,
+            **FAST_TIMING,
+            **overrides,
+        }
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(main(settings, stop))
     try:
@@ -98,8 +115,9 @@ async def wait_registered(client: MgmtdClient, instance_id: str, timeout_s: floa
     try:
         while time.monotonic() < deadline:
             info = (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
-            if any(n.tags.get("instance_id") == instance_id and n.status == mgmtd_pb2.NODE_STATUS_ALIVE
-                   for n in info.nodes):  # fmt: skip
+            if any(
+                n.tags.get("instance_id") == instance_id and n.status == mgmtd_pb2.NODE_STATUS_ALIVE for n in info.nodes
+            ):
                 return
             await asyncio.sleep(0.05)
     finally:
@@ -119,18 +137,28 @@ class MgmtdProcess:
 
     @property
     def address(self) -> str:
+        """The instance's gRPC address, from its ready file (after ``ready``)."""
         return str(self.info["grpc"])
 
     async def ready(self) -> MgmtdProcess:
+        """Wait for the ready file and return this process; raises if the process exits first."""
         self.info = await wait_ready(self.ready_file, self.proc, READY_TIMEOUT_S)
         return self
 
 
 def spawn_process(folder: Path, database_url: str, name: str, **overrides: Any) -> MgmtdProcess:
+    """Start ``python -m ff_mgmtd`` with short leases, its output in ``folder/<name>.log``; not yet ready."""
     ready, log = folder / f"{name}.ready.json", folder / f"{name}.log"
     ready.unlink(missing_ok=True)
-    flags = {"database_url": database_url, "state_dir": folder / name, "ready_file": ready,
-             "instance_id": name, "metrics_address": "", **FAST_TIMING, **overrides}  # fmt: skip
+    flags = {
+        "database_url": database_url,
+        "state_dir": folder / name,
+        "ready_file": ready,
+        "instance_id": name,
+        "metrics_address": "",
+        **FAST_TIMING,
+        **overrides,
+    }
     args = [sys.executable, "-m", "ff_mgmtd"]
     for key, value in flags.items():
         args += [f"--{key.replace('_', '-')}", str(value)]

@@ -18,18 +18,20 @@ async def storage_nodes(client: MgmtdClient, count: int) -> list[int]:
     ids = []
     for i in range(count):
         req = pb.RegisterNodeRequest(
-            node_type=STORAGE, hostname=f"storage-{i}",
+            node_type=STORAGE,
+            hostname=f"storage-{i}",
             endpoints=[common_pb2.Endpoint(name="grpc", address=f"127.0.0.1:{20000 + i}")],
-        )  # fmt: skip
+        )
         ids.append((await client.mgmtd(lambda s: s.RegisterNode, req)).node_id)
     return ids
 
 
 def chain(chain_id: int, version: int, placement: list[tuple[int, int]]) -> pb.Chain:
     return pb.Chain(
-        chain_id=chain_id, version=version,
+        chain_id=chain_id,
+        version=version,
         targets=[pb.Target(target_id=t, node_id=n) for t, n in placement],
-    )  # fmt: skip
+    )
 
 
 async def expect(code: grpc.StatusCode, coro: object) -> RpcError:
@@ -42,32 +44,53 @@ async def expect(code: grpc.StatusCode, coro: object) -> RpcError:
 async def test_chains_and_chain_tables_are_versioned(mgmtd: InProcessMgmtd) -> None:
     client = mgmtd.client()
     n1, n2, n3 = await storage_nodes(client, 3)
-    created = await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[
-        chain(1, 0, [(101, n1), (102, n2), (103, n3)]), chain(2, 0, [(201, n2), (202, n3), (203, n1)]),
-    ]))  # fmt: skip
+    created = await client.mgmtd(
+        lambda s: s.SetChains,
+        pb.SetChainsRequest(
+            chains=[
+                chain(1, 0, [(101, n1), (102, n2), (103, n3)]),
+                chain(2, 0, [(201, n2), (202, n3), (203, n1)]),
+            ]
+        ),
+    )
     assert [c.version for c in created.chains] == [1, 1]
     assert [t.target_id for t in created.chains[0].targets] == [101, 102, 103]  # head first
     assert all(t.public_state == pb.PUBLIC_TARGET_STATE_SERVING for t in created.chains[0].targets)
 
     # Compare-and-set: a stale version is refused and changes nothing.
     before = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
-    await expect(grpc.StatusCode.ABORTED, client.mgmtd(
-        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(101, n3)])])))  # fmt: skip
+    await expect(
+        grpc.StatusCode.ABORTED,
+        client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(101, n3)])])),
+    )
     after = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
     assert (after.version, list(after.chains)) == (before.version, list(before.chains))
 
-    moved = await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(
-        chains=[chain(1, 1, [(102, n2), (103, n3), (101, n1)])]))  # fmt: skip
+    moved = await client.mgmtd(
+        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 1, [(102, n2), (103, n3), (101, n1)])])
+    )
     assert moved.chains[0].version == 2
     assert [t.target_id for t in moved.chains[0].targets] == [102, 103, 101]
 
-    table = await client.mgmtd(lambda s: s.SetChainTable, pb.SetChainTableRequest(
-        chain_table=pb.ChainTable(table_id=1, version=0, chain_ids=[1, 2])))  # fmt: skip
+    table = await client.mgmtd(
+        lambda s: s.SetChainTable,
+        pb.SetChainTableRequest(chain_table=pb.ChainTable(table_id=1, version=0, chain_ids=[1, 2])),
+    )
     assert table.chain_table.version == 1
-    await expect(grpc.StatusCode.ABORTED, client.mgmtd(lambda s: s.SetChainTable, pb.SetChainTableRequest(
-        chain_table=pb.ChainTable(table_id=1, version=0, chain_ids=[2]))))  # fmt: skip
-    await expect(grpc.StatusCode.NOT_FOUND, client.mgmtd(lambda s: s.SetChainTable, pb.SetChainTableRequest(
-        chain_table=pb.ChainTable(table_id=1, version=1, chain_ids=[1, 9]))))  # fmt: skip
+    await expect(
+        grpc.StatusCode.ABORTED,
+        client.mgmtd(
+            lambda s: s.SetChainTable,
+            pb.SetChainTableRequest(chain_table=pb.ChainTable(table_id=1, version=0, chain_ids=[2])),
+        ),
+    )
+    await expect(
+        grpc.StatusCode.NOT_FOUND,
+        client.mgmtd(
+            lambda s: s.SetChainTable,
+            pb.SetChainTableRequest(chain_table=pb.ChainTable(table_id=1, version=1, chain_ids=[1, 9])),
+        ),
+    )
     info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
     assert [(t.table_id, t.version, list(t.chain_ids)) for t in info.chain_tables] == [(1, 1, [1, 2])]
     assert [(c.chain_id, c.version) for c in info.chains] == [(1, 2), (2, 1)]
@@ -77,11 +100,15 @@ async def test_chains_and_chain_tables_are_versioned(mgmtd: InProcessMgmtd) -> N
 async def test_chains_reject_unknown_nodes_and_stolen_targets(mgmtd: InProcessMgmtd) -> None:
     client = mgmtd.client()
     (n1,) = await storage_nodes(client, 1)
-    await expect(grpc.StatusCode.NOT_FOUND, client.mgmtd(
-        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(1, 999)])])))  # fmt: skip
+    await expect(
+        grpc.StatusCode.NOT_FOUND,
+        client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(1, 999)])])),
+    )
     await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(1, n1)])]))
-    err = await expect(grpc.StatusCode.FAILED_PRECONDITION, client.mgmtd(
-        lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(2, 0, [(1, n1)])])))  # fmt: skip
+    err = await expect(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(2, 0, [(1, n1)])])),
+    )
     assert "already belongs to chain 1" in err.details
     await client.close()
 
@@ -105,13 +132,23 @@ async def test_config_is_versioned_per_node_type(mgmtd: InProcessMgmtd) -> None:
     (n1,) = await storage_nodes(client, 1)
     empty = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=STORAGE))
     assert (empty.version, empty.content) == (0, "")
-    v1 = await client.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(
-        node_type=STORAGE, expected_version=0, content="chunk_size_bytes = 1048576\n"))  # fmt: skip
+    v1 = await client.mgmtd(
+        lambda s: s.SetConfig,
+        pb.SetConfigRequest(node_type=STORAGE, expected_version=0, content="chunk_size_bytes = 1048576\n"),
+    )
     assert v1.version == 1
-    await expect(grpc.StatusCode.ABORTED, client.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(
-        node_type=STORAGE, expected_version=0, content="x = 2\n")))  # fmt: skip
-    await expect(grpc.StatusCode.INVALID_ARGUMENT, client.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(
-        node_type=STORAGE, expected_version=1, content="x = = 2\n")))  # fmt: skip
+    await expect(
+        grpc.StatusCode.ABORTED,
+        client.mgmtd(
+            lambda s: s.SetConfig, pb.SetConfigRequest(node_type=STORAGE, expected_version=0, content="x = 2\n")
+        ),
+    )
+    await expect(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        client.mgmtd(
+            lambda s: s.SetConfig, pb.SetConfigRequest(node_type=STORAGE, expected_version=1, content="x = = 2\n")
+        ),
+    )
     got = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=STORAGE))
     assert (got.version, got.content) == (1, "chunk_size_bytes = 1048576\n")
     # Heartbeats tell a node of that type which config version is current.
@@ -130,8 +167,10 @@ async def test_a_node_reports_only_its_own_targets(mgmtd: InProcessMgmtd) -> Non
     await client.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain(1, 0, [(101, n1), (102, n2)])]))
 
     def report(node_id: int, target_id: int) -> pb.HeartbeatRequest:
-        return pb.HeartbeatRequest(node_id=node_id, targets=[
-            pb.LocalTargetReport(target_id=target_id, local_state=pb.LOCAL_TARGET_STATE_OFFLINE)])  # fmt: skip
+        return pb.HeartbeatRequest(
+            node_id=node_id,
+            targets=[pb.LocalTargetReport(target_id=target_id, local_state=pb.LOCAL_TARGET_STATE_OFFLINE)],
+        )
 
     async def state_of(target_id: int) -> int:
         info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info

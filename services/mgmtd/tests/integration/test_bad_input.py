@@ -93,9 +93,15 @@ async def snapshot(client: MgmtdClient) -> tuple[Any, ...]:
     tokens = await client.identity(lambda s: s.ListTokens, pb.ListTokensRequest(user_name="plain"))
     config = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=2))
     return (
-        info.version, [(n.node_id, n.node_type, n.enabled, n.status) for n in info.nodes], list(info.chains),
-        list(info.chain_tables), list(users.users), list(tokens.tokens), config.version, config.content,
-    )  # fmt: skip
+        info.version,
+        [(n.node_id, n.node_type, n.enabled, n.status) for n in info.nodes],
+        list(info.chains),
+        list(info.chain_tables),
+        list(users.users),
+        list(tokens.tokens),
+        config.version,
+        config.content,
+    )
 
 
 @pytest.fixture
@@ -128,8 +134,10 @@ async def test_bad_calls_get_the_right_status_and_change_nothing(mgmtd: InProces
             assert err.details, f"{method}: empty error details"
         after = await snapshot(observer)
         if got is not expected or after != before:
-            failures.append(f"{method}({request!s:.60}) as {caller!r}: {got.name}, expected {expected.name}"
-                            f"{'' if after == before else ' and it changed state'}")  # fmt: skip
+            failures.append(
+                f"{method}({request!s:.60}) as {caller!r}: {got.name}, expected {expected.name}"
+                f"{'' if after == before else ' and it changed state'}"
+            )
     await channel.close()
     await observer.close()
     assert not failures, "\n".join(failures)
@@ -146,10 +154,14 @@ async def test_health_and_reflection(mgmtd: InProcessMgmtd) -> None:
     listed = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     names = {s.name async for r in listed for s in r.list_services_response.service}
     assert {"fireflyer.mgmtd.v1.MgmtdService", "fireflyer.mgmtd.v1.IdentityService", "grpc.health.v1.Health"} <= names
-    files = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-        file_containing_symbol="fireflyer.mgmtd.v1.IdentityService")]))  # fmt: skip
-    protos = [descriptor_pb2.FileDescriptorProto.FromString(p)
-              async for r in files for p in r.file_descriptor_response.file_descriptor_proto]  # fmt: skip
+    files = refl.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="fireflyer.mgmtd.v1.IdentityService")])
+    )
+    protos = [
+        descriptor_pb2.FileDescriptorProto.FromString(p)
+        async for r in files
+        for p in r.file_descriptor_response.file_descriptor_proto
+    ]
     methods = {m.name for f in protos for s in f.service if s.name == "IdentityService" for m in s.method}
     assert {"CreateUser", "IssueToken", "RevokeToken", "ValidateToken", "WhoAmI"} <= methods
     await channel.close()

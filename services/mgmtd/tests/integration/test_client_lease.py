@@ -23,11 +23,18 @@ async def test_membership_reports_lost_after_half_the_lease_and_regained(sqlite_
         events.append((kind, time.monotonic()))
         changed.set()
 
-    membership = NodeMembership(MembershipOptions(
-        mgmtd_addresses=[mgmtd.address], cluster_token=CLUSTER_TOKEN, node_type=common_pb2.NODE_TYPE_STORAGE,
-        hostname="storage-1", endpoints={"grpc": "127.0.0.1:7001"}, retry_interval_s=0.1,
-        on_lease_lost=lambda: note("lost"), on_lease_regained=lambda: note("regained"),
-    ))  # fmt: skip
+    membership = NodeMembership(
+        MembershipOptions(
+            mgmtd_addresses=[mgmtd.address],
+            cluster_token=CLUSTER_TOKEN,
+            node_type=common_pb2.NODE_TYPE_STORAGE,
+            hostname="storage-1",
+            endpoints={"grpc": "127.0.0.1:7001"},
+            retry_interval_s=0.1,
+            on_lease_lost=lambda: note("lost"),
+            on_lease_regained=lambda: note("regained"),
+        )
+    )
     stop = asyncio.Event()
     runner = asyncio.create_task(membership.run(stop))
     await asyncio.wait_for(membership.registered.wait(), timeout=5)

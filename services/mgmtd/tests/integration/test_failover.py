@@ -44,9 +44,10 @@ async def wait_for_primary(addresses: list[str], timeout_s: float = 10.0) -> str
 
 def registration(i: int) -> pb.RegisterNodeRequest:
     return pb.RegisterNodeRequest(
-        node_type=common_pb2.NODE_TYPE_META, hostname=f"meta-{i}",
+        node_type=common_pb2.NODE_TYPE_META,
+        hostname=f"meta-{i}",
         endpoints=[common_pb2.Endpoint(name="grpc", address=f"127.0.0.1:{10000 + i}")],
-    )  # fmt: skip
+    )
 
 
 async def test_standby_redirects_and_takes_over_within_one_lease(postgres_url: str, spawn_mgmtd: Any) -> None:
@@ -116,11 +117,16 @@ async def test_heartbeating_nodes_ride_through_a_failover(postgres_url: str, spa
     primary_addr = await wait_for_primary([a.address, b.address])
     primary, standby = (a, b) if primary_addr == a.address else (b, a)
     lost: list[float] = []
-    membership = NodeMembership(MembershipOptions(
-        mgmtd_addresses=[primary.address, standby.address], cluster_token=CLUSTER_TOKEN,
-        node_type=common_pb2.NODE_TYPE_STORAGE, hostname="storage-1", endpoints={"grpc": "127.0.0.1:7001"},
-        on_lease_lost=lambda: lost.append(time.monotonic()),
-    ))  # fmt: skip
+    membership = NodeMembership(
+        MembershipOptions(
+            mgmtd_addresses=[primary.address, standby.address],
+            cluster_token=CLUSTER_TOKEN,
+            node_type=common_pb2.NODE_TYPE_STORAGE,
+            hostname="storage-1",
+            endpoints={"grpc": "127.0.0.1:7001"},
+            on_lease_lost=lambda: lost.append(time.monotonic()),
+        )
+    )
     stop = asyncio.Event()
     runner = asyncio.create_task(membership.run(stop))
     await asyncio.wait_for(membership.registered.wait(), timeout=5)

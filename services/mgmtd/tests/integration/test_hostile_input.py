@@ -29,8 +29,9 @@ EP = [common_pb2.Endpoint(name="grpc", address="127.0.0.1:7000")]
 USER, ADMIN = "<user>", "<admin>"  # replaced by real tokens
 
 
-def _case(what: str, method: str, request: Message | bytes, code: grpc.StatusCode, token: str = ADMIN,
-          **kw: Any) -> Hostile:  # fmt: skip
+def _case(
+    what: str, method: str, request: Message | bytes, code: grpc.StatusCode, token: str = ADMIN, **kw: Any
+) -> Hostile:
     data = request if isinstance(request, bytes) else request.SerializeToString()
     return Hostile(what, method, data, code, token, **kw)
 

@@ -38,8 +38,10 @@ async def test_users_groups_and_tokens(mgmtd: InProcessMgmtd, db_url: str) -> No
     await expect(
         grpc.StatusCode.ALREADY_EXISTS, admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="bob"))
     )
-    await expect(grpc.StatusCode.ALREADY_EXISTS, admin.identity(
-        lambda s: s.CreateUser, pb.CreateUserRequest(name="eve", uid=4242)))  # fmt: skip
+    await expect(
+        grpc.StatusCode.ALREADY_EXISTS,
+        admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="eve", uid=4242)),
+    )
 
     issued = await issue(admin, "alice", description="laptop")
     as_alice = MgmtdClient([mgmtd.address], token=issued.token)
@@ -62,17 +64,23 @@ async def test_users_groups_and_tokens(mgmtd: InProcessMgmtd, db_url: str) -> No
     own = await as_alice.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(description="second"))
     listed = await as_alice.identity(lambda s: s.ListTokens, pb.ListTokensRequest())
     assert sorted(t.description for t in listed.tokens) == ["laptop", "second"]
-    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
-        lambda s: s.ListTokens, pb.ListTokensRequest(user_name="bob")))  # fmt: skip
-    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
-        lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="bob")))  # fmt: skip
+    await expect(
+        grpc.StatusCode.PERMISSION_DENIED,
+        as_alice.identity(lambda s: s.ListTokens, pb.ListTokensRequest(user_name="bob")),
+    )
+    await expect(
+        grpc.StatusCode.PERMISSION_DENIED,
+        as_alice.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="bob")),
+    )
     await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(lambda s: s.ListUsers, pb.ListUsersRequest()))
     bob_token = (await issue(admin, "bob")).token
     as_bob = MgmtdClient([mgmtd.address], token=bob_token)
     users = await as_bob.identity(lambda s: s.ListUsers, pb.ListUsersRequest())  # bob is an admin
     assert {u.name for u in users.users} == {"alice", "bob"}
-    await expect(grpc.StatusCode.PERMISSION_DENIED, as_alice.identity(
-        lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=bob_token.split("_")[1])))  # fmt: skip
+    await expect(
+        grpc.StatusCode.PERMISSION_DENIED,
+        as_alice.identity(lambda s: s.RevokeToken, pb.RevokeTokenRequest(token_id=bob_token.split("_")[1])),
+    )
 
     # Revoking takes effect at once, here (even for a token mgmtd has just cached) and for services
     # asking through ValidateToken.
@@ -121,10 +129,13 @@ async def test_group_membership(mgmtd: InProcessMgmtd) -> None:
     )
     assert list(again.group.member_names) == ["erin"]
     removed = await admin.identity(
-        lambda s: s.RemoveGroupMember, pb.RemoveGroupMemberRequest(group_name="nlp", user_name="erin"))  # fmt: skip
+        lambda s: s.RemoveGroupMember, pb.RemoveGroupMemberRequest(group_name="nlp", user_name="erin")
+    )
     assert list(removed.group.member_names) == []
-    await expect(grpc.StatusCode.NOT_FOUND, admin.identity(
-        lambda s: s.AddGroupMember, pb.AddGroupMemberRequest(group_name="nope", user_name="erin")))  # fmt: skip
+    await expect(
+        grpc.StatusCode.NOT_FOUND,
+        admin.identity(lambda s: s.AddGroupMember, pb.AddGroupMemberRequest(group_name="nope", user_name="erin")),
+    )
     groups = await admin.identity(lambda s: s.ListGroups, pb.ListGroupsRequest())
     assert [(g.name, g.gid) for g in groups.groups] == [("nlp", 5000)]
     await admin.close()

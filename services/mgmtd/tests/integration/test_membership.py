@@ -22,9 +22,12 @@ STORAGE = common_pb2.NODE_TYPE_STORAGE
 
 def registration(node_id: int = 0, node_type: int = STORAGE, port: int = 9000, **kw: Any) -> pb.RegisterNodeRequest:
     return pb.RegisterNodeRequest(
-        node_id=node_id, node_type=node_type, hostname="host-a",
-        endpoints=[common_pb2.Endpoint(name="grpc", address=f"127.0.0.1:{port}")], **kw,
-    )  # fmt: skip
+        node_id=node_id,
+        node_type=node_type,
+        hostname="host-a",
+        endpoints=[common_pb2.Endpoint(name="grpc", address=f"127.0.0.1:{port}")],
+        **kw,
+    )
 
 
 async def routing(client: MgmtdClient) -> pb.RoutingInfo:

@@ -45,9 +45,11 @@ def test_transition(local: L, public: P, predecessor: P | None) -> None:
 
 
 def _chain(*targets: tuple[int, P, L], version: int = 7) -> Chain:
-    return Chain(chain_id=1, version=version, targets=tuple(
-        ChainTarget(target_id=i, node_id=i, public_state=p, local_state=loc) for i, p, loc in targets
-    ))  # fmt: skip
+    return Chain(
+        chain_id=1,
+        version=version,
+        targets=tuple(ChainTarget(target_id=i, node_id=i, public_state=p, local_state=loc) for i, p, loc in targets),
+    )
 
 
 def _states(chain: Chain) -> list[tuple[int, P]]:

@@ -54,5 +54,6 @@ class NotPrimary(MgmtdError):
         self.primary_address = primary_address
 
     def trailing_metadata(self) -> Sequence[tuple[str, str]]:
+        """What the status carries so clients retry elsewhere: the not-primary mark and, when known, the primary."""
         where = ((PRIMARY_ADDRESS_METADATA, self.primary_address),) if self.primary_address else ()
         return ((NOT_PRIMARY_METADATA, "1"), *where)

@@ -1,5 +1,7 @@
-"""Lease arithmetic of mgmtd: node heartbeats (declared dead after T) and the election of one primary
-by a lease row in the database. The client side (T/2) is ff_cluster.lease."""
+"""Lease arithmetic of mgmtd: node heartbeats and the election of one primary by a lease row in the database.
+
+A node is declared dead after T without a heartbeat. The client side (T/2) is ff_cluster.lease.
+"""
 
 from __future__ import annotations
 
@@ -28,15 +30,19 @@ class HeartbeatTracker:
     _last_seen: dict[int, float] = field(default_factory=dict)
 
     def reset(self, alive_node_ids: Iterable[int], now: float) -> None:
+        """Track exactly these nodes, each with a full lease from ``now`` (a takeover, or none when stepping down)."""
         self._last_seen = dict.fromkeys(alive_node_ids, now)
 
     def renew(self, node_id: int, now: float) -> None:
+        """Note a heartbeat (or a registration) of ``node_id`` at ``now``; starts tracking an unknown node."""
         self._last_seen[node_id] = now
 
     def forget(self, node_id: int) -> None:
+        """Stop tracking ``node_id`` (declared dead); a no-op for an unknown node."""
         self._last_seen.pop(node_id, None)
 
     def last_seen(self, node_id: int) -> float | None:
+        """When ``node_id`` last renewed, on the tracker's monotonic clock; None when it is not tracked."""
         return self._last_seen.get(node_id)
 
     def expired(self, now: float) -> list[int]:

@@ -19,11 +19,15 @@ class NodeType(IntEnum):
 
 
 class NodeStatus(IntEnum):
+    """Whether a node holds its lease (mirror of mgmtd.v1.NodeStatus)."""
+
     ALIVE = 1
     DEAD = 2
 
 
 class PublicTargetState(IntEnum):
+    """A target's state in the chain as clients see it (3FS's public states; mirror of the proto)."""
+
     SERVING = 1
     SYNCING = 2
     WAITING = 3
@@ -32,24 +36,32 @@ class PublicTargetState(IntEnum):
 
 
 class LocalTargetState(IntEnum):
+    """A target's state as its storage node reports it (3FS's local states; mirror of the proto)."""
+
     UPTODATE = 1
     ONLINE = 2
     OFFLINE = 3
 
 
 class Role(IntEnum):
+    """What a user may do: ordinary calls, or administration too."""
+
     USER = 1
     ADMIN = 2
 
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
+    """One named address a node serves on (``grpc``, ``data``, ``metrics``, ...)."""
+
     name: str
     address: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class Node:
+    """A registered node as routing info shows it; ``registered_at`` is epoch seconds."""
+
     node_id: int
     node_type: NodeType
     hostname: str
@@ -73,6 +85,8 @@ class NodeRegistration:
 
 @dataclass(frozen=True, kw_only=True)
 class ChainTarget:
+    """One replica of a chain: the target, the node holding it and its two states."""
+
     target_id: int
     node_id: int
     public_state: PublicTargetState = PublicTargetState.SERVING
@@ -90,6 +104,8 @@ class Chain:
 
 @dataclass(frozen=True, kw_only=True)
 class ChainTable:
+    """A versioned list of chains that files are striped over."""
+
     table_id: int
     version: int
     chain_ids: tuple[int, ...]
@@ -97,6 +113,8 @@ class ChainTable:
 
 @dataclass(frozen=True, kw_only=True)
 class RoutingInfo:
+    """The cluster's whole routing view at one version: nodes, chains and chain tables."""
+
     version: int
     cluster_id: str
     nodes: tuple[Node, ...]
@@ -106,6 +124,8 @@ class RoutingInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigEntry:
+    """The stored config (TOML text) of one node type, at one version."""
+
     node_type: NodeType
     version: int
     content: str
@@ -113,6 +133,8 @@ class ConfigEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class User:
+    """A user of the identity registry with its role and groups (``created_at``: epoch seconds)."""
+
     uid: int
     name: str
     role: Role
@@ -124,6 +146,8 @@ class User:
 
 @dataclass(frozen=True, kw_only=True)
 class Group:
+    """A group of the identity registry and its members."""
+
     gid: int
     name: str
     member_names: tuple[str, ...]
@@ -131,6 +155,8 @@ class Group:
 
 @dataclass(frozen=True, kw_only=True)
 class TokenInfo:
+    """A token's public facts (never its secret); ``expires_at`` 0: never, times in epoch seconds."""
+
     token_id: str
     user_name: str
     description: str
@@ -141,6 +167,8 @@ class TokenInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class MgmtdInstance:
+    """One mgmtd instance as the election table knows it (``last_seen_at``: epoch seconds)."""
+
     instance_id: str
     address: str
     is_primary: bool

@@ -67,9 +67,11 @@ def scan_chain(chain: Chain, local_states: Mapping[int, L]) -> Chain:
     # among the live ones the serving targets come first.
     order = sorted(
         current,
-        key=lambda t: (t.local_state is L.OFFLINE, 0 if t.public_state in (P.SERVING, P.LASTSRV) else
-                       _PUBLIC_RANK[t.public_state]),
-    )  # fmt: skip
+        key=lambda t: (
+            t.local_state is L.OFFLINE,
+            0 if t.public_state in (P.SERVING, P.LASTSRV) else _PUBLIC_RANK[t.public_state],
+        ),
+    )
     updated: list[ChainTarget] = []
     for target in order:
         if target.local_state is L.OFFLINE and target.public_state is P.SERVING:

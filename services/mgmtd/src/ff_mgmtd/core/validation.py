@@ -58,8 +58,10 @@ def check_name(kind: str, name: str) -> str:
 
 
 def check_new_user_name(name: str, reserved: Collection[str]) -> str:
-    """A name for a new user: ``check_name``, and none of the ``reserved`` names (the principal the cluster's
-    services act under, which some checks compare by name)."""
+    """A name for a new user: ``check_name``, and none of the ``reserved`` names.
+
+    The reserved names are the principal the cluster's services act under, which some checks compare by name.
+    """
     check_name("user", name)
     if name in reserved:
         raise InvalidRequest(f"user name {name!r} is reserved for the cluster's services")
@@ -67,13 +69,14 @@ def check_new_user_name(name: str, reserved: Collection[str]) -> str:
 
 
 def check_node_type(value: int) -> NodeType:
+    """A node type number from the wire, as a ``NodeType``; InvalidRequest for 0 or an unknown one."""
     try:
         return NodeType(value)
     except ValueError:
         raise InvalidRequest(f"node_type {value} is not a known node type") from None
 
 
-def check_address(field_name: str, address: str) -> str:
+def _check_address(field_name: str, address: str) -> str:
     match = _ADDRESS_RE.match(address)
     if match is None or not 0 < int(match.group(2)) < 65536:
         raise InvalidRequest(f"{field_name} {address!r} is not host:port")
@@ -83,6 +86,11 @@ def check_address(field_name: str, address: str) -> str:
 def check_registration(
     node_id: int, node_type: int, hostname: str, endpoints: Sequence[Endpoint], tags: dict[str, str]
 ) -> NodeRegistration:
+    """A RegisterNode request's fields, checked: hostname, endpoints (``host:port``, unique names) and tags.
+
+    Raises:
+        InvalidRequest: naming the first field that is wrong.
+    """
     if not _HOST_RE.match(hostname):
         raise InvalidRequest(f"hostname {hostname!r} is empty or has characters a hostname cannot have")
     if not endpoints:
@@ -92,13 +100,16 @@ def check_registration(
     if len(set(names)) != len(names) or not all(names):
         raise InvalidRequest("endpoints: names must be non-empty and unique")
     for e in endpoints:
-        check_address(f"endpoint {e.name!r}", e.address)
+        _check_address(f"endpoint {e.name!r}", e.address)
     if len(tags) > MAX_TAGS or any(not k or len(k) > 128 or len(v) > 1024 for k, v in tags.items()):
         raise InvalidRequest(f"tags: at most {MAX_TAGS}, keys 1-128 and values up to 1024 characters")
     return NodeRegistration(
-        node_id=node_id, node_type=check_node_type(node_type), hostname=hostname,
-        endpoints=tuple(endpoints), tags=dict(tags),
-    )  # fmt: skip
+        node_id=node_id,
+        node_type=check_node_type(node_type),
+        hostname=hostname,
+        endpoints=tuple(endpoints),
+        tags=dict(tags),
+    )
 
 
 def check_chains(chains: Sequence[Chain]) -> None:
@@ -126,6 +137,7 @@ def check_chains(chains: Sequence[Chain]) -> None:
 
 
 def check_chain_table(table: ChainTable) -> None:
+    """A chain table's shape: an id in range and at least one chain, none twice (existence: the store's)."""
     if not 0 < table.table_id <= MAX_ID:
         raise InvalidRequest(f"table_id {table.table_id} must be in 1..{MAX_ID}")
     if not table.chain_ids:
@@ -175,6 +187,7 @@ def check_names(kind: str, names: Sequence[str]) -> list[str]:
 
 
 def check_description(text: str) -> str:
+    """A token's description: printable, at most ``MAX_DESCRIPTION_CHARS`` characters."""
     if len(text) > MAX_DESCRIPTION_CHARS or not text.isprintable():
         raise InvalidRequest(f"description: at most {MAX_DESCRIPTION_CHARS} printable characters")
     return text

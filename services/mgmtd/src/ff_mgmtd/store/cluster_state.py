@@ -56,20 +56,24 @@ def ensure_cluster(s: Session, now: float) -> str:
 
 
 def get_cluster_id(s: Session) -> str:
+    """The cluster id ``ensure_cluster`` created (it must have run)."""
     return str(s.execute(select(cluster.c.cluster_id).where(cluster.c.id == 1)).scalar_one())
 
 
 def routing_version(s: Session) -> int:
+    """The stored routing version: it moves whenever nodes, chains or chain tables change."""
     return int(s.execute(select(cluster.c.routing_version).where(cluster.c.id == 1)).scalar_one())
 
 
 def bump_routing_version(s: Session) -> int:
+    """Count one routing change in this transaction; returns the new version (to publish after the commit)."""
     version = routing_version(s) + 1
     s.execute(update(cluster).where(cluster.c.id == 1).values(routing_version=version))
     return version
 
 
 def read_lease(s: Session) -> LeaseRow | None:
+    """The election row, or None before the first campaign."""
     row = s.execute(select(election).where(election.c.id == 1)).first()
     if row is None:
         return None
@@ -86,9 +90,11 @@ def run_campaign(s: Session, instance_id: str, address: str, lease_s: float) -> 
     result = campaign(current, instance_id, address, now, lease_s)
     if result.changed:
         values = {
-            "holder_id": result.row.holder_id, "holder_address": result.row.holder_address,
-            "expires_at": result.row.expires_at, "epoch": result.row.epoch,
-        }  # fmt: skip
+            "holder_id": result.row.holder_id,
+            "holder_address": result.row.holder_address,
+            "expires_at": result.row.expires_at,
+            "epoch": result.row.epoch,
+        }
         if current is None:
             s.execute(insert(election).values(id=1, **values))
         else:
@@ -119,18 +125,24 @@ def check_fence(s: Session, fence: Fence) -> None:
 
 
 def current_primary(s: Session) -> tuple[LeaseRow | None, str]:
+    """The election row and the primary's address ("" while the lease is expired), on the database clock."""
     now = db_now(s)
     row = read_lease(s)
     return row, primary_address(row, now)
 
 
 def list_instances(s: Session) -> list[MgmtdInstance]:
+    """Every instance that ever campaigned, by id; the holder of an unexpired lease is the primary."""
     now = db_now(s)
     row = read_lease(s)
     holder = row.holder_id if row is not None and row.expires_at > now else ""
     rows = s.execute(select(instances).order_by(instances.c.instance_id)).all()
     return [
-        MgmtdInstance(instance_id=r.instance_id, address=r.address, is_primary=r.instance_id == holder,
-                      last_seen_at=float(r.last_seen_at))
+        MgmtdInstance(
+            instance_id=r.instance_id,
+            address=r.address,
+            is_primary=r.instance_id == holder,
+            last_seen_at=float(r.last_seen_at),
+        )
         for r in rows
-    ]  # fmt: skip
+    ]

@@ -31,13 +31,18 @@ def _groups_of(s: Session, uid: int) -> list[tuple[int, str]]:
 def _user(s: Session, row: Any) -> User:
     member_of = _groups_of(s, int(row.uid))
     return User(
-        uid=int(row.uid), name=row.name, role=Role(row.role), disabled=bool(row.disabled),
-        group_names=tuple(n for _, n in member_of), gids=tuple(g for g, _ in member_of),
+        uid=int(row.uid),
+        name=row.name,
+        role=Role(row.role),
+        disabled=bool(row.disabled),
+        group_names=tuple(n for _, n in member_of),
+        gids=tuple(g for g, _ in member_of),
         created_at=float(row.created_at),
-    )  # fmt: skip
+    )
 
 
 def get_user(s: Session, name: str) -> User:
+    """The user called ``name``; NotFoundError when there is none."""
     row = s.execute(select(users).where(users.c.name == name)).first()
     if row is None:
         raise NotFoundError(f"user {name!r} does not exist")
@@ -45,10 +50,19 @@ def get_user(s: Session, name: str) -> User:
 
 
 def list_users(s: Session) -> list[User]:
+    """Every user, by uid."""
     return [_user(s, r) for r in s.execute(select(users).order_by(users.c.uid)).all()]
 
 
 def create_user(s: Session, fence: Fence, name: str, uid: int, role: Role, group_names: list[str], now: float) -> User:
+    """Create a user in the named groups; ``uid`` 0 takes the next free one from ``FIRST_UID``.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        AlreadyExistsError: the name or the uid is taken.
+        NotFoundError: a group does not exist.
+        NoFreeId: every uid is taken.
+    """
     check_fence(s, fence)
     if s.execute(select(users.c.uid).where(users.c.name == name)).first() is not None:
         raise AlreadyExistsError(f"user {name!r} already exists")
@@ -65,6 +79,12 @@ def create_user(s: Session, fence: Fence, name: str, uid: int, role: Role, group
 
 
 def set_user_disabled(s: Session, fence: Fence, name: str, disabled: bool) -> User:
+    """Disable (or enable again) a user: a disabled user's tokens stop authenticating.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        NotFoundError: there is no such user.
+    """
     check_fence(s, fence)
     get_user(s, name)
     s.execute(update(users).where(users.c.name == name).values(disabled=disabled))
@@ -72,6 +92,7 @@ def set_user_disabled(s: Session, fence: Fence, name: str, disabled: bool) -> Us
 
 
 def get_group(s: Session, name: str) -> Group:
+    """The group called ``name`` with its members; NotFoundError when there is none."""
     row = s.execute(select(groups).where(groups.c.name == name)).first()
     if row is None:
         raise NotFoundError(f"group {name!r} does not exist")
@@ -85,11 +106,19 @@ def get_group(s: Session, name: str) -> Group:
 
 
 def list_groups(s: Session) -> list[Group]:
+    """Every group with its members, by gid."""
     names = s.execute(select(groups.c.name).order_by(groups.c.gid)).scalars().all()
     return [get_group(s, n) for n in names]
 
 
 def create_group(s: Session, fence: Fence, name: str, gid: int) -> Group:
+    """Create an empty group; ``gid`` 0 takes the next free one from ``FIRST_GID``.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        AlreadyExistsError: the name or the gid is taken.
+        NoFreeId: every gid is taken.
+    """
     check_fence(s, fence)
     if s.execute(select(groups.c.gid).where(groups.c.name == name)).first() is not None:
         raise AlreadyExistsError(f"group {name!r} already exists")
@@ -103,6 +132,12 @@ def create_group(s: Session, fence: Fence, name: str, gid: int) -> Group:
 
 
 def set_membership(s: Session, fence: Fence, group_name: str, user_name: str, member: bool) -> Group:
+    """Add a user to a group or take them out (idempotent); returns the group as it is now.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        NotFoundError: the group or the user does not exist.
+    """
     check_fence(s, fence)
     group, user = get_group(s, group_name), get_user(s, user_name)
     is_member = user_name in group.member_names
@@ -115,24 +150,42 @@ def set_membership(s: Session, fence: Fence, group_name: str, user_name: str, me
 
 def _token_info(row: Any, user_name: str) -> TokenInfo:
     return TokenInfo(
-        token_id=row.token_id, user_name=user_name, description=row.description, created_at=float(row.created_at),
-        expires_at=float(row.expires_at), revoked=bool(row.revoked_at),
-    )  # fmt: skip
+        token_id=row.token_id,
+        user_name=user_name,
+        description=row.description,
+        created_at=float(row.created_at),
+        expires_at=float(row.expires_at),
+        revoked=bool(row.revoked_at),
+    )
 
 
 def issue_token(
     s: Session, fence: Fence, user_name: str, new: NewToken, description: str, ttl_s: float, now: float
 ) -> TokenInfo:
+    """Store a token made by ``core.tokens.new_token`` for a user; ``ttl_s`` 0: it never expires.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        NotFoundError: there is no such user.
+    """
     check_fence(s, fence)
     user = get_user(s, user_name)
-    s.execute(insert(tokens).values(
-        token_id=new.token_id, uid=user.uid, secret_hash=new.secret_hash, description=description,
-        created_at=now, expires_at=now + ttl_s if ttl_s else 0.0, revoked_at=0.0,
-    ))  # fmt: skip
+    s.execute(
+        insert(tokens).values(
+            token_id=new.token_id,
+            uid=user.uid,
+            secret_hash=new.secret_hash,
+            description=description,
+            created_at=now,
+            expires_at=now + ttl_s if ttl_s else 0.0,
+            revoked_at=0.0,
+        )
+    )
     return get_token(s, new.token_id)
 
 
 def get_token(s: Session, token_id: str) -> TokenInfo:
+    """A token's public facts by id; NotFoundError when there is none."""
     stmt = select(tokens, users.c.name).join(users, users.c.uid == tokens.c.uid).where(tokens.c.token_id == token_id)
     row = s.execute(stmt).first()
     if row is None:
@@ -141,12 +194,19 @@ def get_token(s: Session, token_id: str) -> TokenInfo:
 
 
 def list_tokens(s: Session, user_name: str) -> list[TokenInfo]:
+    """Every token of a user, revoked and expired ones too, oldest first; NotFoundError for no such user."""
     user = get_user(s, user_name)
     rows = s.execute(select(tokens).where(tokens.c.uid == user.uid).order_by(tokens.c.created_at)).all()
     return [_token_info(r, user_name) for r in rows]
 
 
 def revoke_token(s: Session, fence: Fence, token_id: str, now: float) -> TokenInfo:
+    """Revoke a token at ``now`` (idempotent: a revoked token keeps its first revocation time).
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        NotFoundError: there is no such token.
+    """
     check_fence(s, fence)
     info = get_token(s, token_id)
     if not info.revoked:

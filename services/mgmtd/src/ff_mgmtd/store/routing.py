@@ -37,14 +37,19 @@ from ff_mgmtd.store.schema import chain_tables, chain_targets, chains, configs, 
 
 def _node(row: Any) -> Node:
     return Node(
-        node_id=int(row.node_id), node_type=NodeType(row.node_type), hostname=row.hostname,
+        node_id=int(row.node_id),
+        node_type=NodeType(row.node_type),
+        hostname=row.hostname,
         endpoints=tuple(Endpoint(name=e["name"], address=e["address"]) for e in row.endpoints),
-        status=NodeStatus(row.status), enabled=bool(row.enabled), tags=dict(row.tags),
+        status=NodeStatus(row.status),
+        enabled=bool(row.enabled),
+        tags=dict(row.tags),
         registered_at=float(row.registered_at),
-    )  # fmt: skip
+    )
 
 
-def get_node(s: Session, node_id: int) -> Node:
+def _get_node(s: Session, node_id: int) -> Node:
+    """The node ``node_id``; NotFoundError when it never registered."""
     row = s.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
     if row is None:
         raise NotFoundError(f"node {node_id} is not registered")
@@ -52,6 +57,7 @@ def get_node(s: Session, node_id: int) -> Node:
 
 
 def list_nodes(s: Session) -> list[Node]:
+    """Every registered node, alive or dead, by id."""
     return [_node(r) for r in s.execute(select(nodes).order_by(nodes.c.node_id)).all()]
 
 
@@ -59,10 +65,12 @@ def register_node(s: Session, fence: Fence, reg: NodeRegistration, now: float) -
     """Insert or refresh a node; it becomes alive. Returns the node and the routing version."""
     check_fence(s, fence)
     values = {
-        "node_type": int(reg.node_type), "hostname": reg.hostname,
+        "node_type": int(reg.node_type),
+        "hostname": reg.hostname,
         "endpoints": [{"name": e.name, "address": e.address} for e in reg.endpoints],
-        "tags": reg.tags, "status": int(NodeStatus.ALIVE),
-    }  # fmt: skip
+        "tags": reg.tags,
+        "status": int(NodeStatus.ALIVE),
+    }
     node_id = reg.node_id
     existing = s.execute(select(nodes).where(nodes.c.node_id == node_id)).first() if node_id else None
     if existing is not None:
@@ -76,7 +84,7 @@ def register_node(s: Session, fence: Fence, reg: NodeRegistration, now: float) -
             node_id = next_free_id(s, nodes.c.node_id, 1, MAX_ID)
         s.execute(insert(nodes).values(node_id=node_id, enabled=True, registered_at=now, **values))
     version = bump_routing_version(s)
-    return get_node(s, node_id), version
+    return _get_node(s, node_id), version
 
 
 def mark_dead(s: Session, fence: Fence, node_ids: Sequence[int]) -> int | None:
@@ -93,35 +101,55 @@ def mark_dead(s: Session, fence: Fence, node_ids: Sequence[int]) -> int | None:
 def revive(s: Session, fence: Fence, node_id: int) -> tuple[Node, int]:
     """A heartbeat from a node declared dead: it is alive again (no re-registration needed)."""
     check_fence(s, fence)
-    node = get_node(s, node_id)
+    node = _get_node(s, node_id)
     if node.status is NodeStatus.ALIVE:
         return node, routing_version(s)
     s.execute(update(nodes).where(nodes.c.node_id == node_id).values(status=int(NodeStatus.ALIVE)))
-    return get_node(s, node_id), bump_routing_version(s)
+    return _get_node(s, node_id), bump_routing_version(s)
 
 
 def set_node_enabled(s: Session, fence: Fence, node_id: int, enabled: bool) -> tuple[Node, int]:
+    """Enable or disable a node (admin). Returns the node and the routing version (unchanged when it was so).
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        NotFoundError: the node never registered.
+    """
     check_fence(s, fence)
-    node = get_node(s, node_id)
+    node = _get_node(s, node_id)
     if node.enabled == enabled:
         return node, routing_version(s)
     s.execute(update(nodes).where(nodes.c.node_id == node_id).values(enabled=enabled))
-    return get_node(s, node_id), bump_routing_version(s)
+    return _get_node(s, node_id), bump_routing_version(s)
 
 
 def list_chains(s: Session) -> list[Chain]:
+    """Every chain by id, its targets head first."""
     versions = dict(s.execute(select(chains.c.chain_id, chains.c.version)).all())
     members: dict[int, list[ChainTarget]] = {int(c): [] for c in versions}
     for r in s.execute(select(chain_targets).order_by(chain_targets.c.chain_id, chain_targets.c.position)).all():
         members[int(r.chain_id)].append(
-            ChainTarget(target_id=int(r.target_id), node_id=int(r.node_id),
-                        public_state=PublicTargetState(r.public_state), local_state=LocalTargetState(r.local_state))
-        )  # fmt: skip
+            ChainTarget(
+                target_id=int(r.target_id),
+                node_id=int(r.node_id),
+                public_state=PublicTargetState(r.public_state),
+                local_state=LocalTargetState(r.local_state),
+            )
+        )
     return [Chain(chain_id=c, version=int(versions[c]), targets=tuple(members[c])) for c in sorted(versions)]
 
 
 def set_chains(s: Session, fence: Fence, wanted: Sequence[Chain]) -> tuple[list[Chain], int]:
-    """Replace chains by compare-and-set on each chain's version (0 creates)."""
+    """Replace chains by compare-and-set on each chain's version (0 creates).
+
+    Returns the stored chains (version + 1) and the new routing version.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        StaleVersion: a chain's version is not the stored one.
+        NotFoundError: a target's node never registered.
+        Conflict: a target already belongs to a chain this call does not replace.
+    """
     check_fence(s, fence)
     stored = {c.chain_id: c for c in list_chains(s)}
     known_nodes = set(s.execute(select(nodes.c.node_id)).scalars().all())
@@ -146,21 +174,37 @@ def set_chains(s: Session, fence: Fence, wanted: Sequence[Chain]) -> tuple[list[
         else:
             s.execute(insert(chains).values(chain_id=chain.chain_id, version=1))
         for position, t in enumerate(chain.targets):
-            s.execute(insert(chain_targets).values(
-                target_id=t.target_id, chain_id=chain.chain_id, position=position, node_id=t.node_id,
-                public_state=int(t.public_state), local_state=int(t.local_state),
-            ))  # fmt: skip
+            s.execute(
+                insert(chain_targets).values(
+                    target_id=t.target_id,
+                    chain_id=chain.chain_id,
+                    position=position,
+                    node_id=t.node_id,
+                    public_state=int(t.public_state),
+                    local_state=int(t.local_state),
+                )
+            )
     version = bump_routing_version(s)
     updated = {c.chain_id: c for c in list_chains(s)}
     return [updated[c.chain_id] for c in wanted], version
 
 
-def list_chain_tables(s: Session) -> list[ChainTable]:
+def _list_chain_tables(s: Session) -> list[ChainTable]:
+    """Every chain table by id."""
     rows = s.execute(select(chain_tables).order_by(chain_tables.c.table_id)).all()
     return [ChainTable(table_id=int(r.table_id), version=int(r.version), chain_ids=tuple(r.chain_ids)) for r in rows]
 
 
 def set_chain_table(s: Session, fence: Fence, table: ChainTable) -> tuple[ChainTable, int]:
+    """Create or replace a chain table by compare-and-set on its version (0 creates).
+
+    Returns the stored table and the new routing version.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        StaleVersion: ``table.version`` is not the stored one.
+        NotFoundError: the table names a chain that does not exist.
+    """
     check_fence(s, fence)
     have = s.execute(select(chain_tables.c.version).where(chain_tables.c.table_id == table.table_id)).scalar()
     current = int(have) if have is not None else 0
@@ -180,13 +224,18 @@ def set_chain_table(s: Session, fence: Fence, table: ChainTable) -> tuple[ChainT
 
 
 def routing_info(s: Session, now: float) -> RoutingInfo:
+    """The whole routing view as stored, read in one transaction so its parts agree with its version."""
     return RoutingInfo(
-        version=routing_version(s), cluster_id=get_cluster_id(s), nodes=tuple(list_nodes(s)),
-        chains=tuple(list_chains(s)), chain_tables=tuple(list_chain_tables(s)),
-    )  # fmt: skip
+        version=routing_version(s),
+        cluster_id=get_cluster_id(s),
+        nodes=tuple(list_nodes(s)),
+        chains=tuple(list_chains(s)),
+        chain_tables=tuple(_list_chain_tables(s)),
+    )
 
 
 def get_config(s: Session, node_type: NodeType) -> ConfigEntry:
+    """The stored config of ``node_type``; version 0 and empty content when none was ever set."""
     row = s.execute(select(configs).where(configs.c.node_type == int(node_type))).first()
     if row is None:
         return ConfigEntry(node_type=node_type, version=0, content="")
@@ -194,10 +243,17 @@ def get_config(s: Session, node_type: NodeType) -> ConfigEntry:
 
 
 def config_versions(s: Session) -> dict[NodeType, int]:
+    """The config version of every node type that has a config."""
     return {NodeType(t): int(v) for t, v in s.execute(select(configs.c.node_type, configs.c.version))}
 
 
 def set_config(s: Session, fence: Fence, node_type: NodeType, expected_version: int, content: str, now: float) -> int:
+    """Store a node type's config by compare-and-set on its version; returns the new version.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        StaleVersion: ``expected_version`` is not the stored one.
+    """
     check_fence(s, fence)
     current = get_config(s, node_type)
     if current.version != expected_version:
@@ -213,7 +269,7 @@ def set_config(s: Session, fence: Fence, node_type: NodeType, expected_version: 
     return version
 
 
-def check_positive_id(kind: str, value: int) -> int:
+def _check_positive_id(kind: str, value: int) -> int:
     if value <= 0:
         raise InvalidRequest(f"{kind} must be positive")
     return value
@@ -235,15 +291,22 @@ def apply_chain_scan(s: Session, fence: Fence, changes: Sequence[tuple[int, Chai
         s.execute(update(chains).where(chains.c.chain_id == chain.chain_id).values(version=chain.version))
         s.execute(delete(chain_targets).where(chain_targets.c.chain_id == chain.chain_id))
         for position, t in enumerate(chain.targets):
-            s.execute(insert(chain_targets).values(
-                target_id=t.target_id, chain_id=chain.chain_id, position=position, node_id=t.node_id,
-                public_state=int(t.public_state), local_state=int(t.local_state),
-            ))  # fmt: skip
+            s.execute(
+                insert(chain_targets).values(
+                    target_id=t.target_id,
+                    chain_id=chain.chain_id,
+                    position=position,
+                    node_id=t.node_id,
+                    public_state=int(t.public_state),
+                    local_state=int(t.local_state),
+                )
+            )
         applied += 1
     return bump_routing_version(s) if applied else None
 
 
 def find_target_chain(s: Session, target_id: int) -> Chain:
+    """The chain that holds ``target_id``; NotFoundError when no chain does."""
     row = s.execute(select(chain_targets.c.chain_id).where(chain_targets.c.target_id == target_id)).first()
     if row is None:
         raise NotFoundError(f"target {target_id} is in no chain")
