@@ -34,6 +34,7 @@ class Identity:
     gids: tuple[int, ...]
 
     def header(self) -> str:
+        """The ``ff-act-as`` header value, ``uid:gid,gid,...``, which ``parse_identity`` reads back."""
         return f"{self.uid}:{','.join(str(g) for g in self.gids)}"
 
 
@@ -83,6 +84,8 @@ def acting_principal(principal: Principal, value: str) -> Principal:
         raise PermissionDenied(f"user {principal.name!r} may not act for other users ({ACT_AS_HEADER} needs an admin)")
     who = parse_identity(value)
     return Principal(
-        uid=who.uid, name=f"{principal.name} as uid {who.uid}", role=Role.ADMIN if who.uid == 0 else Role.USER,
+        uid=who.uid,
+        name=f"{principal.name} as uid {who.uid}",
+        role=Role.ADMIN if who.uid == 0 else Role.USER,
         gids=who.gids,
-    )  # fmt: skip
+    )

@@ -31,6 +31,8 @@ class Access(IntEnum):
 
 
 class Role(IntEnum):
+    """Mirror of fireflyer.common.v1.Role: what a user token may do (ADMIN passes ACCESS_ADMIN checks)."""
+
     USER = common_pb2.ROLE_USER
     ADMIN = common_pb2.ROLE_ADMIN
 
@@ -48,20 +50,31 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
+        """True for an admin user and for the cluster itself (cluster services may do what an admin may)."""
         return self.is_cluster or self.role is Role.ADMIN
 
     def to_proto(self) -> common_pb2.Principal:
+        """The wire form, as mgmtd answers ValidateToken and WhoAmI."""
         return common_pb2.Principal(
-            uid=self.uid, name=self.name, role=common_pb2.Role.ValueType(self.role), gids=self.gids,
-            group_names=self.group_names, is_cluster=self.is_cluster,
-        )  # fmt: skip
+            uid=self.uid,
+            name=self.name,
+            role=common_pb2.Role.ValueType(self.role),
+            gids=self.gids,
+            group_names=self.group_names,
+            is_cluster=self.is_cluster,
+        )
 
     @classmethod
     def from_proto(cls, msg: common_pb2.Principal) -> Principal:
+        """The principal a wire message describes; an unset role reads as USER."""
         return cls(
-            uid=msg.uid, name=msg.name, role=Role(msg.role or common_pb2.ROLE_USER), gids=tuple(msg.gids),
-            group_names=tuple(msg.group_names), is_cluster=msg.is_cluster,
-        )  # fmt: skip
+            uid=msg.uid,
+            name=msg.name,
+            role=Role(msg.role or common_pb2.ROLE_USER),
+            gids=tuple(msg.gids),
+            group_names=tuple(msg.group_names),
+            is_cluster=msg.is_cluster,
+        )
 
 
 CLUSTER_PRINCIPAL = Principal(uid=0, name=CLUSTER_PRINCIPAL_NAME, role=Role.ADMIN, is_cluster=True)
@@ -78,13 +91,17 @@ def current_principal() -> Principal:
 
 
 def set_current_principal(principal: Principal | None) -> contextvars.Token[Principal | None]:
+    """Makes ``principal`` the caller for this context (its task and what it spawns); for servers, not handlers.
+
+    The gRPC interceptor sets it per call; a server with its own transport (storage's data server) per connection.
+    """
     return _principal.set(principal)
 
 
 # Standard services every server carries that need no token (health probes, grpcurl's listing).
-OPEN_SERVICES = frozenset({
-    "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection",
-})  # fmt: skip
+OPEN_SERVICES = frozenset(
+    {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"}
+)
 
 
 def method_access(full_method: str) -> Access | None:
@@ -112,6 +129,11 @@ def authorize(access: Access, principal: Principal) -> None:
 
 
 def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
+    """The token of the ``authorization: Bearer <token>`` entry of a call's metadata; None when there is none.
+
+    Raises:
+        Unauthenticated: an ``authorization`` entry of another scheme.
+    """
     for key, value in metadata or ():
         if key == AUTHORIZATION_HEADER:
             text = value.decode() if isinstance(value, bytes) else value
@@ -122,13 +144,15 @@ def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | 
 
 
 def is_cluster_token(token: str, cluster_token: str) -> bool:
+    """True when ``token`` is the cluster's (never when none is configured); constant-time, so timing tells nothing."""
     return bool(cluster_token) and hmac.compare_digest(token.encode(), cluster_token.encode())
 
 
 class TokenValidator(Protocol):
     """Turns a bearer token into a Principal, or raises Unauthenticated (what the interceptor calls)."""
 
-    async def validate(self, token: str) -> Principal: ...
+    async def validate(self, token: str) -> Principal:
+        """The caller ``token`` stands for; raises Unauthenticated when it stands for none."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +166,8 @@ class TokenCheck:
 class TokenChecker(Protocol):
     """Asks the identity registry about a token; raises Unauthenticated for a bad one."""
 
-    async def check(self, token: str) -> TokenCheck: ...
+    async def check(self, token: str) -> TokenCheck:
+        """The registry's answer for ``token``; raises Unauthenticated for a bad one, Unavailable when it cannot ask."""
 
 
 @dataclass
@@ -170,6 +195,12 @@ class CachingTokenValidator:
     _entries: OrderedDict[str, _CacheEntry] = field(default_factory=OrderedDict)
 
     async def validate(self, token: str) -> Principal:
+        """The caller ``token`` stands for, from the cache or else the registry.
+
+        Raises:
+            Unauthenticated: the registry refused the token (now, or within ``negative_ttl_s``).
+            Unavailable: the registry could not be asked (not cached: the next call asks again).
+        """
         now = self.clock()
         entry = self._entries.get(token)
         if entry is None or entry.expires_at <= now:
@@ -194,4 +225,5 @@ class CachingTokenValidator:
         return entry
 
     def invalidate(self) -> None:
+        """Forgets every answer, so a token revoked or a role changed just now is not served from the cache."""
         self._entries.clear()

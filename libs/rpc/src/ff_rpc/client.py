@@ -1,5 +1,4 @@
-"""Client helpers: channels, bearer tokens and request ids on every call, a deadline on every call,
-and retries in one place, for idempotent calls only."""
+"""Client helpers: channels; a token, request id and deadline on every call; retries of idempotent calls only."""
 
 from __future__ import annotations
 
@@ -60,6 +59,7 @@ NO_RETRY = RetryPolicy(max_attempts=1)
 
 
 def open_channel(target: str) -> grpc.aio.Channel:
+    """A plaintext channel to ``target`` (``host:port``) with the cluster's options: 64 MiB messages, fast reconnect."""
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
@@ -75,12 +75,14 @@ class StubPool(Generic[StubT]):
         self._stubs: dict[str, StubT] = {}
 
     def get(self, address: str) -> StubT:
+        """The stub for ``address``, its channel opened on first use."""
         if address not in self._stubs:
             self._channels[address] = open_channel(address)
             self._stubs[address] = self._factory(self._channels[address])
         return self._stubs[address]
 
     async def close(self) -> None:
+        """Closes every channel (in-flight calls on them fail); a later ``get`` opens a new one."""
         channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()
@@ -137,6 +139,10 @@ class RpcClient:
         self._retry = retry or RetryPolicy()
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata every call carries: request id (this context's, else a new one), bearer token, ``ff-act-as``.
+
+        For a caller that drives a stub itself (a bidirectional stream) instead of ``unary`` or ``stream``.
+        """
         token = self._token() if callable(self._token) else self._token
         rid = current_log_fields().get("request_id") or uuid.uuid4().hex[:16]
         md: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, str(rid)),)

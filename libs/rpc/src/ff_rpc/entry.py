@@ -1,5 +1,4 @@
-"""The ``__main__`` of every service: flags and layered settings, JSON logs, the effective settings
-logged with secrets masked, then ``asyncio.run(main(settings))``."""
+"""The ``__main__`` of every service: flags and settings, JSON logs, the settings logged masked, ``asyncio.run``."""
 
 from __future__ import annotations
 
@@ -53,9 +52,12 @@ def run_service(
     args = parser.parse_args(argv)
     try:
         settings = load_settings(
-            model, env_prefix=env_prefix, environ=os.environ, config_file=args.config,
+            model,
+            env_prefix=env_prefix,
+            environ=os.environ,
+            config_file=args.config,
             overrides=overrides_from_args(args, model),
-        )  # fmt: skip
+        )
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -18,18 +18,26 @@ class ServiceError(Exception):
 
 
 class InvalidArgument(ServiceError):
+    """The request is malformed or out of range, whatever the state: sending it again will not help."""
+
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class NotFound(ServiceError):
+    """What the request names (a node, a file, a token) does not exist."""
+
     code = grpc.StatusCode.NOT_FOUND
 
 
 class AlreadyExists(ServiceError):
+    """What the request would create exists already."""
+
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
 class FailedPrecondition(ServiceError):
+    """The system is not in the state the request needs (a chain not serving, a non-empty folder); fix that first."""
+
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -40,18 +48,26 @@ class Aborted(ServiceError):
 
 
 class Unauthenticated(ServiceError):
+    """No token, a malformed one, or one the identity registry does not accept."""
+
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class PermissionDenied(ServiceError):
+    """The caller is known but may not do this (an admin or cluster RPC, another user's file)."""
+
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class Unavailable(ServiceError):
+    """The service cannot answer now (not primary, a dependency down); the call did not run and may be retried."""
+
     code = grpc.StatusCode.UNAVAILABLE
 
 
 class ResourceExhausted(ServiceError):
+    """A quota or a limit is reached (space, inodes, request size)."""
+
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
@@ -76,6 +92,7 @@ class StatusTable:
         return None
 
     def merged(self, other: StatusTable) -> StatusTable:
+        """A table with both tables' entries; ``other``'s wins for a class both map."""
         return StatusTable({**self._codes, **other._codes})
 
 
@@ -90,6 +107,7 @@ class RpcError(Exception):
 
     @classmethod
     def from_grpc(cls, err: grpc.aio.AioRpcError) -> RpcError:
+        """The error for a failed grpc.aio call, its trailing metadata decoded to text."""
         trailing = err.trailing_metadata() or ()
         md = {str(k): v if isinstance(v, str) else v.decode() for k, v in trailing}
         return cls(err.code(), err.details() or "", md)

@@ -1,6 +1,8 @@
-"""The server interceptor every service runs: request ids, authentication, authorization by the
-proto's access option, malformed request bytes refused as INVALID_ARGUMENT, one error-to-status
-mapping, metrics and an access log."""
+"""The server interceptor every service runs: request ids, authentication, authorization by the proto's access option.
+
+It also refuses malformed request bytes as INVALID_ARGUMENT, answers each error with the one status code the
+service's table gives it, counts the RPC metrics and writes an access log.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class MalformedRequest:
         self.reason = reason
 
     def error(self) -> InvalidArgument:
+        """The error the call is refused with, naming what the parser said."""
         return InvalidArgument(f"malformed request message: {self.reason}")
 
 
@@ -91,6 +94,7 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler | None:
+        """The method's handler wrapped in the policy (grpc calls it once per call); None for an unknown method."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -100,23 +104,27 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, access, handler.unary_unary, streamed=False),
-                deserialize, handler.response_serializer,
-            )  # fmt: skip
+                deserialize,
+                handler.response_serializer,
+            )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
                 self._wrap_unary(method, access, handler.stream_unary, streamed=True),
-                deserialize, handler.response_serializer,
-            )  # fmt: skip
+                deserialize,
+                handler.response_serializer,
+            )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, access, handler.unary_stream, streamed=False),
-                deserialize, handler.response_serializer,
-            )  # fmt: skip
+                deserialize,
+                handler.response_serializer,
+            )
         assert handler.stream_stream is not None  # grpc sets exactly one of the four
         return grpc.stream_stream_rpc_method_handler(
             self._wrap_stream(method, access, handler.stream_stream, streamed=True),
-            deserialize, handler.response_serializer,
-        )  # fmt: skip
+            deserialize,
+            handler.response_serializer,
+        )
 
     def _wrap_unary(self, method: str, access: Access | None, inner: Behavior, *, streamed: bool) -> Behavior:
         async def behavior(request: Any, context: Context) -> Any:
@@ -143,6 +151,16 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
         return behavior
 
     async def authenticate(self, access: Access | None, context: Context) -> Principal | None:
+        """The caller of a method declared with ``access``, authorized; None for an open or tokenless public call.
+
+        The cluster token is checked here; any other token goes to the validator. An ``ff-act-as`` header
+        turns an admin's call into one made as that identity.
+
+        Raises:
+            Unauthenticated: no token where one is needed, or the token is not accepted.
+            PermissionDenied: the caller may not call this method, or act as another user.
+            InvalidArgument: a malformed ``ff-act-as`` header.
+        """
         if access is None:
             return None
         metadata = tuple(context.invocation_metadata() or ())
@@ -165,10 +183,12 @@ class ServicePolicyInterceptor(grpc.aio.ServerInterceptor):
         return principal
 
     def status_for(self, exc: BaseException) -> grpc.StatusCode | None:
+        """The status the service's table gives ``exc``; None for an unexpected error (answered INTERNAL)."""
         return self._status_table.code_for(exc)
 
     @property
     def metrics(self) -> RpcMetrics:
+        """The server's RPC counters and histograms, which each call updates."""
         return self._metrics
 
 
@@ -203,8 +223,10 @@ class _Call:
         set_current_principal(principal)
 
     async def checked_request(self, request: Any, *, streamed: bool) -> Any:
-        """The request, refused as INVALID_ARGUMENT when it is malformed; a request stream is checked as
-        each message arrives (see ``_checked_messages``)."""
+        """The request, refused as INVALID_ARGUMENT when it is malformed.
+
+        A request stream is checked as each message arrives (see ``_checked_messages``).
+        """
         if streamed:
             return self._checked_messages(request)
         if isinstance(request, MalformedRequest):
@@ -263,8 +285,11 @@ MAX_DETAILS_CHARS = 1024
 
 
 def bounded_details(text: str) -> str:
-    """An error's details cut to MAX_DETAILS_CHARS: a message that quotes a caller's huge field would
-    otherwise go back whole in a header (clients refuse headers over 16 KiB, and get no status at all)."""
+    """An error's details cut to MAX_DETAILS_CHARS.
+
+    A message that quotes a caller's huge field would otherwise go back whole in a header (clients refuse headers
+    over 16 KiB, and get no status at all).
+    """
     if len(text) <= MAX_DETAILS_CHARS:
         return text
     return f"{text[:MAX_DETAILS_CHARS]}... ({len(text) - MAX_DETAILS_CHARS} more characters)"

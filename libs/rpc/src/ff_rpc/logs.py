@@ -33,6 +33,7 @@ def set_log_fields(**fields: Any) -> None:
 
 
 def current_log_fields() -> dict[str, Any]:
+    """A copy of the fields stamped on this context's records (the client forwards its request id from here)."""
     return dict(_log_fields.get() or {})
 
 
@@ -44,6 +45,7 @@ class JsonFormatter(logging.Formatter):
         self._service = service
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON line; values JSON cannot hold are written as their ``str``."""
         out: dict[str, Any] = {
             "ts": round(record.created, 6),
             "level": record.levelname,

@@ -19,22 +19,28 @@ class RpcMetrics:
 
     def __post_init__(self) -> None:
         self.requests = Counter(
-            "ff_rpc_requests", "RPCs served, by final status code.",
-            ["service", "method", "code"], registry=self.registry,
-        )  # fmt: skip
+            "ff_rpc_requests",
+            "RPCs served, by final status code.",
+            ["service", "method", "code"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
-            "ff_rpc_request_duration_seconds", "Time to serve an RPC (streams: until the stream ends).",
-            ["service", "method"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )  # fmt: skip
+            "ff_rpc_request_duration_seconds",
+            "Time to serve an RPC (streams: until the stream ends).",
+            ["service", "method"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
         self.in_flight = Gauge("ff_rpc_in_flight", "RPCs being served now.", ["service"], registry=self.registry)
 
     def observe(self, full_method: str, code: str, duration_s: float) -> None:
-        service, method = split_method(full_method)
+        """Counts one finished call of ``/pkg.Service/Method`` with its status code name and duration (seconds)."""
+        service, method = _split_method(full_method)
         self.requests.labels(service, method, code).inc()
         self.latency.labels(service, method).observe(duration_s)
 
 
-def split_method(full_method: str) -> tuple[str, str]:
+def _split_method(full_method: str) -> tuple[str, str]:
     service, _, method = full_method.lstrip("/").partition("/")
     return service, method
 
@@ -49,9 +55,11 @@ class MetricsHttpServer:
 
     @property
     def port(self) -> int:
+        """The port bound (the one asked for, or the one picked for port 0)."""
         return int(self._httpd.server_port)
 
     def close(self) -> None:
+        """Stops serving and waits (5 s at most) for the thread to end."""
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)

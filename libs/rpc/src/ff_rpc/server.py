@@ -1,5 +1,7 @@
-"""Server bootstrap: grpc.aio server with the policy interceptor, health, reflection, /metrics, and a
-graceful stop on SIGTERM (health NOT_SERVING, drain in-flight calls, exit 0)."""
+"""Server bootstrap: grpc.aio with the policy interceptor, health, reflection, /metrics, and a graceful stop.
+
+On SIGTERM: health NOT_SERVING, in-flight calls drained, exit 0.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +40,17 @@ class ServiceBinding:
 
 @dataclass(kw_only=True)
 class ServerOptions:
+    """How an RpcServer listens and whom it lets in.
+
+    Attributes:
+        listen_address: ``host:port`` for gRPC; port 0 picks a free one (``RpcServer.port`` says which).
+        metrics_address: ``host:port`` for /metrics over HTTP; None: no metrics endpoint.
+        cluster_token: the token that makes a caller the cluster itself; empty: none does.
+        token_validator: turns other tokens into principals; None: only the cluster token is accepted.
+        status_table: the service's exceptions and the status code each is answered with.
+        grace_s: how long ``stop`` lets in-flight calls finish before cancelling them.
+    """
+
     listen_address: str
     metrics_address: str | None = None
     cluster_token: str = ""
@@ -64,10 +77,16 @@ class RpcServer:
 
     @property
     def address(self) -> str:
+        """The listen host with the bound port: where to reach the server once started."""
         host = self._options.listen_address.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
 
     async def start(self) -> None:
+        """Binds, starts serving every binding (health SERVING) and /metrics.
+
+        Raises:
+            OSError: the listen address cannot be bound.
+        """
         interceptor = ServicePolicyInterceptor(
             cluster_token=self._options.cluster_token,
             validator=self._options.token_validator,
@@ -114,6 +133,7 @@ class RpcServer:
         logger.info("stopped")
 
     async def wait_for_termination(self) -> None:
+        """Returns once the server has stopped (at once if it is not running)."""
         if self._server is not None:
             await self._server.wait_for_termination()
 

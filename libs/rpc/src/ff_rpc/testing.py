@@ -37,9 +37,11 @@ async def call_raw(
     max_messages: int | None = None,
     timeout_s: float = 10.0,
 ) -> RawAnswer:
-    """Call ``/pkg.Service/Method`` with ``requests`` as they are (no serializer), as a client of any
-    language with a corrupt encoder would; a unary request sends ``requests[0]``. A response stream is
-    read to its end, or (``max_messages``) until that many messages came, then cancelled: OK."""
+    """Call ``/pkg.Service/Method`` with ``requests`` as they are (no serializer); the status and raw answers.
+
+    As a client of any language with a corrupt encoder would; a unary request sends ``requests[0]``. A response
+    stream is read to its end, or (``max_messages``) until that many messages came, then cancelled: OK.
+    """
     metadata = ((AUTHORIZATION_HEADER, BEARER_PREFIX + token),) if token else ()
     raw = {"request_serializer": _same, "response_deserializer": _same}
     try:
@@ -75,8 +77,10 @@ async def _iterate(items: Sequence[bytes]) -> AsyncIterator[bytes]:
 
 @dataclass(frozen=True)
 class Hostile:
-    """One hostile call: what it is, the method (``/pkg.Service/Method``), the request bytes (usually a
-    message's ``SerializeToString()``), the caller's token and the status it must get."""
+    """One hostile call: what it is, the method, the request bytes, the caller's token and the status it must get.
+
+    The method is ``/pkg.Service/Method``; the request bytes are usually a message's ``SerializeToString()``.
+    """
 
     what: str
     method: str
@@ -113,9 +117,14 @@ async def check_hostile(
     rss, peak = rss_kib(pid), peak_rss_kib(pid)
     started = time.monotonic()
     answer = await call_raw(
-        channel, case.method, [case.request], token=case.token, response_stream=case.response_stream,
-        max_messages=case.max_messages, timeout_s=bounds.max_seconds,
-    )  # fmt: skip
+        channel,
+        case.method,
+        [case.request],
+        token=case.token,
+        response_stream=case.response_stream,
+        max_messages=case.max_messages,
+        timeout_s=bounds.max_seconds,
+    )
     took_s = time.monotonic() - started
     problems = []
     if answer.code != case.code:

@@ -23,11 +23,14 @@ async def test_an_admin_call_runs_as_the_identity_sent(served: Any) -> None:  # 
     assert resp.routing_info.cluster_id == "root"  # outside the block: the token's own user
 
 
-@pytest.mark.parametrize(("token", "who", "code"), [
-    ("alice-token", Identity(1001, (1001,)), grpc.StatusCode.PERMISSION_DENIED),
-    ("alice-token", Identity(0, (0,)), grpc.StatusCode.PERMISSION_DENIED),
-    ("root-token", Identity(-1, (1,)), grpc.StatusCode.INVALID_ARGUMENT),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("token", "who", "code"),
+    [
+        ("alice-token", Identity(1001, (1001,)), grpc.StatusCode.PERMISSION_DENIED),
+        ("alice-token", Identity(0, (0,)), grpc.StatusCode.PERMISSION_DENIED),
+        ("root-token", Identity(-1, (1,)), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
 async def test_acting_is_refused_to_users_and_for_malformed_ids(
     served: Any,  # noqa: F811
     token: str,

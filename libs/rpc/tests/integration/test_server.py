@@ -95,12 +95,15 @@ async def served() -> AsyncIterator[tuple[RpcServer, AppDouble, grpc.aio.Channel
     servicer = AppDouble()
     server = RpcServer(
         ServerOptions(
-            listen_address="127.0.0.1:0", metrics_address="127.0.0.1:0", cluster_token=CLUSTER_TOKEN,
-            token_validator=DictValidator(), status_table=StatusTable({StaleThing: grpc.StatusCode.ABORTED}),
+            listen_address="127.0.0.1:0",
+            metrics_address="127.0.0.1:0",
+            cluster_token=CLUSTER_TOKEN,
+            token_validator=DictValidator(),
+            status_table=StatusTable({StaleThing: grpc.StatusCode.ABORTED}),
             grace_s=2.0,
         ),
         [ServiceBinding(SERVICE, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, servicer)],
-    )  # fmt: skip
+    )
     await server.start()
     channel = open_channel(server.address)
     yield server, servicer, channel
@@ -156,8 +159,11 @@ async def test_tokens_are_checked_against_the_access_rule(
     served: Any, token: str, method: str, code: grpc.StatusCode
 ) -> None:
     _, servicer, channel = served
-    request = {"GetRoutingInfo": pb.GetRoutingInfoRequest(), "SetChains": pb.SetChainsRequest(),
-               "Heartbeat": pb.HeartbeatRequest()}[method]  # fmt: skip
+    request = {
+        "GetRoutingInfo": pb.GetRoutingInfoRequest(),
+        "SetChains": pb.SetChainsRequest(),
+        "Heartbeat": pb.HeartbeatRequest(),
+    }[method]
     with pytest.raises(RpcError) as err:
         await call(channel, token, method, request)
     assert err.value.code is code
@@ -287,7 +293,8 @@ async def test_malformed_message_in_a_request_stream_ends_the_call_with_invalid_
     good = reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()
     answer = await call_raw(channel, method, [good], request_stream=True, response_stream=True)
     assert answer.code is grpc.StatusCode.OK and len(answer.messages) == 1
-    answer = await call_raw(channel, method, [good, MALFORMED_MESSAGES[2], good], request_stream=True,
-                            response_stream=True)  # fmt: skip
+    answer = await call_raw(
+        channel, method, [good, MALFORMED_MESSAGES[2], good], request_stream=True, response_stream=True
+    )
     assert answer.code is grpc.StatusCode.INVALID_ARGUMENT, answer
     assert len(answer.messages) <= 1  # at most the answer to the first, good message
