@@ -1,6 +1,8 @@
-"""A linearizability workload for tests and benchmarks: writers and readers on a few shared chunks of a real
-cluster while storage services are SIGKILLed and restarted at random; every operation's start, end and
-result is recorded for ``core.linearizability.check_history``.
+"""A linearizability workload for tests and benchmarks: shared chunks, storage services killed at random.
+
+Writers and readers work on a few shared chunks of a real cluster while storage services are SIGKILLed and
+restarted at random; every operation's start, end and result is recorded for
+``core.linearizability.check_history``.
 
 Each writer has its own ``StorageClient`` (its own client id) and writes whole small chunks holding a unique
 value (writer id and counter); each reader has its own client too and reads whole chunks. A write that did
@@ -29,6 +31,8 @@ INODE = 4242
 
 @dataclass
 class ChaosStats:
+    """What a chaos run did: operation counts, kills, and the history to check."""
+
     writes_ok: int = 0
     writes_unknown: int = 0
     reads_ok: int = 0
@@ -46,14 +50,22 @@ def _decode(data: bytes) -> str:
 
 
 async def run_chaos(
-    cluster: StorageCluster, *, duration_s: float, num_writers: int = 3, num_readers: int = 3, num_chunks: int = 3,
-    kill_every_s: tuple[float, float] = (2.0, 5.0), down_for_s: tuple[float, float] = (0.5, 3.0), seed: int = 0,
+    cluster: StorageCluster,
+    *,
+    duration_s: float,
+    num_writers: int = 3,
+    num_readers: int = 3,
+    num_chunks: int = 3,
+    kill_every_s: tuple[float, float] = (2.0, 5.0),
+    down_for_s: tuple[float, float] = (0.5, 3.0),
+    seed: int = 0,
     stop_when: Callable[[list[Operation]], bool] | None = None,
-) -> ChaosStats:  # fmt: skip
+) -> ChaosStats:
     """Run the workload for ``duration_s`` (kills only during it), then let every write finish.
 
     ``stop_when``: asked after every kill and restart with the history so far (writes still in flight in it
-    with no end, as of unknown outcome); True ends the run early."""
+    with no end, as of unknown outcome); True ends the run early.
+    """
     rng = random.Random(seed)
     info = await cluster.routing()
     chains = [c.chain_id for c in info.chains]
@@ -61,13 +73,19 @@ async def run_chaos(
     stats = ChaosStats()
     stop = asyncio.Event()
     origin = time.monotonic()
-    clients = [StorageClient(cluster.client(), CLUSTER_TOKEN, retry_deadline_s=30.0, timeout_s=5.0,
-                             pending_retries=1_000_000) for _ in range(num_writers + num_readers)]  # fmt: skip
+    clients = [
+        StorageClient(cluster.client(), CLUSTER_TOKEN, retry_deadline_s=30.0, timeout_s=5.0, pending_retries=1_000_000)
+        for _ in range(num_writers + num_readers)
+    ]
     try:
-        workers = [asyncio.create_task(_writer(clients[w], w, keys, stop, stats, origin, rng.random()))
-                   for w in range(num_writers)]  # fmt: skip
-        workers += [asyncio.create_task(_reader(clients[num_writers + r], r, keys, stop, stats, origin,
-                                                rng.random())) for r in range(num_readers)]  # fmt: skip
+        workers = [
+            asyncio.create_task(_writer(clients[w], w, keys, stop, stats, origin, rng.random()))
+            for w in range(num_writers)
+        ]
+        workers += [
+            asyncio.create_task(_reader(clients[num_writers + r], r, keys, stop, stats, origin, rng.random()))
+            for r in range(num_readers)
+        ]
         await _kill_loop(cluster, rng, duration_s, kill_every_s, down_for_s, stats, stop_when)
         stop.set()
         await asyncio.gather(*workers)
@@ -80,12 +98,19 @@ async def run_chaos(
 
 
 async def _kill_loop(
-    cluster: StorageCluster, rng: random.Random, duration_s: float, every: tuple[float, float],
-    down: tuple[float, float], stats: ChaosStats, stop_when: Callable[[list[Operation]], bool] | None,
-) -> None:  # fmt: skip
-    """One storage service down at a time, at random times: SIGKILL the head of a random chain (the node whose
-    death leaves writes unanswered, which clients then retry), down a while, restart, wait until every target
-    serves again."""
+    cluster: StorageCluster,
+    rng: random.Random,
+    duration_s: float,
+    every: tuple[float, float],
+    down: tuple[float, float],
+    stats: ChaosStats,
+    stop_when: Callable[[list[Operation]], bool] | None,
+) -> None:
+    """One storage service down at a time, at random times: SIGKILL a chain's head, restart it, wait for serving.
+
+    The head of a random chain is the node whose death leaves writes unanswered, which clients then retry. It
+    stays down a while, restarts, and the next kill waits until every target serves again.
+    """
     end = time.monotonic() + duration_s
     while time.monotonic() + every[1] + down[1] < end:  # only a cycle that ends in time (recovery aside)
         await asyncio.sleep(rng.uniform(*every))
@@ -107,9 +132,14 @@ async def _kill_loop(
 
 
 async def _writer(
-    client: StorageClient, w: int, keys: list[tuple[int, int]], stop: asyncio.Event, stats: ChaosStats,
-    origin: float, jitter: float,
-) -> None:  # fmt: skip
+    client: StorageClient,
+    w: int,
+    keys: list[tuple[int, int]],
+    stop: asyncio.Event,
+    stats: ChaosStats,
+    origin: float,
+    jitter: float,
+) -> None:
     rng = random.Random(jitter)
     n = 0
     while not stop.is_set():
@@ -131,16 +161,24 @@ async def _writer(
 
 
 async def _reader(
-    client: StorageClient, r: int, keys: list[tuple[int, int]], stop: asyncio.Event, stats: ChaosStats,
-    origin: float, jitter: float,
-) -> None:  # fmt: skip
+    client: StorageClient,
+    r: int,
+    keys: list[tuple[int, int]],
+    stop: asyncio.Event,
+    stats: ChaosStats,
+    origin: float,
+    jitter: float,
+) -> None:
     rng = random.Random(jitter)
     while not stop.is_set():
         index, chain = rng.choice(keys)
         start = time.monotonic() - origin
         try:
-            got = (await client.batch_read([ChunkRead(chain_id=chain, inode_id=INODE, chunk_index=index,
-                                                      length=CHUNK_BYTES)]))[0]  # fmt: skip
+            got = (
+                await client.batch_read(
+                    [ChunkRead(chain_id=chain, inode_id=INODE, chunk_index=index, length=CHUNK_BYTES)]
+                )
+            )[0]
         except Exception:
             stats.reads_failed += 1
             continue

@@ -13,6 +13,8 @@ ENV_PREFIX = "FF_STORAGE_"
 
 
 class StorageSettings(MgmtdClientSettings):
+    """The storage service's settings, loaded once in ``__main__``."""
+
     state_dir: Path = Field(Path("./storage-state"), description="the node's target list and default disk")
     disks: str = Field("", description="comma-separated disk folders; targets live in them (default: state_dir)")
     data_listen_address: str = Field("127.0.0.1:0", description="bulk data path host:port")
@@ -20,10 +22,12 @@ class StorageSettings(MgmtdClientSettings):
     max_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchWrite may carry")
     max_read_batch_bytes: int = Field(256 * 1024 * 1024, gt=0, description="most bytes one BatchRead may ask for")
     max_inline_read_bytes: int = Field(
-        32 * 1024 * 1024, gt=0, le=48 * 1024 * 1024,
+        32 * 1024 * 1024,
+        gt=0,
+        le=48 * 1024 * 1024,
         description="most bytes one BatchRead may ask for inline (copied into the answer, which must stay under "
         "gRPC's 64 MiB message cap with its results: at most 48 MiB)",
-    )  # fmt: skip
+    )
     max_batch_ios: int = Field(4096, gt=0, description="most IOs (or updates, queries, chunk ids) in one call")
     update_ids: bool = Field(
         True, description="recognize retried updates by their ids (off only for the test showing why they exist)"
@@ -50,5 +54,6 @@ class StorageSettings(MgmtdClientSettings):
     )
 
     def disk_list(self) -> list[Path]:
+        """The disk folders targets live in: ``disks``, else ``state_dir/disk0``."""
         disks = [Path(d.strip()) for d in self.disks.split(",") if d.strip()]
         return disks or [self.state_dir / "disk0"]

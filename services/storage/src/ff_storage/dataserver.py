@@ -1,6 +1,8 @@
-"""The node's bulk data endpoint (wire format in hf3fs.datapath): pushed bytes in, staged read bytes out,
-reads served in one round trip (``read``: BatchRead and its bytes, no gRPC call), and writes too
-(``call``: BatchWrite or ForwardUpdates with their bytes, no push and no gRPC call)."""
+"""The node's bulk data endpoint (wire format in hf3fs.datapath): pushed bytes in, staged read bytes out.
+
+Reads are served in one round trip (``read``: BatchRead and its bytes, no gRPC call), and writes too
+(``call``: BatchWrite or ForwardUpdates with their bytes, no push and no gRPC call).
+"""
 
 from __future__ import annotations
 
@@ -63,11 +65,13 @@ class _Staged:
 
 @dataclass
 class TransferBoxes:
-    """Inbox (bytes pushed for a coming write) and outbox (bytes a read staged for its reader). What nobody
-    takes or claims within ``ttl_s`` (a write refused before it looked for its bytes, bytes that came after
+    """Inbox (bytes pushed for a coming write) and outbox (bytes a read staged for its reader).
+
+    What nobody takes or claims within ``ttl_s`` (a write refused before it looked for its bytes, bytes that came after
     the write gave up waiting, a reader that went away) is dropped at the next deposit or stage. The inbox
     holds at most ``max_owner_bytes`` for one caller, counting bytes still being received (``reserve`` before
-    receiving, ``release`` after): more is refused before it is received."""
+    receiving, ``release`` after): more is refused before it is received.
+    """
 
     ttl_s: float = 30.0
     clock: Callable[[], float] = time.monotonic
@@ -78,8 +82,10 @@ class TransferBoxes:
     _outbox: dict[str, _Staged] = field(default_factory=dict)
 
     def reserve(self, owner: str, length: int) -> bool:
-        """Hold room for ``length`` bytes of ``owner`` about to be received; False (nothing held) if that would
-        take it over ``max_owner_bytes``."""
+        """Hold room for ``length`` bytes of ``owner`` about to be received.
+
+        Returns False (nothing held) if that would take it over ``max_owner_bytes``.
+        """
         self._expire()
         if self._held.get(owner, 0) + length > self.max_owner_bytes:
             return False
@@ -95,6 +101,7 @@ class TransferBoxes:
             self._held.pop(owner, None)
 
     def deposit(self, transfer_id: str, owner: str, data: bytearray) -> None:
+        """Put bytes ``owner`` pushed under ``transfer_id`` (replacing any there) and wake a write waiting for them."""
         self._pop(transfer_id)
         self._inbox[transfer_id] = (owner, data, self.clock() + self.ttl_s)
         self._held[owner] = self._held.get(owner, 0) + len(data)
@@ -128,12 +135,14 @@ class TransferBoxes:
         return item
 
     def stage(self, transfer_id: str, owner: str, parts: Sequence[Buffer]) -> int:
+        """Hold a read's bytes for ``owner`` to pull under ``transfer_id``; returns their length."""
         length = sum(len(p) for p in parts)
         self._outbox[transfer_id] = _Staged(owner, parts, length, self.clock() + self.ttl_s)
         self._expire()
         return length
 
     def claim(self, transfer_id: str, owner: str) -> _Staged | None:
+        """Take staged bytes out; None when there are none or they are another caller's (the cluster may take any)."""
         staged = self._outbox.get(transfer_id)
         if staged is None or owner not in (staged.owner, CLUSTER_PRINCIPAL.name):
             return None
@@ -162,8 +171,11 @@ class DataServer:
         read: ReadHandler | None = None,
         calls: Mapping[str, CallHandler] | None = None,
     ) -> None:
-        """``read`` serves the ``read`` op (version 2), ``calls`` (by method, with ``read``) the ``call`` op
-        (version 3); without them the node speaks the older versions."""
+        """Serve the data path; ``read`` and ``calls`` are the handlers of the newer ops.
+
+        ``read`` serves the ``read`` op (version 2), ``calls`` (by method, with ``read``) the ``call`` op
+        (version 3); without them the node speaks the older versions.
+        """
         self._boxes = boxes
         self._read = read
         self._calls = dict(calls or {}) if read is not None else {}
@@ -179,6 +191,10 @@ class DataServer:
         self.host = host_id()
 
     async def start(self, address: str, *, shm: bool = True) -> None:
+        """Listen on ``address`` (``host:port``, port 0: any) and, with ``shm``, on a same-host AF_UNIX name.
+
+        The bound port is ``port`` afterwards; ``unix_name`` is "" when there is no same-host endpoint.
+        """
         host, port = address.rsplit(":", 1)
         listener = socket.create_server((host, int(port)), backlog=128)
         listener.setblocking(False)
@@ -196,6 +212,7 @@ class DataServer:
             self.unix_name = ""
 
     async def stop(self) -> None:
+        """Close every connection and the listeners; calls in flight are cancelled."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -225,8 +242,10 @@ class DataServer:
             self._spawn(self._serve(sock, local))
 
     async def _caller(self, token: str, sock: socket.socket) -> Principal | None:
-        """The token's principal, made this connection task's caller; or None after sending the refusal (the
-        connection then closes)."""
+        """The token's principal, made this connection task's caller.
+
+        None after sending the refusal (the connection then closes).
+        """
         try:
             principal = await self._authenticate(token)
         except Exception as exc:
@@ -243,8 +262,11 @@ class DataServer:
         return await self._validator.validate(token)
 
     async def _handshake(self, sock: socket.socket, local: bool) -> tuple[Principal, str] | None:
-        """The first frame: the caller and its token, answered with this node's version (2: serves ``read``)
-        and, to a client on this host, the AF_UNIX endpoint; or None once refused."""
+        """Read the first frame (the caller and its token) and answer it; None once refused.
+
+        The answer is this node's version (2: serves ``read``) and, to a client on this host, the AF_UNIX
+        endpoint.
+        """
         hello = await recv_header(sock, PEER)
         token = str(hello.get("token", ""))
         if hello.get("op") != "auth":
@@ -342,20 +364,30 @@ class DataServer:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
 
     async def _make_room(self, sock: socket.socket, principal: Principal, length: int) -> None:
-        """Hold room for bytes about to be received (the caller releases it), or refuse them (RESOURCE_EXHAUSTED)
-        if they would take the caller's inbox over its limit; the connection then closes (its frame unread)."""
+        """Hold room for bytes about to be received (the caller releases it), or refuse them.
+
+        They are refused (RESOURCE_EXHAUSTED) if they would take the caller's inbox over its limit; the
+        connection then closes (its frame unread).
+        """
         if self._boxes.reserve(principal.name, length):
             return
         held = self._boxes.max_owner_bytes
-        await asyncio.get_running_loop().sock_sendall(sock, encode_header({
-            "ok": False, "code": "RESOURCE_EXHAUSTED",
-            "error": f"RESOURCE_EXHAUSTED: {length} more bytes would take {principal.name!r} over the {held} bytes "
-                     "a caller may have waiting on this node",
-        }))  # fmt: skip
+        await asyncio.get_running_loop().sock_sendall(
+            sock,
+            encode_header(
+                {
+                    "ok": False,
+                    "code": "RESOURCE_EXHAUSTED",
+                    "error": f"RESOURCE_EXHAUSTED: {length} more bytes would take {principal.name!r} over the "
+                    f"{held} bytes a caller may have waiting on this node",
+                }
+            ),
+        )
         raise DataPathError("inbox limit")
 
-    async def _serve_read(self, sock: socket.socket, header: dict[str, object], regions: SharedRegions | None = None
-                          ) -> None:  # fmt: skip
+    async def _serve_read(
+        self, sock: socket.socket, header: dict[str, object], regions: SharedRegions | None = None
+    ) -> None:
         """A ``read``: its bytes follow the response, or (``places``, same host) go into the mapped regions."""
         length = _int_field(header, "length")
         if self._read is None or not 0 < length <= MAX_READ_REQUEST_BYTES:
@@ -382,8 +414,11 @@ class DataServer:
         await send_parts(sock, [encode_header(answer), response, *parts])
 
     async def _serve_call(self, sock: socket.socket, header: dict[str, object], principal: Principal) -> None:
-        """A ``call``: the request and its bytes in (all of them, so the stream stays in step even when the call
-        is refused), the bytes into the inbox under the call's transfer id, the handler's response out."""
+        """Serve a ``call``: the request and its bytes in, the handler's response out.
+
+        All the bytes are read, so the stream stays in step even when the call is refused; they go into the inbox
+        under the call's transfer id.
+        """
         size, length = _int_field(header, "request"), _int_field(header, "length")
         tid = str(header.get("transfer_id", ""))
         if not 0 < size <= MAX_READ_REQUEST_BYTES or not 0 <= length <= MAX_PUSH_BYTES or (length and not tid):
@@ -412,9 +447,11 @@ class DataServer:
 
 
 async def _unless_caller_leaves(sock: socket.socket, work: Awaitable[bytes]) -> bytes:
-    """Run a call's ``work`` while watching its connection: if the caller closes it (it gave up: timeout,
-    cancel) or sends anything before the answer, the work is cancelled, as gRPC cancels a handler whose
-    deadline passed, and the connection closes."""
+    """Run a call's ``work`` while watching its connection, cancelling the work if the caller gives up.
+
+    If the caller closes it (timeout, cancel) or sends anything before the answer, the work is cancelled, as
+    gRPC cancels a handler whose deadline passed, and the connection closes.
+    """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(loop.sock_recv(sock, 1))
@@ -435,8 +472,11 @@ async def _unless_caller_leaves(sock: socket.socket, work: Awaitable[bytes]) -> 
 
 
 async def _refuse(sock: socket.socket, exc: BaseException) -> None:
-    """Tell the client why its token was not taken: UNAUTHENTICATED (or the validator's own status), or
-    UNAVAILABLE when it could not be checked (mgmtd unreachable), which the client retries elsewhere."""
+    """Tell the client why its token was not taken.
+
+    UNAUTHENTICATED (or the validator's own status), or UNAVAILABLE when it could not be checked (mgmtd
+    unreachable), which the client retries elsewhere.
+    """
     status = getattr(exc, "code", None)
     code = status.name if isinstance(status, grpc.StatusCode) else "UNAVAILABLE"
     await asyncio.get_running_loop().sock_sendall(
@@ -533,6 +573,7 @@ class SharedRegions:
         return views, ""
 
     def close(self) -> None:
+        """Unmap every region (one a view still points into stays mapped until the view goes)."""
         for mapped in self._maps.values():
             with contextlib.suppress(BufferError):
                 mapped.close()

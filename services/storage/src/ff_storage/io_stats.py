@@ -30,6 +30,7 @@ class TargetIoStats:
         self._lock = threading.Lock()
 
     def record(self, op: str, target_id: int, num_bytes: int, seconds: float) -> None:
+        """Count one ``op`` (read or write) of ``num_bytes`` on a target that took ``seconds``."""
         with self._lock:
             entry = self._ops[(op, target_id)]
             entry.bytes_total += num_bytes

@@ -33,6 +33,7 @@ class StorageNode:
         self.reader = ChunkReader(self.state, self.recovery)
 
     async def close_channels(self) -> None:
+        """Close the gRPC channels to other storage nodes (the data-path connections go in ``close``)."""
         await self.peers.close_channels()
 
     def close(self) -> None:

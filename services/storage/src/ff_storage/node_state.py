@@ -36,6 +36,8 @@ Payload = bytes | memoryview
 
 @dataclass(frozen=True, kw_only=True)
 class NodeConfig:
+    """What the node's paths need of the settings (from ``StorageSettings``); sizes in bytes, times in seconds."""
+
     node_id: int
     disks: list[Path]
     targets_file: Path
@@ -55,12 +57,15 @@ class NodeConfig:
 
 @dataclass
 class Target:
+    """One target on this node: its stored record, its chunk engine, and its role in the 3FS state machine."""
+
     record: TargetRecord
     engine: ChunkEngine
     role: TargetRole
 
     @property
     def target_id(self) -> int:
+        """The target's id (mgmtd's)."""
         return self.record.target_id
 
 
@@ -97,8 +102,10 @@ class ChunkLocks:
         self._users: dict[tuple[int, ChunkKey], int] = defaultdict(int)
 
     async def acquire(self, target_id: int, keys: list[ChunkKey]) -> Callable[[], None]:
-        """Take the chunks' locks (in key order, so two callers never wait on each other); returns what releases
-        them. A caller cancelled while waiting holds nothing."""
+        """Take the chunks' locks in key order (so two callers never wait on each other); returns their release.
+
+        A caller cancelled while waiting holds nothing.
+        """
         ids = [(target_id, k) for k in sorted(set(keys))]
         for i in ids:
             self._users[i] += 1
@@ -125,6 +132,7 @@ class ChunkLocks:
 
     @contextlib.asynccontextmanager
     async def hold(self, target_id: int, keys: list[ChunkKey]) -> AsyncIterator[None]:
+        """``acquire`` as a context manager: the chunks' locks are held inside it."""
         release = await self.acquire(target_id, keys)
         try:
             yield
@@ -156,6 +164,7 @@ class NodeState:
     # ---- targets ----
 
     def open_targets(self) -> None:
+        """Open the targets the targets file lists; each reports offline until it comes back through recovery."""
         for record in load_targets(self.config.targets_file):
             engine = self._engine(Path(record.path))
             engine.open()
@@ -164,14 +173,22 @@ class NodeState:
 
     def _engine(self, path: Path) -> ChunkEngine:
         c = self.config
-        return ChunkEngine(path, fsync=c.fsync, update_id_ttl_s=c.update_id_ttl_s,
-                           max_update_ids_per_chunk=c.max_update_ids_per_chunk)  # fmt: skip
+        return ChunkEngine(
+            path, fsync=c.fsync, update_id_ttl_s=c.update_id_ttl_s, max_update_ids_per_chunk=c.max_update_ids_per_chunk
+        )
 
     def close(self) -> None:
+        """Close every target's chunk engine (after ``finish_updates``)."""
         for t in self.targets.values():
             t.engine.close()
 
     def create_target(self, target_id: int, chain_id: int, disk_index: int) -> Target:
+        """Create a target of ``chain_id`` on disk ``disk_index`` and record it (idempotent for the same request).
+
+        Raises:
+            InvalidRequest: an id is not positive or the disk does not exist.
+            TargetExists: the target exists with another chain or disk, or this node holds the chain already.
+        """
         if target_id <= 0 or chain_id <= 0:
             raise InvalidRequest("target_id and chain_id must be positive")
         if not 0 <= disk_index < len(self.config.disks):
@@ -196,17 +213,20 @@ class NodeState:
         return target
 
     def get_target(self, target_id: int) -> Target:
+        """The target ``target_id``; TargetNotFound when this node does not hold it."""
         target = self.targets.get(target_id)
         if target is None:
             raise TargetNotFound(f"target {target_id} is not on this node")
         return target
 
     def offline_target(self, target_id: int) -> Target:
+        """Admin: report the target offline from now on (until the service restarts); TargetNotFound if absent."""
         target = self.get_target(target_id)
         target.role.admin_offline = True
         return target
 
     def target_reports(self) -> list[tuple[int, int]]:
+        """``(target_id, local state)`` of every target, for the next heartbeat."""
         return [(t.target_id, int(t.role.report())) for t in self.targets.values()]
 
     def lease_lost(self) -> None:
@@ -216,11 +236,13 @@ class NodeState:
             t.role.needs_recovery()
 
     def lease_regained(self) -> None:
+        """The lease is back (mgmtd answers again): the node may serve, each target as its role allows."""
         self.lease_ok = True
 
     # ---- routing ----
 
     def on_routing(self, info: mpb.RoutingInfo) -> None:
+        """Take newer routing info (older or equal versions are ignored) and update every target's public state."""
         if self.view is not None and info.version <= self.view.version:
             return
         self.view = RoutingView(info)
@@ -237,6 +259,7 @@ class NodeState:
             logger.info("target %d is publicly %s", target.target_id, target.role.public.name.lower())
 
     def position(self, target: Target) -> tuple[mpb.Chain, int] | None:
+        """The target's chain and its index in it (0: the head); None when routing has it in no chain."""
         chain = self.view.chain(target.record.chain_id) if self.view else None
         if chain is None:
             return None
@@ -246,6 +269,10 @@ class NodeState:
         return None
 
     def successor(self, target: Target) -> tuple[mpb.Chain, mpb.Target | None] | None:
+        """The target's chain and the next serving or syncing target after it (None: this is the tail).
+
+        None when routing has the target in no chain.
+        """
         pos = self.position(target)
         if pos is None:
             return None
@@ -256,6 +283,7 @@ class NodeState:
         return chain, nxt
 
     def target_of_chain(self, chain_id: int) -> Target | None:
+        """This node's target of ``chain_id``, if it holds one (a node holds at most one per chain)."""
         return next((t for t in self.targets.values() if t.record.chain_id == chain_id), None)
 
     def spawn(self, coro: Any, tasks: set[asyncio.Task[None]] | None = None) -> asyncio.Task[None]:
@@ -269,10 +297,11 @@ class NodeState:
     async def update_to_the_end(
         self, target_id: int, keys: list[ChunkKey], step: Callable[[], Coroutine[Any, Any, None]]
     ) -> None:
-        """Wait for the chunks' locks, then run ``step`` (a chain update of those chunks) to its end, locks held,
-        even if the caller is cancelled meanwhile (a client that timed out, a predecessor that died mid-call),
-        as 3FS's storage service finishes every update it started. A caller that gives up while still
-        waiting for the locks leaves nothing behind.
+        """Wait for the chunks' locks, then run ``step`` to its end with them held, even if the caller is cancelled.
+
+        ``step`` is a chain update of those chunks. The caller may be cancelled meanwhile (a client that timed
+        out, a predecessor that died mid-call): 3FS's storage service finishes every update it started too. A
+        caller that gives up while still waiting for the locks leaves nothing behind.
 
         Dropping an update halfway would leave this replica behind its successor when the successor already
         committed the version: a retried write then brings that version again, the successor answers
@@ -296,8 +325,10 @@ class NodeState:
             raise
 
     async def finish_updates(self) -> None:
-        """Wait (at most ``forward_timeout_s``) for chain updates whose callers left: at shutdown, before the
-        chunk engines close under them."""
+        """Wait (at most ``forward_timeout_s``) for chain updates whose callers left.
+
+        At shutdown, before the chunk engines close under them.
+        """
         if self._updates:
             await asyncio.wait(set(self._updates), timeout=self.config.forward_timeout_s)
 

@@ -1,5 +1,7 @@
-"""The other storage nodes as this one calls them: gRPC stubs and data-path connections, and the forward wire
-(updates sent to a successor, as inline bytes or one data-path round trip)."""
+"""The other storage nodes as this one calls them: gRPC stubs, data-path connections, and the forward wire.
+
+The forward wire is updates sent to a successor, as inline bytes or one data-path round trip.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ class Peers:
         self.data = DataConnectionPool(config.cluster_token)
 
     def stub(self, node_id: int) -> storage_pb2_grpc.StorageServiceStub:
+        """The StorageService stub of ``node_id`` (one shared channel per address).
+
+        Raises:
+            ConnectionError: routing has no gRPC address for the node.
+        """
         view = self.state.view
         node = view.node(node_id) if view else None
         if node is None or not node.grpc:
@@ -40,41 +47,55 @@ class Peers:
         return self._stubs.get(node.grpc)
 
     async def close_channels(self) -> None:
+        """Close the gRPC channels to other nodes."""
         await self._stubs.close()
 
     def close(self) -> None:
+        """Close the data-path connections to other nodes."""
         self.data.close()
 
     async def send_updates(
-        self, chain: mpb.Chain, nxt: mpb.Target, updates: list[Update], full_keys: set[ChunkKey], from_target: int,
-        *, no_forward: bool = False,
-    ) -> list[UpdateResult]:  # fmt: skip
+        self,
+        chain: mpb.Chain,
+        nxt: mpb.Target,
+        updates: list[Update],
+        full_keys: set[ChunkKey],
+        from_target: int,
+        *,
+        no_forward: bool = False,
+    ) -> list[UpdateResult]:
         """Send ``updates`` of ``from_target`` to its successor ``nxt`` in one call; its answers, one per update.
 
         An update goes as a full-chunk replace when it is one, when ``nxt`` is syncing or when ``nxt`` said it
         misses an update of that chunk (``full_keys``); ``no_forward``: ``nxt`` stores it only, passes nothing on
-        (a repair's or a sync's copy for that one replica)."""
+        (a repair's or a sync's copy for that one replica).
+        """
         syncing = Public(nxt.public_state) is Public.SYNCING
         msgs: list[spb.ChunkUpdate] = []
         parts: list[Payload] = []
         offset = 0
         transfer_id = uuid.uuid4().hex
-        total = sum(len(u.content or b"") if (u.full or syncing or u.key in full_keys) else len(u.data)
-                    for u in updates)  # fmt: skip
+        total = sum(
+            len(u.content or b"") if (u.full or syncing or u.key in full_keys) else len(u.data) for u in updates
+        )
         bulk = total > INLINE_FORWARD_MAX_BYTES
         for u in updates:
             full = u.full or syncing or u.key in full_keys
             payload = (u.content or b"") if full else u.data
             kind = u.kind if not full or u.kind == spb.UPDATE_TYPE_REMOVE else spb.UPDATE_TYPE_WRITE
             msg = spb.ChunkUpdate(
-                chain_id=chain.chain_id, chain_version=u.chain_version if no_forward else chain.version,
+                chain_id=chain.chain_id,
+                chain_version=u.chain_version if no_forward else chain.version,
                 chunk_id=spb.ChunkId(inode_id=u.key[0], chunk_index=u.key[1]),
                 update_type=spb.UpdateType.ValueType(kind),
-                update_version=u.version, chunk_size_bytes=u.chunk_size, offset_bytes=0 if full else u.offset,
+                update_version=u.version,
+                chunk_size_bytes=u.chunk_size,
+                offset_bytes=0 if full else u.offset,
                 length_bytes=len(payload) if kind == spb.UPDATE_TYPE_WRITE else u.length,
                 checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=_payload_checksum(u, payload)),
-                full_chunk_replace=full, no_forward=no_forward,
-            )  # fmt: skip
+                full_chunk_replace=full,
+                no_forward=no_forward,
+            )
             if u.update_id is not None:
                 msg.update_id.CopyFrom(spb.UpdateId(client_id=u.update_id[0], request_id=u.update_id[1]))
             if full:
@@ -96,8 +117,9 @@ class Peers:
             # one round trip on the data path: the request and its bytes together, no push, no gRPC call
             async with asyncio.timeout(self.state.config.forward_timeout_s):  # the version check too
                 if await self.data.calls_direct(node.data):
-                    raw = await self.data.call(node.data, "ForwardUpdates", request.SerializeToString(),
-                                                transfer_id, parts)  # fmt: skip
+                    raw = await self.data.call(
+                        node.data, "ForwardUpdates", request.SerializeToString(), transfer_id, parts
+                    )
                     return [update_result_from_pb(r) for r in spb.ForwardUpdatesResponse.FromString(raw).results]
         if parts:
             if node is None or not node.data:

@@ -1,6 +1,8 @@
-"""The read path (``ChunkReader``): chunk reads from any serving replica, verified against their checksums,
-staged for the reader's pull on the data path (or inline); a damaged copy asks the head for a repair
-(``RepairRequests``: recovery)."""
+"""The read path (``ChunkReader``): chunk reads from any serving replica, verified against their checksums.
+
+The bytes are staged for the reader's pull on the data path (or inline); a damaged copy asks the head for a
+repair (``RepairRequests``: recovery).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ logger = logging.getLogger(__name__)
 class RepairRequests(Protocol):
     """What the reader asks of recovery: have the chain's head rewrite damaged chunks from a good copy."""
 
-    async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None: ...
+    async def request_repair(self, target: Target, keys: list[ChunkKey]) -> None:
+        """Have the head of ``target``'s chain rewrite ``keys`` from a good copy (best effort, errors logged)."""
+        ...
 
 
 class ChunkReader:
@@ -40,8 +44,10 @@ class ChunkReader:
     async def batch_read(
         self, ios: list[spb.ReadIO], transport: int, owner: str
     ) -> tuple[list[spb.ReadResult], str, int]:
-        """Read ``ios``; bulk bytes are staged under a new transfer id for the reader's pull (inline: in
-        the results). Returns the results, the transfer id ("" when nothing was staged) and its length."""
+        """Read ``ios``; bulk bytes are staged under a new transfer id for the reader's pull (inline: in the results).
+
+        Returns the results, the transfer id ("" when nothing was staged) and its length.
+        """
         bulk = transport == spb.DATA_TRANSPORT_BULK
         transfer_id = uuid.uuid4().hex if bulk else ""
         results, found = await self.read_parts(ios, bulk=bulk, transfer_id=transfer_id)
@@ -53,8 +59,11 @@ class ChunkReader:
     async def read_parts(
         self, ios: list[spb.ReadIO], *, bulk: bool, transfer_id: str = ""
     ) -> tuple[list[spb.ReadResult], list[bytes | memoryview | None]]:
-        """Read ``ios``: the results, and (``bulk``) each IO's bytes (None unless OK), to be laid out back to
-        back in that order at each result's ``transfer`` offset (not inline: the caller sends them)."""
+        """Read ``ios``: the results, and (``bulk``) each IO's bytes (None unless OK), for the caller to send.
+
+        The bytes are to be laid out back to back in that order at each result's ``transfer`` offset (not
+        inline).
+        """
         self._check_reads(ios, bulk)
         found = await asyncio.to_thread(lambda: [self._read_counted(io) for io in ios])  # one thread hop per batch
         results: list[spb.ReadResult] = []
@@ -71,8 +80,11 @@ class ChunkReader:
         return results, parts
 
     def _check_reads(self, ios: list[spb.ReadIO], bulk: bool) -> None:
-        """What a BatchRead may cost, before any work: IOs, bytes in all (less inline, where each is copied
-        into the answer), no IO asked twice (the same range read again costs again and brings nothing)."""
+        """Check what a BatchRead may cost, before any work: IOs, bytes in all, no IO asked twice.
+
+        Fewer bytes may go inline, where each is copied into the answer; the same range read again costs again
+        and brings nothing.
+        """
         self.state.check_count("IOs", len(ios))
         seen: dict[tuple[int, int, int, int, int, bool], int] = {}
         total = 0
@@ -82,8 +94,14 @@ class ChunkReader:
                 check_read_range(io.offset_bytes, io.length_bytes, self.state.config.max_io_bytes)
             except InvalidRequest as exc:
                 raise InvalidRequest(f"ios[{n}]: {exc}") from None
-            what = (io.chain_id, io.chunk_id.inode_id, io.chunk_id.chunk_index, io.offset_bytes, io.length_bytes,
-                    io.relaxed)  # fmt: skip
+            what = (
+                io.chain_id,
+                io.chunk_id.inode_id,
+                io.chunk_id.chunk_index,
+                io.offset_bytes,
+                io.length_bytes,
+                io.relaxed,
+            )
             if (first := seen.setdefault(what, n)) != n:
                 raise InvalidRequest(f"ios[{n}] asks for the same range as ios[{first}]")
             total += io.length_bytes
@@ -106,15 +124,17 @@ class ChunkReader:
         if target is None or not target.role.may_read(self.state.lease_ok):
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, message="not serving reads"), None
         if target.role.chain_version != io.chain_version:
-            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION,
-                                  message=f"chain at version {target.role.chain_version}"), None  # fmt: skip
+            return spb.ReadResult(
+                status=spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, message=f"chain at version {target.role.chain_version}"
+            ), None
         key = (io.chunk_id.inode_id, io.chunk_id.chunk_index)
         meta = target.engine.get(key)
         if meta is None:
             return spb.ReadResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND, message="no such chunk"), None
         if meta.pending_version and not io.relaxed:
-            return spb.ReadResult(status=spb.CHUNK_IO_STATUS_PENDING_VERSION,
-                                  message=f"version {meta.pending_version} is pending"), None  # fmt: skip
+            return spb.ReadResult(
+                status=spb.CHUNK_IO_STATUS_PENDING_VERSION, message=f"version {meta.pending_version} is pending"
+            ), None
         checksum: int | None = None  # of the whole chunk, when already verified
         data: bytes | memoryview
         try:
@@ -138,9 +158,12 @@ class ChunkReader:
         if checksum is None or len(piece) != len(data):
             checksum = crc32c_of(piece)
         return spb.ReadResult(
-            status=spb.CHUNK_IO_STATUS_OK, length_bytes=len(piece), version=version, is_pending=pending,
+            status=spb.CHUNK_IO_STATUS_OK,
+            length_bytes=len(piece),
+            version=version,
+            is_pending=pending,
             checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=checksum),
-        ), piece  # fmt: skip
+        ), piece
 
     def _loop_spawn(self, target: Target, key: ChunkKey) -> None:
         loop = self._loop
@@ -149,15 +172,22 @@ class ChunkReader:
     _loop: asyncio.AbstractEventLoop
 
     def bind_loop(self) -> None:
+        """Remember the running event loop, so reads on worker threads can start repairs on it (call once, on it)."""
         self._loop = asyncio.get_running_loop()
 
     def query_last_all(self, queries: list[spb.LastChunkQuery]) -> list[spb.LastChunkResult]:
+        """The last chunk of each query's inode range, with the number of chunks in it (QueryLastChunk).
+
+        Raises:
+            TooCostly: more queries than ``max_batch_ios``.
+            InvalidRequest: a chunk id is out of range.
+        """
         self.state.check_count("queries", len(queries))
         for q in queries:
             check_chunk_id(q.inode_id, q.begin_chunk_index)
-        return [self.query_last(q) for q in queries]
+        return [self._query_last(q) for q in queries]
 
-    def query_last(self, q: spb.LastChunkQuery) -> spb.LastChunkResult:
+    def _query_last(self, q: spb.LastChunkQuery) -> spb.LastChunkResult:
         check_chunk_id(q.inode_id, q.begin_chunk_index)
         target = self.state.target_of_chain(q.chain_id)
         if target is None or not target.role.may_read(self.state.lease_ok):
@@ -168,8 +198,9 @@ class ChunkReader:
         if last is None:
             return spb.LastChunkResult(status=spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND)
         status = spb.CHUNK_IO_STATUS_PENDING_VERSION if pending else spb.CHUNK_IO_STATUS_OK
-        return spb.LastChunkResult(status=status, last_chunk_index=last.chunk_index,
-                                   last_chunk_length_bytes=last.length, num_chunks=count)  # fmt: skip
+        return spb.LastChunkResult(
+            status=status, last_chunk_index=last.chunk_index, last_chunk_length_bytes=last.length, num_chunks=count
+        )
 
 
 def _removing(pending: Pending | None) -> bool:

@@ -1,6 +1,8 @@
-"""Recovery and repair: a serving predecessor syncs a returning target (dump its chunk metadata, diff by
-the digest's rules, full-chunk replaces under the chunk lock, then sync-done); the head rewrites a
-damaged chunk everywhere from a good copy."""
+"""Recovery and repair: a predecessor syncs a returning target; the head rewrites a damaged chunk everywhere.
+
+A serving predecessor syncs a returning target: dump its chunk metadata, diff by the digest's rules,
+full-chunk replaces under the chunk lock, then sync-done. The head rewrites a damaged chunk from a good copy.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +61,12 @@ class Recovery:
             logger.exception("repair of %s failed", keys)
 
     async def repair(self, request: spb.RepairChunksRequest) -> list[UpdateResult]:
+        """Head: rewrite each chunk here and on every serving replica from a good copy (RepairChunks).
+
+        Raises:
+            TooCostly: more chunk ids than ``max_batch_ios``.
+            InvalidRequest: a chunk id is out of range or repeated, or this node holds no target of the chain.
+        """
         self.state.check_count("chunk ids", len(request.chunk_ids))
         keys = [check_chunk_id(cid.inode_id, cid.chunk_index) for cid in request.chunk_ids]
         if len(set(keys)) != len(keys):
@@ -90,11 +98,14 @@ class Recovery:
                 if Public(other.public_state) is not Public.SERVING:
                     continue
                 cid = spb.ChunkId(inode_id=key[0], chunk_index=key[1])
-                read = spb.ReadIO(chain_id=chain.chain_id, chain_version=chain.version, chunk_id=cid,
-                                  length_bytes=meta.length)  # fmt: skip
+                read = spb.ReadIO(
+                    chain_id=chain.chain_id, chain_version=chain.version, chunk_id=cid, length_bytes=meta.length
+                )
                 with contextlib.suppress(RpcError, ConnectionError):
-                    resp = await self.peers.rpc.unary(self.peers.stub(other.node_id).BatchRead, spb.BatchReadRequest(
-                        ios=[read], transport=spb.DATA_TRANSPORT_INLINE))  # fmt: skip
+                    resp = await self.peers.rpc.unary(
+                        self.peers.stub(other.node_id).BatchRead,
+                        spb.BatchReadRequest(ios=[read], transport=spb.DATA_TRANSPORT_INLINE),
+                    )
                     r = resp.results[0]
                     if r.status == IoStatus.OK and crc32c_of(r.inline_data) == meta.checksum:
                         content = r.inline_data
@@ -103,8 +114,9 @@ class Recovery:
                 return result_of(IoStatus.CHECKSUM_MISMATCH, "no good copy found")
         up = self._full_replace(target, key, meta, content)
         if own_bad:
-            pend = await asyncio.to_thread(target.engine.write_pending,
-                                           [(key, up.version, up.chain_version, content, None)])  # fmt: skip
+            pend = await asyncio.to_thread(
+                target.engine.write_pending, [(key, up.version, up.chain_version, content, None)]
+            )
             await asyncio.to_thread(target.engine.commit, pend, [(up.update_id, up.records)])
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
@@ -113,6 +125,7 @@ class Recovery:
         return result_of(IoStatus.OK, "repaired", meta.committed_version, target.engine.get(key))
 
     async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
+        """Repair one chunk whose lock the caller holds, if ``target`` is its chain's head; whether it is good now."""
         pos = self.state.position(target)
         if pos is None or pos[1] != 0:
             return False
@@ -124,25 +137,44 @@ class Recovery:
     def _full_replace(target: Target, key: ChunkKey, meta: ChunkMeta, content: bytes) -> Update:
         """The committed chunk as a full-chunk replace, with its remembered updates (recovery, repair)."""
         last = target.engine.update_at(key, meta.committed_version)
-        return Update(key=key, kind=spb.UPDATE_TYPE_WRITE, chunk_size=max(1, meta.length), data=content,
-                      content=content, length=len(content), full=True, version=meta.committed_version,
-                      chain_version=meta.chain_version, update_id=last.update_id if last else None,
-                      records=target.engine.recent_updates(key))  # fmt: skip
+        return Update(
+            key=key,
+            kind=spb.UPDATE_TYPE_WRITE,
+            chunk_size=max(1, meta.length),
+            data=content,
+            content=content,
+            length=len(content),
+            full=True,
+            version=meta.committed_version,
+            chain_version=meta.chain_version,
+            update_id=last.update_id if last else None,
+            records=target.engine.recent_updates(key),
+        )
 
     # ---- recovery ----
 
     def dump_chunk_meta(self, target_id: int) -> list[spb.ChunkMeta]:
+        """Every chunk's metadata on the target, for the predecessor's recovery diff; TargetNotFound if absent."""
         target = self.state.get_target(target_id)
         return [
             spb.ChunkMeta(
-                chunk_id=spb.ChunkId(inode_id=m.inode_id, chunk_index=m.chunk_index), chain_version=m.chain_version,
-                committed_version=m.committed_version, pending_version=m.pending_version, length_bytes=m.length,
+                chunk_id=spb.ChunkId(inode_id=m.inode_id, chunk_index=m.chunk_index),
+                chain_version=m.chain_version,
+                committed_version=m.committed_version,
+                pending_version=m.pending_version,
+                length_bytes=m.length,
                 checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=m.checksum),
             )
             for m in target.engine.all_metas()
-        ]  # fmt: skip
+        ]
 
     def complete_sync(self, target_id: int, chain_version: int) -> None:
+        """The predecessor finished syncing the target: it reports up to date from now on.
+
+        Raises:
+            TargetNotFound: the target is not on this node.
+            InvalidRequest: the target is not syncing.
+        """
         target = self.state.get_target(target_id)
         if target.role.public is not Public.SYNCING:
             raise InvalidRequest(f"target {target_id} is not syncing")
@@ -168,12 +200,18 @@ class Recovery:
 
     async def _sync(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, job: tuple[int, int, int]) -> None:
         try:
-            logger.info("syncing target %d from %d (chain %d v%d)", nxt.target_id, target.target_id, chain.chain_id,
-                        chain.version)  # fmt: skip
+            logger.info(
+                "syncing target %d from %d (chain %d v%d)",
+                nxt.target_id,
+                target.target_id,
+                chain.chain_id,
+                chain.version,
+            )
             stub = self.peers.stub(nxt.node_id)
             remote = {}
-            dump = spb.DumpChunkMetaRequest(chain_id=chain.chain_id, chain_version=chain.version,
-                                            target_id=nxt.target_id)  # fmt: skip
+            dump = spb.DumpChunkMetaRequest(
+                chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id
+            )
             async for batch in self.peers.rpc.stream(stub.DumpChunkMeta, dump, timeout_s=60):
                 for m in batch.chunks:
                     remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
@@ -182,27 +220,39 @@ class Recovery:
             removed = 0
             for i in range(0, len(keys), SYNC_BATCH):
                 removed += await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
-            await self.peers.rpc.unary(stub.CompleteSync, spb.CompleteSyncRequest(
-                chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id))  # fmt: skip
-            logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed,
-                        removed)  # fmt: skip
+            await self.peers.rpc.unary(
+                stub.CompleteSync,
+                spb.CompleteSyncRequest(chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id),
+            )
+            logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed, removed)
         except Exception as exc:
             logger.warning("sync of target %d failed (will retry): %s", nxt.target_id, exc)
             await asyncio.sleep(0.5)
             self._syncing.discard(job)
 
     async def _sync_batch(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey]) -> int:
-        """Make ``keys`` on ``nxt`` what they are here now: each chunk's committed copy as a full replace, or a
-        removal if this target has none; returns the number of removals. Decided under the chunks' locks, from
+        """Make ``keys`` on ``nxt`` what they are here now; returns the number of removals.
+
+        Each chunk's committed copy goes as a full replace, or a removal if this target has none. Decided under
+        the chunks' locks, from
         this target's state at that moment, not from the plan: a write may have committed a chunk the plan saw
-        only as pending at the syncing target (listed for removal), and that write may be acknowledged by now."""
+        only as pending at the syncing target (listed for removal), and that write may be acknowledged by now.
+        """
         async with self.state.locks.hold(target.target_id, keys):
             ups = []
             for key in keys:
                 got = await asyncio.to_thread(target.engine.read_committed, key)
                 if got is None:
-                    ups.append(Update(key=key, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0, full=True,
-                                      version=2**62, chain_version=chain.version))  # fmt: skip
+                    ups.append(
+                        Update(
+                            key=key,
+                            kind=spb.UPDATE_TYPE_REMOVE,
+                            chunk_size=0,
+                            full=True,
+                            version=2**62,
+                            chain_version=chain.version,
+                        )
+                    )
                     continue
                 meta, content = got
                 ups.append(self._full_replace(target, key, meta, content))
@@ -214,6 +264,12 @@ class Recovery:
 
 
 def _meta_from_pb(m: spb.ChunkMeta) -> Any:
-    return ChunkMeta(inode_id=m.chunk_id.inode_id, chunk_index=m.chunk_id.chunk_index, chain_version=m.chain_version,
-                     committed_version=m.committed_version, length=m.length_bytes, checksum=m.checksum.value,
-                     pending_version=m.pending_version)  # fmt: skip
+    return ChunkMeta(
+        inode_id=m.chunk_id.inode_id,
+        chunk_index=m.chunk_id.chunk_index,
+        chain_version=m.chain_version,
+        committed_version=m.committed_version,
+        length=m.length_bytes,
+        checksum=m.checksum.value,
+        pending_version=m.pending_version,
+    )

@@ -1,9 +1,11 @@
-"""The storage node's series for telemetry, per target (labels ``target_id``, ``chain_id``):
+"""The storage node's series for telemetry, per target (labels ``target_id``, ``chain_id``).
+
 ``ff_storage_target_read_bytes_total`` / ``ff_storage_target_written_bytes_total`` (counters),
 ``ff_storage_target_read_latency_seconds`` / ``ff_storage_target_write_latency_seconds`` (gauges by
 ``quantile`` 0.5, 0.9, 0.99 over the last interval), ``ff_storage_target_capacity_bytes`` and
 ``ff_storage_target_free_bytes`` (its disk's file system), ``ff_storage_target_stored_bytes`` and
-``ff_storage_target_chunks``."""
+``ff_storage_target_chunks``.
+"""
 
 from __future__ import annotations
 
@@ -20,13 +22,20 @@ _LATENCY = {READ: "ff_storage_target_read_latency_seconds", WRITE: "ff_storage_t
 
 
 class StorageReporter:
+    """Collects the per-target series for the telemetry reporter (see the module doc)."""
+
     def __init__(self, node: StorageNode) -> None:
         self.node = node
 
     async def collect(self, buffer: SampleBuffer) -> None:
+        """Add one sample of every series to ``buffer``; the blocking reads run in a thread."""
         await asyncio.to_thread(self.collect_now, buffer)
 
     def collect_now(self, buffer: SampleBuffer) -> None:
+        """Add one sample of every series to ``buffer`` (blocking: file system and engine reads).
+
+        The latency quantiles cover what happened since the last call.
+        """
         chains = {t.target_id: str(t.record.chain_id) for t in list(self.node.state.targets.values())}
         for target in list(self.node.state.targets.values()):
             labels = {"target_id": str(target.target_id), "chain_id": chains[target.target_id]}

@@ -1,5 +1,7 @@
-"""Wire the storage service: targets, data endpoint, routing watch and recovery loop on the service chassis
-(membership with target reports and the T/2 rule)."""
+"""Wire the storage service: targets, data endpoint, routing watch and recovery loop on the service chassis.
+
+Membership carries the target reports and applies the T/2 rule.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from fireflyer.storage.v1 import storage_pb2, storage_pb2_grpc
 logger = logging.getLogger(__name__)
 
 
-async def watch_routing(client: MgmtdClient, node: StorageNode, stop: asyncio.Event) -> None:
+async def _watch_routing(client: MgmtdClient, node: StorageNode, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             async for info in client.watch_routing(node.state.view.version if node.state.view else 0):
@@ -35,52 +37,87 @@ async def watch_routing(client: MgmtdClient, node: StorageNode, stop: asyncio.Ev
 
 
 async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> None:
+    """Open the targets and serve the storage service until ``stop`` is set (or a signal)."""
     stop = stop or asyncio.Event()
     token = settings.resolved_cluster_token()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     boxes = TransferBoxes(ttl_s=settings.transfer_ttl_s, max_owner_bytes=settings.max_inbox_bytes)
-    node = StorageNode(NodeConfig(
-        node_id=settings.node_id, disks=settings.disk_list(), targets_file=settings.state_dir / "targets.json",
-        cluster_token=token, max_io_bytes=settings.max_io_bytes, max_batch_bytes=settings.max_batch_bytes,
-        forward_timeout_s=settings.forward_timeout_s, data_wait_s=settings.data_wait_s, fsync=settings.fsync,
-        update_ids=settings.update_ids, update_id_ttl_s=settings.update_id_ttl_s,
-        max_update_ids_per_chunk=settings.max_update_ids_per_chunk, max_batch_ios=settings.max_batch_ios,
-        max_read_batch_bytes=settings.max_read_batch_bytes, max_inline_read_bytes=settings.max_inline_read_bytes,
-    ), boxes)  # fmt: skip
+    node = StorageNode(
+        NodeConfig(
+            node_id=settings.node_id,
+            disks=settings.disk_list(),
+            targets_file=settings.state_dir / "targets.json",
+            cluster_token=token,
+            max_io_bytes=settings.max_io_bytes,
+            max_batch_bytes=settings.max_batch_bytes,
+            forward_timeout_s=settings.forward_timeout_s,
+            data_wait_s=settings.data_wait_s,
+            fsync=settings.fsync,
+            update_ids=settings.update_ids,
+            update_id_ttl_s=settings.update_id_ttl_s,
+            max_update_ids_per_chunk=settings.max_update_ids_per_chunk,
+            max_batch_ios=settings.max_batch_ios,
+            max_read_batch_bytes=settings.max_read_batch_bytes,
+            max_inline_read_bytes=settings.max_inline_read_bytes,
+        ),
+        boxes,
+    )
     await asyncio.to_thread(node.state.open_targets)
     node.reader.bind_loop()
     mgmtd = MgmtdClient(settings.mgmtd_address_list(), token=token, timeout_s=3.0)
     validator = registry_validator(mgmtd, settings.token_cache_ttl_s)
     servicer = StorageServicer(node)
     version = settings.data_path_version
-    data = DataServer(boxes, token, validator, read=servicer.read_on_data_path if version >= 2 else None,
-                      calls=servicer.data_path_calls() if version >= 3 else None)  # fmt: skip
+    data = DataServer(
+        boxes,
+        token,
+        validator,
+        read=servicer.read_on_data_path if version >= 2 else None,
+        calls=servicer.data_path_calls() if version >= 3 else None,
+    )
     await data.start(settings.data_listen_address)
     data_address = f"{settings.data_listen_address.rsplit(':', 1)[0]}:{data.port}"
 
     def loops_after_registration(serving: Serving) -> list[Loop]:
         node.state.node_id = serving.node_id
-        loops = [cancel_on_stop(watch_routing(mgmtd, node, serving.stop), serving.stop),
-                 node.recovery.sync_loop(serving.stop, settings.sync_scan_interval_s)]  # fmt: skip
+        loops = [
+            cancel_on_stop(_watch_routing(mgmtd, node, serving.stop), serving.stop),
+            node.recovery.sync_loop(serving.stop, settings.sync_scan_interval_s),
+        ]
         if settings.telemetry_interval_s > 0:
-            loops.append(service_reporter(
-                service="storage", node_id=serving.node_id, hostname=serving.hostname,
-                mgmtd_addresses=settings.mgmtd_address_list(), token=token,
-                collect=StorageReporter(node).collect, interval_s=settings.telemetry_interval_s,
-            ).run(serving.stop))  # fmt: skip
+            loops.append(
+                service_reporter(
+                    service="storage",
+                    node_id=serving.node_id,
+                    hostname=serving.hostname,
+                    mgmtd_addresses=settings.mgmtd_address_list(),
+                    token=token,
+                    collect=StorageReporter(node).collect,
+                    interval_s=settings.telemetry_interval_s,
+                ).run(serving.stop)
+            )
         return loops
 
     wiring = ServiceWiring(
-        node_type=common_pb2.NODE_TYPE_STORAGE, status_table=STATUS_TABLE, token_validator=validator,
-        bindings=[ServiceBinding(storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name,
-                                 storage_pb2_grpc.add_StorageServiceServicer_to_server, servicer)],
+        node_type=common_pb2.NODE_TYPE_STORAGE,
+        status_table=STATUS_TABLE,
+        token_validator=validator,
+        bindings=[
+            ServiceBinding(
+                storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name,
+                storage_pb2_grpc.add_StorageServiceServicer_to_server,
+                servicer,
+            )
+        ],
         mgmtd_addresses=settings.mgmtd_address_list(),
-        endpoints={"data": data_address}, tags={"disks": str(len(settings.disk_list()))},
-        on_lease_lost=node.state.lease_lost, on_lease_regained=node.state.lease_regained,
+        endpoints={"data": data_address},
+        tags={"disks": str(len(settings.disk_list()))},
+        on_lease_lost=node.state.lease_lost,
+        on_lease_regained=node.state.lease_regained,
         target_reports=node.state.target_reports,
         loops_after_registration=loops_after_registration,
         ready_info=lambda serving: {"data": data_address},
-    )  # fmt: skip
+    )
     try:
         await serve_service(settings, wiring, stop)
     finally:

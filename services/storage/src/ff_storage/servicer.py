@@ -40,8 +40,10 @@ def _owner() -> str:
 
 def _check_capabilities(key: bytes, ios: list[Any], *, write: bool) -> None:
     """User calls must carry meta's IoCapability for each IO's file; the cluster token and admins need none.
-    (GrantTransfer needs no check of its own: it hands out only what a checked BatchRead staged for the
-    same caller.)"""
+
+    GrantTransfer needs no check of its own: it hands out only what a checked BatchRead staged for the same
+    caller.
+    """
     principal = current_principal()
     if principal.is_admin:
         return
@@ -62,29 +64,40 @@ def _status_of(exc: Exception, what: str) -> grpc.StatusCode:
 
 
 def _refusal(exc: Exception, what: str) -> DataRefused:
-    """The data path's answer for ``exc``: its status, and its message unless it is an internal error (logged
-    with its traceback; the caller learns no more than a gRPC caller would)."""
+    """The data path's answer for ``exc``: its status, and its message unless it is an internal error.
+
+    An internal error is logged with its traceback; the caller learns no more than a gRPC caller would.
+    """
     code = _status_of(exc, what)
     if code is grpc.StatusCode.INTERNAL:
         return DataRefused(code.name, f"internal error in {what}")
     return DataRefused(code.name, str(exc) or type(exc).__name__)
 
 
-def target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
+def _target_info(node: StorageNode, t: Target) -> pb.TargetInfo:
     num, used = t.engine.usage()
     space = disk_space(t.record.path)
     return pb.TargetInfo(
-        target_id=t.target_id, chain_id=t.record.chain_id, disk_index=t.record.disk_index, path=t.record.path,
+        target_id=t.target_id,
+        chain_id=t.record.chain_id,
+        disk_index=t.record.disk_index,
+        path=t.record.path,
         local_state=mpb.LocalTargetState.ValueType(int(t.role.report())),
-        public_state=mpb.PublicTargetState.ValueType(int(t.role.public)), chain_version=t.role.chain_version,
-        used_bytes=used, num_chunks=num, capacity_bytes=space.capacity_bytes, free_bytes=space.free_bytes,
+        public_state=mpb.PublicTargetState.ValueType(int(t.role.public)),
+        chain_version=t.role.chain_version,
+        used_bytes=used,
+        num_chunks=num,
+        capacity_bytes=space.capacity_bytes,
+        free_bytes=space.free_bytes,
         filesystem_id=space.filesystem_id,
-    )  # fmt: skip
+    )
 
 
 class _StreamBudget:
-    """At most ``count`` requests and ``max_bytes`` asked-for bytes held at once; a request larger than
-    ``max_bytes`` goes alone (when nothing else is held)."""
+    """At most ``count`` requests and ``max_bytes`` asked-for bytes held at once.
+
+    A request larger than ``max_bytes`` goes alone (when nothing else is held).
+    """
 
     def __init__(self, count: int, max_bytes: int) -> None:
         self._count, self._max_bytes = count, max_bytes
@@ -106,6 +119,8 @@ class _StreamBudget:
 
 
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
+    """StorageService over one ``StorageNode``; also the handlers of the data path's ``read`` and ``call`` ops."""
+
     def __init__(self, node: StorageNode) -> None:
         self._n = node
         self._cap_key = capability_key(node.state.config.cluster_token)
@@ -119,12 +134,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             raise InvalidRequest(f"transport {request.transport} is unknown")
         _check_capabilities(self._cap_key, list(request.ios), write=False)
         results, tid, length = await self._n.reader.batch_read(list(request.ios), request.transport, _owner())
-        return pb.BatchReadResponse(results=results, transfer_id=tid, transfer_length_bytes=length,
-                                    transfer_ttl_s=self._n.state.boxes.ttl_s)  # fmt: skip
+        return pb.BatchReadResponse(
+            results=results, transfer_id=tid, transfer_length_bytes=length, transfer_ttl_s=self._n.state.boxes.ttl_s
+        )
 
     async def read_on_data_path(self, request_bytes: bytes) -> tuple[bytes, Sequence[Buffer | None]]:
-        """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``): the same checks as BatchRead,
-        its response serialized, and each IO's bytes (None unless OK) to deliver after it (nothing staged).
+        """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``), with the same checks as BatchRead.
+
+        Returns its response serialized, and each IO's bytes (None unless OK) to deliver after it (nothing
+        staged).
 
         Raises:
             DataRefused: whatever BatchRead would answer with an error status, with that status's name.
@@ -143,8 +161,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return response.SerializeToString(), parts
 
     def data_path_calls(self) -> dict[str, CallHandler]:
-        """The RPCs the data path's ``call`` op carries (``dataserver.CallHandler``s): the same methods as over
-        gRPC, behind the access their proto declares, refusals with the status gRPC would answer."""
+        """The RPCs the data path's ``call`` op carries (``dataserver.CallHandler``s), by method name.
+
+        The same methods as over gRPC, behind the access their proto declares, refusals with the status gRPC
+        would answer.
+        """
         return {
             "BatchWrite": self._data_path_call("BatchWrite", pb.BatchWriteRequest, self.BatchWrite),
             "ForwardUpdates": self._data_path_call("ForwardUpdates", pb.ForwardUpdatesRequest, self.ForwardUpdates),
@@ -173,9 +194,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def ReadStream(
         self, request_iterator: AsyncIterator[pb.ReadStreamRequest], context: Context
     ) -> AsyncIterator[pb.ReadStreamResponse]:
-        """Each request served as BatchRead (the very same checks), concurrently, answered as it is done. A
-        request holds its share of the stream's budget (``_StreamBudget``) until its answer is sent, so a caller
-        that takes no answer makes the node read ahead a bounded amount, not everything it asked for."""
+        """Each request served as BatchRead (the very same checks), concurrently, answered as it is done.
+
+        A request holds its share of the stream's budget (``_StreamBudget``) until its answer is sent, so a caller
+        that takes no answer makes the node read ahead a bounded amount, not everything it asked for.
+        """
         answers: asyncio.Queue[tuple[pb.ReadStreamResponse, int] | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         budget = _StreamBudget(READ_STREAM_IN_FLIGHT, READ_STREAM_BYTES)
@@ -186,8 +209,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 answer = pb.ReadStreamResponse(request_id=req.request_id, read=read)
             except Exception as exc:
                 code = _status_of(exc, "a ReadStream request")
-                answer = pb.ReadStreamResponse(request_id=req.request_id, error_code=code.value[0],
-                                               error_message=str(exc) or type(exc).__name__)  # fmt: skip
+                answer = pb.ReadStreamResponse(
+                    request_id=req.request_id, error_code=code.value[0], error_message=str(exc) or type(exc).__name__
+                )
             answers.put_nowait((answer, cost))
 
         async def pump() -> None:
@@ -252,13 +276,13 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
     async def CreateTarget(self, request: pb.CreateTargetRequest, context: Context) -> pb.CreateTargetResponse:
         target = self._n.state.create_target(request.target_id, request.chain_id, request.disk_index)
-        return pb.CreateTargetResponse(target=target_info(self._n, target))
+        return pb.CreateTargetResponse(target=_target_info(self._n, target))
 
     async def OfflineTarget(self, request: pb.OfflineTargetRequest, context: Context) -> pb.OfflineTargetResponse:
-        return pb.OfflineTargetResponse(target=target_info(self._n, self._n.state.offline_target(request.target_id)))
+        return pb.OfflineTargetResponse(target=_target_info(self._n, self._n.state.offline_target(request.target_id)))
 
     async def ListTargets(self, request: pb.ListTargetsRequest, context: Context) -> pb.ListTargetsResponse:
-        return pb.ListTargetsResponse(targets=[target_info(self._n, t) for t in self._n.state.targets.values()])
+        return pb.ListTargetsResponse(targets=[_target_info(self._n, t) for t in self._n.state.targets.values()])
 
 
 def _results(results: list[UpdateResult]) -> list[pb.UpdateResult]:

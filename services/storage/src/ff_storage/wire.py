@@ -9,8 +9,13 @@ from fireflyer.storage.v1 import storage_pb2 as spb
 
 
 def update_result_pb(r: UpdateResult) -> spb.UpdateResult:
-    m = spb.UpdateResult(status=spb.ChunkIoStatus.ValueType(int(r.status)), message=r.message,
-                         committed_version=r.committed_version, chunk_length_bytes=r.chunk_length)  # fmt: skip
+    """An update's result for the wire (the chunk checksum only when known)."""
+    m = spb.UpdateResult(
+        status=spb.ChunkIoStatus.ValueType(int(r.status)),
+        message=r.message,
+        committed_version=r.committed_version,
+        chunk_length_bytes=r.chunk_length,
+    )
     if r.chunk_checksum is not None:
         m.chunk_checksum.CopyFrom(spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=r.chunk_checksum))
     return m
@@ -22,22 +27,35 @@ def update_result_from_pb(m: spb.UpdateResult) -> UpdateResult:
         status = IoStatus(m.status)
     except ValueError:
         status = IoStatus.UNSPECIFIED
-    return UpdateResult(status=status, message=m.message, committed_version=m.committed_version,
-                        chunk_length=m.chunk_length_bytes,
-                        chunk_checksum=m.chunk_checksum.value if m.HasField("chunk_checksum") else None)  # fmt: skip
+    return UpdateResult(
+        status=status,
+        message=m.message,
+        committed_version=m.committed_version,
+        chunk_length=m.chunk_length_bytes,
+        chunk_checksum=m.chunk_checksum.value if m.HasField("chunk_checksum") else None,
+    )
 
 
 def record_pb(r: UpdateRecord) -> spb.UpdateRecord:
+    """A remembered update for the wire (carried with a full-chunk replace)."""
     return spb.UpdateRecord(
-        update_id=spb.UpdateId(client_id=r.update_id[0], request_id=r.update_id[1]), version=r.version,
-        chunk_length_bytes=r.length, chunk_checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=r.checksum),
+        update_id=spb.UpdateId(client_id=r.update_id[0], request_id=r.update_id[1]),
+        version=r.version,
+        chunk_length_bytes=r.length,
+        chunk_checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=r.checksum),
         committed_at_ms=r.committed_at_ms,
-    )  # fmt: skip
+    )
 
 
 def record_from_pb(m: spb.UpdateRecord) -> UpdateRecord:
+    """A remembered update a predecessor sent; InvalidRequest when its id is missing or malformed."""
     got = check_update_id("recent_updates", m.update_id.client_id, m.update_id.request_id)
     if got is None:
         raise InvalidRequest("recent_updates: a record without an update id")
-    return UpdateRecord(update_id=got, version=m.version, length=m.chunk_length_bytes,
-                        checksum=m.chunk_checksum.value, committed_at_ms=m.committed_at_ms)  # fmt: skip
+    return UpdateRecord(
+        update_id=got,
+        version=m.version,
+        length=m.chunk_length_bytes,
+        checksum=m.chunk_checksum.value,
+        committed_at_ms=m.committed_at_ms,
+    )

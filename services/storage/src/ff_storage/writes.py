@@ -1,7 +1,10 @@
-"""The CRAQ write path (``ChainWriter``): at the head, lock, pending = committed + 1, forward, commit on the
-successor's ack; at the replicas, apply what the predecessor forwards (or, while syncing, full-chunk replaces)
-and pass it on. Writes, partial updates, truncates and removes all go through it. It acts on the node's state
-(``node_state``), sends through ``peers`` and asks ``Repairs`` (recovery) to rewrite a damaged chunk at the head."""
+"""The CRAQ write path (``ChainWriter``): the head versions and forwards updates, the replicas apply them.
+
+At the head: lock, pending = committed + 1, forward, commit on the successor's ack; at the replicas, apply
+what the predecessor forwards (or, while syncing, full-chunk replaces) and pass it on. Writes, partial
+updates, truncates and removes all go through it. It acts on the node's state (``node_state``), sends through
+``peers`` and asks ``Repairs`` (recovery) to rewrite a damaged chunk at the head.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +55,9 @@ _head_request_ids = itertools.count(1)
 class Repairs(Protocol):
     """What the writer asks of recovery: at the head, chunk lock held, rewrite ``key`` from a good copy."""
 
-    async def repair_locked(self, target: Target, key: ChunkKey) -> bool: ...
+    async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
+        """Rewrite ``key`` from a good copy if ``target`` is its chain's head; whether the chunk is good now."""
+        ...
 
 
 class ChainWriter:
@@ -64,29 +69,51 @@ class ChainWriter:
     # ---- write (head) ----
 
     def _update_id(self, what: str, pb_id: spb.UpdateId, owner: str = "", *fields: int) -> UpdateKey | None:
-        """The update's id from the wire bound to its caller and content (``chain_update_id``), or a new one of
-        the head's when it has none (ids on)."""
+        """The update's id from the wire bound to its caller and content (``chain_update_id``).
+
+        A new one of the head's when it has none (ids on).
+        """
         got = check_update_id(what, pb_id.client_id, pb_id.request_id)
         if got is None:
             return (_HEAD_CLIENT_ID, next(_head_request_ids)) if self.state.config.update_ids else None
         return chain_update_id(owner, got, *fields)
 
     async def batch_write(self, ios: list[spb.WriteIO], owner: str) -> list[UpdateResult]:
+        """Write ``ios`` at their chains' heads on this node (BatchWrite); one result per IO, in order.
+
+        The whole call is checked before any IO is applied; an IO this target does not take gets its status in
+        its result. ``owner`` is the caller, whose pushed bytes the IOs may name.
+
+        Raises:
+            InvalidRequest: an IO is malformed (chunk id, range, data, unknown chain).
+            TooCostly: too many IOs or bytes in one call.
+        """
         self.state.check_count("IOs", len(ios))
         total = 0
         ids: list[UpdateKey | None] = []
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
-            ids.append(self._update_id(f"ios[{n}]", io.update_id, owner, spb.UPDATE_TYPE_WRITE, io.offset_bytes,
-                                       io.length_bytes, io.checksum.value, io.chunk_size_bytes))  # fmt: skip
+            ids.append(
+                self._update_id(
+                    f"ios[{n}]",
+                    io.update_id,
+                    owner,
+                    spb.UPDATE_TYPE_WRITE,
+                    io.offset_bytes,
+                    io.length_bytes,
+                    io.checksum.value,
+                    io.chunk_size_bytes,
+                )
+            )
             limit = self.state.config.max_io_bytes
             check_range(f"ios[{n}]", io.chunk_size_bytes, io.offset_bytes, io.length_bytes, limit)
             which = io.WhichOneof("data")
             if which is None:
                 raise InvalidRequest(f"ios[{n}]: no data (inline_data or transfer)")
             if which == "inline_data" and len(io.inline_data) != io.length_bytes:
-                raise InvalidRequest(f"ios[{n}]: inline data has {len(io.inline_data)} bytes, length says "
-                                     f"{io.length_bytes}")  # fmt: skip
+                raise InvalidRequest(
+                    f"ios[{n}]: inline data has {len(io.inline_data)} bytes, length says {io.length_bytes}"
+                )
             if self.state.view is not None and self.state.view.chain(io.chain_id) is None:
                 raise InvalidRequest(f"ios[{n}]: unknown chain {io.chain_id}")
             total += io.length_bytes
@@ -109,11 +136,18 @@ class ChainWriter:
                 results[n] = result_of(status[0], status[1])
                 continue
             assert target is not None
-            groups[target.target_id].append(Update(
-                key=(io.chunk_id.inode_id, io.chunk_id.chunk_index), kind=spb.UPDATE_TYPE_WRITE,
-                chunk_size=io.chunk_size_bytes, offset=io.offset_bytes, data=data, data_checksum=io.checksum.value,
-                length=io.length_bytes, update_id=ids[n],
-            ))  # fmt: skip
+            groups[target.target_id].append(
+                Update(
+                    key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
+                    kind=spb.UPDATE_TYPE_WRITE,
+                    chunk_size=io.chunk_size_bytes,
+                    offset=io.offset_bytes,
+                    data=data,
+                    data_checksum=io.checksum.value,
+                    length=io.length_bytes,
+                    update_id=ids[n],
+                )
+            )
             slots[target.target_id].append(n)
         await asyncio.gather(*(self._head_updates(self.state.targets[t], ups) for t, ups in groups.items()))
         for t, ups in groups.items():
@@ -151,30 +185,61 @@ class ChainWriter:
             return None
         pos = self.state.position(target)
         return admission.TargetState(
-            target_id=target.target_id, chain_version=pos[0].version if pos else None, index=pos[1] if pos else None,
-            may_update=target.role.may_update(self.state.lease_ok), serving=target.role.public is Public.SERVING,
-        )  # fmt: skip
+            target_id=target.target_id,
+            chain_version=pos[0].version if pos else None,
+            index=pos[1] if pos else None,
+            may_update=target.role.may_update(self.state.lease_ok),
+            serving=target.role.public is Public.SERVING,
+        )
 
     async def truncate(self, ios: list[spb.TruncateIO]) -> list[UpdateResult]:
+        """Cut or zero-extend chunks at their chains' heads (TruncateChunks); one result per IO, in order.
+
+        Raises:
+            InvalidRequest: an IO is malformed (chunk id, chunk size, length).
+            TooCostly: too many IOs in one call.
+        """
         self.state.check_count("IOs", len(ios))
         ids = []
         for n, io in enumerate(ios):
             check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
             if not 0 < io.chunk_size_bytes <= MAX_CHUNK_SIZE_BYTES:
-                raise InvalidRequest(f"ios[{n}]: chunk_size_bytes {io.chunk_size_bytes} must be in "
-                                     f"1..{MAX_CHUNK_SIZE_BYTES}")  # fmt: skip
+                raise InvalidRequest(
+                    f"ios[{n}]: chunk_size_bytes {io.chunk_size_bytes} must be in 1..{MAX_CHUNK_SIZE_BYTES}"
+                )
             if io.length_bytes > io.chunk_size_bytes:
                 raise InvalidRequest(f"ios[{n}]: length {io.length_bytes} is past chunk size {io.chunk_size_bytes}")
-            ids.append(self._update_id(f"ios[{n}]", io.update_id, "", spb.UPDATE_TYPE_TRUNCATE, io.length_bytes,
-                                       io.chunk_size_bytes))  # fmt: skip
+            ids.append(
+                self._update_id(
+                    f"ios[{n}]", io.update_id, "", spb.UPDATE_TYPE_TRUNCATE, io.length_bytes, io.chunk_size_bytes
+                )
+            )
         return await self._head_simple(
-            [(io.chain_id, io.chain_version, Update(key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
-                                                    kind=spb.UPDATE_TYPE_TRUNCATE, chunk_size=io.chunk_size_bytes,
-                                                    length=io.length_bytes, update_id=uid))
-             for io, uid in zip(ios, ids, strict=True)]
-        )  # fmt: skip
+            [
+                (
+                    io.chain_id,
+                    io.chain_version,
+                    Update(
+                        key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
+                        kind=spb.UPDATE_TYPE_TRUNCATE,
+                        chunk_size=io.chunk_size_bytes,
+                        length=io.length_bytes,
+                        update_id=uid,
+                    ),
+                )
+                for io, uid in zip(ios, ids, strict=True)
+            ]
+        )
 
     async def remove(self, request: spb.RemoveChunksRequest, max_default: int = 256) -> tuple[int, bool]:
+        """Remove an inode's chunks in a range at the chain's head (RemoveChunks), a bounded number per call.
+
+        Returns how many were removed and whether more are left (the caller calls again).
+
+        Raises:
+            InvalidRequest: the chunk id is out of range, or this node holds no target of the chain.
+            NotServing: the target does not take updates now, or some removals did not complete.
+        """
         check_chunk_id(request.inode_id, request.begin_chunk_index)
         target = self.state.target_of_chain(request.chain_id)
         status = self._head_check(target, request.chain_id, request.chain_version)
@@ -185,10 +250,20 @@ class ChainWriter:
         limit = min(request.max_chunks or max_default, self.state.config.max_batch_ios)
         todo = keys[:limit]
         results = await self._head_simple(
-            [(request.chain_id, request.chain_version, Update(key=k, kind=spb.UPDATE_TYPE_REMOVE, chunk_size=0,
-                                                              update_id=self._update_id("remove", spb.UpdateId())))
-             for k in todo]
-        )  # fmt: skip
+            [
+                (
+                    request.chain_id,
+                    request.chain_version,
+                    Update(
+                        key=k,
+                        kind=spb.UPDATE_TYPE_REMOVE,
+                        chunk_size=0,
+                        update_id=self._update_id("remove", spb.UpdateId()),
+                    ),
+                )
+                for k in todo
+            ]
+        )
         if any(r.status != IoStatus.OK for r in results):
             raise NotServing("some removals did not complete; retry")
         return len(todo), len(keys) > limit
@@ -209,12 +284,15 @@ class ChainWriter:
         return [r.result if isinstance(r, Update) else r for r in results]
 
     async def _head_updates(self, target: Target, updates: list[Update]) -> None:
-        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head); a round started goes
-        on to its end even if the caller goes away (``update_to_the_end``)."""
+        """Lock, pending = committed + 1, forward, commit on ack (3FS CRAQ at the head).
+
+        A round started goes on to its end even if the caller goes away (``update_to_the_end``).
+        """
         started = time.perf_counter()
         for round_ in _rounds(updates):
-            await self.state.update_to_the_end(target.target_id, [u.key for u in round_],
-                                         functools.partial(self._head_round, target, round_))  # fmt: skip
+            await self.state.update_to_the_end(
+                target.target_id, [u.key for u in round_], functools.partial(self._head_round, target, round_)
+            )
         ok = IoStatus.OK
         written = sum(u.length for u in updates if u.kind == spb.UPDATE_TYPE_WRITE and u.result.status == ok)
         self.state.io_stats.record(WRITE, target.target_id, written, time.perf_counter() - started)
@@ -233,8 +311,10 @@ class ChainWriter:
 
     def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
         """Decide each update and compute its new content (thread); returns the ones to store and pass on.
+
         The others have their result set (already committed, duplicate, missing update, corrupt base chunk:
-        ``corrupt`` set, the caller repairs; nothing to remove). Runs in a worker thread: no event loop here."""
+        ``corrupt`` set, the caller repairs; nothing to remove). Runs in a worker thread: no event loop here.
+        """
         place = craq.Place.HEAD if at_head else craq.Place.REPLICA
         ready: list[Update] = []
         for u in updates:
@@ -242,13 +322,20 @@ class ChainWriter:
             committed = meta.committed_version if meta else 0
             retried = self._already_committed(target, u) if at_head else None
             same = None if at_head else self._same_update(target, u, committed)
-            decision = craq.admit(place, committed, u.version, full=u.full, same_update=same,
-                                  retried_version=retried.version if retried else None,
-                                  remove_of_nothing=u.kind == spb.UPDATE_TYPE_REMOVE and meta is None)  # fmt: skip
+            decision = craq.admit(
+                place,
+                committed,
+                u.version,
+                full=u.full,
+                same_update=same,
+                retried_version=retried.version if retried else None,
+                remove_of_nothing=u.kind == spb.UPDATE_TYPE_REMOVE and meta is None,
+            )
             verdict = decision.verdict
             if verdict is craq.Verdict.RETRIED and retried is not None:  # its first result
-                u.result = UpdateResult(IoStatus.OK, "already committed", retried.version, retried.length,
-                                        retried.checksum)  # fmt: skip
+                u.result = UpdateResult(
+                    IoStatus.OK, "already committed", retried.version, retried.length, retried.checksum
+                )
                 continue
             if verdict is craq.Verdict.DUPLICATE:
                 u.result = result_of(IoStatus.OK, "duplicate", committed, meta)
@@ -281,8 +368,10 @@ class ChainWriter:
         return target.engine.find_update(u.key, u.update_id)
 
     def _same_update(self, target: Target, u: Update, committed: int) -> bool | None:
-        """Whether this replica committed ``u.version`` from this very update (None: ids off, or the update
-        has none, so the version alone decides)."""
+        """Whether this replica committed ``u.version`` from this very update.
+
+        None: ids off, or the update has none, so the version alone decides.
+        """
         if not self.state.config.update_ids or u.update_id is None or u.full or u.version > committed:
             return None
         record = target.engine.update_at(u.key, u.version)
@@ -302,8 +391,9 @@ class ChainWriter:
         return apply_write(old, u.offset, u.data)
 
     async def _store_forward_commit(self, target: Target, updates: list[Update], *, forward: bool = True) -> None:
-        """Store the updates as pending versions here while passing them on, then commit those the successor
-        acknowledged (the tail: all of them) and drop the rest.
+        """Store the updates as pending here while passing them on; commit what the successor acknowledged.
+
+        The tail commits all of them; the rest are dropped.
 
         The versions are reserved first (reads here answer "pending" from now on, as before the write began);
         then the local write (file + fsync) and the forward run at once, so a chain of 3 pays about one
@@ -318,8 +408,7 @@ class ChainWriter:
             return
         engine = target.engine
         reserved = engine.reserve([(u.key, u.version, u.chain_version) for u in updates])
-        items: list[PendingItem] = [(u.key, u.version, u.chain_version, u.content, u.content_checksum)
-                                    for u in updates]  # fmt: skip
+        items: list[PendingItem] = [(u.key, u.version, u.chain_version, u.content, u.content_checksum) for u in updates]
         store = asyncio.ensure_future(asyncio.to_thread(engine.write_pending, items, reserved))
         try:
             failed = await self._forward(target, updates) if forward else []
@@ -346,11 +435,17 @@ class ChainWriter:
             engine.abort([u.pending for u in failed if u.pending])
 
     def _after_failure(self, target: Target, what: str, exc: BaseException, updates: list[Update]) -> None:
-        """Storing or committing ``updates`` here failed (what is stored is dropped by the caller): if the successor
-        took any, this replica is behind the chain and goes through recovery."""
+        """Storing or committing ``updates`` here failed (what is stored is dropped by the caller).
+
+        If the successor took any, this replica is behind the chain and goes through recovery.
+        """
         if craq.on_failure(any(u.forwarded for u in updates)) is craq.AfterFailure.DROP_AND_RECOVER:
-            logger.error("target %d: %s updates its successor already took failed (%s); it goes through recovery",
-                         target.target_id, what, exc)  # fmt: skip
+            logger.error(
+                "target %d: %s updates its successor already took failed (%s); it goes through recovery",
+                target.target_id,
+                what,
+                exc,
+            )
             target.role.needs_recovery()
 
     async def _forward(self, target: Target, updates: list[Update]) -> list[Update]:  # noqa: PLR0912
@@ -364,8 +459,9 @@ class ChainWriter:
         full_keys: set[ChunkKey] = set()
         while todo:
             succ = self.state.successor(target)
-            step = craq.forward_step(target.role.may_update(self.state.lease_ok), succ is not None,
-                                     succ is not None and succ[1] is not None)  # fmt: skip
+            step = craq.forward_step(
+                target.role.may_update(self.state.lease_ok), succ is not None, succ is not None and succ[1] is not None
+            )
             if step is craq.Step.NOT_SERVING:
                 for u in todo:
                     u.result = result_of(IoStatus.TARGET_NOT_SERVING, "this target stopped serving")
@@ -384,8 +480,7 @@ class ChainWriter:
                 answers = [failed] * len(todo)
             retry = []
             for u, r in zip(todo, answers, strict=True):
-                answer = craq.on_answer(r.status == IoStatus.OK,
-                                        r.status == IoStatus.MISSING_UPDATE)  # fmt: skip
+                answer = craq.on_answer(r.status == IoStatus.OK, r.status == IoStatus.MISSING_UPDATE)
                 if answer is craq.Answer.ACKED:
                     u.forwarded = True
                     continue
@@ -420,12 +515,15 @@ class ChainWriter:
             raise InvalidRequest(f"{what}: update_type {kind} is not a write, truncate or remove")
         if kind != spb.UPDATE_TYPE_REMOVE:
             if not 0 < cu.chunk_size_bytes <= MAX_CHUNK_SIZE_BYTES:
-                raise InvalidRequest(f"{what}: chunk_size_bytes {cu.chunk_size_bytes} must be in "
-                                     f"1..{MAX_CHUNK_SIZE_BYTES}")  # fmt: skip
+                raise InvalidRequest(
+                    f"{what}: chunk_size_bytes {cu.chunk_size_bytes} must be in 1..{MAX_CHUNK_SIZE_BYTES}"
+                )
             end = cu.offset_bytes + (cu.length_bytes if kind == spb.UPDATE_TYPE_WRITE else 0)
             if max(end, cu.length_bytes) > cu.chunk_size_bytes:
-                raise InvalidRequest(f"{what}: offset {cu.offset_bytes} + length {cu.length_bytes} is past the "
-                                     f"chunk size {cu.chunk_size_bytes}")  # fmt: skip
+                raise InvalidRequest(
+                    f"{what}: offset {cu.offset_bytes} + length {cu.length_bytes} is past the "
+                    f"chunk size {cu.chunk_size_bytes}"
+                )
         if cu.update_version <= 0:
             raise InvalidRequest(f"{what}: update_version must be positive")
         which = cu.WhichOneof("data")
@@ -448,6 +546,12 @@ class ChainWriter:
         return checked
 
     async def forward_updates(self, request: spb.ForwardUpdatesRequest, owner: str) -> list[UpdateResult]:
+        """Apply at a replica what its predecessor forwarded (ForwardUpdates) and pass it on; one result per update.
+
+        Raises:
+            InvalidRequest: an update is malformed.
+            TooCostly: too many updates or bytes in one call.
+        """
         checked = self._check_forward_call(request)
         results = [UpdateResult() for _ in request.updates]
         groups: dict[int, list[tuple[int, Update]]] = defaultdict(list)
@@ -455,8 +559,9 @@ class ChainWriter:
         for n, cu in enumerate(request.updates):
             key = (cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
             target = self.state.target_of_chain(cu.chain_id)
-            refused = _status(admission.at_replica(self._admission_state(target), cu.chain_id, cu.chain_version,
-                                                   cu.no_forward))  # fmt: skip
+            refused = _status(
+                admission.at_replica(self._admission_state(target), cu.chain_id, cu.chain_version, cu.no_forward)
+            )
             if refused is not None:
                 results[n] = result_of(*refused)
                 continue
@@ -478,26 +583,43 @@ class ChainWriter:
                 mismatch = "forwarded data does not match its checksum"
                 results[n] = result_of(IoStatus.CHECKSUM_MISMATCH, mismatch)
                 continue
-            groups[target.target_id].append((n, Update(
-                key=key, kind=cu.update_type, chunk_size=cu.chunk_size_bytes, offset=cu.offset_bytes, data=data,
-                data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
-                length=cu.length_bytes, full=cu.full_chunk_replace, version=cu.update_version,
-                chain_version=cu.chain_version, update_id=checked[n][0], records=checked[n][1],
-                no_forward=cu.no_forward,
-            )))  # fmt: skip
-        await asyncio.gather(*(self._replica_updates(self.state.targets[t], [u for _, u in items])
-                               for t, items in groups.items()))  # fmt: skip
+            groups[target.target_id].append(
+                (
+                    n,
+                    Update(
+                        key=key,
+                        kind=cu.update_type,
+                        chunk_size=cu.chunk_size_bytes,
+                        offset=cu.offset_bytes,
+                        data=data,
+                        data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
+                        length=cu.length_bytes,
+                        full=cu.full_chunk_replace,
+                        version=cu.update_version,
+                        chain_version=cu.chain_version,
+                        update_id=checked[n][0],
+                        records=checked[n][1],
+                        no_forward=cu.no_forward,
+                    ),
+                )
+            )
+        await asyncio.gather(
+            *(self._replica_updates(self.state.targets[t], [u for _, u in items]) for t, items in groups.items())
+        )
         for items in groups.values():
             for n, u in items:
                 results[n] = u.result
         return results
 
     async def _replica_updates(self, target: Target, updates: list[Update]) -> None:
-        """Apply what the predecessor forwarded and pass it on; a round started goes on to its end even if the
-        predecessor goes away (``update_to_the_end``)."""
+        """Apply what the predecessor forwarded and pass it on.
+
+        A round started goes on to its end even if the predecessor goes away (``update_to_the_end``).
+        """
         for round_ in _rounds(updates):
-            await self.state.update_to_the_end(target.target_id, [u.key for u in round_],
-                                         functools.partial(self._replica_round, target, round_))  # fmt: skip
+            await self.state.update_to_the_end(
+                target.target_id, [u.key for u in round_], functools.partial(self._replica_round, target, round_)
+            )
 
     async def _replica_round(self, target: Target, round_: list[Update]) -> None:
         ready = await asyncio.to_thread(self._prepare, target, round_, False)

@@ -35,12 +35,21 @@ INODE = 21
 
 
 def _write_request(chain: object, index: int, data: bytes, transfer_id: str, capability: bytes = b"") -> bytes:
-    return spb.BatchWriteRequest(ios=[spb.WriteIO(
-        chain_id=chain.chain_id, chain_version=chain.version,  # type: ignore[attr-defined]
-        chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=index), chunk_size_bytes=CHUNK, offset_bytes=0,
-        length_bytes=len(data), checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(data)),
-        transfer=spb.TransferRef(transfer_id=transfer_id, offset_bytes=0), io_capability=capability,
-    )]).SerializeToString()  # fmt: skip
+    return spb.BatchWriteRequest(
+        ios=[
+            spb.WriteIO(
+                chain_id=chain.chain_id,
+                chain_version=chain.version,  # type: ignore[attr-defined]
+                chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=index),
+                chunk_size_bytes=CHUNK,
+                offset_bytes=0,
+                length_bytes=len(data),
+                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(data)),
+                transfer=spb.TransferRef(transfer_id=transfer_id, offset_bytes=0),
+                io_capability=capability,
+            )
+        ]
+    ).SerializeToString()
 
 
 async def _read(client: StorageClient, chain_id: int, index: int) -> bytes | None:
@@ -69,8 +78,10 @@ async def test_writes_are_one_call_on_the_data_path_and_a_refusal_keeps_the_conn
     info = await cluster.routing()
     chain = info.chains[0]
     blocks = [os.urandom(CHUNK) for _ in range(3)]
-    ios = [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
-           for i, b in enumerate(blocks)]  # fmt: skip
+    ios = [
+        ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
+        for i, b in enumerate(blocks)
+    ]
     assert all(r.ok for r in await client.batch_write(ios))
     assert client.data_stats["calls"] >= 1, "bulk writes go as data-path calls"
     for i, b in enumerate(blocks):
@@ -97,8 +108,9 @@ async def test_writes_are_one_call_on_the_data_path_and_a_refusal_keeps_the_conn
         assert err.value.code == "INVALID_ARGUMENT"
         assert await _read(client, chain.chain_id, 0) == blocks[0], "nothing refused was written"
         sock = conn._sock
-        resp = spb.BatchWriteResponse.FromString(await conn.call("BatchWrite", _write_request(chain, 0, new, "t5"),
-                                                                 "t5", [new]))  # fmt: skip
+        resp = spb.BatchWriteResponse.FromString(
+            await conn.call("BatchWrite", _write_request(chain, 0, new, "t5"), "t5", [new])
+        )
         assert resp.results[0].status == spb.CHUNK_IO_STATUS_OK and conn._sock is sock, "same connection"
         assert await _read(client, chain.chain_id, 0) == new
     finally:
@@ -117,8 +129,11 @@ async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluste
     info = await cluster.routing()
     chain = info.chains[0]
     old = os.urandom(CHUNK)
-    assert (await client.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=old,
-                                                 chunk_size=CHUNK)]))[0].ok  # fmt: skip
+    assert (
+        await client.batch_write(
+            [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=old, chunk_size=CHUNK)]
+        )
+    )[0].ok
     token = await _user_token(cluster, "writer")
     head = _data_address(info, chain.targets[0].node_id)
     middle = _data_address(info, chain.targets[1].node_id)
@@ -127,8 +142,11 @@ async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluste
     expiry = time.time_ns() + 60 * 10**9
     conn = DataConnection(head, token)
     try:
-        for capability in (b"", make_capability(key, INODE, False, expiry), make_capability(key, INODE + 1, True,
-                                                                                             expiry)):  # fmt: skip
+        for capability in (
+            b"",
+            make_capability(key, INODE, False, expiry),
+            make_capability(key, INODE + 1, True, expiry),
+        ):
             with pytest.raises(DataRefused) as err:  # no IoCapability, a read-only one, another file's
                 await conn.call("BatchWrite", _write_request(chain, 0, new, "u1", capability), "u1", [new])
             assert err.value.code == "PERMISSION_DENIED"
@@ -136,31 +154,57 @@ async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluste
         conn.close()
     conn = DataConnection(middle, token)
     try:  # a user may not pose as a predecessor in the chain
-        update = spb.ForwardUpdatesRequest(from_target_id=chain.targets[0].target_id, updates=[spb.ChunkUpdate(
-            chain_id=chain.chain_id, chain_version=chain.version, chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=0),
-            update_type=spb.UPDATE_TYPE_WRITE, update_version=99, chunk_size_bytes=CHUNK, length_bytes=CHUNK,
-            checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(new)), full_chunk_replace=True,
-            transfer=spb.TransferRef(transfer_id="u2", offset_bytes=0),
-        )])  # fmt: skip
+        update = spb.ForwardUpdatesRequest(
+            from_target_id=chain.targets[0].target_id,
+            updates=[
+                spb.ChunkUpdate(
+                    chain_id=chain.chain_id,
+                    chain_version=chain.version,
+                    chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=0),
+                    update_type=spb.UPDATE_TYPE_WRITE,
+                    update_version=99,
+                    chunk_size_bytes=CHUNK,
+                    length_bytes=CHUNK,
+                    checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(new)),
+                    full_chunk_replace=True,
+                    transfer=spb.TransferRef(transfer_id="u2", offset_bytes=0),
+                )
+            ],
+        )
         with pytest.raises(DataRefused) as err:
             await conn.call("ForwardUpdates", update.SerializeToString(), "u2", [new])
         assert err.value.code == "PERMISSION_DENIED"
     finally:
         conn.close()
     for target in chain.targets:
-        got = await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0,
-                                                 length=CHUNK)], prefer_target=target.target_id)  # fmt: skip
+        got = await client.batch_read(
+            [ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, length=CHUNK)],
+            prefer_target=target.target_id,
+        )
         assert got[0].ok and bytes(got[0].data) == old, "nothing was written on any replica"
     user_mg = cluster.client(token)
     user = StorageClient(user_mg, token, retry_deadline_s=2.0)
     try:  # the user's own client: refused as over gRPC, with the same status
         with pytest.raises(StorageIoError) as refused:
-            await user.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=new,
-                                               chunk_size=CHUNK)])  # fmt: skip
+            await user.batch_write(
+                [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=new, chunk_size=CHUNK)]
+            )
         assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
         good = make_capability(key, INODE, True, expiry)
-        assert (await user.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=new,
-                                                   chunk_size=CHUNK, capability=good)]))[0].ok  # fmt: skip
+        assert (
+            await user.batch_write(
+                [
+                    ChunkWrite(
+                        chain_id=chain.chain_id,
+                        inode_id=INODE,
+                        chunk_index=0,
+                        data=new,
+                        chunk_size=CHUNK,
+                        capability=good,
+                    )
+                ]
+            )
+        )[0].ok
         assert user.data_stats["calls"] == 1
     finally:
         await user.close()
@@ -177,13 +221,16 @@ async def test_nodes_speaking_an_older_data_path_are_written_and_read_the_old_wa
         try:
             chain = (await cluster.routing()).chains[0]
             blocks = [os.urandom(CHUNK) for _ in range(3)]
-            ios = [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
-                   for i, b in enumerate(blocks)]  # fmt: skip
+            ios = [
+                ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
+                for i, b in enumerate(blocks)
+            ]
             assert all(r.ok for r in await client.batch_write(ios))
             for target in chain.targets:  # forwarded to every replica through push + gRPC
-                got = await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i,
-                                                         length=CHUNK) for i in range(3)],
-                                              prefer_target=target.target_id)  # fmt: skip
+                got = await client.batch_read(
+                    [ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, length=CHUNK) for i in range(3)],
+                    prefer_target=target.target_id,
+                )
                 assert [bytes(g.data) for g in got] == blocks
             assert client.data_stats["calls"] == 0 and client.data_stats["tcp_pulls"] >= 1
             assert (client._streams != {}) is (version == 1), "version 1 reads through a ReadStream and a pull"

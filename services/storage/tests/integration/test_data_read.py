@@ -27,15 +27,19 @@ INODE = 11
 
 async def write_chunks(client: StorageClient, chain_id: int, count: int) -> list[bytes]:
     blocks = [os.urandom(CHUNK) for _ in range(count)]
-    ios = [ChunkWrite(chain_id=chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
-           for i, b in enumerate(blocks)]  # fmt: skip
+    ios = [
+        ChunkWrite(chain_id=chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
+        for i, b in enumerate(blocks)
+    ]
     assert all(r.ok for r in await client.batch_write(ios))
     return blocks
 
 
 def reads(chain_id: int, count: int, **kw: object) -> list[ChunkRead]:
-    return [ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=i, length=CHUNK, **kw)  # type: ignore[arg-type]
-            for i in range(count)]  # fmt: skip
+    return [
+        ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=i, length=CHUNK, **kw)  # type: ignore[arg-type]
+        for i in range(count)
+    ]
 
 
 async def test_reads_take_one_round_trip_on_the_data_path_and_a_refusal_keeps_the_connection(
@@ -44,8 +48,9 @@ async def test_reads_take_one_round_trip_on_the_data_path_and_a_refusal_keeps_th
     chain_id = (await cluster.routing()).chains[0].chain_id
     blocks = await write_chunks(client, chain_id, 4)
     buffers = [memoryview(bytearray(CHUNK)) for _ in blocks]
-    got = await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=i, length=CHUNK,
-                                             buffer=buffers[i]) for i in range(4)])  # fmt: skip
+    got = await client.batch_read(
+        [ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=i, length=CHUNK, buffer=buffers[i]) for i in range(4)]
+    )
     assert [bytes(o.data) for o in got] == blocks
     assert all(o.data.obj is buffers[i].obj for i, o in enumerate(got) if isinstance(o.data, memoryview))
     assert client._streams == {}, "no gRPC ReadStream is opened for bulk reads"  # white box: which path
@@ -54,8 +59,9 @@ async def test_reads_take_one_round_trip_on_the_data_path_and_a_refusal_keeps_th
     await client.batch_read(reads(chain_id, 1), prefer_target=target)
     conns = {a: [(c, c._sock) for c in cs] for a, cs in client._data._conns.items()}
     with pytest.raises(StorageIoError) as err:  # refused by BatchRead's checks, answered on the data path
-        await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=0, length=1 << 40)],
-                                prefer_target=target)  # fmt: skip
+        await client.batch_read(
+            [ChunkRead(chain_id=chain_id, inode_id=INODE, chunk_index=0, length=1 << 40)], prefer_target=target
+        )
     assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and "ios[0]" in str(err.value)
     assert [bytes(o.data) for o in await client.batch_read(reads(chain_id, 4), prefer_target=target)] == blocks
     after = {a: [(c, c._sock) for c in cs] for a, cs in client._data._conns.items()}
@@ -69,8 +75,9 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
     blocks = await write_chunks(client, chain_id, 2)
     admin = cluster.client()
     try:
-        await admin.identity(lambda s: s.CreateUser,
-                             mgmtd_pb2.CreateUserRequest(name="reader", role=common_pb2.ROLE_USER))  # fmt: skip
+        await admin.identity(
+            lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name="reader", role=common_pb2.ROLE_USER)
+        )
         issued = await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="reader"))
         token = issued.token
     finally:
@@ -91,8 +98,9 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
         # mgmtd's answer for at most 5 s), so the open connections stop serving it.
         admin = cluster.client()
         try:
-            await admin.identity(lambda s: s.RevokeToken,
-                                 mgmtd_pb2.RevokeTokenRequest(token_id=issued.token_info.token_id))  # fmt: skip
+            await admin.identity(
+                lambda s: s.RevokeToken, mgmtd_pb2.RevokeTokenRequest(token_id=issued.token_info.token_id)
+            )
         finally:
             await admin.close()
         deadline = time.monotonic() + 20
@@ -128,10 +136,18 @@ async def test_a_same_host_read_needs_one_mapped_place_per_io(cluster: StorageCl
         unix = str((await tcp.handshake())["unix"])
     finally:
         tcp.close()
-    request = spb.BatchReadRequest(transport=spb.DATA_TRANSPORT_BULK, ios=[
-        spb.ReadIO(chain_id=chain.chain_id, chain_version=chain.version,
-                   chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=i), length_bytes=CHUNK) for i in range(2)
-    ]).SerializeToString()  # fmt: skip
+    request = spb.BatchReadRequest(
+        transport=spb.DATA_TRANSPORT_BULK,
+        ios=[
+            spb.ReadIO(
+                chain_id=chain.chain_id,
+                chain_version=chain.version,
+                chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=i),
+                length_bytes=CHUNK,
+            )
+            for i in range(2)
+        ],
+    ).SerializeToString()
     region = ShmRegion(2 * CHUNK, 1)
     conn = DataConnection(f"unix:{unix}", CLUSTER_TOKEN, host_id())
     try:

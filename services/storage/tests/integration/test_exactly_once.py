@@ -32,10 +32,16 @@ async def _write_raw(
     info: mpb.RoutingInfo, chain: mpb.Chain, data: bytes, update_id: spb.UpdateId, inode: int = 41
 ) -> spb.UpdateResult:
     """One BatchWrite straight to the chain's head, with the given update id (what a retry sends)."""
-    io = spb.WriteIO(chain_id=chain.chain_id, chain_version=chain.version,
-                     chunk_id=spb.ChunkId(inode_id=inode, chunk_index=0), chunk_size_bytes=CHUNK,
-                     length_bytes=len(data), checksum=spb.Checksum(type=1, value=crc32c_of(data)),
-                     inline_data=data, update_id=update_id)  # fmt: skip
+    io = spb.WriteIO(
+        chain_id=chain.chain_id,
+        chain_version=chain.version,
+        chunk_id=spb.ChunkId(inode_id=inode, chunk_index=0),
+        chunk_size_bytes=CHUNK,
+        length_bytes=len(data),
+        checksum=spb.Checksum(type=1, value=crc32c_of(data)),
+        inline_data=data,
+        update_id=update_id,
+    )
     channel = open_channel(_address(info, chain.targets[0].node_id))
     try:
         stub = storage_pb2_grpc.StorageServiceStub(channel)
@@ -47,8 +53,11 @@ async def _write_raw(
 
 
 async def _read(client: StorageClient, chain_id: int, inode: int = 41, target: int = 0) -> tuple[bytes, int, int]:
-    got = (await client.batch_read([ChunkRead(chain_id=chain_id, inode_id=inode, chunk_index=0, length=CHUNK)],
-                                   prefer_target=target))[0]  # fmt: skip
+    got = (
+        await client.batch_read(
+            [ChunkRead(chain_id=chain_id, inode_id=inode, chunk_index=0, length=CHUNK)], prefer_target=target
+        )
+    )[0]
     assert got.ok, (got.status, got.message)
     return bytes(got.data), got.version, got.target_id
 
@@ -180,8 +189,9 @@ async def test_a_partial_write_to_a_chunk_with_a_damaged_copy_succeeds_and_repai
     assert (await client.batch_write([write]))[0].ok
     bad = chain.targets[position]
     _damage(cluster, bad.node_id, bad.target_id, inode)
-    patch = ChunkWrite(chain_id=chain.chain_id, inode_id=inode, chunk_index=0, data=b"patch", offset=1000,
-                       chunk_size=CHUNK)  # fmt: skip
+    patch = ChunkWrite(
+        chain_id=chain.chain_id, inode_id=inode, chunk_index=0, data=b"patch", offset=1000, chunk_size=CHUNK
+    )
     got = (await client.batch_write([patch]))[0]
     assert got.ok, f"{got.status} {got.message}\n" + tail_logs(cluster.folder)
     expected = base[:1000] + b"patch" + base[1005:]

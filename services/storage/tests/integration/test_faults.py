@@ -59,8 +59,15 @@ async def test_kill_a_storage_service_mid_stream(cluster: StorageCluster, client
                 key = (1000 + w, index)
                 index += 1
                 chains[key] = chain_ids[index % len(chain_ids)]
-                batch.append(ChunkWrite(chain_id=chains[key], inode_id=key[0], chunk_index=key[1],
-                                        data=os.urandom(CHUNK), chunk_size=CHUNK))  # fmt: skip
+                batch.append(
+                    ChunkWrite(
+                        chain_id=chains[key],
+                        inode_id=key[0],
+                        chunk_index=key[1],
+                        data=os.urandom(CHUNK),
+                        chunk_size=CHUNK,
+                    )
+                )
             results = await client.batch_write(batch)
             for io, r in zip(batch, results, strict=True):
                 if r.ok:
@@ -102,8 +109,11 @@ async def test_corrupt_chunk_is_detected_served_elsewhere_and_repaired(
     info = await cluster.routing()
     chain = info.chains[0]
     data = os.urandom(CHUNK)
-    assert (await client.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=5, chunk_index=3, data=data,
-                                                 chunk_size=CHUNK)]))[0].ok  # fmt: skip
+    assert (
+        await client.batch_write(
+            [ChunkWrite(chain_id=chain.chain_id, inode_id=5, chunk_index=3, data=data, chunk_size=CHUNK)]
+        )
+    )[0].ok
     bad = chain.targets[1]
     root = cluster.folder / f"s{bad.node_id - 100}" / "disk0" / f"target-{bad.target_id}"
     with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:  # the engine's own record of the file
@@ -112,13 +122,20 @@ async def test_corrupt_chunk_is_detected_served_elsewhere_and_repaired(
     with open(path, "r+b") as f:  # noqa: ASYNC230 (a test damaging a file on purpose)
         f.seek(100)
         f.write(b"\x00garbage\x00")
-    got = (await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=5, chunk_index=3, length=CHUNK)],
-                                   prefer_target=bad.target_id))[0]  # fmt: skip
+    got = (
+        await client.batch_read(
+            [ChunkRead(chain_id=chain.chain_id, inode_id=5, chunk_index=3, length=CHUNK)], prefer_target=bad.target_id
+        )
+    )[0]
     assert got.ok and got.target_id != bad.target_id and bytes(got.data) == data
     deadline = time.monotonic() + 10
     while True:
-        again = (await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=5, chunk_index=3,
-                                                    length=CHUNK)], prefer_target=bad.target_id))[0]  # fmt: skip
+        again = (
+            await client.batch_read(
+                [ChunkRead(chain_id=chain.chain_id, inode_id=5, chunk_index=3, length=CHUNK)],
+                prefer_target=bad.target_id,
+            )
+        )[0]
         if again.target_id == bad.target_id:
             break
         assert time.monotonic() < deadline, "the bad copy was not repaired\n" + tail_logs(cluster.folder)
@@ -135,8 +152,18 @@ async def test_concurrent_writers_of_one_chunk_converge(cluster: StorageCluster,
         for n in range(8):
             payload = bytes([w * 16 + n]) * 4096
             offset = random.randrange(0, CHUNK - 4096)
-            r = await c.batch_write([ChunkWrite(chain_id=chain.chain_id, inode_id=9, chunk_index=0, data=payload,
-                                                offset=offset, chunk_size=CHUNK)])  # fmt: skip
+            r = await c.batch_write(
+                [
+                    ChunkWrite(
+                        chain_id=chain.chain_id,
+                        inode_id=9,
+                        chunk_index=0,
+                        data=payload,
+                        offset=offset,
+                        chunk_size=CHUNK,
+                    )
+                ]
+            )
             assert r[0].ok, r[0].message
 
     try:
@@ -146,8 +173,12 @@ async def test_concurrent_writers_of_one_chunk_converge(cluster: StorageCluster,
             await c.close()
     seen = set()
     for target in chain.targets:
-        got = (await client.batch_read([ChunkRead(chain_id=chain.chain_id, inode_id=9, chunk_index=0, length=CHUNK)],
-                                       prefer_target=target.target_id))[0]  # fmt: skip
+        got = (
+            await client.batch_read(
+                [ChunkRead(chain_id=chain.chain_id, inode_id=9, chunk_index=0, length=CHUNK)],
+                prefer_target=target.target_id,
+            )
+        )[0]
         assert got.ok and got.target_id == target.target_id
         seen.add((got.version, crc32c_of(got.data)))
     assert len(seen) == 1 and next(iter(seen))[0] == 24, seen
@@ -159,18 +190,26 @@ async def _raw(cluster: StorageCluster, method: str, request: object, token: str
     address = next(e.address for n in info.nodes if n.node_id == head for e in n.endpoints if e.name == "grpc")
     channel = open_channel(address)
     try:
-        return await RpcClient(token=token).unary(getattr(storage_pb2_grpc.StorageServiceStub(channel), method),
-                                                  request)  # fmt: skip
+        return await RpcClient(token=token).unary(
+            getattr(storage_pb2_grpc.StorageServiceStub(channel), method), request
+        )
     finally:
         await channel.close()
 
 
 def _write(chain: object, version: int, **kw: object) -> spb.BatchWriteRequest:
     data = kw.pop("data", b"abc")
-    fields = {"chain_id": chain.chain_id, "chain_version": version,  # type: ignore[attr-defined]
-              "chunk_id": spb.ChunkId(inode_id=77, chunk_index=0), "chunk_size_bytes": CHUNK, "offset_bytes": 0,
-              "length_bytes": len(data), "checksum": spb.Checksum(type=1, value=crc32c_of(data)),
-              "inline_data": data, **kw}  # fmt: skip
+    fields = {
+        "chain_id": chain.chain_id,
+        "chain_version": version,  # type: ignore[attr-defined]
+        "chunk_id": spb.ChunkId(inode_id=77, chunk_index=0),
+        "chunk_size_bytes": CHUNK,
+        "offset_bytes": 0,
+        "length_bytes": len(data),
+        "checksum": spb.Checksum(type=1, value=crc32c_of(data)),
+        "inline_data": data,
+        **kw,
+    }
     return spb.BatchWriteRequest(ios=[spb.WriteIO(**fields)])
 
 

@@ -566,8 +566,10 @@ async def test_a_read_stream_whose_caller_takes_no_answer_holds_bounded_memory(e
     """A caller sends 20 reads of the 16 MiB chunk on one ReadStream and takes no answer for a while: the node
     reads ahead only a bounded part of what the stream asked for (it held every answer before: 320 MiB, and
     more with more requests), and the stream then delivers every answer."""
-    many = [spb.ReadStreamRequest(request_id=n, read=spb.BatchReadRequest(ios=[_read(env, length_bytes=BIG)]))
-            for n in range(20)]  # fmt: skip
+    many = [
+        spb.ReadStreamRequest(request_id=n, read=spb.BatchReadRequest(ios=[_read(env, length_bytes=BIG)]))
+        for n in range(20)
+    ]
 
     async def requests() -> AsyncIterator[spb.ReadStreamRequest]:
         for request in many:
@@ -586,8 +588,11 @@ async def test_a_read_stream_whose_caller_takes_no_answer_holds_bounded_memory(e
     assert growth < MAX_PEAK_GROWTH_BYTES, f"peak RSS grew {growth >> 20} MiB"
     answers = [a async for a in call]
     assert sorted(a.request_id for a in answers) == list(range(20))
-    failed = [(a.request_id, a.error_message, a.read.results[0].status if a.read.results else None) for a in answers
-              if a.error_code or a.read.results[0].status != spb.CHUNK_IO_STATUS_OK]  # fmt: skip
+    failed = [
+        (a.request_id, a.error_message, a.read.results[0].status if a.read.results else None)
+        for a in answers
+        if a.error_code or a.read.results[0].status != spb.CHUNK_IO_STATUS_OK
+    ]
     assert not failed, failed
 
 

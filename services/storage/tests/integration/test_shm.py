@@ -26,15 +26,17 @@ def dev_shm() -> set[str]:
 
 async def write_chunks(client: StorageClient, chain_id: int) -> list[bytes]:
     blocks = [os.urandom(CHUNK) for _ in range(COUNT)]
-    ios = [ChunkWrite(chain_id=chain_id, inode_id=7, chunk_index=i, data=b, chunk_size=CHUNK)
-           for i, b in enumerate(blocks)]  # fmt: skip
+    ios = [
+        ChunkWrite(chain_id=chain_id, inode_id=7, chunk_index=i, data=b, chunk_size=CHUNK) for i, b in enumerate(blocks)
+    ]
     assert all(r.ok for r in await client.batch_write(ios))
     return blocks
 
 
 async def read_into(client: StorageClient, chain_id: int, buffers: list[memoryview]) -> list[bytes]:
-    ios = [ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i, length=CHUNK, buffer=buffers[i])
-           for i in range(COUNT)]  # fmt: skip
+    ios = [
+        ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i, length=CHUNK, buffer=buffers[i]) for i in range(COUNT)
+    ]
     outcomes = await client.batch_read(ios)
     assert all(o.ok for o in outcomes), [o.message for o in outcomes]
     return [bytes(o.data) for o in outcomes]
@@ -120,8 +122,7 @@ async def test_shared_memory_endpoint_needs_the_token_and_a_mapped_region(
         await loop.sock_sendall(sock, encode_header({"op": "map", "region": 1, "size": 4096}))
         await send_fd(sock, region.fd)
         assert (await recv_header(sock, "node"))["ok"]
-        await loop.sock_sendall(sock, encode_header({"op": "pull_shm", "transfer_id": "x",
-                                                     "places": [[1, 4000, 200]]}))  # fmt: skip
+        await loop.sock_sendall(sock, encode_header({"op": "pull_shm", "transfer_id": "x", "places": [[1, 4000, 200]]}))
         assert "outside" in (await recv_header(sock, "node"))["error"]
         await loop.sock_sendall(sock, encode_header({"op": "pull_shm", "transfer_id": "x", "places": [[1, 0, 10]]}))
         assert "NOT_FOUND" in (await recv_header(sock, "node"))["error"]
@@ -142,8 +143,12 @@ async def test_read_stream_answers_each_request_and_outlives_a_refused_one(
         with pytest.raises(StorageIoError) as err:  # refused by BatchRead's checks, on the open stream
             await inline.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=0, length=1 << 40)])
         assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
-        many = await asyncio.gather(*(inline.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i,
-                                                                   length=CHUNK)]) for i in range(COUNT)))  # fmt: skip
+        many = await asyncio.gather(
+            *(
+                inline.batch_read([ChunkRead(chain_id=chain_id, inode_id=7, chunk_index=i, length=CHUNK)])
+                for i in range(COUNT)
+            )
+        )
         assert [bytes(got[0].data) for got in many] == blocks
         assert len(inline._streams) >= 1 and inline.data_stats["tcp_pulls"] == 0
         with pytest.raises(StorageIoError) as err:

@@ -16,8 +16,13 @@ FREE_TOLERANCE_BYTES = 1 << 30
 
 
 async def _list_targets(address: str) -> list[spb.TargetInfo]:
-    resp = await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.ListTargets,
-                           spb.ListTargetsRequest(), token=CLUSTER_TOKEN)  # fmt: skip
+    resp = await call_once(
+        address,
+        storage_pb2_grpc.StorageServiceStub,
+        lambda s: s.ListTargets,
+        spb.ListTargetsRequest(),
+        token=CLUSTER_TOKEN,
+    )
     return list(resp.targets)
 
 

@@ -240,7 +240,8 @@ def test_a_files_last_chunk_comes_from_its_own_chunks(tmp_path: Path) -> None:
     again = ChunkEngine(root, new_file_batch=8)
     again.open()
     assert again.keys_of_inode(2, 0, 0) == [(2, 0), (2, 1), (2, 2)] and again.keys_of_inode(3, 0, 0) == [
-        (3, i) for i in range(4)]  # fmt: skip
+        (3, i) for i in range(4)
+    ]
     last, count, _ = again.last_chunk(1, 1, 3)
     assert last is not None and (last.chunk_index, count) == (2, 2)
     again.close()

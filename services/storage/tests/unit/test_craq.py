@@ -8,8 +8,13 @@ from ff_storage.core import craq
 from ff_storage.core.craq import AfterFailure, Answer, DamagedBase, Decision, Place, Step, Verdict
 
 HEAD, REPLICA = Place.HEAD, Place.REPLICA
-APPLY, RETRIED, DUP, MISSING, NOTHING = (Verdict.APPLY, Verdict.RETRIED, Verdict.DUPLICATE, Verdict.MISSING,
-                                         Verdict.NOTHING_TO_REMOVE)  # fmt: skip
+APPLY, RETRIED, DUP, MISSING, NOTHING = (
+    Verdict.APPLY,
+    Verdict.RETRIED,
+    Verdict.DUPLICATE,
+    Verdict.MISSING,
+    Verdict.NOTHING_TO_REMOVE,
+)
 
 
 @pytest.mark.parametrize(

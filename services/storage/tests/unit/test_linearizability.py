@@ -94,8 +94,9 @@ def test_a_random_linearizable_history_passes() -> None:
         else:
             ops.append(r(value, start, end))
     assert check_register(ops).ok
-    last_read = max((i for i, op in enumerate(ops) if op.kind == READ and op.value is not None),
-                    key=lambda i: ops[i].start)  # fmt: skip
+    last_read = max(
+        (i for i, op in enumerate(ops) if op.kind == READ and op.value is not None), key=lambda i: ops[i].start
+    )
     ops.append(r(None, ops[last_read].end + 100, ops[last_read].end + 101))  # the initial value, long after
     assert not check_register(ops).ok
 

@@ -6,8 +6,15 @@ from ff_storage.core.chunks import ChunkMeta, ForwardDecision, apply_truncate, a
 
 
 def m(idx: int, cv: int, v: int, crc: int = 1, pending: int = 0) -> ChunkMeta:
-    return ChunkMeta(inode_id=1, chunk_index=idx, chain_version=cv, committed_version=v, length=4, checksum=crc,
-                     pending_version=pending)  # fmt: skip
+    return ChunkMeta(
+        inode_id=1,
+        chunk_index=idx,
+        chain_version=cv,
+        committed_version=v,
+        length=4,
+        checksum=crc,
+        pending_version=pending,
+    )
 
 
 def test_diff_rules() -> None:

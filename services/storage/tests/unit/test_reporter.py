@@ -28,13 +28,33 @@ def test_quantile_is_the_nearest_rank() -> None:
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
     """One target, the whole chain 7 (head and tail)."""
-    config = NodeConfig(node_id=1, disks=[tmp_path / "disk0"], targets_file=tmp_path / "targets.json",
-                        cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
-                        data_wait_s=1.0, fsync=False)  # fmt: skip
+    config = NodeConfig(
+        node_id=1,
+        disks=[tmp_path / "disk0"],
+        targets_file=tmp_path / "targets.json",
+        cluster_token="t" * 32,
+        max_io_bytes=1 << 20,
+        max_batch_bytes=1 << 24,
+        forward_timeout_s=5.0,
+        data_wait_s=1.0,
+        fsync=False,
+    )
     node = StorageNode(config, TransferBoxes())
     node.state.create_target(70, 7, 0)
-    node.state.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=7, version=1, targets=[
-        mpb.Target(target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7)])]))  # fmt: skip
+    node.state.on_routing(
+        mpb.RoutingInfo(
+            version=1,
+            chains=[
+                mpb.Chain(
+                    chain_id=7,
+                    version=1,
+                    targets=[
+                        mpb.Target(target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7)
+                    ],
+                )
+            ],
+        )
+    )
     node.state.targets[70].role.sync_done(1)
     try:
         yield node
@@ -44,10 +64,15 @@ async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
 
 def _write(index: int, data: bytes) -> spb.WriteIO:
     return spb.WriteIO(
-        chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=5, chunk_index=index), offset_bytes=0,
-        length_bytes=len(data), chunk_size_bytes=1 << 16, inline_data=data,
+        chain_id=7,
+        chain_version=1,
+        chunk_id=spb.ChunkId(inode_id=5, chunk_index=index),
+        offset_bytes=0,
+        length_bytes=len(data),
+        chunk_size_bytes=1 << 16,
+        inline_data=data,
         checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(data)),
-    )  # fmt: skip
+    )
 
 
 async def test_written_and_read_bytes_and_latencies_per_target(node: StorageNode) -> None:

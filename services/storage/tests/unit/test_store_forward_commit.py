@@ -31,9 +31,17 @@ Forward = Callable[[Target, list[Update]], Awaitable[list[Update]]]
 
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
-    config = NodeConfig(node_id=101, disks=[tmp_path / "disk0"], targets_file=tmp_path / "targets.json",
-                        cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
-                        data_wait_s=1.0, fsync=True)  # fmt: skip
+    config = NodeConfig(
+        node_id=101,
+        disks=[tmp_path / "disk0"],
+        targets_file=tmp_path / "targets.json",
+        cluster_token="t" * 32,
+        max_io_bytes=1 << 20,
+        max_batch_bytes=1 << 24,
+        forward_timeout_s=5.0,
+        data_wait_s=1.0,
+        fsync=True,
+    )
     n = StorageNode(config, TransferBoxes())
     target = n.state.create_target(1, 1, 0)
     target.role.observe(Public.SERVING, 1)
@@ -48,9 +56,19 @@ def _target(node: StorageNode) -> Target:
 
 
 def _update(data: bytes, version: int) -> Update:
-    return Update(key=KEY, kind=spb.UPDATE_TYPE_WRITE, chunk_size=len(data), data=data, data_checksum=crc32c_of(data),
-                  length=len(data), full=True, version=version, chain_version=1, content=data,
-                  content_checksum=crc32c_of(data))  # fmt: skip
+    return Update(
+        key=KEY,
+        kind=spb.UPDATE_TYPE_WRITE,
+        chunk_size=len(data),
+        data=data,
+        data_checksum=crc32c_of(data),
+        length=len(data),
+        full=True,
+        version=version,
+        chain_version=1,
+        content=data,
+        content_checksum=crc32c_of(data),
+    )
 
 
 def _fake_forward(node: StorageNode, monkeypatch: pytest.MonkeyPatch, forward: Forward) -> None:
@@ -236,8 +254,13 @@ async def test_a_relaxed_read_racing_the_commit_of_a_new_chunk_finds_it(
         return read_pending(key)
 
     monkeypatch.setattr(engine, "read_pending", committed_meanwhile)
-    io = spb.ReadIO(chain_id=1, chain_version=1, chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
-                    length_bytes=300, relaxed=True)  # fmt: skip
+    io = spb.ReadIO(
+        chain_id=1,
+        chain_version=1,
+        chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
+        length_bytes=300,
+        relaxed=True,
+    )
     result, data = node.reader._read_one(io)
     assert result.status == spb.CHUNK_IO_STATUS_OK, result.message
     assert bytes(data) == b"new" * 100 and result.version == 1  # type: ignore[arg-type]
@@ -252,21 +275,33 @@ async def test_a_sync_sends_what_the_chunk_is_when_its_turn_comes_not_what_the_p
     other = (3, 1)  # not here at all: removed there
     [pending] = engine.write_pending([(KEY, 1, 1, b"new" * 100, None)])
     # the syncing replica's dump: both chunks pending only
-    dump = {k: ChunkMeta(inode_id=k[0], chunk_index=k[1], chain_version=1, committed_version=0, length=0, checksum=0,
-                         pending_version=1) for k in (KEY, other)}  # fmt: skip
+    dump = {
+        k: ChunkMeta(
+            inode_id=k[0],
+            chunk_index=k[1],
+            chain_version=1,
+            committed_version=0,
+            length=0,
+            checksum=0,
+            pending_version=1,
+        )
+        for k in (KEY, other)
+    }
     plan = sync_diff(engine.committed_metas(), dump)
     assert plan.remove == [KEY, other] and not plan.transfer
     engine.commit([pending])  # the write goes on: committed here, and acknowledged upstream
     sent: list[Update] = []
 
-    async def send_updates(chain: mpb.Chain, nxt: mpb.Target, ups: list[Update], *args: object,
-                           **kw: object) -> list[UpdateResult]:  # fmt: skip
+    async def send_updates(
+        chain: mpb.Chain, nxt: mpb.Target, ups: list[Update], *args: object, **kw: object
+    ) -> list[UpdateResult]:
         sent.extend(ups)
         return [UpdateResult(status=IoStatus.OK) for _ in ups]
 
     monkeypatch.setattr(node.peers, "send_updates", send_updates)
-    chain = mpb.Chain(chain_id=1, version=1, targets=[mpb.Target(target_id=1, node_id=101),
-                                                      mpb.Target(target_id=2, node_id=102)])  # fmt: skip
+    chain = mpb.Chain(
+        chain_id=1, version=1, targets=[mpb.Target(target_id=1, node_id=101), mpb.Target(target_id=2, node_id=102)]
+    )
     await node.recovery._sync_batch(_target(node), chain, chain.targets[1], plan.transfer + plan.remove)
     by_key = {u.key: u for u in sent}
     assert by_key[KEY].kind == spb.UPDATE_TYPE_WRITE and by_key[KEY].full

@@ -41,8 +41,12 @@ def test_update_ids_from_the_wire() -> None:
             check_update_id("x", client_id, request_id)
 
 
-def _commit(engine: ChunkEngine, content: bytes, update_id: tuple[bytes, int] | None,
-            inherited: list[UpdateRecord] | None = None) -> None:  # fmt: skip
+def _commit(
+    engine: ChunkEngine,
+    content: bytes,
+    update_id: tuple[bytes, int] | None,
+    inherited: list[UpdateRecord] | None = None,
+) -> None:
     meta = engine.get(KEY)
     version = (meta.committed_version if meta else 0) + 1
     [pending] = engine.write_pending([(KEY, version, 1, content, None)])
@@ -94,8 +98,9 @@ def test_records_older_than_the_ttl_are_forgotten(engine: ChunkEngine) -> None:
 
 def test_a_full_replace_takes_the_senders_records(engine: ChunkEngine) -> None:
     _commit(engine, b"mine", A)
-    theirs = UpdateRecord(update_id=B, version=1, length=6, checksum=crc32c_of(b"theirs"),
-                          committed_at_ms=int(time.time() * 1000))  # fmt: skip
+    theirs = UpdateRecord(
+        update_id=B, version=1, length=6, checksum=crc32c_of(b"theirs"), committed_at_ms=int(time.time() * 1000)
+    )
     _commit(engine, b"theirs", None, inherited=[theirs])
     assert engine.find_update(KEY, A) is None and engine.find_update(KEY, B) == theirs
 
@@ -103,13 +108,33 @@ def test_a_full_replace_takes_the_senders_records(engine: ChunkEngine) -> None:
 @pytest.fixture
 async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
     """A node whose one target is the tail (and only member) of chain 1: forwarded updates commit here."""
-    config = NodeConfig(node_id=101, disks=[tmp_path / "disk0"], targets_file=tmp_path / "targets.json",
-                        cluster_token="t" * 32, max_io_bytes=1 << 20, max_batch_bytes=1 << 24, forward_timeout_s=5.0,
-                        data_wait_s=1.0, fsync=False)  # fmt: skip
+    config = NodeConfig(
+        node_id=101,
+        disks=[tmp_path / "disk0"],
+        targets_file=tmp_path / "targets.json",
+        cluster_token="t" * 32,
+        max_io_bytes=1 << 20,
+        max_batch_bytes=1 << 24,
+        forward_timeout_s=5.0,
+        data_wait_s=1.0,
+        fsync=False,
+    )
     node = StorageNode(config, TransferBoxes())
     node.state.create_target(1, 1, 0)
-    node.state.on_routing(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=[
-        mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)])]))  # fmt: skip
+    node.state.on_routing(
+        mpb.RoutingInfo(
+            version=1,
+            chains=[
+                mpb.Chain(
+                    chain_id=1,
+                    version=1,
+                    targets=[
+                        mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+                    ],
+                )
+            ],
+        )
+    )
     node.state.targets[1].role.sync_done(1)
     try:
         yield node
@@ -120,11 +145,24 @@ async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
 def _forward(
     data: bytes, version: int, update_id: tuple[bytes, int], *, full: bool = False
 ) -> spb.ForwardUpdatesRequest:
-    return spb.ForwardUpdatesRequest(from_target_id=9, updates=[spb.ChunkUpdate(
-        chain_id=1, chain_version=1, chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
-        update_type=spb.UPDATE_TYPE_WRITE, update_version=version, chunk_size_bytes=64, length_bytes=len(data),
-        checksum=spb.Checksum(type=1, value=crc32c_of(data)), inline_data=data, full_chunk_replace=full,
-        update_id=spb.UpdateId(client_id=update_id[0], request_id=update_id[1]))])  # fmt: skip
+    return spb.ForwardUpdatesRequest(
+        from_target_id=9,
+        updates=[
+            spb.ChunkUpdate(
+                chain_id=1,
+                chain_version=1,
+                chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
+                update_type=spb.UPDATE_TYPE_WRITE,
+                update_version=version,
+                chunk_size_bytes=64,
+                length_bytes=len(data),
+                checksum=spb.Checksum(type=1, value=crc32c_of(data)),
+                inline_data=data,
+                full_chunk_replace=full,
+                update_id=spb.UpdateId(client_id=update_id[0], request_id=update_id[1]),
+            )
+        ],
+    )
 
 
 async def test_a_replica_takes_the_whole_chunk_for_another_update_at_its_version(tail: StorageNode) -> None:

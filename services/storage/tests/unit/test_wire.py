@@ -14,8 +14,11 @@ def test_io_status_is_the_protos_chunk_io_status() -> None:
 
 
 def test_a_result_crosses_the_wire_unchanged() -> None:
-    for r in (UpdateResult(IoStatus.OK, "", 7, 4096, 0xDEADBEEF), UpdateResult(IoStatus.MISSING_UPDATE, "gap", 3),
-              UpdateResult(IoStatus.OK, "checksum zero", 1, 0, 0)):  # fmt: skip
+    for r in (
+        UpdateResult(IoStatus.OK, "", 7, 4096, 0xDEADBEEF),
+        UpdateResult(IoStatus.MISSING_UPDATE, "gap", 3),
+        UpdateResult(IoStatus.OK, "checksum zero", 1, 0, 0),
+    ):
         assert update_result_from_pb(spb.UpdateResult.FromString(update_result_pb(r).SerializeToString())) == r
     unknown = spb.UpdateResult(status=99, message="from a newer node")  # type: ignore[arg-type]
     assert update_result_from_pb(unknown).status is IoStatus.UNSPECIFIED  # not OK: the sender retries

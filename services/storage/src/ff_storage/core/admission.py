@@ -1,5 +1,7 @@
-"""Whether a target takes a chain update now: at the head (a client's write, truncate or remove) and at a replica
-(what its predecessor forwards). Pure: the node describes the target as it stands, this says yes or why not.
+"""Whether a target takes a chain update now, at the head and at a replica (pure).
+
+At the head the update is a client's write, truncate or remove; at a replica it is what its predecessor
+forwards. The node describes the target as it stands, this says yes or why not.
 
 CRAQ (3FS flavour): only the chain's head starts updates, for the chain version the caller routed by; a replica
 takes forwarded updates while it may update (serving, or syncing as full-chunk replaces) and its chain is at the
@@ -26,7 +28,8 @@ class TargetState:
 
     ``chain_version`` and ``index``: the chain's version and the target's position in it, as this node's routing
     has them (None: the target is not in its chain's routing). ``may_update``: lease held, not down, serving or
-    syncing. ``serving``: its public state is serving (a syncing target is no head)."""
+    syncing. ``serving``: its public state is serving (a syncing target is no head).
+    """
 
     target_id: int
     chain_version: int | None
@@ -36,8 +39,10 @@ class TargetState:
 
 
 def at_head(target: TargetState | None, chain_id: int, routed_version: int) -> tuple[Refusal, str] | None:
-    """None when ``target`` (this node's target of chain ``chain_id``, None if it has none) starts an update the
-    caller routed by ``routed_version``; else why not."""
+    """None when ``target`` starts an update the caller routed by ``routed_version``; else why not.
+
+    ``target`` is this node's target of chain ``chain_id``, None if it has none.
+    """
     if target is None:
         return Refusal.NOT_SERVING, f"no target of chain {chain_id} on this node"
     if target.chain_version is None or target.index is None or not (target.may_update and target.serving):

@@ -1,5 +1,8 @@
-"""Chunk rules (pure): IO validation, applying an update to chunk content, CRAQ version decisions at a
-replica, the recovery diff, and what local state a target reports."""
+"""Chunk rules (pure): IO validation, updates of chunk content, CRAQ versions, recovery diff, local state.
+
+That is: applying an update to chunk content, CRAQ version decisions at a replica, the recovery diff, and
+what local state a target reports.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ class ChunkMeta:
 
     @property
     def key(self) -> ChunkKey:
+        """``(inode_id, chunk_index)``."""
         return (self.inode_id, self.chunk_index)
 
 
@@ -59,13 +63,16 @@ def check_update_id(what: str, client_id: bytes, request_id: int) -> UpdateKey |
 
 
 def chain_update_id(owner: str, client_update: UpdateKey, *what: int) -> UpdateKey:
-    """The id the chain remembers for a client's update: the client's id bound to the caller (``owner``, the
-    authenticated principal) and to what the update does (``what``: type, offset, length, checksum, chunk size).
+    """The id the chain remembers for a client's update: the client's id bound to the caller and to the update.
+
+    The caller is ``owner``, the authenticated principal; what the update does is ``what``: type, offset,
+    length, checksum, chunk size.
 
     A retry (same caller, same id, same update) maps to the same id, so it gets the original result. Another
     caller sending the same client id and request id, or the same caller reusing an id for a different update,
     maps to another id: it is a new update, applied, and can neither take another's result nor make another's
-    write be answered as done without being applied."""
+    write be answered as done without being applied.
+    """
     digest = hashlib.blake2b(digest_size=16)
     for part in (owner.encode(), client_update[0]):
         digest.update(struct.pack("<I", len(part)) + part)
@@ -74,6 +81,7 @@ def chain_update_id(owner: str, client_update: UpdateKey, *what: int) -> UpdateK
 
 
 def check_chunk_id(inode_id: int, chunk_index: int) -> ChunkKey:
+    """A chunk id from the wire, as a key; InvalidRequest when either part is out of range."""
     if not 0 < inode_id <= MAX_INODE_ID:
         raise InvalidRequest(f"chunk id: inode_id {inode_id} must be in 1..{MAX_INODE_ID}")
     if not 0 <= chunk_index < MAX_CHUNK_INDEX:
@@ -94,6 +102,7 @@ def check_range(what: str, chunk_size: int, offset: int, length: int, max_io_byt
 
 
 def check_read_range(offset: int, length: int, max_io_bytes: int) -> None:
+    """A read's range: not empty, at most ``max_io_bytes``, inside the largest chunk; InvalidRequest if not."""
     if length <= 0 or length > max_io_bytes:
         raise InvalidRequest(f"read: length {length} must be in 1..{max_io_bytes}")
     if offset + length > MAX_CHUNK_SIZE_BYTES:
@@ -111,6 +120,7 @@ def apply_write(old: bytes | None, offset: int, data: bytes | memoryview) -> byt
 
 
 def apply_truncate(old: bytes | None, length: int) -> bytes:
+    """Chunk content cut or zero-extended to ``length`` bytes."""
     base = old or b""
     return base[:length] if length <= len(base) else base + bytes(length - len(base))
 
@@ -126,12 +136,15 @@ class ForwardDecision(enum.Enum):
 def decide_forward(
     committed_version: int, update_version: int, full_chunk_replace: bool, same_update: bool | None = None
 ) -> ForwardDecision:
-    """``same_update``: whether this replica committed ``update_version`` from the very update forwarded now
+    """Whether a forwarded update is a duplicate of one this replica committed.
+
+    ``same_update``: whether this replica committed ``update_version`` from the very update forwarded now
     (same update id); None: update ids are off, a version at or below the committed one is a duplicate.
 
     A different update at a version this replica already committed is no duplicate: this replica took an
     update its predecessor then dropped (the ack was lost, the predecessor aborted), and the predecessor's
-    copy is the chain's. It answers MISSING, and the predecessor sends the whole chunk."""
+    copy is the chain's. It answers MISSING, and the predecessor sends the whole chunk.
+    """
     if full_chunk_replace:
         return ForwardDecision.APPLY if update_version >= committed_version else ForwardDecision.DUPLICATE
     if update_version <= committed_version:

@@ -21,11 +21,15 @@ from ff_storage.core.chunks import ForwardDecision, decide_forward
 
 
 class Place(enum.Enum):
+    """Where in the chain the replica deciding is."""
+
     HEAD = "head"  # versions the updates of clients
     REPLICA = "replica"  # applies what its predecessor forwards
 
 
 class Verdict(enum.Enum):
+    """What ``admit`` decides for an arriving update."""
+
     APPLY = "apply"  # store as pending at ``version``, forward, commit on the successor's ack
     RETRIED = "retried"  # head: a retry of an update committed before: answer its first result (``version``)
     DUPLICATE = "duplicate"  # replica: this version is committed here already: answer OK
@@ -35,17 +39,26 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
+    """An ``admit`` verdict and the version it is about."""
+
     verdict: Verdict
     version: int  # APPLY: the version to store; RETRIED: the version it committed; otherwise the committed one
 
 
 def admit(
-    place: Place, committed: int, version: int, *, full: bool = False, same_update: bool | None = None,
-    retried_version: int | None = None, remove_of_nothing: bool = False,
-) -> Decision:  # fmt: skip
+    place: Place,
+    committed: int,
+    version: int,
+    *,
+    full: bool = False,
+    same_update: bool | None = None,
+    retried_version: int | None = None,
+    remove_of_nothing: bool = False,
+) -> Decision:
     """What a replica does with an update that arrives.
 
     Args:
+        place: whether this replica is the chain's head or a replica after it.
         committed: the chunk's committed version here (0: none).
         version: the update's version as forwarded (replicas; the head assigns its own).
         full: a full-chunk replace (recovery, repair, an answer to MISSING).
@@ -69,15 +82,20 @@ def admit(
 
 
 class DamagedBase(enum.Enum):
+    """What to do when the committed copy an update applies to fails its checksum."""
+
     REPAIR_THEN_RETRY = "repair"  # head: rewrite the chunk here and down the chain from a good copy, then admit again
     ASK_WHOLE_CHUNK = "ask"  # replica: answer MISSING_UPDATE; the whole chunk that follows replaces the bad copy
 
 
 def on_damaged_base(place: Place) -> DamagedBase:
+    """The head repairs the chunk from a good copy and admits again; a replica asks for the whole chunk."""
     return DamagedBase.REPAIR_THEN_RETRY if place is Place.HEAD else DamagedBase.ASK_WHOLE_CHUNK
 
 
 class Step(enum.Enum):
+    """What ``forward_step`` decides before a send to the successor."""
+
     SEND = "send"  # to the next serving or syncing target
     COMMIT = "commit"  # no successor: this is the tail, every update is acknowledged
     NOT_SERVING = "not serving"  # this target may no longer update: what is not acknowledged fails
@@ -94,18 +112,23 @@ def forward_step(may_update: bool, in_chain: bool, has_successor: bool) -> Step:
 
 
 class Answer(enum.Enum):
+    """What the successor's answer to one update means here."""
+
     ACKED = "acked"  # the successor (and the chain after it) committed it: commit here
     SEND_WHOLE_CHUNK = "whole"  # the successor misses a version: send the whole chunk (until the deadline)
     RETRY = "retry"  # refused or lost: send again once routing changes (until the deadline)
 
 
 def on_answer(ok: bool, missing_update: bool) -> Answer:
+    """The successor's answer to one update: ``ok``, or refused with ``missing_update`` or another status."""
     if ok:
         return Answer.ACKED
     return Answer.SEND_WHOLE_CHUNK if missing_update else Answer.RETRY
 
 
 class AfterFailure(enum.Enum):
+    """What to do when storing or committing an update here failed."""
+
     DROP = "drop"  # drop what was stored; the chain is as before the update, which fails
     DROP_AND_RECOVER = "recover"  # the successor took it: this replica is a version behind, it goes through recovery
 

@@ -12,8 +12,11 @@ class InvalidRequest(StorageError):
 
 
 class NotServing(StorageError):
-    """The target does not serve this call now (not the head, not serving, a step of it not done): retry, after
-    fresh routing; for calls without per-IO results (those carry a status per IO instead)."""
+    """The target does not serve this call now (not the head, not serving, a step of it not done).
+
+    The caller retries after fresh routing. Only for calls without per-IO results (those carry a status per IO
+    instead).
+    """
 
 
 class TooCostly(StorageError):

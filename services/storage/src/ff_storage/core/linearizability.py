@@ -1,5 +1,7 @@
-"""A linearizability checker for registers (pure): is a recorded history of reads and writes explainable by
-some order of its operations, each taking effect at one instant between its start and its end?
+"""A linearizability checker for registers (pure).
+
+Is a recorded history of reads and writes explainable by some order of its operations, each taking effect at
+one instant between its start and its end?
 
 The search is Wing & Gong's, with Lowe's memo of (operations taken, state) as Porcupine does it: walk the
 history's events in time order, tentatively take each operation whose start has been reached and that the
@@ -26,8 +28,11 @@ READ = "read"
 
 @dataclass(frozen=True, kw_only=True)
 class Operation:
-    """One call on one key: ``kind`` WRITE (of ``value``) or READ (that returned ``value``; None = the initial
-    value, e.g. chunk not found), between ``start`` and ``end`` (``math.inf``: the outcome is unknown)."""
+    """One call on one key, a write or a read, between ``start`` and ``end``.
+
+    ``kind`` WRITE (of ``value``) or READ (that returned ``value``; None = the initial value, e.g. chunk not
+    found); ``end`` is ``math.inf`` when the outcome is unknown.
+    """
 
     key: Hashable
     kind: str
@@ -39,6 +44,8 @@ class Operation:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The checker's answer for one key (``key`` None: every key passed)."""
+
     ok: bool
     key: Hashable = None
     # When not ok: the first operations (by start) that the longest order the search found leaves out.
@@ -46,6 +53,7 @@ class Verdict:
     num_operations: int = 0
 
     def describe(self) -> str:
+        """A human-readable verdict, listing the unexplained operations when the history is not linearizable."""
         if self.ok:
             return f"linearizable ({self.num_operations} operations)"
         lines = [f"key {self.key!r}: not linearizable; no order explains these operations:"]
@@ -72,8 +80,11 @@ def check_history(ops: Iterable[Operation], initial: Hashable = None) -> Verdict
 
 
 class _Events:
-    """The history as a doubly linked list of call and return events, in time order (a call before a return
-    at the same instant: operations that merely touch count as concurrent). Index 0 is the head sentinel."""
+    """The history as a doubly linked list of call and return events, in time order.
+
+    A call comes before a return at the same instant: operations that merely touch count as concurrent.
+    Index 0 is the head sentinel.
+    """
 
     def __init__(self, ops: list[Operation]) -> None:
         events = [(op.start, 0, i) for i, op in enumerate(ops)] + [(op.end, 1, i) for i, op in enumerate(ops)]
@@ -139,10 +150,12 @@ def check_register(ops: list[Operation], initial: Hashable = None) -> Verdict:
 
 
 def _bound_unknown_writes(ops: list[Operation]) -> list[Operation]:
-    """Writes of unknown outcome, made finite without changing the answer (values are unique per write):
-    one nobody read is left out (taken last, it changes nothing anyone saw); one somebody read must have
+    """Writes of unknown outcome, made finite without changing the answer (values are unique per write).
+
+    One nobody read is left out (taken last, it changes nothing anyone saw); one somebody read must have
     taken effect before the first of those reads ended, so that is its end. Otherwise each such write
-    could be taken at any point of the search, which grows exponentially with their number."""
+    could be taken at any point of the search, which grows exponentially with their number.
+    """
     read_by: dict[Hashable, float] = {}
     for op in ops:
         if op.kind == READ:

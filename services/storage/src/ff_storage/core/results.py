@@ -1,5 +1,7 @@
-"""What a chunk update ends with, as the node's code passes it around (the servicer turns it into the wire's
-``UpdateResult``; ``wire`` converts both ways)."""
+"""What a chunk update ends with, as the node's code passes it around.
+
+The servicer turns it into the wire's ``UpdateResult``; ``wire`` converts both ways.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ from dataclasses import dataclass
 
 
 class IoStatus(enum.IntEnum):
-    """A chunk IO's status: the values of ``fireflyer.storage.v1.ChunkIoStatus`` (a unit test keeps them equal;
-    the proto documents each)."""
+    """A chunk IO's status: the values of ``fireflyer.storage.v1.ChunkIoStatus``.
+
+    A unit test keeps them equal; the proto documents each.
+    """
 
     UNSPECIFIED = 0
     OK = 1
@@ -37,4 +41,5 @@ class UpdateResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the update succeeded."""
         return self.status is IoStatus.OK

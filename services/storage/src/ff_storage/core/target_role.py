@@ -1,5 +1,7 @@
-"""A storage target's side of the 3FS state machine (pure): what local state it reports to mgmtd and
-what it may serve, given its public state as mgmtd last published it."""
+"""A storage target's side of the 3FS state machine (pure): the local state it reports and what it may serve.
+
+Both follow from its public state as mgmtd last published it.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class TargetRole:
             self.sync_done_version = 0
 
     def report(self) -> Local:
+        """The local state to report to mgmtd in the next heartbeat."""
         if self.admin_offline or self.restarting:
             return Local.OFFLINE
         if self.public in (Public.SERVING, Public.NONE):
@@ -60,11 +63,15 @@ class TargetRole:
         return Local.ONLINE
 
     def needs_recovery(self) -> None:
-        """Its data may be behind the chain (a local write failed after the successor took the update): report
-        offline until mgmtd stops routing to it, then come back through syncing, as after a restart."""
+        """Its data may be behind the chain: report offline until unrouted, then come back through syncing.
+
+        A local write failed after the successor took the update. Offline lasts until mgmtd stops routing to it;
+        then it comes back through syncing, as after a restart.
+        """
         self.restarting = True
 
     def sync_done(self, chain_version: int) -> None:
+        """Note that the predecessor finished syncing this target at ``chain_version``: report up to date."""
         self.sync_done_version = chain_version
 
     @property
@@ -73,6 +80,7 @@ class TargetRole:
         return self.admin_offline or self.restarting or self.public in (Public.LASTSRV, Public.OFFLINE)
 
     def may_read(self, lease_ok: bool) -> bool:
+        """Serves reads: holds its mgmtd lease, is not down, and is publicly serving."""
         return lease_ok and not self.down and self.public is Public.SERVING
 
     def may_update(self, lease_ok: bool) -> bool:

@@ -108,10 +108,18 @@ class Pending:
 
 
 class ChunkEngine:
+    """One target's chunks on disk (see the module doc); thread-safe, its methods block (call them off the loop)."""
+
     def __init__(
-        self, root: Path, *, fsync: bool = True, max_free_files: int = 64, update_id_ttl_s: float = 120.0,
-        max_update_ids_per_chunk: int = 1024, new_file_batch: int = NEW_FILE_BATCH,
-    ) -> None:  # fmt: skip
+        self,
+        root: Path,
+        *,
+        fsync: bool = True,
+        max_free_files: int = 64,
+        update_id_ttl_s: float = 120.0,
+        max_update_ids_per_chunk: int = 1024,
+        new_file_batch: int = NEW_FILE_BATCH,
+    ) -> None:
         self.root = root
         self._new_batch = max(1, new_file_batch)
         self._ttl_ms = int(update_id_ttl_s * 1000)
@@ -134,24 +142,39 @@ class ChunkEngine:
     # ---- open / close ----
 
     def open(self) -> None:
+        """Open (or create) the target's folder: load the committed metadata and update ids, collect free files."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.root / "meta.sqlite", check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
         self._db = db
-        for row in db.execute("SELECT inode_id, chunk_index, chain_version, committed_version, length, checksum, file "
-                              "FROM chunks"):  # fmt: skip
-            meta = ChunkMeta(inode_id=row[0], chunk_index=row[1], chain_version=row[2], committed_version=row[3],
-                             length=row[4], checksum=row[5])  # fmt: skip
+        for row in db.execute(
+            "SELECT inode_id, chunk_index, chain_version, committed_version, length, checksum, file FROM chunks"
+        ):
+            meta = ChunkMeta(
+                inode_id=row[0],
+                chunk_index=row[1],
+                chain_version=row[2],
+                committed_version=row[3],
+                length=row[4],
+                checksum=row[5],
+            )
             self._meta[meta.key] = meta
             self._by_inode.setdefault(meta.inode_id, set()).add(meta.chunk_index)
             self._files[meta.key] = row[6]
-        rows = db.execute("SELECT inode_id, chunk_index, client_id, request_id, version, length, checksum, "
-                          "committed_at_ms FROM update_ids ORDER BY committed_at_ms, version")  # fmt: skip
+        rows = db.execute(
+            "SELECT inode_id, chunk_index, client_id, request_id, version, length, checksum, "
+            "committed_at_ms FROM update_ids ORDER BY committed_at_ms, version"
+        )
         for row in rows:
-            rec = UpdateRecord(update_id=(bytes(row[2]), row[3]), version=row[4], length=row[5], checksum=row[6],
-                               committed_at_ms=row[7])  # fmt: skip
+            rec = UpdateRecord(
+                update_id=(bytes(row[2]), row[3]),
+                version=row[4],
+                length=row[5],
+                checksum=row[6],
+                committed_at_ms=row[7],
+            )
             self._recent.setdefault((row[0], row[1]), {})[rec.update_id] = rec
         if self._fsync:  # whatever a crash left: names on disk before any of these files is reused
             for folder in [self.data_dir, *(d for d in self.data_dir.iterdir() if d.is_dir())]:
@@ -172,6 +195,7 @@ class ChunkEngine:
                 path.unlink()
 
     def close(self) -> None:
+        """Close the metadata database; pending versions are lost (a restarted target recovers anyway)."""
         with self._lock:
             if self._db is not None:
                 self._db.close()
@@ -180,8 +204,10 @@ class ChunkEngine:
     # ---- reads ----
 
     def get(self, key: ChunkKey) -> ChunkMeta | None:
-        """The chunk's committed metadata with its pending version, if any (one consistent look: a commit
-        moving a version from pending to committed in between would otherwise hide a new chunk)."""
+        """The chunk's committed metadata with its pending version, if any, in one consistent look.
+
+        A commit moving a version from pending to committed in between two looks would otherwise hide a new chunk.
+        """
         with self._lock:
             return self._get_locked(key)
 
@@ -191,19 +217,29 @@ class ChunkEngine:
         if meta is not None and pending is not None:
             return replace(meta, pending_version=pending.version)
         if meta is None and pending is not None:
-            return ChunkMeta(inode_id=key[0], chunk_index=key[1], chain_version=0, committed_version=0, length=0,
-                             checksum=0, pending_version=pending.version)  # fmt: skip
+            return ChunkMeta(
+                inode_id=key[0],
+                chunk_index=key[1],
+                chain_version=0,
+                committed_version=0,
+                length=0,
+                checksum=0,
+                pending_version=pending.version,
+            )
         return meta
 
     def pending(self, key: ChunkKey) -> Pending | None:
+        """The chunk's pending version, stored or only reserved, if it has one."""
         return self._pending.get(key)
 
     def all_metas(self) -> list[ChunkMeta]:
+        """Every chunk's metadata by key, chunks with only a pending version too (what recovery diffs)."""
         with self._lock:
             keys = set(self._meta) | set(self._pending)
             return [m for k in sorted(keys) if (m := self._get_locked(k)) is not None]
 
     def committed_metas(self) -> dict[ChunkKey, ChunkMeta]:
+        """A snapshot of every committed chunk's metadata by key."""
         with self._lock:
             return dict(self._meta)
 
@@ -235,8 +271,10 @@ class ChunkEngine:
         return meta, data
 
     def read_pending(self, key: ChunkKey) -> tuple[Pending, memoryview] | None:
-        """The pending version's content (a view of its file, not reused while the view lives); None when the
-        pending version removes the chunk or is only reserved."""
+        """The pending version's content, a view of its file (not reused while the view lives).
+
+        None when there is no pending version, or it removes the chunk, or it is only reserved.
+        """
         with self._lock:
             pending = self._pending.get(key)
             if pending is None or pending.path is None:
@@ -266,13 +304,17 @@ class ChunkEngine:
                 del self._by_inode[key[0]]
 
     def _indexes(self, inode_id: int, begin: int, end: int) -> list[int]:
-        """The chunk indexes of ``inode_id`` in [begin, end) (end 0: unbounded), from the per-inode index (a
-        Close's length query costs the file's chunks, not every chunk of the target). Lock held."""
+        """The chunk indexes of ``inode_id`` in [begin, end) (end 0: unbounded), from the per-inode index.
+
+        A Close's length query then costs the file's chunks, not every chunk of the target. Lock held.
+        """
         return [i for i in self._by_inode.get(inode_id, ()) if i >= begin and (not end or i < end)]
 
     def last_chunk(self, inode_id: int, begin: int, end: int) -> tuple[ChunkMeta | None, int, bool]:
-        """The committed chunk with the highest index in [begin, end) (end 0: unbounded), the number of
-        chunks there, and whether the last one has a pending version."""
+        """The committed chunk with the highest index in [begin, end) (end 0: unbounded), with two facts.
+
+        Also returns the number of chunks there, and whether the last one has a pending version.
+        """
         with self._lock:
             metas = [self._meta[(inode_id, i)] for i in self._indexes(inode_id, begin, end)]
         if not metas:
@@ -281,10 +323,12 @@ class ChunkEngine:
         return last, len(metas), last.key in self._pending
 
     def keys_of_inode(self, inode_id: int, begin: int, end: int) -> list[ChunkKey]:
+        """The committed chunks of ``inode_id`` in [begin, end) (end 0: unbounded), by index."""
         with self._lock:
             return sorted((inode_id, i) for i in self._indexes(inode_id, begin, end))
 
     def usage(self) -> tuple[int, int]:
+        """``(number of committed chunks, their bytes)``."""
         with self._lock:
             return len(self._meta), sum(m.length for m in self._meta.values())
 
@@ -301,10 +345,12 @@ class ChunkEngine:
             return next((r for r in self._recent.get(key, {}).values() if r.version == version), None)
 
     def recent_updates(self, key: ChunkKey) -> list[UpdateRecord]:
+        """The remembered updates of ``key``, oldest first (what a full-chunk replace carries along)."""
         with self._lock:
             return list(self._recent.get(key, {}).values())
 
     def num_update_records(self) -> int:
+        """How many update records the target remembers, over all chunks."""
         with self._lock:
             return sum(len(r) for r in self._recent.values())
 
@@ -317,8 +363,9 @@ class ChunkEngine:
         records = dict(before) if inherited is None else {r.update_id: r for r in inherited}
         if update_id is not None:
             records.pop(update_id, None)
-            records[update_id] = UpdateRecord(update_id=update_id, version=p.version, length=p.length,
-                                              checksum=p.checksum, committed_at_ms=now_ms)  # fmt: skip
+            records[update_id] = UpdateRecord(
+                update_id=update_id, version=p.version, length=p.length, checksum=p.checksum, committed_at_ms=now_ms
+            )
         _prune(records, now_ms - self._ttl_ms, self._max_ids)
         gone = [r for k, r in before.items() if records.get(k) is not r]
         added = [r for k, r in records.items() if before.get(k) is not r]
@@ -327,11 +374,15 @@ class ChunkEngine:
     # ---- writes ----
 
     def reserve(self, items: Iterable[tuple[ChunkKey, int, int]]) -> list[Pending]:
-        """Mark ``(key, version, chain version)`` pending before the content is written: from here on reads of
-        the chunk answer "pending", as at every replica that already has the version. ``write_pending`` with
-        these reservations stores the content, ``abort`` drops them."""
-        made = [Pending(key=k, version=v, chain_version=cv, path=None, length=0, checksum=0, stored=False)
-                for k, v, cv in items]  # fmt: skip
+        """Mark ``(key, version, chain version)`` pending before the content is written.
+
+        From here on reads of the chunk answer "pending", as at every replica that already has the version.
+        ``write_pending`` with these reservations stores the content, ``abort`` drops them.
+        """
+        made = [
+            Pending(key=k, version=v, chain_version=cv, path=None, length=0, checksum=0, stored=False)
+            for k, v, cv in items
+        ]
         replaced: list[Path] = []
         with self._lock:
             for p in made:
@@ -387,8 +438,9 @@ class ChunkEngine:
         try:
             for i, (key, version, chain_version, content, known_checksum) in enumerate(todo):
                 if content is None:
-                    made.append(Pending(key=key, version=version, chain_version=chain_version, path=None, length=0,
-                                        checksum=0))  # fmt: skip
+                    made.append(
+                        Pending(key=key, version=version, chain_version=chain_version, path=None, length=0, checksum=0)
+                    )
                     continue
                 with self._lock:
                     name = self._take_free(len(content))
@@ -406,8 +458,16 @@ class ChunkEngine:
                     _write_file(path, content, 0, sync=None)
                     to_sync.append((path, os.fdatasync if same_size else os.fsync))
                 checksum = crc32c_of(content) if known_checksum is None else known_checksum
-                made.append(Pending(key=key, version=version, chain_version=chain_version, path=path,
-                                    length=len(content), checksum=checksum))  # fmt: skip
+                made.append(
+                    Pending(
+                        key=key,
+                        version=version,
+                        chain_version=chain_version,
+                        path=path,
+                        length=len(content),
+                        checksum=checksum,
+                    )
+                )
             if self._fsync:
                 _sync_files(to_sync)
                 for folder in sorted({p.parent for p in created}):
@@ -434,10 +494,12 @@ class ChunkEngine:
         return fallback
 
     def _new_files(self, want: int = 1) -> str | None:
-        """A new empty file, made with up to ``new_file_batch`` - 1 more (or ``want`` - 1, for the rest of one
-        write batch, up to ``MAX_NEW_FILES``) that go to the free list, all in one folder whose entries are on
-        disk (one fsync of it) before any is used; None when the free list is full (the caller makes one file
-        alone)."""
+        """A new empty file, made with more that go to the free list; None when the free list is full.
+
+        Up to ``new_file_batch`` - 1 more are made (or ``want`` - 1, for the rest of one write batch, up to
+        ``MAX_NEW_FILES``), all in one folder whose entries are on disk (one fsync of it) before any is used.
+        When None, the caller makes one file alone.
+        """
         with self._lock:
             count = max(min(self._new_batch, self._max_free - len(self._free) + 1), min(want, MAX_NEW_FILES))
         if count < 2:
@@ -485,8 +547,10 @@ class ChunkEngine:
             path.unlink(missing_ok=True)
 
     def commit(self, pendings: Iterable[Pending], tags: Sequence[UpdateTag] | None = None) -> list[ChunkMeta | None]:
-        """Make pending versions the committed ones, in one transaction with the updates' ids (``tags``, one
-        per pending: see ``UpdateTag``); then drop the old files."""
+        """Make pending versions the committed ones, in one transaction with the updates' ids; then free old files.
+
+        ``tags`` has one entry per pending version: see ``UpdateTag``.
+        """
         todo = list(pendings)
         tags = list(tags) if tags is not None else [(None, None)] * len(todo)
         if len(tags) != len(todo):
@@ -518,8 +582,14 @@ class ChunkEngine:
                     results.append(None)
                 else:
                     name = str(p.path.relative_to(self.data_dir))
-                    meta = ChunkMeta(inode_id=p.key[0], chunk_index=p.key[1], chain_version=p.chain_version,
-                                     committed_version=p.version, length=p.length, checksum=p.checksum)  # fmt: skip
+                    meta = ChunkMeta(
+                        inode_id=p.key[0],
+                        chunk_index=p.key[1],
+                        chain_version=p.chain_version,
+                        committed_version=p.version,
+                        length=p.length,
+                        checksum=p.checksum,
+                    )
                     self._meta[p.key], self._files[p.key] = meta, name
                     self._by_inode.setdefault(p.key[0], set()).add(p.key[1])
                     results.append(meta)
@@ -552,11 +622,14 @@ class ChunkEngine:
             after, gone, added = self._next_records(p, tag, now_ms)
             records[p.key] = after
             for r in gone:
-                db.execute("DELETE FROM update_ids WHERE inode_id=? AND chunk_index=? AND client_id=? AND "
-                           "request_id=?", (*p.key, *r.update_id))  # fmt: skip
-            db.executemany("INSERT OR REPLACE INTO update_ids VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           [(*p.key, *r.update_id, r.version, r.length, r.checksum, r.committed_at_ms)
-                            for r in added])  # fmt: skip
+                db.execute(
+                    "DELETE FROM update_ids WHERE inode_id=? AND chunk_index=? AND client_id=? AND request_id=?",
+                    (*p.key, *r.update_id),
+                )
+            db.executemany(
+                "INSERT OR REPLACE INTO update_ids VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*p.key, *r.update_id, r.version, r.length, r.checksum, r.committed_at_ms) for r in added],
+            )
         return records
 
     def forget_expired_updates(self) -> int:
@@ -585,6 +658,7 @@ class ChunkEngine:
         self._release(dropped)
 
     def iter_keys(self) -> Iterator[ChunkKey]:
+        """The committed chunks' keys in order, as of the call."""
         with self._lock:
             keys = sorted(self._meta)
         yield from keys
@@ -624,9 +698,12 @@ def _sync_file(item: tuple[Path, Callable[[int], None]]) -> None:
 
 
 def _sync_files(items: Sequence[tuple[Path, Callable[[int], None]]]) -> None:
-    """fsync (or fdatasync) the files written for one batch, several at once: the file system's journal takes
-    concurrent syncs in one commit, so a batch of many small chunks waits for about one journal commit
-    instead of one per chunk (a stream of small files written back in batches: issue 16)."""
+    """Sync (fsync or fdatasync) the files written for one batch, several at once.
+
+    The file system's journal takes concurrent syncs in one commit, so a batch of many small chunks waits for
+    about one journal commit instead of one per chunk (a stream of small files written back in batches: issue
+    16).
+    """
     if len(items) <= 1:
         for item in items:
             _sync_file(item)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 @dataclass(frozen=True, kw_only=True)
 class TargetRecord:
+    """One target as the targets file keeps it: its chain, the disk it is on and its folder."""
+
     target_id: int
     chain_id: int
     disk_index: int
@@ -17,6 +19,7 @@ class TargetRecord:
 
 
 def load_targets(file: Path) -> list[TargetRecord]:
+    """The targets ``file`` lists; none when it does not exist yet."""
     if not file.exists():
         return []
     return [TargetRecord(**item) for item in json.loads(file.read_text())]
