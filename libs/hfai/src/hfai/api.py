@@ -1,5 +1,8 @@
-"""Async client of the scheduler (SchedulerService) for the SDK and the CLI: one typed error
-(ff_rpc.RpcError with ``.code`` and ``.details``), deadlines, retries of idempotent calls."""
+"""Async client of the scheduler (SchedulerService) for the SDK and the CLI.
+
+One typed error (ff_rpc.RpcError with ``.code`` and ``.details``), deadlines, retries of idempotent calls. Every
+method raises RpcError with the scheduler's status when the call fails.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +21,7 @@ from hfai.config import HfaiConfig
 
 
 class SchedulerApi:
-    """The scheduler at ``server``, or (``server`` empty) the one mgmtd at ``mgmtd`` names, found at the
-    first call."""
+    """The scheduler at ``server``, or (``server`` empty) the one mgmtd at ``mgmtd`` names, found at the first call."""
 
     def __init__(self, server: str, token: str, timeout_s: float = 10.0, *, mgmtd: Sequence[str] = ()) -> None:
         if not server and not mgmtd:
@@ -31,6 +33,7 @@ class SchedulerApi:
 
     @classmethod
     def from_config(cls, cfg: HfaiConfig) -> SchedulerApi:
+        """The client of the cluster ``cfg`` names, with its token; raises ConfigError when it names none."""
         cfg.require()
         return cls(cfg.server, cfg.token, mgmtd=cfg.mgmtd_addresses())
 
@@ -59,6 +62,7 @@ class SchedulerApi:
         await self.close()
 
     async def close(self) -> None:
+        """Closes the channel to the scheduler (``async with`` does it on exit)."""
         if self._channel is not None:
             await self._channel.close()
 
@@ -66,26 +70,35 @@ class SchedulerApi:
         return await self._rpc.unary(select(await self._stub()), request)
 
     async def submit(self, spec: pb.TaskSpec, request_id: str = "") -> pb.Task:
+        """Queues a task; the same ``request_id`` sent again by the same user returns the first task, not a new one."""
         return (await self._call(lambda s: s.SubmitTask, pb.SubmitTaskRequest(spec=spec, request_id=request_id))).task  # type: ignore[no-any-return]
 
     async def list(
         self, *, states: Sequence[int] = (), name_contains: str = "", all_users: bool = False, page_size: int = 100
     ) -> builtins.list[pb.Task]:
+        """The caller's tasks, newest first, at most ``page_size`` (``all_users``: anyone's, for admins).
+
+        Only tasks in one of ``states`` (all when empty) whose name contains ``name_contains``.
+        """
         request = pb.ListTasksRequest(name_contains=name_contains, all_users=all_users, page_size=page_size)
         request.states.extend(states)  # type: ignore[arg-type]
         return builtins.list((await self._call(lambda s: s.ListTasks, request)).tasks)
 
     async def get(self, task_id: int, include_runs: bool = False) -> pb.Task:
+        """One task, with its runs' history when ``include_runs``."""
         request = pb.GetTaskRequest(task_id=task_id, include_runs=include_runs)
         return (await self._call(lambda s: s.GetTask, request)).task  # type: ignore[no-any-return]
 
     async def stop(self, task_id: int) -> pb.Task:
+        """Stops a task for good: its run (if any) is stopped and the task ends STOPPED."""
         return (await self._call(lambda s: s.StopTask, pb.StopTaskRequest(task_id=task_id))).task  # type: ignore[no-any-return]
 
     async def suspend(self, task_id: int) -> pb.Task:
+        """Suspends a running task through the suspend protocol, to queue again; one not running is left as it is."""
         return (await self._call(lambda s: s.SuspendTask, pb.SuspendTaskRequest(task_id=task_id))).task  # type: ignore[no-any-return]
 
     async def set_priority(self, task_id: int, level: int | None) -> pb.Task:
+        """Sets a task's priority (None: automatic); the quota rules apply from the scheduler's next tick."""
         request = pb.SetTaskPriorityRequest(task_id=task_id, auto_priority=level is None)
         if level is not None:
             request.priority = level
@@ -94,21 +107,29 @@ class SchedulerApi:
     async def logs(
         self, task_id: int, *, node_rank: int = 0, follow: bool = False, tail_bytes: int = 0
     ) -> AsyncIterator[bytes]:
+        """The log of one node rank of the latest run, in chunks; ``follow`` keeps streaming until the run ends.
+
+        ``tail_bytes`` > 0 starts that many bytes before the log's current end, else at its start.
+        """
         request = pb.StreamLogsRequest(task_id=task_id, node_rank=node_rank, follow=follow, tail_bytes=tail_bytes)
         async for chunk in self._rpc.stream((await self._stub()).StreamLogs, request):
             yield chunk.data
 
     async def whoami(self) -> pb.WhoAmIResponse:
+        """The caller, their quotas and current usage."""
         return await self._call(lambda s: s.WhoAmI, pb.WhoAmIRequest())  # type: ignore[no-any-return]
 
     async def nodes(self, group: str = "") -> builtins.list[pb.Node]:
+        """The nodes (of ``group``; empty: all) with their devices and states."""
         return builtins.list((await self._call(lambda s: s.ListNodes, pb.ListNodesRequest(node_group=group))).nodes)
 
     async def set_quota(self, user: str, level: int, group: str, max_nodes: int) -> pb.Quota:
+        """Sets the node quota of ``user`` at priority ``level`` in ``group`` (admins); ``max_nodes`` 0 removes it."""
         quota = pb.Quota(user_name=user, priority=level, node_group=group, max_nodes=max_nodes)
         return (await self._call(lambda s: s.SetQuota, pb.SetQuotaRequest(quota=quota))).quota  # type: ignore[no-any-return]
 
     async def quotas(self, user: str = "") -> builtins.list[pb.Quota]:
+        """The quotas with their usage, of ``user`` (empty: everyone's); admins only (users: ``whoami``)."""
         return builtins.list((await self._call(lambda s: s.ListQuotas, pb.ListQuotasRequest(user_name=user))).quotas)
 
     async def validate(self, node_ids: builtins.list[int], checks: builtins.list[str]) -> builtins.list[int]:
@@ -117,5 +138,6 @@ class SchedulerApi:
         return builtins.list((await self._call(lambda s: s.ValidateNodes, request)).node_ids)
 
     async def set_node_enabled(self, node_id: int, enabled: bool, reason: str = "") -> pb.Node:
+        """Disables a node (admins; it goes to err_nodes and its runs are suspended) or enables it again."""
         request = pb.SetNodeEnabledRequest(node_id=node_id, enabled=enabled, reason=reason)
         return (await self._call(lambda s: s.SetNodeEnabled, request)).node  # type: ignore[no-any-return]

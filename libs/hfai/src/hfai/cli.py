@@ -50,6 +50,11 @@ class CliError(Exception):
 
 
 def parse_priority(text: str) -> int | None:
+    """A priority as typed: a level (``30``), a name (``high``, any case) or ``AUTO`` (None).
+
+    Raises:
+        CliError: none of these.
+    """
     name = text.strip().upper()
     if name == "AUTO":
         return None
@@ -94,36 +99,39 @@ def _local_parser() -> argparse.ArgumentParser:
     return p
 
 
-def submit_help(kind: str) -> str:
+def _submit_help(kind: str) -> str:
     """What ``hfai python --help`` prints: the three forms and the options after ``--`` and ``++``."""
-    return "\n\n".join([
-        f"usage: hfai {kind} SCRIPT [args] -- [options]   submit to the cluster\n"
-        f"       hfai {kind} SCRIPT [args]                 run here\n"
-        f"       hfai {kind} SCRIPT [args] ++ [options]   run here, as a task would run",
-        _submit_parser().format_help().strip(),
-        _local_parser().format_help().strip(),
-    ])  # fmt: skip
+    return "\n\n".join(
+        [
+            f"usage: hfai {kind} SCRIPT [args] -- [options]   submit to the cluster\n"
+            f"       hfai {kind} SCRIPT [args]                 run here\n"
+            f"       hfai {kind} SCRIPT [args] ++ [options]   run here, as a task would run",
+            _submit_parser().format_help().strip(),
+            _local_parser().format_help().strip(),
+        ]
+    )
 
 
-def state_name(value: int) -> str:
+def _state_name(value: int) -> str:
     name = str(pb.TaskState.Name(value))  # type: ignore[arg-type]
     return name.removeprefix("TASK_STATE_").lower()
 
 
-def render_task(t: pb.Task) -> str:
+def _render_task(t: pb.Task) -> str:
     run = t.current_run
     where = ",".join(str(n.node_id) for n in run.nodes) if t.state == pb.TASK_STATE_RUNNING else "-"
     reason = str(pb.QueueReason.Name(t.queue_reason)).removeprefix("QUEUE_REASON_").lower()
     extra = f" ({reason})" if t.state in (pb.TASK_STATE_QUEUED, pb.TASK_STATE_SUSPENDED) and t.queue_reason else ""
     end = f" - {t.end_message}" if t.end_message and t.state >= pb.TASK_STATE_SUCCEEDED else ""
     return (
-        f"{t.task_id:>6}  {t.spec.name[:24]:<24} {t.user_name:<10} {state_name(t.state) + extra:<28} "
+        f"{t.task_id:>6}  {t.spec.name[:24]:<24} {t.user_name:<10} {_state_name(t.state) + extra:<28} "
         f"{PRIORITY_NAMES.get(t.priority, str(t.priority)):<12} nodes={t.spec.num_nodes} runs={t.num_runs} "
         f"on={where}{end}"
     )
 
 
 def render_node(n: pb.Node) -> str:
+    """One line of ``hfai nodes``: id, host, group, zone, state (with why) and the tasks on it."""
     state = str(pb.NodeState.Name(n.state)).removeprefix("NODE_STATE_").lower()
     why = f" ({n.state_reason})" if n.state_reason else ""
     tasks = ",".join(str(t) for t in n.task_ids) or "-"
@@ -132,14 +140,16 @@ def render_node(n: pb.Node) -> str:
     )
 
 
-def render_quota(q: pb.Quota) -> str:
+def _render_quota(q: pb.Quota) -> str:
     return (
         f"{q.user_name:<12} {PRIORITY_NAMES.get(q.priority, str(q.priority)):<12} group={q.node_group:<10} "
         f"used {q.used_nodes}/{q.max_nodes} nodes"
     )
 
 
-class Cli:
+class _Cli:
+    """The hfai commands, one method each; each prints to ``out`` and returns the exit code."""
+
     def __init__(self, environ: Mapping[str, str], out: TextIO, err: TextIO) -> None:
         self.environ, self.out, self.err = environ, out, err
 
@@ -160,7 +170,7 @@ class Cli:
     async def submit_or_run(self, kind: str, args: list[str]) -> int:
         script, cluster, local = split_submit(args)
         if script[:1] in (["-h"], ["--help"]):
-            self.print(submit_help(kind))
+            self.print(_submit_help(kind))
             return 0
         if not script:
             raise CliError(f"usage: hfai {kind} SCRIPT [args] [-- options | ++ local options]")
@@ -190,14 +200,14 @@ class Cli:
         async with self.api() as api:
             task = await api.submit(spec, request_id=os.urandom(8).hex())
         self.print(f"submitted task {task.task_id}")
-        self.print(render_task(task))
+        self.print(_render_task(task))
         return 0
 
     async def list(self, a: argparse.Namespace) -> int:
         async with self.api() as api:
             tasks = await api.list(all_users=a.all)
         for t in tasks:
-            self.print(render_task(t))
+            self.print(_render_task(t))
         if not tasks:
             self.print("no tasks")
         return 0
@@ -205,7 +215,7 @@ class Cli:
     async def status(self, a: argparse.Namespace) -> int:
         async with self.api() as api:
             t = await api.get(a.task_id, include_runs=True)
-        self.print(render_task(t))
+        self.print(_render_task(t))
         for r in t.runs:
             state = str(pb.RunState.Name(r.state)).removeprefix("RUN_STATE_").lower()
             self.print(
@@ -228,7 +238,7 @@ class Cli:
                 t = await api.set_priority(a.task_id, parse_priority(a.level))
             else:
                 t = await (api.stop(a.task_id) if a.cmd == "stop" else api.suspend(a.task_id))
-        self.print(render_task(t))
+        self.print(_render_task(t))
         return 0
 
     async def nodes(self, a: argparse.Namespace) -> int:
@@ -256,7 +266,7 @@ class Cli:
         )
         self.print(f"tasks: {me.num_running_tasks} running, {me.num_queued_tasks} queued")
         for q in me.quotas:
-            self.print("  quota " + render_quota(q))
+            self.print("  quota " + _render_quota(q))
         if not me.quotas:
             self.print("  no quota: ask an admin (`hfai admin quota set`)")
         return 0
@@ -268,10 +278,10 @@ class Cli:
                     level = parse_priority(a.level)
                     if level is None:
                         raise CliError("a quota is for one priority level, not AUTO")
-                    self.print(render_quota(await api.set_quota(a.user, level, a.group, a.nodes)))
+                    self.print(_render_quota(await api.set_quota(a.user, level, a.group, a.nodes)))
                 elif a.what == "quota":
                     for q in await api.quotas(a.user or ""):
-                        self.print(render_quota(q))
+                        self.print(_render_quota(q))
                 else:
                     self.print(render_node(await api.set_node_enabled(a.node_id, a.action == "enable", a.reason)))
             return 0
@@ -317,7 +327,7 @@ class Cli:
         return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hfai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -370,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _dispatch(cli: Cli, a: argparse.Namespace) -> int:
+async def _dispatch(cli: _Cli, a: argparse.Namespace) -> int:
     handlers: dict[str, Any] = {
         "init": cli.init,
         "list": cli.list,
@@ -389,20 +399,26 @@ async def _dispatch(cli: Cli, a: argparse.Namespace) -> int:
     return int(await handlers[a.cmd](a))
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The command line; ``python``/``bash`` take everything after them as it is (argparse's REMAINDER
-    refuses a leading option such as ``--help``)."""
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line; ``python``/``bash`` take everything after them as it is.
+
+    argparse's REMAINDER would refuse a leading option such as ``--help``.
+    """
     if argv and argv[0] in ("python", "bash"):
         return argparse.Namespace(cmd=argv[0], args=list(argv[1:]))
-    return build_parser().parse_args(list(argv))
+    return _build_parser().parse_args(list(argv))
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    """Runs one ``hfai`` command line; the exit code: 2 for a usage or config error, 1 for a refused call.
+
+    Errors are printed to ``err`` as ``hfai: ...``, not raised.
+    """
     try:
-        args = parse_args(argv)
+        args = _parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    cli = Cli(environ, out, err)
+    cli = _Cli(environ, out, err)
     try:
         return asyncio.run(_dispatch(cli, args))
     except (CliError, config.ConfigError) as exc:
@@ -416,13 +432,14 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
 
 
 def main() -> int:
+    """The ``hfai`` console script: ``run`` on this process's arguments, environment and streams."""
     try:
         return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
     except BrokenPipeError:
-        return quiet_broken_pipe()
+        return _quiet_broken_pipe()
 
 
-def quiet_broken_pipe() -> int:
+def _quiet_broken_pipe() -> int:
     """The reader of our output went away (``hfai list | head -1``): stop quietly, as ``ls`` does.
 
     stdout is pointed at /dev/null so the interpreter's final flush does not fail again; exit 141

@@ -1,7 +1,9 @@
-"""Where the cluster is and who the user is: ``~/.hfai/conf.json`` (``hfai init``), overridden by the
-environment: the cluster's client variables ``FF_MGMTD_ADDRESSES`` and ``FF_TOKEN`` (what every tool
-reads, and what the agent gives every task), or HAI's ``HFAI_MGMTD``, ``HFAI_TOKEN`` and ``HFAI_SERVER``.
-Without a scheduler address the scheduler is found through mgmtd."""
+"""Where the cluster is and who the user is: ``~/.hfai/conf.json`` (``hfai init``), overridden by the environment.
+
+The environment: the cluster's client variables ``FF_MGMTD_ADDRESSES`` and ``FF_TOKEN`` (what every tool reads,
+and what the agent gives every task), or HAI's ``HFAI_MGMTD``, ``HFAI_TOKEN`` and ``HFAI_SERVER``. Without a
+scheduler address the scheduler is found through mgmtd.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +24,24 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class HfaiConfig:
+    """The cluster and the user's token, as ``load`` found them.
+
+    Attributes:
+        server: the scheduler's address; empty: found through mgmtd.
+        token: the user's token.
+        mgmtd: mgmtd addresses, comma-separated.
+    """
+
     server: str = ""
     token: str = ""
     mgmtd: str = ""
 
     def require(self) -> HfaiConfig:
+        """``self``, once it names a cluster (a scheduler or mgmtd) and a token.
+
+        Raises:
+            ConfigError: it does not; the message says how to set them.
+        """
         if not (self.server or self.mgmtd) or not self.token:
             raise ConfigError(
                 f"no cluster address or token: run `hfai init <token> --mgmtd host:port` "
@@ -35,16 +50,17 @@ class HfaiConfig:
         return self
 
     def mgmtd_addresses(self) -> list[str]:
+        """The mgmtd addresses as a list, blanks dropped."""
         return [a.strip() for a in self.mgmtd.split(",") if a.strip()]
 
 
 def config_path(environ: Mapping[str, str]) -> Path:
+    """Where ``hfai init`` saves the config: ``$HFAI_CONFIG``, else ``~/.hfai/conf.json``."""
     return Path(environ.get(CONFIG_ENV) or Path.home() / ".hfai" / "conf.json")
 
 
 def _stored(path: Path) -> dict[str, str]:
-    """The settings ``hfai init`` saved; ConfigError for a file that is not what it writes (empty, edited, cut
-    short)."""
+    """The settings ``hfai init`` saved; ConfigError for a file it did not write so (empty, edited, cut short)."""
     try:
         parsed = json.loads(path.read_text() or "null")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -55,6 +71,11 @@ def _stored(path: Path) -> dict[str, str]:
 
 
 def load(environ: Mapping[str, str] | None = None) -> HfaiConfig:
+    """The config: each setting from the environment (HAI's names first, then FF_*), else from the saved file.
+
+    Raises:
+        ConfigError: the saved file is not one ``hfai init`` wrote (empty, edited, cut short).
+    """
     env = os.environ if environ is None else environ
     stored: dict[str, str] = {}
     path = config_path(env)
@@ -68,6 +89,7 @@ def load(environ: Mapping[str, str] | None = None) -> HfaiConfig:
 
 
 def save(config: HfaiConfig, environ: Mapping[str, str] | None = None) -> Path:
+    """Writes ``config`` to ``config_path`` atomically, readable by the user only (it holds the token); the path."""
     path = config_path(os.environ if environ is None else environ)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

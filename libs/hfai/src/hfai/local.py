@@ -27,6 +27,16 @@ POLL_S = 0.05
 
 @dataclass(frozen=True, kw_only=True)
 class LocalOptions:
+    """How ``run_local`` plays the agent.
+
+    Attributes:
+        suspend_after_s: raise the suspend flag this long after the first run starts; None: never.
+        whole_life_state: what the first run reads as its whole-life state.
+        ack_window_s: how long rank 0 has to acknowledge the flag (``receive_suspend_command``).
+        grace_s: how long the script has to call ``go_suspend()`` once it acknowledged.
+        term_grace_s: between SIGTERM and SIGKILL when the script is stopped.
+    """
+
     suspend_after_s: float | None = None
     whole_life_state: int = 0
     ack_window_s: float = 5.0

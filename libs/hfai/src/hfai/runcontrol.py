@@ -38,6 +38,8 @@ CHECKPOINT = "checkpoint"
 
 @dataclass(frozen=True)
 class Event:
+    """One line of ``events.jsonl``: its sequence number, its kind (``received``, ...) and the rest of its fields."""
+
     seq: int
     kind: str
     data: dict[str, Any]
@@ -57,19 +59,23 @@ class RunControl:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> RunControl | None:
+        """The folder ``$HFAI_RUN_DIR`` names; None outside a task (the variable unset or empty)."""
         value = (environ if environ is not None else os.environ).get(RUN_DIR_ENV)
         return cls(Path(value)) if value else None
 
     def create(self) -> RunControl:
+        """Makes the folder (the agent, before it starts the ranks); returns ``self``."""
         self.folder.mkdir(parents=True, exist_ok=True)
         return self
 
     # ---- agent side ----
 
     def raise_suspend(self) -> None:
+        """Asks the task to suspend: rank 0 sees it in ``suspend_requested`` (``receive_suspend_command``)."""
         _atomic_write(self.folder / SUSPEND_FILE, b"1")
 
     def clear_suspend(self) -> None:
+        """Withdraws the suspend request (the flag reads ``0`` again)."""
         _atomic_write(self.folder / SUSPEND_FILE, b"0")
 
     def new_events(self) -> list[Event]:
@@ -90,11 +96,13 @@ class RunControl:
         return events
 
     def ack(self, seq: int) -> None:
+        """Records that every event up to ``seq`` reached the scheduler; ``wait_acked`` in the task then returns."""
         _atomic_write(self.folder / ACKED_FILE, str(seq).encode())
 
     # ---- task side ----
 
     def suspend_requested(self) -> bool:
+        """Whether the agent has raised the suspend flag (and not cleared it)."""
         try:
             return (self.folder / SUSPEND_FILE).read_bytes()[:1] == b"1"
         except FileNotFoundError:
@@ -113,12 +121,14 @@ class RunControl:
         return seq
 
     def acked(self) -> int:
+        """The highest ``seq`` the agent has acknowledged; 0 before the first."""
         try:
             return int((self.folder / ACKED_FILE).read_text() or 0)
         except (FileNotFoundError, ValueError):
             return 0
 
     def wait_acked(self, seq: int, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Blocks until the agent acknowledged ``seq`` (True) or ``timeout_s`` passed (False), polling."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.acked() >= seq:

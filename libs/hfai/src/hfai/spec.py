@@ -20,6 +20,10 @@ def task_spec(
     whole_life_state: int = 0,
     auto_priority: bool = False,
 ) -> pb.TaskSpec:
+    """The TaskSpec of ``argv`` run on ``nodes`` nodes of ``group``; unset priority and max restarts: the scheduler's.
+
+    ``watchdog_time_s`` and ``suspend_grace_s`` 0 take the cluster's defaults.
+    """
     spec = pb.TaskSpec(
         name=name,
         argv=argv,

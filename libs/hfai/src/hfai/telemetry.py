@@ -92,8 +92,10 @@ def report(*, labels: Mapping[str, str] | None = None, **metrics: float) -> None
 
 
 def sample_labels(given: Mapping[str, str], agent: Mapping[str, str]) -> dict[str, str]:
-    """A sample's own labels: the caller's without those the agent sets (a sample's own label would win over
-    the push's common labels, and the agent's must win)."""
+    """A sample's own labels: the caller's without those the agent sets.
+
+    A sample's own label would win over the push's common labels, and the agent's must win.
+    """
     return {k: v for k, v in given.items() if k not in agent}
 
 

@@ -170,8 +170,11 @@ async def test_init_checks_the_token_before_saving_it(env: dict[str, Any]) -> No
 
 
 async def test_the_cluster_client_variables_are_enough(env: dict[str, Any], tmp_path: Path) -> None:
-    ff_only = {"FF_MGMTD_ADDRESSES": env["mgmtd"], "FF_TOKEN": env["tokens"]["bob"],
-               "HFAI_CONFIG": str(tmp_path / "none.json")}  # fmt: skip
+    ff_only = {
+        "FF_MGMTD_ADDRESSES": env["mgmtd"],
+        "FF_TOKEN": env["tokens"]["bob"],
+        "HFAI_CONFIG": str(tmp_path / "none.json"),
+    }
     code, out, err = await hfai("whoami", env=ff_only)
     assert code == 0 and out.startswith("bob (uid"), err
 
@@ -189,9 +192,14 @@ async def test_output_into_a_closed_pipe_ends_quietly(env: dict[str, Any]) -> No
     os.close(read_end)  # the reader is gone before the first line, as `hfai list | head -0` would be
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "hfai", "whoami", stdout=write_end, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "hfai",
+            "whoami",
+            stdout=write_end,
+            stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **as_user(env, "alice")},
-        )  # fmt: skip
+        )
     finally:
         os.close(write_end)
     _, err = await asyncio.wait_for(proc.communicate(), 60)

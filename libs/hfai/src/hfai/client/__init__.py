@@ -1,8 +1,7 @@
-"""What training code imports (HAI's ``hfai.client``): the suspend hooks, the whole-life state, the
-watchdog, priorities, and an experiment API.
+"""What training code imports (HAI's ``hfai.client``): suspend hooks, whole-life state, watchdog, experiments.
 
-Inside a task the agent sets ``HFAI_RUN_DIR`` (see ``hfai.runcontrol``), the task id, and the state
-the run started with; outside a task (plain ``python train.py``) the hooks say there is nothing to
+Priorities too. Inside a task the agent sets ``HFAI_RUN_DIR`` (see ``hfai.runcontrol``), the task id, and the
+state the run started with; outside a task (plain ``python train.py``) the hooks say there is nothing to
 suspend and the whole-life state is 0.
 """
 
@@ -142,27 +141,34 @@ class Experiment:
 
     @property
     def id(self) -> int:
+        """The task id."""
         return int(self.task.task_id)
 
     @property
     def state(self) -> str:
+        """The task's state when last fetched, lower case without the prefix (``queued``, ``running``, ...)."""
         from fireflyer.scheduler.v1 import scheduler_pb2
 
         return str(scheduler_pb2.TaskState.Name(self.task.state)).removeprefix("TASK_STATE_").lower()
 
     def refresh(self) -> Experiment:
+        """Fetches the task again (with its runs); returns ``self``. Raises RpcError when the scheduler refuses."""
         self.task = _run(_with_api("get", self.id, True))
         return self
 
     def suspend(self) -> Experiment:
+        """Suspends the task through the suspend protocol (it queues again); a task not running is left as it is."""
         self.task = _run(_with_api("suspend", self.id))
         return self
 
     def stop(self) -> Experiment:
+        """Stops the task for good (it ends STOPPED); returns ``self`` with the scheduler's answer."""
         self.task = _run(_with_api("stop", self.id))
         return self
 
     def logs(self, rank: int = 0) -> str:
+        """The log of node rank ``rank`` of the latest run so far (undecodable bytes replaced)."""
+
         async def read() -> bytes:
             async with _api() as api:
                 return b"".join([chunk async for chunk in api.logs(self.id, node_rank=rank)])
@@ -189,14 +195,17 @@ def create_experiment(
 
 
 def get_experiments(*, all_users: bool = False) -> list[Experiment]:
+    """The user's tasks, newest first (``all_users``: everyone's, for admins)."""
     return [Experiment(t) for t in _run(_with_api("list", all_users=all_users))]
 
 
 def get_experiment(task_id: int) -> Experiment:
+    """The task ``task_id`` with its runs; raises RpcError (NOT_FOUND) when there is none."""
     return Experiment(_run(_with_api("get", task_id, True)))
 
 
 def iter_experiments() -> Iterator[Experiment]:
+    """The user's tasks, newest first, as HAI's iterator (fetched at once, not page by page)."""
     yield from get_experiments()
 
 
