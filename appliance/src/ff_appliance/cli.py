@@ -16,11 +16,13 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from ff_appliance import admin, alerts, lifecycle, mount
+from ff_appliance import admin, alerts, join, lifecycle, mount
 from ff_appliance.demo import DemoError, run_demo
 from ff_appliance.demo_faults import FAULT_KINDS, ClusterHandle
 from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.demo_train import NUM_AGENTS_WITH_FAULTS, TrainDemoError, TrainPlan, find_example, run_train_demo
+from ff_appliance.hosts import HostsError, LinkShape, parse_link_shape
+from ff_appliance.join import JoinError, JoinOptions
 from ff_appliance.lifecycle import ApplianceError, UpOptions
 from ff_appliance.services import AGENT, MGMTD, SERVICES
 from ff_appliance.state import PlanError, StateDir, load_plan, read_secret
@@ -73,7 +75,8 @@ async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     counts = {spec.name: getattr(args, f"num_{spec.name}") for spec in SERVICES if spec.scalable}
     options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level,
-                        database_url=getattr(args, "database", None))  # fmt: skip
+                        database_url=getattr(args, "database", None), hosts=args.hosts,
+                        link_shapes=tuple(args.link_shape or ()))  # fmt: skip
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
     if getattr(args, "mount", None):
@@ -142,6 +145,29 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
         cluster = ClusterHandle(state=state, env=dict(cli.environ))
         await run_train_demo(addresses, token, TrainPlan.for_demo(example, faults=faults), cli.out, cluster)
     cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
+    return EXIT_OK
+
+
+async def _cmd_join(args: argparse.Namespace, cli: Cli) -> int:
+    state = cli.state(args)
+    mgmtd = tuple(a.strip() for item in args.mgmtd for a in item.split(",") if a.strip())
+    token = args.token or cli.environ.get(TOKEN_ENV)
+    if not token:
+        raise CliError(f"no token: pass --token (the cluster token: <state>/secrets/cluster_token where the cluster "
+                       f"runs) or set {TOKEN_ENV}")  # fmt: skip
+    options = JoinOptions(mgmtd=mgmtd, token=token, agent=args.agent,
+                          storage_disks=tuple(args.storage or ()),
+                          address=args.address or "", env=dict(cli.environ), timeout_s=args.timeout_s)  # fmt: skip
+    plan = await join.join(state, options, cli.out)
+    nodes = ", ".join(f"{i.name} node {i.node_id} at {i.grpc_address}" for i in plan.instances)
+    cli.print(f"joined: {nodes}\nleave with: {cli.prog} leave --state-dir {state.root}")
+    return EXIT_OK
+
+
+async def _cmd_leave(args: argparse.Namespace, cli: Cli) -> int:
+    state = cli.state(args)
+    await join.leave(state, args.drain_timeout_s, cli.out)
+    cli.print("left the cluster: this machine's nodes are drained, stopped and disabled")
     return EXIT_OK
 
 
@@ -221,6 +247,27 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
             p.add_argument(f"--{spec.name}", dest=f"num_{spec.name}", type=_positive_int, metavar="N", help=help_text)
     p.add_argument("--timeout-s", type=float, default=60.0, help="how long to wait for everything to be up")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--hosts", type=_positive_int, metavar="N", default=None,
+        help="a new cluster only (needs root): storage and agent instances on N hosts, each a network namespace "
+        "with its own address on a veth to a bridge (default: everything on loopback)",
+    )  # fmt: skip
+    p.add_argument(
+        "--link-shape", type=_link_shape, action="append", metavar="[HOST:]rate=R,delay=D",
+        help="shape the hosts' links with tc, e.g. rate=100mbit (every host) or h3:rate=10mbit,delay=20ms (one "
+        "host, as a cross-zone link); repeatable; kept for later ups (delay needs the kernel's netem)",
+    )  # fmt: skip
+
+
+def _link_shape(text: str) -> tuple[str | None, LinkShape]:
+    try:
+        return parse_link_shape(text)
+    except HostsError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _folder(text: str) -> Path:
+    return Path(text).expanduser().resolve()
 
 
 def _positive_int(text: str) -> int:
@@ -263,6 +310,23 @@ async def _user_disable(c: MgmtdClient, a: argparse.Namespace) -> Message:
 
 async def _user_enable(c: MgmtdClient, a: argparse.Namespace) -> Message:
     return await admin.user_set_disabled(c, a.name, disabled=False)
+
+
+def _add_join_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("join", parents=[common], help="run this machine's agent and/or storage in a cluster that runs "
+                       "elsewhere (its state folder is this machine's own)")  # fmt: skip
+    p.add_argument("--mgmtd", action="append", required=True, metavar="HOST:PORT", help="the cluster's mgmtd")
+    p.add_argument("--token", default=None, help=f"the cluster token (default: ${TOKEN_ENV})")
+    p.add_argument("--agent", action="store_true", help="run an agent (GPUs through NVML, else CPU device slots)")
+    storage_help = "run a storage service with its targets in PATH(s); it takes its share of the replicas"
+    p.add_argument("--storage", nargs="+", type=_folder, metavar="PATH", help=storage_help)
+    p.add_argument("--address", default=None, help="the address to listen on (default: the one that reaches mgmtd)")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait (replicas syncing included)")
+    p.set_defaults(handler=_cmd_join)
+    p = sub.add_parser("leave", parents=[common], help="drain this machine's joined nodes (tasks end, replicas move "
+                       "to other nodes), stop and disable them")  # fmt: skip
+    p.add_argument("--drain-timeout-s", type=float, default=300.0, help="how long tasks and replica syncs may take")
+    p.set_defaults(handler=_cmd_leave)
 
 
 def _add_user_commands(sub: Any) -> None:
@@ -398,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the tiny-GPT example's folder, readable by every agent (default: this checkout's)",
     )
     p.set_defaults(handler=_cmd_demo)
+    _add_join_commands(sub, common)
     _add_user_commands(sub)
     _add_group_commands(sub)
     _add_token_commands(sub)
@@ -421,7 +486,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
     except BrokenPipeError:
         raise  # the reader went away (`fireflyer user list | head -1`): main() stops quietly
     except (ApplianceError, SupervisorError, PlanError, DemoError, StorageDemoError, TrainDemoError, CliError,
-            OSError) as exc:  # fmt: skip
+            JoinError, OSError) as exc:  # fmt: skip
         print(f"fireflyer: {exc}", file=err)
     except KeyboardInterrupt:
         print("fireflyer: interrupted", file=err)

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ff_appliance import admin, database
+from ff_appliance import admin, database, host_layout
 from ff_appliance.health import Health, wait_serving
+from ff_appliance.hosts import HostsError, LinkShape, NetworkPlan
 from ff_appliance.services import (
     META,
     SCHEDULER,
@@ -71,6 +72,8 @@ class UpOptions:
     timeout_s: float = 60.0
     log_level: str = "INFO"
     database_url: str | None = None  # a new cluster's PostgreSQL database (``database``); None: as chosen before
+    hosts: int | None = None  # ``--hosts N``: storage and agents on N network namespaces (a new cluster only)
+    link_shapes: tuple[tuple[str | None, LinkShape], ...] = ()  # ``--link-shape``: (host or None: all, shape)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,9 +92,12 @@ async def up(state: StateDir, options: UpOptions, out: TextIO, services: Sequenc
     """
     state.create_dirs()
     with exclusive_lock(state.lock_file):
+        network = _hosts_network(state, options)
         cluster_token = ensure_cluster_token(state)
         database_urls = await asyncio.to_thread(_database_urls, state, options.database_url, services, cluster_token)
         plan = _prepare_plan(state, options.counts, services)
+        if network is not None:
+            plan = await asyncio.to_thread(_on_hosts, state, plan, network, out)
         ctx = LaunchContext(state=state, plan=plan, log_level=options.log_level, database_urls=database_urls)
         deadline = time.monotonic() + options.timeout_s
         started: list[Started] = []
@@ -136,6 +142,20 @@ def _database_urls(
         raise ApplianceError(str(err)) from None
 
 
+def _hosts_network(state: StateDir, options: UpOptions) -> NetworkPlan | None:
+    try:
+        return host_layout.choose_network(state, options.hosts, options.link_shapes)
+    except HostsError as err:
+        raise ApplianceError(str(err)) from None
+
+
+def _on_hosts(state: StateDir, plan: ClusterPlan, network: NetworkPlan, out: TextIO) -> ClusterPlan:
+    try:
+        return host_layout.apply_network(state, plan, network, out)
+    except HostsError as err:
+        raise ApplianceError(f"making the hosts' network failed: {err}") from None
+
+
 def _prepare_plan(state: StateDir, counts: Mapping[str, int | None], services: Sequence[ServiceSpec]) -> ClusterPlan:
     existing = load_plan(state)
     known = {spec.name for spec in services}
@@ -159,7 +179,8 @@ async def _start_all(
     pids = _running_pids(ctx)
     for name, pid in pids.items():
         print(f"{name}: already running (pid {pid})", file=out)
-    _check_ports_free(ctx, [i for i in ctx.plan.instances if i.name not in pids])
+    # An instance on a host binds in that host's own namespace, made for this cluster: nothing else is there.
+    _check_ports_free(ctx, [i for i in ctx.plan.instances if i.name not in pids and not i.host_name])
     batch: list[tuple[Started, InstancePlan]] = []
     for spec in services:
         for instance in ctx.plan.of_service(spec.name):
@@ -293,6 +314,7 @@ def down(state: StateDir, timeout_s: float, out: TextIO, services: Sequence[Serv
     with exclusive_lock(state.lock_file):
         for wave in stop_waves(order):
             killed += _stop_service(state, [i for service in wave for i in plan.of_service(service)], timeout_s, out)
+        host_layout.remove_network(plan, out)
     return killed
 
 

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ff_appliance import scheduler_setup, storage_setup, telemetry_setup
+from ff_appliance.hosts import exec_prefix
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_cluster import MgmtdClient
 from ff_config.ports import free_port
@@ -39,11 +40,12 @@ class LaunchContext:
     plan: ClusterPlan
     log_level: str = "INFO"
     database_urls: Mapping[str, str] = field(default_factory=dict)  # service -> its PostgreSQL URL (``database``)
+    remote_mgmtd: tuple[str, ...] = ()  # ``join``: the mgmtd of a cluster whose plan is on another machine
 
     @property
     def mgmtd_addresses(self) -> list[str]:
         """gRPC addresses of every mgmtd instance (clients find the primary among them)."""
-        return [i.grpc_address for i in self.plan.of_service(MGMTD)]
+        return list(self.remote_mgmtd) or [i.grpc_address for i in self.plan.of_service(MGMTD)]
 
 
 ArgsBuilder = Callable[[LaunchContext, InstancePlan], list[str]]
@@ -229,8 +231,11 @@ SERVICES: tuple[ServiceSpec, ...] = (
 
 
 def command(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan) -> list[str]:
-    """The full argv of one instance, run by this interpreter."""
-    return [sys.executable, "-m", spec.module, *common_args(ctx, instance), *spec.args(ctx, instance)]
+    """The full argv of one instance, run by this interpreter (in its host's network namespace, if it has one)."""
+    argv = [sys.executable, "-m", spec.module, *common_args(ctx, instance), *spec.args(ctx, instance)]
+    if instance.host_name and ctx.plan.network is not None:
+        return [*exec_prefix(ctx.plan.network, instance.host_name), *argv]
+    return argv
 
 
 def spec_for(instance: InstancePlan, services: Sequence[ServiceSpec] = SERVICES) -> ServiceSpec:

@@ -7,10 +7,11 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ff_appliance.hosts import NetworkPlan, host_of
 from ff_config.ports import LOOPBACK
 
 PLAN_FORMAT_VERSION = 1
@@ -95,6 +96,7 @@ class InstancePlan:
     grpc_port: int
     metrics_port: int
     host: str = LOOPBACK
+    host_name: str = ""  # ``up --hosts``: the host (network namespace) it runs on; "": this machine's own
 
     @property
     def grpc_address(self) -> str:
@@ -115,6 +117,7 @@ class ClusterPlan:
 
     instances: tuple[InstancePlan, ...]
     created_at: float = field(default_factory=time.time)
+    network: NetworkPlan | None = None  # ``up --hosts``: the hosts' network; None: everything on loopback
 
     def of_service(self, service: str) -> list[InstancePlan]:
         return [i for i in self.instances if i.service == service]
@@ -128,6 +131,8 @@ class ClusterPlan:
     def to_json(self) -> str:
         doc = {"format_version": PLAN_FORMAT_VERSION, "created_at": self.created_at,
                "instances": [asdict(i) for i in self.instances]}  # fmt: skip
+        if self.network is not None:
+            doc["network"] = self.network.to_dict()
         return json.dumps(doc, indent=2) + "\n"
 
     @classmethod
@@ -142,7 +147,8 @@ class ClusterPlan:
             if doc.get("format_version") != PLAN_FORMAT_VERSION:
                 raise PlanError(f"plan format {doc.get('format_version')!r} is not {PLAN_FORMAT_VERSION}")
             instances = tuple(InstancePlan(**i) for i in doc["instances"])
-            return cls(instances=instances, created_at=float(doc["created_at"]))
+            network = NetworkPlan.from_dict(doc["network"]) if doc.get("network") is not None else None
+            return cls(instances=instances, created_at=float(doc["created_at"]), network=network)
         except (ValueError, KeyError, TypeError) as exc:
             raise PlanError(f"the plan is not valid: {exc}") from None
 
@@ -187,7 +193,21 @@ def extend_plan(
             next_node_id += 1
     if existing is not None and len(instances) == len(existing.instances):
         return existing
-    return ClusterPlan(instances=tuple(instances), created_at=existing.created_at if existing else time.time())
+    if existing is None:
+        return ClusterPlan(instances=tuple(instances))
+    return ClusterPlan(instances=tuple(instances), created_at=existing.created_at, network=existing.network)
+
+
+def place_on_hosts(plan: ClusterPlan, network: NetworkPlan) -> ClusterPlan:
+    """``plan`` on ``network``'s hosts: every instance still on loopback (all of a new plan, those a later ``up``
+    added) moves to its host (storage and agent instances, see ``hosts.host_of``) or to the bridge address (the
+    others, so the hosts reach them); placed instances stay where they are. Ports and node ids are kept."""
+    placed: list[InstancePlan] = []
+    for instance in plan.instances:
+        host = host_of(instance.service, instance.name, network)
+        address, name = (host.address, host.name) if host else (network.bridge_address, "")
+        placed.append(replace(instance, host=address, host_name=name) if instance.host == LOOPBACK else instance)
+    return replace(plan, instances=tuple(placed), network=network)
 
 
 def load_plan(state: StateDir) -> ClusterPlan | None:

@@ -33,6 +33,7 @@ class ServiceRow:
     metrics_url: str
     health: Health
     primary: bool | None  # None: not an mgmtd, or it did not answer
+    host: str = ""  # ``up --hosts``: the host (network namespace) it runs on; "": this machine's own
 
     @property
     def running(self) -> bool:
@@ -113,6 +114,7 @@ async def _service_row(state: StateDir, instance: InstancePlan) -> ServiceRow:
     return ServiceRow(
         instance=instance.name, service=instance.service, node_id=instance.node_id, pid=pid,
         grpc_address=instance.grpc_address, metrics_url=instance.metrics_url, health=health, primary=primary,
+        host=instance.host_name,
     )  # fmt: skip
 
 
@@ -160,10 +162,12 @@ def _cell(value: object) -> str:
 def render_status(status: ClusterStatus) -> str:
     """The human view of ``fireflyer status``."""
     head = f"cluster {status.cluster_id or '?'}  routing version {status.routing_version}  state {status.state_dir}"
+    on_hosts = any(s.host for s in status.services)
     services = format_table(
-        ["instance", "pid", "running", "gRPC", "health", "primary"],
-        [[s.instance, s.pid, s.running, s.grpc_address, s.health, s.primary] for s in status.services],
-    )
+        ["instance", "pid", "running", "gRPC", "health", "primary", *(["host"] if on_hosts else [])],
+        [[s.instance, s.pid, s.running, s.grpc_address, s.health, s.primary, *([s.host or "bridge"] if on_hosts
+          else [])] for s in status.services],
+    )  # fmt: skip
     nodes = format_table(
         ["node", "type", "instance", "hostname", "status", "enabled", "last heartbeat"],
         [[n.node_id, n.node_type, n.instance, n.hostname, n.status, n.enabled, _age(n.heartbeat_age_s)]

@@ -1,0 +1,322 @@
+"""``join`` and ``leave``: this machine's agent and/or storage service in a cluster whose control plane runs
+elsewhere.
+
+``join`` keeps a state folder of its own (plan.json with the joined instances, their ports and node ids;
+joined.json with the cluster's mgmtd addresses and the storage disks; secrets/cluster_token), so a second ``join``
+restarts the same nodes. A joined storage node takes its fair share of the chains' replicas (``replicas``).
+
+``leave`` drains, then stops: the agent's node is disabled in the scheduler (no new task is placed on it) and
+its tasks are waited for; the storage node's replicas move to the other nodes and sync there; then the services
+stop and their nodes are disabled in mgmtd (a node stays registered: mgmtd has no call to forget one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from ff_appliance import replicas
+from ff_appliance.health import Health, wait_serving
+from ff_appliance.scheduler_setup import scheduler_address
+from ff_appliance.scheduler_user import SchedulerUser
+from ff_appliance.services import AGENT, SERVICES, STORAGE, LaunchContext, command, spec_for
+from ff_appliance.state import (
+    ClusterPlan,
+    InstancePlan,
+    StateDir,
+    load_plan,
+    read_secret,
+    remove_files,
+    save_plan,
+    write_secret,
+)
+from ff_appliance.supervisor import (
+    SupervisorError,
+    exclusive_lock,
+    running_pid,
+    start_detached,
+    terminate,
+    wait_ready_file,
+)
+from ff_cluster import MgmtdClient
+from ff_config.ports import pick_free_ports
+from ff_rpc import RpcError
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as spb
+
+CPU_DEVICE_SLOTS = 2
+DRAIN_POLL_S = 0.5
+LEAVING = "leaving the cluster (fireflyer leave)"
+
+
+class JoinError(Exception):
+    """``join`` or ``leave`` cannot do what was asked; the message says why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JoinOptions:
+    """What ``join`` was asked for.
+
+    Attributes:
+        mgmtd: the cluster's mgmtd addresses.
+        token: the cluster token (``<state>/secrets/cluster_token`` of the cluster's machine).
+        agent: run an agent here.
+        storage_disks: run a storage service here with its targets in these folders (none: no storage).
+        address: the address this machine's services listen on (empty: the one that reaches mgmtd).
+        env: environment of the started processes.
+        timeout_s: how long the whole join may take (moved replicas syncing included).
+    """
+
+    mgmtd: tuple[str, ...]
+    token: str
+    agent: bool
+    storage_disks: tuple[Path, ...]
+    address: str = ""
+    env: Mapping[str, str]
+    timeout_s: float = 120.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Devices:
+    """What the agent will offer: GPUs found through NVML, else CPU device slots."""
+
+    num_gpus: int
+    how: str  # what was found, for the user
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_gpus or CPU_DEVICE_SLOTS
+
+
+def find_devices() -> Devices:
+    """GPUs through NVML (the driver's libnvidia-ml), without importing torch; the agent itself asks torch when it
+    starts (``detect_gpus``) and uses those."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return Devices(num_gpus=0, how=f"no GPU (no NVIDIA driver: libnvidia-ml.so.1 not found); "
+                                       f"{CPU_DEVICE_SLOTS} CPU device slots")  # fmt: skip
+    count = ctypes.c_uint(0)
+    if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        return Devices(num_gpus=0, how=f"no GPU (NVML did not initialise); {CPU_DEVICE_SLOTS} CPU device slots")
+    nvml.nvmlShutdown()
+    if count.value == 0:
+        return Devices(num_gpus=0, how=f"no GPU (NVML sees none); {CPU_DEVICE_SLOTS} CPU device slots")
+    return Devices(num_gpus=count.value, how=f"{count.value} GPU(s) through NVML")
+
+
+def local_address_towards(address: str) -> str:
+    """The address of this machine's interface that reaches ``address`` (host:port); no packet is sent."""
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host.strip("[]"), int(port)))
+        local: str = sock.getsockname()[0]
+    return local
+
+
+def joined_file(state: StateDir) -> Path:
+    return state.root / "joined.json"
+
+
+async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPlan:
+    """Start this machine's agent and/or storage service into the cluster (again, with the same nodes, when
+    ``state`` has joined before); storage then takes its share of the replicas.
+
+    Raises:
+        JoinError: nothing to run, mgmtd unreachable or the token refused, a service did not start or register.
+    """
+    if not options.agent and not options.storage_disks:
+        raise JoinError("give --agent, --storage PATH, or both")
+    state.create_dirs()
+    with exclusive_lock(state.lock_file):
+        client = MgmtdClient(list(options.mgmtd), token=options.token, timeout_s=5.0)
+        try:
+            info = await _cluster_info(client)
+            address = options.address or local_address_towards(options.mgmtd[0])
+            devices = find_devices()
+            print(f"cluster {info.cluster_id}; this machine joins as {address}; devices: {devices.how}", file=out)
+            write_secret(state.cluster_token_file, options.token)
+            _write_joined(state, options)
+            plan = _join_plan(state, options, address)
+            ctx = LaunchContext(state=state, plan=plan, remote_mgmtd=options.mgmtd)
+            deadline = time.monotonic() + options.timeout_s
+            plan = await _start(ctx, options, devices, deadline, out)
+            for instance in plan.of_service(STORAGE):
+                await _take_share(client, options.token, instance.node_id, deadline, out)
+        finally:
+            await client.close()
+    return plan
+
+
+async def _cluster_info(client: MgmtdClient) -> mgmtd_pb2.RoutingInfo:
+    try:
+        info: mgmtd_pb2.RoutingInfo = (
+            await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        ).routing_info
+    except RpcError as err:
+        raise JoinError(f"mgmtd at {client.current_address} answered {err.code.name}: {err.details}") from None
+    return info
+
+
+def _write_joined(state: StateDir, options: JoinOptions) -> None:
+    doc = {"mgmtd": list(options.mgmtd), "storage_disks": [str(p) for p in options.storage_disks]}
+    joined_file(state).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def read_joined(state: StateDir) -> dict[str, Any]:
+    """Raises: JoinError: ``state`` has not joined a cluster."""
+    try:
+        doc: dict[str, Any] = json.loads(joined_file(state).read_text())
+    except FileNotFoundError:
+        raise JoinError(f"{state.root} has not joined a cluster (run `fireflyer join` first)") from None
+    return doc
+
+
+def _join_plan(state: StateDir, options: JoinOptions, address: str) -> ClusterPlan:
+    """The joined instances: those of an earlier join (same ports and node ids), plus those asked for now."""
+    existing = load_plan(state)
+    instances = list(existing.instances) if existing else []
+    have = {i.service for i in instances}
+    wanted = ([AGENT] if options.agent else []) + ([STORAGE] if options.storage_disks else [])
+    used = {p for i in instances for p in (i.grpc_port, i.metrics_port)}
+    for service in wanted:
+        if service in have:
+            continue
+        grpc_port, metrics_port = pick_free_ports(2, used, host=address)
+        used |= {grpc_port, metrics_port}
+        # node id 0: mgmtd assigns one at the first registration; it is kept here for every later start.
+        instances.append(InstancePlan(name=f"{service}-1", service=service, node_id=0, grpc_port=grpc_port,
+                                      metrics_port=metrics_port, host=address))  # fmt: skip
+    plan = ClusterPlan(instances=tuple(instances), created_at=existing.created_at if existing else time.time())
+    save_plan(state, plan)
+    return plan
+
+
+async def _start(
+    ctx: LaunchContext, options: JoinOptions, devices: Devices, deadline: float, out: TextIO
+) -> ClusterPlan:
+    plan = ctx.plan
+    for instance in ctx.plan.instances:
+        pid = running_pid(ctx.state.pid_file(instance.name), ctx.state.process_marker(instance.name))
+        if pid is not None:
+            print(f"{instance.name}: already running (pid {pid}), node {instance.node_id}", file=out)
+            continue
+        spec = spec_for(instance, SERVICES)
+        argv = command(spec, ctx, instance)
+        if spec.name == AGENT:
+            argv += ["--num-device-slots", str(devices.num_slots)]  # the last value of a flag wins
+        elif spec.name == STORAGE:
+            argv += ["--disks", ",".join(str(p) for p in options.storage_disks)]
+        ctx.state.data_dir(spec.name).mkdir(mode=0o700, parents=True, exist_ok=True)
+        remove_files([ctx.state.ready_file(instance.name)])
+        launched = start_detached(instance.name, argv, log_file=ctx.state.log_file(instance.name),
+                                  pid_file=ctx.state.pid_file(instance.name),
+                                  env={**options.env, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        try:
+            ready = await wait_ready_file(launched, ctx.state.ready_file(instance.name), deadline)
+        except SupervisorError as err:
+            raise JoinError(str(err)) from None
+        if await wait_serving(instance.grpc_address, deadline) is not Health.SERVING:
+            raise JoinError(f"{instance.name} is not serving at {instance.grpc_address}")
+        node_id = int(ready.get("node_id", 0))
+        if node_id != instance.node_id:
+            plan = replace(plan, instances=tuple(replace(i, node_id=node_id) if i.name == instance.name else i
+                                                 for i in plan.instances))  # fmt: skip
+            save_plan(ctx.state, plan)
+        print(f"{instance.name}: started (pid {launched.pid}), registered as node {node_id}", file=out)
+    return plan
+
+
+async def _take_share(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:
+    info = await replicas.routing(client)
+    moves = replicas.moves_onto(replicas.chain_nodes(info), node_id, replicas.alive_storage_nodes(info))
+    await _do_moves(client, token, moves, deadline, out)
+
+
+async def _do_moves(
+    client: MgmtdClient, token: str, moves: Sequence[replicas.Move], deadline: float, out: TextIO
+) -> None:
+    new_targets: list[int] = []
+    for move in moves:
+        target_id = await replicas.apply_move(client, token, move)
+        new_targets.append(target_id)
+        where = f"to node {move.to_node} (target {target_id})" if move.to_node else "dropped (no other node)"
+        print(f"chain {move.chain_id}: replica of node {move.from_node} {where}", file=out)
+    try:
+        await replicas.wait_serving(client, new_targets, max(1.0, deadline - time.monotonic()))
+    except replicas.ReplicaError as err:
+        raise JoinError(str(err)) from None
+    if new_targets:
+        print(f"{len([t for t in new_targets if t])} moved replica(s) synced and serving", file=out)
+
+
+async def leave(state: StateDir, drain_timeout_s: float, out: TextIO) -> None:
+    """Drain this machine's joined nodes, then stop them (see the module docstring).
+
+    Raises:
+        JoinError: not joined; a task still runs after ``drain_timeout_s``; a replica cannot move.
+    """
+    joined, plan, token = read_joined(state), load_plan(state), read_secret(state.cluster_token_file)
+    if plan is None or token is None:
+        raise JoinError(f"{state.root} has no joined nodes")
+    deadline = time.monotonic() + drain_timeout_s
+    with exclusive_lock(state.lock_file):
+        client = MgmtdClient(list(joined["mgmtd"]), token=token, timeout_s=5.0)
+        try:
+            for instance in plan.of_service(AGENT):
+                await _drain_agent(client, token, instance.node_id, deadline, out)
+            for instance in plan.of_service(STORAGE):
+                info = await replicas.routing(client)
+                try:
+                    moves = replicas.moves_off(replicas.chain_nodes(info), instance.node_id,
+                                               replicas.alive_storage_nodes(info))  # fmt: skip
+                except replicas.ReplicaError as err:
+                    raise JoinError(str(err)) from None
+                await _do_moves(client, token, moves, deadline, out)
+            _stop(state, plan, out)
+            for instance in plan.instances:
+                disable = mgmtd_pb2.SetNodeEnabledRequest(node_id=instance.node_id, enabled=False)
+                await client.mgmtd(lambda s: s.SetNodeEnabled, disable)
+                print(f"node {instance.node_id} ({instance.name}): disabled in mgmtd", file=out)
+        finally:
+            await client.close()
+    joined_file(state).unlink()
+    state.plan_file.unlink()
+
+
+async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:
+    user = SchedulerUser(await scheduler_address(client), token)
+    try:
+        await user.call("SetNodeEnabled", spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING))
+        print(f"node {node_id}: the scheduler places no new task on it; waiting for its tasks to end", file=out)
+        while True:
+            nodes = (await user.call("ListNodes", spb.ListNodesRequest())).nodes
+            tasks = [list(n.task_ids) for n in nodes if n.node_id == node_id]
+            if not tasks or not tasks[0]:
+                print(f"node {node_id}: drained (no task on it)", file=out)
+                return
+            if time.monotonic() > deadline:
+                raise JoinError(f"node {node_id} still runs tasks {tasks[0]} (stop or suspend them, or give a "
+                                "longer --drain-timeout-s); it stays disabled in the scheduler")  # fmt: skip
+            await asyncio.sleep(DRAIN_POLL_S)
+    finally:
+        await user.close()
+
+
+def _stop(state: StateDir, plan: ClusterPlan, out: TextIO) -> None:
+    running = {}
+    for instance in plan.instances:
+        pid = running_pid(state.pid_file(instance.name), state.process_marker(instance.name))
+        if pid is not None:
+            running[instance.name] = pid
+    killed = terminate(running, timeout_s=20.0)
+    for name, pid in running.items():
+        print(f"{name}: {'killed' if name in killed else 'stopped'} (pid {pid})", file=out)
+    remove_files(p for i in plan.instances for p in (state.pid_file(i.name), state.ready_file(i.name)))

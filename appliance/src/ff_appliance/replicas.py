@@ -1,0 +1,172 @@
+"""Moving chain replicas between storage nodes with the cluster's existing admin calls (storage ``CreateTarget``,
+mgmtd ``SetChains``): ``join --storage`` takes a fair share of the replicas onto the new node, ``leave`` moves the
+leaving node's replicas onto the others. A moved replica is a new, empty target at the end of its chain (public
+state offline): mgmtd's chain scan makes it waiting, then syncing, and the chain's serving targets copy every
+chunk to it (storage recovery) until it serves. The old target leaves the chain in the same ``SetChains``.
+
+Which replicas move is pure (``moves_onto``, ``moves_off``: unit-tested); ``apply_move`` does the calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ff_cluster import MgmtdClient
+from ff_rpc.client import call_once
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
+from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.routing import RoutingView
+
+POLL_S = 0.2
+CALL_TIMEOUT_S = 10.0
+
+# chain id -> the node ids of its targets, in chain order
+ChainNodes = Mapping[int, Sequence[int]]
+
+
+class ReplicaError(Exception):
+    """A replica cannot be moved as asked (no other node to hold it, the chain's last copy, a timeout)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Move:
+    """Chain ``chain_id``'s replica on ``from_node`` goes to ``to_node`` (0: dropped, the chain has one fewer)."""
+
+    chain_id: int
+    from_node: int
+    to_node: int
+
+
+def moves_onto(chains: ChainNodes, new_node: int, storage_nodes: Sequence[int]) -> list[Move]:
+    """Replicas to move onto ``new_node`` so it holds its fair share (all replicas over all nodes, rounded down),
+    each taken from the node holding the most, never into a chain that already has a replica on ``new_node``."""
+    load = Counter({n: 0 for n in storage_nodes if n != new_node})
+    load.update(n for nodes in chains.values() for n in nodes if n != new_node)
+    have = sum(1 for nodes in chains.values() if new_node in nodes)
+    fair = sum(load.values()) // (len(load) + 1) if load else 0
+    taken: set[int] = {c for c, nodes in chains.items() if new_node in nodes}
+    moves: list[Move] = []
+    while have < fair:
+        choices = [(-load[n], n, c) for c, nodes in sorted(chains.items()) if c not in taken for n in nodes]
+        if not choices:
+            break
+        _, from_node, chain_id = min(choices)
+        moves.append(Move(chain_id=chain_id, from_node=from_node, to_node=new_node))
+        load[from_node] -= 1
+        taken.add(chain_id)
+        have += 1
+    return moves
+
+
+def moves_off(chains: ChainNodes, leaving: int, storage_nodes: Sequence[int]) -> list[Move]:
+    """Every replica on ``leaving``, each to the least-loaded node not yet in its chain; dropped (``to_node`` 0)
+    when every other node already is.
+
+    Raises:
+        ReplicaError: ``leaving`` holds a chain's only replica.
+    """
+    load = Counter({n: 0 for n in storage_nodes if n != leaving})
+    load.update(n for nodes in chains.values() for n in nodes if n != leaving)
+    moves: list[Move] = []
+    for chain_id, nodes in sorted(chains.items()):
+        if leaving not in nodes:
+            continue
+        if len(nodes) == 1:
+            raise ReplicaError(f"chain {chain_id} has its only replica on node {leaving}: it cannot leave")
+        free = [n for n in load if n not in nodes]
+        to_node = min(free, key=lambda n: (load[n], n)) if free else 0
+        if to_node:
+            load[to_node] += 1
+        moves.append(Move(chain_id=chain_id, from_node=leaving, to_node=to_node))
+    return moves
+
+
+def chain_nodes(info: mpb.RoutingInfo) -> dict[int, list[int]]:
+    return {c.chain_id: [t.node_id for t in c.targets] for c in info.chains}
+
+
+def alive_storage_nodes(info: mpb.RoutingInfo) -> list[int]:
+    return sorted(n.node_id for n in info.nodes if n.node_type == common_pb2.NODE_TYPE_STORAGE
+                  and n.status == mpb.NODE_STATUS_ALIVE and n.enabled)  # fmt: skip
+
+
+async def routing(mgmtd: MgmtdClient) -> mpb.RoutingInfo:
+    info: mpb.RoutingInfo = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())).routing_info
+    return info
+
+
+async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
+    """Do ``move``: a new target on ``to_node`` (not for a drop), the chain without the old one; the new target's
+    id (0 for a drop). The new target syncs afterwards: see ``wait_serving``.
+
+    Raises:
+        ReplicaError: the chain or a node is not there (routing changed meanwhile).
+        RpcError: a call failed.
+    """
+    info = await routing(mgmtd)
+    chain = next((c for c in info.chains if c.chain_id == move.chain_id), None)
+    if chain is None:
+        raise ReplicaError(f"chain {move.chain_id} is not in the routing info")
+    old = [t for t in chain.targets if t.node_id == move.from_node]
+    if not old:
+        raise ReplicaError(f"chain {move.chain_id} has no replica on node {move.from_node} any more")
+    kept = [t for t in chain.targets if t.node_id != move.from_node]
+    new_target_id = 0
+    if move.to_node:
+        node = RoutingView(info).node(move.to_node)
+        if node is None:
+            raise ReplicaError(f"node {move.to_node} is not registered")
+        new_target_id = await _target_on(node.grpc, token, move.chain_id, info)
+        kept.append(mpb.Target(target_id=new_target_id, node_id=move.to_node,
+                               public_state=mpb.PUBLIC_TARGET_STATE_OFFLINE,
+                               local_state=mpb.LOCAL_TARGET_STATE_OFFLINE))  # fmt: skip
+    updated = mpb.Chain(chain_id=chain.chain_id, version=chain.version, targets=kept)
+    await mgmtd.mgmtd(lambda s: s.SetChains, mpb.SetChainsRequest(chains=[updated]))
+    return new_target_id
+
+
+async def _target_on(address: str, token: str, chain_id: int, info: mpb.RoutingInfo) -> int:
+    """A target of ``chain_id`` on the storage node at ``address``: the one it still holds from an earlier move off
+    it (it syncs what it missed, as a restarted target does; a node holds one target per chain), else a new one."""
+    held = await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.ListTargets,
+                           spb.ListTargetsRequest(), token=token, timeout_s=CALL_TIMEOUT_S)  # fmt: skip
+    for target in held.targets:
+        if target.chain_id == chain_id:
+            return int(target.target_id)
+    target_id = max(t.target_id for c in info.chains for t in c.targets) + 1
+    request = spb.CreateTargetRequest(target_id=target_id, chain_id=chain_id, disk_index=0)
+    await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.CreateTarget, request, token=token,
+                    timeout_s=CALL_TIMEOUT_S)  # fmt: skip
+    return target_id
+
+
+async def wait_serving(mgmtd: MgmtdClient, target_ids: Sequence[int], timeout_s: float) -> None:
+    """Wait until every one of ``target_ids`` serves (synced).
+
+    Raises:
+        ReplicaError: not all serve within ``timeout_s``.
+    """
+    wanted = {t for t in target_ids if t}
+    deadline = time.monotonic() + timeout_s
+    while wanted:
+        info = await routing(mgmtd)
+        states = {t.target_id: t.public_state for c in info.chains for t in c.targets}
+        waiting = {t: int(states.get(t, 0)) for t in wanted if states.get(t) != mpb.PUBLIC_TARGET_STATE_SERVING}
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{t}:{_state_name(s)}" for t, s in waiting.items())
+            raise ReplicaError(f"moved replicas not serving after {timeout_s:g}s: {names}")
+        await asyncio.sleep(POLL_S)
+
+
+def _state_name(state: int) -> str:
+    if not state:
+        return "gone"
+    return mpb.PublicTargetState.Name(mpb.PublicTargetState.ValueType(state)).removeprefix("PUBLIC_TARGET_STATE_")

@@ -1,0 +1,243 @@
+"""``fireflyer up --hosts 3``: storage and agents on three network namespaces joined by veth links to a bridge.
+A chain write and a 2-node x 2-rank hfreduce allreduce cross the hosts' links (their byte counters show it);
+``join`` from a fourth namespace (another machine) adds an agent the scheduler then runs a task on, and a storage
+node that takes a replica; ``leave`` drains both. One cluster for the module. Needs root and ``ip netns``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hf3fs
+from ff_appliance import hosts
+from ff_appliance.hosts import HostPlan, NetworkPlan
+from ff_appliance.scheduler_setup import scheduler_address, set_quota
+from ff_appliance.scheduler_user import SchedulerUser, user_token
+from ff_cluster import MgmtdClient
+from ff_testing.environ import clean_env
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+from .conftest import Appliance
+
+
+def _netns_unavailable() -> str:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, veth links, a bridge)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return "" if probe.returncode == 0 else f"`ip netns` does not work here: {probe.stderr.strip()}"
+
+
+pytestmark = pytest.mark.skipif(bool(_netns_unavailable()), reason=_netns_unavailable() or "-")
+
+USER = "hosts-e2e"
+WRITE_BYTES = 4 << 20
+ALLREDUCE_ELEMS = 1 << 20  # float32: 4 MiB per rank, three times
+TASK_WAIT_S = 90.0
+
+ALLREDUCE_SCRIPT = """
+import os, numpy as np
+from hfreduce import Group, GroupConfig
+group = Group(GroupConfig.from_env())
+expected = sum(range(1, group.world_size + 1))
+for _ in range(3):
+    buf = np.full({elems}, float(group.rank + 1), dtype=np.float32)
+    group.allreduce(buf)
+    assert float(buf.min()) == float(buf.max()) == expected, (buf.min(), buf.max())
+print(f"allreduce ok rank {{group.rank}} of {{group.world_size}} sum {{expected}} from {{os.environ['MASTER_IP']}}")
+group.close()
+"""
+SLEEP_SCRIPT = "import time; print('on', __import__('socket').gethostname(), flush=True); time.sleep({seconds})\n"
+
+
+class Cluster:
+    def __init__(self, app: Appliance) -> None:
+        self.app = app
+        plan = json.loads((app.state_dir / "plan.json").read_text())
+        self.plan = plan
+        self.network = NetworkPlan.from_dict(plan["network"])
+        self.mgmtd = [f"{i['host']}:{i['grpc_port']}" for i in plan["instances"] if i["service"] == "mgmtd"]
+        self.admin_token = (app.state_dir / "secrets" / "admin_token").read_text().strip()
+        self.cluster_token = (app.state_dir / "secrets" / "cluster_token").read_text().strip()
+
+    def link_bytes(self) -> dict[str, tuple[int, int]]:
+        """Per host: (bytes it received, bytes it sent) on its link (the bridge end's tx and rx)."""
+        out = {}
+        for h in self.network.hosts:
+            rx, tx = hosts.link_bytes(self.network.bridge_link(h.name))
+            out[h.name] = (tx, rx)
+        return out
+
+    async def user(self) -> SchedulerUser:
+        mgmtd = MgmtdClient(self.mgmtd, token=self.admin_token)
+        try:
+            address = await scheduler_address(mgmtd)
+            token = await user_token(mgmtd, USER)
+        finally:
+            await mgmtd.close()
+        await set_quota(address, self.admin_token, USER, 10, 4)
+        return SchedulerUser(address, token, timeout_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    app = Appliance(tmp_path_factory.mktemp("hosts") / "state")
+    try:
+        app.ok("up", "--hosts", "3", "--link-shape", "h3:rate=1gbit", timeout_s=180.0)
+        yield Cluster(app)
+    finally:
+        if app.state_dir.exists():
+            prefix = json.loads((app.state_dir / "plan.json").read_text()).get("network", {}).get("prefix", "")
+            app.down_and_check()
+            if prefix:
+                assert not list(Path("/run/netns").glob(f"{prefix}-*")), "down left namespaces"
+                assert not list(Path("/sys/class/net").glob(f"{prefix}-*")), "down left links"
+
+
+def test_instances_are_placed_on_hosts_and_status_shows_them(cluster: Cluster) -> None:
+    placed = {i["name"]: (i["host_name"], i["host"]) for i in cluster.plan["instances"]}
+    net = cluster.network
+    assert {n: h for n, (h, _) in placed.items() if h} == {
+        "storage-1": "h1", "storage-2": "h2", "storage-3": "h3", "agent-1": "h1", "agent-2": "h2",
+    }  # fmt: skip
+    assert placed["mgmtd-1"] == ("", net.bridge_address)
+    assert placed["storage-3"] == ("h3", f"{net.subnet}.13")
+    status = cluster.app.run("status", "--json")
+    assert status.code == 0, status.out
+    assert {s["instance"]: s["host"] for s in status.json()["services"]}["agent-2"] == "h2"
+    # every host's services run in its namespace (their pids are listed there)
+    for name in ("storage-2", "agent-2"):
+        pid = cluster.app.pids()[name]
+        assert os.readlink(f"/proc/{pid}/ns/net") == _netns_inode("h2", net)
+    shaped = subprocess.run(["tc", "qdisc", "show", "dev", net.bridge_link("h3")], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    assert "tbf" in shaped and "rate 1Gbit" in shaped, shaped
+
+
+def _netns_inode(host: str, net: NetworkPlan) -> str:
+    inode = os.stat(f"/run/netns/{net.netns(host)}").st_ino
+    return f"net:[{inode}]"
+
+
+def test_a_chain_write_crosses_every_host_link(cluster: Cluster) -> None:
+    data = os.urandom(WRITE_BYTES)
+    before = cluster.link_bytes()
+    with hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.admin_token) as fs:
+        with fs.open("/hosts-e2e.bin", "wb") as f:
+            f.write(data)
+        after = cluster.link_bytes()
+        with fs.open("/hosts-e2e.bin", "rb") as f:
+            assert f.read() == data
+    # 3 storage nodes, chains of 3: every chunk reaches every host once (from this machine at the head, then
+    # forwarded along the chain), so each host received at least the file's bytes over its link.
+    received = {h: after[h][0] - before[h][0] for h in after}
+    assert all(n >= WRITE_BYTES for n in received.values()), received
+
+
+async def test_a_2x2_hfreduce_allreduce_crosses_the_agents_hosts(cluster: Cluster, tmp_path: Path) -> None:
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE_SCRIPT.format(elems=ALLREDUCE_ELEMS))
+    os.chmod(tmp_path, 0o755)  # the ranks may run as the task's user
+    user = await cluster.user()
+    try:
+        before = cluster.link_bytes()
+        spec = pb.TaskSpec(name="allreduce", argv=["python", str(script)], num_nodes=2, priority=10)
+        task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+        done = await _wait_ended(user, task.task_id)
+        after = cluster.link_bytes()
+        logs = [await user.log(task.task_id, r) for r in (0, 1)]
+        assert done.state == pb.TASK_STATE_SUCCEEDED, (done.end_message, logs)
+    finally:
+        await user.close()
+    assert sum(line.count("allreduce ok") for line in logs) == 4, logs
+    buffer_bytes = 4 * ALLREDUCE_ELEMS * 3
+    for host in ("h1", "h2"):  # agent-1 and agent-2: each node's partial sums go out, the totals come back
+        received, sent = after[host][0] - before[host][0], after[host][1] - before[host][1]
+        assert received >= buffer_bytes / 2 and sent >= buffer_bytes / 2, (host, received, sent)
+
+
+async def _wait_ended(user: SchedulerUser, task_id: int) -> pb.Task:
+    deadline = time.monotonic() + TASK_WAIT_S
+    while True:
+        task = await user.task(task_id)
+        if task.state >= pb.TASK_STATE_SUCCEEDED:
+            return task
+        assert time.monotonic() < deadline, f"task {task_id} did not end in {TASK_WAIT_S:g}s: {task}"
+        await asyncio.sleep(0.3)
+
+
+def _fireflyer(*args: str, netns: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "fireflyer"
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "ff_appliance"]
+    return subprocess.run(["ip", "netns", "exec", netns, *argv, *args], capture_output=True, text=True,
+                          env=clean_env(), timeout=timeout_s, check=False)  # fmt: skip
+
+
+async def test_join_adds_a_node_the_scheduler_uses_and_leave_drains_it(cluster: Cluster, tmp_path: Path) -> None:
+    net = cluster.network
+    machine = HostPlan(name="j1", address=f"{net.subnet}.{hosts.JOIN_ADDRESS_OFFSET + 1}")
+    hosts.add_host(net, machine)  # "another machine" on the cluster's network; `down` removes it with the rest
+    state = tmp_path / "joined"
+    joined = _fireflyer("join", "--mgmtd", cluster.mgmtd[0], "--token", cluster.cluster_token, "--agent", "--storage",
+                        str(tmp_path / "disk"), "--state-dir", str(state), netns=net.netns("j1"))  # fmt: skip
+    try:
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        assert "devices: no GPU" in joined.stdout and "replica of node" in joined.stdout, joined.stdout
+        plan = json.loads((state / "plan.json").read_text())
+        node_ids = {i["service"]: i["node_id"] for i in plan["instances"]}
+        assert all(i["host"] == machine.address for i in plan["instances"])
+        routing = await _routing(cluster)
+        assert any(t.node_id == node_ids["storage"] for c in routing.chains for t in c.targets)
+        # 3 nodes: agent-1, agent-2 and the joined one
+        user = await cluster.user()
+        try:
+            script = tmp_path / "sleep.py"
+            script.write_text(SLEEP_SCRIPT.format(seconds=1))
+            spec = pb.TaskSpec(name="three", argv=["python", str(script)], num_nodes=3, priority=10)
+            task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+            done = await _wait_ended(user, task.task_id)
+            assert done.state == pb.TASK_STATE_SUCCEEDED, done.end_message
+            assert node_ids["agent"] in {n.node_id for n in done.runs[-1].nodes}
+            left = _fireflyer("leave", "--state-dir", str(state), netns=net.netns("j1"))
+            assert left.returncode == 0, left.stdout + left.stderr
+            assert "drained" in left.stdout and "synced and serving" in left.stdout, left.stdout
+            nodes = {n.node_id: n for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes}
+            assert nodes[node_ids["agent"]].state != pb.NODE_STATE_READY
+        finally:
+            await user.close()
+        routing = await _routing(cluster)
+        assert not any(t.node_id == node_ids["storage"] for c in routing.chains for t in c.targets)
+        assert all(t.public_state == mgmtd_pb2.PUBLIC_TARGET_STATE_SERVING for c in routing.chains for t in c.targets)
+        disabled = {n.node_id for n in routing.nodes if not n.enabled}
+        assert set(node_ids.values()) <= disabled
+    finally:
+        _stop_leftovers(state)
+
+
+async def _routing(cluster: Cluster) -> Any:
+    client = MgmtdClient(cluster.mgmtd, token=cluster.admin_token)
+    try:
+        return (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+    finally:
+        await client.close()
+
+
+def _stop_leftovers(state: Path) -> None:
+    """A failed test must not leave the joined services running."""
+    for pid_file in (state / "run").glob("*.pid") if (state / "run").exists() else []:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
