@@ -10,10 +10,15 @@ from ff_scheduler.server import main
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Run the scheduler with settings from ``argv`` and ``FF_SCHEDULER_*``; returns the process exit code."""
     return run_service(
-        service="scheduler", description="fireflyer time-sharing scheduler", model=SchedulerSettings,
-        env_prefix=ENV_PREFIX, main=main, argv=argv,
-    )  # fmt: skip
+        service="scheduler",
+        description="fireflyer time-sharing scheduler",
+        model=SchedulerSettings,
+        env_prefix=ENV_PREFIX,
+        main=main,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

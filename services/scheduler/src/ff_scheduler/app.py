@@ -1,6 +1,7 @@
-"""The async driver of the scheduler: the tick loop (one serializable transaction that loads the
-snapshot, plans with ``core.tick`` and applies the plan), the reconciliation of agents' orders with
-what active runs want, and mgmtd's leases of agent nodes.
+"""The async driver of the scheduler: the tick loop, the agents' orders, and mgmtd's leases of agent nodes.
+
+A tick is one serializable transaction that loads the snapshot, plans with ``core.tick`` and applies the plan;
+the agents' orders are reconciled with what active runs want.
 
 Orders are derived from state, not from transitions: every tick, each node of an active run that has
 not yet shown the wanted effect in its reports gets the order (start, suspend or stop) again after
@@ -43,6 +44,8 @@ RUN_TOKEN_TTL_S = 7 * 24 * 3600.0
 
 @dataclass(frozen=True, kw_only=True)
 class DriverOptions:
+    """The driver's timing (seconds) and the port runs' masters listen on."""
+
     tick_interval_s: float
     master_port: int
     order_resend_interval_s: float
@@ -52,6 +55,8 @@ class DriverOptions:
 
 @dataclass(frozen=True)
 class TickStats:
+    """What one tick did and how long it took (seconds), for logs and the service's metrics."""
+
     duration_s: float
     num_tasks: int
     num_started: int
@@ -93,11 +98,13 @@ class Scheduler:
         self._wake.set()
 
     def now(self) -> float:
+        """The scheduler's clock (epoch seconds; tests give their own)."""
         return self._clock()
 
     # ---- the tick ----
 
     async def tick(self) -> TickStats:
+        """One tick: plan and apply in one transaction, then send the orders due and revoke ended runs' tokens."""
         started = time.perf_counter()
         now = self.now()
 
@@ -127,6 +134,7 @@ class Scheduler:
         return stats
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Tick until ``stop`` (and follow mgmtd's node leases), then let orders in flight finish (bounded)."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._tick_loop(stop))
             if self.mgmtd is not None:
@@ -159,13 +167,13 @@ class Scheduler:
             try:
                 watch = self.mgmtd.watch_routing()
                 async for info in _until(stop, watch):
-                    await self.note_routing(info)
+                    await self._note_routing(info)
             except RpcError as err:
                 logger.warning("watching mgmtd failed: %s", err)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
-    async def note_routing(self, info: mgmtd_pb2.RoutingInfo) -> None:
+    async def _note_routing(self, info: mgmtd_pb2.RoutingInfo) -> None:
         alive = {n.node_id for n in info.nodes if n.status == mgmtd_pb2.NODE_STATUS_ALIVE}
         dead = {n.node_id for n in info.nodes if n.status == mgmtd_pb2.NODE_STATUS_DEAD}
         changed = await self.store.arun(lambda s: ops.set_online(s, alive, dead))
@@ -263,10 +271,12 @@ class Scheduler:
         )
 
     async def _run_token(self, run_id: int, user_name: str) -> str:
-        """A token of the task's owner for its ranks, issued by mgmtd once per run (per scheduler process) and
-        revoked when the run has ended: what the ranks hold works only while they run. Each issued token is
+        """A token of the task's owner for its ranks, issued by mgmtd once per run and revoked when it has ended.
+
+        Once per run per scheduler process; what the ranks hold works only while they run. Each issued token is
         in the run-token ledger (``store.run_tokens``) before it is handed out, so one issued before a
-        restart of the scheduler is revoked all the same."""
+        restart of the scheduler is revoked all the same.
+        """
         if self.mgmtd is None:
             return ""
         issued = self._run_tokens.get(run_id)
@@ -276,8 +286,10 @@ class Scheduler:
         return (await asyncio.shield(issued))[1]
 
     async def _issue_run_token(self, run_id: int, user_name: str) -> tuple[str, str]:
-        """The token's id and secret, or empty strings when mgmtd refused or the ledger could not record it
-        (the next start order asks again)."""
+        """The token's id and secret, or empty strings when mgmtd refused or the ledger could not record it.
+
+        On empty strings the next start order asks again.
+        """
         assert self.mgmtd is not None
         try:
             resp = await self.mgmtd.identity(

@@ -27,6 +27,7 @@ class ManifestCheck:
         self._meta = MetaClient(mgmtd, cluster_token, timeout_s=timeout_s, attempts=3)
 
     async def close(self) -> None:
+        """Close the client of meta."""
         await self._meta.close()
 
     async def check(self, path: str, uid: int) -> None:

@@ -15,6 +15,8 @@ ENV_PREFIX = "FF_SCHEDULER_"
 
 
 class SchedulerSettings(MgmtdClientSettings):
+    """The scheduler's settings, loaded once in ``__main__``."""
+
     state_dir: Path = Field(Path("./scheduler-state"), description="where the default SQLite file lives")
     database_url: SecretStr = Field(
         SecretStr(""), description="SQLAlchemy URL (may hold a password); default sqlite:///<state_dir>/scheduler.db"
@@ -53,12 +55,15 @@ class SchedulerSettings(MgmtdClientSettings):
         return self
 
     def resolved_database_url(self) -> str:
+        """The database to open: ``database_url``, else a SQLite file in ``state_dir`` (holds secrets: not logged)."""
         return self.database_url.get_secret_value() or f"sqlite:///{self.state_dir / 'scheduler.db'}"
 
     def scheduling_policy(self) -> SchedulingPolicy:
+        """The matcher's policy from these settings."""
         return SchedulingPolicy(min_run_time_s=self.min_run_time_s, fair_share=self.fair_share)
 
     def lifecycle_policy(self) -> LifecyclePolicy:
+        """The run lifecycle's deadlines and thresholds from these settings."""
         return LifecyclePolicy(
             ack_window_s=self.ack_window_s,
             default_grace_s=self.default_grace_s,
@@ -69,6 +74,7 @@ class SchedulerSettings(MgmtdClientSettings):
         )
 
     def limits(self) -> Limits:
+        """What a submission may ask for, and the defaults it gets, from these settings."""
         return Limits(
             max_command_bytes=self.max_command_bytes,
             default_group=self.default_group,

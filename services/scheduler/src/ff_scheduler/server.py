@@ -30,6 +30,7 @@ MIGRATIONS = Path(__file__).parent / "store" / "migrations"
 
 
 async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -> None:
+    """Open the database (migrating it) and serve the scheduler until ``stop`` is set (or a signal)."""
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
     store = Transactions(
@@ -52,11 +53,17 @@ async def main(settings: SchedulerSettings, stop: asyncio.Event | None = None) -
     def reporter(serving: Serving) -> list[Loop]:
         if settings.telemetry_interval_s <= 0:
             return []
-        return [service_reporter(
-            service="scheduler", node_id=serving.node_id, hostname=serving.hostname,
-            mgmtd_addresses=mgmtd_addresses, token=cluster_token,
-            collect=SchedulerReporter(scheduler).collect, interval_s=settings.telemetry_interval_s,
-        ).run(serving.stop)]  # fmt: skip
+        return [
+            service_reporter(
+                service="scheduler",
+                node_id=serving.node_id,
+                hostname=serving.hostname,
+                mgmtd_addresses=mgmtd_addresses,
+                token=cluster_token,
+                collect=SchedulerReporter(scheduler).collect,
+                interval_s=settings.telemetry_interval_s,
+            ).run(serving.stop)
+        ]
 
     wiring = ServiceWiring(
         node_type=common_pb2.NODE_TYPE_SCHEDULER,

@@ -45,6 +45,8 @@ def _run_ids(task_id: int, run_id: int) -> None:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    """SchedulerService (users and admins) over the ``Scheduler`` driver and its store."""
+
     def __init__(self, scheduler: Scheduler, limits: Limits) -> None:
         self._s = scheduler
         self._limits = limits
@@ -66,9 +68,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         now = self._s.now()
 
         def submit(s: Session) -> ops.TaskView:
-            """The task as of the submit's own transaction: a new one is queued (the scheduling pass woken
-            below may start it at once, and the answer does not depend on how far it got); a retry with the
-            same request_id answers the task as it is now."""
+            """The task as of the submit's own transaction: a new one is queued; a retry answers it as it is now.
+
+            The scheduling pass woken below may start a new task at once, and the answer does not depend on how
+            far it got; a retry with the same request_id answers the task as it is now.
+            """
             task_id = ops.submit_task(
                 s, caller.name, caller.uid, checked, request.request_id, now, self._limits.default_group
             )
@@ -241,8 +245,12 @@ class SchedulerAgentServicer(scheduler_pb2_grpc.SchedulerAgentServiceServicer):
             raise InvalidRequest("node_id is required (register with mgmtd first)")
         if not request.agent_address or not request.hostname:
             raise InvalidRequest("hostname and agent_address are required")
-        for name, text in (("hostname", request.hostname), ("agent_address", request.agent_address),
-                           ("master_ip", request.master_ip), ("zone", request.zone)):  # fmt: skip
+        for name, text in (
+            ("hostname", request.hostname),
+            ("agent_address", request.agent_address),
+            ("master_ip", request.master_ip),
+            ("zone", request.zone),
+        ):
             validation.check_length(name, text, validation.MAX_HOST_CHARS)
         validation.check_count("devices", len(request.devices), validation.MAX_DEVICES)
         validation.check_count("runs", len(request.runs), validation.MAX_REPORTED_RUNS)

@@ -1,6 +1,8 @@
-"""Helpers to run the scheduler for real in tests (in this process, or as a subprocess), and a
-protocol-level agent driver: a real AgentService on a port, registered with mgmtd and the scheduler,
-that records the orders it gets and reports what the test tells it to."""
+"""Helpers to run the scheduler for real in tests, and a protocol-level agent driver.
+
+The scheduler runs in this process or as a subprocess. The agent driver is a real AgentService on a port,
+registered with mgmtd and the scheduler, that records the orders it gets and reports what the test tells it to.
+"""
 
 from __future__ import annotations
 
@@ -45,16 +47,19 @@ FAST: dict[str, Any] = {
 
 @dataclass
 class InProcessScheduler:
+    """A scheduler serving in this process as an asyncio task (``start_in_process``)."""
+
     address: str
     stop: asyncio.Event
     task: asyncio.Task[None]
 
     async def shutdown(self) -> None:
+        """Stop the scheduler and wait up to 15 s for it to finish."""
         self.stop.set()
         await asyncio.wait_for(self.task, timeout=15)
 
 
-def settings_for(
+def _settings_for(
     folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
 ) -> dict[str, Any]:
     return {
@@ -73,7 +78,11 @@ def settings_for(
 async def start_in_process(
     folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
 ) -> InProcessScheduler:
-    values = settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
+    """Start a scheduler named ``name`` in this event loop with test settings; return it once ready.
+
+    ``overrides`` are settings fields.
+    """
+    values = _settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
     values["ready_file"].unlink(missing_ok=True)
     stop = asyncio.Event()
     task = asyncio.create_task(main(SchedulerSettings(**values), stop))
@@ -88,15 +97,19 @@ async def start_in_process(
 
 @dataclass
 class SchedulerProcess:
+    """A scheduler in its own process (``python -m ff_scheduler``)."""
+
     proc: subprocess.Popen[bytes]
     ready_file: Path
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
+        """The scheduler's gRPC address, from its ready file (after ``ready``)."""
         return str(self.info["grpc"])
 
     async def ready(self) -> SchedulerProcess:
+        """Wait for the ready file and return this process; raises if the process exits first."""
         self.info = await wait_ready(self.ready_file, self.proc, READY_TIMEOUT_S)
         return self
 
@@ -104,7 +117,8 @@ class SchedulerProcess:
 def spawn_process(
     folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
 ) -> SchedulerProcess:
-    values = settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
+    """Start ``python -m ff_scheduler`` with test settings, the cluster token in its environment; not yet ready."""
+    values = _settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
     values["ready_file"].unlink(missing_ok=True)
     token = values.pop("cluster_token")
     args = [sys.executable, "-m", "ff_scheduler"]
@@ -126,9 +140,11 @@ class SchedulerClient:
         self.agent = scheduler_pb2_grpc.SchedulerAgentServiceStub(self.channel)
 
     async def call(self, method: Any, request: Any) -> Any:
+        """Call ``method`` (a stub method of ``user`` or ``agent``) with the client's token; RpcError on failure."""
         return await self.rpc.unary(method, request)
 
     async def close(self) -> None:
+        """Close the channel."""
         await self.channel.close()
 
 
@@ -169,6 +185,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         self.client: SchedulerClient | None = None
 
     async def start(self) -> AgentDriver:
+        """Serve AgentService on a free port, register with mgmtd (then heartbeat) and with the scheduler."""
         self._server = RpcServer(
             ServerOptions(listen_address="127.0.0.1:0", cluster_token=self.cluster_token),
             [
@@ -197,6 +214,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         return self
 
     async def register(self) -> Any:
+        """Register (again) with the scheduler as a node of ``num_devices`` CPU slots; its answer."""
         assert self.client is not None and self._server is not None
         devices = [pb.Device(index=i, kind=pb.DEVICE_KIND_CPU_SLOT, name="cpu-slot") for i in range(self.num_devices)]
         return await self.client.call(
@@ -219,6 +237,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         self._stop.set()
 
     async def close(self) -> None:
+        """Stop heartbeating, close the client and stop the server."""
         self._stop.set()
         if self._membership is not None:
             with contextlib.suppress(Exception):
@@ -239,6 +258,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         failure_class: int = 0,
         last_output_at: float | None = None,
     ) -> Any:
+        """Report ``run_id`` in ``phase`` (with a failure when ``failure_class`` is set); the scheduler's answer."""
         assert self.client is not None
         report = pb.RunReport(
             task_id=self.task_of[run_id],
@@ -265,6 +285,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def suspend_stage(self, run_id: int, stage: int) -> None:
+        """Report that ``run_id``'s suspend reached ``stage`` now."""
         assert self.client is not None
         await self.client.call(
             self.client.agent.ReportSuspendStage,
@@ -296,6 +317,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def update_run(self, run_id: int, **fields: Any) -> None:
+        """Pass on an SDK change of ``run_id`` (``fields`` of UpdateRunRequest)."""
         assert self.client is not None
         await self.client.call(
             self.client.agent.UpdateRun,
@@ -303,6 +325,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
+        """Wait until ``predicate`` holds after an order came in; TimeoutError past ``timeout_s``."""
         async with self.changed:
             await asyncio.wait_for(self.changed.wait_for(predicate), timeout_s)
 
@@ -318,6 +341,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
     # ---- AgentService: orders from the scheduler ----
 
     async def StartRun(self, request: agent_pb2.StartRunRequest, context: Any) -> agent_pb2.StartRunResponse:
+        """Record the order; a run not reported yet is reported running."""
         self.starts.append(request)
         self.task_of[request.run_id] = request.task_id
         if request.run_id not in self.phases:
@@ -331,6 +355,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
             await self.report(run_id, pb.NODE_RUN_PHASE_RUNNING)
 
     async def SuspendRun(self, request: agent_pb2.SuspendRunRequest, context: Any) -> agent_pb2.SuspendRunResponse:
+        """Record the order; the first for a run plays the suspend protocol as ``suspend_mode`` says."""
         self.suspends.append(request)
         self.task_of.setdefault(request.run_id, request.task_id)
         if self.suspend_mode != IGNORE and len([s for s in self.suspends if s.run_id == request.run_id]) == 1:
@@ -346,6 +371,7 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
                 await self.suspend_stage(run_id, pb.SUSPEND_STAGE_CAN_SUSPEND)
 
     async def StopRun(self, request: agent_pb2.StopRunRequest, context: Any) -> agent_pb2.StopRunResponse:
+        """Record the order and report the run exited."""
         self.stops.append(request)
         self.task_of.setdefault(request.run_id, request.task_id)
         self._spawn(self._exited(request.run_id))
@@ -360,11 +386,17 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
     async def ReadLogs(
         self, request: agent_pb2.ReadLogsRequest, context: Any
     ) -> AsyncIterator[agent_pb2.ReadLogsResponse]:
+        """The run's whole log (a line per start order) in one message."""
         data = self.logs.get(request.run_id, b"")
         yield agent_pb2.ReadLogsResponse(offset_bytes=0, data=data, end_of_log=True)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 15.0, what: str = "condition") -> None:
+    """Poll ``check`` every 0.05 s until it returns True.
+
+    Raises:
+        TimeoutError: ``check`` did not return True within ``timeout_s`` (the message names ``what``).
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await check():
@@ -374,6 +406,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 15
 
 
 async def set_quota(root: SchedulerClient, user: str, level: int, nodes: int, group: str = "default") -> None:
+    """Give ``user`` a quota of ``nodes`` nodes at ``level`` in ``group`` (``root``: an admin's client)."""
     await root.call(
         root.user.SetQuota,
         pb.SetQuotaRequest(quota=pb.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)),
@@ -381,6 +414,7 @@ async def set_quota(root: SchedulerClient, user: str, level: int, nodes: int, gr
 
 
 def spec(num_nodes: int, level: int | None = None, **kw: Any) -> pb.TaskSpec:
+    """A task spec of ``num_nodes`` nodes (name ``train``, ``python train.py`` unless ``kw`` says otherwise)."""
     s = pb.TaskSpec(
         name=kw.pop("name", "train"), argv=kw.pop("argv", ["python", "train.py"]), num_nodes=num_nodes, **kw
     )
@@ -390,6 +424,7 @@ def spec(num_nodes: int, level: int | None = None, **kw: Any) -> pb.TaskSpec:
 
 
 async def task_of(client: SchedulerClient, task_id: int) -> pb.Task:
+    """The task as the scheduler has it now, with its runs."""
     resp = await client.call(client.user.GetTask, pb.GetTaskRequest(task_id=task_id, include_runs=True))
     task: pb.Task = resp.task
     return task

@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 
 class Transactions:
+    """The scheduler's store run on its own worker threads, so transactions stay off the event loop."""
+
     def __init__(self, store: Store, max_workers: int = 8) -> None:
         self.store = store
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sched-txn")
@@ -32,10 +34,12 @@ class Transactions:
         return await asyncio.wrap_future(future)
 
     async def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the transactions in flight (at shutdown, before ``dispose``)."""
         pending = list(self._pending)
         if pending:
             await asyncio.to_thread(concurrent.futures.wait, pending, timeout_s)
 
     def dispose(self) -> None:
+        """Stop the worker threads (waiting for them) and close the database connections."""
         self._pool.shutdown(wait=True)
         self.store.dispose()

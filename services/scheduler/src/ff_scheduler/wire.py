@@ -15,6 +15,7 @@ AUTO = -1
 
 
 def task_request(spec: pb.TaskSpec) -> TaskRequest:
+    """A submission as ``core.validation.check_task`` takes it."""
     return TaskRequest(
         name=spec.name,
         argv=list(spec.argv),
@@ -42,6 +43,7 @@ def _failure_pb(data: dict[str, Any] | None) -> pb.RunFailure | None:
 
 
 def run_to_proto(run: Any, nodes_of_run: list[Any] | None = None) -> pb.Run:
+    """A run row for the wire, with its nodes' hostnames when their rows are given."""
     msg = pb.Run(
         run_id=run.run_id,
         task_id=run.task_id,
@@ -68,6 +70,7 @@ def run_to_proto(run: Any, nodes_of_run: list[Any] | None = None) -> pb.Run:
 
 
 def task_to_proto(view: TaskView) -> pb.Task:
+    """A task (and its runs, when the view has them) for the wire; AUTO priority as ``AUTO``."""
     t = view.task
     spec = t.spec
     msg = pb.Task(
@@ -111,6 +114,7 @@ def task_to_proto(view: TaskView) -> pb.Task:
 
 
 def node_to_proto(row: Any, task_ids: list[int]) -> pb.Node:
+    """A node row for the wire, with its state and the tasks on it."""
     msg = pb.Node(
         node_id=row.node_id,
         hostname=row.hostname,
@@ -126,11 +130,12 @@ def node_to_proto(row: Any, task_ids: list[int]) -> pb.Node:
         last_report_at=row.last_report_at,
     )
     if row.validation:
-        msg.last_validation.CopyFrom(validation_from_json(row.validation))
+        msg.last_validation.CopyFrom(_validation_from_json(row.validation))
     return msg
 
 
 def validation_to_json(v: pb.Validation) -> dict[str, Any]:
+    """A node validation as stored in a JSON column."""
     return {
         "finished_at": v.finished_at,
         "passed": v.passed,
@@ -149,7 +154,8 @@ def validation_to_json(v: pb.Validation) -> dict[str, Any]:
     }
 
 
-def validation_from_json(data: dict[str, Any]) -> pb.Validation:
+def _validation_from_json(data: dict[str, Any]) -> pb.Validation:
+    """A stored validation for the wire."""
     return pb.Validation(
         finished_at=data.get("finished_at", 0.0),
         passed=data.get("passed", False),
@@ -158,10 +164,12 @@ def validation_from_json(data: dict[str, Any]) -> pb.Validation:
 
 
 def device_to_json(d: pb.Device) -> dict[str, Any]:
+    """A device as stored in a node row's JSON column."""
     return {"index": d.index, "kind": d.kind, "name": d.name, "memory_bytes": d.memory_bytes}
 
 
 def quota_to_proto(row: Any, used: int) -> pb.Quota:
+    """A quota row with the nodes its user's runs hold now."""
     return pb.Quota(
         user_name=row.user_name,
         priority=row.priority,
@@ -171,7 +179,8 @@ def quota_to_proto(row: Any, used: int) -> pb.Quota:
     )
 
 
-def failure_from_proto(f: pb.RunFailure) -> Failure:
+def _failure_from_proto(f: pb.RunFailure) -> Failure:
+    """An agent's failure report (message cut to 1,000 characters)."""
     return Failure(
         failure_class=FailureClass(f.failure_class),
         node_id=f.node_id,
@@ -186,15 +195,17 @@ def failure_from_proto(f: pb.RunFailure) -> Failure:
 
 
 def run_facts(report: pb.RunReport) -> NodeRunFacts:
+    """What ``ops.report_runs`` stores of one run report; the last output is the newest of its ranks'."""
     last_output = max([0.0, *(r.last_output_at for r in report.ranks)])
     return NodeRunFacts(
         task_id=report.task_id,
         run_id=report.run_id,
         phase=NodePhase(report.phase or 0),
         last_output_at=last_output,
-        failure=failure_from_proto(report.failure) if report.HasField("failure") else None,
+        failure=_failure_from_proto(report.failure) if report.HasField("failure") else None,
     )
 
 
-def describe_priority(level: int | None) -> str:
+def _describe_priority(level: int | None) -> str:
+    """A priority level's name, or ``AUTO``."""
     return "AUTO" if level is None else priority.name(level)

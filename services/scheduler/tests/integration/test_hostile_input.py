@@ -31,8 +31,9 @@ NAN, INF = float("nan"), float("inf")
 ALICE, ROOT = "alice", "root"  # replaced by their tokens
 
 
-def _case(what: str, method: str, request: Message | bytes, code: grpc.StatusCode, token: str = ALICE,
-          **kw: Any) -> Hostile:  # fmt: skip
+def _case(
+    what: str, method: str, request: Message | bytes, code: grpc.StatusCode, token: str = ALICE, **kw: Any
+) -> Hostile:
     data = request if isinstance(request, bytes) else request.SerializeToString()
     return Hostile(what, method, data, code, token, **kw)
 

@@ -171,12 +171,23 @@ def test_rank_failure_stops_the_other_nodes_then_fails_with_the_earliest_root_ca
     change = step_run(replace(task, run=run), nodes(2), T0 + 10, POLICY).change
     assert change is not None and change.state is RunState.FAILED and change.reason is EndReason.RANK_FAILED
     assert change.failure is not None and change.failure.node_id == 2
-    hung = NodeRunReport(phase=NodePhase.RUNNING, failure=Failure(
-        failure_class=FailureClass.INFRASTRUCTURE, node_id=2, local_rank=1, failed_at=T0 + 3, message="hang: rank 3",
-        hang=True,
-    ))  # fmt: skip
-    change = step_run(replace(task, run=replace(task.run, reports={1: failed(1, FailureClass.USER), 2: hung})),
-                      nodes(2), T0 + 10, POLICY).change  # fmt: skip
+    hung = NodeRunReport(
+        phase=NodePhase.RUNNING,
+        failure=Failure(
+            failure_class=FailureClass.INFRASTRUCTURE,
+            node_id=2,
+            local_rank=1,
+            failed_at=T0 + 3,
+            message="hang: rank 3",
+            hang=True,
+        ),
+    )
+    change = step_run(
+        replace(task, run=replace(task.run, reports={1: failed(1, FailureClass.USER), 2: hung})),
+        nodes(2),
+        T0 + 10,
+        POLICY,
+    ).change
     assert change is not None and change.state is RunState.STOPPING and change.reason is EndReason.HANG_DETECTED
     assert change.failure is not None and change.failure.hang and change.failure.node_id == 2
     partial = replace(task.run, reports={1: failed(1, FailureClass.USER), 2: NodeRunReport(phase=NodePhase.RUNNING)})
@@ -240,12 +251,21 @@ def test_repeated_non_user_failures_put_the_node_in_err_nodes_and_success_clears
 def test_peers_that_failed_before_their_dead_node_was_noticed_blame_that_node() -> None:
     task = replace(running(1, (1, 2), p.LOW, started_at=T0), max_restarts=2)
     assert task.run is not None
-    peer = Failure(failure_class=FailureClass.USER, node_id=1, exit_code=1, failed_at=T0 + 1,
-                   message="local rank 1 exited with 1: RuntimeError: Connection reset by peer")  # fmt: skip
+    peer = Failure(
+        failure_class=FailureClass.USER,
+        node_id=1,
+        exit_code=1,
+        failed_at=T0 + 1,
+        message="local rank 1 exited with 1: RuntimeError: Connection reset by peer",
+    )
     stopping = replace(
-        task.run, state=RunState.STOPPING, stop_reason=EndReason.RANK_FAILED, stop_requested_at=T0 + 1, failure=peer,
+        task.run,
+        state=RunState.STOPPING,
+        stop_reason=EndReason.RANK_FAILED,
+        stop_requested_at=T0 + 1,
+        failure=peer,
         reports={1: NodeRunReport(phase=NodePhase.EXITED, failure=peer), 2: NodeRunReport(phase=NodePhase.RUNNING)},
-    )  # fmt: skip
+    )
     # Node 2's agent died with its ranks: it never reports; its lease lapses 10 s later.
     assert step_run(replace(task, run=stopping), nodes(2), T0 + 5, POLICY).change is None
     lost = with_state(nodes(2), 2, NodeState.OFFLINE)
@@ -266,18 +286,29 @@ def test_a_hung_rank_cordons_its_node_at_once_and_requeues_the_task() -> None:
     assert task.run is not None
     message = "hang: rank 3 (node rank 1, local rank 1) finished collective 5 but never entered 6"
     hang = Failure(
-        failure_class=FailureClass.INFRASTRUCTURE, node_id=2, node_rank=1, local_rank=1, failed_at=T0 + 5,
-        message=message, hang=True,
-    )  # fmt: skip
-    hung = replace(task.run, reports={1: NodeRunReport(phase=NodePhase.RUNNING),
-                                      2: NodeRunReport(phase=NodePhase.RUNNING, failure=hang)})  # fmt: skip
+        failure_class=FailureClass.INFRASTRUCTURE,
+        node_id=2,
+        node_rank=1,
+        local_rank=1,
+        failed_at=T0 + 5,
+        message=message,
+        hang=True,
+    )
+    hung = replace(
+        task.run,
+        reports={1: NodeRunReport(phase=NodePhase.RUNNING), 2: NodeRunReport(phase=NodePhase.RUNNING, failure=hang)},
+    )
     stopping = step_run(replace(task, run=hung), nodes(3), T0 + 6, POLICY)
     assert stopping.change is not None and stopping.change.state is RunState.STOPPING
     assert stopping.change.reason is EndReason.HANG_DETECTED and stopping.node_verdicts == []
     stopped = replace(
-        hung, state=RunState.STOPPING, stop_reason=EndReason.HANG_DETECTED, stop_requested_at=T0 + 6, failure=hang,
+        hung,
+        state=RunState.STOPPING,
+        stop_reason=EndReason.HANG_DETECTED,
+        stop_requested_at=T0 + 6,
+        failure=hang,
         reports={n: NodeRunReport(phase=NodePhase.EXITED) for n in (1, 2)},
-    )  # fmt: skip
+    )
     ended = step_run(replace(task, run=stopped), nodes(3), T0 + 9, POLICY)
     assert ended.change is not None and ended.change.reason is EndReason.HANG_DETECTED
     # The first failure on node 2 (the threshold is 2), yet it goes to err_nodes: a hang names its node.

@@ -6,8 +6,15 @@ from ff_scheduler.core.model import Failure, FailureClass
 from ff_scheduler.store.ticks import failure_from_json, failure_to_json
 from ff_scheduler.wire import _failure_pb
 
-HUNG = Failure(failure_class=FailureClass.INFRASTRUCTURE, node_id=3, node_rank=1, local_rank=1, failed_at=5.0,
-               message="hang: rank 3", hang=True)  # fmt: skip
+HUNG = Failure(
+    failure_class=FailureClass.INFRASTRUCTURE,
+    node_id=3,
+    node_rank=1,
+    local_rank=1,
+    failed_at=5.0,
+    message="hang: rank 3",
+    hang=True,
+)
 
 
 def test_a_failure_round_trips_through_its_json_and_proto() -> None:

@@ -20,10 +20,12 @@ GROUP = "default"
 
 
 def nodes(count: int, *, zones: int = 1, group: str = GROUP, start: int = 1) -> dict[int, NodeView]:
+    """``count`` ready nodes numbered from ``start``, spread round-robin over ``zones`` zones ``z0``, ``z1``, ..."""
     return {i: NodeView(node_id=i, group=group, zone=f"z{(i - start) % zones}") for i in range(start, start + count)}
 
 
 def with_state(all_nodes: dict[int, NodeView], node_id: int, state: NodeState) -> dict[int, NodeView]:
+    """A copy of ``all_nodes`` with node ``node_id`` in ``state``."""
     n = all_nodes[node_id]
     return {**all_nodes, node_id: NodeView(node_id=n.node_id, group=n.group, zone=n.zone, state=state)}
 
@@ -38,6 +40,7 @@ def queued(
     group: str = GROUP,
     **kw: Any,
 ) -> TaskSnap:
+    """A queued task of ``num_nodes`` nodes at priority ``level`` (None: AUTO); ``kw`` sets more TaskSnap fields."""
     return TaskSnap(
         task_id=task_id,
         user=user,
@@ -64,6 +67,7 @@ def running(
     phase: NodePhase = NodePhase.RUNNING,
     **kw: Any,
 ) -> TaskSnap:
+    """A task running on ``node_ids`` at priority ``level``, every node reporting ``phase``; ``kw``: more fields."""
     run = RunSnap(
         run_id=1000 + task_id,
         task_id=task_id,
@@ -94,4 +98,5 @@ def snapshot(
     tasks: list[TaskSnap],
     quotas: dict[tuple[str, int, str], int] | None = None,
 ) -> Snapshot:
+    """A tick's input at ``now`` (no quotas unless given)."""
     return Snapshot(now=now, nodes=all_nodes, tasks=tasks, quotas=quotas or {})

@@ -69,6 +69,8 @@ class NodeVerdict:
 
 @dataclass
 class RunStep:
+    """What one tick decides for one run: its change, if any, and the verdicts on its nodes."""
+
     change: RunChange | None = None
     node_verdicts: list[NodeVerdict] = field(default_factory=list)
 

@@ -24,6 +24,8 @@ from ff_scheduler.core.policy import SchedulingPolicy
 
 @dataclass(frozen=True, slots=True)
 class Start:
+    """Start a queued task on these nodes at this priority."""
+
     task_id: int
     node_ids: tuple[int, ...]
     priority: int
@@ -31,6 +33,8 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
+    """Suspend a running task's run so that a queued task can have its nodes."""
+
     task_id: int
     run_id: int
     # The queued task the nodes are taken for.
@@ -39,6 +43,8 @@ class Preempt:
 
 @dataclass
 class MatchResult:
+    """What one matching pass decided: starts, preemptions, and why the other queued tasks wait."""
+
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
     # Queued tasks that stay queued, and why.
@@ -51,8 +57,10 @@ def order_key(task: TaskSnap, level: int, usage: int, policy: SchedulingPolicy) 
 
 
 def select_nodes(available: Iterable[int], need: int, nodes: dict[int, NodeView], *, cross_zone_ok: bool) -> list[int]:
-    """``need`` nodes out of ``available``, in one zone if possible (the tightest that fits), else across
-    zones when allowed; [] when impossible."""
+    """``need`` nodes out of ``available``, in one zone if possible, else across zones when allowed.
+
+    In one zone, the tightest zone that fits; [] when impossible.
+    """
     by_zone: dict[str, list[int]] = defaultdict(list)
     total = 0
     for node_id in available:

@@ -9,12 +9,16 @@ ERR_NODES = "err_nodes"
 
 
 class NodeState(enum.IntEnum):
+    """Whether the scheduler places runs on a node (mirror of scheduler.v1.NodeState)."""
+
     READY = 1
     ERR = 2
     OFFLINE = 3
 
 
 class TaskState(enum.IntEnum):
+    """Where a task is in its life (mirror of scheduler.v1.TaskState)."""
+
     QUEUED = 1
     RUNNING = 2
     SUSPENDED = 3
@@ -24,14 +28,18 @@ class TaskState(enum.IntEnum):
 
     @property
     def finished(self) -> bool:
+        """The task will not run again."""
         return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
 
     @property
     def queued(self) -> bool:
+        """The task waits to be scheduled (new, or suspended and requeued)."""
         return self in (TaskState.QUEUED, TaskState.SUSPENDED)
 
 
 class QueueReason(enum.IntEnum):
+    """Why a queued task is not running (mirror of scheduler.v1.QueueReason)."""
+
     NONE = 0
     WAITING_FOR_NODES = 1
     OUT_OF_QUOTA = 2
@@ -39,6 +47,8 @@ class QueueReason(enum.IntEnum):
 
 
 class RunState(enum.IntEnum):
+    """Where one run of a task is in its life (mirror of scheduler.v1.RunState)."""
+
     STARTING = 1
     RUNNING = 2
     SUSPENDING = 3
@@ -69,6 +79,8 @@ class SuspendStage(enum.IntEnum):
 
 
 class EndReason(enum.IntEnum):
+    """Why a run ended (mirror of scheduler.v1.RunEndReason)."""
+
     NONE = 0
     COMPLETED = 1
     RANK_FAILED = 2
@@ -93,6 +105,7 @@ class EndReason(enum.IntEnum):
 
     @property
     def run_state(self) -> RunState:
+        """The state a run that ended for this reason ends in."""
         if self is EndReason.COMPLETED:
             return RunState.SUCCEEDED
         if self.requeues:
@@ -114,6 +127,8 @@ class NodePhase(enum.IntEnum):
 
 
 class FailureClass(enum.IntEnum):
+    """Whose fault a run's failure is: the task's code, the platform, or the machine."""
+
     UNSPECIFIED = 0
     USER = 1
     PLATFORM = 2
@@ -137,6 +152,8 @@ class Failure:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NodeView:
+    """A node as the tick sees it: its group, zone and state."""
+
     node_id: int
     group: str
     zone: str = ""
@@ -206,6 +223,7 @@ class TaskSnap:
 
     @property
     def is_auto(self) -> bool:
+        """The task asked for AUTO priority (the scheduler picks the level)."""
         return self.asked_priority is None
 
 

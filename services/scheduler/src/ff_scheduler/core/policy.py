@@ -54,4 +54,5 @@ class LifecyclePolicy:
     node_failure_threshold: int = 3
 
     def grace_for(self, asked_s: float) -> float:
+        """The suspend grace a task gets: what it asked (capped at ``max_grace_s``), else the default."""
         return min(asked_s, self.max_grace_s) if asked_s > 0 else self.default_grace_s

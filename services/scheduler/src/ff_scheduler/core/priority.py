@@ -29,6 +29,7 @@ DEMOTE_AFTER_S = 30 * 60.0
 
 
 def is_level(value: int) -> bool:
+    """Whether ``value`` is one of the priority levels."""
     return value in NAMES
 
 
@@ -52,10 +53,12 @@ def parse(text: str) -> int:
 
 
 def describe_levels() -> str:
+    """The levels as ``NAME=value`` pairs, for error messages."""
     return ", ".join(f"{NAMES[v]}={v}" for v in LEVELS)
 
 
 def name(level: int) -> str:
+    """The level's name, or its number when it is not a level."""
     return NAMES.get(level, str(level))
 
 

@@ -33,6 +33,8 @@ class TaskChange:
 
 @dataclass
 class TickPlan:
+    """Everything one tick decided, for the driver to store and carry out."""
+
     run_changes: list[RunChange] = field(default_factory=list)
     task_changes: list[TaskChange] = field(default_factory=list)
     starts: list[Start] = field(default_factory=list)
@@ -41,10 +43,16 @@ class TickPlan:
 
     @property
     def empty(self) -> bool:
+        """Nothing to store or do."""
         return not (self.run_changes or self.task_changes or self.starts or self.node_verdicts)
 
 
 def plan_tick(snap: Snapshot, sched: SchedulingPolicy, life: LifecyclePolicy) -> TickPlan:
+    """One scheduling tick, pure: advance every run's lifecycle, then match queued tasks to free nodes.
+
+    The service's driver (``app.Scheduler.tick``) loads the snapshot, plans and applies the plan in one
+    transaction; the simulator (``sim.engine``) runs the same function.
+    """
     plan = TickPlan()
     schedulable: list[TaskSnap] = []
     for task in snap.tasks:

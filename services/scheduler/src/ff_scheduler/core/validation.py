@@ -36,6 +36,7 @@ def check_count(field_name: str, count: int, most: int) -> None:
 
 
 def check_length(field_name: str, text: str, most: int) -> str:
+    """``text`` if it has at most ``most`` characters; InvalidRequest naming the field otherwise."""
     if len(text) > most:
         raise InvalidRequest(f"{field_name}: at most {most} characters, got {len(text)}")
     return text
@@ -103,6 +104,8 @@ class TaskRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckedTask:
+    """A submission after ``check_task``: the fields the store keeps, each checked."""
+
     name: str
     spec: dict[str, object]
     num_nodes: int
@@ -115,6 +118,7 @@ class CheckedTask:
 
 
 def check_level(value: int) -> int:
+    """``value`` if it is a priority level; InvalidRequest otherwise."""
     if not priority.is_level(value):
         raise InvalidRequest(f"priority {value} is out of range; levels: {priority.describe_levels()} (or AUTO)")
     return value
@@ -130,6 +134,7 @@ def check_priority_choice(level: int | None, auto: bool, default: int) -> int | 
 
 
 def check_group_name(group: str) -> str:
+    """``group`` if it is a valid node group name; InvalidRequest otherwise."""
     if not NAME_RE.match(group):
         raise InvalidRequest(f"node group {group!r} is not a valid name")
     return group
@@ -190,6 +195,7 @@ def check_task(req: TaskRequest, limits: Limits) -> CheckedTask:
 
 
 def check_quota(user_name: str, level: int, group: str, max_nodes: int) -> None:
+    """A quota's fields: a valid user name, level and group, and 0..MAX_NODES nodes; InvalidRequest otherwise."""
     if not NAME_RE.match(user_name):
         raise InvalidRequest(f"user name {user_name!r} is not valid")
     check_level(level)

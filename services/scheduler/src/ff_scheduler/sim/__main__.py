@@ -13,7 +13,8 @@ from ff_scheduler.sim.report import POLICIES, Figures, figures, render
 from ff_scheduler.sim.trace import Job, SyntheticTrace, TraceError, read_csv, write_csv
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
+    """The simulator's command line: a trace (CSV or synthetic), the cluster, and the policies to compare."""
     p = argparse.ArgumentParser(prog="ff-sched-sim", description=__doc__)
     p.add_argument("--trace", type=Path, help="CSV trace (job_id,submit_s,num_nodes,duration_s,priority,user)")
     p.add_argument("--jobs", type=int, default=1000, help="synthetic: number of jobs")
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_jobs(args: argparse.Namespace) -> list[Job]:
+def _load_jobs(args: argparse.Namespace) -> list[Job]:
+    """The jobs of the CSV trace given, else of a synthetic trace from the arguments; TraceError for a bad file."""
     if args.trace is not None:
         return read_csv(args.trace)
     synthetic = SyntheticTrace(
@@ -44,20 +46,22 @@ def load_jobs(args: argparse.Namespace) -> list[Job]:
     return synthetic.generate(args.seed)
 
 
-def compare(jobs: list[Job], names: list[str], config: SimConfig) -> list[Figures]:
+def _compare(jobs: list[Job], names: list[str], config: SimConfig) -> list[Figures]:
+    """Simulate each named policy over the same jobs and return their figures, in order."""
     life = LifecyclePolicy(ack_window_s=5.0, default_grace_s=max(60.0, config.suspend_overhead_s * 2))
     return [figures(Simulation(jobs, POLICIES[n], life, config, n).run()) for n in names]
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the simulator and print the comparison table; returns the exit code (2: bad arguments or trace)."""
+    args = _build_parser().parse_args(argv)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
         print(f"ff-sched-sim: unknown policies {unknown}; known: {', '.join(POLICIES)}", file=sys.stderr)
         return 2
     try:
-        jobs = load_jobs(args)
+        jobs = _load_jobs(args)
     except (OSError, TraceError) as exc:
         print(f"ff-sched-sim: {exc}", file=sys.stderr)
         return 2
@@ -73,7 +77,7 @@ def run(argv: list[str] | None = None) -> int:
         suspend_overhead_s=args.suspend_overhead_s,
         restart_overhead_s=args.restart_overhead_s,
     )
-    results = compare(jobs, names, config)
+    results = _compare(jobs, names, config)
     if args.json:
         print(json.dumps([f.as_dict() for f in results], indent=2))
     else:

@@ -35,6 +35,8 @@ MAX_TICKS_PER_EVENT = 50
 
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
+    """The simulated cluster and what suspending and resuming cost a job (seconds)."""
+
     num_nodes: int = 64
     num_zones: int = 1
     group: str = "default"
@@ -60,11 +62,14 @@ class JobRecord:
 
     @property
     def remaining_s(self) -> float:
+        """The job's work still to do, in seconds."""
         return max(0.0, self.job.duration_s - self.work_done_s)
 
 
 @dataclass
 class SimResult:
+    """One policy's run over a trace: every job's record, the makespan (seconds) and what never finished."""
+
     policy_name: str
     num_nodes: int
     records: list[JobRecord]
@@ -93,6 +98,7 @@ class Simulation:
         self._run_ids = 0
 
     def run(self) -> SimResult:
+        """Simulate the trace to its end: every job finished, or no event left that could change anything."""
         while True:
             self._admit()
             self._settle()

@@ -1,5 +1,7 @@
-"""Figures of a simulation (utilization, job completion time, queueing delay, suspends, node-time lost)
-and the side-by-side table of several policies on one trace."""
+"""Figures of a simulation, and the side-by-side table of several policies on one trace.
+
+The figures: utilization, job completion time, queueing delay, suspends, node-time lost.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ POLICIES: dict[str, SchedulingPolicy] = {
 
 @dataclass(frozen=True)
 class Figures:
+    """One policy's figures over one trace (times in hours, utilizations 0..1)."""
+
     policy: str
     num_jobs: int
     num_unfinished: int
@@ -36,6 +40,7 @@ class Figures:
     num_ticks: int
 
     def as_dict(self) -> dict[str, float | int | str]:
+        """The figures by name, for JSON output."""
         return asdict(self)
 
 
@@ -47,6 +52,7 @@ def _p95(values: list[float]) -> float:
 
 
 def figures(result: SimResult) -> Figures:
+    """The figures of one simulation."""
     done = [r for r in result.records if r.end_s is not None]
     jct = [r.end_s - r.job.submit_s for r in done if r.end_s is not None]
     high = [r.end_s - r.job.submit_s for r in done if r.end_s is not None and r.job.priority >= priority.HIGH]

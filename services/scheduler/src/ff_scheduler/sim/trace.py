@@ -20,6 +20,8 @@ COLUMNS = ("job_id", "submit_s", "num_nodes", "duration_s", "priority", "user")
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
+    """One job of a trace: when it is submitted (seconds), how many nodes for how long, at which priority."""
+
     job_id: int
     submit_s: float
     num_nodes: int
@@ -33,6 +35,7 @@ class TraceError(ValueError):
 
 
 def read_csv(path: Path) -> list[Job]:
+    """The jobs of a CSV trace, by submit time; TraceError naming the line for a bad row or missing column."""
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         missing = set(COLUMNS) - set(reader.fieldnames or ())
@@ -62,6 +65,7 @@ def _parse_row(path: Path, line: int, row: dict[str, str]) -> Job:
 
 
 def write_csv(path: Path, jobs: Iterable[Job]) -> None:
+    """Write ``jobs`` as a CSV trace that ``read_csv`` reads back."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
@@ -97,6 +101,7 @@ class SyntheticTrace:
     users: list[str] = field(default_factory=list)
 
     def generate(self, seed: int) -> list[Job]:
+        """The trace's jobs, the same for the same ``seed``."""
         rng = random.Random(seed)
         sizes = [min(s, self.num_nodes) for s in self.sizes]
         mean_size = sum(s * w for s, w in zip(sizes, self.size_weights, strict=True)) / sum(self.size_weights)

@@ -34,14 +34,17 @@ class TaskView:
 # ---- tasks ----
 
 
-def known_groups(s: Session, default_group: str) -> set[str]:
+def _known_groups(s: Session, default_group: str) -> set[str]:
+    """The default group and every group a registered node is in."""
     return {default_group, *s.execute(select(nodes.c.node_group).distinct()).scalars()}
 
 
 def _check_fits(s: Session, checked: CheckedTask) -> None:
-    """Conflict for a task that can never run: more nodes than its group has (every registered node
-    counts, offline or disabled ones too, as they may come back). A group with no node yet accepts any
-    task, since its agents may not have registered yet."""
+    """Conflict for a task that can never run: more nodes than its group has.
+
+    Every registered node counts, offline or disabled ones too, as they may come back. A group with no node
+    yet accepts any task, since its agents may not have registered yet.
+    """
     in_group = select(func.count()).select_from(nodes).where(nodes.c.node_group == checked.node_group)
     num_known = int(s.execute(in_group).scalar_one())
     if 0 < num_known < checked.num_nodes:
@@ -54,13 +57,19 @@ def _check_fits(s: Session, checked: CheckedTask) -> None:
 def submit_task(
     s: Session, user: str, uid: int, checked: CheckedTask, request_id: str, now: float, default_group: str
 ) -> int:
+    """Store a checked task as queued; returns its id (a retry with the same ``request_id`` returns the first's).
+
+    Raises:
+        InvalidRequest: the node group is unknown.
+        Conflict: the task asks for more nodes than its group has.
+    """
     if request_id:
         existing = s.execute(
             select(tasks.c.task_id).where(and_(tasks.c.user_name == user, tasks.c.request_id == request_id))
         ).scalar()
         if existing is not None:
             return int(existing)
-    if checked.node_group not in known_groups(s, default_group):
+    if checked.node_group not in _known_groups(s, default_group):
         raise InvalidRequest(f"node group {checked.node_group!r} is unknown")
     _check_fits(s, checked)
     result: CursorResult[Any] = s.execute(
@@ -123,6 +132,7 @@ def _view(s: Session, row: Any, include_runs: bool) -> TaskView:
 def list_tasks(
     s: Session, owner: str | None, states: Sequence[int], name_contains: str, limit: int, before_task_id: int
 ) -> list[TaskView]:
+    """A page of tasks, newest first, below ``before_task_id`` (0: from the newest); ``owner`` None: anyone's."""
     query = select(tasks).order_by(tasks.c.task_id.desc()).limit(limit)
     if owner is not None:
         query = query.where(tasks.c.user_name == owner)
@@ -136,6 +146,11 @@ def list_tasks(
 
 
 def stop_task(s: Session, task_id: int, owner: str | None, caller: str, now: float) -> None:
+    """Stop a task: a queued one ends now, a running one's run is asked to stop (a finished one: nothing).
+
+    Raises:
+        NotFoundError: no such task (of ``owner``, when given).
+    """
     row = _task_row(s, task_id, owner)
     reason = EndReason.STOPPED_BY_USER if row.user_name == caller else EndReason.STOPPED_BY_ADMIN
     if TaskState(row.state).finished:
@@ -194,6 +209,12 @@ def suspend_task(
 
 
 def set_task_priority(s: Session, task_id: int, owner: str | None, asked: int | None) -> None:
+    """Change the priority a task asks for (None: AUTO); a running task's run keeps its level until it ends.
+
+    Raises:
+        NotFoundError: no such task (of ``owner``, when given).
+        InvalidRequest: the task has finished.
+    """
     row = _task_row(s, task_id, owner)
     if TaskState(row.state).finished:
         raise InvalidRequest(f"task {task_id} has finished")
@@ -204,6 +225,8 @@ def set_task_priority(s: Session, task_id: int, owner: str | None, asked: int | 
 
 
 def counts(s: Session, user: str) -> tuple[int, int]:
+    """The user's numbers of running and of queued (or suspended) tasks."""
+
     def count(states: Sequence[int]) -> int:
         q = select(func.count()).select_from(tasks).where(and_(tasks.c.user_name == user, tasks.c.state.in_(states)))
         return int(s.execute(q).scalar_one())
@@ -215,6 +238,7 @@ def counts(s: Session, user: str) -> tuple[int, int]:
 
 
 def set_quota(s: Session, user: str, level: int, group: str, max_nodes: int) -> None:
+    """Set a user's node quota at a priority level in a group; 0 removes it."""
     key = and_(quotas.c.user_name == user, quotas.c.priority == level, quotas.c.node_group == group)
     s.execute(delete(quotas).where(key))
     if max_nodes > 0:
@@ -242,6 +266,7 @@ def list_quotas(s: Session, user: str | None) -> list[tuple[Any, int]]:
 
 
 def list_nodes(s: Session, group: str, states: Sequence[int]) -> list[tuple[Any, list[int]]]:
+    """Node rows (of ``group``, in ``states``; empty: all) with the tasks whose active runs are on each."""
     on_node: dict[int, list[int]] = {}
     for r in s.execute(select(runs.c.task_id, runs.c.node_ids).where(runs.c.state.in_(ACTIVE))):
         for n in r.node_ids:
@@ -254,6 +279,7 @@ def list_nodes(s: Session, group: str, states: Sequence[int]) -> list[tuple[Any,
 
 
 def get_node(s: Session, node_id: int) -> tuple[Any, list[int]]:
+    """One node's row and the tasks on it; NotFoundError when it never registered."""
     found = [n for n in list_nodes(s, "", []) if n[0].node_id == node_id]
     if not found:
         raise NotFoundError(f"node {node_id} is not registered with the scheduler")
@@ -297,10 +323,11 @@ def register_node(
                 validation=None,
             )
         )
-    return unwanted_runs(s, node_id, reported)
+    return _unwanted_runs(s, node_id, reported)
 
 
-def unwanted_runs(s: Session, node_id: int, reported: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _unwanted_runs(s: Session, node_id: int, reported: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The reported ``(task_id, run_id)`` pairs that are not active runs on ``node_id``: the agent stops them."""
     if not reported:
         return []
     wanted = {
@@ -332,6 +359,8 @@ def set_online(s: Session, alive: set[int], dead: set[int]) -> list[int]:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeRunFacts:
+    """What an agent reported of one run on its node (from ``wire.run_facts``)."""
+
     task_id: int
     run_id: int
     phase: NodePhase
@@ -340,8 +369,9 @@ class NodeRunFacts:
 
 
 def report_runs(s: Session, node_id: int, facts: list[NodeRunFacts], now: float) -> list[tuple[int, int]]:
+    """Store an agent's run reports (a phase never goes back); returns the reported runs it should not have."""
     s.execute(update(nodes).where(nodes.c.node_id == node_id).values(last_report_at=now))
-    unwanted = set(unwanted_runs(s, node_id, [(f.task_id, f.run_id) for f in facts]))
+    unwanted = set(_unwanted_runs(s, node_id, [(f.task_id, f.run_id) for f in facts]))
     for f in facts:
         if (f.task_id, f.run_id) in unwanted:
             continue
@@ -368,6 +398,11 @@ def _run_of_node(s: Session, node_id: int, task_id: int, run_id: int) -> Any:
 def report_suspend_stage(
     s: Session, node_id: int, task_id: int, run_id: int, stage: SuspendStage, at: float, policy: LifecyclePolicy
 ) -> None:
+    """Store how far a run's suspend got on a node; go_suspend() without a pending suspend suspends the task.
+
+    Raises:
+        NotFoundError: the run is not on ``node_id``.
+    """
     run = _run_of_node(s, node_id, task_id, run_id)
     if not RunState(run.state).active:
         return
@@ -389,6 +424,7 @@ def task_uid_of_run(s: Session, node_id: int, task_id: int, run_id: int) -> int:
 
 
 def report_checkpoint(s: Session, node_id: int, task_id: int, run_id: int, checkpoint: dict[str, Any]) -> None:
+    """Record the run's latest committed checkpoint; NotFoundError when the run is not on ``node_id``."""
     _run_of_node(s, node_id, task_id, run_id)
     s.execute(update(runs).where(runs.c.run_id == run_id).values(checkpoint=checkpoint))
 
@@ -396,6 +432,7 @@ def report_checkpoint(s: Session, node_id: int, task_id: int, run_id: int, check
 def update_run(
     s: Session, node_id: int, task_id: int, run_id: int, whole_life_state: int | None, watchdog_time_s: float | None
 ) -> None:
+    """Store what the task changed through the SDK (None: unchanged); NotFoundError if the run is not on the node."""
     _run_of_node(s, node_id, task_id, run_id)
     values: dict[str, Any] = {}
     if whole_life_state is not None:
@@ -407,8 +444,11 @@ def update_run(
 
 
 def report_node_health(s: Session, node_id: int, validation: dict[str, Any]) -> None:
-    """Store a validation: a failed one puts the node in err_nodes; a passing one returns a node the scheduler
-    put there (failures, a hang, a failed validation). An admin's disable stays until the admin enables it."""
+    """Store a validation: a failed one puts the node in err_nodes; a passing one takes it out again.
+
+    A passing one returns a node the scheduler put there (failures, a hang, a failed validation). An admin's
+    disable stays until the admin enables it. NotFoundError when the node never registered.
+    """
     get_node(s, node_id)
     values: dict[str, Any] = {"validation": validation}
     if not validation.get("passed", True):

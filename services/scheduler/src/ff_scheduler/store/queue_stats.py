@@ -1,5 +1,7 @@
-"""Counts of the queue for telemetry: unfinished tasks by state, reason and group, active runs by state,
-and suspends requested so far."""
+"""Counts of the queue for telemetry: tasks, runs and suspends.
+
+Unfinished tasks by state, reason and group, active runs by state, and suspends requested so far.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from ff_scheduler.store.schema import runs, tasks
 
 @dataclass(frozen=True)
 class QueueCounts:
+    """The queue's counts at one moment."""
+
     # (task state, queue reason, node group) -> tasks; finished tasks are left out.
     tasks: dict[tuple[TaskState, QueueReason, str], int]
     # active run state -> runs
@@ -22,6 +26,7 @@ class QueueCounts:
 
 
 def queue_counts(s: Session) -> QueueCounts:
+    """The queue's counts, read in one transaction."""
     unfinished = [int(t) for t in TaskState if not t.finished]
     by_task = s.execute(
         select(tasks.c.state, tasks.c.queue_reason, tasks.c.node_group, func.count())

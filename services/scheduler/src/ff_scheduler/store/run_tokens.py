@@ -1,5 +1,7 @@
-"""The run-token ledger: which tokens were issued for which run, so they are revoked when the run ends (by
-this scheduler process or the next one)."""
+"""The run-token ledger: which tokens were issued for which run, so they are revoked when the run ends.
+
+The revocation is done by this scheduler process or the next one.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from ff_scheduler.store.ticks import ACTIVE
 
 
 def record(s: Session, token_id: str, run_id: int, now: float) -> None:
+    """Note a token issued for ``run_id`` (before it is handed out)."""
     s.execute(insert(run_tokens).values(token_id=token_id, run_id=run_id, issued_at=now))
 
 

@@ -1,5 +1,8 @@
-"""The tick's SQL: load the snapshot (the beater), apply the plan guarded by the states it was decided
-from, and list the orders the agents should have (what active runs want of each node)."""
+"""The tick's SQL: load the snapshot, apply the plan, and list the orders the agents should have.
+
+The snapshot is the beater's; the plan is applied guarded by the states it was decided from; the orders are
+what active runs want of each node.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ ACTIVE = (int(RunState.STARTING), int(RunState.RUNNING), int(RunState.SUSPENDING
 
 
 def node_state(row: Any) -> NodeState:
+    """A node row's state: offline without a lease, err when disabled or failing, else ready."""
     if not row.online:
         return NodeState.OFFLINE
     if row.disabled_reason or row.err_reason:
@@ -56,6 +60,7 @@ def failure_from_json(data: dict[str, Any] | None) -> Failure | None:
 
 
 def failure_to_json(failure: Failure | None) -> dict[str, Any] | None:
+    """A failure as stored in a JSON column (None stays None)."""
     if failure is None:
         return None
     return {
@@ -72,6 +77,7 @@ def failure_to_json(failure: Failure | None) -> dict[str, Any] | None:
 
 
 def load_snapshot(s: Session, now: float) -> Snapshot:
+    """Everything one tick decides from, read in the tick's transaction."""
     views = {
         r.node_id: NodeView(
             node_id=r.node_id, group=r.node_group, zone=r.zone, state=node_state(r), num_failures=r.num_failures
@@ -189,7 +195,8 @@ def apply_run_change(s: Session, change: RunChange, now: float) -> bool:
     return bool(result.rowcount)
 
 
-def apply_task_change(s: Session, change: TaskChange, now: float) -> None:
+def _apply_task_change(s: Session, change: TaskChange, now: float) -> None:
+    """Store one task's change from the plan."""
     values: dict[str, Any] = {}
     if change.state is not None:
         values["state"] = int(change.state)
@@ -211,12 +218,15 @@ def apply_task_change(s: Session, change: TaskChange, now: float) -> None:
 
 @dataclass
 class Applied:
+    """What ``apply_plan`` stored; ``skipped``: tasks whose run changed since the snapshot (decided next tick)."""
+
     num_started: int = 0
     num_run_changes: int = 0
     skipped: list[int] = field(default_factory=list)
 
 
 def apply_plan(s: Session, plan: TickPlan, now: float, master_port: int) -> Applied:
+    """Store a tick's plan; a run change whose run moved on since the snapshot is skipped with its task's changes."""
     applied = Applied()
     for change in plan.run_changes:
         if apply_run_change(s, change, now):
@@ -226,7 +236,7 @@ def apply_plan(s: Session, plan: TickPlan, now: float, master_port: int) -> Appl
     skipped = set(applied.skipped)
     for tc in plan.task_changes:
         if tc.task_id not in skipped:
-            apply_task_change(s, tc, now)
+            _apply_task_change(s, tc, now)
     for verdict in plan.node_verdicts:
         values: dict[str, Any] = {"num_failures": verdict.num_failures}
         if verdict.err_reason:
@@ -317,6 +327,7 @@ class NodeOrder:
 
 
 def wanted_orders(s: Session) -> list[NodeOrder]:
+    """Every node of every active run with what the run wants of it, for the driver's reconciliation."""
     query = (
         select(
             runs.c.run_id,
