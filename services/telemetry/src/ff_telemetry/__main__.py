@@ -10,10 +10,15 @@ from ff_telemetry.server import main
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Run the collector with settings from ``argv`` and ``FF_TELEMETRY_*``; returns the process exit code."""
     return run_service(
-        service="telemetry", description="fireflyer telemetry collector", model=TelemetrySettings,
-        env_prefix=ENV_PREFIX, main=main, argv=argv,
-    )  # fmt: skip
+        service="telemetry",
+        description="fireflyer telemetry collector",
+        model=TelemetrySettings,
+        env_prefix=ENV_PREFIX,
+        main=main,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

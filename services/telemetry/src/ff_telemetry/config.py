@@ -15,6 +15,8 @@ ENV_PREFIX = "FF_TELEMETRY_"
 
 
 class TelemetrySettings(MgmtdClientSettings):
+    """The collector's settings, loaded once in ``__main__``."""
+
     state_dir: Path = Field(Path("./telemetry-state"), description="where the default SQLite file lives")
     database_url: SecretStr = Field(
         SecretStr(""), description="SQLAlchemy URL (may hold a password); default sqlite:///<state_dir>/telemetry.db"
@@ -52,9 +54,11 @@ class TelemetrySettings(MgmtdClientSettings):
         return self
 
     def resolved_database_url(self) -> str:
+        """The database to open: ``database_url``, else a SQLite file in ``state_dir`` (holds secrets: not logged)."""
         return self.database_url.get_secret_value() or f"sqlite:///{self.state_dir / 'telemetry.db'}"
 
     def limits(self) -> Limits:
+        """What one push may carry, from these settings (samples older than the raw tier keeps are refused)."""
         return Limits(
             max_samples=self.max_samples_per_push,
             max_series_per_metric=self.max_series_per_metric,
@@ -62,6 +66,7 @@ class TelemetrySettings(MgmtdClientSettings):
         )
 
     def retention(self) -> Retention:
+        """How long each tier keeps its data, from these settings."""
         return Retention(
             raw_s=self.raw_retention_s,
             minute_s=self.minute_retention_s,

@@ -1,5 +1,7 @@
-"""Scraping: every interval, the /metrics endpoint of each alive service mgmtd knows (the `metrics`
-endpoint every service registers), parsed and stored as the cluster's series.
+"""Scraping: every interval, the /metrics endpoint of each alive service, stored as the cluster's series.
+
+The services are those mgmtd knows alive, at the `metrics` endpoint every service registers; what they expose
+is parsed and stored as the cluster's own series.
 
 A target's series get `job` (its node type: mgmtd, meta, storage, ...), `instance` (the scraped
 address) and `node_id`; a scraped label of one of those names is kept as `exported_<name>`.
@@ -37,12 +39,15 @@ _TYPES = {
 
 @dataclass(frozen=True)
 class Target:
+    """One service to scrape: its job (node type), node and metrics address."""
+
     job: str
     node_id: int
     address: str
 
     @property
     def url(self) -> str:
+        """The target's /metrics URL."""
         return f"http://{self.address}/metrics"
 
 
@@ -76,6 +81,8 @@ def parse(text: str, target: Target, now: float) -> tuple[list[RawSample], tuple
 
 
 class Scraper:
+    """Scrapes every target mgmtd lists each ``interval_s`` and stores the samples (see the module doc)."""
+
     def __init__(self, store: TelemetryStore, mgmtd: MgmtdClient, interval_s: float, timeout_s: float) -> None:
         self._store = store
         self._mgmtd = mgmtd
@@ -84,6 +91,7 @@ class Scraper:
         self.num_scrapes = 0
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Scrape every ``interval_s`` until ``stop``; a failed round is logged and the next one runs."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s)) as http:
             while not stop.is_set():
                 try:

@@ -45,6 +45,7 @@ async def run_retention(store: TelemetryStore, interval_s: float, stop: asyncio.
 
 
 async def main(settings: TelemetrySettings, stop: asyncio.Event | None = None) -> None:
+    """Open the store (migrating it) and serve gRPC, HTTP, scraping, retention and alerts until ``stop``."""
     stop = stop or asyncio.Event()
     cluster_token = settings.resolved_cluster_token()
     sql = await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)

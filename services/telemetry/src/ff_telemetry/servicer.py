@@ -27,6 +27,7 @@ MAX_PAGE = 10_000
 
 
 def viewer_of(caller: Principal) -> Viewer:
+    """What series ``caller`` may read: everything for an admin (and the cluster), else the cluster's and their own."""
     return Viewer(None if caller.is_admin else caller.name)
 
 
@@ -40,6 +41,8 @@ AlertsHandler = Callable[[pb.ListAlertsRequest, Principal], Awaitable[pb.ListAle
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
+    """TelemetryService over the store (and the alert engine's ListAlerts, when there is one)."""
+
     def __init__(self, store: TelemetryStore, alerts: AlertsHandler | None = None) -> None:
         self._store = store
         self._alerts = alerts
@@ -58,9 +61,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         )
         registered = await self._store.aregister([(s.name, s.labels) for s in checked], metadata)
         return pb.RegisterSeriesResponse(
-            series_ids=registered.series_ids, registry_epoch=registered.epoch,
+            series_ids=registered.series_ids,
+            registry_epoch=registered.epoch,
             num_new_series=registered.num_new_series,
-        )  # fmt: skip
+        )
 
     async def PushPacked(self, request: pb.PushPackedRequest, context: Context) -> pb.PushPackedResponse:
         store = self._store
@@ -79,9 +83,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         after_id = _page_token(request.page_token)
         limit = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         query = RangeQuery(
-            name=request.name, matchers=wire.matchers(list(request.matchers)), start_at=request.start_at,
-            end_at=request.end_at, step_s=1.0,
-        )  # fmt: skip
+            name=request.name,
+            matchers=wire.matchers(list(request.matchers)),
+            start_at=request.start_at,
+            end_at=request.end_at,
+            step_s=1.0,
+        )
         found = await self._store.alist_series(query, viewer_of(current_principal()), after_id=after_id, limit=limit)
         token = str(found[-1].series_id) if len(found) == limit else ""
         return pb.ListSeriesResponse(series=[wire.series_info(s) for s in found], next_page_token=token)

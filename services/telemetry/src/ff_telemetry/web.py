@@ -1,5 +1,7 @@
-"""The collector's HTTP side (aiohttp): /federate, the Prometheus exposition of what it holds, and
-/healthz. Bearer tokens as on gRPC; a user sees the cluster's series and their own."""
+"""The collector's HTTP side (aiohttp): /federate (the Prometheus exposition of what it holds) and /healthz.
+
+Bearer tokens as on gRPC; a user sees the cluster's series and their own.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class WebServer:
         self.port = 0
 
     async def start(self, address: str) -> None:
+        """Listen on ``address`` (``host:port``, port 0: any); the bound port is ``port`` afterwards."""
         host, port = address.rsplit(":", 1)
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
@@ -42,6 +45,7 @@ class WebServer:
         logger.info("http serving", extra={"address": f"{host}:{self.port}"})
 
     async def stop(self) -> None:
+        """Stop listening and close the connections (idempotent)."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

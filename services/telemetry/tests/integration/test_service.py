@@ -44,9 +44,13 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     folder = Path(tmp_path_factory.mktemp("telemetry"))
     async with running_with_users(folder, f"sqlite:///{folder / 'mgmtd.db'}") as (mgmtd, tokens):
         telemetry = await start_in_process(
-            folder, f"sqlite:///{folder / 'telemetry.db'}", mgmtd.address, CLUSTER_TOKEN,
-            max_series_per_metric=MAX_SERIES, raw_retention_s=3 * 3600.0,
-        )  # fmt: skip
+            folder,
+            f"sqlite:///{folder / 'telemetry.db'}",
+            mgmtd.address,
+            CLUSTER_TOKEN,
+            max_series_per_metric=MAX_SERIES,
+            raw_retention_s=3 * 3600.0,
+        )
         e = Env(telemetry, tokens)
         try:
             yield e
@@ -113,8 +117,17 @@ async def test_rate_and_aggregation_of_a_counter(env: Env) -> None:
         for i in range(10)
     ]
     await push(env, "cluster", *samples, metadata=meta)
-    resp = await query(env, "alice", name="steps_total", start_at=t0 + 50, end_at=t0 + 90, step_s=40,
-                       lookback_s=40, rate=True, aggregation=pb.AGGREGATION_SUM)  # fmt: skip
+    resp = await query(
+        env,
+        "alice",
+        name="steps_total",
+        start_at=t0 + 50,
+        end_at=t0 + 90,
+        step_s=40,
+        lookback_s=40,
+        rate=True,
+        aggregation=pb.AGGREGATION_SUM,
+    )
     (series,) = resp.series
     assert [(p.at - t0, p.value) for p in series.points] == [(50.0, 3.0), (90.0, 3.0)]  # 1/s + 2/s
     assert resp.resolution_s == 0
@@ -200,15 +213,33 @@ async def test_the_job_downsamples_and_the_minute_tier_keeps_the_increase(env: E
     end = t0 + 7200
 
     async def downsampled() -> bool:
-        resp = await query(env, "root", name="bytes_total", start_at=end, end_at=end, step_s=1, lookback_s=7200,
-                           rate=True, resolution_s=60)  # fmt: skip
+        resp = await query(
+            env,
+            "root",
+            name="bytes_total",
+            start_at=end,
+            end_at=end,
+            step_s=1,
+            lookback_s=7200,
+            rate=True,
+            resolution_s=60,
+        )
         return bool(resp.series) and resp.series[0].points[0].value * 7200 == pytest.approx(values[-1])
 
     await eventually(downsampled, what="the 1-minute tier to hold the counter's increase")
 
     async def rolled_up() -> bool:
-        resp = await query(env, "root", name="bytes_total", start_at=end, end_at=end, step_s=1, lookback_s=7200,
-                           rate=True, resolution_s=3600)  # fmt: skip
+        resp = await query(
+            env,
+            "root",
+            name="bytes_total",
+            start_at=end,
+            end_at=end,
+            step_s=1,
+            lookback_s=7200,
+            rate=True,
+            resolution_s=3600,
+        )
         return bool(resp.series) and resp.series[0].points[0].value * 7200 == pytest.approx(values[-1])
 
     await eventually(rolled_up, what="the 1-hour tier to hold the counter's increase")
@@ -286,12 +317,21 @@ async def test_packed_push_stores_the_values_in_order_nan_included(env: Env) -> 
     t0 = time.time() - 10
     values = [0.9, 0.8, float("nan"), 0.6]  # a NaN loss is stored (the loss-NaN alert reads it)
     got = await push_packed(
-        env, "alice", registry_epoch=first.registry_epoch, series_ids=packed("q", [first.series_ids[0]] * 4),
-        values=packed("d", values), sampled_at=packed("d", [t0 + i for i in range(4)]),
-    )  # fmt: skip
+        env,
+        "alice",
+        registry_epoch=first.registry_epoch,
+        series_ids=packed("q", [first.series_ids[0]] * 4),
+        values=packed("d", values),
+        sampled_at=packed("d", [t0 + i for i in range(4)]),
+    )
     assert got.num_stored == 4
-    await push_packed(env, "alice", registry_epoch=first.registry_epoch,
-                      series_ids=packed("q", [first.series_ids[1]]), values=packed("d", [2.0]))  # fmt: skip
+    await push_packed(
+        env,
+        "alice",
+        registry_epoch=first.registry_epoch,
+        series_ids=packed("q", [first.series_ids[1]]),
+        values=packed("d", [2.0]),
+    )
     resp = await query(env, "alice", name="pk_loss", start_at=t0, end_at=t0 + 3, step_s=1, lookback_s=0.5)
     by_rank = {s.labels["rank"]: s for s in resp.series}
     assert dict(by_rank["0"].labels) == {"rank": "0", "task_id": "9", "user": "alice"}
@@ -320,8 +360,9 @@ async def _points(env: Env) -> int:
     """Seconds from PACKED_T0 to 5 min ahead with a sample of the packed test series."""
     total = 0
     for name in ("pk_gauge", "pk_total"):
-        resp = await query(env, "root", name=name, start_at=PACKED_T0, end_at=time.time() + 300, step_s=1,
-                           lookback_s=0.5)  # fmt: skip
+        resp = await query(
+            env, "root", name=name, start_at=PACKED_T0, end_at=time.time() + 300, step_s=1, lookback_s=0.5
+        )
         total += sum(len(s.points) for s in resp.series)
     return total
 
@@ -362,17 +403,25 @@ BAD_PACKED = [
 
 @pytest.mark.parametrize(("who", "fields", "code", "detail"), BAD_PACKED)
 async def test_bad_packed_pushes_are_refused_and_store_nothing(
-    env: Env, packed_series: dict[str, int], who: str, fields: Callable[[dict[str, int]], dict[str, object]],
-    code: grpc.StatusCode, detail: str,
-) -> None:  # fmt: skip
+    env: Env,
+    packed_series: dict[str, int],
+    who: str,
+    fields: Callable[[dict[str, int]], dict[str, object]],
+    code: grpc.StatusCode,
+    detail: str,
+) -> None:
     before = await _points(env)
     request = {"registry_epoch": packed_series["epoch"], **fields(packed_series)}
     with pytest.raises(RpcError) as err:
         await push_packed(env, who, **request)
     assert err.value.code is code and detail in err.value.details
     assert await _points(env) == before
-    good = {"registry_epoch": packed_series["epoch"], "series_ids": packed("q", [packed_series["alice"]]),
-            "values": packed("d", [3.0]), "sampled_at": packed("d", [PACKED_T0 + next(_good_pushes)])}  # fmt: skip
+    good = {
+        "registry_epoch": packed_series["epoch"],
+        "series_ids": packed("q", [packed_series["alice"]]),
+        "values": packed("d", [3.0]),
+        "sampled_at": packed("d", [PACKED_T0 + next(_good_pushes)]),
+    }
     assert (await push_packed(env, "alice", **good)).num_stored == 1  # and the service goes on
     assert await _points(env) == before + 1
 

@@ -113,8 +113,15 @@ def test_a_counters_day_keeps_its_increase_in_every_tier_and_raw_expires(tstore:
     assert report.num_minute_buckets > 0
 
     def increase(resolution: float) -> float:
-        q = RangeQuery(name="req_total", start_at=T0 + 86_400, end_at=T0 + 86_400, step_s=1,
-                       lookback_s=86_400, rate=True, resolution_s=resolution)  # fmt: skip
+        q = RangeQuery(
+            name="req_total",
+            start_at=T0 + 86_400,
+            end_at=T0 + 86_400,
+            step_s=1,
+            lookback_s=86_400,
+            rate=True,
+            resolution_s=resolution,
+        )
         (series,) = tstore.query_range(q, ALL).series
         return series.points[0].value * 86_400
 
@@ -135,8 +142,9 @@ def test_a_late_sample_recomputes_its_buckets(tstore: TelemetryStore, clock: Clo
     tstore.run_retention()
     push(tstore, [RawSample("req_total", {}, 100.0, T0 + 25)], COUNTER)  # late, into a finished minute
     tstore.run_retention()
-    q = RangeQuery(name="req_total", start_at=T0 + 60, end_at=T0 + 60, step_s=1, lookback_s=60, rate=True,
-                   resolution_s=MINUTE)  # fmt: skip
+    q = RangeQuery(
+        name="req_total", start_at=T0 + 60, end_at=T0 + 60, step_s=1, lookback_s=60, rate=True, resolution_s=MINUTE
+    )
     (series,) = tstore.query_range(q, ALL).series
     assert series.points[0].value * 60 == 100.0  # 0 -> 10 -> 20 -> 100
 
@@ -145,8 +153,11 @@ def test_histogram_quantile_from_pushed_buckets(tstore: TelemetryStore, clock: C
     meta = (MetricMeta("lat_seconds", MetricType.HISTOGRAM),)
     clock.now = T0 + 100
     cumulative = {"0.1": [0, 10], "0.5": [0, 60], "1": [0, 100], "+Inf": [0, 100]}
-    raw = [RawSample("lat_seconds_bucket", {"le": le}, float(c), T0 + 10 * i)
-           for le, counts in cumulative.items() for i, c in enumerate(counts)]  # fmt: skip
+    raw = [
+        RawSample("lat_seconds_bucket", {"le": le}, float(c), T0 + 10 * i)
+        for le, counts in cumulative.items()
+        for i, c in enumerate(counts)
+    ]
     push(tstore, raw, meta)
     q = RangeQuery(name="lat_seconds", start_at=T0 + 10, end_at=T0 + 10, step_s=1, lookback_s=60, quantile=0.5)
     (series,) = tstore.query_range(q, ALL).series
@@ -178,12 +189,18 @@ async def test_packed_pushes_beside_a_samples_batch_all_commit_and_a_late_one_re
     registered = tstore.register(keys, COUNTER)
 
     def packed(i: int, value: float, at: float) -> PackedSamples:
-        return decode(np.asarray(registered.series_ids[i : i + 1], "<i8").tobytes(), np.asarray([value]).tobytes(),
-                      np.asarray([at]).tobytes(), now=clock.now, limits=tstore.limits)  # fmt: skip
+        return decode(
+            np.asarray(registered.series_ids[i : i + 1], "<i8").tobytes(),
+            np.asarray([value]).tobytes(),
+            np.asarray([at]).tobytes(),
+            now=clock.now,
+            limits=tstore.limits,
+        )
 
     # Eight pushes and a PushSamples batch at once: packed ones share raw transactions, the batch its session's.
-    batch = PushBatch(build_samples([RawSample("g", {}, 1.0, T0 + 5)], {}, owner=None, now=clock.now,
-                                    limits=tstore.limits), ())  # fmt: skip
+    batch = PushBatch(
+        build_samples([RawSample("g", {}, 1.0, T0 + 5)], {}, owner=None, now=clock.now, limits=tstore.limits), ()
+    )
     results = await asyncio.gather(
         *(tstore.apush_packed(registered.epoch, packed(i, 10.0 * i, T0 + 10), None) for i in range(8)),
         tstore.apush(batch),
@@ -192,15 +209,25 @@ async def test_packed_pushes_beside_a_samples_batch_all_commit_and_a_late_one_re
     tstore.run_retention()  # the minute [T0, T0 + 60) is done
     await tstore.apush_packed(registered.epoch, packed(0, 5.0, T0 + 20), None)  # later in that minute
     tstore.run_retention()
-    q = RangeQuery(name="req_total", start_at=T0 + 60, end_at=T0 + 60, step_s=1, lookback_s=60, rate=True,
-                   resolution_s=MINUTE, matchers=(Matcher("pusher", MatchOp.EQUAL, "0"),))  # fmt: skip
+    q = RangeQuery(
+        name="req_total",
+        start_at=T0 + 60,
+        end_at=T0 + 60,
+        step_s=1,
+        lookback_s=60,
+        rate=True,
+        resolution_s=MINUTE,
+        matchers=(Matcher("pusher", MatchOp.EQUAL, "0"),),
+    )
     (series,) = tstore.query_range(q, ALL).series
     assert series.points[0].value * 60 == 5.0  # 0 -> 5: the late sample's bucket was computed again
     (rows,) = tstore.samples("req_total", (Matcher("pusher", MatchOp.EQUAL, "3"),), ALL, T0, T0 + 60)
     assert [(r.at, r.value) for r in rows.rows] == [(T0 + 10, 30.0)]
     # A group past one INSERT's rows (MAX_ROWS_PER_INSERT) is several INSERTs of the same transaction.
-    many = [Block(np.asarray(registered.series_ids[5:6]), np.asarray([T0 + 30 + i / 1000]), np.asarray([float(i)]))
-            for i in range(MAX_ROWS_PER_INSERT + 5)]  # fmt: skip
+    many = [
+        Block(np.asarray(registered.series_ids[5:6]), np.asarray([T0 + 30 + i / 1000]), np.asarray([float(i)]))
+        for i in range(MAX_ROWS_PER_INSERT + 5)
+    ]
     writer = tstore.store.raw_writer()
     writer.run(lambda tx: write_packed(tx, many))
     writer.close()

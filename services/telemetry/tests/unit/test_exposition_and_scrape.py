@@ -48,8 +48,12 @@ def test_a_scrape_becomes_the_clusters_samples_with_target_labels() -> None:
     by_name = {s.name: s for s in samples}
     assert set(by_name) == {"ff_rpc_requests_total", "d_seconds_bucket", "d_seconds_sum", "d_seconds_count", "up"}
     assert by_name["ff_rpc_requests_total"].labels == {
-        "method": "Get", "exported_job": "x", "job": "meta", "instance": "127.0.0.1:9000", "node_id": "5",
-    }  # fmt: skip
+        "method": "Get",
+        "exported_job": "x",
+        "job": "meta",
+        "instance": "127.0.0.1:9000",
+        "node_id": "5",
+    }
     assert by_name["up"].sampled_at == 1234.0 and by_name["d_seconds_sum"].sampled_at == 2000.0
     types = {m.name: m.type for m in metadata}
     assert types == {

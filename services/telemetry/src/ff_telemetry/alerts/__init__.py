@@ -1,5 +1,8 @@
-"""Alerts: rules from a versioned config evaluated on an interval over mgmtd, the scheduler and the
-collected series; an alert log (firing/resolved, queryable by ListAlerts); a webhook sink."""
+"""Alerts: rules evaluated on an interval, an alert log, and a webhook sink.
+
+The rules come from a versioned config and look at mgmtd, the scheduler and the collected series; the log
+(firing/resolved) answers ListAlerts.
+"""
 
 from ff_telemetry.alerts.config import AlertConfig, AlertConfigError, Rule, RuleKind, load_config
 from ff_telemetry.alerts.engine import AlertEngine

@@ -16,6 +16,8 @@ from ff_telemetry.alerts.config import Rule, RuleKind
 
 @dataclass(frozen=True)
 class NodeFact:
+    """A registered node as mgmtd shows it."""
+
     node_id: int
     node_type: str  # "storage", "agent", ...
     hostname: str
@@ -24,6 +26,8 @@ class NodeFact:
 
 @dataclass(frozen=True)
 class TargetFact:
+    """A storage target and its public state, as mgmtd shows it."""
+
     target_id: int
     node_id: int
     chain_id: int
@@ -32,6 +36,8 @@ class TargetFact:
 
 @dataclass(frozen=True)
 class TaskFact:
+    """A running task's current run, as the scheduler shows it (``started_at``: unix seconds)."""
+
     task_id: int
     user: str
     run_id: int
@@ -40,6 +46,8 @@ class TaskFact:
 
 @dataclass(frozen=True)
 class ValidationFact:
+    """A node's last validator verdict, as the scheduler shows it."""
+
     node_id: int
     hostname: str
     passed: bool
@@ -56,6 +64,8 @@ class SeriesFact:
 
 @dataclass(frozen=True)
 class ClusterView:
+    """Every fact the rules look at, read at ``now`` (unix seconds)."""
+
     now: float
     nodes: Sequence[NodeFact] = ()
     targets: Sequence[TargetFact] = ()
@@ -122,8 +132,11 @@ def _chain_not_serving(rule: Rule, view: ClusterView) -> list[Condition]:
 
 
 def _task_no_progress(rule: Rule, view: ClusterView) -> list[Condition]:
-    """A running task that reported steps in its current run, none of them above the highest it had
-    reached ``window_s`` ago (or none at all in the window), and that has run for at least ``window_s``."""
+    """A running task whose step has not moved for ``window_s``, and that has run at least that long.
+
+    It reported steps in its current run, none of them above the highest it had reached ``window_s`` ago (or
+    none at all in the window).
+    """
     out = []
     since = view.now - rule.window_s
     for task in view.tasks:

@@ -38,6 +38,8 @@ class AlertConfigError(ValueError):
 
 
 class RuleKind(StrEnum):
+    """What a rule checks (each kind reads its own facts: see ``engine.RULE_SOURCES``)."""
+
     NODE_LOST = "node_lost"
     TARGET_NOT_SERVING = "target_not_serving"
     CHAIN_NOT_SERVING = "chain_not_serving"
@@ -49,11 +51,15 @@ class RuleKind(StrEnum):
 
 
 class Severity(StrEnum):
+    """How urgent an alert is; passed on to receivers as is."""
+
     CRITICAL = "critical"
     WARNING = "warning"
 
 
 class Rule(BaseModel):
+    """One alert rule: a kind with its thresholds; ``for_s``: how long a condition holds before it fires."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[a-zA-Z0-9_.-]+$")
@@ -67,6 +73,8 @@ class Rule(BaseModel):
 
 
 class Webhook(BaseModel):
+    """A receiver of alert changes, with its deadline and retry budget."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(pattern=r"^https?://")
@@ -75,6 +83,8 @@ class Webhook(BaseModel):
 
 
 class AlertConfig(BaseModel):
+    """The alert config as loaded: version, evaluation interval (seconds), rules and webhooks."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     version: int = Field(ge=1)

@@ -31,10 +31,16 @@ RULE_SOURCES: dict[RuleKind, frozenset[Source]] = {
 
 
 class SnapshotSource(Protocol):
-    async def snapshot(self, now: float, window_s: float) -> Snapshot: ...
+    """Where the engine reads the facts from (``sources.ClusterSources``; tests give their own)."""
+
+    async def snapshot(self, now: float, window_s: float) -> Snapshot:
+        """Every fact at ``now``, with ``window_s`` of series history; unreadable sources are left unknown."""
+        ...
 
 
 class AlertEngine:
+    """Evaluates the config's rules every ``interval_s``, keeps the log and hands changes to the webhook sink."""
+
     def __init__(
         self,
         config: AlertConfig,
@@ -64,6 +70,7 @@ class AlertEngine:
         return changes
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Evaluate every ``interval_s`` (a failing round is logged) and deliver webhooks until ``stop``."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.sink.run(stop))
             while not stop.is_set():

@@ -25,12 +25,16 @@ Key = tuple[str, tuple[tuple[str, str], ...]]  # rule name, condition labels
 
 
 class AlertState(StrEnum):
+    """Whether an alert's condition still holds."""
+
     FIRING = "firing"
     RESOLVED = "resolved"
 
 
 @dataclass(frozen=True)
 class AlertRecord:
+    """One alert: which rule fired for which labels, when, and when it resolved (0: firing)."""
+
     alert_id: int
     rule: str
     kind: str
@@ -43,15 +47,19 @@ class AlertRecord:
 
     @property
     def state(self) -> AlertState:
+        """Firing until it has a resolve time."""
         return AlertState.RESOLVED if self.resolved_at else AlertState.FIRING
 
     @property
     def key(self) -> Key:
+        """The rule and the sorted labels: one alert at a time fires per key."""
         return self.rule, tuple(sorted(self.labels.items()))
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlertFilter:
+    """What ListAlerts asks for; ``visible`` says which label sets the caller may see."""
+
     state: AlertState | None = None
     since_at: float = 0.0
     rule: str = ""
@@ -72,6 +80,7 @@ class AlertLog:
             self._replay(path)
 
     def firing(self) -> list[AlertRecord]:
+        """The alerts firing now, oldest first."""
         return [self._records[i] for i in self._firing.values()]
 
     def update(self, rule: Rule, found: Iterable[Condition], now: float, config_version: int) -> list[AlertRecord]:
@@ -122,9 +131,15 @@ class AlertLog:
 
     def _fire(self, key: Key, rule: Rule, cond: Condition, now: float, version: int) -> AlertRecord:
         rec = AlertRecord(
-            alert_id=self._next_id, rule=rule.name, kind=rule.kind.value, severity=rule.severity.value,
-            labels=dict(cond.labels), summary=cond.summary, fired_at=now, config_version=version,
-        )  # fmt: skip
+            alert_id=self._next_id,
+            rule=rule.name,
+            kind=rule.kind.value,
+            severity=rule.severity.value,
+            labels=dict(cond.labels),
+            summary=cond.summary,
+            fired_at=now,
+            config_version=version,
+        )
         self._next_id += 1
         self._firing[key] = rec.alert_id
         self._keep(rec)

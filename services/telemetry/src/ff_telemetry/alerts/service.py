@@ -1,5 +1,7 @@
-"""The alert engine inside the telemetry service: the collected series read from the store, the log kept
-in the service's state folder, ListAlerts answered from it.
+"""The alert engine inside the telemetry service, reading the store and keeping its log in the state folder.
+
+The collected series are read from the store, the log is kept in the service's state folder, and ListAlerts
+is answered from it.
 
 The server makes one ``AlertService.create(...)``, runs ``run(stop)`` in its TaskGroup and gives
 ``list_alerts`` to the servicer (its ``AlertsHandler``).
@@ -40,6 +42,8 @@ class StoreMetricReader:
         self.store = store
 
     async def series(self, name: str, since: float, until: float) -> Sequence[SeriesFact]:
+        """Every series called ``name`` with its raw points in [since, until] (unix seconds), read in a thread."""
+
         def read(session: Session) -> list[SeriesFact]:
             # A series' last_at is written by the store's job: look that much further back.
             found = reads.find_series(session, name, (), Viewer.everything(), active_from=since - LAST_AT_SLACK_S)
@@ -50,6 +54,8 @@ class StoreMetricReader:
 
 
 class AlertService:
+    """The alert engine with its sources, as the server runs it (see the module doc)."""
+
     def __init__(self, engine: AlertEngine, sources: ClusterSources) -> None:
         self.engine = engine
         self.sources = sources
@@ -70,6 +76,7 @@ class AlertService:
         return cls(AlertEngine(config, sources, AlertLog(state_dir / LOG_FILE)), sources)
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Run the engine until ``stop``, then close the sources."""
         try:
             await self.engine.run(stop)
         finally:
@@ -89,7 +96,7 @@ class AlertService:
         )
         alerts, token = self.engine.log.list(flt, request.page_size, request.page_token)
         return pb.ListAlertsResponse(
-            alerts=[alert_pb(a) for a in alerts], next_page_token=token, config_version=self.engine.config.version
+            alerts=[_alert_pb(a) for a in alerts], next_page_token=token, config_version=self.engine.config.version
         )
 
 
@@ -100,9 +107,16 @@ def _owned_by(user: str) -> Callable[[Mapping[str, str]], bool]:
     return visible
 
 
-def alert_pb(rec: AlertRecord) -> pb.Alert:
+def _alert_pb(rec: AlertRecord) -> pb.Alert:
     return pb.Alert(
-        alert_id=rec.alert_id, rule=rec.rule, kind=rec.kind, severity=rec.severity, state=_STATES_PB[rec.state],
-        labels=dict(rec.labels), summary=rec.summary, fired_at=rec.fired_at, resolved_at=rec.resolved_at,
+        alert_id=rec.alert_id,
+        rule=rec.rule,
+        kind=rec.kind,
+        severity=rec.severity,
+        state=_STATES_PB[rec.state],
+        labels=dict(rec.labels),
+        summary=rec.summary,
+        fired_at=rec.fired_at,
+        resolved_at=rec.resolved_at,
         config_version=rec.config_version,
-    )  # fmt: skip
+    )

@@ -1,5 +1,7 @@
-"""Where the alert rules' facts come from: mgmtd (nodes, targets), the scheduler (running tasks, node
-validations) and the collected series (steps, losses, storage use), each read with the cluster token.
+"""Where the alert rules' facts come from: mgmtd, the scheduler and the collected series.
+
+mgmtd gives nodes and targets, the scheduler running tasks and node validations, the collected series steps,
+losses and storage use; each is read with the cluster token.
 
 A source that cannot be read leaves its facts unknown (``Snapshot.known``), so the rules that need it are
 not evaluated: an unreachable scheduler does not resolve the alerts about tasks.
@@ -31,6 +33,8 @@ TARGET_CAPACITY_METRIC = "ff_storage_target_capacity_bytes"
 
 
 class Source(StrEnum):
+    """A place facts are read from; a rule is evaluated only when all of its sources were read."""
+
     MGMTD = "mgmtd"
     SCHEDULER = "scheduler"
     METRICS = "metrics"
@@ -46,6 +50,8 @@ class MetricReader(Protocol):
 
 @dataclass(frozen=True)
 class Snapshot:
+    """The facts read at once, and which sources could be read."""
+
     view: ClusterView
     known: frozenset[Source]
 
@@ -55,6 +61,8 @@ def _enum_word(name: str, prefix: str) -> str:
 
 
 class ClusterSources:
+    """Reads the facts from mgmtd, the scheduler (found through mgmtd) and the collector's own series."""
+
     def __init__(self, mgmtd: MgmtdClient, token: str, metrics: MetricReader, *, timeout_s: float = 5.0) -> None:
         self.mgmtd = mgmtd
         self.metrics = metrics
@@ -62,6 +70,7 @@ class ClusterSources:
         self._stubs = StubPool(scheduler_pb2_grpc.SchedulerServiceStub)
 
     async def close(self) -> None:
+        """Close the channels to the scheduler."""
         await self._stubs.close()
 
     async def snapshot(self, now: float, window_s: float) -> Snapshot:
@@ -76,9 +85,15 @@ class ClusterSources:
         tasks, validations = scheduler or ((), ())
         steps, losses, used = metrics or ((), (), ())
         view = ClusterView(
-            now=now, nodes=nodes, targets=targets, tasks=tasks, validations=validations,
-            steps=steps, losses=losses, storage_used=used,
-        )  # fmt: skip
+            now=now,
+            nodes=nodes,
+            targets=targets,
+            tasks=tasks,
+            validations=validations,
+            steps=steps,
+            losses=losses,
+            storage_used=used,
+        )
         return Snapshot(view, frozenset(known))
 
     async def _routing(self) -> tuple[list[NodeFact], list[TargetFact]] | None:

@@ -1,5 +1,6 @@
-"""The webhook sink: every batch of alert changes is POSTed as JSON to each configured URL, retried with
-backoff, from a queue of its own, so a slow or dead receiver never holds up the evaluation.
+"""The webhook sink: every batch of alert changes is POSTed as JSON to each configured URL.
+
+Retried with backoff, from a queue of its own, so a slow or dead receiver never holds up the evaluation.
 
 Body: ``{"alerts": [{"alert_id", "rule", "kind", "severity", "state", "labels", "summary", "fired_at",
 "resolved_at", "config_version"}, ...]}``. A receiver answering 2xx has it; anything else (an error status,
@@ -24,11 +25,13 @@ from ff_telemetry.alerts.log import AlertRecord
 logger = logging.getLogger(__name__)
 
 
-def alert_json(rec: AlertRecord) -> dict[str, Any]:
+def _alert_json(rec: AlertRecord) -> dict[str, Any]:
     return {**asdict(rec), "labels": dict(rec.labels), "state": rec.state.value}
 
 
 class WebhookSink:
+    """Delivers alert changes to the webhooks from a bounded queue (see the module doc)."""
+
     def __init__(self, webhooks: Sequence[Webhook], *, max_queued: int = 1000, initial_backoff_s: float = 0.5) -> None:
         self.webhooks = tuple(webhooks)
         self.num_sent = 0
@@ -41,13 +44,14 @@ class WebhookSink:
         """Queue one batch of changes (never blocks)."""
         if not changes or not self.webhooks:
             return
-        body = {"alerts": [alert_json(rec) for rec in changes]}
+        body = {"alerts": [_alert_json(rec) for rec in changes]}
         if self._queue.full():
             self._queue.get_nowait()
             self.num_dropped += 1
         self._queue.put_nowait(body)
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Deliver queued batches to every webhook until ``stop``."""
         async with aiohttp.ClientSession() as session:
             while not stop.is_set():
                 body = await _next(self._queue, stop)

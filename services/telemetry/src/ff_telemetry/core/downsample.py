@@ -20,6 +20,8 @@ from ff_telemetry.core.model import Kind
 
 @dataclass(frozen=True)
 class Bucket:
+    """One downsampled interval of one series from ``start`` (unix seconds): the aggregates of its raw points."""
+
     start: float
     count: int
     sum: float
@@ -39,6 +41,7 @@ def step_increase(previous: float | None, value: float, kind: Kind) -> float:
 
 
 def bucket_start(at: float, width_s: float) -> float:
+    """The start of the ``width_s`` bucket that holds time ``at`` (buckets are aligned on multiples of the width)."""
     return math.floor(at / width_s) * width_s
 
 
@@ -50,9 +53,13 @@ def downsample(
         return []
     ats, values = zip(*points, strict=True)
     buckets = downsample_arrays(
-        np.zeros(len(points), dtype=np.int64), np.asarray(ats, dtype=np.float64),
-        np.asarray(values, dtype=np.float64), {0: kind}, {} if previous is None else {0: previous}, width_s,
-    )  # fmt: skip
+        np.zeros(len(points), dtype=np.int64),
+        np.asarray(ats, dtype=np.float64),
+        np.asarray(values, dtype=np.float64),
+        {0: kind},
+        {} if previous is None else {0: previous},
+        width_s,
+    )
     return buckets[0]
 
 
@@ -64,8 +71,11 @@ def downsample_arrays(
     previous: Mapping[int, float],
     width_s: float,
 ) -> dict[int, list[Bucket]]:
-    """Buckets of many series at once; the points sorted by (series id, time), ``previous`` each series'
-    value just before them. Vectorized: the job's cost per sample is a few array operations."""
+    """Buckets of many series at once; the points sorted by (series id, time).
+
+    ``previous`` holds each series' value just before them. Vectorized: the job's cost per sample is a few
+    array operations.
+    """
     n = len(series_ids)
     if n == 0:
         return {}
@@ -88,10 +98,16 @@ def downsample_arrays(
     with np.errstate(invalid="ignore"):  # all-NaN buckets: min and max are NaN
         mins, maxes = np.fmin.reduceat(values, idx), np.fmax.reduceat(values, idx)
     columns = zip(
-        series_ids[idx].tolist(), starts[idx].tolist(), (ends - idx).tolist(), np.add.reduceat(values, idx).tolist(),
-        mins.tolist(), maxes.tolist(), values[ends - 1].tolist(), np.add.reduceat(increase, idx).tolist(),
+        series_ids[idx].tolist(),
+        starts[idx].tolist(),
+        (ends - idx).tolist(),
+        np.add.reduceat(values, idx).tolist(),
+        mins.tolist(),
+        maxes.tolist(),
+        values[ends - 1].tolist(),
+        np.add.reduceat(increase, idx).tolist(),
         strict=True,
-    )  # fmt: skip
+    )
     out: dict[int, list[Bucket]] = {}
     for sid, start, count, total, low, high, last, inc in columns:
         out.setdefault(sid, []).append(Bucket(start, count, total, low, high, last, inc))

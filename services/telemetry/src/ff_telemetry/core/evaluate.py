@@ -18,6 +18,8 @@ from ff_telemetry.core.model import Aggregation, Labels, Point, RangeQuery, Seri
 
 @dataclass(frozen=True)
 class Row:
+    """One stored point of a series: its value, and its increase since the point before (counters)."""
+
     at: float
     value: float
     increase: float
@@ -25,6 +27,8 @@ class Row:
 
 @dataclass(frozen=True)
 class SeriesRows:
+    """One series' rows for a query, in time order."""
+
     name: str
     labels: Labels
     rows: Sequence[Row]  # time order
@@ -50,7 +54,8 @@ class _Window:
         return self._sums[hi] - self._sums[lo] if hi > lo else None
 
 
-def series_points(rows: Sequence[Row], query: RangeQuery) -> list[Point]:
+def _series_points(rows: Sequence[Row], query: RangeQuery) -> list[Point]:
+    """The query's points of one series: the last value (or the rate) at each step, steps without data left out."""
     window, lookback = _Window(rows), query.effective_lookback_s
     points = []
     for t in query.steps():
@@ -66,7 +71,7 @@ def series_points(rows: Sequence[Row], query: RangeQuery) -> list[Point]:
 
 def evaluate(series: Iterable[SeriesRows], query: RangeQuery) -> list[SeriesResult]:
     """The answer to a last-value or rate query, aggregated as the query asks."""
-    per_series = [SeriesResult(s.name, s.labels, tuple(series_points(s.rows, query))) for s in series]
+    per_series = [SeriesResult(s.name, s.labels, tuple(_series_points(s.rows, query))) for s in series]
     if query.aggregation is Aggregation.NONE:
         return [s for s in per_series if s.points]
     groups: dict[Labels, list[SeriesResult]] = {}

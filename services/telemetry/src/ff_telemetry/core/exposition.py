@@ -20,6 +20,8 @@ _TYPE_NAMES = {
 
 @dataclass(frozen=True)
 class ExposedSample:
+    """One sample as a Prometheus scrape shows it (``at`` in unix seconds)."""
+
     name: str
     labels: Labels
     value: float
@@ -38,7 +40,7 @@ def family_of(name: str, metadata: Mapping[str, MetricMeta]) -> MetricMeta | Non
     return None
 
 
-def format_value(value: float) -> str:
+def _format_value(value: float) -> str:
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -69,5 +71,5 @@ def render(samples: Iterable[ExposedSample], metadata: Mapping[str, MetricMeta])
         for s in members:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels)
             series = f"{s.name}{{{labels}}}" if labels else s.name
-            lines.append(f"{series} {format_value(s.value)} {int(s.at * 1000)}")
+            lines.append(f"{series} {_format_value(s.value)} {int(s.at * 1000)}")
     return "\n".join(lines) + "\n" if lines else ""

@@ -28,6 +28,8 @@ class Kind(enum.IntEnum):
 
 
 class MatchOp(enum.IntEnum):
+    """How a label matcher compares (mirror of the proto's MatchOp)."""
+
     EQUAL = 1
     NOT_EQUAL = 2
     REGEX = 3
@@ -35,6 +37,8 @@ class MatchOp(enum.IntEnum):
 
 
 class Aggregation(enum.IntEnum):
+    """How a query folds the series of a group into one (NONE: every series on its own)."""
+
     NONE = 1
     SUM = 2
     AVG = 3
@@ -50,11 +54,14 @@ RESOLUTIONS = (RAW, MINUTE, HOUR)
 
 
 def labels_of(mapping: Mapping[str, str]) -> Labels:
+    """A label mapping in its canonical form: sorted (name, value) pairs."""
     return tuple(sorted(mapping.items()))
 
 
 @dataclass(frozen=True)
 class MetricMeta:
+    """What a pushed metric family says about itself: type, help text and unit."""
+
     name: str
     type: MetricType
     help: str = ""
@@ -86,6 +93,7 @@ class Matcher:
         return cls(name, op, value, pattern)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a series with ``labels`` passes this matcher."""
         got = labels.get(self.name, "")
         if self.op is MatchOp.EQUAL:
             return got == self.value
@@ -97,6 +105,7 @@ class Matcher:
 
 
 def matches_all(matchers: tuple[Matcher, ...], labels: Mapping[str, str]) -> bool:
+    """Whether a series with ``labels`` passes every matcher."""
     return all(m.matches(labels) for m in matchers)
 
 
@@ -118,21 +127,27 @@ class RangeQuery:
 
     @property
     def effective_lookback_s(self) -> float:
+        """How far back from a step a value counts: ``lookback_s``, else the step but at least 5 minutes."""
         return self.lookback_s or max(self.step_s, 300.0)
 
     def steps(self) -> list[float]:
+        """The times the query is evaluated at, from ``start_at`` to ``end_at`` (one when ``step_s`` is 0)."""
         count = int((self.end_at - self.start_at) // self.step_s) + 1 if self.step_s > 0 else 1
         return [self.start_at + i * self.step_s for i in range(count)]
 
 
 @dataclass(frozen=True)
 class Point:
+    """One value of a query's answer at one time (unix seconds)."""
+
     at: float
     value: float
 
 
 @dataclass(frozen=True)
 class SeriesResult:
+    """One series (or group) of a query's answer and its points."""
+
     name: str
     labels: Labels
     points: tuple[Point, ...]
@@ -140,12 +155,16 @@ class SeriesResult:
 
 @dataclass(frozen=True)
 class QueryResult:
+    """A query's answer, with the resolution (seconds) of the tier it was read from."""
+
     series: tuple[SeriesResult, ...]
     resolution_s: float
 
 
 @dataclass(frozen=True)
 class SeriesInfo:
+    """A stored series: identity, kind and type, and the times of its first and last samples (unix seconds)."""
+
     series_id: int
     name: str
     labels: Labels

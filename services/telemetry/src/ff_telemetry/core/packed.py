@@ -91,6 +91,11 @@ class SeriesTable:
         return int(np.count_nonzero(self._owner))
 
     def add(self, series_id: int, owner: str, kind: Kind) -> None:
+        """Register ``series_id`` as ``owner``'s ("": the cluster's); safe beside ``check`` on another thread.
+
+        Raises:
+            ValueError: ``series_id`` is negative.
+        """
         if series_id < 0:
             raise ValueError(f"series id {series_id} < 0")
         # Registration runs in a worker thread while the event loop checks pushes: the counter flags grow and
@@ -109,11 +114,18 @@ class SeriesTable:
         self._counter[:] = False
 
     def check(self, epoch: int, samples: PackedSamples, owner: str | None) -> None:
-        """Raises StaleRegistration, UnknownSeries, NotYourSeries or InvalidRequest (a counter's value)
-        unless every sample is of a series registered here that ``owner`` may write.
+        """Check that every sample is of a series registered here that ``owner`` may write.
 
         Args:
+            epoch: the collector instance the client registered its series with.
+            samples: the pushed samples.
             owner: the pushing user's name, or None for the cluster (which may write any series).
+
+        Raises:
+            StaleRegistration: ``epoch`` is not this instance's (it restarted): register again.
+            UnknownSeries: a series is not registered.
+            NotYourSeries: a series is another user's.
+            InvalidRequest: a counter's value is negative or not finite.
         """
         if epoch != self.epoch:
             raise StaleRegistration(

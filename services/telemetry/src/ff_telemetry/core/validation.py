@@ -33,6 +33,8 @@ FUTURE_SLACK_S = 300.0
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
+    """What one push or query may carry; sizes in characters, ages in seconds."""
+
     max_samples: int = 10_000
     max_labels: int = 32
     max_name_chars: int = 200
@@ -53,18 +55,22 @@ class RawSample(NamedTuple):
 
 @dataclass(frozen=True)
 class PushBatch:
+    """A checked Push: its samples and metric metadata."""
+
     samples: tuple[Sample, ...]
     metadata: tuple[MetricMeta, ...]
 
 
 def check_name(name: str, limits: Limits, what: str = "metric name") -> None:
+    """A metric (or ``what``) name: Prometheus syntax, not reserved, not too long; InvalidRequest otherwise."""
     if not METRIC_NAME.fullmatch(name) or name.startswith("__"):
         raise InvalidRequest(f"bad {what} {name[:80]!r}: must match [a-zA-Z_:][a-zA-Z0-9_:]*, not start with __")
     if len(name) > limits.max_name_chars:
         raise InvalidRequest(f"{what} {name[:80]!r}... is longer than {limits.max_name_chars} characters")
 
 
-def check_labels(labels: Mapping[str, str], limits: Limits) -> None:
+def _check_labels(labels: Mapping[str, str], limits: Limits) -> None:
+    """Label names and values: few enough, Prometheus syntax, not reserved, not too long."""
     if len(labels) > limits.max_labels:
         raise InvalidRequest(f"{len(labels)} labels, at most {limits.max_labels}")
     for key, value in labels.items():
@@ -77,6 +83,7 @@ def check_labels(labels: Mapping[str, str], limits: Limits) -> None:
 
 
 def check_metadata(metadata: Sequence[MetricMeta], limits: Limits) -> None:
+    """Pushed metric metadata: valid names, help and unit not too long; InvalidRequest otherwise."""
     for meta in metadata:
         check_name(meta.name, limits)
         if len(meta.help) > 4 * limits.max_value_chars or len(meta.unit) > limits.max_name_chars:
@@ -138,7 +145,14 @@ def build_samples(
     """Checked samples with common labels merged (a sample's own win) and ``user`` forced to ``owner``.
 
     Args:
+        raw: the pushed samples.
+        common_labels: labels every sample of the push gets.
         owner: the pushing user's name for a user token (its samples are theirs); None for the cluster.
+        now: the collector's time (unix seconds): samples too old or from the future are refused.
+        limits: what one push may carry.
+
+    Raises:
+        InvalidRequest: a sample, name, label or value is not acceptable.
     """
     return SampleChecker(limits).build(raw, common_labels, owner=owner, now=now)
 
@@ -147,19 +161,33 @@ class PushedSample(Protocol):
     """What a pushed sample offers: a RawSample, or the wire message itself (no copy on the hot path)."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The metric name."""
+        ...
+
     @property
-    def labels(self) -> Mapping[str, str]: ...
+    def labels(self) -> Mapping[str, str]:
+        """The sample's own labels."""
+        ...
+
     @property
-    def value(self) -> float: ...
+    def value(self) -> float:
+        """The value."""
+        ...
+
     @property
-    def sampled_at(self) -> float: ...
+    def sampled_at(self) -> float:
+        """When it was sampled (unix seconds; 0: now)."""
+        ...
 
 
 class SampleChecker:
-    """``build_samples`` for a stream of batches. A collector sees the same few thousand label sets
-    over and over: each (name, labels, common labels, owner) checked once is remembered with its merged,
-    sorted label set, so a batch of known series costs a lookup per sample."""
+    """``build_samples`` for a stream of batches, remembering the label sets it checked.
+
+    A collector sees the same few thousand label sets over and over: each (name, labels, common labels, owner)
+    checked once is remembered with its merged, sorted label set, so a batch of known series costs a lookup per
+    sample.
+    """
 
     MAX_REMEMBERED = 100_000
 
@@ -170,10 +198,11 @@ class SampleChecker:
     def build(
         self, raw: Sequence[PushedSample], common_labels: Mapping[str, str], *, owner: str | None, now: float
     ) -> tuple[Sample, ...]:
+        """``build_samples`` with this checker's limits and memory of checked label sets."""
         limits = self.limits
         if len(raw) > limits.max_samples:
             raise InvalidRequest(f"{len(raw)} samples in one call, at most {limits.max_samples}")
-        check_labels(common_labels, limits)
+        _check_labels(common_labels, limits)
         context = (tuple(sorted(common_labels.items())), owner)
         earliest, latest = now - limits.max_sample_age_s, now + FUTURE_SLACK_S
         known, out = self._known, []
@@ -196,7 +225,7 @@ class SampleChecker:
 
     def _check_new(self, r: PushedSample, common_labels: Mapping[str, str], owner: str | None) -> Labels:
         check_name(r.name, self.limits)
-        check_labels(r.labels, self.limits)
+        _check_labels(r.labels, self.limits)
         labels = {**common_labels, **r.labels}
         if owner is not None:
             labels[USER_LABEL] = owner
@@ -206,6 +235,11 @@ class SampleChecker:
 
 
 def check_query(query: RangeQuery, limits: Limits) -> None:
+    """A range query's fields; InvalidRequest naming the first that is wrong.
+
+    Valid names, finite times in order, a positive step and at most ``MAX_STEPS`` steps, a quantile in (0, 1]
+    without rate or aggregation, and a known resolution.
+    """
     check_name(query.name, limits)
     for matcher in query.matchers:
         if not LABEL_NAME.fullmatch(matcher.name):

@@ -1,5 +1,8 @@
-"""The web dashboard, served by the collector's HTTP side: cluster overview, tasks, a task's live curves and
-log, storage throughput and latency, alerts. Login with a token; a user sees only their own tasks."""
+"""The web dashboard, served by the collector's HTTP side: overview, tasks, storage, alerts.
+
+Pages: cluster overview, tasks, a task's live curves and log, storage throughput and latency, alerts. Login
+with a token; a user sees only their own tasks.
+"""
 
 from __future__ import annotations
 

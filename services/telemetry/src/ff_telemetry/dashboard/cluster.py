@@ -1,6 +1,8 @@
-"""The dashboard's reads of mgmtd and the scheduler, each made with the logged-in user's token, so the
-services' own authorization applies (the scheduler shows a user only their tasks, and answers NOT_FOUND
-for another user's)."""
+"""The dashboard's reads of mgmtd and the scheduler, each made with the logged-in user's token.
+
+So the services' own authorization applies: the scheduler shows a user only their tasks, and answers
+NOT_FOUND for another user's.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +43,11 @@ class ClusterReader:
         self.schedulers = StubPool(SchedulerStub)
 
     def as_user(self, token: str) -> UserView:
+        """The reads ``token``'s user may make."""
         return UserView(self, token)
 
     async def close(self) -> None:
+        """Close the clients of mgmtd and the schedulers."""
         await self.mgmtd.close()
         await self.schedulers.close()
 
@@ -66,6 +70,7 @@ class UserView:
             _token.reset(reset)
 
     async def routing(self) -> mgmtd_pb2.RoutingInfo:
+        """The routing info from mgmtd; RpcError when mgmtd refuses or cannot be reached."""
         request = mgmtd_pb2.GetRoutingInfoRequest()
         resp = await self._as_user(lambda: self._reader.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, request))
         return resp.routing_info  # type: ignore[no-any-return]
@@ -77,6 +82,7 @@ class UserView:
         return self._reader.schedulers.get(address)
 
     async def nodes(self) -> list[spb.Node]:
+        """The scheduler's compute nodes; NoScheduler when none is alive, RpcError when the call fails."""
         stub = await self._scheduler()
         resp = await self._as_user(lambda: self._reader.rpc.unary(stub.ListNodes, spb.ListNodesRequest()))
         return list(resp.nodes)
@@ -95,6 +101,7 @@ class UserView:
         return found[:MAX_TASKS]
 
     async def task(self, task_id: int) -> spb.Task:
+        """One task with its runs; RpcError NOT_FOUND for a task the user may not see."""
         stub = await self._scheduler()
         request = spb.GetTaskRequest(task_id=task_id, include_runs=True)
         resp = await self._as_user(lambda: self._reader.rpc.unary(stub.GetTask, request))

@@ -1,5 +1,8 @@
-"""What every dashboard route goes through: the caller's session (pages redirect to the login page without
-one, the API answers 401), and one table from the errors of the services and the store to HTTP statuses."""
+"""What every dashboard route goes through: the caller's session, and one table from errors to HTTP statuses.
+
+Without a session pages redirect to the login page and the API answers 401; the table maps the errors of
+the services and the store to HTTP statuses.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ dumps = partial(json.dumps, allow_nan=False)
 
 
 def json_response(data: Any) -> web.Response:
+    """``data`` as a strict JSON response: a NaN or infinity raises ValueError (``series.finite`` nulls them)."""
     return web.json_response(data, dumps=dumps)
 
 
@@ -61,11 +65,14 @@ def http_error(exc: Exception) -> web.HTTPError:
 
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Add the ``SECURITY_HEADERS`` a handler did not set itself (an on_response_prepare hook)."""
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
 
 
 class Guard:
+    """Wraps route handlers: the caller from their session or bearer token, errors mapped to HTTP answers."""
+
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
 

@@ -1,5 +1,8 @@
-"""The dashboard's HTML pages and its login and logout. A page is a static shell (``static/<page>.html``) with
-the user's name put in, html-escaped; its script fills it from the JSON API with ``textContent`` only."""
+"""The dashboard's HTML pages and its login and logout.
+
+A page is a static shell (``static/<page>.html``) with the user's name put in, html-escaped; its script fills
+it from the JSON API with ``textContent`` only.
+"""
 
 from __future__ import annotations
 
@@ -27,12 +30,15 @@ def safe_next(raw: str | None) -> str:
 
 
 class DashboardPages:
+    """The HTML routes: the pages (behind the guard, else to the login page), login and logout."""
+
     def __init__(self, sessions: Sessions, reader: ClusterReader) -> None:
         self._sessions = sessions
         self._reader = reader
         self._templates = {name: (STATIC / f"{name}.html").read_text() for name in PAGES}
 
     def install(self, app: web.Application, guard: Guard) -> None:
+        """Add the page, login and logout routes to ``app``."""
         r = app.router
         r.add_get("/", guard.page(self._page("overview")))
         r.add_get("/tasks", guard.page(self._page("tasks")))
@@ -45,6 +51,7 @@ class DashboardPages:
         r.add_static("/static/", STATIC, append_version=False)
 
     def render(self, name: str, *, user: str = "", message: str = "", status: int = 200) -> web.Response:
+        """Page ``name`` with the user's name and a message put in, html-escaped."""
         text = self._templates[name].replace("{{user}}", html.escape(user)).replace("{{message}}", html.escape(message))
         return web.Response(text=text, content_type="text/html", status=status)
 
@@ -64,9 +71,11 @@ class DashboardPages:
         return self.render("task", user=caller.principal.name)
 
     async def login_form(self, request: web.Request) -> web.Response:
+        """``GET /login``: the form to paste a token into."""
         return self.render("login")
 
     async def login(self, request: web.Request) -> web.Response:
+        """``POST /login``: check the token, set the session cookie and go back to ``next`` (this site only)."""
         form = await request.post()
         token = form.get("token")
         try:
@@ -78,6 +87,7 @@ class DashboardPages:
         return response
 
     async def logout(self, request: web.Request) -> web.Response:
+        """``POST /logout``: drop the session cookie and go to the login page."""
         response = web.Response(status=303, headers={"Location": "/login"})
         self._sessions.forget(response)
         return response

@@ -1,6 +1,9 @@
-"""The collector's own series as the dashboard shows them: a task's curves (each value at its step), storage
-throughput and latency, and the latest storage capacity. Every read goes through the viewer's filter: a
-user sees the cluster's series and their own, as on /federate."""
+"""The collector's own series as the dashboard shows them: a task's curves, storage throughput and capacity.
+
+A task's curves show each value at its step; storage shows throughput and latency, and the latest capacity.
+Every read goes through the viewer's filter: a user sees the cluster's series and their own, as on
+/federate.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def thin(points: list[Any], limit: int = MAX_POINTS) -> list[Any]:
+def _thin(points: list[Any], limit: int = MAX_POINTS) -> list[Any]:
+    """At most about ``limit`` of ``points``, evenly spaced, the last one always kept."""
     if len(points) <= limit:
         return points
     stride = math.ceil(len(points) / limit)
@@ -47,8 +51,10 @@ def _labels(labels: Labels) -> dict[str, str]:
 async def task_curves(
     store: TelemetryStore, viewer: Viewer, task_id: int, metric: str, since: float, until: float
 ) -> Json:
-    """Each series of ``hfai_<metric>`` of the task (one per rank and run), as [step, value, at] in the order
-    reported; step is null where no ``hfai_step`` was reported with the value."""
+    """Each series of ``hfai_<metric>`` of the task (one per rank and run), as [step, value, at] points.
+
+    In the order reported; step is null where no ``hfai_step`` was reported with the value.
+    """
     match = (Matcher.make("task_id", MatchOp.EQUAL, str(task_id)),)
     name = TASK_METRIC_PREFIX + metric
     values, steps = await asyncio.gather(
@@ -60,7 +66,7 @@ async def task_curves(
 
 def _curve(series: SeriesRows, steps: dict[float, float]) -> Json:
     points = [[_step(steps.get(r.at)), finite(r.value), r.at] for r in series.rows]
-    return {"labels": _labels(series.labels), "points": thin(points)}
+    return {"labels": _labels(series.labels), "points": _thin(points)}
 
 
 def _step(value: float | None) -> float | None:
@@ -68,15 +74,18 @@ def _step(value: float | None) -> float | None:
 
 
 def result_series(results: Sequence[SeriesResult]) -> list[Json]:
+    """A query's series as JSON: name, labels and [at, value] points (thinned; non-finite values as null)."""
     return [
-        {"name": s.name, "labels": _labels(s.labels), "points": thin([[p.at, finite(p.value)] for p in s.points])}
+        {"name": s.name, "labels": _labels(s.labels), "points": _thin([[p.at, finite(p.value)] for p in s.points])}
         for s in results
     ]
 
 
 async def storage(store: TelemetryStore, viewer: Viewer, now: float, window_s: float) -> Json:
-    """Read and write throughput (bytes/s, all targets) and p99 latency (the slowest target) over the last
-    ``window_s``, and each target's latest figures."""
+    """Storage throughput and p99 latency over the last ``window_s``, and each target's latest figures.
+
+    Throughput is read and written bytes/s over all targets; latency is the slowest target's.
+    """
     step_s = max(window_s / 120, 1.0)
     lookback_s = max(step_s, 30.0)
 

@@ -1,5 +1,7 @@
-"""Who is looking at the dashboard: a token kept in an HttpOnly, SameSite=Strict cookie (set at login), or a
-bearer header (scripts); every page and API route asks ``Sessions.caller``."""
+"""Who is looking at the dashboard: a token in a cookie (set at login), or a bearer header (scripts).
+
+The cookie is HttpOnly and SameSite=Strict; every page and API route asks ``Sessions.caller``.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +35,12 @@ class Sessions:
         self._authenticate = authenticate
 
     async def login(self, token: str) -> Caller:
-        """The caller a pasted token stands for; HTTPUnauthorized for a bad one (HTTPServiceUnavailable
-        when mgmtd cannot say)."""
+        """The caller a pasted token stands for.
+
+        Raises:
+            HTTPUnauthorized: the token is not valid.
+            HTTPServiceUnavailable: mgmtd cannot say.
+        """
         token = token.strip()
         if not token or len(token) > MAX_TOKEN_CHARS:
             raise web.HTTPUnauthorized(text="paste a token\n")
@@ -50,12 +56,19 @@ class Sessions:
 
     @staticmethod
     def remember(response: web.StreamResponse, request: web.Request, caller: Caller) -> None:
+        """Set the session cookie of ``caller`` on ``response`` (Secure when the request came over HTTPS)."""
         # JS never reads the token (HttpOnly); no other site's page can send it (Strict).
         response.set_cookie(
-            COOKIE_NAME, caller.token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="Strict",
+            COOKIE_NAME,
+            caller.token,
+            max_age=COOKIE_MAX_AGE_S,
+            path="/",
+            httponly=True,
+            samesite="Strict",
             secure=request.secure,
-        )  # fmt: skip
+        )
 
     @staticmethod
     def forget(response: web.StreamResponse) -> None:
+        """Delete the session cookie."""
         response.del_cookie(COOKIE_NAME, path="/")

@@ -34,27 +34,41 @@ def word(enum_name: str, prefix: str) -> str:
     return enum_name.removeprefix(prefix).lower()
 
 
-def task_state(value: int) -> str:
+def _task_state(value: int) -> str:
+    """A TaskState as a word (``queued``)."""
     return word(spb.TaskState.Name(value), "TASK_STATE_")  # type: ignore[arg-type]
 
 
-def run_state(value: int) -> str:
+def _run_state(value: int) -> str:
+    """A RunState as a word (``running``)."""
     return word(spb.RunState.Name(value), "RUN_STATE_")  # type: ignore[arg-type]
 
 
-def end_reason(value: int) -> str:
+def _end_reason(value: int) -> str:
+    """A RunEndReason as a word; "" for none."""
     return "" if not value else word(spb.RunEndReason.Name(value), "RUN_END_REASON_")  # type: ignore[arg-type]
 
 
-def task_summary(t: spb.Task) -> Json:
+def _task_summary(t: spb.Task) -> Json:
+    """A task as the tasks page lists it."""
     return {
-        "task_id": str(t.task_id), "name": t.spec.name, "user": t.user_name, "state": task_state(t.state),
-        "priority": t.priority, "num_nodes": t.spec.num_nodes, "node_group": t.node_group,
+        "task_id": str(t.task_id),
+        "name": t.spec.name,
+        "user": t.user_name,
+        "state": _task_state(t.state),
+        "priority": t.priority,
+        "num_nodes": t.spec.num_nodes,
+        "node_group": t.node_group,
         "waiting_because": QUEUE_REASONS.get(t.queue_reason, "")
-        if t.state in (spb.TASK_STATE_QUEUED, spb.TASK_STATE_SUSPENDED) else "",
-        "num_runs": t.num_runs, "created_at": t.created_at, "started_at": t.current_run.started_at,
-        "finished_at": t.finished_at, "end_reason": end_reason(t.end_reason), "end_message": t.end_message,
-    }  # fmt: skip
+        if t.state in (spb.TASK_STATE_QUEUED, spb.TASK_STATE_SUSPENDED)
+        else "",
+        "num_runs": t.num_runs,
+        "created_at": t.created_at,
+        "started_at": t.current_run.started_at,
+        "finished_at": t.finished_at,
+        "end_reason": _end_reason(t.end_reason),
+        "end_message": t.end_message,
+    }
 
 
 def task_groups(tasks: Iterable[spb.Task]) -> Json:
@@ -63,20 +77,28 @@ def task_groups(tasks: Iterable[spb.Task]) -> Json:
     for t in tasks:
         for name, states in TASK_GROUPS.items():
             if t.state in states:
-                groups[name].append(task_summary(t))
+                groups[name].append(_task_summary(t))
     for name in ("queued", "suspended"):
         groups[name].sort(key=lambda t: (-t["priority"], t["created_at"]))
     return groups
 
 
-def run_view(r: spb.Run) -> Json:
+def _run_view(r: spb.Run) -> Json:
+    """A run as the task page shows it."""
     return {
-        "run_id": str(r.run_id), "index": r.run_index, "state": run_state(r.state), "priority": r.priority,
+        "run_id": str(r.run_id),
+        "index": r.run_index,
+        "state": _run_state(r.state),
+        "priority": r.priority,
         "nodes": [{"node_id": n.node_id, "hostname": n.hostname, "node_rank": n.node_rank} for n in r.nodes],
-        "created_at": r.created_at, "started_at": r.started_at, "ended_at": r.ended_at,
-        "suspend_requested_at": r.suspend_requested_at, "end_reason": end_reason(r.end_reason),
-        "end_message": r.end_message, "failure": r.failure.message if r.HasField("failure") else "",
-    }  # fmt: skip
+        "created_at": r.created_at,
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+        "suspend_requested_at": r.suspend_requested_at,
+        "end_reason": _end_reason(r.end_reason),
+        "end_message": r.end_message,
+        "failure": r.failure.message if r.HasField("failure") else "",
+    }
 
 
 def task_detail(t: spb.Task) -> Json:
@@ -85,18 +107,18 @@ def task_detail(t: spb.Task) -> Json:
     current = runs[-1] if runs else None
     ranks_per_node = t.spec.ranks_per_node
     return {
-        **task_summary(t),
+        **_task_summary(t),
         "argv": list(t.spec.argv),
         "ranks_per_node": ranks_per_node,
-        "runs": [run_view(r) for r in runs],
-        "nodes": [] if current is None else run_view(current)["nodes"],
+        "runs": [_run_view(r) for r in runs],
+        "nodes": [] if current is None else _run_view(current)["nodes"],
         "suspends": [
             {
                 "run_id": str(r.run_id),
                 "requested_at": r.suspend_requested_at,
                 "ended_at": r.ended_at,
-                "reason": end_reason(r.end_reason),
-                "state": run_state(r.state),
+                "reason": _end_reason(r.end_reason),
+                "state": _run_state(r.state),
             }
             for r in runs
             if r.suspend_requested_at or r.end_reason in SUSPEND_ENDS
@@ -164,8 +186,15 @@ def overview(routing: mgmtd_pb2.RoutingInfo, nodes: Sequence[spb.Node] | None, s
 
 
 def alert_view(a: tpb.Alert) -> Json:
+    """An alert as the alerts page shows it."""
     return {
-        "alert_id": str(a.alert_id), "rule": a.rule, "kind": a.kind, "severity": a.severity,
-        "state": word(tpb.AlertState.Name(a.state), "ALERT_STATE_"), "labels": dict(sorted(a.labels.items())),
-        "summary": a.summary, "fired_at": a.fired_at, "resolved_at": a.resolved_at,
-    }  # fmt: skip
+        "alert_id": str(a.alert_id),
+        "rule": a.rule,
+        "kind": a.kind,
+        "severity": a.severity,
+        "state": word(tpb.AlertState.Name(a.state), "ALERT_STATE_"),
+        "labels": dict(sorted(a.labels.items())),
+        "summary": a.summary,
+        "fired_at": a.fired_at,
+        "resolved_at": a.resolved_at,
+    }

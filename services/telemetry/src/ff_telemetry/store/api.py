@@ -58,12 +58,16 @@ MAX_GROUP_SAMPLES = 50_000
 
 @dataclass(frozen=True)
 class PushResult:
+    """What a push stored: samples, and series created by it."""
+
     num_stored: int
     num_new_series: int
 
 
 @dataclass(frozen=True)
 class Registered:
+    """A RegisterSeries answer: the ids (in the keys' order), this instance's epoch, series created."""
+
     series_ids: list[int]
     epoch: int
     num_new_series: int
@@ -154,22 +158,34 @@ class TelemetryStore:
         return Registered([s.series_id for s in found], self.series_table.epoch, len(new))
 
     async def aregister(self, keys: list[SeriesKey], metadata: tuple[MetricMeta, ...]) -> Registered:
+        """``register`` in a worker thread."""
         return await self._thread(lambda: self.register(keys, metadata))
 
     async def apush_packed(self, epoch: int, samples: PackedSamples, owner: str | None) -> PushResult:
-        """Store a decoded packed push of ``owner`` (None: the cluster) with group commit; raises
-        StaleRegistration, UnknownSeries, NotYourSeries or InvalidRequest (nothing stored)."""
+        """Store a decoded packed push of ``owner`` (None: the cluster) with group commit.
+
+        Raises:
+            StaleRegistration: the series were registered with another instance of the collector.
+            UnknownSeries: a series is not registered here.
+            NotYourSeries: a series is another user's.
+            InvalidRequest: a counter's value is not acceptable. Nothing is stored on any of these.
+        """
         self.series_table.check(epoch, samples, owner)
         return await self.apush(samples)
 
     async def apush(self, batch: Queued) -> PushResult:
-        """``push`` with group commit (ff_telemetry.store.group_commit): batches arriving while a transaction
-        runs go into the next one together (each still all or nothing), so many small pushes cost few commits."""
+        """``push`` with group commit (ff_telemetry.store.group_commit): many small pushes cost few commits.
+
+        Batches arriving while a transaction runs go into the next one together (each still all or nothing).
+        """
         return await self._ingest.submit(batch)
 
     def _write_group(self, batches: list[Queued]) -> list[PushResult | Exception]:
-        """The ingest thread's group: its packed pushes in one raw transaction, its PushSamples batches in a
-        session's (they intern series); a failure of one part is the answer to each batch of that part."""
+        """Write the ingest thread's group: packed pushes in one raw transaction, PushSamples in a session's.
+
+        The PushSamples batches need a session because they intern series; a failure of one part is the answer
+        to each batch of that part.
+        """
         packed = [(i, b) for i, b in enumerate(batches) if isinstance(b, PackedSamples)]
         others = [(i, b) for i, b in enumerate(batches) if not isinstance(b, PackedSamples)]
         answers: dict[int, PushResult | Exception] = {}
@@ -245,9 +261,14 @@ class TelemetryStore:
         now = self.clock()
         span_s = query.end_at - query.start_at + query.effective_lookback_s
         resolution = reads.choose_resolution(
-            query.resolution_s, query.start_at, span_s, now, self.retention.raw_s, self.retention.minute_s,
+            query.resolution_s,
+            query.start_at,
+            span_s,
+            now,
+            self.retention.raw_s,
+            self.retention.minute_s,
             self.raw_query_span_s,
-        )  # fmt: skip
+        )
         name = f"{query.name}_bucket" if query.quantile else query.name
         lo, hi = query.start_at - query.effective_lookback_s, query.end_at
 
@@ -261,13 +282,15 @@ class TelemetryStore:
         return QueryResult(tuple(evaluate.evaluate(rows, query)), resolution)
 
     async def aquery_range(self, query: RangeQuery, viewer: Viewer) -> QueryResult:
+        """``query_range`` in a worker thread."""
         return await self._thread(lambda: self.query_range(query, viewer))
 
     def samples(
         self, name: str, matchers: tuple[Matcher, ...], viewer: Viewer, start_at: float, end_at: float
     ) -> list[evaluate.SeriesRows]:
-        """The samples of the matching series in (start_at, end_at] as they were pushed (the raw tier while
-        it holds ``start_at``, else the 1-minute buckets' last values), oldest first.
+        """The samples of the matching series in (start_at, end_at] as they were pushed, oldest first.
+
+        From the raw tier while it holds ``start_at``, else the 1-minute buckets' last values.
 
         Raises InvalidRequest for a bad name or matcher, LimitExceeded past ``max_raw_samples_read``.
         """
@@ -286,6 +309,7 @@ class TelemetryStore:
     async def asamples(
         self, name: str, matchers: tuple[Matcher, ...], viewer: Viewer, start_at: float, end_at: float
     ) -> list[evaluate.SeriesRows]:
+        """``samples`` in a worker thread."""
         return await self._thread(lambda: self.samples(name, matchers, viewer, start_at, end_at))
 
     def list_series(
@@ -308,6 +332,7 @@ class TelemetryStore:
     async def alist_series(
         self, query: RangeQuery | None, viewer: Viewer, *, after_id: int = 0, limit: int = 1000
     ) -> list[SeriesInfo]:
+        """``list_series`` in a worker thread."""
         return await self._thread(lambda: self.list_series(query, viewer, after_id=after_id, limit=limit))
 
     def latest(self, max_age_s: float = 300.0) -> tuple[list[Latest], dict[str, MetricMeta]]:
@@ -332,6 +357,7 @@ class TelemetryStore:
         return self.store.run(read, read_only=True)
 
     async def alatest(self, max_age_s: float = 300.0) -> tuple[list[Latest], dict[str, MetricMeta]]:
+        """``latest`` in a worker thread."""
         return await self._thread(lambda: self.latest(max_age_s))
 
     # -- maintenance ----------------------------------------------------------------------------
@@ -349,4 +375,5 @@ class TelemetryStore:
         return report
 
     async def arun_retention(self) -> JobReport:
+        """``run_retention`` in a worker thread."""
         return await self._thread(self.run_retention)

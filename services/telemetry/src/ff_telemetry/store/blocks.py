@@ -30,7 +30,7 @@ Floats = npt.NDArray[np.float64]
 
 
 def pack(series_ids: npt.ArrayLike, ats: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
-    """The blob of a block of n samples, little-endian (NaN stays NaN), in one of two layouts:
+    """The blob of a block of n samples, little-endian (NaN stays NaN), in one of two layouts.
 
     - 24 n bytes: all ids (int64), then all times, then all values;
     - 12 n + 8 bytes (compact), when every sample has the same time and every id fits in 31 bits (a push
@@ -74,6 +74,7 @@ class RawPoints:
     values: npt.NDArray[np.float64]
 
     def by_series(self) -> dict[int, list[tuple[float, float]]]:
+        """The block's ``(at, value)`` points by series id (the block is sorted by series)."""
         out: dict[int, list[tuple[float, float]]] = {}
         if not len(self.series_ids):
             return out
@@ -99,8 +100,10 @@ class Block:
 
 
 def insert_sql(mark: str, num_rows: int = 1) -> str:
-    """The INSERT of ``num_rows`` blocks in one statement (its parameters: the rows' values one after the
-    other), with the driver's placeholder ``mark`` (``?`` or ``%s``)."""
+    """The INSERT of ``num_rows`` blocks in one statement, with the driver's placeholder ``mark`` (``?``, ``%s``).
+
+    Its parameters are the rows' values one after the other.
+    """
     row = f"({mark}, {mark}, {mark}, {mark})"
     return f"INSERT INTO {schema.sample_blocks.name} (min_at, max_at, count, data) VALUES {', '.join([row] * num_rows)}"
 
@@ -160,11 +163,13 @@ def read(
 
 
 def earliest(session: Session) -> float | None:
+    """The time of the oldest raw sample stored (unix seconds); None when there is none."""
     value = session.execute(select(func.min(schema.sample_blocks.c.min_at))).scalar()
     return None if value is None else float(value)
 
 
 def count(session: Session) -> int:
+    """The number of raw samples stored."""
     return int(session.execute(select(func.coalesce(func.sum(schema.sample_blocks.c.count), 0))).scalar_one())
 
 

@@ -32,12 +32,16 @@ MAX_ROWS_PER_INSERT = 1000
 
 @dataclass(frozen=True)
 class Interned:
+    """A series as the store knows it: its id and kind."""
+
     series_id: int
     kind: Kind
 
 
 @dataclass(frozen=True)
 class IngestResult:
+    """What one batch stored: the sample count, the series it created, and its block."""
+
     num_stored: int
     new_series: dict[SeriesKey, Interned]
     block: blocks.Block
@@ -72,10 +76,12 @@ def prepare(
     limits: validation.Limits,
     uncommitted: Mapping[SeriesKey, Interned] | None = None,
 ) -> IngestResult:
-    """Check a batch against its series and intern the new ones; raises InvalidRequest or LimitExceeded
-    (the caller's transaction rolls back, nothing written). ``write`` stores the samples. The caller adds
+    """Check a batch against its series and intern the new ones; ``write`` stores the samples.
+
+    Raises InvalidRequest or LimitExceeded (the caller's transaction rolls back, nothing written). The caller adds
     ``new_series`` to its cache once committed; ``uncommitted`` holds those interned by earlier batches
-    of the same transaction."""
+    of the same transaction.
+    """
     if metadata:
         _store_metadata(session, metadata)
     found: list[Interned | None] = []
@@ -111,9 +117,11 @@ def register(
     limits: validation.Limits,
     now: float,
 ) -> tuple[list[Interned], dict[SeriesKey, Interned]]:
-    """Intern checked series keys (metadata first, the per-metric series limit as for a push): each key's
-    series, and those created (for the caller's cache once committed). Raises InvalidRequest or
-    LimitExceeded, the transaction then stores nothing."""
+    """Intern checked series keys: each key's series, and those created (for the caller's cache once committed).
+
+    Metadata first, and the per-metric series limit as for a push. Raises InvalidRequest or LimitExceeded, the
+    transaction then stores nothing.
+    """
     if metadata:
         _store_metadata(session, metadata)
     missing = list(dict.fromkeys(k for k in keys if k not in cache))
@@ -135,10 +143,12 @@ def write(session: Session, results: list[IngestResult]) -> None:
 
 
 def write_packed(tx: RawTransaction, written: list[blocks.Block]) -> None:
-    """The samples of checked packed pushes (SeriesTable.check) on a raw writer's transaction: one block row
-    each, in one INSERT per 1,000 (4,000 parameters: under SQLite's and PostgreSQL's limits), and one watermark
-    update. Few statements a group: each is a call into the driver, which gives up and takes back the GIL
-    (that the event loop's thread wants)."""
+    """Write the samples of checked packed pushes (SeriesTable.check) on a raw writer's transaction.
+
+    One block row each, in one INSERT per 1,000 (4,000 parameters: under SQLite's and PostgreSQL's limits), and
+    one watermark update. Few statements a group: each is a call into the driver, which gives up and takes back
+    the GIL (that the event loop's thread wants).
+    """
     rows = blocks.rows([b for b in written if len(b)])
     if rows:
         for i in range(0, len(rows), MAX_ROWS_PER_INSERT):
@@ -198,11 +208,19 @@ def _intern(
     rows = []
     for name, labels in new:
         kind, mtype = validation.classify(name, labels, types)
-        rows.append({
-            "name": name, "labels_hash": labels_hash(labels), "labels": labels_json(labels),
-            "owner": dict(labels).get(validation.USER_LABEL, ""), "kind": int(kind), "type": int(mtype),
-            "first_at": first_at[(name, labels)], "last_at": last_at[(name, labels)], "last_value": None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": name,
+                "labels_hash": labels_hash(labels),
+                "labels": labels_json(labels),
+                "owner": dict(labels).get(validation.USER_LABEL, ""),
+                "kind": int(kind),
+                "type": int(mtype),
+                "first_at": first_at[(name, labels)],
+                "last_at": last_at[(name, labels)],
+                "last_value": None,
+            }
+        )
     session.execute(schema.series.insert(), rows)
     return {**found, **_find_series(session, new)}
 
@@ -239,9 +257,11 @@ def _check_cardinality(session: Session, new: list[SeriesKey], limits: validatio
 
 
 def mark_dirty_sql(mark: str) -> str:
-    """Samples older than a tier's watermark make their buckets be computed again: the UPDATE, whose three
-    parameters are the earliest sample time written, ``mark`` the driver's placeholder. Plain SQL: it runs
-    once per group commit, on the hot path (building the expression cost more than running it)."""
+    """The UPDATE that makes a tier compute again the buckets of samples older than its watermark.
+
+    Its three parameters are the earliest sample time written, ``mark`` the driver's placeholder. Plain SQL: it runs
+    once per group commit, on the hot path (building the expression cost more than running it).
+    """
     return (
         f"UPDATE {schema.watermarks.name} SET dirty_since = {mark} "
         f"WHERE done_until > {mark} AND (dirty_since IS NULL OR dirty_since > {mark})"

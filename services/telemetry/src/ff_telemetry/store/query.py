@@ -27,6 +27,7 @@ class Viewer:
 
     @classmethod
     def everything(cls) -> Viewer:
+        """A viewer of every series (admins, the cluster, the alert rules)."""
         return cls(None)
 
 
@@ -58,9 +59,14 @@ def find_series(
         labels = labels_from_json(r.labels)
         if matches_all(matchers, dict(labels)):
             info = SeriesInfo(
-                series_id=int(r.series_id), name=str(r.name), labels=labels, kind=Kind(r.kind),
-                type=MetricType(r.type), first_at=float(r.first_at), last_at=float(r.last_at),
-            )  # fmt: skip
+                series_id=int(r.series_id),
+                name=str(r.name),
+                labels=labels,
+                kind=Kind(r.kind),
+                type=MetricType(r.type),
+                first_at=float(r.first_at),
+                last_at=float(r.last_at),
+            )
             found.append(info)
             if limit is not None and len(found) >= limit:
                 break
@@ -75,21 +81,31 @@ def rows_for(
     hi: float,
     max_raw_samples: int = MAX_RAW_SAMPLES_READ,
 ) -> list[SeriesRows]:
-    """The rows of ``series`` in (lo, hi] from one tier (buckets count at their end); LimitExceeded when the
-    raw tier would decode more than ``max_raw_samples``."""
+    """The rows of ``series`` in (lo, hi] from one tier (buckets count at their end).
+
+    LimitExceeded when the raw tier would decode more than ``max_raw_samples``.
+    """
     if resolution_s == RAW:
         by_id = _raw_rows(session, series, lo, hi, max_raw_samples)
     else:
-        by_id = _bucket_rows(session, schema.samples_1m if resolution_s == MINUTE else schema.samples_1h,
-                             [s.series_id for s in series], resolution_s, lo, hi)  # fmt: skip
+        by_id = _bucket_rows(
+            session,
+            schema.samples_1m if resolution_s == MINUTE else schema.samples_1h,
+            [s.series_id for s in series],
+            resolution_s,
+            lo,
+            hi,
+        )
     return [SeriesRows(s.name, s.labels, by_id.get(s.series_id, [])) for s in series]
 
 
 def _raw_rows(
     session: Session, series: list[SeriesInfo], lo: float, hi: float, max_samples: int
 ) -> dict[int, list[Row]]:
-    """Raw rows in (lo, hi]; each row's increase is from the sample before it (looked for up to
-    PREVIOUS_SAMPLE_HORIZON_S before the window)."""
+    """Raw rows in (lo, hi]; each row's increase is from the sample before it.
+
+    The sample before is looked for up to PREVIOUS_SAMPLE_HORIZON_S before the window.
+    """
     kinds = {s.series_id: s.kind for s in series}
     points = blocks.read(session, lo - PREVIOUS_SAMPLE_HORIZON_S, hi, kinds, max_samples=max_samples).by_series()
     out: dict[int, list[Row]] = {}
@@ -123,8 +139,10 @@ def _bucket_rows(
 def choose_resolution(
     requested: float, start_at: float, span_s: float, now: float, raw_s: float, minute_s: float, raw_span_s: float
 ) -> float:
-    """The requested tier, or the finest that still holds ``start_at``, raw only for spans up to
-    ``raw_span_s`` (a raw read decodes every series' samples of the window)."""
+    """The requested tier, or the finest that still holds ``start_at``, raw only for spans up to ``raw_span_s``.
+
+    A raw read decodes every series' samples of the window.
+    """
     if requested:
         return requested
     if start_at >= now - raw_s and span_s <= raw_span_s:

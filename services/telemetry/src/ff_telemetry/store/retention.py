@@ -9,6 +9,7 @@ Raw blocks are deleted only once all their samples are downsampled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sqlalchemy import CursorResult, Table, delete, func, select, tuple_
@@ -25,6 +26,8 @@ PREVIOUS_HORIZON_S = 86_400.0
 
 @dataclass(frozen=True, kw_only=True)
 class Retention:
+    """How long each tier keeps its data (seconds): raw samples, 1-minute and 1-hour buckets."""
+
     raw_s: float = 86_400.0
     minute_s: float = 14 * 86_400.0
     hour_s: float = 400 * 86_400.0
@@ -34,6 +37,8 @@ class Retention:
 
 @dataclass(frozen=True)
 class JobReport:
+    """What one retention pass did."""
+
     num_minute_buckets: int
     num_hour_buckets: int
     num_raw_deleted: int
@@ -43,10 +48,12 @@ class JobReport:
 
     def __add__(self, other: JobReport) -> JobReport:
         return JobReport(
-            self.num_minute_buckets + other.num_minute_buckets, self.num_hour_buckets + other.num_hour_buckets,
-            self.num_raw_deleted + other.num_raw_deleted, self.num_series_deleted + other.num_series_deleted,
+            self.num_minute_buckets + other.num_minute_buckets,
+            self.num_hour_buckets + other.num_hour_buckets,
+            self.num_raw_deleted + other.num_raw_deleted,
+            self.num_series_deleted + other.num_series_deleted,
             other.more,
-        )  # fmt: skip
+        )
 
 
 # One pass reads at most this much raw time (a collector catching up after a stop does it in slices, so
@@ -132,11 +139,16 @@ def _mark_dirty(session: Session, tier: str, since: float) -> None:
         session.execute(table.update().where(table.c.tier == tier).values(dirty_since=since))
 
 
-def _bucket_of(r: object) -> Bucket:
+def _bucket_of(r: Any) -> Bucket:  # a row of samples_1m
     return Bucket(
-        start=float(r.start), count=int(r.count), sum=from_db(r.sum), min=from_db(r.min),  # type: ignore[attr-defined]
-        max=from_db(r.max), last=from_db(r.last), increase=from_db(r.increase),  # type: ignore[attr-defined]
-    )  # fmt: skip
+        start=float(r.start),
+        count=int(r.count),
+        sum=from_db(r.sum),
+        min=from_db(r.min),
+        max=from_db(r.max),
+        last=from_db(r.last),
+        increase=from_db(r.increase),
+    )
 
 
 def _kinds(session: Session, ids: list[int]) -> dict[int, Kind]:
@@ -171,9 +183,15 @@ def _replace(session: Session, tier: Table, start: float, until: float, buckets:
 
 def _bucket_row(series_id: int, b: Bucket) -> dict[str, object]:
     return {
-        "series_id": series_id, "start": b.start, "count": b.count, "sum": to_db(b.sum), "min": to_db(b.min),
-        "max": to_db(b.max), "last": to_db(b.last), "increase": to_db(b.increase),
-    }  # fmt: skip
+        "series_id": series_id,
+        "start": b.start,
+        "count": b.count,
+        "sum": to_db(b.sum),
+        "min": to_db(b.min),
+        "max": to_db(b.max),
+        "last": to_db(b.last),
+        "increase": to_db(b.increase),
+    }
 
 
 def _expire(session: Session, now: float, retention: Retention, downsampled_until: float) -> tuple[int, int]:

@@ -10,14 +10,17 @@ from ff_telemetry.core.model import Labels
 
 
 def labels_json(labels: Labels) -> str:
+    """Labels as stored: compact JSON of [name, value] pairs, in the canonical order."""
     return json.dumps([list(pair) for pair in labels], separators=(",", ":"), ensure_ascii=False)
 
 
 def labels_from_json(text: str) -> Labels:
+    """Stored labels back to their canonical form."""
     return tuple((str(k), str(v)) for k, v in json.loads(text))
 
 
 def labels_hash(labels: Labels) -> str:
+    """The hex SHA-256 of the stored labels: the unique key of a series with its name."""
     return hashlib.sha256(labels_json(labels).encode()).hexdigest()
 
 
@@ -27,6 +30,7 @@ def to_db(value: float) -> float | None:
 
 
 def from_db(value: float | None) -> float:
+    """A stored value back: NULL is NaN (see ``to_db``)."""
     return math.nan if value is None else float(value)
 
 

@@ -77,8 +77,9 @@ async def hook() -> AsyncIterator[tuple[Hook, int]]:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[StorageCluster]:
-    c = await start_cluster(tmp_path, num_nodes=2, targets_per_disk=1, replication=2, fsync=False,
-                            extra={"telemetry-interval-s": "0.3"})  # fmt: skip
+    c = await start_cluster(
+        tmp_path, num_nodes=2, targets_per_disk=1, replication=2, fsync=False, extra={"telemetry-interval-s": "0.3"}
+    )
     try:
         yield c
     finally:
@@ -95,9 +96,14 @@ async def test_a_storage_service_killed_and_back(
     receiver, port = hook
     (tmp_path / "rules.toml").write_text(RULES.format(port=port))
     telemetry = await start_telemetry(
-        tmp_path, f"sqlite:///{tmp_path / 'telemetry.db'}", cluster.mgmtd_address, CLUSTER_TOKEN,
-        alerts=True, alerts_config=tmp_path / "rules.toml", scrape_interval_s=0,
-    )  # fmt: skip
+        tmp_path,
+        f"sqlite:///{tmp_path / 'telemetry.db'}",
+        cluster.mgmtd_address,
+        CLUSTER_TOKEN,
+        alerts=True,
+        alerts_config=tmp_path / "rules.toml",
+        scrape_interval_s=0,
+    )
     client = TelemetryClient(telemetry.address, CLUSTER_TOKEN)
     victim = cluster.nodes[1]
     victim_targets = {str(t.target_id) for c in (await cluster.routing()).chains for t in c.targets if t.node_id == 102}

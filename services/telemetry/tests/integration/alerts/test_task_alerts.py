@@ -85,9 +85,15 @@ class Env:
 
     async def start_agent(self) -> AgentProcess:
         self.agent = spawn_process(
-            self.folder, self.mgmtd_address, CLUSTER_TOKEN, "a1", scheduler_address=self.scheduler_address,
-            node_id=AGENT_NODE_ID, telemetry_interval_s=0.5, num_device_slots=1,
-        )  # fmt: skip
+            self.folder,
+            self.mgmtd_address,
+            CLUSTER_TOKEN,
+            "a1",
+            scheduler_address=self.scheduler_address,
+            node_id=AGENT_NODE_ID,
+            telemetry_interval_s=0.5,
+            num_device_slots=1,
+        )
         return await self.agent.ready()
 
 
@@ -100,9 +106,14 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
             folder, f"sqlite:///{folder / 'sched.db'}", mgmtd.address, CLUSTER_TOKEN, telemetry_interval_s=0.5
         )
         telemetry = await start_telemetry(
-            folder, f"sqlite:///{folder / 'telemetry.db'}", mgmtd.address, CLUSTER_TOKEN,
-            alerts=True, alerts_config=folder / "rules.toml", scrape_interval_s=0,
-        )  # fmt: skip
+            folder,
+            f"sqlite:///{folder / 'telemetry.db'}",
+            mgmtd.address,
+            CLUSTER_TOKEN,
+            alerts=True,
+            alerts_config=folder / "rules.toml",
+            scrape_interval_s=0,
+        )
         e = Env(folder, mgmtd.address, scheduler.address, telemetry.address, tokens)
         try:
             await set_quota(e.scheduler("root"), "alice", 10, 1)
@@ -176,8 +187,12 @@ async def test_a_ranks_samples_carry_the_agents_labels_and_alerts_follow_its_fau
     ctl.mkdir()
     (env.folder / "train.py").write_text(TRAIN)
     alice = env.scheduler("alice")
-    asked = spec(1, 10, argv=["python", str(env.folder / "train.py"), str(ctl)],
-                 env={"FF_TELEMETRY_LABELS": '{"task_id": "999", "rank": "5"}'})  # fmt: skip
+    asked = spec(
+        1,
+        10,
+        argv=["python", str(env.folder / "train.py"), str(ctl)],
+        env={"FF_TELEMETRY_LABELS": '{"task_id": "999", "rank": "5"}'},
+    )
     task = (await alice.call(alice.user.SubmitTask, spb.SubmitTaskRequest(spec=asked))).task
     run = (await wait_run_running(alice, task.task_id)).current_run
 
@@ -187,9 +202,15 @@ async def test_a_ranks_samples_carry_the_agents_labels_and_alerts_follow_its_fau
     await eventually(reported, timeout_s=30, what="the rank's steps in telemetry")
     (steps,) = await query(env, "alice", "hfai_step", task_id=str(task.task_id))
     assert dict(steps.labels) == {
-        "task_id": str(task.task_id), "run_id": str(run.run_id), "node_rank": "0", "rank": "0", "local_rank": "0",
-        "node": "a1", "user": "alice", "phase": "a",
-    }  # fmt: skip
+        "task_id": str(task.task_id),
+        "run_id": str(run.run_id),
+        "node_rank": "0",
+        "rank": "0",
+        "local_rank": "0",
+        "node": "a1",
+        "user": "alice",
+        "phase": "a",
+    }
     values = [p.value for p in steps.points]
     assert values == sorted(values) and values[-1] > 1
     assert await query(env, "bob", "hfai_step", task_id=str(task.task_id)) == []  # bob does not see alice's task

@@ -122,8 +122,12 @@ async def test_a_user_sees_their_task_and_its_curve(
 async def test_another_user_cannot_see_the_task_nor_its_series(
     cluster: Cluster, http: aiohttp.ClientSession, alice_task: int
 ) -> None:
-    for path in (f"/tasks/{alice_task}", f"/api/tasks/{alice_task}", f"/api/tasks/{alice_task}/series?metric=loss",
-                 f"/api/tasks/{alice_task}/log"):  # fmt: skip
+    for path in (
+        f"/tasks/{alice_task}",
+        f"/api/tasks/{alice_task}",
+        f"/api/tasks/{alice_task}/series?metric=loss",
+        f"/api/tasks/{alice_task}/log",
+    ):
         status, body, _ = await get(http, cluster, path, "bob")
         assert status == 404, path
         assert "2.5" not in str(body)

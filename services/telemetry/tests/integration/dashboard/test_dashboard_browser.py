@@ -83,9 +83,12 @@ async def login(browser: Any, cluster: Cluster, who: str) -> Any:
 def start_reporter(cluster: Cluster, task_id: int, folder: Path) -> subprocess.Popen[str]:
     labels = {"task_id": str(task_id), "run_id": "1", "node_rank": "0", "rank": "0", "local_rank": "0"}
     env = {
-        **os.environ, "FF_TELEMETRY_ADDRESS": cluster.telemetry_address, "FF_TOKEN": cluster.tokens["alice"],
-        "FF_TELEMETRY_LABELS": json.dumps(labels), "HFAI_CONFIG": str(folder / "no-hfai-conf.json"),
-    }  # fmt: skip
+        **os.environ,
+        "FF_TELEMETRY_ADDRESS": cluster.telemetry_address,
+        "FF_TOKEN": cluster.tokens["alice"],
+        "FF_TELEMETRY_LABELS": json.dumps(labels),
+        "HFAI_CONFIG": str(folder / "no-hfai-conf.json"),
+    }
     return subprocess.Popen(
         [sys.executable, "-c", REPORTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
