@@ -1,5 +1,8 @@
-"""3FS client library: the file system (``hf3fs.connect``: files, directories, batch I/O over meta and
-storage), chunk I/O over storage chains (``hf3fs.storage_client``), placement, admin."""
+"""3FS client library: the file system (``hf3fs.connect``), chunk I/O over storage chains, placement, admin.
+
+The file system gives files, directories and batch I/O over meta and storage; chunk I/O over the chains is
+``hf3fs.storage_client``.
+"""
 
 from hf3fs.checksum import crc32c_of
 from hf3fs.dataset import FileDataset

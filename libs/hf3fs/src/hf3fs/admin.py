@@ -1,5 +1,4 @@
-"""Storage administration: create targets on nodes, upload chains and a chain table, offline a target,
-list targets and chains with their states."""
+"""Storage administration: create targets, upload chains and a chain table, offline a target, list their states."""
 
 from __future__ import annotations
 
@@ -16,11 +15,19 @@ from hf3fs.routing import RoutingView
 
 @dataclass(frozen=True)
 class ChainSetup:
+    """The chains and the chain table mgmtd stored, as it answered ``SetChains`` and ``SetChainTable``."""
+
     chains: list[mpb.Chain]
     table: mpb.ChainTable
 
 
 async def create_targets(view: RoutingView, token: str, chains: list[PlacedChain]) -> None:
+    """Creates each placed target on its storage node (CreateTarget), one call at a time.
+
+    Raises:
+        ValueError: a target's node is not in the routing view.
+        RpcError: a node refused or could not be reached; the targets created before it stay.
+    """
     for chain in chains:
         for t in chain.targets:
             node = view.node(t.node_id)

@@ -25,6 +25,7 @@ def capability_key(cluster_token: str) -> bytes:
 
 
 def make_capability(key: bytes, inode_id: int, writable: bool, expires_at_ns: int) -> bytes:
+    """A capability for ``inode_id`` (read, or read and write when ``writable``) valid until ``expires_at_ns``."""
     head = _HEAD.pack(inode_id, 1 if writable else 0, expires_at_ns)
     return head + hmac.new(key, head, hashlib.sha256).digest()
 

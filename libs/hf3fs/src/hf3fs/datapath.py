@@ -76,8 +76,11 @@ class DataPathError(Exception):
 
 
 class DataRefused(DataPathError):
-    """The node refused the token (at the handshake: the connection is closed) or a ``read``, as it would
-    refuse the BatchRead (the connection stays usable); ``code``: a gRPC status name."""
+    """The node refused the token (at the handshake) or a ``read``; ``code``: a gRPC status name.
+
+    At the handshake the connection is closed; a refused ``read`` is refused as the BatchRead would be, and the
+    connection stays usable.
+    """
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
@@ -90,6 +93,7 @@ class ShmUnavailable(DataPathError):
 
 
 def encode_header(header: dict[str, Any]) -> bytes:
+    """A frame's header: its JSON (compact), after its length as the wire grammar above gives it."""
     body = json.dumps(header, separators=(",", ":")).encode()
     return _LEN.pack(len(body)) + body
 
@@ -102,8 +106,11 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 async def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-    """Send ``parts`` back to back on a non-blocking socket: one ``sendmsg`` (scatter-gather, no joining)
-    while the kernel takes everything, the event loop's ``sock_sendall`` for whatever is left."""
+    """Send ``parts`` back to back on a non-blocking socket, without joining them.
+
+    One ``sendmsg`` (scatter-gather) while the kernel takes everything, the event loop's ``sock_sendall`` for
+    whatever is left.
+    """
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
         try:
@@ -138,8 +145,10 @@ async def recv_exactly(sock: socket.socket, view: memoryview, peer: str) -> None
 
 
 async def recv_checksummed(sock: socket.socket, view: memoryview, peer: str) -> int:
-    """Fill ``view`` like ``recv_exactly`` and return the CRC-32C of its bytes, computed on each piece as it
-    lands (no second pass over the buffer once it is out of the cache)."""
+    """Fill ``view`` like ``recv_exactly`` and return the CRC-32C of its bytes, computed on each piece as it lands.
+
+    So there is no second pass over the buffer once it is out of the cache.
+    """
     loop = asyncio.get_running_loop()
     got, crc = 0, 0
     while got < len(view):
@@ -223,6 +232,7 @@ class DataConnection:
         return self.peer
 
     def close(self) -> None:
+        """Closes the connection (the next call connects again) and forgets the regions mapped on the node."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -254,8 +264,9 @@ class DataConnection:
     async def call(
         self, method: str, request: bytes, transfer_id: str, parts: Sequence[bytes | bytearray | memoryview]
     ) -> bytes:
-        """One ``call``: the storage RPC ``method`` with its serialized ``request`` and the bytes its
-        TransferRefs name under ``transfer_id`` (``parts``, concatenated) in one round trip; returns the
+        """One ``call``: the storage RPC ``method`` and the bytes its TransferRefs name, in one round trip.
+
+        The request is serialized; the bytes are ``parts``, concatenated, under ``transfer_id``. Returns the
         serialized response.
 
         Raises:
@@ -314,11 +325,12 @@ class DataConnection:
         self, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],
         shm: tuple[Sequence[Place], Sequence[ShmRegion]] | None = None,
     ) -> tuple[bytes, list[int] | None]:  # fmt: skip
-        """One ``read``: send ``request`` (a serialized bulk BatchReadRequest), get the serialized response,
-        and receive the bytes that follow straight into ``layout(response)`` (views in transfer order).
-        Returns the response and the CRC-32C of each view's bytes, computed as they landed; or, with
-        ``shm`` (one place per IO in the mapped ``regions``: AF_UNIX only), the node writes each IO's
-        bytes at its place, nothing follows the response, and None stands for the checksums.
+        """One ``read``: send a serialized bulk BatchReadRequest, get its response and the bytes that follow.
+
+        The bytes are received straight into ``layout(response)`` (views in transfer order). Returns the response
+        and the CRC-32C of each view's bytes, computed as they landed; or, with ``shm`` (one place per IO in the
+        mapped ``regions``: AF_UNIX only), the node writes each IO's bytes at its place, nothing follows the
+        response, and None stands for the checksums.
 
         Raises:
             DataRefused: the node refused the request (the connection stays open).
@@ -471,8 +483,11 @@ class DataConnectionPool:
         self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],
         into: Sequence[memoryview | None],
     ) -> tuple[bytes, list[int] | None]:  # fmt: skip
-        """``DataConnection.read`` on a connection to ``address``, or through shared memory (the node on
-        this host, every IO's buffer ``into`` in this pool's regions: one place per IO) when it can."""
+        """``DataConnection.read`` on a connection to ``address``, or through shared memory when it can.
+
+        Shared memory when the node is on this host and every IO's buffer ``into`` is in this pool's regions (one
+        place per IO).
+        """
         try:
             if self._shm and self.regions and all(v is not None for v in into):
                 places = self._places([v for v in into if v is not None])
@@ -514,6 +529,7 @@ class DataConnectionPool:
         return self._unix[address]
 
     def get(self, address: str) -> DataConnection:
+        """A connection to ``address``: an idle one, else a new one up to the limit per address, else the next one."""
         conns = self._conns.setdefault(address, [])
         for conn in conns:
             if not conn.lock.locked():
@@ -527,6 +543,7 @@ class DataConnectionPool:
         return conns[i % len(conns)]
 
     def close(self) -> None:
+        """Closes every connection and shared-memory region of the pool."""
         for conns in self._conns.values():
             for conn in conns:
                 conn.close()

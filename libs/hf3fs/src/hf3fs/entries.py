@@ -17,6 +17,11 @@ _TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink"
 
 @dataclass(frozen=True)
 class Stat:
+    """What stat() says of an inode: type (``file``, ``directory``, ``symlink``, ...), permissions, owner, size, times.
+
+    Times are in ns since the epoch; ``chunk_size``, ``stripe_size`` and ``chain_table_id`` are a file's layout.
+    """
+
     inode_id: int
     type: str
     mode: int
@@ -36,19 +41,24 @@ class Stat:
 
     @property
     def st_mode(self) -> int:
+        """``st_mode`` as os.stat gives it: the type bits and the permission bits."""
         return _TYPE_BITS.get(self.type, 0) | self.mode
 
     def is_dir(self) -> bool:
+        """True for a folder."""
         return self.type == "directory"
 
     def is_file(self) -> bool:
+        """True for a regular file."""
         return self.type == "file"
 
     def is_symlink(self) -> bool:
+        """True for a symlink (an ``lstat``; ``stat`` follows it)."""
         return self.type == "symlink"
 
     @classmethod
     def from_pb(cls, i: pb.Inode) -> Stat:
+        """The Stat of meta's Inode message."""
         return cls(
             inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
             size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
@@ -59,12 +69,16 @@ class Stat:
 
 @dataclass(frozen=True)
 class DirEntry:
+    """A folder's entry, as listdir with stats gives it."""
+
     name: str
     stat: Stat
 
 
 @dataclass(frozen=True)
 class StatFs:
+    """The cluster's space (statvfs): bytes and inodes, as meta sums them."""
+
     capacity_bytes: int
     used_bytes: int
     free_bytes: int
@@ -73,6 +87,8 @@ class StatFs:
 
 @dataclass(frozen=True)
 class Quota:
+    """A folder's quota and its use; a limit None is no limit of that kind."""
+
     path: str
     max_bytes: int | None
     max_inodes: int | None
@@ -82,6 +98,8 @@ class Quota:
 
 @dataclass(frozen=True)
 class TrashEntry:
+    """A removed file or folder kept in the trash until ``expires_at_ns``; restorable by ``entry_id``."""
+
     entry_id: str
     original_path: str
     removed_at_ns: int
@@ -91,4 +109,5 @@ class TrashEntry:
 
 
 def quota_of(q: pb.DirQuota) -> Quota:
+    """The Quota of meta's DirQuota message (a limit 0 is none)."""
     return Quota(q.path, q.max_bytes or None, q.max_inodes or None, q.used_bytes, q.used_inodes)

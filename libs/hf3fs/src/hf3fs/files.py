@@ -1,5 +1,8 @@
-"""File objects of hf3fs: a RawIOBase whose reads and writes go straight to storage (whole-chunk batches
-through the file's layout), wrapped in io's buffered classes and, for text modes, a TextIOWrapper."""
+"""File objects of hf3fs: a RawIOBase whose reads and writes go straight to storage, wrapped in io's classes.
+
+Reads and writes go as whole-chunk batches through the file's layout; the raw file is wrapped in io's buffered
+classes and, for text modes, a TextIOWrapper.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ APPEND_WAIT_S = 90.0  # a dead holder's lease (30 s by default) lapses and meta 
 
 @dataclass(frozen=True)
 class OpenMode:
+    """An ``open()`` mode string taken apart: what the file may do and how opening it treats an existing file."""
+
     readable: bool
     writable: bool
     append: bool
@@ -43,6 +48,11 @@ class OpenMode:
 
     @classmethod
     def parse(cls, mode: str) -> OpenMode:
+        """The mode of ``mode`` (``"r"``, ``"wb"``, ``"a+"``, ``"x"``...), as ``open()`` accepts them.
+
+        Raises:
+            ValueError: not one of ``r``/``w``/``a``/``x`` with optional ``+`` and one of ``b``/``t``.
+        """
         chars = set(mode)
         kinds = chars & set("rwax")
         if len(kinds) != 1 or len(mode) != len(chars) or chars - set("rwaxbt+") or {"b", "t"} <= chars:
@@ -55,7 +65,8 @@ class OpenMode:
         )  # fmt: skip
 
 
-def io_error(message: str, path: str, code: int = errno.EIO) -> OSError:
+def _io_error(message: str, path: str, code: int = errno.EIO) -> OSError:
+    """The OSError of a failed read or write of ``path`` (EIO unless ``code`` says otherwise)."""
     return OSError(code, message, path)
 
 
@@ -76,7 +87,7 @@ async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, off
     try:
         outcomes = await storage.batch_read(ios)
     except StorageIoError as err:
-        raise io_error(f"read refused by storage: {err}", path, _errno_of(err)) from None
+        raise _io_error(f"read refused by storage: {err}", path, _errno_of(err)) from None
     for s, o in zip(spans, outcomes, strict=True):
         pos = s.file_offset - offset
         got = 0
@@ -85,7 +96,7 @@ async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, off
             if not (isinstance(o.data, memoryview) and o.data.obj is out.obj):  # not landed in place (no buffer use)
                 out[pos : pos + got] = o.data
         elif o.status != spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND:
-            raise io_error(f"read of chunk {s.chunk_index} failed: {o.message or o.status}", path)
+            raise _io_error(f"read of chunk {s.chunk_index} failed: {o.message or o.status}", path)
         if got < s.length:  # a hole or a short chunk: zeros (also in a new buffer: a failed attempt may have written)
             out[pos + got : pos + s.length] = bytes(s.length - got)
     return out.obj if into is None else out  # type: ignore[return-value]  # the bytearray made above
@@ -93,6 +104,11 @@ async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, off
 
 async def write_spans(storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, data: memoryview,
                       path: str) -> None:  # fmt: skip
+    """Write ``data`` at ``offset`` of a file to storage in one batch of chunk writes.
+
+    Raises:
+        OSError: storage refused the batch or a chunk write failed (with the errno of the failure).
+    """
     spans = layout.spans(offset, len(data))
     ios = [ChunkWrite(chain_id=s.chain_id, inode_id=layout.inode_id, chunk_index=s.chunk_index, offset=s.offset,
                       data=data[s.file_offset - offset : s.file_offset - offset + s.length],
@@ -100,11 +116,11 @@ async def write_spans(storage: StorageClient, layout: FileLayout, cap: bytes, of
     try:
         outcomes = await storage.batch_write(ios)
     except StorageIoError as err:
-        raise io_error(f"write refused by storage: {err}", path, _errno_of(err)) from None
+        raise _io_error(f"write refused by storage: {err}", path, _errno_of(err)) from None
     for s, o in zip(spans, outcomes, strict=True):
         if not o.ok:
             code = errno.ENOSPC if o.status == spb.CHUNK_IO_STATUS_NO_SPACE else errno.EIO
-            raise io_error(f"write of chunk {s.chunk_index} failed: {o.message or o.status}", path, code)
+            raise _io_error(f"write of chunk {s.chunk_index} failed: {o.message or o.status}", path, code)
 
 
 def _errno_of(err: StorageIoError) -> int:
@@ -113,6 +129,7 @@ def _errno_of(err: StorageIoError) -> int:
 
 
 def layout_of(inode: pb.Inode, table: list[int]) -> FileLayout:
+    """The chains of a file's chunks, from its inode's layout and its chain table's chain ids."""
     from hf3fs.layout import file_chains
 
     lay = inode.layout
@@ -148,19 +165,29 @@ class RawFile(io.RawIOBase):
     # ---- io.RawIOBase ----
 
     def readable(self) -> bool:
+        """Whether the mode reads."""
         return self._om.readable
 
     def writable(self) -> bool:
+        """Whether the mode writes."""
         return self._om.writable
 
     def seekable(self) -> bool:
+        """Always True: any position may be read or written."""
         return True
 
     def tell(self) -> int:
+        """The position, in bytes from the start."""
         self._check_open()
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Moves the position; ``SEEK_END`` asks meta for the length now (another writer may have grown the file).
+
+        Raises:
+            ValueError: an unknown ``whence``.
+            OSError: EINVAL for a position before the start.
+        """
         self._check_open()
         if whence == io.SEEK_SET:
             pos = offset
@@ -176,6 +203,7 @@ class RawFile(io.RawIOBase):
         return pos
 
     def readinto(self, buffer: Any) -> int:
+        """Reads into ``buffer`` at the position (zeros for holes); 0 at the end of the file (meta is asked where)."""
         self._check_open()
         if not self._om.readable:
             raise io.UnsupportedOperation("not readable")
@@ -213,8 +241,10 @@ class RawFile(io.RawIOBase):
                 return bytes(out)
 
     def refresh_length(self) -> int:
-        """The file's length now: meta's (a Stat by inode: what writers closed, synced or reported), or
-        what this handle or another writer of this client wrote, whichever is larger. Cheap (one Stat).
+        """The file's length now: meta's or what writers of this client wrote, whichever is larger. Cheap (one Stat).
+
+        Meta's is a Stat by inode: what writers closed, synced or reported; this client's is what this handle or
+        another writer of this client wrote.
 
         When meta cannot say (the file was removed and collected, or meta is away) the length known here
         stays, so a read that needed no meta before does not fail for want of it.
@@ -230,6 +260,14 @@ class RawFile(io.RawIOBase):
         return self.length
 
     def write(self, b: Any) -> int:
+        """Writes ``b`` at the position (at the end, in append mode) straight to storage; the bytes written.
+
+        Fewer than ``len(b)`` where a quota ends, as a write to a full disk.
+
+        Raises:
+            OSError: EBADF once the write session was lost, EDQUOT when a quota leaves no room at all, EIO (or
+                the errno storage gave) when storage refused it.
+        """
         self._check_open()
         if not self._om.writable:
             raise io.UnsupportedOperation("not writable")
@@ -263,9 +301,11 @@ class RawFile(io.RawIOBase):
         return end
 
     def _append(self, data: memoryview) -> None:
-        """O_APPEND across clients: hold the inode's append lease (a write session with a well-known id, which
-        meta gives one client at a time), write at the end meta knows, and close the lease with the new end,
-        so the next holder starts after it. A dead holder's lease lapses and meta collects it."""
+        """O_APPEND across clients: take the inode's append lease, write at the end meta knows, close it at the new end.
+
+        The lease is a write session with a well-known id, which meta gives one client at a time; closing it with the
+        new end makes the next holder start after it. A dead holder's lease lapses and meta collects it.
+        """
         with self._fs._append_guard(self.inode_id):
             lease, end_now = self._take_append_lease()
             end = end_now
@@ -307,8 +347,10 @@ class RawFile(io.RawIOBase):
             raise self._quota_error()
 
     def _room(self, offset: int, size: int) -> int:
-        """How many of ``size`` bytes at ``offset`` the quotas let this session write, reserved: all, or as
-        many as fit before the quota ends; EDQUOT when not one does."""
+        """How many of ``size`` bytes at ``offset`` the quotas let this session write, reserved.
+
+        All, or as many as fit before the quota ends; EDQUOT when not one does.
+        """
         if offset + size > self._limit:
             self._reserve(offset + size)
         n = min(size, self._limit - offset)
@@ -320,6 +362,11 @@ class RawFile(io.RawIOBase):
         return OSError(errno.EDQUOT, f"directory quota exhausted at byte {self._limit}", self.name)
 
     def truncate(self, size: int | None = None) -> int:
+        """Cuts or extends (a hole) the file to ``size`` (default: the position) in meta; returns the new size.
+
+        Raises:
+            OSError: EINVAL for a negative size, EDQUOT when growing it goes over a quota.
+        """
         self._check_open()
         if not self._om.writable:
             raise io.UnsupportedOperation("not writable")
@@ -347,13 +394,16 @@ class RawFile(io.RawIOBase):
         self.inode_at_sync = resp.inode  # meta's answer (the mount keeps its attributes)
 
     def length_covered(self) -> bool:
-        """Whether the length meta last gave this file object covers every byte this session wrote: then a Sync
-        would change only the mtime, and fdatasync (and close-to-open) need none. The bytes themselves are durable
-        once storage acknowledged their write (every replica of the chain); a client crashing before its Close
-        leaves its session to lapse, and meta makes the length exact from storage when it collects it."""
+        """Whether the length meta last gave this file object covers every byte this session wrote.
+
+        Then a Sync would change only the mtime, and fdatasync (and close-to-open) need none. The bytes themselves are
+        durable once storage acknowledged their write (every replica of the chain); a client crashing before its Close
+        leaves its session to lapse, and meta makes the length exact from storage when it collects it.
+        """
         return self.written <= self.meta_length
 
     def close(self) -> None:
+        """Closes the write session with the bytes written and the last write's time, so meta's length is exact."""
         if self.closed:
             return
         try:
@@ -370,6 +420,7 @@ class RawFile(io.RawIOBase):
 
     @property
     def session(self) -> pb.WriteSession | None:
+        """The file's write session (meta's id, limit and lease); None for a file opened to read."""
         return self._session
 
     def session_renewed(self, session: pb.WriteSession) -> None:
@@ -378,14 +429,17 @@ class RawFile(io.RawIOBase):
         self._limit = session.write_limit_bytes
 
     def report(self) -> pb.SessionReport | None:
+        """What the lease renewal tells meta of this session (bytes written so far); None without a session."""
         if self._session is None:
             return None
         return pb.SessionReport(session_id=self._session.session_id, inode_id=self.inode_id,
                                 written_length_bytes=self.written)  # fmt: skip
 
     def _reserve(self, end: int) -> int:
-        """Raise the session's write limit toward ``end``: a step past it when the quotas allow, else as much
-        of it as they allow (meta's partial grant, possibly less than ``end``). Returns the new limit.
+        """Raise the session's write limit toward ``end``; returns the new limit.
+
+        A step past it when the quotas allow, else as much of it as they allow (meta's partial grant, possibly less
+        than ``end``).
 
         Raises:
             OSError: EDQUOT when not one more byte may be written.
@@ -407,8 +461,10 @@ class RawFile(io.RawIOBase):
         return int(self._fs._meta_call(lambda s: s.ReserveSpace, request, self.name).write_limit_bytes)
 
     def _fresh_capability(self) -> None:
-        """Open the file again (by inode, so a rename does not matter) for a new IoCapability shortly before
-        the one held expires; a write open names this session, which meta then just returns."""
+        """Open the file again for a new IoCapability shortly before the one held expires.
+
+        By inode, so a rename does not matter; a write open names this session, which meta then just returns.
+        """
         if not self.cap_expires_at_ns or time.time_ns() < self.cap_expires_at_ns - CAPABILITY_MARGIN_NS:
             return
         request = pb.OpenRequest(path=pb.PathAt(parent_inode_id=self.inode_id), open_mode=pb.OPEN_MODE_READ)
@@ -430,36 +486,52 @@ def _sync(f: Any) -> None:
 
 
 def _room_for(f: Any, b: Any) -> None:
-    """Reserve quota for a buffered write when it is buffered, so EDQUOT comes from this ``write`` rather
-    than from the flush at close (one ReserveSpace per 64 MiB; nothing when no quota applies)."""
+    """Reserve quota for a buffered write when it is buffered, so EDQUOT comes from this ``write``.
+
+    Rather than from the flush at close (one ReserveSpace per 64 MiB; nothing when no quota applies).
+    """
     f.raw.ensure_room(f.tell() + memoryview(b).nbytes)
 
 
 class BufferedReader(io.BufferedReader):
+    """A file opened to read (``"rb"``), as ``io`` buffers it, with ``fsync``."""
+
     def fsync(self) -> None:
+        """Makes the file's length exact on meta, as ``os.fsync`` on a local file."""
         _sync(self)
 
 
 class BufferedWriter(io.BufferedWriter):
+    """A file opened to write (``"wb"``, ``"ab"``, ``"xb"``): buffered writes whose quota is reserved as they come."""
+
     def write(self, b: Any) -> int:
+        """Buffers ``b``; EDQUOT here, not at the flush, when a quota leaves no room for it."""
         _room_for(self, b)
         return super().write(b)
 
     def fsync(self) -> None:
+        """Flushes the buffer, then makes the file's length exact on meta."""
         _sync(self)
 
 
 class BufferedRandom(io.BufferedRandom):
+    """A file opened to read and write (``"r+b"``, ``"w+b"``...): as BufferedWriter, reading too."""
+
     def write(self, b: Any) -> int:
+        """Buffers ``b``; EDQUOT here, not at the flush, when a quota leaves no room for it."""
         _room_for(self, b)
         return super().write(b)
 
     def fsync(self) -> None:
+        """Flushes the buffer, then makes the file's length exact on meta."""
         _sync(self)
 
 
 class TextFile(io.TextIOWrapper):
+    """A file opened in text mode: a TextIOWrapper over the buffered file, with ``fsync``."""
+
     def fsync(self) -> None:
+        """Flushes the text and the buffer, then makes the file's length exact on meta."""
         self.flush()
         fsync: Callable[[], None] = getattr(self.buffer, "fsync")  # noqa: B009
         fsync()
@@ -467,6 +539,13 @@ class TextFile(io.TextIOWrapper):
 
 def wrap(raw: RawFile, om: OpenMode, buffering: int, encoding: str | None, errors: str | None,
          newline: str | None) -> Any:  # fmt: skip
+    """The file object ``open()`` returns for ``raw``: unbuffered, buffered, or text, as ``buffering`` and the mode say.
+
+    Buffers are one chunk by default.
+
+    Raises:
+        ValueError: unbuffered text.
+    """
     if buffering == 0:
         if not om.binary:
             raise ValueError("can't have unbuffered text I/O")
@@ -485,6 +564,7 @@ def wrap(raw: RawFile, om: OpenMode, buffering: int, encoding: str | None, error
 
 
 def session_lost(raw: RawFile) -> None:
+    """Marks ``raw``'s write session lost (meta collected it): its later writes fail with EBADF."""
     raw.lost = True
 
 

@@ -56,8 +56,10 @@ WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
 
 
 async def _as(identity: Identity, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` with its calls acting as ``identity`` (see ``ff_rpc.acting_as``): the task this runs in
-    has a context of its own, so the identity ends with it."""
+    """Run ``coro`` with its calls acting as ``identity`` (see ``ff_rpc.acting_as``).
+
+    The task this runs in has a context of its own, so the identity ends with it.
+    """
     with acting_as(identity):
         return await coro
 
@@ -88,9 +90,12 @@ class FileSystem:
         close_retry_s: float = 60.0,
         writeback: bool | WritebackOptions = False,
     ) -> None:
-        """``writeback``: files opened ``"w"``/``"wb"`` are written back (``True``: with the default
+        """A client of the cluster ``mgmtd`` names (addresses, comma-separated or a list), with the user's token.
+
+        ``writeback``: files opened ``"w"``/``"wb"`` are written back (``True``: with the default
         ``WritebackOptions``); off by default, so a close is visible to every client when it returns (see
-        ``hf3fs.writeback`` for the semantics and ``sync``)."""
+        ``hf3fs.writeback`` for the semantics and ``sync``).
+        """
         addresses = [a.strip() for a in (mgmtd.split(",") if isinstance(mgmtd, str) else mgmtd) if a.strip()]
         if not addresses:
             raise ValueError("at least one mgmtd address is needed")
@@ -139,8 +144,9 @@ class FileSystem:
     # ---- plumbing ----
 
     async def _check_token(self, addresses: list[str]) -> None:
-        """Ask mgmtd who the token belongs to, so a refused token and an unreachable cluster fail at connect,
-        each with its own error.
+        """Ask mgmtd who the token belongs to, so a refused token and an unreachable cluster fail at connect.
+
+        Each fails with its own error.
 
         Raises:
             PermissionError: mgmtd refused the token (unknown, revoked, or its user disabled).
@@ -166,9 +172,11 @@ class FileSystem:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled, a FileSystem is its arguments: unpickling connects again (a new client with its own
-        sessions; files open here stay here). The pickle holds the token in clear, like the arguments it was
-        made with: hand it to worker processes, do not store it."""
+        """Pickled, a FileSystem is its arguments: unpickling connects again.
+
+        The new client has its own sessions; files open here stay here. The pickle holds the token in clear, like
+        the arguments it was made with: hand it to worker processes, do not store it.
+        """
         return _reconnect, self._args
 
     def _meta_call(self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any,
@@ -182,6 +190,13 @@ class FileSystem:
             raise os_error(err, path) from None
 
     def close(self) -> None:
+        """Commits what write-back holds, closes every open file's write session, and disconnects.
+
+        In a forked copy it only marks itself closed: the connection is the parent's.
+
+        Raises:
+            WritebackError: files whose write-back failed (the rest is closed all the same).
+        """
         if self._closed:
             return
         if os.getpid() != self._pid:  # a forked copy: the connection belongs to the parent, leave it be
@@ -235,14 +250,16 @@ class FileSystem:
     def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
                    parent: tuple[int, str] | None = None, set_mode: bool = False,
                    inode_id: int = 0, quota_id: int = 0) -> None:  # fmt: skip
-        """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch, as
-        ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
+        """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch.
+
+        As ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
         it in that folder instead of at ``path`` (which then only names it in errors); ``mtime_ns``: its write
         time (default now); ``set_mode``: an existing file gets ``perm`` too (a chmod by its owner, after the
         check that it may be written), not only a new one; ``inode_id``: the file exists already (made earlier by
         this client) and only it is written, wherever it is by then (a file that took its name is left alone;
         one removed meanwhile is not written); ``quota_id``: the folder of the byte quota it counts against, for
-        ``writeback_held_bytes``. Returns at once; errors come from ``sync``/``close`` (``WritebackError``)."""
+        ``writeback_held_bytes``. Returns at once; errors come from ``sync``/``close`` (``WritebackError``).
+        """
         _abs(path)
         item = PendingFile(path=path, data=bytes(data), perm=perm, mtime_ns=mtime_ns or time.time_ns(),
                            parent=parent, acting=current_acting(), set_mode=set_mode, inode_id=inode_id,
@@ -250,8 +267,10 @@ class FileSystem:
         self._writeback_queue().submit(item)
 
     def sync(self) -> None:
-        """Commit every file queued for write-back and raise ``WritebackError`` for each one whose commit
-        failed since the last ``sync`` (or ``close``). Without write-back: nothing to do."""
+        """Commit every file queued for write-back; ``WritebackError`` for each one whose commit failed.
+
+        Failed since the last ``sync`` (or ``close``). Without write-back: nothing to do.
+        """
         if self._wb is None:
             return
         self._wb.flush()
@@ -360,8 +379,10 @@ class FileSystem:
             return [path for _, path in self._unclosed.values()]
 
     async def _renew_loop(self) -> None:
-        """Every lease/4 (meta says how long a lease is; each session carries it), report written lengths and
-        renew the leases of every write session of this process."""
+        """Every lease/4, report written lengths and renew the leases of every write session of this process.
+
+        Meta says how long a lease is; each session carries it.
+        """
         while not self._stop.is_set():
             with self._writers_lock:
                 writers = dict(self._writers)
@@ -387,8 +408,10 @@ class FileSystem:
                     await self._reopen(writers[sid])
 
     async def _reopen(self, raw: RawFile) -> None:
-        """A session meta collected (its lease lapsed while this process was too busy to renew it): open it
-        again under the same id, or, if that fails (the file was renamed or removed), fail later writes."""
+        """A session meta collected (its lease lapsed while this process was too busy to renew it): open it again.
+
+        Under the same id, or, if that fails (the file was renamed or removed), fail later writes.
+        """
         session = raw.session
         if session is None:
             return
@@ -413,11 +436,17 @@ class FileSystem:
     # ---- metadata ----
 
     def stat(self, path: str, follow_symlinks: bool = True) -> Stat:
+        """The attributes of ``path`` (of a symlink's target; of the link itself without ``follow_symlinks``).
+
+        Raises:
+            OSError: FileNotFoundError, NotADirectoryError, PermissionError... as meta answered.
+        """
         resp = self._meta_call(lambda s: s.Stat, pb.StatRequest(path=_at(path), follow_last_symlink=follow_symlinks),
                                path)  # fmt: skip
         return Stat.from_pb(resp.inode)
 
     def lstat(self, path: str) -> Stat:
+        """The attributes of ``path`` itself, a symlink not followed."""
         return self.stat(path, follow_symlinks=False)
 
     def stat_inode(self, inode_id: int) -> Stat:
@@ -428,7 +457,9 @@ class FileSystem:
     def set_attr_inode(self, inode_id: int, *, mode: int | None = None, uid: int = -1, gid: int = -1,
                        ns: tuple[int, int] | None = None, now: bool = False) -> Stat:  # fmt: skip
         """fchmod, fchown and futimens: the attributes of an inode by id (``now``: both times to meta's clock).
-        Returns the inode as meta left it."""
+
+        Returns the inode as meta left it.
+        """
         req = pb.SetAttrRequest(path=pb.PathAt(parent_inode_id=inode_id))
         if mode is not None:
             req.mode = mode
@@ -450,6 +481,7 @@ class FileSystem:
             path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length))  # fmt: skip
 
     def exists(self, path: str) -> bool:
+        """True when ``path`` resolves (symlinks followed); False for a missing name, other errors raised."""
         try:
             self.stat(path)
         except FileNotFoundError:
@@ -457,18 +489,21 @@ class FileSystem:
         return True
 
     def isdir(self, path: str) -> bool:
+        """True for a folder (or a symlink to one); False when missing or not a folder."""
         try:
             return self.stat(path).is_dir()
         except (FileNotFoundError, NotADirectoryError):
             return False
 
     def isfile(self, path: str) -> bool:
+        """True for a regular file (or a symlink to one); False when missing or not a file."""
         try:
             return self.stat(path).is_file()
         except (FileNotFoundError, NotADirectoryError):
             return False
 
     def batch_stat(self, paths: list[str]) -> list[Stat | OSError]:
+        """Each path's Stat (symlinks followed), or the OSError of a path that failed, in order, from one meta call."""
         resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
             paths=[_at(p) for p in paths], follow_last_symlink=True))  # fmt: skip
         out: list[Stat | OSError] = []
@@ -492,12 +527,15 @@ class FileSystem:
                 return entries
 
     def listdir(self, path: str) -> list[str]:
+        """The names in a folder (without ``.`` and ``..``), read page by page."""
         return [e.name for e in self._list(path, False)]
 
     def scandir(self, path: str) -> list[DirEntry]:
+        """The folder's entries with their attributes, from the same listing (no Stat per entry)."""
         return [DirEntry(e.name, Stat.from_pb(e.inode)) for e in self._list(path, True)]
 
     def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        """``os.walk`` top-down over a tree (symlinks not followed); a folder that cannot be listed is skipped."""
         try:
             entries = self.scandir(top)
         except OSError:
@@ -509,33 +547,41 @@ class FileSystem:
             yield from self.walk(f"{top.rstrip('/')}/{d}")
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
+        """Makes a folder whose parent exists (FileExistsError when the name is taken)."""
         self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode), path)
 
     def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = False) -> None:
+        """Makes a folder and its missing parents in one meta call; FileExistsError if it is there, unless exist_ok."""
         if not exist_ok and self.exists(path):
             raise FileExistsError(errno.EEXIST, "File exists", path)
         self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode, recursive=True), path)
 
     def create(self, path: str, mode: int = 0o644, exclusive: bool = False) -> Stat:
+        """Creates an empty file (``exclusive``: FileExistsError if the name is taken, else an existing one is kept)."""
         return self.create_file(path, mode, exclusive)[0]
 
     def create_file(self, path: str, mode: int = 0o644, exclusive: bool = False) -> tuple[Stat, tuple[int, int] | None]:
-        """``create`` and (bytes still allowed, folder) of the tightest byte quota over the file, or None when no
-        byte quota applies (what a caller that holds the file's bytes before writing them stays within)."""
+        """``create`` and (bytes still allowed, folder) of the tightest byte quota over the file, or None.
+
+        None when no byte quota applies. The room is what a caller that holds the file's bytes before writing them
+        stays within.
+        """
         resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(
             path=_at(path), mode=mode, exclusive=exclusive, open_mode=pb.OPEN_MODE_READ), path)  # fmt: skip
         room = (resp.quota_room_bytes, resp.quota_inode_id) if resp.HasField("quota_room_bytes") else None
         return Stat.from_pb(resp.inode), room
 
     def remove(self, path: str) -> None:
-        """unlink(2): a file, symlink or special file (IsADirectoryError for a folder, nothing removed). One meta
-        call: meta checks the type in the same transaction."""
+        """unlink(2): a file, symlink or special file (IsADirectoryError for a folder, nothing removed).
+
+        One meta call: meta checks the type in the same transaction.
+        """
         self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), expect_directory=False), path)
 
     unlink = remove
 
     def rmdir(self, path: str) -> None:
-        """rmdir(2): an empty folder (NotADirectoryError for anything else, nothing removed)."""
+        """Removes an empty folder, as rmdir (NotADirectoryError for anything else, nothing removed)."""
         self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), expect_directory=True), path)
 
     def rmtree(self, path: str, trash: bool = True) -> str:
@@ -547,9 +593,11 @@ class FileSystem:
         return str(resp.trash_id)
 
     def rename(self, src: str, dst: str) -> None:
+        """Renames ``src`` to ``dst`` atomically, with the POSIX rename's rules; a tree moves in one meta call."""
         self._meta_call(lambda s: s.Rename, pb.RenameRequest(src_path=_at(src), dst_path=_at(dst)), src)
 
     def symlink(self, target: str, link_path: str) -> None:
+        """Makes a symlink at ``link_path`` pointing to ``target`` (kept as given, not resolved)."""
         self._meta_call(lambda s: s.Symlink, pb.SymlinkRequest(path=_at(link_path), target=target), link_path)
 
     def mknod(self, path: str, mode: int = 0o600 | stat_mod.S_IFIFO, device: int = 0) -> Stat:
@@ -562,16 +610,27 @@ class FileSystem:
         return Stat.from_pb(resp.inode)
 
     def readlink(self, path: str) -> str:
+        """A symlink's target.
+
+        Raises:
+            OSError: EINVAL when ``path`` is not a symlink.
+        """
         st = self.lstat(path)
         if not st.is_symlink():
             raise OSError(errno.EINVAL, "Invalid argument (not a symlink)", path)
         return st.symlink_target
 
     def link(self, existing: str, new_path: str) -> None:
+        """Makes ``new_path`` another name of the file ``existing`` (a hard link)."""
         self._meta_call(lambda s: s.HardLink, pb.HardLinkRequest(old_path=_at(existing), new_path=_at(new_path)),
                         new_path)  # fmt: skip
 
     def truncate(self, path: str, length: int) -> None:
+        """Cuts or extends (a hole) the file at ``path`` to ``length`` bytes.
+
+        Raises:
+            OSError: EINVAL for a negative length; EDQUOT when growing it goes over a quota.
+        """
         if length < 0:
             raise OSError(errno.EINVAL, "negative length", path)
         self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(path=_at(path), length_bytes=length), path)
@@ -582,6 +641,7 @@ class FileSystem:
             path=_at(path), follow_last_symlink=follow_symlinks, mode=mode), path).inode)  # fmt: skip
 
     def chown(self, path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> Stat:
+        """Sets the owner and/or group (-1 keeps one); returns the new attributes."""
         req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks)
         if uid >= 0:
             req.uid = uid
@@ -590,6 +650,7 @@ class FileSystem:
         return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req, path).inode)
 
     def utime(self, path: str, ns: tuple[int, int] | None = None, *, follow_symlinks: bool = True) -> Stat:
+        """Sets the access and modification times, in ns (None: both now, which needs write permission only)."""
         req = pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks)
         if ns is None:
             req.atime_now = req.mtime_now = True
@@ -598,18 +659,24 @@ class FileSystem:
         return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req, path).inode)
 
     def realpath(self, path: str) -> str:
+        """The canonical absolute path of ``path``: symlinks resolved, ``.`` and ``..`` gone."""
         return str(self._meta_call(lambda s: s.Realpath, pb.RealpathRequest(path=_at(path)), path).path)
 
     def statfs(self, path: str | None = None) -> StatFs:
-        """The cluster's space (meta sums the storage targets' disks); with ``path``, ``df`` of that folder:
-        where a byte quota over it leaves less room than the cluster has, that quota's figures."""
+        """The cluster's space (meta sums the storage targets' disks); with ``path``, ``df`` of that folder.
+
+        Of that folder: where a byte quota over it leaves less room than the cluster has, that quota's figures.
+        """
         r = self._meta_call(lambda s: s.StatFs, pb.StatFsRequest())
         space = StatFs(r.capacity_bytes, r.used_bytes, r.free_bytes, r.num_inodes)
         return space if path is None else within_quotas(space, self.get_quotas(path))
 
     def du(self, path: str, on_error: Callable[[str, OSError], None] | None = None) -> tuple[int, int]:
-        """(bytes in files, inodes) under ``path``. A folder below it that cannot be listed raises, or, with
-        ``on_error``, is passed to it and left out (the sums are then of what could be read)."""
+        """(bytes in files, inodes) under ``path``.
+
+        A folder below it that cannot be listed raises, or, with ``on_error``, is passed to it and left out (the sums
+        are then of what could be read).
+        """
         total, count = 0, 0
         st = self.lstat(path)
         if not st.is_dir():
@@ -647,14 +714,20 @@ class FileSystem:
         ]
 
     def set_quota(self, path: str, max_bytes: int | None = None, max_inodes: int | None = None) -> Quota:
+        """Sets a folder's quota (admins); a limit None (or 0) is none of that kind, and both None remove the quota.
+
+        A limit below the current use is allowed: it blocks further growth.
+        """
         resp = self._meta_call(lambda s: s.SetQuota, pb.SetQuotaRequest(
             path=_at(path), max_bytes=max_bytes or 0, max_inodes=max_inodes or 0), path)  # fmt: skip
         return quota_of(resp.quota)
 
     def list_quotas(self) -> list[Quota]:
+        """Every folder quota with its use (admins)."""
         return [quota_of(q) for q in self._meta_call(lambda s: s.ListQuotas, pb.ListQuotasRequest()).quotas]
 
     def trash_list(self, all_users: bool = False) -> list[TrashEntry]:
+        """The caller's trash entries (``all_users``: everyone's, for admins), every page read."""
         out: list[TrashEntry] = []
         token = ""
         while True:
@@ -675,12 +748,18 @@ class FileSystem:
                 return out
 
     def trash_restore(self, entry_id: str, path: str | None = None) -> str:
+        """Puts a trash entry back at ``path``, or where it was removed from; returns the path it is at now.
+
+        Raises:
+            FileExistsError: the name is taken.
+        """
         req = pb.RestoreTrashEntryRequest(trash_id=entry_id)
         if path:
             req.path.CopyFrom(_at(path))
         return str(self._meta_call(lambda s: s.RestoreTrashEntry, req, path).path)
 
     def trash_empty(self, entry_ids: list[str] | None = None) -> int:
+        """Deletes trash entries now (default: all of the caller's); the number deleted. Unknown ids are ignored."""
         resp = self._meta_call(lambda s: s.EmptyTrash, pb.EmptyTrashRequest(trash_ids=entry_ids or []))
         return int(resp.num_deleted)
 
@@ -703,9 +782,12 @@ class FileSystem:
     def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644, encoding: str | None = None,
              errors: str | None = None, newline: str | None = None, write_only: bool = False,
              writeback: bool | None = None) -> Any:  # fmt: skip
-        """Open a file; ``write_only`` with a writable mode asks meta for write permission only (POSIX O_WRONLY:
-        a file the caller may write but not read opens), though the file object may still read. ``writeback``
-        (default: the FileSystem's): ``"w"``/``"wb"`` files are written back (see ``hf3fs.writeback``)."""
+        """Open a file, as ``open()`` does (modes ``r``, ``w``, ``a``, ``x`` with ``+``, ``b`` or ``t``).
+
+        ``write_only`` with a writable mode asks meta for write permission only (POSIX O_WRONLY: a file the caller
+        may write but not read opens), though the file object may still read. ``writeback`` (default: the
+        FileSystem's): ``"w"``/``"wb"`` files are written back (see ``hf3fs.writeback``).
+        """
         om = OpenMode.parse(mode)
         _abs(path)
         if (self._wb_default if writeback is None else writeback) and om.truncate and not om.readable:
@@ -752,8 +834,10 @@ class FileSystem:
                                 line_buffering=buffering == 1)  # fmt: skip
 
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
-        """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch. A read
-        past the end of a file stops there (as ``read`` does): a length of ``WHOLE_FILE`` reads to the end."""
+        """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch.
+
+        A read past the end of a file stops there (as ``read`` does): a length of ``WHOLE_FILE`` reads to the end.
+        """
         jobs = self._read_jobs(reads)
 
         async def all_reads() -> list[bytearray | memoryview]:
@@ -763,8 +847,10 @@ class FileSystem:
         return [bytes(b) for b in self._run(all_reads())]
 
     def read_batch_into(self, reads: list[tuple[str, int, int]], buffers: Sequence[Any]) -> list[int]:
-        """``read_batch`` into the caller's writable buffers (one per read, each at least its length; the bytes
-        land there from the transport, no copy): the number of bytes each read (short past the end of its file)."""
+        """``read_batch`` into the caller's writable buffers; the number of bytes each read (short past its file's end).
+
+        One buffer per read, each at least its length; the bytes land there from the transport, no copy.
+        """
         if len(buffers) != len(reads):
             raise ValueError(f"{len(reads)} reads but {len(buffers)} buffers")
         views = [memoryview(b).cast("B") for b in buffers]
@@ -853,9 +939,11 @@ SIGTERM_COMMIT_S = 8.0  # what a SIGTERM waits for queued files (docker stop wai
 
 
 def _commit_then_die(signum: int, frame: Any) -> None:
-    """SIGTERM (``kill``, ``docker stop``, a task stopped) runs no atexit: commit the queued files first (for at
-    most ``SIGTERM_COMMIT_S``, from another thread, so a main thread stopped inside the queue cannot hold it up),
-    then die of the signal as its default action would."""
+    """SIGTERM runs no atexit: commit the queued files first, then die of the signal as its default action would.
+
+    SIGTERM comes from ``kill``, ``docker stop``, a task stopped. The commit lasts at most ``SIGTERM_COMMIT_S``
+    and runs in another thread, so a main thread stopped inside the queue cannot hold it up.
+    """
     committer = threading.Thread(target=_commit_at_exit, name="hf3fs-sigterm-commit", daemon=True)
     committer.start()
     committer.join(SIGTERM_COMMIT_S)
@@ -864,9 +952,11 @@ def _commit_then_die(signum: int, frame: Any) -> None:
 
 
 def _catch_sigterm() -> None:
-    """Commit queued files on SIGTERM, where the process left SIGTERM to its default action (a handler of its
-    own is left alone: it decides how to exit, and atexit or ``fs.close()`` commit). Only the main thread may
-    set a handler: a write-back first used elsewhere sets none."""
+    """Commit queued files on SIGTERM, where the process left SIGTERM to its default action.
+
+    A handler of its own is left alone: it decides how to exit, and atexit or ``fs.close()`` commit. Only the
+    main thread may set a handler: a write-back first used elsewhere sets none.
+    """
     if threading.current_thread() is not threading.main_thread():
         return
     with contextlib.suppress(ValueError, OSError):

@@ -1,5 +1,4 @@
-"""fsspec filesystem for 3FS, protocols ``hf3fs`` and ``3fs``: pandas, pyarrow, dask and torch read and write
-``hf3fs://`` paths.
+"""fsspec filesystem for 3FS, protocols ``hf3fs`` and ``3fs``: pandas, pyarrow, dask and torch use ``hf3fs://`` paths.
 
 ``pd.read_parquet("hf3fs:///data/x.parquet", storage_options={"mgmtd": "host:port", "token": "fft_..."})``;
 without storage options the cluster comes from ``FF_MGMTD_ADDRESSES`` and ``FF_TOKEN``. Registered through the
@@ -34,8 +33,10 @@ _connections_lock = threading.Lock()
 
 
 def _shared_connection(mgmtd: str | Sequence[str] | None, token: str | None) -> Any:
-    """One client per cluster and token in a process: fsspec makes an instance per thread, the client is
-    thread-safe and owns a loop thread and channels, so they share it."""
+    """One client per cluster and token in a process, shared by fsspec's instances (one per thread).
+
+    The client is thread-safe and owns a loop thread and channels, so they share it.
+    """
     addresses = tuple(a.strip() for a in (mgmtd.split(",") if isinstance(mgmtd, str) else mgmtd or ()) if a.strip())
     key = (addresses, token or "")
     with _connections_lock:
@@ -100,6 +101,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         return uri.strip_scheme(text).rstrip("/") or "/"
 
     def unstrip_protocol(self, name: str) -> str:
+        """``name`` as an ``hf3fs:///...`` URL."""
         return uri.to_url(name)
 
     # ---- metadata ----
@@ -121,6 +123,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         }
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        """The entry for ``path`` (name, size, type, mode, owner, times); a symlink is followed, a dangling one kept."""
         path = self._strip_protocol(path)
         lst = self.client.lstat(path)
         if lst.type != "symlink":
@@ -133,6 +136,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         return entry
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        """A folder's entries (``detail``: with their info, from one listing with stats); a file lists as itself."""
         path = self._strip_protocol(path)
         if not self.client.isdir(path):
             return [self.info(path)] if detail else [path]
@@ -142,23 +146,29 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         return [self._entry(f"{prefix}/{e.name}", e.stat) for e in self.client.scandir(path)]
 
     def exists(self, path: str, **kwargs: Any) -> bool:
+        """True when ``path`` resolves, following symlinks (a dangling link does not exist)."""
         return bool(self.client.exists(self._strip_protocol(path)))
 
     def isdir(self, path: str) -> bool:
+        """True for a folder or a symlink to one."""
         return bool(self.client.isdir(self._strip_protocol(path)))
 
     def isfile(self, path: str) -> bool:
+        """True for a regular file or a symlink to one."""
         return bool(self.client.isfile(self._strip_protocol(path)))
 
     def created(self, path: str) -> datetime.datetime:
+        """The inode's ctime, as 3FS has no birth time (UTC)."""
         return datetime.datetime.fromtimestamp(self.info(path)["created"], tz=datetime.UTC)
 
     def modified(self, path: str) -> datetime.datetime:
+        """The mtime (UTC)."""
         return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.UTC)
 
     # ---- directories and names ----
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        """Makes a folder (and its parents when ``create_parents``); FileExistsError when ``path`` exists."""
         path = self._strip_protocol(path)
         if self.client.exists(path):
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
@@ -168,18 +178,25 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             self.client.mkdir(path)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """Makes a folder and its missing parents; FileExistsError when it exists, unless ``exist_ok``."""
         self.client.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
 
     def rmdir(self, path: str) -> None:
+        """Removes an empty folder."""
         self.client.rmdir(self._strip_protocol(path))
 
     def rm_file(self, path: str) -> None:
+        """Removes a file or symlink."""
         self.client.remove(self._strip_protocol(path))
 
     def _rm(self, path: str) -> None:
         self.rm_file(path)
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        """Removes files, or trees with ``recursive``: a whole tree in one meta call (to the trash with ``use_trash``).
+
+        With ``maxdepth``, fsspec's walk removes what it lists. Without ``recursive`` a folder is IsADirectoryError.
+        """
         paths = path if isinstance(path, list) else [path]
         for one in paths:
             p = self._strip_protocol(one)
@@ -193,11 +210,13 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
                 super().rm(p, recursive=recursive, maxdepth=maxdepth)
 
     def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
+        """A rename in meta: atomic, and a whole tree at once (``recursive`` and ``maxdepth`` do not matter)."""
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
         if src != dst:
             self.client.rename(src, dst)  # atomic, and a whole tree at once
 
     def rename(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """The same as ``mv``."""
         self.mv(path1, path2)
 
     # ---- data ----
@@ -223,8 +242,10 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         return self._making_parent(path, lambda: self.client.open(path, mode, buffering=buffering))
 
     def _making_parent(self, path: str, create: Callable[[], T]) -> T:
-        """``create()`` (which makes ``path``); with ``auto_mkdir``, when the parent folder is missing it is
-        made and ``create()`` runs again (no extra call when the parent exists)."""
+        """``create()`` (which makes ``path``); with ``auto_mkdir``, a missing parent folder is made and it runs again.
+
+        No extra call when the parent exists.
+        """
         try:
             return create()
         except FileNotFoundError:
@@ -235,6 +256,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             return create()
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        """The file's bytes, or those of ``[start, end)`` (negative: from the end), read in one ranged read."""
         path = self._strip_protocol(path)
         if start is None and end is None:
             with self.client.open(path, "rb") as f:
@@ -248,12 +270,14 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         return data
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        """Writes ``value`` as the whole file (``mode="create"``: FileExistsError if it exists); see ``auto_mkdir``."""
         path = self._strip_protocol(path)
         open_mode = "xb" if mode == "create" else "wb"
         with self._making_parent(path, lambda: self.client.open(path, open_mode)) as f:
             f.write(value)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copies a file within 3FS (a folder: makes it); parents of ``path2`` as ``auto_mkdir``."""
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
         if self.client.isdir(src):
             self.client.makedirs(dst, exist_ok=True)
@@ -262,6 +286,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             shutil.copyfileobj(fin, fout, COPY_BLOCK_BYTES)
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        """Creates an empty file; an existing one is emptied (``truncate``) or gets both times set to now."""
         path = self._strip_protocol(path)
         if not self.client.exists(path):
             self._making_parent(path, lambda: self.client.create(path))
@@ -273,8 +298,7 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
 
 
 def register() -> None:
-    """Make ``hf3fs://`` and ``3fs://`` known to fsspec in this process (the entry points do it for installed
-    copies)."""
+    """Make ``hf3fs://`` and ``3fs://`` known to fsspec in this process (entry points do it for installed copies)."""
     for scheme in uri.SCHEMES:
         fsspec.register_implementation(scheme, Hf3fsFileSystem, clobber=True)
 

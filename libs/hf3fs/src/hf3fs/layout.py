@@ -53,11 +53,14 @@ class ChunkSpan:
 
 @dataclass(frozen=True)
 class FileLayout:
+    """Where a file's chunks live: chunk i on ``chains[i % len(chains)]``, each chunk ``chunk_size`` bytes."""
+
     inode_id: int
     chunk_size: int
     chains: tuple[int, ...]
 
     def chain_of(self, chunk_index: int) -> int:
+        """The chain id that holds chunk ``chunk_index``."""
         return self.chains[chunk_index % len(self.chains)]
 
     def spans(self, offset: int, length: int) -> list[ChunkSpan]:

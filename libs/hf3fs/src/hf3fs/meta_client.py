@@ -1,5 +1,7 @@
-"""Async client of the meta service: finds meta instances in mgmtd's routing, fails over between them,
-and turns meta's errors (``ff-fs-error`` trailing metadata) into OSError with the right errno."""
+"""Async client of the meta service: finds meta in mgmtd's routing, fails over, turns meta's errors into OSError.
+
+Meta's errors come as ``ff-fs-error`` trailing metadata, which gives the errno.
+"""
 
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ class MetaClient:
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
+        """Closes the channels to every meta instance (at shutdown)."""
         await self._stubs.close()
 
     async def refresh(self) -> list[str]:

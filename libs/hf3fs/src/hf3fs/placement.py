@@ -22,6 +22,8 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class PlacedTarget:
+    """One replica of a chain: the target and the node and disk it lives on."""
+
     target_id: int
     node_id: int
     disk_index: int
@@ -29,6 +31,8 @@ class PlacedTarget:
 
 @dataclass(frozen=True, kw_only=True)
 class PlacedChain:
+    """A chain of replicas, head first (writes enter at the head and commit at the tail)."""
+
     chain_id: int
     targets: tuple[PlacedTarget, ...]  # head first
 

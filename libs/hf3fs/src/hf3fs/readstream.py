@@ -22,6 +22,8 @@ from fireflyer.storage.v1 import storage_pb2_grpc
 
 
 class ReadStream:
+    """One ReadStream to one storage node; ``read`` sends a BatchRead on it and awaits its answer (see the module)."""
+
     def __init__(self, stub: storage_pb2_grpc.StorageServiceStub, metadata: tuple[tuple[str, str], ...]) -> None:
         self._call: Any = stub.ReadStream(metadata=metadata)  # type: ignore[call-arg]  # aio: then write()
         self._waiting: dict[int, asyncio.Future[spb.ReadStreamResponse]] = {}
@@ -80,6 +82,7 @@ class ReadStream:
         self._call.cancel()
 
     async def close(self) -> None:
+        """Ends the stream; reads still waiting on it fail as on a broken stream."""
         self._break()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -15,6 +15,8 @@ SYNCING = mpb.PUBLIC_TARGET_STATE_SYNCING
 
 @dataclass(frozen=True)
 class NodeAddress:
+    """Where a node is reached: its gRPC and data-path addresses, and whether it is alive and enabled."""
+
     node_id: int
     grpc: str
     data: str
@@ -38,6 +40,7 @@ class RoutingView:
         self.tables = {t.table_id: t for t in info.chain_tables}
 
     def chain(self, chain_id: int) -> mpb.Chain | None:
+        """The chain ``chain_id``; None when the routing info has none such."""
         return self.chains.get(chain_id)
 
     def head(self, chain_id: int) -> mpb.Target | None:
@@ -48,10 +51,12 @@ class RoutingView:
         return chain.targets[0]
 
     def serving(self, chain_id: int) -> list[mpb.Target]:
+        """The chain's targets that serve reads (public state SERVING), head to tail; none for an unknown chain."""
         chain = self.chains.get(chain_id)
         return [t for t in chain.targets if t.public_state == SERVING] if chain else []
 
     def node(self, node_id: int) -> NodeAddress | None:
+        """The addresses of node ``node_id``; None when it is not registered."""
         return self.nodes.get(node_id)
 
 
@@ -67,14 +72,20 @@ class RoutingCache:
 
     @property
     def view(self) -> RoutingView | None:
+        """The routing last fetched, without asking mgmtd; None before the first ``get``."""
         return self._view
 
     async def get(self) -> RoutingView:
+        """The routing held, fetched first if none is yet."""
         if self._view is None:
             return await self.refresh(force=True)
         return self._view
 
     async def refresh(self, *, force: bool = False) -> RoutingView:
+        """The latest routing from mgmtd, unless fetched less than ``min_interval_s`` ago (``force``: always ask).
+
+        Cheap when nothing changed: mgmtd answers ``unchanged`` for the version held. Raises RpcError.
+        """
         async with self._lock:
             now = time.monotonic()
             if self._view is not None and not force and now - self._last_refresh < self._min_interval_s:

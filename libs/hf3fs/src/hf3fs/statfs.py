@@ -11,9 +11,11 @@ if TYPE_CHECKING:
 
 
 def within_quotas(space: StatFs, quotas: Sequence[Quota]) -> StatFs:
-    """``space`` as seen from a folder under ``quotas`` (as JuiceFS shows a quota'd folder): the byte quota with
-    the least room left, when that room is less than the cluster's free bytes, gives the size (its limit), the
-    use and the free bytes. Inode counts stay the cluster's."""
+    """``space`` as seen from a folder under ``quotas``, as JuiceFS shows a folder under a quota.
+
+    The byte quota with the least room left, when that room is less than the cluster's free bytes, gives the size
+    (its limit), the use and the free bytes. Inode counts stay the cluster's.
+    """
     limited = [(q.max_bytes, q.used_bytes) for q in quotas if q.max_bytes is not None]
     if not limited:
         return space

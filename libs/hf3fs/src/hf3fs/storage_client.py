@@ -106,6 +106,8 @@ class ChunkRead:
 
 @dataclass
 class WriteOutcome:
+    """The answer for one chunk write: its status (``ok``), and the chunk's committed version, length and checksum."""
+
     status: int = spb.CHUNK_IO_STATUS_UNSPECIFIED
     message: str = ""
     committed_version: int = 0
@@ -114,11 +116,17 @@ class WriteOutcome:
 
     @property
     def ok(self) -> bool:
+        """True when the write committed."""
         return self.status == OK
 
 
 @dataclass
 class ReadOutcome:
+    """The answer for one chunk read: its status (``ok``), the bytes, their version and the target that served them.
+
+    ``is_pending``: the bytes are a write not yet committed along the chain (a relaxed read may return them).
+    """
+
     status: int = spb.CHUNK_IO_STATUS_UNSPECIFIED
     message: str = ""
     data: bytes | memoryview = b""
@@ -128,6 +136,7 @@ class ReadOutcome:
 
     @property
     def ok(self) -> bool:
+        """True when the read succeeded (``data`` holds the bytes)."""
         return self.status == OK
 
 
@@ -197,9 +206,12 @@ class StorageClient:
         host_id: str | None = None,
         read_streams: bool = True,
     ) -> None:
-        """``shm``: pull reads into ``alloc_buffer`` buffers through shared memory from nodes on this host;
+        """A client of the storage nodes mgmtd routes to; the options that need a word are for reads.
+
+        ``shm``: pull reads into ``alloc_buffer`` buffers through shared memory from nodes on this host;
         ``host_id``: this host's identity for that (default: the kernel's boot id; tests set another);
-        ``read_streams``: send BatchReads on one ReadStream per node (False: one unary call each)."""
+        ``read_streams``: send BatchReads on one ReadStream per node (False: one unary call each).
+        """
         self.routing = RoutingCache(mgmtd)
         self._mgmtd = mgmtd
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
@@ -223,6 +235,7 @@ class StorageClient:
         self.read_calls = 0  # BatchReads sent (fewer than batch_read calls when reads to a node merge)
 
     async def close(self) -> None:
+        """Stops the batching tasks, closes the read streams, the data-path connections and the gRPC channels."""
         self._closed = True
         for task in list(self._tasks):
             task.cancel()
@@ -234,9 +247,11 @@ class StorageClient:
         await self._stubs.close()
 
     def alloc_buffer(self, nbytes: int) -> memoryview:
-        """A read buffer in shared memory (3FS's registered iov): reads into it (``ChunkRead.buffer``, or
-        slices of it) from a node on this host are written there by the node itself, off the socket. Freed
-        by ``close``; fine for any node (elsewhere the bytes come over TCP into it)."""
+        """A read buffer in shared memory (3FS's registered iov), which a node on this host writes reads into itself.
+
+        Reads into it (``ChunkRead.buffer``, or slices of it) are written there by the node, off the socket. Freed
+        by ``close``; fine for any node (elsewhere the bytes come over TCP into it).
+        """
         return self._data.alloc(nbytes)
 
     @property
@@ -245,6 +260,7 @@ class StorageClient:
         return dict(self._data.stats)
 
     def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        """The gRPC stub for the storage node at ``address`` (one channel per address, shared)."""
         return self._stubs.get(address)
 
     # ---- write ----
@@ -330,8 +346,10 @@ class StorageClient:
         self, node: NodeAddress, request: spb.BatchWriteRequest, transfer_id: str,
         bulk_parts: list[bytes | bytearray | memoryview],
     ) -> spb.BatchWriteResponse:  # fmt: skip
-        """BatchWrite with bulk bytes as one ``call`` on the node's data path (no push, no gRPC call); inline
-        only, or to a node before data path version 3: (push and) gRPC."""
+        """BatchWrite with bulk bytes as one ``call`` on the node's data path (no push, no gRPC call).
+
+        Inline only, or to a node before data path version 3: (push and) gRPC.
+        """
         if bulk_parts:
             async with asyncio.timeout(self._timeout_s):  # the version check too
                 if await self._data.calls_direct(node.data):
@@ -348,6 +366,7 @@ class StorageClient:
         """Read every IO from a serving replica; one outcome per IO, in order.
 
         Args:
+            ios: the chunk ranges to read; one with a ``buffer`` is read into it (writable, at least ``length``).
             prefer_target: read from this target when it serves the IO's chain (tests, repair checks).
         """
         for n, io in enumerate(ios):
@@ -403,9 +422,11 @@ class StorageClient:
         self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
         relaxed: set[int], outcomes: list[ReadOutcome],
     ) -> None:  # fmt: skip
-        """Read ``members`` from ``node``: at once while fewer than ``read_calls_per_node`` BatchReads to it are
-        in flight, else with whatever else queues meanwhile, in one call (one gRPC round trip and one data
-        transfer for many chunks, as a 3FS client batches IOs per storage node)."""
+        """Read ``members`` from ``node``, batched with other reads to it (one gRPC round trip, one data transfer).
+
+        At once while fewer than ``read_calls_per_node`` BatchReads to it are in flight, else with whatever else
+        queues meanwhile, in one call, as a 3FS client batches IOs per storage node.
+        """
         queue = self._node_reads[node.node_id]
         if queue.active >= self._read_calls_per_node:
             part = _ReadPart(view, ios, members, relaxed, outcomes, asyncio.get_running_loop().create_future())
@@ -475,8 +496,10 @@ class StorageClient:
         self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
         relaxed: set[int], outcomes: list[ReadOutcome],
     ) -> None:  # fmt: skip
-        """Read ``members`` from ``node`` in one call; a range asked more than once (merged callers) goes once
-        (nodes refuse repeats) and its outcome is copied to the others."""
+        """Read ``members`` from ``node`` in one call; a range asked more than once (merged callers) goes once.
+
+        Nodes refuse repeats; its outcome is copied to the others.
+        """
         first: dict[tuple[int, int, int, int, int, bool], int] = {}
         unique: list[tuple[int, int]] = []
         copies: list[tuple[int, int]] = []
@@ -550,9 +573,11 @@ class StorageClient:
     async def _read_direct(
         self, node: NodeAddress, request: spb.BatchReadRequest, ios: Sequence[ChunkRead], members: list[tuple[int, int]]
     ) -> tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], dict[int, int]]:
-        """The BatchRead as a ``read`` on the data path (one round trip, no gRPC call): the response, the
-        sinks the bytes landed in, and each sink's CRC-32C if computed while receiving (not through shared
-        memory: the node wrote those)."""
+        """The BatchRead as a ``read`` on the data path (one round trip, no gRPC call).
+
+        Returns the response, the sinks the bytes landed in, and each sink's CRC-32C if computed while receiving
+        (not through shared memory: the node wrote those).
+        """
         got: list[tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], list[int]]] = []
 
         def layout(raw: bytes) -> list[memoryview]:

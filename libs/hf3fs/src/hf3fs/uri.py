@@ -1,5 +1,8 @@
-"""How 3FS paths are written outside the client API: ``hf3fs:/a/b``, ``hf3fs:///a/b`` (a URL, as fsspec and
-pandas take it), ``hf3fs://a/b`` (the same, the first name in the URL's host part) and the short ``3fs:/a/b``."""
+"""How 3FS paths are written outside the client API: ``hf3fs:/a/b``, ``hf3fs:///a/b``, ``hf3fs://a/b``, ``3fs:/a/b``.
+
+``hf3fs:///a/b`` is a URL, as fsspec and pandas take it; ``hf3fs://a/b`` is the same, the first name in the
+URL's host part; ``3fs:/a/b`` is the short form.
+"""
 
 from __future__ import annotations
 

@@ -116,12 +116,14 @@ class PendingFile:
 
     @property
     def key(self) -> str:
+        """The file's key in the queue (its canonical path, or folder inode and name): a later version replaces it."""
         return f"@{self.parent[0]}/{self.parent[1]}" if self.parent else canonical(self.path)
 
 
 def check_carried(path: str, perm: int, mtime_ns: int = 0, folder_id: int = 0) -> None:
-    """Refuse, when a file is queued, what no Create/Close could carry (else building the batch's requests fails in
-    the flusher, failing every file of the batch with it).
+    """Refuse, when a file is queued, what no Create/Close could carry.
+
+    Else building the batch's requests fails in the flusher, failing every file of the batch with it.
 
     Raises:
         ValueError: ``path`` not UTF-8 (a lone surrogate of ``os.fsdecode``: UnicodeEncodeError), ``perm`` not a
@@ -148,8 +150,10 @@ def places_of(request: Any) -> list[tuple[int, str]]:
 
 
 def canonical(path: str) -> str:
-    """``path`` without empty and ``.`` components, as meta resolves it (``d//a`` and ``d/./a`` are ``d/a``);
-    ``..`` stays (through a symlink it is not the folder above)."""
+    """``path`` without empty and ``.`` components, as meta resolves it (``d//a`` and ``d/./a`` are ``d/a``).
+
+    ``..`` stays (through a symlink it is not the folder above).
+    """
     return "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
 
 
@@ -200,9 +204,11 @@ class Writeback:
             self._cond.notify_all()
 
     def busy(self) -> bool:
+        """Whether files are queued or being committed (a snapshot, without the lock)."""
         return bool(self._queue or self._inflight)
 
     def pending(self) -> int:
+        """How many files are queued or being committed."""
         with self._cond:
             return len(self._queue) + len(self._inflight)
 
@@ -212,12 +218,16 @@ class Writeback:
             return sum(len(i.data) for i in [*self._queue.values(), *self._inflight.values()] if i.quota_id == quota_id)
 
     def on_flusher(self) -> bool:
+        """Whether the calling thread is one of the flushers (which must not wait on the queue they empty)."""
         return threading.current_thread() in self._threads
 
     def related(self, places: Iterable[tuple[int, str]]) -> bool:
-        """Whether a call on ``places`` ((folder inode id or 0, path)) touches a queued file: its own path, a
-        folder above it, or (relative to a folder inode) that folder. A call by inode alone, or relative to a
-        folder when queued files have no folder inode, counts as touching (the safe side)."""
+        """Whether a call on ``places`` ((folder inode id or 0, path)) touches a queued file.
+
+        It touches one at its own path, at a folder above it, or (relative to a folder inode) in that folder. A call
+        by inode alone, or relative to a folder when queued files have no folder inode, counts as touching (the safe
+        side).
+        """
         with self._cond:
             items = [*self._queue.values(), *self._inflight.values()]
         if not items:
@@ -245,6 +255,7 @@ class Writeback:
                 self._waiters -= 1
 
     def take_errors(self) -> list[tuple[str, OSError]]:
+        """The commit failures since the last call, as (path, error), and forgets them."""
         with self._cond:
             errors, self._errors = self._errors, []
         return errors
@@ -381,8 +392,10 @@ class Writeback:
         return opened + (self._create(self._relocate(moved), relocated=True) if moved else [])
 
     def _relocate(self, items: list[PendingFile]) -> list[PendingFile]:
-        """The files whose path names another file by now (another client renamed a folder above them), each at
-        its path now; one removed meanwhile is left out: its bytes go with it, as a removed open file's do."""
+        """The files whose path names another file by now, each at its path now (another client renamed a folder above).
+
+        One removed meanwhile is left out: its bytes go with it, as a removed open file's do.
+        """
         found = []
         for item in items:
             try:
@@ -400,11 +413,12 @@ class Writeback:
         return found
 
     def _batch_call(self, select: Callable[[Any], Any], request: Any, items: int) -> Any:
-        """A BatchCreate or BatchClose, with a deadline that grows with the batch (meta on a loaded machine takes
-        a while over hundreds of items), tried again when it runs out: the same request again is safe, as its
-        files are never exclusive and their write sessions have the ids this client chose (meta returns the
-        session a first attempt opened). No meta answering (a restart, a failover) is waited out as a Close does,
-        up to the FileSystem's ``close_retry_s`` (60 s): the files' bytes exist nowhere else.
+        """A BatchCreate or BatchClose, with a deadline that grows with the batch, tried again when it runs out.
+
+        Meta on a loaded machine takes a while over hundreds of items. The same request again is safe, as its files
+        are never exclusive and their write sessions have the ids this client chose (meta returns the session a first
+        attempt opened). No meta answering (a restart, a failover) is waited out as a Close does, up to the
+        FileSystem's ``close_retry_s`` (60 s): the files' bytes exist nowhere else.
 
         Raises:
             OSError: meta refused the call or did not answer (Hf3fsError).
@@ -455,9 +469,11 @@ def _os_error(code: int, message: str, path: str) -> OSError:
 
 
 class WritebackFile(io.BufferedIOBase):
-    """A small file being written with write-back (``FileSystem.open(..., "wb")``): its bytes stay here until
-    ``close()`` queues it. Growing past ``max_file_bytes``, or ``fsync()``, writes it through: it then goes
-    on as an ordinary file (created and written now, errors raised by the calls themselves)."""
+    """A small file being written with write-back (``FileSystem.open(..., "wb")``): its bytes stay here until close.
+
+    ``close()`` queues it. Growing past ``max_file_bytes``, or ``fsync()``, writes it through: it then goes on as
+    an ordinary file (created and written now, errors raised by the calls themselves).
+    """
 
     def __init__(self, fs: FileSystem, path: str, mode: str, perm: int, limit: int) -> None:
         check_carried(path, perm)  # before the file object exists (its close would queue it)
@@ -475,12 +491,15 @@ class WritebackFile(io.BufferedIOBase):
         self._last_write_ns = time.time_ns()
 
     def writable(self) -> bool:
+        """Always True: a write-back file is opened for writing."""
         return True
 
     def seekable(self) -> bool:
+        """Always True: the bytes are in memory (or in the file written through)."""
         return True
 
     def write(self, b: Any) -> int:
+        """Writes ``b`` at the position; past ``max_file_bytes`` the file is written through first. Returns len(b)."""
         self._check()
         if self._direct is not None:
             return int(self._direct.write(b))
@@ -496,10 +515,17 @@ class WritebackFile(io.BufferedIOBase):
         return len(data)
 
     def tell(self) -> int:
+        """The position, as ``io`` files have it."""
         self._check()
         return int(self._direct.tell()) if self._direct is not None else self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Moves the position, as ``io`` files do; a position past the end leaves a hole of zeros once written.
+
+        Raises:
+            ValueError: an unknown ``whence``.
+            OSError: EINVAL for a position before the start.
+        """
         self._check()
         if self._direct is not None:
             return int(self._direct.seek(offset, whence))
@@ -512,6 +538,11 @@ class WritebackFile(io.BufferedIOBase):
         return self._pos
 
     def truncate(self, size: int | None = None) -> int:
+        """Cuts or extends (with zeros) the file to ``size`` (default: the position); past ``max_file_bytes``, through.
+
+        Raises:
+            OSError: EINVAL for a negative size.
+        """
         self._check()
         if self._direct is not None:
             return int(self._direct.truncate(size))
@@ -535,6 +566,7 @@ class WritebackFile(io.BufferedIOBase):
         self._write_through().fsync()
 
     def close(self) -> None:
+        """Queues the file for write-back (or closes the file written through); errors come from ``sync``/``close``."""
         if self.closed:
             return
         try:

@@ -1,10 +1,10 @@
-"""``hf3fs``: the 3FS command line.
+r"""``hf3fs``: the 3FS command line.
 
 hf3fs [--mgmtd A[,B]] [--token T] COMMAND ...
   ls [-l] [-R] [PATH...]      stat PATH...     cat PATH...      mkdir [-p] PATH...
   cp [-r] [--progress] SRC... DST      (local <-> 3FS; 3FS paths are written hf3fs:/a/b, or 3fs:/a/b)
   mv SRC DST     rm [-r] [-f] [--no-trash] PATH...     du [-s] [-h] PATH...     df [-h]
-  (ls quotes names as GNU ls does on a terminal: 'a b', 'a'$'\\n''b')
+  (ls quotes names as GNU ls does on a terminal: 'a b', 'a'$'\n''b')
   quota get PATH | quota set PATH [--bytes N] [--inodes N] | quota list
   trash list | trash restore ID... | trash empty
   mount MOUNTPOINT [--foreground]  |  umount MOUNTPOINT
@@ -40,7 +40,7 @@ class UsageError(Exception):
 
 
 @dataclass
-class Cli:
+class _Cli:
     """What a command gets: where to print, the environment, and the client once connected."""
 
     args: argparse.Namespace
@@ -113,7 +113,7 @@ def endpoint(text: str) -> Endpoint:
 # ---- commands ----
 
 
-def cmd_ls(cli: Cli) -> None:
+def _cmd_ls(cli: _Cli) -> None:
     fs, a = cli.fs, cli.args
     paths = a.paths or ["/"]
 
@@ -138,11 +138,11 @@ def cmd_ls(cli: Cli) -> None:
     cli.each(paths, list_one)
 
 
-def cmd_stat(cli: Cli) -> None:
+def _cmd_stat(cli: _Cli) -> None:
     cli.each(cli.args.paths, lambda p: cli.print(format_stat(p, cli.fs.lstat(p))))
 
 
-def cmd_cat(cli: Cli) -> None:
+def _cmd_cat(cli: _Cli) -> None:
     sink = cli.out.buffer if hasattr(cli.out, "buffer") else None
 
     def cat(path: str) -> None:
@@ -158,12 +158,12 @@ def cmd_cat(cli: Cli) -> None:
     cli.each(cli.args.paths, cat)
 
 
-def cmd_mkdir(cli: Cli) -> None:
+def _cmd_mkdir(cli: _Cli) -> None:
     a = cli.args
     cli.each(a.paths, lambda p: cli.fs.makedirs(p, exist_ok=True) if a.parents else cli.fs.mkdir(p))
 
 
-def cmd_mv(cli: Cli) -> None:
+def _cmd_mv(cli: _Cli) -> None:
     src, dst = fs_path(cli.args.src), fs_path(cli.args.dst)
     if cli.fs.isdir(dst):
         dst = f"{dst.rstrip('/')}/{os.path.basename(src)}"
@@ -173,7 +173,7 @@ def cmd_mv(cli: Cli) -> None:
         cli.fail(err.filename if isinstance(err.filename, str) else src, err)
 
 
-def cmd_rm(cli: Cli) -> None:
+def _cmd_rm(cli: _Cli) -> None:
     a, fs = cli.args, cli.fs
 
     def rm(path: str) -> None:
@@ -193,7 +193,7 @@ def cmd_rm(cli: Cli) -> None:
     cli.each(a.paths, rm)
 
 
-def cmd_cp(cli: Cli) -> None:
+def _cmd_cp(cli: _Cli) -> None:
     a = cli.args
     if len(a.operands) < 2:
         raise UsageError("cp needs a source and a destination")
@@ -211,7 +211,7 @@ def cmd_cp(cli: Cli) -> None:
     copier.progress.done()
 
 
-def cmd_du(cli: Cli) -> None:
+def _cmd_du(cli: _Cli) -> None:
     a = cli.args
 
     def du(path: str) -> None:  # an unreadable folder below is printed as a failure and left out of the sums
@@ -221,7 +221,7 @@ def cmd_du(cli: Cli) -> None:
     cli.each(a.paths or ["/"], du)
 
 
-def cmd_df(cli: Cli) -> None:
+def _cmd_df(cli: _Cli) -> None:
     h = cli.args.human
 
     def show(path: str | None) -> None:
@@ -246,7 +246,7 @@ def _quota_line(q: Any) -> str:
     return f"{q.path}  bytes {q.used_bytes}/{lim(q.max_bytes)}  inodes {q.used_inodes}/{lim(q.max_inodes)}"
 
 
-def cmd_quota(cli: Cli) -> None:
+def _cmd_quota(cli: _Cli) -> None:
     a, fs = cli.args, cli.fs
 
     def show(path: str) -> None:
@@ -268,7 +268,7 @@ def cmd_quota(cli: Cli) -> None:
         cli.each([a.path], lambda p: cli.print(_quota_line(fs.set_quota(p, max_bytes=max_bytes, max_inodes=a.inodes))))
 
 
-def cmd_trash(cli: Cli) -> None:
+def _cmd_trash(cli: _Cli) -> None:
     a, fs = cli.args, cli.fs
     if a.action == "list":
         for e in fs.trash_list():
@@ -285,7 +285,7 @@ def cmd_trash(cli: Cli) -> None:
         cli.print(f"deleted {fs.trash_empty()} trash entries")
 
 
-def cmd_mount(cli: Cli) -> None:
+def _cmd_mount(cli: _Cli) -> None:
     from hf3fs import fuse
 
     a = cli.args
@@ -307,7 +307,7 @@ def cmd_mount(cli: Cli) -> None:
     cli.print(str(fuse.mount_background(a.mountpoint, mgmtd, token, options, cli.environ)))
 
 
-def cmd_umount(cli: Cli) -> None:
+def _cmd_umount(cli: _Cli) -> None:
     from hf3fs import fuse
 
     try:
@@ -316,24 +316,24 @@ def cmd_umount(cli: Cli) -> None:
         cli.fail(cli.args.mountpoint, err)
 
 
-COMMANDS: dict[str, Callable[[Cli], None]] = {
-    "ls": cmd_ls,
-    "stat": cmd_stat,
-    "cat": cmd_cat,
-    "mkdir": cmd_mkdir,
-    "cp": cmd_cp,
-    "mv": cmd_mv,
-    "rm": cmd_rm,
-    "du": cmd_du,
-    "df": cmd_df,
-    "quota": cmd_quota,
-    "trash": cmd_trash,
-    "mount": cmd_mount,
-    "umount": cmd_umount,
+COMMANDS: dict[str, Callable[[_Cli], None]] = {
+    "ls": _cmd_ls,
+    "stat": _cmd_stat,
+    "cat": _cmd_cat,
+    "mkdir": _cmd_mkdir,
+    "cp": _cmd_cp,
+    "mv": _cmd_mv,
+    "rm": _cmd_rm,
+    "du": _cmd_du,
+    "df": _cmd_df,
+    "quota": _cmd_quota,
+    "trash": _cmd_trash,
+    "mount": _cmd_mount,
+    "umount": _cmd_umount,
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf3fs", description="3FS command line", formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="3FS paths: /a/b or hf3fs:/a/b; in cp, 3FS paths must carry the hf3fs: (or 3fs:) prefix.",
@@ -408,10 +408,10 @@ def _add_tree_commands(sub: Any) -> None:
 def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextIO, fs: Any = None) -> int:
     """Run one command; ``fs`` is a connected client to use instead of connecting (tests, embedding)."""
     try:
-        args = build_parser().parse_args(list(argv))
+        args = _build_parser().parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
-    cli = Cli(args, environ, out, err, _fs=fs)
+    cli = _Cli(args, environ, out, err, _fs=fs)
     try:
         COMMANDS[args.cmd](cli)
     except UsageError as exc:
@@ -430,6 +430,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
 
 
 def main() -> int:
+    """The ``hf3fs`` console script: ``run`` on this process's arguments, environment and streams."""
     return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
 
 

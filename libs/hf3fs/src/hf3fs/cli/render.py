@@ -12,9 +12,11 @@ _C_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "
 
 
 def quote_name(name: str) -> str:
-    """A name as GNU ``ls`` prints it on a terminal (``--quoting-style=shell-escape``): as is when it is plain,
-    in single quotes when it holds a space or a shell character, and with each control character written as
-    ``$'\\n'`` between quoted runs (``a<newline>b`` -> ``'a'$'\\n''b'``), so one entry is always one line."""
+    r"""A name as GNU ``ls`` prints it on a terminal (``--quoting-style=shell-escape``), so one entry is one line.
+
+    As is when it is plain, in single quotes when it holds a space or a shell character, and with each control
+    character written as ``$'\n'`` between quoted runs (``a<newline>b`` -> ``'a'$'\n''b'``).
+    """
     if name and all(c.isprintable() and c not in _SHELL_SPECIAL for c in name):
         return name
     parts: list[str] = []

@@ -26,6 +26,7 @@ class Endpoint:
     remote: bool
 
     def child(self, name: str) -> Endpoint:
+        """The path ``name`` inside this one, on the same side."""
         join = posixpath.join if self.remote else os.path.join
         return Endpoint(join(self.path, name), self.remote)
 
@@ -43,9 +44,11 @@ class Progress:
         self._drawn = 0.0
 
     def add_total(self, num_bytes: int) -> None:
+        """Adds ``num_bytes`` to what the bar counts toward (as the copy is planned)."""
         self.total += num_bytes
 
     def advance(self, num_bytes: int) -> None:
+        """Counts ``num_bytes`` more done; redraws at most every 0.2 s."""
         self.done_bytes += num_bytes
         now = time.monotonic()
         if self.enabled and now - self._drawn >= _REDRAW_S:
@@ -64,6 +67,7 @@ class Progress:
         self.stream.flush()
 
     def done(self) -> None:
+        """Draws the bar a last time and ends its line."""
         if self.enabled:
             self._draw(time.monotonic())
             self.stream.write("\n")
@@ -84,7 +88,8 @@ class Copier:
 
     With ``writeback`` small files copied into 3FS are written back (``hf3fs.writeback``): committed in batches,
     and at the end of ``copy``, whose deferred failures go to ``on_error`` like the others (a file this copy
-    would have created is then not there, or removed)."""
+    would have created is then not there, or removed).
+    """
 
     def __init__(self, fs: Any, progress: Progress, on_error: Callable[[str, BaseException], None], *,
                  writeback: bool = False) -> None:  # fmt: skip
@@ -114,6 +119,7 @@ class Copier:
         return ("directory" if os.path.isdir(ep.path) else "file"), st_local.st_size, st_local.st_mode & 0o7777
 
     def is_dir(self, ep: Endpoint) -> bool:
+        """Whether ``ep`` is a folder (following a symlink), on its side; False when it does not exist."""
         return bool(self.fs.isdir(ep.path)) if ep.remote else os.path.isdir(ep.path)
 
     def _names(self, ep: Endpoint) -> list[str]:
@@ -159,6 +165,7 @@ class Copier:
                     yield _Step("file", sc, dc, size)
 
     def copy(self, src: Endpoint, dst: Endpoint, recursive: bool) -> None:
+        """Copies ``src`` to ``dst`` (a tree if ``recursive``); a failure goes to ``on_error``, the rest goes on."""
         try:
             steps = list(self._plan(src, dst, recursive))
         except OSError as err:
@@ -210,8 +217,10 @@ class Copier:
             self._copy_file(step.src, step.dst)
 
     def _copy_file(self, src: Endpoint, dst: Endpoint) -> None:
-        """Copy one file; a file this copy created is removed again when the copy fails (over quota, a read
-        error), so a failed ``cp`` leaves no empty or partial file behind."""
+        """Copy one file; a file this copy created is removed again when the copy fails.
+
+        Failures are going over quota or a read error: a failed ``cp`` leaves no empty or partial file behind.
+        """
         with self._open(src, "rb") as fin:
             fout, created = self._create(dst)
             try:

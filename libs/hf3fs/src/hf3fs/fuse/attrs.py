@@ -61,9 +61,11 @@ class AttrCache:
 
     @property
     def enabled(self) -> bool:
+        """False when the cache keeps nothing (``ttl_s`` 0): every call asks meta."""
         return self.ttl_s > 0
 
     def generation(self) -> int:
+        """The current generation: read it before asking meta, hand it to ``put`` with the answer."""
         with self._lock:
             return self._gen
 
@@ -114,9 +116,11 @@ class AttrCache:
             return entry.stat
 
     def remember(self, path: str | None, stat: Any, since: int) -> None:
-        """Keep a Stat read at generation ``since`` (of ``path``, or by inode when None), unless something
-        changed since then. A "no such name" is kept unless that name (or everything) changed since: the
-        changes of other files (a release of the previous one racing ``tar``'s next lookup) do not matter."""
+        """Keep a Stat read at generation ``since`` (of ``path``, or by inode when None) unless anything changed since.
+
+        A "no such name" is kept unless that name (or everything) changed since: the changes of other files (a
+        release of the previous one racing ``tar``'s next lookup) do not matter.
+        """
         if not self.enabled:
             return
         with self._lock:
@@ -128,10 +132,12 @@ class AttrCache:
                 self._put(path, stat)
 
     def changed(self, path: str, stat: Any = ABSENT, *, new_dir: bool = False) -> None:
-        """This mount changed ``path``: its new Stat (a create or SetAttr answer), UNKNOWN when it exists but meta
-        did not say how (mkdir, symlink), or ABSENT when it is gone; ``new_dir``: an empty folder was just made
-        there. The parent folder's entry goes (its times and links change), and so do the other paths of the
-        inode that was there."""
+        """This mount changed ``path``: its new Stat, UNKNOWN when it exists but meta did not say how, or ABSENT.
+
+        The new Stat is a create or SetAttr answer; UNKNOWN follows a mkdir or symlink; ABSENT: it is gone.
+        ``new_dir``: an empty folder was just made there. The parent folder's entry goes (its times and links
+        change), and so do the other paths of the inode that was there.
+        """
         with self._lock:
             self._gen += 1
             old = self._entries.pop(path, None)
@@ -154,8 +160,10 @@ class AttrCache:
                     self._new_dirs[path] = self._clock() + self.ttl_s
 
     def changed_inode(self, inode_id: int, stat: Any = ABSENT) -> None:
-        """This mount changed an inode through a handle (SetAttr, Truncate, Sync, Close): every path of it is
-        forgotten, or given its new Stat when known."""
+        """This mount changed an inode through a handle: each path of it is forgotten, or given its new Stat if known.
+
+        Through a handle: SetAttr, Truncate, Sync, Close.
+        """
         with self._lock:
             self._gen += 1
             paths = self._drop_inode(inode_id)
@@ -165,8 +173,10 @@ class AttrCache:
                     self._put(p, stat)
 
     def forget(self, path: str) -> None:
-        """``path`` may have changed in a way not known here (a call that failed): ask meta next time, about it
-        and about names in its folder."""
+        """``path`` may have changed in a way not known here (a call that failed): ask meta next time.
+
+        Both about it and about names in its folder.
+        """
         with self._lock:
             self._gen += 1
             self._entries[path] = _Entry(ASK, self._clock() + self.ttl_s, None, self._gen)
@@ -200,8 +210,10 @@ class AttrCache:
                 del self._inodes[i]
 
     def _drop_inode(self, inode_id: int) -> list[str]:
-        """Forget an inode's attributes; its paths stay known to exist (UNKNOWN: a name in a new folder must
-        not fall back to the folder's "empty when made")."""
+        """Forget an inode's attributes; its paths stay known to exist.
+
+        They stay UNKNOWN: a name in a new folder must not fall back to the folder's "empty when made".
+        """
         paths = [p for p, e in self._entries.items() if e.inode_id == inode_id]
         for p in paths:
             self._put(p, UNKNOWN, inode_id)

@@ -11,6 +11,8 @@ from hf3fs.fuse.pending import PendingFile
 
 @dataclass
 class Handle:
+    """An open file of the mount: the hf3fs file object, and what the mount tracks of it for flush and release."""
+
     file: IO[bytes]
     inode_id: int
     writable: bool

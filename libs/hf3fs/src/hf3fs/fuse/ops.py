@@ -73,16 +73,20 @@ _STAT_ATTEMPTS = 8
 
 
 def _seek(f: IO[bytes], offset: int) -> None:
-    """Seek only when needed: a buffered file's seek() sends its pending writes first, and the kernel hands
-    sequential writes over in 128 KiB pieces that should reach storage as whole chunks."""
+    """Seek only when needed: a buffered file's seek() sends its pending writes first.
+
+    The kernel hands sequential writes over in 128 KiB pieces that should reach storage as whole chunks.
+    """
     if f.tell() != offset:
         f.seek(offset)
 
 
 def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` from the raw file under a buffered one, its position kept. Reading through
-    the buffered layer would answer later reads from what it read ahead, which another handle or process may
-    have overwritten since (SQLite's pages, with the lock that orders them held by someone else)."""
+    """``size`` bytes at ``offset`` from the raw file under a buffered one, its position kept.
+
+    Reading through the buffered layer would answer later reads from what it read ahead, which another handle or
+    process may have overwritten since (SQLite's pages, with the lock that orders them held by someone else).
+    """
     raw: Any = getattr(f, "raw", f)
     here = raw.tell()
     try:
@@ -137,8 +141,10 @@ def caller_identity() -> Identity:
 
 
 def _as_caller(method: _F) -> _F:
-    """A request on names (not on an open handle): in a multi-user mount it runs in meta as its caller, so meta's
-    permission checks apply to them (an open handle's reads, writes and close were checked at open)."""
+    """A request on names (not on an open handle): in a multi-user mount it runs in meta as its caller.
+
+    So meta's permission checks apply to them (an open handle's reads, writes and close were checked at open).
+    """
 
     @functools.wraps(method)
     def wrapper(self: Hf3fsOperations, *args: Any, **kwargs: Any) -> Any:
@@ -211,7 +217,8 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         A writer's release makes the length exact on meta and only then drops the handle. Should one finish
         between the meta stat and the look at the handles, both would miss its bytes (a size the kernel then
         caches: git met "object file is empty" that way), so the stat is taken again (a few times at most:
-        under a storm of releases elsewhere the last answer stands)."""
+        under a storm of releases elsewhere the last answer stands).
+        """
         for _ in range(_STAT_ATTEMPTS):
             with self._lock:
                 releases = self._releases
@@ -225,7 +232,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         return attrs
 
     def _lstat(self, path: str) -> Any:
-        """meta's lstat of ``path``, or what it said moments ago (the attribute cache)."""
+        """The lstat of ``path`` from meta, or what meta said moments ago (the attribute cache)."""
         if (pending := self._pending_at(path)) is not None:
             return pending
         known, st = self._cache.lookup(path)
@@ -282,6 +289,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         }
 
     def init_with_config(self, conn_info: Any, config_3: Any) -> None:
+        """FUSE init: asks for 1 MiB requests, and reports the mount ready (``on_ready``) once it answers."""
         if conn_info is not None:
             # 1 MiB requests instead of 128 KiB: a quarter of the Python callbacks per byte moved.
             conn_info.max_write = IO_REQUEST_BYTES
@@ -292,6 +300,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+        """stat/lstat (by path) and fstat (by handle, which works after the file's last name is gone)."""
         if path is None and fh is not None:  # fstat of a file whose last name is gone: by its inode, which
             h = self._get(fh)
             if h.pending is not None:
@@ -304,6 +313,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def opendir(self, path: str) -> int:
+        """Checks now that the folder exists and may be looked at, as the C library's opendir does; readdir lists it."""
         if not self._cache.exists(path):  # made or seen here moments ago: it is there
             self._lstat(path)  # ENOENT/EACCES now, as opendir(3) gets them (the kernel resolved symlinks)
         with self._lock:
@@ -314,6 +324,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def readdir(self, path: str | None, fh: int) -> list[Any]:
+        """The folder's names with their types and inode numbers (files pending here committed first, so they show)."""
         with self._lock:
             where = self._dirs.get(fh, path)  # no path with nullpath_ok: the folder opendir named
         if where is None:
@@ -324,16 +335,19 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         return entries
 
     def releasedir(self, path: str | None, fh: int) -> int:
+        """Forgets the folder handle."""
         with self._lock:
             self._dirs.pop(fh, None)
         return 0
 
     @_as_caller
     def readlink(self, path: str) -> str:
+        """The symlink's target."""
         return str(self.fs.readlink(path))
 
     @_as_caller
     def statfs(self, path: str | None) -> dict[str, int]:
+        """statvfs: the cluster's space in 4 KiB blocks, or a byte quota's over ``path`` when it leaves less room."""
         s = self.fs.statfs(path or None)  # df of a folder under a byte quota shows the quota
         bs = STATFS_BLOCK_BYTES
         return {
@@ -350,6 +364,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
+        """chmod/fchmod; a pending new file keeps its mode until its write-back."""
         if self._pending_set(self._pending_handle(path, fh), lambda pf: pf.set_mode(mode & 0o7777)):
             return 0
         if path is None:  # fchmod
@@ -367,9 +382,11 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         return 0
 
     def _drops_set_id_bits(self, path: str, mode: int) -> bool:
-        """Whether a chmod only clears the set-uid/set-gid bits of a file whose owner is not the caller: with
-        default_permissions the kernel refuses a non-owner's chmod itself, so this is the kernel's own
-        (file_remove_privs, on a write through a handle opened for writing)."""
+        """Whether a chmod only clears the set-uid/set-gid bits of a file whose owner is not the caller.
+
+        With default_permissions the kernel refuses a non-owner's chmod itself, so this is the kernel's own
+        (file_remove_privs, on a write through a handle opened for writing).
+        """
         uid = caller_identity().uid
         with acting_as(None):
             st = self.fs.lstat(path)
@@ -383,6 +400,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def chown(self, path: str | None, uid: int, gid: int, fh: int | None = None) -> int:
+        """chown/fchown; without real ids the mounting user's ids stand for "as it is" (-1)."""
         if not self._real_ids:  # the mounting user's ids stand for "the owner as it is"
             uid = -1 if uid == self._uid else uid
             gid = -1 if gid == self._gid else gid
@@ -403,6 +421,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def utimens(self, path: str | None, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
+        """utimensat/futimens, with UTIME_NOW and UTIME_OMIT; bytes written before land before the new times."""
         atime, mtime = times if times is not None else (UTIME_NOW, UTIME_NOW)
         if atime == mtime == UTIME_OMIT:
             return 0
@@ -445,6 +464,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def mkdir(self, path: str, mode: int) -> int:
+        """mkdir; the new folder is known empty here, so lookups of names in it need no meta call for a while."""
         self._settle(path)
         with self._changing(path):
             self.fs.mkdir(path, mode & 0o7777)
@@ -453,6 +473,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def mknod(self, path: str, mode: int, dev: int) -> int:
+        """mknod: an empty regular file, or a device, FIFO or socket node."""
         self._settle(path)
         with self._changing(path):
             if stat.S_ISREG(mode):  # mknod(S_IFREG) makes an empty file
@@ -464,6 +485,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def rmdir(self, path: str) -> int:
+        """Removes an empty folder (rmdir)."""
         self._settle(path)
         with self._changing(path):
             self.fs.rmdir(path)
@@ -472,6 +494,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def unlink(self, path: str) -> int:
+        """unlink; a file still open here keeps its inode (and its handles keep working) until its last release."""
         self._settle(path)
         self._hold_if_open(path)
         with self._changing(path):
@@ -481,6 +504,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def rename(self, old: str, new: str) -> int:
+        """A rename in meta (atomic); a file renamed over is kept for its handles here, as unlink keeps it."""
         self._settle(old, new)
         self._hold_if_open(new)  # a file renamed over loses its last name too
         try:
@@ -490,16 +514,18 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         return 0
 
     def _hold_if_open(self, path: str) -> None:
-        """Before the last name of a file open here goes: open a write session on it as the mount's own user
-        and keep it until the file's last handle here is released. Meta keeps an inode with no name while a
-        session is open, so the open handles keep reading, writing and fstat-ing it, as POSIX wants; its
-        chunks go when the hold closes. Without write permission for the mount's user (a single-user mount of
-        someone else's file) no hold is taken, and the handles fail once meta frees the file.
+        """Before the last name of a file open here goes: keep a write session on it until its last handle is released.
+
+        The session is opened as the mount's own user. Meta keeps an inode with no name while a session is open, so
+        the open handles keep reading, writing and fstat-ing it, as POSIX wants; its chunks go when the hold closes.
+        Without write permission for the mount's user (a single-user mount of someone else's file) no hold is taken,
+        and the handles fail once meta frees the file.
 
         A file with a writable handle here needs no new session: that handle's keeps the inode, and should it be
-        released before read-only handles, it becomes the hold (``release``). SQLite removes its journal as soon
-        as it closed it, while the kernel's release of the handle may still be on its way: no Open and Close
-        for a hold per transaction."""
+        released before read-only handles, it becomes the hold (``release``). SQLite removes its journal as soon as
+        it closed it, while the kernel's release of the handle may still be on its way: no Open and Close for a hold
+        per transaction.
+        """
         with self._lock:
             if not self._by_inode:
                 return
@@ -527,7 +553,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def symlink(self, target: str, source: str) -> int:
-        # mfusepy: ``target`` is the new link's path, ``source`` what it points to (ln -s source target).
+        """symlink: a link at ``target`` pointing to ``source`` (mfusepy's names, ``ln -s source target``)."""
         self._settle(target)
         with self._changing(target):
             self.fs.symlink(source, target)
@@ -536,7 +562,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def link(self, target: str, source: str) -> int:
-        # mfusepy: ``target`` is the new name, ``source`` the existing file (ln source target).
+        """link: a new name ``target`` for the file ``source`` (mfusepy's names, ``ln source target``)."""
         self._settle(source, target)
         try:
             self.fs.link(source, target)
@@ -568,6 +594,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def open(self, path: str, flags: int) -> int:
+        """open; the length a writer here has not made exact on meta yet is made exact first (close-to-open)."""
         # close(2) waits for FLUSH but not for RELEASE, which closes the write session and makes the length
         # exact on meta. A program that closes a file and opens it again at once (git does, all the time) may
         # get here first: make the length exact now, or the new handle would see the old length.
@@ -583,6 +610,11 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:
+        """Creates and opens in one call (O_CREAT); with ``--writeback``, a small exclusive file may start pending.
+
+        A file created read-only (git's objects are 0444) is still written through the descriptor that created it,
+        as POSIX allows.
+        """
         # Created and opened in one call: a file created read-only (git's objects are 0444) is still written
         # through the descriptor that created it, as POSIX allows.
         perm = mode & 0o7777
@@ -605,6 +637,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        """pread: what any handle here wrote reaches storage first, then the bytes come from storage, not a cache."""
         h = self._get(fh)
         self._flush_writers(h.inode_id)  # what any handle here wrote, this one's too, reaches storage first
         with h.lock:
@@ -612,6 +645,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        """Writes (pwrite) through the handle's buffered file; a pending file's bytes stay in memory while they may."""
         h = self._get(fh)
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
@@ -627,6 +661,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_as_caller
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+        """truncate/ftruncate; what handles here wrote reaches storage first, so no old byte lands past the new end."""
         # ftruncate (no path): the handle was opened for writing (the kernel checks), meta checked then
         if fh is not None and self._get(fh).pending is not None:
             self._materialize(fh)
@@ -653,10 +688,12 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
-        """posix_fallocate: the file grows to ``offset + size`` if it is shorter (a sparse extension, charged to the
-        directory quotas at once, so EDQUOT comes here; 3FS writes chunks when data comes, so storage space is not
-        set aside). FALLOC_FL_KEEP_SIZE alone has nothing to do; punching holes, collapsing, zeroing or inserting
-        ranges are EOPNOTSUPP."""
+        """posix_fallocate: the file grows to ``offset + size`` if it is shorter; other modes are EOPNOTSUPP.
+
+        The growth is a sparse extension, charged to the directory quotas at once, so EDQUOT comes here; 3FS writes
+        chunks when data comes, so storage space is not set aside. FALLOC_FL_KEEP_SIZE alone has nothing to do;
+        punching holes, collapsing, zeroing or inserting ranges are EOPNOTSUPP.
+        """
         if offset < 0 or size <= 0:
             raise mfusepy.FuseOSError(errno.EINVAL)
         if mode & ~FALLOC_FL_KEEP_SIZE:
@@ -677,9 +714,11 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def flush(self, path: str, fh: int) -> int:
-        """close(2) of a descriptor (each of its dups): what it wrote reaches storage and its length meta before
-        close returns, so another client opening the file next sees it (close-to-open; the kernel's release comes
-        later, asynchronously). A pending new file (``--writeback``) waits for its release as documented."""
+        """close(2) of a descriptor (each of its dups): what it wrote reaches storage, and its length meta, at once.
+
+        So another client opening the file next sees it (close-to-open; the kernel's release comes later,
+        asynchronously). A pending new file (``--writeback``) waits for its release as documented.
+        """
         h = self._get(fh)
         if h.writable and h.pending is None:
             self._sync(h, always=False)
@@ -687,16 +726,19 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def fsync(self, path: str, datasync: int, fh: int) -> int:
+        """fsync/fdatasync: the bytes to storage and the length exact on meta (fsync: the mtime too)."""
         if self._get(fh).pending is not None:
             self._materialize(fh)
         self._sync(self._get(fh), always=not datasync)
         return 0
 
     def _sync(self, h: Handle, always: bool) -> None:
-        """Bytes written through ``h`` to storage, and meta's length made exact: fsync (``always``: its mtime too,
-        even when nothing was written), fdatasync and close(2)'s FLUSH (only when this handle wrote past the length
-        meta last gave it: the bytes are durable once storage acknowledged them, and the release's Close brings the
-        mtime; SQLite's rewrite of its journal's header costs no Sync)."""
+        """Bytes written through ``h`` to storage, and meta's length made exact: fsync, fdatasync and close(2)'s FLUSH.
+
+        fsync with ``always``: its mtime too, even when nothing was written. fdatasync and FLUSH only when this handle
+        wrote past the length meta last gave it: the bytes are durable once storage acknowledged them, and the
+        release's Close brings the mtime; SQLite's rewrite of its journal's header costs no Sync.
+        """
         if not h.writable:
             return
         with h.lock:
@@ -718,8 +760,10 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
                 h.dirty = False
 
     def _becomes_hold(self, h: Handle, fh: int) -> bool:
-        """Whether a writable handle being released must keep its session as the hold of its removed file: only
-        read-only handles of it are left here."""
+        """Whether a writable handle being released must keep its session as the hold of its removed file.
+
+        It must when only read-only handles of it are left here.
+        """
         with self._lock:
             if not h.writable or h.inode_id not in self._removed_open or h.inode_id in self._holds:
                 return False
@@ -731,6 +775,10 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     @_fuse_errors
     def release(self, path: str, fh: int) -> int:
+        """The kernel's release of a handle: its file closed (and its write session), or kept as a removed file's hold.
+
+        A pending new file goes to the write-back here.
+        """
         h = self._get(fh)
         if h.pending is not None and self._pending_release(fh, h):
             return 0

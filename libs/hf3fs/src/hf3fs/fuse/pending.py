@@ -66,27 +66,33 @@ class PendingFile:
         self.mtime_ns = self.mtime_ns or self.ctime_ns
 
     def stat(self, size: int) -> Stat:
+        """The Stat the mount answers for the file while it is pending, ``size`` bytes long."""
         return Stat(inode_id=self.inode_id, type="file", mode=stat.S_IMODE(self.perm), uid=self.uid, gid=self.gid,
                     nlink=1, size=size, atime_ns=self.atime_ns, mtime_ns=self.mtime_ns,
                     ctime_ns=self.ctime_ns)  # fmt: skip
 
     def wrote(self) -> None:
+        """Notes a write: the mtime becomes now, unless futimens set the times."""
         if not self.times_set:
             self.mtime_ns = time.time_ns()
 
     def set_times(self, atime_ns: int, mtime_ns: int, *, atime_kept: bool = False) -> None:
+        """Notes a futimens: the times to give meta; ``atime_kept``: the atime was left as it was (UTIME_OMIT)."""
         self.atime_ns, self.mtime_ns, self.times_set = atime_ns, mtime_ns, True
         self.ctime_ns = time.time_ns()
         self.atime_kept = self.atime_kept and atime_kept
 
     def set_mode(self, perm: int) -> None:
+        """Notes a chmod: the permission bits to give meta."""
         self.perm = perm
         self.ctime_ns = time.time_ns()
 
     def written_back_whole(self) -> bool:
-        """Whether the write-back can carry everything set on it: it takes the bytes, the permission bits and the
-        mtime; the atime becomes the time of the create, so an atime set by futimens must be that (``tar x``
-        sets it to the time of extraction) or equal the mtime, else the file needs meta at once."""
+        """Whether the write-back can carry everything set on it: it takes the bytes, the permission bits and the mtime.
+
+        The atime becomes the time of the create, so an atime set by futimens must be that (``tar x`` sets it to the
+        time of extraction) or equal the mtime, else the file needs meta at once.
+        """
         return self.atime_kept or self.atime_ns == self.mtime_ns or abs(self.atime_ns - self.ctime_ns) < 10**9
 
 
@@ -117,9 +123,11 @@ class PendingFiles:
         raise NotImplementedError  # Hf3fsOperations'  own
 
     def _defer_create(self, path: str, perm: int, flags: int) -> int | None:
-        """A handle on a new pending file at ``path`` when its bytes may wait (see the module docstring). The
-        file is created in meta now, exclusively and without a write session, so ``O_EXCL`` holds across
-        clients (a lock file excludes) and it has its inode; its owner may write it (the write-back opens it)."""
+        """A handle on a new pending file at ``path`` when its bytes may wait (see the module docstring).
+
+        The file is created in meta now, exclusively and without a write session, so ``O_EXCL`` holds across clients
+        (a lock file excludes) and it has its inode; its owner may write it (the write-back opens it).
+        """
         if not self.options.writeback or self.options.multi_user or self.options.keep_ids or not deferrable(flags):
             return None
         from hf3fs.fuse.handles import Handle
@@ -142,8 +150,10 @@ class PendingFiles:
         return None if h is None or h.pending is None else self._pending_stat(h)
 
     def _pending_handle(self, path: str | None, fh: int | None) -> Handle | None:
-        """The handle of the pending file a setattr names, by handle or by path (the kernel names the path for
-        chmod and utimens even on an open file)."""
+        """The handle of the pending file a setattr names, by handle or by path.
+
+        The kernel names the path for chmod and utimens even on an open file.
+        """
         with self._lock:
             if path is not None:
                 fh = self._pending.get(path)
@@ -165,8 +175,7 @@ class PendingFiles:
             self._materialize(fh)
 
     def _materialize(self, fh: int) -> None:
-        """Create a pending file in meta now (exclusively), write its bytes, give it its times: its handle
-        becomes an ordinary one."""
+        """Create a pending file in meta now (exclusively), write its bytes and times: its handle becomes ordinary."""
         h = self._handles.get(fh)
         if h is None:
             return
@@ -192,8 +201,11 @@ class PendingFiles:
         self._cache.changed(pf.path, UNKNOWN)
 
     def _count_room(self, room: int, quota_id: int) -> None:
-        """Meta's word on a byte quota (``room`` bytes left, as of a Create just now) less what this mount holds
-        that meta does not count yet: bytes of open pending files and of files queued for write-back under it."""
+        """Meta's word on a byte quota (``room`` bytes left, as of a Create just now) less what this mount holds.
+
+        What this mount holds that meta does not count yet: bytes of open pending files and of files queued for
+        write-back under it.
+        """
         with self._lock:
             handles = [self._handles.get(fh) for fh in self._pending.values()]
         held = sum(h.end for h in handles if h is not None and h.pending is not None and h.pending.quota_id == quota_id)
@@ -202,10 +214,12 @@ class PendingFiles:
             self._quota_room[quota_id] = room - held
 
     def _hold(self, pf: PendingFile, grow: int) -> bool:
-        """Count ``grow`` more bytes of a pending file against its quota's room: False (nothing counted) when they
-        do not fit, and the file must be written through, where meta reserves its bytes (EDQUOT at write(2)).
-        The room is meta's at the last Create under that quota less what this mount holds since, so it errs on
-        the side of writing through (another client's writes meanwhile are meta's to refuse, at the write-back)."""
+        """Count ``grow`` more bytes of a pending file against its quota's room; False (none counted) if they don't fit.
+
+        The file must then be written through, where meta reserves its bytes (EDQUOT at write(2)). The room is meta's
+        at the last Create under that quota less what this mount holds since, so it errs on the side of writing
+        through (another client's writes meanwhile are meta's to refuse, at the write-back).
+        """
         if not pf.quota_id or grow <= 0:
             return True
         with self._lock:
@@ -216,8 +230,10 @@ class PendingFiles:
         return True
 
     def _pending_write(self, fh: int, h: Handle, data: bytes, offset: int) -> bool:
-        """Write into a pending file's memory: False (made real first) when it would grow past the bound or past
-        what its folder's byte quota allows."""
+        """Write into a pending file's memory: False (made real first) when it would grow past the bound or its quota.
+
+        Its quota: what its folder's byte quota allows.
+        """
         if offset + len(data) > MAX_PENDING_BYTES:
             self._materialize(fh)
             return False
@@ -235,8 +251,10 @@ class PendingFiles:
         return fits
 
     def _pending_set(self, h: Handle | None, change: Callable[[PendingFile], None]) -> bool:
-        """Apply a setattr to a pending file, under its handle's lock: False when it is not (or no longer: its
-        release handed it to the write-back meanwhile) pending, and the setattr must go to meta."""
+        """Apply a setattr to a pending file, under its handle's lock; False when it is not pending (any more).
+
+        No longer pending: its release handed it to the write-back meanwhile. The setattr must then go to meta.
+        """
         if h is None:
             return False
         with h.lock:
@@ -248,8 +266,10 @@ class PendingFiles:
         return True
 
     def _pending_release(self, fh: int, h: Handle) -> bool:
-        """Hand a released pending file to the write-back (or make it real when the write-back cannot carry all
-        that was set on it); False when it is an ordinary handle by now."""
+        """Hand a released pending file to the write-back; False when it is an ordinary handle by now.
+
+        It is made real instead when the write-back cannot carry all that was set on it.
+        """
         with h.lock:
             pf = h.pending
             if pf is not None and pf.written_back_whole():

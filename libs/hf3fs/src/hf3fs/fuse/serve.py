@@ -1,5 +1,7 @@
-"""Mounting and unmounting: the checks before a mount, serving :class:`Hf3fsOperations` through libfuse in this
-process or in a daemon, and removing a mount (a dead or hung one too)."""
+"""Mounting and unmounting: checks before a mount, serving :class:`Hf3fsOperations` through libfuse, removing.
+
+Served in this process or in a daemon; a dead or hung mount is removed too.
+"""
 
 from __future__ import annotations
 
@@ -71,8 +73,9 @@ def check_mount_point(mountpoint: str) -> str:
 
 
 def check_cluster(fs: Any, options: MountOptions) -> None:
-    """Before anything is mounted: the cluster answers and takes the token, and a ``--multi-user`` mount's token
-    may act for other users (meta refuses the calls of the others otherwise).
+    """Before anything is mounted: the cluster answers and takes the token, and a multi-user token may act for others.
+
+    A ``--multi-user`` mount's token must be able to act for other users, or meta refuses the others' calls.
 
     Raises:
         OSError: with what went wrong (EACCES: the token; EIO/ConnectionError: the cluster).
@@ -90,7 +93,8 @@ def check_cluster(fs: Any, options: MountOptions) -> None:
 def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out: Any = None) -> None:
     """Serve 3FS at ``mountpoint`` in this process until it is unmounted (or SIGINT/SIGTERM).
 
-    Nothing is mounted unless the mount point is usable, the cluster answers and it takes the token."""
+    Nothing is mounted unless the mount point is usable, the cluster answers and it takes the token.
+    """
     check_fuse()
     where = check_mount_point(mountpoint)
     check_cluster(fs, options)
@@ -109,8 +113,10 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out
 
 
 class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
-    """mfusepy's FUSE, but the open handle of ftruncate, fchmod, fchown and futimens reaches the callback (mfusepy
-    drops it; with nullpath_ok those calls come without a path)."""
+    """mfusepy's FUSE, but the open handle of ftruncate, fchmod, fchown and futimens reaches the callback.
+
+    mfusepy drops it; with nullpath_ok those calls come without a path.
+    """
 
     def _fh(self, fip: Any) -> int | None:
         return int(fip.contents.fh) if fip else None
@@ -204,8 +210,10 @@ def mount_background(
 
 
 def _fuse_mounts() -> dict[str, str]:
-    """FUSE mount points of this mount namespace -> their device ("major:minor"), read from mountinfo (a stat of
-    a hung mount would block)."""
+    """FUSE mount points of this mount namespace -> their device ("major:minor"), read from mountinfo.
+
+    From mountinfo because a stat of a hung mount would block.
+    """
     found: dict[str, str] = {}
     with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -221,8 +229,10 @@ FUSECTL = "/sys/fs/fuse/connections"
 
 
 def _abort_connection(device: str) -> bool:
-    """Abort a FUSE connection (what a hung or dead daemon leaves): its waiting calls fail at once (root only;
-    the fusectl file system is mounted first where the system has not)."""
+    """Abort a FUSE connection (what a hung or dead daemon leaves): its waiting calls fail at once.
+
+    Root only; the fusectl file system is mounted first where the system has not.
+    """
     abort = os.path.join(FUSECTL, device.partition(":")[2], "abort")
     if not os.path.exists(abort) and os.path.isdir(FUSECTL) and not os.listdir(FUSECTL):
         subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], capture_output=True, check=False, timeout=10)
@@ -235,8 +245,9 @@ def _abort_connection(device: str) -> bool:
 
 
 def umount(mountpoint: str) -> None:
-    """Unmount a FUSE mount (the daemon serving it then exits). A mount whose daemon died or hangs is removed too:
-    its connection is aborted (as root) and it is detached lazily.
+    """Unmount a FUSE mount (the daemon serving it then exits); a mount whose daemon died or hangs is removed too.
+
+    Its connection is then aborted (as root) and it is detached lazily.
 
     Raises:
         OSError: nothing is mounted there (EINVAL), or it could not be removed (with fusermount's reason).
