@@ -35,9 +35,13 @@ async def create_targets(view: RoutingView, token: str, chains: list[PlacedChain
                 raise ValueError(f"node {t.node_id} is not registered")
             request = spb.CreateTargetRequest(target_id=t.target_id, chain_id=chain.chain_id, disk_index=t.disk_index)
             await call_once(
-                node.grpc, storage_pb2_grpc.StorageServiceStub, lambda s: s.CreateTarget, request, token=token,
+                node.grpc,
+                storage_pb2_grpc.StorageServiceStub,
+                lambda s: s.CreateTarget,
+                request,
+                token=token,
                 timeout_s=10.0,
-            )  # fmt: skip
+            )
 
 
 async def setup_chain_table(
@@ -57,12 +61,17 @@ async def setup_chain_table(
     if info.chains:
         return None
     view = RoutingView(info)
-    storage = sorted(n.node_id for n in info.nodes
-                     if n.node_type == 3 and n.status == mpb.NODE_STATUS_ALIVE)  # fmt: skip
+    storage = sorted(n.node_id for n in info.nodes if n.node_type == 3 and n.status == mpb.NODE_STATUS_ALIVE)
     placed = place_chains(storage, num_disks, targets_per_disk, replication)
     await create_targets(view, token, placed)
-    chains = [mpb.Chain(chain_id=c.chain_id, version=0, targets=[
-        mpb.Target(target_id=t.target_id, node_id=t.node_id) for t in c.targets]) for c in placed]  # fmt: skip
+    chains = [
+        mpb.Chain(
+            chain_id=c.chain_id,
+            version=0,
+            targets=[mpb.Target(target_id=t.target_id, node_id=t.node_id) for t in c.targets],
+        )
+        for c in placed
+    ]
     saved = await mgmtd.mgmtd(lambda s: s.SetChains, mpb.SetChainsRequest(chains=chains))
     table = mpb.ChainTable(table_id=table_id, version=0, chain_ids=[c.chain_id for c in placed])
     saved_table = await mgmtd.mgmtd(lambda s: s.SetChainTable, mpb.SetChainTableRequest(chain_table=table))
@@ -75,7 +84,8 @@ def render_chains(info: mpb.RoutingInfo) -> str:
     loc = {v: k.removeprefix("LOCAL_TARGET_STATE_").lower() for k, v in mpb.LocalTargetState.items()}
     lines = []
     for c in info.chains:
-        members = " -> ".join(f"{t.target_id}@{t.node_id}:{pub[t.public_state]}/{loc[t.local_state]}"
-                              for t in c.targets)  # fmt: skip
+        members = " -> ".join(
+            f"{t.target_id}@{t.node_id}:{pub[t.public_state]}/{loc[t.local_state]}" for t in c.targets
+        )
         lines.append(f"chain {c.chain_id} v{c.version}: {members}")
     return "\n".join(lines)

@@ -273,8 +273,13 @@ class DataConnection:
             DataRefused: the node refused the call as the gRPC call would be (the connection stays open).
             DataPathError: the connection broke (closed).
         """
-        header = {"op": "call", "method": method, "request": len(request), "transfer_id": transfer_id,
-                  "length": sum(len(p) for p in parts)}  # fmt: skip
+        header = {
+            "op": "call",
+            "method": method,
+            "request": len(request),
+            "transfer_id": transfer_id,
+            "length": sum(len(p) for p in parts),
+        }
         async with self.lock:
             try:
                 sock = await self._connect()
@@ -322,9 +327,11 @@ class DataConnection:
                 raise
 
     async def read(
-        self, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],
+        self,
+        request: bytes,
+        layout: Callable[[bytes], Sequence[memoryview]],
         shm: tuple[Sequence[Place], Sequence[ShmRegion]] | None = None,
-    ) -> tuple[bytes, list[int] | None]:  # fmt: skip
+    ) -> tuple[bytes, list[int] | None]:
         """One ``read``: send a serialized bulk BatchReadRequest, get its response and the bytes that follow.
 
         The bytes are received straight into ``layout(response)`` (views in transfer order). Returns the response
@@ -463,9 +470,13 @@ class DataConnectionPool:
         return await self.version(address) >= 3
 
     async def call(
-        self, address: str, method: str, request: bytes, transfer_id: str,
+        self,
+        address: str,
+        method: str,
+        request: bytes,
+        transfer_id: str,
         parts: Sequence[bytes | bytearray | memoryview],
-    ) -> bytes:  # fmt: skip
+    ) -> bytes:
         """``DataConnection.call`` on a connection to ``address``."""
         try:
             response = await self.get(address).call(method, request, transfer_id, parts)
@@ -480,9 +491,12 @@ class DataConnectionPool:
         return response
 
     async def read(
-        self, address: str, request: bytes, layout: Callable[[bytes], Sequence[memoryview]],
+        self,
+        address: str,
+        request: bytes,
+        layout: Callable[[bytes], Sequence[memoryview]],
         into: Sequence[memoryview | None],
-    ) -> tuple[bytes, list[int] | None]:  # fmt: skip
+    ) -> tuple[bytes, list[int] | None]:
         """``DataConnection.read`` on a connection to ``address``, or through shared memory when it can.
 
         Shared memory when the node is on this host and every IO's buffer ``into`` is in this pool's regions (one

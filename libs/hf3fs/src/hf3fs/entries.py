@@ -7,12 +7,24 @@ from dataclasses import dataclass
 
 from fireflyer.meta.v1 import meta_pb2 as pb
 
-_TYPES = {pb.INODE_TYPE_FILE: "file", pb.INODE_TYPE_DIRECTORY: "directory", pb.INODE_TYPE_SYMLINK: "symlink",
-          pb.INODE_TYPE_FIFO: "fifo", pb.INODE_TYPE_SOCKET: "socket", pb.INODE_TYPE_CHAR_DEVICE: "char_device",
-          pb.INODE_TYPE_BLOCK_DEVICE: "block_device"}  # fmt: skip
-_TYPE_BITS = {"file": stat_mod.S_IFREG, "directory": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
-              "fifo": stat_mod.S_IFIFO, "socket": stat_mod.S_IFSOCK, "char_device": stat_mod.S_IFCHR,
-              "block_device": stat_mod.S_IFBLK}  # fmt: skip
+_TYPES = {
+    pb.INODE_TYPE_FILE: "file",
+    pb.INODE_TYPE_DIRECTORY: "directory",
+    pb.INODE_TYPE_SYMLINK: "symlink",
+    pb.INODE_TYPE_FIFO: "fifo",
+    pb.INODE_TYPE_SOCKET: "socket",
+    pb.INODE_TYPE_CHAR_DEVICE: "char_device",
+    pb.INODE_TYPE_BLOCK_DEVICE: "block_device",
+}
+_TYPE_BITS = {
+    "file": stat_mod.S_IFREG,
+    "directory": stat_mod.S_IFDIR,
+    "symlink": stat_mod.S_IFLNK,
+    "fifo": stat_mod.S_IFIFO,
+    "socket": stat_mod.S_IFSOCK,
+    "char_device": stat_mod.S_IFCHR,
+    "block_device": stat_mod.S_IFBLK,
+}
 
 
 @dataclass(frozen=True)
@@ -60,11 +72,23 @@ class Stat:
     def from_pb(cls, i: pb.Inode) -> Stat:
         """The Stat of meta's Inode message."""
         return cls(
-            inode_id=i.inode_id, type=_TYPES.get(i.type, "unknown"), mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink,
-            size=i.length_bytes, atime_ns=i.atime_ns, mtime_ns=i.mtime_ns, ctime_ns=i.ctime_ns,
-            symlink_target=i.symlink_target, chunk_size=i.layout.chunk_size_bytes, stripe_size=i.layout.stripe_size,
-            chain_table_id=i.layout.chain_table_id, write_sessions=i.num_write_sessions, rdev=i.rdev,
-        )  # fmt: skip
+            inode_id=i.inode_id,
+            type=_TYPES.get(i.type, "unknown"),
+            mode=i.mode,
+            uid=i.uid,
+            gid=i.gid,
+            nlink=i.nlink,
+            size=i.length_bytes,
+            atime_ns=i.atime_ns,
+            mtime_ns=i.mtime_ns,
+            ctime_ns=i.ctime_ns,
+            symlink_target=i.symlink_target,
+            chunk_size=i.layout.chunk_size_bytes,
+            stripe_size=i.layout.stripe_size,
+            chain_table_id=i.layout.chain_table_id,
+            write_sessions=i.num_write_sessions,
+            rdev=i.rdev,
+        )
 
 
 @dataclass(frozen=True)

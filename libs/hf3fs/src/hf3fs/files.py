@@ -60,9 +60,14 @@ class OpenMode:
         kind = kinds.pop()
         plus = "+" in chars
         return cls(
-            readable=kind == "r" or plus, writable=kind != "r" or plus, append=kind == "a",
-            create=kind in "wax", exclusive=kind == "x", truncate=kind == "w", binary="b" in chars,
-        )  # fmt: skip
+            readable=kind == "r" or plus,
+            writable=kind != "r" or plus,
+            append=kind == "a",
+            create=kind in "wax",
+            exclusive=kind == "x",
+            truncate=kind == "w",
+            binary="b" in chars,
+        )
 
 
 def _io_error(message: str, path: str, code: int = errno.EIO) -> OSError:
@@ -70,8 +75,15 @@ def _io_error(message: str, path: str, code: int = errno.EIO) -> OSError:
     return OSError(code, message, path)
 
 
-async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, length: int,
-                     path: str, into: memoryview | None = None) -> bytearray | memoryview:  # fmt: skip
+async def read_spans(
+    storage: StorageClient,
+    layout: FileLayout,
+    cap: bytes,
+    offset: int,
+    length: int,
+    path: str,
+    into: memoryview | None = None,
+) -> bytearray | memoryview:
     """Bytes ``[offset, offset + length)`` of a file from storage; holes and short chunks read as zeros.
 
     ``into`` (writable, ``length`` bytes): the chunks land there straight from the transport (no copy), and
@@ -81,9 +93,18 @@ async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, off
     if len(out) != length or out.readonly:
         raise ValueError(f"read into a buffer of {len(out)} bytes (readonly: {out.readonly}), not {length}")
     spans = layout.spans(offset, length)
-    ios = [ChunkRead(chain_id=s.chain_id, inode_id=layout.inode_id, chunk_index=s.chunk_index, offset=s.offset,
-                     length=s.length, capability=cap, buffer=out[s.file_offset - offset :][: s.length])
-           for s in spans]  # fmt: skip
+    ios = [
+        ChunkRead(
+            chain_id=s.chain_id,
+            inode_id=layout.inode_id,
+            chunk_index=s.chunk_index,
+            offset=s.offset,
+            length=s.length,
+            capability=cap,
+            buffer=out[s.file_offset - offset :][: s.length],
+        )
+        for s in spans
+    ]
     try:
         outcomes = await storage.batch_read(ios)
     except StorageIoError as err:
@@ -102,17 +123,27 @@ async def read_spans(storage: StorageClient, layout: FileLayout, cap: bytes, off
     return out.obj if into is None else out  # type: ignore[return-value]  # the bytearray made above
 
 
-async def write_spans(storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, data: memoryview,
-                      path: str) -> None:  # fmt: skip
+async def write_spans(
+    storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, data: memoryview, path: str
+) -> None:
     """Write ``data`` at ``offset`` of a file to storage in one batch of chunk writes.
 
     Raises:
         OSError: storage refused the batch or a chunk write failed (with the errno of the failure).
     """
     spans = layout.spans(offset, len(data))
-    ios = [ChunkWrite(chain_id=s.chain_id, inode_id=layout.inode_id, chunk_index=s.chunk_index, offset=s.offset,
-                      data=data[s.file_offset - offset : s.file_offset - offset + s.length],
-                      chunk_size=layout.chunk_size, capability=cap) for s in spans]  # fmt: skip
+    ios = [
+        ChunkWrite(
+            chain_id=s.chain_id,
+            inode_id=layout.inode_id,
+            chunk_index=s.chunk_index,
+            offset=s.offset,
+            data=data[s.file_offset - offset : s.file_offset - offset + s.length],
+            chunk_size=layout.chunk_size,
+            capability=cap,
+        )
+        for s in spans
+    ]
     try:
         outcomes = await storage.batch_write(ios)
     except StorageIoError as err:
@@ -140,8 +171,17 @@ def layout_of(inode: pb.Inode, table: list[int]) -> FileLayout:
 class RawFile(io.RawIOBase):
     """One open hf3fs file. Not for direct use: ``FileSystem.open`` wraps it in buffered/text layers."""
 
-    def __init__(self, fs: FileSystem, path: str, mode: str, om: OpenMode, inode: pb.Inode, layout: FileLayout,
-                 capability: bytes, session: pb.WriteSession | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fs: FileSystem,
+        path: str,
+        mode: str,
+        om: OpenMode,
+        inode: pb.Inode,
+        layout: FileLayout,
+        capability: bytes,
+        session: pb.WriteSession | None,
+    ) -> None:
         super().__init__()
         self._fs = fs
         self.name = path
@@ -221,8 +261,17 @@ class RawFile(io.RawIOBase):
         while done < n:
             step = min(n - done, MAX_IO_BATCH_BYTES)
             self._fresh_capability()
-            self._fs._run(read_spans(self._fs._storage, self.layout, self._cap, self._pos + done, step, self.name,
-                                     view[done : done + step]))  # fmt: skip
+            self._fs._run(
+                read_spans(
+                    self._fs._storage,
+                    self.layout,
+                    self._cap,
+                    self._pos + done,
+                    step,
+                    self.name,
+                    view[done : done + step],
+                )
+            )
             done += step
         self._pos += n
         return n
@@ -291,8 +340,11 @@ class RawFile(io.RawIOBase):
         while done < len(data):
             step = min(len(data) - done, MAX_IO_BATCH_BYTES)
             self._fresh_capability()
-            self._fs._run(write_spans(self._fs._storage, self.layout, self._cap, offset + done,
-                                      data[done : done + step], self.name))  # fmt: skip
+            self._fs._run(
+                write_spans(
+                    self._fs._storage, self.layout, self._cap, offset + done, data[done : done + step], self.name
+                )
+            )
             done += step
         self._pos = end
         self.written = max(self.written, end)
@@ -324,8 +376,12 @@ class RawFile(io.RawIOBase):
     def _take_append_lease(self) -> tuple[pb.WriteSession, int]:
         """Open the inode's append lease, waiting while another client holds it; (session, meta's length)."""
         lease_id = f"{APPEND_LEASE_PREFIX}{self.inode_id}"
-        request = pb.OpenRequest(path=pb.PathAt(parent_inode_id=self.inode_id), open_mode=pb.OPEN_MODE_WRITE,
-                                 session_id=lease_id, client_id=self._fs.client_id)  # fmt: skip
+        request = pb.OpenRequest(
+            path=pb.PathAt(parent_inode_id=self.inode_id),
+            open_mode=pb.OPEN_MODE_WRITE,
+            session_id=lease_id,
+            client_id=self._fs.client_id,
+        )
         deadline = time.monotonic() + APPEND_WAIT_S
         delay = 0.002
         while True:
@@ -336,8 +392,9 @@ class RawFile(io.RawIOBase):
                 if err.errno != errno.EBADF:
                     raise
                 if time.monotonic() + delay > deadline:
-                    raise OSError(errno.EAGAIN, f"another client held the append lease for {APPEND_WAIT_S:.0f} s",
-                                  self.name) from None  # fmt: skip
+                    raise OSError(
+                        errno.EAGAIN, f"another client held the append lease for {APPEND_WAIT_S:.0f} s", self.name
+                    ) from None
             time.sleep(delay)  # another client is appending: it holds the lease for one write
             delay = min(delay * 2, 0.05)
 
@@ -375,8 +432,11 @@ class RawFile(io.RawIOBase):
             raise OSError(errno.EINVAL, "negative size", self.name)
         self.ensure_room(size)
         sid = self._session.session_id if self._session is not None else ""
-        inode = self._fs._meta_call(lambda s: s.Truncate, pb.TruncateRequest(
-            path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid), self.name)  # fmt: skip
+        inode = self._fs._meta_call(
+            lambda s: s.Truncate,
+            pb.TruncateRequest(path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid),
+            self.name,
+        )
         self.length = self.meta_length = inode.inode.length_bytes
         self.written = min(self.written, size)
         return size
@@ -384,8 +444,11 @@ class RawFile(io.RawIOBase):
     def fsync(self) -> None:
         """Make the file's length exact on meta (and its mtime the time of the last write)."""
         self._check_open()
-        req = pb.SyncRequest(inode_id=self.inode_id, written_length_bytes=self.written,
-                             session_id=self._session.session_id if self._session is not None else "")  # fmt: skip
+        req = pb.SyncRequest(
+            inode_id=self.inode_id,
+            written_length_bytes=self.written,
+            session_id=self._session.session_id if self._session is not None else "",
+        )
         if self._last_write_ns is not None:
             req.mtime_ns = self._last_write_ns
         resp = self._fs._meta_call(lambda s: s.Sync, req, self.name)
@@ -408,8 +471,9 @@ class RawFile(io.RawIOBase):
             return
         try:
             if self._session is not None:
-                req = pb.CloseRequest(inode_id=self.inode_id, session_id=self._session.session_id,
-                                      written_length_bytes=self.written)  # fmt: skip
+                req = pb.CloseRequest(
+                    inode_id=self.inode_id, session_id=self._session.session_id, written_length_bytes=self.written
+                )
                 if self._last_write_ns is not None:
                     req.mtime_ns = self._last_write_ns
                 self._fs._close_session(req, self.name)
@@ -432,8 +496,9 @@ class RawFile(io.RawIOBase):
         """What the lease renewal tells meta of this session (bytes written so far); None without a session."""
         if self._session is None:
             return None
-        return pb.SessionReport(session_id=self._session.session_id, inode_id=self.inode_id,
-                                written_length_bytes=self.written)  # fmt: skip
+        return pb.SessionReport(
+            session_id=self._session.session_id, inode_id=self.inode_id, written_length_bytes=self.written
+        )
 
     def _reserve(self, end: int) -> int:
         """Raise the session's write limit toward ``end``; returns the new limit.
@@ -456,8 +521,9 @@ class RawFile(io.RawIOBase):
 
     def _ask_reserve(self, want: int, partial: bool) -> int:
         assert self._session is not None
-        request = pb.ReserveSpaceRequest(inode_id=self.inode_id, session_id=self._session.session_id,
-                                         write_limit_bytes=want, partial=partial)  # fmt: skip
+        request = pb.ReserveSpaceRequest(
+            inode_id=self.inode_id, session_id=self._session.session_id, write_limit_bytes=want, partial=partial
+        )
         return int(self._fs._meta_call(lambda s: s.ReserveSpace, request, self.name).write_limit_bytes)
 
     def _fresh_capability(self) -> None:
@@ -537,8 +603,9 @@ class TextFile(io.TextIOWrapper):
         fsync()
 
 
-def wrap(raw: RawFile, om: OpenMode, buffering: int, encoding: str | None, errors: str | None,
-         newline: str | None) -> Any:  # fmt: skip
+def wrap(
+    raw: RawFile, om: OpenMode, buffering: int, encoding: str | None, errors: str | None, newline: str | None
+) -> Any:
     """The file object ``open()`` returns for ``raw``: unbuffered, buffered, or text, as ``buffering`` and the mode say.
 
     Buffers are one chunk by default.
@@ -559,8 +626,9 @@ def wrap(raw: RawFile, om: OpenMode, buffering: int, encoding: str | None, error
         buffered = BufferedReader(raw, size)
     if om.binary:
         return buffered
-    return TextFile(buffered, encoding=encoding or "utf-8", errors=errors, newline=newline,
-                    line_buffering=buffering == 1)  # fmt: skip
+    return TextFile(
+        buffered, encoding=encoding or "utf-8", errors=errors, newline=newline, line_buffering=buffering == 1
+    )
 
 
 def session_lost(raw: RawFile) -> None:

@@ -44,12 +44,25 @@ from hf3fs.statfs import within_quotas
 from hf3fs.storage_client import StorageClient
 from hf3fs.writeback import PendingFile, Writeback, WritebackError, WritebackFile, WritebackOptions, places_of
 
-__all__ = ["WHOLE_FILE", "DirEntry", "FileSystem", "ForkedProcessError", "Quota", "Stat", "StatFs", "TrashEntry",
-           "connect"]  # fmt: skip
+__all__ = [
+    "WHOLE_FILE",
+    "DirEntry",
+    "FileSystem",
+    "ForkedProcessError",
+    "Quota",
+    "Stat",
+    "StatFs",
+    "TrashEntry",
+    "connect",
+]
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_NODE_TYPES = {stat_mod.S_IFIFO: pb.INODE_TYPE_FIFO, stat_mod.S_IFSOCK: pb.INODE_TYPE_SOCKET,
-               stat_mod.S_IFCHR: pb.INODE_TYPE_CHAR_DEVICE, stat_mod.S_IFBLK: pb.INODE_TYPE_BLOCK_DEVICE}  # fmt: skip
+_NODE_TYPES = {
+    stat_mod.S_IFIFO: pb.INODE_TYPE_FIFO,
+    stat_mod.S_IFSOCK: pb.INODE_TYPE_SOCKET,
+    stat_mod.S_IFCHR: pb.INODE_TYPE_CHAR_DEVICE,
+    stat_mod.S_IFBLK: pb.INODE_TYPE_BLOCK_DEVICE,
+}
 
 
 WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
@@ -179,8 +192,9 @@ class FileSystem:
         """
         return _reconnect, self._args
 
-    def _meta_call(self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any,
-                   path: str | None = None) -> Any:  # fmt: skip
+    def _meta_call(
+        self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any, path: str | None = None
+    ) -> Any:
         wb = self._wb
         if wb is not None and wb.busy() and not wb.on_flusher() and wb.related(places_of(request)):
             wb.flush()  # this client sees its queued files as committed
@@ -220,8 +234,11 @@ class FileSystem:
                 w.close()
         self._run(self._close_unclosed())
         if self._unclosed:
-            logger.warning("closing with %d write sessions meta never closed: %s", len(self._unclosed),
-                           ", ".join(self.unclosed_sessions()))  # fmt: skip
+            logger.warning(
+                "closing with %d write sessions meta never closed: %s",
+                len(self._unclosed),
+                ", ".join(self.unclosed_sessions()),
+            )
 
         async def teardown() -> None:
             self._stop.set()
@@ -247,9 +264,18 @@ class FileSystem:
                 _catch_sigterm()
             return self._wb
 
-    def write_back(self, path: str, data: bytes, *, perm: int = 0o644, mtime_ns: int | None = None,
-                   parent: tuple[int, str] | None = None, set_mode: bool = False,
-                   inode_id: int = 0, quota_id: int = 0) -> None:  # fmt: skip
+    def write_back(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        perm: int = 0o644,
+        mtime_ns: int | None = None,
+        parent: tuple[int, str] | None = None,
+        set_mode: bool = False,
+        inode_id: int = 0,
+        quota_id: int = 0,
+    ) -> None:
         """Queue a whole small file for write-back: created (or truncated) with ``data`` in the next batch.
 
         As ``open(path, "wb")``, ``write(data)`` and ``close()`` would. ``parent`` (folder inode id, name) creates
@@ -261,9 +287,17 @@ class FileSystem:
         ``writeback_held_bytes``. Returns at once; errors come from ``sync``/``close`` (``WritebackError``).
         """
         _abs(path)
-        item = PendingFile(path=path, data=bytes(data), perm=perm, mtime_ns=mtime_ns or time.time_ns(),
-                           parent=parent, acting=current_acting(), set_mode=set_mode, inode_id=inode_id,
-                           quota_id=quota_id)  # fmt: skip
+        item = PendingFile(
+            path=path,
+            data=bytes(data),
+            perm=perm,
+            mtime_ns=mtime_ns or time.time_ns(),
+            parent=parent,
+            acting=current_acting(),
+            set_mode=set_mode,
+            inode_id=inode_id,
+            quota_id=quota_id,
+        )
         self._writeback_queue().submit(item)
 
     def sync(self) -> None:
@@ -337,8 +371,10 @@ class FileSystem:
                     with self._writers_lock:
                         self._writers.pop(request.session_id, None)
                         self._unclosed[request.session_id] = (request, path)
-                    raise Hf3fsError(f"{path}: close did not reach meta within {self._close_retry_s:g} s ({err}); "
-                                     "the session stays open and is closed once meta answers") from None  # fmt: skip
+                    raise Hf3fsError(
+                        f"{path}: close did not reach meta within {self._close_retry_s:g} s ({err}); "
+                        "the session stays open and is closed once meta answers"
+                    ) from None
             except OSError:
                 self._forget_writer(request.session_id)
                 raise
@@ -415,8 +451,9 @@ class FileSystem:
         session = raw.session
         if session is None:
             return
-        request = pb.OpenRequest(path=_at(raw.name), open_mode=pb.OPEN_MODE_WRITE, session_id=session.session_id,
-                                 client_id=self.client_id)  # fmt: skip
+        request = pb.OpenRequest(
+            path=_at(raw.name), open_mode=pb.OPEN_MODE_WRITE, session_id=session.session_id, client_id=self.client_id
+        )
         try:
             resp = await self._meta.call(lambda s: s.Open, request)
         except (RpcError, Hf3fsError):
@@ -441,8 +478,9 @@ class FileSystem:
         Raises:
             OSError: FileNotFoundError, NotADirectoryError, PermissionError... as meta answered.
         """
-        resp = self._meta_call(lambda s: s.Stat, pb.StatRequest(path=_at(path), follow_last_symlink=follow_symlinks),
-                               path)  # fmt: skip
+        resp = self._meta_call(
+            lambda s: s.Stat, pb.StatRequest(path=_at(path), follow_last_symlink=follow_symlinks), path
+        )
         return Stat.from_pb(resp.inode)
 
     def lstat(self, path: str) -> Stat:
@@ -454,8 +492,16 @@ class FileSystem:
         resp = self._meta_call(lambda s: s.Stat, pb.StatRequest(path=pb.PathAt(parent_inode_id=inode_id)))
         return Stat.from_pb(resp.inode)
 
-    def set_attr_inode(self, inode_id: int, *, mode: int | None = None, uid: int = -1, gid: int = -1,
-                       ns: tuple[int, int] | None = None, now: bool = False) -> Stat:  # fmt: skip
+    def set_attr_inode(
+        self,
+        inode_id: int,
+        *,
+        mode: int | None = None,
+        uid: int = -1,
+        gid: int = -1,
+        ns: tuple[int, int] | None = None,
+        now: bool = False,
+    ) -> Stat:
         """fchmod, fchown and futimens: the attributes of an inode by id (``now``: both times to meta's clock).
 
         Returns the inode as meta left it.
@@ -477,8 +523,9 @@ class FileSystem:
         """ftruncate: an inode's length by id."""
         if length < 0:
             raise OSError(errno.EINVAL, "negative length")
-        self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(
-            path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length))  # fmt: skip
+        self._meta_call(
+            lambda s: s.Truncate, pb.TruncateRequest(path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length)
+        )
 
     def exists(self, path: str) -> bool:
         """True when ``path`` resolves (symlinks followed); False for a missing name, other errors raised."""
@@ -504,8 +551,9 @@ class FileSystem:
 
     def batch_stat(self, paths: list[str]) -> list[Stat | OSError]:
         """Each path's Stat (symlinks followed), or the OSError of a path that failed, in order, from one meta call."""
-        resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
-            paths=[_at(p) for p in paths], follow_last_symlink=True))  # fmt: skip
+        resp = self._meta_call(
+            lambda s: s.BatchStat, pb.BatchStatRequest(paths=[_at(p) for p in paths], follow_last_symlink=True)
+        )
         out: list[Stat | OSError] = []
         for p, r in zip(paths, resp.results, strict=True):
             if r.error:
@@ -519,8 +567,9 @@ class FileSystem:
         entries: list[pb.DirEntry] = []
         token = ""
         while True:
-            resp = self._meta_call(lambda s: s.List, pb.ListRequest(
-                path=_at(path), page_token=token, include_inodes=with_inodes), path)  # fmt: skip
+            resp = self._meta_call(
+                lambda s: s.List, pb.ListRequest(path=_at(path), page_token=token, include_inodes=with_inodes), path
+            )
             entries.extend(resp.entries)
             token = resp.next_page_token
             if not token:
@@ -566,8 +615,11 @@ class FileSystem:
         None when no byte quota applies. The room is what a caller that holds the file's bytes before writing them
         stays within.
         """
-        resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(
-            path=_at(path), mode=mode, exclusive=exclusive, open_mode=pb.OPEN_MODE_READ), path)  # fmt: skip
+        resp = self._meta_call(
+            lambda s: s.Create,
+            pb.CreateRequest(path=_at(path), mode=mode, exclusive=exclusive, open_mode=pb.OPEN_MODE_READ),
+            path,
+        )
         room = (resp.quota_room_bytes, resp.quota_inode_id) if resp.HasField("quota_room_bytes") else None
         return Stat.from_pb(resp.inode), room
 
@@ -605,8 +657,11 @@ class FileSystem:
         kind = _NODE_TYPES.get(stat_mod.S_IFMT(mode))
         if kind is None:
             raise OSError(errno.EINVAL, "mknod makes FIFOs, sockets and device nodes", path)
-        resp = self._meta_call(lambda s: s.Mknod, pb.MknodRequest(
-            path=_at(path), type=kind, mode=stat_mod.S_IMODE(mode), rdev=device), path)  # fmt: skip
+        resp = self._meta_call(
+            lambda s: s.Mknod,
+            pb.MknodRequest(path=_at(path), type=kind, mode=stat_mod.S_IMODE(mode), rdev=device),
+            path,
+        )
         return Stat.from_pb(resp.inode)
 
     def readlink(self, path: str) -> str:
@@ -622,8 +677,9 @@ class FileSystem:
 
     def link(self, existing: str, new_path: str) -> None:
         """Makes ``new_path`` another name of the file ``existing`` (a hard link)."""
-        self._meta_call(lambda s: s.HardLink, pb.HardLinkRequest(old_path=_at(existing), new_path=_at(new_path)),
-                        new_path)  # fmt: skip
+        self._meta_call(
+            lambda s: s.HardLink, pb.HardLinkRequest(old_path=_at(existing), new_path=_at(new_path)), new_path
+        )
 
     def truncate(self, path: str, length: int) -> None:
         """Cuts or extends (a hole) the file at ``path`` to ``length`` bytes.
@@ -637,8 +693,13 @@ class FileSystem:
 
     def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> Stat:
         """Returns the inode as meta left it (as chown and utime do)."""
-        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, pb.SetAttrRequest(
-            path=_at(path), follow_last_symlink=follow_symlinks, mode=mode), path).inode)  # fmt: skip
+        return Stat.from_pb(
+            self._meta_call(
+                lambda s: s.SetAttr,
+                pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks, mode=mode),
+                path,
+            ).inode
+        )
 
     def chown(self, path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> Stat:
         """Sets the owner and/or group (-1 keeps one); returns the new attributes."""
@@ -718,8 +779,11 @@ class FileSystem:
 
         A limit below the current use is allowed: it blocks further growth.
         """
-        resp = self._meta_call(lambda s: s.SetQuota, pb.SetQuotaRequest(
-            path=_at(path), max_bytes=max_bytes or 0, max_inodes=max_inodes or 0), path)  # fmt: skip
+        resp = self._meta_call(
+            lambda s: s.SetQuota,
+            pb.SetQuotaRequest(path=_at(path), max_bytes=max_bytes or 0, max_inodes=max_inodes or 0),
+            path,
+        )
         return quota_of(resp.quota)
 
     def list_quotas(self) -> list[Quota]:
@@ -779,9 +843,19 @@ class FileSystem:
             table = self._table(inode.layout.chain_table_id, refresh=True)
         return layout_of(inode, table)
 
-    def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644, encoding: str | None = None,
-             errors: str | None = None, newline: str | None = None, write_only: bool = False,
-             writeback: bool | None = None) -> Any:  # fmt: skip
+    def open(
+        self,
+        path: str,
+        mode: str = "rb",
+        *,
+        buffering: int = -1,
+        perm: int = 0o644,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+        write_only: bool = False,
+        writeback: bool | None = None,
+    ) -> Any:
         """Open a file, as ``open()`` does (modes ``r``, ``w``, ``a``, ``x`` with ``+``, ``b`` or ``t``).
 
         ``write_only`` with a writable mode asks meta for write permission only (POSIX O_WRONLY: a file the caller
@@ -799,13 +873,25 @@ class FileSystem:
             else pb.OPEN_MODE_READ
         )
         if om.create:
-            resp = self._meta_call(lambda s: s.Create, pb.CreateRequest(
-                path=_at(path), mode=perm, exclusive=om.exclusive, open_mode=open_mode, truncate=om.truncate,
-                session_id=session_id, client_id=self.client_id), path)  # fmt: skip
+            resp = self._meta_call(
+                lambda s: s.Create,
+                pb.CreateRequest(
+                    path=_at(path),
+                    mode=perm,
+                    exclusive=om.exclusive,
+                    open_mode=open_mode,
+                    truncate=om.truncate,
+                    session_id=session_id,
+                    client_id=self.client_id,
+                ),
+                path,
+            )
         else:
-            resp = self._meta_call(lambda s: s.Open, pb.OpenRequest(
-                path=_at(path), open_mode=open_mode, session_id=session_id, client_id=self.client_id,
-            ), path)  # fmt: skip
+            resp = self._meta_call(
+                lambda s: s.Open,
+                pb.OpenRequest(path=_at(path), open_mode=open_mode, session_id=session_id, client_id=self.client_id),
+                path,
+            )
         inode = resp.inode
         if inode.type == pb.INODE_TYPE_DIRECTORY:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
@@ -823,15 +909,25 @@ class FileSystem:
             raw.close()
             raise
 
-    def _open_writeback(self, path: str, mode: str, om: OpenMode, perm: int, buffering: int, encoding: str | None,
-                        errors: str | None, newline: str | None) -> Any:  # fmt: skip
+    def _open_writeback(
+        self,
+        path: str,
+        mode: str,
+        om: OpenMode,
+        perm: int,
+        buffering: int,
+        encoding: str | None,
+        errors: str | None,
+        newline: str | None,
+    ) -> Any:
         if buffering == 0 and not om.binary:
             raise ValueError("can't have unbuffered text I/O")
         f = WritebackFile(self, path, mode, perm, self._writeback_queue().options.max_file_bytes)
         if om.binary:
             return f
-        return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline,
-                                line_buffering=buffering == 1)  # fmt: skip
+        return io.TextIOWrapper(
+            f, encoding=encoding or "utf-8", errors=errors, newline=newline, line_buffering=buffering == 1
+        )
 
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
         """Many (path, offset, length) reads: one BatchStat for the files, then all chunks in one batch.
@@ -841,8 +937,11 @@ class FileSystem:
         jobs = self._read_jobs(reads)
 
         async def all_reads() -> list[bytearray | memoryview]:
-            return list(await asyncio.gather(*(read_spans(self._storage, layout, cap, off, size, p)
-                                               for p, layout, cap, off, size in jobs)))  # fmt: skip
+            return list(
+                await asyncio.gather(
+                    *(read_spans(self._storage, layout, cap, off, size, p) for p, layout, cap, off, size in jobs)
+                )
+            )
 
         return [bytes(b) for b in self._run(all_reads())]
 
@@ -863,8 +962,12 @@ class FileSystem:
                 raise ValueError(f"buffers[{n}] ({p}): holds {len(view)} bytes, the read is {size}")
 
         async def all_reads() -> None:
-            await asyncio.gather(*(read_spans(self._storage, layout, cap, off, size, p, view[:size])
-                                   for (p, layout, cap, off, size), view in zip(jobs, views, strict=True)))  # fmt: skip
+            await asyncio.gather(
+                *(
+                    read_spans(self._storage, layout, cap, off, size, p, view[:size])
+                    for (p, layout, cap, off, size), view in zip(jobs, views, strict=True)
+                )
+            )
 
         self._run(all_reads())
         return [size for _, _, _, _, size in jobs]
@@ -872,8 +975,10 @@ class FileSystem:
     def _read_jobs(self, reads: list[tuple[str, int, int]]) -> list[tuple[str, FileLayout, bytes, int, int]]:
         """Each read's (path, layout, read capability, offset, bytes to read): one BatchStat for the files."""
         paths = list(dict.fromkeys(p for p, _, _ in reads))
-        resp = self._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
-            paths=[_at(p) for p in paths], follow_last_symlink=True, include_read_capability=True))  # fmt: skip
+        resp = self._meta_call(
+            lambda s: s.BatchStat,
+            pb.BatchStatRequest(paths=[_at(p) for p in paths], follow_last_symlink=True, include_read_capability=True),
+        )
         files: dict[str, tuple[pb.Inode, bytes]] = {}
         for p, r in zip(paths, resp.results, strict=True):
             if r.error:
@@ -902,8 +1007,12 @@ class FileSystem:
                 opened[p].ensure_room(off + len(data))
 
             async def all_writes() -> None:
-                await asyncio.gather(*(write_spans(self._storage, opened[p].layout, opened[p]._cap, off,
-                                                   memoryview(data), p) for p, off, data in writes))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        write_spans(self._storage, opened[p].layout, opened[p]._cap, off, memoryview(data), p)
+                        for p, off, data in writes
+                    )
+                )
 
             self._run(all_writes())
             for p, off, data in writes:
@@ -916,11 +1025,23 @@ class FileSystem:
 
 
 def _reconnect(
-    addresses: list[str], token: str, meta_addresses: list[str] | None, timeout_s: float,
-    renew_interval_s: float | None, close_retry_s: float = 60.0, writeback: bool | WritebackOptions = False,
-) -> FileSystem:  # fmt: skip
-    return FileSystem(addresses, token, meta_addresses=meta_addresses, timeout_s=timeout_s,
-                      renew_interval_s=renew_interval_s, close_retry_s=close_retry_s, writeback=writeback)  # fmt: skip
+    addresses: list[str],
+    token: str,
+    meta_addresses: list[str] | None,
+    timeout_s: float,
+    renew_interval_s: float | None,
+    close_retry_s: float = 60.0,
+    writeback: bool | WritebackOptions = False,
+) -> FileSystem:
+    return FileSystem(
+        addresses,
+        token,
+        meta_addresses=meta_addresses,
+        timeout_s=timeout_s,
+        renew_interval_s=renew_interval_s,
+        close_retry_s=close_retry_s,
+        writeback=writeback,
+    )
 
 
 _exiting: weakref.WeakSet[FileSystem] = weakref.WeakSet()  # file systems with a write-back queue

@@ -28,23 +28,36 @@ FS_ERROR_METADATA = "ff-fs-error"
 MetaStub = meta_pb2_grpc.MetaServiceStub
 
 ERRNO_OF_FS_ERROR = {
-    "FS_ERROR_NOT_FOUND": errno.ENOENT, "FS_ERROR_EXISTS": errno.EEXIST, "FS_ERROR_NOT_DIRECTORY": errno.ENOTDIR,
-    "FS_ERROR_IS_DIRECTORY": errno.EISDIR, "FS_ERROR_NOT_EMPTY": errno.ENOTEMPTY,
-    "FS_ERROR_ACCESS_DENIED": errno.EACCES, "FS_ERROR_NOT_PERMITTED": errno.EPERM,
-    "FS_ERROR_NAME_TOO_LONG": errno.ENAMETOOLONG, "FS_ERROR_INVALID_ARGUMENT": errno.EINVAL,
-    "FS_ERROR_SYMLINK_LOOP": errno.ELOOP, "FS_ERROR_RENAME_LOOP": errno.EINVAL,
-    "FS_ERROR_QUOTA_EXCEEDED": errno.EDQUOT, "FS_ERROR_NO_SPACE": errno.ENOSPC,
-    "FS_ERROR_TOO_MANY_LINKS": errno.EMLINK, "FS_ERROR_BAD_SESSION": errno.EBADF, "FS_ERROR_BUSY": errno.EBUSY,
+    "FS_ERROR_NOT_FOUND": errno.ENOENT,
+    "FS_ERROR_EXISTS": errno.EEXIST,
+    "FS_ERROR_NOT_DIRECTORY": errno.ENOTDIR,
+    "FS_ERROR_IS_DIRECTORY": errno.EISDIR,
+    "FS_ERROR_NOT_EMPTY": errno.ENOTEMPTY,
+    "FS_ERROR_ACCESS_DENIED": errno.EACCES,
+    "FS_ERROR_NOT_PERMITTED": errno.EPERM,
+    "FS_ERROR_NAME_TOO_LONG": errno.ENAMETOOLONG,
+    "FS_ERROR_INVALID_ARGUMENT": errno.EINVAL,
+    "FS_ERROR_SYMLINK_LOOP": errno.ELOOP,
+    "FS_ERROR_RENAME_LOOP": errno.EINVAL,
+    "FS_ERROR_QUOTA_EXCEEDED": errno.EDQUOT,
+    "FS_ERROR_NO_SPACE": errno.ENOSPC,
+    "FS_ERROR_TOO_MANY_LINKS": errno.EMLINK,
+    "FS_ERROR_BAD_SESSION": errno.EBADF,
+    "FS_ERROR_BUSY": errno.EBUSY,
     "FS_ERROR_CONFLICT": errno.EAGAIN,
     "FS_ERROR_STALE": errno.ESTALE,
-}  # fmt: skip
+}
 ERRNO_OF_FS_ERROR_VALUE = {i + 1: e for i, e in enumerate(ERRNO_OF_FS_ERROR.values())}
 _ERRNO_OF_CODE = {
-    grpc.StatusCode.NOT_FOUND: errno.ENOENT, grpc.StatusCode.ALREADY_EXISTS: errno.EEXIST,
-    grpc.StatusCode.PERMISSION_DENIED: errno.EACCES, grpc.StatusCode.UNAUTHENTICATED: errno.EACCES,
-    grpc.StatusCode.INVALID_ARGUMENT: errno.EINVAL, grpc.StatusCode.RESOURCE_EXHAUSTED: errno.ENOSPC,
-    grpc.StatusCode.ABORTED: errno.EAGAIN, grpc.StatusCode.FAILED_PRECONDITION: errno.EINVAL,
-}  # fmt: skip
+    grpc.StatusCode.NOT_FOUND: errno.ENOENT,
+    grpc.StatusCode.ALREADY_EXISTS: errno.EEXIST,
+    grpc.StatusCode.PERMISSION_DENIED: errno.EACCES,
+    grpc.StatusCode.UNAUTHENTICATED: errno.EACCES,
+    grpc.StatusCode.INVALID_ARGUMENT: errno.EINVAL,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errno.ENOSPC,
+    grpc.StatusCode.ABORTED: errno.EAGAIN,
+    grpc.StatusCode.FAILED_PRECONDITION: errno.EINVAL,
+}
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
@@ -141,8 +154,9 @@ class MetaClient:
                         await self.refresh()
         raise Hf3fsError(f"no meta service answered: {last}")
 
-    async def reserve_space(self, inode_id: int, session_id: str, write_limit_bytes: int, *,
-                            partial: bool = False) -> tuple[int, int]:  # fmt: skip
+    async def reserve_space(
+        self, inode_id: int, session_id: str, write_limit_bytes: int, *, partial: bool = False
+    ) -> tuple[int, int]:
         """Raise a write session's limit to ``write_limit_bytes`` before writing past it: ``(limit, available)``.
 
         Call it from ``write()`` before taking (or buffering) bytes past the session's limit, so that the quota
@@ -156,7 +170,8 @@ class MetaClient:
                 when nothing (all or nothing: not everything) could be granted; FAILED_PRECONDITION
                 (FS_ERROR_BAD_SESSION, EBADF) for a session meta no longer knows.
         """
-        request = meta_pb2.ReserveSpaceRequest(inode_id=inode_id, session_id=session_id,
-                                               write_limit_bytes=write_limit_bytes, partial=partial)  # fmt: skip
+        request = meta_pb2.ReserveSpaceRequest(
+            inode_id=inode_id, session_id=session_id, write_limit_bytes=write_limit_bytes, partial=partial
+        )
         resp = await self.call(lambda s: s.ReserveSpace, request)
         return int(resp.write_limit_bytes), int(resp.available_bytes)

@@ -73,8 +73,9 @@ def place_chains(
         for disk in chosen:
             slot = targets_per_disk - free[disk]
             free[disk] -= 1
-            targets.append(PlacedTarget(target_id=target_id_for(disk[0], disk[1], slot), node_id=disk[0],
-                                        disk_index=disk[1]))  # fmt: skip
+            targets.append(
+                PlacedTarget(target_id=target_id_for(disk[0], disk[1], slot), node_id=disk[0], disk_index=disk[1])
+            )
         chains.append(PlacedChain(chain_id=first_chain_id + chain_no, targets=tuple(targets)))
     return chains
 

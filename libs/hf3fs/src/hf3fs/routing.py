@@ -34,9 +34,8 @@ class RoutingView:
         for n in info.nodes:
             eps = {e.name: e.address for e in n.endpoints}
             self.nodes[n.node_id] = NodeAddress(
-                n.node_id, eps.get("grpc", ""), eps.get("data", ""),
-                n.status == mpb.NODE_STATUS_ALIVE and n.enabled,
-            )  # fmt: skip
+                n.node_id, eps.get("grpc", ""), eps.get("data", ""), n.status == mpb.NODE_STATUS_ALIVE and n.enabled
+            )
         self.tables = {t.table_id: t for t in info.chain_tables}
 
     def chain(self, chain_id: int) -> mpb.Chain | None:

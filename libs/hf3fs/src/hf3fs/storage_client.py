@@ -39,18 +39,33 @@ T = TypeVar("T")
 S = spb.ChunkIoStatus
 OK = spb.CHUNK_IO_STATUS_OK
 # Statuses after which the same IO may succeed with fresh routing or a little later.
-RETRY_WRITE = frozenset({
-    spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
-    spb.CHUNK_IO_STATUS_FORWARD_FAILED, spb.CHUNK_IO_STATUS_DATA_TIMEOUT, spb.CHUNK_IO_STATUS_UNSPECIFIED,
-})  # fmt: skip
-RETRY_READ = frozenset({
-    spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION, spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
-    spb.CHUNK_IO_STATUS_PENDING_VERSION, spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH, spb.CHUNK_IO_STATUS_UNSPECIFIED,
-})  # fmt: skip
-FATAL_RPC_CODES = frozenset({
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
-})  # fmt: skip
+RETRY_WRITE = frozenset(
+    {
+        spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION,
+        spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
+        spb.CHUNK_IO_STATUS_FORWARD_FAILED,
+        spb.CHUNK_IO_STATUS_DATA_TIMEOUT,
+        spb.CHUNK_IO_STATUS_UNSPECIFIED,
+    }
+)
+RETRY_READ = frozenset(
+    {
+        spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION,
+        spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING,
+        spb.CHUNK_IO_STATUS_PENDING_VERSION,
+        spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH,
+        spb.CHUNK_IO_STATUS_UNSPECIFIED,
+    }
+)
+FATAL_RPC_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 INLINE_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_CONCURRENT_TRANSFERS = 64
 DEFAULT_READ_CALLS_PER_NODE = 1
@@ -288,11 +303,17 @@ class StorageClient:
                     outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, "chain has no serving head")
                     continue
                 groups[head.node_id].append(i)
-            calls = [(n, part) for n, idx in groups.items()
-                     for part in _split(idx, lambda i: len(ios[i].data), MAX_CALL_WRITE_BYTES)]  # fmt: skip
-            await asyncio.gather(*(self._write_group(view, view.nodes[n], [ios[i] for i in idx],
-                                                     [ids[i] for i in idx], idx, outcomes)
-                                   for n, idx in calls))  # fmt: skip
+            calls = [
+                (n, part)
+                for n, idx in groups.items()
+                for part in _split(idx, lambda i: len(ios[i].data), MAX_CALL_WRITE_BYTES)
+            ]
+            await asyncio.gather(
+                *(
+                    self._write_group(view, view.nodes[n], [ios[i] for i in idx], [ids[i] for i in idx], idx, outcomes)
+                    for n, idx in calls
+                )
+            )
             todo = [i for i in todo if outcomes[i].status in RETRY_WRITE]
             if not todo or time.monotonic() > deadline:
                 break
@@ -301,9 +322,14 @@ class StorageClient:
         return outcomes
 
     async def _write_group(
-        self, view: RoutingView, node: NodeAddress, ios: list[ChunkWrite], ids: list[spb.UpdateId], idx: list[int],
+        self,
+        view: RoutingView,
+        node: NodeAddress,
+        ios: list[ChunkWrite],
+        ids: list[spb.UpdateId],
+        idx: list[int],
         outcomes: list[WriteOutcome],
-    ) -> None:  # fmt: skip
+    ) -> None:
         requests: list[spb.WriteIO] = []
         bulk_parts: list[bytes | bytearray | memoryview] = []
         transfer_id = uuid.uuid4().hex
@@ -311,12 +337,16 @@ class StorageClient:
         for io, update_id in zip(ios, ids, strict=True):
             chain = view.chain(io.chain_id)
             msg = spb.WriteIO(
-                chain_id=io.chain_id, chain_version=chain.version if chain else 0,
+                chain_id=io.chain_id,
+                chain_version=chain.version if chain else 0,
                 chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
-                chunk_size_bytes=io.chunk_size, offset_bytes=io.offset, length_bytes=len(io.data),
+                chunk_size_bytes=io.chunk_size,
+                offset_bytes=io.offset,
+                length_bytes=len(io.data),
                 checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(io.data)),
-                io_capability=io.capability, update_id=update_id,
-            )  # fmt: skip
+                io_capability=io.capability,
+                update_id=update_id,
+            )
             if self._bulk and len(io.data) > INLINE_MAX_BYTES and node.data:
                 msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
                 bulk_parts.append(io.data)
@@ -339,13 +369,17 @@ class StorageClient:
                 outcomes[i] = WriteOutcome(spb.CHUNK_IO_STATUS_TARGET_NOT_SERVING, f"data path: {err}")
             return
         for i, r in zip(idx, resp.results, strict=True):
-            outcomes[i] = WriteOutcome(r.status, r.message, r.committed_version, r.chunk_length_bytes,
-                                       r.chunk_checksum.value)  # fmt: skip
+            outcomes[i] = WriteOutcome(
+                r.status, r.message, r.committed_version, r.chunk_length_bytes, r.chunk_checksum.value
+            )
 
     async def _send_write(
-        self, node: NodeAddress, request: spb.BatchWriteRequest, transfer_id: str,
+        self,
+        node: NodeAddress,
+        request: spb.BatchWriteRequest,
+        transfer_id: str,
         bulk_parts: list[bytes | bytearray | memoryview],
-    ) -> spb.BatchWriteResponse:  # fmt: skip
+    ) -> spb.BatchWriteResponse:
         """BatchWrite with bulk bytes as one ``call`` on the node's data path (no push, no gRPC call).
 
         Inline only, or to a node before data path version 3: (push and) gRPC.
@@ -353,8 +387,9 @@ class StorageClient:
         if bulk_parts:
             async with asyncio.timeout(self._timeout_s):  # the version check too
                 if await self._data.calls_direct(node.data):
-                    raw = await self._data.call(node.data, "BatchWrite", request.SerializeToString(), transfer_id,
-                                                bulk_parts)  # fmt: skip
+                    raw = await self._data.call(
+                        node.data, "BatchWrite", request.SerializeToString(), transfer_id, bulk_parts
+                    )
                     return spb.BatchWriteResponse.FromString(raw)
             await self._data.get(node.data).push(transfer_id, bulk_parts)
         resp: spb.BatchWriteResponse = await self._rpc.unary(self.stub(node.grpc).BatchWrite, request)
@@ -389,10 +424,14 @@ class StorageClient:
                 groups[target[1]].append((i, target[0]))
             relaxed = {i for i in todo if states[i].pending_rounds >= self._pending_retries}
             limit = MAX_CALL_READ_BYTES if self._bulk else MAX_CALL_INLINE_READ_BYTES
-            calls = [(n, part) for n, members in groups.items()
-                     for part in _split(members, lambda m: ios[m[0]].length, limit)]  # fmt: skip
-            await asyncio.gather(*(self._read_node(view, view.nodes[n], ios, members, relaxed, outcomes)
-                                   for n, members in calls))  # fmt: skip
+            calls = [
+                (n, part)
+                for n, members in groups.items()
+                for part in _split(members, lambda m: ios[m[0]].length, limit)
+            ]
+            await asyncio.gather(
+                *(self._read_node(view, view.nodes[n], ios, members, relaxed, outcomes) for n, members in calls)
+            )
             retry = []
             for i in todo:
                 status = outcomes[i].status
@@ -419,9 +458,14 @@ class StorageClient:
         return chosen.target_id, chosen.node_id
 
     async def _read_node(
-        self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
-        relaxed: set[int], outcomes: list[ReadOutcome],
-    ) -> None:  # fmt: skip
+        self,
+        view: RoutingView,
+        node: NodeAddress,
+        ios: Sequence[ChunkRead],
+        members: list[tuple[int, int]],
+        relaxed: set[int],
+        outcomes: list[ReadOutcome],
+    ) -> None:
         """Read ``members`` from ``node``, batched with other reads to it (one gRPC round trip, one data transfer).
 
         At once while fewer than ``read_calls_per_node`` BatchReads to it are in flight, else with whatever else
@@ -475,8 +519,9 @@ class StorageClient:
                 if len(parts) == 1:
                     raise
                 for part in parts:  # a refused request: find whose (each part alone)
-                    await _settle(part, self._read_group(part.view, node, part.ios, part.members, part.relaxed,
-                                                         part.outcomes))  # fmt: skip
+                    await _settle(
+                        part, self._read_group(part.view, node, part.ios, part.members, part.relaxed, part.outcomes)
+                    )
                 return
             for (part, i), outcome in zip(slots, outcomes, strict=True):
                 part.outcomes[i] = outcome
@@ -493,9 +538,14 @@ class StorageClient:
             self._next_read(node, queue)
 
     async def _read_group(
-        self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
-        relaxed: set[int], outcomes: list[ReadOutcome],
-    ) -> None:  # fmt: skip
+        self,
+        view: RoutingView,
+        node: NodeAddress,
+        ios: Sequence[ChunkRead],
+        members: list[tuple[int, int]],
+        relaxed: set[int],
+        outcomes: list[ReadOutcome],
+    ) -> None:
         """Read ``members`` from ``node`` in one call; a range asked more than once (merged callers) goes once.
 
         Nodes refuse repeats; its outcome is copied to the others.
@@ -522,19 +572,29 @@ class StorageClient:
                 outcomes[i].data = dest
 
     async def _read_unique(
-        self, view: RoutingView, node: NodeAddress, ios: Sequence[ChunkRead], members: list[tuple[int, int]],
-        relaxed: set[int], outcomes: list[ReadOutcome],
-    ) -> None:  # fmt: skip
+        self,
+        view: RoutingView,
+        node: NodeAddress,
+        ios: Sequence[ChunkRead],
+        members: list[tuple[int, int]],
+        relaxed: set[int],
+        outcomes: list[ReadOutcome],
+    ) -> None:
         requests = []
         for i, _ in members:
             io = ios[i]
             chain = view.chain(io.chain_id)
-            requests.append(spb.ReadIO(
-                chain_id=io.chain_id, chain_version=chain.version if chain else 0,
-                chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
-                offset_bytes=io.offset, length_bytes=io.length, relaxed=io.relaxed or i in relaxed,
-                io_capability=io.capability,
-            ))  # fmt: skip
+            requests.append(
+                spb.ReadIO(
+                    chain_id=io.chain_id,
+                    chain_version=chain.version if chain else 0,
+                    chunk_id=spb.ChunkId(inode_id=io.inode_id, chunk_index=io.chunk_index),
+                    offset_bytes=io.offset,
+                    length_bytes=io.length,
+                    relaxed=io.relaxed or i in relaxed,
+                    io_capability=io.capability,
+                )
+            )
         self.read_calls += 1
         bulk = self._bulk and bool(node.data)
         transport = spb.DATA_TRANSPORT_BULK if bulk else spb.DATA_TRANSPORT_INLINE

@@ -111,8 +111,9 @@ class PendingFile:
     queued_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        check_carried(self.parent[1] if self.parent else self.path, self.perm, self.mtime_ns,
-                      self.parent[0] if self.parent else 0)  # fmt: skip
+        check_carried(
+            self.parent[1] if self.parent else self.path, self.perm, self.mtime_ns, self.parent[0] if self.parent else 0
+        )
 
     @property
     def key(self) -> str:
@@ -178,8 +179,10 @@ class Writeback:
         self._waiters = 0
         self._stopping = False
         self.batches = 0  # batches committed (for tests and the bench)
-        self._threads = [threading.Thread(target=self._loop, name=f"hf3fs-writeback-{i}", daemon=True)
-                         for i in range(options.flushers)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"hf3fs-writeback-{i}", daemon=True)
+            for i in range(options.flushers)
+        ]
         for t in self._threads:
             t.start()
 
@@ -191,8 +194,9 @@ class Writeback:
         with self._cond:
             if self._stopping:
                 raise ValueError("the file system is closed")
-            while self._queue and (self._queued_bytes + len(item.data) > self.options.max_queued_bytes
-                                   or len(self._queue) >= limit_files):  # fmt: skip
+            while self._queue and (
+                self._queued_bytes + len(item.data) > self.options.max_queued_bytes or len(self._queue) >= limit_files
+            ):
                 self._cond.wait()
             old = self._queue.pop(item.key, None)
             if old is not None:
@@ -301,8 +305,9 @@ class Writeback:
                 if self._stopping and not self._queue:
                     return None
                 self._cond.wait()
-            while not (self._waiters or self._stopping or len(ready) >= o.max_files
-                       or self._queued_bytes >= o.max_bytes):  # fmt: skip
+            while not (
+                self._waiters or self._stopping or len(ready) >= o.max_files or self._queued_bytes >= o.max_bytes
+            ):
                 left = self._queue[ready[0]].queued_at + o.max_delay_s - time.monotonic()
                 if left <= 0:
                     break
@@ -326,8 +331,11 @@ class Writeback:
     def _fail(self, failures: list[tuple[str, OSError]]) -> None:
         if not failures:
             return
-        logger.warning("write-back: %d file(s) failed to commit: %s", len(failures),
-                       "; ".join(f"{p}: {e}" for p, e in failures[:20]))  # fmt: skip
+        logger.warning(
+            "write-back: %d file(s) failed to commit: %s",
+            len(failures),
+            "; ".join(f"{p}: {e}" for p, e in failures[:20]),
+        )
         with self._cond:
             self._errors += failures
 
@@ -351,9 +359,17 @@ class Writeback:
             layout = fs._layout(resp.inode)
             view = memoryview(item.data)
             for s in layout.spans(0, len(item.data)):
-                ios.append(ChunkWrite(chain_id=s.chain_id, inode_id=layout.inode_id, chunk_index=s.chunk_index,
-                                      offset=s.offset, data=view[s.file_offset : s.file_offset + s.length],
-                                      chunk_size=layout.chunk_size, capability=resp.io_capability.token))  # fmt: skip
+                ios.append(
+                    ChunkWrite(
+                        chain_id=s.chain_id,
+                        inode_id=layout.inode_id,
+                        chunk_index=s.chunk_index,
+                        offset=s.offset,
+                        data=view[s.file_offset : s.file_offset + s.length],
+                        chunk_size=layout.chunk_size,
+                        capability=resp.io_capability.token,
+                    )
+                )
                 owners.append(k)
         failed: dict[int, OSError] = {}
         if ios:
@@ -369,12 +385,20 @@ class Writeback:
 
     def _create(self, items: list[PendingFile], relocated: bool = False) -> list[tuple[PendingFile, pb.CreateResponse]]:
         fs = self._fs
-        requests = [pb.CreateRequest(
-            path=pb.PathAt(parent_inode_id=i.parent[0], path=i.parent[1]) if i.parent else pb.PathAt(path=i.path),
-            mode=i.perm, open_mode=pb.OPEN_MODE_WRITE, truncate=True, session_id=uuid.uuid4().hex,
-            client_id=fs.client_id, reserve_bytes=len(i.data), set_mode=i.perm if i.set_mode else None,
-            expect_inode_id=i.inode_id)
-            for i in items]  # fmt: skip
+        requests = [
+            pb.CreateRequest(
+                path=pb.PathAt(parent_inode_id=i.parent[0], path=i.parent[1]) if i.parent else pb.PathAt(path=i.path),
+                mode=i.perm,
+                open_mode=pb.OPEN_MODE_WRITE,
+                truncate=True,
+                session_id=uuid.uuid4().hex,
+                client_id=fs.client_id,
+                reserve_bytes=len(i.data),
+                set_mode=i.perm if i.set_mode else None,
+                expect_inode_id=i.inode_id,
+            )
+            for i in items
+        ]
         try:
             resp = self._batch_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests), len(requests))
         except OSError as err:
@@ -399,9 +423,9 @@ class Writeback:
         found = []
         for item in items:
             try:
-                where = self._fs._meta_call(lambda s: s.Realpath,
-                                            pb.RealpathRequest(path=pb.PathAt(parent_inode_id=item.inode_id)),
-                                            item.path)  # fmt: skip
+                where = self._fs._meta_call(
+                    lambda s: s.Realpath, pb.RealpathRequest(path=pb.PathAt(parent_inode_id=item.inode_id)), item.path
+                )
             except FileNotFoundError:
                 logger.info("write-back: %s was removed before its bytes were written back", item.path)
                 continue
@@ -444,9 +468,15 @@ class Writeback:
                 delay = min(delay * 2, 2.0)
 
     def _close(self, opened: list[tuple[PendingFile, pb.CreateResponse]], failed: dict[int, OSError]) -> None:
-        closes = [pb.CloseRequest(inode_id=r.inode.inode_id, session_id=r.session.session_id, mtime_ns=i.mtime_ns,
-                                  written_length_bytes=0 if k in failed else len(i.data))
-                  for k, (i, r) in enumerate(opened)]  # fmt: skip
+        closes = [
+            pb.CloseRequest(
+                inode_id=r.inode.inode_id,
+                session_id=r.session.session_id,
+                mtime_ns=i.mtime_ns,
+                written_length_bytes=0 if k in failed else len(i.data),
+            )
+            for k, (i, r) in enumerate(opened)
+        ]
         failures = [(opened[k][0].path, err) for k, err in failed.items()]
         try:
             resp = self._batch_call(lambda s: s.BatchClose, pb.BatchCloseRequest(closes=closes), len(closes))
@@ -573,9 +603,15 @@ class WritebackFile(io.BufferedIOBase):
             if self._direct is not None:
                 self._direct.close()
             elif not self._broken:
-                self._fs._writeback_queue().submit(PendingFile(
-                    path=self.name, data=bytes(self._buf), perm=self._perm, mtime_ns=self._last_write_ns,
-                    acting=self._acting))  # fmt: skip
+                self._fs._writeback_queue().submit(
+                    PendingFile(
+                        path=self.name,
+                        data=bytes(self._buf),
+                        perm=self._perm,
+                        mtime_ns=self._last_write_ns,
+                        acting=self._acting,
+                    )
+                )
         finally:
             super().close()
 

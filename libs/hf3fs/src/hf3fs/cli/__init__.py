@@ -291,9 +291,15 @@ def _cmd_mount(cli: _Cli) -> None:
     a = cli.args
     if not 0 <= a.attr_timeout_s <= 3600:  # NaN fails too
         raise UsageError("--attr-timeout-s must be from 0 to 3600")
-    options = fuse.MountOptions(foreground=a.foreground, debug=a.debug, keep_ids=a.keep_ids, log_file=a.log_file,
-                                multi_user=a.multi_user, attr_timeout_s=a.attr_timeout_s,
-                                writeback=a.writeback)  # fmt: skip
+    options = fuse.MountOptions(
+        foreground=a.foreground,
+        debug=a.debug,
+        keep_ids=a.keep_ids,
+        log_file=a.log_file,
+        multi_user=a.multi_user,
+        attr_timeout_s=a.attr_timeout_s,
+        writeback=a.writeback,
+    )
     if a.foreground:
         logging.basicConfig(level=logging.DEBUG if a.debug else logging.WARNING, stream=cli.err)
         fuse.mount(cli.fs, a.mountpoint, options, out=cli.out)
@@ -335,9 +341,11 @@ COMMANDS: dict[str, Callable[[_Cli], None]] = {
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hf3fs", description="3FS command line", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="hf3fs",
+        description="3FS command line",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="3FS paths: /a/b or hf3fs:/a/b; in cp, 3FS paths must carry the hf3fs: (or 3fs:) prefix.",
-    )  # fmt: skip
+    )
     parser.add_argument("--mgmtd", default="", help=f"mgmtd address(es), comma-separated (env {MGMTD_ENV})")
     parser.add_argument("--token", default="", help=f"your token (env {TOKEN_ENV})")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -396,12 +404,19 @@ def _add_tree_commands(sub: Any) -> None:
     p.add_argument("--log-file", default="", help="daemon log (background mounts)")
     help_multi = "serve every local user (allow_other), each as their own uid and groups (needs an admin token)"
     p.add_argument("--multi-user", action="store_true", help=help_multi)
-    p.add_argument("--attr-timeout-s", type=float, default=1.0,
-                   help="how long the kernel may cache attributes and names (0: ask meta every time)")  # fmt: skip
-    p.add_argument("--writeback", action="store_true",
-                   help="tar-style new files (write-only, exclusive) wait in memory and are committed in batches "
-                        "after close: faster, but a late error (quota, a folder renamed by another client) is only "
-                        "logged")  # fmt: skip
+    p.add_argument(
+        "--attr-timeout-s",
+        type=float,
+        default=1.0,
+        help="how long the kernel may cache attributes and names (0: ask meta every time)",
+    )
+    p.add_argument(
+        "--writeback",
+        action="store_true",
+        help="tar-style new files (write-only, exclusive) wait in memory and are committed in batches "
+        "after close: faster, but a late error (quota, a folder renamed by another client) is only "
+        "logged",
+    )
     sub.add_parser("umount", help="unmount a FUSE mount").add_argument("mountpoint")
 
 

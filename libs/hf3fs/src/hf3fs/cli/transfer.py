@@ -91,8 +91,9 @@ class Copier:
     would have created is then not there, or removed).
     """
 
-    def __init__(self, fs: Any, progress: Progress, on_error: Callable[[str, BaseException], None], *,
-                 writeback: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, fs: Any, progress: Progress, on_error: Callable[[str, BaseException], None], *, writeback: bool = False
+    ) -> None:
         self.fs, self.progress, self.on_error = fs, progress, on_error
         self.writeback = writeback
         self._existing: set[str] = set()  # 3FS destination files there before the copy (write-back only)

@@ -20,6 +20,17 @@ from hf3fs.fuse.serve import (
 )
 
 __all__ = [
-    "NOBODY", "UTIME_NOW", "UTIME_OMIT", "BackgroundMount", "Hf3fsOperations", "MountOptions", "caller_identity",
-    "check_cluster", "check_fuse", "check_mount_point", "mount", "mount_background", "umount",
-]  # fmt: skip
+    "NOBODY",
+    "UTIME_NOW",
+    "UTIME_OMIT",
+    "BackgroundMount",
+    "Hf3fsOperations",
+    "MountOptions",
+    "caller_identity",
+    "check_cluster",
+    "check_fuse",
+    "check_mount_point",
+    "mount",
+    "mount_background",
+    "umount",
+]

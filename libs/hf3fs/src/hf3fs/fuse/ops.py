@@ -435,8 +435,10 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             now_ns = time.time_ns()
 
             def times_of(pf: PendingFile) -> None:  # UTIME_OMIT keeps the one it has (tar's atime)
-                a, m = (pf_t if t == UTIME_OMIT else now_ns if t == UTIME_NOW else t
-                        for t, pf_t in ((atime, pf.atime_ns), (mtime, pf.mtime_ns)))  # fmt: skip
+                a, m = (
+                    pf_t if t == UTIME_OMIT else now_ns if t == UTIME_NOW else t
+                    for t, pf_t in ((atime, pf.atime_ns), (mtime, pf.mtime_ns))
+                )
                 pf.set_times(a, m, atime_kept=atime == UTIME_OMIT)
 
             if self._pending_set(ph, times_of):

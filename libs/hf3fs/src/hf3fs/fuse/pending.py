@@ -67,9 +67,18 @@ class PendingFile:
 
     def stat(self, size: int) -> Stat:
         """The Stat the mount answers for the file while it is pending, ``size`` bytes long."""
-        return Stat(inode_id=self.inode_id, type="file", mode=stat.S_IMODE(self.perm), uid=self.uid, gid=self.gid,
-                    nlink=1, size=size, atime_ns=self.atime_ns, mtime_ns=self.mtime_ns,
-                    ctime_ns=self.ctime_ns)  # fmt: skip
+        return Stat(
+            inode_id=self.inode_id,
+            type="file",
+            mode=stat.S_IMODE(self.perm),
+            uid=self.uid,
+            gid=self.gid,
+            nlink=1,
+            size=size,
+            atime_ns=self.atime_ns,
+            mtime_ns=self.mtime_ns,
+            ctime_ns=self.ctime_ns,
+        )
 
     def wrote(self) -> None:
         """Notes a write: the mtime becomes now, unless futimens set the times."""
@@ -133,8 +142,16 @@ class PendingFiles:
         from hf3fs.fuse.handles import Handle
 
         made, room = self.fs.create_file(path, perm | stat.S_IWUSR, exclusive=True)
-        pf = PendingFile(path, perm, self._uid, self._gid, made.inode_id, made.ctime_ns, made_perm=perm | stat.S_IWUSR,
-                         quota_id=room[1] if room else 0)  # fmt: skip
+        pf = PendingFile(
+            path,
+            perm,
+            self._uid,
+            self._gid,
+            made.inode_id,
+            made.ctime_ns,
+            made_perm=perm | stat.S_IWUSR,
+            quota_id=room[1] if room else 0,
+        )
         fh = self._add(Handle(io.BytesIO(), pf.inode_id, True, pending=pf))
         with self._lock:
             self._pending[path] = fh
@@ -278,8 +295,15 @@ class PendingFiles:
                 # may write it, then applies it (a mode without owner write too), no SetAttr of its own
                 # by its inode: written into this file wherever another client moved it, never into one that took
                 # its name
-                self.fs.write_back(pf.path, data, perm=pf.perm, mtime_ns=pf.mtime_ns, set_mode=pf.perm != pf.made_perm,
-                                   inode_id=pf.inode_id, quota_id=pf.quota_id)  # fmt: skip
+                self.fs.write_back(
+                    pf.path,
+                    data,
+                    perm=pf.perm,
+                    mtime_ns=pf.mtime_ns,
+                    set_mode=pf.perm != pf.made_perm,
+                    inode_id=pf.inode_id,
+                    quota_id=pf.quota_id,
+                )
                 h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
                 with self._lock:
                     self._pending.pop(pf.path, None)

@@ -60,8 +60,11 @@ def check_mount_point(mountpoint: str) -> str:
         st = os.stat(where)
     except OSError as err:
         if err.errno == errno.ENOTCONN:
-            raise OSError(errno.ENOTCONN, f"a dead mount is in the way (its daemon is gone): run 'hf3fs umount "
-                                          f"{where}' first", where) from None  # fmt: skip
+            raise OSError(
+                errno.ENOTCONN,
+                f"a dead mount is in the way (its daemon is gone): run 'hf3fs umount {where}' first",
+                where,
+            ) from None
         if err.errno == errno.ENOENT:
             raise OSError(errno.ENOENT, "the mount point does not exist (make the folder first)", where) from None
         raise
@@ -86,8 +89,9 @@ def check_cluster(fs: Any, options: MountOptions) -> None:
             with acting_as(NOBODY):
                 fs.stat("/")
         except PermissionError as err:
-            raise PermissionError(errno.EACCES, f"--multi-user needs a token that may act for other users (an "
-                                                f"admin's): {err.strerror}") from None  # fmt: skip
+            raise PermissionError(
+                errno.EACCES, f"--multi-user needs a token that may act for other users (an admin's): {err.strerror}"
+            ) from None
 
 
 def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out: Any = None) -> None:
@@ -140,20 +144,31 @@ class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
     def utimens_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
         times = None
         if buf:
-            times = (mfusepy.time_of_timespec(buf.contents.actime, use_ns=self.use_ns),
-                     mfusepy.time_of_timespec(buf.contents.modtime, use_ns=self.use_ns))  # fmt: skip
+            times = (
+                mfusepy.time_of_timespec(buf.contents.actime, use_ns=self.use_ns),
+                mfusepy.time_of_timespec(buf.contents.modtime, use_ns=self.use_ns),
+            )
         return int(self.operations.utimens(self._path(path), times, self._fh(fip)))
 
 
 def _serve(ops: Hf3fsOperations, where: str, options: MountOptions) -> None:
     _Fuse(
-        ops, where, foreground=True, nothreads=False, debug=options.debug, fsname="hf3fs", subtype="hf3fs",
-        hard_remove=True, use_ino=True, attr_timeout=options.attr_timeout_s,
-        entry_timeout=options.attr_timeout_s, negative_timeout=options.attr_timeout_s,
+        ops,
+        where,
+        foreground=True,
+        nothreads=False,
+        debug=options.debug,
+        fsname="hf3fs",
+        subtype="hf3fs",
+        hard_remove=True,
+        use_ino=True,
+        attr_timeout=options.attr_timeout_s,
+        entry_timeout=options.attr_timeout_s,
+        negative_timeout=options.attr_timeout_s,
         # multi-user: the kernel checks modes too (FIFOs and devices, which it opens without asking the mount;
         # a chmod from a non-owner is then only its clearing of set-id bits on write), and meta checks again
         **({"allow_other": True, "default_permissions": True} if options.multi_user else {}),
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -257,8 +272,9 @@ def umount(mountpoint: str) -> None:
     if device is None:
         raise OSError(errno.EINVAL, "no FUSE mount there", where)
     try:
-        proc = subprocess.run([_fusermount(), "-u", where], capture_output=True, text=True, check=False,
-                              timeout=UMOUNT_WAIT_S)  # fmt: skip
+        proc = subprocess.run(
+            [_fusermount(), "-u", where], capture_output=True, text=True, check=False, timeout=UMOUNT_WAIT_S
+        )
         if proc.returncode == 0:
             return
         reason = proc.stderr.strip() or f"fusermount -u exited {proc.returncode}"
@@ -267,8 +283,9 @@ def umount(mountpoint: str) -> None:
     if _fuse_mounts().get(where) != device:  # gone meanwhile
         return
     aborted = _abort_connection(device)
-    lazy = subprocess.run([_fusermount(), "-u", "-z", where], capture_output=True, text=True, check=False,
-                          timeout=UMOUNT_WAIT_S)  # fmt: skip
+    lazy = subprocess.run(
+        [_fusermount(), "-u", "-z", where], capture_output=True, text=True, check=False, timeout=UMOUNT_WAIT_S
+    )
     if lazy.returncode != 0 and where in _fuse_mounts():
         raise OSError(errno.EBUSY, f"{reason}; lazy unmount: {lazy.stderr.strip()}", where)
     logger.info("%s: %s; %s and detached it", where, reason, "aborted its connection" if aborted else "")

@@ -61,8 +61,14 @@ async def _issue_tokens(mgmtd: str) -> tuple[str, str]:
 
 async def _start(folder: Path) -> FsCluster:
     storage = await start_cluster(folder, targets_per_disk=2)
-    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
-                        database_url=f"sqlite:///{folder / 'meta.db'}", background_interval_s=0.5)  # fmt: skip
+    meta = meta_process(
+        folder,
+        "meta1",
+        mgmtd_address=storage.mgmtd_address,
+        cluster_token=CLUSTER_TOKEN,
+        database_url=f"sqlite:///{folder / 'meta.db'}",
+        background_interval_s=0.5,
+    )
     try:
         meta.start()
         await meta.ready()

@@ -15,8 +15,9 @@ from .conftest import FsCluster
 def hf3fs(cluster: FsCluster, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": token or cluster.token})
-    return subprocess.run([sys.executable, "-m", "hf3fs", *args], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hf3fs", *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
 
 
 def ok(cluster: FsCluster, *args: str, token: str | None = None) -> str:

@@ -22,8 +22,9 @@ def _in_process(cluster: FsCluster, body: str) -> subprocess.Popen[str]:
     connect = f"fs = hf3fs.connect(mgmtd={cluster.mgmtd!r}, token={cluster.token!r})"
     script = f"import os, hf3fs\n{connect}\n{body}\nfs.close()\n"
     env = clean_env()
-    return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _fresh(client: hf3fs.FileSystem, path: str, data: bytes = b"") -> None:
@@ -45,8 +46,9 @@ def test_a_reader_opened_before_another_process_wrote_at_8192_reads_it(fs_cluste
     buffered = client.open("/ffs/coherent/grow", "rb")
     try:
         assert raw.read() == b"a" * 100  # the handle has seen the end once
-        _run_in_process(fs_cluster, "with fs.open('/ffs/coherent/grow', 'r+b') as f:\n"
-                                    "    f.seek(8192)\n    f.write(b'DDDD')")  # fmt: skip
+        _run_in_process(
+            fs_cluster, "with fs.open('/ffs/coherent/grow', 'r+b') as f:\n    f.seek(8192)\n    f.write(b'DDDD')"
+        )
         raw.seek(8192)
         assert raw.read(4) == b"DDDD"  # pread(reader, 4, 8192), as on a local disk
         assert raw.seek(0, os.SEEK_END) == 8196
@@ -73,10 +75,12 @@ def test_a_reader_sees_what_another_handle_of_the_same_client_wrote(fs_cluster: 
 
 
 def _appender(path: str, tag: str, count: int) -> str:
-    return (f"with fs.open({path!r}, 'ab') as f:\n"
-            f"    for i in range({count}):\n"
-            f"        f.write(('{tag}-%05d-' % i).encode().ljust({RECORD_BYTES - 1}, b'.') + b'\\n')\n"
-            f"        f.flush()")  # fmt: skip
+    return (
+        f"with fs.open({path!r}, 'ab') as f:\n"
+        f"    for i in range({count}):\n"
+        f"        f.write(('{tag}-%05d-' % i).encode().ljust({RECORD_BYTES - 1}, b'.') + b'\\n')\n"
+        f"        f.flush()"
+    )
 
 
 def _records(data: bytes) -> list[bytes]:

@@ -13,11 +13,13 @@ from .conftest import FsCluster
 def test_pandas_parquet_round_trip(fs_cluster: FsCluster) -> None:
     opts = fs_cluster.storage_options
     rng = np.random.default_rng(7)
-    df = pd.DataFrame({
-        "id": np.arange(200_000, dtype=np.int64),
-        "x": rng.standard_normal(200_000),
-        "name": [f"row-{i % 977}" for i in range(200_000)],
-    })  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "id": np.arange(200_000, dtype=np.int64),
+            "x": rng.standard_normal(200_000),
+            "name": [f"row-{i % 977}" for i in range(200_000)],
+        }
+    )
     df.to_parquet("hf3fs:///pandas/frames/x.parquet", storage_options=opts)  # the folder is made on the way
     back = pd.read_parquet("hf3fs:///pandas/frames/x.parquet", storage_options=opts)
     pd.testing.assert_frame_equal(df, back)

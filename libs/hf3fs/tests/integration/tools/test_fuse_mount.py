@@ -57,8 +57,13 @@ def _mounted(fs_cluster: FsCluster, where: Path, *flags: str) -> Iterator[Path]:
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", *flags],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not os.path.ismount(where):
@@ -79,9 +84,15 @@ def _mounted(fs_cluster: FsCluster, where: Path, *flags: str) -> Iterator[Path]:
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1",
-           "HOME": str(repo.parent)}  # fmt: skip
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "HOME": str(repo.parent),
+    }
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
     return proc.stdout
@@ -264,8 +275,13 @@ def test_times_set_after_close_stay(mount: Path, tmp_path: Path) -> None:
     ]
     assert os.stat(dest / "copied").st_mtime_ns == 1_400_000_000 * 10**9
     assert os.stat(dest / "touched").st_mtime_ns == 1_300_000_000 * 10**9
-    again = subprocess.run(["tar", "-cf", str(tmp_path / "again.tar"), "-C", str(dest), "tree"],
-                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    again = subprocess.run(
+        ["tar", "-cf", str(tmp_path / "again.tar"), "-C", str(dest), "tree"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert again.returncode == 0, again.stderr
 
 

@@ -35,8 +35,9 @@ class Run:
 def hf3fs(*args: str, mgmtd: str, token: str, timeout_s: float = 120) -> Run:
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token})
-    proc = subprocess.run([sys.executable, "-m", "hf3fs", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf3fs", *args], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -65,8 +66,9 @@ def _dead(point: Path) -> bool:
 
 @pytest.mark.parametrize("foreground", [False, True], ids=["daemon", "foreground"])
 def test_a_refused_token_mounts_nothing(fs_cluster: FsCluster, where: Path, foreground: bool) -> None:
-    run = hf3fs("mount", str(where), *(["--foreground"] if foreground else []), mgmtd=fs_cluster.mgmtd,
-                token="not-a-token")  # fmt: skip
+    run = hf3fs(
+        "mount", str(where), *(["--foreground"] if foreground else []), mgmtd=fs_cluster.mgmtd, token="not-a-token"
+    )
     assert run.code == 1 and "token refused" in run.err, run
     assert not where.is_mount() and not _dead(where) and list(where.iterdir()) == []
 
@@ -93,8 +95,15 @@ def test_multi_user_needs_a_token_that_may_act_for_others(fs_cluster: FsCluster,
 
 
 def _mount_daemon(fs_cluster: FsCluster, where: Path) -> int:
-    run = hf3fs("mount", str(where), "--log-file", str(where.parent / "mount.log"), mgmtd=fs_cluster.mgmtd,
-                token=fs_cluster.token, timeout_s=MOUNT_TIMEOUT_S + 30)  # fmt: skip
+    run = hf3fs(
+        "mount",
+        str(where),
+        "--log-file",
+        str(where.parent / "mount.log"),
+        mgmtd=fs_cluster.mgmtd,
+        token=fs_cluster.token,
+        timeout_s=MOUNT_TIMEOUT_S + 30,
+    )
     assert run.code == 0 and where.is_mount(), run
     return int(run.out.split("daemon pid ")[1].split(",")[0])
 

@@ -44,8 +44,13 @@ def shared(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.admin_token})
     log = tmp_path_factory.mktemp("multi-log") / "mount.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", "--multi-user"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", "--multi-user"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not os.path.ismount(where):
@@ -76,8 +81,17 @@ def as_user(uid: int, code: str, *args: str, groups: tuple[int, ...] = ()) -> st
         + ("except OSError as err:\n    print('errno', errno.errorcode[err.errno])\n")
     )
     assert SYSTEM_PYTHON is not None
-    proc = subprocess.run([SYSTEM_PYTHON, "-c", wrapped, *args], user=uid, group=uid, extra_groups=list(groups),
-                          capture_output=True, text=True, timeout=60, check=False, cwd="/")  # fmt: skip
+    proc = subprocess.run(
+        [SYSTEM_PYTHON, "-c", wrapped, *args],
+        user=uid,
+        group=uid,
+        extra_groups=list(groups),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 

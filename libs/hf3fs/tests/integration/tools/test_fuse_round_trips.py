@@ -171,8 +171,10 @@ def test_a_tar_style_file_chmod_ed_after_its_create_needs_no_set_attr(
         if [s.size for s in st] == [400, 500] or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert [(s.size, s.mode, s.mtime_ns) for s in st] == [(400, 0o644, 1_700_000_000 * 10**9),
-                                                          (500, 0o444, 1_700_000_000 * 10**9)]  # fmt: skip
+    assert [(s.size, s.mode, s.mtime_ns) for s in st] == [
+        (400, 0o644, 1_700_000_000 * 10**9),
+        (500, 0o444, 1_700_000_000 * 10**9),
+    ]
     delta = _delta(meter, before)
     assert "SetAttr" not in delta and delta["Create"] == 2, delta
     assert [os.stat(work / n).st_mode & 0o7777 for n in ("a.py", "ro.py")] == [0o644, 0o444]

@@ -76,8 +76,9 @@ def test_queued_files_are_committed_for_their_client_and_others_see_them_after_s
     assert not other.exists(f"{folder}/c") and other.open(f"{folder}/d", "rb").read() == b"head-tail"
 
 
-def test_a_file_queued_twice_commits_its_last_content(fs_cluster: FsCluster, held: hf3fs.FileSystem,
-                                                      folder: str) -> None:  # fmt: skip
+def test_a_file_queued_twice_commits_its_last_content(
+    fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
+) -> None:
     _write(held, f"{folder}/x", b"first version, longer")
     _write(held, f"{folder}/x", b"second")
     held.sync()
@@ -96,8 +97,9 @@ def test_other_clients_see_a_file_within_the_delay_without_a_sync(fs_cluster: Fs
     assert fs_cluster.client.open(f"{folder}/soon", "rb").read() == b"committed by the flusher"
 
 
-def test_errors_of_deferred_commits_are_raised_at_the_next_sync_point(fs_cluster: FsCluster, held: hf3fs.FileSystem,
-                                                                      folder: str) -> None:  # fmt: skip
+def test_errors_of_deferred_commits_are_raised_at_the_next_sync_point(
+    fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
+) -> None:
     admin = hf3fs.connect(fs_cluster.mgmtd, fs_cluster.admin_token)
     try:
         admin.mkdir(f"{folder}/locked", mode=0o755)  # the admin's: the user may not create in it
@@ -115,8 +117,12 @@ def test_errors_of_deferred_commits_are_raised_at_the_next_sync_point(fs_cluster
     with pytest.raises(WritebackError) as caught:
         held.sync()
     got = {path: err.errno for path, err in caught.value.failures}
-    assert got == {f"{folder}/missing/f": errno.ENOENT, f"{folder}/locked/f": errno.EACCES,
-                   f"{folder}/dir": errno.EISDIR, f"{folder}/small/big": errno.EDQUOT}  # fmt: skip
+    assert got == {
+        f"{folder}/missing/f": errno.ENOENT,
+        f"{folder}/locked/f": errno.EACCES,
+        f"{folder}/dir": errno.EISDIR,
+        f"{folder}/small/big": errno.EDQUOT,
+    }
     assert f"{folder}/locked/f" in str(caught.value)
     other = fs_cluster.client
     assert (
@@ -135,13 +141,16 @@ def test_closing_or_exiting_commits_queued_files(fs_cluster: FsCluster, folder: 
     for i in range(5):
         _write(fs, f"{folder}/c{i}", b"closed %d" % i)
     fs.close()
-    script = (f"import hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
-              f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
-              f"for i in range(5):\n"
-              f"    with fs.open(f'{folder}/e{{i}}', 'wb') as f: f.write(b'exit %d' % i)\n")  # fmt: skip
+    script = (
+        f"import hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
+        f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
+        f"for i in range(5):\n"
+        f"    with fs.open(f'{folder}/e{{i}}', 'wb') as f: f.write(b'exit %d' % i)\n"
+    )
     env = clean_env()
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     other = fs_cluster.client
     for i in range(5):
@@ -152,13 +161,16 @@ def test_closing_or_exiting_commits_queued_files(fs_cluster: FsCluster, folder: 
 def test_a_process_ended_by_sigterm_commits_its_queued_files_first(fs_cluster: FsCluster, folder: str) -> None:
     """SIGTERM (kill, docker stop) runs no atexit: the client commits what is queued, then dies of the signal
     (before: the files a process had closed were lost, silently)."""
-    script = (f"import os, signal, hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
-              f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
-              f"with fs.open('{folder}/termed', 'wb') as f: f.write(b'closed before SIGTERM')\n"
-              f"os.kill(os.getpid(), signal.SIGTERM)\n")  # fmt: skip
+    script = (
+        f"import os, signal, hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
+        f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
+        f"with fs.open('{folder}/termed', 'wb') as f: f.write(b'closed before SIGTERM')\n"
+        f"os.kill(os.getpid(), signal.SIGTERM)\n"
+    )
     env = clean_env()
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert fs_cluster.client.open(f"{folder}/termed", "rb").read() == b"closed before SIGTERM"
 
@@ -179,8 +191,9 @@ def test_fsync_and_large_files_write_through(fs_cluster: FsCluster, folder: str)
         assert fs_cluster.client.open(f"{folder}/synced", "rb").read() == b"durable and more"
 
 
-def test_write_back_of_a_whole_file_relative_to_a_folder_inode(fs_cluster: FsCluster, held: hf3fs.FileSystem,
-                                                               folder: str) -> None:  # fmt: skip
+def test_write_back_of_a_whole_file_relative_to_a_folder_inode(
+    fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
+) -> None:
     """The mount's way: ``write_back(..., parent=(folder inode, name))`` creates the file in that folder (even
     after the folder was renamed), and any call of the client on a path commits such files first."""
     folder_id = held.stat(folder).inode_id

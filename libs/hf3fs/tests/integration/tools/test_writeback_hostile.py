@@ -126,13 +126,16 @@ def test_written_back_then_appended_read_and_truncated_by_the_same_client(
 
 
 def _exit_with_queued(fs_cluster: FsCluster, folder: str, how: str) -> subprocess.CompletedProcess[str]:
-    script = (f"import hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
-              f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
-              f"with fs.open({folder + '/' + how!r}, 'wb') as f: f.write(b'closed before the exit')\n"
-              f"{how}\n")  # fmt: skip
+    script = (
+        f"import hf3fs\nfs = hf3fs.connect({fs_cluster.mgmtd!r}, {fs_cluster.token!r}, "
+        f"writeback=hf3fs.WritebackOptions(max_delay_s=3600))\n"
+        f"with fs.open({folder + '/' + how!r}, 'wb') as f: f.write(b'closed before the exit')\n"
+        f"{how}\n"
+    )
     env = clean_env()
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_a_process_ending_by_an_exception_commits_its_queued_files(fs_cluster: FsCluster, folder: str) -> None:

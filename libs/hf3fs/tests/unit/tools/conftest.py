@@ -67,8 +67,14 @@ class _Writer(io.BufferedWriter):
         os.fsync(self.raw.fileno())
 
 
-_KINDS = {statmod.S_IFDIR: "directory", statmod.S_IFLNK: "symlink", statmod.S_IFIFO: "fifo",
-          statmod.S_IFSOCK: "socket", statmod.S_IFCHR: "char_device", statmod.S_IFBLK: "block_device"}  # fmt: skip
+_KINDS = {
+    statmod.S_IFDIR: "directory",
+    statmod.S_IFLNK: "symlink",
+    statmod.S_IFIFO: "fifo",
+    statmod.S_IFSOCK: "socket",
+    statmod.S_IFCHR: "char_device",
+    statmod.S_IFBLK: "block_device",
+}
 
 
 class LocalFs:
@@ -96,9 +102,23 @@ class LocalFs:
         st = self._wrap(path, os.stat if follow else os.lstat, self._p(path))
         kind = _KINDS.get(statmod.S_IFMT(st.st_mode), "file")
         target = os.readlink(self._p(path)) if kind == "symlink" else ""
-        return Stat(st.st_ino, kind, st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_nlink, st.st_size,
-                    st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, target, chunk_size=1 << 20, stripe_size=1,
-                    chain_table_id=1, rdev=st.st_rdev)  # fmt: skip
+        return Stat(
+            st.st_ino,
+            kind,
+            st.st_mode & 0o7777,
+            st.st_uid,
+            st.st_gid,
+            st.st_nlink,
+            st.st_size,
+            st.st_atime_ns,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            target,
+            chunk_size=1 << 20,
+            stripe_size=1,
+            chain_table_id=1,
+            rdev=st.st_rdev,
+        )
 
     def stat(self, path: str, follow_symlinks: bool = True) -> Stat:
         return self._stat(path, follow_symlinks)
@@ -242,8 +262,16 @@ class LocalFs:
             shutil.rmtree(e)
         return len(entries)
 
-    def open(self, path: str, mode: str = "rb", *, buffering: int = -1, perm: int = 0o644,
-             write_only: bool = False, writeback: bool | None = None) -> Any:  # fmt: skip
+    def open(
+        self,
+        path: str,
+        mode: str = "rb",
+        *,
+        buffering: int = -1,
+        perm: int = 0o644,
+        write_only: bool = False,
+        writeback: bool | None = None,
+    ) -> Any:
         if "b" not in mode:
             raise ValueError("binary modes only in this stand-in")
         if "x" in mode:  # created with ``perm`` and opened in one step, like the client
