@@ -36,7 +36,7 @@ class AlreadyExists(ServiceError):
 
 
 class FailedPrecondition(ServiceError):
-    """The system is not in the state the request needs (a chain not serving, a non-empty folder); fix that first."""
+    """The system is not in the state the request needs; sending it again unchanged will not help until it is."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -60,7 +60,7 @@ class PermissionDenied(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """The service cannot answer now (not primary, a dependency down); the call did not run and may be retried."""
+    """The service cannot answer now (a dependency down or unreachable); trying again later may succeed."""
 
     code = grpc.StatusCode.UNAVAILABLE
 
