@@ -145,6 +145,7 @@ def test_a_chain_write_crosses_every_host_link(cluster: Cluster) -> None:
     # 3 storage nodes, chains of 3: every chunk reaches every host once (from this machine at the head, then
     # forwarded along the chain), so each host received at least the file's bytes over its link.
     received = {h: after[h][0] - before[h][0] for h in after}
+    print(f"chain write of {WRITE_BYTES} bytes: bytes each host received over its link {received}")
     assert all(n >= WRITE_BYTES for n in received.values()), received
 
 
@@ -165,9 +166,14 @@ async def test_a_2x2_hfreduce_allreduce_crosses_the_agents_hosts(cluster: Cluste
         await user.close()
     assert sum(line.count("allreduce ok") for line in logs) == 4, logs
     buffer_bytes = 4 * ALLREDUCE_ELEMS * 3
-    for host in ("h1", "h2"):  # agent-1 and agent-2: each node's partial sums go out, the totals come back
-        received, sent = after[host][0] - before[host][0], after[host][1] - before[host][1]
-        assert received >= buffer_bytes / 2 and sent >= buffer_bytes / 2, (host, received, sent)
+    moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in after}
+    print(f"3 allreduces of {4 * ALLREDUCE_ELEMS} bytes per rank: (received, sent) per host link {moved}")
+    # agent-1 on h1, agent-2 on h2: each node's partial sums go to the other node and the other's come back, so
+    # the buffer's bytes cross each of the two links both ways (measured: 12.0 MiB each way for 3 x 4 MiB); h3
+    # has no agent and sees only routine control traffic.
+    for host in ("h1", "h2"):
+        assert moved[host][0] >= buffer_bytes and moved[host][1] >= buffer_bytes, (host, moved)
+    assert sum(moved["h3"]) < buffer_bytes / 10, moved
 
 
 async def _wait_ended(user: SchedulerUser, task_id: int) -> pb.Task:

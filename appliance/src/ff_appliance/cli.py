@@ -255,11 +255,11 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--link-shape", type=_link_shape, action="append", metavar="[HOST:]rate=R,delay=D",
         help="shape the hosts' links with tc, e.g. rate=100mbit (every host) or h3:rate=10mbit,delay=20ms (one "
-        "host, as a cross-zone link); repeatable; kept for later ups (delay needs the kernel's netem)",
+        "host, as a cross-zone link), h3:none (unshaped); repeatable; kept for later ups (delay needs netem)",
     )  # fmt: skip
 
 
-def _link_shape(text: str) -> tuple[str | None, LinkShape]:
+def _link_shape(text: str) -> tuple[str | None, LinkShape | None]:
     try:
         return parse_link_shape(text)
     except HostsError as err:

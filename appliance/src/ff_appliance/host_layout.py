@@ -11,7 +11,7 @@ from ff_appliance import hosts
 from ff_appliance.hosts import HostsError, LinkShape, NetworkPlan
 from ff_appliance.state import ClusterPlan, StateDir, load_plan, place_on_hosts, save_plan
 
-LinkShapes = Sequence[tuple[str | None, LinkShape]]
+LinkShapes = Sequence[tuple[str | None, LinkShape | None]]
 
 
 def choose_network(state: StateDir, num_hosts: int | None, shapes: LinkShapes) -> NetworkPlan | None:

@@ -59,8 +59,9 @@ class LinkShape:
         return ",".join(parts)
 
 
-def parse_link_shape(text: str) -> tuple[str | None, LinkShape]:
-    """``--link-shape [HOST:]rate=100mbit,delay=2ms``: the host it is for (None: every host) and the shape.
+def parse_link_shape(text: str) -> tuple[str | None, LinkShape | None]:
+    """``--link-shape [HOST:]rate=100mbit,delay=2ms``: the host it is for (None: every host) and the shape
+    (``[HOST:]none``: None, the link unshaped again).
 
     Raises:
         HostsError: the text is not that.
@@ -70,6 +71,8 @@ def parse_link_shape(text: str) -> tuple[str | None, LinkShape]:
         host, spec = "", host
     if host and not _HOST_NAME.match(host):
         raise HostsError(f"--link-shape {text!r}: {host!r} is not a host name such as h3")
+    if spec.strip() == "none":
+        return host or None, None
     rate, delay_ms = "", 0.0
     for item in (s.strip() for s in spec.split(",") if s.strip()):
         key, _, value = item.partition("=")
@@ -168,7 +171,7 @@ def new_network(num_hosts: int, taken: Iterable[ipaddress.IPv4Network], short_id
     raise HostsError("no free 10.x.y.0/24 for the hosts network: this machine's addresses cover them all")
 
 
-def with_shapes(network: NetworkPlan, shapes: Sequence[tuple[str | None, LinkShape]]) -> NetworkPlan:
+def with_shapes(network: NetworkPlan, shapes: Sequence[tuple[str | None, LinkShape | None]]) -> NetworkPlan:
     """The network with ``--link-shape`` applied: one for every host (None), then those for named hosts.
 
     Raises:
@@ -206,10 +209,10 @@ def check_can_make() -> None:
             raise HostsError(f"--hosts needs the {tool!r} command (iproute2)")
 
 
-def check_shapes(shapes: Iterable[LinkShape]) -> None:
+def check_shapes(shapes: Iterable[LinkShape | None]) -> None:
     """Raises: HostsError: a delay is asked for and this kernel has no ``netem`` (probed in a throwaway namespace,
     before the shape is kept in the plan)."""
-    if not any(s.delay_ms for s in shapes):
+    if not any(s is not None and s.delay_ms for s in shapes):
         return
     probe = f"ff-probe-{secrets.token_hex(3)}"
     _ip(["netns", "add", probe])

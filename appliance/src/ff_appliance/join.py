@@ -38,8 +38,10 @@ from ff_appliance.state import (
     write_secret,
 )
 from ff_appliance.supervisor import (
+    Started,
     SupervisorError,
     exclusive_lock,
+    reap,
     running_pid,
     start_detached,
     terminate,
@@ -134,6 +136,8 @@ async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPla
     """
     if not options.agent and not options.storage_disks:
         raise JoinError("give --agent, --storage PATH, or both")
+    if state.plan_file.exists() and not joined_file(state).exists():
+        raise JoinError(f"{state.root} holds a cluster brought up here: give join a state folder of its own")
     state.create_dirs()
     with exclusive_lock(state.lock_file):
         client = MgmtdClient(list(options.mgmtd), token=options.token, timeout_s=5.0)
@@ -202,36 +206,54 @@ def _join_plan(state: StateDir, options: JoinOptions, address: str) -> ClusterPl
 async def _start(
     ctx: LaunchContext, options: JoinOptions, devices: Devices, deadline: float, out: TextIO
 ) -> ClusterPlan:
-    plan = ctx.plan
+    """Start the instances not running (together), wait until each serves; the plan with their node ids. On a
+    failure, what this call started is stopped again."""
+    started: list[tuple[Started, InstancePlan]] = []
     for instance in ctx.plan.instances:
         pid = running_pid(ctx.state.pid_file(instance.name), ctx.state.process_marker(instance.name))
         if pid is not None:
             print(f"{instance.name}: already running (pid {pid}), node {instance.node_id}", file=out)
-            continue
-        spec = spec_for(instance, SERVICES)
-        argv = command(spec, ctx, instance)
-        if spec.name == AGENT:
-            argv += ["--num-device-slots", str(devices.num_slots)]  # the last value of a flag wins
-        elif spec.name == STORAGE:
-            argv += ["--disks", ",".join(str(p) for p in options.storage_disks)]
-        ctx.state.data_dir(spec.name).mkdir(mode=0o700, parents=True, exist_ok=True)
-        remove_files([ctx.state.ready_file(instance.name)])
-        launched = start_detached(instance.name, argv, log_file=ctx.state.log_file(instance.name),
-                                  pid_file=ctx.state.pid_file(instance.name),
-                                  env={**options.env, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-        try:
-            ready = await wait_ready_file(launched, ctx.state.ready_file(instance.name), deadline)
-        except SupervisorError as err:
-            raise JoinError(str(err)) from None
-        if await wait_serving(instance.grpc_address, deadline) is not Health.SERVING:
-            raise JoinError(f"{instance.name} is not serving at {instance.grpc_address}")
-        node_id = int(ready.get("node_id", 0))
-        if node_id != instance.node_id:
-            plan = replace(plan, instances=tuple(replace(i, node_id=node_id) if i.name == instance.name else i
-                                                 for i in plan.instances))  # fmt: skip
-            save_plan(ctx.state, plan)
-        print(f"{instance.name}: started (pid {launched.pid}), registered as node {node_id}", file=out)
+        else:
+            started.append((_launch(ctx, options, devices, instance), instance))
+    try:
+        node_ids = {i.name: await _wait_up(ctx, launched, i, deadline) for launched, i in started}
+    except BaseException:
+        terminate({launched.name: launched.pid for launched, _ in started}, timeout_s=10.0)
+        for launched, _ in started:
+            reap(launched)
+        raise
+    plan = replace(ctx.plan, instances=tuple(replace(i, node_id=node_ids.get(i.name, i.node_id))
+                                             for i in ctx.plan.instances))  # fmt: skip
+    if plan != ctx.plan:
+        save_plan(ctx.state, plan)
+    for launched, instance in started:
+        print(f"{instance.name}: started (pid {launched.pid}), registered as node {node_ids[instance.name]}", file=out)
     return plan
+
+
+def _launch(ctx: LaunchContext, options: JoinOptions, devices: Devices, instance: InstancePlan) -> Started:
+    spec = spec_for(instance, SERVICES)
+    argv = command(spec, ctx, instance)
+    if spec.name == AGENT:
+        argv += ["--num-device-slots", str(devices.num_slots)]  # the last value of a flag wins
+    elif spec.name == STORAGE:
+        argv += ["--disks", ",".join(str(p) for p in options.storage_disks)]
+    ctx.state.data_dir(spec.name).mkdir(mode=0o700, parents=True, exist_ok=True)
+    remove_files([ctx.state.ready_file(instance.name)])
+    env = {**options.env, "PYTHONUNBUFFERED": "1"}
+    return start_detached(instance.name, argv, log_file=ctx.state.log_file(instance.name),
+                          pid_file=ctx.state.pid_file(instance.name), env=env)  # fmt: skip
+
+
+async def _wait_up(ctx: LaunchContext, launched: Started, instance: InstancePlan, deadline: float) -> int:
+    """Wait until ``launched`` is ready and serving; the node id mgmtd gave it."""
+    try:
+        ready = await wait_ready_file(launched, ctx.state.ready_file(instance.name), deadline)
+    except SupervisorError as err:
+        raise JoinError(str(err)) from None
+    if await wait_serving(instance.grpc_address, deadline) is not Health.SERVING:
+        raise JoinError(f"{instance.name} is not serving at {instance.grpc_address}")
+    return int(ready.get("node_id", 0))
 
 
 async def _take_share(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:

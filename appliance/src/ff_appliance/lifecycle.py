@@ -73,7 +73,7 @@ class UpOptions:
     log_level: str = "INFO"
     database_url: str | None = None  # a new cluster's PostgreSQL database (``database``); None: as chosen before
     hosts: int | None = None  # ``--hosts N``: storage and agents on N network namespaces (a new cluster only)
-    link_shapes: tuple[tuple[str | None, LinkShape], ...] = ()  # ``--link-shape``: (host or None: all, shape)
+    link_shapes: tuple[tuple[str | None, LinkShape | None], ...] = ()  # ``--link-shape``: (host or all, shape)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,7 +59,9 @@ def test_new_network_refuses_too_many_hosts_or_no_room() -> None:
 def test_link_shape_parsing() -> None:
     assert parse_link_shape("rate=100mbit,delay=2ms") == (None, LinkShape(rate="100mbit", delay_ms=2.0))
     assert parse_link_shape("h3:rate=1gbit") == ("h3", LinkShape(rate="1gbit"))
-    assert parse_link_shape("delay=0.5ms")[1].describe() == "delay=0.5ms"
+    assert parse_link_shape("h2:none") == ("h2", None)
+    assert parse_link_shape("delay=0.5ms") == (None, LinkShape(delay_ms=0.5))
+    assert LinkShape(rate="1mbit", delay_ms=0.5).describe() == "rate=1mbit,delay=0.5ms"
     for bad in ("", "rate=fast", "h3:", "bandwidth=1mbit", "zone-a:rate=1mbit", "delay=2s"):
         with pytest.raises(HostsError):
             parse_link_shape(bad)
@@ -79,6 +81,8 @@ def test_shapes_for_every_host_then_one_named_host() -> None:
     assert [h.shape for h in shaped.hosts] == [
         LinkShape(rate="1gbit"), LinkShape(rate="1gbit"), LinkShape(rate="10mbit", delay_ms=20),
     ]  # fmt: skip
+    assert with_shapes(shaped, [("h3", None)]).hosts[2].shape is None  # unshaped again, the others kept
+    assert with_shapes(shaped, [("h3", None)]).hosts[0].shape == LinkShape(rate="1gbit")
     with pytest.raises(HostsError, match="no host named 'h9'"):
         with_shapes(net, [("h9", LinkShape(rate="1mbit"))])
 
