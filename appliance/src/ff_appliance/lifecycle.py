@@ -11,6 +11,7 @@ from typing import TextIO
 from ff_appliance import admin, database, host_layout
 from ff_appliance.health import Health, wait_serving
 from ff_appliance.hosts import HostsError, LinkShape, NetworkPlan
+from ff_appliance.join import joined_file
 from ff_appliance.services import (
     META,
     SCHEDULER,
@@ -143,6 +144,9 @@ def _database_urls(
 
 
 def _hosts_network(state: StateDir, options: UpOptions) -> NetworkPlan | None:
+    if joined_file(state).exists():
+        raise ApplianceError(f"{state.root} holds nodes joined to a cluster run elsewhere (`fireflyer join`): give up "
+                             "a state folder of its own")  # fmt: skip
     try:
         return host_layout.choose_network(state, options.hosts, options.link_shapes)
     except HostsError as err:
