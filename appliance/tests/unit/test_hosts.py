@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from pathlib import Path
 
 import pytest
 
+from ff_appliance import host_layout, hosts
 from ff_appliance.hosts import (
     HostPlan,
     HostsError,
@@ -20,7 +22,7 @@ from ff_appliance.hosts import (
     rate_bits,
     with_shapes,
 )
-from ff_appliance.state import ClusterPlan, InstancePlan, extend_plan, place_on_hosts
+from ff_appliance.state import ClusterPlan, InstancePlan, StateDir, extend_plan, load_plan, place_on_hosts, save_plan
 
 
 def _net(text: str) -> ipaddress.IPv4Network:
@@ -130,3 +132,23 @@ def test_network_plan_round_trip_with_shapes() -> None:
                       hosts=(HostPlan(name="h1", address="10.70.1.11", shape=LinkShape(rate="5mbit", delay_ms=3)),
                              HostPlan(name="h2", address="10.70.1.12")))  # fmt: skip
     assert NetworkPlan.from_dict(net.to_dict()) == net
+
+
+def test_choose_network_refusals_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = StateDir(tmp_path)
+    shape = [(None, LinkShape(rate="1mbit"))]
+    with pytest.raises(HostsError, match="--link-shape shapes the links of --hosts"):
+        host_layout.choose_network(state, None, shape)
+    assert host_layout.choose_network(state, None, []) is None
+    save_plan(state, extend_plan(None, {}, DEFAULTS, _ports))  # a cluster on loopback
+    with pytest.raises(HostsError, match="--hosts is for a new cluster"):
+        host_layout.choose_network(state, 3, [])
+    net = new_network(3, [], short_id="000004")
+    on_hosts = place_on_hosts(extend_plan(None, {}, DEFAULTS, _ports), net)
+    save_plan(state, on_hosts)
+    with pytest.raises(HostsError, match="runs on 3 hosts"):
+        host_layout.choose_network(state, 2, [])
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 1000)
+    with pytest.raises(HostsError, match="needs root"):
+        host_layout.choose_network(state, None, [])
+    assert load_plan(state) == on_hosts
