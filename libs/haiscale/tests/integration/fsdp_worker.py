@@ -27,6 +27,7 @@ import hfreduce.distributed  # noqa: F401  (registers the "hfreduce" backend)
 from haiscale import checkpoint as ckpt
 from haiscale.ddp import DistributedDataParallel
 from haiscale.fsdp import FullyShardedDataParallel, MixedPrecision, ModuleWrapPolicy, SizeWrapPolicy
+from haiscale.fsdp.comm import HFReduceComm, Pending
 
 GLOBAL_BATCH = 8  # rows per step, split evenly over the ranks (1, 2 or 4)
 WIDTH = 24
@@ -159,6 +160,7 @@ def scenario_train(rank: int, world: int) -> dict[str, Any]:
         fsdp = wrap(net, **options)
         opt = None if fsdp.optimizers else Momentum(fsdp.parameters())
         gathered = record_gathered(fsdp, net.blocks[1])
+        issued = record_issued(fsdp, late=rank == 1 and name == "step_in_backward")
         had_grads = train_fsdp(fsdp, opt, range(STEPS), rank, world)
         state = fsdp.full_state_dict()
         report[name] = {
@@ -170,6 +172,7 @@ def scenario_train(rank: int, world: int) -> dict[str, Any]:
             "gathered_in_block": gathered,
             "gathered_after": fsdp.gathered_bytes(),
             "shard_numel": sum(u.shard.numel() for u in fsdp.units),
+            "issued": issued,
         }
     report["total_numel"] = sum(p.numel() for p in reference.parameters())
     report["block_bytes"] = sum(p.numel() * 4 for p in reference.blocks[0].parameters())
@@ -182,6 +185,37 @@ def record_gathered(fsdp: FullyShardedDataParallel, block: torch.nn.Module) -> l
     seen: list[int] = []
     block.register_forward_pre_hook(lambda *_: seen.append(fsdp.gathered_bytes()))
     return seen
+
+
+def record_issued(fsdp: FullyShardedDataParallel, *, late: bool) -> list[list[Any]]:
+    """The collectives FSDP starts through hfreduce's registered buffers: (kind, elements, which buffer), what
+    the node's ranks must agree on. ``late``: this rank starts each backward's first reduce-scatter 30 ms after
+    its peers and looks at it again 60 ms later, when it has completed (with ``step_in_backward`` it takes the
+    result at once, while its peers found it in flight): the timing in which a pool of buffers handed out in
+    the order they came back gave the next all-gather different buffers on the two ranks."""
+    comm = fsdp.comm
+    issued: list[list[Any]] = []
+    if not isinstance(comm, HFReduceComm):
+        return issued
+    gather, scatter = comm.all_gather, comm.reduce_scatter_mean
+
+    def all_gather(out: torch.Tensor, shard: torch.Tensor) -> Pending:
+        pending = gather(out, shard)
+        issued.append(["all_gather", out.numel(), comm.slot_of(pending)])
+        return pending
+
+    def reduce_scatter_mean(out: torch.Tensor, full: torch.Tensor) -> Pending:
+        first = late and sum(kind == "reduce_scatter" for kind, _, _ in issued) % len(fsdp.units) == 0
+        if first:
+            time.sleep(0.03)
+        pending = scatter(out, full)
+        issued.append(["reduce_scatter", full.numel(), comm.slot_of(pending)])
+        if first:
+            time.sleep(0.06)
+        return pending
+
+    comm.all_gather, comm.reduce_scatter_mean = all_gather, reduce_scatter_mean  # type: ignore[method-assign]
+    return issued
 
 
 def memory_ratio(rank: int, world: int) -> dict[str, Any]:
@@ -205,6 +239,8 @@ def memory_ratio(rank: int, world: int) -> dict[str, Any]:
         loss_of(model(x[rows(rank, world)]), y[rows(rank, world)]).backward()
         opt.step()  # gradients kept: the peak between backward and zero_grad
         out[kind] = resident(list(model.parameters()), opt)
+        if kind == "fsdp":  # nothing of FSDP's left in flight on the hfreduce group the DDP wrapper takes over
+            out["fsdp_in_flight"] = model.comm.in_flight() if isinstance(model.comm, HFReduceComm) else 0  # type: ignore[union-attr]
         if kind == "ddp":
             model.reducer.stop()  # type: ignore[union-attr,operator]
         else:

@@ -147,35 +147,59 @@ class TorchComm:
         pass
 
 
+class _Slot:
+    """A registered buffer and the collective using it (from its start until its result is copied out)."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+        self.user: Pending | None = None
+
+
 class HFReduceComm:
     """Both collectives as allreduces of hfreduce registered buffers (see the module docstring).
 
     Registered buffers cannot be freed one by one (every local rank maps them), so there are a few per buffer
-    size, ``depth`` each, reused: a collective takes one when it starts and gives it back once its result is
-    copied out; when none is free, the oldest collective in flight is finished first.
+    size, ``depth`` each, reused in turn: the k-th collective of a size takes slot ``k % depth`` of that size,
+    finishing first the collective that used the slot before (``depth`` collectives of that size earlier).
+
+    Which buffer a collective uses is part of what the node's ranks must agree on (hfreduce checks it at the
+    node barrier: each rank's segment of one registration is summed with the others' segments of *that*
+    registration). So the choice depends only on the sequence of collectives, which is the same on every rank,
+    never on when a collective completed or was waited for: those differ between ranks (a rank that checks
+    ``done()`` a moment later, e.g. with ``step_in_backward``, finds a reduce-scatter finished that its peer
+    found in flight). A pool handing out whichever buffer was given back last did depend on it, and two local
+    ranks then started the same collective on different buffers.
     """
 
-    def __init__(self, pg: Any, sizes: list[tuple[int, torch.dtype]], *, depth: int = 3) -> None:
-        self.rank = dist.get_rank(pg)
-        self.world_size = dist.get_world_size(pg)
-        self._shared: SharedGroup | None = acquire_group(pg) if self.world_size > 1 else None
-        self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
+    def __init__(self, shared: SharedGroup | None, rank: int, world_size: int, sizes: list[tuple[int, torch.dtype]],
+                 *, depth: int = 3) -> None:  # fmt: skip
+        self.rank = rank
+        self.world_size = world_size
+        self._shared = shared
+        self._rings: dict[tuple[int, torch.dtype], list[_Slot]] = {}
+        self._turn: collections.Counter[tuple[int, torch.dtype]] = collections.Counter()
         self._in_flight: collections.deque[Pending] = collections.deque()
         self._bytes = 0
-        if self._shared is not None:
+        if shared is not None:
             names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
             for numel, dtype in sorted(set(sizes), key=lambda s: (s[0], str(s[1]))):  # the same order everywhere
-                pool = [self._shared.group.alloc(numel, names[dtype], as_torch=True) for _ in range(depth)]
-                self._free[(numel, dtype)] = pool
-                self._bytes += depth * numel * pool[0].element_size()
+                ring = [_Slot(shared.group.alloc(numel, names[dtype], as_torch=True)) for _ in range(depth)]
+                self._rings[(numel, dtype)] = ring
+                self._bytes += depth * numel * ring[0].buf.element_size()
+
+    @classmethod
+    def over(cls, pg: Any, sizes: list[tuple[int, torch.dtype]], *, depth: int = 3) -> HFReduceComm:
+        """For torch process group ``pg``: its shared hfreduce group (formed on first use, as haiscale DDP's)."""
+        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
+        return cls(acquire_group(pg) if world > 1 else None, rank, world, sizes, depth=depth)
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
         if self._shared is None:
             with torch.no_grad():
                 out.copy_(shard)
             return Pending(None, "all-gather")
-        buf = self._take(out.numel(), out.dtype)
-        n, r = shard.numel(), self.rank
+        slot = self._take(out.numel(), out.dtype)
+        buf, n, r = slot.buf, shard.numel(), self.rank
         with torch.no_grad():
             buf[: r * n].zero_()
             buf[(r + 1) * n :].zero_()
@@ -186,14 +210,15 @@ class HFReduceComm:
             with torch.no_grad():
                 out.copy_(buf)
 
-        return self._track(work, "all-gather", finish, buf)
+        return self._track(work, "all-gather", finish, slot)
 
     def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
         if self._shared is None:
             with torch.no_grad():
                 out.copy_(full)
             return Pending(None, "reduce-scatter")
-        buf = self._take(full.numel(), full.dtype)
+        slot = self._take(full.numel(), full.dtype)
+        buf = slot.buf
         with torch.no_grad():
             buf.copy_(full)
         work = self._shared.group.allreduce_async(buf, "avg")
@@ -203,20 +228,36 @@ class HFReduceComm:
             with torch.no_grad():
                 out.copy_(buf[r * n : (r + 1) * n])
 
-        return self._track(work, "reduce-scatter", finish, buf)
+        return self._track(work, "reduce-scatter", finish, slot)
 
-    def _take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        free = self._free[(numel, dtype)]
-        while not free:
-            self._in_flight[0].wait()  # finishes it, giving its buffer back
-        return free.pop()
+    def slot_of(self, pending: Pending) -> tuple[int, int] | None:
+        """(size, slot) indices of the registered buffer a collective in flight uses; ``None`` once finished."""
+        for i, ring in enumerate(self._rings.values()):
+            for j, slot in enumerate(ring):
+                if slot.user is pending:
+                    return i, j
+        return None
 
-    def _track(self, work: Any, what: str, finish: Callable[[], None], buf: torch.Tensor) -> Pending:
+    def in_flight(self) -> int:
+        """Collectives started and not yet finished (waited for)."""
+        return len(self._in_flight)
+
+    def _take(self, numel: int, dtype: torch.dtype) -> _Slot:
+        key = (numel, dtype)
+        ring = self._rings[key]
+        slot = ring[self._turn[key] % len(ring)]
+        self._turn[key] += 1
+        if slot.user is not None:
+            slot.user.wait()  # finishes it (the same collective on every rank), giving the buffer back
+        return slot
+
+    def _track(self, work: Any, what: str, finish: Callable[[], None], slot: _Slot) -> Pending:
         def release() -> None:
-            self._free[(buf.numel(), buf.dtype)].append(buf)
+            slot.user = None
             self._in_flight.remove(pending)
 
         pending = Pending(work, what, finish, release)
+        slot.user = pending
         self._in_flight.append(pending)
         return pending
 

@@ -137,7 +137,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         for o in owned:
             padded = layout_of([v.numel() for v in o.values], world).padded
             sizes += [(padded, dt) for dt in self._dtypes(o.values[0].dtype)]
-        return HFReduceComm(self.process_group, sizes)
+        return HFReduceComm.over(self.process_group, sizes)
 
     def _make_unit(self, index: int, owned: Owned) -> Unit:
         """Take the unit's parameters out of their modules into a ``Unit`` (its flat buffer, not yet sharded)."""
