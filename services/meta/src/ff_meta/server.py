@@ -1,43 +1,26 @@
-"""Wire the meta service: store (migrations), mgmtd client, app and servicer on the service chassis."""
+"""Wire the meta service: store (migrations), mgmtd client, operators and servicer on the service chassis."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
-from typing import Any
-
-from sqlalchemy import Engine, event
 
 from ff_cluster import MgmtdClient, ServiceWiring, Serving, registry_validator, serve_service
 from ff_cluster.chassis import Loop
-from ff_meta.app import MetaApp, MetaOptions
 from ff_meta.config import MetaSettings
 from ff_meta.errors import STATUS_TABLE
+from ff_meta.ops import MetaOps, MetaOptions
 from ff_meta.reporter import MetaReporter
 from ff_meta.servicer import MetaServicer
-from ff_meta.store.schema import VERSION_TABLE
+from ff_meta.store.metastore import MIGRATIONS, MetaStore
 from ff_rpc import ServiceBinding
-from ff_store import open_store
 from ff_telemetry_client import service_reporter
 from fireflyer.common.v1 import common_pb2
 from fireflyer.meta.v1 import meta_pb2, meta_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-MIGRATIONS = Path(__file__).parent / "store" / "migrations"
-
-
-def tune_sqlite(engine: Engine, synchronous: str) -> None:
-    """Meta's SQLite durability setting, on every pooled connection (no-op on PostgreSQL)."""
-    if engine.dialect.name != "sqlite":
-        return
-
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.execute(f"PRAGMA synchronous = {synchronous}")
-
-    event.listen(engine, "connect", on_connect)
-    engine.dispose()
+__all__ = ["MIGRATIONS", "main"]
 
 
 def options_of(settings: MetaSettings, cluster_token: str) -> MetaOptions:
@@ -46,27 +29,28 @@ def options_of(settings: MetaSettings, cluster_token: str) -> MetaOptions:
         default_chunk_size=settings.default_chunk_size, default_stripe_size=settings.default_stripe_size,
         lease_s=settings.session_lease_s, capability_ttl_s=settings.capability_ttl_s,
         trash_retention_s=settings.trash_retention_s, capacity_bytes=settings.capacity_bytes,
-        background_interval_s=settings.background_interval_s, sqlite_synchronous=settings.sqlite_synchronous,
+        background_interval_s=settings.background_interval_s,
     )  # fmt: skip
 
 
 async def main(settings: MetaSettings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     token = settings.resolved_cluster_token()
-    store = await asyncio.to_thread(open_store, settings.database_url.get_secret_value(), MIGRATIONS, VERSION_TABLE)
-    tune_sqlite(store.engine, settings.sqlite_synchronous)
+    url = settings.database_url.get_secret_value()
+    store = await asyncio.to_thread(MetaStore.open, url, synchronous=settings.sqlite_synchronous)
     mgmtd = MgmtdClient(settings.mgmtd_address_list(), token=token, timeout_s=5.0)
-    app = MetaApp(store, mgmtd, options_of(settings, token))
+    ops = MetaOps.build(store, mgmtd, options_of(settings, token))
     try:
-        await serve_service(settings, _wiring(settings, app, mgmtd, token), stop)
+        await serve_service(settings, _wiring(settings, ops, mgmtd, token), stop)
     finally:
-        await app.close()
+        await ops.close()
+        await store.close()
         await mgmtd.close()
         await asyncio.to_thread(store.dispose)
     logger.info("meta stopped")
 
 
-def _wiring(settings: MetaSettings, app: MetaApp, mgmtd: MgmtdClient, token: str) -> ServiceWiring:
+def _wiring(settings: MetaSettings, ops: MetaOps, mgmtd: MgmtdClient, token: str) -> ServiceWiring:
     def reporter(serving: Serving) -> list[Loop]:
         if settings.telemetry_interval_s <= 0:
             return []
@@ -80,8 +64,8 @@ def _wiring(settings: MetaSettings, app: MetaApp, mgmtd: MgmtdClient, token: str
         node_type=common_pb2.NODE_TYPE_META, status_table=STATUS_TABLE,
         token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
         bindings=[ServiceBinding(meta_pb2.DESCRIPTOR.services_by_name["MetaService"].full_name,
-                                 meta_pb2_grpc.add_MetaServiceServicer_to_server, MetaServicer(app))],
+                                 meta_pb2_grpc.add_MetaServiceServicer_to_server, MetaServicer(ops))],
         mgmtd_addresses=settings.mgmtd_address_list(),
-        loops=lambda serving: [app.background(serving.stop)],
+        loops=lambda serving: [ops.background.run(serving.stop)],
         loops_after_registration=reporter,
     )  # fmt: skip

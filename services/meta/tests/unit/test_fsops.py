@@ -11,12 +11,12 @@ from typing import TypeVar
 import pytest
 
 from ff_meta.core.errors import FsCode, FsError
-from ff_meta.core.model import Inode
+from ff_meta.core.model import AttrChange, Defaults, Inode, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
-from ff_meta.server import MIGRATIONS
 from ff_meta.store import fsops, trash
+from ff_meta.store.metastore import MIGRATIONS
 from ff_meta.store.schema import VERSION_TABLE
-from ff_meta.store.tx import Defaults, LayoutSpec, PathAt, Tx
+from ff_meta.store.tx import Tx
 from ff_store import Store, open_store
 
 T = TypeVar("T")
@@ -160,11 +160,11 @@ def test_trash_tree_deleted_in_small_steps(fs: Fs) -> None:
 def test_permissions_and_sticky_root(fs: Fs) -> None:
     fs.mkdir("/alice")
     fs.create("/alice/f")
-    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice"), True, fsops.AttrChange(mode=0o700)))
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice"), True, AttrChange(mode=0o700)))
     assert code(lambda: fs.tx(lambda t: fsops.stat(t, PathAt(0, "/alice/f"), True), BOB)) is FsCode.ACCESS_DENIED
     assert code(lambda: fs.remove("/alice", recursive=True, caller=BOB)) is FsCode.NOT_PERMITTED  # sticky root
     assert code(lambda: fs.rename("/alice", "/mine", caller=BOB)) is FsCode.NOT_PERMITTED
-    chown = fsops.AttrChange(uid=BOB.uid)
+    chown = AttrChange(uid=BOB.uid)
     assert code(lambda: fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice"), True, chown))) is FsCode.NOT_PERMITTED
 
 
@@ -202,7 +202,7 @@ def test_inode_addressing_needs_search_permission_on_every_directory_above(fs: F
     fs.mkdir("/alice/private")
     sub = fs.mkdir("/alice/private/sub")
     f = fs.create("/alice/private/sub/f")
-    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice/private"), True, fsops.AttrChange(mode=0o700)))
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice/private"), True, AttrChange(mode=0o700)))
 
     def as_bob(at: PathAt) -> FsCode | int:
         try:
@@ -220,7 +220,7 @@ def test_inode_addressing_needs_search_permission_on_every_directory_above(fs: F
     assert as_bob(PathAt(f.inode_id, "")) == f.inode_id
     assert fs.tx(lambda t: fsops.realpath(t, PathAt(f.inode_id, "")), BOB) == ("/alice/pub", f.inode_id)
     # 0711: searchable, not readable; the search bit is what counts.
-    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice/private"), True, fsops.AttrChange(mode=0o711)))
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/alice/private"), True, AttrChange(mode=0o711)))
     assert as_bob(PathAt(sub.inode_id, "f")) == f.inode_id
     # A tree in the trash is not in the namespace: ENOENT for others, found by root.
     fs.remove("/alice/private", recursive=True)
@@ -235,7 +235,7 @@ def test_close_and_sync_without_the_session_change_only_what_the_caller_may(fs: 
     before = fs.stat("/d/f")
     sync = fs.tx(lambda t: fsops.finish_length(t, f.inode_id, "", 99_999_999, None, 0, close=False), BOB)
     assert (sync.length, sync.mtime_ns) == (before.length, before.mtime_ns)  # bob may read: nothing changes
-    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/d/f"), True, fsops.AttrChange(mode=0o600)))
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/d/f"), True, AttrChange(mode=0o600)))
     denied = code(lambda: fs.tx(lambda t: fsops.finish_length(t, f.inode_id, "", 5, 5, 0, close=True), BOB))
     assert denied is FsCode.ACCESS_DENIED
     own = fs.tx(lambda t: fsops.finish_length(t, f.inode_id, "", 99_999_999, 7, 0, close=False))
@@ -243,10 +243,10 @@ def test_close_and_sync_without_the_session_change_only_what_the_caller_may(fs: 
 
 
 def test_deep_mkdirs_charges_each_level_and_stops_at_the_depth_limit(fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ff_meta.store import tx as tx_module
+    from ff_meta.core import resolve as resolve_module
 
     monkeypatch.setattr(fsops, "MAX_DIR_DEPTH", 50)
-    monkeypatch.setattr(tx_module, "MAX_DIR_DEPTH", 50)
+    monkeypatch.setattr(resolve_module, "MAX_DIR_DEPTH", 50)
     fs.mkdir("/q")
     root = Caller(0, (0,), is_root=True)
     fs.tx(lambda t: fsops.set_quota(t, PathAt(0, "/q"), 0, 41), root)
@@ -261,6 +261,6 @@ def test_deep_mkdirs_charges_each_level_and_stops_at_the_depth_limit(fs: Fs, mon
     assert q.used_inodes == 41  # the refused call charged nothing
     fs.tx(lambda t: fsops.set_quota(t, PathAt(0, "/q"), 0, 0), root)
     assert code(lambda: mkdir_p("/q/" + "/".join(["a"] * 40) + "/c/c/c/c/c/c/c/c/c/c")) is FsCode.NAME_TOO_LONG
-    assert fs.tx(lambda t: t.depth_of(deep.inode_id)) == 41
+    assert fs.tx(lambda t: t.paths.depth_of(deep.inode_id)) == 41
     assert fs.tx(lambda t: fsops.realpath(t, PathAt(deep.inode_id, ""))) == ("/q/" + "/".join(["a"] * 40),
                                                                               deep.inode_id)  # fmt: skip

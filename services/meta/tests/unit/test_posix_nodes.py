@@ -11,13 +11,13 @@ from typing import TypeVar
 import pytest
 
 from ff_meta.core.errors import FsCode, FsError
-from ff_meta.core.model import Inode, InodeType
+from ff_meta.core.model import AttrChange, Defaults, Inode, InodeType, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
-from ff_meta.server import MIGRATIONS
-from ff_meta.servicer import to_pb
 from ff_meta.store import fsops, trash
+from ff_meta.store.metastore import MIGRATIONS
 from ff_meta.store.schema import VERSION_TABLE
-from ff_meta.store.tx import Defaults, LayoutSpec, PathAt, Tx
+from ff_meta.store.tx import Tx
+from ff_meta.wire import inode_pb
 from ff_store import Store, open_store
 from fireflyer.meta.v1 import meta_pb2 as pb
 
@@ -76,7 +76,7 @@ def test_mknod_makes_special_files(ns: Ns, kind: InodeType, rdev: int, wire: int
     made = ns.mknod("/d/n", kind, rdev)
     st = ns.stat("/d/n")
     assert (st.inode_id, st.type, st.mode, st.nlink, st.rdev, st.length) == (made.inode_id, kind, 0o640, 1, rdev, 0)
-    msg = to_pb(st)
+    msg = inode_pb(st)
     assert (msg.type, msg.rdev, msg.symlink_target, msg.HasField("layout")) == (wire, rdev, "", False)
 
 
@@ -143,7 +143,7 @@ def test_a_folder_s_mtime_and_ctime_move_with_its_entries(ns: Ns) -> None:
 
 
 def _nlink(ns: Ns, path: str) -> int:
-    return to_pb(ns.stat(path)).nlink
+    return inode_pb(ns.stat(path)).nlink
 
 
 def test_a_folder_counts_its_subfolders_in_its_links(ns: Ns) -> None:
@@ -165,7 +165,7 @@ BOB = Caller(1001, (1001, 50), "bob")
 
 
 def _set(ns: Ns, path: str, caller: Caller, **change: int) -> Inode:
-    return ns.tx(lambda t: fsops.set_attr(t, PathAt(0, path), False, fsops.AttrChange(**change)), caller)
+    return ns.tx(lambda t: fsops.set_attr(t, PathAt(0, path), False, AttrChange(**change)), caller)
 
 
 def test_chown_follows_linux_rules(ns: Ns) -> None:

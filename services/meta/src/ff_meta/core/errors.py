@@ -75,6 +75,12 @@ class FsExhausted(FsError):
     """EDQUOT, ENOSPC."""
 
 
+class StorageUnavailable(FsError):
+    """Storage could not answer (exact length, chunk removal): the call may be retried."""
+
+    fs_code = FsCode.CONFLICT
+
+
 _CLASS_OF = {
     FsCode.NOT_FOUND: FsNotFound, FsCode.EXISTS: FsExists, FsCode.ACCESS_DENIED: FsDenied,
     FsCode.NOT_PERMITTED: FsDenied, FsCode.NAME_TOO_LONG: FsInvalid, FsCode.INVALID_ARGUMENT: FsInvalid,

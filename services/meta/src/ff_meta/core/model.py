@@ -89,6 +89,20 @@ class Defaults:
 
 
 @dataclass(frozen=True)
+class AttrChange:
+    """What a SetAttr changes (None, False: not that)."""
+
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    atime_now: bool = False
+    mtime_now: bool = False
+    layout: LayoutSpec | None = None
+
+
+@dataclass(frozen=True)
 class SessionInfo:
     """A write session as its holder sees it."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ff_meta.core.errors import FsCode, fs_error
 
 MAX_NAME_BYTES = 255
@@ -12,6 +14,13 @@ MAX_PATH_COMPONENTS = MAX_PATH_BYTES // 2
 # Directories may nest at most this deep below the root (Linux has no such limit, but every walk up the tree
 # (permission checks of inode addressing, quotas, rename's loop check, realpath) is bounded by it).
 MAX_DIR_DEPTH = 4096
+# One path resolution may walk at most this many components, symlink expansions included (40 hops of
+# 2,048-component targets would otherwise be 80,000 lookups for one Stat): ELOOP beyond. One transaction
+# (a BatchStat of 10,000 paths) may spend at most MAX_WALK_COST on walking paths (a lookup costs 1; one
+# query for up to 16 directories down, 1 + 1 per 2; the directories above an inode, 1 + 1 per 16 rows):
+# ELOOP for what comes after, so that no request costs more than a few seconds.
+MAX_COMPONENTS_WALKED = 4096
+MAX_WALK_COST = 1 << 16
 
 
 def check_name(name: str) -> str:
@@ -54,3 +63,16 @@ def split_path(path: str) -> tuple[bool, list[str]]:
 
 def join(parent: str, name: str) -> str:
     return f"{parent.rstrip('/')}/{name}" if parent != "/" else f"/{name}"
+
+
+@dataclass
+class WalkBudget:
+    """What one request may still spend walking paths (``MAX_WALK_COST``; the store charges each query)."""
+
+    left: int = MAX_WALK_COST
+
+    def spend(self, cost: int) -> None:
+        """Charge ``cost``; ELOOP once the request has walked too much."""
+        self.left -= cost
+        if self.left < 0:
+            raise fs_error(FsCode.SYMLINK_LOOP, "the request walks too many path components (symlinks?)")

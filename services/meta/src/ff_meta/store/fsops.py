@@ -10,32 +10,43 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from stat import S_ISGID
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
-from ff_meta.core.model import DEVICE_TYPES, NO_LIMIT, ROOT_INODE_ID, SPECIAL_TYPES, Inode, InodeType
-from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
-from ff_meta.core.perms import Caller, R, W, X, allowed, check_sticky, require, require_owner
-from ff_meta.store.schema import counters, inodes, quotas, sessions, trash
-from ff_meta.store.tx import (
-    MAX_CHUNK,
-    MAX_LINKS,
-    MIN_CHUNK,
-    SELECT_INODE_COLS,
+from ff_meta.core.layout import check_chunk_size, choose_layout
+from ff_meta.core.model import (
+    DEVICE_TYPES,
+    NO_LIMIT,
+    ROOT_INODE_ID,
+    SPECIAL_TYPES,
+    AttrChange,
     Defaults,
+    Inode,
+    InodeType,
     LayoutSpec,
     PathAt,
     QuotaRow,
-    Resolved,
     SessionInfo,
-    Tx,
-    inode_of_tuple,
-    raw_sql,
 )
+from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
+from ff_meta.core.perms import (
+    R,
+    W,
+    X,
+    allowed,
+    check_sticky,
+    checked_mode,
+    checked_owner,
+    require,
+    require_owner,
+    require_session_owner,
+)
+from ff_meta.core.quota import headroom
+from ff_meta.core.resolve import Resolved
+from ff_meta.store.schema import inodes, quotas, sessions, trash
+from ff_meta.store.tx import MAX_LINKS, SELECT_INODE_COLS, Tx, inode_of_tuple, raw_sql
 
 _SCAN = f"SELECT d.name, {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
 _RAW_SCAN = raw_sql(_SCAN + "WHERE d.parent_id = ? ORDER BY d.name LIMIT ?")
@@ -49,54 +60,22 @@ _RAW_LIST_AFTER = raw_sql(
 # ---- inode allocation ----
 
 
-def allocate_ids(session: Session, count: int) -> int:
+_RAW_NEXT_ID = raw_sql("SELECT value FROM meta_counters WHERE name = 'next_inode_id'")
+_RAW_SET_NEXT_ID = raw_sql("UPDATE meta_counters SET value = ? WHERE name = 'next_inode_id'")
+
+
+def allocate_ids(tx: Tx, count: int) -> int:
     """Reserve ``count`` consecutive inode ids; returns the first."""
-    row = session.execute(sa.select(counters.c.value).where(counters.c.name == "next_inode_id")).one()
-    first = int(row.value)
-    session.execute(sa.update(counters).where(counters.c.name == "next_inode_id").values(value=first + count))
-    return first
-
-
-# ---- layout ----
-
-
-def choose_layout(tx: Tx, parent: Inode, asked: LayoutSpec | None, defaults: Defaults, inode_id: int) -> dict[str, Any]:
-    """The layout of a new file: the asked one, else its directory's (which a new directory copies from its
-    parent), else the defaults."""
-    spec = asked if asked is not None and asked.chain_table_id else None
-    if spec is None and parent.chain_table_id:
-        spec = LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
-    spec = spec or defaults.layout
-    table_id = spec.chain_table_id or defaults.layout.chain_table_id
-    chunk = (asked.chunk_size if asked and asked.chunk_size else 0) or spec.chunk_size or defaults.layout.chunk_size
-    stripe = (
-        (asked.stripe_size if asked and asked.stripe_size else 0) or spec.stripe_size or defaults.layout.stripe_size
-    )
-    check_chunk_size(chunk)
-    if table_id not in defaults.tables:
-        if spec is defaults.layout or table_id == defaults.layout.chain_table_id:
-            raise fs_error(FsCode.NO_SPACE, f"the default chain table {table_id} does not exist (is storage set up?)")
-        named_by = "request" if spec is asked else "directory"
-        raise fs_error(FsCode.INVALID_ARGUMENT, f"chain table {table_id} (named by the {named_by}'s layout) does not "
-                                                f"exist; chain tables: {sorted(defaults.tables)}")  # fmt: skip
-    version, n = defaults.tables[table_id]
-    stripe = max(1, min(stripe, n))
-    # Round-robin start over the table; the seed from the id so that a re-run picks the same.
-    seed = (inode_id * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
-    return {"chain_table_id": table_id, "chain_table_version": version, "chunk_size": chunk, "stripe_size": stripe,
-            "chain_begin": inode_id % n, "shuffle_seed": seed}  # fmt: skip
-
-
-def check_chunk_size(chunk: int) -> None:
-    if chunk < MIN_CHUNK or chunk > MAX_CHUNK or chunk & (chunk - 1):
-        raise fs_error(FsCode.INVALID_ARGUMENT, f"chunk size {chunk} must be a power of two from 64 KiB to 64 MiB")
+    [(first,)] = tx.fetch_all(_RAW_NEXT_ID, ())
+    tx.execute(_RAW_SET_NEXT_ID, (int(first) + count,))
+    return int(first)
 
 
 # ---- operations ----
 
 
 def stat(tx: Tx, at: PathAt, follow_last: bool) -> Inode:
-    inode = tx.existing(at, follow_last=follow_last).inode
+    inode = tx.paths.existing(at, follow_last=follow_last).inode
     assert inode is not None
     return inode
 
@@ -109,7 +88,7 @@ def stat_with_sessions(tx: Tx, at: PathAt, follow_last: bool) -> tuple[Inode, in
 
 def batch_stat(tx: Tx, ats: Sequence[PathAt | FsError], follow_last: bool) -> list[Inode | FsError]:
     """Each path's inode or error (an FsError given in place of a path is its answer)."""
-    tx.cache_walks = True  # read only: a directory walked for one path is the same for the next
+    tx.paths.cache_walks = True  # read only: a directory walked for one path is the same for the next
     out: list[Inode | FsError] = []
     for at in ats:
         if isinstance(at, FsError):
@@ -141,46 +120,38 @@ def create(
 
     A symlink as the last component is followed (a dangling one creates its target), except with ``exclusive``:
     then any existing entry, a symlink included, is EEXIST (POSIX O_CREAT|O_EXCL)."""
-    r = tx.resolve(at, follow_last=False)
+    r = tx.paths.resolve(at, follow_last=False)
     if r.inode is not None and r.inode.is_symlink:
         if exclusive:
             raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
-        r = tx.resolve(at, follow_last=True)
+        r = tx.paths.resolve(at, follow_last=True)
     if r.inode is not None:
         if exclusive:
             raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
         if r.inode.is_dir:
             raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
         require(tx.caller, r.inode, W if write else R, f"open {at.path}")
-        return r.inode, False, tx.quota_chain(tx.folder_of(r))
+        return r.inode, False, tx.quotas.chain(tx.paths.folder_of(r))
     parent = new_parent(tx, r, at.path)
-    chain = tx.quota_chain(parent)
-    tx.charge(chain, dinodes=1)
+    chain = tx.quotas.chain(parent)
+    tx.quotas.charge(chain, dinodes=1)
     inode = Inode(inode_id=inode_id, type=InodeType.FILE, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid,
                   nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
-                  **choose_layout(tx, parent, layout, defaults, inode_id))  # fmt: skip
+                  **choose_layout(parent, layout, defaults, inode_id))  # fmt: skip
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode, True, chain
 
 
-def quota_room(chain: list[QuotaRow], reserved: int = 0) -> tuple[int, int] | None:
-    """(bytes still allowed, folder) of the tightest byte quota of ``chain`` once ``reserved`` more bytes are
-    taken; None when none of them limits bytes."""
-    rooms = [(max(0, q.max_bytes - q.used_bytes - q.reserved_bytes - reserved), q.inode_id)
-             for q in chain if q.max_bytes]  # fmt: skip
-    return min(rooms) if rooms else None
-
-
 def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
-    r = tx.existing(at, follow_last=True)
+    r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
     if inode.is_dir and write:
         raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
     want = (R if read else 0) | (W if write else 0)
     require(tx.caller, inode, want or R, f"open {at.path}")
-    return inode, (tx.quota_chain(tx.folder_of(r)) if write else [])
+    return inode, (tx.quotas.chain(tx.paths.folder_of(r)) if write else [])
 
 
 def open_session(tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str,
@@ -229,9 +200,9 @@ def set_length(tx: Tx, inode: Inode, new_length: int, chain: list[QuotaRow], *, 
     delta = new_length - inode.length
     if delta:
         if from_reservation:
-            tx.charge(chain, dbytes=delta, dreserved=-delta if delta > 0 else 0, enforce=False)
+            tx.quotas.charge(chain, dbytes=delta, dreserved=-delta if delta > 0 else 0, enforce=False)
         else:
-            tx.charge(chain, dbytes=delta, enforce=False)
+            tx.quotas.charge(chain, dbytes=delta, enforce=False)
     values: dict[str, Any] = {"length": new_length}
     if mtime_ns is not None:
         values.update(mtime_ns=mtime_ns, ctime_ns=max(mtime_ns, inode.ctime_ns))
@@ -246,9 +217,9 @@ def authorize_finish(tx: Tx, inode_id: int, session_id: str) -> tuple[Inode, Any
     inode = tx.must(inode_id)
     if session_id:
         row = _session(tx, inode_id, session_id)
-        require_owner_or_same(tx, row)
+        require_session_owner(tx.caller, row.uid)
         return inode, row, True
-    tx.check_reachable(inode)
+    tx.paths.check_reachable(inode)
     if inode.is_file and allowed(tx.caller, inode, W):
         return inode, None, True
     require(tx.caller, inode, R, f"sync inode {inode_id}")
@@ -269,7 +240,7 @@ def finish_length(tx: Tx, inode_id: int, session_id: str, written: int, storage_
         written, mtime_ns = 0, None
     elif mtime_ns is not None and row.times_set_at_ns is not None and mtime_ns <= row.times_set_at_ns:
         mtime_ns = None
-    chain = tx.quota_ids_of(row.quota_ids) if row is not None else []
+    chain = tx.quotas.of_ids(row.quota_ids) if row is not None else []
     exact = (
         max(inode.length, written, storage_length or 0) if storage_length is not None else max(inode.length, written)
     )
@@ -280,16 +251,11 @@ def finish_length(tx: Tx, inode_id: int, session_id: str, written: int, storage_
     return inode
 
 
-def require_owner_or_same(tx: Tx, row: Any) -> None:
-    if not tx.caller.is_root and row.uid != tx.caller.uid:
-        raise fs_error(FsCode.ACCESS_DENIED, "the write session belongs to another user")
-
-
 def _end_session(tx: Tx, inode: Inode, row: Any, chain: list[QuotaRow]) -> None:
     if row.write_limit is not None:
         unused = max(0, int(row.write_limit) - max(inode.length, int(row.reported_length)))
         if unused:
-            tx.charge(chain, dreserved=-unused, enforce=False)
+            tx.quotas.charge(chain, dreserved=-unused, enforce=False)
     tx.delete_session(row.session_id)
     if inode.nlink == 0 and not tx.has_sessions(inode.inode_id):
         tx.free_file(inode)
@@ -304,16 +270,17 @@ def collect_session(tx: Tx, session_id: str, storage_length: int | None) -> bool
     if inode is None:
         tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == session_id))
         return True
-    chain = tx.quota_ids_of(row.quota_ids)
+    chain = tx.quotas.of_ids(row.quota_ids)
     exact = max(inode.length, int(row.reported_length), storage_length or 0)
     inode = set_length(tx, inode, exact, chain, from_reservation=True)
     _end_session(tx, inode, row, chain)
     return True
 
 
-def expired_sessions(session: Session, now_s: float, limit: int = 100) -> list[tuple[str, int]]:
-    q = sa.select(sessions.c.session_id, sessions.c.inode_id).where(sessions.c.lease_expires_at < now_s).limit(limit)
-    return [(r.session_id, r.inode_id) for r in session.execute(q)]
+def expired_sessions(tx: Tx, limit: int = 100) -> list[tuple[str, int]]:
+    """(session id, inode id) of write sessions whose lease lapsed (the oldest first is not promised)."""
+    q = sa.select(sessions.c.session_id, sessions.c.inode_id).where(sessions.c.lease_expires_at < tx.now_ns / 1e9)
+    return [(r.session_id, r.inode_id) for r in tx.session.execute(q.limit(limit))]
 
 
 def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expires_at: float) -> list[str]:
@@ -341,24 +308,18 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
             # The write time is unknown here: meta's clock, unless an explicit mtime was set meanwhile (then the
             # session's Close or Sync brings the time of its last write, which counts if later).
             mtime_ns = tx.now_ns if row.times_set_at_ns is None else None
-            set_length(tx, inode, written, tx.quota_ids_of(row.quota_ids), mtime_ns=mtime_ns, from_reservation=True)
+            set_length(tx, inode, written, tx.quotas.of_ids(row.quota_ids), mtime_ns=mtime_ns, from_reservation=True)
     return lost
-
-
-def headroom(chain: Sequence[QuotaRow]) -> int:
-    """Bytes the byte quotas of ``chain`` would still grant (``NO_LIMIT`` when none limits bytes)."""
-    rooms = [max(0, q.max_bytes - q.used_bytes - q.reserved_bytes) for q in chain if q.max_bytes]
-    return min(rooms) if rooms else NO_LIMIT
 
 
 def reserve(tx: Tx, inode_id: int, session_id: str, want: int, partial: bool = False) -> tuple[int, int]:
     """Raise a write session's limit to ``want`` (all or nothing, or with ``partial`` as far as the quotas
     allow). Returns (the session's limit, bytes the quotas would still grant)."""
     row = _session(tx, inode_id, session_id)
-    require_owner_or_same(tx, row)
+    require_session_owner(tx.caller, row.uid)
     if row.write_limit is None:
         return NO_LIMIT, NO_LIMIT
-    chain = tx.quota_ids_of(row.quota_ids)
+    chain = tx.quotas.of_ids(row.quota_ids)
     have = int(row.write_limit)
     if want <= have:
         return have, headroom(chain)
@@ -370,9 +331,9 @@ def reserve(tx: Tx, inode_id: int, session_id: str, want: int, partial: bool = F
         want = base + grow
         if want <= have:
             raise fs_error(FsCode.QUOTA_EXCEEDED, f"byte quota above inode {inode_id} exhausted")
-    tx.charge(chain, dreserved=grow)
+    tx.quotas.charge(chain, dreserved=grow)
     tx.session.execute(sa.update(sessions).where(sessions.c.session_id == session_id).values(write_limit=want))
-    return want, headroom(tx.quota_ids_of(row.quota_ids))
+    return want, headroom(tx.quotas.of_ids(row.quota_ids))
 
 
 @dataclass
@@ -385,8 +346,8 @@ class _Above:
 
     def of(self, d: Inode) -> tuple[list[int], int]:
         if d.inode_id not in self.known:
-            ids = [int(r[0]) for r in self.tx.ancestry(d.inode_id)]
-            quota_ids = [q.inode_id for q in self.tx.quota_chain_of(ids)]
+            ids = [int(r[0]) for r in self.tx.paths.ancestry(d.inode_id)]
+            quota_ids = [q.inode_id for q in self.tx.quotas.chain_of(ids)]
             self.known[d.inode_id] = (quota_ids, len(ids) - 1)
         return self.known[d.inode_id]
 
@@ -401,13 +362,13 @@ def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | 
     absolute, parts = split_path(at.path)
     above = _Above(tx)
     if not recursive:
-        return _mkdir_one(tx, tx.resolve(at, follow_last=False), at.path, mode, layout, ids[0], above)
+        return _mkdir_one(tx, tx.paths.resolve(at, follow_last=False), at.path, mode, layout, ids[0], above)
     # mkdir -p: walk down, creating what is missing.
     base = PathAt(at.parent_id if not absolute else ROOT_INODE_ID, "/" if absolute else "")
-    cur = tx.resolve(base, follow_last=True).inode
+    cur = tx.paths.resolve(base, follow_last=True).inode
     assert cur is not None
     for i, comp in enumerate(parts):
-        r = tx.resolve(PathAt(cur.inode_id, comp), follow_last=True, reached=True)
+        r = tx.paths.resolve(PathAt(cur.inode_id, comp), follow_last=True, reached=True)
         if r.inode is None:
             r.inode = _mkdir_one(tx, r, "/".join(parts[: i + 1]), mode, layout if i == len(parts) - 1 else None,
                                  ids[i], above)  # fmt: skip
@@ -424,7 +385,7 @@ def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | N
     quota_ids, depth = above.of(parent)
     if depth + 1 > MAX_DIR_DEPTH:
         raise fs_error(FsCode.NAME_TOO_LONG, f"{what}: directories nest at most {MAX_DIR_DEPTH} levels deep")
-    tx.charge(tx.quota_chain_of(quota_ids), dinodes=1)
+    tx.quotas.charge(tx.quotas.chain_of(quota_ids), dinodes=1)
     spec = layout or LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
     if spec.chunk_size:
         check_chunk_size(spec.chunk_size)
@@ -441,9 +402,9 @@ def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | N
 def symlink(tx: Tx, at: PathAt, target: str, inode_id: int) -> Inode:
     if not target or "\0" in target or len(target.encode()) > 4096:
         raise fs_error(FsCode.INVALID_ARGUMENT, "a symlink target is 1-4096 bytes without NUL")
-    r = tx.resolve(at, follow_last=False)
+    r = tx.paths.resolve(at, follow_last=False)
     parent = new_parent(tx, r, at.path)
-    tx.charge(tx.quota_chain(parent), dinodes=1)
+    tx.quotas.charge(tx.quotas.chain(parent), dinodes=1)
     inode = Inode(inode_id=inode_id, type=InodeType.SYMLINK, mode=0o777, uid=tx.caller.uid, gid=tx.caller.gid,
                   nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns, length=len(target.encode()),
                   symlink_target=target)  # fmt: skip
@@ -460,9 +421,9 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
         raise fs_error(FsCode.INVALID_ARGUMENT, "a device number (below 2^63) belongs to a device node only")
     if kind in DEVICE_TYPES and not tx.caller.is_root:
         raise fs_error(FsCode.NOT_PERMITTED, f"mknod {at.path}: only root makes device nodes (as CAP_MKNOD)")
-    r = tx.resolve(at, follow_last=False)
+    r = tx.paths.resolve(at, follow_last=False)
     parent = new_parent(tx, r, at.path)
-    tx.charge(tx.quota_chain(parent), dinodes=1)
+    tx.quotas.charge(tx.quotas.chain(parent), dinodes=1)
     inode = Inode(inode_id=inode_id, type=kind, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid, nlink=1,
                   atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
                   rdev=rdev)  # fmt: skip
@@ -472,13 +433,13 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
 
 
 def hardlink(tx: Tx, old: PathAt, new: PathAt) -> Inode:
-    src = tx.existing(old, follow_last=False).inode
+    src = tx.paths.existing(old, follow_last=False).inode
     assert src is not None
     if src.is_dir:
         raise fs_error(FsCode.NOT_PERMITTED, f"{old.path}: hard link to a directory")
     if src.nlink >= MAX_LINKS:
         raise fs_error(FsCode.TOO_MANY_LINKS, f"{old.path}: too many links")
-    r = tx.resolve(new, follow_last=False)
+    r = tx.paths.resolve(new, follow_last=False)
     parent = new_parent(tx, r, new.path)
     tx.link(parent.inode_id, r.name, src)
     tx.update(src.inode_id, nlink=src.nlink + 1, ctime_ns=tx.now_ns)
@@ -500,7 +461,7 @@ def _removable(tx: Tx, r: Resolved, what: str) -> tuple[Inode, Inode]:
 def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: float, trash_id: str,
            expect_dir: bool | None = None) -> str:  # fmt: skip
     """Unlink/rmdir, or move to the trash. Returns the trash id ("" when unlinked)."""
-    r = tx.resolve(at, follow_last=False)
+    r = tx.paths.resolve(at, follow_last=False)
     inode, parent = _removable(tx, r, at.path)
     if expect_dir is True and not inode.is_dir:
         raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
@@ -508,11 +469,11 @@ def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: flo
         raise fs_error(FsCode.IS_DIRECTORY, f"{at.path}: is a directory")
     if inode.is_dir and not recursive and tx.has_children(inode.inode_id):
         raise fs_error(FsCode.NOT_EMPTY, f"{at.path}: directory not empty")
-    chain = tx.quota_chain(parent)
+    chain = tx.quotas.chain(parent)
     if recursive or to_trash:
-        path = join(tx.path_of(parent), r.name)
+        path = join(tx.paths.path_of(parent), r.name)
         dbytes, dinodes = tx.subtree_usage(inode) if chain else (0, 0)
-        tx.charge(chain, dbytes=-dbytes, dinodes=-dinodes, enforce=False)
+        tx.quotas.charge(chain, dbytes=-dbytes, dinodes=-dinodes, enforce=False)
         tx.unlink_entry(parent.inode_id, r.name)
         if inode.is_dir:
             tx.update(inode.inode_id, parent_id=0, ctime_ns=tx.now_ns)
@@ -522,18 +483,18 @@ def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: flo
         ))  # fmt: skip
         return trash_id
     if inode.is_file and inode.nlink <= 1:
-        tx.charge(chain, dbytes=-inode.length, dinodes=-1, enforce=False)
+        tx.quotas.charge(chain, dbytes=-inode.length, dinodes=-1, enforce=False)
     elif not inode.is_file:
-        tx.charge(chain, dinodes=-1, enforce=False)
+        tx.quotas.charge(chain, dinodes=-1, enforce=False)
     tx.unlink_entry(parent.inode_id, r.name)
     tx.drop_link(inode)
     return ""
 
 
 def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa: PLR0912
-    rs = tx.resolve(src, follow_last=False)
+    rs = tx.paths.resolve(src, follow_last=False)
     moved, sparent = _removable(tx, rs, src.path)
-    rd = tx.resolve(dst, follow_last=False)
+    rd = tx.paths.resolve(dst, follow_last=False)
     if rd.parent is None:
         raise fs_error(FsCode.BUSY if rd.name != ".." else FsCode.INVALID_ARGUMENT, f"cannot rename onto {dst.path}")
     check_name(rd.name)
@@ -555,25 +516,27 @@ def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa
     if moved.is_dir:
         if dparent.inode_id != sparent.inode_id:
             require(tx.caller, moved, W, f"move directory {src.path}")  # its ".." changes
-        above = tx.ancestors(dparent)
+        above = tx.paths.ancestors(dparent)
         if moved.inode_id in above:
             raise fs_error(FsCode.RENAME_LOOP, f"cannot move {src.path} into itself ({dst.path})")
         if len(above) > MAX_DIR_DEPTH:
             raise fs_error(FsCode.NAME_TOO_LONG, f"{dst.path}: directories nest at most {MAX_DIR_DEPTH} levels deep")
-    src_chain, dst_chain = tx.quota_chain(sparent), tx.quota_chain(dparent)
+    src_chain, dst_chain = tx.quotas.chain(sparent), tx.quotas.chain(dparent)
     if target is not None:
         if target.is_file and target.nlink <= 1:
-            tx.charge(dst_chain, dbytes=-target.length, dinodes=-1, enforce=False)
+            tx.quotas.charge(dst_chain, dbytes=-target.length, dinodes=-1, enforce=False)
         elif not target.is_file:
-            tx.charge(dst_chain, dinodes=-1, enforce=False)
+            tx.quotas.charge(dst_chain, dinodes=-1, enforce=False)
         tx.unlink_entry(dparent.inode_id, rd.name)
         tx.drop_link(target)
     src_ids = {q.inode_id for q in src_chain}
     dst_ids = {q.inode_id for q in dst_chain}
     if src_ids != dst_ids:
         dbytes, dinodes = tx.subtree_usage(moved)
-        tx.charge([q for q in dst_chain if q.inode_id not in src_ids], dbytes=dbytes, dinodes=dinodes)
-        tx.charge([q for q in src_chain if q.inode_id not in dst_ids], dbytes=-dbytes, dinodes=-dinodes, enforce=False)
+        tx.quotas.charge([q for q in dst_chain if q.inode_id not in src_ids], dbytes=dbytes, dinodes=dinodes)
+        tx.quotas.charge(
+            [q for q in src_chain if q.inode_id not in dst_ids], dbytes=-dbytes, dinodes=-dinodes, enforce=False
+        )
     tx.unlink_entry(sparent.inode_id, rs.name)
     tx.link(dparent.inode_id, rd.name, moved)
     values: dict[str, Any] = {"ctime_ns": tx.now_ns}
@@ -585,7 +548,7 @@ def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa
 
 def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
              ) -> tuple[list[tuple[str, int, InodeType, Inode | None]], str]:  # fmt: skip
-    d = tx.existing(at, follow_last=True).inode
+    d = tx.paths.existing(at, follow_last=True).inode
     assert d is not None
     if not d.is_dir:
         raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
@@ -607,7 +570,7 @@ def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
 
 
 def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
-    r = tx.existing(at, follow_last=True)
+    r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
     if inode.is_dir:
@@ -617,77 +580,42 @@ def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
     if not session_id:
         require(tx.caller, inode, W, f"truncate {at.path}")
     else:
-        require_owner_or_same(tx, _session(tx, inode.inode_id, session_id))
+        require_session_owner(tx.caller, _session(tx, inode.inode_id, session_id).uid)
     return inode
 
 
 def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
     inode = truncate_check(tx, at, session_id)
-    r = tx.existing(at, follow_last=True)
-    chain = tx.quota_chain(tx.folder_of(r))
+    r = tx.paths.existing(at, follow_last=True)
+    chain = tx.quotas.chain(tx.paths.folder_of(r))
     if length > inode.length:
-        tx.charge(chain, dbytes=length - inode.length)
+        tx.quotas.charge(chain, dbytes=length - inode.length)
     else:
-        tx.charge(chain, dbytes=length - inode.length, enforce=False)
+        tx.quotas.charge(chain, dbytes=length - inode.length, enforce=False)
     tx.shrink_reported(inode.inode_id, length)
     values = {"length": length, "mtime_ns": tx.now_ns, "ctime_ns": tx.now_ns}
     tx.update(inode.inode_id, **values)
     return inode.with_(**values)
 
 
-@dataclass(frozen=True)
-class AttrChange:
-    mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
-    atime_ns: int | None = None
-    mtime_ns: int | None = None
-    atime_now: bool = False
-    mtime_now: bool = False
-    layout: LayoutSpec | None = None
-
-
 def chmod_opened(tx: Tx, inode: Inode, mode: int, path: str) -> Inode:
     """chmod(2) of a file just opened in the same transaction (Create's ``set_mode``); nothing when it has the
     mode already."""
-    mode = _checked_mode(tx.caller, inode, mode, path)
+    mode = checked_mode(tx.caller, inode, mode, path)
     if mode == inode.mode:
         return inode
     tx.update(inode.inode_id, mode=mode, ctime_ns=tx.now_ns)
     return inode.with_(mode=mode, ctime_ns=tx.now_ns)
 
 
-def _checked_mode(c: Caller, inode: Inode, mode: int, path: str) -> int:
-    """chmod(2): the owner (or root) only; set-group-ID is dropped when the caller is not in the file's group
-    (as Linux does for a caller without CAP_FSETID)."""
-    require_owner(c, inode, f"chmod {path}")
-    if mode & ~0o7777:
-        raise fs_error(FsCode.INVALID_ARGUMENT, f"mode {mode:o} has bits beyond 07777")
-    if not c.is_root and mode & S_ISGID and inode.gid not in c.gids:
-        mode &= ~S_ISGID
-    return mode
-
-
-def _checked_owner(c: Caller, inode: Inode, uid: int | None, gid: int | None, path: str) -> dict[str, int]:
-    """chown(2) as Linux checks it: root changes anything; anyone else must own the file, may "change" the
-    owner only to itself, and the group only to the current one or one of its own groups."""
-    if c.is_root:
-        return {k: v for k, v in (("uid", uid), ("gid", gid)) if v is not None and v != getattr(inode, k)}
-    if uid is not None and (c.uid != inode.uid or uid != inode.uid):
-        raise fs_error(FsCode.NOT_PERMITTED, f"chown {path}: only root changes the owner")
-    if gid is not None and (c.uid != inode.uid or (gid != inode.gid and gid not in c.gids)):
-        raise fs_error(FsCode.NOT_PERMITTED, f"chgrp {path}: not the owner or not a member of group {gid}")
-    return {"gid": gid} if gid is not None and gid != inode.gid else {}
-
-
 def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:
-    inode = tx.existing(at, follow_last=follow_last).inode
+    inode = tx.paths.existing(at, follow_last=follow_last).inode
     assert inode is not None
     c = tx.caller
     values: dict[str, Any] = {}
     if ch.mode is not None:
-        values["mode"] = _checked_mode(c, inode, ch.mode, at.path)
-    values.update(_checked_owner(c, inode, ch.uid, ch.gid, at.path))
+        values["mode"] = checked_mode(c, inode, ch.mode, at.path)
+    values.update(checked_owner(c, inode, ch.uid, ch.gid, at.path))
     if ch.atime_ns is not None or ch.mtime_ns is not None:
         require_owner(c, inode, f"set times of {at.path}")
     if (ch.atime_now or ch.mtime_now) and not c.is_root and c.uid != inode.uid:
@@ -713,18 +641,19 @@ def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:
 
 
 def realpath(tx: Tx, at: PathAt) -> tuple[str, int]:
-    r = tx.existing(at, follow_last=True)
+    r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
     if inode.is_dir:
-        return tx.path_of(inode), inode.inode_id
+        return tx.paths.path_of(inode), inode.inode_id
     if r.parent is None:  # a file addressed by its own inode: through an entry the caller may search
-        return tx.reachable_path(inode), inode.inode_id
-    return join(tx.path_of(r.parent), r.name), inode.inode_id
+        return tx.paths.reachable_path(inode), inode.inode_id
+    return join(tx.paths.path_of(r.parent), r.name), inode.inode_id
 
 
-def statfs(session: Session) -> tuple[int, int]:
-    """(bytes in files, number of inodes)."""
+def statfs(tx: Tx) -> tuple[int, int]:
+    """(bytes in files, number of inodes): a scan of every inode (not a small read)."""
+    session = tx.session
     used = session.execute(
         sa.select(sa.func.coalesce(sa.func.sum(inodes.c.length), 0)).where(inodes.c.type == int(InodeType.FILE))
     ).scalar_one()
@@ -736,36 +665,36 @@ def statfs(session: Session) -> tuple[int, int]:
 
 
 def get_quota(tx: Tx, at: PathAt) -> list[tuple[QuotaRow, str]]:
-    r = tx.existing(at, follow_last=True)
+    r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
-    base = inode if inode.is_dir else tx.folder_of(r)
-    chain = tx.quota_chain(base) if base is not None else []
+    base = inode if inode.is_dir else tx.paths.folder_of(r)
+    chain = tx.quotas.chain(base) if base is not None else []
     return [(q, _path_or_id(tx, q.inode_id)) for q in chain]
 
 
 def _path_or_id(tx: Tx, inode_id: int) -> str:
     inode = tx.get(inode_id)
     try:
-        return tx.path_of(inode) if inode is not None else f"<inode {inode_id}>"
+        return tx.paths.path_of(inode) if inode is not None else f"<inode {inode_id}>"
     except FsError:
         return f"<inode {inode_id}>"
 
 
 def set_quota(tx: Tx, at: PathAt, max_bytes: int, max_inodes: int) -> tuple[QuotaRow, str]:
-    inode = tx.existing(at, follow_last=True).inode
+    inode = tx.paths.existing(at, follow_last=True).inode
     assert inode is not None
     if not inode.is_dir:
         raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: quotas are set on directories")
     tx.session.execute(sa.delete(quotas).where(quotas.c.inode_id == inode.inode_id))
     if not max_bytes and not max_inodes:
-        return QuotaRow(inode.inode_id, 0, 0, 0, 0, 0), tx.path_of(inode)
+        return QuotaRow(inode.inode_id, 0, 0, 0, 0, 0), tx.paths.path_of(inode)
     used_bytes, used_inodes = tx.subtree_usage(inode)
     # Sessions opened before the quota keep writing unreserved (they were not charged); new ones reserve.
     reserved = 0
     row = QuotaRow(inode.inode_id, max_bytes, max_inodes, used_bytes, used_inodes, reserved)
     tx.session.execute(sa.insert(quotas).values(**row.__dict__))
-    return row, tx.path_of(inode)
+    return row, tx.paths.path_of(inode)
 
 
 def list_quotas(tx: Tx) -> list[tuple[QuotaRow, str]]:

@@ -7,14 +7,13 @@ import uuid
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
 
 from ff_meta.core.errors import FsCode, fs_error
-from ff_meta.core.model import Inode, InodeType
+from ff_meta.core.model import GcJob, Inode, InodeType, PathAt, TrashRow
 from ff_meta.core.paths import join
 from ff_meta.store.fsops import new_parent
 from ff_meta.store.schema import gc_queue, trash
-from ff_meta.store.tx import GcJob, PathAt, TrashRow, Tx
+from ff_meta.store.tx import Tx
 
 # ---- trash ----
 
@@ -46,16 +45,16 @@ def trash_row(tx: Tx, trash_id: str) -> TrashRow:
 def restore_trash(tx: Tx, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
     entry = trash_row(tx, trash_id)
     dest = to if to is not None and to.path else PathAt(0, entry.original_path)
-    r = tx.resolve(dest, follow_last=False)
+    r = tx.paths.resolve(dest, follow_last=False)
     parent = new_parent(tx, r, dest.path)
     inode = tx.must(entry.inode_id)
     dbytes, dinodes = tx.subtree_usage(inode)
-    tx.charge(tx.quota_chain(parent), dbytes=dbytes, dinodes=dinodes)
+    tx.quotas.charge(tx.quotas.chain(parent), dbytes=dbytes, dinodes=dinodes)
     tx.link(parent.inode_id, r.name, inode)
     if inode.is_dir:
         tx.update(inode.inode_id, parent_id=parent.inode_id, ctime_ns=tx.now_ns)
     tx.session.execute(sa.delete(trash).where(trash.c.trash_id == trash_id))
-    return tx.must(inode.inode_id), join(tx.path_of(parent), r.name)
+    return tx.must(inode.inode_id), join(tx.paths.path_of(parent), r.name)
 
 
 def trash_ids(tx: Tx, ids: Sequence[str], expired_only: bool, everyone: bool = False) -> list[str]:
@@ -87,15 +86,18 @@ def delete_trash_entry(tx: Tx, trash_id: str, budget: int = TRASH_STEP_INODES) -
 # ---- GC queue ----
 
 
-def gc_batch(session: Session, limit: int = 32) -> list[GcJob]:
-    rows = session.execute(sa.select(gc_queue).order_by(gc_queue.c.attempts, gc_queue.c.enqueued_at).limit(limit))
+def gc_batch(tx: Tx, limit: int = 32) -> list[GcJob]:
+    """The next files whose chunks to remove, those tried least first."""
+    rows = tx.session.execute(sa.select(gc_queue).order_by(gc_queue.c.attempts, gc_queue.c.enqueued_at).limit(limit))
     return [GcJob(r.inode_id, r.chain_table_id, r.stripe_size, r.chain_begin, r.shuffle_seed, r.attempts) for r in rows]
 
 
-def gc_done(session: Session, inode_id: int) -> None:
-    session.execute(sa.delete(gc_queue).where(gc_queue.c.inode_id == inode_id))
+def gc_done(tx: Tx, inode_id: int) -> None:
+    """Storage removed the file's chunks: it leaves the queue."""
+    tx.session.execute(sa.delete(gc_queue).where(gc_queue.c.inode_id == inode_id))
 
 
-def gc_failed(session: Session, inode_id: int) -> None:
-    session.execute(sa.update(gc_queue).where(gc_queue.c.inode_id == inode_id)
+def gc_failed(tx: Tx, inode_id: int) -> None:
+    """Storage could not: tried again later, after the others."""
+    tx.session.execute(sa.update(gc_queue).where(gc_queue.c.inode_id == inode_id)
                     .values(attempts=gc_queue.c.attempts + 1))  # fmt: skip

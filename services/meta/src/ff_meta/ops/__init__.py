@@ -1,0 +1,53 @@
+"""Meta's operators, between the servicer and the store: each call's flow (checks, transactions, storage calls
+around them) over domain types. ``MetaOps`` puts them together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ff_cluster import MgmtdClient
+from ff_meta.ops.admin import QuotaOps, TrashOps
+from ff_meta.ops.background import Background
+from ff_meta.ops.files import FileOps
+from ff_meta.ops.namespace import NamespaceOps
+from ff_meta.ops.shared import IdAllocator, MetaOptions, Shared
+from ff_meta.store.chunks import StorageChunks
+from ff_meta.store.metastore import MetaStore
+from ff_meta.store.storage_space import StorageSpace
+from ff_rpc import RpcClient
+from ff_rpc.client import NO_RETRY, StubPool
+from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.capability import capability_key
+from hf3fs.routing import RoutingCache
+
+__all__ = ["MetaOps", "MetaOptions"]
+
+
+@dataclass
+class MetaOps:
+    """Every operator of one meta instance, sharing one store, routing cache and storage stubs."""
+
+    namespace: NamespaceOps
+    files: FileOps
+    quotas: QuotaOps
+    trash: TrashOps
+    background: Background
+    shared: Shared
+    _stubs: StubPool[storage_pb2_grpc.StorageServiceAsyncStub]
+
+    @classmethod
+    def build(cls, store: MetaStore, mgmtd: MgmtdClient, options: MetaOptions) -> MetaOps:
+        """The operators over ``store``, with storage reached through the routing ``mgmtd`` publishes."""
+        routing = RoutingCache(mgmtd)
+        rpc = RpcClient(token=options.cluster_token, timeout_s=options.storage_timeout_s, retry=NO_RETRY)
+        stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
+        shared = Shared(store=store, chunks=StorageChunks(routing, rpc, stubs),
+                        space=StorageSpace(routing, rpc, stubs), routing=routing, ids=IdAllocator(store),
+                        options=options, capability_key=capability_key(options.cluster_token))  # fmt: skip
+        trash = TrashOps(shared)
+        return cls(namespace=NamespaceOps(shared), files=FileOps(shared), quotas=QuotaOps(shared), trash=trash,
+                   background=Background(shared, trash), shared=shared, _stubs=stubs)  # fmt: skip
+
+    async def close(self) -> None:
+        """Close the storage channels (the store is its opener's to close)."""
+        await self._stubs.close()

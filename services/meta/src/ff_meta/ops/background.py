@@ -1,0 +1,70 @@
+"""Meta's background work, in every instance: write sessions whose lease lapsed are collected (the length made
+exact from storage), removed files' chunks are deleted (GC), the trash expires, SQLite's WAL is checkpointed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ff_meta.core.errors import FsError
+from ff_meta.ops.admin import TrashOps
+from ff_meta.ops.shared import SYSTEM, Shared
+from ff_meta.store import fsops, trash
+from ff_rpc import RpcError
+
+logger = logging.getLogger(__name__)
+
+
+class Background:
+    """One round of each job every ``background_interval_s``, until stopped."""
+
+    def __init__(self, shared: Shared, trash_ops: TrashOps) -> None:
+        self._s = shared
+        self._store = shared.store
+        self._trash = trash_ops
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Collect sessions, GC, expire the trash, checkpoint; a failing job is logged and tried next round."""
+        while not stop.is_set():
+            for job in (self.collect_sessions, self.run_gc, self.expire_trash, self.checkpoint_wal):
+                try:
+                    await job()
+                except Exception:
+                    logger.exception("background %s failed", job.__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._s.options.background_interval_s)
+
+    async def collect_sessions(self) -> int:
+        """End the write sessions whose lease lapsed (client gone), each file's length made exact from storage."""
+        expired = await self._store.read(SYSTEM, fsops.expired_sessions, small=False)
+        done = 0
+        for session_id, inode_id in expired:
+            inode = await self._store.read(SYSTEM, lambda t, i=inode_id: t.get(i))  # type: ignore[misc]
+            length = await self._s.chunks.length(inode) if inode is not None else None
+            if await self._store.write(SYSTEM, lambda t, s=session_id, n=length: fsops.collect_session(t, s, n)):  # type: ignore[misc]
+                logger.info("collected write session %s of inode %d (lease lapsed)", session_id, inode_id)
+                done += 1
+        return done
+
+    async def run_gc(self) -> int:
+        """Remove the chunks of files whose last link went; a file leaves the queue only once storage did."""
+        jobs = await self._store.read(SYSTEM, trash.gc_batch, small=False)
+        done = 0
+        for job in jobs:
+            try:
+                await self._s.chunks.remove(job.inode_id, job.chain_table_id, job.chain_begin, job.stripe_size,
+                                            job.shuffle_seed)  # fmt: skip
+            except (FsError, RpcError) as err:
+                logger.warning("GC of inode %d failed (will retry): %s", job.inode_id, err)
+                await self._store.write(SYSTEM, lambda t, i=job.inode_id: trash.gc_failed(t, i))  # type: ignore[misc]
+                continue
+            await self._store.write(SYSTEM, lambda t, i=job.inode_id: trash.gc_done(t, i))  # type: ignore[misc]
+            done += 1
+        return done
+
+    async def expire_trash(self) -> int:
+        return await self._trash.expire(SYSTEM)
+
+    async def checkpoint_wal(self) -> int:
+        return await self._store.checkpoint()

@@ -1,0 +1,227 @@
+"""File operators: Create and Open (with their write sessions and O_TRUNC), Close and Sync (the exact length
+from storage), Truncate, session renewal and quota reservations, and their batches.
+
+Each owns its flow: checks and transactions through ``MetaStore``, storage calls (``StorageChunks``) between
+them, never inside one (a transaction may run again)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+
+from ff_meta.core.errors import FsCode, FsError, fs_error
+from ff_meta.core.model import Inode, PathAt, QuotaRow, SessionInfo
+from ff_meta.core.perms import Caller
+from ff_meta.core.quota import quota_room
+from ff_meta.ops.shared import Shared
+from ff_meta.ops.types import CloseArgs, CreateArgs, OpenArgs, Opened
+from ff_meta.store import fsops
+from ff_meta.store.tx import Tx
+
+# Create's transaction: inode, created, write session, (room, folder) of the tightest byte quota over it or None
+CreateDone = tuple[Inode, bool, SessionInfo | None, tuple[int, int] | None]
+
+
+class FileOps:
+    """Opening, creating, closing, syncing and truncating files."""
+
+    def __init__(self, shared: Shared) -> None:
+        self._s = shared
+        self._store = shared.store
+
+    # ---- create and open ----
+
+    async def create(self, caller: Caller, args: CreateArgs) -> Opened:
+        """Create a file or open the existing one (one transaction; O_TRUNC of a file with data takes storage
+        and two more)."""
+        body = await self._create_body(args)
+        return await self._create_finish(caller, args, await self._store.write(caller, body))
+
+    async def batch_create(self, caller: Caller, items: Sequence[CreateArgs | FsError]) -> list[Opened | FsError]:
+        """Each item as ``create`` by the same caller, in order (a later item sees an earlier one), each in a
+        savepoint of a few shared transactions (``MetaStore.write_many``): one failing changes nothing. An
+        FsError given in place of an item is its answer."""
+        prepared: list[tuple[CreateArgs, Callable[[Tx], CreateDone]] | FsError] = []
+        for item in items:
+            try:
+                prepared.append(item if isinstance(item, FsError) else (item, await self._create_body(item)))
+            except FsError as err:
+                prepared.append(err)
+        ran = iter(await self._store.write_many(caller, [p[1] for p in prepared if not isinstance(p, FsError)]))
+        out: list[Opened | FsError] = []
+        for p in prepared:
+            got = p if isinstance(p, FsError) else next(ran)
+            if isinstance(got, FsError):
+                out.append(got)
+                continue
+            assert not isinstance(p, FsError)  # (its answer was that error)
+            try:
+                out.append(await self._create_finish(caller, p[0], got))
+            except FsError as err:
+                out.append(err)
+        return out
+
+    async def _create_body(self, args: CreateArgs) -> Callable[[Tx], CreateDone]:
+        """Create's transaction body, with what it needs from outside the store fetched first."""
+        defaults = await self._s.defaults()
+        inode_id = (await self._s.ids.take(1))[0]
+        expires = self._s.lease_expiry()
+        mode = args.mode if args.set_mode is None else args.set_mode
+
+        def body(t: Tx) -> CreateDone:
+            inode, created, chain = fsops.create(t, args.path, mode, args.exclusive, args.write, args.layout, inode_id,
+                                                 defaults)  # fmt: skip
+            if args.expect_inode_id and (created or inode.inode_id != args.expect_inode_id):  # (creates nothing)
+                raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")
+            if args.set_mode is not None and not created:
+                inode = fsops.chmod_opened(t, inode, args.set_mode, args.path.path)
+            sess = None
+            if args.write and not (args.truncate and not created and inode.length):
+                sess = fsops.open_session(t, inode, chain, args.session_id, args.client_id, defaults, expires)
+                sess = _reserved(t, sess, args.reserve_bytes)
+            return inode, created, sess, quota_room(chain, reserved=args.reserve_bytes if sess is not None else 0)
+
+        return body
+
+    async def _create_finish(self, caller: Caller, args: CreateArgs, done: CreateDone) -> Opened:
+        """After Create's transaction: O_TRUNC of an existing file with data (storage first), the answer."""
+        inode, created, sess, room = done
+        if args.write and sess is None:  # O_TRUNC of an existing file with data: chunks go first, then the session
+            await self.truncate(caller, args.path, 0, "")
+            inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, True, False))
+            if args.expect_inode_id and inode.inode_id != args.expect_inode_id:  # renamed in between
+                raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")
+            sess = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
+            if args.reserve_bytes > sess.write_limit:
+                opened = sess
+                sess = await self._store.write(caller, lambda t: _reserved(t, opened, args.reserve_bytes))
+        return Opened(inode=inode, session=sess, capability=self._s.capability(inode.inode_id, args.write),
+                      created=created, quota_room=room)  # fmt: skip
+
+    async def open(self, caller: Caller, args: OpenArgs) -> Opened:
+        """Open a file (a read on the fast path; a write opens a session; O_TRUNC empties it first)."""
+        if args.write:
+            inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, True, args.read))
+        else:
+            inode, chain = await self._store.read(caller, lambda t: fsops.open_file(t, args.path, False, args.read))
+        if inode.is_dir:
+            return Opened(inode=inode)
+        if args.truncate and inode.length:
+            await self.truncate(caller, args.path, 0, "")
+            inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, args.write,
+                                                                                     args.read))  # fmt: skip
+        session = (
+            await self._open_session(caller, inode, chain, args.session_id, args.client_id) if args.write else None
+        )
+        return Opened(inode=inode, session=session, capability=self._s.capability(inode.inode_id, args.write))
+
+    async def _open_session(self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str,
+                            client_id: str) -> SessionInfo:  # fmt: skip
+        defaults = await self._s.defaults()
+        expires = self._s.lease_expiry()
+        return await self._store.write(caller, lambda t: fsops.open_session(t, inode, chain, session_id, client_id,
+                                                                            defaults, expires))  # fmt: skip
+
+    # ---- close, sync, truncate ----
+
+    async def close(self, caller: Caller, args: CloseArgs) -> Inode:
+        """End the write session with the file's exact length. Closing a closed (or collected) session succeeds;
+        the length is still made exact (from storage only: the caller's hints count only through a live
+        session)."""
+        try:
+            return await self._finish(caller, args, close=True)
+        except FsError as err:
+            if err.fs_code is not FsCode.BAD_SESSION:
+                raise
+        return await self._finish(caller, CloseArgs(args.inode_id, "", 0, None), close=False)
+
+    async def sync(self, caller: Caller, args: CloseArgs) -> Inode:
+        """Make the file's length exact (storage's answer, the session's report), the session kept."""
+        return await self._finish(caller, args, close=False)
+
+    async def _finish(self, caller: Caller, args: CloseArgs, *, close: bool) -> Inode:
+        # a cursor read (on the event loop on SQLite), the storage query, one write
+        inode, _, may_change = await self._store.read(caller, functools.partial(_authorize, args.inode_id,
+                                                                                args.session_id))  # fmt: skip
+        if not may_change:  # a reader's fsync: nothing to make exact on its behalf
+            return inode
+        length = await self._s.chunks.length(inode)
+        return await self._store.write(caller, lambda t: fsops.finish_length(
+            t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close))  # fmt: skip
+
+    async def batch_close(self, caller: Caller, items: Sequence[CloseArgs | FsError]) -> list[Inode | FsError]:
+        """Many ``close``: each authorized and committed as that one would be, alone (one item's error fails only
+        itself), with the lengths from ``StorageChunks.lengths`` (one storage round trip for the batch). An
+        FsError given in place of an item is its answer."""
+        out: list[Inode | FsError] = []
+        todo: list[tuple[int, Inode, CloseArgs]] = []
+        for item in items:
+            if isinstance(item, FsError):
+                out.append(item)
+                continue
+            try:
+                inode, sid, may = await self._authorize_close(caller, item.inode_id, item.session_id)
+            except FsError as err:
+                out.append(err)
+                continue
+            out.append(inode)
+            if may:
+                todo.append((len(out) - 1, inode, CloseArgs(item.inode_id, sid, item.written if sid else 0,
+                                                            item.mtime_ns if sid else None)))  # fmt: skip
+        lengths = await self._s.chunks.lengths([inode for _, inode, _ in todo])
+        finishes = [functools.partial(_finish, a, length) for (_, _, a), length in zip(todo, lengths, strict=True)]
+        for (k, _, _), got in zip(todo, await self._store.write_many(caller, finishes), strict=True):
+            out[k] = got
+        return out
+
+    async def _authorize_close(self, caller: Caller, inode_id: int, session_id: str) -> tuple[Inode, str, bool]:
+        """(inode, the session id that counts, whether the close may change the file): a session meta no longer
+        knows counts as none (the length is then made exact from storage only), as in Close."""
+        try:
+            inode, _, may = await self._store.read(caller, functools.partial(_authorize, inode_id, session_id))
+            return inode, session_id, may
+        except FsError as err:
+            if err.fs_code is not FsCode.BAD_SESSION:
+                raise
+        inode, _, may = await self._store.read(caller, functools.partial(_authorize, inode_id, ""))
+        return inode, "", may
+
+    async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
+        """Set a file's length: checked first (a cursor read), chunks past a shorter end removed from storage,
+        then the length committed."""
+        inode = await self._store.read(caller, lambda t: fsops.truncate_check(t, at, session_id))
+        await self._s.chunks.remove_tail(inode, length)
+        return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id))
+
+    # ---- sessions ----
+
+    async def renew_sessions(self, caller: Caller, client_id: str, reports: Sequence[tuple[str, int, int]]
+                             ) -> tuple[float, list[str]]:  # fmt: skip
+        """Renew every write session of the client, adopting the lengths it reports (session id, inode id,
+        written): (the lease, the sessions meta no longer knows)."""
+        expires = self._s.lease_expiry()
+        lost = await self._store.write(caller, lambda t: fsops.renew(t, client_id, reports, expires))
+        return self._s.options.lease_s, lost
+
+    async def reserve_space(self, caller: Caller, inode_id: int, session_id: str, want: int,
+                            partial: bool) -> tuple[int, int]:  # fmt: skip
+        """Raise a write session's limit (quota reserved): (the limit, bytes the quotas would still grant)."""
+        return await self._store.write(caller, lambda t: fsops.reserve(t, inode_id, session_id, want, partial))
+
+
+def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, object, bool]:
+    return fsops.authorize_finish(t, inode_id, session_id)
+
+
+def _finish(args: CloseArgs, length: int | None, t: Tx) -> Inode:
+    return fsops.finish_length(t, args.inode_id, args.session_id, args.written, length, args.mtime_ns,
+                               close=bool(args.session_id))  # fmt: skip
+
+
+def _reserved(t: Tx, sess: SessionInfo, reserve: int) -> SessionInfo:
+    """The session with its quota reserved up to ``reserve`` (ReserveSpace in the same transaction)."""
+    if reserve <= sess.write_limit:
+        return sess
+    limit, _ = fsops.reserve(t, sess.inode_id, sess.session_id, reserve)
+    return dataclasses.replace(sess, write_limit=limit)

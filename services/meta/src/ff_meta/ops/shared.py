@@ -1,0 +1,116 @@
+"""What every operator uses: the store, storage's chunks and space, the routing (chain tables), inode ids, the
+options, capabilities."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from ff_meta.core.errors import FsCode, fs_error
+from ff_meta.core.model import Defaults, LayoutSpec
+from ff_meta.core.perms import Caller
+from ff_meta.ops.types import Capability
+from ff_meta.store import fsops
+from ff_meta.store.chunks import StorageChunks
+from ff_meta.store.metastore import MetaStore
+from ff_meta.store.storage_space import StorageSpace
+from ff_rpc import RpcError
+from hf3fs.capability import make_capability
+from hf3fs.routing import RoutingCache
+
+ID_BLOCK = 256
+# Meta's own calls (background work, id blocks): root, as the cluster token is.
+SYSTEM = Caller(0, (0,), "meta", is_root=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetaOptions:
+    """The service settings the operators use."""
+
+    cluster_token: str
+    default_chain_table_id: int = 1
+    default_chunk_size: int = 4 * 1024 * 1024
+    default_stripe_size: int = 16
+    lease_s: float = 30.0
+    capability_ttl_s: float = 24 * 3600.0
+    trash_retention_s: float = 3 * 24 * 3600.0
+    capacity_bytes: int = 1 << 40  # StatFs's figure only while no storage target reports its disk
+    background_interval_s: float = 1.0
+    storage_timeout_s: float = 10.0
+
+
+class IdAllocator:
+    """Inode ids in blocks from the counter row (a block per instance, so creates do not contend on it)."""
+
+    def __init__(self, store: MetaStore) -> None:
+        self._store = store
+        self._lock = asyncio.Lock()
+        self._next = 0
+        self._end = 0
+
+    def _take_now(self, count: int) -> list[int] | None:
+        if self._end - self._next < count:
+            return None
+        first = self._next
+        self._next += count
+        return list(range(first, first + count))
+
+    async def take(self, count: int = 1) -> list[int]:
+        """``count`` consecutive new inode ids (a new block from the store when this one is used up)."""
+        ready = self._take_now(count)
+        if ready is not None:
+            return ready
+        async with self._lock:
+            if self._end - self._next < count:
+                n = max(ID_BLOCK, count)
+                self._next = await self._store.write(SYSTEM, lambda t: fsops.allocate_ids(t, n))
+                self._end = self._next + n
+            ids = self._take_now(count)
+            assert ids is not None  # the block was just refilled; the lock kept other refills out
+            return ids
+
+
+@dataclass
+class Shared:
+    """The collaborators and settings every operator is given."""
+
+    store: MetaStore
+    chunks: StorageChunks
+    space: StorageSpace
+    routing: RoutingCache
+    ids: IdAllocator
+    options: MetaOptions
+    capability_key: bytes
+
+    async def defaults(self) -> Defaults:
+        """The layout new files get by default and the chain tables that exist now (ENOSPC without mgmtd)."""
+        try:
+            view = await self.routing.get()
+        except RpcError as err:
+            raise fs_error(FsCode.NO_SPACE, f"cannot reach mgmtd for the chain tables: {err}") from None
+        if self.options.default_chain_table_id not in view.tables:
+            view = await self.routing.refresh()
+        tables = {t.table_id: (t.version, len(t.chain_ids)) for t in view.tables.values() if t.chain_ids}
+        layout = LayoutSpec(self.options.default_chain_table_id, self.options.default_chunk_size,
+                            self.options.default_stripe_size)  # fmt: skip
+        return Defaults(layout, tables, self.options.lease_s)
+
+    async def check_table(self, layout: LayoutSpec | None) -> None:
+        """A layout naming a chain table that does not exist is a bad argument (not ENOSPC at the next create)."""
+        if layout is None or not layout.chain_table_id:
+            return
+        tables = (await self.defaults()).tables
+        if layout.chain_table_id not in tables:
+            raise fs_error(FsCode.INVALID_ARGUMENT, f"chain table {layout.chain_table_id} does not exist; chain "
+                                                    f"tables: {sorted(tables)}")  # fmt: skip
+
+    def capability(self, inode_id: int, writable: bool) -> Capability:
+        """A fresh IoCapability for the file."""
+        expires = time.time_ns() + int(self.options.capability_ttl_s * 1e9)
+        return Capability(make_capability(self.capability_key, inode_id, writable, expires), inode_id, writable,
+                          expires)  # fmt: skip
+
+    def lease_expiry(self) -> float:
+        """When a write session opened or renewed now lapses (seconds since the epoch)."""
+        return time.time() + self.options.lease_s

@@ -1,0 +1,173 @@
+"""Meta's calls to storage about a file's chunks: its exact length (the end of its last chunk), removing and
+cutting chunks. Every chain of a file's stripe is asked at once (``core.lengths``), each call at a serving target
+of the chain built for the chain's current version and retried with fresh routing while that is stale."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ff_meta.core.errors import StorageUnavailable
+from ff_meta.core.lengths import LastChunk, file_end, on_every_chain
+from ff_meta.core.model import Inode
+from ff_rpc import RpcClient, RpcError
+from ff_rpc.client import StubPool
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.layout import file_chains
+from hf3fs.routing import RoutingCache
+
+LAST_CHUNK_QUERIES = 512  # files per QueryLastChunk call of ``lengths``
+ATTEMPTS = 8  # per chain call, with fresh routing between them
+_SETTLED = frozenset({spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND})
+
+
+class StorageChunks:
+    """The storage side of Close, Sync, Truncate and GC, for meta's operators."""
+
+    def __init__(self, routing: RoutingCache, rpc: RpcClient, stubs: StubPool[Any]) -> None:
+        self._routing = routing
+        self._rpc = rpc
+        self._stubs = stubs
+
+    async def chains(self, table_id: int, begin: int, stripe: int, seed: int) -> list[int]:
+        """The chains of a file's stripe, in order (routing refreshed once if the table is unknown or short)."""
+        view = await self._routing.get()
+        table = view.tables.get(table_id)
+        if table is None or len(table.chain_ids) < stripe:
+            view = await self._routing.refresh()
+            table = view.tables.get(table_id)
+        if table is None:
+            raise StorageUnavailable(f"chain table {table_id} is unknown")
+        return file_chains(list(table.chain_ids), begin, stripe, seed)
+
+    async def _file_chains(self, inode: Inode) -> list[int]:
+        return await self.chains(inode.chain_table_id, inode.chain_begin, inode.stripe_size, inode.shuffle_seed)
+
+    async def _call(self, chain_id: int, call: Callable[[Any], Any], build: Callable[[int], Any], *, head: bool,
+                    ok: Callable[[Any], bool]) -> Any:  # fmt: skip
+        """One call to a serving target of the chain (its head for updates) built for the chain's current
+        version; retried with fresh routing while it fails or ``ok(response)`` says the routing was stale."""
+        last: object = None
+        view = await self._routing.get()
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+                view = await self._routing.refresh(force=True)
+            chain = view.chain(chain_id)
+            if chain is None:
+                last = f"chain {chain_id} is unknown"
+                continue
+            targets = [view.head(chain_id)] if head else view.serving(chain_id)
+            nodes = [view.node(t.node_id) for t in targets if t is not None]
+            node = next((n for n in nodes if n is not None and n.grpc), None)
+            if node is None:
+                last = f"chain {chain_id} has no serving target"
+                continue
+            try:
+                resp = await self._rpc.unary(call(self._stubs.get(node.grpc)), build(chain.version))
+            except RpcError as err:
+                last = err
+                continue
+            if ok(resp):
+                return resp
+            last = resp
+        raise StorageUnavailable(f"storage did not answer for chain {chain_id}: {last}")
+
+    async def length(self, inode: Inode) -> int | None:
+        """The file's exact length from storage: the end of its last chunk (None: no chunk at all). Every chain
+        of the stripe is asked at once: a Close waits for one storage round trip, not one per chain."""
+        if not inode.is_file or not inode.chain_table_id or not inode.stripe_size:
+            return None
+
+        async def last_chunk(chain_id: int) -> LastChunk:
+            def build(version: int) -> spb.QueryLastChunkRequest:
+                q = spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=inode.inode_id)
+                return spb.QueryLastChunkRequest(queries=[q])
+
+            resp = await self._call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
+                                    ok=lambda r: r.results[0].status in _SETTLED)  # fmt: skip
+            r = resp.results[0]
+            return (r.last_chunk_index, r.last_chunk_length_bytes) if r.status == spb.CHUNK_IO_STATUS_OK else None
+
+        return await file_end(await self._file_chains(inode), inode.chunk_size, last_chunk)
+
+    async def lengths(self, inodes: Sequence[Inode]) -> list[int | None]:
+        """``length`` of many files at once: one QueryLastChunk per chain (up to ``LAST_CHUNK_QUERIES`` files
+        each) for the whole batch, all chains at once, instead of one per file and chain."""
+        per_chain: dict[int, list[int]] = {}  # chain -> inode ids asking it
+        chains_of: list[list[int]] = []
+        for inode in inodes:
+            chains: list[int] = []
+            if inode.is_file and inode.chain_table_id and inode.stripe_size:
+                chains = list(dict.fromkeys(await self._file_chains(inode)))
+            chains_of.append(chains)
+            for c in chains:
+                per_chain.setdefault(c, []).append(inode.inode_id)
+        answers: dict[tuple[int, int], LastChunk] = {}
+
+        async def ask(chain_id: int, ids: list[int]) -> None:
+            def build(version: int) -> spb.QueryLastChunkRequest:
+                return spb.QueryLastChunkRequest(queries=[
+                    spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=i) for i in ids])  # fmt: skip
+
+            resp = await self._call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
+                                    ok=lambda r: all(x.status in _SETTLED for x in r.results))  # fmt: skip
+            for i, r in zip(ids, resp.results, strict=True):
+                ok = r.status == spb.CHUNK_IO_STATUS_OK
+                answers[(chain_id, i)] = (r.last_chunk_index, r.last_chunk_length_bytes) if ok else None
+
+        await asyncio.gather(*(ask(c, ids[k : k + LAST_CHUNK_QUERIES]) for c, ids in per_chain.items()
+                               for k in range(0, len(ids), LAST_CHUNK_QUERIES)))  # fmt: skip
+        out: list[int | None] = []
+        for inode, chains in zip(inodes, chains_of, strict=True):
+            found = [answers[(c, inode.inode_id)] for c in chains]
+            ends = [i * inode.chunk_size + n for i, n in (a for a in found if a is not None)]
+            out.append(max(ends) if ends else None)
+        return out
+
+    async def remove(self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int,
+                     from_chunk: int = 0) -> int:  # fmt: skip
+        """Remove the file's chunks from ``from_chunk`` on, on every chain of its stripe at once; the number
+        removed."""
+        chains = await self.chains(table_id, begin, stripe, seed)
+
+        async def on_chain(chain_id: int) -> int:
+            removed = 0
+            while True:
+
+                def build(version: int) -> spb.RemoveChunksRequest:
+                    return spb.RemoveChunksRequest(chain_id=chain_id, chain_version=version, inode_id=inode_id,
+                                                   begin_chunk_index=from_chunk)  # fmt: skip
+
+                resp = await self._call(chain_id, lambda s: s.RemoveChunks, build, head=True, ok=lambda r: True)
+                removed += int(resp.num_removed)
+                if not resp.has_more:
+                    return removed
+
+        return sum(await on_every_chain(chains, on_chain))
+
+    async def cut(self, inode: Inode, chunk_index: int, length: int) -> None:
+        """Cut one chunk of the file to ``length`` bytes (a truncate that ends inside it)."""
+        chains = await self._file_chains(inode)
+        chain_id = chains[chunk_index % len(chains)]
+
+        def build(version: int) -> spb.TruncateChunksRequest:
+            return spb.TruncateChunksRequest(ios=[spb.TruncateIO(
+                chain_id=chain_id, chain_version=version, chunk_size_bytes=inode.chunk_size, length_bytes=length,
+                chunk_id=spb.ChunkId(inode_id=inode.inode_id, chunk_index=chunk_index))])  # fmt: skip
+
+        await self._call(chain_id, lambda s: s.TruncateChunks, build, head=True,
+                         ok=lambda r: r.results[0].status in _SETTLED)  # fmt: skip
+
+    async def remove_tail(self, inode: Inode, length: int) -> None:
+        """Storage's part of truncating a file to ``length`` (shorter than it is): the chunks past the new end go,
+        every chain at once, and the chunk it ends in is cut."""
+        if length >= inode.length or not inode.chain_table_id or not inode.stripe_size:
+            return
+        chunk, within = divmod(length, inode.chunk_size)
+        first_gone = chunk + 1 if within else chunk
+        await self.remove(inode.inode_id, inode.chain_table_id, inode.chain_begin, inode.stripe_size,
+                          inode.shuffle_seed, from_chunk=first_gone)  # fmt: skip
+        if within:
+            await self.cut(inode, chunk, within)

@@ -1,0 +1,303 @@
+"""Meta's protocol messages to and from the operators' domain types, at the servicer: requests checked and
+converted (bounds first: bad input is INVALID_ARGUMENT, or ENOENT for an inode id no store can hold, before any
+work), answers built. Nothing below the servicer sees a protobuf message of meta's."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from ff_meta.core.errors import FsCode, FsError, fs_error
+from ff_meta.core.model import AttrChange, Inode, InodeType, LayoutSpec, PathAt, QuotaRow, SessionInfo, TrashRow
+from ff_meta.core.perms import Caller
+from ff_meta.ops.types import Capability, CloseArgs, CreateArgs, DirPage, FsSpace, OpenArgs, Opened, StatItem
+from ff_rpc import current_principal
+from fireflyer.meta.v1 import meta_pb2 as pb
+
+T = TypeVar("T")
+M = TypeVar("M")
+DEFAULT_PAGE = 1000
+MAX_PAGE = 10000
+MAX_BATCH = 10000  # paths of a BatchStat, reports of a RenewSessions
+MAX_WRITE_BATCH = 1024  # items of a BatchCreate or BatchClose (each a write transaction)
+# Inode ids are positive and below 2^63 (the store's integers are signed 64-bit); lengths below 2^62.
+MAX_INODE_ID = (1 << 63) - 1
+MAX_LENGTH = 1 << 62
+MAX_TRASH_IDS = 1000
+READ, WRITE, RW = pb.OPEN_MODE_READ, pb.OPEN_MODE_WRITE, pb.OPEN_MODE_READ_WRITE
+
+
+def caller() -> Caller:
+    """The caller of the current RPC (its token's user; admins and the cluster token are root)."""
+    p = current_principal()
+    return Caller(uid=p.uid, gids=tuple(p.gids), name=p.name, is_root=p.is_admin)
+
+
+# ---- bounds ----
+
+
+def inode_id_of(value: int) -> int:
+    """An inode id from a request: one the store cannot hold names no inode (ENOENT), checked before any work."""
+    if value > MAX_INODE_ID:
+        raise fs_error(FsCode.NOT_FOUND, f"no inode {value} (inode ids are below 2^63)")
+    return value
+
+
+def length_of(value: int, what: str) -> int:
+    """A length or write limit from a request (below 2^62)."""
+    if value >= MAX_LENGTH:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"{what} {value} is too large (at most 2^62 - 1)")
+    return value
+
+
+def check_batch(n: int, what: str, limit: int = MAX_WRITE_BATCH) -> None:
+    if n > limit:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {limit} items per {what} ({n} given)")
+
+
+def each(items: Iterable[M], convert: Callable[[M], T]) -> list[T | FsError]:
+    """``convert`` of each item, or the FsError it raised in its place (one bad item fails only itself)."""
+    out: list[T | FsError] = []
+    for item in items:
+        try:
+            out.append(convert(item))
+        except FsError as err:
+            out.append(err)
+    return out
+
+
+# ---- requests ----
+
+
+def path_at(msg: pb.PathAt) -> PathAt:
+    return PathAt(inode_id_of(msg.parent_inode_id), msg.path)
+
+
+def layout_of(msg: pb.Layout, present: bool) -> LayoutSpec | None:
+    if not present:
+        return None
+    return LayoutSpec(msg.chain_table_id, msg.chunk_size_bytes, msg.stripe_size)
+
+
+def open_mode_of(value: int, default: int) -> int:
+    if value not in (pb.OPEN_MODE_UNSPECIFIED, READ, WRITE, RW):
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"unknown open_mode {value}")
+    return value or default
+
+
+def _check_write_open(write: bool, truncate: bool, session_id: str, client_id: str) -> None:
+    if truncate and not write:
+        raise fs_error(FsCode.INVALID_ARGUMENT, "O_TRUNC needs a write mode")
+    if write and (not session_id or not client_id):
+        raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id")
+
+
+def create_args(r: pb.CreateRequest) -> CreateArgs:
+    write = open_mode_of(r.open_mode, READ) in (WRITE, RW)
+    reserve = length_of(r.reserve_bytes, "reserve_bytes")
+    if reserve and not write:
+        raise fs_error(FsCode.INVALID_ARGUMENT, "reserve_bytes needs a write mode")
+    _check_write_open(write, r.truncate, r.session_id, r.client_id)
+    return CreateArgs(path=path_at(r.path), mode=r.mode, exclusive=r.exclusive, write=write, truncate=r.truncate,
+                      layout=layout_of(r.layout, r.HasField("layout")), reserve_bytes=reserve, session_id=r.session_id,
+                      client_id=r.client_id, set_mode=r.set_mode if r.HasField("set_mode") else None,
+                      expect_inode_id=inode_id_of(r.expect_inode_id))  # fmt: skip
+
+
+def batch_create_args(r: pb.BatchCreateRequest) -> list[CreateArgs | FsError]:
+    check_batch(len(r.creates), "BatchCreate")
+    return each(r.creates, create_args)
+
+
+def open_args(r: pb.OpenRequest) -> OpenArgs:
+    mode = open_mode_of(r.open_mode, READ)
+    write, read = mode in (WRITE, RW), mode in (READ, RW)
+    _check_write_open(write, r.truncate, r.session_id, r.client_id)
+    return OpenArgs(path=path_at(r.path), read=read, write=write, truncate=r.truncate, session_id=r.session_id,
+                    client_id=r.client_id)  # fmt: skip
+
+
+def close_args(r: pb.CloseRequest | pb.SyncRequest) -> CloseArgs:
+    return CloseArgs(inode_id_of(r.inode_id), r.session_id, length_of(r.written_length_bytes, "written_length_bytes"),
+                     r.mtime_ns if r.HasField("mtime_ns") else None)  # fmt: skip
+
+
+def batch_close_args(r: pb.BatchCloseRequest) -> list[CloseArgs | FsError]:
+    check_batch(len(r.closes), "BatchClose")
+    return each(r.closes, close_args)
+
+
+def batch_stat_paths(r: pb.BatchStatRequest) -> list[PathAt | FsError]:
+    check_batch(len(r.paths), "BatchStat", MAX_BATCH)
+    return each(r.paths, path_at)
+
+
+def renew_reports(r: pb.RenewSessionsRequest) -> list[tuple[str, int, int]]:
+    """(session id, inode id, written) of each report; an id past the store's is one no session has."""
+    if not r.client_id:
+        raise fs_error(FsCode.INVALID_ARGUMENT, "client_id is required")
+    check_batch(len(r.sessions), "RenewSessions", MAX_BATCH)
+    return [(s.session_id, min(s.inode_id, MAX_INODE_ID), length_of(s.written_length_bytes, "written_length_bytes"))
+            for s in r.sessions]  # fmt: skip
+
+
+def page_size(size: int) -> int:
+    return min(size or DEFAULT_PAGE, MAX_PAGE)
+
+
+def name_after(token: str) -> str:
+    """The name a page token says to list after ("": from the start)."""
+    if not token:
+        return ""
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise fs_error(FsCode.INVALID_ARGUMENT, "bad page_token") from None
+
+
+def page_token(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode() if name else ""
+
+
+def inode_type(value: int) -> InodeType:
+    try:
+        return InodeType(value)
+    except ValueError:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"unknown inode type {value}") from None
+
+
+def attr_change(r: pb.SetAttrRequest) -> AttrChange:
+    if (r.atime_now and r.HasField("atime_ns")) or (r.mtime_now and r.HasField("mtime_ns")):
+        raise fs_error(FsCode.INVALID_ARGUMENT, "set either a time or *_now, not both")
+    has = r.HasField
+    return AttrChange(mode=r.mode if has("mode") else None, uid=r.uid if has("uid") else None,
+                      gid=r.gid if has("gid") else None, atime_ns=r.atime_ns if has("atime_ns") else None,
+                      mtime_ns=r.mtime_ns if has("mtime_ns") else None, atime_now=r.atime_now, mtime_now=r.mtime_now,
+                      layout=layout_of(r.layout, has("layout")))  # fmt: skip
+
+
+def quota_limits(r: pb.SetQuotaRequest) -> tuple[int, int]:
+    if r.max_bytes >= 1 << 63 or r.max_inodes >= 1 << 63:
+        raise fs_error(FsCode.INVALID_ARGUMENT, "quota limit too large")
+    return r.max_bytes, r.max_inodes
+
+
+def trash_ids(r: pb.EmptyTrashRequest) -> list[str]:
+    if len(r.trash_ids) > MAX_TRASH_IDS:
+        raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_TRASH_IDS} trash ids per EmptyTrash")
+    return list(dict.fromkeys(r.trash_ids))
+
+
+def restore_to(r: pb.RestoreTrashEntryRequest) -> PathAt | None:
+    return path_at(r.path) if r.HasField("path") and r.path.path else None
+
+
+# ---- answers ----
+
+
+def inode_pb(inode: Inode, sessions: int = 0) -> pb.Inode:
+    # A directory's stored count is 1 plus its subdirectories; it shows 2 plus them (its "." too); at least 2
+    # for the folders made before the count was kept.
+    nlink = max(2, inode.nlink + 1) if inode.is_dir else inode.nlink
+    msg = pb.Inode(
+        inode_id=inode.inode_id, type=pb.InodeType.ValueType(int(inode.type)), mode=inode.mode, uid=inode.uid,
+        gid=inode.gid, nlink=nlink, atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
+        length_bytes=inode.length, parent_inode_id=inode.parent_id if inode.is_dir else 0,
+        symlink_target=inode.symlink_target if inode.is_symlink else "", num_write_sessions=sessions, rdev=inode.rdev,
+    )  # fmt: skip
+    if inode.is_file or inode.is_dir:
+        msg.layout.CopyFrom(pb.Layout(
+            chain_table_id=inode.chain_table_id, chain_table_version=inode.chain_table_version,
+            chunk_size_bytes=inode.chunk_size, stripe_size=inode.stripe_size, chain_begin_index=inode.chain_begin,
+            shuffle_seed=inode.shuffle_seed,
+        ))  # fmt: skip
+    return msg
+
+
+def error_code(err: FsError) -> pb.FsError.ValueType:
+    return pb.FsError.ValueType(int(err.fs_code))
+
+
+def capability_pb(cap: Capability) -> pb.IoCapability:
+    return pb.IoCapability(token=cap.token, inode_id=cap.inode_id, writable=cap.writable,
+                           expires_at_ns=cap.expires_at_ns)  # fmt: skip
+
+
+def session_pb(s: SessionInfo) -> pb.WriteSession:
+    return pb.WriteSession(session_id=s.session_id, client_id=s.client_id, inode_id=s.inode_id,
+                           write_limit_bytes=s.write_limit, lease_s=s.lease_s)  # fmt: skip
+
+
+def quota_pb(q: QuotaRow, path: str) -> pb.DirQuota:
+    return pb.DirQuota(inode_id=q.inode_id, path=path, max_bytes=q.max_bytes, max_inodes=q.max_inodes,
+                       used_bytes=q.used_bytes + q.reserved_bytes, used_inodes=q.used_inodes,
+                       reserved_bytes=q.reserved_bytes)  # fmt: skip
+
+
+def statfs_response(s: FsSpace) -> pb.StatFsResponse:
+    return pb.StatFsResponse(capacity_bytes=s.capacity_bytes, used_bytes=s.used_bytes, free_bytes=s.free_bytes,
+                             num_inodes=s.num_inodes)  # fmt: skip
+
+
+def batch_stat_response(results: list[StatItem | FsError]) -> pb.BatchStatResponse:
+    out = []
+    for r in results:
+        if isinstance(r, FsError):
+            out.append(pb.StatResult(error=error_code(r)))
+            continue
+        item = pb.StatResult(inode=inode_pb(r.inode))
+        if r.read_capability is not None:
+            item.read_capability.CopyFrom(capability_pb(r.read_capability))
+        out.append(item)
+    return pb.BatchStatResponse(results=out)
+
+
+def create_response(o: Opened) -> pb.CreateResponse:
+    resp = pb.CreateResponse(inode=inode_pb(o.inode), created=o.created)
+    if o.session is not None:
+        resp.session.CopyFrom(session_pb(o.session))
+    if o.capability is not None:
+        resp.io_capability.CopyFrom(capability_pb(o.capability))
+    if o.quota_room is not None:
+        resp.quota_room_bytes, resp.quota_inode_id = o.quota_room
+    return resp
+
+
+def batch_create_response(results: list[Opened | FsError]) -> pb.BatchCreateResponse:
+    return pb.BatchCreateResponse(results=[
+        pb.CreateResult(error=error_code(r), message=str(r)) if isinstance(r, FsError)
+        else pb.CreateResult(response=create_response(r)) for r in results])  # fmt: skip
+
+
+def open_response(o: Opened) -> pb.OpenResponse:
+    resp = pb.OpenResponse(inode=inode_pb(o.inode))
+    if o.session is not None:
+        resp.session.CopyFrom(session_pb(o.session))
+    if o.capability is not None:
+        resp.io_capability.CopyFrom(capability_pb(o.capability))
+    return resp
+
+
+def batch_close_response(results: list[Inode | FsError]) -> pb.BatchCloseResponse:
+    return pb.BatchCloseResponse(results=[
+        pb.CloseResult(error=error_code(r), message=str(r)) if isinstance(r, FsError)
+        else pb.CloseResult(inode=inode_pb(r)) for r in results])  # fmt: skip
+
+
+def list_response(page: DirPage) -> pb.ListResponse:
+    out = []
+    for e in page.entries:
+        entry = pb.DirEntry(name=e.name, inode_id=e.inode_id, type=pb.InodeType.ValueType(int(e.type)))
+        if e.inode is not None:
+            entry.inode.CopyFrom(inode_pb(e.inode))
+        out.append(entry)
+    return pb.ListResponse(entries=out, next_page_token=page_token(page.last_name))
+
+
+def trash_response(page: tuple[list[TrashRow], str]) -> pb.ListTrashResponse:
+    rows, last = page
+    return pb.ListTrashResponse(entries=[pb.TrashEntry(
+        trash_id=r.trash_id, original_path=r.original_path, inode_id=r.inode_id,
+        type=pb.InodeType.ValueType(int(r.type)), uid=r.uid, removed_at_ns=r.removed_at_ns,
+        expires_at_ns=r.expires_at_ns) for r in rows], next_page_token=last)  # fmt: skip
