@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import fsspec
-
 NUM_TOOLS_STEPS = 2
 CLI_TIMEOUT_S = 60.0
 
@@ -57,6 +55,8 @@ def _run(mgmtd: str, token: str, step: Callable[[str], None], say: Callable[[str
         say(f"$ hf3fs cat {top}/hello.txt -> {back.strip()!r}")
 
     step("fsspec: pandas writes a parquet file to an hf3fs:// path and reads it back")
+    import fsspec  # here, not at the top: every `fireflyer` command imports this module
+
     url, options = f"hf3fs://{top}/frame.parquet", {"mgmtd": mgmtd, "token": token}
     try:
         pd: Any = importlib.import_module("pandas")
