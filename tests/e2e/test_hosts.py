@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,14 @@ for _ in range(3):
 print(f"allreduce ok rank {{group.rank}} of {{group.world_size}} sum {{expected}} from {{os.environ['MASTER_IP']}}")
 group.close()
 """
-SLEEP_SCRIPT = "import time; print('on', __import__('socket').gethostname(), flush=True); time.sleep({seconds})\n"
+# Prints the address this rank's node reaches rank 0's at (its own host's), then sleeps.
+SLEEP_SCRIPT = """
+import os, socket, time
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    s.connect((os.environ["MASTER_IP"], 9))
+    print("on", s.getsockname()[0], flush=True)
+time.sleep({seconds})
+"""
 
 
 class Cluster:
@@ -177,12 +184,23 @@ async def test_a_2x2_hfreduce_allreduce_crosses_the_agents_hosts(cluster: Cluste
 
 
 async def _wait_ended(user: SchedulerUser, task_id: int) -> pb.Task:
+    return await _wait_for(user, task_id, lambda t: t.state >= pb.TASK_STATE_SUCCEEDED)
+
+
+async def _wait_for(user: SchedulerUser, task_id: int, done: Callable[[pb.Task], bool]) -> pb.Task:
     deadline = time.monotonic() + TASK_WAIT_S
     while True:
         task = await user.task(task_id)
-        if task.state >= pb.TASK_STATE_SUCCEEDED:
+        if done(task):
             return task
-        assert time.monotonic() < deadline, f"task {task_id} did not end in {TASK_WAIT_S:g}s: {task}"
+        assert time.monotonic() < deadline, f"task {task_id}: not there after {TASK_WAIT_S:g}s: {task}"
+        await asyncio.sleep(0.3)
+
+
+async def _wait_log(user: SchedulerUser, task_id: int, node_rank: int, text: str) -> None:
+    deadline = time.monotonic() + TASK_WAIT_S
+    while text not in await user.log(task_id, node_rank):
+        assert time.monotonic() < deadline, f"task {task_id}: node rank {node_rank} never printed {text!r}"
         await asyncio.sleep(0.3)
 
 
@@ -208,21 +226,26 @@ async def test_join_adds_a_node_the_scheduler_uses_and_leave_drains_it(cluster: 
         assert all(i["host"] == machine.address for i in plan["instances"])
         routing = await _routing(cluster)
         assert any(t.node_id == node_ids["storage"] for c in routing.chains for t in c.targets)
-        # 3 nodes: agent-1, agent-2 and the joined one
+        # 3 nodes: agent-1, agent-2 and the joined one; the task outlives the test unless leave suspends it
         user = await cluster.user()
         try:
             script = tmp_path / "sleep.py"
-            script.write_text(SLEEP_SCRIPT.format(seconds=1))
+            script.write_text(SLEEP_SCRIPT.format(seconds=300))
             spec = pb.TaskSpec(name="three", argv=["python", str(script)], num_nodes=3, priority=10)
             task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
-            done = await _wait_ended(user, task.task_id)
-            assert done.state == pb.TASK_STATE_SUCCEEDED, done.end_message
-            assert node_ids["agent"] in {n.node_id for n in done.runs[-1].nodes}
-            left = _fireflyer("leave", "--state-dir", str(state), netns=net.netns("j1"))
+            running = await _wait_for(user, task.task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING)
+            on_joined = [n.node_rank for n in running.current_run.nodes if n.node_id == node_ids["agent"]]
+            assert on_joined, running.current_run
+            await _wait_log(user, task.task_id, on_joined[0], f"on {machine.address}")  # ranks on the joined machine
+            left = await asyncio.to_thread(_fireflyer, "leave", "--state-dir", str(state), netns=net.netns("j1"))
             assert left.returncode == 0, left.stdout + left.stderr
-            assert "drained" in left.stdout and "synced and serving" in left.stdout, left.stdout
+            assert "runs on it are suspended" in left.stdout and "drained" in left.stdout, left.stdout
+            assert "synced and serving" in left.stdout, left.stdout
+            after = await user.task(task.task_id)
+            assert after.runs[0].state != pb.RUN_STATE_RUNNING and after.current_run.state != pb.RUN_STATE_RUNNING
             nodes = {n.node_id: n for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes}
-            assert nodes[node_ids["agent"]].state != pb.NODE_STATE_READY
+            assert nodes[node_ids["agent"]].state != pb.NODE_STATE_READY and not nodes[node_ids["agent"]].task_ids
+            await user.call("StopTask", pb.StopTaskRequest(task_id=task.task_id))  # 2 nodes left: it would wait
         finally:
             await user.close()
         routing = await _routing(cluster)

@@ -5,9 +5,10 @@ elsewhere.
 joined.json with the cluster's mgmtd addresses and the storage disks; secrets/cluster_token), so a second ``join``
 restarts the same nodes. A joined storage node takes its fair share of the chains' replicas (``replicas``).
 
-``leave`` drains, then stops: the agent's node is disabled in the scheduler (no new task is placed on it) and
-its tasks are waited for; the storage node's replicas move to the other nodes and sync there; then the services
-stop and their nodes are disabled in mgmtd (a node stays registered: mgmtd has no call to forget one).
+``leave`` drains, then stops: the agent's node is disabled in the scheduler (no new task is placed on it, and
+its runs are suspended: they checkpoint and queue again for other nodes) until no run is left on it; the
+storage node's replicas move to the other nodes and sync there; then the services stop and their nodes are
+disabled in mgmtd (a node stays registered: mgmtd has no call to forget one).
 """
 
 from __future__ import annotations
@@ -317,16 +318,17 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
     user = SchedulerUser(await scheduler_address(client), token)
     try:
         await user.call("SetNodeEnabled", spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING))
-        print(f"node {node_id}: the scheduler places no new task on it; waiting for its tasks to end", file=out)
+        print(f"node {node_id}: disabled in the scheduler: no new task goes there, and the runs on it are suspended "
+              "(they checkpoint and queue again for other nodes); waiting until none is left", file=out)  # fmt: skip
         while True:
             nodes = (await user.call("ListNodes", spb.ListNodesRequest())).nodes
             tasks = [list(n.task_ids) for n in nodes if n.node_id == node_id]
             if not tasks or not tasks[0]:
-                print(f"node {node_id}: drained (no task on it)", file=out)
+                print(f"node {node_id}: drained (no run on it)", file=out)
                 return
             if time.monotonic() > deadline:
-                raise JoinError(f"node {node_id} still runs tasks {tasks[0]} (stop or suspend them, or give a "
-                                "longer --drain-timeout-s); it stays disabled in the scheduler")  # fmt: skip
+                raise JoinError(f"node {node_id} still has runs of tasks {tasks[0]} (stop them, or give a longer "
+                                "--drain-timeout-s); it stays disabled in the scheduler")  # fmt: skip
             await asyncio.sleep(DRAIN_POLL_S)
     finally:
         await user.close()
