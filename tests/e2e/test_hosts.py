@@ -226,6 +226,11 @@ async def test_join_adds_a_node_the_scheduler_uses_and_leave_drains_it(cluster: 
         assert all(i["host"] == machine.address for i in plan["instances"])
         routing = await _routing(cluster)
         assert any(t.node_id == node_ids["storage"] for c in routing.chains for t in c.targets)
+        status = _fireflyer("status", "--json", "--state-dir", str(state), netns=net.netns("j1"))
+        assert status.returncode == 0, status.stdout + status.stderr  # its two nodes, alive in the cluster's mgmtd
+        assert [(r["instance"], r["health"]) for r in json.loads(status.stdout)["services"]] == [
+            ("agent-1", "SERVING"), ("storage-1", "SERVING"),
+        ]  # fmt: skip
         # 3 nodes: agent-1, agent-2 and the joined one; the task outlives the test unless leave suspends it
         user = await cluster.user()
         try:

@@ -112,7 +112,8 @@ async def _show_status(cli: Cli, state: StateDir, *, as_json: bool) -> int:
     plan, cluster_token = load_plan(state), read_secret(state.cluster_token_file)
     if plan is None or cluster_token is None:
         raise CliError(f"no cluster in {state.root}: run `{cli.prog} up` first")
-    status = await collect_status(state, plan, cluster_token)
+    joined = join.read_joined(state) if join.joined_file(state).exists() else {}
+    status = await collect_status(state, plan, cluster_token, joined.get("mgmtd", ()))
     cli.print(json.dumps(status.to_dict(), indent=2) if as_json else render_status(status))
     return EXIT_OK if status.healthy else EXIT_FAILED
 

@@ -88,10 +88,13 @@ class ClusterStatus:
         return {**asdict(self), "healthy": self.healthy, "problems": self.problems()}
 
 
-async def collect_status(state: StateDir, plan: ClusterPlan, cluster_token: str) -> ClusterStatus:
-    """Probe every planned instance and ask mgmtd for the nodes (never raises on a down service)."""
+async def collect_status(
+    state: StateDir, plan: ClusterPlan, cluster_token: str, mgmtd_addresses: Sequence[str] = ()
+) -> ClusterStatus:
+    """Probe every planned instance and ask mgmtd for the nodes (never raises on a down service); mgmtd is the
+    plan's, or ``mgmtd_addresses`` (the cluster a ``join`` state folder joined)."""
     rows = await asyncio.gather(*(_service_row(state, i) for i in plan.instances))
-    addresses = [i.grpc_address for i in plan.of_service(MGMTD)]
+    addresses = list(mgmtd_addresses) or [i.grpc_address for i in plan.of_service(MGMTD)]
     names = {i.node_id: i.name for i in plan.instances}
     client = MgmtdClient(addresses, token=cluster_token, timeout_s=CALL_TIMEOUT_S)
     try:
