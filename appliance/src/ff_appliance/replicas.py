@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
@@ -21,6 +21,7 @@ from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
+from hf3fs.placement import target_id_for
 from hf3fs.routing import RoutingView
 
 POLL_S = 0.2
@@ -122,7 +123,7 @@ async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
         node = RoutingView(info).node(move.to_node)
         if node is None:
             raise ReplicaError(f"node {move.to_node} is not registered")
-        new_target_id = await _target_on(node.grpc, token, move.chain_id, info)
+        new_target_id = await _target_on(node.grpc, token, move.chain_id, move.to_node, info)
         kept.append(mpb.Target(target_id=new_target_id, node_id=move.to_node,
                                public_state=mpb.PUBLIC_TARGET_STATE_OFFLINE,
                                local_state=mpb.LOCAL_TARGET_STATE_OFFLINE))  # fmt: skip
@@ -131,19 +132,34 @@ async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
     return new_target_id
 
 
-async def _target_on(address: str, token: str, chain_id: int, info: mpb.RoutingInfo) -> int:
-    """A target of ``chain_id`` on the storage node at ``address``: the one it still holds from an earlier move off
-    it (it syncs what it missed, as a restarted target does; a node holds one target per chain), else a new one."""
+async def _target_on(address: str, token: str, chain_id: int, node_id: int, info: mpb.RoutingInfo) -> int:
+    """A target of ``chain_id`` on storage node ``node_id`` (at ``address``): the one it still holds from an earlier
+    move off it (it syncs what it missed, as a restarted target does; a node holds one target per chain), else a
+    new one, with an id of that node's (``target_id_for``: no other node's target can have it)."""
     held = await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.ListTargets,
                            spb.ListTargetsRequest(), token=token, timeout_s=CALL_TIMEOUT_S)  # fmt: skip
     for target in held.targets:
         if target.chain_id == chain_id:
             return int(target.target_id)
-    target_id = max(t.target_id for c in info.chains for t in c.targets) + 1
+    used = {int(t.target_id) for t in held.targets} | {t.target_id for c in info.chains for t in c.targets}
+    target_id = new_target_id(node_id, used)
     request = spb.CreateTargetRequest(target_id=target_id, chain_id=chain_id, disk_index=0)
     await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.CreateTarget, request, token=token,
                     timeout_s=CALL_TIMEOUT_S)  # fmt: skip
     return target_id
+
+
+def new_target_id(node_id: int, used: Collection[int]) -> int:
+    """The first id of ``node_id``'s own range (disk 0) that is not in ``used``.
+
+    Raises:
+        ReplicaError: the node's range is full.
+    """
+    for slot in range(100):
+        candidate = target_id_for(node_id, 0, slot)
+        if candidate not in used:
+            return candidate
+    raise ReplicaError(f"node {node_id} has no free target id on disk 0")
 
 
 async def wait_serving(mgmtd: MgmtdClient, target_ids: Sequence[int], timeout_s: float) -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from ff_appliance.replicas import Move, ReplicaError, moves_off, moves_onto
+from ff_appliance.replicas import Move, ReplicaError, moves_off, moves_onto, new_target_id
 
 # 2 chains of 3 over nodes 2, 3, 4 (as `up` makes them), and 4 chains of 3 over 4 nodes.
 TWO_CHAINS = {1: [2, 3, 4], 2: [3, 4, 2]}
@@ -47,3 +47,10 @@ def test_a_replica_with_no_other_node_to_go_to_is_dropped_and_a_last_copy_refuse
     assert moves_off({1: [1, 2, 3]}, 3, [1, 2, 3]) == [Move(chain_id=1, from_node=3, to_node=0)]
     with pytest.raises(ReplicaError, match="only replica"):
         moves_off({1: [3]}, 3, [1, 3])
+
+
+def test_a_new_target_id_is_in_its_node_s_own_range() -> None:
+    assert new_target_id(13, set()) == 130001
+    assert new_target_id(4, {40001, 40002, 20003}) == 40003
+    with pytest.raises(ReplicaError, match="no free target id"):
+        new_target_id(2, {20001 + i for i in range(100)})
