@@ -140,20 +140,25 @@ def _netns_inode(host: str, net: NetworkPlan) -> str:
     return f"net:[{inode}]"
 
 
-def test_a_chain_write_crosses_every_host_link(cluster: Cluster) -> None:
+def test_a_chain_write_and_its_read_cross_the_host_links(cluster: Cluster) -> None:
     data = os.urandom(WRITE_BYTES)
     before = cluster.link_bytes()
     with hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.admin_token) as fs:
         with fs.open("/hosts-e2e.bin", "wb") as f:
             f.write(data)
-        after = cluster.link_bytes()
+        written = cluster.link_bytes()
         with fs.open("/hosts-e2e.bin", "rb") as f:
             assert f.read() == data
+        read = cluster.link_bytes()
     # 3 storage nodes, chains of 3: every chunk reaches every host once (from this machine at the head, then
     # forwarded along the chain), so each host received at least the file's bytes over its link.
-    received = {h: after[h][0] - before[h][0] for h in after}
+    received = {h: written[h][0] - before[h][0] for h in written}
     print(f"chain write of {WRITE_BYTES} bytes: bytes each host received over its link {received}")
     assert all(n >= WRITE_BYTES for n in received.values()), received
+    # The read: each chunk from one replica, all of it out of the hosts' links to this machine.
+    sent = {h: read[h][1] - written[h][1] for h in read}
+    print(f"read of {WRITE_BYTES} bytes: bytes each host sent over its link {sent}")
+    assert sum(sent.values()) >= WRITE_BYTES, sent
 
 
 async def test_a_2x2_hfreduce_allreduce_crosses_the_agents_hosts(cluster: Cluster, tmp_path: Path) -> None:
