@@ -139,12 +139,13 @@ async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPla
         raise JoinError("give --agent, --storage PATH, or both")
     if state.plan_file.exists() and not joined_file(state).exists():
         raise JoinError(f"{state.root} holds a cluster brought up here: give join a state folder of its own")
+    options = replace(options, storage_disks=_storage_disks(state, options.storage_disks))
     state.create_dirs()
     with exclusive_lock(state.lock_file):
         client = MgmtdClient(list(options.mgmtd), token=options.token, timeout_s=5.0)
         try:
             info = await _cluster_info(client)
-            address = options.address or local_address_towards(options.mgmtd[0])
+            address = options.address or _address_towards(options.mgmtd[0])
             devices = find_devices()
             print(f"cluster {info.cluster_id}; this machine joins as {address}; devices: {devices.how}", file=out)
             write_secret(state.cluster_token_file, options.token)
@@ -158,6 +159,29 @@ async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPla
         finally:
             await client.close()
     return plan
+
+
+def _storage_disks(state: StateDir, given: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The storage disks of this join: those of an earlier join (a storage node keeps its targets there), or
+    ``given`` the first time.
+
+    Raises:
+        JoinError: other disks than before are given.
+    """
+    if not joined_file(state).exists():
+        return given
+    before = tuple(Path(p) for p in read_joined(state).get("storage_disks", []))
+    if before and given and given != before:
+        raise JoinError(f"this machine's storage keeps its targets in {', '.join(map(str, before))}: join again "
+                        "with those (or none), or `fireflyer leave` first")  # fmt: skip
+    return before or given
+
+
+def _address_towards(mgmtd: str) -> str:
+    try:
+        return local_address_towards(mgmtd)
+    except (OSError, ValueError) as err:
+        raise JoinError(f"cannot find this machine's address towards mgmtd {mgmtd}: {err}") from None
 
 
 async def _cluster_info(client: MgmtdClient) -> mgmtd_pb2.RoutingInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,16 @@ def test_without_nvml_the_agent_offers_cpu_slots_and_says_so(monkeypatch: pytest
     devices = find_devices()
     assert (devices.num_gpus, devices.num_slots) == (0, join.CPU_DEVICE_SLOTS)
     assert devices.how.startswith("no GPU (no NVIDIA driver")
+
+
+async def test_a_second_join_keeps_the_storage_disks_of_the_first(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    first = (tmp_path / "disk-a",)
+    assert join._storage_disks(state, first) == first  # the first join: as given
+    join.joined_file(state).write_text(json.dumps({"mgmtd": ["10.1.2.1:5000"], "storage_disks": [str(first[0])]}))
+    assert join._storage_disks(state, ()) == first  # `join --agent` again restarts the storage on its disks
+    assert join._storage_disks(state, first) == first
+    with pytest.raises(JoinError, match="keeps its targets in"):
+        join._storage_disks(state, (tmp_path / "disk-b",))
+    with pytest.raises(JoinError, match="keeps its targets in"):
+        await join.join(state, _options(storage_disks=(tmp_path / "disk-b",)), io.StringIO())
