@@ -226,6 +226,7 @@ async def test_join_adds_a_node_the_scheduler_uses_and_leave_drains_it(cluster: 
     try:
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "devices: no GPU" in joined.stdout and "replica of node" in joined.stdout, joined.stdout
+        assert "ready in the scheduler (2 devices)" in joined.stdout, joined.stdout
         plan = json.loads((state / "plan.json").read_text())
         node_ids = {i["service"]: i["node_id"] for i in plan["instances"]}
         assert all(i["host"] == machine.address for i in plan["instances"])

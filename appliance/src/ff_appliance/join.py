@@ -56,6 +56,7 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as spb
 
 CPU_DEVICE_SLOTS = 2
 DRAIN_POLL_S = 0.5
+READY_POLL_S = 0.2
 LEAVING = "leaving the cluster (fireflyer leave)"
 
 
@@ -154,6 +155,8 @@ async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPla
             ctx = LaunchContext(state=state, plan=plan, remote_mgmtd=options.mgmtd)
             deadline = time.monotonic() + options.timeout_s
             plan = await _start(ctx, options, devices, deadline, out)
+            for instance in plan.of_service(AGENT):
+                await _wait_schedulable(client, options.token, instance.node_id, deadline, out)
             for instance in plan.of_service(STORAGE):
                 await _take_share(client, options.token, instance.node_id, deadline, out)
         finally:
@@ -279,6 +282,24 @@ async def _wait_up(ctx: LaunchContext, launched: Started, instance: InstancePlan
     if await wait_serving(instance.grpc_address, deadline) is not Health.SERVING:
         raise JoinError(f"{instance.name} is not serving at {instance.grpc_address}")
     return int(ready.get("node_id", 0))
+
+
+async def _wait_schedulable(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:
+    """Wait until the scheduler has the agent's node ready (the agent registers there after mgmtd)."""
+    user = SchedulerUser(await scheduler_address(client), token)
+    try:
+        while True:
+            nodes = (await user.call("ListNodes", spb.ListNodesRequest())).nodes
+            found = [n for n in nodes if n.node_id == node_id]
+            if found and found[0].state == spb.NODE_STATE_READY:
+                print(f"node {node_id}: ready in the scheduler ({len(found[0].devices)} devices)", file=out)
+                return
+            if time.monotonic() > deadline:
+                state = spb.NodeState.Name(found[0].state) if found else "not registered"
+                raise JoinError(f"node {node_id} is not ready in the scheduler in time: {state}")
+            await asyncio.sleep(READY_POLL_S)
+    finally:
+        await user.close()
 
 
 async def _take_share(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:
