@@ -104,7 +104,7 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     app = Appliance(tmp_path_factory.mktemp("hosts") / "state")
     try:
-        app.ok("up", "--hosts", "3", "--link-shape", "h3:rate=1gbit", timeout_s=180.0)
+        app.ok("up", "--hosts", "3", "--link-shape", "h3:rate=1gbit", "--timeout-s", "150", timeout_s=180.0)
         yield Cluster(app)
     finally:
         if app.state_dir.exists():
