@@ -10,10 +10,15 @@ from ff_rpc.entry import run_service
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Run the meta service (``python -m ff_meta``); the exit status."""
     return run_service(
-        service="meta", description="fireflyer meta service (3FS file-system metadata)", model=MetaSettings,
-        env_prefix=ENV_PREFIX, main=main, argv=argv,
-    )  # fmt: skip
+        service="meta",
+        description="fireflyer meta service (3FS file-system metadata)",
+        model=MetaSettings,
+        env_prefix=ENV_PREFIX,
+        main=main,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

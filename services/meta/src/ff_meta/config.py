@@ -12,6 +12,8 @@ ENV_PREFIX = "FF_META_"
 
 
 class MetaSettings(MgmtdClientSettings):
+    """The meta service's settings (``FF_META_*`` or flags)."""
+
     database_url: SecretStr = Field(
         SecretStr("sqlite:///./meta-state/meta.db"),
         description="sqlite:///file.db or postgresql+psycopg:// (may hold a password)",

@@ -1,6 +1,8 @@
-"""The meta service's series for telemetry: ``ff_meta_ops_total`` (counter by ``op``, the MetaService
-method, and ``result``: ok or error), read from the server's own RPC counters, so the collector's rate()
-gives each instance's operation rates."""
+"""The meta service's series for telemetry.
+
+``ff_meta_ops_total`` (counter by ``op``, the MetaService method, and ``result``: ok or error), read from the server's
+own RPC counters, so the collector's rate() gives each instance's operation rates.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +16,17 @@ SERVICE = meta_pb2.DESCRIPTOR.services_by_name["MetaService"].full_name
 
 
 class MetaReporter:
+    """Pushes ``ff_meta_ops_total`` from the server's RPC counters."""
+
     def __init__(self, metrics: RpcMetrics) -> None:
         self.metrics = metrics
 
     async def collect(self, buffer: SampleBuffer) -> None:
+        """The reporter's hook: add the counts to ``buffer``."""
         self.collect_now(buffer)
 
     def collect_now(self, buffer: SampleBuffer) -> None:
+        """Add the counts to ``buffer``."""
         for (op, result), count in sorted(op_counts(self.metrics).items()):
             buffer.add("ff_meta_ops_total", count, {"op": op, "result": result}, kind=Kind.COUNTER)
 

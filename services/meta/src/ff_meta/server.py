@@ -24,16 +24,22 @@ __all__ = ["MIGRATIONS", "main"]
 
 
 def options_of(settings: MetaSettings, cluster_token: str) -> MetaOptions:
+    """The operators' options from the settings."""
     return MetaOptions(
-        cluster_token=cluster_token, default_chain_table_id=settings.default_chain_table_id,
-        default_chunk_size=settings.default_chunk_size, default_stripe_size=settings.default_stripe_size,
-        lease_s=settings.session_lease_s, capability_ttl_s=settings.capability_ttl_s,
-        trash_retention_s=settings.trash_retention_s, capacity_bytes=settings.capacity_bytes,
+        cluster_token=cluster_token,
+        default_chain_table_id=settings.default_chain_table_id,
+        default_chunk_size=settings.default_chunk_size,
+        default_stripe_size=settings.default_stripe_size,
+        lease_s=settings.session_lease_s,
+        capability_ttl_s=settings.capability_ttl_s,
+        trash_retention_s=settings.trash_retention_s,
+        capacity_bytes=settings.capacity_bytes,
         background_interval_s=settings.background_interval_s,
-    )  # fmt: skip
+    )
 
 
 async def main(settings: MetaSettings, stop: asyncio.Event | None = None) -> None:
+    """Serve meta until ``stop`` is set (or SIGTERM)."""
     stop = stop or asyncio.Event()
     token = settings.resolved_cluster_token()
     url = settings.database_url.get_secret_value()
@@ -54,18 +60,30 @@ def _wiring(settings: MetaSettings, ops: MetaOps, mgmtd: MgmtdClient, token: str
     def reporter(serving: Serving) -> list[Loop]:
         if settings.telemetry_interval_s <= 0:
             return []
-        return [service_reporter(
-            service="meta", node_id=serving.node_id, hostname=serving.hostname,
-            mgmtd_addresses=settings.mgmtd_address_list(), token=token,
-            collect=MetaReporter(serving.server.metrics).collect, interval_s=settings.telemetry_interval_s,
-        ).run(serving.stop)]  # fmt: skip
+        return [
+            service_reporter(
+                service="meta",
+                node_id=serving.node_id,
+                hostname=serving.hostname,
+                mgmtd_addresses=settings.mgmtd_address_list(),
+                token=token,
+                collect=MetaReporter(serving.server.metrics).collect,
+                interval_s=settings.telemetry_interval_s,
+            ).run(serving.stop)
+        ]
 
     return ServiceWiring(
-        node_type=common_pb2.NODE_TYPE_META, status_table=STATUS_TABLE,
+        node_type=common_pb2.NODE_TYPE_META,
+        status_table=STATUS_TABLE,
         token_validator=registry_validator(mgmtd, settings.token_cache_ttl_s),
-        bindings=[ServiceBinding(meta_pb2.DESCRIPTOR.services_by_name["MetaService"].full_name,
-                                 meta_pb2_grpc.add_MetaServiceServicer_to_server, MetaServicer(ops))],
+        bindings=[
+            ServiceBinding(
+                meta_pb2.DESCRIPTOR.services_by_name["MetaService"].full_name,
+                meta_pb2_grpc.add_MetaServiceServicer_to_server,
+                MetaServicer(ops),
+            )
+        ],
         mgmtd_addresses=settings.mgmtd_address_list(),
         loops=lambda serving: [ops.background.run(serving.stop)],
         loops_after_registration=reporter,
-    )  # fmt: skip
+    )

@@ -1,5 +1,8 @@
-"""Thin gRPC adapters, one line per RPC: the request to domain arguments (``wire``), the operator (``ops``), the
-answer back to protobuf (``wire``). Errors map to status codes in ``ff_meta.errors``."""
+"""Thin gRPC adapters, one line per RPC.
+
+The request to domain arguments (``wire``), the operator (``ops``), the answer back to protobuf (``wire``). Errors map
+to status codes in ``ff_meta.errors``.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
+    """The MetaService RPCs (the proto documents each)."""
+
     def __init__(self, ops: MetaOps) -> None:
         self._ns, self._files, self._quotas, self._trash = ops.namespace, ops.files, ops.quotas, ops.trash
 
@@ -63,18 +68,31 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def ReserveSpace(self, request: pb.ReserveSpaceRequest, context: Context) -> pb.ReserveSpaceResponse:
         limit, available = await self._files.reserve_space(
-            caller(), wire.inode_id_of(request.inode_id), request.session_id,
-            wire.length_of(request.write_limit_bytes, "write_limit_bytes"), request.partial)  # fmt: skip
+            caller(),
+            wire.inode_id_of(request.inode_id),
+            request.session_id,
+            wire.length_of(request.write_limit_bytes, "write_limit_bytes"),
+            request.partial,
+        )
         return pb.ReserveSpaceResponse(write_limit_bytes=limit, available_bytes=available)
 
     async def Mkdirs(self, request: pb.MkdirsRequest, context: Context) -> pb.MkdirsResponse:
-        return pb.MkdirsResponse(inode=wire.inode_pb(await self._ns.mkdirs(
-            caller(), path_at(request.path), request.mode or 0o755, request.recursive,
-            wire.layout_of(request.layout, request.HasField("layout")))))  # fmt: skip
+        return pb.MkdirsResponse(
+            inode=wire.inode_pb(
+                await self._ns.mkdirs(
+                    caller(),
+                    path_at(request.path),
+                    request.mode or 0o755,
+                    request.recursive,
+                    wire.layout_of(request.layout, request.HasField("layout")),
+                )
+            )
+        )
 
     async def Symlink(self, request: pb.SymlinkRequest, context: Context) -> pb.SymlinkResponse:
-        return pb.SymlinkResponse(inode=wire.inode_pb(await self._ns.symlink(caller(), path_at(request.path),
-                                                                             request.target)))  # fmt: skip
+        return pb.SymlinkResponse(
+            inode=wire.inode_pb(await self._ns.symlink(caller(), path_at(request.path), request.target))
+        )
 
     async def Mknod(self, request: pb.MknodRequest, context: Context) -> pb.MknodResponse:
         kind = wire.inode_type(request.type)
@@ -87,20 +105,30 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
         expect_dir = request.expect_directory if request.HasField("expect_directory") else None
-        return pb.RemoveResponse(trash_id=await self._ns.remove(caller(), path_at(request.path), request.recursive,
-                                                                request.to_trash, request.trash_retention_s,
-                                                                expect_dir))  # fmt: skip
+        return pb.RemoveResponse(
+            trash_id=await self._ns.remove(
+                caller(),
+                path_at(request.path),
+                request.recursive,
+                request.to_trash,
+                request.trash_retention_s,
+                expect_dir,
+            )
+        )
 
     async def Rename(self, request: pb.RenameRequest, context: Context) -> pb.RenameResponse:
-        inode = await self._ns.rename(caller(), path_at(request.src_path), path_at(request.dst_path),
-                                      request.no_replace)  # fmt: skip
+        inode = await self._ns.rename(
+            caller(), path_at(request.src_path), path_at(request.dst_path), request.no_replace
+        )
         return pb.RenameResponse(inode=wire.inode_pb(inode))
 
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
         after = wire.name_after(request.page_token)
-        return wire.list_response(await self._ns.list_dir(caller(), path_at(request.path),
-                                                          wire.page_size(request.page_size), after,
-                                                          request.include_inodes))  # fmt: skip
+        return wire.list_response(
+            await self._ns.list_dir(
+                caller(), path_at(request.path), wire.page_size(request.page_size), after, request.include_inodes
+            )
+        )
 
     async def SetAttr(self, request: pb.SetAttrRequest, context: Context) -> pb.SetAttrResponse:
         change = wire.attr_change(request)
@@ -117,19 +145,21 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.SetQuotaResponse:
         limits = wire.quota_limits(request)
-        return pb.SetQuotaResponse(quota=wire.quota_pb(*await self._quotas.set(caller(), path_at(request.path),
-                                                                               *limits)))  # fmt: skip
+        return pb.SetQuotaResponse(
+            quota=wire.quota_pb(*await self._quotas.set(caller(), path_at(request.path), *limits))
+        )
 
     async def ListQuotas(self, request: pb.ListQuotasRequest, context: Context) -> pb.ListQuotasResponse:
         return pb.ListQuotasResponse(quotas=[wire.quota_pb(q, p) for q, p in await self._quotas.list(caller())])
 
     async def ListTrash(self, request: pb.ListTrashRequest, context: Context) -> pb.ListTrashResponse:
-        return wire.trash_response(await self._trash.list(caller(), request.all_users,
-                                                          wire.page_size(request.page_size),
-                                                          request.page_token))  # fmt: skip
+        return wire.trash_response(
+            await self._trash.list(caller(), request.all_users, wire.page_size(request.page_size), request.page_token)
+        )
 
-    async def RestoreTrashEntry(self, request: pb.RestoreTrashEntryRequest, context: Context
-                                ) -> pb.RestoreTrashEntryResponse:  # fmt: skip
+    async def RestoreTrashEntry(
+        self, request: pb.RestoreTrashEntryRequest, context: Context
+    ) -> pb.RestoreTrashEntryResponse:
         inode, path = await self._trash.restore(caller(), request.trash_id, wire.restore_to(request))
         return pb.RestoreTrashEntryResponse(inode=wire.inode_pb(inode), path=path)
 

@@ -1,6 +1,8 @@
-"""Meta's protocol messages to and from the operators' domain types, at the servicer: requests checked and
-converted (bounds first: bad input is INVALID_ARGUMENT, or ENOENT for an inode id no store can hold, before any
-work), answers built. Nothing below the servicer sees a protobuf message of meta's."""
+"""Meta's protocol messages to and from the operators' domain types.
+
+At the servicer: requests checked and converted (bounds first: bad input is INVALID_ARGUMENT, or ENOENT for an inode id
+no store can hold, before any work), answers built. Nothing below the servicer sees a protobuf message of meta's.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def length_of(value: int, what: str) -> int:
 
 
 def check_batch(n: int, what: str, limit: int = MAX_WRITE_BATCH) -> None:
+    """EINVAL for a batch of more than ``limit`` items."""
     if n > limit:
         raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {limit} items per {what} ({n} given)")
 
@@ -71,16 +74,19 @@ def each(items: Iterable[M], convert: Callable[[M], T]) -> list[T | FsError]:
 
 
 def path_at(msg: pb.PathAt) -> PathAt:
+    """A ``PathAt`` (its inode id checked)."""
     return PathAt(inode_id_of(msg.parent_inode_id), msg.path)
 
 
 def layout_of(msg: pb.Layout, present: bool) -> LayoutSpec | None:
+    """A layout if the request has one."""
     if not present:
         return None
     return LayoutSpec(msg.chain_table_id, msg.chunk_size_bytes, msg.stripe_size)
 
 
 def open_mode_of(value: int, default: int) -> int:
+    """An open mode the proto knows (EINVAL otherwise); ``default`` when unspecified."""
     if value not in (pb.OPEN_MODE_UNSPECIFIED, READ, WRITE, RW):
         raise fs_error(FsCode.INVALID_ARGUMENT, f"unknown open_mode {value}")
     return value or default
@@ -94,41 +100,66 @@ def _check_write_open(write: bool, truncate: bool, session_id: str, client_id: s
 
 
 def create_args(r: pb.CreateRequest) -> CreateArgs:
+    """A Create checked: modes, reservation, session, ids."""
     write = open_mode_of(r.open_mode, READ) in (WRITE, RW)
     reserve = length_of(r.reserve_bytes, "reserve_bytes")
     if reserve and not write:
         raise fs_error(FsCode.INVALID_ARGUMENT, "reserve_bytes needs a write mode")
     _check_write_open(write, r.truncate, r.session_id, r.client_id)
-    return CreateArgs(path=path_at(r.path), mode=r.mode, exclusive=r.exclusive, write=write, truncate=r.truncate,
-                      layout=layout_of(r.layout, r.HasField("layout")), reserve_bytes=reserve, session_id=r.session_id,
-                      client_id=r.client_id, set_mode=r.set_mode if r.HasField("set_mode") else None,
-                      expect_inode_id=inode_id_of(r.expect_inode_id))  # fmt: skip
+    return CreateArgs(
+        path=path_at(r.path),
+        mode=r.mode,
+        exclusive=r.exclusive,
+        write=write,
+        truncate=r.truncate,
+        layout=layout_of(r.layout, r.HasField("layout")),
+        reserve_bytes=reserve,
+        session_id=r.session_id,
+        client_id=r.client_id,
+        set_mode=r.set_mode if r.HasField("set_mode") else None,
+        expect_inode_id=inode_id_of(r.expect_inode_id),
+    )
 
 
 def batch_create_args(r: pb.BatchCreateRequest) -> list[CreateArgs | FsError]:
+    """Each item of a BatchCreate, or its error (at most ``MAX_WRITE_BATCH``)."""
     check_batch(len(r.creates), "BatchCreate")
     return each(r.creates, create_args)
 
 
 def open_args(r: pb.OpenRequest) -> OpenArgs:
+    """An Open checked: mode, O_TRUNC only with write, session."""
     mode = open_mode_of(r.open_mode, READ)
     write, read = mode in (WRITE, RW), mode in (READ, RW)
     _check_write_open(write, r.truncate, r.session_id, r.client_id)
-    return OpenArgs(path=path_at(r.path), read=read, write=write, truncate=r.truncate, session_id=r.session_id,
-                    client_id=r.client_id)  # fmt: skip
+    return OpenArgs(
+        path=path_at(r.path),
+        read=read,
+        write=write,
+        truncate=r.truncate,
+        session_id=r.session_id,
+        client_id=r.client_id,
+    )
 
 
 def close_args(r: pb.CloseRequest | pb.SyncRequest) -> CloseArgs:
-    return CloseArgs(inode_id_of(r.inode_id), r.session_id, length_of(r.written_length_bytes, "written_length_bytes"),
-                     r.mtime_ns if r.HasField("mtime_ns") else None)  # fmt: skip
+    """A Close or Sync checked: inode id, written length."""
+    return CloseArgs(
+        inode_id_of(r.inode_id),
+        r.session_id,
+        length_of(r.written_length_bytes, "written_length_bytes"),
+        r.mtime_ns if r.HasField("mtime_ns") else None,
+    )
 
 
 def batch_close_args(r: pb.BatchCloseRequest) -> list[CloseArgs | FsError]:
+    """Each item of a BatchClose, or its error (at most ``MAX_WRITE_BATCH``)."""
     check_batch(len(r.closes), "BatchClose")
     return each(r.closes, close_args)
 
 
 def batch_stat_paths(r: pb.BatchStatRequest) -> list[PathAt | FsError]:
+    """Each path of a BatchStat, or its error (at most ``MAX_BATCH``)."""
     check_batch(len(r.paths), "BatchStat", MAX_BATCH)
     return each(r.paths, path_at)
 
@@ -138,11 +169,14 @@ def renew_reports(r: pb.RenewSessionsRequest) -> list[tuple[str, int, int]]:
     if not r.client_id:
         raise fs_error(FsCode.INVALID_ARGUMENT, "client_id is required")
     check_batch(len(r.sessions), "RenewSessions", MAX_BATCH)
-    return [(s.session_id, min(s.inode_id, MAX_INODE_ID), length_of(s.written_length_bytes, "written_length_bytes"))
-            for s in r.sessions]  # fmt: skip
+    return [
+        (s.session_id, min(s.inode_id, MAX_INODE_ID), length_of(s.written_length_bytes, "written_length_bytes"))
+        for s in r.sessions
+    ]
 
 
 def page_size(size: int) -> int:
+    """The page size asked for (the default when 0), at most ``MAX_PAGE``."""
     return min(size or DEFAULT_PAGE, MAX_PAGE)
 
 
@@ -157,10 +191,12 @@ def name_after(token: str) -> str:
 
 
 def page_token(name: str) -> str:
+    """The token of the page after ``name`` ("": no more pages)."""
     return base64.urlsafe_b64encode(name.encode()).decode() if name else ""
 
 
 def inode_type(value: int) -> InodeType:
+    """An inode type the proto knows (EINVAL otherwise)."""
     try:
         return InodeType(value)
     except ValueError:
@@ -168,28 +204,38 @@ def inode_type(value: int) -> InodeType:
 
 
 def attr_change(r: pb.SetAttrRequest) -> AttrChange:
+    """A SetAttr's changes (a time and its *_now together are EINVAL)."""
     if (r.atime_now and r.HasField("atime_ns")) or (r.mtime_now and r.HasField("mtime_ns")):
         raise fs_error(FsCode.INVALID_ARGUMENT, "set either a time or *_now, not both")
     has = r.HasField
-    return AttrChange(mode=r.mode if has("mode") else None, uid=r.uid if has("uid") else None,
-                      gid=r.gid if has("gid") else None, atime_ns=r.atime_ns if has("atime_ns") else None,
-                      mtime_ns=r.mtime_ns if has("mtime_ns") else None, atime_now=r.atime_now, mtime_now=r.mtime_now,
-                      layout=layout_of(r.layout, has("layout")))  # fmt: skip
+    return AttrChange(
+        mode=r.mode if has("mode") else None,
+        uid=r.uid if has("uid") else None,
+        gid=r.gid if has("gid") else None,
+        atime_ns=r.atime_ns if has("atime_ns") else None,
+        mtime_ns=r.mtime_ns if has("mtime_ns") else None,
+        atime_now=r.atime_now,
+        mtime_now=r.mtime_now,
+        layout=layout_of(r.layout, has("layout")),
+    )
 
 
 def quota_limits(r: pb.SetQuotaRequest) -> tuple[int, int]:
+    """A SetQuota's limits (below 2^63)."""
     if r.max_bytes >= 1 << 63 or r.max_inodes >= 1 << 63:
         raise fs_error(FsCode.INVALID_ARGUMENT, "quota limit too large")
     return r.max_bytes, r.max_inodes
 
 
 def trash_ids(r: pb.EmptyTrashRequest) -> list[str]:
+    """An EmptyTrash's ids, each once (at most ``MAX_TRASH_IDS``)."""
     if len(r.trash_ids) > MAX_TRASH_IDS:
         raise fs_error(FsCode.INVALID_ARGUMENT, f"at most {MAX_TRASH_IDS} trash ids per EmptyTrash")
     return list(dict.fromkeys(r.trash_ids))
 
 
 def restore_to(r: pb.RestoreTrashEntryRequest) -> PathAt | None:
+    """Where a RestoreTrashEntry puts the entry back (None: where it was)."""
     return path_at(r.path) if r.HasField("path") and r.path.path else None
 
 
@@ -199,48 +245,83 @@ def restore_to(r: pb.RestoreTrashEntryRequest) -> PathAt | None:
 def inode_pb(inode: Inode, sessions: int = 0) -> pb.Inode:
     # A directory's stored count is 1 plus its subdirectories; it shows 2 plus them (its "." too); at least 2
     # for the folders made before the count was kept.
+    """The proto's Inode."""
     nlink = max(2, inode.nlink + 1) if inode.is_dir else inode.nlink
     msg = pb.Inode(
-        inode_id=inode.inode_id, type=pb.InodeType.ValueType(int(inode.type)), mode=inode.mode, uid=inode.uid,
-        gid=inode.gid, nlink=nlink, atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
-        length_bytes=inode.length, parent_inode_id=inode.parent_id if inode.is_dir else 0,
-        symlink_target=inode.symlink_target if inode.is_symlink else "", num_write_sessions=sessions, rdev=inode.rdev,
-    )  # fmt: skip
+        inode_id=inode.inode_id,
+        type=pb.InodeType.ValueType(int(inode.type)),
+        mode=inode.mode,
+        uid=inode.uid,
+        gid=inode.gid,
+        nlink=nlink,
+        atime_ns=inode.atime_ns,
+        mtime_ns=inode.mtime_ns,
+        ctime_ns=inode.ctime_ns,
+        length_bytes=inode.length,
+        parent_inode_id=inode.parent_id if inode.is_dir else 0,
+        symlink_target=inode.symlink_target if inode.is_symlink else "",
+        num_write_sessions=sessions,
+        rdev=inode.rdev,
+    )
     if inode.is_file or inode.is_dir:
-        msg.layout.CopyFrom(pb.Layout(
-            chain_table_id=inode.chain_table_id, chain_table_version=inode.chain_table_version,
-            chunk_size_bytes=inode.chunk_size, stripe_size=inode.stripe_size, chain_begin_index=inode.chain_begin,
-            shuffle_seed=inode.shuffle_seed,
-        ))  # fmt: skip
+        msg.layout.CopyFrom(
+            pb.Layout(
+                chain_table_id=inode.chain_table_id,
+                chain_table_version=inode.chain_table_version,
+                chunk_size_bytes=inode.chunk_size,
+                stripe_size=inode.stripe_size,
+                chain_begin_index=inode.chain_begin,
+                shuffle_seed=inode.shuffle_seed,
+            )
+        )
     return msg
 
 
 def error_code(err: FsError) -> pb.FsError.ValueType:
+    """The proto's FsError value of an error."""
     return pb.FsError.ValueType(int(err.fs_code))
 
 
 def capability_pb(cap: Capability) -> pb.IoCapability:
-    return pb.IoCapability(token=cap.token, inode_id=cap.inode_id, writable=cap.writable,
-                           expires_at_ns=cap.expires_at_ns)  # fmt: skip
+    """The proto's IoCapability."""
+    return pb.IoCapability(
+        token=cap.token, inode_id=cap.inode_id, writable=cap.writable, expires_at_ns=cap.expires_at_ns
+    )
 
 
 def session_pb(s: SessionInfo) -> pb.WriteSession:
-    return pb.WriteSession(session_id=s.session_id, client_id=s.client_id, inode_id=s.inode_id,
-                           write_limit_bytes=s.write_limit, lease_s=s.lease_s)  # fmt: skip
+    """The proto's WriteSession."""
+    return pb.WriteSession(
+        session_id=s.session_id,
+        client_id=s.client_id,
+        inode_id=s.inode_id,
+        write_limit_bytes=s.write_limit,
+        lease_s=s.lease_s,
+    )
 
 
 def quota_pb(q: QuotaRow, path: str) -> pb.DirQuota:
-    return pb.DirQuota(inode_id=q.inode_id, path=path, max_bytes=q.max_bytes, max_inodes=q.max_inodes,
-                       used_bytes=q.used_bytes + q.reserved_bytes, used_inodes=q.used_inodes,
-                       reserved_bytes=q.reserved_bytes)  # fmt: skip
+    """The proto's DirQuota (used bytes include the reserved ones)."""
+    return pb.DirQuota(
+        inode_id=q.inode_id,
+        path=path,
+        max_bytes=q.max_bytes,
+        max_inodes=q.max_inodes,
+        used_bytes=q.used_bytes + q.reserved_bytes,
+        used_inodes=q.used_inodes,
+        reserved_bytes=q.reserved_bytes,
+    )
 
 
 def statfs_response(s: FsSpace) -> pb.StatFsResponse:
-    return pb.StatFsResponse(capacity_bytes=s.capacity_bytes, used_bytes=s.used_bytes, free_bytes=s.free_bytes,
-                             num_inodes=s.num_inodes)  # fmt: skip
+    """StatFs's answer."""
+    return pb.StatFsResponse(
+        capacity_bytes=s.capacity_bytes, used_bytes=s.used_bytes, free_bytes=s.free_bytes, num_inodes=s.num_inodes
+    )
 
 
 def batch_stat_response(results: list[StatItem | FsError]) -> pb.BatchStatResponse:
+    """BatchStat's answer, an error code per failed path."""
     out = []
     for r in results:
         if isinstance(r, FsError):
@@ -254,6 +335,7 @@ def batch_stat_response(results: list[StatItem | FsError]) -> pb.BatchStatRespon
 
 
 def create_response(o: Opened) -> pb.CreateResponse:
+    """Create's answer."""
     resp = pb.CreateResponse(inode=inode_pb(o.inode), created=o.created)
     if o.session is not None:
         resp.session.CopyFrom(session_pb(o.session))
@@ -265,12 +347,19 @@ def create_response(o: Opened) -> pb.CreateResponse:
 
 
 def batch_create_response(results: list[Opened | FsError]) -> pb.BatchCreateResponse:
-    return pb.BatchCreateResponse(results=[
-        pb.CreateResult(error=error_code(r), message=str(r)) if isinstance(r, FsError)
-        else pb.CreateResult(response=create_response(r)) for r in results])  # fmt: skip
+    """BatchCreate's answer, an error and message per failed item."""
+    return pb.BatchCreateResponse(
+        results=[
+            pb.CreateResult(error=error_code(r), message=str(r))
+            if isinstance(r, FsError)
+            else pb.CreateResult(response=create_response(r))
+            for r in results
+        ]
+    )
 
 
 def open_response(o: Opened) -> pb.OpenResponse:
+    """Open's answer."""
     resp = pb.OpenResponse(inode=inode_pb(o.inode))
     if o.session is not None:
         resp.session.CopyFrom(session_pb(o.session))
@@ -280,24 +369,43 @@ def open_response(o: Opened) -> pb.OpenResponse:
 
 
 def batch_close_response(results: list[Inode | FsError]) -> pb.BatchCloseResponse:
-    return pb.BatchCloseResponse(results=[
-        pb.CloseResult(error=error_code(r), message=str(r)) if isinstance(r, FsError)
-        else pb.CloseResult(inode=inode_pb(r)) for r in results])  # fmt: skip
+    """BatchClose's answer, an error and message per failed item."""
+    return pb.BatchCloseResponse(
+        results=[
+            pb.CloseResult(error=error_code(r), message=str(r))
+            if isinstance(r, FsError)
+            else pb.CloseResult(inode=inode_pb(r))
+            for r in results
+        ]
+    )
 
 
 def list_response(page: DirPage) -> pb.ListResponse:
+    """List's answer."""
     out = []
-    for e in page.entries:
-        entry = pb.DirEntry(name=e.name, inode_id=e.inode_id, type=pb.InodeType.ValueType(int(e.type)))
-        if e.inode is not None:
-            entry.inode.CopyFrom(inode_pb(e.inode))
+    for name, inode_id, typ, node in page.entries:
+        entry = pb.DirEntry(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(int(typ)))
+        if node is not None:
+            entry.inode.CopyFrom(inode_pb(node))
         out.append(entry)
     return pb.ListResponse(entries=out, next_page_token=page_token(page.last_name))
 
 
 def trash_response(page: tuple[list[TrashRow], str]) -> pb.ListTrashResponse:
+    """ListTrash's answer."""
     rows, last = page
-    return pb.ListTrashResponse(entries=[pb.TrashEntry(
-        trash_id=r.trash_id, original_path=r.original_path, inode_id=r.inode_id,
-        type=pb.InodeType.ValueType(int(r.type)), uid=r.uid, removed_at_ns=r.removed_at_ns,
-        expires_at_ns=r.expires_at_ns) for r in rows], next_page_token=last)  # fmt: skip
+    return pb.ListTrashResponse(
+        entries=[
+            pb.TrashEntry(
+                trash_id=r.trash_id,
+                original_path=r.original_path,
+                inode_id=r.inode_id,
+                type=pb.InodeType.ValueType(int(r.type)),
+                uid=r.uid,
+                removed_at_ns=r.removed_at_ns,
+                expires_at_ns=r.expires_at_ns,
+            )
+            for r in rows
+        ],
+        next_page_token=last,
+    )

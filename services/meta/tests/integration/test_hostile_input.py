@@ -302,15 +302,21 @@ def test_malformed_bytes_are_invalid_arguments(cluster: MetaCluster, fs: hf3fs.F
     assert fs.stat("/").inode_id == 1
 
 
-def _stat_latencies(cluster: MetaCluster, stop: threading.Event) -> list[float]:
-    out: list[float] = []
+def _stat_latencies(cluster: MetaCluster, stop: threading.Event, out: list[float]) -> None:
     with cluster.connect("bob") as bob:
         while not stop.is_set():
             start = time.monotonic()
             bob.stat("/")
             out.append(time.monotonic() - start)
-            time.sleep(0.02)
-    return out
+            time.sleep(0.02)  # pacing, not synchronisation: about 50 Stats a second
+
+
+def _stats_answered(latencies: list[float], count: int, timeout_s: float = 30.0) -> None:
+    """Wait until the watcher has ``count`` answers (it is stating before the call and after it)."""
+    deadline = time.monotonic() + timeout_s
+    while len(latencies) < count:
+        assert time.monotonic() < deadline, "the other client's Stats did not start"
+        time.sleep(0.01)
 
 
 def _while_stating(cluster: MetaCluster, fs: hf3fs.FileSystem, method: str,
@@ -318,14 +324,14 @@ def _while_stating(cluster: MetaCluster, fs: hf3fs.FileSystem, method: str,
     """(status, response, seconds) of one call, and how long another client's Stats took meanwhile."""
     stop = threading.Event()
     latencies: list[float] = []
-    watcher = threading.Thread(target=lambda: latencies.extend(_stat_latencies(cluster, stop)))
+    watcher = threading.Thread(target=_stat_latencies, args=(cluster, stop, latencies))
     watcher.start()
     try:
-        time.sleep(0.3)
+        _stats_answered(latencies, 3)
         start = time.monotonic()
         code, resp = call(fs, method, request)
         took = time.monotonic() - start
-        time.sleep(0.3)
+        _stats_answered(latencies, len(latencies) + 3)
     finally:
         stop.set()
         watcher.join()

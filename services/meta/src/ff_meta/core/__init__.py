@@ -1,0 +1,1 @@
+"""Meta's rules, pure: no SQL, no grpc, no generated code."""

@@ -13,6 +13,8 @@ FS_ERROR_METADATA = "ff-fs-error"
 
 
 class FsCode(IntEnum):
+    """A file-system error, as the proto's FsError values."""
+
     NOT_FOUND = 1
     EXISTS = 2
     NOT_DIRECTORY = 3
@@ -34,6 +36,7 @@ class FsCode(IntEnum):
 
     @property
     def wire_name(self) -> str:
+        """The proto enum's name (``ff-fs-error`` metadata)."""
         return f"FS_ERROR_{self.name}"
 
 
@@ -48,14 +51,19 @@ class FsError(Exception):
             self.fs_code = code
 
     def trailing_metadata(self) -> Sequence[tuple[str, str]]:
+        """What the RPC layer sends with the status: the FsError name."""
         return ((FS_ERROR_METADATA, self.fs_code.wire_name),)
 
 
 class FsNotFound(FsError):
+    """ENOENT."""
+
     fs_code = FsCode.NOT_FOUND
 
 
 class FsExists(FsError):
+    """EEXIST."""
+
     fs_code = FsCode.EXISTS
 
 

@@ -18,9 +18,11 @@ def check_chunk_size(chunk: int) -> None:
 
 
 def choose_layout(parent: Inode, asked: LayoutSpec | None, defaults: Defaults, inode_id: int) -> dict[str, Any]:
-    """The layout columns of a new file: the asked layout, else its directory's (which a new directory copies
-    from its parent), else the defaults. ENOSPC when the default chain table does not exist, EINVAL when one a
-    request or directory names does not."""
+    """The layout columns of a new file.
+
+    The asked layout, else its directory's (which a new directory copies from its parent), else the defaults. ENOSPC
+    when the default chain table does not exist, EINVAL when one a request or directory names does not.
+    """
     spec = asked if asked is not None and asked.chain_table_id else None
     if spec is None and parent.chain_table_id:
         spec = LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
@@ -35,11 +37,20 @@ def choose_layout(parent: Inode, asked: LayoutSpec | None, defaults: Defaults, i
         if spec is defaults.layout or table_id == defaults.layout.chain_table_id:
             raise fs_error(FsCode.NO_SPACE, f"the default chain table {table_id} does not exist (is storage set up?)")
         named_by = "request" if spec is asked else "directory"
-        raise fs_error(FsCode.INVALID_ARGUMENT, f"chain table {table_id} (named by the {named_by}'s layout) does not "
-                                                f"exist; chain tables: {sorted(defaults.tables)}")  # fmt: skip
+        raise fs_error(
+            FsCode.INVALID_ARGUMENT,
+            f"chain table {table_id} (named by the {named_by}'s layout) does not "
+            f"exist; chain tables: {sorted(defaults.tables)}",
+        )
     version, n = defaults.tables[table_id]
     stripe = max(1, min(stripe, n))
     # Round-robin start over the table; the seed from the id so that a re-run picks the same.
     seed = (inode_id * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
-    return {"chain_table_id": table_id, "chain_table_version": version, "chunk_size": chunk, "stripe_size": stripe,
-            "chain_begin": inode_id % n, "shuffle_seed": seed}  # fmt: skip
+    return {
+        "chain_table_id": table_id,
+        "chain_table_version": version,
+        "chunk_size": chunk,
+        "stripe_size": stripe,
+        "chain_begin": inode_id % n,
+        "shuffle_seed": seed,
+    }

@@ -20,8 +20,11 @@ async def on_every_chain(chains: Iterable[int], call: Callable[[int], Awaitable[
 async def file_end(
     chains: Iterable[int], chunk_size: int, last_chunk: Callable[[int], Awaitable[LastChunk]]
 ) -> int | None:
-    """The end of the file's last chunk (None: no chain holds a chunk of it), asking every chain of the stripe
-    at once: a Close then waits for one storage round trip, not one per chain (16 with the default stripe)."""
+    """The end of the file's last chunk, every chain of the stripe asked at once.
+
+    None: no chain holds a chunk of it. Asking every chain of the stripe at once: a Close then waits for one storage
+    round trip, not one per chain (16 with the default stripe).
+    """
     answers = await on_every_chain(chains, last_chunk)
     ends = [index * chunk_size + length for index, length in (a for a in answers if a is not None)]
     return max(ends) if ends else None

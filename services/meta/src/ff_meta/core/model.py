@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import IntEnum
+from typing import NamedTuple
 
 ROOT_INODE_ID = 1
 NO_LIMIT = (1 << 64) - 1
 
 
 class InodeType(IntEnum):
+    """The kinds of inode (the proto's InodeType values)."""
+
     FILE = 1
     DIRECTORY = 2
     SYMLINK = 3
@@ -25,6 +28,8 @@ DEVICE_TYPES = frozenset({InodeType.CHAR_DEVICE, InodeType.BLOCK_DEVICE})
 
 @dataclass(frozen=True, kw_only=True)
 class Inode:
+    """An inode's row as meta's logic sees it."""
+
     inode_id: int
     type: InodeType
     mode: int
@@ -47,24 +52,39 @@ class Inode:
 
     @property
     def is_dir(self) -> bool:
+        """Whether it is a directory."""
         return self.type is InodeType.DIRECTORY
 
     @property
     def is_file(self) -> bool:
+        """Whether it is a regular file."""
         return self.type is InodeType.FILE
 
     @property
     def is_symlink(self) -> bool:
+        """Whether it is a symbolic link."""
         return self.type is InodeType.SYMLINK
 
     def with_(self, **changes: object) -> Inode:
+        """A copy with some fields changed."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+class DirEntry(NamedTuple):
+    """One entry of a listing (``inode`` only when asked for); a tuple: a page holds up to 10,000."""
+
+    name: str
+    inode_id: int
+    type: InodeType
+    inode: Inode | None = None
 
 
 @dataclass(frozen=True)
 class PathAt:
-    """A path as a request names it: absolute, or relative to directory ``parent_id`` (0: the root); an empty
-    path with a parent names that inode itself."""
+    """A path as a request names it.
+
+    Absolute, or relative to directory ``parent_id`` (0: the root); an empty path with a parent names that inode itself.
+    """
 
     parent_id: int
     path: str

@@ -62,6 +62,7 @@ def split_path(path: str) -> tuple[bool, list[str]]:
 
 
 def join(parent: str, name: str) -> str:
+    """A folder's path and a name in it."""
     return f"{parent.rstrip('/')}/{name}" if parent != "/" else f"/{name}"
 
 

@@ -14,6 +14,8 @@ S_ISVTX = 0o1000
 
 @dataclass(frozen=True)
 class Caller:
+    """Who makes a call: uid, groups (the first for new inodes), whether root."""
+
     uid: int
     gids: tuple[int, ...]
     name: str = ""
@@ -45,11 +47,13 @@ def allowed_bits(caller: Caller, want: int, *, uid: int, gid: int, mode: int, is
 
 
 def require(caller: Caller, inode: Inode, want: int, what: str) -> None:
+    """EACCES unless the caller has every bit of ``want`` on the inode."""
     if not allowed(caller, inode, want):
         raise fs_error(FsCode.ACCESS_DENIED, f"permission denied: {what}")
 
 
 def require_owner(caller: Caller, inode: Inode, what: str) -> None:
+    """EPERM unless the caller owns the inode (or is root)."""
     if not caller.is_root and caller.uid != inode.uid:
         raise fs_error(FsCode.NOT_PERMITTED, f"operation not permitted: {what} (not the owner)")
 
@@ -67,8 +71,11 @@ def require_session_owner(caller: Caller, session_uid: int) -> None:
 
 
 def checked_mode(c: Caller, inode: Inode, mode: int, path: str) -> int:
-    """chmod(2): the owner (or root) only; set-group-ID is dropped when the caller is not in the file's group
-    (as Linux does for a caller without CAP_FSETID). Returns the mode to set."""
+    """chmod(2)'s rules: the mode to set.
+
+    chmod(2): the owner (or root) only; set-group-ID is dropped when the caller is not in the file's group
+    (as Linux does for a caller without CAP_FSETID). Returns the mode to set.
+    """
     require_owner(c, inode, f"chmod {path}")
     if mode & ~0o7777:
         raise fs_error(FsCode.INVALID_ARGUMENT, f"mode {mode:o} has bits beyond 07777")
@@ -78,9 +85,12 @@ def checked_mode(c: Caller, inode: Inode, mode: int, path: str) -> int:
 
 
 def checked_owner(c: Caller, inode: Inode, uid: int | None, gid: int | None, path: str) -> dict[str, int]:
-    """chown(2) as Linux checks it: root changes anything; anyone else must own the file, may "change" the
+    """chown(2)'s rules: the owner and group columns that change.
+
+    chown(2) as Linux checks it: root changes anything; anyone else must own the file, may "change" the
     owner only to itself, and the group only to the current one or one of its own groups. Returns the columns
-    that change."""
+    that change.
+    """
     if c.is_root:
         return {k: v for k, v in (("uid", uid), ("gid", gid)) if v is not None and v != getattr(inode, k)}
     if uid is not None and (c.uid != inode.uid or uid != inode.uid):

@@ -1,5 +1,9 @@
-"""Directory quota rules (pure): which quotas a change counts against, the EDQUOT check, what is left.
-Against ``QuotaRows``; the directories above come from the ``PathResolver``."""
+"""Directory quota rules (pure).
+
+Which quotas a change counts against, the EDQUOT check, what is left.
+
+Against ``QuotaRows``; the directories above come from the ``PathResolver``.
+"""
 
 from __future__ import annotations
 
@@ -20,20 +24,29 @@ def check_charge(chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0
     """
     for q in chain:
         if dinodes > 0 and q.max_inodes and q.used_inodes + dinodes > q.max_inodes:
-            raise fs_error(FsCode.QUOTA_EXCEEDED, f"inode quota of directory {q.inode_id} exceeded "
-                                                  f"({q.used_inodes}/{q.max_inodes})")  # fmt: skip
+            raise fs_error(
+                FsCode.QUOTA_EXCEEDED,
+                f"inode quota of directory {q.inode_id} exceeded ({q.used_inodes}/{q.max_inodes})",
+            )
         grow = dbytes + dreserved
         if grow > 0 and q.max_bytes and q.used_bytes + q.reserved_bytes + grow > q.max_bytes:
-            raise fs_error(FsCode.QUOTA_EXCEEDED, f"byte quota of directory {q.inode_id} exceeded "
-                                                  f"({q.used_bytes + q.reserved_bytes}+{grow}"
-                                                  f"/{q.max_bytes})")  # fmt: skip
+            raise fs_error(
+                FsCode.QUOTA_EXCEEDED,
+                f"byte quota of directory {q.inode_id} exceeded "
+                f"({q.used_bytes + q.reserved_bytes}+{grow}"
+                f"/{q.max_bytes})",
+            )
 
 
 def quota_room(chain: Sequence[QuotaRow], reserved: int = 0) -> tuple[int, int] | None:
-    """(bytes still allowed, folder) of the tightest byte quota of ``chain`` once ``reserved`` more bytes are
-    taken; None when none of them limits bytes."""
-    rooms = [(max(0, q.max_bytes - q.used_bytes - q.reserved_bytes - reserved), q.inode_id)
-             for q in chain if q.max_bytes]  # fmt: skip
+    """The room the tightest byte quota of a chain leaves, and its folder.
+
+    (bytes still allowed, folder) of the tightest byte quota of ``chain`` once ``reserved`` more bytes are
+    taken; None when none of them limits bytes.
+    """
+    rooms = [
+        (max(0, q.max_bytes - q.used_bytes - q.reserved_bytes - reserved), q.inode_id) for q in chain if q.max_bytes
+    ]
     return min(rooms) if rooms else None
 
 
@@ -80,10 +93,13 @@ class QuotaBook:
         wanted = [int(x) for x in ids.split(",") if x]
         return self.rows.quota_rows(wanted) if wanted else []
 
-    def charge(self, chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0, dreserved: int = 0,
-               enforce: bool = True) -> None:  # fmt: skip
-        """Add usage to every quota of ``chain``; with ``enforce``, growth past a limit is EDQUOT (nothing
-        charged)."""
+    def charge(
+        self, chain: Sequence[QuotaRow], *, dbytes: int = 0, dinodes: int = 0, dreserved: int = 0, enforce: bool = True
+    ) -> None:
+        """Add usage to every quota of a chain.
+
+        With ``enforce``, growth past a limit is EDQUOT (nothing charged).
+        """
         if enforce:
             check_charge(chain, dbytes=dbytes, dinodes=dinodes, dreserved=dreserved)
         for q in chain:

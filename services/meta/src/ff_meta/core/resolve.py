@@ -1,5 +1,8 @@
-"""Path resolution and inode addressing (pure): walking a path with search permission on every directory,
-symlinks, ``..``, and the rule that an inode id gives no access a path would not. Against ``NamespaceRows``."""
+"""Path resolution and inode addressing (pure), against ``NamespaceRows``.
+
+Walking a path with search permission on every directory, symlinks, ``..``, and the rule that an inode id gives no
+access a path would not. Against ``NamespaceRows``.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +22,11 @@ MAX_LINKS_CHECKED = 16
 
 @dataclass
 class Resolved:
-    """Where a path leads: the inode (None: the last entry is missing), the directory holding the last entry
-    (None for the root or an inode addressed by itself) and that entry's name."""
+    """Where a path leads.
+
+    The inode (None: the last entry is missing), the directory holding the last entry (None for the root or an inode
+    addressed by itself) and that entry's name.
+    """
 
     inode: Inode | None
     parent: Inode | None = None
@@ -29,8 +35,11 @@ class Resolved:
 
 @dataclass
 class PathResolver:
-    """The caller's path lookups in one transaction, with what they learnt (directories the caller may pass,
-    inodes it may reach, with ``cache_walks`` the walks down) remembered for the transaction's next ones."""
+    """The caller's path lookups in one transaction.
+
+    With what they learnt (directories the caller may pass, inodes it may reach, with ``cache_walks`` the walks down)
+    remembered for the transaction's next ones.
+    """
 
     rows: NamespaceRows
     caller: Caller
@@ -55,12 +64,23 @@ class PathResolver:
             raise fs_error(FsCode.NOT_FOUND, f"no such file or directory: {at.path}")
         return r
 
-    def resolve(self, at: PathAt, *, follow_last: bool, hops: int = 0, reached: bool = False,  # noqa: PLR0912
-                walked: int = 0) -> Resolved:  # fmt: skip
-        """Walk ``at`` (search permission on every directory walked). A lookup that starts at an inode (a
-        relative path or the inode itself) is refused as a path lookup from the root would be: see
-        ``check_reachable``; ``reached`` skips that for a directory this transaction already walked to.
-        ``walked``: components of the symlink expansions before this one (``MAX_COMPONENTS_WALKED``)."""
+    def resolve(  # noqa: PLR0912
+        self,
+        at: PathAt,
+        *,
+        follow_last: bool,
+        hops: int = 0,
+        reached: bool = False,
+        walked: int = 0,
+    ) -> Resolved:
+        """Walk a path to where it leads.
+
+        Walk ``at`` (search permission on every directory walked).
+
+        A lookup that starts at an inode (a relative path or the inode itself) is refused as a path lookup from the root
+        would be: see ``check_reachable``; ``reached`` skips that for a directory this transaction already walked to.
+        ``walked``: components of the symlink expansions before this one (``MAX_COMPONENTS_WALKED``).
+        """
         absolute, parts = split_path(at.path)
         walked += len(parts)
         if walked > MAX_COMPONENTS_WALKED:
@@ -107,18 +127,22 @@ class PathResolver:
                 if hops >= MAX_SYMLINK_HOPS:
                     raise fs_error(FsCode.SYMLINK_LOOP, "too many levels of symbolic links")
                 rest = "/".join([child.symlink_target, *parts[i + 1 :]])
-                return self.resolve(PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1, reached=True,
-                                    walked=walked)  # fmt: skip
+                return self.resolve(
+                    PathAt(cur.inode_id, rest), follow_last=follow_last, hops=hops + 1, reached=True, walked=walked
+                )
             if last:
                 return Resolved(child, cur, comp)
             cur = child
         raise AssertionError("unreachable")
 
     def _walk_dirs(self, start: int, names: list[str], what: list[str]) -> Inode | None:
-        """The directory ``names`` lead to from directory ``start``, with search permission checked on
+        """Several directories down in one query, or None.
+
+        The directory ``names`` lead to from directory ``start``, with search permission checked on
         ``start`` and every directory before the last (``what``: the components walked before ``start``, for
         the error); None when one is missing or is not a directory (then the caller walks step by step,
-        which finds the exact error or follows symlinks)."""
+        which finds the exact error or follows symlinks).
+        """
         key = (start, tuple(names))
         if self.cache_walks and key in self._walks:
             return self._walks[key]
@@ -138,8 +162,9 @@ class PathResolver:
     # ---- the way up: inode addressing, paths, depth ----
 
     def ancestry(self, dir_id: int) -> list[AncestorRow]:
-        """A directory and every directory above it, nearest first, ending at the root (or where a tree in the
-        trash was cut off).
+        """A directory and every directory above it.
+
+        Nearest first, ending at the root (or where a tree in the trash was cut off).
 
         Raises:
             FsInvalid: the tree is deeper than ``MAX_DIR_DEPTH`` there (ENAMETOOLONG).
@@ -158,8 +183,11 @@ class PathResolver:
         return len(self.ancestry(dir_id)) - 1
 
     def _passable_why(self, dir_id: int) -> FsCode | None:
-        """None when a path lookup of the caller may pass through directory ``dir_id`` (search permission on it
-        and on every directory above it); else why not: NOT_FOUND (not in the namespace) or ACCESS_DENIED."""
+        """Why a lookup may not pass through a directory (None: it may).
+
+        None when a path lookup of the caller may pass through directory ``dir_id`` (search permission on it
+        and on every directory above it); else why not: NOT_FOUND (not in the namespace) or ACCESS_DENIED.
+        """
         if dir_id in self._passable:
             return None
         rows = self.ancestry(dir_id)
@@ -173,9 +201,12 @@ class PathResolver:
         return None
 
     def _reachable_link(self, inode: Inode) -> tuple[FsCode | None, tuple[int, str] | None]:
-        """For a file or symlink: (None, (parent id, name)) of an entry naming it whose directory the caller
+        """An entry of a file that the caller may reach, or why there is none.
+
+        For a file or symlink: (None, (parent id, name)) of an entry naming it whose directory the caller
         may pass through, else (why not, None). A file no entry names (removed while open, or in the trash)
-        is reachable by its owner only, without an entry."""
+        is reachable by its owner only, without an entry.
+        """
         links = self.rows.links(inode.inode_id, MAX_LINKS_CHECKED)
         if not links:
             return (None if self.caller.is_root or inode.uid == self.caller.uid else FsCode.NOT_FOUND), None
@@ -189,7 +220,9 @@ class PathResolver:
         return why, None
 
     def check_reachable(self, inode: Inode) -> None:
-        """Inode addressing (FUSE, relative paths): refused where a path lookup from the root would be, so that
+        """Refuse inode addressing where a path lookup would be refused.
+
+        Inode addressing (FUSE, relative paths): refused where a path lookup from the root would be, so that
         knowing an inode id gives no access that a path would not (POSIX: search permission on every
         directory above). Root passes.
 
@@ -208,8 +241,10 @@ class PathResolver:
         self._reachable.add(inode.inode_id)
 
     def reachable_path(self, inode: Inode) -> str:
-        """The absolute path of an inode the caller may reach (see ``check_reachable``); for a file with
-        several links, one the caller may search."""
+        """The absolute path of an inode, through names the caller may search.
+
+        See ``check_reachable``; for a file with several links, one the caller may search.
+        """
         self.check_reachable(inode)
         if inode.is_dir:
             return self.path_of(inode)
@@ -233,8 +268,11 @@ class PathResolver:
         return "/" + "/".join(reversed(names))  # type: ignore[arg-type]
 
     def folder_of(self, r: Resolved) -> Inode | None:
-        """The folder whose quotas a file's bytes count against: the one it was reached through, or, for a file
-        addressed by its own inode (no path), the folder of its first name (None: no name is left)."""
+        """The folder whose quotas a file's bytes count against.
+
+        The one it was reached through, or, for a file addressed by its own inode (no path), the folder of its first
+        name (None: no name is left).
+        """
         if r.parent is not None or r.inode is None or r.inode.is_dir:
             return r.parent
         links = self.rows.links(r.inode.inode_id, 1)

@@ -23,8 +23,10 @@ class DirBits(NamedTuple):
 
 
 class AncestorRow(NamedTuple):
-    """A directory on the way up, with the name its parent's entry gives it (None for the root, or where a tree
-    in the trash was cut off)."""
+    """A directory on the way up, with its name.
+
+    The name is its parent's entry's (None for the root, or where a tree in the trash was cut off).
+    """
 
     inode_id: int
     type: int
@@ -51,13 +53,18 @@ class NamespaceRows(Protocol):
         ...
 
     def walk_dirs(self, start_id: int, names: Sequence[str]) -> tuple[Sequence[DirBits], Inode] | None:
-        """Down from ``start_id`` along ``names`` in one go: the permission columns of ``start_id`` and of each
-        directory before the last, and the last's inode; None when an entry is missing."""
+        """Down several directories in one go.
+
+        Down from ``start_id`` along ``names`` in one go: the permission columns of ``start_id`` and of each
+        directory before the last, and the last's inode; None when an entry is missing.
+        """
         ...
 
     def ancestry(self, dir_id: int, limit: int) -> Sequence[AncestorRow]:
-        """The directory and the directories above it, nearest first, up to the root (or to where a tree in the
-        trash was cut off), at most ``limit`` rows."""
+        """The directory and the directories above it, nearest first.
+
+        Up to the root (or to where a tree in the trash was cut off), at most ``limit`` rows.
+        """
         ...
 
     def links(self, inode_id: int, limit: int) -> Sequence[tuple[int, str]]:

@@ -18,13 +18,17 @@ class TargetSpace:
 
 @dataclass(frozen=True)
 class UsableSpace:
+    """The file system's usable bytes (after replication) and how many disks."""
+
     capacity_bytes: int
     free_bytes: int
     num_filesystems: int
 
 
 def usable_space(targets: Iterable[TargetSpace], replication: Fraction) -> UsableSpace | None:
-    """Capacity and free bytes of every distinct file system (counted once, however many targets share it),
+    """The cluster's usable capacity and free bytes.
+
+    Capacity and free bytes of every distinct file system (counted once, however many targets share it),
     divided by the replication factor: every byte a client writes is stored once per replica.
 
     None when no target reported any capacity (the caller then falls back to its configured figure).

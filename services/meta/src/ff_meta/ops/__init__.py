@@ -1,5 +1,7 @@
-"""Meta's operators, between the servicer and the store: each call's flow (checks, transactions, storage calls
-around them) over domain types. ``MetaOps`` puts them together."""
+"""Meta's operators, between the servicer and the store.
+
+Each call's flow (checks, transactions, storage calls around them) over domain types. ``MetaOps`` puts them together.
+"""
 
 from __future__ import annotations
 
@@ -41,12 +43,25 @@ class MetaOps:
         routing = RoutingCache(mgmtd)
         rpc = RpcClient(token=options.cluster_token, timeout_s=options.storage_timeout_s, retry=NO_RETRY)
         stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
-        shared = Shared(store=store, chunks=StorageChunks(routing, rpc, stubs),
-                        space=StorageSpace(routing, rpc, stubs), routing=routing, ids=IdAllocator(store),
-                        options=options, capability_key=capability_key(options.cluster_token))  # fmt: skip
+        shared = Shared(
+            store=store,
+            chunks=StorageChunks(routing, rpc, stubs),
+            space=StorageSpace(routing, rpc, stubs),
+            routing=routing,
+            ids=IdAllocator(store),
+            options=options,
+            capability_key=capability_key(options.cluster_token),
+        )
         trash = TrashOps(shared)
-        return cls(namespace=NamespaceOps(shared), files=FileOps(shared), quotas=QuotaOps(shared), trash=trash,
-                   background=Background(shared, trash), shared=shared, _stubs=stubs)  # fmt: skip
+        return cls(
+            namespace=NamespaceOps(shared),
+            files=FileOps(shared),
+            quotas=QuotaOps(shared),
+            trash=trash,
+            background=Background(shared, trash),
+            shared=shared,
+            _stubs=stubs,
+        )
 
     async def close(self) -> None:
         """Close the storage channels (the store is its opener's to close)."""

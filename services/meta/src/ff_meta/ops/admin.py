@@ -27,6 +27,7 @@ class QuotaOps:
         return await self._store.write(caller, lambda t: fsops.set_quota(t, at, max_bytes, max_inodes))
 
     async def list(self, caller: Caller) -> list[tuple[QuotaRow, str]]:
+        """Every quota, with its folder's path."""
         return await self._store.read(caller, fsops.list_quotas, small=False)
 
 
@@ -40,8 +41,9 @@ class TrashOps:
         """A page of the caller's trash (everyone's: admins only), and the id to list after next ("": the end)."""
         if all_users and not caller.is_root:
             raise fs_error(FsCode.NOT_PERMITTED, "only admins list everyone's trash")
-        return await self._store.read(caller, lambda t: trash.list_trash(t, all_users, page_size, after),
-                                      small=page_size <= SMALL_PAGE)  # fmt: skip
+        return await self._store.read(
+            caller, lambda t: trash.list_trash(t, all_users, page_size, after), small=page_size <= SMALL_PAGE
+        )
 
     async def restore(self, caller: Caller, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
         """Put an entry back (where it was, or at ``to``): the inode and its path."""

@@ -1,5 +1,8 @@
-"""Meta's background work, in every instance: write sessions whose lease lapsed are collected (the length made
-exact from storage), removed files' chunks are deleted (GC), the trash expires, SQLite's WAL is checkpointed."""
+"""Meta's background work, in every instance.
+
+Write sessions whose lease lapsed are collected (the length made exact from storage), removed files' chunks are deleted
+(GC), the trash expires, SQLite's WAL is checkpointed.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +56,9 @@ class Background:
         done = 0
         for job in jobs:
             try:
-                await self._s.chunks.remove(job.inode_id, job.chain_table_id, job.chain_begin, job.stripe_size,
-                                            job.shuffle_seed)  # fmt: skip
+                await self._s.chunks.remove(
+                    job.inode_id, job.chain_table_id, job.chain_begin, job.stripe_size, job.shuffle_seed
+                )
             except (FsError, RpcError) as err:
                 logger.warning("GC of inode %d failed (will retry): %s", job.inode_id, err)
                 await self._store.write(SYSTEM, lambda t, i=job.inode_id: trash.gc_failed(t, i))  # type: ignore[misc]
@@ -64,7 +68,9 @@ class Background:
         return done
 
     async def expire_trash(self) -> int:
+        """Delete the expired trash entries."""
         return await self._trash.expire(SYSTEM)
 
     async def checkpoint_wal(self) -> int:
+        """Copy SQLite's WAL back into the database (pages copied)."""
         return await self._store.checkpoint()

@@ -1,8 +1,11 @@
-"""File operators: Create and Open (with their write sessions and O_TRUNC), Close and Sync (the exact length
+"""File operators: open, create, close, sync, truncate, sessions.
+
+File operators: Create and Open (with their write sessions and O_TRUNC), Close and Sync (the exact length
 from storage), Truncate, session renewal and quota reservations, and their batches.
 
 Each owns its flow: checks and transactions through ``MetaStore``, storage calls (``StorageChunks``) between
-them, never inside one (a transaction may run again)."""
+them, never inside one (a transaction may run again).
+"""
 
 from __future__ import annotations
 
@@ -33,15 +36,20 @@ class FileOps:
     # ---- create and open ----
 
     async def create(self, caller: Caller, args: CreateArgs) -> Opened:
-        """Create a file or open the existing one (one transaction; O_TRUNC of a file with data takes storage
-        and two more)."""
+        """Create a file or open the existing one.
+
+        One transaction; O_TRUNC of a file with data takes storage and two more).
+        """
         body = await self._create_body(args)
         return await self._create_finish(caller, args, await self._store.write(caller, body))
 
     async def batch_create(self, caller: Caller, items: Sequence[CreateArgs | FsError]) -> list[Opened | FsError]:
-        """Each item as ``create`` by the same caller, in order (a later item sees an earlier one), each in a
+        """Many ``create``, each alone.
+
+        Each item as ``create`` by the same caller, in order (a later item sees an earlier one), each in a
         savepoint of a few shared transactions (``MetaStore.write_many``): one failing changes nothing. An
-        FsError given in place of an item is its answer."""
+        FsError given in place of an item is its answer.
+        """
         prepared: list[tuple[CreateArgs, Callable[[Tx], CreateDone]] | FsError] = []
         for item in items:
             try:
@@ -70,8 +78,9 @@ class FileOps:
         mode = args.mode if args.set_mode is None else args.set_mode
 
         def body(t: Tx) -> CreateDone:
-            inode, created, chain = fsops.create(t, args.path, mode, args.exclusive, args.write, args.layout, inode_id,
-                                                 defaults)  # fmt: skip
+            inode, created, chain = fsops.create(
+                t, args.path, mode, args.exclusive, args.write, args.layout, inode_id, defaults
+            )
             if args.expect_inode_id and (created or inode.inode_id != args.expect_inode_id):  # (creates nothing)
                 raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")
             if args.set_mode is not None and not created:
@@ -96,8 +105,13 @@ class FileOps:
             if args.reserve_bytes > sess.write_limit:
                 opened = sess
                 sess = await self._store.write(caller, lambda t: _reserved(t, opened, args.reserve_bytes))
-        return Opened(inode=inode, session=sess, capability=self._s.capability(inode.inode_id, args.write),
-                      created=created, quota_room=room)  # fmt: skip
+        return Opened(
+            inode=inode,
+            session=sess,
+            capability=self._s.capability(inode.inode_id, args.write),
+            created=created,
+            quota_room=room,
+        )
 
     async def open(self, caller: Caller, args: OpenArgs) -> Opened:
         """Open a file (a read on the fast path; a write opens a session; O_TRUNC empties it first)."""
@@ -109,26 +123,31 @@ class FileOps:
             return Opened(inode=inode)
         if args.truncate and inode.length:
             await self.truncate(caller, args.path, 0, "")
-            inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, args.write,
-                                                                                     args.read))  # fmt: skip
+            inode, chain = await self._store.write(
+                caller, lambda t: fsops.open_file(t, args.path, args.write, args.read)
+            )
         session = (
             await self._open_session(caller, inode, chain, args.session_id, args.client_id) if args.write else None
         )
         return Opened(inode=inode, session=session, capability=self._s.capability(inode.inode_id, args.write))
 
-    async def _open_session(self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str,
-                            client_id: str) -> SessionInfo:  # fmt: skip
+    async def _open_session(
+        self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str
+    ) -> SessionInfo:
         defaults = await self._s.defaults()
         expires = self._s.lease_expiry()
-        return await self._store.write(caller, lambda t: fsops.open_session(t, inode, chain, session_id, client_id,
-                                                                            defaults, expires))  # fmt: skip
+        return await self._store.write(
+            caller, lambda t: fsops.open_session(t, inode, chain, session_id, client_id, defaults, expires)
+        )
 
     # ---- close, sync, truncate ----
 
     async def close(self, caller: Caller, args: CloseArgs) -> Inode:
-        """End the write session with the file's exact length. Closing a closed (or collected) session succeeds;
-        the length is still made exact (from storage only: the caller's hints count only through a live
-        session)."""
+        """End the write session with the file's exact length.
+
+        Closing a closed (or collected) session succeeds; the length is still made exact (from storage only: the
+        caller's hints count only through a live session).
+        """
         try:
             return await self._finish(caller, args, close=True)
         except FsError as err:
@@ -142,18 +161,26 @@ class FileOps:
 
     async def _finish(self, caller: Caller, args: CloseArgs, *, close: bool) -> Inode:
         # a cursor read (on the event loop on SQLite), the storage query, one write
-        inode, _, may_change = await self._store.read(caller, functools.partial(_authorize, args.inode_id,
-                                                                                args.session_id))  # fmt: skip
+        inode, _, may_change = await self._store.read(
+            caller, functools.partial(_authorize, args.inode_id, args.session_id)
+        )
         if not may_change:  # a reader's fsync: nothing to make exact on its behalf
             return inode
         length = await self._s.chunks.length(inode)
-        return await self._store.write(caller, lambda t: fsops.finish_length(
-            t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close))  # fmt: skip
+        return await self._store.write(
+            caller,
+            lambda t: fsops.finish_length(
+                t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close
+            ),
+        )
 
     async def batch_close(self, caller: Caller, items: Sequence[CloseArgs | FsError]) -> list[Inode | FsError]:
-        """Many ``close``: each authorized and committed as that one would be, alone (one item's error fails only
+        """Many ``close``, each alone, storage asked once per chain.
+
+        Many ``close``: each authorized and committed as that one would be, alone (one item's error fails only
         itself), with the lengths from ``StorageChunks.lengths`` (one storage round trip for the batch). An
-        FsError given in place of an item is its answer."""
+        FsError given in place of an item is its answer.
+        """
         out: list[Inode | FsError] = []
         todo: list[tuple[int, Inode, CloseArgs]] = []
         for item in items:
@@ -167,8 +194,13 @@ class FileOps:
                 continue
             out.append(inode)
             if may:
-                todo.append((len(out) - 1, inode, CloseArgs(item.inode_id, sid, item.written if sid else 0,
-                                                            item.mtime_ns if sid else None)))  # fmt: skip
+                todo.append(
+                    (
+                        len(out) - 1,
+                        inode,
+                        CloseArgs(item.inode_id, sid, item.written if sid else 0, item.mtime_ns if sid else None),
+                    )
+                )
         lengths = await self._s.chunks.lengths([inode for _, inode, _ in todo])
         finishes = [functools.partial(_finish, a, length) for (_, _, a), length in zip(todo, lengths, strict=True)]
         for (k, _, _), got in zip(todo, await self._store.write_many(caller, finishes), strict=True):
@@ -176,8 +208,11 @@ class FileOps:
         return out
 
     async def _authorize_close(self, caller: Caller, inode_id: int, session_id: str) -> tuple[Inode, str, bool]:
-        """(inode, the session id that counts, whether the close may change the file): a session meta no longer
-        knows counts as none (the length is then made exact from storage only), as in Close."""
+        """Who may close, and with which session.
+
+        (inode, the session id that counts, whether the close may change the file): a session meta no longer
+        knows counts as none (the length is then made exact from storage only), as in Close.
+        """
         try:
             inode, _, may = await self._store.read(caller, functools.partial(_authorize, inode_id, session_id))
             return inode, session_id, may
@@ -188,24 +223,31 @@ class FileOps:
         return inode, "", may
 
     async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
-        """Set a file's length: checked first (a cursor read), chunks past a shorter end removed from storage,
-        then the length committed."""
+        """Set a file's length.
+
+        Checked first (a cursor read), chunks past a shorter end removed from storage, then the length committed.
+        """
         inode = await self._store.read(caller, lambda t: fsops.truncate_check(t, at, session_id))
         await self._s.chunks.remove_tail(inode, length)
         return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id))
 
     # ---- sessions ----
 
-    async def renew_sessions(self, caller: Caller, client_id: str, reports: Sequence[tuple[str, int, int]]
-                             ) -> tuple[float, list[str]]:  # fmt: skip
-        """Renew every write session of the client, adopting the lengths it reports (session id, inode id,
-        written): (the lease, the sessions meta no longer knows)."""
+    async def renew_sessions(
+        self, caller: Caller, client_id: str, reports: Sequence[tuple[str, int, int]]
+    ) -> tuple[float, list[str]]:
+        """Renew a client's write sessions.
+
+        Renew every write session of the client, adopting the lengths it reports (session id, inode id,
+        written): (the lease, the sessions meta no longer knows).
+        """
         expires = self._s.lease_expiry()
         lost = await self._store.write(caller, lambda t: fsops.renew(t, client_id, reports, expires))
         return self._s.options.lease_s, lost
 
-    async def reserve_space(self, caller: Caller, inode_id: int, session_id: str, want: int,
-                            partial: bool) -> tuple[int, int]:  # fmt: skip
+    async def reserve_space(
+        self, caller: Caller, inode_id: int, session_id: str, want: int, partial: bool
+    ) -> tuple[int, int]:
         """Raise a write session's limit (quota reserved): (the limit, bytes the quotas would still grant)."""
         return await self._store.write(caller, lambda t: fsops.reserve(t, inode_id, session_id, want, partial))
 
@@ -215,8 +257,9 @@ def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, object, bo
 
 
 def _finish(args: CloseArgs, length: int | None, t: Tx) -> Inode:
-    return fsops.finish_length(t, args.inode_id, args.session_id, args.written, length, args.mtime_ns,
-                               close=bool(args.session_id))  # fmt: skip
+    return fsops.finish_length(
+        t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close=bool(args.session_id)
+    )
 
 
 def _reserved(t: Tx, sess: SessionInfo, reserve: int) -> SessionInfo:

@@ -9,7 +9,7 @@ from ff_meta.core.model import AttrChange, Inode, InodeType, LayoutSpec, PathAt
 from ff_meta.core.paths import split_path
 from ff_meta.core.perms import Caller, R, allowed
 from ff_meta.ops.shared import Shared
-from ff_meta.ops.types import Capability, DirEntry, DirPage, FsSpace, StatItem
+from ff_meta.ops.types import Capability, DirPage, FsSpace, StatItem
 from ff_meta.store import fsops, trash
 
 # Calls up to these sizes run on the event loop on SQLite (well under a millisecond); larger ones in a thread.
@@ -39,12 +39,17 @@ class NamespaceOps:
         """The inode and, for a file, its open write sessions."""
         return await self._store.read(caller, lambda t: fsops.stat_with_sessions(t, at, follow_last))
 
-    async def batch_stat(self, caller: Caller, paths: Sequence[PathAt | FsError], follow_last: bool,
-                         read_capability: bool) -> list[StatItem | FsError]:  # fmt: skip
-        """Each path's inode or error (an FsError in place of a path is its answer), with a read capability for
-        each file the caller may read when asked (one per file, however often it is named)."""
-        results = await self._store.read(caller, lambda t: fsops.batch_stat(t, paths, follow_last),
-                                         small=len(paths) <= SMALL_BATCH)  # fmt: skip
+    async def batch_stat(
+        self, caller: Caller, paths: Sequence[PathAt | FsError], follow_last: bool, read_capability: bool
+    ) -> list[StatItem | FsError]:
+        """Many stats in one read.
+
+        Each path's inode or error (an FsError in place of a path is its answer), with a read capability for
+        each file the caller may read when asked (one per file, however often it is named).
+        """
+        results = await self._store.read(
+            caller, lambda t: fsops.batch_stat(t, paths, follow_last), small=len(paths) <= SMALL_BATCH
+        )
         caps: dict[int, Capability] = {}
         out: list[StatItem | FsError] = []
         for r in results:
@@ -59,19 +64,22 @@ class NamespaceOps:
 
     async def list_dir(self, caller: Caller, at: PathAt, page_size: int, after: str, with_inodes: bool) -> DirPage:
         """A page of a directory's entries by name, after ``after``."""
-        entries, last = await self._store.read(caller, lambda t: fsops.list_dir(t, at, page_size, after, with_inodes),
-                                               small=page_size <= SMALL_PAGE)  # fmt: skip
-        return DirPage([DirEntry(name, inode_id, typ, node) for name, inode_id, typ, node in entries], last)
+        entries, last = await self._store.read(
+            caller, lambda t: fsops.list_dir(t, at, page_size, after, with_inodes), small=page_size <= SMALL_PAGE
+        )
+        return DirPage(entries, last)
 
     async def mkdirs(self, caller: Caller, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None) -> Inode:
-        """mkdir (-p)."""
+        """Mkdir (-p)."""
         _, parts = split_path(at.path)
         await self._s.check_table(layout)
         ids = await self._s.ids.take(max(1, len(parts)))
-        return await self._store.write(caller, lambda t: fsops.mkdirs(t, at, mode, recursive, layout, ids),
-                                       small=len(parts) <= SMALL_MKDIRS)  # fmt: skip
+        return await self._store.write(
+            caller, lambda t: fsops.mkdirs(t, at, mode, recursive, layout, ids), small=len(parts) <= SMALL_MKDIRS
+        )
 
     async def symlink(self, caller: Caller, at: PathAt, target: str) -> Inode:
+        """A symbolic link to ``target``."""
         [inode_id] = await self._s.ids.take(1)
         return await self._store.write(caller, lambda t: fsops.symlink(t, at, target, inode_id))
 
@@ -81,22 +89,27 @@ class NamespaceOps:
         return await self._store.write(caller, lambda t: fsops.mknod(t, at, kind, mode, rdev, inode_id))
 
     async def hardlink(self, caller: Caller, old: PathAt, new: PathAt) -> Inode:
+        """Another name for a file."""
         return await self._store.write(caller, lambda t: fsops.hardlink(t, old, new))
 
-    async def remove(self, caller: Caller, at: PathAt, recursive: bool, to_trash: bool, retention_s: float,
-                     expect_dir: bool | None) -> str:  # fmt: skip
+    async def remove(
+        self, caller: Caller, at: PathAt, recursive: bool, to_trash: bool, retention_s: float, expect_dir: bool | None
+    ) -> str:
         """Unlink or rmdir, or move to the trash (``retention_s``; 0: the default): the trash id or ""."""
         retention = retention_s or self._s.options.trash_retention_s
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = trash.new_trash_id()
-        return await self._store.write(caller, lambda t: fsops.remove(t, at, recursive, to_trash, retention, trash_id,
-                                                                      expect_dir))  # fmt: skip
+        return await self._store.write(
+            caller, lambda t: fsops.remove(t, at, recursive, to_trash, retention, trash_id, expect_dir)
+        )
 
     async def rename(self, caller: Caller, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:
+        """Move an entry to another name, as the rename system call (``no_replace``: RENAME_NOREPLACE)."""
         return await self._store.write(caller, lambda t: fsops.rename(t, src, dst, no_replace))
 
     async def set_attr(self, caller: Caller, at: PathAt, follow_last: bool, change: AttrChange) -> Inode:
+        """chmod, chown, utimes, a directory's default layout."""
         await self._s.check_table(change.layout)
         return await self._store.write(caller, lambda t: fsops.set_attr(t, at, follow_last, change))
 

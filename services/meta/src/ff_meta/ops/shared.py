@@ -1,5 +1,7 @@
-"""What every operator uses: the store, storage's chunks and space, the routing (chain tables), inode ids, the
-options, capabilities."""
+"""What every operator uses.
+
+The store, storage's chunks and space, the routing (chain tables), inode ids, the options, capabilities.
+"""
 
 from __future__ import annotations
 
@@ -92,8 +94,9 @@ class Shared:
         if self.options.default_chain_table_id not in view.tables:
             view = await self.routing.refresh()
         tables = {t.table_id: (t.version, len(t.chain_ids)) for t in view.tables.values() if t.chain_ids}
-        layout = LayoutSpec(self.options.default_chain_table_id, self.options.default_chunk_size,
-                            self.options.default_stripe_size)  # fmt: skip
+        layout = LayoutSpec(
+            self.options.default_chain_table_id, self.options.default_chunk_size, self.options.default_stripe_size
+        )
         return Defaults(layout, tables, self.options.lease_s)
 
     async def check_table(self, layout: LayoutSpec | None) -> None:
@@ -102,14 +105,17 @@ class Shared:
             return
         tables = (await self.defaults()).tables
         if layout.chain_table_id not in tables:
-            raise fs_error(FsCode.INVALID_ARGUMENT, f"chain table {layout.chain_table_id} does not exist; chain "
-                                                    f"tables: {sorted(tables)}")  # fmt: skip
+            raise fs_error(
+                FsCode.INVALID_ARGUMENT,
+                f"chain table {layout.chain_table_id} does not exist; chain tables: {sorted(tables)}",
+            )
 
     def capability(self, inode_id: int, writable: bool) -> Capability:
         """A fresh IoCapability for the file."""
         expires = time.time_ns() + int(self.options.capability_ttl_s * 1e9)
-        return Capability(make_capability(self.capability_key, inode_id, writable, expires), inode_id, writable,
-                          expires)  # fmt: skip
+        return Capability(
+            make_capability(self.capability_key, inode_id, writable, expires), inode_id, writable, expires
+        )
 
     def lease_expiry(self) -> float:
         """When a write session opened or renewed now lapses (seconds since the epoch)."""

@@ -1,11 +1,15 @@
-"""What meta's operators take and return besides the core's types: the arguments of the calls with many, and
-their answers (``wire.py`` converts them from and to protobuf at the servicer)."""
+"""The operators' arguments and answers.
+
+What meta's operators take and return besides the core's types: the arguments of the calls with many, and
+their answers (``wire.py`` converts them from and to protobuf at the servicer).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from ff_meta.core.model import Inode, InodeType, LayoutSpec, PathAt, SessionInfo
+from ff_meta.core.model import DirEntry, Inode, LayoutSpec, PathAt, SessionInfo
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,11 @@ class OpenArgs:
 
 @dataclass(frozen=True)
 class CloseArgs:
-    """A Close or Sync (or one item of a BatchClose): the file, the caller's write session ("": none), the
-    length it wrote and the time of its last write (None: not said)."""
+    """A Close or Sync (or one item of a BatchClose).
+
+    The file, the caller's write session ("": none), the length it wrote and the time of its last write (None: not
+    said).
+    """
 
     inode_id: int
     session_id: str
@@ -60,8 +67,11 @@ class CloseArgs:
 
 @dataclass(frozen=True, kw_only=True)
 class Opened:
-    """A file opened or created: its inode, the write session (None: a read), the IoCapability (None for a
-    directory), whether it was created, and the tightest byte quota's room and folder (None: no byte quota)."""
+    """A file opened or created.
+
+    Its inode, the write session (None: a read), the IoCapability (None for a directory), whether it was created, and
+    the tightest byte quota's room and folder (None: no byte quota).
+    """
 
     inode: Inode
     session: SessionInfo | None = None
@@ -70,22 +80,14 @@ class Opened:
     quota_room: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
-class StatItem:
-    """One answer of a BatchStat: the inode, and a read capability when asked for and allowed."""
+class StatItem(NamedTuple):
+    """One answer of a BatchStat: the inode, and a read capability when asked for and allowed.
+
+    A tuple: a batch makes thousands (a frozen dataclass costs several times as much to build).
+    """
 
     inode: Inode
     read_capability: Capability | None = None
-
-
-@dataclass(frozen=True)
-class DirEntry:
-    """One entry of a listing (``inode`` only when asked for)."""
-
-    name: str
-    inode_id: int
-    type: InodeType
-    inode: Inode | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
-"""Meta's calls to storage about a file's chunks: its exact length (the end of its last chunk), removing and
-cutting chunks. Every chain of a file's stripe is asked at once (``core.lengths``), each call at a serving target
-of the chain built for the chain's current version and retried with fresh routing while that is stale."""
+"""Meta's calls to storage about a file's chunks.
+
+Its exact length (the end of its last chunk), removing and cutting chunks. Every chain of a file's stripe is asked at
+once (``core.lengths``), each call at a serving target of the chain built for the chain's current version and retried
+with fresh routing while that is stale.
+"""
 
 from __future__ import annotations
 
@@ -44,10 +47,20 @@ class StorageChunks:
     async def _file_chains(self, inode: Inode) -> list[int]:
         return await self.chains(inode.chain_table_id, inode.chain_begin, inode.stripe_size, inode.shuffle_seed)
 
-    async def _call(self, chain_id: int, call: Callable[[Any], Any], build: Callable[[int], Any], *, head: bool,
-                    ok: Callable[[Any], bool]) -> Any:  # fmt: skip
-        """One call to a serving target of the chain (its head for updates) built for the chain's current
-        version; retried with fresh routing while it fails or ``ok(response)`` says the routing was stale."""
+    async def _call(
+        self,
+        chain_id: int,
+        call: Callable[[Any], Any],
+        build: Callable[[int], Any],
+        *,
+        head: bool,
+        ok: Callable[[Any], bool],
+    ) -> Any:
+        """One call at a serving target of a chain, retried on stale routing.
+
+        One call to a serving target of the chain (its head for updates) built for the chain's current
+        version; retried with fresh routing while it fails or ``ok(response)`` says the routing was stale.
+        """
         last: object = None
         view = await self._routing.get()
         for attempt in range(ATTEMPTS):
@@ -75,8 +88,10 @@ class StorageChunks:
         raise StorageUnavailable(f"storage did not answer for chain {chain_id}: {last}")
 
     async def length(self, inode: Inode) -> int | None:
-        """The file's exact length from storage: the end of its last chunk (None: no chunk at all). Every chain
-        of the stripe is asked at once: a Close waits for one storage round trip, not one per chain."""
+        """The file's exact length from storage: the end of its last chunk (None: no chunk at all).
+
+        Every chain of the stripe is asked at once: a Close waits for one storage round trip, not one per chain.
+        """
         if not inode.is_file or not inode.chain_table_id or not inode.stripe_size:
             return None
 
@@ -85,16 +100,20 @@ class StorageChunks:
                 q = spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=inode.inode_id)
                 return spb.QueryLastChunkRequest(queries=[q])
 
-            resp = await self._call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
-                                    ok=lambda r: r.results[0].status in _SETTLED)  # fmt: skip
+            resp = await self._call(
+                chain_id, lambda s: s.QueryLastChunk, build, head=False, ok=lambda r: r.results[0].status in _SETTLED
+            )
             r = resp.results[0]
             return (r.last_chunk_index, r.last_chunk_length_bytes) if r.status == spb.CHUNK_IO_STATUS_OK else None
 
         return await file_end(await self._file_chains(inode), inode.chunk_size, last_chunk)
 
     async def lengths(self, inodes: Sequence[Inode]) -> list[int | None]:
-        """``length`` of many files at once: one QueryLastChunk per chain (up to ``LAST_CHUNK_QUERIES`` files
-        each) for the whole batch, all chains at once, instead of one per file and chain."""
+        """``length`` of many files at once.
+
+        One QueryLastChunk per chain (up to ``LAST_CHUNK_QUERIES`` files each) for the whole batch, all chains at once,
+        instead of one per file and chain.
+        """
         per_chain: dict[int, list[int]] = {}  # chain -> inode ids asking it
         chains_of: list[list[int]] = []
         for inode in inodes:
@@ -108,17 +127,28 @@ class StorageChunks:
 
         async def ask(chain_id: int, ids: list[int]) -> None:
             def build(version: int) -> spb.QueryLastChunkRequest:
-                return spb.QueryLastChunkRequest(queries=[
-                    spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=i) for i in ids])  # fmt: skip
+                return spb.QueryLastChunkRequest(
+                    queries=[spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=i) for i in ids]
+                )
 
-            resp = await self._call(chain_id, lambda s: s.QueryLastChunk, build, head=False,
-                                    ok=lambda r: all(x.status in _SETTLED for x in r.results))  # fmt: skip
+            resp = await self._call(
+                chain_id,
+                lambda s: s.QueryLastChunk,
+                build,
+                head=False,
+                ok=lambda r: all(x.status in _SETTLED for x in r.results),
+            )
             for i, r in zip(ids, resp.results, strict=True):
                 ok = r.status == spb.CHUNK_IO_STATUS_OK
                 answers[(chain_id, i)] = (r.last_chunk_index, r.last_chunk_length_bytes) if ok else None
 
-        await asyncio.gather(*(ask(c, ids[k : k + LAST_CHUNK_QUERIES]) for c, ids in per_chain.items()
-                               for k in range(0, len(ids), LAST_CHUNK_QUERIES)))  # fmt: skip
+        await asyncio.gather(
+            *(
+                ask(c, ids[k : k + LAST_CHUNK_QUERIES])
+                for c, ids in per_chain.items()
+                for k in range(0, len(ids), LAST_CHUNK_QUERIES)
+            )
+        )
         out: list[int | None] = []
         for inode, chains in zip(inodes, chains_of, strict=True):
             found = [answers[(c, inode.inode_id)] for c in chains]
@@ -126,10 +156,14 @@ class StorageChunks:
             out.append(max(ends) if ends else None)
         return out
 
-    async def remove(self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int,
-                     from_chunk: int = 0) -> int:  # fmt: skip
-        """Remove the file's chunks from ``from_chunk`` on, on every chain of its stripe at once; the number
-        removed."""
+    async def remove(
+        self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int, from_chunk: int = 0
+    ) -> int:
+        """Remove a file's chunks from ``from_chunk`` on.
+
+        Remove the file's chunks from ``from_chunk`` on, on every chain of its stripe at once; the number
+        removed.
+        """
         chains = await self.chains(table_id, begin, stripe, seed)
 
         async def on_chain(chain_id: int) -> int:
@@ -137,8 +171,9 @@ class StorageChunks:
             while True:
 
                 def build(version: int) -> spb.RemoveChunksRequest:
-                    return spb.RemoveChunksRequest(chain_id=chain_id, chain_version=version, inode_id=inode_id,
-                                                   begin_chunk_index=from_chunk)  # fmt: skip
+                    return spb.RemoveChunksRequest(
+                        chain_id=chain_id, chain_version=version, inode_id=inode_id, begin_chunk_index=from_chunk
+                    )
 
                 resp = await self._call(chain_id, lambda s: s.RemoveChunks, build, head=True, ok=lambda r: True)
                 removed += int(resp.num_removed)
@@ -153,21 +188,39 @@ class StorageChunks:
         chain_id = chains[chunk_index % len(chains)]
 
         def build(version: int) -> spb.TruncateChunksRequest:
-            return spb.TruncateChunksRequest(ios=[spb.TruncateIO(
-                chain_id=chain_id, chain_version=version, chunk_size_bytes=inode.chunk_size, length_bytes=length,
-                chunk_id=spb.ChunkId(inode_id=inode.inode_id, chunk_index=chunk_index))])  # fmt: skip
+            return spb.TruncateChunksRequest(
+                ios=[
+                    spb.TruncateIO(
+                        chain_id=chain_id,
+                        chain_version=version,
+                        chunk_size_bytes=inode.chunk_size,
+                        length_bytes=length,
+                        chunk_id=spb.ChunkId(inode_id=inode.inode_id, chunk_index=chunk_index),
+                    )
+                ]
+            )
 
-        await self._call(chain_id, lambda s: s.TruncateChunks, build, head=True,
-                         ok=lambda r: r.results[0].status in _SETTLED)  # fmt: skip
+        await self._call(
+            chain_id, lambda s: s.TruncateChunks, build, head=True, ok=lambda r: r.results[0].status in _SETTLED
+        )
 
     async def remove_tail(self, inode: Inode, length: int) -> None:
-        """Storage's part of truncating a file to ``length`` (shorter than it is): the chunks past the new end go,
-        every chain at once, and the chunk it ends in is cut."""
+        """Storage's part of truncating a file.
+
+        To ``length``, shorter than it is: the chunks past the new end go, every chain at once, and the chunk it ends in
+        is cut.
+        """
         if length >= inode.length or not inode.chain_table_id or not inode.stripe_size:
             return
         chunk, within = divmod(length, inode.chunk_size)
         first_gone = chunk + 1 if within else chunk
-        await self.remove(inode.inode_id, inode.chain_table_id, inode.chain_begin, inode.stripe_size,
-                          inode.shuffle_seed, from_chunk=first_gone)  # fmt: skip
+        await self.remove(
+            inode.inode_id,
+            inode.chain_table_id,
+            inode.chain_begin,
+            inode.stripe_size,
+            inode.shuffle_seed,
+            from_chunk=first_gone,
+        )
         if within:
             await self.cut(inode, chunk, within)

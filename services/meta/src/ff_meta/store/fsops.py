@@ -1,9 +1,10 @@
 """The file-system operations as transaction bodies over the INOD/DENT tables.
 
-Every public function here takes a ``Tx`` (one serializable transaction, run by ``Store.run`` and
+Every public function here takes a ``Tx`` (one serializable transaction, run by ``MetaStore`` and
 re-run on conflict) and does only reads and writes through it: no RPCs, no clocks of its own (the
-caller passes ``now_ns``), so a re-run is harmless. Storage work (exact lengths, chunk removal) is
-done by the caller around these transactions.
+caller passes ``now_ns``), so a re-run is harmless. The rules come from ``core`` (``tx.paths``,
+``tx.quotas``, ``core.perms``, ``core.layout``); storage work (exact lengths, chunk removal) is done by
+the operators (``ops/``) around these transactions.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ff_meta.core.model import (
     SPECIAL_TYPES,
     AttrChange,
     Defaults,
+    DirEntry,
     Inode,
     InodeType,
     LayoutSpec,
@@ -75,6 +77,7 @@ def allocate_ids(tx: Tx, count: int) -> int:
 
 
 def stat(tx: Tx, at: PathAt, follow_last: bool) -> Inode:
+    """The inode a path names."""
     inode = tx.paths.existing(at, follow_last=follow_last).inode
     assert inode is not None
     return inode
@@ -113,13 +116,20 @@ def new_parent(tx: Tx, r: Resolved, what: str) -> Inode:
 
 
 def create(
-    tx: Tx, at: PathAt, mode: int, exclusive: bool, write: bool, layout: LayoutSpec | None, inode_id: int,
+    tx: Tx,
+    at: PathAt,
+    mode: int,
+    exclusive: bool,
+    write: bool,
+    layout: LayoutSpec | None,
+    inode_id: int,
     defaults: Defaults,
-) -> tuple[Inode, bool, list[QuotaRow]]:  # fmt: skip
+) -> tuple[Inode, bool, list[QuotaRow]]:
     """Create a file (or find the existing one). Returns (inode, created, quota chain of its directory).
 
     A symlink as the last component is followed (a dangling one creates its target), except with ``exclusive``:
-    then any existing entry, a symlink included, is EEXIST (POSIX O_CREAT|O_EXCL)."""
+    then any existing entry, a symlink included, is EEXIST (POSIX O_CREAT|O_EXCL).
+    """
     r = tx.paths.resolve(at, follow_last=False)
     if r.inode is not None and r.inode.is_symlink:
         if exclusive:
@@ -135,15 +145,25 @@ def create(
     parent = new_parent(tx, r, at.path)
     chain = tx.quotas.chain(parent)
     tx.quotas.charge(chain, dinodes=1)
-    inode = Inode(inode_id=inode_id, type=InodeType.FILE, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid,
-                  nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
-                  **choose_layout(parent, layout, defaults, inode_id))  # fmt: skip
+    inode = Inode(
+        inode_id=inode_id,
+        type=InodeType.FILE,
+        mode=mode & 0o7777,
+        uid=tx.caller.uid,
+        gid=tx.caller.gid,
+        nlink=1,
+        atime_ns=tx.now_ns,
+        mtime_ns=tx.now_ns,
+        ctime_ns=tx.now_ns,
+        **choose_layout(parent, layout, defaults, inode_id),
+    )
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode, True, chain
 
 
 def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
+    """Open a file: its inode, and for a write the quota chain of its folder."""
     r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
@@ -154,8 +174,10 @@ def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[
     return inode, (tx.quotas.chain(tx.paths.folder_of(r)) if write else [])
 
 
-def open_session(tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str,
-                 defaults: Defaults, expires_at: float) -> SessionInfo:  # fmt: skip
+def open_session(
+    tx: Tx, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str, defaults: Defaults, expires_at: float
+) -> SessionInfo:
+    """Open (or find again, by its id) a write session of the file."""
     if not session_id or not client_id or len(session_id) > 64 or len(client_id) > 64:
         raise fs_error(FsCode.INVALID_ARGUMENT, "a write open needs a session_id and a client_id (at most 64 chars)")
     owner = tx.session_owner(session_id)
@@ -186,16 +208,26 @@ _RAW_SESSION = raw_sql(f"SELECT {', '.join(SessionRow._fields)} FROM meta_sessio
 
 
 def _session(tx: Tx, inode_id: int, session_id: str) -> SessionRow:
-    """The session's row, read through the cursor helpers (so that Close's first check runs on a bare cursor
-    on the event loop, without an ORM session: see ``MetaApp.read``)."""
+    """A write session's row, through the cursor.
+
+    The session's row, read through the cursor helpers (so that Close's first check runs on a bare cursor
+    on the event loop, without an ORM session: see ``MetaStore.read``).
+    """
     rows = tx.fetch_all(_RAW_SESSION, (session_id,))
     if not rows or rows[0][1] != inode_id:
         raise fs_error(FsCode.BAD_SESSION, f"write session {session_id!r} is unknown, closed or collected")
     return SessionRow(*rows[0])
 
 
-def set_length(tx: Tx, inode: Inode, new_length: int, chain: list[QuotaRow], *, mtime_ns: int | None = None,
-               from_reservation: bool = False) -> Inode:  # fmt: skip
+def set_length(
+    tx: Tx,
+    inode: Inode,
+    new_length: int,
+    chain: list[QuotaRow],
+    *,
+    mtime_ns: int | None = None,
+    from_reservation: bool = False,
+) -> Inode:
     """Adopt a new file length, charging the difference to the quotas (out of the reservation if any)."""
     delta = new_length - inode.length
     if delta:
@@ -211,9 +243,12 @@ def set_length(tx: Tx, inode: Inode, new_length: int, chain: list[QuotaRow], *, 
 
 
 def authorize_finish(tx: Tx, inode_id: int, session_id: str) -> tuple[Inode, Any, bool]:
-    """Who may Close or Sync a file, as (inode, session row or None, whether the call may change it): the
-    holder of the write session named; without one, whoever may reach the file by inode and write it (then
-    only storage's length counts); a reader gets the inode unchanged; anyone else is refused."""
+    """Who may Close or Sync a file.
+
+    As (inode, session row or None, whether the call may change it): the holder of the write session named; without one,
+    whoever may reach the file by inode and write it (then only storage's length counts); a reader gets the inode
+    unchanged; anyone else is refused.
+    """
     inode = tx.must(inode_id)
     if session_id:
         row = _session(tx, inode_id, session_id)
@@ -226,13 +261,15 @@ def authorize_finish(tx: Tx, inode_id: int, session_id: str) -> tuple[Inode, Any
     return inode, None, False
 
 
-def finish_length(tx: Tx, inode_id: int, session_id: str, written: int, storage_length: int | None,
-                  mtime_ns: int | None, close: bool) -> Inode:  # fmt: skip
+def finish_length(
+    tx: Tx, inode_id: int, session_id: str, written: int, storage_length: int | None, mtime_ns: int | None, close: bool
+) -> Inode:
     """Close or sync: the exact length (storage's answer, never below what meta knew), session ended on close.
 
     Without a session the caller's hints (written length, mtime) do not count. A session's write time counts
     only if it is later than an explicit mtime set while the session was open (utime after the last write:
-    ``cp -p``, ``tar x``), so that a late Close does not put an earlier time back."""
+    ``cp -p``, ``tar x``), so that a late Close does not put an earlier time back.
+    """
     inode, row, may_change = authorize_finish(tx, inode_id, session_id)
     if not may_change:
         return inode
@@ -286,7 +323,8 @@ def expired_sessions(tx: Tx, limit: int = 100) -> list[tuple[str, int]]:
 def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expires_at: float) -> list[str]:
     """Extend every session of ``client_id``; adopt larger reported lengths. Returns lost session ids.
 
-    The client's sessions are read in one query (not one per report), so a report of thousands costs little."""
+    The client's sessions are read in one query (not one per report), so a report of thousands costs little.
+    """
     q = sa.update(sessions).where(sessions.c.client_id == client_id)
     if not tx.caller.is_root:
         q = q.where(sessions.c.uid == tx.caller.uid)
@@ -301,8 +339,9 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
             continue
         if written <= row.reported_length:  # meta knows the file is at least this long
             continue
-        tx.session.execute(sa.update(sessions).where(sessions.c.session_id == session_id)
-                           .values(reported_length=written))  # fmt: skip
+        tx.session.execute(
+            sa.update(sessions).where(sessions.c.session_id == session_id).values(reported_length=written)
+        )
         inode = tx.get(inode_id)
         if inode is not None and written > inode.length:
             # The write time is unknown here: meta's clock, unless an explicit mtime was set meanwhile (then the
@@ -313,8 +352,10 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
 
 
 def reserve(tx: Tx, inode_id: int, session_id: str, want: int, partial: bool = False) -> tuple[int, int]:
-    """Raise a write session's limit to ``want`` (all or nothing, or with ``partial`` as far as the quotas
-    allow). Returns (the session's limit, bytes the quotas would still grant)."""
+    """Raise a write session's limit to ``want`` (all or nothing, or with ``partial`` as far as the quotas allow).
+
+    Returns (the session's limit, bytes the quotas would still grant).
+    """
     row = _session(tx, inode_id, session_id)
     require_session_owner(tx.caller, row.uid)
     if row.write_limit is None:
@@ -338,8 +379,10 @@ def reserve(tx: Tx, inode_id: int, session_id: str, want: int, partial: bool = F
 
 @dataclass
 class _Above:
-    """Quota ids and depth of the directories one Mkdirs creates in, so that a deep ``mkdir -p`` walks up the
-    tree once, not once per new level (which made it quadratic)."""
+    """Quota ids and depth of the directories one Mkdirs creates in.
+
+    So that a deep ``mkdir -p`` walks up the tree once, not once per new level (which made it quadratic).
+    """
 
     tx: Tx
     known: dict[int, tuple[list[int], int]] = field(default_factory=dict)
@@ -357,8 +400,11 @@ class _Above:
 
 
 def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None, ids: list[int]) -> Inode:
-    """mkdir (-p). ``ids`` are pre-allocated inode ids, one per directory that may be created. Linear in the
-    number of components (at most ``MAX_PATH_COMPONENTS``); no directory deeper than ``MAX_DIR_DEPTH``."""
+    """Mkdir (-p).
+
+    ``ids`` are pre-allocated inode ids, one per directory that may be created. Linear in the number of components (at
+    most ``MAX_PATH_COMPONENTS``); no directory deeper than ``MAX_DIR_DEPTH``.
+    """
     absolute, parts = split_path(at.path)
     above = _Above(tx)
     if not recursive:
@@ -370,17 +416,21 @@ def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | 
     for i, comp in enumerate(parts):
         r = tx.paths.resolve(PathAt(cur.inode_id, comp), follow_last=True, reached=True)
         if r.inode is None:
-            r.inode = _mkdir_one(tx, r, "/".join(parts[: i + 1]), mode, layout if i == len(parts) - 1 else None,
-                                 ids[i], above)  # fmt: skip
+            r.inode = _mkdir_one(
+                tx, r, "/".join(parts[: i + 1]), mode, layout if i == len(parts) - 1 else None, ids[i], above
+            )
         elif not r.inode.is_dir:
-            raise fs_error(FsCode.NOT_DIRECTORY if i < len(parts) - 1 else FsCode.EXISTS,
-                           f"{'/'.join(parts[: i + 1])!r} exists and is not a directory")  # fmt: skip
+            raise fs_error(
+                FsCode.NOT_DIRECTORY if i < len(parts) - 1 else FsCode.EXISTS,
+                f"{'/'.join(parts[: i + 1])!r} exists and is not a directory",
+            )
         cur = r.inode
     return cur
 
 
-def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int,
-               above: _Above) -> Inode:  # fmt: skip
+def _mkdir_one(
+    tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | None, inode_id: int, above: _Above
+) -> Inode:
     parent = new_parent(tx, r, what)
     quota_ids, depth = above.of(parent)
     if depth + 1 > MAX_DIR_DEPTH:
@@ -389,10 +439,21 @@ def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | N
     spec = layout or LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
     if spec.chunk_size:
         check_chunk_size(spec.chunk_size)
-    inode = Inode(inode_id=inode_id, type=InodeType.DIRECTORY, mode=mode & 0o7777, uid=tx.caller.uid,
-                  gid=tx.caller.gid, nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
-                  parent_id=parent.inode_id, chain_table_id=spec.chain_table_id, chunk_size=spec.chunk_size,
-                  stripe_size=spec.stripe_size)  # fmt: skip
+    inode = Inode(
+        inode_id=inode_id,
+        type=InodeType.DIRECTORY,
+        mode=mode & 0o7777,
+        uid=tx.caller.uid,
+        gid=tx.caller.gid,
+        nlink=1,
+        atime_ns=tx.now_ns,
+        mtime_ns=tx.now_ns,
+        ctime_ns=tx.now_ns,
+        parent_id=parent.inode_id,
+        chain_table_id=spec.chain_table_id,
+        chunk_size=spec.chunk_size,
+        stripe_size=spec.stripe_size,
+    )
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     above.created(parent, inode)
@@ -400,14 +461,25 @@ def _mkdir_one(tx: Tx, r: Resolved, what: str, mode: int, layout: LayoutSpec | N
 
 
 def symlink(tx: Tx, at: PathAt, target: str, inode_id: int) -> Inode:
+    """Make a symbolic link."""
     if not target or "\0" in target or len(target.encode()) > 4096:
         raise fs_error(FsCode.INVALID_ARGUMENT, "a symlink target is 1-4096 bytes without NUL")
     r = tx.paths.resolve(at, follow_last=False)
     parent = new_parent(tx, r, at.path)
     tx.quotas.charge(tx.quotas.chain(parent), dinodes=1)
-    inode = Inode(inode_id=inode_id, type=InodeType.SYMLINK, mode=0o777, uid=tx.caller.uid, gid=tx.caller.gid,
-                  nlink=1, atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns, length=len(target.encode()),
-                  symlink_target=target)  # fmt: skip
+    inode = Inode(
+        inode_id=inode_id,
+        type=InodeType.SYMLINK,
+        mode=0o777,
+        uid=tx.caller.uid,
+        gid=tx.caller.gid,
+        nlink=1,
+        atime_ns=tx.now_ns,
+        mtime_ns=tx.now_ns,
+        ctime_ns=tx.now_ns,
+        length=len(target.encode()),
+        symlink_target=target,
+    )
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode
@@ -424,15 +496,25 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
     r = tx.paths.resolve(at, follow_last=False)
     parent = new_parent(tx, r, at.path)
     tx.quotas.charge(tx.quotas.chain(parent), dinodes=1)
-    inode = Inode(inode_id=inode_id, type=kind, mode=mode & 0o7777, uid=tx.caller.uid, gid=tx.caller.gid, nlink=1,
-                  atime_ns=tx.now_ns, mtime_ns=tx.now_ns, ctime_ns=tx.now_ns,
-                  rdev=rdev)  # fmt: skip
+    inode = Inode(
+        inode_id=inode_id,
+        type=kind,
+        mode=mode & 0o7777,
+        uid=tx.caller.uid,
+        gid=tx.caller.gid,
+        nlink=1,
+        atime_ns=tx.now_ns,
+        mtime_ns=tx.now_ns,
+        ctime_ns=tx.now_ns,
+        rdev=rdev,
+    )
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode
 
 
 def hardlink(tx: Tx, old: PathAt, new: PathAt) -> Inode:
+    """Give a file another name."""
     src = tx.paths.existing(old, follow_last=False).inode
     assert src is not None
     if src.is_dir:
@@ -458,8 +540,15 @@ def _removable(tx: Tx, r: Resolved, what: str) -> tuple[Inode, Inode]:
     return r.inode, r.parent
 
 
-def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: float, trash_id: str,
-           expect_dir: bool | None = None) -> str:  # fmt: skip
+def remove(
+    tx: Tx,
+    at: PathAt,
+    recursive: bool,
+    to_trash: bool,
+    retention_s: float,
+    trash_id: str,
+    expect_dir: bool | None = None,
+) -> str:
     """Unlink/rmdir, or move to the trash. Returns the trash id ("" when unlinked)."""
     r = tx.paths.resolve(at, follow_last=False)
     inode, parent = _removable(tx, r, at.path)
@@ -477,10 +566,17 @@ def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: flo
         tx.unlink_entry(parent.inode_id, r.name)
         if inode.is_dir:
             tx.update(inode.inode_id, parent_id=0, ctime_ns=tx.now_ns)
-        tx.session.execute(sa.insert(trash).values(
-            trash_id=trash_id, inode_id=inode.inode_id, type=int(inode.type), uid=tx.caller.uid, original_path=path,
-            removed_at_ns=tx.now_ns, expires_at_ns=tx.now_ns + int(retention_s * 1e9),
-        ))  # fmt: skip
+        tx.session.execute(
+            sa.insert(trash).values(
+                trash_id=trash_id,
+                inode_id=inode.inode_id,
+                type=int(inode.type),
+                uid=tx.caller.uid,
+                original_path=path,
+                removed_at_ns=tx.now_ns,
+                expires_at_ns=tx.now_ns + int(retention_s * 1e9),
+            )
+        )
         return trash_id
     if inode.is_file and inode.nlink <= 1:
         tx.quotas.charge(chain, dbytes=-inode.length, dinodes=-1, enforce=False)
@@ -492,6 +588,7 @@ def remove(tx: Tx, at: PathAt, recursive: bool, to_trash: bool, retention_s: flo
 
 
 def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa: PLR0912
+    """Move an entry to another name, as the rename system call; usage moves between quota trees."""
     rs = tx.paths.resolve(src, follow_last=False)
     moved, sparent = _removable(tx, rs, src.path)
     rd = tx.paths.resolve(dst, follow_last=False)
@@ -546,8 +643,8 @@ def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa
     return moved.with_(**values)
 
 
-def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
-             ) -> tuple[list[tuple[str, int, InodeType, Inode | None]], str]:  # fmt: skip
+def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool) -> tuple[list[DirEntry], str]:
+    """A page of a directory's entries by name (with their inodes when asked), and the name to list after next."""
     d = tx.paths.existing(at, follow_last=True).inode
     assert d is not None
     if not d.is_dir:
@@ -556,20 +653,19 @@ def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool
     if not with_inodes:
         sql = _RAW_LIST_AFTER if after else _RAW_LIST
         rows = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
-        names: list[tuple[str, int, InodeType, Inode | None]] = [
-            (r[0], r[1], InodeType(r[2]), None) for r in rows[:page_size]
-        ]
+        names = [DirEntry(r[0], r[1], InodeType(r[2])) for r in rows[:page_size]]
         return names, (rows[page_size - 1][0] if len(rows) > page_size else "")
     sql = _RAW_SCAN_AFTER if after else _RAW_SCAN
     full = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
-    out: list[tuple[str, int, InodeType, Inode | None]] = []
+    out: list[DirEntry] = []
     for row in full[:page_size]:
         node = inode_of_tuple(row[1:])
-        out.append((row[0], node.inode_id, node.type, node))
+        out.append(DirEntry(row[0], node.inode_id, node.type, node))
     return out, (full[page_size - 1][0] if len(full) > page_size else "")
 
 
 def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
+    """Whether the caller may truncate the file: its inode."""
     r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
@@ -585,6 +681,7 @@ def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
 
 
 def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
+    """Commit a truncate's new length (storage already cut the chunks)."""
     inode = truncate_check(tx, at, session_id)
     r = tx.paths.existing(at, follow_last=True)
     chain = tx.quotas.chain(tx.paths.folder_of(r))
@@ -599,8 +696,10 @@ def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
 
 
 def chmod_opened(tx: Tx, inode: Inode, mode: int, path: str) -> Inode:
-    """chmod(2) of a file just opened in the same transaction (Create's ``set_mode``); nothing when it has the
-    mode already."""
+    """chmod(2) of a file just opened in the same transaction.
+
+    Create's ``set_mode``; nothing when it has the mode already.
+    """
     mode = checked_mode(tx.caller, inode, mode, path)
     if mode == inode.mode:
         return inode
@@ -609,6 +708,7 @@ def chmod_opened(tx: Tx, inode: Inode, mode: int, path: str) -> Inode:
 
 
 def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:
+    """SetAttr: chmod, chown, times, a directory's default layout."""
     inode = tx.paths.existing(at, follow_last=follow_last).inode
     assert inode is not None
     c = tx.caller
@@ -632,8 +732,9 @@ def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:
         require_owner(c, inode, f"set the layout of {at.path}")
         if ch.layout.chunk_size:
             check_chunk_size(ch.layout.chunk_size)
-        values.update(chain_table_id=ch.layout.chain_table_id, chunk_size=ch.layout.chunk_size,
-                      stripe_size=ch.layout.stripe_size)  # fmt: skip
+        values.update(
+            chain_table_id=ch.layout.chain_table_id, chunk_size=ch.layout.chunk_size, stripe_size=ch.layout.stripe_size
+        )
     if values:
         values["ctime_ns"] = tx.now_ns
         tx.update(inode.inode_id, **values)
@@ -641,6 +742,7 @@ def set_attr(tx: Tx, at: PathAt, follow_last: bool, ch: AttrChange) -> Inode:
 
 
 def realpath(tx: Tx, at: PathAt) -> tuple[str, int]:
+    """The absolute path a path resolves to, and the inode id."""
     r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
@@ -665,6 +767,7 @@ def statfs(tx: Tx) -> tuple[int, int]:
 
 
 def get_quota(tx: Tx, at: PathAt) -> list[tuple[QuotaRow, str]]:
+    """The quotas over a path, nearest first, with their folders' paths."""
     r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
@@ -682,6 +785,7 @@ def _path_or_id(tx: Tx, inode_id: int) -> str:
 
 
 def set_quota(tx: Tx, at: PathAt, max_bytes: int, max_inodes: int) -> tuple[QuotaRow, str]:
+    """Set (or with 0 and 0 remove) a directory's quota, counting the tree's usage."""
     inode = tx.paths.existing(at, follow_last=True).inode
     assert inode is not None
     if not inode.is_dir:
@@ -698,5 +802,6 @@ def set_quota(tx: Tx, at: PathAt, max_bytes: int, max_inodes: int) -> tuple[Quot
 
 
 def list_quotas(tx: Tx) -> list[tuple[QuotaRow, str]]:
+    """Every quota, with its folder's path."""
     rows = tx.session.execute(sa.select(quotas).order_by(quotas.c.inode_id)).all()
     return [(QuotaRow(**r._mapping), _path_or_id(tx, r.inode_id)) for r in rows]

@@ -1,5 +1,7 @@
-"""``MetaStore``: meta's transactions, awaited. A body (``Callable[[Tx], T]``) runs in one serializable
-transaction by whichever path suits the database and the call; callers see only ``read`` and ``write``.
+"""``MetaStore``: meta's transactions, awaited.
+
+A body (``Callable[[Tx], T]``) runs in one serializable transaction by whichever path suits the database and the call;
+callers see only ``read`` and ``write``.
 
 The paths, and why:
 
@@ -97,12 +99,16 @@ class MetaStore:
 
     @property
     def engine(self) -> Engine:
+        """The SQLAlchemy engine (migrations, tests)."""
         return self._store.engine
 
     def _open_writer(self) -> sqlite3.Connection:
-        """The inline writer: it never waits for SQLite's lock (busy timeout 0: when another writer holds it,
+        """The inline writer's connection.
+
+        The inline writer: it never waits for SQLite's lock (busy timeout 0: when another writer holds it,
         the write queues for the group writer's thread instead of stalling the event loop) and never
-        checkpoints the WAL (that fsyncs; ``checkpoint`` does it off the loop)."""
+        checkpoints the WAL (that fsyncs; ``checkpoint`` does it off the loop).
+        """
         writer = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False, timeout=0)
         writer.execute("PRAGMA foreign_keys = ON")
         writer.execute("PRAGMA synchronous = NORMAL")
@@ -174,16 +180,20 @@ class MetaStore:
         return await self._group_write(body)  # type: ignore[no-any-return]
 
     async def write_many(self, caller: Caller, fns: Sequence[Body[T]]) -> list[T | FsError]:
-        """Many small writes (a BatchCreate's or BatchClose's items), in order, each as its own ``write`` would
+        """Many small writes, each alone.
+
+        Many small writes (a BatchCreate's or BatchClose's items), in order, each as its own ``write`` would
         be: one that fails (an FsError) changes nothing and the others go on. On SQLite's inline writer they
         share transactions of up to ``GROUP_WRITES``, a savepoint each (one commit per group instead of one per
         call); elsewhere, or when a group cannot run inline (the write lock taken, a call that needs the ORM),
-        each goes through ``write``."""
+        each goes through ``write``.
+        """
         out: list[T | FsError] = []
         for k in range(0, len(fns), GROUP_WRITES):
             group = fns[k : k + GROUP_WRITES]
-            done, values = (self._write_inline_many(caller, group, time.time_ns()) if self._writer is not None
-                            else (False, []))  # fmt: skip
+            done, values = (
+                self._write_inline_many(caller, group, time.time_ns()) if self._writer is not None else (False, [])
+            )
             if done:
                 self.counts.inline += len(group)
                 out += values
@@ -196,8 +206,11 @@ class MetaStore:
         return out
 
     def _write_inline_many(self, caller: Caller, fns: Sequence[Body[T]], now: int) -> tuple[bool, list[T | FsError]]:
-        """``_write_inline`` for several calls, a savepoint each: ``(True, results)``, or ``(False, [])`` with
-        nothing changed (the lock taken, a call needing the ORM: the caller runs them one by one)."""
+        """``_write_inline`` for several calls, a savepoint each.
+
+        ``(True, results)``, or ``(False, [])`` with nothing changed (the lock taken, a call needing the ORM: the caller
+        runs them one by one).
+        """
         assert self._writer is not None
         cur = self._writer.cursor()
         try:
@@ -228,13 +241,16 @@ class MetaStore:
             cur.close()
 
     def _write_inline(self, caller: Caller, fn: Body[T], now: int) -> tuple[bool, T | None]:
-        """The write on the event loop, on the bare DB-API writer connection: ``(True, result)``; or
-        ``(False, None)`` with nothing changed when SQLite's write lock is taken (by the group writer or another
-        process) or the body needs the ORM session (quotas, sessions, trash): the caller queues it for the group
-        writer. A failure of the body (an FsError) rolls back and is raised, as from ``Store.run``.
+        """The write on the event loop, on the inline writer.
+
+        On the bare DB-API writer connection: ``(True, result)``; or ``(False, None)`` with nothing changed when
+        SQLite's write lock is taken (by the group writer or another process) or the body needs the ORM session (quotas,
+        sessions, trash): the caller queues it for the group writer. A failure of the body (an FsError) rolls back and
+        is raised, as from ``Store.run``.
 
         On SQLite a short write transaction costs a few indexed statements and, in WAL mode with synchronous
-        NORMAL, no fsync; the thread hop and ORM session of the queued path cost several times that."""
+        NORMAL, no fsync; the thread hop and ORM session of the queued path cost several times that.
+        """
         assert self._writer is not None
         cur = self._writer.cursor()
         try:
@@ -273,9 +289,12 @@ class MetaStore:
             self._writer = self._open_writer()
 
     async def _group_write(self, body: Callable[[Session], Any]) -> Any:
-        """SQLite has one writer at a time, so the writes waiting in this process go together: one
+        """Queue a write for the group writer.
+
+        SQLite has one writer at a time, so the writes waiting in this process go together: one
         transaction (``Store.run``, re-run whole on conflict) with a savepoint per call, so that a call that
-        fails (an FsError) changes nothing and the others still commit (group commit)."""
+        fails (an FsError) changes nothing and the others still commit (group commit).
+        """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._write_queue.append((body, future))
         if not self._writer_busy:
@@ -334,8 +353,10 @@ class MetaStore:
     # ---- upkeep ----
 
     async def checkpoint(self) -> int:
-        """Copy the SQLite WAL back into the database (the inline writer never does), in a worker thread: it
-        fsyncs. PASSIVE: it waits for no reader or writer. Returns the pages copied (0 without inline writes)."""
+        """Copy the SQLite WAL back into the database (the inline writer never does), in a worker thread: it fsyncs.
+
+        PASSIVE: it waits for no reader or writer. Returns the pages copied (0 without inline writes).
+        """
         if self._writer is None:
             return 0
 

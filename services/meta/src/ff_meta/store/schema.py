@@ -1,5 +1,8 @@
-"""Meta's tables: inodes and directory entries (the INOD/DENT schema), write sessions, quotas, trash,
-the GC queue of removed files, and counters."""
+"""Meta's tables.
+
+Inodes and directory entries (the INOD/DENT schema), write sessions, quotas, trash, the GC queue of removed files, and
+counters.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The cluster's usable space for StatFs, asked of the storage nodes (ListTargets with the cluster token) and
-kept for a few seconds, so a burst of ``df`` calls costs one round of calls, not one per statfs."""
+"""The cluster's usable space for StatFs.
+
+Asked of the storage nodes (ListTargets with the cluster token) and kept for a few seconds, so a burst of ``df`` calls
+costs one round of calls, not one per statfs.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class StorageSpace:
         self._at = -float("inf")
 
     async def get(self) -> UsableSpace | None:
+        """The usable space, at most ``ttl_s`` old (None: no target reported)."""
         async with self._lock:  # callers arriving during a refresh share its answer
             if time.monotonic() - self._at >= self._ttl_s:
                 self._value = await self._collect()
@@ -60,8 +64,9 @@ class StorageSpace:
 
     async def _list_targets(self, address: str) -> list[TargetSpace]:
         try:
-            resp = await self._rpc.unary(self._stubs.get(address).ListTargets, spb.ListTargetsRequest(),
-                                         timeout_s=LIST_TARGETS_TIMEOUT_S)  # fmt: skip
+            resp = await self._rpc.unary(
+                self._stubs.get(address).ListTargets, spb.ListTargetsRequest(), timeout_s=LIST_TARGETS_TIMEOUT_S
+            )
         except RpcError as err:
             logger.warning("storage node %s left out of statfs: %s", address, err)
             return []

@@ -1,5 +1,8 @@
-"""The trash (removed trees kept until they expire, restorable by their owner) and the queue of removed files
-whose chunks storage must still delete: transaction bodies over meta's tables, as ``fsops``."""
+"""The trash and the GC queue: transaction bodies over meta's tables.
+
+The trash (removed trees kept until they expire, restorable by their owner) and the queue of removed files
+whose chunks storage must still delete: transaction bodies over meta's tables, as ``fsops``.
+"""
 
 from __future__ import annotations
 
@@ -19,30 +22,35 @@ from ff_meta.store.tx import Tx
 
 
 def new_trash_id() -> str:
+    """A new trash entry's id."""
     return uuid.uuid4().hex
 
 
 def list_trash(tx: Tx, all_users: bool, page_size: int, after: str) -> tuple[list[TrashRow], str]:
+    """A page of the caller's trash entries (everyone's for an admin who asks)."""
     q = sa.select(trash)
     if not (all_users and tx.caller.is_root):
         q = q.where(trash.c.uid == tx.caller.uid)
     if after:
         q = q.where(trash.c.trash_id > after)
     rows = tx.session.execute(q.order_by(trash.c.trash_id).limit(page_size + 1)).all()
-    out = [TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns,
-                    r.expires_at_ns) for r in rows[:page_size]]  # fmt: skip
+    out = [
+        TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns, r.expires_at_ns)
+        for r in rows[:page_size]
+    ]
     return out, (out[-1].trash_id if len(rows) > page_size else "")
 
 
 def trash_row(tx: Tx, trash_id: str) -> TrashRow:
+    """A trash entry the caller owns (an admin: any); ENOENT otherwise."""
     r = tx.session.execute(sa.select(trash).where(trash.c.trash_id == trash_id)).first()
     if r is None or (r.uid != tx.caller.uid and not tx.caller.is_root):
         raise fs_error(FsCode.NOT_FOUND, f"no trash entry {trash_id!r}")
-    return TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns,
-                    r.expires_at_ns)  # fmt: skip
+    return TrashRow(r.trash_id, r.inode_id, InodeType(r.type), r.uid, r.original_path, r.removed_at_ns, r.expires_at_ns)
 
 
 def restore_trash(tx: Tx, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
+    """Put a trash entry back (where it was, or at ``to``): its inode and path."""
     entry = trash_row(tx, trash_id)
     dest = to if to is not None and to.path else PathAt(0, entry.original_path)
     r = tx.paths.resolve(dest, follow_last=False)
@@ -58,6 +66,7 @@ def restore_trash(tx: Tx, trash_id: str, to: PathAt | None) -> tuple[Inode, str]
 
 
 def trash_ids(tx: Tx, ids: Sequence[str], expired_only: bool, everyone: bool = False) -> list[str]:
+    """Ids of the caller's entries among ``ids`` (all when none is given), at most 1,000."""
     q = sa.select(trash.c.trash_id)
     if not everyone:
         q = q.where(trash.c.uid == tx.caller.uid) if not tx.caller.is_root or not ids else q
@@ -99,5 +108,6 @@ def gc_done(tx: Tx, inode_id: int) -> None:
 
 def gc_failed(tx: Tx, inode_id: int) -> None:
     """Storage could not: tried again later, after the others."""
-    tx.session.execute(sa.update(gc_queue).where(gc_queue.c.inode_id == inode_id)
-                    .values(attempts=gc_queue.c.attempts + 1))  # fmt: skip
+    tx.session.execute(
+        sa.update(gc_queue).where(gc_queue.c.inode_id == inode_id).values(attempts=gc_queue.c.attempts + 1)
+    )

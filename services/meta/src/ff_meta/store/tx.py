@@ -1,6 +1,9 @@
-"""The transaction of a file-system operation (``Tx``: the caller, the clock, the rows it reads and writes).
-It implements ``core.rows`` (the rows meta's rules work on) and carries those rules for the transaction:
-``tx.paths`` (``core.resolve.PathResolver``) and ``tx.quotas`` (``core.quota.QuotaBook``).
+"""The transaction of a file-system operation.
+
+``Tx``: the caller, the clock, the rows it reads and writes.
+
+It implements ``core.rows`` (the rows meta's rules work on) and carries those rules for the transaction: ``tx.paths``
+(``core.resolve.PathResolver``) and ``tx.quotas`` (``core.quota.QuotaBook``).
 
 Hot-path rows go straight through the DB-API cursor of the transaction's connection with the raw SQL here
 (``raw_sql``: SQLite's and psycopg's parameter styles); the rest through the ORM session. A ``Tx`` without a
@@ -38,8 +41,10 @@ def raw_sql(sql: str) -> tuple[str, str]:
 
 SELECT_INODE_COLS = ", ".join(f"i.{c}" for c in _COLS)
 _RAW_GET = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_inodes i WHERE i.inode_id = ?")
-_RAW_LOOKUP = raw_sql(f"SELECT {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
-                   "WHERE d.parent_id = ? AND d.name = ?")  # fmt: skip
+_RAW_LOOKUP = raw_sql(
+    f"SELECT {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
+    "WHERE d.parent_id = ? AND d.name = ?"
+)
 _TYPE_AT = _COLS.index("type")
 _RAW_INSERT_INODE = raw_sql(f"INSERT INTO meta_inodes ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})")
 _RAW_INSERT_DIRENT = raw_sql("INSERT INTO meta_dirents (parent_id, name, inode_id, type) VALUES (?, ?, ?, ?)")
@@ -99,29 +104,36 @@ _PERM_COLS = ("inode_id", "type", "mode", "uid", "gid")
 
 @functools.cache
 def _walk_sql(depth: int) -> tuple[str, str]:
-    """One query for a directory and the ``depth`` directories below it along given names: ``_PERM_COLS`` of
-    each but the last, every column of the last (only it becomes an ``Inode``: building one per directory
-    cost more than the query)."""
+    """One query for a directory and several below it.
+
+    The directory and the ``depth`` directories below it along given names: ``_PERM_COLS`` of each but the last, every
+    column of the last (only it becomes an ``Inode``: building one per directory cost more than the query).
+    """
     aliases = ["r", *(f"i{k}" for k in range(depth))]
     cols = [", ".join(f"{a}.{c}" for c in _PERM_COLS) for a in aliases[:-1]]
     cols.append(", ".join(f"{aliases[-1]}.{c}" for c in _COLS))
     joins, conds, prev = [], [], "r"
     for k in range(depth):
-        joins.append(f"JOIN meta_dirents d{k} ON d{k}.parent_id = {prev}.inode_id "
-                     f"JOIN meta_inodes i{k} ON i{k}.inode_id = d{k}.inode_id")  # fmt: skip
+        joins.append(
+            f"JOIN meta_dirents d{k} ON d{k}.parent_id = {prev}.inode_id "
+            f"JOIN meta_inodes i{k} ON i{k}.inode_id = d{k}.inode_id"
+        )
         conds.append(f"d{k}.name = ?")
         prev = f"i{k}"
-    return raw_sql(f"SELECT {', '.join(cols)} FROM meta_inodes r {' '.join(joins)} "
-                f"WHERE r.inode_id = ? AND {' AND '.join(conds)}")  # fmt: skip
+    return raw_sql(
+        f"SELECT {', '.join(cols)} FROM meta_inodes r {' '.join(joins)} WHERE r.inode_id = ? AND {' AND '.join(conds)}"
+    )
 
 
 def inode_of_tuple(row: tuple[Any, ...]) -> Inode:
+    """An ``Inode`` from a row of ``meta_inodes``' columns in order."""
     values = dict(zip(_COLS, row, strict=True))
     values["type"] = InodeType(row[_TYPE_AT])
     return Inode(**values)
 
 
 def inode_of(row: Any) -> Inode:
+    """An ``Inode`` from an ORM row."""
     m = row._mapping
     return Inode(**{c: m[c] for c in _COLS if c != "type"}, type=InodeType(m["type"]))
 
@@ -131,13 +143,19 @@ def _values(inode: Inode) -> dict[str, Any]:
 
 
 class NeedsOrm(RuntimeError):
-    """A transaction body running on a bare DB-API cursor reached a helper that needs the ORM session: the
-    caller rolls back and runs the body again in an ordinary ``Store.run``."""
+    """A body on a bare cursor needs the ORM session.
+
+    A transaction body running on a bare DB-API cursor reached a helper that needs the ORM session: the
+    caller rolls back and runs the body again in an ordinary ``Store.run``.
+    """
 
 
 class NeedsThread(NeedsOrm):
-    """A transaction body running on the event loop walked more rows than ``Tx.loop_budget`` allows (a batch
-    of deep paths, symlinks into deep trees): the caller rolls back and runs it again in a worker thread."""
+    """A body on the event loop walked too far.
+
+    A transaction body running on the event loop walked more rows than ``Tx.loop_budget`` allows (a batch
+    of deep paths, symlinks into deep trees): the caller rolls back and runs it again in a worker thread.
+    """
 
 
 @dataclass
@@ -162,8 +180,10 @@ class Tx:
         self.quotas = QuotaBook(self, self.paths)
 
     def spend(self, cost: int) -> None:
-        """Charge a walking query to the request's budget (ELOOP past it) and to the event loop's
-        (``NeedsThread`` past it)."""
+        """Charge a walking query.
+
+        To the request's budget (ELOOP past it) and to the event loop's (``NeedsThread`` past it).
+        """
         self.budget.spend(cost)
         if self.loop_budget is not None:
             self.loop_budget -= cost
@@ -174,6 +194,7 @@ class Tx:
 
     @property
     def session(self) -> Session:
+        """The ORM session (``NeedsOrm`` on a bare cursor)."""
         if self.orm is None:
             raise NeedsOrm("this transaction runs on a bare DB-API cursor: only the cursor helpers work")
         return self.orm
@@ -186,8 +207,11 @@ class Tx:
         return self._conn
 
     def _fetch(self, sql: tuple[str, str], params: tuple[Any, ...], fetch: bool = True) -> tuple[Any, ...] | None:
-        """One row of a hot-path query, straight through the DB-API cursor of this transaction's connection
-        (SQLAlchemy's per-statement machinery costs several times the query itself)."""
+        """One row of a hot-path query, through the DB-API cursor.
+
+        Straight through the DB-API cursor of this transaction's connection (SQLAlchemy's per-statement machinery costs
+        several times the query itself).
+        """
         if self._cursor is None:
             self._qmark = self.conn.dialect.paramstyle == "qmark"
             self._cursor = self.conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
@@ -202,10 +226,12 @@ class Tx:
         self._fetch(sql, params, fetch=False)
 
     def fetch_all(self, sql: tuple[str, str], params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Every row of a query, through the cursor (``raw_sql``)."""
         self._fetch(sql, params, fetch=False)
         return list(self._cursor.fetchall())
 
     def get(self, inode_id: int) -> Inode | None:
+        """The inode, or None."""
         row = self._fetch(_RAW_GET, (inode_id,))
         return inode_of_tuple(row) if row is not None else None
 
@@ -214,39 +240,48 @@ class Tx:
         return self.paths.must(inode_id)
 
     def lookup(self, parent_id: int, name: str) -> Inode | None:
+        """The inode an entry names, or None (a walking step: charged)."""
         self.spend(1)
         row = self._fetch(_RAW_LOOKUP, (parent_id, name))
         return inode_of_tuple(row) if row is not None else None
 
     def insert(self, inode: Inode) -> None:
+        """Insert a new inode's row."""
         values = _values(inode)
         self._fetch(_RAW_INSERT_INODE, tuple(values[c] for c in _COLS), fetch=False)
 
     def update(self, inode_id: int, **values: Any) -> None:
+        """Set columns of an inode's row."""
         unknown = set(values) - _COL_SET
         if unknown or not values:
             raise ValueError(f"not columns of meta_inodes: {sorted(unknown) or 'none given'}")
         self._fetch(_update_sql(tuple(values)), (*values.values(), inode_id), fetch=False)
 
     def link(self, parent_id: int, name: str, inode: Inode) -> None:
+        """Add a directory entry (the directory's times and link count follow)."""
         self._fetch(_RAW_INSERT_DIRENT, (parent_id, name, inode.inode_id, int(inode.type)), fetch=False)
         self._entries_changed(parent_id, 1 if inode.is_dir else 0)
 
     def unlink_entry(self, parent_id: int, name: str) -> None:
+        """Remove a directory entry (the directory's times and link count follow)."""
         row = self._fetch(_RAW_ENTRY_TYPE, (parent_id, name))
         self._fetch(_RAW_UNLINK, (parent_id, name), fetch=False)
         if row is not None:
             self._entries_changed(parent_id, -1 if row[0] == InodeType.DIRECTORY else 0)
 
     def _entries_changed(self, dir_id: int, dsubdirs: int) -> None:
-        """A directory's entries changed (POSIX: its mtime and ctime move); its link count follows its
-        subdirectories (each one's ".." names it)."""
+        """A directory's entries changed.
+
+        POSIX: its mtime and ctime move; its link count follows its subdirectories (each one's ".." names it).
+        """
         self._fetch(_RAW_ENTRIES_CHANGED, (self.now_ns, self.now_ns, dsubdirs, dir_id), fetch=False)
 
     def has_children(self, dir_id: int) -> bool:
+        """Whether the directory has any entry."""
         return self._fetch(_RAW_ANY_CHILD, (dir_id,)) is not None
 
     def has_sessions(self, inode_id: int) -> bool:
+        """Whether the file has any write session (lapsed ones too)."""
         return self._fetch(_RAW_ANY_SESSION, (inode_id,)) is not None
 
     def count_sessions(self, inode_id: int) -> int:
@@ -257,6 +292,7 @@ class Tx:
     # ---- NamespaceRows and QuotaRows (the rows core's rules read and write) ----
 
     def walk_dirs(self, start_id: int, names: Sequence[str]) -> tuple[list[DirBits], Inode] | None:
+        """See ``NamespaceRows.walk_dirs`` (one query, charged by depth)."""
         self.spend(1 + len(names) // 2)
         row = self._fetch(_walk_sql(len(names)), (start_id, *names))
         if row is None:
@@ -266,22 +302,27 @@ class Tx:
         return above, inode_of_tuple(row[len(names) * width :])
 
     def ancestry(self, dir_id: int, limit: int) -> list[AncestorRow]:
+        """See ``NamespaceRows.ancestry`` (one recursive query)."""
         rows = self.fetch_all(_RAW_ANCESTRY, (dir_id, limit - 1))  # the query's bound is a depth: rows - 1
         self.spend(1 + len(rows) // 16)
         return [AncestorRow._make(r) for r in rows]
 
     def links(self, inode_id: int, limit: int) -> list[tuple[int, str]]:
+        """See ``NamespaceRows.links``."""
         return [(int(p), str(n)) for p, n in self.fetch_all(_RAW_LINKS, (inode_id, limit))]
 
     def any_quota(self) -> bool:
+        """See ``QuotaRows.any_quota``."""
         return self._fetch(_RAW_ANY_QUOTA, ()) is not None
 
     def quota_rows(self, ids: Sequence[int]) -> list[QuotaRow]:
+        """See ``QuotaRows.quota_rows``."""
         if not ids:
             return []
         return [QuotaRow(*row) for row in self.fetch_all(_quota_rows_sql(len(ids)), tuple(ids))]
 
     def add_usage(self, quota_id: int, *, dbytes: int, dinodes: int, dreserved: int) -> None:
+        """See ``QuotaRows.add_usage`` (clamped at 0 in SQL)."""
         self._fetch(_RAW_CHARGE, (dbytes, dbytes, dinodes, dreserved, dreserved, quota_id), fetch=False)
 
     # ---- write sessions ----
@@ -291,11 +332,22 @@ class Tx:
         row = self._fetch(_RAW_SESSION_OWNER, (session_id,))
         return None if row is None else (int(row[0]), str(row[1]), None if row[2] is None else int(row[2]))
 
-    def insert_session(self, session_id: str, client_id: str, inode: Inode, write_limit: int | None,
-                       expires_at: float, chain: Sequence[QuotaRow]) -> None:  # fmt: skip
+    def insert_session(
+        self,
+        session_id: str,
+        client_id: str,
+        inode: Inode,
+        write_limit: int | None,
+        expires_at: float,
+        chain: Sequence[QuotaRow],
+    ) -> None:
+        """A new write session's row (its quota chain recorded for its reservations)."""
         quota_ids = quota_ids_text(chain)
-        self._fetch(_RAW_INSERT_SESSION, (session_id, client_id, inode.inode_id, self.caller.uid, write_limit,
-                                          inode.length, expires_at, quota_ids), fetch=False)  # fmt: skip
+        self._fetch(
+            _RAW_INSERT_SESSION,
+            (session_id, client_id, inode.inode_id, self.caller.uid, write_limit, inode.length, expires_at, quota_ids),
+            fetch=False,
+        )
 
     def delete_session(self, session_id: str) -> None:
         """Through the cursor, as ``insert_session``: a Close then runs on the inline writer, no ORM session."""
@@ -306,8 +358,10 @@ class Tx:
         self._fetch(_RAW_SHRINK_REPORTED, (length, inode_id, length), fetch=False)
 
     def pin_times(self, inode_id: int) -> None:
-        """An explicit mtime was just set: the file's open write sessions report no earlier write time over it
-        (see ``fsops.finish_length``)."""
+        """An explicit mtime was just set.
+
+        The file's open write sessions report no earlier write time over it (see ``fsops.finish_length``).
+        """
         self._fetch(_RAW_PIN_TIMES, (self.now_ns, inode_id), fetch=False)
 
     def subtree_usage(self, root: Inode) -> tuple[int, int]:
@@ -319,8 +373,9 @@ class Tx:
         while frontier:
             rows = self.session.execute(
                 sa.select(inodes.c.inode_id, inodes.c.type, inodes.c.length)
-                .join(dirents, dirents.c.inode_id == inodes.c.inode_id).where(dirents.c.parent_id.in_(frontier[:500]))
-            ).all()  # fmt: skip
+                .join(dirents, dirents.c.inode_id == inodes.c.inode_id)
+                .where(dirents.c.parent_id.in_(frontier[:500]))
+            ).all()
             frontier = frontier[500:]
             for r in rows:
                 total_inodes += 1
@@ -344,21 +399,31 @@ class Tx:
         self.free_file(inode)
 
     def free_file(self, inode: Inode) -> None:
+        """Delete a file's inode; its chunks join the GC queue."""
         self.session.execute(sa.delete(inodes).where(inodes.c.inode_id == inode.inode_id))
         if inode.chain_table_id and inode.stripe_size:
             exists = self.session.execute(
                 sa.select(gc_queue.c.inode_id).where(gc_queue.c.inode_id == inode.inode_id)
             ).first()
             if exists is None:
-                self.session.execute(sa.insert(gc_queue).values(
-                    inode_id=inode.inode_id, chain_table_id=inode.chain_table_id, stripe_size=inode.stripe_size,
-                    chain_begin=inode.chain_begin, shuffle_seed=inode.shuffle_seed, enqueued_at=self.now_ns / 1e9,
-                    attempts=0,
-                ))  # fmt: skip
+                self.session.execute(
+                    sa.insert(gc_queue).values(
+                        inode_id=inode.inode_id,
+                        chain_table_id=inode.chain_table_id,
+                        stripe_size=inode.stripe_size,
+                        chain_begin=inode.chain_begin,
+                        shuffle_seed=inode.shuffle_seed,
+                        enqueued_at=self.now_ns / 1e9,
+                        attempts=0,
+                    )
+                )
 
     def delete_tree_step(self, root: Inode, budget: int) -> tuple[int, bool]:
-        """Delete at most ``budget`` inodes of a detached tree (trash), deepest first, so that a huge tree goes
-        in many small transactions and is consistent between them. Returns (freed, whether the root is gone)."""
+        """Delete part of a detached tree, deepest first.
+
+        Delete at most ``budget`` inodes of a detached tree (trash), deepest first, so that a huge tree goes
+        in many small transactions and is consistent between them. Returns (freed, whether the root is gone).
+        """
         if not root.is_dir:
             self.drop_link(root)
             return 1, True
