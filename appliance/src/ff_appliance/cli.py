@@ -21,7 +21,7 @@ from ff_appliance.demo import DemoError, run_demo
 from ff_appliance.demo_faults import FAULT_KINDS, ClusterHandle
 from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.demo_train import NUM_AGENTS_WITH_FAULTS, TrainDemoError, TrainPlan, find_example, run_train_demo
-from ff_appliance.hosts import HostsError, LinkShape, parse_link_shape
+from ff_appliance.hosts import HostsError, LinkShape, parse_host_zone, parse_link_shape
 from ff_appliance.join import JoinError, JoinOptions
 from ff_appliance.lifecycle import ApplianceError, UpOptions
 from ff_appliance.services import AGENT, MGMTD, SERVICES
@@ -76,7 +76,7 @@ async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
     counts = {spec.name: getattr(args, f"num_{spec.name}") for spec in SERVICES if spec.scalable}
     options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level,
                         database_url=getattr(args, "database", None), hosts=args.hosts,
-                        link_shapes=tuple(args.link_shape or ()))  # fmt: skip
+                        link_shapes=tuple(args.link_shape or ()), host_zones=tuple(args.host_zone or ()))  # fmt: skip
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
     if getattr(args, "mount", None):
@@ -258,6 +258,18 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
         help="shape the hosts' links with tc, e.g. rate=100mbit (every host) or h3:rate=10mbit,delay=20ms (one "
         "host, as a cross-zone link), h3:none (unshaped); repeatable; kept for later ups (delay needs netem)",
     )  # fmt: skip
+    p.add_argument(
+        "--host-zone", type=_host_zone, action="append", metavar="HOST=ZONE",
+        help="the agents of HOST register in network zone ZONE (e.g. h3=far with a shaped h3 link: a host across "
+        "zones); HOST= for the default zone; repeatable; kept, used when an agent starts",
+    )  # fmt: skip
+
+
+def _host_zone(text: str) -> tuple[str, str]:
+    try:
+        return parse_host_zone(text)
+    except HostsError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _link_shape(text: str) -> tuple[str | None, LinkShape | None]:

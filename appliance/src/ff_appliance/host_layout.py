@@ -12,15 +12,18 @@ from ff_appliance.hosts import HostsError, LinkShape, NetworkPlan
 from ff_appliance.state import ClusterPlan, StateDir, load_plan, place_on_hosts, save_plan
 
 LinkShapes = Sequence[tuple[str | None, LinkShape | None]]
+HostZones = Sequence[tuple[str, str]]
 
 
-def choose_network(state: StateDir, num_hosts: int | None, shapes: LinkShapes) -> NetworkPlan | None:
+def choose_network(
+    state: StateDir, num_hosts: int | None, shapes: LinkShapes, zones: HostZones = ()
+) -> NetworkPlan | None:
     """The network this ``up`` runs the cluster on: the plan's, a new one for ``--hosts N`` on a new cluster, or
     None (everything on loopback). Checked before anything is written or started.
 
     Raises:
         HostsError: ``--hosts`` differs from the plan's, is given for a cluster that runs on loopback, or
-            ``--link-shape`` without hosts; not root; a named host is not in the network.
+            ``--link-shape`` or ``--host-zone`` without hosts; not root; a named host is not in the network.
     """
     existing = load_plan(state)
     if shapes:
@@ -32,16 +35,16 @@ def choose_network(state: StateDir, num_hosts: int | None, shapes: LinkShapes) -
             raise HostsError(f"this cluster runs on {have} hosts (chosen at its first up); --hosts {num_hosts} "
                              "cannot change that (start a new state folder for another layout)")  # fmt: skip
         hosts.check_can_make()
-        return hosts.with_shapes(existing.network, shapes) if shapes else existing.network
+        return hosts.with_zones(hosts.with_shapes(existing.network, shapes), zones)
     if num_hosts is None:
-        if shapes:
-            raise HostsError("--link-shape shapes the links of --hosts: this cluster has none")
+        if shapes or zones:
+            raise HostsError("--link-shape and --host-zone are about the hosts of --hosts: this cluster has none")
         return None
     if existing is not None:
         raise HostsError(f"this cluster runs on this machine's loopback (chosen at its first up): --hosts is for a "
                          f"new cluster (start a new state folder, not {state.root})")  # fmt: skip
     hosts.check_can_make()
-    return hosts.with_shapes(hosts.new_network(num_hosts, hosts.taken_networks()), shapes)
+    return hosts.with_zones(hosts.with_shapes(hosts.new_network(num_hosts, hosts.taken_networks()), shapes), zones)
 
 
 def apply_network(state: StateDir, plan: ClusterPlan, network: NetworkPlan, out: TextIO) -> ClusterPlan:
@@ -56,8 +59,10 @@ def apply_network(state: StateDir, plan: ClusterPlan, network: NetworkPlan, out:
     for line in hosts.ensure_network(network):
         print(f"hosts: made {line}", file=out)
     shaped = [f"{h.name} {h.shape.describe()}" for h in network.hosts if h.shape is not None]
+    zoned = [f"{h.name} in zone {h.zone}" for h in network.hosts if h.zone]
     print(f"hosts: {len(network.hosts)} on {network.subnet}.0/24 (bridge {network.bridge}, "
-          f"{network.bridge_address}){'; shaped: ' + ', '.join(shaped) if shaped else ''}", file=out)  # fmt: skip
+          f"{network.bridge_address}){'; shaped: ' + ', '.join(shaped) if shaped else ''}"
+          f"{'; ' + ', '.join(zoned) if zoned else ''}", file=out)  # fmt: skip
     return placed
 
 

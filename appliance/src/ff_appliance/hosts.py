@@ -38,6 +38,7 @@ SUBNET_PREFIX_LEN = 24
 _HOST_NAME = re.compile(r"^[a-z][0-9]{1,3}$")  # short: interface names are at most 15 characters
 _RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 _DELAY = re.compile(r"^([0-9]+(\.[0-9]+)?)ms$")
+_ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _NETNS_DIR = Path("/run/netns")
 _SYS_NET = Path("/sys/class/net")
 IP_TIMEOUT_S = 10.0
@@ -89,11 +90,13 @@ def parse_link_shape(text: str) -> tuple[str | None, LinkShape | None]:
 
 @dataclass(frozen=True, kw_only=True)
 class HostPlan:
-    """One host: its short name (``h1``), its address, and the shape of its link (None: as fast as veth goes)."""
+    """One host: its short name (``h1``), its address, the shape of its link (None: as fast as veth goes), and the
+    network zone of its agents ("": the scheduler's default; another zone models a host across a slower link)."""
 
     name: str
     address: str
     shape: LinkShape | None = None
+    zone: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +136,8 @@ class NetworkPlan:
         return {
             "prefix": self.prefix, "subnet": self.subnet,
             "hosts": [{"name": h.name, "address": h.address,
-                       "shape": None if h.shape is None else {"rate": h.shape.rate, "delay_ms": h.shape.delay_ms}}
+                       "shape": None if h.shape is None else {"rate": h.shape.rate, "delay_ms": h.shape.delay_ms},
+                       "zone": h.zone}
                       for h in self.hosts],
         }  # fmt: skip
 
@@ -142,7 +146,7 @@ class NetworkPlan:
         """Raises: KeyError, TypeError, ValueError: not a network plan."""
         hosts = tuple(
             HostPlan(name=str(h["name"]), address=str(h["address"]),
-                     shape=None if h.get("shape") is None else LinkShape(**h["shape"]))
+                     shape=None if h.get("shape") is None else LinkShape(**h["shape"]), zone=str(h.get("zone", "")))
             for h in doc["hosts"]
         )  # fmt: skip
         return cls(prefix=str(doc["prefix"]), subnet=str(doc["subnet"]), hosts=hosts)
@@ -181,6 +185,31 @@ def with_shapes(network: NetworkPlan, shapes: Sequence[tuple[str | None, LinkSha
     for name, shape in sorted(shapes, key=lambda s: s[0] is not None):
         for target in hosts.values() if name is None else [network.host(name)]:
             hosts[target.name] = replace(hosts[target.name], shape=shape)
+    return replace(network, hosts=tuple(hosts.values()))
+
+
+def parse_host_zone(text: str) -> tuple[str, str]:
+    """``--host-zone h3=far``: the host and the zone of its agents (``h3=``: the default zone again).
+
+    Raises:
+        HostsError: the text is not that.
+    """
+    host, sep, zone = text.strip().partition("=")
+    if not sep or not _HOST_NAME.match(host) or (zone and not _ZONE.match(zone)):
+        raise HostsError(f"--host-zone {text!r}: expected HOST=ZONE, e.g. h3=far (a zone: letters, digits, . _ -)")
+    return host, zone
+
+
+def with_zones(network: NetworkPlan, zones: Sequence[tuple[str, str]]) -> NetworkPlan:
+    """The network with ``--host-zone`` applied.
+
+    Raises:
+        HostsError: a named host is not in the network.
+    """
+    hosts = {h.name: h for h in network.hosts}
+    for name, zone in zones:
+        host = network.host(name)
+        hosts[host.name] = replace(hosts[host.name], zone=zone)
     return replace(network, hosts=tuple(hosts.values()))
 
 

@@ -75,6 +75,7 @@ class UpOptions:
     database_url: str | None = None  # a new cluster's PostgreSQL database (``database``); None: as chosen before
     hosts: int | None = None  # ``--hosts N``: storage and agents on N network namespaces (a new cluster only)
     link_shapes: tuple[tuple[str | None, LinkShape | None], ...] = ()  # ``--link-shape``: (host or all, shape)
+    host_zones: tuple[tuple[str, str], ...] = ()  # ``--host-zone``: (host, zone of its agents)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +149,7 @@ def _hosts_network(state: StateDir, options: UpOptions) -> NetworkPlan | None:
         raise ApplianceError(f"{state.root} holds nodes joined to a cluster run elsewhere (`fireflyer join`): give up "
                              "a state folder of its own")  # fmt: skip
     try:
-        return host_layout.choose_network(state, options.hosts, options.link_shapes)
+        return host_layout.choose_network(state, options.hosts, options.link_shapes, options.host_zones)
     except HostsError as err:
         raise ApplianceError(str(err)) from None
 

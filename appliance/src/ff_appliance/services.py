@@ -172,7 +172,16 @@ def _agent_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
         # stopped rank is named, and its node cordoned, while the tiny model trains.
         "--hang-threshold-s", "10",
         "--hang-check-interval-s", "1",
+        *_zone_args(ctx, instance),
     ]  # fmt: skip
+
+
+def _zone_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+    # ``up --hosts``: the agents of a host given a zone (``--host-zone``) register in it, so the scheduler keeps
+    # tasks in one zone when it can and hfreduce's trees cross the zones' link once.
+    network = ctx.plan.network
+    zone = network.host(instance.host_name).zone if network is not None and instance.host_name else ""
+    return ["--zone", zone] if zone else []
 
 
 SERVICES: tuple[ServiceSpec, ...] = (

@@ -17,11 +17,14 @@ from ff_appliance.hosts import (
     NetworkPlan,
     host_of,
     new_network,
+    parse_host_zone,
     parse_link_shape,
     qdisc_args,
     rate_bits,
     with_shapes,
+    with_zones,
 )
+from ff_appliance.services import LaunchContext, command, spec_for
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir, extend_plan, load_plan, place_on_hosts, save_plan
 
 
@@ -137,7 +140,7 @@ def test_network_plan_round_trip_with_shapes() -> None:
 def test_choose_network_refusals_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = StateDir(tmp_path)
     shape = [(None, LinkShape(rate="1mbit"))]
-    with pytest.raises(HostsError, match="--link-shape shapes the links of --hosts"):
+    with pytest.raises(HostsError, match="--link-shape and --host-zone are about the hosts of --hosts"):
         host_layout.choose_network(state, None, shape)
     assert host_layout.choose_network(state, None, []) is None
     save_plan(state, extend_plan(None, {}, DEFAULTS, _ports))  # a cluster on loopback
@@ -152,3 +155,21 @@ def test_choose_network_refusals_change_nothing(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(HostsError, match="needs root"):
         host_layout.choose_network(state, None, [])
     assert load_plan(state) == on_hosts
+
+
+def test_host_zones_parse_apply_and_reach_the_agents_command_line(tmp_path: Path) -> None:
+    assert parse_host_zone("h3=far") == ("h3", "far") and parse_host_zone("h3=") == ("h3", "")
+    for bad in ("h3", "far", "h3=a b", "=far"):
+        with pytest.raises(HostsError, match="HOST=ZONE"):
+            parse_host_zone(bad)
+    net = with_zones(new_network(3, [], short_id="000005"), [("h3", "far")])
+    assert [h.zone for h in net.hosts] == ["", "", "far"]
+    assert NetworkPlan.from_dict(net.to_dict()) == net
+    with pytest.raises(HostsError, match="no host named"):
+        with_zones(net, [("h4", "far")])
+    plan = place_on_hosts(extend_plan(None, {"agent": 3}, DEFAULTS, _ports), net)
+    ctx = LaunchContext(state=StateDir(tmp_path), plan=plan)
+    argv = {i.name: command(spec_for(i), ctx, i) for i in plan.of_service("agent")}
+    assert argv["agent-3"][:4] == ["ip", "netns", "exec", net.netns("h3")]  # agent-3 runs on h3
+    assert argv["agent-3"][argv["agent-3"].index("--zone") + 1] == "far"
+    assert "--zone" not in argv["agent-1"]
