@@ -13,6 +13,9 @@ child is the server's, not the caller's (``ForkedProcess`` stands in for ``subpr
     with ForkServer(["torch", "torch.distributed"], env={"OMP_NUM_THREADS": "1"}) as server:
         proc = server.start([sys.executable, "worker.py", "arg"], env={**os.environ, "RANK": "0"})
         proc.wait(timeout=60)
+
+``python -m package args`` runs too (``server.start([sys.executable, "-m", "ff_storage", ...])``), and ``preload``
+imports more modules into a running server, so the children forked after it have them.
 """
 
 from __future__ import annotations
@@ -107,24 +110,38 @@ class ForkServer:
     ) -> ForkedProcess:
         """Fork a child running the script ``args[1]`` with ``args[2:]``, as ``subprocess.Popen(args)`` would.
 
-        ``args[0]`` is the interpreter, as for ``subprocess.Popen``, and must be this one. The child's stdout and
-        stderr are the given files, else this process's at the time of the call.
+        ``args[0]`` is the interpreter, as for ``subprocess.Popen``, and must be this one; ``args[1:3]`` may be
+        ``-m package`` instead of a script. The child's stdout and stderr are the given files, else this process's
+        at the time of the call.
 
         Raises:
-            ValueError: ``args`` does not run a script with this interpreter.
+            ValueError: ``args`` does not run a script or a module with this interpreter.
             RuntimeError: the server could not fork the child.
         """
-        if len(args) < 2 or args[0] != sys.executable:
-            raise ValueError(f"the fork server runs scripts of {sys.executable} only: {list(args)}")
+        if len(args) < 2 or args[0] != sys.executable or (args[1] == "-m" and len(args) < 3):
+            raise ValueError(f"the fork server runs scripts and modules of {sys.executable} only: {list(args)}")
         request = {"argv": list(args[1:]), "env": dict(env), "cwd": cwd or os.getcwd()}
+        fds = [(stdout or sys.stdout).fileno(), (stderr or sys.stderr).fileno()]
+        reply = self._request(request, fds)
+        return ForkedProcess(self, int(reply["pid"]), args)
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Import ``modules`` in the server: the children it forks from now on start with them imported.
+
+        Raises:
+            RuntimeError: a module failed to import (the server goes on without it).
+        """
+        self._request({"preload": list(modules)}, [])
+
+    def _request(self, request: dict[str, Any], fds: Sequence[int]) -> dict[str, Any]:
         body = json.dumps(request).encode()
         with self._lock:
-            fds = array.array("i", [(stdout or sys.stdout).fileno(), (stderr or sys.stderr).fileno()])
-            self._sock.sendmsg([len(body).to_bytes(4, "big") + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            reply = self._next_reply(30.0)
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            self._sock.sendmsg([len(body).to_bytes(4, "big") + body], ancillary)
+            reply = self._next_reply(120.0)  # (a preload may import for a while on a loaded machine)
         if "error" in reply:
             raise RuntimeError(f"fork server: {reply['error']}")
-        return ForkedProcess(self, int(reply["pid"]), args)
+        return reply
 
     def close(self) -> None:
         """Stop the server; children still running are killed."""
@@ -226,6 +243,9 @@ class _Server:
         while len(self.buf) >= 4 and len(self.buf) >= 4 + int.from_bytes(self.buf[:4], "big"):
             size = int.from_bytes(self.buf[:4], "big")
             request, self.buf = json.loads(self.buf[4 : 4 + size]), self.buf[4 + size :]
+            if "preload" in request:
+                self.send(_preload(request["preload"]))
+                continue
             stdio, self.passed = self.passed[:2], self.passed[2:]
             try:
                 pid = os.fork()
@@ -259,6 +279,17 @@ def _recv(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
+def _preload(modules: Sequence[str]) -> dict[str, Any]:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # reported to the caller; the server must go on
+            return {"error": f"preloading {name}: {type(exc).__name__}: {exc}"}
+    return {"ok": True}
+
+
 def _child(request: dict[str, Any], stdio: list[int], sock: socket.socket, *fds: int) -> None:
     """In the forked child: become ``python argv...`` and exit with its status; never returns."""
     code = 1
@@ -276,14 +307,22 @@ def _child(request: dict[str, Any], stdio: list[int], sock: socket.socket, *fds:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        script = request["argv"][0]
-        sys.argv = list(request["argv"])
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        if os.environ.get("PYTHONUNBUFFERED"):  # read at interpreter start: the server's streams predate it
+            for stream in (sys.stdout, sys.stderr):
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        # PYTHONPATH is read at interpreter start too: the child's folders go after sys.path[0], as they would
+        sys.path[1:1] = [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d and d not in sys.path]
+        argv = list(request["argv"])
         import atexit
         import runpy
 
         try:
-            runpy.run_path(script, run_name="__main__")
+            if argv[0] == "-m":  # as `python -m`: argv[0] becomes the module's file, the folder on sys.path is cwd
+                sys.argv, sys.path[0] = argv[1:], os.getcwd()
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
+                runpy.run_path(argv[0], run_name="__main__")
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -87,3 +88,27 @@ def test_closing_the_server_kills_its_children(script: Path, tmp_path: Path) -> 
     while Path(f"/proc/{hung.pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{hung.pid}").exists()
+
+
+def test_a_module_runs_as_python_dash_m_with_modules_preloaded_later(server: ForkServer, tmp_path: Path) -> None:
+    package = tmp_path / "pkg_for_dash_m"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(
+        "import json, sys\n"
+        "if __name__ == '__main__':\n"
+        "    with open(sys.argv[1], 'w') as f:\n"
+        "        json.dump({'argv0': sys.argv[0], 'csv': 'csv' in sys.modules, 'path0': sys.path[0]}, f)\n"
+        "    sys.exit(5)\n"
+    )
+    server.preload(["csv"])  # imported by the server now: in every child forked from here on
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = server.start([sys.executable, "-m", "pkg_for_dash_m", str(report)], env=env, cwd=str(tmp_path))
+    assert proc.wait(timeout=30) == 5
+    assert json.loads(report.read_text()) == {
+        "argv0": str(package / "__main__.py"), "csv": True, "path0": str(tmp_path),
+    }  # fmt: skip
+    with pytest.raises(RuntimeError, match="preloading no_such_module_here"):
+        server.preload(["no_such_module_here"])
+    assert server.start([sys.executable, "-m", "pkg_for_dash_m", str(report)], env=env, cwd=str(tmp_path)).wait(30) == 5

@@ -14,7 +14,7 @@ from typing import Any
 
 from ff_agent.config import AgentSettings
 from ff_agent.server import main
-from ff_testing.process import wait_ready
+from ff_testing.process import Process, spawn, wait_ready
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 # Short intervals so tests take seconds.
@@ -94,7 +94,7 @@ async def start_in_process(
 class AgentProcess:
     """An agent running as a subprocess (``spawn_process``), so a test can SIGTERM or SIGKILL it."""
 
-    proc: subprocess.Popen[bytes]
+    proc: Process
     ready_file: Path
     state_dir: Path
     info: dict[str, Any] = field(default_factory=dict)
@@ -146,7 +146,7 @@ def spawn_process(
     env = {**os.environ, "FF_AGENT_CLUSTER_TOKEN": token}
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / f"{name}.log").open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = spawn(args, log=out, env=env)
     return AgentProcess(proc, values["ready_file"], values["state_dir"])
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +15,7 @@ from typing import Any
 from ff_cluster import MgmtdClient
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.server import main
-from ff_testing.process import wait_ready
+from ff_testing.process import Process, spawn, wait_ready
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
@@ -130,7 +129,7 @@ class MgmtdProcess:
     """An mgmtd in its own process (``python -m ff_mgmtd``)."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     ready_file: Path
     log: Path
     info: dict[str, Any] = field(default_factory=dict)
@@ -164,5 +163,5 @@ def spawn_process(folder: Path, database_url: str, name: str, **overrides: Any) 
         args += [f"--{key.replace('_', '-')}", str(value)]
     env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
     with log.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = spawn(args, log=out, env=env)
     return MgmtdProcess(name, proc, ready, log)

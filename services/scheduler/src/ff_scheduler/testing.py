@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -22,7 +21,7 @@ from ff_cluster import MembershipOptions, NodeMembership
 from ff_rpc import RpcClient, RpcServer, ServerOptions, ServiceBinding, open_channel
 from ff_scheduler.config import SchedulerSettings
 from ff_scheduler.server import main
-from ff_testing.process import wait_ready
+from ff_testing.process import Process, spawn, wait_ready
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -99,7 +98,7 @@ async def start_in_process(
 class SchedulerProcess:
     """A scheduler in its own process (``python -m ff_scheduler``)."""
 
-    proc: subprocess.Popen[bytes]
+    proc: Process
     ready_file: Path
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -126,7 +125,7 @@ def spawn_process(
         args += [f"--{key.replace('_', '-')}", str(value)]
     env = {**os.environ, "FF_SCHEDULER_CLUSTER_TOKEN": token}
     with (folder / f"{name}.log").open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = spawn(args, log=out, env=env)
     return SchedulerProcess(proc, values["ready_file"])
 
 

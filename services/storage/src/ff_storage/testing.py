@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ff_cluster import MgmtdClient
 from ff_testing import free_port
-from ff_testing.process import ServiceProcess, module_args, stop_all, wait_ready
+from ff_testing.process import Process, ServiceProcess, module_args, spawn, stop_all, wait_ready
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.admin import setup_chain_table
 
@@ -29,9 +29,7 @@ FAST = {
 READY_TIMEOUT_S = 60.0
 
 
-def spawn_mgmtd(
-    folder: Path, timing: dict[str, float] = FAST, listen: str = "127.0.0.1:0"
-) -> tuple[subprocess.Popen[bytes], Path]:
+def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST, listen: str = "127.0.0.1:0") -> tuple[Process, Path]:
     """Start mgmtd as a process (``python -m ff_mgmtd``; a service does not import another one).
 
     ``timing``: lease, heartbeat and scan settings (default: the tests' fast ones; ``{}``: mgmtd's own);
@@ -50,9 +48,7 @@ def spawn_mgmtd(
     }
     env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
     with (folder / "m1.log").open("ab") as out:
-        proc = subprocess.Popen(
-            module_args("ff_mgmtd", flags), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
+        proc = spawn(module_args("ff_mgmtd", flags), log=out, env=env)
     return proc, ready
 
 
@@ -66,7 +62,7 @@ class StorageCluster:
 
     folder: Path
     mgmtd_address: str
-    mgmtd_proc: subprocess.Popen[bytes]
+    mgmtd_proc: Process
     nodes: list[StorageProcess]
 
     def client(self, token: str = CLUSTER_TOKEN) -> MgmtdClient:
