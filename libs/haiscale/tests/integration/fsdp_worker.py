@@ -204,12 +204,12 @@ def record_issued(fsdp: FullyShardedDataParallel, *, late: bool) -> list[list[An
         issued.append(["all_gather", out.numel(), comm.slot_of(pending)])
         return pending
 
-    def reduce_scatter_mean(out: torch.Tensor, full: torch.Tensor) -> Pending:
+    def reduce_scatter_mean(out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
         first = late and sum(kind == "reduce_scatter" for kind, _, _ in issued) % len(fsdp.units) == 0
         if first:
             time.sleep(0.03)
-        pending = scatter(out, full)
-        issued.append(["reduce_scatter", full.numel(), comm.slot_of(pending)])
+        pending = scatter(out, write, numel)
+        issued.append(["reduce_scatter", numel, comm.slot_of(pending)])
         if first:
             time.sleep(0.06)
         return pending

@@ -54,6 +54,11 @@ class FakeShared:
         self.released = True
 
 
+def ones(flat: torch.Tensor) -> None:
+    """A gradient of ones, written into the buffer the reduce-scatter sends from."""
+    flat.fill_(1.0)
+
+
 def make_comm(rank: int) -> tuple[HFReduceComm, FakeGroup]:
     shared: Any = FakeShared()
     comm = HFReduceComm(shared, rank, 2, [(BLOCK, torch.float32), (ROOT, torch.float32), (BLOCK, torch.float32)])
@@ -70,12 +75,12 @@ def first_backward_with_step_in_backward(rank: int, *, late: bool) -> list[tuple
     pending: list[Pending] = []
     for _block in range(3):
         comm.all_gather(torch.empty(BLOCK), shard).wait()  # the block's pre-backward hook
-        pending.append(comm.reduce_scatter_mean(torch.empty(BLOCK // 2), torch.ones(BLOCK)))  # its gradient
+        pending.append(comm.reduce_scatter_mean(torch.empty(BLOCK // 2), ones, BLOCK))  # its gradient
         if late:
             group.works[-1].completed = True  # the peer issued it long ago: done when this rank looks
         if pending[-1].done():
             pending.pop().wait()  # _drain(block=False): step this unit's optimizer now
-    pending.append(comm.reduce_scatter_mean(torch.empty(ROOT // 2), torch.ones(ROOT)))  # the root's gradient
+    pending.append(comm.reduce_scatter_mean(torch.empty(ROOT // 2), ones, ROOT))  # the root's gradient
     for p in pending:
         p.wait()
     assert comm.in_flight() == 0

@@ -92,8 +92,9 @@ class Comm(Protocol):
         """``out`` (world size x ``shard``) receives every rank's ``shard`` in rank order."""
         ...
 
-    def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
-        """``out`` receives block ``rank`` of the mean of every rank's ``full`` (``full`` may be modified)."""
+    def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
+        """``out`` receives block ``rank`` of the mean over the ranks of a flat tensor of ``numel`` elements (world
+        size x ``out``), which ``write(flat)`` puts into the buffer the collective sends from (``out``'s dtype)."""
         ...
 
     def registered_bytes(self) -> int:
@@ -130,11 +131,12 @@ class TorchComm:
 
         return Pending(work, "all-gather", finish)
 
-    def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
+    def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
         if self.world_size == 1:
-            with torch.no_grad():
-                out.copy_(full)
+            write(out)
             return Pending(None, "reduce-scatter")
+        full = torch.empty(numel, dtype=out.dtype, device=out.device)
+        write(full)
         with torch.no_grad():
             full.div_(self.world_size)  # a SUM of pre-divided gradients: gloo has no AVG
         work = dist.reduce_scatter_single(out, full, op=dist.ReduceOp.SUM, group=self.pg, async_op=True)
@@ -212,15 +214,13 @@ class HFReduceComm:
 
         return self._track(work, "all-gather", finish, slot)
 
-    def reduce_scatter_mean(self, out: torch.Tensor, full: torch.Tensor) -> Pending:
+    def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
         if self._shared is None:
-            with torch.no_grad():
-                out.copy_(full)
+            write(out)
             return Pending(None, "reduce-scatter")
-        slot = self._take(full.numel(), full.dtype)
+        slot = self._take(numel, out.dtype)
         buf = slot.buf
-        with torch.no_grad():
-            buf.copy_(full)
+        write(buf)  # the gradient straight into the registered buffer: no copy in
         work = self._shared.group.allreduce_async(buf, "avg")
         n, r = out.numel(), self.rank
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +30,28 @@ class UnitState(enum.Enum):
     FREE = "free"  # the gathered buffer has no memory
     GATHERING = "gathering"  # an all-gather into it is in flight
     READY = "ready"  # it holds every rank's shard
+
+
+GradCallback = Callable[["Unit", Sequence[torch.Tensor | None]], None]
+
+
+class _GatheredParams(torch.autograd.Function):
+    """A unit's parameters as views of its gathered leaf. Backward hands their gradients to the unit's callback
+    as they come instead of returning a gradient for the leaf: autograd's split would assemble that one (the
+    unit's size, in fresh memory) and pad it (again), only for it to be copied into the reduce-scatter's buffer."""
+
+    @staticmethod
+    def forward(ctx: Any, full: torch.Tensor, unit: Unit, on_grad: GradCallback) -> tuple[torch.Tensor, ...]:
+        ctx.unit, ctx.on_grad = unit, on_grad
+        ctx.set_materialize_grads(False)  # a parameter that got no gradient comes as None
+        split: Any = full[: unit.layout.total].split  # untyped in torch's stubs
+        views = split(list(unit.layout.numels))
+        return tuple(v.view(ref.shape) for ref, v in zip(unit.params, views, strict=True))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
+        ctx.on_grad(ctx.unit, grads)
+        return None, None, None
 
 
 class Unit:
@@ -77,8 +99,10 @@ class Unit:
         self.state = UnitState.FREE
         self._gather: Pending | None = None
         self.full: torch.Tensor | None = None  # this forward's leaf: views of it are the module's parameters
-        self._hook: Any = None
         self.backward_started = False
+        # between uses the attributes are meta tensors of the right shape: reading their values raises instead
+        # of touching freed memory (use ``full_state_dict()`` for the values); made once, set at every free
+        self._metas = [torch.empty(ref.shape, dtype=compute_dtype, device="meta") for ref in params]
         self._placeholders()
 
     # ----- construction -----
@@ -126,44 +150,54 @@ class Unit:
 
     # ----- the module's view of its parameters -----
 
-    def bind(self, on_grad: Callable[[Unit, torch.Tensor], None] | None) -> None:
+    def bind(self, on_grad: GradCallback | None) -> None:
         """Point the module's parameter attributes at views of the gathered buffer.
 
-        With ``on_grad`` (a forward that records a graph), the views come from a new leaf tensor over the
-        buffer's storage (its own version counter, so re-gathering before backward is not an in-place change
-        autograd objects to); ``on_grad(unit, grad)`` runs once its gradient, all parameters' at once, is
-        complete. A unit used twice in one forward keeps the first leaf, so its gradient arrives once.
+        With ``on_grad`` (a forward that records a graph), the views come through ``_GatheredParams`` from a leaf
+        tensor over the buffer's storage (its own version counter, so re-gathering before backward is not an
+        in-place change autograd objects to): ``on_grad(unit, grads)`` runs once every parameter's gradient is
+        there, with them as they are (no flat gradient is assembled: ``write_gradient`` puts them straight into
+        the reduce-scatter's buffer). A unit used twice in one forward keeps the first leaf and gets its two
+        gradient contributions in two calls.
         """
         if self.full is None:
             full = torch.empty(0, dtype=self.compute_dtype, device=self.buffer.device)
             full.set_(self.buffer.untyped_storage(), 0, (self.layout.padded,), (1,))
-            if on_grad is not None:
-                full.requires_grad_(True)
-                register: Any = full.register_post_accumulate_grad_hook  # untyped in torch's stubs
-                self._hook = register(lambda t: on_grad(self, t))
-            self.full = full
-        split: Any = self.full[: self.layout.total].split  # untyped in torch's stubs
-        views = split(list(self.layout.numels))
-        for ref, view in zip(self.params, views, strict=True):
-            shaped = view.view(ref.shape)
-            for module, attr in ref.slots:
-                setattr(module, attr, shaped)
+            self.full = full.requires_grad_(on_grad is not None)
+        if on_grad is None:
+            split: Any = self.full.detach()[: self.layout.total].split  # untyped in torch's stubs
+            views = [v.view(ref.shape) for ref, v in zip(self.params, split(list(self.layout.numels)), strict=True)]
+        else:
+            apply: Any = _GatheredParams.apply  # untyped in torch's stubs
+            views = list(apply(self.full, self, on_grad))
+        self._set_attributes(views)
+
+    def write_gradient(self, flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) -> None:
+        """Lay the parameters' gradients end to end into ``flat`` (padded size; zeros for a parameter that got
+        none, and in the padding), converting to ``flat``'s dtype on the way."""
+        with torch.no_grad():
+            for g, off, n in zip(grads, self.offsets, self.layout.numels, strict=True):
+                if g is None:
+                    flat[off : off + n].zero_()
+                else:
+                    flat[off : off + n].view(g.shape).copy_(g)
+            flat[self.layout.total :].zero_()
 
     def end_iteration(self) -> None:
         """Forget this iteration's leaf (its gradient was taken or will not come)."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
         self.full = None
         self.backward_started = False
 
     def _placeholders(self) -> None:
-        """Between uses the attributes are meta tensors of the right shape: reading their values raises
-        instead of touching freed memory (use ``full_state_dict()`` for the values)."""
-        for ref in self.params:
-            meta = torch.empty(ref.shape, dtype=self.compute_dtype, device="meta")
+        self._set_attributes(self._metas)
+
+    def _set_attributes(self, tensors: list[torch.Tensor]) -> None:
+        """Point every slot of each parameter at its tensor. The slots are plain attributes (their parameters
+        were taken out of ``_parameters``): set in the instance dict, as ``Module.__setattr__`` ends up doing
+        after its checks, once per parameter and use."""
+        for ref, t in zip(self.params, tensors, strict=True):
             for module, attr in ref.slots:
-                setattr(module, attr, meta)
+                module.__dict__[attr] = t
 
     # ----- sizes -----
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -199,11 +200,20 @@ class FullyShardedDataParallel(torch.nn.Module):
                     if isinstance(t, torch.Tensor) and t.requires_grad:
                         register: Any = t.register_hook  # untyped in torch's stubs
                         register(self._pre_backward_hook(unit))
-            if unit.reshard_after_forward or not recording:
+            if not recording or (unit.reshard_after_forward and unit is not self._kept_for_backward()):
                 unit.free()
             return output
 
         return hook
+
+    def _kept_for_backward(self) -> Unit | None:
+        """The unit whose forward runs last and whose backward runs first (by the previous iteration's orders):
+        it stays gathered from its forward to its backward, as freeing it would only gather it again at once
+        (one all-gather a step fewer; the peak is the same, backward starts by gathering it)."""
+        if not self._fwd_order:
+            return None
+        first = next((u for u in self._bwd_order if u.reshard_after_forward), None)
+        return first if first is self._fwd_order[-1] else None
 
     # ----- backward -----
 
@@ -222,18 +232,17 @@ class FullyShardedDataParallel(torch.nn.Module):
 
         return hook
 
-    def _on_grad(self, unit: Unit, full: torch.Tensor) -> None:
+    def _on_grad(self, unit: Unit, grads: Sequence[torch.Tensor | None]) -> None:
         """A unit's gradient is complete (its parameters are used no more in this backward): reduce-scatter it,
         free the gathered parameters, and with step-in-backward step the shards whose gradients have arrived."""
         self._queue_callback()
-        grad = full.grad
-        full.grad = None
-        if grad is None:
+        if all(g is None for g in grads):
             return
         with torch.no_grad():
-            g = grad if grad.dtype == unit.reduce_dtype else grad.to(unit.reduce_dtype)
-            out = torch.empty(unit.layout.shard_numel, dtype=unit.reduce_dtype, device=g.device)
-            self._pending.append((unit, self._guard(lambda: self.comm.reduce_scatter_mean(out, g)), out))
+            out = torch.empty(unit.layout.shard_numel, dtype=unit.reduce_dtype, device=unit.buffer.device)
+            write = functools.partial(unit.write_gradient, grads=grads)
+            started = self._guard(lambda: self.comm.reduce_scatter_mean(out, write, unit.layout.padded))
+            self._pending.append((unit, started, out))
         unit.free()
         if self.optimizers:
             self._drain(block=False)
