@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 from ff_appliance.lifecycle import ApplianceError
 from ff_appliance.status import format_table
@@ -33,13 +32,21 @@ async def list_alerts(
 
 
 def render_alerts(resp: pb.ListAlertsResponse) -> str:
+    """The alerts as a table (times in local time), with a hint when ``limit`` cut the list short."""
     if not resp.alerts:
         return f"no alerts (rules version {resp.config_version})"
     rows = [
-        [a.alert_id, "firing" if not a.resolved_at else "resolved", a.severity, a.rule, _when(a.fired_at),
-         _when(a.resolved_at) if a.resolved_at else "-", a.summary]
+        [
+            a.alert_id,
+            "firing" if not a.resolved_at else "resolved",
+            a.severity,
+            a.rule,
+            _when(a.fired_at),
+            _when(a.resolved_at) if a.resolved_at else "-",
+            a.summary,
+        ]
         for a in resp.alerts
-    ]  # fmt: skip
+    ]
     return format_table(["id", "state", "severity", "rule", "fired", "resolved", "summary"], rows) + _more(resp)
 
 
@@ -49,7 +56,3 @@ def _when(at: float) -> str:
 
 def _more(resp: pb.ListAlertsResponse) -> str:
     return "\n(more: raise --limit)" if resp.next_page_token else ""
-
-
-def state_names() -> Sequence[str]:
-    return list(STATES)

@@ -56,13 +56,16 @@ class Cli:
     prog: str = "fireflyer"
 
     def state(self, args: argparse.Namespace) -> StateDir:
+        """The state folder: ``--state-dir``, else ``$FF_STATE_DIR``, else ``.fireflyer`` here; made absolute."""
         raw = args.state_dir or self.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
         return StateDir(Path(raw).expanduser().resolve())
 
     def print(self, text: str = "") -> None:
+        """Print a line to the command's output, flushed at once (progress shows while a long command runs)."""
         print(text, file=self.out, flush=True)
 
     def down_hint(self, state: StateDir) -> str:
+        """The command that stops this cluster as the user would type it (``--state-dir`` unless the default)."""
         default = Path(DEFAULT_STATE_DIR).resolve()
         where = "" if state.root == default else f" --state-dir {state.root}"
         return f"{self.prog} down{where}"
@@ -74,9 +77,16 @@ class Cli:
 async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     counts = {spec.name: getattr(args, f"num_{spec.name}") for spec in SERVICES if spec.scalable}
-    options = UpOptions(env=dict(cli.environ), counts=counts, timeout_s=args.timeout_s, log_level=args.log_level,
-                        database_url=getattr(args, "database", None), hosts=args.hosts,
-                        link_shapes=tuple(args.link_shape or ()), host_zones=tuple(args.host_zone or ()))  # fmt: skip
+    options = UpOptions(
+        env=dict(cli.environ),
+        counts=counts,
+        timeout_s=args.timeout_s,
+        log_level=args.log_level,
+        database_url=getattr(args, "database", None),
+        hosts=args.hosts,
+        link_shapes=tuple(args.link_shape or ()),
+        host_zones=tuple(args.host_zone or ()),
+    )
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
     if getattr(args, "mount", None):
@@ -141,8 +151,10 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
         cli.print("\n== a tour of the services")
         await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out)
     if example is not None:
-        cli.print("\n== train the tiny GPT on this cluster" + (f" (faults: {', '.join(faults)})" if faults else
-                                                                 " (--quick: no faults)"))  # fmt: skip
+        cli.print(
+            "\n== train the tiny GPT on this cluster"
+            + (f" (faults: {', '.join(faults)})" if faults else " (--quick: no faults)")
+        )
         cluster = ClusterHandle(state=state, env=dict(cli.environ))
         await run_train_demo(addresses, token, TrainPlan.for_demo(example, faults=faults), cli.out, cluster)
     cli.print(f"\nthe cluster keeps running; stop it with: {cli.down_hint(state)}")
@@ -154,11 +166,19 @@ async def _cmd_join(args: argparse.Namespace, cli: Cli) -> int:
     mgmtd = tuple(a.strip() for item in args.mgmtd for a in item.split(",") if a.strip())
     token = args.token or cli.environ.get(TOKEN_ENV)
     if not token:
-        raise CliError(f"no token: pass --token (the cluster token: <state>/secrets/cluster_token where the cluster "
-                       f"runs) or set {TOKEN_ENV}")  # fmt: skip
-    options = JoinOptions(mgmtd=mgmtd, token=token, agent=args.agent,
-                          storage_disks=tuple(args.storage or ()),
-                          address=args.address or "", env=dict(cli.environ), timeout_s=args.timeout_s)  # fmt: skip
+        raise CliError(
+            f"no token: pass --token (the cluster token: <state>/secrets/cluster_token where the cluster "
+            f"runs) or set {TOKEN_ENV}"
+        )
+    options = JoinOptions(
+        mgmtd=mgmtd,
+        token=token,
+        agent=args.agent,
+        storage_disks=tuple(args.storage or ()),
+        address=args.address or "",
+        env=dict(cli.environ),
+        timeout_s=args.timeout_s,
+    )
     plan = await join.join(state, options, cli.out)
     nodes = ", ".join(f"{i.name} node {i.node_id} at {i.grpc_address}" for i in plan.instances)
     cli.print(f"joined: {nodes}\nleave with: {cli.prog} leave --state-dir {state.root}")
@@ -249,20 +269,29 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=float, default=60.0, help="how long to wait for everything to be up")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
-        "--hosts", type=_positive_int, metavar="N", default=None,
+        "--hosts",
+        type=_positive_int,
+        metavar="N",
+        default=None,
         help="a new cluster only (needs root): storage and agent instances on N hosts, each a network namespace "
         "with its own address on a veth to a bridge (default: everything on loopback)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--link-shape", type=_link_shape, action="append", metavar="[HOST:]rate=R,delay=D",
+        "--link-shape",
+        type=_link_shape,
+        action="append",
+        metavar="[HOST:]rate=R,delay=D",
         help="shape the hosts' links with tc, e.g. rate=100mbit (every host) or h3:rate=10mbit,delay=20ms (one "
         "host, as a cross-zone link), h3:none (unshaped); repeatable; kept for later ups (delay needs netem)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--host-zone", type=_host_zone, action="append", metavar="HOST=ZONE",
+        "--host-zone",
+        type=_host_zone,
+        action="append",
+        metavar="HOST=ZONE",
         help="the agents of HOST register in network zone ZONE (e.g. h3=far with a shaped h3 link: a host across "
         "zones); HOST= for the default zone; repeatable; kept, used when an agent starts",
-    )  # fmt: skip
+    )
 
 
 def _host_zone(text: str) -> tuple[str, str]:
@@ -326,8 +355,12 @@ async def _user_enable(c: MgmtdClient, a: argparse.Namespace) -> Message:
 
 
 def _add_join_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("join", parents=[common], help="run this machine's agent and/or storage in a cluster that runs "
-                       "elsewhere (its state folder is this machine's own)")  # fmt: skip
+    p = sub.add_parser(
+        "join",
+        parents=[common],
+        help="run this machine's agent and/or storage in a cluster that runs "
+        "elsewhere (its state folder is this machine's own)",
+    )
     p.add_argument("--mgmtd", action="append", required=True, metavar="HOST:PORT", help="the cluster's mgmtd")
     p.add_argument("--token", default=None, help=f"the cluster token (default: ${TOKEN_ENV})")
     p.add_argument("--agent", action="store_true", help="run an agent (GPUs through NVML, else CPU device slots)")
@@ -336,8 +369,11 @@ def _add_join_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, help="the address to listen on (default: the one that reaches mgmtd)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait (replicas syncing included)")
     p.set_defaults(handler=_cmd_join)
-    p = sub.add_parser("leave", parents=[common], help="drain this machine's joined nodes (tasks end, replicas move "
-                       "to other nodes), stop and disable them")  # fmt: skip
+    p = sub.add_parser(
+        "leave",
+        parents=[common],
+        help="drain this machine's joined nodes (tasks end, replicas move to other nodes), stop and disable them",
+    )
     p.add_argument("--drain-timeout-s", type=float, default=300.0, help="how long tasks and replica syncs may take")
     p.set_defaults(handler=_cmd_leave)
 
@@ -350,8 +386,13 @@ def _add_user_commands(sub: Any) -> None:
     p.add_argument("--uid", type=_registry_id, default=0, help=f"uid, 1..{MAX_ID} (default: the next free one)")
     p.add_argument("--group", action="append", metavar="G", help="add the user to group G (repeatable)")
     _admin_command(users, "list", "list users", _user_list, lambda r: admin.render_users(r.users))
-    p = _admin_command(users, "disable", "disable a user (their tokens stop working)", _user_disable,
-                       lambda r: admin.render_user(r.user))  # fmt: skip
+    p = _admin_command(
+        users,
+        "disable",
+        "disable a user (their tokens stop working)",
+        _user_disable,
+        lambda r: admin.render_user(r.user),
+    )
     p.add_argument("name")
     p = _admin_command(users, "enable", "enable a user again", _user_enable, lambda r: admin.render_user(r.user))
     p.add_argument("name")
@@ -380,8 +421,9 @@ def _add_group_commands(sub: Any) -> None:
     p.add_argument("--gid", type=_registry_id, default=0, help=f"gid, 1..{MAX_ID} (default: the next free one)")
     _admin_command(groups, "list", "list groups", _group_list, lambda r: admin.render_groups(r.groups))
     for action, call in (("add-member", _group_add_member), ("remove-member", _group_remove_member)):
-        p = _admin_command(groups, action, f"{action.replace('-', ' ')} of a group", call,
-                           lambda r: admin.render_group(r.group))  # fmt: skip
+        p = _admin_command(
+            groups, action, f"{action.replace('-', ' ')} of a group", call, lambda r: admin.render_group(r.group)
+        )
         p.add_argument("group")
         p.add_argument("user")
 
@@ -408,8 +450,9 @@ def _add_token_commands(sub: Any) -> None:
     p.add_argument("--user", default="", help="whose token (default: the caller)")
     p.add_argument("--ttl-s", type=float, default=0.0, help="lifetime in seconds (default: never expires)")
     p.add_argument("--description", default="", help="what the token is for")
-    p = _admin_command(tokens, "list", "list tokens (never their secrets)", _token_list,
-                       lambda r: admin.render_tokens(r.tokens))  # fmt: skip
+    p = _admin_command(
+        tokens, "list", "list tokens (never their secrets)", _token_list, lambda r: admin.render_tokens(r.tokens)
+    )
     p.add_argument("--user", default="", help="whose tokens (default: the caller)")
     p = _admin_command(tokens, "revoke", "revoke a token", _token_revoke, lambda r: admin.render_token(r.token_info))
     p.add_argument("token_id")
@@ -421,8 +464,13 @@ async def _alerts(c: MgmtdClient, a: argparse.Namespace) -> Message:
 
 
 def _add_alerts_command(sub: Any) -> None:
-    p = _admin_command(sub, "alerts", "the alert log (newest first): what fired, when, and whether it resolved",
-                       _alerts, alerts.render_alerts)  # fmt: skip
+    p = _admin_command(
+        sub,
+        "alerts",
+        "the alert log (newest first): what fired, when, and whether it resolved",
+        _alerts,
+        alerts.render_alerts,
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--firing", action="store_true", help="only alerts still firing")
     which.add_argument("--resolved", action="store_true", help="only resolved alerts")
@@ -432,6 +480,7 @@ def _add_alerts_command(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand with its options; each parser's ``handler`` default is the coroutine that runs it."""
     parser = argparse.ArgumentParser(
         prog="fireflyer", description="Bring up and run a Fire-Flyer cluster on this machine."
     )
@@ -453,18 +502,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_cmd_status)
     p = sub.add_parser(
-        "demo", parents=[common], help="up, status, a tour of each service's calls, then train a tiny GPT through a "
-        "preemption"
-    )  # fmt: skip
+        "demo",
+        parents=[common],
+        help="up, status, a tour of each service's calls, then train a tiny GPT through a preemption",
+    )
     _add_up_arguments(p)
     how = p.add_mutually_exclusive_group()
     how.add_argument(
         "--quick", action="store_true", help="skip the faults and the reference run (the preemption stays)"
     )
     how.add_argument(
-        "--faults", type=_fault_kinds, metavar="KIND[,KIND]", default=None,
+        "--faults",
+        type=_fault_kinds,
+        metavar="KIND[,KIND]",
+        default=None,
         help=f"only these faults ({', '.join(FAULT_KINDS)}; default: all), then the reference run",
-    )  # fmt: skip
+    )
     what = p.add_mutually_exclusive_group()
     what.add_argument("--tour", action="store_true", help="only the tour of each service's calls (no training)")
     what.add_argument("--train-only", action="store_true", help="only the training (no tour)")
@@ -498,8 +551,17 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
         print(f"fireflyer: {exc.code.name}: {exc.details}", file=err)
     except BrokenPipeError:
         raise  # the reader went away (`fireflyer user list | head -1`): main() stops quietly
-    except (ApplianceError, SupervisorError, PlanError, DemoError, StorageDemoError, TrainDemoError, CliError,
-            JoinError, OSError) as exc:  # fmt: skip
+    except (
+        ApplianceError,
+        SupervisorError,
+        PlanError,
+        DemoError,
+        StorageDemoError,
+        TrainDemoError,
+        CliError,
+        JoinError,
+        OSError,
+    ) as exc:
         print(f"fireflyer: {exc}", file=err)
     except KeyboardInterrupt:
         print("fireflyer: interrupted", file=err)

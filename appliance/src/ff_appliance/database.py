@@ -1,5 +1,6 @@
-"""``fireflyer up --database URL``: mgmtd, meta, the scheduler and telemetry keep their state on one PostgreSQL
-database instead of SQLite files under the state folder.
+"""``fireflyer up --database URL``: the stateful services keep their state on one PostgreSQL database.
+
+mgmtd, meta, the scheduler and telemetry use it instead of SQLite files under the state folder.
 
 Each service gets a schema of its own in that database (``fireflyer_mgmtd``, ...; made at every ``up`` if
 missing), reached through the connection's ``search_path``: their tables and migration histories never meet, and
@@ -58,8 +59,9 @@ def parse(url: str) -> URL:
 
 
 def chosen_url(state: StateDir, given: str | None) -> str | None:
-    """The cluster's database URL: the one kept from its first ``up``, or ``given`` for a new cluster (``keep`` it
-    once prepared).
+    """The cluster's database URL: the one kept from its first ``up``, or ``given`` for a new cluster.
+
+    The caller keeps a new cluster's URL (``keep``) once its database is prepared.
 
     A ``given`` URL that differs from the kept one only in its password replaces it (a rotated password).
 

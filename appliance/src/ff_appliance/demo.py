@@ -58,14 +58,17 @@ class Demo:
     _step: int = 0
 
     def step(self, title: str) -> None:
+        """Print the next numbered step title (``[n/N] title``)."""
         self._step += 1
         print(f"\n[{self._step}/{NUM_STEPS}] {title}", file=self.out)
 
     def say(self, text: str) -> None:
+        """Print what the cluster answered, indented under the current step."""
         for line in text.splitlines():
             print(f"    {line}", file=self.out)
 
     async def group_and_user(self, adm: MgmtdClient) -> None:
+        """Create the demo group and a user in it; both are reused (the user enabled again) from an earlier demo."""
         self.step(f"create group {DEMO_GROUP!r} and user {DEMO_USER!r} in it")
         try:
             self.say(admin.render_group((await admin.group_add(adm, DEMO_GROUP)).group))
@@ -84,12 +87,18 @@ class Demo:
         self.say(admin.render_user(user))
 
     async def issue(self, adm: MgmtdClient) -> pb.IssueTokenResponse:
+        """Issue the demo user a one-hour token as admin; the response holds its secret."""
         self.step(f"issue {DEMO_USER} a token (as admin)")
         issued = await admin.token_issue(adm, DEMO_USER, ttl_s=3600, description="fireflyer demo")
         self.say(f"token {issued.token_info.token_id}, expires in 1 h; secret {issued.token[:8]}... (shown once)")
         return issued
 
     async def whoami(self, token: str) -> None:
+        """Check that mgmtd resolves ``token`` to the demo user in the demo group.
+
+        Raises:
+            DemoError: whoami answered another user, or without the demo group.
+        """
         self.step(f"whoami with {DEMO_USER}'s token")
         async with admin.connect(self.addresses, token) as client:
             principal = (await admin.whoami(client)).principal
@@ -98,12 +107,22 @@ class Demo:
             raise DemoError(f"whoami answered {principal.name} in {list(principal.group_names)}")
 
     async def refused_admin_call(self, token: str) -> None:
+        """Check that the demo user's ``token`` gets PERMISSION_DENIED on an admin-only call.
+
+        Raises:
+            DemoError: the call was not refused with PERMISSION_DENIED.
+        """
         self.step(f"{DEMO_USER} tries an admin call (ListUsers)")
         async with admin.connect(self.addresses, token) as client:
             err = await expect_refused(admin.user_list(client), grpc.StatusCode.PERMISSION_DENIED)
         self.say(f"refused: {err.code.name}: {err.details}")
 
     async def versioned_config(self, adm: MgmtdClient) -> None:
+        """Set a node type's config, read it back, and check that a write against the stale version is ABORTED.
+
+        Raises:
+            DemoError: the config read back differs, or the stale write was not refused with ABORTED.
+        """
         kind = common_pb2.NodeType.Name(CONFIG_NODE_TYPE)
         self.step(f"set and read back the versioned config of {kind}")
         current = await adm.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=CONFIG_NODE_TYPE))
@@ -120,6 +139,11 @@ class Demo:
         self.say(f"a write against stale version {current.version} is refused: {err.code.name}: {err.details}")
 
     async def toggle_node(self, adm: MgmtdClient, node_id: int) -> None:
+        """Disable then re-enable ``node_id``; each change must move the routing version forward.
+
+        Raises:
+            DemoError: the routing version did not increase at each change.
+        """
         self.step(f"disable, then re-enable node {node_id}")
         info = await adm.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())
         versions = [info.routing_info.version]
@@ -134,10 +158,16 @@ class Demo:
         self.say("routing version " + " -> ".join(str(v) for v in versions))
 
     async def list_tokens(self, adm: MgmtdClient) -> None:
+        """Print the demo user's tokens as the admin sees them (no secrets)."""
         self.step(f"list {DEMO_USER}'s tokens (secrets are never shown again)")
         self.say(admin.render_tokens((await admin.token_list(adm, DEMO_USER)).tokens))
 
     async def revoke(self, adm: MgmtdClient, issued: pb.IssueTokenResponse) -> None:
+        """Revoke the issued token, then wait until whoami with it is UNAUTHENTICATED (services cache checks briefly).
+
+        Raises:
+            DemoError: the revoked token still works after ``REVOKE_WAIT_S``.
+        """
         token_id = issued.token_info.token_id
         self.step(f"revoke token {token_id}; it stops working")
         self.say(admin.render_token((await admin.token_revoke(adm, token_id)).token_info))
@@ -149,8 +179,10 @@ class Demo:
                 except RpcError as err:
                     if err.code is not grpc.StatusCode.UNAUTHENTICATED:
                         raise
-                    self.say(f"whoami with it is refused after {time.monotonic() - started:.1f}s: "
-                             f"{err.code.name}: {err.details}")  # fmt: skip
+                    self.say(
+                        f"whoami with it is refused after {time.monotonic() - started:.1f}s: "
+                        f"{err.code.name}: {err.details}"
+                    )
                     return
                 if time.monotonic() - started > REVOKE_WAIT_S:
                     raise DemoError(f"the revoked token still works after {REVOKE_WAIT_S:g}s")

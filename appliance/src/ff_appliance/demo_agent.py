@@ -1,6 +1,9 @@
-"""The node-agent part of ``fireflyer demo``: the agents' nodes, a 2-node task whose ranks print their
-environment, a suspend that the task answers with a checkpoint and go_suspend(), its resume from that
-checkpoint, and a rank's log followed while it runs (what ``hfai logs -f --rank 1`` shows)."""
+"""The node-agent part of ``fireflyer demo``: a 2-node task suspended at a checkpoint, resumed, its log followed.
+
+The agents' nodes, a 2-node task whose ranks print their environment, a suspend that the task answers with a checkpoint
+and go_suspend(), its resume from that checkpoint, and a rank's log followed while it runs (what
+``hfai logs -f --rank 1`` shows).
+"""
 
 from __future__ import annotations
 
@@ -84,6 +87,11 @@ def _state(t: pb.Task) -> str:
 async def agent_section(
     addresses: Sequence[str], admin_token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
+    """Run the agent steps as the demo's user (``step`` prints a title, ``say`` a result), its quota set as admin.
+
+    Raises:
+        AgentDemoError: the agents or the scheduler did not do what the demo shows (each step says which).
+    """
     mgmtd = MgmtdClient(list(addresses), token=admin_token)
     try:
         address = await scheduler_address(mgmtd)
@@ -115,16 +123,19 @@ async def _nodes(user: _User, step: Callable[[str], None], say: Callable[[str], 
     step("agents: the nodes they registered (devices are CPU slots on this machine)")
     deadline = time.monotonic() + WAIT_S
     while True:
-        nodes = [n for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes
-                 if n.state == pb.NODE_STATE_READY]  # fmt: skip
+        nodes = [
+            n for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes if n.state == pb.NODE_STATE_READY
+        ]
         if len(nodes) >= 2:
             break
         if time.monotonic() > deadline:
             raise AgentDemoError("fewer than 2 agent nodes are ready")
         await asyncio.sleep(0.2)
     for n in nodes:
-        say(f"node {n.node_id} {n.hostname}: {len(n.devices)} devices ({n.devices[0].name}), {n.num_cpus} CPUs, "
-            f"group {n.node_group}")  # fmt: skip
+        say(
+            f"node {n.node_id} {n.hostname}: {len(n.devices)} devices ({n.devices[0].name}), {n.num_cpus} CPUs, "
+            f"group {n.node_group}"
+        )
 
 
 async def _env_task(user: _User, folder: Path, step: Callable[[str], None], say: Callable[[str], None]) -> None:
@@ -168,8 +179,10 @@ async def _suspend_resume(user: _User, folder: Path, step: Callable[[str], None]
     )
     first = resumed.runs[0]
     stage = str(pb.SuspendStage.Name(first.suspend_stage)).removeprefix("SUSPEND_STAGE_")
-    say(f"run 0 ended {pb.RunState.Name(first.state).removeprefix('RUN_STATE_').lower()} (stage {stage}); "
-        f"checkpoint {first.last_checkpoint.path} at step {first.last_checkpoint.step}")  # fmt: skip
+    say(
+        f"run 0 ended {pb.RunState.Name(first.state).removeprefix('RUN_STATE_').lower()} (stage {stage}); "
+        f"checkpoint {first.last_checkpoint.path} at step {first.last_checkpoint.step}"
+    )
     say(f"run 1 starts with whole_life_state {resumed.current_run.start_whole_life_state} (suspends so far)")
 
     step("follow node rank 1's log of the resumed run while it runs (hfai logs -f --rank 1)")

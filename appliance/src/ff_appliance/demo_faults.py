@@ -1,5 +1,7 @@
-"""The faults of the full ``fireflyer demo``: while the tiny GPT trains, a storage service is SIGKILLed and
-restarted, an agent is SIGKILLed (and restarted), and one rank is stopped with SIGSTOP.
+"""The faults of the full ``fireflyer demo``: a storage service, an agent and a rank stopped while the GPT trains.
+
+A storage service is SIGKILLed and restarted, an agent is SIGKILLed (and restarted), and one rank is stopped with
+SIGSTOP.
 
 The demo's own clock only says when it sent each signal. Everything else is read back: when mgmtd declared the
 storage service dead and when its targets served again (routing info), how the scheduler ended the run hit and
@@ -46,8 +48,10 @@ class FaultError(Exception):
 
 @dataclass(frozen=True)
 class ClusterHandle:
-    """What the faults need beyond the services' addresses: the appliance's state folder (plan, pid files) and
-    the environment ``up`` starts processes with."""
+    """What the faults need beyond the services' addresses to restart a service as ``up`` started it.
+
+    The appliance's state folder (plan, pid files) and the environment ``up`` starts processes with.
+    """
 
     state: StateDir
     env: Mapping[str, str]
@@ -85,9 +89,15 @@ class Faults:
     """Injects the three faults into the training task and follows what the services say."""
 
     def __init__(
-        self, cluster: ClusterHandle, mgmtd: MgmtdClient, admin: SchedulerUser, poll: Poll, progress: Progress,
-        step: Callable[[str], None], say: Callable[[str], None],
-    ) -> None:  # fmt: skip
+        self,
+        cluster: ClusterHandle,
+        mgmtd: MgmtdClient,
+        admin: SchedulerUser,
+        poll: Poll,
+        progress: Progress,
+        step: Callable[[str], None],
+        say: Callable[[str], None],
+    ) -> None:
         self.cluster, self.mgmtd, self.admin, self.poll, self.progress = cluster, mgmtd, admin, poll, progress
         self.step, self.say = step, say
 
@@ -111,8 +121,10 @@ class Faults:
             await asyncio.sleep(WATCH_POLL_S)
 
     async def trained(self, steps: int) -> tuple[pb.Task, int]:
-        """Follow until the current run has trained ``steps`` steps past the newest one shown now; the task and
-        the newest step then."""
+        """Follow until the current run has trained ``steps`` steps past the newest one shown now.
+
+        The task and the newest step then.
+        """
         task = await self.poll()
         start = self.progress(task.current_run.run_id)
 
@@ -124,9 +136,11 @@ class Faults:
         return found, self.progress(found.current_run.run_id)
 
     async def checkpointed(self) -> tuple[pb.Task, int]:
-        """Follow until the current run has a checkpoint of its own that the scheduler counted (a fault that ends
-        the run then resumes from it, not from a checkpoint the run is still writing); the task and the newest
-        step shown then."""
+        """Follow until the current run has a checkpoint of its own that the scheduler counted.
+
+        A fault that ends the run then resumes from it, not from a checkpoint the run is still writing. The task and the
+        newest step shown then.
+        """
 
         async def check(task: pb.Task) -> pb.Task | None:
             run = task.current_run
@@ -135,7 +149,7 @@ class Faults:
         found: pb.Task = await self.until(check, "a checkpoint of the current run")
         return found, self.progress(found.current_run.run_id)
 
-    async def routing(self) -> mgmtd_pb2.RoutingInfo:
+    async def _routing(self) -> mgmtd_pb2.RoutingInfo:
         resp = await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
         info: mgmtd_pb2.RoutingInfo = resp.routing_info
         return info
@@ -148,7 +162,12 @@ class Faults:
         started = [line for line in out.getvalue().splitlines() if ": started" in line]
         self.say(f"restarted with `fireflyer up`: {'; '.join(started) or what + ' (already running)'}")
 
-    def instance(self, service: str, node_id: int | None = None) -> InstancePlan:
+    def _instance(self, service: str, node_id: int | None = None) -> InstancePlan:
+        """The plan's last instance of ``service`` (on ``node_id`` if given).
+
+        Raises:
+            FaultError: the state folder has no plan, or no such instance.
+        """
         plan = load_plan(self.cluster.state)
         if plan is None:
             raise FaultError(f"no cluster plan in {self.cluster.state.root}")
@@ -158,7 +177,12 @@ class Faults:
             raise FaultError(f"no {service} instance of node {node_id} in the plan")
         return chosen[-1]
 
-    def kill(self, instance: InstancePlan) -> int:
+    def _kill(self, instance: InstancePlan) -> int:
+        """SIGKILL the instance's process; its pid.
+
+        Raises:
+            FaultError: it is not running.
+        """
         state = self.cluster.state
         pid = running_pid(state.pid_file(instance.name), state.process_marker(instance.name))
         if pid is None:
@@ -169,20 +193,35 @@ class Faults:
     # ---- a storage service ----
 
     async def storage(self, task: pb.Task, at_step: int) -> FaultRecord:
+        """SIGKILL a storage service mid-training, restart it, and record when its targets serve again.
+
+        The run must go on throughout: its targets leave their chains, the other replicas keep serving.
+
+        Raises:
+            FaultError: mgmtd did not declare it dead or its targets did not serve again in time, or the run ended.
+        """
         self.step("a storage service is SIGKILLed while the trainer trains, then restarted")
-        instance = self.instance(STORAGE)
+        instance = self._instance(STORAGE)
         targets = [
-            t.target_id for c in (await self.routing()).chains for t in c.targets if t.node_id == instance.node_id
+            t.target_id for c in (await self._routing()).chains for t in c.targets if t.node_id == instance.node_id
         ]
         run_id = task.current_run.run_id
-        pid = self.kill(instance)
-        rec = FaultRecord(kind="storage", event=f"{instance.name} SIGKILLed", signalled_at=time.time(),
-                          at_step=at_step, run_id=run_id, node_id=instance.node_id)  # fmt: skip
-        self.say(f"{instance.name} (node {instance.node_id}, pid {pid}, {len(targets)} targets) SIGKILLed after step "
-                 f"{at_step} of run {task.current_run.run_index}")  # fmt: skip
+        pid = self._kill(instance)
+        rec = FaultRecord(
+            kind="storage",
+            event=f"{instance.name} SIGKILLed",
+            signalled_at=time.time(),
+            at_step=at_step,
+            run_id=run_id,
+            node_id=instance.node_id,
+        )
+        self.say(
+            f"{instance.name} (node {instance.node_id}, pid {pid}, {len(targets)} targets) SIGKILLed after step "
+            f"{at_step} of run {task.current_run.run_index}"
+        )
 
         async def dead(_: pb.Task) -> mgmtd_pb2.Node | None:
-            nodes = {n.node_id: n for n in (await self.routing()).nodes}
+            nodes = {n.node_id: n for n in (await self._routing()).nodes}
             node = nodes.get(instance.node_id)
             return node if node is not None and node.status == mgmtd_pb2.NODE_STATUS_DEAD else None
 
@@ -193,12 +232,14 @@ class Faults:
             rec.detected_by += (
                 f" (its last heartbeat {rec.signalled_at - node.last_heartbeat_at:.1f} s before the kill)"
             )
-        self.say(f"mgmtd declared node {instance.node_id} dead {rec.detected_at - rec.signalled_at:.1f} s after the "
-                 f"kill; its targets left their chains")  # fmt: skip
+        self.say(
+            f"mgmtd declared node {instance.node_id} dead {rec.detected_at - rec.signalled_at:.1f} s after the "
+            f"kill; its targets left their chains"
+        )
         await self.restart(instance.name)
 
         async def serving(_: pb.Task) -> bool:
-            info = await self.routing()
+            info = await self._routing()
             mine = [t for c in info.chains for t in c.targets if t.target_id in targets]
             alive = any(n.node_id == instance.node_id and n.status == mgmtd_pb2.NODE_STATUS_ALIVE for n in info.nodes)
             return (
@@ -212,38 +253,59 @@ class Faults:
         rec.recovered_by = f"mgmtd: node {instance.node_id} alive, its {len(targets)} targets resynced and serving"
         after = await self.poll()
         if after.current_run.run_id != run_id or after.current_run.state != pb.RUN_STATE_RUNNING:
-            raise FaultError(f"the training run did not go on through the storage fault: run "
-                             f"{after.current_run.run_index} is {pb.RunState.Name(after.current_run.state)} "
-                             f"({after.current_run.end_message})")  # fmt: skip
-        self.say(f"its targets serve again {rec.recovered_at - rec.signalled_at:.1f} s after the kill; run "
-                 f"{after.current_run.run_index} kept running throughout (the scheduler: "
-                 f"{pb.RunState.Name(after.current_run.state).removeprefix('RUN_STATE_').lower()})")  # fmt: skip
+            raise FaultError(
+                f"the training run did not go on through the storage fault: run "
+                f"{after.current_run.run_index} is {pb.RunState.Name(after.current_run.state)} "
+                f"({after.current_run.end_message})"
+            )
+        self.say(
+            f"its targets serve again {rec.recovered_at - rec.signalled_at:.1f} s after the kill; run "
+            f"{after.current_run.run_index} kept running throughout (the scheduler: "
+            f"{pb.RunState.Name(after.current_run.state).removeprefix('RUN_STATE_').lower()})"
+        )
         return rec
 
     # ---- an agent ----
 
     async def agent(self, task: pb.Task, at_step: int) -> FaultRecord:
+        """SIGKILL the agent of one of the trainer's nodes, restart it, and record the task's resume in a new run.
+
+        Raises:
+            FaultError: the run did not end NODE_LOST on that node, or the task did not resume in time.
+        """
         self.step("the agent of one of the trainer's nodes is SIGKILLed; then restarted")
         run = task.current_run
         node_id = next(n.node_id for n in run.nodes if n.node_rank == HUNG_NODE_RANK)
-        instance = self.instance(AGENT, node_id)
-        pid = self.kill(instance)
-        rec = FaultRecord(kind="agent", event=f"{instance.name} SIGKILLed", signalled_at=time.time(), at_step=at_step,
-                          run_id=run.run_id, node_id=node_id)  # fmt: skip
-        self.say(f"{instance.name} (node {node_id}, node rank {HUNG_NODE_RANK} of run {run.run_index}, pid {pid}) "
-                 f"SIGKILLed after step {at_step}")  # fmt: skip
+        instance = self._instance(AGENT, node_id)
+        pid = self._kill(instance)
+        rec = FaultRecord(
+            kind="agent",
+            event=f"{instance.name} SIGKILLed",
+            signalled_at=time.time(),
+            at_step=at_step,
+            run_id=run.run_id,
+            node_id=node_id,
+        )
+        self.say(
+            f"{instance.name} (node {node_id}, node rank {HUNG_NODE_RANK} of run {run.run_index}, pid {pid}) "
+            f"SIGKILLed after step {at_step}"
+        )
         ended = await self.until(_run_ended(run.run_id), f"run {run.run_index} ending")
         failure = ended.failure
         if ended.end_reason != pb.RUN_END_REASON_NODE_LOST or failure.node_id != node_id:
-            raise FaultError(f"run {run.run_index} ended {pb.RunEndReason.Name(ended.end_reason)} on node "
-                             f"{failure.node_id}, not NODE_LOST on node {node_id}: {ended.end_message}")  # fmt: skip
+            raise FaultError(
+                f"run {run.run_index} ended {pb.RunEndReason.Name(ended.end_reason)} on node "
+                f"{failure.node_id}, not NODE_LOST on node {node_id}: {ended.end_message}"
+            )
         rec.detected_at = failure.failed_at or ended.ended_at
         rec.detected_by = f"scheduler: run {run.run_index} NODE_LOST, {failure.message or ended.end_message}"
-        self.say(f"the scheduler ended run {run.run_index} NODE_LOST {rec.detected_at - rec.signalled_at:.1f} s "
-                 f"after the kill: {failure.message or ended.end_message} (checkpoint step "
-                 f"{ended.last_checkpoint.step})")  # fmt: skip
+        self.say(
+            f"the scheduler ended run {run.run_index} NODE_LOST {rec.detected_at - rec.signalled_at:.1f} s "
+            f"after the kill: {failure.message or ended.end_message} (checkpoint step "
+            f"{ended.last_checkpoint.step})"
+        )
         await self.restart(instance.name)
-        await self.node_ready(node_id)
+        await self._node_ready(node_id)
         resumed = await self.until(self._next_run_stepping(run.run_id), "the task resuming")
         rec.recovered_by = f"scheduler: run {resumed.run_index} running on nodes {_node_ids(resumed)}"
         self.say(f"task re-queued and resumed: run {resumed.run_index} on nodes {_node_ids(resumed)}")
@@ -258,7 +320,7 @@ class Faults:
 
         return check
 
-    async def node_ready(self, node_id: int) -> pb.Node:
+    async def _node_ready(self, node_id: int) -> pb.Node:
         async def ready(_: pb.Task) -> pb.Node | None:
             nodes = (await self.admin.call("ListNodes", pb.ListNodesRequest())).nodes
             node = next((n for n in nodes if n.node_id == node_id), None)
@@ -270,26 +332,48 @@ class Faults:
     # ---- a rank stopped ----
 
     async def hang(self, task: pb.Task, at_step: int) -> FaultRecord:
+        """SIGSTOP one rank of the trainer and record that its agent names it and the scheduler cordons its node.
+
+        Raises:
+            FaultError: the rank's process is not on this machine, the run did not end HANG_DETECTED naming it, its
+                node was not cordoned, or the task did not resume in time.
+        """
         self.step(f"one rank is stopped (SIGSTOP): rank {2 * HUNG_NODE_RANK + HUNG_LOCAL_RANK} of the trainer")
         run = task.current_run
         node_id = next(n.node_id for n in run.nodes if n.node_rank == HUNG_NODE_RANK)
         pids = rank_pids(run.run_id, HUNG_NODE_RANK, HUNG_LOCAL_RANK)
         if not pids:
-            raise FaultError(f"no process of node rank {HUNG_NODE_RANK}, local rank {HUNG_LOCAL_RANK} of run "
-                             f"{run.run_id} on this machine")  # fmt: skip
+            raise FaultError(
+                f"no process of node rank {HUNG_NODE_RANK}, local rank {HUNG_LOCAL_RANK} of run "
+                f"{run.run_id} on this machine"
+            )
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
-        rec = FaultRecord(kind="hang", event="a rank SIGSTOPped", signalled_at=time.time(), at_step=at_step,
-                          run_id=run.run_id, node_id=node_id)  # fmt: skip
-        self.say(f"SIGSTOP to pid {', '.join(map(str, pids))} (node {node_id}, node rank {HUNG_NODE_RANK}, local rank "
-                 f"{HUNG_LOCAL_RANK}) after step {at_step}")  # fmt: skip
+        rec = FaultRecord(
+            kind="hang",
+            event="a rank SIGSTOPped",
+            signalled_at=time.time(),
+            at_step=at_step,
+            run_id=run.run_id,
+            node_id=node_id,
+        )
+        self.say(
+            f"SIGSTOP to pid {', '.join(map(str, pids))} (node {node_id}, node rank {HUNG_NODE_RANK}, local rank "
+            f"{HUNG_LOCAL_RANK}) after step {at_step}"
+        )
         ended = await self.until(_run_ended(run.run_id), f"run {run.run_index} ending")
         failure = ended.failure
-        named = (failure.hang and failure.node_id == node_id and failure.node_rank == HUNG_NODE_RANK
-                 and failure.local_rank == HUNG_LOCAL_RANK)  # fmt: skip
+        named = (
+            failure.hang
+            and failure.node_id == node_id
+            and failure.node_rank == HUNG_NODE_RANK
+            and failure.local_rank == HUNG_LOCAL_RANK
+        )
         if ended.end_reason != pb.RUN_END_REASON_HANG_DETECTED or not named:
-            raise FaultError(f"run {run.run_index} ended {pb.RunEndReason.Name(ended.end_reason)}, the stopped rank "
-                             f"not named: {failure.message or ended.end_message}")  # fmt: skip
+            raise FaultError(
+                f"run {run.run_index} ended {pb.RunEndReason.Name(ended.end_reason)}, the stopped rank "
+                f"not named: {failure.message or ended.end_message}"
+            )
         rec.detected_at = failure.failed_at
         rec.detected_by = f"agent of node {node_id}: {failure.message}"
         self.say(f"hang detected {rec.detected_at - rec.signalled_at:.1f} s after the SIGSTOP: {failure.message}")
@@ -310,11 +394,13 @@ class Faults:
         """A validation of the cordoned node; once it passes, the scheduler returns the node (read back)."""
         started = time.time()
         await self.admin.call("ValidateNodes", pb.ValidateNodesRequest(node_ids=[node_id]))
-        node = await self.node_ready(node_id)
+        node = await self._node_ready(node_id)
         checks = ", ".join(c.name for c in node.last_validation.checks)
-        return (f"node {node_id} validated ({checks}: "
-                f"{'passed' if node.last_validation.passed else 'failed'}) and back in scheduling after "
-                f"{time.time() - started:.1f} s")  # fmt: skip
+        return (
+            f"node {node_id} validated ({checks}: "
+            f"{'passed' if node.last_validation.passed else 'failed'}) and back in scheduling after "
+            f"{time.time() - started:.1f} s"
+        )
 
 
 def _node_ids(run: pb.Run) -> list[int]:
@@ -330,8 +416,11 @@ def _run_ended(run_id: int) -> Callable[[pb.Task], Awaitable[pb.Run | None]]:
 
 def rank_pids(run_id: int, node_rank: int, local_rank: int, proc: Path = Path("/proc")) -> list[int]:
     """The processes of one rank of a run on this machine, found by the environment the agent gave them."""
-    wanted = {b"MARSV2_RUN_ID": str(run_id).encode(), b"RANK": str(node_rank).encode(),
-              b"LOCAL_RANK": str(local_rank).encode()}  # fmt: skip
+    wanted = {
+        b"MARSV2_RUN_ID": str(run_id).encode(),
+        b"RANK": str(node_rank).encode(),
+        b"LOCAL_RANK": str(local_rank).encode(),
+    }
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -366,9 +455,14 @@ def fault_rows(task: pb.Task, series: Series, faults: list[FaultRecord]) -> list
             if 0 < hit.ended_at < rec.recovered_at:
                 raise FaultError(f"{rec.event}: run {hit.run_index} ended during the storage fault: {hit.end_message}")
             steps = [s for s, _, at in series.get(hit.run_id, []) if rec.signalled_at <= at <= rec.recovered_at]
-            rows.append((rec.event, f"after step {rec.at_step}; {detect}; recovered after "
-                         f"{rec.recovered_at - rec.signalled_at:.1f} s ({rec.recovered_by}); steps lost 0: run "
-                         f"{hit.run_index} trained {len(steps)} steps meanwhile and went on"))  # fmt: skip
+            rows.append(
+                (
+                    rec.event,
+                    f"after step {rec.at_step}; {detect}; recovered after "
+                    f"{rec.recovered_at - rec.signalled_at:.1f} s ({rec.recovered_by}); steps lost 0: run "
+                    f"{hit.run_index} trained {len(steps)} steps meanwhile and went on",
+                )
+            )
             continue
         after = next((r for r in runs if r.run_id > hit.run_id), None)
         before_steps = [s for s, _, _ in series.get(hit.run_id, [])]
@@ -378,11 +472,18 @@ def fault_rows(task: pb.Task, series: Series, faults: list[FaultRecord]) -> list
         ck = hit.last_checkpoint.step
         resumed_at = after_points[0][0] - 1
         if resumed_at != ck:
-            raise FaultError(f"{rec.event}: run {after.run_index} resumed at step {resumed_at + 1}, but the newest "
-                             f"checkpoint of run {hit.run_index} is step {ck}")  # fmt: skip
+            raise FaultError(
+                f"{rec.event}: run {after.run_index} resumed at step {resumed_at + 1}, but the newest "
+                f"checkpoint of run {hit.run_index} is step {ck}"
+            )
         back = min(at for _, _, at in after_points)
         lost = max(max(before_steps, default=0) - ck, 0)
-        rows.append((rec.event, f"after step {rec.at_step}; {detect}; training again after "
-                     f"{back - rec.signalled_at:.1f} s (run {after.run_index} on nodes {_node_ids(after)}, from "
-                     f"checkpoint {ck}); steps lost {lost}" + "".join(f"; {f}" for f in rec.facts)))  # fmt: skip
+        rows.append(
+            (
+                rec.event,
+                f"after step {rec.at_step}; {detect}; training again after "
+                f"{back - rec.signalled_at:.1f} s (run {after.run_index} on nodes {_node_ids(after)}, from "
+                f"checkpoint {ck}); steps lost {lost}" + "".join(f"; {f}" for f in rec.facts),
+            )
+        )
     return rows

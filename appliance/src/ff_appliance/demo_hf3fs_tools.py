@@ -1,5 +1,8 @@
-"""The tools part of ``fireflyer demo``: the ``hf3fs`` command copies a file in and lists it, and pandas writes
-and reads a parquet file at an ``hf3fs://`` path through the fsspec filesystem."""
+"""The tools part of ``fireflyer demo``: the ``hf3fs`` command and pandas on an ``hf3fs://`` path.
+
+The ``hf3fs`` command copies a file in and lists it, and pandas writes and reads a parquet file at an ``hf3fs://`` path
+through the fsspec filesystem.
+"""
 
 from __future__ import annotations
 
@@ -25,13 +28,24 @@ class ToolsDemoError(Exception):
 async def tools_section(
     addresses: Sequence[str], token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
+    """Run the tools steps with ``token`` (``step`` prints a title, ``say`` a result); blocking work off the loop.
+
+    Raises:
+        ToolsDemoError: a command failed, or what was read back differs from what was written.
+    """
     await asyncio.to_thread(_run, ",".join(addresses), token, step, say)
 
 
 def _hf3fs(mgmtd: str, token: str, *args: str) -> str:
     env = {**os.environ, "FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token}
-    proc = subprocess.run([sys.executable, "-m", "hf3fs", *args], capture_output=True, text=True, env=env,
-                          timeout=CLI_TIMEOUT_S, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf3fs", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
     if proc.returncode != 0:
         raise ToolsDemoError(f"hf3fs {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc.stdout

@@ -1,5 +1,8 @@
-"""The file-system part of ``fireflyer demo``: a tree and a file through hf3fs (meta for names, storage for
-bytes), a rename, a directory quota refusing a write, and a recursive remove to the trash."""
+"""The file-system part of ``fireflyer demo``: files through hf3fs, a rename, a quota, the trash.
+
+A tree and a file through hf3fs (meta for names, storage for bytes), a rename, a directory quota refusing a write, and a
+recursive remove to the trash.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +27,11 @@ class MetaDemoError(Exception):
 async def meta_section(
     addresses: Sequence[str], token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
+    """Run the file-system steps with ``token`` (``step`` prints a title, ``say`` a result); hf3fs off the loop.
+
+    Raises:
+        MetaDemoError: a file read back differs, the quota let a write through, or the tree outlived its removal.
+    """
     await asyncio.to_thread(_run, list(addresses), token, step, say)
 
 
@@ -36,8 +44,10 @@ def _run(addresses: list[str], token: str, step: Callable[[str], None], say: Cal
         with fs.open(f"{top}/data/raw/sample.bin", "wb") as f:
             f.write(payload)
         st = fs.stat(f"{top}/data/raw/sample.bin")
-        say(f"inode {st.inode_id}: {st.size} bytes in chunks of {st.chunk_size >> 20} MiB over {st.stripe_size} "
-            f"chains of table {st.chain_table_id}; meta holds the names, storage the bytes")  # fmt: skip
+        say(
+            f"inode {st.inode_id}: {st.size} bytes in chunks of {st.chunk_size >> 20} MiB over {st.stripe_size} "
+            f"chains of table {st.chain_table_id}; meta holds the names, storage the bytes"
+        )
         with fs.open(f"{top}/data/raw/sample.bin", "rb") as f:
             back = f.read()
         if back != payload:
@@ -72,8 +82,10 @@ def _run(addresses: list[str], token: str, step: Callable[[str], None], say: Cal
         step(f"hf3fs: remove {top} recursively to the trash, then empty it")
         trash_id = fs.rmtree(top)
         entry = next(e for e in fs.trash_list() if e.entry_id == trash_id)
-        say(f"trash entry {trash_id[:12]}... holds {entry.original_path}, kept until "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.expires_at_ns / 1e9))}")  # fmt: skip
+        say(
+            f"trash entry {trash_id[:12]}... holds {entry.original_path}, kept until "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.expires_at_ns / 1e9))}"
+        )
         fs.trash_empty([trash_id])
         if fs.exists(top):
             raise MetaDemoError(f"{top} still exists")

@@ -1,7 +1,10 @@
-"""The scheduler part of ``fireflyer demo``: quotas, submissions at several priorities (AUTO too), the
-queue's reasons, a task bigger than the cluster refused, another user kept out, a suspend and a stop. The
-appliance's nodes are held (disabled) meanwhile, so the tasks stay queued: what is shown is the
-scheduler's bookkeeping and its rules (tasks that run on the agents are in the agent part of the demo)."""
+"""The scheduler part of ``fireflyer demo``: quotas, priorities, the queue's reasons, refusals, a suspend, a stop.
+
+Quotas, submissions at several priorities (AUTO too), the queue's reasons, a task bigger than the cluster refused,
+another user kept out, a suspend and a stop. The appliance's nodes are held (disabled) meanwhile, so the tasks stay
+queued: what is shown is the scheduler's bookkeeping and its rules (tasks that run on the agents are in the agent part
+of the demo).
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,17 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 NUM_STEPS = 3
 USERS = ("sched-alice", "sched-bob")
-LEVEL_NAMES = {50: "EXTREME_HIGH", 40: "VERY_HIGH", 30: "HIGH", 20: "ABOVE_NORMAL", 10: "NORMAL", 8: "UNDER_NORMAL",
-               5: "BELOW_NORMAL", 0: "LOW", -1: "AUTO (not placed yet)"}  # fmt: skip
+LEVEL_NAMES = {
+    50: "EXTREME_HIGH",
+    40: "VERY_HIGH",
+    30: "HIGH",
+    20: "ABOVE_NORMAL",
+    10: "NORMAL",
+    8: "UNDER_NORMAL",
+    5: "BELOW_NORMAL",
+    0: "LOW",
+    -1: "AUTO (not placed yet)",
+}
 TICK_WAIT_S = 5.0
 HELD = "held by fireflyer demo while it shows queued tasks"
 
@@ -30,8 +42,10 @@ class SchedulerDemoError(Exception):
 def _line(t: pb.Task) -> str:
     state = pb.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower()
     reason = pb.QueueReason.Name(t.queue_reason).removeprefix("QUEUE_REASON_").lower()
-    return (f"task {t.task_id} {t.spec.name!r}: {t.spec.num_nodes} nodes, priority "
-            f"{LEVEL_NAMES.get(t.priority, t.priority)}, {state} ({reason})")  # fmt: skip
+    return (
+        f"task {t.task_id} {t.spec.name!r}: {t.spec.num_nodes} nodes, priority "
+        f"{LEVEL_NAMES.get(t.priority, t.priority)}, {state} ({reason})"
+    )
 
 
 async def _settled(user: SchedulerUser, task_ids: list[int]) -> list[pb.Task]:
@@ -72,6 +86,11 @@ async def _refused_as_too_big(alice: SchedulerUser, say: Callable[[str], None]) 
 async def scheduler_section(
     addresses: Sequence[str], admin_token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
+    """Run the scheduler steps as two demo users (``step`` prints a title, ``say`` a result); nodes held meanwhile.
+
+    Raises:
+        SchedulerDemoError: the scheduler accepted what it must refuse or did not place, suspend or stop as shown.
+    """
     mgmtd = MgmtdClient(list(addresses), token=admin_token)
     try:
         address = await scheduler_address(mgmtd)
@@ -88,9 +107,11 @@ async def scheduler_section(
         say(f"quota of {USERS[0]}: HIGH 3 nodes, NORMAL 4 nodes (group default)")
         held = await _hold_nodes(admin)
         say(f"the appliance's nodes {held} are held (disabled) meanwhile, so the tasks wait")
-        specs = [pb.TaskSpec(name="train-high", argv=["python", "train.py"], num_nodes=2, priority=30),
-                 pb.TaskSpec(name="train-auto", argv=["python", "train.py"], num_nodes=2, auto_priority=True),
-                 pb.TaskSpec(name="over-quota", argv=["python", "train.py"], num_nodes=1, priority=20)]  # fmt: skip
+        specs = [
+            pb.TaskSpec(name="train-high", argv=["python", "train.py"], num_nodes=2, priority=30),
+            pb.TaskSpec(name="train-auto", argv=["python", "train.py"], num_nodes=2, auto_priority=True),
+            pb.TaskSpec(name="over-quota", argv=["python", "train.py"], num_nodes=1, priority=20),
+        ]
         ids = [(await alice.call("SubmitTask", pb.SubmitTaskRequest(spec=s))).task.task_id for s in specs]
         tasks = await _settled(alice, ids)
         for t in tasks:
@@ -101,8 +122,10 @@ async def scheduler_section(
         await _refused_as_too_big(alice, say)
 
         step(f"{USERS[1]} cannot see, suspend or stop {USERS[0]}'s tasks")
-        for method, request in (("GetTask", pb.GetTaskRequest(task_id=ids[0])),
-                                ("StopTask", pb.StopTaskRequest(task_id=ids[0]))):  # fmt: skip
+        for method, request in (
+            ("GetTask", pb.GetTaskRequest(task_id=ids[0])),
+            ("StopTask", pb.StopTaskRequest(task_id=ids[0])),
+        ):
             try:
                 await bob.call(method, request)
             except RpcError as err:

@@ -1,5 +1,7 @@
-"""The storage part of ``fireflyer demo``: chunks written through chains of 3, read back from every
-replica, checksums verified by the client."""
+"""The storage part of ``fireflyer demo``: chunks written through chains of 3, read back from every replica.
+
+The client verifies each chunk's checksums.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +26,11 @@ class StorageDemoError(Exception):
 async def storage_section(
     addresses: Sequence[str], token: str, step: Callable[[str], None], say: Callable[[str], None]
 ) -> None:
+    """Write the demo's chunks through the chains and read each back from every replica (``step``, ``say``: output).
+
+    Raises:
+        StorageDemoError: a write was not acknowledged, or a replica returned other bytes than were written.
+    """
     mgmtd = MgmtdClient(list(addresses), token=token)
     client = StorageClient(mgmtd, token)
     try:
@@ -33,10 +40,11 @@ async def storage_section(
         chains = [c.chain_id for c in info.chains]
         payloads = [os.urandom(CHUNK_BYTES) for _ in range(NUM_CHUNKS)]
         writes = [
-            ChunkWrite(chain_id=chains[i % len(chains)], inode_id=DEMO_INODE, chunk_index=i, data=data,
-                       chunk_size=CHUNK_BYTES)
+            ChunkWrite(
+                chain_id=chains[i % len(chains)], inode_id=DEMO_INODE, chunk_index=i, data=data, chunk_size=CHUNK_BYTES
+            )
             for i, data in enumerate(payloads)
-        ]  # fmt: skip
+        ]
         outcomes = await client.batch_write(writes)
         bad = [f"chunk {i}: {o.message or o.status}" for i, o in enumerate(outcomes) if not o.ok]
         if bad:
@@ -50,15 +58,19 @@ async def storage_section(
 
 
 async def _read_every_replica(
-    client: StorageClient, info: pb.RoutingInfo, writes: list[ChunkWrite], payloads: list[bytes],
+    client: StorageClient,
+    info: pb.RoutingInfo,
+    writes: list[ChunkWrite],
+    payloads: list[bytes],
     say: Callable[[str], None],
-) -> None:  # fmt: skip
+) -> None:
     by_chain = {c.chain_id: [t.target_id for t in c.targets] for c in info.chains}
     reads = 0
     for write, payload in zip(writes, payloads, strict=True):
         for target_id in by_chain[write.chain_id]:
-            request = ChunkRead(chain_id=write.chain_id, inode_id=DEMO_INODE, chunk_index=write.chunk_index,
-                                length=CHUNK_BYTES)  # fmt: skip
+            request = ChunkRead(
+                chain_id=write.chain_id, inode_id=DEMO_INODE, chunk_index=write.chunk_index, length=CHUNK_BYTES
+            )
             (got,) = await client.batch_read([request], prefer_target=target_id)
             if not got.ok or got.target_id != target_id or bytes(got.data) != payload:
                 raise StorageDemoError(

@@ -1,11 +1,14 @@
-"""``fireflyer demo``: a user trains the tiny GPT on the cluster, with its data and checkpoints in 3FS; another
-user's higher-priority task preempts it; it resumes from its checkpoint. The full demo then injects faults
-(``demo_faults``): a storage service and an agent SIGKILLed, a rank SIGSTOPped. Every figure printed is read
-back from the scheduler, mgmtd, telemetry or 3FS (the trainer's own log lines come through StreamLogs).
+"""The training part of ``fireflyer demo``: a tiny GPT preempted by another user, resumed from its checkpoint.
+
+A user trains the tiny GPT on the cluster, with its data and checkpoints in 3FS; another user's higher-priority task
+preempts it; it resumes from its checkpoint. The full demo then injects faults (``demo_faults``): a storage service and
+an agent SIGKILLed, a rank SIGSTOPped. Every figure printed is read back from the scheduler, mgmtd, telemetry or 3FS
+(the trainer's own log lines come through StreamLogs).
 
 The trainer is ``examples/gpt`` of this checkout (or ``--example DIR``): its path is given to the agents, which
 run on this machine. A pip-installed appliance has no checkout: it passes ``--example`` with a folder that every
-agent's node can read (a copy of the example, or a 3FS FUSE mount holding it)."""
+agent's node can read (a copy of the example, or a 3FS FUSE mount holding it).
+"""
 
 from __future__ import annotations
 
@@ -77,8 +80,10 @@ class TrainDemoError(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainPlan:
-    """What the demo runs: steps, when the preemption comes, the faults after it (none: ``--quick``, and no
-    reference run either), and the example's folder."""
+    """What the demo runs: steps, when the preemption comes, the faults after it, and the example's folder.
+
+    No faults (``--quick``) means no reference run either.
+    """
 
     example: Path
     num_steps: int
@@ -88,6 +93,7 @@ class TrainPlan:
 
     @property
     def quick(self) -> bool:
+        """``--quick``: no faults, and no reference run to compare the final loss with."""
         return not self.faults
 
     @classmethod
@@ -98,8 +104,9 @@ class TrainPlan:
             raise TrainDemoError(f"no such fault: {', '.join(sorted(unknown))} (the faults: {', '.join(FAULT_KINDS)})")
         kinds = tuple(k for k in FAULT_KINDS if k in faults)
         steps = NUM_STEPS_WITH_FAULTS if {"storage", "hang"} & set(kinds) else NUM_STEPS
-        return cls(example=example, num_steps=steps, preempt_at_step=PREEMPT_AT_STEP, ckpt_every=CKPT_EVERY,
-                   faults=kinds)  # fmt: skip
+        return cls(
+            example=example, num_steps=steps, preempt_at_step=PREEMPT_AT_STEP, ckpt_every=CKPT_EVERY, faults=kinds
+        )
 
 
 @dataclass
@@ -131,9 +138,13 @@ class TrainDemo:
     """The training part of ``fireflyer demo``; ``step`` and ``say`` print (numbered titles, indented lines)."""
 
     def __init__(
-        self, addresses: Sequence[str], admin_token: str, plan: TrainPlan,
-        step: Callable[[str], None], say: Callable[[str], None],
-    ) -> None:  # fmt: skip
+        self,
+        addresses: Sequence[str],
+        admin_token: str,
+        plan: TrainPlan,
+        step: Callable[[str], None],
+        say: Callable[[str], None],
+    ) -> None:
         self.addresses, self.admin_token, self.plan = list(addresses), admin_token, plan
         self.step, self.say = step, say
         self.folder = f"{TRAIN_ROOT}/{TRAINER}/run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -144,6 +155,7 @@ class TrainDemo:
     # ---- set-up: users, quotas, 3FS folders ----
 
     async def setup(self) -> None:
+        """Both users' tokens and quotas (the trainer at NORMAL, the urgent user at HIGH), the trainer's 3FS folder."""
         mgmtd = MgmtdClient(self.addresses, token=self.admin_token)
         try:
             self.scheduler = await scheduler_address(mgmtd)
@@ -175,13 +187,20 @@ class TrainDemo:
             **clean,
             "FF_MGMTD_ADDRESSES": ",".join(self.addresses),
             "FF_TOKEN": self.tokens[user],
+            # hfai reads these over ~/.hfai/conf.json: the CLI runs as this user whatever the machine's config says
             "HFAI_SERVER": self.scheduler,
             "HFAI_TOKEN": self.tokens[user],
-        }  # fmt: skip (over ~/.hfai)
+        }
 
     def _cli(self, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=self._env(user),
-                              timeout=CLI_TIMEOUT_S, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, *argv],
+            capture_output=True,
+            text=True,
+            env=self._env(user),
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
         if proc.returncode != 0:
             raise TrainDemoError(f"{' '.join(argv[1:3])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
         return proc
@@ -210,8 +229,10 @@ class TrainDemo:
         per_node = min(len(n.devices) for n in ready[:NUM_NODES])
         if per_node < 1:
             raise TrainDemoError("the ready nodes list no devices")
-        self.say(f"the trainer runs on {NUM_NODES} nodes x {per_node} ranks (one per device slot): "
-                 f"world size {NUM_NODES * per_node}")  # fmt: skip
+        self.say(
+            f"the trainer runs on {NUM_NODES} nodes x {per_node} ranks (one per device slot): "
+            f"world size {NUM_NODES * per_node}"
+        )
         return per_node
 
     async def data(self) -> str:
@@ -235,18 +256,29 @@ class TrainDemo:
         self.say(f"in 3FS: {target}, {st.size} bytes, owner uid {st.uid}; its folder is mode {mode} (only {TRAINER})")
         return f"hf3fs://{target}"
 
-    def trainer_argv(self, data: str, ckpt: str, metrics_steps: int) -> list[str]:
+    def _trainer_argv(self, data: str, ckpt: str, metrics_steps: int) -> list[str]:
+        """``train.py`` and its options: ``metrics_steps`` steps on ``data``, every checkpoint kept under ``ckpt``."""
         return [
-            str(self.plan.example / "train.py"), "--data", data, "--ckpt", ckpt, "--steps", str(metrics_steps),
-            "--ckpt-every", str(self.plan.ckpt_every), "--log-every", str(LOG_EVERY),  # every checkpoint kept:
-            "--keep", str(self.plan.num_steps // self.plan.ckpt_every + 1), *MODEL_ARGS,
+            str(self.plan.example / "train.py"),
+            "--data", data,
+            "--ckpt", ckpt,
+            "--steps", str(metrics_steps),
+            "--ckpt-every", str(self.plan.ckpt_every),
+            "--log-every", str(LOG_EVERY),
+            "--keep", str(self.plan.num_steps // self.plan.ckpt_every + 1),  # every checkpoint kept
+            *MODEL_ARGS,
         ]  # fmt: skip
 
     async def submit(self, data: str, ckpt: str, name: str) -> _Run:
         """``hfai python train.py ... -- --nodes 2`` as the trainer; the task as the scheduler took it."""
-        script = self.trainer_argv(data, ckpt, self.plan.num_steps)
-        opts = ["--nodes", str(NUM_NODES), "--priority", str(NORMAL), "--name", name, "-e", "OMP_NUM_THREADS=1",
-                "-e", f"FF_HFREDUCE_TIMEOUT_S={HFREDUCE_TIMEOUT_S}"]  # fmt: skip
+        script = self._trainer_argv(data, ckpt, self.plan.num_steps)
+        opts = [
+            "--nodes", str(NUM_NODES),
+            "--priority", str(NORMAL),
+            "--name", name,
+            "-e", "OMP_NUM_THREADS=1",
+            "-e", f"FF_HFREDUCE_TIMEOUT_S={HFREDUCE_TIMEOUT_S}",
+        ]  # fmt: skip
         proc = await asyncio.to_thread(self._cli, TRAINER, "-m", "hfai", "python", *script, "--", *opts)
         self.say(f"$ hfai python {' '.join(script)} -- {' '.join(opts)}")
         for line in proc.stdout.splitlines():
@@ -305,8 +337,7 @@ class TrainDemo:
             run.newest_by_run[run_id] = max(run.newest_by_run.get(run_id, 0), step)
             filled = BAR_WIDTH * min(step, self.plan.num_steps) // self.plan.num_steps
             bar = "#" * filled + "." * (BAR_WIDTH - filled)
-            self.say(f"[{bar}] step {step:>4}/{self.plan.num_steps} loss {float(m.group(2)):.4f} "
-                     f"tokens/s {m.group(3)}")  # fmt: skip
+            self.say(f"[{bar}] step {step:>4}/{self.plan.num_steps} loss {float(m.group(2)):.4f} tokens/s {m.group(3)}")
 
     # ---- preemption ----
 
@@ -315,13 +346,19 @@ class TrainDemo:
         self.step(f"{URGENT} submits a priority-{HIGH} task on {NUM_NODES} nodes: the scheduler preempts the trainer")
         urgent = SchedulerUser(self.scheduler, self.tokens[URGENT], timeout_s=10.0)
         try:
-            spec = pb.TaskSpec(name=URGENT_NAME, argv=["python", "-c", f"import time; time.sleep({URGENT_SECONDS})"],
-                               num_nodes=NUM_NODES, priority=HIGH)  # fmt: skip
+            spec = pb.TaskSpec(
+                name=URGENT_NAME,
+                argv=["python", "-c", f"import time; time.sleep({URGENT_SECONDS})"],
+                num_nodes=NUM_NODES,
+                priority=HIGH,
+            )
             task = (await urgent.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
         finally:
             await urgent.close()
-        self.say(f"task {task.task_id} {URGENT_NAME!r} of {URGENT}: {NUM_NODES} nodes at priority {task.priority}, "
-                 f"{_name(pb.TaskState, task.state)}")  # fmt: skip
+        self.say(
+            f"task {task.task_id} {URGENT_NAME!r} of {URGENT}: {NUM_NODES} nodes at priority {task.priority}, "
+            f"{_name(pb.TaskState, task.state)}"
+        )
         return int(task.task_id)
 
 
@@ -337,8 +374,10 @@ def _suspended(task: pb.Task, run: _Run) -> bool:
 
 
 def _resumed(task: pb.Task, run: _Run) -> bool:
-    """A run after the preempted one is running and has trained a step (not necessarily run 1: a resume that
-    failed to start, a port taken for instance, is followed by another)."""
+    """A run after the preempted one is running and has trained a step.
+
+    Not necessarily run 1: a resume that failed to start (a port taken, for instance) is followed by another.
+    """
     return any(
         r.state == pb.RUN_STATE_RUNNING and any(k[0] == r.run_id and k[1] > 0 for k in run.printed)
         for r in task.runs[1:]
@@ -352,8 +391,10 @@ def _finished(task: pb.Task, run: _Run) -> bool:
 def _at_step(step: int) -> Callable[[pb.Task, _Run], bool]:
     def done(task: pb.Task, run: _Run) -> bool:
         if task.state >= pb.TASK_STATE_SUCCEEDED:
-            raise TrainDemoError(f"task {run.task_id} ended {_name(pb.TaskState, task.state)} before step {step}: "
-                                 f"{task.current_run.end_message}")  # fmt: skip
+            raise TrainDemoError(
+                f"task {run.task_id} ended {_name(pb.TaskState, task.state)} before step {step}: "
+                f"{task.current_run.end_message}"
+            )
         return run.newest_step >= step
 
     return done
@@ -363,8 +404,10 @@ def _at_step(step: int) -> Callable[[pb.Task, _Run], bool]:
 
 
 def read_series(http: str, token: str, task_id: int, metric: str) -> dict[int, list[tuple[int, float, float]]]:
-    """Each run's ``hfai_<metric>`` samples of rank 0 from telemetry (the dashboard's JSON API, as the task's
-    user): run id -> [(step, value, at)] in the order reported."""
+    """Each run's ``hfai_<metric>`` samples of rank 0 from telemetry: run id -> [(step, value, at)] as reported.
+
+    Read through the dashboard's JSON API, as the task's user.
+    """
     url = f"http://{http}/api/tasks/{task_id}/series?metric={metric}"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=10) as resp:
@@ -396,9 +439,13 @@ def _fmt_s(seconds: float) -> str:
 
 
 async def train_section(
-    addresses: Sequence[str], admin_token: str, plan: TrainPlan,
-    step: Callable[[str], None], say: Callable[[str], None], cluster: ClusterHandle | None = None,
-) -> None:  # fmt: skip
+    addresses: Sequence[str],
+    admin_token: str,
+    plan: TrainPlan,
+    step: Callable[[str], None],
+    say: Callable[[str], None],
+    cluster: ClusterHandle | None = None,
+) -> None:
     """The whole training story on the running cluster (see the module docstring); the faults need ``cluster``."""
     demo = TrainDemo(addresses, admin_token, plan, step, say)
     await demo.setup()
@@ -413,11 +460,15 @@ async def train_section(
         urgent_id = await demo.preempt(run)
         task = await demo.follow(user, run, _suspended, "the suspend")
         first = task.runs[0]
-        say(f"run {first.run_index} {_name(pb.RunState, first.state)} ({_name(pb.RunEndReason, first.end_reason)}: "
-            f"{first.end_message}); suspend stage {_name(pb.SuspendStage, first.suspend_stage)}")  # fmt: skip
+        say(
+            f"run {first.run_index} {_name(pb.RunState, first.state)} ({_name(pb.RunEndReason, first.end_reason)}: "
+            f"{first.end_message}); suspend stage {_name(pb.SuspendStage, first.suspend_stage)}"
+        )
         owner = await asyncio.to_thread(_owner, demo, first.last_checkpoint.path)
-        say(f"its checkpoint, as the scheduler counted it: {first.last_checkpoint.path} at step "
-            f"{first.last_checkpoint.step}; in 3FS, owner uid {owner}")  # fmt: skip
+        say(
+            f"its checkpoint, as the scheduler counted it: {first.last_checkpoint.path} at step "
+            f"{first.last_checkpoint.step}; in 3FS, owner uid {owner}"
+        )
         step(f"{URGENT}'s task runs; then the trainer resumes from its checkpoint and continues its loss curve")
         task = await demo.follow(user, run, _resumed, "the resume")
         faults: list[FaultRecord] = []
@@ -428,8 +479,9 @@ async def train_section(
         task = await demo.follow(user, run, _finished, "the end")
         say(f"task {run.task_id}: {_name(pb.TaskState, task.state)} after {task.num_runs} runs")
         if task.state != pb.TASK_STATE_SUCCEEDED:
-            raise TrainDemoError(f"the training task ended {_name(pb.TaskState, task.state)}: "
-                                 f"{task.current_run.end_message}")  # fmt: skip
+            raise TrainDemoError(
+                f"the training task ended {_name(pb.TaskState, task.state)}: {task.current_run.end_message}"
+            )
         urgent_task = await _task_as(demo, URGENT, urgent_id)
         reference = None
         if plan.faults:
@@ -450,13 +502,22 @@ async def train_section(
 async def _inject_faults(
     demo: TrainDemo, cluster: ClusterHandle, user: SchedulerUser, run: _Run, kinds: Sequence[str]
 ) -> list[FaultRecord]:
-    """The faults ``kinds``, one after the other, each once the run it hits has trained a little (and, for those
-    that end it, has a checkpoint of its own); then a node the hang fault cordoned is validated back into
-    scheduling."""
+    """The faults ``kinds``, one after the other, each once the run it hits has trained a little.
+
+    A fault that ends the run also waits for a checkpoint of the run's own. Then a node the hang fault cordoned is
+    validated back into scheduling.
+    """
     mgmtd = MgmtdClient(demo.addresses, token=demo.admin_token)
     admin = SchedulerUser(demo.scheduler, demo.admin_token, timeout_s=10.0)
-    faults = Faults(cluster, mgmtd, admin, lambda: demo.poll(user, run), lambda rid: run.newest_by_run.get(rid, 0),
-                    demo.step, demo.say)  # fmt: skip
+    faults = Faults(
+        cluster,
+        mgmtd,
+        admin,
+        lambda: demo.poll(user, run),
+        lambda rid: run.newest_by_run.get(rid, 0),
+        demo.step,
+        demo.say,
+    )
     records = []
     try:
         for kind, inject in zip(FAULT_KINDS, (faults.storage, faults.agent, faults.hang), strict=True):
@@ -491,10 +552,14 @@ def _owner(demo: TrainDemo, path: str) -> int:
 
 
 def summary(
-    task: pb.Task, urgent: pb.Task, series: dict[int, list[tuple[int, float, float]]],
-    reference: dict[int, list[tuple[int, float, float]]] | None, owner_uid: int, plan: TrainPlan,
+    task: pb.Task,
+    urgent: pb.Task,
+    series: dict[int, list[tuple[int, float, float]]],
+    reference: dict[int, list[tuple[int, float, float]]] | None,
+    owner_uid: int,
+    plan: TrainPlan,
     faults: Sequence[FaultRecord] = (),
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """The table of events and figures; raises TrainDemoError where the facts contradict the story."""
     first = task.runs[0]
     # the resume: the first later run that trained (one that failed before a step does not count)

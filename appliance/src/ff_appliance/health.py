@@ -13,6 +13,8 @@ PROBE_INTERVAL_S = 0.1
 
 
 class Health(enum.StrEnum):
+    """A probe's answer; UNREACHABLE: the check failed (nothing listens there, or no answer within the timeout)."""
+
     SERVING = "SERVING"
     NOT_SERVING = "NOT_SERVING"
     UNREACHABLE = "unreachable"

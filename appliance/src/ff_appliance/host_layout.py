@@ -1,5 +1,8 @@
-"""What ``up`` and ``down`` do about ``--hosts``: choose or reuse the hosts' network, place the plan's instances
-on it, make the namespaces and links before the services start, and remove them after ``down``."""
+"""What ``up`` and ``down`` do about ``--hosts``: the hosts' network, made before the services start, removed after.
+
+Choose or reuse the hosts' network, place the plan's instances on it, make the namespaces and links before the services
+start, and remove them after ``down``.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ HostZones = Sequence[tuple[str, str]]
 def choose_network(
     state: StateDir, num_hosts: int | None, shapes: LinkShapes, zones: HostZones = ()
 ) -> NetworkPlan | None:
-    """The network this ``up`` runs the cluster on: the plan's, a new one for ``--hosts N`` on a new cluster, or
-    None (everything on loopback). Checked before anything is written or started.
+    """The network this ``up`` runs the cluster on, checked before anything is written or started.
+
+    The plan's, a new one for ``--hosts N`` on a new cluster, or None (everything on loopback).
 
     Raises:
         HostsError: ``--hosts`` differs from the plan's, is given for a cluster that runs on loopback, or
@@ -32,8 +36,10 @@ def choose_network(
     if existing is not None and existing.network is not None:
         have = len(existing.network.hosts)
         if num_hosts is not None and num_hosts != have:
-            raise HostsError(f"this cluster runs on {have} hosts (chosen at its first up); --hosts {num_hosts} "
-                             "cannot change that (start a new state folder for another layout)")  # fmt: skip
+            raise HostsError(
+                f"this cluster runs on {have} hosts (chosen at its first up); --hosts {num_hosts} "
+                "cannot change that (start a new state folder for another layout)"
+            )
         hosts.check_can_make()
         return hosts.with_zones(hosts.with_shapes(existing.network, shapes), zones)
     if num_hosts is None:
@@ -41,8 +47,10 @@ def choose_network(
             raise HostsError("--link-shape and --host-zone are about the hosts of --hosts: this cluster has none")
         return None
     if existing is not None:
-        raise HostsError(f"this cluster runs on this machine's loopback (chosen at its first up): --hosts is for a "
-                         f"new cluster (start a new state folder, not {state.root})")  # fmt: skip
+        raise HostsError(
+            f"this cluster runs on this machine's loopback (chosen at its first up): --hosts is for a "
+            f"new cluster (start a new state folder, not {state.root})"
+        )
     hosts.check_can_make()
     return hosts.with_zones(hosts.with_shapes(hosts.new_network(num_hosts, hosts.taken_networks()), shapes), zones)
 
@@ -60,9 +68,12 @@ def apply_network(state: StateDir, plan: ClusterPlan, network: NetworkPlan, out:
         print(f"hosts: made {line}", file=out)
     shaped = [f"{h.name} {h.shape.describe()}" for h in network.hosts if h.shape is not None]
     zoned = [f"{h.name} in zone {h.zone}" for h in network.hosts if h.zone]
-    print(f"hosts: {len(network.hosts)} on {network.subnet}.0/24 (bridge {network.bridge}, "
-          f"{network.bridge_address}){'; shaped: ' + ', '.join(shaped) if shaped else ''}"
-          f"{'; ' + ', '.join(zoned) if zoned else ''}", file=out)  # fmt: skip
+    print(
+        f"hosts: {len(network.hosts)} on {network.subnet}.0/24 (bridge {network.bridge}, "
+        f"{network.bridge_address}){'; shaped: ' + ', '.join(shaped) if shaped else ''}"
+        f"{'; ' + ', '.join(zoned) if zoned else ''}",
+        file=out,
+    )
     return placed
 
 

@@ -1,5 +1,7 @@
-"""``up --hosts N``: the storage and agent instances on N "hosts", each a network namespace of this machine with
-its own address on a veth joined to a bridge, so the data path and the agents' collectives cross real links.
+"""``up --hosts N``: the storage and agent instances on N "hosts", each a network namespace of this machine.
+
+Each host has its own address on a veth joined to a bridge, so the data path and the agents' collectives cross real
+links.
 
 Layout of one cluster's network (every name starts with the cluster's prefix ``ff-<6 hex>``, so ``down``, or a
 crashed test's cleanup, removes exactly what this cluster made):
@@ -56,13 +58,15 @@ class LinkShape:
     delay_ms: float = 0.0
 
     def describe(self) -> str:
+        """The shape as ``--link-shape`` writes it (``rate=100mbit,delay=2ms``); "" for no shape."""
         parts = ([f"rate={self.rate}"] if self.rate else []) + ([f"delay={self.delay_ms:g}ms"] if self.delay_ms else [])
         return ",".join(parts)
 
 
 def parse_link_shape(text: str) -> tuple[str | None, LinkShape | None]:
-    """``--link-shape [HOST:]rate=100mbit,delay=2ms``: the host it is for (None: every host) and the shape
-    (``[HOST:]none``: None, the link unshaped again).
+    """Parse ``--link-shape [HOST:]rate=100mbit,delay=2ms``: the host (None: every host) and the shape.
+
+    ``[HOST:]none`` gives the shape None: the link unshaped again.
 
     Raises:
         HostsError: the text is not that.
@@ -90,8 +94,11 @@ def parse_link_shape(text: str) -> tuple[str | None, LinkShape | None]:
 
 @dataclass(frozen=True, kw_only=True)
 class HostPlan:
-    """One host: its short name (``h1``), its address, the shape of its link (None: as fast as veth goes), and the
-    network zone of its agents ("": the scheduler's default; another zone models a host across a slower link)."""
+    """One host: its short name (``h1``), its address, the shape of its link, and the network zone of its agents.
+
+    A shape of None: as fast as veth goes. Zone "": the scheduler's default; another zone models a host across a slower
+    link.
+    """
 
     name: str
     address: str
@@ -109,19 +116,27 @@ class NetworkPlan:
 
     @property
     def bridge(self) -> str:
+        """The bridge's link name in the root namespace."""
         return f"{self.prefix}-br"
 
     @property
     def bridge_address(self) -> str:
+        """The bridge's address, where the control-plane services listen."""
         return f"{self.subnet}.1"
 
     def host(self, name: str) -> HostPlan:
+        """The host named ``name``.
+
+        Raises:
+            HostsError: the plan has no such host.
+        """
         for host in self.hosts:
             if host.name == name:
                 return host
         raise HostsError(f"the plan has no host named {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
 
     def netns(self, host: str) -> str:
+        """The network namespace of ``host``."""
         return f"{self.prefix}-{host}"
 
     def bridge_link(self, host: str) -> str:
@@ -133,28 +148,40 @@ class NetworkPlan:
         return f"{self.prefix}-{host}p"
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data for plan.json (``from_dict`` reads it back)."""
         return {
-            "prefix": self.prefix, "subnet": self.subnet,
-            "hosts": [{"name": h.name, "address": h.address,
-                       "shape": None if h.shape is None else {"rate": h.shape.rate, "delay_ms": h.shape.delay_ms},
-                       "zone": h.zone}
-                      for h in self.hosts],
-        }  # fmt: skip
+            "prefix": self.prefix,
+            "subnet": self.subnet,
+            "hosts": [
+                {
+                    "name": h.name,
+                    "address": h.address,
+                    "shape": None if h.shape is None else {"rate": h.shape.rate, "delay_ms": h.shape.delay_ms},
+                    "zone": h.zone,
+                }
+                for h in self.hosts
+            ],
+        }
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> NetworkPlan:
         """Raises: KeyError, TypeError, ValueError: not a network plan."""
         hosts = tuple(
-            HostPlan(name=str(h["name"]), address=str(h["address"]),
-                     shape=None if h.get("shape") is None else LinkShape(**h["shape"]), zone=str(h.get("zone", "")))
+            HostPlan(
+                name=str(h["name"]),
+                address=str(h["address"]),
+                shape=None if h.get("shape") is None else LinkShape(**h["shape"]),
+                zone=str(h.get("zone", "")),
+            )
             for h in doc["hosts"]
-        )  # fmt: skip
+        )
         return cls(prefix=str(doc["prefix"]), subnet=str(doc["subnet"]), hosts=hosts)
 
 
 def new_network(num_hosts: int, taken: Iterable[ipaddress.IPv4Network], short_id: str | None = None) -> NetworkPlan:
-    """A new network of ``num_hosts`` hosts on a 10.x.y.0/24 that overlaps none of ``taken`` (this machine's
-    addresses and routes).
+    """A new network of ``num_hosts`` hosts on a 10.x.y.0/24 that overlaps none of ``taken``.
+
+    ``taken``: this machine's addresses and routes (``taken_networks``).
 
     Raises:
         HostsError: ``num_hosts`` is not in 1..MAX_HOSTS, or no free /24 was found.
@@ -169,8 +196,9 @@ def new_network(num_hosts: int, taken: Iterable[ipaddress.IPv4Network], short_id
         candidate = ipaddress.IPv4Network(f"10.{64 + n // 256}.{n % 256}.0/{SUBNET_PREFIX_LEN}")
         if not any(candidate.overlaps(t) for t in taken):
             subnet = str(candidate.network_address).rsplit(".", 1)[0]
-            hosts = tuple(HostPlan(name=f"h{i}", address=f"{subnet}.{HOST_ADDRESS_OFFSET + i}")
-                          for i in range(1, num_hosts + 1))  # fmt: skip
+            hosts = tuple(
+                HostPlan(name=f"h{i}", address=f"{subnet}.{HOST_ADDRESS_OFFSET + i}") for i in range(1, num_hosts + 1)
+            )
             return NetworkPlan(prefix=f"ff-{short_id}", subnet=subnet, hosts=hosts)
     raise HostsError("no free 10.x.y.0/24 for the hosts network: this machine's addresses cover them all")
 
@@ -219,8 +247,10 @@ def instance_index(name: str) -> int:
 
 
 def host_of(service: str, name: str, network: NetworkPlan) -> HostPlan | None:
-    """Where an instance runs: storage and agent instances round-robin over the hosts (``storage-1`` on h1,
-    ``storage-2`` on h2...), so a chain's replicas and a task's nodes are on different hosts; None: on the bridge."""
+    """Where an instance runs: storage and agent instances round-robin over the hosts; None: on the bridge.
+
+    ``storage-1`` on h1, ``storage-2`` on h2..., so a chain's replicas and a task's nodes are on different hosts.
+    """
     if service not in HOSTED_SERVICES:
         return None
     return network.hosts[(instance_index(name) - 1) % len(network.hosts)]
@@ -239,16 +269,24 @@ def check_can_make() -> None:
 
 
 def check_shapes(shapes: Iterable[LinkShape | None]) -> None:
-    """Raises: HostsError: a delay is asked for and this kernel has no ``netem`` (probed in a throwaway namespace,
-    before the shape is kept in the plan)."""
+    """Check that this kernel can apply ``shapes`` before they are kept in the plan.
+
+    A delay needs ``netem``: it is probed in a throwaway namespace.
+
+    Raises:
+        HostsError: a delay is asked for and this kernel has no ``netem``.
+    """
     if not any(s is not None and s.delay_ms for s in shapes):
         return
     probe = f"ff-probe-{secrets.token_hex(3)}"
     _ip(["netns", "add", probe])
     try:
         delay = LinkShape(delay_ms=1)
-        _run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", *qdisc_args(delay)], check=True,
-             hint=_shape_hint(delay))  # fmt: skip
+        _run(
+            ["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", *qdisc_args(delay)],
+            check=True,
+            hint=_shape_hint(delay),
+        )
     finally:
         _run(["ip", "netns", "del", probe], check=False)
 
@@ -273,7 +311,7 @@ def ensure_network(network: NetworkPlan) -> list[str]:
         HostsError: an ``ip`` or ``tc`` command failed (the message has its error).
     """
     done: list[str] = []
-    if not link_exists(network.bridge):
+    if not _link_exists(network.bridge):
         _ip(["link", "add", network.bridge, "type", "bridge"])
         done.append(f"bridge {network.bridge}")
     _ip(["addr", "replace", f"{network.bridge_address}/{SUBNET_PREFIX_LEN}", "dev", network.bridge])
@@ -292,7 +330,7 @@ def add_host(network: NetworkPlan, host: HostPlan) -> bool:
     if not (_NETNS_DIR / netns).exists():
         _ip(["netns", "add", netns])
         made = True
-    if not link_exists(outer):
+    if not _link_exists(outer):
         _ip(["link", "add", outer, "type", "veth", "peer", "name", inner])
         _ip(["link", "set", inner, "netns", netns])
         made = True
@@ -311,8 +349,11 @@ def set_shape(network: NetworkPlan, host: HostPlan) -> None:
         where = ["-n", netns] if netns else []
         _run(["tc", *where, "qdisc", "del", "dev", link, "root"], check=False)
         if host.shape is not None:
-            _run(["tc", *where, "qdisc", "add", "dev", link, "root", *qdisc_args(host.shape)], check=True,
-                 hint=_shape_hint(host.shape))  # fmt: skip
+            _run(
+                ["tc", *where, "qdisc", "add", "dev", link, "root", *qdisc_args(host.shape)],
+                check=True,
+                hint=_shape_hint(host.shape),
+            )
 
 
 def qdisc_args(shape: LinkShape) -> list[str]:
@@ -341,9 +382,11 @@ def _shape_hint(shape: LinkShape) -> str:
 
 
 def remove_network(prefix: str) -> list[str]:
-    """Remove every namespace and link whose name starts with ``<prefix>-`` (the hosts, the bridge, namespaces
-    added for joined machines); what was removed. Processes must be stopped first (a namespace with processes
-    in it lives on until they exit)."""
+    """Remove every namespace and link whose name starts with ``<prefix>-``; what was removed.
+
+    That is the hosts, the bridge, and namespaces added for joined machines. Processes must be stopped first (a
+    namespace with processes in it lives on until they exit).
+    """
     if not prefix.startswith("ff-"):
         raise HostsError(f"{prefix!r} is not a cluster network prefix")
     removed: list[str] = []
@@ -355,13 +398,13 @@ def remove_network(prefix: str) -> list[str]:
         if link.endswith("-br"):
             continue
         _run(["ip", "link", "del", link], check=False)
-    if link_exists(f"{prefix}-br"):
+    if _link_exists(f"{prefix}-br"):
         _run(["ip", "link", "del", f"{prefix}-br"], check=False)
         removed.append(f"{prefix}-br")
     return removed
 
 
-def link_exists(name: str) -> bool:
+def _link_exists(name: str) -> bool:
     return (_SYS_NET / name).exists()
 
 

@@ -1,5 +1,4 @@
-"""``join`` and ``leave``: this machine's agent and/or storage service in a cluster whose control plane runs
-elsewhere.
+"""``join`` and ``leave``: this machine's agent and/or storage in a cluster whose control plane runs elsewhere.
 
 ``join`` keeps a state folder of its own (plan.json with the joined instances, their ports and node ids;
 joined.json with the cluster's mgmtd addresses and the storage disks; secrets/cluster_token), so a second ``join``
@@ -96,17 +95,22 @@ class Devices:
 
     @property
     def num_slots(self) -> int:
+        """Device slots the agent offers: one per GPU, else CPU_DEVICE_SLOTS."""
         return self.num_gpus or CPU_DEVICE_SLOTS
 
 
 def find_devices() -> Devices:
-    """GPUs through NVML (the driver's libnvidia-ml), without importing torch; the agent itself asks torch when it
-    starts (``detect_gpus``) and uses those."""
+    """GPUs through NVML (the driver's libnvidia-ml), without importing torch.
+
+    The agent itself asks torch when it starts (``detect_gpus``) and uses those.
+    """
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
-        return Devices(num_gpus=0, how=f"no GPU (no NVIDIA driver: libnvidia-ml.so.1 not found); "
-                                       f"{CPU_DEVICE_SLOTS} CPU device slots")  # fmt: skip
+        return Devices(
+            num_gpus=0,
+            how=f"no GPU (no NVIDIA driver: libnvidia-ml.so.1 not found); {CPU_DEVICE_SLOTS} CPU device slots",
+        )
     count = ctypes.c_uint(0)
     if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
         return Devices(num_gpus=0, how=f"no GPU (NVML did not initialise); {CPU_DEVICE_SLOTS} CPU device slots")
@@ -126,12 +130,14 @@ def local_address_towards(address: str) -> str:
 
 
 def joined_file(state: StateDir) -> Path:
+    """``joined.json`` of a join's state folder: the cluster's mgmtd addresses and the storage disks."""
     return state.root / "joined.json"
 
 
 async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPlan:
-    """Start this machine's agent and/or storage service into the cluster (again, with the same nodes, when
-    ``state`` has joined before); storage then takes its share of the replicas.
+    """Start this machine's agent and/or storage service into the cluster; storage then takes its share of replicas.
+
+    A ``state`` that has joined before starts the same nodes again.
 
     Raises:
         JoinError: nothing to run, mgmtd unreachable or the token refused, a service did not start or register.
@@ -165,8 +171,9 @@ async def join(state: StateDir, options: JoinOptions, out: TextIO) -> ClusterPla
 
 
 def _storage_disks(state: StateDir, given: tuple[Path, ...]) -> tuple[Path, ...]:
-    """The storage disks of this join: those of an earlier join (a storage node keeps its targets there), or
-    ``given`` the first time.
+    """The storage disks of this join: those of an earlier join, or ``given`` the first time.
+
+    A storage node keeps its targets on its disks, so they cannot change between joins.
 
     Raises:
         JoinError: other disks than before are given.
@@ -175,8 +182,10 @@ def _storage_disks(state: StateDir, given: tuple[Path, ...]) -> tuple[Path, ...]
         return given
     before = tuple(Path(p) for p in read_joined(state).get("storage_disks", []))
     if before and given and given != before:
-        raise JoinError(f"this machine's storage keeps its targets in {', '.join(map(str, before))}: join again "
-                        "with those (or none), or `fireflyer leave` first")  # fmt: skip
+        raise JoinError(
+            f"this machine's storage keeps its targets in {', '.join(map(str, before))}: join again "
+            "with those (or none), or `fireflyer leave` first"
+        )
     return before or given
 
 
@@ -224,8 +233,16 @@ def _join_plan(state: StateDir, options: JoinOptions, address: str) -> ClusterPl
         grpc_port, metrics_port = pick_free_ports(2, used, host=address)
         used |= {grpc_port, metrics_port}
         # node id 0: mgmtd assigns one at the first registration; it is kept here for every later start.
-        instances.append(InstancePlan(name=f"{service}-1", service=service, node_id=0, grpc_port=grpc_port,
-                                      metrics_port=metrics_port, host=address))  # fmt: skip
+        instances.append(
+            InstancePlan(
+                name=f"{service}-1",
+                service=service,
+                node_id=0,
+                grpc_port=grpc_port,
+                metrics_port=metrics_port,
+                host=address,
+            )
+        )
     plan = ClusterPlan(instances=tuple(instances), created_at=existing.created_at if existing else time.time())
     save_plan(state, plan)
     return plan
@@ -234,8 +251,10 @@ def _join_plan(state: StateDir, options: JoinOptions, address: str) -> ClusterPl
 async def _start(
     ctx: LaunchContext, options: JoinOptions, devices: Devices, deadline: float, out: TextIO
 ) -> ClusterPlan:
-    """Start the instances not running (together), wait until each serves; the plan with their node ids. On a
-    failure, what this call started is stopped again."""
+    """Start the instances not running (together) and wait until each serves; the plan with their node ids.
+
+    On a failure, what this call started is stopped again.
+    """
     started: list[tuple[Started, InstancePlan]] = []
     for instance in ctx.plan.instances:
         pid = running_pid(ctx.state.pid_file(instance.name), ctx.state.process_marker(instance.name))
@@ -250,8 +269,9 @@ async def _start(
         for launched, _ in started:
             reap(launched)
         raise
-    plan = replace(ctx.plan, instances=tuple(replace(i, node_id=node_ids.get(i.name, i.node_id))
-                                             for i in ctx.plan.instances))  # fmt: skip
+    plan = replace(
+        ctx.plan, instances=tuple(replace(i, node_id=node_ids.get(i.name, i.node_id)) for i in ctx.plan.instances)
+    )
     if plan != ctx.plan:
         save_plan(ctx.state, plan)
     for launched, instance in started:
@@ -269,8 +289,13 @@ def _launch(ctx: LaunchContext, options: JoinOptions, devices: Devices, instance
     ctx.state.data_dir(spec.name).mkdir(mode=0o700, parents=True, exist_ok=True)
     remove_files([ctx.state.ready_file(instance.name)])
     env = {**options.env, "PYTHONUNBUFFERED": "1"}
-    return start_detached(instance.name, argv, log_file=ctx.state.log_file(instance.name),
-                          pid_file=ctx.state.pid_file(instance.name), env=env)  # fmt: skip
+    return start_detached(
+        instance.name,
+        argv,
+        log_file=ctx.state.log_file(instance.name),
+        pid_file=ctx.state.pid_file(instance.name),
+        env=env,
+    )
 
 
 async def _wait_up(ctx: LaunchContext, launched: Started, instance: InstancePlan, deadline: float) -> int:
@@ -343,8 +368,9 @@ async def leave(state: StateDir, drain_timeout_s: float, out: TextIO) -> None:
             for instance in plan.of_service(STORAGE):
                 info = await replicas.routing(client)
                 try:
-                    moves = replicas.moves_off(replicas.chain_nodes(info), instance.node_id,
-                                               replicas.alive_storage_nodes(info))  # fmt: skip
+                    moves = replicas.moves_off(
+                        replicas.chain_nodes(info), instance.node_id, replicas.alive_storage_nodes(info)
+                    )
                 except replicas.ReplicaError as err:
                     raise JoinError(str(err)) from None
                 await _do_moves(client, token, moves, deadline, out)
@@ -363,8 +389,11 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
     user = SchedulerUser(await scheduler_address(client), token)
     try:
         await user.call("SetNodeEnabled", spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING))
-        print(f"node {node_id}: disabled in the scheduler: no new task goes there, and the runs on it are suspended "
-              "(they checkpoint and queue again for other nodes); waiting until none is left", file=out)  # fmt: skip
+        print(
+            f"node {node_id}: disabled in the scheduler: no new task goes there, and the runs on it are suspended "
+            "(they checkpoint and queue again for other nodes); waiting until none is left",
+            file=out,
+        )
         while True:
             nodes = (await user.call("ListNodes", spb.ListNodesRequest())).nodes
             tasks = [list(n.task_ids) for n in nodes if n.node_id == node_id]
@@ -372,8 +401,10 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
                 print(f"node {node_id}: drained (no run on it)", file=out)
                 return
             if time.monotonic() > deadline:
-                raise JoinError(f"node {node_id} still has runs of tasks {tasks[0]} (stop them, or give a longer "
-                                "--drain-timeout-s); it stays disabled in the scheduler")  # fmt: skip
+                raise JoinError(
+                    f"node {node_id} still has runs of tasks {tasks[0]} (stop them, or give a longer "
+                    "--drain-timeout-s); it stays disabled in the scheduler"
+                )
             await asyncio.sleep(DRAIN_POLL_S)
     finally:
         await user.close()

@@ -80,6 +80,8 @@ class UpOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class UpResult:
+    """What ``up`` brought up: the plan as saved, the cluster's id, and each instance's pid by instance name."""
+
     plan: ClusterPlan
     cluster_id: str
     pids: dict[str, int]
@@ -146,8 +148,10 @@ def _database_urls(
 
 def _hosts_network(state: StateDir, options: UpOptions) -> NetworkPlan | None:
     if joined_file(state).exists():
-        raise ApplianceError(f"{state.root} holds nodes joined to a cluster run elsewhere (`fireflyer join`): give up "
-                             "a state folder of its own")  # fmt: skip
+        raise ApplianceError(
+            f"{state.root} holds nodes joined to a cluster run elsewhere (`fireflyer join`): give up "
+            "a state folder of its own"
+        )
     try:
         return host_layout.choose_network(state, options.hosts, options.link_shapes, options.host_zones)
     except HostsError as err:
@@ -176,11 +180,17 @@ def _prepare_plan(state: StateDir, counts: Mapping[str, int | None], services: S
 
 
 async def _start_all(
-    ctx: LaunchContext, services: Sequence[ServiceSpec], options: UpOptions, deadline: float,
-    started: list[Started], out: TextIO,
-) -> dict[str, int]:  # fmt: skip
-    """Start service after service (mgmtd first); each one's instances together, then wait for them (a
-    service that ``overlaps_next`` is waited for together with the next one)."""
+    ctx: LaunchContext,
+    services: Sequence[ServiceSpec],
+    options: UpOptions,
+    deadline: float,
+    started: list[Started],
+    out: TextIO,
+) -> dict[str, int]:
+    """Start service after service (mgmtd first), each one's instances together, then wait for them.
+
+    A service that ``overlaps_next`` is waited for together with the next one.
+    """
     pids = _running_pids(ctx)
     for name, pid in pids.items():
         print(f"{name}: already running (pid {pid})", file=out)
@@ -234,9 +244,12 @@ def _launch(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan, env: 
     if spec.name in ctx.database_urls:
         child_env[spec.database_env] = ctx.database_urls[spec.name]
     return start_detached(
-        instance.name, command(spec, ctx, instance), log_file=ctx.state.log_file(instance.name),
-        pid_file=ctx.state.pid_file(instance.name), env=child_env,
-    )  # fmt: skip
+        instance.name,
+        command(spec, ctx, instance),
+        log_file=ctx.state.log_file(instance.name),
+        pid_file=ctx.state.pid_file(instance.name),
+        env=child_env,
+    )
 
 
 async def _wait_serving(state: StateDir, launched: Started, instance: InstancePlan, deadline: float) -> None:

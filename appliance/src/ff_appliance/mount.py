@@ -1,5 +1,7 @@
-"""``fireflyer up --mount DIR``: the cluster's 3FS mounted with ``hf3fs mount`` (as the admin); ``down``
-unmounts it before it stops the services. Nothing is mounted unless asked."""
+"""``fireflyer up --mount DIR``: the cluster's 3FS mounted with ``hf3fs mount`` (as the admin).
+
+``down`` unmounts it before it stops the services. Nothing is mounted unless asked.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Moving chain replicas between storage nodes with the cluster's existing admin calls (storage ``CreateTarget``,
-mgmtd ``SetChains``): ``join --storage`` takes a fair share of the replicas onto the new node, ``leave`` moves the
-leaving node's replicas onto the others. A moved replica is a new, empty target at the end of its chain (public
-state offline): mgmtd's chain scan makes it waiting, then syncing, and the chain's serving targets copy every
-chunk to it (storage recovery) until it serves. The old target leaves the chain in the same ``SetChains``.
+"""Moving chain replicas between storage nodes with the cluster's existing admin calls.
+
+The calls are storage ``CreateTarget`` and mgmtd ``SetChains``: ``join --storage`` takes a fair share of the replicas
+onto the new node, ``leave`` moves the leaving node's replicas onto the others. A moved replica is a new, empty target
+at the end of its chain (public state offline): mgmtd's chain scan makes it waiting, then syncing, and the chain's
+serving targets copy every chunk to it (storage recovery) until it serves. The old target leaves the chain in the same
+``SetChains``.
 
 Which replicas move is pure (``moves_onto``, ``moves_off``: unit-tested); ``apply_move`` does the calls.
 """
@@ -45,8 +47,10 @@ class Move:
 
 
 def moves_onto(chains: ChainNodes, new_node: int, storage_nodes: Sequence[int]) -> list[Move]:
-    """Replicas to move onto ``new_node`` so it holds its fair share (all replicas over all nodes, rounded down),
-    each taken from the node holding the most, never into a chain that already has a replica on ``new_node``."""
+    """Replicas to move onto ``new_node`` so it holds its fair share (all replicas over all nodes, rounded down).
+
+    Each is taken from the node holding the most, never into a chain that already has a replica on ``new_node``.
+    """
     load = Counter({n: 0 for n in storage_nodes if n != new_node})
     load.update(n for nodes in chains.values() for n in nodes if n != new_node)
     have = sum(1 for nodes in chains.values() if new_node in nodes)
@@ -66,8 +70,9 @@ def moves_onto(chains: ChainNodes, new_node: int, storage_nodes: Sequence[int]) 
 
 
 def moves_off(chains: ChainNodes, leaving: int, storage_nodes: Sequence[int]) -> list[Move]:
-    """Every replica on ``leaving``, each to the least-loaded node not yet in its chain; dropped (``to_node`` 0)
-    when every other node already is.
+    """Every replica on ``leaving``, each to the least-loaded node not yet in its chain.
+
+    A replica is dropped (``to_node`` 0) when every other node is in its chain already.
 
     Raises:
         ReplicaError: ``leaving`` holds a chain's only replica.
@@ -89,22 +94,29 @@ def moves_off(chains: ChainNodes, leaving: int, storage_nodes: Sequence[int]) ->
 
 
 def chain_nodes(info: mpb.RoutingInfo) -> dict[int, list[int]]:
+    """Chain id -> the storage nodes of its replicas, in chain order (what ``moves_onto`` and ``moves_off`` take)."""
     return {c.chain_id: [t.node_id for t in c.targets] for c in info.chains}
 
 
 def alive_storage_nodes(info: mpb.RoutingInfo) -> list[int]:
-    return sorted(n.node_id for n in info.nodes if n.node_type == common_pb2.NODE_TYPE_STORAGE
-                  and n.status == mpb.NODE_STATUS_ALIVE and n.enabled)  # fmt: skip
+    """The storage nodes that may take replicas (alive and enabled), by node id."""
+    return sorted(
+        n.node_id
+        for n in info.nodes
+        if n.node_type == common_pb2.NODE_TYPE_STORAGE and n.status == mpb.NODE_STATUS_ALIVE and n.enabled
+    )
 
 
 async def routing(mgmtd: MgmtdClient) -> mpb.RoutingInfo:
+    """The routing info mgmtd holds now (chains, targets, nodes)."""
     info: mpb.RoutingInfo = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())).routing_info
     return info
 
 
 async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
-    """Do ``move``: a new target on ``to_node`` (not for a drop), the chain without the old one; the new target's
-    id (0 for a drop). The new target syncs afterwards: see ``wait_serving``.
+    """Do ``move``: a new target on ``to_node`` (not for a drop), the chain without the old one.
+
+    Returns the new target's id (0 for a drop). The new target syncs afterwards: see ``wait_serving``.
 
     Raises:
         ReplicaError: the chain or a node is not there (routing changed meanwhile).
@@ -124,28 +136,47 @@ async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
         if node is None:
             raise ReplicaError(f"node {move.to_node} is not registered")
         new_target_id = await _target_on(node.grpc, token, move.chain_id, move.to_node, info)
-        kept.append(mpb.Target(target_id=new_target_id, node_id=move.to_node,
-                               public_state=mpb.PUBLIC_TARGET_STATE_OFFLINE,
-                               local_state=mpb.LOCAL_TARGET_STATE_OFFLINE))  # fmt: skip
+        kept.append(
+            mpb.Target(
+                target_id=new_target_id,
+                node_id=move.to_node,
+                public_state=mpb.PUBLIC_TARGET_STATE_OFFLINE,
+                local_state=mpb.LOCAL_TARGET_STATE_OFFLINE,
+            )
+        )
     updated = mpb.Chain(chain_id=chain.chain_id, version=chain.version, targets=kept)
     await mgmtd.mgmtd(lambda s: s.SetChains, mpb.SetChainsRequest(chains=[updated]))
     return new_target_id
 
 
 async def _target_on(address: str, token: str, chain_id: int, node_id: int, info: mpb.RoutingInfo) -> int:
-    """A target of ``chain_id`` on storage node ``node_id`` (at ``address``): the one it still holds from an earlier
-    move off it (it syncs what it missed, as a restarted target does; a node holds one target per chain), else a
-    new one, with an id of that node's (``target_id_for``: no other node's target can have it)."""
-    held = await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.ListTargets,
-                           spb.ListTargetsRequest(), token=token, timeout_s=CALL_TIMEOUT_S)  # fmt: skip
+    """A target of ``chain_id`` on storage node ``node_id`` (at ``address``): one it still holds, else a new one.
+
+    The one it still holds from an earlier move off it syncs what it missed, as a restarted target does (a node holds
+    one target per chain). A new one gets an id of that node's (``target_id_for``: no other node's target can have it).
+    """
+    held = await call_once(
+        address,
+        storage_pb2_grpc.StorageServiceStub,
+        lambda s: s.ListTargets,
+        spb.ListTargetsRequest(),
+        token=token,
+        timeout_s=CALL_TIMEOUT_S,
+    )
     for target in held.targets:
         if target.chain_id == chain_id:
             return int(target.target_id)
     used = {int(t.target_id) for t in held.targets} | {t.target_id for c in info.chains for t in c.targets}
     target_id = new_target_id(node_id, used)
     request = spb.CreateTargetRequest(target_id=target_id, chain_id=chain_id, disk_index=0)
-    await call_once(address, storage_pb2_grpc.StorageServiceStub, lambda s: s.CreateTarget, request, token=token,
-                    timeout_s=CALL_TIMEOUT_S)  # fmt: skip
+    await call_once(
+        address,
+        storage_pb2_grpc.StorageServiceStub,
+        lambda s: s.CreateTarget,
+        request,
+        token=token,
+        timeout_s=CALL_TIMEOUT_S,
+    )
     return target_id
 
 

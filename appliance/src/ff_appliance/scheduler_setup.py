@@ -1,5 +1,7 @@
-"""What ``up`` sets up for the scheduler: a user for the hfai CLI with quotas and a fresh token, and the
-lines that tell how to use them."""
+"""What ``up`` sets up for the scheduler: a user for the hfai CLI with quotas and a fresh token.
+
+``ensure_hfai_user`` returns the lines ``up`` prints on how to use them.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ TOKEN_TTL_S = 30 * 24 * 3600.0
 
 
 async def scheduler_address(mgmtd: MgmtdClient) -> str:
+    """The gRPC address of an alive scheduler, from mgmtd's routing info.
+
+    Raises:
+        RuntimeError: no alive scheduler is registered with mgmtd.
+    """
     info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
     for node in info.nodes:
         if node.node_type == common_pb2.NODE_TYPE_SCHEDULER and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
@@ -30,11 +37,15 @@ async def scheduler_address(mgmtd: MgmtdClient) -> str:
 
 
 async def set_quota(address: str, token: str, user: str, level: int, nodes: int, group: str = DEFAULT_GROUP) -> None:
+    """Let ``user`` hold ``nodes`` nodes at once at priority ``level`` in node group ``group`` (an admin token)."""
     quota = scheduler_pb2.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)
     await call_once(
-        address, scheduler_pb2_grpc.SchedulerServiceStub, lambda s: s.SetQuota,
-        scheduler_pb2.SetQuotaRequest(quota=quota), token=token,
-    )  # fmt: skip
+        address,
+        scheduler_pb2_grpc.SchedulerServiceStub,
+        lambda s: s.SetQuota,
+        scheduler_pb2.SetQuotaRequest(quota=quota),
+        token=token,
+    )
 
 
 async def ensure_user(mgmtd: MgmtdClient, name: str) -> None:
@@ -52,8 +63,10 @@ async def ensure_hfai_user(mgmtd: MgmtdClient, cluster_token: str) -> str:
     await ensure_user(mgmtd, HFAI_USER)
     for level, nodes in HFAI_QUOTAS:
         await set_quota(address, cluster_token, HFAI_USER, level, nodes)
-    issued = await mgmtd.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(
-        user_name=HFAI_USER, ttl_s=TOKEN_TTL_S, description="hfai CLI (fireflyer up)"))  # fmt: skip
+    issued = await mgmtd.identity(
+        lambda s: s.IssueToken,
+        mgmtd_pb2.IssueTokenRequest(user_name=HFAI_USER, ttl_s=TOKEN_TTL_S, description="hfai CLI (fireflyer up)"),
+    )
     quotas = ", ".join(f"{n} nodes at {lvl}" for lvl, n in HFAI_QUOTAS)
     return (
         f"at {address}; user {HFAI_USER} ({quotas}) may use the hfai CLI:\n"

@@ -42,10 +42,13 @@ class SchedulerUser:
     async def log_bytes(
         self, task_id: int, node_rank: int, *, run_id: int = 0, offset: int = 0, follow: bool = False
     ) -> bytes:
-        """Node ``node_rank``'s combined log of the run (0: the latest), from byte ``offset``; with ``follow``, until
-        the run ends."""
-        request = pb.StreamLogsRequest(task_id=task_id, node_rank=node_rank, run_id=run_id, offset_bytes=offset,
-                                       follow=follow)  # fmt: skip
+        """Node ``node_rank``'s combined log of the run (0: the latest), from byte ``offset``.
+
+        With ``follow``, it waits for more until the run ends.
+        """
+        request = pb.StreamLogsRequest(
+            task_id=task_id, node_rank=node_rank, run_id=run_id, offset_bytes=offset, follow=follow
+        )
         return b"".join([c.data async for c in self.rpc.stream(self.stub.StreamLogs, request)])
 
     async def log(self, task_id: int, node_rank: int, *, run_id: int = 0, follow: bool = False) -> str:
@@ -53,4 +56,5 @@ class SchedulerUser:
         return (await self.log_bytes(task_id, node_rank, run_id=run_id, follow=follow)).decode(errors="replace")
 
     async def close(self) -> None:
+        """Close the channel; the client cannot be used afterwards."""
         await self.channel.close()

@@ -44,7 +44,7 @@ class LaunchContext:
 
     @property
     def mgmtd_addresses(self) -> list[str]:
-        """gRPC addresses of every mgmtd instance (clients find the primary among them)."""
+        """The gRPC addresses of every mgmtd instance (clients find the primary among them)."""
         return list(self.remote_mgmtd) or [i.grpc_address for i in self.plan.of_service(MGMTD)]
 
 
@@ -54,7 +54,7 @@ ArgsBuilder = Callable[[LaunchContext, InstancePlan], list[str]]
 ClusterStep = Callable[[MgmtdClient, str], Awaitable[str]]
 
 
-def no_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
+def _no_args(ctx: LaunchContext, instance: InstancePlan) -> list[str]:
     return []
 
 
@@ -81,7 +81,7 @@ class ServiceSpec:
     node_type: common_pb2.NodeType.ValueType
     default_count: int = 1
     scalable: bool = False
-    args: ArgsBuilder = no_args
+    args: ArgsBuilder = _no_args
     configure: ClusterStep | None = None
     overlaps_next: bool = False
     keeps_database: bool = False
@@ -93,6 +93,7 @@ class ServiceSpec:
 
     @property
     def node_type_name(self) -> str:
+        """The node type without its prefix (``STORAGE``), as ``status`` shows it."""
         return common_pb2.NodeType.Name(self.node_type).removeprefix("NODE_TYPE_")
 
 
@@ -248,6 +249,11 @@ def command(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan) -> li
 
 
 def spec_for(instance: InstancePlan, services: Sequence[ServiceSpec] = SERVICES) -> ServiceSpec:
+    """The spec of the service ``instance`` is of.
+
+    Raises:
+        KeyError: the appliance runs no such service (a plan written by another version).
+    """
     for spec in services:
         if spec.name == instance.service:
             return spec

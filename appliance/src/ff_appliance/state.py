@@ -32,18 +32,22 @@ class StateDir:
 
     @property
     def plan_file(self) -> Path:
+        """``plan.json``: the cluster plan (instances, ports, node ids, hosts' network), replaced atomically."""
         return self.root / "plan.json"
 
     @property
     def secrets_dir(self) -> Path:
+        """The folder of the secrets, mode 0700 (``create_dirs``)."""
         return self.root / "secrets"
 
     @property
     def cluster_token_file(self) -> Path:
+        """The service-to-service token (``ensure_cluster_token``), mode 0600."""
         return self.secrets_dir / "cluster_token"
 
     @property
     def admin_token_file(self) -> Path:
+        """A token of the ``admin`` user (``admin.ensure_admin_token``), mode 0600."""
         return self.secrets_dir / "admin_token"
 
     @property
@@ -53,14 +57,17 @@ class StateDir:
 
     @property
     def logs_dir(self) -> Path:
+        """Each instance's stdout and stderr, appended across restarts (``log_file``)."""
         return self.root / "logs"
 
     @property
     def run_dir(self) -> Path:
+        """Runtime files: pid files, ready files, the lock."""
         return self.root / "run"
 
     @property
     def lock_file(self) -> Path:
+        """Held while ``up``, ``down``, ``join`` or ``leave`` changes the cluster, so two never interleave."""
         return self.run_dir / "appliance.lock"
 
     def data_dir(self, service: str) -> Path:
@@ -68,12 +75,15 @@ class StateDir:
         return self.root / service
 
     def log_file(self, instance: str) -> Path:
+        """An instance's log file in ``logs_dir``."""
         return self.logs_dir / f"{instance}.log"
 
     def pid_file(self, instance: str) -> Path:
+        """The pid of a running instance (``supervisor.running_pid`` checks it is still ours)."""
         return self.run_dir / f"{instance}.pid"
 
     def ready_file(self, instance: str) -> Path:
+        """Written by the instance once it serves and is registered (``--ready-file``); removed before each start."""
         return self.run_dir / f"{instance}.ready.json"
 
     def process_marker(self, instance: str) -> str:
@@ -81,6 +91,7 @@ class StateDir:
         return str(self.ready_file(instance))
 
     def create_dirs(self) -> None:
+        """Make the folders of the layout (secrets 0700); nothing that exists changes."""
         for path in (self.root, self.logs_dir, self.run_dir):
             path.mkdir(parents=True, exist_ok=True)
         self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -100,14 +111,17 @@ class InstancePlan:
 
     @property
     def grpc_address(self) -> str:
+        """``host:port`` of its gRPC server."""
         return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_address(self) -> str:
+        """``host:port`` of its Prometheus metrics server."""
         return f"{self.host}:{self.metrics_port}"
 
     @property
     def metrics_url(self) -> str:
+        """The URL Prometheus scrapes."""
         return f"http://{self.metrics_address}/metrics"
 
 
@@ -120,17 +134,27 @@ class ClusterPlan:
     network: NetworkPlan | None = None  # ``up --hosts``: the hosts' network; None: everything on loopback
 
     def of_service(self, service: str) -> list[InstancePlan]:
+        """The instances of ``service``, in plan order (``<service>-1`` first)."""
         return [i for i in self.instances if i.service == service]
 
     def find(self, name: str) -> InstancePlan:
+        """The instance named ``name``.
+
+        Raises:
+            PlanError: the plan has no such instance.
+        """
         for instance in self.instances:
             if instance.name == name:
                 return instance
         raise PlanError(f"the plan has no instance named {name!r}")
 
     def to_json(self) -> str:
-        doc = {"format_version": PLAN_FORMAT_VERSION, "created_at": self.created_at,
-               "instances": [asdict(i) for i in self.instances]}  # fmt: skip
+        """The plan as plan.json holds it, with its format version (``from_json`` reads it back)."""
+        doc = {
+            "format_version": PLAN_FORMAT_VERSION,
+            "created_at": self.created_at,
+            "instances": [asdict(i) for i in self.instances],
+        }
         if self.network is not None:
             doc["network"] = self.network.to_dict()
         return json.dumps(doc, indent=2) + "\n"
@@ -188,8 +212,15 @@ def extend_plan(
         for index in range(len(have) + 1, want + 1):
             grpc_port, metrics_port = pick_ports(2, used_ports)
             used_ports |= {grpc_port, metrics_port}
-            instances.append(InstancePlan(name=f"{service}-{index}", service=service, node_id=next_node_id,
-                                          grpc_port=grpc_port, metrics_port=metrics_port))  # fmt: skip
+            instances.append(
+                InstancePlan(
+                    name=f"{service}-{index}",
+                    service=service,
+                    node_id=next_node_id,
+                    grpc_port=grpc_port,
+                    metrics_port=metrics_port,
+                )
+            )
             next_node_id += 1
     if existing is not None and len(instances) == len(existing.instances):
         return existing
@@ -199,9 +230,11 @@ def extend_plan(
 
 
 def place_on_hosts(plan: ClusterPlan, network: NetworkPlan) -> ClusterPlan:
-    """``plan`` on ``network``'s hosts: every instance still on loopback (all of a new plan, those a later ``up``
-    added) moves to its host (storage and agent instances, see ``hosts.host_of``) or to the bridge address (the
-    others, so the hosts reach them); placed instances stay where they are. Ports and node ids are kept."""
+    """``plan`` on ``network``'s hosts; placed instances stay where they are, and ports and node ids are kept.
+
+    Every instance still on loopback (all of a new plan, those a later ``up`` added) moves to its host (storage and
+    agent instances, see ``hosts.host_of``) or to the bridge address (the others, so the hosts reach them).
+    """
     placed: list[InstancePlan] = []
     for instance in plan.instances:
         host = host_of(instance.service, instance.name, network)
@@ -220,6 +253,7 @@ def load_plan(state: StateDir) -> ClusterPlan | None:
 
 
 def save_plan(state: StateDir, plan: ClusterPlan) -> None:
+    """Write the plan to ``plan.json`` atomically (a crash leaves the old plan or the new one, never half of one)."""
     _write_atomic(state.plan_file, plan.to_json(), mode=0o644)
 
 
@@ -230,6 +264,7 @@ def write_secret(path: Path, value: str) -> None:
 
 
 def read_secret(path: Path) -> str | None:
+    """A secret's value, stripped; None if the file is missing or empty."""
     try:
         return path.read_text().strip() or None
     except FileNotFoundError:
@@ -246,6 +281,7 @@ def ensure_cluster_token(state: StateDir) -> str:
 
 
 def remove_files(paths: Iterable[Path]) -> None:
+    """Remove each file; a missing one is not an error."""
     for path in paths:
         path.unlink(missing_ok=True)
 

@@ -37,6 +37,7 @@ class ServiceRow:
 
     @property
     def running(self) -> bool:
+        """Whether its recorded process still runs (the pid file names a live process of ours)."""
         return self.pid is not None
 
 
@@ -55,6 +56,11 @@ class NodeRow:
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterStatus:
+    """What ``fireflyer status`` reports: each planned instance as probed, and the nodes as the primary mgmtd sees them.
+
+    ``routing_error`` is set when mgmtd could not be asked (then ``nodes`` is empty).
+    """
+
     state_dir: str
     cluster_id: str
     routing_version: int
@@ -82,17 +88,21 @@ class ClusterStatus:
 
     @property
     def healthy(self) -> bool:
+        """No problems: every instance runs and serves, one mgmtd is primary, every node is alive."""
         return not self.problems()
 
     def to_dict(self) -> dict[str, Any]:
+        """The status as JSON-ready data (``status --json``), with ``healthy`` and ``problems``."""
         return {**asdict(self), "healthy": self.healthy, "problems": self.problems()}
 
 
 async def collect_status(
     state: StateDir, plan: ClusterPlan, cluster_token: str, mgmtd_addresses: Sequence[str] = ()
 ) -> ClusterStatus:
-    """Probe every planned instance and ask mgmtd for the nodes (never raises on a down service); mgmtd is the
-    plan's, or ``mgmtd_addresses`` (the cluster a ``join`` state folder joined)."""
+    """Probe every planned instance and ask mgmtd for the nodes; never raises on a down service.
+
+    mgmtd is the plan's, or ``mgmtd_addresses`` (the cluster a ``join`` state folder joined).
+    """
     rows = await asyncio.gather(*(_service_row(state, i) for i in plan.instances))
     addresses = list(mgmtd_addresses) or [i.grpc_address for i in plan.of_service(MGMTD)]
     names = {i.node_id: i.name for i in plan.instances}
@@ -100,14 +110,25 @@ async def collect_status(
     try:
         resp = await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
     except RpcError as err:
-        return ClusterStatus(state_dir=str(state.root), cluster_id="", routing_version=0, services=tuple(rows),
-                             nodes=(), routing_error=f"{err.code.name}: {err.details}")  # fmt: skip
+        return ClusterStatus(
+            state_dir=str(state.root),
+            cluster_id="",
+            routing_version=0,
+            services=tuple(rows),
+            nodes=(),
+            routing_error=f"{err.code.name}: {err.details}",
+        )
     finally:
         await client.close()
     info = resp.routing_info
     nodes = tuple(_node_row(n, names, time.time()) for n in info.nodes)
-    return ClusterStatus(state_dir=str(state.root), cluster_id=info.cluster_id, routing_version=info.version,
-                         services=tuple(rows), nodes=nodes)  # fmt: skip
+    return ClusterStatus(
+        state_dir=str(state.root),
+        cluster_id=info.cluster_id,
+        routing_version=info.version,
+        services=tuple(rows),
+        nodes=nodes,
+    )
 
 
 async def _service_row(state: StateDir, instance: InstancePlan) -> ServiceRow:
@@ -115,19 +136,29 @@ async def _service_row(state: StateDir, instance: InstancePlan) -> ServiceRow:
     health = await check_health(instance.grpc_address)
     primary = await is_primary(instance.grpc_address) if instance.service == MGMTD else None
     return ServiceRow(
-        instance=instance.name, service=instance.service, node_id=instance.node_id, pid=pid,
-        grpc_address=instance.grpc_address, metrics_url=instance.metrics_url, health=health, primary=primary,
+        instance=instance.name,
+        service=instance.service,
+        node_id=instance.node_id,
+        pid=pid,
+        grpc_address=instance.grpc_address,
+        metrics_url=instance.metrics_url,
+        health=health,
+        primary=primary,
         host=instance.host_name,
-    )  # fmt: skip
+    )
 
 
 async def is_primary(address: str) -> bool | None:
     """Whether the mgmtd instance at ``address`` holds the lease; None if it does not answer."""
     try:
         resp = await call_once(
-            address, mgmtd_pb2_grpc.MgmtdServiceStub, lambda s: s.GetPrimary, mgmtd_pb2.GetPrimaryRequest(),
-            token="", timeout_s=CALL_TIMEOUT_S,
-        )  # fmt: skip
+            address,
+            mgmtd_pb2_grpc.MgmtdServiceStub,
+            lambda s: s.GetPrimary,
+            mgmtd_pb2.GetPrimaryRequest(),
+            token="",
+            timeout_s=CALL_TIMEOUT_S,
+        )
     except RpcError:
         return None
     return bool(resp.is_primary)
@@ -135,14 +166,18 @@ async def is_primary(address: str) -> bool | None:
 
 def _node_row(node: mgmtd_pb2.Node, names: dict[int, str], now: float) -> NodeRow:
     return NodeRow(
-        node_id=node.node_id, node_type=node_type_name(node.node_type), instance=names.get(node.node_id, "-"),
-        hostname=node.hostname, status=mgmtd_pb2.NodeStatus.Name(node.status).removeprefix("NODE_STATUS_"),
+        node_id=node.node_id,
+        node_type=node_type_name(node.node_type),
+        instance=names.get(node.node_id, "-"),
+        hostname=node.hostname,
+        status=mgmtd_pb2.NodeStatus.Name(node.status).removeprefix("NODE_STATUS_"),
         enabled=node.enabled,
         heartbeat_age_s=max(0.0, now - node.last_heartbeat_at) if node.last_heartbeat_at > 0 else None,
-    )  # fmt: skip
+    )
 
 
 def node_type_name(value: int) -> str:
+    """A ``common_pb2.NodeType`` value without its prefix (``STORAGE``)."""
     return common_pb2.NodeType.Name(common_pb2.NodeType.ValueType(value)).removeprefix("NODE_TYPE_")
 
 
@@ -168,14 +203,26 @@ def render_status(status: ClusterStatus) -> str:
     on_hosts = any(s.host for s in status.services)
     services = format_table(
         ["instance", "pid", "running", "gRPC", "health", "primary", *(["host"] if on_hosts else [])],
-        [[s.instance, s.pid, s.running, s.grpc_address, s.health, s.primary, *([s.host or "bridge"] if on_hosts
-          else [])] for s in status.services],
-    )  # fmt: skip
+        [
+            [
+                s.instance,
+                s.pid,
+                s.running,
+                s.grpc_address,
+                s.health,
+                s.primary,
+                *([s.host or "bridge"] if on_hosts else []),
+            ]
+            for s in status.services
+        ],
+    )
     nodes = format_table(
         ["node", "type", "instance", "hostname", "status", "enabled", "last heartbeat"],
-        [[n.node_id, n.node_type, n.instance, n.hostname, n.status, n.enabled, _age(n.heartbeat_age_s)]
-         for n in status.nodes],
-    )  # fmt: skip
+        [
+            [n.node_id, n.node_type, n.instance, n.hostname, n.status, n.enabled, _age(n.heartbeat_age_s)]
+            for n in status.nodes
+        ],
+    )
     problems = status.problems()
     verdict = "healthy" if not problems else "NOT healthy:\n" + "\n".join(f"  - {p}" for p in problems)
     return f"{head}\n\nservices\n{services}\n\nnodes\n{nodes}\n\n{verdict}"

@@ -1,5 +1,7 @@
-"""The appliance's storage step: chains of 3 replicas over the storage services, then wait until every
-target serves (after a restart, targets go through recovery first)."""
+"""The appliance's storage step: chains of 3 replicas over the storage services, then every target serving.
+
+After a restart, targets go through recovery first.
+"""
 
 from __future__ import annotations
 

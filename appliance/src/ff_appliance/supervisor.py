@@ -34,6 +34,7 @@ class Started:
 
     @property
     def pid(self) -> int:
+        """The started process's pid, as its pid file records it."""
         return self.process.pid
 
 
@@ -46,15 +47,20 @@ def start_detached(
         log.write(f"\n{START_MARKER} {name} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         log.flush()
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(env) if env is not None else None, close_fds=True,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+            close_fds=True,
+        )
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(f"{process.pid}\n")
     return Started(name, process, log_file)
 
 
-def read_pid(pid_file: Path) -> int | None:
+def _read_pid(pid_file: Path) -> int | None:
     try:
         return int(pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
@@ -89,7 +95,7 @@ def process_matches(pid: int, marker: str) -> bool:
 
 def running_pid(pid_file: Path, marker: str) -> int | None:
     """The pid recorded in ``pid_file`` if that process still runs and is the one we started."""
-    pid = read_pid(pid_file)
+    pid = _read_pid(pid_file)
     if pid is None or not pid_alive(pid) or not process_matches(pid, marker):
         return None
     return pid

@@ -17,6 +17,11 @@ async def telemetry_endpoints(mgmtd: MgmtdClient) -> dict[str, str]:
 
 
 async def describe(mgmtd: MgmtdClient, cluster_token: str) -> str:
+    """The lines ``up`` prints about telemetry: the dashboard, the collector and the federate endpoint.
+
+    Raises:
+        RuntimeError: no telemetry instance with an http endpoint is registered with mgmtd.
+    """
     endpoints = await telemetry_endpoints(mgmtd)
     if "http" not in endpoints:
         raise RuntimeError("no telemetry instance with an http endpoint is registered with mgmtd")

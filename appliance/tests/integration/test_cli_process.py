@@ -19,16 +19,25 @@ def fireflyer(
     *args: str, env: dict[str, str] | None = None, stdout: int = subprocess.PIPE
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ff_appliance", *args], env=clean_env(env), stdout=stdout,
-        stderr=subprocess.PIPE, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "ff_appliance", *args],
+        env=clean_env(env),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(
     ("uid", "says"),
-    [("-7", "-7 is not a positive number"), ("0", "0 is root's"), ("4294967295", "is above 4294967294"),
-     ("x", "'x' is not a number")],
-)  # fmt: skip
+    [
+        ("-7", "-7 is not a positive number"),
+        ("0", "0 is root's"),
+        ("4294967295", "is above 4294967294"),
+        ("x", "'x' is not a number"),
+    ],
+)
 def test_bad_uid_is_a_usage_error_before_any_call(tmp_path: Path, uid: str, says: str) -> None:
     done = fireflyer("user", "add", "carol", "--uid", uid, "--state-dir", str(tmp_path), "--mgmtd", "127.0.0.1:1")
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -33,9 +33,12 @@ time.sleep(60)
 def _start(tmp_path: Path, mode: str) -> tuple[Started, Path]:
     ready = tmp_path / f"{mode}.ready.json"
     started = start_detached(
-        mode, [sys.executable, "-c", CHILD, str(ready), mode], log_file=tmp_path / "logs" / f"{mode}.log",
-        pid_file=tmp_path / "run" / f"{mode}.pid", env={"PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+        mode,
+        [sys.executable, "-c", CHILD, str(ready), mode],
+        log_file=tmp_path / "logs" / f"{mode}.log",
+        pid_file=tmp_path / "run" / f"{mode}.pid",
+        env={"PYTHONUNBUFFERED": "1"},
+    )
     return started, ready
 
 
@@ -66,9 +69,11 @@ async def test_an_early_exit_names_the_log_and_shows_this_start_only(tmp_path: P
     log = tmp_path / "crash.log"
     log.write_text("old run line\n")
     started = start_detached(
-        "crash", [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"], log_file=log,
+        "crash",
+        [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"],
+        log_file=log,
         pid_file=tmp_path / "crash.pid",
-    )  # fmt: skip
+    )
     with pytest.raises(SupervisorError) as exc:
         await wait_ready_file(started, tmp_path / "never.json", time.monotonic() + 10)
     message = str(exc.value)
@@ -80,9 +85,11 @@ async def test_an_early_exit_names_the_log_and_shows_this_start_only(tmp_path: P
 
 async def test_not_ready_in_time(tmp_path: Path) -> None:
     started = start_detached(
-        "slow", [sys.executable, "-c", "import time; time.sleep(30)"], log_file=tmp_path / "slow.log",
+        "slow",
+        [sys.executable, "-c", "import time; time.sleep(30)"],
+        log_file=tmp_path / "slow.log",
         pid_file=tmp_path / "slow.pid",
-    )  # fmt: skip
+    )
     try:
         with pytest.raises(SupervisorError, match="slow did not become ready in time"):
             await wait_ready_file(started, tmp_path / "never.json", time.monotonic() + 0.3)

@@ -25,10 +25,21 @@ def test_up_options() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["up", "--mgmtd", "0"], ["up", "--mgmtd", "x"], ["frob"], ["user"], ["user", "add"],
-     ["group", "add-member", "g"], ["token", "revoke"], ["status", "--bogus"], ["demo", "--faults", "fire"],
-     ["demo", "--faults", ","], ["demo", "--quick", "--faults", "agent"]],
-)  # fmt: skip
+    [
+        [],
+        ["up", "--mgmtd", "0"],
+        ["up", "--mgmtd", "x"],
+        ["frob"],
+        ["user"],
+        ["user", "add"],
+        ["group", "add-member", "g"],
+        ["token", "revoke"],
+        ["status", "--bogus"],
+        ["demo", "--faults", "fire"],
+        ["demo", "--faults", ","],
+        ["demo", "--quick", "--faults", "agent"],
+    ],
+)
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         run(argv, {}, io.StringIO(), io.StringIO())

@@ -32,7 +32,13 @@ def test_each_service_gets_its_schema_first_on_the_search_path() -> None:
     urls = database.service_urls("postgresql://u:p%40ss@h:5433/db?sslmode=require", ["mgmtd", "meta"])
     mgmtd = make_url(urls["mgmtd"])
     assert (mgmtd.drivername, mgmtd.username, mgmtd.password, mgmtd.host, mgmtd.port, mgmtd.database) == (
-        "postgresql+psycopg", "u", "p@ss", "h", 5433, "db")  # fmt: skip
+        "postgresql+psycopg",
+        "u",
+        "p@ss",
+        "h",
+        5433,
+        "db",
+    )
     assert dict(mgmtd.query) == {"sslmode": "require", "options": "-csearch_path=fireflyer_mgmtd"}
     assert make_url(urls["meta"]).query["options"] == "-csearch_path=fireflyer_meta"
 

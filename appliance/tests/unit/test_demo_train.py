@@ -54,12 +54,19 @@ def test_only_rank_0_progress_lines_are_shown_once() -> None:
 
 
 def _task(resume_step: int) -> tuple[pb.Task, dict[int, list[tuple[int, float, float]]]]:
-    first = pb.Run(run_id=1, started_at=10, suspend_requested_at=20, ended_at=21,
-                   last_checkpoint=pb.Checkpoint(path="/d/MANIFEST.json", step=3, committed_at=20.5))  # fmt: skip
+    first = pb.Run(
+        run_id=1,
+        started_at=10,
+        suspend_requested_at=20,
+        ended_at=21,
+        last_checkpoint=pb.Checkpoint(path="/d/MANIFEST.json", step=3, committed_at=20.5),
+    )
     second = pb.Run(run_id=2, run_index=1, started_at=30, ended_at=40)
     task = pb.Task(task_id=1, uid=1000, runs=[first, second])
-    series = {1: [(s, 5.0 - s * 0.5, 10.0 + s) for s in (1, 2, 3)],
-              2: [(s, 5.0 - s * 0.5, 30.0 + s) for s in range(resume_step, 7)]}  # fmt: skip
+    series = {
+        1: [(s, 5.0 - s * 0.5, 10.0 + s) for s in (1, 2, 3)],
+        2: [(s, 5.0 - s * 0.5, 30.0 + s) for s in range(resume_step, 7)],
+    }
     return task, series
 
 
@@ -84,21 +91,45 @@ def _faulted_task() -> tuple[pb.Task, dict[int, list[tuple[int, float, float]]]]
     """Run 2 lost its agent at step 14 (checkpoint 12, trained to 15); run 3 resumed at 13."""
     node = pb.AssignedNode
     runs = [
-        pb.Run(run_id=2, run_index=1, started_at=30, ended_at=50, end_reason=pb.RUN_END_REASON_NODE_LOST,
-               last_checkpoint=pb.Checkpoint(step=12), nodes=[node(node_id=5), node(node_id=6, node_rank=1)]),
+        pb.Run(
+            run_id=2,
+            run_index=1,
+            started_at=30,
+            ended_at=50,
+            end_reason=pb.RUN_END_REASON_NODE_LOST,
+            last_checkpoint=pb.Checkpoint(step=12),
+            nodes=[node(node_id=5), node(node_id=6, node_rank=1)],
+        ),
         pb.Run(run_id=3, run_index=2, started_at=55, nodes=[node(node_id=5), node(node_id=7, node_rank=1)]),
-    ]  # fmt: skip
+    ]
     series = {2: [(s, 1.0, 30.0 + s) for s in range(4, 16)], 3: [(s, 1.0, 60.0 + s) for s in range(13, 21)]}
     return pb.Task(task_id=1, runs=runs), series
 
 
 def test_fault_rows_state_detection_recovery_and_steps_lost() -> None:
     task, series = _faulted_task()
-    storage = FaultRecord(kind="storage", event="storage-3 SIGKILLed", signalled_at=35.0, at_step=5, run_id=2,
-                          node_id=9, detected_at=38.0, detected_by="mgmtd", recovered_at=40.5,
-                          recovered_by="mgmtd")  # fmt: skip
-    agent = FaultRecord(kind="agent", event="agent-2 SIGKILLed", signalled_at=44.0, at_step=14, run_id=2, node_id=6,
-                        detected_at=54.0, detected_by="scheduler: NODE_LOST")  # fmt: skip
+    storage = FaultRecord(
+        kind="storage",
+        event="storage-3 SIGKILLed",
+        signalled_at=35.0,
+        at_step=5,
+        run_id=2,
+        node_id=9,
+        detected_at=38.0,
+        detected_by="mgmtd",
+        recovered_at=40.5,
+        recovered_by="mgmtd",
+    )
+    agent = FaultRecord(
+        kind="agent",
+        event="agent-2 SIGKILLed",
+        signalled_at=44.0,
+        at_step=14,
+        run_id=2,
+        node_id=6,
+        detected_at=54.0,
+        detected_by="scheduler: NODE_LOST",
+    )
     rows = dict(fault_rows(task, series, [storage, agent]))
     assert "recovered after 5.5 s" in rows["storage-3 SIGKILLed"] and "steps lost 0" in rows["storage-3 SIGKILLed"]
     text = rows["agent-2 SIGKILLed"]
@@ -115,8 +146,12 @@ def test_fault_rows_refuse_a_resume_at_another_step_than_the_checkpoint() -> Non
 
 
 def test_the_rank_is_found_by_the_environment_the_agent_gave_it(tmp_path: Path) -> None:
-    environs = {11: "MARSV2_RUN_ID=7\0RANK=1\0LOCAL_RANK=1\0", 12: "MARSV2_RUN_ID=7\0RANK=1\0LOCAL_RANK=0\0",
-                13: "MARSV2_RUN_ID=8\0RANK=1\0LOCAL_RANK=1\0", 14: "MARSV2_RUN_ID=7\0LOCAL_RANK=1\0RANK=1"}  # fmt: skip
+    environs = {
+        11: "MARSV2_RUN_ID=7\0RANK=1\0LOCAL_RANK=1\0",
+        12: "MARSV2_RUN_ID=7\0RANK=1\0LOCAL_RANK=0\0",
+        13: "MARSV2_RUN_ID=8\0RANK=1\0LOCAL_RANK=1\0",
+        14: "MARSV2_RUN_ID=7\0LOCAL_RANK=1\0RANK=1",
+    }
     for pid, env in environs.items():
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "environ").write_bytes(env.encode())

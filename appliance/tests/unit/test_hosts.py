@@ -40,8 +40,10 @@ def test_new_network_names_and_addresses() -> None:
     assert net.bridge_address == f"{net.subnet}.1"
     assert [(h.name, h.address) for h in net.hosts] == [(f"h{i}", f"{net.subnet}.{10 + i}") for i in (1, 2, 3)]
     assert (net.netns("h2"), net.bridge_link("h2"), net.host_link("h2")) == (
-        "ff-0a0b0c-h2", "ff-0a0b0c-h2v", "ff-0a0b0c-h2p",
-    )  # fmt: skip
+        "ff-0a0b0c-h2",
+        "ff-0a0b0c-h2v",
+        "ff-0a0b0c-h2p",
+    )
     # Linux interface names are at most 15 characters, even with the most hosts
     assert len(new_network(50, [], short_id="ffffff").bridge_link("h50")) <= 15
 
@@ -84,8 +86,10 @@ def test_shapes_for_every_host_then_one_named_host() -> None:
     net = new_network(3, [], short_id="000001")
     shaped = with_shapes(net, [("h3", LinkShape(rate="10mbit", delay_ms=20)), (None, LinkShape(rate="1gbit"))])
     assert [h.shape for h in shaped.hosts] == [
-        LinkShape(rate="1gbit"), LinkShape(rate="1gbit"), LinkShape(rate="10mbit", delay_ms=20),
-    ]  # fmt: skip
+        LinkShape(rate="1gbit"),
+        LinkShape(rate="1gbit"),
+        LinkShape(rate="10mbit", delay_ms=20),
+    ]
     assert with_shapes(shaped, [("h3", None)]).hosts[2].shape is None  # unshaped again, the others kept
     assert with_shapes(shaped, [("h3", None)]).hosts[0].shape == LinkShape(rate="1gbit")
     with pytest.raises(HostsError, match="no host named 'h9'"):
@@ -131,9 +135,14 @@ def test_a_plan_without_network_reads_as_before() -> None:
 
 
 def test_network_plan_round_trip_with_shapes() -> None:
-    net = NetworkPlan(prefix="ff-abcdef", subnet="10.70.1",
-                      hosts=(HostPlan(name="h1", address="10.70.1.11", shape=LinkShape(rate="5mbit", delay_ms=3)),
-                             HostPlan(name="h2", address="10.70.1.12")))  # fmt: skip
+    net = NetworkPlan(
+        prefix="ff-abcdef",
+        subnet="10.70.1",
+        hosts=(
+            HostPlan(name="h1", address="10.70.1.11", shape=LinkShape(rate="5mbit", delay_ms=3)),
+            HostPlan(name="h2", address="10.70.1.12"),
+        ),
+    )
     assert NetworkPlan.from_dict(net.to_dict()) == net
 
 

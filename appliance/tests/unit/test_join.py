@@ -16,8 +16,13 @@ from ff_appliance.state import ClusterPlan, InstancePlan, StateDir, save_plan
 
 
 def _options(**changes: object) -> JoinOptions:
-    values: dict[str, object] = {"mgmtd": ("10.1.2.1:5000",), "token": "t", "agent": True, "storage_disks": (),
-                                 "env": {}}  # fmt: skip
+    values: dict[str, object] = {
+        "mgmtd": ("10.1.2.1:5000",),
+        "token": "t",
+        "agent": True,
+        "storage_disks": (),
+        "env": {},
+    }
     values.update(changes)
     return JoinOptions(**values)  # type: ignore[arg-type]
 

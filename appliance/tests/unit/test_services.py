@@ -76,8 +76,13 @@ def test_telemetry_starts_after_the_scheduler_and_before_the_agents_with_a_free_
 
 def test_down_stops_agents_first_then_the_independent_services_together_then_storage_then_mgmtd() -> None:
     order = [s.name for s in reversed(SERVICES)]
-    assert stop_waves(["retired", *order]) == [["retired"], ["agent"], ["telemetry", "scheduler", "meta"],
-                                                ["storage"], ["mgmtd"]]  # fmt: skip
+    assert stop_waves(["retired", *order]) == [
+        ["retired"],
+        ["agent"],
+        ["telemetry", "scheduler", "meta"],
+        ["storage"],
+        ["mgmtd"],
+    ]
 
 
 def test_the_scheduler_gives_ranks_a_master_port_free_at_its_start(tmp_path: Path) -> None:

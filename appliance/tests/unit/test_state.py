@@ -100,9 +100,13 @@ def test_plan_round_trips_through_its_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["not json", '{"format_version": 99, "instances": [], "created_at": 0}', '{"format_version": 1}',
-     '{"format_version": 1, "created_at": 0, "instances": [{"name": "x"}]}'],
-)  # fmt: skip
+    [
+        "not json",
+        '{"format_version": 99, "instances": [], "created_at": 0}',
+        '{"format_version": 1}',
+        '{"format_version": 1, "created_at": 0, "instances": [{"name": "x"}]}',
+    ],
+)
 def test_bad_plan_files_are_refused_with_a_plan_error(text: str) -> None:
     with pytest.raises(PlanError):
         ClusterPlan.from_json(text)

@@ -10,21 +10,36 @@ from ff_appliance.status import ClusterStatus, NodeRow, ServiceRow, format_table
 
 def _service(name: str, node_id: int, *, primary: bool | None, pid: int | None = 100) -> ServiceRow:
     return ServiceRow(
-        instance=name, service="mgmtd", node_id=node_id, pid=pid, grpc_address=f"127.0.0.1:{7000 + node_id}",
-        metrics_url="", health=Health.SERVING if pid else Health.UNREACHABLE, primary=primary,
-    )  # fmt: skip
+        instance=name,
+        service="mgmtd",
+        node_id=node_id,
+        pid=pid,
+        grpc_address=f"127.0.0.1:{7000 + node_id}",
+        metrics_url="",
+        health=Health.SERVING if pid else Health.UNREACHABLE,
+        primary=primary,
+    )
 
 
 def _node(node_id: int, status: str = "ALIVE") -> NodeRow:
-    return NodeRow(node_id=node_id, node_type="MGMTD", instance=f"mgmtd-{node_id}", hostname="h", status=status,
-                   enabled=True, heartbeat_age_s=0.5)  # fmt: skip
+    return NodeRow(
+        node_id=node_id,
+        node_type="MGMTD",
+        instance=f"mgmtd-{node_id}",
+        hostname="h",
+        status=status,
+        enabled=True,
+        heartbeat_age_s=0.5,
+    )
 
 
 HEALTHY = ClusterStatus(
-    state_dir="/s", cluster_id="c1", routing_version=3,
+    state_dir="/s",
+    cluster_id="c1",
+    routing_version=3,
     services=(_service("mgmtd-1", 1, primary=True), _service("mgmtd-2", 2, primary=False)),
     nodes=(_node(1), _node(2)),
-)  # fmt: skip
+)
 
 
 def test_healthy_cluster() -> None:
@@ -50,8 +65,12 @@ def test_each_problem_is_named() -> None:
 
 
 def test_two_primaries_and_no_routing_info_are_problems() -> None:
-    status = replace(HEALTHY, services=(_service("mgmtd-1", 1, primary=True), _service("mgmtd-2", 2, primary=True)),
-                     nodes=(), routing_error="UNAVAILABLE: no primary")  # fmt: skip
+    status = replace(
+        HEALTHY,
+        services=(_service("mgmtd-1", 1, primary=True), _service("mgmtd-2", 2, primary=True)),
+        nodes=(),
+        routing_error="UNAVAILABLE: no primary",
+    )
     assert status.problems() == [
         "2 mgmtd instances say they are primary (expected exactly 1)",
         "routing info unavailable: UNAVAILABLE: no primary",
