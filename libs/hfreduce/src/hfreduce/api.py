@@ -31,6 +31,7 @@ class Work:
         self._future.result(timeout=timeout_s)
 
     def is_completed(self) -> bool:
+        """True once the collective has ended, with or without an error (``wait()`` then returns at once)."""
         return self._future.done()
 
     def add_done_callback(self, fn: Callable[[BaseException | None], None]) -> None:
@@ -47,8 +48,11 @@ class Group:
     """
 
     def __init__(self, config: GroupConfig, *, control_listener: socket.socket | None = None) -> None:
-        """Join the group. Global rank 0 serves the rendezvous on ``config.master_port``, or on
-        ``control_listener`` when given (a socket it bound itself, listening on that port)."""
+        """Join the group; returns once the rendezvous has connected this rank to its peers.
+
+        Global rank 0 serves the rendezvous on ``config.master_port``, or on ``control_listener`` when given (a
+        socket it bound itself, listening on that port).
+        """
         self.config = config
         self._rt = Runtime(config, control_listener)
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-coll")
@@ -62,10 +66,12 @@ class Group:
 
     @property
     def rank(self) -> int:
+        """This rank's global rank, in ``[0, world_size)``."""
         return self.config.rank
 
     @property
     def world_size(self) -> int:
+        """Number of ranks in the group, over all nodes."""
         return self.config.world_size
 
     @property
@@ -80,16 +86,24 @@ class Group:
         self.allreduce_async(buf, op).wait()
 
     def allreduce_async(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        """Queue ``allreduce`` and return its handle; ``buf`` must not be touched until ``wait()`` returns."""
         flat, rop = self._flat(buf), ReduceOp(op)
         reg = self._lookup(flat)
         return self._submit("allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg))
 
     def reduce(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
-        """Reduce into rank ``dst``'s ``buf``; other ranks' buffers are unchanged (registered buffers
-        excepted: they all receive the result)."""
+        """Reduce every rank's ``buf`` into rank ``dst``'s with ``op``.
+
+        Other ranks' buffers are unchanged, registered buffers excepted: they all receive the result.
+        """
         self.reduce_async(buf, dst, op).wait()
 
     def reduce_async(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        """Queue ``reduce`` and return its handle; ``buf`` must not be touched until ``wait()`` returns.
+
+        Raises:
+            ValueError: ``dst`` is not a rank of the group (nothing is queued).
+        """
         self._check_rank(dst)
         flat, rop = self._flat(buf), ReduceOp(op)
         reg = self._lookup(flat)
@@ -105,6 +119,11 @@ class Group:
         self.broadcast_async(buf, src).wait()
 
     def broadcast_async(self, buf: Any, src: int) -> Work:
+        """Queue ``broadcast`` and return its handle; ``buf`` must not be touched until ``wait()`` returns.
+
+        Raises:
+            ValueError: ``src`` is not a rank of the group (nothing is queued).
+        """
         self._check_rank(src)
         flat = self._flat(buf)
         return self._submit("broadcast", flat, lambda: self._rt.broadcast(flat.array, src))
@@ -114,6 +133,12 @@ class Group:
         self.allgather_async(out, inp).wait()
 
     def allgather_async(self, out: Any, inp: Any) -> Work:
+        """Queue ``allgather`` and return its handle; the buffers must not be touched until ``wait()`` returns.
+
+        Raises:
+            TypeError: ``out`` and ``inp`` have different dtypes.
+            ValueError: ``out`` is not ``world_size`` times the size of ``inp``.
+        """
         flat_out, flat_in = self._flat(out), self._flat(inp)
         self._check_multiple(flat_out, flat_in)
         return self._submit(
@@ -125,6 +150,12 @@ class Group:
         self.reduce_scatter_async(out, inp, op).wait()
 
     def reduce_scatter_async(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        """Queue ``reduce_scatter`` and return its handle; the buffers must not be touched until ``wait()`` returns.
+
+        Raises:
+            TypeError: ``out`` and ``inp`` have different dtypes.
+            ValueError: ``inp`` is not ``world_size`` times the size of ``out``.
+        """
         flat_out, flat_in, rop = self._flat(out), self._flat(inp), ReduceOp(op)
         self._check_multiple(flat_in, flat_out)
         return self._submit(
@@ -138,6 +169,7 @@ class Group:
         self.barrier_async().wait()
 
     def barrier_async(self) -> Work:
+        """Queue ``barrier``; its handle completes once every rank has entered the barrier."""
         token = np.zeros(1, dtype=np.float32)
         flat = Flat(token, DType.F32, 0, lambda: None)
         return self._submit("barrier", flat, lambda: self._rt.allreduce(token, DType.F32, ReduceOp.SUM))

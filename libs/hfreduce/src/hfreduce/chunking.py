@@ -36,9 +36,12 @@ MIN_CHUNKS_PER_HALF = 4
 
 
 def pipeline_chunk(slice_elems: int, chunk_elems: int) -> int:
-    """Chunk size for a slice: ``chunk_elems``, but smaller (not below ``MIN_CHUNK_ELEMS``) so that each tree
-    half has at least ``MIN_CHUNKS_PER_HALF`` chunks to pipeline. It depends only on the slice length, which
-    the same local rank of every node shares, so tree neighbours cut the same chunks."""
+    """Chunk size for a slice: ``chunk_elems``, or smaller so that each tree half pipelines enough chunks.
+
+    Smaller, not below ``MIN_CHUNK_ELEMS``, so that each half has at least ``MIN_CHUNKS_PER_HALF`` chunks. It
+    depends only on the slice length, which the same local rank of every node shares, so tree neighbours cut the
+    same chunks.
+    """
     floor = min(chunk_elems, MIN_CHUNK_ELEMS)
     return max(floor, min(chunk_elems, slice_elems // 2 // MIN_CHUNKS_PER_HALF))
 

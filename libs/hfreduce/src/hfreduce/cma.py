@@ -1,6 +1,8 @@
-"""Cross-memory attach: copy between this process and another local rank's private memory with
-``process_vm_readv``/``process_vm_writev`` (one kernel copy, no shared staging buffer). The ctypes calls
-release the GIL."""
+"""Cross-memory attach: copy between this process and another local rank's private memory.
+
+``process_vm_readv``/``process_vm_writev`` make one kernel copy, with no shared staging buffer. The ctypes calls
+release the GIL.
+"""
 
 from __future__ import annotations
 

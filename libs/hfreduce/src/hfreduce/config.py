@@ -94,10 +94,12 @@ class GroupConfig:
 
     @property
     def world_size(self) -> int:
+        """Number of ranks over all nodes (``num_nodes * local_world_size``)."""
         return self.num_nodes * self.local_world_size
 
     @property
     def rank(self) -> int:
+        """Global rank: local ranks are numbered node by node."""
         return self.node_rank * self.local_world_size + self.local_rank
 
     @classmethod

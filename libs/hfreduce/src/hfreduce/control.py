@@ -1,5 +1,7 @@
-"""Rendezvous and control plane: a small server on global rank 0 that forms the group, tracks every
-rank's collective sequence number and liveness, and names the culprit when a collective fails."""
+"""Rendezvous and control plane: a small server on global rank 0 that forms the group and names failed ranks.
+
+It tracks every rank's collective sequence number and liveness, and names the culprit when a collective fails.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +26,13 @@ _POLL_S = 0.05
 Message = dict[str, Any]
 
 
-def send_msg(sock: socket.socket, msg: Message) -> None:
+def _send_msg(sock: socket.socket, msg: Message) -> None:
+    """Send one framed message: its length (4 bytes, big-endian), then compact JSON."""
     body = json.dumps(msg, separators=(",", ":")).encode()
     sock.sendall(_HEADER.pack(len(body)) + body)
 
 
-def recv_msg(sock: socket.socket) -> Message:
+def _recv_msg(sock: socket.socket) -> Message:
     """One framed message; raises ConnectionError on EOF and TimeoutError on the socket timeout."""
     (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     decoded: Message = json.loads(_recv_exact(sock, size))
@@ -75,8 +78,10 @@ class ControlServer:
     """Runs on global rank 0's process in a daemon thread; never on the data path."""
 
     def __init__(self, *, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None) -> None:
-        """Listen on ``port``, or on ``listener`` when given (bound by the caller, e.g. on port 0 before
-        publishing its address through a torch store)."""
+        """Listen on ``port``, or on ``listener`` when given; the thread starts with ``start()``.
+
+        A ``listener`` is bound by the caller, e.g. on port 0 before publishing its address through a torch store.
+        """
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.token = secrets.token_hex(6)
@@ -95,6 +100,7 @@ class ControlServer:
         self._thread = threading.Thread(target=self._run, name="hfreduce-control", daemon=True)
 
     def start(self) -> None:
+        """Start serving on the daemon thread; the ranks have ``timeout_s`` from construction to arrive."""
         self._thread.start()
 
     def stop(self, wait_for_ranks_s: float = 0.0) -> None:
@@ -106,8 +112,10 @@ class ControlServer:
         self._thread.join(timeout=5)
 
     def wait_settled(self, culprit: int, timeout_s: float) -> bool:
-        """Wait until every rank but ``culprit`` (which may hang, not ask) has left, died, or asked who failed and
-        had its answer, for at most ``timeout_s``.
+        """Wait until every rank but ``culprit`` has left, died, or asked who failed and had its answer.
+
+        ``culprit`` is left out because it may hang and never ask. Waits at most ``timeout_s``; returns whether
+        the ranks settled.
 
         Rank 0 calls this before it raises a peer failure: its process may exit right after, taking this server
         with it, and a rank that had not asked yet would then blame rank 0 instead of the rank that failed.
@@ -262,9 +270,10 @@ class ControlServer:
         if conn is None:
             return
         with contextlib.suppress(OSError):
-            send_msg(conn, msg)
+            _send_msg(conn, msg)
 
     def status(self) -> list[Message]:
+        """Every rank that has joined, by rank, in the form ``query_status`` documents (the server's thread)."""
         return [
             {
                 "rank": r,
@@ -302,6 +311,7 @@ class ControlClient:
 
     @property
     def local_host(self) -> str:
+        """This rank's address on its route to rank 0, which the rendezvous tells its peers to connect to."""
         host: str = self.sock.getsockname()[0]
         return host
 
@@ -309,8 +319,8 @@ class ControlClient:
         """Send this rank's hello; return the table of all ranks, or raise RendezvousError."""
         self.sock.settimeout(self.timeout_s + 5.0)
         try:
-            send_msg(self.sock, {"type": "hello", **hello})
-            reply = recv_msg(self.sock)
+            _send_msg(self.sock, {"type": "hello", **hello})
+            reply = _recv_msg(self.sock)
         except (OSError, ConnectionError) as exc:
             raise RendezvousError(f"rendezvous failed: {exc}") from exc
         if reply["type"] != "table":
@@ -320,15 +330,22 @@ class ControlClient:
     def notify(self, msg: Message) -> None:
         """Fire and forget (progress reports); a broken control link shows up at the next request."""
         with self._lock, contextlib.suppress(OSError):
-            send_msg(self.sock, msg)
+            _send_msg(self.sock, msg)
 
     def request(self, msg: Message, timeout_s: float) -> Message:
+        """Send ``msg`` and wait at most ``timeout_s`` for the server's answer.
+
+        Raises:
+            TimeoutError: no answer within ``timeout_s``.
+            ConnectionError: the server closed the connection.
+        """
         with self._lock:
             self.sock.settimeout(timeout_s)
-            send_msg(self.sock, msg)
-            return recv_msg(self.sock)
+            _send_msg(self.sock, msg)
+            return _recv_msg(self.sock)
 
     def close(self) -> None:
+        """Close the connection; the server then marks this rank dead unless it said goodbye first."""
         self.sock.close()
 
 
@@ -340,7 +357,7 @@ def query_status(addr: str, port: int, timeout_s: float = 5.0) -> list[Message]:
     (``idle``, ``in_collective``, ``left`` or ``dead``).
     """
     with socket.create_connection((addr, port), timeout=timeout_s) as sock:
-        send_msg(sock, {"type": "status"})
-        reply = recv_msg(sock)
+        _send_msg(sock, {"type": "status"})
+        reply = _recv_msg(sock)
     ranks: list[Message] = reply["ranks"]
     return ranks

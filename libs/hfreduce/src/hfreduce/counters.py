@@ -39,6 +39,7 @@ class Counters:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def add(self, other: Counters) -> None:
+        """Add every count and phase time of ``other`` to this one's."""
         # spelled out: this runs several times per collective, and dataclasses.fields() with getattr/setattr
         # is some 50 Python calls each time (tests/unit/test_counters.py checks that every field is added)
         self.copied_in += other.copied_in
@@ -73,6 +74,7 @@ class Counters:
         )
 
     def copy(self) -> Counters:
+        """An independent copy (its own ``seconds`` dict), safe to hand to another thread."""
         return dataclasses.replace(self, seconds=dict(self.seconds))
 
 

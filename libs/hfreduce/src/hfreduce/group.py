@@ -1,5 +1,7 @@
-"""The engine room of a group: rendezvous, links, shared memory, and the collectives on flat numpy
-arrays (storage dtype). ``api.Group`` wraps it with tensor handling and async handles."""
+"""The engine room of a group: rendezvous, links, shared memory, and the collectives on flat numpy arrays.
+
+The arrays hold the storage dtype. ``api.Group`` wraps it with tensor handling and async handles.
+"""
 
 from __future__ import annotations
 
@@ -148,8 +150,10 @@ class Runtime:
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
 
     def _probe_cross_memory(self) -> bool:
-        """Whether every local rank can read every other's memory (same user, ptrace rules allow it, same pid
-        namespace); all local ranks agree on the answer."""
+        """Whether every local rank can read every other's memory; all local ranks agree on the answer.
+
+        It takes the same user, ptrace rules that allow it, and the same pid namespace.
+        """
         assert self.local is not None
         me = os.getpid()
         token = np.frombuffer(struct.pack("!QQ", me, self.rank), dtype=np.uint8).copy()
@@ -177,8 +181,11 @@ class Runtime:
                 raise RendezvousError(f"rank {entry['rank']} disagrees with its node about its zone")
 
     def _connect(self, listener: socket.socket) -> None:
-        """Lower rank connects (the kernel backlog completes it), then each rank accepts the rest; on failure
-        the sockets made so far are closed."""
+        """Make every link: the lower rank of a pair connects, then each rank accepts the rest.
+
+        The kernel backlog completes the connections before they are accepted. On failure the sockets made so far
+        are closed.
+        """
         cfg = self.config
         wanted = wanted_links(self.trees, self.ring_order, cfg.node_rank, cfg.local_rank, self.num_local)
         socks: dict[tuple[int, int], socket.socket] = {}
@@ -238,8 +245,10 @@ class Runtime:
         return segs
 
     def _ensure_slots(self, nbytes: int) -> None:
-        """Grow the shared slots to hold ``nbytes`` (capped at ``shm_slot_bytes``); a node-local collective,
-        so every local rank grows at the same call (they reduce the same sizes)."""
+        """Grow the shared slots to hold ``nbytes``, capped at ``shm_slot_bytes``.
+
+        A node-local collective: every local rank grows at the same call, since they reduce the same sizes.
+        """
         cap = self.config.shm_slot_bytes
         want = min(cap, -(-nbytes // _GROW_BYTES) * _GROW_BYTES)
         if want <= self.slot_bytes:
@@ -420,9 +429,12 @@ class Runtime:
         return counters
 
     def _allreduce_direct(self, flat: Array, dtype: DType, wire: DType, op: ReduceOp) -> Counters:
-        """Ordinary buffers without staging: this rank reduces its slice in place in its own buffer, reading
-        the other local ranks' copies of the slice straight from their memory, and writes each final chunk
-        straight into their buffers (cross-memory attach); the two node barriers bracket the accesses."""
+        """Allreduce ordinary buffers without staging, through cross-memory attach.
+
+        This rank reduces its slice in place in its own buffer, reading the other local ranks' copies of the slice
+        straight from their memory, and writes each final chunk straight into their buffers; the two node
+        barriers bracket the accesses.
+        """
         assert self.local is not None
         me, n = self.config.local_rank, len(flat)
         sig = _signature(self.seq, n, dtype, op)
@@ -470,11 +482,13 @@ class Runtime:
         return counters
 
     def broadcast(self, flat: Array, src: int) -> Counters:
+        """Copy global rank ``src``'s ``flat`` into every rank's, along the ring."""
         if self.config.world_size == 1:
             return Counters()
         return self.ring.broadcast(flat, self.ring_order.index(src))
 
     def allgather(self, out: Array, inp: Array, dtype: DType) -> Counters:
+        """Fill ``out`` with every rank's ``inp``, by global rank, along the ring."""
         n = len(inp)
         np.copyto(out[self.rank * n : (self.rank + 1) * n], inp)
         if self.config.world_size == 1:
@@ -482,6 +496,10 @@ class Runtime:
         return self.ring.allgather(out, dtype, self.ring_order)
 
     def reduce_scatter(self, out: Array, inp: Array, dtype: DType, op: ReduceOp) -> Counters:
+        """Reduce every rank's ``inp`` along the ring; ``out`` receives this rank's block (``inp`` is not changed).
+
+        It returns empty counters: a reduce-scatter's traffic is not counted.
+        """
         work = inp.copy()
         if self.config.world_size > 1:
             a, b = self.ring.reduce_scatter(work, dtype, op, self.ring_order)
@@ -504,6 +522,11 @@ class Runtime:
             self.local.abort()
 
     def close(self, wait_for_ranks_s: float | None = None) -> None:
+        """Say goodbye and release links, shared memory and, on rank 0, the control server (idempotent).
+
+        Rank 0's server waits up to ``wait_for_ranks_s`` (default: ``timeout_s``, at most 5 s; none once the
+        group is broken) for the other ranks to leave, so that a rank still closing is not taken for dead.
+        """
         if self._closed:
             return
         self._closed = True
@@ -533,9 +556,12 @@ class Runtime:
 def wanted_links(
     trees: tuple[Tree, Tree], ring_order: Sequence[int], node_rank: int, local_rank: int, num_local: int
 ) -> list[tuple[int, int]]:
-    """(peer rank, channel) of every link the rank ``(node_rank, local_rank)`` needs: to the same local rank of each
-    of its tree neighbours, one link per tree for partial chunks going up and one for final chunks coming down; and
-    to its two neighbours on the ring (``ring_order``: global ranks in ring order)."""
+    """(peer rank, channel) of every link the rank ``(node_rank, local_rank)`` needs.
+
+    To the same local rank of each of its tree neighbours, one link per tree for partial chunks going up and one
+    for final chunks coming down; and to its two neighbours on the ring (``ring_order``: global ranks in ring
+    order).
+    """
     rank = node_rank * num_local + local_rank
     wanted = []
     for t in (0, 1):
@@ -549,8 +575,11 @@ def wanted_links(
 
 
 def _ring_links(ring_order: Sequence[int], rank: int) -> list[tuple[int, int]]:
-    """(peer, channel) of ``rank``'s links to its next and its previous rank on the ring: the edge from the lower
-    to the higher rank of a pair is RING_UP, the one back RING_DOWN (two links even when both are one rank)."""
+    """(peer, channel) of ``rank``'s links to its next and its previous rank on the ring.
+
+    The edge from the lower to the higher rank of a pair is RING_UP, the one back RING_DOWN (two links even when
+    both are one rank).
+    """
     pos = ring_order.index(rank)
     nxt, prv = ring_order[(pos + 1) % len(ring_order)], ring_order[(pos - 1) % len(ring_order)]
     return [(nxt, RING_UP if rank < nxt else RING_DOWN), (prv, RING_UP if prv < rank else RING_DOWN)]

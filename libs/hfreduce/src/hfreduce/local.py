@@ -1,5 +1,7 @@
-"""Links between the ranks of one node: an AF_UNIX star around local rank 0 (abstract namespace, so
-nothing is left on disk) used for barriers and for passing shared-memory fds."""
+"""Links between the ranks of one node: an AF_UNIX star around local rank 0, for barriers and shared-memory fds.
+
+The sockets live in the abstract namespace, so nothing is left on disk.
+"""
 
 from __future__ import annotations
 
@@ -100,8 +102,10 @@ class LocalComm:
         return payloads
 
     def exchange_fds(self, fds: list[int]) -> list[list[int]]:
-        """Every local rank's ``fds`` (the same count everywhere), in local-rank order; the received fds
-        are new descriptors owned by the caller."""
+        """Every local rank's ``fds`` (the same count everywhere), in local-rank order.
+
+        The received fds are new descriptors owned by the caller; this rank's own row is ``fds`` itself.
+        """
         count = len(fds)
         if len(self.ranks) == 1:
             return [fds]
@@ -136,9 +140,11 @@ class LocalComm:
         return list(fds)
 
     def abort(self) -> None:
+        """Fail every blocked send and receive on the node's links now (from any thread)."""
         for link in self.links.values():
             link.abort()
 
     def close(self) -> None:
+        """Close this rank's links of the star (local rank 0: to every other; the others: to rank 0)."""
         for link in self.links.values():
             link.close()

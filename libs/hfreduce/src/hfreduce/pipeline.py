@@ -1,7 +1,9 @@
-"""The HFReduce pipeline of one rank: for each chunk of its slice, the intra-node reduce, reduce up a
-tree, broadcast down it, and hand-back to the other local ranks; two trees, each carrying half of the
-slice with its own pair of tasks (up and down), run by the rank's runner (a thread each, or one event loop),
-so chunks of different phases overlap."""
+"""The HFReduce pipeline of one rank: intra-node reduce, up a tree, down it, and back to the other local ranks.
+
+Each chunk of the rank's slice goes through those phases. Two trees each carry half of the slice with their own
+pair of tasks (up and down), run by the rank's runner (a thread each, or one event loop), so chunks of different
+phases overlap.
+"""
 
 from __future__ import annotations
 
@@ -63,12 +65,16 @@ class TreeJob:
     remote: Sequence[RemoteBuffer] = ()
 
     def final(self, c0: int, c1: int) -> Array:
+        """Where the result of segment elements ``[c0, c1)`` lands: a view of ``res``."""
         return self.res[c0 - self.res_base : c1 - self.res_base]
 
 
 class _Scratch:
-    """Per-task chunk buffers, each allocated on first use, pre-touched (fresh pages copy 4x slower)
-    and kept (a task of an fp32 allreduce needs one or two of them, not all five)."""
+    """Per-task chunk buffers, each allocated on first use, pre-touched and kept.
+
+    Pre-touched because fresh pages copy 4x slower; allocated on first use because a task of an fp32 allreduce
+    needs one or two of them, not all five.
+    """
 
     def __init__(self, chunk_elems: int) -> None:
         self.chunk_elems = chunk_elems
@@ -98,9 +104,11 @@ class _Scratch:
 
 
 class TreeEngine:
-    """Runs TreeJobs for one rank over its links to the same local rank on its tree neighbours: per tree, one
-    link per neighbour that partial chunks go up on (``up_links[t][node]``) and one that final chunks come
-    down on (``down_links[t][node]``), so each socket carries data one way."""
+    """Runs TreeJobs for one rank over its links to the same local rank on its tree neighbours.
+
+    Per tree, one link per neighbour that partial chunks go up on (``up_links[t][node]``) and one that final
+    chunks come down on (``down_links[t][node]``), so each socket carries data one way.
+    """
 
     def __init__(
         self,
@@ -146,9 +154,11 @@ class TreeEngine:
         return job.dtype is DType.F32 and job.wire is DType.F32
 
     def _fused_root(self, job: TreeJob, t: int) -> bool:
-        """Whether this rank, root of tree ``t``, reduces each chunk in one blocked pass (``_root_chunk``):
-        fp32 on the wire, at most two children, and other local ranks to read from (one rank per node has
-        nothing to keep in cache between the steps)."""
+        """Whether this rank, root of tree ``t``, reduces each chunk in one blocked pass (``_root_chunk``).
+
+        It takes fp32 on the wire, at most two children, and other local ranks to read from (one rank per node
+        has nothing to keep in cache between the steps).
+        """
         node = self.trees[t][self.node_rank]
         others = job.peers or job.remote or job.distribute_to
         return self._fast(job) and node.parent < 0 and 0 < len(node.children) <= 2 and bool(others)
@@ -219,15 +229,17 @@ class TreeEngine:
         combine: Callable[[Array, Array, Array], object],
         counters: Counters,
     ) -> None:
-        """The root's whole reduce of chunk ``[c0, c1)`` in one pass of cache-sized blocks: the local ranks'
-        data, then the children's partials, the AVG division, and the final block written to the other local
-        ranks (which the down task then skips). Same arithmetic, in the same order, as the unfused phases:
-        bit-identical results, the same bytes counted.
+        """The root's whole reduce of chunk ``[c0, c1)`` in one pass of cache-sized blocks.
+
+        The local ranks' data, then the children's partials, the AVG division, and the final block written to the
+        other local ranks (which the down task then skips). Same arithmetic, in the same order, as the unfused
+        phases: bit-identical results, the same bytes counted.
 
         A sum whose buffers are all in this process's memory (registered buffers, shared slots) and 4-byte
         aligned is one call of the compiled kernel, which blocks the chunk itself; the rest (MAX/MIN, private
         buffers of other local ranks fetched block by block into ``fetched``, or a caller's array off a 4-byte
-        boundary, which numpy copes with) go block by block through numpy (``_root_blocks``)."""
+        boundary, which numpy copes with) go block by block through numpy (``_root_blocks``).
+        """
         final = job.final(c0, c1)
         mine, shared = job.mine[c0:c1], [peer[c0:c1] for peer in job.peers]
         others = [other[c0:c1] for other in job.distribute_to]
@@ -258,9 +270,12 @@ class TreeEngine:
         fetched: npt.NDArray[np.float32],
         combine: Callable[[Array, Array, Array], object],
     ) -> None:
-        """``_root_chunk`` in numpy, block by block: ``local`` is this rank's chunk and the other local ranks'
-        in shared memory; the private ones (``job.remote``) are read into ``fetched`` just before they are
-        added, and the final block is written back to them."""
+        """``_root_chunk`` in numpy, block by block.
+
+        ``local`` is this rank's chunk and the other local ranks' in shared memory; the private ones
+        (``job.remote``) are read into ``fetched`` just before they are added, and the final block is written
+        back to them.
+        """
         world = np.float32(job.world_size)
         for b0 in range(0, c1 - c0, FUSED_BLOCK_ELEMS):
             b1 = min(b0 + FUSED_BLOCK_ELEMS, c1 - c0)
@@ -291,7 +306,10 @@ class TreeEngine:
         combine: Callable[[Array, Array, Array], object],
         counters: Counters,
     ) -> None:
-        """acc = mine[c] (op) peers[0][c] (op) ...; fp32 goes straight into the result slot."""
+        """Reduce the local ranks' chunk, ``acc = mine[c] (op) peers[0][c] (op) ...``, in fp32.
+
+        For fp32 ``acc`` is the result slot itself, so the reduce writes there with no copy.
+        """
         n = c1 - c0
         num_peers = len(job.peers) + len(job.remote)
         if not num_peers:  # one rank per node: the fp32 result slot already is the input
@@ -310,8 +328,11 @@ class TreeEngine:
 
     @staticmethod
     def _peer_chunks(job: TreeJob, c0: int, c1: int, scratch: _Scratch, counters: Counters) -> Iterator[Array]:
-        """The other local ranks' chunk ``[c0, c1)``: shared memory in place, private memory fetched into
-        a scratch chunk (still in cache when the reduce reads it); each is consumed before the next."""
+        """The other local ranks' chunk ``[c0, c1)``, each consumed before the next.
+
+        Shared memory is read in place; private memory is fetched into a scratch chunk, still in cache when the
+        reduce reads it.
+        """
         for peer in job.peers:
             yield peer[c0:c1]
         n = c1 - c0

@@ -31,10 +31,12 @@ class DType(enum.Enum):
 
     @property
     def storage(self) -> np.dtype[Any]:
+        """The numpy dtype that holds it (uint16 for BF16, which numpy lacks)."""
         return _STORAGE[self]
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element."""
         return 4 if self is DType.F32 else 2
 
 
@@ -88,7 +90,7 @@ def from_f32(dtype: DType, src: F32Array, out: Array, scratch: npt.NDArray[np.ui
 
 
 def bf16_bits(values: npt.ArrayLike) -> npt.NDArray[np.uint16]:
-    """float values rounded to bf16, as uint16 bits (for tests and callers without torch)."""
+    """Round float values to bf16 and return its uint16 bits (for tests and callers without torch)."""
     src = np.ascontiguousarray(values, dtype=np.float32).ravel()
     out = np.empty(len(src), dtype=np.uint16)
     from_f32(DType.BF16, src, out, np.empty(len(src), dtype=np.uint32))

@@ -1,5 +1,7 @@
-"""Flat ring collectives over all ranks (TCP to the next rank in zone order): the comparison allreduce,
-and allgather, reduce-scatter and broadcast."""
+"""Flat ring collectives over all ranks: the comparison allreduce, and allgather, reduce-scatter and broadcast.
+
+Each rank sends over TCP to the next rank in zone order.
+"""
 
 from __future__ import annotations
 

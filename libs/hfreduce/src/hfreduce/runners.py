@@ -1,5 +1,7 @@
-"""How a rank's pipeline tasks run. A task is a generator (reduce up one tree, broadcast down it, one side of
-a ring step) that does its sends and receives through its runner and yields what it waits for.
+"""How a rank's pipeline tasks run: on threads of their own, or together on one event loop.
+
+A task is a generator (reduce up one tree, broadcast down it, one side of a ring step) that does its sends and
+receives through its runner and yields what it waits for.
 
 - ``ThreadRunner``: each task on its own thread, with blocking sockets (kernel timeouts), as HFReduce runs
   its up and down phases. Sends, receives and numpy work release the GIL, so they run in parallel where the
@@ -59,14 +61,17 @@ class Handoff:
         self._cond = threading.Condition()
 
     def put(self, item: Any) -> None:
+        """Append ``item`` and wake a task blocked in ``wait`` (thread-safe)."""
         with self._cond:
             self._items.append(item)
             self._cond.notify_all()
 
     def ready(self) -> bool:
+        """Whether an item is waiting: the condition an event-loop task parks on."""
         return bool(self._items)
 
     def pop(self) -> Any:
+        """Take the oldest item (IndexError if there is none: call once ``ready`` or ``wait`` says so)."""
         with self._cond:
             return self._items.popleft()
 
@@ -84,25 +89,36 @@ class Handoff:
 
 
 class Runner(Protocol):
+    """What a pipeline needs of its runner: run tasks, and the steps tasks delegate to (``yield from``)."""
+
     mode: str  # "threads" or "loop"
 
     def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
-        """Run ``tasks`` to completion; their return values in order. ``in_order``: one after the other
-        (small messages, where each task's sends fit the socket buffers)."""
+        """Run ``tasks`` to completion; return their return values in order.
 
-    def send(self, link: Link, data: memoryview) -> Task: ...
+        With ``in_order`` they run one after the other (small messages, where each task's sends fit the socket
+        buffers). The first failure shuts the rank's links and is raised.
+        """
 
-    def recv(self, link: Link, buf: memoryview) -> Task: ...
+    def send(self, link: Link, data: memoryview) -> Task:
+        """A step that sends all of ``data`` on ``link``."""
+
+    def recv(self, link: Link, buf: memoryview) -> Task:
+        """A step that fills all of ``buf`` from ``link``."""
 
     def take(self, handoff: Handoff, what: str) -> Task:
         """Wait for ``handoff``'s next item and return it."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the runner's threads or epoll set; the rank runs no more tasks."""
 
 
 def choose(mode: PipelineMode, local_world_size: int, timeout_s: float, on_failure: Callable[[], None]) -> Runner:
-    """The runner for ``mode``; ``auto``: threads when this rank has ``CORES_PER_RANK_FOR_THREADS`` cores of
-    the node's to itself, else the event loop."""
+    """The runner for ``mode``.
+
+    ``auto`` picks threads when this rank has ``CORES_PER_RANK_FOR_THREADS`` cores of the node's to itself, else
+    the event loop.
+    """
     if mode == "auto":
         mode = "threads" if usable_cores() >= CORES_PER_RANK_FOR_THREADS * local_world_size else "loop"
     if mode == "threads":
@@ -123,8 +139,10 @@ def usable_cores() -> float:
 
 
 class ThreadRunner:
-    """Each task on its own thread, sockets blocking with kernel timeouts (``Link``); the first failure shuts
-    the rank's links (``on_failure``) so the other threads' blocked calls fail at once."""
+    """Each task on its own thread, sockets blocking with kernel timeouts (``Link``).
+
+    The first failure shuts the rank's links (``on_failure``) so the other threads' blocked calls fail at once.
+    """
 
     mode = "threads"
 
@@ -135,6 +153,11 @@ class ThreadRunner:
         self._abort = threading.Event()
 
     def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
+        """Run ``tasks`` on the pool's threads (``Runner.run``); the first error raised is the root cause.
+
+        Raises:
+            ValueError: more than ``MAX_TASKS`` tasks, which the pool could not run at once.
+        """
         if len(tasks) > MAX_TASKS:  # the ones beyond the pool would wait for threads that wait for them
             raise ValueError(f"at most {MAX_TASKS} tasks run at once, got {len(tasks)}")
         self._abort.clear()
@@ -166,19 +189,23 @@ class ThreadRunner:
         raise RuntimeError(f"a task of a thread runner waited on {wait!r}; its runner blocks instead")
 
     def send(self, link: Link, data: memoryview) -> Task:
+        """``Runner.send``: a blocking send on the task's thread."""
         yield from ()  # a task that never waits: the kernel blocks the thread instead
         link.send(data)
 
     def recv(self, link: Link, buf: memoryview) -> Task:
+        """``Runner.recv``: a blocking receive on the task's thread."""
         yield from ()
         link.recv_into(buf)
 
     def take(self, handoff: Handoff, what: str) -> Task:
+        """``Runner.take``: blocks the task's thread until an item is there or the run fails."""
         yield from ()
         handoff.wait(self.timeout_s, self._abort, what)
         return handoff.pop()
 
     def close(self) -> None:
+        """Shut the thread pool down without waiting for running tasks (their links are closed next)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -236,23 +263,29 @@ class EventLoop:
         self._registered: dict[int, socket.socket] = {}  # fd -> the socket registered under it
 
     def close(self) -> None:
+        """Close the epoll set."""
         self._epoll.close()
 
     def send(self, link: Link, data: memoryview) -> Task:
+        """``Runner.send``: non-blocking sends, parking on the socket whenever the kernel answers EAGAIN."""
         return link.send_steps(data)
 
     def recv(self, link: Link, buf: memoryview) -> Task:
+        """``Runner.recv``: non-blocking receives, parking on the socket whenever the kernel answers EAGAIN."""
         return link.recv_steps(buf)
 
     def take(self, handoff: Handoff, what: str) -> Task:
+        """``Runner.take``: parks the task until another task of the run puts an item."""
         if not handoff.ready():
             yield Until(handoff.ready, what)
         return handoff.pop()
 
     def run(self, tasks: Sequence[Task], *, in_order: bool = False) -> list[Any]:
-        """Run ``tasks`` until all finish; their return values, in order. The first error closes the other
-        tasks, shuts the rank's links (``on_failure``: whatever the error, the streams are mid-chunk) and is
-        raised. Interleaving never blocks, so ``in_order`` changes nothing here."""
+        """Run ``tasks`` until all finish; return their return values, in order.
+
+        The first error closes the other tasks, shuts the rank's links (``on_failure``: whatever the error, the
+        streams are mid-chunk) and is raised. Interleaving never blocks, so ``in_order`` changes nothing here.
+        """
         run = _Run(tasks)
         try:
             while run.pending:

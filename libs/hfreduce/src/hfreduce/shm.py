@@ -1,5 +1,7 @@
-"""Shared-memory segments as anonymous memfds: nothing appears in /dev/shm, and the kernel frees a
-segment when the last process mapping it exits, even after SIGKILL."""
+"""Shared-memory segments as anonymous memfds, which the kernel frees with the last process mapping them.
+
+Nothing appears in /dev/shm, and a segment is freed when the last process mapping it exits, even after SIGKILL.
+"""
 
 from __future__ import annotations
 
@@ -44,8 +46,10 @@ _HUGE_BYTES = _pmd_bytes()
 
 
 def huge_pages(shared: bool = True) -> str:
-    """The kernel's policy for transparent huge pages in shared memory, or with ``shared=False`` in private
-    memory (``always``, ``advise``/``madvise``, ``never``...).
+    """The kernel's policy for transparent huge pages in shared memory (``always``, ``advise``, ``never``...).
+
+    With ``shared=False``, its policy for private memory (``always``, ``madvise``, ``never``), or ``unknown``
+    where the kernel does not say.
 
     Segments ask for them (``MADV_HUGEPAGE``), so under ``advise`` or ``always`` they are mapped with 2 MiB
     pages: fewer TLB misses in every copy, add and socket transfer of a registered buffer (a registered 2x2
@@ -84,10 +88,12 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, nbytes: int, *, huge: bool = False) -> Segment:
-        """A new zero-filled segment of ``nbytes``, pre-faulted in this process. With ``huge``, its whole huge
-        pages are also collapsed into huge pages (``collapse``), so the processes that attach it later map those
-        as they fault it in: worth it for a buffer reduced many times (registered buffers), not for scratch that
-        is remapped as it grows (a collapse costs about 2.5 ms per MiB once)."""
+        """A new zero-filled segment of ``nbytes``, pre-faulted in this process.
+
+        With ``huge``, its whole huge pages are also collapsed into huge pages (``collapse``), so the processes
+        that attach it later map those as they fault it in: worth it for a buffer reduced many times (registered
+        buffers), not for scratch that is remapped as it grows (a collapse costs about 2.5 ms per MiB once).
+        """
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, max(nbytes, 1))
@@ -112,6 +118,11 @@ class Segment:
 
     @property
     def fd(self) -> int:
+        """The creator's fd, to pass to the other processes (``socket.send_fds``).
+
+        Raises:
+            ValueError: the fd was already released (``release_fd``) or the segment was attached, not created.
+        """
         if self._fd is None:
             raise ValueError("this segment's fd was already released")
         return self._fd
@@ -131,10 +142,13 @@ class Segment:
             view[:] = view  # rewrite the same bytes: faults pages in without changing data
 
     def collapse(self) -> bool:
-        """Move the segment's pages into huge pages where it spans whole ones (the data is kept); whether the
-        kernel did. A registered 2x2 allreduce of 64 MiB took about 3 % less machine time with them (README).
-        Needs Linux >= 6.1 and a shared-memory policy the kernel lets collapse override (``never`` here; not
-        ``deny``), a segment of at least one huge page, and free huge pages; else the pages stay as they are."""
+        """Move the segment's pages into huge pages (the data is kept); return whether the kernel did.
+
+        Only the whole huge pages it spans move. A registered 2x2 allreduce of 64 MiB took about 3 % less machine
+        time with them (README). Needs Linux >= 6.1 and a shared-memory policy the kernel lets collapse override
+        (``never`` here; not ``deny``), a segment of at least one huge page, and free huge pages; else the pages
+        stay as they are.
+        """
         if self._map is None or not self._aligned:
             return False
         if _libc.madvise(self._addr, self.nbytes, _MADV_COLLAPSE) != 0:
@@ -161,8 +175,10 @@ class Segment:
 
 
 def _map_huge_aligned(fd: int, nbytes: int) -> tuple[mmap.mmap, int]:
-    """Map ``nbytes`` of ``fd`` at a huge-page-aligned address, as huge pages need (the address and the file
-    offset must agree modulo the huge-page size; the kernel places shared memory anywhere under ``never``).
+    """Map ``nbytes`` of ``fd`` at a huge-page-aligned address, as huge pages need.
+
+    The address and the file offset must agree modulo the huge-page size, and the kernel places shared memory
+    anywhere under ``never``.
 
     Returns an anonymous reservation one huge page longer than ``nbytes``, with the segment mapped over part of it
     (``MAP_FIXED``), and the segment's offset in it. Closing the reservation unmaps both, so numpy views keep the

@@ -25,6 +25,7 @@ class Flat:
 
 
 def is_torch(obj: object) -> bool:
+    """Whether ``obj`` is a torch object, told by its type's module so that numpy callers never import torch."""
     return type(obj).__module__.startswith("torch")
 
 
@@ -129,6 +130,7 @@ class PinnedPool:
         self._lock = threading.Lock()
 
     def __call__(self, nbytes: int) -> Any:
+        """A pinned uint8 CPU tensor of at least ``nbytes``: a free one whose last H2D is done, else a new one."""
         import torch
 
         with self._lock:
@@ -139,6 +141,7 @@ class PinnedPool:
         return torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
 
     def release(self, buf: Any, event: Any) -> None:
+        """Return ``buf`` to the pool; it is handed out again once ``event`` (its last H2D copy, or None) is done."""
         with self._lock:
             self._free.append((buf, event))
             del self._free[:-4]  # keep a few; the rest are freed once their copies finish

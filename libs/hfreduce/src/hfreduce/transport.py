@@ -1,6 +1,8 @@
-"""Point-to-point links: TCP between nodes, AF_UNIX inside a node; blocking sockets with kernel
-timeouts, memoryview sends and ``recv_into`` receives (nothing is pickled or copied into bytes), and the
-same calls as non-blocking steps for the event loop (``send_steps``, ``recv_steps``)."""
+"""Point-to-point links: TCP between nodes, AF_UNIX inside a node.
+
+Blocking sockets with kernel timeouts, memoryview sends and ``recv_into`` receives (nothing is pickled or copied
+into bytes), and the same calls as non-blocking steps for the event loop (``send_steps``, ``recv_steps``).
+"""
 
 from __future__ import annotations
 
@@ -55,6 +57,11 @@ class Link:
         set_kernel_timeouts(sock, timeout_s)
 
     def send(self, data: memoryview | bytes) -> None:
+        """Send all of ``data``, blocking (each wait bounded by the kernel timeout).
+
+        Raises:
+            LinkError: the peer closed the link or did not take the bytes within the timeout.
+        """
         try:
             self.sock.sendall(data)
         except OSError as exc:
@@ -128,10 +135,12 @@ class Link:
             self.sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        """Close the socket; the peer's next receive sees the link closed."""
         self.sock.close()
 
 
 def tune_tcp(sock: socket.socket, buffer_bytes: int) -> None:
+    """Set up a TCP link: no Nagle delay; ``buffer_bytes`` > 0 fixes both socket buffers, 0 leaves them autotuned."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if buffer_bytes:  # an explicit size disables autotuning, which was slower here
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)

@@ -77,8 +77,13 @@ def assert_tree_links_one_way(results: list[dict[str, Any]]) -> None:
 def test_registered_buffers_with_chunks_of_many_blocks(launch: Launch, nodes: int, local: int) -> None:
     """The library's own chunk size: each tree root reduces a chunk in several cache-sized blocks (the
     local ranks, the children, the AVG division and the copies to the other ranks, block by block)."""
-    env = {"TEST_SIZES": "300001", "TEST_REGISTERED": "1", "TEST_DTYPES": "float32",
-           "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(4 << 20), "FF_HFREDUCE_SHM_SLOT_BYTES": str(8 << 20)}  # fmt: skip
+    env = {
+        "TEST_SIZES": "300001",
+        "TEST_REGISTERED": "1",
+        "TEST_DTYPES": "float32",
+        "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(4 << 20),
+        "FF_HFREDUCE_SHM_SLOT_BYTES": str(8 << 20),
+    }
     results = assert_all_correct(launch(nodes, local, "correctness", env=env), nodes * local)
     assert {c["name"] for c in results[0]["cases"]} >= {f"registered/{op}/float32/300001" for op in ("sum", "avg")}
 
@@ -88,8 +93,14 @@ def test_leaves_reduce_and_send_chunks_in_pieces(launch: Launch, pipeline: str) 
     """Chunks of 163840 elements (640 KiB): at 700001 elements, each leaf reduces and sends a chunk in pieces of
     131072 and 32768, then a last chunk of about 11160; ordinary buffers (read across processes) and registered
     ones, on both runners. At 2 nodes every rank is a leaf of one tree."""
-    env = {"TEST_SIZES": "700001", "TEST_REGISTERED": "1", "TEST_DTYPES": "float32", "FF_HFREDUCE_PIPELINE": pipeline,
-           "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(640 << 10), "FF_HFREDUCE_SHM_SLOT_BYTES": str(4 << 20)}  # fmt: skip
+    env = {
+        "TEST_SIZES": "700001",
+        "TEST_REGISTERED": "1",
+        "TEST_DTYPES": "float32",
+        "FF_HFREDUCE_PIPELINE": pipeline,
+        "FF_HFREDUCE_CHUNK_SIZE_BYTES": str(640 << 10),
+        "FF_HFREDUCE_SHM_SLOT_BYTES": str(4 << 20),
+    }
     results = assert_all_correct(launch(2, 2, "correctness", env=env), 4)
     assert {res["cross_memory"] for res in results} == {True}
     assert {res["pipeline"] for res in results} == {pipeline}

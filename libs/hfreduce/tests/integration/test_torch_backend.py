@@ -24,8 +24,9 @@ def layout_run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, torch_forks: ForkServer
 ) -> dict[str, Any]:
     nodes, local, init = request.param
-    results = launch_torch(torch_forks, tmp_path_factory.mktemp("torch"), nodes, local, "layout",
-                           env={"TEST_INIT": init})  # fmt: skip
+    results = launch_torch(
+        torch_forks, tmp_path_factory.mktemp("torch"), nodes, local, "layout", env={"TEST_INIT": init}
+    )
     return {"nodes": nodes, "local": local, "results": results}
 
 

@@ -176,9 +176,16 @@ def test_a_roots_chunk_through_the_kernel_is_the_numpy_blocks_bit_for_bit(
         mine, *peers = (a.copy() for a in data)
         others = peers if registered else [np.zeros(n, np.float32) for _ in peers]
         job = TreeJob(
-            dtype=DType.F32, wire=DType.F32, op=ReduceOp.AVG, world_size=7, mine=mine, res=mine, peers=peers,
-            distribute_to=others, span=(0, n),
-        )  # fmt: skip
+            dtype=DType.F32,
+            wire=DType.F32,
+            op=ReduceOp.AVG,
+            world_size=7,
+            mine=mine,
+            res=mine,
+            peers=peers,
+            distribute_to=others,
+            span=(0, n),
+        )
         fetched = np.zeros(c1 - c0, np.float32)
         if via_kernel:
             TreeEngine._root_chunk(job, c0, c1, children, fetched, combine_fn(ReduceOp.AVG), Counters())

@@ -1,5 +1,4 @@
-"""The torch.distributed backend ``"hfreduce"``: a Python ``ProcessGroup`` whose collectives run on an hfreduce
-``Group``.
+"""The torch.distributed backend ``"hfreduce"``: a Python ``ProcessGroup`` whose collectives run on ``hfreduce.Group``.
 
 torch 2.13 lets Python backends subclass ``torch.distributed.ProcessGroup`` only (its ``Backend`` class has no
 Python constructor), so the object the creator returns *is* the process group. Every collective returns a
@@ -64,6 +63,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         )
 
     def getBackendName(self) -> str:
+        """``"hfreduce"``: what ``dist.get_backend`` reports for this group."""
         return BACKEND_NAME
 
     def __repr__(self) -> str:
@@ -72,6 +72,11 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     # ----- reductions -----
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.all_reduce``: hfreduce's trees for float32/16 and bfloat16 with SUM, AVG, MAX or MIN.
+
+        PREMUL_SUM scales the tensor, then sums. Other dtypes and ops gather every rank's tensor and reduce
+        locally, in rank order, so every rank computes the same result.
+        """
         t = _one(tensors, "all_reduce")
         kind, factor = tx.reduce_op(_op(opts), "all_reduce", t.dtype)
         if factor is not None:  # PREMUL_SUM: scale, then sum
@@ -84,6 +89,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(lambda: self.hf.allreduce_async(t, op), [t])
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> dist.Work:
+        """``dist.all_reduce_coalesced``: one allreduce of the tensors concatenated, copied back when it is done."""
         if not tensors:
             return _done([])
         flat = torch.cat([t.detach().reshape(-1) for t in tensors])
@@ -101,6 +107,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return RaisingWork(work.get_future().then(scatter_back))
 
     def reduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.reduce``: the root's tensor receives the result; every other rank's tensor stays unchanged."""
         t = _one(tensors, "reduce")
         root = self._root(opts, "reduce")
         kind, factor = tx.reduce_op(_op(opts), "reduce", t.dtype)
@@ -120,6 +127,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(lambda: self.hf.reduce_async(src, dst, op), [t], finish)
 
     def reduce_scatter(self, outputs: Tensors, inputs: list[Tensors], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.reduce_scatter``: the inputs (one per rank) are concatenated, then reduce-scattered."""
         out = _one(outputs, "reduce_scatter")
         parts = _one(inputs, "reduce_scatter")
         _check_parts(parts, out, self.size(), "reduce_scatter")
@@ -128,6 +136,11 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._reduce_scatter(out, inp, opts, "reduce_scatter")
 
     def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> dist.Work:
+        """``dist.reduce_scatter_tensor``: ``output`` receives this rank's block of the reduced ``inp``.
+
+        Raises:
+            ValueError: ``inp`` does not hold world size times ``output``'s elements.
+        """
         if inp.numel() != output.numel() * self.size():
             raise ValueError(
                 f"hfreduce backend: reduce_scatter_tensor input has {inp.numel()} elements, "
@@ -139,6 +152,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._reduce_scatter(output, inp, opts, "reduce_scatter_tensor")
 
     def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> dist.Work:
+        """One ``reduce_scatter_tensor`` per pair of tensors; the work completes when they all have."""
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return _all_of(works, outputs)
 
@@ -156,8 +170,10 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(lambda: self.hf.reduce_scatter_async(out, flat, op), [out])
 
     def _via_gather(self, src: torch.Tensor, t: torch.Tensor, kind: tx.OpName, *, keep: bool) -> dist.Work:
-        """Reduce a dtype/op hfreduce does not: gather every rank's ``src``, reduce locally in rank order (the
-        same on every rank), write the result into ``t`` if ``keep``."""
+        """Reduce a dtype/op hfreduce does not: gather every rank's ``src`` and reduce locally.
+
+        The reduction runs in rank order, so it is the same on every rank; the result goes into ``t`` if ``keep``.
+        """
         gathered, start, rows = self._gather_bytes(src)
 
         def finish() -> None:
@@ -181,6 +197,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     # ----- data movement -----
 
     def broadcast(self, tensors: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.broadcast``: any dtype, moved as bytes when hfreduce has no such dtype."""
         t = _one(tensors, "broadcast")
         src = self.layout.hf_rank(self._root(opts, "broadcast"))
         if t.dtype in tx.NATIVE_DTYPES:
@@ -196,6 +213,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(lambda: self.hf.broadcast_async(tx.wire(buf), src), [t], finish)
 
     def allgather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.all_gather``: an allgather of every rank's bytes, copied into the outputs by torch rank."""
         outs, t = _one(outputs, "all_gather"), _one(inputs, "all_gather")
         _check_parts(outs, t, self.size(), "all_gather")
         gathered, start, rows = self._gather_bytes(t)
@@ -209,6 +227,11 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(start, outs, finish)
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> dist.Work:
+        """``dist.all_gather_into_tensor``: straight into ``output`` when it is a contiguous CPU tensor.
+
+        Raises:
+            ValueError: ``output`` is not world size times ``inp`` or has another dtype.
+        """
         if output.numel() != inp.numel() * self.size() or output.dtype != inp.dtype:
             raise ValueError(
                 f"hfreduce backend: all_gather_into_tensor output ({output.dtype}, {output.numel()} elements) "
@@ -227,10 +250,12 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(start, [output], finish)
 
     def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> dist.Work:
+        """One ``all_gather_into_tensor`` per pair of tensors; the work completes when they all have."""
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return _all_of(works, outputs)
 
     def gather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.gather``: an allgather (hfreduce has no gather) of which only the root keeps the result."""
         t = _one(inputs, "gather")
         root = self._root(opts, "gather")
         outs = _one(outputs, "gather") if root == self._me else []
@@ -246,6 +271,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(start, outs, finish)
 
     def scatter(self, outputs: Tensors, inputs: list[Tensors], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        """``dist.scatter``: a broadcast of the root's inputs, concatenated, of which each rank keeps its part."""
         out = _one(outputs, "scatter")
         root = self._root(opts, "scatter")
         nbytes = tx.padded(out.numel() * out.element_size())
@@ -266,6 +292,11 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._simple(lambda: self.hf.broadcast_async(tx.wire(buf), src), [out], finish)
 
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> dist.Work:
+        """``dist.all_to_all``: two hfreduce calls on the backend's thread (see ``_exchange``).
+
+        Raises:
+            ValueError: ``outputs`` or ``inputs`` does not hold one tensor per rank.
+        """
         if len(outputs) != self.size() or len(inputs) != self.size():
             raise ValueError(f"hfreduce backend: all_to_all needs {self.size()} input and output tensors")
         raws = [tx.host_bytes(t)[0] for t in inputs]
@@ -284,6 +315,11 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     def all_to_all_single(
         self, output: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
     ) -> dist.Work:
+        """``dist.all_to_all_single``: even splits are one allgather; uneven ones go through ``_exchange``.
+
+        Raises:
+            ValueError: the splits do not cover the tensors' rows, or (without splits) the rows do not divide evenly.
+        """
         n = self.size()
         in_rows, out_rows = _splits(in_splits, inp, n, "input"), _splits(out_splits, output, n, "output")
         in_row = inp[0].numel() * inp.element_size() if inp.dim() and inp.shape[0] else 0
@@ -313,8 +349,11 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return self._composite(body, [output])
 
     def _exchange(self, send: torch.Tensor, in_sizes: list[int], out_sizes: list[int], what: str) -> Tensors:
-        """All-to-all of bytes, on the backend thread: every rank learns every rank's split sizes, then gathers
-        every rank's whole input (padded to the largest) and keeps its pieces."""
+        """All-to-all of bytes, on the backend thread, in two allgathers.
+
+        Every rank first learns every rank's split sizes, then gathers every rank's whole input (padded to the
+        largest) and keeps its pieces.
+        """
         n, me = self.size(), self._me
         sizes = torch.tensor(in_sizes, dtype=torch.int64)
         table = torch.zeros(n * n, dtype=torch.int64)
@@ -336,15 +375,18 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         return pieces
 
     def barrier(self, opts: Any = None) -> dist.Work:
+        """``dist.barrier``: hfreduce's barrier (``opts``, e.g. device ids, is not needed)."""
         return self._simple(self.hf.barrier_async, [torch.zeros(0)])
 
     # ----- point to point (not hfreduce's trees: a TCP connection per pair, see p2p.py) -----
 
     def send(self, tensors: Tensors, dst: int, tag: int = 0) -> dist.Work:
+        """``dist.send``/``isend``: on ``dst``'s send thread, after the sends queued to it before."""
         t = _one(tensors, "send")
         return self._point_to_point("send", dst, [t], lambda: self._p2p.send(t, dst, tag))
 
     def recv(self, tensors: Tensors, src: int, tag: int = 0) -> dist.Work:
+        """``dist.recv``/``irecv``: the next message from ``src``; its tag and size must match (else ValueError)."""
         t = _one(tensors, "recv")
         return self._point_to_point("recv", src, [t], lambda: self._p2p.recv(t, src, tag))
 
@@ -365,19 +407,31 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     # ----- what hfreduce does not do -----
 
     def recv_anysource(self, tensors: Tensors, tag: int = 0) -> dist.Work:
+        """Not supported: each pair of ranks has its own connection, so a receive names its source.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("hfreduce backend: recv from any source is not supported (name the source rank)")
 
     def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
+        """Not supported: ``barrier`` already names a rank that fails or hangs.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("hfreduce backend: monitored_barrier is not supported (use barrier)")
 
     # ----- lifetime -----
 
     def shutdown(self) -> None:
+        """Close the peer links, wait for queued collectives, then leave the hfreduce group."""
         self._p2p.close()
         self._thread.shutdown(wait=True)
         self.hf.close()
 
     def abort(self) -> None:
+        """The same as ``shutdown``: queued collectives still run to their end or their timeout."""
         self.shutdown()
 
     # ----- machinery -----
@@ -484,10 +538,12 @@ class Outcome:
         return self._result
 
     def settle(self, error: BaseException | None) -> None:
+        """Complete the future: with the result tensors, or failed with ``error`` (once, from any thread)."""
         self._error = None if error is None else _named(error)
         self._raw.set_result([])
 
     def work(self) -> dist.Work:
+        """A ``RaisingWork`` on this outcome's future, for torch to wait on."""
         return RaisingWork(self.future)
 
 
@@ -504,13 +560,19 @@ class RaisingWork(dist.Work):
         self._future = future
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Block until the operation ends; raise its error, else return True (``timeout`` is not used).
+
+        Every hfreduce step is bounded by the group's timeout, so a hung peer is named rather than waited on.
+        """
         self._future.wait()
         return True
 
     def is_completed(self) -> bool:
+        """True once the operation has ended, with or without an error."""
         return self._future.done()
 
     def get_future(self) -> Future[Tensors]:
+        """The future DDP's comm hooks chain on: it completes with the output tensors, or fails."""
         return self._future
 
 
@@ -572,7 +634,7 @@ def _all_of(works: list[dist.Work], result: Tensors) -> dist.Work:
 
 
 def _named(error: BaseException) -> BaseException:
-    """torch shows a failed future's error as text: keep hfreduce's message (it names the failed rank)."""
+    """The error torch will show (as text) for a failed future: hfreduce's own message, which names the failed rank."""
     if isinstance(error, RuntimeError | ValueError | TypeError | NotImplementedError):
         return error
     return RuntimeError(f"hfreduce backend: {type(error).__name__}: {error}")

@@ -115,6 +115,7 @@ class PeerLinks:
         write_back()
 
     def close(self) -> None:
+        """Close every connection and the listener; a transfer blocked on one fails, then its thread ends."""
         with self._lock:
             self._closed = True
             threads = list(self._threads.values())

@@ -29,13 +29,17 @@ DEFAULT_TIMEOUT_S = 60.0
 class Store(Protocol):
     """The part of ``torch.distributed.Store`` the rendezvous uses."""
 
-    def set(self, key: str, value: str) -> None: ...
+    def set(self, key: str, value: str) -> None:
+        """Store ``value`` under ``key``, visible to every rank."""
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str) -> bytes:
+        """The value under ``key`` (the rendezvous waits for the key first)."""
 
-    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        """Return once every key exists; raise (any exception) if one does not within ``timeout``."""
 
-    def check(self, keys: list[str]) -> bool: ...
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key exists, without waiting."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,16 +61,21 @@ class Layout:
     hosts: tuple[str, ...]
 
     def hf_rank(self, torch_rank: int) -> int:
+        """The hfreduce rank of ``torch_rank`` (ValueError if it is not a rank of the group)."""
         return self.torch_ranks.index(torch_rank)
 
     @property
     def is_identity(self) -> bool:
+        """Whether hfreduce ranks are torch ranks, so rank-ordered buffers need no reordering."""
         return self.torch_ranks == tuple(range(len(self.torch_ranks)))
 
 
 def node_key(env: Mapping[str, str], hostname: str) -> str:
-    """What identifies this rank's node: ``FF_HFREDUCE_NODE_RANK`` (tests simulating nodes on one host), else
-    torchrun's ``GROUP_RANK``, else the hostname."""
+    """What identifies this rank's node; ranks with the same key share a node's memory.
+
+    ``FF_HFREDUCE_NODE_RANK`` (tests simulating nodes on one host), else torchrun's ``GROUP_RANK``, else the
+    hostname.
+    """
     if ENV_PREFIX + "NODE_RANK" in env:
         return f"node {env[ENV_PREFIX + 'NODE_RANK']}"
     if "GROUP_RANK" in env:
@@ -189,8 +198,11 @@ def join_store(
 
 
 def _publish_control(env: Mapping[str, str], control: dict[str, Any]) -> None:
-    """Write the control server's address where ``FF_HFREDUCE_CONTROL_FILE`` says (if set): the node agent's
-    hang detection asks that server for the ranks' progress. A failure to write is logged, not raised."""
+    """Write the control server's address where ``FF_HFREDUCE_CONTROL_FILE`` says (if set).
+
+    The node agent's hang detection asks that server for the ranks' progress. A failure to write is logged, not
+    raised.
+    """
     path = env.get(CONTROL_FILE_ENV, "")
     if not path:
         return
@@ -221,9 +233,11 @@ def _has(store: Store, key: str) -> bool:
 
 
 def _control_addr(env: Mapping[str, str], *, one_host: bool) -> str:
-    """The address other ranks reach rank 0's control server on: ``FF_HFREDUCE_MASTER_ADDR``; loopback when
-    every rank runs on this host; else the local address of the route to ``MASTER_ADDR`` (the torch
-    store's host); else this host's name resolved."""
+    """The address other ranks reach rank 0's control server on.
+
+    ``FF_HFREDUCE_MASTER_ADDR``; loopback when every rank runs on this host; else the local address of the route
+    to ``MASTER_ADDR`` (the torch store's host); else this host's name resolved.
+    """
     if ENV_PREFIX + "MASTER_ADDR" in env:
         return env[ENV_PREFIX + "MASTER_ADDR"]
     if one_host:

@@ -22,8 +22,10 @@ def _noop() -> None:
 
 
 def host_bytes(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
-    """A flat uint8 CPU tensor of ``t``'s bytes, and a function writing it back into ``t`` (a no-op when it is
-    ``t``'s own memory: contiguous CPU tensors)."""
+    """A flat uint8 CPU tensor of ``t``'s bytes, and a function writing it back into ``t``.
+
+    For a contiguous CPU tensor the bytes are ``t``'s own memory and the function does nothing.
+    """
     if t.device.type == "cpu" and t.is_contiguous():
         return t.detach().reshape(-1).view(torch.uint8), _noop
     host = t.detach().to("cpu", copy=True).contiguous()
@@ -41,12 +43,15 @@ def wire(flat: torch.Tensor) -> npt.NDArray[np.float16]:
 
 
 def padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to even: ``wire`` sees bytes as 2-byte float16 elements."""
     return nbytes + (nbytes & 1)
 
 
 def as_dtype(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """uint8 bytes ``raw`` read as a tensor of ``like``'s dtype and shape (copied first when they do not start at
-    a multiple of the element size, which ``view`` refuses)."""
+    """The uint8 bytes ``raw`` read as a tensor of ``like``'s dtype and shape.
+
+    They are copied first when they do not start at a multiple of the element size, which ``view`` refuses.
+    """
     if raw.storage_offset() % like.element_size():
         raw = raw.clone()
     return raw.view(like.dtype).reshape(like.shape)
