@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import NamedTuple
 
 ROOT_INODE_ID = 1
 NO_LIMIT = (1 << 64) - 1
@@ -70,13 +69,9 @@ class Inode:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-class DirEntry(NamedTuple):
-    """One entry of a listing (``inode`` only when asked for); a tuple: a page holds up to 10,000."""
-
-    name: str
-    inode_id: int
-    type: InodeType
-    inode: Inode | None = None
+# One entry of a listing: (name, inode id, type, the inode when asked for, else None). A plain tuple: a page
+# holds up to 10,000, and building a NamedTuple or dataclass per entry cost a List of 100 names about 15 %.
+DirEntry = tuple[str, int, InodeType, Inode | None]
 
 
 @dataclass(frozen=True)

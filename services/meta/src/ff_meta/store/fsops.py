@@ -653,14 +653,14 @@ def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool) 
     if not with_inodes:
         sql = _RAW_LIST_AFTER if after else _RAW_LIST
         rows = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
-        names = [DirEntry(r[0], r[1], InodeType(r[2])) for r in rows[:page_size]]
+        names: list[DirEntry] = [(r[0], r[1], InodeType(r[2]), None) for r in rows[:page_size]]
         return names, (rows[page_size - 1][0] if len(rows) > page_size else "")
     sql = _RAW_SCAN_AFTER if after else _RAW_SCAN
     full = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
     out: list[DirEntry] = []
     for row in full[:page_size]:
         node = inode_of_tuple(row[1:])
-        out.append(DirEntry(row[0], node.inode_id, node.type, node))
+        out.append((row[0], node.inode_id, node.type, node))
     return out, (full[page_size - 1][0] if len(full) > page_size else "")
 
 
