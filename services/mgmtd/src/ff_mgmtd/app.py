@@ -24,6 +24,7 @@ from ff_mgmtd.core.model import (
     MgmtdInstance,
     Node,
     NodeRegistration,
+    NodeRemoval,
     NodeStatus,
     NodeType,
     RoutingInfo,
@@ -275,8 +276,8 @@ class Mgmtd:
 
         Raises:
             NotPrimary: this instance is a standby.
-            Conflict: the node id is registered with another node type.
-            NoFreeId: ``reg.node_id`` is 0 and every id of the type is taken.
+            Conflict: the node id is registered with another node type, or its node was removed.
+            NoFreeId: ``reg.node_id`` is 0 and every id is taken.
         """
         async with self._node_lock:
             node, version = await self.write(lambda s, f: routing.register_node(s, f, reg, time.time()))
@@ -285,6 +286,33 @@ class Mgmtd:
         await self._publish(version)
         logger.info("node registered", extra={"node_id": node.node_id, "node_type": node.node_type.name})
         return node
+
+    async def remove_node(self, node_id: int) -> NodeRemoval:
+        """Admin: forget a dead, disabled node that holds no chain target (``store.routing.remove_node``).
+
+        It leaves the store, the primary's caches (node, lease, its targets' reported states) and, by the new
+        routing version, every watcher's view. Serialized with registrations and heartbeats, so a node cannot
+        come back to life between the check and the removal.
+
+        Raises:
+            NotPrimary: this instance is a standby.
+            NotFoundError: the node never registered.
+            Conflict: the node may not be removed yet (the message says why); nothing changed.
+        """
+        async with self._node_lock:
+            removal = await self.write(
+                lambda s, f: routing.remove_node(s, f, node_id, time.time(), self.timing.lease_duration_s)
+            )
+            if removal.already_removed:
+                return removal
+            self._nodes.pop(node_id, None)
+            self._tracker.forget(node_id)
+            for target_id in [t for t, owner in self._target_owner.items() if owner == node_id]:
+                del self._target_owner[target_id]
+                self._local_states.pop(target_id, None)
+        await self._publish(removal.routing_version)
+        logger.info("node removed", extra={"node_id": node_id})
+        return removal
 
     async def heartbeat(
         self, node_id: int, target_states: dict[int, LocalTargetState] | None = None

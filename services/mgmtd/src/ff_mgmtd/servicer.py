@@ -136,6 +136,10 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
         await self._m.note_node(node, version)
         return pb.SetNodeEnabledResponse(node=wire.node_to_proto(node), routing_version=version)
 
+    async def RemoveNode(self, request: pb.RemoveNodeRequest, context: Context) -> pb.RemoveNodeResponse:
+        removal = await self._m.remove_node(_require_id("node_id", request.node_id))
+        return pb.RemoveNodeResponse(routing_version=removal.routing_version, removed_at=removal.removed_at)
+
     async def GetConfig(self, request: pb.GetConfigRequest, context: Context) -> pb.GetConfigResponse:
         node_type = validation.check_node_type(request.node_type)
         entry = await self._m.read(lambda s: routing.get_config(s, node_type))

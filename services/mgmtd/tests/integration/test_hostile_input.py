@@ -100,6 +100,8 @@ CASES = [
     _case("offline target 2^64-1", M + "OfflineTarget", pb.OfflineTargetRequest(target_id=U64), C.INVALID_ARGUMENT),
     _case("offline target 2^63", M + "OfflineTarget", pb.OfflineTargetRequest(target_id=2**63), C.INVALID_ARGUMENT),
     _case("enable node 2^32-1", M + "SetNodeEnabled", pb.SetNodeEnabledRequest(node_id=U32), C.NOT_FOUND),
+    _case("remove node 2^32-1", M + "RemoveNode", pb.RemoveNodeRequest(node_id=U32), C.NOT_FOUND),
+    _case("remove node 1 as a user", M + "RemoveNode", pb.RemoveNodeRequest(node_id=1), C.PERMISSION_DENIED, USER),
     # config
     _case("config of node type 2^31-1", M + "GetConfig", pb.GetConfigRequest(node_type=2**31 - 1),
           C.INVALID_ARGUMENT, USER),

@@ -1,4 +1,4 @@
-"""The async driver of the scheduler: the tick loop, the agents' orders, and mgmtd's leases of agent nodes.
+"""The async driver of the scheduler: the tick loop, the agents' orders, and mgmtd's leases and removals of nodes.
 
 A tick is one serializable transaction that loads the snapshot, plans with ``core.tick`` and applies the plan;
 the agents' orders are reconciled with what active runs want.
@@ -176,10 +176,37 @@ class Scheduler:
     async def _note_routing(self, info: mgmtd_pb2.RoutingInfo) -> None:
         alive = {n.node_id for n in info.nodes if n.status == mgmtd_pb2.NODE_STATUS_ALIVE}
         dead = {n.node_id for n in info.nodes if n.status == mgmtd_pb2.NODE_STATUS_DEAD}
-        changed = await self.store.arun(lambda s: ops.set_online(s, alive, dead))
+        changed, unlisted = await self.store.arun(
+            lambda s: (ops.set_online(s, alive, dead), ops.node_ids_not_in(s, alive | dead))
+        )
         if changed:
             logger.warning("agent nodes changed liveness", extra={"node_ids": changed})
             self.wake()
+        if unlisted:
+            await self._forget_removed(unlisted)
+
+    async def _forget_removed(self, unlisted: list[int]) -> None:
+        """Forget the nodes mgmtd removed (RemoveNode) among ``unlisted`` (registered here, not in a routing info).
+
+        That routing info may predate an agent that registered with mgmtd and then here since: only the
+        nodes also missing from mgmtd's current routing, asked after ``unlisted`` was read, are gone for good
+        (mgmtd never drops a node but by RemoveNode, and never reuses its id).
+        """
+        assert self.mgmtd is not None
+        current = (await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+        listed = {n.node_id for n in current.nodes}
+        removed = [n for n in unlisted if n not in listed]
+        if not removed:
+            return
+        had = await self.store.arun(lambda s: ops.forget_nodes(s, removed))
+        for node_id, task_ids in had.items():
+            logger.warning(
+                "node %d was removed from the cluster: forgotten%s",
+                node_id,
+                f"; its runs of tasks {task_ids} end as on a lost node" if task_ids else "",
+                extra={"node_id": node_id},
+            )
+        self.wake()
 
     # ---- orders to agents ----
 

@@ -73,6 +73,19 @@ class Node:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeRemoval:
+    """What RemoveNode did: the node is gone from routing at ``routing_version`` (``removed_at``: epoch seconds).
+
+    ``already_removed``: an earlier call removed it; this one changed nothing.
+    """
+
+    node_id: int
+    removed_at: float
+    routing_version: int
+    already_removed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeRegistration:
     """A RegisterNode request, validated."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ff_mgmtd.core.errors import Conflict, InvalidRequest, NotFoundError, StaleVersion
@@ -18,21 +18,22 @@ from ff_mgmtd.core.model import (
     LocalTargetState,
     Node,
     NodeRegistration,
+    NodeRemoval,
     NodeStatus,
     NodeType,
     PublicTargetState,
     RoutingInfo,
 )
+from ff_mgmtd.core.removal import lowest_free_id, removal_refusals
 from ff_mgmtd.core.validation import MAX_ID
 from ff_mgmtd.store.cluster_state import (
     Fence,
     bump_routing_version,
     check_fence,
     get_cluster_id,
-    next_free_id,
     routing_version,
 )
-from ff_mgmtd.store.schema import chain_tables, chain_targets, chains, configs, nodes
+from ff_mgmtd.store.schema import chain_tables, chain_targets, chains, configs, nodes, removed_nodes
 
 
 def _node(row: Any) -> Node:
@@ -62,7 +63,13 @@ def list_nodes(s: Session) -> list[Node]:
 
 
 def register_node(s: Session, fence: Fence, reg: NodeRegistration, now: float) -> tuple[Node, int]:
-    """Insert or refresh a node; it becomes alive. Returns the node and the routing version."""
+    """Insert or refresh a node; it becomes alive. Returns the node and the routing version.
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        Conflict: the id is registered with another node type, or was removed from the cluster.
+        NoFreeId: ``reg.node_id`` is 0 and every id is taken.
+    """
     check_fence(s, fence)
     values = {
         "node_type": int(reg.node_type),
@@ -80,11 +87,69 @@ def register_node(s: Session, fence: Fence, reg: NodeRegistration, now: float) -
             )
         s.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
     else:
-        if not node_id:
-            node_id = next_free_id(s, nodes.c.node_id, 1, MAX_ID)
+        if node_id:
+            _refuse_removed(s, node_id)
+        else:
+            node_id = _next_node_id(s)
         s.execute(insert(nodes).values(node_id=node_id, enabled=True, registered_at=now, **values))
     version = bump_routing_version(s)
     return _get_node(s, node_id), version
+
+
+def _refuse_removed(s: Session, node_id: int) -> None:
+    """Conflict when ``node_id`` was removed: its machine must register anew (node id 0) to come back."""
+    gone = s.execute(select(removed_nodes).where(removed_nodes.c.node_id == node_id)).first()
+    if gone is not None:
+        raise Conflict(
+            f"node {node_id} ({gone.hostname}) was removed from the cluster; its id is not reused: register "
+            "with node_id 0 to join as a new node"
+        )
+
+
+def _next_node_id(s: Session) -> int:
+    """The largest id ever registered (removed ones included) + 1; past MAX_ID, the lowest never used."""
+    top = max(int(s.execute(select(func.max(t.c.node_id))).scalar() or 0) for t in (nodes, removed_nodes))
+    if top < MAX_ID:
+        return top + 1
+    taken = [*s.execute(select(nodes.c.node_id)).scalars(), *s.execute(select(removed_nodes.c.node_id)).scalars()]
+    return lowest_free_id((int(n) for n in taken), MAX_ID)
+
+
+def remove_node(s: Session, fence: Fence, node_id: int, now: float, lease_duration_s: float) -> NodeRemoval:
+    """Forget a node that left: its row goes, a tombstone keeps its id from reuse, the routing version moves.
+
+    A node removed before is answered as removed again (nothing changes).
+
+    Raises:
+        NotPrimary: ``fence`` no longer holds the lease.
+        NotFoundError: the node never registered.
+        Conflict: the node is alive, enabled, or holds chain targets (``core.removal``): nothing changes.
+    """
+    check_fence(s, fence)
+    row = s.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+    if row is None:
+        removed_at = s.execute(select(removed_nodes.c.removed_at).where(removed_nodes.c.node_id == node_id)).scalar()
+        if removed_at is None:
+            raise NotFoundError(f"node {node_id} is not registered")
+        return NodeRemoval(
+            node_id=node_id, removed_at=float(removed_at), routing_version=routing_version(s), already_removed=True
+        )
+    node = _node(row)
+    held = s.execute(
+        select(chain_targets.c.target_id, chain_targets.c.chain_id)
+        .where(chain_targets.c.node_id == node_id)
+        .order_by(chain_targets.c.target_id)
+    ).all()
+    refusals = removal_refusals(node, [(int(t), int(c)) for t, c in held], lease_duration_s)
+    if refusals:
+        raise Conflict(f"node {node_id} cannot be removed: {'; '.join(refusals)}")
+    s.execute(delete(nodes).where(nodes.c.node_id == node_id))
+    s.execute(
+        insert(removed_nodes).values(
+            node_id=node_id, node_type=int(node.node_type), hostname=node.hostname, removed_at=now
+        )
+    )
+    return NodeRemoval(node_id=node_id, removed_at=now, routing_version=bump_routing_version(s))
 
 
 def mark_dead(s: Session, fence: Fence, node_ids: Sequence[int]) -> int | None:

@@ -62,6 +62,16 @@ nodes = Table(
     Column("registered_at", Float, nullable=False),
 )
 
+# Nodes removed from the cluster (RemoveNode): their ids are never given out or registered again.
+removed_nodes = Table(
+    "mgmtd_removed_nodes",
+    metadata,
+    Column("node_id", BigInteger, primary_key=True),
+    Column("node_type", Integer, nullable=False),
+    Column("hostname", String(255), nullable=False),
+    Column("removed_at", Float, nullable=False),
+)
+
 chains = Table(
     "mgmtd_chains",
     metadata,

@@ -354,6 +354,27 @@ def set_online(s: Session, alive: set[int], dead: set[int]) -> list[int]:
     return changed
 
 
+def node_ids_not_in(s: Session, node_ids: set[int]) -> list[int]:
+    """The registered nodes whose ids are not in ``node_ids`` (those mgmtd's routing lists)."""
+    return sorted(n for n in s.execute(select(nodes.c.node_id)).scalars() if n not in node_ids)
+
+
+def forget_nodes(s: Session, node_ids: Sequence[int]) -> dict[int, list[int]]:
+    """Forget nodes mgmtd removed: they are no longer listed nor placed on. Returns the tasks each had runs of.
+
+    A run still on one sees its node gone at the next tick, as a node lost (``core.lifecycle``): it stops and
+    queues again (``fireflyer leave`` drains a node before mgmtd removes it, so normally none is left).
+    """
+    had: dict[int, list[int]] = {}
+    for node_id in node_ids:
+        if s.execute(select(nodes.c.node_id).where(nodes.c.node_id == node_id)).first() is None:
+            continue
+        active = s.execute(select(runs.c.task_id, runs.c.node_ids).where(runs.c.state.in_(ACTIVE))).all()
+        had[node_id] = sorted(r.task_id for r in active if node_id in r.node_ids)
+        s.execute(delete(nodes).where(nodes.c.node_id == node_id))
+    return had
+
+
 # ---- agent reports ----
 
 

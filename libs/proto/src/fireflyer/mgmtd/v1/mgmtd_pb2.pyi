@@ -787,6 +787,49 @@ class SetNodeEnabledResponse(_message.Message):
 Global___SetNodeEnabledResponse: _TypeAlias = SetNodeEnabledResponse  # noqa: Y015
 
 @_typing.final
+class RemoveNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveNodeRequest: _TypeAlias = RemoveNodeRequest  # noqa: Y015
+
+@_typing.final
+class RemoveNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTING_VERSION_FIELD_NUMBER: _builtins.int
+    REMOVED_AT_FIELD_NUMBER: _builtins.int
+    routing_version: _builtins.int
+    """The routing version without the node (the current one when it was removed before)."""
+    removed_at: _builtins.float
+    """Unix seconds of the removal."""
+    def __init__(
+        self,
+        *,
+        routing_version: _builtins.int = ...,
+        removed_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_at", b"removed_at", "routing_version", b"routing_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveNodeResponse: _TypeAlias = RemoveNodeResponse  # noqa: Y015
+
+@_typing.final
 class OfflineTargetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -88,6 +88,11 @@ class MgmtdServiceStub:
                 request_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledRequest.SerializeToString,
                 response_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledResponse.FromString,
                 _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/fireflyer.mgmtd.v1.MgmtdService/RemoveNode',
+                request_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
         self.GetConfig = channel.unary_unary(
                 '/fireflyer.mgmtd.v1.MgmtdService/GetConfig',
                 request_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.GetConfigRequest.SerializeToString,
@@ -182,6 +187,16 @@ class MgmtdServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveNode(self, request, context):
+        """Admin: forget a node that left the cluster. Refused (FAILED_PRECONDITION, saying why) while the node is
+        alive (its lease has not expired), enabled, or holds a target of any chain. Its id is never given to
+        another node, and a registration under it is refused: a machine that comes back registers anew (node_id
+        0). Removing a removed node again answers as the first time did.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetConfig(self, request, context):
         """The versioned config of a node type.
         """
@@ -248,6 +263,11 @@ def add_MgmtdServiceServicer_to_server(servicer, server):
                     servicer.SetNodeEnabled,
                     request_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledRequest.FromString,
                     response_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.RemoveNodeResponse.SerializeToString,
             ),
             'GetConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.GetConfig,
@@ -534,6 +554,33 @@ class MgmtdService:
             '/fireflyer.mgmtd.v1.MgmtdService/SetNodeEnabled',
             fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledRequest.SerializeToString,
             fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.SetNodeEnabledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fireflyer.mgmtd.v1.MgmtdService/RemoveNode',
+            fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.RemoveNodeRequest.SerializeToString,
+            fireflyer_dot_mgmtd_dot_v1_dot_mgmtd__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,12 @@ class MgmtdServiceStub:
     """
     SetNodeEnabled: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.SetNodeEnabledRequest, _mgmtd_pb2.SetNodeEnabledResponse]
     """Admin: enable or disable a node. A disabled node stays registered but is not routed to."""
+    RemoveNode: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.RemoveNodeRequest, _mgmtd_pb2.RemoveNodeResponse]
+    """Admin: forget a node that left the cluster. Refused (FAILED_PRECONDITION, saying why) while the node is
+    alive (its lease has not expired), enabled, or holds a target of any chain. Its id is never given to
+    another node, and a registration under it is refused: a machine that comes back registers anew (node_id
+    0). Removing a removed node again answers as the first time did.
+    """
     GetConfig: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.GetConfigRequest, _mgmtd_pb2.GetConfigResponse]
     """The versioned config of a node type."""
     SetConfig: _grpc.UnaryUnaryMultiCallable[_mgmtd_pb2.SetConfigRequest, _mgmtd_pb2.SetConfigResponse]
@@ -107,6 +113,12 @@ class MgmtdServiceAsyncStub(MgmtdServiceStub):
     """
     SetNodeEnabled: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.SetNodeEnabledRequest, _mgmtd_pb2.SetNodeEnabledResponse]  # type: ignore[assignment]
     """Admin: enable or disable a node. A disabled node stays registered but is not routed to."""
+    RemoveNode: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.RemoveNodeRequest, _mgmtd_pb2.RemoveNodeResponse]  # type: ignore[assignment]
+    """Admin: forget a node that left the cluster. Refused (FAILED_PRECONDITION, saying why) while the node is
+    alive (its lease has not expired), enabled, or holds a target of any chain. Its id is never given to
+    another node, and a registration under it is refused: a machine that comes back registers anew (node_id
+    0). Removing a removed node again answers as the first time did.
+    """
     GetConfig: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.GetConfigRequest, _mgmtd_pb2.GetConfigResponse]  # type: ignore[assignment]
     """The versioned config of a node type."""
     SetConfig: _aio.UnaryUnaryMultiCallable[_mgmtd_pb2.SetConfigRequest, _mgmtd_pb2.SetConfigResponse]  # type: ignore[assignment]
@@ -206,6 +218,18 @@ class MgmtdServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_mgmtd_pb2.SetNodeEnabledResponse, _abc.Awaitable[_mgmtd_pb2.SetNodeEnabledResponse]]:
         """Admin: enable or disable a node. A disabled node stays registered but is not routed to."""
+
+    @_abc_1.abstractmethod
+    def RemoveNode(
+        self,
+        request: _mgmtd_pb2.RemoveNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_mgmtd_pb2.RemoveNodeResponse, _abc.Awaitable[_mgmtd_pb2.RemoveNodeResponse]]:
+        """Admin: forget a node that left the cluster. Refused (FAILED_PRECONDITION, saying why) while the node is
+        alive (its lease has not expired), enabled, or holds a target of any chain. Its id is never given to
+        another node, and a registration under it is refused: a machine that comes back registers anew (node_id
+        0). Removing a removed node again answers as the first time did.
+        """
 
     @_abc_1.abstractmethod
     def GetConfig(
