@@ -46,8 +46,10 @@ def default_sink() -> Sink | None:
 
 
 def send(sink: Sink | None, **metrics: float) -> None:
-    """Report ``metrics`` (without the ``hfai_`` prefix ``report`` adds); a failing sink is logged, never raised:
-    telemetry must not fail a training step or a checkpoint."""
+    """Report ``metrics`` (without the ``hfai_`` prefix ``report`` adds); a failing sink is logged, never raised.
+
+    Telemetry must not fail a training step or a checkpoint. A ``None`` sink (reporting off) does nothing.
+    """
     if sink is None:
         return
     try:
@@ -82,6 +84,7 @@ class StepMetrics:
 
     @property
     def enabled(self) -> bool:
+        """Whether there is a sink to report to; without one, callers may skip measuring."""
         return self._sink is not None
 
     def step_started(self) -> None:

@@ -82,8 +82,14 @@ async def _users(mgmtd: str) -> dict[str, str]:
 
 async def _start(folder: Path) -> Cluster:
     storage = await start_cluster(folder, targets_per_disk=2)
-    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
-                        database_url=f"sqlite:///{folder / 'meta.db'}", background_interval_s=0.5)  # fmt: skip
+    meta = meta_process(
+        folder,
+        "meta1",
+        mgmtd_address=storage.mgmtd_address,
+        cluster_token=CLUSTER_TOKEN,
+        database_url=f"sqlite:///{folder / 'meta.db'}",
+        background_interval_s=0.5,
+    )
     meta.start()
     scheduler = spawn_process(folder, f"sqlite:///{folder / 'sched.db'}", storage.mgmtd_address, CLUSTER_TOKEN)
     # (the trainers find it through mgmtd, as ranks of a task do)
@@ -142,8 +148,10 @@ def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
         assert handle.wait() == f"hf3fs:///ck/ck-alice/run1/step-{step:09d}/{ckpt.MANIFEST}"
     assert sorted(fs.listdir("/ck/ck-alice/run1")) == ["step-000000002", "step-000000003"]
     assert handle.removed_steps == [1]
-    one = {"model": {"w": torch.zeros(300, 700), "b": torch.zeros(5, dtype=torch.int64), "step": 0.0},
-           "moment": ckpt.Shard(torch.zeros(1000), (10, 100), 0)}  # fmt: skip
+    one = {
+        "model": {"w": torch.zeros(300, 700), "b": torch.zeros(5, dtype=torch.int64), "step": 0.0},
+        "moment": ckpt.Shard(torch.zeros(1000), (10, 100), 0),
+    }
     loaded = ckpt.load(root, one, fs=fs)  # on one rank: both saved slices
     assert (loaded.step, loaded.world_size, loaded.url) == (3, 2, "hf3fs:///ck/ck-alice/run1/step-000000003")
     assert torch.equal(one["moment"].local, flat * 3) and one["model"]["step"] == 3
@@ -154,8 +162,9 @@ def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
-def test_a_save_killed_midway_leaves_the_previous_checkpoint(cluster: Cluster, tmp_path: Path, where: str,
-                                                             stage: str) -> None:  # fmt: skip
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(
+    cluster: Cluster, tmp_path: Path, where: str, stage: str
+) -> None:
     fs = cluster.fs["ck-alice"]
     root = f"hf3fs:///ck/ck-alice/crash-{stage}" if where == "3fs" else str(tmp_path / "crash")
     env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
@@ -221,19 +230,27 @@ STEPS = 60
 TINY = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "1", "--heads", "2", "--log-every", "5"]
 
 
-def _launch(forks: ForkServer, cluster: Cluster, args: list[str], env: dict[str, str],
-            logs: Path) -> list[tuple[ForkedProcess, Path]]:  # fmt: skip
+def _launch(
+    forks: ForkServer, cluster: Cluster, args: list[str], env: dict[str, str], logs: Path
+) -> list[tuple[ForkedProcess, Path]]:
     """Two ranks of the trainer, torchrun-style, as alice (forked with torch imported; output to ``logs``)."""
     port = str(free_port())
-    base = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"],
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-            **env}  # fmt: skip
+    base = {
+        **os.environ,
+        "FF_MGMTD_ADDRESSES": cluster.mgmtd,
+        "FF_TOKEN": cluster.tokens["ck-alice"],
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+        **env,
+    }
     procs = []
     for r in (0, 1):
         log = logs.with_name(f"{logs.name}-rank{r}.log")
         with log.open("wb") as out:
-            procs.append((forks.start([sys.executable, str(EXAMPLE / "train.py"), *TINY, *args],
-                                      env={**base, "RANK": str(r)}, stdout=out, stderr=out), log))  # fmt: skip
+            argv = [sys.executable, str(EXAMPLE / "train.py"), *TINY, *args]
+            procs.append((forks.start(argv, env={**base, "RANK": str(r)}, stdout=out, stderr=out), log))
     return procs
 
 
@@ -253,21 +270,29 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(
 ) -> None:
     env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
     data = "hf3fs:///ck/ck-alice/corpus.txt"
-    subprocess.run([sys.executable, str(EXAMPLE / "corpus.py"), data, "--mib", "0.25"], env=env, check=True,
-                   timeout=120)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(EXAMPLE / "corpus.py"), data, "--mib", "0.25"], env=env, check=True, timeout=120
+    )
     common = ["--data", data, "--ckpt-every", "10"]
-    ref_args = [*common, "--steps", str(STEPS), "--ckpt", "hf3fs:///ck/ck-alice/gpt-ref", "--metrics",
-                str(tmp_path / "ref.jsonl")]  # fmt: skip
+    ref_args = [
+        *common,
+        "--steps",
+        str(STEPS),
+        "--ckpt",
+        "hf3fs:///ck/ck-alice/gpt-ref",
+        "--metrics",
+        str(tmp_path / "ref.jsonl"),
+    ]
     reference = _launch(torch_forks, cluster, ref_args, {}, tmp_path / "ref")
     run_dir = RunControl(tmp_path / "run").create()
     root, metrics = "hf3fs:///ck/ck-alice/gpt", tmp_path / "run.jsonl"
     first = _launch(
         torch_forks,
         cluster,
-        [*common, "--steps", "100000", "--ckpt", root, "--metrics", str(metrics)],
+        [*common, "--steps", "100000", "--ckpt", root, "--metrics", str(metrics)],  # suspended long before its end
         {"HFAI_RUN_DIR": str(run_dir.folder)},
         tmp_path / "first",
-    )  # fmt: skip (suspended long before its end)
+    )
     deadline = time.monotonic() + 400
     while max(_losses(metrics), default=0) < 6 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -285,8 +310,15 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(
     assert events[-2].data["path"] == f"/ck/ck-alice/gpt/step-{suspended_at:09d}/{ckpt.MANIFEST}"
     assert 6 <= suspended_at < STEPS - 5 and max(_losses(metrics)) == suspended_at, suspended_at
 
-    _finish(_launch(torch_forks, cluster, [*common, "--steps", str(STEPS), "--ckpt", root, "--metrics", str(metrics)],
-                    {}, tmp_path / "resumed"))  # fmt: skip
+    _finish(
+        _launch(
+            torch_forks,
+            cluster,
+            [*common, "--steps", str(STEPS), "--ckpt", root, "--metrics", str(metrics)],
+            {},
+            tmp_path / "resumed",
+        )
+    )
     _finish(reference)
     ref, run = _losses(tmp_path / "ref.jsonl"), _losses(metrics)
     assert sorted(run) == sorted(ref) == list(range(1, STEPS + 1))
@@ -296,8 +328,14 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(
     assert run[STEPS] < run[1] - 0.5  # and it learned something
     # What the ranks reported reached the task's telemetry as alice's: the loss curve and haiscale's own figures.
     series = asyncio.run(_series_of(cluster, "ck-alice"))
-    for name in ("hfai_loss", "hfai_step", "hfai_ddp_step_seconds", "hfai_ddp_allreduce_bytes",
-                 "hfai_checkpoint_save_seconds", "hfai_checkpoint_load_seconds"):  # fmt: skip
+    for name in (
+        "hfai_loss",
+        "hfai_step",
+        "hfai_ddp_step_seconds",
+        "hfai_ddp_allreduce_bytes",
+        "hfai_checkpoint_save_seconds",
+        "hfai_checkpoint_load_seconds",
+    ):
         assert name in series, (name, sorted(series))
     assert series["hfai_ddp_allreduce_bytes"] > 0 and series["hfai_ddp_step_seconds"] > 0, series
     assert series["hfai_step"] == STEPS  # the newest step reported: the last one
@@ -315,8 +353,10 @@ async def _series_of(cluster: Cluster, user: str) -> dict[str, float]:
             listed = await client.call(client.stub.ListSeries, tpb.ListSeriesRequest(start_at=now - 600))
             names = sorted({s.name for s in listed.series if s.name.startswith("hfai_")})
             for name in names:
-                got = await client.call(client.stub.QueryRange, tpb.QueryRangeRequest(
-                    name=name, start_at=now - 600, end_at=now, step_s=5, lookback_s=600))  # fmt: skip
+                got = await client.call(
+                    client.stub.QueryRange,
+                    tpb.QueryRangeRequest(name=name, start_at=now - 600, end_at=now, step_s=5, lookback_s=600),
+                )
                 values = [p.value for r in got.series for p in r.points]
                 if values:
                     newest[name] = values[-1]

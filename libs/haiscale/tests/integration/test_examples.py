@@ -17,8 +17,15 @@ from ff_testing import free_port
 from ff_testing.forkserver import ForkedProcess, ForkServer
 
 EXAMPLE = Path(__file__).parents[4] / "examples" / "gpt"
-TINY = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "2", "--heads", "2", "--log-every", "4",
-        "--ckpt-every", "8"]  # fmt: skip
+TINY = [
+    "--batch", "4",
+    "--context", "32",
+    "--dim", "32",
+    "--layers", "2",
+    "--heads", "2",
+    "--log-every", "4",
+    "--ckpt-every", "8",
+]  # fmt: skip
 STEPS = 16
 VARIANTS = {  # script, ranks, its own flags
     "pipeline": ("train_pipeline.py", 4, ["--pp", "2", "--chunks", "2"]),
@@ -28,8 +35,13 @@ VARIANTS = {  # script, ranks, its own flags
 
 def _run(forks: ForkServer, script: str, ranks: int, args: list[str], logs: Path) -> None:
     """The trainer on ``ranks`` ranks, torchrun-style, to its end."""
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks),
-            "OMP_NUM_THREADS": "1"}  # fmt: skip
+    base = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(ranks),
+        "OMP_NUM_THREADS": "1",
+    }
     procs: list[tuple[ForkedProcess, Path]] = []
     for r in range(ranks):
         log = logs.with_name(f"{logs.name}-rank{r}.log")
@@ -54,14 +66,29 @@ def test_the_example_variant_resumes_from_its_checkpoint_with_the_same_losses(
     subprocess.run([sys.executable, str(EXAMPLE / "corpus.py"), str(data), "--mib", "0.25"], check=True, timeout=60)
     common = [*flags, "--data", str(data)]
     ref_metrics, metrics, ckpt = tmp_path / "ref.jsonl", tmp_path / "run.jsonl", tmp_path / "ckpt"
-    _run(torch_forks, script, ranks, [*common, "--steps", str(STEPS), "--ckpt", str(tmp_path / "ref"), "--metrics",
-                                      str(ref_metrics)], tmp_path / "ref")  # fmt: skip
-    _run(torch_forks, script, ranks, [*common, "--steps", "8", "--ckpt", str(ckpt), "--metrics", str(metrics)],
-         tmp_path / "first")  # fmt: skip
+    _run(
+        torch_forks,
+        script,
+        ranks,
+        [*common, "--steps", str(STEPS), "--ckpt", str(tmp_path / "ref"), "--metrics", str(ref_metrics)],
+        tmp_path / "ref",
+    )
+    _run(
+        torch_forks,
+        script,
+        ranks,
+        [*common, "--steps", "8", "--ckpt", str(ckpt), "--metrics", str(metrics)],
+        tmp_path / "first",
+    )
     if variant == "pipeline":
         assert sorted(p.name for p in ckpt.iterdir()) == ["stage-0", "stage-1"]  # each stage its own checkpoint
-    _run(torch_forks, script, ranks, [*common, "--steps", str(STEPS), "--ckpt", str(ckpt), "--metrics",
-                                      str(metrics)], tmp_path / "resumed")  # fmt: skip
+    _run(
+        torch_forks,
+        script,
+        ranks,
+        [*common, "--steps", str(STEPS), "--ckpt", str(ckpt), "--metrics", str(metrics)],
+        tmp_path / "resumed",
+    )
     assert "resumed from step 8" in (tmp_path / "resumed-rank0.log").read_text()
     ref, run = _losses(ref_metrics), _losses(metrics)
     assert sorted(run) == sorted(ref) == list(range(1, STEPS + 1))

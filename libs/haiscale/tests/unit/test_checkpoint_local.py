@@ -81,8 +81,9 @@ def test_a_second_save_waits_for_the_first(tmp_path: Path) -> None:
 def test_mismatch_names_the_first_tensor_and_changes_nothing(tmp_path: Path) -> None:
     ckpt.save(tmp_path, {"a": torch.ones(2), "b": torch.ones(4, 8), "c": torch.ones(3), "s": 1}, step=1).wait()
     target = {"a": torch.full((2,), 9.0), "b": torch.full((8, 4), 9.0), "c": torch.full((3,), 9.0), "s": 0}
-    with pytest.raises(ckpt.CheckpointMismatch, match=r"^b: the checkpoint has float32 \[4, 8\], the state dict "
-                       r"float32 \[8, 4\]"):  # fmt: skip
+    with pytest.raises(
+        ckpt.CheckpointMismatch, match=r"^b: the checkpoint has float32 \[4, 8\], the state dict float32 \[8, 4\]"
+    ):
         ckpt.load(tmp_path, target)
     assert all(bool((target[k] == 9.0).all()) for k in "abc") and target["s"] == 0
     with pytest.raises(ckpt.CheckpointMismatch, match=r"^a: the checkpoint has float32 \[2\], the state dict float64"):
@@ -146,8 +147,9 @@ def _bounds(numel: int, rank: int, world: int) -> tuple[int, int]:
     return min(numel, rank * per), min(numel, (rank + 1) * per)
 
 
-def _rank_state(model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, rank: int,
-                world: int) -> dict[str, Any]:  # fmt: skip
+def _rank_state(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, rank: int, world: int
+) -> dict[str, Any]:
     """What one rank of ``world`` holds: the replicated model and RNG, its flat slice of every moment."""
     moments: dict[str, Any] = {}
     for i, p in enumerate(model.parameters()):
@@ -156,8 +158,13 @@ def _rank_state(model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.G
             lo, hi = _bounds(full.numel(), rank, world)
             moments[f"{i}.{key}"] = ckpt.Shard(full[lo:hi].clone(), tuple(p.shape), lo)
     steps = {str(i): opt.state[p]["step"] for i, p in enumerate(model.parameters())}
-    return {"model": model.state_dict(), "moments": moments, "steps": steps, "rng": gen.get_state(),
-            "torch_rng": torch.get_rng_state()}  # fmt: skip
+    return {
+        "model": model.state_dict(),
+        "moments": moments,
+        "steps": steps,
+        "rng": gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+    }
 
 
 def test_saved_on_4_ranks_loads_on_2_and_1_and_training_continues(tmp_path: Path) -> None:

@@ -82,9 +82,15 @@ def test_schedules_run_every_micro_batch_once_each_way() -> None:
         Action("B", 0),
     ]
     assert one_f_one_b(4, 0, 2) == [
-        Action("F", 0), Action("F", 1), Action("B", 0), Action("F", 2), Action("B", 1), Action("F", 3),
-        Action("B", 2), Action("B", 3),
-    ]  # fmt: skip
+        Action("F", 0),
+        Action("F", 1),
+        Action("B", 0),
+        Action("F", 2),
+        Action("B", 1),
+        Action("F", 3),
+        Action("B", 2),
+        Action("B", 3),
+    ]
     for p in (1, 2, 4):
         for s in range(p):
             for m in (1, 3, 8):
@@ -119,8 +125,10 @@ def test_the_activation_header_round_trips_and_refuses_what_it_cannot_carry() ->
         torch.zeros((), dtype=torch.bool),
     ]
     assert decode_header(encode_header(tensors)) == [
-        (torch.float32, True, (2, 3)), (torch.int64, False, (4,)), (torch.bool, False, ()),
-    ]  # fmt: skip
+        (torch.float32, True, (2, 3)),
+        (torch.int64, False, (4,)),
+        (torch.bool, False, ()),
+    ]
     with pytest.raises(TypeError, match="item 0 is str"):
         encode_header(["x"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="at most 16 tensors"):

@@ -30,8 +30,15 @@ def test_steps_are_averaged_and_reported_once_per_interval() -> None:
     assert sent == []  # 4 s since the start: not yet
     clock.now = 6.0
     m.step_started()  # closes the fourth step (2 s): 4 closed steps, 6 s since the last report
-    assert sent == [{"ddp_steps": 4, "ddp_step_seconds": 1.5, "ddp_allreduce_wait_seconds": pytest.approx(0.25),
-                     "ddp_allreduce_bytes": 1000, "ddp_wire_bytes": 500}]  # fmt: skip
+    assert sent == [
+        {
+            "ddp_steps": 4,
+            "ddp_step_seconds": 1.5,
+            "ddp_allreduce_wait_seconds": pytest.approx(0.25),
+            "ddp_allreduce_bytes": 1000,
+            "ddp_wire_bytes": 500,
+        }
+    ]
     m.flush()
     assert len(sent) == 1  # nothing closed since
 
@@ -48,8 +55,15 @@ def test_a_step_without_a_reduced_backward_is_not_a_step() -> None:
     m.reduced(wait_s=0.5, reduced_bytes=8, wire_bytes=0)  # two reduced backwards in one step add up
     clock.now = 3.0
     m.step_started()
-    assert sent == [{"ddp_steps": 1, "ddp_step_seconds": 2.0, "ddp_allreduce_wait_seconds": 0.5,
-                     "ddp_allreduce_bytes": 16, "ddp_wire_bytes": 0}]  # fmt: skip
+    assert sent == [
+        {
+            "ddp_steps": 1,
+            "ddp_step_seconds": 2.0,
+            "ddp_allreduce_wait_seconds": 0.5,
+            "ddp_allreduce_bytes": 16,
+            "ddp_wire_bytes": 0,
+        }
+    ]
 
 
 def test_a_failing_sink_never_raises_and_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,9 @@
-"""HaiScale's checkpoint manager (the paper's section VII-A): host snapshots, background batch writes to 3FS
-(or a local folder), an atomic manifest commit, the newest K kept, sharded state that loads on any number
-of ranks, and the commit reported to the HAI scheduler. See libs/haiscale/README.md."""
+"""HaiScale's checkpoint manager (the paper's section VII-A): sharded state saved to 3FS in the background.
+
+Host snapshots, background batch writes to 3FS (or a local folder), an atomic manifest commit, the newest K kept,
+sharded state that loads on any number of ranks, and the commit reported to the HAI scheduler. See
+libs/haiscale/README.md.
+"""
 
 from __future__ import annotations
 

@@ -139,9 +139,12 @@ def save(
         state_dict: a tree of dicts of tensors (rank 0 writes them), ``Shard``s (each rank its own) and other
             picklable values (rank 0's are kept).
         step: the checkpoint's number; its folder is ``step-<step, 9 digits>``.
+        blocking: return only once the write has finished (as ``wait()`` does, raising its error).
         keep: once committed, keep only the newest ``keep`` checkpoints (None: all).
-        rank, world_size, group: this rank among how many: from ``group`` (or the default process group
-            when torch.distributed is initialized), else ``rank``/``world_size`` (default 0 of 1).
+        rank: this rank, when there is no ``group`` and torch.distributed is not initialized (default 0).
+        world_size: the number of ranks saving, in the same case (default 1).
+        group: the process group of the saving ranks, which gives rank and world size (default: the default
+            process group when torch.distributed is initialized and ``rank`` is not given).
         save_id: the same string on every rank when several ranks save without a process group.
         fs: the ``hf3fs.FileSystem`` for 3FS paths (default: one connection from FF_MGMTD_ADDRESSES/FF_TOKEN).
         report: when committed in 3FS inside an HAI task, report it to the scheduler (rank 0).
@@ -197,10 +200,13 @@ def load(
 
     Args:
         path: a checkpoint root (the newest committed checkpoint, or ``step``'s) or one checkpoint's folder.
+        step: the checkpoint to read under a root (default: the newest committed one); not used when ``path``
+            is one checkpoint's folder.
         state_dict: the structure to fill; every tensor must have the saved dtype and (global) shape, each
             ``Shard`` any slice, whichever ranks saved it.
         allocate_missing: tensors the checkpoint has and ``state_dict`` lacks (an optimizer that has not
             stepped yet) are made and set, instead of being a mismatch.
+        fs: the ``hf3fs.FileSystem`` for 3FS paths (default: one connection from FF_MGMTD_ADDRESSES/FF_TOKEN).
 
     Raises:
         FileNotFoundError: no committed checkpoint there.

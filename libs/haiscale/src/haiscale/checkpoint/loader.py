@@ -1,5 +1,8 @@
-"""Loading: match the state dict against the manifest, read every needed slice in batches, check the crc32s,
-and only then copy into the caller's tensors (a mismatch or a bad checksum changes nothing)."""
+"""Loading: check everything against the manifest before one byte of the caller's tensors changes.
+
+Match the state dict against the manifest, read every needed slice in batches, check the crc32s, and only then
+copy into the caller's tensors (a mismatch or a bad checksum changes nothing).
+"""
 
 from __future__ import annotations
 
@@ -74,8 +77,9 @@ def _mismatch(name: str, saved: str, given: str) -> CheckpointMismatch:
     return CheckpointMismatch(f"{name}: the checkpoint has {saved}, the state dict {given}")
 
 
-def _plan(manifest: Manifest, objects: dict[str, tuple[tuple[Key, ...], Any]], state: dict[Any, Any],
-          allocate_missing: bool) -> tuple[list[_Want], list[tuple[tuple[Key, ...], Any]]]:  # fmt: skip
+def _plan(
+    manifest: Manifest, objects: dict[str, tuple[tuple[Key, ...], Any]], state: dict[Any, Any], allocate_missing: bool
+) -> tuple[list[_Want], list[tuple[tuple[Key, ...], Any]]]:
     """What to read into which tensor and which values to set, checking everything first.
 
     Raises:
@@ -123,8 +127,14 @@ def _sources(manifest: Manifest, want: _Want) -> Iterator[TensorEntry]:
     Raises:
         CheckpointMismatch: part of the range was saved by no rank.
     """
-    covering = sorted((e for e in manifest.tensors if e.name == want.name and e.offset < want.stop
-                       and e.offset + e.numel > want.start), key=lambda e: e.offset)  # fmt: skip
+    covering = sorted(
+        (
+            e
+            for e in manifest.tensors
+            if e.name == want.name and e.offset < want.stop and e.offset + e.numel > want.start
+        ),
+        key=lambda e: e.offset,
+    )
     pos = want.start
     for e in covering:
         if e.offset > pos:
@@ -149,8 +159,12 @@ def _read_slices(loc: Location, folder: str, entries: list[TensorEntry]) -> dict
     ranges: list[tuple[str, int, int, list[TensorEntry]]] = []
     for e in sorted(entries, key=lambda e: (e.file, e.file_offset)):
         last = ranges[-1] if ranges else None
-        if last and last[0] == e.file and 0 <= e.file_offset - (last[1] + last[2]) <= ALIGN \
-                and e.file_offset + e.length - last[1] <= READ_RANGE_BYTES:  # fmt: skip
+        if (
+            last
+            and last[0] == e.file
+            and 0 <= e.file_offset - (last[1] + last[2]) <= ALIGN
+            and e.file_offset + e.length - last[1] <= READ_RANGE_BYTES
+        ):
             ranges[-1] = (last[0], last[1], e.file_offset + e.length - last[1], [*last[3], e])
         else:
             ranges.append((e.file, e.file_offset, e.length, [e]))
@@ -198,5 +212,10 @@ def read_into(loc: Location, folder: str, manifest: Manifest, state: dict[Any, A
 
 
 def read_manifest(loc: Location, folder: str) -> Manifest:
+    """The manifest of checkpoint ``folder`` under ``loc``.
+
+    Raises:
+        ValueError: the file is not a manifest of this format (names the file).
+    """
     path = loc.join(folder, MANIFEST)
     return Manifest.from_json(loc.storage.read_small(path), path)

@@ -48,8 +48,11 @@ class Shard:
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """One saved slice: ``numel`` elements from ``offset`` of tensor ``name`` (global ``shape``), stored as
-    ``length`` bytes at ``file_offset`` of ``file``."""
+    """One saved slice of a tensor and where its bytes are.
+
+    ``numel`` elements from ``offset`` of tensor ``name`` (global ``shape``), stored as ``length`` bytes at
+    ``file_offset`` of ``file``.
+    """
 
     name: str
     keys: tuple[str | int, ...]
@@ -76,12 +79,19 @@ class Blob:
 
 @dataclass(frozen=True)
 class Manifest:
+    """A checkpoint's table of contents: every saved slice and the pickled values, and where their bytes are.
+
+    Each rank writes the part for its own files; rank 0 merges the parts into ``MANIFEST``, written last and
+    atomically: a checkpoint counts only once that file is there.
+    """
+
     step: int
     world_size: int
     tensors: tuple[TensorEntry, ...]
     objects: Blob | None
 
     def to_json(self) -> bytes:
+        """The manifest as JSON (with the format version ``from_json`` checks)."""
         doc = {
             "format": FORMAT,
             "step": self.step,
@@ -93,6 +103,11 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
+        """Parse a manifest file's bytes; ``where`` names the file in errors.
+
+        Raises:
+            ValueError: not JSON, another format version, or a field missing or of the wrong type.
+        """
         try:
             doc = json.loads(data)
             if doc.get("format") != FORMAT:
@@ -114,14 +129,21 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def numel(shape: tuple[int, ...]) -> int:
+    """Elements of a tensor of ``shape`` (1 for a scalar's ``()``)."""
     return _numel(shape)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
+    """How the manifest writes a torch dtype: its name without ``torch.`` (``"bfloat16"``)."""
     return str(dtype).removeprefix("torch.")
 
 
 def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype a manifest names (``dtype_name``'s inverse).
+
+    Raises:
+        ValueError: torch has no such dtype.
+    """
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r} in the manifest")
@@ -145,13 +167,13 @@ def leaves(state: Mapping[Any, Any], keys: tuple[Key, ...] = ()) -> Iterator[Lea
         if isinstance(value, Mapping):
             yield from leaves(value, path)
             continue
-        name = leaf_name(path)
+        name = _leaf_name(path)
         if isinstance(value, list | tuple) and _has_tensor(value):
             raise TypeError(f"{name}: tensors inside a list or tuple are not supported (use a dict)")
         yield name, path, state, value  # type: ignore[misc]
 
 
-def leaf_name(keys: tuple[Key, ...]) -> str:
+def _leaf_name(keys: tuple[Key, ...]) -> str:
     return ".".join(str(k) for k in keys)
 
 

@@ -46,10 +46,11 @@ class CheckpointError(RuntimeError):
 
 
 def step_folder(step: int) -> str:
+    """The folder name of checkpoint ``step``: ``step-`` and 9 digits, so names sort as steps do."""
     return f"{STEP_PREFIX}{step:09d}"
 
 
-def folder_step(name: str) -> int | None:
+def _folder_step(name: str) -> int | None:
     rest = name.removeprefix(STEP_PREFIX)
     return int(rest) if name.startswith(STEP_PREFIX) and rest.isdigit() else None
 
@@ -139,11 +140,21 @@ def write_rank(loc: Location, snap: Snapshot) -> None:
     entries = []
     for t in snap.tensors:
         length = t.data.numel() * t.data.element_size()
-        entries.append(TensorEntry(
-            name=t.name, keys=t.keys, shard=snap.rank, dtype=dtype_name(t.data.dtype), shape=t.shape,
-            offset=t.offset, numel=t.data.numel(), file=data_name, file_offset=t.file_offset, length=length,
-            crc32=zlib.crc32(image[t.file_offset : t.file_offset + length]),
-        ))  # fmt: skip
+        entries.append(
+            TensorEntry(
+                name=t.name,
+                keys=t.keys,
+                shard=snap.rank,
+                dtype=dtype_name(t.data.dtype),
+                shape=t.shape,
+                offset=t.offset,
+                numel=t.data.numel(),
+                file=data_name,
+                file_offset=t.file_offset,
+                length=length,
+                crc32=zlib.crc32(image[t.file_offset : t.file_offset + length]),
+            )
+        )
     loc.storage.write_file(loc.join(folder, data_name), [(0, image)] if len(image) else [])
     part = Manifest(snap.step, snap.world_size, tuple(entries), blob)
     loc.storage.write_atomic(loc.join(folder, f"part-{snap.rank:05d}.{snap.save_id}.json"), part.to_json())
@@ -183,7 +194,7 @@ def committed_steps(loc: Location) -> list[int]:
     """Steps of the committed checkpoints under the root, oldest first."""
     steps = []
     for name in loc.storage.listdir(loc.path):
-        step = folder_step(name)
+        step = _folder_step(name)
         if step is not None and loc.storage.exists(loc.join(name, MANIFEST)):
             steps.append(step)
     return sorted(steps)
@@ -198,7 +209,7 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     committed = committed_steps(loc)
     doomed = set(committed[:-keep] if keep else [])
     for name in loc.storage.listdir(loc.path):
-        step = folder_step(name)
+        step = _folder_step(name)
         if step is not None and step < newest and step not in committed:
             doomed.add(step)  # a save that never committed (killed, or a rank failed)
     for step in sorted(doomed):

@@ -1,5 +1,6 @@
-"""Where checkpoint bytes go: a 3FS folder through the hf3fs client's batch API, or a POSIX folder (a local disk
-or a 3FS FUSE mount, which is POSIX too).
+"""Where checkpoint bytes go: a 3FS folder through the hf3fs client's batch API, or a POSIX folder.
+
+A POSIX folder is on a local disk or a 3FS FUSE mount, which is POSIX too.
 
 A checkpoint path written ``hf3fs:///a/b`` (or ``hf3fs:/a/b``, ``3fs:/a/b``) is in 3FS and is written with
 ``FileSystem.write_batch`` in batches of at most ``BATCH_BYTES``; any other path is a folder of this machine.
@@ -27,15 +28,32 @@ Piece = tuple[int, memoryview]  # (offset in the file, bytes)
 class Storage(Protocol):
     """The file operations a checkpoint needs; paths are this storage's own (absolute)."""
 
-    def makedirs(self, path: str) -> None: ...
-    def exists(self, path: str) -> bool: ...
-    def listdir(self, path: str) -> list[str]: ...
-    def write_file(self, path: str, pieces: Sequence[Piece]) -> None: ...
-    def write_atomic(self, path: str, data: bytes) -> None: ...
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]: ...
-    def read_small(self, path: str) -> bytes: ...
-    def remove(self, path: str) -> None: ...
-    def remove_tree(self, path: str) -> None: ...
+    def makedirs(self, path: str) -> None:
+        """Create folder ``path`` and its missing parents; one that exists already is fine."""
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or folder is at ``path``."""
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in folder ``path``; an empty list when there is no such folder."""
+
+    def write_file(self, path: str, pieces: Sequence[Piece]) -> None:
+        """Create (or truncate) ``path`` and write each ``(offset, bytes)`` piece; the bytes are durable on return."""
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` at once: a reader sees the old file or the new one, never part of one."""
+
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
+        """The bytes of each ``(path, offset, length)``, in order; a range past the end of its file comes back short."""
+
+    def read_small(self, path: str) -> bytes:
+        """The whole file at ``path`` (a manifest or a marker: small files)."""
+
+    def remove(self, path: str) -> None:
+        """Remove the file at ``path``."""
+
+    def remove_tree(self, path: str) -> None:
+        """Remove folder ``path`` and everything in it; nothing happens if it is not there."""
 
 
 def split_batches(
@@ -43,7 +61,8 @@ def split_batches(
 ) -> Iterator[list[Piece]]:
     """The pieces cut to at most ``piece_limit`` bytes each and grouped into batches of at most ``limit`` bytes.
 
-    Few large pieces write faster than many small ones: each piece of a batch is its own concurrent write."""
+    Few large pieces write faster than many small ones: each piece of a batch is its own concurrent write.
+    """
     batch: list[Piece] = []
     size = 0
     for offset, data in pieces:
@@ -62,18 +81,22 @@ class LocalStorage:
     """A POSIX folder: ``pwrite`` + ``fsync``, renames made durable by an ``fsync`` of the folder."""
 
     def makedirs(self, path: str) -> None:
+        """``Storage.makedirs`` with ``os.makedirs``."""
         os.makedirs(path, exist_ok=True)
 
     def exists(self, path: str) -> bool:
+        """``Storage.exists`` (follows symlinks: a dangling one does not exist)."""
         return os.path.exists(path)
 
     def listdir(self, path: str) -> list[str]:
+        """``Storage.listdir``, in the order the file system lists them."""
         try:
             return os.listdir(path)
         except FileNotFoundError:
             return []
 
     def write_file(self, path: str, pieces: Sequence[Piece]) -> None:
+        """``Storage.write_file``: ``pwrite`` every piece, then ``fsync`` the file."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             for offset, data in pieces:
@@ -85,12 +108,17 @@ class LocalStorage:
             os.close(fd)
 
     def write_atomic(self, path: str, data: bytes) -> None:
+        """``Storage.write_atomic``: a temporary file renamed over ``path``, then an ``fsync`` of the folder.
+
+        The folder's fsync makes the rename itself survive a crash.
+        """
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         self.write_file(tmp, [(0, memoryview(data))])
         os.rename(tmp, path)
         _fsync_dir(os.path.dirname(path))
 
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
+        """``Storage.read_ranges`` with ``pread``, opening each file once."""
         fds: dict[str, int] = {}
         try:
             out: list[Bytes] = []
@@ -104,13 +132,16 @@ class LocalStorage:
                 os.close(fd)
 
     def read_small(self, path: str) -> bytes:
+        """``Storage.read_small`` (FileNotFoundError if there is no such file)."""
         with open(path, "rb") as f:
             return f.read()
 
     def remove(self, path: str) -> None:
+        """``Storage.remove`` (FileNotFoundError if there is no such file)."""
         os.remove(path)
 
     def remove_tree(self, path: str) -> None:
+        """``Storage.remove_tree``; errors are ignored, so a file that cannot be removed stays."""
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
@@ -137,38 +168,49 @@ def _fsync_dir(path: str) -> None:
 
 
 class Hf3fsStorage:
-    """A folder in 3FS through one ``hf3fs.FileSystem``: data with ``write_batch``/``read_batch``; a close makes
-    a file's bytes durable (every replica acknowledged) and its length exact; a rename is one meta transaction."""
+    """A folder in 3FS through one ``hf3fs.FileSystem``: data with ``write_batch``/``read_batch``.
+
+    A close makes a file's bytes durable (every replica acknowledged) and its length exact; a rename is one meta
+    transaction.
+    """
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
 
     def makedirs(self, path: str) -> None:
+        """``Storage.makedirs``: one meta call."""
         self.fs.makedirs(path, exist_ok=True)
 
     def exists(self, path: str) -> bool:
+        """``Storage.exists``: one meta stat (symlinks followed)."""
         return bool(self.fs.exists(path))
 
     def listdir(self, path: str) -> list[str]:
+        """``Storage.listdir``: the meta listing, read page by page."""
         try:
             return list(self.fs.listdir(path))
         except FileNotFoundError:
             return []
 
     def write_file(self, path: str, pieces: Sequence[Piece]) -> None:
+        """``Storage.write_file``: ``write_batch`` calls of at most ``BATCH_BYTES``, pieces of ``PIECE_BYTES``."""
         self.fs.create(path)
         for batch in split_batches(pieces):
             self.fs.write_batch([(path, offset, data) for offset, data in batch if len(data)])
 
     def write_atomic(self, path: str, data: bytes) -> None:
+        """``Storage.write_atomic``: a temporary file, closed (durable), then renamed over ``path``."""
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         with self.fs.open(tmp, "wb") as f:
             f.write(data)
         self.fs.rename(tmp, path)
 
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
-        """Each range into a buffer of its own, straight from the transport (``read_batch_into``: no copy); a range
-        past the end of its file comes back short."""
+        """``Storage.read_ranges``: each range into a buffer of its own, straight from the transport.
+
+        ``read_batch_into`` fills the buffers with no copy, in batches of at most ``BATCH_BYTES``; a range past the
+        end of its file comes back short.
+        """
         out: list[Bytes] = []
         batch: list[tuple[str, int, int]] = []
         size = 0
@@ -184,13 +226,16 @@ class Hf3fsStorage:
         return out
 
     def read_small(self, path: str) -> bytes:
+        """``Storage.read_small`` through a file opened for reading."""
         with self.fs.open(path, "rb") as f:
             return bytes(f.read())
 
     def remove(self, path: str) -> None:
+        """``Storage.remove``: one meta call (FileNotFoundError if there is no such file)."""
         self.fs.remove(path)
 
     def remove_tree(self, path: str) -> None:
+        """``Storage.remove_tree``: deleted now, not moved to the trash."""
         if self.fs.exists(path):
             self.fs.rmtree(path, trash=False)
 
@@ -209,6 +254,7 @@ class Location:
         return "/".join([self.path.rstrip("/"), *parts]) if self.in_3fs else os.path.join(self.path, *parts)
 
     def url(self, *names: str) -> str:
+        """``join``'s path as a user would write it: an ``hf3fs://`` URL in 3FS, a plain path elsewhere."""
         return f"hf3fs://{self.join(*names)}" if self.in_3fs else self.join(*names)
 
 
@@ -229,8 +275,11 @@ def _default_fs() -> Any:
 
 
 def locate(path: str | os.PathLike[str], fs: Any = None) -> Location:
-    """The storage of a checkpoint root: 3FS for ``hf3fs://`` URLs (through ``fs``, or a connection made from
-    FF_MGMTD_ADDRESSES and FF_TOKEN), a POSIX folder otherwise (a relative path is made absolute)."""
+    """The storage of a checkpoint root: 3FS for ``hf3fs://`` URLs, a POSIX folder otherwise.
+
+    3FS goes through ``fs``, or a connection made from FF_MGMTD_ADDRESSES and FF_TOKEN (one per process); a
+    relative POSIX path is made absolute.
+    """
     text = os.fspath(path)
     if has_scheme(text):
         return Location(Hf3fsStorage(fs if fs is not None else _default_fs()), strip_scheme(text), True)

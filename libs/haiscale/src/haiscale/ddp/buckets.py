@@ -10,8 +10,10 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 
 @dataclasses.dataclass(frozen=True)
 class ParamInfo:
-    """What the plan needs to know of one parameter (``kind`` groups parameters that may share a bucket:
-    the same dtype on the same device)."""
+    """What the plan needs to know of one parameter.
+
+    ``kind`` groups parameters that may share a bucket: the same dtype on the same device.
+    """
 
     numel: int
     itemsize: int
@@ -38,10 +40,12 @@ class BucketSpec:
 
     @property
     def numel(self) -> int:
+        """The bucket's size in elements: its slots end to end."""
         return sum(s.numel for s in self.slots)
 
     @property
     def nbytes(self) -> int:
+        """The bucket's size in bytes."""
         return self.numel * self.itemsize
 
 
@@ -85,7 +89,7 @@ def _spec(index: int, members: list[int], params: Sequence[ParamInfo]) -> Bucket
 
 
 def cap_bytes_of(bucket_cap_mb: float | None) -> int:
-    """torch DDP's ``bucket_cap_mb`` in bytes (MiB, default 25)."""
+    """Convert torch DDP's ``bucket_cap_mb`` (MiB, default 25) to bytes."""
     mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else float(bucket_cap_mb)
     return int(mb * (1 << 20))
 
@@ -118,6 +122,7 @@ class LaunchOrder:
         return self._next
 
     def is_ready(self, param: int) -> bool:
+        """Whether ``param``'s gradient has arrived in this backward."""
         return self._ready[param]
 
     def mark_ready(self, param: int) -> list[int]:

@@ -55,6 +55,7 @@ class SharedGroup:
     users: int = 0
 
     def release(self) -> None:
+        """Drop one wrapper's use; the last one closes the hfreduce group (thread-safe)."""
         with _lock:
             self.users -= 1
             if self.users > 0:

@@ -232,8 +232,10 @@ class Reducer:
             raise RuntimeError("haiscale DDP: the reducer was stopped (reducer.stop()); wrap the model again")
 
     def stop(self) -> None:
-        """Stop reducing: wait for what is in flight, remove the hooks, release the hfreduce group if this
-        reducer holds the last reference to it. Gradients stay readable. Idempotent."""
+        """Stop reducing: wait for what is in flight, remove the hooks, release the hfreduce group.
+
+        The group is closed if this reducer holds the last reference to it. Gradients stay readable. Idempotent.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -250,6 +252,7 @@ class Reducer:
 
     @property
     def stopped(self) -> bool:
+        """Whether ``stop()`` was called; a stopped reducer refuses to be used again."""
         return self._stopped
 
 

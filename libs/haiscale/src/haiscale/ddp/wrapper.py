@@ -102,6 +102,11 @@ class DistributedDataParallel(torch.nn.Module):
         self.reducer.attach_grads()
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module; when the backward will reduce, first ready the reducer and sync the buffers.
+
+        With ``broadcast_buffers``, buffers are broadcast from the torch group's rank 0 before each such forward,
+        as torch DDP does.
+        """
         if torch.is_grad_enabled() and self.reducer.sync_enabled:
             self.reducer.prepare()
             if self.broadcast_buffers:
@@ -119,8 +124,11 @@ class DistributedDataParallel(torch.nn.Module):
             self.reducer.sync_enabled = previous
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """Load a state dict saved from this wrapper (keys ``module.*``, as torch DDP's) or from the bare model
-        (``model.module.state_dict()``, as HaiScale's examples save): whichever form matches more keys."""
+        """Load a state dict saved from this wrapper or from the bare model: whichever form matches more keys.
+
+        The wrapper's keys start with ``module.``, as torch DDP's; the bare model's are what
+        ``model.module.state_dict()`` gives, as HaiScale's examples save.
+        """
         return super().load_state_dict(_with_prefix(state_dict, self.state_dict().keys()), strict, assign)
 
 

@@ -61,6 +61,7 @@ class StepStats:
 
     @property
     def wall_s(self) -> float:
+        """Seconds from the step's start to its end on this rank."""
         return self.finished - self.started
 
 
@@ -134,10 +135,12 @@ class Pipeline(torch.nn.Module):
 
     @property
     def is_first_stage(self) -> bool:
+        """Whether this rank runs stage 0, the one that takes the inputs."""
         return self.stage == 0
 
     @property
     def is_last_stage(self) -> bool:
+        """Whether this rank runs the last stage, the one that computes the loss and returns outputs."""
         return self.stage == self.num_stages - 1
 
     # ----- public -----
@@ -201,8 +204,11 @@ class Pipeline(torch.nn.Module):
         return losses, outputs
 
     def forward(self, *inputs: torch.Tensor) -> Any:
-        """Forwards only (evaluation), micro-batch by micro-batch: the last stage returns the outputs
-        concatenated along dim 0 (a tuple if the model returns several tensors), the others ``None``."""
+        """Forwards only (evaluation), micro-batch by micro-batch; the last stage returns the outputs.
+
+        They come concatenated along dim 0 (a tuple if the model returns several tensors); the other stages return
+        ``None``.
+        """
         xs = _split_or_empty(inputs, self.chunks, "input", needed=self.is_first_stage)
         outs: list[list[torch.Tensor]] = []
         try:
@@ -289,8 +295,11 @@ class Pipeline(torch.nn.Module):
     # ----- failures -----
 
     def _failed(self, exc: BaseException) -> BaseException:
-        """Name the rank that failed first: the neighbour or replica this rank saw fail, unless the job's store
-        already records an earlier failure (a rank that saw the first one records it before it stops)."""
+        """Name the rank that failed first: the neighbour or replica this rank saw fail, or an earlier one.
+
+        The job's store may already record an earlier failure (a rank that saw the first one records it before it
+        stops); that one wins.
+        """
         me = dist.get_rank()
         culprit = self._culprit(exc)
         if culprit is None:
@@ -338,9 +347,11 @@ class GPipe(Pipeline):
 
 
 class PipeDream(Pipeline):
-    """PipeDream's 1F1B with a flush per step: warm-up forwards, then one forward and one backward in turn, then
-    the remaining backwards; at most ``num_stages - stage`` micro-batches' activations live at a stage
-    (``Pipeline`` has the arguments)."""
+    """PipeDream's 1F1B with a flush per step: at most ``num_stages - stage`` micro-batches' activations live.
+
+    Warm-up forwards, then one forward and one backward in turn, then the remaining backwards
+    (``Pipeline`` has the arguments).
+    """
 
     schedule = staticmethod(sched.one_f_one_b)
 

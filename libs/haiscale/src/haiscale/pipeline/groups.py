@@ -37,13 +37,14 @@ def make_subgroups(
     """``(dp_group, pp_group)`` of this rank: its stage's data-parallel group and its replica's pipeline.
 
     Call on every rank after ``torch.distributed.init_process_group`` (every rank creates every group, in the
-    same order, as ``new_group`` requires). Layout: ``subgroup_ranks``. The groups use the default group's
-    backend unless ``backend`` says otherwise (the pipeline group sends point to point: gloo, nccl, or
-    ``"hfreduce"``).
+    same order, as ``new_group`` requires). Layout: ``subgroup_ranks``.
 
     Args:
         pp_size: stages per pipeline.
         dp_size: replicas; default ``world_size // pp_size`` (given, it must match).
+        backend: the groups' backend (default: the default group's); the pipeline group sends point to point,
+            which gloo, nccl and ``"hfreduce"`` do.
+        timeout: the groups' timeout, as ``new_group`` takes it (default: torch's).
 
     Raises:
         RuntimeError: torch.distributed is not initialized.

@@ -18,6 +18,7 @@ class SequentialModel(torch.nn.Sequential):
     """
 
     def forward(self, *args: Any) -> Any:
+        """Run the layers in order, each on the previous one's outputs as positional arguments."""
         for layer in self:
             out = layer(*args)
             args = out if isinstance(out, tuple) else (out,)
@@ -25,8 +26,10 @@ class SequentialModel(torch.nn.Sequential):
 
 
 def stage_bounds(num_layers: int, pp_size: int, balance: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """The ``[start, end)`` layer range of every stage: ``balance[s]`` layers for stage ``s``, or as even as
-    possible (the first stages take one more when the layers do not divide).
+    """The ``[start, end)`` layer range of every stage.
+
+    Stage ``s`` gets ``balance[s]`` layers, or without ``balance`` a share as even as possible (the first stages
+    take one more when the layers do not divide).
 
     Raises:
         ValueError: ``pp_size`` below 1, more stages than layers, or a ``balance`` that does not have one

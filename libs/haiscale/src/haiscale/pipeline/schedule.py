@@ -15,16 +15,20 @@ class Action:
 
 
 def gpipe(num_micro: int, stage: int, num_stages: int) -> list[Action]:
-    """GPipe: every forward, then every backward (last micro-batch first). Each stage holds all ``num_micro``
-    micro-batches' activations at the turn."""
+    """GPipe: every forward, then every backward (last micro-batch first).
+
+    Each stage holds all ``num_micro`` micro-batches' activations at the turn.
+    """
     _check(num_micro, stage, num_stages)
     return [Action("F", i) for i in range(num_micro)] + [Action("B", i) for i in reversed(range(num_micro))]
 
 
 def one_f_one_b(num_micro: int, stage: int, num_stages: int) -> list[Action]:
-    """PipeDream's 1F1B (with a flush at the end of the step): ``num_stages - stage - 1`` warm-up forwards, then
-    one forward and one backward in turn, then the remaining backwards. Stage ``s`` holds at most
-    ``num_stages - s`` micro-batches' activations."""
+    """PipeDream's 1F1B, with a flush at the end of the step.
+
+    ``num_stages - stage - 1`` warm-up forwards, then one forward and one backward in turn, then the remaining
+    backwards. Stage ``s`` holds at most ``num_stages - s`` micro-batches' activations.
+    """
     _check(num_micro, stage, num_stages)
     warmup = min(num_stages - stage - 1, num_micro)
     actions = [Action("F", i) for i in range(warmup)]

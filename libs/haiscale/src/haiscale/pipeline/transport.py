@@ -93,9 +93,17 @@ class StageLink:
         self._pending: list[tuple[Any, int, list[torch.Tensor]]] = []  # (work, peer stage, tensors kept alive)
 
     def global_rank(self, stage: int) -> int:
+        """The global rank of the pipeline group's ``stage`` (to name a failed neighbour)."""
         return dist.get_global_rank(self.group, stage)
 
     def send_activations(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Start sending this stage's outputs, header first, to the next stage; ``wait_sends`` waits for them.
+
+        Raises:
+            TypeError: an output has a dtype the pipeline does not send.
+            ValueError: more than ``MAX_TENSORS`` outputs, or one of more than ``MAX_DIMS`` dimensions.
+            TransferError: a send could not be started (names the next stage's rank).
+        """
         out = [t.detach().contiguous() for t in tensors]
         header = encode_header(tensors)
         for t in [header, *out]:
@@ -114,10 +122,16 @@ class StageLink:
         return tensors
 
     def send_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        """Start sending the gradients of the received activations back to the previous stage (no header)."""
         for g in grads:
             self._isend(g.detach().contiguous(), self.stage - 1)
 
     def recv_grads(self, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The next stage's gradients of the activations ``like`` this stage sent it: one per tensor, same shapes.
+
+        Raises:
+            TransferError: a receive failed (names the next stage's rank).
+        """
         grads = []
         for t in like:
             g = torch.empty(t.shape, dtype=t.dtype)
@@ -126,6 +140,11 @@ class StageLink:
         return grads
 
     def wait_sends(self) -> None:
+        """Wait for every send started since the last call (the end of a step).
+
+        Raises:
+            TransferError: a send failed (names the rank it went to).
+        """
         pending, self._pending = self._pending, []
         for work, peer, _ in pending:
             self._wait(work, peer, "send to")
