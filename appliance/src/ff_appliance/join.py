@@ -4,10 +4,11 @@
 joined.json with the cluster's mgmtd addresses and the storage disks; secrets/cluster_token), so a second ``join``
 restarts the same nodes. A joined storage node takes its fair share of the chains' replicas (``replicas``).
 
-``leave`` drains, then stops: the agent's node is disabled in the scheduler (no new task is placed on it, and
-its runs are suspended: they checkpoint and queue again for other nodes) until no run is left on it; the
-storage node's replicas move to the other nodes and sync there; then the services stop and their nodes are
-disabled in mgmtd (a node stays registered: mgmtd has no call to forget one).
+``leave`` drains, then stops and removes: the agent's node is disabled in the scheduler (no new task is placed
+on it, and its runs are suspended: they checkpoint and queue again for other nodes) until no run is left on it;
+the storage node's replicas move to the other nodes and sync there; then the services stop, their nodes are
+disabled in mgmtd and, once mgmtd declared them dead (their lease ran out), removed from it (``RemoveNode``: the
+scheduler forgets the agent's node; the ids are never given to another node).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
+
+import grpc
 
 from ff_appliance import replicas
 from ff_appliance.health import Health, wait_serving
@@ -55,6 +58,8 @@ from fireflyer.scheduler.v1 import scheduler_pb2 as spb
 
 CPU_DEVICE_SLOTS = 2
 DRAIN_POLL_S = 0.5
+# How long past mgmtd's node lease a stopped node may take to be declared dead (mgmtd checks every T/20, <= 0.5 s).
+DEAD_MARGIN_S = 5.0
 READY_POLL_S = 0.2
 LEAVING = "leaving the cluster (fireflyer leave)"
 
@@ -351,10 +356,11 @@ async def _do_moves(
 
 
 async def leave(state: StateDir, drain_timeout_s: float, out: TextIO) -> None:
-    """Drain this machine's joined nodes, then stop them (see the module docstring).
+    """Drain this machine's joined nodes, then stop them and remove them from the cluster (see the module docstring).
 
     Raises:
-        JoinError: not joined; a task still runs after ``drain_timeout_s``; a replica cannot move.
+        JoinError: not joined; a task still runs after ``drain_timeout_s``; a replica cannot move; mgmtd
+            refuses to remove a node.
     """
     joined, plan, token = read_joined(state), load_plan(state), read_secret(state.cluster_token_file)
     if plan is None or token is None:
@@ -375,10 +381,7 @@ async def leave(state: StateDir, drain_timeout_s: float, out: TextIO) -> None:
                     raise JoinError(str(err)) from None
                 await _do_moves(client, token, moves, deadline, out)
             _stop(state, plan, out)
-            for instance in plan.instances:
-                disable = mgmtd_pb2.SetNodeEnabledRequest(node_id=instance.node_id, enabled=False)
-                await client.mgmtd(lambda s: s.SetNodeEnabled, disable)
-                print(f"node {instance.node_id} ({instance.name}): disabled in mgmtd", file=out)
+            await _remove_nodes(client, token, plan, out)
         finally:
             await client.close()
     joined_file(state).unlink()
@@ -388,7 +391,13 @@ async def leave(state: StateDir, drain_timeout_s: float, out: TextIO) -> None:
 async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:
     user = SchedulerUser(await scheduler_address(client), token)
     try:
-        await user.call("SetNodeEnabled", spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING))
+        try:
+            await user.call("SetNodeEnabled", spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING))
+        except RpcError as err:
+            if err.code is not grpc.StatusCode.NOT_FOUND:
+                raise
+            print(f"node {node_id}: not in the scheduler (an earlier leave removed it)", file=out)
+            return
         print(
             f"node {node_id}: disabled in the scheduler: no new task goes there, and the runs on it are suspended "
             "(they checkpoint and queue again for other nodes); waiting until none is left",
@@ -406,6 +415,64 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
                     "--drain-timeout-s); it stays disabled in the scheduler"
                 )
             await asyncio.sleep(DRAIN_POLL_S)
+    finally:
+        await user.close()
+
+
+async def _remove_nodes(client: MgmtdClient, token: str, plan: ClusterPlan, out: TextIO) -> None:
+    """Disable the stopped nodes in mgmtd, wait until it declares them dead, then remove them.
+
+    mgmtd removes only a dead node (a live one would register again), so this waits for the lease of the last
+    heartbeat to run out: up to mgmtd's T after the stop. A node an earlier leave removed is skipped.
+    """
+    info = await replicas.routing(client)
+    registered = {n.node_id for n in info.nodes}
+    leaving = {i.node_id: i.name for i in plan.instances if i.node_id in registered}
+    for node_id, name in leaving.items():
+        disable = mgmtd_pb2.SetNodeEnabledRequest(node_id=node_id, enabled=False)
+        await client.mgmtd(lambda s: s.SetNodeEnabled, disable)
+        print(f"node {node_id} ({name}): disabled in mgmtd", file=out)
+    if not leaving:
+        return
+    lease_s = (await client.mgmtd(lambda s: s.GetClusterInfo, mgmtd_pb2.GetClusterInfoRequest())).lease_duration_s
+    print(f"waiting for mgmtd to declare node(s) {sorted(leaving)} dead (their lease: {lease_s:g}s)", file=out)
+    started = time.monotonic()
+    await _wait_dead(client, set(leaving), started + lease_s + DEAD_MARGIN_S)
+    print(f"node(s) {sorted(leaving)}: dead in mgmtd after {time.monotonic() - started:.1f}s", file=out)
+    for node_id, name in leaving.items():
+        try:
+            await client.mgmtd(lambda s: s.RemoveNode, mgmtd_pb2.RemoveNodeRequest(node_id=node_id))
+        except RpcError as err:
+            raise JoinError(f"mgmtd did not remove node {node_id} ({name}): {err.details}") from None
+        print(f"node {node_id} ({name}): removed from mgmtd (its id is not given to another node)", file=out)
+    for instance in plan.of_service(AGENT):
+        if instance.node_id in leaving:
+            await _wait_forgotten(client, token, instance.node_id, time.monotonic() + DEAD_MARGIN_S, out)
+
+
+async def _wait_dead(client: MgmtdClient, node_ids: set[int], deadline: float) -> None:
+    while True:
+        info = await replicas.routing(client)
+        alive = sorted(
+            n.node_id for n in info.nodes if n.node_id in node_ids and n.status != mgmtd_pb2.NODE_STATUS_DEAD
+        )
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            raise JoinError(f"mgmtd still has node(s) {alive} alive after their services stopped: is one running?")
+        await asyncio.sleep(DRAIN_POLL_S)
+
+
+async def _wait_forgotten(client: MgmtdClient, token: str, node_id: int, deadline: float, out: TextIO) -> None:
+    """Wait until the scheduler no longer lists the removed agent's node (it follows mgmtd's routing)."""
+    user = SchedulerUser(await scheduler_address(client), token)
+    try:
+        while node_id in {n.node_id for n in (await user.call("ListNodes", spb.ListNodesRequest())).nodes}:
+            if time.monotonic() > deadline:
+                print(f"node {node_id}: the scheduler still lists it; it forgets it when it next hears mgmtd", file=out)
+                return
+            await asyncio.sleep(READY_POLL_S)
+        print(f"node {node_id}: gone from the scheduler's nodes", file=out)
     finally:
         await user.close()
 
