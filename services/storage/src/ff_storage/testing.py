@@ -27,6 +27,7 @@ FAST = {
 
 # Four processes importing grpc at once on a loaded 2-core CI machine: each may take far longer than alone.
 READY_TIMEOUT_S = 60.0
+MGMTD_NODE_ID = 1  # the storage services are 101, 102, ...
 
 
 def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST, listen: str = "127.0.0.1:0") -> tuple[Process, Path]:
@@ -42,6 +43,9 @@ def spawn_mgmtd(folder: Path, timing: dict[str, float] = FAST, listen: str = "12
         "state-dir": str(folder / "m1"),
         "ready-file": str(ready),
         "instance-id": "m1",
+        # Its own node id, as the appliance gives every instance one: with 0 it would take the next free id when
+        # it registers itself, which may be a storage service's fixed id if that one registered first.
+        "node-id": str(MGMTD_NODE_ID),
         "metrics-address": "",
         "listen-address": listen,
         **{k.replace("_", "-"): str(v) for k, v in timing.items()},
