@@ -188,7 +188,7 @@ async def _cmd_join(args: argparse.Namespace, cli: Cli) -> int:
 async def _cmd_leave(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     await join.leave(state, args.drain_timeout_s, cli.out)
-    cli.print("left the cluster: this machine's nodes are drained, stopped and disabled")
+    cli.print("left the cluster: this machine's nodes are drained, stopped and removed from it")
     return EXIT_OK
 
 
@@ -372,7 +372,8 @@ def _add_join_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "leave",
         parents=[common],
-        help="drain this machine's joined nodes (tasks end, replicas move to other nodes), stop and disable them",
+        help="drain this machine's joined nodes (tasks end, replicas move to other nodes), stop them and remove them "
+        "from the cluster (mgmtd and the scheduler forget them; their ids are not reused)",
     )
     p.add_argument("--drain-timeout-s", type=float, default=300.0, help="how long tasks and replica syncs may take")
     p.set_defaults(handler=_cmd_leave)
