@@ -101,7 +101,7 @@ class FileOps:
             inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, True, False))
             if args.expect_inode_id and inode.inode_id != args.expect_inode_id:  # renamed in between
                 raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")
-            sess = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
+            sess, inode = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
             if args.reserve_bytes > sess.write_limit:
                 opened = sess
                 sess = await self._store.write(caller, lambda t: _reserved(t, opened, args.reserve_bytes))
@@ -126,19 +126,29 @@ class FileOps:
             inode, chain = await self._store.write(
                 caller, lambda t: fsops.open_file(t, args.path, args.write, args.read)
             )
-        session = (
-            await self._open_session(caller, inode, chain, args.session_id, args.client_id) if args.write else None
-        )
+        session = None
+        if args.write:
+            session, inode = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
         return Opened(inode=inode, session=session, capability=self._s.capability(inode.inode_id, args.write))
 
     async def _open_session(
         self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str
-    ) -> SessionInfo:
+    ) -> tuple[SessionInfo, Inode]:
+        """Open (or find again) a write session of the file: the session, and the inode as of that transaction.
+
+        The inode is read again with the session: a session with a well-known id is hf3fs's append lease, and
+        its holder writes at the length meta answers here. Read before the session (in the open's first
+        transaction), it could miss the length the lease's previous holder closed with in between (its Close
+        sets the length and ends the session in one transaction): two appenders at one offset.
+        """
         defaults = await self._s.defaults()
         expires = self._s.lease_expiry()
-        return await self._store.write(
-            caller, lambda t: fsops.open_session(t, inode, chain, session_id, client_id, defaults, expires)
-        )
+
+        def body(t: Tx) -> tuple[SessionInfo, Inode]:
+            now = t.get(inode.inode_id) or inode
+            return fsops.open_session(t, now, chain, session_id, client_id, defaults, expires), now
+
+        return await self._store.write(caller, body)
 
     # ---- close, sync, truncate ----
 
