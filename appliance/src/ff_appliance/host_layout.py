@@ -30,6 +30,9 @@ def choose_network(
             ``--link-shape`` or ``--host-zone`` without hosts; not root; a named host is not in the network.
     """
     existing = load_plan(state)
+    has_hosts = num_hosts is not None or (existing is not None and existing.network is not None)
+    if (shapes or zones) and not has_hosts:  # (said before the checks of root and tools: the request is wrong)
+        raise HostsError("--link-shape and --host-zone are about the hosts of --hosts: this cluster has none")
     if shapes:
         hosts.check_can_make()
         hosts.check_shapes(shape for _, shape in shapes)
@@ -43,8 +46,6 @@ def choose_network(
         hosts.check_can_make()
         return hosts.with_zones(hosts.with_shapes(existing.network, shapes), zones)
     if num_hosts is None:
-        if shapes or zones:
-            raise HostsError("--link-shape and --host-zone are about the hosts of --hosts: this cluster has none")
         return None
     if existing is not None:
         raise HostsError(

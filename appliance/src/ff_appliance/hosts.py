@@ -41,6 +41,7 @@ _HOST_NAME = re.compile(r"^[a-z][0-9]{1,3}$")  # short: interface names are at m
 _RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 _DELAY = re.compile(r"^([0-9]+(\.[0-9]+)?)ms$")
 _ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_PREFIX = re.compile(r"^ff-[0-9a-f]{6}$")  # ff-<3 random bytes>: names made by new_network and nothing else
 _NETNS_DIR = Path("/run/netns")
 _SYS_NET = Path("/sys/class/net")
 IP_TIMEOUT_S = 10.0
@@ -175,7 +176,11 @@ class NetworkPlan:
             )
             for h in doc["hosts"]
         )
-        return cls(prefix=str(doc["prefix"]), subnet=str(doc["subnet"]), hosts=hosts)
+        prefix = str(doc["prefix"])
+        bad_names = [h.name for h in hosts if not _HOST_NAME.match(h.name)]
+        if not _PREFIX.match(prefix) or bad_names:  # these names go to `ip ... del`, as root
+            raise ValueError(f"not a network made by fireflyer: prefix {prefix!r}, host names {bad_names}")
+        return cls(prefix=prefix, subnet=str(doc["subnet"]), hosts=hosts)
 
 
 def new_network(num_hosts: int, taken: Iterable[ipaddress.IPv4Network], short_id: str | None = None) -> NetworkPlan:
@@ -387,7 +392,7 @@ def remove_network(prefix: str) -> list[str]:
     That is the hosts, the bridge, and namespaces added for joined machines. Processes must be stopped first (a
     namespace with processes in it lives on until they exit).
     """
-    if not prefix.startswith("ff-"):
+    if not _PREFIX.match(prefix):
         raise HostsError(f"{prefix!r} is not a cluster network prefix")
     removed: list[str] = []
     names = sorted(p.name for p in _NETNS_DIR.glob(f"{prefix}-*")) if _NETNS_DIR.exists() else []

@@ -146,6 +146,15 @@ def test_network_plan_round_trip_with_shapes() -> None:
     assert NetworkPlan.from_dict(net.to_dict()) == net
 
 
+@pytest.mark.parametrize(("prefix", "host"), [("ff-*", "h1"), ("ff", "h1"), ("eth0", "h1"), ("ff-abcdef", "h1 x")])
+def test_a_plan_naming_what_fireflyer_did_not_make_is_refused(prefix: str, host: str) -> None:
+    doc = {"prefix": prefix, "subnet": "10.70.1", "hosts": [{"name": host, "address": "10.70.1.11"}]}
+    with pytest.raises(ValueError, match="not a network made by fireflyer"):  # its names would go to `ip ... del`
+        NetworkPlan.from_dict(doc)
+    with pytest.raises(HostsError, match="not a cluster network prefix"):
+        hosts.remove_network(prefix) if host == "h1" else hosts.remove_network("ff-*")
+
+
 def test_choose_network_refusals_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = StateDir(tmp_path)
     shape = [(None, LinkShape(rate="1mbit"))]

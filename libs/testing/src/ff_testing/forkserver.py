@@ -96,6 +96,7 @@ class ForkServer:
         self._exits: dict[int, int] = {}
         self._replies: list[dict[str, Any]] = []
         self._closed = False
+        self._broken = ""  # why the server may not be asked again, once a request went unanswered
         self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
         self._reader.start()
 
@@ -136,12 +137,24 @@ class ForkServer:
     def _request(self, request: dict[str, Any], fds: Sequence[int]) -> dict[str, Any]:
         body = json.dumps(request).encode()
         with self._lock:
+            if self._broken:
+                raise RuntimeError(f"fork server: unusable since an earlier request went unanswered ({self._broken})")
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
             self._sock.sendmsg([len(body).to_bytes(4, "big") + body], ancillary)
-            reply = self._next_reply(120.0)  # (a preload may import for a while on a loaded machine)
+            try:
+                reply = self._next_reply(120.0)  # (a preload may import for a while on a loaded machine)
+            except RuntimeError as exc:
+                # Its late answer would be taken for the next request's: no request is sent after it.
+                self._broken = str(exc)
+                raise
         if "error" in reply:
             raise RuntimeError(f"fork server: {reply['error']}")
         return reply
+
+    @property
+    def usable(self) -> bool:
+        """False once closed, exited, or a request went unanswered (a new server is needed then)."""
+        return not (self._closed or self._broken or self._reader_done())
 
     def close(self) -> None:
         """Stop the server; children still running are killed."""
@@ -254,6 +267,7 @@ class _Server:
                 continue
             if pid == 0:
                 sel.close()
+                self.out.close()  # (else the socket stays open in the child through this file's reference)
                 _child(request, stdio, self.sock, self.wake_r, self.wake_w)
             for fd in stdio:
                 os.close(fd)
@@ -301,6 +315,7 @@ def _child(request: dict[str, Any], stdio: list[int], sock: socket.socket, *fds:
             os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
+        os.close(devnull)
         for target, fd in zip((1, 2), stdio, strict=True):
             os.dup2(fd, target)
             os.close(fd)
@@ -319,6 +334,7 @@ def _child(request: dict[str, Any], stdio: list[int], sock: socket.socket, *fds:
         try:
             if argv[0] == "-m":  # as `python -m`: argv[0] becomes the module's file, the folder on sys.path is cwd
                 sys.argv, sys.path[0] = argv[1:], os.getcwd()
+                sys.modules.pop(f"{argv[1]}.__main__", None)  # preloaded: run_module runs it afresh as __main__
                 runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
             else:
                 sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))

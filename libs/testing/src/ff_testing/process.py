@@ -42,10 +42,15 @@ class _ServiceForks:
 
     def with_module(self, module: str) -> ForkServer:
         with self._lock:
-            if self._server is None:
+            if self._server is None or not self._server.usable:
                 from ff_testing.forkserver import ForkServer
 
-                self._server = ForkServer([])
+                if self._server is not None:
+                    self._server.close()
+                # One BLAS thread: numpy (imported with some services) would otherwise start threads in the server
+                # before every fork, and a child's own OMP_NUM_THREADS comes too late to change that.
+                self._server = ForkServer([], env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+                self._preloaded = set()
                 atexit.register(self._server.close)
             if module not in self._preloaded:
                 self._preloaded.add(module)

@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     free port and race to bind it.
     """
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if worker.startswith("gw") and count.isdigit() and ports.PORT_RANGE_ENV not in os.environ:
+    if worker.startswith("gw") and count.isdigit():  # (a range set for the whole run is shared out the same way)
         os.environ[ports.PORT_RANGE_ENV] = ports.share_of_range(int(worker[2:]), int(count))
 
 

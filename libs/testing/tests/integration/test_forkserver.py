@@ -112,3 +112,16 @@ def test_a_module_runs_as_python_dash_m_with_modules_preloaded_later(server: For
     with pytest.raises(RuntimeError, match="preloading no_such_module_here"):
         server.preload(["no_such_module_here"])
     assert server.start([sys.executable, "-m", "pkg_for_dash_m", str(report)], env=env, cwd=str(tmp_path)).wait(30) == 5
+
+
+def test_a_child_holds_only_its_stdio_as_a_fresh_interpreter_would(server: ForkServer, tmp_path: Path) -> None:
+    script = tmp_path / "fds.py"
+    script.write_text(
+        "import os, sys\nfds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
+        "open(sys.argv[1], 'w').write(' '.join(map(str, fds)))\n"
+    )
+    report = tmp_path / "fds.txt"
+    assert server.start([sys.executable, str(script), str(report)], env=dict(os.environ)).wait(timeout=30) == 0
+    fresh = subprocess.run([sys.executable, str(script), str(tmp_path / "fresh.txt")], check=True)
+    assert fresh.returncode == 0
+    assert report.read_text() == (tmp_path / "fresh.txt").read_text()  # 0 1 2, and the listing's own fd
