@@ -35,8 +35,15 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
     """Start the ranks of an ``fsdp_worker.py`` scenario (two ranks per simulated node)."""
     procs: list[ForkedProcess] = []
 
-    def run(world: int, scenario: str, *, backend: str = "hfreduce", collectives: str = "hfreduce",
-            env: dict[str, str] | None = None, timeout_s: float = 120) -> list[dict[str, Any]]:  # fmt: skip
+    def run(
+        world: int,
+        scenario: str,
+        *,
+        backend: str = "hfreduce",
+        collectives: str = "hfreduce",
+        env: dict[str, str] | None = None,
+        timeout_s: float = 120,
+    ) -> list[dict[str, Any]]:
         port = free_port()
         outs = []
         for rank in range(world):

@@ -93,15 +93,20 @@ class Comm(Protocol):
         ...
 
     def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
-        """``out`` receives block ``rank`` of the mean over the ranks of a flat tensor of ``numel`` elements (world
-        size x ``out``), which ``write(flat)`` puts into the buffer the collective sends from (``out``'s dtype)."""
+        """``out`` receives block ``rank`` of the mean over the ranks of a flat tensor of ``numel`` elements.
+
+        That tensor (world size x ``out``) is what ``write(flat)`` puts into the buffer the collective sends from
+        (``out``'s dtype).
+        """
         ...
 
     def registered_bytes(self) -> int:
         """Bytes of communication buffers held for the collectives."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Finish the collectives in flight and release the buffers and group held for them; nothing after it."""
+        ...
 
 
 class TorchComm:
@@ -116,6 +121,7 @@ class TorchComm:
         self._stage = dist.get_backend(pg) == "hfreduce"
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
+        """``all_gather_single`` into ``out`` (via a staging tensor on hfreduce's backend); a copy in a world of one."""
         if self.world_size == 1:
             with torch.no_grad():
                 out.copy_(shard)
@@ -132,6 +138,7 @@ class TorchComm:
         return Pending(work, "all-gather", finish)
 
     def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
+        """A SUM ``reduce_scatter_single`` of the flat tensor divided by the world size first (gloo has no AVG)."""
         if self.world_size == 1:
             write(out)
             return Pending(None, "reduce-scatter")
@@ -143,10 +150,11 @@ class TorchComm:
         return Pending(work, "reduce-scatter", lambda: _keep(full))
 
     def registered_bytes(self) -> int:
+        """Always 0: the process group allocates its own buffers, per collective."""
         return 0
 
     def close(self) -> None:
-        pass
+        """Nothing to give back: the process group belongs to the caller."""
 
 
 class _Slot:
@@ -173,8 +181,15 @@ class HFReduceComm:
     ranks then started the same collective on different buffers.
     """
 
-    def __init__(self, shared: SharedGroup | None, rank: int, world_size: int, sizes: list[tuple[int, torch.dtype]],
-                 *, depth: int = 3) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shared: SharedGroup | None,
+        rank: int,
+        world_size: int,
+        sizes: list[tuple[int, torch.dtype]],
+        *,
+        depth: int = 3,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self._shared = shared
@@ -196,6 +211,7 @@ class HFReduceComm:
         return cls(acquire_group(pg) if world > 1 else None, rank, world, sizes, depth=depth)
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
+        """A SUM allreduce of a registered buffer holding ``shard`` at this rank's place and zeros elsewhere."""
         if self._shared is None:
             with torch.no_grad():
                 out.copy_(shard)
@@ -215,6 +231,7 @@ class HFReduceComm:
         return self._track(work, "all-gather", finish, slot)
 
     def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
+        """An AVG allreduce of a registered buffer ``write`` fills (no copy in), of which ``out`` gets its block."""
         if self._shared is None:
             write(out)
             return Pending(None, "reduce-scatter")
@@ -262,6 +279,7 @@ class HFReduceComm:
         return pending
 
     def registered_bytes(self) -> int:
+        """Bytes of the hfreduce buffers registered at construction (``depth`` per distinct size), held until close."""
         return self._bytes
 
     def close(self) -> None:

@@ -8,8 +8,11 @@ from collections.abc import Sequence
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
-    """Elements ``[param_offset, param_offset + numel)`` of parameter ``param`` (flattened) are elements
-    ``[shard_offset, shard_offset + numel)`` of a rank's shard."""
+    """The part of one parameter that one rank's shard holds.
+
+    Elements ``[param_offset, param_offset + numel)`` of parameter ``param`` (flattened) are elements
+    ``[shard_offset, shard_offset + numel)`` of a rank's shard.
+    """
 
     param: int
     param_offset: int
@@ -59,9 +62,14 @@ class FlatLayout:
         return out
 
     def pieces(self, rank: int) -> list[Piece]:
-        """The parts of every parameter that rank ``rank``'s shard holds, in parameter order. A parameter with
-        no element in the shard still gets a piece of zero elements (at the shard position where it would be),
-        so every rank names every parameter."""
+        """The parts of every parameter that rank ``rank``'s shard holds, in parameter order.
+
+        A parameter with no element in the shard still gets a piece of zero elements, so every rank names every
+        parameter.
+
+        Raises:
+            ValueError: ``rank`` is not in ``[0, world_size)``.
+        """
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} not in [0, {self.world_size})")
         lo, hi = rank * self.shard_numel, (rank + 1) * self.shard_numel

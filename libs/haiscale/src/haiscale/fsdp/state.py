@@ -50,6 +50,10 @@ def _others(fsdp: FSDP) -> dict[str, torch.Tensor]:
 
 
 def full_state_dict(fsdp: FSDP) -> dict[str, torch.Tensor]:
+    """Every parameter gathered, plus the buffers, under the bare model's keys and in its order.
+
+    A collective: every rank of the process group must call it, and every rank gets the whole state.
+    """
     values: dict[str, torch.Tensor] = {}
     for unit in fsdp.units:
         for ref, value in zip(unit.params, _unflatten(unit, _gather(fsdp, unit, unit.shard)), strict=True):
@@ -89,6 +93,10 @@ def load_full_state_dict(fsdp: FSDP, state_dict: Mapping[str, Any]) -> None:
 
 
 def sharded_state_dict(fsdp: FSDP) -> dict[str, Any]:
+    """This rank's ``Shard`` of each parameter (a view of its flat shard: global shape, flat offset), plus buffers.
+
+    No communication. The shards are views of the live parameters, not copies: the next optimizer step changes them.
+    """
     shards: dict[str, Any] = {}
     for unit in fsdp.units:
         data = unit.shard.detach()
@@ -119,6 +127,13 @@ def _is_sharded(unit: Unit, value: Any) -> bool:
 
 
 def full_optim_state_dict(fsdp: FSDP, optimizers: list[Any]) -> dict[str, Any]:
+    """The optimizers' state per parameter name: shard-shaped tensors gathered and split, the rest copied to each.
+
+    A collective (every rank calls it, every rank gets it all); a unit whose optimizer has no state yet is absent.
+
+    Raises:
+        ValueError: no optimizer given holds one of the units' shards.
+    """
     out: dict[str, Any] = {}
     for unit in fsdp.units:
         _, st = _state_of(optimizers, unit)
@@ -138,6 +153,11 @@ def full_optim_state_dict(fsdp: FSDP, optimizers: list[Any]) -> dict[str, Any]:
 
 
 def sharded_optim_state_dict(fsdp: FSDP, optimizers: list[Any]) -> dict[str, Any]:
+    """This rank's optimizer state per parameter name: ``Shard`` views of shard-shaped tensors, scalars as they are.
+
+    Raises:
+        ValueError: no optimizer given holds one of the units' shards.
+    """
     out: dict[str, Any] = {}
     for unit in fsdp.units:
         _, st = _state_of(optimizers, unit)
@@ -187,8 +207,24 @@ def _local(value: Any, ref: Any) -> torch.Tensor:
 
 
 def load_full_optim_state_dict(fsdp: FSDP, optimizers: list[Any], state: Mapping[str, Any]) -> None:
+    """Set the optimizers' state from ``full_optim_state_dict``'s form; each rank keeps its shards' part.
+
+    Everything is checked before any optimizer changes; a unit with no entry in ``state`` keeps its state.
+
+    Raises:
+        KeyError: ``state`` has some but not all of a unit's parameters.
+        ValueError: a tensor's shape is not its parameter's, or no optimizer holds a unit's shard.
+    """
     _load_optim(fsdp, optimizers, state, "full")
 
 
 def load_sharded_optim_state_dict(fsdp: FSDP, optimizers: list[Any], state: Mapping[str, Any]) -> None:
+    """Set the optimizers' state from ``Shard``s (or whole tensors) per parameter name, as loaded by checkpoint.
+
+    Everything is checked before any optimizer changes; a unit with no entry in ``state`` keeps its state.
+
+    Raises:
+        KeyError: ``state`` has some but not all of a unit's parameters.
+        ValueError: a whole tensor's shape is not its parameter's, or no optimizer holds a unit's shard.
+    """
     _load_optim(fsdp, optimizers, state, "sharded")

@@ -23,10 +23,13 @@ class ParamRef:
 
     @property
     def name(self) -> str:
+        """Its first name (tied parameters have several): the key of its ``Shard`` and its optimizer state."""
         return self.names[0]
 
 
 class UnitState(enum.Enum):
+    """Where a unit's gathered buffer is in its cycle (``Unit.state``): free, all-gather in flight, or ready."""
+
     FREE = "free"  # the gathered buffer has no memory
     GATHERING = "gathering"  # an all-gather into it is in flight
     READY = "ready"  # it holds every rank's shard
@@ -36,9 +39,12 @@ GradCallback = Callable[["Unit", Sequence[torch.Tensor | None]], None]
 
 
 class _GatheredParams(torch.autograd.Function):
-    """A unit's parameters as views of its gathered leaf. Backward hands their gradients to the unit's callback
-    as they come instead of returning a gradient for the leaf: autograd's split would assemble that one (the
-    unit's size, in fresh memory) and pad it (again), only for it to be copied into the reduce-scatter's buffer."""
+    """A unit's parameters as views of its gathered leaf, whose backward hands their gradients to a callback.
+
+    Backward hands the gradients to the unit's callback as they come instead of returning a gradient for the
+    leaf: autograd's split would assemble that one (the unit's size, in fresh memory) and pad it (again), only
+    for it to be copied into the reduce-scatter's buffer.
+    """
 
     @staticmethod
     def forward(ctx: Any, full: torch.Tensor, unit: Unit, on_grad: GradCallback) -> tuple[torch.Tensor, ...]:
@@ -114,6 +120,7 @@ class Unit:
         del self.flat_init
 
     def pieces(self) -> list[Piece]:
+        """The part of each of the unit's parameters that this rank's shard holds, in parameter order."""
         return self.layout.pieces(self.comm.rank)
 
     # ----- gather and free -----
@@ -173,8 +180,10 @@ class Unit:
         self._set_attributes(views)
 
     def write_gradient(self, flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) -> None:
-        """Lay the parameters' gradients end to end into ``flat`` (padded size; zeros for a parameter that got
-        none, and in the padding), converting to ``flat``'s dtype on the way."""
+        """Lay the parameters' gradients end to end into ``flat`` (padded size), in ``flat``'s dtype.
+
+        A parameter that got no gradient gets zeros, and so does the padding.
+        """
         with torch.no_grad():
             for g, off, n in zip(grads, self.offsets, self.layout.numels, strict=True):
                 if g is None:
@@ -192,9 +201,11 @@ class Unit:
         self._set_attributes(self._metas)
 
     def _set_attributes(self, tensors: list[torch.Tensor]) -> None:
-        """Point every slot of each parameter at its tensor. The slots are plain attributes (their parameters
-        were taken out of ``_parameters``): set in the instance dict, as ``Module.__setattr__`` ends up doing
-        after its checks, once per parameter and use."""
+        """Point every slot of each parameter at its tensor.
+
+        The slots are plain attributes (their parameters were taken out of ``_parameters``): set in the instance
+        dict, as ``Module.__setattr__`` ends up doing after its checks, once per parameter and use.
+        """
         for ref, t in zip(self.params, tensors, strict=True):
             for module, attr in ref.slots:
                 module.__dict__[attr] = t

@@ -28,13 +28,16 @@ class ModuleWrapPolicy:
         object.__setattr__(self, "classes", found)
 
     def __call__(self, module: torch.nn.Module, unwrapped_numel: int) -> bool:
+        """Whether ``module`` is an instance of one of ``classes`` (its size does not matter)."""
         return isinstance(module, self.classes)
 
 
 @dataclasses.dataclass(frozen=True)
 class SizeWrapPolicy:
-    """A submodule holding at least ``min_num_params`` parameter elements not taken by a unit below it is a
-    unit (torch's ``size_based_auto_wrap_policy``)."""
+    """Wrap a submodule once it holds enough parameter elements (torch's ``size_based_auto_wrap_policy``).
+
+    A submodule holding at least ``min_num_params`` parameter elements not taken by a unit below it is a unit.
+    """
 
     min_num_params: int
 
@@ -45,12 +48,18 @@ class SizeWrapPolicy:
             raise ValueError(f"min_num_params must be at least 1, got {self.min_num_params}")
 
     def __call__(self, module: torch.nn.Module, unwrapped_numel: int) -> bool:
+        """Whether ``unwrapped_numel`` (elements not taken by a unit below ``module``) reaches ``min_num_params``."""
         return unwrapped_numel >= self.min_num_params
 
 
 def plan_units(root: torch.nn.Module, policy: WrapPolicy | None) -> list[torch.nn.Module]:
-    """The modules that become units: the ones ``policy`` picks (children before parents), then ``root``,
-    which takes every parameter no other unit took."""
+    """The modules that become units: the ones ``policy`` picks (children before parents), then ``root``.
+
+    ``root`` takes every parameter no other unit took.
+
+    Raises:
+        TypeError: ``policy`` is not callable.
+    """
     units: list[torch.nn.Module] = []
     if policy is not None:
         if not callable(policy):

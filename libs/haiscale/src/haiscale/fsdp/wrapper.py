@@ -24,9 +24,12 @@ OptimizerFactory = Callable[[list[torch.nn.Parameter]], Any]
 
 @dataclasses.dataclass(frozen=True)
 class MixedPrecision:
-    """Compute in ``param_dtype`` (the gathered parameters, and floating inputs of the wrapped module when
+    """Which dtypes FSDP computes and reduces in; the shards keep the parameters' own dtype (the fp32 masters).
+
+    Compute in ``param_dtype`` (the gathered parameters, and floating inputs of the wrapped module when
     ``cast_inputs``), reduce gradients in ``reduce_dtype`` (default: ``param_dtype``, as torch FSDP), keep the
-    shards, their gradients and the optimizer state in the parameters' own dtype (the fp32 masters)."""
+    shards, their gradients and the optimizer state in the parameters' own dtype.
+    """
 
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype | None = None
@@ -160,6 +163,12 @@ class FullyShardedDataParallel(torch.nn.Module):
     # ----- forward -----
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module (floating inputs cast to ``param_dtype`` under mixed precision with ``cast_inputs``).
+
+        Raises:
+            RuntimeError: a collective failed before (the model is unusable), or the previous backward's
+                reductions are still in flight.
+        """
         self._begin_forward()
         mp = self.mixed_precision
         if mp is not None and mp.cast_inputs:
@@ -207,9 +216,11 @@ class FullyShardedDataParallel(torch.nn.Module):
         return hook
 
     def _kept_for_backward(self) -> Unit | None:
-        """The unit whose forward runs last and whose backward runs first (by the previous iteration's orders):
-        it stays gathered from its forward to its backward, as freeing it would only gather it again at once
-        (one all-gather a step fewer; the peak is the same, backward starts by gathering it)."""
+        """The unit whose forward runs last and whose backward runs first (by the previous iteration's orders).
+
+        It stays gathered from its forward to its backward, as freeing it would only gather it again at once
+        (one all-gather a step fewer; the peak is the same, backward starts by gathering it).
+        """
         if not self._fwd_order:
             return None
         first = next((u for u in self._bwd_order if u.reshard_after_forward), None)
@@ -233,8 +244,10 @@ class FullyShardedDataParallel(torch.nn.Module):
         return hook
 
     def _on_grad(self, unit: Unit, grads: Sequence[torch.Tensor | None]) -> None:
-        """A unit's gradient is complete (its parameters are used no more in this backward): reduce-scatter it,
-        free the gathered parameters, and with step-in-backward step the shards whose gradients have arrived."""
+        """A unit's gradient is complete (its parameters are used no more in this backward): reduce-scatter it.
+
+        Then free the gathered parameters, and with step-in-backward step the shards whose gradients have arrived.
+        """
         self._queue_callback()
         if all(g is None for g in grads):
             return
@@ -309,8 +322,11 @@ class FullyShardedDataParallel(torch.nn.Module):
         state_fns.load_full_state_dict(self, state_dict)
 
     def sharded_state_dict(self) -> dict[str, Any]:
-        """This rank's part: ``haiscale.checkpoint.Shard`` views of its shards, one per parameter (global shape,
-        flat offset), plus buffers; ``checkpoint.save``/``load`` with it on any world size (load fills in place)."""
+        """This rank's part: ``haiscale.checkpoint.Shard`` views of its shards, one per parameter, plus buffers.
+
+        Each ``Shard`` has the parameter's global shape and flat offset: ``checkpoint.save``/``load`` with it on any
+        world size (load fills in place).
+        """
         return state_fns.sharded_state_dict(self)
 
     def full_optim_state_dict(self, optimizers: Any) -> dict[str, Any]:
@@ -318,6 +334,12 @@ class FullyShardedDataParallel(torch.nn.Module):
         return state_fns.full_optim_state_dict(self, _as_list(optimizers))
 
     def load_full_optim_state_dict(self, optimizers: Any, state: Mapping[str, Any]) -> None:
+        """Put a ``full_optim_state_dict()`` into the optimizers; each rank keeps its shards' part.
+
+        Raises:
+            KeyError: ``state`` has some but not all of a unit's parameters.
+            ValueError: a tensor's shape is not its parameter's, or no optimizer given holds a unit's shard.
+        """
         state_fns.load_full_optim_state_dict(self, _as_list(optimizers), state)
 
     def sharded_optim_state_dict(self, optimizers: Any) -> dict[str, Any]:
@@ -325,8 +347,11 @@ class FullyShardedDataParallel(torch.nn.Module):
         return state_fns.sharded_optim_state_dict(self, _as_list(optimizers))
 
     def load_sharded_optim_state_dict(self, optimizers: Any, state: Mapping[str, Any]) -> None:
-        """Put a loaded sharded optimizer state into the optimizers (``Shard``s, or whole tensors that
-        ``checkpoint.load(..., allocate_missing=True)`` made for an optimizer that had no state yet)."""
+        """Put a loaded sharded optimizer state into the optimizers.
+
+        Its tensors are ``Shard``s, or whole tensors that ``checkpoint.load(..., allocate_missing=True)`` made for
+        an optimizer that had no state yet.
+        """
         state_fns.load_sharded_optim_state_dict(self, _as_list(optimizers), state)
 
     def close(self) -> None:
