@@ -73,8 +73,14 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with running_with_users(tmp_path, sqlite_url) as (mgmtd, tokens):
+def mgmtd_settings() -> dict[str, Any]:
+    """Settings overrides for the cluster's mgmtd; a module that waits for leases to lapse overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+async def cluster(sqlite_url: str, tmp_path: Path, mgmtd_settings: dict[str, Any]) -> AsyncIterator[Cluster]:
+    async with running_with_users(tmp_path, sqlite_url, **mgmtd_settings) as (mgmtd, tokens):
         c: Cluster | None = None
         try:
             # A free MASTER_PORT: ranks that build an hfreduce group serve its control plane there.

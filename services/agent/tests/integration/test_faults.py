@@ -10,6 +10,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ff_agent import procs
 from ff_agent.testing import eventually, wait_task
 from ff_scheduler.testing import spec
@@ -43,6 +45,13 @@ if open(marker).read() == run_id:
         time.sleep(0.1)
 print("second run finished")
 """
+
+
+@pytest.fixture
+def mgmtd_settings() -> dict[str, Any]:
+    """A 2 s node lease (the suite's is 4 s): the SIGKILLed agent's task moves once its lease lapsed;
+    heartbeats every 0.25 s still leave 8 beats a lease, as the storage tests' 2 s lease does."""
+    return {"lease_duration_s": 2.0}
 
 
 async def test_sigkill_of_an_agent_requeues_its_task_on_the_other_nodes(cluster: Any, tmp_path: Path) -> None:

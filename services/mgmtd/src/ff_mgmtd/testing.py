@@ -99,9 +99,14 @@ async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def running_with_users(folder: Path, database_url: str) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
-    """An mgmtd in this process (``start_in_process``) with the TEST_USERS and their tokens; shut down on exit."""
-    mgmtd = await start_in_process(folder, database_url)
+async def running_with_users(
+    folder: Path, database_url: str, **overrides: Any
+) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
+    """An mgmtd in this process (``start_in_process``) with the TEST_USERS and their tokens; shut down on exit.
+
+    ``overrides`` are settings fields (a test of lease expiry passes a shorter ``lease_duration_s``).
+    """
+    mgmtd = await start_in_process(folder, database_url, **overrides)
     try:
         yield mgmtd, await make_users(mgmtd)
     finally:

@@ -42,9 +42,17 @@ class Cluster:
 
 
 @pytest.fixture
-async def registry(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
+def mgmtd_settings() -> dict[str, Any]:
+    """Settings overrides for the test's mgmtd; a module that waits for leases to lapse overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+async def registry(
+    db_url: str, tmp_path: Path, mgmtd_settings: dict[str, Any]
+) -> AsyncIterator[tuple[InProcessMgmtd, dict[str, str]]]:
     """mgmtd on the test's database with users alice, bob (users) and root (admin) and their tokens."""
-    async with running_with_users(tmp_path, db_url) as registry:
+    async with running_with_users(tmp_path, db_url, **mgmtd_settings) as registry:
         yield registry
 
 

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ff_scheduler.core import priority as p
 from ff_scheduler.testing import eventually, set_quota, spec, task_of
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
+
+
+@pytest.fixture
+def mgmtd_settings() -> dict[str, Any]:
+    """A 2 s node lease (the suite's is 4 s): the lease-loss test waits for two of them to lapse; heartbeats
+    every 0.25 s still leave 8 beats a lease, as the storage tests' 2 s lease does."""
+    return {"lease_duration_s": 2.0}
 
 
 async def test_lease_loss_requeues_on_a_healthy_node_then_the_restart_limit_fails_it(cluster: Any) -> None:
