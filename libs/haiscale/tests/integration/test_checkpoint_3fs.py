@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -163,14 +162,15 @@ def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(
-    cluster: Cluster, tmp_path: Path, where: str, stage: str
+    cluster: Cluster, tmp_path: Path, where: str, stage: str, torch_forks: ForkServer
 ) -> None:
     fs = cluster.fs["ck-alice"]
     root = f"hf3fs:///ck/ck-alice/crash-{stage}" if where == "3fs" else str(tmp_path / "crash")
     env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
-    args = [sys.executable, str(WORKER), root, stage]
-    proc = subprocess.run(args, env=env, timeout=120, capture_output=True, check=False)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    log = tmp_path / "crash.log"
+    with log.open("wb") as out:  # forked with torch imported: the import is not what is tested
+        proc = torch_forks.start([sys.executable, str(WORKER), root, stage], env=env, stdout=out, stderr=out)
+    assert proc.wait(timeout=120) == -signal.SIGKILL, log.read_text(errors="replace")[-2000:]
     survivor = 2 if stage == "prune" else 1  # killed before its commit, the save never counts
     assert ckpt.latest_step(root, fs=fs) == survivor
     state = {f"t{i}": torch.zeros(1 << 16) for i in range(4)} | {"step": 0}
@@ -270,9 +270,8 @@ def test_the_example_trainer_resumes_after_a_suspend_with_its_loss_continuing(
 ) -> None:
     env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
     data = "hf3fs:///ck/ck-alice/corpus.txt"
-    subprocess.run(
-        [sys.executable, str(EXAMPLE / "corpus.py"), data, "--mib", "0.25"], env=env, check=True, timeout=120
-    )
+    corpus = torch_forks.start([sys.executable, str(EXAMPLE / "corpus.py"), data, "--mib", "0.25"], env=env)
+    assert corpus.wait(timeout=120) == 0
     common = ["--data", data, "--ckpt-every", "10"]
     ref_args = [
         *common,

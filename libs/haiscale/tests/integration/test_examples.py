@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -63,7 +62,8 @@ def test_the_example_variant_resumes_from_its_checkpoint_with_the_same_losses(
 ) -> None:
     script, ranks, flags = VARIANTS[variant]
     data = tmp_path / "corpus.txt"
-    subprocess.run([sys.executable, str(EXAMPLE / "corpus.py"), str(data), "--mib", "0.25"], check=True, timeout=60)
+    corpus = torch_forks.start([sys.executable, str(EXAMPLE / "corpus.py"), str(data), "--mib", "0.25"], env=os.environ)
+    assert corpus.wait(timeout=60) == 0
     common = [*flags, "--data", str(data)]
     ref_metrics, metrics, ckpt = tmp_path / "ref.jsonl", tmp_path / "run.jsonl", tmp_path / "ckpt"
     _run(
