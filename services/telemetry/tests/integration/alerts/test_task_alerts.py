@@ -101,7 +101,9 @@ class Env:
 async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     folder = Path(tmp_path_factory.mktemp("alerts"))
     (folder / "rules.toml").write_text(RULES)
-    async with running_with_users(folder, f"sqlite:///{folder / 'mgmtd.db'}") as (mgmtd, tokens):
+    # A 2 s node lease (the suite's is 4 s): the node-lost alert waits for the killed agent's lease to lapse.
+    lease = {"lease_duration_s": 2.0}
+    async with running_with_users(folder, f"sqlite:///{folder / 'mgmtd.db'}", **lease) as (mgmtd, tokens):
         scheduler = await start_scheduler(
             folder, f"sqlite:///{folder / 'sched.db'}", mgmtd.address, CLUSTER_TOKEN, telemetry_interval_s=0.5
         )
