@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -584,6 +585,14 @@ def _prog_name(argv0: str) -> str:
 
 def main() -> int:
     """Console entry point: the only place that reads ``sys.argv`` and ``os.environ``."""
+    code = _main()
+    # The process exits next: the interpreter's teardown would garbage-collect every object the command
+    # imported (grpc, protobuf), 0.2-0.4 s of each call on a loaded 2-core machine; frozen ones are skipped.
+    gc.freeze()
+    return code
+
+
+def _main() -> int:
     try:
         return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr, prog=_prog_name(sys.argv[0]))
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
