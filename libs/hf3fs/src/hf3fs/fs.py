@@ -66,6 +66,7 @@ _NODE_TYPES = {
 
 
 WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
+UNCLOSED_RETRY_S = 0.5  # how often the renewer retries closes that did not reach meta
 
 
 async def _as(identity: Identity, coro: Coroutine[Any, Any, T]) -> T:
@@ -417,18 +418,26 @@ class FileSystem:
     async def _renew_loop(self) -> None:
         """Every lease/4, report written lengths and renew the leases of every write session of this process.
 
-        Meta says how long a lease is; each session carries it.
+        Meta says how long a lease is; each session carries it. Closes that did not reach meta are retried every
+        ``UNCLOSED_RETRY_S``.
         """
+        renew_at = time.monotonic()
         while not self._stop.is_set():
-            with self._writers_lock:
-                writers = dict(self._writers)
-            leases = [w.session.lease_s for w in writers.values() if w.session is not None and w.session.lease_s]
-            interval = self._renew_interval_s or (max(0.1, min(leases) / 4) if leases else 1.0)
+            if renew_at <= time.monotonic():
+                with self._writers_lock:
+                    writers = dict(self._writers)
+                leases = [w.session.lease_s for w in writers.values() if w.session is not None and w.session.lease_s]
+                renew_at = time.monotonic() + (self._renew_interval_s or (max(0.1, min(leases) / 4) if leases else 1.0))
+            # wakes every UNCLOSED_RETRY_S at least, so a close that missed meta is retried within that of meta
+            # answering again, not at the next renewal (lease/4, 7.5 s with meta's default lease)
+            wait_s = min(max(0.0, renew_at - time.monotonic()), UNCLOSED_RETRY_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), interval)
+                await asyncio.wait_for(self._stop.wait(), wait_s)
                 return
             if self._unclosed:
                 await self._close_unclosed()
+            if time.monotonic() < renew_at:
+                continue
             with self._writers_lock:
                 writers = dict(self._writers)
             if not writers:
