@@ -279,16 +279,23 @@ class Hf3fsFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """Copies a file within 3FS (a folder: makes it); parents of ``path2`` as ``auto_mkdir``."""
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
-        if self.client.isdir(src):
+        try:  # a folder is refused by the Open itself: no Stat first
+            fin = self.client.open(src, "rb", buffering=0)  # unbuffered: each block straight into the copy's buffer
+        except IsADirectoryError:
             self.client.makedirs(dst, exist_ok=True)
             return
-        with self.client.open(src, "rb") as fin, self._making_parent(dst, lambda: self.client.open(dst, "wb")) as fout:
+        with fin, self._making_parent(dst, lambda: self.client.open(dst, "wb")) as fout:
             shutil.copyfileobj(fin, fout, COPY_BLOCK_BYTES)
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
         """Creates an empty file; an existing one is emptied (``truncate``) or gets both times set to now."""
         path = self._strip_protocol(path)
-        if not self.client.exists(path):
+        try:  # a new file in one meta call
+            self._making_parent(path, lambda: self.client.create(path, exclusive=True))
+            return
+        except FileExistsError:
+            pass
+        if not self.client.exists(path):  # the name is taken by a dangling symlink: create through it
             self._making_parent(path, lambda: self.client.create(path))
         elif truncate:
             self.client.truncate(path, 0)
