@@ -231,6 +231,16 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
             ),
         )
 
+    async def follow(self, scheduler_address: str) -> None:
+        """Report to the scheduler now at ``scheduler_address`` (a restarted one).
+
+        As an agent that looks the scheduler up again does; the runs it holds stay as they are.
+        """
+        if self.client is not None:
+            await self.client.close()
+        self.scheduler_address = scheduler_address
+        self.client = SchedulerClient(scheduler_address, self.cluster_token)
+
     def lose_lease(self) -> None:
         """Stop heartbeating mgmtd (the node dies as far as the cluster knows); the server stays up."""
         self._stop.set()

@@ -39,6 +39,8 @@ class Cluster:
         self.scheduler = await start_in_process(
             self.folder, self.db_url, self.mgmtd.address, CLUSTER_TOKEN, **overrides
         )
+        for agent in self.agents:  # their reports go to the new scheduler, not the old one's closed port
+            await agent.follow(self.scheduler.address)
 
 
 @pytest.fixture
