@@ -249,7 +249,7 @@ def test_posix_fallocate_grows_the_file_and_is_charged_to_the_quota(mount: Path,
     assert fs_cluster.client.stat("/fuse/falloc/f").size == 1 << 20
 
 
-def test_times_set_after_close_stay(mount: Path, tmp_path: Path) -> None:
+def test_times_set_after_close_stay(mount: Path, tmp_path: Path, fs_cluster: FsCluster) -> None:
     """Issue 16, defect 3: mtimes set right after close (`tar x`, `cp -p`, `os.utime`) reverted a couple of
     seconds later, and a following `tar c` said "file changed as we read it"."""
     archive = tmp_path / "old.tar"
@@ -269,7 +269,12 @@ def test_times_set_after_close_stay(mount: Path, tmp_path: Path) -> None:
     with open(dest / "touched", "wb") as f:
         f.write(b"x" * 5000)
     os.utime(dest / "touched", ns=(1_300_000_000 * 10**9, 1_300_000_000 * 10**9))
-    time.sleep(3)  # past the moment the writers' sessions closed (the kernel releases handles after close)
+    # past the moment the writers' sessions closed in meta (the kernel releases handles after close): their Close is
+    # what put the times back; meta's times are checked too, not only the mount's (which may still be cached)
+    in_meta = [f"/fuse/times/tree/f{i}" for i in range(20)] + ["/fuse/times/copied", "/fuse/times/touched"]
+    _eventually(lambda: _equal([fs_cluster.client.stat(p).write_sessions for p in in_meta], [0] * len(in_meta)))
+    expected_ns = [(1_500_000_000 + i) * 10**9 for i in range(20)] + [1_400_000_000 * 10**9, 1_300_000_000 * 10**9]
+    assert [fs_cluster.client.stat(p).mtime_ns for p in in_meta] == expected_ns
     assert [os.stat(dest / "tree" / f"f{i}").st_mtime_ns for i in range(20)] == [
         (1_500_000_000 + i) * 10**9 for i in range(20)
     ]
@@ -291,7 +296,7 @@ def test_times_set_after_close_stay(mount: Path, tmp_path: Path) -> None:
 SEEN_ELSEWHERE_S = 2.5
 
 
-def test_changes_through_one_handle_are_seen_through_the_others_at_once(mount: Path) -> None:
+def test_changes_through_one_handle_are_seen_through_the_others_at_once(mount: Path, fs_cluster: FsCluster) -> None:
     path = mount / "cache-handles"
     path.write_bytes(b"x" * 100)
     a = os.open(path, os.O_RDWR)
@@ -314,7 +319,10 @@ def test_changes_through_one_handle_are_seen_through_the_others_at_once(mount: P
         os.close(b)
     # the writer's close does not put back the length it had written before the ftruncate (it did: 150)
     _eventually(lambda: _equal(os.stat(path).st_size, 10))
-    time.sleep(SEEN_ELSEWHERE_S)  # the kernel's release (its Close) has landed
+    # the kernel's release (its Close) has landed once meta has no write session on the file; meta's length is
+    # checked, not only the mount's (which may still be cached)
+    _eventually(lambda: _equal(fs_cluster.client.stat("/fuse/cache-handles").write_sessions, 0))
+    assert fs_cluster.client.stat("/fuse/cache-handles").size == 10
     assert os.stat(path).st_size == 10 and path.read_bytes() == b"x" * 10
 
 
