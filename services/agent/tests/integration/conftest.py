@@ -3,6 +3,7 @@ with tokens, and real agents (in this process, or as subprocesses) launching rea
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,8 +98,8 @@ async def cluster(sqlite_url: str, tmp_path: Path, mgmtd_settings: dict[str, Any
             if c is not None:
                 for proc in c.processes:  # all at once: each stops its runs first, which takes seconds
                     proc.terminate(wait=False)
-                for proc in c.processes:
-                    proc.wait_stopped()
+                for proc in c.processes:  # off the loop: mgmtd and the scheduler here answer their final calls
+                    await asyncio.to_thread(proc.wait_stopped)
                 for agent in c.agents:
                     await agent.shutdown()
                 for client in c.clients:

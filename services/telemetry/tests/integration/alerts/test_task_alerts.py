@@ -122,8 +122,8 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
             await e.start_agent()
             yield e
         finally:
-            if e.agent is not None:
-                e.agent.terminate()
+            if e.agent is not None:  # off the loop: the scheduler here answers the agent's final report
+                await asyncio.to_thread(e.agent.terminate)
             for c in e.clients:
                 await c.close()
             await telemetry.shutdown()
