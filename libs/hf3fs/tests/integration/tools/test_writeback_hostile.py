@@ -199,11 +199,16 @@ def test_a_pending_file_whose_folder_another_client_renamed_lands_in_the_renamed
         os.write(fd, b", and after")
     finally:
         os.close(fd)  # 0: as far as the program knows, the file is saved
-    time.sleep(1.0)  # the mount's write-back commits 50 ms after the release
+    # the mount's write-back commits 50 ms after the release: wait for the renamed file to have its bytes
     # (before the write-back went by inode: the other file became b"written before the rename, and after" and the
     # renamed one stayed empty)
+    test_fuse_mount._eventually(
+        lambda: test_fuse_mount._equal(
+            _read(fs_cluster.client, f"/fuse/{name}-moved/f"), b"written before the rename, and after"
+        ),
+        timeout_s=5.0,
+    )
     assert _read(fs_cluster.client, f"/fuse/{name}/f") == b"another file"
-    assert _read(fs_cluster.client, f"/fuse/{name}-moved/f") == b"written before the rename, and after"
 
 
 @needs_fuse
