@@ -34,11 +34,13 @@ def _telemetry_scraped_mgmtd(app: Appliance, up_out: str) -> None:
     assert url is not None, up_out
     token = (app.state_dir / "secrets" / "admin_token").read_text().strip()
     request = urllib.request.Request(url.group(1), headers={"Authorization": f"Bearer {token}"})
-    deadline, text = time.monotonic() + 30, ""
-    while time.monotonic() < deadline and 'job="mgmtd"' not in text:
+    deadline = time.monotonic() + 30
+    while True:
         with urllib.request.urlopen(request, timeout=5) as resp:
             text = resp.read().decode()
-        time.sleep(0.5)
+        if 'job="mgmtd"' in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # the next scrape of mgmtd, not a fixed wait once it is there
     assert "# TYPE ff_rpc_requests_total counter" in text and 'job="mgmtd"' in text
 
 
