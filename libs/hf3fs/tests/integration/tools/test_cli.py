@@ -1,27 +1,56 @@
-"""The ``hf3fs`` command as a user runs it (a process per command) against a real cluster."""
+"""The ``hf3fs`` command as a user runs it (a process per command) against a real cluster.
+
+Each command is a process running ``python -m hf3fs ...``, forked from a fork server that imported ``hf3fs.cli``
+once (``ff_testing.forkserver``): a fresh interpreter spends ~0.7 s of CPU (more on a loaded machine) importing it,
+and these tests run ~40 commands. ``test_df_of_a_path`` runs its commands in fresh interpreters, as a user does.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ff_testing.environ import clean_env
+from ff_testing.forkserver import ForkServer
 
 from .conftest import FsCluster
 
+_SERVERS: list[ForkServer] = []
 
-def hf3fs(cluster: FsCluster, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+
+def _forks() -> ForkServer:
+    """The module's fork server with ``hf3fs.cli`` imported, started on first use, stopped at exit."""
+    if not _SERVERS or not _SERVERS[0].usable:
+        if _SERVERS:
+            _SERVERS.pop().close()
+        server = ForkServer(["hf3fs.cli"])
+        atexit.register(server.close)
+        _SERVERS.append(server)
+    return _SERVERS[0]
+
+
+def hf3fs(
+    cluster: FsCluster, *args: str, token: str | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``hf3fs args...`` as a process, forked from the fork server (``fresh``: a new interpreter)."""
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": token or cluster.token})
-    return subprocess.run(
-        [sys.executable, "-m", "hf3fs", *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    argv = [sys.executable, "-m", "hf3fs", *args]
+    if fresh:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        code = _forks().start(argv, env=env, stdout=out, stderr=err).wait(timeout=120)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, code, out.read(), err.read())
 
 
-def ok(cluster: FsCluster, *args: str, token: str | None = None) -> str:
-    proc = hf3fs(cluster, *args, token=token)
+def ok(cluster: FsCluster, *args: str, token: str | None = None, fresh: bool = False) -> str:
+    proc = hf3fs(cluster, *args, token=token, fresh=fresh)
     assert proc.returncode == 0, f"hf3fs {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
     return proc.stdout
 
@@ -62,9 +91,9 @@ def test_cp_tree_in_and_out_diff_equal(fs_cluster: FsCluster, tmp_path: Path) ->
 
 
 def test_df_of_a_path(fs_cluster: FsCluster) -> None:
-    size = ok(fs_cluster, "df").splitlines()[1].split()[0]
-    assert ok(fs_cluster, "df", "hf3fs:/cli").splitlines()[1].split()[0] == size  # no quota there
-    missing = hf3fs(fs_cluster, "df", "/cli/no-such-folder")
+    size = ok(fs_cluster, "df", fresh=True).splitlines()[1].split()[0]
+    assert ok(fs_cluster, "df", "hf3fs:/cli", fresh=True).splitlines()[1].split()[0] == size  # no quota there
+    missing = hf3fs(fs_cluster, "df", "/cli/no-such-folder", fresh=True)
     assert missing.returncode == 1 and "No such file or directory" in missing.stderr
 
 
