@@ -168,11 +168,14 @@ def correctness(group: Group, cfg: GroupConfig, sizes: list[int], dtypes: list[D
             )
             for op in ("sum", "max"):
                 case += 1
-                x = rounded(inputs(case, world, world * n), dtype)
+                raw = inputs(case, world, world * n)
+                # rounding is per element: only this rank's row and the columns of its part are needed (rounding,
+                # reference and scale over all world x world*n values were most of a large case's CPU)
+                x = rounded(raw[:, rank * n : (rank + 1) * n], dtype)
                 part = make_buffer(np.zeros(n), dtype, use_torch)
-                group.reduce_scatter(part, make_buffer(x[rank], dtype, use_torch), op)
-                ref = reference(op, x)[rank * n : (rank + 1) * n]
-                scale = np.abs(x).sum(0)[rank * n : (rank + 1) * n]
+                group.reduce_scatter(part, make_buffer(rounded(raw[rank], dtype), dtype, use_torch), op)
+                ref = reference(op, x)
+                scale = np.abs(x).sum(0)
                 out.append(
                     check(
                         f"reduce_scatter/{op}/{dtype.value}/{n}",
