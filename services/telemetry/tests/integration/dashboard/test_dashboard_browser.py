@@ -155,6 +155,6 @@ async def test_dashboard_in_chromium(browser: Any, cluster: Cluster, shots: list
     finally:
         if reporter.stdin is not None:
             reporter.stdin.close()
-        reporter.wait(timeout=10)
+        await asyncio.to_thread(reporter.wait, 10)  # off the loop: telemetry here takes its last flush
         if reporter.stdout is not None:
             reporter.stdout.close()
