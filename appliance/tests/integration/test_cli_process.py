@@ -62,24 +62,3 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     finally:
         os.close(write_end)
     assert done.returncode == 141 and done.stderr == "", done.stderr
-
-
-# Runs the console entry point as the `fireflyer` script does, and reports from the exit handlers how many
-# objects the interpreter's teardown will skip.
-FROZEN_PROBE = """
-import atexit, gc, sys
-from ff_appliance.cli import main
-atexit.register(lambda: print("frozen", gc.get_freeze_count(), flush=True))
-sys.argv = ["fireflyer", "whoami", "--state-dir", sys.argv[1]]
-sys.exit(main())
-"""
-
-
-def test_the_command_freezes_its_objects_before_the_teardown(tmp_path: Path) -> None:
-    # Collecting the imported grpc and protobuf objects at exit cost 0.2-0.4 s of every call on a loaded 2-core
-    # machine; frozen objects are skipped by that collection. The command's own answer is unchanged.
-    done = subprocess.run([sys.executable, "-c", FROZEN_PROBE, str(tmp_path / "none")], env=clean_env(),
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith(f"fireflyer: no cluster in {tmp_path / 'none'}: run `fireflyer up`")
-    assert int(done.stdout.split("frozen ")[1].split()[0]) > 10_000, done.stdout

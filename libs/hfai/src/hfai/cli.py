@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -434,9 +435,13 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
 def main() -> int:
     """The ``hfai`` console script: ``run`` on this process's arguments, environment and streams."""
     try:
-        return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
+        code = run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
     except BrokenPipeError:
-        return _quiet_broken_pipe()
+        code = _quiet_broken_pipe()
+    # The process exits next: the interpreter's teardown would garbage-collect every object the command imported
+    # (grpc, protobuf), 0.2-0.4 s of each call on a loaded 2-core machine; frozen objects are skipped.
+    gc.freeze()
+    return code
 
 
 def _quiet_broken_pipe() -> int:

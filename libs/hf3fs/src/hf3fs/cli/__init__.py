@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import os
 import sys
@@ -446,7 +447,11 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
 
 def main() -> int:
     """The ``hf3fs`` console script: ``run`` on this process's arguments, environment and streams."""
-    return run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
+    code = run(sys.argv[1:], os.environ, sys.stdout, sys.stderr)
+    # The process exits next: the interpreter's teardown would garbage-collect every object the command imported
+    # (grpc, protobuf), 0.2-0.4 s of each call on a loaded 2-core machine; frozen objects are skipped.
+    gc.freeze()
+    return code
 
 
 if __name__ == "__main__":
