@@ -5,6 +5,10 @@ tools share it; each test works under its own folder."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +20,7 @@ import hf3fs
 from ff_cluster import MgmtdClient
 from ff_meta.testing import MetaProcess, meta_process
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.forkserver import ForkServer
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
@@ -100,3 +105,34 @@ def fs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FsCluster]:
         raise
     finally:
         cluster.stop()
+
+
+_CLI_FORKS: list[ForkServer] = []
+
+
+def _cli_forks() -> ForkServer:
+    """A fork server with ``hf3fs.cli`` imported, started on first use, stopped at exit."""
+    if not _CLI_FORKS or not _CLI_FORKS[0].usable:
+        if _CLI_FORKS:
+            _CLI_FORKS.pop().close()
+        server = ForkServer(["hf3fs.cli"])
+        atexit.register(server.close)
+        _CLI_FORKS.append(server)
+    return _CLI_FORKS[0]
+
+
+def run_cli(
+    args: list[str], *, env: dict[str, str], timeout_s: float, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hf3fs args...`` as a process of its own, forked from a fork server that imported ``hf3fs.cli``
+    once (a fresh interpreter spends ~0.7 s of CPU importing it, 2-3 s on a loaded machine); ``fresh``: a new
+    interpreter, as a user starts it. The child runs ``hf3fs.__main__`` afresh (runpy), with its own environment,
+    exit status, stdout and stderr."""
+    argv = [sys.executable, "-m", "hf3fs", *args]
+    if fresh:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        code = _cli_forks().start(argv, env=env, stdout=out, stderr=err).wait(timeout=timeout_s)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, code, out.read(), err.read())

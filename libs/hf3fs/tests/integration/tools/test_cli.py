@@ -1,36 +1,19 @@
 """The ``hf3fs`` command as a user runs it (a process per command) against a real cluster.
 
 Each command is a process running ``python -m hf3fs ...``, forked from a fork server that imported ``hf3fs.cli``
-once (``ff_testing.forkserver``): a fresh interpreter spends ~0.7 s of CPU (more on a loaded machine) importing it,
+once (``conftest.run_cli``): a fresh interpreter spends ~0.7 s of CPU (more on a loaded machine) importing it,
 and these tests run ~40 commands. ``test_df_of_a_path`` runs its commands in fresh interpreters, as a user does.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from ff_testing.environ import clean_env
-from ff_testing.forkserver import ForkServer
 
-from .conftest import FsCluster
-
-_SERVERS: list[ForkServer] = []
-
-
-def _forks() -> ForkServer:
-    """The module's fork server with ``hf3fs.cli`` imported, started on first use, stopped at exit."""
-    if not _SERVERS or not _SERVERS[0].usable:
-        if _SERVERS:
-            _SERVERS.pop().close()
-        server = ForkServer(["hf3fs.cli"])
-        atexit.register(server.close)
-        _SERVERS.append(server)
-    return _SERVERS[0]
+from .conftest import FsCluster, run_cli
 
 
 def hf3fs(
@@ -39,14 +22,7 @@ def hf3fs(
     """``hf3fs args...`` as a process, forked from the fork server (``fresh``: a new interpreter)."""
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": token or cluster.token})
-    argv = [sys.executable, "-m", "hf3fs", *args]
-    if fresh:
-        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        code = _forks().start(argv, env=env, stdout=out, stderr=err).wait(timeout=120)
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(argv, code, out.read(), err.read())
+    return run_cli(list(args), env=env, timeout_s=120, fresh=fresh)
 
 
 def ok(cluster: FsCluster, *args: str, token: str | None = None, fresh: bool = False) -> str:
@@ -158,8 +134,8 @@ def test_du_reports_what_it_can_past_an_unreadable_folder(fs_cluster: FsCluster)
     assert proc.stderr == "hf3fs: /cli/du/closed: Permission denied\n" or proc.stderr.startswith(
         "hf3fs: /cli/du/closed: Permission denied ("
     ), proc.stderr
-    size, inodes, path = proc.stdout.split()
-    assert (int(size), int(inodes), path) == (1234, 6, "/cli/du")  # du, open, deeper, a, b, closed
+    total, inodes, where = proc.stdout.split()
+    assert (int(total), int(inodes), where) == (1234, 6, "/cli/du")  # du, open, deeper, a, b, closed
 
 
 def test_quota_then_over_limit_cp_fails_clearly(fs_cluster: FsCluster, tmp_path: Path) -> None:

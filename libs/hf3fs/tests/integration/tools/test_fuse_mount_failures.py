@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import pytest
 
 from ff_testing.environ import clean_env
 
-from .conftest import FsCluster
+from .conftest import FsCluster, run_cli
 from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
@@ -33,11 +32,10 @@ class Run:
 
 
 def hf3fs(*args: str, mgmtd: str, token: str, timeout_s: float = 120) -> Run:
+    """``hf3fs args...`` as a process forked from the CLI fork server (``conftest.run_cli``)."""
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token})
-    proc = subprocess.run(
-        [sys.executable, "-m", "hf3fs", *args], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    proc = run_cli(list(args), env=env, timeout_s=timeout_s)
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
