@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -20,7 +20,7 @@ import hf3fs
 from ff_cluster import MgmtdClient
 from ff_meta.testing import MetaProcess, meta_process
 from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
-from ff_testing.forkserver import ForkServer
+from ff_testing.forkserver import ForkedProcess, ForkServer
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
@@ -136,3 +136,17 @@ def run_cli(
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(argv, code, out.read(), err.read())
+
+
+def start_cli(
+    args: list[str], *, env: dict[str, str], log: IO[bytes], fresh: bool = False
+) -> ForkedProcess | subprocess.Popen[bytes]:
+    """``python -m hf3fs args...`` left running (a mount), forked as ``run_cli``'s are; stdout and stderr to ``log``.
+
+    ``fresh``: a new interpreter, for a process whose interpreter start matters (a ``sitecustomize`` on its
+    ``PYTHONPATH``: a forked child has started already).
+    """
+    argv = [sys.executable, "-m", "hf3fs", *args]
+    if fresh:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return _cli_forks().start(argv, env=env, stdout=log, stderr=log)

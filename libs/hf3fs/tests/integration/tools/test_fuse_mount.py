@@ -21,7 +21,7 @@ import pytest
 import hf3fs
 from ff_testing.environ import clean_env
 
-from .conftest import FsCluster
+from .conftest import FsCluster, start_cli
 
 MOUNT_TIMEOUT_S = 30.0
 
@@ -52,18 +52,13 @@ def wb_mount(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @contextlib.contextmanager
-def _mounted(fs_cluster: FsCluster, where: Path, *flags: str) -> Iterator[Path]:
+def _mounted(fs_cluster: FsCluster, where: Path, *flags: str, fresh: bool = False) -> Iterator[Path]:
+    """``hf3fs mount --foreground`` at ``where`` (``fresh``: in a new interpreter, see ``conftest.start_cli``)."""
     log = where.parent / f"{where.name}.log"
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", *flags],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        proc = start_cli(["mount", str(where), "--foreground", *flags], env=env, log=out, fresh=fresh)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not os.path.ismount(where):

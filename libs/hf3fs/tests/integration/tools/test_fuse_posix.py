@@ -10,7 +10,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from ff_testing.environ import clean_env
 
-from .conftest import FsCluster
+from .conftest import FsCluster, start_cli
 from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")  # readable by every user, unlike a venv under /root
@@ -44,13 +43,7 @@ def shared(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.admin_token})
     log = tmp_path_factory.mktemp("multi-log") / "mount.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hf3fs", "mount", str(where), "--foreground", "--multi-user"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        proc = start_cli(["mount", str(where), "--foreground", "--multi-user"], env=env, log=out)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not os.path.ismount(where):

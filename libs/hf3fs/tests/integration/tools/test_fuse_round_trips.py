@@ -75,7 +75,8 @@ def counted(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF3FS_TEST_COUNT_DIR", str(folder))
         mp.setenv("PYTHONPATH", path)
-        with _mounted(fs_cluster, tmp_path_factory.mktemp("countmnt"), "--writeback") as where:
+        # a new interpreter: the counting sitecustomize is read at interpreter start
+        with _mounted(fs_cluster, tmp_path_factory.mktemp("countmnt"), "--writeback", fresh=True) as where:
             mp.undo()  # the mount process has its environment; the tests' own processes need none of it
             yield where, Meter(folder)
 
