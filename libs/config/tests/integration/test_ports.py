@@ -13,12 +13,27 @@ from ff_config import ports
 EPHEMERAL_LOW = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
 
+def bindable(port: int) -> bool:
+    """Whether ``port`` binds as :func:`ports.pick_free_ports` binds it (a connection in TIME_WAIT blocks it)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((ports.LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_run(length: int) -> int:
-    """The first of ``length`` consecutive ports free now, below the ephemeral range."""
-    for base in range(ports._LOWEST + 5000, EPHEMERAL_LOW - length, 97):
-        if not any(ports.port_in_use(p) for p in range(base, base + length)):
+    """The first of ``length`` consecutive ports free now, inside this process's own range.
+
+    That range is this test worker's share (``FF_PORT_RANGE``), so another worker's servers never take the run
+    between this check and the test's picks.
+    """
+    low, high = ports._listener_range()
+    for base in range(low + (high - low) // 2, high - length, 97):
+        if all(bindable(p) for p in range(base, base + length)):
             return base
-    raise AssertionError("no run of free ports below the ephemeral range")
+    raise AssertionError(f"no run of {length} free ports in {low}-{high}")
 
 
 def test_picked_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
