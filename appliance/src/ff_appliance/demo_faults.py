@@ -37,6 +37,7 @@ FAULT_KINDS = ("storage", "agent", "hang")
 FAULT_AFTER_STEPS = 20  # each fault comes once the run it hits has trained this many steps
 WATCH_POLL_S = 0.25  # how often the services are asked while a fault is under way
 FAULT_WAIT_S = 300.0
+STORAGE_DOWN_S = 1.0  # how long the killed storage service stays down before it is restarted
 UP_TIMEOUT_S = 120.0
 # The rank the hang fault stops: global rank 3 (node rank 1, local rank 1), on the node that is not the master's.
 HUNG_NODE_RANK, HUNG_LOCAL_RANK = 1, 1
@@ -103,8 +104,13 @@ class Faults:
 
     # ---- waiting while the terminal follows the training ----
 
-    async def until(self, check: Callable[[pb.Task], Awaitable[Any]], why: str) -> Any:
-        """Follow the task until ``check(task)`` answers something truthy; that answer."""
+    async def until(self, check: Callable[[pb.Task], Awaitable[Any]], why: str, *, task_may_end: bool = False) -> Any:
+        """Follow the task until ``check(task)`` answers something truthy; that answer.
+
+        Raises:
+            FaultError: the wait took over FAULT_WAIT_S, or the task ended first (unless ``task_may_end``: a wait
+                for something that does not need the task, such as a node's validation).
+        """
         deadline = time.monotonic() + FAULT_WAIT_S
         last_poll = 0.0
         task = await self.poll()
@@ -114,7 +120,7 @@ class Faults:
             found = await check(task)
             if found:
                 return found
-            if task.state >= pb.TASK_STATE_SUCCEEDED:
+            if task.state >= pb.TASK_STATE_SUCCEEDED and not task_may_end:
                 raise FaultError(f"the training task ended ({task.current_run.end_message}) before {why}")
             if time.monotonic() > deadline:
                 raise FaultError(f"{why} did not happen within {FAULT_WAIT_S:g} s")
@@ -193,18 +199,21 @@ class Faults:
     # ---- a storage service ----
 
     async def storage(self, task: pb.Task, at_step: int) -> FaultRecord:
-        """SIGKILL a storage service mid-training, restart it, and record when its targets serve again.
+        """SIGKILL a storage service mid-training, restart it at once, and record mgmtd taking it out and back.
 
-        The run must go on throughout: its targets leave their chains, the other replicas keep serving.
+        It is restarted at once, as its supervisor would. The restarted service reports its targets offline until
+        mgmtd stops routing to them, then they come back through syncing (3FS's recovery after a restart); the run
+        must go on throughout, on the other replicas. The fault's length does not depend on mgmtd's heartbeat
+        timeout, so a fast trainer cannot outrun it.
 
         Raises:
-            FaultError: mgmtd did not declare it dead or its targets did not serve again in time, or the run ended.
+            FaultError: mgmtd did not take its targets out or they did not serve again in time, or the run ended.
         """
         self.step("a storage service is SIGKILLed while the trainer trains, then restarted")
         instance = self._instance(STORAGE)
-        targets = [
-            t.target_id for c in (await self._routing()).chains for t in c.targets if t.node_id == instance.node_id
-        ]
+        before = await self._routing()
+        targets = {t.target_id for c in before.chains for t in c.targets if t.node_id == instance.node_id}
+        versions = {c.chain_id: c.version for c in before.chains if targets & {t.target_id for t in c.targets}}
         run_id = task.current_run.run_id
         pid = self._kill(instance)
         rec = FaultRecord(
@@ -219,24 +228,22 @@ class Faults:
             f"{instance.name} (node {instance.node_id}, pid {pid}, {len(targets)} targets) SIGKILLed after step "
             f"{at_step} of run {task.current_run.run_index}"
         )
-
-        async def dead(_: pb.Task) -> mgmtd_pb2.Node | None:
-            nodes = {n.node_id: n for n in (await self._routing()).nodes}
-            node = nodes.get(instance.node_id)
-            return node if node is not None and node.status == mgmtd_pb2.NODE_STATUS_DEAD else None
-
-        node: mgmtd_pb2.Node = await self.until(dead, f"mgmtd declaring {instance.name} dead")
-        rec.detected_at = time.time()
-        rec.detected_by = f"mgmtd: node {instance.node_id} dead"
-        if node.last_heartbeat_at > 0:
-            rec.detected_by += (
-                f" (its last heartbeat {rec.signalled_at - node.last_heartbeat_at:.1f} s before the kill)"
+        # Watched from the kill on, while the service restarts: its targets' chains get a new version once mgmtd
+        # takes them out of serving (the node declared dead, or the restarted service reporting them offline).
+        watch = asyncio.create_task(self._chains_moved(versions, targets))
+        try:
+            await asyncio.sleep(STORAGE_DOWN_S)
+            await self.restart(instance.name)
+            rec.detected_at, seen = await self.until(
+                lambda _: _done(watch), f"mgmtd taking {instance.name}'s targets out of their chains"
             )
+        finally:
+            watch.cancel()
+        rec.detected_by = f"mgmtd: its targets {', '.join(sorted(seen))}"
         self.say(
-            f"mgmtd declared node {instance.node_id} dead {rec.detected_at - rec.signalled_at:.1f} s after the "
-            f"kill; its targets left their chains"
+            f"mgmtd took node {instance.node_id}'s targets out of serving {rec.detected_at - rec.signalled_at:.1f} s "
+            f"after the kill ({', '.join(sorted(seen))}); they come back through syncing"
         )
-        await self.restart(instance.name)
 
         async def serving(_: pb.Task) -> bool:
             info = await self._routing()
@@ -264,6 +271,16 @@ class Faults:
             f"{pb.RunState.Name(after.current_run.state).removeprefix('RUN_STATE_').lower()})"
         )
         return rec
+
+    async def _chains_moved(self, versions: Mapping[int, int], targets: set[int]) -> tuple[float, set[str]]:
+        """When a chain in ``versions`` first had a newer version, and the public states of ``targets`` then."""
+        while True:
+            info = await self._routing()
+            moved = [c for c in info.chains if c.chain_id in versions and c.version > versions[c.chain_id]]
+            if moved:
+                states = {t.public_state for c in moved for t in c.targets if t.target_id in targets}
+                return time.time(), {_state_name(s) for s in states}
+            await asyncio.sleep(WATCH_POLL_S / 2)
 
     # ---- an agent ----
 
@@ -312,21 +329,21 @@ class Faults:
         return rec
 
     def _next_run_stepping(self, run_id: int) -> Callable[[pb.Task], Awaitable[pb.Run | None]]:
-        """The run after ``run_id`` once it runs and its first step has shown in the log."""
+        """The run after ``run_id`` once its first step has shown in the log (it may have ended since, done)."""
 
         async def check(task: pb.Task) -> pb.Run | None:
-            later = [r for r in task.runs if r.run_id > run_id and r.state == pb.RUN_STATE_RUNNING]
-            return later[0] if later and self.progress(later[0].run_id) > 0 else None
+            later = [r for r in task.runs if r.run_id > run_id and self.progress(r.run_id) > 0]
+            return later[0] if later else None
 
         return check
 
-    async def _node_ready(self, node_id: int) -> pb.Node:
+    async def _node_ready(self, node_id: int, *, task_may_end: bool = False) -> pb.Node:
         async def ready(_: pb.Task) -> pb.Node | None:
             nodes = (await self.admin.call("ListNodes", pb.ListNodesRequest())).nodes
             node = next((n for n in nodes if n.node_id == node_id), None)
             return node if node is not None and node.state == pb.NODE_STATE_READY else None
 
-        found: pb.Node = await self.until(ready, f"node {node_id} ready")
+        found: pb.Node = await self.until(ready, f"node {node_id} ready", task_may_end=task_may_end)
         return found
 
     # ---- a rank stopped ----
@@ -394,13 +411,22 @@ class Faults:
         """A validation of the cordoned node; once it passes, the scheduler returns the node (read back)."""
         started = time.time()
         await self.admin.call("ValidateNodes", pb.ValidateNodesRequest(node_ids=[node_id]))
-        node = await self._node_ready(node_id)
+        node = await self._node_ready(node_id, task_may_end=True)
         checks = ", ".join(c.name for c in node.last_validation.checks)
         return (
             f"node {node_id} validated ({checks}: "
             f"{'passed' if node.last_validation.passed else 'failed'}) and back in scheduling after "
             f"{time.time() - started:.1f} s"
         )
+
+
+def _state_name(state: int) -> str:
+    return mgmtd_pb2.PublicTargetState.Name(state).removeprefix("PUBLIC_TARGET_STATE_").lower()  # type: ignore[arg-type]
+
+
+async def _done(task: asyncio.Task[Any]) -> Any:
+    """The task's result once it is done, else None (for ``Faults.until``)."""
+    return task.result() if task.done() else None
 
 
 def _node_ids(run: pb.Run) -> list[int]:

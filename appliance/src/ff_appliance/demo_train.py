@@ -56,8 +56,9 @@ NUM_NODES = 2
 MODEL_ARGS = ["--batch", "4", "--context", "32", "--dim", "32", "--layers", "1", "--heads", "2", "--lr", "1e-2"]
 CORPUS_MIB = 0.25
 NUM_STEPS = 240  # about 15 steps/s on a quiet 2-core machine; enough for the agent fault alone
-# With the storage or the hang fault: the trainer must still be training after the storage fault's ~20 s and
-# two restarts.
+# With the storage or the hang fault: the trainer must still be training after the storage fault (a restart and
+# a resync, a few seconds in which it trains on) and two restarts. The faults that end a run cost no steps while
+# they last (the ranks stop), only those since the run's newest checkpoint.
 NUM_STEPS_WITH_FAULTS = 800
 NUM_AGENTS_WITH_FAULTS = 3  # a cordoned node leaves 2 for the task
 # The ranks wait this long in a collective before they give up on a peer: longer than the appliance's hang
