@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ff_cluster import MgmtdClient
+from ff_mgmtd.core.removal import AUTO_NODE_ID_BASE
 from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
 from ff_rpc import RetryPolicy, RpcClient, RpcError, open_channel
 from fireflyer.common.v1 import common_pb2
@@ -66,9 +67,10 @@ CASES: list[tuple[str, str, str, Any, grpc.StatusCode]] = [
     (ADMIN, "m", "SetConfig", pb.SetConfigRequest(node_type=2, expected_version=3, content="a = 1"), C.ABORTED),
     (ADMIN, "m", "SetChainTable", pb.SetChainTableRequest(chain_table=pb.ChainTable(
         table_id=1, version=2, chain_ids=[1])), C.ABORTED),
-    # existing node id claimed with another type
+    # existing node id claimed with another type (mgmtd's own node: the first id mgmtd assigns)
     (CLUSTER_TOKEN, "m", "RegisterNode", pb.RegisterNodeRequest(
-        node_id=1, node_type=common_pb2.NODE_TYPE_AGENT, hostname="h", endpoints=GOOD_EP), C.FAILED_PRECONDITION),
+        node_id=AUTO_NODE_ID_BASE, node_type=common_pb2.NODE_TYPE_AGENT, hostname="h", endpoints=GOOD_EP),
+     C.FAILED_PRECONDITION),
     # missing and wrong tokens, and roles
     ("", "m", "GetRoutingInfo", pb.GetRoutingInfoRequest(), C.UNAUTHENTICATED),
     ("garbage", "m", "GetRoutingInfo", pb.GetRoutingInfoRequest(), C.UNAUTHENTICATED),

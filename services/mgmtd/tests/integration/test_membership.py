@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from ff_cluster import MgmtdClient
+from ff_mgmtd.core.removal import AUTO_NODE_ID_BASE
 from ff_mgmtd.store import routing as store_routing
 from ff_mgmtd.testing import InProcessMgmtd
 from ff_rpc import RpcError
@@ -155,6 +156,21 @@ async def test_heartbeat_for_an_unknown_node_is_not_found(mgmtd: InProcessMgmtd)
     with pytest.raises(RpcError) as err:
         await client.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=4242))
     assert err.value.code is grpc.StatusCode.NOT_FOUND
+    await client.close()
+
+
+async def test_assigned_ids_never_meet_the_ids_a_deployment_plans(mgmtd: InProcessMgmtd) -> None:
+    # The appliance numbers its instances 1, 2, ...; `fireflyer join` registers with node id 0. Before, mgmtd gave
+    # the largest id + 1, which the appliance's next planned instance also took: one node row for two services.
+    client = mgmtd.client()
+    planned = [(await client.mgmtd(lambda s: s.RegisterNode, registration(node_id=n, port=9000 + n))).node_id
+               for n in (1, 2, 9)]  # fmt: skip
+    joined = (await client.mgmtd(lambda s: s.RegisterNode, registration(port=9100))).node_id
+    grown = (await client.mgmtd(lambda s: s.RegisterNode, registration(node_id=10, port=9010))).node_id
+    again = (await client.mgmtd(lambda s: s.RegisterNode, registration(port=9101))).node_id
+    assert planned == [1, 2, 9] and grown == 10
+    assert joined >= AUTO_NODE_ID_BASE and again == joined + 1  # (mgmtd's own node took one too)
+    assert len({n.node_id for n in (await routing(client)).nodes} & {1, 2, 9, 10, joined, again}) == 6
     await client.close()
 
 

@@ -25,3 +25,6 @@ def test_past_the_largest_id_the_lowest_never_used_one_is_given() -> None:
     assert lowest_free_id([2, 3], 5) == 1
     with pytest.raises(NoFreeId):
         lowest_free_id(range(1, 6), 5)
+    assert lowest_free_id([5, 100_000, 100_001, 100_003], 2**32 - 1, start=100_000) == 100_002
+    with pytest.raises(NoFreeId, match=r"100000\.\.100001"):
+        lowest_free_id([100_000, 100_001], 100_001, start=100_000)

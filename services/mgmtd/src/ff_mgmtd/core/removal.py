@@ -33,21 +33,28 @@ def removal_refusals(node: Node, held_targets: Sequence[tuple[int, int]], lease_
     return refusals
 
 
-def lowest_free_id(taken: Iterable[int], max_id: int) -> int:
-    """The lowest id in ``1..max_id`` not in ``taken`` (registered and removed ids alike).
+# The ids mgmtd assigns itself (a registration with node_id 0, as `fireflyer join` makes) start here; the ids below
+# are the deployer's to give (the appliance numbers its planned instances from 1), so the two never collide.
+AUTO_NODE_ID_BASE = 100_000
+
+
+def lowest_free_id(taken: Iterable[int], max_id: int, start: int = 1) -> int:
+    """The lowest id in ``start..max_id`` not in ``taken`` (registered and removed ids alike).
 
     Used once ``max_id`` itself is taken; before that a new node gets the largest taken id + 1, so a removed
     id is never handed out again (the ids of its targets, and history elsewhere such as the scheduler's, name
     the old node).
 
     Raises:
-        NoFreeId: every id in ``1..max_id`` is taken.
+        NoFreeId: every id in ``start..max_id`` is taken.
     """
-    expected = 1
+    expected = start
     for node_id in sorted(set(taken)):
+        if node_id < expected:
+            continue
         if node_id > expected:
             break
         expected = node_id + 1
     if expected > max_id:
-        raise NoFreeId(f"every node id in 1..{max_id} is taken")
+        raise NoFreeId(f"every node id in {start}..{max_id} is taken")
     return expected

@@ -24,7 +24,7 @@ from ff_mgmtd.core.model import (
     PublicTargetState,
     RoutingInfo,
 )
-from ff_mgmtd.core.removal import lowest_free_id, removal_refusals
+from ff_mgmtd.core.removal import AUTO_NODE_ID_BASE, lowest_free_id, removal_refusals
 from ff_mgmtd.core.validation import MAX_ID
 from ff_mgmtd.store.cluster_state import (
     Fence,
@@ -107,12 +107,18 @@ def _refuse_removed(s: Session, node_id: int) -> None:
 
 
 def _next_node_id(s: Session) -> int:
-    """The largest id ever registered (removed ones included) + 1; past MAX_ID, the lowest never used."""
-    top = max(int(s.execute(select(func.max(t.c.node_id))).scalar() or 0) for t in (nodes, removed_nodes))
+    """An id mgmtd assigns: from AUTO_NODE_ID_BASE up, the largest ever registered there (removed ones included) + 1.
+
+    Past MAX_ID, the lowest never used from AUTO_NODE_ID_BASE up. Ids below the base are the deployer's.
+    """
+    top = max(
+        int(s.execute(select(func.max(t.c.node_id)).where(t.c.node_id >= AUTO_NODE_ID_BASE)).scalar() or 0)
+        for t in (nodes, removed_nodes)
+    )
     if top < MAX_ID:
-        return top + 1
+        return max(top + 1, AUTO_NODE_ID_BASE)
     taken = [*s.execute(select(nodes.c.node_id)).scalars(), *s.execute(select(removed_nodes.c.node_id)).scalars()]
-    return lowest_free_id((int(n) for n in taken), MAX_ID)
+    return lowest_free_id((int(n) for n in taken), MAX_ID, start=AUTO_NODE_ID_BASE)
 
 
 def remove_node(s: Session, fence: Fence, node_id: int, now: float, lease_duration_s: float) -> NodeRemoval:

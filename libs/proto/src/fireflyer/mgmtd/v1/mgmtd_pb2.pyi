@@ -185,7 +185,9 @@ class RegisterNodeRequest(_message.Message):
     ENDPOINTS_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.int
-    """0 asks mgmtd to assign the next free id; a non-zero id re-registers or claims that id."""
+    """0 asks mgmtd to assign the next free id, from 100000 up (ids below are the deployer's to give, so an id it
+    assigns never collides with one a deployment planned); a non-zero id re-registers or claims that id.
+    """
     node_type: _common_pb2.NodeType.ValueType
     hostname: _builtins.str
     @_builtins.property
