@@ -368,15 +368,21 @@ async def leave(state: StateDir, drain_timeout_s: float, out: TextIO) -> None:
     deadline = time.monotonic() + drain_timeout_s
     with exclusive_lock(state.lock_file):
         client = MgmtdClient(list(joined["mgmtd"]), token=token, timeout_s=5.0)
+        leaving = [i.node_id for i in plan.of_service(STORAGE)]
         try:
+            # Every replica must have somewhere to go before anything changes (an agent disabled, a replica moved).
+            info = await replicas.routing(client)
+            try:
+                replicas.moves_off_all(replicas.chain_nodes(info), leaving, replicas.alive_storage_nodes(info))
+            except replicas.ReplicaError as err:
+                raise JoinError(f"{err}; nothing was changed") from None
             for instance in plan.of_service(AGENT):
                 await _drain_agent(client, token, instance.node_id, deadline, out)
-            for instance in plan.of_service(STORAGE):
+            for node_id in leaving:
                 info = await replicas.routing(client)
+                staying = [n for n in replicas.alive_storage_nodes(info) if n not in leaving]
                 try:
-                    moves = replicas.moves_off(
-                        replicas.chain_nodes(info), instance.node_id, replicas.alive_storage_nodes(info)
-                    )
+                    moves = replicas.moves_off(replicas.chain_nodes(info), node_id, staying)
                 except replicas.ReplicaError as err:
                     raise JoinError(str(err)) from None
                 await _do_moves(client, token, moves, deadline, out)

@@ -18,13 +18,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
+from ff_fsprotocol.routing import RoutingView
 from ff_rpc.client import call_once
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.placement import target_id_for
-from hf3fs.routing import RoutingView
 
 POLL_S = 0.2
 CALL_TIMEOUT_S = 10.0
@@ -70,15 +70,16 @@ def moves_onto(chains: ChainNodes, new_node: int, storage_nodes: Sequence[int]) 
 
 
 def moves_off(chains: ChainNodes, leaving: int, storage_nodes: Sequence[int]) -> list[Move]:
-    """Every replica on ``leaving``, each to the least-loaded node not yet in its chain.
+    """Every replica on ``leaving``, each to the least-loaded node of ``storage_nodes`` not yet in its chain.
 
-    A replica is dropped (``to_node`` 0) when every other node is in its chain already.
+    A replica is dropped (``to_node`` 0) when every other node is in its chain already. Only ``storage_nodes``
+    take replicas: a dead node, or another node leaving, may hold some but gets none.
 
     Raises:
         ReplicaError: ``leaving`` holds a chain's only replica.
     """
     load = Counter({n: 0 for n in storage_nodes if n != leaving})
-    load.update(n for nodes in chains.values() for n in nodes if n != leaving)
+    load.update(n for nodes in chains.values() for n in nodes if n in load)
     moves: list[Move] = []
     for chain_id, nodes in sorted(chains.items()):
         if leaving not in nodes:
@@ -90,6 +91,22 @@ def moves_off(chains: ChainNodes, leaving: int, storage_nodes: Sequence[int]) ->
         if to_node:
             load[to_node] += 1
         moves.append(Move(chain_id=chain_id, from_node=leaving, to_node=to_node))
+    return moves
+
+
+def moves_off_all(chains: ChainNodes, leaving: Sequence[int], storage_nodes: Sequence[int]) -> list[Move]:
+    """The replicas of every node in ``leaving``, moved node after node to nodes that stay (as ``moves_off``).
+
+    Raises:
+        ReplicaError: a chain would lose its last replica (before any move is made: check with this first).
+    """
+    staying = [n for n in storage_nodes if n not in leaving]
+    after = {chain_id: list(nodes) for chain_id, nodes in chains.items()}
+    moves: list[Move] = []
+    for node in leaving:
+        for move in moves_off(after, node, staying):
+            after[move.chain_id] = [n for n in (move.to_node if n == node else n for n in after[move.chain_id]) if n]
+            moves.append(move)
     return moves
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from ff_appliance.replicas import Move, ReplicaError, moves_off, moves_onto, new_target_id
+from ff_appliance.replicas import Move, ReplicaError, moves_off, moves_off_all, moves_onto, new_target_id
 
 # 2 chains of 3 over nodes 2, 3, 4 (as `up` makes them), and 4 chains of 3 over 4 nodes.
 TWO_CHAINS = {1: [2, 3, 4], 2: [3, 4, 2]}
@@ -47,6 +47,23 @@ def test_a_replica_with_no_other_node_to_go_to_is_dropped_and_a_last_copy_refuse
     assert moves_off({1: [1, 2, 3]}, 3, [1, 2, 3]) == [Move(chain_id=1, from_node=3, to_node=0)]
     with pytest.raises(ReplicaError, match="only replica"):
         moves_off({1: [3]}, 3, [1, 3])
+
+
+def test_replicas_go_only_to_nodes_that_take_them_not_to_a_dead_or_leaving_one() -> None:
+    # Node 5 is dead (holds a replica, not in storage_nodes); 9 and 8 leave together.
+    chains = {1: [5, 9, 2], 2: [8, 9, 3], 3: [2, 3, 4]}
+    assert moves_off(chains, 9, [2, 3, 4]) == [
+        Move(chain_id=1, from_node=9, to_node=4),
+        Move(chain_id=2, from_node=9, to_node=2),
+    ]
+    moves = moves_off_all(chains, [9, 8], [2, 3, 4, 8, 9])
+    assert all(m.to_node in (2, 3, 4) for m in moves) and {m.from_node for m in moves} == {8, 9}
+    assert all(not {8, 9} & set(nodes) for nodes in _after(chains, moves).values())
+
+
+def test_leaving_together_is_refused_up_front_when_a_chain_would_lose_its_last_replica() -> None:
+    with pytest.raises(ReplicaError, match="only replica"):
+        moves_off_all({1: [8, 9], 2: [8, 2]}, [8, 9], [8, 9])  # no storage node stays: chain 1 would have none
 
 
 def test_a_new_target_id_is_in_its_node_s_own_range() -> None:
