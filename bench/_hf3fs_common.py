@@ -18,8 +18,8 @@ from typing import Any
 
 import hf3fs
 from ff_cluster import MgmtdClient
-from ff_meta.testing import MetaProcess, meta_process
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.meta import MetaProcess, meta_process
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 

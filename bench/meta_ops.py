@@ -3,7 +3,7 @@ no-op gRPC round trip to the same server over the same client plumbing (the tran
 (b) the same operations on the local file system (for scale).
 
 One run starts a real cluster (mgmtd and three storage services as processes through
-``ff_storage.testing.start_cluster``) and one meta service as a process on the embedded default store
+``ff_testing.cluster.start_cluster``) and one meta service as a process on the embedded default store
 (SQLite in ``--dir``). ``--threads`` client threads share one ``hf3fs.FileSystem`` (as a data loader or
 FUSE would). Each round runs every operation for ``--seconds`` on each side, in an order that rotates
 between rounds; the no-op is the gRPC health Check on the meta server (served by the same ff_rpc
@@ -39,9 +39,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import hf3fs
 from ff_cluster import MgmtdClient
-from ff_meta.testing import MetaProcess, meta_process
 from ff_rpc import open_channel
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.meta import MetaProcess, meta_process
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 OPS = ("create", "stat", "list", "rename")

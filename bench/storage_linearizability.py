@@ -1,7 +1,7 @@
 """Storage linearizability under crashes, with update ids on and off (the longer run of the suite's test).
 
 Each run starts a real cluster (mgmtd and three storage services as processes, a chain of 3, as the
-integration tests do), runs ``ff_storage.chaos.run_chaos`` (writers and readers on a few shared chunks, each
+integration tests do), runs ``ff_testing.chaos.run_chaos`` (writers and readers on a few shared chunks, each
 write a unique value; a storage service SIGKILLed every few seconds and restarted) for ``--duration`` seconds,
 and checks the recorded history with ``ff_storage.core.linearizability.check_history``. It prints, per mode,
 the time run, the operations, kills, unknown-outcome writes, the verdict, and for a violation the operations
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ff_storage.chaos import run_chaos
 from ff_storage.core.linearizability import check_history
-from ff_storage.testing import start_cluster
+from ff_testing.chaos import run_chaos
+from ff_testing.cluster import start_cluster
 
 
 async def one_run(folder: Path, ids_on: bool, duration_s: float, seed: int) -> bool:

@@ -1,7 +1,7 @@
 """3FS storage plane: durable chain writes vs raw write+fsync / 3, client reads vs raw TCP loopback.
 
 One run starts a real cluster (mgmtd and three storage services as processes, through
-``ff_storage.testing.start_cluster``, as the integration tests do) with one chain of 3 targets, one per
+``ff_testing.cluster.start_cluster``, as the integration tests do) with one chain of 3 targets, one per
 service, all on the disk that holds ``--dir``. Each round, in an order that alternates between rounds:
 
 - write: ``--chunks`` chunks of ``--block-mib`` MiB through ``hf3fs.StorageClient.batch_write`` (acknowledged
@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
 from hf3fs import ChunkRead, ChunkWrite, StorageClient
 
 MIB = 1 << 20

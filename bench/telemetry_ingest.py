@@ -74,10 +74,10 @@ async def packed_batch_bytes(address: str, token: str) -> bytes:
 
 # -- server side ---------------------------------------------------------------------------------------
 async def serve(folder: Path, synchronous: str = "NORMAL") -> None:
-    from ff_mgmtd.testing import CLUSTER_TOKEN, start_in_process
     from ff_rpc import RpcServer, ServerOptions, ServiceBinding
     from ff_telemetry.core.validation import MAX_REQUEST_BYTES
-    from ff_telemetry.testing import start_in_process as start_telemetry
+    from ff_testing.mgmtd import CLUSTER_TOKEN, start_in_process
+    from ff_testing.telemetry import start_in_process as start_telemetry
     from fireflyer.telemetry.v1 import telemetry_pb2 as pb
     from fireflyer.telemetry.v1 import telemetry_pb2_grpc
 

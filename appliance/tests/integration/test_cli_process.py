@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ff_mgmtd.testing import CLUSTER_TOKEN, start_in_process
 from ff_testing.environ import clean_env
+from ff_testing.mgmtd import CLUSTER_TOKEN, start_in_process
 
 
 def fireflyer(

@@ -10,8 +10,8 @@ from ff_cluster import ServiceWiring, Serving, serve_service
 from ff_cluster.chassis import Loop
 from ff_config import MgmtdClientSettings
 from ff_config.ports import free_port
-from ff_mgmtd.testing import CLUSTER_TOKEN, start_in_process
 from ff_rpc import StatusTable
+from ff_testing.mgmtd import CLUSTER_TOKEN, start_in_process
 from ff_testing.process import wait_ready
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2

@@ -21,10 +21,14 @@ import torch
 
 import hf3fs
 from ff_cluster import MgmtdClient
-from ff_meta.testing import MetaProcess, meta_process
 from ff_rpc import RpcError
 from ff_scheduler.core import priority
-from ff_scheduler.testing import (
+from ff_testing import free_port
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.forkserver import ForkedProcess, ForkServer
+from ff_testing.meta import MetaProcess, meta_process
+from ff_testing.process import ServiceProcess
+from ff_testing.scheduler import (
     AgentDriver,
     SchedulerClient,
     SchedulerProcess,
@@ -34,11 +38,7 @@ from ff_scheduler.testing import (
     spec,
     task_of,
 )
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
-from ff_telemetry.testing import TelemetryClient, telemetry_process
-from ff_testing import free_port
-from ff_testing.forkserver import ForkedProcess, ForkServer
-from ff_testing.process import ServiceProcess
+from ff_testing.telemetry import TelemetryClient, telemetry_process
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb

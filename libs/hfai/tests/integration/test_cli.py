@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from ff_mgmtd.testing import CLUSTER_TOKEN
-from ff_mgmtd.testing import start_in_process as start_mgmtd
-from ff_scheduler.testing import AgentDriver, eventually
-from ff_scheduler.testing import start_in_process as start_scheduler
+from ff_testing.mgmtd import CLUSTER_TOKEN
+from ff_testing.mgmtd import start_in_process as start_mgmtd
+from ff_testing.scheduler import AgentDriver, eventually
+from ff_testing.scheduler import start_in_process as start_scheduler
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 

@@ -32,7 +32,7 @@ from ff_rpc import (
     current_principal,
     open_channel,
 )
-from ff_rpc.testing import MALFORMED_MESSAGES, call_raw
+from ff_testing.hostile import MALFORMED_MESSAGES, call_raw
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2_grpc
 

@@ -8,10 +8,10 @@ import math
 import time
 from pathlib import Path
 
-from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
-from ff_telemetry.testing import TelemetryClient
-from ff_telemetry.testing import start_in_process as start_telemetry
 from ff_telemetry_client import DROPPED_METRIC, Kind, PushOptions, SampleBuffer, TelemetryPusher
+from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
+from ff_testing.telemetry import TelemetryClient
+from ff_testing.telemetry import start_in_process as start_telemetry
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 

@@ -1,4 +1,10 @@
-"""Test fixtures shared by every package: a real PostgreSQL server, free ports, service processes."""
+"""The test harness of every package: a real PostgreSQL server, free ports, service processes.
+
+The services' harnesses are modules of their own, imported where used (this package's import stays light):
+``ff_testing.mgmtd``, ``ff_testing.cluster`` (mgmtd and storage services), ``ff_testing.meta``,
+``ff_testing.scheduler``, ``ff_testing.agent``, ``ff_testing.telemetry``, ``ff_testing.hostile`` (hostile input
+on the wire) and ``ff_testing.chaos`` (storage's linearizability workload). No production package imports them.
+"""
 
 from __future__ import annotations
 

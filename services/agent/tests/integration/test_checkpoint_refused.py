@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ff_agent.testing import wait_task
-from ff_mgmtd.testing import CLUSTER_TOKEN
-from ff_scheduler.testing import spec
-from ff_scheduler.testing import start_in_process as start_scheduler
 from ff_testing import free_port
+from ff_testing.agent import wait_task
+from ff_testing.mgmtd import CLUSTER_TOKEN
+from ff_testing.scheduler import spec
+from ff_testing.scheduler import start_in_process as start_scheduler
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 TASK = """

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ff_agent.testing import eventually, wait_run_running, wait_task
-from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_rpc import RpcClient, open_channel
-from ff_scheduler.testing import spec
+from ff_testing.agent import eventually, wait_run_running, wait_task
+from ff_testing.mgmtd import CLUSTER_TOKEN
+from ff_testing.scheduler import spec
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from hfai.cli import render_node

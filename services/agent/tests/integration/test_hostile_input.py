@@ -18,10 +18,10 @@ import pytest
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ff_agent.testing import AgentProcess, spawn_process
-from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
 from ff_rpc import open_channel
-from ff_rpc.testing import MALFORMED_MESSAGES, Hostile, check_hostile
+from ff_testing.agent import AgentProcess, spawn_process
+from ff_testing.hostile import MALFORMED_MESSAGES, Hostile, check_hostile
+from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
 from fireflyer.agent.v1 import agent_pb2 as pb
 
 C = grpc.StatusCode

@@ -14,10 +14,10 @@ import grpc
 import pytest
 
 from ff_agent import procs
-from ff_agent.testing import wait_task
-from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_rpc import RpcClient, RpcError, open_channel
-from ff_scheduler.testing import spec
+from ff_testing.agent import wait_task
+from ff_testing.mgmtd import CLUSTER_TOKEN
+from ff_testing.scheduler import spec
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ff_agent import procs
-from ff_agent.testing import eventually, wait_task
-from ff_scheduler.testing import spec
+from ff_testing.agent import eventually, wait_task
+from ff_testing.scheduler import spec
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 TRAIN = """

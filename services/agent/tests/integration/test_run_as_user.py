@@ -18,8 +18,8 @@ import pytest
 from ff_agent.config import AgentSettings
 from ff_agent.core.launch import RanksRunAs
 from ff_agent.server import ranks_run_as_at_start
-from ff_agent.testing import eventually, wait_task
-from ff_scheduler.testing import spec
+from ff_testing.agent import eventually, wait_task
+from ff_testing.scheduler import spec
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching a rank's uid needs the agent to run as root")

@@ -17,7 +17,7 @@ import pytest
 
 import hf3fs
 from ff_rpc import RpcError
-from ff_rpc.testing import MALFORMED_MESSAGES, call_raw, peak_rss_kib
+from ff_testing.hostile import MALFORMED_MESSAGES, call_raw, peak_rss_kib
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 from .conftest import MetaCluster

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 
 import hf3fs
 from ff_meta.store.schema import counters, dirents, inodes, sessions, trash
-from ff_meta.testing import meta_process
-from ff_storage.testing import CLUSTER_TOKEN
+from ff_testing.cluster import CLUSTER_TOKEN
+from ff_testing.meta import meta_process
 
 from .conftest import MetaCluster
 

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import hf3fs
 from ff_meta.store.schema import counters
-from ff_meta.testing import meta_process
-from ff_storage.testing import CLUSTER_TOKEN
+from ff_testing.cluster import CLUSTER_TOKEN
+from ff_testing.meta import meta_process
 
 from .conftest import MetaCluster
 

@@ -15,7 +15,7 @@ import pytest
 
 import hf3fs
 from ff_cluster import MgmtdClient
-from ff_storage.testing import CLUSTER_TOKEN
+from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.layout import file_chains
 

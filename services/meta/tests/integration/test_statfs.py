@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import hf3fs
 from ff_rpc.client import call_once
-from ff_storage.testing import CLUSTER_TOKEN
+from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 

@@ -1,4 +1,4 @@
-"""Fixtures that run mgmtd for real (see ff_mgmtd.testing)."""
+"""Fixtures that run mgmtd for real (see ff_testing.mgmtd)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ff_mgmtd.testing import InProcessMgmtd, MgmtdProcess, spawn_process, start_in_process
+from ff_testing.mgmtd import InProcessMgmtd, MgmtdProcess, spawn_process, start_in_process
 
 StartMgmtd = Callable[..., Awaitable[InProcessMgmtd]]
 SpawnMgmtd = Callable[..., MgmtdProcess]

@@ -6,8 +6,8 @@ import grpc
 import pytest
 
 from ff_cluster import MgmtdClient
-from ff_mgmtd.testing import InProcessMgmtd
 from ff_rpc import RpcError
+from ff_testing.mgmtd import InProcessMgmtd
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 

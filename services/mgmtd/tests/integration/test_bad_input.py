@@ -12,8 +12,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ff_cluster import MgmtdClient
 from ff_mgmtd.core.removal import AUTO_NODE_ID_BASE
-from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd
 from ff_rpc import RetryPolicy, RpcClient, RpcError, open_channel
+from ff_testing.mgmtd import CLUSTER_TOKEN, InProcessMgmtd
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2_grpc

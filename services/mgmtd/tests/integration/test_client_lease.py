@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership
-from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_testing import free_port
+from ff_testing.mgmtd import CLUSTER_TOKEN
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 

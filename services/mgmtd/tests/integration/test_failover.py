@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from ff_cluster import MembershipOptions, MgmtdClient, NodeMembership
-from ff_mgmtd.testing import CLUSTER_TOKEN, FAST_TIMING
 from ff_rpc import RpcClient, RpcError, open_channel
+from ff_testing.mgmtd import CLUSTER_TOKEN, FAST_TIMING
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2_grpc

@@ -13,9 +13,9 @@ import pytest
 from google.protobuf.message import Message
 
 from ff_cluster import MgmtdClient
-from ff_mgmtd.testing import CLUSTER_TOKEN, MgmtdProcess
 from ff_rpc import open_channel
-from ff_rpc.testing import MALFORMED_MESSAGES, Hostile, check_hostile
+from ff_testing.hostile import MALFORMED_MESSAGES, Hostile, check_hostile
+from ff_testing.mgmtd import CLUSTER_TOKEN, MgmtdProcess
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 

@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from ff_cluster import MgmtdClient, MgmtdTokenValidator
-from ff_mgmtd.testing import InProcessMgmtd
 from ff_rpc import RpcError, Unauthenticated
+from ff_testing.mgmtd import InProcessMgmtd
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 

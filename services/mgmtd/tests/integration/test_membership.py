@@ -13,8 +13,8 @@ import pytest
 from ff_cluster import MgmtdClient
 from ff_mgmtd.core.removal import AUTO_NODE_ID_BASE
 from ff_mgmtd.store import routing as store_routing
-from ff_mgmtd.testing import InProcessMgmtd
 from ff_rpc import RpcError
+from ff_testing.mgmtd import InProcessMgmtd
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from ff_cluster import MgmtdClient
-from ff_mgmtd.testing import make_users
 from ff_rpc import RpcError
+from ff_testing.mgmtd import make_users
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ff_mgmtd.testing import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
-from ff_scheduler.testing import AgentDriver, InProcessScheduler, SchedulerClient, start_in_process
+from ff_testing.mgmtd import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
+from ff_testing.scheduler import AgentDriver, InProcessScheduler, SchedulerClient, start_in_process
 
 
 @dataclass

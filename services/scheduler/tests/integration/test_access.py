@@ -10,7 +10,7 @@ import pytest
 
 from ff_rpc import RpcError
 from ff_scheduler.core import priority as p
-from ff_scheduler.testing import SchedulerClient, set_quota, spec
+from ff_testing.scheduler import SchedulerClient, set_quota, spec
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

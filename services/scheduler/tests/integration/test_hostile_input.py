@@ -15,10 +15,10 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
 from ff_rpc import RpcClient, open_channel
-from ff_rpc.testing import MALFORMED_MESSAGES, Hostile, check_hostile
-from ff_scheduler.testing import SchedulerProcess, spawn_process
+from ff_testing.hostile import MALFORMED_MESSAGES, Hostile, check_hostile
+from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
+from ff_testing.scheduler import SchedulerProcess, spawn_process
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 

@@ -7,9 +7,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ff_mgmtd.testing import CLUSTER_TOKEN
 from ff_scheduler.core import priority as p
-from ff_scheduler.testing import AgentDriver, SchedulerClient, eventually, set_quota, spawn_process, spec, task_of
+from ff_testing.mgmtd import CLUSTER_TOKEN
+from ff_testing.scheduler import AgentDriver, SchedulerClient, eventually, set_quota, spawn_process, spec, task_of
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from ff_rpc import RpcError
-from ff_scheduler.testing import SchedulerClient, eventually, set_quota, spec
+from ff_testing.scheduler import SchedulerClient, eventually, set_quota, spec
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
 from hf3fs import StorageClient
 
 

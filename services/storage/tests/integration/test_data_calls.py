@@ -14,7 +14,7 @@ import pytest
 
 from ff_rpc.auth import CLUSTER_PRINCIPAL
 from ff_storage.dataserver import DataServer, TransferBoxes
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb

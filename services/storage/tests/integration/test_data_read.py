@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from ff_rpc import RpcError
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb

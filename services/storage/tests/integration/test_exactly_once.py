@@ -15,7 +15,7 @@ import pytest
 
 from ff_rpc import RpcClient, open_channel
 from ff_storage.core.linearizability import READ, WRITE, Operation, check_history
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from ff_rpc import RpcClient, RpcError, open_channel
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, tail_logs
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, tail_logs
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, crc32c_of

@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 
 from ff_rpc import RpcClient, RpcError, open_channel
-from ff_rpc.testing import MALFORMED_MESSAGES, call_raw, peak_rss_kib, rss_kib
 from ff_storage.config import StorageSettings
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_testing.hostile import MALFORMED_MESSAGES, call_raw, peak_rss_kib, rss_kib
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc

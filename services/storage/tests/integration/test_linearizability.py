@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ff_storage.chaos import run_chaos
 from ff_storage.core.linearizability import check_history
-from ff_storage.testing import start_cluster, tail_logs
+from ff_testing.chaos import run_chaos
+from ff_testing.cluster import start_cluster, tail_logs
 
 RUN_S = 30.0  # about 10 head kills (one every 1-3 s), a few hundred operations
 

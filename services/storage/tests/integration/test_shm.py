@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
 from hf3fs.datapath import DataConnection, DataPathError, encode_header, recv_header
 from hf3fs.shm import ShmRegion, host_id, send_fd

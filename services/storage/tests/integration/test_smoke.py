@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ff_storage.testing import StorageCluster
+from ff_testing.cluster import StorageCluster
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, storage_client
 
 CHUNK = 256 * 1024

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ff_rpc.client import call_once
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.shm import host_id

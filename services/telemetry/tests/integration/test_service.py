@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
 from ff_rpc import RpcError
-from ff_telemetry.testing import InProcessTelemetry, TelemetryClient, start_in_process
+from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
+from ff_testing.telemetry import InProcessTelemetry, TelemetryClient, start_in_process
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

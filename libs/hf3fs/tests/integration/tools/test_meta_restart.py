@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 import hf3fs
-from ff_meta.testing import meta_process
-from ff_storage.testing import CLUSTER_TOKEN
+from ff_testing.cluster import CLUSTER_TOKEN
+from ff_testing.meta import meta_process
 
 from .conftest import FsCluster
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from ff_agent.testing import eventually
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
-from ff_telemetry.testing import TelemetryClient
-from ff_telemetry.testing import start_in_process as start_telemetry
 from ff_testing import free_port
+from ff_testing.agent import eventually
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.telemetry import TelemetryClient
+from ff_testing.telemetry import start_in_process as start_telemetry
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 RULES = """

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from ff_mgmtd.testing import CLUSTER_TOKEN, running_with_users
-from ff_scheduler.testing import SchedulerClient, spec
-from ff_scheduler.testing import start_in_process as start_scheduler
-from ff_telemetry.testing import TelemetryClient
-from ff_telemetry.testing import start_in_process as start_telemetry
+from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
+from ff_testing.scheduler import SchedulerClient, spec
+from ff_testing.scheduler import start_in_process as start_scheduler
+from ff_testing.telemetry import TelemetryClient
+from ff_testing.telemetry import start_in_process as start_telemetry
 from fireflyer.scheduler.v1 import scheduler_pb2 as spb
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from ff_mgmtd.testing import CLUSTER_TOKEN
+from ff_testing.mgmtd import CLUSTER_TOKEN
 
 from .conftest import Cluster
 

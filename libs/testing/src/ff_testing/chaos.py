@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ff_storage.core.linearizability import READ, WRITE, Operation
-from ff_storage.testing import CLUSTER_TOKEN, StorageCluster
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient
 
