@@ -43,7 +43,8 @@ from _hfreduce_common import (
 )
 
 KIB = 1024
-DEFAULT_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
+DEFAULT_SIZES = [8] + [KIB * 4**i for i in range(10)]  # 8 B (latency), then 1 KiB .. 256 MiB
+LATENCY_SIZES = (8, 4 * KIB)  # the sizes of the latency line: time per allreduce, hfreduce vs gloo
 # hfreduce on an ordinary array (local ranks read and write each other's buffers directly), on an ordinary
 # array staged through shared memory (cross_memory=False: the path before cross-memory attach), on a
 # registered buffer; then gloo
@@ -170,7 +171,7 @@ def rank_main(
         for port, cross_memory in ((ports[0], True), (ports[2], False))
     ]
     group, staged = (Group(config) for config in configs)
-    worst = torch.zeros(len(KINDS) + 2, dtype=torch.float64)
+    worst = torch.zeros(len(KINDS) + 3, dtype=torch.float64)  # the times of KINDS, ceiling, wire; the worst error
     clock = Clock(dist, queue, rank, profile)
     timed, profiled, cpu = clock.timed, clock.profiled, clock.cpu
     wire = WireFloor(node, ports[3 + local], configs[0], dist) if nodes == 2 else None
@@ -198,29 +199,59 @@ def rank_main(
             staged.allreduce(buf)
             group.allreduce(reg)
             dist.all_reduce(tbuf)
-        for _ in range(rounds):
-            ok = True
-            took = []
-            for kind, grp, arr in (("copy", group, buf), ("staged", staged, buf), ("reg", group, reg)):
-                arr.fill(1.0)
-                took.append(profiled(kind, nbytes, partial(grp.allreduce, arr), grp))
-                ok = ok and (bool(arr[0] == world and arr[-1] == world) if n else True)
-            buf.fill(1.0)
-            took.append(timed(partial(dist.all_reduce, tbuf), KINDS.index("gloo")))
+        for round_index in range(rounds):
+            # Random data, new every round and rank; gloo's result is the reference every hfreduce result is
+            # compared with, element by element (float32 sums in another order: within TOLERANCE).
+            src = np.random.default_rng([round_index, rank, nbytes]).standard_normal(n, dtype=np.float32)
+            np.copyto(buf, src)
+            gloo_took = timed(partial(dist.all_reduce, tbuf), KINDS.index("gloo"))
+            expected = buf.copy()
+            runs = (("copy", group, buf), ("staged", staged, buf), ("reg", group, reg))
+            took, worst_error = _hfreduce_round(runs, src, expected, world, partial(profiled, nbytes=nbytes))
+            took.append(gloo_took)
             took.append(timed(shm_reduce, SLOTS.index("ceil")))
             exchange = partial(wire.exchange, buf[s0:s1], wire_into) if wire is not None else None
             took.append(timed(exchange, SLOTS.index("wire")) if exchange is not None else float("nan"))
-            worst.copy_(torch.tensor(took, dtype=torch.float64))
+            worst.copy_(torch.tensor([*took, worst_error], dtype=torch.float64))
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            ok, took = bool(worst[-1] <= 1.0), worst[:-1]
             cpu_sum = torch.tensor(cpu, dtype=torch.float64)
             dist.all_reduce(cpu_sum)
             if rank == 0:
-                queue.put(("times", nbytes, ok, worst.tolist(), cpu_sum.tolist(), list(clock.busy)))
+                queue.put(("times", nbytes, ok, took.tolist(), cpu_sum.tolist(), list(clock.busy)))
     if wire is not None:
         wire.close()
     staged.close()
     group.close()
     dist.destroy_process_group()
+
+
+def _hfreduce_round(
+    runs: tuple[tuple[str, Any, Any], ...], src: Any, expected: Any, world: int, profiled: Any
+) -> tuple[list[float], float]:
+    """Each (kind, group, array) of ``runs``: ``src`` copied in, allreduced, timed, compared with ``expected``.
+
+    The times in order, and the largest error seen (``_error``'s unit).
+    """
+    took, worst_error = [], 0.0
+    for kind, grp, arr in runs:
+        np.copyto(arr, src)
+        took.append(profiled(kind, fn=partial(grp.allreduce, arr), group=grp))
+        worst_error = max(worst_error, _error(arr, expected, world))
+    return took, worst_error
+
+
+def _error(got: Any, expected: Any, world: int) -> float:
+    """The largest difference of ``got`` from ``expected``, in units of float32 summation's tolerance (1 = at it).
+
+    Summing ``world`` float32 values in another order differs by at most about (world - 1) roundings of the
+    partial sums' magnitude, each half an ulp: the tolerance per element is world * eps * (|expected| + 1) (the
+    addends of a random-normal sum are of order 1, so a sum near 0 keeps an absolute tolerance).
+    """
+    if got.size == 0:
+        return 0.0
+    tolerance = world * np.finfo(np.float32).eps * (np.abs(expected) + 1.0)
+    return float(np.max(np.abs(got - expected) / tolerance))
 
 
 def run_layout(
@@ -257,6 +288,8 @@ def run_layout(
 
 
 def _size(nbytes: int) -> str:
+    if nbytes < KIB:
+        return f"{nbytes} B"
     return f"{nbytes // KIB} KiB" if nbytes < KIB * KIB else f"{nbytes // KIB // KIB} MiB"
 
 
@@ -378,6 +411,15 @@ def report(layout: str, world: int, rows: list[tuple[Any, ...]]) -> dict[int, di
             + f" {'gloo/wire':>11} | {'wire busy':>9} {'ceil busy':>9}"
         )
         print("\n".join(wire_lines))
+    for nbytes in LATENCY_SIZES:
+        mine = [r for r in rows if r[0] == nbytes]
+        if mine:
+            us = [statistics.median(r[2][i] for r in mine) * 1e6 for i in range(len(KINDS))]
+            print(
+                f"LATENCY {layout} {_size(nbytes)}: "
+                + ", ".join(f"{k} {t:.0f} us" for k, t in zip(KINDS, us, strict=True))
+                + f"; gloo/reg {summary[nbytes]['reg']:.2f}x, gloo/ordinary {summary[nbytes]['copy']:.2f}x"
+            )
     for nbytes in (64 * KIB * KIB, 256 * KIB * KIB):
         if nbytes in summary:
             s = summary[nbytes]

@@ -83,7 +83,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] \
     echo "bootstrap: installing the monorepo into .venv (log: .venv/pip-install.log)"
     # --no-compile: pip would byte-compile every file of every package (torch alone: ~45 s of one core here), most
     # of which nothing imports; the import below compiles what the stack uses, and the rest is compiled on first use.
-    # --no-build-isolation: each of the 18 editable packages would otherwise build in a fresh environment of its own
+    # --no-build-isolation: each of the 19 editable packages would otherwise build in a fresh environment of its own
     # with setuptools installed into it (~3 s of CPU each here); they all need only setuptools, installed first.
     if ! { .venv/bin/python -m pip install --disable-pip-version-check -c requirements/constraints.txt \
                 "setuptools>=68" \

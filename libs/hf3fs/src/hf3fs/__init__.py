@@ -4,7 +4,7 @@ The file system gives files, directories and batch I/O over meta and storage; ch
 ``hf3fs.storage_client``.
 """
 
-from hf3fs.checksum import crc32c_of
+from ff_fsprotocol.checksum import crc32c_of
 from hf3fs.dataset import FileDataset
 from hf3fs.fs import DirEntry, FileSystem, ForkedProcessError, Quota, Stat, StatFs, TrashEntry, connect
 from hf3fs.meta_client import Hf3fsError, MetaClient

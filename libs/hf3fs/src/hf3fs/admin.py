@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
+from ff_fsprotocol.routing import RoutingView
 from ff_rpc.client import call_once
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs.placement import PlacedChain, place_chains
-from hf3fs.routing import RoutingView
 
 
 @dataclass(frozen=True)

@@ -11,20 +11,19 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
+from ff_fsprotocol.layout import FileLayout, file_chains
 from fireflyer.meta.v1 import meta_pb2 as pb
+from fireflyer.meta.v1 import meta_pb2_grpc
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.layout import FileLayout
-from hf3fs.meta_client import Hf3fsError
 from hf3fs.storage_client import ChunkRead, ChunkWrite, StorageClient, StorageIoError
 
-if TYPE_CHECKING:
-    from hf3fs.fs import FileSystem
-
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_IO_BATCH_BYTES = 32 << 20
 NO_LIMIT = (1 << 64) - 1
@@ -32,6 +31,45 @@ RESERVE_STEP_BYTES = 64 << 20
 CAPABILITY_MARGIN_NS = 60 * 10**9
 APPEND_LEASE_PREFIX = "append-lease-"  # the write session that serializes appends to one inode
 APPEND_WAIT_S = 90.0  # a dead holder's lease (30 s by default) lapses and meta collects it well before this
+
+
+class FileBackend(Protocol):
+    """What an open file needs of the file system that opened it (``FileSystem`` hands one to each file).
+
+    Files reach the file system only through this, so ``files`` never imports ``fs``.
+    """
+
+    @property
+    def client_id(self) -> str:
+        """The id meta knows this client's write sessions by."""
+        ...
+
+    @property
+    def storage(self) -> StorageClient:
+        """The storage client the file's chunks go through."""
+        ...
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the file system's event loop and wait for it (as the calling thread's identity)."""
+        ...
+
+    def meta_call(
+        self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any, path: str | None = None
+    ) -> Any:
+        """One meta call (after write-back flushed what it concerns); OSError for ``path`` when refused."""
+        ...
+
+    def local_length(self, inode_id: int) -> int:
+        """The furthest any open writer of this client wrote into ``inode_id`` (0 if none)."""
+        ...
+
+    def append_guard(self, inode_id: int) -> AbstractContextManager[None]:
+        """Held while this client appends to ``inode_id`` (one appending thread per inode)."""
+        ...
+
+    def close_session(self, request: pb.CloseRequest, path: str) -> None:
+        """Close a write session, retried while meta cannot be reached (``FileSystem`` says how long)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -159,10 +197,8 @@ def _errno_of(err: StorageIoError) -> int:
     return errno.EACCES if name in ("PERMISSION_DENIED", "UNAUTHENTICATED") else errno.EIO
 
 
-def layout_of(inode: pb.Inode, table: list[int]) -> FileLayout:
+def layout_of(inode: pb.Inode, table: Sequence[int]) -> FileLayout:
     """The chains of a file's chunks, from its inode's layout and its chain table's chain ids."""
-    from hf3fs.layout import file_chains
-
     lay = inode.layout
     chains = file_chains(table, lay.chain_begin_index, lay.stripe_size, lay.shuffle_seed)
     return FileLayout(inode.inode_id, lay.chunk_size_bytes, tuple(chains))
@@ -173,7 +209,7 @@ class RawFile(io.RawIOBase):
 
     def __init__(
         self,
-        fs: FileSystem,
+        fs: FileBackend,
         path: str,
         mode: str,
         om: OpenMode,
@@ -261,9 +297,9 @@ class RawFile(io.RawIOBase):
         while done < n:
             step = min(n - done, MAX_IO_BATCH_BYTES)
             self._fresh_capability()
-            self._fs._run(
+            self._fs.run(
                 read_spans(
-                    self._fs._storage,
+                    self._fs.storage,
                     self.layout,
                     self._cap,
                     self._pos + done,
@@ -300,12 +336,12 @@ class RawFile(io.RawIOBase):
         """
         request = pb.StatRequest(path=pb.PathAt(parent_inode_id=self.inode_id))
         try:
-            meta_length = int(self._fs._meta_call(lambda s: s.Stat, request, self.name).inode.length_bytes)
+            meta_length = int(self._fs.meta_call(lambda s: s.Stat, request, self.name).inode.length_bytes)
         except OSError as err:
             log = logger.debug if err.errno == errno.ENOENT else logger.warning
             log("%s: length not refreshed (%s); reading to the length known here", self.name, err)
             meta_length = self.length
-        self.length = max(meta_length, self.written, self._fs._local_length(self.inode_id))
+        self.length = max(meta_length, self.written, self._fs.local_length(self.inode_id))
         return self.length
 
     def write(self, b: Any) -> int:
@@ -340,9 +376,9 @@ class RawFile(io.RawIOBase):
         while done < len(data):
             step = min(len(data) - done, MAX_IO_BATCH_BYTES)
             self._fresh_capability()
-            self._fs._run(
+            self._fs.run(
                 write_spans(
-                    self._fs._storage, self.layout, self._cap, offset + done, data[done : done + step], self.name
+                    self._fs.storage, self.layout, self._cap, offset + done, data[done : done + step], self.name
                 )
             )
             done += step
@@ -358,20 +394,20 @@ class RawFile(io.RawIOBase):
         The lease is a write session with a well-known id, which meta gives one client at a time; closing it with the
         new end makes the next holder start after it. A dead holder's lease lapses and meta collects it.
         """
-        with self._fs._append_guard(self.inode_id):
+        with self._fs.append_guard(self.inode_id):
             lease, end_now = self._take_append_lease()
             end = end_now
             try:
                 # meta's end has this client's earlier appends (each lease closed with its end); a writer of this
                 # client may have written further without reporting it yet
-                start = max(end_now, self._fs._local_length(self.inode_id))
+                start = max(end_now, self._fs.local_length(self.inode_id))
                 self.ensure_room(start + len(data))  # an append lands whole or not at all
                 end = self._write_at(start, data)
             finally:
                 req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end)
                 if end > end_now and self._last_write_ns is not None:
                     req.mtime_ns = self._last_write_ns
-                self._fs._close_session(req, self.name)
+                self._fs.close_session(req, self.name)
 
     def _take_append_lease(self) -> tuple[pb.WriteSession, int]:
         """Open the inode's append lease, waiting while another client holds it; (session, meta's length)."""
@@ -386,7 +422,7 @@ class RawFile(io.RawIOBase):
         delay = 0.002
         while True:
             try:
-                resp = self._fs._meta_call(lambda s: s.Open, request, self.name)
+                resp = self._fs.meta_call(lambda s: s.Open, request, self.name)
                 return resp.session, int(resp.inode.length_bytes)
             except OSError as err:
                 if err.errno != errno.EBADF:
@@ -432,7 +468,7 @@ class RawFile(io.RawIOBase):
             raise OSError(errno.EINVAL, "negative size", self.name)
         self.ensure_room(size)
         sid = self._session.session_id if self._session is not None else ""
-        inode = self._fs._meta_call(
+        inode = self._fs.meta_call(
             lambda s: s.Truncate,
             pb.TruncateRequest(path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid),
             self.name,
@@ -451,7 +487,7 @@ class RawFile(io.RawIOBase):
         )
         if self._last_write_ns is not None:
             req.mtime_ns = self._last_write_ns
-        resp = self._fs._meta_call(lambda s: s.Sync, req, self.name)
+        resp = self._fs.meta_call(lambda s: s.Sync, req, self.name)
         self.length = max(self.length, resp.inode.length_bytes)
         self.meta_length = resp.inode.length_bytes
         self.inode_at_sync = resp.inode  # meta's answer (the mount keeps its attributes)
@@ -476,7 +512,7 @@ class RawFile(io.RawIOBase):
                 )
                 if self._last_write_ns is not None:
                     req.mtime_ns = self._last_write_ns
-                self._fs._close_session(req, self.name)
+                self._fs.close_session(req, self.name)
         finally:
             super().close()
 
@@ -524,7 +560,7 @@ class RawFile(io.RawIOBase):
         request = pb.ReserveSpaceRequest(
             inode_id=self.inode_id, session_id=self._session.session_id, write_limit_bytes=want, partial=partial
         )
-        return int(self._fs._meta_call(lambda s: s.ReserveSpace, request, self.name).write_limit_bytes)
+        return int(self._fs.meta_call(lambda s: s.ReserveSpace, request, self.name).write_limit_bytes)
 
     def _fresh_capability(self) -> None:
         """Open the file again for a new IoCapability shortly before the one held expires.
@@ -537,7 +573,7 @@ class RawFile(io.RawIOBase):
         if self._session is not None:
             request.open_mode = pb.OPEN_MODE_WRITE
             request.session_id, request.client_id = self._session.session_id, self._session.client_id
-        resp = self._fs._meta_call(lambda s: s.Open, request, self.name)
+        resp = self._fs.meta_call(lambda s: s.Open, request, self.name)
         self._cap = resp.io_capability.token
         self.cap_expires_at_ns = resp.io_capability.expires_at_ns
 
@@ -634,6 +670,3 @@ def wrap(
 def session_lost(raw: RawFile) -> None:
     """Marks ``raw``'s write session lost (meta collected it): its later writes fail with EBADF."""
     raw.lost = True
-
-
-_ = Hf3fsError

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ff_cluster import MgmtdClient
+from ff_fsprotocol.layout import FileLayout
 from ff_rpc import Identity, RpcError, acting_as, current_acting
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1 import meta_pb2_grpc
@@ -38,7 +39,6 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.entries import DirEntry, Quota, Stat, StatFs, TrashEntry, quota_of
 from hf3fs.files import OpenMode, RawFile, layout_of, read_spans, session_lost, wrap, write_spans
 from hf3fs.forks import ForkedProcessError, Process, fork_error
-from hf3fs.layout import FileLayout
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
 from hf3fs.statfs import within_quotas
 from hf3fs.storage_client import StorageClient
@@ -136,8 +136,8 @@ class FileSystem:
         self._close_retry_s = close_retry_s
         self.timeout_s = timeout_s  # of one meta call (write-back's batches get more: see hf3fs.writeback)
         self._closing_by: float | None = None  # while close() runs: one retry deadline for all its writers
-        self._tables: dict[int, list[int]] = {}
         self._closed = False
+        self._backend = _FileBackend(self)
         self._renew_interval_s = renew_interval_s
         self._stop = asyncio.Event()
 
@@ -838,19 +838,18 @@ class FileSystem:
 
     # ---- data ----
 
-    def _table(self, table_id: int, refresh: bool = False) -> list[int]:
-        if refresh or table_id not in self._tables:
-            view = self._run(self._storage.routing.refresh(force=True))
-            self._tables = {t.table_id: list(t.chain_ids) for t in view.tables.values()}
-        if table_id not in self._tables:
-            raise OSError(errno.EIO, f"chain table {table_id} is unknown")
-        return self._tables[table_id]
-
     def _layout(self, inode: pb.Inode) -> FileLayout:
-        table = self._table(inode.layout.chain_table_id)
-        if len(table) < inode.layout.stripe_size:
-            table = self._table(inode.layout.chain_table_id, refresh=True)
-        return layout_of(inode, table)
+        """The file's chains over its chain table as the storage client's routing holds it.
+
+        The one routing cache of this client: fetched again when the table is unknown or shorter than the stripe.
+        """
+        table_id, routing = inode.layout.chain_table_id, self._storage.routing
+        table = routing.view.table(table_id) if routing.view is not None else None
+        if table is None or len(table.chain_ids) < inode.layout.stripe_size:
+            table = self._run(routing.refresh(force=True)).table(table_id)
+        if table is None:
+            raise OSError(errno.EIO, f"chain table {table_id} is unknown")
+        return layout_of(inode, table.chain_ids)
 
     def open(
         self,
@@ -905,7 +904,7 @@ class FileSystem:
         if inode.type == pb.INODE_TYPE_DIRECTORY:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
         session = resp.session if resp.HasField("session") else None
-        raw = RawFile(self, path, mode, om, inode, self._layout(inode), resp.io_capability.token, session)
+        raw = RawFile(self._backend, path, mode, om, inode, self._layout(inode), resp.io_capability.token, session)
         raw.cap_expires_at_ns = resp.io_capability.expires_at_ns
         if session is not None:
             with self._writers_lock:
@@ -1101,3 +1100,42 @@ def connect(mgmtd: str | list[str] | None = None, token: str | None = None, **kw
     if not mgmtd:
         raise ValueError("no mgmtd address: pass mgmtd= or set FF_MGMTD_ADDRESSES")
     return FileSystem(mgmtd, token, **kwargs)
+
+
+class _FileBackend:
+    """What an open file needs of its ``FileSystem`` (``files.FileBackend``), so ``files`` never imports ``fs``."""
+
+    def __init__(self, fs: FileSystem) -> None:
+        self._fs = fs
+
+    @property
+    def client_id(self) -> str:
+        """The id meta knows this client's write sessions by."""
+        return self._fs.client_id
+
+    @property
+    def storage(self) -> StorageClient:
+        """The storage client the file's chunks go through."""
+        return self._fs._storage
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``FileSystem._run``: on the file system's loop, as the calling thread's identity."""
+        return self._fs._run(coro)
+
+    def meta_call(
+        self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any, path: str | None = None
+    ) -> Any:
+        """``FileSystem._meta_call``: write-back flushed first, OSError when meta refuses."""
+        return self._fs._meta_call(select, request, path)
+
+    def local_length(self, inode_id: int) -> int:
+        """The furthest any open writer of this client wrote into ``inode_id`` (0 if none)."""
+        return self._fs._local_length(inode_id)
+
+    def append_guard(self, inode_id: int) -> contextlib.AbstractContextManager[None]:
+        """One appending thread per inode in this client."""
+        return self._fs._append_guard(inode_id)
+
+    def close_session(self, request: pb.CloseRequest, path: str) -> None:
+        """``FileSystem._close_session``: retried while meta cannot be reached, for up to ``close_retry_s``."""
+        self._fs._close_session(request, path)

@@ -24,14 +24,15 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ff_cluster import MgmtdClient
+from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.datapath import DataConnectionPool, DataPathError, DataRefused, parse_message
+from ff_fsprotocol.routing import NodeAddress, RoutingCache, RoutingView
+from ff_fsprotocol.transport import WriteBytes
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, StubPool
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.checksum import crc32c_of
-from hf3fs.datapath import DataConnectionPool, DataPathError, DataRefused
 from hf3fs.readstream import ReadStream
-from hf3fs.routing import NodeAddress, RoutingCache, RoutingView
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,7 +67,6 @@ FATAL_RPC_CODES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
-INLINE_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_CONCURRENT_TRANSFERS = 64
 DEFAULT_READ_CALLS_PER_NODE = 1
 MERGED_READ_MAX_BYTES = 64 << 20
@@ -331,9 +331,7 @@ class StorageClient:
         outcomes: list[WriteOutcome],
     ) -> None:
         requests: list[spb.WriteIO] = []
-        bulk_parts: list[bytes | bytearray | memoryview] = []
-        transfer_id = uuid.uuid4().hex
-        offset = 0
+        payload = WriteBytes.for_payloads([io.data for io in ios], node.data, bulk=self._bulk)
         for io, update_id in zip(ios, ids, strict=True):
             chain = view.chain(io.chain_id)
             msg = spb.WriteIO(
@@ -347,15 +345,14 @@ class StorageClient:
                 io_capability=io.capability,
                 update_id=update_id,
             )
-            if self._bulk and len(io.data) > INLINE_MAX_BYTES and node.data:
-                msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
-                bulk_parts.append(io.data)
-                offset += len(io.data)
+            place = payload.place(io.data)
+            if place is not None:
+                msg.transfer.CopyFrom(spb.TransferRef(transfer_id=place.transfer_id, offset_bytes=place.offset_bytes))
             else:
                 msg.inline_data = bytes(io.data)
             requests.append(msg)
         try:
-            resp = await self._send_write(node, spb.BatchWriteRequest(ios=requests), transfer_id, bulk_parts)
+            resp = await self._send_write(node, spb.BatchWriteRequest(ios=requests), payload)
         except (RpcError, DataRefused) as err:
             code = _status_code(err)
             if code in FATAL_RPC_CODES:
@@ -374,24 +371,15 @@ class StorageClient:
             )
 
     async def _send_write(
-        self,
-        node: NodeAddress,
-        request: spb.BatchWriteRequest,
-        transfer_id: str,
-        bulk_parts: list[bytes | bytearray | memoryview],
+        self, node: NodeAddress, request: spb.BatchWriteRequest, payload: WriteBytes
     ) -> spb.BatchWriteResponse:
-        """BatchWrite with bulk bytes as one ``call`` on the node's data path (no push, no gRPC call).
-
-        Inline only, or to a node before data path version 3: (push and) gRPC.
-        """
-        if bulk_parts:
-            async with asyncio.timeout(self._timeout_s):  # the version check too
-                if await self._data.calls_direct(node.data):
-                    raw = await self._data.call(
-                        node.data, "BatchWrite", request.SerializeToString(), transfer_id, bulk_parts
-                    )
-                    return spb.BatchWriteResponse.FromString(raw)
-            await self._data.get(node.data).push(transfer_id, bulk_parts)
+        """The BatchWrite as its transport says (``ff_fsprotocol.transport``): a data-path ``call``, else gRPC."""
+        if payload.transport.on_data_path:
+            async with asyncio.timeout(self._timeout_s):
+                raw = await self._data.call(
+                    node.data, "BatchWrite", request.SerializeToString(), payload.transfer_id, payload.parts
+                )
+            return parse_message(spb.BatchWriteResponse, raw)
         resp: spb.BatchWriteResponse = await self._rpc.unary(self.stub(node.grpc).BatchWrite, request)
         return resp
 
@@ -601,16 +589,11 @@ class StorageClient:
         request = spb.BatchReadRequest(ios=requests, transport=transport)
         crcs: dict[int, int] = {}
         try:
-            async with asyncio.timeout(self._timeout_s):  # a node that accepts but never answers fails over
-                direct = bulk and await self._data.reads_direct(node.data)
-            if direct:
+            if bulk:
                 resp, sinks, crcs = await self._read_direct(node, request, ios, members)
             else:
                 resp = await self._batch_read_call(node, request)
                 sinks = self._sinks(ios, members, resp.results)
-                if resp.transfer_id:
-                    async with self.rts:  # the grant: this node may send now
-                        await self._data.pull(node.data, resp.transfer_id, _in_order(sinks))
         except (RpcError, DataRefused) as err:
             code = _status_code(err)
             if code in FATAL_RPC_CODES:
@@ -640,8 +623,8 @@ class StorageClient:
         """
         got: list[tuple[spb.BatchReadResponse, dict[int, tuple[int, memoryview]], list[int]]] = []
 
-        def layout(raw: bytes) -> list[memoryview]:
-            resp = spb.BatchReadResponse.FromString(raw)
+        def layout(raw: bytearray) -> list[memoryview]:
+            resp = parse_message(spb.BatchReadResponse, raw)
             sinks = self._sinks(ios, members, resp.results)
             order = sorted(sinks, key=lambda i: sinks[i][0])
             got.append((resp, sinks, order))
@@ -721,11 +704,6 @@ def _status_code(err: RpcError | DataRefused) -> grpc.StatusCode | None:
     if isinstance(err, RpcError):
         return err.code
     return grpc.StatusCode.__members__.get(err.code)
-
-
-def _in_order(sinks: dict[int, tuple[int, memoryview]]) -> list[memoryview]:
-    """The sinks' views by offset in the transfer (the node lays results out back to back)."""
-    return [view for _, view in sorted(sinks.values(), key=lambda s: s[0])]
 
 
 def _merge(

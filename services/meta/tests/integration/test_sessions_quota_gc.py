@@ -17,7 +17,6 @@ import hf3fs
 from ff_cluster import MgmtdClient
 from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.layout import file_chains
 
 from .conftest import LEASE_S, MetaCluster
 
@@ -51,18 +50,6 @@ def _chunks_on_storage(cluster: MetaCluster, inode_id: int, chains: list[int], n
     return asyncio.run(count())
 
 
-def _chains_of(fs: hf3fs.FileSystem, st: hf3fs.Stat) -> list[int]:
-    resp = fs._meta_call(
-        lambda s: s.Stat,
-        __import__("fireflyer.meta.v1.meta_pb2", fromlist=["x"]).StatRequest(
-            path=__import__("fireflyer.meta.v1.meta_pb2", fromlist=["x"]).PathAt(parent_inode_id=st.inode_id)
-        ),
-    )
-    table = fs._table(st.chain_table_id)
-    lay = resp.inode.layout
-    return file_chains(table, lay.chain_begin_index, lay.stripe_size, lay.shuffle_seed)
-
-
 WRITER = textwrap.dedent("""
     import sys, time, hf3fs
     fs = hf3fs.connect(sys.argv[1], sys.argv[2])
@@ -92,7 +79,8 @@ def test_killed_writer_session_collected_length_exact_then_gc(cluster: MetaClust
     assert st.write_sessions == 0
     with fs.open(path, "rb") as f:
         assert f.read() == b"k" * size
-    chains = _chains_of(fs, st)
+    with fs.open(path, "rb", buffering=0) as raw:  # the file's layout, as the client computed it at open
+        chains = list(raw.layout.chains)
     n = (size + st.chunk_size - 1) // st.chunk_size
     assert _chunks_on_storage(cluster, st.inode_id, chains, n) == n
     # No session is left: removing the file frees its chunks at once (GC), which waits for sessions.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from ff_fsprotocol.capability import capability_key, check_capability, make_capability
+from ff_fsprotocol.layout import FileLayout, file_chains
 from ff_meta.core.errors import FS_ERROR_METADATA, FsCode, FsError
 from ff_meta.core.model import Inode, InodeType
 from ff_meta.core.paths import check_name, split_path
 from ff_meta.core.perms import Caller, R, W, X, allowed, check_sticky
-from hf3fs.capability import capability_key, check_capability, make_capability
-from hf3fs.layout import FileLayout, file_chains
 
 
 def code(fn: object) -> FsCode:

@@ -7,7 +7,6 @@ from pathlib import Path
 from pydantic import Field
 
 from ff_config import MgmtdClientSettings
-from hf3fs.datapath import DATA_PATH_VERSION
 
 ENV_PREFIX = "FF_STORAGE_"
 
@@ -41,12 +40,6 @@ class StorageSettings(MgmtdClientSettings):
     transfer_ttl_s: float = Field(30.0, gt=0, description="staged read bytes not pulled by then are freed")
     max_inbox_bytes: int = Field(1 << 30, gt=0, description="bulk bytes one caller may have waiting on this node")
     fsync: bool = Field(True, description="fsync chunk files and metadata (never off in production)")
-    data_path_version: int = Field(
-        DATA_PATH_VERSION,
-        ge=1,
-        le=DATA_PATH_VERSION,
-        description="newest data path version served (lower: speak as an older node)",
-    )
     sync_scan_interval_s: float = Field(0.2, gt=0, description="how often to look for targets to recover")
     grace_s: float = Field(3.0, ge=0, description="drain time for in-flight calls on SIGTERM")
     telemetry_interval_s: float = Field(

@@ -1,7 +1,8 @@
-"""The node's bulk data endpoint (wire format in hf3fs.datapath): pushed bytes in, staged read bytes out.
+"""The node's bulk data endpoint (wire format in ff_fsprotocol.datapath): pushed bytes in, staged read bytes out.
 
 Reads are served in one round trip (``read``: BatchRead and its bytes, no gRPC call), and writes too
-(``call``: BatchWrite or ForwardUpdates with their bytes, no push and no gRPC call).
+(``call``: BatchWrite or ForwardUpdates with their bytes, no push and no gRPC call). A request and a call's
+bytes are handed to the handler as they were received (a view of the receive buffer; no copy, no inbox).
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ from typing import Any
 
 import grpc
 
-from ff_rpc import Principal, TokenValidator, Unauthenticated
-from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token, set_current_principal
-from hf3fs.datapath import (
+from ff_fsprotocol.datapath import (
     CALL_METHODS,
     DATA_PATH_VERSION,
     MAX_READ_REQUEST_BYTES,
@@ -33,8 +32,11 @@ from hf3fs.datapath import (
     recv_header,
     send_parts,
     tune_socket,
+    version_refusal,
 )
-from hf3fs.shm import host_id, recv_fd
+from ff_fsprotocol.shm import host_id, recv_fd
+from ff_rpc import Principal, TokenValidator, Unauthenticated
+from ff_rpc.auth import CLUSTER_PRINCIPAL, is_cluster_token, set_current_principal
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +47,15 @@ MAX_PUSH_BYTES = 1 << 30
 PUSH_PREALLOC_BYTES = 64 << 20
 PEER = "data client"
 MAX_SHARED_REGIONS = 64
-# Serves a ``read`` op: a serialized BatchReadRequest in, the serialized response and each IO's bytes
-# (None unless OK) out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
-# ``DataRefused`` for a request the node refuses.
-ReadHandler = Callable[[bytes], Awaitable[tuple[bytes, Sequence[Buffer | None]]]]
-# Serves a ``call`` of one storage RPC: its serialized request in (its bulk bytes already in the inbox under
-# the call's transfer id, owned by the connection's principal), its serialized response out. Runs with the
-# connection's principal as ``ff_rpc.current_principal()``; raises ``DataRefused`` for a refused call.
-CallHandler = Callable[[bytes], Awaitable[bytes]]
+# Serves a ``read`` op: a serialized BatchReadRequest in (a view of the receive buffer), the serialized
+# response and each IO's bytes (None unless OK) out. Runs with the connection's principal as
+# ``ff_rpc.current_principal()``; raises ``DataRefused`` for a request the node refuses.
+ReadHandler = Callable[[memoryview], Awaitable[tuple[bytes, Sequence[Buffer | None]]]]
+# Serves a ``call`` of one storage RPC: its serialized request in (a view of the receive buffer) and the
+# call's bulk bytes by transfer id (empty without any: the request's TransferRefs name them), its serialized
+# response out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
+# ``DataRefused`` for a refused call.
+CallHandler = Callable[[memoryview, Mapping[str, bytearray]], Awaitable[bytes]]
 
 
 @dataclass
@@ -168,17 +171,13 @@ class DataServer:
         boxes: TransferBoxes,
         cluster_token: str,
         validator: TokenValidator | None,
-        read: ReadHandler | None = None,
-        calls: Mapping[str, CallHandler] | None = None,
+        read: ReadHandler,
+        calls: Mapping[str, CallHandler],
     ) -> None:
-        """Serve the data path; ``read`` and ``calls`` are the handlers of the newer ops.
-
-        ``read`` serves the ``read`` op (version 2), ``calls`` (by method, with ``read``) the ``call`` op
-        (version 3); without them the node speaks the older versions.
-        """
+        """Serve the data path: ``read`` serves the ``read`` op, ``calls`` (by method) the ``call`` op."""
         self._boxes = boxes
         self._read = read
-        self._calls = dict(calls or {}) if read is not None else {}
+        self._calls = dict(calls)
         if set(self._calls) - CALL_METHODS:
             raise ValueError(f"no call op for {sorted(set(self._calls) - CALL_METHODS)}")
         self._cluster_token = cluster_token
@@ -264,19 +263,25 @@ class DataServer:
     async def _handshake(self, sock: socket.socket, local: bool) -> tuple[Principal, str] | None:
         """Read the first frame (the caller and its token) and answer it; None once refused.
 
-        The answer is this node's version (2: serves ``read``) and, to a client on this host, the AF_UNIX
-        endpoint.
+        The answer is this node's version and, to a client on this host, the AF_UNIX endpoint. A client of
+        another data path version is refused (FAILED_PRECONDITION, naming both versions) before its token is
+        looked at.
         """
         hello = await recv_header(sock, PEER)
         token = str(hello.get("token", ""))
         if hello.get("op") != "auth":
             await _refuse(sock, Unauthenticated("the first frame must authenticate"))
             return None
+        mismatch = version_refusal(DATA_PATH_VERSION, hello.get("version"), "the client")
+        if mismatch is not None:
+            await asyncio.get_running_loop().sock_sendall(
+                sock, encode_header({"ok": False, "code": "FAILED_PRECONDITION", "error": mismatch})
+            )
+            return None
         principal = await self._caller(token, sock)
         if principal is None:
             return None
-        version = DATA_PATH_VERSION if self._calls else 2 if self._read is not None else 1
-        answer: dict[str, object] = {"ok": True, "host": self.host, "version": version}
+        answer: dict[str, object] = {"ok": True, "host": self.host, "version": DATA_PATH_VERSION}
         if not local and self.unix_name and hello.get("host") == self.host:
             answer["unix"] = self.unix_name
         await asyncio.get_running_loop().sock_sendall(sock, encode_header(answer))
@@ -356,9 +361,9 @@ class DataServer:
                 await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"NOT_FOUND: transfer {tid}"}))
                 return
             await send_parts(sock, [encode_header({"ok": True, "length": staged.length}), *staged.parts])
-        elif op == "read" and self._read is not None:
+        elif op == "read":
             await self._serve_read(sock, header)
-        elif op == "call" and self._calls:
+        elif op == "call":
             await self._serve_call(sock, header, principal)
         else:
             await loop.sock_sendall(sock, encode_header({"ok": False, "error": f"unknown op {op!r}"}))
@@ -390,7 +395,7 @@ class DataServer:
     ) -> None:
         """A ``read``: its bytes follow the response, or (``places``, same host) go into the mapped regions."""
         length = _int_field(header, "length")
-        if self._read is None or not 0 < length <= MAX_READ_REQUEST_BYTES:
+        if not 0 < length <= MAX_READ_REQUEST_BYTES:
             raise DataPathError("bad read header")
         request = bytearray(length)
         await recv_exactly(sock, memoryview(request), PEER)
@@ -398,7 +403,7 @@ class DataServer:
         try:
             if error:
                 raise DataRefused("INVALID_ARGUMENT", error.removeprefix("INVALID_ARGUMENT: "))
-            response, found = await self._read(bytes(request))
+            response, found = await self._read(memoryview(request))
             parts = [p for p in found if p is not None]
             if regions is not None:
                 if _peer_gone(sock):  # it gave up (and may have reused the places): write nothing
@@ -416,8 +421,8 @@ class DataServer:
     async def _serve_call(self, sock: socket.socket, header: dict[str, object], principal: Principal) -> None:
         """Serve a ``call``: the request and its bytes in, the handler's response out.
 
-        All the bytes are read, so the stream stays in step even when the call is refused; they go into the inbox
-        under the call's transfer id.
+        All the bytes are read, so the stream stays in step even when the call is refused; they are handed to the
+        handler under the call's transfer id (counted against the caller's inbox limit until it is done).
         """
         size, length = _int_field(header, "request"), _int_field(header, "length")
         tid = str(header.get("transfer_id", ""))
@@ -427,22 +432,17 @@ class DataServer:
             await self._make_room(sock, principal, length)
         try:
             request = await _receive_payload(sock, size)
-            data = await _receive_payload(sock, length) if length else None
+            attached = {tid: await _receive_payload(sock, length)} if length else {}
+            handler = self._calls.get(str(header.get("method", "")))
+            try:
+                if handler is None:
+                    raise DataRefused("UNIMPLEMENTED", f"no call op for method {header.get('method')!r}")
+                response = await _unless_caller_leaves(sock, handler(memoryview(request), attached))
+            except DataRefused as exc:
+                await send_parts(sock, [encode_header({"ok": False, "code": exc.code, "error": exc.message})])
+                return
         finally:
             self._boxes.release(principal.name, length)
-        handler = self._calls.get(str(header.get("method", "")))
-        try:
-            if handler is None:
-                raise DataRefused("UNIMPLEMENTED", f"no call op for method {header.get('method')!r}")
-            if data is not None:
-                self._boxes.deposit(tid, principal.name, data)
-            response = await _unless_caller_leaves(sock, handler(bytes(request)))
-        except DataRefused as exc:
-            await send_parts(sock, [encode_header({"ok": False, "code": exc.code, "error": exc.message})])
-            return
-        finally:
-            if data is not None:
-                self._boxes.discard(tid)  # what the call did not take (refused before it looked) goes now
         await send_parts(sock, [encode_header({"ok": True, "response": len(response)}), response])
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ff_fsprotocol.routing import Chain, RoutingView
+from ff_fsprotocol.routing import Target as RoutingTarget
 from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import InvalidRequest, TargetExists, TargetNotFound, TooCostly
 from ff_storage.core.results import IoStatus, UpdateResult
@@ -26,7 +28,6 @@ from ff_storage.io_stats import TargetIoStats
 from ff_storage.store.chunk_engine import ChunkEngine, Pending
 from ff_storage.store.targets import TargetRecord, load_targets, save_targets
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
-from hf3fs.routing import RoutingView
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ class NodeState:
         if target.role.public is not before:
             logger.info("target %d is publicly %s", target.target_id, target.role.public.name.lower())
 
-    def position(self, target: Target) -> tuple[mpb.Chain, int] | None:
+    def position(self, target: Target) -> tuple[Chain, int] | None:
         """The target's chain and its index in it (0: the head); None when routing has it in no chain."""
         chain = self.view.chain(target.record.chain_id) if self.view else None
         if chain is None:
@@ -268,7 +269,7 @@ class NodeState:
                 return chain, i
         return None
 
-    def successor(self, target: Target) -> tuple[mpb.Chain, mpb.Target | None] | None:
+    def successor(self, target: Target) -> tuple[Chain, RoutingTarget | None] | None:
         """The target's chain and the next serving or syncing target after it (None: this is the tail).
 
         None when routing has the target in no chain.

@@ -1,13 +1,17 @@
 """The other storage nodes as this one calls them: gRPC stubs, data-path connections, and the forward wire.
 
-The forward wire is updates sent to a successor, as inline bytes or one data-path round trip.
+The forward wire is updates sent to a successor, the way ``ff_fsprotocol.transport`` chooses for every write-side
+call: one data-path round trip (bytes inline or beside the request), or gRPC when the successor has no data endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 
+from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.datapath import DataConnectionPool, parse_message
+from ff_fsprotocol.routing import Chain, Target
+from ff_fsprotocol.transport import WriteBytes
 from ff_rpc import RpcClient
 from ff_rpc.client import NO_RETRY, StubPool
 from ff_storage.core.chunks import ChunkKey
@@ -15,13 +19,8 @@ from ff_storage.core.results import UpdateResult
 from ff_storage.core.target_role import Public
 from ff_storage.node_state import NodeState, Payload, Update
 from ff_storage.wire import record_pb, update_result_from_pb
-from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.checksum import crc32c_of
-from hf3fs.datapath import DataConnectionPool
-
-INLINE_FORWARD_MAX_BYTES = 64 * 1024
 
 
 class Peers:
@@ -56,8 +55,8 @@ class Peers:
 
     async def send_updates(
         self,
-        chain: mpb.Chain,
-        nxt: mpb.Target,
+        chain: Chain,
+        nxt: Target,
         updates: list[Update],
         full_keys: set[ChunkKey],
         from_target: int,
@@ -72,17 +71,18 @@ class Peers:
         """
         syncing = Public(nxt.public_state) is Public.SYNCING
         msgs: list[spb.ChunkUpdate] = []
-        parts: list[Payload] = []
-        offset = 0
-        transfer_id = uuid.uuid4().hex
-        total = sum(
-            len(u.content or b"") if (u.full or syncing or u.key in full_keys) else len(u.data) for u in updates
-        )
-        bulk = total > INLINE_FORWARD_MAX_BYTES
-        for u in updates:
-            full = u.full or syncing or u.key in full_keys
-            payload = (u.content or b"") if full else u.data
-            kind = u.kind if not full or u.kind == spb.UPDATE_TYPE_REMOVE else spb.UPDATE_TYPE_WRITE
+        fulls = [u.full or syncing or u.key in full_keys for u in updates]
+        payloads: list[Payload] = [
+            (u.content or b"") if full else u.data for u, full in zip(updates, fulls, strict=True)
+        ]
+        kinds = [
+            u.kind if not full or u.kind == spb.UPDATE_TYPE_REMOVE else spb.UPDATE_TYPE_WRITE
+            for u, full in zip(updates, fulls, strict=True)
+        ]
+        node = self.state.view.node(nxt.node_id) if self.state.view else None
+        sent = [p for p, k in zip(payloads, kinds, strict=True) if k == spb.UPDATE_TYPE_WRITE]
+        wire = WriteBytes.for_payloads(sent, node.data if node is not None else "")
+        for u, full, payload, kind in zip(updates, fulls, payloads, kinds, strict=True):
             msg = spb.ChunkUpdate(
                 chain_id=chain.chain_id,
                 chain_version=u.chain_version if no_forward else chain.version,
@@ -104,27 +104,22 @@ class Peers:
                     records = self.state.targets[from_target].engine.recent_updates(u.key)
                 msg.recent_updates.extend(record_pb(r) for r in records)
             if kind == spb.UPDATE_TYPE_WRITE:
-                if bulk:
-                    msg.transfer.CopyFrom(spb.TransferRef(transfer_id=transfer_id, offset_bytes=offset))
-                    parts.append(payload)
-                    offset += len(payload)
+                place = wire.place(payload)
+                if place is not None:
+                    msg.transfer.CopyFrom(
+                        spb.TransferRef(transfer_id=place.transfer_id, offset_bytes=place.offset_bytes)
+                    )
                 else:
                     msg.inline_data = bytes(payload)
             msgs.append(msg)
         request = spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs)
-        node = self.state.view.node(nxt.node_id) if self.state.view else None
-        if node is not None and node.data:
-            # one round trip on the data path: the request and its bytes together, no push, no gRPC call
-            async with asyncio.timeout(self.state.config.forward_timeout_s):  # the version check too
-                if await self.data.calls_direct(node.data):
-                    raw = await self.data.call(
-                        node.data, "ForwardUpdates", request.SerializeToString(), transfer_id, parts
-                    )
-                    return [update_result_from_pb(r) for r in spb.ForwardUpdatesResponse.FromString(raw).results]
-        if parts:
-            if node is None or not node.data:
-                raise ConnectionError(f"node {nxt.node_id} has no data endpoint")
-            await self.data.get(node.data).push(transfer_id, parts)
+        if node is not None and wire.transport.on_data_path:
+            # one round trip on the data path: the request and its bytes together, no gRPC call
+            async with asyncio.timeout(self.state.config.forward_timeout_s):
+                raw = await self.data.call(
+                    node.data, "ForwardUpdates", request.SerializeToString(), wire.transfer_id, wire.parts
+                )
+            return [update_result_from_pb(r) for r in parse_message(spb.ForwardUpdatesResponse, raw).results]
         resp = await self.rpc.unary(self.stub(nxt.node_id).ForwardUpdates, request)
         return [update_result_from_pb(r) for r in resp.results]
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Protocol
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import (
     ChunkKey,
     check_chunk_id,
@@ -22,7 +23,6 @@ from ff_storage.io_stats import READ
 from ff_storage.node_state import NodeState, Target
 from ff_storage.store.chunk_engine import Pending
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.checksum import crc32c_of
 
 logger = logging.getLogger(__name__)
 

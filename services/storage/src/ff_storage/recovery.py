@@ -13,6 +13,10 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.datapath import DataPathError
+from ff_fsprotocol.routing import Chain
+from ff_fsprotocol.routing import Target as RoutingTarget
 from ff_rpc import RpcError
 from ff_storage.core.chunks import (
     ChunkKey,
@@ -25,10 +29,7 @@ from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public
 from ff_storage.node_state import NodeState, Target, Update, result_of
 from ff_storage.peers import Peers
-from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.checksum import crc32c_of
-from hf3fs.datapath import DataPathError
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class Recovery:
                 results.append(await self._repair_one(target, chain, key))
         return results
 
-    async def _repair_one(self, target: Target, chain: mpb.Chain, key: ChunkKey) -> UpdateResult:
+    async def _repair_one(self, target: Target, chain: Chain, key: ChunkKey) -> UpdateResult:
         meta = target.engine.get(key)
         if meta is None or not meta.committed_version:
             return result_of(IoStatus.CHUNK_NOT_FOUND, "head has no committed copy")
@@ -198,7 +199,7 @@ class Recovery:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
 
-    async def _sync(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, job: tuple[int, int, int]) -> None:
+    async def _sync(self, target: Target, chain: Chain, nxt: RoutingTarget, job: tuple[int, int, int]) -> None:
         try:
             logger.info(
                 "syncing target %d from %d (chain %d v%d)",
@@ -230,7 +231,7 @@ class Recovery:
             await asyncio.sleep(0.5)
             self._syncing.discard(job)
 
-    async def _sync_batch(self, target: Target, chain: mpb.Chain, nxt: mpb.Target, keys: list[ChunkKey]) -> int:
+    async def _sync_batch(self, target: Target, chain: Chain, nxt: RoutingTarget, keys: list[ChunkKey]) -> int:
         """Make ``keys`` on ``nxt`` what they are here now; returns the number of removals.
 
         Each chunk's committed copy goes as a full replace, or a removal if this target has none. Decided under

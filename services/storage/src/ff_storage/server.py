@@ -67,14 +67,7 @@ async def main(settings: StorageSettings, stop: asyncio.Event | None = None) -> 
     mgmtd = MgmtdClient(settings.mgmtd_address_list(), token=token, timeout_s=3.0)
     validator = registry_validator(mgmtd, settings.token_cache_ttl_s)
     servicer = StorageServicer(node)
-    version = settings.data_path_version
-    data = DataServer(
-        boxes,
-        token,
-        validator,
-        read=servicer.read_on_data_path if version >= 2 else None,
-        calls=servicer.data_path_calls() if version >= 3 else None,
-    )
+    data = DataServer(boxes, token, validator, read=servicer.read_on_data_path, calls=servicer.data_path_calls())
     await data.start(settings.data_listen_address)
     data_address = f"{settings.data_listen_address.rsplit(':', 1)[0]}:{data.port}"
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from ff_fsprotocol.capability import capability_key, check_capability
+from ff_fsprotocol.datapath import DataRefused, parse_message
 from ff_rpc import PermissionDenied, current_principal
 from ff_rpc.auth import authorize, method_access
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
@@ -23,8 +25,6 @@ from ff_storage.wire import update_result_pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.capability import capability_key, check_capability
-from hf3fs.datapath import DataRefused
 
 Context = Any
 logger = logging.getLogger(__name__)
@@ -126,8 +126,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self._cap_key = capability_key(node.state.config.cluster_token)
 
     async def BatchWrite(self, request: pb.BatchWriteRequest, context: Context) -> pb.BatchWriteResponse:
+        return await self._batch_write(request, {})
+
+    async def _batch_write(
+        self, request: pb.BatchWriteRequest, attached: Mapping[str, bytearray]
+    ) -> pb.BatchWriteResponse:
         _check_capabilities(self._cap_key, list(request.ios), write=True)
-        return pb.BatchWriteResponse(results=_results(await self._n.writer.batch_write(list(request.ios), _owner())))
+        results = await self._n.writer.batch_write(list(request.ios), _owner(), attached)
+        return pb.BatchWriteResponse(results=_results(results))
 
     async def BatchRead(self, request: pb.BatchReadRequest, context: Context) -> pb.BatchReadResponse:
         if request.transport not in (pb.DATA_TRANSPORT_UNSPECIFIED, pb.DATA_TRANSPORT_INLINE, pb.DATA_TRANSPORT_BULK):
@@ -138,7 +144,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             results=results, transfer_id=tid, transfer_length_bytes=length, transfer_ttl_s=self._n.state.boxes.ttl_s
         )
 
-    async def read_on_data_path(self, request_bytes: bytes) -> tuple[bytes, Sequence[Buffer | None]]:
+    async def read_on_data_path(self, request_bytes: memoryview) -> tuple[bytes, Sequence[Buffer | None]]:
         """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``), with the same checks as BatchRead.
 
         Returns its response serialized, and each IO's bytes (None unless OK) to deliver after it (nothing
@@ -149,7 +155,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """
         try:
             try:
-                request = pb.BatchReadRequest.FromString(request_bytes)
+                request = parse_message(pb.BatchReadRequest, request_bytes)
             except DecodeError as exc:
                 raise InvalidRequest(f"read request does not parse: {exc}") from None
             _check_capabilities(self._cap_key, list(request.ios), write=False)
@@ -164,27 +170,30 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """The RPCs the data path's ``call`` op carries (``dataserver.CallHandler``s), by method name.
 
         The same methods as over gRPC, behind the access their proto declares, refusals with the status gRPC
-        would answer.
+        would answer; the bytes that came with the call are handed to the method (``attached``), not staged.
         """
         return {
-            "BatchWrite": self._data_path_call("BatchWrite", pb.BatchWriteRequest, self.BatchWrite),
-            "ForwardUpdates": self._data_path_call("ForwardUpdates", pb.ForwardUpdatesRequest, self.ForwardUpdates),
+            "BatchWrite": self._data_path_call("BatchWrite", pb.BatchWriteRequest, self._batch_write),
+            "ForwardUpdates": self._data_path_call("ForwardUpdates", pb.ForwardUpdatesRequest, self._forward_updates),
         }
 
     def _data_path_call(
-        self, name: str, request_type: type[Any], method: Callable[[Any, Context], Awaitable[Message]]
+        self,
+        name: str,
+        request_type: type[Any],
+        method: Callable[[Any, Mapping[str, bytearray]], Awaitable[Message]],
     ) -> CallHandler:
         access = method_access(f"/{pb.DESCRIPTOR.services_by_name['StorageService'].full_name}/{name}")
 
-        async def call(request_bytes: bytes) -> bytes:
+        async def call(request_bytes: memoryview, attached: Mapping[str, bytearray]) -> bytes:
             try:
                 if access is not None:
                     authorize(access, current_principal())
                 try:
-                    request = request_type.FromString(request_bytes)
+                    request = parse_message(request_type, request_bytes)
                 except DecodeError as exc:
                     raise InvalidRequest(f"{name} request does not parse: {exc}") from None
-                response = await method(request, None)
+                response = await method(request, attached)
             except Exception as exc:
                 raise _refusal(exc, f"a data-path {name}") from exc
             return response.SerializeToString()
@@ -258,7 +267,13 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return pb.QueryLastChunkResponse(results=self._n.reader.query_last_all(list(request.queries)))
 
     async def ForwardUpdates(self, request: pb.ForwardUpdatesRequest, context: Context) -> pb.ForwardUpdatesResponse:
-        return pb.ForwardUpdatesResponse(results=_results(await self._n.writer.forward_updates(request, _owner())))
+        return await self._forward_updates(request, {})
+
+    async def _forward_updates(
+        self, request: pb.ForwardUpdatesRequest, attached: Mapping[str, bytearray]
+    ) -> pb.ForwardUpdatesResponse:
+        results = await self._n.writer.forward_updates(request, _owner(), attached)
+        return pb.ForwardUpdatesResponse(results=_results(results))
 
     async def DumpChunkMeta(
         self, request: pb.DumpChunkMetaRequest, context: Context

@@ -16,10 +16,13 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
+from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.datapath import DataPathError
 from ff_rpc import RpcError
 from ff_storage.core import admission, craq
 from ff_storage.core.chunks import (
@@ -43,8 +46,6 @@ from ff_storage.peers import Peers
 from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 from ff_storage.wire import record_from_pb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.checksum import crc32c_of
-from hf3fs.datapath import DataPathError
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,14 @@ class ChainWriter:
             return (_HEAD_CLIENT_ID, next(_head_request_ids)) if self.state.config.update_ids else None
         return chain_update_id(owner, got, *fields)
 
-    async def batch_write(self, ios: list[spb.WriteIO], owner: str) -> list[UpdateResult]:
+    async def batch_write(
+        self, ios: list[spb.WriteIO], owner: str, attached: Mapping[str, bytearray] | None = None
+    ) -> list[UpdateResult]:
         """Write ``ios`` at their chains' heads on this node (BatchWrite); one result per IO, in order.
 
         The whole call is checked before any IO is applied; an IO this target does not take gets its status in
-        its result. ``owner`` is the caller, whose pushed bytes the IOs may name.
+        its result. ``owner`` is the caller, whose pushed bytes the IOs may name; ``attached``: bytes that came
+        with the call itself (a data-path ``call``), by transfer id, taken before the inbox is looked at.
 
         Raises:
             InvalidRequest: an IO is malformed (chunk id, range, data, unknown chain).
@@ -120,7 +124,7 @@ class ChainWriter:
         if total > self.state.config.max_batch_bytes:
             raise TooCostly(f"batch of {total} bytes is over the limit of {self.state.config.max_batch_bytes}")
         results = [UpdateResult() for _ in ios]
-        payloads = await self._gather_payloads(ios, owner, results)
+        payloads = await self._gather_payloads(ios, owner, results, attached or {})
         groups: dict[int, list[Update]] = defaultdict(list)
         slots: dict[int, list[int]] = defaultdict(list)
         for n, io in enumerate(ios):
@@ -155,13 +159,15 @@ class ChainWriter:
                 results[n] = up.result
         return results
 
-    async def _gather_payloads(self, ios: list[spb.WriteIO], owner: str, results: list[UpdateResult]) -> list[Payload]:
+    async def _gather_payloads(
+        self, ios: list[spb.WriteIO], owner: str, results: list[UpdateResult], attached: Mapping[str, bytearray]
+    ) -> list[Payload]:
         blobs: dict[str, bytearray | None] = {}
         for io in ios:
             if io.WhichOneof("data") == "transfer" and io.transfer.transfer_id not in blobs:
                 blobs[io.transfer.transfer_id] = None
         for tid in blobs:
-            blobs[tid] = await self.state.boxes.take(tid, owner, self.state.config.data_wait_s)
+            blobs[tid] = await self._bulk_bytes(tid, owner, attached)
         out: list[Payload] = []
         for n, io in enumerate(ios):
             if io.WhichOneof("data") == "inline_data":
@@ -545,8 +551,19 @@ class ChainWriter:
             raise TooCostly(f"updates of {total} bytes in one call: the limit is {self.state.config.max_batch_bytes}")
         return checked
 
-    async def forward_updates(self, request: spb.ForwardUpdatesRequest, owner: str) -> list[UpdateResult]:
+    async def _bulk_bytes(self, transfer_id: str, owner: str, attached: Mapping[str, bytearray]) -> bytearray | None:
+        """The bytes a TransferRef names: those that came with the call, else pushed ones (waited for a while)."""
+        blob = attached.get(transfer_id)
+        if blob is not None:
+            return blob
+        return await self.state.boxes.take(transfer_id, owner, self.state.config.data_wait_s)
+
+    async def forward_updates(
+        self, request: spb.ForwardUpdatesRequest, owner: str, attached: Mapping[str, bytearray] | None = None
+    ) -> list[UpdateResult]:
         """Apply at a replica what its predecessor forwarded (ForwardUpdates) and pass it on; one result per update.
+
+        ``attached``: bytes that came with the call itself, by transfer id (as for ``batch_write``).
 
         Raises:
             InvalidRequest: an update is malformed.
@@ -572,7 +589,7 @@ class ChainWriter:
             elif cu.WhichOneof("data") == "transfer":
                 tid = cu.transfer.transfer_id
                 if tid not in blobs:
-                    blobs[tid] = await self.state.boxes.take(tid, owner, self.state.config.data_wait_s)
+                    blobs[tid] = await self._bulk_bytes(tid, owner, attached or {})
                 blob = blobs[tid]
                 start = cu.transfer.offset_bytes
                 if blob is None or start + cu.length_bytes > len(blob):

@@ -1,34 +1,37 @@
 """Writes as one ``call`` on the data path (BatchWrite and ForwardUpdates with their bytes, no push and no
 gRPC call): the RPCs' own checks and access rules with the connection's caller, refusals that leave the
-connection open, and nodes speaking an older data path version still served the old way."""
+connection open, and a peer of another data path version refused with both versions named."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
-from pathlib import Path
+from collections.abc import Mapping
 
 import grpc
 import pytest
 
-from ff_rpc.auth import CLUSTER_PRINCIPAL
-from ff_storage.dataserver import DataServer, TransferBoxes
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
-from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
-from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
-from hf3fs.capability import capability_key, make_capability
-from hf3fs.datapath import (
+from ff_fsprotocol.capability import capability_key, make_capability
+from ff_fsprotocol.datapath import (
+    DATA_PATH_VERSION,
     DataConnection,
     DataConnectionPool,
     DataPathError,
     DataRefused,
     encode_header,
+    recv_header,
     send_parts,
 )
-from hf3fs.routing import RoutingView
+from ff_fsprotocol.routing import RoutingView
+from ff_rpc.auth import CLUSTER_PRINCIPAL
+from ff_storage.dataserver import DataServer, TransferBoxes
+from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
+from fireflyer.common.v1 import common_pb2
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
 
 CHUNK = 512 * 1024
 INODE = 21
@@ -212,43 +215,38 @@ async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluste
     assert await _read(client, chain.chain_id, 0) == new
 
 
-@pytest.mark.parametrize("version", [1, 2])
-async def test_nodes_speaking_an_older_data_path_are_written_and_read_the_old_way(tmp_path: Path, version: int) -> None:
-    cluster = await start_cluster(tmp_path / "cluster", targets_per_disk=1, extra={"data-path-version": str(version)})
+async def test_a_client_of_another_data_path_version_is_refused_naming_both() -> None:
+    server = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read, calls={})
+    await server.start("127.0.0.1:0", shm=False)
+    loop = asyncio.get_running_loop()
     try:
-        mg = cluster.client()
-        client = StorageClient(mg, CLUSTER_TOKEN, retry_deadline_s=30.0)
-        try:
-            chain = (await cluster.routing()).chains[0]
-            blocks = [os.urandom(CHUNK) for _ in range(3)]
-            ios = [
-                ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, data=b, chunk_size=CHUNK)
-                for i, b in enumerate(blocks)
-            ]
-            assert all(r.ok for r in await client.batch_write(ios))
-            for target in chain.targets:  # forwarded to every replica through push + gRPC
-                got = await client.batch_read(
-                    [ChunkRead(chain_id=chain.chain_id, inode_id=INODE, chunk_index=i, length=CHUNK) for i in range(3)],
-                    prefer_target=target.target_id,
-                )
-                assert [bytes(g.data) for g in got] == blocks
-            assert client.data_stats["calls"] == 0 and client.data_stats["tcp_pulls"] >= 1
-            assert (client._streams != {}) is (version == 1), "version 1 reads through a ReadStream and a pull"
-        finally:
-            await client.close()
-            await mg.close()
+        for hello, named in (
+            ({"op": "auth", "token": CLUSTER_TOKEN, "version": DATA_PATH_VERSION - 1}, f"{DATA_PATH_VERSION - 1}"),
+            ({"op": "auth", "token": CLUSTER_TOKEN}, "no version (an older release)"),
+        ):
+            sock = socket.socket()
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, ("127.0.0.1", server.port))
+                await loop.sock_sendall(sock, encode_header(hello))
+                answer = await recv_header(sock, "node")
+                assert answer["ok"] is False and answer["code"] == "FAILED_PRECONDITION", answer
+                assert named in answer["error"] and f"version {DATA_PATH_VERSION}" in answer["error"], answer
+                assert await loop.sock_recv(sock, 1) == b"", "the node closes the connection"
+            finally:
+                sock.close()
     finally:
-        cluster.stop()
+        await server.stop()
 
 
-async def _no_read(request: bytes) -> tuple[bytes, list[bytes | None]]:
+async def _no_read(request: memoryview) -> tuple[bytes, list[bytes | None]]:
     raise AssertionError("no read expected")
 
 
 async def test_a_call_whose_caller_gives_up_is_cancelled_on_the_node() -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
 
-    async def slow(request: bytes) -> bytes:
+    async def slow(request: memoryview, attached: Mapping[str, bytearray]) -> bytes:
         started.set()
         try:
             await asyncio.sleep(60)
@@ -271,34 +269,54 @@ async def test_a_call_whose_caller_gives_up_is_cancelled_on_the_node() -> None:
         await server.stop()
 
 
-async def test_a_node_that_comes_back_speaking_an_older_version_gets_no_call() -> None:
-    async def echo(request: bytes) -> bytes:
+async def _old_node(port: int, version: int) -> asyncio.Server:
+    """A node of another release on ``port``: it takes any token and names ``version`` at the handshake."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        await reader.readexactly(size)
+        writer.write(encode_header({"ok": True, "host": "", "version": version}))
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", port)
+
+
+async def test_a_node_that_comes_back_speaking_another_version_gets_no_call() -> None:
+    calls: list[bytes] = []
+
+    async def echo(request: memoryview, attached: Mapping[str, bytearray]) -> bytes:
+        calls.append(bytes(request))
         return b"answer to " + request
 
     new = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read, calls={"BatchWrite": echo})
     await new.start("127.0.0.1:0", shm=False)
     address = f"127.0.0.1:{new.port}"
     pool = DataConnectionPool(CLUSTER_TOKEN, host="")
-    old = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read)  # version 2: reads, no calls
+    old: asyncio.Server | None = None
     try:
-        assert await pool.calls_direct(address)
         assert await pool.call(address, "BatchWrite", b"x", "", []) == b"answer to x"
         await new.stop()
-        await old.start(address, shm=False)
+        old = await _old_node(new.port, DATA_PATH_VERSION - 1)
         with pytest.raises((OSError, DataPathError)):  # the connection to the stopped node is gone
             await pool.call(address, "BatchWrite", b"y", "", [])
-        with pytest.raises(DataPathError, match="version 2"):  # a new connection: nothing is sent to it
+        with pytest.raises(DataRefused) as refused:  # a new connection: refused at its handshake, nothing sent
             await pool.call(address, "BatchWrite", b"z", "", [])
-        assert not await pool.calls_direct(address)  # asked again
+        assert refused.value.code == "FAILED_PRECONDITION"
+        assert f"data path version {DATA_PATH_VERSION - 1}" in refused.value.message
+        assert f"this end speaks version {DATA_PATH_VERSION}" in refused.value.message
+        assert calls == [b"x"]
     finally:
         pool.close()
-        await old.stop()
+        if old is not None:
+            old.close()
+            await old.wait_closed()
         await new.stop()
 
 
 async def test_bytes_over_a_callers_inbox_limit_are_refused_before_they_are_received() -> None:
-    async def take(request: bytes) -> bytes:
-        return request
+    async def take(request: memoryview, attached: Mapping[str, bytearray]) -> bytes:
+        return bytes(request)
 
     boxes = TransferBoxes(max_owner_bytes=1 << 20)
     server = DataServer(boxes, CLUSTER_TOKEN, None, read=_no_read, calls={"BatchWrite": take})

@@ -11,15 +11,15 @@ import time
 import grpc
 import pytest
 
+from ff_fsprotocol.capability import capability_key, make_capability
+from ff_fsprotocol.datapath import DataConnection, DataRefused
+from ff_fsprotocol.shm import ShmRegion, host_id
 from ff_rpc import RpcError
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
-from hf3fs.capability import capability_key, make_capability
-from hf3fs.datapath import DataConnection, DataRefused
-from hf3fs.shm import ShmRegion, host_id
 
 CHUNK = 512 * 1024
 INODE = 11

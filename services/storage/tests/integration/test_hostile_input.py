@@ -20,6 +20,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from ff_fsprotocol.datapath import DATA_PATH_VERSION, DataConnection, DataRefused
 from ff_rpc import RpcClient, RpcError, open_channel
 from ff_storage.config import StorageSettings
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
@@ -28,7 +29,6 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, crc32c_of
-from hf3fs.datapath import DataConnection, DataRefused
 
 BIG = 16 << 20  # the largest IO a node takes by default
 MAX_PEAK_GROWTH_BYTES = 160 << 20
@@ -610,7 +610,7 @@ async def test_a_malformed_data_path_header_closes_the_connection_quietly(env: E
     host, port = str(node.info["data"]).rsplit(":", 1)
     log = env.cluster.folder / f"{node.name}.log"
     logged = log.stat().st_size
-    hello = json.dumps({"op": "auth", "token": CLUSTER_TOKEN}).encode()
+    hello = json.dumps({"op": "auth", "token": CLUSTER_TOKEN, "version": DATA_PATH_VERSION}).encode()
     for prefix in (b"", struct.pack(">I", len(hello)) + hello):
         reader, writer = await asyncio.open_connection(host, int(port))
         try:

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ff_fsprotocol.datapath import DATA_PATH_VERSION, DataConnection, DataPathError, encode_header, recv_header
+from ff_fsprotocol.shm import ShmRegion, host_id, send_fd
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
-from hf3fs.datapath import DataConnection, DataPathError, encode_header, recv_header
-from hf3fs.shm import ShmRegion, host_id, send_fd
 
 CHUNK = 256 * 1024
 COUNT = 6
@@ -115,7 +115,9 @@ async def test_shared_memory_endpoint_needs_the_token_and_a_mapped_region(
     region = ShmRegion(4096, 1)
     try:
         await loop.sock_connect(sock, "\0" + unix)
-        await loop.sock_sendall(sock, encode_header({"op": "auth", "token": CLUSTER_TOKEN, "host": host_id()}))
+        await loop.sock_sendall(
+            sock, encode_header({"op": "auth", "token": CLUSTER_TOKEN, "host": host_id(), "version": DATA_PATH_VERSION})
+        )
         assert (await recv_header(sock, "node"))["ok"]
         await loop.sock_sendall(sock, encode_header({"op": "pull_shm", "transfer_id": "x", "places": [[1, 0, 10]]}))
         assert "not mapped" in (await recv_header(sock, "node"))["error"]

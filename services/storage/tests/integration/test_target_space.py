@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
+from ff_fsprotocol.shm import host_id
 from ff_rpc.client import call_once
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.shm import host_id
 
 # Other processes on this machine write to the same disk while the test runs.
 FREE_TOLERANCE_BYTES = 1 << 30

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
 from ff_storage.store import chunk_engine
 from ff_storage.store.chunk_engine import ChunkEngine
-from hf3fs.checksum import crc32c_of
 
 KEY = (7, 0)
 

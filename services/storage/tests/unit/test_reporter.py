@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.results import IoStatus
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.io_stats import quantile
@@ -16,7 +17,6 @@ from ff_storage.reporter import StorageReporter
 from ff_telemetry_client import Kind, SampleBuffer
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.checksum import crc32c_of
 
 
 def test_quantile_is_the_nearest_rank() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import ChunkMeta, sync_diff
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Local, Public
@@ -23,7 +24,6 @@ from ff_storage.node import StorageNode
 from ff_storage.node_state import NodeConfig, Target, Update
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.checksum import crc32c_of
 
 KEY = (3, 0)
 Forward = Callable[[Target, list[Update]], Awaitable[list[Update]]]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import ForwardDecision, UpdateRecord, chain_update_id, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
 from ff_storage.core.results import IoStatus
@@ -18,7 +19,6 @@ from ff_storage.node_state import NodeConfig
 from ff_storage.store.chunk_engine import ChunkEngine
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.checksum import crc32c_of
 
 KEY = (7, 0)
 A = (b"client-a", 1)

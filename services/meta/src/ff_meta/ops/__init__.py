@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
+from ff_fsprotocol.capability import capability_key
+from ff_fsprotocol.routing import RoutingCache
 from ff_meta.ops.admin import QuotaOps, TrashOps
 from ff_meta.ops.background import Background
 from ff_meta.ops.files import FileOps
@@ -19,8 +21,6 @@ from ff_meta.store.storage_space import StorageSpace
 from ff_rpc import RpcClient
 from ff_rpc.client import NO_RETRY, StubPool
 from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.capability import capability_key
-from hf3fs.routing import RoutingCache
 
 __all__ = ["MetaOps", "MetaOptions"]
 

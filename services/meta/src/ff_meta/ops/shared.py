@@ -9,6 +9,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from ff_fsprotocol.capability import make_capability
+from ff_fsprotocol.routing import RoutingCache
 from ff_meta.core.errors import FsCode, fs_error
 from ff_meta.core.model import Defaults, LayoutSpec
 from ff_meta.core.perms import Caller
@@ -18,8 +20,6 @@ from ff_meta.store.chunks import StorageChunks
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.storage_space import StorageSpace
 from ff_rpc import RpcError
-from hf3fs.capability import make_capability
-from hf3fs.routing import RoutingCache
 
 ID_BLOCK = 256
 # Meta's own calls (background work, id blocks): root, as the cluster token is.

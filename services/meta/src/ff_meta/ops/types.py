@@ -14,7 +14,7 @@ from ff_meta.core.model import DirEntry, Inode, LayoutSpec, PathAt, SessionInfo
 
 @dataclass(frozen=True)
 class Capability:
-    """An IoCapability: what storage checks on a user's reads and writes of a file (``hf3fs.capability``)."""
+    """An IoCapability: what storage checks on a user's reads and writes of a file (``ff_fsprotocol.capability``)."""
 
     token: bytes
     inode_id: int

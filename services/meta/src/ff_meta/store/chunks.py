@@ -11,14 +11,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ff_fsprotocol.layout import file_chains
+from ff_fsprotocol.routing import RoutingCache
 from ff_meta.core.errors import StorageUnavailable
 from ff_meta.core.lengths import LastChunk, file_end, on_every_chain
 from ff_meta.core.model import Inode
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import StubPool
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.layout import file_chains
-from hf3fs.routing import RoutingCache
 
 LAST_CHUNK_QUERIES = 512  # files per QueryLastChunk call of ``lengths``
 ATTEMPTS = 8  # per chain call, with fresh routing between them

@@ -10,12 +10,12 @@ import asyncio
 import logging
 import time
 
+from ff_fsprotocol.routing import RoutingCache, RoutingView
 from ff_meta.core.space import TargetSpace, UsableSpace, replicas_per_chain, usable_space
 from ff_rpc import RpcClient, RpcError
 from ff_rpc.client import StubPool
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
-from hf3fs.routing import RoutingCache, RoutingView
 
 logger = logging.getLogger(__name__)
 

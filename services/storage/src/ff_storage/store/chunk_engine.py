@@ -51,9 +51,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
-from hf3fs.checksum import crc32c_of
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (

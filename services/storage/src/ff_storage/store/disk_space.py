@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hf3fs.shm import host_id
+from ff_fsprotocol.shm import host_id
 
 
 @dataclass(frozen=True)

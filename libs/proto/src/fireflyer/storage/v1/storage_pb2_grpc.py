@@ -40,7 +40,7 @@ class StorageServiceStub:
     - pull: a receiver fetches bytes the node staged for it under a transfer id (reads). Pulling is the
     receiver's permission to send: see GrantTransfer.
     The data endpoint authenticates with the same bearer token; a transfer belongs to the principal that
-    created it. Its wire format (hf3fs.datapath): length-prefixed JSON headers, each followed by raw bytes;
+    created it. Its wire format (ff_fsprotocol.datapath): length-prefixed JSON headers, each followed by raw bytes;
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
@@ -144,7 +144,7 @@ class StorageServiceServicer:
     - pull: a receiver fetches bytes the node staged for it under a transfer id (reads). Pulling is the
     receiver's permission to send: see GrantTransfer.
     The data endpoint authenticates with the same bearer token; a transfer belongs to the principal that
-    created it. Its wire format (hf3fs.datapath): length-prefixed JSON headers, each followed by raw bytes;
+    created it. Its wire format (ff_fsprotocol.datapath): length-prefixed JSON headers, each followed by raw bytes;
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an
@@ -373,7 +373,7 @@ class StorageService:
     - pull: a receiver fetches bytes the node staged for it under a transfer id (reads). Pulling is the
     receiver's permission to send: see GrantTransfer.
     The data endpoint authenticates with the same bearer token; a transfer belongs to the principal that
-    created it. Its wire format (hf3fs.datapath): length-prefixed JSON headers, each followed by raw bytes;
+    created it. Its wire format (ff_fsprotocol.datapath): length-prefixed JSON headers, each followed by raw bytes;
     the first frame of a connection carries the token.
 
     Per-IO outcomes are in per-IO results; a malformed request (ids, offsets or lengths out of range, an

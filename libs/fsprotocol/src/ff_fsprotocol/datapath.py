@@ -3,8 +3,9 @@
 Wire format (one connection carries one operation at a time):
 
     frame   = u32 big-endian header length, header (JSON object), then ``header["length"]`` raw bytes
-    auth    -> {"op": "auth", "token": ..., "host": boot id}
-            <- {"ok": true, "host": boot id[, "unix": name]} | {"ok": false, "error": ...}
+    auth    -> {"op": "auth", "token": ..., "host": boot id, "version": DATA_PATH_VERSION}
+            <- {"ok": true, "host": boot id, "version": DATA_PATH_VERSION[, "unix": name]}
+             | {"ok": false, "code": gRPC status name, "error": ...}
     push    -> {"op": "push", "transfer_id": ..., "length": n} + n bytes   <- {"ok": true}
     pull    -> {"op": "pull", "transfer_id": ...}            <- {"ok": true, "length": n} + n bytes
     read    -> {"op": "read", "length": k} + k bytes (a serialized BatchReadRequest, bulk)
@@ -25,8 +26,10 @@ Wire format (one connection carries one operation at a time):
                at the start of its place
 
 The first frame of a connection must authenticate (cluster or user token); the node closes the
-connection otherwise. Its answer carries the node's ``version`` of this protocol (``DATA_PATH_VERSION``;
-absent: 1, before ``read``; 3 adds ``call``). When the client's host id (``hf3fs.shm.host_id``, the
+connection otherwise. Both ends name their ``version`` of this protocol (``DATA_PATH_VERSION``) and speak
+only their own: every node and client of a release ship together, so a peer of another version is refused
+at the handshake (FAILED_PRECONDITION, naming both versions), by the node or by the client, whichever
+learns it first. When the client's host id (``ff_fsprotocol.shm.host_id``, the
 kernel's boot id) is the node's, the node names its abstract AF_UNIX endpoint in the answer; a client
 whose read buffers lie in its shared-memory regions then reads (or pulls) through it (authenticated the
 same way) and the chunk bytes never touch a socket. Otherwise, or if that endpoint cannot be reached
@@ -46,20 +49,25 @@ buffers, receivers receive straight into one buffer of the frame's length (no pe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import struct
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
-from hf3fs.checksum import crc32c_of
-from hf3fs.shm import ShmRegion, host_id, send_fd
+from google.protobuf.message import Message
+
+from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.shm import ShmRegion, host_id, send_fd
 
 _LEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _IOV_MAX = 512
-DATA_PATH_VERSION = 3  # 2: the ``read`` op; 3: the ``call`` op
+# The protocol spoken here; a peer speaking another is refused (every node and client of a release ship together).
+# History: 1 push and pull; 2 adds ``read``; 3 adds ``call``; 4 both ends name their version at the handshake.
+DATA_PATH_VERSION = 4
 MAX_READ_REQUEST_BYTES = 4 * 1024 * 1024  # the serialized request of a ``read`` or a ``call``
 CALL_METHODS = frozenset({"BatchWrite", "ForwardUpdates"})  # the storage RPCs a ``call`` may carry
 # Refusals after which the node closes the connection (the token failed its check again; an op it does not
@@ -69,6 +77,17 @@ CONNECTION_ENDING_CODES = frozenset({"UNAUTHENTICATED", "UNAVAILABLE", "UNKNOWN"
 CRC_PIECE_BYTES = 512 * 1024
 UNIX_PREFIX = "unix:"
 Place = tuple[int, int, int]  # region id, offset, length
+
+
+M = TypeVar("M", bound=Message)
+
+
+def parse_message(kind: type[M], raw: bytes | bytearray | memoryview) -> M:
+    """A ``kind`` parsed straight from the receive buffer ``raw`` (no copy into bytes first).
+
+    protobuf parses any buffer; its type stubs say bytes.
+    """
+    return kind.FromString(cast(bytes, raw))
 
 
 class DataPathError(Exception):
@@ -86,6 +105,17 @@ class DataRefused(DataPathError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+def version_refusal(ours: int, theirs: object, peer: str) -> str | None:
+    """Why a peer of data path version ``theirs`` (absent: None) is refused by one of ``ours``; None when equal."""
+    if theirs == ours:
+        return None
+    named = "no version (an older release)" if theirs is None else f"data path version {theirs}"
+    return (
+        f"{peer} speaks {named}, this end speaks version {ours}: every node and client of a release ship "
+        "together (upgrade the older side)"
+    )
 
 
 class ShmUnavailable(DataPathError):
@@ -207,7 +237,8 @@ class DataConnection:
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, target)
-            await loop.sock_sendall(sock, encode_header({"op": "auth", "token": self._token, "host": self._host}))
+            hello = {"op": "auth", "token": self._token, "host": self._host, "version": DATA_PATH_VERSION}
+            await loop.sock_sendall(sock, encode_header(hello))
             self._sock = sock
             answer = await self._read_header()
         except BaseException:
@@ -217,7 +248,12 @@ class DataConnection:
         if not answer.get("ok"):
             self.close()
             code = str(answer.get("code", "UNAUTHENTICATED"))
-            raise DataRefused(code, f"data endpoint {self.address} refused the token: {answer.get('error', '')}")
+            what = "the connection" if code == "FAILED_PRECONDITION" else "the token"
+            raise DataRefused(code, f"data endpoint {self.address} refused {what}: {answer.get('error', '')}")
+        mismatch = version_refusal(DATA_PATH_VERSION, answer.get("version"), f"data endpoint {self.address}")
+        if mismatch is not None:
+            self.close()
+            raise DataRefused("FAILED_PRECONDITION", mismatch)
         self.peer = answer
         return sock
 
@@ -263,7 +299,7 @@ class DataConnection:
 
     async def call(
         self, method: str, request: bytes, transfer_id: str, parts: Sequence[bytes | bytearray | memoryview]
-    ) -> bytes:
+    ) -> bytearray:
         """One ``call``: the storage RPC ``method`` and the bytes its TransferRefs name, in one round trip.
 
         The request is serialized; the bytes are ``parts``, concatenated, under ``transfer_id``. Returns the
@@ -281,27 +317,40 @@ class DataConnection:
             "length": sum(len(p) for p in parts),
         }
         async with self.lock:
-            try:
-                sock = await self._connect()
-                if int(self.peer.get("version", 1)) < 3:  # this very connection's node (it may have restarted)
-                    raise DataPathError(f"data endpoint {self.address} speaks version {self.peer.get('version', 1)}")
-                await send_parts(sock, [encode_header(header), request, *parts])
-                answer = await self._read_header()
-                if not answer.get("ok"):
-                    raise DataRefused(str(answer.get("code", "UNKNOWN")), str(answer.get("error", "")))
-                response = bytearray(int(answer["response"]))
-                await self._recv_into(memoryview(response))
-                return bytes(response)
-            except DataRefused as exc:
-                if exc.code in CONNECTION_ENDING_CODES:
-                    self.close()
-                raise
-            except (OSError, DataPathError, asyncio.CancelledError):
+            with self._closed_on_failure():
+                try:
+                    sock = await self._connect()
+                    _, response = await self._answered(sock, [encode_header(header), request, *parts])
+                except (DataPathError, OSError, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # an answer that does not parse: the stream is out of step
+                    raise DataPathError(f"bad call answer from {self.address}: {exc}") from exc
+                return response  # parsed from this buffer by the caller: no copy
+
+    @contextlib.contextmanager
+    def _closed_on_failure(self) -> Iterator[None]:
+        """Close the connection when an operation breaks it, or when the node's refusal ends it."""
+        try:
+            yield
+        except DataRefused as exc:
+            if exc.code in CONNECTION_ENDING_CODES:
                 self.close()
-                raise
-            except Exception as exc:  # an answer that does not parse: the stream is out of step
-                self.close()
-                raise DataPathError(f"bad call answer from {self.address}: {exc}") from exc
+            raise
+        except (OSError, DataPathError, asyncio.CancelledError):
+            self.close()
+            raise
+
+    async def _answered(
+        self, sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview]
+    ) -> tuple[dict[str, Any], bytearray]:
+        """Send ``parts``; the answer's header and the serialized response after it (DataRefused: refused)."""
+        await send_parts(sock, parts)
+        answer = await self._read_header()
+        if not answer.get("ok"):
+            raise DataRefused(str(answer.get("code", "UNKNOWN")), str(answer.get("error", "")))
+        response = bytearray(int(answer["response"]))
+        await self._recv_into(memoryview(response))
+        return answer, response
 
     async def pull(self, transfer_id: str, into: Sequence[memoryview]) -> None:
         """Fetch the bytes staged at the node under ``transfer_id`` straight into ``into``, in order.
@@ -329,9 +378,9 @@ class DataConnection:
     async def read(
         self,
         request: bytes,
-        layout: Callable[[bytes], Sequence[memoryview]],
+        layout: Callable[[bytearray], Sequence[memoryview]],
         shm: tuple[Sequence[Place], Sequence[ShmRegion]] | None = None,
-    ) -> tuple[bytes, list[int] | None]:
+    ) -> tuple[bytearray, list[int] | None]:
         """One ``read``: send a serialized bulk BatchReadRequest, get its response and the bytes that follow.
 
         The bytes are received straight into ``layout(response)`` (views in transfer order). Returns the response
@@ -347,34 +396,22 @@ class DataConnection:
         peer = f"data endpoint {self.address}"
         header: dict[str, Any] = {"op": "read", "length": len(request)}
         async with self.lock:
-            try:
+            with self._closed_on_failure():
                 sock = await self._connect_mapped(shm[1]) if shm else await self._connect()
                 if shm:
                     header["places"] = [list(p) for p in shm[0]]
-                await send_parts(sock, [encode_header(header), request])
-                answer = await self._read_header()
-                if not answer.get("ok"):
-                    raise DataRefused(str(answer.get("code", "UNKNOWN")), str(answer.get("error", "")))
-                response = bytearray(int(answer["response"]))
-                await self._recv_into(memoryview(response))
+                answer, response = await self._answered(sock, [encode_header(header), request])
                 try:
-                    views = layout(bytes(response))
+                    views = layout(response)
                 except DataPathError:
                     raise
                 except Exception as exc:  # a response that does not parse or fit: the stream is out of step
                     raise DataPathError(f"bad read response from {self.address}: {exc}") from exc
                 if shm:
-                    return bytes(response), None
+                    return response, None
                 if sum(len(v) for v in views) != int(answer["length"]):
                     raise DataPathError(f"read sends {answer['length']} bytes, the results hold another amount")
-                return bytes(response), [await recv_checksummed(sock, view, peer) for view in views]
-            except DataRefused as exc:
-                if exc.code in CONNECTION_ENDING_CODES:
-                    self.close()
-                raise
-            except (OSError, DataPathError, asyncio.CancelledError):
-                self.close()
-                raise
+                return response, [await recv_checksummed(sock, view, peer) for view in views]
 
     async def _connect_mapped(self, regions: Sequence[ShmRegion]) -> socket.socket:
         try:
@@ -385,23 +422,6 @@ class DataConnection:
             raise
         except (OSError, DataPathError) as exc:
             raise ShmUnavailable(f"shared memory with {self.address}: {exc}") from exc
-
-    async def pull_shm(self, transfer_id: str, places: Sequence[Place], regions: Sequence[ShmRegion]) -> None:
-        """Have the node write the transfer into ``places`` of the shared-memory ``regions`` (AF_UNIX only)."""
-        want = sum(p[2] for p in places)
-        async with self.lock:
-            try:
-                sock = await self._connect_mapped([r for r in regions if any(p[0] == r.region_id for p in places)])
-                header = {"op": "pull_shm", "transfer_id": transfer_id, "places": [list(p) for p in places]}
-                await send_parts(sock, [encode_header(header)])
-                answer = await self._read_header()
-                if not answer.get("ok"):
-                    raise DataPathError(f"pull refused: {answer.get('error', '')}")
-                if int(answer["length"]) != want:
-                    raise DataPathError(f"transfer has {answer['length']} bytes, the read expects {want}")
-            except (OSError, DataPathError, asyncio.CancelledError):
-                self.close()
-                raise
 
     async def _map(self, sock: socket.socket, regions: Sequence[ShmRegion]) -> None:
         for region in regions:
@@ -418,7 +438,7 @@ class DataConnection:
 class DataConnectionPool:
     """A few connections per node address, so concurrent transfers to one node do not queue.
 
-    Also the client's shared-memory regions (``alloc``): a pull whose buffers all lie in them goes
+    Also the client's shared-memory regions (``alloc``): a ``read`` whose buffers all lie in them goes
     through the node's AF_UNIX endpoint when the node is on this host (``stats`` counts which way).
     """
 
@@ -430,7 +450,6 @@ class DataConnectionPool:
         self._conns: dict[str, list[DataConnection]] = {}
         self._next: dict[str, int] = {}
         self._unix: dict[str, str | None] = {}  # node address -> its AF_UNIX endpoint, when on this host
-        self._versions: dict[str, int] = {}  # node address -> its DATA_PATH_VERSION
         self.regions: list[ShmRegion] = []
         self.stats = {"tcp_pulls": 0, "shm_pulls": 0, "calls": 0}
 
@@ -440,35 +459,6 @@ class DataConnectionPool:
         self.regions.append(region)
         return region.view
 
-    async def pull(self, address: str, transfer_id: str, into: Sequence[memoryview]) -> None:
-        """Fetch a staged transfer into ``into``: through shared memory when it can, else over TCP."""
-        places = self._places(into) if self._shm and self.regions else None
-        if places is not None:
-            unix = await self._unix_endpoint(address)
-            if unix is not None:
-                try:
-                    await self.get(UNIX_PREFIX + unix).pull_shm(transfer_id, places, self.regions)
-                    self.stats["shm_pulls"] += 1
-                    return
-                except ShmUnavailable:  # unreachable (another network namespace), refused: TCP from now on
-                    self._unix[address] = None
-        await self.get(address).pull(transfer_id, into)
-        self.stats["tcp_pulls"] += 1
-
-    async def version(self, address: str) -> int:
-        """The data path version of the node at ``address`` (2: serves ``read``; 3: ``call``)."""
-        if address not in self._versions:
-            self._versions[address] = int((await self.get(address).handshake()).get("version", 1))
-        return self._versions[address]
-
-    async def reads_direct(self, address: str) -> bool:
-        """Whether the node at ``address`` serves ``read`` (data path version 2 or later)."""
-        return await self.version(address) >= 2
-
-    async def calls_direct(self, address: str) -> bool:
-        """Whether the node at ``address`` serves ``call`` (data path version 3 or later)."""
-        return await self.version(address) >= 3
-
     async def call(
         self,
         address: str,
@@ -476,17 +466,9 @@ class DataConnectionPool:
         request: bytes,
         transfer_id: str,
         parts: Sequence[bytes | bytearray | memoryview],
-    ) -> bytes:
+    ) -> bytearray:
         """``DataConnection.call`` on a connection to ``address``."""
-        try:
-            response = await self.get(address).call(method, request, transfer_id, parts)
-        except DataRefused as exc:
-            if exc.code in CONNECTION_ENDING_CODES:
-                self._versions.pop(address, None)
-            raise
-        except BaseException:
-            self._versions.pop(address, None)  # a restarted node may speak another version: ask again
-            raise
+        response = await self.get(address).call(method, request, transfer_id, parts)
         self.stats["calls"] += 1
         return response
 
@@ -494,32 +476,26 @@ class DataConnectionPool:
         self,
         address: str,
         request: bytes,
-        layout: Callable[[bytes], Sequence[memoryview]],
+        layout: Callable[[bytearray], Sequence[memoryview]],
         into: Sequence[memoryview | None],
-    ) -> tuple[bytes, list[int] | None]:
+    ) -> tuple[bytearray, list[int] | None]:
         """``DataConnection.read`` on a connection to ``address``, or through shared memory when it can.
 
         Shared memory when the node is on this host and every IO's buffer ``into`` is in this pool's regions (one
         place per IO).
         """
-        try:
-            if self._shm and self.regions and all(v is not None for v in into):
-                places = self._places([v for v in into if v is not None])
-                unix = await self._unix_endpoint(address) if places is not None else None
-                if places is not None and unix is not None:
-                    try:
-                        regions = [r for r in self.regions if any(p[0] == r.region_id for p in places)]
-                        got = await self.get(UNIX_PREFIX + unix).read(request, layout, (places, regions))
-                        self.stats["shm_pulls"] += 1
-                        return got
-                    except ShmUnavailable:  # unreachable (another network namespace), refused: TCP from now on
-                        self._unix[address] = None
-            got = await self.get(address).read(request, layout)
-        except DataRefused:
-            raise
-        except DataPathError:
-            self._versions.pop(address, None)  # a restarted node may speak another version
-            raise
+        if self._shm and self.regions and all(v is not None for v in into):
+            places = self._places([v for v in into if v is not None])
+            unix = await self._unix_endpoint(address) if places is not None else None
+            if places is not None and unix is not None:
+                try:
+                    regions = [r for r in self.regions if any(p[0] == r.region_id for p in places)]
+                    got = await self.get(UNIX_PREFIX + unix).read(request, layout, (places, regions))
+                    self.stats["shm_pulls"] += 1
+                    return got
+                except ShmUnavailable:  # unreachable (another network namespace), refused: TCP from now on
+                    self._unix[address] = None
+        got = await self.get(address).read(request, layout)
         self.stats["tcp_pulls"] += 1
         return got
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf3fs.shm import ShmRegion, host_id, recv_fd, send_fd
+from ff_fsprotocol.shm import ShmRegion, host_id, recv_fd, send_fd
 
 
 def test_host_id_is_this_boot() -> None:

@@ -1,16 +1,33 @@
-"""Routing as a storage client sees it: chains, their targets and the nodes that serve them, from mgmtd."""
+"""Routing as storage, meta and the client see it: chains, their targets and the nodes that serve them, from mgmtd.
+
+mgmtd's ``RoutingInfo`` becomes domain types here (``Chain``, ``Target``, ``ChainTable``, ``NodeAddress``), once
+per routing version; nothing past ``RoutingView`` sees protobuf.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
-SERVING = mpb.PUBLIC_TARGET_STATE_SERVING
-SYNCING = mpb.PUBLIC_TARGET_STATE_SYNCING
+
+class TargetState(enum.IntEnum):
+    """A target's public state as mgmtd publishes it (the values of ``mgmtd.v1.PublicTargetState``)."""
+
+    UNSPECIFIED = 0
+    SERVING = 1
+    SYNCING = 2
+    WAITING = 3
+    LASTSRV = 4
+    OFFLINE = 5
+
+
+SERVING = TargetState.SERVING
+SYNCING = TargetState.SYNCING
 
 
 @dataclass(frozen=True)
@@ -23,33 +40,73 @@ class NodeAddress:
     alive: bool
 
 
+@dataclass(frozen=True)
+class Target:
+    """One replica of a chain: the target, the node that holds it and its public state."""
+
+    target_id: int
+    node_id: int
+    public_state: TargetState
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A replication chain: its targets head first, tail last; ``version`` grows with every change."""
+
+    chain_id: int
+    version: int
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True)
+class ChainTable:
+    """An ordered list of chains; a file takes a range of it at create."""
+
+    table_id: int
+    version: int
+    chain_ids: tuple[int, ...]
+
+
+def _state(value: int) -> TargetState:
+    try:
+        return TargetState(value)
+    except ValueError:  # a state this release does not know: it serves nothing
+        return TargetState.UNSPECIFIED
+
+
 class RoutingView:
     """An immutable snapshot of mgmtd's routing info with the lookups the data path needs."""
 
     def __init__(self, info: mpb.RoutingInfo) -> None:
-        self.info = info
-        self.version = info.version
-        self.chains = {c.chain_id: c for c in info.chains}
+        self.version = int(info.version)
+        self.chains: dict[int, Chain] = {
+            c.chain_id: Chain(
+                c.chain_id, c.version, tuple(Target(t.target_id, t.node_id, _state(t.public_state)) for t in c.targets)
+            )
+            for c in info.chains
+        }
         self.nodes: dict[int, NodeAddress] = {}
         for n in info.nodes:
             eps = {e.name: e.address for e in n.endpoints}
             self.nodes[n.node_id] = NodeAddress(
                 n.node_id, eps.get("grpc", ""), eps.get("data", ""), n.status == mpb.NODE_STATUS_ALIVE and n.enabled
             )
-        self.tables = {t.table_id: t for t in info.chain_tables}
+        self.tables: dict[int, ChainTable] = {
+            t.table_id: ChainTable(t.table_id, t.version, tuple(t.chain_ids)) for t in info.chain_tables
+        }
 
-    def chain(self, chain_id: int) -> mpb.Chain | None:
+    def chain(self, chain_id: int) -> Chain | None:
         """The chain ``chain_id``; None when the routing info has none such."""
         return self.chains.get(chain_id)
 
-    def head(self, chain_id: int) -> mpb.Target | None:
+    def head(self, chain_id: int) -> Target | None:
         """Where writes go: the first target, if it serves."""
         chain = self.chains.get(chain_id)
         if chain is None or not chain.targets or chain.targets[0].public_state != SERVING:
             return None
         return chain.targets[0]
 
-    def serving(self, chain_id: int) -> list[mpb.Target]:
+    def serving(self, chain_id: int) -> list[Target]:
         """The chain's targets that serve reads (public state SERVING), head to tail; none for an unknown chain."""
         chain = self.chains.get(chain_id)
         return [t for t in chain.targets if t.public_state == SERVING] if chain else []
@@ -57,6 +114,10 @@ class RoutingView:
     def node(self, node_id: int) -> NodeAddress | None:
         """The addresses of node ``node_id``; None when it is not registered."""
         return self.nodes.get(node_id)
+
+    def table(self, table_id: int) -> ChainTable | None:
+        """The chain table ``table_id``; None when the routing info has none such."""
+        return self.tables.get(table_id)
 
 
 class RoutingCache:

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from hf3fs.checksum import crc32c_of
-from hf3fs.datapath import CRC_PIECE_BYTES, DataPathError, recv_checksummed
+from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.datapath import CRC_PIECE_BYTES, DataPathError, recv_checksummed
 
 
 async def test_the_checksum_taken_while_receiving_is_the_whole_buffers() -> None:
