@@ -228,15 +228,19 @@ def test_a_link_ending_while_waited_on_wakes_the_runner_at_once(rig: Rig, event:
 def test_any_failure_stops_every_other_task_shuts_the_links_and_is_raised(rig: Rig) -> None:
     (left, _), run = rig.pair, rig.runner
     stopped: list[str] = []
+    receiving = threading.Event()
 
     def waiting() -> Task:
         try:
+            receiving.set()
             yield from run.recv(left, memoryview(bytearray(10)))
         finally:
             stopped.append("waiting")
 
     def failing() -> Task:
-        time.sleep(0.05)  # the other task is blocked or parked on its receive by now
+        # The other task is at its receive (on a loop it ran first, up to where it parked; on threads it is there
+        # or about to be: a receive on links already shut fails as well).
+        assert receiving.wait(LONG_S / 4), "the waiting task never began its receive"
         raise ValueError("bad chunk")
         yield
 

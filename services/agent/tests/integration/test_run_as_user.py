@@ -5,6 +5,7 @@ client through the cluster's client variables."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -83,16 +84,18 @@ async def test_ranks_run_as_their_user_and_cannot_signal_another_users_ranks(clu
     task = await _submit(cluster, "alice", ["python", str(victim)])
     run_dir = agent.state_dir / "runs"
 
-    def me_file() -> Path | None:
-        found = list(run_dir.glob(f"{task.task_id}-*/work/me.json"))
-        return found[0] if found else None
+    written: list[dict[str, Any]] = []
+
+    def read_me() -> None:  # the whole file, once the rank has written it: it may be caught half-written
+        with contextlib.suppress(ValueError):
+            written[:] = [json.loads(found.read_text()) for found in run_dir.glob(f"{task.task_id}-*/work/me.json")]
 
     async def wrote() -> bool:
-        return await asyncio.to_thread(me_file) is not None
+        await asyncio.to_thread(read_me)
+        return bool(written)
 
     await eventually(wrote, timeout_s=30, what="alice's rank wrote me.json")
-    await asyncio.sleep(0.2)  # let the rank finish writing
-    me = json.loads(me_file().read_text())  # type: ignore[union-attr]
+    me = written[0]
     assert (me["uid"], me["euid"]) == (alice_uid, alice_uid) and alice_uid != 0
     assert _proc_ids(me["pid"])[0] == alice_uid  # the kernel's view of the running rank
     assert me["gid"] == alice_uid and me["groups"] == []  # alice is in no group: her private group only

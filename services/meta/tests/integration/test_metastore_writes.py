@@ -20,6 +20,7 @@ from ff_meta.core.perms import Caller
 from ff_meta.store import fsops
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.tx import Tx
+from ff_testing.waiting import eventually
 
 ALICE = Caller(1000, (1000,), "alice")
 DEFAULTS = Defaults(LayoutSpec(1, 1 << 20, 4), {1: (0, 6)}, 30.0)
@@ -59,8 +60,12 @@ async def test_a_write_waits_for_another_writer_and_then_commits(store: MetaStor
     other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
     try:
         task = asyncio.create_task(store.write(ALICE, create("/d/b", (1 << 20) + 1)))
-        await asyncio.sleep(0.3)
-        assert not task.done() and store.counts.queued - before == 1
+
+        async def queued() -> bool:
+            return store.counts.queued - before == 1
+
+        await eventually(queued, timeout_s=10, what="the write queued for the group writer")
+        assert not task.done()  # it waits for the other writer's lock
     finally:
         other.execute("COMMIT")
         other.close()

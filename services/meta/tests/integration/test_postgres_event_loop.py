@@ -17,6 +17,7 @@ import hf3fs
 from ff_meta.store.schema import counters
 from ff_testing.cluster import CLUSTER_TOKEN
 from ff_testing.meta import meta_process
+from ff_testing.waiting import wait_until
 
 from .conftest import MetaCluster
 
@@ -30,6 +31,13 @@ async def _health(address: str, timeout_s: float) -> tuple[grpc.StatusCode, floa
         except grpc.aio.AioRpcError as err:
             code = err.code()
     return code, time.monotonic() - start
+
+
+def _waiting_for_a_lock(engine: sa.Engine) -> bool:
+    """Whether a session waits for a lock on meta_inodes (the one the test holds)."""
+    query = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'meta_inodes'::regclass"
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(query)).scalar_one()) > 0
 
 
 def test_a_read_waiting_for_postgres_does_not_hold_the_event_loop(cluster: MetaCluster, postgres_url: str) -> None:
@@ -49,7 +57,7 @@ def test_a_read_waiting_for_postgres_does_not_hold_the_event_loop(cluster: MetaC
                 locker.execute(sa.text("LOCK TABLE meta_inodes IN ACCESS EXCLUSIVE MODE"))
                 reader = threading.Thread(target=lambda: answers.append(fs.stat("/loop/a").inode_id))
                 reader.start()
-                time.sleep(1.0)
+                wait_until(lambda: _waiting_for_a_lock(engine), timeout_s=30, what="meta's Stat waiting for the lock")
                 assert not answers, "the Stat should be waiting for the lock"
                 code, took = asyncio.run(_health(meta.address, 3.0))
                 locker.rollback()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ff_testing.environ import clean_env
+from ff_testing.waiting import wait_until
 
 from .conftest import FsCluster, run_cli
 from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
@@ -122,6 +123,15 @@ def test_a_dead_mount_is_named_and_umount_removes_it(fs_cluster: FsCluster, wher
     assert not where.is_mount()
 
 
+def _waits_on_fuse(pid: int) -> bool:
+    """Whether process ``pid`` sleeps in the kernel waiting for a FUSE daemon's answer (its wait channel)."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+    return wchan == "request_wait_answer" or "fuse" in wchan
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="aborting a FUSE connection needs root")
 def test_umount_removes_a_hung_mount(fs_cluster: FsCluster, where: Path) -> None:
     pid = _mount_daemon(fs_cluster, where)
@@ -129,7 +139,7 @@ def test_umount_removes_a_hung_mount(fs_cluster: FsCluster, where: Path) -> None
     os.kill(pid, signal.SIGSTOP)  # the daemon answers nothing: calls on the mount block
     try:
         lister = subprocess.Popen(["ls", str(where)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)  # (no timing asserted: only lets ls reach the mount before the unmount)
+        wait_until(lambda: _waits_on_fuse(lister.pid), timeout_s=10, what="ls blocked on the stopped mount")
         gone = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
         assert gone.code == 0, gone
         assert not where.is_mount() and not _dead(where)
