@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hf3fs.fs import Quota, StatFs
+from hf3fs.entries import Quota, StatFs
 
 
 def within_quotas(space: StatFs, quotas: Sequence[Quota]) -> StatFs:

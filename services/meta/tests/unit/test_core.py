@@ -1,11 +1,9 @@
-"""Pure rules: names and paths, permission bits, the file layout's chain permutation, IoCapability."""
+"""Pure rules: names and paths, permission bits (the layout's permutation and IoCapability: libs/fsprotocol)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ff_fsprotocol.capability import capability_key, check_capability, make_capability
-from ff_fsprotocol.layout import FileLayout, file_chains
 from ff_meta.core.errors import FS_ERROR_METADATA, FsCode, FsError
 from ff_meta.core.model import Inode, InodeType
 from ff_meta.core.paths import check_name, split_path
@@ -66,33 +64,3 @@ def test_sticky_directory() -> None:
     check_sticky(Caller(10, ()), d, mine, "rm")
     assert code(lambda: check_sticky(Caller(10, ()), d, theirs, "rm")) is FsCode.NOT_PERMITTED
     check_sticky(Caller(0, (), is_root=True), d, theirs, "rm")
-
-
-def test_layout_permutation_is_fixed_and_complete() -> None:
-    table = list(range(101, 113))
-    chains = file_chains(table, chain_begin_index=10, stripe_size=5, shuffle_seed=12345)
-    assert sorted(chains) == [101, 102, 103, 111, 112]  # 5 consecutive from index 10, wrapping
-    assert chains == file_chains(table, 10, 5, 12345)  # deterministic
-    # The permutation is part of the on-disk format: pinned here so that it never changes.
-    assert chains == [102, 101, 111, 112, 103]
-    seeds = {tuple(file_chains(table, 0, 6, s)) for s in range(50)}
-    assert len(seeds) > 10  # seeds shuffle
-    with pytest.raises(ValueError):
-        file_chains(table, 0, 13, 1)
-    lay = FileLayout(7, 1 << 20, tuple(chains))
-    spans = lay.spans((1 << 20) - 10, 30)
-    assert [(s.chunk_index, s.offset, s.length) for s in spans] == [(0, (1 << 20) - 10, 10), (1, 0, 20)]
-    assert [s.chain_id for s in spans] == [chains[0], chains[1]]
-
-
-def test_capability() -> None:
-    key = capability_key("secret")
-    cap = make_capability(key, 42, False, expires_at_ns=2000)
-    assert check_capability(key, cap, 42, write=False, now_ns=1000) is None
-    assert "read-only" in (check_capability(key, cap, 42, write=True, now_ns=1000) or "")
-    assert "inode" in (check_capability(key, cap, 43, write=False, now_ns=1000) or "")
-    assert "expired" in (check_capability(key, cap, 42, write=False, now_ns=3000) or "")
-    assert "forged" in (check_capability(capability_key("other"), cap, 42, write=False, now_ns=1000) or "")
-    forged = cap[:8] + b"\x01" + cap[9:]  # flip writable
-    assert "forged" in (check_capability(key, forged, 42, write=True, now_ns=1000) or "")
-    assert "missing" in (check_capability(key, b"", 42, write=False, now_ns=1000) or "")
