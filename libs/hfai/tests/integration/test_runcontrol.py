@@ -1,4 +1,4 @@
-"""The run-control contract between the SDK and an agent (real files), and the CLI's parsing."""
+"""The run-control contract between the SDK and an agent (real files). (Parsing without a run: ``unit/``.)"""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hfai import client, config, runcontrol
-from hfai.cli import CliError, parse_priority, split_submit
+from hfai import client, runcontrol
 from hfai.runcontrol import RunControl
 
 
@@ -73,46 +72,3 @@ def _ack_next(agent: RunControl) -> None:
             agent.ack(events[0].seq)
             return
         time.sleep(0.01)
-
-
-@pytest.mark.parametrize("bad", [1.5, True, 2**63, "3"])
-def test_whole_life_state_must_be_a_64_bit_int(bad: object) -> None:
-    with pytest.raises(ValueError, match="64-bit"):
-        client.set_whole_life_state(bad)  # type: ignore[arg-type]
-
-
-def test_hooks_outside_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(runcontrol.RUN_DIR_ENV, raising=False)
-    monkeypatch.delenv(client.WHOLE_LIFE_STATE_ENV, raising=False)
-    monkeypatch.setattr(client, "_state", {})
-    assert client.receive_suspend_command() is False and client.get_whole_life_state() == 0
-    with pytest.raises(client.NotInTask):
-        client.go_suspend()
-
-
-@pytest.mark.parametrize(
-    ("args", "script", "cluster", "local"),
-    [
-        (["train.py", "--lr", "1"], ["train.py", "--lr", "1"], None, None),
-        (["train.py", "--", "--nodes", "2"], ["train.py"], ["--nodes", "2"], None),
-        (["train.py", "x", "++", "-ss", "5"], ["train.py", "x"], None, ["-ss", "5"]),
-    ],
-)
-def test_split_submit(args: list[str], script: list[str], cluster: list[str] | None, local: list[str] | None) -> None:
-    assert split_submit(args) == (script, cluster, local)
-
-
-def test_parse_priority() -> None:
-    assert parse_priority("30") == 30 and parse_priority("high") == 30 and parse_priority("auto") is None
-    with pytest.raises(CliError):
-        parse_priority("urgent")
-
-
-def test_config_file_and_environment(tmp_path: Path) -> None:
-    env = {config.CONFIG_ENV: str(tmp_path / "conf.json")}
-    with pytest.raises(config.ConfigError, match="hfai init"):
-        config.load(env).require()
-    config.save(config.HfaiConfig(server="h:1", token="t"), env)
-    assert config.load(env) == config.HfaiConfig(server="h:1", token="t")
-    assert config.load({**env, config.TOKEN_ENV: "other"}).token == "other"
-    assert (tmp_path / "conf.json").stat().st_mode & 0o777 == 0o600

@@ -39,3 +39,13 @@ def test_telemetry_reports_nothing_but_does_not_fail_with_a_broken_config(
     reporter = telemetry._Process.reporter
     assert reporter is not None and reporter.pusher is None  # and nothing is sent
     telemetry.flush()
+
+
+def test_config_file_and_environment(tmp_path: Path) -> None:
+    env = {config.CONFIG_ENV: str(tmp_path / "conf.json")}
+    with pytest.raises(config.ConfigError, match="hfai init"):
+        config.load(env).require()
+    config.save(config.HfaiConfig(server="h:1", token="t"), env)
+    assert config.load(env) == config.HfaiConfig(server="h:1", token="t")
+    assert config.load({**env, config.TOKEN_ENV: "other"}).token == "other"
+    assert (tmp_path / "conf.json").stat().st_mode & 0o777 == 0o600
