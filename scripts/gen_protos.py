@@ -3,7 +3,8 @@
 Usage: python scripts/gen_protos.py [--check]
 
 --check regenerates into a temporary folder and fails when it differs from what is checked in.
-The generator is grpcio-tools + mypy-protobuf at the versions pinned in requirements/constraints.txt.
+The generator is grpcio-tools + mypy-protobuf at the versions pinned in requirements/constraints.txt, then
+gen_clients.py, which writes the typed clients (``*_client.py``, ``fireflyer/rpc_types.py``) from the descriptors.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gen_clients import write_clients
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "libs" / "proto" / "src"
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi", "_client.py")
 PACKAGE_DOC = '"""Generated gRPC code of fireflyer protos; do not edit (scripts/gen_protos.py)."""\n'
 
 
 def generate(out_dir: Path) -> None:
-    """Run protoc over every .proto under proto/ and add package __init__ files."""
+    """Run protoc over every .proto under proto/, write the typed clients, add package __init__ files."""
     bin_dir = Path(sys.executable).parent
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
     cmd = [
@@ -38,6 +41,9 @@ def generate(out_dir: Path) -> None:
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"--mypy_out={out_dir}",
         f"--mypy_grpc_out={out_dir}",
+        f"--descriptor_set_out={out_dir / 'descriptors.pb'}",
+        "--include_imports",
+        "--include_source_info",
         *protos,
     ]
     # The mypy plugins chatter on stderr; show it only when protoc fails.
@@ -45,6 +51,9 @@ def generate(out_dir: Path) -> None:
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
         raise SystemExit(f"protoc failed with exit code {result.returncode}")
+    descriptors = out_dir / "descriptors.pb"
+    write_clients(descriptors, out_dir, set(protos))
+    descriptors.unlink()
     for leaf in {p.parent for p in out_dir.rglob("*_pb2.py")}:
         for folder in [leaf, *leaf.parents]:
             if folder == out_dir:
@@ -57,7 +66,7 @@ def generated_files(root: Path) -> set[str]:
     return {
         str(p.relative_to(root))
         for p in (root / "fireflyer").rglob("*")
-        if p.is_file() and (p.name.endswith(GENERATED_SUFFIXES) or p.name in ("__init__.py", "py.typed"))
+        if p.is_file() and (p.name.endswith(GENERATED_SUFFIXES) or p.name in ("__init__.py", "py.typed", "rpc_types.py"))
     }
 
 
