@@ -56,7 +56,9 @@ class Method(Generic[RequestT, ResponseT]):
 class Invoker(Protocol):
     """Sends a typed client's calls: picks the channel, adds metadata and the deadline, retries what may be."""
 
-    def unary(self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None) -> Awaitable[ResponseT]:
+    def unary(
+        self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None
+    ) -> Awaitable[ResponseT]:
         """One unary call; ``timeout_s`` None means the invoker's default deadline."""
         ...
 
@@ -183,19 +185,23 @@ def render(fd: FileDescriptorProto, files: list[FileDescriptorProto]) -> str:
             "        self._invoker = invoker\n\n" + "\n".join(client)
         )
     names = ", ".join(s.name for s in fd.service)
-    imports = "\n".join(f"from {mod.rpartition('.')[0]} import {mod.rpartition('.')[2]} as {alias}"
-                        if alias == "_" + mod.rpartition(".")[2] else f"import {mod} as {alias}"
-                        for alias, mod in sorted(types.imports.items(), key=lambda item: item[1]))
+    imports = "\n".join(
+        f"from {mod.rpartition('.')[0]} import {mod.rpartition('.')[2]} as {alias}"
+        if alias == "_" + mod.rpartition(".")[2]
+        else f"import {mod} as {alias}"
+        for alias, mod in sorted(types.imports.items(), key=lambda item: item[1])
+    )
     return (
-        HEADER.format(doc=f"Typed clients of {fd.package} ({names})")
-        + "\nfrom __future__ import annotations\n\n"
+        HEADER.format(doc=f"Typed clients of {fd.package} ({names})") + "\nfrom __future__ import annotations\n\n"
         "from collections.abc import AsyncIterable, AsyncIterator\n"
         "from typing import TYPE_CHECKING, Final, Protocol\n\n"
         "from fireflyer.rpc_types import Invoker, Method\n"
         f"{imports}\n\n"
         "if TYPE_CHECKING:\n    import grpc\n\n"
-        "__all__ = [" + ", ".join(f'"{n}"' for s in fd.service for n in (s.name, f"{s.name}Api", f"{s.name}Client"))
-        + "]\n\n\n" + "\n\n".join(blocks)
+        "__all__ = ["
+        + ", ".join(f'"{n}"' for s in fd.service for n in (s.name, f"{s.name}Api", f"{s.name}Client"))
+        + "]\n\n\n"
+        + "\n\n".join(blocks)
     )
 
 

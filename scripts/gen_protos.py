@@ -66,7 +66,8 @@ def generated_files(root: Path) -> set[str]:
     return {
         str(p.relative_to(root))
         for p in (root / "fireflyer").rglob("*")
-        if p.is_file() and (p.name.endswith(GENERATED_SUFFIXES) or p.name in ("__init__.py", "py.typed", "rpc_types.py"))
+        if p.is_file()
+        and (p.name.endswith(GENERATED_SUFFIXES) or p.name in ("__init__.py", "py.typed", "rpc_types.py"))
     }
 
 

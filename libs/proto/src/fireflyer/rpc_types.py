@@ -35,7 +35,9 @@ class Method(Generic[RequestT, ResponseT]):
 class Invoker(Protocol):
     """Sends a typed client's calls: picks the channel, adds metadata and the deadline, retries what may be."""
 
-    def unary(self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None) -> Awaitable[ResponseT]:
+    def unary(
+        self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None
+    ) -> Awaitable[ResponseT]:
         """One unary call; ``timeout_s`` None means the invoker's default deadline."""
         ...
 
