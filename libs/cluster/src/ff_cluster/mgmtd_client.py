@@ -10,26 +10,28 @@ from typing import Any
 import grpc
 
 from ff_rpc import RetryPolicy, RpcClient, RpcError
-from ff_rpc.client import NO_RETRY, RETRYABLE_CODES, StubPool, is_idempotent, method_path
+from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool, is_idempotent
+from ff_rpc.retry import NOT_PRIMARY_METADATA, PRIMARY_ADDRESS_METADATA, RETRYABLE_CODES, retry_call
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
+from fireflyer.mgmtd.v1.mgmtd_client import IdentityServiceClient, MgmtdServiceClient
 
 logger = logging.getLogger(__name__)
 
-PRIMARY_ADDRESS_METADATA = "ff-primary-address"
-NOT_PRIMARY_METADATA = "ff-not-primary"
+__all__ = ["NOT_PRIMARY_METADATA", "PRIMARY_ADDRESS_METADATA", "MgmtdClient"]
 
 MgmtdStub = mgmtd_pb2_grpc.MgmtdServiceStub
 IdentityStub = mgmtd_pb2_grpc.IdentityServiceStub
 
 
 class MgmtdClient:
-    """Calls to the primary mgmtd, wherever it is.
+    """Calls to the primary mgmtd, wherever it is: ``await client.mgmtd.heartbeat(request)``.
 
-    A standby answers UNAVAILABLE with ``ff-not-primary`` (and the primary's address when it knows
-    it): the call did not run, so it is sent again to the primary, whatever the method. Other
-    UNAVAILABLE or DEADLINE_EXCEEDED answers are retried, on the next known address, only for methods
-    the proto marks idempotent.
+    ``mgmtd`` and ``identity`` are the generated typed clients of MgmtdService and IdentityService, sent through
+    one ``ChannelInvoker`` whose route is this client. A standby answers UNAVAILABLE with ``ff-not-primary`` (and
+    the primary's address when it knows it): the call did not run, so it is sent again to the primary, whatever
+    the method. Other UNAVAILABLE or DEADLINE_EXCEEDED answers are retried, on the next known address, only for
+    methods the proto marks idempotent (``ff_rpc.retry``).
     """
 
     def __init__(
@@ -44,9 +46,12 @@ class MgmtdClient:
             raise ValueError("at least one mgmtd address is needed")
         self._addresses = list(dict.fromkeys(addresses))
         self._current = self._addresses[0]
-        self._stubs = StubPool(lambda ch: (MgmtdStub(ch), IdentityStub(ch)))
+        self._channels = ChannelPool()
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._retry = retry or RetryPolicy(max_attempts=6, max_backoff_s=1.0)
+        invoker = ChannelInvoker(self._rpc, self._channels, self, retry=self._retry)
+        self.mgmtd = _MgmtdCalls(invoker, self)
+        self.identity = _IdentityCalls(invoker, self)
 
     @property
     def current_address(self) -> str:
@@ -55,42 +60,23 @@ class MgmtdClient:
 
     async def close(self) -> None:
         """Closes the open channels to mgmtd (at shutdown)."""
-        await self._stubs.close()
+        await self._channels.close()
 
-    async def mgmtd(self, select: Callable[[MgmtdStub], Any], request: Any, *, timeout_s: float | None = None) -> Any:
-        """A unary MgmtdService call: ``await client.mgmtd(lambda s: s.Heartbeat, request)``."""
-        return await self._invoke(lambda stubs: select(stubs[0]), request, timeout_s)
-
-    async def identity(
-        self, select: Callable[[IdentityStub], Any], request: Any, *, timeout_s: float | None = None
+    async def _select(
+        self, select: Callable[[Any], Any], stub: Callable[[Any], Any], request: Any, timeout_s: float | None
     ) -> Any:
-        """A unary IdentityService call."""
-        return await self._invoke(lambda stubs: select(stubs[1]), request, timeout_s)
+        """An untyped call through ``select`` (the API before the typed clients), with the same routing and retries."""
+        stubs: dict[str, Any] = {}
 
-    async def _invoke(
-        self, bind: Callable[[tuple[MgmtdStub, IdentityStub]], Any], request: Any, timeout_s: float | None
-    ) -> Any:
-        attempt = 1
-        while True:
-            call = bind(self._stubs.get(self._current))
-            try:
-                return await self._rpc.unary(call, request, timeout_s=timeout_s)
-            except RpcError as err:
-                # Move on from an address that did not answer even when this call will not be retried,
-                # so the next call does not start from it again.
-                redirected = self._follow(err) if err.code in RETRYABLE_CODES else False
-                if not self._should_retry(err, method_path(call)) or attempt >= self._retry.max_attempts:
-                    raise
-                attempt += 1
-                if not redirected:
-                    await asyncio.sleep(self._retry.backoff_s(attempt - 1))
+        async def attempt() -> Any:
+            if self._current not in stubs:
+                stubs[self._current] = stub(self._channels.channel(self._current))
+            return await self._rpc.send(select(stubs[self._current]), request, timeout_s=timeout_s)
 
-    def _should_retry(self, err: RpcError, method: str) -> bool:
-        if err.code is grpc.StatusCode.UNAVAILABLE and NOT_PRIMARY_METADATA in err.trailing_metadata:
-            return True
-        return err.code in RETRYABLE_CODES and is_idempotent(method)
+        path = str(select(stub(_PathChannel())))
+        return await retry_call(attempt, policy=self._retry, idempotent=is_idempotent(path), router=self, name=path)
 
-    def _follow(self, err: RpcError) -> bool:
+    def follow(self, err: RpcError) -> bool:
         """Switch to the primary the answer names, else to the next known address. True if redirected."""
         primary = err.trailing_metadata.get(PRIMARY_ADDRESS_METADATA, "")
         if primary and primary != self._current:
@@ -108,7 +94,7 @@ class MgmtdClient:
 
         A user token is enough (GetRoutingInfo is ACCESS_USER).
         """
-        resp = await self.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        resp = await self.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
         for node in resp.routing_info.nodes:
             if node.node_type == node_type and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
                 for ep in node.endpoints:
@@ -123,18 +109,54 @@ class MgmtdClient:
         """
         attempt = 0
         while True:
-            stub = self._stubs.get(self._current)[0]
             request = mgmtd_pb2.WatchRoutingInfoRequest(known_version=known_version)
             try:
-                async for msg in self._rpc.stream(stub.WatchRoutingInfo, request):
+                async for msg in self.mgmtd.watch_routing_info(request):
                     attempt = 0
                     known_version = msg.routing_info.version
                     yield msg.routing_info
-                redirected = self._follow(RpcError(grpc.StatusCode.UNAVAILABLE, "watch stream ended"))
+                redirected = self.follow(RpcError(grpc.StatusCode.UNAVAILABLE, "watch stream ended"))
             except RpcError as err:
                 if err.code not in RETRYABLE_CODES:
                     raise
-                redirected = self._follow(err)
+                redirected = self.follow(err)
             attempt += 1
             if not redirected:
                 await asyncio.sleep(self._retry.backoff_s(min(attempt, 6)))
+
+
+class _PathChannel:
+    """Stands in for a channel when building a stub only to read the path of the method ``select`` picks."""
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> str:
+        return method
+
+    unary_stream = stream_unary = stream_stream = unary_unary
+
+
+class _MgmtdCalls(MgmtdServiceClient):
+    """The typed MgmtdService client; called, the untyped ``select`` API (``client.mgmtd(lambda s: s.X, req)``)."""
+
+    def __init__(self, invoker: ChannelInvoker, owner: MgmtdClient) -> None:
+        super().__init__(invoker)
+        self._owner = owner
+
+    async def __call__(
+        self, select: Callable[[MgmtdStub], Any], request: Any, *, timeout_s: float | None = None
+    ) -> Any:
+        """A unary MgmtdService call by stub attribute; returns ``Any``: use the typed methods."""
+        return await self._owner._select(select, MgmtdStub, request, timeout_s)
+
+
+class _IdentityCalls(IdentityServiceClient):
+    """The typed IdentityService client; called, the untyped ``select`` API."""
+
+    def __init__(self, invoker: ChannelInvoker, owner: MgmtdClient) -> None:
+        super().__init__(invoker)
+        self._owner = owner
+
+    async def __call__(
+        self, select: Callable[[IdentityStub], Any], request: Any, *, timeout_s: float | None = None
+    ) -> Any:
+        """A unary IdentityService call by stub attribute; returns ``Any``: use the typed methods."""
+        return await self._owner._select(select, IdentityStub, request, timeout_s)

@@ -11,7 +11,7 @@ from ff_rpc.auth import (
     TokenValidator,
     current_principal,
 )
-from ff_rpc.client import RetryPolicy, RpcClient, open_channel
+from ff_rpc.client import ChannelInvoker, ChannelPool, ClientPool, RpcClient, connect, open_channel
 from ff_rpc.errors import (
     Aborted,
     AlreadyExists,
@@ -27,6 +27,7 @@ from ff_rpc.errors import (
     Unavailable,
 )
 from ff_rpc.logs import configure_logging, log_context
+from ff_rpc.retry import RetryPolicy, retry_call
 from ff_rpc.server import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
 
 __all__ = [
@@ -34,6 +35,9 @@ __all__ = [
     "Access",
     "AlreadyExists",
     "CachingTokenValidator",
+    "ChannelInvoker",
+    "ChannelPool",
+    "ClientPool",
     "FailedPrecondition",
     "Identity",
     "InvalidArgument",
@@ -57,10 +61,12 @@ __all__ = [
     "Unavailable",
     "acting_as",
     "configure_logging",
+    "connect",
     "current_acting",
     "current_principal",
     "install_stop_signals",
     "log_context",
     "open_channel",
+    "retry_call",
     "write_ready_file",
 ]

@@ -2,28 +2,47 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor_pb2 import MethodOptions
+from google.protobuf.message import Message
 
 from ff_rpc.acting import ACT_AS_HEADER, current_acting
 from ff_rpc.auth import AUTHORIZATION_HEADER, BEARER_PREFIX
 from ff_rpc.errors import RpcError
 from ff_rpc.interceptor import REQUEST_ID_HEADER
 from ff_rpc.logs import current_log_fields
+from ff_rpc.retry import NO_RETRY, RETRYABLE_CODES, RetryPolicy, Router, retry_call
+from fireflyer.rpc_types import Invoker, Method
 
 logger = logging.getLogger(__name__)
 
-RequestT = TypeVar("RequestT")
-ResponseT = TypeVar("ResponseT")
+RequestT = TypeVar("RequestT", bound=Message)
+ResponseT = TypeVar("ResponseT", bound=Message)
+ClientT = TypeVar("ClientT")
+
+__all__ = [
+    "NO_RETRY",
+    "RETRYABLE_CODES",
+    "ChannelInvoker",
+    "ChannelPool",
+    "ClientPool",
+    "RetryPolicy",
+    "Route",
+    "RpcClient",
+    "StubPool",
+    "call_once",
+    "connect",
+    "is_idempotent",
+    "method_path",
+    "open_channel",
+]
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -36,26 +55,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2_000),
     ("grpc.use_local_subchannel_pool", 1),
 ]
-RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _SAFE_LEVELS = {MethodOptions.IDEMPOTENT, MethodOptions.NO_SIDE_EFFECTS}
-
-
-@dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter, for idempotent calls on UNAVAILABLE/DEADLINE_EXCEEDED."""
-
-    max_attempts: int = 4
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 1.0
-    multiplier: float = 2.0
-
-    def backoff_s(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Sleep before retry number ``attempt`` (1-based): uniform in [0, min(max, initial*mult^(n-1))]."""
-        cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
-        return cap * rand()
-
-
-NO_RETRY = RetryPolicy(max_attempts=1)
 
 
 def open_channel(target: str) -> grpc.aio.Channel:
@@ -167,19 +167,28 @@ class RpcClient:
             RpcError: the final status, with code, details and trailing metadata.
         """
         policy = retry or self._retry
-        if not is_idempotent(method_path(call)):
-            policy = NO_RETRY
-        attempt = 1
-        while True:
-            try:
-                return await call(request, timeout=timeout_s or self._timeout_s, metadata=self.metadata())
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in RETRYABLE_CODES or attempt >= policy.max_attempts:
-                    raise RpcError.from_grpc(err) from None
-                delay = policy.backoff_s(attempt)
-                logger.debug("retrying %s after %s (%.3fs)", method_path(call), err.code().name, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+        path = method_path(call)
+
+        async def attempt() -> Any:
+            return await self.send(call, request, timeout_s=timeout_s)
+
+        return await retry_call(attempt, policy=policy, idempotent=is_idempotent(path), name=path)
+
+    async def send(self, call: Callable[..., Any], request: Any, *, timeout_s: float | None = None) -> Any:
+        """One attempt of a unary call, without retries (the retry helper drives those).
+
+        Raises:
+            RpcError: the call's status, with code, details and trailing metadata.
+        """
+        try:
+            return await call(request, timeout=timeout_s or self._timeout_s, metadata=self.metadata())
+        except grpc.aio.AioRpcError as err:
+            raise RpcError.from_grpc(err) from None
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of calls that do not name their own."""
+        return self._retry
 
     async def stream(
         self, call: Callable[..., Any], request: RequestT, *, timeout_s: float | None = None
@@ -193,3 +202,148 @@ class RpcClient:
             raise RpcError.from_grpc(err) from None
         finally:
             stream.cancel()
+
+
+class ChannelPool:
+    """One channel per address, and per channel one callable per method, reused by every call, closed together."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._callables: dict[tuple[str, str], Any] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to ``address``, opened on first use."""
+        if address not in self._channels:
+            self._channels[address] = open_channel(address)
+        return self._channels[address]
+
+    def multicallable(self, address: str, method: Method[RequestT, ResponseT]) -> Any:
+        """The grpc multicallable of ``method`` on the channel to ``address`` (its call shape from the method)."""
+        key = (address, method.path)
+        if key not in self._callables:
+            channel = self.channel(address)
+            make = {
+                (False, False): channel.unary_unary,
+                (False, True): channel.unary_stream,
+                (True, True): channel.stream_stream,
+                (True, False): channel.stream_unary,
+            }[(method.client_streaming, method.server_streaming)]
+            self._callables[key] = make(
+                method.path,
+                request_serializer=method.request_type.SerializeToString,
+                response_deserializer=method.response_type.FromString,
+            )
+        return self._callables[key]
+
+    async def close(self) -> None:
+        """Closes every channel (in-flight calls on them fail); a later call opens a new one."""
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._callables.clear()
+        for channel in channels:
+            await channel.close()
+
+
+class Route(Router, Protocol):
+    """A moving destination (the mgmtd primary): where the next call goes, and where to go after a failure."""
+
+    @property
+    def current_address(self) -> str:
+        """The address the next call goes to."""
+        ...
+
+
+class ChannelInvoker(Invoker):
+    """Sends a typed client's calls (``fireflyer.rpc_types.Invoker``) to one address or wherever a ``Route`` points.
+
+    Metadata and the default deadline come from the ``RpcClient``; unary calls retry through ``retry_call`` (a
+    ``Route`` is its router), with ``retry`` or else the client's policy.
+    """
+
+    def __init__(
+        self, rpc: RpcClient, channels: ChannelPool, route: str | Route, *, retry: RetryPolicy | None = None
+    ) -> None:
+        self._rpc = rpc
+        self._channels = channels
+        self._route = route
+        self._retry = retry
+
+    def _address(self) -> str:
+        return self._route if isinstance(self._route, str) else self._route.current_address
+
+    async def unary(
+        self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None
+    ) -> ResponseT:
+        """One unary call, retried as ``retry_call`` allows.
+
+        Raises:
+            RpcError: the last attempt's status.
+        """
+
+        async def attempt() -> ResponseT:
+            call = self._channels.multicallable(self._address(), method)
+            response: ResponseT = await self._rpc.send(call, request, timeout_s=timeout_s)
+            return response
+
+        router = None if isinstance(self._route, str) else self._route
+        policy = self._retry or self._rpc.retry
+        return await retry_call(attempt, policy=policy, idempotent=method.idempotent, router=router, name=method.path)
+
+    def server_stream(
+        self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None
+    ) -> AsyncIterator[ResponseT]:
+        """A server stream from the current address; errors end it with ``RpcError`` (no retry)."""
+        return self._rpc.stream(self._channels.multicallable(self._address(), method), request, timeout_s=timeout_s)
+
+    def bidi_stream(
+        self, method: Method[RequestT, ResponseT], requests: AsyncIterable[RequestT] | None, *, timeout_s: float | None
+    ) -> grpc.aio.StreamStreamCall[RequestT, ResponseT]:
+        """A bidirectional stream to the current address, with the client's metadata; grpc's call, as it is."""
+        call = self._channels.multicallable(self._address(), method)
+        stream: grpc.aio.StreamStreamCall[RequestT, ResponseT] = (
+            call(metadata=self._rpc.metadata(), timeout=timeout_s)
+            if requests is None
+            else call(requests, metadata=self._rpc.metadata(), timeout=timeout_s)
+        )
+        return stream
+
+
+class ClientPool(Generic[ClientT]):
+    """Typed clients by address, over one channel pool: ``pool.get(address).batch_write(request)``."""
+
+    def __init__(
+        self, factory: Callable[[Invoker], ClientT], rpc: RpcClient, *, retry: RetryPolicy | None = None
+    ) -> None:
+        self._factory = factory
+        self._rpc = rpc
+        self._retry = retry
+        self._channels = ChannelPool()
+        self._clients: dict[str, ClientT] = {}
+
+    def get(self, address: str) -> ClientT:
+        """The client of ``address`` (its channel opened on first call)."""
+        if address not in self._clients:
+            self._clients[address] = self._factory(
+                ChannelInvoker(self._rpc, self._channels, address, retry=self._retry)
+            )
+        return self._clients[address]
+
+    async def close(self) -> None:
+        """Closes the channels (in-flight calls on them fail); a later call opens a new one."""
+        self._clients.clear()
+        await self._channels.close()
+
+
+@asynccontextmanager
+async def connect(
+    address: str, *, token: str | Callable[[], str], timeout_s: float = 5.0, retry: RetryPolicy | None = None
+) -> AsyncIterator[ChannelInvoker]:
+    """An invoker on a channel opened for the block: for tools that talk to a service once (services keep a pool).
+
+    ``async with connect(address, token=t) as invoker: await StorageServiceClient(invoker).list_targets(request)``
+    """
+    channels = ChannelPool()
+    try:
+        yield ChannelInvoker(RpcClient(token=token, timeout_s=timeout_s, retry=retry), channels, address)
+    finally:
+        await channels.close()
