@@ -34,8 +34,8 @@ async def start_cluster_with_meta(folder: Path) -> tuple[StorageCluster, MetaPro
         client = MgmtdClient([storage.mgmtd_address], token=CLUSTER_TOKEN, timeout_s=5.0)
         try:
             req = mgmtd_pb2.CreateUserRequest(name="bench", role=common_pb2.ROLE_ADMIN)
-            await client.identity(lambda s: s.CreateUser, req)
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="bench"))
+            await client.identity.create_user(req)
+            issued = await client.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name="bench"))
         finally:
             await client.close()
         return storage, meta, str(issued.token)

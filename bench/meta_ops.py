@@ -158,8 +158,8 @@ async def start(folder: Path) -> tuple[StorageCluster, MetaProcess, str]:
     try:
         mg = MgmtdClient([cluster.mgmtd_address], token=CLUSTER_TOKEN)
         try:
-            await mg.identity(lambda s: s.CreateUser, mpb.CreateUserRequest(name="bench"))
-            token = (await mg.identity(lambda s: s.IssueToken, mpb.IssueTokenRequest(user_name="bench"))).token
+            await mg.identity.create_user(mpb.CreateUserRequest(name="bench"))
+            token = (await mg.identity.issue_token(mpb.IssueTokenRequest(user_name="bench"))).token
         finally:
             await mg.close()
         meta = meta_process(folder, "meta", mgmtd_address=cluster.mgmtd_address, cluster_token=CLUSTER_TOKEN,

@@ -71,7 +71,7 @@ async def _facts(mgmtd: list[str], admin_token: str) -> dict[str, Any]:
         address = await scheduler_address(client)
         http = (await telemetry_endpoints(client))["http"]
         tokens = {name: await user_token(client, name) for name in (TRAINER, URGENT)}
-        routing = (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+        routing = (await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
     finally:
         await client.close()
     admin = SchedulerUser(address, admin_token, timeout_s=10.0)

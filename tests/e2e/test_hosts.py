@@ -282,7 +282,7 @@ def _lines_with(text: str, out: str) -> list[str]:
 async def _routing(cluster: Cluster) -> Any:
     client = MgmtdClient(cluster.mgmtd, token=cluster.admin_token)
     try:
-        return (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+        return (await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
     finally:
         await client.close()
 

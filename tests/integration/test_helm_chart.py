@@ -439,7 +439,7 @@ async def test_rendered_pods_run_as_a_cluster(
         assert "nothing to do" in again
         client = MgmtdClient([mgmtd_address], token="chart-test-cluster-token")
         try:
-            info = (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+            info = (await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
         finally:
             await client.close()
         storage_ids = sorted(n.node_id for n in info.nodes if n.node_type == common_pb2.NODE_TYPE_STORAGE)

@@ -37,48 +37,46 @@ async def user_add(
     """Create a user; ``uid`` 0 takes the next free one, ``groups`` must exist (admin only: PERMISSION_DENIED else)."""
     role = common_pb2.ROLE_ADMIN if admin else common_pb2.ROLE_USER
     request = pb.CreateUserRequest(name=name, uid=uid, role=role, group_names=list(groups))
-    resp: pb.CreateUserResponse = await client.identity(lambda s: s.CreateUser, request)
+    resp: pb.CreateUserResponse = await client.identity.create_user(request)
     return resp
 
 
 async def user_list(client: MgmtdClient) -> pb.ListUsersResponse:
     """Every user of the cluster (admin only)."""
-    resp: pb.ListUsersResponse = await client.identity(lambda s: s.ListUsers, pb.ListUsersRequest())
+    resp: pb.ListUsersResponse = await client.identity.list_users(pb.ListUsersRequest())
     return resp
 
 
 async def user_set_disabled(client: MgmtdClient, name: str, *, disabled: bool) -> pb.SetUserDisabledResponse:
     """Disable or re-enable a user; a disabled user's tokens are refused until it is enabled again (admin only)."""
     request = pb.SetUserDisabledRequest(name=name, disabled=disabled)
-    resp: pb.SetUserDisabledResponse = await client.identity(lambda s: s.SetUserDisabled, request)
+    resp: pb.SetUserDisabledResponse = await client.identity.set_user_disabled(request)
     return resp
 
 
 async def group_add(client: MgmtdClient, name: str, *, gid: int = 0) -> pb.CreateGroupResponse:
     """Create a group; ``gid`` 0 takes the next free one (admin only)."""
-    resp: pb.CreateGroupResponse = await client.identity(
-        lambda s: s.CreateGroup, pb.CreateGroupRequest(name=name, gid=gid)
-    )
+    resp: pb.CreateGroupResponse = await client.identity.create_group(pb.CreateGroupRequest(name=name, gid=gid))
     return resp
 
 
 async def group_list(client: MgmtdClient) -> pb.ListGroupsResponse:
     """Every group with its members (admin only)."""
-    resp: pb.ListGroupsResponse = await client.identity(lambda s: s.ListGroups, pb.ListGroupsRequest())
+    resp: pb.ListGroupsResponse = await client.identity.list_groups(pb.ListGroupsRequest())
     return resp
 
 
 async def group_add_member(client: MgmtdClient, group: str, user: str) -> pb.AddGroupMemberResponse:
     """Add an existing user to an existing group (admin only)."""
     request = pb.AddGroupMemberRequest(group_name=group, user_name=user)
-    resp: pb.AddGroupMemberResponse = await client.identity(lambda s: s.AddGroupMember, request)
+    resp: pb.AddGroupMemberResponse = await client.identity.add_group_member(request)
     return resp
 
 
 async def group_remove_member(client: MgmtdClient, group: str, user: str) -> pb.RemoveGroupMemberResponse:
     """Take a user out of a group (admin only)."""
     request = pb.RemoveGroupMemberRequest(group_name=group, user_name=user)
-    resp: pb.RemoveGroupMemberResponse = await client.identity(lambda s: s.RemoveGroupMember, request)
+    resp: pb.RemoveGroupMemberResponse = await client.identity.remove_group_member(request)
     return resp
 
 
@@ -91,26 +89,26 @@ async def token_issue(
     tokens for themselves only; admins for anyone.
     """
     request = pb.IssueTokenRequest(user_name=user, ttl_s=ttl_s, description=description)
-    resp: pb.IssueTokenResponse = await client.identity(lambda s: s.IssueToken, request)
+    resp: pb.IssueTokenResponse = await client.identity.issue_token(request)
     return resp
 
 
 async def token_list(client: MgmtdClient, user: str = "") -> pb.ListTokensResponse:
     """The tokens of ``user`` ("": the caller), never their secrets; users see only their own."""
-    resp: pb.ListTokensResponse = await client.identity(lambda s: s.ListTokens, pb.ListTokensRequest(user_name=user))
+    resp: pb.ListTokensResponse = await client.identity.list_tokens(pb.ListTokensRequest(user_name=user))
     return resp
 
 
 async def token_revoke(client: MgmtdClient, token_id: str) -> pb.RevokeTokenResponse:
     """Revoke a token by id; it is refused from then on. Users revoke only their own tokens, admins any."""
     request = pb.RevokeTokenRequest(token_id=token_id)
-    resp: pb.RevokeTokenResponse = await client.identity(lambda s: s.RevokeToken, request)
+    resp: pb.RevokeTokenResponse = await client.identity.revoke_token(request)
     return resp
 
 
 async def whoami(client: MgmtdClient) -> pb.WhoAmIResponse:
     """The caller's identity as mgmtd resolved the client's token (UNAUTHENTICATED if it does not work)."""
-    resp: pb.WhoAmIResponse = await client.identity(lambda s: s.WhoAmI, pb.WhoAmIRequest())
+    resp: pb.WhoAmIResponse = await client.identity.who_am_i(pb.WhoAmIRequest())
     return resp
 
 

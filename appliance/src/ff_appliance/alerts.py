@@ -8,9 +8,9 @@ from ff_appliance.lifecycle import ApplianceError
 from ff_appliance.status import format_table
 from ff_appliance.telemetry_setup import telemetry_endpoints
 from ff_cluster import MgmtdClient
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
-from fireflyer.telemetry.v1 import telemetry_pb2_grpc
+from fireflyer.telemetry.v1.telemetry_client import TelemetryServiceClient
 
 STATES = {"any": pb.ALERT_STATE_UNSPECIFIED, "firing": pb.ALERT_STATE_FIRING, "resolved": pb.ALERT_STATE_RESOLVED}
 
@@ -25,8 +25,8 @@ async def list_alerts(
     request = pb.ListAlertsRequest(
         state=STATES[state], rule=rule, since_at=time.time() - since_s if since_s else 0.0, page_size=limit
     )
-    response: pb.ListAlertsResponse = await call_once(
-        address, telemetry_pb2_grpc.TelemetryServiceStub, lambda s: s.ListAlerts, request, token=token
+    response: pb.ListAlertsResponse = await one_call(
+        address, TelemetryServiceClient, lambda c: c.list_alerts(request), token=token
     )
     return response
 

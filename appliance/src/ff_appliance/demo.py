@@ -125,17 +125,17 @@ class Demo:
         """
         kind = common_pb2.NodeType.Name(CONFIG_NODE_TYPE)
         self.step(f"set and read back the versioned config of {kind}")
-        current = await adm.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=CONFIG_NODE_TYPE))
+        current = await adm.mgmtd.get_config(pb.GetConfigRequest(node_type=CONFIG_NODE_TYPE))
         content = f'# set by fireflyer demo\nnote = "demo at {time.strftime("%H:%M:%S")}"\n'
         request = pb.SetConfigRequest(node_type=CONFIG_NODE_TYPE, expected_version=current.version, content=content)
-        saved = await adm.mgmtd(lambda s: s.SetConfig, request)
-        back = await adm.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=CONFIG_NODE_TYPE))
+        saved = await adm.mgmtd.set_config(request)
+        back = await adm.mgmtd.get_config(pb.GetConfigRequest(node_type=CONFIG_NODE_TYPE))
         self.say(f"version {current.version} -> {saved.version}; read back version {back.version}:")
         self.say("".join(f"  {line}\n" for line in back.content.splitlines()))
         if back.version != saved.version or back.content != content:
             raise DemoError("the config read back is not the one just set")
         stale = pb.SetConfigRequest(node_type=CONFIG_NODE_TYPE, expected_version=current.version, content=content)
-        err = await expect_refused(adm.mgmtd(lambda s: s.SetConfig, stale), grpc.StatusCode.ABORTED)
+        err = await expect_refused(adm.mgmtd.set_config(stale), grpc.StatusCode.ABORTED)
         self.say(f"a write against stale version {current.version} is refused: {err.code.name}: {err.details}")
 
     async def toggle_node(self, adm: MgmtdClient, node_id: int) -> None:
@@ -145,12 +145,10 @@ class Demo:
             DemoError: the routing version did not increase at each change.
         """
         self.step(f"disable, then re-enable node {node_id}")
-        info = await adm.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())
+        info = await adm.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())
         versions = [info.routing_info.version]
         for enabled in (False, True):
-            resp = await adm.mgmtd(
-                lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=node_id, enabled=enabled)
-            )
+            resp = await adm.mgmtd.set_node_enabled(pb.SetNodeEnabledRequest(node_id=node_id, enabled=enabled))
             versions.append(resp.routing_version)
             self.say(f"node {node_id} enabled={resp.node.enabled}: routing version {resp.routing_version}")
         if not versions[0] < versions[1] < versions[2]:

@@ -156,7 +156,7 @@ class Faults:
         return found, self.progress(found.current_run.run_id)
 
     async def _routing(self) -> mgmtd_pb2.RoutingInfo:
-        resp = await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        resp = await self.mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
         info: mgmtd_pb2.RoutingInfo = resp.routing_info
         return info
 

@@ -34,7 +34,7 @@ async def storage_section(
     mgmtd = MgmtdClient(list(addresses), token=token)
     client = StorageClient(mgmtd, token)
     try:
-        info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+        info = (await mgmtd.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
         step(f"write {NUM_CHUNKS} chunks of {CHUNK_BYTES >> 20} MiB through the chains (CRAQ, 3 replicas)")
         say(render_chains(info))
         chains = [c.chain_id for c in info.chains]

@@ -204,7 +204,7 @@ def _address_towards(mgmtd: str) -> str:
 async def _cluster_info(client: MgmtdClient) -> mgmtd_pb2.RoutingInfo:
     try:
         info: mgmtd_pb2.RoutingInfo = (
-            await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+            await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
         ).routing_info
     except RpcError as err:
         raise JoinError(f"mgmtd at {client.current_address} answered {err.code.name}: {err.details}") from None
@@ -436,18 +436,18 @@ async def _remove_nodes(client: MgmtdClient, token: str, plan: ClusterPlan, out:
     leaving = {i.node_id: i.name for i in plan.instances if i.node_id in registered}
     for node_id, name in leaving.items():
         disable = mgmtd_pb2.SetNodeEnabledRequest(node_id=node_id, enabled=False)
-        await client.mgmtd(lambda s: s.SetNodeEnabled, disable)
+        await client.mgmtd.set_node_enabled(disable)
         print(f"node {node_id} ({name}): disabled in mgmtd", file=out)
     if not leaving:
         return
-    lease_s = (await client.mgmtd(lambda s: s.GetClusterInfo, mgmtd_pb2.GetClusterInfoRequest())).lease_duration_s
+    lease_s = (await client.mgmtd.get_cluster_info(mgmtd_pb2.GetClusterInfoRequest())).lease_duration_s
     print(f"waiting for mgmtd to declare node(s) {sorted(leaving)} dead (their lease: {lease_s:g}s)", file=out)
     started = time.monotonic()
     await _wait_dead(client, set(leaving), started + lease_s + DEAD_MARGIN_S)
     print(f"node(s) {sorted(leaving)}: dead in mgmtd after {time.monotonic() - started:.1f}s", file=out)
     for node_id, name in leaving.items():
         try:
-            await client.mgmtd(lambda s: s.RemoveNode, mgmtd_pb2.RemoveNodeRequest(node_id=node_id))
+            await client.mgmtd.remove_node(mgmtd_pb2.RemoveNodeRequest(node_id=node_id))
         except RpcError as err:
             raise JoinError(f"mgmtd did not remove node {node_id} ({name}): {err.details}") from None
         print(f"node {node_id} ({name}): removed from mgmtd (its id is not given to another node)", file=out)

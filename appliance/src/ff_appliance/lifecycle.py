@@ -274,7 +274,7 @@ async def _wait_registered(ctx: LaunchContext, cluster_token: str, deadline: flo
     try:
         while True:
             try:
-                resp = await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+                resp = await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
             except RpcError as err:
                 last_error = f" (mgmtd answered {err.code.name}: {err.details})"
             else:

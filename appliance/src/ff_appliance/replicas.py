@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
 from ff_fsprotocol.routing import RoutingView
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 from hf3fs.placement import target_id_for
 
 POLL_S = 0.2
@@ -126,7 +126,7 @@ def alive_storage_nodes(info: mpb.RoutingInfo) -> list[int]:
 
 async def routing(mgmtd: MgmtdClient) -> mpb.RoutingInfo:
     """The routing info mgmtd holds now (chains, targets, nodes)."""
-    info: mpb.RoutingInfo = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())).routing_info
+    info: mpb.RoutingInfo = (await mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())).routing_info
     return info
 
 
@@ -162,7 +162,7 @@ async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
             )
         )
     updated = mpb.Chain(chain_id=chain.chain_id, version=chain.version, targets=kept)
-    await mgmtd.mgmtd(lambda s: s.SetChains, mpb.SetChainsRequest(chains=[updated]))
+    await mgmtd.mgmtd.set_chains(mpb.SetChainsRequest(chains=[updated]))
     return new_target_id
 
 
@@ -172,11 +172,10 @@ async def _target_on(address: str, token: str, chain_id: int, node_id: int, info
     The one it still holds from an earlier move off it syncs what it missed, as a restarted target does (a node holds
     one target per chain). A new one gets an id of that node's (``target_id_for``: no other node's target can have it).
     """
-    held = await call_once(
+    held = await one_call(
         address,
-        storage_pb2_grpc.StorageServiceStub,
-        lambda s: s.ListTargets,
-        spb.ListTargetsRequest(),
+        StorageServiceClient,
+        lambda c: c.list_targets(spb.ListTargetsRequest()),
         token=token,
         timeout_s=CALL_TIMEOUT_S,
     )
@@ -186,13 +185,8 @@ async def _target_on(address: str, token: str, chain_id: int, node_id: int, info
     used = {int(t.target_id) for t in held.targets} | {t.target_id for c in info.chains for t in c.targets}
     target_id = new_target_id(node_id, used)
     request = spb.CreateTargetRequest(target_id=target_id, chain_id=chain_id, disk_index=0)
-    await call_once(
-        address,
-        storage_pb2_grpc.StorageServiceStub,
-        lambda s: s.CreateTarget,
-        request,
-        token=token,
-        timeout_s=CALL_TIMEOUT_S,
+    await one_call(
+        address, StorageServiceClient, lambda c: c.create_target(request), token=token, timeout_s=CALL_TIMEOUT_S
     )
     return target_id
 

@@ -9,10 +9,11 @@ import grpc
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
-from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fireflyer.scheduler.v1 import scheduler_pb2
+from fireflyer.scheduler.v1.scheduler_client import SchedulerServiceClient
 
 HFAI_USER = "hfai-demo"
 DEFAULT_GROUP = "default"
@@ -27,7 +28,7 @@ async def scheduler_address(mgmtd: MgmtdClient) -> str:
     Raises:
         RuntimeError: no alive scheduler is registered with mgmtd.
     """
-    info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+    info = (await mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
     for node in info.nodes:
         if node.node_type == common_pb2.NODE_TYPE_SCHEDULER and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
             for endpoint in node.endpoints:
@@ -39,19 +40,15 @@ async def scheduler_address(mgmtd: MgmtdClient) -> str:
 async def set_quota(address: str, token: str, user: str, level: int, nodes: int, group: str = DEFAULT_GROUP) -> None:
     """Let ``user`` hold ``nodes`` nodes at once at priority ``level`` in node group ``group`` (an admin token)."""
     quota = scheduler_pb2.Quota(user_name=user, priority=level, node_group=group, max_nodes=nodes)
-    await call_once(
-        address,
-        scheduler_pb2_grpc.SchedulerServiceStub,
-        lambda s: s.SetQuota,
-        scheduler_pb2.SetQuotaRequest(quota=quota),
-        token=token,
+    await one_call(
+        address, SchedulerServiceClient, lambda c: c.set_quota(scheduler_pb2.SetQuotaRequest(quota=quota)), token=token
     )
 
 
 async def ensure_user(mgmtd: MgmtdClient, name: str) -> None:
     """Creates user ``name`` in mgmtd's registry; nothing when it is there already."""
     try:
-        await mgmtd.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name))
+        await mgmtd.identity.create_user(mgmtd_pb2.CreateUserRequest(name=name))
     except RpcError as err:
         if err.code is not grpc.StatusCode.ALREADY_EXISTS:
             raise
@@ -63,8 +60,7 @@ async def ensure_hfai_user(mgmtd: MgmtdClient, cluster_token: str) -> str:
     await ensure_user(mgmtd, HFAI_USER)
     for level, nodes in HFAI_QUOTAS:
         await set_quota(address, cluster_token, HFAI_USER, level, nodes)
-    issued = await mgmtd.identity(
-        lambda s: s.IssueToken,
+    issued = await mgmtd.identity.issue_token(
         mgmtd_pb2.IssueTokenRequest(user_name=HFAI_USER, ttl_s=TOKEN_TTL_S, description="hfai CLI (fireflyer up)"),
     )
     quotas = ", ".join(f"{n} nodes at {lvl}" for lvl, n in HFAI_QUOTAS)

@@ -17,9 +17,7 @@ TOKEN_TTL_S = 3600.0
 async def user_token(mgmtd: MgmtdClient, name: str) -> str:
     """Creates user ``name`` unless it exists, and issues it a token for an hour."""
     await ensure_user(mgmtd, name)
-    issued = await mgmtd.identity(
-        lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name, ttl_s=TOKEN_TTL_S)
-    )
+    issued = await mgmtd.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name=name, ttl_s=TOKEN_TTL_S))
     return str(issued.token)
 
 

@@ -14,9 +14,10 @@ from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_appliance.supervisor import running_pid
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
+from fireflyer.mgmtd.v1 import mgmtd_pb2
+from fireflyer.mgmtd.v1.mgmtd_client import MgmtdServiceClient
 
 CALL_TIMEOUT_S = 2.0
 
@@ -108,7 +109,7 @@ async def collect_status(
     names = {i.node_id: i.name for i in plan.instances}
     client = MgmtdClient(addresses, token=cluster_token, timeout_s=CALL_TIMEOUT_S)
     try:
-        resp = await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        resp = await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
     except RpcError as err:
         return ClusterStatus(
             state_dir=str(state.root),
@@ -151,11 +152,10 @@ async def _service_row(state: StateDir, instance: InstancePlan) -> ServiceRow:
 async def is_primary(address: str) -> bool | None:
     """Whether the mgmtd instance at ``address`` holds the lease; None if it does not answer."""
     try:
-        resp = await call_once(
+        resp = await one_call(
             address,
-            mgmtd_pb2_grpc.MgmtdServiceStub,
-            lambda s: s.GetPrimary,
-            mgmtd_pb2.GetPrimaryRequest(),
+            MgmtdServiceClient,
+            lambda c: c.get_primary(mgmtd_pb2.GetPrimaryRequest()),
             token="",
             timeout_s=CALL_TIMEOUT_S,
         )

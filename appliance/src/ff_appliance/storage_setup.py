@@ -34,7 +34,7 @@ async def _wait_all_serving(mgmtd: MgmtdClient, timeout_s: float) -> mgmtd_pb2.R
     deadline = time.monotonic() + timeout_s
     stable_since, stable_version = 0.0, -1
     while True:
-        resp = await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        resp = await mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
         info: mgmtd_pb2.RoutingInfo = resp.routing_info
         waiting = [
             f"{t.target_id}:{mgmtd_pb2.PublicTargetState.Name(t.public_state).removeprefix('PUBLIC_TARGET_STATE_')}"

@@ -9,7 +9,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 async def telemetry_endpoints(mgmtd: MgmtdClient) -> dict[str, str]:
     """The endpoints (grpc, http, metrics) of the first alive telemetry instance; {} when none is."""
-    info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+    info = (await mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
     for node in info.nodes:
         if node.node_type == common_pb2.NODE_TYPE_TELEMETRY and node.status == mgmtd_pb2.NODE_STATUS_ALIVE:
             return {e.name: str(e.address) for e in node.endpoints}

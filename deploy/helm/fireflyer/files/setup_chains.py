@@ -24,7 +24,7 @@ POLL_S = 2.0
 
 async def alive_storage(mgmtd: MgmtdClient) -> tuple[int, int]:
     """(alive storage nodes, chains) in mgmtd's routing info."""
-    info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+    info = (await mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
     alive = sum(
         1 for n in info.nodes if n.node_type == common_pb2.NODE_TYPE_STORAGE and n.status == mgmtd_pb2.NODE_STATUS_ALIVE
     )

@@ -80,7 +80,7 @@ class NodeMembership:
             tags=self._opts.tags,
         )
         sent_at = time.monotonic()
-        resp = await self._client.mgmtd(lambda s: s.RegisterNode, request)
+        resp = await self._client.mgmtd.register_node(request)
         self.node_id, self.cluster_id = resp.node_id, resp.cluster_id
         self.lease_duration_s, self.heartbeat_interval_s = resp.lease_duration_s, resp.heartbeat_interval_s
         self.routing_version = resp.routing_version
@@ -105,7 +105,7 @@ class NodeMembership:
         # The lease is fresh as of when the request left, not when the answer came back.
         sent_at = time.monotonic()
         try:
-            resp = await self._client.mgmtd(lambda s: s.Heartbeat, request)
+            resp = await self._client.mgmtd.heartbeat(request)
         except RpcError as err:
             if err.code is not grpc.StatusCode.NOT_FOUND:
                 raise

@@ -33,7 +33,7 @@ class MgmtdTokenValidator:
         if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
             raise Unauthenticated("malformed token")
         try:
-            resp = await self._client.identity(lambda s: s.ValidateToken, mgmtd_pb2.ValidateTokenRequest(token=token))
+            resp = await self._client.identity.validate_token(mgmtd_pb2.ValidateTokenRequest(token=token))
         except RpcError as err:
             if err.code is grpc.StatusCode.UNAUTHENTICATED:
                 raise Unauthenticated(err.details) from None

@@ -83,7 +83,7 @@ async def test_ready_file_is_written_once_registered(tmp_path: Path) -> None:
         task = asyncio.create_task(serve_service(settings, probe.wiring([mgmtd.address]), stop))
         ready = await wait_ready(tmp_path / "probe.ready.json", timeout_s=20)
         # Read at once: the node must already be in mgmtd's registry.
-        info = (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+        info = (await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
         node = next(n for n in info.nodes if n.tags.get("instance_id") == "probe-1")
         assert ready["node_id"] == node.node_id == probe.node_id_after_registration > 0
         assert (ready["instance_id"], ready["extra"]) == ("probe-1", "yes")

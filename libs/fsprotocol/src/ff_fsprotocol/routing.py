@@ -151,7 +151,7 @@ class RoutingCache:
             if self._view is not None and not force and now - self._last_refresh < self._min_interval_s:
                 return self._view
             known = self._view.version if self._view is not None else 0
-            resp = await self._mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest(known_version=known))
+            resp = await self._mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest(known_version=known))
             self._last_refresh = time.monotonic()
             if not resp.unchanged:
                 self._view = RoutingView(resp.routing_info)

@@ -296,19 +296,19 @@ class _Cli:
     async def _identity(self, c: MgmtdClient, a: argparse.Namespace) -> None:
         if a.what == "user" and a.action == "add":
             role = common_pb2.ROLE_ADMIN if a.admin else common_pb2.ROLE_USER
-            u = (await c.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=a.name, role=role))).user
+            u = (await c.identity.create_user(mgmtd_pb2.CreateUserRequest(name=a.name, role=role))).user
             self.print(f"user {u.name} (uid {u.uid})")
         elif a.what == "user":
-            for u in (await c.identity(lambda s: s.ListUsers, mgmtd_pb2.ListUsersRequest())).users:
+            for u in (await c.identity.list_users(mgmtd_pb2.ListUsersRequest())).users:
                 self.print(f"{u.name:<16} uid={u.uid}{' disabled' if u.disabled else ''}")
         elif a.action == "issue":
-            r = await c.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=a.user))
+            r = await c.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name=a.user))
             self.print(f"token {r.token_info.token_id} for {a.user}: {r.token}")
         elif a.action == "list":
-            for t in (await c.identity(lambda s: s.ListTokens, mgmtd_pb2.ListTokensRequest(user_name=a.user))).tokens:
-                self.print(f"{t.token_id}  {t.user_name}{' revoked' if t.revoked_at else ''}")
+            for t in (await c.identity.list_tokens(mgmtd_pb2.ListTokensRequest(user_name=a.user))).tokens:
+                self.print(f"{t.token_id}  {t.user_name}{' revoked' if t.revoked else ''}")
         else:
-            await c.identity(lambda s: s.RevokeToken, mgmtd_pb2.RevokeTokenRequest(token_id=a.token_id))
+            await c.identity.revoke_token(mgmtd_pb2.RevokeTokenRequest(token_id=a.token_id))
             self.print(f"token {a.token_id} revoked")
 
     async def init(self, a: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 RequestT = TypeVar("RequestT", bound=Message)
 ResponseT = TypeVar("ResponseT", bound=Message)
 ClientT = TypeVar("ClientT")
+ResultT = TypeVar("ResultT")
 
 __all__ = [
     "NO_RETRY",
@@ -41,6 +42,7 @@ __all__ = [
     "connect",
     "is_idempotent",
     "method_path",
+    "one_call",
     "open_channel",
 ]
 
@@ -347,3 +349,22 @@ async def connect(
         yield ChannelInvoker(RpcClient(token=token, timeout_s=timeout_s, retry=retry), channels, address)
     finally:
         await channels.close()
+
+
+async def one_call(
+    address: str,
+    factory: Callable[[Invoker], ClientT],
+    call: Callable[[ClientT], Awaitable[ResultT]],
+    *,
+    token: str | Callable[[], str],
+    timeout_s: float = 5.0,
+) -> ResultT:
+    """One typed call on a channel opened for it, for tools that talk to a service once (services keep a pool).
+
+    ``await one_call(address, StorageServiceClient, lambda c: c.list_targets(request), token=token)``
+
+    Raises:
+        RpcError: the call's status.
+    """
+    async with connect(address, token=token, timeout_s=timeout_s) as invoker:
+        return await call(factory(invoker))

@@ -183,7 +183,7 @@ def _allreduce(o: ValidatorOptions) -> pb.CheckResult:
 
 async def _storage_reachability(mgmtd: MgmtdClient, timeout_s: float) -> pb.CheckResult:
     try:
-        resp = await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        resp = await mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
     except Exception as exc:
         return _result(STORAGE_REACHABILITY, False, 0, 1, "storage services", f"mgmtd unreachable: {exc}")
     info = resp.routing_info

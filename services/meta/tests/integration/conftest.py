@@ -49,9 +49,9 @@ async def make_users(address: str) -> tuple[dict[str, str], dict[str, int]]:
     try:
         for name, role in (("alice", common_pb2.ROLE_USER), ("bob", common_pb2.ROLE_USER),
                            ("root", common_pb2.ROLE_ADMIN)):  # fmt: skip
-            user = await client.identity(lambda s: s.CreateUser, mpb.CreateUserRequest(name=name, role=role))
+            user = await client.identity.create_user(mpb.CreateUserRequest(name=name, role=role))
             uids[name] = user.user.uid
-            issued = await client.identity(lambda s: s.IssueToken, mpb.IssueTokenRequest(user_name=name))
+            issued = await client.identity.issue_token(mpb.IssueTokenRequest(user_name=name))
             tokens[name] = issued.token
     finally:
         await client.close()

@@ -90,10 +90,10 @@ CASES: list[tuple[str, str, str, Any, grpc.StatusCode]] = [
 
 async def snapshot(client: MgmtdClient) -> tuple[Any, ...]:
     """Everything a bad call could have changed."""
-    info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
-    users = await client.identity(lambda s: s.ListUsers, pb.ListUsersRequest())
-    tokens = await client.identity(lambda s: s.ListTokens, pb.ListTokensRequest(user_name="plain"))
-    config = await client.mgmtd(lambda s: s.GetConfig, pb.GetConfigRequest(node_type=2))
+    info = (await client.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
+    users = await client.identity.list_users(pb.ListUsersRequest())
+    tokens = await client.identity.list_tokens(pb.ListTokensRequest(user_name="plain"))
+    config = await client.mgmtd.get_config(pb.GetConfigRequest(node_type=2))
     return (
         info.version,
         [(n.node_id, n.node_type, n.enabled, n.status) for n in info.nodes],
@@ -109,11 +109,11 @@ async def snapshot(client: MgmtdClient) -> tuple[Any, ...]:
 @pytest.fixture
 async def tokens(mgmtd: InProcessMgmtd) -> dict[str, str]:
     admin = mgmtd.client()
-    await admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="plain"))
-    await admin.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="boss", role=common_pb2.ROLE_ADMIN))
-    user = await admin.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="plain"))
-    boss = await admin.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="boss"))
-    await admin.mgmtd(lambda s: s.SetConfig, pb.SetConfigRequest(node_type=2, content="a = 0"))
+    await admin.identity.create_user(pb.CreateUserRequest(name="plain"))
+    await admin.identity.create_user(pb.CreateUserRequest(name="boss", role=common_pb2.ROLE_ADMIN))
+    user = await admin.identity.issue_token(pb.IssueTokenRequest(user_name="plain"))
+    boss = await admin.identity.issue_token(pb.IssueTokenRequest(user_name="boss"))
+    await admin.mgmtd.set_config(pb.SetConfigRequest(node_type=2, content="a = 0"))
     await admin.close()
     return {USER: user.token, ADMIN: boss.token}
 

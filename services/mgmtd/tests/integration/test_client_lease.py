@@ -58,7 +58,7 @@ async def test_membership_reports_lost_after_half_the_lease_and_regained(sqlite_
     await asyncio.wait_for(changed.wait(), timeout=5)
     assert events[1][0] == "regained" and not membership.lease_lost
     client = MgmtdClient([again.address], token=CLUSTER_TOKEN)
-    info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    info = (await client.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
     me = next(n for n in info.nodes if n.node_id == membership.node_id)
     assert me.status == pb.NODE_STATUS_ALIVE and me.hostname == "storage-1"
     await client.close()

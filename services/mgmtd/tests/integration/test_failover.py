@@ -67,7 +67,7 @@ async def test_standby_redirects_and_takes_over_within_one_lease(postgres_url: s
     await channel.close()
     assert err.value.code is grpc.StatusCode.UNAVAILABLE
     assert err.value.trailing_metadata["ff-primary-address"] == primary.address
-    node_ids = [(await raw.mgmtd(lambda s: s.RegisterNode, registration(i))).node_id for i in range(5)]
+    node_ids = [(await raw.mgmtd.register_node(registration(i))).node_id for i in range(5)]
     assert raw.current_address == primary.address
 
     # Kill the primary without warning: the standby becomes primary within one lease.
@@ -82,11 +82,11 @@ async def test_standby_redirects_and_takes_over_within_one_lease(postgres_url: s
 
     # No registered node is lost, and the nodes are not declared dead for the change of primary.
     client = MgmtdClient([primary.address, standby.address], token=CLUSTER_TOKEN)
-    info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    info = (await client.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
     by_id = {n.node_id: n for n in info.nodes}
     assert set(node_ids) <= set(by_id)
     assert all(by_id[i].status == pb.NODE_STATUS_ALIVE for i in node_ids)
-    cluster = await client.mgmtd(lambda s: s.GetClusterInfo, pb.GetClusterInfoRequest())
+    cluster = await client.mgmtd.get_cluster_info(pb.GetClusterInfoRequest())
     assert [i.instance_id for i in cluster.instances if i.is_primary] == [standby.name]
     await client.close()
     await raw.close()
@@ -148,14 +148,14 @@ async def test_heartbeating_nodes_ride_through_a_failover(postgres_url: str, spa
     await asyncio.sleep(FAST_TIMING["lease_duration_s"])  # a whole node lease after the failover
     assert lost == [], "the node was told to stop serving during a failover"
     client = MgmtdClient([standby.address], token=CLUSTER_TOKEN)
-    info = (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    info = (await client.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
     me = next(n for n in info.nodes if n.node_id == membership.node_id)
     assert me.status == pb.NODE_STATUS_ALIVE
 
     # The watch followed the primary: a change made now reaches it.
     changed.clear()
     before = seen[-1]
-    await client.mgmtd(lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=membership.node_id, enabled=False))
+    await client.mgmtd.set_node_enabled(pb.SetNodeEnabledRequest(node_id=membership.node_id, enabled=False))
     while seen[-1] <= before:
         await asyncio.wait_for(changed.wait(), timeout=10)
         changed.clear()

@@ -146,12 +146,12 @@ CASES = [
 async def served(sqlite_url: str, spawn_mgmtd: Any) -> AsyncIterator[tuple[MgmtdProcess, dict[str, str]]]:
     mgmtd = await spawn_mgmtd(sqlite_url, "m1").ready()
     client = MgmtdClient([mgmtd.address], token=CLUSTER_TOKEN)
-    await client.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="plain"))
-    await client.identity(lambda s: s.CreateUser, pb.CreateUserRequest(name="boss", role=common_pb2.ROLE_ADMIN))
-    await client.identity(lambda s: s.CreateGroup, pb.CreateGroupRequest(name="team"))
+    await client.identity.create_user(pb.CreateUserRequest(name="plain"))
+    await client.identity.create_user(pb.CreateUserRequest(name="boss", role=common_pb2.ROLE_ADMIN))
+    await client.identity.create_group(pb.CreateGroupRequest(name="team"))
     tokens = {
-        USER: (await client.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="plain"))).token,
-        ADMIN: (await client.identity(lambda s: s.IssueToken, pb.IssueTokenRequest(user_name="boss"))).token,
+        USER: (await client.identity.issue_token(pb.IssueTokenRequest(user_name="plain"))).token,
+        ADMIN: (await client.identity.issue_token(pb.IssueTokenRequest(user_name="boss"))).token,
     }
     await client.close()
     yield mgmtd, tokens
@@ -161,17 +161,17 @@ async def test_hostile_input_gets_its_status_within_bounds_and_mgmtd_keeps_servi
     mgmtd, tokens = served
     channel = open_channel(mgmtd.address)
     observer = MgmtdClient([mgmtd.address], token=CLUSTER_TOKEN)
-    before = await observer.identity(lambda s: s.ListUsers, pb.ListUsersRequest())
+    before = await observer.identity.list_users(pb.ListUsersRequest())
 
     async def still_serving() -> None:
-        await observer.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest(), timeout_s=5)
+        await observer.mgmtd.get_routing_info(pb.GetRoutingInfoRequest(), timeout_s=5)
 
     problems: list[str] = []
     try:
         for case in CASES:
             token = tokens.get(case.token, case.token)
             problems += await check_hostile(channel, mgmtd.proc.pid, replace(case, token=token), still_serving)
-        after = await observer.identity(lambda s: s.ListUsers, pb.ListUsersRequest())
+        after = await observer.identity.list_users(pb.ListUsersRequest())
     finally:
         await channel.close()
         await observer.close()

@@ -26,11 +26,11 @@ def registration(node_id: int = 0) -> pb.RegisterNodeRequest:
 
 
 async def routing(client: MgmtdClient) -> pb.RoutingInfo:
-    return (await client.mgmtd(lambda s: s.GetRoutingInfo, pb.GetRoutingInfoRequest())).routing_info
+    return (await client.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
 
 
 async def remove(client: MgmtdClient, node_id: int) -> pb.RemoveNodeResponse:
-    return await client.mgmtd(lambda s: s.RemoveNode, pb.RemoveNodeRequest(node_id=node_id))
+    return await client.mgmtd.remove_node(pb.RemoveNodeRequest(node_id=node_id))
 
 
 async def refused(code: grpc.StatusCode, call: Any) -> str:
@@ -56,12 +56,12 @@ async def test_remove_node_refuses_until_the_node_left_then_forgets_it_for_good(
     mgmtd = await start_mgmtd(db_url, lease_duration_s=LEASE_S, heartbeat_interval_s=0.25)
     alice = mgmtd.client((await make_users(mgmtd))["alice"])
     admin = mgmtd.client()  # the cluster token: what `fireflyer leave` calls with
-    keep = (await admin.mgmtd(lambda s: s.RegisterNode, registration())).node_id
-    leaving = (await admin.mgmtd(lambda s: s.RegisterNode, registration())).node_id  # the largest id
+    keep = (await admin.mgmtd.register_node(registration())).node_id
+    leaving = (await admin.mgmtd.register_node(registration())).node_id  # the largest id
     chain = pb.Chain(
         chain_id=1, targets=[pb.Target(target_id=101, node_id=keep), pb.Target(target_id=102, node_id=leaving)]
     )
-    await admin.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[chain]))
+    await admin.mgmtd.set_chains(pb.SetChainsRequest(chains=[chain]))
 
     # A user, an unknown id, no id; then alive, enabled and holding a target (every reason said at once).
     assert "admin" in await refused(grpc.StatusCode.PERMISSION_DENIED, remove(alice, leaving))
@@ -77,7 +77,7 @@ async def test_remove_node_refuses_until_the_node_left_then_forgets_it_for_good(
         return dead and states == [pb.PUBLIC_TARGET_STATE_LASTSRV, pb.PUBLIC_TARGET_STATE_OFFLINE]
 
     await until(admin, settled)
-    await admin.mgmtd(lambda s: s.SetNodeEnabled, pb.SetNodeEnabledRequest(node_id=leaving, enabled=False))
+    await admin.mgmtd.set_node_enabled(pb.SetNodeEnabledRequest(node_id=leaving, enabled=False))
     before = await routing(admin)
     why = await refused(grpc.StatusCode.FAILED_PRECONDITION, remove(admin, leaving))
     assert "102 (chain 1)" in why and "alive" not in why and "enabled" not in why, why
@@ -87,7 +87,7 @@ async def test_remove_node_refuses_until_the_node_left_then_forgets_it_for_good(
     # Its replica moved off: it goes, and a watcher sees it go.
     kept = [t for t in after.chains[0].targets if t.node_id == keep]  # (which died first is the tail)
     shorter = pb.Chain(chain_id=1, version=after.chains[0].version, targets=kept)
-    await admin.mgmtd(lambda s: s.SetChains, pb.SetChainsRequest(chains=[shorter]))
+    await admin.mgmtd.set_chains(pb.SetChainsRequest(chains=[shorter]))
     known = (await routing(admin)).version
     seen: list[pb.RoutingInfo] = []
 
@@ -106,18 +106,16 @@ async def test_remove_node_refuses_until_the_node_left_then_forgets_it_for_good(
     assert again.removed_at == removed.removed_at
 
     # Its id is never given out again, nor registered under: not by this primary, not after a restart.
-    why = await refused(
-        grpc.StatusCode.FAILED_PRECONDITION, admin.mgmtd(lambda s: s.RegisterNode, registration(leaving))
-    )
+    why = await refused(grpc.StatusCode.FAILED_PRECONDITION, admin.mgmtd.register_node(registration(leaving)))
     assert f"node {leaving} (leaving-host) was removed" in why and "node_id 0" in why, why
-    await refused(grpc.StatusCode.NOT_FOUND, admin.mgmtd(lambda s: s.Heartbeat, pb.HeartbeatRequest(node_id=leaving)))
-    assert (await admin.mgmtd(lambda s: s.RegisterNode, registration())).node_id == leaving + 1
+    await refused(grpc.StatusCode.NOT_FOUND, admin.mgmtd.heartbeat(pb.HeartbeatRequest(node_id=leaving)))
+    assert (await admin.mgmtd.register_node(registration())).node_id == leaving + 1
     await admin.close()
     await alice.close()
     await mgmtd.shutdown()
     restarted = await start_mgmtd(db_url, lease_duration_s=LEASE_S, heartbeat_interval_s=0.25)
     admin = restarted.client()
     assert leaving not in {n.node_id for n in (await routing(admin)).nodes}
-    await refused(grpc.StatusCode.FAILED_PRECONDITION, admin.mgmtd(lambda s: s.RegisterNode, registration(leaving)))
-    assert (await admin.mgmtd(lambda s: s.RegisterNode, registration())).node_id > leaving + 1
+    await refused(grpc.StatusCode.FAILED_PRECONDITION, admin.mgmtd.register_node(registration(leaving)))
+    assert (await admin.mgmtd.register_node(registration())).node_id > leaving + 1
     await admin.close()

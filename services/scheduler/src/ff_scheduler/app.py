@@ -193,7 +193,7 @@ class Scheduler:
         (mgmtd never drops a node but by RemoveNode, and never reuses its id).
         """
         assert self.mgmtd is not None
-        current = (await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+        current = (await self.mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
         listed = {n.node_id for n in current.nodes}
         removed = [n for n in unlisted if n not in listed]
         if not removed:
@@ -319,8 +319,7 @@ class Scheduler:
         """
         assert self.mgmtd is not None
         try:
-            resp = await self.mgmtd.identity(
-                lambda s: s.IssueToken,
+            resp = await self.mgmtd.identity.issue_token(
                 mgmtd_pb2.IssueTokenRequest(
                     user_name=user_name, description=f"scheduler run {run_id}", ttl_s=RUN_TOKEN_TTL_S
                 ),
@@ -365,7 +364,7 @@ class Scheduler:
         """Whether the token is revoked (or was already gone); False to try again at a later tick."""
         assert self.mgmtd is not None
         try:
-            await self.mgmtd.identity(lambda s: s.RevokeToken, mgmtd_pb2.RevokeTokenRequest(token_id=token_id))
+            await self.mgmtd.identity.revoke_token(mgmtd_pb2.RevokeTokenRequest(token_id=token_id))
         except RpcError as err:
             if err.code is grpc.StatusCode.NOT_FOUND:
                 return True

@@ -69,8 +69,8 @@ def _data_address(info: mgmtd_pb2.RoutingInfo, node_id: int) -> str:
 async def _user_token(cluster: StorageCluster, name: str) -> str:
     admin = cluster.client()
     try:
-        await admin.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=common_pb2.ROLE_USER))
-        return (await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))).token
+        await admin.identity.create_user(mgmtd_pb2.CreateUserRequest(name=name, role=common_pb2.ROLE_USER))
+        return (await admin.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name=name))).token
     finally:
         await admin.close()
 

@@ -75,10 +75,8 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
     blocks = await write_chunks(client, chain_id, 2)
     admin = cluster.client()
     try:
-        await admin.identity(
-            lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name="reader", role=common_pb2.ROLE_USER)
-        )
-        issued = await admin.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name="reader"))
+        await admin.identity.create_user(mgmtd_pb2.CreateUserRequest(name="reader", role=common_pb2.ROLE_USER))
+        issued = await admin.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name="reader"))
         token = issued.token
     finally:
         await admin.close()
@@ -98,9 +96,7 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
         # mgmtd's answer for at most 5 s), so the open connections stop serving it.
         admin = cluster.client()
         try:
-            await admin.identity(
-                lambda s: s.RevokeToken, mgmtd_pb2.RevokeTokenRequest(token_id=issued.token_info.token_id)
-            )
+            await admin.identity.revoke_token(mgmtd_pb2.RevokeTokenRequest(token_id=issued.token_info.token_id))
         finally:
             await admin.close()
         deadline = time.monotonic() + 20

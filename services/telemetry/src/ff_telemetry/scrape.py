@@ -103,7 +103,7 @@ class Scraper:
 
     async def scrape_all(self, http: aiohttp.ClientSession) -> int:
         """One round over every target; the number of samples stored."""
-        resp = await self._mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+        resp = await self._mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
         found = targets(resp.routing_info)
         stored = await asyncio.gather(*(self._scrape(http, t) for t in found))
         self.num_scrapes += 1

@@ -18,11 +18,12 @@ from typing import Protocol
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient, RpcError
-from ff_rpc.client import StubPool
+from ff_rpc.client import ClientPool
 from ff_telemetry.alerts.conditions import ClusterView, NodeFact, SeriesFact, TargetFact, TaskFact, ValidationFact
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
-from fireflyer.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fireflyer.scheduler.v1 import scheduler_pb2
+from fireflyer.scheduler.v1.scheduler_client import SchedulerServiceClient
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +68,11 @@ class ClusterSources:
         self.mgmtd = mgmtd
         self.metrics = metrics
         self._rpc = RpcClient(token=token, timeout_s=timeout_s)
-        self._stubs = StubPool(scheduler_pb2_grpc.SchedulerServiceStub)
+        self._schedulers = ClientPool(SchedulerServiceClient, self._rpc)
 
     async def close(self) -> None:
         """Close the channels to the scheduler."""
-        await self._stubs.close()
+        await self._schedulers.close()
 
     async def snapshot(self, now: float, window_s: float) -> Snapshot:
         """Everything the rules look at, read at once; ``window_s``: how much history of the series."""
@@ -98,7 +99,7 @@ class ClusterSources:
 
     async def _routing(self) -> tuple[list[NodeFact], list[TargetFact]] | None:
         try:
-            resp = await self.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())
+            resp = await self.mgmtd.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())
         except RpcError as err:
             logger.warning("alerts: mgmtd's routing info could not be read: %s", err)
             return None
@@ -129,9 +130,9 @@ class ClusterSources:
             address = await self.mgmtd.service_address(common_pb2.NODE_TYPE_SCHEDULER)
             if not address:
                 return None
-            stub = self._stubs.get(address)
+            scheduler = self._schedulers.get(address)
             tasks, nodes = await asyncio.gather(
-                self._running_tasks(stub), self._rpc.unary(stub.ListNodes, scheduler_pb2.ListNodesRequest())
+                self._running_tasks(scheduler), scheduler.list_nodes(scheduler_pb2.ListNodesRequest())
             )
         except RpcError as err:
             logger.warning("alerts: the scheduler's tasks and nodes could not be read: %s", err)
@@ -153,7 +154,7 @@ class ClusterSources:
         ]
         return facts, validations
 
-    async def _running_tasks(self, stub: scheduler_pb2_grpc.SchedulerServiceStub) -> list[scheduler_pb2.Task]:
+    async def _running_tasks(self, scheduler: SchedulerServiceClient) -> list[scheduler_pb2.Task]:
         """Every running task of every user, a page of 1,000 at a time."""
         tasks: list[scheduler_pb2.Task] = []
         token = ""
@@ -161,7 +162,7 @@ class ClusterSources:
             request = scheduler_pb2.ListTasksRequest(
                 states=[scheduler_pb2.TASK_STATE_RUNNING], all_users=True, page_size=1000, page_token=token
             )
-            resp = await self._rpc.unary(stub.ListTasks, request)
+            resp = await scheduler.list_tasks(request)
             tasks += resp.tasks
             token = resp.next_page_token
             if not token:

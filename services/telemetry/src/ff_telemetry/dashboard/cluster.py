@@ -13,15 +13,14 @@ from typing import TypeVar
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient
-from ff_rpc.client import StubPool
+from ff_rpc.client import ClientPool
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as spb
-from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+from fireflyer.scheduler.v1.scheduler_client import SchedulerServiceClient
 
 T = TypeVar("T")
 
-SchedulerStub = scheduler_pb2_grpc.SchedulerServiceStub
 MAX_TASKS = 1000  # a listing stops after this many tasks (newest first)
 MAX_LOG_BYTES = 256 * 1024
 
@@ -40,7 +39,7 @@ class ClusterReader:
     def __init__(self, mgmtd_addresses: list[str], *, timeout_s: float = 5.0) -> None:
         self.mgmtd = MgmtdClient(mgmtd_addresses, token=_token.get, timeout_s=timeout_s)
         self.rpc = RpcClient(token=_token.get, timeout_s=timeout_s)
-        self.schedulers = StubPool(SchedulerStub)
+        self.schedulers = ClientPool(SchedulerServiceClient, self.rpc)
 
     def as_user(self, token: str) -> UserView:
         """The reads ``token``'s user may make."""
@@ -72,10 +71,10 @@ class UserView:
     async def routing(self) -> mgmtd_pb2.RoutingInfo:
         """The routing info from mgmtd; RpcError when mgmtd refuses or cannot be reached."""
         request = mgmtd_pb2.GetRoutingInfoRequest()
-        resp = await self._as_user(lambda: self._reader.mgmtd.mgmtd(lambda s: s.GetRoutingInfo, request))
-        return resp.routing_info  # type: ignore[no-any-return]
+        resp = await self._as_user(lambda: self._reader.mgmtd.mgmtd.get_routing_info(request))
+        return resp.routing_info
 
-    async def _scheduler(self) -> SchedulerStub:
+    async def _scheduler(self) -> SchedulerServiceClient:
         address = await self._as_user(lambda: self._reader.mgmtd.service_address(common_pb2.NODE_TYPE_SCHEDULER))
         if not address:
             raise NoScheduler("no scheduler is registered with mgmtd")
@@ -83,17 +82,17 @@ class UserView:
 
     async def nodes(self) -> list[spb.Node]:
         """The scheduler's compute nodes; NoScheduler when none is alive, RpcError when the call fails."""
-        stub = await self._scheduler()
-        resp = await self._as_user(lambda: self._reader.rpc.unary(stub.ListNodes, spb.ListNodesRequest()))
+        scheduler = await self._scheduler()
+        resp = await self._as_user(lambda: scheduler.list_nodes(spb.ListNodesRequest()))
         return list(resp.nodes)
 
     async def tasks(self, *, all_users: bool) -> list[spb.Task]:
         """The user's tasks (every user's with ``all_users``, admins only), newest first, at most MAX_TASKS."""
-        stub, token = await self._scheduler(), ""
+        scheduler, token = await self._scheduler(), ""
         found: list[spb.Task] = []
         while len(found) < MAX_TASKS:
             request = spb.ListTasksRequest(all_users=all_users, page_size=MAX_TASKS, page_token=token)
-            resp = await self._as_user(partial(self._reader.rpc.unary, stub.ListTasks, request))
+            resp = await self._as_user(partial(scheduler.list_tasks, request))
             found.extend(resp.tasks)
             token = resp.next_page_token
             if not token:
@@ -102,21 +101,21 @@ class UserView:
 
     async def task(self, task_id: int) -> spb.Task:
         """One task with its runs; RpcError NOT_FOUND for a task the user may not see."""
-        stub = await self._scheduler()
+        scheduler = await self._scheduler()
         request = spb.GetTaskRequest(task_id=task_id, include_runs=True)
-        resp = await self._as_user(lambda: self._reader.rpc.unary(stub.GetTask, request))
-        return resp.task  # type: ignore[no-any-return]
+        resp = await self._as_user(lambda: scheduler.get_task(request))
+        return resp.task
 
     async def log_tail(self, task_id: int, node_rank: int, local_rank: int, tail_bytes: int) -> bytes:
         """The last ``tail_bytes`` of a rank's log in the task's latest run (not followed)."""
-        stub = await self._scheduler()
+        scheduler = await self._scheduler()
         request = spb.StreamLogsRequest(
             task_id=task_id, node_rank=node_rank, local_rank=local_rank, tail_bytes=min(tail_bytes, MAX_LOG_BYTES)
         )
 
         async def read() -> bytes:
             data = bytearray()
-            async for chunk in self._reader.rpc.stream(stub.StreamLogs, request, timeout_s=10.0):
+            async for chunk in scheduler.stream_logs(request, timeout_s=10.0):
                 data += chunk.data
                 if chunk.end_of_log or len(data) >= MAX_LOG_BYTES:
                     break
