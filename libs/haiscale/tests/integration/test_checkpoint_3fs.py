@@ -11,7 +11,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +18,15 @@ import grpc
 import pytest
 import torch
 
-import hf3fs
-from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
 from ff_scheduler.core import priority
 from ff_testing import free_port
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.cluster import CLUSTER_TOKEN, Cluster, running_cluster
 from ff_testing.forkserver import ForkedProcess, ForkServer
-from ff_testing.meta import MetaProcess, meta_process
-from ff_testing.process import ServiceProcess
-from ff_testing.scheduler import (
-    AgentDriver,
-    SchedulerClient,
-    SchedulerProcess,
-    eventually,
-    set_quota,
-    spawn_process,
-    spec,
-    task_of,
-)
-from ff_testing.telemetry import TelemetryClient, telemetry_process
+from ff_testing.scheduler import AgentDriver, SchedulerClient, set_quota, spec, task_of
+from ff_testing.telemetry import TelemetryClient
+from ff_testing.waiting import eventually
 from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.telemetry.v1 import telemetry_pb2 as tpb
 from haiscale import checkpoint as ckpt
@@ -51,84 +37,15 @@ WORKER = Path(__file__).with_name("checkpoint_crash_worker.py")
 USERS = {"ck-alice": common_pb2.ROLE_USER, "ck-bob": common_pb2.ROLE_USER, "ck-admin": common_pb2.ROLE_ADMIN}
 
 
-@dataclass
-class Cluster:
-    folder: Path
-    storage: StorageCluster
-    meta: MetaProcess
-    scheduler: SchedulerProcess
-    telemetry: ServiceProcess
-    tokens: dict[str, str]
-    fs: dict[str, Any]
-
-    @property
-    def mgmtd(self) -> str:
-        return self.storage.mgmtd_address
-
-
-async def _users(mgmtd: str) -> dict[str, str]:
-    client = MgmtdClient([mgmtd], token=CLUSTER_TOKEN, timeout_s=5.0)
-    try:
-        tokens = {}
-        for name, role in USERS.items():
-            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
-            tokens[name] = str(issued.token)
-        return tokens
-    finally:
-        await client.close()
-
-
-async def _start(folder: Path) -> Cluster:
-    storage = await start_cluster(folder, targets_per_disk=2)
-    meta = meta_process(
-        folder,
-        "meta1",
-        mgmtd_address=storage.mgmtd_address,
-        cluster_token=CLUSTER_TOKEN,
-        database_url=f"sqlite:///{folder / 'meta.db'}",
-        background_interval_s=0.5,
-    )
-    meta.start()
-    scheduler = spawn_process(folder, f"sqlite:///{folder / 'sched.db'}", storage.mgmtd_address, CLUSTER_TOKEN)
-    # (the trainers find it through mgmtd, as ranks of a task do)
-    telemetry = telemetry_process(folder, "t1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN)
-    telemetry.start()
-    try:
-        await meta.ready()
-        await scheduler.ready()
-        await telemetry.ready()
-        return Cluster(folder, storage, meta, scheduler, telemetry, await _users(storage.mgmtd_address), {})
-    except BaseException:
-        scheduler.proc.kill()
-        telemetry.kill()
-        meta.stop()
-        storage.stop()
-        raise
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    folder = tmp_path_factory.mktemp("ckpt-cluster")
-    c = asyncio.run(_start(folder))
-    try:
-        for name, token in c.tokens.items():
-            c.fs[name] = hf3fs.connect(mgmtd=c.mgmtd, token=token)
-        c.fs["ck-admin"].mkdir("/ck", mode=0o777)
+    # (the trainers find the scheduler and the collector through mgmtd, as ranks of a task do)
+    asked = {"users": USERS, "meta": {"background_interval_s": 0.5}, "scheduler": {}, "telemetry": {}}
+    with running_cluster(tmp_path_factory.mktemp("ckpt-cluster"), **asked) as c:
+        c.fs("ck-admin").mkdir("/ck", mode=0o777)
         for name in ("ck-alice", "ck-bob"):
-            c.fs[name].mkdir(f"/ck/{name}")
+            c.fs(name).mkdir(f"/ck/{name}")
         yield c
-    except BaseException:
-        print(tail_logs(folder))
-        raise
-    finally:
-        for fs in c.fs.values():
-            fs.close()
-        c.scheduler.proc.kill()  # nothing of it is checked after the tests
-        c.scheduler.proc.wait(15)
-        c.telemetry.kill()
-        c.meta.stop()
-        c.storage.stop()
 
 
 def _tensors(value: float) -> dict[str, Any]:
@@ -137,7 +54,7 @@ def _tensors(value: float) -> dict[str, Any]:
 
 
 def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
-    fs, root = cluster.fs["ck-alice"], "hf3fs:///ck/ck-alice/run1"
+    fs, root = cluster.fs("ck-alice"), "hf3fs:///ck/ck-alice/run1"
     flat = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     for step in (1, 2, 3):
         for rank in (1, 0):  # two ranks in one process, rank 0 (which commits) last
@@ -164,7 +81,7 @@ def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     cluster: Cluster, tmp_path: Path, where: str, stage: str, torch_forks: ForkServer
 ) -> None:
-    fs = cluster.fs["ck-alice"]
+    fs = cluster.fs("ck-alice")
     root = f"hf3fs:///ck/ck-alice/crash-{stage}" if where == "3fs" else str(tmp_path / "crash")
     env = {**os.environ, "FF_MGMTD_ADDRESSES": cluster.mgmtd, "FF_TOKEN": cluster.tokens["ck-alice"]}
     log = tmp_path / "crash.log"
@@ -196,8 +113,8 @@ async def test_the_scheduler_counts_only_a_manifest_of_the_tasks_user(cluster: C
         async def checkpoint_step() -> int:
             return int((await task_of(alice, task.task_id)).runs[0].last_checkpoint.step)
 
-        mine = ckpt.save("hf3fs:///ck/ck-alice/job", _tensors(7), step=7, fs=cluster.fs["ck-alice"]).wait()
-        theirs = ckpt.save("hf3fs:///ck/ck-bob/job", _tensors(9), step=9, fs=cluster.fs["ck-bob"]).wait()
+        mine = ckpt.save("hf3fs:///ck/ck-alice/job", _tensors(7), step=7, fs=cluster.fs("ck-alice")).wait()
+        theirs = ckpt.save("hf3fs:///ck/ck-bob/job", _tensors(9), step=9, fs=cluster.fs("ck-bob")).wait()
         assert mine and theirs
         await agent.checkpoint(run_id, 7, path=mine)
         assert await checkpoint_step() == 7

@@ -6,22 +6,15 @@ from typing import Any
 
 import pytest
 
+from ff_testing.fakes import FakeClock
 from haiscale.telemetry import StepMetrics, default_sink, send
 
 pytestmark = pytest.mark.unit
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_steps_are_averaged_and_reported_once_per_interval() -> None:
     sent: list[dict[str, float]] = []
-    clock = Clock()
+    clock = FakeClock()
     m = StepMetrics(lambda **kw: sent.append(kw), interval_s=5.0, clock=clock)
     for i in range(4):  # steps of 1 s, 2 s, 1 s (the fourth is still open)
         clock.now = [0.0, 1.0, 3.0, 4.0][i]
@@ -45,7 +38,7 @@ def test_steps_are_averaged_and_reported_once_per_interval() -> None:
 
 def test_a_step_without_a_reduced_backward_is_not_a_step() -> None:
     sent: list[dict[str, float]] = []
-    clock = Clock()
+    clock = FakeClock()
     m = StepMetrics(lambda **kw: sent.append(kw), interval_s=0.0, clock=clock)
     m.step_started()
     clock.now = 1.0

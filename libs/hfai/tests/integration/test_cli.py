@@ -14,8 +14,9 @@ import pytest
 
 from ff_testing.mgmtd import CLUSTER_TOKEN
 from ff_testing.mgmtd import start_in_process as start_mgmtd
-from ff_testing.scheduler import AgentDriver, eventually
+from ff_testing.scheduler import AgentDriver
 from ff_testing.scheduler import start_in_process as start_scheduler
+from ff_testing.waiting import eventually
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ff_agent.config import AgentSettings
 from ff_agent.server import main
-from ff_testing.process import Process, spawn, wait_ready
+from ff_testing.process import ServiceProcess, service_process
+from ff_testing.service import InProcessService
+from ff_testing.service import start_in_process as start_service
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 # Short intervals so tests take seconds.
@@ -39,14 +37,12 @@ FAST: dict[str, Any] = {
 
 
 def _settings_for(
-    folder: Path, mgmtd_address: str, cluster_token: str, name: str, scheduler_address: str = "", **overrides: Any
+    folder: Path, mgmtd_address: str, name: str, scheduler_address: str = "", **overrides: Any
 ) -> dict[str, Any]:
     return {
         "state_dir": folder / name,
         "mgmtd_addresses": mgmtd_address,
         "scheduler_address": scheduler_address,
-        "cluster_token": cluster_token,
-        "ready_file": folder / f"{name}.ready.json",
         "instance_id": name,
         "hostname": name,
         **FAST,
@@ -55,19 +51,15 @@ def _settings_for(
 
 
 @dataclass
-class InProcessAgent:
+class InProcessAgent(InProcessService):
     """An agent serving in this process as an asyncio task (``start_in_process``); ``shutdown`` stops it."""
 
-    address: str
-    node_id: int
-    state_dir: Path
-    stop: asyncio.Event
-    task: asyncio.Task[None]
+    state_dir: Path = Path()
 
-    async def shutdown(self) -> None:
-        """Stop the agent (it stops its runs first) and wait up to 30 s for it to finish."""
-        self.stop.set()
-        await asyncio.wait_for(self.task, timeout=30)
+    @property
+    def node_id(self) -> int:
+        """The node id mgmtd gave the agent."""
+        return int(self.info["node_id"])
 
 
 async def start_in_process(
@@ -77,57 +69,27 @@ async def start_in_process(
 
     Its state lives in ``folder / name``; ``overrides`` are settings fields.
     """
-    values = _settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
-    values["ready_file"].unlink(missing_ok=True)
-    stop = asyncio.Event()
-    task = asyncio.create_task(main(AgentSettings(**values), stop))
-    try:
-        info = await wait_ready(values["ready_file"])
-    except Exception:
-        stop.set()
-        await task
-        raise
-    return InProcessAgent(info["grpc"], int(info["node_id"]), values["state_dir"], stop, task)
+    ready = folder / f"{name}.ready.json"
+    values = _settings_for(folder, mgmtd_address, name, **overrides)
+    settings = AgentSettings(**{**values, "cluster_token": cluster_token, "ready_file": ready})
+    started = await start_service(main, settings, ready, timeout_s=60.0)
+    return InProcessAgent(started.info, started.stop, started.task, values["state_dir"])
 
 
 @dataclass
-class AgentProcess:
-    """An agent running as a subprocess (``spawn_process``), so a test can SIGTERM or SIGKILL it."""
+class AgentProcess(ServiceProcess):
+    """An agent running as a process (``spawn_process``), so a test can SIGTERM or SIGKILL it."""
 
-    proc: Process
-    ready_file: Path
-    state_dir: Path
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def address(self) -> str:
-        """The agent's gRPC address, from its ready file (after ``ready``)."""
-        return str(self.info["grpc"])
+    state_dir: Path = Path()
 
     @property
     def node_id(self) -> int:
         """The node id mgmtd gave the agent, from its ready file (after ``ready``)."""
         return int(self.info["node_id"])
 
-    async def ready(self) -> AgentProcess:
-        """Wait for the agent's ready file and return this process; raises if the process exits first."""
-        self.info = await wait_ready(self.ready_file, self.proc)
-        return self
-
-    def terminate(self, *, wait: bool = True) -> None:
-        """SIGTERM; with ``wait``, until it exited (``wait_stopped``)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            if wait:
-                self.wait_stopped()
-
-    def wait_stopped(self, timeout_s: float = 30.0) -> None:
-        """Wait for the process to exit after its SIGTERM (it stops its runs first); SIGKILL past ``timeout_s``."""
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    def terminate(self, timeout_s: float = 30.0, *, wait: bool = True) -> None:
+        """SIGTERM (the agent stops its runs first); with ``wait``, until it exited (SIGKILL past ``timeout_s``)."""
+        super().terminate(timeout_s, wait=wait)
 
 
 def spawn_process(
@@ -137,31 +99,11 @@ def spawn_process(
 
     The cluster token goes through the environment, not the command line.
     """
-    values = _settings_for(folder, mgmtd_address, cluster_token, name, **overrides)
-    values["ready_file"].unlink(missing_ok=True)
-    token = values.pop("cluster_token")
-    args = [sys.executable, "-m", "ff_agent"]
-    for key, value in values.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    env = {**os.environ, "FF_AGENT_CLUSTER_TOKEN": token}
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / f"{name}.log").open("ab") as out:
-        proc = spawn(args, log=out, env=env)
-    return AgentProcess(proc, values["ready_file"], values["state_dir"])
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0, what: str = "condition") -> None:
-    """Poll ``check`` every 0.1 s until it returns True.
-
-    Raises:
-        TimeoutError: ``check`` did not return True within ``timeout_s`` (the message names ``what``).
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
+    settings = _settings_for(folder, mgmtd_address, name, **overrides)
+    proc = service_process("agent", folder, name, cluster_token=cluster_token, settings=settings, kind=AgentProcess)
+    proc.state_dir = settings["state_dir"]
+    proc.start()
+    return proc
 
 
 async def wait_task(client: Any, task_id: int, *states: int, timeout_s: float = 60.0) -> pb.Task:
@@ -190,7 +132,7 @@ async def _wait_for_task(
         return condition(resp.task)
 
     try:
-        await eventually(reached, timeout_s, f"task {task_id} {what}")
+        await eventually(reached, timeout_s, f"task {task_id} {what}", interval_s=0.1)
     except TimeoutError:
         raise TimeoutError(f"task {task_id} not {what}: {found[0] if found else None}") from None
     return found[0]

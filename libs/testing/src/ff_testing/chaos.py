@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ff_storage.core.linearizability import READ, WRITE, Operation
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
+from ff_testing.cluster import StorageCluster
+from ff_testing.process import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient
 

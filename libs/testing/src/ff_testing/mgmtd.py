@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ff_cluster import MgmtdClient
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.server import main
-from ff_testing.process import Process, spawn, wait_ready
+from ff_testing.process import CLUSTER_TOKEN, ServiceProcess, service_process
+from ff_testing.service import InProcessService
+from ff_testing.service import start_in_process as start_service
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
-CLUSTER_TOKEN = "test-cluster-token"
 READY_TIMEOUT_S = 20.0
 # Short leases so tests of expiry and failover take seconds.
 FAST_TIMING: dict[str, float] = {
@@ -32,24 +30,22 @@ FAST_TIMING: dict[str, float] = {
 TEST_USERS = (("alice", common_pb2.ROLE_USER), ("bob", common_pb2.ROLE_USER), ("root", common_pb2.ROLE_ADMIN))
 
 
-@dataclass
-class InProcessMgmtd:
+class InProcessMgmtd(InProcessService):
     """An mgmtd serving in the test's own event loop."""
 
-    address: str
-    metrics_port: int
-    cluster_id: str
-    stop: asyncio.Event
-    task: asyncio.Task[None]
+    @property
+    def metrics_port(self) -> int:
+        """The port of its ``/metrics`` endpoint."""
+        return int(self.info["metrics_port"])
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster's id, as mgmtd made it."""
+        return str(self.info["cluster_id"])
 
     def client(self, token: str = CLUSTER_TOKEN) -> MgmtdClient:
         """A new client of this instance (the caller closes it); the cluster token unless ``token`` is given."""
         return MgmtdClient([self.address], token=token)
-
-    async def shutdown(self) -> None:
-        """Stop the instance (it resigns its lease) and wait up to 15 s for it to finish."""
-        self.stop.set()
-        await asyncio.wait_for(self.task, timeout=15)
 
 
 async def start_in_process(folder: Path, database_url: str, name: str = "m1", **overrides: Any) -> InProcessMgmtd:
@@ -58,7 +54,6 @@ async def start_in_process(folder: Path, database_url: str, name: str = "m1", **
     ``overrides`` are settings fields.
     """
     ready = folder / f"{name}.ready.json"
-    ready.unlink(missing_ok=True)
     settings = MgmtdSettings(
         **{
             "state_dir": folder / name,
@@ -71,31 +66,35 @@ async def start_in_process(folder: Path, database_url: str, name: str = "m1", **
             **overrides,
         }
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(main(settings, stop))
-    try:
-        info = await wait_ready(ready, timeout_s=READY_TIMEOUT_S)
-    except Exception:
-        stop.set()
-        await task
-        raise
-    instance = InProcessMgmtd(info["grpc"], info["metrics_port"], info["cluster_id"], stop, task)
+    started = await start_service(main, settings, ready, READY_TIMEOUT_S)
+    instance = InProcessMgmtd(started.info, started.stop, started.task)
     await wait_registered(instance.client(), name)
     return instance
 
 
-async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
-    """Creates the TEST_USERS in mgmtd's registry and issues each a token; the tokens by user name."""
-    client = mgmtd.client()
-    tokens = {}
+async def create_users(
+    mgmtd_address: str, users: Mapping[str, common_pb2.Role.ValueType] = dict(TEST_USERS)
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Creates ``users`` (name: role) in the registry of the mgmtd at ``mgmtd_address`` and issues each a token.
+
+    Returns the tokens and the uids, by user name.
+    """
+    client = MgmtdClient([mgmtd_address], token=CLUSTER_TOKEN, timeout_s=5.0)
+    tokens, uids = {}, {}
     try:
-        for name, role in TEST_USERS:
-            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+        for name, role in users.items():
+            user = await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            uids[name] = int(user.user.uid)
             issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
-            tokens[name] = issued.token
+            tokens[name] = str(issued.token)
     finally:
         await client.close()
-    return tokens
+    return tokens, uids
+
+
+async def make_users(mgmtd: InProcessMgmtd) -> dict[str, str]:
+    """Creates the TEST_USERS in mgmtd's registry and issues each a token; the tokens by user name."""
+    return (await create_users(mgmtd.address))[0]
 
 
 @asynccontextmanager
@@ -129,44 +128,20 @@ async def wait_registered(client: MgmtdClient, instance_id: str, timeout_s: floa
     raise TimeoutError(f"mgmtd {instance_id} did not register itself")
 
 
-@dataclass
-class MgmtdProcess:
+class MgmtdProcess(ServiceProcess):
     """An mgmtd in its own process (``python -m ff_mgmtd``)."""
-
-    name: str
-    proc: Process
-    ready_file: Path
-    log: Path
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def address(self) -> str:
-        """The instance's gRPC address, from its ready file (after ``ready``)."""
-        return str(self.info["grpc"])
-
-    async def ready(self) -> MgmtdProcess:
-        """Wait for the ready file and return this process; raises if the process exits first."""
-        self.info = await wait_ready(self.ready_file, self.proc, READY_TIMEOUT_S)
-        return self
 
 
 def spawn_process(folder: Path, database_url: str, name: str, **overrides: Any) -> MgmtdProcess:
     """Start ``python -m ff_mgmtd`` with short leases, its output in ``folder/<name>.log``; not yet ready."""
-    ready, log = folder / f"{name}.ready.json", folder / f"{name}.log"
-    ready.unlink(missing_ok=True)
-    flags = {
+    settings = {
         "database_url": database_url,
         "state_dir": folder / name,
-        "ready_file": ready,
         "instance_id": name,
         "metrics_address": "",
         **FAST_TIMING,
         **overrides,
     }
-    args = [sys.executable, "-m", "ff_mgmtd"]
-    for key, value in flags.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    env = {**os.environ, "FF_MGMTD_CLUSTER_TOKEN": CLUSTER_TOKEN}
-    with log.open("ab") as out:
-        proc = spawn(args, log=out, env=env)
-    return MgmtdProcess(name, proc, ready, log)
+    proc = service_process("mgmtd", folder, name, cluster_token=CLUSTER_TOKEN, settings=settings, kind=MgmtdProcess)
+    proc.start()
+    return proc

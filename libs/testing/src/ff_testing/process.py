@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, Self, TypeAlias, TypeVar
 
 if TYPE_CHECKING:  # (imported where used: `python -m ff_testing.forkserver` must not find it imported already)
     from ff_testing.forkserver import ForkedProcess, ForkServer
@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # (imported where used: `python -m ff_testing.forkserver` mus
 Process: TypeAlias = "subprocess.Popen[bytes] | ForkedProcess"
 
 _FORK_SWITCH = "FF_TEST_FORK_SERVICES"
+# The cluster token of every test cluster (its services get it through their environment).
+CLUSTER_TOKEN = "test-cluster-token"
 
 
 class _ServiceForks:
@@ -144,15 +146,26 @@ class ServiceProcess:
         """Where the service writes its ready file: ``<folder>/<name>.ready.json``."""
         return self.folder / f"{self.name}.ready.json"
 
+    @property
+    def log(self) -> Path:
+        """The process's output: ``<folder>/<name>.log``."""
+        return self.folder / f"{self.name}.log"
+
+    @property
+    def address(self) -> str:
+        """The gRPC address the service serves on, from its ready file (after ``ready``)."""
+        return str(self.info["grpc"])
+
     def start(self) -> None:
         """Starts the process (a stale ready file removed first); returns at once: ``ready`` waits for it."""
         self.ready_file.unlink(missing_ok=True)
         with (self.folder / f"{self.name}.log").open("ab") as out:
             self.proc = spawn([*self.args, "--ready-file", str(self.ready_file)], log=out, env=self.env)
 
-    async def ready(self, timeout_s: float = 30.0) -> None:
-        """Waits for the ready file and keeps its content in ``info``; raises as ``wait_ready``."""
+    async def ready(self, timeout_s: float = 30.0) -> Self:
+        """Waits for the ready file, keeps its content in ``info``, returns this process; raises as ``wait_ready``."""
         self.info = await wait_ready(self.ready_file, self.proc, timeout_s)
+        return self
 
     def kill(self) -> None:
         """SIGKILL, and waits (10 s at most) for the process to exit; nothing if it is not running."""
@@ -160,14 +173,45 @@ class ServiceProcess:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
-    def terminate(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL if the process has not exited within ``timeout_s``."""
+    def terminate(self, timeout_s: float = 10.0, *, wait: bool = True) -> None:
+        """SIGTERM; with ``wait``, until it exited (``wait_stopped``: SIGKILL past ``timeout_s``)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            if wait:
+                self.wait_stopped(timeout_s)
+
+    def wait_stopped(self, timeout_s: float = 30.0) -> None:
+        """Wait for the process to exit after its SIGTERM; SIGKILL if it has not within ``timeout_s``."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+P = TypeVar("P", bound=ServiceProcess)
+
+
+def service_process(
+    service: str,
+    folder: Path,
+    name: str,
+    *,
+    cluster_token: str,
+    settings: Mapping[str, object],
+    kind: type[P] = ServiceProcess,  # type: ignore[assignment]
+) -> P:
+    """``python -m ff_<service>`` named ``name`` in ``folder`` (its ready file and log there), not yet started.
+
+    ``settings`` are its settings fields, given as ``--flags`` (``state_dir`` -> ``--state-dir``, booleans as
+    ``true``/``false``); the cluster token goes through its environment (``FF_<SERVICE>_CLUSTER_TOKEN``), not the
+    command line, as the appliance gives it. ``kind``: the ServiceProcess class to make.
+    """
+    flags = {k.replace("_", "-"): str(v).lower() if isinstance(v, bool) else str(v) for k, v in settings.items()}
+    env = {**os.environ, f"FF_{service.upper()}_CLUSTER_TOKEN": cluster_token}
+    folder.mkdir(parents=True, exist_ok=True)
+    return kind(name, folder, module_args(f"ff_{service}", flags), env)
 
 
 def stop_all(processes: Iterable[ServiceProcess], timeout_s: float = 10.0) -> None:

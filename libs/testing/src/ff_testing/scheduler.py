@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ff_cluster import MembershipOptions, NodeMembership
-from ff_rpc import RpcClient, RpcServer, ServerOptions, ServiceBinding, open_channel
+from ff_rpc import RpcServer, ServerOptions, ServiceBinding
 from ff_scheduler.config import SchedulerSettings
 from ff_scheduler.server import main
-from ff_testing.process import Process, spawn, wait_ready
+from ff_testing.process import ServiceProcess, service_process
+from ff_testing.service import InProcessService, ServiceClient
+from ff_testing.service import start_in_process as start_service
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
@@ -44,29 +43,17 @@ FAST: dict[str, Any] = {
 }
 
 
-@dataclass
-class InProcessScheduler:
+class InProcessScheduler(InProcessService):
     """A scheduler serving in this process as an asyncio task (``start_in_process``)."""
-
-    address: str
-    stop: asyncio.Event
-    task: asyncio.Task[None]
-
-    async def shutdown(self) -> None:
-        """Stop the scheduler and wait up to 15 s for it to finish."""
-        self.stop.set()
-        await asyncio.wait_for(self.task, timeout=15)
 
 
 def _settings_for(
-    folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
+    folder: Path, database_url: str, mgmtd_address: str, name: str = "s1", **overrides: Any
 ) -> dict[str, Any]:
     return {
         "state_dir": folder / name,
         "database_url": database_url,
         "mgmtd_addresses": mgmtd_address,
-        "cluster_token": cluster_token,
-        "ready_file": folder / f"{name}.ready.json",
         "metrics_address": "",
         "instance_id": name,
         **FAST,
@@ -81,70 +68,36 @@ async def start_in_process(
 
     ``overrides`` are settings fields.
     """
-    values = _settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
-    values["ready_file"].unlink(missing_ok=True)
-    stop = asyncio.Event()
-    task = asyncio.create_task(main(SchedulerSettings(**values), stop))
-    try:
-        info = await wait_ready(values["ready_file"], timeout_s=READY_TIMEOUT_S)
-    except Exception:
-        stop.set()
-        await task
-        raise
-    return InProcessScheduler(info["grpc"], stop, task)
+    ready = folder / f"{name}.ready.json"
+    values = _settings_for(folder, database_url, mgmtd_address, name, **overrides)
+    settings = SchedulerSettings(**{**values, "cluster_token": cluster_token, "ready_file": ready})
+    started = await start_service(main, settings, ready, READY_TIMEOUT_S)
+    return InProcessScheduler(started.info, started.stop, started.task)
 
 
-@dataclass
-class SchedulerProcess:
+class SchedulerProcess(ServiceProcess):
     """A scheduler in its own process (``python -m ff_scheduler``)."""
-
-    proc: Process
-    ready_file: Path
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def address(self) -> str:
-        """The scheduler's gRPC address, from its ready file (after ``ready``)."""
-        return str(self.info["grpc"])
-
-    async def ready(self) -> SchedulerProcess:
-        """Wait for the ready file and return this process; raises if the process exits first."""
-        self.info = await wait_ready(self.ready_file, self.proc, READY_TIMEOUT_S)
-        return self
 
 
 def spawn_process(
     folder: Path, database_url: str, mgmtd_address: str, cluster_token: str, name: str = "s1", **overrides: Any
 ) -> SchedulerProcess:
     """Start ``python -m ff_scheduler`` with test settings, the cluster token in its environment; not yet ready."""
-    values = _settings_for(folder, database_url, mgmtd_address, cluster_token, name, **overrides)
-    values["ready_file"].unlink(missing_ok=True)
-    token = values.pop("cluster_token")
-    args = [sys.executable, "-m", "ff_scheduler"]
-    for key, value in values.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    env = {**os.environ, "FF_SCHEDULER_CLUSTER_TOKEN": token}
-    with (folder / f"{name}.log").open("ab") as out:
-        proc = spawn(args, log=out, env=env)
-    return SchedulerProcess(proc, values["ready_file"])
+    settings = _settings_for(folder, database_url, mgmtd_address, name, **overrides)
+    proc = service_process(
+        "scheduler", folder, name, cluster_token=cluster_token, settings=settings, kind=SchedulerProcess
+    )
+    proc.start()
+    return proc
 
 
-class SchedulerClient:
-    """SchedulerService and SchedulerAgentService with one token."""
+class SchedulerClient(ServiceClient):
+    """SchedulerService (``user``) and SchedulerAgentService (``agent``) with one token."""
 
     def __init__(self, address: str, token: str) -> None:
-        self.channel = open_channel(address)
-        self.rpc = RpcClient(token=token, timeout_s=10.0)
+        super().__init__(address, token)
         self.user = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
         self.agent = scheduler_pb2_grpc.SchedulerAgentServiceStub(self.channel)
-
-    async def call(self, method: Any, request: Any) -> Any:
-        """Call ``method`` (a stub method of ``user`` or ``agent``) with the client's token; RpcError on failure."""
-        return await self.rpc.unary(method, request)
-
-    async def close(self) -> None:
-        """Close the channel."""
-        await self.channel.close()
 
 
 # Suspend behaviours of the agent driver's task.
@@ -398,20 +351,6 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
         """The run's whole log (a line per start order) in one message."""
         data = self.logs.get(request.run_id, b"")
         yield agent_pb2.ReadLogsResponse(offset_bytes=0, data=data, end_of_log=True)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 15.0, what: str = "condition") -> None:
-    """Poll ``check`` every 0.05 s until it returns True.
-
-    Raises:
-        TimeoutError: ``check`` did not return True within ``timeout_s`` (the message names ``what``).
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 async def set_quota(root: SchedulerClient, user: str, level: int, nodes: int, group: str = "default") -> None:

@@ -5,16 +5,14 @@ The collector runs in this process (an asyncio task) or as a process.
 
 from __future__ import annotations
 
-import asyncio
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ff_rpc import RpcClient, open_channel
 from ff_telemetry.config import TelemetrySettings
 from ff_telemetry.server import main
-from ff_testing.process import ServiceProcess, module_args, wait_ready
+from ff_testing.process import ServiceProcess, service_process
+from ff_testing.service import InProcessService, ServiceClient
+from ff_testing.service import start_in_process as start_service
 from fireflyer.telemetry.v1 import telemetry_pb2_grpc
 
 READY_TIMEOUT_S = 20.0
@@ -30,19 +28,13 @@ FAST: dict[str, Any] = {
 }
 
 
-@dataclass
-class InProcessTelemetry:
+class InProcessTelemetry(InProcessService):
     """A collector serving in this process as an asyncio task (``start_in_process``)."""
 
-    address: str
-    http_address: str
-    stop: asyncio.Event
-    task: asyncio.Task[None]
-
-    async def shutdown(self) -> None:
-        """Stop the collector and wait up to 15 s for it to finish."""
-        self.stop.set()
-        await asyncio.wait_for(self.task, timeout=15)
+    @property
+    def http_address(self) -> str:
+        """The address of its HTTP endpoints (``/metrics``, ``/federate``, the dashboard)."""
+        return str(self.info["http"])
 
 
 async def start_in_process(
@@ -53,7 +45,6 @@ async def start_in_process(
     ``overrides`` are settings fields.
     """
     ready = folder / f"{name}.ready.json"
-    ready.unlink(missing_ok=True)
     settings = TelemetrySettings(
         **{
             "state_dir": folder / name,
@@ -66,15 +57,8 @@ async def start_in_process(
             **overrides,
         }
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(main(settings, stop))
-    try:
-        info = await wait_ready(ready, timeout_s=READY_TIMEOUT_S)
-    except Exception:
-        stop.set()
-        await task
-        raise
-    return InProcessTelemetry(info["grpc"], info["http"], stop, task)
+    started = await start_service(main, settings, ready, READY_TIMEOUT_S)
+    return InProcessTelemetry(started.info, started.stop, started.task)
 
 
 def telemetry_process(
@@ -92,24 +76,12 @@ def telemetry_process(
         **FAST,
         **settings,
     }
-    flags = {k.replace("_", "-"): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}
-    env = {**os.environ, "FF_TELEMETRY_CLUSTER_TOKEN": cluster_token}
-    folder.mkdir(parents=True, exist_ok=True)
-    return ServiceProcess(name, folder, module_args("ff_telemetry", flags), env)
+    return service_process("telemetry", folder, name, cluster_token=cluster_token, settings=values)
 
 
-class TelemetryClient:
-    """TelemetryService with one token."""
+class TelemetryClient(ServiceClient):
+    """TelemetryService with one token (``stub``)."""
 
     def __init__(self, address: str, token: str) -> None:
-        self.channel = open_channel(address)
-        self.rpc = RpcClient(token=token, timeout_s=10.0)
+        super().__init__(address, token)
         self.stub = telemetry_pb2_grpc.TelemetryServiceStub(self.channel)
-
-    async def call(self, method: Any, request: Any) -> Any:
-        """Call ``method`` (a method of ``stub``) with the client's token; RpcError on failure."""
-        return await self.rpc.unary(method, request)
-
-    async def close(self) -> None:
-        """Close the channel."""
-        await self.channel.close()

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from ff_testing import free_port
-from ff_testing.agent import AgentProcess, InProcessAgent, eventually, spawn_process, start_in_process
+from ff_testing.agent import AgentProcess, InProcessAgent, spawn_process, start_in_process
 from ff_testing.mgmtd import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
 from ff_testing.scheduler import InProcessScheduler, SchedulerClient, set_quota
 from ff_testing.scheduler import start_in_process as start_scheduler
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 # The scheduler's short protocol deadlines for these tests (the agents' are in ff_testing.agent.FAST).

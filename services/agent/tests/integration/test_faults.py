@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from ff_agent import procs
-from ff_testing.agent import eventually, wait_task
+from ff_testing.agent import wait_task
 from ff_testing.scheduler import spec
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 FIRST_RUN_HANGS = """

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ff_rpc import RpcClient, open_channel
-from ff_testing.agent import eventually, wait_run_running, wait_task
+from ff_testing.agent import wait_run_running, wait_task
 from ff_testing.mgmtd import CLUSTER_TOKEN
 from ff_testing.scheduler import spec
+from ff_testing.waiting import eventually
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from hfai.cli import render_node

@@ -19,8 +19,9 @@ import pytest
 from ff_agent.config import AgentSettings
 from ff_agent.core.launch import RanksRunAs
 from ff_agent.server import ranks_run_as_at_start
-from ff_testing.agent import eventually, wait_task
+from ff_testing.agent import wait_task
 from ff_testing.scheduler import spec
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching a rank's uid needs the agent to run as root")

@@ -14,9 +14,10 @@ import pytest
 
 from ff_agent.validator import ALL_CHECKS
 from ff_rpc import RpcClient, RpcError, open_channel
-from ff_testing.agent import eventually, start_in_process, wait_run_running, wait_task
+from ff_testing.agent import start_in_process, wait_run_running, wait_task
 from ff_testing.mgmtd import CLUSTER_TOKEN
 from ff_testing.scheduler import spec
+from ff_testing.waiting import eventually
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from ff_scheduler.core import priority as p
-from ff_testing.scheduler import eventually, set_quota, spec, task_of
+from ff_testing.scheduler import set_quota, spec, task_of
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

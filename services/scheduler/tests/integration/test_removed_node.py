@@ -12,7 +12,8 @@ import pytest
 from ff_rpc import RpcError
 from ff_scheduler.core import priority as p
 from ff_testing.mgmtd import InProcessMgmtd, make_users, start_in_process
-from ff_testing.scheduler import eventually, set_quota, spec, task_of
+from ff_testing.scheduler import set_quota, spec, task_of
+from ff_testing.waiting import eventually
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 

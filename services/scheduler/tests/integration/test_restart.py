@@ -9,7 +9,8 @@ from typing import Any
 
 from ff_scheduler.core import priority as p
 from ff_testing.mgmtd import CLUSTER_TOKEN
-from ff_testing.scheduler import AgentDriver, SchedulerClient, eventually, set_quota, spawn_process, spec, task_of
+from ff_testing.scheduler import AgentDriver, SchedulerClient, set_quota, spawn_process, spec, task_of
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

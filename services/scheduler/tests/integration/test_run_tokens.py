@@ -8,7 +8,8 @@ from typing import Any
 import grpc
 
 from ff_rpc import RpcError
-from ff_testing.scheduler import SchedulerClient, eventually, set_quota, spec
+from ff_testing.scheduler import SchedulerClient, set_quota, spec
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

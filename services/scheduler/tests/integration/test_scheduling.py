@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from ff_scheduler.core import priority as p
-from ff_testing.scheduler import IGNORE, eventually, set_quota, spec, task_of
+from ff_testing.scheduler import IGNORE, set_quota, spec, task_of
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
 

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from ff_storage.dataserver import TransferBoxes
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from ff_testing.fakes import FakeClock
 
 
 async def test_pushed_bytes_nobody_takes_are_dropped_after_the_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     boxes = TransferBoxes(ttl_s=30.0, clock=clock)
     boxes.deposit("refused-write", "alice", bytearray(b"never taken"))
     clock.now += 10
@@ -27,7 +20,7 @@ async def test_pushed_bytes_nobody_takes_are_dropped_after_the_ttl() -> None:
 
 
 async def test_staged_reads_nobody_claims_are_dropped_after_the_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     boxes = TransferBoxes(ttl_s=30.0, clock=clock)
     boxes.stage("gone-reader", "bob", [b"abc"])
     clock.now += 31
@@ -36,7 +29,7 @@ async def test_staged_reads_nobody_claims_are_dropped_after_the_ttl() -> None:
 
 
 async def test_the_inbox_holds_at_most_max_owner_bytes_per_caller() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     boxes = TransferBoxes(ttl_s=30.0, clock=clock, max_owner_bytes=100)
 
     def room(owner: str, length: int) -> bool:

@@ -4,10 +4,9 @@ scraping the services mgmtd knows, and /federate. One cluster for the module (SQ
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest_asyncio
 from ff_rpc import RpcError
 from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
 from ff_testing.telemetry import InProcessTelemetry, TelemetryClient, start_in_process
+from ff_testing.waiting import eventually
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -76,15 +76,6 @@ async def series_count(env: Env, name: str = "") -> int:
     c = env.client("root")
     pushed_only = [pb.LabelMatcher(name="job", op=pb.MATCH_OP_EQUAL, value="")]
     return len((await c.call(c.stub.ListSeries, pb.ListSeriesRequest(name=name, matchers=pushed_only))).series)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_users_series_are_theirs_and_other_users_do_not_see_them(env: Env) -> None:

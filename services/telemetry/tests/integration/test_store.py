@@ -23,27 +23,20 @@ from ff_telemetry.store.ingest import MAX_ROWS_PER_INSERT, write_packed
 from ff_telemetry.store.query import Viewer
 from ff_telemetry.store.retention import Retention
 from ff_telemetry.store.schema import VERSION_TABLE
+from ff_testing.fakes import FakeClock
 
 MIGRATIONS = Path(__file__).parents[2] / "src" / "ff_telemetry" / "store" / "migrations"
 T0 = 1_700_000_000.0 - (1_700_000_000.0 % 86_400)  # midnight
 ALL = Viewer.everything()
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock(T0)
-
-
-@pytest.fixture
-def tstore(db_url: str, clock: Clock) -> Iterator[TelemetryStore]:
+def tstore(db_url: str, clock: FakeClock) -> Iterator[TelemetryStore]:
     store = open_store(db_url, MIGRATIONS, VERSION_TABLE)
     limits = Limits(max_series_per_metric=50, max_sample_age_s=2 * 86_400.0)
     tstore = TelemetryStore(store, limits=limits, retention=Retention(raw_s=86_400.0, lag_s=60.0), clock=clock)
@@ -60,7 +53,7 @@ def push(ts: TelemetryStore, raw: list[RawSample], meta: tuple[MetricMeta, ...] 
 COUNTER = (MetricMeta("req_total", MetricType.COUNTER, "requests", ""),)
 
 
-def test_batches_store_every_sample_and_a_retry_replaces(tstore: TelemetryStore, clock: Clock) -> None:
+def test_batches_store_every_sample_and_a_retry_replaces(tstore: TelemetryStore, clock: FakeClock) -> None:
     clock.now = T0 + 600
     batch = [RawSample("req_total", {"node": str(i % 5)}, float(i), T0 + i) for i in range(500)]
     assert push(tstore, batch, COUNTER) == 500
@@ -73,7 +66,7 @@ def test_batches_store_every_sample_and_a_retry_replaces(tstore: TelemetryStore,
     assert len(tstore.list_series(None, ALL)) == 5
 
 
-def test_over_the_series_limit_nothing_is_stored(tstore: TelemetryStore, clock: Clock) -> None:
+def test_over_the_series_limit_nothing_is_stored(tstore: TelemetryStore, clock: FakeClock) -> None:
     push(tstore, [RawSample("g", {"id": str(i)}, 1.0, T0) for i in range(40)])
     with pytest.raises(LimitExceeded, match="'g' would have 60 series"):
         push(tstore, [RawSample("ok", {}, 1.0, T0)] + [RawSample("g", {"id": str(i)}, 1.0, T0) for i in range(20, 60)])
@@ -97,7 +90,9 @@ def test_a_user_sees_the_clusters_series_and_their_own(tstore: TelemetryStore) -
     assert [s.points[0].value for s in tstore.query_range(q, ALL).series] == [2.0]
 
 
-def test_a_counters_day_keeps_its_increase_in_every_tier_and_raw_expires(tstore: TelemetryStore, clock: Clock) -> None:
+def test_a_counters_day_keeps_its_increase_in_every_tier_and_raw_expires(
+    tstore: TelemetryStore, clock: FakeClock
+) -> None:
     values, value = [], 0.0
     for i in range(0, 86_400, 30):  # a day every 30 s, a restart at noon
         value = 5.0 if i == 43_200 else value + float(i % 7)
@@ -136,7 +131,7 @@ def test_a_counters_day_keeps_its_increase_in_every_tier_and_raw_expires(tstore:
     assert result.resolution_s == MINUTE and result.series[0].points[0].value == values[-1][1]
 
 
-def test_a_late_sample_recomputes_its_buckets(tstore: TelemetryStore, clock: Clock) -> None:
+def test_a_late_sample_recomputes_its_buckets(tstore: TelemetryStore, clock: FakeClock) -> None:
     clock.now = T0 + 600
     push(tstore, [RawSample("req_total", {}, v, T0 + 10 * i) for i, v in enumerate([0.0, 10.0, 20.0])], COUNTER)
     tstore.run_retention()
@@ -149,7 +144,7 @@ def test_a_late_sample_recomputes_its_buckets(tstore: TelemetryStore, clock: Clo
     assert series.points[0].value * 60 == 100.0  # 0 -> 10 -> 20 -> 100
 
 
-def test_histogram_quantile_from_pushed_buckets(tstore: TelemetryStore, clock: Clock) -> None:
+def test_histogram_quantile_from_pushed_buckets(tstore: TelemetryStore, clock: FakeClock) -> None:
     meta = (MetricMeta("lat_seconds", MetricType.HISTOGRAM),)
     clock.now = T0 + 100
     cumulative = {"0.1": [0, 10], "0.5": [0, 60], "1": [0, 100], "+Inf": [0, 100]}
@@ -182,7 +177,7 @@ async def test_concurrent_pushes_commit_together_and_a_bad_one_fails_alone(tstor
 
 
 async def test_packed_pushes_beside_a_samples_batch_all_commit_and_a_late_one_recomputes_buckets(
-    tstore: TelemetryStore, clock: Clock
+    tstore: TelemetryStore, clock: FakeClock
 ) -> None:
     clock.now = T0 + 600
     keys = [("req_total", (("pusher", str(i)),)) for i in range(8)]
@@ -239,7 +234,7 @@ async def test_packed_pushes_beside_a_samples_batch_all_commit_and_a_late_one_re
 
 
 def test_long_spans_read_the_minute_tier_and_an_oversized_raw_read_is_refused(
-    tstore: TelemetryStore, clock: Clock
+    tstore: TelemetryStore, clock: FakeClock
 ) -> None:
     clock.now = T0 + 7200
     push(tstore, [RawSample("g", {"i": str(i)}, 1.0, T0 + 60 * j) for i in range(5) for j in range(100)])

@@ -4,7 +4,6 @@ tools share it; each test works under its own folder."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import subprocess
 import sys
@@ -17,12 +16,10 @@ from typing import IO, Any
 import pytest
 
 import hf3fs
-from ff_cluster import MgmtdClient
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.cluster import StorageCluster, running_cluster
 from ff_testing.forkserver import ForkedProcess, ForkServer
-from ff_testing.meta import MetaProcess, meta_process
+from ff_testing.meta import MetaProcess
 from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 USER, ADMIN = "tools-user", "tools-admin"
 
@@ -48,63 +45,23 @@ class FsCluster:
         if self.client is not None:
             self.client.close()
         self.meta.stop()
-        self.storage.stop()
-
-
-async def _issue_tokens(mgmtd: str) -> tuple[str, str]:
-    client = MgmtdClient([mgmtd], token=CLUSTER_TOKEN, timeout_s=5.0)
-    try:
-        tokens = []
-        for name, role in ((USER, common_pb2.ROLE_USER), (ADMIN, common_pb2.ROLE_ADMIN)):
-            await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
-            tokens.append(str(issued.token))
-        return tokens[0], tokens[1]
-    finally:
-        await client.close()
-
-
-async def _start(folder: Path) -> FsCluster:
-    storage = await start_cluster(folder, targets_per_disk=2)
-    meta = meta_process(
-        folder,
-        "meta1",
-        mgmtd_address=storage.mgmtd_address,
-        cluster_token=CLUSTER_TOKEN,
-        database_url=f"sqlite:///{folder / 'meta.db'}",
-        background_interval_s=0.5,
-    )
-    try:
-        meta.start()
-        await meta.ready()
-        token, admin_token = await _issue_tokens(storage.mgmtd_address)
-        return FsCluster(folder, storage, meta, token, admin_token)
-    except BaseException:
-        meta.stop()
-        storage.stop()
-        raise
 
 
 @pytest.fixture(scope="session")
 def fs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FsCluster]:
-    folder = tmp_path_factory.mktemp("fs-cluster")
-    cluster = asyncio.run(_start(folder))
-    try:
-        cluster.client = hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.token)
-        # the user owns a folder of their own to work in: "/" belongs to root
-        admin = hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.admin_token)
+    users = {USER: common_pb2.ROLE_USER, ADMIN: common_pb2.ROLE_ADMIN}
+    with running_cluster(tmp_path_factory.mktemp("fs-cluster"), users=users, meta={"background_interval_s": 0.5}) as c:
+        cluster = FsCluster(c.folder, c.storage, c.meta[0], c.tokens[USER], c.tokens[ADMIN])
         try:
-            for top in ("/pandas", "/ffs", "/cli", "/fuse", "/bench"):
-                if not admin.exists(top):
-                    admin.mkdir(top, mode=0o777)
+            cluster.client = hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.token)
+            # the user owns a folder of their own to work in: "/" belongs to root
+            with hf3fs.connect(mgmtd=cluster.mgmtd, token=cluster.admin_token) as admin:
+                for top in ("/pandas", "/ffs", "/cli", "/fuse", "/bench"):
+                    if not admin.exists(top):
+                        admin.mkdir(top, mode=0o777)
+            yield cluster
         finally:
-            admin.close()
-        yield cluster
-    except BaseException:
-        print(tail_logs(folder))
-        raise
-    finally:
-        cluster.stop()
+            cluster.stop()  # (its meta may be another process by now: a test restarts it)
 
 
 _CLI_FORKS: list[ForkServer] = []

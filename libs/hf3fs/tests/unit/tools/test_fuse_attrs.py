@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from ff_testing.fakes import FakeClock
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 
 
@@ -16,25 +17,17 @@ class St:
     mode: int = 0o644
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(100.0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def cache(clock: Clock) -> AttrCache:
+def cache(clock: FakeClock) -> AttrCache:
     return AttrCache(1.0, clock)
 
 
-def test_a_stat_is_kept_for_the_ttl_then_asked_again(cache: AttrCache, clock: Clock) -> None:
+def test_a_stat_is_kept_for_the_ttl_then_asked_again(cache: AttrCache, clock: FakeClock) -> None:
     cache.remember("/a", St(5), cache.generation())
     assert cache.lookup("/a") == (True, St(5))
     assert cache.lookup_inode(5) == St(5)
@@ -60,7 +53,7 @@ def test_a_change_by_handle_forgets_every_name_of_the_inode(cache: AttrCache) ->
     assert cache.lookup("/b") == (True, St(5, 0o600)) and cache.lookup_inode(5) == St(5, 0o600)
 
 
-def test_a_folder_made_here_answers_for_names_in_it_until_the_ttl(cache: AttrCache, clock: Clock) -> None:
+def test_a_folder_made_here_answers_for_names_in_it_until_the_ttl(cache: AttrCache, clock: FakeClock) -> None:
     cache.changed("/d", UNKNOWN, new_dir=True)
     assert cache.lookup("/d") == (False, None)  # it exists: its attributes come from meta
     assert cache.lookup("/d/x") == (True, ABSENT)  # it was empty and nothing was made in it here
@@ -70,7 +63,7 @@ def test_a_folder_made_here_answers_for_names_in_it_until_the_ttl(cache: AttrCac
     assert cache.lookup("/d/y") == (False, None)  # someone else may have made it by now
 
 
-def test_names_made_in_a_new_folder_never_read_as_absent(cache: AttrCache, clock: Clock) -> None:
+def test_names_made_in_a_new_folder_never_read_as_absent(cache: AttrCache, clock: FakeClock) -> None:
     """A file's attributes forgotten (its close) or a sub-folder's times changed (a file made in it) leave the
     name known to exist: the new folder's 'empty when made' must not answer for it (tar x failed so)."""
     cache.changed("/d", UNKNOWN, new_dir=True)
@@ -104,7 +97,7 @@ def test_removing_a_folder_forgets_what_was_under_it_and_rename_forgets_all(cach
     assert cache.lookup("/a") == (False, None)
 
 
-def test_a_ttl_of_zero_keeps_nothing(clock: Clock) -> None:
+def test_a_ttl_of_zero_keeps_nothing(clock: FakeClock) -> None:
     cache = AttrCache(0.0, clock)
     cache.changed("/d", UNKNOWN, new_dir=True)
     cache.remember("/a", St(5), cache.generation())

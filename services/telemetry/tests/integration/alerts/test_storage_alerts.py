@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 
 from ff_testing import free_port
-from ff_testing.agent import eventually
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
 from ff_testing.telemetry import TelemetryClient
 from ff_testing.telemetry import start_in_process as start_telemetry
+from ff_testing.waiting import eventually
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
 RULES = """

@@ -19,12 +19,13 @@ import pytest_asyncio
 
 from ff_appliance import cli
 from ff_rpc import RpcError
-from ff_testing.agent import AgentProcess, eventually, spawn_process, wait_run_running
+from ff_testing.agent import AgentProcess, spawn_process, wait_run_running
 from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
 from ff_testing.scheduler import SchedulerClient, set_quota, spec
 from ff_testing.scheduler import start_in_process as start_scheduler
 from ff_testing.telemetry import TelemetryClient
 from ff_testing.telemetry import start_in_process as start_telemetry
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as spb
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
