@@ -27,10 +27,11 @@ import grpc
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RetryPolicy, RpcClient, RpcError
-from ff_rpc.client import StubPool
+from ff_rpc.client import ClientPool
 from ff_telemetry_client.buffer import Kind, Point, SampleBuffer
 from fireflyer.common.v1 import common_pb2
-from fireflyer.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+from fireflyer.telemetry.v1 import telemetry_pb2
+from fireflyer.telemetry.v1.telemetry_client import TelemetryServiceClient
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ class TelemetryPusher:
         self._mgmtd = (
             MgmtdClient(mgmtd, token=options.token, timeout_s=options.timeout_s, retry=_ONE_RETRY) if mgmtd else None
         )
-        self._stubs = StubPool(telemetry_pb2_grpc.TelemetryServiceStub)
         self._rpc = RpcClient(token=options.token, timeout_s=options.timeout_s, retry=RetryPolicy(max_attempts=2))
+        self._collectors = ClientPool(TelemetryServiceClient, self._rpc)
         self._described: set[str] = set()
         self._dropped_reported = 0
         self._registries: dict[str, _Registry] = {}
@@ -151,7 +152,7 @@ class TelemetryPusher:
 
     async def close(self) -> None:
         """Closes the channels to telemetry and mgmtd: ``run`` does on its way out; a caller of ``flush`` alone must."""
-        await self._stubs.close()
+        await self._collectors.close()
         if self._mgmtd is not None:
             await self._mgmtd.close()
 
@@ -164,7 +165,7 @@ class TelemetryPusher:
                 await self._push_packed(address, batch, dropped)
             else:
                 request = self._request(batch, dropped)
-                await self._rpc.unary(self._stubs.get(address).PushSamples, request)
+                await self._collectors.get(address).push_samples(request)
                 self._described.update(m.name for m in request.metadata)
         except RpcError as err:
             if err.code is grpc.StatusCode.UNIMPLEMENTED and self._packed_push:
@@ -205,7 +206,7 @@ class TelemetryPusher:
             request.registry_epoch = registry.epoch
             request.series_ids = _packed("q", found)  # type: ignore[arg-type]  # all registered now
             try:
-                await self._rpc.unary(self._stubs.get(address).PushPacked, request)
+                await self._collectors.get(address).push_packed(request)
                 return
             except RpcError as err:
                 if err.code not in _REGISTER_AGAIN or attempt:
@@ -230,7 +231,7 @@ class TelemetryPusher:
             common_labels=dict(self.options.common_labels),
             metadata=[telemetry_pb2.MetricMetadata(name=n, type=_KINDS[k]) for n, k in kinds.items()],
         )
-        response = await self._rpc.unary(self._stubs.get(address).RegisterSeries, request)
+        response = await self._collectors.get(address).register_series(request)
         if registry.ids and response.registry_epoch != registry.epoch:
             # Another instance answered (the collector restarted): the ids held are not its ids.
             self._registries[address] = fresh = _Registry()

@@ -11,10 +11,10 @@ import time
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcClient, RpcError, ServiceError, Unavailable
-from ff_rpc.client import StubPool
+from ff_rpc.client import ClientPool
 from fireflyer.common.v1 import common_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+from fireflyer.scheduler.v1.scheduler_client import SchedulerAgentServiceClient
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class SchedulerLink:
 
     def __init__(self, cluster_token: str, mgmtd: MgmtdClient, fixed_address: str, timeout_s: float) -> None:
         self._rpc = RpcClient(token=cluster_token, timeout_s=timeout_s)
-        self._stubs = StubPool(scheduler_pb2_grpc.SchedulerAgentServiceStub)
+        self._clients = ClientPool(SchedulerAgentServiceClient, self._rpc)
         self._mgmtd = mgmtd
         self._fixed = fixed_address
         self.address = fixed_address
@@ -47,26 +47,23 @@ class SchedulerLink:
         self.address = address
         return address
 
-    def _stub(self) -> scheduler_pb2_grpc.SchedulerAgentServiceStub:
+    def _client(self) -> SchedulerAgentServiceClient:
         if not self.address:
             raise Unavailable("the scheduler's address is not known yet")
-        return self._stubs.get(self.address)
+        return self._clients.get(self.address)
 
     async def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
         """Register (or register again) this node, finding the scheduler first; the answer names runs to stop."""
         await self.resolve()
-        return await self._rpc.unary(self._stub().RegisterNode, request)  # type: ignore[no-any-return]
+        return await self._client().register_node(request)
 
     async def report_runs(self, reports: list[pb.RunReport]) -> pb.ReportRunStatusResponse:
         """Send the state of the given runs; the answer names runs the scheduler no longer has on this node."""
-        return await self._rpc.unary(  # type: ignore[no-any-return]
-            self._stub().ReportRunStatus, pb.ReportRunStatusRequest(node_id=self.node_id, runs=reports)
-        )
+        return await self._client().report_run_status(pb.ReportRunStatusRequest(node_id=self.node_id, runs=reports))
 
     async def suspend_stage(self, task_id: int, run_id: int, stage: int, at: float) -> None:
         """Tell the scheduler a run reached suspend ``stage`` (a ``SuspendStage`` value) at ``at`` (epoch s)."""
-        await self._rpc.unary(
-            self._stub().ReportSuspendStage,
+        await self._client().report_suspend_stage(
             pb.ReportSuspendStageRequest(
                 node_id=self.node_id,
                 task_id=task_id,
@@ -85,12 +82,11 @@ class SchedulerLink:
             request.whole_life_state = whole_life_state
         if watchdog_time_s is not None:
             request.watchdog_time_s = watchdog_time_s
-        await self._rpc.unary(self._stub().UpdateRun, request)
+        await self._client().update_run(request)
 
     async def report_checkpoint(self, task_id: int, run_id: int, path: str, step: int, taken_at: float) -> None:
         """Record a checkpoint the task committed (``taken_at``: when it was taken, epoch seconds)."""
-        await self._rpc.unary(
-            self._stub().ReportCheckpoint,
+        await self._client().report_checkpoint(
             pb.ReportCheckpointRequest(
                 node_id=self.node_id,
                 task_id=task_id,
@@ -101,10 +97,10 @@ class SchedulerLink:
 
     async def report_health(self, validation: pb.Validation) -> pb.ReportNodeHealthResponse:
         """Send the validator's verdict on this node (the scheduler stops placing on a node that failed)."""
-        return await self._rpc.unary(  # type: ignore[no-any-return]
-            self._stub().ReportNodeHealth, pb.ReportNodeHealthRequest(node_id=self.node_id, validation=validation)
+        return await self._client().report_node_health(
+            pb.ReportNodeHealthRequest(node_id=self.node_id, validation=validation)
         )
 
     async def close(self) -> None:
         """Close the channels to the scheduler."""
-        await self._stubs.close()
+        await self._clients.close()

@@ -11,10 +11,10 @@ import os
 from fractions import Fraction
 
 import hf3fs
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 from .conftest import MetaCluster
 
@@ -29,8 +29,9 @@ async def _target_paths(cluster: MetaCluster) -> tuple[list[str], Fraction]:
         grpc_address = next((e.address for e in node.endpoints if e.name == "grpc"), "")
         if not any(t.node_id == node.node_id for c in info.chains for t in c.targets):
             continue
-        resp = await call_once(grpc_address, storage_pb2_grpc.StorageServiceStub, lambda s: s.ListTargets,
-                               spb.ListTargetsRequest(), token=CLUSTER_TOKEN)  # fmt: skip
+        resp = await one_call(
+            grpc_address, StorageServiceClient, lambda c: c.list_targets(spb.ListTargetsRequest()), token=CLUSTER_TOKEN
+        )
         paths += [t.path for t in resp.targets]
     replication = Fraction(sum(len(c.targets) for c in info.chains), len(info.chains))
     return paths, replication

@@ -1,4 +1,4 @@
-"""The other storage nodes as this one calls them: gRPC stubs, data-path connections, and the forward wire.
+"""The other storage nodes as this one calls them: typed gRPC clients, data-path connections, and the forward wire.
 
 The forward wire is updates sent to a successor, the way ``ff_fsprotocol.transport`` chooses for every write-side
 call: one data-path round trip (bytes inline or beside the request), or gRPC when the successor has no data endpoint.
@@ -13,14 +13,14 @@ from ff_fsprotocol.datapath import DataConnectionPool, parse_message
 from ff_fsprotocol.routing import Chain, Target
 from ff_fsprotocol.transport import WriteBytes
 from ff_rpc import RpcClient
-from ff_rpc.client import NO_RETRY, StubPool
+from ff_rpc.client import NO_RETRY, ClientPool
 from ff_storage.core.chunks import ChunkKey
 from ff_storage.core.results import UpdateResult
 from ff_storage.core.target_role import Public
 from ff_storage.node_state import NodeState, Payload, Update
 from ff_storage.wire import record_pb, update_result_from_pb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 
 class Peers:
@@ -30,11 +30,11 @@ class Peers:
         self.state = state
         config = state.config
         self.rpc = RpcClient(token=config.cluster_token, timeout_s=config.forward_timeout_s, retry=NO_RETRY)
-        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
+        self._clients = ClientPool(StorageServiceClient, self.rpc)  # one channel per address
         self.data = DataConnectionPool(config.cluster_token)
 
-    def stub(self, node_id: int) -> storage_pb2_grpc.StorageServiceStub:
-        """The StorageService stub of ``node_id`` (one shared channel per address).
+    def client(self, node_id: int) -> StorageServiceClient:
+        """The StorageService client of ``node_id`` (one shared channel per address).
 
         Raises:
             ConnectionError: routing has no gRPC address for the node.
@@ -43,11 +43,11 @@ class Peers:
         node = view.node(node_id) if view else None
         if node is None or not node.grpc:
             raise ConnectionError(f"node {node_id} has no address in routing")
-        return self._stubs.get(node.grpc)
+        return self._clients.get(node.grpc)
 
     async def close_channels(self) -> None:
         """Close the gRPC channels to other nodes."""
-        await self._stubs.close()
+        await self._clients.close()
 
     def close(self) -> None:
         """Close the data-path connections to other nodes."""
@@ -120,7 +120,7 @@ class Peers:
                     node.data, "ForwardUpdates", request.SerializeToString(), wire.transfer_id, wire.parts
                 )
             return [update_result_from_pb(r) for r in parse_message(spb.ForwardUpdatesResponse, raw).results]
-        resp = await self.rpc.unary(self.stub(nxt.node_id).ForwardUpdates, request)
+        resp = await self.client(nxt.node_id).forward_updates(request)
         return [update_result_from_pb(r) for r in resp.results]
 
 

@@ -56,7 +56,7 @@ class Recovery:
             if chain.targets[0].node_id == self.state.node_id:
                 await self.repair(request)
             else:
-                await self.peers.rpc.unary(self.peers.stub(chain.targets[0].node_id).RepairChunks, request)
+                await self.peers.client(chain.targets[0].node_id).repair_chunks(request)
             logger.warning("repaired chunk(s) %s of chain %d", keys, chain.chain_id)
         except Exception:
             logger.exception("repair of %s failed", keys)
@@ -103,12 +103,11 @@ class Recovery:
                     chain_id=chain.chain_id, chain_version=chain.version, chunk_id=cid, length_bytes=meta.length
                 )
                 with contextlib.suppress(RpcError, ConnectionError):
-                    resp = await self.peers.rpc.unary(
-                        self.peers.stub(other.node_id).BatchRead,
-                        spb.BatchReadRequest(ios=[read], transport=spb.DATA_TRANSPORT_INLINE),
+                    resp = await self.peers.client(other.node_id).batch_read(
+                        spb.BatchReadRequest(ios=[read], transport=spb.DATA_TRANSPORT_INLINE)
                     )
                     r = resp.results[0]
-                    if r.status == IoStatus.OK and crc32c_of(r.inline_data) == meta.checksum:
+                    if r.status == spb.CHUNK_IO_STATUS_OK and crc32c_of(r.inline_data) == meta.checksum:
                         content = r.inline_data
                         break
             else:
@@ -208,12 +207,12 @@ class Recovery:
                 chain.chain_id,
                 chain.version,
             )
-            stub = self.peers.stub(nxt.node_id)
+            peer = self.peers.client(nxt.node_id)
             remote = {}
             dump = spb.DumpChunkMetaRequest(
                 chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id
             )
-            async for batch in self.peers.rpc.stream(stub.DumpChunkMeta, dump, timeout_s=60):
+            async for batch in peer.dump_chunk_meta(dump, timeout_s=60):
                 for m in batch.chunks:
                     remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
             plan = sync_diff(target.engine.committed_metas(), remote)
@@ -221,9 +220,8 @@ class Recovery:
             removed = 0
             for i in range(0, len(keys), SYNC_BATCH):
                 removed += await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
-            await self.peers.rpc.unary(
-                stub.CompleteSync,
-                spb.CompleteSyncRequest(chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id),
+            await peer.complete_sync(
+                spb.CompleteSyncRequest(chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id)
             )
             logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed, removed)
         except Exception as exc:

@@ -6,22 +6,18 @@ from __future__ import annotations
 import os
 
 from ff_fsprotocol.shm import host_id
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 # Other processes on this machine write to the same disk while the test runs.
 FREE_TOLERANCE_BYTES = 1 << 30
 
 
 async def _list_targets(address: str) -> list[spb.TargetInfo]:
-    resp = await call_once(
-        address,
-        storage_pb2_grpc.StorageServiceStub,
-        lambda s: s.ListTargets,
-        spb.ListTargetsRequest(),
-        token=CLUSTER_TOKEN,
+    resp = await one_call(
+        address, StorageServiceClient, lambda c: c.list_targets(spb.ListTargetsRequest()), token=CLUSTER_TOKEN
     )
     return list(resp.targets)
 

@@ -19,8 +19,8 @@ from ff_meta.store.chunks import StorageChunks
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.storage_space import StorageSpace
 from ff_rpc import RpcClient
-from ff_rpc.client import NO_RETRY, StubPool
-from fireflyer.storage.v1 import storage_pb2_grpc
+from ff_rpc.client import NO_RETRY, ClientPool
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 __all__ = ["MetaOps", "MetaOptions"]
 
@@ -35,18 +35,18 @@ class MetaOps:
     trash: TrashOps
     background: Background
     shared: Shared
-    _stubs: StubPool[storage_pb2_grpc.StorageServiceAsyncStub]
+    _storage: ClientPool[StorageServiceClient]
 
     @classmethod
     def build(cls, store: MetaStore, mgmtd: MgmtdClient, options: MetaOptions) -> MetaOps:
         """The operators over ``store``, with storage reached through the routing ``mgmtd`` publishes."""
         routing = RoutingCache(mgmtd)
         rpc = RpcClient(token=options.cluster_token, timeout_s=options.storage_timeout_s, retry=NO_RETRY)
-        stubs = StubPool(storage_pb2_grpc.StorageServiceStub)
+        storage = ClientPool(StorageServiceClient, rpc)
         shared = Shared(
             store=store,
-            chunks=StorageChunks(routing, rpc, stubs),
-            space=StorageSpace(routing, rpc, stubs),
+            chunks=StorageChunks(routing, storage),
+            space=StorageSpace(routing, storage),
             routing=routing,
             ids=IdAllocator(store),
             options=options,
@@ -60,9 +60,9 @@ class MetaOps:
             trash=trash,
             background=Background(shared, trash),
             shared=shared,
-            _stubs=stubs,
+            _storage=storage,
         )
 
     async def close(self) -> None:
         """Close the storage channels (the store is its opener's to close)."""
-        await self._stubs.close()
+        await self._storage.close()

@@ -8,30 +8,32 @@ with fresh routing while that is stale.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from ff_fsprotocol.layout import file_chains
 from ff_fsprotocol.routing import RoutingCache
 from ff_meta.core.errors import StorageUnavailable
 from ff_meta.core.lengths import LastChunk, file_end, on_every_chain
 from ff_meta.core.model import Inode
-from ff_rpc import RpcClient, RpcError
-from ff_rpc.client import StubPool
+from ff_rpc import RpcError
+from ff_rpc.client import ClientPool
 from fireflyer.storage.v1 import storage_pb2 as spb
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 LAST_CHUNK_QUERIES = 512  # files per QueryLastChunk call of ``lengths``
 ATTEMPTS = 8  # per chain call, with fresh routing between them
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 _SETTLED = frozenset({spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND})
 
 
 class StorageChunks:
     """The storage side of Close, Sync, Truncate and GC, for meta's operators."""
 
-    def __init__(self, routing: RoutingCache, rpc: RpcClient, stubs: StubPool[Any]) -> None:
+    def __init__(self, routing: RoutingCache, storage: ClientPool[StorageServiceClient]) -> None:
         self._routing = routing
-        self._rpc = rpc
-        self._stubs = stubs
+        self._storage = storage
 
     async def chains(self, table_id: int, begin: int, stripe: int, seed: int) -> list[int]:
         """The chains of a file's stripe, in order (routing refreshed once if the table is unknown or short)."""
@@ -50,12 +52,12 @@ class StorageChunks:
     async def _call(
         self,
         chain_id: int,
-        call: Callable[[Any], Any],
-        build: Callable[[int], Any],
+        method: Callable[[StorageServiceClient], Callable[[RequestT], Awaitable[ResponseT]]],
+        build: Callable[[int], RequestT],
         *,
         head: bool,
-        ok: Callable[[Any], bool],
-    ) -> Any:
+        ok: Callable[[ResponseT], bool],
+    ) -> ResponseT:
         """One call at a serving target of a chain, retried on stale routing.
 
         One call to a serving target of the chain (its head for updates) built for the chain's current
@@ -78,7 +80,7 @@ class StorageChunks:
                 last = f"chain {chain_id} has no serving target"
                 continue
             try:
-                resp = await self._rpc.unary(call(self._stubs.get(node.grpc)), build(chain.version))
+                resp = await method(self._storage.get(node.grpc))(build(chain.version))
             except RpcError as err:
                 last = err
                 continue
@@ -101,7 +103,7 @@ class StorageChunks:
                 return spb.QueryLastChunkRequest(queries=[q])
 
             resp = await self._call(
-                chain_id, lambda s: s.QueryLastChunk, build, head=False, ok=lambda r: r.results[0].status in _SETTLED
+                chain_id, lambda c: c.query_last_chunk, build, head=False, ok=lambda r: r.results[0].status in _SETTLED
             )
             r = resp.results[0]
             return (r.last_chunk_index, r.last_chunk_length_bytes) if r.status == spb.CHUNK_IO_STATUS_OK else None
@@ -133,7 +135,7 @@ class StorageChunks:
 
             resp = await self._call(
                 chain_id,
-                lambda s: s.QueryLastChunk,
+                lambda c: c.query_last_chunk,
                 build,
                 head=False,
                 ok=lambda r: all(x.status in _SETTLED for x in r.results),
@@ -175,7 +177,7 @@ class StorageChunks:
                         chain_id=chain_id, chain_version=version, inode_id=inode_id, begin_chunk_index=from_chunk
                     )
 
-                resp = await self._call(chain_id, lambda s: s.RemoveChunks, build, head=True, ok=lambda r: True)
+                resp = await self._call(chain_id, lambda c: c.remove_chunks, build, head=True, ok=lambda r: True)
                 removed += int(resp.num_removed)
                 if not resp.has_more:
                     return removed
@@ -201,7 +203,7 @@ class StorageChunks:
             )
 
         await self._call(
-            chain_id, lambda s: s.TruncateChunks, build, head=True, ok=lambda r: r.results[0].status in _SETTLED
+            chain_id, lambda c: c.truncate_chunks, build, head=True, ok=lambda r: r.results[0].status in _SETTLED
         )
 
     async def remove_tail(self, inode: Inode, length: int) -> None:

@@ -12,10 +12,10 @@ import time
 
 from ff_fsprotocol.routing import RoutingCache, RoutingView
 from ff_meta.core.space import TargetSpace, UsableSpace, replicas_per_chain, usable_space
-from ff_rpc import RpcClient, RpcError
-from ff_rpc.client import StubPool
+from ff_rpc import RpcError
+from ff_rpc.client import ClientPool
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +31,11 @@ class StorageSpace:
     def __init__(
         self,
         routing: RoutingCache,
-        rpc: RpcClient,
-        stubs: StubPool[storage_pb2_grpc.StorageServiceAsyncStub],
+        storage: ClientPool[StorageServiceClient],
         ttl_s: float = SPACE_CACHE_S,
     ) -> None:
         self._routing = routing
-        self._rpc = rpc
-        self._stubs = stubs
+        self._storage = storage
         self._ttl_s = ttl_s
         self._lock = asyncio.Lock()
         self._value: UsableSpace | None = None
@@ -64,8 +62,8 @@ class StorageSpace:
 
     async def _list_targets(self, address: str) -> list[TargetSpace]:
         try:
-            resp = await self._rpc.unary(
-                self._stubs.get(address).ListTargets, spb.ListTargetsRequest(), timeout_s=LIST_TARGETS_TIMEOUT_S
+            resp = await self._storage.get(address).list_targets(
+                spb.ListTargetsRequest(), timeout_s=LIST_TARGETS_TIMEOUT_S
             )
         except RpcError as err:
             logger.warning("storage node %s left out of statfs: %s", address, err)
