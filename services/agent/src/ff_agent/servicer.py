@@ -7,6 +7,8 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from ff_agent.app import Agent
 from ff_agent.core.errors import Busy, InvalidRequest
 from ff_agent.core.launch import StartOrder
@@ -15,7 +17,8 @@ from ff_agent.validator import ALL_CHECKS
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
-Context = Any
+# What grpc.aio hands each RPC; the request and response types are the RPC's own, hence Any here.
+Context = grpc.aio.ServicerContext[Any, Any]
 LOG_CHUNK_BYTES = 64 * 1024
 
 

@@ -7,6 +7,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from ff_mgmtd import wire
 from ff_mgmtd.app import Mgmtd
 from ff_mgmtd.core import tokens, validation
@@ -20,7 +22,8 @@ from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2_grpc
 
-Context = Any
+# What grpc.aio hands each RPC; the request and response types are the RPC's own, hence Any here.
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def _require_id(field: str, value: int) -> int:

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from sqlalchemy.orm import Session
 
 from ff_rpc import Principal, current_principal
@@ -24,7 +25,8 @@ from fireflyer.agent.v1 import agent_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 from fireflyer.scheduler.v1 import scheduler_pb2_grpc
 
-Context = Any
+# What grpc.aio hands each RPC; the request and response types are the RPC's own, hence Any here.
+Context = grpc.aio.ServicerContext[Any, Any]
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 

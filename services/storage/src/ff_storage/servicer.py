@@ -26,7 +26,8 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
 
-Context = Any
+# What grpc.aio hands each RPC; the request and response types are the RPC's own, hence Any here.
+Context = grpc.aio.ServicerContext[Any, Any]
 logger = logging.getLogger(__name__)
 DUMP_BATCH = 1000
 GRANT_PIECE_BYTES = 1 << 20

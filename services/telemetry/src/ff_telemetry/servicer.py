@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
+
 from ff_rpc import Principal, current_principal
 from ff_telemetry import wire
 from ff_telemetry.core.errors import AlertsOff, InvalidRequest
@@ -21,7 +23,8 @@ from ff_telemetry.store.query import Viewer
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 from fireflyer.telemetry.v1 import telemetry_pb2_grpc
 
-Context = Any
+# What grpc.aio hands each RPC; the request and response types are the RPC's own, hence Any here.
+Context = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10_000
 
