@@ -22,6 +22,8 @@ from ff_storage.core.target_role import Local, Public
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
 from ff_storage.node_state import NodeConfig, Target, Update
+from ff_storage.store.chunk_engine import ChunkEngine
+from ff_testing.waiting import eventually
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 
@@ -85,6 +87,15 @@ async def _committed(node: StorageNode, data: bytes, version: int) -> None:
     await node.writer._store_forward_commit(_target(node), [_update(data, version)], forward=False)
 
 
+def dropped(engine: ChunkEngine) -> Callable[[], Awaitable[bool]]:
+    """A check: the chunk has no pending version left."""
+
+    async def check() -> bool:
+        return engine.pending(KEY) is None
+
+    return check
+
+
 async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
     node: StorageNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -98,9 +109,14 @@ async def test_the_version_reads_as_pending_while_it_is_stored_and_forwarded(
     _fake_forward(node, monkeypatch, forward)
     u = _update(b"two" * 100, 2)
     step = asyncio.create_task(node.writer._store_forward_commit(_target(node), [u]))
-    await asyncio.sleep(0.05)
+
+    async def stored() -> bool:
+        meta = _target(node).engine.get(KEY)
+        return meta is not None and meta.pending_version == 2
+
+    await eventually(stored, timeout_s=10, what="version 2 stored here, pending")
     meta = _target(node).engine.get(KEY)
-    assert meta is not None and meta.pending_version == 2 and meta.committed_version == 1
+    assert meta is not None and meta.committed_version == 1  # its forward is held: not committed yet
     release.set()
     await step
     meta = _target(node).engine.get(KEY)
@@ -127,8 +143,7 @@ async def test_a_failed_local_write_leaves_nothing_and_takes_the_target_out_only
     monkeypatch.setattr(engine, "write_pending", disk_full)
     with pytest.raises(OSError):
         await node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
-    await asyncio.sleep(0.05)  # the drop runs when the (failed) write is done
-    assert engine.pending(KEY) is None
+    await eventually(dropped(engine), timeout_s=10, what="the failed write's version dropped")
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
     assert _target(node).role.report() is (Local.OFFLINE if successor_took_it else Local.UPTODATE)
 
@@ -180,15 +195,15 @@ async def test_a_cancelled_update_drops_what_it_stored(node: StorageNode, monkey
 
     _fake_forward(node, monkeypatch, forward)
     step = asyncio.create_task(node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)]))
-    await asyncio.sleep(0.2)  # the local write is done by now
+
+    async def stored() -> bool:
+        return engine.pending(KEY) is not None
+
+    await eventually(stored, timeout_s=10, what="version 2 stored here before the cancel")
     step.cancel()
     with pytest.raises(asyncio.CancelledError):
         await step
-    for _ in range(50):
-        if engine.pending(KEY) is None:
-            break
-        await asyncio.sleep(0.02)
-    assert engine.pending(KEY) is None, "an abandoned update stayed pending"
+    await eventually(dropped(engine), timeout_s=10, what="the abandoned update's version dropped")
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
     await _committed(node, b"three" * 100, 2)  # the chunk takes the next update as usual
     assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
