@@ -7,13 +7,13 @@ from ff_store.engine import create_engine, read_only_engine
 from ff_store.errors import StoreError, TransactionConflict
 from ff_store.migrations import open_store, run_env, run_migrations
 from ff_store.raw import RawTransaction, RawWriter
-from ff_store.retry import RetryPolicy, is_retryable
+from ff_store.retry import ConflictRetry, is_retryable
 from ff_store.store import Store
 
 __all__ = [
+    "ConflictRetry",
     "RawTransaction",
     "RawWriter",
-    "RetryPolicy",
     "Store",
     "StoreError",
     "TransactionConflict",

@@ -14,7 +14,7 @@ import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from ff_store.retry import RetryPolicy, is_retryable
+from ff_store.retry import ConflictRetry, is_retryable
 
 SQLITE_DRIVER = "pysqlite"
 POSTGRES_DRIVER = "psycopg"
@@ -93,13 +93,13 @@ def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> No
         cursor.close()
 
 
-_WAL_SWITCH_RETRIES = RetryPolicy()
+_WAL_SWITCH_RETRIES = ConflictRetry()
 
 
 def switch_to_wal(
     cursor: sqlite3.Cursor,
     *,
-    policy: RetryPolicy = _WAL_SWITCH_RETRIES,
+    policy: ConflictRetry = _WAL_SWITCH_RETRIES,
     rng: random.Random | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy.engine.interfaces import DBAPICursor, Dialect
 from sqlalchemy.pool import PoolProxiedConnection
 
 from ff_store.errors import TransactionConflict
-from ff_store.retry import RetryPolicy, is_retryable
+from ff_store.retry import ConflictRetry, is_retryable
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +64,11 @@ class RawWriter:
     ``Store.run`` raises it (the commit may have happened). ``close`` gives the connection back.
     """
 
-    def __init__(self, engine: Engine, *, retry_policy: RetryPolicy | None = None) -> None:
+    def __init__(self, engine: Engine, *, retry_policy: ConflictRetry | None = None) -> None:
         self._engine = engine
         self._dialect = engine.dialect
         self._sqlite = engine.dialect.name == "sqlite"
-        self._retry_policy = retry_policy or RetryPolicy()
+        self._retry_policy = retry_policy or ConflictRetry()
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._connection: PoolProxiedConnection | None = None

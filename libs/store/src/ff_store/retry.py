@@ -35,8 +35,11 @@ def is_retryable(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
+class ConflictRetry:
     """How often and how patiently ``Store.run`` re-runs a conflicted transaction.
+
+    Not an RPC retry (those are ``ff_rpc.RetryPolicy`` and ``ff_rpc.retry_call``): a transaction that lost a
+    conflict ran and was rolled back, so it is always safe to run again, at once from a worker thread.
 
     The wait before retry ``n`` (0-based) is ``min(max_backoff_s, initial_backoff_s * 2**n)`` scaled by
     a random factor in [0.5, 1): exponential, with jitter so that two losers do not collide again.

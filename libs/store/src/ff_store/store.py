@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ff_store.engine import read_only_engine
 from ff_store.errors import TransactionConflict
 from ff_store.raw import RawWriter
-from ff_store.retry import RetryPolicy, is_retryable
+from ff_store.retry import ConflictRetry, is_retryable
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ class Store:
     each transaction is plain DBAPI statements (``ff_store.raw``), under the same contract.
     """
 
-    def __init__(self, engine: Engine, *, retry_policy: RetryPolicy | None = None) -> None:
+    def __init__(self, engine: Engine, *, retry_policy: ConflictRetry | None = None) -> None:
         self._engine = engine
-        self._retry_policy = retry_policy or RetryPolicy()
+        self._retry_policy = retry_policy or ConflictRetry()
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_only_sessions = sessionmaker(read_only_engine(engine), expire_on_commit=False)
         self._rng = random.Random()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ff_store import RetryPolicy, Store, create_engine, run_migrations
+from ff_store import ConflictRetry, Store, create_engine, run_migrations
 from ff_store.engine import DEFAULT_SQLITE_BUSY_TIMEOUT_MS
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -24,7 +24,7 @@ def make_store(db_url: str) -> Iterator[MakeStore]:
     def make(
         *,
         sqlite_busy_timeout_ms: int = DEFAULT_SQLITE_BUSY_TIMEOUT_MS,
-        retry_policy: RetryPolicy | None = None,
+        retry_policy: ConflictRetry | None = None,
     ) -> Store:
         engine = create_engine(db_url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
         store = Store(engine, retry_policy=retry_policy)

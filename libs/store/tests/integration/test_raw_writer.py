@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ff_store import RawTransaction, RetryPolicy, Store, TransactionConflict, create_engine, run_migrations
+from ff_store import ConflictRetry, RawTransaction, Store, TransactionConflict, create_engine, run_migrations
 from ff_store.raw import DRIVER_ERRORS
 
 MakeStore = Callable[..., Store]
 
-FAST_RETRIES = RetryPolicy(max_retries=200, initial_backoff_s=0.001, max_backoff_s=0.02)
+FAST_RETRIES = ConflictRetry(max_retries=200, initial_backoff_s=0.001, max_backoff_s=0.02)
 
 
 def read_counter(session: Session) -> int:

@@ -12,13 +12,13 @@ import sqlalchemy
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ff_store import RetryPolicy, Store, TransactionConflict, db_now, is_retryable
+from ff_store import ConflictRetry, Store, TransactionConflict, db_now, is_retryable
 
 MakeStore = Callable[..., Store]
 
 # SQLite waits this long for the lock before "database is locked"; short, so conflicts are quick.
 SHORT_BUSY_TIMEOUT_MS = 20
-FAST_RETRIES = RetryPolicy(max_retries=200, initial_backoff_s=0.001, max_backoff_s=0.02)
+FAST_RETRIES = ConflictRetry(max_retries=200, initial_backoff_s=0.001, max_backoff_s=0.02)
 
 
 def read_counter(session: Session) -> int:

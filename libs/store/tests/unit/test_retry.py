@@ -9,7 +9,7 @@ import psycopg.errors
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from ff_store import RetryPolicy, is_retryable
+from ff_store import ConflictRetry, is_retryable
 
 
 def sqlite_error(message: str, code: int) -> sqlite3.OperationalError:
@@ -77,7 +77,7 @@ class FixedRandom(random.Random):
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:
-    policy = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.1)
+    policy = ConflictRetry(initial_backoff_s=0.01, max_backoff_s=0.1)
     longest = FixedRandom(1.0)
 
     assert [policy.backoff_s(retry, longest) for retry in range(6)] == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.1, 0.1])
@@ -85,7 +85,7 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 
 
 def test_jitter_spans_half_to_all_of_the_ceiling() -> None:
-    policy = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.1)
+    policy = ConflictRetry(initial_backoff_s=0.01, max_backoff_s=0.1)
 
     assert policy.backoff_s(2, FixedRandom(0.0)) == pytest.approx(0.02)
     assert policy.backoff_s(2, FixedRandom(0.5)) == pytest.approx(0.03)
@@ -100,4 +100,4 @@ def test_jitter_spans_half_to_all_of_the_ceiling() -> None:
 )
 def test_invalid_policies_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+        ConflictRetry(**kwargs)  # type: ignore[arg-type]

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from ff_store import RetryPolicy, Store, TransactionConflict, create_engine
+from ff_store import ConflictRetry, Store, TransactionConflict, create_engine
 
-NO_WAIT = RetryPolicy(max_retries=3, initial_backoff_s=0.0, max_backoff_s=0.0)
+NO_WAIT = ConflictRetry(max_retries=3, initial_backoff_s=0.0, max_backoff_s=0.0)
 
 
 def serialization_failure() -> OperationalError:

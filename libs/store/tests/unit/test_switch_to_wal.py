@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ff_store import RetryPolicy
+from ff_store import ConflictRetry
 from ff_store.engine import switch_to_wal
 
 
@@ -34,7 +34,7 @@ class Cursor:
 
 def test_busy_answers_are_retried_with_the_policys_backoff() -> None:
     cursor, waits = Cursor(busy(), busy()), []
-    policy = RetryPolicy(max_retries=3, initial_backoff_s=0.01, max_backoff_s=1.0)
+    policy = ConflictRetry(max_retries=3, initial_backoff_s=0.01, max_backoff_s=1.0)
     switch_to_wal(cursor, policy=policy, rng=random.Random(1), sleep=waits.append)  # type: ignore[arg-type]
     assert cursor.executed == ["PRAGMA journal_mode = WAL"] * 3
     assert len(waits) == 2 and 0.005 <= waits[0] < 0.01 and 0.01 <= waits[1] < 0.02
@@ -50,5 +50,5 @@ def test_other_errors_are_raised_at_once() -> None:
 def test_gives_up_after_the_policys_retries() -> None:
     cursor, waits = Cursor(busy(), busy(), busy()), []
     with pytest.raises(sqlite3.OperationalError, match="locked"):
-        switch_to_wal(cursor, policy=RetryPolicy(max_retries=2), sleep=waits.append)  # type: ignore[arg-type]
+        switch_to_wal(cursor, policy=ConflictRetry(max_retries=2), sleep=waits.append)  # type: ignore[arg-type]
     assert len(cursor.executed) == 3 and len(waits) == 2
