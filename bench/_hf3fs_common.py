@@ -17,32 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import hf3fs
-from ff_cluster import MgmtdClient
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
-from ff_testing.meta import MetaProcess, meta_process
+from ff_testing.cluster import StorageCluster, start_test_cluster
+from ff_testing.meta import MetaProcess
 from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 
 async def start_cluster_with_meta(folder: Path) -> tuple[StorageCluster, MetaProcess, str]:
-    storage = await start_cluster(folder, targets_per_disk=2, timing={})
-    meta = meta_process(folder, "meta1", mgmtd_address=storage.mgmtd_address, cluster_token=CLUSTER_TOKEN,
-                        database_url=f"sqlite:///{folder / 'meta.db'}")  # fmt: skip
-    try:
-        meta.start()
-        await meta.ready()
-        client = MgmtdClient([storage.mgmtd_address], token=CLUSTER_TOKEN, timeout_s=5.0)
-        try:
-            req = mgmtd_pb2.CreateUserRequest(name="bench", role=common_pb2.ROLE_ADMIN)
-            await client.identity.create_user(req)
-            issued = await client.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name="bench"))
-        finally:
-            await client.close()
-        return storage, meta, str(issued.token)
-    except BaseException:
-        meta.stop()
-        storage.stop()
-        raise
+    """The test cluster with one meta service, mgmtd's own timing, and the admin ``bench``: its token."""
+    c = await start_test_cluster(
+        folder, users={"bench": common_pb2.ROLE_ADMIN}, storage={"targets_per_disk": 2, "timing": {}}, meta={}
+    )
+    return c.storage, c.meta[0], c.tokens["bench"]
 
 
 @contextlib.contextmanager
