@@ -68,10 +68,8 @@ async def env(tmp_path: Path, sqlite_url: str) -> AsyncIterator[dict[str, Any]]:
     client = mgmtd.client()
     tokens = {}
     for name, role in (("alice", common_pb2.ROLE_USER), ("bob", common_pb2.ROLE_USER), ("root", common_pb2.ROLE_ADMIN)):
-        await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
-        tokens[name] = (
-            await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
-        ).token
+        await client.identity.create_user(mgmtd_pb2.CreateUserRequest(name=name, role=role))
+        tokens[name] = (await client.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name=name))).token
     await client.close()
     scheduler = await start_scheduler(tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN)
     agent = await AgentDriver(scheduler.address, mgmtd.address, CLUSTER_TOKEN).start()

@@ -83,9 +83,9 @@ async def create_users(
     tokens, uids = {}, {}
     try:
         for name, role in users.items():
-            user = await client.identity(lambda s: s.CreateUser, mgmtd_pb2.CreateUserRequest(name=name, role=role))
+            user = await client.identity.create_user(mgmtd_pb2.CreateUserRequest(name=name, role=role))
             uids[name] = int(user.user.uid)
-            issued = await client.identity(lambda s: s.IssueToken, mgmtd_pb2.IssueTokenRequest(user_name=name))
+            issued = await client.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name=name))
             tokens[name] = str(issued.token)
     finally:
         await client.close()
@@ -117,7 +117,7 @@ async def wait_registered(client: MgmtdClient, instance_id: str, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            info = (await client.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+            info = (await client.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
             if any(
                 n.tags.get("instance_id") == instance_id and n.status == mgmtd_pb2.NODE_STATUS_ALIVE for n in info.nodes
             ):

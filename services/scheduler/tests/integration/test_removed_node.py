@@ -47,13 +47,13 @@ async def test_a_removed_node_is_forgotten_and_its_task_runs_elsewhere(cluster: 
     try:
 
         async def dead() -> bool:
-            info = (await admin.mgmtd(lambda s: s.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())).routing_info
+            info = (await admin.mgmtd.get_routing_info(mgmtd_pb2.GetRoutingInfoRequest())).routing_info
             return any(n.node_id == leaves.node_id and n.status == mgmtd_pb2.NODE_STATUS_DEAD for n in info.nodes)
 
         await eventually(dead, timeout_s=10, what="mgmtd declaring the node dead")
         disable = mgmtd_pb2.SetNodeEnabledRequest(node_id=leaves.node_id, enabled=False)
-        await admin.mgmtd(lambda s: s.SetNodeEnabled, disable)
-        await admin.mgmtd(lambda s: s.RemoveNode, mgmtd_pb2.RemoveNodeRequest(node_id=leaves.node_id))
+        await admin.mgmtd.set_node_enabled(disable)
+        await admin.mgmtd.remove_node(mgmtd_pb2.RemoveNodeRequest(node_id=leaves.node_id))
     finally:
         await admin.close()
 
