@@ -11,14 +11,17 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ff_cluster import MembershipOptions, NodeMembership
 from ff_rpc import RpcServer, ServerOptions, ServiceBinding
 from ff_scheduler.config import SchedulerSettings
 from ff_scheduler.server import main
-from ff_testing.process import ServiceProcess, service_process
+from ff_testing.mgmtd import InProcessMgmtd
+from ff_testing.process import CLUSTER_TOKEN, ServiceProcess, service_process
 from ff_testing.service import InProcessService, ServiceClient
 from ff_testing.service import start_in_process as start_service
 from fireflyer.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -98,6 +101,59 @@ class SchedulerClient(ServiceClient):
         super().__init__(address, token)
         self.user = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
         self.agent = scheduler_pb2_grpc.SchedulerAgentServiceStub(self.channel)
+
+
+@dataclass
+class SchedulerCluster:
+    """mgmtd (with users and their tokens) and the scheduler serving in this event loop (``running_scheduler``).
+
+    ``client(user)`` makes a client of a user (``"cluster"``: with the cluster token), closed with the cluster.
+    """
+
+    folder: Path
+    db_url: str
+    mgmtd: InProcessMgmtd
+    scheduler: InProcessScheduler
+    tokens: dict[str, str]
+    clients: list[SchedulerClient] = field(default_factory=list)
+
+    def client(self, user: str) -> SchedulerClient:
+        """A client of the scheduler with ``user``'s token (``"cluster"``: the cluster token)."""
+        c = SchedulerClient(self.scheduler.address, self.tokens[user] if user != "cluster" else CLUSTER_TOKEN)
+        self.clients.append(c)
+        return c
+
+    async def close(self) -> None:
+        """Close the clients, then stop the scheduler (unless a test did); mgmtd is its owner's to stop."""
+        for client in self.clients:
+            await client.close()
+        if not self.scheduler.task.done():
+            await self.scheduler.shutdown()
+
+
+C = TypeVar("C", bound=SchedulerCluster)
+
+
+@asynccontextmanager
+async def running_scheduler(
+    folder: Path,
+    db_url: str,
+    mgmtd: InProcessMgmtd,
+    tokens: dict[str, str],
+    *,
+    kind: type[C] = SchedulerCluster,  # type: ignore[assignment]
+    **settings: Any,
+) -> AsyncIterator[C]:
+    """The scheduler in this event loop on ``db_url`` with the test settings and ``settings``, with ``mgmtd``.
+
+    Yields a ``kind`` (a SchedulerCluster, or a test's subclass of it) and closes it on exit.
+    """
+    scheduler = await start_in_process(folder, db_url, mgmtd.address, CLUSTER_TOKEN, **settings)
+    cluster = kind(folder, db_url, mgmtd, scheduler, tokens)
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
 
 
 # Suspend behaviours of the agent driver's task.

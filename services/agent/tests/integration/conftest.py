@@ -13,9 +13,8 @@ import pytest
 
 from ff_testing import free_port
 from ff_testing.agent import AgentProcess, InProcessAgent, spawn_process, start_in_process
-from ff_testing.mgmtd import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
-from ff_testing.scheduler import InProcessScheduler, SchedulerClient, set_quota
-from ff_testing.scheduler import start_in_process as start_scheduler
+from ff_testing.mgmtd import CLUSTER_TOKEN, running_with_users
+from ff_testing.scheduler import SchedulerCluster, running_scheduler, set_quota
 from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
 
@@ -31,19 +30,9 @@ SCHEDULER = {
 
 
 @dataclass
-class Cluster:
-    folder: Path
-    mgmtd: InProcessMgmtd
-    scheduler: InProcessScheduler
-    tokens: dict[str, str]
+class Cluster(SchedulerCluster):
     agents: list[InProcessAgent] = field(default_factory=list)
     processes: list[AgentProcess] = field(default_factory=list)
-    clients: list[SchedulerClient] = field(default_factory=list)
-
-    def client(self, user: str) -> SchedulerClient:
-        c = SchedulerClient(self.scheduler.address, self.tokens[user] if user != "cluster" else CLUSTER_TOKEN)
-        self.clients.append(c)
-        return c
 
     async def add_agent(self, name: str, **overrides: Any) -> InProcessAgent:
         agent = await start_in_process(
@@ -73,6 +62,15 @@ class Cluster:
 
         await eventually(ready, what=f"{count} ready nodes")
 
+    async def close(self) -> None:
+        for proc in self.processes:  # all at once: each stops its runs first, which takes seconds
+            proc.terminate(wait=False)
+        for proc in self.processes:  # off the loop: mgmtd and the scheduler here answer their final calls
+            await asyncio.to_thread(proc.wait_stopped)
+        for agent in self.agents:
+            await agent.shutdown()
+        await super().close()
+
 
 @pytest.fixture
 def mgmtd_settings() -> dict[str, Any]:
@@ -83,27 +81,11 @@ def mgmtd_settings() -> dict[str, Any]:
 @pytest.fixture
 async def cluster(sqlite_url: str, tmp_path: Path, mgmtd_settings: dict[str, Any]) -> AsyncIterator[Cluster]:
     async with running_with_users(tmp_path, sqlite_url, **mgmtd_settings) as (mgmtd, tokens):
-        c: Cluster | None = None
-        try:
-            # A free MASTER_PORT: ranks that build an hfreduce group serve its control plane there.
-            scheduler = await start_scheduler(
-                tmp_path, sqlite_url, mgmtd.address, CLUSTER_TOKEN, master_port=free_port(), **SCHEDULER
-            )
-            c = Cluster(tmp_path, mgmtd, scheduler, tokens)
+        # A free MASTER_PORT: ranks that build an hfreduce group serve its control plane there.
+        settings = {"master_port": free_port(), **SCHEDULER}
+        async with running_scheduler(tmp_path, sqlite_url, mgmtd, tokens, kind=Cluster, **settings) as c:
             root = c.client("root")
             for level in (10, 30):
                 await set_quota(root, "alice", level, 3)
                 await set_quota(root, "bob", level, 3)
             yield c
-        finally:
-            if c is not None:
-                for proc in c.processes:  # all at once: each stops its runs first, which takes seconds
-                    proc.terminate(wait=False)
-                for proc in c.processes:  # off the loop: mgmtd and the scheduler here answer their final calls
-                    await asyncio.to_thread(proc.wait_stopped)
-                for agent in c.agents:
-                    await agent.shutdown()
-                for client in c.clients:
-                    await client.close()
-                if not c.scheduler.task.done():
-                    await c.scheduler.shutdown()

@@ -148,7 +148,7 @@ async def test_a_restarted_agent_kills_what_its_dead_predecessor_left(cluster: A
     child = int((out / "child").read_text())
     os.kill(agent.proc.pid, signal.SIGKILL)
     await asyncio.to_thread(agent.proc.wait)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # time for the child to die with the agent, were it to (what is checked: it lives on)
     assert procs.alive(child)  # the rank died with the agent; its child lives on in the rank's session
     cluster.processes.remove(agent)
     await cluster.add_agent_process("p1")  # the same node's state folder

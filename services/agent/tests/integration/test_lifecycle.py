@@ -115,7 +115,7 @@ async def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_with_nothin
     pids = [int(p) for f in sorted(out.glob("pids-*")) for p in f.read_text().split()]
     assert len(pids) == 4 and all(procs.alive(p) for p in pids)
     await alice.call(alice.user.StopTask, pb.StopTaskRequest(task_id=task.task_id))
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # time passing inside the grace is the point: the stop's SIGTERM must not end them
     assert all(procs.alive(p) for p in pids)  # SIGTERM was ignored: they are still there within the grace
     done = await wait_task(alice, task.task_id, pb.TASK_STATE_STOPPED)
     assert done.current_run.state == pb.RUN_STATE_STOPPED

@@ -105,7 +105,7 @@ async def test_expired_tokens_are_refused(mgmtd: InProcessMgmtd) -> None:
     short = await issue(admin, "dave", ttl_s=0.2)
     import asyncio
 
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # the token's 0.2 s lifetime passes: the point of the test
     dave = MgmtdClient([mgmtd.address], token=short.token)
     err = await expect(grpc.StatusCode.UNAUTHENTICATED, dave.identity.who_am_i(pb.WhoAmIRequest()))
     assert "expired" in err.details

@@ -203,20 +203,20 @@ async def test_an_idle_primary_reads_no_chains_until_an_input_of_the_scan_change
     m = await start_mgmtd(sqlite_url, chain_scan_interval_s=0.05)
     client = m.client()
     try:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # 10 scan intervals: the scans its start brings are over (only a count is taken)
         settled = len(reads)
         await asyncio.sleep(1.0)  # 20 scan intervals with nothing changed
         assert len(reads) == settled, "an idle primary re-read the chains"
         read.clear()
         reg = await client.mgmtd.register_node(registration())  # the routing version moves
         assert await asyncio.to_thread(read.wait, 5), "a new routing version did not bring a scan"
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # 6 intervals: the registration's scans are over before the next input is counted
         read.clear()
         report = pb.LocalTargetReport(target_id=7, local_state=pb.LOCAL_TARGET_STATE_UPTODATE)
         await client.mgmtd.heartbeat(pb.HeartbeatRequest(node_id=reg.node_id, targets=[report]))
         assert await asyncio.to_thread(read.wait, 5), "a changed local target state did not bring a scan"
         after_change = len(reads)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # 10 intervals of nothing changing (the point): no more scans may come
         assert len(reads) <= after_change + 1  # and it settles again (one more read at most: the change's own)
     finally:
         await client.close()

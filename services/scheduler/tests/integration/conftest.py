@@ -11,23 +11,12 @@ from typing import Any
 import pytest
 
 from ff_testing.mgmtd import CLUSTER_TOKEN, InProcessMgmtd, running_with_users
-from ff_testing.scheduler import AgentDriver, InProcessScheduler, SchedulerClient, start_in_process
+from ff_testing.scheduler import AgentDriver, SchedulerCluster, running_scheduler, start_in_process
 
 
 @dataclass
-class Cluster:
-    folder: Path
-    db_url: str
-    mgmtd: InProcessMgmtd
-    scheduler: InProcessScheduler
-    tokens: dict[str, str]
+class Cluster(SchedulerCluster):
     agents: list[AgentDriver] = field(default_factory=list)
-    clients: list[SchedulerClient] = field(default_factory=list)
-
-    def client(self, user: str) -> SchedulerClient:
-        c = SchedulerClient(self.scheduler.address, self.tokens[user] if user != "cluster" else CLUSTER_TOKEN)
-        self.clients.append(c)
-        return c
 
     async def add_agent(self, **kw: Any) -> AgentDriver:
         agent = await AgentDriver(self.scheduler.address, self.mgmtd.address, CLUSTER_TOKEN, **kw).start()
@@ -41,6 +30,11 @@ class Cluster:
         )
         for agent in self.agents:  # their reports go to the new scheduler, not the old one's closed port
             await agent.follow(self.scheduler.address)
+
+    async def close(self) -> None:
+        for agent in self.agents:
+            await agent.close()
+        await super().close()
 
 
 @pytest.fixture
@@ -62,15 +56,5 @@ async def registry(
 async def cluster(
     db_url: str, tmp_path: Path, registry: tuple[InProcessMgmtd, dict[str, str]]
 ) -> AsyncIterator[Cluster]:
-    mgmtd, tokens = registry
-    scheduler = await start_in_process(tmp_path, db_url, mgmtd.address, CLUSTER_TOKEN)
-    c = Cluster(tmp_path, db_url, mgmtd, scheduler, tokens)
-    try:
+    async with running_scheduler(tmp_path, db_url, *registry, kind=Cluster) as c:
         yield c
-    finally:
-        for agent in c.agents:
-            await agent.close()
-        for client in c.clients:
-            await client.close()
-        if not c.scheduler.task.done():
-            await c.scheduler.shutdown()

@@ -69,7 +69,7 @@ def test_a_close_during_a_meta_restart_waits_for_meta_and_the_length_is_exact(cl
 
         closer = threading.Thread(target=close)
         closer.start()
-        time.sleep(1.0)
+        time.sleep(1.0)  # meta stays away a while (the point of the test): the close must keep retrying
         assert closer.is_alive()  # retrying, not failed
         _restart_meta(fs_cluster)
         closer.join(timeout=120)
