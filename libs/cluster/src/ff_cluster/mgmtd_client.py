@@ -5,23 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import grpc
 
 from ff_rpc import RetryPolicy, RpcClient, RpcError
-from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool, is_idempotent
-from ff_rpc.retry import NOT_PRIMARY_METADATA, PRIMARY_ADDRESS_METADATA, RETRYABLE_CODES, retry_call
+from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool
+from ff_rpc.retry import NOT_PRIMARY_METADATA, PRIMARY_ADDRESS_METADATA, RETRYABLE_CODES
 from fireflyer.common.v1 import common_pb2
-from fireflyer.mgmtd.v1 import mgmtd_pb2, mgmtd_pb2_grpc
+from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.mgmtd.v1.mgmtd_client import IdentityServiceClient, MgmtdServiceClient
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["NOT_PRIMARY_METADATA", "PRIMARY_ADDRESS_METADATA", "MgmtdClient"]
-
-MgmtdStub = mgmtd_pb2_grpc.MgmtdServiceStub
-IdentityStub = mgmtd_pb2_grpc.IdentityServiceStub
 
 
 class MgmtdClient:
@@ -50,8 +46,8 @@ class MgmtdClient:
         self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._retry = retry or RetryPolicy(max_attempts=6, max_backoff_s=1.0)
         invoker = ChannelInvoker(self._rpc, self._channels, self, retry=self._retry)
-        self.mgmtd = _MgmtdCalls(invoker, self)
-        self.identity = _IdentityCalls(invoker, self)
+        self.mgmtd = MgmtdServiceClient(invoker)
+        self.identity = IdentityServiceClient(invoker)
 
     @property
     def current_address(self) -> str:
@@ -62,21 +58,7 @@ class MgmtdClient:
         """Closes the open channels to mgmtd (at shutdown)."""
         await self._channels.close()
 
-    async def _select(
-        self, select: Callable[[Any], Any], stub: Callable[[Any], Any], request: Any, timeout_s: float | None
-    ) -> Any:
-        """An untyped call through ``select`` (the API before the typed clients), with the same routing and retries."""
-        stubs: dict[str, Any] = {}
-
-        async def attempt() -> Any:
-            if self._current not in stubs:
-                stubs[self._current] = stub(self._channels.channel(self._current))
-            return await self._rpc.send(select(stubs[self._current]), request, timeout_s=timeout_s)
-
-        path = str(select(stub(_PathChannel())))
-        return await retry_call(attempt, policy=self._retry, idempotent=is_idempotent(path), router=self, name=path)
-
-    def follow(self, err: RpcError) -> bool:
+    async def follow(self, err: RpcError) -> bool:
         """Switch to the primary the answer names, else to the next known address. True if redirected."""
         primary = err.trailing_metadata.get(PRIMARY_ADDRESS_METADATA, "")
         if primary and primary != self._current:
@@ -115,48 +97,11 @@ class MgmtdClient:
                     attempt = 0
                     known_version = msg.routing_info.version
                     yield msg.routing_info
-                redirected = self.follow(RpcError(grpc.StatusCode.UNAVAILABLE, "watch stream ended"))
+                redirected = await self.follow(RpcError(grpc.StatusCode.UNAVAILABLE, "watch stream ended"))
             except RpcError as err:
                 if err.code not in RETRYABLE_CODES:
                     raise
-                redirected = self.follow(err)
+                redirected = await self.follow(err)
             attempt += 1
             if not redirected:
                 await asyncio.sleep(self._retry.backoff_s(min(attempt, 6)))
-
-
-class _PathChannel:
-    """Stands in for a channel when building a stub only to read the path of the method ``select`` picks."""
-
-    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> str:
-        return method
-
-    unary_stream = stream_unary = stream_stream = unary_unary
-
-
-class _MgmtdCalls(MgmtdServiceClient):
-    """The typed MgmtdService client; called, the untyped ``select`` API (``client.mgmtd(lambda s: s.X, req)``)."""
-
-    def __init__(self, invoker: ChannelInvoker, owner: MgmtdClient) -> None:
-        super().__init__(invoker)
-        self._owner = owner
-
-    async def __call__(
-        self, select: Callable[[MgmtdStub], Any], request: Any, *, timeout_s: float | None = None
-    ) -> Any:
-        """A unary MgmtdService call by stub attribute; returns ``Any``: use the typed methods."""
-        return await self._owner._select(select, MgmtdStub, request, timeout_s)
-
-
-class _IdentityCalls(IdentityServiceClient):
-    """The typed IdentityService client; called, the untyped ``select`` API."""
-
-    def __init__(self, invoker: ChannelInvoker, owner: MgmtdClient) -> None:
-        super().__init__(invoker)
-        self._owner = owner
-
-    async def __call__(
-        self, select: Callable[[IdentityStub], Any], request: Any, *, timeout_s: float | None = None
-    ) -> Any:
-        """A unary IdentityService call by stub attribute; returns ``Any``: use the typed methods."""
-        return await self._owner._select(select, IdentityStub, request, timeout_s)

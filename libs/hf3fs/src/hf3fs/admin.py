@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from ff_cluster import MgmtdClient
 from ff_fsprotocol.routing import RoutingView
-from ff_rpc.client import call_once
+from ff_rpc.client import one_call
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 from hf3fs.placement import PlacedChain, place_chains
 
 
@@ -34,14 +34,11 @@ async def create_targets(view: RoutingView, token: str, chains: list[PlacedChain
             if node is None:
                 raise ValueError(f"node {t.node_id} is not registered")
             request = spb.CreateTargetRequest(target_id=t.target_id, chain_id=chain.chain_id, disk_index=t.disk_index)
-            await call_once(
-                node.grpc,
-                storage_pb2_grpc.StorageServiceStub,
-                lambda s: s.CreateTarget,
-                request,
-                token=token,
-                timeout_s=10.0,
-            )
+            await _create_target(node.grpc, request, token)
+
+
+async def _create_target(address: str, request: spb.CreateTargetRequest, token: str) -> None:
+    await one_call(address, StorageServiceClient, lambda c: c.create_target(request), token=token, timeout_s=10.0)
 
 
 async def setup_chain_table(
@@ -57,7 +54,7 @@ async def setup_chain_table(
 
     Returns None (and changes nothing) when the cluster already has chains.
     """
-    info = (await mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())).routing_info
+    info = (await mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())).routing_info
     if info.chains:
         return None
     view = RoutingView(info)
@@ -72,9 +69,9 @@ async def setup_chain_table(
         )
         for c in placed
     ]
-    saved = await mgmtd.mgmtd(lambda s: s.SetChains, mpb.SetChainsRequest(chains=chains))
+    saved = await mgmtd.mgmtd.set_chains(mpb.SetChainsRequest(chains=chains))
     table = mpb.ChainTable(table_id=table_id, version=0, chain_ids=[c.chain_id for c in placed])
-    saved_table = await mgmtd.mgmtd(lambda s: s.SetChainTable, mpb.SetChainTableRequest(chain_table=table))
+    saved_table = await mgmtd.mgmtd.set_chain_table(mpb.SetChainTableRequest(chain_table=table))
     return ChainSetup(list(saved.chains), saved_table.chain_table)
 
 

@@ -17,13 +17,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ff_fsprotocol.layout import FileLayout, file_chains
+from ff_rpc.client import UnaryCall
 from fireflyer.meta.v1 import meta_pb2 as pb
-from fireflyer.meta.v1 import meta_pb2_grpc
+from fireflyer.meta.v1.meta_client import MetaServiceClient
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.storage_client import ChunkRead, ChunkWrite, StorageClient, StorageIoError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 
 MAX_IO_BATCH_BYTES = 32 << 20
 NO_LIMIT = (1 << 64) - 1
@@ -54,8 +57,11 @@ class FileBackend(Protocol):
         ...
 
     def meta_call(
-        self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any, path: str | None = None
-    ) -> Any:
+        self,
+        method: Callable[[MetaServiceClient], UnaryCall[RequestT, ResponseT]],
+        request: RequestT,
+        path: str | None = None,
+    ) -> ResponseT:
         """One meta call (after write-back flushed what it concerns); OSError for ``path`` when refused."""
         ...
 
@@ -336,7 +342,7 @@ class RawFile(io.RawIOBase):
         """
         request = pb.StatRequest(path=pb.PathAt(parent_inode_id=self.inode_id))
         try:
-            meta_length = int(self._fs.meta_call(lambda s: s.Stat, request, self.name).inode.length_bytes)
+            meta_length = int(self._fs.meta_call(lambda m: m.stat, request, self.name).inode.length_bytes)
         except OSError as err:
             log = logger.debug if err.errno == errno.ENOENT else logger.warning
             log("%s: length not refreshed (%s); reading to the length known here", self.name, err)
@@ -422,7 +428,7 @@ class RawFile(io.RawIOBase):
         delay = 0.002
         while True:
             try:
-                resp = self._fs.meta_call(lambda s: s.Open, request, self.name)
+                resp = self._fs.meta_call(lambda m: m.open, request, self.name)
                 return resp.session, int(resp.inode.length_bytes)
             except OSError as err:
                 if err.errno != errno.EBADF:
@@ -469,7 +475,7 @@ class RawFile(io.RawIOBase):
         self.ensure_room(size)
         sid = self._session.session_id if self._session is not None else ""
         inode = self._fs.meta_call(
-            lambda s: s.Truncate,
+            lambda m: m.truncate,
             pb.TruncateRequest(path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid),
             self.name,
         )
@@ -487,7 +493,7 @@ class RawFile(io.RawIOBase):
         )
         if self._last_write_ns is not None:
             req.mtime_ns = self._last_write_ns
-        resp = self._fs.meta_call(lambda s: s.Sync, req, self.name)
+        resp = self._fs.meta_call(lambda m: m.sync, req, self.name)
         self.length = max(self.length, resp.inode.length_bytes)
         self.meta_length = resp.inode.length_bytes
         self.inode_at_sync = resp.inode  # meta's answer (the mount keeps its attributes)
@@ -560,7 +566,7 @@ class RawFile(io.RawIOBase):
         request = pb.ReserveSpaceRequest(
             inode_id=self.inode_id, session_id=self._session.session_id, write_limit_bytes=want, partial=partial
         )
-        return int(self._fs.meta_call(lambda s: s.ReserveSpace, request, self.name).write_limit_bytes)
+        return int(self._fs.meta_call(lambda m: m.reserve_space, request, self.name).write_limit_bytes)
 
     def _fresh_capability(self) -> None:
         """Open the file again for a new IoCapability shortly before the one held expires.
@@ -573,7 +579,7 @@ class RawFile(io.RawIOBase):
         if self._session is not None:
             request.open_mode = pb.OPEN_MODE_WRITE
             request.session_id, request.client_id = self._session.session_id, self._session.client_id
-        resp = self._fs.meta_call(lambda s: s.Open, request, self.name)
+        resp = self._fs.meta_call(lambda m: m.open, request, self.name)
         self._cap = resp.io_capability.token
         self.cap_expires_at_ns = resp.io_capability.expires_at_ns
 

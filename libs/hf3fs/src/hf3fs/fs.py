@@ -33,8 +33,9 @@ import grpc
 from ff_cluster import MgmtdClient
 from ff_fsprotocol.layout import FileLayout
 from ff_rpc import Identity, RpcError, acting_as, current_acting
+from ff_rpc.client import UnaryCall
 from fireflyer.meta.v1 import meta_pb2 as pb
-from fireflyer.meta.v1 import meta_pb2_grpc
+from fireflyer.meta.v1.meta_client import MetaServiceClient
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs.entries import DirEntry, Quota, Stat, StatFs, TrashEntry, quota_of
 from hf3fs.files import OpenMode, RawFile, layout_of, read_spans, session_lost, wrap, write_spans
@@ -57,6 +58,8 @@ __all__ = [
 ]
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 _NODE_TYPES = {
     stat_mod.S_IFIFO: pb.INODE_TYPE_FIFO,
     stat_mod.S_IFSOCK: pb.INODE_TYPE_SOCKET,
@@ -167,7 +170,7 @@ class FileSystem:
             Hf3fsError: no mgmtd answered.
         """
         try:
-            await self._mgmtd.identity(lambda s: s.WhoAmI, mpb.WhoAmIRequest())
+            await self._mgmtd.identity.who_am_i(mpb.WhoAmIRequest())
         except RpcError as err:
             if err.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 raise PermissionError(errno.EACCES, f"token refused by mgmtd ({err.details})") from None
@@ -194,13 +197,16 @@ class FileSystem:
         return _reconnect, self._args
 
     def _meta_call(
-        self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any, path: str | None = None
-    ) -> Any:
+        self,
+        method: Callable[[MetaServiceClient], UnaryCall[RequestT, ResponseT]],
+        request: RequestT,
+        path: str | None = None,
+    ) -> ResponseT:
         wb = self._wb
         if wb is not None and wb.busy() and not wb.on_flusher() and wb.related(places_of(request)):
             wb.flush()  # this client sees its queued files as committed
         try:
-            return self._run(self._meta.call(select, request))
+            return self._run(self._meta.call(method, request))
         except RpcError as err:
             raise os_error(err, path) from None
 
@@ -390,7 +396,7 @@ class FileSystem:
             OSError: meta refused the close.
         """
         try:
-            await self._meta.call(lambda s: s.Close, request)
+            await self._meta.call(lambda m: m.close, request)
         except RpcError as err:
             error = os_error(err, None)
             if isinstance(error, Hf3fsError) or not retry or error.errno != errno.EBADF:
@@ -445,7 +451,7 @@ class FileSystem:
             reports = [r for w in writers.values() if (r := w.report()) is not None]
             try:
                 request = pb.RenewSessionsRequest(client_id=self.client_id, sessions=reports)
-                resp = await self._meta.call(lambda s: s.RenewSessions, request)
+                resp = await self._meta.call(lambda m: m.renew_sessions, request)
             except (RpcError, Hf3fsError):
                 continue
             for sid in resp.lost_session_ids:
@@ -464,7 +470,7 @@ class FileSystem:
             path=_at(raw.name), open_mode=pb.OPEN_MODE_WRITE, session_id=session.session_id, client_id=self.client_id
         )
         try:
-            resp = await self._meta.call(lambda s: s.Open, request)
+            resp = await self._meta.call(lambda m: m.open, request)
         except (RpcError, Hf3fsError):
             session_lost(raw)
             return
@@ -477,7 +483,7 @@ class FileSystem:
         """Report written lengths and renew leases now (normally every lease/3 seconds)."""
         with self._writers_lock:
             reports = [r for w in self._writers.values() if (r := w.report()) is not None]
-        self._meta_call(lambda s: s.RenewSessions, pb.RenewSessionsRequest(client_id=self.client_id, sessions=reports))
+        self._meta_call(lambda m: m.renew_sessions, pb.RenewSessionsRequest(client_id=self.client_id, sessions=reports))
 
     # ---- metadata ----
 
@@ -488,7 +494,7 @@ class FileSystem:
             OSError: FileNotFoundError, NotADirectoryError, PermissionError... as meta answered.
         """
         resp = self._meta_call(
-            lambda s: s.Stat, pb.StatRequest(path=_at(path), follow_last_symlink=follow_symlinks), path
+            lambda m: m.stat, pb.StatRequest(path=_at(path), follow_last_symlink=follow_symlinks), path
         )
         return Stat.from_pb(resp.inode)
 
@@ -498,7 +504,7 @@ class FileSystem:
 
     def stat_inode(self, inode_id: int) -> Stat:
         """The inode itself, by id (also one no name reaches any more while a session keeps it: fstat)."""
-        resp = self._meta_call(lambda s: s.Stat, pb.StatRequest(path=pb.PathAt(parent_inode_id=inode_id)))
+        resp = self._meta_call(lambda m: m.stat, pb.StatRequest(path=pb.PathAt(parent_inode_id=inode_id)))
         return Stat.from_pb(resp.inode)
 
     def set_attr_inode(
@@ -526,14 +532,14 @@ class FileSystem:
             req.atime_ns, req.mtime_ns = ns
         if now:
             req.atime_now = req.mtime_now = True
-        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req).inode)
+        return Stat.from_pb(self._meta_call(lambda m: m.set_attr, req).inode)
 
     def truncate_inode(self, inode_id: int, length: int) -> None:
         """ftruncate: an inode's length by id."""
         if length < 0:
             raise OSError(errno.EINVAL, "negative length")
         self._meta_call(
-            lambda s: s.Truncate, pb.TruncateRequest(path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length)
+            lambda m: m.truncate, pb.TruncateRequest(path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length)
         )
 
     def exists(self, path: str) -> bool:
@@ -561,7 +567,7 @@ class FileSystem:
     def batch_stat(self, paths: list[str]) -> list[Stat | OSError]:
         """Each path's Stat (symlinks followed), or the OSError of a path that failed, in order, from one meta call."""
         resp = self._meta_call(
-            lambda s: s.BatchStat, pb.BatchStatRequest(paths=[_at(p) for p in paths], follow_last_symlink=True)
+            lambda m: m.batch_stat, pb.BatchStatRequest(paths=[_at(p) for p in paths], follow_last_symlink=True)
         )
         out: list[Stat | OSError] = []
         for p, r in zip(paths, resp.results, strict=True):
@@ -577,7 +583,7 @@ class FileSystem:
         token = ""
         while True:
             resp = self._meta_call(
-                lambda s: s.List, pb.ListRequest(path=_at(path), page_token=token, include_inodes=with_inodes), path
+                lambda m: m.list, pb.ListRequest(path=_at(path), page_token=token, include_inodes=with_inodes), path
             )
             entries.extend(resp.entries)
             token = resp.next_page_token
@@ -606,13 +612,13 @@ class FileSystem:
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         """Makes a folder whose parent exists (FileExistsError when the name is taken)."""
-        self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode), path)
+        self._meta_call(lambda m: m.mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode), path)
 
     def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = False) -> None:
         """Makes a folder and its missing parents in one meta call; FileExistsError if it is there, unless exist_ok."""
         if not exist_ok and self.exists(path):
             raise FileExistsError(errno.EEXIST, "File exists", path)
-        self._meta_call(lambda s: s.Mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode, recursive=True), path)
+        self._meta_call(lambda m: m.mkdirs, pb.MkdirsRequest(path=_at(path), mode=mode, recursive=True), path)
 
     def create(self, path: str, mode: int = 0o644, exclusive: bool = False) -> Stat:
         """Creates an empty file (``exclusive``: FileExistsError if the name is taken, else an existing one is kept)."""
@@ -625,7 +631,7 @@ class FileSystem:
         stays within.
         """
         resp = self._meta_call(
-            lambda s: s.Create,
+            lambda m: m.create,
             pb.CreateRequest(path=_at(path), mode=mode, exclusive=exclusive, open_mode=pb.OPEN_MODE_READ),
             path,
         )
@@ -637,29 +643,29 @@ class FileSystem:
 
         One meta call: meta checks the type in the same transaction.
         """
-        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), expect_directory=False), path)
+        self._meta_call(lambda m: m.remove, pb.RemoveRequest(path=_at(path), expect_directory=False), path)
 
     unlink = remove
 
     def rmdir(self, path: str) -> None:
         """Removes an empty folder, as rmdir (NotADirectoryError for anything else, nothing removed)."""
-        self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), expect_directory=True), path)
+        self._meta_call(lambda m: m.remove, pb.RemoveRequest(path=_at(path), expect_directory=True), path)
 
     def rmtree(self, path: str, trash: bool = True) -> str:
         """Remove a tree; to the trash by default (returns the trash entry id), else deleted now."""
-        resp = self._meta_call(lambda s: s.Remove, pb.RemoveRequest(path=_at(path), recursive=True), path)
+        resp = self._meta_call(lambda m: m.remove, pb.RemoveRequest(path=_at(path), recursive=True), path)
         if not trash:
-            self._meta_call(lambda s: s.EmptyTrash, pb.EmptyTrashRequest(trash_ids=[resp.trash_id]), path)
+            self._meta_call(lambda m: m.empty_trash, pb.EmptyTrashRequest(trash_ids=[resp.trash_id]), path)
             return ""
         return str(resp.trash_id)
 
     def rename(self, src: str, dst: str) -> None:
         """Renames ``src`` to ``dst`` atomically, with the POSIX rename's rules; a tree moves in one meta call."""
-        self._meta_call(lambda s: s.Rename, pb.RenameRequest(src_path=_at(src), dst_path=_at(dst)), src)
+        self._meta_call(lambda m: m.rename, pb.RenameRequest(src_path=_at(src), dst_path=_at(dst)), src)
 
     def symlink(self, target: str, link_path: str) -> None:
         """Makes a symlink at ``link_path`` pointing to ``target`` (kept as given, not resolved)."""
-        self._meta_call(lambda s: s.Symlink, pb.SymlinkRequest(path=_at(link_path), target=target), link_path)
+        self._meta_call(lambda m: m.symlink, pb.SymlinkRequest(path=_at(link_path), target=target), link_path)
 
     def mknod(self, path: str, mode: int = 0o600 | stat_mod.S_IFIFO, device: int = 0) -> Stat:
         """A FIFO, socket or device node (``mode`` carries its type bits, as os.mknod's does)."""
@@ -667,7 +673,7 @@ class FileSystem:
         if kind is None:
             raise OSError(errno.EINVAL, "mknod makes FIFOs, sockets and device nodes", path)
         resp = self._meta_call(
-            lambda s: s.Mknod,
+            lambda m: m.mknod,
             pb.MknodRequest(path=_at(path), type=kind, mode=stat_mod.S_IMODE(mode), rdev=device),
             path,
         )
@@ -687,7 +693,7 @@ class FileSystem:
     def link(self, existing: str, new_path: str) -> None:
         """Makes ``new_path`` another name of the file ``existing`` (a hard link)."""
         self._meta_call(
-            lambda s: s.HardLink, pb.HardLinkRequest(old_path=_at(existing), new_path=_at(new_path)), new_path
+            lambda m: m.hard_link, pb.HardLinkRequest(old_path=_at(existing), new_path=_at(new_path)), new_path
         )
 
     def truncate(self, path: str, length: int) -> None:
@@ -698,13 +704,13 @@ class FileSystem:
         """
         if length < 0:
             raise OSError(errno.EINVAL, "negative length", path)
-        self._meta_call(lambda s: s.Truncate, pb.TruncateRequest(path=_at(path), length_bytes=length), path)
+        self._meta_call(lambda m: m.truncate, pb.TruncateRequest(path=_at(path), length_bytes=length), path)
 
     def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> Stat:
         """Returns the inode as meta left it (as chown and utime do)."""
         return Stat.from_pb(
             self._meta_call(
-                lambda s: s.SetAttr,
+                lambda m: m.set_attr,
                 pb.SetAttrRequest(path=_at(path), follow_last_symlink=follow_symlinks, mode=mode),
                 path,
             ).inode
@@ -717,7 +723,7 @@ class FileSystem:
             req.uid = uid
         if gid >= 0:
             req.gid = gid
-        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req, path).inode)
+        return Stat.from_pb(self._meta_call(lambda m: m.set_attr, req, path).inode)
 
     def utime(self, path: str, ns: tuple[int, int] | None = None, *, follow_symlinks: bool = True) -> Stat:
         """Sets the access and modification times, in ns (None: both now, which needs write permission only)."""
@@ -726,18 +732,18 @@ class FileSystem:
             req.atime_now = req.mtime_now = True
         else:
             req.atime_ns, req.mtime_ns = ns
-        return Stat.from_pb(self._meta_call(lambda s: s.SetAttr, req, path).inode)
+        return Stat.from_pb(self._meta_call(lambda m: m.set_attr, req, path).inode)
 
     def realpath(self, path: str) -> str:
         """The canonical absolute path of ``path``: symlinks resolved, ``.`` and ``..`` gone."""
-        return str(self._meta_call(lambda s: s.Realpath, pb.RealpathRequest(path=_at(path)), path).path)
+        return str(self._meta_call(lambda m: m.realpath, pb.RealpathRequest(path=_at(path)), path).path)
 
     def statfs(self, path: str | None = None) -> StatFs:
         """The cluster's space (meta sums the storage targets' disks); with ``path``, ``df`` of that folder.
 
         Of that folder: where a byte quota over it leaves less room than the cluster has, that quota's figures.
         """
-        r = self._meta_call(lambda s: s.StatFs, pb.StatFsRequest())
+        r = self._meta_call(lambda m: m.stat_fs, pb.StatFsRequest())
         space = StatFs(r.capacity_bytes, r.used_bytes, r.free_bytes, r.num_inodes)
         return space if path is None else within_quotas(space, self.get_quotas(path))
 
@@ -774,13 +780,13 @@ class FileSystem:
 
     def get_quota(self, path: str) -> Quota | None:
         """The nearest directory quota that applies to ``path`` (None when none does)."""
-        quotas = self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
+        quotas = self._meta_call(lambda m: m.get_quota, pb.GetQuotaRequest(path=_at(path)), path).quotas
         return quota_of(quotas[0]) if quotas else None
 
     def get_quotas(self, path: str) -> list[Quota]:
         """Every directory quota that applies to ``path``, nearest first."""
         return [
-            quota_of(q) for q in self._meta_call(lambda s: s.GetQuota, pb.GetQuotaRequest(path=_at(path)), path).quotas
+            quota_of(q) for q in self._meta_call(lambda m: m.get_quota, pb.GetQuotaRequest(path=_at(path)), path).quotas
         ]
 
     def set_quota(self, path: str, max_bytes: int | None = None, max_inodes: int | None = None) -> Quota:
@@ -789,7 +795,7 @@ class FileSystem:
         A limit below the current use is allowed: it blocks further growth.
         """
         resp = self._meta_call(
-            lambda s: s.SetQuota,
+            lambda m: m.set_quota,
             pb.SetQuotaRequest(path=_at(path), max_bytes=max_bytes or 0, max_inodes=max_inodes or 0),
             path,
         )
@@ -797,14 +803,14 @@ class FileSystem:
 
     def list_quotas(self) -> list[Quota]:
         """Every folder quota with its use (admins)."""
-        return [quota_of(q) for q in self._meta_call(lambda s: s.ListQuotas, pb.ListQuotasRequest()).quotas]
+        return [quota_of(q) for q in self._meta_call(lambda m: m.list_quotas, pb.ListQuotasRequest()).quotas]
 
     def trash_list(self, all_users: bool = False) -> list[TrashEntry]:
         """The caller's trash entries (``all_users``: everyone's, for admins), every page read."""
         out: list[TrashEntry] = []
         token = ""
         while True:
-            resp = self._meta_call(lambda s: s.ListTrash, pb.ListTrashRequest(page_token=token, all_users=all_users))
+            resp = self._meta_call(lambda m: m.list_trash, pb.ListTrashRequest(page_token=token, all_users=all_users))
             for e in resp.entries:
                 out.append(
                     TrashEntry(
@@ -829,11 +835,11 @@ class FileSystem:
         req = pb.RestoreTrashEntryRequest(trash_id=entry_id)
         if path:
             req.path.CopyFrom(_at(path))
-        return str(self._meta_call(lambda s: s.RestoreTrashEntry, req, path).path)
+        return str(self._meta_call(lambda m: m.restore_trash_entry, req, path).path)
 
     def trash_empty(self, entry_ids: list[str] | None = None) -> int:
         """Deletes trash entries now (default: all of the caller's); the number deleted. Unknown ids are ignored."""
-        resp = self._meta_call(lambda s: s.EmptyTrash, pb.EmptyTrashRequest(trash_ids=entry_ids or []))
+        resp = self._meta_call(lambda m: m.empty_trash, pb.EmptyTrashRequest(trash_ids=entry_ids or []))
         return int(resp.num_deleted)
 
     # ---- data ----
@@ -880,9 +886,10 @@ class FileSystem:
             if om.writable
             else pb.OPEN_MODE_READ
         )
+        resp: pb.CreateResponse | pb.OpenResponse
         if om.create:
             resp = self._meta_call(
-                lambda s: s.Create,
+                lambda m: m.create,
                 pb.CreateRequest(
                     path=_at(path),
                     mode=perm,
@@ -896,7 +903,7 @@ class FileSystem:
             )
         else:
             resp = self._meta_call(
-                lambda s: s.Open,
+                lambda m: m.open,
                 pb.OpenRequest(path=_at(path), open_mode=open_mode, session_id=session_id, client_id=self.client_id),
                 path,
             )
@@ -984,7 +991,7 @@ class FileSystem:
         """Each read's (path, layout, read capability, offset, bytes to read): one BatchStat for the files."""
         paths = list(dict.fromkeys(p for p, _, _ in reads))
         resp = self._meta_call(
-            lambda s: s.BatchStat,
+            lambda m: m.batch_stat,
             pb.BatchStatRequest(paths=[_at(p) for p in paths], follow_last_symlink=True, include_read_capability=True),
         )
         files: dict[str, tuple[pb.Inode, bytes]] = {}
@@ -1123,10 +1130,13 @@ class _FileBackend:
         return self._fs._run(coro)
 
     def meta_call(
-        self, select: Callable[[meta_pb2_grpc.MetaServiceStub], Any], request: Any, path: str | None = None
-    ) -> Any:
+        self,
+        method: Callable[[MetaServiceClient], UnaryCall[RequestT, ResponseT]],
+        request: RequestT,
+        path: str | None = None,
+    ) -> ResponseT:
         """``FileSystem._meta_call``: write-back flushed first, OSError when meta refuses."""
-        return self._fs._meta_call(select, request, path)
+        return self._fs._meta_call(method, request, path)
 
     def local_length(self, inode_id: int) -> int:
         """The furthest any open writer of this client wrote into ``inode_id`` (0 if none)."""

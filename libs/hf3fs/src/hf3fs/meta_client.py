@@ -11,21 +11,23 @@ import errno
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import grpc
 
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, RpcError
-from ff_rpc.client import NO_RETRY, StubPool, is_idempotent, method_path
+from ff_rpc import RetriesExhausted, RetryPolicy, RpcClient, RpcError
+from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool, UnaryCall
 from fireflyer.common.v1 import common_pb2
-from fireflyer.meta.v1 import meta_pb2, meta_pb2_grpc
+from fireflyer.meta.v1 import meta_pb2
+from fireflyer.meta.v1.meta_client import MetaServiceClient
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 logger = logging.getLogger(__name__)
 
 FS_ERROR_METADATA = "ff-fs-error"
-MetaStub = meta_pb2_grpc.MetaServiceStub
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 
 ERRNO_OF_FS_ERROR = {
     "FS_ERROR_NOT_FOUND": errno.ENOENT,
@@ -58,7 +60,6 @@ _ERRNO_OF_CODE = {
     grpc.StatusCode.ABORTED: errno.EAGAIN,
     grpc.StatusCode.FAILED_PRECONDITION: errno.EINVAL,
 }
-FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class Hf3fsError(ConnectionError):
@@ -78,7 +79,8 @@ class MetaClient:
     """Calls one of the meta services, failing over to the others.
 
     UNAVAILABLE means the call did not run, so it goes to the next instance whatever the method; a
-    timeout is retried elsewhere only for methods the proto marks idempotent.
+    timeout is retried elsewhere only for methods the proto marks idempotent (``ff_rpc.retry_call``, with this
+    client as its router: the next instance at once, a backoff and fresh routing after a round of them all).
     """
 
     def __init__(
@@ -94,21 +96,39 @@ class MetaClient:
         self._fixed = list(addresses or [])
         self._addresses: list[str] = list(self._fixed)
         self._current = 0
-        self._rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
-        self._stubs = StubPool(MetaStub)
-        self._attempts = attempts
+        self._channels = ChannelPool()
+        retry = RetryPolicy(max_attempts=attempts, initial_backoff_s=0.1, max_backoff_s=1.0)
+        rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
+        self._client = MetaServiceClient(
+            ChannelInvoker(rpc, self._channels, self, retry=retry, unavailable_did_not_run=True)
+        )
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
         """Closes the channels to every meta instance (at shutdown)."""
-        await self._stubs.close()
+        await self._channels.close()
+
+    @property
+    def current_address(self) -> str:
+        """The meta instance the next call goes to."""
+        return self._addresses[self._current % len(self._addresses)]
+
+    async def follow(self, err: RpcError) -> bool:
+        """After an instance did not answer: the next one at once, or after a round of them all fresh routing."""
+        logger.info("meta %s: %s; trying another instance", self.current_address, err.code.name)
+        self._current += 1
+        if self._current % len(self._addresses):
+            return True
+        with contextlib.suppress(RpcError):
+            await self.refresh()
+        return False
 
     async def refresh(self) -> list[str]:
         """Meta addresses from mgmtd (alive META nodes), unless fixed at construction."""
         if self._fixed:
             return self._fixed
         async with self._lock:
-            resp = await self._mgmtd.mgmtd(lambda s: s.GetRoutingInfo, mpb.GetRoutingInfoRequest())
+            resp = await self._mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())
             found = []
             for n in resp.routing_info.nodes:
                 if n.node_type != common_pb2.NODE_TYPE_META or n.status != mpb.NODE_STATUS_ALIVE or not n.enabled:
@@ -120,8 +140,14 @@ class MetaClient:
                 self._current = 0
             return self._addresses
 
-    async def call(self, select: Callable[[MetaStub], Any], request: Any, *, timeout_s: float | None = None) -> Any:
-        """One unary MetaService call: ``await meta.call(lambda s: s.Stat, request)``.
+    async def call(
+        self,
+        method: Callable[[MetaServiceClient], UnaryCall[RequestT, ResponseT]],
+        request: RequestT,
+        *,
+        timeout_s: float | None = None,
+    ) -> ResponseT:
+        """One unary MetaService call: ``await meta.call(lambda m: m.stat, request)``.
 
         Raises:
             RpcError: the service's answer (map it with ``os_error``).
@@ -134,25 +160,10 @@ class MetaClient:
                 raise Hf3fsError(f"cannot reach mgmtd to find meta services: {err}") from None
             if not self._addresses:
                 raise Hf3fsError("no meta service is registered with mgmtd")
-        last: RpcError | None = None
-        for attempt in range(self._attempts):
-            address = self._addresses[self._current % len(self._addresses)]
-            call = select(self._stubs.get(address))
-            try:
-                return await self._rpc.unary(call, request, timeout_s=timeout_s)
-            except RpcError as err:
-                if err.code not in FAILOVER_CODES:
-                    raise
-                if err.code is grpc.StatusCode.DEADLINE_EXCEEDED and not is_idempotent(method_path(call)):
-                    raise
-                last = err
-                logger.info("meta %s: %s; trying another instance", address, err.code.name)
-                self._current += 1
-                if self._current % len(self._addresses) == 0:
-                    await asyncio.sleep(min(1.0, 0.1 * 2**attempt))
-                    with contextlib.suppress(RpcError):
-                        await self.refresh()
-        raise Hf3fsError(f"no meta service answered: {last}")
+        try:
+            return await method(self._client)(request, timeout_s=timeout_s)
+        except RetriesExhausted as err:
+            raise Hf3fsError(f"no meta service answered: {err}") from None
 
     async def reserve_space(
         self, inode_id: int, session_id: str, write_limit_bytes: int, *, partial: bool = False
@@ -173,5 +184,5 @@ class MetaClient:
         request = meta_pb2.ReserveSpaceRequest(
             inode_id=inode_id, session_id=session_id, write_limit_bytes=write_limit_bytes, partial=partial
         )
-        resp = await self.call(lambda s: s.ReserveSpace, request)
+        resp = await self.call(lambda m: m.reserve_space, request)
         return int(resp.write_limit_bytes), int(resp.available_bytes)

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import grpc
 
 from ff_rpc import RpcError
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 
 class ReadStream:
     """One ReadStream to one storage node; ``read`` sends a BatchRead on it and awaits its answer (see the module)."""
 
-    def __init__(self, stub: storage_pb2_grpc.StorageServiceStub, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._call: Any = stub.ReadStream(metadata=metadata)  # type: ignore[call-arg]  # aio: then write()
+    def __init__(self, client: StorageServiceClient) -> None:
+        self._call = client.read_stream()  # no request iterator: requests are written on the call
         self._waiting: dict[int, asyncio.Future[spb.ReadStreamResponse]] = {}
         self._next_id = 1
         self._write_lock = asyncio.Lock()

@@ -29,9 +29,9 @@ from ff_fsprotocol.datapath import DataConnectionPool, DataPathError, DataRefuse
 from ff_fsprotocol.routing import NodeAddress, RoutingCache, RoutingView
 from ff_fsprotocol.transport import WriteBytes
 from ff_rpc import RpcClient, RpcError
-from ff_rpc.client import NO_RETRY, StubPool
+from ff_rpc.client import NO_RETRY, ClientPool
 from fireflyer.storage.v1 import storage_pb2 as spb
-from fireflyer.storage.v1 import storage_pb2_grpc
+from fireflyer.storage.v1.storage_client import StorageServiceClient
 from hf3fs.readstream import ReadStream
 
 logger = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class StorageClient:
         self._timeout_s = timeout_s
         self._read_streams = read_streams
         self._streams: dict[str, ReadStream] = {}
-        self._stubs = StubPool(storage_pb2_grpc.StorageServiceStub)  # one per address: stubs are not free
+        self._clients = ClientPool(StorageServiceClient, self._rpc)  # one channel per address
         self._data = DataConnectionPool(token, host=host_id, shm=shm)
         self.rts = RequestToSend(max_concurrent_transfers)
         self._retry_deadline_s = retry_deadline_s
@@ -259,7 +259,7 @@ class StorageClient:
             await stream.close()
         self._streams.clear()
         self._data.close()
-        await self._stubs.close()
+        await self._clients.close()
 
     def alloc_buffer(self, nbytes: int) -> memoryview:
         """A read buffer in shared memory (3FS's registered iov), which a node on this host writes reads into itself.
@@ -274,9 +274,9 @@ class StorageClient:
         """Pulls (and reads) done over TCP and through shared memory so far, and writes sent as data-path calls."""
         return dict(self._data.stats)
 
-    def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
-        """The gRPC stub for the storage node at ``address`` (one channel per address, shared)."""
-        return self._stubs.get(address)
+    def client(self, address: str) -> StorageServiceClient:
+        """The typed client of the storage node at ``address`` (one channel per address, shared)."""
+        return self._clients.get(address)
 
     # ---- write ----
 
@@ -380,7 +380,7 @@ class StorageClient:
                     node.data, "BatchWrite", request.SerializeToString(), payload.transfer_id, payload.parts
                 )
             return parse_message(spb.BatchWriteResponse, raw)
-        resp: spb.BatchWriteResponse = await self._rpc.unary(self.stub(node.grpc).BatchWrite, request)
+        resp: spb.BatchWriteResponse = await self.client(node.grpc).batch_write(request)
         return resp
 
     # ---- read ----
@@ -639,13 +639,13 @@ class StorageClient:
 
     async def _batch_read_call(self, node: NodeAddress, request: spb.BatchReadRequest) -> spb.BatchReadResponse:
         if not self._read_streams:
-            resp: spb.BatchReadResponse = await self._rpc.unary(self.stub(node.grpc).BatchRead, request)
+            resp: spb.BatchReadResponse = await self.client(node.grpc).batch_read(request)
             return resp
         stream = self._streams.get(node.grpc)
         if stream is None or stream.broken:
             if stream is not None:
                 await stream.close()
-            stream = self._streams[node.grpc] = ReadStream(self.stub(node.grpc), self._rpc.metadata())
+            stream = self._streams[node.grpc] = ReadStream(self.client(node.grpc))
         return await stream.read(request, self._timeout_s)
 
     @staticmethod

@@ -33,18 +33,22 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from ff_rpc import Identity, RpcError, acting_as, current_acting
+from ff_rpc.client import UnaryCall
 from fireflyer.meta.v1 import meta_pb2 as pb
+from fireflyer.meta.v1.meta_client import MetaServiceClient
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, os_error
 from hf3fs.storage_client import ChunkWrite, StorageIoError
 
 if TYPE_CHECKING:
     from hf3fs.fs import FileSystem
 
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 logger = logging.getLogger(__name__)
 MAX_BATCH_ITEMS = 1024  # meta's bound on a BatchCreate / BatchClose
 ITEMS_PER_TIMEOUT = 32  # a batch call may take the FileSystem's timeout_s per this many items
@@ -400,7 +404,7 @@ class Writeback:
             for i in items
         ]
         try:
-            resp = self._batch_call(lambda s: s.BatchCreate, pb.BatchCreateRequest(creates=requests), len(requests))
+            resp = self._batch_call(lambda m: m.batch_create, pb.BatchCreateRequest(creates=requests), len(requests))
         except OSError as err:
             self._fail([(i.path, err) for i in items])
             return []
@@ -424,7 +428,7 @@ class Writeback:
         for item in items:
             try:
                 where = self._fs._meta_call(
-                    lambda s: s.Realpath, pb.RealpathRequest(path=pb.PathAt(parent_inode_id=item.inode_id)), item.path
+                    lambda m: m.realpath, pb.RealpathRequest(path=pb.PathAt(parent_inode_id=item.inode_id)), item.path
                 )
             except FileNotFoundError:
                 logger.info("write-back: %s was removed before its bytes were written back", item.path)
@@ -436,7 +440,9 @@ class Writeback:
             found.append(replace(item, path=str(where.path), parent=None))
         return found
 
-    def _batch_call(self, select: Callable[[Any], Any], request: Any, items: int) -> Any:
+    def _batch_call(
+        self, method: Callable[[MetaServiceClient], UnaryCall[RequestT, ResponseT]], request: RequestT, items: int
+    ) -> ResponseT:
         """A BatchCreate or BatchClose, with a deadline that grows with the batch, tried again when it runs out.
 
         Meta on a loaded machine takes a while over hundreds of items. The same request again is safe, as its files
@@ -453,7 +459,7 @@ class Writeback:
         attempt, delay = 0, 0.1
         while True:
             try:
-                return fs._run(fs._meta.call(select, request, timeout_s=timeout))
+                return fs._run(fs._meta.call(method, request, timeout_s=timeout))
             except RpcError as err:
                 attempt += 1
                 if _timed_out(err) and attempt < BATCH_ATTEMPTS:
@@ -479,7 +485,7 @@ class Writeback:
         ]
         failures = [(opened[k][0].path, err) for k, err in failed.items()]
         try:
-            resp = self._batch_call(lambda s: s.BatchClose, pb.BatchCloseRequest(closes=closes), len(closes))
+            resp = self._batch_call(lambda m: m.batch_close, pb.BatchCloseRequest(closes=closes), len(closes))
         except OSError as err:  # the sessions lapse and meta collects them (lengths from storage)
             failures += [(i.path, err) for k, (i, _) in enumerate(opened) if k not in failed]
         else:

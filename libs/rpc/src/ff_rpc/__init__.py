@@ -27,7 +27,7 @@ from ff_rpc.errors import (
     Unavailable,
 )
 from ff_rpc.logs import configure_logging, log_context
-from ff_rpc.retry import RetryPolicy, retry_call
+from ff_rpc.retry import RetriesExhausted, RetryPolicy, retry_call
 from ff_rpc.server import RpcServer, ServerOptions, ServiceBinding, install_stop_signals, write_ready_file
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "PermissionDenied",
     "Principal",
     "ResourceExhausted",
+    "RetriesExhausted",
     "RetryPolicy",
     "Role",
     "RpcClient",

@@ -27,6 +27,8 @@ RequestT = TypeVar("RequestT", bound=Message)
 ResponseT = TypeVar("ResponseT", bound=Message)
 ClientT = TypeVar("ClientT")
 ResultT = TypeVar("ResultT")
+RequestT_contra = TypeVar("RequestT_contra", contravariant=True)
+ResponseT_co = TypeVar("ResponseT_co", covariant=True)
 
 __all__ = [
     "NO_RETRY",
@@ -37,8 +39,7 @@ __all__ = [
     "RetryPolicy",
     "Route",
     "RpcClient",
-    "StubPool",
-    "call_once",
+    "UnaryCall",
     "connect",
     "is_idempotent",
     "method_path",
@@ -63,51 +64,6 @@ _SAFE_LEVELS = {MethodOptions.IDEMPOTENT, MethodOptions.NO_SIDE_EFFECTS}
 def open_channel(target: str) -> grpc.aio.Channel:
     """A plaintext channel to ``target`` (``host:port``) with the cluster's options: 64 MiB messages, fast reconnect."""
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-
-
-StubT = TypeVar("StubT")
-
-
-class StubPool(Generic[StubT]):
-    """One channel (and its stub) per address, reused by every call to it, closed together."""
-
-    def __init__(self, factory: Callable[[grpc.aio.Channel], StubT]) -> None:
-        self._factory = factory
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, StubT] = {}
-
-    def get(self, address: str) -> StubT:
-        """The stub for ``address``, its channel opened on first use."""
-        if address not in self._stubs:
-            self._channels[address] = open_channel(address)
-            self._stubs[address] = self._factory(self._channels[address])
-        return self._stubs[address]
-
-    async def close(self) -> None:
-        """Closes every channel (in-flight calls on them fail); a later ``get`` opens a new one."""
-        channels = list(self._channels.values())
-        self._channels.clear()
-        self._stubs.clear()
-        for channel in channels:
-            await channel.close()
-
-
-async def call_once(
-    address: str,
-    factory: Callable[[grpc.aio.Channel], StubT],
-    select: Callable[[StubT], Any],
-    request: Any,
-    *,
-    token: str,
-    timeout_s: float = 5.0,
-) -> Any:
-    """One call on a channel opened for it: for tools that talk to a service once (services keep a pool).
-
-    Raises:
-        RpcError: the call's status, as RpcClient.unary.
-    """
-    async with open_channel(address) as channel:
-        return await RpcClient(token=token, timeout_s=timeout_s).unary(select(factory(channel)), request)
 
 
 def method_path(multicallable: Any) -> str:
@@ -263,12 +219,19 @@ class ChannelInvoker(Invoker):
     """
 
     def __init__(
-        self, rpc: RpcClient, channels: ChannelPool, route: str | Route, *, retry: RetryPolicy | None = None
+        self,
+        rpc: RpcClient,
+        channels: ChannelPool,
+        route: str | Route,
+        *,
+        retry: RetryPolicy | None = None,
+        unavailable_did_not_run: bool = False,
     ) -> None:
         self._rpc = rpc
         self._channels = channels
         self._route = route
         self._retry = retry
+        self._unavailable_did_not_run = unavailable_did_not_run
 
     def _address(self) -> str:
         return self._route if isinstance(self._route, str) else self._route.current_address
@@ -289,7 +252,14 @@ class ChannelInvoker(Invoker):
 
         router = None if isinstance(self._route, str) else self._route
         policy = self._retry or self._rpc.retry
-        return await retry_call(attempt, policy=policy, idempotent=method.idempotent, router=router, name=method.path)
+        return await retry_call(
+            attempt,
+            policy=policy,
+            idempotent=method.idempotent,
+            router=router,
+            unavailable_did_not_run=self._unavailable_did_not_run,
+            name=method.path,
+        )
 
     def server_stream(
         self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None
@@ -368,3 +338,11 @@ async def one_call(
     """
     async with connect(address, token=token, timeout_s=timeout_s) as invoker:
         return await call(factory(invoker))
+
+
+class UnaryCall(Protocol[RequestT_contra, ResponseT_co]):
+    """The shape of a generated client's unary method: ``client.stat`` as a value, for callers that pick one."""
+
+    def __call__(self, request: RequestT_contra, *, timeout_s: float | None = None) -> Awaitable[ResponseT_co]:
+        """Send ``request``; ``timeout_s`` None means the invoker's default deadline."""
+        ...

@@ -4,10 +4,13 @@ A call is sent again only when sending it again is safe and may help:
 
 - UNAVAILABLE or DEADLINE_EXCEEDED, for a method the proto marks IDEMPOTENT or NO_SIDE_EFFECTS;
 - UNAVAILABLE with ``ff-not-primary`` from a standby (the call did not run, whatever the method), when the
-  caller routes (a ``Router``, e.g. to the mgmtd primary): the next attempt goes where the answer points.
+  caller routes (a ``Router``, e.g. to the mgmtd primary): the next attempt goes where the answer points;
+- any UNAVAILABLE, whatever the method, for a service that answers it only for calls it did not run (meta's
+  instances: ``unavailable_did_not_run``).
 
 Everything else (INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND, ...) is raised at once. A retried call gives up
-after ``max_attempts`` or once the next wait would pass ``max_total_s``, raising the last error.
+after ``max_attempts`` or once the next wait would pass ``max_total_s``, raising the last error as
+``RetriesExhausted`` (an ``RpcError`` with the same code, details and trailing metadata).
 """
 
 from __future__ import annotations
@@ -68,11 +71,22 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
+class RetriesExhausted(RpcError):
+    """The last error of a call that could have been retried but ran out of attempts or time."""
+
+    def __init__(self, last: RpcError, num_attempts: int) -> None:
+        super().__init__(last.code, last.details, last.trailing_metadata)
+        self.num_attempts = num_attempts
+
+
 class Router(Protocol):
     """Where a routed call goes next (the mgmtd primary, ...): it moves on after a failed attempt."""
 
-    def follow(self, err: RpcError) -> bool:
-        """Move on after ``err`` (UNAVAILABLE or DEADLINE_EXCEEDED): True when redirected to a named primary."""
+    async def follow(self, err: RpcError) -> bool:
+        """Move on after ``err`` (UNAVAILABLE or DEADLINE_EXCEEDED): True to send the next attempt without a backoff.
+
+        True when redirected to a named primary or to another instance that has not failed yet.
+        """
         ...
 
 
@@ -81,9 +95,11 @@ def is_not_primary(err: RpcError) -> bool:
     return err.code is grpc.StatusCode.UNAVAILABLE and NOT_PRIMARY_METADATA in err.trailing_metadata
 
 
-def should_retry(err: RpcError, *, idempotent: bool, routed: bool) -> bool:
+def should_retry(err: RpcError, *, idempotent: bool, routed: bool, unavailable_did_not_run: bool = False) -> bool:
     """Whether sending the call again is safe and may help (see the module)."""
     if routed and is_not_primary(err):
+        return True
+    if unavailable_did_not_run and err.code is grpc.StatusCode.UNAVAILABLE:
         return True
     return err.code in RETRYABLE_CODES and idempotent
 
@@ -94,6 +110,7 @@ async def retry_call(
     policy: RetryPolicy,
     idempotent: bool,
     router: Router | None = None,
+    unavailable_did_not_run: bool = False,
     name: str = "",
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -105,7 +122,8 @@ async def retry_call(
     primary is sent again at once, others after the policy's backoff.
 
     Raises:
-        RpcError: the last attempt's error.
+        RetriesExhausted: the last attempt's error, when the bounds stopped the retries.
+        RpcError: an error that is not retried.
     """
     started = clock()
     number = 1
@@ -113,14 +131,17 @@ async def retry_call(
         try:
             return await attempt()
         except RpcError as err:
-            redirected = router.follow(err) if router is not None and err.code in RETRYABLE_CODES else False
-            if not should_retry(err, idempotent=idempotent, routed=router is not None):
+            redirected = await router.follow(err) if router is not None and err.code in RETRYABLE_CODES else False
+            routed = router is not None
+            if not should_retry(
+                err, idempotent=idempotent, routed=routed, unavailable_did_not_run=unavailable_did_not_run
+            ):
                 raise
             if number >= policy.max_attempts:
-                raise
+                raise RetriesExhausted(err, number) from None
             delay_s = 0.0 if redirected else policy.backoff_s(number)
             if policy.max_total_s is not None and clock() - started + delay_s > policy.max_total_s:
-                raise
+                raise RetriesExhausted(err, number) from None
             logger.debug("retrying %s after %s (%.3fs)", name, err.code.name, delay_s)
             number += 1
             if delay_s > 0:

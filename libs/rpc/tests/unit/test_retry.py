@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from ff_rpc import RetryPolicy, RpcError
-from ff_rpc.retry import NOT_PRIMARY_METADATA, PRIMARY_ADDRESS_METADATA, retry_call
+from ff_rpc.retry import NOT_PRIMARY_METADATA, PRIMARY_ADDRESS_METADATA, RetriesExhausted, retry_call
 
 C = grpc.StatusCode
 POLICY = RetryPolicy(max_attempts=4, initial_backoff_s=0.1, max_backoff_s=1.0)
@@ -51,7 +51,7 @@ class Addresses:
         self.addresses = list(addresses)
         self.current = addresses[0]
 
-    def follow(self, err: RpcError) -> bool:
+    async def follow(self, err: RpcError) -> bool:
         primary = err.trailing_metadata.get(PRIMARY_ADDRESS_METADATA, "")
         if primary and primary != self.current:
             self.current = primary
@@ -81,9 +81,9 @@ async def test_unavailable_then_success_retries_after_a_jittered_backoff() -> No
 async def test_gives_up_after_max_attempts_with_the_last_error() -> None:
     errors = [RpcError(C.UNAVAILABLE, f"down {n}") for n in range(5)]
     attempt = Script(*errors)
-    with pytest.raises(RpcError) as err:
+    with pytest.raises(RetriesExhausted) as err:
         await run(attempt)
-    assert err.value is errors[3]
+    assert (err.value.code, err.value.details, err.value.num_attempts) == (C.UNAVAILABLE, "down 3", 4)
     assert attempt.calls == 4
 
 
@@ -99,10 +99,10 @@ async def test_gives_up_when_the_next_wait_would_pass_the_total_time_with_the_la
         raise errors[calls - 1]
 
     policy = RetryPolicy(max_attempts=10, initial_backoff_s=0.01, max_backoff_s=0.01, max_total_s=2.5)
-    with pytest.raises(RpcError) as err:
+    with pytest.raises(RetriesExhausted) as err:
         await retry_call(slow_attempt, policy=policy, idempotent=True, sleep=sleeps, clock=sleeps.clock)
     assert calls == 3  # at 1 s and 2 s a wait fits in 2.5 s; at 3 s none does
-    assert err.value is errors[2]
+    assert (err.value.code, err.value.details) == (C.DEADLINE_EXCEEDED, "slow 2")
 
 
 @pytest.mark.parametrize("code", [C.INVALID_ARGUMENT, C.PERMISSION_DENIED, C.NOT_FOUND, C.UNAUTHENTICATED])
@@ -178,3 +178,14 @@ def test_policy_rejects_bounds_that_cannot_work() -> None:
         RetryPolicy(max_attempts=0)
     with pytest.raises(ValueError, match="initial_backoff_s"):
         RetryPolicy(initial_backoff_s=2.0, max_backoff_s=1.0)
+
+
+async def test_a_service_whose_unavailable_means_not_run_is_retried_for_any_method() -> None:
+    attempt = Script(RpcError(C.UNAVAILABLE, "draining"), "answer")
+    result, _ = await run(attempt, idempotent=False, unavailable_did_not_run=True)
+    assert (result, attempt.calls) == ("answer", 2)
+    attempt = Script(RpcError(C.DEADLINE_EXCEEDED, "maybe ran"), "never")
+    with pytest.raises(RpcError) as err:
+        await run(attempt, idempotent=False, unavailable_did_not_run=True)
+    assert not isinstance(err.value, RetriesExhausted)
+    assert attempt.calls == 1

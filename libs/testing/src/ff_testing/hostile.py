@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -162,3 +163,8 @@ def _status_kib(pid: int, key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise LookupError(f"no {key} in /proc/{pid}/status")
+
+
+def client_method(rpc: str) -> str:
+    """The typed client's method of the RPC ``rpc`` (``BatchStat``: ``batch_stat``), for tests over many RPCs."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])|(?<=[A-Z])([A-Z])(?=[a-z])", r"_\1\2", rpc).lower()

@@ -100,7 +100,7 @@ def test_storage_needs_the_capability(cluster: MetaCluster, fs: hf3fs.FileSystem
     with fs.open(f"{home}/g", "wb") as f:
         f.write(b"other")
     st = fs.stat(f"{home}/f")
-    resp = fs._meta_call(lambda s: s.BatchStat, pb.BatchStatRequest(
+    resp = fs._meta_call(lambda m: m.batch_stat, pb.BatchStatRequest(
         paths=[pb.PathAt(path=f"{home}/f"), pb.PathAt(path=f"{home}/g")], follow_last_symlink=True,
         include_read_capability=True))  # fmt: skip
     cap_f, cap_g = (r.read_capability.token for r in resp.results)

@@ -8,11 +8,12 @@ import uuid
 from typing import Any
 
 import hf3fs
+from ff_testing.hostile import client_method
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 
 def _call(fs: hf3fs.FileSystem, method: str, request: Any) -> Any:
-    return fs._run(fs._meta.call(lambda s: getattr(s, method), request))
+    return fs._run(fs._meta.call(lambda m: getattr(m, client_method(method)), request))
 
 
 def _create(fs: hf3fs.FileSystem, path: str, reserve: int, session_id: str | None = None) -> pb.CreateRequest:

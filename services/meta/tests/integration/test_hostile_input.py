@@ -17,7 +17,7 @@ import pytest
 
 import hf3fs
 from ff_rpc import RpcError
-from ff_testing.hostile import MALFORMED_MESSAGES, call_raw, peak_rss_kib
+from ff_testing.hostile import MALFORMED_MESSAGES, call_raw, client_method, peak_rss_kib
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 from .conftest import MetaCluster
@@ -33,7 +33,7 @@ FAILED = grpc.StatusCode.FAILED_PRECONDITION
 
 def call(fs: hf3fs.FileSystem, method: str, request: Any) -> tuple[grpc.StatusCode, Any]:
     try:
-        return OK, fs._run(fs._meta.call(lambda s: getattr(s, method), request))
+        return OK, fs._run(fs._meta.call(lambda m: getattr(m, client_method(method)), request))
     except RpcError as err:
         return err.code, None
 

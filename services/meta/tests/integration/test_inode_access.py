@@ -14,6 +14,7 @@ import pytest
 
 import hf3fs
 from ff_rpc import RpcError
+from ff_testing.hostile import client_method
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 from .conftest import MetaCluster
@@ -25,7 +26,7 @@ CONTENT = bytes(range(256)) * 80  # 20,480 bytes
 def call(fs: hf3fs.FileSystem, method: str, request: Any) -> Any:
     """The response, or the status code the call failed with."""
     try:
-        return fs._run(fs._meta.call(lambda s: getattr(s, method), request))
+        return fs._run(fs._meta.call(lambda m: getattr(m, client_method(method)), request))
     except RpcError as err:
         return err.code
 

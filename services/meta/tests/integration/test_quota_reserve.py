@@ -11,6 +11,7 @@ import grpc
 
 import hf3fs
 from ff_rpc import RpcError
+from ff_testing.hostile import client_method
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 MiB = 1 << 20
@@ -18,7 +19,7 @@ MiB = 1 << 20
 
 def call(fs: hf3fs.FileSystem, method: str, request: Any) -> Any:
     try:
-        return fs._run(fs._meta.call(lambda s: getattr(s, method), request))
+        return fs._run(fs._meta.call(lambda m: getattr(m, client_method(method)), request))
     except RpcError as err:
         return err.code
 

@@ -168,7 +168,7 @@ def test_unlink_and_rmdir_check_the_type_in_meta_in_one_call(
         fs.rmdir(f"{home}/link")
     with pytest.raises(FileNotFoundError):
         fs.remove(f"{home}/missing")
-    assert calls == ["Remove"] * 4
+    assert calls == ["remove"] * 4  # MetaServiceClient.remove: the Remove RPC
     monkeypatch.undo()
     assert sorted(fs.listdir(home)) == ["d", "f", "link"]
     fs.remove(f"{home}/link")
@@ -186,7 +186,7 @@ def test_create_with_set_mode_chmods_an_existing_file_as_its_owner(
     from fireflyer.meta.v1 import meta_pb2 as pb
 
     def create(client: hf3fs.FileSystem, path: str, set_mode: int) -> Any:
-        return client._meta_call(lambda s: s.Create, pb.CreateRequest(
+        return client._meta_call(lambda m: m.create, pb.CreateRequest(
             path=pb.PathAt(path=path), mode=0o600, open_mode=pb.OPEN_MODE_WRITE, session_id=os.urandom(8).hex(),
             client_id=client.client_id, set_mode=set_mode), path)  # fmt: skip
 
@@ -209,7 +209,7 @@ def test_create_expecting_an_inode_opens_only_that_file(fs: hf3fs.FileSystem, ho
     from fireflyer.meta.v1 import meta_pb2 as pb
 
     def create(path: str, expect: int) -> Any:
-        return fs._meta_call(lambda s: s.Create, pb.CreateRequest(
+        return fs._meta_call(lambda m: m.create, pb.CreateRequest(
             path=pb.PathAt(path=path), mode=0o644, open_mode=pb.OPEN_MODE_WRITE, truncate=True,
             session_id=os.urandom(8).hex(), client_id=fs.client_id, expect_inode_id=expect), path)  # fmt: skip
 

@@ -46,7 +46,7 @@ class ManifestCheck:
         request = meta_pb2.StatRequest(path=meta_pb2.PathAt(path=fs_path), follow_last_symlink=True)
         try:
             with acting_as(Identity(uid, ())):
-                resp = await self._meta.call(lambda s: s.Stat, request)
+                resp = await self._meta.call(lambda m: m.stat, request)
         except RpcError as err:
             e = os_error(err, fs_path)
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
