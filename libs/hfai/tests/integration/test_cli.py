@@ -139,6 +139,11 @@ async def test_cli_commands_against_a_cluster(env: dict[str, Any]) -> None:
     assert code == 0 and "err (bad fan)" in out, err
     code, out, err = await hfai("admin", "token", "issue", "bob", env=root)
     assert code == 0 and "token " in out, err
+    token_id = out.split()[1]
+    code, out, err = await hfai("admin", "token", "revoke", token_id, env=root)
+    assert code == 0 and f"token {token_id} revoked" in out, err
+    code, out, err = await hfai("admin", "token", "list", "bob", env=root)
+    assert code == 0 and f"{token_id}  bob revoked" in out, err
     code, out, err = await hfai("python", "x.py", "--", "--nodes", "0", env=alice)
     assert code == 1 and "INVALID_ARGUMENT" in err
 
