@@ -77,18 +77,18 @@ async def _facts(mgmtd: list[str], admin_token: str) -> dict[str, Any]:
     admin = SchedulerUser(address, admin_token, timeout_s=10.0)
     trainer = SchedulerUser(address, tokens[TRAINER], timeout_s=10.0)
     try:
-        listed = await admin.call("ListTasks", pb.ListTasksRequest(all_users=True, name_contains=TASK_NAME))
+        listed = await admin.scheduler.list_tasks(pb.ListTasksRequest(all_users=True, name_contains=TASK_NAME))
         tasks = {}
         for name in (TASK_NAME, REFERENCE_NAME):
             (found,) = [t for t in listed.tasks if t.spec.name == name]
             request = pb.GetTaskRequest(task_id=found.task_id, include_runs=True)
-            tasks[name] = (await trainer.call("GetTask", request)).task
+            tasks[name] = (await trainer.scheduler.get_task(request)).task
         task = tasks[TASK_NAME]
-        nodes = {n.node_id: n for n in (await admin.call("ListNodes", pb.ListNodesRequest())).nodes}
+        nodes = {n.node_id: n for n in (await admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes}
         logs = {}
         for run in task.runs:
             log = pb.StreamLogsRequest(task_id=task.task_id, node_rank=0, run_id=run.run_id)
-            logs[run.run_id] = b"".join([c.data async for c in trainer.rpc.stream(trainer.stub.StreamLogs, log)])
+            logs[run.run_id] = b"".join([c.data async for c in trainer.scheduler.stream_logs(log)])
     finally:
         await admin.close()
         await trainer.close()

@@ -170,7 +170,7 @@ async def test_a_2x2_hfreduce_allreduce_crosses_the_agents_hosts(cluster: Cluste
     try:
         before = cluster.link_bytes()
         spec = pb.TaskSpec(name="allreduce", argv=["python", str(script)], num_nodes=2, priority=10)
-        task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+        task = (await user.scheduler.submit_task(pb.SubmitTaskRequest(spec=spec))).task
         done = await _wait_ended(user, task.task_id)
         after = cluster.link_bytes()
         logs = [await user.log(task.task_id, r) for r in (0, 1)]
@@ -246,7 +246,7 @@ async def test_join_adds_a_node_the_scheduler_uses_and_leave_drains_and_removes_
             script = tmp_path / "sleep.py"
             script.write_text(SLEEP_SCRIPT.format(seconds=300))
             spec = pb.TaskSpec(name="three", argv=["python", str(script)], num_nodes=3, priority=10)
-            task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+            task = (await user.scheduler.submit_task(pb.SubmitTaskRequest(spec=spec))).task
             running = await _wait_for(user, task.task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING)
             on_joined = [n.node_rank for n in running.current_run.nodes if n.node_id == node_ids["agent"]]
             assert on_joined, running.current_run
@@ -262,9 +262,9 @@ async def test_join_adds_a_node_the_scheduler_uses_and_leave_drains_and_removes_
             assert f"node {node_ids['agent']}: gone from the scheduler's nodes" in left.stdout, left.stdout
             after = await user.task(task.task_id)
             assert after.runs[0].state != pb.RUN_STATE_RUNNING and after.current_run.state != pb.RUN_STATE_RUNNING
-            nodes = {n.node_id for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes}
+            nodes = {n.node_id for n in (await user.scheduler.list_nodes(pb.ListNodesRequest())).nodes}
             assert node_ids["agent"] not in nodes and len(nodes) == 2, nodes  # forgotten: agent-1 and agent-2 left
-            await user.call("StopTask", pb.StopTaskRequest(task_id=task.task_id))  # 2 nodes left: it would wait
+            await user.scheduler.stop_task(pb.StopTaskRequest(task_id=task.task_id))  # 2 nodes left: it would wait
         finally:
             await user.close()
         routing = await _routing(cluster)

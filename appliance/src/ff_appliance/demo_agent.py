@@ -124,7 +124,7 @@ async def _nodes(user: _User, step: Callable[[str], None], say: Callable[[str], 
     deadline = time.monotonic() + WAIT_S
     while True:
         nodes = [
-            n for n in (await user.call("ListNodes", pb.ListNodesRequest())).nodes if n.state == pb.NODE_STATE_READY
+            n for n in (await user.scheduler.list_nodes(pb.ListNodesRequest())).nodes if n.state == pb.NODE_STATE_READY
         ]
         if len(nodes) >= 2:
             break
@@ -143,7 +143,7 @@ async def _env_task(user: _User, folder: Path, step: Callable[[str], None], say:
     script = folder / "env.py"
     script.write_text(ENV_SCRIPT)
     spec = pb.TaskSpec(name="print-env", argv=["python", str(script)], num_nodes=2, priority=10)
-    task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+    task = (await user.scheduler.submit_task(pb.SubmitTaskRequest(spec=spec))).task
     done = await user.wait(task.task_id, lambda t: t.state >= pb.TASK_STATE_SUCCEEDED, "the end")
     if done.state != pb.TASK_STATE_SUCCEEDED:
         raise AgentDemoError(f"the print-env task ended {_state(done)}: {done.end_message}")
@@ -162,7 +162,7 @@ async def _suspend_resume(user: _User, folder: Path, step: Callable[[str], None]
     script.write_text(TRAIN_SCRIPT)
     ckpt = f"{CHECKPOINTS}/{folder.name}.json"
     spec = pb.TaskSpec(name="train", argv=["python", str(script), ckpt], num_nodes=2, priority=10)
-    task = (await user.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+    task = (await user.scheduler.submit_task(pb.SubmitTaskRequest(spec=spec))).task
     await user.wait(task.task_id, lambda t: t.current_run.state == pb.RUN_STATE_RUNNING, "running")
     deadline = time.monotonic() + WAIT_S
     # Node rank 0's local rank 0 (the rank that checkpoints) made some progress worth checkpointing: its own line
@@ -171,7 +171,7 @@ async def _suspend_resume(user: _User, folder: Path, step: Callable[[str], None]
         if time.monotonic() > deadline:
             raise AgentDemoError("the train task printed no progress")
         await asyncio.sleep(0.2)
-    await user.call("SuspendTask", pb.SuspendTaskRequest(task_id=task.task_id))
+    await user.scheduler.suspend_task(pb.SuspendTaskRequest(task_id=task.task_id))
     say(f"task {task.task_id}: suspend asked")
     started = (pb.RUN_STATE_UNSPECIFIED, pb.RUN_STATE_STARTING)
     resumed = await user.wait(

@@ -339,7 +339,7 @@ class Faults:
 
     async def _node_ready(self, node_id: int, *, task_may_end: bool = False) -> pb.Node:
         async def ready(_: pb.Task) -> pb.Node | None:
-            nodes = (await self.admin.call("ListNodes", pb.ListNodesRequest())).nodes
+            nodes = (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes
             node = next((n for n in nodes if n.node_id == node_id), None)
             return node if node is not None and node.state == pb.NODE_STATE_READY else None
 
@@ -394,7 +394,7 @@ class Faults:
         rec.detected_at = failure.failed_at
         rec.detected_by = f"agent of node {node_id}: {failure.message}"
         self.say(f"hang detected {rec.detected_at - rec.signalled_at:.1f} s after the SIGSTOP: {failure.message}")
-        nodes = {n.node_id: n for n in (await self.admin.call("ListNodes", pb.ListNodesRequest())).nodes}
+        nodes = {n.node_id: n for n in (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes}
         cordoned = nodes[node_id]
         if cordoned.state != pb.NODE_STATE_ERR:
             raise FaultError(f"node {node_id} was not cordoned: {pb.NodeState.Name(cordoned.state)}")
@@ -410,7 +410,7 @@ class Faults:
     async def return_node(self, node_id: int) -> str:
         """A validation of the cordoned node; once it passes, the scheduler returns the node (read back)."""
         started = time.time()
-        await self.admin.call("ValidateNodes", pb.ValidateNodesRequest(node_ids=[node_id]))
+        await self.admin.scheduler.validate_nodes(pb.ValidateNodesRequest(node_ids=[node_id]))
         node = await self._node_ready(node_id, task_may_end=True)
         checks = ", ".join(c.name for c in node.last_validation.checks)
         return (

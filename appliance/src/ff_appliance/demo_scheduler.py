@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ff_appliance.scheduler_setup import scheduler_address, set_quota
 from ff_appliance.scheduler_user import SchedulerUser, user_token
@@ -52,7 +52,7 @@ async def _settled(user: SchedulerUser, task_ids: list[int]) -> list[pb.Task]:
     """The tasks once the scheduler's ticks have given each a queue reason."""
     deadline = time.monotonic() + TICK_WAIT_S
     while True:
-        tasks = [(await user.call("GetTask", pb.GetTaskRequest(task_id=i))).task for i in task_ids]
+        tasks = [(await user.scheduler.get_task(pb.GetTaskRequest(task_id=i))).task for i in task_ids]
         if all(t.queue_reason or t.state != pb.TASK_STATE_QUEUED for t in tasks) or time.monotonic() > deadline:
             return tasks
         await asyncio.sleep(0.2)
@@ -60,21 +60,21 @@ async def _settled(user: SchedulerUser, task_ids: list[int]) -> list[pb.Task]:
 
 async def _hold_nodes(admin: SchedulerUser) -> list[int]:
     """Disable the ready nodes (so the demo's tasks wait); the ids, to enable them again."""
-    nodes = (await admin.call("ListNodes", pb.ListNodesRequest(states=[pb.NODE_STATE_READY]))).nodes
+    nodes = (await admin.scheduler.list_nodes(pb.ListNodesRequest(states=[pb.NODE_STATE_READY]))).nodes
     for n in nodes:
-        await admin.call("SetNodeEnabled", pb.SetNodeEnabledRequest(node_id=n.node_id, enabled=False, reason=HELD))
+        await admin.scheduler.set_node_enabled(pb.SetNodeEnabledRequest(node_id=n.node_id, enabled=False, reason=HELD))
     return [n.node_id for n in nodes]
 
 
 async def _release_nodes(admin: SchedulerUser, node_ids: list[int]) -> None:
     for node_id in node_ids:
-        await admin.call("SetNodeEnabled", pb.SetNodeEnabledRequest(node_id=node_id, enabled=True))
+        await admin.scheduler.set_node_enabled(pb.SetNodeEnabledRequest(node_id=node_id, enabled=True))
 
 
 async def _refused_as_too_big(alice: SchedulerUser, say: Callable[[str], None]) -> None:
     spec = pb.TaskSpec(name="too-big", argv=["python", "train.py"], num_nodes=8, priority=10)
     try:
-        await alice.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))
+        await alice.scheduler.submit_task(pb.SubmitTaskRequest(spec=spec))
     except RpcError as err:
         if err.code.name != "FAILED_PRECONDITION":
             raise
@@ -112,7 +112,7 @@ async def scheduler_section(
             pb.TaskSpec(name="train-auto", argv=["python", "train.py"], num_nodes=2, auto_priority=True),
             pb.TaskSpec(name="over-quota", argv=["python", "train.py"], num_nodes=1, priority=20),
         ]
-        ids = [(await alice.call("SubmitTask", pb.SubmitTaskRequest(spec=s))).task.task_id for s in specs]
+        ids = [(await alice.scheduler.submit_task(pb.SubmitTaskRequest(spec=s))).task.task_id for s in specs]
         tasks = await _settled(alice, ids)
         for t in tasks:
             say(_line(t))
@@ -122,24 +122,25 @@ async def scheduler_section(
         await _refused_as_too_big(alice, say)
 
         step(f"{USERS[1]} cannot see, suspend or stop {USERS[0]}'s tasks")
-        for method, request in (
-            ("GetTask", pb.GetTaskRequest(task_id=ids[0])),
-            ("StopTask", pb.StopTaskRequest(task_id=ids[0])),
-        ):
+        attempts: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("GetTask", lambda: bob.scheduler.get_task(pb.GetTaskRequest(task_id=ids[0]))),
+            ("StopTask", lambda: bob.scheduler.stop_task(pb.StopTaskRequest(task_id=ids[0]))),
+        ]
+        for method, call in attempts:
             try:
-                await bob.call(method, request)
+                await call()
             except RpcError as err:
                 say(f"{method} of task {ids[0]}: {err.code.name}")
                 continue
             raise SchedulerDemoError(f"{USERS[1]} could {method} another user's task")
-        listed = (await bob.call("ListTasks", pb.ListTasksRequest())).tasks
+        listed = (await bob.scheduler.list_tasks(pb.ListTasksRequest())).tasks
         say(f"{USERS[1]} lists {len(listed)} tasks")
 
         step(f"{USERS[0]} suspends a queued task (nothing to do) and stops the others")
-        t = (await alice.call("SuspendTask", pb.SuspendTaskRequest(task_id=ids[0]))).task
+        t = (await alice.scheduler.suspend_task(pb.SuspendTaskRequest(task_id=ids[0]))).task
         say(f"suspend while queued: {_line(t)}")
         for task_id in ids:
-            t = (await alice.call("StopTask", pb.StopTaskRequest(task_id=task_id))).task
+            t = (await alice.scheduler.stop_task(pb.StopTaskRequest(task_id=task_id))).task
             say(_line(t) + (f" - {t.end_message}" if t.end_message else ""))
             if t.state != pb.TASK_STATE_STOPPED:
                 raise SchedulerDemoError(f"task {task_id} is not stopped")

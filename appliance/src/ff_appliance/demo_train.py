@@ -215,7 +215,7 @@ class TrainDemo:
         try:
             deadline = time.monotonic() + WAIT_S
             while True:
-                listed = (await user.call("ListNodes", pb.ListNodesRequest())).nodes
+                listed = (await user.scheduler.list_nodes(pb.ListNodesRequest())).nodes
                 ready = [n for n in listed if n.state == pb.NODE_STATE_READY]
                 if len(ready) >= NUM_NODES or time.monotonic() > deadline:
                     break
@@ -353,7 +353,7 @@ class TrainDemo:
                 num_nodes=NUM_NODES,
                 priority=HIGH,
             )
-            task = (await urgent.call("SubmitTask", pb.SubmitTaskRequest(spec=spec))).task
+            task = (await urgent.scheduler.submit_task(pb.SubmitTaskRequest(spec=spec))).task
         finally:
             await urgent.close()
         self.say(

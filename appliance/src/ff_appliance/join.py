@@ -319,7 +319,7 @@ async def _wait_schedulable(client: MgmtdClient, token: str, node_id: int, deadl
     user = SchedulerUser(await scheduler_address(client), token)
     try:
         while True:
-            nodes = (await user.call("ListNodes", spb.ListNodesRequest())).nodes
+            nodes = (await user.scheduler.list_nodes(spb.ListNodesRequest())).nodes
             found = [n for n in nodes if n.node_id == node_id]
             if found and found[0].state == spb.NODE_STATE_READY:
                 print(f"node {node_id}: ready in the scheduler ({len(found[0].devices)} devices)", file=out)
@@ -398,7 +398,9 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
     user = SchedulerUser(await scheduler_address(client), token)
     try:
         try:
-            await user.call("SetNodeEnabled", spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING))
+            await user.scheduler.set_node_enabled(
+                spb.SetNodeEnabledRequest(node_id=node_id, enabled=False, reason=LEAVING)
+            )
         except RpcError as err:
             if err.code is not grpc.StatusCode.NOT_FOUND:
                 raise
@@ -410,7 +412,7 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
             file=out,
         )
         while True:
-            nodes = (await user.call("ListNodes", spb.ListNodesRequest())).nodes
+            nodes = (await user.scheduler.list_nodes(spb.ListNodesRequest())).nodes
             tasks = [list(n.task_ids) for n in nodes if n.node_id == node_id]
             if not tasks or not tasks[0]:
                 print(f"node {node_id}: drained (no run on it)", file=out)
@@ -473,7 +475,7 @@ async def _wait_forgotten(client: MgmtdClient, token: str, node_id: int, deadlin
     """Wait until the scheduler no longer lists the removed agent's node (it follows mgmtd's routing)."""
     user = SchedulerUser(await scheduler_address(client), token)
     try:
-        while node_id in {n.node_id for n in (await user.call("ListNodes", spb.ListNodesRequest())).nodes}:
+        while node_id in {n.node_id for n in (await user.scheduler.list_nodes(spb.ListNodesRequest())).nodes}:
             if time.monotonic() > deadline:
                 print(f"node {node_id}: the scheduler still lists it; it forgets it when it next hears mgmtd", file=out)
                 return

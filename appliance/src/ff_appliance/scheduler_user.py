@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ff_appliance.scheduler_setup import ensure_user
 from ff_cluster import MgmtdClient
-from ff_rpc import RpcClient, open_channel
+from ff_rpc import ChannelInvoker, ChannelPool, RpcClient
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.scheduler.v1 import scheduler_pb2 as pb
-from fireflyer.scheduler.v1 import scheduler_pb2_grpc
+from fireflyer.scheduler.v1.scheduler_client import SchedulerServiceClient
 
 TOKEN_TTL_S = 3600.0
 
@@ -22,20 +20,19 @@ async def user_token(mgmtd: MgmtdClient, name: str) -> str:
 
 
 class SchedulerUser:
-    """Calls to the scheduler at ``address`` as the user whose token is ``token``; close it when done."""
+    """Calls to the scheduler at ``address`` as the user whose token is ``token``; close it when done.
+
+    ``scheduler`` is the typed client: ``await user.scheduler.get_task(request)``.
+    """
 
     def __init__(self, address: str, token: str, timeout_s: float = 5.0) -> None:
-        self.channel = open_channel(address)
-        self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
-        self.rpc = RpcClient(token=token, timeout_s=timeout_s)
-
-    async def call(self, method: str, request: Any) -> Any:
-        """The scheduler's RPC ``method`` (e.g. ``"GetTask"``) with ``request``."""
-        return await self.rpc.unary(getattr(self.stub, method), request)
+        self._channels = ChannelPool()
+        rpc = RpcClient(token=token, timeout_s=timeout_s)
+        self.scheduler = SchedulerServiceClient(ChannelInvoker(rpc, self._channels, address))
 
     async def task(self, task_id: int) -> pb.Task:
         """The task with its runs."""
-        return (await self.call("GetTask", pb.GetTaskRequest(task_id=task_id, include_runs=True))).task  # type: ignore[no-any-return]
+        return (await self.scheduler.get_task(pb.GetTaskRequest(task_id=task_id, include_runs=True))).task
 
     async def log_bytes(
         self, task_id: int, node_rank: int, *, run_id: int = 0, offset: int = 0, follow: bool = False
@@ -47,7 +44,7 @@ class SchedulerUser:
         request = pb.StreamLogsRequest(
             task_id=task_id, node_rank=node_rank, run_id=run_id, offset_bytes=offset, follow=follow
         )
-        return b"".join([c.data async for c in self.rpc.stream(self.stub.StreamLogs, request)])
+        return b"".join([c.data async for c in self.scheduler.stream_logs(request)])
 
     async def log(self, task_id: int, node_rank: int, *, run_id: int = 0, follow: bool = False) -> str:
         """``log_bytes`` from the start, as text."""
@@ -55,4 +52,4 @@ class SchedulerUser:
 
     async def close(self) -> None:
         """Close the channel; the client cannot be used afterwards."""
-        await self.channel.close()
+        await self._channels.close()
