@@ -15,12 +15,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ff_cluster import MgmtdClient
@@ -28,10 +27,17 @@ from ff_rpc import RpcError
 from ff_scheduler.agents import AgentPool
 from ff_scheduler.core.model import NodePhase, RunState
 from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
-from ff_scheduler.core.tick import plan_tick
+from ff_scheduler.core.tick import TickPlan, plan_tick
 from ff_scheduler.store import ops, run_tokens
-from ff_scheduler.store.schema import nodes, runs, tasks
-from ff_scheduler.store.ticks import Applied, NodeOrder, apply_plan, load_snapshot, wanted_orders
+from ff_scheduler.store.ticks import (
+    Applied,
+    NodeOrder,
+    OrderRows,
+    TaskCacheUpdate,
+    apply_plan,
+    order_rows,
+    wanted_orders,
+)
 from ff_scheduler.txn import Transactions
 from fireflyer.agent.v1 import agent_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
@@ -108,14 +114,22 @@ class Scheduler:
         started = time.perf_counter()
         now = self.now()
 
-        def txn(s: Session) -> tuple[int, int, int, list[NodeOrder], list[tuple[str, int]]]:
-            snap = load_snapshot(s, now)
+        cache = self.store.tasks
+
+        def txn(s: Session) -> tuple[int, TickPlan, Applied, list[NodeOrder], list[tuple[str, int]], TaskCacheUpdate]:
+            snap, update = cache.load(s, now)
             plan = plan_tick(snap, self.sched, self.life)
             applied = apply_plan(s, plan, now, self.options.master_port) if not plan.empty else Applied()
             ended = run_tokens.ended(s) if self.mgmtd is not None else []
-            return len(snap.tasks), applied.num_started, applied.num_run_changes, wanted_orders(s), ended
+            return len(snap.tasks), plan, applied, wanted_orders(s), ended, update
 
-        num_tasks, num_started, num_changes, orders, ended_tokens = await self.store.arun(txn)
+        try:
+            num_tasks, plan, applied, orders, ended_tokens, update = await self.store.arun(txn)
+        except BaseException:
+            cache.invalidate()  # whether it committed is unknown: the next tick reads every task
+            raise
+        cache.commit(update, plan, applied)
+        num_started, num_changes = applied.num_started, applied.num_run_changes
         num_sent = self._reconcile(orders)
         self._forget_ended_runs({o.run_id for o in orders})
         self._revoke(ended_tokens)
@@ -133,8 +147,20 @@ class Scheduler:
         self.last_tick = stats
         return stats
 
+    async def load(self) -> None:
+        """Read every unfinished task into the tick's cache (at start: the ticks then read only what changed)."""
+        cache = self.store.tasks
+        update = await self.store.arun(lambda s: cache.load(s, self.now())[1], read_only=True)
+        cache.commit(update)
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick until ``stop`` (and follow mgmtd's node leases), then let orders in flight finish (bounded)."""
+        """Load, tick until ``stop`` (and follow mgmtd's node leases), then let orders in flight finish (bounded)."""
+        started = time.perf_counter()
+        try:
+            await self.load()
+            logger.info("tasks loaded", extra={"load_ms": round((time.perf_counter() - started) * 1000, 1)})
+        except Exception:
+            logger.exception("loading the tasks failed (the first tick reads them)")
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._tick_loop(stop))
             if self.mgmtd is not None:
@@ -213,7 +239,7 @@ class Scheduler:
     def _reconcile(self, orders: list[NodeOrder]) -> int:
         now = time.monotonic()
         live: set[tuple[int, int, str]] = set()
-        sent = 0
+        due: list[tuple[str, NodeOrder]] = []
         for order in orders:
             kind = _wanted(order)
             if kind is None or not order.online:
@@ -223,21 +249,37 @@ class Scheduler:
             if now - self._sent.get(key, -1e18) < self.options.order_resend_interval_s:
                 continue
             self._sent[key] = now
-            task = asyncio.create_task(self._send(kind, order))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
-            sent += 1
+            due.append((kind, order))
         self._sent = {k: v for k, v in self._sent.items() if k in live}
-        return sent
+        if due:
+            self._spawn(self._send_all(due))
+        return len(due)
 
-    async def _send(self, kind: str, order: NodeOrder) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _send_all(self, due: list[tuple[str, NodeOrder]]) -> None:
+        """Read what the orders need in one transaction (the first tick orders thousands), then send each."""
+        starts = [o for kind, o in due if kind == "start"]
+        rows = await self.store.arun(
+            lambda s: order_rows(
+                s, {o.run_id for _, o in due}, {o.task_id for o in starts}, {o.node_id for o in starts}
+            ),
+            read_only=True,
+        )
+        for kind, order in due:
+            if order.run_id in rows.runs:
+                self._spawn(self._send(kind, order, rows))
+
+    async def _send(self, kind: str, order: NodeOrder, rows: OrderRows) -> None:
+        run = rows.runs[order.run_id]
         try:
             if kind == "start":
-                await self.agents.start_run(order.agent_address, await self._start_request(order))
+                request = await self._start_request(order, run, rows.tasks[order.task_id], rows.nodes[order.node_id])
+                await self.agents.start_run(order.agent_address, request)
             elif kind == "suspend":
-                run = await self.store.arun(
-                    lambda s: s.execute(select(runs).where(runs.c.run_id == order.run_id)).one()
-                )
                 await self.agents.suspend_run(
                     order.agent_address,
                     agent_pb2.SuspendRunRequest(
@@ -249,9 +291,6 @@ class Scheduler:
                     ),
                 )
             else:
-                run = await self.store.arun(
-                    lambda s: s.execute(select(runs).where(runs.c.run_id == order.run_id)).one()
-                )
                 await self.agents.stop_run(
                     order.agent_address,
                     agent_pb2.StopRunRequest(
@@ -265,14 +304,7 @@ class Scheduler:
         except RpcError as err:
             logger.warning("%s order for run %d to node %d failed: %s", kind, order.run_id, order.node_id, err)
 
-    async def _start_request(self, order: NodeOrder) -> agent_pb2.StartRunRequest:
-        def read(s: Session) -> tuple[Any, Any, Any]:
-            run = s.execute(select(runs).where(runs.c.run_id == order.run_id)).one()
-            task = s.execute(select(tasks).where(tasks.c.task_id == order.task_id)).one()
-            node = s.execute(select(nodes).where(nodes.c.node_id == order.node_id)).one()
-            return run, task, node
-
-        run, task, node = await self.store.arun(read)
+    async def _start_request(self, order: NodeOrder, run: Any, task: Any, node: Any) -> agent_pb2.StartRunRequest:
         spec = task.spec
         devices = [int(d.get("index", i)) for i, d in enumerate(node.devices or [])]
         master_ip, _, port = run.master_address.rpartition(":")
@@ -347,9 +379,7 @@ class Scheduler:
             if token_id in self._revoking:
                 continue
             self._revoking.add(token_id)
-            task = asyncio.create_task(self._revoke_and_forget(token_id, run_id))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            self._spawn(self._revoke_and_forget(token_id, run_id))
 
     async def _revoke_and_forget(self, token_id: str, run_id: int) -> None:
         try:

@@ -36,8 +36,18 @@ def assign(tasks: list[TaskSnap], quotas: dict[QuotaKey, int], *, enforce: bool 
         key = (task.user, level, task.group)
         remaining[key] = remaining.get(key, 0) - task.num_nodes
         verdicts[task.task_id] = Verdict(True, level)
+    # Verdicts of tasks refused so far by (user, asked priority, group, nodes): the remaining quota only
+    # shrinks, so a later task asking the same is refused the same way (this spares a long queue's walk).
+    refused: dict[tuple[str, int | None, str, int], Verdict] = {}
     for task in queued:
-        verdicts[task.task_id] = _charge(task, quotas, remaining) if enforce else _unlimited(task)
+        if not enforce:
+            verdicts[task.task_id] = _unlimited(task)
+            continue
+        asks = (task.user, task.asked_priority, task.group, task.num_nodes)
+        verdict = refused.get(asks) or _charge(task, quotas, remaining)
+        if not verdict.in_quota:
+            refused[asks] = verdict
+        verdicts[task.task_id] = verdict
     return verdicts
 
 

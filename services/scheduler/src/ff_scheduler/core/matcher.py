@@ -61,12 +61,15 @@ def select_nodes(available: Iterable[int], need: int, nodes: dict[int, NodeView]
 
     In one zone, the tightest zone that fits; [] when impossible.
     """
-    by_zone: dict[str, list[int]] = defaultdict(list)
-    total = 0
+    by_zone: dict[str, set[int]] = defaultdict(set)
     for node_id in available:
-        by_zone[nodes[node_id].zone].append(node_id)
-        total += 1
-    if total < need:
+        by_zone[nodes[node_id].zone].add(node_id)
+    return _select_by_zone(by_zone, need, cross_zone_ok=cross_zone_ok)
+
+
+def _select_by_zone(by_zone: dict[str, set[int]], need: int, *, cross_zone_ok: bool) -> list[int]:
+    """``select_nodes`` over nodes already grouped by zone (empty zones are skipped)."""
+    if sum(len(ids) for ids in by_zone.values()) < need:
         return []
     fitting = [(len(ids), zone) for zone, ids in by_zone.items() if len(ids) >= need]
     if fitting:
@@ -75,7 +78,7 @@ def select_nodes(available: Iterable[int], need: int, nodes: dict[int, NodeView]
     if not cross_zone_ok:
         return []
     chosen: list[int] = []
-    for zone in sorted(by_zone, key=lambda z: (-len(by_zone[z]), z)):
+    for zone in sorted((z for z in by_zone if by_zone[z]), key=lambda z: (-len(by_zone[z]), z)):
         chosen += sorted(by_zone[zone])[: need - len(chosen)]
         if len(chosen) == need:
             break
@@ -102,14 +105,32 @@ class _GroupMatch:
         self.now = now
         self.result = result
         self.cross_zone_in_use = cross_zone_in_use
-        self.free: set[int] = set()
+        # Free nodes neither started on nor reserved in this tick, by zone, and how many.
+        self.free_by_zone: dict[str, set[int]] = defaultdict(set)
+        self.num_free = 0
         self.draining: set[int] = set()
         self.reserved: set[int] = set()
+        # (level, user) -> the fewest nodes a task of that user at that level could not have (neither free, nor
+        # being freed, nor by preemption) since the last preemption; a task asking as many or more waits too, as
+        # nodes only get taken until a preemption frees some (this spares the walk of a long queue on a full group).
+        self.failed: dict[tuple[int, str], int] = {}
         # Running tasks not yet visited that may be preempted, and their nodes per level and user.
         self.victims: dict[int, TaskSnap] = {}
         self.nodes_at: dict[int, int] = defaultdict(int)
         self.nodes_at_user: dict[tuple[int, str], int] = defaultdict(int)
         self.blocked = False
+
+    def add_free(self, node_id: int) -> None:
+        self.free_by_zone[self.nodes[node_id].zone].add(node_id)
+        self.num_free += 1
+
+    def _take(self, node_ids: Iterable[int]) -> None:
+        """No longer free for this tick (started on or reserved)."""
+        for node_id in node_ids:
+            zone_free = self.free_by_zone[self.nodes[node_id].zone]
+            if node_id in zone_free:
+                zone_free.discard(node_id)
+                self.num_free -= 1
 
     def preemptible(self, task: TaskSnap) -> bool:
         run = task.run
@@ -147,28 +168,39 @@ class _GroupMatch:
         if self.blocked:
             self.result.waiting[task.task_id] = QueueReason.WAITING_FOR_NODES
             return
-        free = self.free - self.reserved
         chosen = (
-            select_nodes(free, need, self.nodes, cross_zone_ok=not self.cross_zone_in_use) if len(free) >= need else []
+            _select_by_zone(self.free_by_zone, need, cross_zone_ok=not self.cross_zone_in_use)
+            if self.num_free >= need
+            else []
         )
         if chosen:
-            self.free.difference_update(chosen)
+            self._take(chosen)
             self.cross_zone_in_use |= _spans_zones(chosen, self.nodes)
             self.result.starts.append(Start(task.task_id, tuple(chosen), level))
             return
         self.result.waiting[task.task_id] = QueueReason.WAITING_FOR_NODES
-        soon = free | (self.draining - self.reserved)
-        if len(soon) >= need and self._reserve(soon, need):
-            return
-        bound = len(soon) + self.preemptible_bound(level, task.user)
-        if self.policy.preemption and bound >= need and self._preempt_for(task, level, soon):
-            return
+        failed = self.failed.get((level, task.user))
+        if failed is None or need < failed:
+            if self._wait_or_preempt(task, level):
+                return
+            self.failed[(level, task.user)] = need
         if self.policy.head_of_line_blocking:
             self.blocked = True
+
+    def _wait_or_preempt(self, task: TaskSnap, level: int) -> bool:
+        """Reserve nodes being freed, else preempt for the task; False when neither can give it its nodes."""
+        need = task.num_nodes
+        soon: set[int] = set().union(*self.free_by_zone.values())
+        soon.update(self.draining - self.reserved)
+        if len(soon) >= need and self._reserve(soon, need):
+            return True
+        bound = len(soon) + self.preemptible_bound(level, task.user)
+        return self.policy.preemption and bound >= need and self._preempt_for(task, level, soon)
 
     def _reserve(self, pool: set[int], need: int) -> bool:
         chosen = select_nodes(pool, need, self.nodes, cross_zone_ok=not self.cross_zone_in_use)
         self.reserved.update(chosen)
+        self._take(chosen)
         return bool(chosen)
 
     def _preempt_for(self, task: TaskSnap, level: int, soon: set[int]) -> bool:
@@ -187,6 +219,7 @@ class _GroupMatch:
                     self.drop_victim(v)
                     self.draining.update(v.run.node_ids)
                     self.result.preemptions.append(Preempt(v.task_id, v.run.run_id, task.task_id))
+                self.failed.clear()  # nodes of the victims not reserved now are being freed for others
                 return True
         return False
 
@@ -238,7 +271,7 @@ def _groups(
         if group is None:
             group = groups[node.group] = _GroupMatch(nodes, policy, now, result, cross_zone_in_use)
         if node.state is NodeState.READY and node.node_id not in held:
-            group.free.add(node.node_id)
+            group.add_free(node.node_id)
     for task in tasks:
         run = task.run
         if run is not None and run.state.draining and task.group in groups:

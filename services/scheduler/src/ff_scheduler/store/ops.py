@@ -18,7 +18,7 @@ from ff_scheduler.core.model import EndReason, NodePhase, QueueReason, RunState,
 from ff_scheduler.core.policy import LifecyclePolicy
 from ff_scheduler.core.validation import CheckedTask
 from ff_scheduler.store.schema import nodes, quotas, run_nodes, runs, tasks
-from ff_scheduler.store.ticks import ACTIVE, _run_snap, failure_to_json, node_state
+from ff_scheduler.store.ticks import ACTIVE, _run_snap, failure_to_json, node_state, note_changed
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,9 @@ def submit_task(
             end_message="",
         )
     )  # type: ignore[assignment]
-    return int(result.inserted_primary_key[0])  # type: ignore[index]
+    task_id = int(result.inserted_primary_key[0])  # type: ignore[index]
+    note_changed(s, task_id)
+    return task_id
 
 
 def _task_row(s: Session, task_id: int, owner: str | None) -> Any:
@@ -168,6 +170,7 @@ def stop_task(s: Session, task_id: int, owner: str | None, caller: str, now: flo
                 queue_reason=int(QueueReason.NONE),
             )
         )
+        note_changed(s, task_id)
         return
     who = "its user" if reason is EndReason.STOPPED_BY_USER else f"admin {caller}"
     change = request_stop(_run_snap(run, {}), reason, f"stopped by {who}")
@@ -222,6 +225,7 @@ def set_task_priority(s: Session, task_id: int, owner: str | None, asked: int | 
     if row.state != int(TaskState.RUNNING):
         values["priority"] = asked
     s.execute(update(tasks).where(tasks.c.task_id == task_id).values(**values))
+    note_changed(s, task_id)
 
 
 def counts(s: Session, user: str) -> tuple[int, int]:
@@ -462,6 +466,7 @@ def update_run(
         values["watchdog_time_s"] = watchdog_time_s
     if values:
         s.execute(update(tasks).where(tasks.c.task_id == task_id).values(**values))
+        note_changed(s, task_id)
 
 
 def report_node_health(s: Session, node_id: int, validation: dict[str, Any]) -> None:
