@@ -16,6 +16,7 @@ from ff_testing.scheduler import SchedulerClient, spec
 from ff_testing.scheduler import start_in_process as start_scheduler
 from ff_testing.telemetry import TelemetryClient
 from ff_testing.telemetry import start_in_process as start_telemetry
+from ff_testing.waiting import eventually
 from fireflyer.scheduler.v1 import scheduler_pb2 as spb
 from fireflyer.telemetry.v1 import telemetry_pb2 as pb
 
@@ -34,13 +35,20 @@ class Cluster:
         return f"http://{self.http}"
 
     async def submit(self, who: str, name: str) -> int:
-        """A task of ``who`` (it stays queued: no agent runs here); its id."""
+        """A task of ``who`` (it stays queued: no agent runs here); its id, once a tick said why it waits."""
         client = SchedulerClient(self.scheduler_address, self.tokens[who])
         try:
             resp = await client.call(client.user.SubmitTask, spb.SubmitTaskRequest(spec=spec(1, 10, name=name)))
+            task_id = int(resp.task.task_id)
+
+            async def reason_given() -> bool:
+                got = await client.call(client.user.GetTask, spb.GetTaskRequest(task_id=task_id))
+                return bool(got.task.queue_reason != spb.QUEUE_REASON_UNSPECIFIED)
+
+            await eventually(reason_given, timeout_s=30, what=f"the scheduler's reason for task {task_id} to wait")
         finally:
             await client.close()
-        return int(resp.task.task_id)
+        return task_id
 
     async def report(self, who: str, task_id: int, *steps: tuple[int, float]) -> None:
         """What ``hfai.telemetry.report(step=, loss=)`` pushes from rank 0 of the task, with ``who``'s token."""
