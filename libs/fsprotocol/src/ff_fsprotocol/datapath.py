@@ -29,19 +29,19 @@ The first frame of a connection must authenticate (cluster or user token); the n
 connection otherwise. Both ends name their ``version`` of this protocol (``DATA_PATH_VERSION``) and speak
 only their own: every node and client of a release ship together, so a peer of another version is refused
 at the handshake (FAILED_PRECONDITION, naming both versions), by the node or by the client, whichever
-learns it first. When the client's host id (``ff_fsprotocol.shm.host_id``, the
-kernel's boot id) is the node's, the node names its abstract AF_UNIX endpoint in the answer; a client
-whose read buffers lie in its shared-memory regions then reads (or pulls) through it (authenticated the
-same way) and the chunk bytes never touch a socket. Otherwise, or if that endpoint cannot be reached
+learns it first. When the client's host id (``ff_fsprotocol.shm.host_id``, the kernel's boot id) is the
+node's, the node names its abstract AF_UNIX endpoint in the answer; a client whose read buffers lie in its
+shared-memory regions then reads through it (authenticated the same way) and the chunk bytes never touch a
+socket. Otherwise, or if that endpoint cannot be reached
 (another network namespace), TCP.
 
-A push deposits bytes that a later gRPC write names by transfer id (the node
-"pulls" them from its inbox); a pull fetches bytes a gRPC read staged, and pulling is the reader's
-permission to send (request-to-send). A ``read`` is a BatchRead and its pull in one round trip (no gRPC
-call, nothing staged): sending it is the permission to send, and the connection's token is the caller's.
-A ``call`` is a write-side RPC and its bytes in one round trip (a push plus the gRPC call it names): the
-node checks the method's declared access and the same things the gRPC call does, with the connection's
-token as the caller (checked again on every call).
+A ``read`` is a BatchRead and its bytes in one round trip (no gRPC call, nothing staged): sending it is the
+reader's permission to send (request-to-send), and the connection's token is the caller's. A ``call`` is a
+write-side RPC and its bytes in one round trip: the node checks the method's declared access and the same
+things the gRPC call does, with the connection's token as the caller (checked again on every call), and
+hands the call's bytes straight to it. The client (``hf3fs.StorageClient``, a node's forwards) uses these two;
+``push`` (bytes a later gRPC write names by transfer id), ``pull`` and ``pull_shm`` (bytes a gRPC bulk
+BatchRead staged) serve the gRPC API's bulk transfers, which the storage contract still offers.
 Both ends use non-blocking sockets on the event loop (no stream buffers): senders send straight from their
 buffers, receivers receive straight into one buffer of the frame's length (no per-piece copies).
 """
