@@ -18,9 +18,9 @@ from ff_scheduler.core.model import EndReason, QueueReason, RunState, Snapshot, 
 from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class TaskChange:
-    """New values for a task (None: unchanged)."""
+    """New values for a task (None: unchanged); not frozen: the first tick makes one per queued task."""
 
     task_id: int
     state: TaskState | None = None
@@ -56,7 +56,7 @@ def plan_tick(snap: Snapshot, sched: SchedulingPolicy, life: LifecyclePolicy) ->
     plan = TickPlan()
     schedulable: list[TaskSnap] = []
     for task in snap.tasks:
-        if task.state.finished:
+        if task.state in _FINISHED:
             continue
         schedulable.append(_beat_run(task, snap, life, sched, plan) if task.run is not None else task)
     verdicts = assign(schedulable, snap.quotas, enforce=sched.enforce_quotas)
@@ -71,11 +71,14 @@ def plan_tick(snap: Snapshot, sched: SchedulingPolicy, life: LifecyclePolicy) ->
         if change is not None:
             plan.run_changes.append(replace(change, message=f"preempted for task {pre.for_task_id}"))
     started = {s.task_id: s for s in result.starts}
+    waiting = result.waiting
     for task in schedulable:
-        if task.run is not None:
-            continue
-        _queue_change(task, started.get(task.task_id), result.waiting.get(task.task_id), verdicts, plan)
+        if task.run is None:
+            _queue_change(task, started.get(task.task_id), waiting.get(task.task_id), verdicts, plan)
     return plan
+
+
+_FINISHED = frozenset(s for s in TaskState if s.finished)
 
 
 def _beat_run(
@@ -136,7 +139,7 @@ def _queue_change(
         return
     reason = reason or QueueReason.WAITING_FOR_NODES
     level = verdicts[task.task_id].priority
-    new_priority = level if (task.is_auto and level is not None and level != task.priority) else None
+    new_priority = level if (task.asked_priority is None and level is not None and level != task.priority) else None
     if reason != task.queue_reason or new_priority is not None:
         plan.task_changes.append(TaskChange(task_id=task.task_id, queue_reason=reason, priority=new_priority))
 

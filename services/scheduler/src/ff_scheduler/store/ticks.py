@@ -10,6 +10,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import CursorResult, and_, bindparam, insert, select, update
@@ -173,11 +174,12 @@ def _load(
         elif not snap.state.finished:
             waiting.pop(snap.task_id, None)
             others[snap.task_id] = snap
-    snaps = sorted([*waiting.values(), *others.values()], key=lambda t: t.task_id)
-    for i, task in enumerate(snaps):
-        run = run_by_task.get(task.task_id)
-        if run is not None:
-            snaps[i] = replace(task, run=run)
+    merged = {**waiting, **others}
+    for task_id, run in run_by_task.items():
+        task = merged.get(task_id)
+        if task is not None:
+            merged[task_id] = replace(task, run=run)
+    snaps = sorted(merged.values(), key=attrgetter("task_id"))
     quota_map = {(r.user_name, r.priority, r.node_group): r.max_nodes for r in s.execute(select(quotas))}
     return Snapshot(now=now, nodes=views, tasks=snaps, quotas=quota_map), waiting
 
@@ -556,14 +558,27 @@ class OrderRows:
 def order_rows(s: Session, run_ids: set[int], task_ids: set[int], node_ids: set[int]) -> OrderRows:
     """The runs (every order), tasks and nodes (start orders) the due orders need, read at once."""
 
-    def by_id(table: Any, column: Any, ids: set[int]) -> dict[int, Any]:
+    def by_id(column: Any, ids: set[int], *columns: Any) -> dict[int, Any]:
         found: dict[int, Any] = {}
         for chunk in _in_chunks(sorted(ids)):
-            found.update({getattr(r, column.name): r for r in s.execute(select(table).where(column.in_(chunk)))})
+            query = select(column, *columns).where(column.in_(chunk))
+            found.update({getattr(r, column.name): r for r in s.execute(query)})
         return found
 
+    r, t = runs.c, tasks.c
     return OrderRows(
-        runs=by_id(runs, runs.c.run_id, run_ids),
-        tasks=by_id(tasks, tasks.c.task_id, task_ids),
-        nodes=by_id(nodes, nodes.c.node_id, node_ids),
+        runs=by_id(
+            r.run_id,
+            run_ids,
+            r.run_index,
+            r.priority,
+            r.node_ids,
+            r.master_address,
+            r.start_whole_life_state,
+            r.ack_window_s,
+            r.grace_s,
+            r.stop_reason,
+        ),
+        tasks=by_id(t.task_id, task_ids, t.user_name, t.uid, t.spec),
+        nodes=by_id(nodes.c.node_id, node_ids, nodes.c.devices),
     )
