@@ -35,9 +35,9 @@ lock = threading.Lock()
 def bump(key):
     with lock:
         counts[key] += 1
-class _Namer:
+class _Namer:  # the typed client's method (snake_case) -> the RPC's name in the proto
     def __getattr__(self, name):
-        return name
+        return "".join(part.title() for part in name.split("_"))
 meta_call = meta_client.MetaClient.call
 async def counted_call(self, select, request, **kw):
     bump("meta " + select(_Namer()))

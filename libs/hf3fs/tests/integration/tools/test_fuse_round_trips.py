@@ -27,9 +27,9 @@ from hf3fs import meta_client
 out = os.environ["HF3FS_TEST_COUNT_DIR"]
 counts = collections.Counter()
 lock = threading.Lock()
-class _Namer:
+class _Namer:  # the typed client's method (snake_case) -> the RPC's name in the proto
     def __getattr__(self, name):
-        return name
+        return "".join(part.title() for part in name.split("_"))
 _call = meta_client.MetaClient.call
 async def _counted(self, select, request, **kw):
     with lock:
