@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,8 @@ class ServiceRun:
     load: float
     ticks: list[float]
     placed: int
+    # CPU seconds of the process (every thread) during each tick: what the tick costs whatever else runs.
+    cpu: list[float] = field(default_factory=list)
 
 
 class _Agents(AgentPool):
@@ -192,7 +194,9 @@ async def _service_run(store: Any, ticks: int, clock: Callable[[], float]) -> Se
     await scheduler.load()
     run = ServiceRun(time.perf_counter() - t0, [], 0)
     for _ in range(ticks):
+        cpu0 = time.process_time()
         stats = await scheduler.tick()
+        run.cpu.append(time.process_time() - cpu0)
         run.ticks.append(stats.duration_s)
         run.placed += stats.num_started
         await asyncio.sleep(0.05)  # the orders of the tick go out (one read, then a call per node) between ticks
@@ -264,10 +268,12 @@ def main() -> None:
         print(f"  service (Scheduler on SQLite, all nodes idle): load at start {first.load * 1000:.0f} ms")
         print(
             f"    each tick (Scheduler.tick; {first.placed} tasks placed on {num_busy} nodes): {_ms(first.ticks)} ms; "
-            f"{_bar(first.ticks)}"
+            f"{_bar(first.ticks)}; CPU: {_ms(first.cpu)} ms"
         )
         print(f"  restart (failover) on that state: load at start {restarted.load * 1000:.0f} ms")
-        print(f"    each tick: {_ms(restarted.ticks)} ms; {_bar(restarted.ticks)}")
+        print(
+            f"    each tick: {_ms(restarted.ticks)} ms; {_bar(restarted.ticks)}; CPU: {_ms(restarted.cpu)} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -70,11 +70,7 @@ def plan_tick(snap: Snapshot, sched: SchedulingPolicy, life: LifecyclePolicy) ->
         change = request_suspend(victim.run, EndReason.PREEMPTED, life, victim.suspend_grace_s)
         if change is not None:
             plan.run_changes.append(replace(change, message=f"preempted for task {pre.for_task_id}"))
-    started = {s.task_id: s for s in result.starts}
-    waiting = result.waiting
-    for task in schedulable:
-        if task.run is None:
-            _queue_change(task, started.get(task.task_id), waiting.get(task.task_id), verdicts, plan)
+    _queue_changes(schedulable, result, verdicts, plan)
     return plan
 
 
@@ -127,21 +123,34 @@ def _beat_run(
     return replace(task, state=outcome.state, run=replace(run, state=RunState.STOPPING))
 
 
-def _queue_change(
-    task: TaskSnap, start: Start | None, reason: QueueReason | None, verdicts: dict[int, Verdict], plan: TickPlan
-) -> None:
-    if start is not None:
-        plan.task_changes.append(
-            TaskChange(
-                task_id=task.task_id, state=TaskState.RUNNING, priority=start.priority, queue_reason=QueueReason.NONE
+def _queue_changes(tasks: list[TaskSnap], result: MatchResult, verdicts: dict[int, Verdict], plan: TickPlan) -> None:
+    """The changes of the queued tasks: started, or why they wait and (AUTO) at which level.
+
+    One pass over what may be 100,000 tasks, so the loop keeps to locals.
+    """
+    started = {s.task_id: s for s in result.starts}
+    waiting = result.waiting
+    changes = plan.task_changes
+    for task in tasks:
+        if task.run is not None:
+            continue
+        task_id = task.task_id
+        start = started.get(task_id)
+        if start is not None:
+            changes.append(
+                TaskChange(
+                    task_id=task_id, state=TaskState.RUNNING, priority=start.priority, queue_reason=QueueReason.NONE
+                )
             )
-        )
-        return
-    reason = reason or QueueReason.WAITING_FOR_NODES
-    level = verdicts[task.task_id].priority
-    new_priority = level if (task.asked_priority is None and level is not None and level != task.priority) else None
-    if reason != task.queue_reason or new_priority is not None:
-        plan.task_changes.append(TaskChange(task_id=task.task_id, queue_reason=reason, priority=new_priority))
+            continue
+        reason = waiting.get(task_id) or QueueReason.WAITING_FOR_NODES
+        new_priority = None
+        if task.asked_priority is None:  # AUTO: the level the assigner picked
+            level = verdicts[task_id].priority
+            if level is not None and level != task.priority:
+                new_priority = level
+        if reason != task.queue_reason or new_priority is not None:
+            changes.append(TaskChange(task_id=task_id, queue_reason=reason, priority=new_priority))
 
 
 def _join(*parts: str) -> str:

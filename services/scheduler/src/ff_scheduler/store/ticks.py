@@ -254,12 +254,18 @@ class TaskCacheUpdate:
     reread: set[int] = field(default_factory=set)
 
     def apply(self, plan: TickPlan, applied: Applied) -> None:
-        """Carry the applied plan's changes of waiting tasks over; tasks it started, ended or skipped are read again.
+        """Carry the applied plan's changes of waiting tasks over; tasks it requeued, ended or skipped are read again.
 
         Changes the kept tasks in place: call it once the tick has committed (``TaskCache.commit``).
         """
         skipped = set(applied.skipped)
+        # Started tasks are running now (or finished, when the start found them so): the running are read each tick.
+        started = {st.task_id for st in plan.starts}
+        for task_id in started:
+            self.waiting.pop(task_id, None)
         for tc in plan.task_changes:
+            if tc.task_id in started:
+                continue
             task = self.waiting.get(tc.task_id)
             if task is None or tc.task_id in skipped or tc.state is not None or tc.num_restarts is not None:
                 self.waiting.pop(tc.task_id, None)
@@ -269,9 +275,6 @@ class TaskCacheUpdate:
                 task.priority = tc.priority
             if tc.queue_reason is not None:
                 task.queue_reason = tc.queue_reason
-        for start in plan.starts:
-            self.waiting.pop(start.task_id, None)
-            self.reread.add(start.task_id)
         self.reread.update(applied.skipped)
 
 
