@@ -74,6 +74,23 @@ async def _new_head(cluster: StorageCluster, chain_id: int, old_node: int) -> tu
         await asyncio.sleep(0.1)
 
 
+async def _write_to_new_head(
+    cluster: StorageCluster, chain_id: int, old_node: int, data: bytes, update_id: spb.UpdateId
+) -> spb.UpdateResult:
+    """``_write_raw`` to the chain's new head, again with fresh routing while it answers STALE_CHAIN_VERSION.
+
+    mgmtd may publish the chain's next version before the new head has it, or move the chain again (the dead
+    node's target taken out); a write refused so was not applied (what StorageClient does with it too).
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        info, chain = await _new_head(cluster, chain_id, old_node)
+        result = await _write_raw(info, chain, data, update_id)
+        if result.status != spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(0.1)
+
+
 async def test_a_retry_to_the_same_head_gets_the_original_result(
     cluster: StorageCluster, client: StorageClient
 ) -> None:
@@ -147,11 +164,13 @@ async def test_a_retry_after_the_head_died_is_not_applied_again(id_cluster: tupl
         cluster.nodes[old - 101].kill()  # as if it died before answering the writer
         info, chain = await _new_head(cluster, chain.chain_id, old)
         y_start = time.monotonic()
-        y = await _write_raw(info, chain, b"Y" * 100, spb.UpdateId(client_id=b"writer-y", request_id=1))
+        y = await _write_to_new_head(
+            cluster, chain.chain_id, old, b"Y" * 100, spb.UpdateId(client_id=b"writer-y", request_id=1)
+        )
         history.append(Operation(key=0, kind=WRITE, value=b"Y", start=y_start, end=time.monotonic()))
         assert (y.status, y.committed_version) == (1, 2)
         assert await read(chain) == b"Y" * 100
-        retry = await _write_raw(info, chain, b"X" * 100, x)
+        retry = await _write_to_new_head(cluster, chain.chain_id, old, b"X" * 100, x)
         history.append(Operation(key=0, kind=WRITE, value=b"X", start=x_start, end=time.monotonic()))
         data = await read(chain)
         _, version, _ = await _read(client, chain.chain_id)
