@@ -100,8 +100,12 @@ class Mgmtd:
         self._changed = asyncio.Condition()
         # Local target states as the nodes last reported them (3FS keeps them in the manager's memory).
         self._local_states: dict[int, LocalTargetState] = {}
-        # Which node holds each target (as of the last chain scan): a node reports only its own.
+        # Which node holds each target (as of the last chain scan, which read the chains of routing version
+        # _owners_version): a node reports only its own. A report of a target the last scan did not see waits in
+        # _unverified for the next scan, which knows its holder: taken if the reporter holds it, else ignored.
         self._target_owner: dict[int, int] = {}
+        self._owners_version = -1
+        self._unverified: dict[int, tuple[int, LocalTargetState]] = {}
         self._scan_wanted = asyncio.Event()
         # What a chain scan reads besides the database: bumped whenever a reported local state changes or the
         # term changes. A scan whose inputs (this and the routing version) equal those of the last scan that
@@ -334,10 +338,20 @@ class Mgmtd:
                 logger.info("dead node is back", extra={"node_id": node_id})
             self._tracker.renew(node_id, self._clock())
         for target_id, state in (target_states or {}).items():
-            if self._target_owner.get(target_id, node_id) != node_id:
-                logger.warning(
-                    "node %d reported target %d of node %d; ignored", node_id, target_id, self._target_owner[target_id]
-                )
+            owner = self._target_owner.get(target_id)
+            if owner is None:
+                # In no chain as of the current routing: nothing to act on. Otherwise the chains changed since the
+                # last scan (or none ran yet on this primary): the next scan, which knows the holder, decides.
+                if self._owners_version != self._routing_version and self._unverified.get(target_id) != (
+                    node_id,
+                    state,
+                ):
+                    self._unverified[target_id] = (node_id, state)
+                    self._scan_inputs += 1
+                    self._scan_wanted.set()
+                continue
+            if owner != node_id:
+                logger.warning("node %d reported target %d of node %d; ignored", node_id, target_id, owner)
                 continue
             if self._local_states.get(target_id) is not state:
                 self._local_states[target_id] = state
@@ -378,8 +392,16 @@ class Mgmtd:
         inputs = (self._routing_version, self._scan_inputs)  # (taken before reading: a change meanwhile rescans)
         if inputs == self._quiet_scan:
             return None
+        unverified, self._unverified = self._unverified, {}
         chains = await self.store.arun(routing.list_chains, read_only=True)
         self._target_owner = {t.target_id: t.node_id for c in chains for t in c.targets}
+        self._owners_version = inputs[0]
+        for target_id, (node_id, state) in unverified.items():
+            owner = self._target_owner.get(target_id)
+            if owner == node_id:
+                self._local_states[target_id] = state
+            elif owner is not None:
+                logger.warning("node %d reported target %d of node %d; ignored", node_id, target_id, owner)
         by_id = {c.chain_id: c for c in chains}
         changed = scan_chains(chains, self._effective_local_states(chains))
         if not changed:
