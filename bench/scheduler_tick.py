@@ -271,9 +271,7 @@ def main() -> None:
             f"{_bar(first.ticks)}; CPU: {_ms(first.cpu)} ms"
         )
         print(f"  restart (failover) on that state: load at start {restarted.load * 1000:.0f} ms")
-        print(
-            f"    each tick: {_ms(restarted.ticks)} ms; {_bar(restarted.ticks)}; CPU: {_ms(restarted.cpu)} ms"
-        )
+        print(f"    each tick: {_ms(restarted.ticks)} ms; {_bar(restarted.ticks)}; CPU: {_ms(restarted.cpu)} ms")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -46,6 +47,8 @@ from fireflyer.scheduler.v1 import scheduler_pb2
 logger = logging.getLogger(__name__)
 
 RUN_TOKEN_TTL_S = 7 * 24 * 3600.0
+# Waiting tasks read at start from which on the objects alive are frozen (``gc.freeze``; see ``Scheduler.load``).
+FREEZE_AT_TASKS = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +155,11 @@ class Scheduler:
         cache = self.store.tasks
         update = await self.store.arun(lambda s: cache.load(s, self.now())[1], read_only=True)
         cache.commit(update)
+        if len(update.waiting) >= FREEZE_AT_TASKS:
+            # The tasks just read live as long as they wait. Frozen (with everything else alive now), the cyclic
+            # collector's full passes skip them: at 100,000 tasks those took 0.3-0.4 s of each of the first ticks.
+            # Tasks are acyclic: those that stop waiting are still freed by their reference counts.
+            gc.freeze()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Load, tick until ``stop`` (and follow mgmtd's node leases), then let orders in flight finish (bounded)."""
