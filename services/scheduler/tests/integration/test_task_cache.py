@@ -1,15 +1,14 @@
 """The tick's in-memory queued tasks (``TaskCache``) against the database, which stays the truth.
 
-A real SQLite store and a real ``Scheduler`` (its agents' address refuses: the orders fail and are retried, as
-with agents that are down). After every tick and every change made the way the RPCs make it, the snapshot the
-next tick would plan from equals a full read of the database; a restarted scheduler reads the same.
+A real store (SQLite, PostgreSQL) and a real ``Scheduler`` (its agents' address refuses: the orders fail and are
+retried, as with agents that are down). After every tick and every change made the way the RPCs make it, the
+snapshot the next tick would plan from equals a full read of the database; a restarted scheduler reads the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -46,8 +45,8 @@ def _task(num_nodes: int, level: int | None) -> CheckedTask:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = await asyncio.to_thread(open_store, f"sqlite:///{tmp_path / 'sched.db'}", MIGRATIONS, VERSION_TABLE)
+async def store(db_url: str) -> AsyncIterator[Store]:
+    store = await asyncio.to_thread(open_store, db_url, MIGRATIONS, VERSION_TABLE)
     for node_id in range(1, 5):
         values = {
             "node_id": node_id,
@@ -70,6 +69,14 @@ def _scheduler(store: Store) -> tuple[Scheduler, Transactions]:
     options = DriverOptions(tick_interval_s=1.0, master_port=2222, order_resend_interval_s=60.0)
     agents = AgentPool("", timeout_s=1.0)
     return Scheduler(txns, SchedulingPolicy(), LifecyclePolicy(), options, agents, clock=lambda: NOW), txns
+
+
+async def _stop(scheduler: Scheduler, txns: Transactions) -> None:
+    """Let the orders in flight fail and the transactions end, then close the agents' channels."""
+    while scheduler._inflight:
+        await asyncio.gather(*scheduler._inflight, return_exceptions=True)
+    await txns.drain(timeout_s=10.0)
+    await scheduler.agents.close()
 
 
 def _next(txns: Transactions) -> Snapshot:
@@ -109,8 +116,7 @@ async def test_the_kept_tasks_follow_every_change_and_a_restart_reads_the_same(s
     _next(txns)
     await scheduler.tick()
     before = _next(txns)
-    await txns.drain(timeout_s=10.0)
-    await scheduler.agents.close()
+    await _stop(scheduler, txns)
 
     # A restarted scheduler (a new process: nothing kept) reads the same state.
     restarted, txns2 = _scheduler(store)
@@ -118,4 +124,4 @@ async def test_the_kept_tasks_follow_every_change_and_a_restart_reads_the_same(s
     assert _next(txns2) == before
     await restarted.tick()
     _next(txns2)
-    await restarted.agents.close()
+    await _stop(restarted, txns2)
