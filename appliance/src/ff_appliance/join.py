@@ -430,8 +430,10 @@ async def _drain_agent(client: MgmtdClient, token: str, node_id: int, deadline: 
 async def _remove_nodes(client: MgmtdClient, token: str, plan: ClusterPlan, out: TextIO) -> None:
     """Disable the stopped nodes in mgmtd, wait until it declares them dead, then remove them.
 
-    mgmtd removes only a dead node (a live one would register again), so this waits for the lease of the last
-    heartbeat to run out: up to mgmtd's T after the stop. A node an earlier leave removed is skipped.
+    mgmtd removes only a dead node (a live one would register again). A service that stopped cleanly told mgmtd
+    with its last heartbeat, and is dead already; one that did not (killed, mgmtd unreachable) is declared dead
+    when the lease of its last heartbeat runs out, up to mgmtd's T after the stop. A node an earlier leave removed
+    is skipped.
     """
     info = await replicas.routing(client)
     registered = {n.node_id for n in info.nodes}
@@ -443,7 +445,11 @@ async def _remove_nodes(client: MgmtdClient, token: str, plan: ClusterPlan, out:
     if not leaving:
         return
     lease_s = (await client.mgmtd.get_cluster_info(mgmtd_pb2.GetClusterInfoRequest())).lease_duration_s
-    print(f"waiting for mgmtd to declare node(s) {sorted(leaving)} dead (their lease: {lease_s:g}s)", file=out)
+    print(
+        f"waiting for mgmtd to declare node(s) {sorted(leaving)} dead (at once for a service that stopped cleanly, "
+        f"else when its lease runs out: {lease_s:g}s)",
+        file=out,
+    )
     started = time.monotonic()
     await _wait_dead(client, set(leaving), started + lease_s + DEAD_MARGIN_S)
     print(f"node(s) {sorted(leaving)}: dead in mgmtd after {time.monotonic() - started:.1f}s", file=out)

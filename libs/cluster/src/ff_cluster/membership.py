@@ -18,6 +18,8 @@ from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
 logger = logging.getLogger(__name__)
+# How long a cleanly stopping node waits for mgmtd to take its last ("leaving") heartbeat.
+LEAVING_TIMEOUT_S = 1.0
 
 
 @dataclass(kw_only=True)
@@ -152,8 +154,24 @@ class NodeMembership:
                 for task in loops:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
+            await self._say_leaving()
         finally:
             await self._client.close()
+
+    async def _say_leaving(self) -> None:
+        """A clean stop: one last heartbeat tells mgmtd, which declares the node dead now, not after its lease.
+
+        Its targets leave their chains at once and it can be removed; best effort, bounded (a stop never waits
+        long for an unreachable mgmtd: the lease then runs out as after a crash).
+        """
+        request = mgmtd_pb2.HeartbeatRequest(node_id=self.node_id, leaving=True)
+        try:
+            call = self._client.mgmtd.heartbeat(request, timeout_s=LEAVING_TIMEOUT_S)
+            await asyncio.wait_for(call, LEAVING_TIMEOUT_S)  # (bounds its retries too)
+        except (RpcError, TimeoutError) as err:
+            logger.info("could not tell mgmtd this node is leaving (its lease will run out): %s", err)
+        else:
+            logger.info("told mgmtd this node is leaving", extra={"node_id": self.node_id})
 
     async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

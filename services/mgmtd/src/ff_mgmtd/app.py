@@ -263,14 +263,21 @@ class Mgmtd:
         expired = self._tracker.expired(self._clock())
         if not expired:
             return
-        version = await self.write(lambda s, f: routing.mark_dead(s, f, expired))
-        for node_id in expired:
-            self._tracker.forget(node_id)
-            if node_id in self._nodes:
-                self._nodes[node_id] = _with_status(self._nodes[node_id], NodeStatus.DEAD)
+        await self._mark_dead(expired)
         logger.warning(
             "nodes declared dead (no heartbeat for %.1fs)", self.timing.lease_duration_s, extra={"node_ids": expired}
         )
+
+    async def _mark_dead(self, node_ids: list[int]) -> None:
+        """Store and publish ``node_ids`` dead (their targets offline at the next scan, which runs at once).
+
+        Call with ``_node_lock`` held.
+        """
+        version = await self.write(lambda s, f: routing.mark_dead(s, f, node_ids))
+        for node_id in node_ids:
+            self._tracker.forget(node_id)
+            if node_id in self._nodes:
+                self._nodes[node_id] = _with_status(self._nodes[node_id], NodeStatus.DEAD)
         if version is not None:
             await self._publish(version)
         self._scan_wanted.set()
@@ -319,11 +326,13 @@ class Mgmtd:
         return removal
 
     async def heartbeat(
-        self, node_id: int, target_states: dict[int, LocalTargetState] | None = None
+        self, node_id: int, target_states: dict[int, LocalTargetState] | None = None, *, leaving: bool = False
     ) -> HeartbeatAnswer:
         """Renew a lease and note the node's local target states (the chain scan acts on changes).
 
-        The steady state touches no database: the primary keeps leases and local states in memory.
+        The steady state touches no database: the primary keeps leases and local states in memory. ``leaving``:
+        the node is stopping cleanly; it is declared dead at once, as when its lease runs out (its reports are
+        not taken).
         """
         self.require_primary()
         async with self._node_lock:
@@ -331,6 +340,12 @@ class Mgmtd:
             if known is None:
                 raise NotFoundError(f"node {node_id} is not registered")
             node = known
+            if leaving:
+                if node.status is not NodeStatus.DEAD:
+                    await self._mark_dead([node_id])
+                    logger.info("node stopped: declared dead at once", extra={"node_id": node_id})
+                config_version = self._config_versions.get(node.node_type, 0)
+                return HeartbeatAnswer(self._routing_version, config_version, node.enabled)
             if node.status is NodeStatus.DEAD:
                 node, version = await self.write(lambda s, f: routing.revive(s, f, node_id))
                 self._nodes[node_id] = node

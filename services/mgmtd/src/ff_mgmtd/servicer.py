@@ -62,7 +62,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
         validation.check_count("targets", len(request.targets), validation.MAX_TARGET_REPORTS)
         reports = validation.check_target_reports([(r.target_id, r.local_state) for r in request.targets])
-        answer = await self._m.heartbeat(_require_id("node_id", request.node_id), reports)
+        answer = await self._m.heartbeat(_require_id("node_id", request.node_id), reports, leaving=request.leaving)
         return pb.HeartbeatResponse(
             lease_duration_s=self._m.timing.lease_duration_s,
             routing_version=answer.routing_version,

@@ -64,3 +64,58 @@ async def test_membership_reports_lost_after_half_the_lease_and_regained(sqlite_
     await client.close()
     stop.set()
     await runner
+
+
+async def test_a_node_that_stops_cleanly_is_declared_dead_at_once_and_its_target_leaves_its_chain(
+    sqlite_url: str, start_mgmtd: Any
+) -> None:
+    # A 30 s lease: whatever happens within seconds of the stop is the node's own word, not its lease running out.
+    mgmtd = await start_mgmtd(sqlite_url, lease_duration_s=30.0, chain_scan_interval_s=0.1)
+    client = MgmtdClient([mgmtd.address], token=CLUSTER_TOKEN)
+    stops = [asyncio.Event(), asyncio.Event()]
+    nodes = [
+        NodeMembership(
+            MembershipOptions(
+                mgmtd_addresses=[mgmtd.address],
+                cluster_token=CLUSTER_TOKEN,
+                node_type=common_pb2.NODE_TYPE_STORAGE,
+                hostname=f"storage-{i}",
+                endpoints={"grpc": f"127.0.0.1:{7001 + i}"},
+                node_id=11 + i,
+                retry_interval_s=0.1,
+                target_reports=lambda target=101 + i: [(target, pb.LOCAL_TARGET_STATE_UPTODATE)],
+            )
+        )
+        for i in range(2)
+    ]
+    runners = [asyncio.create_task(n.run(stop)) for n, stop in zip(nodes, stops, strict=True)]
+    try:
+        for n in nodes:
+            await asyncio.wait_for(n.registered.wait(), timeout=5)
+        chain = pb.Chain(
+            chain_id=1, targets=[pb.Target(target_id=101, node_id=11), pb.Target(target_id=102, node_id=12)]
+        )
+        await client.mgmtd.set_chains(pb.SetChainsRequest(chains=[chain]))
+
+        async def routing() -> pb.RoutingInfo:
+            return (await client.mgmtd.get_routing_info(pb.GetRoutingInfoRequest())).routing_info
+
+        stops[0].set()
+        await runners[0]  # its last heartbeat said it is leaving
+        stopped_at = time.monotonic()
+        for _ in range(100):
+            info = await routing()
+            states = {t.target_id: t.public_state for t in info.chains[0].targets}
+            if states[101] != pb.PUBLIC_TARGET_STATE_SERVING:
+                break
+            await asyncio.sleep(0.05)
+        status = {n.node_id: n.status for n in info.nodes}
+        assert (status[11], status[12]) == (pb.NODE_STATUS_DEAD, pb.NODE_STATUS_ALIVE), info.nodes
+        assert [t.target_id for t in info.chains[0].targets] == [102, 101], info.chains  # 102 heads the chain now
+        assert states == {101: pb.PUBLIC_TARGET_STATE_OFFLINE, 102: pb.PUBLIC_TARGET_STATE_SERVING}, states
+        assert time.monotonic() - stopped_at < 5.0  # not the 30 s lease
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*runners, return_exceptions=True)
+        await client.close()

@@ -252,10 +252,16 @@ class HeartbeatRequest(_message.Message):
     ROUTING_VERSION_FIELD_NUMBER: _builtins.int
     CONFIG_VERSION_FIELD_NUMBER: _builtins.int
     TARGETS_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     node_id: _builtins.int
     routing_version: _builtins.int
     """The routing and config versions the node holds, so the answer can say whether to refetch."""
     config_version: _builtins.int
+    leaving: _builtins.bool
+    """The node is stopping cleanly (its last heartbeat): mgmtd declares it dead at once, as when its lease runs
+    out, without waiting for that (its targets leave their chains now; it may be removed). A heartbeat without
+    it, or registering again, brings it back as after any death.
+    """
     @_builtins.property
     def targets(self) -> _containers.RepeatedCompositeFieldContainer[Global___LocalTargetReport]:
         """Storage nodes: the local state of every target the node holds (3FS local target states). mgmtd's
@@ -269,10 +275,11 @@ class HeartbeatRequest(_message.Message):
         routing_version: _builtins.int = ...,
         config_version: _builtins.int = ...,
         targets: _abc.Iterable[Global___LocalTargetReport] | None = ...,
+        leaving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "node_id", b"node_id", "routing_version", b"routing_version", "targets", b"targets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "leaving", b"leaving", "node_id", b"node_id", "routing_version", b"routing_version", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
