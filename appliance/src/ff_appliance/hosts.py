@@ -329,11 +329,18 @@ def ensure_network(network: NetworkPlan) -> list[str]:
 
 
 def add_host(network: NetworkPlan, host: HostPlan) -> bool:
-    """Make ``host``'s namespace and its veth on the bridge when missing; whether anything was made."""
+    """Make ``host``'s namespace and its veth on the bridge when missing; whether anything was made.
+
+    A half-made host (an earlier ``up`` stopped between making the veth pair and moving its end into the
+    namespace) is repaired: the end left in this namespace is moved in.
+    """
     netns, outer, inner = network.netns(host.name), network.bridge_link(host.name), network.host_link(host.name)
     made = False
     if not (_NETNS_DIR / netns).exists():
         _ip(["netns", "add", netns])
+        made = True
+    if _link_exists(outer) and _link_exists(inner):  # the pair was made, its end never moved into the namespace
+        _ip(["link", "set", inner, "netns", netns])
         made = True
     if not _link_exists(outer):
         _ip(["link", "add", outer, "type", "veth", "peer", "name", inner])
