@@ -154,7 +154,8 @@ class NodeMembership:
                 for task in loops:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
-            await self._say_leaving()
+            if self.registered.is_set():  # (stopped before it ever registered: nothing to tell)
+                await self._say_leaving()
         finally:
             await self._client.close()
 
