@@ -78,9 +78,10 @@ def os_error(err: RpcError, path: str | None = None) -> OSError:
 class MetaClient:
     """Calls one of the meta services, failing over to the others.
 
-    UNAVAILABLE means the call did not run, so it goes to the next instance whatever the method; a
-    timeout is retried elsewhere only for methods the proto marks idempotent (``ff_rpc.retry_call``, with this
-    client as its router: the next instance at once, a backoff and fresh routing after a round of them all).
+    A call that never reached an instance (no connection) goes to the next one whatever the method; a connection
+    lost mid-call or a timeout is retried elsewhere only for methods the proto marks idempotent (the call may
+    have run: a Create or Rename sent again would apply twice). ``ff_rpc.retry_call``, with this client as its
+    router: the next instance at once, a backoff and fresh routing after a round of them all.
     """
 
     def __init__(

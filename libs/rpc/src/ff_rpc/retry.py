@@ -5,8 +5,11 @@ A call is sent again only when sending it again is safe and may help:
 - UNAVAILABLE or DEADLINE_EXCEEDED, for a method the proto marks IDEMPOTENT or NO_SIDE_EFFECTS;
 - UNAVAILABLE with ``ff-not-primary`` from a standby (the call did not run, whatever the method), when the
   caller routes (a ``Router``, e.g. to the mgmtd primary): the next attempt goes where the answer points;
-- any UNAVAILABLE, whatever the method, for a service that answers it only for calls it did not run (meta's
-  instances: ``unavailable_did_not_run``).
+- UNAVAILABLE, whatever the method, for a call that never reached a server (no connection could be made, or the
+  server refused the stream before reading it), for a service of several interchangeable instances (meta's:
+  ``unavailable_did_not_run``). Any other UNAVAILABLE of a non-idempotent call is raised: gRPC answers it too when
+  a connection is lost after the server ran the call ("Stream removed", "Socket closed"), and sending it again would
+  apply it twice.
 
 Everything else (INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND, ...) is raised at once. A retried call gives up
 after ``max_attempts`` or once the next wait would pass ``max_total_s``, raising the last error as
@@ -95,11 +98,22 @@ def is_not_primary(err: RpcError) -> bool:
     return err.code is grpc.StatusCode.UNAVAILABLE and NOT_PRIMARY_METADATA in err.trailing_metadata
 
 
+# How gRPC words an UNAVAILABLE for a call that never reached a server: no connection could be made, or the server
+# refused the stream before reading it (HTTP/2 REFUSED_STREAM, error code 7).
+_NEVER_SENT_DETAILS = ("failed to connect to all addresses", "dns resolution failed", "rst_stream with error code 7")
+
+
+def never_reached_a_server(err: RpcError) -> bool:
+    """An UNAVAILABLE for a call no server ran (see ``_NEVER_SENT_DETAILS``); sending it again is safe."""
+    details = (err.details or "").lower()
+    return err.code is grpc.StatusCode.UNAVAILABLE and any(d in details for d in _NEVER_SENT_DETAILS)
+
+
 def should_retry(err: RpcError, *, idempotent: bool, routed: bool, unavailable_did_not_run: bool = False) -> bool:
     """Whether sending the call again is safe and may help (see the module)."""
     if routed and is_not_primary(err):
         return True
-    if unavailable_did_not_run and err.code is grpc.StatusCode.UNAVAILABLE:
+    if unavailable_did_not_run and never_reached_a_server(err):
         return True
     return err.code in RETRYABLE_CODES and idempotent
 

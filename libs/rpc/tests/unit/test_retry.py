@@ -180,10 +180,16 @@ def test_policy_rejects_bounds_that_cannot_work() -> None:
         RetryPolicy(initial_backoff_s=2.0, max_backoff_s=1.0)
 
 
-async def test_a_service_whose_unavailable_means_not_run_is_retried_for_any_method() -> None:
-    attempt = Script(RpcError(C.UNAVAILABLE, "draining"), "answer")
+async def test_a_call_that_never_reached_a_server_is_retried_for_any_method() -> None:
+    refused = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused"
+    attempt = Script(RpcError(C.UNAVAILABLE, refused), "answer")
     result, _ = await run(attempt, idempotent=False, unavailable_did_not_run=True)
     assert (result, attempt.calls) == ("answer", 2)
+    # The connection lost after the server may have run it (a reviewer saw a Create applied twice so): raised.
+    attempt = Script(RpcError(C.UNAVAILABLE, "Stream removed (Socket closed)"), "never")
+    with pytest.raises(RpcError) as err:
+        await run(attempt, idempotent=False, unavailable_did_not_run=True)
+    assert attempt.calls == 1 and err.value.details == "Stream removed (Socket closed)"
     attempt = Script(RpcError(C.DEADLINE_EXCEEDED, "maybe ran"), "never")
     with pytest.raises(RpcError) as err:
         await run(attempt, idempotent=False, unavailable_did_not_run=True)
