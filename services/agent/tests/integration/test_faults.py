@@ -80,11 +80,12 @@ async def test_sigkill_of_an_agent_requeues_its_task_on_the_other_nodes(cluster:
     await asyncio.to_thread(victim.proc.wait)
     done = await wait_task(alice, task.task_id, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, timeout_s=90)
     assert done.state == pb.TASK_STATE_SUCCEEDED, done
-    # The surviving node's ranks failed first (their peers died with the agent), the victim's lease lapsed
-    # later: the run is NODE_LOST on the victim all the same.
+    # The surviving node's ranks usually fail first (their peers died with the agent), the victim's lease lapses
+    # later; on a loaded machine the lease may lapse before they noticed. Either way the run is NODE_LOST on the
+    # victim, named by its lease (the message then adds "its ranks' peers failed first: ..." when they did).
     assert done.runs[0].end_reason == pb.RUN_END_REASON_NODE_LOST, done.runs[0]
     assert done.runs[0].failure.node_id == victim.node_id
-    assert "its ranks' peers failed first" in done.runs[0].failure.message
+    assert f"node {victim.node_id} lost its lease" in done.runs[0].failure.message
     assert victim.node_id not in {n.node_id for n in done.runs[-1].nodes} and len(done.runs[-1].nodes) == 2
     # Nothing of the first run is left anywhere: the dead agent's ranks died with it, the others were stopped.
     assert not [p for p in victim_pids if procs.alive(p)]
