@@ -108,8 +108,8 @@ async def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_with_nothin
     alice = cluster.client("alice")
     task = await _submit(alice, spec(1, 10, argv=["python", str(script), str(out)]))
 
-    async def pids_written() -> bool:
-        return len(list(out.glob("pids-*"))) == 2
+    async def pids_written() -> bool:  # both files, each whole (a rank's pid, then its child's)
+        return sum(len(f.read_text().split()) for f in out.glob("pids-*")) == 4
 
     await eventually(pids_written, what="both ranks and their children started")
     pids = [int(p) for f in sorted(out.glob("pids-*")) for p in f.read_text().split()]
