@@ -9,7 +9,7 @@ from hf3fs.dataset import FileDataset
 from hf3fs.fs import DirEntry, FileSystem, ForkedProcessError, Quota, Stat, StatFs, TrashEntry, connect
 from hf3fs.meta_client import Hf3fsError, MetaClient
 from hf3fs.storage_client import ChunkRead, ChunkWrite, ReadOutcome, StorageClient, StorageIoError, WriteOutcome
-from hf3fs.writeback import WritebackError, WritebackOptions
+from hf3fs.writeback import WritebackError, WritebackOptions, WritebackStats
 
 __all__ = [
     "ChunkRead",
@@ -30,6 +30,7 @@ __all__ = [
     "WriteOutcome",
     "WritebackError",
     "WritebackOptions",
+    "WritebackStats",
     "connect",
     "crc32c_of",
 ]

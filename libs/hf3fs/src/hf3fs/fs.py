@@ -43,7 +43,15 @@ from hf3fs.forks import ForkedProcessError, Process, fork_error
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
 from hf3fs.statfs import within_quotas
 from hf3fs.storage_client import StorageClient
-from hf3fs.writeback import PendingFile, Writeback, WritebackError, WritebackFile, WritebackOptions, places_of
+from hf3fs.writeback import (
+    PendingFile,
+    Writeback,
+    WritebackError,
+    WritebackFile,
+    WritebackOptions,
+    WritebackStats,
+    places_of,
+)
 
 __all__ = [
     "WHOLE_FILE",
@@ -322,6 +330,10 @@ class FileSystem:
     def writeback_pending(self) -> int:
         """How many files are queued or being committed."""
         return self._wb.pending() if self._wb is not None else 0
+
+    def writeback_stats(self) -> WritebackStats:
+        """The write-back queue's counts (all zero before the first file was queued)."""
+        return self._wb.stats() if self._wb is not None else WritebackStats()
 
     def writeback_held_bytes(self, quota_id: int) -> int:
         """Bytes of files queued or being committed with this ``quota_id`` (see ``write_back``)."""

@@ -168,6 +168,23 @@ def _under(path: str, other: str) -> bool:
     return other == path or other.startswith(path.rstrip("/") + "/")
 
 
+@dataclass(frozen=True)
+class WritebackStats:
+    """A write-back queue's counts: files waiting and being committed now, and files handled so far.
+
+    Every file queued is settled once its batch ends (``submitted - settled`` are still to come; a file queued again
+    before its commit replaces the queued version and is counted once); ``failed`` of the settled ones were not
+    committed (the errors ``FileSystem.sync`` raises).
+    """
+
+    queued: int = 0
+    in_flight: int = 0
+    submitted: int = 0
+    settled: int = 0
+    failed: int = 0
+    batches: int = 0
+
+
 class Writeback:
     """The queue and flusher of one FileSystem (made by it: see ``FileSystem.write_back``)."""
 
@@ -183,6 +200,9 @@ class Writeback:
         self._waiters = 0
         self._stopping = False
         self.batches = 0  # batches committed (for tests and the bench)
+        self._submitted = 0  # files queued so far (a file queued again before its commit counts again)
+        self._settled = 0  # files whose commit ended, committed or failed (replaced in the queue: not counted)
+        self._failed = 0  # files whose commit failed
         self._threads = [
             threading.Thread(target=self._loop, name=f"hf3fs-writeback-{i}", daemon=True)
             for i in range(options.flushers)
@@ -205,6 +225,8 @@ class Writeback:
             old = self._queue.pop(item.key, None)
             if old is not None:
                 self._queued_bytes -= len(old.data)
+                self._submitted -= 1  # the newer version replaces it: one file to settle, not two
+            self._submitted += 1
             self._seq += 1
             item.seq = self._seq
             self._queue[item.key] = item
@@ -219,6 +241,18 @@ class Writeback:
         """How many files are queued or being committed."""
         with self._cond:
             return len(self._queue) + len(self._inflight)
+
+    def stats(self) -> WritebackStats:
+        """What the queue holds now and has done so far."""
+        with self._cond:
+            return WritebackStats(
+                queued=len(self._queue),
+                in_flight=len(self._inflight),
+                submitted=self._submitted,
+                settled=self._settled,
+                failed=self._failed,
+                batches=self.batches,
+            )
 
     def held_bytes(self, quota_id: int) -> int:
         """Bytes of the queued and in-flight files that count against the quota of folder ``quota_id``."""
@@ -297,6 +331,7 @@ class Writeback:
                     if self._inflight.get(item.key) is item:
                         del self._inflight[item.key]
                 self.batches += 1
+                self._settled += len(batch)
                 self._cond.notify_all()
 
     def _next_batch(self) -> list[PendingFile] | None:
@@ -342,6 +377,7 @@ class Writeback:
         )
         with self._cond:
             self._errors += failures
+            self._failed += len(failures)
 
     def _commit(self, batch: list[PendingFile]) -> None:
         groups: dict[Identity | None, list[PendingFile]] = {}

@@ -9,8 +9,10 @@ the client's buffers reach storage, so the kernel never shrinks a file that is b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
+import json
 import logging
 import os
 import stat
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 STATFS_BLOCK_BYTES = 4096
 FREE_INODES = 1 << 40  # 3FS has no inode table to fill; report plenty
+MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the root's attribute with the mount's counters (``getxattr``)
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -174,6 +177,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         self._next_fh = 1
         self._lock = threading.Lock()
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
+        self._released = 0  # handles released so far, all kinds (the mount's stats)
         self._holds: dict[int, IO[bytes]] = {}  # removed files still open here: inode -> its hold (a session)
         self._removed_open: set[int] = set()  # removed files kept by a writable handle's own session (no hold yet)
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
@@ -361,6 +365,20 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             "f_favail": FREE_INODES,
             "f_namemax": 255,
         }
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        """The mount's own counters as JSON, as ``user.hf3fs.mount_stats`` of its root; no other attribute (ENOTSUP).
+
+        ``open_handles``, ``pending_files`` (new files whose bytes are still in memory), ``releases`` (handles the
+        kernel released so far, each counted once its release is done) and ``writeback`` (``hf3fs.WritebackStats``:
+        files queued, in flight, submitted, settled, failed). A program that closed files can wait on them for its
+        data to be in the cluster: ``getfattr -n user.hf3fs.mount_stats --only-values MOUNT``.
+        """
+        if path != "/" or name != MOUNT_STATS_XATTR:
+            raise mfusepy.FuseOSError(errno.ENOTSUP)
+        with self._lock:
+            mine = {"open_handles": len(self._handles), "pending_files": len(self._pending), "releases": self._released}
+        return json.dumps({**mine, "writeback": dataclasses.asdict(self.fs.writeback_stats())}).encode()
 
     @_as_caller
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
@@ -779,11 +797,19 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
     def release(self, path: str, fh: int) -> int:
         """The kernel's release of a handle: its file closed (and its write session), or kept as a removed file's hold.
 
-        A pending new file goes to the write-back here.
+        A pending new file goes to the write-back here. Counted in the mount's stats once done, failed or not.
         """
         h = self._get(fh)
+        try:
+            self._release(fh, h)
+        finally:
+            with self._lock:
+                self._released += 1
+        return 0
+
+    def _release(self, fh: int, h: Handle) -> None:
         if h.pending is not None and self._pending_release(fh, h):
-            return 0
+            return
         hold = self._becomes_hold(h, fh)
         try:
             with h.lock:
@@ -808,4 +834,3 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
                     held = self._holds.pop(h.inode_id, None)
             if held is not None:
                 held.close()  # the last handle of a removed file: meta may free it now
-        return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import shutil
 import stat
@@ -24,6 +25,7 @@ from ff_testing.environ import clean_env
 from .conftest import FsCluster, start_cli
 
 MOUNT_TIMEOUT_S = 30.0
+MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the name users are told (hf3fs README)
 
 
 def _skip_reason() -> str | None:
@@ -371,6 +373,50 @@ def _eventually(check: Any, timeout_s: float = 20.0) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def mount_stats(inside: Path) -> dict[str, Any]:
+    """The counters of the mount ``inside`` lies in (its root's ``user.hf3fs.mount_stats``)."""
+    root = inside
+    while not os.path.ismount(root):
+        root = root.parent
+    return dict(json.loads(os.getxattr(root, MOUNT_STATS_XATTR)))
+
+
+def wait_released(inside: Path, releases: int, timeout_s: float = 20.0) -> dict[str, Any]:
+    """Wait until the mount has released ``releases`` handles in all and its write-back has settled every file queued.
+
+    What follows a close(2), whose release the kernel sends on its own time: a file handed to the write-back
+    there is committed (or failed) once ``settled`` reaches ``submitted``. Returns the counters.
+    """
+
+    def done() -> dict[str, Any]:
+        s = mount_stats(inside)
+        wb = s["writeback"]
+        assert s["releases"] >= releases and wb["settled"] == wb["submitted"], s
+        return s
+
+    return dict(_eventually(done, timeout_s))
+
+
+def test_mount_stats_count_releases_and_the_write_back(wb_mount: Path, fs_cluster: FsCluster) -> None:
+    """The root's ``user.hf3fs.mount_stats``: releases counted once done, a written-back file settled; any other
+    attribute or path: ENOTSUP, as before."""
+    (wb_mount / "stats").mkdir()
+    before = mount_stats(wb_mount)
+    for i in range(3):
+        _written_like_tar(wb_mount / "stats" / f"f{i}", b"counted %d" % i, 0o644, 1_600_000_000_000_000_000)
+    after = wait_released(wb_mount, before["releases"] + 3)
+    assert after["writeback"]["submitted"] == before["writeback"]["submitted"] + 3
+    assert after["writeback"]["failed"] == before["writeback"]["failed"]
+    assert after["pending_files"] == 0
+    for i in range(3):  # settled: another client sees the bytes at once, no waiting
+        with fs_cluster.client.open(f"/fuse/stats/f{i}", "rb") as f:
+            assert f.read() == b"counted %d" % i
+    for path, name in ((wb_mount.parent, "user.hf3fs.other"), (wb_mount, MOUNT_STATS_XATTR)):
+        with pytest.raises(OSError) as caught:
+            os.getxattr(path, name)
+        assert caught.value.errno == errno.ENOTSUP
 
 
 def test_files_written_like_tar_reach_the_cluster_whole(wb_mount: Path, fs_cluster: FsCluster) -> None:

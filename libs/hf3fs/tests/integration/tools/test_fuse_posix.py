@@ -20,7 +20,7 @@ import pytest
 from ff_testing.environ import clean_env
 
 from .conftest import FsCluster, start_cli
-from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
+from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason, mount_stats, wait_released
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")  # readable by every user, unlike a venv under /root
 ALICE, BOB, SHARED_GROUP = 4001, 4002, 5000
@@ -160,8 +160,9 @@ def test_a_file_removed_while_open_stays_usable_until_closed(shared: Path) -> No
     try:
         os.write(rw, b"abc" * 10)
         os.unlink(kept)
+        released = mount_stats(shared)["releases"]
         os.close(rw)  # its session becomes what keeps the file
-        time.sleep(0.2)  # the kernel's release of rw is asynchronous: let it land
+        wait_released(shared, released + 1)  # the kernel sends the release on its own time
         assert os.pread(ro, 100, 0) == b"abc" * 10
     finally:
         os.close(ro)

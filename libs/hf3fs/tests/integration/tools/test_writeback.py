@@ -79,9 +79,12 @@ def test_queued_files_are_committed_for_their_client_and_others_see_them_after_s
 def test_a_file_queued_twice_commits_its_last_content(
     fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
 ) -> None:
+    assert held.writeback_stats() == hf3fs.WritebackStats()  # nothing queued yet: all zero
     _write(held, f"{folder}/x", b"first version, longer")
     _write(held, f"{folder}/x", b"second")
+    assert held.writeback_stats() == hf3fs.WritebackStats(queued=1, submitted=1)  # the second replaced the first
     held.sync()
+    assert held.writeback_stats() == hf3fs.WritebackStats(submitted=1, settled=1, batches=1)
     st = fs_cluster.client.stat(f"{folder}/x")
     assert st.size == 6 and fs_cluster.client.open(f"{folder}/x", "rb").read() == b"second"
 
@@ -116,6 +119,8 @@ def test_errors_of_deferred_commits_are_raised_at_the_next_sync_point(
     _write(held, f"{folder}/ok2", b"fine too")
     with pytest.raises(WritebackError) as caught:
         held.sync()
+    counts = held.writeback_stats()
+    assert (counts.queued, counts.in_flight, counts.submitted, counts.settled, counts.failed) == (0, 0, 6, 6, 4)
     got = {path: err.errno for path, err in caught.value.failures}
     assert got == {
         f"{folder}/missing/f": errno.ENOENT,

@@ -222,9 +222,12 @@ def test_a_pending_file_another_client_removed_is_not_made_again(mount: Path, fs
         os.write(fd, b"written to a file another client removes")
         fs_cluster.client.remove(f"/fuse/{name}/f")
         _write(fs_cluster.client, f"/fuse/{name}/g", b"a neighbour")
+        released = test_fuse_mount.mount_stats(mount)["releases"]
     finally:
         os.close(fd)
-    time.sleep(1.0)  # the mount's write-back commits 50 ms after the release
+    # the release hands the file to the mount's write-back, which finds its inode gone and leaves it: once that
+    # settled, nothing came back
+    test_fuse_mount.wait_released(mount, released + 1)
     assert sorted(fs_cluster.client.listdir(f"/fuse/{name}")) == ["g"]
     assert _read(fs_cluster.client, f"/fuse/{name}/g") == b"a neighbour"
 
@@ -324,12 +327,15 @@ def test_times_set_after_a_written_back_close_stay(mount: Path, fs_cluster: FsCl
     fixed in hf3fs/fuse/pending.py, the release marks its handle no longer pending under its lock)."""
     where = mount / f"times-{uuid.uuid4().hex[:8]}"
     where.mkdir()
+    released = test_fuse_mount.mount_stats(mount)["releases"]
     for i in range(4):
         fd = os.open(where / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         os.write(fd, b"written back at close")
         os.close(fd)
         os.utime(where / f"f{i}", ns=(10**18, 10**18))
-    time.sleep(2.0)  # meta's background length/time work runs every 0.5 s on this cluster
+    # the revert came from the written-back file's commit landing after the utime: wait until every release is done
+    # and the write-back settled each file it was handed
+    test_fuse_mount.wait_released(mount, released + 4)
     for i in range(4):
         st = fs_cluster.client.stat(f"/fuse/{where.name}/f{i}")
         assert (st.mtime_ns, st.size) == (10**18, 21) and os.stat(where / f"f{i}").st_mtime_ns == 10**18
