@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
 from typing import Any
 
-from sqlalchemy import CursorResult, TextClause, and_, bindparam, insert, select, text, update
+from sqlalchemy import CursorResult, TextClause, and_, select, text, update
 from sqlalchemy.orm import Session
 
 from ff_scheduler.core.lifecycle import RunChange
@@ -35,6 +35,7 @@ from ff_scheduler.core.model import (
     TaskState,
 )
 from ff_scheduler.core.tick import TaskChange, TickPlan
+from ff_scheduler.store import bulk
 from ff_scheduler.store.schema import nodes, quotas, run_nodes, runs, tasks
 
 UNFINISHED = (int(TaskState.QUEUED), int(TaskState.RUNNING), int(TaskState.SUSPENDED))
@@ -164,7 +165,7 @@ def _load(
         waiting = dict(queued)
         for task_id in dirty:
             waiting.pop(task_id, None)
-        for chunk in _in_chunks(sorted(dirty)):
+        for chunk in bulk.in_chunks(sorted(dirty)):
             rows += s.execute(select(*_TASK_COLUMNS).where(_id_in(tasks.c.task_id, chunk)))
     others: dict[int, TaskSnap] = {}
     for r in rows:
@@ -356,25 +357,20 @@ def _task_values(change: TaskChange, now: float) -> dict[str, Any]:
 def update_tasks(s: Session, groups: Iterable[tuple[dict[str, Any], list[int]]]) -> None:
     """Set columns of tasks: each group's values on its task ids, batched (a tick may change thousands of tasks).
 
-    A group of several tasks is one UPDATE per 5,000 of them; the single ones are one executemany per set of columns.
+    A group of several tasks is one UPDATE per range of consecutive ids and per 5,000 others (``bulk.update_ids``);
+    the single ones are one executemany per set of columns.
     """
-    singles: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    singles: dict[tuple[str, ...], list[tuple[Any, ...]]] = defaultdict(list)
     for values, task_ids in groups:
         if not values:
             continue
         if len(task_ids) == 1:
             columns = tuple(sorted(values))
-            singles[columns].append({"v_task_id": task_ids[0], **{f"v_{c}": values[c] for c in columns}})
+            singles[columns].append((*(values[c] for c in columns), task_ids[0]))
             continue
-        for chunk in _in_chunks(task_ids):
-            s.execute(update(tasks).where(_id_in(tasks.c.task_id, chunk)).values(values))
-    for columns, params in singles.items():
-        stmt = (
-            update(tasks)
-            .where(tasks.c.task_id == bindparam("v_task_id"))
-            .values({c: bindparam(f"v_{c}") for c in columns})
-        )
-        s.connection().execute(stmt, params)
+        bulk.update_ids(s, tasks, "task_id", values, task_ids)
+    for columns, rows in singles.items():
+        bulk.update_rows(s, tasks, "task_id", columns, rows)
 
 
 @dataclass
@@ -409,12 +405,13 @@ def apply_plan(s: Session, plan: TickPlan, now: float, master_port: int) -> Appl
     return applied
 
 
-# Ids per IN list of batched statements (SQLite >= 3.32 takes 32,766 parameters, PostgreSQL 65,535).
-IN_CHUNK = 5000
-
-
-def _in_chunks(ids: list[int], size: int = IN_CHUNK) -> list[list[int]]:
-    return [ids[i : i + size] for i in range(0, len(ids), size)]
+# The columns of a new run, in the order ``_start_runs`` gives them.
+_RUN_COLUMNS = (
+    *("task_id", "run_index", "state", "priority", "node_ids", "master_address", "start_whole_life_state"),
+    *("suspend_stage", "suspend_requested_at", "suspend_received_at", "stop_requested_at", "stop_reason"),
+    *("ack_window_s", "grace_s", "created_at", "started_at", "ended_at", "end_reason", "end_message"),
+    *("failure", "checkpoint"),
+)
 
 
 def _id_in(column: Any, ids: list[int]) -> TextClause:
@@ -431,76 +428,74 @@ def _start_runs(s: Session, starts: list[Start], now: float, master_port: int) -
         return 0
     cols = (tasks.c.task_id, tasks.c.state, tasks.c.num_runs, tasks.c.whole_life_state, tasks.c.first_started_at)
     task_rows = {}
-    for chunk in _in_chunks([st.task_id for st in starts]):
+    for chunk in bulk.in_chunks([st.task_id for st in starts]):
         task_rows.update({r.task_id: r for r in s.execute(select(*cols).where(_id_in(tasks.c.task_id, chunk)))})
     master_ips: dict[int, str] = {}
-    for chunk in _in_chunks(sorted({st.node_ids[0] for st in starts})):
+    for chunk in bulk.in_chunks(sorted({st.node_ids[0] for st in starts})):
         query = select(nodes.c.node_id, nodes.c.master_ip).where(_id_in(nodes.c.node_id, chunk))
         master_ips.update({r.node_id: r.master_ip for r in s.execute(query)})
     starting = [st for st in starts if task_rows[st.task_id].state in UNFINISHED]
     if not starting:
         return 0
+    starting_state, no_stage, null = int(RunState.STARTING), int(SuspendStage.NONE), bulk.as_json(None)
     new_runs = [
-        {
-            "task_id": st.task_id,
-            "run_index": task_rows[st.task_id].num_runs,
-            "state": int(RunState.STARTING),
-            "priority": st.priority,
-            "node_ids": list(st.node_ids),
-            "master_address": f"{master_ips[st.node_ids[0]]}:{master_port}",
-            "start_whole_life_state": task_rows[st.task_id].whole_life_state,
-            "suspend_stage": int(SuspendStage.NONE),
-            "suspend_requested_at": 0.0,
-            "suspend_received_at": 0.0,
-            "stop_requested_at": 0.0,
-            "stop_reason": 0,
-            "ack_window_s": 0.0,
-            "grace_s": 0.0,
-            "created_at": now,
-            "started_at": 0.0,
-            "ended_at": 0.0,
-            "end_reason": 0,
-            "end_message": "",
-            "failure": None,
-            "checkpoint": None,
-        }
+        (
+            st.task_id,
+            task_rows[st.task_id].num_runs,
+            starting_state,
+            st.priority,
+            bulk.as_json(list(st.node_ids)),
+            f"{master_ips[st.node_ids[0]]}:{master_port}",
+            task_rows[st.task_id].whole_life_state,
+            no_stage,
+            0.0,
+            0.0,
+            0.0,
+            0,
+            0.0,
+            0.0,
+            now,
+            0.0,
+            0.0,
+            0,
+            "",
+            null,
+            null,
+        )
         for st in starting
     ]
-    s.execute(insert(runs), new_runs)
+    bulk.insert_rows(s, runs, _RUN_COLUMNS, new_runs)
     # A started task had no active run: its new run is the one of its index (read back: one executemany inserted them).
     run_of: dict[tuple[int, int], int] = {}
-    for chunk in _in_chunks([st.task_id for st in starting]):
+    for chunk in bulk.in_chunks([st.task_id for st in starting]):
         query = select(runs.c.run_id, runs.c.task_id, runs.c.run_index).where(_id_in(runs.c.task_id, chunk))
         run_of.update({(r.task_id, r.run_index): r.run_id for r in s.execute(query)})
     run_ids = [run_of[(st.task_id, task_rows[st.task_id].num_runs)] for st in starting]
-    s.execute(
-        insert(run_nodes),
+    unknown = int(NodePhase.UNKNOWN)
+    bulk.insert_rows(
+        s,
+        run_nodes,
+        ("run_id", "node_id", "node_rank", "phase", "last_output_at", "reported_at", "failure"),
         [
-            {
-                "run_id": run_id,
-                "node_id": n,
-                "node_rank": rank,
-                "phase": int(NodePhase.UNKNOWN),
-                "last_output_at": 0.0,
-                "reported_at": 0.0,
-                "failure": None,
-            }
+            (run_id, n, rank, unknown, 0.0, 0.0, null)
             for st, run_id in zip(starting, run_ids, strict=True)
             for rank, n in enumerate(st.node_ids)
         ],
     )
-    update_tasks(
+    running, no_reason = int(TaskState.RUNNING), int(QueueReason.NONE)
+    bulk.update_rows(
         s,
+        tasks,
+        "task_id",
+        ("state", "num_runs", "priority", "first_started_at", "queue_reason"),
         [
             (
-                {
-                    "state": int(TaskState.RUNNING),
-                    "num_runs": task_rows[st.task_id].num_runs + 1,
-                    "priority": st.priority,
-                    "first_started_at": task_rows[st.task_id].first_started_at or now,
-                    "queue_reason": int(QueueReason.NONE),
-                },
-                [st.task_id],
+                running,
+                task_rows[st.task_id].num_runs + 1,
+                st.priority,
+                task_rows[st.task_id].first_started_at or now,
+                no_reason,
+                st.task_id,
             )
             for st in starting
         ],
@@ -568,7 +563,7 @@ def order_rows(s: Session, run_ids: set[int], task_ids: set[int], node_ids: set[
 
     def by_id(column: Any, ids: set[int], *columns: Any) -> dict[int, Any]:
         found: dict[int, Any] = {}
-        for chunk in _in_chunks(sorted(ids)):
+        for chunk in bulk.in_chunks(sorted(ids)):
             query = select(column, *columns).where(_id_in(column, chunk))
             found.update({getattr(r, column.name): r for r in s.execute(query)})
         return found
