@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Table
@@ -29,6 +29,29 @@ def placeholder(s: Session) -> str:
 def as_json(value: Any) -> str:
     """A value for a JSON column as SQLAlchemy's JSON type stores it (None as JSON ``null``, as it does)."""
     return json.dumps(value)
+
+
+def json_loader(s: Session) -> Callable[[Any], Any]:
+    """Decodes a JSON column's value as the driver returns it: text on SQLite, already decoded by psycopg."""
+    return _load_json if s.get_bind().dialect.name == "sqlite" else _as_is
+
+
+def _load_json(value: str | None) -> Any:
+    return None if value is None or value == "null" else json.loads(value)
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def select_rows(s: Session, table: Table, columns: Sequence[str], where: str = "") -> Sequence[Any]:
+    """``SELECT columns FROM table [WHERE where]`` as driver rows (named tuples; no type processing).
+
+    Booleans are whatever the driver gives (SQLite: 0 or 1) and JSON as ``json_loader`` decodes it.
+    """
+    _check_columns(table, columns)
+    sql = f"SELECT {', '.join(columns)} FROM {table.name}" + (f" WHERE {where}" if where else "")
+    return s.connection().exec_driver_sql(sql).fetchall()
 
 
 def insert_rows(s: Session, table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
