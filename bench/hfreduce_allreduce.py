@@ -324,6 +324,8 @@ _PHASE_ORDER = [
     "barrier_out",
     "copy_out",
     "up_intra_reduce",
+    "exchange",
+    "exchange_finalize",
     "up_recv",
     "up_inter_reduce",
     "up_send",

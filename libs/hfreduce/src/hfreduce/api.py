@@ -5,8 +5,9 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import socket
+import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,6 +19,10 @@ from hfreduce.reduction import DType, ReduceOp
 from hfreduce.tensors import Flat, PinnedPool, flatten, is_torch
 
 _DTYPE_NAMES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
+# A collective as ``Group`` queues it: its name (the control server's record), the buffer it writes, and the body
+# that runs it on the runtime.
+_Job = tuple[str, Flat, Callable[[], Counters]]
+_T = TypeVar("_T")
 
 
 class Work:
@@ -42,9 +47,11 @@ class Work:
 class Group:
     """One rank's membership of an hfreduce group; collectives must be called in the same order by all.
 
-    Collectives run one at a time, in call order, on a background thread: ``x_async`` returns a Work
-    handle, ``x`` waits for it. Every blocking step is bounded by ``config.timeout_s``; when a rank dies
-    or hangs, the others raise PeerFailureError naming it, and the group is unusable afterwards.
+    Collectives run one at a time, in call order: ``x_async`` queues one on a background thread and returns a
+    Work handle; ``x`` runs it on the calling thread when nothing is queued (no thread hand-off: a small
+    message's latency is mostly hand-offs), else queues it and waits. Every blocking step is bounded by
+    ``config.timeout_s``; when a rank dies or hangs, the others raise PeerFailureError naming it, and the group is
+    unusable afterwards.
     """
 
     def __init__(self, config: GroupConfig, *, control_listener: socket.socket | None = None) -> None:
@@ -58,6 +65,9 @@ class Group:
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hfreduce-coll")
         self._stage = PinnedPool()
         self._registered: dict[int, tuple[Registered, int]] = {}
+        self._queue_lock = threading.Lock()
+        self._queued = 0  # collectives queued or running, the one on a calling thread included
+        self._running = threading.Lock()  # held by the collective that runs (one at a time, in queue order)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Group:
@@ -83,20 +93,23 @@ class Group:
 
     def allreduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """Reduce ``buf`` over all ranks, in place, with ``op`` (sum, avg, max, min)."""
-        self.allreduce_async(buf, op).wait()
+        self._call(self._allreduce(buf, op))
 
     def allreduce_async(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
         """Queue ``allreduce`` and return its handle; ``buf`` must not be touched until ``wait()`` returns."""
+        return self._submit(self._allreduce(buf, op))
+
+    def _allreduce(self, buf: Any, op: ReduceOp | str) -> _Job:
         flat, rop = self._flat(buf), ReduceOp(op)
         reg = self._lookup(flat)
-        return self._submit("allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg))
+        return "allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg)
 
     def reduce(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """Reduce every rank's ``buf`` into rank ``dst``'s with ``op``.
 
         Other ranks' buffers are unchanged, registered buffers excepted: they all receive the result.
         """
-        self.reduce_async(buf, dst, op).wait()
+        self._call(self._reduce(buf, dst, op))
 
     def reduce_async(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> Work:
         """Queue ``reduce`` and return its handle; ``buf`` must not be touched until ``wait()`` returns.
@@ -104,11 +117,14 @@ class Group:
         Raises:
             ValueError: ``dst`` is not a rank of the group (nothing is queued).
         """
+        return self._submit(self._reduce(buf, dst, op))
+
+    def _reduce(self, buf: Any, dst: int, op: ReduceOp | str) -> _Job:
         self._check_rank(dst)
         flat, rop = self._flat(buf), ReduceOp(op)
         reg = self._lookup(flat)
         keep = dst == self.rank
-        return self._submit(
+        return (
             "reduce",
             flat,
             lambda: self._rt.allreduce(flat.array, flat.dtype, rop, keep=keep, registered=reg, reduce_only=True),
@@ -116,7 +132,7 @@ class Group:
 
     def broadcast(self, buf: Any, src: int) -> None:
         """Copy rank ``src``'s ``buf`` into every rank's ``buf``."""
-        self.broadcast_async(buf, src).wait()
+        self._call(self._broadcast(buf, src))
 
     def broadcast_async(self, buf: Any, src: int) -> Work:
         """Queue ``broadcast`` and return its handle; ``buf`` must not be touched until ``wait()`` returns.
@@ -124,13 +140,16 @@ class Group:
         Raises:
             ValueError: ``src`` is not a rank of the group (nothing is queued).
         """
+        return self._submit(self._broadcast(buf, src))
+
+    def _broadcast(self, buf: Any, src: int) -> _Job:
         self._check_rank(src)
         flat = self._flat(buf)
-        return self._submit("broadcast", flat, lambda: self._rt.broadcast(flat.array, src))
+        return "broadcast", flat, lambda: self._rt.broadcast(flat.array, src)
 
     def allgather(self, out: Any, inp: Any) -> None:
         """``out`` (``world_size`` times the size of ``inp``) receives every rank's ``inp``, by rank."""
-        self.allgather_async(out, inp).wait()
+        self._call(self._allgather(out, inp))
 
     def allgather_async(self, out: Any, inp: Any) -> Work:
         """Queue ``allgather`` and return its handle; the buffers must not be touched until ``wait()`` returns.
@@ -139,15 +158,16 @@ class Group:
             TypeError: ``out`` and ``inp`` have different dtypes.
             ValueError: ``out`` is not ``world_size`` times the size of ``inp``.
         """
+        return self._submit(self._allgather(out, inp))
+
+    def _allgather(self, out: Any, inp: Any) -> _Job:
         flat_out, flat_in = self._flat(out), self._flat(inp)
         self._check_multiple(flat_out, flat_in)
-        return self._submit(
-            "allgather", flat_out, lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype)
-        )
+        return "allgather", flat_out, lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype)
 
     def reduce_scatter(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """``out`` receives block ``rank`` of the reduction of every rank's ``inp`` (``world_size`` blocks)."""
-        self.reduce_scatter_async(out, inp, op).wait()
+        self._call(self._reduce_scatter(out, inp, op))
 
     def reduce_scatter_async(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> Work:
         """Queue ``reduce_scatter`` and return its handle; the buffers must not be touched until ``wait()`` returns.
@@ -156,9 +176,12 @@ class Group:
             TypeError: ``out`` and ``inp`` have different dtypes.
             ValueError: ``inp`` is not ``world_size`` times the size of ``out``.
         """
+        return self._submit(self._reduce_scatter(out, inp, op))
+
+    def _reduce_scatter(self, out: Any, inp: Any, op: ReduceOp | str) -> _Job:
         flat_out, flat_in, rop = self._flat(out), self._flat(inp), ReduceOp(op)
         self._check_multiple(flat_in, flat_out)
-        return self._submit(
+        return (
             "reduce_scatter",
             flat_out,
             lambda: self._rt.reduce_scatter(flat_out.array, flat_in.array, flat_in.dtype, rop),
@@ -166,13 +189,16 @@ class Group:
 
     def barrier(self) -> None:
         """Return once every rank has called barrier (a one-element allreduce through the trees)."""
-        self.barrier_async().wait()
+        self._call(self._barrier())
 
     def barrier_async(self) -> Work:
         """Queue ``barrier``; its handle completes once every rank has entered the barrier."""
+        return self._submit(self._barrier())
+
+    def _barrier(self) -> _Job:
         token = np.zeros(1, dtype=np.float32)
         flat = Flat(token, DType.F32, 0, lambda: None)
-        return self._submit("barrier", flat, lambda: self._rt.allreduce(token, DType.F32, ReduceOp.SUM))
+        return "barrier", flat, lambda: self._rt.allreduce(token, DType.F32, ReduceOp.SUM)
 
     # ----- registered buffers, counters, status, lifetime -----
 
@@ -186,7 +212,7 @@ class Group:
         dt = _DTYPE_NAMES[dtype]
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         count = math.prod(dims)
-        future = self._worker.submit(self._rt.register, count * dt.itemsize)
+        future = self._worker.submit(self._exclusive, self._rt.register, count * dt.itemsize)
         reg = future.result()
         arr = reg.segments[self.config.local_rank].array(dt.storage, count).reshape(dims)
         self._registered[arr.__array_interface__["data"][0]] = (reg, count * dt.itemsize)
@@ -200,7 +226,7 @@ class Group:
 
     def counters(self) -> Counters:
         """Bytes copied, reduced, sent and received by this rank so far, by phase."""
-        return self._worker.submit(self._rt.counters.copy).result()
+        return self._worker.submit(self._exclusive, self._rt.counters.copy).result()
 
     def status(self) -> list[dict[str, Any]]:
         """Every rank's collective sequence number and state, from the control server."""
@@ -209,7 +235,7 @@ class Group:
     def close(self) -> None:
         """Leave the group: wait for queued collectives, then release sockets and shared memory."""
         self._worker.shutdown(wait=True)
-        self._rt.close()
+        self._exclusive(self._rt.close)
 
     def __enter__(self) -> Group:
         return self
@@ -228,12 +254,38 @@ class Group:
             return None
         return entry[0]
 
-    def _submit(self, name: str, flat: Flat, body: Callable[[], Counters]) -> Work:
-        def task() -> None:
-            self._rt.run(name, body)
-            flat.finish()
+    def _submit(self, job: _Job) -> Work:
+        """Queue ``job`` on the collective thread."""
+        with self._queue_lock:
+            self._queued += 1
+            return Work(self._worker.submit(self._run, job))
 
-        return Work(self._worker.submit(task))
+    def _call(self, job: _Job) -> None:
+        """Run ``job`` now on this thread if nothing is queued, else queue it and wait; raise its error."""
+        with self._queue_lock:
+            inline = self._queued == 0
+            if inline:
+                self._queued = 1
+        if not inline:
+            self._submit(job).wait()
+            return
+        self._run(job)
+
+    def _run(self, job: _Job) -> None:
+        """Run a queued ``job`` when the ones before it are done; it leaves the queue before its Work completes."""
+        name, flat, body = job
+        try:
+            with self._running:
+                self._rt.run(name, body)
+                flat.finish()
+        finally:
+            with self._queue_lock:
+                self._queued -= 1
+
+    def _exclusive(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` while no collective runs: the runtime is used by one thread at a time."""
+        with self._running:
+            return fn(*args)
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:

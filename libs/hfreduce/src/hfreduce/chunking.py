@@ -46,6 +46,11 @@ def pipeline_chunk(slice_elems: int, chunk_elems: int) -> int:
     return max(floor, min(chunk_elems, slice_elems // 2 // MIN_CHUNKS_PER_HALF))
 
 
+def single_chunk(slice_elems: int, chunk_elems: int) -> bool:
+    """Whether a slice is one pipeline chunk (``pipeline_chunk``): nothing to pipeline, latency is all that counts."""
+    return slice_elems <= pipeline_chunk(slice_elems, chunk_elems)
+
+
 def ring_blocks(num_elems: int, world_size: int) -> list[Span]:
     """The ``world_size`` contiguous blocks a ring reduce-scatter splits a buffer into."""
     return [local_slice(num_elems, world_size, i) for i in range(world_size)]

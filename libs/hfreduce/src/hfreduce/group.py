@@ -27,7 +27,7 @@ from hfreduce.local import LocalComm
 from hfreduce.pipeline import TreeEngine, TreeJob
 from hfreduce.reduction import Array, DType, ReduceOp
 from hfreduce.ring import RingEngine
-from hfreduce.runners import choose
+from hfreduce.runners import EventLoop, Runner, choose
 from hfreduce.shm import Segment
 from hfreduce.transport import Link, LinkError, tune_tcp
 from hfreduce.trees import Tree, build_trees, node_order
@@ -81,6 +81,8 @@ class Runtime:
         self._parity = 0
         self._closed = False
         self.runner = choose(config.pipeline, config.local_world_size, config.timeout_s, self.abort)
+        # the two-node exchange of small slices runs on the calling thread's event loop (pipeline.TreeEngine)
+        self.loop: Runner = self.runner if self.runner.mode == "loop" else EventLoop(config.timeout_s, self.abort)
         try:
             self._setup()
         except BaseException:
@@ -136,6 +138,7 @@ class Runtime:
             up_links=self.up_links,
             down_links=self.down_links,
             runner=self.runner,
+            exchange_runner=self.loop,
             chunk_elems=self.chunk_elems,
         )
         pos = self.ring_order.index(self.rank)
@@ -510,14 +513,15 @@ class Runtime:
 
     # ----- teardown -----
 
+    def _links(self) -> list[Link]:
+        """Every link of this rank to other nodes' ranks: the trees', then the ring's."""
+        links = [link for by_node in (*self.up_links, *self.down_links) for link in by_node.values()]
+        return links + [link for link in (self.ring_next, self.ring_prev) if link is not None]
+
     def abort(self) -> None:
         """Fail every blocked send/recv of this rank now (used once a collective has failed)."""
-        for links in (*self.up_links, *self.down_links):
-            for link in links.values():
-                link.abort()
-        for maybe in (self.ring_next, self.ring_prev):
-            if maybe is not None:
-                maybe.abort()
+        for link in self._links():
+            link.abort()
         if self.local is not None:
             self.local.abort()
 
@@ -536,12 +540,10 @@ class Runtime:
             wait = min(self.config.timeout_s, 5.0) if wait_for_ranks_s is None else wait_for_ranks_s
             self.server.stop(wait_for_ranks_s=wait if self.broken is None else 0.0)
         self.runner.close()
-        for links in (*self.up_links, *self.down_links):
-            for link in links.values():
-                link.close()
-        for maybe in (self.ring_next, self.ring_prev):
-            if maybe is not None:
-                maybe.close()
+        if self.loop is not self.runner:
+            self.loop.close()
+        for link in self._links():
+            link.close()
         if self.local is not None:
             self.local.close()
         if self.control is not None:

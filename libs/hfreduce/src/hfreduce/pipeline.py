@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hfreduce import _kernels
-from hfreduce.chunking import Span, chunks, pipeline_chunk, tree_half
+from hfreduce.chunking import Span, chunks, pipeline_chunk, single_chunk, tree_half
 from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
@@ -108,6 +108,9 @@ class TreeEngine:
 
     Per tree, one link per neighbour that partial chunks go up on (``up_links[t][node]``) and one that final
     chunks come down on (``down_links[t][node]``), so each socket carries data one way.
+
+    ``exchange_runner`` runs the two-node exchange (``_exchange``): an event loop on the calling thread (the rank's
+    own runner when that is one), so that a small message's send and receive overlap without a thread hand-off.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class TreeEngine:
         up_links: Sequence[dict[int, Link]],
         down_links: Sequence[dict[int, Link]],
         runner: Runner,
+        exchange_runner: Runner,
         chunk_elems: int,
     ) -> None:
         self.node_rank = node_rank
@@ -126,17 +130,22 @@ class TreeEngine:
         self.down_links = down_links
         self.chunk_elems = chunk_elems
         self.runner = runner
+        self.exchange_runner = exchange_runner
         self._scratch = [[_Scratch(chunk_elems) for _ in range(2)] for _ in range(2)]
 
     def run(self, job: TreeJob) -> Counters:
         """Run both trees' up and down tasks to completion; the first failure stops all of them.
 
-        A slice of one chunk per tree runs its four tasks one after the other (no thread hand-offs for small
-        messages): every up task depends only on up tasks below it and every down task on the one above, and
-        a single chunk fits in the socket buffers, so this order cannot deadlock.
+        A slice of one chunk is latency-bound. At two nodes it is exchanged whole (``_exchange``: one trip
+        across instead of three). At more, each tree's four tasks run one after the other (no thread hand-offs):
+        every up task depends only on up tasks below it and every down task on the one above, and a single chunk
+        fits in the socket buffers, so this order cannot deadlock.
         """
+        single = single_chunk(job.span[1] - job.span[0], self.chunk_elems)
+        if single and len(self.trees[0].nodes) == 2:
+            return self._exchange(job)
         handoffs = [Handoff(), Handoff()]
-        if job.span[1] - job.span[0] <= self._chunk(job.span):
+        if single:
             ups = [self._up(job, t, handoffs[t]) for t in (0, 1)]
             results = self.runner.run([*ups, *(self._down(job, t, handoffs[t]) for t in (0, 1))], in_order=True)
         else:
@@ -146,6 +155,62 @@ class TreeEngine:
         for counters in results:
             total.add(counters)
         return total
+
+    def _exchange(self, job: TreeJob) -> Counters:
+        """At two nodes, a slice of one chunk: each node sends the other its whole partial and combines both.
+
+        Each node's partial goes out on the link that carries data from it to the other node (its up link in the
+        tree the other node roots) and the other's comes in on its own root's up link, so every socket still
+        carries data one way. Both nodes combine the two partials in node order (node 0's first) from the same
+        bytes, so they get bit-identical results; with a 16-bit wire or data, both partials are the rounded ones
+        that crossed the wire, the final value is rounded once to the data type.
+        """
+        c0, c1 = job.span
+        n = c1 - c0
+        counters = Counters()
+        if n == 0:
+            return counters
+        root = 0 if self.trees[0][self.node_rank].parent < 0 else 1  # the tree this node roots
+        peer = self.trees[root][self.node_rank].children[0]
+        out_link, in_link = self.up_links[1 - root][peer], self.up_links[root][peer]
+        scratch, theirs = self._scratch[0][0], self._scratch[1][0]
+        combine = combine_fn(job.op)
+        now = time.perf_counter()
+        fast = self._fast(job)
+        acc = job.final(c0, c1) if fast else scratch.f32[:n]
+        self._intra(job, c0, c1, acc, scratch, combine, counters)
+        if fast:
+            out = acc
+        else:
+            out = scratch.wire(job.wire, n)
+            from_f32(job.wire, acc, out, scratch.u32)
+        got = theirs.wire(job.wire, n)
+        now = counters.lap("up_intra_reduce", now)
+        loop = self.exchange_runner
+        loop.run([loop.send(out_link, out.data), loop.recv(in_link, got.data)])
+        now = counters.lap("exchange", now)
+        if not fast:
+            to_f32(job.wire, out, acc)  # this node's partial as the other node received it
+            got = theirs.f32[:n]
+            to_f32(job.wire, theirs.wire(job.wire, n), got)
+        first, second = (acc, got) if self.node_rank == 0 else (got, acc)
+        combine(first, second, acc)
+        if job.op is ReduceOp.AVG:
+            np.divide(acc, np.float32(job.world_size), out=acc)
+        final = job.final(c0, c1)
+        if not fast:
+            from_f32(job.dtype, acc, final, scratch.u32)
+        for other in job.distribute_to:
+            np.copyto(other[c0:c1], final)
+        for remote in job.remote:
+            remote.write(c0, final)
+        wire_bytes = n * job.wire.itemsize
+        counters.sent += wire_bytes
+        counters.received += wire_bytes
+        counters.reduce_inter += wire_bytes
+        counters.distributed += n * (len(job.distribute_to) + len(job.remote)) * job.dtype.itemsize
+        counters.lap("exchange_finalize", now)
+        return counters
 
     def _chunk(self, span: Span) -> int:
         return pipeline_chunk(span[1] - span[0], self.chunk_elems)

@@ -245,6 +245,7 @@ def _counters_ok(
         node_rank=cfg.node_rank,
         trees=group._rt.trees,
         segment_elems=cfg.shm_slot_bytes // dtype.itemsize,
+        chunk_elems=group._rt.chunk_elems,
         registered=registered,
         direct=not registered and group._rt.cross_memory,
     )

@@ -10,7 +10,9 @@ from hfreduce.counters import Counters, expected_allreduce_counters, paper_memor
 from hfreduce.trees import build_trees
 
 
-def node_totals(num_nodes: int, num_local: int, nbytes: int, registered: bool, direct: bool = False) -> list[Counters]:
+def node_totals(
+    num_nodes: int, num_local: int, nbytes: int, registered: bool, direct: bool = False, chunk_elems: int = 1 << 20
+) -> list[Counters]:
     trees = build_trees([""] * num_nodes)
     totals = []
     for node in range(num_nodes):
@@ -26,6 +28,7 @@ def node_totals(num_nodes: int, num_local: int, nbytes: int, registered: bool, d
                     node_rank=node,
                     trees=trees,
                     segment_elems=1 << 40,
+                    chunk_elems=chunk_elems,
                     registered=registered,
                     direct=direct,
                 )
@@ -48,6 +51,18 @@ def test_double_tree_moves_two_buffers_per_node_on_average(num_nodes: int) -> No
     assert sent == 2 * (num_nodes - 1) * size
     assert sum(t.received for t in totals) == sent
     assert max(t.sent for t in totals) <= 2 * size  # no node sends more than the paper's "2 reads"
+
+
+@pytest.mark.parametrize("num_local", [1, 2])
+def test_two_nodes_exchange_a_slice_of_one_chunk_whole(num_local: int) -> None:
+    """At two nodes a slice that is one chunk is exchanged: each node sends, receives and combines all of it. A
+    longer slice goes through the trees: the same bytes sent and received, half of them combined."""
+    chunk_elems = 1 << 18  # the floor of pipeline_chunk: a slice up to this long is one chunk
+    for elems, combined in ((chunk_elems, 1.0), (4 * chunk_elems, 0.5)):
+        size = elems * num_local * 4
+        for total in node_totals(2, num_local, size, registered=False, chunk_elems=chunk_elems):
+            assert total.sent == total.received == size
+            assert total.reduce_inter == combined * size
 
 
 def test_interior_node_matches_the_paper_per_phase() -> None:
