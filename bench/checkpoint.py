@@ -5,10 +5,11 @@ One run starts a real cluster (mgmtd, three storage services with chains of 3, o
 on this machine, state under ``--dir``) and, each round, in an order that rotates from round to round:
 
 - ``save``: ``ckpt.save(..., blocking=True)`` of a state of ``--size-mib`` MiB (an MLP's parameters and two
-  Adam-like moments, a few dozen tensors), snapshot, crc32, batch writes, manifest and rename included;
+  Adam-like moments, a few dozen tensors), snapshot, checksums, batch writes, manifest and rename included;
   ``seq write``: the same number of bytes written to one file with ``fs.open(..., "wb")`` in 4 MiB writes
   and closed (the client's sequential path, as in bench/hf3fs_sequential.py);
-- ``load``: ``ckpt.load`` of that checkpoint into the same tensors (batch reads, crc32 checked);
+- ``load``: ``ckpt.load`` of that checkpoint into the same tensors (in place: batch reads straight into them,
+  checksums checked);
   ``seq read``: the file read back with ``readinto`` into a reused 4 MiB buffer;
 - ``steps``: ``--steps`` training steps of a small MLP (``--step-mib`` MiB of parameters) timed alone, and the
   same steps with an async save of the MLP's state started before them (the steps run while it is written).
@@ -17,12 +18,20 @@ on this machine, state under ``--dir``) and, each round, in an order that rotate
     .venv/bin/python bench/checkpoint.py --size-mib 128 --rounds 5 --dir /work/tmp
 
 Prints the median MiB/s of each, the median of per-round ratios save/seq write and load/seq read (goal
->= 0.7), and the median per-round ratio of the step time with a save in flight to without (goal <= 1.15).
+>= 0.7), and the median per-round ratio of the step time with a save in flight to without (goal <= 1.15). For
+each, also the CPU seconds it cost this process (trainer and client) and the cluster's processes (from /proc):
+on this machine the servers share the trainer's cores, on a cluster they are other machines.
+
+``--pin`` runs the cluster's processes on the last CPU and this process (training steps with one thread fewer,
+the client, the save's thread) on the others: what the training steps lose to a save then is the client's own
+cost, as with the servers on other machines.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 import time
@@ -133,6 +142,17 @@ class Runner:
         return mean
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Run every thread of process ``pid`` (and the threads it starts later) on ``cpus``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def cluster_cpu_s(c: Any) -> float:
+    return float(sum(c.cpu_s().values()))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mib", type=int, default=256)
@@ -140,22 +160,35 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", type=Path, default=None, help="where the cluster lives")
+    p.add_argument("--pin", action="store_true", help="the cluster on the last CPU, this process on the others")
     a = p.parse_args()
     with bench_cluster("ckpt-bench-", a.dir, with_mount=False) as c:
+        if a.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                p.error("--pin needs at least 2 CPUs")
+            for pid in c.pids.values():
+                pin(pid, {cpus[-1]})
+            pin(os.getpid(), set(cpus[:-1]))
+            torch.set_num_threads(len(cpus) - 1)
+            print(f"pinned: cluster on CPU {cpus[-1]}, this process on {cpus[:-1]} ({len(cpus) - 1} torch threads)")
         r = Runner(c.fs, a.size_mib, a.step_mib, a.steps)
         mib = r.size / MIB
         print(f"{mib:.0f} MiB in {sum(1 for _ in ckpt_leaves(r.state))} tensors, {a.rounds} rounds, state in {c.root}")
         pairs = [("save", "seq_write"), ("load", "seq_read"), ("steps_saving", "steps_alone")]
         times: dict[str, list[float]] = {k: [] for pair in pairs for k in pair}
+        cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in times}  # (this process, cluster) CPU s
         r.seq_write()  # the file seq_read reads
         r.save()  # the checkpoint load reads
         for i in range(a.rounds):
             line = []
             for pair in pairs[i % 3 :] + pairs[: i % 3]:
                 for name in pair if i % 2 == 0 else pair[::-1]:
+                    own, cluster = time.process_time(), cluster_cpu_s(c)
                     times[name].append(getattr(r, name)())
+                    cpu[name].append((time.process_time() - own, cluster_cpu_s(c) - cluster))
                     line.append(f"{name} {times[name][-1]:.3f}s")
-            print(f"round {i + 1}: " + " | ".join(line), flush=True)
+            print(f"round {i + 1}: " + " | ".join(line) + f" | load average {os.getloadavg()[0]:.1f}", flush=True)
         print("\nmedians:")
         for a_, b_ in pairs[:2]:
             ratio = statistics.median(b / x for x, b in zip(times[a_], times[b_], strict=True))
@@ -165,6 +198,10 @@ def main() -> int:
         print(f"  step {1e3 * statistics.median(times['steps_alone']):.1f} ms alone, "
               f"{1e3 * statistics.median(times['steps_saving']):.1f} ms with a save in flight: "
               f"x{ratio:.3f} (goal <= 1.15)")  # fmt: skip
+        print("CPU seconds per operation (medians; steps: the 20 steps, the save's snapshot and wait included):")
+        for name, pairs_ in cpu.items():
+            print(f"  {name:<12} this process {statistics.median(x for x, _ in pairs_):6.3f}  "
+                  f"cluster {statistics.median(y for _, y in pairs_):6.3f}")  # fmt: skip
     return 0
 
 

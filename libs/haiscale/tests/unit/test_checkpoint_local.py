@@ -1,13 +1,16 @@
 """haiscale.checkpoint on a local folder: round trips, the host snapshot of async saves, mismatches and bad
-bytes that change nothing, keep-K, one save in flight, and sharded state saved on 4 ranks loaded on 2 and 1."""
+bytes that change nothing (not in place) or are named (in place), loads into the caller's own tensors, format 1
+manifests, keep-K, one save in flight, and sharded state saved on 4 ranks loaded on 2 and 1."""
 
 from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -78,34 +81,139 @@ def test_a_second_save_waits_for_the_first(tmp_path: Path) -> None:
     assert ckpt.latest_step(tmp_path) == 2
 
 
-def test_mismatch_names_the_first_tensor_and_changes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_place", [True, False])
+def test_mismatch_names_the_first_tensor_and_changes_nothing(tmp_path: Path, in_place: bool) -> None:
     ckpt.save(tmp_path, {"a": torch.ones(2), "b": torch.ones(4, 8), "c": torch.ones(3), "s": 1}, step=1).wait()
     target = {"a": torch.full((2,), 9.0), "b": torch.full((8, 4), 9.0), "c": torch.full((3,), 9.0), "s": 0}
     with pytest.raises(
         ckpt.CheckpointMismatch, match=r"^b: the checkpoint has float32 \[4, 8\], the state dict float32 \[8, 4\]"
     ):
-        ckpt.load(tmp_path, target)
+        ckpt.load(tmp_path, target, in_place=in_place)
     assert all(bool((target[k] == 9.0).all()) for k in "abc") and target["s"] == 0
     with pytest.raises(ckpt.CheckpointMismatch, match=r"^a: the checkpoint has float32 \[2\], the state dict float64"):
-        ckpt.load(tmp_path, {"a": torch.zeros(2, dtype=torch.float64)})
+        ckpt.load(tmp_path, {"a": torch.zeros(2, dtype=torch.float64)}, in_place=in_place)
     with pytest.raises(ckpt.CheckpointMismatch, match=r"^d: the checkpoint has no such tensor"):
-        ckpt.load(tmp_path, {"a": torch.zeros(2), "d": torch.zeros(1)})
+        ckpt.load(tmp_path, {"a": torch.zeros(2), "d": torch.zeros(1)}, in_place=in_place)
     with pytest.raises(ckpt.CheckpointMismatch, match=r"^b: the checkpoint has float32 \[4, 8\], the state dict no"):
-        ckpt.load(tmp_path, {"a": torch.zeros(2)})
+        ckpt.load(tmp_path, {"a": torch.zeros(2)}, in_place=in_place)
+    shard = ckpt.Shard(torch.full((2,), 9.0), (4,), 2)  # a slice of a tensor saved whole: asks a shape that differs
+    with pytest.raises(
+        ckpt.CheckpointMismatch, match=r"^c: the checkpoint has float32 \[3\], the state dict float32 \[4\]"
+    ):
+        ckpt.load(tmp_path, {"a": torch.full((2,), 9.0), "b": torch.full((4, 8), 9.0), "c": shard}, in_place=in_place)
+    assert bool((shard.local == 9.0).all())
+    full = {"a": torch.full((2,), 9.0), "b": torch.full((4, 8), 9.0), "c": torch.full((3,), 9.0)}
+    with pytest.raises(ckpt.CheckpointMismatch, match=r"^s: the checkpoint has no such tensor \(a value\)"):
+        ckpt.load(tmp_path, {**full, "s": torch.zeros(1)}, in_place=in_place)
+    with pytest.raises(ckpt.CheckpointMismatch, match=r"^x: the checkpoint has no such value, the state dict a value"):
+        ckpt.load(tmp_path, {**full, "s": 0, "x": "?"}, in_place=in_place)
+    assert all(bool((t == 9.0).all()) for t in full.values())
 
 
-def test_bytes_that_fail_their_checksum_change_nothing(tmp_path: Path) -> None:
-    ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(4)}, step=1, blocking=True)
-    data = next((tmp_path / "step-000000001").glob("rank-00000.*.bin"))
-    manifest = json.loads((tmp_path / "step-000000001" / ckpt.MANIFEST).read_text())
-    b = next(t for t in manifest["tensors"] if t["name"] == "b")
+def _corrupt(folder: Path, name: str) -> None:
+    data = next(folder.glob("rank-00000.*.bin"))
+    manifest = json.loads((folder / ckpt.MANIFEST).read_text())
+    entry = next(t for t in manifest["tensors"] if t["name"] == name)
     raw = bytearray(data.read_bytes())
-    raw[b["file_offset"] + 5] ^= 0xFF  # inside b
+    raw[entry["file_offset"] + 5] ^= 0xFF  # inside the tensor
     data.write_bytes(bytes(raw))
-    target = {"a": torch.zeros(4), "b": torch.zeros(4)}
-    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(b\)"):
+
+
+def test_bytes_that_fail_their_checksum_change_nothing_when_not_in_place(tmp_path: Path) -> None:
+    ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(4), "s": 1}, step=1, blocking=True)
+    _corrupt(tmp_path / "step-000000001", "b")
+    target = {"a": torch.zeros(4), "b": torch.zeros(4), "s": 0}
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(b\): 16 bytes read, checksum does not match the manifest$"):
+        ckpt.load(tmp_path, target, in_place=False)
+    assert not target["a"].any() and not target["b"].any() and target["s"] == 0
+
+
+def test_bytes_that_fail_their_checksum_in_place_name_the_tensor_that_holds_them(tmp_path: Path) -> None:
+    ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(4), "s": 1}, step=1, blocking=True)
+    _corrupt(tmp_path / "step-000000001", "b")
+    target = {"a": torch.zeros(4), "b": torch.zeros(4), "s": 0}
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(b\): .* does not match the manifest \(read in place: b holds"):
         ckpt.load(tmp_path, target)
-    assert not target["a"].any() and not target["b"].any()
+    assert target["s"] == 0  # no value is set
+    assert not torch.equal(target["b"], torch.ones(4)) and target["b"].any()  # the bad bytes, as the message says
+
+
+def test_a_file_cut_short_is_corrupt(tmp_path: Path) -> None:
+    ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(1000)}, step=1, blocking=True)
+    data = next((tmp_path / "step-000000001").glob("rank-00000.*.bin"))
+    data.write_bytes(data.read_bytes()[:-100])
+    for in_place in (True, False):
+        with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(b\): 39\d\d bytes read"):
+            ckpt.load(tmp_path, {"a": torch.zeros(4), "b": torch.zeros(1000)}, in_place=in_place)
+
+
+def test_load_reads_into_the_callers_tensors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In place, the storage is handed the tensors' own memory: no staging buffer, and the tensors stay the same
+    objects at the same addresses; not in place, it is handed buffers of its own."""
+    state = {"w": torch.randn(64, 32), "b": torch.randn(32).to(torch.bfloat16), "m": torch.tensor([True, False])}
+    ckpt.save(tmp_path, state, step=1, blocking=True)
+    from haiscale.checkpoint.storage import LocalStorage
+
+    calls: list[list[int]] = []  # the buffers' addresses, per call
+    read_into = LocalStorage.read_into
+
+    def spy(self: LocalStorage, ranges: Any, buffers: Any) -> list[int]:
+        calls.append([numpy.frombuffer(b, dtype=numpy.uint8).ctypes.data for b in buffers])
+        return read_into(self, ranges, buffers)
+
+    monkeypatch.setattr(LocalStorage, "read_into", spy)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    before = {k: (v, v.data_ptr()) for k, v in target.items()}
+    ckpt.load(tmp_path, target)
+    _assert_same(state, target)
+    assert all(target[k] is t and t.data_ptr() == ptr for k, (t, ptr) in before.items())
+    assert len(calls) == 1  # one batch: the tensors and the pickled values (a buffer of its own)
+    assert set(calls[0]) - {t.data_ptr() for t in target.values()} == {calls[0][0]} and len(calls[0]) == 4
+    again = {k: torch.zeros_like(v) for k, v in state.items()}
+    ckpt.load(tmp_path, again, in_place=False)
+    _assert_same(state, again)
+    assert len(calls) == 2 and len(calls[1]) == 1  # one staging buffer for the values and the three neighbours
+    assert not set(calls[1]) & {t.data_ptr() for t in again.values()}
+
+
+def test_non_contiguous_tensors_and_partial_slices_load(tmp_path: Path) -> None:
+    flat = torch.arange(1000, dtype=torch.float32)
+    for rank in (1, 0):
+        part = ckpt.Shard(flat[rank * 500 : (rank + 1) * 500].clone(), (10, 100), rank * 500)
+        state = {"w": torch.arange(12.0).view(3, 4), "s": part}
+        ckpt.save(tmp_path, state, step=1, rank=rank, world_size=2, save_id="x")
+    ckpt.wait_for_saves()
+    for lo, hi in ((0, 1000), (300, 800), (250, 1000), (500, 1000), (999, 1000)):
+        w = torch.zeros(4, 3).t()  # a transposed view: not contiguous
+        target = {"w": w, "s": ckpt.Shard(torch.zeros(hi - lo), (10, 100), lo)}
+        ckpt.load(tmp_path, target)
+        assert target["w"] is w and torch.equal(w, torch.arange(12.0).view(3, 4))
+        assert torch.equal(target["s"].local, flat[lo:hi]), (lo, hi)
+
+
+def test_a_format_1_checkpoint_with_crc32_still_loads(tmp_path: Path) -> None:
+    """Checkpoints saved before CRC-32C (format 1: zlib's crc32 under "crc32") load, their checksums checked."""
+    state = _state()
+    ckpt.save(tmp_path, state, step=3, blocking=True)
+    folder = tmp_path / "step-000000003"
+    raw = next(folder.glob("rank-00000.*.bin")).read_bytes()
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    assert doc["format"] == "haiscale-checkpoint/2" and "crc32c" in doc["tensors"][0]
+    doc["format"] = "haiscale-checkpoint/1"
+    for item in [*doc["tensors"], doc["objects"]]:
+        del item["crc32c"]
+        item["crc32"] = zlib.crc32(raw[item["file_offset"] : item["file_offset"] + item["length"]])
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    target = _zeros_like(state)
+    assert ckpt.load(tmp_path, target).step == 3
+    _assert_same(state, target)
+    _corrupt(folder, "model.w")
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(model.w\)"):
+        ckpt.load(tmp_path, _zeros_like(state))
+    doc["format"] = "haiscale-checkpoint/9"
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"MANIFEST.json: not a checkpoint manifest \(format 'haiscale-checkpoint/9'"):
+        ckpt.load(tmp_path, _zeros_like(state))
 
 
 def test_keep_k_removes_the_oldest_after_the_new_commit(tmp_path: Path) -> None:

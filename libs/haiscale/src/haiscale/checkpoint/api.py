@@ -194,9 +194,15 @@ def load(
     *,
     step: int | None = None,
     allocate_missing: bool = False,
+    in_place: bool = True,
     fs: Any = None,
 ) -> Loaded:
     """Read a checkpoint into ``state_dict``: its tensors and ``Shard``s in place, its other values set.
+
+    The state dict is matched against the checkpoint first: a mismatch raises before anything changes. Then the
+    bytes are read in one batch, each saved slice straight into the caller's tensor when it can (a contiguous CPU
+    tensor holding the whole slice: no staging buffer, no copy, as torch.distributed.checkpoint loads), and every
+    slice is checked against its checksum.
 
     Args:
         path: a checkpoint root (the newest committed checkpoint, or ``step``'s) or one checkpoint's folder.
@@ -206,12 +212,16 @@ def load(
             ``Shard`` any slice, whichever ranks saved it.
         allocate_missing: tensors the checkpoint has and ``state_dict`` lacks (an optimizer that has not
             stepped yet) are made and set, instead of being a mismatch.
+        in_place: read into the tensors themselves and check after (fast; bytes that fail their checksum are left
+            in the tensors read so far). False: read into staging buffers, check everything, then copy, so a
+            corrupt checkpoint changes nothing (a copy of every byte more, and the staging memory).
         fs: the ``hf3fs.FileSystem`` for 3FS paths (default: one connection from FF_MGMTD_ADDRESSES/FF_TOKEN).
 
     Raises:
         FileNotFoundError: no committed checkpoint there.
         CheckpointMismatch: the first tensor or value that does not match; ``state_dict`` is unchanged.
-        CorruptCheckpoint: bytes that fail their checksum; ``state_dict`` is unchanged.
+        CorruptCheckpoint: bytes that fail their checksum (names the first such tensor); no value is set and, not
+            ``in_place``, no tensor changed.
     """
     _finish_in_flight()
     started = time.perf_counter()
@@ -221,6 +231,6 @@ def load(
         what = f"checkpoint {step}" if step is not None else "committed checkpoint"
         raise FileNotFoundError(f"{loc.url()}: no {what}")
     manifest = loader.read_manifest(loc, folder)
-    loader.read_into(loc, folder, manifest, state_dict, allocate_missing)
+    loader.read_into(loc, folder, manifest, state_dict, allocate_missing, in_place)
     send(default_sink(), checkpoint_load_seconds=time.perf_counter() - started)
     return Loaded(manifest.step, loc.url(folder), manifest.world_size)

@@ -1,13 +1,16 @@
-"""Loading: check everything against the manifest before one byte of the caller's tensors changes.
+"""Loading: match the state dict against the manifest before one byte of the caller's tensors changes.
 
-Match the state dict against the manifest, read every needed slice in batches, check the crc32s, and only then
-copy into the caller's tensors (a mismatch or a bad checksum changes nothing).
+Match the state dict against the manifest (a mismatch changes nothing), then read every needed slice in one
+batch and check its checksum. In place (the default), a saved slice that lies wholly inside a contiguous CPU
+tensor's range is read straight into that tensor (no staging buffer, no page faults, no copy) and checked
+there; the others are read into staging buffers and copied once checked. Not in place, every slice is staged
+and checked before any tensor changes, so bad bytes change nothing either.
 """
 
 from __future__ import annotations
 
 import pickle
-import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +20,12 @@ import torch
 
 from haiscale.checkpoint.manifest import (
     MANIFEST,
+    Blob,
     Key,
     Manifest,
     Shard,
     TensorEntry,
+    checksum,
     dtype_name,
     dtype_of,
     leaves,
@@ -78,9 +83,11 @@ def _mismatch(name: str, saved: str, given: str) -> CheckpointMismatch:
 
 
 def _plan(
-    manifest: Manifest, objects: dict[str, tuple[tuple[Key, ...], Any]], state: dict[Any, Any], allocate_missing: bool
+    manifest: Manifest, values: set[str], state: dict[Any, Any], allocate_missing: bool
 ) -> tuple[list[_Want], list[tuple[tuple[Key, ...], Any]]]:
-    """What to read into which tensor and which values to set, checking everything first.
+    """What to read into which tensor and which tensors to make, checking everything first.
+
+    ``values``: the names of the checkpoint's pickled values.
 
     Raises:
         CheckpointMismatch: the first leaf (state dict order, then the checkpoint's) that does not match.
@@ -99,12 +106,12 @@ def _plan(
             shape = value.global_shape if isinstance(value, Shard) else tuple(value.shape)
             given = _describe(dtype_name(local.dtype), shape)
             if entry is None:
-                raise _mismatch(name, "no such tensor" + (" (a value)" if name in objects else ""), given)
+                raise _mismatch(name, "no such tensor" + (" (a value)" if name in values else ""), given)
             if entry.dtype != dtype_name(local.dtype) or entry.shape != shape:
                 raise _mismatch(name, _describe(entry.dtype, entry.shape), given)
             start = value.offset if isinstance(value, Shard) else 0
             wants.append(_Want(name, start, start + local.numel(), local))
-        elif name in objects:
+        elif name in values:
             continue
         else:
             found = _describe(entry.dtype, entry.shape) if entry else "no such value"
@@ -117,7 +124,6 @@ def _plan(
         t = torch.empty(entry.shape, dtype=dtype_of(entry.dtype))
         sets.append((entry.keys, t))
         wants.append(_Want(name, 0, t.numel(), t))
-    sets.extend(v for n, v in objects.items())
     return wants, sets
 
 
@@ -145,19 +151,78 @@ def _sources(manifest: Manifest, want: _Want) -> Iterator[TensorEntry]:
         raise CheckpointMismatch(f"{want.name}: elements {pos}..{want.stop} were saved by no rank")
 
 
-def _checked(data: Bytes, length: int, crc: int, where: str) -> memoryview:
-    if len(data) != length or zlib.crc32(data) != crc:
-        raise CorruptCheckpoint(f"{where}: {len(data)} bytes read, checksum does not match the manifest")
+def _checked(data: Bytes, length: int, crc: int, kind: str, where: str, note: str = "") -> memoryview:
+    if len(data) != length or checksum(kind, data) != crc:
+        raise CorruptCheckpoint(f"{where}: {len(data)} bytes read, checksum does not match the manifest{note}")
     return memoryview(data)
 
 
 Slot = tuple[str, int, int]  # (file, file offset, length) of a saved slice
 
 
-def _read_slices(loc: Location, folder: str, entries: list[TensorEntry]) -> dict[Slot, memoryview]:
-    """Every slice's bytes, checked: neighbours in a file are read as one range (up to ``READ_RANGE_BYTES``)."""
-    ranges: list[tuple[str, int, int, list[TensorEntry]]] = []
-    for e in sorted(entries, key=lambda e: (e.file, e.file_offset)):
+@dataclass(frozen=True)
+class _Slice:
+    """Saved bytes to read and check: a tensor's slice, or the pickled values (``name`` is for messages)."""
+
+    name: str
+    file: str
+    file_offset: int
+    length: int
+    checksum: int
+
+    @property
+    def slot(self) -> Slot:
+        return (self.file, self.file_offset, self.length)
+
+
+def _slice(e: TensorEntry) -> _Slice:
+    return _Slice(e.name, e.file, e.file_offset, e.length, e.checksum)
+
+
+def _values_slice(b: Blob) -> _Slice:
+    return _Slice("values", b.file, b.file_offset, b.length, b.checksum)
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, sharing its memory."""
+    array: Any = t.detach().view(-1).view(torch.uint8).numpy()
+    return memoryview(array)
+
+
+def _in_place(plan: list[tuple[_Want, list[TensorEntry]]]) -> dict[Slot, tuple[_Slice, memoryview]]:
+    """The saved slices that can be read straight into the caller's tensor, and where in it.
+
+    A slice can when its tensor is a contiguous CPU tensor and the slice lies wholly inside the range asked for
+    (so its checksum covers bytes that all land there); the others are read into staging buffers and copied.
+    """
+    uses = Counter(_slice(e).slot for _, sources in plan for e in sources)
+    out: dict[Slot, tuple[_Slice, memoryview]] = {}
+    for w, sources in plan:
+        if w.target.device.type != "cpu" or not w.target.is_contiguous() or not w.target.numel():
+            continue
+        size = w.target.element_size()
+        view: memoryview | None = None
+        for e in sources:
+            inside = w.start <= e.offset and e.offset + e.numel <= w.stop and e.length == e.numel * size
+            if inside and e.length and uses[_slice(e).slot] == 1:
+                view = _byte_view(w.target) if view is None else view
+                out[_slice(e).slot] = (_slice(e), view[(e.offset - w.start) * size :][: e.length])
+    return out
+
+
+def _read_slices(
+    loc: Location, folder: str, kind: str, staged: list[_Slice], direct: dict[Slot, tuple[_Slice, memoryview]]
+) -> dict[Slot, memoryview]:
+    """Read every slice in one batch and check it; each slice's checked bytes, by slot.
+
+    ``direct`` slices go into the caller's tensors, ``staged`` ones into new buffers (neighbours in a file as one
+    range of up to ``READ_RANGE_BYTES``).
+
+    Raises:
+        CorruptCheckpoint: the first slice (in file order) short or failing its checksum.
+    """
+    ranges: list[tuple[str, int, int, list[_Slice]]] = []
+    for e in sorted(staged, key=lambda e: e.slot):
         last = ranges[-1] if ranges else None
         if (
             last
@@ -168,46 +233,76 @@ def _read_slices(loc: Location, folder: str, entries: list[TensorEntry]) -> dict
             ranges[-1] = (last[0], last[1], e.file_offset + e.length - last[1], [*last[3], e])
         else:
             ranges.append((e.file, e.file_offset, e.length, [e]))
-    read = loc.storage.read_ranges([(loc.join(folder, f), start, n) for f, start, n, _ in ranges])
+    reads = [(f, start, n, numpy.empty(n, dtype=numpy.uint8).data, es) for f, start, n, es in ranges]
+    reads += [(e.file, e.file_offset, e.length, view, [e]) for e, view in direct.values()]
+    reads.sort(key=lambda r: (r[0], r[1]))  # each file front to back
+    got = loc.storage.read_into([(loc.join(folder, f), start, n) for f, start, n, _, _ in reads], [r[3] for r in reads])
     out: dict[Slot, memoryview] = {}
-    for (_, start, _, members), raw in zip(ranges, read, strict=True):
-        view = memoryview(raw)
+    for (_, start, _, buffer, members), n in zip(reads, got, strict=True):
         for e in members:
-            part = view[e.file_offset - start : e.file_offset - start + e.length]
-            out[(e.file, e.file_offset, e.length)] = _checked(part, e.length, e.crc32, f"{e.file} ({e.name})")
+            lo = e.file_offset - start
+            part = buffer[lo : max(lo, min(n, lo + e.length))]
+            note = f" (read in place: {e.name} holds them)" if e.slot in direct else ""
+            out[e.slot] = _checked(part, e.length, e.checksum, kind, f"{e.file} ({e.name})", note)
     return out
 
 
 def _copy(w: _Want, sources: list[TensorEntry], data: dict[Slot, memoryview]) -> None:
-    """Copy the saved elements of ``w``'s range into its tensor (bytes to bytes, through numpy views)."""
+    """Copy the saved elements of ``w``'s range from staging buffers into its tensor (bytes to bytes)."""
     size = w.target.element_size()
-    contiguous = w.target.is_contiguous()
-    out = w.target if contiguous else torch.empty(w.target.shape, dtype=w.target.dtype)
-    if not out.numel():
+    direct = w.target.device.type == "cpu" and w.target.is_contiguous()
+    out = w.target if direct else torch.empty(w.target.shape, dtype=w.target.dtype)
+    if not out.numel() or not sources:
         return
-    dst: Any = out.view(-1).view(torch.uint8).numpy()
+    dst: Any = _byte_view(out)
     for e in sources:
         lo, hi = max(w.start, e.offset), min(w.stop, e.offset + e.numel)
-        src = numpy.frombuffer(data[(e.file, e.file_offset, e.length)], dtype=numpy.uint8)
+        src = data[_slice(e).slot]
         dst[(lo - w.start) * size : (hi - w.start) * size] = src[(lo - e.offset) * size : (hi - e.offset) * size]
-    if not contiguous:
+    if not direct:
         w.target.copy_(out)
 
 
-def read_into(loc: Location, folder: str, manifest: Manifest, state: dict[Any, Any], allocate_missing: bool) -> None:
-    """Fill ``state`` from the checkpoint in ``folder`` (see the module docstring)."""
-    objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
-    if manifest.objects is not None:
-        b = manifest.objects
-        raw = loc.storage.read_ranges([(loc.join(folder, b.file), b.file_offset, b.length)])[0]
-        objects = pickle.loads(_checked(raw, b.length, b.crc32, f"{b.file} (values)"))
-    wants, sets = _plan(manifest, objects, state, allocate_missing)
+Values = dict[str, tuple[tuple[Key, ...], Any]]  # the pickled values: name -> (keys, value)
+
+
+def _unpickle(data: memoryview) -> Values:
+    values: Values = pickle.loads(data)
+    return values
+
+
+def read_into(
+    loc: Location,
+    folder: str,
+    manifest: Manifest,
+    state: dict[Any, Any],
+    allocate_missing: bool,
+    in_place: bool = True,
+) -> None:
+    """Fill ``state`` from the checkpoint in ``folder`` (see the module docstring).
+
+    ``in_place``: read what can be straight into the caller's tensors (no staging buffer, no copy), checked after;
+    otherwise every byte is read into staging buffers and checked before any tensor changes. The pickled values
+    are read in the same batch (a format 1 manifest does not name them: they are read first), and set last.
+    """
+    kind, blob = manifest.checksum_kind, manifest.objects
+    values: Values | None = None
+    if blob is not None and blob.names is None:
+        raw = loc.storage.read_ranges([(loc.join(folder, blob.file), blob.file_offset, blob.length)])[0]
+        values = _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"))
+    names = set(values) if values is not None else set(blob.names or ()) if blob is not None else set()
+    wants, made = _plan(manifest, names, state, allocate_missing)
     plan = [(w, list(_sources(manifest, w))) for w in wants]
-    entries = list({(e.file, e.file_offset, e.length): e for _, es in plan for e in es}.values())
-    data = _read_slices(loc, folder, entries)
+    direct = _in_place(plan) if in_place else {}
+    staged = {_slice(e).slot: _slice(e) for _, es in plan for e in es if _slice(e).slot not in direct}
+    if blob is not None and values is None:
+        staged[_values_slice(blob).slot] = _values_slice(blob)
+    data = _read_slices(loc, folder, kind, list(staged.values()), direct)
+    if blob is not None and values is None:
+        values = _unpickle(data[_values_slice(blob).slot])
     for w, sources in plan:  # every check passed: now change the caller's state
-        _copy(w, sources, data)
-    for keys, value in sets:
+        _copy(w, [e for e in sources if _slice(e).slot not in direct], data)
+    for keys, value in [*made, *(values or {}).values()]:
         put(state, keys, value)
 
 

@@ -12,20 +12,30 @@ picklable values; a leaf's name is its keys joined by dots (``optim.state.0.exp_
   values are the checkpoint's.
 
 The manifest records, for each saved slice, (name, shard, dtype, shape, offset, numel, file, file offset,
-length, crc32), so a loader finds any tensor without reading anything else.
+length, checksum), so a loader finds any tensor without reading anything else. Format 2 checksums with CRC-32C
+(the ``crc32c`` package, hardware-accelerated: about 3x zlib's crc32 here); format 1 manifests (zlib's crc32)
+still load.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import crc32c
 import torch
 
-FORMAT = "haiscale-checkpoint/1"
+FORMAT = "haiscale-checkpoint/2"
 MANIFEST = "MANIFEST.json"
+CHECKSUMS = {"haiscale-checkpoint/1": "crc32", FORMAT: "crc32c"}  # each format's checksum: its JSON field too
+
+
+def checksum(kind: str, data: bytes | bytearray | memoryview) -> int:
+    """The checksum ``kind`` (``"crc32c"``, or format 1's ``"crc32"``) of ``data``; both release the GIL."""
+    return int(crc32c.crc32c(data)) if kind == "crc32c" else zlib.crc32(data)
 
 
 @dataclass
@@ -64,17 +74,22 @@ class TensorEntry:
     file: str
     file_offset: int
     length: int
-    crc32: int
+    checksum: int  # of the ``length`` bytes, of the manifest's ``checksum_kind``
 
 
 @dataclass(frozen=True)
 class Blob:
-    """The pickled non-tensor values: ``length`` bytes at ``file_offset`` of ``file``."""
+    """The pickled non-tensor values: ``length`` bytes at ``file_offset`` of ``file``.
+
+    ``names``: the values' names (format 2), so a load matches the state dict before reading them, and reads them
+    in the same batch as the tensors; None in a format 1 manifest (a load reads them first).
+    """
 
     file: str
     file_offset: int
     length: int
-    crc32: int
+    checksum: int
+    names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,36 +104,52 @@ class Manifest:
     world_size: int
     tensors: tuple[TensorEntry, ...]
     objects: Blob | None
+    checksum_kind: str = CHECKSUMS[FORMAT]  # "crc32" in a format 1 manifest
 
     def to_json(self) -> bytes:
-        """The manifest as JSON (with the format version ``from_json`` checks)."""
+        """The manifest as JSON in the current ``FORMAT`` (checksums under the field named by their kind)."""
+        if self.checksum_kind != CHECKSUMS[FORMAT]:
+            raise ValueError(f"format {FORMAT!r} checksums with {CHECKSUMS[FORMAT]}, not {self.checksum_kind}")
         doc = {
             "format": FORMAT,
             "step": self.step,
             "world_size": self.world_size,
-            "tensors": [asdict(t) for t in self.tensors],
-            "objects": asdict(self.objects) if self.objects else None,
+            "tensors": [_renamed(asdict(t), "checksum", self.checksum_kind) for t in self.tensors],
+            "objects": _renamed(asdict(self.objects), "checksum", self.checksum_kind) if self.objects else None,
         }
         return json.dumps(doc, indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
-        """Parse a manifest file's bytes; ``where`` names the file in errors.
+        """Parse a manifest file's bytes (any format of ``CHECKSUMS``); ``where`` names the file in errors.
 
         Raises:
-            ValueError: not JSON, another format version, or a field missing or of the wrong type.
+            ValueError: not JSON, an unknown format version, or a field missing or of the wrong type.
         """
         try:
             doc = json.loads(data)
-            if doc.get("format") != FORMAT:
-                raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT!r}")
+            kind = CHECKSUMS.get(doc.get("format"))
+            if kind is None:
+                raise ValueError(f"format {doc.get('format')!r}, expected one of {sorted(CHECKSUMS)}")
             tensors = tuple(
-                TensorEntry(**{**t, "shape": tuple(t["shape"]), "keys": tuple(t["keys"])}) for t in doc["tensors"]
+                TensorEntry(**_renamed({**t, "shape": tuple(t["shape"]), "keys": tuple(t["keys"])}, kind, "checksum"))
+                for t in doc["tensors"]
             )
-            objects = Blob(**doc["objects"]) if doc["objects"] else None
-            return cls(int(doc["step"]), int(doc["world_size"]), tensors, objects)
+            objects = None
+            if doc["objects"]:
+                fields = _renamed(doc["objects"], kind, "checksum")
+                names = fields.get("names")
+                objects = Blob(**{**fields, "names": None if names is None else tuple(str(n) for n in names)})
+            return cls(int(doc["step"]), int(doc["world_size"]), tensors, objects, kind)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{where}: not a checkpoint manifest ({err})") from None
+
+
+def _renamed(fields: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """``fields`` with key ``old`` renamed ``new`` (KeyError if it has no ``old``)."""
+    out = {k: v for k, v in fields.items() if k != old}
+    out[new] = fields[old]
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -17,19 +17,21 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from haiscale.checkpoint.manifest import (
+    CHECKSUMS,
+    FORMAT,
     MANIFEST,
     Blob,
     Key,
     Manifest,
     Shard,
     TensorEntry,
+    checksum,
     dtype_name,
     leaves,
 )
@@ -55,6 +57,7 @@ def _folder_step(name: str) -> int | None:
     return int(rest) if name.startswith(STEP_PREFIX) and rest.isdigit() else None
 
 
+CHECKSUM = CHECKSUMS[FORMAT]  # what a save checksums with
 ALIGN = 64  # bytes: every tensor starts at a multiple, so a view of the buffer can have any dtype
 
 
@@ -68,6 +71,7 @@ class HostTensor:
     shape: tuple[int, ...]
     offset: int
     file_offset: int
+    checksum: int  # CRC-32C of its bytes, taken right after the copy (while they are in cache)
 
 
 @dataclass
@@ -81,7 +85,7 @@ class Snapshot:
     taken_at: float = 0.0  # time.time() when the copy began: the state is as of then
     buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     tensors: list[HostTensor] = field(default_factory=list)
-    objects_length: int | None = None
+    objects: Blob | None = None  # rank 0's pickled values (at the start of its file)
 
 
 def _aligned(n: int) -> int:
@@ -91,7 +95,9 @@ def _aligned(n: int) -> int:
 def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: int, save_id: str) -> Snapshot:
     """Everything this rank writes, copied now: after it returns the caller may change its tensors.
 
-    Plain tensors and other values are rank 0's to write; every rank writes its ``Shard``s.
+    Plain tensors and other values are rank 0's to write; every rank writes its ``Shard``s. The checksums are
+    taken here too, each right after its tensor's copy, so the background write (which runs beside the training
+    steps) only sends bytes.
     """
     snap = Snapshot(step, rank, world_size, save_id, taken_at=time.time())
     objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
@@ -112,14 +118,22 @@ def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: 
         offsets.append(pos)
         pos = _aligned(pos + t.numel() * t.element_size())
     snap.buffer = torch.empty(pos, dtype=torch.uint8)
+    image = _bytes(snap.buffer)
     if rank == 0:
-        snap.objects_length = len(blob)
         snap.buffer[: len(blob)].numpy()[:] = memoryview(blob)
+        snap.objects = Blob(_data_name(snap), 0, len(blob), checksum(CHECKSUM, blob), tuple(objects))
     for (name, keys, t, shape, offset), at in zip(chosen, offsets, strict=True):
-        view = snap.buffer[at : at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        length = t.numel() * t.element_size()
+        view = snap.buffer[at : at + length].view(t.dtype).view(t.shape)
         view.copy_(t.detach())
-        snap.tensors.append(HostTensor(name, keys, view, shape, offset, at))
+        snap.tensors.append(
+            HostTensor(name, keys, view, shape, offset, at, checksum(CHECKSUM, image[at : at + length]))
+        )
     return snap
+
+
+def _data_name(snap: Snapshot) -> str:
+    return f"rank-{snap.rank:05d}.{snap.save_id}.bin"
 
 
 def _bytes(buffer: torch.Tensor) -> memoryview:
@@ -131,32 +145,26 @@ def write_rank(loc: Location, snap: Snapshot) -> None:
     """This rank's data file (the snapshot's buffer), made durable, then its part of the manifest."""
     folder = step_folder(snap.step)
     loc.storage.makedirs(loc.join(folder))
-    data_name = f"rank-{snap.rank:05d}.{snap.save_id}.bin"
+    data_name = _data_name(snap)
     image = _bytes(snap.buffer)
-    blob = None
-    if snap.objects_length is not None:
-        n = snap.objects_length
-        blob = Blob(data_name, 0, n, zlib.crc32(image[:n]))
-    entries = []
-    for t in snap.tensors:
-        length = t.data.numel() * t.data.element_size()
-        entries.append(
-            TensorEntry(
-                name=t.name,
-                keys=t.keys,
-                shard=snap.rank,
-                dtype=dtype_name(t.data.dtype),
-                shape=t.shape,
-                offset=t.offset,
-                numel=t.data.numel(),
-                file=data_name,
-                file_offset=t.file_offset,
-                length=length,
-                crc32=zlib.crc32(image[t.file_offset : t.file_offset + length]),
-            )
+    entries = [
+        TensorEntry(
+            name=t.name,
+            keys=t.keys,
+            shard=snap.rank,
+            dtype=dtype_name(t.data.dtype),
+            shape=t.shape,
+            offset=t.offset,
+            numel=t.data.numel(),
+            file=data_name,
+            file_offset=t.file_offset,
+            length=t.data.numel() * t.data.element_size(),
+            checksum=t.checksum,
         )
+        for t in snap.tensors
+    ]
     loc.storage.write_file(loc.join(folder, data_name), [(0, image)] if len(image) else [])
-    part = Manifest(snap.step, snap.world_size, tuple(entries), blob)
+    part = Manifest(snap.step, snap.world_size, tuple(entries), snap.objects)
     loc.storage.write_atomic(loc.join(folder, f"part-{snap.rank:05d}.{snap.save_id}.json"), part.to_json())
 
 

@@ -23,6 +23,7 @@ PIECE_BYTES = 32 << 20  # one (path, offset, data) of a batch: what the client's
 BATCH_BYTES = 256 << 20  # bytes per batch call (its pieces go concurrently): one write session per call
 
 Piece = tuple[int, memoryview]  # (offset in the file, bytes)
+Range = tuple[str, int, int]  # (path, offset, length) of a read
 
 
 class Storage(Protocol):
@@ -43,8 +44,14 @@ class Storage(Protocol):
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data`` at once: a reader sees the old file or the new one, never part of one."""
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
+    def read_ranges(self, ranges: Sequence[Range]) -> list[Bytes]:
         """The bytes of each ``(path, offset, length)``, in order; a range past the end of its file comes back short."""
+
+    def read_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> list[int]:
+        """Read each ``(path, offset, length)`` into its writable buffer (``length`` bytes); the bytes each got.
+
+        Fewer than ``length`` where a file ends.
+        """
 
     def read_small(self, path: str) -> bytes:
         """The whole file at ``path`` (a manifest or a marker: small files)."""
@@ -117,16 +124,20 @@ class LocalStorage:
         os.rename(tmp, path)
         _fsync_dir(os.path.dirname(path))
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
-        """``Storage.read_ranges`` with ``pread``, opening each file once."""
+    def read_ranges(self, ranges: Sequence[Range]) -> list[Bytes]:
+        """``Storage.read_ranges``: ``read_into`` new buffers."""
+        return _read_new(self, ranges)
+
+    def read_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> list[int]:
+        """``Storage.read_into`` with ``preadv`` straight into the buffers, opening each file once."""
         fds: dict[str, int] = {}
         try:
-            out: list[Bytes] = []
-            for path, offset, length in ranges:
+            got = []
+            for (path, offset, length), buffer in zip(ranges, buffers, strict=True):
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY)
-                out.append(_pread_all(fds[path], offset, length))
-            return out
+                got.append(_pread_into(fds[path], offset, buffer[:length]))
+            return got
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -147,16 +158,21 @@ class LocalStorage:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _pread_all(fd: int, offset: int, length: int) -> bytes:
-    parts = []
+def _pread_into(fd: int, offset: int, view: memoryview) -> int:
     done = 0
-    while done < length:
-        data = os.pread(fd, length - done, offset + done)
-        if not data:
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if not n:
             break
-        parts.append(data)
-        done += len(data)
-    return b"".join(parts)
+        done += n
+    return done
+
+
+def _read_new(storage: Storage, ranges: Sequence[Range]) -> list[Bytes]:
+    """Each range read into a new buffer of its own (``numpy.empty``: not zeroed, it is read over)."""
+    buffers = [numpy.empty(n, dtype=numpy.uint8).data for _, _, n in ranges]
+    got = storage.read_into(ranges, buffers)
+    return [b[:n] for b, n in zip(buffers, got, strict=True)]
 
 
 def _fsync_dir(path: str) -> None:
@@ -205,25 +221,25 @@ class Hf3fsStorage:
             f.write(data)
         self.fs.rename(tmp, path)
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Bytes]:
-        """``Storage.read_ranges``: each range into a buffer of its own, straight from the transport.
+    def read_ranges(self, ranges: Sequence[Range]) -> list[Bytes]:
+        """``Storage.read_ranges``: ``read_into`` new buffers."""
+        return _read_new(self, ranges)
 
-        ``read_batch_into`` fills the buffers with no copy, in batches of at most ``BATCH_BYTES``; a range past the
-        end of its file comes back short.
+    def read_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> list[int]:
+        """``Storage.read_into``: ``read_batch_into`` calls of at most ``BATCH_BYTES``.
+
+        The bytes land from the transport in the buffers, with no copy.
         """
-        out: list[Bytes] = []
-        batch: list[tuple[str, int, int]] = []
-        size = 0
-        for r in [*ranges, None]:
-            if batch and (r is None or size + r[2] > BATCH_BYTES):
-                buffers = [numpy.empty(n, dtype=numpy.uint8).data for _, _, n in batch]  # not zeroed: read over
-                got = self.fs.read_batch_into(batch, buffers)
-                out.extend(b[:n] for b, n in zip(buffers, got, strict=True))
-                batch, size = [], 0
+        views = [b[:n] for b, (_, _, n) in zip(buffers, ranges, strict=True)]
+        got: list[int] = []
+        start = size = 0
+        for i, r in enumerate([*ranges, None]):
+            if i > start and (r is None or size + r[2] > BATCH_BYTES):
+                got += self.fs.read_batch_into(list(ranges[start:i]), views[start:i])
+                start, size = i, 0
             if r is not None:
-                batch.append(r)
                 size += r[2]
-        return out
+        return got
 
     def read_small(self, path: str) -> bytes:
         """``Storage.read_small`` through a file opened for reading."""
