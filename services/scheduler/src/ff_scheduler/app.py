@@ -16,6 +16,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 RUN_TOKEN_TTL_S = 7 * 24 * 3600.0
 # Waiting tasks read at start from which on the objects alive are frozen (``gc.freeze``; see ``Scheduler.load``).
 FREEZE_AT_TASKS = 10_000
+# Orders to agents in flight at most (see ``Scheduler._send_all``).
+ORDER_SENDERS = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +272,12 @@ class Scheduler:
         task.add_done_callback(self._inflight.discard)
 
     async def _send_all(self, due: list[tuple[str, NodeOrder]]) -> None:
-        """Read what the orders need in one transaction (the first tick orders thousands), then send each."""
+        """Read what the orders need in one transaction (the first tick orders thousands), then send them per agent.
+
+        ``ORDER_SENDERS`` senders each take one agent's orders at a time and send them one after the other: the
+        first tick's 10,000 start orders are not 10,000 tasks on the event loop, and no more calls are in flight
+        than senders. Each run's start request is built once and copied per node.
+        """
         starts = [o for kind, o in due if kind == "start"]
         rows = await self.store.arun(
             lambda s: order_rows(
@@ -277,15 +285,41 @@ class Scheduler:
             ),
             read_only=True,
         )
+        by_agent: dict[str, list[tuple[str, NodeOrder]]] = defaultdict(list)
         for kind, order in due:
             if order.run_id in rows.runs:
-                self._spawn(self._send(kind, order, rows))
+                by_agent[order.agent_address].append((kind, order))
+        batches = deque(by_agent.values())
+        starting: dict[int, agent_pb2.StartRunRequest] = {}
+        sent: Counter[str] = Counter()
 
-    async def _send(self, kind: str, order: NodeOrder, rows: OrderRows) -> None:
+        async def sender() -> None:
+            while batches:
+                for kind, order in batches.popleft():
+                    try:
+                        if await self._send(kind, order, rows, starting):
+                            sent[kind] += 1
+                    except Exception:
+                        logger.exception("%s order for run %d to node %d", kind, order.run_id, order.node_id)
+
+        await asyncio.gather(*(sender() for _ in range(min(ORDER_SENDERS, len(batches)))))
+        if sent:
+            logger.info("orders sent", extra={f"num_{kind}": n for kind, n in sorted(sent.items())})
+
+    async def _send(
+        self, kind: str, order: NodeOrder, rows: OrderRows, starting: dict[int, agent_pb2.StartRunRequest]
+    ) -> bool:
+        """Send one order; whether the agent took it (a refusal or an unreachable agent is logged)."""
         run = rows.runs[order.run_id]
         try:
             if kind == "start":
-                request = await self._start_request(order, run, rows.tasks[order.task_id], rows.nodes[order.node_id])
+                template = starting.get(run.run_id)
+                if template is None:
+                    template = starting[run.run_id] = await self._start_request(run, rows.tasks[order.task_id])
+                request = agent_pb2.StartRunRequest()
+                request.CopyFrom(template)
+                request.node_rank = order.node_rank
+                request.device_indices.extend(rows.device_indices[order.node_id])
                 await self.agents.start_run(order.agent_address, request)
             elif kind == "suspend":
                 await self.agents.suspend_run(
@@ -308,13 +342,15 @@ class Scheduler:
                         reason=scheduler_pb2.RunEndReason.ValueType(run.stop_reason),
                     ),
                 )
-            logger.info("order sent", extra={"order": kind, "run_id": order.run_id, "node_id": order.node_id})
         except RpcError as err:
             logger.warning("%s order for run %d to node %d failed: %s", kind, order.run_id, order.node_id, err)
+            return False
+        logger.debug("order sent", extra={"order": kind, "run_id": order.run_id, "node_id": order.node_id})
+        return True
 
-    async def _start_request(self, order: NodeOrder, run: Any, task: Any, node: Any) -> agent_pb2.StartRunRequest:
+    async def _start_request(self, run: Any, task: Any) -> agent_pb2.StartRunRequest:
+        """A run's start order without what differs per node (its rank and devices)."""
         spec = task.spec
-        devices = [int(d.get("index", i)) for i, d in enumerate(node.devices or [])]
         master_ip, _, port = run.master_address.rpartition(":")
         return agent_pb2.StartRunRequest(
             task_id=task.task_id,
@@ -325,12 +361,10 @@ class Scheduler:
             argv=spec["argv"],
             env=spec.get("env", {}),
             working_dir=spec.get("working_dir", ""),
-            node_rank=order.node_rank,
             num_nodes=len(run.node_ids),
             master_ip=master_ip,
             master_port=int(port),
             ranks_per_node=int(spec.get("ranks_per_node", 0)),
-            device_indices=devices,
             whole_life_state=run.start_whole_life_state,
             token=await self._run_token(run.run_id, task.user_name),
             image=spec.get("image", ""),

@@ -29,6 +29,11 @@ async def test_preempt_suspend_requeue_and_resume_with_whole_life_state(cluster:
     starts = sorted(a1.starts + a2.starts, key=lambda s: s.node_rank)
     assert [(s.node_rank, s.num_nodes, s.whole_life_state) for s in starts] == [(0, 2, 0), (1, 2, 0)]
     assert {s.master_ip for s in starts} == {"127.0.0.1"} and starts[0].master_port == 2222
+    # One request per run copied per node: what differs per node is its rank and its own devices.
+    assert [list(s.device_indices) for s in starts] == [[0, 1], [0, 1]]
+    assert {(s.task_id, s.user_name, tuple(s.argv), s.priority) for s in starts} == {
+        (low.task_id, "alice", ("python", "train.py"), p.LOW)
+    }
     first_run = starts[0].run_id
     agent0 = a1 if a1.starts and a1.starts[0].node_rank == 0 else a2
     await agent0.update_run(first_run, whole_life_state=42)
