@@ -246,35 +246,37 @@ def inode_pb(inode: Inode, sessions: int = 0) -> pb.Inode:
     # A directory's stored count is 1 plus its subdirectories; it shows 2 plus them (its "." too); at least 2
     # for the folders made before the count was kept.
     """The proto's Inode."""
-    nlink = max(2, inode.nlink + 1) if inode.is_dir else inode.nlink
-    msg = pb.Inode(
+    kind = inode.type
+    is_dir = kind is InodeType.DIRECTORY
+    layout = (
+        pb.Layout(
+            chain_table_id=inode.chain_table_id,
+            chain_table_version=inode.chain_table_version,
+            chunk_size_bytes=inode.chunk_size,
+            stripe_size=inode.stripe_size,
+            chain_begin_index=inode.chain_begin,
+            shuffle_seed=inode.shuffle_seed,
+        )
+        if is_dir or kind is InodeType.FILE
+        else None
+    )
+    return pb.Inode(
         inode_id=inode.inode_id,
-        type=pb.InodeType.ValueType(int(inode.type)),
+        type=pb.InodeType.ValueType(kind),
         mode=inode.mode,
         uid=inode.uid,
         gid=inode.gid,
-        nlink=nlink,
+        nlink=max(2, inode.nlink + 1) if is_dir else inode.nlink,
         atime_ns=inode.atime_ns,
         mtime_ns=inode.mtime_ns,
         ctime_ns=inode.ctime_ns,
         length_bytes=inode.length,
-        parent_inode_id=inode.parent_id if inode.is_dir else 0,
-        symlink_target=inode.symlink_target if inode.is_symlink else "",
+        parent_inode_id=inode.parent_id if is_dir else 0,
+        symlink_target=inode.symlink_target if kind is InodeType.SYMLINK else "",
         num_write_sessions=sessions,
         rdev=inode.rdev,
+        layout=layout,
     )
-    if inode.is_file or inode.is_dir:
-        msg.layout.CopyFrom(
-            pb.Layout(
-                chain_table_id=inode.chain_table_id,
-                chain_table_version=inode.chain_table_version,
-                chunk_size_bytes=inode.chunk_size,
-                stripe_size=inode.stripe_size,
-                chain_begin_index=inode.chain_begin,
-                shuffle_seed=inode.shuffle_seed,
-            )
-        )
-    return msg
 
 
 def error_code(err: FsError) -> pb.FsError.ValueType:
@@ -382,13 +384,12 @@ def batch_close_response(results: list[Inode | FsError]) -> pb.BatchCloseRespons
 
 def list_response(page: DirPage) -> pb.ListResponse:
     """List's answer."""
-    out = []
+    resp = pb.ListResponse(next_page_token=page_token(page.last_name))
+    add = resp.entries.add  # built in place: a list of DirEntry messages handed to ListResponse is copied (3x slower)
     for name, inode_id, typ, node in page.entries:
-        entry = pb.DirEntry(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(int(typ)))
-        if node is not None:
-            entry.inode.CopyFrom(inode_pb(node))
-        out.append(entry)
-    return pb.ListResponse(entries=out, next_page_token=page_token(page.last_name))
+        inode = None if node is None else inode_pb(node)
+        add(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(typ), inode=inode)
+    return resp
 
 
 def trash_response(page: tuple[list[TrashRow], str]) -> pb.ListTrashResponse:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ff_fsprotocol.capability import make_capability
 from ff_fsprotocol.routing import RoutingCache
@@ -84,20 +84,29 @@ class Shared:
     ids: IdAllocator
     options: MetaOptions
     capability_key: bytes
+    _defaults: tuple[object, Defaults] | None = field(default=None, init=False, repr=False)  # of which routing view
 
     async def defaults(self) -> Defaults:
-        """The layout new files get by default and the chain tables that exist now (ENOSPC without mgmtd)."""
+        """The layout new files get by default and the chain tables that exist now (ENOSPC without mgmtd).
+
+        Made once per routing view (every Create asks).
+        """
         try:
             view = await self.routing.get()
         except RpcError as err:
             raise fs_error(FsCode.NO_SPACE, f"cannot reach mgmtd for the chain tables: {err}") from None
         if self.options.default_chain_table_id not in view.tables:
             view = await self.routing.refresh()
+        known = self._defaults
+        if known is not None and known[0] is view:
+            return known[1]
         tables = {t.table_id: (t.version, len(t.chain_ids)) for t in view.tables.values() if t.chain_ids}
         layout = LayoutSpec(
             self.options.default_chain_table_id, self.options.default_chunk_size, self.options.default_stripe_size
         )
-        return Defaults(layout, tables, self.options.lease_s)
+        made = Defaults(layout, tables, self.options.lease_s)
+        self._defaults = (view, made)
+        return made
 
     async def check_table(self, layout: LayoutSpec | None) -> None:
         """A layout naming a chain table that does not exist is a bad argument (not ENOSPC at the next create)."""

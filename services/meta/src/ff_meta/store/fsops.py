@@ -31,6 +31,7 @@ from ff_meta.core.model import (
     PathAt,
     QuotaRow,
     SessionInfo,
+    inode_type_of,
 )
 from ff_meta.core.paths import MAX_DIR_DEPTH, check_name, join, split_path
 from ff_meta.core.perms import (
@@ -653,7 +654,7 @@ def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool) 
     if not with_inodes:
         sql = _RAW_LIST_AFTER if after else _RAW_LIST
         rows = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
-        names: list[DirEntry] = [(r[0], r[1], InodeType(r[2]), None) for r in rows[:page_size]]
+        names: list[DirEntry] = [(r[0], r[1], inode_type_of(r[2]), None) for r in rows[:page_size]]
         return names, (rows[page_size - 1][0] if len(rows) > page_size else "")
     sql = _RAW_SCAN_AFTER if after else _RAW_SCAN
     full = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
