@@ -2,7 +2,7 @@
 mgmtd (for the chain tables a Create needs). The part of an RPC that meta's code decides, without the transport
 and without the noise of a shared machine's wall time: CPU time (``time.process_time``) and Python function
 calls (cProfile) per call of Stat (two components), List of a folder of ``--entries`` names, List with inodes,
-and Create.
+Create, and Remove (unlink) of the files the Creates made.
 
 ``--baseline-src FOLDER``: also run meta's code from FOLDER (``services/meta/src`` of another checkout, e.g. a
 ``git worktree`` of the commit before a change) in a child process, rounds interleaved with this tree's, and print
@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-OPS = ("stat", "list", "list+inodes", "create")
+OPS = ("stat", "list", "list+inodes", "create", "remove")
 
 
 async def measure(mgmtd: str, token: str, calls: int, entries: int) -> dict[str, tuple[float, float]]:
@@ -55,6 +55,7 @@ async def measure(mgmtd: str, token: str, calls: int, entries: int) -> dict[str,
     names = pb.ListRequest(path=pb.PathAt(path="/d/e"), page_size=entries)
     full = pb.ListRequest(path=pb.PathAt(path="/d/e"), page_size=entries, include_inodes=True)
     made = iter(range(10**9))
+    removed = iter(range(10**9))  # the files the creates made, in order
 
     def runner(op: str) -> tuple[int, Callable[[], Awaitable[None]]]:
         async def stat() -> None:
@@ -70,7 +71,12 @@ async def measure(mgmtd: str, token: str, calls: int, entries: int) -> dict[str,
                 req = pb.CreateRequest(path=pb.PathAt(path=f"/d/u/c{next(made)}"), mode=0o644)
                 await sv.Create(req, None)
 
+        async def remove() -> None:
+            for _ in range(calls // 4):
+                await sv.Remove(pb.RemoveRequest(path=pb.PathAt(path=f"/d/u/c{next(removed)}")), None)
+
         return {
+            "remove": (calls // 4, remove),
             "stat": (calls, stat),
             "list": (calls // 10, lambda: listing(names, calls // 10)),
             "list+inodes": (calls // 40, lambda: listing(full, calls // 40)),
