@@ -22,6 +22,11 @@ Prints the median MiB/s of each, the median of per-round ratios save/seq write a
 each, also the CPU seconds it cost this process (trainer and client) and the cluster's processes (from /proc):
 on this machine the servers share the trainer's cores, on a cluster they are other machines.
 
+For the steps, the kernel's schedstat of the training thread splits their wall time into on CPU, waiting in
+the run queue for a CPU, and off CPU (the GIL, a lock, I/O); the step's own time ratio (on + off CPU, with a
+save / alone) is what the save costs the step when the step is not kept from a CPU by other processes (here:
+the cluster's servers and other work on the machine).
+
 ``--pin`` runs the cluster's processes on the last CPU and this process (training steps with one thread fewer,
 the client, the save's thread) on the others: what the training steps lose to a save then is the client's own
 cost, as with the servers on other machines.
@@ -34,8 +39,10 @@ import contextlib
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +83,34 @@ def timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
+def main_thread_sched() -> tuple[float, float]:
+    """(on CPU, waiting in the run queue) seconds of the calling thread so far, from the kernel's schedstat."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        on_cpu, waiting, _ = f.read().split()
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+@dataclass
+class StepWindow:
+    """Where the wall time of the timed steps went (seconds over all of them)."""
+
+    wall: float
+    main_cpu: float  # the training thread on a CPU
+    main_runq: float  # the training thread runnable, waiting for a CPU
+    others_cpu: float  # this process's other threads (torch's workers, the save's thread, the client's loop)
+    cluster_cpu: float  # the cluster's processes
+
+    @property
+    def main_off_cpu(self) -> float:
+        """Neither running nor runnable: waiting for the GIL, a lock or I/O."""
+        return self.wall - self.main_cpu - self.main_runq
+
+
 class Runner:
-    def __init__(self, fs: Any, size_mib: int, step_mib: int, steps: int) -> None:
+    def __init__(self, fs: Any, size_mib: int, step_mib: int, steps: int, cluster_cpu: Callable[[], float]) -> None:
         self.fs = fs
+        self.cluster_cpu = cluster_cpu
+        self.windows: dict[str, list[StepWindow]] = {"steps_saving": [], "steps_alone": []}
         self.state = state_of(size_mib * MIB)
         self.size = nbytes(self.state)
         self.payload = memoryview(torch.randn(BLOCK // 4).numpy().tobytes())
@@ -118,24 +150,29 @@ class Runner:
 
         return timed(run)
 
-    def _train(self) -> float:
+    def _train(self, name: str) -> float:
+        (cpu0, runq0), proc0, cluster0 = main_thread_sched(), time.process_time(), self.cluster_cpu()
         t0 = time.perf_counter()
         for _ in range(self.steps):
             loss = self.model(self.x).square().mean()
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
-        return (time.perf_counter() - t0) / self.steps
+        wall = time.perf_counter() - t0
+        (cpu1, runq1), proc1, cluster1 = main_thread_sched(), time.process_time(), self.cluster_cpu()
+        others = proc1 - proc0 - (cpu1 - cpu0)
+        self.windows[name].append(StepWindow(wall, cpu1 - cpu0, runq1 - runq0, others, cluster1 - cluster0))
+        return wall / self.steps
 
     def steps_alone(self) -> float:
-        return self._train()
+        return self._train("steps_alone")
 
     def steps_saving(self) -> float:
         """Mean step time of steps run while an async save of the state is written."""
         self.step_no += 1
         state = {"model": self.model.state_dict(), "big": self.state}
         handle = ckpt.save("hf3fs:///bench/train", state, step=self.step_no, keep=1, fs=self.fs)
-        mean = self._train()
+        mean = self._train("steps_saving")
         if not handle.done():
             print("  (the save outlasted the steps)", flush=True)
         handle.wait()
@@ -172,7 +209,7 @@ def main() -> int:
             pin(os.getpid(), set(cpus[:-1]))
             torch.set_num_threads(len(cpus) - 1)
             print(f"pinned: cluster on CPU {cpus[-1]}, this process on {cpus[:-1]} ({len(cpus) - 1} torch threads)")
-        r = Runner(c.fs, a.size_mib, a.step_mib, a.steps)
+        r = Runner(c.fs, a.size_mib, a.step_mib, a.steps, lambda: cluster_cpu_s(c))
         mib = r.size / MIB
         print(f"{mib:.0f} MiB in {sum(1 for _ in ckpt_leaves(r.state))} tensors, {a.rounds} rounds, state in {c.root}")
         pairs = [("save", "seq_write"), ("load", "seq_read"), ("steps_saving", "steps_alone")]
@@ -198,11 +235,27 @@ def main() -> int:
         print(f"  step {1e3 * statistics.median(times['steps_alone']):.1f} ms alone, "
               f"{1e3 * statistics.median(times['steps_saving']):.1f} ms with a save in flight: "
               f"x{ratio:.3f} (goal <= 1.15)")  # fmt: skip
-        print("CPU seconds per operation (medians; steps: the 20 steps, the save's snapshot and wait included):")
+        print("CPU seconds per operation (medians; steps: the steps and the save's snapshot and wait):")
         for name, pairs_ in cpu.items():
             print(f"  {name:<12} this process {statistics.median(x for x, _ in pairs_):6.3f}  "
                   f"cluster {statistics.median(y for _, y in pairs_):6.3f}")  # fmt: skip
+        print_step_windows(r.windows, a.steps)
     return 0
+
+
+def print_step_windows(windows: dict[str, list[StepWindow]], steps: int) -> None:
+    """Where the steps' time went, alone and with a save in flight, and the step's own time ratio."""
+    print("the training thread per step (ms, medians over rounds; from /proc schedstat):")
+    fields = ("wall", "main_cpu", "main_runq", "main_off_cpu", "others_cpu", "cluster_cpu")
+    print("  " + " " * 13 + "".join(f"{f:>14}" for f in fields))
+    for name, ws in windows.items():
+        cells = "".join(f"{1e3 * statistics.median(getattr(w, f) for w in ws) / steps:14.1f}" for f in fields)
+        print(f"  {name:<13}{cells}")
+    own = statistics.median(
+        (s.main_cpu + s.main_off_cpu) / (a.main_cpu + a.main_off_cpu)
+        for s, a in zip(windows["steps_saving"], windows["steps_alone"], strict=True)
+    )
+    print(f"  the step's own time (on CPU + off CPU, run-queue waits left out), with a save / alone: x{own:.3f}")
 
 
 def ckpt_leaves(state: dict[str, Any]) -> Any:
