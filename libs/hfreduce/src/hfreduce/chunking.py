@@ -51,6 +51,16 @@ def single_chunk(slice_elems: int, chunk_elems: int) -> bool:
     return slice_elems <= pipeline_chunk(slice_elems, chunk_elems)
 
 
+def exchanged(num_nodes: int, slice_elems: int, chunk_elems: int) -> bool:
+    """Whether a slice is exchanged whole between two nodes (``TreeEngine``) instead of pipelined through the trees.
+
+    Up to ``chunk_elems`` (what a rank's scratch chunk holds): the same bytes cross as through the trees, on one
+    thread with no hand-offs and no chunk-by-chunk dependencies, for a combine of the whole slice instead of half
+    of it (2x1, 4 MiB: 15 % less CPU per allreduce than the threads' pipeline, README).
+    """
+    return num_nodes == 2 and slice_elems <= chunk_elems
+
+
 def ring_blocks(num_elems: int, world_size: int) -> list[Span]:
     """The ``world_size`` contiguous blocks a ring reduce-scatter splits a buffer into."""
     return [local_slice(num_elems, world_size, i) for i in range(world_size)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from hfreduce.chunking import local_slice, segments, single_chunk, tree_half
+from hfreduce.chunking import exchanged, local_slice, segments, tree_half
 from hfreduce.trees import Tree
 
 
@@ -96,8 +96,8 @@ def expected_allreduce_counters(
 
     ``direct``: an ordinary buffer reduced with cross-memory attach (no staging): ``copied_in`` counts
     the other local ranks' copies of this rank's slice read from their memory, ``distributed`` the final
-    slice written into their buffers. ``chunk_elems`` is the group's pipeline chunk: at two nodes a slice of one
-    chunk is exchanged whole (``TreeEngine``), so the rank combines all of the received slice, not half of it.
+    slice written into their buffers. ``chunk_elems`` is the group's pipeline chunk: at two nodes a slice of up to
+    a chunk is exchanged whole (``chunking.exchanged``), so the rank combines all of the received slice, not half.
     """
     out = Counters(collectives=1)
     whole = registered or direct
@@ -117,7 +117,7 @@ def expected_allreduce_counters(
             else:
                 out.copied_in += (m - mine) * itemsize
                 out.copied_out += m * itemsize
-        if len(trees[0].nodes) == 2 and single_chunk(mine, chunk_elems):
+        if exchanged(len(trees[0].nodes), mine, chunk_elems):
             out.sent += mine * wire_itemsize
             out.received += mine * wire_itemsize
             out.reduce_inter += mine * wire_itemsize

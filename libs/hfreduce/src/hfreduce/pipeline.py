@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hfreduce import _kernels
-from hfreduce.chunking import Span, chunks, pipeline_chunk, single_chunk, tree_half
+from hfreduce.chunking import Span, chunks, exchanged, pipeline_chunk, single_chunk, tree_half
 from hfreduce.cma import RemoteBuffer
 from hfreduce.counters import Counters
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
@@ -136,16 +136,16 @@ class TreeEngine:
     def run(self, job: TreeJob) -> Counters:
         """Run both trees' up and down tasks to completion; the first failure stops all of them.
 
-        A slice of one chunk is latency-bound. At two nodes it is exchanged whole (``_exchange``: one trip
-        across instead of three). At more, each tree's four tasks run one after the other (no thread hand-offs):
-        every up task depends only on up tasks below it and every down task on the one above, and a single chunk
-        fits in the socket buffers, so this order cannot deadlock.
+        At two nodes a slice of up to a chunk is exchanged whole (``_exchange``: one trip across instead of
+        three, and no hand-offs). A slice of one pipeline chunk at more nodes runs each tree's four tasks one
+        after the other (no thread hand-offs): every up task depends only on up tasks below it and every down task
+        on the one above, and a single chunk fits in the socket buffers, so this order cannot deadlock.
         """
-        single = single_chunk(job.span[1] - job.span[0], self.chunk_elems)
-        if single and len(self.trees[0].nodes) == 2:
+        span = job.span[1] - job.span[0]
+        if exchanged(len(self.trees[0].nodes), span, self.chunk_elems):
             return self._exchange(job)
         handoffs = [Handoff(), Handoff()]
-        if single:
+        if single_chunk(span, self.chunk_elems):
             ups = [self._up(job, t, handoffs[t]) for t in (0, 1)]
             results = self.runner.run([*ups, *(self._down(job, t, handoffs[t]) for t in (0, 1))], in_order=True)
         else:
@@ -157,7 +157,7 @@ class TreeEngine:
         return total
 
     def _exchange(self, job: TreeJob) -> Counters:
-        """At two nodes, a slice of one chunk: each node sends the other its whole partial and combines both.
+        """At two nodes, a slice of up to a chunk: each node sends the other its whole partial and combines both.
 
         Each node's partial goes out on the link that carries data from it to the other node (its up link in the
         tree the other node roots) and the other's comes in on its own root's up link, so every socket still
