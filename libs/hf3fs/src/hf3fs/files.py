@@ -36,11 +36,8 @@ APPEND_LEASE_PREFIX = "append-lease-"  # the write session that serializes appen
 APPEND_WAIT_S = 90.0  # a dead holder's lease (30 s by default) lapses and meta collects it well before this
 
 
-class FileBackend(Protocol):
-    """What an open file needs of the file system that opened it (``FileSystem`` hands one to each file).
-
-    Files reach the file system only through this, so ``files`` never imports ``fs``.
-    """
+class ClientCalls(Protocol):
+    """What open files and the write-back call on their file system's client: its id, storage, loop and meta."""
 
     @property
     def client_id(self) -> str:
@@ -62,8 +59,15 @@ class FileBackend(Protocol):
         request: RequestT,
         path: str | None = None,
     ) -> ResponseT:
-        """One meta call (after write-back flushed what it concerns); OSError for ``path`` when refused."""
+        """One meta call (for a file: after write-back flushed what it concerns); OSError for ``path`` when refused."""
         ...
+
+
+class FileBackend(ClientCalls, Protocol):
+    """What an open file needs of the file system that opened it (``FileSystem`` hands one to each file).
+
+    Files reach the file system only through this, so ``files`` never imports ``fs``.
+    """
 
     def local_length(self, inode_id: int) -> int:
         """The furthest any open writer of this client wrote into ``inode_id`` (0 if none)."""

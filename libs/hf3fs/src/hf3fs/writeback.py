@@ -33,26 +33,52 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from ff_fsprotocol.layout import FileLayout
 from ff_rpc import Identity, RpcError, acting_as, current_acting
 from ff_rpc.client import UnaryCall
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1.meta_client import MetaServiceClient
-from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, os_error
+from hf3fs.files import ClientCalls
+from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError, MetaClient, os_error
 from hf3fs.storage_client import ChunkWrite, StorageIoError
 
-if TYPE_CHECKING:
-    from hf3fs.fs import FileSystem
-
+T = TypeVar("T")
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")
 logger = logging.getLogger(__name__)
 MAX_BATCH_ITEMS = 1024  # meta's bound on a BatchCreate / BatchClose
 ITEMS_PER_TIMEOUT = 32  # a batch call may take the FileSystem's timeout_s per this many items
 BATCH_ATTEMPTS = 3  # tries of a batch call that timed out
+
+
+class WritebackHost(ClientCalls, Protocol):
+    """What the write-back needs of its file system's connection (``hf3fs.fs.connection.Connection``).
+
+    The queue reaches its file system only through this, so ``writeback`` never imports ``fs``.
+    """
+
+    @property
+    def timeout_s(self) -> float:
+        """The deadline of one meta call (a batch call gets more, ``ITEMS_PER_TIMEOUT``)."""
+        ...
+
+    @property
+    def close_retry_s(self) -> float:
+        """How long a batch call waits for meta to answer again (as a close does)."""
+        ...
+
+    @property
+    def meta(self) -> MetaClient:
+        """The meta client (a batch call's own deadline)."""
+        ...
+
+    def layout(self, inode: pb.Inode) -> FileLayout:
+        """The file's chains (``Connection.layout``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -188,8 +214,8 @@ class WritebackStats:
 class Writeback:
     """The queue and flusher of one FileSystem (made by it: see ``FileSystem.write_back``)."""
 
-    def __init__(self, fs: FileSystem, options: WritebackOptions) -> None:
-        self._fs = fs
+    def __init__(self, host: WritebackHost, options: WritebackOptions) -> None:
+        self._host = host
         self.options = options
         self._cond = threading.Condition()
         self._queue: dict[str, PendingFile] = {}
@@ -389,14 +415,14 @@ class Writeback:
 
     def _commit_group(self, items: list[PendingFile]) -> None:
         """BatchCreate, one storage batch write, BatchClose; each file's failure recorded alone."""
-        fs = self._fs
+        host = self._host
         opened = self._create(items)
         if not opened:
             return
         ios: list[ChunkWrite] = []
         owners: list[int] = []
         for k, (item, resp) in enumerate(opened):
-            layout = fs._layout(resp.inode)
+            layout = host.layout(resp.inode)
             view = memoryview(item.data)
             for s in layout.spans(0, len(item.data)):
                 ios.append(
@@ -414,7 +440,7 @@ class Writeback:
         failed: dict[int, OSError] = {}
         if ios:
             try:
-                outcomes = fs._run(fs._storage.batch_write(ios))
+                outcomes = host.run(host.storage.batch_write(ios))
             except StorageIoError as err:
                 outcomes = []
                 failed = {k: OSError(errno.EIO, f"write refused by storage: {err}") for k in range(len(opened))}
@@ -424,7 +450,6 @@ class Writeback:
         self._close(opened, failed)
 
     def _create(self, items: list[PendingFile], relocated: bool = False) -> list[tuple[PendingFile, pb.CreateResponse]]:
-        fs = self._fs
         requests = [
             pb.CreateRequest(
                 path=pb.PathAt(parent_inode_id=i.parent[0], path=i.parent[1]) if i.parent else pb.PathAt(path=i.path),
@@ -432,7 +457,7 @@ class Writeback:
                 open_mode=pb.OPEN_MODE_WRITE,
                 truncate=True,
                 session_id=uuid.uuid4().hex,
-                client_id=fs.client_id,
+                client_id=self._host.client_id,
                 reserve_bytes=len(i.data),
                 set_mode=i.perm if i.set_mode else None,
                 expect_inode_id=i.inode_id,
@@ -463,7 +488,7 @@ class Writeback:
         found = []
         for item in items:
             try:
-                where = self._fs._meta_call(
+                where = self._host.meta_call(
                     lambda m: m.realpath, pb.RealpathRequest(path=pb.PathAt(parent_inode_id=item.inode_id)), item.path
                 )
             except FileNotFoundError:
@@ -489,13 +514,13 @@ class Writeback:
         Raises:
             OSError: meta refused the call or did not answer (Hf3fsError).
         """
-        fs = self._fs
-        timeout = fs.timeout_s * max(1.0, items / ITEMS_PER_TIMEOUT)
-        deadline = time.monotonic() + fs._close_retry_s
+        host = self._host
+        timeout = host.timeout_s * max(1.0, items / ITEMS_PER_TIMEOUT)
+        deadline = time.monotonic() + host.close_retry_s
         attempt, delay = 0, 0.1
         while True:
             try:
-                return fs._run(fs._meta.call(method, request, timeout_s=timeout))
+                return host.run(host.meta.call(method, request, timeout_s=timeout))
             except RpcError as err:
                 attempt += 1
                 if _timed_out(err) and attempt < BATCH_ATTEMPTS:
@@ -547,14 +572,21 @@ class WritebackFile(io.BufferedIOBase):
     an ordinary file (created and written now, errors raised by the calls themselves).
     """
 
-    def __init__(self, fs: FileSystem, path: str, mode: str, perm: int, limit: int) -> None:
+    def __init__(
+        self, queue: Writeback, open_through: Callable[[str, int], Any], path: str, mode: str, perm: int
+    ) -> None:
+        """A new file at ``path``, queued on ``queue`` at close; ``open_through(path, perm)`` opens it ``"wb"``.
+
+        ``open_through`` opens it as an ordinary file, should it be written through.
+        """
         check_carried(path, perm)  # before the file object exists (its close would queue it)
         super().__init__()
-        self._fs = fs
+        self._queue = queue
+        self._open_through = open_through
         self.name = path
         self.mode = mode
         self._perm = perm
-        self._limit = limit
+        self._limit = queue.options.max_file_bytes
         self._buf = bytearray()
         self._pos = 0
         self._acting = current_acting()
@@ -645,7 +677,7 @@ class WritebackFile(io.BufferedIOBase):
             if self._direct is not None:
                 self._direct.close()
             elif not self._broken:
-                self._fs._writeback_queue().submit(
+                self._queue.submit(
                     PendingFile(
                         path=self.name,
                         data=bytes(self._buf),
@@ -663,7 +695,7 @@ class WritebackFile(io.BufferedIOBase):
             return self._direct
         self._broken = True
         with acting_as(self._acting):
-            direct = self._fs.open(self.name, "wb", perm=self._perm, writeback=False)
+            direct = self._open_through(self.name, self._perm)
             try:
                 direct.write(self._buf)
                 direct.seek(self._pos)

@@ -53,7 +53,7 @@ def test_queued_files_are_committed_for_their_client_and_others_see_them_after_s
         _write(held, path, data)
     assert held.writeback_pending() == 40 and other.listdir(folder) == []  # queued, not committed yet
     assert held.stat(f"{folder}/f3").size == len(payloads[f"{folder}/f3"])  # a call on a queued path commits first
-    assert held.writeback_pending() == 0 and held._wb is not None and held._wb.batches == 1  # one batch for 40
+    assert held.writeback_pending() == 0 and held.writeback_stats().batches == 1  # one batch for 40
     assert sorted(other.listdir(folder)) == sorted(p.rsplit("/", 1)[1] for p in payloads)
     for path, data in payloads.items():
         with other.open(path, "rb") as f:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from hf3fs.fs import DirEntry, Quota, Stat, StatFs, TrashEntry, _abs
+from hf3fs.fs import DirEntry, Quota, Stat, StatFs, TrashEntry
+from hf3fs.fs.paths import absolute as _abs
 
 
 class _Raw(io.RawIOBase):
