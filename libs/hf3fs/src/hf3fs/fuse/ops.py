@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import functools
 import json
 import logging
 import os
@@ -19,16 +18,17 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import IO, Any, TypeVar, cast
+from typing import IO, Any
 
 import mfusepy
 
-from ff_rpc import Identity, acting_as
-from hf3fs.fs import Stat
+from ff_rpc import acting_as
+from hf3fs.entries import Stat
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
-from hf3fs.fuse.handles import Handle
-from hf3fs.fuse.pending import PendingFile, PendingFiles
+from hf3fs.fuse.callers import as_caller, caller_identity, fuse_errors
+from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
+from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
+from hf3fs.fuse.pending import PendingFiles
 
 logger = logging.getLogger(__name__)
 
@@ -38,40 +38,6 @@ FREE_INODES = 1 << 40  # 3FS has no inode table to fill; report plenty
 MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the root's attribute with the mount's counters (``getxattr``)
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True, kw_only=True)
-class MountOptions:
-    """How to mount.
-
-    Attributes:
-        foreground: serve in this process until unmounted (else a daemon process serves).
-        debug: libfuse's debug trace on stderr.
-        keep_ids: show 3FS uids/gids; by default every inode appears owned by the mounting user (access is
-            decided by meta for the token's user anyway, and tools such as git refuse foreign-owned repos).
-        log_file: where a background daemon writes its log.
-        attr_timeout_s: how long the kernel may cache attributes and names, and the mount meta's answers
-            (hf3fs.fuse.attrs); 0: neither.
-        writeback: new files created write-only and exclusive (``tar x``) start in the mount's memory and reach
-            meta through the client's write-back at close (hf3fs.fuse.pending); single-user mounts only. Off by
-            default: an error of the late commit (a quota exceeded, a folder another client renamed meanwhile)
-            reaches only the mount's log, not the program that wrote the file.
-        multi_user: serve every user of this machine (``allow_other``): each request runs in meta as the uid and
-            groups of the process that made it, and inodes show their 3FS owners. Needs a token that may act for
-            other users (an admin's); a plain mount serves its own user only (the kernel refuses the others).
-    """
-
-    foreground: bool = False
-    debug: bool = False
-    keep_ids: bool = False
-    log_file: str = ""
-    attr_timeout_s: float = 1.0
-    multi_user: bool = False
-    writeback: bool = False
-
-
-DEFAULT_OPTIONS = MountOptions()
 _STAT_ATTEMPTS = 8
 
 
@@ -99,67 +65,7 @@ def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
         raw.seek(here)
 
 
-def _errno_of(err: BaseException) -> int:
-    if isinstance(err, OSError) and isinstance(err.errno, int) and err.errno > 0:
-        return err.errno
-    if isinstance(err, ValueError):
-        return errno.EINVAL
-    return errno.EIO
-
-
-def _fuse_errors(method: _F) -> _F:
-    """Every failure leaves as the errno the client gave (EIO when the cluster could not be reached)."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except mfusepy.FuseOSError:
-            raise
-        except (OSError, ValueError) as err:  # hf3fs.Hf3fsError is a ConnectionError: EIO
-            code = _errno_of(err)
-            if code == errno.EIO:
-                logger.warning("%s%s failed: %s", method.__name__, args[1:2], err)
-            raise mfusepy.FuseOSError(code) from err
-
-    return cast(_F, wrapper)
-
-
-def _groups_of(pid: int) -> tuple[int, ...]:
-    """The supplementary groups of a (thread of a) process, from /proc; () when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return tuple(int(g) for g in line.split()[1:] if g.isdigit())
-    except OSError:
-        pass
-    return ()
-
-
-def caller_identity() -> Identity:
-    """Who made the FUSE request being served: its uid, its gid first, then its supplementary groups."""
-    uid, gid, pid = mfusepy.fuse_get_context()
-    return Identity(uid, (gid, *(g for g in _groups_of(pid) if g != gid)))
-
-
-def _as_caller(method: _F) -> _F:
-    """A request on names (not on an open handle): in a multi-user mount it runs in meta as its caller.
-
-    So meta's permission checks apply to them (an open handle's reads, writes and close were checked at open).
-    """
-
-    @functools.wraps(method)
-    def wrapper(self: Hf3fsOperations, *args: Any, **kwargs: Any) -> Any:
-        if not self.options.multi_user:
-            return method(self, *args, **kwargs)
-        with acting_as(caller_identity()):
-            return method(self, *args, **kwargs)
-
-    return cast(_F, _fuse_errors(wrapper))
-
-
-class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  # mfusepy is untyped
+class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is untyped
     """The FUSE callbacks over one :class:`hf3fs.FileSystem`."""
 
     use_ns = True  # times in integer nanoseconds (utimens, getattr)
@@ -172,46 +78,24 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         self.fs, self.options, self.on_ready = fs, options, on_ready
         self._uid, self._gid = os.getuid(), os.getgid()
         self._real_ids = options.keep_ids or options.multi_user
-        self._handles: dict[int, Handle] = {}
-        self._by_inode: dict[int, set[int]] = {}
-        self._next_fh = 1
-        self._lock = threading.Lock()
+        self._table = HandleTable()  # the open handles
+        self._lock = self._table.lock  # the table's, which guards the mount's state below too
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
         self._released = 0  # handles released so far, all kinds (the mount's stats)
         self._holds: dict[int, IO[bytes]] = {}  # removed files still open here: inode -> its hold (a session)
         self._removed_open: set[int] = set()  # removed files kept by a writable handle's own session (no hold yet)
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
         self._cache = AttrCache(options.attr_timeout_s)  # meta's recent answers (see hf3fs.fuse.attrs)
-        self._pending: dict[str, int] = {}  # new files meta does not know yet: path -> handle (hf3fs.fuse.pending)
-        self._quota_room: dict[int, int] = {}  # byte quotas' room for pending files (hf3fs.fuse.pending)
+        # new files meta does not know yet (hf3fs.fuse.pending)
+        self._pending = PendingFiles(fs, options, self._cache, self._table, (self._uid, self._gid))
 
     # ---- handles ----
 
-    def _add(self, handle: Handle) -> int:
-        with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = handle
-            self._by_inode.setdefault(handle.inode_id, set()).add(fh)
-            return fh
-
     def _get(self, fh: int) -> Handle:
-        with self._lock:
-            handle = self._handles.get(fh)
+        handle = self._table.get(fh)
         if handle is None:
             raise mfusepy.FuseOSError(errno.EBADF)
         return handle
-
-    def _writers(self, inode_id: int) -> list[Handle]:
-        with self._lock:
-            return [h for fh in self._by_inode.get(inode_id, ()) if (h := self._handles[fh]).writable]
-
-    def _flush_writers(self, inode_id: int, but: Handle | None = None) -> None:
-        for h in self._writers(inode_id):
-            if h is not but:
-                with h.lock:
-                    if not h.file.closed:
-                        h.file.flush()
 
     # ---- attributes ----
 
@@ -237,7 +121,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     def _lstat(self, path: str) -> Any:
         """The lstat of ``path`` from meta, or what meta said moments ago (the attribute cache)."""
-        if (pending := self._pending_at(path)) is not None:
+        if (pending := self._pending.stat_at(path)) is not None:
             return pending
         known, st = self._cache.lookup(path)
         if known:
@@ -276,7 +160,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
     def _attrs(self, st: Any) -> dict[str, Any]:
         size = st.size
         if st.type == "file":
-            size = max([size, *(h.end for h in self._writers(st.inode_id))])
+            size = max([size, *(h.end for h in self._table.writers(st.inode_id))])
         return {
             "st_mode": st.st_mode,
             "st_ino": st.inode_id,
@@ -302,38 +186,37 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             # libfuse calls init before it serves; a thread reports readiness once the mount answers.
             threading.Thread(target=self.on_ready, name="hf3fs-mount-ready", daemon=True).start()
 
-    @_as_caller
+    @as_caller
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
         """stat/lstat (by path) and fstat (by handle, which works after the file's last name is gone)."""
         if path is None and fh is not None:  # fstat of a file whose last name is gone: by its inode, which
             h = self._get(fh)
             if h.pending is not None:
-                return self._attrs(self._pending_stat(h))
+                return self._attrs(self._pending.stat_of(h))
             with acting_as(None):  # its handle keeps (fstat needs no permission: as the mount's own user)
                 return self._attrs(self._stat_inode(h.inode_id))
         if path is None:
             raise mfusepy.FuseOSError(errno.ENOENT)
         return self._stat(path)
 
-    @_as_caller
+    @as_caller
     def opendir(self, path: str) -> int:
         """Checks now that the folder exists and may be looked at, as the C library's opendir does; readdir lists it."""
         if not self._cache.exists(path):  # made or seen here moments ago: it is there
             self._lstat(path)  # ENOENT/EACCES now, as opendir(3) gets them (the kernel resolved symlinks)
+        fh = self._table.new_number()
         with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
             self._dirs[fh] = path
         return fh
 
-    @_as_caller
+    @as_caller
     def readdir(self, path: str | None, fh: int) -> list[Any]:
         """The folder's names with their types and inode numbers (files pending here committed first, so they show)."""
         with self._lock:
             where = self._dirs.get(fh, path)  # no path with nullpath_ok: the folder opendir named
         if where is None:
             raise mfusepy.FuseOSError(errno.EBADF)
-        self._settle(where)  # a listing shows the files made here that meta does not know yet
+        self._pending.settle(where)  # a listing shows the files made here that meta does not know yet
         entries: list[Any] = [".", ".."]
         entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(where)]
         return entries
@@ -344,12 +227,12 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             self._dirs.pop(fh, None)
         return 0
 
-    @_as_caller
+    @as_caller
     def readlink(self, path: str) -> str:
         """The symlink's target."""
         return str(self.fs.readlink(path))
 
-    @_as_caller
+    @as_caller
     def statfs(self, path: str | None) -> dict[str, int]:
         """statvfs: the cluster's space in 4 KiB blocks, or a byte quota's over ``path`` when it leaves less room."""
         s = self.fs.statfs(path or None)  # df of a folder under a byte quota shows the quota
@@ -377,19 +260,23 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         if path != "/" or name != MOUNT_STATS_XATTR:
             raise mfusepy.FuseOSError(errno.ENOTSUP)
         with self._lock:
-            mine = {"open_handles": len(self._handles), "pending_files": len(self._pending), "releases": self._released}
+            mine = {
+                "open_handles": len(self._table.handles),
+                "pending_files": self._pending.count(),
+                "releases": self._released,
+            }
         return json.dumps({**mine, "writeback": dataclasses.asdict(self.fs.writeback_stats())}).encode()
 
-    @_as_caller
+    @as_caller
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> int:
         """chmod/fchmod; a pending new file keeps its mode until its write-back."""
-        if self._pending_set(self._pending_handle(path, fh), lambda pf: pf.set_mode(mode & 0o7777)):
+        if self._pending.set_attrs(self._pending.handle(path, fh), lambda pf: pf.set_mode(mode & 0o7777)):
             return 0
         if path is None:  # fchmod
             inode = self._inode_of(fh)
             self._changed_inode(inode, self.fs.set_attr_inode(inode, mode=mode & 0o7777))
             return 0
-        self._settle(path)
+        self._pending.settle(path)
         with self._changing(path):
             if self.options.multi_user and self._drops_set_id_bits(path, mode):
                 with acting_as(None):  # the kernel clearing set-id bits after a write by a non-owner (POSIX)
@@ -416,7 +303,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             raise mfusepy.FuseOSError(errno.EBADF)
         return self._get(fh).inode_id
 
-    @_as_caller
+    @as_caller
     def chown(self, path: str | None, uid: int, gid: int, fh: int | None = None) -> int:
         """chown/fchown; without real ids the mounting user's ids stand for "as it is" (-1)."""
         if not self._real_ids:  # the mounting user's ids stand for "the owner as it is"
@@ -426,18 +313,18 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             return 0
         if path is None:  # fchown
             if fh is not None and self._get(fh).pending is not None:
-                self._materialize(fh)
+                self._pending.materialize(fh)
             inode = self._inode_of(fh)
             self._changed_inode(inode, self.fs.set_attr_inode(inode, uid=uid, gid=gid))
             return 0
         # lchown, fchownat(AT_SYMLINK_NOFOLLOW) and chown all reach here on the inode the kernel resolved
-        self._settle(path)
+        self._pending.settle(path)
         with self._changing(path):
             st = self.fs.chown(path, uid, gid, follow_symlinks=False)
         self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
         return 0
 
-    @_as_caller
+    @as_caller
     def utimens(self, path: str | None, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
         """utimensat/futimens, with UTIME_NOW and UTIME_OMIT; bytes written before land before the new times."""
         atime, mtime = times if times is not None else (UTIME_NOW, UTIME_NOW)
@@ -445,10 +332,10 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             return 0
         inode = self._inode_of(fh) if path is None else None  # futimens
         where = path or ""
-        ph = self._pending_handle(path, fh)
+        ph = self._pending.handle(path, fh)
         pending = ph.pending if ph is not None else None
         if path is not None and pending is None:
-            self._settle(path)  # pending files below a folder: in meta before its times are set
+            self._pending.settle(path)  # pending files below a folder: in meta before its times are set
         if pending is not None:
             now_ns = time.time_ns()
 
@@ -459,11 +346,11 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
                 )
                 pf.set_times(a, m, atime_kept=atime == UTIME_OMIT)
 
-            if self._pending_set(ph, times_of):
+            if self._pending.set_attrs(ph, times_of):
                 return 0
             pending = None  # handed to the write-back meanwhile: by path through meta (which commits it first)
-        if self._has_writers():  # bytes written before the new times must not land after them (a later mtime)
-            self._flush_writers(inode if inode is not None else self._lstat(where).inode_id)
+        if self._table.has_writers():  # bytes written before the new times must not land after them (a later mtime)
+            self._table.flush_writers(inode if inode is not None else self._lstat(where).inode_id)
         ns: tuple[int, int] | None = None  # None: "now" (needs write permission only, not ownership: POSIX)
         if not atime == mtime == UTIME_NOW:
             now = time.time_ns()
@@ -482,19 +369,19 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
 
     # ---- names ----
 
-    @_as_caller
+    @as_caller
     def mkdir(self, path: str, mode: int) -> int:
         """mkdir; the new folder is known empty here, so lookups of names in it need no meta call for a while."""
-        self._settle(path)
+        self._pending.settle(path)
         with self._changing(path):
             self.fs.mkdir(path, mode & 0o7777)
         self._cache.changed(path, UNKNOWN, new_dir=True)
         return 0
 
-    @_as_caller
+    @as_caller
     def mknod(self, path: str, mode: int, dev: int) -> int:
         """mknod: an empty regular file, or a device, FIFO or socket node."""
-        self._settle(path)
+        self._pending.settle(path)
         with self._changing(path):
             if stat.S_ISREG(mode):  # mknod(S_IFREG) makes an empty file
                 st = self.fs.create(path, stat.S_IMODE(mode), exclusive=True)
@@ -503,29 +390,29 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
         return 0
 
-    @_as_caller
+    @as_caller
     def rmdir(self, path: str) -> int:
         """Removes an empty folder (rmdir)."""
-        self._settle(path)
+        self._pending.settle(path)
         with self._changing(path):
             self.fs.rmdir(path)
         self._cache.changed(path, ABSENT)
         return 0
 
-    @_as_caller
+    @as_caller
     def unlink(self, path: str) -> int:
         """unlink; a file still open here keeps its inode (and its handles keep working) until its last release."""
-        self._settle(path)
+        self._pending.settle(path)
         self._hold_if_open(path)
         with self._changing(path):
             self.fs.remove(path)
         self._cache.changed(path, ABSENT)
         return 0
 
-    @_as_caller
+    @as_caller
     def rename(self, old: str, new: str) -> int:
         """A rename in meta (atomic); a file renamed over is kept for its handles here, as unlink keeps it."""
-        self._settle(old, new)
+        self._pending.settle(old, new)
         self._hold_if_open(new)  # a file renamed over loses its last name too
         try:
             self.fs.rename(old, new)
@@ -547,9 +434,9 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         per transaction.
         """
         with self._lock:
-            if not self._by_inode:
+            if not self._table.by_inode:
                 return
-            open_inodes = set(self._by_inode)
+            open_inodes = set(self._table.by_inode)
         try:
             st = self._lstat(path)
         except OSError:
@@ -559,7 +446,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         with self._lock:
             if st.inode_id in self._holds:
                 return
-            if any(self._handles[fh].writable for fh in self._by_inode.get(st.inode_id, ())):
+            if any(self._table.handles[fh].writable for fh in self._table.by_inode.get(st.inode_id, ())):
                 self._removed_open.add(st.inode_id)
                 return
         try:
@@ -571,19 +458,19 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         with self._lock:
             self._holds[st.inode_id] = held
 
-    @_as_caller
+    @as_caller
     def symlink(self, target: str, source: str) -> int:
         """symlink: a link at ``target`` pointing to ``source`` (mfusepy's names, ``ln -s source target``)."""
-        self._settle(target)
+        self._pending.settle(target)
         with self._changing(target):
             self.fs.symlink(source, target)
         self._cache.changed(target, UNKNOWN)
         return 0
 
-    @_as_caller
+    @as_caller
     def link(self, target: str, source: str) -> int:
         """link: a new name ``target`` for the file ``source`` (mfusepy's names, ``ln source target``)."""
-        self._settle(source, target)
+        self._pending.settle(source, target)
         try:
             self.fs.link(source, target)
         finally:
@@ -610,25 +497,21 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         known, st = self._cache.lookup(path)
         if known and st is not ABSENT and st.inode_id != inode_id:  # a written-back file's stand-in
             self._cache.changed(path, UNKNOWN)
-        return self._add(Handle(f, inode_id, writable))
+        return self._table.add(Handle(f, inode_id, writable))
 
-    @_as_caller
+    @as_caller
     def open(self, path: str, flags: int) -> int:
         """open; the length a writer here has not made exact on meta yet is made exact first (close-to-open)."""
         # close(2) waits for FLUSH but not for RELEASE, which closes the write session and makes the length
         # exact on meta. A program that closes a file and opens it again at once (git does, all the time) may
         # get here first: make the length exact now, or the new handle would see the old length.
-        self._settle(path)
-        if self._has_writers():
-            for h in self._writers(self._lstat(path).inode_id):
+        self._pending.settle(path)
+        if self._table.has_writers():
+            for h in self._table.writers(self._lstat(path).inode_id):
                 self._sync(h, always=False)
         return self._open_handle(path, flags)
 
-    def _has_writers(self) -> bool:
-        with self._lock:
-            return any(h.writable for h in self._handles.values())
-
-    @_as_caller
+    @as_caller
     def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:
         """Creates and opens in one call (O_CREAT); with ``--writeback``, a small exclusive file may start pending.
 
@@ -638,10 +521,10 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         # Created and opened in one call: a file created read-only (git's objects are 0444) is still written
         # through the descriptor that created it, as POSIX allows.
         perm = mode & 0o7777
-        deferred = self._defer_create(path, perm, flags)
+        deferred = self._pending.defer_create(path, perm, flags)
         if deferred is not None:
             return deferred
-        self._settle(path)
+        self._pending.settle(path)
         with self._changing(path):
             try:
                 f = self.fs.open(path, "x+b", perm=perm)
@@ -655,23 +538,23 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         self._cache.changed(path, UNKNOWN if inode is None or flags & os.O_TRUNC else Stat.from_pb(inode))
         return fh
 
-    @_fuse_errors
+    @fuse_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         """pread: what any handle here wrote reaches storage first, then the bytes come from storage, not a cache."""
         h = self._get(fh)
-        self._flush_writers(h.inode_id)  # what any handle here wrote, this one's too, reaches storage first
+        self._table.flush_writers(h.inode_id)  # what any handle here wrote, this one's too, reaches storage first
         with h.lock:
             return _pread(h.file, offset, size)
 
-    @_fuse_errors
+    @fuse_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         """Writes (pwrite) through the handle's buffered file; a pending file's bytes stay in memory while they may."""
         h = self._get(fh)
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
-        if h.pending is not None and self._pending_write(fh, h, data, offset):
+        if h.pending is not None and self._pending.write(fh, h, data, offset):
             return len(data)
-        self._flush_writers(h.inode_id, but=h)  # another handle's older bytes may not land over these later
+        self._table.flush_writers(h.inode_id, but=h)  # another handle's older bytes may not land over these later
         with h.lock:
             _seek(h.file, offset)
             h.file.write(data)
@@ -679,15 +562,15 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             h.dirty = True
         return len(data)
 
-    @_as_caller
+    @as_caller
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         """truncate/ftruncate; what handles here wrote reaches storage first, so no old byte lands past the new end."""
         # ftruncate (no path): the handle was opened for writing (the kernel checks), meta checked then
         if fh is not None and self._get(fh).pending is not None:
-            self._materialize(fh)
-        self._settle(path or "")  # ("" names no file)
+            self._pending.materialize(fh)
+        self._pending.settle(path or "")  # ("" names no file)
         inode_id = self._inode_of(fh) if path is None else self._lstat(path).inode_id
-        self._flush_writers(inode_id)
+        self._table.flush_writers(inode_id)
         try:
             if path is None:
                 with acting_as(None):
@@ -696,7 +579,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
                 self.fs.truncate(path, length)
         finally:
             self._changed_inode(inode_id)
-        for h in self._writers(inode_id):
+        for h in self._table.writers(inode_id):
             with h.lock:
                 h.end = min(h.end, length)
                 raw: Any = getattr(h.file, "raw", h.file)
@@ -706,7 +589,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
                     raw.meta_length = min(raw.meta_length, length)
         return 0
 
-    @_fuse_errors
+    @fuse_errors
     def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
         """posix_fallocate: the file grows to ``offset + size`` if it is shorter; other modes are EOPNOTSUPP.
 
@@ -722,17 +605,17 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         if not h.writable:
             raise mfusepy.FuseOSError(errno.EBADF)
         if h.pending is not None:
-            self._materialize(fh)
+            self._pending.materialize(fh)
         if mode & FALLOC_FL_KEEP_SIZE:
             return 0
-        self._flush_writers(h.inode_id)
+        self._table.flush_writers(h.inode_id)
         with acting_as(None):  # on the open handle, as ftruncate: meta checked write access at open
             if self.fs.stat_inode(h.inode_id).size < offset + size:
                 self.fs.truncate_inode(h.inode_id, offset + size)
                 self._changed_inode(h.inode_id)
         return 0
 
-    @_fuse_errors
+    @fuse_errors
     def flush(self, path: str, fh: int) -> int:
         """close(2) of a descriptor (each of its dups): what it wrote reaches storage, and its length meta, at once.
 
@@ -744,11 +627,11 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             self._sync(h, always=False)
         return 0
 
-    @_fuse_errors
+    @fuse_errors
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         """fsync/fdatasync: the bytes to storage and the length exact on meta (fsync: the mtime too)."""
         if self._get(fh).pending is not None:
-            self._materialize(fh)
+            self._pending.materialize(fh)
         self._sync(self._get(fh), always=not datasync)
         return 0
 
@@ -787,13 +670,13 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         with self._lock:
             if not h.writable or h.inode_id not in self._removed_open or h.inode_id in self._holds:
                 return False
-            others = [self._handles[o] for o in self._by_inode.get(h.inode_id, ()) if o != fh]
+            others = [self._table.handles[o] for o in self._table.by_inode.get(h.inode_id, ()) if o != fh]
             if not others or any(o.writable for o in others):
                 return False
             self._removed_open.discard(h.inode_id)
             return True
 
-    @_fuse_errors
+    @fuse_errors
     def release(self, path: str, fh: int) -> int:
         """The kernel's release of a handle: its file closed (and its write session), or kept as a removed file's hold.
 
@@ -808,7 +691,7 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
         return 0
 
     def _release(self, fh: int, h: Handle) -> None:
-        if h.pending is not None and self._pending_release(fh, h):
+        if h.pending is not None and self._pending.release(fh, h):
             return
         hold = self._becomes_hold(h, fh)
         try:
@@ -821,15 +704,15 @@ class Hf3fsOperations(PendingFiles, mfusepy.Operations):  # type: ignore[misc]  
             if h.writable:
                 self._changed_inode(h.inode_id)  # the close moved meta's length and mtime
             with self._lock:
-                self._handles.pop(fh, None)
+                self._table.handles.pop(fh, None)
                 self._releases += h.writable
-                fhs = self._by_inode.get(h.inode_id, set())
+                fhs = self._table.by_inode.get(h.inode_id, set())
                 fhs.discard(fh)
                 held = None
                 if hold:
                     self._holds[h.inode_id] = h.file
                 if not fhs:
-                    self._by_inode.pop(h.inode_id, None)
+                    self._table.by_inode.pop(h.inode_id, None)
                     self._removed_open.discard(h.inode_id)
                     held = self._holds.pop(h.inode_id, None)
             if held is not None:

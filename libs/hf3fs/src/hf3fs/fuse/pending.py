@@ -22,17 +22,13 @@ import io
 import logging
 import os
 import stat
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hf3fs.fs import Stat
+from hf3fs.entries import Stat
 from hf3fs.fuse.attrs import UNKNOWN, AttrCache
-
-if TYPE_CHECKING:
-    from hf3fs.fuse.handles import Handle
+from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
+from hf3fs.fuse.options import MountOptions
 
 logger = logging.getLogger(__name__)
 
@@ -42,67 +38,6 @@ MAX_PENDING_BYTES = 1 << 20  # the write-back's own bound for a small file (Writ
 def deferrable(flags: int) -> bool:
     """Whether a create with these open flags may start as a pending file: write-only, exclusive."""
     return (flags & os.O_ACCMODE) == os.O_WRONLY and bool(flags & os.O_EXCL) and not flags & os.O_APPEND
-
-
-@dataclass
-class PendingFile:
-    """What a pending file is: its name, permission bits and times (its bytes are its handle's BytesIO)."""
-
-    path: str
-    perm: int
-    uid: int
-    gid: int
-    inode_id: int
-    ctime_ns: int
-    made_perm: int = 0  # the permission bits it was created with
-    quota_id: int = 0  # the folder of the tightest byte quota over it (0: none)
-    atime_ns: int = 0
-    mtime_ns: int = 0  # 0: the time of its last write
-    times_set: bool = False  # futimens was called (the times to give meta)
-    atime_kept: bool = True  # no futimens gave it an atime (UTIME_OMIT: tar's)
-
-    def __post_init__(self) -> None:
-        self.atime_ns = self.atime_ns or self.ctime_ns
-        self.mtime_ns = self.mtime_ns or self.ctime_ns
-
-    def stat(self, size: int) -> Stat:
-        """The Stat the mount answers for the file while it is pending, ``size`` bytes long."""
-        return Stat(
-            inode_id=self.inode_id,
-            type="file",
-            mode=stat.S_IMODE(self.perm),
-            uid=self.uid,
-            gid=self.gid,
-            nlink=1,
-            size=size,
-            atime_ns=self.atime_ns,
-            mtime_ns=self.mtime_ns,
-            ctime_ns=self.ctime_ns,
-        )
-
-    def wrote(self) -> None:
-        """Notes a write: the mtime becomes now, unless futimens set the times."""
-        if not self.times_set:
-            self.mtime_ns = time.time_ns()
-
-    def set_times(self, atime_ns: int, mtime_ns: int, *, atime_kept: bool = False) -> None:
-        """Notes a futimens: the times to give meta; ``atime_kept``: the atime was left as it was (UTIME_OMIT)."""
-        self.atime_ns, self.mtime_ns, self.times_set = atime_ns, mtime_ns, True
-        self.ctime_ns = time.time_ns()
-        self.atime_kept = self.atime_kept and atime_kept
-
-    def set_mode(self, perm: int) -> None:
-        """Notes a chmod: the permission bits to give meta."""
-        self.perm = perm
-        self.ctime_ns = time.time_ns()
-
-    def written_back_whole(self) -> bool:
-        """Whether the write-back can carry everything set on it: it takes the bytes, the permission bits and the mtime.
-
-        The atime becomes the time of the create, so an atime set by futimens must be that (``tar x`` sets it to the
-        time of extraction) or equal the mtime, else the file needs meta at once.
-        """
-        return self.atime_kept or self.atime_ns == self.mtime_ns or abs(self.atime_ns - self.ctime_ns) < 10**9
 
 
 def _under(path: str, name: str) -> bool:
@@ -115,23 +50,28 @@ def _size(h: Handle) -> int:
 
 
 class PendingFiles:
-    """The pending-file half of the FUSE callbacks (mixed into ``Hf3fsOperations``, whose state it uses)."""
+    """The mount's pending files: the callbacks ask it first about a name or handle that may be one.
 
-    fs: Any
-    options: Any
-    _cache: AttrCache
-    _lock: threading.Lock
-    _handles: dict[int, Handle]
-    _by_inode: dict[int, set[int]]
-    _pending: dict[str, int]  # path -> the handle of the pending file there
-    _quota_room: dict[int, int]  # quota folder -> bytes its pending files may still hold (see _hold)
-    _uid: int
-    _gid: int
+    It keeps its state under the handle table's lock (a release drops the handle and the pending file at once).
+    """
 
-    def _add(self, handle: Handle) -> int:
-        raise NotImplementedError  # Hf3fsOperations'  own
+    def __init__(
+        self, fs: Any, options: MountOptions, cache: AttrCache, table: HandleTable, owner: tuple[int, int]
+    ) -> None:
+        """Pending files of the mount over ``fs``; ``owner``: the (uid, gid) they are shown with."""
+        self.fs, self.options = fs, options
+        self._cache = cache
+        self._table = table
+        self._lock = table.lock  # the table's: it guards the state below too
+        self._uid, self._gid = owner
+        self._pending: dict[str, int] = {}  # path -> the handle of the pending file there
+        self._quota_room: dict[int, int] = {}  # quota folder -> bytes its pending files may still hold (see _hold)
 
-    def _defer_create(self, path: str, perm: int, flags: int) -> int | None:
+    def count(self) -> int:
+        """How many files are pending now (the caller holds the table's lock for a snapshot with other counts)."""
+        return len(self._pending)
+
+    def defer_create(self, path: str, perm: int, flags: int) -> int | None:
         """A handle on a new pending file at ``path`` when its bytes may wait (see the module docstring).
 
         The file is created in meta now, exclusively and without a write session, so ``O_EXCL`` holds across clients
@@ -139,8 +79,6 @@ class PendingFiles:
         """
         if not self.options.writeback or self.options.multi_user or self.options.keep_ids or not deferrable(flags):
             return None
-        from hf3fs.fuse.handles import Handle
-
         made, room = self.fs.create_file(path, perm | stat.S_IWUSR, exclusive=True)
         pf = PendingFile(
             path,
@@ -152,7 +90,7 @@ class PendingFiles:
             made_perm=perm | stat.S_IWUSR,
             quota_id=room[1] if room else 0,
         )
-        fh = self._add(Handle(io.BytesIO(), pf.inode_id, True, pending=pf))
+        fh = self._table.add(Handle(io.BytesIO(), pf.inode_id, True, pending=pf))
         with self._lock:
             self._pending[path] = fh
         if room is not None:
@@ -160,13 +98,14 @@ class PendingFiles:
         self._cache.changed(path, pf.stat(0))
         return fh
 
-    def _pending_at(self, path: str) -> Stat | None:
+    def stat_at(self, path: str) -> Stat | None:
+        """The Stat of the pending file at ``path``; None when no file there is pending."""
         with self._lock:
             fh = self._pending.get(path)
-            h = self._handles.get(fh) if fh is not None else None
-        return None if h is None or h.pending is None else self._pending_stat(h)
+            h = self._table.handles.get(fh) if fh is not None else None
+        return None if h is None or h.pending is None else self.stat_of(h)
 
-    def _pending_handle(self, path: str | None, fh: int | None) -> Handle | None:
+    def handle(self, path: str | None, fh: int | None) -> Handle | None:
         """The handle of the pending file a setattr names, by handle or by path.
 
         The kernel names the path for chmod and utimens even on an open file.
@@ -174,26 +113,27 @@ class PendingFiles:
         with self._lock:
             if path is not None:
                 fh = self._pending.get(path)
-            h = self._handles.get(fh) if fh is not None else None
+            h = self._table.handles.get(fh) if fh is not None else None
         return h if h is not None and h.pending is not None else None
 
-    def _pending_stat(self, h: Handle) -> Stat:
+    def stat_of(self, h: Handle) -> Stat:
+        """The Stat of the pending file of handle ``h`` (which must be pending), its size what it holds."""
         assert h.pending is not None
         with h.lock:
             return h.pending.stat(_size(h))
 
-    def _settle(self, *names: str) -> None:
+    def settle(self, *names: str) -> None:
         """Make real every pending file at or below these names (a call on them needs meta to know it)."""
         with self._lock:
             if not self._pending:
                 return
             fhs = [fh for path, fh in self._pending.items() if any(_under(path, n) for n in names)]
         for fh in fhs:
-            self._materialize(fh)
+            self.materialize(fh)
 
-    def _materialize(self, fh: int) -> None:
+    def materialize(self, fh: int) -> None:
         """Create a pending file in meta now (exclusively), write its bytes and times: its handle becomes ordinary."""
-        h = self._handles.get(fh)
+        h = self._table.handles.get(fh)
         if h is None:
             return
         with h.lock:
@@ -224,7 +164,7 @@ class PendingFiles:
         write-back under it.
         """
         with self._lock:
-            handles = [self._handles.get(fh) for fh in self._pending.values()]
+            handles = [self._table.handles.get(fh) for fh in self._pending.values()]
         held = sum(h.end for h in handles if h is not None and h.pending is not None and h.pending.quota_id == quota_id)
         held += self.fs.writeback_held_bytes(quota_id)
         with self._lock:
@@ -246,13 +186,13 @@ class PendingFiles:
             self._quota_room[pf.quota_id] = left - grow
         return True
 
-    def _pending_write(self, fh: int, h: Handle, data: bytes, offset: int) -> bool:
+    def write(self, fh: int, h: Handle, data: bytes, offset: int) -> bool:
         """Write into a pending file's memory: False (made real first) when it would grow past the bound or its quota.
 
         Its quota: what its folder's byte quota allows.
         """
         if offset + len(data) > MAX_PENDING_BYTES:
-            self._materialize(fh)
+            self.materialize(fh)
             return False
         with h.lock:
             if h.pending is None:  # made real meanwhile
@@ -264,10 +204,10 @@ class PendingFiles:
                 h.end = max(h.end, offset + len(data))
                 h.pending.wrote()
         if not fits:
-            self._materialize(fh)
+            self.materialize(fh)
         return fits
 
-    def _pending_set(self, h: Handle | None, change: Callable[[PendingFile], None]) -> bool:
+    def set_attrs(self, h: Handle | None, change: Callable[[PendingFile], None]) -> bool:
         """Apply a setattr to a pending file, under its handle's lock; False when it is not pending (any more).
 
         No longer pending: its release handed it to the write-back meanwhile. The setattr must then go to meta.
@@ -282,7 +222,7 @@ class PendingFiles:
         self._cache.changed_inode(h.inode_id, st)
         return True
 
-    def _pending_release(self, fh: int, h: Handle) -> bool:
+    def release(self, fh: int, h: Handle) -> bool:
         """Hand a released pending file to the write-back; False when it is an ordinary handle by now.
 
         It is made real instead when the write-back cannot carry all that was set on it.
@@ -307,10 +247,10 @@ class PendingFiles:
                 h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
                 with self._lock:
                     self._pending.pop(pf.path, None)
-                    self._handles.pop(fh, None)
-                    self._by_inode.pop(h.inode_id, None)
+                    self._table.handles.pop(fh, None)
+                    self._table.by_inode.pop(h.inode_id, None)
                 self._cache.changed(pf.path, pf.stat(len(data)))  # what meta will have once it commits
                 return True
         if pf is not None:
-            self._materialize(fh)
+            self.materialize(fh)
         return False
