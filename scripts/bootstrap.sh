@@ -50,6 +50,21 @@ if ! command -v autoreconf >/dev/null 2>&1 || ! command -v automake >/dev/null 2
     fi
 fi
 
+# `fireflyer image build` and `fireflyer up --containers` (tox -e containers) need podman (rootful, with runc: crun
+# fails on hybrid cgroups), debootstrap for the base image and catatonit as the containers' init; everything else runs
+# without them, and the container tests skip, saying why.
+if ! command -v podman >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1 \
+        || ! command -v runc >/dev/null 2>&1 || ! command -v catatonit >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing podman, runc, debootstrap and catatonit for the container images (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap catatonit \
+            >/dev/null
+    else
+        echo "bootstrap: podman, runc, debootstrap or catatonit not found; fireflyer image build and up --containers" \
+            "need them (tox -e containers skips without them)" >&2
+    fi
+fi
+
 PYTHON=${PYTHON:-python3.11}
 
 # hfreduce's kernel (libs/hfreduce/src/hfreduce/_kernels.c) is compiled by the install: a C compiler and the

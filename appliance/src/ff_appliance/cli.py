@@ -18,11 +18,14 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from ff_appliance import admin, alerts, join, lifecycle, mount
+from ff_appliance.cli_image import add_image_command
+from ff_appliance.containers import ContainersError
 from ff_appliance.demo import DemoError, run_demo
 from ff_appliance.demo_faults import FAULT_KINDS, ClusterHandle
 from ff_appliance.demo_storage import StorageDemoError
 from ff_appliance.demo_train import NUM_AGENTS_WITH_FAULTS, TrainDemoError, TrainPlan, find_example, run_train_demo
 from ff_appliance.hosts import HostsError, LinkShape, parse_host_zone, parse_link_shape
+from ff_appliance.images import ImageError
 from ff_appliance.join import JoinError, JoinOptions
 from ff_appliance.lifecycle import ApplianceError, UpOptions
 from ff_appliance.services import AGENT, MGMTD, SERVICES
@@ -87,6 +90,8 @@ async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
         hosts=args.hosts,
         link_shapes=tuple(args.link_shape or ()),
         host_zones=tuple(args.host_zone or ()),
+        containers=args.containers,
+        container_dirs=tuple(getattr(args, "container_dirs", ())),
     )
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
@@ -108,7 +113,7 @@ async def _mount(where: str, state: StateDir, mgmtd: list[str], cli: Cli) -> Non
 async def _cmd_down(args: argparse.Namespace, cli: Cli) -> int:
     state = cli.state(args)
     await asyncio.to_thread(mount.unmount_3fs, state, cli.out)
-    killed = await asyncio.to_thread(lifecycle.down, state, args.timeout_s, cli.out)
+    killed = await asyncio.to_thread(lifecycle.down, state, args.timeout_s, cli.out, env=dict(cli.environ))
     cli.print(f"cluster stopped; its data stays in {state.root} (`{cli.prog} up` brings it back)")
     if killed:
         cli.print(f"killed after {args.timeout_s:g}s without a clean stop: {', '.join(killed)}")
@@ -137,6 +142,7 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
         # The SIGSTOP fault cordons a node: a third agent keeps 2 for the task (a cluster only grows).
         planned = len(existing.of_service(AGENT)) if (existing := load_plan(state)) is not None else 0
         args.num_agent = max(args.num_agent or 0, planned, NUM_AGENTS_WITH_FAULTS)
+    args.container_dirs = (str(example),) if example is not None else ()  # the agents' ranks run it
     cli.print(f"== up ({state.root})")
     await _cmd_up(args, cli)
     cli.print("\n== status")
@@ -150,7 +156,9 @@ async def _cmd_demo(args: argparse.Namespace, cli: Cli) -> int:
     addresses = [i.grpc_address for i in mgmtd_instances]
     if not args.train_only:
         cli.print("\n== a tour of the services")
-        await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out)
+        # A container cluster's agents see the state folder, not this machine's temp folder.
+        scratch = state.root if plan.containers is not None else None
+        await run_demo(addresses, token, mgmtd_instances[0].node_id, cli.out, scratch)
     if example is not None:
         cli.print(
             "\n== train the tiny GPT on this cluster"
@@ -292,6 +300,12 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
         metavar="HOST=ZONE",
         help="the agents of HOST register in network zone ZONE (e.g. h3=far with a shaped h3 link: a host across "
         "zones); HOST= for the default zone; repeatable; kept, used when an agent starts",
+    )
+    p.add_argument(
+        "--containers",
+        action="store_true",
+        help="a new cluster only (root, podman): each instance in its own container, from the images "
+        "`fireflyer image build` makes; kept for later ups",
     )
 
 
@@ -535,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_group_commands(sub)
     _add_token_commands(sub)
     _add_alerts_command(sub)
+    add_image_command(sub)
     _admin_command(sub, "whoami", "who the token belongs to", _whoami, lambda r: admin.render_principal(r.principal))
     return parser
 
@@ -562,6 +577,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO, err: TextI
         TrainDemoError,
         CliError,
         JoinError,
+        ImageError,
+        ContainersError,
         OSError,
     ) as exc:
         print(f"fireflyer: {exc}", file=err)

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
@@ -187,8 +188,12 @@ class Demo:
                 await asyncio.sleep(0.2)
 
 
-async def run_demo(addresses: Sequence[str], admin_token: str, node_id: int, out: TextIO) -> None:
+async def run_demo(
+    addresses: Sequence[str], admin_token: str, node_id: int, out: TextIO, scratch_dir: Path | None = None
+) -> None:
     """Every step against the cluster at ``addresses``, as the admin whose token is given.
+
+    ``scratch_dir``: where the agents' tasks' scripts are written (they must see it; None: the system's temp folder).
 
     Raises:
         DemoError: the cluster answered something the demo did not expect.
@@ -208,7 +213,7 @@ async def run_demo(addresses: Sequence[str], admin_token: str, node_id: int, out
     await meta_section(addresses, admin_token, demo.step, demo.say)
     await tools_section(addresses, admin_token, demo.step, demo.say)
     await scheduler_section(addresses, admin_token, demo.step, demo.say)
-    await agent_section(addresses, admin_token, demo.step, demo.say)
+    await agent_section(addresses, admin_token, demo.step, demo.say, scratch_dir)
     demo.step("done")
     demo.say(
         "mgmtd, the storage services, meta, the scheduler and the agents did all of the above on the running cluster"

@@ -85,7 +85,11 @@ def _state(t: pb.Task) -> str:
 
 
 async def agent_section(
-    addresses: Sequence[str], admin_token: str, step: Callable[[str], None], say: Callable[[str], None]
+    addresses: Sequence[str],
+    admin_token: str,
+    step: Callable[[str], None],
+    say: Callable[[str], None],
+    scratch_dir: Path | None = None,
 ) -> None:
     """Run the agent steps as the demo's user (``step`` prints a title, ``say`` a result), its quota set as admin.
 
@@ -100,7 +104,7 @@ async def agent_section(
         await mgmtd.close()
     await set_quota(address, admin_token, USER, 10, 2)
     user = _User(address, token)
-    folder = Path(tempfile.mkdtemp(prefix="fireflyer-agent-demo-"))
+    folder = Path(tempfile.mkdtemp(prefix="fireflyer-agent-demo-", dir=scratch_dir))
     # The ranks may run as the demo's user (agents started by root): the folder is theirs to write too.
     os.chmod(folder, 0o1777)
     await asyncio.to_thread(_checkpoint_folder, list(addresses), admin_token)

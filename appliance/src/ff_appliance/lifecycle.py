@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
-from ff_appliance import admin, database, host_layout
+from ff_appliance import admin, container_layout, database, host_layout
 from ff_appliance.health import Health, wait_serving
 from ff_appliance.hosts import HostsError, LinkShape, NetworkPlan
 from ff_appliance.join import joined_file
@@ -76,6 +76,8 @@ class UpOptions:
     hosts: int | None = None  # ``--hosts N``: storage and agents on N network namespaces (a new cluster only)
     link_shapes: tuple[tuple[str | None, LinkShape | None], ...] = ()  # ``--link-shape``: (host or all, shape)
     host_zones: tuple[tuple[str, str], ...] = ()  # ``--host-zone``: (host, zone of its agents)
+    containers: bool = False  # ``--containers``: each instance in its own podman container (a new cluster only)
+    container_dirs: tuple[str, ...] = ()  # more folders the containers see at the same path (the demo's example)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,9 +99,13 @@ async def up(state: StateDir, options: UpOptions, out: TextIO, services: Sequenc
     state.create_dirs()
     with exclusive_lock(state.lock_file):
         network = _hosts_network(state, options)
+        in_containers = await asyncio.to_thread(_containers, state, options, network is not None)
         cluster_token = ensure_cluster_token(state)
         database_urls = await asyncio.to_thread(_database_urls, state, options.database_url, services, cluster_token)
         plan = _prepare_plan(state, options.counts, services)
+        if in_containers is not None and plan.containers != in_containers:
+            plan = replace(plan, containers=in_containers)
+            save_plan(state, plan)
         if network is not None:
             plan = await asyncio.to_thread(_on_hosts, state, plan, network, out)
         ctx = LaunchContext(state=state, plan=plan, log_level=options.log_level, database_urls=database_urls)
@@ -158,6 +164,13 @@ def _hosts_network(state: StateDir, options: UpOptions) -> NetworkPlan | None:
         raise ApplianceError(str(err)) from None
 
 
+def _containers(state: StateDir, options: UpOptions, on_hosts: bool) -> container_layout.ContainerPlan | None:
+    try:
+        return container_layout.choose(state, options.containers, on_hosts, options.container_dirs, options.env)
+    except container_layout.ContainersError as err:
+        raise ApplianceError(str(err)) from None
+
+
 def _on_hosts(state: StateDir, plan: ClusterPlan, network: NetworkPlan, out: TextIO) -> ClusterPlan:
     try:
         return host_layout.apply_network(state, plan, network, out)
@@ -196,6 +209,7 @@ async def _start_all(
         print(f"{name}: already running (pid {pid})", file=out)
     # An instance on a host binds in that host's own namespace, made for this cluster: nothing else is there.
     _check_ports_free(ctx, [i for i in ctx.plan.instances if i.name not in pids and not i.host_name])
+    _clear_containers(ctx, [i.name for i in ctx.plan.instances if i.name not in pids], options.env)
     batch: list[tuple[Started, InstancePlan]] = []
     for spec in services:
         for instance in ctx.plan.of_service(spec.name):
@@ -209,11 +223,19 @@ async def _start_all(
         if spec.overlaps_next:
             continue
         for launched, instance in batch:
-            await _wait_serving(ctx.state, launched, instance, deadline)
+            pids[instance.name] = await _wait_serving(ctx, launched, instance, options.env, deadline)
         batch = []
     for launched, instance in batch:
-        await _wait_serving(ctx.state, launched, instance, deadline)
+        pids[instance.name] = await _wait_serving(ctx, launched, instance, options.env, deadline)
     return pids
+
+
+def _clear_containers(ctx: LaunchContext, names: Sequence[str], env: Mapping[str, str]) -> None:
+    """Container clusters: remove stopped containers of the instances about to start (they would refuse them)."""
+    try:
+        container_layout.clear(ctx.plan, names, env)
+    except container_layout.ContainersError as err:
+        raise ApplianceError(str(err)) from None
 
 
 def _running_pids(ctx: LaunchContext) -> dict[str, int]:
@@ -252,17 +274,26 @@ def _launch(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan, env: 
     )
 
 
-async def _wait_serving(state: StateDir, launched: Started, instance: InstancePlan, deadline: float) -> None:
+async def _wait_serving(
+    ctx: LaunchContext, launched: Started, instance: InstancePlan, env: Mapping[str, str], deadline: float
+) -> int:
+    """Wait until the instance is ready and its gRPC health is SERVING; the pid its pid file names."""
+    state = ctx.state
     try:
         await wait_ready_file(launched, state.ready_file(instance.name), deadline)
     except SupervisorError as exc:
         raise ApplianceError(str(exc)) from None
+    try:
+        await asyncio.to_thread(container_layout.adopt_main_pid, ctx.plan, launched, state.pid_file(instance.name), env)
+    except container_layout.ContainersError as err:
+        raise ApplianceError(f"{err}\n{describe_log(launched.log_file)}") from None
     health = await wait_serving(instance.grpc_address, deadline)
     if health is not Health.SERVING:
         raise ApplianceError(
             f"{instance.name} wrote its ready file but its gRPC health at {instance.grpc_address} is {health}\n"
             f"{describe_log(launched.log_file)}"
         )
+    return launched.pid
 
 
 async def _wait_registered(ctx: LaunchContext, cluster_token: str, deadline: float) -> str:
@@ -315,7 +346,13 @@ def render_endpoints(state: StateDir, result: UpResult, stop_hint: str) -> str:
     )
 
 
-def down(state: StateDir, timeout_s: float, out: TextIO, services: Sequence[ServiceSpec] = SERVICES) -> list[str]:
+def down(
+    state: StateDir,
+    timeout_s: float,
+    out: TextIO,
+    services: Sequence[ServiceSpec] = SERVICES,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
     """SIGTERM every instance (last-started service first), wait, SIGKILL what is left. Data stays.
 
     Returns:
@@ -333,6 +370,7 @@ def down(state: StateDir, timeout_s: float, out: TextIO, services: Sequence[Serv
         for wave in stop_waves(order):
             killed += _stop_service(state, [i for service in wave for i in plan.of_service(service)], timeout_s, out)
         host_layout.remove_network(plan, out)
+        container_layout.remove_leftovers(plan, env, out)
     return killed
 
 

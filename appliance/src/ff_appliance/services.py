@@ -17,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ff_appliance import scheduler_setup, storage_setup, telemetry_setup
+from ff_appliance import containers, scheduler_setup, storage_setup, telemetry_setup
 from ff_appliance.hosts import exec_prefix
 from ff_appliance.state import ClusterPlan, InstancePlan, StateDir
 from ff_cluster import MgmtdClient
@@ -241,8 +241,18 @@ SERVICES: tuple[ServiceSpec, ...] = (
 
 
 def command(spec: ServiceSpec, ctx: LaunchContext, instance: InstancePlan) -> list[str]:
-    """The full argv of one instance, run by this interpreter (in its host's network namespace, if it has one)."""
-    argv = [sys.executable, "-m", spec.module, *common_args(ctx, instance), *spec.args(ctx, instance)]
+    """The full argv of one instance, run by this interpreter (in its host's network namespace, if it has one).
+
+    In a container cluster (``up --containers``), ``podman run`` of the same flags in the service's image.
+    """
+    flags = [*common_args(ctx, instance), *spec.args(ctx, instance)]
+    if ctx.plan.containers is not None:
+        env_names = [spec.database_env] if spec.name in ctx.database_urls else []
+        inside = ["python", "-m", spec.module, *flags]  # the image's virtualenv is first on its PATH
+        return containers.run_argv(
+            ctx.plan.containers, instance=instance.name, service=spec.name, argv=inside, env_names=env_names
+        )
+    argv = [sys.executable, "-m", spec.module, *flags]
     if instance.host_name and ctx.plan.network is not None:
         return [*exec_prefix(ctx.plan.network, instance.host_name), *argv]
     return argv

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ff_appliance.containers import ContainerPlan
 from ff_appliance.hosts import NetworkPlan, host_of
 from ff_config.ports import LOOPBACK
 
@@ -132,6 +133,7 @@ class ClusterPlan:
     instances: tuple[InstancePlan, ...]
     created_at: float = field(default_factory=time.time)
     network: NetworkPlan | None = None  # ``up --hosts``: the hosts' network; None: everything on loopback
+    containers: ContainerPlan | None = None  # ``up --containers``: each instance in a container; None: processes
 
     def of_service(self, service: str) -> list[InstancePlan]:
         """The instances of ``service``, in plan order (``<service>-1`` first)."""
@@ -157,6 +159,8 @@ class ClusterPlan:
         }
         if self.network is not None:
             doc["network"] = self.network.to_dict()
+        if self.containers is not None:
+            doc["containers"] = self.containers.to_dict()
         return json.dumps(doc, indent=2) + "\n"
 
     @classmethod
@@ -172,7 +176,8 @@ class ClusterPlan:
                 raise PlanError(f"plan format {doc.get('format_version')!r} is not {PLAN_FORMAT_VERSION}")
             instances = tuple(InstancePlan(**i) for i in doc["instances"])
             network = NetworkPlan.from_dict(doc["network"]) if doc.get("network") is not None else None
-            return cls(instances=instances, created_at=float(doc["created_at"]), network=network)
+            containers = ContainerPlan.from_dict(doc["containers"]) if doc.get("containers") is not None else None
+            return cls(instances=instances, created_at=float(doc["created_at"]), network=network, containers=containers)
         except (ValueError, KeyError, TypeError) as exc:
             raise PlanError(f"the plan is not valid: {exc}") from None
 
@@ -226,7 +231,7 @@ def extend_plan(
         return existing
     if existing is None:
         return ClusterPlan(instances=tuple(instances))
-    return ClusterPlan(instances=tuple(instances), created_at=existing.created_at, network=existing.network)
+    return replace(existing, instances=tuple(instances))
 
 
 def place_on_hosts(plan: ClusterPlan, network: NetworkPlan) -> ClusterPlan:

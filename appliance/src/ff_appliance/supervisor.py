@@ -26,16 +26,21 @@ class SupervisorError(Exception):
 
 @dataclass
 class Started:
-    """A process this CLI started (its Popen is kept to notice an early exit and to reap it)."""
+    """A process this CLI started (its Popen is kept to notice an early exit and to reap it).
+
+    ``main_pid``: the process that does the work when it is not the one started (a container's PID 1, whose
+    podman client is the one started); its pid file then names it.
+    """
 
     name: str
     process: subprocess.Popen[bytes]
     log_file: Path
+    main_pid: int | None = None
 
     @property
     def pid(self) -> int:
-        """The started process's pid, as its pid file records it."""
-        return self.process.pid
+        """The pid its pid file records: ``main_pid`` if known, else the started process's."""
+        return self.main_pid if self.main_pid is not None else self.process.pid
 
 
 def start_detached(

@@ -47,12 +47,16 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Every mgmtd instance's gRPC address (its stable name through the headless Service), comma-separated. */}}
 {{- define "fireflyer.mgmtdAddresses" -}}
+{{- if .Values.kubePlay.enabled -}}
+{{ .Values.kubePlay.address }}:{{ int .Values.ports.mgmtd }}
+{{- else -}}
 {{- $name := include "fireflyer.componentName" (dict "root" . "component" "mgmtd") -}}
 {{- $addrs := list -}}
 {{- range $i := until (int .Values.mgmtd.replicas) -}}
 {{- $addrs = append $addrs (printf "%s-%d.%s-headless.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.ports.mgmtd)) -}}
 {{- end -}}
 {{ join "," $addrs }}
+{{- end -}}
 {{- end }}
 
 {{/* Secrets: the cluster token's, the database URL's. */}}
@@ -80,10 +84,18 @@ url
 {{- define "fireflyer.podEnv" -}}
 - name: POD_NAME
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
+{{- if .Values.kubePlay.enabled }}
+{{- /* podman kube play refuses status.podIP and has no nodes: the machine's address and a fixed name */}}
+- name: POD_IP
+  value: {{ .Values.kubePlay.address | quote }}
+- name: NODE_NAME
+  value: kube-play
+{{- else }}
 - name: POD_IP
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
 - name: NODE_NAME
   valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+{{- end }}
 {{- end }}
 
 {{/* A service's database: DATABASE_URL from the Secret, then FF_<SERVICE>_DATABASE_URL with the service's schema
@@ -160,9 +172,17 @@ minutes for the database; a race with another pod's CREATE fails it once, and th
 
 {{/* The flags every service takes (ff_config.ServiceSettings). Call with (dict "root" $ "port" 8000). */}}
 {{- define "fireflyer.commonArgs" -}}
+{{- if .root.Values.kubePlay.enabled }}
+- --listen-address={{ .root.Values.kubePlay.address }}:{{ .port }}
+{{- else }}
 - --listen-address=0.0.0.0:{{ .port }}
+{{- end }}
 - --advertise-address=$(POD_IP):{{ .port }}
+{{- if .root.Values.kubePlay.enabled }}
+- --metrics-address={{ .root.Values.kubePlay.address }}:{{ add .port .root.Values.kubePlay.metricsPortOffset }}
+{{- else }}
 - --metrics-address=0.0.0.0:{{ .root.Values.ports.metrics }}
+{{- end }}
 - --instance-id=$(POD_NAME)
 - --cluster-token-file=/var/run/fireflyer/cluster-token/{{ .root.Values.clusterToken.key }}
 - --log-level={{ .root.Values.logLevel }}
@@ -177,6 +197,7 @@ taken + 1, which a storage pod added later would then find taken. StatefulSet po
 name's last part), stable across restarts (storage targets belong to their node id). Call with
 (dict "root" $ "module" "ff_storage" "base" 1000). */}}
 {{- define "fireflyer.ordinalCommand" -}}
+{{- include "fireflyer.kubePlayExpand" .root }}
 - /bin/sh
 - -c
 - exec {{ .root.Values.image.python }} -m {{ .module }} --node-id="$$(({{ .base }} + $${POD_NAME##*-}))" "$$@"
@@ -187,10 +208,36 @@ name's last part), stable across restarts (storage targets belong to their node 
 for meta, the node's for an agent (so an agent keeps its id across restarts). Call with
 (dict "root" $ "module" "ff_agent" "base" 1000000000 "span" 1000000000 "var" "NODE_NAME"). */}}
 {{- define "fireflyer.hashedCommand" -}}
+{{- include "fireflyer.kubePlayExpand" .root }}
 - /bin/sh
 - -c
 - exec {{ .root.Values.image.python }} -m {{ .module }} --node-id="$$(({{ .base }} + $$(printf %s "$${{ "{" }}{{ .var }}}" | cksum | cut -d' ' -f1) % {{ .span }}))" "$$@"
 - {{ .module }}
+{{- end }}
+
+{{/* A service run as `python -m <module>`. Call with (dict "root" $ "module" "ff_scheduler"). */}}
+{{- define "fireflyer.moduleCommand" -}}
+{{- include "fireflyer.kubePlayExpand" .root }}
+- {{ .root.Values.image.python }}
+- -m
+- {{ .module }}
+{{- end }}
+
+{{/* kubePlay: what the kubelet does and podman kube play does not, before the container's own command: Kubernetes'
+expansion of $(VAR) (a defined variable's value) and $$ (a $) in the command, the arguments and the environment's
+values. Empty otherwise. */}}
+{{- define "fireflyer.kubePlayExpand" -}}
+{{- if .Values.kubePlay.enabled }}
+- {{ .Values.image.python }}
+- -c
+- |
+  import os, re, sys
+  ref = re.compile(r"[$][$]|[$][(]([A-Za-z_][A-Za-z0-9_]*)[)]")
+  def expand(text):
+      return ref.sub(lambda m: "$" if m.group(1) is None else os.environ.get(m.group(1), m.group(0)), text)
+  env = {k: expand(v) for k, v in os.environ.items()}
+  os.execvpe(sys.argv[1], [expand(a) for a in sys.argv[1:]], env)
+{{- end }}
 {{- end }}
 
 {{/* gRPC health probes on the service's port. */}}
@@ -215,10 +262,16 @@ livenessProbe:
 
 {{/* The cluster token, mounted read-only (services read the file at each use). */}}
 {{- define "fireflyer.tokenVolume" -}}
+{{- if .Values.kubePlay.enabled }}
+{{- /* podman 4.3's kube play fails on secret volumes */}}
+- name: cluster-token
+  hostPath: {path: {{ .Values.kubePlay.tokenDir | quote }}, type: Directory}
+{{- else }}
 - name: cluster-token
   secret:
     secretName: {{ include "fireflyer.clusterTokenSecret" . }}
     defaultMode: 0400
+{{- end }}
 {{- end }}
 
 {{- define "fireflyer.tokenMount" -}}
@@ -232,6 +285,12 @@ livenessProbe:
 setting), pull secrets, security context. */}}
 {{- define "fireflyer.podCommon" -}}
 enableServiceLinks: false
+{{- if .Values.kubePlay.enabled }}
+hostNetwork: true
+{{- /* podman 4.3 gives init containers the pod's policy: with Always, a finished schema step starts again and the
+pod fails to come up */}}
+restartPolicy: OnFailure
+{{- end }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -267,6 +326,16 @@ affinity:
 
 {{/* Checks of values that the schema cannot express. */}}
 {{- define "fireflyer.validate" -}}
+{{- if .Values.kubePlay.enabled }}
+{{- if ne .Values.database.mode "external" }}
+{{- fail "kubePlay needs database.mode external (podman kube play runs no StatefulSet)" }}
+{{- end }}
+{{- range $c := list "mgmtd" "meta" "storage" }}
+{{- if ne (int (index $.Values $c).replicas) 1 }}
+{{- fail (printf "kubePlay runs one %s (its pods share the machine's ports): set %s.replicas 1" $c $c) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.database.mode "external") (not .Values.database.external.url) (not .Values.database.external.existingSecret) }}
 {{- fail "database.mode external needs database.external.url or database.external.existingSecret" }}
 {{- end }}
