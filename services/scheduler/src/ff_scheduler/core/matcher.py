@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ff_scheduler.core import victims
 from ff_scheduler.core.assigner import Verdict
 from ff_scheduler.core.model import NodeState, NodeView, QueueReason, TaskSnap
 from ff_scheduler.core.policy import SchedulingPolicy
@@ -155,12 +156,15 @@ class _GroupMatch:
         vlevel = victim.run.priority
         if not self.policy.by_priority:
             return victim.user != user
-        return vlevel < level or (vlevel == level and victim.user != user)
+        same_level = self.policy.preempt_same_level and vlevel == level and victim.user != user
+        return vlevel < level or same_level
 
     def preemptible_bound(self, level: int, user: str) -> int:
         if not self.policy.by_priority:
             return sum(self.nodes_at.values()) - sum(n for (_, u), n in self.nodes_at_user.items() if u == user)
         below = sum(n for lvl, n in self.nodes_at.items() if lvl < level)
+        if not self.policy.preempt_same_level:
+            return below
         return below + self.nodes_at[level] - self.nodes_at_user[(level, user)]
 
     def place(self, task: TaskSnap, level: int) -> None:
@@ -194,8 +198,10 @@ class _GroupMatch:
         soon.update(self.draining - self.reserved)
         if len(soon) >= need and self._reserve(soon, need):
             return True
+        if not self.policy.preemption or level < self.policy.preempt_from_level:
+            return False
         bound = len(soon) + self.preemptible_bound(level, task.user)
-        return self.policy.preemption and bound >= need and self._preempt_for(task, level, soon)
+        return bound >= need and self._preempt_for(task, level, soon)
 
     def _reserve(self, pool: set[int], need: int) -> bool:
         chosen = select_nodes(pool, need, self.nodes, cross_zone_ok=not self.cross_zone_in_use)
@@ -204,24 +210,50 @@ class _GroupMatch:
         return bool(chosen)
 
     def _preempt_for(self, task: TaskSnap, level: int, soon: set[int]) -> bool:
-        eligible = [v for v in self.victims.values() if self.may_preempt(v, level, task.user)]
-        # Least important first: lowest priority, then the latest to come.
-        eligible.sort(key=lambda v: (v.run.priority if v.run else 0, -v.fcfs), reverse=False)
+        """Preempt victims (``core.victims``) whose nodes, with ``soon``, give ``task`` its nodes; False if none do."""
+        rule = self.policy.victim_choice
+        candidates = self._candidates(level, task.user, soon)
+        chosen = [self.victims[c.task_id] for c in victims.choose(candidates, task.num_nodes - len(soon), rule)]
+        if chosen and self._take_victims(chosen, task, soon | self._ready_nodes(chosen)):
+            return True
+        # Zones can refuse the chosen set's nodes: add victims one by one in the rule's order until they fit.
         pool = set(soon)
         taken: list[TaskSnap] = []
-        for victim in eligible:
-            assert victim.run is not None
-            taken.append(victim)
-            pool.update(n for n in victim.run.node_ids if self.nodes[n].state is NodeState.READY)
-            if len(pool) >= task.num_nodes and self._reserve(pool, task.num_nodes):
-                for v in taken:
-                    assert v.run is not None
-                    self.drop_victim(v)
-                    self.draining.update(v.run.node_ids)
-                    self.result.preemptions.append(Preempt(v.task_id, v.run.run_id, task.task_id))
-                self.failed.clear()  # nodes of the victims not reserved now are being freed for others
+        for c in victims.order(candidates, rule):
+            taken.append(self.victims[c.task_id])
+            pool |= self._ready_nodes(taken[-1:])
+            if len(pool) >= task.num_nodes and self._take_victims(taken, task, pool):
                 return True
         return False
+
+    def _candidates(self, level: int, user: str, soon: set[int]) -> list[victims.Candidate]:
+        """The running tasks ``user``'s task at ``level`` may preempt, with the nodes each frees and its loss."""
+        found = []
+        for v in self.victims.values():
+            run = v.run
+            if run is None or not self.may_preempt(v, level, user):
+                continue
+            ready = sum(1 for n in run.node_ids if n not in soon and self.nodes[n].state is NodeState.READY)
+            if not ready:
+                continue  # frees nothing the task could have
+            loss = victims.loss_node_s(run, self.now, self.policy.victim_restart_cost_s)
+            found.append(victims.Candidate(v.task_id, run.priority, ready, loss, v.fcfs))
+        return found
+
+    def _ready_nodes(self, tasks: list[TaskSnap]) -> set[int]:
+        return {n for t in tasks if t.run is not None for n in t.run.node_ids if self.nodes[n].state is NodeState.READY}
+
+    def _take_victims(self, taken: list[TaskSnap], task: TaskSnap, pool: set[int]) -> bool:
+        """Preempt ``taken`` for ``task`` if ``task``'s nodes can be reserved out of ``pool`` (theirs and free ones)."""
+        if len(pool) < task.num_nodes or not self._reserve(pool, task.num_nodes):
+            return False
+        for v in taken:
+            assert v.run is not None
+            self.drop_victim(v)
+            self.draining.update(v.run.node_ids)
+            self.result.preemptions.append(Preempt(v.task_id, v.run.run_id, task.task_id))
+        self.failed.clear()  # nodes of the victims not reserved now are being freed for others
+        return True
 
 
 def match(

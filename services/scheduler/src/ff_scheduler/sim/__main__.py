@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ff_scheduler.core.policy import LifecyclePolicy
 from ff_scheduler.sim.engine import SimConfig, Simulation
+from ff_scheduler.sim.failures import FailureModel
 from ff_scheduler.sim.report import POLICIES, Figures, figures, render
 from ff_scheduler.sim.trace import Job, SyntheticTrace, TraceError, read_csv, write_csv
 
@@ -27,6 +28,15 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--suspend-overhead-s", type=float, default=30.0, help="time to checkpoint when suspended")
     p.add_argument("--restart-overhead-s", type=float, default=60.0, help="time a resumed run reloads")
+    p.add_argument("--checkpoint-interval-s", type=float, default=300.0, help="a run checkpoints this often (0: never)")
+    p.add_argument(
+        "--failures",
+        type=float,
+        default=0.0,
+        metavar="SCALE",
+        help="node and link failures at SCALE x Fire-Flyer 2's rates (paper Tables VII, VIII); 0: none",
+    )
+    p.add_argument("--repair-s", type=float, default=3600.0, help="how long a failed node is gone")
     p.add_argument("--save-trace", type=Path, help="write the trace used to this CSV")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p
@@ -71,17 +81,29 @@ def run(argv: list[str] | None = None) -> int:
         return 2
     if args.save_trace is not None:
         write_csv(args.save_trace, jobs)
+    if not args.checkpoint_interval_s >= 0:
+        print(f"ff-sched-sim: --checkpoint-interval-s must be >= 0, not {args.checkpoint_interval_s}", file=sys.stderr)
+        return 2
+    try:
+        failures = FailureModel(scale=args.failures, repair_s=args.repair_s) if args.failures else None
+    except ValueError as exc:
+        print(f"ff-sched-sim: {exc}", file=sys.stderr)
+        return 2
     config = SimConfig(
         num_nodes=args.nodes,
         num_zones=args.zones,
         suspend_overhead_s=args.suspend_overhead_s,
         restart_overhead_s=args.restart_overhead_s,
+        checkpoint_interval_s=args.checkpoint_interval_s,
+        failures=failures,
+        failure_seed=args.seed,
     )
     results = _compare(jobs, names, config)
     if args.json:
         print(json.dumps([f.as_dict() for f in results], indent=2))
     else:
-        print(f"{len(jobs)} jobs on {args.nodes} nodes (seed {args.seed})\n")
+        failing = f", failures at {args.failures:g}x the paper's rates" if failures else ""
+        print(f"{len(jobs)} jobs on {args.nodes} nodes (seed {args.seed}{failing})\n")
         print(render(results))
     return 0
 

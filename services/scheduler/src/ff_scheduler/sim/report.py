@@ -11,13 +11,29 @@ from dataclasses import asdict, dataclass
 
 from ff_scheduler.core import priority
 from ff_scheduler.core.policy import SchedulingPolicy
+from ff_scheduler.core.victims import VictimChoice
 from ff_scheduler.sim.engine import SimResult
 
-# The policies compared; each is a setting of the same assigner and matcher.
+# The policies compared; each is a setting of the same assigner and matcher. "hai-classic" is HAI's
+# time-sharing as its matcher does it (any level preempts any lower one and another user's task of its own
+# level, least important and latest first); "hai" preempts only for HIGH and above, only lower levels, the
+# cheapest victims (``core.victims``).
 POLICIES: dict[str, SchedulingPolicy] = {
     "fifo": SchedulingPolicy(preemption=False, by_priority=False, head_of_line_blocking=True, enforce_quotas=False),
     "priority": SchedulingPolicy(preemption=False, enforce_quotas=False),
-    "hai": SchedulingPolicy(preemption=True, enforce_quotas=False, min_run_time_s=600.0),
+    "hai-classic": SchedulingPolicy(
+        preemption=True,
+        enforce_quotas=False,
+        min_run_time_s=600.0,
+        victim_choice=VictimChoice.LEAST_IMPORTANT_LATEST,
+    ),
+    "hai": SchedulingPolicy(
+        preemption=True,
+        enforce_quotas=False,
+        min_run_time_s=600.0,
+        preempt_same_level=False,
+        preempt_from_level=priority.HIGH,
+    ),
 }
 
 
@@ -37,6 +53,8 @@ class Figures:
     high_mean_jct_h: float
     num_suspends: int
     preemption_lost_node_h: float
+    num_failures: int
+    failure_lost_node_h: float
     num_ticks: int
 
     def as_dict(self) -> dict[str, float | int | str]:
@@ -73,6 +91,8 @@ def figures(result: SimResult) -> Figures:
         high_mean_jct_h=statistics.fmean(high) / 3600 if high else 0.0,
         num_suspends=sum(r.num_suspends for r in result.records),
         preemption_lost_node_h=sum(r.lost_node_s for r in result.records) / 3600,
+        num_failures=sum(r.num_failures for r in result.records),
+        failure_lost_node_h=sum(r.failure_lost_node_s for r in result.records) / 3600,
         num_ticks=result.num_ticks,
     )
 
@@ -88,25 +108,30 @@ ROWS: tuple[tuple[str, Callable[[Figures], str]], ...] = (
     ("mean JCT of HIGH+ jobs (h)", lambda f: f"{f.high_mean_jct_h:.2f}"),
     ("suspends", lambda f: f"{f.num_suspends}"),
     ("node-time lost to preemption (node-h)", lambda f: f"{f.preemption_lost_node_h:.1f}"),
+    ("runs ended by failures", lambda f: f"{f.num_failures}"),
+    ("node-time lost to failures (node-h)", lambda f: f"{f.failure_lost_node_h:.1f}"),
     ("ticks planned", lambda f: f"{f.num_ticks}"),
 )
 
 
 def render(all_figures: list[Figures]) -> str:
-    """A table, one column per policy, plus the time-sharing/FIFO ratios when both ran."""
+    """A table, one column per policy, then time-sharing ("hai") against each other policy that ran."""
     width = max(len(r[0]) for r in ROWS) + 2
     cols = [f.policy for f in all_figures]
     lines = ["".ljust(width) + "".join(c.rjust(12) for c in cols)]
     for label, fmt in ROWS:
         lines.append(label.ljust(width) + "".join(fmt(f).rjust(12) for f in all_figures))
     by = {f.policy: f for f in all_figures}
-    if "fifo" in by and "hai" in by and by["fifo"].mean_jct_h:
-        fifo, hai = by["fifo"], by["hai"]
-        lines.append("")
-        lines.append(f"time-sharing / FIFO mean JCT ratio: {hai.mean_jct_h / fifo.mean_jct_h:.3f}")
-        if fifo.high_mean_jct_h:
-            lines.append(
-                f"time-sharing / FIFO mean JCT ratio, HIGH+ jobs: {hai.high_mean_jct_h / fifo.high_mean_jct_h:.3f}"
-            )
-        lines.append(f"utilization (held): FIFO {fifo.utilization:.1%}, time-sharing {hai.utilization:.1%}")
+    hai = by.get("hai")
+    if hai is None:
+        return "\n".join(lines)
+    lines.append("")
+    for name, label in (("priority", "priority without preemption"), ("fifo", "FIFO"), ("hai-classic", "HAI classic")):
+        other = by.get(name)
+        if other is None or not other.mean_jct_h:
+            continue
+        line = f"time-sharing / {label}: mean JCT {hai.mean_jct_h / other.mean_jct_h:.3f}"
+        if other.high_mean_jct_h:
+            line += f", HIGH+ JCT {hai.high_mean_jct_h / other.high_mean_jct_h:.3f}"
+        lines.append(f"{line}, utilization {hai.utilization:.1%} vs {other.utilization:.1%}")
     return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""The victim choice of preemption (core.victims), one table row per rule, and through the matcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from ff_scheduler.core import priority as p
+from ff_scheduler.core.builders import nodes, queued, running, snapshot
+from ff_scheduler.core.model import RunSnap, RunState, TaskSnap
+from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
+from ff_scheduler.core.tick import plan_tick
+from ff_scheduler.core.victims import Candidate, VictimChoice, choose, durable_at, loss_node_s
+
+CHEAPEST, HAI = VictimChoice.CHEAPEST, VictimChoice.LEAST_IMPORTANT_LATEST
+
+
+def c(task_id: int, num_nodes: int, loss_per_node_s: float, level: int = p.LOW, fcfs: int | None = None) -> Candidate:
+    """A candidate losing ``loss_per_node_s`` on each of its ``num_nodes`` nodes."""
+    fcfs = task_id if fcfs is None else fcfs
+    return Candidate(task_id, level, num_nodes, loss_per_node_s * num_nodes, fcfs)
+
+
+@dataclass
+class Case:
+    name: str
+    candidates: list[Candidate]
+    need: int
+    chosen: set[int]
+    rule: VictimChoice = CHEAPEST
+
+
+CASES = [
+    Case("nothing needed: no victim", [c(1, 2, 10)], 0, set()),
+    Case("all together free too few: no victim", [c(1, 1, 10), c(2, 1, 10)], 3, set()),
+    Case("the one that just checkpointed", [c(1, 2, 300), c(2, 2, 5), c(3, 2, 120)], 2, {2}),
+    Case("the smallest loss wins over the submission order", [c(1, 1, 50, fcfs=9), c(2, 1, 40, fcfs=1)], 1, {2}),
+    Case(
+        "a small victim rather than a big one that frees more than needed",
+        [c(1, 16, 10), c(2, 2, 60)],
+        2,
+        {2},
+    ),
+    Case("two cheap small ones rather than one dear big one", [c(1, 4, 200), c(2, 2, 20), c(3, 2, 30)], 4, {2, 3}),
+    Case(
+        "one big fresh one when the small ones are dear",
+        [c(1, 4, 1), c(2, 2, 500), c(3, 2, 500)],
+        4,
+        {1},
+    ),
+    Case(
+        "victims not needed once a later one completes the set are dropped",
+        [c(1, 1, 1), c(2, 1, 2), c(3, 4, 3)],
+        4,
+        {3},
+    ),
+    Case(
+        "cheapest whatever the level: a fresh NORMAL before a dear LOW",
+        [c(1, 2, 600, level=p.LOW), c(2, 2, 10, level=p.NORMAL)],
+        2,
+        {2},
+    ),
+    Case("equal losses: the lower level", [c(1, 2, 60, level=p.NORMAL), c(2, 2, 60, level=p.LOW)], 2, {2}),
+    Case(
+        "HAI's rule: lowest level, then the latest submitted, whatever the loss",
+        [c(1, 2, 5, level=p.NORMAL), c(2, 2, 600, level=p.LOW, fcfs=1), c(3, 2, 900, level=p.LOW, fcfs=2)],
+        2,
+        {3},
+        HAI,
+    ),
+    Case(
+        "HAI's rule takes victims in its order until enough",
+        [c(1, 1, 5, level=p.NORMAL), c(2, 1, 600, level=p.LOW), c(3, 1, 900, level=p.LOW)],
+        3,
+        {1, 2, 3},
+        HAI,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_choice(case: Case) -> None:
+    chosen = choose(case.candidates, case.need, case.rule)
+    assert {v.task_id for v in chosen} == case.chosen
+    if chosen:
+        assert sum(v.num_nodes for v in chosen) >= case.need
+
+
+def _run(started_at: float, taken_at: float = 0.0, committed_at: float = 0.0, num_nodes: int = 2) -> RunSnap:
+    return RunSnap(
+        run_id=1,
+        task_id=1,
+        state=RunState.RUNNING,
+        priority=p.LOW,
+        node_ids=tuple(range(1, num_nodes + 1)),
+        created_at=started_at,
+        started_at=started_at,
+        checkpoint_taken_at=taken_at,
+        checkpoint_committed_at=committed_at,
+    )
+
+
+@pytest.mark.parametrize(
+    ("run", "durable", "loss"),
+    [
+        (_run(1000), 1000, 2 * (500 + 60)),  # no checkpoint this run: everything since its start
+        (_run(1000, taken_at=1400, committed_at=1405), 1400, 2 * (100 + 60)),  # since the snapshot, not the commit
+        (_run(1000, committed_at=1450), 1450, 2 * (50 + 60)),  # no snapshot time: since the commit
+        (_run(1000, taken_at=900, committed_at=950), 1000, 2 * (500 + 60)),  # older than the run: the start
+        (_run(1000, taken_at=1600, committed_at=1600), 1600, 2 * 60),  # a clock ahead: nothing at risk, not less
+    ],
+)
+def test_loss_counts_from_the_last_durable_checkpoint(run: RunSnap, durable: float, loss: float) -> None:
+    assert durable_at(run) == durable
+    assert loss_node_s(run, 1500, restart_cost_s=60) == pytest.approx(loss)
+
+
+NOW = 10_000.0
+POLICY = SchedulingPolicy(enforce_quotas=False, min_run_time_s=600)
+
+
+def _checkpointed(task: TaskSnap, at: float) -> TaskSnap:
+    assert task.run is not None
+    run = task.run
+    run.checkpoint_taken_at = run.checkpoint_committed_at = at
+    return task
+
+
+def _preempted(tasks: list[TaskSnap], num_nodes: int, policy: SchedulingPolicy = POLICY) -> set[int]:
+    plan = plan_tick(snapshot(NOW, nodes(num_nodes), tasks), policy, LifecyclePolicy())
+    assert plan.match is not None
+    return {pre.task_id for pre in plan.match.preemptions}
+
+
+def test_the_matcher_preempts_the_task_that_just_checkpointed() -> None:
+    tasks = [
+        _checkpointed(running(1, (1, 2), p.LOW, user="a", started_at=NOW - 3600), NOW - 280),
+        _checkpointed(running(2, (3, 4), p.LOW, user="b", started_at=NOW - 3600), NOW - 10),
+        _checkpointed(running(3, (5, 6), p.LOW, user="c", started_at=NOW - 3600), NOW - 150),
+        queued(4, 2, p.HIGH, user="d"),
+    ]
+    assert _preempted(tasks, 6) == {2}
+    hai = SchedulingPolicy(enforce_quotas=False, min_run_time_s=600, victim_choice=HAI)
+    assert _preempted(tasks, 6, hai) == {3}  # HAI: the latest submitted, whatever it loses
+
+
+def test_minimum_run_time_protects_even_the_cheapest() -> None:
+    tasks = [
+        running(1, (1, 2), p.LOW, user="a", started_at=NOW - 100),  # fresh: nothing lost yet, but protected
+        _checkpointed(running(2, (3, 4), p.LOW, user="b", started_at=NOW - 3600), NOW - 250),
+        queued(3, 2, p.HIGH, user="c"),
+    ]
+    assert _preempted(tasks, 4) == {2}
+
+
+def test_same_level_and_from_level_switches() -> None:
+    tasks = [running(1, (1, 2), p.NORMAL, user="a", started_at=NOW - 3600), queued(2, 2, p.NORMAL, user="b", fcfs=0)]
+    assert _preempted(tasks, 2) == {1}  # HAI: another user's task of the same level, later in the queue
+    assert _preempted(tasks, 2, SchedulingPolicy(enforce_quotas=False, preempt_same_level=False)) == set()
+    lower = [running(1, (1, 2), p.LOW, user="a", started_at=NOW - 3600), queued(2, 2, p.NORMAL, user="b")]
+    assert _preempted(lower, 2) == {1}
+    assert _preempted(lower, 2, SchedulingPolicy(enforce_quotas=False, preempt_from_level=p.HIGH)) == set()
