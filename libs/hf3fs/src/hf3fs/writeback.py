@@ -289,15 +289,20 @@ class Writeback:
         """Whether the calling thread is one of the flushers (which must not wait on the queue they empty)."""
         return threading.current_thread() in self._threads
 
-    def related(self, places: Iterable[tuple[int, str]]) -> bool:
+    def related(self, places: Iterable[tuple[int, str]], *, makes_name: bool = False) -> bool:
         """Whether a call on ``places`` ((folder inode id or 0, path)) touches a queued file.
 
         It touches one at its own path, at a folder above it, or (relative to a folder inode) in that folder. A call
         by inode alone, or relative to a folder when queued files have no folder inode, counts as touching (the safe
-        side).
+        side). ``makes_name``: the call only makes a new name (mkdir, symlink, mknod, an exclusive create), which
+        files already in meta (queued by ``inode_id``: the mount's, created at once) cannot change the answer of:
+        their names answer EEXIST or ENOTDIR as they are. ``tar x``'s mkdir of a folder above the files it just
+        closed waited for their batch (15-35 ms each).
         """
         with self._cond:
             items = [*self._queue.values(), *self._inflight.values()]
+        if makes_name:
+            items = [i for i in items if not i.inode_id]
         if not items:
             return False
         for inode_id, path in places:

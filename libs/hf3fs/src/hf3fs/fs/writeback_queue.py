@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from fireflyer.meta.v1 import meta_pb2 as pb
 from hf3fs.fs.connection import Connection
 from hf3fs.fs.exits import commit_at_exit
 from hf3fs.writeback import PendingFile, Writeback, WritebackError, WritebackOptions, WritebackStats, places_of
@@ -42,7 +43,9 @@ class WritebackQueue:
     def before_meta_call(self, request: object) -> None:
         """Commit the queued files ``request`` names first (not on a flusher, which makes the calls of a commit)."""
         wb = self._wb
-        if wb is not None and wb.busy() and not wb.on_flusher() and wb.related(places_of(request)):
+        if wb is None or not wb.busy() or wb.on_flusher():
+            return
+        if wb.related(places_of(request), makes_name=_makes_name(request)):
             wb.flush()
 
     def sync(self) -> None:
@@ -77,3 +80,10 @@ class WritebackQueue:
         """The process exits: commit what is queued, if the file system is open in this process."""
         if not self._conn.closed and self._wb is not None and self._conn.in_origin_process():
             self._wb.flush()
+
+
+def _makes_name(request: object) -> bool:
+    """Whether a meta request only makes a new name (``Writeback.related``'s ``makes_name``)."""
+    if isinstance(request, pb.CreateRequest):
+        return request.exclusive
+    return isinstance(request, (pb.MkdirsRequest, pb.SymlinkRequest, pb.MknodRequest))

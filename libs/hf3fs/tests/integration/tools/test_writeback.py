@@ -210,3 +210,30 @@ def test_write_back_of_a_whole_file_relative_to_a_folder_inode(
     st = fs_cluster.client.stat(f"{folder}-moved/p")
     assert (st.size, st.mode, st.mtime_ns) == (15, 0o600, 10**18)
     assert fs_cluster.client.open(f"{folder}-moved/p", "rb").read() == b"by folder inode"
+
+
+def test_a_name_made_over_or_under_a_file_already_in_meta_does_not_wait_for_its_commit(
+    fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
+) -> None:
+    """A file queued by its inode (in meta already, as the mount's are) answers mkdir and symlink at its name or
+    below it as it is, without its commit; a file not in meta yet is committed first, so its name is taken."""
+    made = held.create(f"{folder}/made", exclusive=True)
+    held.write_back(f"{folder}/made", b"queued by inode", inode_id=made.inode_id)
+    held.mkdir(f"{folder}/beside")
+    for make, code in (
+        (lambda: held.mkdir(folder), errno.EEXIST),
+        (lambda: held.mkdir(f"{folder}/made"), errno.EEXIST),
+        (lambda: held.mkdir(f"{folder}/made/below"), errno.ENOTDIR),
+        (lambda: held.symlink("elsewhere", f"{folder}/made"), errno.EEXIST),
+    ):
+        with pytest.raises(OSError) as caught:
+            make()
+        assert caught.value.errno == code
+    assert held.writeback_stats().queued == 1  # none of them waited for the commit
+    _write(held, f"{folder}/new", b"not in meta yet")
+    with pytest.raises(FileExistsError):
+        held.mkdir(f"{folder}/new")  # committed first: the name is the queued file's
+    assert held.writeback_stats().queued == 0
+    held.sync()
+    assert fs_cluster.client.open(f"{folder}/made", "rb").read() == b"queued by inode"
+    assert fs_cluster.client.open(f"{folder}/new", "rb").read() == b"not in meta yet"

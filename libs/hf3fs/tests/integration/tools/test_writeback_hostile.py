@@ -257,6 +257,40 @@ def test_a_pending_file_is_refused_as_the_name_of_a_second_exclusive_create_on_t
 
 
 @needs_fuse
+def test_names_made_over_and_under_a_pending_file_are_refused_without_making_it_real(
+    mount: Path, fs_cluster: FsCluster
+) -> None:
+    """mkdir, symlink and mknod at a pending file's name fail EEXIST, below it ENOTDIR, and a mkdir of its folder
+    EEXIST, as on a local disk, while its bytes stay in the mount's memory (it is in meta already: none of them needs
+    it made real); it is committed whole at its close."""
+    where = mount / f"names-{uuid.uuid4().hex[:8]}"
+    where.mkdir()
+    fd = os.open(where / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"kept in memory")
+        for make, errno_ in (
+            (lambda: os.mkdir(where), errno.EEXIST),
+            (lambda: os.mkdir(where / "f"), errno.EEXIST),
+            (lambda: os.mkdir(where / "f" / "below"), errno.ENOTDIR),
+            (lambda: os.symlink("elsewhere", where / "f"), errno.EEXIST),
+            (lambda: os.mkfifo(where / "f"), errno.EEXIST),
+            (lambda: os.mknod(where / "f" / "below", 0o600 | stat.S_IFREG), errno.ENOTDIR),
+        ):
+            with pytest.raises(OSError) as caught:
+                make()
+            assert caught.value.errno == errno_
+        os.mkdir(where / "beside")  # a new name beside it is made, as ever
+        assert test_fuse_mount.mount_stats(mount)["pending_files"] >= 1
+        assert _read(fs_cluster.client, f"/fuse/{where.name}/f") == b""  # still pending: meta has it empty
+        released = test_fuse_mount.mount_stats(mount)["releases"]
+    finally:
+        os.close(fd)
+    test_fuse_mount.wait_released(mount, released + 1)
+    assert _read(fs_cluster.client, f"/fuse/{where.name}/f") == b"kept in memory"
+    assert sorted(fs_cluster.client.listdir(f"/fuse/{where.name}")) == ["beside", "f"]
+
+
+@needs_fuse
 def test_a_pending_create_in_a_folder_the_user_may_not_write_is_refused_to_the_program(
     mount: Path, fs_cluster: FsCluster, admin: hf3fs.FileSystem
 ) -> None:
