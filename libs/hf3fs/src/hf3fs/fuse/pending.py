@@ -6,7 +6,7 @@ so (single-user mounts) is created in meta at once, exclusively and without a wr
 across clients and the file has its inode), but its bytes stay in the mount's memory, ``fchmod``/``futimens`` only
 change what is kept, and its release hands it to the client's write-back (``FileSystem.write_back``), which
 writes and closes queued files in batches (``hf3fs.writeback``). Anything else that needs the bytes in meta first
-(another open of it, an ``fsync``, a name operation on it or its folder, a listing of its folder, more than
+(another open of it, an ``fsync``, a rename, link or removal of it or its folder, a listing of its folder, more than
 ``MAX_PENDING_BYTES``, more than its folder's byte quota has room for as the last Create told) writes them at once,
 so a quota's EDQUOT comes at ``write(2)`` as without write-back.
 
