@@ -13,6 +13,13 @@ service, all on the disk that holds ``--dir``. Each round, in an order that alte
   server process (blocking sockets, one preallocated receive buffer) and, for context, the same over
   AF_UNIX. The issue's read goal is the TCP path's ratio to raw TCP.
 
+- read scaling (3FS's read throughput against the number of clients, the paper's table in miniature): the
+  same chunks read by 1 and by ``--readers`` reader processes at once (default 4), each its own
+  ``StorageClient`` with its own connections, reader k preferring target k mod 3 of the chain (a lone reader
+  picks replicas at random); the same bytes in all either way (each of the many reads every chunk once, the
+  lone reader reads them all ``--readers`` times); total MiB/s from the first reader's start to the last
+  one's end, and the ratio of many to one.
+
 Requests are of ``--batch`` blocks each on both sides. The baselines run one request at a time (one
 writer, one stream); the client keeps ``--inflight`` requests in flight (default 8, as a 3FS client
 would; ``--inflight 1`` measures one-by-one latency-bound transfers). Prints per-round MiB/s, the median
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import shutil
@@ -41,9 +49,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
+from ff_cluster import MgmtdClient
+from ff_testing.cluster import StorageCluster, start_cluster
+from ff_testing.process import CLUSTER_TOKEN
 from hf3fs import ChunkRead, ChunkWrite, StorageClient
 
 MIB = 1 << 20
@@ -59,6 +70,7 @@ class BenchConfig:
     inflight: int
     rounds: int
     folder: Path
+    readers: int = 4
 
 
 @dataclass
@@ -70,6 +82,12 @@ class Round:
     tcp_read: float
     shm_read: float  # through shared memory (same host)
     unix_read: float
+    one_reader: float  # total MiB/s of one reader process
+    many_readers: float  # total MiB/s of ``--readers`` reader processes at once
+
+    @property
+    def scaling(self) -> float:
+        return self.many_readers / self.one_reader
 
     @property
     def write_ratio(self) -> float:
@@ -241,6 +259,101 @@ async def client_read(
     return await in_batches(len(blocks), cfg, one)
 
 
+# ---- reader processes (read scaling) ----
+
+
+@dataclass(frozen=True)
+class ReaderJob:
+    """What one reader process reads, and where from."""
+
+    mgmtd_address: str
+    chain_id: int
+    block_bytes: int
+    num_chunks: int
+    batch: int
+    inflight: int
+    prefer_target: int  # 0: any replica, at random
+    passes: int = 1  # reads of every chunk per ``go``
+
+
+def reader_main(job: ReaderJob, conn: Connection) -> None:
+    """A reader process: its own client; for each ``go`` (a start barrier's time), read every chunk once and
+    answer (start, end) in ``time.perf_counter`` (CLOCK_MONOTONIC: the same clock in every process)."""
+    asyncio.run(_reader_loop(job, conn))
+
+
+async def _reader_loop(job: ReaderJob, conn: Connection) -> None:
+    mgmtd = MgmtdClient([job.mgmtd_address], token=CLUSTER_TOKEN, timeout_s=3.0)
+    client = StorageClient(mgmtd, CLUSTER_TOKEN)
+    cfg = BenchConfig(block_bytes=job.block_bytes, num_chunks=job.num_chunks, batch=job.batch,
+                      inflight=job.inflight, rounds=1, folder=Path("."))  # fmt: skip
+    buffers = [memoryview(bytearray(job.block_bytes)) for _ in range(job.inflight * job.batch)]
+    try:
+        await _read_all(client, job, cfg, buffers)  # warm: connections up, routing known
+        conn.send("ready")
+        while (start_at := await asyncio.to_thread(conn.recv)) is not None:
+            await asyncio.sleep(max(0.0, start_at - time.perf_counter()))  # all readers start together
+            t0 = time.perf_counter()
+            for _ in range(job.passes):
+                await _read_all(client, job, cfg, buffers)
+            conn.send((t0, time.perf_counter()))
+    finally:
+        await client.close()
+        await mgmtd.close()
+
+
+async def _read_all(client: StorageClient, job: ReaderJob, cfg: BenchConfig, buffers: Sequence[memoryview]) -> None:
+    free = [buffers[k * cfg.batch : (k + 1) * cfg.batch] for k in range(cfg.inflight)]
+
+    async def one(s: range) -> None:
+        slot = free.pop()
+        ios = [ChunkRead(chain_id=job.chain_id, inode_id=INODE_ID, chunk_index=i, length=cfg.block_bytes,
+                         buffer=slot[k]) for k, i in enumerate(s)]  # fmt: skip
+        for i, r in zip(s, await client.batch_read(ios, prefer_target=job.prefer_target), strict=True):
+            if not r.ok or len(r.data) != cfg.block_bytes:
+                raise RuntimeError(f"reader: read of chunk {i} failed: {r.status} {r.message}")
+        free.append(slot)
+
+    await in_batches(cfg.num_chunks, cfg, one)
+
+
+class ReaderPool:
+    """``count`` reader processes, each with its own StorageClient; ``read`` has them all read at once."""
+
+    def __init__(self, jobs: Sequence[ReaderJob]) -> None:
+        ctx = mp.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs = []
+        for job in jobs:
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=reader_main, args=(job, theirs), daemon=True)
+            proc.start()
+            self._conns.append(ours)
+            self._procs.append(proc)
+        for conn in self._conns:
+            if conn.recv() != "ready":
+                raise RuntimeError("a reader process did not start")
+        self.mib = sum(j.num_chunks * j.block_bytes * j.passes for j in jobs) / MIB
+
+    def read(self) -> float:
+        """Seconds from the first reader's start to the last one's end (all start at one instant)."""
+        start_at = time.perf_counter() + 0.05
+        for conn in self._conns:
+            conn.send(start_at)
+        spans: list[tuple[float, float]] = [conn.recv() for conn in self._conns]
+        return max(end for _, end in spans) - min(start for start, _ in spans)
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
 # ---- the run ----
 
 
@@ -248,6 +361,13 @@ async def client_read(
 class Baselines:
     tcp: StreamBaseline
     unix: StreamBaseline
+    one_reader: ReaderPool | None = None
+    many_readers: ReaderPool | None = None
+
+    def close_readers(self) -> None:
+        for pool in (self.one_reader, self.many_readers):
+            if pool is not None:
+                pool.close()
 
 
 async def one_round(
@@ -275,9 +395,15 @@ async def one_round(
         t[name] = await writes[name]()
     for name in list(reads)[::-1] if flip else list(reads):
         t[name] = await reads[name]()
+    scaling = {"one": 0.0, "many": 0.0}
+    if base.one_reader is not None and base.many_readers is not None:
+        pools = {"one": base.one_reader, "many": base.many_readers}
+        for name in list(pools)[::-1] if flip else list(pools):
+            scaling[name] = pools[name].mib / await asyncio.to_thread(pools[name].read)
     return Round(chain_write=mib / t["chain"], raw_write_div3=mib / t["raw"] / 3,
                  raw_overwrite_div3=mib / t["overwrite"] / 3, client_read=mib / t["client"],
-                 tcp_read=mib / t["tcp"], shm_read=mib / t["shm"], unix_read=mib / t["unix"])  # fmt: skip
+                 tcp_read=mib / t["tcp"], shm_read=mib / t["shm"], unix_read=mib / t["unix"],
+                 one_reader=scaling["one"], many_readers=scaling["many"])  # fmt: skip
 
 
 async def run(cfg: BenchConfig) -> list[Round]:
@@ -288,6 +414,7 @@ async def run(cfg: BenchConfig) -> list[Round]:
                                                                                     unix=True))  # fmt: skip
         stack.callback(base.tcp.close)
         stack.callback(base.unix.close)
+        stack.callback(base.close_readers)
         mgmtd = cluster.client()
         stack.push_async_callback(mgmtd.close)
         client = StorageClient(mgmtd, CLUSTER_TOKEN)
@@ -301,11 +428,28 @@ async def measure(cfg: BenchConfig, cluster: StorageCluster, client: StorageClie
     print(f"chain {chain.chain_id}: targets {[t.target_id for t in chain.targets]} (head first), "
           f"{len(info.chains)} chain(s)")  # fmt: skip
     blocks = [os.urandom(cfg.block_bytes) for _ in range(cfg.num_chunks)]
+    await chain_write(client, chain.chain_id, blocks, cfg)  # the chunks the reader processes read
     # Read buffers, one per block in flight, reused: plain memory (the TCP data path) and shared memory.
     ring = cfg.inflight * cfg.batch
     buffers = [memoryview(bytearray(cfg.block_bytes)) for _ in range(ring)]
     area = client.alloc_buffer(cfg.block_bytes * ring)
     shm_buffers = [area[i * cfg.block_bytes : (i + 1) * cfg.block_bytes] for i in range(ring)]
+    if cfg.readers:
+
+        def job(prefer: int) -> ReaderJob:
+            return ReaderJob(
+                mgmtd_address=cluster.mgmtd_address,
+                chain_id=chain.chain_id,
+                block_bytes=cfg.block_bytes,
+                num_chunks=cfg.num_chunks,
+                batch=cfg.batch,
+                inflight=cfg.inflight,
+                prefer_target=prefer,
+            )
+
+        targets = [t.target_id for t in chain.targets]
+        base.one_reader = ReaderPool([dataclasses.replace(job(0), passes=cfg.readers)])
+        base.many_readers = ReaderPool([job(targets[k % len(targets)]) for k in range(cfg.readers)])
     await one_round(0, cfg, client, chain.chain_id, base, blocks, buffers, shm_buffers)  # warm-up; checks content
     stats = client.data_stats
     if not stats["shm_pulls"] or not stats["tcp_pulls"]:
@@ -316,7 +460,8 @@ async def measure(cfg: BenchConfig, cluster: StorageCluster, client: StorageClie
         print(f"round {n:2d}  write: chain {r.chain_write:6.0f} raw/3 {r.raw_write_div3:6.0f} = {r.write_ratio:4.2f}  "
               f"overwrite/3 {r.raw_overwrite_div3:6.0f}  "
               f"read: client {r.client_read:6.0f} tcp {r.tcp_read:6.0f} = {r.read_ratio:4.2f}  "
-              f"shm {r.shm_read:6.0f} unix {r.unix_read:6.0f}", flush=True)  # fmt: skip
+              f"shm {r.shm_read:6.0f} unix {r.unix_read:6.0f}  readers: 1 {r.one_reader:6.0f} "
+              f"{cfg.readers} {r.many_readers:6.0f} = {r.scaling:4.2f}", flush=True)  # fmt: skip
         rounds.append(r)
     return rounds
 
@@ -332,7 +477,7 @@ def describe_disk(folder: Path) -> str:
     return f"{best[1]} ({best[0]}, {best[2]})" if best else "unknown mount"
 
 
-def report(rounds: list[Round]) -> None:
+def report(rounds: list[Round], readers: int) -> None:
     def med(f: Callable[[Round], float]) -> float:
         return statistics.median(f(r) for r in rounds)
 
@@ -352,6 +497,11 @@ def report(rounds: list[Round]) -> None:
     print(f"MEDIAN RATIO read, TCP path (client / raw TCP loopback): {span(lambda r: r.read_ratio)}  (goal >= 0.5)")
     print(f"MEDIAN RATIO read, shm path (client / raw TCP loopback): {span(lambda r: r.shm_ratio_tcp)}")
     print(f"median ratio read, shm path (client / raw AF_UNIX), for context: {span(lambda r: r.shm_ratio_unix)}")
+    if rounds and rounds[0].one_reader:
+        print(f"median MiB/s  read scaling: 1 reader {med(lambda r: r.one_reader):.0f}  {readers} readers "
+              f"{med(lambda r: r.many_readers):.0f}")  # fmt: skip
+        print(f"MEDIAN RATIO read scaling ({readers} reader processes / 1, total MiB/s): {span(lambda r: r.scaling)}"
+              "  (goal > 1)")  # fmt: skip
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Path]:
@@ -361,11 +511,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Path]:
     parser.add_argument("--block-mib", type=int, default=4, help="chunk and block size in MiB")
     parser.add_argument("--batch", type=int, default=1, help="chunks per client request (and per TCP request)")
     parser.add_argument("--inflight", type=int, default=8, help="client requests in flight at once (1: one by one)")
+    parser.add_argument("--readers", type=int, default=4, help="reader processes of the read-scaling test (0: skip it)")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the run's folder goes")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, chunk files)")
     args = parser.parse_args(argv)
     if min(args.rounds, args.chunks, args.block_mib, args.batch, args.inflight) < 1:
         parser.error("--rounds, --chunks, --block-mib, --batch and --inflight must be at least 1")
+    if args.readers < 0:
+        parser.error("--readers must be at least 0")
     return args, Path(tempfile.mkdtemp(prefix="ff-storage-bench-", dir=args.dir)).resolve()
 
 
@@ -373,7 +526,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwind: stop the cluster, remove the folder
     args, folder = parse_args(argv)
     cfg = BenchConfig(block_bytes=args.block_mib * MIB, num_chunks=args.chunks, batch=args.batch,
-                      inflight=args.inflight, rounds=args.rounds, folder=folder)  # fmt: skip
+                      inflight=args.inflight, rounds=args.rounds, folder=folder, readers=args.readers)  # fmt: skip
     print(f"disk: {folder} on {describe_disk(folder)}; cluster targets and the raw fsync file both live there")
     print(f"{cfg.num_chunks} x {args.block_mib} MiB per round, {cfg.batch} per request, {cfg.inflight} in flight, "
           f"{cfg.rounds} rounds + 1 warm-up; figures in MiB/s")  # fmt: skip
@@ -382,7 +535,7 @@ def main(argv: list[str]) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    report(rounds)
+    report(rounds, cfg.readers)
 
 
 if __name__ == "__main__":

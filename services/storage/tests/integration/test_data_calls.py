@@ -314,6 +314,39 @@ async def test_a_node_that_comes_back_speaking_another_version_gets_no_call() ->
         await new.stop()
 
 
+async def test_calls_of_one_size_reuse_a_buffer_and_each_gets_its_own_bytes() -> None:
+    """The node receives a call's bytes into a buffer an earlier call gave back (no new 4 MiB each time), yet
+    every call sees exactly its own bytes; bytes a handler still holds a view of are never received over."""
+    seen: list[bytes] = []
+    held: list[memoryview] = []
+
+    async def take(request: memoryview, attached: Mapping[str, bytearray]) -> bytes:
+        (blob,) = attached.values()
+        seen.append(bytes(blob))
+        if request == b"hold":
+            held.append(memoryview(blob)[:16])  # work that outlives the call
+        return b"ok"
+
+    server = DataServer(TransferBoxes(), CLUSTER_TOKEN, None, read=_no_read, calls={"BatchWrite": take})
+    await server.start("127.0.0.1:0", shm=False)
+    conn = DataConnection(f"127.0.0.1:{server.port}", CLUSTER_TOKEN)
+    size = 1 << 20
+    payloads = [os.urandom(size) for _ in range(4)]
+    try:
+        assert await conn.call("BatchWrite", b"first", "t0", [payloads[0]]) == b"ok"
+        assert server.payloads.held_bytes == size  # given back after the call
+        assert await conn.call("BatchWrite", b"hold", "t1", [payloads[1]]) == b"ok"
+        assert server.payloads.held_bytes == 0  # taken again, and kept out now: the handler holds a view
+        for n in (2, 3):
+            assert await conn.call("BatchWrite", b"next", f"t{n}", [payloads[n]]) == b"ok"
+            assert server.payloads.held_bytes == size
+        assert seen == payloads
+        assert bytes(held[0]) == payloads[1][:16]  # never overwritten by the later calls
+    finally:
+        conn.close()
+        await server.stop()
+
+
 async def test_bytes_over_a_callers_inbox_limit_are_refused_before_they_are_received() -> None:
     async def take(request: memoryview, attached: Mapping[str, bytearray]) -> bytes:
         return bytes(request)
