@@ -77,6 +77,36 @@ def test_save_and_load_in_3fs_with_shards_and_keep(cluster: Cluster) -> None:
     assert torch.equal(middle["moment"].local, flat[400:600] * 2)
 
 
+def test_load_in_read_calls_of_bounded_size_fills_tensors_in_place(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensors larger than a read call are read as pieces into their slices, small ones grouped: each byte lands."""
+    from haiscale.checkpoint import storage
+
+    fs, root = cluster.fs("ck-alice"), "hf3fs:///ck/ck-alice/pieces"
+    g = torch.Generator().manual_seed(4)
+    state = {
+        "big": torch.randn(300, 701, generator=g),
+        "small": {str(i): torch.randn(7, generator=g) for i in range(9)},
+    }
+    ckpt.save(root, {**state, "step": 5}, step=5, fs=fs, blocking=True)
+    calls: list[int] = []
+    read_batch_into = fs.read_batch_into
+
+    def counted(reads: Any, buffers: Any) -> list[int]:
+        calls.append(sum(n for _, _, n in reads))
+        return read_batch_into(reads, buffers)
+
+    monkeypatch.setattr(storage, "READ_CALL_BYTES", 1 << 16)
+    monkeypatch.setattr(fs, "read_batch_into", counted)
+    target = {"big": torch.zeros(300, 701), "small": {str(i): torch.zeros(7) for i in range(9)}, "step": 0}
+    big = target["big"]
+    assert ckpt.load(root, target, fs=fs).step == 5
+    assert target["big"] is big and torch.equal(big, state["big"]) and target["step"] == 5
+    assert all(torch.equal(target["small"][k], v) for k, v in state["small"].items())
+    assert max(calls) <= 1 << 16 and sum(calls) >= 300 * 701 * 4 and len(calls) >= 300 * 701 * 4 // (1 << 16)
+
+
 @pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     cluster: Cluster, tmp_path: Path, where: str, stage: str, torch_forks: ForkServer

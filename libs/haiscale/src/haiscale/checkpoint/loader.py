@@ -31,7 +31,7 @@ from haiscale.checkpoint.manifest import (
     leaves,
     put,
 )
-from haiscale.checkpoint.saver import ALIGN, committed_steps, step_folder
+from haiscale.checkpoint.saver import ALIGN, folder_step, step_folder
 from haiscale.checkpoint.storage import Bytes, Location
 
 READ_RANGE_BYTES = 64 << 20  # neighbouring slices are read together up to this size
@@ -65,13 +65,15 @@ class _Want:
 
 
 def find_checkpoint(loc: Location, step: int | None) -> str | None:
-    """The folder name of the checkpoint to load: ``step``'s, or the newest committed one; None if none."""
-    if loc.storage.exists(loc.join(MANIFEST)):
+    """The folder name of the checkpoint to load: ``step``'s, or the newest committed one; None if none.
+
+    One listing, then a look for the manifest of each candidate from the newest down until one is there.
+    """
+    names = loc.storage.listdir(loc.path)
+    if MANIFEST in names:
         return ""  # the path is a checkpoint folder itself
-    steps = committed_steps(loc)
-    if step is None:
-        return step_folder(steps[-1]) if steps else None
-    return step_folder(step) if step in steps else None
+    steps = sorted({s for s in map(folder_step, names) if s is not None and step in (None, s)}, reverse=True)
+    return next((step_folder(s) for s in steps if loc.storage.exists(loc.join(step_folder(s), MANIFEST))), None)
 
 
 def _describe(dtype: str, shape: tuple[int, ...]) -> str:

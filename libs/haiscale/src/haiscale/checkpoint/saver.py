@@ -52,7 +52,8 @@ def step_folder(step: int) -> str:
     return f"{STEP_PREFIX}{step:09d}"
 
 
-def _folder_step(name: str) -> int | None:
+def folder_step(name: str) -> int | None:
+    """The step of a checkpoint folder's name (``step_folder``'s inverse); None for any other name."""
     rest = name.removeprefix(STEP_PREFIX)
     return int(rest) if name.startswith(STEP_PREFIX) and rest.isdigit() else None
 
@@ -202,7 +203,7 @@ def committed_steps(loc: Location) -> list[int]:
     """Steps of the committed checkpoints under the root, oldest first."""
     steps = []
     for name in loc.storage.listdir(loc.path):
-        step = _folder_step(name)
+        step = folder_step(name)
         if step is not None and loc.storage.exists(loc.join(name, MANIFEST)):
             steps.append(step)
     return sorted(steps)
@@ -217,7 +218,7 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     committed = committed_steps(loc)
     doomed = set(committed[:-keep] if keep else [])
     for name in loc.storage.listdir(loc.path):
-        step = _folder_step(name)
+        step = folder_step(name)
         if step is not None and step < newest and step not in committed:
             doomed.add(step)  # a save that never committed (killed, or a rank failed)
     for step in sorted(doomed):

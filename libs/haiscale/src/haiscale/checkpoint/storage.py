@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy
 
@@ -21,6 +21,10 @@ from hf3fs.uri import has_scheme, strip_scheme
 Bytes = bytes | bytearray | memoryview  # what a read gives: a buffer of the bytes asked for
 PIECE_BYTES = 32 << 20  # one (path, offset, data) of a batch: what the client's file writes send at a time
 BATCH_BYTES = 256 << 20  # bytes per batch call (its pieces go concurrently): one write session per call
+# bytes per read call: calls of 16-32 MiB one after another read faster than one large batch (a node answers
+# it in few large calls, its disk reads not overlapping the transfer) and than 4 MiB calls (a meta BatchStat
+# each); measured in bench/results/checkpoint.md
+READ_CALL_BYTES = 32 << 20
 
 Piece = tuple[int, memoryview]  # (offset in the file, bytes)
 Range = tuple[str, int, int]  # (path, offset, length) of a read
@@ -82,6 +86,23 @@ def split_batches(
             size += len(part)
     if batch:
         yield batch
+
+
+T = TypeVar("T")
+
+
+def _runs(items: Sequence[T], size: Callable[[T], int], limit: int) -> Iterator[list[T]]:
+    """``items`` in order, in runs of at most ``limit`` bytes (an item larger than that is a run of its own)."""
+    run: list[T] = []
+    total = 0
+    for item in items:
+        if run and total + size(item) > limit:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += size(item)
+    if run:
+        yield run
 
 
 class LocalStorage:
@@ -226,19 +247,22 @@ class Hf3fsStorage:
         return _read_new(self, ranges)
 
     def read_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> list[int]:
-        """``Storage.read_into``: ``read_batch_into`` calls of at most ``BATCH_BYTES``.
+        """``Storage.read_into``: ``read_batch_into`` calls of about ``READ_CALL_BYTES`` each, one after another.
 
-        The bytes land from the transport in the buffers, with no copy.
+        A range larger than that is read as pieces of it (each into its slice of the buffer). The bytes land from
+        the transport in the buffers, with no copy.
         """
-        views = [b[:n] for b, (_, _, n) in zip(buffers, ranges, strict=True)]
-        got: list[int] = []
-        start = size = 0
-        for i, r in enumerate([*ranges, None]):
-            if i > start and (r is None or size + r[2] > BATCH_BYTES):
-                got += self.fs.read_batch_into(list(ranges[start:i]), views[start:i])
-                start, size = i, 0
-            if r is not None:
-                size += r[2]
+        pieces: list[tuple[int, Range, memoryview]] = []  # (index of its range, the piece, its buffer)
+        for i, ((path, offset, length), buffer) in enumerate(zip(ranges, buffers, strict=True)):
+            for start in range(0, length, READ_CALL_BYTES):
+                n = min(READ_CALL_BYTES, length - start)
+                pieces.append((i, (path, offset + start, n), buffer[start : start + n]))
+        got = [0] * len(ranges)
+        for batch in _runs(pieces, lambda p: p[1][2], READ_CALL_BYTES):
+            for (i, _, _), n in zip(
+                batch, self.fs.read_batch_into([p[1] for p in batch], [p[2] for p in batch]), strict=True
+            ):
+                got[i] += n  # past a file's end its pieces read short, then nothing: the sum is what was read
         return got
 
     def read_small(self, path: str) -> bytes:
