@@ -10,6 +10,7 @@ from ff_config import MgmtdClientSettings
 from ff_scheduler.core import priority
 from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
 from ff_scheduler.core.validation import Limits
+from ff_scheduler.core.victims import VictimChoice
 
 ENV_PREFIX = "FF_SCHEDULER_"
 
@@ -26,6 +27,13 @@ class SchedulerSettings(MgmtdClientSettings):
     default_priority: int = Field(priority.NORMAL, description="priority of tasks that give none")
     min_run_time_s: float = Field(60.0, ge=0, description="a run is not preempted before it ran this long")
     fair_share: bool = Field(False, description="within a priority, users holding fewer nodes go first")
+    victim_choice: VictimChoice = Field(
+        VictimChoice.CHEAPEST,
+        description="preempt the least work lost since checkpoints (cheapest) or HAI's lowest level, latest first",
+    )
+    victim_restart_cost_s: float = Field(60.0, ge=0, description="reload time a victim's loss counts per node")
+    preempt_same_level: bool = Field(True, description="another user's task of the same level may be preempted (HAI)")
+    preempt_from_level: int = Field(priority.LOW, description="only tasks at this level or above preempt")
     ack_window_s: float = Field(5.0, gt=0, description="time rank 0 has to read the suspend flag")
     check_checkpoints: bool = Field(
         True, description="count a reported checkpoint only when its file is in 3FS, owned by the task's user"
@@ -48,8 +56,9 @@ class SchedulerSettings(MgmtdClientSettings):
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerSettings:
-        if not priority.is_level(self.default_priority):
-            raise ValueError(f"default_priority must be a level: {priority.describe_levels()}")
+        for name in ("default_priority", "preempt_from_level"):
+            if not priority.is_level(getattr(self, name)):
+                raise ValueError(f"{name} must be a level: {priority.describe_levels()}")
         if self.default_grace_s > self.max_grace_s:
             raise ValueError("default_grace_s must be at most max_grace_s")
         return self
@@ -60,7 +69,14 @@ class SchedulerSettings(MgmtdClientSettings):
 
     def scheduling_policy(self) -> SchedulingPolicy:
         """The matcher's policy from these settings."""
-        return SchedulingPolicy(min_run_time_s=self.min_run_time_s, fair_share=self.fair_share)
+        return SchedulingPolicy(
+            min_run_time_s=self.min_run_time_s,
+            fair_share=self.fair_share,
+            victim_choice=self.victim_choice,
+            victim_restart_cost_s=self.victim_restart_cost_s,
+            preempt_same_level=self.preempt_same_level,
+            preempt_from_level=self.preempt_from_level,
+        )
 
     def lifecycle_policy(self) -> LifecyclePolicy:
         """The run lifecycle's deadlines and thresholds from these settings."""
