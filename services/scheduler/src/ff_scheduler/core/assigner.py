@@ -10,9 +10,12 @@ AUTO task takes the highest level at which the remaining quota covers it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ff_scheduler.core import priority
 from ff_scheduler.core.model import QueueReason, QuotaKey, TaskSnap
+
+_FCFS = attrgetter("fcfs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +31,12 @@ def assign(tasks: list[TaskSnap], quotas: dict[QuotaKey, int], *, enforce: bool 
     """A verdict per task id (running tasks are always in quota at their run's priority)."""
     remaining = dict(quotas)
     verdicts: dict[int, Verdict] = {}
-    running = sorted((t for t in tasks if t.run is not None), key=lambda t: t.fcfs)
-    queued = sorted((t for t in tasks if t.run is None), key=lambda t: t.fcfs)
+    running: list[TaskSnap] = []
+    queued: list[TaskSnap] = []
+    for task in tasks:
+        (queued if task.run is None else running).append(task)
+    running.sort(key=_FCFS)
+    queued.sort(key=_FCFS)
     for task in running:
         assert task.run is not None
         level = task.run.priority

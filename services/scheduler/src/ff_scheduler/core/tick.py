@@ -63,7 +63,7 @@ def plan_tick(snap: Snapshot, sched: SchedulingPolicy, life: LifecyclePolicy) ->
     result = match(schedulable, verdicts, snap.nodes, sched, snap.now)
     plan.match = result
     plan.starts = result.starts
-    by_id = {t.task_id: t for t in schedulable}
+    by_id = {t.task_id: t for t in schedulable} if result.preemptions else {}
     for pre in result.preemptions:
         victim = by_id[pre.task_id]
         assert victim.run is not None
