@@ -9,7 +9,7 @@
  * (refused at compile time below).
  *
  * Why C: in a 64 MiB allreduce a root runs this over 64 blocks of 256 KiB per rank; as numpy calls that is
- * some 300 calls per op, each touching Python objects the streaming data has evicted from the cache (README,
+ * some 300 calls per op, each touching Python objects the streaming data has evicted from the cache (bench/results/hfreduce_allreduce.md,
  * "A compiled kernel for the roots' sums").
  *
  * The GIL is released during the loop. Any two buffers are either the very same buffer (out is a source: in

@@ -56,9 +56,23 @@ def exchanged(num_nodes: int, slice_elems: int, chunk_elems: int) -> bool:
 
     Up to ``chunk_elems`` (what a rank's scratch chunk holds): the same bytes cross as through the trees, on one
     thread with no hand-offs and no chunk-by-chunk dependencies, for a combine of the whole slice instead of half
-    of it (2x1, 4 MiB: 15 % less CPU per allreduce than the threads' pipeline, README).
+    of it (2x1, 4 MiB: 15 % less CPU per allreduce than the threads' pipeline, bench/results/hfreduce_allreduce.md).
     """
     return num_nodes == 2 and slice_elems <= chunk_elems
+
+
+# Up to this many bytes, a node's local ranks hand their whole buffers to local rank 0 (``leader_reduces``).
+LEADER_MAX_BYTES = 64 << 10
+
+
+def leader_reduces(num_local: int, nbytes: int) -> bool:
+    """Whether local rank 0 reduces a collective of ``nbytes`` for its whole node (``Runtime._allreduce_small``).
+
+    At several ranks per node a small message is latency-bound: the sliced paths bracket the inter-node part with
+    two node barriers (five trips in a row for a rank other than local rank 0), the leader's path takes three
+    (the buffers in, the inter-node part, the result back).
+    """
+    return num_local > 1 and 0 < nbytes <= LEADER_MAX_BYTES
 
 
 def ring_blocks(num_elems: int, world_size: int) -> list[Span]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from hfreduce.chunking import exchanged, local_slice, segments, tree_half
+from hfreduce.chunking import exchanged, leader_reduces, local_slice, segments, tree_half
 from hfreduce.trees import Tree
 
 
@@ -98,8 +98,31 @@ def expected_allreduce_counters(
     the other local ranks' copies of this rank's slice read from their memory, ``distributed`` the final
     slice written into their buffers. ``chunk_elems`` is the group's pipeline chunk: at two nodes a slice of up to
     a chunk is exchanged whole (``chunking.exchanged``), so the rank combines all of the received slice, not half.
+    A small message at several ranks per node (``chunking.leader_reduces``) is local rank 0's alone: it receives
+    the other ranks' buffers (or reads them in shared memory, registered), reduces them, runs the inter-node part on
+    the whole buffer and sends the result back (or writes it into their registered buffers).
     """
     out = Counters(collectives=1)
+    if leader_reduces(num_local, num_elems * itemsize):
+        if local_rank != 0:
+            return out
+        out = expected_allreduce_counters(
+            num_elems=num_elems,
+            itemsize=itemsize,
+            wire_itemsize=wire_itemsize,
+            num_local=1,
+            local_rank=0,
+            node_rank=node_rank,
+            trees=trees,
+            segment_elems=segment_elems,
+            chunk_elems=chunk_elems,
+            registered=False,
+        )
+        out.distributed = num_elems * (num_local - 1) * itemsize
+        out.copied_in = 0 if registered else out.distributed
+        out.reduce_read = num_elems * num_local * itemsize
+        out.reduce_written = num_elems * itemsize
+        return out
     whole = registered or direct
     seg_list = [(0, num_elems)] if whole else list(segments(num_elems, segment_elems))
     for seg_start, seg_end in seg_list:

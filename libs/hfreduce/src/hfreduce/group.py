@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 
 from hfreduce import cma
-from hfreduce.chunking import local_slice, segments
+from hfreduce.chunking import leader_reduces, local_slice, segments
 from hfreduce.config import GroupConfig
 from hfreduce.control import ControlClient, ControlServer
 from hfreduce.counters import Counters
 from hfreduce.errors import GroupClosedError, HFReduceError, PeerFailureError, RendezvousError
 from hfreduce.local import LocalComm
 from hfreduce.pipeline import TreeEngine, TreeJob
-from hfreduce.reduction import Array, DType, ReduceOp
+from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
 from hfreduce.ring import RingEngine
 from hfreduce.runners import EventLoop, Runner, choose
 from hfreduce.shm import Segment
@@ -39,7 +39,7 @@ _PID_ADDR = struct.Struct("!QQ")
 # Link channels. Tree t's links to a neighbour: partial chunks go up on TREE_UP[t] (child to parent), final chunks
 # come down on TREE_DOWN[t], so no socket carries data both ways. With a thread per task, a socket carrying data
 # both ways cost 3-11 % more machine time on loopback (its sending and receiving threads contend for it); on the
-# event loop it made no difference (README, session 8).
+# event loop it made no difference (bench/results/hfreduce_allreduce.md, session 8).
 TREE_DOWN = (0, 1)
 TREE_UP = (4, 5)
 RING_UP, RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
@@ -352,6 +352,8 @@ class Runtime:
         if dtype is DType.F32 and self.config.compression is not None:
             wire = DType.BF16 if self.config.compression == "bf16" else DType.F16
         n = len(flat)
+        if leader_reduces(self.num_local, n * dtype.itemsize):
+            return self._allreduce_small(flat, dtype, wire, op, keep=keep, registered=registered)
         if registered is not None:
             return self._allreduce_registered(registered, n, dtype, wire, op)
         if self.num_local == 1:
@@ -395,6 +397,54 @@ class Runtime:
             res_base=res_base,
             remote=remote,
         )
+
+    def _allreduce_small(
+        self, flat: Array, dtype: DType, wire: DType, op: ReduceOp, *, keep: bool, registered: Registered | None
+    ) -> Counters:
+        """A small message at several ranks per node (``chunking.leader_reduces``): local rank 0 does it all.
+
+        The other local ranks send their buffers to it over the node's local links and wait for the result. It
+        reduces them in fp32 in local-rank order (its own first), rounded once to the data type, runs the
+        inter-node part on that node partial as a rank alone on its node would (the other ranks' links stay
+        idle), and sends the result back. Registered buffers stay zero-copy: the other ranks send only their
+        signature, local rank 0 reads their buffers and writes the result into them in shared memory. With
+        ``keep=False`` this rank's buffer stays unchanged (reduce; registered buffers all receive the result).
+        """
+        assert self.local is not None
+        n, size = len(flat), dtype.itemsize
+        sig = _signature(self.seq, n, dtype, op) ^ (1 << 42)
+        inline = registered is None  # the buffers travel over the local links
+        if self.config.local_rank != 0:
+            into = flat if keep else np.empty_like(flat)
+            payload, result = (flat, into) if inline else (flat[:0], flat[:0])
+            self.local.send_to_leader(sig, payload.view(np.uint8).data, result.view(np.uint8).data)
+            return Counters()
+        if registered is None:
+            others = [np.empty_like(flat) for _ in range(self.num_local - 1)]
+        else:
+            others = [seg.array(dtype.storage, n) for seg in registered.segments[1:]]
+        self.local.gather(sig, [(other if inline else other[:0]).view(np.uint8).data for other in others])
+        acc, wide = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+        to_f32(dtype, flat, acc)
+        combine = combine_fn(op)
+        for other in others:
+            to_f32(dtype, other, wide)
+            combine(acc, wide, acc)
+        partial = acc if dtype is DType.F32 else np.empty_like(flat)
+        if partial is not acc:
+            from_f32(dtype, acc, partial, wide.view(np.uint32))
+        counters = self.tree.run(self._job(dtype, wire, op, mine=partial, res=partial, span=(0, n)))
+        if not inline:
+            for other in others:
+                np.copyto(other, partial)
+        self.local.answer((partial if inline else partial[:0]).view(np.uint8).data)
+        if keep or not inline:
+            np.copyto(flat, partial)
+        counters.copied_in += n * (self.num_local - 1) * size if inline else 0
+        counters.reduce_read += n * self.num_local * size
+        counters.reduce_written += n * size
+        counters.distributed += n * (self.num_local - 1) * size
+        return counters
 
     def _allreduce_segment(self, part: Array, dtype: DType, wire: DType, op: ReduceOp, keep: bool) -> Counters:
         assert self.local is not None

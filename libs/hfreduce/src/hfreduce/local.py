@@ -15,6 +15,7 @@ from hfreduce.transport import Link, LinkError, recv_exact
 
 _SIGNATURE = struct.Struct("!Q")
 _OK, _MISMATCH = b"\x01", b"\x00"
+_MASK = 2**64 - 1
 
 
 class LocalComm:
@@ -77,7 +78,7 @@ class LocalComm:
         if len(self.ranks) == 1:
             return [payload]
         size = len(payload)
-        sig = _SIGNATURE.pack(signature & (2**64 - 1))
+        sig = _SIGNATURE.pack(signature & _MASK)
         if self.local_rank != 0:
             link = self.links[0]
             link.send(sig + payload)
@@ -100,6 +101,47 @@ class LocalComm:
         if not ok:
             raise HFReduceError(f"local ranks called different collectives at once: {got} vs {sig!r}")
         return payloads
+
+    def send_to_leader(self, signature: int, payload: memoryview, result: memoryview) -> None:
+        """A rank other than local rank 0: send ``payload`` to it, then fill ``result`` with its answer.
+
+        Every local rank passes the same ``signature``; local rank 0 takes the payloads with ``gather`` and answers
+        with ``answer``.
+
+        Raises:
+            HFReduceError: the local ranks passed different signatures (different collectives or sizes at once).
+        """
+        link = self.links[0]
+        link.send_parts([_SIGNATURE.pack(signature & _MASK), payload])
+        status = bytearray(1)
+        link.recv_into(memoryview(status))
+        if status != _OK:
+            raise HFReduceError("local ranks called different collectives (or sizes) at once")
+        link.recv_into(result)
+
+    def gather(self, signature: int, into: list[memoryview]) -> None:
+        """Local rank 0: receive every other local rank's payload (``send_to_leader``).
+
+        Local rank ``i``'s goes into ``into[i - 1]``, which must be as long as that rank's payload.
+
+        Raises:
+            HFReduceError: a local rank passed another signature (it and every other are told so).
+        """
+        sig = _SIGNATURE.pack(signature & _MASK)
+        got = bytearray(_SIGNATURE.size)
+        for peer in range(1, len(self.ranks)):
+            link = self.links[peer]
+            link.recv_into(memoryview(got))
+            if got != sig:
+                for other in self.links.values():
+                    other.send(_MISMATCH)
+                raise HFReduceError(f"local ranks called different collectives at once: {bytes(got)!r} vs {sig!r}")
+            link.recv_into(into[peer - 1])
+
+    def answer(self, result: memoryview) -> None:
+        """Local rank 0: send ``result`` to every other local rank, which ``send_to_leader`` waits for."""
+        for link in self.links.values():
+            link.send_parts([_OK, result])
 
     def exchange_fds(self, fds: list[int]) -> list[list[int]]:
         """Every local rank's ``fds`` (the same count everywhere), in local-rank order.

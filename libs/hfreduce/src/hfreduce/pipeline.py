@@ -29,7 +29,8 @@ from hfreduce.trees import Tree
 FUSED_BLOCK_ELEMS = 64 * 1024
 # Elements a leaf reduces and then sends at a time (512 KiB of fp32): the send copies the piece into the socket
 # while it is still in the core's L2, instead of reading a whole 4 MiB chunk back from memory. Registered 2x2
-# 64 MiB alone, 6 A/B runs: 3 % less wall and machine time (README); 256 KiB pieces gained less.
+# 64 MiB alone, 6 A/B runs: 3 % less wall and machine time (bench/results/hfreduce_allreduce.md); 256 KiB pieces
+# gained less.
 LEAF_SEND_ELEMS = 128 * 1024
 
 

@@ -9,7 +9,7 @@ receives through its runner and yields what it waits for.
 - ``EventLoop``: every task of the rank on the calling thread, over non-blocking sockets and one
   edge-triggered epoll set. Where the ranks of a node outnumber its cores (the 2-core dev box runs two ranks
   per emulated node, four in all), the threads buy no parallelism and their hand-offs cost: the loop took 7 %
-  less CPU per registered 2x2 allreduce there (README).
+  less CPU per registered 2x2 allreduce there (bench/results/hfreduce_allreduce.md).
 
 ``choose`` picks one from ``GroupConfig.pipeline`` and the cores this process may use.
 """

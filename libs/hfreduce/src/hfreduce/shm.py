@@ -145,9 +145,9 @@ class Segment:
         """Move the segment's pages into huge pages (the data is kept); return whether the kernel did.
 
         Only the whole huge pages it spans move. A registered 2x2 allreduce of 64 MiB took about 3 % less machine
-        time with them (README). Needs Linux >= 6.1 and a shared-memory policy the kernel lets collapse override
-        (``never`` here; not ``deny``), a segment of at least one huge page, and free huge pages; else the pages
-        stay as they are.
+        time with them (bench/results/hfreduce_allreduce.md). Needs Linux >= 6.1 and a shared-memory policy the
+        kernel lets collapse override (``never`` here; not ``deny``), a segment of at least one huge page, and free
+        huge pages; else the pages stay as they are.
         """
         if self._map is None or not self._aligned:
             return False
