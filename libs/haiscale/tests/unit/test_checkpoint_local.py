@@ -191,6 +191,25 @@ def test_non_contiguous_tensors_and_partial_slices_load(tmp_path: Path) -> None:
         assert torch.equal(target["s"].local, flat[lo:hi]), (lo, hi)
 
 
+def test_parameters_and_tied_weights_load_in_place(tmp_path: Path) -> None:
+    """Parameters that require grad (``keep_vars=True``) and two names for one tensor load into themselves."""
+
+    def tied() -> torch.nn.Module:
+        m = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Linear(6, 11, bias=False))
+        m[1].weight = m[0].weight
+        return m
+
+    torch.manual_seed(2)
+    saved = tied()
+    ckpt.save(tmp_path, {"model": saved.state_dict(keep_vars=True)}, step=1, blocking=True)
+    torch.manual_seed(3)
+    model = tied()
+    params = model.state_dict(keep_vars=True)
+    ckpt.load(tmp_path, {"model": params})
+    assert params["0.weight"] is params["1.weight"] is model[0].weight and model[0].weight.requires_grad
+    assert torch.equal(model[0].weight, saved[0].weight)
+
+
 def test_a_format_1_checkpoint_with_crc32_still_loads(tmp_path: Path) -> None:
     """Checkpoints saved before CRC-32C (format 1: zlib's crc32 under "crc32") load, their checksums checked."""
     state = _state()
