@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
 import socket
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -157,6 +158,34 @@ async def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray | me
             for view in views:
                 await loop.sock_sendall(sock, view)
             return
+
+
+def send_parts_in_thread(
+    sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview], stall_s: float
+) -> list[memoryview]:
+    """Send ``parts`` back to back on a non-blocking socket from a worker thread (not the event loop's).
+
+    Waits for room with ``poll`` (no event loop wake-up per partial send), at most ``stall_s`` at a time: a
+    receiver that takes nothing for that long is left to the event loop, which holds no thread while it waits.
+    Returns what was not sent (empty: all of it), for ``send_parts`` on the loop. The loop must not use the
+    socket meanwhile.
+    """
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    while views:
+        try:
+            sent = sock.sendmsg(views[:_IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
+        elif views and not poller.poll(int(stall_s * 1000)):
+            break
+    return views
 
 
 async def recv_exactly(sock: socket.socket, view: memoryview, peer: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import mmap
 import os
@@ -32,6 +33,7 @@ from ff_fsprotocol.datapath import (
     recv_exactly,
     recv_header,
     send_parts,
+    send_parts_in_thread,
     tune_socket,
     version_refusal,
 )
@@ -50,10 +52,19 @@ PEER = "data client"
 # Buffers of calls' bulk bytes kept for the next calls (``PayloadBuffers``): a few chunks' worth per node.
 PAYLOAD_BUFFERS_BYTES = 64 << 20
 MAX_SHARED_REGIONS = 64
+# Sends a read's answer (its serialized response, then its bytes) on the connection from the worker thread that
+# read the bytes; returns what the socket did not take in time (the event loop sends it). Raises OSError.
+SendAnswer = Callable[[bytes, Sequence[Buffer]], list[memoryview]]
 # Serves a ``read`` op: a serialized BatchReadRequest in (a view of the receive buffer), the serialized
-# response and each IO's bytes (None unless OK) out. Runs with the connection's principal as
-# ``ff_rpc.current_principal()``; raises ``DataRefused`` for a request the node refuses.
-ReadHandler = Callable[[memoryview], Awaitable[tuple[bytes, Sequence[Buffer | None]]]]
+# response and each IO's bytes (None unless OK) out. Given a ``SendAnswer``, it may send them itself from the
+# thread that read the bytes: it then returns what is left to send (else None). Runs with the connection's
+# principal as ``ff_rpc.current_principal()``; raises ``DataRefused`` for a request the node refuses, and
+# ConnectionError when sending failed.
+ReadHandler = Callable[
+    [memoryview, SendAnswer | None], Awaitable[tuple[bytes, Sequence[Buffer | None], list[memoryview] | None]]
+]
+# How long a read's thread waits for a reader to make room for its bytes before leaving the rest to the loop.
+SEND_STALL_S = 0.05
 # Serves a ``call`` of one storage RPC: its serialized request in (a view of the receive buffer) and the
 # call's bulk bytes by transfer id (empty without any: the request's TransferRefs name them), its serialized
 # response out. Runs with the connection's principal as ``ff_rpc.current_principal()``; raises
@@ -407,7 +418,7 @@ class DataServer:
         try:
             if error:
                 raise DataRefused("INVALID_ARGUMENT", error.removeprefix("INVALID_ARGUMENT: "))
-            response, found = await self._read(memoryview(request))
+            response, found, unsent = await self._read_answered(sock, request, regions is None)
             parts = [p for p in found if p is not None]
             if regions is not None:
                 if _peer_gone(sock):  # it gave up (and may have reused the places): write nothing
@@ -419,8 +430,31 @@ class DataServer:
             return
         finally:
             del dests
+        if unsent is not None:  # the read's thread sent the answer: whatever the socket did not take yet
+            await send_parts(sock, unsent)
+            return
         answer = {"ok": True, "response": len(response), "length": sum(len(p) for p in parts)}
         await send_parts(sock, [encode_header(answer), response, *parts])
+
+    async def _read_answered(
+        self, sock: socket.socket, request: bytearray, send_in_thread: bool
+    ) -> tuple[bytes, Sequence[Buffer | None], list[memoryview] | None]:
+        """Run the read handler; with ``send_in_thread``, its worker thread sends the answer.
+
+        Cancelled meanwhile (the node stopping), the socket is shut down, which ends a send in that thread at once,
+        and the handler is awaited before the cancellation goes on: the caller then closes a socket no thread uses.
+        """
+        send = functools.partial(_send_answer, sock) if send_in_thread else None
+        work = asyncio.ensure_future(self._read(memoryview(request), send))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if send is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(BaseException):
+                await work
+            raise
 
     async def _serve_call(self, sock: socket.socket, header: dict[str, object], principal: Principal) -> None:
         """Serve a ``call``: the request and its bytes in, the handler's response out.
@@ -498,6 +532,12 @@ async def _refuse(sock: socket.socket, exc: BaseException) -> None:
     await asyncio.get_running_loop().sock_sendall(
         sock, encode_header({"ok": False, "code": code, "error": f"{code}: {exc}"})
     )
+
+
+def _send_answer(sock: socket.socket, response: bytes, parts: Sequence[Buffer]) -> list[memoryview]:
+    """A ``SendAnswer`` on ``sock``: the answer's header, the response and the bytes, from the calling thread."""
+    answer = {"ok": True, "response": len(response), "length": sum(len(p) for p in parts)}
+    return send_parts_in_thread(sock, [encode_header(answer), response, *parts], SEND_STALL_S)
 
 
 def _int_field(header: dict[str, object], name: str) -> int:

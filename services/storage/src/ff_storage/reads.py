@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from ff_fsprotocol.checksum import crc32c_of
@@ -25,6 +26,10 @@ from ff_storage.store.chunk_engine import Pending
 from fireflyer.storage.v1 import storage_pb2 as spb
 
 logger = logging.getLogger(__name__)
+
+
+# Called on the worker thread that read a batch, with its results and each IO's bytes (None unless OK).
+Deliver = Callable[[list[spb.ReadResult], list[bytes | memoryview | None]], None]
 
 
 class RepairRequests(Protocol):
@@ -57,15 +62,28 @@ class ChunkReader:
         return results, transfer_id, self.state.boxes.stage(transfer_id, owner, parts)
 
     async def read_parts(
-        self, ios: list[spb.ReadIO], *, bulk: bool, transfer_id: str = ""
+        self, ios: list[spb.ReadIO], *, bulk: bool, transfer_id: str = "", deliver: Deliver | None = None
     ) -> tuple[list[spb.ReadResult], list[bytes | memoryview | None]]:
         """Read ``ios``: the results, and (``bulk``) each IO's bytes (None unless OK), for the caller to send.
 
         The bytes are to be laid out back to back in that order at each result's ``transfer`` offset (not
-        inline).
+        inline). ``deliver``, if given, is called with both on the worker thread that read them, right after
+        (the data path sends them from there: no hop back to the event loop before the reader gets its bytes).
         """
         self._check_reads(ios, bulk)
-        found = await asyncio.to_thread(lambda: [self._read_counted(io) for io in ios])  # one thread hop per batch
+
+        def work() -> tuple[list[spb.ReadResult], list[bytes | memoryview | None]]:  # one thread hop per batch
+            results, parts = self._lay_out([self._read_counted(io) for io in ios], bulk, transfer_id)
+            if deliver is not None:
+                deliver(results, parts)
+            return results, parts
+
+        return await asyncio.to_thread(work)
+
+    @staticmethod
+    def _lay_out(
+        found: list[tuple[spb.ReadResult, memoryview | None]], bulk: bool, transfer_id: str
+    ) -> tuple[list[spb.ReadResult], list[bytes | memoryview | None]]:
         results: list[spb.ReadResult] = []
         parts: list[bytes | memoryview | None] = []
         offset = 0

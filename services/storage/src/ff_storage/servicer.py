@@ -17,7 +17,7 @@ from ff_rpc import PermissionDenied, current_principal
 from ff_rpc.auth import authorize, method_access
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
 from ff_storage.core.results import UpdateResult
-from ff_storage.dataserver import Buffer, CallHandler
+from ff_storage.dataserver import Buffer, CallHandler, SendAnswer
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
 from ff_storage.store.disk_space import disk_space
@@ -37,6 +37,12 @@ READ_STREAM_BYTES = 32 << 20  # bytes one ReadStream may have asked for and not 
 
 def _owner() -> str:
     return current_principal().name
+
+
+def _read_response(results: list[pb.ReadResult], parts: Sequence[Buffer | None]) -> bytes:
+    """A data-path read's serialized BatchReadResponse (its bytes follow it)."""
+    total = sum(len(p) for p in parts if p is not None)
+    return pb.BatchReadResponse(results=results, transfer_length_bytes=total).SerializeToString()
 
 
 def _check_capabilities(key: bytes, ios: list[Any], *, write: bool) -> None:
@@ -145,27 +151,44 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             results=results, transfer_id=tid, transfer_length_bytes=length, transfer_ttl_s=self._n.state.boxes.ttl_s
         )
 
-    async def read_on_data_path(self, request_bytes: memoryview) -> tuple[bytes, Sequence[Buffer | None]]:
+    async def read_on_data_path(
+        self, request_bytes: memoryview, send: SendAnswer | None = None
+    ) -> tuple[bytes, Sequence[Buffer | None], list[memoryview] | None]:
         """A bulk BatchRead sent on the data path (``dataserver.ReadHandler``), with the same checks as BatchRead.
 
         Returns its response serialized, and each IO's bytes (None unless OK) to deliver after it (nothing
-        staged).
+        staged). With ``send``, the worker thread that read the bytes sends both itself; then the response is
+        b"" and the third item is what the socket did not take (None: nothing was sent).
 
         Raises:
             DataRefused: whatever BatchRead would answer with an error status, with that status's name.
+            ConnectionError: sending the answer from the read's thread failed (the connection is broken).
         """
+        outcome: list[list[memoryview] | OSError] = []
+
+        def deliver(results: list[pb.ReadResult], parts: list[bytes | memoryview | None]) -> None:
+            assert send is not None
+            try:
+                outcome.append(send(_read_response(results, parts), [p for p in parts if p is not None]))
+            except OSError as exc:  # after part of the answer went out, or none of it: either way the stream is gone
+                outcome.append(exc)
+
         try:
             try:
                 request = parse_message(pb.BatchReadRequest, request_bytes)
             except DecodeError as exc:
                 raise InvalidRequest(f"read request does not parse: {exc}") from None
             _check_capabilities(self._cap_key, list(request.ios), write=False)
-            results, parts = await self._n.reader.read_parts(list(request.ios), bulk=True)
+            results, parts = await self._n.reader.read_parts(
+                list(request.ios), bulk=True, deliver=deliver if send is not None else None
+            )
         except Exception as exc:
             raise _refusal(exc, "a data-path read") from exc
-        total = sum(len(p) for p in parts if p is not None)
-        response = pb.BatchReadResponse(results=results, transfer_length_bytes=total)
-        return response.SerializeToString(), parts
+        if not outcome:
+            return _read_response(results, parts), parts, None
+        if isinstance(outcome[0], OSError):
+            raise ConnectionError(f"sending a read's answer failed: {outcome[0]}") from outcome[0]
+        return b"", parts, outcome[0]
 
     def data_path_calls(self) -> dict[str, CallHandler]:
         """The RPCs the data path's ``call`` op carries (``dataserver.CallHandler``s), by method name.

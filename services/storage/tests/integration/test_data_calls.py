@@ -26,7 +26,7 @@ from ff_fsprotocol.datapath import (
 )
 from ff_fsprotocol.routing import RoutingView
 from ff_rpc.auth import CLUSTER_PRINCIPAL
-from ff_storage.dataserver import DataServer, TransferBoxes
+from ff_storage.dataserver import DataServer, SendAnswer, TransferBoxes
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
@@ -239,7 +239,9 @@ async def test_a_client_of_another_data_path_version_is_refused_naming_both() ->
         await server.stop()
 
 
-async def _no_read(request: memoryview) -> tuple[bytes, list[bytes | None]]:
+async def _no_read(
+    request: memoryview, send: SendAnswer | None
+) -> tuple[bytes, list[bytes | None], list[memoryview] | None]:
     raise AssertionError("no read expected")
 
 

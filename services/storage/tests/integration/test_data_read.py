@@ -7,19 +7,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from ff_fsprotocol.capability import capability_key, make_capability
 from ff_fsprotocol.datapath import DataConnection, DataRefused
+from ff_fsprotocol.routing import RoutingView
 from ff_fsprotocol.shm import ShmRegion, host_id
 from ff_rpc import RpcError
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError
+from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
 
 CHUNK = 512 * 1024
 INODE = 11
@@ -66,6 +68,53 @@ async def test_reads_take_one_round_trip_on_the_data_path_and_a_refusal_keeps_th
     assert [bytes(o.data) for o in await client.batch_read(reads(chain_id, 4), prefer_target=target)] == blocks
     after = {a: [(c, c._sock) for c in cs] for a, cs in client._data._conns.items()}
     assert after == conns, "the refusal neither closed nor replaced a connection"
+
+
+async def test_a_read_answered_from_its_thread_has_the_chunks_bytes_and_checksums(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    """The node sends a read's answer from the thread that read it: whole chunks, ranges at offsets, a short chunk
+    (less data than its size) and a range past its end come with their own bytes and their CRC-32C, back to back."""
+    chain = (await cluster.routing()).chains[0]
+    blocks = await write_chunks(client, chain.chain_id, 2)
+    short = os.urandom(1000)
+    ok = await client.batch_write(
+        [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=2, data=short, chunk_size=CHUNK)]
+    )
+    assert all(r.ok for r in ok)
+    asks = [(0, 0, CHUNK), (1, 1234, 5000), (2, 0, 1000), (2, 900, 4096), (1, CHUNK - 1, 1)]
+    expect = [blocks[0], blocks[1][1234:6234], short, short[900:], blocks[1][-1:]]
+    ios = [
+        spb.ReadIO(
+            chain_id=chain.chain_id,
+            chain_version=chain.version,
+            chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=i),
+            offset_bytes=off,
+            length_bytes=n,
+        )
+        for i, off, n in asks
+    ]
+    request = spb.BatchReadRequest(ios=ios, transport=spb.DATA_TRANSPORT_BULK).SerializeToString()
+    view = RoutingView(await cluster.routing())
+    for target in chain.targets:  # every replica answers the same
+        node = view.node(target.node_id)
+        assert node is not None and node.data
+        conn = DataConnection(node.data, CLUSTER_TOKEN)
+        try:
+            sinks = [memoryview(bytearray(len(e))) for e in expect]
+            raw, crcs = await conn.read(request, _into(sinks))
+        finally:
+            conn.close()
+        results = spb.BatchReadResponse.FromString(bytes(raw)).results
+        assert [r.status for r in results] == [spb.CHUNK_IO_STATUS_OK] * len(asks)
+        assert [r.length_bytes for r in results] == [len(e) for e in expect]
+        assert [bytes(s) for s in sinks] == expect
+        assert [r.checksum.value for r in results] == [crc32c_of(e) for e in expect] == crcs
+
+
+def _into(sinks: list[memoryview]) -> Callable[[bytearray], list[memoryview]]:
+    """A ``read`` layout that puts the answer's bytes into ``sinks``, whatever the response."""
+    return lambda raw: sinks
 
 
 async def test_user_reads_on_the_data_path_need_the_files_io_capability(
