@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,3 +246,50 @@ def test_a_files_last_chunk_comes_from_its_own_chunks(tmp_path: Path) -> None:
     last, count, _ = again.last_chunk(1, 1, 3)
     assert last is not None and (last.chunk_index, count) == (2, 2)
     again.close()
+
+
+def test_commits_that_come_while_one_is_written_go_in_one_transaction_and_a_stale_one_fails_alone(
+    engine: ChunkEngine,
+) -> None:
+    keys = [(9, i) for i in range(5)]
+    pendings = [engine.write_pending([(k, 1, 1, bytes([i]) * 4096, None)])[0] for i, k in enumerate(keys)]
+    [stale] = engine.write_pending([((9, 99), 1, 1, b"x" * 4096, None)])
+    engine.write_pending([((9, 99), 2, 1, b"y" * 4096, None)])  # replaces it: its commit must fail
+    outcomes: dict[int, object] = {}
+
+    def commit(n: int, pending: object) -> None:
+        try:
+            outcomes[n] = engine.commit([pending])  # type: ignore[list-item]
+        except PendingReplaced as exc:
+            outcomes[n] = exc
+
+    before = engine.transactions
+    threads = [threading.Thread(target=commit, args=(n, p)) for n, p in enumerate([*pendings, stale])]
+    with engine._lock:  # white box: the first commit's transaction waits, the others gather behind it
+        threads[0].start()
+        deadline = time.monotonic() + 10
+        while not engine._committing and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for t in threads[1:]:
+            t.start()
+        while len(engine._waiting) < len(threads) - 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(engine._waiting) == len(threads) - 1
+    for t in threads:
+        t.join(10)
+    assert engine.transactions - before == 2  # the first alone, then all the others together
+    assert isinstance(outcomes[len(pendings)], PendingReplaced)
+    for n, key in enumerate(keys):
+        [meta] = outcomes[n]  # type: ignore[misc]
+        assert meta is not None and meta.key == key and meta.committed_version == 1
+        got = engine.read_committed(key)
+        assert got is not None and got[1] == bytes([n]) * 4096
+    reopened = ChunkEngine(engine.root, max_free_files=4, new_file_batch=1)
+    engine.close()
+    reopened.open()  # what the transactions made durable
+    try:
+        assert [m.committed_version for k in keys if (m := reopened.get(k)) is not None] == [1] * len(keys)
+        assert reopened.get((9, 99)) is None
+    finally:
+        reopened.close()
+        engine.open()

@@ -48,7 +48,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ff_fsprotocol.checksum import crc32c_of
@@ -130,6 +130,11 @@ class ChunkEngine:
         self._fsync = fsync
         self._max_free = max_free_files
         self._lock = threading.Lock()
+        # Group commit: commits waiting while one is written (``_waiting``) go in the next transaction together.
+        self._group = threading.Condition(threading.Lock())
+        self._waiting: list[_Commit] = []
+        self._committing = False
+        self.transactions = 0  # commit transactions written (group commit: fewer than ``commit`` calls)
         self._db: sqlite3.Connection | None = None
         self._meta: dict[ChunkKey, ChunkMeta] = {}
         self._by_inode: dict[int, set[int]] = {}  # inode id -> chunk indexes in _meta (a file's chunks at once)
@@ -549,58 +554,111 @@ class ChunkEngine:
     def commit(self, pendings: Iterable[Pending], tags: Sequence[UpdateTag] | None = None) -> list[ChunkMeta | None]:
         """Make pending versions the committed ones, in one transaction with the updates' ids; then free old files.
 
-        ``tags`` has one entry per pending version: see ``UpdateTag``.
+        ``tags`` has one entry per pending version: see ``UpdateTag``. Commits that come while another is being
+        written go together in the next transaction (group commit: one WAL sync for all of them, each durable
+        when its call returns, as alone); one whose versions are no longer pending fails alone.
+
+        Raises:
+            PendingReplaced: a version to commit is no longer the pending one (nothing of this call commits).
         """
         todo = list(pendings)
         tags = list(tags) if tags is not None else [(None, None)] * len(todo)
         if len(tags) != len(todo):
             raise ValueError(f"{len(tags)} tags for {len(todo)} pending versions")
-        old_files: list[Path] = []
-        results: list[ChunkMeta | None] = []
-        now_ms = int(time.time() * 1000)
-        with self._lock:
-            assert self._db is not None, "engine is closed"
-            if any(self._pending.get(p.key) is not p or not p.stored for p in todo):
-                raise PendingReplaced(f"{self.root.name}: a version to commit is no longer the pending one")
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
+        mine = _Commit(todo, tags)
+        with self._group:
+            self._waiting.append(mine)
+        while True:
+            with self._group:
+                while not mine.done and self._committing:
+                    self._group.wait()
+                if mine.done:
+                    break
+                self._committing = True  # lead the next group: whoever waits (this one too, unless it must wait)
+                group, self._waiting = _one_per_chunk(self._waiting)
             try:
-                records = self._commit_rows(db, todo, tags, now_ms)
-                db.execute("COMMIT")
+                self._commit_group(group)
             except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            self._recent.update(records)
-            for key in [k for k, r in records.items() if not r]:
-                del self._recent[key]
-            for p in todo:
-                old = self._files.get(p.key)
-                if p.path is None:
-                    self._meta.pop(p.key, None)
-                    self._files.pop(p.key, None)
-                    self._forget_index(p.key)
-                    results.append(None)
-                else:
-                    name = str(p.path.relative_to(self.data_dir))
-                    meta = ChunkMeta(
-                        inode_id=p.key[0],
-                        chunk_index=p.key[1],
-                        chain_version=p.chain_version,
-                        committed_version=p.version,
-                        length=p.length,
-                        checksum=p.checksum,
-                    )
-                    self._meta[p.key], self._files[p.key] = meta, name
-                    self._by_inode.setdefault(p.key[0], set()).add(p.key[1])
-                    results.append(meta)
-                if old is not None and (p.path is None or old != str(p.path.relative_to(self.data_dir))):
-                    old_files.append(self.data_dir / old)
-                if self._pending.get(p.key) is p:
-                    del self._pending[p.key]
+                if mine in group:  # its error is set too
+                    raise
+            finally:
+                with self._group:
+                    self._committing = False
+                    self._group.notify_all()
+        if mine.error is not None:
+            raise mine.error
+        return mine.results
+
+    def _commit_group(self, group: list[_Commit]) -> None:
+        """Commit each of ``group`` (no two touch one chunk) in one transaction; their outcomes in their ``_Commit``."""
+        old_files: list[Path] = []
+        now_ms = int(time.time() * 1000)
+        try:
+            with self._lock:
+                assert self._db is not None, "engine is closed"
+                ready = []
+                for c in group:
+                    if any(self._pending.get(p.key) is not p or not p.stored for p in c.todo):
+                        c.error = PendingReplaced(f"{self.root.name}: a version to commit is no longer the pending one")
+                    else:
+                        ready.append(c)
+                if ready:
+                    db = self._db
+                    db.execute("BEGIN IMMEDIATE")
+                    try:
+                        records = [self._commit_rows(db, c.todo, c.tags, now_ms) for c in ready]
+                        db.execute("COMMIT")
+                        self.transactions += 1
+                    except BaseException:
+                        db.execute("ROLLBACK")
+                        raise
+                    for c, recs in zip(ready, records, strict=True):
+                        c.results = self._install(c.todo, recs, old_files)
+        except BaseException as exc:
+            for c in group:
+                if c.error is None and not c.results and c.todo:
+                    c.error = exc
+            raise
+        finally:
+            for c in group:
+                c.done = True
         self._release(old_files)
-        self._commits += 1
-        if self._commits % SWEEP_EVERY_COMMITS == 0:
+        self._commits += len(group)
+        if self._commits // SWEEP_EVERY_COMMITS != (self._commits - len(group)) // SWEEP_EVERY_COMMITS:
             self.forget_expired_updates()
+
+    def _install(
+        self, todo: list[Pending], records: dict[ChunkKey, dict[UpdateKey, UpdateRecord]], old_files: list[Path]
+    ) -> list[ChunkMeta | None]:
+        """The in-memory side of a commit whose rows are durable (lock held); the replaced files go to ``old_files``."""
+        results: list[ChunkMeta | None] = []
+        self._recent.update(records)
+        for key in [k for k, r in records.items() if not r]:
+            del self._recent[key]
+        for p in todo:
+            old = self._files.get(p.key)
+            if p.path is None:
+                self._meta.pop(p.key, None)
+                self._files.pop(p.key, None)
+                self._forget_index(p.key)
+                results.append(None)
+            else:
+                name = str(p.path.relative_to(self.data_dir))
+                meta = ChunkMeta(
+                    inode_id=p.key[0],
+                    chunk_index=p.key[1],
+                    chain_version=p.chain_version,
+                    committed_version=p.version,
+                    length=p.length,
+                    checksum=p.checksum,
+                )
+                self._meta[p.key], self._files[p.key] = meta, name
+                self._by_inode.setdefault(p.key[0], set()).add(p.key[1])
+                results.append(meta)
+            if old is not None and (p.path is None or old != str(p.path.relative_to(self.data_dir))):
+                old_files.append(self.data_dir / old)
+            if self._pending.get(p.key) is p:
+                del self._pending[p.key]
         return results
 
     def _commit_rows(
@@ -662,6 +720,32 @@ class ChunkEngine:
         with self._lock:
             keys = sorted(self._meta)
         yield from keys
+
+
+@dataclass(eq=False)
+class _Commit:
+    """One ``commit`` call in a group commit: what it commits, and (once ``done``) its results or error."""
+
+    todo: list[Pending]
+    tags: list[UpdateTag]
+    done: bool = False
+    results: list[ChunkMeta | None] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def _one_per_chunk(waiting: list[_Commit]) -> tuple[list[_Commit], list[_Commit]]:
+    """The commits of one group (none shares a chunk with an earlier one of it) and those left for the next."""
+    group: list[_Commit] = []
+    rest: list[_Commit] = []
+    keys: set[ChunkKey] = set()
+    for c in waiting:
+        mine = {p.key for p in c.todo}
+        if keys & mine:
+            rest.append(c)
+        else:
+            group.append(c)
+            keys |= mine
+    return group, rest
 
 
 def _prune(records: dict[UpdateKey, UpdateRecord], cutoff_ms: int, max_records: int) -> None:
