@@ -51,6 +51,8 @@ def test_round_trip_keeps_tensors_values_and_step(tmp_path: Path) -> None:
     state = _state()
     url = ckpt.save(tmp_path, state, step=12, blocking=True).wait()
     assert url == str(tmp_path / "step-000000012" / ckpt.MANIFEST)
+    files = sorted(p.name for p in (tmp_path / "step-000000012").iterdir())  # one rank: no part, committed from memory
+    assert len(files) == 2 and files[0] == ckpt.MANIFEST and files[1].startswith("rank-00000.")
     target = _zeros_like(state)
     loaded = ckpt.load(tmp_path, target)
     assert (loaded.step, loaded.world_size) == (12, 1)
@@ -304,6 +306,8 @@ def test_saved_on_4_ranks_loads_on_2_and_1_and_training_continues(tmp_path: Path
     for rank in (3, 2, 1, 0):
         ckpt.save(tmp_path, _rank_state(model, opt, gen, rank, 4), step=5, rank=rank, world_size=4, save_id="s5")
     ckpt.wait_for_saves()
+    parts = sorted(p.name for p in (tmp_path / "step-000000005").glob("part-*"))
+    assert parts == [f"part-0000{r}.s5.json" for r in (1, 2, 3)]  # rank 0 merges its own entries from memory
     reference = _train(model, opt, gen, 5)  # the run that was never interrupted
 
     for world in (2, 1):

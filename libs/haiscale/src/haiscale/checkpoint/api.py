@@ -50,9 +50,9 @@ class SaveHandle:
     def _run(self, snap: Snapshot, keep: int | None, report: bool, part_timeout_s: float) -> None:
         try:
             started = time.perf_counter()
-            saver.write_rank(self._loc, snap)
+            part = saver.write_rank(self._loc, snap)
             if snap.rank == 0:
-                path = saver.commit(self._loc, snap, part_timeout_s)
+                path = saver.commit(self._loc, snap, part, part_timeout_s)
                 self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
                 self.removed_steps = saver.prune(self._loc, snap.step, keep)
                 self.reported = report and saver.report(self._loc, path, snap.step, snap.taken_at)

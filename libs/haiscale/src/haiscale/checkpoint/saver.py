@@ -3,13 +3,16 @@
 Layout of a checkpoint root (every rank writes its own files; rank 0 commits)::
 
     ROOT/step-000000100/rank-00000.<save id>.bin    rank 0's bytes: pickled values, then its tensors
-    ROOT/step-000000100/part-00000.<save id>.json   rank 0's entries (written after its .bin is durable)
-    ROOT/step-000000100/MANIFEST.json               all parts merged by rank 0: the commit
+    ROOT/step-000000100/rank-00001.<save id>.bin    rank 1's bytes: its tensors
+    ROOT/step-000000100/part-00001.<save id>.json   rank 1's entries (written after its .bin is durable)
+    ROOT/step-000000100/MANIFEST.json               rank 0's entries and the other ranks' parts: the commit
 
 A checkpoint counts only once its MANIFEST.json is there, written under a temporary name and renamed. Rank 0
-writes it when every rank's part of this save (same save id) is there, then removes checkpoints beyond the
-newest ``keep`` (each one's manifest first, so a half-removed checkpoint never counts) and leftovers of saves
-that never committed. A process killed at any moment leaves every earlier committed checkpoint whole.
+writes it when its own data file is durable and every other rank's part of this save (same save id) is there
+(rank 0 merges its own entries from memory: it writes no part, a save on one rank none at all), then removes
+checkpoints beyond the newest ``keep`` (each one's manifest first, so a half-removed checkpoint never counts)
+and leftovers of saves that never committed. A process killed at any moment leaves every earlier committed
+checkpoint whole.
 """
 
 from __future__ import annotations
@@ -142,8 +145,12 @@ def _bytes(buffer: torch.Tensor) -> memoryview:
     return memoryview(array)
 
 
-def write_rank(loc: Location, snap: Snapshot) -> None:
-    """This rank's data file (the snapshot's buffer), made durable, then its part of the manifest."""
+def write_rank(loc: Location, snap: Snapshot) -> Manifest:
+    """This rank's data file (the snapshot's buffer), made durable, then (ranks other than 0) its part of the manifest.
+
+    Returns:
+        The part: this rank's entries.
+    """
     folder = step_folder(snap.step)
     loc.storage.makedirs(loc.join(folder))
     data_name = _data_name(snap)
@@ -166,11 +173,13 @@ def write_rank(loc: Location, snap: Snapshot) -> None:
     ]
     loc.storage.write_file(loc.join(folder, data_name), [(0, image)] if len(image) else [])
     part = Manifest(snap.step, snap.world_size, tuple(entries), snap.objects)
-    loc.storage.write_atomic(loc.join(folder, f"part-{snap.rank:05d}.{snap.save_id}.json"), part.to_json())
+    if snap.rank != 0:  # rank 0 commits from the part in its memory
+        loc.storage.write_atomic(loc.join(folder, f"part-{snap.rank:05d}.{snap.save_id}.json"), part.to_json())
+    return part
 
 
-def commit(loc: Location, snap: Snapshot, part_timeout_s: float) -> str:
-    """Rank 0: wait for every rank's part of this save, merge them, and rename the manifest into place.
+def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float) -> str:
+    """Rank 0: wait for the other ranks' parts of this save, merge them after ``own``, and rename the manifest in.
 
     Returns:
         The manifest's path in its storage.
@@ -179,9 +188,9 @@ def commit(loc: Location, snap: Snapshot, part_timeout_s: float) -> str:
         CheckpointError: some rank's part did not come within ``part_timeout_s``.
     """
     folder = loc.join(step_folder(snap.step))
-    wanted = {f"part-{r:05d}.{snap.save_id}.json" for r in range(snap.world_size)}
+    wanted = {f"part-{r:05d}.{snap.save_id}.json" for r in range(1, snap.world_size)}
     deadline = time.monotonic() + part_timeout_s
-    while True:
+    while wanted:
         missing = wanted - set(loc.storage.listdir(folder))
         if not missing:
             break
@@ -191,9 +200,10 @@ def commit(loc: Location, snap: Snapshot, part_timeout_s: float) -> str:
                 f"step {snap.step}: ranks {ranks} did not write their part within {part_timeout_s:g} s; not committed"
             )
         time.sleep(PART_WAIT_POLL_S)
-    names = sorted(wanted)
-    parts = [Manifest.from_json(loc.storage.read_small(loc.join(step_folder(snap.step), n)), n) for n in names]
-    merged = Manifest(snap.step, snap.world_size, tuple(e for p in parts for e in p.tensors), parts[0].objects)
+    others = [
+        Manifest.from_json(loc.storage.read_small(loc.join(step_folder(snap.step), n)), n) for n in sorted(wanted)
+    ]
+    merged = Manifest(snap.step, snap.world_size, tuple(e for p in [own, *others] for e in p.tensors), own.objects)
     path = loc.join(step_folder(snap.step), MANIFEST)
     loc.storage.write_atomic(path, merged.to_json())
     return path
