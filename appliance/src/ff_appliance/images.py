@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,22 @@ def wheel_argv(
     return argv + [str(checkout / source.split("[")[0]) + _extras(source) for source in sources]
 
 
+def wheels_digest(wheel_dir: Path) -> str:
+    """A digest of the wheels' contents (names, sizes and CRCs of their members, not their zip timestamps).
+
+    It goes into the images as a label before their install step: podman's layer cache would otherwise reuse an
+    install of older wheels (the bind-mounted folder is not part of its cache key), and wheels built again from the
+    same sources reuse it.
+    """
+    digest = hashlib.sha256()
+    for wheel in sorted(wheel_dir.glob("*.whl")):
+        digest.update(wheel.name.encode())
+        with zipfile.ZipFile(wheel) as archive:
+            for member in sorted(archive.infolist(), key=lambda m: m.filename):
+                digest.update(f"{member.filename}:{member.file_size}:{member.CRC}".encode())
+    return digest.hexdigest()[:16]
+
+
 def _extras(source: str) -> str:
     _, bracket, extras = source.partition("[")
     return bracket + extras if bracket else ""
@@ -215,13 +232,14 @@ def build_images(options: BuildOptions, out: TextIO) -> ImageNames:
         _step(out, "wheels of the monorepo and its dependencies (pip wheel)",
               wheel_argv(options.python, options.checkout, wheel_dir, options.find_links), env)  # fmt: skip
         context = options.checkout / CONTAINERFILES
+        digest = wheels_digest(wheel_dir)
         for tag, containerfile, args in (
             (names.services, "services.Containerfile",
              {"BASE_IMAGE": names.base, "PACKAGES": " ".join(SERVICES_PACKAGES)}),
             (names.trainer, "trainer.Containerfile",
              {"SERVICES_IMAGE": names.services, "PACKAGES": " ".join(TRAINER_PACKAGES)}),
         ):  # fmt: skip
-            build_args = {**args, "VERSION": options.version}
+            build_args = {**args, "VERSION": options.version, "WHEELS_DIGEST": digest}
             _step(out, tag, build_argv(context / containerfile, tag, context, wheel_dir, build_args), env)
     return names
 

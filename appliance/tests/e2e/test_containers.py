@@ -126,6 +126,9 @@ def test_images_hold_the_services_and_the_trainers_stack(podman: Podman, images:
         assert podman.run("image", "exists", image).returncode == 0, image
     version = '{{index .Labels "org.opencontainers.image.version"}}'
     assert podman.ok("image", "inspect", "--format", version, images.trainer).strip() == images.version
+    wheels = '{{index .Labels "io.fireflyer.wheels"}}'
+    digests = {podman.ok("image", "inspect", "--format", wheels, i).strip() for i in (images.services, images.trainer)}
+    assert len(digests) == 1 and len(digests.pop()) == 16  # both installed the same wheels, which the label names
     run = ("--runtime", "runc", "run", "--rm", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768")
     code = "import importlib.util as u, ff_mgmtd, ff_appliance; print(u.find_spec('torch') is None)"
     assert podman.ok(*run, images.services, "python", "-c", code).strip() == "True"  # no torch in the services'

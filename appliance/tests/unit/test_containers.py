@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from ff_appliance.images import (
     import_argv,
     tar_argv,
     wheel_argv,
+    wheels_digest,
 )
 from ff_appliance.services import LaunchContext, command, spec_for
 from ff_appliance.state import ClusterPlan, InstancePlan, PlanError, StateDir, extend_plan, save_plan
@@ -169,3 +171,19 @@ def test_the_cli_takes_image_build_and_up_containers() -> None:
     assert build_parser().parse_args(["up"]).containers is False
     assert default_cache_dir({"HOME": "/h"}) == Path("/h/.cache/fireflyer/images")
     assert default_cache_dir({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path("/x/fireflyer/images")
+
+
+def _wheel(path: Path, members: dict[str, bytes], date: tuple[int, int, int, int, int, int]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(zipfile.ZipInfo(name, date_time=date), data)
+
+
+def test_the_wheels_digest_follows_their_contents_not_their_build_times(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    _wheel(first / "ff_x-1-py3-none-any.whl", {"ff_x/__init__.py": b"A = 1\n"}, (2026, 1, 1, 0, 0, 0))
+    _wheel(second / "ff_x-1-py3-none-any.whl", {"ff_x/__init__.py": b"A = 1\n"}, (2026, 11, 27, 4, 0, 0))
+    assert wheels_digest(first) == wheels_digest(second)  # built again from the same sources: the cache holds
+    _wheel(second / "ff_x-1-py3-none-any.whl", {"ff_x/__init__.py": b"A = 2\n"}, (2026, 11, 27, 4, 0, 0))
+    assert wheels_digest(first) != wheels_digest(second)  # a changed source: the install runs again
