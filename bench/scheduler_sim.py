@@ -1,8 +1,11 @@
-"""Simulator report: FIFO without preemption vs HAI time-sharing (and priority without preemption) on one
-synthetic trace and seed, through the scheduler's own assigner and matcher.
+"""Simulator report: FIFO, priority without preemption, HAI's time-sharing as its matcher does it
+(``hai-classic``) and time-sharing with the cheapest victims (``hai``), on one synthetic trace and seed,
+through the scheduler's own tick pipeline (``core.tick.plan_tick``).
 
-Usage: python bench/scheduler_sim.py [--jobs 2000] [--nodes 128] [--load 1.1] [--seed 1] [--json]
-(any flag of ``ff-sched-sim`` is passed through). Prints figures and the time-sharing/FIFO ratios.
+Usage: python bench/scheduler_sim.py [--jobs 2000] [--nodes 128] [--load 1.1] [--seed 1] [--failures SCALE]
+[--json] (any flag of ``ff-sched-sim`` is passed through; ``--failures 1`` adds Fire-Flyer 2's failure
+arrivals, paper Tables VII and VIII). Prints the figures and time-sharing's ratios to the others; the
+figures are deterministic for a seed (no timing), so the machine's load does not change them.
 """
 
 from __future__ import annotations

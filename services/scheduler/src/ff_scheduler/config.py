@@ -28,8 +28,8 @@ class SchedulerSettings(MgmtdClientSettings):
     min_run_time_s: float = Field(60.0, ge=0, description="a run is not preempted before it ran this long")
     fair_share: bool = Field(False, description="within a priority, users holding fewer nodes go first")
     victim_choice: VictimChoice = Field(
-        VictimChoice.CHEAPEST,
-        description="preempt the least work lost since checkpoints (cheapest) or HAI's lowest level, latest first",
+        VictimChoice.LEAST_IMPORTANT_LATEST,
+        description="preempt HAI's lowest level, latest first, or the least work lost since checkpoints (cheapest)",
     )
     victim_restart_cost_s: float = Field(60.0, ge=0, description="reload time a victim's loss counts per node")
     preempt_same_level: bool = Field(True, description="another user's task of the same level may be preempted (HAI)")

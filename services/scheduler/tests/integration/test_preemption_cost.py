@@ -56,12 +56,13 @@ async def _preempted(cluster: Any, ids: list[int], high_id: int) -> set[int]:
 
 
 async def test_the_service_preempts_the_task_that_just_checkpointed(cluster: Any) -> None:
-    await cluster.restart_scheduler(check_checkpoints=False)  # no 3FS here (haiscale's tests check with one)
+    # no 3FS here (haiscale's tests check with one)
+    await cluster.restart_scheduler(check_checkpoints=False, victim_choice="cheapest")
     ids, high_id = await _three_low_tasks_one_checkpointed(cluster)
     assert await _preempted(cluster, ids, high_id) == {ids[1]}
 
 
-async def test_hai_order_preempts_the_latest_submitted_instead(cluster: Any) -> None:
-    await cluster.restart_scheduler(check_checkpoints=False, victim_choice="least_important_latest")
+async def test_by_default_hai_order_preempts_the_latest_submitted(cluster: Any) -> None:
+    await cluster.restart_scheduler(check_checkpoints=False)
     ids, high_id = await _three_low_tasks_one_checkpointed(cluster)
     assert await _preempted(cluster, ids, high_id) == {ids[2]}
