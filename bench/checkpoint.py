@@ -27,6 +27,8 @@ the run queue for a CPU, and off CPU (the GIL, a lock, I/O); the step's own time
 save / alone) is what the save costs the step when the step is not kept from a CPU by other processes (here:
 the cluster's servers and other work on the machine).
 
+``--keep-buffer`` saves with ``keep_buffer=True`` (each snapshot into the host buffer the previous one kept).
+
 ``--pin`` runs the cluster's processes on the last CPU and this process (training steps with one thread fewer,
 the client, the save's thread) on the others: what the training steps lose to a save then is the client's own
 cost, as with the servers on other machines.
@@ -110,6 +112,7 @@ class Runner:
     def __init__(self, fs: Any, size_mib: int, step_mib: int, steps: int, cluster_cpu: Callable[[], float]) -> None:
         self.fs = fs
         self.cluster_cpu = cluster_cpu
+        self.keep_buffer = False
         self.windows: dict[str, list[StepWindow]] = {"steps_saving": [], "steps_alone": []}
         self.state = state_of(size_mib * MIB)
         self.size = nbytes(self.state)
@@ -126,7 +129,7 @@ class Runner:
     def save(self) -> float:
         self.step_no += 1
         return timed(lambda: ckpt.save("hf3fs:///bench/ckpt", self.state, step=self.step_no, keep=1, fs=self.fs,
-                                       blocking=True) and None)  # fmt: skip
+                                       blocking=True, keep_buffer=self.keep_buffer) and None)  # fmt: skip
 
     def seq_write(self) -> float:
         def run() -> None:
@@ -171,7 +174,8 @@ class Runner:
         """Mean step time of steps run while an async save of the state is written."""
         self.step_no += 1
         state = {"model": self.model.state_dict(), "big": self.state}
-        handle = ckpt.save("hf3fs:///bench/train", state, step=self.step_no, keep=1, fs=self.fs)
+        handle = ckpt.save("hf3fs:///bench/train", state, step=self.step_no, keep=1, fs=self.fs,
+                           keep_buffer=self.keep_buffer)  # fmt: skip
         mean = self._train("steps_saving")
         if not handle.done():
             print("  (the save outlasted the steps)", flush=True)
@@ -198,6 +202,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", type=Path, default=None, help="where the cluster lives")
     p.add_argument("--pin", action="store_true", help="the cluster on the last CPU, this process on the others")
+    p.add_argument("--keep-buffer", action="store_true", help="saves with keep_buffer=True (a warm host buffer)")
     a = p.parse_args()
     with bench_cluster("ckpt-bench-", a.dir, with_mount=False) as c:
         if a.pin:
@@ -210,6 +215,7 @@ def main() -> int:
             torch.set_num_threads(len(cpus) - 1)
             print(f"pinned: cluster on CPU {cpus[-1]}, this process on {cpus[:-1]} ({len(cpus) - 1} torch threads)")
         r = Runner(c.fs, a.size_mib, a.step_mib, a.steps, lambda: cluster_cpu_s(c))
+        r.keep_buffer = a.keep_buffer
         mib = r.size / MIB
         print(f"{mib:.0f} MiB in {sum(1 for _ in ckpt_leaves(r.state))} tensors, {a.rounds} rounds, state in {c.root}")
         pairs = [("save", "seq_write"), ("load", "seq_read"), ("steps_saving", "steps_alone")]

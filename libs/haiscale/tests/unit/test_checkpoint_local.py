@@ -75,6 +75,33 @@ def test_async_save_writes_the_snapshot_taken_before_it_returned(tmp_path: Path)
     assert torch.equal(target["n"]["v"], torch.ones(3))
 
 
+def test_keep_buffer_reuses_the_host_buffer_for_the_next_snapshot(tmp_path: Path) -> None:
+    from haiscale.checkpoint import api
+
+    first = {"w": torch.arange(1 << 16, dtype=torch.float32), "step": 1}
+    ckpt.save(tmp_path, first, step=1, keep_buffer=True).wait()
+    kept = api._InFlight.spare
+    assert kept is not None and kept.numel() >= (1 << 18)
+    second = {"w": torch.arange(1 << 16, dtype=torch.float32) * -1, "step": 2}
+    handle = ckpt.save(tmp_path, second, step=2, keep_buffer=True)
+    second["w"].zero_()  # the snapshot was taken (into the kept buffer) before save returned
+    handle.wait()
+    assert api._InFlight.spare is not None and api._InFlight.spare.data_ptr() == kept.data_ptr()
+    for step, want in (
+        (1, torch.arange(1 << 16, dtype=torch.float32)),
+        (2, -torch.arange(1 << 16, dtype=torch.float32)),
+    ):
+        target = {"w": torch.empty(1 << 16), "step": 0}
+        ckpt.load(tmp_path, target, step=step)
+        assert torch.equal(target["w"], want) and target["step"] == step
+    bigger = {"w": torch.ones(1 << 17), "step": 3}  # does not fit: a new buffer; not kept
+    ckpt.save(tmp_path, bigger, step=3).wait()
+    assert api._InFlight.spare is None
+    target = {"w": torch.empty(1 << 17), "step": 0}
+    ckpt.load(tmp_path, target)
+    assert bool((target["w"] == 1).all()) and target["step"] == 3
+
+
 def test_a_second_save_waits_for_the_first(tmp_path: Path) -> None:
     first = ckpt.save(tmp_path, {"w": torch.randn(1 << 18)}, step=1)
     second = ckpt.save(tmp_path, {"w": torch.randn(1 << 18)}, step=2)

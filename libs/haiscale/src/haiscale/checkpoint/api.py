@@ -8,6 +8,8 @@ import time
 import uuid
 from typing import Any
 
+import torch
+
 from haiscale.checkpoint import loader, saver
 from haiscale.checkpoint.loader import Loaded
 from haiscale.checkpoint.manifest import MANIFEST
@@ -47,7 +49,7 @@ class SaveHandle:
             raise self._error
         return self.manifest_url
 
-    def _run(self, snap: Snapshot, keep: int | None, report: bool, part_timeout_s: float) -> None:
+    def _run(self, snap: Snapshot, keep: int | None, report: bool, part_timeout_s: float, keep_buffer: bool) -> None:
         try:
             started = time.perf_counter()
             part = saver.write_rank(self._loc, snap)
@@ -58,6 +60,8 @@ class SaveHandle:
                 self.reported = report and saver.report(self._loc, path, snap.step, snap.taken_at)
             seconds = time.perf_counter() - started
             send(default_sink(), checkpoint_save_seconds=seconds, checkpoint_save_bytes=snap.buffer.numel())
+            if keep_buffer:
+                _InFlight.spare = snap.allocation
         except BaseException as err:  # kept for wait() and the next save()
             self._error = err
         finally:
@@ -69,6 +73,7 @@ class _InFlight:
 
     lock = threading.Lock()
     handle: SaveHandle | None = None
+    spare: torch.Tensor | None = None  # a finished save's host buffer, kept for the next snapshot (keep_buffer)
 
 
 def _finish_in_flight() -> None:
@@ -125,6 +130,7 @@ def save(
     fs: Any = None,
     report: bool = True,
     part_timeout_s: float = 600.0,
+    keep_buffer: bool = False,
 ) -> SaveHandle:
     """Save ``state_dict`` as checkpoint ``step`` under the root ``path``.
 
@@ -149,6 +155,10 @@ def save(
         fs: the ``hf3fs.FileSystem`` for 3FS paths (default: one connection from FF_MGMTD_ADDRESSES/FF_TOKEN).
         report: when committed in 3FS inside an HAI task, report it to the scheduler (rank 0).
         part_timeout_s: how long rank 0 waits for the other ranks' files before giving the save up.
+        keep_buffer: once written, keep this save's host buffer for the next save's snapshot, which copies into
+            it when it fits (pages already touched: no page faults, about 2.5x less CPU for the copy), as
+            torch.distributed.checkpoint's cached staging does. It holds memory the size of this rank's state
+            between saves; the next save without ``keep_buffer`` uses it and lets it go.
 
     Raises:
         FileExistsError: checkpoint ``step`` is already committed (nothing is written).
@@ -164,13 +174,14 @@ def save(
     if loc.storage.exists(loc.join(saver.step_folder(step), MANIFEST)):
         raise FileExistsError(f"{loc.url(saver.step_folder(step))}: checkpoint {step} is already committed")
     started = time.perf_counter()
-    snap = saver.take_snapshot(state_dict, step, r, w, _save_id(save_id, r, w, group))
+    spare, _InFlight.spare = _InFlight.spare, None  # no save in flight: nobody else holds it
+    snap = saver.take_snapshot(state_dict, step, r, w, _save_id(save_id, r, w, group), spare)
     send(default_sink(), checkpoint_snapshot_seconds=time.perf_counter() - started)
     handle = SaveHandle(step, loc)
     with _InFlight.lock:
         _InFlight.handle = handle
     threading.Thread(
-        target=handle._run, args=(snap, keep, report, part_timeout_s), name=f"haiscale-save-{step}"
+        target=handle._run, args=(snap, keep, report, part_timeout_s, keep_buffer), name=f"haiscale-save-{step}"
     ).start()  # not a daemon: the interpreter waits for it at exit
     if blocking:
         handle.wait()

@@ -88,6 +88,7 @@ class Snapshot:
     save_id: str
     taken_at: float = 0.0  # time.time() when the copy began: the state is as of then
     buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
+    allocation: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))  # buffer's memory
     tensors: list[HostTensor] = field(default_factory=list)
     objects: Blob | None = None  # rank 0's pickled values (at the start of its file)
 
@@ -96,10 +97,18 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: int, save_id: str) -> Snapshot:
+def take_snapshot(
+    state_dict: dict[Any, Any],
+    step: int,
+    rank: int,
+    world_size: int,
+    save_id: str,
+    spare: torch.Tensor | None = None,
+) -> Snapshot:
     """Everything this rank writes, copied now: after it returns the caller may change its tensors.
 
-    Plain tensors and other values are rank 0's to write; every rank writes its ``Shard``s. The checksums are
+    Plain tensors and other values are rank 0's to write; every rank writes its ``Shard``s. ``spare``: an earlier
+    snapshot's buffer, used when the snapshot fits (its pages are touched already: no page faults). The checksums are
     taken here too, each right after its tensor's copy, so the background write (which runs beside the training
     steps) only sends bytes.
     """
@@ -121,7 +130,8 @@ def take_snapshot(state_dict: dict[Any, Any], step: int, rank: int, world_size: 
     for _, _, t, _, _ in chosen:
         offsets.append(pos)
         pos = _aligned(pos + t.numel() * t.element_size())
-    snap.buffer = torch.empty(pos, dtype=torch.uint8)
+    snap.allocation = spare if spare is not None and pos <= spare.numel() else torch.empty(pos, dtype=torch.uint8)
+    snap.buffer = snap.allocation[:pos]
     image = _bytes(snap.buffer)
     if rank == 0:
         snap.buffer[: len(blob)].numpy()[:] = memoryview(blob)
