@@ -160,3 +160,23 @@ def test_same_level_and_from_level_switches() -> None:
     lower = [running(1, (1, 2), p.LOW, user="a", started_at=NOW - 3600), queued(2, 2, p.NORMAL, user="b")]
     assert _preempted(lower, 2) == {1}
     assert _preempted(lower, 2, SchedulingPolicy(enforce_quotas=False, preempt_from_level=p.HIGH)) == set()
+
+
+def test_zones_refusing_the_cheapest_set_fall_back_and_spare_victims_not_used() -> None:
+    """Another task already spans zones, so the HIGH task must fit in one: the two cheapest victims sit in
+    different zones; the matcher adds the next cheapest (two nodes in zone z0) and takes nodes 1 and 3 there,
+    so it preempts tasks 1 and 3, and task 2 (in z1, none of its nodes taken) keeps running."""
+    all_nodes = nodes(8, zones=2)  # z0: 1 3 5 7, z1: 2 4 6 8
+    old = NOW - 3600
+    tasks = [
+        running(9, (7, 8), p.HIGH, user="x", started_at=old),  # spans z0 and z1
+        _checkpointed(running(1, (1,), p.LOW, user="a", started_at=old), NOW - 5),
+        _checkpointed(running(2, (2,), p.LOW, user="b", started_at=old), NOW - 5),
+        _checkpointed(running(3, (3, 5), p.LOW, user="c", started_at=old), NOW - 200),
+        _checkpointed(running(4, (4, 6), p.LOW, user="d", started_at=old), NOW - 250),
+        queued(5, 2, p.HIGH, user="e"),
+    ]
+    plan = plan_tick(snapshot(NOW, all_nodes, tasks), POLICY, LifecyclePolicy())
+    assert plan.match is not None
+    assert {pre.task_id for pre in plan.match.preemptions} == {1, 3}
+    assert plan.starts == []  # the nodes are reserved until the victims have suspended

@@ -246,11 +246,22 @@ class _GroupMatch:
         return {n for t in tasks if t.run is not None for n in t.run.node_ids if self.nodes[n].state is NodeState.READY}
 
     def _take_victims(self, taken: list[TaskSnap], task: TaskSnap, pool: set[int]) -> bool:
-        """Preempt ``taken`` for ``task`` if ``task``'s nodes can be reserved out of ``pool`` (theirs and free ones)."""
-        if len(pool) < task.num_nodes or not self._reserve(pool, task.num_nodes):
+        """Preempt those of ``taken`` that give ``task`` nodes, if its nodes can be reserved out of ``pool``.
+
+        ``pool`` holds the victims' nodes and free ones; a victim none of whose nodes the placement takes (zones
+        may leave some out) keeps running.
+        """
+        if len(pool) < task.num_nodes:
             return False
+        chosen = select_nodes(pool, task.num_nodes, self.nodes, cross_zone_ok=not self.cross_zone_in_use)
+        if not chosen:
+            return False
+        self.reserved.update(chosen)
+        self._take(chosen)
         for v in taken:
             assert v.run is not None
+            if set(v.run.node_ids).isdisjoint(chosen):
+                continue
             self.drop_victim(v)
             self.draining.update(v.run.node_ids)
             self.result.preemptions.append(Preempt(v.task_id, v.run.run_id, task.task_id))
