@@ -120,6 +120,29 @@ def _task_snap(r: Any) -> TaskSnap:
     )
 
 
+def _task_snaps(rows: list[Any]) -> list[TaskSnap]:
+    """``_task_snap`` of each row of ``_TASK_COLUMNS`` (by position: a restart reads 100,000 of them)."""
+    states, reasons = _TASK_STATES, _QUEUE_REASONS
+    return [
+        TaskSnap(
+            task_id=task_id,
+            user=user,
+            group=group,
+            num_nodes=num_nodes,
+            priority=level,
+            asked_priority=asked,
+            state=states[state],
+            fcfs=task_id,
+            queue_reason=reasons[reason],
+            watchdog_time_s=watchdog,
+            max_restarts=restarts,
+            num_restarts=n_restarts,
+            suspend_grace_s=grace,
+        )
+        for task_id, user, group, num_nodes, level, asked, state, reason, watchdog, restarts, n_restarts, grace in rows
+    ]
+
+
 def load_snapshot(s: Session, now: float) -> Snapshot:
     """Everything one tick decides from, read in the tick's transaction (every unfinished task: see ``TaskCache``)."""
     snap, _ = _load(s, now, None, set())
@@ -151,8 +174,7 @@ def _load(
         for chunk in bulk.in_chunks(sorted(dirty)):
             rows += _task_rows(s, f"task_id IN {_ints(chunk)}")
     others: dict[int, TaskSnap] = {}
-    for r in rows:
-        snap = _task_snap(r)
+    for snap in _task_snaps(rows):
         if snap.state in QUEUED_STATES:
             waiting[snap.task_id] = snap
         elif not snap.state.finished:
