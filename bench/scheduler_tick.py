@@ -1,6 +1,7 @@
 """Tick time of the scheduler at HAI scale (issue 24: 10,000 nodes, 100,000 queued tasks, every tick <= 1 s).
 
 Usage: python bench/scheduler_tick.py [--nodes 1250] [--queued 10000] [--ticks 5] [--db sqlite|none]
+       [--aged-ticks 2]
 
 Times the pure pipeline (beater -> assigner -> matcher, ``core.tick.plan_tick``) on a full cluster
 (every node busy, so every queued task is checked for quota, free nodes and preemption victims) and
@@ -9,7 +10,9 @@ on an empty one (the first tick places as many tasks as fit). With ``--db sqlite
 SQLite file holding that many tasks: a full read of the snapshot; a ``Scheduler`` started on it (its
 load of the tasks at start, then each ``Scheduler.tick``: load what changed, plan, apply, the agents'
 orders, which agents that accept at once receive); and a second ``Scheduler`` started on the state the
-first left (a restart or failover). Prints each tick's time and the max against 1 s; never fails on time.
+first left (a restart or failover), whose last ticks (``--aged-ticks``) come after every run reported running
+and ran past the minimum run time, so that each may be preempted. Prints each tick's time and the max against
+1 s; never fails on time.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,9 @@ class ServiceRun:
     placed: int
     # CPU seconds of the process (every thread) during each tick: what the tick costs whatever else runs.
     cpu: list[float] = field(default_factory=list)
+    # Ticks (and their CPU) after every run reported running and ran past the minimum run time (preemptible).
+    aged: list[float] = field(default_factory=list)
+    aged_cpu: list[float] = field(default_factory=list)
 
 
 class _Agents(AgentPool):
@@ -184,30 +189,76 @@ class _Agents(AgentPool):
         return agent_pb2.StopRunResponse()
 
 
-async def _service_run(store: Any, ticks: int, clock: Callable[[], float]) -> ServiceRun:
-    """A scheduler started on ``store``: ``Scheduler.load`` (what ``run`` does first), then ``ticks`` ticks."""
+MIN_RUN_TIME_S = 600.0
+
+
+class _Clock:
+    """The schedulers' clock: epoch 100,000 s plus the time since the bench began, plus what ``skip`` added."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+        self._skipped = 0.0
+
+    def __call__(self) -> float:
+        return 100_000.0 + time.perf_counter() - self._t0 + self._skipped
+
+    def skip(self, seconds: float) -> None:
+        self._skipped += seconds
+
+
+async def _timed_tick(scheduler: Scheduler, times: list[float], cpu: list[float]) -> int:
+    cpu0 = time.process_time()
+    stats = await scheduler.tick()
+    cpu.append(time.process_time() - cpu0)
+    times.append(stats.duration_s)
+    await asyncio.sleep(0.05)  # the orders of the tick go out (one read, then a call per node) between ticks
+    return stats.num_started
+
+
+def _report_all_running(s: Any, now: float) -> None:
+    """What the agents' reports would store: every node of every run running, with output just now."""
+    from sqlalchemy import update
+
+    from ff_scheduler.store.schema import run_nodes
+
+    s.execute(update(run_nodes).values(phase=2, last_output_at=now, reported_at=now))
+
+
+async def _service_run(store: Any, ticks: int, clock: _Clock, aged_ticks: int = 0) -> ServiceRun:
+    """A scheduler started on ``store``: ``Scheduler.load`` (what ``run`` does first), then ``ticks`` ticks.
+
+    With ``aged_ticks``, then every run's nodes report running, one tick marks the runs running, the clock skips
+    past the minimum run time (every run may now be preempted) and ``aged_ticks`` more ticks are timed.
+    """
     txns = Transactions(store)
     options = DriverOptions(tick_interval_s=1.0, master_port=2222, order_resend_interval_s=30.0)
     agents = _Agents()
-    scheduler = Scheduler(txns, SchedulingPolicy(min_run_time_s=600), LifecyclePolicy(), options, agents, clock=clock)
+    policy = SchedulingPolicy(min_run_time_s=MIN_RUN_TIME_S)
+    scheduler = Scheduler(txns, policy, LifecyclePolicy(), options, agents, clock=clock)
     t0 = time.perf_counter()
     await scheduler.load()
     run = ServiceRun(time.perf_counter() - t0, [], 0)
     for _ in range(ticks):
-        cpu0 = time.process_time()
-        stats = await scheduler.tick()
-        run.cpu.append(time.process_time() - cpu0)
-        run.ticks.append(stats.duration_s)
-        run.placed += stats.num_started
-        await asyncio.sleep(0.05)  # the orders of the tick go out (one read, then a call per node) between ticks
+        run.placed += await _timed_tick(scheduler, run.ticks, run.cpu)
+    if aged_ticks:
+        await txns.arun(lambda s: _report_all_running(s, clock()))
+        await _timed_tick(scheduler, [], [])
+        clock.skip(MIN_RUN_TIME_S + 1.0)
+        for _ in range(aged_ticks):
+            await _timed_tick(scheduler, run.aged, run.aged_cpu)
     await txns.drain(timeout_s=600.0)
     await agents.close()
     txns.dispose()
     return run
 
 
-def time_service(num_nodes: int, num_queued: int, ticks: int) -> tuple[list[float], ServiceRun, ServiceRun, int]:
+def time_service(
+    num_nodes: int, num_queued: int, ticks: int, aged_ticks: int
+) -> tuple[list[float], ServiceRun, ServiceRun, int]:
     """The service on a SQLite file: 100,000 queued tasks, every node idle; then a restart (failover) on that state.
+
+    The restarted scheduler then times ``aged_ticks`` ticks after every run reported running and ran past the
+    minimum run time (``_service_run``).
 
     Returns the full snapshot read's times, the first scheduler, the restarted one, and the nodes given runs.
     """
@@ -229,12 +280,12 @@ def time_service(num_nodes: int, num_queued: int, ticks: int) -> tuple[list[floa
             t0 = time.perf_counter()
             store.run(lambda s: load_snapshot(s, 100_000.0), read_only=True)
             loads.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        first = asyncio.run(_service_run(store, ticks, lambda: 100_000.0 + time.perf_counter() - t0))
+        clock = _Clock()
+        first = asyncio.run(_service_run(store, ticks, clock))
         # Failover: a new scheduler process opens the same database and goes on from what is stored.
         store = open_store(url, MIGRATIONS, VERSION_TABLE)
         busy = store.run(lambda s: s.execute(select(func.count()).select_from(run_nodes)).scalar_one())
-        restarted = asyncio.run(_service_run(store, ticks, lambda: 100_000.0 + time.perf_counter() - t0))
+        restarted = asyncio.run(_service_run(store, ticks, clock, aged_ticks))
     return loads, first, restarted, busy
 
 
@@ -252,6 +303,9 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--db", choices=["sqlite", "none"], default="sqlite")
+    parser.add_argument(
+        "--aged-ticks", type=int, default=2, help="restarted scheduler's ticks once every run may be preempted"
+    )
     args = parser.parse_args()
     print(f"{args.nodes} nodes, {args.queued} queued tasks, {args.ticks} ticks each (goal <= 1 s per tick)")
     for label, busy in (("full cluster (all nodes busy)", True), ("empty cluster (first placement)", False)):
@@ -262,7 +316,7 @@ def main() -> None:
             f"-> {1 / med:.1f} ticks/s, {med:.3f} of the 1 s budget"
         )
     if args.db == "sqlite":
-        loads, first, restarted, num_busy = time_service(args.nodes, args.queued, args.ticks)
+        loads, first, restarted, num_busy = time_service(args.nodes, args.queued, args.ticks, args.aged_ticks)
         print(
             f"  every unfinished task read from SQLite (load_snapshot): median {statistics.median(loads) * 1000:.0f} ms"
         )
@@ -273,6 +327,11 @@ def main() -> None:
         )
         print(f"  restart (failover) on that state: load at start {restarted.load * 1000:.0f} ms")
         print(f"    each tick: {_ms(restarted.ticks)} ms; {_bar(restarted.ticks)}; CPU: {_ms(restarted.cpu)} ms")
+        if restarted.aged:
+            print(
+                f"  every run running past the minimum run time ({MIN_RUN_TIME_S:g} s; all may be preempted): "
+                f"{_ms(restarted.aged)} ms; {_bar(restarted.aged)}; CPU: {_ms(restarted.aged_cpu)} ms"
+            )
 
 
 if __name__ == "__main__":
