@@ -7,6 +7,7 @@ time per op (all CPUs, softirq included, from /proc/stat), and which copy of the
 with another version on ``PYTHONPATH`` says so).
 
     .venv/bin/python bench/hfreduce_back_to_back.py --layout 2x2 --mib 64 --ops 80 --buffer registered
+    .venv/bin/python bench/hfreduce_back_to_back.py --layout 2x1 --bytes 8 --ops 3000 --buffer ordinary
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def rank_main(
 
     cfg = loopback_config(node, local, nodes, num_local, port, timeout_s=60, pipeline=args.pipeline)
     with Group(cfg) as group:
-        n = (args.mib << 20) // 4
+        n = max(1, (args.bytes or args.mib << 20) // 4)
         # zeros: sums of ones would overflow to inf after some 60 ops at 4 ranks
         buf = group.alloc(n) if args.buffer == "registered" else np.zeros(n, dtype=np.float32)
         for _ in range(3):
@@ -47,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layout", default="2x2", help="nodes x local ranks")
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--bytes", type=int, default=0, help="the buffer's size in bytes (instead of --mib)")
     parser.add_argument("--ops", type=int, default=80)
     parser.add_argument("--buffer", choices=["registered", "ordinary"], default="registered")
     parser.add_argument("--pipeline", choices=["auto", "threads", "loop"], default="auto")
@@ -64,9 +66,10 @@ def main() -> None:
     wall = max(g[0] for g in got) / args.ops * 1e3
     cpu = sum(g[1] for g in got) / args.ops * 1e3
     busy = statistics.median(g[2] for g in got) * MS_PER_TICK / args.ops
+    size = f"{args.bytes} B" if args.bytes else f"{args.mib} MiB"
     print(
-        f"{args.layout} {args.buffer} {args.mib} MiB, {args.ops} ops: wall {wall:.1f} ms/op, "
-        f"CPU of the ranks {cpu:.1f} ms/op, machine busy {busy:.1f} ms/op; hfreduce from "
+        f"{args.layout} {args.buffer} {size}, {args.ops} ops: wall {wall:.3f} ms/op, "
+        f"CPU of the ranks {cpu:.3f} ms/op, machine busy {busy:.3f} ms/op; hfreduce from "
         f"{', '.join(sorted({str(Path(g[3]).parent) for g in got}))}"
     )
 

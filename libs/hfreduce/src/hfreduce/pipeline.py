@@ -164,7 +164,8 @@ class TreeEngine:
         tree the other node roots) and the other's comes in on its own root's up link, so every socket still
         carries data one way. Both nodes combine the two partials in node order (node 0's first) from the same
         bytes, so they get bit-identical results; with a 16-bit wire or data, both partials are the rounded ones
-        that crossed the wire, the final value is rounded once to the data type.
+        that crossed the wire, the final value is rounded once to the data type. When the socket takes the whole
+        partial at once (small messages), the receive blocks on the link itself, with no event loop.
         """
         c0, c1 = job.span
         n = c1 - c0
@@ -187,8 +188,13 @@ class TreeEngine:
             from_f32(job.wire, acc, out, scratch.u32)
         got = theirs.wire(job.wire, n)
         now = counters.lap("up_intra_reduce", now)
-        loop = self.exchange_runner
-        loop.run([loop.send(out_link, out.data), loop.recv(in_link, got.data)])
+        data = out.data.cast("B")
+        sent = out_link.send_nowait(data)
+        if sent == len(data):  # all out: nothing the other node needs waits here, so just receive
+            in_link.recv_into(got.data)
+        else:  # the rest goes out as the other node's partial comes in
+            loop = self.exchange_runner
+            loop.run([loop.send(out_link, data[sent:]), loop.recv(in_link, got.data)])
         now = counters.lap("exchange", now)
         if not fast:
             to_f32(job.wire, out, acc)  # this node's partial as the other node received it

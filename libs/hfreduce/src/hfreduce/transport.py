@@ -96,6 +96,15 @@ class Link:
                 raise LinkError(self.peer, "closed", "connection closed by peer")
             got += n
 
+    def send_nowait(self, data: memoryview) -> int:
+        """Send what the socket buffer takes of ``data`` now, without blocking; return the number of bytes sent."""
+        try:
+            return self.sock.send(_bytes(data), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise self._error(exc) from exc
+
     def send_steps(self, data: memoryview) -> Generator[Wait, None, None]:
         """``send`` for an event loop: non-blocking sends, yielding a Wait whenever the socket buffer is full."""
         view = _bytes(data)
