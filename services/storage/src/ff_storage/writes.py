@@ -307,7 +307,7 @@ class ChainWriter:
         chain_version = self.state.position(target)[0].version if self.state.position(target) else 0  # type: ignore[index]
         for u in round_:
             u.chain_version = chain_version
-        ready = await self._prepared(target, round_, True)
+        ready = await asyncio.to_thread(self._prepare, target, round_, True)
         damaged = [u for u in round_ if u.corrupt]
         for u in damaged:  # the head's own copy is bad: repair it (and the chain) from a good one, then go on
             if await self.repairs.repair_locked(target, u.key):
@@ -315,22 +315,11 @@ class ChainWriter:
                 ready += await asyncio.to_thread(self._prepare, target, [u], True)
         await self._store_forward_commit(target, ready)
 
-    async def _prepared(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
-        """``_prepare``: in a worker thread when an update reads its chunk's stored bytes (disk), else here.
-
-        Whole-chunk writes, full replaces and removes only look at metadata (as ``reserve`` does on the loop),
-        so they skip a thread hop, one per replica on the chain's critical path.
-        """
-        if any(_reads_stored(u) for u in updates):
-            return await asyncio.to_thread(self._prepare, target, updates, at_head)
-        return self._prepare(target, updates, at_head)
-
     def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
-        """Decide each update and compute its new content; returns the ones to store and pass on.
+        """Decide each update and compute its new content (thread); returns the ones to store and pass on.
 
         The others have their result set (already committed, duplicate, missing update, corrupt base chunk:
-        ``corrupt`` set, the caller repairs; nothing to remove). Runs in a worker thread when an update reads
-        stored bytes (``_prepared``): no event loop use here.
+        ``corrupt`` set, the caller repairs; nothing to remove). Runs in a worker thread: no event loop here.
         """
         place = craq.Place.HEAD if at_head else craq.Place.REPLICA
         ready: list[Update] = []
@@ -397,8 +386,10 @@ class ChainWriter:
     def _new_content(self, target: Target, u: Update) -> Payload | None:
         if u.kind == spb.UPDATE_TYPE_REMOVE:
             return None
-        if not _reads_stored(u):
-            return u.data  # a full replace or a whole-chunk write: no need to read the old one
+        if u.full:
+            return u.data
+        if u.kind == spb.UPDATE_TYPE_WRITE and u.offset == 0 and u.length == u.chunk_size:
+            return u.data  # whole chunk: no need to read the old one
         current = target.engine.read_committed(u.key)
         old = current[1] if current else None
         if u.kind == spb.UPDATE_TYPE_TRUNCATE:
@@ -648,7 +639,7 @@ class ChainWriter:
             )
 
     async def _replica_round(self, target: Target, round_: list[Update]) -> None:
-        ready = await self._prepared(target, round_, False)
+        ready = await asyncio.to_thread(self._prepare, target, round_, False)
         await self._store_forward_commit(target, [u for u in ready if u.no_forward], forward=False)
         await self._store_forward_commit(target, [u for u in ready if not u.no_forward])
 
@@ -661,13 +652,6 @@ _REFUSAL_STATUS = {
 
 def _status(refusal: tuple[admission.Refusal, str] | None) -> tuple[IoStatus, str] | None:
     return None if refusal is None else (_REFUSAL_STATUS[refusal[0]], refusal[1])
-
-
-def _reads_stored(u: Update) -> bool:
-    """Whether the new content of ``u`` is made from the chunk's stored bytes (a partial write, a truncate)."""
-    if u.kind == spb.UPDATE_TYPE_REMOVE or u.full:
-        return False
-    return not (u.kind == spb.UPDATE_TYPE_WRITE and u.offset == 0 and u.length == u.chunk_size)
 
 
 def _rounds(updates: list[Update]) -> list[list[Update]]:
