@@ -117,8 +117,11 @@ class _GroupMatch:
         # being freed, nor by preemption) since the last preemption; a task asking as many or more waits too, as
         # nodes only get taken until a preemption frees some (this spares the walk of a long queue on a full group).
         self.failed: dict[tuple[int, str], int] = {}
-        # Running tasks not yet visited that may be preempted, and their nodes per level and user.
+        # Running tasks not yet visited that may be preempted, each as a victim candidate (its ready nodes and
+        # loss do not change within a tick: computed once), and their nodes per level and user.
         self.victims: dict[int, TaskSnap] = {}
+        self.candidates: dict[int, victims.Candidate] = {}
+        self._all_ready: bool | None = None
         self.nodes_at: dict[int, int] = defaultdict(int)
         self.nodes_at_user: dict[tuple[int, str], int] = defaultdict(int)
         self.blocked = False
@@ -142,13 +145,24 @@ class _GroupMatch:
         return self.policy.preemption and not run.state.draining and ran_s >= self.policy.min_run_time_s
 
     def add_victim(self, task: TaskSnap) -> None:
-        assert task.run is not None
+        run = task.run
+        assert run is not None
         self.victims[task.task_id] = task
-        self.nodes_at[task.run.priority] += task.num_nodes
-        self.nodes_at_user[(task.run.priority, task.user)] += task.num_nodes
+        if self._all_ready is None:  # once per tick: then a victim's ready nodes are all of them
+            self._all_ready = all(n.state is NodeState.READY for n in self.nodes.values())
+        ready = len(run.node_ids)
+        if not self._all_ready:
+            ready = len([n for n in run.node_ids if self.nodes[n].state is NodeState.READY])
+        loss = 0.0  # only the cheapest choice weighs it
+        if self.policy.victim_choice is victims.VictimChoice.CHEAPEST:
+            loss = victims.loss_node_s(run, self.now, self.policy.victim_restart_cost_s)
+        self.candidates[task.task_id] = victims.Candidate(task.task_id, run.priority, ready, loss, task.fcfs)
+        self.nodes_at[run.priority] += task.num_nodes
+        self.nodes_at_user[(run.priority, task.user)] += task.num_nodes
 
     def drop_victim(self, task: TaskSnap) -> None:
         if self.victims.pop(task.task_id, None) is not None:
+            del self.candidates[task.task_id]
             assert task.run is not None
             self.nodes_at[task.run.priority] -= task.num_nodes
             self.nodes_at_user[(task.run.priority, task.user)] -= task.num_nodes
@@ -214,11 +228,13 @@ class _GroupMatch:
     def _preempt_for(self, task: TaskSnap, level: int, soon: set[int]) -> bool:
         """Preempt victims (``core.victims``) whose nodes, with ``soon``, give ``task`` its nodes; False if none do."""
         rule = self.policy.victim_choice
-        candidates = self._candidates(level, task.user, soon)
-        chosen = [self.victims[c.task_id] for c in victims.choose(candidates, task.num_nodes - len(soon), rule)]
-        if chosen and self._take_victims(chosen, task, soon | self._ready_nodes(chosen)):
-            return True
-        # Zones can refuse the chosen set's nodes: add victims one by one in the rule's order until they fit.
+        candidates = self._candidates(level, task.user)
+        if rule is victims.VictimChoice.CHEAPEST:
+            chosen = [self.victims[c.task_id] for c in victims.choose(candidates, task.num_nodes - len(soon), rule)]
+            if chosen and self._take_victims(chosen, task, soon | self._ready_nodes(chosen)):
+                return True
+        # HAI's walk (and the cheapest choice's when zones refuse its set): victims one by one in the rule's
+        # order until their nodes fit.
         pool = set(soon)
         taken: list[TaskSnap] = []
         for c in victims.order(candidates, rule):
@@ -228,19 +244,13 @@ class _GroupMatch:
                 return True
         return False
 
-    def _candidates(self, level: int, user: str, soon: set[int]) -> list[victims.Candidate]:
-        """The running tasks ``user``'s task at ``level`` may preempt, with the nodes each frees and its loss."""
-        found = []
-        for v in self.victims.values():
-            run = v.run
-            if run is None or not self.may_preempt(v, level, user):
-                continue
-            ready = sum(1 for n in run.node_ids if n not in soon and self.nodes[n].state is NodeState.READY)
-            if not ready:
-                continue  # frees nothing the task could have
-            loss = victims.loss_node_s(run, self.now, self.policy.victim_restart_cost_s)
-            found.append(victims.Candidate(v.task_id, run.priority, ready, loss, v.fcfs))
-        return found
+    def _candidates(self, level: int, user: str) -> list[victims.Candidate]:
+        """The running tasks ``user``'s task at ``level`` may preempt that free a node it could have."""
+        return [
+            c
+            for task_id, c in self.candidates.items()
+            if c.num_nodes and self.may_preempt(self.victims[task_id], level, user)
+        ]
 
     def _ready_nodes(self, tasks: list[TaskSnap]) -> set[int]:
         return {n for t in tasks if t.run is not None for n in t.run.node_ids if self.nodes[n].state is NodeState.READY}
