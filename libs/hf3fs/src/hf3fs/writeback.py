@@ -211,6 +211,13 @@ class WritebackStats:
     batches: int = 0
 
 
+def _touches(path: str, item: PendingFile, folder_blind: bool) -> bool:
+    """Whether a call naming ``path`` touches a file queued at its path (see ``Writeback.related``)."""
+    if _under(item.path, path):  # the file itself, or a path below it
+        return True
+    return _under(path, item.path) and not (folder_blind and item.inode_id)  # a folder above it
+
+
 class Writeback:
     """The queue and flusher of one FileSystem (made by it: see ``FileSystem.write_back``)."""
 
@@ -289,15 +296,18 @@ class Writeback:
         """Whether the calling thread is one of the flushers (which must not wait on the queue they empty)."""
         return threading.current_thread() in self._threads
 
-    def related(self, places: Iterable[tuple[int, str]], *, makes_name: bool = False) -> bool:
+    def related(
+        self, places: Iterable[tuple[int, str]], *, makes_name: bool = False, folder_blind: bool = False
+    ) -> bool:
         """Whether a call on ``places`` ((folder inode id or 0, path)) touches a queued file.
 
         It touches one at its own path, at a folder above it, or (relative to a folder inode) in that folder. A call
         by inode alone, or relative to a folder when queued files have no folder inode, counts as touching (the safe
-        side). ``makes_name``: the call only makes a new name (mkdir, symlink, mknod, an exclusive create), which
-        files already in meta (queued by ``inode_id``: the mount's, created at once) cannot change the answer of:
-        their names answer EEXIST or ENOTDIR as they are. ``tar x``'s mkdir of a folder above the files it just
-        closed waited for their batch (15-35 ms each).
+        side). Files queued by ``inode_id`` are in meta already (the mount's, created at once), so two kinds of call
+        need less of them: ``makes_name`` (mkdir, symlink, mknod, an exclusive create) none at all, their names
+        answer EEXIST or ENOTDIR as they are; ``folder_blind`` (a stat or setattr) only when it names the file or a
+        path below it, since a folder's own attributes do not depend on the bytes of the files in it (``tar x``'s
+        lookups of the folders it fills waited for their batches). A listing still commits the files below.
         """
         with self._cond:
             items = [*self._queue.values(), *self._inflight.values()]
@@ -307,7 +317,7 @@ class Writeback:
             return False
         for inode_id, path in places:
             if not inode_id:
-                if any(_under(path, i.path) or _under(i.path, path) for i in items if not i.parent):
+                if any(_touches(path, i, folder_blind) for i in items if not i.parent):
                     return True
                 if any(i.parent for i in items):  # queued by folder inode: cannot compare with a path
                     return True

@@ -45,7 +45,8 @@ class WritebackQueue:
         wb = self._wb
         if wb is None or not wb.busy() or wb.on_flusher():
             return
-        if wb.related(places_of(request), makes_name=_makes_name(request)):
+        folder_blind = isinstance(request, _FOLDER_BLIND)
+        if wb.related(places_of(request), makes_name=_makes_name(request), folder_blind=folder_blind):
             wb.flush()
 
     def sync(self) -> None:
@@ -80,6 +81,11 @@ class WritebackQueue:
         """The process exits: commit what is queued, if the file system is open in this process."""
         if not self._conn.closed and self._wb is not None and self._conn.in_origin_process():
             self._wb.flush()
+
+
+# Requests whose answer about a folder does not depend on the files below it (``Writeback.related``'s
+# ``folder_blind``): a stat of the folder, its attributes set, its real path.
+_FOLDER_BLIND = (pb.StatRequest, pb.BatchStatRequest, pb.SetAttrRequest, pb.RealpathRequest)
 
 
 def _makes_name(request: object) -> bool:

@@ -216,7 +216,8 @@ def test_a_name_made_over_or_under_a_file_already_in_meta_does_not_wait_for_its_
     fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
 ) -> None:
     """A file queued by its inode (in meta already, as the mount's are) answers mkdir and symlink at its name or
-    below it as it is, without its commit; a file not in meta yet is committed first, so its name is taken."""
+    below it as it is, and a stat or chmod of its folder, without its commit; a stat of the file and a listing of
+    its folder commit it first; a file not in meta yet is committed first, so its name is taken."""
     made = held.create(f"{folder}/made", exclusive=True)
     held.write_back(f"{folder}/made", b"queued by inode", inode_id=made.inode_id)
     held.mkdir(f"{folder}/beside")
@@ -230,10 +231,17 @@ def test_a_name_made_over_or_under_a_file_already_in_meta_does_not_wait_for_its_
             make()
         assert caught.value.errno == code
     assert held.writeback_stats().queued == 1  # none of them waited for the commit
+    assert held.stat(folder).type == "directory"  # the folder's own attributes: nor did a stat or chmod of it
+    held.chmod(folder, 0o755)
+    assert held.writeback_stats().queued == 1
+    assert held.stat(f"{folder}/made").size == 15  # the file itself: committed first
+    assert held.writeback_stats().queued == 0
+    held.write_back(f"{folder}/made", b"queued again", inode_id=made.inode_id)
+    assert [e.stat.size for e in held.scandir(folder) if e.name == "made"] == [12]  # a listing: committed first
     _write(held, f"{folder}/new", b"not in meta yet")
     with pytest.raises(FileExistsError):
         held.mkdir(f"{folder}/new")  # committed first: the name is the queued file's
     assert held.writeback_stats().queued == 0
     held.sync()
-    assert fs_cluster.client.open(f"{folder}/made", "rb").read() == b"queued by inode"
+    assert fs_cluster.client.open(f"{folder}/made", "rb").read() == b"queued again"
     assert fs_cluster.client.open(f"{folder}/new", "rb").read() == b"not in meta yet"

@@ -259,3 +259,33 @@ def test_the_kernel_clearing_set_id_bits_on_a_write_runs_as_the_mount(
     fs.seen.clear()
     ops.chmod("/suid", 0o700)  # anything else is the caller's own chmod, for meta to judge
     assert [who.uid if who else None for name, who in fs.seen if name == "chmod"] == [owner + 4321]
+
+
+def test_mkdir_of_a_name_known_here_is_eexist_without_asking_meta(
+    ops: Hf3fsOperations, local_fs: LocalFs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name this single-user mount made or saw within the attribute timeout answers EEXIST at once (tar x makes
+    every parent again); a name it does not know is asked of meta, and a multi-user mount always asks."""
+    ops.mkdir("/made", 0o755)
+    calls: list[str] = []
+    real_mkdir = local_fs.mkdir
+
+    def counted(path: str, mode: int = 0o755) -> None:
+        calls.append(path)
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(local_fs, "mkdir", counted)
+    for _ in range(3):
+        with pytest.raises(mfusepy.FuseOSError) as exc:
+            ops.mkdir("/made", 0o755)
+        assert exc.value.errno == errno.EEXIST
+    assert calls == []
+    os.mkdir(local_fs.root / "elsewhere")  # made by another client: not known here
+    with pytest.raises(mfusepy.FuseOSError) as exc:
+        ops.mkdir("/elsewhere", 0o755)
+    assert exc.value.errno == errno.EEXIST and calls == ["/elsewhere"]
+    multi = Hf3fsOperations(local_fs, MountOptions(multi_user=True))
+    multi.mkdir("/m", 0o755)
+    with pytest.raises(mfusepy.FuseOSError) as exc:
+        multi.mkdir("/m", 0o755)
+    assert exc.value.errno == errno.EEXIST and calls == ["/elsewhere", "/m", "/m"]
