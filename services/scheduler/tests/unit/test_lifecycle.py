@@ -195,6 +195,20 @@ def test_rank_failure_stops_the_other_nodes_then_fails_with_the_earliest_root_ca
     assert change is not None and change.state is RunState.STOPPING
 
 
+def test_a_tie_between_root_causes_does_not_depend_on_the_order_of_the_reports() -> None:
+    """Two nodes failing at the same time: the lower node rank is the root cause, whichever report came first."""
+    task = running(1, (1, 2), p.LOW, started_at=T0, max_restarts=1)
+    assert task.run is not None
+    first = replace(failed(5, FailureClass.INFRASTRUCTURE), failure=Failure(node_id=5, node_rank=1, failed_at=T0 + 5))
+    second = replace(failed(9, FailureClass.USER), failure=Failure(node_id=9, node_rank=0, failed_at=T0 + 5))
+    picked = set()
+    for reports in ({1: first, 2: second}, {2: second, 1: first}):
+        change = step_run(replace(task, run=replace(task.run, reports=reports)), nodes(2), T0 + 10, POLICY).change
+        assert change is not None and change.failure is not None
+        picked.add(change.failure.node_id)
+    assert picked == {9}
+
+
 @pytest.mark.parametrize(
     ("reason", "num_restarts", "max_restarts", "state", "restarts_after"),
     [

@@ -112,8 +112,12 @@ def _exited(run: RunSnap, node_id: int, nodes: dict[int, NodeView]) -> bool:
 
 
 def _earliest_failure(run: RunSnap) -> Failure | None:
+    """The root cause: the earliest failure.
+
+    At equal times the lowest node rank, then local rank, then node id: not the order the reports were read in.
+    """
     failures = [r.failure for r in run.reports.values() if r.failure is not None]
-    return min(failures, key=lambda f: f.failed_at) if failures else None
+    return min(failures, key=lambda f: (f.failed_at, f.node_rank, f.local_rank, f.node_id)) if failures else None
 
 
 def step_run(task: TaskSnap, nodes: dict[int, NodeView], now: float, policy: LifecyclePolicy) -> RunStep:
