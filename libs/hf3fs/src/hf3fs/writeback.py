@@ -305,9 +305,9 @@ class Writeback:
         by inode alone, or relative to a folder when queued files have no folder inode, counts as touching (the safe
         side). Files queued by ``inode_id`` are in meta already (the mount's, created at once), so two kinds of call
         need less of them: ``makes_name`` (mkdir, symlink, mknod, an exclusive create) none at all, their names
-        answer EEXIST or ENOTDIR as they are; ``folder_blind`` (a stat or setattr) only when it names the file or a
-        path below it, since a folder's own attributes do not depend on the bytes of the files in it (``tar x``'s
-        lookups of the folders it fills waited for their batches). A listing still commits the files below.
+        answer EEXIST or ENOTDIR as they are; ``folder_blind`` (a stat) only when it names the file or a path below
+        it, since a folder's own attributes do not depend on the bytes of the files in it (``tar x``'s lookups of
+        the folders it fills waited for their batches). A listing or a setattr still commits the files below.
         """
         with self._cond:
             items = [*self._queue.values(), *self._inflight.values()]

@@ -84,8 +84,9 @@ class WritebackQueue:
 
 
 # Requests whose answer about a folder does not depend on the files below it (``Writeback.related``'s
-# ``folder_blind``): a stat of the folder, its attributes set, its real path.
-_FOLDER_BLIND = (pb.StatRequest, pb.BatchStatRequest, pb.SetAttrRequest, pb.RealpathRequest)
+# ``folder_blind``): a stat of the folder, its real path. Not a setattr: a chmod or chown could take away the search
+# permission the queued files' commit needs, so it commits them first.
+_FOLDER_BLIND = (pb.StatRequest, pb.BatchStatRequest, pb.RealpathRequest)
 
 
 def _makes_name(request: object) -> bool:

@@ -216,8 +216,8 @@ def test_a_name_made_over_or_under_a_file_already_in_meta_does_not_wait_for_its_
     fs_cluster: FsCluster, held: hf3fs.FileSystem, folder: str
 ) -> None:
     """A file queued by its inode (in meta already, as the mount's are) answers mkdir and symlink at its name or
-    below it as it is, and a stat or chmod of its folder, without its commit; a stat of the file and a listing of
-    its folder commit it first; a file not in meta yet is committed first, so its name is taken."""
+    below it as it is, and a stat of its folder, without its commit; a stat of the file, a chmod of its folder and a
+    listing of it commit it first; a file not in meta yet is committed first, so its name is taken."""
     made = held.create(f"{folder}/made", exclusive=True)
     held.write_back(f"{folder}/made", b"queued by inode", inode_id=made.inode_id)
     held.mkdir(f"{folder}/beside")
@@ -231,10 +231,12 @@ def test_a_name_made_over_or_under_a_file_already_in_meta_does_not_wait_for_its_
             make()
         assert caught.value.errno == code
     assert held.writeback_stats().queued == 1  # none of them waited for the commit
-    assert held.stat(folder).type == "directory"  # the folder's own attributes: nor did a stat or chmod of it
-    held.chmod(folder, 0o755)
+    assert held.stat(folder).type == "directory"  # the folder's own attributes: nor did a stat of it
     assert held.writeback_stats().queued == 1
     assert held.stat(f"{folder}/made").size == 15  # the file itself: committed first
+    assert held.writeback_stats().queued == 0
+    held.write_back(f"{folder}/made", b"queued by inode", inode_id=made.inode_id)
+    held.chmod(folder, 0o755)  # a chmod of its folder could take away the search permission its commit needs
     assert held.writeback_stats().queued == 0
     held.write_back(f"{folder}/made", b"queued again", inode_id=made.inode_id)
     assert [e.stat.size for e in held.scandir(folder) if e.name == "made"] == [12]  # a listing: committed first
