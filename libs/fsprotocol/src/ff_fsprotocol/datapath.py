@@ -144,15 +144,7 @@ async def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray | me
     """
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
-        try:
-            sent = sock.sendmsg(views[:_IOV_MAX])
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
+        sent = _send_some(sock, views)
         if views and not sent:  # the socket buffer is full: let the loop wait for room, piece by piece
             loop = asyncio.get_running_loop()
             for view in views:
@@ -174,18 +166,24 @@ def send_parts_in_thread(
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLOUT)
     while views:
-        try:
-            sent = sock.sendmsg(views[:_IOV_MAX])
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
-        elif views and not poller.poll(int(stall_s * 1000)):
+        if not _send_some(sock, views) and not poller.poll(int(stall_s * 1000)):
             break
     return views
+
+
+def _send_some(sock: socket.socket, views: list[memoryview]) -> int:
+    """One ``sendmsg`` of ``views`` on a non-blocking socket; what was sent leaves ``views``. Bytes sent (0: full)."""
+    try:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+    except (BlockingIOError, InterruptedError):
+        return 0
+    left = sent
+    while views and left >= len(views[0]):
+        left -= len(views[0])
+        views.pop(0)
+    if views and left:
+        views[0] = views[0][left:]
+    return sent
 
 
 async def recv_exactly(sock: socket.socket, view: memoryview, peer: str) -> None:
