@@ -21,18 +21,15 @@ from ff_fsprotocol.routing import Chain, RoutingView
 from ff_fsprotocol.routing import Target as RoutingTarget
 from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import InvalidRequest, TargetExists, TargetNotFound, TooCostly
+from ff_storage.core.requests import Payload, UpdateKind
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public, TargetRole
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.io_stats import TargetIoStats
 from ff_storage.store.chunk_engine import ChunkEngine, Pending
 from ff_storage.store.targets import TargetRecord, load_targets, save_targets
-from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 logger = logging.getLogger(__name__)
-
-# Chunk bytes: bulk payloads are views into the received buffer (4 MiB copies cost milliseconds).
-Payload = bytes | memoryview
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +72,7 @@ class Update:
     """One chain update being applied at one target."""
 
     key: ChunkKey
-    kind: int  # spb.UpdateType
+    kind: UpdateKind
     chunk_size: int
     offset: int = 0
     data: Payload = b""
@@ -242,11 +239,11 @@ class NodeState:
 
     # ---- routing ----
 
-    def on_routing(self, info: mpb.RoutingInfo) -> None:
-        """Take newer routing info (older or equal versions are ignored) and update every target's public state."""
-        if self.view is not None and info.version <= self.view.version:
+    def on_routing(self, view: RoutingView) -> None:
+        """Take newer routing (older or equal versions are ignored) and update every target's public state."""
+        if self.view is not None and view.version <= self.view.version:
             return
-        self.view = RoutingView(info)
+        self.view = view
         for t in self.targets.values():
             self._observe_one(t)
         self.routing_changed.set()

@@ -2,23 +2,36 @@
 
 The forward wire is updates sent to a successor, the way ``ff_fsprotocol.transport`` chooses for every write-side
 call: one data-path round trip (bytes inline or beside the request), or gRPC when the successor has no data endpoint.
+One of the node's two edges (the servicer is the other): it takes and gives the node's types and converts them to and
+from the protocol's messages with ``wire``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+
+from google.protobuf.message import DecodeError
 
 from ff_fsprotocol.checksum import crc32c_of
-from ff_fsprotocol.datapath import DataConnectionPool, parse_message
+from ff_fsprotocol.datapath import DataConnectionPool, DataPathError, parse_message
 from ff_fsprotocol.routing import Chain, Target
 from ff_fsprotocol.transport import WriteBytes
 from ff_rpc import RpcClient
 from ff_rpc.client import NO_RETRY, ClientPool
-from ff_storage.core.chunks import ChunkKey
+from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateRecord
+from ff_storage.core.requests import ChunkUpdate, Payload, ReadIO, ReadResult, RepairRequest, TransferRef, UpdateKind
 from ff_storage.core.results import UpdateResult
 from ff_storage.core.target_role import Public
-from ff_storage.node_state import NodeState, Payload, Update
-from ff_storage.wire import record_pb, update_result_from_pb
+from ff_storage.node_state import NodeState, Update
+from ff_storage.wire import (
+    chunk_meta_from_pb,
+    forward_answers_from_pb,
+    forward_request_pb,
+    read_io_pb,
+    read_result_from_pb,
+    repair_pb,
+)
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1.storage_client import StorageServiceClient
 
@@ -70,58 +83,84 @@ class Peers:
         (a repair's or a sync's copy for that one replica).
         """
         syncing = Public(nxt.public_state) is Public.SYNCING
-        msgs: list[spb.ChunkUpdate] = []
         fulls = [u.full or syncing or u.key in full_keys for u in updates]
         payloads: list[Payload] = [
             (u.content or b"") if full else u.data for u, full in zip(updates, fulls, strict=True)
         ]
         kinds = [
-            u.kind if not full or u.kind == spb.UPDATE_TYPE_REMOVE else spb.UPDATE_TYPE_WRITE
+            u.kind if not full or u.kind is UpdateKind.REMOVE else UpdateKind.WRITE
             for u, full in zip(updates, fulls, strict=True)
         ]
         node = self.state.view.node(nxt.node_id) if self.state.view else None
-        sent = [p for p, k in zip(payloads, kinds, strict=True) if k == spb.UPDATE_TYPE_WRITE]
+        sent = [p for p, k in zip(payloads, kinds, strict=True) if k is UpdateKind.WRITE]
         wire = WriteBytes.for_payloads(sent, node.data if node is not None else "")
+        msgs: list[ChunkUpdate] = []
         for u, full, payload, kind in zip(updates, fulls, payloads, kinds, strict=True):
-            msg = spb.ChunkUpdate(
-                chain_id=chain.chain_id,
-                chain_version=u.chain_version if no_forward else chain.version,
-                chunk_id=spb.ChunkId(inode_id=u.key[0], chunk_index=u.key[1]),
-                update_type=spb.UpdateType.ValueType(kind),
-                update_version=u.version,
-                chunk_size_bytes=u.chunk_size,
-                offset_bytes=0 if full else u.offset,
-                length_bytes=len(payload) if kind == spb.UPDATE_TYPE_WRITE else u.length,
-                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=_payload_checksum(u, payload)),
-                full_chunk_replace=full,
-                no_forward=no_forward,
-            )
-            if u.update_id is not None:
-                msg.update_id.CopyFrom(spb.UpdateId(client_id=u.update_id[0], request_id=u.update_id[1]))
+            records: Sequence[UpdateRecord] = ()
             if full:
-                records = u.records
-                if records is None:
-                    records = self.state.targets[from_target].engine.recent_updates(u.key)
-                msg.recent_updates.extend(record_pb(r) for r in records)
-            if kind == spb.UPDATE_TYPE_WRITE:
-                place = wire.place(payload)
-                if place is not None:
-                    msg.transfer.CopyFrom(
-                        spb.TransferRef(transfer_id=place.transfer_id, offset_bytes=place.offset_bytes)
-                    )
-                else:
-                    msg.inline_data = bytes(payload)
-            msgs.append(msg)
-        request = spb.ForwardUpdatesRequest(from_target_id=from_target, updates=msgs)
+                records = u.records if u.records is not None else self._records(from_target, u.key)
+            place = wire.place(payload) if kind is UpdateKind.WRITE else None
+            msgs.append(
+                ChunkUpdate(
+                    chain_id=chain.chain_id,
+                    chain_version=u.chain_version if no_forward else chain.version,
+                    key=u.key,
+                    kind=kind,
+                    version=u.version,
+                    chunk_size=u.chunk_size,
+                    offset=0 if full else u.offset,
+                    length=len(payload) if kind is UpdateKind.WRITE else u.length,
+                    checksum=_payload_checksum(u, payload),
+                    data=payload if kind is UpdateKind.WRITE and place is None else None,
+                    transfer=None if place is None else TransferRef(place.transfer_id, place.offset_bytes),
+                    full=full,
+                    no_forward=no_forward,
+                    update_id=u.update_id,
+                    records=tuple(records),
+                )
+            )
+        request = forward_request_pb(from_target, msgs)
         if node is not None and wire.transport.on_data_path:
             # one round trip on the data path: the request and its bytes together, no gRPC call
             async with asyncio.timeout(self.state.config.forward_timeout_s):
                 raw = await self.data.call(
                     node.data, "ForwardUpdates", request.SerializeToString(), wire.transfer_id, wire.parts
                 )
-            return [update_result_from_pb(r) for r in parse_message(spb.ForwardUpdatesResponse, raw).results]
-        resp = await self.client(nxt.node_id).forward_updates(request)
-        return [update_result_from_pb(r) for r in resp.results]
+            try:
+                return forward_answers_from_pb(parse_message(spb.ForwardUpdatesResponse, raw))
+            except DecodeError as exc:
+                raise DataPathError(f"the successor's answer does not parse: {exc}") from None
+        return forward_answers_from_pb(await self.client(nxt.node_id).forward_updates(request))
+
+    def _records(self, target_id: int, key: ChunkKey) -> list[UpdateRecord]:
+        return self.state.targets[target_id].engine.recent_updates(key)
+
+    async def read_inline(self, node_id: int, io: ReadIO) -> ReadResult:
+        """One read from ``node_id``, its bytes inline (recovery's read of a good copy)."""
+        request = spb.BatchReadRequest(ios=[read_io_pb(io)], transport=spb.DATA_TRANSPORT_INLINE)
+        response = await self.client(node_id).batch_read(request)
+        return read_result_from_pb(response.results[0])
+
+    async def repair_chunks(self, node_id: int, request: RepairRequest) -> None:
+        """Ask ``node_id``, the head of the request's chain, to repair the chunks (RepairChunks)."""
+        await self.client(node_id).repair_chunks(repair_pb(request))
+
+    async def chunk_metas(self, chain: Chain, nxt: Target, timeout_s: float) -> dict[ChunkKey, ChunkMeta]:
+        """Every chunk's metadata on ``nxt`` (a syncing target of ``chain``), from its dump (DumpChunkMeta)."""
+        request = spb.DumpChunkMetaRequest(
+            chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id
+        )
+        metas: dict[ChunkKey, ChunkMeta] = {}
+        async for batch in self.client(nxt.node_id).dump_chunk_meta(request, timeout_s=timeout_s):
+            for m in batch.chunks:
+                meta = chunk_meta_from_pb(m)
+                metas[meta.key] = meta
+        return metas
+
+    async def complete_sync(self, chain: Chain, nxt: Target) -> None:
+        """Tell ``nxt`` (a syncing target of ``chain``) that it holds everything now (CompleteSync)."""
+        request = spb.CompleteSyncRequest(chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id)
+        await self.client(nxt.node_id).complete_sync(request)
 
 
 def _payload_checksum(u: Update, payload: Payload) -> int:

@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
-
-from google.protobuf.message import DecodeError
 
 from ff_fsprotocol.checksum import crc32c_of
 from ff_fsprotocol.datapath import DataPathError
@@ -25,11 +22,11 @@ from ff_storage.core.chunks import (
     sync_diff,
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest
+from ff_storage.core.requests import ReadIO, RepairRequest, UpdateKind
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public
 from ff_storage.node_state import NodeState, Target, Update, result_of
 from ff_storage.peers import Peers
-from fireflyer.storage.v1 import storage_pb2 as spb
 
 logger = logging.getLogger(__name__)
 
@@ -50,26 +47,25 @@ class Recovery:
         chain = self.state.view.chain(target.record.chain_id) if self.state.view else None
         if chain is None or not chain.targets:
             return
-        chunk_ids = [spb.ChunkId(inode_id=k[0], chunk_index=k[1]) for k in keys]
-        request = spb.RepairChunksRequest(chain_id=chain.chain_id, chain_version=chain.version, chunk_ids=chunk_ids)
+        request = RepairRequest(chain_id=chain.chain_id, chain_version=chain.version, keys=tuple(keys))
         try:
             if chain.targets[0].node_id == self.state.node_id:
                 await self.repair(request)
             else:
-                await self.peers.client(chain.targets[0].node_id).repair_chunks(request)
+                await self.peers.repair_chunks(chain.targets[0].node_id, request)
             logger.warning("repaired chunk(s) %s of chain %d", keys, chain.chain_id)
         except Exception:
             logger.exception("repair of %s failed", keys)
 
-    async def repair(self, request: spb.RepairChunksRequest) -> list[UpdateResult]:
+    async def repair(self, request: RepairRequest) -> list[UpdateResult]:
         """Head: rewrite each chunk here and on every serving replica from a good copy (RepairChunks).
 
         Raises:
             TooCostly: more chunk ids than ``max_batch_ios``.
             InvalidRequest: a chunk id is out of range or repeated, or this node holds no target of the chain.
         """
-        self.state.check_count("chunk ids", len(request.chunk_ids))
-        keys = [check_chunk_id(cid.inode_id, cid.chunk_index) for cid in request.chunk_ids]
+        self.state.check_count("chunk ids", len(request.keys))
+        keys = [check_chunk_id(*key) for key in request.keys]
         if len(set(keys)) != len(keys):
             raise InvalidRequest("a chunk id is repeated")
         target = self.state.target_of_chain(request.chain_id)
@@ -98,17 +94,14 @@ class Recovery:
             for other in chain.targets[1:]:
                 if Public(other.public_state) is not Public.SERVING:
                     continue
-                cid = spb.ChunkId(inode_id=key[0], chunk_index=key[1])
-                read = spb.ReadIO(
-                    chain_id=chain.chain_id, chain_version=chain.version, chunk_id=cid, length_bytes=meta.length
+                read = ReadIO(
+                    chain_id=chain.chain_id, chain_version=chain.version, key=key, offset=0, length=meta.length
                 )
                 with contextlib.suppress(RpcError, ConnectionError):
-                    resp = await self.peers.client(other.node_id).batch_read(
-                        spb.BatchReadRequest(ios=[read], transport=spb.DATA_TRANSPORT_INLINE)
-                    )
-                    r = resp.results[0]
-                    if r.status == spb.CHUNK_IO_STATUS_OK and crc32c_of(r.inline_data) == meta.checksum:
-                        content = r.inline_data
+                    r = await self.peers.read_inline(other.node_id, read)
+                    data = r.inline_data or b""
+                    if r.status is IoStatus.OK and crc32c_of(data) == meta.checksum:
+                        content = data
                         break
             else:
                 return result_of(IoStatus.CHECKSUM_MISMATCH, "no good copy found")
@@ -120,7 +113,7 @@ class Recovery:
             await asyncio.to_thread(target.engine.commit, pend, [(up.update_id, up.records)])
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
-                with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError, DecodeError):
+                with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError):
                     await self.peers.send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
         return result_of(IoStatus.OK, "repaired", meta.committed_version, target.engine.get(key))
 
@@ -139,7 +132,7 @@ class Recovery:
         last = target.engine.update_at(key, meta.committed_version)
         return Update(
             key=key,
-            kind=spb.UPDATE_TYPE_WRITE,
+            kind=UpdateKind.WRITE,
             chunk_size=max(1, meta.length),
             data=content,
             content=content,
@@ -153,20 +146,9 @@ class Recovery:
 
     # ---- recovery ----
 
-    def dump_chunk_meta(self, target_id: int) -> list[spb.ChunkMeta]:
+    def dump_chunk_meta(self, target_id: int) -> list[ChunkMeta]:
         """Every chunk's metadata on the target, for the predecessor's recovery diff; TargetNotFound if absent."""
-        target = self.state.get_target(target_id)
-        return [
-            spb.ChunkMeta(
-                chunk_id=spb.ChunkId(inode_id=m.inode_id, chunk_index=m.chunk_index),
-                chain_version=m.chain_version,
-                committed_version=m.committed_version,
-                pending_version=m.pending_version,
-                length_bytes=m.length,
-                checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=m.checksum),
-            )
-            for m in target.engine.all_metas()
-        ]
+        return self.state.get_target(target_id).engine.all_metas()
 
     def complete_sync(self, target_id: int, chain_version: int) -> None:
         """The predecessor finished syncing the target: it reports up to date from now on.
@@ -207,22 +189,13 @@ class Recovery:
                 chain.chain_id,
                 chain.version,
             )
-            peer = self.peers.client(nxt.node_id)
-            remote = {}
-            dump = spb.DumpChunkMetaRequest(
-                chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id
-            )
-            async for batch in peer.dump_chunk_meta(dump, timeout_s=60):
-                for m in batch.chunks:
-                    remote[(m.chunk_id.inode_id, m.chunk_id.chunk_index)] = _meta_from_pb(m)
+            remote = await self.peers.chunk_metas(chain, nxt, timeout_s=60)
             plan = sync_diff(target.engine.committed_metas(), remote)
             keys = plan.transfer + plan.remove
             removed = 0
             for i in range(0, len(keys), SYNC_BATCH):
                 removed += await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
-            await peer.complete_sync(
-                spb.CompleteSyncRequest(chain_id=chain.chain_id, chain_version=chain.version, target_id=nxt.target_id)
-            )
+            await self.peers.complete_sync(chain, nxt)
             logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed, removed)
         except Exception as exc:
             logger.warning("sync of target %d failed (will retry): %s", nxt.target_id, exc)
@@ -245,7 +218,7 @@ class Recovery:
                     ups.append(
                         Update(
                             key=key,
-                            kind=spb.UPDATE_TYPE_REMOVE,
+                            kind=UpdateKind.REMOVE,
                             chunk_size=0,
                             full=True,
                             version=2**62,
@@ -259,16 +232,4 @@ class Recovery:
             bad = [r for r in answers if r.status != IoStatus.OK]
             if bad:
                 raise RuntimeError(f"{len(bad)} sync write(s) refused: {bad[0].message}")
-        return sum(u.kind == spb.UPDATE_TYPE_REMOVE for u in ups)
-
-
-def _meta_from_pb(m: spb.ChunkMeta) -> Any:
-    return ChunkMeta(
-        inode_id=m.chunk_id.inode_id,
-        chunk_index=m.chunk_id.chunk_index,
-        chain_version=m.chain_version,
-        committed_version=m.committed_version,
-        length=m.length_bytes,
-        checksum=m.checksum.value,
-        pending_version=m.pending_version,
-    )
+        return sum(u.kind is UpdateKind.REMOVE for u in ups)

@@ -10,6 +10,7 @@ import logging
 
 from ff_cluster import MgmtdClient, ServiceWiring, Serving, cancel_on_stop, registry_validator, serve_service
 from ff_cluster.chassis import Loop
+from ff_fsprotocol.routing import RoutingView
 from ff_rpc import RpcError, ServiceBinding
 from ff_storage.config import StorageSettings
 from ff_storage.dataserver import DataServer, TransferBoxes
@@ -28,7 +29,7 @@ async def _watch_routing(client: MgmtdClient, node: StorageNode, stop: asyncio.E
     while not stop.is_set():
         try:
             async for info in client.watch_routing(node.state.view.version if node.state.view else 0):
-                node.state.on_routing(info)
+                node.state.on_routing(RoutingView(info))
                 if stop.is_set():
                     return
         except RpcError as err:

@@ -1,11 +1,14 @@
-"""Thin gRPC adapters: protobuf in, StorageNode calls, protobuf out. Errors map in ff_storage.errors."""
+"""Thin gRPC adapters: protobuf in, converted by ``wire`` to the node's types, StorageNode calls, protobuf out.
+
+Errors map in ff_storage.errors.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -16,12 +19,24 @@ from ff_fsprotocol.datapath import DataRefused, parse_message
 from ff_rpc import PermissionDenied, current_principal
 from ff_rpc.auth import authorize, method_access
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
-from ff_storage.core.results import UpdateResult
+from ff_storage.core.requests import ReadResult
 from ff_storage.dataserver import Buffer, CallHandler, SendAnswer
 from ff_storage.errors import STATUS_TABLE
 from ff_storage.node import StorageNode, Target
 from ff_storage.store.disk_space import disk_space
-from ff_storage.wire import update_result_pb
+from ff_storage.wire import (
+    chunk_meta_pb,
+    chunk_updates_from_pb,
+    last_chunk_query_from_pb,
+    last_chunk_result_pb,
+    read_ios_from_pb,
+    read_response_pb,
+    remove_from_pb,
+    repair_from_pb,
+    truncate_io_from_pb,
+    update_results_pb,
+    write_io_from_pb,
+)
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as pb
 from fireflyer.storage.v1 import storage_pb2_grpc
@@ -39,13 +54,13 @@ def _owner() -> str:
     return current_principal().name
 
 
-def _read_response(results: list[pb.ReadResult], parts: Sequence[Buffer | None]) -> bytes:
+def _read_response(results: list[ReadResult], parts: Sequence[Buffer | None]) -> bytes:
     """A data-path read's serialized BatchReadResponse (its bytes follow it)."""
     total = sum(len(p) for p in parts if p is not None)
-    return pb.BatchReadResponse(results=results, transfer_length_bytes=total).SerializeToString()
+    return read_response_pb(results, transfer_length=total).SerializeToString()
 
 
-def _check_capabilities(key: bytes, ios: list[Any], *, write: bool) -> None:
+def _check_capabilities(key: bytes, ios: Iterable[pb.WriteIO | pb.ReadIO], *, write: bool) -> None:
     """User calls must carry meta's IoCapability for each IO's file; the cluster token and admins need none.
 
     GrantTransfer needs no check of its own: it hands out only what a checked BatchRead staged for the same
@@ -138,17 +153,20 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def _batch_write(
         self, request: pb.BatchWriteRequest, attached: Mapping[str, bytearray]
     ) -> pb.BatchWriteResponse:
-        _check_capabilities(self._cap_key, list(request.ios), write=True)
-        results = await self._n.writer.batch_write(list(request.ios), _owner(), attached)
-        return pb.BatchWriteResponse(results=_results(results))
+        _check_capabilities(self._cap_key, request.ios, write=True)
+        ios = [write_io_from_pb(io) for io in request.ios]
+        return pb.BatchWriteResponse(
+            results=update_results_pb(await self._n.writer.batch_write(ios, _owner(), attached))
+        )
 
     async def BatchRead(self, request: pb.BatchReadRequest, context: Context) -> pb.BatchReadResponse:
         if request.transport not in (pb.DATA_TRANSPORT_UNSPECIFIED, pb.DATA_TRANSPORT_INLINE, pb.DATA_TRANSPORT_BULK):
             raise InvalidRequest(f"transport {request.transport} is unknown")
-        _check_capabilities(self._cap_key, list(request.ios), write=False)
-        results, tid, length = await self._n.reader.batch_read(list(request.ios), request.transport, _owner())
-        return pb.BatchReadResponse(
-            results=results, transfer_id=tid, transfer_length_bytes=length, transfer_ttl_s=self._n.state.boxes.ttl_s
+        _check_capabilities(self._cap_key, request.ios, write=False)
+        bulk = request.transport == pb.DATA_TRANSPORT_BULK
+        results, tid, length = await self._n.reader.batch_read(read_ios_from_pb(request.ios), bulk=bulk, owner=_owner())
+        return read_response_pb(
+            results, transfer_id=tid, transfer_length=length, transfer_ttl_s=self._n.state.boxes.ttl_s
         )
 
     async def read_on_data_path(
@@ -166,7 +184,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """
         outcome: list[list[memoryview] | OSError] = []
 
-        def deliver(results: list[pb.ReadResult], parts: list[bytes | memoryview | None]) -> None:
+        def deliver(results: list[ReadResult], parts: list[bytes | memoryview | None]) -> None:
             assert send is not None
             try:
                 outcome.append(send(_read_response(results, parts), [p for p in parts if p is not None]))
@@ -178,9 +196,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 request = parse_message(pb.BatchReadRequest, request_bytes)
             except DecodeError as exc:
                 raise InvalidRequest(f"read request does not parse: {exc}") from None
-            _check_capabilities(self._cap_key, list(request.ios), write=False)
+            _check_capabilities(self._cap_key, request.ios, write=False)
             results, parts = await self._n.reader.read_parts(
-                list(request.ios), bulk=True, deliver=deliver if send is not None else None
+                read_ios_from_pb(request.ios), bulk=True, deliver=deliver if send is not None else None
             )
         except Exception as exc:
             raise _refusal(exc, "a data-path read") from exc
@@ -281,14 +299,16 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 offset += len(piece)
 
     async def TruncateChunks(self, request: pb.TruncateChunksRequest, context: Context) -> pb.TruncateChunksResponse:
-        return pb.TruncateChunksResponse(results=_results(await self._n.writer.truncate(list(request.ios))))
+        results = await self._n.writer.truncate([truncate_io_from_pb(io) for io in request.ios])
+        return pb.TruncateChunksResponse(results=update_results_pb(results))
 
     async def RemoveChunks(self, request: pb.RemoveChunksRequest, context: Context) -> pb.RemoveChunksResponse:
-        removed, more = await self._n.writer.remove(request)
+        removed, more = await self._n.writer.remove(remove_from_pb(request))
         return pb.RemoveChunksResponse(num_removed=removed, has_more=more)
 
     async def QueryLastChunk(self, request: pb.QueryLastChunkRequest, context: Context) -> pb.QueryLastChunkResponse:
-        return pb.QueryLastChunkResponse(results=self._n.reader.query_last_all(list(request.queries)))
+        results = self._n.reader.query_last_all([last_chunk_query_from_pb(q) for q in request.queries])
+        return pb.QueryLastChunkResponse(results=[last_chunk_result_pb(r) for r in results])
 
     async def ForwardUpdates(self, request: pb.ForwardUpdatesRequest, context: Context) -> pb.ForwardUpdatesResponse:
         return await self._forward_updates(request, {})
@@ -296,22 +316,24 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def _forward_updates(
         self, request: pb.ForwardUpdatesRequest, attached: Mapping[str, bytearray]
     ) -> pb.ForwardUpdatesResponse:
-        results = await self._n.writer.forward_updates(request, _owner(), attached)
-        return pb.ForwardUpdatesResponse(results=_results(results))
+        results = await self._n.writer.forward_updates(chunk_updates_from_pb(request), _owner(), attached)
+        return pb.ForwardUpdatesResponse(results=update_results_pb(results))
 
     async def DumpChunkMeta(
         self, request: pb.DumpChunkMetaRequest, context: Context
     ) -> AsyncIterator[pb.DumpChunkMetaResponse]:
         metas = self._n.recovery.dump_chunk_meta(request.target_id)
         for i in range(0, max(1, len(metas)), DUMP_BATCH):
-            yield pb.DumpChunkMetaResponse(chunks=metas[i : i + DUMP_BATCH])
+            yield pb.DumpChunkMetaResponse(chunks=[chunk_meta_pb(m) for m in metas[i : i + DUMP_BATCH]])
 
     async def CompleteSync(self, request: pb.CompleteSyncRequest, context: Context) -> pb.CompleteSyncResponse:
         self._n.recovery.complete_sync(request.target_id, request.chain_version)
         return pb.CompleteSyncResponse()
 
     async def RepairChunks(self, request: pb.RepairChunksRequest, context: Context) -> pb.RepairChunksResponse:
-        return pb.RepairChunksResponse(results=_results(await self._n.recovery.repair(request)))
+        return pb.RepairChunksResponse(
+            results=update_results_pb(await self._n.recovery.repair(repair_from_pb(request)))
+        )
 
     async def CreateTarget(self, request: pb.CreateTargetRequest, context: Context) -> pb.CreateTargetResponse:
         target = self._n.state.create_target(request.target_id, request.chain_id, request.disk_index)
@@ -322,10 +344,6 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
     async def ListTargets(self, request: pb.ListTargetsRequest, context: Context) -> pb.ListTargetsResponse:
         return pb.ListTargetsResponse(targets=[_target_info(self._n, t) for t in self._n.state.targets.values()])
-
-
-def _results(results: list[UpdateResult]) -> list[pb.UpdateResult]:
-    return [update_result_pb(r) for r in results]
 
 
 _ = grpc

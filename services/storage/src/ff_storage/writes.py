@@ -16,10 +16,8 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
-
-from google.protobuf.message import DecodeError
 
 from ff_fsprotocol.checksum import crc32c_of
 from ff_fsprotocol.datapath import DataPathError
@@ -38,14 +36,13 @@ from ff_storage.core.chunks import (
     check_update_id,
 )
 from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, NotServing, TooCostly
+from ff_storage.core.requests import ChunkUpdate, Payload, RemoveRequest, TransferRef, TruncateIO, UpdateKind, WriteIO
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public
 from ff_storage.io_stats import WRITE
-from ff_storage.node_state import NodeState, Payload, Target, Update, result_of
+from ff_storage.node_state import NodeState, Target, Update, result_of
 from ff_storage.peers import Peers
 from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
-from ff_storage.wire import record_from_pb
-from fireflyer.storage.v1 import storage_pb2 as spb
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +66,18 @@ class ChainWriter:
 
     # ---- write (head) ----
 
-    def _update_id(self, what: str, pb_id: spb.UpdateId, owner: str = "", *fields: int) -> UpdateKey | None:
-        """The update's id from the wire bound to its caller and content (``chain_update_id``).
+    def _update_id(self, what: str, claimed: UpdateKey | None, owner: str = "", *fields: int) -> UpdateKey | None:
+        """The update's id as the client sent it, checked and bound to its caller and content (``chain_update_id``).
 
         A new one of the head's when it has none (ids on).
         """
-        got = check_update_id(what, pb_id.client_id, pb_id.request_id)
+        got = None if claimed is None else check_update_id(what, *claimed)
         if got is None:
             return (_HEAD_CLIENT_ID, next(_head_request_ids)) if self.state.config.update_ids else None
         return chain_update_id(owner, got, *fields)
 
     async def batch_write(
-        self, ios: list[spb.WriteIO], owner: str, attached: Mapping[str, bytearray] | None = None
+        self, ios: Sequence[WriteIO], owner: str, attached: Mapping[str, bytearray] | None = None
     ) -> list[UpdateResult]:
         """Write ``ios`` at their chains' heads on this node (BatchWrite); one result per IO, in order.
 
@@ -96,31 +93,20 @@ class ChainWriter:
         total = 0
         ids: list[UpdateKey | None] = []
         for n, io in enumerate(ios):
-            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
+            check_chunk_id(*io.key)
             ids.append(
                 self._update_id(
-                    f"ios[{n}]",
-                    io.update_id,
-                    owner,
-                    spb.UPDATE_TYPE_WRITE,
-                    io.offset_bytes,
-                    io.length_bytes,
-                    io.checksum.value,
-                    io.chunk_size_bytes,
+                    f"ios[{n}]", io.update_id, owner, UpdateKind.WRITE, io.offset, io.length, io.checksum, io.chunk_size
                 )
             )
-            limit = self.state.config.max_io_bytes
-            check_range(f"ios[{n}]", io.chunk_size_bytes, io.offset_bytes, io.length_bytes, limit)
-            which = io.WhichOneof("data")
-            if which is None:
+            check_range(f"ios[{n}]", io.chunk_size, io.offset, io.length, self.state.config.max_io_bytes)
+            if io.data is None and io.transfer is None:
                 raise InvalidRequest(f"ios[{n}]: no data (inline_data or transfer)")
-            if which == "inline_data" and len(io.inline_data) != io.length_bytes:
-                raise InvalidRequest(
-                    f"ios[{n}]: inline data has {len(io.inline_data)} bytes, length says {io.length_bytes}"
-                )
+            if io.data is not None and len(io.data) != io.length:
+                raise InvalidRequest(f"ios[{n}]: inline data has {len(io.data)} bytes, length says {io.length}")
             if self.state.view is not None and self.state.view.chain(io.chain_id) is None:
                 raise InvalidRequest(f"ios[{n}]: unknown chain {io.chain_id}")
-            total += io.length_bytes
+            total += io.length
         if total > self.state.config.max_batch_bytes:
             raise TooCostly(f"batch of {total} bytes is over the limit of {self.state.config.max_batch_bytes}")
         results = [UpdateResult() for _ in ios]
@@ -131,7 +117,7 @@ class ChainWriter:
             if results[n].status:
                 continue
             data = payloads[n]
-            if io.checksum.value != crc32c_of(data):
+            if io.checksum != crc32c_of(data):
                 results[n] = result_of(IoStatus.CHECKSUM_MISMATCH, "payload does not match its checksum")
                 continue
             target = self.state.target_of_chain(io.chain_id)
@@ -142,13 +128,13 @@ class ChainWriter:
             assert target is not None
             groups[target.target_id].append(
                 Update(
-                    key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
-                    kind=spb.UPDATE_TYPE_WRITE,
-                    chunk_size=io.chunk_size_bytes,
-                    offset=io.offset_bytes,
+                    key=io.key,
+                    kind=UpdateKind.WRITE,
+                    chunk_size=io.chunk_size,
+                    offset=io.offset,
                     data=data,
-                    data_checksum=io.checksum.value,
-                    length=io.length_bytes,
+                    data_checksum=io.checksum,
+                    length=io.length,
                     update_id=ids[n],
                 )
             )
@@ -160,26 +146,26 @@ class ChainWriter:
         return results
 
     async def _gather_payloads(
-        self, ios: list[spb.WriteIO], owner: str, results: list[UpdateResult], attached: Mapping[str, bytearray]
+        self, ios: Sequence[WriteIO], owner: str, results: list[UpdateResult], attached: Mapping[str, bytearray]
     ) -> list[Payload]:
         blobs: dict[str, bytearray | None] = {}
         for io in ios:
-            if io.WhichOneof("data") == "transfer" and io.transfer.transfer_id not in blobs:
+            if io.transfer is not None and io.transfer.transfer_id not in blobs:
                 blobs[io.transfer.transfer_id] = None
         for tid in blobs:
             blobs[tid] = await self._bulk_bytes(tid, owner, attached)
         out: list[Payload] = []
         for n, io in enumerate(ios):
-            if io.WhichOneof("data") == "inline_data":
-                out.append(io.inline_data)
+            if io.data is not None:
+                out.append(io.data)
                 continue
-            blob = blobs[io.transfer.transfer_id]
-            start = io.transfer.offset_bytes
-            if blob is None or start + io.length_bytes > len(blob):
+            assert io.transfer is not None  # checked by batch_write
+            data = _transferred(blobs[io.transfer.transfer_id], io.transfer, io.length)
+            if data is None:
                 results[n] = result_of(IoStatus.DATA_TIMEOUT, "bulk data did not arrive (or is short)")
                 out.append(b"")
                 continue
-            out.append(memoryview(blob)[start : start + io.length_bytes])
+            out.append(data)
         return out
 
     def _head_check(self, target: Target | None, chain_id: int, chain_version: int) -> tuple[IoStatus, str] | None:
@@ -198,7 +184,7 @@ class ChainWriter:
             serving=target.role.public is Public.SERVING,
         )
 
-    async def truncate(self, ios: list[spb.TruncateIO]) -> list[UpdateResult]:
+    async def truncate(self, ios: Sequence[TruncateIO]) -> list[UpdateResult]:
         """Cut or zero-extend chunks at their chains' heads (TruncateChunks); one result per IO, in order.
 
         Raises:
@@ -208,28 +194,22 @@ class ChainWriter:
         self.state.check_count("IOs", len(ios))
         ids = []
         for n, io in enumerate(ios):
-            check_chunk_id(io.chunk_id.inode_id, io.chunk_id.chunk_index)
-            if not 0 < io.chunk_size_bytes <= MAX_CHUNK_SIZE_BYTES:
-                raise InvalidRequest(
-                    f"ios[{n}]: chunk_size_bytes {io.chunk_size_bytes} must be in 1..{MAX_CHUNK_SIZE_BYTES}"
-                )
-            if io.length_bytes > io.chunk_size_bytes:
-                raise InvalidRequest(f"ios[{n}]: length {io.length_bytes} is past chunk size {io.chunk_size_bytes}")
-            ids.append(
-                self._update_id(
-                    f"ios[{n}]", io.update_id, "", spb.UPDATE_TYPE_TRUNCATE, io.length_bytes, io.chunk_size_bytes
-                )
-            )
+            check_chunk_id(*io.key)
+            if not 0 < io.chunk_size <= MAX_CHUNK_SIZE_BYTES:
+                raise InvalidRequest(f"ios[{n}]: chunk_size_bytes {io.chunk_size} must be in 1..{MAX_CHUNK_SIZE_BYTES}")
+            if io.length > io.chunk_size:
+                raise InvalidRequest(f"ios[{n}]: length {io.length} is past chunk size {io.chunk_size}")
+            ids.append(self._update_id(f"ios[{n}]", io.update_id, "", UpdateKind.TRUNCATE, io.length, io.chunk_size))
         return await self._head_simple(
             [
                 (
                     io.chain_id,
                     io.chain_version,
                     Update(
-                        key=(io.chunk_id.inode_id, io.chunk_id.chunk_index),
-                        kind=spb.UPDATE_TYPE_TRUNCATE,
-                        chunk_size=io.chunk_size_bytes,
-                        length=io.length_bytes,
+                        key=io.key,
+                        kind=UpdateKind.TRUNCATE,
+                        chunk_size=io.chunk_size,
+                        length=io.length,
                         update_id=uid,
                     ),
                 )
@@ -237,7 +217,7 @@ class ChainWriter:
             ]
         )
 
-    async def remove(self, request: spb.RemoveChunksRequest, max_default: int = 256) -> tuple[int, bool]:
+    async def remove(self, request: RemoveRequest, max_default: int = 256) -> tuple[int, bool]:
         """Remove an inode's chunks in a range at the chain's head (RemoveChunks), a bounded number per call.
 
         Returns how many were removed and whether more are left (the caller calls again).
@@ -246,13 +226,13 @@ class ChainWriter:
             InvalidRequest: the chunk id is out of range, or this node holds no target of the chain.
             NotServing: the target does not take updates now, or some removals did not complete.
         """
-        check_chunk_id(request.inode_id, request.begin_chunk_index)
+        check_chunk_id(request.inode_id, request.begin_index)
         target = self.state.target_of_chain(request.chain_id)
         status = self._head_check(target, request.chain_id, request.chain_version)
         if status:
             raise InvalidRequest(status[1]) if target is None else NotServing(status[1])
         assert target is not None
-        keys = target.engine.keys_of_inode(request.inode_id, request.begin_chunk_index, request.end_chunk_index)
+        keys = target.engine.keys_of_inode(request.inode_id, request.begin_index, request.end_index)
         limit = min(request.max_chunks or max_default, self.state.config.max_batch_ios)
         todo = keys[:limit]
         results = await self._head_simple(
@@ -262,9 +242,9 @@ class ChainWriter:
                     request.chain_version,
                     Update(
                         key=k,
-                        kind=spb.UPDATE_TYPE_REMOVE,
+                        kind=UpdateKind.REMOVE,
                         chunk_size=0,
-                        update_id=self._update_id("remove", spb.UpdateId()),
+                        update_id=self._update_id("remove", None),
                     ),
                 )
                 for k in todo
@@ -300,7 +280,7 @@ class ChainWriter:
                 target.target_id, [u.key for u in round_], functools.partial(self._head_round, target, round_)
             )
         ok = IoStatus.OK
-        written = sum(u.length for u in updates if u.kind == spb.UPDATE_TYPE_WRITE and u.result.status == ok)
+        written = sum(u.length for u in updates if u.kind is UpdateKind.WRITE and u.result.status == ok)
         self.state.io_stats.record(WRITE, target.target_id, written, time.perf_counter() - started)
 
     async def _head_round(self, target: Target, round_: list[Update]) -> None:
@@ -335,7 +315,7 @@ class ChainWriter:
                 full=u.full,
                 same_update=same,
                 retried_version=retried.version if retried else None,
-                remove_of_nothing=u.kind == spb.UPDATE_TYPE_REMOVE and meta is None,
+                remove_of_nothing=u.kind is UpdateKind.REMOVE and meta is None,
             )
             verdict = decision.verdict
             if verdict is craq.Verdict.RETRIED and retried is not None:  # its first result
@@ -384,15 +364,15 @@ class ChainWriter:
         return record is not None and record.update_id == u.update_id
 
     def _new_content(self, target: Target, u: Update) -> Payload | None:
-        if u.kind == spb.UPDATE_TYPE_REMOVE:
+        if u.kind is UpdateKind.REMOVE:
             return None
         if u.full:
             return u.data
-        if u.kind == spb.UPDATE_TYPE_WRITE and u.offset == 0 and u.length == u.chunk_size:
+        if u.kind is UpdateKind.WRITE and u.offset == 0 and u.length == u.chunk_size:
             return u.data  # whole chunk: no need to read the old one
         current = target.engine.read_committed(u.key)
         old = current[1] if current else None
-        if u.kind == spb.UPDATE_TYPE_TRUNCATE:
+        if u.kind is UpdateKind.TRUNCATE:
             return apply_truncate(old, u.length)
         return apply_write(old, u.offset, u.data)
 
@@ -481,7 +461,7 @@ class ChainWriter:
             assert nxt is not None
             try:
                 answers = await self.peers.send_updates(chain, nxt, todo, full_keys, target.target_id)
-            except (RpcError, OSError, ConnectionError, DataPathError, DecodeError) as exc:
+            except (RpcError, OSError, ConnectionError, DataPathError) as exc:
                 failed = result_of(IoStatus.FORWARD_FAILED, f"successor {nxt.target_id}: {exc}")
                 answers = [failed] * len(todo)
             retry = []
@@ -512,41 +492,32 @@ class ChainWriter:
 
     # ---- write (replicas) ----
 
-    def _check_forwarded(self, n: int, cu: spb.ChunkUpdate) -> tuple[UpdateKey | None, list[UpdateRecord] | None]:
-        """A forwarded update's shape (before any work): its id, and a full replace's records."""
+    def _check_forwarded(self, n: int, cu: ChunkUpdate) -> UpdateKey | None:
+        """A forwarded update's shape (before any work); its id."""
         what = f"updates[{n}]"
-        check_chunk_id(cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
-        kind = cu.update_type
-        if kind not in (spb.UPDATE_TYPE_WRITE, spb.UPDATE_TYPE_TRUNCATE, spb.UPDATE_TYPE_REMOVE):
-            raise InvalidRequest(f"{what}: update_type {kind} is not a write, truncate or remove")
-        if kind != spb.UPDATE_TYPE_REMOVE:
-            if not 0 < cu.chunk_size_bytes <= MAX_CHUNK_SIZE_BYTES:
+        check_chunk_id(*cu.key)
+        kind = cu.kind
+        if kind is not UpdateKind.REMOVE:
+            if not 0 < cu.chunk_size <= MAX_CHUNK_SIZE_BYTES:
+                raise InvalidRequest(f"{what}: chunk_size_bytes {cu.chunk_size} must be in 1..{MAX_CHUNK_SIZE_BYTES}")
+            end = cu.offset + (cu.length if kind is UpdateKind.WRITE else 0)
+            if max(end, cu.length) > cu.chunk_size:
                 raise InvalidRequest(
-                    f"{what}: chunk_size_bytes {cu.chunk_size_bytes} must be in 1..{MAX_CHUNK_SIZE_BYTES}"
+                    f"{what}: offset {cu.offset} + length {cu.length} is past the chunk size {cu.chunk_size}"
                 )
-            end = cu.offset_bytes + (cu.length_bytes if kind == spb.UPDATE_TYPE_WRITE else 0)
-            if max(end, cu.length_bytes) > cu.chunk_size_bytes:
-                raise InvalidRequest(
-                    f"{what}: offset {cu.offset_bytes} + length {cu.length_bytes} is past the "
-                    f"chunk size {cu.chunk_size_bytes}"
-                )
-        if cu.update_version <= 0:
+        if cu.version <= 0:
             raise InvalidRequest(f"{what}: update_version must be positive")
-        which = cu.WhichOneof("data")
-        if which == "inline_data" and len(cu.inline_data) != cu.length_bytes:
-            raise InvalidRequest(f"{what}: inline data has {len(cu.inline_data)} bytes, length says {cu.length_bytes}")
-        if kind == spb.UPDATE_TYPE_WRITE and which is None and cu.length_bytes:
+        if cu.data is not None and len(cu.data) != cu.length:
+            raise InvalidRequest(f"{what}: inline data has {len(cu.data)} bytes, length says {cu.length}")
+        if kind is UpdateKind.WRITE and cu.data is None and cu.transfer is None and cu.length:
             raise InvalidRequest(f"{what}: a write without data")
-        self.state.check_count("recent_updates", len(cu.recent_updates))
-        records = [record_from_pb(r) for r in cu.recent_updates] if cu.full_chunk_replace else None
-        return check_update_id(what, cu.update_id.client_id, cu.update_id.request_id), records
+        self.state.check_count("recent_updates", len(cu.records))
+        return None if cu.update_id is None else check_update_id(what, *cu.update_id)
 
-    def _check_forward_call(
-        self, request: spb.ForwardUpdatesRequest
-    ) -> list[tuple[UpdateKey | None, list[UpdateRecord] | None]]:
-        self.state.check_count("updates", len(request.updates))
-        checked = [self._check_forwarded(n, cu) for n, cu in enumerate(request.updates)]
-        total = sum(cu.length_bytes for cu in request.updates if cu.update_type == spb.UPDATE_TYPE_WRITE)
+    def _check_forward_call(self, updates: Sequence[ChunkUpdate]) -> list[UpdateKey | None]:
+        self.state.check_count("updates", len(updates))
+        checked = [self._check_forwarded(n, cu) for n, cu in enumerate(updates)]
+        total = sum(cu.length for cu in updates if cu.kind is UpdateKind.WRITE)
         if total > self.state.config.max_batch_bytes:
             raise TooCostly(f"updates of {total} bytes in one call: the limit is {self.state.config.max_batch_bytes}")
         return checked
@@ -559,7 +530,7 @@ class ChainWriter:
         return await self.state.boxes.take(transfer_id, owner, self.state.config.data_wait_s)
 
     async def forward_updates(
-        self, request: spb.ForwardUpdatesRequest, owner: str, attached: Mapping[str, bytearray] | None = None
+        self, updates: Sequence[ChunkUpdate], owner: str, attached: Mapping[str, bytearray] | None = None
     ) -> list[UpdateResult]:
         """Apply at a replica what its predecessor forwarded (ForwardUpdates) and pass it on; one result per update.
 
@@ -569,12 +540,11 @@ class ChainWriter:
             InvalidRequest: an update is malformed.
             TooCostly: too many updates or bytes in one call.
         """
-        checked = self._check_forward_call(request)
-        results = [UpdateResult() for _ in request.updates]
+        ids = self._check_forward_call(updates)
+        results = [UpdateResult() for _ in updates]
         groups: dict[int, list[tuple[int, Update]]] = defaultdict(list)
         blobs: dict[str, bytearray | None] = {}
-        for n, cu in enumerate(request.updates):
-            key = (cu.chunk_id.inode_id, cu.chunk_id.chunk_index)
+        for n, cu in enumerate(updates):
             target = self.state.target_of_chain(cu.chain_id)
             refused = _status(
                 admission.at_replica(self._admission_state(target), cu.chain_id, cu.chain_version, cu.no_forward)
@@ -583,20 +553,18 @@ class ChainWriter:
                 results[n] = result_of(*refused)
                 continue
             assert target is not None
-            data: Payload = b""
-            if cu.WhichOneof("data") == "inline_data":
-                data = cu.inline_data
-            elif cu.WhichOneof("data") == "transfer":
+            data: Payload = b"" if cu.data is None else cu.data
+            if cu.transfer is not None:
                 tid = cu.transfer.transfer_id
                 if tid not in blobs:
                     blobs[tid] = await self._bulk_bytes(tid, owner, attached or {})
-                blob = blobs[tid]
-                start = cu.transfer.offset_bytes
-                if blob is None or start + cu.length_bytes > len(blob):
+                transferred = _transferred(blobs[tid], cu.transfer, cu.length)
+                if transferred is None:
                     results[n] = result_of(IoStatus.DATA_TIMEOUT, "bulk data did not arrive")
                     continue
-                data = memoryview(blob)[start : start + cu.length_bytes]
-            if cu.update_type == spb.UPDATE_TYPE_WRITE and crc32c_of(data) != cu.checksum.value:
+                data = transferred
+            is_write = cu.kind is UpdateKind.WRITE
+            if is_write and crc32c_of(data) != cu.checksum:
                 mismatch = "forwarded data does not match its checksum"
                 results[n] = result_of(IoStatus.CHECKSUM_MISMATCH, mismatch)
                 continue
@@ -604,18 +572,18 @@ class ChainWriter:
                 (
                     n,
                     Update(
-                        key=key,
-                        kind=cu.update_type,
-                        chunk_size=cu.chunk_size_bytes,
-                        offset=cu.offset_bytes,
+                        key=cu.key,
+                        kind=cu.kind,
+                        chunk_size=cu.chunk_size,
+                        offset=cu.offset,
                         data=data,
-                        data_checksum=cu.checksum.value if cu.update_type == spb.UPDATE_TYPE_WRITE else None,
-                        length=cu.length_bytes,
-                        full=cu.full_chunk_replace,
-                        version=cu.update_version,
+                        data_checksum=cu.checksum if is_write else None,
+                        length=cu.length,
+                        full=cu.full,
+                        version=cu.version,
                         chain_version=cu.chain_version,
-                        update_id=checked[n][0],
-                        records=checked[n][1],
+                        update_id=ids[n],
+                        records=list(cu.records) if cu.full else None,
                         no_forward=cu.no_forward,
                     ),
                 )
@@ -652,6 +620,13 @@ _REFUSAL_STATUS = {
 
 def _status(refusal: tuple[admission.Refusal, str] | None) -> tuple[IoStatus, str] | None:
     return None if refusal is None else (_REFUSAL_STATUS[refusal[0]], refusal[1])
+
+
+def _transferred(blob: bytearray | None, ref: TransferRef, length: int) -> memoryview | None:
+    """An IO's ``length`` bytes at ``ref`` in the bytes that came for it (a view, no copy); None if short or absent."""
+    if blob is None or ref.offset + length > len(blob):
+        return None
+    return memoryview(blob)[ref.offset : ref.offset + length]
 
 
 def _rounds(updates: list[Update]) -> list[list[Update]]:

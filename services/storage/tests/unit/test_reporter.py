@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.routing import RoutingView
+from ff_storage.core.requests import ReadIO, WriteIO
 from ff_storage.core.results import IoStatus
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.io_stats import quantile
@@ -16,7 +18,6 @@ from ff_storage.node_state import NodeConfig
 from ff_storage.reporter import StorageReporter
 from ff_telemetry_client import Kind, SampleBuffer
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
-from fireflyer.storage.v1 import storage_pb2 as spb
 
 
 def test_quantile_is_the_nearest_rank() -> None:
@@ -42,17 +43,21 @@ async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
     node = StorageNode(config, TransferBoxes())
     node.state.create_target(70, 7, 0)
     node.state.on_routing(
-        mpb.RoutingInfo(
-            version=1,
-            chains=[
-                mpb.Chain(
-                    chain_id=7,
-                    version=1,
-                    targets=[
-                        mpb.Target(target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7)
-                    ],
-                )
-            ],
+        RoutingView(
+            mpb.RoutingInfo(
+                version=1,
+                chains=[
+                    mpb.Chain(
+                        chain_id=7,
+                        version=1,
+                        targets=[
+                            mpb.Target(
+                                target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7
+                            )
+                        ],
+                    )
+                ],
+            )
         )
     )
     node.state.targets[70].role.sync_done(1)
@@ -62,27 +67,27 @@ async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
         node.close()
 
 
-def _write(index: int, data: bytes) -> spb.WriteIO:
-    return spb.WriteIO(
+def _write(index: int, data: bytes) -> WriteIO:
+    return WriteIO(
         chain_id=7,
         chain_version=1,
-        chunk_id=spb.ChunkId(inode_id=5, chunk_index=index),
-        offset_bytes=0,
-        length_bytes=len(data),
-        chunk_size_bytes=1 << 16,
-        inline_data=data,
-        checksum=spb.Checksum(type=spb.CHECKSUM_TYPE_CRC32C, value=crc32c_of(data)),
+        key=(5, index),
+        offset=0,
+        length=len(data),
+        chunk_size=1 << 16,
+        data=data,
+        checksum=crc32c_of(data),
     )
 
 
 async def test_written_and_read_bytes_and_latencies_per_target(node: StorageNode) -> None:
     results = await node.writer.batch_write([_write(0, b"a" * 1000), _write(1, b"b" * 3000)], owner="o")
     assert all(r.status == IoStatus.OK for r in results), results
-    reads = [spb.ReadIO(chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=5, chunk_index=0), length_bytes=500)]
-    got, _, _ = await node.reader.batch_read(reads, spb.DATA_TRANSPORT_INLINE, "o")
+    reads = [ReadIO(chain_id=7, chain_version=1, key=(5, 0), offset=0, length=500)]
+    got, _, _ = await node.reader.batch_read(reads, bulk=False, owner="o")
     assert got[0].status == IoStatus.OK
-    missing = [spb.ReadIO(chain_id=7, chain_version=1, chunk_id=spb.ChunkId(inode_id=9, chunk_index=0), length_bytes=5)]
-    await node.reader.batch_read(missing, spb.DATA_TRANSPORT_INLINE, "o")  # not found: no bytes, not counted
+    missing = [ReadIO(chain_id=7, chain_version=1, key=(9, 0), offset=0, length=5)]
+    await node.reader.batch_read(missing, bulk=False, owner="o")  # not found: no bytes, not counted
     buffer = SampleBuffer()
     StorageReporter(node).collect_now(buffer)
     points = {(p.name, p.labels.get("quantile", "")): p for p in buffer.take(100)}

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.routing import Chain, TargetState
+from ff_fsprotocol.routing import Target as RoutingTarget
 from ff_storage.core.chunks import ChunkMeta, sync_diff
+from ff_storage.core.requests import ReadIO, UpdateKind
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Local, Public
 from ff_storage.dataserver import TransferBoxes
@@ -24,8 +27,6 @@ from ff_storage.node import StorageNode
 from ff_storage.node_state import NodeConfig, Target, Update
 from ff_storage.store.chunk_engine import ChunkEngine
 from ff_testing.waiting import eventually
-from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
-from fireflyer.storage.v1 import storage_pb2 as spb
 
 KEY = (3, 0)
 Forward = Callable[[Target, list[Update]], Awaitable[list[Update]]]
@@ -60,7 +61,7 @@ def _target(node: StorageNode) -> Target:
 def _update(data: bytes, version: int) -> Update:
     return Update(
         key=KEY,
-        kind=spb.UPDATE_TYPE_WRITE,
+        kind=UpdateKind.WRITE,
         chunk_size=len(data),
         data=data,
         data_checksum=crc32c_of(data),
@@ -269,15 +270,9 @@ async def test_a_relaxed_read_racing_the_commit_of_a_new_chunk_finds_it(
         return read_pending(key)
 
     monkeypatch.setattr(engine, "read_pending", committed_meanwhile)
-    io = spb.ReadIO(
-        chain_id=1,
-        chain_version=1,
-        chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
-        length_bytes=300,
-        relaxed=True,
-    )
+    io = ReadIO(chain_id=1, chain_version=1, key=KEY, offset=0, length=300, relaxed=True)
     result, data = node.reader._read_one(io)
-    assert result.status == spb.CHUNK_IO_STATUS_OK, result.message
+    assert result.status is IoStatus.OK, result.message
     assert bytes(data) == b"new" * 100 and result.version == 1  # type: ignore[arg-type]
 
 
@@ -308,17 +303,16 @@ async def test_a_sync_sends_what_the_chunk_is_when_its_turn_comes_not_what_the_p
     sent: list[Update] = []
 
     async def send_updates(
-        chain: mpb.Chain, nxt: mpb.Target, ups: list[Update], *args: object, **kw: object
+        chain: Chain, nxt: RoutingTarget, ups: list[Update], *args: object, **kw: object
     ) -> list[UpdateResult]:
         sent.extend(ups)
         return [UpdateResult(status=IoStatus.OK) for _ in ups]
 
     monkeypatch.setattr(node.peers, "send_updates", send_updates)
-    chain = mpb.Chain(
-        chain_id=1, version=1, targets=[mpb.Target(target_id=1, node_id=101), mpb.Target(target_id=2, node_id=102)]
-    )
+    unspecified = TargetState.UNSPECIFIED
+    chain = Chain(1, 1, (RoutingTarget(1, 101, unspecified), RoutingTarget(2, 102, unspecified)))
     await node.recovery._sync_batch(_target(node), chain, chain.targets[1], plan.transfer + plan.remove)
     by_key = {u.key: u for u in sent}
-    assert by_key[KEY].kind == spb.UPDATE_TYPE_WRITE and by_key[KEY].full
+    assert by_key[KEY].kind is UpdateKind.WRITE and by_key[KEY].full
     assert bytes(by_key[KEY].content or b"") == b"new" * 100 and by_key[KEY].version == 1
-    assert by_key[other].kind == spb.UPDATE_TYPE_REMOVE
+    assert by_key[other].kind is UpdateKind.REMOVE

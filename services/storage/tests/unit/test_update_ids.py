@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.routing import RoutingView
 from ff_storage.core.chunks import ForwardDecision, UpdateRecord, chain_update_id, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
+from ff_storage.core.requests import ChunkUpdate, UpdateKind
 from ff_storage.core.results import IoStatus
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
 from ff_storage.node_state import NodeConfig
 from ff_storage.store.chunk_engine import ChunkEngine
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
-from fireflyer.storage.v1 import storage_pb2 as spb
 
 KEY = (7, 0)
 A = (b"client-a", 1)
@@ -122,17 +123,21 @@ async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
     node = StorageNode(config, TransferBoxes())
     node.state.create_target(1, 1, 0)
     node.state.on_routing(
-        mpb.RoutingInfo(
-            version=1,
-            chains=[
-                mpb.Chain(
-                    chain_id=1,
-                    version=1,
-                    targets=[
-                        mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
-                    ],
-                )
-            ],
+        RoutingView(
+            mpb.RoutingInfo(
+                version=1,
+                chains=[
+                    mpb.Chain(
+                        chain_id=1,
+                        version=1,
+                        targets=[
+                            mpb.Target(
+                                target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1
+                            )
+                        ],
+                    )
+                ],
+            )
         )
     )
     node.state.targets[1].role.sync_done(1)
@@ -142,27 +147,23 @@ async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
         node.close()
 
 
-def _forward(
-    data: bytes, version: int, update_id: tuple[bytes, int], *, full: bool = False
-) -> spb.ForwardUpdatesRequest:
-    return spb.ForwardUpdatesRequest(
-        from_target_id=9,
-        updates=[
-            spb.ChunkUpdate(
-                chain_id=1,
-                chain_version=1,
-                chunk_id=spb.ChunkId(inode_id=KEY[0], chunk_index=KEY[1]),
-                update_type=spb.UPDATE_TYPE_WRITE,
-                update_version=version,
-                chunk_size_bytes=64,
-                length_bytes=len(data),
-                checksum=spb.Checksum(type=1, value=crc32c_of(data)),
-                inline_data=data,
-                full_chunk_replace=full,
-                update_id=spb.UpdateId(client_id=update_id[0], request_id=update_id[1]),
-            )
-        ],
-    )
+def _forward(data: bytes, version: int, update_id: tuple[bytes, int], *, full: bool = False) -> list[ChunkUpdate]:
+    return [
+        ChunkUpdate(
+            chain_id=1,
+            chain_version=1,
+            key=KEY,
+            kind=UpdateKind.WRITE,
+            version=version,
+            chunk_size=64,
+            offset=0,
+            length=len(data),
+            checksum=crc32c_of(data),
+            data=data,
+            full=full,
+            update_id=update_id,
+        )
+    ]
 
 
 async def test_a_replica_takes_the_whole_chunk_for_another_update_at_its_version(tail: StorageNode) -> None:
