@@ -172,31 +172,37 @@ async def read_spans(
 
 
 async def write_spans(
-    storage: StorageClient, layout: FileLayout, cap: bytes, offset: int, data: memoryview, path: str
+    storage: StorageClient,
+    layout: FileLayout,
+    cap: bytes,
+    offset: int,
+    data: memoryview,
+    path: str,
+    more: Sequence[tuple[int, memoryview]] = (),
 ) -> None:
-    """Write ``data`` at ``offset`` of a file to storage in one batch of chunk writes.
+    """Write ``data`` at ``offset`` of a file, and each of ``more`` (offset, bytes) too, to storage in one batch.
 
     Raises:
         OSError: storage refused the batch or a chunk write failed (with the errno of the failure).
     """
-    spans = layout.spans(offset, len(data))
+    spans = [(s, at, piece) for at, piece in ((offset, data), *more) for s in layout.spans(at, len(piece))]
     ios = [
         ChunkWrite(
             chain_id=s.chain_id,
             inode_id=layout.inode_id,
             chunk_index=s.chunk_index,
             offset=s.offset,
-            data=data[s.file_offset - offset : s.file_offset - offset + s.length],
+            data=piece[s.file_offset - at : s.file_offset - at + s.length],
             chunk_size=layout.chunk_size,
             capability=cap,
         )
-        for s in spans
+        for s, at, piece in spans
     ]
     try:
         outcomes = await storage.batch_write(ios)
     except StorageIoError as err:
         raise _io_error(f"write refused by storage: {err}", path, _errno_of(err)) from None
-    for s, o in zip(spans, outcomes, strict=True):
+    for (s, _, _), o in zip(spans, outcomes, strict=True):
         if not o.ok:
             code = errno.ENOSPC if o.status == spb.CHUNK_IO_STATUS_NO_SPACE else errno.EIO
             raise _io_error(f"write of chunk {s.chunk_index} failed: {o.message or o.status}", path, code)
@@ -379,7 +385,40 @@ class RawFile(io.RawIOBase):
             self._write_at(self._pos, data[:n])
             return n
 
-    def _write_at(self, offset: int, data: memoryview) -> int:
+    def write_extents(self, extents: Sequence[tuple[int, memoryview]]) -> None:
+        """Writes each (offset, bytes), not contiguous, in as few storage batches as they fit: a buffer's flush.
+
+        Their quota was reserved as they were buffered (``ensure_room``); the position does not move.
+
+        Raises:
+            OSError: EBADF once the write session was lost, EIO (or the errno storage gave) when storage refused.
+        """
+        self._check_open()
+        if self.lost:
+            raise OSError(errno.EBADF, "the write session was lost (lease expired)", self.name)
+        with self._lock:
+            batch: list[tuple[int, memoryview]] = []
+            size = 0
+            for k, (at, piece) in enumerate(extents):
+                if len(piece) > MAX_IO_BATCH_BYTES:  # alone, in batches of its own
+                    self._write_at(at, piece, move=False)
+                    continue
+                batch.append((at, piece))
+                size += len(piece)
+                if k + 1 == len(extents) or size + len(extents[k + 1][1]) > MAX_IO_BATCH_BYTES:
+                    self._fresh_capability()
+                    self._fs.run(
+                        write_spans(self._fs.storage, self.layout, self._cap, *batch[0], self.name, more=batch[1:])
+                    )
+                    self._wrote(max(at + len(piece) for at, piece in batch))
+                    batch, size = [], 0
+
+    def _wrote(self, end: int) -> None:
+        self.written = max(self.written, end)
+        self.length = max(self.length, end)
+        self._last_write_ns = time.time_ns()
+
+    def _write_at(self, offset: int, data: memoryview, *, move: bool = True) -> int:
         """Write ``data`` at ``offset`` (its quota reserved by the caller); the position moves to its end."""
         end = offset + len(data)
         done = 0
@@ -392,10 +431,9 @@ class RawFile(io.RawIOBase):
                 )
             )
             done += step
-        self._pos = end
-        self.written = max(self.written, end)
-        self.length = max(self.length, end)
-        self._last_write_ns = time.time_ns()
+        if move:
+            self._pos = end
+        self._wrote(end)
         return end
 
     def _append(self, data: memoryview) -> None:

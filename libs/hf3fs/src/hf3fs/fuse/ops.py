@@ -26,6 +26,7 @@ from ff_rpc import acting_as
 from hf3fs.entries import Stat
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 from hf3fs.fuse.callers import as_caller, caller_identity, fuse_errors
+from hf3fs.fuse.extents import open_for_handle
 from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
 from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 from hf3fs.fuse.pending import PendingFiles
@@ -39,15 +40,6 @@ MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the root's attribute with the mo
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 _STAT_ATTEMPTS = 8
-
-
-def _seek(f: IO[bytes], offset: int) -> None:
-    """Seek only when needed: a buffered file's seek() sends its pending writes first.
-
-    The kernel hands sequential writes over in 128 KiB pieces that should reach storage as whole chunks.
-    """
-    if f.tell() != offset:
-        f.seek(offset)
 
 
 def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
@@ -492,7 +484,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if f is None:
             write_only = (flags & os.O_ACCMODE) == os.O_WRONLY
-            f = self.fs.open(path, "r+b" if writable else "rb", write_only=write_only)
+            f = open_for_handle(self.fs, path, "r+b" if writable else "rb", write_only=write_only)
         try:
             inode_id = getattr(getattr(f, "raw", f), "inode_id", None)  # the client's files know their inode
             if not isinstance(inode_id, int):
@@ -536,11 +528,11 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._pending.settle(path)
         with self._changing(path):
             try:
-                f = self.fs.open(path, "x+b", perm=perm)
+                f = open_for_handle(self.fs, path, "x+b", perm=perm)
             except FileExistsError:
                 if flags & os.O_EXCL:
                     raise
-                f = self.fs.open(path, "r+b")
+                f = open_for_handle(self.fs, path, "r+b")
             fh = self._open_handle(path, (flags & ~os.O_ACCMODE) | os.O_RDWR, f)
         # meta's answer to the Create: the getattr libfuse makes next (and the kernel's) needs no Stat
         inode = getattr(getattr(f, "raw", f), "inode_at_open", None)
@@ -565,7 +557,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             return len(data)
         self._table.flush_writers(h.inode_id, but=h)  # another handle's older bytes may not land over these later
         with h.lock:
-            _seek(h.file, offset)
+            h.file.seek(offset)  # the mount's files buffer every extent: a seek sends nothing
             h.file.write(data)
             h.end = max(h.end, offset + len(data))
             h.dirty = True

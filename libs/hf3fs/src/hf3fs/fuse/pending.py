@@ -27,6 +27,7 @@ from typing import Any
 
 from hf3fs.entries import Stat
 from hf3fs.fuse.attrs import UNKNOWN, AttrCache
+from hf3fs.fuse.extents import open_for_handle
 from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
 from hf3fs.fuse.options import MountOptions
 
@@ -141,7 +142,7 @@ class PendingFiles:
             if pf is None:
                 return
             data = h.file.getvalue()  # type: ignore[attr-defined]
-            f = self.fs.open(pf.path, "r+b")
+            f = open_for_handle(self.fs, pf.path, "r+b")
             try:
                 f.write(data)
                 f.flush()

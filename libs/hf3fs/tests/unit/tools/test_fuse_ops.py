@@ -130,21 +130,28 @@ def test_keep_ids(local_fs: LocalFs) -> None:
     assert ops.getattr("/f")["st_uid"] == local_fs.stat("/f").uid
 
 
-def test_sequential_writes_stay_buffered(ops: Hf3fsOperations, local_fs: LocalFs) -> None:
+def test_writes_stay_buffered_until_a_flush_sends_every_extent_in_one_batch(
+    ops: Hf3fsOperations, local_fs: LocalFs
+) -> None:
     fh = ops.create("/seq", 0o644, os.O_WRONLY)
     raw = ops._get(fh).file.raw  # type: ignore[attr-defined]
-    calls = []
-    write = raw.write
-    raw.write = lambda b: calls.append(len(b)) or write(b)
+    calls: list[list[tuple[int, int]]] = []
+    write_extents = raw.write_extents
+    raw.write_extents = lambda ext: calls.append([(at, len(b)) for at, b in ext]) or write_extents(ext)
     for i in range(16):
         ops.write("/seq", bytes([i]) * 256, i * 256, fh)  # what the kernel sends for a sequential writer
-    assert calls == []  # nothing left the 8 KiB buffer yet: a seek to the same offset must not flush it
-    ops.write("/seq", b"z", 10, fh)  # a write elsewhere first sends what was buffered
-    assert calls == [4096]
+    ops.write("/seq", b"z", 10, fh)  # over bytes buffered: merged in place
+    ops.write("/seq", b"p" * 100, 6000, fh)  # elsewhere (a database's other page): buffered too
+    assert calls == []
+    ops.fsync("/seq", 1, fh)  # fdatasync: both extents in one storage batch
+    assert calls == [[(0, 4096), (6000, 100)]]
+    ops.write("/seq", b"q" * 8192, 0, fh)  # a buffer's worth goes at once
+    assert calls[1:] == [[(0, 8192)]]
     ops.release("/seq", fh)
     with local_fs.open("/seq", "rb") as f:
         data = f.read()
-    assert len(data) == 4096 and data[10:11] == b"z" and data[256:257] == b"\x01"
+    assert len(data) == 8192 and data == b"q" * 8192
+    assert len(calls) == 2  # nothing was left to send at the release
 
 
 def test_mknod_makes_fifos_sockets_devices_and_plain_files(ops: Hf3fsOperations) -> None:

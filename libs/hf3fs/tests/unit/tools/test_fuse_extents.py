@@ -1,0 +1,143 @@
+"""The mount handles' write buffer (``hf3fs.fuse.extents``) against a model: a file is what its writes made it."""
+
+from __future__ import annotations
+
+import errno
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+try:
+    from hf3fs.fuse.extents import MAX_EXTENTS, ExtentBufferedFile
+except OSError as exc:  # hf3fs.fuse loads libfuse when imported
+    pytest.skip(f"libfuse is not installed ({exc}); scripts/bootstrap.sh installs fuse3", allow_module_level=True)
+
+
+class _Raw:
+    """The raw file's surface the buffer uses, over a bytearray; its flushes recorded, a failure on demand."""
+
+    def __init__(self, chunk: int = 1 << 16) -> None:
+        self.layout = SimpleNamespace(chunk_size=chunk)
+        self.data = bytearray()
+        self.flushes: list[list[tuple[int, int]]] = []
+        self.fail: OSError | None = None
+        self.closed = False
+        self.synced = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def ensure_room(self, end: int) -> None:
+        if end > 1 << 30:
+            raise OSError(errno.EDQUOT, "quota")
+
+    def write_extents(self, extents: Any) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.flushes.append([(at, len(b)) for at, b in extents])
+        for at, b in extents:
+            if len(self.data) < at + len(b):
+                self.data.extend(bytes(at + len(b) - len(self.data)))
+            self.data[at : at + len(b)] = b
+
+    def fsync(self) -> None:
+        self.synced += 1
+
+    def truncate(self, size: int) -> int:
+        del self.data[size:]
+        return size
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _put(model: bytearray, at: int, b: bytes) -> None:
+    if len(model) < at + len(b):
+        model.extend(bytes(at + len(b) - len(model)))
+    model[at : at + len(b)] = b
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_writes_land_as_written_and_the_extents_stay_sorted_and_disjoint(seed: int) -> None:
+    rng = random.Random(seed)
+    raw = _Raw(chunk=1 << 14)
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]  # the stand-in has what the buffer uses
+    model = bytearray()
+    for n in range(300):
+        at = rng.choice([rng.randrange(0, 40000), f.tell(), max(0, f.tell() - rng.randrange(1, 64))])
+        b = bytes([n % 251]) * rng.choice([1, 7, 100, 512, 4096, 20000])
+        f.seek(at)
+        assert f.write(b) == len(b) and f.tell() == at + len(b)
+        _put(model, at, b)
+        ends = [s + len(r) for s, r in zip(f._starts, f._runs, strict=True)]
+        assert all(e < s for e, s in zip(ends, f._starts[1:], strict=False))  # sorted, disjoint, not touching
+        assert f.buffered == sum(len(r) for r in f._runs) < raw.layout.chunk_size
+        if rng.random() < 0.05:
+            f.flush()
+    f.close()
+    assert raw.closed and bytes(raw.data) == bytes(model)
+
+
+def test_pages_here_and_there_go_in_one_flush() -> None:
+    raw = _Raw()
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    for page in (0, 5, 2, 3, 9):  # SQLite: the header page and the pages a transaction changed
+        f.seek(page * 4096)
+        f.write(bytes([page]) * 4096)
+    assert raw.flushes == []
+    f.fsync()
+    assert raw.flushes == [[(0, 4096), (2 * 4096, 2 * 4096), (5 * 4096, 4096), (9 * 4096, 4096)]]
+    assert raw.synced == 1 and f.buffered == 0
+
+
+def test_a_full_buffer_and_too_many_extents_flush() -> None:
+    raw = _Raw(chunk=1 << 16)
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    f.write(b"x" * 60000)
+    assert raw.flushes == []
+    f.write(b"y" * 6000)  # past the buffer's size: sent
+    assert raw.flushes == [[(0, 66000)]] and f.buffered == 0
+    for k in range(MAX_EXTENTS + 1):
+        f.seek(100000 + 2 * k)
+        f.write(b"z")
+    assert len(raw.flushes) == 2 and len(raw.flushes[1]) == MAX_EXTENTS + 1
+
+
+def test_a_failed_flush_keeps_the_bytes_for_the_next() -> None:
+    raw = _Raw()
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    f.seek(10)
+    f.write(b"abc")
+    raw.fail = OSError(errno.EIO, "storage refused")
+    with pytest.raises(OSError):
+        f.fsync()
+    assert f.buffered == 3 and raw.synced == 0
+    raw.fail = None
+    f.fsync()
+    assert bytes(raw.data[10:13]) == b"abc" and raw.synced == 1
+
+
+def test_a_close_whose_flush_fails_still_closes_and_raises() -> None:
+    raw = _Raw()
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    f.write(b"abc")
+    raw.fail = OSError(errno.EIO, "storage refused")
+    with pytest.raises(OSError):
+        f.close()
+    assert raw.closed and f.closed
+
+
+def test_truncate_sends_the_buffer_first_and_quota_errors_come_from_the_write() -> None:
+    raw = _Raw()
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    f.seek(100)
+    f.write(b"abc")
+    assert f.truncate(50) == 50 and bytes(raw.data) == bytes(50)  # the bytes past the new end did not come back
+    f.seek(1 << 30)
+    with pytest.raises(OSError) as err:
+        f.write(b"x")
+    assert err.value.errno == errno.EDQUOT and f.buffered == 0
+    with pytest.raises(ValueError):
+        f.seek(-1)
