@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
-from ff_fsprotocol.routing import RoutingView
 from ff_storage.core.requests import ReadIO, WriteIO
 from ff_storage.core.results import IoStatus
-from ff_storage.dataserver import TransferBoxes
 from ff_storage.io_stats import quantile
 from ff_storage.node import StorageNode
-from ff_storage.node_state import NodeConfig
 from ff_storage.reporter import StorageReporter
 from ff_telemetry_client import Kind, SampleBuffer
-from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 
 def test_quantile_is_the_nearest_rank() -> None:
@@ -27,44 +22,9 @@ def test_quantile_is_the_nearest_rank() -> None:
 
 
 @pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
+async def node(whole_chain_node: Callable[[int, int, int], StorageNode]) -> StorageNode:
     """One target, the whole chain 7 (head and tail)."""
-    config = NodeConfig(
-        node_id=1,
-        disks=[tmp_path / "disk0"],
-        targets_file=tmp_path / "targets.json",
-        cluster_token="t" * 32,
-        max_io_bytes=1 << 20,
-        max_batch_bytes=1 << 24,
-        forward_timeout_s=5.0,
-        data_wait_s=1.0,
-        fsync=False,
-    )
-    node = StorageNode(config, TransferBoxes())
-    node.state.create_target(70, 7, 0)
-    node.state.on_routing(
-        RoutingView(
-            mpb.RoutingInfo(
-                version=1,
-                chains=[
-                    mpb.Chain(
-                        chain_id=7,
-                        version=1,
-                        targets=[
-                            mpb.Target(
-                                target_id=70, node_id=1, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=7
-                            )
-                        ],
-                    )
-                ],
-            )
-        )
-    )
-    node.state.targets[70].role.sync_done(1)
-    try:
-        yield node
-    finally:
-        node.close()
+    return whole_chain_node(1, 70, 7)
 
 
 def _write(index: int, data: bytes) -> WriteIO:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
@@ -33,19 +32,8 @@ Forward = Callable[[Target, list[Update]], Awaitable[list[Update]]]
 
 
 @pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[StorageNode]:
-    config = NodeConfig(
-        node_id=101,
-        disks=[tmp_path / "disk0"],
-        targets_file=tmp_path / "targets.json",
-        cluster_token="t" * 32,
-        max_io_bytes=1 << 20,
-        max_batch_bytes=1 << 24,
-        forward_timeout_s=5.0,
-        data_wait_s=1.0,
-        fsync=True,
-    )
-    n = StorageNode(config, TransferBoxes())
+async def node(node_config: Callable[..., NodeConfig]) -> AsyncIterator[StorageNode]:
+    n = StorageNode(node_config(101, fsync=True), TransferBoxes())
     target = n.state.create_target(1, 1, 0)
     target.role.observe(Public.SERVING, 1)
     try:

@@ -4,22 +4,18 @@ engine remembers each chunk's recent updates (version and result) durably, withi
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
-from ff_fsprotocol.routing import RoutingView
 from ff_storage.core.chunks import ForwardDecision, UpdateRecord, chain_update_id, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
 from ff_storage.core.requests import ChunkUpdate, UpdateKind
 from ff_storage.core.results import IoStatus
-from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
-from ff_storage.node_state import NodeConfig
 from ff_storage.store.chunk_engine import ChunkEngine
-from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 KEY = (7, 0)
 A = (b"client-a", 1)
@@ -107,44 +103,9 @@ def test_a_full_replace_takes_the_senders_records(engine: ChunkEngine) -> None:
 
 
 @pytest.fixture
-async def tail(tmp_path: Path) -> AsyncIterator[StorageNode]:
+async def tail(whole_chain_node: Callable[[int, int, int], StorageNode]) -> StorageNode:
     """A node whose one target is the tail (and only member) of chain 1: forwarded updates commit here."""
-    config = NodeConfig(
-        node_id=101,
-        disks=[tmp_path / "disk0"],
-        targets_file=tmp_path / "targets.json",
-        cluster_token="t" * 32,
-        max_io_bytes=1 << 20,
-        max_batch_bytes=1 << 24,
-        forward_timeout_s=5.0,
-        data_wait_s=1.0,
-        fsync=False,
-    )
-    node = StorageNode(config, TransferBoxes())
-    node.state.create_target(1, 1, 0)
-    node.state.on_routing(
-        RoutingView(
-            mpb.RoutingInfo(
-                version=1,
-                chains=[
-                    mpb.Chain(
-                        chain_id=1,
-                        version=1,
-                        targets=[
-                            mpb.Target(
-                                target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1
-                            )
-                        ],
-                    )
-                ],
-            )
-        )
-    )
-    node.state.targets[1].role.sync_done(1)
-    try:
-        yield node
-    finally:
-        node.close()
+    return whole_chain_node(101, 1, 1)
 
 
 def _forward(data: bytes, version: int, update_id: tuple[bytes, int], *, full: bool = False) -> list[ChunkUpdate]:
