@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
+from ff_mgmtd.bootstrap import BootstrapAdminError
 from ff_mgmtd.config import ENV_PREFIX, MgmtdSettings
 from ff_mgmtd.server import main
 from ff_rpc.entry import run_service
+
+logger = logging.getLogger("ff_mgmtd")
+EXIT_CONFIG_ERROR = 2  # what run_service returns for a setting it refuses
+
+
+async def _main(settings: MgmtdSettings) -> None:
+    """``main``; a bootstrap admin token that cannot be used ends the process as a configuration error does."""
+    try:
+        await main(settings)
+    except BootstrapAdminError as err:
+        logger.error("%s", err)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -16,7 +30,7 @@ def run(argv: list[str] | None = None) -> int:
         description="fireflyer cluster manager",
         model=MgmtdSettings,
         env_prefix=ENV_PREFIX,
-        main=main,
+        main=_main,
         argv=argv,
         warnings=lambda s: [s.failover_warning()],
     )

@@ -24,6 +24,12 @@ class MgmtdSettings(ServiceSettings):
     chain_scan_interval_s: float = Field(0.5, gt=0, description="how often the primary applies target states")
     # Redeclared for its description: mgmtd also tells the other services this bound (ValidateToken).
     token_cache_ttl_s: float = Field(5.0, ge=0, description="how long other services may cache a token check")
+    bootstrap_admin_token_file: Path | None = Field(
+        None,
+        description="a file holding an admin token (fft_...), imported at each start when it exists: its user is made "
+        "an admin and the token one of that user's tokens if it is not stored yet (the Helm chart's admin Secret)",
+    )
+    bootstrap_admin_user: str = Field("admin", description="the user bootstrap_admin_token_file's token is for")
 
     @model_validator(mode="after")
     def _check(self) -> MgmtdSettings:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ff_cluster import ServiceWiring, serve_service
 from ff_mgmtd.app import Mgmtd, Timing
+from ff_mgmtd.bootstrap import import_admin_token
 from ff_mgmtd.config import MgmtdSettings
 from ff_mgmtd.core import validation
 from ff_mgmtd.errors import STATUS_TABLE
@@ -24,10 +25,16 @@ MIGRATIONS = Path(__file__).parent / "store" / "migrations"
 
 
 async def main(settings: MgmtdSettings, stop: asyncio.Event | None = None) -> None:
-    """Open the database (migrating it) and serve mgmtd until ``stop`` is set (or a signal)."""
+    """Open the database (migrating it), import the bootstrap admin token, serve mgmtd until ``stop`` (or a signal).
+
+    Raises:
+        BootstrapAdminError: ``bootstrap_admin_token_file`` cannot be used (before anything is served).
+    """
     stop = stop or asyncio.Event()
     store = await asyncio.to_thread(open_store, settings.resolved_database_url(), MIGRATIONS, VERSION_TABLE)
     try:
+        if settings.bootstrap_admin_token_file is not None:
+            await import_admin_token(store, settings.bootstrap_admin_token_file, settings.bootstrap_admin_user)
         await serve_service(settings, _wiring(settings, store, stop), stop)
     finally:
         await asyncio.to_thread(store.dispose)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from ff_mgmtd.core.errors import AlreadyExistsError, InvalidToken, NotFoundError
+from ff_mgmtd.core.errors import AlreadyExistsError, Conflict, InvalidToken, NotFoundError
 from ff_mgmtd.core.model import Group, Role, TokenInfo, User
 from ff_mgmtd.core.tokens import NewToken, parse_token, secret_matches
 from ff_mgmtd.core.validation import MAX_POSIX_ID
@@ -231,3 +232,60 @@ def authenticate(s: Session, token: str, now: float) -> tuple[User, float]:
     if user_row is None or user_row.disabled:
         raise InvalidToken("user disabled")
     return _user(s, user_row), float(row.expires_at)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdminImport:
+    """What ``import_admin_token`` found and did."""
+
+    user: User
+    token: TokenInfo
+    user_created: bool
+    promoted: bool  # the user existed without the admin role
+    token_created: bool
+
+
+def import_admin_token(
+    s: Session, user_name: str, token_id: str, secret_hash: str, description: str, now: float
+) -> AdminImport:
+    """Make ``user_name`` an admin holding the token ``token_id`` (its secret's hash), creating what is missing.
+
+    Not fenced: every mgmtd instance runs it at start, primary or not, before it campaigns. It converges: each run
+    leaves the same rows, and concurrent runs serialize (the loser's transaction is retried and finds the winner's
+    rows). An existing user gets the admin role if it lacks it; a disabled one stays disabled. A token already stored
+    under ``token_id`` is left as it is (a revoked one stays revoked) when it is this user's with this secret.
+
+    Raises:
+        Conflict: ``token_id`` is stored for another user or with another secret (nothing changes).
+        NoFreeId: the user is new and every uid is taken.
+    """
+    row = s.execute(select(users).where(users.c.name == user_name)).first()
+    promoted = row is not None and Role(row.role) is not Role.ADMIN
+    if row is None:
+        uid = next_free_id(s, users.c.uid, FIRST_UID, MAX_POSIX_ID)
+        s.execute(insert(users).values(uid=uid, name=user_name, role=int(Role.ADMIN), disabled=False, created_at=now))
+    elif promoted:
+        s.execute(update(users).where(users.c.name == user_name).values(role=int(Role.ADMIN)))
+    user = get_user(s, user_name)
+    stored = s.execute(select(tokens).where(tokens.c.token_id == token_id)).first()
+    if stored is None:
+        s.execute(
+            insert(tokens).values(
+                token_id=token_id,
+                uid=user.uid,
+                secret_hash=secret_hash,
+                description=description,
+                created_at=now,
+                expires_at=0.0,
+                revoked_at=0.0,
+            )
+        )
+    elif int(stored.uid) != user.uid or not secret_matches(stored.secret_hash, secret_hash):
+        raise Conflict(f"token id {token_id} is already stored for another user or with another secret")
+    return AdminImport(
+        user=user,
+        token=get_token(s, token_id),
+        user_created=row is None,
+        promoted=promoted,
+        token_created=stored is None,
+    )
