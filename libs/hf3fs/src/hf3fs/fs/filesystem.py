@@ -336,9 +336,10 @@ class FileSystem:
         for d in dirs:
             yield from self.walk(f"{top.rstrip('/')}/{d}")
 
-    def mkdir(self, path: str, mode: int = 0o755) -> None:
-        """Makes a folder whose parent exists (FileExistsError when the name is taken)."""
-        self._meta_call(lambda m: m.mkdirs, pb.MkdirsRequest(path=path_at(path), mode=mode), path)
+    def mkdir(self, path: str, mode: int = 0o755) -> Stat:
+        """Makes a folder whose parent exists (FileExistsError when the name is taken); the new folder's Stat."""
+        resp = self._meta_call(lambda m: m.mkdirs, pb.MkdirsRequest(path=path_at(path), mode=mode), path)
+        return Stat.from_pb(resp.inode)
 
     def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = False) -> None:
         """Makes a folder and its missing parents in one meta call; FileExistsError if it is there, unless exist_ok."""

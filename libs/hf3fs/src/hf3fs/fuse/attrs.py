@@ -20,8 +20,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from hf3fs.entries import Stat
 
 ABSENT = None  # a cached "no such name"
 
@@ -131,20 +133,28 @@ class AttrCache:
             else:
                 self._put(path, stat)
 
-    def changed(self, path: str, stat: Any = ABSENT, *, new_dir: bool = False) -> None:
+    def changed(self, path: str, stat: Any = ABSENT, *, new_dir: bool = False, made: bool = False) -> None:
         """This mount changed ``path``: its new Stat, UNKNOWN when it exists but meta did not say how, or ABSENT.
 
-        The new Stat is a create or SetAttr answer; UNKNOWN follows a mkdir or symlink; ABSENT: it is gone.
+        The new Stat is a create, mkdir or SetAttr answer; UNKNOWN follows a symlink; ABSENT: it is gone.
         ``new_dir``: an empty folder was just made there. The parent folder's entry goes (its times and links
-        change), and so do the other paths of the inode that was there.
+        change), and so do the other paths of the inode that was there. ``made``: meta made ``stat``'s inode
+        there just now (a new name): the parent's times became its ctime in the same transaction and a new folder
+        added a link, so a known parent Stat is brought up to date (its expiry kept) rather than asked again.
         """
         with self._lock:
             self._gen += 1
             old = self._entries.pop(path, None)
             parent = path.rsplit("/", 1)[0] or "/"
             if (above := self._entries.get(parent)) is not None and above.stat is not ABSENT:
-                self._put(parent, UNKNOWN, above.inode_id)  # it exists, its times and links changed
-                self._inodes.pop(above.inode_id or 0, None)
+                if made and isinstance(stat, Stat) and isinstance(above.stat, Stat) and parent != path:
+                    t = stat.ctime_ns
+                    now = replace(above.stat, mtime_ns=t, ctime_ns=t, nlink=above.stat.nlink + stat.is_dir())
+                    self._entries[parent] = entry = _Entry(now, above.expires, above.inode_id, self._gen)
+                    self._inodes[now.inode_id] = entry
+                else:
+                    self._put(parent, UNKNOWN, above.inode_id)  # it exists, its times and links changed
+                    self._inodes.pop(above.inode_id or 0, None)
             if old is not None and old.inode_id is not None:
                 self._drop_inode(old.inode_id)
             if stat is ABSENT:

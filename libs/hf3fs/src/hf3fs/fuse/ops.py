@@ -377,8 +377,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if not self.options.multi_user and self._cache.exists(path):
             raise mfusepy.FuseOSError(errno.EEXIST)
         with self._changing(path):
-            self.fs.mkdir(path, mode & 0o7777)
-        self._cache.changed(path, UNKNOWN, new_dir=True)
+            st = self.fs.mkdir(path, mode & 0o7777)
+        self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN, new_dir=True, made=True)
         return 0
 
     @as_caller
@@ -389,7 +389,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 st = self.fs.create(path, stat.S_IMODE(mode), exclusive=True)
             else:
                 st = self.fs.mknod(path, mode, dev)
-        self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
+        self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN, made=True)
         return 0
 
     @as_caller
@@ -529,14 +529,17 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         with self._changing(path):
             try:
                 f = open_for_handle(self.fs, path, "x+b", perm=perm)
+                made = True
             except FileExistsError:
                 if flags & os.O_EXCL:
                     raise
                 f = open_for_handle(self.fs, path, "r+b")
+                made = False
             fh = self._open_handle(path, (flags & ~os.O_ACCMODE) | os.O_RDWR, f)
         # meta's answer to the Create: the getattr libfuse makes next (and the kernel's) needs no Stat
         inode = getattr(getattr(f, "raw", f), "inode_at_open", None)
-        self._cache.changed(path, UNKNOWN if inode is None or flags & os.O_TRUNC else Stat.from_pb(inode))
+        st = UNKNOWN if inode is None or flags & os.O_TRUNC else Stat.from_pb(inode)
+        self._cache.changed(path, st, made=made)
         return fh
 
     @fuse_errors

@@ -96,7 +96,7 @@ class PendingFiles:
             self._pending[path] = fh
         if room is not None:
             self._count_room(*room)
-        self._cache.changed(path, pf.stat(0))
+        self._cache.changed(path, pf.stat(0), made=True)
         return fh
 
     def stat_at(self, path: str) -> Stat | None:

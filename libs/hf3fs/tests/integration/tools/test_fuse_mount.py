@@ -131,6 +131,21 @@ def test_tar_extract_equals_source(mount: Path, tmp_path: Path) -> None:
     assert diff.returncode == 0, diff.stdout
 
 
+def test_a_folder_the_mount_makes_names_in_answers_as_meta_does(mount: Path, fs_cluster: FsCluster) -> None:
+    """After each create, mknod and mkdir the mount brings its cached Stat of the folder up to date from meta's answer
+    (times: the new entry's ctime; a sub-folder adds a link) rather than asking meta: it must answer as meta does."""
+    folder = mount / "made_here"
+    folder.mkdir()
+    os.stat(folder)  # cached now
+    for k in range(3):
+        os.close(os.open(folder / f"f{k}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        (folder / f"sub{k}").mkdir()
+        os.mknod(folder / f"node{k}", 0o644 | stat.S_IFREG)
+        here, there = os.stat(folder), fs_cluster.client.stat("/fuse/made_here")
+        assert (here.st_mtime_ns, here.st_ctime_ns, here.st_nlink) == (there.mtime_ns, there.ctime_ns, there.nlink)
+        assert here.st_nlink == 3 + k
+
+
 def test_rename_over_existing_file(mount: Path, fs_cluster: FsCluster) -> None:
     (mount / "old").write_bytes(b"new contents")
     (mount / "target").write_bytes(b"the file that gets replaced")

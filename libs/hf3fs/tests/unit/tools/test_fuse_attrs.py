@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from ff_testing.fakes import FakeClock
+from hf3fs.entries import Stat
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 
 
@@ -118,3 +119,27 @@ def test_a_no_such_name_is_kept_past_changes_of_other_names_only(cache: AttrCach
     cache.clear()  # a rename: any name may have changed
     cache.remember("/next", ABSENT, since)
     assert cache.lookup("/next") == (False, None)
+
+
+def _stat(inode_id: int, kind: str, ctime_ns: int, nlink: int = 1) -> Stat:
+    return Stat(inode_id, kind, 0o755, 0, 0, nlink, 0, 1, ctime_ns, ctime_ns)
+
+
+def test_a_name_made_here_brings_its_known_folder_up_to_date_and_keeps_its_expiry(
+    cache: AttrCache, clock: FakeClock
+) -> None:
+    """Meta sets a folder's mtime and ctime to the new entry's ctime in the Create's (or Mkdir's) transaction, and a
+    new sub-folder adds a link: the folder's Stat needs no meta call after each file tar x makes in it."""
+    cache.remember("/d", _stat(2, "directory", 10, nlink=2), cache.generation())
+    clock.now += 0.5
+    cache.changed("/d/f", _stat(7, "file", 50), made=True)
+    assert cache.lookup("/d") == (True, _stat(2, "directory", 50, nlink=2))
+    cache.changed("/d/sub", _stat(8, "directory", 60, nlink=2), new_dir=True, made=True)
+    assert cache.lookup("/d") == (True, _stat(2, "directory", 60, nlink=3)) and cache.lookup_inode(2).nlink == 3
+    cache.changed("/d/f", _stat(7, "file", 50))  # opened again, not made (O_CREAT of an existing file): ask meta
+    assert cache.lookup("/d") == (False, None)
+    cache.remember("/d", _stat(2, "directory", 60, nlink=3), cache.generation())
+    clock.now += 0.6
+    cache.changed("/d/g", _stat(9, "file", 70), made=True)
+    clock.now += 0.5  # past the folder's own expiry: the creates did not extend it
+    assert cache.lookup("/d") == (False, None)
