@@ -59,9 +59,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end }}
 
-{{/* Secrets: the cluster token's, the database URL's. */}}
+{{/* Secrets: the cluster token's, the admin token's, the database URL's. */}}
 {{- define "fireflyer.clusterTokenSecret" -}}
 {{- default (printf "%s-cluster-token" (include "fireflyer.fullname" .)) .Values.clusterToken.existingSecret }}
+{{- end }}
+
+{{- define "fireflyer.adminTokenSecret" -}}
+{{- default (printf "%s-admin-token" (include "fireflyer.fullname" .)) .Values.admin.existingSecret }}
 {{- end }}
 
 {{- define "fireflyer.databaseSecret" -}}
@@ -278,6 +282,39 @@ livenessProbe:
 - name: cluster-token
   mountPath: /var/run/fireflyer/cluster-token
   readOnly: true
+{{- end }}
+
+{{/* mgmtd's admin token (admin.create): a volume of the Secret (kubePlay: a folder on the machine), mounted read-only,
+and the settings that make mgmtd import it at start. Only mgmtd mounts it. */}}
+{{- define "fireflyer.adminTokenVolume" -}}
+{{- if .Values.admin.create }}
+{{- if .Values.kubePlay.enabled }}
+- name: admin-token
+  hostPath: {path: {{ .Values.kubePlay.adminTokenDir | quote }}, type: Directory}
+{{- else }}
+- name: admin-token
+  secret:
+    secretName: {{ include "fireflyer.adminTokenSecret" . }}
+    defaultMode: 0400
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "fireflyer.adminTokenMount" -}}
+{{- if .Values.admin.create }}
+- name: admin-token
+  mountPath: /var/run/fireflyer/admin-token
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "fireflyer.adminTokenEnv" -}}
+{{- if .Values.admin.create }}
+- name: FF_MGMTD_BOOTSTRAP_ADMIN_TOKEN_FILE
+  value: {{ printf "/var/run/fireflyer/admin-token/%s" .Values.admin.key | quote }}
+- name: FF_MGMTD_BOOTSTRAP_ADMIN_USER
+  value: {{ .Values.admin.user | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Pod-level settings every service pod shares: no service-link variables (a Service named like
