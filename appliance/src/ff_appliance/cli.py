@@ -92,6 +92,7 @@ async def _cmd_up(args: argparse.Namespace, cli: Cli) -> int:
         host_zones=tuple(args.host_zone or ()),
         containers=args.containers,
         container_dirs=tuple(getattr(args, "container_dirs", ())),
+        trainer_image=getattr(args, "trainer_image", None),
     )
     result = await lifecycle.up(state, options, cli.out)
     cli.print(lifecycle.render_endpoints(state, result, cli.down_hint(state)))
@@ -306,6 +307,13 @@ def _add_up_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a new cluster only (root, podman): each instance in its own container, from the images "
         "`fireflyer image build` makes; kept for later ups",
+    )
+    p.add_argument(
+        "--trainer-image",
+        metavar="IMAGE",
+        default=None,
+        help="with --containers: the agents' image (default: localhost/fireflyer/trainer:VERSION); e.g. the services "
+        "image for agents that run no torch ranks; kept for later ups",
     )
 
 

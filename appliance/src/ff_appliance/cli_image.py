@@ -33,9 +33,13 @@ async def _cmd_image_build(args: argparse.Namespace, cli: Cli) -> int:
         mirror=args.mirror,
         find_links=tuple(args.find_links or ()),
         rebuild_base=args.rebuild_base,
+        with_trainer=not args.services_only,
     )
     names = await asyncio.to_thread(images.build_images, options, cli.out)
-    cli.print(f"built {names.services} and {names.trainer} (from {names.base})")
+    if args.services_only:
+        cli.print(f"built {names.services} (from {names.base}); no trainer image (--services-only)")
+    else:
+        cli.print(f"built {names.services} and {names.trainer} (from {names.base})")
     return EXIT_OK
 
 
@@ -54,5 +58,10 @@ def add_image_command(sub: Any) -> None:
     p.add_argument("--suite", default=images.DEFAULT_SUITE, help="the Debian suite of the base image")
     p.add_argument("--mirror", default=images.DEFAULT_MIRROR, help="the Debian mirror debootstrap fetches from")
     p.add_argument("--find-links", action="append", metavar="DIR", help="more wheel folders for pip wheel (repeatable)")
+    p.add_argument(
+        "--services-only",
+        action="store_true",
+        help="build the base and services images only, not the trainer image (torch: most of a build's time)",
+    )
     p.add_argument("--rebuild-base", action="store_true", help="import the base image again even if it exists")
     p.set_defaults(handler=_cmd_image_build)

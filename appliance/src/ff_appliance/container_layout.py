@@ -27,19 +27,33 @@ def example_dirs() -> list[str]:
 
 
 def choose(
-    state: StateDir, asked: bool, on_hosts: bool, extra_dirs: Sequence[str], env: Mapping[str, str]
+    state: StateDir,
+    asked: bool,
+    on_hosts: bool,
+    extra_dirs: Sequence[str],
+    env: Mapping[str, str],
+    trainer_image: str | None = None,
 ) -> ContainerPlan | None:
     """The container plan this ``up`` runs the cluster with, checked before anything is written or started.
 
     The plan's (a cluster keeps how it runs), a new one for ``--containers`` on a new cluster, or None (processes).
+    ``trainer_image`` (``--trainer-image``): the agents' image of a new cluster instead of this version's trainer
+    image (the services image runs agents that start no torch ranks, as the CI container check does).
 
     Raises:
-        ContainersError: ``--containers`` on a cluster of processes, or with ``--hosts``; podman or an image is
-            missing.
+        ContainersError: ``--containers`` on a cluster of processes, or with ``--hosts``; ``--trainer-image`` without
+            ``--containers`` or other than a container cluster's; podman or an image is missing.
     """
     existing = load_plan(state)
     if existing is not None and existing.containers is not None:
         chosen = existing.containers
+        if trainer_image is not None and trainer_image != chosen.trainer_image:
+            raise ContainersError(
+                f"this cluster's agents run in {chosen.trainer_image} (chosen at its first up): --trainer-image is "
+                "for a new cluster"
+            )
+    elif trainer_image is not None and not asked:
+        raise ContainersError("--trainer-image goes with --containers")
     elif not asked:
         return None
     elif existing is not None:
@@ -53,7 +67,9 @@ def choose(
         )
     else:
         shared = [str(state.root), *example_dirs(), *extra_dirs]
-        chosen = containers.new_container_plan(ImageNames(version=project_version()), shared)
+        chosen = containers.new_container_plan(
+            ImageNames(version=project_version()), shared, trainer_image=trainer_image
+        )
     containers.check_can_run(chosen, env)
     return chosen
 

@@ -84,12 +84,17 @@ class ContainerPlan:
         )
 
 
-def new_container_plan(images: ImageNames, shared_dirs: Iterable[str], short_id: str | None = None) -> ContainerPlan:
-    """A new cluster's container plan: a fresh prefix, the images of ``images``' version."""
+def new_container_plan(
+    images: ImageNames, shared_dirs: Iterable[str], short_id: str | None = None, trainer_image: str | None = None
+) -> ContainerPlan:
+    """A new cluster's container plan: a fresh prefix, the images of ``images``' version.
+
+    ``trainer_image``, when given, is the agents' image instead of the version's trainer image.
+    """
     return ContainerPlan(
         prefix=f"ff-{short_id or secrets.token_hex(3)}",
         services_image=images.services,
-        trainer_image=images.trainer,
+        trainer_image=trainer_image or images.trainer,
         shared_dirs=tuple(dict.fromkeys(shared_dirs)),
     )
 
@@ -138,7 +143,7 @@ def check_can_run(plan: ContainerPlan, env: Mapping[str, str] | None) -> None:
     """
     if shutil.which("podman") is None:
         raise ContainersError("--containers needs podman (apt package podman; scripts/bootstrap.sh installs it)")
-    for image in (plan.services_image, plan.trainer_image):
+    for image in dict.fromkeys((plan.services_image, plan.trainer_image)):
         if _podman(["podman", "image", "exists", image], env, check=False).returncode != 0:
             raise ContainersError(f"image {image} is not in podman's storage: run `fireflyer image build` first")
 

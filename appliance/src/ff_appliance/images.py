@@ -41,6 +41,10 @@ WHEEL_SOURCES = (
     "services/mgmtd", "services/storage", "services/meta", "services/scheduler", "services/agent",
     "services/telemetry", "appliance",
 )  # fmt: skip
+# What the services image alone needs (``--services-only``): no torch, so no haiscale and hfreduce without its extra.
+SERVICES_WHEEL_SOURCES = tuple(
+    source.split("[")[0] for source in WHEEL_SOURCES if not source.startswith("libs/haiscale")
+)
 SERVICES_PACKAGES = ("ff-appliance", "ff-scheduler", "hfai")
 TRAINER_PACKAGES = ("torch==2.13.0", "haiscale", "hfreduce[torch]")
 CONTAINERFILES = Path("deploy/images")
@@ -91,6 +95,7 @@ class BuildOptions:
         suite, mirror: what debootstrap installs, and from where.
         find_links: extra folders of wheels for ``pip wheel`` (besides pip's own configuration).
         rebuild_base: make the base image again even if it exists (a new debootstrap only if not cached).
+        with_trainer: build the trainer image too (torch: most of a build's time); False builds base and services.
         python: the interpreter that builds the wheels (the one running this, with setuptools).
     """
 
@@ -102,6 +107,7 @@ class BuildOptions:
     mirror: str = DEFAULT_MIRROR
     find_links: tuple[str, ...] = ()
     rebuild_base: bool = False
+    with_trainer: bool = True
     python: str = sys.executable
 
 
@@ -215,7 +221,7 @@ def check_tools(tools: Mapping[str, str] = TOOLS) -> None:
 
 
 def build_images(options: BuildOptions, out: TextIO) -> ImageNames:
-    """Build the base (when missing or asked), services and trainer images of ``options.version``.
+    """Build the base (when missing or asked), services and (``with_trainer``) trainer images of ``options.version``.
 
     Raises:
         ImageError: a tool is missing or a step failed (its output's tail is in the message).
@@ -229,16 +235,17 @@ def build_images(options: BuildOptions, out: TextIO) -> ImageNames:
         print(f"image: {names.base} exists (--rebuild-base makes it again)", file=out, flush=True)
     with tempfile.TemporaryDirectory(prefix="ff-wheels-", dir=options.cache_dir) as tmp:
         wheel_dir = Path(tmp)
+        sources = WHEEL_SOURCES if options.with_trainer else SERVICES_WHEEL_SOURCES
         _step(out, "wheels of the monorepo and its dependencies (pip wheel)",
-              wheel_argv(options.python, options.checkout, wheel_dir, options.find_links), env)  # fmt: skip
+              wheel_argv(options.python, options.checkout, wheel_dir, options.find_links, sources), env)  # fmt: skip
         context = options.checkout / CONTAINERFILES
         digest = wheels_digest(wheel_dir)
-        for tag, containerfile, args in (
-            (names.services, "services.Containerfile",
-             {"BASE_IMAGE": names.base, "PACKAGES": " ".join(SERVICES_PACKAGES)}),
-            (names.trainer, "trainer.Containerfile",
-             {"SERVICES_IMAGE": names.services, "PACKAGES": " ".join(TRAINER_PACKAGES)}),
-        ):  # fmt: skip
+        to_build = [(names.services, "services.Containerfile",
+                   {"BASE_IMAGE": names.base, "PACKAGES": " ".join(SERVICES_PACKAGES)})]  # fmt: skip
+        if options.with_trainer:
+            to_build.append((names.trainer, "trainer.Containerfile",
+                           {"SERVICES_IMAGE": names.services, "PACKAGES": " ".join(TRAINER_PACKAGES)}))  # fmt: skip
+        for tag, containerfile, args in to_build:
             build_args = {**args, "VERSION": options.version, "WHEELS_DIGEST": digest}
             _step(out, tag, build_argv(context / containerfile, tag, context, wheel_dir, build_args), env)
     return names

@@ -78,6 +78,7 @@ class UpOptions:
     host_zones: tuple[tuple[str, str], ...] = ()  # ``--host-zone``: (host, zone of its agents)
     containers: bool = False  # ``--containers``: each instance in its own podman container (a new cluster only)
     container_dirs: tuple[str, ...] = ()  # more folders the containers see at the same path (the demo's example)
+    trainer_image: str | None = None  # ``--trainer-image``: the agents' image of a new container cluster
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +167,9 @@ def _hosts_network(state: StateDir, options: UpOptions) -> NetworkPlan | None:
 
 def _containers(state: StateDir, options: UpOptions, on_hosts: bool) -> container_layout.ContainerPlan | None:
     try:
-        return container_layout.choose(state, options.containers, on_hosts, options.container_dirs, options.env)
+        return container_layout.choose(
+            state, options.containers, on_hosts, options.container_dirs, options.env, options.trainer_image
+        )
     except container_layout.ContainersError as err:
         raise ApplianceError(str(err)) from None
 

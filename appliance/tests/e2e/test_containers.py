@@ -1,10 +1,17 @@
 """``fireflyer image build`` and ``fireflyer up --containers``: the images build, and a cluster of containers passes the
-health and demo checks of the process cluster.
+health checks of the process cluster; the Helm chart under ``podman kube play`` on those images.
 
-Run by ``tox -e containers`` (``FF_CONTAINER_TESTS=1``); skipped elsewhere, and where podman, debootstrap or root is
-missing. Images go to a podman storage of the test's own (``CONTAINERS_STORAGE_CONF``), removed in teardown with every
-container; only the base root file system's tarball stays cached (``FF_IMAGE_CACHE_DIR``), so debootstrap runs once
-per machine.
+Two sizes, by ``FF_CONTAINER_TESTS`` (skipped without it, and where podman, debootstrap or root is missing):
+
+- ``ci`` (``tox -e containers``, part of ``make test``): the base and services images only (no torch); a container
+  cluster (its agents in the services image) comes up healthy, a file written through it from this machine is read
+  back by the ``hf3fs`` client inside a container, ``down`` leaves nothing; the chart under kube play;
+- ``full`` (``tox -e containers-full``): the trainer image too, and the demo's training through its faults on the
+  container cluster besides the above.
+
+Images go to a podman storage of the test's own (``CONTAINERS_STORAGE_CONF``), removed in teardown with every
+container; only the base root file system's tarball stays cached (``fireflyer image build``'s default cache,
+``~/.cache/fireflyer/images``, or ``FF_IMAGE_CACHE_DIR``), so debootstrap runs once per machine.
 """
 
 from __future__ import annotations
@@ -25,16 +32,24 @@ from pathlib import Path
 
 import pytest
 
+from ff_appliance.cli_image import default_cache_dir
 from ff_appliance.health import Health, wait_serving
 from ff_appliance.images import ImageNames, project_version
+from ff_appliance.state import StateDir, load_plan, read_secret
 from ff_appliance.supervisor import pid_alive
 from ff_cluster import MgmtdClient
 from ff_config.ports import pick_free_ports, port_in_use
 from ff_testing.environ import clean_env
 from ff_testing.postgres import running_postgres
+from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 
-BUILD_TIMEOUT_S = 900.0  # about 3 min with the base cached, 5 without, on a loaded 2-core machine
+yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (requirements/dev.txt has it)")
+
+# "ci": the services image and the checks of make test; "full": both images and the demo (see the docstring).
+MODE = os.environ.get("FF_CONTAINER_TESTS", "")
+FULL = MODE == "full"
+BUILD_TIMEOUT_S = 900.0  # both images: about 3 min with the base cached, 5 without, on a loaded 2-core machine
 UP_TIMEOUT_S = 300.0
 DEMO_TIMEOUT_S = 900.0
 KUBE_TIMEOUT_S = 300.0
@@ -52,8 +67,11 @@ KUBE_SERVICES = {"mgmtd": (100, 101), "storage": (1000, 1001), "meta": (10**6, 2
 
 
 def _why_skip() -> str | None:
-    if os.environ.get("FF_CONTAINER_TESTS") != "1":
-        return "container tests run in `tox -e containers` (FF_CONTAINER_TESTS=1): they build images (minutes)"
+    if MODE not in ("ci", "full"):
+        return (
+            "container tests run in `tox -e containers` (FF_CONTAINER_TESTS=ci) and `tox -e containers-full` "
+            "(FF_CONTAINER_TESTS=full): they build images (minutes)"
+        )
     missing = [tool for tool in ("podman", "debootstrap") if shutil.which(tool) is None]
     if missing:
         return f"needs {', '.join(missing)} (scripts/bootstrap.sh installs them as root)"
@@ -112,31 +130,116 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
 
 
 @pytest.fixture(scope="module")
-def images(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> ImageNames:
-    cache = os.environ.get("FF_IMAGE_CACHE_DIR") or str(tmp_path_factory.mktemp("image-cache"))
-    out = _ok(podman.env, "image", "build", "--cache-dir", cache, timeout_s=BUILD_TIMEOUT_S)
+def images(podman: Podman) -> ImageNames:
+    """This version's images, built into the module's podman storage: base and services (ci), and trainer (full)."""
+    cache = os.environ.get("FF_IMAGE_CACHE_DIR") or str(default_cache_dir(os.environ))
+    args = ["image", "build", "--cache-dir", cache] + ([] if FULL else ["--services-only"])
+    out = _ok(podman.env, *args, timeout_s=BUILD_TIMEOUT_S)
     names = ImageNames(version=project_version())
-    assert f"built {names.services} and {names.trainer} (from {names.base})" in out, out
+    built = f"built {names.services} and {names.trainer}" if FULL else f"built {names.services} (from {names.base});"
+    assert built in out, out
     return names
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
 def test_images_hold_the_services_and_the_trainers_stack(podman: Podman, images: ImageNames) -> None:
-    for image in (images.base, images.services, images.trainer):
+    built = (images.base, images.services, images.trainer) if FULL else (images.base, images.services)
+    for image in built:
         assert podman.run("image", "exists", image).returncode == 0, image
+    if not FULL:  # --services-only: no torch is fetched or installed
+        assert podman.run("image", "exists", images.trainer).returncode != 0
     version = '{{index .Labels "org.opencontainers.image.version"}}'
-    assert podman.ok("image", "inspect", "--format", version, images.trainer).strip() == images.version
+    assert {podman.ok("image", "inspect", "--format", version, i).strip() for i in built[1:]} == {images.version}
     wheels = '{{index .Labels "io.fireflyer.wheels"}}'
-    digests = {podman.ok("image", "inspect", "--format", wheels, i).strip() for i in (images.services, images.trainer)}
-    assert len(digests) == 1 and len(digests.pop()) == 16  # both installed the same wheels, which the label names
+    digests = {podman.ok("image", "inspect", "--format", wheels, i).strip() for i in built[1:]}
+    assert len(digests) == 1 and len(digests.pop()) == 16  # installed the same wheels, which the label names
     run = ("--runtime", "runc", "run", "--rm", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768")
-    code = "import importlib.util as u, ff_mgmtd, ff_appliance; print(u.find_spec('torch') is None)"
+    code = "import importlib.util as u, ff_mgmtd, ff_appliance, hf3fs.cli; print(u.find_spec('torch') is None)"
     assert podman.ok(*run, images.services, "python", "-c", code).strip() == "True"  # no torch in the services'
-    code = "import torch, haiscale.ddp, hfreduce.distributed; print(torch.__version__)"
-    assert podman.ok(*run, images.trainer, "python", "-c", code, timeout_s=300).strip() == "2.13.0+cpu"
+    if FULL:
+        code = "import torch, haiscale.ddp, hfreduce.distributed; print(torch.__version__)"
+        assert podman.ok(*run, images.trainer, "python", "-c", code, timeout_s=300).strip() == "2.13.0+cpu"
+
+
+def _up_containers(podman: Podman, images: ImageNames, state: Path, *extra: str) -> tuple[str, str]:
+    """``up --containers`` of a new cluster in ``state``, checked; returns ``up``'s output and the containers' prefix.
+
+    9 containers of the cluster's label, each in its image (the agents' is the trainer image, or the services image in
+    ci), each pid file naming its container's PID 1, ``status`` healthy with every instance SERVING on gRPC health.
+    """
+    trainer = images.trainer if FULL else images.services
+    argv = ["up", "--containers", *([] if FULL else ["--trainer-image", trainer]), *extra]
+    up = _ok(podman.env, *argv, "--state-dir", str(state), "--timeout-s", str(UP_TIMEOUT_S),
+             timeout_s=UP_TIMEOUT_S + 60)  # fmt: skip
+    assert "storage: created 2 chains of 3 (6 targets), all serving" in up
+    prefix = _prefix(state)
+    instances = [p.name.removesuffix(".pid") for p in sorted((state / "run").glob("*.pid"))]
+    assert podman.names(prefix) == sorted(f"{prefix}-{name}" for name in instances)
+    assert len(instances) == 9
+    image_of = podman.ok("ps", "--filter", f"label={LABEL}={prefix}", "--format", "{{.Names}} {{.Image}}")
+    for line in image_of.splitlines():
+        name, image = line.split()
+        assert image == (trainer if "-agent-" in name else images.services), line
+    for name in instances:  # each pid file names its container's PID 1 (podman's init), not the podman client
+        pid = int((state / "run" / f"{name}.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[0] == b"/run/podman-init", (name, cmdline)
+    status = _ok(podman.env, "status", "--state-dir", str(state))
+    assert status.rstrip().endswith("healthy") and status.count("SERVING") == 9, status
+    return up, prefix
+
+
+def _down_leaves_nothing(podman: Podman, state: Path, prefix: str, num_instances: int) -> None:
+    """``down`` stops every instance; no container of the cluster and none of their PID 1s is left."""
+    pids = [int(p.read_text()) for p in (state / "run").glob("*.pid")]
+    down = _ok(podman.env, "down", "--state-dir", str(state))
+    assert down.count(": stopped (pid") == num_instances, down
+    assert podman.names(prefix) == [] and not any(pid_alive(p) for p in pids)
+
+
+def _teardown_cluster(podman: Podman, state: Path, prefix: str) -> None:
+    _fireflyer(podman.env, "down", "--state-dir", str(state), timeout_s=120)
+    if prefix:
+        left = podman.names(prefix)
+        podman.run("rm", "--force", "--time", "1", *left)
+        assert left == [], f"containers left after down: {left}"
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + UP_TIMEOUT_S + 300)
+def test_a_container_cluster_serves_files_and_goes_down_clean(
+    podman: Podman, images: ImageNames, tmp_path: Path
+) -> None:
+    """The CI-sized check: health of every container, a file through the cluster, ``down`` leaves nothing."""
+    state = tmp_path / "cluster"
+    prefix = ""
+    try:
+        _, prefix = _up_containers(podman, images, state)
+        plan, token = load_plan(StateDir(state)), read_secret(StateDir(state).admin_token_file)
+        assert plan is not None and token is not None
+        mgmtd = ",".join(i.grpc_address for i in plan.of_service("mgmtd"))
+        env = {**podman.env, "FF_MGMTD_ADDRESSES": mgmtd, "FF_TOKEN": token}
+        local = tmp_path / "hello.bin"
+        local.write_bytes(secrets.token_bytes(3 * 2**20 + 17))  # several chunks and a ragged end
+        hf3fs = [sys.executable, "-m", "hf3fs"]
+        for args in (["mkdir", "-p", "/ci"], ["cp", str(local), "hf3fs:/ci/hello.bin"]):
+            wrote = subprocess.run([*hf3fs, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert wrote.returncode == 0, wrote.stderr
+        # Read back by the services image's own hf3fs client, in a container on this machine's network.
+        read = subprocess.run(
+            ["podman", "--runtime", "runc", "run", "--rm", "--network", "host", "--ulimit", "nofile=20000:20000",
+             "--ulimit", "nproc=32768:32768", "--env", "FF_MGMTD_ADDRESSES", "--env", "FF_TOKEN", images.services,
+             "hf3fs", "cat", "/ci/hello.bin"],
+            env=env, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert read.returncode == 0, read.stderr.decode()
+        assert read.stdout == local.read_bytes()
+        _down_leaves_nothing(podman, state, prefix, num_instances=9)
+    finally:
+        _teardown_cluster(podman, state, prefix)
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 2 * UP_TIMEOUT_S + 2 * DEMO_TIMEOUT_S)
+@pytest.mark.skipif(not FULL, reason="the demo's training needs the trainer image: tox -e containers-full")
 def test_a_container_cluster_passes_the_health_and_demo_checks(
     podman: Podman, images: ImageNames, tmp_path: Path
 ) -> None:
@@ -148,22 +251,7 @@ def test_a_container_cluster_passes_the_health_and_demo_checks(
 
     prefix = ""
     try:
-        up = cli("up", "--containers", "--timeout-s", str(UP_TIMEOUT_S), timeout_s=UP_TIMEOUT_S + 60)
-        assert "storage: created 2 chains of 3 (6 targets), all serving" in up
-        prefix = _prefix(state)
-        instances = [p.name.removesuffix(".pid") for p in sorted((state / "run").glob("*.pid"))]
-        assert podman.names(prefix) == sorted(f"{prefix}-{name}" for name in instances)
-        assert len(instances) == 9
-        image_of = podman.ok("ps", "--filter", f"label={LABEL}={prefix}", "--format", "{{.Names}} {{.Image}}")
-        for line in image_of.splitlines():
-            name, image = line.split()
-            assert image == (images.trainer if "-agent-" in name else images.services), line
-        for name in instances:  # each pid file names its container's PID 1 (podman's init), not the podman client
-            pid = int((state / "run" / f"{name}.pid").read_text())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            assert cmdline[0] == b"/run/podman-init", (name, cmdline)
-        status = cli("status")
-        assert status.rstrip().endswith("healthy") and status.count("SERVING") == 9, status
+        up, prefix = _up_containers(podman, images, state)
 
         tour = cli("demo", "--tour", timeout_s=DEMO_TIMEOUT_S)
         for expected in (
@@ -196,19 +284,12 @@ def test_a_container_cluster_passes_the_health_and_demo_checks(
         assert "mgmtd-1: already running" in again and "storage-1: started" in again
         assert cli("status").rstrip().endswith("healthy")
 
-        pids = [int(p.read_text()) for p in (state / "run").glob("*.pid")]
-        down = cli("down")
-        assert down.count(": stopped (pid") == 10, down  # the hang fault's demo asked for a third agent
-        assert podman.names(prefix) == [] and not any(pid_alive(p) for p in pids)
+        _down_leaves_nothing(podman, state, prefix, num_instances=10)  # the hang fault's demo asked for a 3rd agent
         # The state is on the state folder's bind mounts: the same cluster comes back.
         cluster_id = up.split("cluster ")[1].split()[0]
         assert f"cluster {cluster_id} is up" in cli("up", "--timeout-s", str(UP_TIMEOUT_S), timeout_s=UP_TIMEOUT_S)
     finally:
-        _fireflyer(env, "down", "--state-dir", str(state), timeout_s=120)
-        if prefix:
-            left = podman.names(prefix)
-            podman.run("rm", "--force", "--time", "1", *left)
-            assert left == [], f"containers left after down: {left}"
+        _teardown_cluster(podman, state, prefix)
 
 
 def _prefix(state: Path) -> str:
@@ -246,8 +327,9 @@ def test_the_chart_runs_under_podman_kube_play(podman: Podman, images: ImageName
     if helm is None:
         pytest.skip("helm is not extracted: run `python scripts/get_helm.py`")
     release = f"kp{secrets.token_hex(3)}"
-    token_dir = tmp_path / "token"
+    token_dir, admin_dir = tmp_path / "token", tmp_path / "admin-token"
     token_dir.mkdir()
+    admin_dir.mkdir()
     cluster_token = secrets.token_urlsafe(32)
     (token_dir / "token").write_text(cluster_token + "\n")
     conf = tmp_path / "containers.conf"
@@ -257,10 +339,13 @@ def test_the_chart_runs_under_podman_kube_play(podman: Podman, images: ImageName
     database_secret = f"{release}-db"
     settings = [f"ports.{name}={port}" for name, port in ports.items()] + [
         f"kubePlay.tokenDir={token_dir}",
+        f"kubePlay.adminTokenDir={admin_dir}",
         f"image.services.tag={images.version}",
         f"image.trainer.tag={images.version}",
         f"database.external.existingSecret={database_secret}",
     ]
+    if not FULL:  # no trainer image: the agent's pod runs in the services image
+        settings.append("image.trainer.repository=fireflyer/services")
     helm_env = {**podman.env, **{k: str(tmp_path / "helm" / k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME",
                                                                         "HELM_DATA_HOME")}}  # fmt: skip
     rendered = subprocess.run(
@@ -271,6 +356,10 @@ def test_the_chart_runs_under_podman_kube_play(podman: Podman, images: ImageName
     assert rendered.returncode == 0, rendered.stderr
     manifest = tmp_path / "kube.yaml"
     manifest.write_text(rendered.stdout)
+    # The admin token the chart generated into its Secret, where kubePlay's mgmtd reads it (the kubelet would mount
+    # the Secret; podman 4.3 cannot).
+    admin_token = _admin_token(rendered.stdout, f"{release}-fireflyer-admin-token")
+    (admin_dir / "token").write_text(admin_token)
     with running_postgres() as server:
         url = server.create_database()
         # podman 4.3 does not play the chart's Secrets; a podman secret of the same name stands in (JSON of base64
@@ -288,7 +377,7 @@ def test_the_chart_runs_under_podman_kube_play(podman: Podman, images: ImageName
             assert sorted(p.removeprefix(component) for p in pods if p.startswith(component)) == sorted(
                 f"{name}-pod-0" for name in KUBE_SERVICES
             ), pods
-            asyncio.run(_check_kube_cluster(ports, cluster_token))
+            asyncio.run(_check_kube_cluster(ports, cluster_token, admin_token))
         finally:
             subprocess.run(["podman", "kube", "down", str(manifest)], env=env, capture_output=True, timeout=120,
                            check=False)  # fmt: skip
@@ -304,8 +393,9 @@ def test_the_chart_runs_under_podman_kube_play(podman: Podman, images: ImageName
             assert not [p for p in left if p.startswith(release)], left
 
 
-async def _check_kube_cluster(ports: dict[str, int], cluster_token: str) -> None:
-    """Every pod's service answers gRPC health SERVING on its port, and registers with mgmtd with its node id."""
+async def _check_kube_cluster(ports: dict[str, int], cluster_token: str, admin_token: str) -> None:
+    """Every pod's service answers gRPC health SERVING on its port, and registers with mgmtd with its node id; the
+    chart's admin token is accepted as an admin's (it makes a user and that user's token)."""
     deadline = time.monotonic() + KUBE_TIMEOUT_S
     for name in KUBE_SERVICES:
         health = await wait_serving(f"127.0.0.1:{ports[name]}", deadline)
@@ -324,3 +414,24 @@ async def _check_kube_cluster(ports: dict[str, int], cluster_token: str) -> None
     assert all(len(ids) == 1 for ids in found.values()), found
     for name, ids in found.items():  # registered at the address it listens on (the pod's, on the host network)
         assert f"127.0.0.1:{ports[name]}" in str(alive[ids[0]]), (name, alive[ids[0]])
+    admin = MgmtdClient([f"127.0.0.1:{ports['mgmtd']}"], token=admin_token)
+    try:
+        me = (await admin.identity.who_am_i(mgmtd_pb2.WhoAmIRequest())).principal
+        assert (me.name, me.role) == ("admin", common_pb2.ROLE_ADMIN), me
+        await admin.identity.create_user(mgmtd_pb2.CreateUserRequest(name="kube-play-user"))
+        issued = await admin.identity.issue_token(mgmtd_pb2.IssueTokenRequest(user_name="kube-play-user"))
+    finally:
+        await admin.close()
+    user = MgmtdClient([f"127.0.0.1:{ports['mgmtd']}"], token=issued.token)
+    try:
+        assert (await user.identity.who_am_i(mgmtd_pb2.WhoAmIRequest())).principal.name == "kube-play-user"
+    finally:
+        await user.close()
+
+
+def _admin_token(manifest: str, secret_name: str) -> str:
+    """The token in the rendered Secret ``secret_name`` (its only key, base64 as Kubernetes keeps it)."""
+    docs = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Secret"]
+    [secret] = [d for d in docs if d["metadata"]["name"] == secret_name]
+    [value] = secret["data"].values()
+    return base64.b64decode(value).decode()

@@ -13,6 +13,7 @@ from ff_appliance.cli_image import default_cache_dir
 from ff_appliance.containers import ContainerPlan, ContainersError, new_container_plan, remove_argv, run_argv
 from ff_appliance.images import (
     SERVICES_PACKAGES,
+    SERVICES_WHEEL_SOURCES,
     TRAINER_PACKAGES,
     WHEEL_SOURCES,
     ImageNames,
@@ -20,6 +21,7 @@ from ff_appliance.images import (
     build_argv,
     debootstrap_argv,
     import_argv,
+    project_version,
     tar_argv,
     wheel_argv,
     wheels_digest,
@@ -129,6 +131,25 @@ def test_containers_is_for_a_new_cluster_of_processes_only(tmp_path: Path) -> No
     assert container_layout.choose(state, False, False, (), {}) is None
 
 
+def test_trainer_image_picks_the_agents_image_of_a_new_container_cluster_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(container_layout.containers, "check_can_run", lambda plan, env: None)
+    state = StateDir(tmp_path)
+    state.create_dirs()
+    services = ImageNames(version=project_version()).services
+    with pytest.raises(ContainersError, match="--trainer-image goes with --containers"):
+        container_layout.choose(state, False, False, (), {}, services)
+    chosen = container_layout.choose(state, True, False, (), {}, services)
+    assert chosen is not None and chosen.trainer_image == chosen.services_image == services
+    assert run_argv(chosen, instance="agent-1", service="agent", argv=["python"])[-2] == chosen.services_image
+    save_plan(state, _plan(chosen))
+    assert container_layout.choose(state, False, False, (), {}) == chosen  # kept for later ups
+    assert container_layout.choose(state, False, False, (), {}, chosen.trainer_image) == chosen
+    with pytest.raises(ContainersError, match="chosen at its first up"):
+        container_layout.choose(state, False, False, (), {}, IMAGES.trainer)
+
+
 def test_debootstrap_makes_a_minbase_with_python_and_the_cache_key_follows_its_inputs(tmp_path: Path) -> None:
     argv = debootstrap_argv("bookworm", "http://mirror/debian", tmp_path / "rootfs")
     assert argv == [
@@ -152,6 +173,9 @@ def test_wheels_are_built_from_absolute_paths_with_their_extras(tmp_path: Path) 
     assert "/repo/appliance" in sources  # a bare "appliance" would be an unrelated PyPI project
     assert "/repo/libs/hfreduce[torch]" in sources
     assert all(s.startswith("/repo/") for s in sources)
+    services_only = wheel_argv("/py", Path("/repo"), tmp_path, (), SERVICES_WHEEL_SOURCES)
+    assert "/repo/libs/hfreduce" in services_only and "/repo/appliance" in services_only
+    assert not any("torch" in a or "haiscale" in a for a in services_only)  # --services-only fetches no torch
 
 
 def test_image_builds_mount_the_wheels_and_need_no_runtime(tmp_path: Path) -> None:
@@ -169,6 +193,10 @@ def test_the_cli_takes_image_build_and_up_containers() -> None:
     assert build_parser().parse_args(["up", "--containers"]).containers is True
     assert build_parser().parse_args(["demo", "--quick", "--containers"]).containers is True
     assert build_parser().parse_args(["up"]).containers is False
+    assert build_parser().parse_args(["image", "build"]).services_only is False
+    assert build_parser().parse_args(["image", "build", "--services-only"]).services_only is True
+    up = build_parser().parse_args(["up", "--containers", "--trainer-image", IMAGES.services])
+    assert up.trainer_image == IMAGES.services
     assert default_cache_dir({"HOME": "/h"}) == Path("/h/.cache/fireflyer/images")
     assert default_cache_dir({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path("/x/fireflyer/images")
 
