@@ -16,7 +16,7 @@ from hfreduce.control import query_status
 from hfreduce.counters import Counters
 from hfreduce.group import Registered, Runtime
 from hfreduce.reduction import DType, ReduceOp
-from hfreduce.tensors import Flat, PinnedPool, flatten, is_torch
+from hfreduce.tensors import Flat, PinnedPool, address_view, flatten, is_torch
 
 _DTYPE_NAMES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
 # A collective as ``Group`` queues it: its name (the control server's record), the buffer it writes, and the body
@@ -103,6 +103,74 @@ class Group:
         flat, rop = self._flat(buf), ReduceOp(op)
         reg = self._lookup(flat)
         return "allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg)
+
+    def allgather_registered(self, buf: Any, out: Any = None) -> None:
+        """All-gather inside registered buffer ``buf`` (from ``alloc``): see ``allgather_registered_async``."""
+        self._call(self._allgather_registered(buf, out))
+
+    def allgather_registered_async(self, buf: Any, out: Any = None) -> Work:
+        """Queue an all-gather inside registered buffer ``buf`` (from ``alloc``) and return its handle.
+
+        ``buf`` is ``world_size`` equal blocks; block ``rank`` holds this rank's input. Once done, every block
+        holds its rank's input: in ``out`` when given (a contiguous CPU buffer of ``buf``'s size and dtype, e.g.
+        the tensor the result is used from: no copy out of ``buf`` afterwards; ``buf``'s other blocks are then
+        unspecified), else in ``buf``. Within a node nothing is reduced and no zeros are sent, unlike an
+        allreduce of ``buf`` zero outside this rank's block. Neither buffer may be touched, nor ``out``'s storage
+        resized, until ``wait()`` returns; ``out`` stays resizable afterwards (a torch tensor is viewed by
+        address, not through ``.numpy()``, which would pin its storage's size).
+
+        Raises:
+            ValueError: ``buf`` is not a registered buffer, its size is not a multiple of ``world_size``, or
+                ``out`` differs from it in size or dtype.
+            TypeError: ``out`` is not a contiguous CPU buffer.
+        """
+        return self._submit(self._allgather_registered(buf, out))
+
+    def _allgather_registered(self, buf: Any, out: Any) -> _Job:
+        flat = self._flat(buf)
+        reg, n, dest = self._registered_blocks(flat, out, len(flat.array))
+        return "allgather", flat, lambda: self._rt.allgather_registered(reg, n, flat.dtype, dest)
+
+    def reduce_scatter_registered(self, buf: Any, out: Any = None, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """Reduce-scatter of registered buffer ``buf`` (from ``alloc``): see ``reduce_scatter_registered_async``."""
+        self._call(self._reduce_scatter_registered(buf, out, op))
+
+    def reduce_scatter_registered_async(self, buf: Any, out: Any = None, op: ReduceOp | str = ReduceOp.SUM) -> Work:
+        """Queue a reduce-scatter of registered buffer ``buf`` (from ``alloc``) and return its handle.
+
+        ``buf`` is ``world_size`` equal blocks, every rank's whole buffer its input. Once done, ``out`` (a
+        contiguous CPU buffer of one block, viewed by address as in ``allgather_registered_async``), or when it is
+        None block ``rank`` of ``buf``, holds the reduction with ``op`` of block ``rank`` over the ranks; the rest
+        of ``buf`` is unspecified. At one or two nodes an fp32 buffer has only the blocks this rank needs reduced
+        and one block sent between nodes, instead of an allreduce of all of it. Neither buffer may be touched
+        until ``wait()`` returns.
+
+        Raises:
+            ValueError: ``buf`` is not a registered buffer, its size is not a multiple of ``world_size``, or
+                ``out`` is not one block of its dtype.
+            TypeError: ``out`` is not a contiguous CPU buffer.
+        """
+        return self._submit(self._reduce_scatter_registered(buf, out, op))
+
+    def _reduce_scatter_registered(self, buf: Any, out: Any, op: ReduceOp | str) -> _Job:
+        flat, rop = self._flat(buf), ReduceOp(op)
+        reg, n, dest = self._registered_blocks(flat, out, len(flat.array) // self.world_size)
+        return "reduce_scatter", flat, lambda: self._rt.reduce_scatter_registered(reg, n, flat.dtype, rop, dest)
+
+    def _registered_blocks(self, flat: Flat, out: Any, out_numel: int) -> tuple[Registered, int, Any]:
+        """The registration of ``flat``, its size and the array ``out`` is viewed as (checked: see the callers)."""
+        reg = self._lookup(flat)
+        n = len(flat.array)
+        if reg is None:
+            raise ValueError("this collective needs a buffer from Group.alloc (the whole of it)")
+        if n % self.world_size:
+            raise ValueError(f"size {n} is not a multiple of world_size ({self.world_size})")
+        if out is None:
+            return reg, n, None
+        dest = address_view(out)
+        if dest.dtype is not flat.dtype or len(dest.array) != out_numel:
+            raise ValueError(f"out must be {flat.dtype.value} x {out_numel}")
+        return reg, n, dest.array
 
     def reduce(self, buf: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """Reduce every rank's ``buf`` into rank ``dst``'s with ``op``.

@@ -534,6 +534,116 @@ class Runtime:
         counters.lap("barrier_out", now)
         return counters
 
+    def allgather_registered(self, reg: Registered, n: int, dtype: DType, out: Array | None) -> Counters:
+        """All-gather inside a registered buffer of ``n`` elements (``world_size`` blocks), into ``out`` or in place.
+
+        On entry block ``rank`` holds this rank's input; on return every rank's block is in ``out`` (``n``
+        elements), or, when ``out`` is None, in this rank's registered buffer.
+
+        At one or two nodes nothing is reduced and no zeros are sent: at two nodes each rank swaps its block with
+        the same local rank of the other node (into its registered buffer, at the sender's block), then, between two
+        node barriers, copies every block from the local rank's registered buffer that holds it (block ``q`` is in
+        local rank ``q % local_world_size``'s). At more nodes it is a SUM allreduce of the buffer with zeros
+        outside this rank's block (x + 0 is exact; sent uncompressed), copied to ``out``. Either way every block
+        holds its rank's input bit for bit.
+        """
+        assert self.local is not None
+        world, num_local, me = self.config.world_size, self.num_local, self.config.local_rank
+        block = n // world
+        bufs = [seg.array(dtype.storage, n) for seg in reg.segments]
+        mine = bufs[me]
+        if self.config.num_nodes > 2:
+            mine[: self.rank * block] = 0
+            mine[(self.rank + 1) * block :] = 0
+            if leader_reduces(num_local, n * dtype.itemsize):
+                counters = self._allreduce_small(mine, dtype, dtype, ReduceOp.SUM, keep=True, registered=reg)
+            else:
+                counters = self._allreduce_registered(reg, n, dtype, dtype, ReduceOp.SUM)
+            if out is not None:
+                np.copyto(out, mine)
+                counters.copied_out += n * dtype.itemsize
+            return counters
+        counters = Counters()
+        now = time.perf_counter()
+        if self.config.num_nodes == 2:
+            peer = (1 - self.config.node_rank) * num_local + me
+            own, theirs = mine[self.rank * block : (self.rank + 1) * block], mine[peer * block : (peer + 1) * block]
+            self.tree.swap(own.data.cast("B"), theirs.data.cast("B"))
+            counters.sent += block * dtype.itemsize
+            counters.received += block * dtype.itemsize
+            now = counters.lap("exchange", now)
+        sig = _signature(self.seq, n, dtype, ReduceOp.SUM) ^ ((reg.index + 1) << 40) ^ (1 << 41)
+        self.local.barrier(sig)
+        now = counters.lap("barrier_in", now)
+        for q in range(world):
+            src = bufs[q % num_local]
+            if out is None and src is mine:
+                continue
+            np.copyto((mine if out is None else out)[q * block : (q + 1) * block], src[q * block : (q + 1) * block])
+            counters.copied_out += block * dtype.itemsize
+        now = counters.lap("copy_out", now)
+        self.local.barrier(sig + 1)  # no local rank writes its buffer again before the others have read it
+        counters.lap("barrier_out", now)
+        return counters
+
+    def reduce_scatter_registered(
+        self, reg: Registered, n: int, dtype: DType, op: ReduceOp, out: Array | None
+    ) -> Counters:
+        """Reduce-scatter of a registered buffer of ``n`` elements (``world_size`` blocks), into ``out`` or in place.
+
+        Every rank's whole buffer is its input; on return ``out`` (``n / world_size`` elements), or when ``out`` is
+        None this rank's block of its registered buffer, holds the reduction of block ``rank`` over the ranks.
+
+        fp32 at one or two nodes, without compression: nothing but the blocks a rank needs is reduced, and only a
+        block crosses between nodes. Between two node barriers each rank reduces, in its own registered buffer,
+        the node's partial of its block and (at two nodes) of the block of the same local rank of the other node,
+        swaps the latter with that rank for its partial of this rank's block, and combines the two partials (a
+        sum of two is the same either way round; AVG divides once, at the end). Otherwise it is an allreduce of
+        the buffer of which this rank keeps its block.
+        """
+        assert self.local is not None
+        world, num_local, me = self.config.world_size, self.num_local, self.config.local_rank
+        block = n // world
+        bufs = [seg.array(dtype.storage, n) for seg in reg.segments]
+        mine = bufs[me]
+        own = slice(self.rank * block, (self.rank + 1) * block)
+        if self.config.num_nodes > 2 or dtype is not DType.F32 or self.config.compression is not None:
+            counters = self.allreduce(mine, dtype, op, registered=reg)
+            if out is not None:
+                np.copyto(out, mine[own])
+                counters.copied_out += block * dtype.itemsize
+            return counters
+        combine, counters = combine_fn(op), Counters()
+        sig = _signature(self.seq, n, dtype, op) ^ ((reg.index + 1) << 40) ^ (1 << 42)
+        now = time.perf_counter()
+        self.local.barrier(sig)
+        now = counters.lap("barrier_in", now)
+        peer = (1 - self.config.node_rank) * num_local + me
+        wanted = [own] if self.config.num_nodes == 1 else [slice(peer * block, (peer + 1) * block), own]
+        for part in wanted:  # the node's partials, each into this rank's own buffer (no other rank reads there)
+            for o in range(num_local):
+                if o != me:
+                    combine(mine[part], bufs[o][part], mine[part])
+        counters.reduce_read += len(wanted) * num_local * block * dtype.itemsize
+        counters.reduce_written += len(wanted) * block * dtype.itemsize
+        now = counters.lap("up_intra_reduce", now)
+        result = mine[own] if out is None else out
+        if self.config.num_nodes == 2:
+            got = result if out is not None else np.empty(block, dtype=np.float32)
+            self.tree.swap(mine[wanted[0]].data.cast("B"), got.data.cast("B"))
+            combine(mine[own], got, result)
+            counters.sent += block * dtype.itemsize
+            counters.received += block * dtype.itemsize
+            counters.reduce_inter += block * dtype.itemsize
+            now = counters.lap("exchange", now)
+        elif out is not None:
+            np.copyto(out, mine[own])
+        if op is ReduceOp.AVG:
+            np.divide(result, np.float32(world), out=result)
+        self.local.barrier(sig + 1)  # no local rank writes its buffer again before the others have read it
+        counters.lap("barrier_out", now)
+        return counters
+
     def broadcast(self, flat: Array, src: int) -> Counters:
         """Copy global rank ``src``'s ``flat`` into every rank's, along the ring."""
         if self.config.world_size == 1:

@@ -160,21 +160,15 @@ class TreeEngine:
     def _exchange(self, job: TreeJob) -> Counters:
         """At two nodes, a slice of up to a chunk: each node sends the other its whole partial and combines both.
 
-        Each node's partial goes out on the link that carries data from it to the other node (its up link in the
-        tree the other node roots) and the other's comes in on its own root's up link, so every socket still
-        carries data one way. Both nodes combine the two partials in node order (node 0's first) from the same
-        bytes, so they get bit-identical results; with a 16-bit wire or data, both partials are the rounded ones
-        that crossed the wire, the final value is rounded once to the data type. When the socket takes the whole
-        partial at once (small messages), the receive blocks on the link itself, with no event loop.
+        The partials cross through ``swap``. Both nodes combine the two partials in node order (node 0's first)
+        from the same bytes, so they get bit-identical results; with a 16-bit wire or data, both partials are the
+        rounded ones that crossed the wire, the final value is rounded once to the data type.
         """
         c0, c1 = job.span
         n = c1 - c0
         counters = Counters()
         if n == 0:
             return counters
-        root = 0 if self.trees[0][self.node_rank].parent < 0 else 1  # the tree this node roots
-        peer = self.trees[root][self.node_rank].children[0]
-        out_link, in_link = self.up_links[1 - root][peer], self.up_links[root][peer]
         scratch, theirs = self._scratch[0][0], self._scratch[1][0]
         combine = combine_fn(job.op)
         now = time.perf_counter()
@@ -188,13 +182,7 @@ class TreeEngine:
             from_f32(job.wire, acc, out, scratch.u32)
         got = theirs.wire(job.wire, n)
         now = counters.lap("up_intra_reduce", now)
-        data = out.data.cast("B")
-        sent = out_link.send_nowait(data)
-        if sent == len(data):  # all out: nothing the other node needs waits here, so just receive
-            in_link.recv_into(got.data)
-        else:  # the rest goes out as the other node's partial comes in
-            loop = self.exchange_runner
-            loop.run([loop.send(out_link, data[sent:]), loop.recv(in_link, got.data)])
+        self.swap(out.data.cast("B"), got.data)
         now = counters.lap("exchange", now)
         if not fast:
             to_f32(job.wire, out, acc)  # this node's partial as the other node received it
@@ -218,6 +206,24 @@ class TreeEngine:
         counters.distributed += n * (len(job.distribute_to) + len(job.remote)) * job.dtype.itemsize
         counters.lap("exchange_finalize", now)
         return counters
+
+    def swap(self, data: memoryview, into: memoryview) -> None:
+        """At two nodes: send ``data`` to the same local rank of the other node and fill ``into`` with what it sends.
+
+        ``data`` goes out on the link that carries data from this node to the other (its up link in the tree the
+        other node roots), the other's comes in on this node's root's up link, so every socket carries data one
+        way. When the socket takes all of ``data`` at once (small messages), the receive blocks on the link itself,
+        with no event loop.
+        """
+        root = 0 if self.trees[0][self.node_rank].parent < 0 else 1  # the tree this node roots
+        peer = self.trees[root][self.node_rank].children[0]
+        out_link, in_link = self.up_links[1 - root][peer], self.up_links[root][peer]
+        sent = out_link.send_nowait(data)
+        if sent == len(data):  # all out: nothing the other node needs waits here, so just receive
+            in_link.recv_into(into)
+        else:  # the rest goes out as the other node's data comes in
+            loop = self.exchange_runner
+            loop.run([loop.send(out_link, data[sent:]), loop.recv(in_link, into)])
 
     def _chunk(self, span: Span) -> int:
         return pipeline_chunk(span[1] - span[0], self.chunk_elems)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -40,6 +41,31 @@ def flatten(buf: Any, *, stage: Callable[[int], Any] | None = None) -> Flat:
     if is_torch(buf):
         return _flatten_torch(buf, stage)
     raise TypeError(f"hfreduce reduces numpy arrays and torch tensors, not {type(buf).__name__}")
+
+
+def address_view(buf: Any) -> Flat:
+    """A flat storage array over the memory of a contiguous CPU buffer, for results written straight into it.
+
+    A torch tensor is viewed by address rather than through ``.numpy()``, which marks its storage as not
+    resizable for good: a tensor whose storage is given back between uses (FSDP's gathered parameters) can
+    still be. The caller keeps the tensor alive, its storage at its size, until the collective is done.
+
+    Raises:
+        TypeError: not a contiguous CPU buffer of a supported dtype.
+    """
+    if not is_torch(buf):
+        if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
+            raise TypeError("out must be a contiguous numpy array or CPU tensor")
+        return _flatten_numpy(buf)
+    import torch
+
+    dtypes = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}
+    dtype = dtypes.get(buf.dtype)
+    if dtype is None or buf.device.type != "cpu" or not buf.is_contiguous():
+        raise TypeError(f"out must be a contiguous CPU tensor of float32, float16 or bfloat16, got {buf.dtype}")
+    n = buf.numel()
+    raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(buf.data_ptr()) if n else bytearray(0)
+    return Flat(np.frombuffer(raw, dtype=dtype.storage, count=n), dtype, buf.data_ptr(), lambda: None)
 
 
 def _flatten_numpy(arr: Array) -> Flat:

@@ -34,6 +34,9 @@ def test_every_op_numpy_fp32_fp16_with_registered_buffers(launch: Launch, nodes:
     results = assert_all_correct(results, nodes * local)
     counted = [c for c in results[0]["cases"] if "counters_ok" in c]
     assert len(counted) >= 10  # the byte model was checked on copy and registered paths
+    names = {c["name"] for c in results[0]["cases"]}  # all-gathers in registered buffers, exact (check's bound 0)
+    assert {f"registered/allgather-{into}/float16/1027" for into in ("in-place", "out")} <= names
+    assert {f"reduce_scatter_registered/avg-{into}/float32/1027" for into in ("in-place", "out")} <= names
     status = results[0]["status"]
     assert [s["rank"] for s in status] == list(range(nodes * local))
     assert {s["seq"] for s in status} == {results[0]["seq"]}

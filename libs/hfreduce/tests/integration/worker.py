@@ -216,6 +216,45 @@ def registered(group: Group, cfg: GroupConfig, sizes: list[int]) -> list[Any]:
                 if op == "sum":
                     res["counters_ok"] = _counters_ok(cfg, group, before, after, n, dtype, registered=True)
                 out.append(res)
+            if n:
+                out += registered_allgather(group, cfg, n, dtype)
+                out += registered_reduce_scatter(group, cfg, n, dtype)
+    return out
+
+
+def registered_reduce_scatter(group: Group, cfg: GroupConfig, n: int, dtype: DType) -> list[Any]:
+    """``reduce_scatter_registered`` of blocks of ``n``: sum, avg and max, in place and into another buffer."""
+    world, rank = cfg.world_size, cfg.rank
+    buf = group.alloc(world * n, dtype.value)
+    out = []
+    for op in ("sum", "avg", "max"):
+        for into in ("in-place", "out"):
+            raw = inputs(3000 + n + len(op) + len(into), world, world * n)
+            buf[...] = rounded(raw[rank], dtype).astype(dtype.storage)
+            target = np.full(n, 3.0, dtype=dtype.storage) if into == "out" else None
+            group.reduce_scatter_registered(buf, target, op)
+            got = buf[rank * n : (rank + 1) * n] if target is None else target
+            x = rounded(raw[:, rank * n : (rank + 1) * n], dtype)  # every rank's block of this rank
+            name = f"reduce_scatter_registered/{op}-{into}/{dtype.value}/{n}"
+            out.append(check(name, as_f64(got), reference(op, x), np.abs(x).sum(0), dtype, world, op == "max", b""))
+    return out
+
+
+def registered_allgather(group: Group, cfg: GroupConfig, n: int, dtype: DType) -> list[Any]:
+    """``allgather_registered`` of blocks of ``n``, in place and into another buffer: every block bit for bit, the
+    other ranks' blocks starting as garbage (nothing may be summed into them)."""
+    world, rank = cfg.world_size, cfg.rank
+    buf = group.alloc(world * n, dtype.value)
+    out = []
+    for into in ("in-place", "out"):
+        x = rounded(inputs(2000 + n + len(into), world, n), dtype)
+        buf[...] = np.float32(7.0)
+        buf[rank * n : (rank + 1) * n] = x[rank].astype(dtype.storage)
+        target = np.full(world * n, 3.0, dtype=dtype.storage) if into == "out" else None
+        group.allgather_registered(buf, target)
+        got = buf if target is None else target
+        name = f"registered/allgather-{into}/{dtype.value}/{n}"
+        out.append(check(name, as_f64(got), x.ravel(), np.abs(x).ravel(), dtype, world, True, raw_bytes(got)))
     return out
 
 
