@@ -44,6 +44,18 @@ class FakeGroup:
         self.works.append(FakeWork())
         return self.works[-1]
 
+    def allgather_registered_async(self, buf: torch.Tensor, out: torch.Tensor | None = None) -> FakeWork:
+        """The gathered blocks are the buffer's (one contributor), in ``out`` when given."""
+        if out is not None:
+            out.copy_(buf)
+        return self.allreduce_async(buf, "allgather")
+
+    def reduce_scatter_registered_async(self, buf: torch.Tensor, out: torch.Tensor | None, op: str) -> FakeWork:
+        """This rank's block is the buffer's (one contributor), in ``out`` when given (as rank 0)."""
+        if out is not None:
+            out.copy_(buf[: out.numel()])
+        return self.allreduce_async(buf, op)
+
 
 class FakeShared:
     def __init__(self) -> None:
@@ -90,7 +102,7 @@ def first_backward_with_step_in_backward(rank: int, *, late: bool) -> list[tuple
 def test_a_collective_uses_the_same_registered_buffer_on_every_rank_whatever_the_timing() -> None:
     early = first_backward_with_step_in_backward(0, late=False)
     late = first_backward_with_step_in_backward(1, late=True)
-    assert [op for op, _, _ in early] == ["sum", "avg"] * 3 + ["avg"]
+    assert [op for op, _, _ in early] == ["allgather", "avg"] * 3 + ["avg"]
     # hfreduce's node barrier refuses a collective started on different buffers ("local ranks called different
     # collectives at once"): a pool that handed out the buffer given back last gave the late rank's second
     # gather the first reduce-scatter's buffer, the early rank's another one
@@ -106,7 +118,7 @@ def test_a_buffer_is_reused_only_once_its_previous_collective_is_finished() -> N
     # depth 3: the fourth gather takes the first one's buffer, so the first was finished (copied out) first
     assert comm.slot_of(started[0]) is None and comm.slot_of(started[3]) == (1, 0)
     assert group.works[0].completed and not group.works[1].completed
-    assert outs[0].tolist() == [1.0] * 4 + [0.0] * 4  # rank 0's shard at its place, zeros elsewhere
+    assert outs[0].tolist() == [1.0] * 4 + [0.0] * 4  # rank 0's shard at its place (the peer's block: zeros here)
     for p in started[1:]:
         p.wait()
     assert [out[:4].tolist() for out in outs] == [[float(i + 1)] * 4 for i in range(4)]

@@ -1,13 +1,13 @@
 """The two collectives FSDP needs, asynchronous: through hfreduce (registered buffers) or the process group's own.
 
 ``HFReduceComm`` (the default) forms an hfreduce group from the torch process group, as haiscale DDP does, and
-does both collectives as allreduces of registered buffers: within a node they are summed in shared memory with
-no copy in or out, between nodes reduced over hfreduce's trees. An all-gather is an allreduce in which each rank
-contributes its shard at its place and zeros elsewhere (x + 0 is exact); a reduce-scatter is an allreduce (AVG)
-of which each rank keeps its block. That moves more bytes between nodes than ring collectives (an allreduce is a
-reduce-scatter plus an all-gather), but on these machines the intra-node shared-memory reduce is what is fast:
-measured on 3.3 M floats at 2 ranks of one node, 6 ms for the registered allreduce against 25 ms for hfreduce's
-ring all-gather and 48-52 ms for gloo's all-gather and reduce-scatter.
+does both collectives on registered buffers (hfreduce's ``allgather_registered``/``reduce_scatter_registered``):
+within a node the ranks read each other's buffers in shared memory, at two nodes each rank swaps one block with
+the same local rank of the other node, and the result goes straight into the unit's gathered buffer or its
+gradient shard (no copy out). At more nodes hfreduce falls back to allreduces (an all-gather as a sum with zeros
+outside the shard, x + 0 being exact). On these machines the shared-memory path is what is fast: measured on
+3.3 M floats at 2 ranks of one node, 6 ms for a registered allreduce against 25 ms for hfreduce's ring
+all-gather and 48-52 ms for gloo's all-gather and reduce-scatter.
 
 ``TorchComm`` calls ``all_gather_single`` and ``reduce_scatter_single`` on the process group (gloo, nccl,
 ``hfreduce``'s backend): for backends hfreduce does not serve, e.g. NCCL on GPUs.
@@ -211,7 +211,11 @@ class HFReduceComm:
         return cls(acquire_group(pg) if world > 1 else None, rank, world, sizes, depth=depth)
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Pending:
-        """A SUM allreduce of a registered buffer holding ``shard`` at this rank's place and zeros elsewhere."""
+        """An all-gather inside a registered buffer holding ``shard`` at this rank's place (hfreduce's).
+
+        A CPU ``out`` receives the blocks straight from the node's registered buffers (no copy out of this rank's
+        afterwards); a GPU ``out`` gets the gathered registered buffer copied in on the caller's stream at ``wait``.
+        """
         if self._shared is None:
             with torch.no_grad():
                 out.copy_(shard)
@@ -219,10 +223,11 @@ class HFReduceComm:
         slot = self._take(out.numel(), out.dtype)
         buf, n, r = slot.buf, shard.numel(), self.rank
         with torch.no_grad():
-            buf[: r * n].zero_()
-            buf[(r + 1) * n :].zero_()
             buf[r * n : (r + 1) * n].copy_(shard)
-        work = self._shared.group.allreduce_async(buf, "sum")
+        if out.device.type == "cpu":
+            work = self._shared.group.allgather_registered_async(buf, out)
+            return self._track(work, "all-gather", None, slot)
+        work = self._shared.group.allgather_registered_async(buf)
 
         def finish() -> None:
             with torch.no_grad():
@@ -231,14 +236,20 @@ class HFReduceComm:
         return self._track(work, "all-gather", finish, slot)
 
     def reduce_scatter_mean(self, out: torch.Tensor, write: Callable[[torch.Tensor], None], numel: int) -> Pending:
-        """An AVG allreduce of a registered buffer ``write`` fills (no copy in), of which ``out`` gets its block."""
+        """An AVG reduce-scatter (hfreduce's) of a registered buffer ``write`` fills (no copy in).
+
+        A CPU ``out`` receives this rank's block from the collective itself; a GPU one gets it copied in at ``wait``.
+        """
         if self._shared is None:
             write(out)
             return Pending(None, "reduce-scatter")
         slot = self._take(numel, out.dtype)
         buf = slot.buf
         write(buf)  # the gradient straight into the registered buffer: no copy in
-        work = self._shared.group.allreduce_async(buf, "avg")
+        if out.device.type == "cpu":
+            work = self._shared.group.reduce_scatter_registered_async(buf, out, "avg")
+            return self._track(work, "reduce-scatter", None, slot)
+        work = self._shared.group.reduce_scatter_registered_async(buf, None, "avg")
         n, r = out.numel(), self.rank
 
         def finish() -> None:
@@ -268,7 +279,7 @@ class HFReduceComm:
             slot.user.wait()  # finishes it (the same collective on every rank), giving the buffer back
         return slot
 
-    def _track(self, work: Any, what: str, finish: Callable[[], None], slot: _Slot) -> Pending:
+    def _track(self, work: Any, what: str, finish: Callable[[], None] | None, slot: _Slot) -> Pending:
         def release() -> None:
             slot.user = None
             self._in_flight.remove(pending)
