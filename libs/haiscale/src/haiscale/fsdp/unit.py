@@ -11,6 +11,7 @@ import torch
 
 from haiscale.fsdp.comm import Comm, Pending
 from haiscale.fsdp.flat import FlatLayout, Piece, layout_of
+from haiscale.fsdp.memory import SpareMemory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +67,9 @@ class Unit:
     ``shard`` is this rank's ``1 / world_size`` of the flat parameters, in the master dtype (the parameters'
     own, float32 for mixed precision): the optimizer's parameter. Before the module runs, the shards are
     all-gathered into ``buffer`` (compute dtype) and the module's attributes are set to views of it; afterwards
-    the buffer's storage is resized to zero, so the views autograd saved stay valid and get their data back
-    when the buffer is gathered again before backward (torch FSDP does the same).
+    the buffer's storage is emptied (its memory kept in ``spare`` for the next gather on the CPU), so the views
+    autograd saved stay valid and get their data back when the buffer is gathered again before backward (torch
+    FSDP resizes the storage to zero and back).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Unit:
         values: list[torch.Tensor],
         comm: Comm,
         *,
+        spare: SpareMemory,
         compute_dtype: torch.dtype,
         reduce_dtype: torch.dtype,
         reshard_after_forward: bool,
@@ -86,6 +89,7 @@ class Unit:
         self.module = module
         self.params = params
         self.comm = comm
+        self.spare = spare
         self.layout: FlatLayout = layout_of([v.numel() for v in values], comm.world_size)
         self.offsets = self.layout.offsets()
         self.compute_dtype = compute_dtype
@@ -101,7 +105,7 @@ class Unit:
         self.shard = torch.nn.Parameter(torch.empty(0, dtype=master, device=device))
         self.buffer = torch.empty(self.layout.padded, dtype=compute_dtype, device=device)
         self._nbytes = self.buffer.untyped_storage().nbytes()
-        self.buffer.untyped_storage().resize_(0)
+        self.buffer.untyped_storage().resize_(0)  # its first gather allocates; later ones reuse ``spare``'s
         self.state = UnitState.FREE
         self._gather: Pending | None = None
         self.full: torch.Tensor | None = None  # this forward's leaf: views of it are the module's parameters
@@ -132,7 +136,7 @@ class Unit:
         src = self.shard.detach()
         if src.dtype != self.compute_dtype:
             src = src.to(self.compute_dtype)
-        self.buffer.untyped_storage().resize_(self._nbytes)
+        self.spare.fill(self.buffer.untyped_storage(), self._nbytes)
         self._gather = self.comm.all_gather(self.buffer, src)
         self.state = UnitState.GATHERING
 
@@ -151,7 +155,7 @@ class Unit:
         if self._gather is not None:
             pending, self._gather = self._gather, None
             pending.wait()
-        self.buffer.untyped_storage().resize_(0)
+        self.spare.empty(self.buffer.untyped_storage())
         self.state = UnitState.FREE
         self._placeholders()
 

@@ -16,6 +16,7 @@ from haiscale.fsdp import state as state_fns
 from haiscale.fsdp.build import Owned, assign_params, check_devices, check_same_units, resolve_process_group
 from haiscale.fsdp.comm import Comm, HFReduceComm, Pending, TorchComm, broadcast
 from haiscale.fsdp.flat import layout_of
+from haiscale.fsdp.memory import SpareMemory
 from haiscale.fsdp.unit import Unit
 from haiscale.fsdp.wrap import WrapPolicy, plan_units
 
@@ -101,6 +102,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.mixed_precision = mixed_precision
         self.prefetch = prefetch
         self.comm = self._make_comm(collectives, owned)
+        self.spare_memory = SpareMemory()
         self._state_keys = list(module.state_dict(keep_vars=True).keys())
         self.units = [self._make_unit(i, o) for i, o in enumerate(owned)]
         for unit in self.units:
@@ -155,6 +157,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             owned.params,
             [v.detach() for v in owned.values],
             self.comm,
+            spare=self.spare_memory,
             compute_dtype=compute,
             reduce_dtype=reduce,
             reshard_after_forward=owned.module is not self.module,
@@ -355,11 +358,12 @@ class FullyShardedDataParallel(torch.nn.Module):
         state_fns.load_sharded_optim_state_dict(self, _as_list(optimizers), state)
 
     def close(self) -> None:
-        """Remove the hooks and release the hfreduce group (closed with its last user). Idempotent."""
+        """Remove the hooks, release the hfreduce group (closed with its last user) and spare memory. Idempotent."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.comm.close()
+        self.spare_memory.release()
 
     # ----- sizes -----
 
