@@ -44,6 +44,11 @@ TREE_DOWN = (0, 1)
 TREE_UP = (4, 5)
 RING_UP, RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
 _ALIGN_BYTES = 64
+# Marks in the node barrier's signature of the registered all-gather and reduce-scatter, so that local ranks in
+# different kinds of collective on the same sizes do not pass it together: high bits, which no registered
+# allreduce's signature differs by (its buffer index sits at bit 40).
+_ALLGATHER_BARRIER = 1 << 62
+_REDUCE_SCATTER_BARRIER = 1 << 63
 _GROW_BYTES = 4 << 20  # slots grow in steps of this, so a run of growing sizes does not remap each time
 
 
@@ -572,7 +577,7 @@ class Runtime:
             counters.sent += block * dtype.itemsize
             counters.received += block * dtype.itemsize
             now = counters.lap("exchange", now)
-        sig = _signature(self.seq, n, dtype, ReduceOp.SUM) ^ ((reg.index + 1) << 40) ^ (1 << 41)
+        sig = _signature(self.seq, n, dtype, ReduceOp.SUM) ^ ((reg.index + 1) << 40) ^ _ALLGATHER_BARRIER
         self.local.barrier(sig)
         now = counters.lap("barrier_in", now)
         for q in range(world):
@@ -614,7 +619,7 @@ class Runtime:
                 counters.copied_out += block * dtype.itemsize
             return counters
         combine, counters = combine_fn(op), Counters()
-        sig = _signature(self.seq, n, dtype, op) ^ ((reg.index + 1) << 40) ^ (1 << 42)
+        sig = _signature(self.seq, n, dtype, op) ^ ((reg.index + 1) << 40) ^ _REDUCE_SCATTER_BARRIER
         now = time.perf_counter()
         self.local.barrier(sig)
         now = counters.lap("barrier_in", now)
