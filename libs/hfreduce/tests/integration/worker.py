@@ -255,6 +255,14 @@ def registered_allgather(group: Group, cfg: GroupConfig, n: int, dtype: DType) -
         got = buf if target is None else target
         name = f"registered/allgather-{into}/{dtype.value}/{n}"
         out.append(check(name, as_f64(got), x.ravel(), np.abs(x).ravel(), dtype, world, True, raw_bytes(got)))
+    refused = []  # before anything is queued: a buffer not from alloc, an `out` of another size
+    for bad_buf, bad_out in ((np.zeros(world * n, dtype.storage), None), (buf, np.zeros(world * n + 1, dtype.storage))):
+        try:
+            group.allgather_registered(bad_buf, bad_out)
+            refused.append(False)
+        except ValueError:
+            refused.append(True)
+    out.append({"name": f"registered/allgather-refusals/{dtype.value}/{n}", "ok": all(refused), "crc": 0})
     return out
 
 
