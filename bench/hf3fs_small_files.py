@@ -15,8 +15,9 @@ and fusermount3). Each round, in an order that rotates between the kinds (client
 - sqlite: one process, ``--sqlite-tx`` transactions of 100 rows each, journal mode delete (mount, disk); seconds;
 - random: 4 threads doing 4 KiB ``pread``/``pwrite`` (half each) at random aligned offsets of one file of one
   chunk (4 MiB) and of one of two chunks (8 MiB: its middle 4 MiB, across the chunk boundary, so both have the
-  same working set in the kernel's page cache), through the mount; IOPS and the two-chunk/one-chunk ratio
-  (3FS should be no slower on files of several chunks).
+  same working set in the kernel's page cache), through the mount, ``--random-abba`` ABBA blocks of the two per
+  round (1,2,2,1: a drift in the machine's load favours neither); IOPS, and the two-chunk/one-chunk ratio of each
+  pair run side by side: its median (the goal) and quartiles (3FS should be no slower on files of several chunks).
 
 Goals (issue 16): client writes >= 500 files/s; ``tar x`` of 241 files <= 1.5 s; SQLite 100 transactions on the
 mount <= 1.5 s; random 4 KiB I/O on two-chunk files >= one-chunk files. Absolute figures swing with the
@@ -202,6 +203,9 @@ def main() -> int:
     p.add_argument("--tar-files", type=int, default=241)
     p.add_argument("--sqlite-tx", type=int, default=100)
     p.add_argument("--random-ops", type=int, default=250, help="4 KiB operations per thread (4 threads)")
+    p.add_argument(
+        "--random-abba", type=int, choices=(1, 2), default=2, help="ABBA blocks (1,2,2,1-chunk runs) per round"
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", type=Path, default=None, help="where the cluster and the disk files live (one disk)")
     p.add_argument("--no-fuse", action="store_true")
@@ -247,9 +251,11 @@ def run_rounds(rounds: dict[str, Round], a: argparse.Namespace) -> dict[str, lis
                 line.append(f"{kind} cpu ms/file {r.cpu_ms['total']:.1f}")
             if not kind.startswith("client"):
                 steps = [("tar x s", r.tar), ("sqlite s", lambda r=r: r.sqlite(a.sqlite_tx))]
-            if kind == "mount":
-                steps += [("rand 1-chunk iops", lambda r=r: r.random_io(4 * MIB, a.random_ops)),
-                          ("rand 2-chunk iops", lambda r=r: r.random_io(8 * MIB, a.random_ops))]  # fmt: skip
+            if kind == "mount":  # in ABBA pairs, so a trend in the machine's load favours neither file
+                for chunks in (1, 2, 2, 1, 1, 2, 2, 1)[: 4 * a.random_abba]:
+                    steps.append(
+                        (f"rand {chunks}-chunk iops", lambda r=r, c=chunks: r.random_io(c * 4 * MIB, a.random_ops))
+                    )
             for name, fn in steps:
                 val = fn()
                 results.setdefault(f"{kind} {name}", []).append(val)
@@ -278,8 +284,13 @@ def report(results: dict[str, list[float]], a: argparse.Namespace, *, mount_pres
             goal("tar x of 241 files on the mount, s <= 1.5", med["mount tar x s"], 1.5, higher=False)
         if a.sqlite_tx == 100:
             goal("SQLite 100 transactions on the mount, s <= 1.5", med["mount sqlite s"], 1.5, higher=False)
-        two_over_one = _median_ratio(results["mount rand 2-chunk iops"], results["mount rand 1-chunk iops"])
-        goal("random 4 KiB on the mount, 2-chunk / 1-chunk IOPS >= 1.0", two_over_one, 1.0, higher=True)
+        ratios = sorted(
+            v / b for v, b in zip(results["mount rand 2-chunk iops"], results["mount rand 1-chunk iops"], strict=True)
+        )
+        quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        print(f"  (2-chunk / 1-chunk IOPS of each of {len(ratios)} runs side by side: quartiles {quart[0]:.3f}, "
+              f"{quart[1]:.3f}, {quart[2]:.3f}; range {ratios[0]:.3f}-{ratios[-1]:.3f})")  # fmt: skip
+        goal("random 4 KiB on the mount, 2-chunk / 1-chunk IOPS >= 1.0", statistics.median(ratios), 1.0, higher=True)
 
 
 def goal(what: str, value: float, bar: float, *, higher: bool) -> None:
