@@ -5,7 +5,9 @@ written into the reader's mapped places."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 
@@ -18,6 +20,7 @@ from ff_fsprotocol.routing import RoutingView
 from ff_fsprotocol.shm import ShmRegion, host_id
 from ff_rpc import RpcError
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
+from ff_testing.waiting import eventually
 from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -110,6 +113,63 @@ async def test_a_read_answered_from_its_thread_has_the_chunks_bytes_and_checksum
         assert [r.length_bytes for r in results] == [len(e) for e in expect]
         assert [bytes(s) for s in sinks] == expect
         assert [r.checksum.value for r in results] == [crc32c_of(e) for e in expect] == crcs
+
+
+def _damage(cluster: StorageCluster, target: mgmtd_pb2.Target, index: int) -> None:
+    """Overwrite a few bytes of chunk ``index``'s file on ``target`` (the file its meta.sqlite row names)."""
+    root = cluster.folder / f"s{target.node_id - 100}" / "disk0" / f"target-{target.target_id}"
+    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:
+        query = "SELECT file FROM chunks WHERE inode_id = ? AND chunk_index = ?"
+        [(name,)] = db.execute(query, (INODE, index)).fetchall()
+    with open(root / "chunks" / name, "r+b") as f:  # a test damaging a file on purpose
+        f.seek(100)
+        f.write(b"\x00garbage\x00")
+
+
+async def test_a_chunk_damaged_on_disk_is_refused_on_the_data_path_and_repaired(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    """A ``read`` of a chunk whose file was damaged on disk: the node checks the whole chunk against its stored CRC
+    before it sends anything, answers CHECKSUM_MISMATCH (no bytes), for a whole chunk and for a range of it alike,
+    and has the copy repaired from the head; StorageClient, sent there first, gets the bytes from another replica."""
+    chain = (await cluster.routing()).chains[0]
+    blocks = await write_chunks(client, chain.chain_id, 2)
+    bad = chain.targets[1]
+    node = RoutingView(await cluster.routing()).node(bad.node_id)
+    assert node is not None and node.data
+
+    async def read_from_bad(index: int, offset: int, length: int) -> tuple[spb.ReadResult, bytes, int | None]:
+        io = spb.ReadIO(chain_id=chain.chain_id, chain_version=chain.version, offset_bytes=offset, length_bytes=length,
+                        chunk_id=spb.ChunkId(inode_id=INODE, chunk_index=index))  # fmt: skip
+        request = spb.BatchReadRequest(ios=[io], transport=spb.DATA_TRANSPORT_BULK).SerializeToString()
+        sink = memoryview(bytearray(length))
+        conn = DataConnection(node.data, CLUSTER_TOKEN)
+        try:
+            raw, crcs = await conn.read(request, lambda raw: [sink] if _ok(raw) else [])
+        finally:
+            conn.close()
+        return spb.BatchReadResponse.FromString(bytes(raw)).results[0], bytes(sink), (crcs or [None])[0]
+
+    for index, offset, length in ((0, 0, CHUNK), (1, 4096, 1000)):
+        _damage(cluster, bad, index)
+        result, _, crc = await read_from_bad(index, offset, length)
+        assert result.status == spb.CHUNK_IO_STATUS_CHECKSUM_MISMATCH and crc is None
+        assert "do not match the checksum" in result.message
+
+        async def repaired(index: int = index, offset: int = offset, length: int = length) -> bool:
+            result, data, crc = await read_from_bad(index, offset, length)
+            want = blocks[index][offset : offset + length]
+            return result.status == spb.CHUNK_IO_STATUS_OK and data == want and crc == result.checksum.value
+
+        await eventually(repaired, timeout_s=20, what=f"chunk {index}'s damaged copy repaired")
+
+    _damage(cluster, bad, 0)
+    got = (await client.batch_read(reads(chain.chain_id, 1), prefer_target=bad.target_id))[0]
+    assert got.ok and got.target_id != bad.target_id and bytes(got.data) == blocks[0]
+
+
+def _ok(raw: bytearray) -> bool:
+    return spb.BatchReadResponse.FromString(bytes(raw)).results[0].status == spb.CHUNK_IO_STATUS_OK
 
 
 def _into(sinks: list[memoryview]) -> Callable[[bytearray], list[memoryview]]:
