@@ -25,9 +25,10 @@ class Reducer:
     GPU a device tensor, which hfreduce stages through pinned host memory) and, with ``grads_as_views``, each
     parameter's ``.grad`` is a view into it, so autograd accumulates straight into the bucket. A hook after
     each gradient's accumulation marks it ready; a full bucket's allreduce (AVG) is queued at once on
-    hfreduce's collective thread, buckets in index order on every rank. At the end of backward (an autograd
-    callback) the reducer waits for the buckets still in flight, so ``backward()`` returns with reduced
-    gradients, as with torch DDP.
+    hfreduce's collective thread, buckets in index order on every rank, except the last, which fills when
+    backward has nothing left to overlap with. At the end of backward (an autograd callback) the reducer
+    reduces the last bucket on the calling thread and waits for the buckets still in flight, so ``backward()``
+    returns with reduced gradients, as with torch DDP.
 
     Not thread-safe: one backward at a time (autograd's CPU engine runs hooks on the calling thread).
     """
@@ -56,6 +57,7 @@ class Reducer:
         self.metrics = metrics if metrics is not None else StepMetrics(None)
         self._order = LaunchOrder(self.specs, len(self.params))
         self.buckets = [self._alloc(spec) for spec in self.specs]
+        self._last = len(self.buckets) - 1
         self._bucket_bytes = sum(b.numel() * b.element_size() for b in self.buckets)
         self._wire_seen = 0  # hfreduce's sent + received when the last reduced step ended (telemetry on)
         self.views: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
@@ -145,26 +147,47 @@ class Reducer:
         self._place(index)
         launch = self._order.mark_ready(index)
         if self.overlap:
-            self._launch(launch)
+            self._launch([b for b in launch if b != self._last])  # the last one runs at the end, on this thread
 
     def _place(self, index: int) -> None:
-        """Make sure the bucket slot holds the parameter's gradient (a copy only if autograd replaced it)."""
+        """Make sure the bucket slot holds the parameter's gradient (a copy only if autograd replaced it).
+
+        Inside backward grad mode is off (unless ``create_graph``), so ``no_grad()`` is entered only when it is
+        on: entering and leaving it costs more than the copy of a small gradient.
+        """
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                self._place_now(index)
+        else:
+            self._place_now(index)
+
+    def _place_now(self, index: int) -> None:
         p, view = self.params[index], self.views[index]
         grad = p.grad
-        with torch.no_grad():
-            if grad is None:
-                view.zero_()
-                self._fresh[index] = True
-                if self.grads_as_views:
-                    p.grad = view
-            elif not _same(grad, view):
-                view.copy_(grad)
-                if self.grads_as_views:
-                    p.grad = view
+        if grad is None:
+            view.zero_()
+            self._fresh[index] = True
+            if self.grads_as_views:
+                p.grad = view
+        elif not _same(grad, view):
+            view.copy_(grad)
+            if self.grads_as_views:
+                p.grad = view
 
     def _launch(self, indices: Sequence[int]) -> None:
         for b in indices:
             self._works.append(self.group.allreduce_async(self.buckets[b], "avg"))
+
+    def _reduce_rest(self) -> None:
+        """Reduce the buckets not launched yet (at least the last), in order, on this thread.
+
+        Once the last bucket is full backward has nothing left to overlap with, so it is not handed to the
+        collective thread (a wake-up there, another here when it is done, both threads taking turns at the GIL):
+        ``Group.allreduce`` runs it here when nothing is queued, and queues it behind the others and waits
+        otherwise, so every rank still issues the buckets in index order.
+        """
+        for b in range(len(self._works), len(self.buckets)):  # _works: the buckets launched, in order
+            self.group.allreduce(self.buckets[b], "avg")
 
     def _finish_backward(self) -> None:
         """Autograd's end-of-backward callback: the remaining buckets, then wait for all of them."""
@@ -176,14 +199,16 @@ class Reducer:
             for i in missing:
                 with torch.no_grad():
                     self._place(i)  # a parameter unused here contributes what its grad holds (zero after zero_grad)
-                launch = self._order.mark_ready(i)
-                if self.overlap:
-                    self._launch(launch)
-            if not self.overlap:
-                self._launch(range(len(self.buckets)))
+                self._order.mark_ready(i)
+            waited = time.perf_counter()
+            try:
+                self._reduce_rest()
+            except BaseException:
+                for work in self._works:  # a bucket in flight failed first: its error names the cause
+                    work.wait()
+                raise
             flags_work = self._launch_flags()
             works, self._works = self._works, []
-            waited = time.perf_counter()
             for work in works:
                 work.wait()
             if flags_work is not None:
