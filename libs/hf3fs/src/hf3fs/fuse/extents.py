@@ -10,7 +10,7 @@ one storage batch, each chunk's writes in parallel on their chains.
 from __future__ import annotations
 
 import io
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 from hf3fs.files import RawFile
@@ -43,6 +43,11 @@ class ExtentBufferedFile:
     def buffered(self) -> int:
         """Bytes written here and not yet to storage."""
         return self._buffered
+
+    @property
+    def buffered_end(self) -> int:
+        """The end of the last extent buffered here (0 when none): the file reaches at least that far."""
+        return self._starts[-1] + len(self._runs[-1]) if self._runs else 0
 
     def readable(self) -> bool:
         """Whether the raw file reads (the mount reads through ``raw``)."""
@@ -116,6 +121,24 @@ class ExtentBufferedFile:
             return
         self.raw.write_extents([(at, memoryview(run)) for at, run in zip(self._starts, self._runs, strict=True)])
         self._starts, self._runs, self._buffered = [], [], 0
+
+    def flush_span(self, offset: int, size: int) -> None:
+        """The buffered extents overlapping ``[offset, offset + size)`` to storage, the others kept.
+
+        What a read there needs (and another handle's write there, so these older bytes cannot land over it later):
+        extents elsewhere may wait, the order of writes to different bytes does not matter.
+        """
+        end = offset + size
+        first = max(0, bisect_right(self._starts, offset) - 1)
+        picked = [
+            k for k in range(first, bisect_left(self._starts, end)) if self._starts[k] + len(self._runs[k]) > offset
+        ]
+        if not picked:
+            return
+        self.raw.write_extents([(self._starts[k], memoryview(self._runs[k])) for k in picked])
+        for k in reversed(picked):
+            self._buffered -= len(self._runs[k])
+            del self._starts[k], self._runs[k]
 
     def fsync(self) -> None:
         """Flushes, then makes the file's length exact on meta (as the client's buffered files do)."""

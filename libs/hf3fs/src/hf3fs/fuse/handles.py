@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from hf3fs.entries import Stat
+from hf3fs.fuse.extents import ExtentBufferedFile
 
 
 @dataclass
@@ -128,10 +129,22 @@ class HandleTable:
         with self.lock:
             return any(h.writable for h in self.handles.values())
 
-    def flush_writers(self, inode_id: int, but: Handle | None = None) -> None:
-        """What the writable handles of ``inode_id`` (``but`` one) buffered, to storage."""
+    def flush_writers(self, inode_id: int, but: Handle | None = None, span: tuple[int, int] | None = None) -> int:
+        """What the writable handles of ``inode_id`` (``but`` one) buffered, to storage: all, or what overlaps ``span``.
+
+        ``span`` (offset, size): a read or write there needs only the bytes buffered in it. Returns the end of the
+        bytes still buffered (0 when none are): the file reaches that far, though storage does not know it yet.
+        """
+        end = 0
         for h in self.writers(inode_id):
-            if h is not but:
-                with h.lock:
-                    if not h.file.closed:
+            with h.lock:
+                if h.file.closed:
+                    continue
+                if h is not but:
+                    if span is not None and isinstance(h.file, ExtentBufferedFile):
+                        h.file.flush_span(*span)
+                    else:
                         h.file.flush()
+                if isinstance(h.file, ExtentBufferedFile):
+                    end = max(end, h.file.buffered_end)
+        return end

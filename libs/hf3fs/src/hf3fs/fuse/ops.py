@@ -544,11 +544,17 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @fuse_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        """pread: what any handle here wrote reaches storage first, then the bytes come from storage, not a cache."""
+        """pread: what any handle here buffered in the range reaches storage first, then the bytes come from storage.
+
+        Not from a cache here. Bytes buffered elsewhere in the file stay buffered: where storage's bytes end short of
+        them, the file has none yet (a hole before bytes still on their way), which read as zeros.
+        """
         h = self._get(fh)
-        self._table.flush_writers(h.inode_id)  # what any handle here wrote, this one's too, reaches storage first
+        end = self._table.flush_writers(h.inode_id, span=(offset, size))  # this handle's buffer too
         with h.lock:
-            return _pread(h.file, offset, size)
+            data = _pread(h.file, offset, size)
+        want = min(size, end - offset)
+        return data + bytes(want - len(data)) if len(data) < want else data
 
     @fuse_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
@@ -558,7 +564,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             raise mfusepy.FuseOSError(errno.EBADF)
         if h.pending is not None and self._pending.write(fh, h, data, offset):
             return len(data)
-        self._table.flush_writers(h.inode_id, but=h)  # another handle's older bytes may not land over these later
+        # another handle's older bytes there may not land over these later
+        self._table.flush_writers(h.inode_id, but=h, span=(offset, len(data)))
         with h.lock:
             h.file.seek(offset)  # the mount's files buffer every extent: a seek sends nothing
             h.file.write(data)

@@ -16,20 +16,26 @@ import pytest
 from .test_fuse_mount import _skip_reason, mount  # noqa: F401  (the mount fixture)
 
 # What the test needs is the database changing hands between the two processes (the lock passing, the other process
-# then reading what the first wrote): a handoff, counted in rowid order. Measured on the loaded 2-core VM, handoffs
-# at 50 / 20 transactions each: one connection (it keeps winning the lock) delete 2 / 2, WAL 1 / 1; a connection per
-# transaction delete 45 / 12, WAL 99 / 39. The one-connection modes hand over once or twice at either size; 20 keeps a
-# dozen or more handoffs in the others, at 40% of the time (calls 105 s -> 40 s). With a connection per transaction,
-# fewer than MIN_HANDOFFS fails the test, so a smaller size cannot quietly stop interleaving them.
+# then reading what the first wrote): a handoff, counted in rowid order. With the workers starting together and
+# thinking between transactions (below), 30-38 handoffs were counted in every mode at 20 transactions each (before
+# either, 1-2 with one connection, 12-45 with one per transaction). Fewer than MIN_HANDOFFS fails the test, so a
+# change cannot quietly stop interleaving them.
 WORKERS, TRANSACTIONS, ROWS = 2, 20, 100
 MIN_HANDOFFS = 3
 
 
 # Each worker is a separate Python process (sqlite3 only, nothing of this package), as two programs would be.
+# They start their transactions together (a worker's interpreter can take seconds to start on a loaded machine, long
+# enough for the other to finish alone): each says it is ready on stdout and waits for a line on stdin. Between
+# transactions a worker does other work for 0-50 ms, as a program would: without it the lock's holder takes it again
+# at once while the other sleeps in SQLite's busy handler (up to 100 ms a time), and the lock never changes hands.
 WORKER = """
-import sqlite3, sys
+import random, sqlite3, sys, time
 db, worker, per_transaction = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 transactions, rows = int(sys.argv[4]), int(sys.argv[5])
+think = random.Random(worker)
+print("ready", flush=True)
+sys.stdin.readline()
 conn = None
 for t in range(transactions):
     if conn is None or per_transaction:
@@ -40,6 +46,7 @@ for t in range(transactions):
     conn.executemany("INSERT INTO t (worker, seq, payload) VALUES (?, ?, ?)",
                      [(worker, t * rows + k, f"row {worker}/{t}/{k}") for k in range(rows)])
     conn.execute("COMMIT")
+    time.sleep(think.uniform(0, 0.05))
 conn.close()
 """
 
@@ -64,11 +71,19 @@ def test_two_processes_commit_every_row(
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(db), str(w), flag, str(TRANSACTIONS), str(ROWS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for w in range(WORKERS)
     ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     errors = [p.communicate(timeout=800)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * WORKERS, errors
     check = sqlite3.connect(db)
@@ -78,5 +93,5 @@ def test_two_processes_commit_every_row(
     assert per_worker == [(w, TRANSACTIONS * ROWS) for w in range(WORKERS)]
     order = [w for (w,) in check.execute("SELECT worker FROM t ORDER BY rowid")]
     handoffs = sum(a != b for a, b in itertools.pairwise(order))
-    assert handoffs >= (MIN_HANDOFFS if connection_per_transaction else 1), f"the lock changed hands {handoffs} times"
+    assert handoffs >= MIN_HANDOFFS, f"the lock changed hands {handoffs} times"
     check.close()

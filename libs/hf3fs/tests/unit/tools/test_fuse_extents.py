@@ -141,3 +141,21 @@ def test_truncate_sends_the_buffer_first_and_quota_errors_come_from_the_write() 
     assert err.value.errno == errno.EDQUOT and f.buffered == 0
     with pytest.raises(ValueError):
         f.seek(-1)
+
+
+def test_flush_span_sends_only_the_extents_it_overlaps() -> None:
+    raw = _Raw()
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    for at in (0, 100, 200, 300):
+        f.seek(at)
+        f.write(b"x" * 10)
+    assert f.buffered_end == 310
+    f.flush_span(105, 100)  # [105, 205): the extents at 100 and 200
+    assert raw.flushes == [[(100, 10), (200, 10)]] and f.buffered == 20 and f.buffered_end == 310
+    f.flush_span(10, 90)  # [10, 100): touches neither
+    f.flush_span(250, 0)
+    assert len(raw.flushes) == 1
+    f.flush_span(305, 1000)
+    assert raw.flushes[1] == [(300, 10)] and f.buffered_end == 10
+    f.flush()
+    assert raw.flushes[2] == [(0, 10)] and f.buffered_end == 0

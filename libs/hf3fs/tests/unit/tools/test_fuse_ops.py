@@ -154,6 +154,28 @@ def test_writes_stay_buffered_until_a_flush_sends_every_extent_in_one_batch(
     assert len(calls) == 2  # nothing was left to send at the release
 
 
+def test_a_read_sends_only_what_is_buffered_in_its_range_and_reads_zeros_before_bytes_still_buffered(
+    ops: Hf3fsOperations,
+) -> None:
+    fh = ops.create("/r", 0o644, os.O_RDWR)
+    ops.write("/r", b"a" * 100, 0, fh)
+    ops.fsync("/r", 1, fh)
+    rd = ops.open("/r", os.O_RDONLY)  # (an open sends what writers here buffered: close-to-open)
+    ops.write("/r", b"b" * 10, 5000, fh)  # buffered, past storage's end
+    ops.write("/r", b"c" * 10, 50, fh)  # buffered, inside
+    raw = ops._get(fh).file.raw  # type: ignore[attr-defined]
+    sent: list[list[tuple[int, int]]] = []
+    write_extents = raw.write_extents
+    raw.write_extents = lambda ext: sent.append([(at, len(b)) for at, b in ext]) or write_extents(ext)
+    assert ops.read("/r", 40, 0, rd) == b"a" * 40 and sent == []  # nothing buffered there
+    assert ops.read("/r", 20, 200, rd) == bytes(20)  # a hole before the bytes at 5000: zeros, nothing sent
+    assert ops.read("/r", 20, 45, rd) == b"a" * 5 + b"c" * 10 + b"a" * 5 and sent == [[(50, 10)]]
+    assert ops.read("/r", 100, 4990, rd) == bytes(10) + b"b" * 10 and sent[1:] == [[(5000, 10)]]
+    assert ops.read("/r", 100, 5010, rd) == b""  # the end
+    ops.release("/r", fh)
+    ops.release("/r", rd)
+
+
 def test_mknod_makes_fifos_sockets_devices_and_plain_files(ops: Hf3fsOperations) -> None:
     ops.mknod("/fifo", stat.S_IFIFO | 0o640, 0)
     ops.mknod("/plain", stat.S_IFREG | 0o600, 0)  # mknod(S_IFREG) is an empty file
