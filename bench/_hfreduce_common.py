@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MS_PER_TICK",
+    "WireFloor",
     "connect_to_peer",
     "free_port",
     "free_ports",
@@ -93,3 +94,52 @@ def connect_to_peer(
             conn, _ = server.accept()
             by_index[conn.recv(1)[0]] = conn
     return [by_index[i] for i in range(count)]
+
+
+class WireFloor:
+    """At 2 nodes, the bytes hfreduce's trees move for one rank and nothing else: the rank exchanges its slice
+    (1/num_local of the buffer) with the same local rank of the other node over loopback TCP, laid out as the
+    library's tree links (per tree half, one connection each way), in the library's chunks, on the runner
+    hfreduce picks for the layout (a thread per task, or one event loop). No reduction, no copies between local
+    ranks: what hfreduce's transport costs before any of its own work."""
+
+    def __init__(self, node: int, port: int, config: Any, dist: Any) -> None:
+        from hfreduce.runners import choose  # in the rank processes only
+        from hfreduce.transport import Link, tune_tcp
+
+        socks = connect_to_peer(node, port, 4, dist.barrier)  # 2 * tree + d carries tree's data from node d
+        for sock in socks:  # set up as hfreduce sets up its tree links
+            tune_tcp(sock, config.socket_buffer_bytes)
+        links = [Link(sock, -1, config.timeout_s) for sock in socks]
+        self.links = links
+        self.out_links = [links[2 * tree + node] for tree in (0, 1)]
+        self.in_links = [links[2 * tree + 1 - node] for tree in (0, 1)]
+        self.chunk = config.chunk_size_bytes
+        self.runner = choose(config.pipeline, config.local_world_size, config.timeout_s, self._abort)
+
+    def exchange(self, out: Any, into: Any) -> None:
+        """Send ``out`` and receive as many bytes into ``into``, half per tree."""
+        src, dst = memoryview(out).cast("B"), memoryview(into).cast("B")
+        mid = len(src) // 2
+        spans = ((0, mid), (mid, len(src)))
+
+        def send(tree: int) -> Any:
+            a, b = spans[tree]
+            for c in range(a, b, self.chunk):
+                yield from self.runner.send(self.out_links[tree], src[c : min(c + self.chunk, b)])
+
+        def recv(tree: int) -> Any:
+            a, b = spans[tree]
+            for c in range(a, b, self.chunk):
+                yield from self.runner.recv(self.in_links[tree], dst[c : min(c + self.chunk, b)])
+
+        self.runner.run([fn(tree) for tree in (0, 1) for fn in (send, recv)])
+
+    def _abort(self) -> None:
+        for link in self.links:
+            link.abort()
+
+    def close(self) -> None:
+        self.runner.close()
+        for link in self.links:
+            link.close()

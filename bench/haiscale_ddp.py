@@ -11,6 +11,13 @@ all buckets after backward ("after"), which is the overlap's gain. Ratios are me
 ratios (t_gloo / t_haiscale, ...). Nodes are simulated on this machine (FF_HFREDUCE_NODE_RANK); every rank
 runs torch with one thread.
 
+Two bounds run in the same rounds: "local", the same steps on an unwrapped copy of the model (no
+communication at all), and at 2 nodes "wire", the gradient's bytes exchanged between the two nodes and nothing
+else (each rank swaps its 1/local-ranks slice of every gradient byte with the same local rank of the other
+node over loopback TCP, as hfreduce's trees lay it out: ``_hfreduce_common.WireFloor``; the least any
+allreduce at 2 nodes moves across). On saturated cores no schedule runs a step in less CPU than local + wire,
+so torch-gloo's CPU / (local + wire) is the ceiling of any DDP's CPU ratio against it here ("bound" line).
+
 Models: "mlp", a wide MLP (``--mlp-layers`` square layers of ``--mlp-width``, about 50 M parameters by default)
 on a small batch, communication-bound; "gpt", a tiny GPT (examples/gpt/model.py) on byte sequences.
 
@@ -20,18 +27,21 @@ on a small batch, communication-bound; "gpt", a tiny GPT (examples/gpt/model.py)
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _hfreduce_common import free_ports, run_ranks
+from _hfreduce_common import WireFloor, free_ports, loopback_config, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 CONTENDERS = ("haiscale", "haiscale_after", "torch_hfreduce", "torch_gloo")
+BOUNDS = ("local", "wire")  # no communication; the gradient's bytes across and nothing else (2 nodes)
 
 
 def build_model(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
@@ -59,11 +69,17 @@ def build_model(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def rank_main(
-    rank: int, world: int, num_local: int, port: int, model_name: str, args: argparse.Namespace, queue: Any
+    rank: int,
+    world: int,
+    num_local: int,
+    ports: tuple[int, ...],
+    model_name: str,
+    args: argparse.Namespace,
+    queue: Any,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        MASTER_PORT=str(ports[0]),
         RANK=str(rank),
         WORLD_SIZE=str(world),
         FF_HFREDUCE_NODE_RANK=str(rank // num_local),
@@ -86,22 +102,29 @@ def rank_main(
     if hf_group is not None:
         models["torch_hfreduce"] = TorchDDP(build_model(model_name, args)[0], process_group=hf_group)
     models["torch_gloo"] = TorchDDP(build_model(model_name, args)[0])
+    models["local"] = build_model(model_name, args)[0]
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
-    kinds = [k for k in CONTENDERS if k in models]
+    wire = _wire_bound(dist, rank, world, num_local, ports, 4 * sum(p.numel() for p in model.parameters()))
+    kinds = [k for k in (*CONTENDERS, *BOUNDS) if k in models or (k == "wire" and wire is not None)]
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         queue.put(("info", params, len(models["haiscale"].reducer.buckets), skipped))
 
     def steps(kind: str) -> tuple[float, float]:
         """Wall seconds and this process's CPU seconds (every thread: hfreduce's and gloo's too)."""
-        ddp, opt = models[kind], optimizers[kind]
         models["haiscale"].reducer.overlap = kind != "haiscale_after"
         dist.barrier()
         start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(args.steps):
-            loss_of(ddp).backward()
-            opt.step()
-            opt.zero_grad()
+        if kind == "wire":
+            assert wire is not None
+            for _ in range(args.steps):
+                wire[1]()
+        else:
+            ddp, opt = models[kind], optimizers[kind]
+            for _ in range(args.steps):
+                loss_of(ddp).backward()
+                opt.step()
+                opt.zero_grad()
         return time.perf_counter() - start, time.process_time() - cpu
 
     for kind in kinds:  # warm-up: first-touch of buffers, torch's lazy initialisation
@@ -118,7 +141,23 @@ def rank_main(
                 ("round", dict(zip(kinds, worst.tolist(), strict=True)), dict(zip(kinds, cpu.tolist(), strict=True)))
             )
     models["haiscale"].reducer.stop()
+    if wire is not None:
+        wire[0].close()
     dist.destroy_process_group()
+
+
+def _wire_bound(
+    dist: Any, rank: int, world: int, num_local: int, ports: tuple[int, ...], grad_bytes: int
+) -> tuple[WireFloor, Callable[[], None]] | None:
+    """At 2 nodes: the wire floor's links and one step's exchange (this rank's slice of the gradient's bytes, as
+    hfreduce's trees send them); None at other layouts."""
+    node, local = divmod(rank, num_local)
+    if world // num_local != 2:
+        return None
+    wire = WireFloor(node, ports[1 + local], loopback_config(node, local, 2, num_local, ports[0]), dist)
+    s0, s1 = grad_bytes * local // num_local, grad_bytes * (local + 1) // num_local
+    out, into = bytearray(s1 - s0), bytearray(s1 - s0)
+    return wire, functools.partial(wire.exchange, out, into)
 
 
 def _hfreduce_backend_group(dist: Any) -> tuple[Any, str]:
@@ -134,9 +173,9 @@ def run(nodes: int, num_local: int, model_name: str, args: argparse.Namespace) -
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     world = nodes * num_local
-    (port,) = free_ports(1)
+    ports = free_ports(1 + num_local)  # torch's store, then a wire-bound port per local rank
     procs = [
-        ctx.Process(target=rank_main, args=(rank, world, num_local, port, model_name, args, queue))
+        ctx.Process(target=rank_main, args=(rank, world, num_local, ports, model_name, args, queue))
         for rank in range(world)
     ]
     got = run_ranks(procs, queue, 1 + args.rounds, timeout_s=1800)
@@ -178,6 +217,14 @@ def report(
     print(f", overlap gain (after-backward / overlapped) {ratio('haiscale_after', 'haiscale'):.2f}x")
     cpu_ratio = statistics.median(c["torch_gloo"] / c["haiscale"] for c in cpu)
     print(f"MEDIAN CPU RATIO {model} {layout}: torch-gloo CPU / haiscale CPU {cpu_ratio:.2f}x")
+    if "wire" in kinds:
+        floor_wall = statistics.median(r["torch_gloo"] / (r["local"] + r["wire"]) for r in rounds)
+        floor_cpu = statistics.median(c["torch_gloo"] / (c["local"] + c["wire"]) for c in cpu)
+        share = statistics.median((c["local"] + c["wire"]) / c["haiscale"] for c in cpu)
+        print(
+            f"BOUND {model} {layout}: torch-gloo / (local + wire) {floor_wall:.2f}x wall, {floor_cpu:.2f}x CPU"
+            f" (the most any DDP can gain over torch-gloo here); (local + wire) CPU / haiscale CPU {share:.2f}"
+        )
 
 
 def main() -> None:
