@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 
 from haiscale.checkpoint.manifest import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     Blob,
     Key,
     Manifest,
@@ -29,6 +29,7 @@ from haiscale.checkpoint.manifest import (
     dtype_name,
     dtype_of,
     leaves,
+    numel,
     put,
 )
 from haiscale.checkpoint.saver import ALIGN, folder_step, step_folder
@@ -123,34 +124,33 @@ def _plan(
             continue
         if not allocate_missing:
             raise _mismatch(name, _describe(entry.dtype, entry.shape), "no such tensor")
+        _sources(manifest, name, 0, numel(entry.shape))  # saved whole, in bytes checked there: then it is made
         t = torch.empty(entry.shape, dtype=dtype_of(entry.dtype))
         sets.append((entry.keys, t))
         wants.append(_Want(name, 0, t.numel(), t))
     return wants, sets
 
 
-def _sources(manifest: Manifest, want: _Want) -> Iterator[TensorEntry]:
-    """The saved slices that cover ``want``'s range.
+def _sources(manifest: Manifest, name: str, start: int, stop: int) -> list[TensorEntry]:
+    """The saved slices of tensor ``name`` that cover elements [start, stop).
 
     Raises:
         CheckpointMismatch: part of the range was saved by no rank.
     """
     covering = sorted(
-        (
-            e
-            for e in manifest.tensors
-            if e.name == want.name and e.offset < want.stop and e.offset + e.numel > want.start
-        ),
+        (e for e in manifest.tensors if e.name == name and e.offset < stop and e.offset + e.numel > start),
         key=lambda e: e.offset,
     )
-    pos = want.start
+    out: list[TensorEntry] = []
+    pos = start
     for e in covering:
         if e.offset > pos:
             break
         pos = max(pos, e.offset + e.numel)
-        yield e
-    if pos < want.stop:
-        raise CheckpointMismatch(f"{want.name}: elements {pos}..{want.stop} were saved by no rank")
+        out.append(e)
+    if pos < stop:
+        raise CheckpointMismatch(f"{name}: elements {pos}..{stop} were saved by no rank")
+    return out
 
 
 def _checked(data: Bytes, length: int, crc: int, kind: str, where: str, note: str = "") -> memoryview:
@@ -288,13 +288,14 @@ def read_into(
     are read in the same batch (a format 1 manifest does not name them: they are read first), and set last.
     """
     kind, blob = manifest.checksum_kind, manifest.objects
+    _check_extents(loc, folder, manifest)
     values: Values | None = None
     if blob is not None and blob.names is None:
         raw = loc.storage.read_ranges([(loc.join(folder, blob.file), blob.file_offset, blob.length)])[0]
         values = _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"))
     names = set(values) if values is not None else set(blob.names or ()) if blob is not None else set()
     wants, made = _plan(manifest, names, state, allocate_missing)
-    plan = [(w, list(_sources(manifest, w))) for w in wants]
+    plan = [(w, _sources(manifest, w.name, w.start, w.stop)) for w in wants]
     direct = _in_place(plan) if in_place else {}
     staged = {_slice(e).slot: _slice(e) for _, es in plan for e in es if _slice(e).slot not in direct}
     if blob is not None and values is None:
@@ -308,11 +309,37 @@ def read_into(
         put(state, keys, value)
 
 
+def _check_extents(loc: Location, folder: str, manifest: Manifest) -> None:
+    """Check that every saved slice and the values lie inside their data file, before anything is read.
+
+    From the files' sizes (one stat per data file), so nothing is allocated for what a manifest merely claims.
+
+    Raises:
+        CorruptCheckpoint: the first (in manifest order) whose file is missing or ends before it does.
+    """
+    items = [*map(_slice, manifest.tensors), *([_values_slice(manifest.objects)] if manifest.objects else [])]
+    files = sorted({e.file for e in items})
+    size_of = dict(zip(files, loc.storage.sizes([loc.join(folder, f) for f in files]), strict=True))
+    for e in items:
+        size = size_of[e.file]
+        if size is None:
+            raise CorruptCheckpoint(f"{e.file} ({e.name}): no such file in {loc.url(folder)}")
+        if e.file_offset + e.length > size:
+            raise CorruptCheckpoint(
+                f"{e.file} ({e.name}): bytes {e.file_offset}..{e.file_offset + e.length} are past the end of the "
+                f"file ({size} bytes)"
+            )
+
+
 def read_manifest(loc: Location, folder: str) -> Manifest:
     """The manifest of checkpoint ``folder`` under ``loc``.
 
     Raises:
-        ValueError: the file is not a manifest of this format (names the file).
+        ValueError: the file is not a manifest of this format, or larger than ``MAX_MANIFEST_BYTES`` (names the
+            file).
     """
     path = loc.join(folder, MANIFEST)
+    size = loc.storage.sizes([path])[0]
+    if size is not None and size > MAX_MANIFEST_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than a manifest may be ({MAX_MANIFEST_BYTES})")
     return Manifest.from_json(loc.storage.read_small(path), path)

@@ -30,6 +30,8 @@ import torch
 
 FORMAT = "haiscale-checkpoint/2"
 MANIFEST = "MANIFEST.json"
+# bytes a manifest file may have (about 3 million saved slices): a larger one is refused before it is read
+MAX_MANIFEST_BYTES = 1 << 30
 CHECKSUMS = {"haiscale-checkpoint/1": "crc32", FORMAT: "crc32c"}  # each format's checksum: its JSON field too
 
 
@@ -123,26 +125,132 @@ class Manifest:
     def from_json(cls, data: bytes, where: str) -> Manifest:
         """Parse a manifest file's bytes (any format of ``CHECKSUMS``); ``where`` names the file in errors.
 
+        Every field is checked before anything trusts it (a manifest may be crafted by hand): types and ranges,
+        file names that stay in the checkpoint's folder, lengths that are the elements' bytes, slices inside their
+        tensor's shape, and one dtype, shape and keys per tensor name.
+
         Raises:
-            ValueError: not JSON, an unknown format version, or a field missing or of the wrong type.
+            ValueError: not JSON, an unknown format version, or a field missing, of the wrong type or out of
+                range (named with its entry).
         """
         try:
             doc = json.loads(data)
-            kind = CHECKSUMS.get(doc.get("format"))
+            if not isinstance(doc, dict):
+                raise ValueError(f"a JSON {type(doc).__name__.replace('dict', 'object')}, not an object")
+            kind = CHECKSUMS.get(doc.get("format"))  # type: ignore[arg-type]
             if kind is None:
                 raise ValueError(f"format {doc.get('format')!r}, expected one of {sorted(CHECKSUMS)}")
-            tensors = tuple(
-                TensorEntry(**_renamed({**t, "shape": tuple(t["shape"]), "keys": tuple(t["keys"])}, kind, "checksum"))
-                for t in doc["tensors"]
-            )
-            objects = None
-            if doc["objects"]:
-                fields = _renamed(doc["objects"], kind, "checksum")
-                names = fields.get("names")
-                objects = Blob(**{**fields, "names": None if names is None else tuple(str(n) for n in names)})
-            return cls(int(doc["step"]), int(doc["world_size"]), tensors, objects, kind)
-        except (ValueError, KeyError, TypeError) as err:
+            step, world_size = _integer("step", doc["step"]), _integer("world_size", doc["world_size"], 1)
+            if not isinstance(doc["tensors"], list):
+                raise ValueError("tensors is not a list")
+            tensors = tuple(_tensor_entry(i, t, kind, world_size) for i, t in enumerate(doc["tensors"]))
+            _check_names_agree(tensors)
+            objects = _blob(doc["objects"], kind) if doc["objects"] is not None else None
+            return cls(step, world_size, tensors, objects, kind)
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
             raise ValueError(f"{where}: not a checkpoint manifest ({err})") from None
+
+
+MAX_NUMEL = 2**63 - 1  # elements a tensor can have (torch counts them in int64)
+UINT32 = 2**32
+
+
+def _integer(what: str, value: Any, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{what} {value!r} is not an integer >= {least}")
+    return value
+
+
+def _checksum_field(what: str, value: Any, kind: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < UINT32:
+        raise ValueError(f"{what}{kind} {value!r} is not a 32-bit checksum")
+    return value
+
+
+def file_name_ok(name: Any) -> bool:
+    """Whether ``name`` is a plain file name: it names a file in the checkpoint's own folder, nowhere else."""
+    bad = not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0")
+    return not bad
+
+
+def _file_name(what: str, name: Any) -> str:
+    if not file_name_ok(name):
+        raise ValueError(f"{what}file {name!r} is not a name of a file in the checkpoint's folder")
+    return str(name)
+
+
+def _tensor_entry(index: int, fields: Any, kind: str, world_size: int) -> TensorEntry:
+    """Entry ``index`` of a manifest's tensors, checked (see ``Manifest.from_json``)."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"tensors[{index}] is not an object")
+    name = fields.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tensors[{index}]: name {name!r} is not a non-empty string")
+    at = f"tensors[{index}] ({name}): "
+    keys = fields["keys"]
+    if (
+        not isinstance(keys, list)
+        or not keys
+        or any(isinstance(k, bool) or not isinstance(k, str | int) for k in keys)
+        or ".".join(str(k) for k in keys) != name
+    ):
+        raise ValueError(f"{at}keys {keys!r} do not make the name {name!r}")
+    shape = fields["shape"]
+    if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+        raise ValueError(f"{at}shape {shape!r} is not a list of integers >= 0")
+    if _numel(tuple(shape)) > MAX_NUMEL:
+        raise ValueError(f"{at}shape {shape} has more elements than a tensor can hold")
+    try:
+        itemsize = dtype_of(fields["dtype"]).itemsize if isinstance(fields["dtype"], str) else 0
+    except ValueError as err:
+        raise ValueError(f"{at}{err}") from None
+    if not itemsize:
+        raise ValueError(f"{at}unknown dtype {fields['dtype']!r} in the manifest")
+    offset, count = _integer(f"{at}offset", fields["offset"]), _integer(f"{at}numel", fields["numel"])
+    if offset + count > _numel(tuple(shape)):
+        raise ValueError(f"{at}elements {offset}..{offset + count} do not fit its shape {shape}")
+    length = fields["length"]
+    if length != count * itemsize or isinstance(length, bool):
+        raise ValueError(
+            f"{at}length {length!r} is not {count} elements of {fields['dtype']} ({count * itemsize} bytes)"
+        )
+    entry = _renamed({**fields, "shape": tuple(shape), "keys": tuple(keys)}, kind, "checksum")
+    entry["shard"] = _integer(f"{at}shard", fields["shard"])
+    if entry["shard"] >= world_size:
+        raise ValueError(f"{at}shard {entry['shard']} is not a rank of world_size {world_size}")
+    entry["file"] = _file_name(at, fields["file"])
+    entry["file_offset"] = _integer(f"{at}file_offset", fields["file_offset"])
+    entry["checksum"] = _checksum_field(at, fields[kind], kind)
+    return TensorEntry(**entry)
+
+
+def _check_names_agree(tensors: tuple[TensorEntry, ...]) -> None:
+    """Every saved slice of one tensor name has that tensor's dtype, shape and keys."""
+    first: dict[str, int] = {}
+    for i, e in enumerate(tensors):
+        j = first.setdefault(e.name, i)
+        f = tensors[j]
+        if (e.dtype, e.shape, e.keys) != (f.dtype, f.shape, f.keys):
+            raise ValueError(
+                f"tensors[{i}] ({e.name}): {e.dtype} {list(e.shape)}, but tensors[{j}] is {f.dtype} {list(f.shape)}"
+                + (f" under keys {list(f.keys)}, not {list(e.keys)}" if e.keys != f.keys else "")
+            )
+
+
+def _blob(fields: Any, kind: str) -> Blob:
+    """A manifest's ``objects`` (the pickled values), checked."""
+    if not isinstance(fields, dict):
+        raise ValueError("objects is not an object")
+    names = fields.get("names")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise ValueError(f"objects: names {names!r} is not a list of strings")
+    return Blob(
+        file=_file_name("objects: ", fields["file"]),
+        file_offset=_integer("objects: file_offset", fields["file_offset"]),
+        length=_integer("objects: length", fields["length"]),
+        checksum=_checksum_field("objects: ", fields[kind], kind),
+        names=None if names is None else tuple(names),
+    )
 
 
 def _renamed(fields: dict[str, Any], old: str, new: str) -> dict[str, Any]:

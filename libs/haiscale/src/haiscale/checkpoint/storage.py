@@ -9,6 +9,7 @@ A checkpoint path written ``hf3fs:///a/b`` (or ``hf3fs:/a/b``, ``3fs:/a/b``) is 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ BATCH_BYTES = 256 << 20  # bytes per batch call (its pieces go concurrently): on
 # it in few large calls, its disk reads not overlapping the transfer) and than 4 MiB calls (a meta BatchStat
 # each); measured in bench/results/checkpoint.md
 READ_CALL_BYTES = 32 << 20
+STAT_BATCH = 1000  # paths per meta BatchStat (meta takes up to 10000)
 
 Piece = tuple[int, memoryview]  # (offset in the file, bytes)
 Range = tuple[str, int, int]  # (path, offset, length) of a read
@@ -59,6 +61,9 @@ class Storage(Protocol):
 
     def read_small(self, path: str) -> bytes:
         """The whole file at ``path`` (a manifest or a marker: small files)."""
+
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """The size in bytes of each regular file of ``paths``; None for one that is missing or not a file."""
 
     def remove(self, path: str) -> None:
         """Remove the file at ``path``."""
@@ -168,6 +173,18 @@ class LocalStorage:
         with open(path, "rb") as f:
             return f.read()
 
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """``Storage.sizes``: one ``os.stat`` each (symlinks followed)."""
+        out: list[int | None] = []
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                out.append(None)
+                continue
+            out.append(st.st_size if stat.S_ISREG(st.st_mode) else None)
+        return out
+
     def remove(self, path: str) -> None:
         """``Storage.remove`` (FileNotFoundError if there is no such file)."""
         os.remove(path)
@@ -269,6 +286,13 @@ class Hf3fsStorage:
         """``Storage.read_small`` through a file opened for reading."""
         with self.fs.open(path, "rb") as f:
             return bytes(f.read())
+
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """``Storage.sizes``: meta BatchStats of up to ``STAT_BATCH`` paths."""
+        stats = []
+        for i in range(0, len(paths), STAT_BATCH):
+            stats += self.fs.batch_stat(list(paths[i : i + STAT_BATCH]))
+        return [None if isinstance(s, OSError) or s.type != "file" else int(s.size) for s in stats]
 
     def remove(self, path: str) -> None:
         """``Storage.remove``: one meta call (FileNotFoundError if there is no such file)."""

@@ -1,0 +1,155 @@
+"""haiscale.checkpoint against manifests crafted by hand: every one is refused with an error naming the problem,
+before a byte of the caller's state changes, nothing outside the checkpoint's folder is opened, and nothing the
+manifest claims is allocated before it is checked."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from haiscale import checkpoint as ckpt
+from haiscale.checkpoint import storage
+
+Doc = dict[str, Any]
+
+
+def _saved(root: Path) -> Path:
+    """A committed checkpoint of two tensors and a value; its folder."""
+    ckpt.save(root, {"a": torch.ones(4), "b": torch.arange(8.0), "s": 1}, step=1, blocking=True)
+    return root / "step-000000001"
+
+
+def _target() -> dict[str, Any]:
+    return {"a": torch.full((4,), 9.0), "b": torch.full((8,), 9.0), "s": 0}
+
+
+def _unchanged(state: dict[str, Any]) -> bool:
+    return bool((state["a"] == 9.0).all()) and bool((state["b"] == 9.0).all()) and state["s"] == 0
+
+
+def _entry(doc: Doc, name: str) -> Doc:
+    return next(t for t in doc["tensors"] if t["name"] == name)
+
+
+def _set(name: str, **fields: Any) -> Callable[[Doc], None]:
+    return lambda doc: _entry(doc, name).update(fields)
+
+
+def _dup_other_dtype(doc: Doc) -> None:
+    doc["tensors"].append({**_entry(doc, "b"), "dtype": "int8", "length": 8})
+
+
+OUTSIDE = "../../secret.bin"  # from the checkpoint folder: beside the root
+CRAFTED: list[tuple[str, Callable[[Doc], None], str]] = [
+    ("a length past any file", _set("b", length=10**13), r"tensors\[1\] \(b\): length 10000000000000 is not"),
+    ("a negative length", _set("b", length=-5), r"\(b\): length -5 is not"),
+    ("a negative file offset", _set("b", file_offset=-64), r"\(b\): file_offset -64 is not an integer >= 0"),
+    ("a negative numel", _set("b", numel=-5), r"\(b\): numel -5 is not an integer >= 0"),
+    ("a slice past its shape", _set("b", offset=4), r"\(b\): elements 4\.\.12 do not fit its shape \[8\]"),
+    ("a shape that overflows", _set("b", shape=[2**40, 2**40]), r"\(b\): shape \[\d+, \d+\] has more elements"),
+    ("a shape of strings", _set("b", shape=["8"]), r"\(b\): shape \['8'\] is not a list of integers >= 0"),
+    ("a dtype that is none", _set("b", dtype="Tensor"), r"\(b\): unknown dtype 'Tensor'"),
+    ("a file outside the folder", _set("b", file=OUTSIDE), r"\(b\): file '\.\./\.\./secret\.bin' is not a name"),
+    ("an absolute file", _set("b", file="/etc/passwd"), r"\(b\): file '/etc/passwd' is not a name"),
+    ("values outside the folder", lambda d: d["objects"].update(file=OUTSIDE), r"objects: file '\.\./\.\./secret"),
+    ("values of a huge length", lambda d: d["objects"].update(length=10**12), r"past the end of"),
+    (
+        "a name repeated as another dtype",
+        _dup_other_dtype,
+        r"tensors\[2\] \(b\): int8 \[8\], but tensors\[1\] is float32",
+    ),
+    ("keys that are not the name", _set("b", keys=["zzz"]), r"\(b\): keys \['zzz'\] do not make the name 'b'"),
+    ("a checksum of text", _set("b", crc32c="x"), r"\(b\): crc32c 'x' is not a 32-bit checksum"),
+    ("a step of 1.5", lambda d: d.update(step=1.5), r"step 1\.5 is not an integer >= 0"),
+    ("a world size of 0", lambda d: d.update(world_size=0), r"world_size 0 is not an integer >= 1"),
+    ("a list for a manifest", lambda d: (d.clear(), d.update(x=[1])), r"not a checkpoint manifest"),
+]
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize(("mutate", "words"), [c[1:] for c in CRAFTED], ids=[c[0] for c in CRAFTED])
+def test_a_crafted_manifest_is_refused_before_anything_is_read_or_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_place: bool, mutate: Callable[[Doc], None], words: str
+) -> None:
+    folder = _saved(tmp_path / "root")
+    (tmp_path / "secret.bin").write_bytes(b"S" * 4096)
+    manifest = folder / ckpt.MANIFEST
+    doc = json.loads(manifest.read_text())
+    mutate(doc)
+    manifest.write_text(json.dumps(doc))
+    opened: list[str] = []
+    real_open = os.open
+
+    def watched(path: Any, *args: Any, **kw: Any) -> int:
+        opened.append(os.path.abspath(os.fspath(path)))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(storage.os, "open", watched)
+    state = _target()
+    with pytest.raises(ValueError, match=words):  # not MemoryError, OverflowError, AttributeError...
+        ckpt.load(tmp_path / "root", state, in_place=in_place)
+    assert _unchanged(state)
+    assert all(p.startswith(str(folder) + os.sep) for p in opened), opened
+
+
+def test_a_manifest_that_is_a_json_list_is_not_a_manifest(tmp_path: Path) -> None:
+    folder = _saved(tmp_path)
+    (folder / ckpt.MANIFEST).write_text("[1, 2]")
+    state = _target()
+    with pytest.raises(ValueError, match=r"MANIFEST.json: not a checkpoint manifest \(a JSON list, not an object\)"):
+        ckpt.load(tmp_path, state)
+    assert _unchanged(state)
+
+
+def test_a_manifest_of_gigabytes_is_refused_without_being_read(tmp_path: Path) -> None:
+    folder = _saved(tmp_path)
+    with (folder / ckpt.MANIFEST).open("r+b") as f:
+        f.truncate(3 << 30)  # sparse: costs no disk; reading it would cost 3 GiB of memory
+    state = _target()
+    with pytest.raises(ValueError, match=r"MANIFEST.json: 3221225472 bytes, more than a manifest may be \(\d+\)"):
+        ckpt.load(tmp_path, state)
+    assert _unchanged(state)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_slice_past_its_data_files_end_is_refused_before_any_tensor_changes(tmp_path: Path, in_place: bool) -> None:
+    """Found from the files' sizes before reading: in place too, the tensors read before it keep their values."""
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    size = next(folder.glob("rank-00000.*.bin")).stat().st_size
+    _entry(doc, "b")["file_offset"] = size - 16
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    state = _target()
+    with pytest.raises(ckpt.CorruptCheckpoint, match=rf"\(b\): bytes {size - 16}\.\.{size + 16} are past the end of"):
+        ckpt.load(tmp_path, state, in_place=in_place)
+    assert _unchanged(state)
+
+
+def test_a_missing_data_file_is_refused_before_any_tensor_changes(tmp_path: Path) -> None:
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    _entry(doc, "b")["file"] = "rank-00009.gone.bin"
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    state = _target()
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"rank-00009\.gone\.bin \(b\): no such file"):
+        ckpt.load(tmp_path, state)
+    assert _unchanged(state)
+
+
+def test_allocate_missing_makes_nothing_a_crafted_shape_claims(tmp_path: Path) -> None:
+    """A tensor the state dict lacks is made only once the manifest's slices of it are checked against the files."""
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    huge = {**_entry(doc, "b"), "name": "h", "keys": ["h"], "shape": [1 << 40], "numel": 1 << 40, "length": 4 << 40}
+    doc["tensors"].append(huge)
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    state = _target()
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(h\): bytes \d+\.\.\d+ are past the end of"):
+        ckpt.load(tmp_path, state, allocate_missing=True)
+    assert _unchanged(state) and "h" not in state
