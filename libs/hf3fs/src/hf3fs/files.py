@@ -515,6 +515,10 @@ class RawFile(io.RawIOBase):
         if size < 0:
             raise OSError(errno.EINVAL, "negative size", self.name)
         self.ensure_room(size)
+        if self._session is not None and self.written > self.meta_length:
+            # meta cuts storage's chunks only below the length it knows: bytes written here since it last heard
+            # would stay in storage past the new end, and come back with a later write past it or the Close
+            self.fsync()
         sid = self._session.session_id if self._session is not None else ""
         inode = self._fs.meta_call(
             lambda m: m.truncate,

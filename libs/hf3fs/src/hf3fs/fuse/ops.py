@@ -581,7 +581,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             self._pending.materialize(fh)
         self._pending.settle(path or "")  # ("" names no file)
         inode_id = self._inode_of(fh) if path is None else self._lstat(path).inode_id
-        self._table.flush_writers(inode_id)
+        for h in self._table.writers(inode_id):  # meta cuts storage only below the length it knows: tell it first
+            self._sync(h, always=False)
         try:
             if path is None:
                 with acting_as(None):
