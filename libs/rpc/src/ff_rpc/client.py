@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
@@ -16,8 +15,8 @@ from google.protobuf.message import Message
 from ff_rpc.acting import ACT_AS_HEADER, current_acting
 from ff_rpc.auth import AUTHORIZATION_HEADER, BEARER_PREFIX
 from ff_rpc.errors import RpcError
-from ff_rpc.interceptor import REQUEST_ID_HEADER
-from ff_rpc.logs import current_log_fields
+from ff_rpc.interceptor import REQUEST_ID_HEADER, new_request_id
+from ff_rpc.logs import current_request_id
 from ff_rpc.retry import NO_RETRY, RETRYABLE_CODES, RetryPolicy, Router, retry_call
 from fireflyer.rpc_types import Invoker, Method
 
@@ -95,17 +94,18 @@ class RpcClient:
         self._token = token
         self._timeout_s = timeout_s
         self._retry = retry or RetryPolicy()
+        # A fixed token's header, made once (a callable's is made per call: the token may change).
+        self._auth = _auth_metadata(token) if isinstance(token, str) else None
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The metadata every call carries: request id (this context's, else a new one), bearer token, ``ff-act-as``.
 
         For a caller that drives a stub itself (a bidirectional stream) instead of ``unary`` or ``stream``.
         """
-        token = self._token() if callable(self._token) else self._token
-        rid = current_log_fields().get("request_id") or uuid.uuid4().hex[:16]
-        md: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, str(rid)),)
-        if token:
-            md += ((AUTHORIZATION_HEADER, BEARER_PREFIX + token),)
+        auth = self._auth
+        if auth is None:
+            auth = _auth_metadata(self._token() if callable(self._token) else self._token)
+        md: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, current_request_id() or new_request_id()), *auth)
         acting = current_acting()
         if acting is not None:
             md += ((ACT_AS_HEADER, acting.header()),)
@@ -160,6 +160,10 @@ class RpcClient:
             raise RpcError.from_grpc(err) from None
         finally:
             stream.cancel()
+
+
+def _auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return ((AUTHORIZATION_HEADER, BEARER_PREFIX + token),) if token else ()
 
 
 class ChannelPool:

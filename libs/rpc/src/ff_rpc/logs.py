@@ -32,6 +32,13 @@ def set_log_fields(**fields: Any) -> None:
     _log_fields.set({**(_log_fields.get() or {}), **fields})
 
 
+def current_request_id() -> str | None:
+    """The request id stamped on this context's records, if any (what a client forwards), without a copy."""
+    fields = _log_fields.get()
+    rid = fields.get("request_id") if fields else None
+    return None if rid is None else str(rid)
+
+
 def current_log_fields() -> dict[str, Any]:
     """A copy of the fields stamped on this context's records (the client forwards its request id from here)."""
     return dict(_log_fields.get() or {})

@@ -33,11 +33,37 @@ class RpcMetrics:
         )
         self.in_flight = Gauge("ff_rpc_in_flight", "RPCs being served now.", ["service"], registry=self.registry)
 
+        self._methods: dict[str, MethodMeters] = {}
+
     def observe(self, full_method: str, code: str, duration_s: float) -> None:
         """Counts one finished call of ``/pkg.Service/Method`` with its status code name and duration (seconds)."""
-        service, method = _split_method(full_method)
-        self.requests.labels(service, method, code).inc()
-        self.latency.labels(service, method).observe(duration_s)
+        self.of_method(full_method).observe(code, duration_s)
+
+    def of_method(self, full_method: str) -> MethodMeters:
+        """The metrics of one method, their labels resolved once (the server's interceptor keeps one per method)."""
+        meters = self._methods.get(full_method)
+        if meters is None:
+            meters = self._methods[full_method] = MethodMeters(self, *_split_method(full_method))
+        return meters
+
+
+class MethodMeters:
+    """One method's children of the server's RPC metrics: a call updates them without a label lookup."""
+
+    def __init__(self, metrics: RpcMetrics, service: str, method: str) -> None:
+        self._requests = metrics.requests
+        self._service, self._method = service, method
+        self._by_code: dict[str, Counter] = {}
+        self.latency = metrics.latency.labels(service, method)
+        self.in_flight = metrics.in_flight.labels(service)
+
+    def observe(self, code: str, duration_s: float) -> None:
+        """One finished call with its status code name and duration (seconds)."""
+        counter = self._by_code.get(code)
+        if counter is None:
+            counter = self._by_code[code] = self._requests.labels(self._service, self._method, code)
+        counter.inc()
+        self.latency.observe(duration_s)
 
 
 def _split_method(full_method: str) -> tuple[str, str]:
