@@ -12,7 +12,10 @@ on this machine, state under ``--dir``) and, each round, in an order that rotate
   checksums checked);
   ``seq read``: the file read back with ``readinto`` into a reused 4 MiB buffer;
 - ``steps``: ``--steps`` training steps of a small MLP (``--step-mib`` MiB of parameters) timed alone, and the
-  same steps with an async save of the MLP's state started before them (the steps run while it is written).
+  same steps with an async save of the MLP's state started before them (the steps run while it is written);
+  ``steps writing``: the same steps while a thread writes as many bytes with the client's sequential write
+  (no checkpoint manager: what 3FS itself costs the steps while the same bytes go in, the bound of the
+  step ratio any checkpointer into 3FS reaches on this machine).
 
     .venv/bin/python bench/checkpoint.py                        # 256 MiB, 3 rounds
     .venv/bin/python bench/checkpoint.py --size-mib 128 --rounds 5 --dir /work/tmp
@@ -113,7 +116,7 @@ class Runner:
         self.fs = fs
         self.cluster_cpu = cluster_cpu
         self.keep_buffer = False
-        self.windows: dict[str, list[StepWindow]] = {"steps_saving": [], "steps_alone": []}
+        self.windows: dict[str, list[StepWindow]] = {"steps_saving": [], "steps_alone": [], "steps_writing": []}
         self.state = state_of(size_mib * MIB)
         self.size = nbytes(self.state)
         self.payload = memoryview(torch.randn(BLOCK // 4).numpy().tobytes())
@@ -132,15 +135,16 @@ class Runner:
                                        blocking=True, keep_buffer=self.keep_buffer) and None)  # fmt: skip
 
     def seq_write(self) -> float:
-        def run() -> None:
-            with self.fs.open("/bench/seq.bin", "wb") as f:
-                done = 0
-                while done < self.size:
-                    n = min(BLOCK, self.size - done)
-                    f.write(self.payload[:n])
-                    done += n
+        return timed(lambda: self._write("/bench/seq.bin", self.size))
 
-        return timed(run)
+    def _write(self, path: str, size: int) -> None:
+        """``size`` bytes into a new file ``path``, in 4 MiB writes (the client's sequential path)."""
+        with self.fs.open(path, "wb") as f:
+            done = 0
+            while done < size:
+                n = min(BLOCK, size - done)
+                f.write(self.payload[:n])
+                done += n
 
     def load(self) -> float:
         return timed(lambda: ckpt.load("hf3fs:///bench/ckpt", self.state, fs=self.fs) and None)
@@ -182,6 +186,17 @@ class Runner:
         handle.wait()
         return mean
 
+    def steps_writing(self) -> float:
+        """Mean step time of steps run while the client writes as many bytes as ``steps_saving``'s save to a file."""
+        size = self.size + nbytes({"model": self.model.state_dict()})
+        writer = threading.Thread(target=self._write, args=("/bench/train-seq.bin", size))
+        writer.start()
+        mean = self._train("steps_writing")
+        if writer.is_alive():
+            print("  (the write outlasted the steps)", flush=True)
+        writer.join()
+        return mean
+
 
 def pin(pid: int, cpus: set[int]) -> None:
     """Run every thread of process ``pid`` (and the threads it starts later) on ``cpus``."""
@@ -218,7 +233,7 @@ def main() -> int:
         r.keep_buffer = a.keep_buffer
         mib = r.size / MIB
         print(f"{mib:.0f} MiB in {sum(1 for _ in ckpt_leaves(r.state))} tensors, {a.rounds} rounds, state in {c.root}")
-        pairs = [("save", "seq_write"), ("load", "seq_read"), ("steps_saving", "steps_alone")]
+        pairs = [("save", "seq_write"), ("load", "seq_read"), ("steps_saving", "steps_alone", "steps_writing")]
         times: dict[str, list[float]] = {k: [] for pair in pairs for k in pair}
         cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in times}  # (this process, cluster) CPU s
         r.seq_write()  # the file seq_read reads
@@ -241,6 +256,9 @@ def main() -> int:
         print(f"  step {1e3 * statistics.median(times['steps_alone']):.1f} ms alone, "
               f"{1e3 * statistics.median(times['steps_saving']):.1f} ms with a save in flight: "
               f"x{ratio:.3f} (goal <= 1.15)")  # fmt: skip
+        bound = statistics.median(x / b for x, b in zip(times["steps_writing"], times["steps_alone"], strict=True))
+        print(f"  step {1e3 * statistics.median(times['steps_writing']):.1f} ms while the client writes as many "
+              f"bytes (no checkpoint manager): x{bound:.3f} of alone, the bound of the ratio above here")  # fmt: skip
         print("CPU seconds per operation (medians; steps: the steps and the save's snapshot and wait):")
         for name, pairs_ in cpu.items():
             print(f"  {name:<12} this process {statistics.median(x for x, _ in pairs_):6.3f}  "
