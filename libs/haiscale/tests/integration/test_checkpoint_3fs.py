@@ -166,6 +166,72 @@ async def test_the_scheduler_counts_only_a_manifest_of_the_tasks_user(cluster: C
         await agent.close()
 
 
+async def test_the_scheduler_refuses_hostile_reports_with_their_status_and_counts_none(cluster: Cluster) -> None:
+    """Reports as a hostile task or user would send them: each gets its own status (never UNAVAILABLE, which the
+    agent's client would retry, nor UNKNOWN), and the run's checkpoint stays the last one counted."""
+    address = cluster.scheduler.address
+    agent = await AgentDriver(address, cluster.mgmtd, CLUSTER_TOKEN, suspend_mode="ack_only").start()
+    root = SchedulerClient(address, cluster.tokens["ck-admin"])
+    bob = SchedulerClient(address, cluster.tokens["ck-bob"])
+    try:
+        listed = await root.call(root.user.ListTasks, pb.ListTasksRequest(all_users=True))
+        for other in listed.tasks:  # the tests above leave theirs: none may take this agent's node
+            await root.call(root.user.StopTask, pb.StopTaskRequest(task_id=other.task_id, reason="next test"))
+        await set_quota(root, "ck-bob", priority.NORMAL, 1)
+        task = (await bob.call(bob.user.SubmitTask, pb.SubmitTaskRequest(spec=spec(1)))).task
+        await agent.wait_for(lambda: any(s.task_id == task.task_id for s in agent.starts))
+        run_id = next(s.run_id for s in agent.starts if s.task_id == task.task_id)
+        bob_fs, alice_fs = cluster.fs("ck-bob"), cluster.fs("ck-alice")
+        mine = ckpt.save("hf3fs:///ck/ck-bob/hostile", _tensors(3), step=3, fs=bob_fs).wait()
+        assert mine
+        await agent.checkpoint(run_id, 3, path=mine)
+        alice_fs.mkdir("/ck/ck-alice/private", mode=0o700)
+        bob_fs.symlink("/ck/ck-bob/loop-b", "/ck/ck-bob/loop-a")
+        bob_fs.symlink("/ck/ck-bob/loop-a", "/ck/ck-bob/loop-b")
+        bob_fs.create("/ck/ck-bob/empty.json")
+        writing = bob_fs.open("/ck/ck-bob/writing.json", "wb")  # a manifest still being written
+        writing.write(b"{}")
+
+        def report(path: str, **ids: int) -> pb.ReportCheckpointRequest:
+            return pb.ReportCheckpointRequest(
+                node_id=ids.get("node_id", agent.node_id),
+                task_id=ids.get("task_id", task.task_id),
+                run_id=ids.get("run_id", run_id),
+                checkpoint=pb.Checkpoint(path=path, step=99, committed_at=time.time(), taken_at=time.time()),
+            )
+
+        assert agent.client is not None
+        code = grpc.StatusCode
+        refused = [
+            ("a path with NUL", agent.client, report("/ck/ck-bob/hostile\0/x"), code.INVALID_ARGUMENT, "NUL"),
+            ("a name of 300 bytes", agent.client, report("/ck/ck-bob/" + "x" * 300), code.INVALID_ARGUMENT,
+             "component of 300"),
+            ("a path of 5000 bytes", agent.client, report("/ck/" + "x/" * 2500), code.INVALID_ARGUMENT,
+             "checkpoint.path"),
+            ("a symlink loop", agent.client, report("/ck/ck-bob/loop-a"), code.FAILED_PRECONDITION, "loop-a"),
+            ("a folder bob cannot reach", agent.client, report("/ck/ck-alice/private/MANIFEST.json"),
+             code.PERMISSION_DENIED, "may not reach it"),
+            ("an empty file", agent.client, report("/ck/ck-bob/empty.json"), code.FAILED_PRECONDITION, "empty"),
+            ("a file still open for writing", agent.client, report("/ck/ck-bob/writing.json"),
+             code.FAILED_PRECONDITION, "still open for writing"),
+            ("the user's own token", bob, report(mine), code.PERMISSION_DENIED, ""),
+            ("another user's task", agent.client, report(mine, task_id=task.task_id + 1000), code.NOT_FOUND, ""),
+            ("a run of another node", agent.client, report(mine, node_id=agent.node_id + 1000), code.NOT_FOUND, ""),
+        ]  # fmt: skip
+        for what, client, request, status, words in refused:
+            with pytest.raises(RpcError) as err:
+                await client.call(client.agent.ReportCheckpoint, request)
+            assert err.value.code == status and words in err.value.details, (what, err.value)
+        assert int((await task_of(bob, task.task_id)).runs[0].last_checkpoint.step) == 3  # none counted
+        writing.close()
+        await agent.checkpoint(run_id, 4, path="/ck/ck-bob/writing.json")  # closed: durable, counted
+        assert int((await task_of(bob, task.task_id)).runs[0].last_checkpoint.step) == 4
+    finally:
+        await bob.close()
+        await root.close()
+        await agent.close()
+
+
 async def _running(client: SchedulerClient, task_id: int) -> bool:
     return (await task_of(client, task_id)).current_run.state == pb.RUN_STATE_RUNNING
 

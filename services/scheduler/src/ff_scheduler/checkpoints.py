@@ -34,11 +34,14 @@ class ManifestCheck:
         """Return when ``path`` is a file in 3FS owned by ``uid``, reachable by that user.
 
         Raises:
-            InvalidRequest: ``path`` is not an absolute 3FS path.
-            Conflict: no such file (the checkpoint is not durable there), or it is not a file.
+            InvalidRequest: ``path`` is not an absolute 3FS path, or not a valid one (a NUL byte, a name too long).
+            Conflict: no such file (the checkpoint is not durable there), not a file (a folder, a symlink loop), a
+                file still open for writing, or an empty one.
             Forbidden: the user may not reach it, or another user owns it.
             Unavailable: meta did not answer.
         """
+        if "\0" in path:
+            raise InvalidRequest(f"checkpoint.path {path[:200]!r} contains a NUL byte")
         try:
             fs_path = strip_scheme(path)
         except ValueError:
@@ -51,13 +54,21 @@ class ManifestCheck:
             e = os_error(err, fs_path)
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise Conflict(f"checkpoint {fs_path}: no such file in 3FS; not counted") from None
+            if e.errno == errno.ELOOP:
+                raise Conflict(f"checkpoint {fs_path}: a loop of symlinks, not a file; not counted") from None
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise Forbidden(f"checkpoint {fs_path}: the task's user (uid {uid}) may not reach it") from None
+            if e.errno in (errno.EINVAL, errno.ENAMETOOLONG):  # the path's fault: asking again will not help
+                raise InvalidRequest(f"checkpoint {fs_path[:200]!r}: {err.details}") from None
             raise Unavailable(f"checkpoint {fs_path}: meta answered {err.code.name}: {err.details}") from None
         except Hf3fsError as err:
             raise Unavailable(f"checkpoint {fs_path}: cannot ask 3FS ({err})") from None
         inode = resp.inode
         if inode.type != meta_pb2.INODE_TYPE_FILE:
             raise Conflict(f"checkpoint {fs_path}: not a file in 3FS; not counted")
+        if inode.num_write_sessions:  # its length and bytes are settled only at its close
+            raise Conflict(f"checkpoint {fs_path}: still open for writing, not durable yet; not counted")
+        if not inode.length_bytes:
+            raise Conflict(f"checkpoint {fs_path}: an empty file, not a checkpoint; not counted")
         if inode.uid != uid:
             raise Forbidden(f"checkpoint {fs_path}: owned by uid {inode.uid}, not by the task's user (uid {uid})")
