@@ -24,6 +24,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     def __init__(self, ops: MetaOps) -> None:
         self._ns, self._files, self._quotas, self._trash = ops.namespace, ops.files, ops.quotas, ops.trash
+        self._listings = wire.ListResponses()
 
     async def StatFs(self, request: pb.StatFsRequest, context: Context) -> pb.StatFsResponse:
         return wire.statfs_response(await self._ns.statfs(caller()))
@@ -123,12 +124,11 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.RenameResponse(inode=wire.inode_pb(inode))
 
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
-        after = wire.name_after(request.page_token)
-        return wire.list_response(
-            await self._ns.list_dir(
-                caller(), path_at(request.path), wire.page_size(request.page_size), after, request.include_inodes
-            )
+        after, with_inodes = wire.name_after(request.page_token), request.include_inodes
+        page = await self._ns.list_dir(
+            caller(), path_at(request.path), wire.page_size(request.page_size), after, with_inodes
         )
+        return wire.list_response(page) if with_inodes else self._listings.response(page)
 
     async def SetAttr(self, request: pb.SetAttrRequest, context: Context) -> pb.SetAttrResponse:
         change = wire.attr_change(request)

@@ -11,7 +11,17 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
-from ff_meta.core.model import AttrChange, Inode, InodeType, LayoutSpec, PathAt, QuotaRow, SessionInfo, TrashRow
+from ff_meta.core.model import (
+    AttrChange,
+    DirEntry,
+    Inode,
+    InodeType,
+    LayoutSpec,
+    PathAt,
+    QuotaRow,
+    SessionInfo,
+    TrashRow,
+)
 from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability, CloseArgs, CreateArgs, DirPage, FsSpace, OpenArgs, Opened, StatItem
 from ff_rpc import current_principal
@@ -390,6 +400,35 @@ def list_response(page: DirPage) -> pb.ListResponse:
         inode = None if node is None else inode_pb(node)
         add(name=name, inode_id=inode_id, type=pb.InodeType.ValueType(typ), inode=inode)
     return resp
+
+
+class ListResponses:
+    """The ListResponse of recent names-only pages, by the identity of the page's entries.
+
+    A page that meta's listing cache answered is the same list object each time (``store.listing``), so its message
+    is built once (100 names cost ~100 us to build, ~4 us to serialize). Up to ``max_entries`` entries in all, the
+    oldest dropped first. The messages go to grpc, which only serializes them.
+    """
+
+    def __init__(self, max_entries: int = 20_000) -> None:
+        self._max_entries = max_entries
+        self._num_entries = 0
+        self._known: dict[int, tuple[list[DirEntry], str, pb.ListResponse]] = {}
+
+    def response(self, page: DirPage) -> pb.ListResponse:
+        """List's answer for ``page`` (built once per entries list)."""
+        entries = page.entries
+        known = self._known.get(id(entries))
+        if known is not None and known[0] is entries and known[1] == page.last_name:
+            return known[2]
+        resp = list_response(page)
+        if len(entries) <= self._max_entries:
+            self._known[id(entries)] = (entries, page.last_name, resp)  # the entries held: their id is not reused
+            self._num_entries += len(entries)
+            while self._num_entries > self._max_entries:
+                dropped = self._known.pop(next(iter(self._known)))
+                self._num_entries -= len(dropped[0])
+        return resp
 
 
 def trash_response(page: tuple[list[TrashRow], str]) -> pb.ListTrashResponse:

@@ -11,9 +11,10 @@ from typing import TypeVar
 import pytest
 
 from ff_meta.core.errors import FsCode, FsError
-from ff_meta.core.model import AttrChange, Defaults, Inode, LayoutSpec, PathAt
+from ff_meta.core.model import AttrChange, Defaults, DirEntry, Inode, InodeType, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
 from ff_meta.store import fsops, trash
+from ff_meta.store.listing import ListingCache
 from ff_meta.store.metastore import MIGRATIONS
 from ff_meta.store.schema import VERSION_TABLE
 from ff_meta.store.tx import Tx
@@ -264,3 +265,62 @@ def test_deep_mkdirs_charges_each_level_and_stops_at_the_depth_limit(fs: Fs, mon
     assert fs.tx(lambda t: t.paths.depth_of(deep.inode_id)) == 41
     assert fs.tx(lambda t: fsops.realpath(t, PathAt(deep.inode_id, ""))) == ("/q/" + "/".join(["a"] * 40),
                                                                               deep.inode_id)  # fmt: skip
+
+
+def test_listing_cache_follows_every_change_of_the_entries(fs: Fs) -> None:
+    """A names-only page comes from the cache only while the directory's entries are those it was read with."""
+    cache = ListingCache()
+
+    def cached(path: str = "/d", after: str = "", size: int = 1000, caller: Caller = ALICE) -> list[DirEntry]:
+        return fs.tx(lambda t: fsops.list_dir(t, PathAt(0, path), size, after, False, cache), caller)[0]
+
+    def fresh(path: str = "/d", after: str = "", size: int = 1000) -> list[DirEntry]:
+        return fs.tx(lambda t: fsops.list_dir(t, PathAt(0, path), size, after, False))[0]
+
+    fs.mkdir("/d")
+    fs.mkdir("/e")
+    fs.create("/d/a")
+    first = cached()
+    trash_ids: list[str] = []
+    assert cached() is first and [e[0] for e in first] == ["a"]  # unchanged: the same page
+    changes: list[Callable[[], object]] = [
+        lambda: fs.create("/d/b"),
+        lambda: fs.mkdir("/d/sub"),
+        lambda: fs.rename("/d/a", "/d/a2"),  # within the directory
+        lambda: fs.rename("/d/a2", "/e/a3"),  # out of it
+        lambda: fs.rename("/e/a3", "/d/b"),  # into it, replacing an entry
+        lambda: fs.tx(lambda t: fsops.hardlink(t, PathAt(0, "/d/b"), PathAt(0, "/d/h"))),
+        lambda: fs.tx(lambda t: fsops.symlink(t, PathAt(0, "/d/s"), "b", next(fs.ids))),
+        lambda: fs.remove("/d/h"),
+        lambda: trash_ids.append(fs.remove("/d/sub", recursive=True)),  # to the trash
+        lambda: fs.tx(lambda t: trash.restore_trash(t, trash_ids[-1], None)),  # and back
+        lambda: fs.remove("/d/s"),
+    ]
+    for change in changes:
+        before = fresh()
+        assert cached() == before
+        version = fs.stat("/d").entries_version
+        change()
+        assert fs.stat("/d").entries_version > version
+        assert fresh() != before and cached() == fresh()
+    assert cached(after="b", size=1) == fresh(after="b", size=1) != cached(size=1)  # pages are keyed apart
+    # Bob may not list what alice cached once her folder is closed to him: the check runs before the cache.
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/d"), True, AttrChange(mode=0o700)))
+    assert cached()
+    assert code(lambda: cached(caller=BOB)) is FsCode.ACCESS_DENIED
+    untouched = fs.stat("/e").entries_version
+    fs.tx(lambda t: fsops.set_attr(t, PathAt(0, "/e"), True, AttrChange(mode=0o711)))
+    assert fs.stat("/e").entries_version == untouched  # attributes are not entries
+
+
+def test_listing_cache_drops_the_least_recently_used_pages_past_its_size() -> None:
+    cache = ListingCache(max_entries=5)
+    page: list[DirEntry] = [(f"n{k}", k, InodeType.FILE, None) for k in range(2)]
+    for d in range(3):
+        cache.put((d, 1, "", 2), page, "")
+    assert len(cache) == 2 and cache.get((0, 1, "", 2)) is None  # 6 entries > 5: the oldest went
+    assert cache.get((1, 1, "", 2)) == (page, "")
+    cache.put((3, 1, "", 2), page, "")  # 1 was used last: 2 goes
+    assert cache.get((2, 1, "", 2)) is None and cache.get((1, 1, "", 2)) is not None
+    cache.put((4, 1, "", 6), [*page, *page, *page], "")  # larger than the whole cache: not kept
+    assert cache.get((4, 1, "", 6)) is None

@@ -60,6 +60,7 @@ class Inode:
     chain_begin: int = 0
     shuffle_seed: int = 0
     rdev: int = 0  # a device node's number (0 for every other type)
+    entries_version: int = 0  # a directory's: moves with every change of its entries (0 for other types)
 
     @property
     def is_dir(self) -> bool:

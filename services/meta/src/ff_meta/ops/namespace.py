@@ -64,8 +64,11 @@ class NamespaceOps:
 
     async def list_dir(self, caller: Caller, at: PathAt, page_size: int, after: str, with_inodes: bool) -> DirPage:
         """A page of a directory's entries by name, after ``after``."""
+        listings = self._s.listings
         entries, last = await self._store.read(
-            caller, lambda t: fsops.list_dir(t, at, page_size, after, with_inodes), small=page_size <= SMALL_PAGE
+            caller,
+            lambda t: fsops.list_dir(t, at, page_size, after, with_inodes, listings),
+            small=page_size <= SMALL_PAGE,
         )
         return DirPage(entries, last)
 

@@ -17,6 +17,7 @@ from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability
 from ff_meta.store import fsops
 from ff_meta.store.chunks import StorageChunks
+from ff_meta.store.listing import ListingCache
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.storage_space import StorageSpace
 from ff_rpc import RpcError
@@ -84,6 +85,7 @@ class Shared:
     ids: IdAllocator
     options: MetaOptions
     capability_key: bytes
+    listings: ListingCache = field(default_factory=ListingCache)  # names-only listing pages, by directory version
     _defaults: tuple[object, Defaults] | None = field(default=None, init=False, repr=False)  # of which routing view
 
     async def defaults(self) -> Defaults:

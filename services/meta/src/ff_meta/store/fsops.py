@@ -48,6 +48,7 @@ from ff_meta.core.perms import (
 )
 from ff_meta.core.quota import headroom
 from ff_meta.core.resolve import Resolved
+from ff_meta.store.listing import ListingCache
 from ff_meta.store.schema import inodes, quotas, sessions, trash
 from ff_meta.store.tx import MAX_LINKS, SELECT_INODE_COLS, Tx, inode_of_tuple, raw_sql
 
@@ -644,18 +645,32 @@ def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa
     return moved.with_(**values)
 
 
-def list_dir(tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool) -> tuple[list[DirEntry], str]:
-    """A page of a directory's entries by name (with their inodes when asked), and the name to list after next."""
+def list_dir(
+    tx: Tx, at: PathAt, page_size: int, after: str, with_inodes: bool, cache: ListingCache | None = None
+) -> tuple[list[DirEntry], str]:
+    """A page of a directory's entries by name (with their inodes when asked), and the name to list after next.
+
+    A names-only page comes from ``cache`` when it holds the page at the directory's ``entries_version`` as this
+    transaction reads it (the walk and the permission checks are made every time), and is put there otherwise: the
+    version and the entries are read in one snapshot, so the page is right whatever becomes of this (read) transaction.
+    """
     d = tx.paths.existing(at, follow_last=True).inode
     assert d is not None
     if not d.is_dir:
         raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
     require(tx.caller, d, R, f"list {at.path}")
     if not with_inodes:
+        key = (d.inode_id, d.entries_version, after, page_size)
+        known = cache.get(key) if cache is not None else None
+        if known is not None:
+            return known
         sql = _RAW_LIST_AFTER if after else _RAW_LIST
         rows = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
         names: list[DirEntry] = [(r[0], r[1], inode_type_of(r[2]), None) for r in rows[:page_size]]
-        return names, (rows[page_size - 1][0] if len(rows) > page_size else "")
+        last = rows[page_size - 1][0] if len(rows) > page_size else ""
+        if cache is not None:
+            cache.put(key, names, last)
+        return names, last
     sql = _RAW_SCAN_AFTER if after else _RAW_SCAN
     full = tx.fetch_all(sql, (d.inode_id, after, page_size + 1) if after else (d.inode_id, page_size + 1))
     out: list[DirEntry] = []

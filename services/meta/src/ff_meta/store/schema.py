@@ -35,6 +35,9 @@ inodes = sa.Table(
     sa.Column("shuffle_seed", sa.BigInteger, nullable=False),
     # Device nodes: the device number (0 for every other type).
     sa.Column("rdev", sa.BigInteger, nullable=False, server_default="0"),
+    # Directories: moves by one in every transaction that adds or removes one of its entries (a listing
+    # cache's key: the same value, the same entries). 0 for every other type.
+    sa.Column("entries_version", sa.BigInteger, nullable=False, server_default="0"),
 )  # fmt: skip
 
 dirents = sa.Table(

@@ -58,7 +58,8 @@ _RAW_GC_ENQUEUE = raw_sql(
 )
 _RAW_ENTRY_TYPE = raw_sql("SELECT type FROM meta_dirents WHERE parent_id = ? AND name = ?")
 _RAW_ENTRIES_CHANGED = raw_sql(
-    "UPDATE meta_inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE inode_id = ?"
+    "UPDATE meta_inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ?, entries_version = entries_version + 1 "
+    "WHERE inode_id = ?"
 )
 _RAW_ANY_CHILD = raw_sql("SELECT name FROM meta_dirents WHERE parent_id = ? LIMIT 1")
 _RAW_SHRINK_REPORTED = raw_sql(
@@ -285,7 +286,9 @@ class Tx:
     def _entries_changed(self, dir_id: int, dsubdirs: int) -> None:
         """A directory's entries changed.
 
-        POSIX: its mtime and ctime move; its link count follows its subdirectories (each one's ".." names it).
+        POSIX: its mtime and ctime move; its link count follows its subdirectories (each one's ".." names it). Its
+        ``entries_version`` moves too: every change of a directory's entries comes here, in its transaction, so a
+        listing read at one version is the listing at that version (``ops.listing.ListingCache``).
         """
         self._fetch(_RAW_ENTRIES_CHANGED, (self.now_ns, self.now_ns, dsubdirs, dir_id), fetch=False)
 
