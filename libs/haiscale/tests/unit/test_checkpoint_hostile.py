@@ -153,3 +153,25 @@ def test_allocate_missing_makes_nothing_a_crafted_shape_claims(tmp_path: Path) -
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(h\): bytes \d+\.\.\d+ are past the end of"):
         ckpt.load(tmp_path, state, allocate_missing=True)
     assert _unchanged(state) and "h" not in state
+
+
+def test_two_writers_with_the_same_pid_and_thread_never_share_a_temporary_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs on two hosts (or in two containers) often have the same pid: each writes its own temporary file, so
+    neither renames the other's half-written bytes into place."""
+    monkeypatch.setattr(storage.os, "getpid", lambda: 1)
+    monkeypatch.setattr(storage.threading, "get_ident", lambda: 7)
+    written: list[str] = []
+    write_file = storage.LocalStorage.write_file
+
+    def spy(self: storage.LocalStorage, path: str, pieces: Any) -> None:
+        written.append(path)
+        write_file(self, path, pieces)
+
+    monkeypatch.setattr(storage.LocalStorage, "write_file", spy)
+    local = storage.LocalStorage()
+    local.write_atomic(str(tmp_path / ckpt.MANIFEST), b"one")
+    local.write_atomic(str(tmp_path / ckpt.MANIFEST), b"two")
+    assert len(set(written)) == 2, written
+    assert (tmp_path / ckpt.MANIFEST).read_bytes() == b"two"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -145,7 +146,7 @@ class LocalStorage:
 
         The folder's fsync makes the rename itself survive a crash.
         """
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        tmp = _temporary_name(path)
         self.write_file(tmp, [(0, memoryview(data))])
         os.rename(tmp, path)
         _fsync_dir(os.path.dirname(path))
@@ -194,6 +195,11 @@ class LocalStorage:
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _temporary_name(path: str) -> str:
+    """A name beside ``path`` no other writer uses: pids and thread ids repeat across hosts and containers."""
+    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
 
 
 def _pread_into(fd: int, offset: int, view: memoryview) -> int:
@@ -254,7 +260,7 @@ class Hf3fsStorage:
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """``Storage.write_atomic``: a temporary file, closed (durable), then renamed over ``path``."""
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        tmp = _temporary_name(path)
         with self.fs.open(tmp, "wb") as f:
             f.write(data)
         self.fs.rename(tmp, path)
