@@ -54,7 +54,9 @@ class DictRows:
         child = self.entries.get((parent_id, name))
         return None if child is None else self.inodes[child]
 
-    def walk_dirs(self, start_id: int, names: Sequence[str]) -> tuple[list[DirBits], Inode] | None:
+    def walk_dirs(
+        self, start_id: int, names: Sequence[str], then: str | None = None
+    ) -> tuple[list[DirBits], Inode, Inode | None] | None:
         above, cur = [], self.inodes[start_id]
         for name in names:
             above.append(DirBits(cur.inode_id, int(cur.type), cur.mode, cur.uid, cur.gid))
@@ -62,7 +64,7 @@ class DictRows:
             if nxt is None:
                 return None
             cur = nxt
-        return above, cur
+        return above, cur, (None if then is None else self.lookup(cur.inode_id, then))
 
     def ancestry(self, dir_id: int, limit: int) -> list[AncestorRow]:
         out: list[AncestorRow] = []

@@ -93,13 +93,19 @@ class PathResolver:
             start_inode = self.must(start)
             self.check_reachable(start_inode)
         cur_id = start
+        entry: Inode | None = None
+        entry_known = False  # the walk down looked up the last component too (``entry``)
         while begin < len(parts) - 1:
-            # Fast path: the directories down to the last component, up to MAX_FAST_DEPTH of them per query.
+            # Fast path: the directories down to the last component, up to MAX_FAST_DEPTH of them per query, and the
+            # last component with the query that reaches its directory (a plain name, when walks are not reused).
             chunk = parts[begin : min(begin + MAX_FAST_DEPTH, len(parts) - 1)]
-            down = self._walk_dirs(cur_id, chunk, parts[:begin]) if ".." not in chunk else None
+            reaches_last = begin + len(chunk) == len(parts) - 1 and parts[-1] != ".." and not self.cache_walks
+            then = parts[-1] if reaches_last else None
+            down = self._walk_dirs(cur_id, chunk, parts[:begin], then) if ".." not in chunk else None
             if down is None:
                 break
-            cur, cur_id, begin = down, down.inode_id, begin + len(chunk)
+            cur, entry = down
+            cur_id, begin, entry_known = cur.inode_id, begin + len(chunk), then is not None
         if cur is None:
             cur = start_inode or self.must(start)
             if not parts:
@@ -118,7 +124,7 @@ class PathResolver:
                     return Resolved(parent, None, "..")
                 cur = parent
                 continue
-            child = self.rows.lookup(cur.inode_id, comp)
+            child = entry if last and entry_known else self.rows.lookup(cur.inode_id, comp)
             if child is None:
                 if last:
                     return Resolved(None, cur, comp)
@@ -135,21 +141,24 @@ class PathResolver:
             cur = child
         raise AssertionError("unreachable")
 
-    def _walk_dirs(self, start: int, names: list[str], what: list[str]) -> Inode | None:
+    def _walk_dirs(
+        self, start: int, names: list[str], what: list[str], then: str | None = None
+    ) -> tuple[Inode, Inode | None] | None:
         """Several directories down in one query, or None.
 
         The directory ``names`` lead to from directory ``start``, with search permission checked on
         ``start`` and every directory before the last (``what``: the components walked before ``start``, for
-        the error); None when one is missing or is not a directory (then the caller walks step by step,
-        which finds the exact error or follows symlinks).
+        the error), and with ``then`` the inode the entry ``then`` of that directory names (None: none; its search
+        permission is the caller's to check); None when one is missing or is not a directory (then the caller walks
+        step by step, which finds the exact error or follows symlinks).
         """
         key = (start, tuple(names))
         if self.cache_walks and key in self._walks:
-            return self._walks[key]
-        found = self.rows.walk_dirs(start, names)
+            return self._walks[key], None
+        found = self.rows.walk_dirs(start, names, then)
         if found is None:
             return None
-        above, last = found
+        above, last, entry = found
         if not last.is_dir or any(d.type != InodeType.DIRECTORY for d in above):
             return None
         for k, d in enumerate(above):
@@ -157,7 +166,7 @@ class PathResolver:
                 raise fs_error(FsCode.ACCESS_DENIED, f"permission denied: search {'/'.join(what + names[:k]) or '/'}")
         if self.cache_walks:
             self._walks[key] = last
-        return last
+        return last, entry
 
     # ---- the way up: inode addressing, paths, depth ----
 

@@ -52,11 +52,14 @@ class NamespaceRows(Protocol):
         """The inode the entry ``name`` of directory ``parent_id`` names, or None."""
         ...
 
-    def walk_dirs(self, start_id: int, names: Sequence[str]) -> tuple[Sequence[DirBits], Inode] | None:
+    def walk_dirs(
+        self, start_id: int, names: Sequence[str], then: str | None = None
+    ) -> tuple[Sequence[DirBits], Inode, Inode | None] | None:
         """Down several directories in one go.
 
         Down from ``start_id`` along ``names`` in one go: the permission columns of ``start_id`` and of each
-        directory before the last, and the last's inode; None when an entry is missing.
+        directory before the last, the last's inode, and with ``then`` the inode that the entry ``then`` of the last
+        names (None: no such entry, or no ``then``); None when an entry of ``names`` is missing.
         """
         ...
 

@@ -110,11 +110,13 @@ _PERM_COLS = ("inode_id", "type", "mode", "uid", "gid")
 
 
 @functools.cache
-def _walk_sql(depth: int) -> tuple[str, str]:
+def _walk_sql(depth: int, then: bool) -> tuple[str, str]:
     """One query for a directory and several below it.
 
     The directory and the ``depth`` directories below it along given names: ``_PERM_COLS`` of each but the last, every
-    column of the last (only it becomes an ``Inode``: building one per directory cost more than the query).
+    column of the last (only it becomes an ``Inode``: building one per directory cost more than the query); with
+    ``then``, every column of the inode one more name names in the last (NULLs when there is no such entry), so that a
+    path's walk and its last lookup are one statement. Parameters: (then's name,) start id, the names.
     """
     aliases = ["r", *(f"i{k}" for k in range(depth))]
     cols = [", ".join(f"{a}.{c}" for c in _PERM_COLS) for a in aliases[:-1]]
@@ -127,6 +129,12 @@ def _walk_sql(depth: int) -> tuple[str, str]:
         )
         conds.append(f"d{k}.name = ?")
         prev = f"i{k}"
+    if then:
+        cols.append(", ".join(f"iz.{c}" for c in _COLS))
+        joins.append(
+            f"LEFT JOIN meta_dirents dz ON dz.parent_id = {prev}.inode_id AND dz.name = ? "
+            "LEFT JOIN meta_inodes iz ON iz.inode_id = dz.inode_id"
+        )
     return raw_sql(
         f"SELECT {', '.join(cols)} FROM meta_inodes r {' '.join(joins)} WHERE r.inode_id = ? AND {' AND '.join(conds)}"
     )
@@ -307,15 +315,24 @@ class Tx:
 
     # ---- NamespaceRows and QuotaRows (the rows core's rules read and write) ----
 
-    def walk_dirs(self, start_id: int, names: Sequence[str]) -> tuple[list[DirBits], Inode] | None:
-        """See ``NamespaceRows.walk_dirs`` (one query, charged by depth)."""
-        self.spend(1 + len(names) // 2)
-        row = self._fetch(_walk_sql(len(names)), (start_id, *names))
+    def walk_dirs(
+        self, start_id: int, names: Sequence[str], then: str | None = None
+    ) -> tuple[list[DirBits], Inode, Inode | None] | None:
+        """See ``NamespaceRows.walk_dirs`` (one query, charged by depth, and as a lookup with ``then``)."""
+        if then is None:
+            self.spend(1 + len(names) // 2)
+            row = self._fetch(_walk_sql(len(names), False), (start_id, *names))
+        else:
+            self.spend(2 + len(names) // 2)
+            row = self._fetch(_walk_sql(len(names), True), (then, start_id, *names))
         if row is None:
             return None
         width = len(_PERM_COLS)
         above = [DirBits._make(row[k * width : (k + 1) * width]) for k in range(len(names))]
-        return above, inode_of_tuple(row[len(names) * width :])
+        at = len(names) * width
+        last = inode_of_tuple(row[at : at + len(_COLS)])
+        entry = row[at + len(_COLS) :] if then is not None else None
+        return above, last, (inode_of_tuple(entry) if entry and entry[0] is not None else None)
 
     def ancestry(self, dir_id: int, limit: int) -> list[AncestorRow]:
         """See ``NamespaceRows.ancestry`` (one recursive query)."""
