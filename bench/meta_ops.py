@@ -4,27 +4,34 @@ no-op gRPC round trip to the same server over the same client plumbing (the tran
 
 One run starts a real cluster (mgmtd and three storage services as processes through
 ``ff_testing.cluster.start_cluster``) and one meta service as a process on the embedded default store
-(SQLite in ``--dir``). ``--threads`` client threads share one ``hf3fs.FileSystem`` (as a data loader or
-FUSE would). Each round runs every operation for ``--seconds`` on each side, in an order that rotates
-between rounds; the no-op is the gRPC health Check on the meta server (served by the same ff_rpc
-runtime and interceptor), called through the FileSystem's event-loop thread like every meta call.
+(SQLite in ``--dir``), or with ``--postgres`` on a PostgreSQL server started for the run; ``--meta-instances N``
+starts N meta services on the one database. ``--threads`` client threads share one ``hf3fs.FileSystem`` per meta
+instance (as a data loader or FUSE would), thread t calling instance t % N. Each round runs every operation for
+``--seconds`` on each side, in an order that rotates between rounds; the no-op is the gRPC health Check on the meta
+server (served by the same ff_rpc runtime and interceptor), called through the FileSystem's event-loop thread like
+every meta call. With several instances a fourth side, ``one``, runs the meta operations through the first instance
+only, so that "N instances / 1" is a ratio within the run.
 
 - create: new empty files (one meta Create each) in one directory per thread (not the listed one);
-- stat: stat of existing files (two path components);
+- stat: stat of existing files (/bench-<pid>/t<thread>/f<k>: three components);
 - list: listdir of a directory with ``--entries`` entries (one List page);
 - rename: a file renamed back and forth within its directory.
 
-Prints per-round rates, the medians, and the median per-round ratios meta/no-op and meta/local.
-Goals: stat >= 0.5 of the no-op rate; creates >= 1,000/s.
+Prints per-round rates, the medians, the median per-round ratios meta/no-op and meta/local, and the CPU time per
+call of meta's processes and of this (client) process on the meta and no-op sides (from /proc and
+``time.process_time``: steadier than rates on a shared machine). Goals (issue 24): stat and list >= 0.85 of the
+no-op rate; creates >= 2,000/s on SQLite; creates scale with meta instances on PostgreSQL.
 
     .venv/bin/python bench/meta_ops.py                     # 5 rounds x 4 ops x 3 sides x 2 s, ~2 min
-    .venv/bin/python bench/meta_ops.py --threads 8 --rounds 3
+    .venv/bin/python bench/meta_ops.py --ops stat,list --rounds 3
+    .venv/bin/python bench/meta_ops.py --postgres --meta-instances 2 --ops create
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -32,7 +39,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -42,14 +49,23 @@ from ff_cluster import MgmtdClient
 from ff_rpc import open_channel
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
 from ff_testing.meta import MetaProcess, meta_process
+from ff_testing.postgres import start_postgres
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 OPS = ("create", "stat", "list", "rename")
 SIDES = ("meta", "noop", "local")
+Rates = dict[tuple[str, str], list[float]]
+Cpu = dict[tuple[str, str], tuple[list[float], list[float]]]  # (meta's process, this process) CPU us per call
 
 
-def run_for(seconds: float, threads: int, op: Callable[[int, int], None]) -> float:
-    """Ops/s of ``op(thread, i)`` run by ``threads`` threads for ``seconds``."""
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_for(seconds: float, threads: int, op: Callable[[int, int], None]) -> tuple[float, int]:
+    """(ops/s, ops) of ``op(thread, i)`` run by ``threads`` threads for ``seconds``."""
     stop = threading.Event()
     counts = [0] * threads
     errors: list[BaseException] = []
@@ -75,57 +91,60 @@ def run_for(seconds: float, threads: int, op: Callable[[int, int], None]) -> flo
     elapsed = time.perf_counter() - start
     if errors:
         raise errors[0]
-    return sum(counts) / elapsed
+    return sum(counts) / elapsed, sum(counts)
 
 
 class MetaSide:
-    def __init__(self, fs: hf3fs.FileSystem, threads: int, entries: int) -> None:
-        self.fs = fs
-        self.threads = threads
+    """The operations through hf3fs; thread ``t`` calls meta instance ``t % len(fss)`` (a FileSystem each)."""
+
+    def __init__(self, fss: list[hf3fs.FileSystem], threads: int, entries: int, serial: Iterator[int]) -> None:
+        self.fss = fss
         self.top = f"/bench-{os.getpid()}"
-        self.serial = itertools.count()
+        self.serial = serial
+        fs = fss[0]
         for t in range(threads):
             fs.makedirs(f"{self.top}/t{t}", exist_ok=True)
             fs.makedirs(f"{self.top}/c{t}", exist_ok=True)
             for k in range(entries):
-                fs.create(f"{self.top}/t{t}/f{k}")
+                if not fs.exists(f"{self.top}/t{t}/f{k}"):
+                    fs.create(f"{self.top}/t{t}/f{k}")
 
     def op(self, name: str) -> Callable[[int, int], None]:
-        fs, top = self.fs, self.top
+        fss, top, n = self.fss, self.top, len(self.fss)
         if name == "create":
             batch = next(self.serial)
-            return lambda t, i: fs.create(f"{top}/c{t}/c{batch}-{i}") and None
+            return lambda t, i: fss[t % n].create(f"{top}/c{t}/c{batch}-{i}") and None
         if name == "stat":
-            return lambda t, i: fs.stat(f"{top}/t{t}/f{i % 50}") and None
+            return lambda t, i: fss[t % n].stat(f"{top}/t{t}/f{i % 50}") and None
         if name == "list":
-            return lambda t, i: fs.listdir(f"{top}/t{t}") and None
-        return lambda t, i: fs.rename(f"{top}/t{t}/f{i % 2}", f"{top}/t{t}/f{(i + 1) % 2}x") or fs.rename(
-            f"{top}/t{t}/f{(i + 1) % 2}x", f"{top}/t{t}/f{i % 2}")  # fmt: skip
+            return lambda t, i: fss[t % n].listdir(f"{top}/t{t}") and None
+        return lambda t, i: fss[t % n].rename(f"{top}/t{t}/f{i % 2}", f"{top}/t{t}/f{(i + 1) % 2}x") or fss[
+            t % n].rename(f"{top}/t{t}/f{(i + 1) % 2}x", f"{top}/t{t}/f{i % 2}")  # fmt: skip
 
 
 class NoopSide:
-    """The health Check on the meta server, through the FileSystem's loop like every meta call."""
+    """The health Check on the meta servers, through the FileSystems' loops like every meta call (thread ``t``: the
+    instance ``t % len(fss)``, as on the meta side)."""
 
-    def __init__(self, fs: hf3fs.FileSystem, address: str) -> None:
-        self.fs = fs
+    def __init__(self, fss: list[hf3fs.FileSystem], addresses: list[str]) -> None:
+        self.fss = fss
 
-        async def make() -> health_pb2_grpc.HealthStub:
-            self.channel = open_channel(address)
-            return health_pb2_grpc.HealthStub(self.channel)
+        async def make(address: str) -> health_pb2_grpc.HealthStub:
+            return health_pb2_grpc.HealthStub(open_channel(address))
 
-        self.stub = fs._run(make())
+        self.stubs = [fs._run(make(address)) for fs, address in zip(fss, addresses, strict=True)]
         self.request = health_pb2.HealthCheckRequest()
 
     def op(self, name: str) -> Callable[[int, int], None]:
-        fs, stub, req = self.fs, self.stub, self.request
+        fss, stubs, req, n = self.fss, self.stubs, self.request, len(self.fss)
         calls = 2 if name == "rename" else 1  # a rename is two calls on the meta side too
 
-        async def check() -> None:
+        async def check(stub: health_pb2_grpc.HealthStub) -> None:
             await stub.Check(req, timeout=10)
 
         def run(t: int, i: int) -> None:
             for _ in range(calls):
-                fs._run(check())
+                fss[t % n]._run(check(stubs[t % n]))
 
         return run
 
@@ -153,8 +172,10 @@ class LocalSide:
             f"{top}/t{t}/f{(i + 1) % 2}x", f"{top}/t{t}/f{i % 2}")  # fmt: skip
 
 
-async def start(folder: Path) -> tuple[StorageCluster, MetaProcess, str]:
+async def start(folder: Path, database_url: str, instances: int) -> tuple[StorageCluster, list[MetaProcess], str]:
+    """The cluster, ``instances`` meta services on ``database_url``, and a user token."""
     cluster = await start_cluster(folder / "cluster")
+    metas: list[MetaProcess] = []
     try:
         mg = MgmtdClient([cluster.mgmtd_address], token=CLUSTER_TOKEN)
         try:
@@ -162,14 +183,78 @@ async def start(folder: Path) -> tuple[StorageCluster, MetaProcess, str]:
             token = (await mg.identity.issue_token(mpb.IssueTokenRequest(user_name="bench"))).token
         finally:
             await mg.close()
-        meta = meta_process(folder, "meta", mgmtd_address=cluster.mgmtd_address, cluster_token=CLUSTER_TOKEN,
-                            database_url=f"sqlite:///{folder / 'meta.db'}", log_level="WARNING")  # fmt: skip
-        meta.start()
-        await meta.ready()
-        return cluster, meta, token
+        for k in range(instances):  # one after the other: the first runs the migrations
+            meta = meta_process(folder, f"meta{k}", mgmtd_address=cluster.mgmtd_address, cluster_token=CLUSTER_TOKEN,
+                                database_url=database_url, log_level="WARNING")  # fmt: skip
+            metas.append(meta)
+            meta.start()
+            await meta.ready()
+        return cluster, metas, token
     except BaseException:
+        for meta in metas:
+            meta.stop()
         cluster.stop()
         raise
+
+
+def median_ratio(a: list[float], b: list[float]) -> float:
+    """The median of the per-round ratios a/b."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def report(rates: Rates, cpu: Cpu, ops: tuple[str, ...], instances: int) -> None:
+    """The medians, the per-round ratios and the CPU per call of meta's processes and of this (client) process."""
+    print(f"{'op':8} {'meta/s':>10} {'noop/s':>10} {'local/s':>10} {'meta/noop':>10} {'meta/local':>11}"
+          f" {'meta-proc us/call':>18} {'client us/call':>15}")  # fmt: skip
+    for op in ops:
+        m, n, loc = (rates[(op, s)] for s in SIDES)
+        server = "/".join(f"{statistics.median(cpu[(op, s)][0]):.0f}" for s in ("meta", "noop"))
+        client = "/".join(f"{statistics.median(cpu[(op, s)][1]):.0f}" for s in ("meta", "noop"))
+        print(f"{op:8} {statistics.median(m):>10,.0f} {statistics.median(n):>10,.0f} "
+              f"{statistics.median(loc):>10,.0f} {median_ratio(m, n):>10.2f} {median_ratio(m, loc):>11.3f} "
+              f"{server:>18} {client:>15}")  # fmt: skip
+    print("(us/call: CPU of meta's processes and of this process per call, meta side / no-op side, medians)")
+    if instances > 1:
+        print(f"\nthrough one of the {instances} meta instances (side 'one') and through all of them:")
+        for op in ops:
+            one, every = rates[(op, "one")], rates[(op, "meta")]
+            print(f"{op:8} one {statistics.median(one):>8,.0f}/s, all {statistics.median(every):>8,.0f}/s: "
+                  f"{instances} instances / 1 = {median_ratio(every, one):.2f}")  # fmt: skip
+    goals = []
+    for op in ("stat", "list"):
+        if op in ops:
+            ratio = median_ratio(rates[(op, "meta")], rates[(op, "noop")])
+            goals.append(f"{op} >= 0.85 of no-op: {ratio:.2f} ({'met' if ratio >= 0.85 else 'NOT met'})")
+    if "create" in ops:
+        creates = statistics.median(rates[("create", "meta")])
+        goals.append(f"creates >= 2,000/s: {creates:,.0f}/s ({'met' if creates >= 2000 else 'NOT met'})")
+    print("\ngoals: " + "; ".join(goals))
+
+
+def measure(
+    runners: dict[str, MetaSide | NoopSide | LocalSide],
+    ops: tuple[str, ...],
+    sides: tuple[str, ...],
+    pids: list[int],
+    args: argparse.Namespace,
+) -> tuple[Rates, Cpu]:
+    """Every op on every side for ``args.seconds``, ``args.rounds`` times (the sides' order rotating)."""
+    rates: Rates = {(o, s): [] for o in ops for s in sides}
+    cpu: Cpu = {(o, s): ([], []) for o in ops for s in sides}
+    for r in range(args.rounds):
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]
+        line = []
+        for op in ops:
+            for side in order:
+                server0, client0 = sum(map(process_cpu_s, pids)), time.process_time()
+                rate, calls = run_for(args.seconds, args.threads, runners[side].op(op))
+                server_s, client_s = sum(map(process_cpu_s, pids)) - server0, time.process_time() - client0
+                rates[(op, side)].append(rate)
+                cpu[(op, side)][0].append(server_s / max(calls, 1) * 1e6)
+                cpu[(op, side)][1].append(client_s / max(calls, 1) * 1e6)
+            line.append(f"{op} " + " ".join(f"{s}={rates[(op, s)][-1]:,.0f}/s" for s in sides))
+        print(f"round {r + 1}: " + "; ".join(line), flush=True)
+    return rates, cpu
 
 
 def main() -> None:
@@ -178,41 +263,48 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--entries", type=int, default=100)
+    parser.add_argument("--ops", default=",".join(OPS), help=f"which of {','.join(OPS)} to run (default: all)")
+    parser.add_argument("--postgres", action="store_true", help="meta on a PostgreSQL server started for the run")
+    parser.add_argument("--meta-instances", type=int, default=1, help="meta services on the one database")
     parser.add_argument("--dir", type=Path, default=None, help="working folder (default: a temp folder)")
     args = parser.parse_args()
+    ops = tuple(o for o in OPS if o in args.ops.split(","))
+    sides = SIDES + (("one",) if args.meta_instances > 1 else ())
     folder = Path(tempfile.mkdtemp(prefix="bench-meta-", dir=args.dir))
-    cluster, meta, token = asyncio.run(start(folder))
+    pg = start_postgres() if args.postgres else None
     try:
-        with hf3fs.connect(cluster.mgmtd_address, token, meta_addresses=[meta.address]) as fs:
-            sides = {"meta": MetaSide(fs, args.threads, args.entries), "noop": NoopSide(fs, meta.address),
-                     "local": LocalSide(folder, args.threads, args.entries)}  # fmt: skip
-            rates: dict[tuple[str, str], list[float]] = {(o, s): [] for o in OPS for s in SIDES}
-            print(f"{args.threads} client threads, {args.seconds:g} s per measurement, {args.rounds} rounds")
-            for r in range(args.rounds):
-                order = SIDES[r % 3 :] + SIDES[: r % 3]
-                line = []
-                for op in OPS:
-                    for side in order:
-                        rate = run_for(args.seconds, args.threads, sides[side].op(op))  # type: ignore[attr-defined]
-                        rates[(op, side)].append(rate)
-                    line.append(f"{op} " + " ".join(f"{s}={rates[(op, s)][-1]:,.0f}/s" for s in SIDES))
-                print(f"round {r + 1}: " + "; ".join(line), flush=True)
+        url = pg.create_database() if pg is not None else f"sqlite:///{folder / 'meta.db'}"
+        cluster, metas, token = asyncio.run(start(folder, url, args.meta_instances))
+    except BaseException:
+        if pg is not None:
+            pg.stop()
+        raise
+    pids = [m.proc.pid for m in metas if m.proc is not None]
+    try:
+        with contextlib.ExitStack() as stack:
+            fss = [stack.enter_context(hf3fs.connect(cluster.mgmtd_address, token, meta_addresses=[m.address]))
+                   for m in metas]  # fmt: skip
+            serial = itertools.count()
+            runners: dict[str, MetaSide | NoopSide | LocalSide] = {
+                "meta": MetaSide(fss, args.threads, args.entries, serial),
+                "noop": NoopSide(fss, [m.address for m in metas]),
+                "local": LocalSide(folder, args.threads, args.entries),
+            }
+            if "one" in sides:
+                runners["one"] = MetaSide(fss[:1], args.threads, args.entries, serial)
+            store = "PostgreSQL" if pg is not None else "SQLite"
+            print(f"{args.threads} client threads, {args.seconds:g} s per measurement, {args.rounds} rounds, "
+                  f"{args.meta_instances} meta on {store} (meta pids {pids}, this pid {os.getpid()})",
+                  flush=True)  # fmt: skip
+            rates, cpu = measure(runners, ops, sides, pids, args)
             print()
-            print(f"{'op':8} {'meta/s':>10} {'noop/s':>10} {'local/s':>10} {'meta/noop':>10} {'meta/local':>11}")
-            for op in OPS:
-                m, n, loc = (rates[(op, s)] for s in SIDES)
-                to_noop = statistics.median(a / b for a, b in zip(m, n, strict=True))
-                to_local = statistics.median(a / b for a, b in zip(m, loc, strict=True))
-                print(f"{op:8} {statistics.median(m):>10,.0f} {statistics.median(n):>10,.0f} "
-                      f"{statistics.median(loc):>10,.0f} {to_noop:>10.2f} {to_local:>11.3f}")  # fmt: skip
-            stat_ratio = statistics.median(a / b for a, b in zip(rates[("stat", "meta")], rates[("stat", "noop")],
-                                                                 strict=True))  # fmt: skip
-            creates = statistics.median(rates[("create", "meta")])
-            print(f"\ngoals: stat >= 0.5 of no-op: {stat_ratio:.2f} ({'met' if stat_ratio >= 0.5 else 'NOT met'}); "
-                  f"creates >= 1,000/s: {creates:,.0f}/s ({'met' if creates >= 1000 else 'NOT met'})")  # fmt: skip
+            report(rates, cpu, ops, args.meta_instances)
     finally:
-        meta.stop()
+        for meta in metas:
+            meta.stop()
         cluster.stop()
+        if pg is not None:
+            pg.stop()
         shutil.rmtree(folder, ignore_errors=True)
 
 
