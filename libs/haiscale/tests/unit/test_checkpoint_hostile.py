@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -153,6 +156,89 @@ def test_allocate_missing_makes_nothing_a_crafted_shape_claims(tmp_path: Path) -
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"\(h\): bytes \d+\.\.\d+ are past the end of"):
         ckpt.load(tmp_path, state, allocate_missing=True)
     assert _unchanged(state) and "h" not in state
+
+
+# ---- concurrent savers and loaders on one checkpoint root ----
+
+
+def _paused_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the next checkpoint read wait: (it is waiting, let it go on)."""
+    waiting, go_on = threading.Event(), threading.Event()
+    read_into = storage.LocalStorage.read_into
+
+    def paused(self: storage.LocalStorage, ranges: Any, buffers: Any) -> list[int]:
+        waiting.set()
+        assert go_on.wait(30)
+        return read_into(self, ranges, buffers)
+
+    monkeypatch.setattr(storage.LocalStorage, "read_into", paused)
+    return waiting, go_on
+
+
+def test_keep_k_does_not_remove_a_checkpoint_while_it_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted job loads the newest checkpoint while the old job's save commits a newer one with keep=1."""
+    ckpt.save(tmp_path, {"w": torch.full((1 << 12,), 1.0), "s": 1}, step=1, blocking=True)
+    waiting, go_on = _paused_reads(monkeypatch)  # (a save on one rank reads nothing)
+    target = {"w": torch.zeros(1 << 12), "s": 0}
+    outcome: list[Any] = []
+    loader = threading.Thread(target=lambda: outcome.append(_outcome(lambda: ckpt.load(tmp_path, target))))
+    loader.start()
+    assert waiting.wait(30)
+    handle = ckpt.save(tmp_path, {"w": torch.full((1 << 12,), 2.0), "s": 2}, step=2, keep=1, blocking=True)
+    go_on.set()
+    loader.join(30)
+    assert outcome and not isinstance(outcome[0], BaseException), outcome
+    assert outcome[0].step == 1 and bool((target["w"] == 1.0).all()) and target["s"] == 1
+    assert handle.removed_steps == []  # left for a later save, once the load is over
+    assert ckpt.save(tmp_path, {"w": torch.ones(1), "s": 3}, step=3, keep=1, blocking=True).removed_steps == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000003"]
+    assert sorted(p.name for p in (tmp_path / "step-000000003").iterdir())[0] == ckpt.MANIFEST  # no lease left
+
+
+def test_keep_k_does_not_remove_another_jobs_save_still_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job A's save of step 5 is still writing when job B (same root, further on) commits step 6 with keep=3: B's
+    prune leaves A's folder, and A commits a whole checkpoint that loads."""
+    ckpt.save(tmp_path, {"w": torch.full((8,), 4.0)}, step=4, blocking=True)
+    writing, go_on = threading.Event(), threading.Event()
+    write_file = storage.LocalStorage.write_file
+
+    def slow(self: storage.LocalStorage, path: str, pieces: Any) -> None:
+        if path.endswith(".bin") and "step-000000005" in path:
+            writing.set()
+            assert go_on.wait(30)
+        write_file(self, path, pieces)
+
+    monkeypatch.setattr(storage.LocalStorage, "write_file", slow)
+    job_a = ckpt.save(tmp_path, {"w": torch.full((8,), 5.0)}, step=5)  # in its background thread
+    assert writing.wait(30)
+    job_b = subprocess.run(  # another process: its own save in flight
+        [sys.executable, "-c", JOB_B, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert job_b.returncode == 0 and job_b.stdout.split() == ["6", "[]"], job_b.stderr[-2000:]
+    go_on.set()
+    assert job_a.wait(30) == str(tmp_path / "step-000000005" / ckpt.MANIFEST)
+    target = {"w": torch.zeros(8)}
+    assert ckpt.load(tmp_path, target, step=5).step == 5 and bool((target["w"] == 5.0).all())
+    assert ckpt.latest_step(tmp_path) == 6
+
+
+JOB_B = """
+import sys, torch
+from haiscale import checkpoint as ckpt
+h = ckpt.save(sys.argv[1], {"w": torch.full((8,), 6.0)}, step=6, keep=3, blocking=True)
+print(h.step, h.removed_steps)
+"""
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except BaseException as err:
+        return err
 
 
 def test_two_writers_with_the_same_pid_and_thread_never_share_a_temporary_manifest(

@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
-from haiscale.checkpoint import loader, saver
+from haiscale.checkpoint import leases, loader, saver
 from haiscale.checkpoint.loader import Loaded
 from haiscale.checkpoint.manifest import MANIFEST
 from haiscale.checkpoint.saver import CheckpointError, Snapshot
 from haiscale.checkpoint.storage import Location, locate
 from haiscale.telemetry import default_sink, send
+
+LOAD_ATTEMPTS = 3  # looks for the newest checkpoint, when the one found is pruned before its lease is taken
 
 
 class SaveHandle:
@@ -52,9 +54,13 @@ class SaveHandle:
     def _run(self, snap: Snapshot, keep: int | None, report: bool, part_timeout_s: float, keep_buffer: bool) -> None:
         try:
             started = time.perf_counter()
-            part = saver.write_rank(self._loc, snap)
+            folder = saver.step_folder(snap.step)
+            self._loc.storage.makedirs(self._loc.join(folder))
+            with leases.held(self._loc, folder, "save") as lease:  # no other save's prune removes it meanwhile
+                part = saver.write_rank(self._loc, snap)
+                if snap.rank == 0:
+                    path = saver.commit(self._loc, snap, part, part_timeout_s, lease)
             if snap.rank == 0:
-                path = saver.commit(self._loc, snap, part, part_timeout_s)
                 self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
                 self.removed_steps = saver.prune(self._loc, snap.step, keep)
                 self.reported = report and saver.report(self._loc, path, snap.step, snap.taken_at)
@@ -237,11 +243,17 @@ def load(
     _finish_in_flight()
     started = time.perf_counter()
     loc = locate(path, fs)
-    folder = loader.find_checkpoint(loc, step)
-    if folder is None:
-        what = f"checkpoint {step}" if step is not None else "committed checkpoint"
-        raise FileNotFoundError(f"{loc.url()}: no {what}")
-    manifest = loader.read_manifest(loc, folder)
-    loader.read_into(loc, folder, manifest, state_dict, allocate_missing, in_place)
-    send(default_sink(), checkpoint_load_seconds=time.perf_counter() - started)
-    return Loaded(manifest.step, loc.url(folder), manifest.world_size)
+    for _ in range(LOAD_ATTEMPTS):
+        folder = loader.find_checkpoint(loc, step)
+        if folder is None:
+            break
+        with leases.held(loc, folder, "load"):  # taken before the manifest is read: no prune removes it meanwhile
+            try:
+                manifest = loader.read_manifest(loc, folder)
+            except FileNotFoundError:
+                continue  # pruned between the look and the lease: look again
+            loader.read_into(loc, folder, manifest, state_dict, allocate_missing, in_place)
+        send(default_sink(), checkpoint_load_seconds=time.perf_counter() - started)
+        return Loaded(manifest.step, loc.url(folder), manifest.world_size)
+    what = f"checkpoint {step}" if step is not None else "committed checkpoint"
+    raise FileNotFoundError(f"{loc.url()}: no {what}")

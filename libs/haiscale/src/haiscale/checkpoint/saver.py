@@ -17,14 +17,17 @@ checkpoint whole.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from haiscale.checkpoint import leases
 from haiscale.checkpoint.manifest import (
     CHECKSUMS,
     FORMAT,
@@ -188,14 +191,19 @@ def write_rank(loc: Location, snap: Snapshot) -> Manifest:
     return part
 
 
-def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float) -> str:
+def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float, lease: str | None = None) -> str:
     """Rank 0: wait for the other ranks' parts of this save, merge them after ``own``, and rename the manifest in.
+
+    ``lease``: this save's lease on the folder (``leases.take``); gone means another process's prune removed the
+    folder while it was written, and nothing is committed. Once renamed in, the manifest's data files are looked
+    for once more (a prune that began before the lease was taken may have removed some): if one is gone, the
+    manifest is removed again.
 
     Returns:
         The manifest's path in its storage.
 
     Raises:
-        CheckpointError: some rank's part did not come within ``part_timeout_s``.
+        CheckpointError: some rank's part did not come within ``part_timeout_s``, or the folder was removed.
     """
     folder = loc.join(step_folder(snap.step))
     wanted = {f"part-{r:05d}.{snap.save_id}.json" for r in range(1, snap.world_size)}
@@ -215,7 +223,15 @@ def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float) 
     ]
     merged = Manifest(snap.step, snap.world_size, tuple(e for p in [own, *others] for e in p.tensors), own.objects)
     path = loc.join(step_folder(snap.step), MANIFEST)
+    removed = CheckpointError(f"step {snap.step}: another save's prune removed its folder while it was written")
+    if lease is not None and not loc.storage.exists(lease):
+        raise removed
     loc.storage.write_atomic(path, merged.to_json())
+    files = sorted({e.file for e in merged.tensors} | ({merged.objects.file} if merged.objects else set()))
+    if None in loc.storage.sizes([loc.join(step_folder(snap.step), f) for f in files]):
+        with contextlib.suppress(OSError):
+            loc.storage.remove(path)
+        raise removed
     return path
 
 
@@ -232,6 +248,9 @@ def committed_steps(loc: Location) -> list[int]:
 def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     """Remove committed checkpoints beyond the newest ``keep`` and uncommitted folders older than ``newest``.
 
+    A folder with a live lease (a save still writing it, a load reading it: see ``leases``) stays, for a later
+    prune to remove.
+
     Returns:
         The steps removed.
     """
@@ -240,13 +259,32 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     for name in loc.storage.listdir(loc.path):
         step = folder_step(name)
         if step is not None and step < newest and step not in committed:
-            doomed.add(step)  # a save that never committed (killed, or a rank failed)
-    for step in sorted(doomed):
-        manifest = loc.join(step_folder(step), MANIFEST)
-        if loc.storage.exists(manifest):
-            loc.storage.remove(manifest)  # uncounted from here on, whatever happens next
-        loc.storage.remove_tree(loc.join(step_folder(step)))
-    return sorted(doomed)
+            doomed.add(step)  # a save that never committed (killed, or a rank failed), or one still writing
+    return [step for step in sorted(doomed) if _remove_unleased(loc, step_folder(step))]
+
+
+def _remove_unleased(loc: Location, folder: str) -> bool:
+    """Remove checkpoint ``folder`` unless a live lease is on it; whether it was removed.
+
+    A committed one's manifest is moved aside first (uncounted from there on, whatever happens next), then the leases
+    are looked at: a load takes its lease before it reads the manifest, so one that may be reading is seen, and the
+    manifest goes back.
+    """
+    if leases.live(loc, folder):
+        return False
+    manifest = loc.join(folder, MANIFEST)
+    if loc.storage.exists(manifest):
+        parked = loc.join(folder, f"{MANIFEST}.pruned-{uuid.uuid4().hex}")
+        try:
+            loc.storage.rename(manifest, parked)
+        except FileNotFoundError:
+            pass  # another prune moved it first
+        else:
+            if leases.live(loc, folder):
+                loc.storage.rename(parked, manifest)
+                return False
+    loc.storage.remove_tree(loc.join(folder))
+    return True
 
 
 def report(loc: Location, manifest_path: str, step: int, taken_at: float) -> bool:

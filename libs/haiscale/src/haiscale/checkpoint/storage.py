@@ -69,6 +69,9 @@ class Storage(Protocol):
     def remove(self, path: str) -> None:
         """Remove the file at ``path``."""
 
+    def rename(self, src: str, dst: str) -> None:
+        """Rename file ``src`` to ``dst`` (replacing it) at once (FileNotFoundError if ``src`` is not there)."""
+
     def remove_tree(self, path: str) -> None:
         """Remove folder ``path`` and everything in it; nothing happens if it is not there."""
 
@@ -190,6 +193,11 @@ class LocalStorage:
         """``Storage.remove`` (FileNotFoundError if there is no such file)."""
         os.remove(path)
 
+    def rename(self, src: str, dst: str) -> None:
+        """``Storage.rename``: ``os.rename``, then an ``fsync`` of the folder."""
+        os.rename(src, dst)
+        _fsync_dir(os.path.dirname(dst))
+
     def remove_tree(self, path: str) -> None:
         """``Storage.remove_tree``; errors are ignored, so a file that cannot be removed stays."""
         import shutil
@@ -303,6 +311,10 @@ class Hf3fsStorage:
     def remove(self, path: str) -> None:
         """``Storage.remove``: one meta call (FileNotFoundError if there is no such file)."""
         self.fs.remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        """``Storage.rename``: one meta transaction."""
+        self.fs.rename(src, dst)
 
     def remove_tree(self, path: str) -> None:
         """``Storage.remove_tree``: deleted now, not moved to the trash."""
