@@ -66,9 +66,9 @@ class ManifestCheck:
         inode = resp.inode
         if inode.type != meta_pb2.INODE_TYPE_FILE:
             raise Conflict(f"checkpoint {fs_path}: not a file in 3FS; not counted")
+        if inode.uid != uid:
+            raise Forbidden(f"checkpoint {fs_path}: owned by uid {inode.uid}, not by the task's user (uid {uid})")
         if inode.num_write_sessions:  # its length and bytes are settled only at its close
             raise Conflict(f"checkpoint {fs_path}: still open for writing, not durable yet; not counted")
         if not inode.length_bytes:
             raise Conflict(f"checkpoint {fs_path}: an empty file, not a checkpoint; not counted")
-        if inode.uid != uid:
-            raise Forbidden(f"checkpoint {fs_path}: owned by uid {inode.uid}, not by the task's user (uid {uid})")
