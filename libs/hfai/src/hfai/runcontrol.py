@@ -18,11 +18,16 @@ The agent side (``RunControl.raise_suspend``, ``new_events``, ``ack``) is used b
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 RUN_DIR_ENV = "HFAI_RUN_DIR"
 SUSPEND_FILE = "suspend"
@@ -56,6 +61,7 @@ class RunControl:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._read_offset = 0
+        self._skipping = False  # inside a line too long to be an event
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> RunControl | None:
@@ -79,20 +85,47 @@ class RunControl:
         _atomic_write(self.folder / SUSPEND_FILE, b"0")
 
     def new_events(self) -> list[Event]:
-        """Events appended since the last call (complete lines only)."""
+        """Events appended since the last call (complete lines only), each checked as the SDK writes it.
+
+        The ranks may write anything to the file: a line that is not an event of the SDK (not JSON, a field of the
+        wrong type or out of the range the scheduler stores) is dropped and counted in a warning, so it cannot
+        stop the events after it; a line longer than ``MAX_EVENT_BYTES`` is skipped unread. At most
+        ``READ_BYTES_PER_CALL`` are read per call: a file of gigabytes is read over many ticks, never held whole.
+        """
         path = self.folder / EVENTS_FILE
         try:
-            with path.open("rb") as f:
-                f.seek(self._read_offset)
-                data = f.read()
+            f = path.open("rb")
         except FileNotFoundError:
             return []
-        complete = data[: data.rfind(b"\n") + 1]
-        self._read_offset += len(complete)
-        events = []
-        for line in complete.splitlines():
-            obj = json.loads(line)
-            events.append(Event(int(obj.pop("seq")), str(obj.pop("kind")), obj))
+        events: list[Event] = []
+        dropped = 0
+        with f:
+            for _ in range(READ_BYTES_PER_CALL // READ_CHUNK_BYTES):
+                f.seek(self._read_offset)
+                chunk = f.read(READ_CHUNK_BYTES)
+                if not chunk:
+                    break
+                if self._skipping:  # the rest of a line too long to be an event
+                    end = chunk.find(b"\n")
+                    self._read_offset += len(chunk) if end < 0 else end + 1
+                    self._skipping = end < 0
+                    continue
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    if len(chunk) <= MAX_EVENT_BYTES:
+                        break  # the end of the line is not written yet
+                    self._read_offset += len(chunk)
+                    self._skipping, dropped = True, dropped + 1
+                    continue
+                self._read_offset += end + 1
+                for line in chunk[: end + 1].splitlines():
+                    event = parse_event(line)
+                    if event is None:
+                        dropped += 1
+                    else:
+                        events.append(event)
+        if dropped:
+            logger.warning("%s: dropped %d lines that are no events of the SDK", path, dropped)
         return events
 
     def ack(self, seq: int) -> None:
@@ -135,6 +168,60 @@ class RunControl:
                 return True
             time.sleep(poll_s)
         return self.acked() >= seq
+
+
+INT64 = 2**63
+MAX_PATH_CHARS = 4096  # what the scheduler stores of a checkpoint's path
+MAX_EVENT_BYTES = 64 << 10  # far more than any event the SDK writes
+READ_CHUNK_BYTES = 1 << 20
+READ_BYTES_PER_CALL = 16 << 20
+
+
+def is_int64(value: Any) -> bool:
+    """Whether ``value`` is an integer the scheduler can store (int64; not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -INT64 <= value < INT64
+
+
+def is_seconds(value: Any, *, positive: bool = False) -> bool:
+    """Whether ``value`` is a finite number of seconds >= 0 (> 0 with ``positive``)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and (value > 0 if positive else value >= 0)
+
+
+def is_checkpoint_path(value: Any) -> bool:
+    """Whether ``value`` can be a reported checkpoint's path: a string of 1 to ``MAX_PATH_CHARS`` characters."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_PATH_CHARS
+
+
+_FIELDS_OK: dict[str, Callable[[dict[str, Any]], bool]] = {
+    CHECKPOINT: lambda d: (
+        is_checkpoint_path(d.get("path")) and is_int64(d.get("step")) and is_seconds(d.get("taken_at", 0.0))
+    ),
+    WHOLE_LIFE_STATE: lambda d: is_int64(d.get("value")),
+    WATCHDOG_TIME: lambda d: is_seconds(d.get("seconds"), positive=True),
+}
+
+
+def parse_event(line: bytes) -> Event | None:
+    """The event of one line of ``events.jsonl``; None for a line the SDK would not write.
+
+    Each known kind's fields are checked as the SDK checks them (other kinds pass: an agent ignores them).
+    """
+    if len(line) > MAX_EVENT_BYTES:
+        return None
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    seq, kind = obj.pop("seq", None), obj.pop("kind", None)
+    if not is_int64(seq) or seq <= 0 or not isinstance(kind, str):
+        return None
+    fields_ok = _FIELDS_OK.get(kind)
+    if fields_ok is not None and not fields_ok(obj):
+        return None
+    return Event(seq, kind, obj)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

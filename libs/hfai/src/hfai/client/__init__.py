@@ -8,7 +8,6 @@ suspend and the whole-life state is 0.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import signal
 import time
@@ -92,8 +91,8 @@ def get_whole_life_state() -> int:
 
 def set_watchdog_time(seconds: float) -> None:
     """Fail the run when it writes no log line for this long (HAI's default: 1800 s)."""
-    if seconds <= 0:
-        raise ValueError("the watchdog time must be > 0")
+    if not runcontrol.is_seconds(seconds, positive=True):
+        raise ValueError(f"the watchdog time must be a finite number > 0, not {seconds!r}")
     _control().append(runcontrol.WATCHDOG_TIME, seconds=float(seconds))
 
 
@@ -107,8 +106,12 @@ def report_checkpoint(path: str, step: int = 0, taken_at: float | None = None) -
             suspend the scheduler stops the run at once on a checkpoint taken after rank 0 read the flag;
             without ``taken_at`` (or one taken before) the run goes on until ``go_suspend()`` or the grace.
     """
-    if taken_at is not None and not (math.isfinite(taken_at) and taken_at >= 0):
+    if taken_at is not None and not runcontrol.is_seconds(taken_at):
         raise ValueError(f"taken_at must be a time in seconds >= 0, not {taken_at!r}")
+    if not runcontrol.is_checkpoint_path(path):
+        raise ValueError(f"path must be a string of 1 to {runcontrol.MAX_PATH_CHARS} characters")
+    if not runcontrol.is_int64(int(step)):
+        raise ValueError(f"step must be a 64-bit integer, not {step!r}")
     _control().append(runcontrol.CHECKPOINT, path=path, step=int(step), taken_at=float(taken_at or 0.0))
 
 
