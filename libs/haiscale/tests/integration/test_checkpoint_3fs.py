@@ -107,6 +107,23 @@ def test_load_in_read_calls_of_bounded_size_fills_tensors_in_place(
     assert max(calls) <= 1 << 16 and sum(calls) >= 300 * 701 * 4 and len(calls) >= 300 * 701 * 4 // (1 << 16)
 
 
+def test_another_user_loads_a_checkpoint_they_may_read_but_not_write(cluster: Cluster) -> None:
+    """The load's lease cannot be written in alice's folder: bob's load goes on without one (and leaves nothing);
+    a checkpoint in a folder bob may not read is refused, nothing of his state changed."""
+    alice, bob = cluster.fs("ck-alice"), cluster.fs("ck-bob")
+    ckpt.save("hf3fs:///ck/ck-alice/shared", _tensors(4), step=4, fs=alice, blocking=True)
+    target = {"w": torch.zeros(300, 700), "b": torch.zeros(5, dtype=torch.int64), "step": 0}
+    assert ckpt.load("hf3fs:///ck/ck-alice/shared", target, fs=bob).step == 4
+    assert torch.equal(target["w"], torch.full((300, 700), 4.0)) and target["step"] == 4
+    assert sorted(alice.listdir("/ck/ck-alice/shared/step-000000004"))[0] == ckpt.MANIFEST  # no lease left behind
+    alice.mkdir("/ck/ck-alice/closed", mode=0o700)
+    ckpt.save("hf3fs:///ck/ck-alice/closed", _tensors(5), step=5, fs=alice, blocking=True)
+    mine = {"w": torch.zeros(300, 700), "b": torch.zeros(5, dtype=torch.int64), "step": 0}
+    with pytest.raises(PermissionError):
+        ckpt.load("hf3fs:///ck/ck-alice/closed", mine, fs=bob)
+    assert not mine["w"].any() and mine["step"] == 0
+
+
 @pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     cluster: Cluster, tmp_path: Path, where: str, stage: str, torch_forks: ForkServer
