@@ -261,3 +261,35 @@ def test_two_writers_with_the_same_pid_and_thread_never_share_a_temporary_manife
     local.write_atomic(str(tmp_path / ckpt.MANIFEST), b"two")
     assert len(set(written)) == 2, written
     assert (tmp_path / ckpt.MANIFEST).read_bytes() == b"two"
+
+
+# ---- state dicts of tensors the bytes cannot go into as they are ----
+
+
+def test_a_parameter_that_is_not_contiguous_loads_and_the_ones_before_it_too(tmp_path: Path) -> None:
+    """A Parameter (requires grad) that is not read in place (not contiguous here; on a GPU, every one) is copied
+    into without autograd's in-place check failing halfway through the load."""
+    ckpt.save(tmp_path, {"a": torch.ones(4), "w": torch.arange(12.0).reshape(3, 4)}, step=1, blocking=True)
+    w = torch.nn.Parameter(torch.zeros(4, 3).t())
+    target = {"a": torch.zeros(4), "w": w}
+    assert ckpt.load(tmp_path, target).step == 1
+    assert target["w"] is w and w.requires_grad and torch.equal(w.detach(), torch.arange(12.0).reshape(3, 4))
+    assert bool((target["a"] == 1.0).all())
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: torch.empty(4, device="meta"), r"^b: .* a tensor on the meta device \(no memory to load into\)"),
+        (lambda: torch.zeros(4).to_sparse(), r"^b: .* a torch\.sparse_coo tensor \(only strided tensors load\)"),
+    ],
+    ids=["meta", "sparse"],
+)
+def test_a_tensor_without_memory_for_the_bytes_is_a_mismatch_before_anything_changes(
+    tmp_path: Path, make: Callable[[], torch.Tensor], words: str
+) -> None:
+    ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(4), "c": torch.ones(4)}, step=1, blocking=True)
+    target = {"a": torch.zeros(4), "b": make(), "c": torch.zeros(4)}
+    with pytest.raises(ckpt.CheckpointMismatch, match=words):
+        ckpt.load(tmp_path, target)
+    assert not target["a"].any() and not target["c"].any()

@@ -110,6 +110,9 @@ def _plan(
             given = _describe(dtype_name(local.dtype), shape)
             if entry is None:
                 raise _mismatch(name, "no such tensor" + (" (a value)" if name in values else ""), given)
+            unfit = _cannot_hold_bytes(local)
+            if unfit:
+                raise _mismatch(name, _describe(entry.dtype, entry.shape), unfit)
             if entry.dtype != dtype_name(local.dtype) or entry.shape != shape:
                 raise _mismatch(name, _describe(entry.dtype, entry.shape), given)
             start = value.offset if isinstance(value, Shard) else 0
@@ -129,6 +132,17 @@ def _plan(
         sets.append((entry.keys, t))
         wants.append(_Want(name, 0, t.numel(), t))
     return wants, sets
+
+
+def _cannot_hold_bytes(t: torch.Tensor) -> str:
+    """Why bytes cannot be loaded into ``t`` as it is (empty: they can)."""
+    if t.is_meta:
+        return "a tensor on the meta device (no memory to load into)"
+    if t.layout != torch.strided:
+        return f"a {t.layout} tensor (only strided tensors load)"
+    if t.is_quantized:
+        return "a quantized tensor (only plain dtypes load)"
+    return ""
 
 
 def _sources(manifest: Manifest, name: str, start: int, stop: int) -> list[TensorEntry]:
@@ -262,7 +276,8 @@ def _copy(w: _Want, sources: list[TensorEntry], data: dict[Slot, memoryview]) ->
         src = data[_slice(e).slot]
         dst[(lo - w.start) * size : (hi - w.start) * size] = src[(lo - e.offset) * size : (hi - e.offset) * size]
     if not direct:
-        w.target.copy_(out)
+        with torch.no_grad():  # a Parameter (requires grad) takes the values as they are, as load_state_dict does
+            w.target.copy_(out)
 
 
 Values = dict[str, tuple[tuple[Key, ...], Any]]  # the pickled values: name -> (keys, value)
