@@ -160,8 +160,12 @@ def inode_of(row: Any) -> Inode:
     return Inode(**{c: m[c] for c in _COLS if c != "type"}, type=InodeType(m["type"]))
 
 
-def _values(inode: Inode) -> dict[str, Any]:
-    return {c: (int(inode.type) if c == "type" else getattr(inode, c)) for c in _COLS}
+def _row_of(inode: Inode) -> tuple[Any, ...]:
+    """The ``meta_inodes`` row of an ``Inode``, columns in order (its fields are the columns: ``inode_of_tuple``)."""
+    fields = inode.__dict__
+    row = [fields[c] for c in _COLS]
+    row[_TYPE_AT] = int(row[_TYPE_AT])
+    return tuple(row)
 
 
 class NeedsOrm(RuntimeError):
@@ -269,8 +273,7 @@ class Tx:
 
     def insert(self, inode: Inode) -> None:
         """Insert a new inode's row."""
-        values = _values(inode)
-        self._fetch(_RAW_INSERT_INODE, tuple(values[c] for c in _COLS), fetch=False)
+        self._fetch(_RAW_INSERT_INODE, _row_of(inode), fetch=False)
 
     def update(self, inode_id: int, **values: Any) -> None:
         """Set columns of an inode's row."""
