@@ -83,6 +83,19 @@ class Batches:
         return rows[:, :-1], rows[:, 1:]
 
 
+def agreed_step(step: int | None, r: Ranks) -> int | None:
+    """Rank 0's ``step`` on every rank: the checkpoint all of them resume from.
+
+    Each rank looking for the newest checkpoint itself could find different ones (the old job's save of this task
+    may commit a newer one meanwhile), and the replicas would then differ.
+    """
+    if r.world == 1:
+        return step
+    box = [step]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def read_corpus(path: str) -> torch.Tensor:
     """The corpus bytes from a local path or an ``hf3fs://`` URL (fsspec: the hf3fs client reads 3FS)."""
     with fsspec.open(path, "rb") as f:
@@ -134,10 +147,11 @@ class Trainer:
 
     def resume(self) -> int | None:
         """Load the newest committed checkpoint, if any; its step."""
-        if ckpt.latest_step(self.a.ckpt) is None:
+        step = agreed_step(ckpt.latest_step(self.a.ckpt) if self.r.rank == 0 else None, self.r)
+        if step is None:
             return None
         state = self.state()
-        loaded = ckpt.load(self.a.ckpt, state, allocate_missing=True)  # the optimizer has no moments yet
+        loaded = ckpt.load(self.a.ckpt, state, step=step, allocate_missing=True)  # the optimizer has no moments yet
         self.restore_optimizer(state["optim"])
         self.step = self.saved_step = state["step"]
         self.batches.restore(state["data"])

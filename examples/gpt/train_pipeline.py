@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from model import VOCAB, GPTConfig, TinyGPT
 from torch import nn
-from train import Batches, Progress, Ranks, ranks_from_env, read_corpus, run
+from train import Batches, Progress, Ranks, agreed_step, ranks_from_env, read_corpus, run
 from train import parse_args as parse_common
 
 import hfai.telemetry
@@ -120,7 +120,7 @@ class PipelineTrainer:
         return max(steps) if steps else None
 
     def resume(self) -> int | None:
-        step = self._common_step()
+        step = agreed_step(self._common_step() if self.r.rank == 0 else None, self.r)
         if step is None:
             return None
         state = self.state()
