@@ -206,6 +206,9 @@ async def test_the_scheduler_refuses_hostile_reports_with_their_status_and_count
         bob_fs.symlink("/ck/ck-bob/loop-b", "/ck/ck-bob/loop-a")
         bob_fs.symlink("/ck/ck-bob/loop-a", "/ck/ck-bob/loop-b")
         bob_fs.create("/ck/ck-bob/empty.json")
+        with bob_fs.open("/ck/ck-bob/unreadable.json", "wb") as f:
+            f.write(b"{}")
+        bob_fs.chmod("/ck/ck-bob/unreadable.json", 0o200)
         writing = bob_fs.open("/ck/ck-bob/writing.json", "wb")  # a manifest still being written
         writing.write(b"{}")
 
@@ -228,6 +231,8 @@ async def test_the_scheduler_refuses_hostile_reports_with_their_status_and_count
             ("a symlink loop", agent.client, report("/ck/ck-bob/loop-a"), code.FAILED_PRECONDITION, "loop-a"),
             ("a folder bob cannot reach", agent.client, report("/ck/ck-alice/private/MANIFEST.json"),
              code.PERMISSION_DENIED, "may not reach it"),
+            ("a file bob may not read", agent.client, report("/ck/ck-bob/unreadable.json"), code.PERMISSION_DENIED,
+             "may not read it"),
             ("an empty file", agent.client, report("/ck/ck-bob/empty.json"), code.FAILED_PRECONDITION, "empty"),
             ("a file still open for writing", agent.client, report("/ck/ck-bob/writing.json"),
              code.FAILED_PRECONDITION, "still open for writing"),

@@ -10,6 +10,7 @@ another user's checkpoint as their own.
 from __future__ import annotations
 
 import errno
+import stat
 
 from ff_cluster import MgmtdClient
 from ff_rpc import RpcError
@@ -31,13 +32,13 @@ class ManifestCheck:
         await self._meta.close()
 
     async def check(self, path: str, uid: int) -> None:
-        """Return when ``path`` is a file in 3FS owned by ``uid``, reachable by that user.
+        """Return when ``path`` is a file in 3FS owned by ``uid``, reachable and readable by that user.
 
         Raises:
             InvalidRequest: ``path`` is not an absolute 3FS path, or not a valid one (a NUL byte, a name too long).
             Conflict: no such file (the checkpoint is not durable there), not a file (a folder, a symlink loop), a
                 file still open for writing, or an empty one.
-            Forbidden: the user may not reach it, or another user owns it.
+            Forbidden: the user may not reach it or read it, or another user owns it.
             Unavailable: meta did not answer.
         """
         if "\0" in path:
@@ -46,6 +47,10 @@ class ManifestCheck:
             fs_path = strip_scheme(path)
         except ValueError:
             raise InvalidRequest(f"checkpoint.path {path[:200]!r} is not an absolute 3FS path") from None
+        _check_inode(fs_path, await self._stat(fs_path, uid), uid)
+
+    async def _stat(self, fs_path: str, uid: int) -> meta_pb2.Inode:
+        """The inode at ``fs_path`` (symlinks followed), asked as user ``uid``; meta's errors as ``check`` raises."""
         request = meta_pb2.StatRequest(path=meta_pb2.PathAt(path=fs_path), follow_last_symlink=True)
         try:
             with acting_as(Identity(uid, ())):
@@ -63,12 +68,19 @@ class ManifestCheck:
             raise Unavailable(f"checkpoint {fs_path}: meta answered {err.code.name}: {err.details}") from None
         except Hf3fsError as err:
             raise Unavailable(f"checkpoint {fs_path}: cannot ask 3FS ({err})") from None
-        inode = resp.inode
-        if inode.type != meta_pb2.INODE_TYPE_FILE:
-            raise Conflict(f"checkpoint {fs_path}: not a file in 3FS; not counted")
-        if inode.uid != uid:
-            raise Forbidden(f"checkpoint {fs_path}: owned by uid {inode.uid}, not by the task's user (uid {uid})")
-        if inode.num_write_sessions:  # its length and bytes are settled only at its close
-            raise Conflict(f"checkpoint {fs_path}: still open for writing, not durable yet; not counted")
-        if not inode.length_bytes:
-            raise Conflict(f"checkpoint {fs_path}: an empty file, not a checkpoint; not counted")
+        inode: meta_pb2.Inode = resp.inode
+        return inode
+
+
+def _check_inode(fs_path: str, inode: meta_pb2.Inode, uid: int) -> None:
+    """A durable checkpoint file of user ``uid``: ``ManifestCheck.check``'s checks of the inode itself."""
+    if inode.type != meta_pb2.INODE_TYPE_FILE:
+        raise Conflict(f"checkpoint {fs_path}: not a file in 3FS; not counted")
+    if inode.uid != uid:
+        raise Forbidden(f"checkpoint {fs_path}: owned by uid {inode.uid}, not by the task's user (uid {uid})")
+    if uid != 0 and not inode.mode & stat.S_IRUSR:  # the next run could not read it back
+        raise Forbidden(f"checkpoint {fs_path}: mode {inode.mode:04o}, the task's user (uid {uid}) may not read it")
+    if inode.num_write_sessions:  # its length and bytes are settled only at its close
+        raise Conflict(f"checkpoint {fs_path}: still open for writing, not durable yet; not counted")
+    if not inode.length_bytes:
+        raise Conflict(f"checkpoint {fs_path}: an empty file, not a checkpoint; not counted")
