@@ -209,13 +209,21 @@ def _in_place(plan: list[tuple[_Want, list[TensorEntry]]]) -> dict[Slot, tuple[_
     """The saved slices that can be read straight into the caller's tensor, and where in it.
 
     A slice can when its tensor is a contiguous CPU tensor and the slice lies wholly inside the range asked for
-    (so its checksum covers bytes that all land there); the others are read into staging buffers and copied.
+    (so its checksum covers bytes that all land there), and no earlier tensor read in place shares its memory
+    (then the later name's values win, as in ``load_state_dict``); the others are read into staging buffers and
+    copied.
     """
     uses = Counter(_slice(e).slot for _, sources in plan for e in sources)
     out: dict[Slot, tuple[_Slice, memoryview]] = {}
+    claimed: list[tuple[int, int]] = []  # memory the reads in place go to
     for w, sources in plan:
         if w.target.device.type != "cpu" or not w.target.is_contiguous() or not w.target.numel():
             continue
+        start = w.target.data_ptr()
+        end = start + w.target.numel() * w.target.element_size()
+        if any(lo < end and start < hi for lo, hi in claimed):
+            continue  # memory another name holds too (tied weights): staged, copied after the checks, in order
+        claimed.append((start, end))
         size = w.target.element_size()
         view: memoryview | None = None
         for e in sources:
