@@ -89,6 +89,7 @@ class Update:
     records: list[UpdateRecord] | None = None  # a full replace: the sender's records of the chunk
     corrupt: bool = False  # the base copy here does not match its checksum (the update was not prepared)
     no_forward: bool = False  # stored here only, not passed on (a repair's copy for this one replica)
+    at_head: bool = False  # versioned here as the chain's head: forwarded only while this target still is
     result: UpdateResult = field(default_factory=UpdateResult)
 
 

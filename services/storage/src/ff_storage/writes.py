@@ -284,9 +284,12 @@ class ChainWriter:
         self.state.io_stats.record(WRITE, target.target_id, written, time.perf_counter() - started)
 
     async def _head_round(self, target: Target, round_: list[Update]) -> None:
+        if not self._still_head(target):  # a batch's later rounds: another target may have become the head since
+            _not_head(target, round_)
+            return
         chain_version = self.state.position(target)[0].version if self.state.position(target) else 0  # type: ignore[index]
         for u in round_:
-            u.chain_version = chain_version
+            u.chain_version, u.at_head = chain_version, True
         ready = await asyncio.to_thread(self._prepare, target, round_, True)
         damaged = [u for u in round_ if u.corrupt]
         for u in damaged:  # the head's own copy is bad: repair it (and the chain) from a good one, then go on
@@ -294,6 +297,16 @@ class ChainWriter:
                 u.corrupt, u.result = False, UpdateResult()
                 ready += await asyncio.to_thread(self._prepare, target, [u], True)
         await self._store_forward_commit(target, ready)
+
+    def _still_head(self, target: Target) -> bool:
+        """Whether ``target`` is its chain's serving head now: only the head versions and acknowledges updates.
+
+        A batch was admitted at its start (``batch_write``), but its rounds take turns on their chunks. A head taken
+        out of its chain meanwhile (its lease lapsed) and back as a replica must neither version the rest, nor
+        forward them past the new head: the replicas after it would hold writes the head never saw.
+        """
+        state = self._admission_state(target)
+        return state is not None and state.index == 0 and state.serving and state.may_update
 
     def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
         """Decide each update and compute its new content (thread); returns the ones to store and pass on.
@@ -437,13 +450,17 @@ class ChainWriter:
     async def _forward(self, target: Target, updates: list[Update]) -> list[Update]:  # noqa: PLR0912
         """Send updates to the successor until it acks them (re-forwarding as the chain changes).
 
-        Returns the updates that could not be forwarded before the deadline (their results say why).
+        Returns the updates that could not be forwarded before the deadline (their results say why). Updates this
+        target versioned as the head (``at_head``) are refused once it is not (the client retries at the new head).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.state.config.forward_timeout_s
         todo = list(updates)
         full_keys: set[ChunkKey] = set()
         while todo:
+            if todo[0].at_head and not self._still_head(target):
+                _not_head(target, todo)
+                return todo
             succ = self.state.successor(target)
             step = craq.forward_step(
                 target.role.may_update(self.state.lease_ok), succ is not None, succ is not None and succ[1] is not None
@@ -616,6 +633,12 @@ _REFUSAL_STATUS = {
     admission.Refusal.NOT_SERVING: IoStatus.TARGET_NOT_SERVING,
     admission.Refusal.STALE_CHAIN_VERSION: IoStatus.STALE_CHAIN_VERSION,
 }
+
+
+def _not_head(target: Target, updates: Sequence[Update]) -> None:
+    """Refuse ``updates`` as a target that is no longer its chain's head (the client retries with fresh routing)."""
+    for u in updates:
+        u.result = result_of(IoStatus.TARGET_NOT_SERVING, f"target {target.target_id} is no longer its chain's head")
 
 
 def _status(refusal: tuple[admission.Refusal, str] | None) -> tuple[IoStatus, str] | None:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
-from ff_fsprotocol.routing import Chain, TargetState
+from ff_fsprotocol.routing import Chain, RoutingView, TargetState
 from ff_fsprotocol.routing import Target as RoutingTarget
 from ff_storage.core.chunks import ChunkMeta, sync_diff
 from ff_storage.core.requests import ReadIO, UpdateKind
@@ -26,6 +26,7 @@ from ff_storage.node import StorageNode
 from ff_storage.node_state import NodeConfig, Target, Update
 from ff_storage.store.chunk_engine import ChunkEngine
 from ff_testing.waiting import eventually
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 KEY = (3, 0)
 Forward = Callable[[Target, list[Update]], Awaitable[list[Update]]]
@@ -44,6 +45,14 @@ async def node(node_config: Callable[..., NodeConfig]) -> AsyncIterator[StorageN
 
 def _target(node: StorageNode) -> Target:
     return node.state.targets[1]
+
+
+def _head_of_its_chain(node: StorageNode) -> None:
+    """Routing in which the node's target is its chain, head and tail (a head starts updates only while it is one)."""
+    serving = mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+    node.state.on_routing(
+        RoutingView(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=[serving])]))
+    )
 
 
 def _update(data: bytes, version: int) -> Update:
@@ -214,6 +223,7 @@ async def test_a_chain_update_goes_on_to_its_end_when_its_caller_goes_away(
         return []
 
     _fake_forward(node, monkeypatch, forward)
+    _head_of_its_chain(node)
     u = _update(b"two" * 100, 0)
     call = asyncio.create_task(node.writer._head_updates(_target(node), [u]))
     await taken.wait()
@@ -304,3 +314,35 @@ async def test_a_sync_sends_what_the_chunk_is_when_its_turn_comes_not_what_the_p
     assert by_key[KEY].kind is UpdateKind.WRITE and by_key[KEY].full
     assert bytes(by_key[KEY].content or b"") == b"new" * 100 and by_key[KEY].version == 1
     assert by_key[other].kind is UpdateKind.REMOVE
+
+
+async def test_a_target_that_is_no_longer_the_head_starts_no_update_and_forwards_none(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch admitted at the head goes round after round: once another target heads the chain (this one was taken
+    out and came back behind it), the rounds left are refused for the client to retry, not versioned here and
+    forwarded past the new head; and an update in flight is not forwarded again once this target is no longer the
+    head."""
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+    forwarded: list[Update] = []
+
+    async def forward_then_lose_the_head(target: Target, updates: list[Update]) -> list[Update]:
+        forwarded.extend(updates)
+        behind = [
+            mpb.Target(target_id=9, node_id=109, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1),
+            mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1),
+        ]
+        chain = mpb.Chain(chain_id=1, version=2, targets=behind)
+        node.state.on_routing(RoutingView(mpb.RoutingInfo(version=2, chains=[chain])))
+        return await real_forward(target, updates)
+
+    real_forward = node.writer._forward
+    _fake_forward(node, monkeypatch, forward_then_lose_the_head)
+    _head_of_its_chain(node)
+    first, second = _update(b"two" * 100, 0), _update(b"six" * 100, 0)  # one chunk: two rounds
+    await node.writer._head_updates(_target(node), [first, second])
+    assert [u.result.status for u in (first, second)] == [IoStatus.TARGET_NOT_SERVING] * 2
+    assert forwarded == [first]  # the second round never started
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
+    assert await dropped(engine)()
