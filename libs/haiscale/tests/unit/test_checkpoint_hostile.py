@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -306,3 +307,23 @@ def test_a_checkpoint_of_two_tensors_loads_into_one_tensor_named_twice_as_load_s
         tied, half = torch.zeros(4), torch.zeros(4)
         ckpt.load(tmp_path, {"a": tied, "b": tied, "c": half[2:]}, in_place=in_place)
         assert torch.equal(tied, torch.full((4,), 2.0)) and torch.equal(half, torch.tensor([0.0, 0.0, 3.0, 3.0]))
+
+
+def test_a_prune_that_fails_does_not_fail_the_save_it_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint is committed before the old ones are removed: a removal that fails (storage down, a folder
+    of someone else's in a shared root) is logged and left for the next save; the save succeeded (and is reported:
+    else the scheduler never hears of a durable checkpoint)."""
+    for step in (1, 2):
+        ckpt.save(tmp_path, {"w": torch.full((4,), float(step))}, step=step, blocking=True)
+
+    def refused(self: storage.LocalStorage, path: str) -> None:
+        if path.endswith("step-000000001"):
+            raise PermissionError(13, "Permission denied", path)
+        shutil.rmtree(path)
+
+    monkeypatch.setattr(storage.LocalStorage, "remove_tree", refused)
+    handle = ckpt.save(tmp_path, {"w": torch.full((4,), 3.0)}, step=3, keep=1, blocking=True)
+    assert handle.wait() == str(tmp_path / "step-000000003" / ckpt.MANIFEST)
+    assert handle.removed_steps == [2]
+    target = {"w": torch.zeros(4)}
+    assert ckpt.load(tmp_path, target).step == 3 and bool((target["w"] == 3.0).all())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,6 +17,8 @@ from haiscale.checkpoint.manifest import MANIFEST
 from haiscale.checkpoint.saver import CheckpointError, Snapshot
 from haiscale.checkpoint.storage import Location, locate
 from haiscale.telemetry import default_sink, send
+
+logger = logging.getLogger(__name__)
 
 LOAD_ATTEMPTS = 3  # looks for the newest checkpoint, when the one found is pruned before its lease is taken
 
@@ -62,7 +65,10 @@ class SaveHandle:
                     path = saver.commit(self._loc, snap, part, part_timeout_s, lease)
             if snap.rank == 0:
                 self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
-                self.removed_steps = saver.prune(self._loc, snap.step, keep)
+                try:
+                    self.removed_steps = saver.prune(self._loc, snap.step, keep)
+                except OSError as err:  # committed already: the old ones go at a later save
+                    logger.warning("step %d committed; removing older checkpoints failed: %s", snap.step, err)
                 self.reported = report and saver.report(self._loc, path, snap.step, snap.taken_at)
             seconds = time.perf_counter() - started
             send(default_sink(), checkpoint_save_seconds=seconds, checkpoint_save_bytes=snap.buffer.numel())

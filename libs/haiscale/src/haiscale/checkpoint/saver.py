@@ -249,7 +249,8 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     """Remove committed checkpoints beyond the newest ``keep`` and uncommitted folders older than ``newest``.
 
     A folder with a live lease (a save still writing it, a load reading it: see ``leases``) stays, for a later
-    prune to remove.
+    prune to remove; so does one that cannot be removed (logged: the new checkpoint is committed whatever happens
+    here).
 
     Returns:
         The steps removed.
@@ -260,7 +261,14 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
         step = folder_step(name)
         if step is not None and step < newest and step not in committed:
             doomed.add(step)  # a save that never committed (killed, or a rank failed), or one still writing
-    return [step for step in sorted(doomed) if _remove_unleased(loc, step_folder(step))]
+    removed = []
+    for step in sorted(doomed):
+        try:
+            if _remove_unleased(loc, step_folder(step)):
+                removed.append(step)
+        except OSError as err:  # the new checkpoint is committed: a later save tries again
+            logger.warning("could not remove checkpoint %s: %s", loc.url(step_folder(step)), err)
+    return removed
 
 
 def _remove_unleased(loc: Location, folder: str) -> bool:
