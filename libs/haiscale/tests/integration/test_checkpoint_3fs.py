@@ -124,6 +124,26 @@ def test_another_user_loads_a_checkpoint_they_may_read_but_not_write(cluster: Cl
     assert not mine["w"].any() and mine["step"] == 0
 
 
+def test_a_folder_of_another_user_in_a_shared_root_does_not_stop_loads_or_saves(cluster: Cluster) -> None:
+    """In a root both may write, bob's checkpoint folder alice may not read (umask 077) holds a newer step: alice's
+    latest_step and load find her own newest, and her save's keep-K, unable to remove bob's, still commits."""
+    alice, bob = cluster.fs("ck-alice"), cluster.fs("ck-bob")
+    alice.mkdir("/ck/ck-alice/team", mode=0o777)
+    alice.chmod("/ck/ck-alice/team", 0o777)
+    root = "hf3fs:///ck/ck-alice/team"
+    ckpt.save(root, _tensors(1), step=1, fs=alice, blocking=True)
+    ckpt.save(root, _tensors(9), step=9, fs=bob, blocking=True)
+    bob.chmod("/ck/ck-alice/team/step-000000009", 0o700)
+    assert ckpt.latest_step(root, fs=alice) == 1
+    target = {"w": torch.zeros(300, 700), "b": torch.zeros(5, dtype=torch.int64), "step": 0}
+    assert ckpt.load(root, target, fs=alice).step == 1 and target["step"] == 1
+    handle = ckpt.save(root, _tensors(2), step=2, keep=1, fs=alice, blocking=True)
+    assert handle.wait() == f"hf3fs:///ck/ck-alice/team/step-000000002/{ckpt.MANIFEST}"
+    assert handle.removed_steps == [1]
+    assert sorted(alice.listdir("/ck/ck-alice/team")) == ["step-000000002", "step-000000009"]
+    assert ckpt.latest_step(root, fs=bob) == 9  # bob's is his own
+
+
 @pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     cluster: Cluster, tmp_path: Path, where: str, stage: str, torch_forks: ForkServer

@@ -40,7 +40,7 @@ class Storage(Protocol):
         """Create folder ``path`` and its missing parents; one that exists already is fine."""
 
     def exists(self, path: str) -> bool:
-        """Whether a file or folder is at ``path``."""
+        """Whether a file or folder is at ``path`` that this user may see (False where it may not look)."""
 
     def listdir(self, path: str) -> list[str]:
         """The names in folder ``path``; an empty list when there is no such folder."""
@@ -250,8 +250,15 @@ class Hf3fsStorage:
         self.fs.makedirs(path, exist_ok=True)
 
     def exists(self, path: str) -> bool:
-        """``Storage.exists``: one meta stat (symlinks followed)."""
-        return bool(self.fs.exists(path))
+        """``Storage.exists``: one meta stat (symlinks followed).
+
+        False where this user may not look, as ``os.path.exists`` (a folder of someone else's in a shared root is
+        no checkpoint of the caller's).
+        """
+        try:
+            return bool(self.fs.exists(path))
+        except (PermissionError, NotADirectoryError):
+            return False
 
     def listdir(self, path: str) -> list[str]:
         """``Storage.listdir``: the meta listing, read page by page."""
