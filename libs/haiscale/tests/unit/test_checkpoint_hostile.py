@@ -327,3 +327,15 @@ def test_a_prune_that_fails_does_not_fail_the_save_it_follows(tmp_path: Path, mo
     assert handle.removed_steps == [2]
     target = {"w": torch.zeros(4)}
     assert ckpt.load(tmp_path, target).step == 3 and bool((target["w"] == 3.0).all())
+
+
+def test_a_step_or_save_id_no_storage_or_scheduler_can_hold_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """A step past int64 would be committed, then fail its report (the scheduler stores int64); a save id of 300
+    characters makes file names longer than a file system allows, found only in the background write."""
+    with pytest.raises(ValueError, match=r"step must be an integer in 0\.\.2\*\*63-1"):
+        ckpt.save(tmp_path, {"w": torch.ones(4)}, step=2**63)
+    with pytest.raises(ValueError, match=r"save_id must be 1 to 64 letters and digits"):
+        ckpt.save(tmp_path, {"w": torch.ones(4)}, step=1, rank=0, world_size=2, save_id="a" * 300)
+    assert list(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ from haiscale.telemetry import default_sink, send
 
 logger = logging.getLogger(__name__)
 
+MAX_SAVE_ID_CHARS = 64  # it is part of file names (at most 255 bytes)
 LOAD_ATTEMPTS = 3  # looks for the newest checkpoint, when the one found is pruned before its lease is taken
 
 
@@ -114,8 +115,8 @@ def _ranks(rank: int | None, world_size: int | None, group: Any) -> tuple[int, i
 def _save_id(save_id: str | None, rank: int, world_size: int, group: Any) -> str:
     """The id every rank's files of this save carry, so a commit never mixes in files of a killed save."""
     if save_id is not None:
-        if not save_id.isalnum():
-            raise ValueError(f"save_id must be letters and digits, not {save_id!r}")
+        if not save_id.isalnum() or len(save_id) > MAX_SAVE_ID_CHARS:
+            raise ValueError(f"save_id must be 1 to {MAX_SAVE_ID_CHARS} letters and digits, not {save_id[:80]!r}")
         return save_id
     if world_size == 1:
         return uuid.uuid4().hex[:16]
@@ -176,8 +177,8 @@ def save(
         FileExistsError: checkpoint ``step`` is already committed (nothing is written).
         CheckpointError: the previous save of this process failed unseen.
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an integer >= 0, not {step!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        raise ValueError(f"step must be an integer in 0..2**63-1 (what the scheduler stores), not {step!r}")
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be at least 1, not {keep}")
     r, w = _ranks(rank, world_size, group)
