@@ -4,6 +4,7 @@ several handles, each compared with the same sequence on a local folder. Needs /
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,8 @@ mount = test_fuse_mount.mount  # its fixture: the tools' cluster mounted
 
 needs_fuse = pytest.mark.skipif(test_fuse_mount._skip_reason() is not None, reason=test_fuse_mount._skip_reason() or "")
 
+CHUNK_BYTES = 4 << 20  # the test cluster's chunk size
+
 Script = Callable[[Path], Iterator[tuple[str, object]]]
 
 
@@ -29,7 +32,14 @@ def _same_as_local(script: Script, there: Path, local: Path) -> None:
     got = list(script(there))
     assert [k for k, _ in got] == [k for k, _ in expected]
     for (what, want), (_, have) in zip(expected, got, strict=True):
-        assert have == want, f"{what}: differs from a local file system"
+        assert have == want, f"{what}: differs from a local file system ({_first_difference(have, want)})"
+
+
+def _first_difference(have: object, want: object) -> str:
+    if not isinstance(have, bytes) or not isinstance(want, bytes):
+        return f"{have!r} where local has {want!r}"
+    at = next((k for k, (x, y) in enumerate(zip(have, want, strict=False)) if x != y), min(len(have), len(want)))
+    return f"{len(have)} bytes, local {len(want)}; from byte {at}: {have[at : at + 12]!r} vs {want[at : at + 12]!r}"
 
 
 def _cut_then_written_past_the_end(folder: Path) -> Iterator[tuple[str, object]]:
@@ -100,3 +110,36 @@ def test_a_cut_by_another_client_stays_cut_after_the_writers_close(fs_cluster: F
             assert f.read() == b"A" * 3000
     finally:
         other.close()
+
+
+def _scattered_small_writes(folder: Path) -> Iterator[tuple[str, object]]:
+    """1,100 small writes at scattered offsets of one chunk (some overlapping: the later wins), one across the chunk
+    boundary, reads of ranges half buffered through another descriptor, then fsync and close."""
+    rnd = random.Random(16)
+    path = folder / "scattered"
+    w = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+    r = os.open(path, os.O_RDONLY)
+    try:
+        for k in range(1100):
+            at = rnd.randrange(0, CHUNK_BYTES - 64) if k % 7 else rnd.randrange(0, 4096)  # the 7th ones overlap
+            os.pwrite(w, bytes([1 + k % 250]) * rnd.randrange(1, 48), at)
+            if k % 350 == 349:
+                at = rnd.randrange(0, CHUNK_BYTES - 8192)
+                yield f"a read after {k + 1} writes", os.pread(r, 8192, at)
+        os.pwrite(w, b"X" * 100, CHUNK_BYTES - 50)  # across the chunk boundary
+        os.pwrite(w, b"Y" * 10, CHUNK_BYTES - 5)  # over it: the later wins
+        yield "across the boundary", os.pread(r, 200, CHUNK_BYTES - 100)
+        os.fsync(w)
+        yield "after fsync", os.pread(r, 2 * CHUNK_BYTES, 0)
+    finally:
+        os.close(w)
+        os.close(r)
+    yield "after close", path.read_bytes()
+
+
+@needs_fuse
+def test_more_than_a_thousand_small_writes_in_one_chunk_reach_storage(mount: Path, tmp_path: Path) -> None:
+    """The mount keeps up to 1,024 extents and sends them in one batch: 1,025 writes to one chunk, applied one
+    after another by its chain, took longer than a storage call's timeout, and the write(2) that flushed them
+    failed with EIO (the close too, and the bytes were lost)."""
+    _same_as_local(_scattered_small_writes, mount / "hostile-scattered", tmp_path / "local")
