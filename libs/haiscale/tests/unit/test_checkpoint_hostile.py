@@ -339,3 +339,19 @@ def test_a_step_or_save_id_no_storage_or_scheduler_can_hold_is_refused_before_an
     with pytest.raises(ValueError, match=r"save_id must be 1 to 64 letters and digits"):
         ckpt.save(tmp_path, {"w": torch.ones(4)}, step=1, rank=0, world_size=2, save_id="a" * 300)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ranks_that_disagree_on_a_tensor_commit_nothing_that_would_not_load(tmp_path: Path) -> None:
+    """Rank 1 saves its Shard of ``m`` as float64, rank 0 as float32 (a bug in the caller): the merged manifest
+    would be refused by every load, so the save fails and the previous checkpoint stays the newest."""
+    ckpt.save(tmp_path, {"m": ckpt.Shard(torch.zeros(4), (8,), 0)}, step=1, blocking=True)
+    for rank, dtype in ((1, torch.float64), (0, torch.float32)):
+        shard = ckpt.Shard(torch.ones(4, dtype=dtype), (8,), rank * 4)
+        handle = ckpt.save(tmp_path, {"m": shard}, step=2, rank=rank, world_size=2, save_id="disagree")
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"step 2: not committed, .*\(m\): float64 \[8\], but tensors\[0\] is float32"
+    ):
+        handle.wait()
+    assert ckpt.latest_step(tmp_path) == 1
+    target = {"m": ckpt.Shard(torch.full((4,), 9.0), (8,), 0)}
+    assert ckpt.load(tmp_path, target).step == 1 and not target["m"].local.any()

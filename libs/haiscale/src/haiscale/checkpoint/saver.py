@@ -203,7 +203,8 @@ def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float, 
         The manifest's path in its storage.
 
     Raises:
-        CheckpointError: some rank's part did not come within ``part_timeout_s``, or the folder was removed.
+        CheckpointError: some rank's part did not come within ``part_timeout_s``, the parts do not make a manifest
+            that loads (the ranks disagree on a tensor's dtype or shape), or the folder was removed.
     """
     folder = loc.join(step_folder(snap.step))
     wanted = {f"part-{r:05d}.{snap.save_id}.json" for r in range(1, snap.world_size)}
@@ -226,7 +227,12 @@ def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float, 
     removed = CheckpointError(f"step {snap.step}: another save's prune removed its folder while it was written")
     if lease is not None and not loc.storage.exists(lease):
         raise removed
-    loc.storage.write_atomic(path, merged.to_json())
+    doc = merged.to_json()
+    try:  # what every load checks first: ranks that disagree (one tensor, two dtypes) must not commit it
+        Manifest.from_json(doc, "the merged manifest")
+    except ValueError as err:
+        raise CheckpointError(f"step {snap.step}: not committed, {err}") from None
+    loc.storage.write_atomic(path, doc)
     files = sorted({e.file for e in merged.tensors} | ({merged.objects.file} if merged.objects else set()))
     if None in loc.storage.sizes([loc.join(step_folder(snap.step), f) for f in files]):
         with contextlib.suppress(OSError):
