@@ -29,11 +29,17 @@ class SchedulerSettings(MgmtdClientSettings):
     fair_share: bool = Field(False, description="within a priority, users holding fewer nodes go first")
     victim_choice: VictimChoice = Field(
         VictimChoice.LEAST_IMPORTANT_LATEST,
-        description="preempt HAI's lowest level, latest first, or the least work lost since checkpoints (cheapest)",
+        description=(
+            "preempt HAI's lowest level, latest first; the least work lost since checkpoints (cheapest);"
+            " or that loss per second of the victim's run (loss_per_run_time)"
+        ),
     )
     victim_restart_cost_s: float = Field(60.0, ge=0, description="reload time a victim's loss counts per node")
     preempt_same_level: bool = Field(True, description="another user's task of the same level may be preempted (HAI)")
     preempt_from_level: int = Field(priority.LOW, description="only tasks at this level or above preempt")
+    resume_first: bool = Field(
+        False, description="suspended tasks resume ahead of the queued tasks of the levels that cannot preempt"
+    )
     ack_window_s: float = Field(5.0, gt=0, description="time rank 0 has to read the suspend flag")
     check_checkpoints: bool = Field(
         True, description="count a reported checkpoint only when its file is in 3FS, owned by the task's user"
@@ -76,6 +82,7 @@ class SchedulerSettings(MgmtdClientSettings):
             victim_restart_cost_s=self.victim_restart_cost_s,
             preempt_same_level=self.preempt_same_level,
             preempt_from_level=self.preempt_from_level,
+            resume_first=self.resume_first,
         )
 
     def lifecycle_policy(self) -> LifecyclePolicy:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from ff_scheduler.core import priority as p
 from ff_scheduler.core.builders import GROUP, nodes, queued, running, snapshot, with_state
-from ff_scheduler.core.model import NodeState, QueueReason, TaskSnap
+from ff_scheduler.core.model import NodeState, QueueReason, TaskSnap, TaskState
 from ff_scheduler.core.policy import LifecyclePolicy, SchedulingPolicy
 from ff_scheduler.core.tick import plan_tick
 
@@ -234,3 +234,72 @@ def test_demoted_task_can_then_be_preempted_by_above_normal() -> None:
     old = running(1, (1, 2, 3, 4), p.ABOVE_NORMAL, started_at=NOW - 1800, user="bob")
     plan = plan_tick(snapshot(NOW, nodes(4), [old, queued(2, 2, p.ABOVE_NORMAL)]), POLICY, LifecyclePolicy())
     assert [pre.task_id for pre in plan.match.preemptions] == [1]  # type: ignore[union-attr]
+
+
+def _suspended(task: TaskSnap) -> TaskSnap:
+    """A task waiting to resume (its run was suspended and it queued again)."""
+    return replace(task, state=TaskState.SUSPENDED)
+
+
+RESUME_FIRST = SchedulingPolicy(enforce_quotas=False, min_run_time_s=60, preempt_from_level=p.HIGH, resume_first=True)
+RESUME_CASES = [
+    Case(
+        "resume first: a suspended LOW task goes ahead of a NORMAL one submitted later",
+        [_suspended(queued(1, 2, p.LOW)), queued(2, 2, p.NORMAL)],
+        num_nodes=2,
+        policy=RESUME_FIRST,
+        starts={1: 2},
+        waiting={2},
+    ),
+    Case(
+        "off: the NORMAL one goes first (HAI)",
+        [_suspended(queued(1, 2, p.LOW)), queued(2, 2, p.NORMAL)],
+        num_nodes=2,
+        starts={2: 2},
+        waiting={1},
+    ),
+    Case(
+        "resume first stays behind the levels that preempt",
+        [_suspended(queued(1, 2, p.LOW)), queued(2, 2, p.HIGH)],
+        num_nodes=2,
+        policy=RESUME_FIRST,
+        starts={2: 2},
+        waiting={1},
+    ),
+    Case(
+        "resume first within its level: ahead of a task of its level submitted before it",
+        [queued(1, 2, p.HIGH), _suspended(queued(2, 2, p.HIGH))],
+        num_nodes=2,
+        policy=RESUME_FIRST,
+        starts={2: 2},
+        waiting={1},
+    ),
+    Case(
+        "resume first: suspended tasks below the preempting levels go by submission, not by level",
+        [_suspended(queued(2, 2, p.LOW)), _suspended(queued(1, 2, p.NORMAL, fcfs=3))],
+        num_nodes=2,
+        policy=RESUME_FIRST,
+        starts={2: 2},
+        waiting={1},
+    ),
+    Case(
+        "a resumed LOW task ahead of the queue does not preempt",
+        [running(1, (1, 2), p.NORMAL, user="b", started_at=OLD), _suspended(queued(2, 2, p.LOW))],
+        num_nodes=2,
+        policy=RESUME_FIRST,
+        waiting={2},
+    ),
+    Case(
+        "FIFO ignores it",
+        [queued(1, 2, p.NORMAL), _suspended(queued(2, 2, p.LOW))],
+        num_nodes=2,
+        policy=SchedulingPolicy(enforce_quotas=False, by_priority=False, resume_first=True),
+        starts={1: 2},
+        waiting={2},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RESUME_CASES, ids=[c.name for c in RESUME_CASES])
+def test_resume_first(case: Case) -> None:
+    test_rules(case)

@@ -14,12 +14,20 @@ from ff_scheduler.core.tick import plan_tick
 from ff_scheduler.core.victims import Candidate, VictimChoice, choose, durable_at, loss_node_s
 
 CHEAPEST, HAI = VictimChoice.CHEAPEST, VictimChoice.LEAST_IMPORTANT_LATEST
+PER_RUN_TIME = VictimChoice.LOSS_PER_RUN_TIME
 
 
-def c(task_id: int, num_nodes: int, loss_per_node_s: float, level: int = p.LOW, fcfs: int | None = None) -> Candidate:
-    """A candidate losing ``loss_per_node_s`` on each of its ``num_nodes`` nodes."""
+def c(
+    task_id: int,
+    num_nodes: int,
+    loss_per_node_s: float,
+    level: int = p.LOW,
+    fcfs: int | None = None,
+    ran_s: float = 3600.0,
+) -> Candidate:
+    """A candidate losing ``loss_per_node_s`` on each of its ``num_nodes`` nodes, its run ``ran_s`` old."""
     fcfs = task_id if fcfs is None else fcfs
-    return Candidate(task_id, level, num_nodes, loss_per_node_s * num_nodes, fcfs)
+    return Candidate(task_id, level, num_nodes, loss_per_node_s * num_nodes, fcfs, ran_s)
 
 
 @dataclass
@@ -62,6 +70,41 @@ CASES = [
         {2},
     ),
     Case("equal losses: the lower level", [c(1, 2, 60, level=p.NORMAL), c(2, 2, 60, level=p.LOW)], 2, {2}),
+    Case(
+        "per run time: of equal losses, the run that has gone longest",
+        [c(1, 2, 60, ran_s=1800), c(2, 2, 60, ran_s=7200), c(3, 2, 60, ran_s=3600)],
+        2,
+        {2},
+        PER_RUN_TIME,
+    ),
+    Case(
+        "per run time: an old run's bigger loss is cheaper than a young run's small one",
+        [c(1, 2, 30, ran_s=900), c(2, 2, 90, ran_s=4 * 3600)],  # 60/900 s vs 180/14,400 s per node
+        2,
+        {2},
+        PER_RUN_TIME,
+    ),
+    Case(
+        "per run time: a just-checkpointed young run beats an old run that never checkpointed",
+        [c(1, 2, 60 + 10, ran_s=900), c(2, 2, 60 + 3 * 3600, ran_s=3 * 3600)],  # ~0.08 vs ~1.0 per node
+        2,
+        {1},
+        PER_RUN_TIME,
+    ),
+    Case(
+        "per run time: not the node count: one old big run rather than two young small ones",
+        [c(1, 4, 60, ran_s=6 * 3600), c(2, 2, 60, ran_s=1200), c(3, 2, 60, ran_s=1200)],
+        4,
+        {1},
+        PER_RUN_TIME,
+    ),
+    Case(
+        "per run time: a run that barely started is divided by the floor, not by ~0",
+        [c(1, 1, 1, ran_s=0.5), c(2, 1, 100, ran_s=600)],  # 1/60 vs 100/600
+        1,
+        {1},
+        PER_RUN_TIME,
+    ),
     Case(
         "HAI's rule: lowest level, then the latest submitted, whatever the loss",
         [c(1, 2, 5, level=p.NORMAL), c(2, 2, 600, level=p.LOW, fcfs=1), c(3, 2, 900, level=p.LOW, fcfs=2)],
@@ -180,3 +223,16 @@ def test_zones_refusing_the_cheapest_set_fall_back_and_spare_victims_not_used() 
     assert plan.match is not None
     assert {pre.task_id for pre in plan.match.preemptions} == {1, 3}
     assert plan.starts == []  # the nodes are reserved until the victims have suspended
+
+
+def test_the_matcher_weighs_loss_per_run_time_through_the_service_code() -> None:
+    """Task 1 checkpointed 100 s ago but its run is 20 min old; task 2 checkpointed 200 s ago in a run of
+    5 h: per second of run, task 2 loses ~8x less, so it is the one suspended (``cheapest`` takes task 1)."""
+    tasks = [
+        _checkpointed(running(1, (1, 2), p.LOW, user="a", started_at=NOW - 1200), NOW - 100),
+        _checkpointed(running(2, (3, 4), p.LOW, user="b", started_at=NOW - 5 * 3600), NOW - 200),
+        queued(3, 2, p.HIGH, user="c"),
+    ]
+    assert _preempted(tasks, 4) == {1}
+    per_run_time = SchedulingPolicy(enforce_quotas=False, min_run_time_s=600, victim_choice=PER_RUN_TIME)
+    assert _preempted(tasks, 4, per_run_time) == {2}

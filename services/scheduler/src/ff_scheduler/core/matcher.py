@@ -1,10 +1,11 @@
 """The matcher: concrete nodes for the tasks the assigner let through (HAI FIFOMatcher, corrected).
 
 Per node group, candidates (running tasks and queued tasks in quota) are visited in order: priority
-high to low, then FCFS (or fair share, then FCFS). A running task keeps its nodes. A queued task takes
+high to low, then FCFS (or fair share, then FCFS); with ``resume_first``, suspended tasks waiting to resume
+go ahead of the levels that cannot preempt (``order_key``). A running task keeps its nodes. A queued task takes
 free nodes; if there are too few, it waits for nodes that are already being freed (runs suspending or
 stopping) and reserves them, so that no later task takes them; if even those are too few, it preempts
-running tasks that come after it in the order, least important first, and reserves their nodes.
+running tasks that come after it in the order (``core.victims`` picks which) and reserves their nodes.
 
 A running task may be preempted only when it has run at least ``min_run_time_s``, when it is not
 already being suspended, and when it is not a task of the same user at the same priority (HAI's rule).
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ff_scheduler.core import victims
 from ff_scheduler.core.assigner import Verdict
-from ff_scheduler.core.model import NodeState, NodeView, QueueReason, TaskSnap
+from ff_scheduler.core.model import NodeState, NodeView, QueueReason, TaskSnap, TaskState
 from ff_scheduler.core.policy import SchedulingPolicy
 
 
@@ -53,9 +54,28 @@ class MatchResult:
     waiting: dict[int, QueueReason] = field(default_factory=dict)
 
 
-def order_key(task: TaskSnap, level: int, usage: int, policy: SchedulingPolicy) -> tuple[int, int, int]:
-    """Visit order: priority high to low (unless FIFO), then held nodes (fair share), then FCFS."""
-    return (-level if policy.by_priority else 0, usage if policy.fair_share else 0, task.fcfs)
+def order_key(task: TaskSnap, level: int, usage: int, policy: SchedulingPolicy) -> tuple[int, int, int, int]:
+    """Visit order: priority high to low (unless FIFO), then held nodes (fair share), then FCFS.
+
+    With ``resume_first``, a suspended task waiting to resume goes first at its level, and one below
+    ``preempt_from_level`` goes right after the tasks of that level, ahead of every level that cannot preempt
+    (such tasks among themselves by fair share, then FCFS, whatever their levels: the simulator measured
+    that a little better than by level).
+    """
+    share = usage if policy.fair_share else 0
+    if not policy.by_priority:
+        return (0, _NEW, share, task.fcfs)
+    tier = _NEW
+    if policy.resume_first and task.run is None and task.state is TaskState.SUSPENDED:
+        tier = _RESUMED
+        if level < policy.preempt_from_level:
+            level, tier = policy.preempt_from_level, _RESUMED_BELOW
+    return (-level, tier, share, task.fcfs)
+
+
+# Tiers of ``order_key`` within a level: suspended tasks of the level, then its running and never-run tasks,
+# then suspended tasks of the levels below (``resume_first``).
+_RESUMED, _NEW, _RESUMED_BELOW = 0, 1, 2
 
 
 def select_nodes(available: Iterable[int], need: int, nodes: dict[int, NodeView], *, cross_zone_ok: bool) -> list[int]:
@@ -153,10 +173,11 @@ class _GroupMatch:
         ready = len(run.node_ids)
         if not self._all_ready:
             ready = len([n for n in run.node_ids if self.nodes[n].state is NodeState.READY])
-        loss = 0.0  # only the cheapest choice weighs it
-        if self.policy.victim_choice is victims.VictimChoice.CHEAPEST:
+        loss = 0.0  # only the rules that weigh it
+        if self.policy.victim_choice.weighs_loss:
             loss = victims.loss_node_s(run, self.now, self.policy.victim_restart_cost_s)
-        self.candidates[task.task_id] = victims.Candidate(task.task_id, run.priority, ready, loss, task.fcfs)
+        ran_s = self.now - (run.started_at or run.created_at)
+        self.candidates[task.task_id] = victims.Candidate(task.task_id, run.priority, ready, loss, task.fcfs, ran_s)
         self.nodes_at[run.priority] += task.num_nodes
         self.nodes_at_user[(run.priority, task.user)] += task.num_nodes
 
@@ -229,7 +250,7 @@ class _GroupMatch:
         """Preempt victims (``core.victims``) whose nodes, with ``soon``, give ``task`` its nodes; False if none do."""
         rule = self.policy.victim_choice
         candidates = self._candidates(level, task.user)
-        if rule is victims.VictimChoice.CHEAPEST:
+        if rule.weighs_loss:
             chosen = [self.victims[c.task_id] for c in victims.choose(candidates, task.num_nodes - len(soon), rule)]
             if chosen and self._take_victims(chosen, task, soon | self._ready_nodes(chosen)):
                 return True
@@ -335,7 +356,7 @@ def _groups(
     return groups
 
 
-Candidate = tuple[tuple[int, int, int], TaskSnap, int]
+Candidate = tuple[tuple[int, int, int, int], TaskSnap, int]
 
 
 def _candidates(

@@ -24,14 +24,21 @@ class SchedulingPolicy:
         min_run_time_s: a run is not preempted before it has run this long.
         demote_after_s: ABOVE_NORMAL runs drop to NORMAL after this long.
         victim_choice: which of the tasks it may preempt the matcher suspends (``core.victims``): HAI's
-            lowest level, then the latest submitted (default), or the least node-time lost since their last
-            durable checkpoints, weighed by their sizes (with HAI's rules the simulator measured it worse
-            on mean JCT; with ``preempt_same_level`` off and ``preempt_from_level`` HIGH it is its "hai").
+            lowest level, then the latest submitted (default); the least node-time lost since their last
+            durable checkpoints, weighed by their sizes (``cheapest``); or that loss per second of each
+            victim's run (``loss_per_run_time``: with ``preempt_same_level`` off, ``preempt_from_level``
+            HIGH and ``resume_first`` on it is the simulator's "hai").
         victim_restart_cost_s: what a preempted task's next run spends reloading, per node, in the loss
             the cheapest choice weighs (beside the work since its last durable checkpoint).
         preempt_same_level: a queued task may preempt another user's running task of its own level (HAI's
             time-sharing within a level); off = only lower levels are preempted.
         preempt_from_level: only a queued task at this level or above preempts (HAI: any level, LOW).
+        resume_first: a suspended task waiting to resume (preempted, suspended by its user, or restarted
+            after a failure) goes first among its level's queued tasks and, below ``preempt_from_level``,
+            right after that level's tasks, ahead of every queued task of the levels that cannot preempt:
+            it lost its nodes to time-sharing, not to the queue, so later arrivals of the levels between do
+            not overtake it; it stays behind the preempting levels, which would only suspend it again. Off:
+            it queues by its first submission within its own level (HAI).
     """
 
     preemption: bool = True
@@ -45,6 +52,7 @@ class SchedulingPolicy:
     victim_restart_cost_s: float = 60.0
     preempt_same_level: bool = True
     preempt_from_level: int = priority.LOW
+    resume_first: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
