@@ -33,6 +33,8 @@ MAX_IO_BATCH_BYTES = 32 << 20
 # A chunk's head applies a batch's writes to it one after another (one chain round each, ~20 ms on a loaded
 # machine): 1,024 in one batch outlasted a storage call's 20 s timeout, and the flush failed with EIO.
 MAX_CHUNK_WRITES_PER_BATCH = 64
+MAX_FILE_BYTES = (1 << 62) - 1  # meta's lengths are below 2^62
+MAX_CHUNKS_PER_FILE = 1 << 40  # storage's chunk indexes are below 2^40
 NO_LIMIT = (1 << 64) - 1
 RESERVE_STEP_BYTES = 64 << 20
 CAPABILITY_MARGIN_NS = 60 * 10**9
@@ -246,6 +248,7 @@ class RawFile(io.RawIOBase):
         self.inode_id = inode.inode_id
         self.inode_at_open = inode  # meta's answer to the Open or Create (the mount keeps its attributes)
         self.layout = layout
+        self.max_bytes = min(MAX_FILE_BYTES, layout.chunk_size * MAX_CHUNKS_PER_FILE)  # where the file must end
         self._cap = capability
         self.cap_expires_at_ns = 0  # 0: unknown (never refreshed ahead of time)
         self._session = session
@@ -498,21 +501,31 @@ class RawFile(io.RawIOBase):
             delay = min(delay * 2, 0.05)
 
     def ensure_room(self, end: int) -> None:
-        """Reserve quota up to ``end`` unless the session's limit covers it: all of it, or EDQUOT."""
+        """Reserve quota up to ``end`` unless the session's limit covers it: all of it, or EDQUOT.
+
+        EFBIG when ``end`` is past ``max_bytes``.
+        """
+        self._check_end(end)
         if end > self._limit and self._reserve(end) < end:
             raise self._quota_error()
 
     def _room(self, offset: int, size: int) -> int:
         """How many of ``size`` bytes at ``offset`` the quotas let this session write, reserved.
 
-        All, or as many as fit before the quota ends; EDQUOT when not one does.
+        All, or as many as fit before the quota ends; EDQUOT when not one does (EFBIG past ``max_bytes``).
         """
+        self._check_end(offset + size)
         if offset + size > self._limit:
             self._reserve(offset + size)
         n = min(size, self._limit - offset)
         if n <= 0:
             raise self._quota_error()
         return n
+
+    def _check_end(self, end: int) -> None:
+        """EFBIG for bytes past the largest file: refused now, not by storage or meta when they are flushed."""
+        if end > self.max_bytes:
+            raise OSError(errno.EFBIG, f"file too large: {end} bytes, past {self.max_bytes}", self.name)
 
     def _quota_error(self) -> OSError:
         return OSError(errno.EDQUOT, f"directory quota exhausted at byte {self._limit}", self.name)

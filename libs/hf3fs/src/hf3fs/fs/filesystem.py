@@ -20,7 +20,7 @@ from ff_rpc.client import UnaryCall
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1.meta_client import MetaServiceClient
 from hf3fs.entries import DirEntry, Quota, Stat, StatFs, TrashEntry, quota_of
-from hf3fs.files import OpenMode
+from hf3fs.files import MAX_FILE_BYTES, OpenMode
 from hf3fs.fs.connection import Connection
 from hf3fs.fs.data import DataPath
 from hf3fs.fs.exits import catch_sigterm
@@ -264,6 +264,8 @@ class FileSystem:
         """ftruncate: an inode's length by id."""
         if length < 0:
             raise OSError(errno.EINVAL, "negative length")
+        if length > MAX_FILE_BYTES:
+            raise OSError(errno.EFBIG, f"file too large: {length} bytes, past {MAX_FILE_BYTES}")
         self._meta_call(
             lambda m: m.truncate, pb.TruncateRequest(path=pb.PathAt(parent_inode_id=inode_id), length_bytes=length)
         )
@@ -427,10 +429,13 @@ class FileSystem:
         """Cuts or extends (a hole) the file at ``path`` to ``length`` bytes.
 
         Raises:
-            OSError: EINVAL for a negative length; EDQUOT when growing it goes over a quota.
+            OSError: EINVAL for a negative length; EFBIG past the largest file; EDQUOT when growing it goes over a
+                quota.
         """
         if length < 0:
             raise OSError(errno.EINVAL, "negative length", path)
+        if length > MAX_FILE_BYTES:
+            raise OSError(errno.EFBIG, f"file too large: {length} bytes, past {MAX_FILE_BYTES}", path)
         self._meta_call(lambda m: m.truncate, pb.TruncateRequest(path=path_at(path), length_bytes=length), path)
 
     def chmod(self, path: str, mode: int, *, follow_symlinks: bool = True) -> Stat:

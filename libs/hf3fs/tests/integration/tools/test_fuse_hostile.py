@@ -3,6 +3,7 @@ several handles, each compared with the same sequence on a local folder. Needs /
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -143,3 +144,26 @@ def test_more_than_a_thousand_small_writes_in_one_chunk_reach_storage(mount: Pat
     after another by its chain, took longer than a storage call's timeout, and the write(2) that flushed them
     failed with EIO (the close too, and the bytes were lost)."""
     _same_as_local(_scattered_small_writes, mount / "hostile-scattered", tmp_path / "local")
+
+
+@needs_fuse
+def test_a_write_or_cut_past_the_largest_file_is_efbig_at_once(mount: Path) -> None:
+    """3FS files end before 2^62 bytes (meta's lengths; with 4 MiB chunks, storage's 2^40 chunks too). A pwrite
+    there was buffered and taken, then its flush failed: fsync and close EIO, fstat 2^62 + 1 meanwhile. A local
+    file system says EFBIG at the write (ext4 already at 16 TiB) and keeps the file as it was."""
+    path = mount / "hostile-large"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"head")
+        for refused in (lambda: os.pwrite(fd, b"ab", (1 << 62) - 1), lambda: os.ftruncate(fd, 1 << 62)):
+            with pytest.raises(OSError) as err:
+                refused()
+            assert err.value.errno == errno.EFBIG
+        assert os.pwrite(fd, b"", 10**12) == 0  # nothing written, the file does not grow
+        assert os.pwrite(fd, b"t", 1 << 44) == 1  # 16 TiB, sparse: within 3FS's limits
+        os.fsync(fd)
+        assert os.fstat(fd).st_size == (1 << 44) + 1
+        os.ftruncate(fd, 4)
+    finally:
+        os.close(fd)  # no error left for close
+    assert path.read_bytes() == b"head"
