@@ -85,8 +85,24 @@ def _mismatch(name: str, saved: str, given: str) -> CheckpointMismatch:
     return CheckpointMismatch(f"{name}: the checkpoint has {saved}, the state dict {given}")
 
 
+Slices = dict[str, list[TensorEntry]]  # each tensor's saved slices, by offset
+
+
+def _slices_by_name(manifest: Manifest) -> Slices:
+    """The manifest's saved slices grouped by tensor (names in the manifest's order), each group by offset.
+
+    Built once per load: a sharded checkpoint holds a slice per tensor per rank, millions in a large one.
+    """
+    out: Slices = {}
+    for e in manifest.tensors:
+        out.setdefault(e.name, []).append(e)
+    for group in out.values():
+        group.sort(key=lambda e: e.offset)
+    return out
+
+
 def _plan(
-    manifest: Manifest, values: set[str], state: dict[Any, Any], allocate_missing: bool
+    slices: Slices, values: set[str], state: dict[Any, Any], allocate_missing: bool
 ) -> tuple[list[_Want], list[tuple[tuple[Key, ...], Any]]]:
     """What to read into which tensor and which tensors to make, checking everything first.
 
@@ -95,9 +111,7 @@ def _plan(
     Raises:
         CheckpointMismatch: the first leaf (state dict order, then the checkpoint's) that does not match.
     """
-    saved: dict[str, TensorEntry] = {}
-    for e in manifest.tensors:
-        saved.setdefault(e.name, e)
+    saved = {name: group[0] for name, group in slices.items()}  # (a manifest's slices of a name agree on these)
     wants: list[_Want] = []
     sets: list[tuple[tuple[Key, ...], Any]] = []
     seen: set[str] = set()
@@ -127,7 +141,7 @@ def _plan(
             continue
         if not allocate_missing:
             raise _mismatch(name, _describe(entry.dtype, entry.shape), "no such tensor")
-        _sources(manifest, name, 0, numel(entry.shape))  # saved whole, in bytes checked there: then it is made
+        _sources(slices, name, 0, numel(entry.shape))  # saved whole, in bytes checked there: then it is made
         t = torch.empty(entry.shape, dtype=dtype_of(entry.dtype))
         sets.append((entry.keys, t))
         wants.append(_Want(name, 0, t.numel(), t))
@@ -145,16 +159,13 @@ def _cannot_hold_bytes(t: torch.Tensor) -> str:
     return ""
 
 
-def _sources(manifest: Manifest, name: str, start: int, stop: int) -> list[TensorEntry]:
+def _sources(slices: Slices, name: str, start: int, stop: int) -> list[TensorEntry]:
     """The saved slices of tensor ``name`` that cover elements [start, stop).
 
     Raises:
         CheckpointMismatch: part of the range was saved by no rank.
     """
-    covering = sorted(
-        (e for e in manifest.tensors if e.name == name and e.offset < stop and e.offset + e.numel > start),
-        key=lambda e: e.offset,
-    )
+    covering = [e for e in slices.get(name, []) if e.offset < stop and e.offset + e.numel > start]
     out: list[TensorEntry] = []
     pos = start
     for e in covering:
@@ -317,8 +328,9 @@ def read_into(
         raw = loc.storage.read_ranges([(loc.join(folder, blob.file), blob.file_offset, blob.length)])[0]
         values = _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"))
     names = set(values) if values is not None else set(blob.names or ()) if blob is not None else set()
-    wants, made = _plan(manifest, names, state, allocate_missing)
-    plan = [(w, _sources(manifest, w.name, w.start, w.stop)) for w in wants]
+    slices = _slices_by_name(manifest)
+    wants, made = _plan(slices, names, state, allocate_missing)
+    plan = [(w, _sources(slices, w.name, w.start, w.stop)) for w in wants]
     direct = _in_place(plan) if in_place else {}
     staged = {_slice(e).slot: _slice(e) for _, es in plan for e in es if _slice(e).slot not in direct}
     if blob is not None and values is None:

@@ -19,10 +19,11 @@ still load.
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import crc32c
@@ -143,7 +144,8 @@ class Manifest:
             step, world_size = _integer("step", doc["step"]), _integer("world_size", doc["world_size"], 1)
             if not isinstance(doc["tensors"], list):
                 raise ValueError("tensors is not a list")
-            tensors = tuple(_tensor_entry(i, t, kind, world_size) for i, t in enumerate(doc["tensors"]))
+            files_ok: set[str] = set()
+            tensors = tuple(_tensor_entry(i, t, kind, world_size, files_ok) for i, t in enumerate(doc["tensors"]))
             _check_names_agree(tensors)
             objects = _blob(doc["objects"], kind) if doc["objects"] is not None else None
             return cls(step, world_size, tensors, objects, kind)
@@ -179,10 +181,79 @@ def _file_name(what: str, name: Any) -> str:
     return str(name)
 
 
-def _tensor_entry(index: int, fields: Any, kind: str, world_size: int) -> TensorEntry:
-    """Entry ``index`` of a manifest's tensors, checked (see ``Manifest.from_json``)."""
+ENTRY_FIELDS = frozenset(f.name for f in fields(TensorEntry))  # in a file, "checksum" is named by its kind
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(name: str) -> int | None:
+    """Bytes per element of the dtype a manifest names; None for a name that is no dtype."""
+    try:
+        return int(dtype_of(name).itemsize)
+    except ValueError:
+        return None
+
+
+def _tensor_entry(index: int, entry: Any, kind: str, world_size: int, files_ok: set[str]) -> TensorEntry:
+    """Entry ``index`` of a manifest's tensors, checked (see ``Manifest.from_json``).
+
+    The checks run as one expression over the fields (a manifest may hold millions of entries); an entry that
+    fails them is checked again field by field by ``_explain_entry``, which says what is wrong.
+    """
+    try:
+        name, keys, shape, dtype = entry["name"], entry["keys"], entry["shape"], entry["dtype"]
+        offset, count, length, shard = entry["offset"], entry["numel"], entry["length"], entry["shard"]
+        file, file_offset, crc = entry["file"], entry["file_offset"], entry[kind]
+        itemsize = _itemsize(dtype) if type(dtype) is str else None
+        ok = (
+            type(entry) is dict
+            and len(entry) == len(ENTRY_FIELDS)
+            and type(name) is str
+            and type(keys) is list
+            and all(type(k) is str or type(k) is int for k in keys)
+            and ".".join(map(str, keys)) == name != ""
+            and type(shape) is list
+            and all(type(d) is int and d >= 0 for d in shape)
+            and type(offset) is int
+            and type(count) is int
+            and offset >= 0
+            and count >= 0
+            and offset + count <= _numel(tuple(shape)) <= MAX_NUMEL
+            and itemsize is not None
+            and type(length) is int
+            and length == count * itemsize
+            and type(shard) is int
+            and 0 <= shard < world_size
+            and _known_file(file, files_ok)
+            and type(file_offset) is int
+            and file_offset >= 0
+            and type(crc) is int
+            and 0 <= crc < UINT32
+        )
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        _explain_entry(index, entry, kind, world_size)
+        raise ValueError(f"tensors[{index}] is not a saved slice")  # (_explain_entry names the field)
+    return TensorEntry(name, tuple(keys), shard, dtype, tuple(shape), offset, count, file, file_offset, length, crc)
+
+
+def _known_file(name: Any, files_ok: set[str]) -> bool:
+    """``file_name_ok``, remembered in ``files_ok`` (a manifest names few files, each many times)."""
+    if name in files_ok:
+        return True
+    if not file_name_ok(name):
+        return False
+    files_ok.add(name)
+    return True
+
+
+def _explain_entry(index: int, fields: Any, kind: str, world_size: int) -> None:
+    """Raise a ValueError naming the first field of entry ``index`` that is wrong (see ``_tensor_entry``)."""
     if not isinstance(fields, dict):
         raise ValueError(f"tensors[{index}] is not an object")
+    unknown = sorted(set(fields) - (ENTRY_FIELDS - {"checksum"}) - {kind})
+    if unknown:
+        raise ValueError(f"tensors[{index}]: unknown fields {unknown}")
     name = fields.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"tensors[{index}]: name {name!r} is not a non-empty string")
@@ -214,14 +285,12 @@ def _tensor_entry(index: int, fields: Any, kind: str, world_size: int) -> Tensor
         raise ValueError(
             f"{at}length {length!r} is not {count} elements of {fields['dtype']} ({count * itemsize} bytes)"
         )
-    entry = _renamed({**fields, "shape": tuple(shape), "keys": tuple(keys)}, kind, "checksum")
-    entry["shard"] = _integer(f"{at}shard", fields["shard"])
-    if entry["shard"] >= world_size:
-        raise ValueError(f"{at}shard {entry['shard']} is not a rank of world_size {world_size}")
-    entry["file"] = _file_name(at, fields["file"])
-    entry["file_offset"] = _integer(f"{at}file_offset", fields["file_offset"])
-    entry["checksum"] = _checksum_field(at, fields[kind], kind)
-    return TensorEntry(**entry)
+    shard = _integer(f"{at}shard", fields["shard"])
+    if shard >= world_size:
+        raise ValueError(f"{at}shard {shard} is not a rank of world_size {world_size}")
+    _file_name(at, fields["file"])
+    _integer(f"{at}file_offset", fields["file_offset"])
+    _checksum_field(at, fields[kind], kind)
 
 
 def _check_names_agree(tensors: tuple[TensorEntry, ...]) -> None:
