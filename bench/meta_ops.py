@@ -49,19 +49,37 @@ from ff_cluster import MgmtdClient
 from ff_rpc import open_channel
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
 from ff_testing.meta import MetaProcess, meta_process
-from ff_testing.postgres import start_postgres
+from ff_testing.postgres import PostgresServer, start_postgres
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 OPS = ("create", "stat", "list", "rename")
 SIDES = ("meta", "noop", "local")
 Rates = dict[tuple[str, str], list[float]]
-Cpu = dict[tuple[str, str], tuple[list[float], list[float]]]  # (meta's process, this process) CPU us per call
+Cpu = dict[tuple[str, str], tuple[list[float], list[float], list[float]]]  # CPU us per call: meta, client, PostgreSQL
 
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used, from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_s(server: PostgresServer) -> float:
+    """CPU seconds the PostgreSQL server's processes (the postmaster and its children, the backends) have used."""
+    postmaster = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+    pids = [postmaster]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == postmaster:
+                    pids.append(int(entry.name))
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += process_cpu_s(pid)
+    return total
 
 
 def run_for(seconds: float, threads: int, op: Callable[[int, int], None]) -> tuple[float, int]:
@@ -197,12 +215,17 @@ async def start(folder: Path, database_url: str, instances: int) -> tuple[Storag
         raise
 
 
+def cpu_sides(rates: Rates, op: str) -> list[str]:
+    """The sides measured for ``op`` other than the local file system."""
+    return [s for (o, s) in rates if o == op and s != "local"]
+
+
 def median_ratio(a: list[float], b: list[float]) -> float:
     """The median of the per-round ratios a/b."""
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
-def report(rates: Rates, cpu: Cpu, ops: tuple[str, ...], instances: int) -> None:
+def report(rates: Rates, cpu: Cpu, ops: tuple[str, ...], instances: int, *, postgres: bool = False) -> None:
     """The medians, the per-round ratios and the CPU per call of meta's processes and of this (client) process."""
     print(f"{'op':8} {'meta/s':>10} {'noop/s':>10} {'local/s':>10} {'meta/noop':>10} {'meta/local':>11}"
           f" {'meta-proc us/call':>18} {'client us/call':>15}")  # fmt: skip
@@ -214,12 +237,18 @@ def report(rates: Rates, cpu: Cpu, ops: tuple[str, ...], instances: int) -> None
               f"{statistics.median(loc):>10,.0f} {median_ratio(m, n):>10.2f} {median_ratio(m, loc):>11.3f} "
               f"{server:>18} {client:>15}")  # fmt: skip
     print("(us/call: CPU of meta's processes and of this process per call, meta side / no-op side, medians)")
+    if postgres:
+        for op in ops:
+            per_side = ", ".join(f"{s} {statistics.median(cpu[(op, s)][2]):,.0f}" for s in cpu_sides(rates, op))
+            print(f"PostgreSQL's processes, CPU us per {op}: {per_side}")
     if instances > 1:
         print(f"\nthrough one of the {instances} meta instances (side 'one') and through all of them:")
         for op in ops:
             one, every = rates[(op, "one")], rates[(op, "meta")]
+            one_cpu, all_cpu = (statistics.median(cpu[(op, side)][0]) for side in ("one", "meta"))
             print(f"{op:8} one {statistics.median(one):>8,.0f}/s, all {statistics.median(every):>8,.0f}/s: "
-                  f"{instances} instances / 1 = {median_ratio(every, one):.2f}")  # fmt: skip
+                  f"{instances} instances / 1 = {median_ratio(every, one):.2f}; meta CPU us per call: one "
+                  f"{one_cpu:,.0f}, all {all_cpu:,.0f}")  # fmt: skip
     goals = []
     for op in ("stat", "list"):
         if op in ops:
@@ -237,21 +266,28 @@ def measure(
     sides: tuple[str, ...],
     pids: list[int],
     args: argparse.Namespace,
+    pg: PostgresServer | None = None,
 ) -> tuple[Rates, Cpu]:
-    """Every op on every side for ``args.seconds``, ``args.rounds`` times (the sides' order rotating)."""
+    """Every op on every side for ``args.seconds``, ``args.rounds`` times (the sides' order rotating).
+
+    The server CPU per call is meta's processes' and, with ``pg``, PostgreSQL's too (a third figure in the Cpu lists).
+    """
     rates: Rates = {(o, s): [] for o in ops for s in sides}
-    cpu: Cpu = {(o, s): ([], []) for o in ops for s in sides}
+    cpu: Cpu = {(o, s): ([], [], []) for o in ops for s in sides}
     for r in range(args.rounds):
         order = sides[r % len(sides) :] + sides[: r % len(sides)]
         line = []
         for op in ops:
             for side in order:
                 server0, client0 = sum(map(process_cpu_s, pids)), time.process_time()
+                pg0 = postgres_cpu_s(pg) if pg is not None else 0.0
                 rate, calls = run_for(args.seconds, args.threads, runners[side].op(op))
                 server_s, client_s = sum(map(process_cpu_s, pids)) - server0, time.process_time() - client0
+                pg_s = postgres_cpu_s(pg) - pg0 if pg is not None else 0.0
                 rates[(op, side)].append(rate)
                 cpu[(op, side)][0].append(server_s / max(calls, 1) * 1e6)
                 cpu[(op, side)][1].append(client_s / max(calls, 1) * 1e6)
+                cpu[(op, side)][2].append(pg_s / max(calls, 1) * 1e6)
             line.append(f"{op} " + " ".join(f"{s}={rates[(op, s)][-1]:,.0f}/s" for s in sides))
         print(f"round {r + 1}: " + "; ".join(line), flush=True)
     return rates, cpu
@@ -296,9 +332,9 @@ def main() -> None:
             print(f"{args.threads} client threads, {args.seconds:g} s per measurement, {args.rounds} rounds, "
                   f"{args.meta_instances} meta on {store} (meta pids {pids}, this pid {os.getpid()})",
                   flush=True)  # fmt: skip
-            rates, cpu = measure(runners, ops, sides, pids, args)
+            rates, cpu = measure(runners, ops, sides, pids, args, pg)
             print()
-            report(rates, cpu, ops, args.meta_instances)
+            report(rates, cpu, ops, args.meta_instances, postgres=pg is not None)
     finally:
         for meta in metas:
             meta.stop()
