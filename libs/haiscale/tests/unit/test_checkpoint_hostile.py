@@ -355,3 +355,24 @@ def test_ranks_that_disagree_on_a_tensor_commit_nothing_that_would_not_load(tmp_
     assert ckpt.latest_step(tmp_path) == 1
     target = {"m": ckpt.Shard(torch.full((4,), 9.0), (8,), 0)}
     assert ckpt.load(tmp_path, target).step == 1 and not target["m"].local.any()
+
+
+@pytest.mark.parametrize(
+    ("state", "words"),
+    [
+        (
+            {"x.y": 1, "x": {"y": 2}},
+            r"x\.y: two leaves of the state dict have this name: keys \['x\.y'\] and \['x', 'y'\]",
+        ),
+        ({"a.b": torch.ones(2), "a": {"b": torch.zeros(2)}}, r"a\.b: two leaves .* \['a\.b'\] and \['a', 'b'\]"),
+        ({1: torch.ones(2), "1": torch.zeros(2)}, r"1: two leaves .* keys \[1\] and \['1'\]"),
+    ],
+    ids=["values", "tensors", "int and str"],
+)
+def test_two_leaves_of_one_name_are_refused_by_save_before_anything_is_written(
+    tmp_path: Path, state: dict[Any, Any], words: str
+) -> None:
+    """A checkpoint finds a leaf by its dotted name: two leaves of one name would lose one (a value silently)."""
+    with pytest.raises(ValueError, match=words):
+        ckpt.save(tmp_path, state, step=1)
+    assert list(tmp_path.iterdir()) == []

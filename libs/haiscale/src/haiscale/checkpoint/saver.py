@@ -114,11 +114,19 @@ def take_snapshot(
     snapshot's buffer, used when the snapshot fits (its pages are touched already: no page faults). The checksums are
     taken here too, each right after its tensor's copy, so the background write (which runs beside the training
     steps) only sends bytes.
+
+    Raises:
+        ValueError: two leaves have one name (``{"a.b": x, "a": {"b": y}}``): a load could not tell them apart.
     """
     snap = Snapshot(step, rank, world_size, save_id, taken_at=time.time())
     objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
     chosen: list[tuple[str, tuple[Key, ...], torch.Tensor, tuple[int, ...], int]] = []
+    named: dict[str, tuple[Key, ...]] = {}
     for name, keys, _, value in leaves(state_dict):
+        other = named.setdefault(name, keys)
+        if other != keys:  # a load finds leaves by name: one of them would be lost
+            both = f"keys {list(other)} and {list(keys)}"
+            raise ValueError(f"{name}: two leaves of the state dict have this name: {both}")
         if isinstance(value, Shard):
             chosen.append((name, keys, value.local, value.global_shape, value.offset))
         elif rank != 0:
