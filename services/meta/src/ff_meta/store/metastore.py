@@ -5,8 +5,11 @@ callers see only ``read`` and ``write``.
 
 The paths, and why:
 
-- **PostgreSQL**: every transaction, reads included, in a worker thread (``Store.arun``): its statements
-  wait on the network and on locks, which must not hold the event loop.
+- **PostgreSQL**: every transaction, reads included, in a worker thread: its statements wait on the network and
+  on locks, which must not hold the event loop. The body runs first on a bare DB-API cursor of one of
+  ``RAW_CONNECTIONS`` connections kept for it (``ff_store.RawWriter``: the same serializable transaction and
+  retries on conflict, without the ORM session's ~0.5 ms of CPU per transaction); one that needs the session
+  (``NeedsOrm``) is rolled back and runs again in ``Store.arun``.
 - **SQLite** (one file, WAL): a *small* call (a few indexed statements) runs on the event loop, where it
   takes well under a millisecond and a thread hop would cost more than the work:
   - a read on its own DB-API connection (a WAL snapshot from BEGIN to COMMIT); a body that needs the ORM
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import sqlite3
 import threading
 import time
@@ -41,7 +45,7 @@ from ff_meta.core.errors import FsError
 from ff_meta.core.perms import Caller
 from ff_meta.store.schema import VERSION_TABLE
 from ff_meta.store.tx import NeedsOrm, NeedsThread, Tx
-from ff_store import Store, is_retryable, open_store
+from ff_store import RawWriter, Store, is_retryable, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,9 @@ GROUP_WRITES = 64  # writes per transaction of the group writer, and of ``write_
 # What a transaction may spend walking paths on the event loop (``Tx.loop_budget``: about 2,000 lookups, tens
 # of milliseconds); past it, it runs again in a worker thread (NeedsThread).
 LOOP_BUDGET_ROWS = 2048
+# PostgreSQL: connections kept for transactions on a bare cursor, one per transaction at a time (the default
+# executor's threads take them; a transaction that finds none free waits for one).
+RAW_CONNECTIONS = 4
 Synchronous = Literal["FULL", "NORMAL"]
 
 
@@ -83,6 +90,11 @@ class MetaStore:
         self._reader: sqlite3.Connection | None = None
         self._writer: sqlite3.Connection | None = None
         self._checkpointer: sqlite3.Connection | None = None
+        self._raw: queue.SimpleQueue[RawWriter] | None = None
+        if not self._on_sqlite:
+            self._raw = queue.SimpleQueue()
+            for _ in range(RAW_CONNECTIONS):
+                self._raw.put(store.raw_writer())
         if self._on_sqlite and self._db_file:
             self._reader = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False)
             self._reader.execute("PRAGMA query_only = ON")
@@ -124,6 +136,10 @@ class MetaStore:
             if conn is not None:
                 conn.close()
         self._reader = self._writer = self._checkpointer = None
+        if self._raw is not None:
+            raw, self._raw = self._raw, None
+            for _ in range(RAW_CONNECTIONS):
+                await asyncio.to_thread(raw.get().close)  # waits for any still in a transaction
 
     def dispose(self) -> None:
         """Close the engine's pooled connections (after ``close``, at shutdown); blocks."""
@@ -157,7 +173,24 @@ class MetaStore:
             cur.close()
 
     async def _read_in_thread(self, caller: Caller, fn: Body[T]) -> T:
-        return await self._store.arun(lambda s: fn(Tx(s, caller, time.time_ns())), read_only=True)
+        now = time.time_ns()
+        if self._raw is not None:
+            with contextlib.suppress(NeedsOrm):
+                return await asyncio.to_thread(self._run_raw, caller, fn, now)
+        return await self._store.arun(lambda s: fn(Tx(s, caller, now)), read_only=True)
+
+    def _run_raw(self, caller: Caller, fn: Body[T], now: int) -> T:
+        """``fn`` in a transaction on a bare cursor of a kept PostgreSQL connection (blocks: a worker thread's).
+
+        Raises:
+            NeedsOrm: the body needs the ORM session (rolled back: run it again in ``Store.run``).
+        """
+        assert self._raw is not None
+        raw = self._raw.get()
+        try:
+            return raw.run(lambda t: fn(Tx(None, caller, now, _cursor=t.cursor, _qmark=t.mark == "?")))
+        finally:
+            self._raw.put(raw)
 
     # ---- writes ----
 
@@ -170,6 +203,9 @@ class MetaStore:
 
         if not self._on_sqlite:
             self.counts.queued += 1
+            if self._raw is not None:
+                with contextlib.suppress(NeedsOrm):
+                    return await asyncio.to_thread(self._run_raw, caller, fn, now)
             return await self._store.arun(body)
         if self._writer is not None and small:
             done, value = self._write_inline(caller, fn, now)
