@@ -1,7 +1,6 @@
 """Simulator report: FIFO, priority without preemption, HAI's time-sharing as its matcher does it
-(``hai-classic``) and time-sharing with the victims that lose least per second of their runs, suspended
-tasks resumed first (``hai``), on one synthetic trace and seed, through the scheduler's own tick pipeline
-(``core.tick.plan_tick``).
+(``hai-classic``) and time-sharing with the fewest victims, suspended tasks resumed first (``hai``), on
+one synthetic trace and seed, through the scheduler's own tick pipeline (``core.tick.plan_tick``).
 
 Usage: python bench/scheduler_sim.py [--jobs 2000] [--nodes 128] [--load 1.1] [--seed 1] [--failures SCALE]
 [--json] (any flag of ``ff-sched-sim`` is passed through; ``--failures 1`` adds Fire-Flyer 2's failure

@@ -31,7 +31,7 @@ class SchedulerSettings(MgmtdClientSettings):
         VictimChoice.LEAST_IMPORTANT_LATEST,
         description=(
             "preempt HAI's lowest level, latest first; the least work lost since checkpoints (cheapest);"
-            " or that loss per second of the victim's run (loss_per_run_time)"
+            " or the fewest victims, then the least of that loss per second of their runs (fewest)"
         ),
     )
     victim_restart_cost_s: float = Field(60.0, ge=0, description="reload time a victim's loss counts per node")

@@ -14,7 +14,7 @@ from ff_scheduler.core.tick import plan_tick
 from ff_scheduler.core.victims import Candidate, VictimChoice, choose, durable_at, loss_node_s
 
 CHEAPEST, HAI = VictimChoice.CHEAPEST, VictimChoice.LEAST_IMPORTANT_LATEST
-PER_RUN_TIME = VictimChoice.LOSS_PER_RUN_TIME
+FEWEST = VictimChoice.FEWEST
 
 
 def c(
@@ -71,39 +71,53 @@ CASES = [
     ),
     Case("equal losses: the lower level", [c(1, 2, 60, level=p.NORMAL), c(2, 2, 60, level=p.LOW)], 2, {2}),
     Case(
-        "per run time: of equal losses, the run that has gone longest",
+        "fewest: one task that frees enough rather than two cheaper ones",
+        [c(1, 4, 300, ran_s=1200), c(2, 2, 5), c(3, 2, 5)],
+        4,
+        {1},
+        FEWEST,
+    ),
+    Case(
+        "fewest: the biggest, completed by the one losing least per run time",
+        [c(1, 3, 60), c(2, 2, 60, ran_s=600), c(3, 2, 60, ran_s=7200)],
+        4,
+        {1, 3},
+        FEWEST,
+    ),
+    Case(
+        "fewest: of equal losses, the run that has gone longest",
         [c(1, 2, 60, ran_s=1800), c(2, 2, 60, ran_s=7200), c(3, 2, 60, ran_s=3600)],
         2,
         {2},
-        PER_RUN_TIME,
+        FEWEST,
     ),
     Case(
-        "per run time: an old run's bigger loss is cheaper than a young run's small one",
-        [c(1, 2, 30, ran_s=900), c(2, 2, 90, ran_s=4 * 3600)],  # 60/900 s vs 180/14,400 s per node
+        "fewest: an old run's bigger loss is less per run time than a young run's small one",
+        [c(1, 2, 30, ran_s=900), c(2, 2, 90, ran_s=4 * 3600)],  # 60/900 s vs 180/14,400 s
         2,
         {2},
-        PER_RUN_TIME,
+        FEWEST,
     ),
     Case(
-        "per run time: a just-checkpointed young run beats an old run that never checkpointed",
-        [c(1, 2, 60 + 10, ran_s=900), c(2, 2, 60 + 3 * 3600, ran_s=3 * 3600)],  # ~0.08 vs ~1.0 per node
+        "fewest: a just-checkpointed young run before an old run that never checkpointed",
+        [c(1, 2, 60 + 10, ran_s=900), c(2, 2, 60 + 3 * 3600, ran_s=3 * 3600)],  # ~0.16 vs ~2.0
         2,
         {1},
-        PER_RUN_TIME,
+        FEWEST,
     ),
     Case(
-        "per run time: not the node count: one old big run rather than two young small ones",
-        [c(1, 4, 60, ran_s=6 * 3600), c(2, 2, 60, ran_s=1200), c(3, 2, 60, ran_s=1200)],
-        4,
-        {1},
-        PER_RUN_TIME,
-    ),
-    Case(
-        "per run time: a run that barely started is divided by the floor, not by ~0",
+        "fewest: a run that barely started is divided by the floor, not by ~0",
         [c(1, 1, 1, ran_s=0.5), c(2, 1, 100, ran_s=600)],  # 1/60 vs 100/600
         1,
         {1},
-        PER_RUN_TIME,
+        FEWEST,
+    ),
+    Case(
+        "fewest: a bigger task than needed when no smaller one frees enough alone",
+        [c(1, 16, 60), c(2, 1, 1), c(3, 1, 1)],
+        3,
+        {1},
+        FEWEST,
     ),
     Case(
         "HAI's rule: lowest level, then the latest submitted, whatever the loss",
@@ -225,6 +239,9 @@ def test_zones_refusing_the_cheapest_set_fall_back_and_spare_victims_not_used() 
     assert plan.starts == []  # the nodes are reserved until the victims have suspended
 
 
+FEWEST_POLICY = SchedulingPolicy(enforce_quotas=False, min_run_time_s=600, victim_choice=FEWEST)
+
+
 def test_the_matcher_weighs_loss_per_run_time_through_the_service_code() -> None:
     """Task 1 checkpointed 100 s ago but its run is 20 min old; task 2 checkpointed 200 s ago in a run of
     5 h: per second of run, task 2 loses ~8x less, so it is the one suspended (``cheapest`` takes task 1)."""
@@ -234,5 +251,18 @@ def test_the_matcher_weighs_loss_per_run_time_through_the_service_code() -> None
         queued(3, 2, p.HIGH, user="c"),
     ]
     assert _preempted(tasks, 4) == {1}
-    per_run_time = SchedulingPolicy(enforce_quotas=False, min_run_time_s=600, victim_choice=PER_RUN_TIME)
-    assert _preempted(tasks, 4, per_run_time) == {2}
+    assert _preempted(tasks, 4, FEWEST_POLICY) == {2}
+
+
+def test_the_matcher_suspends_the_fewest_tasks_through_the_service_code() -> None:
+    """A 4-node HIGH task on a full group: two 2-node tasks that just checkpointed, or one 4-node task that
+    checkpointed 4 min ago: ``cheapest`` suspends the two, ``fewest`` the one."""
+    old = NOW - 3600
+    tasks = [
+        _checkpointed(running(1, (1, 2), p.LOW, user="a", started_at=old), NOW - 5),
+        _checkpointed(running(2, (3, 4), p.LOW, user="b", started_at=old), NOW - 5),
+        _checkpointed(running(3, (5, 6, 7, 8), p.LOW, user="c", started_at=old), NOW - 240),
+        queued(4, 4, p.HIGH, user="d"),
+    ]
+    assert _preempted(tasks, 8) == {1, 2}
+    assert _preempted(tasks, 8, FEWEST_POLICY) == {3}

@@ -1,4 +1,4 @@
-"""Which running tasks to preempt for a queued one: the set that frees enough nodes for the least loss.
+"""Which running tasks to preempt for a queued one: a set that frees enough nodes for the least cost.
 
 What preempting a run loses is node-time: on each of its nodes, the work done since its last durable
 checkpoint (a suspended task that cannot save within its grace loses it; one that saves holds its nodes
@@ -9,20 +9,27 @@ long one that never did is dear.
 
 Two rules weigh that loss. ``CHEAPEST`` weighs it by the victim's node count: a preempted task queues again
 and must find all its nodes free at once, which takes a big task far longer (in the simulator one 16-node
-LOW task, preempted for a 2-node one, ended the trace ~6 h late). ``LOSS_PER_RUN_TIME`` divides it by how
-long the victim's run has gone: job durations are heavy-tailed, so a run that has gone long is likely to go
-on long, and suspending it moves the least work behind the preemptor for the fewest jobs (the simulator's
-mean JCT fell 5-8% against ``CHEAPEST``). Among the tasks the matcher may preempt (any lower level; the
-same level when the policy allows it), either takes the cheapest per node first, finishing each prefix with
-the cheapest single task that completes it, keeps the cheapest such set and drops the dearest victims that
-are not needed. HAI's rule (lowest priority, then the latest submitted) is kept as an option.
+LOW task, preempted for a 2-node one, ended the trace ~6 h late). Among the tasks the matcher may preempt
+(any lower level; the same level when the policy allows it), it takes the cheapest per node first,
+finishing each prefix with the cheapest single task that completes it, keeps the cheapest such set and
+drops the dearest victims that are not needed.
+
+``FEWEST`` suspends as few tasks as it can, and among as few, those that lose the least per second their
+runs have gone. Each suspend delays one job (it queues again, and must find its nodes free at once, as the
+preemptor would have had to), whatever its size, so the fewest victims delay the fewest jobs; and job
+durations are heavy-tailed, so a run that has gone long is likely to go on long: suspending it moves its
+work behind the preemptor where it delays the fewest others. In the simulator it has 40-50% fewer suspends
+than ``CHEAPEST`` and the lower mean JCT. It takes the biggest first until the next one would complete the
+set, completes it with the task that loses least per run time, and drops victims not needed.
+
+HAI's rule (lowest priority, then the latest submitted) is kept as an option.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ff_scheduler.core.model import RunSnap
@@ -35,8 +42,8 @@ class VictimChoice(enum.Enum):
     LEAST_IMPORTANT_LATEST = "least_important_latest"
     # The least node-time lost, weighed by the victims' sizes, whatever their (lower) level.
     CHEAPEST = "cheapest"
-    # The least node-time lost per second each victim's run has gone, whatever their (lower) level.
-    LOSS_PER_RUN_TIME = "loss_per_run_time"
+    # The fewest victims, then the least node-time lost per second of their runs, whatever their (lower) level.
+    FEWEST = "fewest"
 
     @property
     def weighs_loss(self) -> bool:
@@ -54,11 +61,11 @@ class Candidate:
     loss_node_s: float
     # FCFS key: smaller came first.
     fcfs: int
-    # How long its run has gone (what ``LOSS_PER_RUN_TIME`` divides by).
+    # How long its run has gone (what ``loss_per_run_s`` divides by).
     ran_s: float = 0.0
 
 
-# ``LOSS_PER_RUN_TIME`` divides by at least this, so that a run that has barely started is not divided by ~0.
+# ``loss_per_run_s`` divides by at least this, so that a run that has barely started is not divided by ~0.
 MIN_RAN_S = 60.0
 
 
@@ -86,25 +93,28 @@ def choose(candidates: Sequence[Candidate], need: int, rule: VictimChoice) -> li
         return []
     if rule is VictimChoice.LEAST_IMPORTANT_LATEST:
         return _prefix(order(candidates, rule), need)
-    return _cheapest_cover(candidates, need, rule)
+    if rule is VictimChoice.FEWEST:
+        return _fewest_cover(candidates, need)
+    return _cheapest_cover(candidates, need)
 
 
 def order(candidates: Sequence[Candidate], rule: VictimChoice) -> list[Candidate]:
     """The candidates in the order the rule prefers them one by one (for placements ``choose`` cannot make)."""
     if rule is VictimChoice.LEAST_IMPORTANT_LATEST:
         return sorted(candidates, key=lambda c: (c.level, -c.fcfs))
-    return sorted(candidates, key=lambda c: _cheapest_first(c, rule))
+    if rule is VictimChoice.FEWEST:
+        return sorted(candidates, key=_biggest_first)
+    return sorted(candidates, key=_cheapest_first)
 
 
-def cost(c: Candidate, rule: VictimChoice = VictimChoice.CHEAPEST) -> float:
-    """What a loss-weighing rule weighs for one victim.
-
-    ``CHEAPEST``: the node-time lost, times the nodes the victim must gather again; ``LOSS_PER_RUN_TIME``: the
-    node-time lost per second its run has gone.
-    """
-    if rule is VictimChoice.LOSS_PER_RUN_TIME:
-        return c.loss_node_s / max(c.ran_s, MIN_RAN_S)
+def cost(c: Candidate) -> float:
+    """What the cheapest choice weighs: the node-time lost, times the nodes the victim must gather again."""
     return c.loss_node_s * c.num_nodes
+
+
+def loss_per_run_s(c: Candidate) -> float:
+    """What the fewest choice weighs among as many victims: the node-time lost per second its run has gone."""
+    return c.loss_node_s / max(c.ran_s, MIN_RAN_S)
 
 
 def _prefix(ordered: list[Candidate], need: int) -> list[Candidate]:
@@ -118,13 +128,42 @@ def _prefix(ordered: list[Candidate], need: int) -> list[Candidate]:
     return []
 
 
-def _cheapest_first(c: Candidate, rule: VictimChoice) -> tuple[float, int, int, int]:
+def _cheapest_first(c: Candidate) -> tuple[float, int, int, int]:
     """Cost per node freed, then fewer nodes, then the lower level, then the latest submitted."""
-    per_node = cost(c, rule) / c.num_nodes if c.num_nodes else math.inf
+    per_node = cost(c) / c.num_nodes if c.num_nodes else math.inf
     return (per_node, c.num_nodes, c.level, -c.fcfs)
 
 
-def _cheapest_cover(pool: Sequence[Candidate], need: int, rule: VictimChoice) -> list[Candidate]:
+def _biggest_first(c: Candidate) -> tuple[int, float, int, int]:
+    """More nodes, then the least loss per run time, then the lower level, then the latest submitted."""
+    return (-c.num_nodes, loss_per_run_s(c), c.level, -c.fcfs)
+
+
+def _fewest_cover(pool: Sequence[Candidate], need: int) -> list[Candidate]:
+    """The fewest of ``pool`` freeing at least ``need`` nodes, then the least loss per run time (greedy).
+
+    Candidates go biggest first; one that would complete the prefix taken so far is a way to finish (the way
+    with the fewest victims, then the least loss per run time in total, is kept), one that would not joins
+    the prefix. Linear after the sort, like ``_cheapest_cover``.
+    """
+    best: list[Candidate] = []
+    best_key = (math.inf, math.inf)
+    prefix: list[Candidate] = []
+    have, prefix_loss = 0, 0.0
+    for c in sorted(pool, key=_biggest_first):
+        loss = loss_per_run_s(c)
+        if have + c.num_nodes >= need:
+            key = (len(prefix) + 1.0, prefix_loss + loss)
+            if key < best_key:
+                best, best_key = [*prefix, c], key
+        else:
+            prefix.append(c)
+            have += c.num_nodes
+            prefix_loss += loss
+    return _drop_unneeded(best, need, loss_per_run_s)
+
+
+def _cheapest_cover(pool: Sequence[Candidate], need: int) -> list[Candidate]:
     """A set of ``pool`` freeing at least ``need`` nodes at a low ``cost`` (greedy; ``pool`` frees enough).
 
     Candidates go cheapest per node first; one that would complete the prefix taken so far is a way to
@@ -135,23 +174,22 @@ def _cheapest_cover(pool: Sequence[Candidate], need: int, rule: VictimChoice) ->
     best_cost = math.inf
     prefix: list[Candidate] = []
     have, prefix_cost = 0, 0.0
-    for c in sorted(pool, key=lambda c: _cheapest_first(c, rule)):
-        c_cost = cost(c, rule)
+    for c in sorted(pool, key=_cheapest_first):
         if have + c.num_nodes >= need:
-            if prefix_cost + c_cost < best_cost:
-                best, best_cost = [*prefix, c], prefix_cost + c_cost
+            if prefix_cost + cost(c) < best_cost:
+                best, best_cost = [*prefix, c], prefix_cost + cost(c)
         else:
             prefix.append(c)
             have += c.num_nodes
-            prefix_cost += c_cost
-    return _drop_unneeded(best, need, rule)
+            prefix_cost += cost(c)
+    return _drop_unneeded(best, need, cost)
 
 
-def _drop_unneeded(chosen: list[Candidate], need: int, rule: VictimChoice) -> list[Candidate]:
-    """``chosen`` without the dearest victims the others can do without."""
+def _drop_unneeded(chosen: list[Candidate], need: int, dearness: Callable[[Candidate], float]) -> list[Candidate]:
+    """``chosen`` without the dearest victims (by ``dearness``) the others can do without."""
     have = sum(c.num_nodes for c in chosen)
     kept = list(chosen)
-    for c in sorted(chosen, key=lambda c: -cost(c, rule)):
+    for c in sorted(chosen, key=lambda c: -dearness(c)):
         if have - c.num_nodes >= need:
             kept.remove(c)
             have -= c.num_nodes
