@@ -376,3 +376,19 @@ def test_two_leaves_of_one_name_are_refused_by_save_before_anything_is_written(
     with pytest.raises(ValueError, match=words):
         ckpt.save(tmp_path, state, step=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_slices_that_claim_the_same_bytes_many_times_are_refused_before_allocate_missing_makes_them(
+    tmp_path: Path,
+) -> None:
+    """A crafted manifest naming one saved range under many names would make allocate_missing allocate it once per
+    name (a million names: a million times); the slices of a saved checkpoint never share bytes."""
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    b = _entry(doc, "b")
+    doc["tensors"] += [{**b, "name": f"copy{i}", "keys": [f"copy{i}"]} for i in range(50)]
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    state = _target()
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"slices of \d+ bytes in data files of \d+: some share bytes"):
+        ckpt.load(tmp_path, state, allocate_missing=True)
+    assert _unchanged(state) and "copy0" not in state

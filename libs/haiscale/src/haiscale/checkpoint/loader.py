@@ -350,7 +350,9 @@ def _check_extents(loc: Location, folder: str, manifest: Manifest) -> None:
     From the files' sizes (one stat per data file), so nothing is allocated for what a manifest merely claims.
 
     Raises:
-        CorruptCheckpoint: the first (in manifest order) whose file is missing or ends before it does.
+        CorruptCheckpoint: the first (in manifest order) whose file is missing or ends before it does, or slices
+            that claim more bytes than the files hold (they share bytes, which no save writes: each name would be
+            allocated anew by ``allocate_missing``).
     """
     items = [*map(_slice, manifest.tensors), *([_values_slice(manifest.objects)] if manifest.objects else [])]
     files = sorted({e.file for e in items})
@@ -364,6 +366,11 @@ def _check_extents(loc: Location, folder: str, manifest: Manifest) -> None:
                 f"{e.file} ({e.name}): bytes {e.file_offset}..{e.file_offset + e.length} are past the end of the "
                 f"file ({size} bytes)"
             )
+    claimed, held = sum(e.length for e in items), sum(size or 0 for size in size_of.values())
+    if claimed > held:  # a save writes each slice to bytes of its own: a manifest naming bytes twice is crafted
+        raise CorruptCheckpoint(
+            f"{loc.url(folder)}: the manifest names slices of {claimed} bytes in data files of {held}: some share bytes"
+        )
 
 
 def read_manifest(loc: Location, folder: str) -> Manifest:
