@@ -4,8 +4,12 @@ manifest claims is allocated before it is checked."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import datetime
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -392,3 +397,70 @@ def test_slices_that_claim_the_same_bytes_many_times_are_refused_before_allocate
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"slices of \d+ bytes in data files of \d+: some share bytes"):
         ckpt.load(tmp_path, state, allocate_missing=True)
     assert _unchanged(state) and "copy0" not in state
+
+
+# ---- the pickled values: unpickling can run whatever a pickle names ----
+
+
+class _Runs:
+    """A value whose unpickling runs a command (what a hostile checkpoint's values would hold)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+@dataclasses.dataclass
+class _Config:
+    """A value of a class of the caller's own."""
+
+    lr: float
+
+
+def test_values_that_name_code_are_refused_unless_the_checkpoint_is_trusted(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    ckpt.save(tmp_path / "root", {"w": torch.ones(2), "evil": _Runs(marker)}, step=1, blocking=True)
+    state = {"w": torch.zeros(2), "evil": None}
+    with pytest.raises(ckpt.UntrustedValues, match=r"values name (posix|os)\.system, .*trusted=True"):
+        ckpt.load(tmp_path / "root", state, in_place=False)
+    assert not marker.exists() and state["evil"] is None and not state["w"].any()
+    ckpt.save(tmp_path / "root", {"w": torch.ones(2), "cfg": _Config(0.5)}, step=2, blocking=True)
+    with pytest.raises(ckpt.UntrustedValues, match=r"values name .*_Config"):
+        ckpt.load(tmp_path / "root", {"w": torch.zeros(2), "cfg": None})
+    mine = {"w": torch.zeros(2), "cfg": None}
+    ckpt.load(tmp_path / "root", mine, trusted=True)
+    assert mine["cfg"] == _Config(0.5)
+
+
+def test_the_values_a_trainer_keeps_load_without_trust(tmp_path: Path) -> None:
+    """RNG states (Python, numpy), numpy arrays and scalars, optimizer hyper-parameters, torch sizes, dtypes and
+    devices, ordered and default dicts, times: what training state holds, none of which names code."""
+    values = {
+        "py_rng": random.Random(3).getstate(),
+        "np_rng": numpy.random.RandomState(4).get_state(),
+        "np_gen": [numpy.random.default_rng(5).bit_generator.state],  # (a dict in a dict would be a subtree)
+        "array": numpy.arange(6, dtype=numpy.float32).reshape(2, 3),
+        "scalar": numpy.float64(2.5),
+        "groups": [{"lr": 0.1, "betas": (0.9, 0.999), "fused": None, "params": [0, 1]}],
+        "size": torch.Size([2, 3]),
+        "dtype": torch.bfloat16,
+        "device": torch.device("cpu"),
+        "ordered": [collections.OrderedDict(a=1)],
+        "counts": [collections.defaultdict(list, {"x": [1]})],
+        "when": datetime.datetime(2026, 11, 27, 12, 0),
+        "tags": {"a", "b"},
+        "z": complex(1, 2),
+    }
+    ckpt.save(tmp_path, {"w": torch.ones(2), "v": values}, step=1, blocking=True)
+    target: dict[str, Any] = {"w": torch.zeros(2), "v": {k: None for k in values}}
+    ckpt.load(tmp_path, target)
+    for k, v in values.items():
+        got = target["v"][k]
+        if k == "np_rng":
+            assert got[0] == v[0] and numpy.array_equal(got[1], v[1]) and got[2:] == v[2:]
+        elif k == "array":
+            assert numpy.array_equal(got, v) and got.dtype == v.dtype
+        else:
+            assert got == v and type(got) is type(v), k

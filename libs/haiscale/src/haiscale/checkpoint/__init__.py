@@ -8,7 +8,7 @@ libs/haiscale/README.md.
 from __future__ import annotations
 
 from haiscale.checkpoint.api import SaveHandle, latest_step, load, save, wait_for_saves
-from haiscale.checkpoint.loader import CheckpointMismatch, CorruptCheckpoint, Loaded
+from haiscale.checkpoint.loader import CheckpointMismatch, CorruptCheckpoint, Loaded, UntrustedValues
 from haiscale.checkpoint.manifest import MANIFEST, Shard
 from haiscale.checkpoint.saver import CheckpointError
 
@@ -20,6 +20,7 @@ __all__ = [
     "Loaded",
     "SaveHandle",
     "Shard",
+    "UntrustedValues",
     "latest_step",
     "load",
     "save",

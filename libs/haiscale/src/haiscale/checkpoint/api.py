@@ -219,6 +219,7 @@ def load(
     step: int | None = None,
     allocate_missing: bool = False,
     in_place: bool = True,
+    trusted: bool = False,
     fs: Any = None,
 ) -> Loaded:
     """Read a checkpoint into ``state_dict``: its tensors and ``Shard``s in place, its other values set.
@@ -239,10 +240,16 @@ def load(
         in_place: read into the tensors themselves and check after (fast; bytes that fail their checksum are left
             in the tensors read so far). False: read into staging buffers, check everything, then copy, so a
             corrupt checkpoint changes nothing (a copy of every byte more, and the staging memory).
+        trusted: the checkpoint was written by someone you trust: its pickled values may name any class or
+            function (unpickling rebuilds, so runs, what they name). Without it only the types training state holds
+            load (``loader.SAFE_GLOBALS``: Python and numpy RNG states, numpy arrays, torch sizes and dtypes,
+            containers, times), as torch.load's ``weights_only``.
         fs: the ``hf3fs.FileSystem`` for 3FS paths (default: one connection from FF_MGMTD_ADDRESSES/FF_TOKEN).
 
     Raises:
         FileNotFoundError: no committed checkpoint there.
+        UntrustedValues: not ``trusted``, and the values name something else; no value is set and, not ``in_place``,
+            no tensor changed.
         CheckpointMismatch: the first tensor or value that does not match; ``state_dict`` is unchanged.
         CorruptCheckpoint: bytes that fail their checksum (names the first such tensor); no value is set and, not
             ``in_place``, no tensor changed.
@@ -259,7 +266,7 @@ def load(
                 manifest = loader.read_manifest(loc, folder)
             except FileNotFoundError:
                 continue  # pruned between the look and the lease: look again
-            loader.read_into(loc, folder, manifest, state_dict, allocate_missing, in_place)
+            loader.read_into(loc, folder, manifest, state_dict, allocate_missing, in_place, trusted)
         send(default_sink(), checkpoint_load_seconds=time.perf_counter() - started)
         return Loaded(manifest.step, loc.url(folder), manifest.world_size)
     what = f"checkpoint {step}" if step is not None else "committed checkpoint"

@@ -9,6 +9,7 @@ and checked before any tensor changes, so bad bytes change nothing either.
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections import Counter
 from dataclasses import dataclass
@@ -300,10 +301,57 @@ def _copy(w: _Want, sources: list[TensorEntry], data: dict[Slot, memoryview]) ->
 
 
 Values = dict[str, tuple[tuple[Key, ...], Any]]  # the pickled values: name -> (keys, value)
+_NUMPY_REBUILDERS = (("numeric", "_frombuffer"), ("multiarray", "_reconstruct"), ("multiarray", "scalar"))
 
 
-def _unpickle(data: memoryview) -> Values:
-    values: Values = pickle.loads(data)
+# What the values of a checkpoint may name without ``trusted``: the types training state holds (Python and numpy
+# RNG states, numpy arrays and scalars, torch sizes, dtypes and devices, the collections and times), none of which
+# runs code when it is rebuilt. Anything else (a class of the caller's, or os.system) needs ``trusted=True``.
+SAFE_GLOBALS = frozenset(
+    [("builtins", n) for n in ("complex", "set", "frozenset", "slice", "range", "bytearray", "bytes", "list")]
+    + [("builtins", n) for n in ("dict", "tuple", "int", "float", "str", "bool")]
+    + [("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")]
+    + [("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")]
+    + [("numpy", "dtype"), ("numpy", "ndarray"), ("torch", "Size"), ("torch", "device")]
+    + [(f"numpy.{core}.{m}", f) for core in ("core", "_core") for m, f in _NUMPY_REBUILDERS]
+)
+
+
+class UntrustedValues(ValueError):
+    """The checkpoint's pickled values name a class or function that loading without ``trusted=True`` refuses."""
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """An unpickler that finds only ``SAFE_GLOBALS`` (and torch's dtypes)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in SAFE_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise UntrustedValues(
+            f"the checkpoint's values name {module}.{name}, which a load runs when it rebuilds them: load it with "
+            "trusted=True if you trust who wrote it"
+        )
+
+
+def _unpickle(data: memoryview, names: tuple[str, ...] | None, trusted: bool) -> Values:
+    """The pickled values, each ``name -> (keys, value)`` (``names``: what the manifest said they are, if it did).
+
+    Raises:
+        UntrustedValues: not ``trusted``, and they name something outside ``SAFE_GLOBALS``.
+        CorruptCheckpoint: not ``trusted``, and they are not the manifest's values under their keys.
+    """
+    if trusted:
+        trusted_values: Values = pickle.loads(data)
+        return trusted_values
+    values = _SafeUnpickler(io.BytesIO(data)).load()
+    if not isinstance(values, dict) or (names is not None and sorted(values) != sorted(names)):
+        raise CorruptCheckpoint("values: not the values the manifest names")
+    for name, item in values.items():
+        ok = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], tuple) and item[0]
+        if not ok or ".".join(str(k) for k in item[0]) != name:
+            raise CorruptCheckpoint(f"values: {name!r} is not kept under its own keys")
     return values
 
 
@@ -314,8 +362,11 @@ def read_into(
     state: dict[Any, Any],
     allocate_missing: bool,
     in_place: bool = True,
+    trusted: bool = False,
 ) -> None:
     """Fill ``state`` from the checkpoint in ``folder`` (see the module docstring).
+
+    ``trusted``: unpickle the values whatever they name (else only ``SAFE_GLOBALS``: ``UntrustedValues``).
 
     ``in_place``: read what can be straight into the caller's tensors (no staging buffer, no copy), checked after;
     otherwise every byte is read into staging buffers and checked before any tensor changes. The pickled values
@@ -326,7 +377,7 @@ def read_into(
     values: Values | None = None
     if blob is not None and blob.names is None:
         raw = loc.storage.read_ranges([(loc.join(folder, blob.file), blob.file_offset, blob.length)])[0]
-        values = _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"))
+        values = _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"), None, trusted)
     names = set(values) if values is not None else set(blob.names or ()) if blob is not None else set()
     slices = _slices_by_name(manifest)
     wants, made = _plan(slices, names, state, allocate_missing)
@@ -337,7 +388,7 @@ def read_into(
         staged[_values_slice(blob).slot] = _values_slice(blob)
     data = _read_slices(loc, folder, kind, list(staged.values()), direct)
     if blob is not None and values is None:
-        values = _unpickle(data[_values_slice(blob).slot])
+        values = _unpickle(data[_values_slice(blob).slot], blob.names, trusted)
     for w, sources in plan:  # every check passed: now change the caller's state
         _copy(w, [e for e in sources if _slice(e).slot not in direct], data)
     for keys, value in [*made, *(values or {}).values()]:
