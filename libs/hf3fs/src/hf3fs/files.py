@@ -392,6 +392,24 @@ class RawFile(io.RawIOBase):
             self._write_at(self._pos, data[:n])
             return n
 
+    def append(self, b: Any) -> int:
+        """Writes ``b`` at the file's end as O_APPEND does across clients (``_append``), whatever the mode.
+
+        Returns the offset it landed at. The mount's handles opened with O_APPEND write so: the kernel puts an append at
+        the end it knows, which another client may have moved since.
+
+        Raises:
+            OSError: as ``write``.
+        """
+        self._check_open()
+        if not self._om.writable:
+            raise io.UnsupportedOperation("not writable")
+        if self.lost:
+            raise OSError(errno.EBADF, "the write session was lost (lease expired)", self.name)
+        data = memoryview(b).cast("B")
+        with self._lock:
+            return self._append(data)
+
     def write_extents(self, extents: Sequence[tuple[int, memoryview]]) -> None:
         """Writes each (offset, bytes), not contiguous, in as few storage batches as they fit: a buffer's flush.
 
@@ -454,11 +472,12 @@ class RawFile(io.RawIOBase):
         self._wrote(end)
         return end
 
-    def _append(self, data: memoryview) -> None:
+    def _append(self, data: memoryview) -> int:
         """O_APPEND across clients: take the inode's append lease, write at the end meta knows, close it at the new end.
 
         The lease is a write session with a well-known id, which meta gives one client at a time; closing it with the
-        new end makes the next holder start after it. A dead holder's lease lapses and meta collects it.
+        new end makes the next holder start after it. A dead holder's lease lapses and meta collects it. Returns the
+        offset the bytes landed at.
         """
         with self._fs.append_guard(self.inode_id):
             lease, end_now = self._take_append_lease()
@@ -474,6 +493,7 @@ class RawFile(io.RawIOBase):
                 if end > end_now and self._last_write_ns is not None:
                     req.mtime_ns = self._last_write_ns
                 self._fs.close_session(req, self.name)
+        return start
 
     def _take_append_lease(self) -> tuple[pb.WriteSession, int]:
         """Open the inode's append lease, waiting while another client holds it; (session, meta's length)."""

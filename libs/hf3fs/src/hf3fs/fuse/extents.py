@@ -115,6 +115,11 @@ class ExtentBufferedFile:
         runs[lo:hi] = [merged]
         self._buffered += len(merged)
 
+    def append(self, b: Any) -> int:
+        """What is buffered to storage, then ``b`` at the file's end across clients (``RawFile.append``): its offset."""
+        self.flush()
+        return self.raw.append(b)
+
     def flush(self) -> None:
         """Every buffered extent to storage, in one batch where they fit; kept for a later flush if it fails."""
         if not self._runs:

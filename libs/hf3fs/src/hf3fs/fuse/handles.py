@@ -82,6 +82,7 @@ class Handle:
     writable: bool
     end: int = 0  # highest byte written through this handle
     dirty: bool = False  # written since the length was last made exact on meta
+    append: bool = False  # opened with O_APPEND: every write lands at the file's end across clients (ops.write)
     lock: threading.Lock = field(default_factory=threading.Lock)
     pending: PendingFile | None = None  # a new file meta does not know yet: ``file`` is a BytesIO (fuse.pending)
 

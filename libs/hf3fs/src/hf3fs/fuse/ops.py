@@ -498,7 +498,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         known, st = self._cache.lookup(path)
         if known and st is not ABSENT and st.inode_id != inode_id:  # a written-back file's stand-in
             self._cache.changed(path, UNKNOWN)
-        return self._table.add(Handle(f, inode_id, writable))
+        return self._table.add(Handle(f, inode_id, writable, append=writable and bool(flags & os.O_APPEND)))
 
     @as_caller
     def open(self, path: str, flags: int) -> int:
@@ -564,12 +564,28 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             raise mfusepy.FuseOSError(errno.EBADF)
         if h.pending is not None and self._pending.write(fh, h, data, offset):
             return len(data)
+        if h.append:
+            return self._append(h, data)
         # another handle's older bytes there may not land over these later
         self._table.flush_writers(h.inode_id, but=h, span=(offset, len(data)))
         with h.lock:
             h.file.seek(offset)  # the mount's files buffer every extent: a seek sends nothing
             h.file.write(data)
             h.end = max(h.end, offset + len(data))
+            h.dirty = True
+        return len(data)
+
+    def _append(self, h: Handle, data: bytes) -> int:
+        """A write through an O_APPEND handle: at the file's end across clients, not at the kernel's offset.
+
+        The kernel's offset is the end it knows, which appends through another mount (another client) moved since:
+        they were overwritten. The handle is direct I/O (``serve._Fuse``), so no page holds the bytes at that offset.
+        What this mount's handles buffered lands first (the append lease goes after what this client wrote).
+        """
+        self._table.flush_writers(h.inode_id)
+        with h.lock:
+            at = h.file.append(data)  # type: ignore[attr-defined]  # an ExtentBufferedFile (writable, not pending)
+            h.end = max(h.end, at + len(data))
             h.dirty = True
         return len(data)
 

@@ -120,8 +120,22 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out
 class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
     """mfusepy's FUSE, but the open handle of ftruncate, fchmod, fchown and futimens reaches the callback.
 
-    mfusepy drops it; with nullpath_ok those calls come without a path.
+    mfusepy drops it; with nullpath_ok those calls come without a path. A file opened with O_APPEND is opened for
+    direct I/O: its writes land where the mount appends them (``Hf3fsOperations._append``), not at the kernel's
+    offset, so the kernel must not keep them in its page cache there.
     """
+
+    def open(self, path: bytes, fip: Any) -> int:
+        done = int(super().open(path, fip))
+        if fip.contents.flags & os.O_APPEND:
+            fip.contents.direct_io = 1
+        return done
+
+    def create(self, path: bytes, mode: int, fip: Any) -> int:
+        done = int(super().create(path, mode, fip))
+        if fip.contents.flags & os.O_APPEND:
+            fip.contents.direct_io = 1
+        return done
 
     def _fh(self, fip: Any) -> int | None:
         return int(fip.contents.fh) if fip else None

@@ -4,8 +4,11 @@ several handles, each compared with the same sequence on a local folder. Needs /
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -167,3 +170,40 @@ def test_a_write_or_cut_past_the_largest_file_is_efbig_at_once(mount: Path) -> N
     finally:
         os.close(fd)  # no error left for close
     assert path.read_bytes() == b"head"
+
+
+@pytest.fixture(scope="module")
+def other_mount(fs_cluster: FsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A second mount of the same cluster: another client, as on another machine."""
+    with test_fuse_mount._mounted(fs_cluster, tmp_path_factory.mktemp("mnt-other")) as where:
+        yield where
+
+
+_APPENDER = """
+import hashlib, os, sys
+path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+for i in range(n):
+    body = f"{tag}:{i}:".encode().ljust(56, b".")
+    os.write(fd, body + hashlib.sha1(body).digest()[:8])
+    if i % 10 == 9:
+        os.fsync(fd)
+os.close(fd)
+"""
+
+
+@needs_fuse
+def test_appends_through_two_mounts_all_land_whole(mount: Path, other_mount: Path) -> None:
+    """O_APPEND through two mounts (two clients) at once: every record lands, none over another. The kernel puts an
+    append at the end it knows; another client's appends since were overwritten (149 of 150 records lost)."""
+    name = "hostile-appends"
+    os.close(os.open(mount / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _APPENDER, str(where / name), tag, "60"])
+        for where, tag in ((mount, "A"), (other_mount, "B"), (mount, "C"))
+    ]
+    assert [p.wait(timeout=100) for p in procs] == [0, 0, 0]
+    data = (other_mount / name).read_bytes()
+    records = [data[k : k + 64] for k in range(0, len(data), 64)]
+    whole = {r for r in records if hashlib.sha1(r[:56]).digest()[:8] == r[56:]}
+    assert (len(data), len(whole)) == (3 * 60 * 64, 3 * 60)
