@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -464,3 +465,49 @@ def test_the_values_a_trainer_keeps_load_without_trust(tmp_path: Path) -> None:
             assert numpy.array_equal(got, v) and got.dtype == v.dtype
         else:
             assert got == v and type(got) is type(v), k
+
+
+def test_two_threads_saving_at_once_take_turns_and_never_share_a_host_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's main loop and a thread of its own (a signal handler's, a watchdog's) save at the same moment,
+    with keep_buffer: one save in flight per process holds across threads (the second waits for the first, whose
+    handle stays the one a later save checks for an error), and both checkpoints are whole."""
+    from haiscale.checkpoint import saver
+
+    ckpt.save(tmp_path, {"w": torch.zeros(1 << 14)}, step=1, keep_buffer=True, blocking=True)  # leaves a spare
+    inside, most = [0], [0]
+    lock = threading.Lock()
+    take_snapshot = saver.take_snapshot
+
+    def slow_snapshot(*args: Any, **kw: Any) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.3)  # both threads are here at once, unless save() lets one in at a time
+        try:
+            return take_snapshot(*args, **kw)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(saver, "take_snapshot", slow_snapshot)
+    errors: list[BaseException] = []
+
+    def saving(step: int) -> None:
+        try:
+            ckpt.save(tmp_path, {"w": torch.full((1 << 14,), float(step))}, step=step, keep_buffer=True).wait()
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=saving, args=(step,)) for step in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ckpt.wait_for_saves()
+    assert not errors, errors
+    assert most[0] == 1
+    for step in (2, 3):
+        target = {"w": torch.zeros(1 << 14)}
+        assert ckpt.load(tmp_path, target, step=step).step == step and bool((target["w"] == step).all())

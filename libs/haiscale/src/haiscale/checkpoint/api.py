@@ -85,6 +85,7 @@ class _InFlight:
     """This process's save in flight (at most one)."""
 
     lock = threading.Lock()
+    starting = threading.Lock()  # held by a save() from its wait for the one in flight until its own is started
     handle: SaveHandle | None = None
     spare: torch.Tensor | None = None  # a finished save's host buffer, kept for the next snapshot (keep_buffer)
 
@@ -183,19 +184,20 @@ def save(
         raise ValueError(f"keep must be at least 1, not {keep}")
     r, w = _ranks(rank, world_size, group)
     loc = locate(path, fs)
-    _finish_in_flight()
-    if loc.storage.exists(loc.join(saver.step_folder(step), MANIFEST)):
-        raise FileExistsError(f"{loc.url(saver.step_folder(step))}: checkpoint {step} is already committed")
-    started = time.perf_counter()
-    spare, _InFlight.spare = _InFlight.spare, None  # no save in flight: nobody else holds it
-    snap = saver.take_snapshot(state_dict, step, r, w, _save_id(save_id, r, w, group), spare)
-    send(default_sink(), checkpoint_snapshot_seconds=time.perf_counter() - started)
-    handle = SaveHandle(step, loc)
-    with _InFlight.lock:
-        _InFlight.handle = handle
-    threading.Thread(
-        target=handle._run, args=(snap, keep, report, part_timeout_s, keep_buffer), name=f"haiscale-save-{step}"
-    ).start()  # not a daemon: the interpreter waits for it at exit
+    with _InFlight.starting:  # threads of one process take turns: one save in flight, its handle the one kept
+        _finish_in_flight()
+        if loc.storage.exists(loc.join(saver.step_folder(step), MANIFEST)):
+            raise FileExistsError(f"{loc.url(saver.step_folder(step))}: checkpoint {step} is already committed")
+        started = time.perf_counter()
+        spare, _InFlight.spare = _InFlight.spare, None  # no save in flight: nobody else holds it
+        snap = saver.take_snapshot(state_dict, step, r, w, _save_id(save_id, r, w, group), spare)
+        send(default_sink(), checkpoint_snapshot_seconds=time.perf_counter() - started)
+        handle = SaveHandle(step, loc)
+        with _InFlight.lock:
+            _InFlight.handle = handle
+        threading.Thread(
+            target=handle._run, args=(snap, keep, report, part_timeout_s, keep_buffer), name=f"haiscale-save-{step}"
+        ).start()  # not a daemon: the interpreter waits for it at exit
     if blocking:
         handle.wait()
     return handle
