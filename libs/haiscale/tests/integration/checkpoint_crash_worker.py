@@ -2,7 +2,8 @@
 
     python checkpoint_crash_worker.py ROOT STAGE      (ROOT: hf3fs:///... or a folder; FF_MGMTD_ADDRESSES, FF_TOKEN)
 
-STAGE: ``data`` (half of rank 0's data file written), ``manifest`` (the manifest written under its temporary
+STAGE: ``snapshot`` (the snapshot taken, the folder made and the save's lease taken, nothing written),
+``data`` (half of rank 0's data file written), ``manifest`` (the manifest written under its temporary
 name, not yet renamed), ``prune`` (checkpoint 2 committed, checkpoint 1's manifest removed, its files not yet).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from haiscale import checkpoint as ckpt
-from haiscale.checkpoint import storage
+from haiscale.checkpoint import saver, storage
 from haiscale.checkpoint.storage import Piece
 
 
@@ -59,6 +60,8 @@ def arm(stage: str) -> None:
 def main() -> None:
     root, stage = sys.argv[1], sys.argv[2]
     ckpt.save(root, state(1.0), step=1, blocking=True)
+    if stage == "snapshot":
+        saver.write_rank = lambda *args, **kw: die()  # type: ignore[assignment]
     arm(stage)
     ckpt.save(root, state(2.0), step=2, keep=1, blocking=True)
     sys.exit(3)  # not reached: the process is killed inside the save

@@ -1,6 +1,6 @@
 """haiscale.checkpoint on a real 3FS cluster (mgmtd, three storage services, meta, as processes) and the real
 scheduler's check of reported checkpoints: save and load through the batch API, sharded state, keep-K, a save
-SIGKILLed at three moments, and the scheduler counting only a manifest that exists and is the task's user's."""
+SIGKILLed at four moments, and the scheduler counting only a manifest that exists and is the task's user's."""
 
 from __future__ import annotations
 
@@ -144,7 +144,9 @@ def test_a_folder_of_another_user_in_a_shared_root_does_not_stop_loads_or_saves(
     assert ckpt.latest_step(root, fs=bob) == 9  # bob's is his own
 
 
-@pytest.mark.parametrize(("where", "stage"), [("3fs", "data"), ("3fs", "manifest"), ("local", "prune")])
+@pytest.mark.parametrize(
+    ("where", "stage"), [("3fs", "snapshot"), ("3fs", "data"), ("3fs", "manifest"), ("local", "prune")]
+)
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     cluster: Cluster, tmp_path: Path, where: str, stage: str, torch_forks: ForkServer
 ) -> None:
