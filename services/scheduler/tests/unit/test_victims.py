@@ -113,6 +113,13 @@ CASES = [
         FEWEST,
     ),
     Case(
+        "fewest: of single victims, the one freeing the fewest nodes beyond the need",
+        [c(1, 16, 1, ran_s=20 * 3600), c(2, 8, 60, ran_s=3600), c(3, 4, 300, ran_s=900), c(4, 2, 1)],
+        4,
+        {3},
+        FEWEST,
+    ),
+    Case(
         "fewest: a bigger task than needed when no smaller one frees enough alone",
         [c(1, 16, 60), c(2, 1, 1), c(3, 1, 1)],
         3,
