@@ -16,6 +16,7 @@ from ff_meta.core.perms import Caller
 from ff_meta.store import fsops, trash
 from ff_meta.store.listing import ListingCache
 from ff_meta.store.metastore import MIGRATIONS
+from ff_meta.store.read_cache import ReadCache
 from ff_meta.store.schema import VERSION_TABLE
 from ff_meta.store.tx import Tx
 from ff_store import Store, open_store
@@ -324,3 +325,18 @@ def test_listing_cache_drops_the_least_recently_used_pages_past_its_size() -> No
     assert cache.get((2, 1, "", 2)) is None and cache.get((1, 1, "", 2)) is not None
     cache.put((4, 1, "", 6), [*page, *page, *page], "")  # larger than the whole cache: not kept
     assert cache.get((4, 1, "", 6)) is None
+
+
+def test_read_cache_holds_answers_of_one_data_version() -> None:
+    cache = ReadCache(max_entries=3)
+    assert cache.get(7, "a") is None  # adopts version 7
+    cache.put(7, "a", 1)
+    cache.put(7, "b", 2, size=2)
+    assert cache.get(7, "a") == 1 and cache.get(7, "b") == 2
+    cache.put(7, "c", 3)  # 4 entries > 3: the least recently used ("a" was read before "b") goes
+    assert cache.get(7, "a") is None and cache.get(7, "c") == 3
+    assert cache.get(8, "c") is None and len(cache) == 0  # a commit since: everything goes
+    cache.put(7, "d", 4)  # computed after reading the old version: not kept
+    assert cache.get(8, "d") is None
+    cache.put(8, "big", 0, size=4)  # larger than the whole cache: not kept
+    assert cache.get(8, "big") is None

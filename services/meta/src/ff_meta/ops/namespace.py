@@ -36,8 +36,21 @@ class NamespaceOps:
         return FsSpace(cap, used, max(0, cap - used), count)
 
     async def stat(self, caller: Caller, at: PathAt, follow_last: bool) -> tuple[Inode, int]:
-        """The inode and, for a file, its open write sessions."""
-        return await self._store.read(caller, lambda t: fsops.stat_with_sessions(t, at, follow_last))
+        """The inode and, for a file, its open write sessions.
+
+        From the read cache while the database has had no commit (an answer with write sessions is not kept: their
+        leases lapse with time).
+        """
+        version = self._store.data_version()
+        key = ("stat", caller, at, follow_last)
+        if version is not None:
+            known: tuple[Inode, int] | None = self._s.reads.get(version, key)
+            if known is not None:
+                return known
+        answer = await self._store.read(caller, lambda t: fsops.stat_with_sessions(t, at, follow_last))
+        if version is not None and answer[1] == 0:
+            self._s.reads.put(version, key, answer)
+        return answer
 
     async def batch_stat(
         self, caller: Caller, paths: Sequence[PathAt | FsError], follow_last: bool, read_capability: bool
@@ -63,14 +76,26 @@ class NamespaceOps:
         return out
 
     async def list_dir(self, caller: Caller, at: PathAt, page_size: int, after: str, with_inodes: bool) -> DirPage:
-        """A page of a directory's entries by name, after ``after``."""
+        """A page of a directory's entries by name, after ``after``.
+
+        From the read cache while the database has had no commit.
+        """
+        version = self._store.data_version()
+        key = ("list", caller, at, page_size, after, with_inodes)
+        if version is not None:
+            known: DirPage | None = self._s.reads.get(version, key)
+            if known is not None:
+                return known
         listings = self._s.listings
         entries, last = await self._store.read(
             caller,
             lambda t: fsops.list_dir(t, at, page_size, after, with_inodes, listings),
             small=page_size <= SMALL_PAGE,
         )
-        return DirPage(entries, last)
+        page = DirPage(entries, last)
+        if version is not None:
+            self._s.reads.put(version, key, page, max(1, len(entries)))
+        return page
 
     async def mkdirs(self, caller: Caller, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None) -> Inode:
         """Mkdir (-p)."""

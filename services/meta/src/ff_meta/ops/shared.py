@@ -19,6 +19,7 @@ from ff_meta.store import fsops
 from ff_meta.store.chunks import StorageChunks
 from ff_meta.store.listing import ListingCache
 from ff_meta.store.metastore import MetaStore
+from ff_meta.store.read_cache import ReadCache
 from ff_meta.store.storage_space import StorageSpace
 from ff_rpc import RpcError
 
@@ -86,6 +87,7 @@ class Shared:
     options: MetaOptions
     capability_key: bytes
     listings: ListingCache = field(default_factory=ListingCache)  # names-only listing pages, by directory version
+    reads: ReadCache = field(default_factory=ReadCache)  # Stat and List answers while the database has no new commit
     _defaults: tuple[object, Defaults] | None = field(default=None, init=False, repr=False)  # of which routing view
 
     async def defaults(self) -> Defaults:

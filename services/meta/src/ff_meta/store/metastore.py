@@ -147,6 +147,16 @@ class MetaStore:
 
     # ---- reads ----
 
+    def data_version(self) -> int | None:
+        """SQLite's data version on the reader connection; None where there is none to read (PostgreSQL).
+
+        It moves with every commit of any other connection: this process's writers, other meta instances on the file.
+        """
+        if self._reader is None:
+            return None
+        row = self._reader.execute("PRAGMA data_version").fetchone()
+        return int(row[0])
+
     async def read(self, caller: Caller, fn: Body[T], *, small: bool = True) -> T:
         """``fn`` in a read-only transaction. ``small``: a few indexed statements (may run on the loop)."""
         if self._on_sqlite and small:
