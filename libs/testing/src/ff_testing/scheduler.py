@@ -344,8 +344,8 @@ class AgentDriver(agent_pb2_grpc.AgentServiceServicer):
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
         """Wait until ``predicate`` holds after an order came in; TimeoutError past ``timeout_s``."""
-        async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(predicate), timeout_s)
+        async with self.changed, asyncio.timeout(timeout_s):  # not wait_for: see ff_mgmtd.app.wait_notified
+            await self.changed.wait_for(predicate)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         fut = asyncio.ensure_future(coro)

@@ -71,6 +71,20 @@ class HeartbeatAnswer:
     enabled: bool
 
 
+async def wait_notified(cond: asyncio.Condition, timeout_s: float) -> None:
+    """``cond.wait()`` for at most ``timeout_s`` (the caller holds ``cond``'s lock; it holds it again on return).
+
+    Not ``asyncio.wait_for(cond.wait(), ...)``: that runs the wait as a task of its own, and a cancel of the caller
+    that lands while that task takes the lock back after its timeout leaves the lock to the orphaned task, which
+    never releases it (every later ``async with cond`` then blocks: a primary whose watch stream was cancelled at
+    that moment stopped publishing routing changes and answering heartbeats). The timeout here cancels the caller's
+    own task, whose ``Condition.wait`` takes the lock back before any cancel goes on.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await cond.wait()
+
+
 class Mgmtd:
     """One mgmtd instance: a standby, or the primary."""
 
@@ -510,8 +524,7 @@ class Mgmtd:
                 yield info
             async with self._changed:
                 if self._routing_version == known_version:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), timeout=self.timing.election_tick_s)
+                    await wait_notified(self._changed, self.timing.election_tick_s)
         raise NotPrimary("")
 
     async def instances(self) -> list[MgmtdInstance]:
