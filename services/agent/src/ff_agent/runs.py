@@ -226,6 +226,7 @@ class NodeRuns:
         self.changed = asyncio.Condition()
         self._dirty = asyncio.Event()
         self.runs_dir = options.state_dir / "runs"
+        self._relay_failing: set[int] = set()  # runs whose last relay raised (logged once, not every tick)
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.node_id_of: Callable[[], int] = lambda: 0
 
@@ -395,7 +396,7 @@ class NodeRuns:
             if run.exited:
                 continue
             changed |= self._reap(run)
-            changed |= await self._relay(run)
+            changed |= await self._relay_guarded(run)
             changed |= self._deadlines(run)
             self._mux_logs(run, final=False)
             changed |= self._finish_if_gone(run)
@@ -422,6 +423,23 @@ class NodeRuns:
             run.failure = root_cause([r.as_exit() for r in run.ranks if not r.running])
         return changed
 
+    async def _relay_guarded(self, run: Run) -> bool:
+        """``_relay``, whose failure stops neither this run's supervision nor any other run's.
+
+        Whatever it raises (a rank may make its event file unreadable, e.g. a directory in its place) is logged
+        once per run, with the run id, and the relay is tried again next tick.
+        """
+        run_id = run.order.run_id
+        try:
+            changed = await self._relay(run)
+        except Exception:
+            if run_id not in self._relay_failing:
+                self._relay_failing.add(run_id)
+                logger.exception("relaying the events of run %d failed", run_id, extra={"run_id": run_id})
+            return False
+        self._relay_failing.discard(run_id)
+        return changed
+
     async def _relay(self, run: Run) -> bool:
         """Events the task wrote through the SDK, relayed to the scheduler and acknowledged in order."""
         run.pending_events.extend(run.control.new_events())
@@ -440,6 +458,8 @@ class NodeRuns:
                     event.data.get("path"),
                     err,
                 )
+            except Exception:  # not the link: this event would fail again every tick and hold up those after it
+                logger.exception("run %d: event %s dropped, relaying it failed", run.order.run_id, event.kind)
             run.control.ack(event.seq)
             run.pending_events.pop(0)
         return changed
