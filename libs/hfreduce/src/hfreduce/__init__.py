@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hfreduce.agreement import CollectiveMismatchError
 from hfreduce.api import Group, Work
 from hfreduce.config import GroupConfig
 from hfreduce.control import query_status
@@ -11,6 +12,7 @@ from hfreduce.reduction import DType, ReduceOp
 from hfreduce.trees import build_trees, double_binary_tree
 
 __all__ = [
+    "CollectiveMismatchError",
     "Counters",
     "DType",
     "Group",

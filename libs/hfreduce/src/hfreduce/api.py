@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from hfreduce.agreement import CallSignature
 from hfreduce.config import GroupConfig
 from hfreduce.control import query_status
 from hfreduce.counters import Counters
@@ -19,9 +20,9 @@ from hfreduce.reduction import DType, ReduceOp
 from hfreduce.tensors import Flat, PinnedPool, address_view, flatten, is_torch
 
 _DTYPE_NAMES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
-# A collective as ``Group`` queues it: its name (the control server's record), the buffer it writes, and the body
-# that runs it on the runtime.
-_Job = tuple[str, Flat, Callable[[], Counters]]
+# A collective as ``Group`` queues it: its name (the control server's record), the buffer it writes, the body
+# that runs it on the runtime, and the call every rank must make alike (checked before the body runs).
+_Job = tuple[str, Flat, Callable[[], Counters], CallSignature]
 _T = TypeVar("_T")
 
 
@@ -102,7 +103,8 @@ class Group:
     def _allreduce(self, buf: Any, op: ReduceOp | str) -> _Job:
         flat, rop = self._flat(buf), ReduceOp(op)
         reg = self._lookup(flat)
-        return "allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg)
+        call = CallSignature("allreduce", len(flat.array), flat.dtype, rop, registered=reg is not None)
+        return "allreduce", flat, lambda: self._rt.allreduce(flat.array, flat.dtype, rop, registered=reg), call
 
     def allgather_registered(self, buf: Any, out: Any = None) -> None:
         """All-gather inside registered buffer ``buf`` (from ``alloc``): see ``allgather_registered_async``."""
@@ -129,7 +131,8 @@ class Group:
     def _allgather_registered(self, buf: Any, out: Any) -> _Job:
         flat = self._flat(buf)
         reg, n, dest = self._registered_blocks(flat, out, len(flat.array))
-        return "allgather", flat, lambda: self._rt.allgather_registered(reg, n, flat.dtype, dest)
+        call = CallSignature("allgather_reg", n, flat.dtype, registered=True)
+        return "allgather", flat, lambda: self._rt.allgather_registered(reg, n, flat.dtype, dest), call
 
     def reduce_scatter_registered(self, buf: Any, out: Any = None, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """Reduce-scatter of registered buffer ``buf`` (from ``alloc``): see ``reduce_scatter_registered_async``."""
@@ -155,7 +158,13 @@ class Group:
     def _reduce_scatter_registered(self, buf: Any, out: Any, op: ReduceOp | str) -> _Job:
         flat, rop = self._flat(buf), ReduceOp(op)
         reg, n, dest = self._registered_blocks(flat, out, len(flat.array) // self.world_size)
-        return "reduce_scatter", flat, lambda: self._rt.reduce_scatter_registered(reg, n, flat.dtype, rop, dest)
+        call = CallSignature("reduce_scatter_reg", n, flat.dtype, rop, registered=True)
+        return (
+            "reduce_scatter",
+            flat,
+            lambda: self._rt.reduce_scatter_registered(reg, n, flat.dtype, rop, dest),
+            call,
+        )
 
     def _registered_blocks(self, flat: Flat, out: Any, out_numel: int) -> tuple[Registered, int, Any]:
         """The registration of ``flat``, its size and the array ``out`` is viewed as (checked: see the callers)."""
@@ -196,6 +205,7 @@ class Group:
             "reduce",
             flat,
             lambda: self._rt.allreduce(flat.array, flat.dtype, rop, keep=keep, registered=reg, reduce_only=True),
+            CallSignature("reduce", len(flat.array), flat.dtype, rop, root=dst, registered=reg is not None),
         )
 
     def broadcast(self, buf: Any, src: int) -> None:
@@ -213,7 +223,8 @@ class Group:
     def _broadcast(self, buf: Any, src: int) -> _Job:
         self._check_rank(src)
         flat = self._flat(buf)
-        return "broadcast", flat, lambda: self._rt.broadcast(flat.array, src)
+        call = CallSignature("broadcast", len(flat.array), flat.dtype, root=src)
+        return "broadcast", flat, lambda: self._rt.broadcast(flat.array, src), call
 
     def allgather(self, out: Any, inp: Any) -> None:
         """``out`` (``world_size`` times the size of ``inp``) receives every rank's ``inp``, by rank."""
@@ -231,7 +242,8 @@ class Group:
     def _allgather(self, out: Any, inp: Any) -> _Job:
         flat_out, flat_in = self._flat(out), self._flat(inp)
         self._check_multiple(flat_out, flat_in)
-        return "allgather", flat_out, lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype)
+        call = CallSignature("allgather", len(flat_in.array), flat_in.dtype)
+        return "allgather", flat_out, lambda: self._rt.allgather(flat_out.array, flat_in.array, flat_in.dtype), call
 
     def reduce_scatter(self, out: Any, inp: Any, op: ReduceOp | str = ReduceOp.SUM) -> None:
         """``out`` receives block ``rank`` of the reduction of every rank's ``inp`` (``world_size`` blocks)."""
@@ -253,6 +265,7 @@ class Group:
             "reduce_scatter",
             flat_out,
             lambda: self._rt.reduce_scatter(flat_out.array, flat_in.array, flat_in.dtype, rop),
+            CallSignature("reduce_scatter", len(flat_out.array), flat_in.dtype, rop),
         )
 
     def barrier(self) -> None:
@@ -266,7 +279,12 @@ class Group:
     def _barrier(self) -> _Job:
         token = np.zeros(1, dtype=np.float32)
         flat = Flat(token, DType.F32, 0, lambda: None)
-        return "barrier", flat, lambda: self._rt.allreduce(token, DType.F32, ReduceOp.SUM)
+        return (
+            "barrier",
+            flat,
+            lambda: self._rt.allreduce(token, DType.F32, ReduceOp.SUM),
+            CallSignature("barrier", 1, DType.F32),
+        )
 
     # ----- registered buffers, counters, status, lifetime -----
 
@@ -341,10 +359,10 @@ class Group:
 
     def _run(self, job: _Job) -> None:
         """Run a queued ``job`` when the ones before it are done; it leaves the queue before its Work completes."""
-        name, flat, body = job
+        name, flat, body, call = job
         try:
             with self._running:
-                self._rt.run(name, body)
+                self._rt.run(name, body, call)
                 flat.finish()
         finally:
             with self._queue_lock:

@@ -100,6 +100,7 @@ class ControlServer:
         self._ranks: dict[int, _RankState] = {}
         self._conn_rank: dict[socket.socket, int] = {}
         self._blames: list[_Blame] = []
+        self._mismatch: Message | None = None  # the first disagreement on a collective, which broke the group
         self._formed = False
         self._failed = False
         self._stop = threading.Event()
@@ -204,6 +205,10 @@ class ControlServer:
                 state.done, state.since = msg["seq"], time.time()
             else:
                 state.left = True
+        elif kind == "mismatch":  # a rank found its ring neighbour calling another collective (the first counts)
+            if self._mismatch is None:
+                self._mismatch = {"rank": msg["rank"], "reason": msg["reason"]}
+            self._ranks[msg["from"]].asked_blame = True  # it knows the cause: settled, and a victim if it exits
         elif kind == "blame":
             self._blames.append(_Blame(conn, msg["rank"], msg["seq"], msg["suspect"], msg["kind"], time.monotonic()))
             self._ranks[msg["rank"]].asked_blame = True  # after the append: wait_settled must see it pending
@@ -253,6 +258,8 @@ class ControlServer:
 
     def _resolve(self, blame: _Blame) -> Message | None:
         waited = time.monotonic() - blame.arrived
+        if self._mismatch is not None:  # read before the death of the rank that sent it, if it exits after
+            return dict(self._mismatch)
         # the first rank that died without having seen a failure itself is the root cause
         dead = sorted(
             (s.died_at, r) for r, s in self._ranks.items() if s.dead and not s.asked_blame and r != blame.asker

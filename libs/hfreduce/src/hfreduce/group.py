@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hfreduce import cma
+from hfreduce.agreement import WIRE_BYTES, CallSignature, CollectiveMismatchError
 from hfreduce.chunking import leader_reduces, local_slice, segments
 from hfreduce.config import GroupConfig
 from hfreduce.control import ControlClient, ControlServer
@@ -49,6 +50,8 @@ _ALIGN_BYTES = 64
 # allreduce's signature differs by (its buffer index sits at bit 40).
 _ALLGATHER_BARRIER = 1 << 62
 _REDUCE_SCATTER_BARRIER = 1 << 63
+_SEGMENT_BARRIER = 1 << 61  # the node barrier before shared segments are made, with every local rank's size
+_SIZE = struct.Struct("!Q")
 _GROW_BYTES = 4 << 20  # slots grow in steps of this, so a run of growing sizes does not remap each time
 
 
@@ -235,8 +238,19 @@ class Runtime:
             self.ring_prev = Link(socks[(prv, prv_channel)], prv, cfg.timeout_s)
 
     def _shared_segments(self, name: str, nbytes: int, *, huge: bool = False) -> list[Segment]:
-        """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's."""
+        """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's.
+
+        Raises:
+            HFReduceError: the local ranks asked for different sizes (each maps the others' segments with its own
+                size, so a larger one would map past the end of a smaller); nothing is made.
+        """
         assert self.local is not None
+        sizes = [_SIZE.unpack(row)[0] for row in self.local.barrier(_SEGMENT_BARRIER, _SIZE.pack(nbytes))]
+        if len(set(sizes)) > 1:
+            raise HFReduceError(
+                f"the local ranks of node {self.config.node_rank} asked for shared buffers of different sizes: "
+                f"{sizes} bytes, by local rank (Group.alloc must get the same shape and dtype on every local rank)"
+            )
         own = Segment.create(name, nbytes, huge=huge)
         segs: list[Segment] = []
         try:
@@ -278,8 +292,11 @@ class Runtime:
 
     # ----- collectives on flat arrays -----
 
-    def run(self, name: str, body: Callable[[], Counters]) -> None:
-        """Run one collective with sequence numbering, accounting and failure attribution."""
+    def run(self, name: str, body: Callable[[], Counters], call: CallSignature | None = None) -> None:
+        """Run one collective with sequence numbering, accounting and failure attribution.
+
+        With ``call``, the ranks first check that they all make the same call (``agree``).
+        """
         if self._closed:
             raise GroupClosedError("the group was destroyed")
         if self.broken is not None:
@@ -290,6 +307,8 @@ class Runtime:
         self.control.notify({"type": "enter", "rank": self.rank, "seq": self.seq, "op": name})
         notify_s = time.perf_counter() - start
         try:
+            if call is not None:
+                self.agree(call)
             counters = body()
         except (LinkError, TimeoutError, OSError, RuntimeError) as exc:
             if isinstance(exc, HFReduceError):
@@ -307,6 +326,34 @@ class Runtime:
         counters.seconds["notify"] = notify_s + time.perf_counter() - now
         counters.lap("collective", start)
         self.counters.add(counters)
+
+    def agree(self, call: CallSignature) -> None:
+        """Check that the previous rank on the ring makes the same ``call`` as this rank (see ``agreement``).
+
+        Raises:
+            CollectiveMismatchError: it does not; the control server learns why, so that every other rank of the
+                group, whose links this rank's failure closes, is told the same.
+        """
+        if self.ring_next is None or self.ring_prev is None:
+            return
+        self.ring_next.send(call.pack())
+        got = bytearray(WIRE_BYTES)
+        self.ring_prev.recv_into(memoryview(got))
+        theirs = CallSignature.unpack(bytes(got))
+        prev = self.ring_prev.peer
+        differ = call.differences(theirs, same_node=prev // self.num_local == self.config.node_rank)
+        if not differ:
+            return
+        reason = (
+            f"called {theirs.describe()} as collective {self.seq}, rank {self.rank} {call.describe()} "
+            f"({', '.join(differ)} {'differs' if len(differ) == 1 else 'differ'})"
+        )
+        assert self.control is not None
+        self.abort()  # wakes the ranks that agreed with their own neighbours and wait on this one's data
+        self.control.notify({"type": "mismatch", "rank": prev, "seq": self.seq, "reason": reason, "from": self.rank})
+        if self.server is not None:  # as in _attribute: the others learn why before this process may exit
+            self.server.wait_settled(prev, min(self.config.timeout_s, 5.0))
+        raise CollectiveMismatchError(f"rank {prev} {reason}", rank=prev)
 
     def _attribute(self, exc: BaseException) -> PeerFailureError:
         """Tear the group down and ask the control server which rank is to blame."""

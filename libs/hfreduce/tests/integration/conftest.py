@@ -22,8 +22,9 @@ Launch = Callable[..., list[dict[str, Any]]]
 
 @pytest.fixture
 def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
-    """Start the ranks of a ``worker.py`` scenario: forked from the session's fork server (numpy, hfreduce and
-    torch imported once), or as new processes under ``node_prefix`` (a network namespace per node)."""
+    """Start the ranks of a ``worker.py`` scenario (or of another ``worker``'s): forked from the session's fork
+    server (numpy, hfreduce and torch imported once), or as new processes under ``node_prefix`` (a network
+    namespace per node)."""
     procs: list[subprocess.Popen[bytes] | ForkedProcess] = []
 
     def run(
@@ -37,6 +38,7 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
         node_prefix: Callable[[int], list[str]] | None = None,
         skip_ranks: tuple[int, ...] = (),
         node_env: Callable[[int], dict[str, str]] | None = None,
+        worker: Path = WORKER,
     ) -> list[dict[str, Any]]:
         port = free_port()
         outs = []
@@ -61,7 +63,7 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
                     **(env or {}),
                     **(node_env(node) if node_env else {}),
                 }
-                cmd = [sys.executable, str(WORKER), scenario, str(out)]
+                cmd = [sys.executable, str(worker), scenario, str(out)]
                 if node_prefix is None:
                     procs.append(torch_forks.start(cmd, env=penv))
                 else:
