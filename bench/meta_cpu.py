@@ -4,6 +4,9 @@ and without the noise of a shared machine's wall time: CPU time (``time.process_
 calls (cProfile) per call of Stat (two components), List of a folder of ``--entries`` names, List with inodes,
 Create, and Remove (unlink) of the files the Creates made.
 
+Meta's read cache (Stat and List answers kept while the database has had no commit) is off unless ``--read-cache``:
+nothing here commits between the Stats, so with it on every Stat after the first is a hit.
+
 ``--baseline-src FOLDER``: also run meta's code from FOLDER (``services/meta/src`` of another checkout, e.g. a
 ``git worktree`` of the commit before a change) in a child process, rounds interleaved with this tree's, and print
 the median ratio baseline / this tree per operation (> 1: this tree spends less). ``--baseline-tree CHECKOUT``: the
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 OPS = ("stat", "list", "list+inodes", "create", "remove")
+KEEP_READS_ENV = "META_CPU_READ_CACHE"  # "1": meta's read cache on (then Stat and List after the first are its hits)
 
 
 async def measure(mgmtd: str, token: str, calls: int, entries: int) -> dict[str, tuple[float, float]]:
@@ -127,6 +131,10 @@ async def _servicer(url: str, mgmtd: Any, token: str) -> tuple[Any, Callable[[],
         return MetaServicer(app), close_app
     store = await asyncio.to_thread(MetaStore.open, url)
     ops = MetaOps.build(store, mgmtd, MetaOptions(cluster_token=token))
+    if os.environ.get(KEEP_READS_ENV) != "1" and hasattr(ops.shared, "reads"):
+        from ff_meta.store.read_cache import ReadCache
+
+        ops.shared.reads = ReadCache(max_entries=0)  # keeps nothing: Stat and List do their reads every call
 
     async def close_ops() -> None:
         await ops.close()
@@ -145,6 +153,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=2000, help="Stat calls a measurement (List a tenth, Create a quarter)")
     p.add_argument("--entries", type=int, default=100)
+    p.add_argument(
+        "--read-cache",
+        action="store_true",
+        help="leave meta's read cache on (554fc7c): Stat and List then measure its hits, as no call here commits",
+    )
     p.add_argument("--baseline-src", type=Path, default=None, help="meta's src folder of another checkout")
     p.add_argument(
         "--baseline-tree", type=Path, default=None, help="another whole checkout: every package's src folder from it"
@@ -166,7 +179,7 @@ def main() -> int:
         for r in range(a.rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for side in order:
-                env = dict(os.environ)
+                env = dict(os.environ, **{KEEP_READS_ENV: "1" if a.read_cache else "0"})
                 src = sides[side]
                 if src is not None:
                     env["PYTHONPATH"] = os.pathsep.join([*map(str, src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
