@@ -94,6 +94,7 @@ def launch_torch(
     env: dict[str, str] | None = None,
     timeout_s: float = 240,
     interleaved: bool = False,
+    worker: Path = TORCH_WORKER,
 ) -> list[dict[str, Any]]:
     """Start ``nodes x local`` ranks of ``torch_worker.py`` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
     LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), each node simulated by FF_HFREDUCE_NODE_RANK, forked from ``forks``
@@ -117,7 +118,7 @@ def launch_torch(
                 "OMP_NUM_THREADS": "1",
                 **(env or {}),
             }
-            procs.append(forks.start([sys.executable, str(TORCH_WORKER), scenario, str(out)], env=penv))
+            procs.append(forks.start([sys.executable, str(worker), scenario, str(out)], env=penv))
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))

@@ -141,6 +141,8 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         Raises:
             ValueError: ``inp`` does not hold world size times ``output``'s elements.
         """
+        _check_tensor(output, "reduce_scatter_tensor")
+        _check_tensor(inp, "reduce_scatter_tensor")
         if inp.numel() != output.numel() * self.size():
             raise ValueError(
                 f"hfreduce backend: reduce_scatter_tensor input has {inp.numel()} elements, "
@@ -232,6 +234,8 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         Raises:
             ValueError: ``output`` is not world size times ``inp`` or has another dtype.
         """
+        _check_tensor(output, "all_gather_into_tensor")
+        _check_tensor(inp, "all_gather_into_tensor")
         if output.numel() != inp.numel() * self.size() or output.dtype != inp.dtype:
             raise ValueError(
                 f"hfreduce backend: all_gather_into_tensor output ({output.dtype}, {output.numel()} elements) "
@@ -321,6 +325,8 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
             ValueError: the splits do not cover the tensors' rows, or (without splits) the rows do not divide evenly.
         """
         n = self.size()
+        _check_tensor(output, "all_to_all_single")
+        _check_tensor(inp, "all_to_all_single")
         in_rows, out_rows = _splits(in_splits, inp, n, "input"), _splits(out_splits, output, n, "output")
         in_row = inp[0].numel() * inp.element_size() if inp.dim() and inp.shape[0] else 0
         out_row = output[0].numel() * output.element_size() if output.dim() and output.shape[0] else 0
@@ -351,17 +357,27 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
     def _exchange(self, send: torch.Tensor, in_sizes: list[int], out_sizes: list[int], what: str) -> Tensors:
         """All-to-all of bytes, on the backend thread, in two allgathers.
 
-        Every rank first learns every rank's split sizes, then gathers every rank's whole input (padded to the
-        largest) and keeps its pieces.
+        Every rank first learns every rank's split sizes, input and output, then gathers every rank's whole input
+        (padded to the largest) and keeps its pieces.
+
+        Raises:
+            ValueError: on every rank alike, before any data moves, when a rank's output splits differ from what the
+                others send it (named: the first such rank).
         """
         n, me = self.size(), self._me
-        sizes = torch.tensor(in_sizes, dtype=torch.int64)
-        table = torch.zeros(n * n, dtype=torch.int64)
+        sizes = torch.tensor([*in_sizes, *out_sizes], dtype=torch.int64)
+        table = torch.zeros(n * 2 * n, dtype=torch.int64)
         self.hf.allgather(tx.wire(table.view(torch.uint8)), tx.wire(sizes.view(torch.uint8)))
-        matrix = table.view(n, n)[[self.layout.hf_rank(j) for j in range(n)]]
+        both = table.view(n, 2, n)[[self.layout.hf_rank(j) for j in range(n)]]
+        matrix, wanted = both[:, 0], both[:, 1]
+        for r in range(n):  # every rank checks every rank, so all of them raise or none does
+            sent = matrix[:, r].tolist()
+            if sent != wanted[r].tolist():
+                raise ValueError(
+                    f"hfreduce backend: {what}: rank {r}'s output splits take {wanted[r].tolist()} bytes, "
+                    f"the ranks send it {sent}"
+                )
         got = matrix[:, me].tolist()
-        if got != out_sizes:
-            raise ValueError(f"hfreduce backend: {what} output splits take {out_sizes} bytes, the senders send {got}")
         width = tx.padded(int(matrix.sum(1).max()))
         mine = torch.zeros(width, dtype=torch.uint8)
         mine[: send.numel()].copy_(send)
@@ -593,13 +609,34 @@ def _reduce_opts(target: Any, source: Any) -> Any:
 def _one(items: Sequence[Any], what: str) -> Any:
     if len(items) != 1:
         raise ValueError(f"hfreduce backend: {what} takes one tensor (list) per rank, got {len(items)}")
+    if isinstance(items[0], torch.Tensor):
+        _check_tensor(items[0], what)
     return items[0]
+
+
+def _check_tensor(t: torch.Tensor, what: str) -> None:
+    """Refuse, naming ``what``, a tensor with no data to move (``meta``) or whose elements share memory.
+
+    An ``expand()``ed view claims ``numel`` elements over a few: staged, it would be copied to a buffer of all
+    of them (gigabytes for a claimed 2**31), and the result cannot be written back into it.
+
+    Raises:
+        ValueError: either.
+    """
+    if t.device.type == "meta":
+        raise ValueError(f"hfreduce backend: {what}: a tensor on the meta device has no data to communicate")
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+        raise ValueError(
+            f"hfreduce backend: {what}: the tensor's {t.numel()} elements share memory (stride 0, e.g. an "
+            "expand()ed view); pass a tensor with its own memory for each element, e.g. .contiguous()"
+        )
 
 
 def _check_parts(parts: Tensors, like: torch.Tensor, world: int, what: str) -> None:
     if len(parts) != world:
         raise ValueError(f"hfreduce backend: {what} needs {world} tensors, got {len(parts)}")
     for p in parts:
+        _check_tensor(p, what)
         if p.numel() != like.numel() or p.dtype != like.dtype:
             raise ValueError(
                 f"hfreduce backend: {what} tensors must all be {like.dtype} with {like.numel()} elements, "
