@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 from typing import Any
 
 import torch
@@ -23,6 +24,17 @@ def call(case: str, rank: int) -> Any:
     elif case == "a2a_splits":  # rank 0 wants 7 and 3 rows from ranks 0 and 1, which send it 5 each
         out, inp = torch.zeros(10), torch.arange(10, dtype=torch.float32)
         dist.all_to_all_single(out, inp, [7, 3] if rank == 0 else [5, 5], [5, 5])
+    elif case == "recreate":  # destroy the default group and make it again, six times; count what is held
+        held = []
+        for _ in range(6):
+            dist.destroy_process_group()
+            dist.init_process_group("hfreduce", timeout=datetime.timedelta(seconds=60))
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            held.append(
+                {"sum": t.tolist(), "threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd"))}
+            )
+        return held
     else:
         raise ValueError(case)
 
@@ -33,7 +45,7 @@ def main() -> None:
     dist.init_process_group("hfreduce", timeout=datetime.timedelta(seconds=60))
     result: dict[str, Any] = {"rank": rank}
     try:
-        call(case, rank)
+        result["held"] = call(case, rank)
         result["error"] = None
     except Exception as exc:
         result.update(error=type(exc).__name__, message=str(exc))

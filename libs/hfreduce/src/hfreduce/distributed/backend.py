@@ -48,7 +48,10 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         # FF_HFREDUCE_TIMEOUT_S, when set, wins over torch's timeout (30 min by default) for hfreduce's steps
         from_env = options_from_env().get("timeout_s")
         timeout_s = from_env if isinstance(from_env, float) else _timeout_s(timeout)
-        self.hf, self.layout = join_store(store, rank, size, prefix="hfreduce", timeout_s=timeout_s, **options)
+        generation = _generation(store, size)
+        self.hf, self.layout = join_store(
+            store, rank, size, prefix=f"hfreduce/{generation}", timeout_s=timeout_s, **options
+        )
         self._me = rank
         self._lock = threading.RLock()
         self._queued = 0  # collectives submitted to self._thread and not yet handed to hfreduce
@@ -60,6 +63,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
             timeout_s=timeout_s,
             describe=lambda r: divmod(self.layout.hf_rank(r), self.layout.local_world_size),
             route_to=os.environ.get("MASTER_ADDR"),
+            prefix=f"hfreduce-p2p/{generation}",
         )
 
     def getBackendName(self) -> str:
@@ -604,6 +608,19 @@ def _reduce_opts(target: Any, source: Any) -> Any:
     if source is not None:
         target.reduceOp = source.reduceOp
     return target
+
+
+def _generation(store: Any, size: int) -> int:
+    """Which group of this name on ``store`` this one is: 0, then 1 after a destroy and a new init, and so on.
+
+    torch keeps one store per address for the life of the process (env:// makes its TCPStore multi-tenant), so
+    a group made again after ``destroy_process_group`` finds the keys of the one before it: without a fresh
+    prefix its ranks read the old control server's address and fail to join. Every rank of a group adds one to
+    a counter before it publishes anything, and all of one group's adds come before any of the next group's
+    (a rank joins the next group only after the previous one was formed), so all agree on the count.
+    """
+    count: int = store.add("hfreduce/joins", 1)
+    return (count - 1) // size
 
 
 def _one(items: Sequence[Any], what: str) -> Any:
