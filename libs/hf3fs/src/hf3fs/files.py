@@ -376,12 +376,7 @@ class RawFile(io.RawIOBase):
             OSError: EBADF once the write session was lost, EDQUOT when a quota leaves no room at all, EIO (or
                 the errno storage gave) when storage refused it.
         """
-        self._check_open()
-        if not self._om.writable:
-            raise io.UnsupportedOperation("not writable")
-        if self.lost:
-            raise OSError(errno.EBADF, "the write session was lost (lease expired)", self.name)
-        data = memoryview(b).cast("B")
+        data = self._to_write(b)
         if not len(data):
             return 0
         with self._lock:
@@ -401,14 +396,18 @@ class RawFile(io.RawIOBase):
         Raises:
             OSError: as ``write``.
         """
+        data = self._to_write(b)
+        with self._lock:
+            return self._append(data)
+
+    def _to_write(self, b: Any) -> memoryview:
+        """``b``'s bytes, once this file may be written (open, writable, its write session not lost)."""
         self._check_open()
         if not self._om.writable:
             raise io.UnsupportedOperation("not writable")
         if self.lost:
             raise OSError(errno.EBADF, "the write session was lost (lease expired)", self.name)
-        data = memoryview(b).cast("B")
-        with self._lock:
-            return self._append(data)
+        return memoryview(b).cast("B")
 
     def write_extents(self, extents: Sequence[tuple[int, memoryview]]) -> None:
         """Writes each (offset, bytes), not contiguous, in as few storage batches as they fit: a buffer's flush.
