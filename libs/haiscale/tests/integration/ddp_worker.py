@@ -204,7 +204,32 @@ def scenario_mismatch(rank: int, world: int) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {"train": scenario_train, "kill": scenario_kill, "mismatch": scenario_mismatch}
+def scenario_recreate(rank: int, world: int) -> dict[str, Any]:
+    """Three times: destroy the default group and make it again (the store, which torch keeps for the process,
+    is the same each time), wrap, one step, ``reducer.stop()``.
+
+    The group is made on backend "hfreduce", which takes a fresh key prefix each time: gloo made again on the
+    same store may itself read its first group's keys.
+    """
+    grads = []
+    for _ in range(3):
+        dist.barrier()  # no rank tears its side of the group down while another is still making it
+        dist.destroy_process_group()
+        dist.init_process_group("hfreduce")
+        ddp = DistributedDataParallel(Net(seed=100), bucket_cap_mb=BUCKET_CAP_MB)
+        x, y = batch(0, 0, world)
+        torch.nn.functional.mse_loss(ddp(x[rank]), y[rank]).backward()
+        grads.append(float(sum(p.grad.double().sum() for p in ddp.parameters() if p.grad is not None)))
+        ddp.reducer.stop()
+    return {"error": None, "grads": grads}
+
+
+SCENARIOS = {
+    "train": scenario_train,
+    "kill": scenario_kill,
+    "mismatch": scenario_mismatch,
+    "recreate": scenario_recreate,
+}
 
 
 def main() -> None:

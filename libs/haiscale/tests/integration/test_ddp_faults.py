@@ -27,3 +27,15 @@ def test_different_parameters_across_ranks_are_refused_at_construction(launch: L
         assert res["error"] == "RuntimeError", res
         assert "rank 1" in res["message"] and "'1.weight' [3, 8]" in res["message"], res
         assert "'1.weight' [2, 8]" in res["message"], res
+
+
+def test_wrapping_again_after_the_default_group_is_made_again(launch: Launch) -> None:
+    """Before, the hfreduce group's store keys were numbered per torch group object: the group made again
+    after destroy_process_group started again at 0 on the same store, read the first group's keys (its closed
+    control server), and the second wrap failed to join."""
+    results = launch(1, 2, "recreate", env={"FF_HFREDUCE_TIMEOUT_S": "10"}, timeout_s=120)
+    for res in results:
+        assert res.get("error", "crashed") is None, res
+        assert len(res["grads"]) == 3 and res["grads"][0] != 0.0, res
+        assert res["grads"] == [res["grads"][0]] * 3, res  # the same reduced gradient each time
+    assert results[0]["grads"] == results[1]["grads"]

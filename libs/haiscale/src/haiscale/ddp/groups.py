@@ -16,7 +16,6 @@ from hfreduce.distributed import join_store
 
 _lock = threading.Lock()
 _shared: dict[Any, SharedGroup] = {}  # torch ProcessGroup -> the hfreduce group formed for it
-_formed: dict[Any, int] = {}  # torch ProcessGroup -> hfreduce groups formed for it so far (store key prefix)
 
 
 def resolve_process_group(process_group: Any) -> Any:
@@ -74,15 +73,26 @@ def acquire_group(pg: Any) -> SharedGroup:
     with _lock:
         shared = _shared.get(pg)
         if shared is None:
-            count = _formed.get(pg, 0)
-            _formed[pg] = count + 1
             store = c10d._world.pg_map[pg][1]
             rank, size = dist.get_rank(pg), dist.get_world_size(pg)
-            group, layout = join_store(store, rank, size, prefix=f"haiscale-ddp/{count}")
+            group, layout = join_store(store, rank, size, prefix=f"haiscale-ddp/{_generation(store, size)}")
             shared = SharedGroup(pg=pg, group=group, src_rank=layout.hf_rank(0))
             _shared[pg] = shared
         shared.users += 1
         return shared
+
+
+def _generation(store: Any, size: int) -> int:
+    """How many hfreduce groups were formed through ``store`` before this one (its keys' prefix).
+
+    Counted in the store, not per torch group object: torch keeps the env:// store for the life of the process,
+    so a default group destroyed and made again has the same store (and key prefix) as the one before, and a
+    count that started again at 0 read the old group's keys (its closed control server's address). Every rank
+    adds one before it publishes; all adds of one formation come before any of the next (a rank forms the next
+    only once this one is formed), so all ranks agree.
+    """
+    count: int = store.add("haiscale-ddp/joins", 1)
+    return (count - 1) // size
 
 
 def check_same_parameters(pg: Any, named: Sequence[tuple[str, torch.nn.Parameter]]) -> None:
