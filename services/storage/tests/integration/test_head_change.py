@@ -82,7 +82,7 @@ async def test_a_head_stopped_mid_batch_starts_no_update_once_another_head_took_
     expected = b"".join(bytes(w.data) for w in writes)
     replicas = await _replicas(cluster, patient, chain.chain_id, inode_id)
     missing = {t: _pieces_missing(data, expected) for t, data in replicas.items()}
-    assert missing == dict.fromkeys(replicas, []), f"acknowledged writes missing, by target: {missing}"
+    assert missing == {t: [] for t in replicas}, f"acknowledged writes missing, by target: {missing}"
 
 
 def _pieces_missing(data: bytes, expected: bytes) -> list[int]:
