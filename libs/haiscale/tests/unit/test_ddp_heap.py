@@ -38,9 +38,11 @@ def test_kept_memory_is_not_faulted_in_again() -> None:
     applied, faults = _faults("keep")
     if not applied:
         pytest.skip("not glibc: the C library's own policy applies")
-    # 10 x 3 x 16,384 pages of 4 KiB if each gradient were mapped afresh; with the setting, none in most runs, a
-    # block's worth now and then (glibc's aligned allocation asks a little more than a freed gradient's chunk)
-    assert faults < 10 * 16_384 // 2
+    # 10 x 3 x 16,384 pages of 4 KiB if each gradient were mapped afresh. With the setting: none in most runs, and
+    # in some the heap grows by a few blocks over the ten steps (2 blocks in 1 run of 3 here, 6 once in a loaded CI
+    # run; it varies from run to run with the address layout, not with threads: one intra-op thread shows it too).
+    # The bound is a quarter of the afresh figure, which the setting's absence exceeds fourfold (test below).
+    assert faults < 10 * 3 * 16_384 // 4
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "gnu_get_libc_version"), reason="glibc's policy")
