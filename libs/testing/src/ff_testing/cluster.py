@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,6 +85,17 @@ class StorageCluster:
     def client(self, token: str = CLUSTER_TOKEN) -> MgmtdClient:
         """A new client of the cluster's mgmtd (the caller closes it); the cluster token unless ``token``."""
         return MgmtdClient([self.mgmtd_address], token=token, timeout_s=3.0)
+
+    @contextlib.asynccontextmanager
+    async def storage_client(self, **options: Any) -> AsyncIterator[hf3fs.StorageClient]:
+        """A storage client of the cluster with the cluster token (``options``: StorageClient's), closed on exit."""
+        mg = self.client()
+        client = hf3fs.StorageClient(mg, CLUSTER_TOKEN, **options)
+        try:
+            yield client
+        finally:
+            await client.close()
+            await mg.close()
 
     async def routing(self) -> mpb.RoutingInfo:
         """The cluster's current routing info, from mgmtd."""

@@ -326,6 +326,7 @@ class ChainWriter:
                 committed,
                 u.version,
                 full=u.full,
+                recovery_copy=u.no_forward and u.full,
                 same_update=same,
                 retried_version=retried.version if retried else None,
                 remove_of_nothing=u.kind is UpdateKind.REMOVE and meta is None,

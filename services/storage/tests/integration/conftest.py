@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster, tail_logs
+from ff_testing.cluster import StorageCluster, start_cluster, tail_logs
 from hf3fs import StorageClient
 
 
@@ -22,13 +22,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[StorageCluster]:
 
 @pytest.fixture
 async def client(cluster: StorageCluster) -> AsyncIterator[StorageClient]:
-    mg = cluster.client()
-    sc = StorageClient(mg, CLUSTER_TOKEN, retry_deadline_s=30.0)
-    try:
+    async with cluster.storage_client(retry_deadline_s=30.0) as sc:
         yield sc
-    finally:
-        await sc.close()
-        await mg.close()
 
 
 def logs(cluster: StorageCluster) -> str:

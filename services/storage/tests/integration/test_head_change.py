@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster
+from ff_testing.cluster import StorageCluster
 from hf3fs import ChunkRead, ChunkWrite, StorageClient
 
 CHUNK = 16 * 1024
@@ -21,13 +21,8 @@ PIECE = 16  # bytes per write: CHUNK // PIECE writes fill the chunk
 @pytest.fixture
 async def patient(cluster: StorageCluster) -> AsyncIterator[StorageClient]:
     """A client whose calls wait as long as a head stopped for seconds takes to answer."""
-    mg = cluster.client()
-    sc = StorageClient(mg, CLUSTER_TOKEN, timeout_s=120.0, retry_deadline_s=120.0)
-    try:
+    async with cluster.storage_client(timeout_s=120.0, retry_deadline_s=120.0) as sc:
         yield sc
-    finally:
-        await sc.close()
-        await mg.close()
 
 
 async def _replicas(cluster: StorageCluster, client: StorageClient, chain_id: int, inode_id: int) -> dict[int, bytes]:

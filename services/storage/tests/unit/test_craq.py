@@ -35,6 +35,9 @@ APPLY, RETRIED, DUP, MISSING, NOTHING = (
         (REPLICA, 5, 5, {"full": True}, Decision(APPLY, 5)),
         (REPLICA, 5, 9, {"full": True}, Decision(APPLY, 9)),
         (REPLICA, 5, 4, {"full": True}, Decision(DUP, 5)),
+        # a sync's or repair's copy is the predecessor's committed chunk: it applies below the version held here too
+        (REPLICA, 5, 4, {"full": True, "recovery_copy": True}, Decision(APPLY, 4)),
+        (REPLICA, 5, 5, {"full": True, "recovery_copy": True, "same_update": False}, Decision(APPLY, 5)),
         # a remove of a chunk this replica does not have is done; a version gap still comes first
         (REPLICA, 0, 1, {"remove_of_nothing": True}, Decision(NOTHING, 0)),
         (REPLICA, 0, 2**62, {"full": True, "remove_of_nothing": True}, Decision(NOTHING, 0)),  # a sync's remove

@@ -134,7 +134,12 @@ class ForwardDecision(enum.Enum):
 
 
 def decide_forward(
-    committed_version: int, update_version: int, full_chunk_replace: bool, same_update: bool | None = None
+    committed_version: int,
+    update_version: int,
+    full_chunk_replace: bool,
+    same_update: bool | None = None,
+    *,
+    recovery_copy: bool = False,
 ) -> ForwardDecision:
     """Whether a forwarded update is a duplicate of one this replica committed.
 
@@ -144,7 +149,15 @@ def decide_forward(
     A different update at a version this replica already committed is no duplicate: this replica took an
     update its predecessor then dropped (the ack was lost, the predecessor aborted), and the predecessor's
     copy is the chain's. It answers MISSING, and the predecessor sends the whole chunk.
+
+    ``recovery_copy``: a sync's or repair's copy of the sender's committed chunk, sent under the sender's chunk
+    lock: it always applies, as 3FS's syncing write does, even below the version held here. This replica may
+    hold a newer version its predecessor never committed: the replicas committed a write, and the power went
+    before the head did; restarted, the head is the chain's last serving copy and the others sync from it.
+    Keeping the newer copy would leave the replicas holding other bytes than the head under the chain.
     """
+    if recovery_copy:
+        return ForwardDecision.APPLY
     if full_chunk_replace:
         return ForwardDecision.APPLY if update_version >= committed_version else ForwardDecision.DUPLICATE
     if update_version <= committed_version:

@@ -54,6 +54,7 @@ def admit(
     same_update: bool | None = None,
     retried_version: int | None = None,
     remove_of_nothing: bool = False,
+    recovery_copy: bool = False,
 ) -> Decision:
     """What a replica does with an update that arrives.
 
@@ -66,12 +67,14 @@ def admit(
             ids are off or it has none, so the version alone decides.
         retried_version: head: the version this update (by its id) committed before, if it did.
         remove_of_nothing: a remove of a chunk this replica does not have.
+        recovery_copy: replica: a sync's or repair's full copy of the predecessor's committed chunk (applies
+            whatever version is here: ``decide_forward``).
     """
     if place is Place.HEAD:
         if retried_version is not None:
             return Decision(Verdict.RETRIED, retried_version)
         return Decision(Verdict.APPLY, committed + 1)
-    decided = decide_forward(committed, version, full, same_update)
+    decided = decide_forward(committed, version, full, same_update, recovery_copy=recovery_copy)
     if decided is ForwardDecision.DUPLICATE:
         return Decision(Verdict.DUPLICATE, committed)
     if decided is ForwardDecision.MISSING:
