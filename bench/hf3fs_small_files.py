@@ -17,6 +17,8 @@ and fusermount3). Each round, in an order that rotates between the kinds (client
   shows SQLite 3 making for one such transaction: the journal created, its pages written, fdatasync, the
   folder's fdatasync, the journal header, fdatasync, the database's pages, fdatasync, close, unlink); the
   durable steps any SQLite transaction waits for, the bound of the SQLite figure on the same file system;
+- appends: a log file written as a training job writes one: ``--append-lines`` lines of 64 bytes, each its own
+  ``write`` on an ``O_APPEND`` descriptor, an fsync every 50, then close (mount, disk); seconds;
 - random: 4 threads doing 4 KiB ``pread``/``pwrite`` (half each) at random aligned offsets of one file of one
   chunk (4 MiB) and of one of two chunks (8 MiB: its middle 4 MiB, across the chunk boundary, so both have the
   same working set in the kernel's page cache), through the mount, ``--random-abba`` ABBA blocks of the two per
@@ -194,6 +196,26 @@ class Round:
             os.close(db)
         return time.perf_counter() - t0
 
+    def appends(self, lines: int) -> float:
+        """``lines`` log lines of 64 bytes appended one ``write`` each (O_APPEND), an fsync every 50, then close;
+        the file is checked afterwards (every line whole, in order)."""
+        assert self.root is not None
+        path = self.root / f"{self._fresh('log')}.log"
+        body = [f"step {n:08d} loss 1.2345 lr 3e-4 ".encode().ljust(63, b".") + b"\n" for n in range(lines)]
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            for n, line in enumerate(body):
+                os.write(fd, line)
+                if n % 50 == 49:
+                    os.fsync(fd)
+        finally:
+            os.close(fd)
+        elapsed = time.perf_counter() - t0
+        if path.read_bytes() != b"".join(body):
+            raise RuntimeError(f"appends on {self.kind}: the log does not read back as written")
+        return elapsed
+
     def random_io(self, file_bytes: int, ops_per_thread: int) -> float:
         """4 KiB operations over the middle RANDOM_SPAN bytes of a new file of ``file_bytes``: the same working set
         in both files (the kernel's page cache answers a read of a page read or written before, so a larger
@@ -245,6 +267,7 @@ def main() -> int:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--tar-files", type=int, default=241)
     p.add_argument("--sqlite-tx", type=int, default=100)
+    p.add_argument("--append-lines", type=int, default=300)
     p.add_argument("--random-ops", type=int, default=250, help="4 KiB operations per thread (4 threads)")
     p.add_argument(
         "--random-abba", type=int, choices=(1, 2), default=2, help="ABBA blocks (1,2,2,1-chunk runs) per round"
@@ -297,6 +320,7 @@ def run_rounds(rounds: dict[str, Round], a: argparse.Namespace) -> dict[str, lis
                     ("tar x s", r.tar),
                     ("sqlite s", lambda r=r: r.sqlite(a.sqlite_tx)),
                     ("sqlite calls s", lambda r=r: r.sqlite_calls(a.sqlite_tx)),
+                    ("appends s", lambda r=r: r.appends(a.append_lines)),
                 ]
             if kind == "mount":  # in ABBA pairs, so a trend in the machine's load favours neither file
                 for chunks in (1, 2, 2, 1, 1, 2, 2, 1)[: 4 * a.random_abba]:

@@ -479,20 +479,31 @@ class RawFile(io.RawIOBase):
         offset the bytes landed at.
         """
         with self._fs.append_guard(self.inode_id):
-            lease, end_now = self._take_append_lease()
-            end = end_now
+            lease, start = self.open_append_lease()
+            end = start
             try:
-                # meta's end has this client's earlier appends (each lease closed with its end); a writer of this
-                # client may have written further without reporting it yet
-                start = max(end_now, self._fs.local_length(self.inode_id))
                 self.ensure_room(start + len(data))  # an append lands whole or not at all
                 end = self._write_at(start, data)
             finally:
-                req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end)
-                if end > end_now and self._last_write_ns is not None:
-                    req.mtime_ns = self._last_write_ns
-                self._fs.close_session(req, self.name)
+                self.close_append_lease(lease, end, wrote=end > start)
         return start
+
+    def open_append_lease(self) -> tuple[pb.WriteSession, int]:
+        """Take the inode's append lease (waiting while another client holds it): (the lease, where appends start).
+
+        Appends start at the end meta knows (it has this client's earlier appends: each lease closed with its end),
+        or further if a writer of this client wrote further without reporting it yet. Until ``close_append_lease``
+        no other client appends to the file; one thread of this client at a time holds it (the caller sees to that).
+        """
+        lease, end_now = self._take_append_lease()
+        return lease, max(end_now, self._fs.local_length(self.inode_id))
+
+    def close_append_lease(self, lease: pb.WriteSession, end: int, *, wrote: bool) -> None:
+        """Give the append lease back with the file's new end (what was appended under it is in storage by now)."""
+        req = pb.CloseRequest(inode_id=self.inode_id, session_id=lease.session_id, written_length_bytes=end)
+        if wrote and self._last_write_ns is not None:
+            req.mtime_ns = self._last_write_ns
+        self._fs.close_session(req, self.name)
 
     def _take_append_lease(self) -> tuple[pb.WriteSession, int]:
         """Open the inode's append lease, waiting while another client holds it; (session, meta's length)."""

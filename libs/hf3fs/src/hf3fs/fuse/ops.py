@@ -24,6 +24,7 @@ import mfusepy
 
 from ff_rpc import acting_as
 from hf3fs.entries import Stat
+from hf3fs.fuse.appends import AppendLeases
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 from hf3fs.fuse.callers import as_caller, caller_identity, fuse_errors
 from hf3fs.fuse.extents import open_for_handle
@@ -71,6 +72,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._uid, self._gid = os.getuid(), os.getgid()
         self._real_ids = options.keep_ids or options.multi_user
         self._table = HandleTable()  # the open handles
+        self._appends = AppendLeases()  # O_APPEND handles holding their inode's append lease
         self._lock = self._table.lock  # the table's, which guards the mount's state below too
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
         self._released = 0  # handles released so far, all kinds (the mount's stats)
@@ -580,13 +582,19 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
         The kernel's offset is the end it knows, which appends through another mount (another client) moved since:
         they were overwritten. The handle is direct I/O (``serve._Fuse``), so no page holds the bytes at that offset.
-        What this mount's handles buffered lands first (the append lease goes after what this client wrote).
+        What this mount's handles buffered lands first (the append lease goes after what this client wrote). The
+        append is buffered under the inode's append lease, which the handle keeps for a burst of appends
+        (``hf3fs.fuse.appends``): given back, with the bytes in storage, at its fsync, close or ``HOLD_S`` later.
         """
-        self._table.flush_writers(h.inode_id)
-        with h.lock:
-            at = h.file.append(data)  # type: ignore[attr-defined]  # an ExtentBufferedFile (writable, not pending)
-            h.end = max(h.end, at + len(data))
-            h.dirty = True
+        with self._appends.appending(h.inode_id):
+            self._table.flush_writers(h.inode_id, but=h)  # another handle here may hold the lease, or bytes before
+            with h.lock:
+                at = h.file.append(data)  # type: ignore[attr-defined]  # an ExtentBufferedFile (writable, not pending)
+                h.end = max(h.end, at + len(data))
+                h.dirty = True
+                holds = h.file.appending  # type: ignore[attr-defined]
+        if holds:
+            self._appends.held(h)  # given back in a moment if no fsync or close does first
         return len(data)
 
     @as_caller

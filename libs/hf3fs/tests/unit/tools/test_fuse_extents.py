@@ -25,6 +25,9 @@ class _Raw:
         self.fail: OSError | None = None
         self.closed = False
         self.synced = 0
+        self.leased = False
+        self.meta_end = 0
+        self.lease_events: list[str] = []
 
     def readable(self) -> bool:
         return True
@@ -51,6 +54,18 @@ class _Raw:
 
     def close(self) -> None:
         self.closed = True
+
+    # the append lease, as meta keeps it: one holder, the end it was given back with
+    def open_append_lease(self) -> tuple[str, int]:
+        assert not self.leased, "the lease taken twice"
+        self.leased = True
+        self.lease_events.append("open")
+        return "lease", max(self.meta_end, len(self.data))
+
+    def close_append_lease(self, lease: str, end: int, *, wrote: bool) -> None:
+        assert self.leased and lease == "lease"
+        self.leased, self.meta_end = False, end
+        self.lease_events.append(f"close {end} {wrote}")
 
 
 def _put(model: bytearray, at: int, b: bytes) -> None:
@@ -159,3 +174,53 @@ def test_flush_span_sends_only_the_extents_it_overlaps() -> None:
     assert raw.flushes[1] == [(300, 10)] and f.buffered_end == 10
     f.flush()
     assert raw.flushes[2] == [(0, 10)] and f.buffered_end == 0
+
+
+def test_appends_are_buffered_under_one_lease_and_given_back_with_the_end_at_the_flush() -> None:
+    raw = _Raw()
+    raw.meta_end = raw.data.__len__() + 100  # another client appended 100 bytes this one has not seen
+    raw.data.extend(bytes(100))
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    f.seek(5)
+    f.write(b"w")  # an ordinary write buffered before: it goes first, before the lease is taken
+    assert [f.append(b"a" * 10), f.append(b"b" * 5)] == [100, 110]
+    assert f.appending and raw.lease_events == ["open"] and raw.flushes == [[(5, 1)]]
+    f.flush()
+    assert raw.flushes[-1] == [(100, 15)] and raw.lease_events == ["open", "close 115 True"] and not f.appending
+    assert bytes(raw.data[100:]) == b"a" * 10 + b"b" * 5
+    assert f.append(b"c") == 115  # the next burst takes the lease again
+    f.close()
+    assert raw.lease_events[-2:] == ["open", "close 116 True"] and raw.closed and bytes(raw.data[115:]) == b"c"
+
+
+def test_a_full_buffer_of_appends_goes_with_the_lease_and_the_next_append_takes_it_again() -> None:
+    raw = _Raw(chunk=1 << 12)
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    for _ in range(6):
+        f.append(b"x" * 1000)  # the fifth fills the 4 KiB buffer
+    assert raw.lease_events == ["open", "close 5000 True", "open"] and raw.flushes == [[(0, 5000)]]
+    f.close()
+    assert bytes(raw.data) == b"x" * 6000 and raw.lease_events[-1] == "close 6000 True"
+
+
+def test_an_append_over_quota_changes_nothing_and_gives_the_lease_back() -> None:
+    raw = _Raw()
+    raw.meta_end = (1 << 30) - 10
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    with pytest.raises(OSError) as err:
+        f.append(b"y" * 11)
+    assert err.value.errno == errno.EDQUOT and not f.appending and f.buffered == 0
+    assert raw.lease_events == ["open", f"close {(1 << 30) - 10} False"]
+
+
+def test_a_failed_flush_keeps_the_appends_and_the_lease_for_the_next() -> None:
+    raw = _Raw()
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    f.append(b"z" * 3)
+    raw.fail = OSError(errno.EIO, "storage")
+    with pytest.raises(OSError):
+        f.flush()
+    assert f.appending and raw.lease_events == ["open"]
+    raw.fail = None
+    f.flush()
+    assert bytes(raw.data) == b"zzz" and raw.lease_events == ["open", "close 3 True"]
