@@ -190,3 +190,82 @@ async def test_power_loss_while_heads_are_behind_their_replicas_converges(
     except AssertionError:
         print(tail_logs(cluster.folder, 60))
         raise
+
+
+@pytest.mark.parametrize("with_mgmtd", [False, True], ids=["mgmtd up", "mgmtd too"])
+async def test_every_storage_service_killed_mid_stream_and_restarted_at_once(
+    cluster: StorageCluster, quick: StorageClient, with_mgmtd: bool
+) -> None:
+    """All storage services SIGKILLed at once in a stream of writes (and mgmtd, or not), restarted all together."""
+    info = await cluster.wait_all_serving()
+    stream = Stream(quick, [c.chain_id for c in info.chains], num_writers=4)
+    stream.start()
+    try:
+        await stream.acked_at_least(60)
+        if with_mgmtd:
+            cluster.mgmtd.kill()
+        _kill(cluster.nodes)
+    finally:
+        await stream.stop()
+    if with_mgmtd:
+        cluster.mgmtd.start()
+    await _start(cluster.nodes)
+    if with_mgmtd:
+        await cluster.mgmtd.ready(60)
+    await _check_every_replica(cluster, stream)
+    stream = Stream(quick, [c.chain_id for c in info.chains], num_writers=2)
+    stream.start()  # and the chains take writes again
+    try:
+        await stream.acked_at_least(20)
+    finally:
+        await stream.stop()
+    await _check_every_replica(cluster, stream)
+
+
+def _states(info: mpb.RoutingInfo, node_id: int) -> set[int]:
+    return {t.public_state for c in info.chains for t in c.targets if t.node_id == node_id}
+
+
+@pytest.mark.parametrize("order", ["head first", "tail first"])
+async def test_killed_one_by_one_and_restarted_stalest_first(
+    cluster: StorageCluster, quick: StorageClient, order: str
+) -> None:
+    """Writes go on while the storage services die one after another (heads first, or tails first), each noticed
+    by mgmtd; the last one to die holds the only up-to-date copies (lastsrv). They come back one at a time, the
+    stalest first: no chain serves (reads or writes) until the last one to die is back, then the others sync
+    from it while writes go on, and every acknowledged write is on every replica."""
+    info = await cluster.wait_all_serving()
+    by_node = {n.info["node_id"]: n for n in cluster.nodes}
+    order_ids = [t.node_id for t in info.chains[0].targets]
+    if order == "tail first":
+        order_ids.reverse()
+    stream = Stream(quick, [c.chain_id for c in info.chains], num_writers=2)
+    stream.start()
+    try:
+        await stream.acked_at_least(20)
+        for n, node_id in enumerate(order_ids):
+            by_node[node_id].kill()
+
+            async def noticed(node_id: int = node_id) -> bool:
+                states = _states(await cluster.routing(), node_id)
+                return mpb.PUBLIC_TARGET_STATE_SERVING not in states
+
+            await eventually(noticed, 30, f"node {node_id}'s targets out of service")
+            if n < len(order_ids) - 1:
+                await stream.acked_at_least(10)  # writes go on without it
+        for node_id in order_ids:  # the stalest first
+            await _start([by_node[node_id]])
+            if node_id != order_ids[-1]:
+
+                async def waiting(node_id: int = node_id) -> bool:
+                    return _states(await cluster.routing(), node_id) == {mpb.PUBLIC_TARGET_STATE_WAITING}
+
+                await eventually(waiting, 30, f"node {node_id}'s targets waiting for the last serving copy")
+                chains = (await cluster.routing()).chains
+                serving = [c.chain_id for c in chains if c.targets[0].public_state == mpb.PUBLIC_TARGET_STATE_SERVING]
+                assert serving == [], f"chains {serving} serve without their last serving copy"
+        await cluster.wait_all_serving(timeout_s=60)
+        await stream.acked_at_least(20)  # writes go on once it is back
+    finally:
+        await stream.stop()
+    await _check_every_replica(cluster, stream)
