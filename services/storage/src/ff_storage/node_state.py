@@ -90,6 +90,9 @@ class Update:
     corrupt: bool = False  # the base copy here does not match its checksum (the update was not prepared)
     no_forward: bool = False  # stored here only, not passed on (a repair's copy for this one replica)
     at_head: bool = False  # versioned here as the chain's head: forwarded only while this target still is
+    # at the head, a run of writes to this chunk in one batch that this update applies as one version (a full-chunk
+    # replace): the writes still to apply (a retried one answered already), each given this update's result
+    members: list[Update] | None = None
     result: UpdateResult = field(default_factory=UpdateResult)
 
 

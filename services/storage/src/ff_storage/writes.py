@@ -30,6 +30,7 @@ from ff_storage.core.chunks import (
     UpdateRecord,
     apply_truncate,
     apply_write,
+    apply_writes,
     chain_update_id,
     check_chunk_id,
     check_range,
@@ -275,10 +276,14 @@ class ChainWriter:
         A round started goes on to its end even if the caller goes away (``update_to_the_end``).
         """
         started = time.perf_counter()
-        for round_ in _rounds(updates):
+        merged = _merged_writes(updates)
+        for round_ in _rounds(merged):
             await self.state.update_to_the_end(
                 target.target_id, [u.key for u in round_], functools.partial(self._head_round, target, round_)
             )
+        for u in merged:
+            for m in u.members or ():
+                m.result = u.result
         ok = IoStatus.OK
         written = sum(u.length for u in updates if u.kind is UpdateKind.WRITE and u.result.status == ok)
         self.state.io_stats.record(WRITE, target.target_id, written, time.perf_counter() - started)
@@ -319,6 +324,10 @@ class ChainWriter:
         for u in updates:
             meta = target.engine.get(u.key)
             committed = meta.committed_version if meta else 0
+            if u.members is not None:
+                if self._prepare_merged(target, u, committed):
+                    ready.append(u)
+                continue
             retried = self._already_committed(target, u) if at_head else None
             same = None if at_head else self._same_update(target, u, committed)
             decision = craq.admit(
@@ -361,6 +370,43 @@ class ChainWriter:
                     u.content_checksum = crc32c_of(u.content)
             ready.append(u)
         return ready
+
+    def _prepare_merged(self, target: Target, u: Update, committed: int) -> bool:
+        """At the head, a run of writes to one chunk (``u.members``) as one version: whether ``u`` is to store.
+
+        A member committed before (a retry) gets its first result; the others apply in order over the committed
+        copy, and ``u`` becomes a full-chunk replace of the result, carrying their ids (in the chunk's records, as
+        each replica keeps them), so a retry of any of them at any replica is known. One round trip of the chain
+        for the run, where each write took its own: a database's flush writes a few pages here and there in a
+        chunk, each a durable chain write in turn. The replicas get the whole chunk, which they write whole anyway.
+        """
+        assert u.members is not None
+        todo: list[Update] = []
+        for m in u.members:
+            retried = self._already_committed(target, m)
+            if retried is None:
+                todo.append(m)
+            else:  # its first result
+                m.result = UpdateResult(
+                    IoStatus.OK, "already committed", retried.version, retried.length, retried.checksum
+                )
+        u.members = todo
+        if not todo:
+            return False
+        try:
+            current = target.engine.read_committed(u.key)
+        except ChunkCorrupt as exc:  # the head's copy is bad: repaired, then prepared again (``_head_round``)
+            u.result, u.corrupt = result_of(IoStatus.CHECKSUM_MISMATCH, str(exc)), True
+            return False
+        content = apply_writes(current[1] if current else None, [(m.offset, m.data) for m in todo])
+        checksum = crc32c_of(content)
+        u.version = craq.admit(craq.Place.HEAD, committed, 0).version
+        u.full, u.data, u.length, u.data_checksum = True, content, len(content), checksum
+        u.content, u.content_checksum = content, checksum
+        u.update_id = todo[0].update_id
+        ids = [m.update_id for m in todo if m.update_id is not None]
+        u.records = target.engine.records_after(u.key, ids, u.version, len(content), checksum)
+        return True
 
     def _already_committed(self, target: Target, u: Update) -> UpdateRecord | None:
         if not self.state.config.update_ids or u.update_id is None:
@@ -664,6 +710,31 @@ def _rounds(updates: list[Update]) -> list[list[Update]]:
         else:
             rounds.append([u])
     return rounds
+
+
+def _merged_writes(updates: list[Update]) -> list[Update]:
+    """``updates`` with each run of two or more writes to one chunk as one carrier update whose ``members`` they are.
+
+    A run has no other update of the chunk in between; its carrier stands where its first write was, so the
+    updates of a chunk keep their order.
+    """
+    out: list[Update] = []
+    runs: dict[ChunkKey, int] = {}  # chunk -> where its run of writes so far is in ``out``
+    for u in updates:
+        at = runs.get(u.key)
+        if u.kind is not UpdateKind.WRITE or at is None or out[at].chunk_size != u.chunk_size:
+            if u.kind is UpdateKind.WRITE:
+                runs[u.key] = len(out)
+            else:
+                runs.pop(u.key, None)
+            out.append(u)
+            continue
+        carrier = out[at]
+        if carrier.members is None:  # the run's second write: its first becomes a member too
+            carrier = Update(key=u.key, kind=UpdateKind.WRITE, chunk_size=u.chunk_size, members=[out[at]])
+            out[at] = carrier
+        carrier.members.append(u)  # type: ignore[union-attr]  # set just above
+    return out
 
 
 def _drop_stored(engine: ChunkEngine, reserved: list[Pending], store: asyncio.Future[list[Pending]]) -> None:

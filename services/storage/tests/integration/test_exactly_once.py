@@ -259,3 +259,76 @@ async def test_a_recovered_replica_knows_the_updates_it_was_not_there_for(
     assert (retry.status, retry.committed_version) == (spb.CHUNK_IO_STATUS_OK, 1), retry
     data, version, _ = await _read(client, chain.chain_id, inode=43)
     assert (data, version) == (b"X" * 100, 1)
+
+
+async def _write_batch(
+    info: mpb.RoutingInfo, chain: mpb.Chain, ios: list[tuple[int, bytes, spb.UpdateId]], inode: int
+) -> list[spb.UpdateResult]:
+    """One BatchWrite of ``(offset, data, update id)`` writes into chunk 0 of ``inode``, straight to the head."""
+    pbs = [
+        spb.WriteIO(
+            chain_id=chain.chain_id,
+            chain_version=chain.version,
+            chunk_id=spb.ChunkId(inode_id=inode, chunk_index=0),
+            chunk_size_bytes=CHUNK,
+            offset_bytes=offset,
+            length_bytes=len(data),
+            checksum=spb.Checksum(type=1, value=crc32c_of(data)),
+            inline_data=data,
+            update_id=update_id,
+        )
+        for offset, data, update_id in ios
+    ]
+    channel = open_channel(_address(info, chain.targets[0].node_id))
+    try:
+        stub = storage_pb2_grpc.StorageServiceStub(channel)
+        resp = await RpcClient(token=CLUSTER_TOKEN).unary(stub.BatchWrite, spb.BatchWriteRequest(ios=pbs))
+        return list(resp.results)
+    finally:
+        await channel.close()
+
+
+async def test_writes_to_one_chunk_in_one_batch_are_one_version_and_each_retry_is_known_everywhere(
+    cluster: StorageCluster, client: StorageClient
+) -> None:
+    """A batch's writes to one chunk (a database's pages here and there) apply at the head as one version, one trip
+    down the chain (each took a durable chain write in turn), in order (the later over the earlier), and every
+    replica remembers each write's id: a retry of the batch, or of one write at a new head after the old one died,
+    gets its first result and applies nothing again (a later write stays)."""
+    info = await cluster.routing()
+    chain = info.chains[0]
+    inode = 44
+    ios = [
+        (0, b"a" * 100, spb.UpdateId(client_id=b"db", request_id=1)),
+        (1000, b"b" * 50, spb.UpdateId(client_id=b"db", request_id=2)),
+        (50, b"c" * 100, spb.UpdateId(client_id=b"db", request_id=3)),  # over the end of the first
+    ]
+    expected = b"a" * 50 + b"c" * 100 + bytes(850) + b"b" * 50
+    first = await _write_batch(info, chain, ios, inode)
+    assert [(r.status, r.committed_version) for r in first] == [(spb.CHUNK_IO_STATUS_OK, 1)] * 3, first
+    assert {(r.chunk_length_bytes, r.chunk_checksum.value) for r in first} == {(1050, crc32c_of(expected))}
+    again = await _write_batch(info, chain, ios, inode)  # the client's retry of the whole batch
+    assert [(r.status, r.committed_version) for r in again] == [(spb.CHUNK_IO_STATUS_OK, 1)] * 3, again
+    for target in chain.targets:
+        data, version, served_by = await _read(client, chain.chain_id, inode, target=target.target_id)
+        assert (served_by, data[:1050], version) == (target.target_id, expected, 1)
+
+    old = chain.targets[0].node_id
+    cluster.nodes[old - 101].kill()
+
+    async def at_new_head(io: tuple[int, bytes, spb.UpdateId]) -> spb.UpdateResult:
+        deadline = time.monotonic() + 30
+        while True:  # fresh routing while the new head answers STALE_CHAIN_VERSION (as _write_to_new_head)
+            info, chain = await _new_head(cluster, chain_id, old)
+            [result] = await _write_batch(info, chain, [io], inode)
+            if result.status != spb.CHUNK_IO_STATUS_STALE_CHAIN_VERSION or time.monotonic() > deadline:
+                return result
+            await asyncio.sleep(0.1)
+
+    chain_id = chain.chain_id
+    later = await at_new_head((1000, b"L" * 50, spb.UpdateId(client_id=b"other", request_id=1)))
+    assert (later.status, later.committed_version) == (spb.CHUNK_IO_STATUS_OK, 2), later
+    retry = await at_new_head(ios[1])  # "b" at 1000 again: already committed, not applied
+    assert (retry.status, retry.committed_version) == (spb.CHUNK_IO_STATUS_OK, 1), retry
+    data, version, _ = await _read(client, chain.chain_id, inode)
+    assert (data[:1050], version) == (expected[:1000] + b"L" * 50, 2)

@@ -340,7 +340,8 @@ async def test_a_target_that_is_no_longer_the_head_starts_no_update_and_forwards
     real_forward = node.writer._forward
     _fake_forward(node, monkeypatch, forward_then_lose_the_head)
     _head_of_its_chain(node)
-    first, second = _update(b"two" * 100, 0), _update(b"six" * 100, 0)  # one chunk: two rounds
+    first = _update(b"two" * 100, 0)
+    second = Update(key=KEY, kind=UpdateKind.TRUNCATE, chunk_size=300, length=10)  # one chunk: two rounds
     await node.writer._head_updates(_target(node), [first, second])
     assert [u.result.status for u in (first, second)] == [IoStatus.TARGET_NOT_SERVING] * 2
     assert forwarded == [first]  # the second round never started

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ff_storage.core.errors import InvalidRequest
@@ -117,6 +117,21 @@ def apply_write(old: bytes | None, offset: int, data: bytes | memoryview) -> byt
     if offset > len(base):
         base = base + bytes(offset - len(base))
     return base[:offset] + bytes(data) + base[offset + len(data) :]
+
+
+def apply_writes(old: bytes | None, writes: Sequence[tuple[int, bytes | memoryview]]) -> bytes:
+    """Chunk content after each ``(offset, data)`` in turn, as ``apply_write`` one after another gives it.
+
+    A later write goes over an earlier one where they overlap, gaps read as zeros; one copy of the chunk instead of
+    one per write.
+    """
+    buf = bytearray(old or b"")
+    for offset, data in writes:
+        end = offset + len(data)
+        if end > len(buf):
+            buf.extend(bytes(end - len(buf)))
+        buf[offset:end] = data
+    return bytes(buf)
 
 
 def apply_truncate(old: bytes | None, length: int) -> bytes:

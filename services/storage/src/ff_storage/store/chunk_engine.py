@@ -354,6 +354,25 @@ class ChunkEngine:
         with self._lock:
             return list(self._recent.get(key, {}).values())
 
+    def records_after(
+        self, key: ChunkKey, update_ids: Sequence[UpdateKey], version: int, length: int, checksum: int
+    ) -> list[UpdateRecord]:
+        """The records of ``key`` as a commit of ``version`` made by each of ``update_ids`` would leave them.
+
+        Oldest first, pruned as a commit prunes: what a full-chunk replace standing for those updates carries
+        (``length`` and ``checksum``: the chunk's after it).
+        """
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            records = dict(self._recent.get(key, {}))
+        for update_id in update_ids:
+            records.pop(update_id, None)
+            records[update_id] = UpdateRecord(
+                update_id=update_id, version=version, length=length, checksum=checksum, committed_at_ms=now_ms
+            )
+        _prune(records, now_ms - self._ttl_ms, self._max_ids)
+        return list(records.values())
+
     def num_update_records(self) -> int:
         """How many update records the target remembers, over all chunks."""
         with self._lock:

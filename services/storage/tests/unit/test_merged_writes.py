@@ -1,0 +1,47 @@
+"""A batch's writes to one chunk as one version at the head: the content they make, and which ones go together."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ff_storage.core.chunks import apply_write, apply_writes
+from ff_storage.core.requests import UpdateKind
+from ff_storage.node_state import Update
+from ff_storage.writes import _merged_writes
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_writes_applied_at_once_make_what_they_make_one_after_another(seed: int) -> None:
+    rng = random.Random(seed)
+    old = None if seed % 3 == 0 else rng.randbytes(rng.randrange(0, 5000))
+    writes = [(rng.randrange(0, 6000), rng.randbytes(rng.randrange(0, 700))) for _ in range(rng.randrange(1, 9))]
+    one_by_one = old
+    for offset, data in writes:
+        one_by_one = apply_write(one_by_one, offset, data)
+    assert apply_writes(old, writes) == (one_by_one or b"")
+
+
+def _up(key: tuple[int, int], kind: UpdateKind = UpdateKind.WRITE, chunk_size: int = 1 << 16) -> Update:
+    return Update(key=key, kind=kind, chunk_size=chunk_size)
+
+
+def test_runs_of_writes_to_one_chunk_become_one_carrier_in_the_place_of_the_first() -> None:
+    a1, b1, a2, a3 = _up((1, 0)), _up((2, 0)), _up((1, 0)), _up((1, 0))
+    out = _merged_writes([a1, b1, a2, a3])
+    assert len(out) == 2 and out[1] is b1
+    assert out[0].key == (1, 0) and out[0].members == [a1, a2, a3]
+
+
+def test_another_update_of_the_chunk_ends_a_run_and_keeps_its_place() -> None:
+    w1, cut, w2, w3, w4 = _up((1, 0)), _up((1, 0), UpdateKind.TRUNCATE), _up((1, 0)), _up((1, 0)), _up((1, 0), 1 << 20)
+    out = _merged_writes([w1, cut, w2, w3, w4])
+    assert out[0] is w1 and out[1] is cut and out[2].members == [w2, w3]
+    assert out[3] is w4  # another chunk size (a client's mistake the chunk's checks refuse): not merged into them
+    assert all(u.members is None for u in (w1, cut, w4))
+
+
+def test_lone_writes_stay_as_they_are() -> None:
+    ups = [_up((1, 0)), _up((1, 1)), _up((2, 0), UpdateKind.REMOVE)]
+    assert _merged_writes(ups) == ups
