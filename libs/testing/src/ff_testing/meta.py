@@ -18,6 +18,19 @@ class MetaProcess(ServiceProcess):
         """SIGTERM, then SIGKILL after 15 s."""
         self.terminate(timeout_s=15.0)
 
+    def start_again(self) -> None:
+        """Start the stopped (or killed) service again on the address it listened on, so its clients keep it.
+
+        After ``ready``: the same settings and database, the port it had (the first start may have had port 0).
+        """
+        args, address = list(self.args), self.address
+        if "--listen-address" in args:
+            args[args.index("--listen-address") + 1] = address
+        else:
+            args += ["--listen-address", address]
+        self.args = args
+        self.start()
+
 
 def meta_process(
     folder: Path, name: str, *, mgmtd_address: str, cluster_token: str, database_url: str, **settings: object

@@ -12,27 +12,14 @@ from collections.abc import Iterator
 import pytest
 
 import hf3fs
-from ff_testing.cluster import CLUSTER_TOKEN
-from ff_testing.meta import meta_process
 
 from .conftest import FsCluster
 
 
 def _restart_meta(cluster: FsCluster) -> None:
     """Start meta again where it listened before (the client keeps its address), on the same database."""
-    address = cluster.meta.address
-    meta = meta_process(
-        cluster.folder,
-        "meta1",
-        mgmtd_address=cluster.mgmtd,
-        cluster_token=CLUSTER_TOKEN,
-        database_url=f"sqlite:///{cluster.folder / 'meta.db'}",
-        background_interval_s=0.5,
-        listen_address=address,
-    )
-    meta.start()
-    asyncio.run(meta.ready())
-    cluster.meta = meta
+    cluster.meta.start_again()
+    asyncio.run(cluster.meta.ready())
 
 
 @pytest.fixture

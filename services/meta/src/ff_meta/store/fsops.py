@@ -580,13 +580,19 @@ def remove(
             )
         )
         return trash_id
-    if inode.is_file and inode.nlink <= 1:
-        tx.quotas.charge(chain, dbytes=-inode.length, dinodes=-1, enforce=False)
-    elif not inode.is_file:
-        tx.quotas.charge(chain, dinodes=-1, enforce=False)
+    _uncharge_entry(tx, chain, inode)
     tx.unlink_entry(parent.inode_id, r.name)
     tx.drop_link(inode)
     return ""
+
+
+def _uncharge_entry(tx: Tx, chain: list[QuotaRow], inode: Inode) -> None:
+    """An entry of ``inode`` goes: its usage leaves the quotas with its last link (a folder has one name).
+
+    Any inode but a folder may have several names (link(2) does not follow a symlink), and a link adds no usage.
+    """
+    if inode.is_dir or inode.nlink <= 1:
+        tx.quotas.charge(chain, dbytes=-inode.length if inode.is_file else 0, dinodes=-1, enforce=False)
 
 
 def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa: PLR0912
@@ -622,10 +628,7 @@ def rename(tx: Tx, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:  # noqa
             raise fs_error(FsCode.NAME_TOO_LONG, f"{dst.path}: directories nest at most {MAX_DIR_DEPTH} levels deep")
     src_chain, dst_chain = tx.quotas.chain(sparent), tx.quotas.chain(dparent)
     if target is not None:
-        if target.is_file and target.nlink <= 1:
-            tx.quotas.charge(dst_chain, dbytes=-target.length, dinodes=-1, enforce=False)
-        elif not target.is_file:
-            tx.quotas.charge(dst_chain, dinodes=-1, enforce=False)
+        _uncharge_entry(tx, dst_chain, target)
         tx.unlink_entry(dparent.inode_id, rd.name)
         tx.drop_link(target)
     src_ids = {q.inode_id for q in src_chain}

@@ -428,7 +428,7 @@ class Tx:
 
         On the cursor (an unlink on the event loop's inline path: through the ORM session it ran twice, ~3x a Create).
         """
-        if inode.is_dir or inode.is_symlink:
+        if inode.is_dir:  # (a symlink may have several names, as a file: link(2) does not follow it)
             self._fetch(_RAW_DELETE_INODE, (inode.inode_id,), fetch=False)
             return
         nlink = max(0, inode.nlink - 1)

@@ -1,0 +1,235 @@
+"""Meta SIGKILLed in the middle of creates, writes, renames, truncates and removes from several clients, and
+restarted on the same database: the tree stays consistent and every acknowledged operation is there once.
+
+Consistency is read from meta's own SQLite file (the INOD/DENT tables) and the storage targets' chunk tables:
+no entry names a missing inode, no inode is lost, link counts and directory quotas' usage match the tree, and
+the chunks of removed files leave storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import hf3fs
+from ff_testing.cluster import Cluster, running_cluster
+from ff_testing.waiting import wait_until
+
+LEASE_S = 3.0
+META = {"session_lease_s": LEASE_S, "background_interval_s": 0.3, "default_chunk_size": 1 << 16}
+NUM_CLIENTS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("metacrash"), meta=META) as c:
+        yield c
+
+
+def _restart_meta(cluster: Cluster) -> None:
+    """SIGKILL meta and start it again where it listened, on the same database."""
+    meta = cluster.meta[0]
+    meta.kill()
+    meta.start_again()
+    asyncio.run(meta.ready())
+
+
+def _until_answered(op: Callable[[], object], accepted: tuple[int, ...] = ()) -> str:
+    """Run ``op`` until meta answers it, as a client retrying after meta restarts does.
+
+    Returns "ok", or the errno name of an ``accepted`` error (what a retry of an operation that had applied gets).
+    """
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            op()
+            return "ok"
+        except (ConnectionError, TimeoutError):  # meta did not answer: it may or may not have applied it
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+        except OSError as err:
+            if err.errno in accepted:
+                return errno.errorcode[err.errno]
+            raise
+
+
+@dataclass
+class Worker:
+    """One client in its own folder: rounds of write, rename, truncate, remove, mkdir, rename dir, rmdir."""
+
+    fs: hf3fs.FileSystem
+    home: str
+    rounds: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+
+    def data(self, i: int) -> bytes:
+        return (f"{self.home} round {i} ".encode() * 20000)[: 100_000 + i]
+
+    def one_round(self, i: int) -> None:
+        h = self.home
+
+        def write() -> None:
+            with self.fs.open(f"{h}/f{i}", "wb") as f:
+                f.write(self.data(i))
+
+        _until_answered(write)
+        _until_answered(lambda: self.fs.rename(f"{h}/f{i}", f"{h}/g{i}"), (errno.ENOENT,))
+        _until_answered(lambda: self.fs.truncate(f"{h}/g{i}", 70_000))
+        if i >= 2:
+            _until_answered(lambda: self.fs.remove(f"{h}/g{i - 2}"), (errno.ENOENT,))
+        _until_answered(lambda: self.fs.mkdir(f"{h}/d{i}"), (errno.EEXIST,))
+        _until_answered(lambda: self.fs.rename(f"{h}/d{i}", f"{h}/e{i}"), (errno.ENOENT,))
+        if i >= 2:
+            _until_answered(lambda: self.fs.rmdir(f"{h}/e{i - 2}"), (errno.ENOENT,))
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                self.one_round(self.rounds)
+                self.rounds += 1
+        except BaseException as err:
+            self.errors.append(err)
+
+    def expected(self) -> dict[str, bytes | None]:
+        """The folder after the last round: the last two files (cut to 70,000 bytes) and folders."""
+        last = range(max(0, self.rounds - 2), self.rounds)
+        return {**{f"g{i}": self.data(i)[:70_000] for i in last}, **{f"e{i}": None for i in last}}
+
+
+def _tree_problems(db: Path) -> list[str]:
+    """What is inconsistent in meta's tables (empty: nothing)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+        problems = [
+            f"entry {p}/{n} names missing inode {i}"
+            for p, n, i in c.execute(
+                "SELECT d.parent_id, d.name, d.inode_id FROM meta_dirents d"
+                " LEFT JOIN meta_inodes i ON i.inode_id = d.inode_id WHERE i.inode_id IS NULL"
+            )
+        ]
+        trashed = {r[0] for r in c.execute("SELECT inode_id FROM meta_trash")}
+        with_sessions = {r[0] for r in c.execute("SELECT inode_id FROM meta_sessions")}
+        links = dict(c.execute("SELECT inode_id, COUNT(*) FROM meta_dirents GROUP BY inode_id").fetchall())
+        for inode_id, kind, nlink, parent in c.execute("SELECT inode_id, type, nlink, parent_id FROM meta_inodes"):
+            if parent == inode_id or inode_id in trashed:  # the root; a tree in the trash
+                continue
+            have = links.get(inode_id, 0)
+            if have == 0 and inode_id not in with_sessions:
+                problems.append(f"inode {inode_id} (type {kind}) is in no folder")
+            if kind != 2 and have != nlink:  # (2: a directory, whose link count follows its subfolders)
+                problems.append(f"inode {inode_id} has nlink {nlink} and {have} entries")
+        problems += _quota_problems(c)
+    return problems
+
+
+def _quota_problems(c: sqlite3.Connection) -> list[str]:
+    """Each directory quota's usage against its tree: inodes (the folder too) and file bytes."""
+    problems = []
+    for qid, used_bytes, used_inodes, reserved in c.execute(
+        "SELECT inode_id, used_bytes, used_inodes, reserved_bytes FROM meta_quotas"
+    ).fetchall():
+        rows = c.execute(
+            "WITH RECURSIVE tree(id) AS (SELECT ? UNION SELECT d.inode_id FROM meta_dirents d"
+            " JOIN tree ON d.parent_id = tree.id)"
+            " SELECT COUNT(*), COALESCE(SUM(CASE WHEN i.type = 1 THEN i.length ELSE 0 END), 0)"
+            " FROM tree JOIN meta_inodes i ON i.inode_id = tree.id",
+            (qid,),
+        ).fetchone()
+        if (used_inodes, used_bytes) != tuple(rows):
+            problems.append(f"quota of {qid}: used {used_inodes} inodes, {used_bytes} bytes; the tree has {rows}")
+        if reserved:
+            sessions = c.execute("SELECT COUNT(*) FROM meta_sessions").fetchone()[0]
+            if not sessions:
+                problems.append(f"quota of {qid}: {reserved} bytes reserved and no write session open")
+    return problems
+
+
+def _stored_inodes(folder: Path) -> set[int]:
+    """Inode ids that storage holds chunks of, over every target of every storage service."""
+    found: set[int] = set()
+    for db in folder.glob("s*/disk*/target-*/meta.sqlite"):
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+            found |= {r[0] for r in c.execute("SELECT DISTINCT inode_id FROM chunks")}
+    return found
+
+
+def _live_files(db: Path) -> set[int]:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+        return {r[0] for r in c.execute("SELECT inode_id FROM meta_inodes WHERE type = 1")}
+
+
+def test_meta_killed_under_namespace_load_keeps_the_tree_consistent(cluster: Cluster) -> None:
+    """Three clients in their own folders (each under a directory quota), meta SIGKILLed twice mid-stream and
+    restarted; each client retries what meta did not answer until it does. Afterwards each folder holds exactly
+    what the acknowledged rounds leave (a retried rename or remove applied once), the tables are consistent, and
+    the chunks of every removed or truncated-away file leave storage."""
+    admin = cluster.fs("root")
+    clients = [cluster.connect("alice") for _ in range(NUM_CLIENTS)]
+    workers = []
+    for k, fs in enumerate(clients):
+        home = f"/crash-{k}"
+        admin.mkdir(home, 0o777)
+        admin.set_quota(home, max_bytes=1 << 30, max_inodes=10_000)
+        workers.append(Worker(fs, home))
+    stop = threading.Event()
+    threads = [threading.Thread(target=w.run, args=(stop,)) for w in workers]
+    for t in threads:
+        t.start()
+
+    def rounds_done(n: int) -> Callable[[], bool]:
+        return lambda: all(w.rounds >= n or w.errors for w in workers)
+
+    try:
+        for kill in range(5):
+            wait_until(rounds_done(2 * (kill + 1)), 60, f"{2 * (kill + 1)} rounds by every client")
+            _restart_meta(cluster)
+        wait_until(rounds_done(12), 60, "rounds after the restarts")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    try:
+        assert [w.errors for w in workers] == [[]] * NUM_CLIENTS
+        for w in workers:
+            names = set(admin.listdir(w.home))
+            assert names == set(w.expected()), (w.home, sorted(names), sorted(w.expected()))
+            for name, data in w.expected().items():
+                if data is not None:
+                    with admin.open(f"{w.home}/{name}", "rb") as f:
+                        assert f.read() == data, f"{w.home}/{name}"
+    finally:
+        for fs in clients:
+            fs.close()
+    db = cluster.folder / "meta.db"
+    wait_until(lambda: not _tree_problems(db), 30, "a consistent tree (write sessions of the kills collected)")
+    wait_until(lambda: _stored_inodes(cluster.folder) <= _live_files(db), 30, "removed files' chunks collected")
+    assert _tree_problems(db) == []
+
+
+def test_a_hard_link_to_a_symlink_outlives_its_other_name(cluster: Cluster) -> None:
+    """link(2) does not follow a symlink: the new name is a second link of the symlink itself. Removing one name
+    must leave the other (a symlink's inode was deleted with its first name: the other entry then named nothing)."""
+    fs = cluster.fs("root")
+    fs.mkdir("/links")
+    fs.set_quota("/links", max_inodes=100)
+    fs.symlink("target-somewhere", "/links/a")
+    fs.link("/links/a", "/links/b")
+    assert fs.lstat("/links/b").nlink == 2
+    fs.remove("/links/a")
+    assert fs.readlink("/links/b") == "target-somewhere"
+    assert fs.lstat("/links/b").nlink == 1
+    assert _tree_problems(cluster.folder / "meta.db") == []
+    fs.remove("/links/b")
+    assert fs.listdir("/links") == []
+    assert _tree_problems(cluster.folder / "meta.db") == []
+    quota = fs.get_quota("/links")
+    assert quota is not None and quota.used_inodes == 1  # the folder alone
