@@ -1,5 +1,6 @@
 """Meta SIGKILLed in the middle of creates, writes, renames, truncates and removes from several clients, and
-restarted on the same database: the tree stays consistent and every acknowledged operation is there once.
+restarted on the same database: the tree stays consistent and every acknowledged operation is there once. A client
+SIGKILLed mid-write: its write session is reclaimed, the length settles on what storage holds, others write on.
 
 Consistency is read from meta's own SQLite file (the INOD/DENT tables) and the storage targets' chunk tables:
 no entry names a missing inode, no inode is lost, link counts and directory quotas' usage match the tree, and
@@ -11,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -153,6 +158,12 @@ def _quota_problems(c: sqlite3.Connection) -> list[str]:
     return problems
 
 
+def _session_rows(db: Path, inode_id: int) -> int:
+    """Write sessions meta holds for the file, lapsed ones too (Stat counts only those whose lease holds)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+        return int(c.execute("SELECT COUNT(*) FROM meta_sessions WHERE inode_id = ?", (inode_id,)).fetchone()[0])
+
+
 def _stored_inodes(folder: Path) -> set[int]:
     """Inode ids that storage holds chunks of, over every target of every storage service."""
     found: set[int] = set()
@@ -233,3 +244,54 @@ def test_a_hard_link_to_a_symlink_outlives_its_other_name(cluster: Cluster) -> N
     assert _tree_problems(cluster.folder / "meta.db") == []
     quota = fs.get_quota("/links")
     assert quota is not None and quota.used_inodes == 1  # the folder alone
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import sys, hf3fs
+    fs = hf3fs.connect(sys.argv[1], sys.argv[2])
+    f = fs.open(sys.argv[3], sys.argv[4], buffering=0)
+    f.write(b"s" * 100_000)
+    f.fsync()
+    print("synced", flush=True)
+    n = 0
+    while True:
+        f.write(bytes([65 + n % 26]) * 10_000)
+        n += 1
+        if n == 5:
+            print("writing", flush=True)
+""")
+
+
+@pytest.mark.parametrize("mode", ["wb", "ab"])
+def test_a_writer_killed_mid_stream_leaves_what_storage_holds_and_others_write_on(cluster: Cluster, mode: str) -> None:
+    """A client SIGKILLed while writing (``ab``: holding the file's append lease): its session lapses and is
+    collected, the length settles on the end of what storage holds (the synced part and the writes acknowledged
+    after it at least), and another client then appends right at that end."""
+    fs = cluster.fs("alice")
+    path = f"/killed-{mode}"
+    args = [sys.executable, "-c", KILLED_WRITER, cluster.mgmtd, cluster.tokens["alice"], path, mode]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == b"synced"
+            assert fs.stat(path).size == 100_000  # fsync made it exact
+            assert proc.stdout.readline().strip() == b"writing"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    inode_id, db = fs.stat(path).inode_id, cluster.folder / "meta.db"
+    wait_until(lambda: not _session_rows(db, inode_id), LEASE_S * 4 + 10, "the killed writer's session collected")
+    size = fs.stat(path).size
+    with fs.open(path, "rb") as f:
+        got = f.read()
+    assert len(got) == size >= 150_000
+    expected = b"s" * 100_000 + b"".join(bytes([65 + n % 26]) * 10_000 for n in range(size // 10_000))
+    # acknowledged writes whole; a write in flight at the kill may have reached some chunks only (zeros elsewhere)
+    assert got[:150_000] == expected[:150_000]
+    assert all(g in (e, 0) for g, e in zip(got, expected[:size], strict=True))
+    with fs.open(path, "ab") as f:  # another client of the same user: it appends right at the settled end
+        f.write(b"after the crash")
+    assert fs.stat(path).size == size + len(b"after the crash")
+    with fs.open(path, "rb") as f:
+        assert f.read() == got + b"after the crash"
+    assert _tree_problems(cluster.folder / "meta.db") == []
