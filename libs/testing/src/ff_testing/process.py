@@ -230,3 +230,12 @@ def stop_all(processes: Iterable[ServiceProcess], timeout_s: float = 10.0) -> No
             p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def kill_all(processes: Iterable[ServiceProcess]) -> None:
+    """SIGKILL every running process at once (a power loss), then wait for each (10 s at most)."""
+    running = [p.proc for p in processes if p.proc is not None and p.proc.poll() is None]
+    for proc in running:
+        proc.kill()
+    for proc in running:
+        proc.wait(timeout=10)

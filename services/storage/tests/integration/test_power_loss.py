@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from ff_testing.cluster import StorageCluster, StorageProcess, tail_logs
+from ff_testing.process import kill_all
 from ff_testing.waiting import eventually
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient
@@ -130,15 +131,6 @@ async def _check_every_replica(cluster: StorageCluster, stream: Stream) -> None:
                 assert known, f"chunk {k}: {heads} is neither acknowledged nor in flight: {[a[:16] for a in allowed]}"
 
 
-def _kill(nodes: Iterable[StorageProcess]) -> None:
-    """SIGKILL each at once (before waiting for any)."""
-    procs = [n.proc for n in nodes if n.proc is not None and n.proc.poll() is None]
-    for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait(timeout=10)
-
-
 async def _start(nodes: Iterable[StorageProcess]) -> None:
     started = list(nodes)
     for n in started:
@@ -167,7 +159,7 @@ async def test_power_loss_while_heads_are_behind_their_replicas_converges(
         os.kill(head.info["pid"], signal.SIGSTOP)  # its writes in flight: pending here, forwarded, not committed
         await asyncio.sleep(0.5)  # the replicas commit what they took (no assertion rests on this)
         cluster.mgmtd.kill()
-        _kill(cluster.nodes)
+        kill_all(cluster.nodes)
     finally:
         await stream.stop()
     cluster.mgmtd.start()
@@ -204,7 +196,7 @@ async def test_every_storage_service_killed_mid_stream_and_restarted_at_once(
         await stream.acked_at_least(60)
         if with_mgmtd:
             cluster.mgmtd.kill()
-        _kill(cluster.nodes)
+        kill_all(cluster.nodes)
     finally:
         await stream.stop()
     if with_mgmtd:
