@@ -205,14 +205,22 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @as_caller
     def readdir(self, path: str | None, fh: int) -> list[Any]:
-        """The folder's names with their types and inode numbers (files pending here committed first, so they show)."""
+        """The folder's names with their attributes, from the listing (files pending here committed first: they show).
+
+        Whole attributes (what getattr would answer; readdirplus hands them to the kernel, ``serve._Fuse``) except for
+        files open for writing here, whose size this mount knows better than the listing: type and inode number only,
+        and the kernel asks getattr.
+        """
         with self._lock:
             where = self._dirs.get(fh, path)  # no path with nullpath_ok: the folder opendir named
         if where is None:
             raise mfusepy.FuseOSError(errno.EBADF)
         self._pending.settle(where)  # a listing shows the files made here that meta does not know yet
         entries: list[Any] = [".", ".."]
-        entries += [(e.name, {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id}, 0) for e in self.fs.scandir(where)]
+        for e in self.fs.scandir(where):
+            written_here = e.stat.type == "file" and self._table.writers(e.stat.inode_id)
+            attrs = {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id} if written_here else self._attrs(e.stat)
+            entries.append((e.name, attrs, 0))
         return entries
 
     def releasedir(self, path: str | None, fh: int) -> int:

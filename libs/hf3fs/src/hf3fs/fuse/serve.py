@@ -117,13 +117,27 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out
         raise OSError(errno.EIO, f"libfuse could not mount or serve (status {err})", where) from None
 
 
+_FUSE_READDIR_PLUS = 1  # libfuse 3's enum fuse_readdir_flags: the kernel asks for readdirplus
+_FUSE_FILL_DIR_PLUS = 2  # enum fuse_fill_dir_flags: this entry's attributes are whole (for the kernel to keep)
+
+
+def _named(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What a plain readdir entry carries: the type (in the mode) and the inode number."""
+    return {k: attrs[k] for k in ("st_mode", "st_ino") if k in attrs}
+
+
 class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
     """mfusepy's FUSE, but the open handle of ftruncate, fchmod, fchown and futimens reaches the callback.
 
     mfusepy drops it; with nullpath_ok those calls come without a path. A file opened with O_APPEND is opened for
     direct I/O: its writes land where the mount appends them (``Hf3fsOperations._append``), not at the kernel's
-    offset, so the kernel must not keep them in its page cache there.
+    offset, so the kernel must not keep them in its page cache there. Folders are listed with readdirplus
+    (``readdir_fuse_3``).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._listings: dict[int, list[Any]] = {}  # open folder handle -> its listing (readdir pages come from it)
+        super().__init__(*args, **kwargs)  # serves until unmounted
 
     def open(self, path: bytes, fip: Any) -> int:
         done = int(super().open(path, fip))
@@ -136,6 +150,38 @@ class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
         if fip.contents.flags & os.O_APPEND:
             fip.contents.direct_io = 1
         return done
+
+    def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+        """readdir, and readdirplus when the kernel asks for it, a page at a time from one listing per open folder.
+
+        Readdirplus hands each entry's attributes to the kernel where the listing had them whole
+        (``Hf3fsOperations.readdir``), so ``ls -l`` and ``find -printf`` get them from the kernel's cache instead of
+        a lookup and getattr (a meta ``Stat``) per name; mfusepy fills names, modes and inode numbers only. Entries
+        go with their position + 1 as offset: libfuse 3.14 passes readdirplus attributes on only with offsets (with
+        0 it drops them and counts a lookup the kernel never forgets). The listing is taken at offset 0 and kept
+        until ``releasedir``.
+        """
+        fh = int(fip.contents.fh) if fip else 0
+        listing = self._listings.get(fh) if offset else None
+        if listing is None:
+            listing = list(self.operations.readdir(self._path(path), fh))
+            self._listings[fh] = listing
+        plus = bool(flags & _FUSE_READDIR_PLUS)
+        for k in range(offset, len(listing)):
+            item = listing[k]
+            name, attrs = (item, None) if isinstance(item, str) else (item[0], item[1])
+            st = None
+            if attrs:
+                st = mfusepy.c_stat()
+                mfusepy.set_st_attrs(st, attrs if plus else _named(attrs), use_ns=self.use_ns)
+            whole = _FUSE_FILL_DIR_PLUS if plus and attrs and "st_nlink" in attrs else 0
+            if filler(buf, name.encode(self.encoding, self.errors), st, k + 1, whole) != 0:
+                break  # the kernel's page is full: it asks again from this offset
+        return 0
+
+    def releasedir(self, path: bytes | None, fip: Any) -> int:
+        self._listings.pop(int(fip.contents.fh) if fip else 0, None)
+        return int(super().releasedir(path, fip))
 
     def _fh(self, fip: Any) -> int | None:
         return int(fip.contents.fh) if fip else None

@@ -213,3 +213,47 @@ def test_a_burst_of_appends_takes_the_append_lease_once_and_an_idle_holder_gives
     finally:
         os.close(fd)
     assert path.read_bytes() == b"".join(f"line {i:04d}\n".encode() for i in range(200)) + b"idle line\nother\n"
+
+
+def test_ls_l_takes_the_attributes_from_the_listing_not_a_stat_per_name(
+    counted: tuple[Path, Meter], fs_cluster: FsCluster
+) -> None:
+    """``ls -l`` (and ``find``, ``du``) of a folder: the listing's attributes reach the kernel with the names
+    (readdirplus), so its lstat of each name needs no meta Stat; each was one (500 stats/s over 100k entries)."""
+    where, meter = counted
+    folder = f"lsl-{uuid.uuid4().hex[:8]}"
+    client = fs_cluster.client
+    client.makedirs(f"/fuse/{folder}/sub")
+    for k in range(150):  # made by another client: nothing about them is cached in the mount or its kernel
+        with client.open(f"/fuse/{folder}/f{k:03d}", "wb") as f:
+            f.write(b"x" * k)
+    before = meter.counts()
+    listing = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(where / folder)}  # as ls -l: names, lstat
+    delta = _delta(meter, before)
+    assert sorted(listing) == [f"f{k:03d}" for k in range(150)] + ["sub"]
+    assert [listing[f"f{k:03d}"].st_size for k in range(150)] == list(range(150))
+    assert os.path.isdir(where / folder / "sub") and listing["sub"].st_nlink == 2
+    assert delta.get("Stat", 0) + delta.get("BatchStat", 0) <= 5, delta  # the folder itself, not its entries
+
+
+def test_a_folder_of_many_pages_lists_every_name_once_and_a_file_written_here_shows_its_size(
+    counted: tuple[Path, Meter], fs_cluster: FsCluster
+) -> None:
+    """Readdirplus pages (``serve._Fuse.readdir_fuse_3``): 2,500 names span many kernel pages, each asked from the
+    offset the last ended at; every name comes once. A file this mount is writing shows the size written here, not
+    the listing's (its entry carries no attributes, so the kernel asks getattr)."""
+    where, _ = counted
+    folder = f"pages-{uuid.uuid4().hex[:8]}"
+    names = [f"{'n' * 40}{k:05d}" for k in range(2500)]  # long names: fewer per page
+    fs_cluster.client.makedirs(f"/fuse/{folder}")
+    for name in names:
+        fs_cluster.client.create(f"/fuse/{folder}/{name}")
+    fd = os.open(where / folder / names[7], os.O_WRONLY)
+    try:
+        os.write(fd, b"z" * 777)  # buffered in this mount's handle, not on meta yet
+        listed = [(e.name, e.stat(follow_symlinks=False).st_size) for e in os.scandir(where / folder)]
+    finally:
+        os.close(fd)
+    assert sorted(n for n, _ in listed) == names
+    sizes = dict(listed)
+    assert sizes[names[7]] == 777 and {s for n, s in listed if n != names[7]} == {0}
