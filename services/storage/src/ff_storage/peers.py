@@ -76,11 +76,16 @@ class Peers:
         *,
         no_forward: bool = False,
     ) -> list[UpdateResult]:
-        """Send ``updates`` of ``from_target`` to its successor ``nxt`` in one call; its answers, one per update.
+        """Send ``updates`` of ``from_target`` (one per chunk) to its successor ``nxt``; its answers, one per update.
 
         An update goes as a full-chunk replace when it is one, when ``nxt`` is syncing or when ``nxt`` said it
         misses an update of that chunk (``full_keys``); ``no_forward``: ``nxt`` stores it only, passes nothing on
-        (a repair's or a sync's copy for that one replica).
+        (a repair's or a sync's copy for that one replica). They go in one call, or in calls at once within what
+        ``nxt`` takes in one (``max_batch_bytes``, ``max_batch_ios``): whole chunks sent for a few pages each (a
+        batch's writes to one chunk, chunks a successor misses) can weigh far more than the client's batch did.
+
+        Raises:
+            RpcError, OSError, ConnectionError, DataPathError: a call failed (once every call has ended).
         """
         syncing = Public(nxt.public_state) is Public.SYNCING
         fulls = [u.full or syncing or u.key in full_keys for u in updates]
@@ -91,11 +96,38 @@ class Peers:
             u.kind if not full or u.kind is UpdateKind.REMOVE else UpdateKind.WRITE
             for u, full in zip(updates, fulls, strict=True)
         ]
+        items = list(zip(updates, fulls, payloads, kinds, strict=True))
+        config = self.state.config
+        parts = _parts(
+            [len(p) if k is UpdateKind.WRITE else 0 for p, k in zip(payloads, kinds, strict=True)],
+            config.max_batch_bytes,
+            config.max_batch_ios,
+        )
+        answers = await asyncio.gather(
+            *(self._send_part(chain, nxt, [items[i] for i in part], from_target, no_forward) for part in parts),
+            return_exceptions=True,
+        )
+        out: list[UpdateResult] = []
+        for got in answers:
+            if isinstance(got, BaseException):  # after every call ended: none still in flight when the caller retries
+                raise got
+            out += got
+        return out
+
+    async def _send_part(
+        self,
+        chain: Chain,
+        nxt: Target,
+        items: list[tuple[Update, bool, Payload, UpdateKind]],
+        from_target: int,
+        no_forward: bool,
+    ) -> list[UpdateResult]:
+        """One ForwardUpdates call of ``items`` (update, sent whole, payload, kind as sent); its answers."""
         node = self.state.view.node(nxt.node_id) if self.state.view else None
-        sent = [p for p, k in zip(payloads, kinds, strict=True) if k is UpdateKind.WRITE]
+        sent = [p for _, _, p, k in items if k is UpdateKind.WRITE]
         wire = WriteBytes.for_payloads(sent, node.data if node is not None else "")
         msgs: list[ChunkUpdate] = []
-        for u, full, payload, kind in zip(updates, fulls, payloads, kinds, strict=True):
+        for u, full, payload, kind in items:
             records: Sequence[UpdateRecord] = ()
             if full:
                 records = u.records if u.records is not None else self._records(from_target, u.key)
@@ -170,3 +202,19 @@ def _payload_checksum(u: Update, payload: Payload) -> int:
     if payload is u.content and u.content_checksum is not None:
         return u.content_checksum
     return crc32c_of(payload)
+
+
+def _parts(sizes: list[int], max_bytes: int, max_count: int) -> list[list[int]]:
+    """Indexes of ``sizes`` in order, in runs of at most ``max_count`` whose sizes add up to at most ``max_bytes``.
+
+    A run holds one item at least (one over ``max_bytes`` goes alone: the successor refuses it as it would anyway).
+    """
+    parts: list[list[int]] = [[]]
+    total = 0
+    for i, size in enumerate(sizes):
+        if parts[-1] and (total + size > max_bytes or len(parts[-1]) >= max_count):
+            parts.append([])
+            total = 0
+        parts[-1].append(i)
+        total += size
+    return parts

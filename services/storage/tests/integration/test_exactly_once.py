@@ -265,6 +265,13 @@ async def _write_batch(
     info: mpb.RoutingInfo, chain: mpb.Chain, ios: list[tuple[int, bytes, spb.UpdateId]], inode: int
 ) -> list[spb.UpdateResult]:
     """One BatchWrite of ``(offset, data, update id)`` writes into chunk 0 of ``inode``, straight to the head."""
+    return await _write_chunks(info, chain, [(inode, offset, data, update_id) for offset, data, update_id in ios])
+
+
+async def _write_chunks(
+    info: mpb.RoutingInfo, chain: mpb.Chain, ios: list[tuple[int, int, bytes, spb.UpdateId]]
+) -> list[spb.UpdateResult]:
+    """One BatchWrite of ``(inode, offset, data, update id)`` writes into chunk 0 of each inode, to the head."""
     pbs = [
         spb.WriteIO(
             chain_id=chain.chain_id,
@@ -277,7 +284,7 @@ async def _write_batch(
             inline_data=data,
             update_id=update_id,
         )
-        for offset, data, update_id in ios
+        for inode, offset, data, update_id in ios
     ]
     channel = open_channel(_address(info, chain.targets[0].node_id))
     try:
@@ -332,3 +339,31 @@ async def test_writes_to_one_chunk_in_one_batch_are_one_version_and_each_retry_i
     assert (retry.status, retry.committed_version) == (spb.CHUNK_IO_STATUS_OK, 1), retry
     data, version, _ = await _read(client, chain.chain_id, inode)
     assert (data[:1050], version) == (expected[:1000] + b"L" * 50, 2)
+
+
+async def test_a_batch_whose_merged_chunks_outweigh_one_call_still_goes_down_the_chain(tmp_path: Path) -> None:
+    """Two small writes to each of many chunks: each chunk's pair goes down the chain as one full-chunk replace, so
+    what the head forwards (whole chunks) can be far more than what the client sent (a few pages). The successor
+    takes at most ``max_batch_bytes`` in one call: what the head forwards goes in calls within it, and every write
+    lands on every replica (one call of whole chunks was refused as too costly, and the batch failed)."""
+    cluster = await start_cluster(tmp_path / "cluster", extra={"max_batch_bytes": 4 * CHUNK, "forward_timeout_s": 3})
+    try:
+        info = await cluster.routing()
+        chain = info.chains[0]
+        inodes = range(60, 72)  # 12 whole chunks to forward: 3 calls' worth
+        ios = [
+            (inode, offset, bytes([inode]) * 100, spb.UpdateId(client_id=b"spread", request_id=2 * inode + n))
+            for inode in inodes
+            for n, offset in enumerate((0, CHUNK - 100))
+        ]
+        results = await _write_chunks(info, chain, ios)
+        got = [(r.status, r.committed_version) for r in results]
+        assert got == [(spb.CHUNK_IO_STATUS_OK, 1)] * len(ios), [r.message for r in results][:2]
+        async with cluster.storage_client(retry_deadline_s=10.0) as client:
+            for target in chain.targets:
+                for inode in inodes:
+                    data, version, served_by = await _read(client, chain.chain_id, inode, target=target.target_id)
+                    expected = bytes([inode]) * 100 + bytes(CHUNK - 200) + bytes([inode]) * 100
+                    assert (served_by, data, version) == (target.target_id, expected, 1)
+    finally:
+        cluster.stop()
