@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import signal
 import sqlite3
 import subprocess
@@ -294,4 +295,47 @@ def test_a_writer_killed_mid_stream_leaves_what_storage_holds_and_others_write_o
     assert fs.stat(path).size == size + len(b"after the crash")
     with fs.open(path, "rb") as f:
         assert f.read() == got + b"after the crash"
+    assert _tree_problems(cluster.folder / "meta.db") == []
+
+
+def test_a_truncate_cut_short_by_a_meta_crash_ends_done_or_undone(cluster: Cluster) -> None:
+    """Meta removes a shrinking file's chunks from storage, then commits the new length. SIGKILLed in between (a
+    storage replica stopped for a moment holds the removals up; the client gives up while meta is down), the
+    file must end truncated or whole, never at its old length with its first chunks gone (acknowledged bytes read
+    back as zeros, for good)."""
+    fs = cluster.fs("alice")
+    path, chunk, num_chunks = "/truncated", 1 << 16, 700  # more chunks per chain than one RemoveChunks takes
+    marks = [(k * chunk, memoryview(b"chunk %06d" % k)) for k in range(num_chunks)]
+    with fs.open(path, "wb", buffering=0) as f:
+        f.write_extents(marks)
+    with fs.open(path, "rb") as f:
+        before = f.read()
+    info = asyncio.run(cluster.storage.routing())
+    heads = {c.targets[0].node_id for c in info.chains}
+    idle = next(p for p in cluster.storage.nodes if p.info["node_id"] not in heads)  # a replica of every chain
+    failed: list[BaseException] = []
+
+    def truncate() -> None:
+        try:
+            fs.truncate(path, 0)
+        except OSError as err:  # (Hf3fsError: meta is down)
+            failed.append(err)
+
+    truncating = threading.Thread(target=truncate)
+    os.kill(idle.info["pid"], signal.SIGSTOP)  # the removals wait for it at every chain
+    try:
+        truncating.start()
+        time.sleep(1.0)  # meta is in its removal calls (if not yet, the truncate does not start: the test is weaker)
+        cluster.meta[0].kill()
+    finally:
+        os.kill(idle.info["pid"], signal.SIGCONT)
+    truncating.join(timeout=60)
+    cluster.meta[0].start_again()
+    asyncio.run(cluster.meta[0].ready())
+
+    def done_or_undone() -> bool:
+        with fs.open(path, "rb") as f:
+            return f.read() in (b"", before)
+
+    wait_until(done_or_undone, 30, "the file truncated or whole")
     assert _tree_problems(cluster.folder / "meta.db") == []

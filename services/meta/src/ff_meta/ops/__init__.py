@@ -52,13 +52,13 @@ class MetaOps:
             options=options,
             capability_key=capability_key(options.cluster_token),
         )
-        trash = TrashOps(shared)
+        trash, files = TrashOps(shared), FileOps(shared)
         return cls(
             namespace=NamespaceOps(shared),
-            files=FileOps(shared),
+            files=files,
             quotas=QuotaOps(shared),
             trash=trash,
-            background=Background(shared, trash),
+            background=Background(shared, trash, files),
             shared=shared,
             _storage=storage,
         )

@@ -1,7 +1,7 @@
 """Meta's background work, in every instance.
 
-Write sessions whose lease lapsed are collected (the length made exact from storage), removed files' chunks are deleted
-(GC), the trash expires, SQLite's WAL is checkpointed.
+Write sessions whose lease lapsed are collected (the length made exact from storage), truncates a crash cut short are
+finished, removed files' chunks are deleted (GC), the trash expires, SQLite's WAL is checkpointed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 
 from ff_meta.core.errors import FsError
 from ff_meta.ops.admin import TrashOps
+from ff_meta.ops.files import FileOps
 from ff_meta.ops.shared import SYSTEM, Shared
 from ff_meta.store import fsops, trash
 from ff_rpc import RpcError
@@ -22,15 +23,22 @@ logger = logging.getLogger(__name__)
 class Background:
     """One round of each job every ``background_interval_s``, until stopped."""
 
-    def __init__(self, shared: Shared, trash_ops: TrashOps) -> None:
+    def __init__(self, shared: Shared, trash_ops: TrashOps, file_ops: FileOps) -> None:
         self._s = shared
         self._store = shared.store
         self._trash = trash_ops
+        self._files = file_ops
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect sessions, GC, expire the trash, checkpoint; a failing job is logged and tried next round."""
         while not stop.is_set():
-            for job in (self.collect_sessions, self.run_gc, self.expire_trash, self.checkpoint_wal):
+            for job in (
+                self.collect_sessions,
+                self.finish_truncates,
+                self.run_gc,
+                self.expire_trash,
+                self.checkpoint_wal,
+            ):
                 try:
                     await job()
                 except Exception:
@@ -49,6 +57,10 @@ class Background:
                 logger.info("collected write session %s of inode %d (lease lapsed)", session_id, inode_id)
                 done += 1
         return done
+
+    async def finish_truncates(self) -> int:
+        """Complete the truncates a crash cut short (``FileOps.finish_truncates``)."""
+        return await self._files.finish_truncates()
 
     async def run_gc(self) -> int:
         """Remove the chunks of files whose last link went; a file leaves the queue only once storage did."""

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import time
 from collections.abc import Callable, Sequence
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Inode, PathAt, QuotaRow, SessionInfo
 from ff_meta.core.perms import Caller
 from ff_meta.core.quota import quota_room
-from ff_meta.ops.shared import Shared
+from ff_meta.ops.shared import SYSTEM, Shared
 from ff_meta.ops.types import CloseArgs, CreateArgs, OpenArgs, Opened
 from ff_meta.store import fsops
 from ff_meta.store.tx import Tx
+
+logger = logging.getLogger(__name__)
 
 # Create's transaction: inode, created, write session, (room, folder) of the tightest byte quota over it or None
 CreateDone = tuple[Inode, bool, SessionInfo | None, tuple[int, int] | None]
@@ -235,11 +239,33 @@ class FileOps:
     async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
         """Set a file's length.
 
-        Checked first (a cursor read), chunks past a shorter end removed from storage, then the length committed.
+        Checked first (a cursor read); a shrink is noted (``fsops.record_truncate``), the chunks past the new end
+        removed from storage, then the length committed with the note gone. A crash after storage was touched
+        leaves the note, and ``finish_truncates`` completes the truncate: its file never stays at its old length
+        with chunks missing.
         """
         inode = await self._store.read(caller, lambda t: fsops.truncate_check(t, at, session_id))
+        if length < inode.length:
+            await self._store.write(caller, lambda t: fsops.record_truncate(t, inode.inode_id, length))
         await self._s.chunks.remove_tail(inode, length)
         return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id))
+
+    async def finish_truncates(self) -> int:
+        """Complete the truncates a crash cut short (noted over a lease ago, never committed): how many.
+
+        Each is done again (storage's cut is idempotent) and committed, on the file by its inode id.
+        """
+        started_before_ns = time.time_ns() - int(self._s.options.lease_s * 1e9)
+        todo = await self._store.read(SYSTEM, lambda t: fsops.pending_truncates(t, started_before_ns), small=False)
+        for inode_id, length in todo:
+            logger.warning("finishing a truncate of inode %d to %d bytes that a crash cut short", inode_id, length)
+            try:
+                await self.truncate(SYSTEM, PathAt(inode_id, ""), length, "")
+            except FsError as err:
+                if err.fs_code is not FsCode.NOT_FOUND:
+                    raise
+                await self._store.write(SYSTEM, lambda t, i=inode_id: fsops.forget_truncate(t, i))  # type: ignore[misc]
+        return len(todo)
 
     # ---- sessions ----
 

@@ -49,7 +49,7 @@ from ff_meta.core.perms import (
 from ff_meta.core.quota import headroom
 from ff_meta.core.resolve import Resolved
 from ff_meta.store.listing import ListingCache
-from ff_meta.store.schema import inodes, quotas, sessions, trash
+from ff_meta.store.schema import inodes, quotas, sessions, trash, truncates
 from ff_meta.store.tx import MAX_LINKS, SELECT_INODE_COLS, Tx, inode_of_tuple, raw_sql
 
 _SCAN = f"SELECT d.name, {SELECT_INODE_COLS} FROM meta_dirents d JOIN meta_inodes i ON i.inode_id = d.inode_id "
@@ -661,7 +661,8 @@ def list_dir(
     assert d is not None
     if not d.is_dir:
         raise fs_error(FsCode.NOT_DIRECTORY, f"{at.path}: not a directory")
-    require(tx.caller, d, R, f"list {at.path}")
+    # the entries' attributes are what a stat of each would show, which needs search permission on the folder
+    require(tx.caller, d, R | X if with_inodes else R, f"list {at.path}" + (" with attributes" if with_inodes else ""))
     if not with_inodes:
         key = (d.inode_id, d.entries_version, after, page_size)
         known = cache.get(key) if cache is not None else None
@@ -699,9 +700,33 @@ def truncate_check(tx: Tx, at: PathAt, session_id: str) -> Inode:
     return inode
 
 
+_RAW_FORGET_TRUNCATE = raw_sql("DELETE FROM meta_truncates WHERE inode_id = ?")
+_RAW_NOTE_TRUNCATE = raw_sql("INSERT INTO meta_truncates (inode_id, length, started_at_ns) VALUES (?, ?, ?)")
+_RAW_TRUNCATE_DONE = raw_sql("DELETE FROM meta_truncates WHERE inode_id = ? AND length = ?")
+
+
+def record_truncate(tx: Tx, inode_id: int, length: int) -> None:
+    """Note a shrinking truncate before storage cuts its chunks (finished from here if a crash cuts it short)."""
+    tx.execute(_RAW_FORGET_TRUNCATE, (inode_id,))
+    tx.execute(_RAW_NOTE_TRUNCATE, (inode_id, length, tx.now_ns))
+
+
+def pending_truncates(tx: Tx, started_before_ns: int, limit: int = 100) -> list[tuple[int, int]]:
+    """(inode id, length) of the truncates noted before ``started_before_ns`` and never committed."""
+    q = sa.select(truncates.c.inode_id, truncates.c.length).where(truncates.c.started_at_ns < started_before_ns)
+    return [(int(r.inode_id), int(r.length)) for r in tx.session.execute(q.limit(limit))]
+
+
+def forget_truncate(tx: Tx, inode_id: int) -> None:
+    """Drop a noted truncate whose file is gone."""
+    tx.execute(_RAW_FORGET_TRUNCATE, (inode_id,))
+
+
 def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
-    """Commit a truncate's new length (storage already cut the chunks)."""
+    """Commit a truncate's new length (storage already cut the chunks); its note (``record_truncate``) goes."""
     inode = truncate_check(tx, at, session_id)
+    if length < inode.length:
+        tx.execute(_RAW_TRUNCATE_DONE, (inode.inode_id, length))
     r = tx.paths.existing(at, follow_last=True)
     chain = tx.quotas.chain(tx.paths.folder_of(r))
     if length > inode.length:

@@ -1,7 +1,7 @@
 """Meta's tables.
 
-Inodes and directory entries (the INOD/DENT schema), write sessions, quotas, trash, the GC queue of removed files, and
-counters.
+Inodes and directory entries (the INOD/DENT schema), write sessions, quotas, trash, the GC queue of removed files,
+truncates under way, and counters.
 """
 
 from __future__ import annotations
@@ -97,6 +97,16 @@ gc_queue = sa.Table(
     sa.Column("shuffle_seed", sa.BigInteger, nullable=False),
     sa.Column("enqueued_at", sa.Float, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
+)  # fmt: skip
+
+# Truncates under way: a shrinking truncate removes the chunks past the new end from storage, then commits the
+# length. Its row is written before storage is touched and goes with that commit; a truncate cut short by a crash
+# (its first chunks gone, the old length kept) is finished from its row by the background job.
+truncates = sa.Table(
+    "meta_truncates", metadata,
+    sa.Column("inode_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("length", sa.BigInteger, nullable=False),
+    sa.Column("started_at_ns", sa.BigInteger, nullable=False),
 )  # fmt: skip
 
 counters = sa.Table(
