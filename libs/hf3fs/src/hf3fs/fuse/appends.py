@@ -4,7 +4,9 @@ An O_APPEND handle buffers its appends under the inode's append lease (``ExtentB
 flush. The lease keeps every other client from appending, so it must not stay with a handle that went quiet: a log
 file kept open and written once a minute would hold it for a minute, and its last line would wait unseen. The
 flusher gives it back ``HOLD_S`` after the first append of a burst, whatever comes after (a steady appender takes
-it again on its next append and so lets waiting clients in between).
+it again on its next append and so lets waiting clients in between). A flush that fails (storage away for a while)
+is tried again ``RETRY_S`` later, until it lands or the handle's fsync or close takes over: meta renews the lease
+with the mount's other write sessions, so a lease left with a quiet handle would keep every other appender out.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from hf3fs.fuse.handles import Handle
 logger = logging.getLogger(__name__)
 
 HOLD_S = 0.05  # the longest an O_APPEND handle keeps the append lease and its appends buffered
+RETRY_S = 1.0  # how soon a flush of a lease's holder that failed is tried again
 
 
 class AppendLeases:
     """Per-inode order of the mount's appenders, and the thread that flushes a lease's holder ``HOLD_S`` on."""
 
-    def __init__(self, hold_s: float = HOLD_S) -> None:
-        self._hold_s = hold_s
+    def __init__(self, hold_s: float = HOLD_S, retry_s: float = RETRY_S) -> None:
+        self._hold_s, self._retry_s = hold_s, retry_s
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inode_locks: dict[int, threading.Lock] = {}
@@ -51,11 +54,14 @@ class AppendLeases:
 
     def held(self, h: Handle) -> None:
         """``h`` holds the append lease now: flush it ``HOLD_S`` from now unless it is queued already."""
+        self._flush_in(h, self._hold_s)
+
+    def _flush_in(self, h: Handle, delay_s: float) -> None:
         with self._lock:
             if id(h) in self._queued:
                 return
             self._queued.add(id(h))
-            heapq.heappush(self._due, (time.monotonic() + self._hold_s, next(self._order), h))
+            heapq.heappush(self._due, (time.monotonic() + delay_s, next(self._order), h))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hf3fs-mount-appends", daemon=True)
                 self._thread.start()
@@ -70,13 +76,15 @@ class AppendLeases:
                 self._queued.discard(id(h))
             self._give_back(h)
 
-    @staticmethod
-    def _give_back(h: Handle) -> None:
+    def _give_back(self, h: Handle) -> None:
         with h.lock:
             f = h.file
             if f.closed or not isinstance(f, ExtentBufferedFile) or not f.appending:
                 return
             try:
                 f.flush()
-            except Exception:  # the extents stay buffered (and the lease held): the handle's fsync or close tries again
+            except Exception:  # the extents stay buffered, the lease held: tried again (or at its fsync, close)
                 logger.exception("hf3fs mount: flushing the appends of inode %d failed", h.inode_id)
+            else:
+                return
+        self._flush_in(h, self._retry_s)

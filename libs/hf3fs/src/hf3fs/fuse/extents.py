@@ -9,6 +9,7 @@ one storage batch, each chunk's writes in parallel on their chains.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from bisect import bisect_left, bisect_right
 from typing import Any
@@ -35,6 +36,7 @@ class ExtentBufferedFile:
         self._pos = 0
         self._lease: Any = None  # the inode's append lease while appends are buffered under it (a WriteSession)
         self._append_end = 0  # where the next append lands while the lease is held
+        self._lease_start = 0  # where the appends under it began (the end meta gave)
         self._lease_wrote = False
 
     @property
@@ -137,7 +139,7 @@ class ExtentBufferedFile:
         if self._lease is None:
             self.flush()
             self._lease, self._append_end = self.raw.open_append_lease()
-            self._lease_wrote = False
+            self._lease_start, self._lease_wrote = self._append_end, False
         start = self._append_end
         try:
             self.raw.ensure_room(start + len(data))  # an append lands whole or not at all
@@ -163,10 +165,12 @@ class ExtentBufferedFile:
         if self._lease is not None:
             self._give_back()
 
-    def _give_back(self) -> None:
+    def _give_back(self, end: int | None = None) -> None:
+        """The append lease back to meta, with the file's end after what was appended (``end``: what landed of it)."""
         lease, self._lease = self._lease, None
         assert lease is not None
-        self.raw.close_append_lease(lease, self._append_end, wrote=self._lease_wrote)
+        end = self._append_end if end is None else end
+        self.raw.close_append_lease(lease, end, wrote=self._lease_wrote and end > self._lease_start)
 
     def flush_span(self, offset: int, size: int) -> None:
         """The buffered extents overlapping ``[offset, offset + size)`` to storage, the others kept.
@@ -197,13 +201,22 @@ class ExtentBufferedFile:
         return self.raw.truncate(self._pos if size is None else size)
 
     def close(self) -> None:
-        """Flushes and closes the raw file (its write session: the length exact on meta), even if the flush fails."""
+        """Flushes and closes the raw file (its write session: the length exact on meta), even if the flush fails.
+
+        Then what stays buffered is dropped, and the append lease, if held, goes back with the end of what landed:
+        kept, meta would renew it with this client's other sessions, and no other client could append again.
+        """
         if self.closed:
             return
         try:
             self.flush()
         finally:
-            self.raw.close()
+            try:
+                if self._lease is not None:  # the flush failed: the appends still buffered never land
+                    with contextlib.suppress(OSError):  # meta away: closed once it answers (``close_session``)
+                        self._give_back(self._starts[0] if self._runs else self._append_end)
+            finally:
+                self.raw.close()
 
 
 def open_for_handle(fs: Any, path: str, mode: str, **kw: Any) -> Any:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import errno
 import random
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 try:
+    from hf3fs.fuse.appends import AppendLeases
     from hf3fs.fuse.extents import MAX_EXTENTS, ExtentBufferedFile
+    from hf3fs.fuse.handles import Handle
 except OSError as exc:  # hf3fs.fuse loads libfuse when imported
     pytest.skip(f"libfuse is not installed ({exc}); scripts/bootstrap.sh installs fuse3", allow_module_level=True)
 
@@ -224,3 +227,50 @@ def test_a_failed_flush_keeps_the_appends_and_the_lease_for_the_next() -> None:
     raw.fail = None
     f.flush()
     assert bytes(raw.data) == b"zzz" and raw.lease_events == ["open", "close 3 True"]
+
+
+def test_a_close_whose_flush_fails_gives_the_append_lease_back() -> None:
+    """The close goes on (the raw file closes) when its flush fails; the append lease must go back too, with the end
+    meta gave (nothing appended under it is known to have landed). Kept, it was renewed with the mount's other
+    write sessions (meta renews every session of a client), so no other client could append to the file again."""
+    raw = _Raw()
+    raw.meta_end = 40
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    assert f.append(b"z" * 3) == 40
+    raw.fail = OSError(errno.EIO, "storage")
+    with pytest.raises(OSError):
+        f.close()
+    assert raw.closed and not raw.leased and not f.appending
+    assert raw.lease_events == ["open", "close 40 False"]
+
+
+def test_the_mount_gives_a_quiet_handles_lease_back_after_a_failed_flush() -> None:
+    """A quiet O_APPEND handle (a log file kept open) whose timed flush failed once (storage briefly away): the
+    timer tries again until the appends land and the lease goes back. It gave up after one try, so the lease stayed
+    with the handle (renewed with the mount's sessions) until its fsync or close: other clients' appends waited
+    90 s and failed with EAGAIN, again and again, and the appended lines stayed unseen."""
+    raw = _Raw()
+    gave_back = threading.Event()
+    real_close = raw.close_append_lease
+
+    def close_lease(lease: str, end: int, *, wrote: bool) -> None:
+        real_close(lease, end, wrote=wrote)
+        gave_back.set()
+
+    raw.close_append_lease = close_lease  # type: ignore[method-assign]
+    failures = [OSError(errno.EIO, "storage")]
+    real_write = raw.write_extents
+
+    def write_extents(extents: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_write(extents)
+
+    raw.write_extents = write_extents  # type: ignore[method-assign]
+    f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    h = Handle(file=f, inode_id=7, writable=True, append=True)  # type: ignore[arg-type]
+    leases = AppendLeases(hold_s=0.001, retry_s=0.001)
+    f.append(b"line\n")
+    leases.held(h)
+    assert gave_back.wait(10), "the lease is still held after the failed flush"
+    assert raw.lease_events == ["open", "close 5 True"] and bytes(raw.data) == b"line\n" and not failures
