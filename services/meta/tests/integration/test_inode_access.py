@@ -242,3 +242,24 @@ def test_bob_reaches_what_he_may_search(cluster: MetaCluster, fs: hf3fs.FileSyst
     with cluster.connect("bob") as bob:
         assert call(bob, "Stat", pb.StatRequest(path=by_inode(tree.file_id))) == grpc.StatusCode.PERMISSION_DENIED
     assert fs.stat(f"{shared}/pub").size == 6
+
+
+def test_a_folder_bob_may_read_but_not_search_lists_names_without_their_attributes(
+    cluster: MetaCluster, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """POSIX: read permission on a folder lists its names; stat-ing an entry needs search permission. A listing
+    with the entries' attributes (``include_inodes``: scandir, the mount's readdirplus) showed bob the size, owner
+    and times of every file in a 0704 folder, which he cannot stat; now it is refused and the names alone come."""
+    fs.chmod(home, 0o755)
+    folder = f"{home}/readable"
+    fs.mkdir(folder, 0o704)
+    with fs.open(f"{folder}/secret-size", "wb", perm=0o600) as f:
+        f.write(b"s" * 12345)
+    with cluster.connect("bob") as bob:
+        names = call(bob, "List", pb.ListRequest(path=pb.PathAt(path=folder)))
+        assert [e.name for e in names.entries] == ["secret-size"]
+        with_attrs = pb.ListRequest(path=pb.PathAt(path=folder), include_inodes=True)
+        assert call(bob, "List", with_attrs) == grpc.StatusCode.PERMISSION_DENIED
+        assert call(bob, "Stat", pb.StatRequest(path=pb.PathAt(path=f"{folder}/secret-size"))) in REFUSED
+    mine = call(fs, "List", pb.ListRequest(path=pb.PathAt(path=folder), include_inodes=True))
+    assert [e.inode.length_bytes for e in mine.entries] == [12345]  # alice may search her folder

@@ -217,7 +217,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             raise mfusepy.FuseOSError(errno.EBADF)
         self._pending.settle(where)  # a listing shows the files made here that meta does not know yet
         entries: list[Any] = [".", ".."]
-        for e in self.fs.scandir(where):
+        try:
+            listed = self.fs.scandir(where)
+        except PermissionError:  # may read the folder but not search it: its names, no attributes (as ls -l shows)
+            entries.extend(self.fs.listdir(where))
+            return entries
+        for e in listed:
             written_here = e.stat.type == "file" and self._table.writers(e.stat.inode_id)
             attrs = {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id} if written_here else self._attrs(e.stat)
             entries.append((e.name, attrs, 0))

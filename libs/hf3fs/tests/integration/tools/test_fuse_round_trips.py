@@ -257,3 +257,19 @@ def test_a_folder_of_many_pages_lists_every_name_once_and_a_file_written_here_sh
     assert sorted(n for n, _ in listed) == names
     sizes = dict(listed)
     assert sizes[names[7]] == 777 and {s for n, s in listed if n != names[7]} == {0}
+
+
+def test_a_folder_that_may_be_read_but_not_searched_lists_its_names(counted: tuple[Path, Meter]) -> None:
+    """Read permission without search (0600 on a folder): its names list (meta gives no attributes without search
+    permission, so the mount lists the names alone), and stat-ing an entry is refused, as on a local disk."""
+    where, _ = counted
+    folder = where / f"r-only-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / "inside").write_bytes(b"x")
+    folder.chmod(0o600)
+    try:
+        assert os.listdir(folder) == ["inside"]
+        with pytest.raises(PermissionError):
+            os.stat(folder / "inside")
+    finally:
+        folder.chmod(0o755)
