@@ -7,6 +7,7 @@ flusher gives it back ``HOLD_S`` after the first append of a burst, whatever com
 it again on its next append and so lets waiting clients in between). A flush that fails (storage away for a while)
 is tried again ``RETRY_S`` later, until it lands or the handle's fsync or close takes over: meta renews the lease
 with the mount's other write sessions, so a lease left with a quiet handle would keep every other appender out.
+Each flush runs in a thread of its own, so one that waits on storage holds back no other file's lease.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class AppendLeases:
                     self._wake.wait(None if not self._due else max(0.0, self._due[0][0] - time.monotonic()))
                 _, _, h = heapq.heappop(self._due)
                 self._queued.discard(id(h))
-            self._give_back(h)
+            # each in a thread of its own: a flush may wait on storage for its retry deadline (30 s), and the other
+            # holders' leases must not wait behind it (their files' appenders elsewhere would)
+            threading.Thread(target=self._give_back, args=(h,), name="hf3fs-mount-append-flush", daemon=True).start()
 
     def _give_back(self, h: Handle) -> None:
         with h.lock:

@@ -274,3 +274,38 @@ def test_the_mount_gives_a_quiet_handles_lease_back_after_a_failed_flush() -> No
     leases.held(h)
     assert gave_back.wait(10), "the lease is still held after the failed flush"
     assert raw.lease_events == ["open", "close 5 True"] and bytes(raw.data) == b"line\n" and not failures
+
+
+def test_one_handles_slow_flush_does_not_hold_another_handles_lease() -> None:
+    """Two O_APPEND files of one mount; the first one's flush hangs (its chain has no head: storage retries for up to
+    30 s). The second one's lease still goes back on time: the mount's one timer thread flushed them in turn, so
+    every other lease of the mount stayed held (and other clients' appends to those files waited) meanwhile."""
+    stuck, slow = threading.Event(), _Raw()
+    real_write = slow.write_extents
+
+    def hang(extents: Any) -> None:
+        stuck.wait(20)
+        real_write(extents)
+
+    slow.write_extents = hang  # type: ignore[method-assign]
+    quick, gave_back = _Raw(), threading.Event()
+    real_close = quick.close_append_lease
+
+    def close_lease(lease: str, end: int, *, wrote: bool) -> None:
+        real_close(lease, end, wrote=wrote)
+        gave_back.set()
+
+    quick.close_append_lease = close_lease  # type: ignore[method-assign]
+    leases = AppendLeases(hold_s=0.001)
+    handles = []
+    for n, raw in enumerate((slow, quick)):
+        f = ExtentBufferedFile(raw)  # type: ignore[arg-type]
+        f.append(b"line\n")
+        handles.append(Handle(file=f, inode_id=n + 1, writable=True, append=True))  # type: ignore[arg-type]
+    try:
+        leases.held(handles[0])
+        leases.held(handles[1])
+        assert gave_back.wait(10), "the quick file's lease waited for the slow file's flush"
+        assert quick.lease_events == ["open", "close 5 True"] and slow.leased
+    finally:
+        stuck.set()
