@@ -339,3 +339,40 @@ def test_a_truncate_cut_short_by_a_meta_crash_ends_done_or_undone(cluster: Clust
 
     wait_until(done_or_undone, 30, "the file truncated or whole")
     assert _tree_problems(cluster.folder / "meta.db") == []
+
+
+def _gc_queued(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+        return int(c.execute("SELECT COUNT(*) FROM meta_gc_queue").fetchone()[0])
+
+
+def test_an_open_unlinked_file_outlives_meta_down_for_longer_than_its_lease(cluster: Cluster) -> None:
+    """A file open for writing and unlinked (a temporary file) lives while its write session does. Meta SIGKILLed
+    and away for longer than the session's lease: its client could not renew, and renews within a quarter lease
+    of meta answering again. Meta must not collect the session first (the file then went to GC: its chunks
+    deleted under the open file)."""
+    db = cluster.folder / "meta.db"
+    with cluster.connect("alice") as fs:
+        f = fs.open("/scratch", "w+b", buffering=0)
+        data = b"scratch data " * 20_000
+        f.write(data)
+        inode_id = fs.stat("/scratch").inode_id
+        fs.remove("/scratch")
+        meta = cluster.meta[0]
+        meta.kill()
+        time.sleep(LEASE_S + 1)  # meta stays away past the session's lease
+        meta.start_again()
+        asyncio.run(meta.ready())
+
+        def renewed() -> bool:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+                row = c.execute("SELECT lease_expires_at FROM meta_sessions WHERE inode_id = ?", (inode_id,)).fetchone()
+            return row is None or row[0] > time.time()
+
+        wait_until(renewed, 30, "the session renewed or collected")
+        wait_until(lambda: _gc_queued(db) == 0, 30, "GC idle")
+        f.write(b" and more")
+        f.seek(0)
+        assert f.read() == data + b" and more"
+        f.close()
+    wait_until(lambda: inode_id not in _stored_inodes(cluster.folder), 30, "the closed file's chunks collected")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from ff_meta.core.errors import FsError
 from ff_meta.ops.admin import TrashOps
@@ -28,6 +29,7 @@ class Background:
         self._store = shared.store
         self._trash = trash_ops
         self._files = file_ops
+        self._started = time.monotonic()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect sessions, GC, expire the trash, checkpoint; a failing job is logged and tried next round."""
@@ -47,7 +49,15 @@ class Background:
                 await asyncio.wait_for(stop.wait(), self._s.options.background_interval_s)
 
     async def collect_sessions(self) -> int:
-        """End the write sessions whose lease lapsed (client gone), each file's length made exact from storage."""
+        """End the write sessions whose lease lapsed (client gone), each file's length made exact from storage.
+
+        Not in this instance's first lease: while no instance answered (meta restarted), no client could renew,
+        and each renews within a quarter lease of one answering again (as mgmtd gives every node a full lease when
+        it takes over). A session collected first would end under its live writer: an open file it unlinked
+        would go to GC, an append lease to another appender.
+        """
+        if time.monotonic() - self._started < self._s.options.lease_s:
+            return 0
         expired = await self._store.read(SYSTEM, fsops.expired_sessions, small=False)
         done = 0
         for session_id, inode_id in expired:
