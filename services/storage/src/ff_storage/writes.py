@@ -398,7 +398,7 @@ class ChainWriter:
         except ChunkCorrupt as exc:  # the head's copy is bad: repaired, then prepared again (``_head_round``)
             u.result, u.corrupt = result_of(IoStatus.CHECKSUM_MISMATCH, str(exc)), True
             return False
-        content = apply_writes(current[1] if current else None, [(m.offset, m.data) for m in todo])
+        content = apply_writes(current[1] if current else None, _first_copies(todo))
         checksum = crc32c_of(content)
         u.version = craq.admit(craq.Place.HEAD, committed, 0).version
         u.full, u.data, u.length, u.data_checksum = True, content, len(content), checksum
@@ -735,6 +735,22 @@ def _merged_writes(updates: list[Update]) -> list[Update]:
             out[at] = carrier
         carrier.members.append(u)  # type: ignore[union-attr]  # set just above
     return out
+
+
+def _first_copies(members: list[Update]) -> list[tuple[int, Payload]]:
+    """The ``(offset, data)`` of each member, a write whose id came earlier in the run left out (applied once).
+
+    One write sent twice in one batch (same id) is a retry of itself: applied again after a later write over it, the
+    later write's bytes would be lost. Without ids (``update-ids`` off) every member applies, as each write did alone.
+    """
+    seen: set[UpdateKey] = set()
+    writes: list[tuple[int, Payload]] = []
+    for m in members:
+        if m.update_id is None or m.update_id not in seen:
+            writes.append((m.offset, m.data))
+        if m.update_id is not None:
+            seen.add(m.update_id)
+    return writes
 
 
 def _drop_stored(engine: ChunkEngine, reserved: list[Pending], store: asyncio.Future[list[Pending]]) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
+from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import apply_write, apply_writes
 from ff_storage.core.requests import UpdateKind
+from ff_storage.core.results import IoStatus
+from ff_storage.node import StorageNode
 from ff_storage.node_state import Update
 from ff_storage.writes import _merged_writes
 
@@ -45,3 +49,30 @@ def test_another_update_of_the_chunk_ends_a_run_and_keeps_its_place() -> None:
 def test_lone_writes_stay_as_they_are() -> None:
     ups = [_up((1, 0)), _up((1, 1)), _up((2, 0), UpdateKind.REMOVE)]
     assert _merged_writes(ups) == ups
+
+
+async def test_a_write_sent_twice_in_one_batch_is_applied_once(
+    whole_chain_node: Callable[[int, int, int], StorageNode],
+) -> None:
+    """A batch that holds one write twice (same id: the client's, bound to its bytes) and another write over it in
+    between: the second copy is a retry, answered as the first, not applied again over the later write (as when each
+    write was its own round: the copy met the first one's record). Merged, every copy was applied in turn."""
+    node = whole_chain_node(101, 1, 1)
+    target = node.state.targets[1]
+
+    def write(data: bytes, request_id: int) -> Update:
+        return Update(
+            key=(3, 0),
+            kind=UpdateKind.WRITE,
+            chunk_size=1 << 16,
+            data=data,
+            data_checksum=crc32c_of(data),
+            length=len(data),
+            update_id=(b"writer", request_id),
+        )
+
+    first, later, again = write(b"a" * 10, 1), write(b"b" * 10, 2), write(b"a" * 10, 1)
+    await node.writer._head_updates(target, [first, later, again])
+    assert [(u.result.status, u.result.committed_version) for u in (first, later, again)] == [(IoStatus.OK, 1)] * 3
+    got = target.engine.read_committed((3, 0))
+    assert got is not None and got[1] == b"b" * 10
