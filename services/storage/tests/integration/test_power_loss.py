@@ -261,3 +261,23 @@ async def test_killed_one_by_one_and_restarted_stalest_first(
     finally:
         await stream.stop()
     await _check_every_replica(cluster, stream)
+
+
+async def test_mgmtd_killed_mid_stream_and_restarted(cluster: StorageCluster, quick: StorageClient) -> None:
+    """Mgmtd SIGKILLed in a stream of writes and started again: past half a lease without it the storage services
+    stop serving and every target comes back through recovery (from the chain's last serving copy); writes go on
+    once it is back, and every replica holds every acknowledged write."""
+    info = await cluster.wait_all_serving()
+    stream = Stream(quick, [c.chain_id for c in info.chains], num_writers=3)
+    stream.start()
+    try:
+        await stream.acked_at_least(40)
+        cluster.mgmtd.kill()
+        await asyncio.sleep(2.0)  # away for a whole lease (2 s in these tests)
+        cluster.mgmtd.start()
+        await cluster.mgmtd.ready(60)
+        await cluster.wait_all_serving(timeout_s=60)
+        await stream.acked_at_least(40)
+    finally:
+        await stream.stop()
+    await _check_every_replica(cluster, stream)
