@@ -174,13 +174,18 @@ class FileOps:
         return await self._finish(caller, args, close=False)
 
     async def _finish(self, caller: Caller, args: CloseArgs, *, close: bool) -> Inode:
-        # a cursor read (on the event loop on SQLite), the storage query, one write
+        """Close or Sync: a cursor read (on the loop on SQLite), storage's length (not for a writer's Sync), one write.
+
+        A Sync with the writer's session takes the length it reports: its fsync needs its own bytes reachable, and
+        those are in storage before it asks (the file never shrinks below what meta knew); the Close makes it exact
+        from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction).
+        """
         inode, _, may_change = await self._store.read(
             caller, functools.partial(_authorize, args.inode_id, args.session_id)
         )
         if not may_change:  # a reader's fsync: nothing to make exact on its behalf
             return inode
-        length = await self._s.chunks.length(inode)
+        length = None if not close and args.session_id else await self._s.chunks.length(inode)
         return await self._store.write(
             caller,
             lambda t: fsops.finish_length(
