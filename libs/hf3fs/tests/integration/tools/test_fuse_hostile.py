@@ -95,11 +95,6 @@ def test_the_client_cuts_bytes_written_but_not_synced(fs_cluster: FsCluster) -> 
         assert f.read() == b"A" * 3000 + bytes(2000) + b"B" * 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: meta cuts storage only below the length it knows, and the writer's Close takes the larger of "
-    "its own written length and storage's (services/meta ops/files.py truncate, fsops.finish_length)",
-)
 def test_a_cut_by_another_client_stays_cut_after_the_writers_close(fs_cluster: FsCluster) -> None:
     """Client A wrote (not synced yet), client B truncates the file shorter, then A closes: B's cut holds, as it
     would between two processes on one machine; A's close must not take back the length storage still had."""
@@ -112,6 +107,33 @@ def test_a_cut_by_another_client_stays_cut_after_the_writers_close(fs_cluster: F
             other.truncate("/ffs/hostile/cut-across", 3000)
         with other.open("/ffs/hostile/cut-across", "rb") as f:
             assert f.read() == b"A" * 3000
+    finally:
+        other.close()
+
+
+def test_a_writer_cut_by_another_client_neither_renews_nor_syncs_the_cut_back_and_keeps_what_it_wrote_after(
+    fs_cluster: FsCluster,
+) -> None:
+    """After another client's truncate, the writer's session renewal and fsync report the length it wrote before the
+    cut: neither may grow the file back (the renewal did, within a lease/4, as the Close did); what the writer
+    writes after the cut counts (it is in storage, which meta asks)."""
+    writer = fs_cluster.client
+    writer.makedirs("/ffs/hostile", exist_ok=True)
+    other = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    try:
+        with writer.open("/ffs/hostile/cut-renew", "w+b", buffering=0) as f:
+            f.write(b"A" * 10_000)
+            other.truncate("/ffs/hostile/cut-renew", 3000)
+            writer.renew_sessions_now()  # reports 10,000 written
+            assert other.stat("/ffs/hostile/cut-renew").size == 3000
+            f.fsync()  # a Sync reporting 10,000 written
+            assert other.stat("/ffs/hostile/cut-renew").size == 3000
+            f.seek(5000)
+            f.write(b"B" * 10)  # after the cut: a hole from 3,000, then these
+            f.fsync()
+            assert other.stat("/ffs/hostile/cut-renew").size == 5010
+        with other.open("/ffs/hostile/cut-renew", "rb") as f:
+            assert f.read() == b"A" * 3000 + bytes(2000) + b"B" * 10
     finally:
         other.close()
 

@@ -180,12 +180,13 @@ class FileOps:
         those are in storage before it asks (the file never shrinks below what meta knew); the Close makes it exact
         from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction).
         """
-        inode, _, may_change = await self._store.read(
+        inode, row, may_change = await self._store.read(
             caller, functools.partial(_authorize, args.inode_id, args.session_id)
         )
         if not may_change:  # a reader's fsync: nothing to make exact on its behalf
             return inode
-        length = None if not close and args.session_id else await self._s.chunks.length(inode)
+        trusted = args.session_id and getattr(row, "truncated_at_ns", None) is None  # its report counts
+        length = None if not close and trusted else await self._s.chunks.length(inode)
         return await self._store.write(
             caller,
             lambda t: fsops.finish_length(
@@ -250,9 +251,13 @@ class FileOps:
         with chunks missing.
         """
         inode = await self._store.read(caller, lambda t: fsops.truncate_check(t, at, session_id))
-        if length < inode.length:
+        cut = length < inode.length
+        if not cut and await self._store.read(caller, lambda t: t.has_sessions(inode.inode_id)):
+            # an open writer may have written past the new end without telling meta yet: storage knows
+            cut = (await self._s.chunks.length(inode) or 0) > length
+        if cut:
             await self._store.write(caller, lambda t: fsops.record_truncate(t, inode.inode_id, length))
-        await self._s.chunks.remove_tail(inode, length)
+            await self._s.chunks.remove_tail(inode, length, known_longer=True)
         return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id))
 
     async def finish_truncates(self) -> int:

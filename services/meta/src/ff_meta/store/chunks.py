@@ -206,13 +206,13 @@ class StorageChunks:
             chain_id, lambda c: c.truncate_chunks, build, head=True, ok=lambda r: r.results[0].status in _SETTLED
         )
 
-    async def remove_tail(self, inode: Inode, length: int) -> None:
+    async def remove_tail(self, inode: Inode, length: int, *, known_longer: bool = False) -> None:
         """Storage's part of truncating a file.
 
-        To ``length``, shorter than it is: the chunks past the new end go, every chain at once, and the chunk it ends in
-        is cut.
+        To ``length``, shorter than it is (meta's length, or storage's: ``known_longer``, an open writer wrote further
+        than meta knows): the chunks past the new end go, every chain at once, and the chunk it ends in is cut.
         """
-        if length >= inode.length or not inode.chain_table_id or not inode.stripe_size:
+        if (length >= inode.length and not known_longer) or not inode.chain_table_id or not inode.stripe_size:
             return
         chunk, within = divmod(length, inode.chunk_size)
         first_gone = chunk + 1 if within else chunk

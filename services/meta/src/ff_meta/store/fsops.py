@@ -204,6 +204,7 @@ class SessionRow(NamedTuple):
     reported_length: int
     quota_ids: str
     times_set_at_ns: int | None
+    truncated_at_ns: int | None
 
 
 _RAW_SESSION = raw_sql(f"SELECT {', '.join(SessionRow._fields)} FROM meta_sessions WHERE session_id = ?")
@@ -270,11 +271,15 @@ def finish_length(
 
     Without a session the caller's hints (written length, mtime) do not count. A session's write time counts
     only if it is later than an explicit mtime set while the session was open (utime after the last write:
-    ``cp -p``, ``tar x``), so that a late Close does not put an earlier time back.
+    ``cp -p``, ``tar x``), so that a late Close does not put an earlier time back. Nor does the written length of a
+    session whose file was truncated while it was open (``truncated_at_ns``: the bytes it wrote before the cut are
+    gone, those after it are in storage): storage's answer alone, which the caller then brings.
     """
     inode, row, may_change = authorize_finish(tx, inode_id, session_id)
     if not may_change:
         return inode
+    if row is not None and row.truncated_at_ns is not None:
+        written = 0
     if row is None:
         written, mtime_ns = 0, None
     elif mtime_ns is not None and row.times_set_at_ns is not None and mtime_ns <= row.times_set_at_ns:
@@ -310,7 +315,8 @@ def collect_session(tx: Tx, session_id: str, storage_length: int | None) -> bool
         tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == session_id))
         return True
     chain = tx.quotas.of_ids(row.quota_ids)
-    exact = max(inode.length, int(row.reported_length), storage_length or 0)
+    reported = int(row.reported_length) if row.truncated_at_ns is None else 0  # cut since: storage's answer alone
+    exact = max(inode.length, reported, storage_length or 0)
     inode = set_length(tx, inode, exact, chain, from_reservation=True)
     _end_session(tx, inode, row, chain)
     return True
@@ -340,6 +346,8 @@ def renew(tx: Tx, client_id: str, reports: Sequence[tuple[str, int, int]], expir
             lost.append(session_id)
             continue
         if written <= row.reported_length:  # meta knows the file is at least this long
+            continue
+        if row.truncated_at_ns is not None:  # cut while open: its Sync or Close brings storage's length
             continue
         tx.session.execute(
             sa.update(sessions).where(sessions.c.session_id == session_id).values(reported_length=written)
@@ -725,8 +733,7 @@ def forget_truncate(tx: Tx, inode_id: int) -> None:
 def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
     """Commit a truncate's new length (storage already cut the chunks); its note (``record_truncate``) goes."""
     inode = truncate_check(tx, at, session_id)
-    if length < inode.length:
-        tx.execute(_RAW_TRUNCATE_DONE, (inode.inode_id, length))
+    tx.execute(_RAW_TRUNCATE_DONE, (inode.inode_id, length))
     r = tx.paths.existing(at, follow_last=True)
     chain = tx.quotas.chain(tx.paths.folder_of(r))
     if length > inode.length:
@@ -734,6 +741,7 @@ def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
     else:
         tx.quotas.charge(chain, dbytes=length - inode.length, enforce=False)
     tx.shrink_reported(inode.inode_id, length)
+    tx.mark_cut(inode.inode_id)
     values = {"length": length, "mtime_ns": tx.now_ns, "ctime_ns": tx.now_ns}
     tx.update(inode.inode_id, **values)
     return inode.with_(**values)

@@ -63,6 +63,10 @@ sessions = sa.Table(
     # Meta's clock when an explicit mtime was last set on the file while this session was open (NULL: never):
     # a write time the session reports later counts only if it is later than this.
     sa.Column("times_set_at_ns", sa.BigInteger, nullable=True),
+    # Meta's clock when a truncate of the file was committed while this session was open (NULL: never): from then
+    # on the lengths the session reports count only as far as storage confirms them (its bytes before the cut are
+    # gone; those after it are in storage), so a Close, Sync or renewal does not take back the cut.
+    sa.Column("truncated_at_ns", sa.BigInteger, nullable=True),
 )  # fmt: skip
 
 quotas = sa.Table(

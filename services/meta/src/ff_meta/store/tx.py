@@ -80,6 +80,7 @@ _RAW_ANCESTRY = raw_sql(
     "LEFT JOIN meta_dirents d ON d.parent_id = i.parent_id AND d.inode_id = i.inode_id ORDER BY up.depth"
 )
 _RAW_PIN_TIMES = raw_sql("UPDATE meta_sessions SET times_set_at_ns = ? WHERE inode_id = ?")
+_RAW_MARK_CUT = raw_sql("UPDATE meta_sessions SET truncated_at_ns = ? WHERE inode_id = ?")
 _COL_SET = frozenset(_COLS)
 # QuotaRow's fields, in its order; usage never goes below 0 (a portable MAX(0, x) for SQLite and PostgreSQL).
 _QUOTA_COLS = ("inode_id", "max_bytes", "max_inodes", "used_bytes", "used_inodes", "reserved_bytes")
@@ -392,6 +393,13 @@ class Tx:
     def shrink_reported(self, inode_id: int, length: int) -> None:
         """No write session of the inode reports more than ``length`` (a truncate), through the cursor."""
         self._fetch(_RAW_SHRINK_REPORTED, (length, inode_id, length), fetch=False)
+
+    def mark_cut(self, inode_id: int) -> None:
+        """A truncate of the inode was just committed: its open write sessions' reports count no more.
+
+        From now on storage confirms their lengths (see ``fsops.finish_length``).
+        """
+        self._fetch(_RAW_MARK_CUT, (self.now_ns, inode_id), fetch=False)
 
     def pin_times(self, inode_id: int) -> None:
         """An explicit mtime was just set.
