@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
@@ -113,10 +114,11 @@ async def _check_every_replica(cluster: StorageCluster, stream: Stream) -> None:
                 reads = [
                     ChunkRead(chain_id=chain.chain_id, inode_id=k[0], chunk_index=k[1], length=CHUNK) for k in keys
                 ]
-                for _ in range(50):  # until every node has the routing the client has
+                deadline = time.monotonic() + 60
+                while True:  # until every node has the routing the client has
                     await reader.routing.refresh(force=True)
                     got = await reader.batch_read(reads, prefer_target=target.target_id)
-                    if all(g.target_id == target.target_id for g in got):
+                    if all(g.target_id == target.target_id for g in got) or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.1)
                 for k, g in zip(keys, got, strict=True):
@@ -157,8 +159,8 @@ async def test_power_loss_while_heads_are_behind_their_replicas_converges(
     try:
         await stream.acked_at_least(40)
         os.kill(head.info["pid"], signal.SIGSTOP)  # its writes in flight: pending here, forwarded, not committed
+        cluster.mgmtd.kill()  # at once: it never sees the head stop
         await asyncio.sleep(0.5)  # the replicas commit what they took (no assertion rests on this)
-        cluster.mgmtd.kill()
         kill_all(cluster.nodes)
     finally:
         await stream.stop()
@@ -218,18 +220,22 @@ def _states(info: mpb.RoutingInfo, node_id: int) -> set[int]:
     return {t.public_state for c in info.chains for t in c.targets if t.node_id == node_id}
 
 
-@pytest.mark.parametrize("order", ["head first", "tail first"])
-async def test_killed_one_by_one_and_restarted_stalest_first(
-    cluster: StorageCluster, quick: StorageClient, order: str
+@pytest.mark.parametrize(
+    ("kill_order", "restart_order"),
+    [("head first", "stalest first"), ("tail first", "stalest first"), ("head first", "freshest first")],
+)
+async def test_killed_one_by_one_and_restarted_one_by_one(
+    cluster: StorageCluster, quick: StorageClient, kill_order: str, restart_order: str
 ) -> None:
     """Writes go on while the storage services die one after another (heads first, or tails first), each noticed
-    by mgmtd; the last one to die holds the only up-to-date copies (lastsrv). They come back one at a time, the
-    stalest first: no chain serves (reads or writes) until the last one to die is back, then the others sync
-    from it while writes go on, and every acknowledged write is on every replica."""
+    by mgmtd; the last one to die holds the only up-to-date copies (lastsrv). They come back one at a time. The
+    stalest first: no chain serves (reads or writes) until the last one to die is back. The freshest first: the
+    chains serve at once, and writes go on while the others come back and sync. Either way every acknowledged
+    write ends on every replica."""
     info = await cluster.wait_all_serving()
     by_node = {n.info["node_id"]: n for n in cluster.nodes}
     order_ids = [t.node_id for t in info.chains[0].targets]
-    if order == "tail first":
+    if kill_order == "tail first":
         order_ids.reverse()
     stream = Stream(quick, [c.chain_id for c in info.chains], num_writers=2)
     stream.start()
@@ -245,22 +251,34 @@ async def test_killed_one_by_one_and_restarted_stalest_first(
             await eventually(noticed, 30, f"node {node_id}'s targets out of service")
             if n < len(order_ids) - 1:
                 await stream.acked_at_least(10)  # writes go on without it
-        for node_id in order_ids:  # the stalest first
-            await _start([by_node[node_id]])
-            if node_id != order_ids[-1]:
-
-                async def waiting(node_id: int = node_id) -> bool:
-                    return _states(await cluster.routing(), node_id) == {mpb.PUBLIC_TARGET_STATE_WAITING}
-
-                await eventually(waiting, 30, f"node {node_id}'s targets waiting for the last serving copy")
-                chains = (await cluster.routing()).chains
-                serving = [c.chain_id for c in chains if c.targets[0].public_state == mpb.PUBLIC_TARGET_STATE_SERVING]
-                assert serving == [], f"chains {serving} serve without their last serving copy"
+        if restart_order == "stalest first":
+            await _restart_stalest_first(cluster, [by_node[i] for i in order_ids])
+        else:
+            for node_id in reversed(order_ids):
+                await _start([by_node[node_id]])
+                await stream.acked_at_least(10)  # writes go on while the others come back
         await cluster.wait_all_serving(timeout_s=60)
-        await stream.acked_at_least(20)  # writes go on once it is back
+        await stream.acked_at_least(20)  # and once all are back
     finally:
         await stream.stop()
     await _check_every_replica(cluster, stream)
+
+
+async def _restart_stalest_first(cluster: StorageCluster, nodes: list[StorageProcess]) -> None:
+    """Start ``nodes`` one at a time in order: each but the last waits, and no chain serves without the last."""
+    for node in nodes:
+        await _start([node])
+        if node is nodes[-1]:
+            return
+        node_id = node.info["node_id"]
+
+        async def waiting(node_id: int = node_id) -> bool:
+            return _states(await cluster.routing(), node_id) == {mpb.PUBLIC_TARGET_STATE_WAITING}
+
+        await eventually(waiting, 30, f"node {node_id}'s targets waiting for the last serving copy")
+        chains = (await cluster.routing()).chains
+        serving = [c.chain_id for c in chains if c.targets[0].public_state == mpb.PUBLIC_TARGET_STATE_SERVING]
+        assert serving == [], f"chains {serving} serve without their last serving copy"
 
 
 async def test_mgmtd_killed_mid_stream_and_restarted(cluster: StorageCluster, quick: StorageClient) -> None:
