@@ -280,7 +280,7 @@ class ChainWriter:
         """
         started = time.perf_counter()
         merged = _merged_writes(updates, functools.partial(_committed_length, target))
-        for round_ in _rounds(merged):
+        for round_ in self._rounds(target, merged):
             await self.state.update_to_the_end(
                 target.target_id, [u.key for u in round_], functools.partial(self._head_round, target, round_)
             )
@@ -668,10 +668,14 @@ class ChainWriter:
 
         A round started goes on to its end even if the predecessor goes away (``update_to_the_end``).
         """
-        for round_ in _rounds(updates):
+        for round_ in self._rounds(target, updates):
             await self.state.update_to_the_end(
                 target.target_id, [u.key for u in round_], functools.partial(self._replica_round, target, round_)
             )
+
+    def _rounds(self, target: Target, updates: list[Update]) -> list[list[Update]]:
+        """``_rounds`` with the chunk contents of one round held to ``max_batch_bytes``."""
+        return _rounds(updates, functools.partial(_content_bytes, target), self.state.config.max_batch_bytes)
 
     async def _replica_round(self, target: Target, round_: list[Update]) -> None:
         ready = await asyncio.to_thread(self._prepare, target, round_, False)
@@ -702,16 +706,30 @@ def _transferred(blob: bytearray | None, ref: TransferRef, length: int) -> memor
     return memoryview(blob)[ref.offset : ref.offset + length]
 
 
-def _rounds(updates: list[Update]) -> list[list[Update]]:
-    """Split so that each round touches a chunk at most once (updates to one chunk apply in order)."""
+def _rounds(
+    updates: list[Update], size_of: Callable[[Update], int] = lambda _: 0, budget: int | None = None
+) -> list[list[Update]]:
+    """Split into rounds that each touch a chunk at most once and hold at most ``budget`` bytes of chunk contents.
+
+    A chunk's update goes in a round after those of its earlier updates (updates to one chunk apply in order). The
+    contents (``size_of``; one update over the budget goes alone) are what a round builds in memory: each chunk
+    written is built whole (copy on write), at the head and at every replica, so a batch of one-byte writes at the
+    ends of many large chunks would otherwise build them all at once.
+    """
     rounds: list[list[Update]] = []
+    used: list[int] = []
+    last: dict[ChunkKey, int] = {}  # chunk -> the round of its latest update so far
     for u in updates:
-        for r in rounds:
-            if all(x.key != u.key for x in r):
-                r.append(u)
-                break
-        else:
-            rounds.append([u])
+        need = size_of(u)
+        k = last.get(u.key, -1) + 1
+        while k < len(rounds) and budget is not None and used[k] and used[k] + need > budget:
+            k += 1
+        if k == len(rounds):
+            rounds.append([])
+            used.append(0)
+        rounds[k].append(u)
+        used[k] += need
+        last[u.key] = k
     return rounds
 
 
@@ -776,6 +794,18 @@ def _first_copies(members: list[Update]) -> list[tuple[int, Payload]]:
 def _committed_length(target: Target, key: ChunkKey) -> int:
     meta = target.engine.get(key)
     return meta.length if meta is not None else 0
+
+
+def _content_bytes(target: Target, u: Update) -> int:
+    """The bytes of the chunk ``u`` builds in memory here (its new content, the committed copy it starts from)."""
+    if u.kind is UpdateKind.REMOVE:
+        return 0
+    if u.full:
+        return len(u.data)
+    end = u.length if u.kind is UpdateKind.TRUNCATE else u.offset + u.length
+    if u.members is not None:
+        end = max(m.offset + m.length for m in u.members)
+    return max(end, _committed_length(target, u.key))
 
 
 def _drop_stored(engine: ChunkEngine, reserved: list[Pending], store: asyncio.Future[list[Pending]]) -> None:

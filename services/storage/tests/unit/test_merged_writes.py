@@ -13,7 +13,7 @@ from ff_storage.core.requests import UpdateKind
 from ff_storage.core.results import IoStatus
 from ff_storage.node import StorageNode
 from ff_storage.node_state import Update
-from ff_storage.writes import _merged_writes
+from ff_storage.writes import _merged_writes, _rounds
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -95,3 +95,19 @@ def test_a_run_goes_as_one_only_where_the_whole_chunk_weighs_less_than_the_round
     two_small = [page(small, 0), page(small, 90 << 10)]
     [carrier] = _merged_writes(two_small, lengths.__getitem__)
     assert carrier.members == two_small
+
+
+def test_rounds_hold_at_most_the_budget_of_chunk_contents_and_keep_each_chunks_order() -> None:
+    """A hostile batch of one-byte writes at the end of 64 MiB chunks built every chunk in memory in one round
+    (4,096 of them: 256 GiB, at the head and at each replica); rounds now hold at most the budget (one update over it
+    alone), and a chunk's updates still come in order, each after the round of the one before."""
+    ups = [Update(key=(k % 5, 0), kind=UpdateKind.WRITE, chunk_size=64 << 20, offset=(64 << 20) - 1, length=1)
+           for k in range(12)]  # fmt: skip
+    rounds = _rounds(ups, lambda u: 64 << 20, 128 << 20)
+    assert all(len(r) <= 2 for r in rounds) and sum(len(r) for r in rounds) == 12
+    where = {id(u): n for n, r in enumerate(rounds) for u in r}
+    for key in {u.key for u in ups}:
+        mine = [where[id(u)] for u in ups if u.key == key]
+        assert mine == sorted(set(mine)), (key, mine)  # strictly later rounds, in the batch's order
+    assert len(_rounds([ups[0]], lambda u: 1 << 30, 1 << 20)) == 1  # over the budget: alone
+    assert [len(r) for r in _rounds(ups)] == [5, 5, 2]  # no budget: as before
