@@ -41,6 +41,8 @@ MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the root's attribute with the mo
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 _STAT_ATTEMPTS = 8
+# this mount's state when a folder was listed: (writable handles released, the attribute cache's generation)
+ListingMark = tuple[int, int]
 
 
 def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
@@ -203,30 +205,54 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             self._dirs[fh] = path
         return fh
 
-    @as_caller
     def readdir(self, path: str | None, fh: int) -> list[Any]:
+        """The folder's names with their attributes (``listing``)."""
+        return self.listing(path, fh)[1]
+
+    @as_caller
+    def listing(self, path: str | None, fh: int) -> tuple[ListingMark, list[Any]]:
         """The folder's names with their attributes, from the listing (files pending here committed first: they show).
 
         Whole attributes (what getattr would answer; readdirplus hands them to the kernel, ``serve._Fuse``) except for
         files open for writing here, whose size this mount knows better than the listing: type and inode number only,
-        and the kernel asks getattr.
+        and the kernel asks getattr. With the mark of this mount's state just before meta listed the folder, which
+        ``still_whole`` compares when a later page of the listing goes to the kernel.
         """
         with self._lock:
             where = self._dirs.get(fh, path)  # no path with nullpath_ok: the folder opendir named
         if where is None:
             raise mfusepy.FuseOSError(errno.EBADF)
         self._pending.settle(where)  # a listing shows the files made here that meta does not know yet
+        mark = self._listing_mark()
         entries: list[Any] = [".", ".."]
         try:
             listed = self.fs.scandir(where)
         except PermissionError:  # may read the folder but not search it: its names, no attributes (as ls -l shows)
             entries.extend(self.fs.listdir(where))
-            return entries
+            return mark, entries
         for e in listed:
             written_here = e.stat.type == "file" and self._table.writers(e.stat.inode_id)
             attrs = {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id} if written_here else self._attrs(e.stat)
             entries.append((e.name, attrs, 0))
-        return entries
+        return mark, entries
+
+    def _listing_mark(self) -> ListingMark:
+        with self._lock:
+            return self._releases, self._cache.generation()
+
+    def still_whole(self, attrs: dict[str, Any], mark: ListingMark) -> bool:
+        """Whether a listing's attributes of an entry may still go to the kernel as whole (readdirplus).
+
+        A folder's later pages go out from the listing taken at its first, maybe long after. Since then a file may
+        have been opened for writing here (its handles know its size), a writer here may have released (meta's
+        length is newer than the listing's: its release makes the length exact, as in ``_stat``), or anything may
+        have changed through this mount (the attribute cache's generation). The kernel takes what readdirplus
+        hands it over what it learnt before it asked for the page (the size a write through it made): such an
+        entry goes with its type and inode number only, and the kernel asks getattr.
+        """
+        if self._listing_mark() != mark:
+            return False
+        return not (stat.S_ISREG(attrs["st_mode"]) and self._table.writers(attrs["st_ino"]))
 
     def releasedir(self, path: str | None, fh: int) -> int:
         """Forgets the folder handle."""

@@ -22,7 +22,7 @@ from typing import Any
 import mfusepy
 
 from ff_rpc import Identity, acting_as
-from hf3fs.fuse.ops import Hf3fsOperations
+from hf3fs.fuse.ops import Hf3fsOperations, ListingMark
 from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,8 @@ class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._listings: dict[int, list[Any]] = {}  # open folder handle -> its listing (readdir pages come from it)
+        # open folder handle -> its listing, with the mount's state when it was taken (readdir pages come from it)
+        self._listings: dict[int, tuple[ListingMark, list[Any]]] = {}
         super().__init__(*args, **kwargs)  # serves until unmounted
 
     def open(self, path: bytes, fip: Any) -> int:
@@ -159,22 +160,25 @@ class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
         a lookup and getattr (a meta ``Stat``) per name; mfusepy fills names, modes and inode numbers only. Entries
         go with their position + 1 as offset: libfuse 3.14 passes readdirplus attributes on only with offsets (with
         0 it drops them and counts a lookup the kernel never forgets). The listing is taken at offset 0 and kept
-        until ``releasedir``.
+        until ``releasedir``; an entry of a later page goes without attributes where they may have changed through
+        this mount since (``Hf3fsOperations.still_whole``).
         """
         fh = int(fip.contents.fh) if fip else 0
-        listing = self._listings.get(fh) if offset else None
-        if listing is None:
-            listing = list(self.operations.readdir(self._path(path), fh))
-            self._listings[fh] = listing
+        taken = self._listings.get(fh) if offset else None
+        if taken is None:
+            taken = self.operations.listing(self._path(path), fh)
+            self._listings[fh] = taken
+        mark, listing = taken
         plus = bool(flags & _FUSE_READDIR_PLUS)
         for k in range(offset, len(listing)):
             item = listing[k]
             name, attrs = (item, None) if isinstance(item, str) else (item[0], item[1])
+            plus_here = plus and attrs is not None and "st_nlink" in attrs and self.operations.still_whole(attrs, mark)
             st = None
             if attrs:
                 st = mfusepy.c_stat()
-                mfusepy.set_st_attrs(st, attrs if plus else _named(attrs), use_ns=self.use_ns)
-            whole = _FUSE_FILL_DIR_PLUS if plus and attrs and "st_nlink" in attrs else 0
+                mfusepy.set_st_attrs(st, attrs if plus_here else _named(attrs), use_ns=self.use_ns)
+            whole = _FUSE_FILL_DIR_PLUS if plus_here else 0
             if filler(buf, name.encode(self.encoding, self.errors), st, k + 1, whole) != 0:
                 break  # the kernel's page is full: it asks again from this offset
         return 0

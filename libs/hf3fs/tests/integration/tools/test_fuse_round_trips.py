@@ -4,6 +4,7 @@ Needs /dev/fuse and fusermount3."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import time
@@ -18,6 +19,8 @@ from .conftest import FsCluster
 from .test_fuse_mount import _mounted, _skip_reason
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+_SYS_GETDENTS64 = 217  # x86_64
 
 # The mount process's sitecustomize: every meta call counted by method; the counts written to counts.json when a
 # file "dump" appears (libfuse's loop holds the main thread, so a thread watches).
@@ -273,3 +276,50 @@ def test_a_folder_that_may_be_read_but_not_searched_lists_its_names(counted: tup
             os.stat(folder / "inside")
     finally:
         folder.chmod(0o755)
+
+
+def _getdents_page(fd: int, size: int = 4096) -> list[str]:
+    """The names one getdents64(2) of ``size`` bytes returns: a small page, as a program reading a folder in small
+    steps asks (glibc's readdir asks up to 1 MiB at once, a whole folder of a few thousand names)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(size)
+    got = libc.syscall(_SYS_GETDENTS64, fd, buf, size)
+    if got < 0:
+        raise OSError(ctypes.get_errno(), "getdents64")
+    names, at = [], 0
+    while at < got:
+        reclen = int.from_bytes(buf.raw[at + 16 : at + 18], "little")
+        names.append(buf.raw[at + 19 : at + reclen].split(b"\0", 1)[0].decode())
+        at += reclen
+    return [n for n in names if n not in (".", "..")]
+
+
+def test_a_file_written_here_while_its_folder_is_being_listed_keeps_its_size(
+    counted: tuple[Path, Meter], fs_cluster: FsCluster
+) -> None:
+    """A folder's listing is taken at its first page and its later pages are handed out from it: a file this mount
+    opened and wrote after the first page must not reach the kernel with the listing's old size (the kernel takes it
+    over the size it knows from the write: stat says 0 and a read sees an empty file)."""
+    where, _ = counted
+    folder = f"later-{uuid.uuid4().hex[:8]}"
+    names = [f"{'m' * 40}{k:05d}" for k in range(300)]
+    fs_cluster.client.makedirs(f"/fuse/{folder}")
+    for name in names:
+        fs_cluster.client.create(f"/fuse/{folder}/{name}")
+    fd = os.open(where / folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        seen = _getdents_page(fd)  # the first page: the listing is taken now
+        assert 0 < len(seen) < len(names) - 1
+        with open(where / folder / names[-1], "wb") as f:
+            f.write(b"w" * 777)
+            f.flush()
+            # as ls -l: an lstat per name, page by page (the kernel asks readdirplus for the next page)
+            sizes = {n: os.lstat(where / folder / n).st_size for n in seen}
+            while page := _getdents_page(fd):
+                sizes.update((n, os.lstat(where / folder / n).st_size) for n in page)
+            assert sorted(sizes) == names
+            assert sizes[names[-1]] == 777
+            assert os.stat(where / folder / names[-1]).st_size == 777
+        assert (where / folder / names[-1]).read_bytes() == b"w" * 777
+    finally:
+        os.close(fd)
