@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from ff_cluster import MgmtdClient
 from ff_meta.core.model import Defaults, Inode, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
 from ff_meta.ops import MetaOps, MetaOptions
+from ff_meta.ops.shared import SYSTEM
 from ff_meta.ops.types import CloseArgs, CreateArgs, OpenArgs
 from ff_meta.store.metastore import MetaStore
+from ff_meta.store.schema import sessions
 
 ALICE = Caller(1000, (1000,), "alice")
 DEFAULTS = Defaults(LayoutSpec(1, 1 << 20, 4), {1: (0, 6)}, 30.0)
@@ -74,3 +78,94 @@ async def test_an_append_lease_taken_as_its_holder_closes_answers_the_new_end(op
     b = await asyncio.wait_for(b_open, 10)
     assert b.session is not None and b.session.session_id == "append-lease"
     assert b.inode.length == 28  # where B's append goes
+
+
+class Storage:
+    """The file's end in storage (``StorageChunks.length`` and ``remove_tail``); once armed, the next length query
+    answers what storage held when it was asked, but only when the test lets it (an answer in flight)."""
+
+    def __init__(self) -> None:
+        self.end = 0
+        self.armed = False
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def length(self, inode: Inode) -> int | None:
+        end = self.end
+        if self.armed:
+            self.armed = False
+            self.asked.set()
+            await self.answer.wait()
+        return end or None
+
+    async def lengths(self, inodes: list[Inode]) -> list[int | None]:
+        return [await self.length(inode) for inode in inodes]
+
+    async def remove_tail(self, inode: Inode, length: int, *, known_longer: bool = False) -> None:
+        self.end = min(self.end, length)
+
+
+async def _written_unreported(meta: MetaOps, path: PathAt) -> tuple[Storage, Inode]:
+    """A file with a write session ("a") that wrote 10,000 bytes to storage without telling meta."""
+    storage = Storage()
+    meta.shared.chunks.length = storage.length  # type: ignore[method-assign]
+    meta.shared.chunks.lengths = storage.lengths  # type: ignore[method-assign]
+    meta.shared.chunks.remove_tail = storage.remove_tail  # type: ignore[method-assign]
+    await meta.files.create(ALICE, CreateArgs(path=path, mode=0o644, exclusive=True))
+    a = await meta.files.open(ALICE, OpenArgs(path=path, read=False, write=True, session_id="a", client_id="A"))
+    storage.end = 10_000
+    return storage, a.inode
+
+
+async def _cut_while_asked(meta: MetaOps, storage: Storage, path: PathAt, finishing: asyncio.Task[Any]) -> Any:
+    """Truncate the file to 3,000 while ``finishing`` holds storage's answer (10,000), then let it go on."""
+    await asyncio.wait_for(storage.asked.wait(), 10)
+    cut = await meta.files.truncate(ALICE, path, 3_000, "")
+    assert cut.length == 3_000 and storage.end == 3_000
+    storage.answer.set()
+    return await asyncio.wait_for(finishing, 10)
+
+
+async def test_a_close_whose_storage_answer_predates_a_cut_does_not_regrow_the_file(
+    ops: tuple[MetaOps, Gate],
+) -> None:
+    """A writer wrote 10,000 bytes (in storage, unreported) and closes; its Close asked storage (10,000) and, before
+    it commits, another client truncates the file to 3,000 (storage cut, length committed, the session stamped).
+    The Close must not commit the answer it got before the cut: the file regrew to 10,000 (zeros past 3,000)."""
+    meta, _ = ops
+    path = PathAt(0, "/cut")
+    storage, inode = await _written_unreported(meta, path)
+    storage.armed = True
+    closing = asyncio.create_task(meta.files.close(ALICE, CloseArgs(inode.inode_id, "a", 10_000, None)))
+    closed = await _cut_while_asked(meta, storage, path, closing)
+    assert closed.length == 3_000
+    assert (await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "", 0, None))).length == 3_000
+
+
+async def test_a_batch_close_whose_storage_answer_predates_a_cut_does_not_regrow_the_file(
+    ops: tuple[MetaOps, Gate],
+) -> None:
+    """The same through BatchClose (the write-back path's closes), storage asked once for the batch."""
+    meta, _ = ops
+    path = PathAt(0, "/cut-batch")
+    storage, inode = await _written_unreported(meta, path)
+    storage.armed = True
+    closing = asyncio.create_task(meta.files.batch_close(ALICE, [CloseArgs(inode.inode_id, "a", 10_000, None)]))
+    closed = await _cut_while_asked(meta, storage, path, closing)
+    assert [c.length for c in closed] == [3_000]
+    assert (await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "", 0, None))).length == 3_000
+
+
+async def test_a_lapsed_session_collected_around_a_cut_does_not_regrow_the_file(ops: tuple[MetaOps, Gate]) -> None:
+    """The writer went away (its lease lapsed); meta's collection asked storage (10,000), another client cut the file
+    to 3,000 before the collection committed: the session is collected in a later round, at 3,000."""
+    meta, _ = ops
+    path = PathAt(0, "/cut-lapsed")
+    storage, inode = await _written_unreported(meta, path)
+    await meta.shared.store.write(SYSTEM, lambda t: t.session.execute(sa.update(sessions).values(lease_expires_at=0)))
+    meta.background._started -= meta.shared.options.lease_s  # past the instance's first lease (collects nothing)
+    storage.armed = True
+    collecting = asyncio.create_task(meta.background.collect_sessions())
+    assert await _cut_while_asked(meta, storage, path, collecting) == 0  # its answer predates the cut: not now
+    assert await meta.background.collect_sessions() == 1
+    assert (await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "", 0, None))).length == 3_000

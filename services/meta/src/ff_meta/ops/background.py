@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 
@@ -63,7 +64,9 @@ class Background:
         for session_id, inode_id in expired:
             inode = await self._store.read(SYSTEM, lambda t, i=inode_id: t.get(i))  # type: ignore[misc]
             length = await self._s.chunks.length(inode) if inode is not None else None
-            if await self._store.write(SYSTEM, lambda t, s=session_id, n=length: fsops.collect_session(t, s, n)):  # type: ignore[misc]
+            # not collected (a later round) where a truncate came between storage's answer and this write
+            collect = functools.partial(fsops.collect_session, storage_length=length, asked=inode)
+            if await self._store.write(SYSTEM, lambda t, s=session_id, c=collect: c(t, s)):  # type: ignore[misc]
                 logger.info("collected write session %s of inode %d (lease lapsed)", session_id, inode_id)
                 done += 1
         return done

@@ -26,6 +26,9 @@ from ff_meta.store.tx import Tx
 
 logger = logging.getLogger(__name__)
 
+# How many times a Close or Sync asks storage for the file's length while truncates keep coming in between
+_STORAGE_ASKS = 8
+
 # Create's transaction: inode, created, write session, (room, folder) of the tightest byte quota over it or None
 CreateDone = tuple[Inode, bool, SessionInfo | None, tuple[int, int] | None]
 
@@ -178,21 +181,22 @@ class FileOps:
 
         A Sync with the writer's session takes the length it reports: its fsync needs its own bytes reachable, and
         those are in storage before it asks (the file never shrinks below what meta knew); the Close makes it exact
-        from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction).
+        from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction). Storage
+        is asked again where a truncate may have come between its answer and the write
+        (``fsops.storage_answer_stands``).
         """
-        inode, row, may_change = await self._store.read(
-            caller, functools.partial(_authorize, args.inode_id, args.session_id)
-        )
-        if not may_change:  # a reader's fsync: nothing to make exact on its behalf
-            return inode
-        trusted = args.session_id and getattr(row, "truncated_at_ns", None) is None  # its report counts
-        length = None if not close and trusted else await self._s.chunks.length(inode)
-        return await self._store.write(
-            caller,
-            lambda t: fsops.finish_length(
-                t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close
-            ),
-        )
+        for _ in range(_STORAGE_ASKS):
+            inode, row, may_change = await self._store.read(
+                caller, functools.partial(_authorize, args.inode_id, args.session_id)
+            )
+            if not may_change:  # a reader's fsync: nothing to make exact on its behalf
+                return inode
+            trusted = args.session_id and getattr(row, "truncated_at_ns", None) is None  # its report counts
+            length = None if not close and trusted else await self._s.chunks.length(inode)
+            done = await self._store.write(caller, functools.partial(_finish, args, length, close=close, asked=inode))
+            if done is not None:
+                return done
+        raise fs_error(FsCode.BUSY, f"inode {args.inode_id} was truncated while its length was asked, again and again")
 
     async def batch_close(self, caller: Caller, items: Sequence[CloseArgs | FsError]) -> list[Inode | FsError]:
         """Many ``close``, each alone, storage asked once per chain.
@@ -222,10 +226,20 @@ class FileOps:
                     )
                 )
         lengths = await self._s.chunks.lengths([inode for _, inode, _ in todo])
-        finishes = [functools.partial(_finish, a, length) for (_, _, a), length in zip(todo, lengths, strict=True)]
-        for (k, _, _), got in zip(todo, await self._store.write_many(caller, finishes), strict=True):
-            out[k] = got
+        finishes = [
+            functools.partial(_finish, a, length, close=bool(a.session_id), asked=inode)
+            for (_, inode, a), length in zip(todo, lengths, strict=True)
+        ]
+        for (k, _, a), got in zip(todo, await self._store.write_many(caller, finishes), strict=True):
+            # None: a truncate came between storage's answer and the write; alone, it asks storage again
+            out[k] = got if got is not None else await self._finish_alone(caller, a)
         return out
+
+    async def _finish_alone(self, caller: Caller, args: CloseArgs) -> Inode | FsError:
+        try:
+            return await (self.close(caller, args) if args.session_id else self._finish(caller, args, close=False))
+        except FsError as err:
+            return err
 
     async def _authorize_close(self, caller: Caller, inode_id: int, session_id: str) -> tuple[Inode, str, bool]:
         """Who may close, and with which session.
@@ -302,9 +316,9 @@ def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, object, bo
     return fsops.authorize_finish(t, inode_id, session_id)
 
 
-def _finish(args: CloseArgs, length: int | None, t: Tx) -> Inode:
+def _finish(args: CloseArgs, length: int | None, t: Tx, *, close: bool, asked: Inode) -> Inode | None:
     return fsops.finish_length(
-        t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close=bool(args.session_id)
+        t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close, asked=asked
     )
 
 

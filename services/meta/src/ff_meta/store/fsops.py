@@ -264,9 +264,27 @@ def authorize_finish(tx: Tx, inode_id: int, session_id: str) -> tuple[Inode, Any
     return inode, None, False
 
 
+def storage_answer_stands(asked: Inode | None, now: Inode) -> bool:
+    """Whether storage's length, asked once the file was read as ``asked``, may count for the file as it is ``now``.
+
+    A truncate cuts storage first and then commits the new length (and ctime): an answer asked before the cut and
+    committed after it would bring the cut bytes back (as zeros past the new end). Any change of the length or the
+    ctime since makes the caller ask storage again (``asked`` None: nothing to compare, the answer stands).
+    """
+    return asked is None or (asked.length, asked.ctime_ns) == (now.length, now.ctime_ns)
+
+
 def finish_length(
-    tx: Tx, inode_id: int, session_id: str, written: int, storage_length: int | None, mtime_ns: int | None, close: bool
-) -> Inode:
+    tx: Tx,
+    inode_id: int,
+    session_id: str,
+    written: int,
+    storage_length: int | None,
+    mtime_ns: int | None,
+    close: bool,
+    *,
+    asked: Inode | None = None,
+) -> Inode | None:
     """Close or sync: the exact length (storage's answer, never below what meta knew), session ended on close.
 
     Without a session the caller's hints (written length, mtime) do not count. A session's write time counts
@@ -274,10 +292,14 @@ def finish_length(
     ``cp -p``, ``tar x``), so that a late Close does not put an earlier time back. Nor does the written length of a
     session whose file was truncated while it was open (``truncated_at_ns``: the bytes it wrote before the cut are
     gone, those after it are in storage): storage's answer alone, which the caller then brings.
+
+    None, changing nothing, where storage's answer may predate a truncate (``storage_answer_stands``): ask again.
     """
     inode, row, may_change = authorize_finish(tx, inode_id, session_id)
     if not may_change:
         return inode
+    if storage_length is not None and not storage_answer_stands(asked, inode):
+        return None
     if row is not None and row.truncated_at_ns is not None:
         written = 0
     if row is None:
@@ -305,8 +327,12 @@ def _end_session(tx: Tx, inode: Inode, row: Any, chain: list[QuotaRow]) -> None:
         tx.free_file(inode)
 
 
-def collect_session(tx: Tx, session_id: str, storage_length: int | None) -> bool:
-    """End a session whose lease lapsed; its file gets the exact length. False if it is gone already."""
+def collect_session(tx: Tx, session_id: str, storage_length: int | None, asked: Inode | None = None) -> bool:
+    """End a session whose lease lapsed; its file gets the exact length.
+
+    False if it is gone already, or kept for a later round where storage's answer may predate a truncate
+    (``storage_answer_stands``).
+    """
     row = tx.session.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
     if row is None:
         return False
@@ -314,6 +340,8 @@ def collect_session(tx: Tx, session_id: str, storage_length: int | None) -> bool
     if inode is None:
         tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == session_id))
         return True
+    if storage_length is not None and not storage_answer_stands(asked, inode):
+        return False
     chain = tx.quotas.of_ids(row.quota_ids)
     reported = int(row.reported_length) if row.truncated_at_ns is None else 0  # cut since: storage's answer alone
     exact = max(inode.length, reported, storage_length or 0)
