@@ -250,9 +250,10 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         hands it over what it learnt before it asked for the page (the size a write through it made): such an
         entry goes with its type and inode number only, and the kernel asks getattr.
         """
-        if self._listing_mark() != mark:
+        # the handles first: a release bumps the generation before its handle leaves the table
+        if stat.S_ISREG(attrs["st_mode"]) and self._table.writers(attrs["st_ino"]):
             return False
-        return not (stat.S_ISREG(attrs["st_mode"]) and self._table.writers(attrs["st_ino"]))
+        return self._listing_mark() == mark
 
     def releasedir(self, path: str | None, fh: int) -> int:
         """Forgets the folder handle."""
