@@ -86,12 +86,14 @@ class Storage:
 
     def __init__(self) -> None:
         self.end = 0
+        self.asks = 0
         self.armed = False
         self.asked = asyncio.Event()
         self.answer = asyncio.Event()
 
     async def length(self, inode: Inode) -> int | None:
         end = self.end
+        self.asks += 1
         if self.armed:
             self.armed = False
             self.asked.set()
@@ -169,3 +171,18 @@ async def test_a_lapsed_session_collected_around_a_cut_does_not_regrow_the_file(
     assert await _cut_while_asked(meta, storage, path, collecting) == 0  # its answer predates the cut: not now
     assert await meta.background.collect_sessions() == 1
     assert (await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "", 0, None))).length == 3_000
+
+
+async def test_a_close_whose_file_only_grew_meanwhile_takes_storage_answer_at_once(ops: tuple[MetaOps, Gate]) -> None:
+    """No truncate in between, only the writer's renewal (length and ctime move): an answer that takes the file no
+    further than meta now knows stands, storage is asked once."""
+    meta, _ = ops
+    path = PathAt(0, "/grown")
+    storage, inode = await _written_unreported(meta, path)
+    storage.armed = True
+    closing = asyncio.create_task(meta.files.close(ALICE, CloseArgs(inode.inode_id, "a", 10_000, None)))
+    await asyncio.wait_for(storage.asked.wait(), 10)
+    await meta.files.renew_sessions(ALICE, "A", [("a", inode.inode_id, 10_000)])
+    storage.answer.set()
+    closed = await asyncio.wait_for(closing, 10)
+    assert closed.length == 10_000 and storage.asks == 1

@@ -264,14 +264,17 @@ def authorize_finish(tx: Tx, inode_id: int, session_id: str) -> tuple[Inode, Any
     return inode, None, False
 
 
-def storage_answer_stands(asked: Inode | None, now: Inode) -> bool:
+def storage_answer_stands(asked: Inode | None, now: Inode, storage_length: int | None, known: int) -> bool:
     """Whether storage's length, asked once the file was read as ``asked``, may count for the file as it is ``now``.
 
     A truncate cuts storage first and then commits the new length (and ctime): an answer asked before the cut and
-    committed after it would bring the cut bytes back (as zeros past the new end). Any change of the length or the
-    ctime since makes the caller ask storage again (``asked`` None: nothing to compare, the answer stands).
+    committed after it would bring the cut bytes back (as zeros past the new end). An answer that takes the file
+    past what meta knows (``known``) stands only if the length and ctime did not change since; otherwise the caller
+    asks storage again (``asked`` None: nothing to compare, the answer stands).
     """
-    return asked is None or (asked.length, asked.ctime_ns) == (now.length, now.ctime_ns)
+    if asked is None or storage_length is None or storage_length <= known:
+        return True
+    return (asked.length, asked.ctime_ns) == (now.length, now.ctime_ns)
 
 
 def finish_length(
@@ -298,14 +301,14 @@ def finish_length(
     inode, row, may_change = authorize_finish(tx, inode_id, session_id)
     if not may_change:
         return inode
-    if storage_length is not None and not storage_answer_stands(asked, inode):
-        return None
     if row is not None and row.truncated_at_ns is not None:
         written = 0
     if row is None:
         written, mtime_ns = 0, None
     elif mtime_ns is not None and row.times_set_at_ns is not None and mtime_ns <= row.times_set_at_ns:
         mtime_ns = None
+    if not storage_answer_stands(asked, inode, storage_length, max(inode.length, written)):
+        return None
     chain = tx.quotas.of_ids(row.quota_ids) if row is not None else []
     exact = (
         max(inode.length, written, storage_length or 0) if storage_length is not None else max(inode.length, written)
@@ -340,10 +343,10 @@ def collect_session(tx: Tx, session_id: str, storage_length: int | None, asked: 
     if inode is None:
         tx.session.execute(sa.delete(sessions).where(sessions.c.session_id == session_id))
         return True
-    if storage_length is not None and not storage_answer_stands(asked, inode):
+    reported = int(row.reported_length) if row.truncated_at_ns is None else 0  # cut since: storage's answer alone
+    if not storage_answer_stands(asked, inode, storage_length, max(inode.length, reported)):
         return False
     chain = tx.quotas.of_ids(row.quota_ids)
-    reported = int(row.reported_length) if row.truncated_at_ns is None else 0  # cut since: storage's answer alone
     exact = max(inode.length, reported, storage_length or 0)
     inode = set_length(tx, inode, exact, chain, from_reservation=True)
     _end_session(tx, inode, row, chain)
