@@ -86,7 +86,7 @@ class Update:
     pending: Pending | None = None
     forwarded: bool = False  # the successor acknowledged it
     update_id: UpdateKey | None = None
-    records: list[UpdateRecord] | None = None  # a full replace: the sender's records of the chunk
+    records: list[UpdateRecord] | None = None  # a full replace or a merged run's span: the chunk's records after it
     corrupt: bool = False  # the base copy here does not match its checksum (the update was not prepared)
     no_forward: bool = False  # stored here only, not passed on (a repair's copy for this one replica)
     at_head: bool = False  # versioned here as the chain's head: forwarded only while this target still is

@@ -128,9 +128,9 @@ class Peers:
         wire = WriteBytes.for_payloads(sent, node.data if node is not None else "")
         msgs: list[ChunkUpdate] = []
         for u, full, payload, kind in items:
-            records: Sequence[UpdateRecord] = ()
-            if full:
-                records = u.records if u.records is not None else self._records(from_target, u.key)
+            records: Sequence[UpdateRecord] = u.records or ()  # a merged run's span carries the chunk's records
+            if full and u.records is None:
+                records = self._records(from_target, u.key)
             place = wire.place(payload) if kind is UpdateKind.WRITE else None
             msgs.append(
                 ChunkUpdate(

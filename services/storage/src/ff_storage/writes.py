@@ -47,8 +47,9 @@ from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 
 logger = logging.getLogger(__name__)
 
-# A run of writes to one chunk goes down the chain as one whole chunk where that weighs at most this per chain round
-# trip it saves (a durable chain-of-3 round trip is ~5-7 ms here; loopback moves ~1 MiB per hop in ~1 ms)
+# A run of writes to one chunk goes down the chain as one write of the span it covers where that weighs at most this
+# per chain round trip it saves (a durable chain-of-3 round trip is ~5-7 ms here; loopback moves ~1 MiB per hop in
+# ~1 ms)
 MERGED_BYTES_PER_ROUND = 1 << 20
 _HEAD_CLIENT_ID = uuid.uuid4().bytes  # ids the head gives updates that come without one
 _head_request_ids = itertools.count(1)
@@ -279,7 +280,7 @@ class ChainWriter:
         A round started goes on to its end even if the caller goes away (``update_to_the_end``).
         """
         started = time.perf_counter()
-        merged = _merged_writes(updates, functools.partial(_committed_length, target))
+        merged = _merged_writes(updates)
         for round_ in self._rounds(target, merged):
             await self.state.update_to_the_end(
                 target.target_id, [u.key for u in round_], functools.partial(self._head_round, target, round_)
@@ -378,10 +379,11 @@ class ChainWriter:
         """At the head, a run of writes to one chunk (``u.members``) as one version: whether ``u`` is to store.
 
         A member committed before (a retry) gets its first result; the others apply in order over the committed
-        copy, and ``u`` becomes a full-chunk replace of the result, carrying their ids (in the chunk's records, as
-        each replica keeps them), so a retry of any of them at any replica is known. One round trip of the chain
-        for the run, where each write took its own: a database's flush writes a few pages here and there in a
-        chunk, each a durable chain write in turn. The replicas get the whole chunk, which they write whole anyway.
+        copy, and ``u`` becomes one write of the span they cover (from the first byte any of them writes to the last),
+        cut from the result, carrying the chunk's records with their ids (each replica keeps them in place of its
+        own, as a full-chunk replace's), so a retry of any of them at any replica is known. One round trip of the
+        chain for the run, where each write took its own: a database's flush writes a few pages here and there in a
+        chunk, each a durable chain write in turn. The replicas apply the span over the same committed copy.
         """
         assert u.members is not None
         todo: list[Update] = []
@@ -401,10 +403,13 @@ class ChainWriter:
         except ChunkCorrupt as exc:  # the head's copy is bad: repaired, then prepared again (``_head_round``)
             u.result, u.corrupt = result_of(IoStatus.CHECKSUM_MISMATCH, str(exc)), True
             return False
-        content = apply_writes(current[1] if current else None, _first_copies(todo))
+        writes = _first_copies(todo)
+        content = apply_writes(current[1] if current else None, writes)
         checksum = crc32c_of(content)
+        lo, hi = min(at for at, _ in writes), max(at + len(data) for at, data in writes)
         u.version = craq.admit(craq.Place.HEAD, committed, 0).version
-        u.full, u.data, u.length, u.data_checksum = True, content, len(content), checksum
+        u.offset, u.data = lo, memoryview(content)[lo:hi]
+        u.length, u.data_checksum = hi - lo, crc32c_of(u.data)
         u.content, u.content_checksum = content, checksum
         u.update_id = todo[0].update_id
         ids = [m.update_id for m in todo if m.update_id is not None]
@@ -471,7 +476,7 @@ class ChainWriter:
         for u, p in zip(updates, stored, strict=True):
             u.pending = p
         done = [u for u in updates if u not in failed]
-        tags = [(u.update_id, u.records if u.full else None) for u in done if u.pending]
+        tags = [(u.update_id, u.records) for u in done if u.pending]
         try:
             metas = await asyncio.to_thread(engine.commit, [u.pending for u in done if u.pending], tags)
         except Exception as exc:
@@ -650,7 +655,7 @@ class ChainWriter:
                         version=cu.version,
                         chain_version=cu.chain_version,
                         update_id=ids[n],
-                        records=list(cu.records) if cu.full else None,
+                        records=list(cu.records) if cu.full or cu.records else None,
                         no_forward=cu.no_forward,
                     ),
                 )
@@ -733,13 +738,13 @@ def _rounds(
     return rounds
 
 
-def _merged_writes(updates: list[Update], length_of: Callable[[ChunkKey], int] = lambda _: 0) -> list[Update]:
+def _merged_writes(updates: list[Update]) -> list[Update]:
     """``updates`` with each run of two or more writes to one chunk as one carrier update whose ``members`` they are.
 
     A run has no other update of the chunk in between; its carrier stands where its first write was, so the
-    updates of a chunk keep their order. A run goes as one only where the whole chunk it sends down the chain
-    (``length_of``: its committed length now) weighs no more than ``MERGED_BYTES_PER_ROUND`` per chain round trip
-    it saves: two pages in a full 4 MiB chunk go as two writes, a database's pages in a small file as one.
+    updates of a chunk keep their order. A run goes as one only where the span it sends down the chain (from the
+    first byte any member writes to the last) weighs no more than ``MERGED_BYTES_PER_ROUND`` per chain round trip it
+    saves: two pages at the two ends of a 4 MiB chunk go as two writes, a database's pages in a small file as one.
     """
     out = _runs_of_writes(updates)
     kept: list[Update] = []
@@ -747,8 +752,8 @@ def _merged_writes(updates: list[Update], length_of: Callable[[ChunkKey], int] =
         if u.members is None:
             kept.append(u)
             continue
-        size = max(length_of(u.key), *(m.offset + m.length for m in u.members))
-        if size <= MERGED_BYTES_PER_ROUND * (len(u.members) - 1):
+        span = max(m.offset + m.length for m in u.members) - min(m.offset for m in u.members)
+        if span <= MERGED_BYTES_PER_ROUND * (len(u.members) - 1):
             kept.append(u)
         else:  # each write its own round, in order
             kept.extend(u.members)

@@ -78,23 +78,21 @@ async def test_a_write_sent_twice_in_one_batch_is_applied_once(
     assert got is not None and got[1] == b"b" * 10
 
 
-def test_a_run_goes_as_one_only_where_the_whole_chunk_weighs_less_than_the_round_trips_it_saves() -> None:
-    """Two pages in a full 4 MiB chunk go as two writes (the whole chunk down the chain would weigh more than the
-    round trip saved); five go as one; so do two in a chunk of 100 KiB (a database's pages)."""
-    big, small = (1, 0), (2, 0)
-    lengths = {big: 4 << 20, small: 100 << 10}
+def test_a_run_goes_as_one_only_where_its_span_weighs_less_than_the_round_trips_it_saves() -> None:
+    """Two pages at the two ends of a 4 MiB chunk go as two writes (their span down the chain would weigh more than
+    the round trip saved); five go as one; so do two pages close together (a database's)."""
 
-    def page(key: tuple[int, int], at: int) -> Update:
-        return Update(key=key, kind=UpdateKind.WRITE, chunk_size=4 << 20, offset=at, length=4096)
+    def page(at: int) -> Update:
+        return Update(key=(1, 0), kind=UpdateKind.WRITE, chunk_size=4 << 20, offset=at, length=4096)
 
-    two_big = [page(big, 0), page(big, 8192)]
-    assert _merged_writes(two_big, lengths.__getitem__) == two_big  # in order, each its own round
-    five_big = [page(big, k * 8192) for k in range(5)]
-    [carrier] = _merged_writes(five_big, lengths.__getitem__)
-    assert carrier.members == five_big
-    two_small = [page(small, 0), page(small, 90 << 10)]
-    [carrier] = _merged_writes(two_small, lengths.__getitem__)
-    assert carrier.members == two_small
+    two_apart = [page(0), page((4 << 20) - 4096)]
+    assert _merged_writes(two_apart) == two_apart  # in order, each its own round
+    five_apart = [page(k * ((4 << 20) - 4096) // 4) for k in range(5)]
+    [carrier] = _merged_writes(five_apart)
+    assert carrier.members == five_apart
+    two_close = [page(0), page(90 << 10)]
+    [carrier] = _merged_writes(two_close)
+    assert carrier.members == two_close
 
 
 def test_rounds_hold_at_most_the_budget_of_chunk_contents_and_keep_each_chunks_order() -> None:

@@ -1012,7 +1012,9 @@ class ChunkUpdate(_message.Message):
 
     @_builtins.property
     def recent_updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___UpdateRecord]:
-        """Full-chunk replaces only: the sender's remembered updates of this chunk, kept by the receiver."""
+        """Full-chunk replaces, and a head's write of the span of a batch's writes to one chunk applied as one version:
+        the sender's remembered updates of this chunk (with those writes' ids), kept by the receiver in place of its own.
+        """
 
     def __init__(
         self,
