@@ -17,6 +17,8 @@ and fusermount3). Each round, in an order that rotates between the kinds (client
   shows SQLite 3 making for one such transaction: the journal created, its pages written, fdatasync, the
   folder's fdatasync, the journal header, fdatasync, the database's pages, fdatasync, close, unlink); the
   durable steps any SQLite transaction waits for, the bound of the SQLite figure on the same file system;
+- ls -l: the folders of the round's files listed with each entry's attributes (``os.scandir`` and ``lstat`` of
+  every entry, as ``ls -l`` and ``find`` do), after the steps above so no cache holds them (mount, disk); entries/s;
 - appends: a log file written as a training job writes one: ``--append-lines`` lines of 64 bytes, each its own
   ``write`` on an ``O_APPEND`` descriptor, an fsync every 50, then close (mount, disk); seconds;
 - random: 4 threads doing 4 KiB ``pread``/``pwrite`` (half each) at random aligned offsets of one file of one
@@ -86,6 +88,7 @@ class Round:
         self.n = 0
         self.cpu = cpu  # the cluster processes' CPU seconds so far (client kinds)
         self.cpu_ms: dict[str, float] = {}  # CPU per file written, ms, of the last files()
+        self.last_files = ""  # the folder the last files() wrote into
 
     def _fresh(self, what: str) -> str:
         """A new name for this kind: kinds that write into 3FS (client, client-wb, mount) never reuse another's
@@ -95,6 +98,7 @@ class Round:
 
     def files(self) -> tuple[float, float]:
         base = self._fresh("files")
+        self.last_files = base
         names = [f"{base}/d{i % NUM_FOLDERS}/f{i}" for i in range(len(self.payloads))]
         if self.kind.startswith("client"):
             for d in range(NUM_FOLDERS):
@@ -195,6 +199,20 @@ class Round:
         finally:
             os.close(db)
         return time.perf_counter() - t0
+
+    def ls_l(self) -> float:
+        """Entries per second of listing the last files() folders with every entry's lstat (``ls -l``)."""
+        assert self.root is not None
+        t0 = time.perf_counter()
+        seen = 0
+        for d in range(NUM_FOLDERS):
+            for e in os.scandir(self.root / self.last_files / f"d{d}"):
+                e.stat(follow_symlinks=False)
+                seen += 1
+        elapsed = time.perf_counter() - t0
+        if seen != len(self.payloads):
+            raise RuntimeError(f"ls -l on {self.kind}: {seen} entries, expected {len(self.payloads)}")
+        return seen / elapsed
 
     def appends(self, lines: int) -> float:
         """``lines`` log lines of 64 bytes appended one ``write`` each (O_APPEND), an fsync every 50, then close;
@@ -321,6 +339,7 @@ def run_rounds(rounds: dict[str, Round], a: argparse.Namespace) -> dict[str, lis
                     ("sqlite s", lambda r=r: r.sqlite(a.sqlite_tx)),
                     ("sqlite calls s", lambda r=r: r.sqlite_calls(a.sqlite_tx)),
                     ("appends s", lambda r=r: r.appends(a.append_lines)),
+                    ("ls -l entries/s", r.ls_l),
                 ]
             if kind == "mount":  # in ABBA pairs, so a trend in the machine's load favours neither file
                 for chunks in (1, 2, 2, 1, 1, 2, 2, 1)[: 4 * a.random_abba]:
