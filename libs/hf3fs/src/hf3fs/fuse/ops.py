@@ -41,8 +41,15 @@ MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the root's attribute with the mo
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 _STAT_ATTEMPTS = 8
-# this mount's state when a folder was listed: (writable handles released, the attribute cache's generation)
-ListingMark = tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingMark:
+    """This mount's state when a folder was listed (``Hf3fsOperations.still_whole`` compares it)."""
+
+    releases: int  # writable handles released so far
+    generation: int  # the attribute cache's generation
+    taken_at: float  # time.monotonic() (when meta had answered, for a listing)
 
 
 def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
@@ -234,26 +241,30 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             written_here = e.stat.type == "file" and self._table.writers(e.stat.inode_id)
             attrs = {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id} if written_here else self._attrs(e.stat)
             entries.append((e.name, attrs, 0))
-        return mark, entries
+        # its age from meta's last answer (a listing of many pages takes a while: its first page would be old already)
+        return dataclasses.replace(mark, taken_at=time.monotonic()), entries
 
     def _listing_mark(self) -> ListingMark:
         with self._lock:
-            return self._releases, self._cache.generation()
+            return ListingMark(self._releases, self._cache.generation(), time.monotonic())
 
     def still_whole(self, attrs: dict[str, Any], mark: ListingMark) -> bool:
         """Whether a listing's attributes of an entry may still go to the kernel as whole (readdirplus).
 
         A folder's later pages go out from the listing taken at its first, maybe long after. Since then a file may
         have been opened for writing here (its handles know its size), a writer here may have released (meta's
-        length is newer than the listing's: its release makes the length exact, as in ``_stat``), or anything may
-        have changed through this mount (the attribute cache's generation). The kernel takes what readdirplus
-        hands it over what it learnt before it asked for the page (the size a write through it made): such an
-        entry goes with its type and inode number only, and the kernel asks getattr.
+        length is newer than the listing's: its release makes the length exact, as in ``_stat``), anything may
+        have changed through this mount (the attribute cache's generation), or the listing may have grown older
+        than the attribute timeout (another client's changes, which a getattr would show by then). The kernel
+        takes what readdirplus hands it over what it knew (the size a write through it made) and keeps it for the
+        attribute timeout: such an entry goes with its type and inode number only, and the kernel asks getattr.
         """
         # the handles first: a release bumps the generation before its handle leaves the table
         if stat.S_ISREG(attrs["st_mode"]) and self._table.writers(attrs["st_ino"]):
             return False
-        return self._listing_mark() == mark
+        now = self._listing_mark()
+        fresh = now.taken_at - mark.taken_at <= self.options.attr_timeout_s
+        return fresh and (now.releases, now.generation) == (mark.releases, mark.generation)
 
     def releasedir(self, path: str | None, fh: int) -> int:
         """Forgets the folder handle."""

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from hf3fs.fuse.options import DEFAULT_OPTIONS
+
 from .conftest import FsCluster
 from .test_fuse_mount import _mounted, _skip_reason
 
@@ -321,5 +323,35 @@ def test_a_file_written_here_while_its_folder_is_being_listed_keeps_its_size(
             assert sizes[names[-1]] == 777
             assert os.stat(where / folder / names[-1]).st_size == 777
         assert (where / folder / names[-1]).read_bytes() == b"w" * 777
+    finally:
+        os.close(fd)
+
+
+def test_a_later_page_of_a_listing_older_than_the_attribute_timeout_shows_what_another_client_wrote(
+    counted: tuple[Path, Meter], fs_cluster: FsCluster
+) -> None:
+    """A program that reads a folder slowly (a backup: a page, then each file's work) gets its later pages from the
+    listing taken at the first. Attributes older than the attribute timeout must not reach the kernel as fresh: a
+    file another client wrote meanwhile showed the listing's size, 0, however old the listing was (rsync's size and
+    mtime check would skip the changed file)."""
+    where, _ = counted
+    folder = f"slow-{uuid.uuid4().hex[:8]}"
+    names = [f"{'s' * 40}{k:05d}" for k in range(300)]
+    client = fs_cluster.client
+    client.makedirs(f"/fuse/{folder}")
+    for name in names:
+        client.create(f"/fuse/{folder}/{name}")
+    fd = os.open(where / folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        seen = _getdents_page(fd)  # the first page: the listing is taken now
+        assert 0 < len(seen) < len(names) - 1
+        sizes = {n: os.lstat(where / folder / n).st_size for n in seen}
+        with client.open(f"/fuse/{folder}/{names[-1]}", "wb") as f:
+            f.write(b"o" * 555)
+        time.sleep(1.5 * DEFAULT_OPTIONS.attr_timeout_s)  # the listing is older than the attribute timeout now
+        while page := _getdents_page(fd):
+            sizes.update((n, os.lstat(where / folder / n).st_size) for n in page)
+        assert sorted(sizes) == names
+        assert sizes[names[-1]] == 555
     finally:
         os.close(fd)
