@@ -27,8 +27,11 @@ from pathlib import Path
 import pytest
 
 import hf3fs
+from ff_cluster import MgmtdClient
+from ff_rpc import RpcError
 from ff_testing.cluster import Cluster, running_cluster
 from ff_testing.waiting import wait_until
+from fireflyer.meta.v1 import meta_pb2 as pb
 
 LEASE_S = 3.0
 META = {"session_lease_s": LEASE_S, "background_interval_s": 0.3, "default_chunk_size": 1 << 16}
@@ -376,3 +379,68 @@ def test_an_open_unlinked_file_outlives_meta_down_for_longer_than_its_lease(clus
         assert f.read() == data + b" and more"
         f.close()
     wait_until(lambda: inode_id not in _stored_inodes(cluster.folder), 30, "the closed file's chunks collected")
+
+
+def test_a_create_sent_again_after_its_answer_was_lost_is_answered_as_the_first_time(cluster: Cluster) -> None:
+    """Meta applied a Create that opens a write session, and the answer never reached the client (meta died, the
+    connection broke). The client sends it again under the same session id: it gets the same file and session,
+    O_EXCL included (it made the file), and nothing twice; under another session id the file exists (EEXIST)."""
+    admin = cluster.fs("root")
+    admin.mkdir("/lost-answers", 0o777)
+    admin.set_quota("/lost-answers", max_inodes=100)
+
+    async def create_twice() -> tuple[pb.CreateResponse, pb.CreateResponse, RpcError]:
+        mg = MgmtdClient([cluster.mgmtd], token=cluster.tokens["alice"])
+        meta = hf3fs.MetaClient(mg, cluster.tokens["alice"])
+        request = pb.CreateRequest(
+            path=pb.PathAt(path="/lost-answers/x"),
+            mode=0o644,
+            exclusive=True,
+            open_mode=pb.OPEN_MODE_WRITE,
+            session_id="session-of-the-lost-answer",
+            client_id="a-client",
+        )
+        try:
+            first = await meta.call(lambda m: m.create, request)
+            again = await meta.call(lambda m: m.create, request)
+            request.session_id = "another-session"
+            with pytest.raises(RpcError) as other:
+                await meta.call(lambda m: m.create, request)
+            return first, again, other.value
+        finally:
+            await meta.close()
+            await mg.close()
+
+    first, again, other = asyncio.run(create_twice())
+    assert again.inode.inode_id == first.inode.inode_id
+    assert again.session.session_id == first.session.session_id == "session-of-the-lost-answer"
+    assert hf3fs.meta_client.os_error(other).errno == errno.EEXIST
+    assert _session_rows(cluster.folder / "meta.db", first.inode.inode_id) == 1
+    quota = admin.get_quota("/lost-answers")
+    assert quota is not None and quota.used_inodes == 2  # the folder and the file, once
+
+
+def test_an_exclusive_create_waits_out_a_meta_restart(cluster: Cluster) -> None:
+    """open("xb") while meta is down for longer than one call's retries: the client sends the Create again (under
+    its session id, so a Create meta applied and could not answer is not made twice) until meta answers."""
+    with cluster.connect("alice") as fs:
+        meta = cluster.meta[0]
+        meta.kill()
+        opened: list[object] = []
+
+        def open_new() -> None:
+            try:
+                opened.append(fs.open("/made-after-restart", "xb"))
+            except OSError as err:  # (Hf3fsError: meta did not answer)
+                opened.append(err)
+
+        opener = threading.Thread(target=open_new)
+        opener.start()
+        time.sleep(4.0)  # longer than the meta client's own retries (~2.5 s)
+        meta.start_again()
+        asyncio.run(meta.ready())
+        opener.join(timeout=60)
+        assert len(opened) == 1 and not isinstance(opened[0], OSError), opened
+        with opened[0] as f:  # type: ignore[attr-defined]
+            f.write(b"made")
+        assert fs.stat("/made-after-restart").size == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -15,9 +16,10 @@ from hf3fs.files import OpenMode, RawFile, read_spans, wrap, write_spans
 from hf3fs.fs.connection import Connection
 from hf3fs.fs.paths import path_at
 from hf3fs.fs.sessions import MetaCall, OpenFileBackend, WriteSessions
-from hf3fs.meta_client import ERRNO_OF_FS_ERROR
+from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError
 
 WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
+CREATE_RETRY_INTERVAL_S = 0.2  # between attempts of a Create whose answer meta never gave
 
 
 class DataPath:
@@ -52,8 +54,7 @@ class DataPath:
         client_id = self._conn.client_id
         resp: pb.CreateResponse | pb.OpenResponse
         if om.create:
-            resp = self._meta_call(
-                lambda m: m.create,
+            resp = self._create(
                 pb.CreateRequest(
                     path=path_at(path),
                     mode=perm,
@@ -87,6 +88,28 @@ class DataPath:
         except BaseException:
             raw.close()
             raise
+
+    def _create(self, request: pb.CreateRequest, path: str) -> pb.CreateResponse:
+        """Create at meta. One that opens a write session is sent again while meta's answer is unknown.
+
+        For up to ``close_retry_s``, as a Close. A Create is not idempotent, and meta may have applied one whose
+        answer was lost (it died, the connection broke): its session would then be renewed with this client's
+        others and never end, holding the file (GC waits for it) and its quota reservation. Sent again under the
+        same session id it is idempotent: meta answers a Create whose file already holds that session (O_EXCL too)
+        as the first time.
+
+        Raises:
+            Hf3fsError: meta did not answer within ``close_retry_s``.
+            OSError: meta refused the Create.
+        """
+        deadline = time.monotonic() + self._conn.close_retry_s
+        while True:
+            try:
+                return self._meta_call(lambda m: m.create, request, path)
+            except Hf3fsError:
+                if not request.session_id or time.monotonic() > deadline:
+                    raise
+            time.sleep(CREATE_RETRY_INTERVAL_S)
 
     def read_batch(self, reads: list[tuple[str, int, int]]) -> list[bytes]:
         """``FileSystem.read_batch``: one BatchStat for the files, then all chunks in one batch."""

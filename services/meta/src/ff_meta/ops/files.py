@@ -85,8 +85,9 @@ class FileOps:
         mode = args.mode if args.set_mode is None else args.set_mode
 
         def body(t: Tx) -> CreateDone:
+            session = (args.session_id, args.client_id) if args.write else ("", "")
             inode, created, chain = fsops.create(
-                t, args.path, mode, args.exclusive, args.write, args.layout, inode_id, defaults
+                t, args.path, mode, args.exclusive, args.write, args.layout, inode_id, defaults, session
             )
             if args.expect_inode_id and (created or inode.inode_id != args.expect_inode_id):  # (creates nothing)
                 raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")

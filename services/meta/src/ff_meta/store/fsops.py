@@ -126,11 +126,14 @@ def create(
     layout: LayoutSpec | None,
     inode_id: int,
     defaults: Defaults,
+    session: tuple[str, str] = ("", ""),
 ) -> tuple[Inode, bool, list[QuotaRow]]:
     """Create a file (or find the existing one). Returns (inode, created, quota chain of its directory).
 
     A symlink as the last component is followed (a dangling one creates its target), except with ``exclusive``:
-    then any existing entry, a symlink included, is EEXIST (POSIX O_CREAT|O_EXCL).
+    then any existing entry, a symlink included, is EEXIST (POSIX O_CREAT|O_EXCL), unless the file holds the write
+    session this Create opens (``session``: its id and the client's): then an earlier attempt of this very Create
+    made it, and the client, which never got that answer, sends it again; it gets the same answer.
     """
     r = tx.paths.resolve(at, follow_last=False)
     if r.inode is not None and r.inode.is_symlink:
@@ -138,6 +141,8 @@ def create(
             raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
         r = tx.paths.resolve(at, follow_last=True)
     if r.inode is not None:
+        if exclusive and _holds_session(tx, r.inode, *session):
+            return r.inode, True, tx.quotas.chain(tx.paths.folder_of(r))
         if exclusive:
             raise fs_error(FsCode.EXISTS, f"{at.path}: file exists")
         if r.inode.is_dir:
@@ -162,6 +167,12 @@ def create(
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode, True, chain
+
+
+def _holds_session(tx: Tx, inode: Inode, session_id: str, client_id: str) -> bool:
+    """Whether the file holds the write session ``session_id`` of ``client_id``."""
+    owner = tx.session_owner(session_id) if session_id else None
+    return owner is not None and (owner[0], owner[1]) == (inode.inode_id, client_id)
 
 
 def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
