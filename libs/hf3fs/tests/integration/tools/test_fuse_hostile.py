@@ -138,6 +138,26 @@ def test_a_writer_cut_by_another_client_neither_renews_nor_syncs_the_cut_back_an
         other.close()
 
 
+def test_a_truncate_that_cuts_nothing_leaves_the_writers_reports_counting(fs_cluster: FsCluster) -> None:
+    """Another client extends a file a writer has open (storage holds nothing past the new end): the writer's later
+    growth still reaches meta with its session renewal, as before a truncate; only a cut stamps its session."""
+    writer = fs_cluster.client
+    writer.makedirs("/ffs/hostile", exist_ok=True)
+    other = hf3fs.connect(mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+    try:
+        with writer.open("/ffs/hostile/extend-open", "w+b", buffering=0) as f:
+            f.write(b"A" * 100)
+            other.truncate("/ffs/hostile/extend-open", 5000)
+            f.seek(8000)
+            f.write(b"B" * 10)
+            writer.renew_sessions_now()  # reports 8,010 written
+            assert other.stat("/ffs/hostile/extend-open").size == 8010
+        with other.open("/ffs/hostile/extend-open", "rb") as f:
+            assert f.read() == b"A" * 100 + bytes(7900) + b"B" * 10
+    finally:
+        other.close()
+
+
 def _scattered_small_writes(folder: Path) -> Iterator[tuple[str, object]]:
     """1,100 small writes at scattered offsets of one chunk (some overlapping: the later wins), one across the chunk
     boundary, reads of ranges half buffered through another descriptor, then fsync and close."""

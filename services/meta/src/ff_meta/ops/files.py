@@ -273,7 +273,7 @@ class FileOps:
         if cut:
             await self._store.write(caller, lambda t: fsops.record_truncate(t, inode.inode_id, length))
             await self._s.chunks.remove_tail(inode, length, known_longer=True)
-        return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id))
+        return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id, cut))
 
     async def finish_truncates(self) -> int:
         """Complete the truncates a crash cut short (noted over a lease ago, never committed): how many.

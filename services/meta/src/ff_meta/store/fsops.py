@@ -772,8 +772,12 @@ def forget_truncate(tx: Tx, inode_id: int) -> None:
     tx.execute(_RAW_FORGET_TRUNCATE, (inode_id,))
 
 
-def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
-    """Commit a truncate's new length (storage already cut the chunks); its note (``record_truncate``) goes."""
+def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str, cut: bool = True) -> Inode:
+    """Commit a truncate's new length (storage already cut the chunks); its note (``record_truncate``) goes.
+
+    ``cut``: storage held bytes past the new end (they are gone now): the file's open write sessions are stamped
+    (``Tx.mark_cut``); a truncate that only extends the file, or cuts nothing, leaves their reports counting.
+    """
     inode = truncate_check(tx, at, session_id)
     tx.execute(_RAW_TRUNCATE_DONE, (inode.inode_id, length))
     r = tx.paths.existing(at, follow_last=True)
@@ -783,7 +787,8 @@ def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str) -> Inode:
     else:
         tx.quotas.charge(chain, dbytes=length - inode.length, enforce=False)
     tx.shrink_reported(inode.inode_id, length)
-    tx.mark_cut(inode.inode_id)
+    if cut or length < inode.length:
+        tx.mark_cut(inode.inode_id)
     values = {"length": length, "mtime_ns": tx.now_ns, "ctime_ns": tx.now_ns}
     tx.update(inode.inode_id, **values)
     return inode.with_(**values)
