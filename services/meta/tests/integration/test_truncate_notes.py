@@ -26,6 +26,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[MetaStore]:
         yield s
     finally:
         await s.close()
+        s.dispose()  # the engine's pooled connections (psycopg's, left open, warn in the next test of this worker)
 
 
 async def test_a_truncate_note_lives_from_before_the_cut_to_the_commit(store: MetaStore) -> None:
