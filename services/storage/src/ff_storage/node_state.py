@@ -326,6 +326,18 @@ class NodeState:
                 task.add_done_callback(_log_orphan_failure)
             raise
 
+    async def settle_updates(self) -> bool:
+        """Wait for the chain updates running now (not those started meanwhile) to end, ``forward_timeout_s`` at most.
+
+        Whether they all ended. A recovery's plan waits for them: one that found no successor (the returning target
+        was not in the chain yet) commits here without passing its chunk on, maybe after the plan looked.
+        """
+        running = set(self._updates)
+        if not running:
+            return True
+        _, pending = await asyncio.wait(running, timeout=self.config.forward_timeout_s)
+        return not pending
+
     async def finish_updates(self) -> None:
         """Wait (at most ``forward_timeout_s``) for chain updates whose callers left.
 

@@ -190,6 +190,10 @@ class Recovery:
                 chain.version,
             )
             remote = await self.peers.chunk_metas(chain, nxt, timeout_s=60)
+            # Updates that began before this node saw the target syncing may have found no successor and commit
+            # here without passing their chunk on, after a look at the committed chunks now: the plan must see them.
+            if not await self.state.settle_updates():
+                raise RuntimeError("chain updates begun before the sync are still running")
             plan = sync_diff(target.engine.committed_metas(), remote)
             keys = plan.transfer + plan.remove
             removed = 0
