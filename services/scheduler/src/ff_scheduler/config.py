@@ -32,6 +32,7 @@ class SchedulerSettings(MgmtdClientSettings):
         description=(
             "preempt HAI's lowest level, latest first; the least work lost since checkpoints (cheapest);"
             " or the fewest victims, then the least of that loss per second of their runs (fewest)"
+            " or per node, the freshest checkpoints (fewest_freshest)"
         ),
     )
     victim_restart_cost_s: float = Field(60.0, ge=0, description="reload time a victim's loss counts per node")

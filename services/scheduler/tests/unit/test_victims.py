@@ -14,7 +14,7 @@ from ff_scheduler.core.tick import plan_tick
 from ff_scheduler.core.victims import Candidate, VictimChoice, choose, durable_at, loss_node_s
 
 CHEAPEST, HAI = VictimChoice.CHEAPEST, VictimChoice.LEAST_IMPORTANT_LATEST
-FEWEST = VictimChoice.FEWEST
+FEWEST, FRESHEST = VictimChoice.FEWEST, VictimChoice.FEWEST_FRESHEST
 
 
 def c(
@@ -125,6 +125,34 @@ CASES = [
         3,
         {1},
         FEWEST,
+    ),
+    Case(
+        "fewest_freshest: of single victims, the freshest checkpoint rather than the longest run",
+        [c(1, 2, 60 + 240, ran_s=10 * 3600), c(2, 2, 60 + 10, ran_s=900)],  # fewest: 300/36,000 < 70/900
+        2,
+        {2},
+        FRESHEST,
+    ),
+    Case(
+        "fewest_freshest: still one task that frees enough rather than two fresher ones",
+        [c(1, 4, 300), c(2, 2, 5), c(3, 2, 5)],
+        4,
+        {1},
+        FRESHEST,
+    ),
+    Case(
+        "fewest_freshest: the fewest nodes beyond the need before the freshest checkpoint",
+        [c(1, 8, 60), c(2, 4, 300)],
+        4,
+        {2},
+        FRESHEST,
+    ),
+    Case(
+        "fewest_freshest: the biggest, completed by the freshest",
+        [c(1, 3, 60), c(2, 2, 60 + 200, ran_s=7200), c(3, 2, 60 + 5, ran_s=600)],
+        4,
+        {1, 3},
+        FRESHEST,
     ),
     Case(
         "HAI's rule: lowest level, then the latest submitted, whatever the loss",
@@ -273,3 +301,17 @@ def test_the_matcher_suspends_the_fewest_tasks_through_the_service_code() -> Non
     ]
     assert _preempted(tasks, 8) == {1, 2}
     assert _preempted(tasks, 8, FEWEST_POLICY) == {3}
+
+
+def test_the_matcher_suspends_the_freshest_of_as_few_through_the_service_code() -> None:
+    """Task 1 checkpointed 10 s ago in a run of 20 min, task 2 checkpointed 250 s ago in a run of 5 h: per
+    second of run task 2 loses less (``fewest`` suspends it, and it must save while the HIGH task waits);
+    per node task 1 loses less and can go at once (``fewest_freshest`` suspends it)."""
+    tasks = [
+        _checkpointed(running(1, (1, 2), p.LOW, user="a", started_at=NOW - 1200), NOW - 10),
+        _checkpointed(running(2, (3, 4), p.LOW, user="b", started_at=NOW - 5 * 3600), NOW - 250),
+        queued(3, 2, p.HIGH, user="c"),
+    ]
+    assert _preempted(tasks, 4, FEWEST_POLICY) == {2}
+    freshest = SchedulingPolicy(enforce_quotas=False, min_run_time_s=600, victim_choice=FRESHEST)
+    assert _preempted(tasks, 4, freshest) == {1}

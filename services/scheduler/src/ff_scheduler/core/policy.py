@@ -26,8 +26,9 @@ class SchedulingPolicy:
         victim_choice: which of the tasks it may preempt the matcher suspends (``core.victims``): HAI's
             lowest level, then the latest submitted (default); the least node-time lost since their last
             durable checkpoints, weighed by their sizes (``cheapest``); or the fewest victims, then the least
-            of that loss per second of their runs (``fewest``: with ``preempt_same_level`` off,
-            ``preempt_from_level`` HIGH and ``resume_first`` on it is the simulator's "hai").
+            of that loss per second of their runs (``fewest``) or per node, the freshest checkpoints
+            (``fewest_freshest``: with ``preempt_same_level`` off, ``preempt_from_level`` HIGH and
+            ``resume_first`` on it is the simulator's "hai").
         victim_restart_cost_s: what a preempted task's next run spends reloading, per node, in the loss
             the cheapest choice weighs (beside the work since its last durable checkpoint).
         preempt_same_level: a queued task may preempt another user's running task of its own level (HAI's

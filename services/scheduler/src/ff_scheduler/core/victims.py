@@ -7,7 +7,7 @@ checkpoint of its own counts from its start: a resumed run has nothing newer tha
 reloaded, and one that never checkpoints loses everything. So a task that just checkpointed is cheap and a
 long one that never did is dear.
 
-Two rules weigh that loss. ``CHEAPEST`` weighs it by the victim's node count: a preempted task queues again
+Three rules weigh that loss. ``CHEAPEST`` weighs it by the victim's node count: a preempted task queues again
 and must find all its nodes free at once, which takes a big task far longer (in the simulator one 16-node
 LOW task, preempted for a 2-node one, ended the trace ~6 h late). Among the tasks the matcher may preempt
 (any lower level; the same level when the policy allows it), it takes the cheapest per node first,
@@ -23,6 +23,13 @@ heavy-tailed, so a run that has gone long is likely to go on long: suspending it
 preemptor where it delays the fewest others. In the simulator it has ~70% fewer suspends than ``CHEAPEST``
 and the lower mean JCT. It takes the biggest first until the next one would complete the set, completes it
 with the task that frees the fewest extra nodes and loses least per run time, and drops victims not needed.
+
+``FEWEST_FRESHEST`` is ``FEWEST`` whose last criterion is the loss per node instead of per second of run:
+among as few victims freeing as few extra nodes, those whose last durable checkpoints are the freshest. A
+victim whose checkpoint is fresher than its save takes goes at once, so the preemptor does not wait for a
+save and nothing is saved or held; dividing by the run time instead prefers a long run whose checkpoint may
+be minutes old. In the simulator (20 seeds) it lowers the mean JCT of HIGH and above on every seed and the
+node-time lost on most, the mean JCT of all jobs as much as the seeds vary.
 
 HAI's rule (lowest priority, then the latest submitted) is kept as an option.
 """
@@ -47,6 +54,9 @@ class VictimChoice(enum.Enum):
     # The fewest victims, then the fewest nodes freed beyond the need, then the least node-time lost per second
     # of their runs, whatever their (lower) level.
     FEWEST = "fewest"
+    # The fewest victims, then the fewest nodes freed beyond the need, then the least node-time lost per node (the
+    # freshest checkpoints), whatever their (lower) level.
+    FEWEST_FRESHEST = "fewest_freshest"
 
     @property
     def weighs_loss(self) -> bool:
@@ -97,7 +107,9 @@ def choose(candidates: Sequence[Candidate], need: int, rule: VictimChoice) -> li
     if rule is VictimChoice.LEAST_IMPORTANT_LATEST:
         return _prefix(order(candidates, rule), need)
     if rule is VictimChoice.FEWEST:
-        return _fewest_cover(candidates, need)
+        return _fewest_cover(candidates, need, loss_per_run_s)
+    if rule is VictimChoice.FEWEST_FRESHEST:
+        return _fewest_cover(candidates, need, loss_per_node)
     return _cheapest_cover(candidates, need)
 
 
@@ -106,7 +118,9 @@ def order(candidates: Sequence[Candidate], rule: VictimChoice) -> list[Candidate
     if rule is VictimChoice.LEAST_IMPORTANT_LATEST:
         return sorted(candidates, key=lambda c: (c.level, -c.fcfs))
     if rule is VictimChoice.FEWEST:
-        return sorted(candidates, key=_biggest_first)
+        return sorted(candidates, key=_biggest_first(loss_per_run_s))
+    if rule is VictimChoice.FEWEST_FRESHEST:
+        return sorted(candidates, key=_biggest_first(loss_per_node))
     return sorted(candidates, key=_cheapest_first)
 
 
@@ -118,6 +132,11 @@ def cost(c: Candidate) -> float:
 def loss_per_run_s(c: Candidate) -> float:
     """What the fewest choice weighs among as many victims: the node-time lost per second its run has gone."""
     return c.loss_node_s / max(c.ran_s, MIN_RAN_S)
+
+
+def loss_per_node(c: Candidate) -> float:
+    """What the fewest-freshest choice weighs among as many victims: the node-time lost per node it frees."""
+    return c.loss_node_s / c.num_nodes if c.num_nodes else math.inf
 
 
 def _prefix(ordered: list[Candidate], need: int) -> list[Candidate]:
@@ -137,24 +156,24 @@ def _cheapest_first(c: Candidate) -> tuple[float, int, int, int]:
     return (per_node, c.num_nodes, c.level, -c.fcfs)
 
 
-def _biggest_first(c: Candidate) -> tuple[int, float, int, int]:
-    """More nodes, then the least loss per run time, then the lower level, then the latest submitted."""
-    return (-c.num_nodes, loss_per_run_s(c), c.level, -c.fcfs)
+def _biggest_first(dearness: Callable[[Candidate], float]) -> Callable[[Candidate], tuple[int, float, int, int]]:
+    """More nodes, then the least ``dearness``, then the lower level, then the latest submitted."""
+    return lambda c: (-c.num_nodes, dearness(c), c.level, -c.fcfs)
 
 
-def _fewest_cover(pool: Sequence[Candidate], need: int) -> list[Candidate]:
-    """Few of ``pool`` freeing at least ``need`` nodes, few beyond ``need``, losing little per run time (greedy).
+def _fewest_cover(pool: Sequence[Candidate], need: int, dearness: Callable[[Candidate], float]) -> list[Candidate]:
+    """Few of ``pool`` freeing at least ``need`` nodes, few beyond ``need``, of little ``dearness`` (greedy).
 
     Candidates go biggest first; one that would complete the prefix taken so far is a way to finish (the way
-    with the fewest victims, then the fewest extra nodes, then the least loss per run time in total, is
-    kept), one that would not joins the prefix. Linear after the sort, like ``_cheapest_cover``.
+    with the fewest victims, then the fewest extra nodes, then the least ``dearness`` in total, is kept), one
+    that would not joins the prefix. Linear after the sort, like ``_cheapest_cover``.
     """
     best: list[Candidate] = []
     best_key = (math.inf, math.inf, math.inf)
     prefix: list[Candidate] = []
     have, prefix_loss = 0, 0.0
-    for c in sorted(pool, key=_biggest_first):
-        loss = loss_per_run_s(c)
+    for c in sorted(pool, key=_biggest_first(dearness)):
+        loss = dearness(c)
         if have + c.num_nodes >= need:
             key = (len(prefix) + 1.0, have + c.num_nodes - need, prefix_loss + loss)
             if key < best_key:
@@ -163,7 +182,7 @@ def _fewest_cover(pool: Sequence[Candidate], need: int) -> list[Candidate]:
             prefix.append(c)
             have += c.num_nodes
             prefix_loss += loss
-    return _drop_unneeded(best, need, loss_per_run_s)
+    return _drop_unneeded(best, need, dearness)
 
 
 def _cheapest_cover(pool: Sequence[Candidate], need: int) -> list[Candidate]:

@@ -17,8 +17,8 @@ from ff_scheduler.sim.engine import SimResult
 # The policies compared; each is a setting of the same assigner and matcher. "hai-classic" is HAI's
 # time-sharing as its matcher does it (any level preempts any lower one and another user's task of its own
 # level, least important and latest first); "hai" preempts only for HIGH and above, only lower levels, the
-# fewest victims, then those that lose the least per second of their runs (``core.victims``), and resumes
-# suspended tasks ahead of the levels that cannot preempt.
+# fewest victims, then those whose checkpoints are the freshest (``core.victims``), and resumes suspended
+# tasks ahead of the levels that cannot preempt.
 POLICIES: dict[str, SchedulingPolicy] = {
     "fifo": SchedulingPolicy(preemption=False, by_priority=False, head_of_line_blocking=True, enforce_quotas=False),
     "priority": SchedulingPolicy(preemption=False, enforce_quotas=False),
@@ -32,7 +32,7 @@ POLICIES: dict[str, SchedulingPolicy] = {
         preemption=True,
         enforce_quotas=False,
         min_run_time_s=600.0,
-        victim_choice=VictimChoice.FEWEST,
+        victim_choice=VictimChoice.FEWEST_FRESHEST,
         preempt_same_level=False,
         preempt_from_level=priority.HIGH,
         resume_first=True,
