@@ -295,8 +295,9 @@ async def test_mgmtd_killed_mid_stream_and_restarted(cluster: StorageCluster, qu
         cluster.mgmtd.start()
         await cluster.mgmtd.ready(60)
         await cluster.wait_all_serving(timeout_s=60)
-        # (twice failed at load 15 with 60 s, the 2 s lease likely lapsing again and again: the logs say)
-        await stream.acked_at_least(40, timeout_s=120)
+        # Under load a node's lease may lapse again just after mgmtd made its target the lastsrv: that target must
+        # still come back (it reported offline for good, and its chains never served again: TargetRole).
+        await stream.acked_at_least(40)
     except BaseException:
         print(tail_logs(cluster.folder, 80))
         raise

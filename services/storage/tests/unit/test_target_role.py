@@ -36,6 +36,21 @@ def test_needs_recovery_reports_offline_until_routed_away_then_syncs() -> None:
     assert role.may_read(lease_ok=True)
 
 
+def test_a_lease_lapsing_at_a_target_routed_nothing_does_not_keep_it_offline() -> None:
+    """Seen after mgmtd restarted: the lease lapsed, mgmtd made the target its chain's lastsrv, the lease lapsed
+    again. It reported offline for good (it waited for routing that would never change), and no chain came back."""
+    role = TargetRole()
+    role.observe(Public.SERVING, 3)
+    role.needs_recovery()  # the lease lapsed while serving: offline until routed away
+    role.observe(Public.LASTSRV, 7)
+    assert role.report() is Local.ONLINE
+    role.needs_recovery()  # and lapsed again: nothing is routed to it, nothing to wait for
+    assert role.report() is Local.ONLINE
+    assert not role.may_read(lease_ok=True) and not role.may_update(lease_ok=True)
+    role.observe(Public.SERVING, 8)
+    assert role.report() is Local.UPTODATE and role.may_read(lease_ok=True)
+
+
 def test_publicly_lastsrv_or_offline_target_serves_nothing() -> None:
     for public in (Public.LASTSRV, Public.OFFLINE):
         role = TargetRole()

@@ -65,10 +65,14 @@ class TargetRole:
     def needs_recovery(self) -> None:
         """Its data may be behind the chain: report offline until unrouted, then come back through syncing.
 
-        A local write failed after the successor took the update. Offline lasts until mgmtd stops routing to it;
-        then it comes back through syncing, as after a restart.
+        A local write failed after the successor took the update, or the lease lapsed. Offline lasts until mgmtd
+        stops routing to it; then it comes back through syncing, as after a restart. A target mgmtd routes nothing
+        to already (lastsrv, waiting, offline) has nothing to wait for: no new routing would come to end the wait,
+        and a lastsrv reporting offline for good holds its whole chain down (a lease lapsing twice in a row after
+        mgmtd restarted left every chain of the node so).
         """
-        self.restarting = True
+        if self.public in (Public.SERVING, Public.SYNCING):
+            self.restarting = True
 
     def sync_done(self, chain_version: int) -> None:
         """Note that the predecessor finished syncing this target at ``chain_version``: report up to date."""
