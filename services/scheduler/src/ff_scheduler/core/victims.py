@@ -29,7 +29,7 @@ among as few victims freeing as few extra nodes, those whose last durable checkp
 victim whose checkpoint is fresher than its save takes goes at once, so the preemptor does not wait for a
 save and nothing is saved or held; dividing by the run time instead prefers a long run whose checkpoint may
 be minutes old. In the simulator (20 seeds) it lowers the mean JCT of HIGH and above on every seed and the
-node-time lost on most, the mean JCT of all jobs as much as the seeds vary.
+node-time lost on most; the mean JCT of all jobs changes by less than it varies from seed to seed.
 
 HAI's rule (lowest priority, then the latest submitted) is kept as an option.
 """
