@@ -166,19 +166,30 @@ class Recovery:
     async def sync_loop(self, stop: asyncio.Event, interval_s: float) -> None:
         """Start a sync for every chain where this node's serving target precedes a syncing one."""
         while not stop.is_set():
-            for target in list(self.state.targets.values()):
-                succ = self.state.successor(target)
-                if succ is None or target.role.public is not Public.SERVING:
-                    continue
-                chain, nxt = succ
-                if nxt is None:
-                    continue
-                job = (chain.chain_id, nxt.target_id, chain.version)
-                if Public(nxt.public_state) is Public.SYNCING and job not in self._syncing:
-                    self._syncing.add(job)
-                    self.state.spawn(self._sync(target, chain, nxt, job))
+            for target, chain, nxt, job in self.due_syncs():
+                self._syncing.add(job)
+                self.state.spawn(self._sync(target, chain, nxt, job))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
+
+    def due_syncs(self) -> list[tuple[Target, Chain, RoutingTarget, tuple[int, int, int]]]:
+        """The syncs to start now: (this node's target, its chain, the syncing target after it, the job's key).
+
+        Only from a target that serves for real: publicly serving, its lease held, not in recovery itself (a local
+        write failed, or its lease lapsed: its copy may be behind, and a sync's copy replaces whatever is there).
+        """
+        due = []
+        for target in list(self.state.targets.values()):
+            succ = self.state.successor(target)
+            if succ is None or not target.role.may_read(self.state.lease_ok):
+                continue
+            chain, nxt = succ
+            if nxt is None:
+                continue
+            job = (chain.chain_id, nxt.target_id, chain.version)
+            if Public(nxt.public_state) is Public.SYNCING and job not in self._syncing:
+                due.append((target, chain, nxt, job))
+        return due
 
     async def _sync(self, target: Target, chain: Chain, nxt: RoutingTarget, job: tuple[int, int, int]) -> None:
         try:

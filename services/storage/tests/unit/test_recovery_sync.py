@@ -89,3 +89,22 @@ async def test_a_sync_plan_sees_a_write_that_found_no_successor_and_commits_late
     await sync
     assert result.ok
     assert peer.sent == [KEY], "the sync did not send the acknowledged write's chunk"
+
+
+def test_a_target_in_recovery_syncs_no_one(whole_chain_node: WholeChainNode) -> None:
+    """A sync's copy replaces whatever the returning target holds: only a predecessor that serves for real sends it
+    (not one whose own copy may be behind: a local write failed after its successor took the update, or its lease
+    lapsed), though routing still shows it serving."""
+    node = whole_chain_node(101, 1, 1)
+    target = node.state.targets[1]
+    serving = mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+    syncing = mpb.Target(target_id=2, node_id=102, public_state=mpb.PUBLIC_TARGET_STATE_SYNCING, chain_id=1)
+    chain_pb = mpb.Chain(chain_id=1, version=2, targets=[serving, syncing])
+    node.state.on_routing(RoutingView(mpb.RoutingInfo(version=2, chains=[chain_pb])))
+    recovery = Recovery(node.state, FakePeer())  # type: ignore[arg-type]
+    assert [job for *_, job in recovery.due_syncs()] == [(1, 2, 2)]
+    node.state.lease_ok = False
+    assert recovery.due_syncs() == []
+    node.state.lease_ok = True
+    target.role.needs_recovery()
+    assert recovery.due_syncs() == []
