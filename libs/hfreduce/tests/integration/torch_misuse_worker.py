@@ -4,6 +4,7 @@ CASE OUT_JSON``. The rank reports what the call raised (type and message), then 
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ def call(case: str, rank: int) -> Any:
         held = []
         for _ in range(6):
             dist.destroy_process_group()
+            gc.collect()  # what the destroyed group holds goes now, not whenever the collector runs
             dist.init_process_group("hfreduce", timeout=datetime.timedelta(seconds=60))
             t = torch.ones(4)
             dist.all_reduce(t)

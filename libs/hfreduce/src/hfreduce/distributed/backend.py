@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import functools
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore  # the classes torch.distributed re-exports
 from torch.futures import Future
 
 from hfreduce.api import Work as HFWork
@@ -48,6 +50,7 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
         # FF_HFREDUCE_TIMEOUT_S, when set, wins over torch's timeout (30 min by default) for hfreduce's steps
         from_env = options_from_env().get("timeout_s")
         timeout_s = from_env if isinstance(from_env, float) else _timeout_s(timeout)
+        _keep_server(store)
         generation = _generation(store, size)
         self.hf, self.layout = join_store(
             store, rank, size, prefix=f"hfreduce/{generation}", timeout_s=timeout_s, **options
@@ -61,7 +64,9 @@ class ProcessGroupHFReduce(dist.ProcessGroup):
             rank,
             size,
             timeout_s=timeout_s,
-            describe=lambda r: divmod(self.layout.hf_rank(r), self.layout.local_world_size),
+            # not a closure over self: the links would hold the group in a cycle, so a destroyed group (its store's
+            # connections, its sockets) lived on until the cyclic garbage collector ran
+            describe=functools.partial(_node_and_local_rank, self.layout),
             route_to=os.environ.get("MASTER_ADDR"),
             prefix=f"hfreduce-p2p/{generation}",
         )
@@ -613,8 +618,9 @@ def _reduce_opts(target: Any, source: Any) -> Any:
 def _generation(store: Any, size: int) -> int:
     """Which group of this name on ``store`` this one is: 0, then 1 after a destroy and a new init, and so on.
 
-    torch keeps one store per address for the life of the process (env:// makes its TCPStore multi-tenant), so
-    a group made again after ``destroy_process_group`` finds the keys of the one before it: without a fresh
+    The store's server lives as long as the process (env:// makes rank 0's TCPStore multi-tenant, and
+    ``_keep_server`` keeps one), so a group made again after ``destroy_process_group`` finds the keys of the one
+    before it: without a fresh
     prefix its ranks read the old control server's address and fail to join. Every rank of a group adds one to
     a counter before it publishes anything, and all of one group's adds come before any of the next group's
     (a rank joins the next group only after the previous one was formed), so all agree on the count.
@@ -703,3 +709,28 @@ def register() -> None:
     """Register ``"hfreduce"`` with torch.distributed (done once by ``import hfreduce.distributed``)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
+
+
+# One TCPStore per (host, port) that this process keeps for its life: torch's env:// rendezvous makes a new TCPStore
+# at every init_process_group, and rank 0's shares the server of any still alive on its port (multi-tenant). A
+# destroyed group frees its store; were it the last, rank 0's server would go with it while another rank, already
+# through destroy_process_group, may be connecting its next group's store to it: that rank's rendezvous then fails
+# ("Failed to recv"). Kept here, the server outlives every group, as gloo and NCCL groups made again rely on.
+_KEPT_STORES: dict[tuple[str, int], Any] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _keep_server(store: Any) -> None:
+    """Keep the TCPStore under ``store`` (PrefixStores unwrapped), the first per (host, port), for the process."""
+    base = store
+    while isinstance(base, PrefixStore):
+        base = base.underlying_store
+    if isinstance(base, TCPStore):
+        with _KEPT_LOCK:
+            _KEPT_STORES.setdefault((str(base.host), int(base.port)), base)
+
+
+def _node_and_local_rank(layout: Any, rank: int) -> tuple[int, int]:
+    """Torch rank ``rank``'s (node, local rank) in hfreduce's layout (the peer links' error messages name them)."""
+    node, local = divmod(int(layout.hf_rank(rank)), int(layout.local_world_size))
+    return node, local
