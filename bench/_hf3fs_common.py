@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,3 +105,52 @@ def bench_cluster(prefix: str, where: Path | None, *, with_mount: bool) -> Itera
         meta.stop()
         storage.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+PAGE = bytes(range(256)) * 16  # 4 KiB
+
+
+def _untimed(kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def replay_sqlite_transactions(base: Path, num_tx: int, timed: Callable[..., Any] = _untimed) -> None:
+    """The file-system calls SQLite 3 makes for ``num_tx`` transactions in journal mode delete, 100 rows of 64 bytes
+    each (3 journal pages, 5 database pages, the file growing a page a transaction), as ``strace`` shows them, in the
+    new folder ``base``: the change counter read at BEGIN, the journal created, its pages written, fdatasync, the
+    folder's fdatasync, the journal header, fdatasync, the database's pages, fdatasync, close, unlink. ``timed(kind,
+    fn, *args)`` makes each call that waits (the others go straight): the default just calls it."""
+    base.mkdir()
+    db = os.open(base / "db", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(db, PAGE * 4, 0)
+        for tx in range(num_tx):
+            timed("read counter", os.pread, db, 16, 24)  # BEGIN: the change counter
+            journal = timed("create journal", os.open, base / "db-journal", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                timed("journal pwrites", _journal_pages, journal)
+                timed("fdatasync journal", os.fdatasync, journal)
+                folder = os.open(base, os.O_RDONLY)
+                try:
+                    timed("fdatasync folder", os.fdatasync, folder)
+                finally:
+                    os.close(folder)
+                os.pwrite(journal, PAGE[:12], 0)  # the header: the journal is now hot
+                timed("fdatasync header", os.fdatasync, journal)
+                for at in (0, 4096, 4096 * (4 + tx), 4096 * (5 + tx), 4096 * (6 + tx)):
+                    os.pwrite(db, PAGE, at)
+                timed("fdatasync database", os.fdatasync, db)
+            finally:
+                timed("close journal", os.close, journal)
+            timed("unlink journal", os.unlink, base / "db-journal")
+    finally:
+        os.close(db)
+
+
+def _journal_pages(journal: int) -> None:
+    os.pwrite(journal, PAGE[:512], 0)
+    for k in range(3):  # page number, the original page, its checksum
+        at = 512 + k * 4104
+        os.pwrite(journal, PAGE[:4], at)
+        os.pwrite(journal, PAGE, at + 4)
+        os.pwrite(journal, PAGE[:4], at + 4100)

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _hf3fs_common import bench_cluster
+from _hf3fs_common import bench_cluster, replay_sqlite_transactions
 
 import hf3fs
 
@@ -162,42 +162,10 @@ class Round:
         return time.perf_counter() - t0
 
     def sqlite_calls(self, num_tx: int) -> float:
-        """The file-system calls of ``sqlite`` (one process, journal mode delete, 100 rows of 64 bytes per
-        transaction: 3 journal pages, 5 database pages, the file growing a page a transaction) without SQLite."""
+        """The file-system calls of ``sqlite`` without SQLite (``replay_sqlite_transactions``)."""
         assert self.root is not None
-        base = self.root / self._fresh("dbcalls")
-        base.mkdir()
-        page = bytes(range(256)) * 16  # 4 KiB
         t0 = time.perf_counter()
-        db = os.open(base / "db", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(db, page * 4, 0)
-            for tx in range(num_tx):
-                os.pread(db, 16, 24)  # BEGIN: the change counter
-                journal = os.open(base / "db-journal", os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    os.pwrite(journal, page[:512], 0)
-                    for k in range(3):  # page number, the original page, its checksum
-                        at = 512 + k * 4104
-                        os.pwrite(journal, page[:4], at)
-                        os.pwrite(journal, page, at + 4)
-                        os.pwrite(journal, page[:4], at + 4100)
-                    os.fdatasync(journal)
-                    folder = os.open(base, os.O_RDONLY)
-                    try:
-                        os.fdatasync(folder)
-                    finally:
-                        os.close(folder)
-                    os.pwrite(journal, page[:12], 0)  # the header: the journal is now hot
-                    os.fdatasync(journal)
-                    for at in (0, 4096, 4096 * (4 + tx), 4096 * (5 + tx), 4096 * (6 + tx)):
-                        os.pwrite(db, page, at)
-                    os.fdatasync(db)
-                finally:
-                    os.close(journal)
-                os.unlink(base / "db-journal")
-        finally:
-            os.close(db)
+        replay_sqlite_transactions(self.root / self._fresh("dbcalls"), num_tx)
         return time.perf_counter() - t0
 
     def ls_l(self) -> float:

@@ -22,9 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _hf3fs_common import bench_cluster
-
-PAGE = bytes(range(256)) * 16  # 4 KiB
+from _hf3fs_common import bench_cluster, replay_sqlite_transactions
 
 
 def replay(base: Path, num_tx: int) -> tuple[float, dict[str, list[float]]]:
@@ -37,35 +35,8 @@ def replay(base: Path, num_tx: int) -> tuple[float, dict[str, list[float]]]:
         times[kind].append(time.perf_counter() - t0)
         return out
 
-    base.mkdir()
-    db = os.open(base / "db", os.O_RDWR | os.O_CREAT, 0o644)
-    os.pwrite(db, PAGE * 4, 0)
     t0 = time.perf_counter()
-    try:
-        for tx in range(num_tx):
-            timed("read counter", os.pread, db, 16, 24)
-            journal = timed("create journal", os.open, base / "db-journal", os.O_RDWR | os.O_CREAT, 0o644)
-            t1 = time.perf_counter()
-            os.pwrite(journal, PAGE[:512], 0)
-            for k in range(3):  # page number, the original page, its checksum
-                at = 512 + k * 4104
-                os.pwrite(journal, PAGE[:4], at)
-                os.pwrite(journal, PAGE, at + 4)
-                os.pwrite(journal, PAGE[:4], at + 4100)
-            times["journal pwrites"].append(time.perf_counter() - t1)
-            timed("fdatasync journal", os.fdatasync, journal)
-            folder = os.open(base, os.O_RDONLY)
-            timed("fdatasync folder", os.fdatasync, folder)
-            os.close(folder)
-            os.pwrite(journal, PAGE[:12], 0)  # the header: the journal is now hot
-            timed("fdatasync header", os.fdatasync, journal)
-            for at in (0, 4096, 4096 * (4 + tx), 4096 * (5 + tx), 4096 * (6 + tx)):
-                os.pwrite(db, PAGE, at)
-            timed("fdatasync database", os.fdatasync, db)
-            timed("close journal", os.close, journal)
-            timed("unlink journal", os.unlink, base / "db-journal")
-    finally:
-        os.close(db)
+    replay_sqlite_transactions(base, num_tx, timed)
     return time.perf_counter() - t0, times
 
 
