@@ -29,6 +29,7 @@ from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 from hf3fs.fuse.callers import as_caller, caller_identity, fuse_errors
 from hf3fs.fuse.extents import open_for_handle
 from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
+from hf3fs.fuse.listings import ListingMark, list_folder
 from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 from hf3fs.fuse.pending import PendingFiles
 
@@ -41,15 +42,6 @@ MOUNT_STATS_XATTR = "user.hf3fs.mount_stats"  # the root's attribute with the mo
 IO_REQUEST_BYTES = 1 << 20  # the largest read/write the kernel sends (its FUSE limit is 256 pages)
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 _STAT_ATTEMPTS = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class ListingMark:
-    """This mount's state when a folder was listed (``Hf3fsOperations.still_whole`` compares it)."""
-
-    releases: int  # writable handles released so far
-    generation: int  # the attribute cache's generation
-    taken_at: float  # time.monotonic() (when meta had answered, for a listing)
 
 
 def _pread(f: IO[bytes], offset: int, size: int) -> bytes:
@@ -231,18 +223,14 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             raise mfusepy.FuseOSError(errno.EBADF)
         self._pending.settle(where)  # a listing shows the files made here that meta does not know yet
         mark = self._listing_mark()
-        entries: list[Any] = [".", ".."]
-        try:
-            listed = self.fs.scandir(where)
-        except PermissionError:  # may read the folder but not search it: its names, no attributes (as ls -l shows)
-            entries.extend(self.fs.listdir(where))
-            return mark, entries
-        for e in listed:
-            written_here = e.stat.type == "file" and self._table.writers(e.stat.inode_id)
-            attrs = {"st_mode": e.stat.st_mode, "st_ino": e.stat.inode_id} if written_here else self._attrs(e.stat)
-            entries.append((e.name, attrs, 0))
+        entries = list_folder(self.fs, where, self._listed_attrs)
         # its age from meta's last answer (a listing of many pages takes a while: its first page would be old already)
         return dataclasses.replace(mark, taken_at=time.monotonic()), entries
+
+    def _listed_attrs(self, st: Stat) -> dict[str, Any]:
+        if st.type == "file" and self._table.writers(st.inode_id):  # its size is known better here
+            return {"st_mode": st.st_mode, "st_ino": st.inode_id}
+        return self._attrs(st)
 
     def _listing_mark(self) -> ListingMark:
         with self._lock:
@@ -262,9 +250,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         # the handles first: a release bumps the generation before its handle leaves the table
         if stat.S_ISREG(attrs["st_mode"]) and self._table.writers(attrs["st_ino"]):
             return False
-        now = self._listing_mark()
-        fresh = now.taken_at - mark.taken_at <= self.options.attr_timeout_s
-        return fresh and (now.releases, now.generation) == (mark.releases, mark.generation)
+        return mark.still_holds(self._listing_mark(), self.options.attr_timeout_s)
 
     def releasedir(self, path: str | None, fh: int) -> int:
         """Forgets the folder handle."""

@@ -22,7 +22,8 @@ from typing import Any
 import mfusepy
 
 from ff_rpc import Identity, acting_as
-from hf3fs.fuse.ops import Hf3fsOperations, ListingMark
+from hf3fs.fuse.listings import ListingMark
+from hf3fs.fuse.ops import Hf3fsOperations
 from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 
 logger = logging.getLogger(__name__)
