@@ -13,7 +13,7 @@ from ff_storage.core.requests import UpdateKind
 from ff_storage.core.results import IoStatus
 from ff_storage.node import StorageNode
 from ff_storage.node_state import Update
-from ff_storage.writes import _merged_writes, _rounds
+from ff_storage.rounds import merged_writes, plan_rounds
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -33,14 +33,14 @@ def _up(key: tuple[int, int], kind: UpdateKind = UpdateKind.WRITE, chunk_size: i
 
 def test_runs_of_writes_to_one_chunk_become_one_carrier_in_the_place_of_the_first() -> None:
     a1, b1, a2, a3 = _up((1, 0)), _up((2, 0)), _up((1, 0)), _up((1, 0))
-    out = _merged_writes([a1, b1, a2, a3])
+    out = merged_writes([a1, b1, a2, a3])
     assert len(out) == 2 and out[1] is b1
     assert out[0].key == (1, 0) and out[0].members == [a1, a2, a3]
 
 
 def test_another_update_of_the_chunk_ends_a_run_and_keeps_its_place() -> None:
     w1, cut, w2, w3, w4 = _up((1, 0)), _up((1, 0), UpdateKind.TRUNCATE), _up((1, 0)), _up((1, 0)), _up((1, 0), 1 << 20)
-    out = _merged_writes([w1, cut, w2, w3, w4])
+    out = merged_writes([w1, cut, w2, w3, w4])
     assert out[0] is w1 and out[1] is cut and out[2].members == [w2, w3]
     assert out[3] is w4  # another chunk size (a client's mistake the chunk's checks refuse): not merged into them
     assert all(u.members is None for u in (w1, cut, w4))
@@ -48,7 +48,7 @@ def test_another_update_of_the_chunk_ends_a_run_and_keeps_its_place() -> None:
 
 def test_lone_writes_stay_as_they_are() -> None:
     ups = [_up((1, 0)), _up((1, 1)), _up((2, 0), UpdateKind.REMOVE)]
-    assert _merged_writes(ups) == ups
+    assert merged_writes(ups) == ups
 
 
 async def test_a_write_sent_twice_in_one_batch_is_applied_once(
@@ -86,12 +86,12 @@ def test_a_run_goes_as_one_only_where_its_span_weighs_less_than_the_round_trips_
         return Update(key=(1, 0), kind=UpdateKind.WRITE, chunk_size=4 << 20, offset=at, length=4096)
 
     two_apart = [page(0), page((4 << 20) - 4096)]
-    assert _merged_writes(two_apart) == two_apart  # in order, each its own round
+    assert merged_writes(two_apart) == two_apart  # in order, each its own round
     five_apart = [page(k * ((4 << 20) - 4096) // 4) for k in range(5)]
-    [carrier] = _merged_writes(five_apart)
+    [carrier] = merged_writes(five_apart)
     assert carrier.members == five_apart
     two_close = [page(0), page(90 << 10)]
-    [carrier] = _merged_writes(two_close)
+    [carrier] = merged_writes(two_close)
     assert carrier.members == two_close
 
 
@@ -101,11 +101,11 @@ def test_rounds_hold_at_most_the_budget_of_chunk_contents_and_keep_each_chunks_o
     alone), and a chunk's updates still come in order, each after the round of the one before."""
     ups = [Update(key=(k % 5, 0), kind=UpdateKind.WRITE, chunk_size=64 << 20, offset=(64 << 20) - 1, length=1)
            for k in range(12)]  # fmt: skip
-    rounds = _rounds(ups, lambda u: 64 << 20, 128 << 20)
+    rounds = plan_rounds(ups, lambda u: 64 << 20, 128 << 20)
     assert all(len(r) <= 2 for r in rounds) and sum(len(r) for r in rounds) == 12
     where = {id(u): n for n, r in enumerate(rounds) for u in r}
     for key in {u.key for u in ups}:
         mine = [where[id(u)] for u in ups if u.key == key]
         assert mine == sorted(set(mine)), (key, mine)  # strictly later rounds, in the batch's order
-    assert len(_rounds([ups[0]], lambda u: 1 << 30, 1 << 20)) == 1  # over the budget: alone
-    assert [len(r) for r in _rounds(ups)] == [5, 5, 2]  # no budget: as before
+    assert len(plan_rounds([ups[0]], lambda u: 1 << 30, 1 << 20)) == 1  # over the budget: alone
+    assert [len(r) for r in plan_rounds(ups)] == [5, 5, 2]  # no budget: as before
