@@ -72,7 +72,9 @@ def _update(data: bytes, version: int) -> Update:
 
 
 def _fake_forward(node: StorageNode, monkeypatch: pytest.MonkeyPatch, forward: Forward) -> None:
+    """A successor that answers as ``forward`` does (the node's routing has none: the target would be the tail)."""
     monkeypatch.setattr(node.writer, "_forward", forward)
+    monkeypatch.setattr(node.writer, "_is_tail", lambda target, at_head: False)
 
 
 async def _successor_takes_all(target: Target, updates: list[Update]) -> list[Update]:
@@ -161,6 +163,43 @@ async def test_a_failed_commit_after_the_successor_committed_takes_the_target_ou
         await node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
     assert engine.pending(KEY) is None
     assert _target(node).role.report() is Local.OFFLINE
+
+
+@pytest.mark.parametrize("fails", ["write_pending", "commit"])
+async def test_at_the_tail_a_failed_store_or_commit_leaves_the_committed_version_and_the_target_in(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    """The tail stores and commits in one trip to a worker thread; either failing drops the version, and the
+    target, which passed nothing on, stays in its chain."""
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+    _head_of_its_chain(node)
+    assert node.writer._is_tail(_target(node), False)
+
+    def broken(*args: object, **kw: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(engine, fails, broken)
+    with pytest.raises(OSError):
+        await node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)])
+    await eventually(dropped(engine), timeout_s=10, what="the failed update's version dropped")
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
+    assert _target(node).role.report() is Local.UPTODATE
+    monkeypatch.undo()
+    await _committed(node, b"three" * 100, 2)  # the chunk takes the next update as usual
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
+
+
+async def test_at_the_tail_an_update_commits_with_its_id(node: StorageNode) -> None:
+    """The one-trip store-and-commit records the update's id with the version, as the two-trip path does."""
+    await _committed(node, b"one" * 100, 1)
+    _head_of_its_chain(node)
+    u = _update(b"two" * 100, 2)
+    u.update_id = (b"c" * 16, 7)
+    await node.writer._store_forward_commit(_target(node), [u])
+    assert u.result.status == IoStatus.OK and u.result.committed_version == 2
+    record = _target(node).engine.find_update(KEY, (b"c" * 16, 7))
+    assert record is not None and record.version == 2
 
 
 async def test_an_update_the_successor_did_not_take_is_dropped(
