@@ -68,6 +68,7 @@ class ChainWriter:
 
     def __init__(self, state: NodeState, peers: Peers, repairs: Repairs) -> None:
         self.state, self.peers, self.repairs = state, peers, repairs
+        self._flush_waiting: set[int] = set()  # targets with a flush of in-memory commits waiting to run
 
     # ---- write (head) ----
 
@@ -461,14 +462,16 @@ class ChainWriter:
         The tail commits all of them; the rest are dropped.
 
         The versions are reserved first (reads here answer "pending" from now on, as before the write began);
-        then the forward goes out and the local write (file + fsync) runs beside it, so a chain of 3 pays about
-        one write's latency instead of three in a row (the tail, with nothing to forward, stores and commits in
-        one trip to a worker thread: ``_store_and_commit``). The ack upstream waits for both, so an acknowledged update
-        is durable on every replica. If storing or committing here fails after the successor took an update,
-        this replica is a version behind the rest of the chain: the target reports offline and goes through
-        recovery, as after a restart. Callers run it through ``update_to_the_end``, so it is not cancelled
-        when a client or predecessor gives up; cancelled anyway (the service stopping), it drops what it
-        stored once the write thread is done.
+        then the forward goes out and the local write runs beside it, so a chain of 3 pays about one write's
+        latency instead of three in a row (the tail, with nothing to forward, stores and commits in one trip to a
+        worker thread: ``_store_and_commit``). The local write is a durable pending version: its file and its
+        row are on disk when it ends (``store/pending_rows.py``). The ack upstream waits for both, so an
+        acknowledged update is on disk at every replica; the commit is then made in memory and its rows written
+        after the ack (``_flush_soon``): after a crash, ``open`` promotes the durable pending version. If storing
+        or committing here fails after the successor took an update, this replica is a version behind the rest
+        of the chain: the target reports offline and goes through recovery, as after a restart. Callers run it
+        through ``update_to_the_end``, so it is not cancelled when a client or predecessor gives up; cancelled
+        anyway (the service stopping), it drops what it stored once the write thread is done.
         """
         if not updates:
             return
@@ -485,7 +488,8 @@ class ChainWriter:
             sending.cancel()
             engine.abort(reserved)
             raise
-        store = asyncio.ensure_future(asyncio.to_thread(engine.write_pending, items, reserved))
+        tags = [(u.update_id, u.records) for u in updates]  # durable pending: the commit need not be (``pending_rows``)
+        store = asyncio.ensure_future(asyncio.to_thread(engine.write_pending, items, reserved, tags))
         try:
             failed = await sending
             stored = await asyncio.shield(store)
@@ -498,9 +502,10 @@ class ChainWriter:
         for u, p in zip(updates, stored, strict=True):
             u.pending = p
         done = [u for u in updates if u not in failed]
-        tags = [(u.update_id, u.records) for u in done if u.pending]
         try:
-            metas = await asyncio.to_thread(engine.commit, [u.pending for u in done if u.pending], tags)
+            metas = engine.commit(
+                [u.pending for u in done if u.pending], [(u.update_id, u.records) for u in done], durable=False
+            )
         except Exception as exc:
             self._after_failure(target, "committing", exc, done)
             engine.abort(stored)
@@ -509,6 +514,23 @@ class ChainWriter:
             u.result = result_of(IoStatus.OK, "", u.version, meta)
         if failed:
             engine.abort([u.pending for u in failed if u.pending])
+        self._flush_soon(target)
+
+    def _flush_soon(self, target: Target) -> None:
+        """Write the target's commits made in memory, in a worker thread, unless a flush is already waiting to."""
+        if target.target_id in self._flush_waiting:
+            return
+        self._flush_waiting.add(target.target_id)
+
+        async def flush() -> None:
+            self._flush_waiting.discard(target.target_id)  # from here on, a new commit asks for another flush
+            try:
+                await asyncio.to_thread(target.engine.flush)
+            except Exception:  # its versions are durable pending ones: a restart promotes them
+                logger.exception("target %d: writing commits failed; it goes through recovery", target.target_id)
+                target.role.needs_recovery()
+
+        self.state.spawn(flush())
 
     def _is_tail(self, target: Target, at_head: bool) -> bool:
         """Whether ``target`` commits without passing updates on now (``_forward`` would find nothing to send to).
@@ -529,18 +551,20 @@ class ChainWriter:
         """``_store_forward_commit`` with nothing to forward: store, then commit, in one trip to a worker thread.
 
         At the tail nothing comes between the two; a second trip would add a few hundred microseconds to every
-        chain write. The outcomes are as there: a failure drops what was stored, a cancelled call drops it once
-        the thread is done (a no-op for what it committed).
+        chain write. The version is stored durable pending and committed in memory, as at the other replicas. The
+        outcomes are as there: a failure drops what was stored, a cancelled call drops it once the thread is done
+        (a no-op for what it committed).
         """
         engine = target.engine
         stage = ["storing"]
 
         def store_and_commit() -> list[ChunkMeta | None]:
-            stored = engine.write_pending(items, reserved)
+            tags = [(u.update_id, u.records) for u in updates]
+            stored = engine.write_pending(items, reserved, tags)
             for u, p in zip(updates, stored, strict=True):
                 u.pending = p
             stage[0] = "committing"
-            return engine.commit(stored, [(u.update_id, u.records) for u in updates])
+            return engine.commit(stored, tags, durable=False)
 
         job = asyncio.ensure_future(asyncio.to_thread(store_and_commit))
         try:
@@ -552,6 +576,7 @@ class ChainWriter:
             raise
         for u, meta in zip(updates, metas, strict=True):
             u.result = result_of(IoStatus.OK, "", u.version, meta)
+        self._flush_soon(target)
 
     def _after_failure(self, target: Target, what: str, exc: BaseException, updates: list[Update]) -> None:
         """Storing or committing ``updates`` here failed (what is stored is dropped by the caller).

@@ -154,7 +154,7 @@ async def test_a_failed_commit_after_the_successor_committed_takes_the_target_ou
     await _committed(node, b"one" * 100, 1)
     engine = _target(node).engine
 
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kw: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
     _fake_forward(node, monkeypatch, _successor_takes_all)

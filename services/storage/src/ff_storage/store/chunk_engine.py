@@ -19,7 +19,9 @@ Pending versions: ``reserve`` marks a version pending before its content is writ
 newer update took the reservation over meanwhile, which the service's chunk locks keep from happening),
 ``commit`` makes it the committed version (only the current pending one: a stale one raises
 ``PendingReplaced``), ``abort`` drops it. They live in memory only: a replica that crashes loses them, and
-every restarted target goes through recovery anyway.
+every restarted target goes through recovery anyway; but for durable pending versions, whose rows
+``write_pending`` writes too when given their tags: those a commit need not wait for the disk for
+(``commit(durable=False)``), and ``open`` promotes them after a crash (``pending_rows``).
 
 fsync discipline: (1) each new version's data is on disk before its metadata is committed: ``fdatasync`` for
 an overwrite of the same size (the file's blocks and size do not change), ``fsync`` otherwise; (2) a new
@@ -32,13 +34,15 @@ new file whose write failed is unlinked, not kept as free); (3) SQLite runs in W
 ``synchronous=FULL``, so a commit is durable when it returns.
 
 The methods that touch the disk (writes, commits, mappings) block: the service calls them from worker
-threads. The metadata-only ones (``get``, ``reserve``, ``abort``) are cheap and also run on its event loop,
-where they may wait for the lock while a commit holds it. A lock serializes metadata, the free list and new
-mappings.
+threads. The metadata-only ones (``get``, ``reserve``, ``abort``, ``commit(durable=False)``) are cheap and
+also run on its event loop, where they may wait for the lock while a commit holds it. A lock serializes
+metadata, the free list and new mappings; another the database connection (taken first when both are).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import mmap
 import os
 import sqlite3
@@ -54,6 +58,10 @@ from pathlib import Path
 from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
+from ff_storage.store import pending_rows
+from ff_storage.store.pending_rows import Op
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
@@ -130,6 +138,10 @@ class ChunkEngine:
         self._fsync = fsync
         self._max_free = max_free_files
         self._lock = threading.Lock()
+        self._db_lock = threading.Lock()  # the database connection (taken before ``_lock`` when both are)
+        self._unwritten: list[Op] = []  # commits made in memory, not yet written (``commit(durable=False)``)
+        self._rows_of: dict[ChunkKey, set[int]] = {}  # versions with a durable pending row not yet dropped
+        self._sweep_due = False
         # Group commit: commits waiting while one is written (``_waiting``) go in the next transaction together.
         self._group = threading.Condition(threading.Lock())
         self._waiting: list[_Commit] = []
@@ -152,7 +164,7 @@ class ChunkEngine:
         db = sqlite3.connect(self.root / "meta.sqlite", check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.executescript(SCHEMA)
+        db.executescript(SCHEMA + pending_rows.SCHEMA)
         self._db = db
         for row in db.execute(
             "SELECT inode_id, chunk_index, chain_version, committed_version, length, checksum, file FROM chunks"
@@ -181,6 +193,7 @@ class ChunkEngine:
                 committed_at_ms=row[7],
             )
             self._recent.setdefault((row[0], row[1]), {})[rec.update_id] = rec
+        self._promote(db)
         if self._fsync:  # whatever a crash left: names on disk before any of these files is reused
             for folder in [self.data_dir, *(d for d in self.data_dir.iterdir() if d.is_dir())]:
                 _fsync_dir(folder)
@@ -199,10 +212,54 @@ class ChunkEngine:
             else:
                 path.unlink()
 
-    def close(self) -> None:
-        """Close the metadata database; pending versions are lost (a restarted target recovers anyway)."""
+    def _promote(self, db: sqlite3.Connection) -> None:
+        """Make each chunk's newest whole pending version newer than its committed one committed (``pending_rows``).
+
+        Then no pending row is left: a version not promoted is dropped, and its file is free.
+        """
+        candidates = pending_rows.newest_first(db)
+        if not candidates:
+            return
+        now_ms = int(time.time() * 1000)
+        ops: list[Op] = []
+        promoted = 0
         with self._lock:
+            for key, rows in candidates.items():
+                meta = self._meta.get(key)
+                committed = meta.committed_version if meta else 0
+                best = next((c for c in rows if c.version > committed and c.whole(self.data_dir)), None)
+                if best is None:
+                    continue
+                p = Pending(
+                    key=key,
+                    version=best.version,
+                    chain_version=best.chain_version,
+                    path=None if best.file is None else self.data_dir / best.file,
+                    length=best.length,
+                    checksum=best.checksum,
+                )
+                records, more = self._commit_ops([p], [best.tag], now_ms)
+                self._install([p], records, [])
+                ops += more
+                promoted += 1
+            self._rows_of.clear()
+        ops.append(("DELETE FROM pending", ()))
+        db.execute("BEGIN IMMEDIATE")
+        pending_rows.run(db, ops)
+        db.execute("COMMIT")
+        if promoted:
+            logger.warning("%s: %d pending version(s) left by a crash, whole on disk, committed", self.root, promoted)
+
+    def close(self) -> None:
+        """Write what is committed in memory only, then close the database.
+
+        Pending versions are lost, but for durable ones, which the next ``open`` promotes.
+        """
+        with self._db_lock, self._lock:
             if self._db is not None:
+                if self._unwritten:
+                    self._run_in_transaction(self._db, self._unwritten)
+                    self._unwritten = []
                 self._db.close()
                 self._db = None
 
@@ -417,19 +474,34 @@ class ChunkEngine:
         self._release(replaced)
         return made
 
-    def write_pending(self, items: Iterable[PendingItem], reserved: Sequence[Pending] | None = None) -> list[Pending]:
+    def write_pending(
+        self,
+        items: Iterable[PendingItem],
+        reserved: Sequence[Pending] | None = None,
+        tags: Sequence[UpdateTag] | None = None,
+    ) -> list[Pending]:
         """Store new versions as pending: ``(key, version, chain version, content or None to remove, CRC)``.
 
         The CRC is the content's when the caller has just verified it (None: computed here). Each content
         goes to a free file (or a new one) and is on disk, with the names of new files, before this returns.
         With ``reserved`` (``reserve``'s answer for the same items, in order), each version replaces its
-        reservation, and only if that still stands.
+        reservation, and only if that still stands. With ``tags`` (one per item, as ``commit`` takes them), the
+        versions are durable pending ones: their rows are on disk too, and ``open`` promotes them after a crash
+        (``pending_rows``), so ``commit(durable=False)`` may commit them.
 
         Raises:
             PendingReplaced: a reservation was replaced meanwhile (a newer update of the chunk took over);
                 nothing of this call stays pending.
         """
-        made = self._write_contents(items)
+        todo = list(items)
+        if tags is not None and len(tags) != len(todo):
+            raise ValueError(f"{len(tags)} tags for {len(todo)} items")
+        try:
+            made = self._write_contents(todo, None if tags is None else functools.partial(self._record_pending, tags))
+        except BaseException:
+            with self._lock:
+                self._drop_rows([(item[0], item[1]) for item in todo])
+            raise
         if reserved is not None and len(reserved) != len(made):
             raise ValueError(f"{len(reserved)} reservations for {len(made)} items")
         dropped: list[Path] = []
@@ -446,14 +518,97 @@ class ChunkEngine:
                     old = self._pending.get(p.key)
                     if old is not None and old.path is not None and old.path != p.path:
                         dropped.append(old.path)
+                    if old is not None:
+                        self._drop_rows([(old.key, old.version)])
                     self._pending[p.key] = p
+            if stale:
+                self._drop_rows([(p.key, p.version) for p in made])
         self._release(dropped)
         if stale:
             raise PendingReplaced(f"{self.root.name}: a newer update took over while these were being written")
         return made
 
-    def _write_contents(self, items: Iterable[PendingItem]) -> list[Pending]:
-        """Each content into a free file (or a new one), on disk with the new files' names; nothing installed."""
+    def _record_pending(self, tags: Sequence[UpdateTag], made: list[Pending]) -> None:
+        """Write the rows of durable pending versions, in a transaction synced to disk.
+
+        It runs while their files are synced: a row whose file did not reach the disk is not promoted (its CRC).
+        """
+        ops = [
+            pending_rows.insert_op(
+                p.key,
+                p.version,
+                p.chain_version,
+                p.length,
+                p.checksum,
+                None if p.path is None else str(p.path.relative_to(self.data_dir)),
+                tag,
+            )
+            for p, tag in zip(made, tags, strict=True)
+        ]
+        self._write_ops(ops, durable=True)
+        with self._lock:
+            for p in made:
+                self._rows_of.setdefault(p.key, set()).add(p.version)
+
+    def _drop_rows(self, versions: Iterable[tuple[ChunkKey, int]]) -> None:
+        """Queue the removal of the durable rows of versions that will not be committed (lock held)."""
+        for key, version in versions:
+            rows = self._rows_of.get(key)
+            if rows is not None and version in rows:
+                rows.discard(version)
+                if not rows:
+                    del self._rows_of[key]
+                self._unwritten.append(pending_rows.delete_one_op(key, version))
+
+    def flush(self) -> None:
+        """Write what ``commit(durable=False)`` committed in memory (without waiting for the disk)."""
+        if self._unwritten:
+            self._write_ops([], durable=False)
+        if self._sweep_due:
+            self._sweep_due = False
+            self.forget_expired_updates()
+
+    def _write_ops(self, ops: list[Op], *, durable: bool) -> None:
+        """Run what is unwritten, then ``ops``, in one transaction; synced to disk when ``durable``."""
+        with self._db_lock:
+            with self._lock:
+                if self._db is None:
+                    if durable:
+                        raise RuntimeError(f"{self.root.name}: engine is closed")
+                    return  # ``close`` wrote what was unwritten
+                db, queued, self._unwritten = self._db, self._unwritten, []
+            if not queued and not ops:
+                return
+            try:
+                self._run_in_transaction(db, queued + ops, durable=durable)
+            except BaseException:
+                with self._lock:
+                    self._unwritten[:0] = queued
+                raise
+
+    @staticmethod
+    def _run_in_transaction(db: sqlite3.Connection, ops: list[Op], *, durable: bool = True) -> None:
+        if not durable:  # WAL: the commit is on disk at the next synced one, or the checkpoint
+            db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                pending_rows.run(db, ops)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        finally:
+            if not durable:
+                db.execute("PRAGMA synchronous=FULL")
+
+    def _write_contents(
+        self, items: list[PendingItem], alongside: Callable[[list[Pending]], None] | None = None
+    ) -> list[Pending]:
+        """Each content into a free file (or a new one), on disk with the new files' names; nothing installed.
+
+        ``alongside`` (given the versions) runs while the files are synced, and must succeed too.
+        """
         made: list[Pending] = []
         written: list[Path] = []  # free files taken: back to the free list if this fails
         created: list[Path] = []  # new files: unlinked instead (their names may not be on disk yet)
@@ -492,10 +647,15 @@ class ChunkEngine:
                         checksum=checksum,
                     )
                 )
-            if self._fsync:
-                _sync_files(to_sync)
-                for folder in sorted({p.parent for p in created}):
-                    _fsync_dir(folder)
+            side = None if alongside is None else _sync_pool().submit(alongside, made)
+            try:
+                if self._fsync:
+                    _sync_files(to_sync)
+                    for folder in sorted({p.parent for p in created}):
+                        _fsync_dir(folder)
+            finally:
+                if side is not None:
+                    side.result()
         except BaseException:
             for path in created:
                 path.unlink(missing_ok=True)
@@ -570,12 +730,19 @@ class ChunkEngine:
         for path in extra:
             path.unlink(missing_ok=True)
 
-    def commit(self, pendings: Iterable[Pending], tags: Sequence[UpdateTag] | None = None) -> list[ChunkMeta | None]:
+    def commit(
+        self, pendings: Iterable[Pending], tags: Sequence[UpdateTag] | None = None, *, durable: bool = True
+    ) -> list[ChunkMeta | None]:
         """Make pending versions the committed ones, in one transaction with the updates' ids; then free old files.
 
         ``tags`` has one entry per pending version: see ``UpdateTag``. Commits that come while another is being
         written go together in the next transaction (group commit: one WAL sync for all of them, each durable
         when its call returns, as alone); one whose versions are no longer pending fails alone.
+
+        ``durable=False`` (for versions ``write_pending`` stored with their tags, durable pending ones): the commit
+        is made in memory at once and its rows are written later (``flush``, or any transaction before), not
+        waited for; it does not block on the disk, so the event loop may call it. A crash before they are written
+        leaves the versions pending on disk, and ``open`` promotes them.
 
         Raises:
             PendingReplaced: a version to commit is no longer the pending one (nothing of this call commits).
@@ -584,6 +751,8 @@ class ChunkEngine:
         tags = list(tags) if tags is not None else [(None, None)] * len(todo)
         if len(tags) != len(todo):
             raise ValueError(f"{len(tags)} tags for {len(todo)} pending versions")
+        if not durable:
+            return self._commit_in_memory(todo, tags)
         mine = _Commit(todo, tags)
         with self._group:
             self._waiting.append(mine)
@@ -608,28 +777,52 @@ class ChunkEngine:
             raise mine.error
         return mine.results
 
+    def _still_pending(self, group: list[_Commit]) -> list[_Commit]:
+        """The commits of ``group`` whose versions are all still the pending ones; the others fail (lock held)."""
+        ready = []
+        for c in group:
+            if any(self._pending.get(p.key) is not p or not p.stored for p in c.todo):
+                c.error = PendingReplaced(f"{self.root.name}: a version to commit is no longer the pending one")
+            else:
+                ready.append(c)
+        return ready
+
+    def _commit_in_memory(self, todo: list[Pending], tags: list[UpdateTag]) -> list[ChunkMeta | None]:
+        old_files: list[Path] = []
+        with self._lock:
+            assert self._db is not None, "engine is closed"
+            if any(self._pending.get(p.key) is not p or not p.stored for p in todo):
+                raise PendingReplaced(f"{self.root.name}: a version to commit is no longer the pending one")
+            records, ops = self._commit_ops(todo, tags, int(time.time() * 1000))
+            results = self._install(todo, records, old_files)
+            self._unwritten += ops
+        self._release(old_files)
+        self._commits += 1
+        if self._commits % SWEEP_EVERY_COMMITS == 0:
+            self._sweep_due = True
+        return results
+
     def _commit_group(self, group: list[_Commit]) -> None:
         """Commit each of ``group`` (no two touch one chunk) in one transaction; their outcomes in their ``_Commit``."""
         old_files: list[Path] = []
         now_ms = int(time.time() * 1000)
         try:
-            with self._lock:
+            with self._db_lock, self._lock:
                 assert self._db is not None, "engine is closed"
-                ready = []
-                for c in group:
-                    if any(self._pending.get(p.key) is not p or not p.stored for p in c.todo):
-                        c.error = PendingReplaced(f"{self.root.name}: a version to commit is no longer the pending one")
-                    else:
-                        ready.append(c)
+                ready = self._still_pending(group)
                 if ready:
-                    db = self._db
-                    db.execute("BEGIN IMMEDIATE")
+                    queued, self._unwritten = self._unwritten, []  # earlier in-memory commits go first
+                    ops = list(queued)
+                    records = []
+                    for c in ready:
+                        recs, more = self._commit_ops(c.todo, c.tags, now_ms)
+                        records.append(recs)
+                        ops += more
                     try:
-                        records = [self._commit_rows(db, c.todo, c.tags, now_ms) for c in ready]
-                        db.execute("COMMIT")
+                        self._run_in_transaction(self._db, ops)
                         self.transactions += 1
                     except BaseException:
-                        db.execute("ROLLBACK")
+                        self._unwritten[:0] = queued
                         raise
                     for c, recs in zip(ready, records, strict=True):
                         c.results = self._install(c.todo, recs, old_files)
@@ -680,39 +873,53 @@ class ChunkEngine:
                 del self._pending[p.key]
         return results
 
-    def _commit_rows(
-        self, db: sqlite3.Connection, todo: list[Pending], tags: list[UpdateTag], now_ms: int
-    ) -> dict[ChunkKey, dict[UpdateKey, UpdateRecord]]:
-        """The SQL of a commit (transaction open, lock held); returns the chunks' records after it."""
+    def _commit_ops(
+        self, todo: list[Pending], tags: list[UpdateTag], now_ms: int
+    ) -> tuple[dict[ChunkKey, dict[UpdateKey, UpdateRecord]], list[Op]]:
+        """The SQL of a commit (lock held): the chunks' records after it, and the statements to run."""
         records: dict[ChunkKey, dict[UpdateKey, UpdateRecord]] = {}
+        ops: list[Op] = []
         for p, tag in zip(todo, tags, strict=True):
             if p.path is None:
-                db.execute("DELETE FROM chunks WHERE inode_id=? AND chunk_index=?", p.key)
+                ops.append(("DELETE FROM chunks WHERE inode_id=? AND chunk_index=?", p.key))
             else:
                 name = str(p.path.relative_to(self.data_dir))
-                db.execute(
-                    "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (p.key[0], p.key[1], p.chain_version, p.version, p.length, p.checksum, name),
+                ops.append(
+                    (
+                        "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (p.key[0], p.key[1], p.chain_version, p.version, p.length, p.checksum, name),
+                    )
                 )
+            rows = self._rows_of.get(p.key)
+            if rows is not None:  # its durable pending row, and any older one, go with the commit
+                ops.append(pending_rows.delete_op(p.key, p.version))
+                rows.difference_update([v for v in rows if v <= p.version])
+                if not rows:
+                    del self._rows_of[p.key]
             if tag == (None, None):
                 continue
             after, gone, added = self._next_records(p, tag, now_ms)
             records[p.key] = after
-            for r in gone:
-                db.execute(
+            ops += [
+                (
                     "DELETE FROM update_ids WHERE inode_id=? AND chunk_index=? AND client_id=? AND request_id=?",
                     (*p.key, *r.update_id),
                 )
-            db.executemany(
-                "INSERT OR REPLACE INTO update_ids VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(*p.key, *r.update_id, r.version, r.length, r.checksum, r.committed_at_ms) for r in added],
-            )
-        return records
+                for r in gone
+            ]
+            ops += [
+                (
+                    "INSERT OR REPLACE INTO update_ids VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*p.key, *r.update_id, r.version, r.length, r.checksum, r.committed_at_ms),
+                )
+                for r in added
+            ]
+        return records, ops
 
     def forget_expired_updates(self) -> int:
         """Drop every remembered update older than the ttl (commits prune only their own chunks)."""
         cutoff = int(time.time() * 1000) - self._ttl_ms
-        with self._lock:
+        with self._db_lock, self._lock:
             if self._db is None:
                 return 0
             stale = [k for k, r in self._recent.items() if r and next(iter(r.values())).committed_at_ms < cutoff]
@@ -730,6 +937,7 @@ class ChunkEngine:
             for p in pendings:
                 if self._pending.get(p.key) is p:
                     del self._pending[p.key]
+                    self._drop_rows([(p.key, p.version)])
                     if p.path is not None:
                         dropped.append(p.path)
         self._release(dropped)
