@@ -28,23 +28,20 @@ from ff_storage.core.chunks import (
     ChunkKey,
     ChunkMeta,
     UpdateKey,
-    UpdateRecord,
-    apply_truncate,
-    apply_write,
-    apply_writes,
     chain_update_id,
     check_chunk_id,
     check_range,
     check_update_id,
 )
-from ff_storage.core.errors import ChunkCorrupt, InvalidRequest, NotServing, TooCostly
+from ff_storage.core.errors import InvalidRequest, NotServing, TooCostly
 from ff_storage.core.requests import ChunkUpdate, Payload, RemoveRequest, TransferRef, TruncateIO, UpdateKind, WriteIO
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Public
 from ff_storage.io_stats import WRITE
 from ff_storage.node_state import NodeState, Target, Update, result_of
 from ff_storage.peers import Peers
-from ff_storage.rounds import content_bytes, first_copies, merged_writes, plan_rounds
+from ff_storage.prepare import prepare
+from ff_storage.rounds import content_bytes, merged_writes, plan_rounds
 from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 
 logger = logging.getLogger(__name__)
@@ -319,142 +316,15 @@ class ChainWriter:
         return state is not None and state.index == 0 and state.serving and state.may_update
 
     async def _prepared(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
-        """``_prepare`` on the event loop when the chunks it builds are small, else in a worker thread.
+        """``prepare.prepare`` on the event loop when the chunks it builds are small, else in a worker thread.
 
         A trip to a worker thread and back costs a few hundred microseconds on a busy machine, more than
         building a small chunk; a chain write pays it at every replica, in a row.
         """
+        update_ids = self.state.config.update_ids
         if sum(content_bytes(target, u) for u in updates) <= INLINE_PREPARE_BYTES:
-            return self._prepare(target, updates, at_head)
-        return await asyncio.to_thread(self._prepare, target, updates, at_head)
-
-    def _prepare(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
-        """Decide each update and compute its new content; returns the ones to store and pass on.
-
-        The others have their result set (already committed, duplicate, missing update, corrupt base chunk:
-        ``corrupt`` set, the caller repairs; nothing to remove). It reads committed chunks and touches no event
-        loop: ``_prepared`` runs it on the loop or in a worker thread.
-        """
-        place = craq.Place.HEAD if at_head else craq.Place.REPLICA
-        ready: list[Update] = []
-        for u in updates:
-            meta = target.engine.get(u.key)
-            committed = meta.committed_version if meta else 0
-            if u.members is not None:
-                if self._prepare_merged(target, u, committed):
-                    ready.append(u)
-                continue
-            retried = self._already_committed(target, u) if at_head else None
-            same = None if at_head else self._same_update(target, u, committed)
-            decision = craq.admit(
-                place,
-                committed,
-                u.version,
-                full=u.full,
-                recovery_copy=u.no_forward and u.full,
-                same_update=same,
-                retried_version=retried.version if retried else None,
-                remove_of_nothing=u.kind is UpdateKind.REMOVE and meta is None,
-            )
-            verdict = decision.verdict
-            if verdict is craq.Verdict.RETRIED and retried is not None:  # its first result
-                u.result = UpdateResult(
-                    IoStatus.OK, "already committed", retried.version, retried.length, retried.checksum
-                )
-                continue
-            if verdict is craq.Verdict.DUPLICATE:
-                u.result = result_of(IoStatus.OK, "duplicate", committed, meta)
-                continue
-            if verdict is craq.Verdict.MISSING:
-                missing = f"have version {committed}, got {u.version}"
-                u.result = result_of(IoStatus.MISSING_UPDATE, missing)
-                continue
-            if verdict is craq.Verdict.NOTHING_TO_REMOVE:
-                u.result = result_of(IoStatus.OK, "already removed")
-                continue
-            u.version = decision.version
-            try:
-                u.content = self._new_content(target, u)
-            except ChunkCorrupt as exc:
-                repair = craq.on_damaged_base(place) is craq.DamagedBase.REPAIR_THEN_RETRY  # else: ask for the whole
-                status = IoStatus.CHECKSUM_MISMATCH if repair else IoStatus.MISSING_UPDATE
-                u.result, u.corrupt = result_of(status, str(exc)), True
-                continue
-            if u.content is not None:
-                u.content_checksum = u.data_checksum if u.content is u.data else None
-                if u.content_checksum is None:
-                    u.content_checksum = crc32c_of(u.content)
-            ready.append(u)
-        return ready
-
-    def _prepare_merged(self, target: Target, u: Update, committed: int) -> bool:
-        """At the head, a run of writes to one chunk (``u.members``) as one version: whether ``u`` is to store.
-
-        A member committed before (a retry) gets its first result; the others apply in order over the committed
-        copy, and ``u`` becomes one write of the span they cover (from the first byte any of them writes to the last),
-        cut from the result, carrying the chunk's records with their ids (each replica keeps them in place of its
-        own, as a full-chunk replace's), so a retry of any of them at any replica is known. One round trip of the
-        chain for the run, where each write took its own: a database's flush writes a few pages here and there in a
-        chunk, each a durable chain write in turn. The replicas apply the span over the same committed copy.
-        """
-        assert u.members is not None
-        todo: list[Update] = []
-        for m in u.members:
-            retried = self._already_committed(target, m)
-            if retried is None:
-                todo.append(m)
-            else:  # its first result
-                m.result = UpdateResult(
-                    IoStatus.OK, "already committed", retried.version, retried.length, retried.checksum
-                )
-        u.members = todo
-        if not todo:
-            return False
-        try:
-            current = target.engine.read_committed(u.key)
-        except ChunkCorrupt as exc:  # the head's copy is bad: repaired, then prepared again (``_head_round``)
-            u.result, u.corrupt = result_of(IoStatus.CHECKSUM_MISMATCH, str(exc)), True
-            return False
-        writes = first_copies(todo)
-        content = apply_writes(current[1] if current else None, writes)
-        checksum = crc32c_of(content)
-        lo, hi = min(at for at, _ in writes), max(at + len(data) for at, data in writes)
-        u.version = craq.admit(craq.Place.HEAD, committed, 0).version
-        u.offset, u.data = lo, memoryview(content)[lo:hi]
-        u.length, u.data_checksum = hi - lo, crc32c_of(u.data)
-        u.content, u.content_checksum = content, checksum
-        u.update_id = todo[0].update_id
-        ids = [m.update_id for m in todo if m.update_id is not None]
-        u.records = target.engine.records_after(u.key, ids, u.version, len(content), checksum)
-        return True
-
-    def _already_committed(self, target: Target, u: Update) -> UpdateRecord | None:
-        if not self.state.config.update_ids or u.update_id is None:
-            return None
-        return target.engine.find_update(u.key, u.update_id)
-
-    def _same_update(self, target: Target, u: Update, committed: int) -> bool | None:
-        """Whether this replica committed ``u.version`` from this very update.
-
-        None: ids off, or the update has none, so the version alone decides.
-        """
-        if not self.state.config.update_ids or u.update_id is None or u.full or u.version > committed:
-            return None
-        record = target.engine.update_at(u.key, u.version)
-        return record is not None and record.update_id == u.update_id
-
-    def _new_content(self, target: Target, u: Update) -> Payload | None:
-        if u.kind is UpdateKind.REMOVE:
-            return None
-        if u.full:
-            return u.data
-        if u.kind is UpdateKind.WRITE and u.offset == 0 and u.length == u.chunk_size:
-            return u.data  # whole chunk: no need to read the old one
-        current = target.engine.read_committed(u.key)
-        old = current[1] if current else None
-        if u.kind is UpdateKind.TRUNCATE:
-            return apply_truncate(old, u.length)
-        return apply_write(old, u.offset, u.data)
+            return prepare(target, updates, at_head, update_ids)
+        return await asyncio.to_thread(prepare, target, updates, at_head, update_ids)
 
     async def _store_forward_commit(self, target: Target, updates: list[Update], *, forward: bool = True) -> None:
         """Store the updates as pending here while passing them on; commit what the successor acknowledged.

@@ -15,7 +15,7 @@ import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
-from ff_storage.store import chunk_engine
+from ff_storage.store import chunk_files
 from ff_storage.store.chunk_engine import ChunkEngine
 
 KEY = (7, 0)
@@ -159,8 +159,8 @@ def test_new_files_come_in_batches_with_one_folder_fsync(tmp_path: Path, monkeyp
     """Eight new chunks with batches of 8: one batch of files, its folder fsynced once (and the data folder once
     for the new folder), where one file at a time fsynced a folder for each chunk. Every chunk reads back."""
     synced: list[Path] = []
-    real = chunk_engine._fsync_dir
-    monkeypatch.setattr(chunk_engine, "_fsync_dir", lambda p: (synced.append(p), real(p))[1])
+    real = chunk_files._fsync_dir
+    monkeypatch.setattr(chunk_files, "_fsync_dir", lambda p: (synced.append(p), real(p))[1])
     e = ChunkEngine(tmp_path / "target", new_file_batch=8)
     e.open()
     synced.clear()
@@ -194,8 +194,8 @@ def test_a_batch_of_new_chunks_is_synced_at_once(tmp_path: Path, monkeypatch: py
     (one folder fsync, where batches of 4 fsynced a folder 4 times) and their data fsyncs overlap (the journal
     takes them in one commit), where one after another had at most one running. Every chunk reads back."""
     folders: list[Path] = []
-    real_dir = chunk_engine._fsync_dir
-    monkeypatch.setattr(chunk_engine, "_fsync_dir", lambda p: (folders.append(p), real_dir(p))[1])
+    real_dir = chunk_files._fsync_dir
+    monkeypatch.setattr(chunk_files, "_fsync_dir", lambda p: (folders.append(p), real_dir(p))[1])
     running, most = [0], [0]
     real_sync = os.fsync
 
