@@ -103,6 +103,8 @@ class Peers:
             config.max_batch_bytes,
             config.max_batch_ios,
         )
+        if len(parts) == 1:  # the usual case: one call, awaited here (no task to start, no loop turn for it)
+            return await self._send_part(chain, nxt, items, from_target, no_forward)
         answers = await asyncio.gather(
             *(self._send_part(chain, nxt, [items[i] for i in part], from_target, no_forward) for part in parts),
             return_exceptions=True,
