@@ -372,10 +372,13 @@ class ChainWriter:
         for u, p in zip(updates, stored, strict=True):
             u.pending = p
         done = [u for u in updates if u not in failed]
+        pendings = [u.pending for u in done if u.pending]
+        tags = [(u.update_id, u.records) for u in done]
         try:
-            metas = engine.commit(
-                [u.pending for u in done if u.pending], [(u.update_id, u.records) for u in done], durable=False
-            )
+            if engine.needs_durable_commit(pendings):  # not on the loop: it waits for the disk
+                metas = await asyncio.to_thread(engine.commit, pendings, tags)
+            else:
+                metas = engine.commit(pendings, tags, durable=False)
         except Exception as exc:
             self._after_failure(target, "committing", exc, done)
             engine.abort(stored)
@@ -400,7 +403,8 @@ class ChainWriter:
                 logger.exception("target %d: writing commits failed; it goes through recovery", target.target_id)
                 target.role.needs_recovery()
 
-        self.state.spawn(flush())
+        task = self.state.spawn(flush())
+        task.add_done_callback(lambda _: self._flush_waiting.discard(target.target_id))  # also if cancelled first
 
     def _is_tail(self, target: Target, at_head: bool) -> bool:
         """Whether ``target`` commits without passing updates on now (``_forward`` would find nothing to send to).

@@ -35,6 +35,11 @@ def lazy(version, content, tag=(None, None), key=KEY):
 def stored(version, content, tag=(None, None)):
     [p] = e.write_pending([(KEY, version, 1, content, None)], tags=[tag])
     return p
+
+def as_the_service(key, version, content, tag=(None, None)):  # reserved first, then stored (writes.py's order)
+    reserved = e.reserve([(key, version, 1)])
+    [p] = e.write_pending([(key, version, 1, content, None)], reserved, [tag])
+    return p
 """
 
 
@@ -72,6 +77,52 @@ def test_a_commit_made_in_memory_survives_a_crash_through_its_durable_pending_ro
     finally:
         e.close()
     assert _pending_rows(root) == 0
+
+
+def test_a_reserved_version_keeps_its_row_while_other_chunks_write_theirs(root: Path) -> None:
+    """The service reserves a version before storing it; storing it must not queue its own row's removal, which the
+    next transaction (here another chunk's row, written while the forward is in flight) would make. Its old file
+    is reused meanwhile: a lost row would leave the chunk row naming bytes that are not its own."""
+    _crash_after(
+        root,
+        """
+        p2 = as_the_service(KEY, 2, b"two" * 100, (UID, None))
+        as_the_service((8, 0), 1, b"x" * 10)  # another chunk of the target, stored while KEY's forward runs
+        e.commit([p2], [(UID, None)], durable=False)  # the successor acked: committed in memory, acked upstream
+        reserved = e.reserve([((9, 0), 1, 1)])  # a repair's copy (no row of its own) reuses version 1's file
+        e.write_pending([((9, 0), 1, 1, b"y" * 300, None)], reserved)
+        """,
+    )
+    e = _reopen(root)
+    try:
+        assert e.read_committed(KEY) == (e.get(KEY), b"two" * 100)
+        record = e.find_update(KEY, UID)
+        assert record is not None and record.version == 2
+    finally:
+        e.close()
+
+
+def test_a_copy_of_an_older_version_is_committed_durably(root: Path) -> None:
+    """A recovery's copy may bring a version older than the committed one (the predecessor's copy is the truth):
+    ``open`` would not promote it, so it is committed on disk, never in memory only."""
+    _crash_after(
+        root,
+        """
+        lazy(2, b"two" * 100)
+        lazy(3, b"three" * 100)
+        p = as_the_service(KEY, 2, b"copy" * 100)
+        assert e.needs_durable_commit([p])
+        e.commit([p], [(None, None)], durable=False)
+        reserved = e.reserve([((9, 0), 1, 1)])  # a copy with no row of its own reuses version 3's file
+        e.write_pending([((9, 0), 1, 1, b"y" * 400, None)], reserved)
+        """,
+    )
+    e = _reopen(root)
+    try:
+        assert e.read_committed(KEY) == (e.get(KEY), b"copy" * 100)
+        assert e.get(KEY).committed_version == 2  # type: ignore[union-attr]
+    finally:
+        e.close()
 
 
 def test_the_newest_whole_version_wins_even_when_an_older_file_was_reused(root: Path) -> None:

@@ -401,6 +401,8 @@ class ChunkEngine:
                 if old is not None and old.path is not None:
                     replaced.append(old.path)  # left by an update that was given up
                 self._pending[p.key] = p
+                if old is not None:
+                    self._drop_rows([(old.key, old.version)])
         self._chunk_files.release(replaced)
         return made
 
@@ -450,9 +452,9 @@ class ChunkEngine:
                     old = self._pending.get(p.key)
                     if old is not None and old.path is not None and old.path != p.path:
                         dropped.append(old.path)
+                    self._pending[p.key] = p
                     if old is not None:
                         self._drop_rows([(old.key, old.version)])
-                    self._pending[p.key] = p
             if stale:
                 self._drop_rows([(p.key, p.version) for p in made])
         self._chunk_files.release(dropped)
@@ -483,8 +485,15 @@ class ChunkEngine:
                 self._rows_of.setdefault(p.key, set()).add(p.version)
 
     def _drop_rows(self, versions: Iterable[tuple[ChunkKey, int]]) -> None:
-        """Queue the removal of the durable rows of versions that will not be committed (lock held)."""
+        """Queue the removal of the durable rows of versions that will not be committed (lock held).
+
+        Not of the chunk's current pending version: a row of that key and version is its own (written again
+        for it, or about to be), and goes with its commit or its abort.
+        """
         for key, version in versions:
+            current = self._pending.get(key)
+            if current is not None and current.version == version:
+                continue
             rows = self._rows_of.get(key)
             if rows is not None and version in rows:
                 rows.discard(version)
@@ -555,7 +564,7 @@ class ChunkEngine:
         tags = list(tags) if tags is not None else [(None, None)] * len(todo)
         if len(tags) != len(todo):
             raise ValueError(f"{len(tags)} tags for {len(todo)} pending versions")
-        if not durable:
+        if not durable and not self.needs_durable_commit(todo):
             return self._commit_in_memory(todo, tags)
         mine = _Commit(todo, tags)
         with self._group:
@@ -580,6 +589,16 @@ class ChunkEngine:
         if mine.error is not None:
             raise mine.error
         return mine.results
+
+    def needs_durable_commit(self, pendings: Iterable[Pending]) -> bool:
+        """Whether a version to commit is not newer than the committed one (a recovery's copy of an older one).
+
+        ``open`` promotes only versions newer than the committed one: committed in memory only, such a version
+        would free the newer version's file while the committed row on disk still names it. ``commit(durable=False)``
+        commits these durably (it blocks then: a caller on the event loop asks first).
+        """
+        with self._lock:
+            return any(p.version <= getattr(self._meta.get(p.key), "committed_version", 0) for p in pendings)
 
     def _still_pending(self, group: list[_Commit]) -> list[_Commit]:
         """The commits of ``group`` whose versions are all still the pending ones; the others fail (lock held)."""
@@ -723,7 +742,7 @@ class ChunkEngine:
     def forget_expired_updates(self) -> int:
         """Drop every remembered update older than the ttl (commits prune only their own chunks)."""
         cutoff = int(time.time() * 1000) - self._ttl_ms
-        with self._db_lock, self._lock:
+        with self._lock:
             if self._db is None:
                 return 0
             stale = [k for k, r in self._recent.items() if r and next(iter(r.values())).committed_at_ms < cutoff]
@@ -731,8 +750,9 @@ class ChunkEngine:
                 _prune(self._recent[key], cutoff, self._max_ids)
                 if not self._recent[key]:
                     del self._recent[key]
-            self._db.execute("DELETE FROM update_ids WHERE committed_at_ms < ?", (cutoff,))
-            return len(stale)
+        # after what is still unwritten, which may add rows as old as that
+        self._write_ops([("DELETE FROM update_ids WHERE committed_at_ms < ?", (cutoff,))], durable=False)
+        return len(stale)
 
     def abort(self, pendings: Iterable[Pending]) -> None:
         """Forget pending versions that will not be committed."""
