@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ff_fsprotocol.checksum import crc32c_of
 from ff_fsprotocol.datapath import DataPathError
@@ -46,7 +46,9 @@ from ff_storage.store.chunk_engine import ChunkEngine, Pending, PendingItem
 
 logger = logging.getLogger(__name__)
 
-# A round whose chunks come to at most this many bytes in memory is prepared on the event loop (``_prepared``).
+# A round of at most this many updates whose chunks come to at most this many bytes in memory is prepared on the
+# event loop (``_prepared``): each update may read its committed chunk there.
+INLINE_PREPARE_UPDATES = 4
 INLINE_PREPARE_BYTES = 256 * 1024
 _HEAD_CLIENT_ID = uuid.uuid4().bytes  # ids the head gives updates that come without one
 _head_request_ids = itertools.count(1)
@@ -322,7 +324,8 @@ class ChainWriter:
         building a small chunk; a chain write pays it at every replica, in a row.
         """
         update_ids = self.state.config.update_ids
-        if sum(content_bytes(target, u) for u in updates) <= INLINE_PREPARE_BYTES:
+        small = len(updates) <= INLINE_PREPARE_UPDATES
+        if small and sum(content_bytes(target, u) for u in updates) <= INLINE_PREPARE_BYTES:
             return prepare(target, updates, at_head, update_ids)
         return await asyncio.to_thread(prepare, target, updates, at_head, update_ids)
 
@@ -356,6 +359,7 @@ class ChainWriter:
             await asyncio.sleep(0)  # the forward on its way before the store thread competes for the interpreter
         except BaseException:
             sending.cancel()
+            sending.add_done_callback(_retrieved)
             engine.abort(reserved)
             raise
         tags = [(u.update_id, u.records) for u in updates]  # durable pending: the commit need not be (``pending_rows``)
@@ -395,10 +399,13 @@ class ChainWriter:
             return
         self._flush_waiting.add(target.target_id)
 
-        async def flush() -> None:
+        def in_thread() -> None:
             self._flush_waiting.discard(target.target_id)  # from here on, a new commit asks for another flush
+            target.engine.flush()
+
+        async def flush() -> None:
             try:
-                await asyncio.to_thread(target.engine.flush)
+                await asyncio.to_thread(in_thread)
             except Exception:  # its versions are durable pending ones: a restart promotes them
                 logger.exception("target %d: writing commits failed; it goes through recovery", target.target_id)
                 target.role.needs_recovery()
@@ -673,6 +680,12 @@ def _transferred(blob: bytearray | None, ref: TransferRef, length: int) -> memor
     if blob is None or ref.offset + length > len(blob):
         return None
     return memoryview(blob)[ref.offset : ref.offset + length]
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark an abandoned task's outcome as seen (no "exception was never retrieved" for a call nobody awaits)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _drop_all(

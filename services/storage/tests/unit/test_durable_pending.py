@@ -237,3 +237,26 @@ def test_close_writes_the_commits_made_in_memory(root: Path) -> None:
         assert e.find_update(KEY, UID) is not None
     finally:
         e.close()
+
+
+def test_an_in_memory_commit_leaves_freeing_the_replaced_files_to_the_flush(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Freeing may stat and unlink files (past ``max_free_files``); the in-memory commit runs on the event loop."""
+    e = ChunkEngine(root, max_free_files=4, new_file_batch=1)
+    e.open()
+    try:
+        [p] = e.write_pending([(KEY, 1, 1, b"one" * 100, None)])
+        e.commit([p])
+        old = e.data_dir / e._files[KEY]
+        freed: list[list[Path]] = []
+        real = e._chunk_files.release
+        monkeypatch.setattr(e._chunk_files, "release", lambda paths: (freed.append(list(paths)), real(paths)))
+        [p] = e.write_pending([(KEY, 2, 1, b"two" * 100, None)], tags=[(None, None)])
+        e.commit([p], [(None, None)], durable=False)
+        assert old not in [path for paths in freed for path in paths]
+        e.flush()
+        assert old in [path for paths in freed for path in paths]
+        assert e.read_committed(KEY) == (e.get(KEY), b"two" * 100)
+    finally:
+        e.close()

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
 from ff_fsprotocol.routing import Chain, RoutingView, TargetState
 from ff_fsprotocol.routing import Target as RoutingTarget
+from ff_storage import writes
 from ff_storage.core.chunks import ChunkMeta, sync_diff
 from ff_storage.core.requests import ReadIO, UpdateKind
 from ff_storage.core.results import IoStatus, UpdateResult
@@ -386,3 +389,25 @@ async def test_a_target_that_is_no_longer_the_head_starts_no_update_and_forwards
     assert forwarded == [first]  # the second round never started
     assert engine.read_committed(KEY) == (engine.get(KEY), b"one" * 100)
     assert await dropped(engine)()
+
+
+@pytest.mark.parametrize(("count", "on_the_loop"), [(1, True), (writes.INLINE_PREPARE_UPDATES + 1, False)])
+async def test_a_round_is_prepared_on_the_loop_only_when_it_is_small(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch, count: int, on_the_loop: bool
+) -> None:
+    """Each update of a round may read its committed chunk: many small ones would hold the node's loop."""
+    threads: list[threading.Thread] = []
+    real = writes.prepare
+
+    def spy(*args: Any) -> list[Update]:
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(writes, "prepare", spy)
+    updates = []
+    for n in range(count):
+        u = _update(b"x" * 100, 1)
+        u.key = (50 + n, 0)
+        updates.append(u)
+    await node.writer._prepared(_target(node), updates, False)
+    assert (threads == [threading.current_thread()]) is on_the_loop

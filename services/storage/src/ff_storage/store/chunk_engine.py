@@ -100,6 +100,7 @@ class ChunkEngine:
         self._lock = threading.Lock()
         self._db_lock = threading.Lock()  # the database connection (taken before ``_lock`` when both are)
         self._unwritten: list[Op] = []  # commits made in memory, not yet written (``commit(durable=False)``)
+        self._to_release: list[Path] = []  # the files those commits replaced, freed by ``flush``
         self._rows_of: dict[ChunkKey, set[int]] = {}  # versions with a durable pending row not yet dropped
         self._sweep_due = False
         # Group commit: commits waiting while one is written (``_waiting``) go in the next transaction together.
@@ -502,9 +503,15 @@ class ChunkEngine:
                 self._unwritten.append(pending_rows.delete_one_op(key, version))
 
     def flush(self) -> None:
-        """Write what ``commit(durable=False)`` committed in memory (without waiting for the disk)."""
+        """Write what ``commit(durable=False)`` committed in memory (without waiting for the disk).
+
+        Then free the files those commits replaced.
+        """
         if self._unwritten:
             self._write_ops([], durable=False)
+        with self._lock:
+            old_files, self._to_release = self._to_release, []
+        self._chunk_files.release(old_files)
         if self._sweep_due:
             self._sweep_due = False
             self.forget_expired_updates()
@@ -619,7 +626,7 @@ class ChunkEngine:
             records, ops = self._commit_ops(todo, tags, int(time.time() * 1000))
             results = self._install(todo, records, old_files)
             self._unwritten += ops
-        self._chunk_files.release(old_files)
+            self._to_release += old_files  # by ``flush``: freeing may stat and unlink, not on the caller's loop
         self._commits += 1
         if self._commits % SWEEP_EVERY_COMMITS == 0:
             self._sweep_due = True
