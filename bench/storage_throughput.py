@@ -94,7 +94,7 @@ class Round:
 
     @property
     def scaling(self) -> float:
-        return self.many_readers / self.one_reader
+        return self.many_readers / self.one_reader if self.one_reader else 0.0  # 0: not measured (--readers 0)
 
     @property
     def write_ratio(self) -> float:
