@@ -47,6 +47,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import hf3fs
 from ff_cluster import MgmtdClient
 from ff_rpc import open_channel
+from ff_rpc.fastpath import FastPool
 from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, start_cluster
 from ff_testing.meta import MetaProcess, meta_process
 from ff_testing.postgres import PostgresServer, start_postgres
@@ -142,29 +143,44 @@ class MetaSide:
 
 class NoopSide:
     """The health Check on the meta servers, through the FileSystems' loops like every meta call (thread ``t``: the
-    instance ``t % len(fss)``, as on the meta side)."""
+    instance ``t % len(fss)``, as on the meta side), over the transport meta calls take: the fast path
+    (``ff_rpc.fastpath``) where the instance registered one, else gRPC."""
 
     def __init__(self, fss: list[hf3fs.FileSystem], addresses: list[str]) -> None:
         self.fss = fss
+        self.pool = FastPool()
 
         async def make(address: str) -> health_pb2_grpc.HealthStub:
             return health_pb2_grpc.HealthStub(open_channel(address))
 
         self.stubs = [fs._run(make(address)) for fs, address in zip(fss, addresses, strict=True)]
+        self.fast = [fs._run(_fast_endpoint(fs, address)) for fs, address in zip(fss, addresses, strict=True)]
         self.request = health_pb2.HealthCheckRequest()
+        self.transport = "fast path" if all(self.fast) else "gRPC"
 
     def op(self, name: str) -> Callable[[int, int], None]:
-        fss, stubs, req, n = self.fss, self.stubs, self.request, len(self.fss)
+        fss, stubs, fast, req, n = self.fss, self.stubs, self.fast, self.request, len(self.fss)
         calls = 2 if name == "rename" else 1  # a rename is two calls on the meta side too
+        raw = req.SerializeToString()
 
-        async def check(stub: health_pb2_grpc.HealthStub) -> None:
-            await stub.Check(req, timeout=10)
+        async def check(t: int) -> None:
+            if fast[t % n]:
+                await self.pool.call(fast[t % n], "/grpc.health.v1.Health/Check", raw, (), 10)
+            else:
+                await stubs[t % n].Check(req, timeout=10)
 
         def run(t: int, i: int) -> None:
             for _ in range(calls):
-                fss[t % n]._run(check(stubs[t % n]))
+                fss[t % n]._run(check(t))
 
         return run
+
+
+async def _fast_endpoint(fs: hf3fs.FileSystem, address: str) -> str:
+    """The fast endpoint of the meta instance at ``address``, from mgmtd's routing, as the client finds it."""
+    meta = fs._conn.meta
+    await meta.refresh()
+    return meta._fast_of.get(address, "")
 
 
 class LocalSide:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ff_cluster.membership import MembershipOptions, NodeMembership
@@ -72,6 +72,9 @@ class ServiceWiring:
     hostname: str = ""  # default: the host's name
     default_instance_id: str = ""  # when the instance_id setting is empty; default: the advertised address
     endpoints: Mapping[str, str] = field(default_factory=dict)  # registered besides "grpc" and "metrics"
+    # Serve the unary methods over the fast path too (``ff_rpc.fastpath``), on a free port of the gRPC host,
+    # registered as the "fast" endpoint.
+    fast: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)  # registered besides "instance_id"
     on_lease_lost: Callable[[], None] | None = None
     on_lease_regained: Callable[[], None] | None = None
@@ -99,12 +102,16 @@ async def serve_service(settings: ServiceSettings, wiring: ServiceWiring, stop: 
             status_table=wiring.status_table,
             grace_s=settings.grace_s,
             max_request_bytes=wiring.max_request_bytes,
+            fast_address=f"{settings.listen_address.rsplit(':', 1)[0]}:0" if wiring.fast else None,
         ),
         wiring.bindings,
     )
     await server.start()
     try:
         address = settings.advertise_address or server.address
+        if server.fast_address:
+            fast = f"{address.rsplit(':', 1)[0]}:{server.fast_address.rsplit(':', 1)[1]}"
+            wiring = replace(wiring, endpoints={**wiring.endpoints, "fast": fast})
         if wiring.on_bound is not None:
             await wiring.on_bound(address)
         hostname = wiring.hostname or socket.gethostname()

@@ -18,6 +18,7 @@ import grpc
 from ff_cluster import MgmtdClient
 from ff_rpc import RetriesExhausted, RetryPolicy, RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool, UnaryCall
+from ff_rpc.fastpath import FastPool
 from fireflyer.common.v1 import common_pb2
 from fireflyer.meta.v1 import meta_pb2
 from fireflyer.meta.v1.meta_client import MetaServiceClient
@@ -98,15 +99,27 @@ class MetaClient:
         self._addresses: list[str] = list(self._fixed)
         self._current = 0
         self._channels = ChannelPool()
+        self._fast = FastPool()
+        self._fast_of: dict[str, str] = {}  # gRPC address -> the same instance's fast endpoint (``ff_rpc.fastpath``)
+        self._looked_up = False  # whether mgmtd was asked yet (fixed addresses: for their fast endpoints)
         retry = RetryPolicy(max_attempts=attempts, initial_backoff_s=0.1, max_backoff_s=1.0)
         rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._client = MetaServiceClient(
-            ChannelInvoker(rpc, self._channels, self, retry=retry, unavailable_did_not_run=True)
+            ChannelInvoker(
+                rpc,
+                self._channels,
+                self,
+                retry=retry,
+                unavailable_did_not_run=True,
+                fast=self._fast,
+                fast_address=self._fast_of.get,
+            )
         )
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
         """Closes the channels to every meta instance (at shutdown)."""
+        self._fast.close()
         await self._channels.close()
 
     @property
@@ -125,16 +138,33 @@ class MetaClient:
         return False
 
     async def refresh(self) -> list[str]:
-        """Meta addresses from mgmtd (alive META nodes), unless fixed at construction."""
-        if self._fixed:
-            return self._fixed
+        """Meta addresses from mgmtd (alive META nodes), unless fixed at construction; their fast endpoints either way.
+
+        Raises:
+            RpcError: mgmtd did not answer (with fixed addresses: never; they are used over gRPC then).
+        """
         async with self._lock:
-            resp = await self._mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())
+            self._looked_up = True
+            try:
+                resp = await self._mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())
+            except RpcError:
+                if self._fixed:
+                    return self._fixed
+                raise
             found = []
+            fast_of = {}
             for n in resp.routing_info.nodes:
                 if n.node_type != common_pb2.NODE_TYPE_META or n.status != mpb.NODE_STATUS_ALIVE or not n.enabled:
                     continue
-                found += [e.address for e in n.endpoints if e.name == "grpc"]
+                endpoints = {e.name: e.address for e in n.endpoints}
+                if "grpc" in endpoints:
+                    found.append(endpoints["grpc"])
+                    if "fast" in endpoints:
+                        fast_of[endpoints["grpc"]] = endpoints["fast"]
+            self._fast_of.clear()
+            self._fast_of.update(fast_of)
+            if self._fixed:
+                return self._fixed
             if found:
                 random.shuffle(found)
                 self._addresses = found
@@ -154,7 +184,7 @@ class MetaClient:
             RpcError: the service's answer (map it with ``os_error``).
             Hf3fsError: no meta instance answered.
         """
-        if not self._addresses:
+        if not self._addresses or not self._looked_up:
             try:
                 await self.refresh()
             except RpcError as err:

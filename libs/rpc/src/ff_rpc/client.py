@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
@@ -10,17 +11,21 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor_pb2 import MethodOptions
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from ff_rpc.acting import ACT_AS_HEADER, current_acting
 from ff_rpc.auth import AUTHORIZATION_HEADER, BEARER_PREFIX
 from ff_rpc.errors import RpcError
+from ff_rpc.fastpath import FastPool
 from ff_rpc.interceptor import REQUEST_ID_HEADER, new_request_id
 from ff_rpc.logs import current_request_id
-from ff_rpc.retry import NO_RETRY, RETRYABLE_CODES, RetryPolicy, Router, retry_call
+from ff_rpc.retry import NO_RETRY, RETRYABLE_CODES, RetryPolicy, Router, never_reached_a_server, retry_call
 from fireflyer.rpc_types import Invoker, Method
 
 logger = logging.getLogger(__name__)
+
+# A fast endpoint that could not be reached is not tried again for this long (its calls go over gRPC).
+FAST_RETRY_AFTER_S = 30.0
 
 RequestT = TypeVar("RequestT", bound=Message)
 ResponseT = TypeVar("ResponseT", bound=Message)
@@ -148,6 +153,11 @@ class RpcClient:
         """The retry policy of calls that do not name their own."""
         return self._retry
 
+    @property
+    def timeout_s(self) -> float:
+        """The deadline of calls that do not name their own."""
+        return self._timeout_s
+
     async def stream(
         self, call: Callable[..., Any], request: RequestT, *, timeout_s: float | None = None
     ) -> AsyncIterator[Any]:
@@ -230,12 +240,17 @@ class ChannelInvoker(Invoker):
         *,
         retry: RetryPolicy | None = None,
         unavailable_did_not_run: bool = False,
+        fast: FastPool | None = None,
+        fast_address: Callable[[str], str | None] | None = None,
     ) -> None:
         self._rpc = rpc
         self._channels = channels
         self._route = route
         self._retry = retry
         self._unavailable_did_not_run = unavailable_did_not_run
+        self._fast = fast
+        self._fast_address = fast_address
+        self._fast_down: dict[str, float] = {}  # fast endpoints that could not be reached, until when
 
     def _address(self) -> str:
         return self._route if isinstance(self._route, str) else self._route.current_address
@@ -250,7 +265,16 @@ class ChannelInvoker(Invoker):
         """
 
         async def attempt() -> ResponseT:
-            call = self._channels.multicallable(self._address(), method)
+            address = self._address()
+            fast = self._fast_address(address) if self._fast is not None and self._fast_address is not None else None
+            if fast and self._fast_down.get(fast, 0.0) <= time.monotonic():
+                try:
+                    return await self._fast_call(fast, method, request, timeout_s)
+                except RpcError as err:  # not sent at all: gRPC may still reach the instance (a firewall, a proxy)
+                    if not never_reached_a_server(err):
+                        raise
+                    self._fast_down[fast] = time.monotonic() + FAST_RETRY_AFTER_S
+            call = self._channels.multicallable(address, method)
             response: ResponseT = await self._rpc.send(call, request, timeout_s=timeout_s)
             return response
 
@@ -264,6 +288,19 @@ class ChannelInvoker(Invoker):
             unavailable_did_not_run=self._unavailable_did_not_run,
             name=method.path,
         )
+
+    async def _fast_call(
+        self, address: str, method: Method[RequestT, ResponseT], request: RequestT, timeout_s: float | None
+    ) -> ResponseT:
+        """One attempt over the fast path (``ff_rpc.fastpath``), with the client's metadata and deadline."""
+        assert self._fast is not None
+        raw = await self._fast.call(
+            address, method.path, request.SerializeToString(), self._rpc.metadata(), timeout_s or self._rpc.timeout_s
+        )
+        try:
+            return method.response_type.FromString(raw)
+        except DecodeError as exc:
+            raise RpcError(grpc.StatusCode.INTERNAL, f"{method.path}: the answer does not parse: {exc}") from None
 
     def server_stream(
         self, method: Method[RequestT, ResponseT], request: RequestT, *, timeout_s: float | None

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ff_rpc.auth import TokenValidator
 from ff_rpc.errors import StatusTable
+from ff_rpc.fastpath import FastServer
 from ff_rpc.interceptor import ServicePolicyInterceptor
 from ff_rpc.metrics import MetricsHttpServer, RpcMetrics
 
@@ -59,6 +60,9 @@ class ServerOptions:
     grace_s: float = 5.0
     # The largest request message taken; a larger one is RESOURCE_EXHAUSTED before it is parsed.
     max_request_bytes: int = MAX_MESSAGE_BYTES
+    # ``host:port`` where the unary methods are served over the fast path too (``ff_rpc.fastpath``; port 0: a free
+    # one); None: gRPC only.
+    fast_address: str | None = None
 
 
 class RpcServer:
@@ -71,6 +75,7 @@ class RpcServer:
         self.health = health.aio.HealthServicer()
         self.stopping = asyncio.Event()
         self._server: grpc.aio.Server | None = None
+        self._fast: FastServer | None = None
         self._metrics_http: MetricsHttpServer | None = None
         self.port = 0
         self.metrics_port = 0
@@ -80,6 +85,13 @@ class RpcServer:
         """The listen host with the bound port: where to reach the server once started."""
         host = self._options.listen_address.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
+
+    @property
+    def fast_address(self) -> str:
+        """Where the fast path listens once started (``ServerOptions.fast_address``); empty when it does not."""
+        if self._fast is None or self._options.fast_address is None:
+            return ""
+        return f"{self._options.fast_address.rsplit(':', 1)[0]}:{self._fast.port}"
 
     async def start(self) -> None:
         """Binds, starts serving every binding (health SERVING) and /metrics.
@@ -111,6 +123,13 @@ class RpcServer:
             raise OSError(f"cannot listen on {self._options.listen_address}")
         await server.start()
         self._server = server
+        if self._options.fast_address is not None:
+            adders = [(b.add, b.servicer) for b in self._bindings]
+            adders.append((health_pb2_grpc.add_HealthServicer_to_server, self.health))  # the transport's no-op
+            fast = FastServer(adders, interceptor.intercept_service, self._options.max_request_bytes)
+            host, port = self._options.fast_address.rsplit(":", 1)
+            await fast.start(host.strip("[]"), int(port))
+            self._fast = fast
         if self._options.metrics_address:
             host, port = self._options.metrics_address.rsplit(":", 1)
             self._metrics_http = MetricsHttpServer(self.metrics.registry, host, int(port))
@@ -125,6 +144,9 @@ class RpcServer:
             return
         self.stopping.set()
         await self.health.enter_graceful_shutdown()
+        if self._fast is not None:
+            await self._fast.stop(self._options.grace_s if grace_s is None else grace_s)
+            self._fast = None
         await self._server.stop(self._options.grace_s if grace_s is None else grace_s)
         self._server = None
         if self._metrics_http is not None:

@@ -90,20 +90,25 @@ class AppDouble(mgmtd_pb2_grpc.MgmtdServiceServicer):
         raise NotFound("stream ended with an error")
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[RpcServer, AppDouble, grpc.aio.Channel]]:
-    servicer = AppDouble()
-    server = RpcServer(
+def app_server(servicer: AppDouble, **options: Any) -> RpcServer:
+    """The servicer double behind the runtime's policy: cluster token, ``USERS``, StaleThing as ABORTED."""
+    return RpcServer(
         ServerOptions(
             listen_address="127.0.0.1:0",
-            metrics_address="127.0.0.1:0",
             cluster_token=CLUSTER_TOKEN,
             token_validator=DictValidator(),
             status_table=StatusTable({StaleThing: grpc.StatusCode.ABORTED}),
             grace_s=2.0,
+            **options,
         ),
         [ServiceBinding(SERVICE, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, servicer)],
     )
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[RpcServer, AppDouble, grpc.aio.Channel]]:
+    servicer = AppDouble()
+    server = app_server(servicer, metrics_address="127.0.0.1:0")
     await server.start()
     channel = open_channel(server.address)
     yield server, servicer, channel

@@ -84,6 +84,7 @@ def _wiring(settings: MetaSettings, ops: MetaOps, mgmtd: MgmtdClient, token: str
             )
         ],
         mgmtd_addresses=settings.mgmtd_address_list(),
+        fast=True,  # metadata calls are small: gRPC's own cost would be most of each (ff_rpc.fastpath)
         loops=lambda serving: [ops.background.run(serving.stop)],
         loops_after_registration=reporter,
     )
