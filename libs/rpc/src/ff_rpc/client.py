@@ -267,15 +267,18 @@ class ChannelInvoker(Invoker):
         async def attempt() -> ResponseT:
             address = self._address()
             fast = self._fast_address(address) if self._fast is not None and self._fast_address is not None else None
+            deadline_s = timeout_s or self._rpc.timeout_s
             if fast and self._fast_down.get(fast, 0.0) <= time.monotonic():
+                started = time.monotonic()
                 try:
-                    return await self._fast_call(fast, method, request, timeout_s)
+                    return await self._fast_call(fast, method, request, deadline_s)
                 except RpcError as err:  # not sent at all: gRPC may still reach the instance (a firewall, a proxy)
                     if not never_reached_a_server(err):
                         raise
                     self._fast_down[fast] = time.monotonic() + FAST_RETRY_AFTER_S
+                deadline_s = max(0.001, deadline_s - (time.monotonic() - started))  # one deadline for both
             call = self._channels.multicallable(address, method)
-            response: ResponseT = await self._rpc.send(call, request, timeout_s=timeout_s)
+            response: ResponseT = await self._rpc.send(call, request, timeout_s=deadline_s)
             return response
 
         router = None if isinstance(self._route, str) else self._route
@@ -294,9 +297,7 @@ class ChannelInvoker(Invoker):
     ) -> ResponseT:
         """One attempt over the fast path (``ff_rpc.fastpath``), with the client's metadata and deadline."""
         assert self._fast is not None
-        raw = await self._fast.call(
-            address, method.path, request.SerializeToString(), self._rpc.metadata(), timeout_s or self._rpc.timeout_s
-        )
+        raw = await self._fast.call(address, method.path, request.SerializeToString(), self._rpc.metadata(), timeout_s)
         try:
             return method.response_type.FromString(raw)
         except DecodeError as exc:

@@ -14,11 +14,18 @@ Wire format, one call at a time per connection, both directions the same frame::
     call   -> {"m": "/package.Service/Method", "md": [[key, value], ...], "t": seconds or null} + request bytes
     answer <- {"c": status code name, "d": details, "md": [[key, value], ...]} + response bytes (when "c" is "OK")
 
-A header over ``MAX_HEADER_BYTES`` or a body over the server's ``max_request_bytes`` is answered
-RESOURCE_EXHAUSTED and the connection closed (its bytes are not read); a frame that does not parse closes it.
+What a peer may hold before any token is checked (authentication is per call) is bounded: a header over
+``MAX_HEADER_BYTES`` or a body over the server's ``max_request_bytes``, or past the bytes all connections may be
+receiving at once (``RECEIVE_BUDGET_BYTES``), is answered RESOURCE_EXHAUSTED and the connection closed unread; a
+frame that does not parse closes it; a frame begun must arrive whole, and its answer be taken, within ``FRAME_S``;
+a connection idle for ``IDLE_S`` is closed, and past ``MAX_CONNECTIONS`` new ones are. Metadata is taken as gRPC takes
+it (keys lowercased, text only); a deadline is a finite number of seconds. A server that is stopping answers a call
+that arrives UNAVAILABLE as not run, lets the calls in flight end within its grace, and closes idle connections.
+
 A client that loses its connection before the call was sent raises UNAVAILABLE "failed to connect to all
 addresses" (it never ran: ``ff_rpc.retry`` may send it elsewhere), after it was sent UNAVAILABLE "connection lost"
-(it may have run: only an idempotent call is retried).
+(it may have run: only an idempotent call is retried). It does not reuse a connection idle for ``CLIENT_IDLE_S``
+(the server closes idle ones later), and gives a connect ``FAST_CONNECT_S`` at most.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import json
 import logging
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +50,16 @@ _FRAME = struct.Struct(">II")
 MAX_HEADER_BYTES = 64 << 10
 MAX_ANSWER_BYTES = 1 << 30  # what a client takes (the server's own limit on requests is its max_request_bytes)
 IDLE_PER_ADDRESS = 16  # connections a client keeps open per address between calls
+# The server's bounds on what a peer may hold before any token is checked (authentication is per call):
+MAX_CONNECTIONS = 256  # open connections; more are closed at once
+IDLE_S = 300.0  # a connection with no call begun for this long is closed
+FRAME_S = 10.0  # a frame begun must arrive whole, and an answer be taken, within this
+RECEIVE_BUDGET_BYTES = 256 << 20  # request bodies being received at once, over all connections
+MAX_DEADLINE_S = 24 * 3600.0
+# A client does not reuse a connection idle for longer than this (well before the server's IDLE_S closes it).
+CLIENT_IDLE_S = 60.0
+FAST_CONNECT_S = 1.0  # a client's connect attempt (then the call goes over gRPC)
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 _EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 Metadata = Sequence[tuple[str, str]]
@@ -64,20 +82,39 @@ def encode(header: Mapping[str, Any], body: bytes = b"") -> bytes:
     return _FRAME.pack(len(head), len(body)) + head + body
 
 
-async def read_frame(reader: asyncio.StreamReader, max_body: int) -> tuple[dict[str, Any], bytes] | None:
-    """The next frame (header, body); None at a clean end of stream.
+async def read_frame(
+    reader: asyncio.StreamReader,
+    max_body: int,
+    *,
+    idle_s: float | None = None,
+    frame_s: float | None = None,
+    budget: _Budget | None = None,
+) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame (header, body); None at a clean end of stream, or when none begins within ``idle_s``.
+
+    Once its first byte came, the frame must arrive whole within ``frame_s``; its body is received within
+    ``budget`` (refused when the bodies being received would pass it).
 
     Raises:
-        FrameError: a size over ``MAX_HEADER_BYTES`` or ``max_body`` (RESOURCE_EXHAUSTED), a header that is not a
-            JSON object (INVALID_ARGUMENT).
-        asyncio.IncompleteReadError, ConnectionError: the stream ended inside a frame.
+        FrameError: a size over ``MAX_HEADER_BYTES`` or ``max_body``, or over the budget (RESOURCE_EXHAUSTED), a header
+            that is not a JSON object (INVALID_ARGUMENT).
+        asyncio.IncompleteReadError, ConnectionError, TimeoutError: the stream ended or stalled inside a frame.
     """
     try:
-        sizes = await reader.readexactly(_FRAME.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
+        async with asyncio.timeout(idle_s):
+            first = await reader.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return None
+    except TimeoutError:
+        return None
+    async with asyncio.timeout(frame_s):
+        return await _rest_of_frame(reader, first, max_body, budget)
+
+
+async def _rest_of_frame(
+    reader: asyncio.StreamReader, first: bytes, max_body: int, budget: _Budget | None
+) -> tuple[dict[str, Any], bytes]:
+    sizes = first + await reader.readexactly(_FRAME.size - 1)
     head_len, body_len = _FRAME.unpack(sizes)
     if head_len > MAX_HEADER_BYTES:
         raise FrameError(
@@ -86,22 +123,72 @@ async def read_frame(reader: asyncio.StreamReader, max_body: int) -> tuple[dict[
     if body_len > max_body:
         raise FrameError(f"message of {body_len} bytes: the limit is {max_body}", _EXHAUSTED)
     head = await reader.readexactly(head_len)
-    body = await reader.readexactly(body_len) if body_len else b""
+    if budget is not None and not budget.take(body_len):
+        raise FrameError(f"message of {body_len} bytes: the server is receiving too much at once", _EXHAUSTED)
     try:
-        header = json.loads(head)
-    except ValueError as exc:
+        body = await reader.readexactly(body_len) if body_len else b""
+    finally:
+        if budget is not None:
+            budget.give(body_len)
+    try:
+        header = json.loads(head, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
         raise FrameError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise FrameError("header is not a JSON object")
     return header, body
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number here")
+
+
+class _Budget:
+    """Bytes of request bodies being received, over all connections."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
 def _metadata(value: Any) -> tuple[tuple[str, str], ...]:
+    """Call metadata as gRPC takes it: keys lowercased, of [0-9a-z-_.], not binary (-bin); values printable ASCII."""
     if not isinstance(value, list) or not all(
         isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in value
     ):
         raise FrameError("metadata must be a list of [key, value] strings")
-    return tuple((k, v) for k, v in value)
+    out = []
+    for k, v in value:
+        key = k.lower()
+        if not key or not set(key) <= _KEY_CHARS or key.endswith("-bin"):
+            raise FrameError(f"metadata key {k[:64]!r} is not a text metadata key")
+        if not all(" " <= c <= "~" for c in v):
+            raise FrameError(f"metadata {key!r}: its value is not printable ASCII")
+        out.append((key, v))
+    return tuple(out)
+
+
+def _deadline(value: Any) -> float | None:
+    """A call's deadline in seconds: None, or a finite number in (0, MAX_DEADLINE_S]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FrameError("the timeout is a number of seconds or null")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise FrameError("the timeout is out of range") from None
+    if not 0 < seconds <= MAX_DEADLINE_S:
+        raise FrameError(f"the timeout must be in (0, {MAX_DEADLINE_S:g}] seconds")
+    return seconds
 
 
 # ---- server ----
@@ -161,16 +248,12 @@ class _Collector:
 class FastServer:
     """Serves the unary methods of ``adders`` (generated ``add_X_to_server`` with their servicers) over the fast path.
 
-    ``intercept``: the policy interceptor's ``intercept_service`` (the one the gRPC server runs).
+    ``intercept``: a policy interceptor's ``intercept_service`` (its own instance: it caches the wrapped handlers
+    per method and handler, and these are not gRPC's).
     """
 
     def __init__(
-        self,
-        adders: Sequence[tuple[Callable[[Any, Any], None], Any]],
-        intercept: Callable[
-            [Callable[[grpc.HandlerCallDetails], Awaitable[Any]], grpc.HandlerCallDetails], Awaitable[Any]
-        ],
-        max_request_bytes: int,
+        self, adders: Sequence[tuple[Callable[[Any, Any], None], Any]], intercept: Intercept, max_request_bytes: int
     ) -> None:
         collector = _Collector()
         for add, servicer in adders:
@@ -181,6 +264,8 @@ class FastServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # connections with a call in flight
+        self._budget = _Budget(RECEIVE_BUDGET_BYTES)
+        self._stopping = asyncio.Event()
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -190,7 +275,11 @@ class FastServer:
         return self.port
 
     async def stop(self, grace_s: float = 0.0) -> None:
-        """Stop listening, close idle connections, let calls in flight end within ``grace_s``, then cancel them."""
+        """Stop taking calls: close idle connections, let calls in flight end within ``grace_s``, then cancel them.
+
+        A call that arrives meanwhile is answered UNAVAILABLE as not run (its client sends it elsewhere).
+        """
+        self._stopping.set()
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -212,51 +301,65 @@ class FastServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= MAX_CONNECTIONS or self._stopping.is_set():
+            writer.close()
+            return
         self._connections.add(task)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            while True:
+            while not self._stopping.is_set():
                 try:
-                    frame = await read_frame(reader, self._max_request)
+                    frame = await read_frame(
+                        reader, self._max_request, idle_s=IDLE_S, frame_s=FRAME_S, budget=self._budget
+                    )
                 except FrameError as exc:
-                    writer.write(encode({"c": exc.code.name, "d": str(exc), "md": []}))
-                    await writer.drain()
+                    await self._answer(writer, encode({"c": exc.code.name, "d": str(exc), "md": []}))
                     return
                 if frame is None:
+                    return
+                if self._stopping.is_set():  # came while stopping: not run, the client may send it elsewhere
+                    stopping = "failed to connect to all addresses (the server is stopping; the call did not run)"
+                    await self._answer(writer, encode({"c": "UNAVAILABLE", "d": stopping, "md": []}))
                     return
                 self._busy.add(task)
                 # each call in its own task, so its context (principal, log fields) is its own
                 answer = await asyncio.ensure_future(self._call(*frame))
-                writer.write(answer)
-                await writer.drain()
+                await self._answer(writer, answer)
                 self._busy.discard(task)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, asyncio.CancelledError):
             pass
         finally:
             self._connections.discard(task)
             self._busy.discard(task)
             writer.close()
 
+    @staticmethod
+    async def _answer(writer: asyncio.StreamWriter, frame: bytes) -> None:
+        writer.write(frame)
+        async with asyncio.timeout(FRAME_S):  # a client that does not read its answers does not hold the task
+            await writer.drain()
+
     async def _call(self, header: dict[str, Any], body: bytes) -> bytes:
         method = header.get("m")
-        timeout = header.get("t")
         try:
             metadata = _metadata(header.get("md", []))
-            if not isinstance(method, str) or (timeout is not None and not isinstance(timeout, int | float)):
-                raise FrameError("a call names its method (string) and its timeout (seconds or null)")
+            timeout = _deadline(header.get("t"))
+            if not isinstance(method, str):
+                raise FrameError("a call names its method (a string)")
         except FrameError as exc:
             return encode({"c": exc.code.name, "d": str(exc), "md": []})
-        handler = await self._intercept(self._lookup, _Details(method, metadata))
-        if handler is None or handler.unary_unary is None:
-            return encode({"c": "UNIMPLEMENTED", "d": f"no unary method {method} on the fast path", "md": []})
         context = _Context(metadata)
         try:
+            handler = await self._intercept(self._lookup, _Details(method, metadata))
+            if handler is None or handler.unary_unary is None:
+                return encode({"c": "UNIMPLEMENTED", "d": f"no unary method {method} on the fast path", "md": []})
             request = handler.request_deserializer(body)
             call = handler.unary_unary(request, context)
             response = await (asyncio.wait_for(call, timeout) if timeout is not None else call)
+            payload = handler.response_serializer(response)
         except grpc.aio.AbortError:
             code = context.code() or grpc.StatusCode.UNKNOWN
             return encode({"c": code.name, "d": context.details, "md": [list(p) for p in context.trailing]})
@@ -264,8 +367,8 @@ class FastServer:
             return encode({"c": "DEADLINE_EXCEEDED", "d": "deadline exceeded", "md": []})
         except Exception:  # the interceptor answers every error of a call; this is one outside it
             logger.exception("fast path: %s failed outside the policy", method)
-            return encode({"c": "INTERNAL", "d": "internal error", "md": []})
-        return encode({"c": "OK", "d": "", "md": []}, handler.response_serializer(response))
+            return encode({"c": "UNKNOWN", "d": "the call failed outside the service's policy", "md": []})
+        return encode({"c": "OK", "d": "", "md": []}, payload)
 
 
 # ---- client ----
@@ -274,6 +377,7 @@ class FastServer:
 class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.idle_since = time.monotonic()
 
     def close(self) -> None:
         self.writer.close()
@@ -290,7 +394,8 @@ class FastPool:
         idle = self._idle.get(address, [])
         while idle:
             conn = idle.pop()
-            if not conn.reader.at_eof() and not conn.writer.is_closing():  # not closed by the server meanwhile
+            fresh = time.monotonic() - conn.idle_since < CLIENT_IDLE_S  # the server closes idle ones after IDLE_S
+            if fresh and not conn.reader.at_eof() and not conn.writer.is_closing():  # nor closed by the server
                 return conn
             conn.close()
         host, port = address.rsplit(":", 1)
@@ -310,7 +415,7 @@ class FastPool:
             RpcError: the server's status; UNAVAILABLE when the connection failed (see the module).
         """
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(FAST_CONNECT_S if timeout_s is None else min(timeout_s, FAST_CONNECT_S)):
                 conn = await self._connect(address)
         except (OSError, TimeoutError) as exc:
             raise RpcError(
@@ -342,6 +447,7 @@ class FastPool:
         header, body = frame
         idle = self._idle.setdefault(address, [])
         if len(idle) < self._keep:
+            conn.idle_since = time.monotonic()
             idle.append(conn)
         else:
             conn.close()

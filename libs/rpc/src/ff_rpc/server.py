@@ -126,7 +126,13 @@ class RpcServer:
         if self._options.fast_address is not None:
             adders = [(b.add, b.servicer) for b in self._bindings]
             adders.append((health_pb2_grpc.add_HealthServicer_to_server, self.health))  # the transport's no-op
-            fast = FastServer(adders, interceptor.intercept_service, self._options.max_request_bytes)
+            policy = ServicePolicyInterceptor(  # the same policy, its own cache of wrapped handlers
+                cluster_token=self._options.cluster_token,
+                validator=self._options.token_validator,
+                status_table=self._options.status_table,
+                metrics=self.metrics,
+            )
+            fast = FastServer(adders, policy.intercept_service, self._options.max_request_bytes)
             host, port = self._options.fast_address.rsplit(":", 1)
             await fast.start(host.strip("[]"), int(port))
             self._fast = fast
@@ -144,10 +150,9 @@ class RpcServer:
             return
         self.stopping.set()
         await self.health.enter_graceful_shutdown()
-        if self._fast is not None:
-            await self._fast.stop(self._options.grace_s if grace_s is None else grace_s)
-            self._fast = None
-        await self._server.stop(self._options.grace_s if grace_s is None else grace_s)
+        grace = self._options.grace_s if grace_s is None else grace_s
+        fast, self._fast = self._fast, None
+        await asyncio.gather(self._server.stop(grace), *([fast.stop(grace)] if fast is not None else []))
         self._server = None
         if self._metrics_http is not None:
             self._metrics_http.close()

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ff_rpc import RpcClient, RpcError, RpcServer, open_channel
+from ff_rpc import RpcClient, RpcError, RpcServer, fastpath, open_channel
 from ff_rpc.acting import ACT_AS_HEADER
 from ff_rpc.fastpath import MAX_HEADER_BYTES, FastPool, encode
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as pb
@@ -193,3 +193,134 @@ async def test_a_server_without_a_fast_address_serves_none() -> None:
         assert server.fast_address == ""
     finally:
         await server.stop(0)
+
+
+@pytest.mark.parametrize(
+    "deadline",
+    [b"NaN", b"Infinity", b"-Infinity", b"true", b"-1", b"0", b"1" + b"0" * 400, b"100000000"],
+)
+async def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_refused(served: Any, deadline: bytes) -> None:
+    """A NaN deadline in the loop's timer heap would delay every timer of the process (meta's leases)."""
+    server, _, _ = served
+    head = b'{"m":"/grpc.health.v1.Health/Check","md":[],"t":' + deadline + b"}"
+    answer = await _raw(server.fast_address, struct.pack(">II", len(head), 0) + head)
+    head_len, _ = struct.unpack(">II", answer[:8])
+    assert b'"c":"INVALID_ARGUMENT"' in answer[8 : 8 + head_len]
+
+
+async def test_metadata_is_taken_as_grpc_takes_it(served: Any) -> None:
+    """Keys are case-insensitive: a wrong token is not ignored for being spelled Authorization (gRPC's own clients
+    lowercase keys); text only."""
+    server, _, channel = served
+    pool = FastPool()
+
+    async def fast(method: str, request: Any, metadata: Any) -> grpc.StatusCode:
+        with pytest.raises(RpcError) as err:
+            await pool.call(server.fast_address, f"{PATH}/{method}", request.SerializeToString(), metadata, 5)
+        return err.value.code
+
+    over_grpc, _ = await both(server, channel, "", "GetPrimary", pb.GetPrimaryRequest(), authorization="Bearer WRONG")
+    assert await fast("GetPrimary", pb.GetPrimaryRequest(), (("Authorization", "Bearer WRONG"),)) == over_grpc
+    user, acting = ("Authorization", "Bearer alice-token"), ("FF-Act-As", "0:0")
+    over_grpc, _ = await both(server, channel, "alice-token", "GetRoutingInfo", pb.GetRoutingInfoRequest(),
+                              **{ACT_AS_HEADER: "0:0"})  # fmt: skip
+    assert await fast("GetRoutingInfo", pb.GetRoutingInfoRequest(), (user, acting)) == over_grpc
+    admin = ("authorization", "Bearer root-token")
+    for bad in ((ACT_AS_HEADER, "\u00b2:0"), ("x-request-id", "a\nb"), ("blob-bin", "AAAA"), ("k y", "v")):
+        assert (
+            await fast("GetRoutingInfo", pb.GetRoutingInfoRequest(), (admin, bad)) is grpc.StatusCode.INVALID_ARGUMENT
+        )
+    pool.close()
+
+
+async def test_a_header_nested_to_hurt_is_answered(served: Any) -> None:
+    server, _, _ = served
+    head = b"[" * 60_000 + b"]" * 60_000
+    answer = await _raw(server.fast_address, struct.pack(">II", 60_000, 0) + head[:60_000])
+    assert b'"c":"INVALID_ARGUMENT"' in answer
+
+
+async def test_a_frame_left_unfinished_and_an_idle_connection_are_closed(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slowloris: a peer may not hold connections (and the process's descriptors) before any token is checked."""
+    monkeypatch.setattr(fastpath, "FRAME_S", 0.3)
+    monkeypatch.setattr(fastpath, "IDLE_S", 0.5)
+    server, _, _ = served
+    host, port = server.fast_address.rsplit(":", 1)
+    stalled = await asyncio.open_connection(host, int(port))
+    stalled[1].write(b"\x00\x00\x00")  # three bytes of a frame, then nothing
+    idle = await asyncio.open_connection(host, int(port))
+    assert await asyncio.wait_for(stalled[0].read(), 5) == b""  # closed by the server
+    assert await asyncio.wait_for(idle[0].read(), 5) == b""
+    for _, writer in (stalled, idle):
+        writer.close()
+
+
+async def test_connections_past_the_limit_are_closed_and_the_others_still_served(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastpath, "MAX_CONNECTIONS", 2)
+    server, _, _ = served
+    host, port = server.fast_address.rsplit(":", 1)
+    held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
+    await asyncio.sleep(0.1)
+    extra = await asyncio.open_connection(host, int(port))
+    assert await asyncio.wait_for(extra[0].read(), 5) == b""
+    reader, writer = held[0]
+    writer.write(encode({"m": "/grpc.health.v1.Health/Check", "md": [], "t": 5}))
+    sizes = await asyncio.wait_for(reader.readexactly(8), 5)
+    head = await reader.readexactly(struct.unpack(">II", sizes)[0])
+    assert b'"c":"OK"' in head
+    for _, w in (*held, extra):
+        w.close()
+
+
+async def test_bodies_being_received_at_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastpath, "RECEIVE_BUDGET_BYTES", 1000)
+    server = app_server(AppDouble(), fast_address="127.0.0.1:0")
+    await server.start()
+    try:
+        host, port = server.fast_address.rsplit(":", 1)
+        _, slow = await asyncio.open_connection(host, int(port))
+        head = encode({"m": f"{PATH}/GetRoutingInfo", "md": [], "t": 5})[8:]
+        slow.write(struct.pack(">II", len(head), 800) + head + b"\x00" * 10)  # 800 bytes announced, 10 sent
+        await asyncio.sleep(0.1)
+        pool = FastPool()
+        with pytest.raises(RpcError) as err:
+            await pool.call(server.fast_address, f"{PATH}/GetRoutingInfo", b"\x08\x01" * 250, (), 5)
+        assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        pool.close()
+        slow.close()
+    finally:
+        await server.stop(0)
+
+
+async def test_a_stopping_server_ends_its_calls_in_flight_and_refuses_new_ones_as_not_run(served: Any) -> None:
+    server, servicer, _ = served
+    pool = FastPool()
+    md = RpcClient(token="alice-token").metadata()
+    slow = asyncio.ensure_future(
+        pool.call(
+            server.fast_address,
+            f"{PATH}/GetRoutingInfo",
+            pb.GetRoutingInfoRequest(known_version=7).SerializeToString(),
+            md,
+            5,
+        )
+    )
+    await servicer.slow_started.wait()
+    host, port = server.fast_address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))  # connected before the stop
+    started = asyncio.get_running_loop().time()
+    stopping = asyncio.ensure_future(server.stop(3.0))
+    await asyncio.sleep(0.05)
+    writer.write(encode({"m": f"{PATH}/Heartbeat", "md": [["authorization", f"Bearer {CLUSTER_TOKEN}"]], "t": 5}))
+    answer = await asyncio.wait_for(reader.read(), 5)
+    assert b"UNAVAILABLE" in answer or answer == b""  # refused as not run, or closed before it was read
+    assert servicer.heartbeats == 0
+    assert pb.GetRoutingInfoResponse.FromString(await slow).routing_info.cluster_id == "alice"
+    await stopping
+    assert asyncio.get_running_loop().time() - started < 2.0  # the call in flight ended: no waiting out the grace
+    writer.close()
+    pool.close()
