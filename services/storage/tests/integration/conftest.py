@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,3 +30,29 @@ async def client(cluster: StorageCluster) -> AsyncIterator[StorageClient]:
 
 def logs(cluster: StorageCluster) -> str:
     return tail_logs(cluster.folder)
+
+
+def chunk_file(cluster: StorageCluster, node_id: int, target_id: int, inode: int, index: int) -> Path:
+    """The file that holds the chunk's newest version on a target, as the engine's own records name it.
+
+    Its durable pending row while the commit's rows are not written yet (they follow the ack, without a sync), else
+    its chunk row: one transaction replaces the one by the other, so a reader sees exactly one of them.
+    """
+    root = cluster.folder / f"s{node_id - 100}" / "disk0" / f"target-{target_id}"
+    key = (inode, index)
+    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:
+        rows = (
+            db.execute(
+                "SELECT file FROM pending WHERE inode_id = ? AND chunk_index = ? ORDER BY version DESC LIMIT 1", key
+            ).fetchall()
+            or db.execute("SELECT file FROM chunks WHERE inode_id = ? AND chunk_index = ?", key).fetchall()
+        )
+    [(name,)] = rows
+    return root / "chunks" / name
+
+
+def damage(path: Path) -> None:
+    """Overwrite a few bytes in the middle of a chunk file (a test damaging a file on purpose)."""
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00garbage\x00")

@@ -5,9 +5,7 @@ written into the reader's mapped places."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import sqlite3
 import time
 from collections.abc import Callable
 
@@ -25,6 +23,8 @@ from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
+
+from .conftest import chunk_file, damage
 
 CHUNK = 512 * 1024
 INODE = 11
@@ -117,13 +117,7 @@ async def test_a_read_answered_from_its_thread_has_the_chunks_bytes_and_checksum
 
 def _damage(cluster: StorageCluster, target: mgmtd_pb2.Target, index: int) -> None:
     """Overwrite a few bytes of chunk ``index``'s file on ``target`` (the file its meta.sqlite row names)."""
-    root = cluster.folder / f"s{target.node_id - 100}" / "disk0" / f"target-{target.target_id}"
-    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:
-        query = "SELECT file FROM chunks WHERE inode_id = ? AND chunk_index = ?"
-        [(name,)] = db.execute(query, (INODE, index)).fetchall()
-    with open(root / "chunks" / name, "r+b") as f:  # a test damaging a file on purpose
-        f.seek(100)
-        f.write(b"\x00garbage\x00")
+    damage(chunk_file(cluster, target.node_id, target.target_id, INODE, index))
 
 
 async def test_a_chunk_damaged_on_disk_is_refused_on_the_data_path_and_repaired(

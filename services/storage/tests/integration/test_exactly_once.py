@@ -4,9 +4,7 @@ succeeds and repairs it; real processes, chains of 3."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +18,8 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, crc32c_of
+
+from .conftest import chunk_file, damage
 
 CHUNK = 64 * 1024
 
@@ -188,12 +188,7 @@ async def test_a_retry_after_the_head_died_is_not_applied_again(id_cluster: tupl
 
 
 def _damage(cluster: StorageCluster, node_id: int, target_id: int, inode: int) -> None:
-    root = cluster.folder / f"s{node_id - 100}" / "disk0" / f"target-{target_id}"
-    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:
-        [(name,)] = db.execute("SELECT file FROM chunks WHERE inode_id = ? AND chunk_index = 0", (inode,)).fetchall()
-    with open(root / "chunks" / name, "r+b") as f:  # a test damaging a file on purpose
-        f.seek(100)
-        f.write(b"\x00garbage\x00")
+    damage(chunk_file(cluster, node_id, target_id, inode, 0))
 
 
 @pytest.mark.parametrize("position", [0, 1, 2], ids=["head", "middle", "tail"])

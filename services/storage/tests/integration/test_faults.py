@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import sqlite3
 import time
 
 import grpc
@@ -17,6 +15,8 @@ from ff_testing.cluster import CLUSTER_TOKEN, StorageCluster, tail_logs
 from fireflyer.storage.v1 import storage_pb2 as spb
 from fireflyer.storage.v1 import storage_pb2_grpc
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, crc32c_of
+
+from .conftest import chunk_file, damage
 
 CHUNK = 16 * 1024
 
@@ -118,13 +118,8 @@ async def test_corrupt_chunk_is_detected_served_elsewhere_and_repaired(
         )
     )[0].ok
     bad = chain.targets[1]
-    root = cluster.folder / f"s{bad.node_id - 100}" / "disk0" / f"target-{bad.target_id}"
-    with contextlib.closing(sqlite3.connect(root / "meta.sqlite")) as db:  # the engine's own record of the file
-        [(name,)] = db.execute("SELECT file FROM chunks WHERE inode_id = 5 AND chunk_index = 3").fetchall()
-    path = root / "chunks" / name
-    with open(path, "r+b") as f:  # noqa: ASYNC230 (a test damaging a file on purpose)
-        f.seek(100)
-        f.write(b"\x00garbage\x00")
+    path = chunk_file(cluster, bad.node_id, bad.target_id, 5, 3)
+    damage(path)
     got = (
         await client.batch_read(
             [ChunkRead(chain_id=chain.chain_id, inode_id=5, chunk_index=3, length=CHUNK)], prefer_target=bad.target_id
