@@ -248,13 +248,25 @@ def _outcome(call: Callable[[], Any]) -> Any:
         return err
 
 
+class _Module:
+    """A module as one importer sees it, with some of its functions replaced."""
+
+    def __init__(self, module: Any, **replaced: Any) -> None:
+        self._module, self._replaced = module, replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self._replaced[name] if name in self._replaced else getattr(self._module, name)
+
+
 def test_two_writers_with_the_same_pid_and_thread_never_share_a_temporary_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two jobs on two hosts (or in two containers) often have the same pid: each writes its own temporary file, so
     neither renames the other's half-written bytes into place."""
-    monkeypatch.setattr(storage.os, "getpid", lambda: 1)
-    monkeypatch.setattr(storage.threading, "get_ident", lambda: 7)
+    # as storage.py sees them only: patching the modules themselves would give every thread the ident 7, and a save
+    # thread of an earlier test ending meanwhile fails to remove itself from threading's table (seen in CI)
+    monkeypatch.setattr(storage, "os", _Module(os, getpid=lambda: 1))
+    monkeypatch.setattr(storage, "threading", _Module(threading, get_ident=lambda: 7))
     written: list[str] = []
     write_file = storage.LocalStorage.write_file
 
