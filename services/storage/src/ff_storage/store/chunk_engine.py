@@ -39,9 +39,10 @@ from pathlib import Path
 from ff_fsprotocol.checksum import crc32c_of
 from ff_storage.core.chunks import ChunkKey, ChunkMeta, UpdateKey, UpdateRecord
 from ff_storage.core.errors import ChunkCorrupt, PendingReplaced
-from ff_storage.store import pending_rows
+from ff_storage.store import pending_rows, update_records
 from ff_storage.store.chunk_files import NEW_FILE_BATCH, ChunkFiles, Pending, PendingItem
 from ff_storage.store.pending_rows import Op
+from ff_storage.store.update_records import UpdateTag
 
 # ``Pending`` and ``PendingItem`` live in ``chunk_files``; the service imports them from here.
 __all__ = ["ChunkEngine", "Pending", "PendingItem", "UpdateTag"]
@@ -72,9 +73,6 @@ CREATE TABLE IF NOT EXISTS update_ids (
 );
 """
 
-# What a commit records per pending version: the update's id (None: none) and, for a full-chunk replace
-# from a predecessor, the records that replace this chunk's (None: keep them).
-UpdateTag = tuple[UpdateKey | None, Sequence[UpdateRecord] | None]
 SWEEP_EVERY_COMMITS = 1024
 
 
@@ -92,8 +90,7 @@ class ChunkEngine:
         new_file_batch: int = NEW_FILE_BATCH,
     ) -> None:
         self.root = root
-        self._ttl_ms = int(update_id_ttl_s * 1000)
-        self._max_ids = max_update_ids_per_chunk
+        self._keep = update_records.Retention(int(update_id_ttl_s * 1000), max_update_ids_per_chunk)
         self._recent: dict[ChunkKey, dict[UpdateKey, UpdateRecord]] = {}  # oldest first
         self._commits = 0
         self.data_dir = root / "chunks"
@@ -190,9 +187,7 @@ class ChunkEngine:
                 promoted += 1
             self._rows_of.clear()
         ops.append(("DELETE FROM pending", ()))
-        db.execute("BEGIN IMMEDIATE")
-        pending_rows.run(db, ops)
-        db.execute("COMMIT")
+        self._run_in_transaction(db, ops)
         if promoted:
             logger.warning("%s: %d pending version(s) left by a crash, whole on disk, committed", self.root, promoted)
 
@@ -352,36 +347,17 @@ class ChunkEngine:
         """
         now_ms = int(time.time() * 1000)
         with self._lock:
-            records = dict(self._recent.get(key, {}))
-        for update_id in update_ids:
-            records.pop(update_id, None)
-            records[update_id] = UpdateRecord(
-                update_id=update_id, version=version, length=length, checksum=checksum, committed_at_ms=now_ms
-            )
-        _prune(records, now_ms - self._ttl_ms, self._max_ids)
-        return list(records.values())
+            base = dict(self._recent.get(key, {}))
+        return list(
+            update_records.with_updates(
+                base, update_ids, version=version, length=length, checksum=checksum, now_ms=now_ms, keep=self._keep
+            ).values()
+        )
 
     def num_update_records(self) -> int:
         """How many update records the target remembers, over all chunks."""
         with self._lock:
             return sum(len(r) for r in self._recent.values())
-
-    def _next_records(
-        self, p: Pending, tag: UpdateTag, now_ms: int
-    ) -> tuple[dict[UpdateKey, UpdateRecord], list[UpdateRecord], list[UpdateRecord]]:
-        """The chunk's records after committing ``p`` with ``tag``, the ones that go, the new ones (lock held)."""
-        update_id, inherited = tag
-        before = self._recent.get(p.key, {})
-        records = dict(before) if inherited is None else {r.update_id: r for r in inherited}
-        if update_id is not None:
-            records.pop(update_id, None)
-            records[update_id] = UpdateRecord(
-                update_id=update_id, version=p.version, length=p.length, checksum=p.checksum, committed_at_ms=now_ms
-            )
-        _prune(records, now_ms - self._ttl_ms, self._max_ids)
-        gone = [r for k, r in before.items() if records.get(k) is not r]
-        added = [r for k, r in records.items() if before.get(k) is not r]
-        return records, gone, added
 
     # ---- writes ----
 
@@ -728,7 +704,15 @@ class ChunkEngine:
                     del self._rows_of[p.key]
             if tag == (None, None):
                 continue
-            after, gone, added = self._next_records(p, tag, now_ms)
+            after, gone, added = update_records.after_commit(
+                self._recent.get(p.key, {}),
+                tag,
+                version=p.version,
+                length=p.length,
+                checksum=p.checksum,
+                now_ms=now_ms,
+                keep=self._keep,
+            )
             records[p.key] = after
             ops += [
                 (
@@ -748,13 +732,13 @@ class ChunkEngine:
 
     def forget_expired_updates(self) -> int:
         """Drop every remembered update older than the ttl (commits prune only their own chunks)."""
-        cutoff = int(time.time() * 1000) - self._ttl_ms
+        cutoff = int(time.time() * 1000) - self._keep.ttl_ms
         with self._lock:
             if self._db is None:
                 return 0
             stale = [k for k, r in self._recent.items() if r and next(iter(r.values())).committed_at_ms < cutoff]
             for key in stale:
-                _prune(self._recent[key], cutoff, self._max_ids)
+                update_records.prune(self._recent[key], cutoff, self._keep.max_records)
                 if not self._recent[key]:
                     del self._recent[key]
         # after what is still unwritten, which may add rows as old as that
@@ -804,12 +788,3 @@ def _one_per_chunk(waiting: list[_Commit]) -> tuple[list[_Commit], list[_Commit]
             group.append(c)
             keys |= mine
     return group, rest
-
-
-def _prune(records: dict[UpdateKey, UpdateRecord], cutoff_ms: int, max_records: int) -> None:
-    """Forget the oldest records: those committed before ``cutoff_ms``, and any beyond ``max_records``."""
-    while records:
-        oldest = next(iter(records))
-        if len(records) <= max_records and records[oldest].committed_at_ms >= cutoff_ms:
-            return
-        del records[oldest]

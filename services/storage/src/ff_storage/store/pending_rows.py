@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ff_fsprotocol.checksum import crc32c_of
-from ff_storage.core.chunks import ChunkKey, UpdateKey, UpdateRecord
+from ff_storage.core.chunks import ChunkKey, UpdateRecord
+from ff_storage.store.update_records import UpdateTag
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -46,12 +47,10 @@ CREATE TABLE IF NOT EXISTS pending (
 
 # An SQL statement and its parameters, run later in a transaction of the engine's.
 Op = tuple[str, tuple[object, ...]]
-# The update's id and the records it carries (see ``chunk_engine.UpdateTag``).
-Tag = tuple[UpdateKey | None, Sequence[UpdateRecord] | None]
 
 
 def insert_op(
-    key: ChunkKey, version: int, chain_version: int, length: int, checksum: int, file: str | None, tag: Tag
+    key: ChunkKey, version: int, chain_version: int, length: int, checksum: int, file: str | None, tag: UpdateTag
 ) -> Op:
     """The row of a pending version (``file`` None: the update removes the chunk)."""
     update_id, records = tag
@@ -89,7 +88,7 @@ class Candidate:
     length: int
     checksum: int
     file: str | None  # None: the update removes the chunk
-    tag: Tag
+    tag: UpdateTag
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Candidate:
