@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -41,12 +42,17 @@ def launch(tmp_path: Path, torch_forks: ForkServer) -> Iterator[Launch]:
                 "FF_HFREDUCE_NODE_RANK": str(rank // local),
                 "FF_HFREDUCE_TIMEOUT_S": "20",
                 "OMP_NUM_THREADS": "1",
+                "TEST_STACKS_AFTER_S": str(timeout_s - 5),
                 **(env or {}),
             }
             procs.append(torch_forks.start([sys.executable, str(WORKER), scenario, str(out)], env=penv))
         deadline = time.monotonic() + timeout_s
         for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stacks = {o.name: Path(f"{o}.stacks").read_text() for o in outs if Path(f"{o}.stacks").exists()}
+                pytest.fail(f"ranks of {scenario!r} still running after {timeout_s} s; their stacks: {stacks}")
         return [json.loads(o.read_text()) if o.exists() else {"missing": str(o)} for o in outs]
 
     yield run

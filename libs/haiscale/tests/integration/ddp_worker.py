@@ -9,6 +9,8 @@ whole global batch in one process (the reference) and reports how far its DDP pa
 from __future__ import annotations
 
 import contextlib
+import datetime
+import faulthandler
 import hashlib
 import json
 import os
@@ -210,12 +212,19 @@ def scenario_recreate(rank: int, world: int) -> dict[str, Any]:
 
     The group is made on backend "hfreduce", which takes a fresh key prefix each time: gloo made again on the
     same store may itself read its first group's keys.
+
+    The env:// store's server lives in rank 0's store object. The hfreduce backend keeps the server of every store
+    it joins through for the process; ``main``'s gloo group is torch's alone, and destroying it would free the server
+    while rank 1, through its own destroy, may already have connected its next store to it: rank 1's rendezvous
+    then fails and rank 0's new server waits for it (torch's timeout, 30 min by default). So this script keeps
+    gloo's store, as any torch script that makes its default group again must, and bounds torch's waits.
     """
+    kept = dist.distributed_c10d._get_default_store()  # noqa: F841 (held, not used)
     grads = []
     for _ in range(3):
         dist.barrier()  # no rank tears its side of the group down while another is still making it
         dist.destroy_process_group()
-        dist.init_process_group("hfreduce")
+        dist.init_process_group("hfreduce", timeout=datetime.timedelta(seconds=60))
         ddp = DistributedDataParallel(Net(seed=100), bucket_cap_mb=BUCKET_CAP_MB)
         x, y = batch(0, 0, world)
         torch.nn.functional.mse_loss(ddp(x[rank]), y[rank]).backward()
@@ -234,6 +243,10 @@ SCENARIOS = {
 
 def main() -> None:
     scenario, out = sys.argv[1], sys.argv[2]
+    stacks_after = os.environ.get("TEST_STACKS_AFTER_S")
+    if stacks_after:  # a hung rank leaves every thread's stack for the launcher to show
+        stacks = open(f"{out}.stacks", "w")  # noqa: SIM115 (open until the process exits)
+        faulthandler.dump_traceback_later(float(stacks_after), file=stacks)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:

@@ -33,7 +33,7 @@ def test_wrapping_again_after_the_default_group_is_made_again(launch: Launch) ->
     """Before, the hfreduce group's store keys were numbered per torch group object: the group made again
     after destroy_process_group started again at 0 on the same store, read the first group's keys (its closed
     control server), and the second wrap failed to join."""
-    results = launch(1, 2, "recreate", env={"FF_HFREDUCE_TIMEOUT_S": "10"}, timeout_s=120)
+    results = launch(1, 2, "recreate", env={"FF_HFREDUCE_TIMEOUT_S": "10"})
     for res in results:
         assert res.get("error", "crashed") is None, res
         assert len(res["grads"]) == 3 and res["grads"][0] != 0.0, res
