@@ -17,7 +17,7 @@ import pytest
 from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import Defaults, Inode, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
-from ff_meta.store import fsops
+from ff_meta.store.fsops import files, namespace, quotas, reads, sessions
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.tx import Tx
 from ff_testing.waiting import eventually
@@ -30,7 +30,7 @@ DEFAULTS = Defaults(LayoutSpec(1, 1 << 20, 4), {1: (0, 6)}, 30.0)
 async def store(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[MetaStore]:
     synchronous = getattr(request, "param", "NORMAL")
     meta = MetaStore.open(f"sqlite:///{tmp_path / 'meta.db'}", synchronous=synchronous)
-    await meta.write(ALICE, lambda t: fsops.mkdirs(t, PathAt(0, "/d"), 0o777, False, None, [900]))
+    await meta.write(ALICE, lambda t: namespace.mkdirs(t, PathAt(0, "/d"), 0o777, False, None, [900]))
     try:
         yield meta
     finally:
@@ -39,11 +39,11 @@ async def store(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
 
 
 def create(path: str, inode_id: int) -> Any:
-    return lambda t: fsops.create(t, PathAt(0, path), 0o644, True, False, None, inode_id, DEFAULTS)[0]
+    return lambda t: files.create(t, PathAt(0, path), 0o644, True, False, None, inode_id, DEFAULTS)[0]
 
 
 async def names(store: MetaStore) -> list[str]:
-    entries = await store.read(ALICE, lambda t: fsops.list_dir(t, PathAt(0, "/d"), 1000, "", False))
+    entries = await store.read(ALICE, lambda t: reads.list_dir(t, PathAt(0, "/d"), 1000, "", False))
     return [e[0] for e in entries[0]]
 
 
@@ -108,13 +108,15 @@ async def test_a_failing_body_changes_nothing(store: MetaStore, tmp_path: Path, 
 
 async def test_writes_in_a_quota_tree_and_write_sessions_stay_inline(store: MetaStore) -> None:
     root = Caller(0, (0,), "root", is_root=True)
-    await store.write(root, lambda t: fsops.set_quota(t, PathAt(0, "/d"), 1 << 30, 10))
+    await store.write(root, lambda t: quotas.set_quota(t, PathAt(0, "/d"), 1 << 30, 10))
     before = store.counts.queued
     await store.write(ALICE, create("/d/q", (1 << 20) + 4))
-    inode = await store.write(ALICE, lambda t: fsops.open_file(t, PathAt(0, "/d/q"), True, False))
-    session = await store.write(ALICE, lambda t: fsops.open_session(t, inode[0], inode[1], "s1", "c1", DEFAULTS, 1e12))
+    inode = await store.write(ALICE, lambda t: files.open_file(t, PathAt(0, "/d/q"), True, False))
+    session = await store.write(
+        ALICE, lambda t: sessions.open_session(t, inode[0], inode[1], "s1", "c1", DEFAULTS, 1e12)
+    )
     assert store.counts.queued - before == 0 and session.inode_id == (1 << 20) + 4
-    [(quota, _)] = await store.read(ALICE, lambda t: fsops.get_quota(t, PathAt(0, "/d")))
+    [(quota, _)] = await store.read(ALICE, lambda t: quotas.get_quota(t, PathAt(0, "/d")))
     assert quota.used_inodes == 2  # the directory itself and the new file
 
 
@@ -143,11 +145,11 @@ async def test_bodies_run_on_the_loop_on_sqlite_and_in_threads_on_postgres(db_ur
 
     def mkdir(t: Tx) -> Inode:
         ran_in.append(threading.get_ident())
-        return fsops.mkdirs(t, PathAt(0, "/where"), 0o755, False, None, [901])
+        return namespace.mkdirs(t, PathAt(0, "/where"), 0o755, False, None, [901])
 
     def stat(t: Tx) -> Inode:
         ran_in.append(threading.get_ident())
-        return fsops.stat(t, PathAt(0, "/where"), True)
+        return reads.stat(t, PathAt(0, "/where"), True)
 
     try:
         made = await store.write(ALICE, mkdir)

@@ -16,7 +16,7 @@ from ff_meta.core.errors import FsCode, FsError
 from ff_meta.core.model import AttrChange, Defaults, Inode, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
 from ff_meta.ops import MetaOps, MetaOptions
-from ff_meta.store import fsops
+from ff_meta.store.fsops import files, namespace
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.tx import Tx
 
@@ -26,7 +26,7 @@ DEFAULTS = Defaults(LayoutSpec(1, 1 << 20, 4), {1: (0, 6)}, 30.0)
 
 
 def create(path: str, inode_id: int) -> Callable[[Tx], Inode]:
-    return lambda t: fsops.create(t, PathAt(0, path), 0o644, True, False, None, inode_id, DEFAULTS)[0]
+    return lambda t: files.create(t, PathAt(0, path), 0o644, True, False, None, inode_id, DEFAULTS)[0]
 
 
 @pytest.fixture
@@ -47,18 +47,18 @@ async def two(tmp_path: Path) -> AsyncIterator[tuple[MetaOps, MetaStore]]:
 async def test_kept_answers_follow_every_commit_of_another_instance(two: tuple[MetaOps, MetaStore]) -> None:
     ops, other = two
     ns = ops.namespace
-    await other.write(ALICE, lambda t: fsops.mkdirs(t, PathAt(0, "/d"), 0o755, False, None, [900]))
+    await other.write(ALICE, lambda t: namespace.mkdirs(t, PathAt(0, "/d"), 0o755, False, None, [900]))
     made = await other.write(ALICE, create("/d/f1", 1001))
     first = await ns.stat(ALICE, PathAt(0, "/d/f1"), True)
     assert first[0].inode_id == made.inode_id and await ns.stat(ALICE, PathAt(0, "/d/f1"), True) is first  # kept
-    await other.write(ALICE, lambda t: fsops.set_attr(t, PathAt(0, "/d/f1"), True, AttrChange(mode=0o600)))
+    await other.write(ALICE, lambda t: namespace.set_attr(t, PathAt(0, "/d/f1"), True, AttrChange(mode=0o600)))
     assert (await ns.stat(ALICE, PathAt(0, "/d/f1"), True))[0].mode & 0o777 == 0o600  # the other's chmod, at once
     page = await ns.list_dir(ALICE, PathAt(0, "/d"), 100, "", False)
     assert [e[0] for e in page.entries] == ["f1"] and await ns.list_dir(ALICE, PathAt(0, "/d"), 100, "", False) is page
     await other.write(ALICE, create("/d/f2", 1002))
     assert [e[0] for e in (await ns.list_dir(ALICE, PathAt(0, "/d"), 100, "", False)).entries] == ["f1", "f2"]
     # Per caller: alice's kept answer is not bob's, once her folder is closed to him.
-    await other.write(ALICE, lambda t: fsops.set_attr(t, PathAt(0, "/d"), True, AttrChange(mode=0o700)))
+    await other.write(ALICE, lambda t: namespace.set_attr(t, PathAt(0, "/d"), True, AttrChange(mode=0o700)))
     assert await ns.stat(ALICE, PathAt(0, "/d/f2"), True)
     assert await ns.list_dir(ALICE, PathAt(0, "/d"), 100, "", False)
     for call in (ns.stat(BOB, PathAt(0, "/d/f2"), True), ns.list_dir(BOB, PathAt(0, "/d"), 100, "", False)):
@@ -69,7 +69,7 @@ async def test_kept_answers_follow_every_commit_of_another_instance(two: tuple[M
 
 async def test_an_answer_with_write_sessions_is_not_kept(two: tuple[MetaOps, MetaStore]) -> None:
     ops, other = two
-    await other.write(ALICE, lambda t: fsops.mkdirs(t, PathAt(0, "/d"), 0o755, False, None, [900]))
+    await other.write(ALICE, lambda t: namespace.mkdirs(t, PathAt(0, "/d"), 0o755, False, None, [900]))
     made = await other.write(ALICE, create("/d/f", 1001))
     expires_at = time.time() + 1.0
     await other.write(ALICE, lambda t: t.insert_session("s", "client", made, None, expires_at, []))

@@ -13,7 +13,8 @@ import pytest
 from ff_meta.core.errors import FsCode, FsError
 from ff_meta.core.model import AttrChange, Defaults, Inode, InodeType, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
-from ff_meta.store import fsops, trash
+from ff_meta.store import trash
+from ff_meta.store.fsops import files, namespace, reads
 from ff_meta.store.metastore import MIGRATIONS
 from ff_meta.store.schema import VERSION_TABLE
 from ff_meta.store.tx import Tx
@@ -38,21 +39,21 @@ class Ns:
         return self.store.run(lambda s: fn(Tx(s, caller, now)))
 
     def stat(self, path: str) -> Inode:
-        return self.tx(lambda t: fsops.stat(t, PathAt(0, path), False))
+        return self.tx(lambda t: reads.stat(t, PathAt(0, path), False))
 
     def mkdir(self, path: str) -> Inode:
-        return self.tx(lambda t: fsops.mkdirs(t, PathAt(0, path), 0o777, False, None, [next(self.ids)]))
+        return self.tx(lambda t: namespace.mkdirs(t, PathAt(0, path), 0o777, False, None, [next(self.ids)]))
 
     def create(self, path: str) -> Inode:
         i = next(self.ids)
-        return self.tx(lambda t: fsops.create(t, PathAt(0, path), 0o644, True, False, None, i, DEFAULTS)[0])
+        return self.tx(lambda t: files.create(t, PathAt(0, path), 0o644, True, False, None, i, DEFAULTS)[0])
 
     def mknod(self, path: str, kind: InodeType, rdev: int = 0, caller: Caller = ROOT) -> Inode:
         i = next(self.ids)
-        return self.tx(lambda t: fsops.mknod(t, PathAt(0, path), kind, 0o640, rdev, i), caller)
+        return self.tx(lambda t: namespace.mknod(t, PathAt(0, path), kind, 0o640, rdev, i), caller)
 
     def remove(self, path: str) -> None:
-        self.tx(lambda t: fsops.remove(t, PathAt(0, path), False, False, 60.0, trash.new_trash_id()))
+        self.tx(lambda t: namespace.remove(t, PathAt(0, path), False, False, 60.0, trash.new_trash_id()))
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_mknod_refuses_what_mknod_2_refuses(ns: Ns) -> None:
         with pytest.raises(FsError) as err:
             call()
         assert err.value.fs_code is code
-    assert [e[0] for e in ns.tx(lambda t: fsops.list_dir(t, PathAt(0, "/d"), 100, "", False))[0]] == ["fifo"]
+    assert [e[0] for e in ns.tx(lambda t: reads.list_dir(t, PathAt(0, "/d"), 100, "", False))[0]] == ["fifo"]
 
 
 def test_a_user_makes_fifos_and_sockets_owned_by_them(ns: Ns) -> None:
@@ -103,7 +104,7 @@ def test_a_user_makes_fifos_and_sockets_owned_by_them(ns: Ns) -> None:
 
 def test_a_special_file_keeps_its_other_links(ns: Ns) -> None:
     ns.mknod("/d/fifo", InodeType.FIFO)
-    ns.tx(lambda t: fsops.hardlink(t, PathAt(0, "/d/fifo"), PathAt(0, "/d/again")))
+    ns.tx(lambda t: namespace.hardlink(t, PathAt(0, "/d/fifo"), PathAt(0, "/d/again")))
     assert ns.stat("/d/again").nlink == 2
     ns.remove("/d/fifo")
     assert (ns.stat("/d/again").type, ns.stat("/d/again").nlink) == (InodeType.FIFO, 1)
@@ -120,9 +121,9 @@ def test_a_folder_s_mtime_and_ctime_move_with_its_entries(ns: Ns) -> None:
         ("create", lambda: ns.create("/d/f"), ["/d"]),
         ("mkdir", lambda: ns.mkdir("/d/sub"), ["/d"]),
         ("mknod", lambda: ns.mknod("/d/p", InodeType.FIFO), ["/d"]),
-        ("symlink", lambda: ns.tx(lambda t: fsops.symlink(t, PathAt(0, "/d/l"), "f", next(ns.ids))), ["/d"]),
-        ("link", lambda: ns.tx(lambda t: fsops.hardlink(t, PathAt(0, "/d/f"), PathAt(0, "/e/f2"))), ["/e"]),
-        ("rename", lambda: ns.tx(lambda t: fsops.rename(t, PathAt(0, "/d/p"), PathAt(0, "/e/p"), False)),
+        ("symlink", lambda: ns.tx(lambda t: namespace.symlink(t, PathAt(0, "/d/l"), "f", next(ns.ids))), ["/d"]),
+        ("link", lambda: ns.tx(lambda t: namespace.hardlink(t, PathAt(0, "/d/f"), PathAt(0, "/e/f2"))), ["/e"]),
+        ("rename", lambda: ns.tx(lambda t: namespace.rename(t, PathAt(0, "/d/p"), PathAt(0, "/e/p"), False)),
          ["/d", "/e"]),
         ("unlink", lambda: ns.remove("/d/f"), ["/d"]),
         ("rmdir", lambda: ns.remove("/d/sub"), ["/d"]),
@@ -138,7 +139,7 @@ def test_a_folder_s_mtime_and_ctime_move_with_its_entries(ns: Ns) -> None:
                 assert (mtime, ctime) == before[p], (what, p)
     before = _times(ns, "/d")
     ns.stat("/d")
-    ns.tx(lambda t: fsops.list_dir(t, PathAt(0, "/d"), 100, "", False))
+    ns.tx(lambda t: reads.list_dir(t, PathAt(0, "/d"), 100, "", False))
     assert _times(ns, "/d") == before  # reading a folder changes neither
 
 
@@ -153,11 +154,11 @@ def test_a_folder_counts_its_subfolders_in_its_links(ns: Ns) -> None:
     ns.create("/d/f")  # files are no links of the folder
     ns.mkdir("/e")
     assert (_nlink(ns, "/d"), _nlink(ns, "/d/a"), _nlink(ns, "/e")) == (4, 2, 2)
-    ns.tx(lambda t: fsops.rename(t, PathAt(0, "/d/a"), PathAt(0, "/e/a"), False))
+    ns.tx(lambda t: namespace.rename(t, PathAt(0, "/d/a"), PathAt(0, "/e/a"), False))
     assert (_nlink(ns, "/d"), _nlink(ns, "/e")) == (3, 3)  # the moved folder's ".." names its new parent
     ns.remove("/d/b")
     assert _nlink(ns, "/d") == 2
-    ns.tx(lambda t: fsops.rename(t, PathAt(0, "/e/a"), PathAt(0, "/e/a2"), False))
+    ns.tx(lambda t: namespace.rename(t, PathAt(0, "/e/a"), PathAt(0, "/e/a2"), False))
     assert _nlink(ns, "/e") == 3  # a rename within a folder keeps its count
 
 
@@ -165,7 +166,7 @@ BOB = Caller(1001, (1001, 50), "bob")
 
 
 def _set(ns: Ns, path: str, caller: Caller, **change: int) -> Inode:
-    return ns.tx(lambda t: fsops.set_attr(t, PathAt(0, path), False, AttrChange(**change)), caller)
+    return ns.tx(lambda t: namespace.set_attr(t, PathAt(0, path), False, AttrChange(**change)), caller)
 
 
 def test_chown_follows_linux_rules(ns: Ns) -> None:

@@ -9,7 +9,8 @@ from ff_meta.core.model import Inode, PathAt, QuotaRow, TrashRow
 from ff_meta.core.perms import Caller
 from ff_meta.ops.namespace import SMALL_PAGE
 from ff_meta.ops.shared import Shared
-from ff_meta.store import fsops, trash
+from ff_meta.store import trash
+from ff_meta.store.fsops import quotas
 
 
 class QuotaOps:
@@ -20,15 +21,15 @@ class QuotaOps:
 
     async def get(self, caller: Caller, at: PathAt) -> list[tuple[QuotaRow, str]]:
         """The quotas over a path, nearest first, with their folders' paths."""
-        return await self._store.read(caller, lambda t: fsops.get_quota(t, at))
+        return await self._store.read(caller, lambda t: quotas.get_quota(t, at))
 
     async def set(self, caller: Caller, at: PathAt, max_bytes: int, max_inodes: int) -> tuple[QuotaRow, str]:
         """Set (0 and 0: remove) a directory's quota; its usage counted from the tree."""
-        return await self._store.write(caller, lambda t: fsops.set_quota(t, at, max_bytes, max_inodes))
+        return await self._store.write(caller, lambda t: quotas.set_quota(t, at, max_bytes, max_inodes))
 
     async def list(self, caller: Caller) -> list[tuple[QuotaRow, str]]:
         """Every quota, with its folder's path."""
-        return await self._store.read(caller, fsops.list_quotas, small=False)
+        return await self._store.read(caller, quotas.list_quotas, small=False)
 
 
 class TrashOps:

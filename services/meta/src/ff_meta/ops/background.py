@@ -16,7 +16,8 @@ from ff_meta.core.errors import FsError
 from ff_meta.ops.admin import TrashOps
 from ff_meta.ops.files import FileOps
 from ff_meta.ops.shared import SYSTEM, Shared
-from ff_meta.store import fsops, trash
+from ff_meta.store import trash
+from ff_meta.store.fsops import sessions
 from ff_rpc import RpcError
 
 logger = logging.getLogger(__name__)
@@ -59,13 +60,13 @@ class Background:
         """
         if time.monotonic() - self._started < self._s.options.lease_s:
             return 0
-        expired = await self._store.read(SYSTEM, fsops.expired_sessions, small=False)
+        expired = await self._store.read(SYSTEM, sessions.expired_sessions, small=False)
         done = 0
         for session_id, inode_id in expired:
             inode = await self._store.read(SYSTEM, lambda t, i=inode_id: t.get(i))  # type: ignore[misc]
             length = await self._s.chunks.length(inode) if inode is not None else None
             # not collected (a later round) where a truncate came between storage's answer and this write
-            collect = functools.partial(fsops.collect_session, storage_length=length, asked=inode)
+            collect = functools.partial(sessions.collect_session, storage_length=length, asked=inode)
             if await self._store.write(SYSTEM, lambda t, s=session_id, c=collect: c(t, s)):  # type: ignore[misc]
                 logger.info("collected write session %s of inode %d (lease lapsed)", session_id, inode_id)
                 done += 1

@@ -21,7 +21,7 @@ from ff_meta.core.perms import Caller
 from ff_meta.core.quota import quota_room
 from ff_meta.ops.shared import SYSTEM, Shared
 from ff_meta.ops.types import CloseArgs, CreateArgs, OpenArgs, Opened
-from ff_meta.store import fsops
+from ff_meta.store.fsops import files, sessions
 from ff_meta.store.tx import Tx
 
 logger = logging.getLogger(__name__)
@@ -86,16 +86,16 @@ class FileOps:
 
         def body(t: Tx) -> CreateDone:
             session = (args.session_id, args.client_id) if args.write else ("", "")
-            inode, created, chain = fsops.create(
+            inode, created, chain = files.create(
                 t, args.path, mode, args.exclusive, args.write, args.layout, inode_id, defaults, session
             )
             if args.expect_inode_id and (created or inode.inode_id != args.expect_inode_id):  # (creates nothing)
                 raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")
             if args.set_mode is not None and not created:
-                inode = fsops.chmod_opened(t, inode, args.set_mode, args.path.path)
+                inode = files.chmod_opened(t, inode, args.set_mode, args.path.path)
             sess = None
             if args.write and not (args.truncate and not created and inode.length):
-                sess = fsops.open_session(t, inode, chain, args.session_id, args.client_id, defaults, expires)
+                sess = sessions.open_session(t, inode, chain, args.session_id, args.client_id, defaults, expires)
                 sess = _reserved(t, sess, args.reserve_bytes)
             return inode, created, sess, quota_room(chain, reserved=args.reserve_bytes if sess is not None else 0)
 
@@ -106,7 +106,7 @@ class FileOps:
         inode, created, sess, room = done
         if args.write and sess is None:  # O_TRUNC of an existing file with data: chunks go first, then the session
             await self.truncate(caller, args.path, 0, "")
-            inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, True, False))
+            inode, chain = await self._store.write(caller, lambda t: files.open_file(t, args.path, True, False))
             if args.expect_inode_id and inode.inode_id != args.expect_inode_id:  # renamed in between
                 raise fs_error(FsCode.STALE, f"{args.path.path} is no longer the file {args.expect_inode_id}")
             sess, inode = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
@@ -124,15 +124,15 @@ class FileOps:
     async def open(self, caller: Caller, args: OpenArgs) -> Opened:
         """Open a file (a read on the fast path; a write opens a session; O_TRUNC empties it first)."""
         if args.write:
-            inode, chain = await self._store.write(caller, lambda t: fsops.open_file(t, args.path, True, args.read))
+            inode, chain = await self._store.write(caller, lambda t: files.open_file(t, args.path, True, args.read))
         else:
-            inode, chain = await self._store.read(caller, lambda t: fsops.open_file(t, args.path, False, args.read))
+            inode, chain = await self._store.read(caller, lambda t: files.open_file(t, args.path, False, args.read))
         if inode.is_dir:
             return Opened(inode=inode)
         if args.truncate and inode.length:
             await self.truncate(caller, args.path, 0, "")
             inode, chain = await self._store.write(
-                caller, lambda t: fsops.open_file(t, args.path, args.write, args.read)
+                caller, lambda t: files.open_file(t, args.path, args.write, args.read)
             )
         session = None
         if args.write:
@@ -154,7 +154,7 @@ class FileOps:
 
         def body(t: Tx) -> tuple[SessionInfo, Inode]:
             now = t.get(inode.inode_id) or inode
-            return fsops.open_session(t, now, chain, session_id, client_id, defaults, expires), now
+            return sessions.open_session(t, now, chain, session_id, client_id, defaults, expires), now
 
         return await self._store.write(caller, body)
 
@@ -184,7 +184,7 @@ class FileOps:
         those are in storage before it asks (the file never shrinks below what meta knew); the Close makes it exact
         from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction). Storage
         is asked again where a truncate may have come between its answer and the write
-        (``fsops.storage_answer_stands``).
+        (``fsops.sessions.storage_answer_stands``).
         """
         for _ in range(_STORAGE_ASKS):
             inode, row, may_change = await self._store.read(
@@ -260,20 +260,20 @@ class FileOps:
     async def truncate(self, caller: Caller, at: PathAt, length: int, session_id: str) -> Inode:
         """Set a file's length.
 
-        Checked first (a cursor read); a shrink is noted (``fsops.record_truncate``), the chunks past the new end
+        Checked first (a cursor read); a shrink is noted (``fsops.files.record_truncate``), the chunks past the new end
         removed from storage, then the length committed with the note gone. A crash after storage was touched
         leaves the note, and ``finish_truncates`` completes the truncate: its file never stays at its old length
         with chunks missing.
         """
-        inode = await self._store.read(caller, lambda t: fsops.truncate_check(t, at, session_id))
+        inode = await self._store.read(caller, lambda t: files.truncate_check(t, at, session_id))
         cut = length < inode.length
         if not cut and await self._store.read(caller, lambda t: t.has_sessions(inode.inode_id)):
             # an open writer may have written past the new end without telling meta yet: storage knows
             cut = (await self._s.chunks.length(inode) or 0) > length
         if cut:
-            await self._store.write(caller, lambda t: fsops.record_truncate(t, inode.inode_id, length))
+            await self._store.write(caller, lambda t: files.record_truncate(t, inode.inode_id, length))
             await self._s.chunks.remove_tail(inode, length, known_longer=True)
-        return await self._store.write(caller, lambda t: fsops.truncate_commit(t, at, length, session_id, cut))
+        return await self._store.write(caller, lambda t: files.truncate_commit(t, at, length, session_id, cut))
 
     async def finish_truncates(self) -> int:
         """Complete the truncates a crash cut short (noted over a lease ago, never committed): how many.
@@ -281,7 +281,7 @@ class FileOps:
         Each is done again (storage's cut is idempotent) and committed, on the file by its inode id.
         """
         started_before_ns = time.time_ns() - int(self._s.options.lease_s * 1e9)
-        todo = await self._store.read(SYSTEM, lambda t: fsops.pending_truncates(t, started_before_ns), small=False)
+        todo = await self._store.read(SYSTEM, lambda t: files.pending_truncates(t, started_before_ns), small=False)
         for inode_id, length in todo:
             logger.warning("finishing a truncate of inode %d to %d bytes that a crash cut short", inode_id, length)
             try:
@@ -289,7 +289,7 @@ class FileOps:
             except FsError as err:
                 if err.fs_code is not FsCode.NOT_FOUND:
                     raise
-                await self._store.write(SYSTEM, lambda t, i=inode_id: fsops.forget_truncate(t, i))  # type: ignore[misc]
+                await self._store.write(SYSTEM, lambda t, i=inode_id: files.forget_truncate(t, i))  # type: ignore[misc]
         return len(todo)
 
     # ---- sessions ----
@@ -303,22 +303,22 @@ class FileOps:
         written): (the lease, the sessions meta no longer knows).
         """
         expires = self._s.lease_expiry()
-        lost = await self._store.write(caller, lambda t: fsops.renew(t, client_id, reports, expires))
+        lost = await self._store.write(caller, lambda t: sessions.renew(t, client_id, reports, expires))
         return self._s.options.lease_s, lost
 
     async def reserve_space(
         self, caller: Caller, inode_id: int, session_id: str, want: int, partial: bool
     ) -> tuple[int, int]:
         """Raise a write session's limit (quota reserved): (the limit, bytes the quotas would still grant)."""
-        return await self._store.write(caller, lambda t: fsops.reserve(t, inode_id, session_id, want, partial))
+        return await self._store.write(caller, lambda t: sessions.reserve(t, inode_id, session_id, want, partial))
 
 
 def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, object, bool]:
-    return fsops.authorize_finish(t, inode_id, session_id)
+    return sessions.authorize_finish(t, inode_id, session_id)
 
 
 def _finish(args: CloseArgs, length: int | None, t: Tx, *, close: bool, asked: Inode) -> Inode | None:
-    return fsops.finish_length(
+    return sessions.finish_length(
         t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close, asked=asked
     )
 
@@ -327,5 +327,5 @@ def _reserved(t: Tx, sess: SessionInfo, reserve: int) -> SessionInfo:
     """The session with its quota reserved up to ``reserve`` (ReserveSpace in the same transaction)."""
     if reserve <= sess.write_limit:
         return sess
-    limit, _ = fsops.reserve(t, sess.inode_id, sess.session_id, reserve)
+    limit, _ = sessions.reserve(t, sess.inode_id, sess.session_id, reserve)
     return dataclasses.replace(sess, write_limit=limit)

@@ -10,7 +10,8 @@ from ff_meta.core.paths import split_path
 from ff_meta.core.perms import Caller, R, allowed
 from ff_meta.ops.shared import Shared
 from ff_meta.ops.types import Capability, DirPage, FsSpace, StatItem
-from ff_meta.store import fsops, trash
+from ff_meta.store import trash
+from ff_meta.store.fsops import namespace, reads
 
 # Calls up to these sizes run on the event loop on SQLite (well under a millisecond); larger ones in a thread.
 SMALL_BATCH = 64
@@ -28,7 +29,7 @@ class NamespaceOps:
 
     async def statfs(self, caller: Caller) -> FsSpace:
         """The storage targets' disks (divided by the replication), meta's used bytes and inode count."""
-        used, count = await self._store.read(caller, fsops.statfs, small=False)
+        used, count = await self._store.read(caller, reads.statfs, small=False)
         space = await self._s.space.get()
         if space is not None:
             return FsSpace(space.capacity_bytes, used, space.free_bytes, count)
@@ -47,7 +48,7 @@ class NamespaceOps:
             known: tuple[Inode, int] | None = self._s.reads.get(version, key)
             if known is not None:
                 return known
-        answer = await self._store.read(caller, lambda t: fsops.stat_with_sessions(t, at, follow_last))
+        answer = await self._store.read(caller, lambda t: reads.stat_with_sessions(t, at, follow_last))
         if version is not None and answer[1] == 0:
             self._s.reads.put(version, key, answer)
         return answer
@@ -61,7 +62,7 @@ class NamespaceOps:
         each file the caller may read when asked (one per file, however often it is named).
         """
         results = await self._store.read(
-            caller, lambda t: fsops.batch_stat(t, paths, follow_last), small=len(paths) <= SMALL_BATCH
+            caller, lambda t: reads.batch_stat(t, paths, follow_last), small=len(paths) <= SMALL_BATCH
         )
         caps: dict[int, Capability] = {}
         out: list[StatItem | FsError] = []
@@ -89,7 +90,7 @@ class NamespaceOps:
         listings = self._s.listings
         entries, last = await self._store.read(
             caller,
-            lambda t: fsops.list_dir(t, at, page_size, after, with_inodes, listings),
+            lambda t: reads.list_dir(t, at, page_size, after, with_inodes, listings),
             small=page_size <= SMALL_PAGE,
         )
         page = DirPage(entries, last)
@@ -103,22 +104,22 @@ class NamespaceOps:
         await self._s.check_table(layout)
         ids = await self._s.ids.take(max(1, len(parts)))
         return await self._store.write(
-            caller, lambda t: fsops.mkdirs(t, at, mode, recursive, layout, ids), small=len(parts) <= SMALL_MKDIRS
+            caller, lambda t: namespace.mkdirs(t, at, mode, recursive, layout, ids), small=len(parts) <= SMALL_MKDIRS
         )
 
     async def symlink(self, caller: Caller, at: PathAt, target: str) -> Inode:
         """A symbolic link to ``target``."""
         [inode_id] = await self._s.ids.take(1)
-        return await self._store.write(caller, lambda t: fsops.symlink(t, at, target, inode_id))
+        return await self._store.write(caller, lambda t: namespace.symlink(t, at, target, inode_id))
 
     async def mknod(self, caller: Caller, at: PathAt, kind: InodeType, mode: int, rdev: int) -> Inode:
         """A FIFO, socket or device node."""
         [inode_id] = await self._s.ids.take(1)
-        return await self._store.write(caller, lambda t: fsops.mknod(t, at, kind, mode, rdev, inode_id))
+        return await self._store.write(caller, lambda t: namespace.mknod(t, at, kind, mode, rdev, inode_id))
 
     async def hardlink(self, caller: Caller, old: PathAt, new: PathAt) -> Inode:
         """Another name for a file."""
-        return await self._store.write(caller, lambda t: fsops.hardlink(t, old, new))
+        return await self._store.write(caller, lambda t: namespace.hardlink(t, old, new))
 
     async def remove(
         self, caller: Caller, at: PathAt, recursive: bool, to_trash: bool, retention_s: float, expect_dir: bool | None
@@ -129,18 +130,18 @@ class NamespaceOps:
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = trash.new_trash_id()
         return await self._store.write(
-            caller, lambda t: fsops.remove(t, at, recursive, to_trash, retention, trash_id, expect_dir)
+            caller, lambda t: namespace.remove(t, at, recursive, to_trash, retention, trash_id, expect_dir)
         )
 
     async def rename(self, caller: Caller, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:
         """Move an entry to another name, as the rename system call (``no_replace``: RENAME_NOREPLACE)."""
-        return await self._store.write(caller, lambda t: fsops.rename(t, src, dst, no_replace))
+        return await self._store.write(caller, lambda t: namespace.rename(t, src, dst, no_replace))
 
     async def set_attr(self, caller: Caller, at: PathAt, follow_last: bool, change: AttrChange) -> Inode:
         """chmod, chown, utimes, a directory's default layout."""
         await self._s.check_table(change.layout)
-        return await self._store.write(caller, lambda t: fsops.set_attr(t, at, follow_last, change))
+        return await self._store.write(caller, lambda t: namespace.set_attr(t, at, follow_last, change))
 
     async def realpath(self, caller: Caller, at: PathAt) -> tuple[str, int]:
         """The absolute path (through names the caller may search) and the inode id."""
-        return await self._store.read(caller, lambda t: fsops.realpath(t, at))
+        return await self._store.read(caller, lambda t: reads.realpath(t, at))

@@ -15,8 +15,8 @@ from ff_meta.core.errors import FsCode, fs_error
 from ff_meta.core.model import Defaults, LayoutSpec
 from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability
-from ff_meta.store import fsops
 from ff_meta.store.chunks import StorageChunks
+from ff_meta.store.fsops import namespace
 from ff_meta.store.listing import ListingCache
 from ff_meta.store.metastore import MetaStore
 from ff_meta.store.read_cache import ReadCache
@@ -68,7 +68,7 @@ class IdAllocator:
         async with self._lock:
             if self._end - self._next < count:
                 n = max(ID_BLOCK, count)
-                self._next = await self._store.write(SYSTEM, lambda t: fsops.allocate_ids(t, n))
+                self._next = await self._store.write(SYSTEM, lambda t: namespace.allocate_ids(t, n))
                 self._end = self._next + n
             ids = self._take_now(count)
             assert ids is not None  # the block was just refilled; the lock kept other refills out

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from ff_meta.core.errors import FsCode, fs_error
 from ff_meta.core.model import GcJob, Inode, InodeType, PathAt, TrashRow
 from ff_meta.core.paths import join
-from ff_meta.store.fsops import new_parent
+from ff_meta.store.fsops.namespace import new_parent
 from ff_meta.store.schema import gc_queue, trash
 from ff_meta.store.tx import Tx
 

@@ -397,14 +397,14 @@ class Tx:
     def mark_cut(self, inode_id: int) -> None:
         """A truncate of the inode was just committed: its open write sessions' reports count no more.
 
-        From now on storage confirms their lengths (see ``fsops.finish_length``).
+        From now on storage confirms their lengths (see ``fsops.sessions.finish_length``).
         """
         self._fetch(_RAW_MARK_CUT, (self.now_ns, inode_id), fetch=False)
 
     def pin_times(self, inode_id: int) -> None:
         """An explicit mtime was just set.
 
-        The file's open write sessions report no earlier write time over it (see ``fsops.finish_length``).
+        The file's open write sessions report no earlier write time over it (see ``fsops.sessions.finish_length``).
         """
         self._fetch(_RAW_PIN_TIMES, (self.now_ns, inode_id), fetch=False)
 
