@@ -15,7 +15,8 @@ from hfreduce.agreement import CallSignature
 from hfreduce.config import GroupConfig
 from hfreduce.control import query_status
 from hfreduce.counters import Counters
-from hfreduce.group import Registered, Runtime
+from hfreduce.group import Runtime
+from hfreduce.node_memory import Registered
 from hfreduce.reduction import DType, ReduceOp
 from hfreduce.tensors import Flat, PinnedPool, address_view, flatten, is_torch
 

@@ -9,11 +9,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 
 import numpy as np
 
 from hfreduce.reduction import Array
 from hfreduce.transport import LinkError
+
+# (pid, address): where a local rank's buffer is, as the local ranks exchange it at a node barrier
+PID_ADDR = struct.Struct("!QQ")
 
 
 class _IoVec(ctypes.Structure):

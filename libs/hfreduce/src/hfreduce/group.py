@@ -1,18 +1,17 @@
 """The engine room of a group: rendezvous, links, shared memory, and the collectives on flat numpy arrays.
 
-The arrays hold the storage dtype. ``api.Group`` wraps it with tensor handling and async handles.
+The arrays hold the storage dtype. ``api.Group`` wraps it with tensor handling and async handles. What a rank does
+once as it joins (the table's check, the links to other nodes, the cross-memory probe) is in ``joining``; the
+segments the local ranks share, and registered buffers, in ``node_memory``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import os
 import socket
-import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,8 +22,10 @@ from hfreduce.chunking import leader_reduces, local_slice, segments
 from hfreduce.config import GroupConfig
 from hfreduce.control import ControlClient, ControlServer
 from hfreduce.counters import Counters
-from hfreduce.errors import GroupClosedError, HFReduceError, PeerFailureError, RendezvousError
+from hfreduce.errors import GroupClosedError, HFReduceError, PeerFailureError
+from hfreduce.joining import TREE_DOWN, TREE_UP, check_table, open_links, probe_cross_memory, ring_links, wanted_links
 from hfreduce.local import LocalComm
+from hfreduce.node_memory import Registered, shared_segments
 from hfreduce.pipeline import TreeEngine, TreeJob
 from hfreduce.reduction import Array, DType, ReduceOp, combine_fn, from_f32, to_f32
 from hfreduce.ring import RingEngine
@@ -35,33 +36,14 @@ from hfreduce.trees import Tree, build_trees, node_order
 
 logger = logging.getLogger(__name__)
 
-LINK_HELLO = struct.Struct("!II")  # (rank, channel): what the connecting side of a link sends first
-_PID_ADDR = struct.Struct("!QQ")
-# Link channels. Tree t's links to a neighbour: partial chunks go up on TREE_UP[t] (child to parent), final chunks
-# come down on TREE_DOWN[t], so no socket carries data both ways. With a thread per task, a socket carrying data
-# both ways cost 3-11 % more machine time on loopback (its sending and receiving threads contend for it); on the
-# event loop it made no difference (bench/results/hfreduce_allreduce.md, session 8).
-TREE_DOWN = (0, 1)
-TREE_UP = (4, 5)
-RING_UP, RING_DOWN = 2, 3  # ring edge from a lower to a higher rank, and back
 _ALIGN_BYTES = 64
 # Marks in the node barrier's signature of the registered all-gather and reduce-scatter, so that local ranks in
 # different kinds of collective on the same sizes do not pass it together: high bits, which no registered
-# allreduce's signature differs by (its buffer index sits at bit 40).
+# allreduce's signature differs by (its buffer index sits at bit 40). node_memory's barrier before shared segments
+# are made has bit 61.
 _ALLGATHER_BARRIER = 1 << 62
 _REDUCE_SCATTER_BARRIER = 1 << 63
-_SEGMENT_BARRIER = 1 << 61  # the node barrier before shared segments are made, with every local rank's size
-_SIZE = struct.Struct("!Q")
 _GROW_BYTES = 4 << 20  # slots grow in steps of this, so a run of growing sizes does not remap each time
-
-
-@dataclasses.dataclass
-class Registered:
-    """A buffer allocated in shared memory by every local rank together (zero-copy allreduce)."""
-
-    index: int
-    nbytes: int
-    segments: list[Segment]
 
 
 class Runtime:
@@ -126,7 +108,7 @@ class Runtime:
             reply = self.control.rendezvous(hello)
             self.token: str = reply["token"]
             self.table: list[dict[str, Any]] = reply["ranks"]
-            self._check_table()
+            check_table(self.table, cfg)
             zones = [str(self.table[n * self.num_local]["zone"]) for n in range(cfg.num_nodes)]
             self.trees: tuple[Tree, Tree] = build_trees(zones)
             self.ring_order = [n * self.num_local + lr for n in node_order(zones) for lr in range(self.num_local)]
@@ -137,7 +119,7 @@ class Runtime:
             ranks=[cfg.node_rank * self.num_local + i for i in range(self.num_local)],
             timeout_s=cfg.timeout_s,
         )
-        self.cross_memory = self._probe_cross_memory()
+        self.cross_memory = probe_cross_memory(self.local, cfg)
         self.slot_bytes = 0  # shared slots grow on first use, up to cfg.shm_slot_bytes
         self.res_bytes = 0
         self.tree = TreeEngine(
@@ -160,71 +142,11 @@ class Runtime:
         )
         logger.info("hfreduce rank %d joined: %s", self.rank, cfg)
 
-    def _probe_cross_memory(self) -> bool:
-        """Whether every local rank can read every other's memory; all local ranks agree on the answer.
-
-        It takes the same user, ptrace rules that allow it, and the same pid namespace.
-        """
-        assert self.local is not None
-        me = os.getpid()
-        token = np.frombuffer(struct.pack("!QQ", me, self.rank), dtype=np.uint8).copy()
-        rows = self.local.barrier(1, _PID_ADDR.pack(me, cma.address(token)))
-        ok = self.config.cross_memory and self.num_local > 1
-        if ok:
-            for lr, row in enumerate(rows):
-                pid, addr = _PID_ADDR.unpack(row)
-                rank = self.config.node_rank * self.num_local + lr
-                ok = ok and (lr == self.config.local_rank or cma.probe(pid, addr, struct.pack("!QQ", pid, rank)))
-        votes = self.local.barrier(2, b"\x01" if ok else b"\x00")  # the token stays alive until all have read
-        del token
-        return all(v == b"\x01" for v in votes)
-
-    def _check_table(self) -> None:
-        cfg = self.config
-        for entry in self.table:
-            if (entry["num_nodes"], entry["local_world_size"]) != (cfg.num_nodes, cfg.local_world_size):
-                raise RendezvousError(
-                    f"rank {entry['rank']} has layout {entry['num_nodes']}x"
-                    f"{entry['local_world_size']}, this rank {cfg.num_nodes}x{cfg.local_world_size}"
-                )
-            node_zone = self.table[int(entry["node_rank"]) * self.num_local]["zone"]
-            if entry["zone"] != node_zone:
-                raise RendezvousError(f"rank {entry['rank']} disagrees with its node about its zone")
-
     def _connect(self, listener: socket.socket) -> None:
-        """Make every link: the lower rank of a pair connects, then each rank accepts the rest.
-
-        The kernel backlog completes the connections before they are accepted. On failure the sockets made so far
-        are closed.
-        """
+        """Make every link (``joining.open_links``) and file it by tree, direction and neighbour node, or ring side."""
         cfg = self.config
         wanted = wanted_links(self.trees, self.ring_order, cfg.node_rank, cfg.local_rank, self.num_local)
-        socks: dict[tuple[int, int], socket.socket] = {}
-        deadline = time.monotonic() + cfg.timeout_s
-        try:
-            for peer, channel in wanted:
-                if self.rank < peer:
-                    entry = self.table[peer]
-                    sock = _connect_retry((str(entry["host"]), int(entry["port"])), deadline)
-                    socks[(peer, channel)] = sock
-                    sock.sendall(LINK_HELLO.pack(self.rank, channel))
-            while len(socks) < len(wanted):
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError as exc:
-                    missing = sorted({p for p, c in wanted if (p, c) not in socks})
-                    raise RendezvousError(
-                        f"ranks {missing} did not connect their links within {cfg.timeout_s:g} s",
-                        missing_ranks=tuple(missing),
-                    ) from exc
-                with _closed_on_error(conn):
-                    conn.settimeout(cfg.timeout_s)
-                    peer, channel = LINK_HELLO.unpack(_recv_all(conn, LINK_HELLO.size))
-                socks[(peer, channel)] = conn
-        except BaseException:
-            for sock in socks.values():
-                sock.close()
-            raise
+        socks = open_links(listener, self.rank, self.table, wanted, cfg.timeout_s)
         for (peer, channel), sock in socks.items():
             tune_tcp(sock, cfg.socket_buffer_bytes)
             link = Link(sock, peer, cfg.timeout_s)
@@ -233,38 +155,9 @@ class Runtime:
             elif channel in TREE_DOWN:
                 self.down_links[TREE_DOWN.index(channel)][peer // self.num_local] = link
         if cfg.world_size > 1:
-            (nxt, nxt_channel), (prv, prv_channel) = _ring_links(self.ring_order, self.rank)
+            (nxt, nxt_channel), (prv, prv_channel) = ring_links(self.ring_order, self.rank)
             self.ring_next = Link(socks[(nxt, nxt_channel)], nxt, cfg.timeout_s)
             self.ring_prev = Link(socks[(prv, prv_channel)], prv, cfg.timeout_s)
-
-    def _shared_segments(self, name: str, nbytes: int, *, huge: bool = False) -> list[Segment]:
-        """Each local rank creates ``nbytes`` of shared memory; every rank maps everyone's.
-
-        Raises:
-            HFReduceError: the local ranks asked for different sizes (each maps the others' segments with its own
-                size, so a larger one would map past the end of a smaller); nothing is made.
-        """
-        assert self.local is not None
-        sizes = [_SIZE.unpack(row)[0] for row in self.local.barrier(_SEGMENT_BARRIER, _SIZE.pack(nbytes))]
-        if len(set(sizes)) > 1:
-            raise HFReduceError(
-                f"the local ranks of node {self.config.node_rank} asked for shared buffers of different sizes: "
-                f"{sizes} bytes, by local rank (Group.alloc must get the same shape and dtype on every local rank)"
-            )
-        own = Segment.create(name, nbytes, huge=huge)
-        segs: list[Segment] = []
-        try:
-            table = self.local.exchange_fds([own.fd])
-            for lr, fds in enumerate(table):
-                segs.append(own if lr == self.config.local_rank else Segment.attach(fds[0], nbytes))
-            self.local.barrier(nbytes)
-        except BaseException:
-            own.close()
-            for seg in segs:
-                seg.close()
-            raise
-        own.release_fd()  # every peer has mapped it: the kernel frees it when the last mapping goes
-        return segs
 
     def _ensure_slots(self, nbytes: int) -> None:
         """Grow the shared slots to hold ``nbytes``, capped at ``shm_slot_bytes``.
@@ -279,13 +172,28 @@ class Runtime:
             seg.close()
         self.slots, self.slot_bytes = [], 0
         res_bytes = _align(want // self.num_local + 8)
-        self.slots = self._shared_segments(f"hfreduce-slot-{self.rank}", want + 2 * res_bytes)
+        assert self.local is not None
+        self.slots = shared_segments(
+            self.local,
+            f"hfreduce-slot-{self.rank}",
+            want + 2 * res_bytes,
+            node_rank=self.config.node_rank,
+            local_rank=self.config.local_rank,
+        )
         self.slot_bytes, self.res_bytes, self._parity = want, res_bytes, 0
 
     def register(self, nbytes: int) -> Registered:
         """Allocate ``nbytes`` of shared memory on every local rank (call in the same order everywhere)."""
         index = len(self.registered)
-        segs = self._shared_segments(f"hfreduce-buf-{self.rank}-{index}", nbytes, huge=True)
+        assert self.local is not None
+        segs = shared_segments(
+            self.local,
+            f"hfreduce-buf-{self.rank}-{index}",
+            nbytes,
+            node_rank=self.config.node_rank,
+            local_rank=self.config.local_rank,
+            huge=True,
+        )
         reg = Registered(index=index, nbytes=nbytes, segments=segs)
         self.registered[index] = reg
         return reg
@@ -544,13 +452,13 @@ class Runtime:
         me, n = self.config.local_rank, len(flat)
         sig = _signature(self.seq, n, dtype, op)
         start = time.perf_counter()
-        rows = self.local.barrier(sig ^ (1 << 43), _PID_ADDR.pack(os.getpid(), cma.address(flat)))
+        rows = self.local.barrier(sig ^ (1 << 43), cma.PID_ADDR.pack(os.getpid(), cma.address(flat)))
         counters = Counters()
         now = counters.lap("barrier_in", start)
         remote = []
         for lr, row in enumerate(rows):
             if lr != me:
-                pid, base = _PID_ADDR.unpack(row)
+                pid, base = cma.PID_ADDR.unpack(row)
                 rank = self.config.node_rank * self.num_local + lr
                 remote.append(cma.RemoteBuffer(pid=pid, base=base, itemsize=dtype.itemsize, rank=rank))
         span = local_slice(n, self.num_local, me)
@@ -767,47 +675,6 @@ class Runtime:
                 seg.close()
 
 
-def wanted_links(
-    trees: tuple[Tree, Tree], ring_order: Sequence[int], node_rank: int, local_rank: int, num_local: int
-) -> list[tuple[int, int]]:
-    """(peer rank, channel) of every link the rank ``(node_rank, local_rank)`` needs.
-
-    To the same local rank of each of its tree neighbours, one link per tree for partial chunks going up and one
-    for final chunks coming down; and to its two neighbours on the ring (``ring_order``: global ranks in ring
-    order).
-    """
-    rank = node_rank * num_local + local_rank
-    wanted = []
-    for t in (0, 1):
-        node = trees[t][node_rank]
-        for nb in (node.parent, *node.children):
-            if nb >= 0:
-                wanted += [(nb * num_local + local_rank, ch) for ch in (TREE_UP[t], TREE_DOWN[t])]
-    if len(ring_order) > 1:
-        wanted += _ring_links(ring_order, rank)
-    return wanted
-
-
-def _ring_links(ring_order: Sequence[int], rank: int) -> list[tuple[int, int]]:
-    """(peer, channel) of ``rank``'s links to its next and its previous rank on the ring.
-
-    The edge from the lower to the higher rank of a pair is RING_UP, the one back RING_DOWN (two links even when
-    both are one rank).
-    """
-    pos = ring_order.index(rank)
-    nxt, prv = ring_order[(pos + 1) % len(ring_order)], ring_order[(pos - 1) % len(ring_order)]
-    return [(nxt, RING_UP if rank < nxt else RING_DOWN), (prv, RING_UP if prv < rank else RING_DOWN)]
-
-
-@contextlib.contextmanager
-def _closed_on_error(sock: socket.socket) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        sock.close()
-        raise
-
-
 def _signature(seq: int, n: int, dtype: DType, op: ReduceOp) -> int:
     """What local ranks must agree on for one collective (checked at the node barrier)."""
     return (seq << 44) ^ (n << 4) ^ (list(DType).index(dtype) << 2) ^ list(ReduceOp).index(op)
@@ -815,23 +682,3 @@ def _signature(seq: int, n: int, dtype: DType, op: ReduceOp) -> int:
 
 def _align(nbytes: int) -> int:
     return (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
-
-
-def _connect_retry(address: tuple[str, int], deadline: float) -> socket.socket:
-    while True:
-        try:
-            return socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise RendezvousError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
-            time.sleep(0.05)
-
-
-def _recv_all(sock: socket.socket, nbytes: int) -> bytes:
-    data = b""
-    while len(data) < nbytes:
-        part = sock.recv(nbytes - len(data))
-        if not part:
-            raise ConnectionError("peer closed during link setup")
-        data += part
-    return data

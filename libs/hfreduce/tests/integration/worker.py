@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hfreduce import Group, GroupConfig, PeerFailureError, RendezvousError, expected_allreduce_counters
-from hfreduce.group import LINK_HELLO
+from hfreduce.joining import LINK_HELLO
 from hfreduce.reduction import DType, bf16_bits, bf16_values, unit_roundoff
 
 OPS = ("sum", "avg", "max", "min")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hfreduce.group import RING_DOWN, RING_UP, TREE_DOWN, TREE_UP, wanted_links
+from hfreduce.joining import RING_DOWN, RING_UP, TREE_DOWN, TREE_UP, wanted_links
 from hfreduce.trees import build_trees, node_order
 
 
