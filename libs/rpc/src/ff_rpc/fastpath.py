@@ -170,7 +170,7 @@ def _metadata(value: Any) -> tuple[tuple[str, str], ...]:
         key = k.lower()
         if not key or not set(key) <= _KEY_CHARS or key.endswith("-bin"):
             raise FrameError(f"metadata key {k[:64]!r} is not a text metadata key")
-        if not all(" " <= c <= "~" for c in v):
+        if not (v.isascii() and v.isprintable()):  # printable ASCII: " " to "~"
             raise FrameError(f"metadata {key!r}: its value is not printable ASCII")
         out.append((key, v))
     return tuple(out)
@@ -357,8 +357,8 @@ class FastServer:
             if handler is None or handler.unary_unary is None:
                 return encode({"c": "UNIMPLEMENTED", "d": f"no unary method {method} on the fast path", "md": []})
             request = handler.request_deserializer(body)
-            call = handler.unary_unary(request, context)
-            response = await (asyncio.wait_for(call, timeout) if timeout is not None else call)
+            async with asyncio.timeout(timeout):  # this call's own task (see _serve): no task more per call
+                response = await handler.unary_unary(request, context)
             payload = handler.response_serializer(response)
         except grpc.aio.AbortError:
             code = context.code() or grpc.StatusCode.UNKNOWN

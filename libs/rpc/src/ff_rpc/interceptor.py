@@ -286,7 +286,8 @@ class _Call:
         duration_s = time.perf_counter() - self._start
         self._meters.in_flight.dec()
         self._meters.observe(self.code.name, duration_s)
-        logger.debug("rpc done", extra={"code": self.code.name, "duration_ms": round(duration_s * 1e3, 3)})
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("rpc done", extra={"code": self.code.name, "duration_ms": round(duration_s * 1e3, 3)})
         set_current_principal(None)
 
     async def guard(self, awaitable: Awaitable[Any]) -> Any:

@@ -144,6 +144,9 @@ async def _raw(address: str, data: bytes) -> bytes:
         struct.pack(">II", 2, 0) + b"[]",  # not an object
         encode({"m": 7, "md": [], "t": None}),  # no method name
         encode({"m": f"{PATH}/GetRoutingInfo", "md": [["a"]], "t": None}),  # bad metadata
+        encode({"m": f"{PATH}/GetRoutingInfo", "md": [["x-a", "tab\there"]], "t": None}),  # a control character
+        encode({"m": f"{PATH}/GetRoutingInfo", "md": [["x-a", "caf\u00e9"]], "t": None}),  # printable, not ASCII
+        encode({"m": f"{PATH}/GetRoutingInfo", "md": [["x-a", "del\u007f"]], "t": None}),  # DEL
         encode({"m": f"{PATH}/GetRoutingInfo", "md": [], "t": "soon"}),  # bad timeout
     ],
 )
