@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 # event loop (``_prepared``): each update may read its committed chunk there.
 INLINE_PREPARE_UPDATES = 4
 INLINE_PREPARE_BYTES = 256 * 1024
+FLUSH_DELAY_S = 0.05  # in-memory commits wait this long for a later write to write them (one transaction fewer)
 _HEAD_CLIENT_ID = uuid.uuid4().bytes  # ids the head gives updates that come without one
 _head_request_ids = itertools.count(1)
 
@@ -405,6 +406,7 @@ class ChainWriter:
 
         async def flush() -> None:
             try:
+                await asyncio.sleep(FLUSH_DELAY_S)  # a write meanwhile writes the rows in its own transaction
                 await asyncio.to_thread(in_thread)
             except Exception:  # its versions are durable pending ones: a restart promotes them
                 logger.exception("target %d: writing commits failed; it goes through recovery", target.target_id)
