@@ -395,7 +395,10 @@ class ChainWriter:
         self._flush_soon(target)
 
     def _flush_soon(self, target: Target) -> None:
-        """Write the target's commits made in memory, in a worker thread, unless a flush is already waiting to."""
+        """Write the target's in-memory commits in a worker thread ``FLUSH_DELAY_S`` from now, unless a flush waits.
+
+        A write meanwhile writes them first in its own transaction; the flush then frees the files they replaced.
+        """
         if target.target_id in self._flush_waiting:
             return
         self._flush_waiting.add(target.target_id)
