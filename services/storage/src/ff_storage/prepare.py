@@ -127,12 +127,24 @@ def _already_committed(target: Target, u: Update, update_ids: bool) -> UpdateRec
 def _same_update(target: Target, u: Update, committed: int, update_ids: bool) -> bool | None:
     """Whether this replica committed ``u.version`` from this very update.
 
-    None: ids off, or the update has none, so the version alone decides.
+    None: ids off, or the update has none, so the version alone decides. A merged run's span (it carries its
+    records) made a version of every write of the run under its first one's id: that id alone does not tell it from
+    a version the id made here with fewer writes (a retried run that took in another write of the chunk), so the
+    chunk the run made (its record's length and checksum) must be the one committed here too.
     """
     if not update_ids or u.update_id is None or u.full or u.version > committed:
         return None
     record = target.engine.update_at(u.key, u.version)
-    return record is not None and record.update_id == u.update_id
+    if record is None or record.update_id != u.update_id:
+        return False
+    if u.records:
+        sent = next((r for r in u.records if r.update_id == u.update_id), None)
+        return sent is not None and (sent.version, sent.length, sent.checksum) == (
+            record.version,
+            record.length,
+            record.checksum,
+        )
+    return True
 
 
 def _new_content(target: Target, u: Update) -> Payload | None:
