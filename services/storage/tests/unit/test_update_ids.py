@@ -3,9 +3,11 @@ engine remembers each chunk's recent updates (version and result) durably, withi
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from ff_storage.core.errors import InvalidRequest
 from ff_storage.core.requests import ChunkUpdate, UpdateKind
 from ff_storage.core.results import IoStatus
 from ff_storage.node import StorageNode
+from ff_storage.store import update_records
 from ff_storage.store.chunk_engine import ChunkEngine
 
 KEY = (7, 0)
@@ -158,3 +161,40 @@ def test_the_chain_id_of_an_update_is_bound_to_its_caller_and_content() -> None:
         chain_update_id("alic", (b"eclient-a", 7), 1, 0, 100, 1234, 4096),  # no ambiguity at the seam
     }
     assert first not in others and len(others) == 5
+
+
+def _after_commit_by_scanning(
+    before: dict[tuple[bytes, int], UpdateRecord], tag: update_records.UpdateTag, **kw: Any
+) -> tuple[dict[tuple[bytes, int], UpdateRecord], list[UpdateRecord], list[UpdateRecord]]:
+    """What ``after_commit`` answered when it compared the whole of the records before and after."""
+    update_id, inherited = tag
+    base = before if inherited is None else {r.update_id: r for r in inherited}
+    ids = [] if update_id is None else [update_id]
+    records = update_records.with_updates(base, ids, **kw)
+    gone = [r for k, r in before.items() if records.get(k) is not r]
+    added = [r for k, r in records.items() if before.get(k) is not r]
+    return records, gone, added
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_commits_records_are_those_a_whole_comparison_finds(seed: int) -> None:
+    """``after_commit`` looks only at what a commit changes: the same records, gone and added as comparing all."""
+    rng = random.Random(seed)
+    keep = update_records.Retention(ttl_ms=rng.choice([0, 50, 10_000]), max_records=rng.choice([1, 3, 8, 1024]))
+    before: dict[tuple[bytes, int], UpdateRecord] = {}
+    now = 1_000
+    for version in range(1, 200):
+        now += rng.choice([0, 1, 7, 30])
+        ids = [(b"c", n) for n in range(12)]
+        update_id = rng.choice([None, *ids])
+        inherited = None
+        if rng.random() < 0.05:  # a full-chunk replace with records of its own
+            inherited = [UpdateRecord(update_id=i, version=version - 1, length=1, checksum=2, committed_at_ms=now - 5)
+                         for i in rng.sample(ids, 3)]  # fmt: skip
+        kw = {"version": version, "length": version * 3, "checksum": version, "now_ms": now, "keep": keep}
+        records, gone, added = update_records.after_commit(before, (update_id, inherited), **kw)
+        want, want_gone, want_added = _after_commit_by_scanning(before, (update_id, inherited), **kw)
+        assert list(records.items()) == list(want.items())  # the same records, oldest first
+        assert {id(r) for r in gone} == {id(r) for r in want_gone} and len(gone) == len(want_gone)
+        assert [r for r in added] == want_added
+        before = records

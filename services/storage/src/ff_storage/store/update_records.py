@@ -39,11 +39,7 @@ def with_updates(
     Each id's record moves to the end (the newest); then the records are pruned (``prune``).
     """
     records = dict(base)
-    for update_id in update_ids:
-        records.pop(update_id, None)
-        records[update_id] = UpdateRecord(
-            update_id=update_id, version=version, length=length, checksum=checksum, committed_at_ms=now_ms
-        )
+    _record(records, update_ids, version, length, checksum, now_ms)
     prune(records, now_ms - keep.ttl_ms, keep.max_records)
     return records
 
@@ -58,20 +54,52 @@ def after_commit(
     now_ms: int,
     keep: Retention,
 ) -> tuple[dict[UpdateKey, UpdateRecord], list[UpdateRecord], list[UpdateRecord]]:
-    """A chunk's records after a commit of ``version`` with ``tag``: all of them, the ones that go, the new ones."""
+    """A chunk's records after a commit of ``version`` with ``tag``: all of them, the ones that go, the new ones.
+
+    A commit that keeps the chunk's records costs what it changes, not what the chunk remembers (up to
+    ``max_records``: a chunk rewritten by every transaction of a database keeps that many).
+    """
     update_id, inherited = tag
-    base = before if inherited is None else {r.update_id: r for r in inherited}
     ids = [] if update_id is None else [update_id]
-    records = with_updates(base, ids, version=version, length=length, checksum=checksum, now_ms=now_ms, keep=keep)
-    gone = [r for k, r in before.items() if records.get(k) is not r]
-    added = [r for k, r in records.items() if before.get(k) is not r]
-    return records, gone, added
+    if inherited is not None:  # a full-chunk replace: its records stand for the chunk's
+        base = {r.update_id: r for r in inherited}
+        records = with_updates(base, ids, version=version, length=length, checksum=checksum, now_ms=now_ms, keep=keep)
+        gone = [r for k, r in before.items() if records.get(k) is not r]
+        added = [r for k, r in records.items() if before.get(k) is not r]
+        return records, gone, added
+    records = dict(before)
+    gone = _record(records, ids, version, length, checksum, now_ms)
+    gone += prune(records, now_ms - keep.ttl_ms, keep.max_records)
+    added = [r for r in (records.get(k) for k in ids) if r is not None and before.get(r.update_id) is not r]
+    return records, [r for r in gone if before.get(r.update_id) is r], added
 
 
-def prune(records: dict[UpdateKey, UpdateRecord], cutoff_ms: int, max_records: int) -> None:
-    """Forget the oldest records: those committed before ``cutoff_ms``, and any beyond ``max_records``."""
+def _record(
+    records: dict[UpdateKey, UpdateRecord],
+    update_ids: Iterable[UpdateKey],
+    version: int,
+    length: int,
+    checksum: int,
+    now_ms: int,
+) -> list[UpdateRecord]:
+    """Each id's new record put last in ``records``; the records they replace."""
+    replaced = []
+    for update_id in update_ids:
+        old = records.pop(update_id, None)
+        if old is not None:
+            replaced.append(old)
+        records[update_id] = UpdateRecord(
+            update_id=update_id, version=version, length=length, checksum=checksum, committed_at_ms=now_ms
+        )
+    return replaced
+
+
+def prune(records: dict[UpdateKey, UpdateRecord], cutoff_ms: int, max_records: int) -> list[UpdateRecord]:
+    """Forget the oldest records: those committed before ``cutoff_ms``, and any beyond ``max_records``; those."""
+    forgotten = []
     while records:
         oldest = next(iter(records))
         if len(records) <= max_records and records[oldest].committed_at_ms >= cutoff_ms:
-            return
-        del records[oldest]
+            break
+        forgotten.append(records.pop(oldest))
+    return forgotten
