@@ -127,15 +127,16 @@ def _already_committed(target: Target, u: Update, update_ids: bool) -> UpdateRec
 def _same_update(target: Target, u: Update, committed: int, update_ids: bool) -> bool | None:
     """Whether this replica committed ``u.version`` from this very update.
 
-    None: ids off, or the update has none, so the version alone decides. A merged run's span (it carries its
-    records) made a version of every write of the run under its first one's id: that id alone does not tell it from
-    a version the id made here with fewer writes (a retried run that took in another write of the chunk), so the
-    chunk the run made (its record's length and checksum) must be the one committed here too.
+    None: ids off, or the update has none, so the version alone decides. The id must have made that version here,
+    and made the chunk ``u`` makes: a merged run (it carries its records) made one version of every write of the run,
+    so a run is the same only where the chunk it made (its record's length and checksum) is the one committed here
+    (not a version its first id made with fewer writes); a single write is the same only where it made the version
+    alone (not as one of a merged run that had other writes too: a retried write that the head now applies alone).
     """
     if not update_ids or u.update_id is None or u.full or u.version > committed:
         return None
-    record = target.engine.update_at(u.key, u.version)
-    if record is None or record.update_id != u.update_id:
+    record = target.engine.find_update(u.key, u.update_id)
+    if record is None or record.version != u.version:
         return False
     if u.records:
         sent = next((r for r in u.records if r.update_id == u.update_id), None)
@@ -144,7 +145,7 @@ def _same_update(target: Target, u: Update, committed: int, update_ids: bool) ->
             record.length,
             record.checksum,
         )
-    return True
+    return not any(r.version == u.version and r.update_id != u.update_id for r in target.engine.recent_updates(u.key))
 
 
 def _new_content(target: Target, u: Update) -> Payload | None:
