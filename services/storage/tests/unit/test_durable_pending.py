@@ -239,6 +239,38 @@ def test_close_writes_the_commits_made_in_memory(root: Path) -> None:
         e.close()
 
 
+def test_a_flush_after_close_frees_nothing_a_reopened_engine_may_use(root: Path) -> None:
+    """A flush waits ``FLUSH_DELAY_S`` (writes.py): it may run after ``close``. The files the closed engine's
+    in-memory commits replaced are free in the folder's next engine; the late flush must not unlink them (a full
+    free list unlinks what it is given) under that engine."""
+
+    def write(e: ChunkEngine, key: tuple[int, int], version: int, data: bytes) -> None:
+        uid = (b"c", version * 100 + key[0])
+        [p] = e.write_pending([(key, version, 1, data, None)], tags=[(uid, None)])
+        e.commit([p], [(uid, None)], durable=False)
+
+    old = ChunkEngine(root, max_free_files=1, new_file_batch=1)
+    old.open()
+    write(old, KEY, 1, b"a" * 100)
+    old.flush()
+    write(old, (2, 0), 1, b"x" * 100)
+    old.flush()
+    write(old, KEY, 2, b"b" * 100)  # version 1's file waits for the flush
+    [q] = old.write_pending([((5, 0), 1, 1, b"q" * 100, None)])
+    old.abort([q])  # a given-up write: its file takes the one free place
+    old.close()
+    new = ChunkEngine(root, max_free_files=4, new_file_batch=1)
+    new.open()
+    try:
+        old.flush()  # the closed engine's flush, due after its close
+        write(new, (3, 0), 1, b"z" * 100)
+        write(new, (4, 0), 1, b"w" * 100)  # reuses the free files: each still there
+        assert new.read_committed((4, 0)) == (new.get((4, 0)), b"w" * 100)
+        assert new.read_committed(KEY) == (new.get(KEY), b"b" * 100)
+    finally:
+        new.close()
+
+
 def test_an_in_memory_commit_leaves_freeing_the_replaced_files_to_the_flush(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

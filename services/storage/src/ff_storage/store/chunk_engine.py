@@ -203,6 +203,9 @@ class ChunkEngine:
                     self._unwritten = []
                 self._db.close()
                 self._db = None
+            # replaced files no committed row names: the next ``open`` finds them free; a flush due after this
+            # must not free them (another engine may have opened the folder and listed them already)
+            self._to_release = []
 
     # ---- reads ----
 
