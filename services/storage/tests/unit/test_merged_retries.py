@@ -111,13 +111,10 @@ def _write(offset: int, data: bytes, request_id: int) -> Update:
     )
 
 
-async def test_a_write_retried_in_a_merged_run_leaves_the_successor_with_the_heads_bytes(
-    chain: tuple[StorageNode, StorageNode],
-) -> None:
-    """Write A went alone (write C of the same chunk was in another call of the client's, which failed before
-    reaching the head); the tail committed A as version 2, its answer was lost, the head dropped the version. The
-    client retries A and C in one call: the head merges them into one version 2 under A's id. The tail must not take
-    that for the version it has (a duplicate: it kept bytes without C, which the head acknowledged)."""
+async def _lost_then_retried(chain: tuple[StorageNode, StorageNode], first: list[Update], retry: list[Update]) -> bytes:
+    """A first version of the chunk; then ``first``, which the tail commits as version 2 and whose answer is lost (the
+    head drops the version); then ``retry``. Every retried write succeeds and both hold the same version and bytes:
+    those bytes."""
     head, tail = chain
     h, t = head.state.targets[1], tail.state.targets[2]
     mode = ["up"]
@@ -127,21 +124,31 @@ async def test_a_write_retried_in_a_merged_run_leaves_the_successor_with_the_hea
     assert base.result.status == IoStatus.OK
 
     mode[0] = "lose"
-    first = [_write(0, b"a" * 10, 2)]
     await head.writer._head_updates(h, first)
-    assert [u.result.status for u in first] == [IoStatus.FORWARD_FAILED]
+    assert [u.result.status for u in first] == [IoStatus.FORWARD_FAILED] * len(first)
     assert t.engine.get(KEY).committed_version == 2  # type: ignore[union-attr]  # the tail took it
     assert h.engine.get(KEY).committed_version == 1  # type: ignore[union-attr]  # the head did not
 
     mode[0] = "up"
-    retry = [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)]
     await head.writer._head_updates(h, retry)
-    assert [u.result.status for u in retry] == [IoStatus.OK] * 2
+    assert [u.result.status for u in retry] == [IoStatus.OK] * len(retry)
     at_head = h.engine.read_committed(KEY)
     at_tail = t.engine.read_committed(KEY)
     assert at_head is not None and at_tail is not None
-    assert at_head[1][200:210] == b"c" * 10
     assert (at_tail[0].committed_version, at_tail[1]) == (at_head[0].committed_version, at_head[1])
+    return bytes(at_head[1])
+
+
+async def test_a_write_retried_in_a_merged_run_leaves_the_successor_with_the_heads_bytes(
+    chain: tuple[StorageNode, StorageNode],
+) -> None:
+    """Write A went alone (write C of the same chunk was in another call of the client's, which failed before
+    reaching the head); the tail committed A as version 2, its answer was lost, the head dropped the version. The
+    client retries A and C in one call: the head merges them into one version 2 under A's id. The tail must not take
+    that for the version it has (a duplicate: it kept bytes without C, which the head acknowledged)."""
+    first = [_write(0, b"a" * 10, 2)]
+    content = await _lost_then_retried(chain, first, [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)])
+    assert content[:10] == b"a" * 10 and content[200:210] == b"c" * 10
 
 
 async def test_a_merged_runs_write_retried_alone_leaves_the_successor_with_the_heads_bytes(
@@ -151,50 +158,15 @@ async def test_a_merged_runs_write_retried_alone_leaves_the_successor_with_the_h
     answer was lost, the head dropped the version. The client retries C alone (A's retry is in another call, not yet
     at the head): the head makes version 2 of C only. The tail holds C's record at version 2 too, but made with A's
     bytes: it must not answer "duplicate" and keep them."""
-    head, tail = chain
-    h, t = head.state.targets[1], tail.state.targets[2]
-    mode = ["up"]
-    _wire(head, tail, mode)
-    base = _write(0, b"." * 300, 1)
-    await head.writer._head_updates(h, [base])
-    assert base.result.status == IoStatus.OK
-
-    mode[0] = "lose"
     first = [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)]
-    await head.writer._head_updates(h, first)
-    assert t.engine.get(KEY).committed_version == 2  # type: ignore[union-attr]  # the tail took the run
-    assert h.engine.get(KEY).committed_version == 1  # type: ignore[union-attr]  # the head did not
-
-    mode[0] = "up"
-    retry = [_write(200, b"c" * 10, 4)]
-    await head.writer._head_updates(h, retry)
-    assert [u.result.status for u in retry] == [IoStatus.OK]
-    at_head = h.engine.read_committed(KEY)
-    at_tail = t.engine.read_committed(KEY)
-    assert at_head is not None and at_tail is not None
-    assert at_head[1][:10] == b"." * 10 and at_head[1][200:210] == b"c" * 10  # C alone
-    assert (at_tail[0].committed_version, at_tail[1]) == (at_head[0].committed_version, at_head[1])
+    content = await _lost_then_retried(chain, first, [_write(200, b"c" * 10, 4)])
+    assert content[:10] == b"." * 10 and content[200:210] == b"c" * 10  # C alone
 
 
 async def test_a_merged_run_sent_again_whole_leaves_both_with_its_bytes(
     chain: tuple[StorageNode, StorageNode],
 ) -> None:
     """The run [A, C] committed at the tail, its answer lost, is retried as the same run: both end with its bytes."""
-    head, tail = chain
-    h, t = head.state.targets[1], tail.state.targets[2]
-    mode = ["up"]
-    _wire(head, tail, mode)
-    base = _write(0, b"." * 300, 1)
-    await head.writer._head_updates(h, [base])
-
-    mode[0] = "lose"
-    await head.writer._head_updates(h, [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)])
-    mode[0] = "up"
-    retry = [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)]
-    await head.writer._head_updates(h, retry)
-    assert [u.result.status for u in retry] == [IoStatus.OK] * 2
-    at_head = h.engine.read_committed(KEY)
-    at_tail = t.engine.read_committed(KEY)
-    assert at_head is not None and at_tail is not None
-    assert at_head[1][:10] == b"a" * 10 and at_head[1][200:210] == b"c" * 10
-    assert (at_tail[0].committed_version, at_tail[1]) == (at_head[0].committed_version, at_head[1])
+    first = [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)]
+    content = await _lost_then_retried(chain, first, [_write(0, b"a" * 10, 2), _write(200, b"c" * 10, 4)])
+    assert content[:10] == b"a" * 10 and content[200:210] == b"c" * 10

@@ -8,7 +8,7 @@ from ff_meta.core.errors import FsCode, fs_error
 from ff_meta.core.layout import choose_layout
 from ff_meta.core.model import Defaults, Inode, InodeType, LayoutSpec, PathAt, QuotaRow
 from ff_meta.core.perms import R, W, checked_mode, require, require_session_owner
-from ff_meta.store.fsops.namespace import new_parent
+from ff_meta.store.fsops.namespace import new_inode, new_parent
 from ff_meta.store.fsops.sessions import session_row
 from ff_meta.store.schema import truncates
 from ff_meta.store.tx import Tx, raw_sql
@@ -49,18 +49,7 @@ def create(
     parent = new_parent(tx, r, at.path)
     chain = tx.quotas.chain(parent)
     tx.quotas.charge(chain, dinodes=1)
-    inode = Inode(
-        inode_id=inode_id,
-        type=InodeType.FILE,
-        mode=mode & 0o7777,
-        uid=tx.caller.uid,
-        gid=tx.caller.gid,
-        nlink=1,
-        atime_ns=tx.now_ns,
-        mtime_ns=tx.now_ns,
-        ctime_ns=tx.now_ns,
-        **choose_layout(parent, layout, defaults, inode_id),
-    )
+    inode = new_inode(tx, inode_id, InodeType.FILE, mode, **choose_layout(parent, layout, defaults, inode_id))
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode, True, chain

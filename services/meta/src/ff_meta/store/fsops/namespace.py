@@ -70,6 +70,26 @@ class _Above:
         self.known[child.inode_id] = (quota_ids, depth + 1)
 
 
+def new_inode(tx: Tx, inode_id: int, kind: InodeType, mode: int, **fields: Any) -> Inode:
+    """A new inode of ``kind``, the caller's, made now, with one link and ``mode``'s permission bits.
+
+    ``fields``: the rest (layout, length, symlink target, device number).
+    """
+    now = tx.now_ns
+    return Inode(
+        inode_id=inode_id,
+        type=kind,
+        mode=mode & 0o7777,
+        uid=tx.caller.uid,
+        gid=tx.caller.gid,
+        nlink=1,
+        atime_ns=now,
+        mtime_ns=now,
+        ctime_ns=now,
+        **fields,
+    )
+
+
 def mkdirs(tx: Tx, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None, ids: list[int]) -> Inode:
     """Mkdir (-p).
 
@@ -110,16 +130,11 @@ def _mkdir_one(
     spec = layout or LayoutSpec(parent.chain_table_id, parent.chunk_size, parent.stripe_size)
     if spec.chunk_size:
         check_chunk_size(spec.chunk_size)
-    inode = Inode(
-        inode_id=inode_id,
-        type=InodeType.DIRECTORY,
-        mode=mode & 0o7777,
-        uid=tx.caller.uid,
-        gid=tx.caller.gid,
-        nlink=1,
-        atime_ns=tx.now_ns,
-        mtime_ns=tx.now_ns,
-        ctime_ns=tx.now_ns,
+    inode = new_inode(
+        tx,
+        inode_id,
+        InodeType.DIRECTORY,
+        mode,
         parent_id=parent.inode_id,
         chain_table_id=spec.chain_table_id,
         chunk_size=spec.chunk_size,
@@ -138,16 +153,11 @@ def symlink(tx: Tx, at: PathAt, target: str, inode_id: int) -> Inode:
     r = tx.paths.resolve(at, follow_last=False)
     parent = new_parent(tx, r, at.path)
     tx.quotas.charge(tx.quotas.chain(parent), dinodes=1)
-    inode = Inode(
-        inode_id=inode_id,
-        type=InodeType.SYMLINK,
-        mode=0o777,
-        uid=tx.caller.uid,
-        gid=tx.caller.gid,
-        nlink=1,
-        atime_ns=tx.now_ns,
-        mtime_ns=tx.now_ns,
-        ctime_ns=tx.now_ns,
+    inode = new_inode(
+        tx,
+        inode_id,
+        InodeType.SYMLINK,
+        0o777,
         length=len(target.encode()),
         symlink_target=target,
     )
@@ -167,18 +177,7 @@ def mknod(tx: Tx, at: PathAt, kind: InodeType, mode: int, rdev: int, inode_id: i
     r = tx.paths.resolve(at, follow_last=False)
     parent = new_parent(tx, r, at.path)
     tx.quotas.charge(tx.quotas.chain(parent), dinodes=1)
-    inode = Inode(
-        inode_id=inode_id,
-        type=kind,
-        mode=mode & 0o7777,
-        uid=tx.caller.uid,
-        gid=tx.caller.gid,
-        nlink=1,
-        atime_ns=tx.now_ns,
-        mtime_ns=tx.now_ns,
-        ctime_ns=tx.now_ns,
-        rdev=rdev,
-    )
+    inode = new_inode(tx, inode_id, kind, mode, rdev=rdev)
     tx.insert(inode)
     tx.link(parent.inode_id, r.name, inode)
     return inode
