@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 # event loop (``_prepared``): each update may read its committed chunk there.
 INLINE_PREPARE_UPDATES = 4
 INLINE_PREPARE_BYTES = 256 * 1024
-FLUSH_DELAY_S = 0.05  # in-memory commits wait this long for a later write to write them (one transaction fewer)
 _HEAD_CLIENT_ID = uuid.uuid4().bytes  # ids the head gives updates that come without one
 _head_request_ids = itertools.count(1)
 
@@ -395,10 +394,7 @@ class ChainWriter:
         self._flush_soon(target)
 
     def _flush_soon(self, target: Target) -> None:
-        """Write the target's in-memory commits in a worker thread ``FLUSH_DELAY_S`` from now, unless a flush waits.
-
-        A write meanwhile writes them first in its own transaction; the flush then frees the files they replaced.
-        """
+        """Write the target's commits made in memory, in a worker thread, unless a flush is already waiting to."""
         if target.target_id in self._flush_waiting:
             return
         self._flush_waiting.add(target.target_id)
@@ -409,7 +405,6 @@ class ChainWriter:
 
         async def flush() -> None:
             try:
-                await asyncio.sleep(FLUSH_DELAY_S)  # a write meanwhile writes the rows in its own transaction
                 await asyncio.to_thread(in_thread)
             except Exception:  # its versions are durable pending ones: a restart promotes them
                 logger.exception("target %d: writing commits failed; it goes through recovery", target.target_id)

@@ -240,9 +240,9 @@ def test_close_writes_the_commits_made_in_memory(root: Path) -> None:
 
 
 def test_a_flush_after_close_frees_nothing_a_reopened_engine_may_use(root: Path) -> None:
-    """A flush waits ``FLUSH_DELAY_S`` (writes.py): it may run after ``close``. The files the closed engine's
-    in-memory commits replaced are free in the folder's next engine; the late flush must not unlink them (a full
-    free list unlinks what it is given) under that engine."""
+    """A flush runs in a worker thread some time after its commits (writes.py): it may run after ``close``. The
+    files the closed engine's in-memory commits replaced are free in the folder's next engine; the late flush must
+    not unlink them (a full free list unlinks what it is given) under that engine."""
 
     def write(e: ChunkEngine, key: tuple[int, int], version: int, data: bytes) -> None:
         uid = (b"c", version * 100 + key[0])
