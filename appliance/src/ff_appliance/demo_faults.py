@@ -39,6 +39,7 @@ WATCH_POLL_S = 0.25  # how often the services are asked while a fault is under w
 FAULT_WAIT_S = 300.0
 STORAGE_DOWN_S = 1.0  # how long the killed storage service stays down before it is restarted
 UP_TIMEOUT_S = 120.0
+VALIDATIONS = 3  # a cordoned node is validated at most this many times before the demo gives up on it
 # The rank the hang fault stops: global rank 3 (node rank 1, local rank 1), on the node that is not the master's.
 HUNG_NODE_RANK, HUNG_LOCAL_RANK = 1, 1
 
@@ -346,6 +347,22 @@ class Faults:
         found: pb.Node = await self.until(ready, f"node {node_id} ready", task_may_end=task_may_end)
         return found
 
+    async def _node_validated(self, node_id: int, asked: float) -> pb.Node:
+        """The node once it is ready, or once a validation finished since ``asked`` failed."""
+
+        async def settled(_: pb.Task) -> pb.Node | None:
+            nodes = (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes
+            node = next((n for n in nodes if n.node_id == node_id), None)
+            if node is None:
+                return None
+            if node.state == pb.NODE_STATE_READY:
+                return node
+            done = node.last_validation.finished_at >= asked and not node.last_validation.passed
+            return node if done else None
+
+        found: pb.Node = await self.until(settled, f"node {node_id} validated", task_may_end=True)
+        return found
+
     # ---- a rank stopped ----
 
     async def hang(self, task: pb.Task, at_step: int) -> FaultRecord:
@@ -408,10 +425,25 @@ class Faults:
         return rec
 
     async def return_node(self, node_id: int) -> str:
-        """A validation of the cordoned node; once it passes, the scheduler returns the node (read back)."""
+        """A validation of the cordoned node; once it passes, the scheduler returns the node (read back).
+
+        A validation that fails is shown with its failed checks and asked for again, ``VALIDATIONS`` times at most
+        (as an operator would: a check of the cluster's storage may fail while the machine is loaded).
+
+        Raises:
+            FaultError: every validation failed.
+        """
         started = time.time()
-        await self.admin.scheduler.validate_nodes(pb.ValidateNodesRequest(node_ids=[node_id]))
-        node = await self._node_ready(node_id, task_may_end=True)
+        for attempt in range(1, VALIDATIONS + 1):
+            asked = time.time()
+            await self.admin.scheduler.validate_nodes(pb.ValidateNodesRequest(node_ids=[node_id]))
+            node = await self._node_validated(node_id, asked)
+            if node.state == pb.NODE_STATE_READY:
+                break
+            failed = "; ".join(f"{c.name}: {c.message}" for c in node.last_validation.checks if not c.passed)
+            self.say(f"validation {attempt} of node {node_id} failed ({failed})")
+        else:
+            raise FaultError(f"node {node_id} failed {VALIDATIONS} validations; the last: {failed}")
         checks = ", ".join(c.name for c in node.last_validation.checks)
         return (
             f"node {node_id} validated ({checks}: "

@@ -261,7 +261,7 @@ class Validator:
         logger.info(
             "validation %s",
             "passed" if validation.passed else "FAILED",
-            extra={"failed": [r.name for r in results if not r.passed]},
+            extra={"failed": {r.name: r.message for r in results if not r.passed}},
         )
         return validation
 
