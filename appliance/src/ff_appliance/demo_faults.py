@@ -338,10 +338,14 @@ class Faults:
 
         return check
 
+    async def _node(self, node_id: int) -> pb.Node | None:
+        """The scheduler's view of the node, if it knows it."""
+        nodes = (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes
+        return next((n for n in nodes if n.node_id == node_id), None)
+
     async def _node_ready(self, node_id: int, *, task_may_end: bool = False) -> pb.Node:
         async def ready(_: pb.Task) -> pb.Node | None:
-            nodes = (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes
-            node = next((n for n in nodes if n.node_id == node_id), None)
+            node = await self._node(node_id)
             return node if node is not None and node.state == pb.NODE_STATE_READY else None
 
         found: pb.Node = await self.until(ready, f"node {node_id} ready", task_may_end=task_may_end)
@@ -351,14 +355,11 @@ class Faults:
         """The node once it is ready, or once a validation finished since ``asked`` failed."""
 
         async def settled(_: pb.Task) -> pb.Node | None:
-            nodes = (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes
-            node = next((n for n in nodes if n.node_id == node_id), None)
-            if node is None:
-                return None
-            if node.state == pb.NODE_STATE_READY:
+            node = await self._node(node_id)
+            if node is None or node.state == pb.NODE_STATE_READY:
                 return node
-            done = node.last_validation.finished_at >= asked and not node.last_validation.passed
-            return node if done else None
+            failed = node.last_validation.finished_at >= asked and not node.last_validation.passed
+            return node if failed else None
 
         found: pb.Node = await self.until(settled, f"node {node_id} validated", task_may_end=True)
         return found
@@ -411,8 +412,9 @@ class Faults:
         rec.detected_at = failure.failed_at
         rec.detected_by = f"agent of node {node_id}: {failure.message}"
         self.say(f"hang detected {rec.detected_at - rec.signalled_at:.1f} s after the SIGSTOP: {failure.message}")
-        nodes = {n.node_id: n for n in (await self.admin.scheduler.list_nodes(pb.ListNodesRequest())).nodes}
-        cordoned = nodes[node_id]
+        cordoned = await self._node(node_id)
+        if cordoned is None:
+            raise FaultError(f"node {node_id} is no longer known to the scheduler")
         if cordoned.state != pb.NODE_STATE_ERR:
             raise FaultError(f"node {node_id} was not cordoned: {pb.NodeState.Name(cordoned.state)}")
         rec.facts.append(f"node {node_id} in err_nodes: {cordoned.state_reason}")

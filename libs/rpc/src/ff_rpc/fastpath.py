@@ -82,6 +82,11 @@ def encode(header: Mapping[str, Any], body: bytes = b"") -> bytes:
     return _FRAME.pack(len(head), len(body)) + head + body
 
 
+def _status_frame(code: str, details: str, trailing: Sequence[tuple[str, str]] = (), body: bytes = b"") -> bytes:
+    """A server's answer frame: its status code's name, details and trailing metadata, then the response's bytes."""
+    return encode({"c": code, "d": details, "md": [list(p) for p in trailing]}, body)
+
+
 async def read_frame(
     reader: asyncio.StreamReader,
     max_body: int,
@@ -316,13 +321,13 @@ class FastServer:
                         reader, self._max_request, idle_s=IDLE_S, frame_s=FRAME_S, budget=self._budget
                     )
                 except FrameError as exc:
-                    await self._answer(writer, encode({"c": exc.code.name, "d": str(exc), "md": []}))
+                    await self._answer(writer, _status_frame(exc.code.name, str(exc)))
                     return
                 if frame is None:
                     return
                 if self._stopping.is_set():  # came while stopping: not run, the client may send it elsewhere
                     stopping = "failed to connect to all addresses (the server is stopping; the call did not run)"
-                    await self._answer(writer, encode({"c": "UNAVAILABLE", "d": stopping, "md": []}))
+                    await self._answer(writer, _status_frame("UNAVAILABLE", stopping))
                     return
                 self._busy.add(task)
                 # each call in its own task, so its context (principal, log fields) is its own
@@ -350,25 +355,25 @@ class FastServer:
             if not isinstance(method, str):
                 raise FrameError("a call names its method (a string)")
         except FrameError as exc:
-            return encode({"c": exc.code.name, "d": str(exc), "md": []})
+            return _status_frame(exc.code.name, str(exc))
         context = _Context(metadata)
         try:
             handler = await self._intercept(self._lookup, _Details(method, metadata))
             if handler is None or handler.unary_unary is None:
-                return encode({"c": "UNIMPLEMENTED", "d": f"no unary method {method} on the fast path", "md": []})
+                return _status_frame("UNIMPLEMENTED", f"no unary method {method} on the fast path")
             request = handler.request_deserializer(body)
             async with asyncio.timeout(timeout):  # this call's own task (see _serve): no task more per call
                 response = await handler.unary_unary(request, context)
             payload = handler.response_serializer(response)
         except grpc.aio.AbortError:
             code = context.code() or grpc.StatusCode.UNKNOWN
-            return encode({"c": code.name, "d": context.details, "md": [list(p) for p in context.trailing]})
+            return _status_frame(code.name, context.details, context.trailing)
         except TimeoutError:
-            return encode({"c": "DEADLINE_EXCEEDED", "d": "deadline exceeded", "md": []})
+            return _status_frame("DEADLINE_EXCEEDED", "deadline exceeded")
         except Exception:  # the interceptor answers every error of a call; this is one outside it
             logger.exception("fast path: %s failed outside the policy", method)
-            return encode({"c": "UNKNOWN", "d": "the call failed outside the service's policy", "md": []})
-        return encode({"c": "OK", "d": "", "md": []}, payload)
+            return _status_frame("UNKNOWN", "the call failed outside the service's policy")
+        return _status_frame("OK", "", (), payload)
 
 
 # ---- client ----
