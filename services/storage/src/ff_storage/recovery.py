@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 from ff_fsprotocol.checksum import crc32c_of
@@ -75,11 +76,15 @@ class Recovery:
         if pos is None or pos[1] != 0:
             raise InvalidRequest(f"target {target.target_id} is not the head of chain {request.chain_id}")
         chain = pos[0]
-        results = []
-        for key in keys:
-            async with self.state.locks.hold(target.target_id, [key]):
-                results.append(await self._repair_one(target, chain, key))
+        results: list[UpdateResult] = []
+        for key in keys:  # each to its end, as a chain update, even if the caller goes away meanwhile
+            await self.state.update_to_the_end(
+                target.target_id, [key], functools.partial(self._repair_into, results, target, chain, key)
+            )
         return results
+
+    async def _repair_into(self, results: list[UpdateResult], target: Target, chain: Chain, key: ChunkKey) -> None:
+        results.append(await self._repair_one(target, chain, key))
 
     async def _repair_one(self, target: Target, chain: Chain, key: ChunkKey) -> UpdateResult:
         meta = target.engine.get(key)
@@ -107,10 +112,7 @@ class Recovery:
                 return result_of(IoStatus.CHECKSUM_MISMATCH, "no good copy found")
         up = self._full_replace(target, key, meta, content)
         if own_bad:
-            pend = await asyncio.to_thread(
-                target.engine.write_pending, [(key, up.version, up.chain_version, content, None)]
-            )
-            await asyncio.to_thread(target.engine.commit, pend, [(up.update_id, up.records)])
+            await asyncio.to_thread(_rewrite, target, up, content)
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
                 with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError):
@@ -248,3 +250,14 @@ class Recovery:
             if bad:
                 raise RuntimeError(f"{len(bad)} sync write(s) refused: {bad[0].message}")
         return sum(u.kind is UpdateKind.REMOVE for u in ups)
+
+
+def _rewrite(target: Target, up: Update, content: bytes) -> None:
+    """Store ``content`` as ``up``'s version of its chunk and commit it; a failed commit leaves nothing pending."""
+    engine = target.engine
+    pend = engine.write_pending([(up.key, up.version, up.chain_version, content, None)])
+    try:
+        engine.commit(pend, [(up.update_id, up.records)])
+    except BaseException:
+        engine.abort(pend)
+        raise

@@ -237,7 +237,9 @@ class ChainWriter:
         if status:
             raise InvalidRequest(status[1]) if target is None else NotServing(status[1])
         assert target is not None
-        keys = target.engine.keys_of_inode(request.inode_id, request.begin_index, request.end_index)
+        # A chunk whose first write is in flight too: its removal waits for the write's lock and removes what it
+        # committed, where skipping it would leave an orphan chunk of a removed file.
+        keys = target.engine.keys_of_inode(request.inode_id, request.begin_index, request.end_index, with_pending=True)
         limit = min(request.max_chunks or max_default, self.state.config.max_batch_ios)
         todo = keys[:limit]
         results = await self._head_simple(
@@ -369,6 +371,10 @@ class ChainWriter:
             stored = await asyncio.shield(store)
         except BaseException as exc:
             store.add_done_callback(functools.partial(_drop_stored, engine, reserved))
+            if not isinstance(exc, asyncio.CancelledError):
+                # The forward failed unexpectedly: the caller releases the chunks' locks when this returns, and
+                # the next update of a chunk must not start while this one's write thread still runs.
+                await asyncio.wait([store])
             failed_here = store.done() and not store.cancelled() and store.exception() is exc
             if failed_here:
                 self._after_failure(target, "storing", exc, updates)

@@ -20,8 +20,9 @@ from ff_fsprotocol.checksum import crc32c_of
 from ff_fsprotocol.routing import Chain, RoutingView, TargetState
 from ff_fsprotocol.routing import Target as RoutingTarget
 from ff_storage import writes
-from ff_storage.core.chunks import ChunkMeta, sync_diff
-from ff_storage.core.requests import ReadIO, UpdateKind
+from ff_storage.core.chunks import ChunkKey, ChunkMeta, sync_diff
+from ff_storage.core.errors import ChunkCorrupt
+from ff_storage.core.requests import ReadIO, ReadResult, RemoveRequest, RepairRequest, UpdateKind
 from ff_storage.core.results import IoStatus, UpdateResult
 from ff_storage.core.target_role import Local, Public
 from ff_storage.dataserver import TransferBoxes
@@ -50,11 +51,15 @@ def _target(node: StorageNode) -> Target:
     return node.state.targets[1]
 
 
-def _head_of_its_chain(node: StorageNode) -> None:
-    """Routing in which the node's target is its chain, head and tail (a head starts updates only while it is one)."""
-    serving = mpb.Target(target_id=1, node_id=101, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+def _head_of_its_chain(node: StorageNode, successors: int = 0) -> None:
+    """Routing in which the node's target heads its chain (a head starts updates only while it is one), and is its
+    tail unless ``successors`` serve after it (targets 2, 3, ... on nodes 102, 103, ...)."""
+    serving = [
+        mpb.Target(target_id=1 + i, node_id=101 + i, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+        for i in range(1 + successors)
+    ]
     node.state.on_routing(
-        RoutingView(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=[serving])]))
+        RoutingView(mpb.RoutingInfo(version=1, chains=[mpb.Chain(chain_id=1, version=1, targets=serving)]))
     )
 
 
@@ -411,3 +416,115 @@ async def test_a_round_is_prepared_on_the_loop_only_when_it_is_small(
         updates.append(u)
     await node.writer._prepared(_target(node), updates, False)
     assert (threads == [threading.current_thread()]) is on_the_loop
+
+
+def _held_in_thread(
+    monkeypatch: pytest.MonkeyPatch, engine: ChunkEngine, method: str
+) -> tuple[threading.Event, threading.Event]:
+    """Make ``engine.method`` wait in its worker thread: (set once a call waits, set to let it go on)."""
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(engine, method)
+
+    def held(*args: Any, **kw: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine, method, held)
+    return entered, release
+
+
+async def test_a_forward_failing_unexpectedly_returns_only_once_the_local_write_is_done(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its caller releases the chunk's lock when it returns: the next update must not start beside the write."""
+    await _committed(node, b"one" * 100, 1)
+    engine = _target(node).engine
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        raise RuntimeError("a bug in the forward")
+
+    _fake_forward(node, monkeypatch, forward)
+    _, release = _held_in_thread(monkeypatch, engine, "write_pending")
+    step = asyncio.create_task(node.writer._store_forward_commit(_target(node), [_update(b"two" * 100, 2)]))
+    done, _ = await asyncio.wait([step], timeout=0.5)
+    assert not done, "it returned while its write thread was still running"
+    release.set()
+    with pytest.raises(RuntimeError, match="a bug in the forward"):
+        await step
+    await eventually(dropped(engine), timeout_s=10, what="the failed update's version dropped")
+    monkeypatch.undo()
+    await _committed(node, b"three" * 100, 2)
+    assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
+
+
+async def test_a_repair_whose_caller_goes_away_still_rewrites_the_copy_and_leaves_nothing_pending(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RepairChunks at a head whose own copy is bad: cancelled while it stores the good bytes, the repair goes on to
+    its end (before: the stored version stayed pending, and reads answered PENDING_VERSION until the next write)."""
+    good = b"good" * 100
+    await _committed(node, good, 1)
+    engine = _target(node).engine
+    _head_of_its_chain(node, successors=1)
+
+    def damaged(key: ChunkKey) -> Any:
+        raise ChunkCorrupt(f"chunk {key}: checksum mismatch")
+
+    async def good_copy(node_id: int, io: ReadIO) -> ReadResult:
+        return ReadResult(status=IoStatus.OK, length=len(good), version=1, checksum=crc32c_of(good), inline_data=good)
+
+    sent: list[Update] = []
+
+    async def send_updates(
+        chain: Chain, nxt: RoutingTarget, ups: list[Update], *args: Any, **kw: Any
+    ) -> list[UpdateResult]:
+        sent.extend(ups)
+        return [UpdateResult(IoStatus.OK)] * len(ups)
+
+    monkeypatch.setattr(engine, "read_committed", damaged)
+    monkeypatch.setattr(node.peers, "read_inline", good_copy)
+    monkeypatch.setattr(node.peers, "send_updates", send_updates)
+    entered, release = _held_in_thread(monkeypatch, engine, "write_pending")
+    call = asyncio.create_task(node.recovery.repair(RepairRequest(chain_id=1, chain_version=1, keys=(KEY,))))
+
+    async def storing() -> bool:
+        return entered.is_set()
+
+    await eventually(storing, timeout_s=10, what="the good copy being stored here")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert node.state.locks._users.get((1, KEY)), "the chunk's lock was released while the repair was running"
+    release.set()
+    await node.state.finish_updates()
+    monkeypatch.undo()
+    assert engine.pending(KEY) is None
+    assert engine.read_committed(KEY) == (engine.get(KEY), good)
+    assert [u.key for u in sent] == [KEY]  # and the replica was sent the good copy
+
+
+async def test_removing_an_inode_s_chunks_waits_for_a_first_write_in_flight_and_removes_it(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RemoveChunks racing the first write of a chunk: the chunk, pending only when the removal lists the inode's
+    chunks, is removed once the write is done, not left behind as an orphan of a removed file."""
+    engine = _target(node).engine
+    _head_of_its_chain(node)
+    _, release = _held_in_thread(monkeypatch, engine, "write_pending")
+    write = asyncio.create_task(node.writer._head_updates(_target(node), [_update(b"new" * 100, 0)]))
+
+    async def in_flight() -> bool:
+        return engine.pending(KEY) is not None
+
+    await eventually(in_flight, timeout_s=10, what="the first write in flight")
+    assert engine.get(KEY) is None or not engine.get(KEY).committed_version  # type: ignore[union-attr]
+    request = RemoveRequest(chain_id=1, chain_version=1, inode_id=KEY[0], begin_index=0, end_index=0, max_chunks=0)
+    removal = asyncio.create_task(node.writer.remove(request))
+    await asyncio.sleep(0.2)
+    assert not removal.done(), "the removal did not wait for the write of the chunk"
+    release.set()
+    await write
+    assert await removal == (1, False)
+    assert engine.get(KEY) is None or not engine.get(KEY).committed_version  # type: ignore[union-attr]
+    assert engine.keys_of_inode(KEY[0], 0, 0, with_pending=True) == []
