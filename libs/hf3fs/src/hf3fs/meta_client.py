@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 
 from ff_cluster import MgmtdClient
+from ff_fsprotocol.meta_once import ONCE_METHODS
 from ff_rpc import RetriesExhausted, RetryPolicy, RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool, UnaryCall
 from ff_rpc.fastpath import FastPool
@@ -80,8 +81,10 @@ class MetaClient:
     """Calls one of the meta services, failing over to the others.
 
     A call that never reached an instance (no connection) goes to the next one whatever the method; a connection
-    lost mid-call or a timeout is retried elsewhere only for methods the proto marks idempotent (the call may
-    have run: a Create or Rename sent again would apply twice). ``ff_rpc.retry_call``, with this client as its
+    lost mid-call or a timeout is retried elsewhere only for methods the proto marks idempotent and for those meta
+    does once per key (``ff_fsprotocol.meta_once``: Rename, Remove, Mkdirs, ...; every attempt carries the call's
+    key, and meta answers a repeated key with its first result). Others may have run (a Create sent again would
+    apply twice): they are not retried. ``ff_rpc.retry_call``, with this client as its
     router: the next instance at once, a backoff and fresh routing after a round of them all.
     """
 
@@ -113,6 +116,7 @@ class MetaClient:
                 unavailable_did_not_run=True,
                 fast=self._fast,
                 fast_address=self._fast_of.get,
+                once=ONCE_METHODS,
             )
         )
         self._lock = asyncio.Lock()

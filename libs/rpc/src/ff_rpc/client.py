@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -19,6 +19,7 @@ from ff_rpc.errors import RpcError
 from ff_rpc.fastpath import FastPool
 from ff_rpc.interceptor import REQUEST_ID_HEADER, new_request_id
 from ff_rpc.logs import current_request_id
+from ff_rpc.once import once_metadata, sending_once
 from ff_rpc.retry import NO_RETRY, RETRYABLE_CODES, RetryPolicy, Router, never_reached_a_server, retry_call
 from fireflyer.rpc_types import Invoker, Method
 
@@ -110,7 +111,11 @@ class RpcClient:
         auth = self._auth
         if auth is None:
             auth = _auth_metadata(self._token() if callable(self._token) else self._token)
-        md: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, current_request_id() or new_request_id()), *auth)
+        md: tuple[tuple[str, str], ...] = (
+            (REQUEST_ID_HEADER, current_request_id() or new_request_id()),
+            *auth,
+            *once_metadata(),
+        )
         acting = current_acting()
         if acting is not None:
             md += ((ACT_AS_HEADER, acting.header()),)
@@ -229,7 +234,9 @@ class ChannelInvoker(Invoker):
     """Sends a typed client's calls (``fireflyer.rpc_types.Invoker``) to one address or wherever a ``Route`` points.
 
     Metadata and the default deadline come from the ``RpcClient``; unary calls retry through ``retry_call`` (a
-    ``Route`` is its router), with ``retry`` or else the client's policy.
+    ``Route`` is its router), with ``retry`` or else the client's policy. The methods in ``once`` (full paths) are
+    ones the service does once per key (``ff_rpc.once``): each call's attempts carry one key, and it is retried as an
+    idempotent call is.
     """
 
     def __init__(
@@ -242,8 +249,10 @@ class ChannelInvoker(Invoker):
         unavailable_did_not_run: bool = False,
         fast: FastPool | None = None,
         fast_address: Callable[[str], str | None] | None = None,
+        once: frozenset[str] = frozenset(),
     ) -> None:
         self._rpc = rpc
+        self._once = once
         self._channels = channels
         self._route = route
         self._retry = retry
@@ -283,14 +292,16 @@ class ChannelInvoker(Invoker):
 
         router = None if isinstance(self._route, str) else self._route
         policy = self._retry or self._rpc.retry
-        return await retry_call(
-            attempt,
-            policy=policy,
-            idempotent=method.idempotent,
-            router=router,
-            unavailable_did_not_run=self._unavailable_did_not_run,
-            name=method.path,
-        )
+        once = method.path in self._once
+        with sending_once() if once else nullcontext():
+            return await retry_call(
+                attempt,
+                policy=policy,
+                idempotent=method.idempotent or once,
+                router=router,
+                unavailable_did_not_run=self._unavailable_did_not_run,
+                name=method.path,
+            )
 
     async def _fast_call(
         self, address: str, method: Method[RequestT, ResponseT], request: RequestT, timeout_s: float | None

@@ -86,22 +86,27 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                     request.mode or 0o755,
                     request.recursive,
                     wire.layout_of(request.layout, request.HasField("layout")),
+                    _once(context, "Mkdirs"),
                 )
             )
         )
 
     async def Symlink(self, request: pb.SymlinkRequest, context: Context) -> pb.SymlinkResponse:
         return pb.SymlinkResponse(
-            inode=wire.inode_pb(await self._ns.symlink(caller(), path_at(request.path), request.target))
+            inode=wire.inode_pb(
+                await self._ns.symlink(caller(), path_at(request.path), request.target, _once(context, "Symlink"))
+            )
         )
 
     async def Mknod(self, request: pb.MknodRequest, context: Context) -> pb.MknodResponse:
         kind = wire.inode_type(request.type)
-        inode = await self._ns.mknod(caller(), path_at(request.path), kind, request.mode, request.rdev)
+        once = _once(context, "Mknod")
+        inode = await self._ns.mknod(caller(), path_at(request.path), kind, request.mode, request.rdev, once)
         return pb.MknodResponse(inode=wire.inode_pb(inode))
 
     async def HardLink(self, request: pb.HardLinkRequest, context: Context) -> pb.HardLinkResponse:
-        inode = await self._ns.hardlink(caller(), path_at(request.old_path), path_at(request.new_path))
+        once = _once(context, "HardLink")
+        inode = await self._ns.hardlink(caller(), path_at(request.old_path), path_at(request.new_path), once)
         return pb.HardLinkResponse(inode=wire.inode_pb(inode))
 
     async def Remove(self, request: pb.RemoveRequest, context: Context) -> pb.RemoveResponse:
@@ -114,12 +119,13 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                 request.to_trash,
                 request.trash_retention_s,
                 expect_dir,
+                _once(context, "Remove"),
             )
         )
 
     async def Rename(self, request: pb.RenameRequest, context: Context) -> pb.RenameResponse:
         inode = await self._ns.rename(
-            caller(), path_at(request.src_path), path_at(request.dst_path), request.no_replace
+            caller(), path_at(request.src_path), path_at(request.dst_path), request.no_replace, _once(context, "Rename")
         )
         return pb.RenameResponse(inode=wire.inode_pb(inode))
 
@@ -166,3 +172,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def EmptyTrash(self, request: pb.EmptyTrashRequest, context: Context) -> pb.EmptyTrashResponse:
         n = await self._trash.empty(caller(), wire.trash_ids(request), request.expired_only)
         return pb.EmptyTrashResponse(num_deleted=n)
+
+
+def _once(context: Context, method: str) -> str | None:
+    """The call's key when the client sent one (``ff_fsprotocol.meta_once`` lists the methods that take it)."""
+    return wire.once_key(context.invocation_metadata() or (), method)

@@ -25,6 +25,7 @@ from ff_meta.core.model import (
 from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability, CloseArgs, CreateArgs, DirPage, FsSpace, OpenArgs, Opened, StatItem
 from ff_rpc import current_principal
+from ff_rpc.once import once_value
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 T = TypeVar("T")
@@ -44,6 +45,16 @@ def caller() -> Caller:
     """The caller of the current RPC (its token's user; admins and the cluster token are root)."""
     p = current_principal()
     return Caller(uid=p.uid, gids=tuple(p.gids), name=p.name, is_root=p.is_admin)
+
+
+def once_key(metadata: Iterable[tuple[str, str | bytes]], method: str) -> str | None:
+    """The key of a call done once (``store/once.py``): method, caller's uid, client's key; None without a key.
+
+    Raises:
+        InvalidArgument: a malformed key (``ff_rpc.once.once_value``).
+    """
+    value = once_value(tuple(metadata))
+    return None if value is None else f"{method}/{caller().uid}/{value}"
 
 
 # ---- bounds ----

@@ -1,7 +1,8 @@
 """Meta's background work, in every instance.
 
 Write sessions whose lease lapsed are collected (the length made exact from storage), truncates a crash cut short are
-finished, removed files' chunks are deleted (GC), the trash expires, SQLite's WAL is checkpointed.
+finished, removed files' chunks are deleted (GC), the trash expires, old records of calls done once go, SQLite's WAL is
+checkpointed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ff_meta.core.errors import FsError
 from ff_meta.ops.admin import TrashOps
 from ff_meta.ops.files import FileOps
 from ff_meta.ops.shared import SYSTEM, Shared
-from ff_meta.store import trash
+from ff_meta.store import once, trash
 from ff_meta.store.fsops import sessions
 from ff_rpc import RpcError
 
@@ -34,13 +35,14 @@ class Background:
         self._started = time.monotonic()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Collect sessions, GC, expire the trash, checkpoint; a failing job is logged and tried next round."""
+        """Collect sessions, GC, expire the trash, prune, checkpoint; a failing job is logged and tried next round."""
         while not stop.is_set():
             for job in (
                 self.collect_sessions,
                 self.finish_truncates,
                 self.run_gc,
                 self.expire_trash,
+                self.prune_once,
                 self.checkpoint_wal,
             ):
                 try:
@@ -75,6 +77,10 @@ class Background:
     async def finish_truncates(self) -> int:
         """Complete the truncates a crash cut short (``FileOps.finish_truncates``)."""
         return await self._files.finish_truncates()
+
+    async def prune_once(self) -> None:
+        """Drop the records of calls done once that are older than a client retries (``store/once.py``)."""
+        await self._store.write(SYSTEM, once.prune)
 
     async def run_gc(self) -> int:
         """Remove the chunks of files whose last link went; a file leaves the queue only once storage did."""

@@ -12,6 +12,7 @@ from ff_meta.ops.shared import Shared
 from ff_meta.ops.types import Capability, DirPage, FsSpace, StatItem
 from ff_meta.store import trash
 from ff_meta.store.fsops import namespace, reads
+from ff_meta.store.once import once
 
 # Calls up to these sizes run on the event loop on SQLite (well under a millisecond); larger ones in a thread.
 SMALL_BATCH = 64
@@ -98,44 +99,65 @@ class NamespaceOps:
             self._s.reads.put(version, key, page, max(1, len(entries)))
         return page
 
-    async def mkdirs(self, caller: Caller, at: PathAt, mode: int, recursive: bool, layout: LayoutSpec | None) -> Inode:
-        """Mkdir (-p)."""
+    async def mkdirs(
+        self,
+        caller: Caller,
+        at: PathAt,
+        mode: int,
+        recursive: bool,
+        layout: LayoutSpec | None,
+        once_key: str | None = None,
+    ) -> Inode:
+        """Mkdir (-p); a call done once per ``once_key`` (``store/once.py``), as the other namespace changes."""
         _, parts = split_path(at.path)
         await self._s.check_table(layout)
         ids = await self._s.ids.take(max(1, len(parts)))
         return await self._store.write(
-            caller, lambda t: namespace.mkdirs(t, at, mode, recursive, layout, ids), small=len(parts) <= SMALL_MKDIRS
+            caller,
+            once(once_key, lambda t: namespace.mkdirs(t, at, mode, recursive, layout, ids)),
+            small=len(parts) <= SMALL_MKDIRS,
         )
 
-    async def symlink(self, caller: Caller, at: PathAt, target: str) -> Inode:
+    async def symlink(self, caller: Caller, at: PathAt, target: str, once_key: str | None = None) -> Inode:
         """A symbolic link to ``target``."""
         [inode_id] = await self._s.ids.take(1)
-        return await self._store.write(caller, lambda t: namespace.symlink(t, at, target, inode_id))
+        return await self._store.write(caller, once(once_key, lambda t: namespace.symlink(t, at, target, inode_id)))
 
-    async def mknod(self, caller: Caller, at: PathAt, kind: InodeType, mode: int, rdev: int) -> Inode:
+    async def mknod(
+        self, caller: Caller, at: PathAt, kind: InodeType, mode: int, rdev: int, once_key: str | None = None
+    ) -> Inode:
         """A FIFO, socket or device node."""
         [inode_id] = await self._s.ids.take(1)
-        return await self._store.write(caller, lambda t: namespace.mknod(t, at, kind, mode, rdev, inode_id))
+        body = once(once_key, lambda t: namespace.mknod(t, at, kind, mode, rdev, inode_id))
+        return await self._store.write(caller, body)
 
-    async def hardlink(self, caller: Caller, old: PathAt, new: PathAt) -> Inode:
+    async def hardlink(self, caller: Caller, old: PathAt, new: PathAt, once_key: str | None = None) -> Inode:
         """Another name for a file."""
-        return await self._store.write(caller, lambda t: namespace.hardlink(t, old, new))
+        return await self._store.write(caller, once(once_key, lambda t: namespace.hardlink(t, old, new)))
 
     async def remove(
-        self, caller: Caller, at: PathAt, recursive: bool, to_trash: bool, retention_s: float, expect_dir: bool | None
+        self,
+        caller: Caller,
+        at: PathAt,
+        recursive: bool,
+        to_trash: bool,
+        retention_s: float,
+        expect_dir: bool | None,
+        once_key: str | None = None,
     ) -> str:
         """Unlink or rmdir, or move to the trash (``retention_s``; 0: the default): the trash id or ""."""
         retention = retention_s or self._s.options.trash_retention_s
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
         trash_id = trash.new_trash_id()
-        return await self._store.write(
-            caller, lambda t: namespace.remove(t, at, recursive, to_trash, retention, trash_id, expect_dir)
-        )
+        body = once(once_key, lambda t: namespace.remove(t, at, recursive, to_trash, retention, trash_id, expect_dir))
+        return await self._store.write(caller, body)
 
-    async def rename(self, caller: Caller, src: PathAt, dst: PathAt, no_replace: bool) -> Inode:
+    async def rename(
+        self, caller: Caller, src: PathAt, dst: PathAt, no_replace: bool, once_key: str | None = None
+    ) -> Inode:
         """Move an entry to another name, as the rename system call (``no_replace``: RENAME_NOREPLACE)."""
-        return await self._store.write(caller, lambda t: namespace.rename(t, src, dst, no_replace))
+        return await self._store.write(caller, once(once_key, lambda t: namespace.rename(t, src, dst, no_replace)))
 
     async def set_attr(self, caller: Caller, at: PathAt, follow_last: bool, change: AttrChange) -> Inode:
         """chmod, chown, utimes, a directory's default layout."""

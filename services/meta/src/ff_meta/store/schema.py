@@ -113,6 +113,14 @@ truncates = sa.Table(
     sa.Column("started_at_ns", sa.BigInteger, nullable=False),
 )  # fmt: skip
 
+# Mutating calls done once (``store/once.py``): a call's key (method, caller, the client's key) and its result.
+once = sa.Table(
+    "meta_once", metadata,
+    sa.Column("once_key", sa.String(200), primary_key=True),
+    sa.Column("result", sa.Text, nullable=False),
+    sa.Column("recorded_at_ns", sa.BigInteger, nullable=False, index=True),
+)  # fmt: skip
+
 counters = sa.Table(
     "meta_counters", metadata,
     sa.Column("name", sa.String(64), primary_key=True),
