@@ -25,13 +25,14 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def __init__(self, ops: MetaOps) -> None:
         self._ns, self._files, self._quotas, self._trash = ops.namespace, ops.files, ops.quotas, ops.trash
         self._listings = wire.ListResponses()
+        self._stats = wire.StatResponses()
 
     async def StatFs(self, request: pb.StatFsRequest, context: Context) -> pb.StatFsResponse:
         return wire.statfs_response(await self._ns.statfs(caller()))
 
     async def Stat(self, request: pb.StatRequest, context: Context) -> pb.StatResponse:
         inode, sessions = await self._ns.stat(caller(), path_at(request.path), request.follow_last_symlink)
-        return pb.StatResponse(inode=wire.inode_pb(inode, sessions))
+        return self._stats.response(inode, sessions)
 
     async def BatchStat(self, request: pb.BatchStatRequest, context: Context) -> pb.BatchStatResponse:
         return wire.batch_stat_response(

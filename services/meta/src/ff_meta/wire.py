@@ -7,13 +7,12 @@ no store can hold, before any work), answers built. Nothing below the servicer s
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, TypeVar
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
 from ff_meta.core.model import (
     AttrChange,
-    DirEntry,
     Inode,
     InodeType,
     LayoutSpec,
@@ -24,7 +23,7 @@ from ff_meta.core.model import (
 )
 from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability, CloseArgs, CreateArgs, DirPage, FsSpace, OpenArgs, Opened, StatItem
-from ff_rpc import current_principal
+from ff_rpc import Principal, current_principal
 from ff_rpc.once import once_value
 from fireflyer.meta.v1 import meta_pb2 as pb
 
@@ -41,10 +40,24 @@ MAX_TRASH_IDS = 1000
 READ, WRITE, RW = pb.OPEN_MODE_READ, pb.OPEN_MODE_WRITE, pb.OPEN_MODE_READ_WRITE
 
 
+# The Caller of recent principals, by the principal's identity: the token validator's cache hands the same frozen
+# Principal to every call with a token, and a Caller costs ~1.4 us to make, the look-up ~0.2 (the principal is held,
+# so its id is not reused while its entry is kept).
+_CALLERS_MAX = 1024
+_callers: dict[int, tuple[Principal, Caller]] = {}
+
+
 def caller() -> Caller:
     """The caller of the current RPC (its token's user; admins and the cluster token are root)."""
     p = current_principal()
-    return Caller(uid=p.uid, gids=tuple(p.gids), name=p.name, is_root=p.is_admin)
+    known = _callers.get(id(p))
+    if known is not None and known[0] is p:
+        return known[1]
+    made = Caller(uid=p.uid, gids=tuple(p.gids), name=p.name, is_root=p.is_admin)
+    if len(_callers) >= _CALLERS_MAX:
+        _callers.clear()
+    _callers[id(p)] = (p, made)
+    return made
 
 
 def once_key(metadata: Iterable[tuple[str, str | bytes]], method: str) -> str | None:
@@ -413,33 +426,77 @@ def list_response(page: DirPage) -> pb.ListResponse:
     return resp
 
 
+class KeptMessages(Generic[M]):
+    """Messages built from answers that meta's read cache hands out again, by the identity of the answer.
+
+    An answer the read cache (or the listing cache) served is the same object each time, so its message is built once.
+    ``size`` counts what a message holds (a listing page: its names); past ``max_size`` in all the oldest go first.
+    The answers are held, so their ids are not reused while their messages are kept. The messages go to grpc or the
+    fast path, which only serialize them.
+    """
+
+    def __init__(self, max_size: int) -> None:
+        self._max_size = max_size
+        self._size = 0
+        self._known: dict[int, tuple[object, Hashable, M, int]] = {}
+
+    def get(self, answer: object, tag: Hashable) -> M | None:
+        """The message put for this very ``answer`` object with an equal ``tag``; None otherwise."""
+        known = self._known.get(id(answer))
+        if known is not None and known[0] is answer and known[1] == tag:
+            return known[2]
+        return None
+
+    def put(self, answer: object, tag: Hashable, message: M, size: int = 1) -> None:
+        """Keep ``message`` for ``answer`` (not when it alone is over the bound)."""
+        if size > self._max_size:
+            return
+        old = self._known.pop(id(answer), None)
+        if old is not None:
+            self._size -= old[3]
+        self._known[id(answer)] = (answer, tag, message, size)
+        self._size += size
+        while self._size > self._max_size:
+            dropped = self._known.pop(next(iter(self._known)))
+            self._size -= dropped[3]
+
+
 class ListResponses:
     """The ListResponse of recent names-only pages, by the identity of the page's entries.
 
     A page that meta's listing cache answered is the same list object each time (``store.listing``), so its message
-    is built once (100 names cost ~100 us to build, ~4 us to serialize). Up to ``max_entries`` entries in all, the
-    oldest dropped first. The messages go to grpc, which only serializes them.
+    is built once (100 names cost ~100 us to build, ~4 us to serialize). Up to ``max_entries`` entries in all.
     """
 
     def __init__(self, max_entries: int = 20_000) -> None:
-        self._max_entries = max_entries
-        self._num_entries = 0
-        self._known: dict[int, tuple[list[DirEntry], str, pb.ListResponse]] = {}
+        self._built: KeptMessages[pb.ListResponse] = KeptMessages(max_entries)
 
     def response(self, page: DirPage) -> pb.ListResponse:
         """List's answer for ``page`` (built once per entries list)."""
-        entries = page.entries
-        known = self._known.get(id(entries))
-        if known is not None and known[0] is entries and known[1] == page.last_name:
-            return known[2]
-        resp = list_response(page)
-        if len(entries) <= self._max_entries:
-            self._known[id(entries)] = (entries, page.last_name, resp)  # the entries held: their id is not reused
-            self._num_entries += len(entries)
-            while self._num_entries > self._max_entries:
-                dropped = self._known.pop(next(iter(self._known)))
-                self._num_entries -= len(dropped[0])
-        return resp
+        known = self._built.get(page.entries, page.last_name)
+        if known is None:
+            known = list_response(page)
+            self._built.put(page.entries, page.last_name, known, len(page.entries))
+        return known
+
+
+class StatResponses:
+    """The StatResponse of recent stats, by the identity of the answer's inode.
+
+    A Stat that meta's read cache answered gives the same Inode object each time (``ops.namespace``), so its message
+    is built once (~4 us in a hot loop, more between other calls). Up to ``max_entries`` inodes.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._built: KeptMessages[pb.StatResponse] = KeptMessages(max_entries)
+
+    def response(self, inode: Inode, sessions: int) -> pb.StatResponse:
+        """Stat's answer for ``inode`` with ``sessions`` open write sessions."""
+        known = self._built.get(inode, sessions)
+        if known is None:
+            known = pb.StatResponse(inode=inode_pb(inode, sessions))
+            self._built.put(inode, sessions, known)
+        return known
 
 
 def trash_response(page: tuple[list[TrashRow], str]) -> pb.ListTrashResponse:

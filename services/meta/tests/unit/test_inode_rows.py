@@ -1,5 +1,6 @@
 """Rows of ``meta_inodes`` become the same ``Inode`` the constructor makes, and ``inode_pb`` answers each type as the
-proto documents it (no store: the row-to-Inode path is filled in place, see ``ff_meta.store.tx.inode_of_tuple``)."""
+proto documents it (no store: the row-to-Inode path is filled in place, see ``ff_meta.store.tx.inode_of_tuple``); what
+the servicer builds once (``StatResponses``, ``ListResponses``, ``caller``) is what it would build anew."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import dataclasses
 import pytest
 
 from ff_meta.core.model import Inode, InodeType
+from ff_meta.core.perms import Caller
+from ff_meta.ops.types import DirPage
 from ff_meta.store.tx import _COLS, inode_of_tuple
-from ff_meta.wire import inode_pb
+from ff_meta.wire import ListResponses, StatResponses, caller, inode_pb
+from ff_rpc.auth import Principal, Role, set_current_principal
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 pytestmark = pytest.mark.unit
@@ -56,3 +60,47 @@ def test_inode_pb_answers_each_type(kind: InodeType) -> None:
             node.shuffle_seed,
         )
     assert pb.DirEntry(name="x", inode=msg).inode == msg
+
+
+def test_a_stat_answer_is_built_once_per_inode_object() -> None:
+    stats = StatResponses(max_entries=2)
+    node = inode_of_tuple(_row(InodeType.FILE))
+    first = stats.response(node, 0)
+    assert first.inode == inode_pb(node, 0)
+    assert stats.response(node, 0) is first  # the read cache's same answer: the same message
+    with_sessions = stats.response(node, 3)  # the same inode with another count: built again, and right
+    assert with_sessions is not first and with_sessions.inode.num_write_sessions == 3
+    equal = inode_of_tuple(_row(InodeType.FILE))  # an equal inode read again: its own message, equal
+    assert stats.response(equal, 0) is not first and stats.response(equal, 0) == first
+    others = [inode_of_tuple(_row(InodeType.DIRECTORY)) for _ in range(2)]
+    kept = stats.response(others[0], 0)
+    stats.response(others[1], 0)  # a third inode in a cache of two: the oldest went
+    assert stats.response(others[1], 0).inode == inode_pb(others[1], 0)
+    assert stats.response(others[0], 0) is kept and stats.response(node, 0) is not first
+
+
+def test_a_listing_page_is_built_once_per_entries_list() -> None:
+    entries = [(f"f{k}", 100 + k, int(InodeType.FILE), None) for k in range(3)]
+    listings = ListResponses(max_entries=5)
+    first = listings.response(DirPage(entries, ""))
+    assert [e.name for e in first.entries] == ["f0", "f1", "f2"] and first.next_page_token == ""
+    assert listings.response(DirPage(entries, "")) is first
+    assert listings.response(DirPage(entries, "f2")) is not first  # another last name: another page token
+    assert listings.response(DirPage(list(entries), "")) is not first  # equal names from another list: built again
+    big = [(f"g{k}", 200 + k, int(InodeType.FILE), None) for k in range(6)]  # over the bound alone: not kept
+    assert listings.response(DirPage(big, "")) is not listings.response(DirPage(big, ""))
+
+
+def test_the_caller_of_a_principal_is_made_once_and_follows_the_principal() -> None:
+    alice = Principal(uid=1000, name="alice", gids=(1000, 7))
+    admin = Principal(uid=1, name="root-ish", role=Role.ADMIN)
+    set_current_principal(alice)
+    try:
+        made = caller()
+        assert made == Caller(1000, (1000, 7), "alice", False) and caller() is made
+        set_current_principal(admin)
+        assert caller() == Caller(1, (), "root-ish", True)
+        set_current_principal(Principal(uid=1000, name="alice", gids=(1000,)))  # another principal: its own caller
+        assert caller() == Caller(1000, (1000,), "alice", False)
+    finally:
+        set_current_principal(None)

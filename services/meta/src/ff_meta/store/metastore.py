@@ -88,6 +88,7 @@ class MetaStore:
         self._writer_task: asyncio.Task[None] | None = None
         self._db_file = store.engine.url.database or ""
         self._reader: sqlite3.Connection | None = None
+        self._version_cursor: sqlite3.Cursor | None = None  # the reader's, kept for data_version
         self._writer: sqlite3.Connection | None = None
         self._checkpointer: sqlite3.Connection | None = None
         self._raw: queue.SimpleQueue[RawWriter] | None = None
@@ -98,6 +99,7 @@ class MetaStore:
         if self._on_sqlite and self._db_file:
             self._reader = sqlite3.connect(self._db_file, isolation_level=None, check_same_thread=False)
             self._reader.execute("PRAGMA query_only = ON")
+            self._version_cursor = self._reader.cursor()
             # Inline writes only where a commit does not fsync (FULL: the group writer's thread pays it).
             if synchronous == "NORMAL":
                 self._writer = self._open_writer()
@@ -136,6 +138,7 @@ class MetaStore:
             if conn is not None:
                 conn.close()
         self._reader = self._writer = self._checkpointer = None
+        self._version_cursor = None
         if self._raw is not None:
             raw, self._raw = self._raw, None
             for _ in range(RAW_CONNECTIONS):
@@ -152,10 +155,11 @@ class MetaStore:
 
         It moves with every commit of any other connection: this process's writers, other meta instances on the file.
         """
-        if self._reader is None:
+        if self._version_cursor is None:
             return None
-        row = self._reader.execute("PRAGMA data_version").fetchone()
-        return int(row[0])
+        # fetchall: the statement is run to its end, so no read transaction stays open on the reader
+        [(version,)] = self._version_cursor.execute("PRAGMA data_version").fetchall()
+        return int(version)
 
     async def read(self, caller: Caller, fn: Body[T], *, small: bool = True) -> T:
         """``fn`` in a read-only transaction. ``small``: a few indexed statements (may run on the loop)."""
