@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import struct
 import time
@@ -59,7 +60,7 @@ MAX_DEADLINE_S = 24 * 3600.0
 # A client does not reuse a connection idle for longer than this (well before the server's IDLE_S closes it).
 CLIENT_IDLE_S = 60.0
 FAST_CONNECT_S = 1.0  # a client's connect attempt (then the call goes over gRPC)
-_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+_TEXT_KEY = re.compile(r"[0-9a-z_.\-]+")  # a metadata key gRPC takes, lowercased (fullmatch)
 
 _EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 Metadata = Sequence[tuple[str, str]]
@@ -165,15 +166,19 @@ class _Budget:
 
 
 def _metadata(value: Any) -> tuple[tuple[str, str], ...]:
-    """Call metadata as gRPC takes it: keys lowercased, of [0-9a-z-_.], not binary (-bin); values printable ASCII."""
-    if not isinstance(value, list) or not all(
-        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in value
-    ):
+    """Call metadata as gRPC takes it: keys lowercased, of [0-9a-z-_.], not binary (-bin); values printable ASCII.
+
+    Plain loops, no generators: every call's metadata passes here (two entries took 2.3 us in a hot loop, now 1.3).
+    """
+    if not isinstance(value, list):
         raise FrameError("metadata must be a list of [key, value] strings")
+    for p in value:  # every entry's shape first, then the keys and values
+        if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str)):
+            raise FrameError("metadata must be a list of [key, value] strings")
     out = []
     for k, v in value:
         key = k.lower()
-        if not key or not set(key) <= _KEY_CHARS or key.endswith("-bin"):
+        if _TEXT_KEY.fullmatch(key) is None or key.endswith("-bin"):
             raise FrameError(f"metadata key {k[:64]!r} is not a text metadata key")
         if not (v.isascii() and v.isprintable()):  # printable ASCII: " " to "~"
             raise FrameError(f"metadata {key!r}: its value is not printable ASCII")
