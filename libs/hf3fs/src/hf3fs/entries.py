@@ -71,7 +71,11 @@ class Stat:
     @classmethod
     def from_pb(cls, i: pb.Inode) -> Stat:
         """The Stat of meta's Inode message."""
-        return cls(
+        layout = i.layout
+        # Filled as the frozen dataclass's __init__ would, without its object.__setattr__ per field: every stat()
+        # makes one (3.6 -> 1.5 us); the fields are all given, so the defaults do not apply.
+        made = _new_object(cls)
+        made.__dict__.update(
             inode_id=i.inode_id,
             type=_TYPES.get(i.type, "unknown"),
             mode=i.mode,
@@ -83,12 +87,16 @@ class Stat:
             mtime_ns=i.mtime_ns,
             ctime_ns=i.ctime_ns,
             symlink_target=i.symlink_target,
-            chunk_size=i.layout.chunk_size_bytes,
-            stripe_size=i.layout.stripe_size,
-            chain_table_id=i.layout.chain_table_id,
+            chunk_size=layout.chunk_size_bytes,
+            stripe_size=layout.stripe_size,
+            chain_table_id=layout.chain_table_id,
             write_sessions=i.num_write_sessions,
             rdev=i.rdev,
         )
+        return made
+
+
+_new_object = object.__new__
 
 
 @dataclass(frozen=True)
