@@ -132,6 +132,14 @@ class ChunkLocks:
             raise
         return release
 
+    def keys_in_use(self, target_id: int, inode_id: int, begin: int, end: int) -> list[ChunkKey]:
+        """The chunks of ``inode_id`` in [begin, end) (end 0: unbounded) whose locks are held or waited for now."""
+        return [
+            key
+            for t, key in self._users
+            if t == target_id and key[0] == inode_id and key[1] >= begin and (not end or key[1] < end)
+        ]
+
     @contextlib.asynccontextmanager
     async def hold(self, target_id: int, keys: list[ChunkKey]) -> AsyncIterator[None]:
         """``acquire`` as a context manager: the chunks' locks are held inside it."""

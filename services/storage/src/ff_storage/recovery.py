@@ -75,16 +75,25 @@ class Recovery:
         pos = self.state.position(target)
         if pos is None or pos[1] != 0:
             raise InvalidRequest(f"target {target.target_id} is not the head of chain {request.chain_id}")
-        chain = pos[0]
         results: list[UpdateResult] = []
         for key in keys:  # each to its end, as a chain update, even if the caller goes away meanwhile
             await self.state.update_to_the_end(
-                target.target_id, [key], functools.partial(self._repair_into, results, target, chain, key)
+                target.target_id, [key], functools.partial(self._repair_into, results, target, key)
             )
         return results
 
-    async def _repair_into(self, results: list[UpdateResult], target: Target, chain: Chain, key: ChunkKey) -> None:
-        results.append(await self._repair_one(target, chain, key))
+    async def _repair_into(self, results: list[UpdateResult], target: Target, key: ChunkKey) -> None:
+        """Repair ``key`` with its lock held, if ``target`` still heads its chain (as when it asked for the lock).
+
+        A head taken out of its chain while it waited must not send its copy: the new head may have newer versions.
+        """
+        pos = self.state.position(target)
+        if pos is None or pos[1] != 0:
+            results.append(
+                result_of(IoStatus.TARGET_NOT_SERVING, f"target {target.target_id} no longer heads its chain")
+            )
+            return
+        results.append(await self._repair_one(target, pos[0], key))
 
     async def _repair_one(self, target: Target, chain: Chain, key: ChunkKey) -> UpdateResult:
         meta = target.engine.get(key)

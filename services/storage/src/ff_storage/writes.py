@@ -237,9 +237,17 @@ class ChainWriter:
         if status:
             raise InvalidRequest(status[1]) if target is None else NotServing(status[1])
         assert target is not None
-        # A chunk whose first write is in flight too: its removal waits for the write's lock and removes what it
-        # committed, where skipping it would leave an orphan chunk of a removed file.
-        keys = target.engine.keys_of_inode(request.inode_id, request.begin_index, request.end_index, with_pending=True)
+        # With the chunks whose updates are running or waiting (a first write has no committed version yet): their
+        # removal waits for their locks and removes what they committed, where skipping them would leave orphan
+        # chunks of a removed file. (A write that arrives after this listing is meta's to keep out: it removes a
+        # file's chunks once no write session of it is left.)
+        begin, end = request.begin_index, request.end_index
+        keys = sorted(
+            {
+                *target.engine.keys_of_inode(request.inode_id, begin, end),
+                *self.state.locks.keys_in_use(target.target_id, request.inode_id, begin, end),
+            }
+        )
         limit = min(request.max_chunks or max_default, self.state.config.max_batch_ios)
         todo = keys[:limit]
         results = await self._head_simple(
@@ -371,7 +379,8 @@ class ChainWriter:
             stored = await asyncio.shield(store)
         except BaseException as exc:
             store.add_done_callback(functools.partial(_drop_stored, engine, reserved))
-            if not isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():
                 # The forward failed unexpectedly: the caller releases the chunks' locks when this returns, and
                 # the next update of a chunk must not start while this one's write thread still runs.
                 await asyncio.wait([store])

@@ -43,6 +43,8 @@ def test_at_head(target: TargetState | None, routed: int, expected: Refusal | No
         (state(index=1), 4, False, STALE),  # sent for an older chain: the predecessor re-forwards
         (state(index=1), 4, True, None),  # a repair's copy for this replica, sent for the chunk's version
         (state(index=1, may_update=False), 4, True, NS),
+        (state(index=0), 5, False, NS),  # the head has no predecessor: a target taken out of the chain sent it
+        (state(index=0), 4, True, NS),  # nor a repair's copy (a deposed head's, maybe older than what it holds)
     ],
 )
 def test_at_replica(target: TargetState | None, sent: int, no_forward: bool, expected: Refusal | None) -> None:

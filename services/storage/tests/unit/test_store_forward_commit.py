@@ -527,4 +527,120 @@ async def test_removing_an_inode_s_chunks_waits_for_a_first_write_in_flight_and_
     await write
     assert await removal == (1, False)
     assert engine.get(KEY) is None or not engine.get(KEY).committed_version  # type: ignore[union-attr]
-    assert engine.keys_of_inode(KEY[0], 0, 0, with_pending=True) == []
+    assert engine.keys_of_inode(KEY[0], 0, 0) == [] and engine.pending(KEY) is None
+
+
+async def test_removing_an_inode_s_chunks_waits_for_a_first_write_that_holds_its_lock_before_reserving(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big first write is prepared in a worker thread with its chunk's lock held, before its version is reserved:
+    the removal lists the chunk by its lock, waits, and removes what the write committed."""
+    engine = _target(node).engine
+    _head_of_its_chain(node)
+    entered, release = threading.Event(), threading.Event()
+    real = writes.prepare
+
+    def held(*args: Any, **kw: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(writes, "prepare", held)
+    big = b"x" * (writes.INLINE_PREPARE_BYTES + 1)  # prepared in a worker thread
+    write = asyncio.create_task(node.writer._head_updates(_target(node), [_update(big, 0)]))
+
+    async def preparing() -> bool:
+        return entered.is_set()
+
+    await eventually(preparing, timeout_s=10, what="the first write preparing")
+    assert engine.pending(KEY) is None  # not reserved yet
+    request = RemoveRequest(chain_id=1, chain_version=1, inode_id=KEY[0], begin_index=0, end_index=0, max_chunks=0)
+    removal = asyncio.create_task(node.writer.remove(request))
+    await asyncio.sleep(0.2)
+    assert not removal.done(), "the removal did not wait for the write holding the chunk's lock"
+    release.set()
+    await write
+    assert await removal == (1, False)
+    assert engine.keys_of_inode(KEY[0], 0, 0) == [] and engine.pending(KEY) is None
+
+
+async def test_removing_an_inode_s_chunks_waits_for_a_batch_write_waiting_for_another_of_its_chunks(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Write A of chunk 1 is in flight (a slow successor); batch B (chunks 0 and 1) holds chunk 0's lock and waits for
+    chunk 1's. The removal lists both, and both are gone once A and B are done."""
+    engine = _target(node).engine
+    k0, k1 = (KEY[0], 0), (KEY[0], 1)
+    gate = asyncio.Event()
+    calls = [0]
+
+    async def forward(target: Target, updates: list[Update]) -> list[Update]:
+        calls[0] += 1
+        if calls[0] == 1:
+            await gate.wait()
+        return await _successor_takes_all(target, updates)
+
+    _fake_forward(node, monkeypatch, forward)
+    _head_of_its_chain(node)
+
+    def of(key: ChunkKey, data: bytes) -> Update:
+        u = _update(data, 0)
+        u.key = key
+        return u
+
+    a = asyncio.create_task(node.writer._head_updates(_target(node), [of(k1, b"a" * 1000)]))
+
+    async def a_in_flight() -> bool:
+        return engine.pending(k1) is not None
+
+    await eventually(a_in_flight, timeout_s=10, what="A in flight")
+    b = asyncio.create_task(node.writer._head_updates(_target(node), [of(k0, b"b" * 1000), of(k1, b"c" * 1000)]))
+    await asyncio.sleep(0.05)
+    assert sorted(node.state.locks.keys_in_use(1, KEY[0], 0, 0)) == [k0, k1] and engine.pending(k0) is None
+    request = RemoveRequest(chain_id=1, chain_version=1, inode_id=KEY[0], begin_index=0, end_index=0, max_chunks=0)
+    removal = asyncio.create_task(node.writer.remove(request))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.gather(a, b)
+    assert await removal == (2, False)
+    assert engine.keys_of_inode(KEY[0], 0, 0) == []
+
+
+async def test_a_repair_whose_target_stopped_heading_the_chain_while_it_waited_sends_nothing(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head's copy is bad; while its repair waits for the chunk's lock, routing takes the target out of the chain.
+    It must not send its copy, older maybe than what the new head holds."""
+    good = b"good" * 100
+    await _committed(node, good, 1)
+    engine = _target(node).engine
+    _head_of_its_chain(node, successors=2)
+
+    def damaged(key: ChunkKey) -> Any:
+        raise ChunkCorrupt(f"chunk {key}: checksum mismatch")
+
+    async def good_copy(node_id: int, io: ReadIO) -> ReadResult:
+        return ReadResult(status=IoStatus.OK, length=len(good), version=1, checksum=crc32c_of(good), inline_data=good)
+
+    sent: list[Update] = []
+
+    async def send_updates(chain: Chain, nxt: RoutingTarget, ups: list[Update], *a: Any, **kw: Any) -> Any:
+        sent.extend(ups)
+        return [UpdateResult(IoStatus.OK)] * len(ups)
+
+    monkeypatch.setattr(engine, "read_committed", damaged)
+    monkeypatch.setattr(node.peers, "read_inline", good_copy)
+    monkeypatch.setattr(node.peers, "send_updates", send_updates)
+    release = await node.state.locks.acquire(1, [KEY])  # an update of the chunk is running
+    repair = asyncio.create_task(node.recovery.repair(RepairRequest(chain_id=1, chain_version=1, keys=(KEY,))))
+    await asyncio.sleep(0.05)
+    others = [
+        mpb.Target(target_id=t, node_id=100 + t, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+        for t in (2, 3)
+    ]
+    node.state.on_routing(
+        RoutingView(mpb.RoutingInfo(version=2, chains=[mpb.Chain(chain_id=1, version=2, targets=others)]))
+    )
+    release()
+    [result] = await repair
+    assert result.status == IoStatus.TARGET_NOT_SERVING and not sent

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ff_fsprotocol.checksum import crc32c_of
+from ff_fsprotocol.routing import RoutingView
 from ff_storage.core.chunks import ForwardDecision, UpdateRecord, chain_update_id, check_update_id, decide_forward
 from ff_storage.core.errors import InvalidRequest
 from ff_storage.core.requests import ChunkUpdate, UpdateKind
@@ -19,6 +20,7 @@ from ff_storage.core.results import IoStatus
 from ff_storage.node import StorageNode
 from ff_storage.store import update_records
 from ff_storage.store.chunk_engine import ChunkEngine
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 KEY = (7, 0)
 A = (b"client-a", 1)
@@ -107,8 +109,16 @@ def test_a_full_replace_takes_the_senders_records(engine: ChunkEngine) -> None:
 
 @pytest.fixture
 async def tail(whole_chain_node: Callable[[int, int, int], StorageNode]) -> StorageNode:
-    """A node whose one target is the tail (and only member) of chain 1: forwarded updates commit here."""
-    return whole_chain_node(101, 1, 1)
+    """A node whose target is the tail of chain 1, after a head on another node: forwarded updates commit here."""
+    node = whole_chain_node(101, 1, 1)
+    members = [
+        mpb.Target(target_id=t, node_id=n, public_state=mpb.PUBLIC_TARGET_STATE_SERVING, chain_id=1)
+        for t, n in ((2, 100), (1, 101))
+    ]
+    node.state.on_routing(
+        RoutingView(mpb.RoutingInfo(version=2, chains=[mpb.Chain(chain_id=1, version=1, targets=members)]))
+    )
+    return node
 
 
 def _forward(data: bytes, version: int, update_id: tuple[bytes, int], *, full: bool = False) -> list[ChunkUpdate]:

@@ -78,9 +78,14 @@ class Background:
         """Complete the truncates a crash cut short (``FileOps.finish_truncates``)."""
         return await self._files.finish_truncates()
 
-    async def prune_once(self) -> None:
-        """Drop the records of calls done once that are older than a client retries (``store/once.py``)."""
-        await self._store.write(SYSTEM, once.prune)
+    async def prune_once(self) -> int:
+        """Drop the records of calls done once older than a client retries (``store/once.py``), in batches."""
+        pruned = 0
+        while True:
+            n = await self._store.write(SYSTEM, once.prune, small=False)
+            pruned += n
+            if n < once.PRUNE_BATCH:
+                return pruned
 
     async def run_gc(self) -> int:
         """Remove the chunks of files whose last link went; a file leaves the queue only once storage did."""

@@ -26,7 +26,12 @@ KEEP_S = 600.0
 
 _RAW_FIND = raw_sql("SELECT result FROM meta_once WHERE once_key = ?")
 _RAW_RECORD = raw_sql("INSERT INTO meta_once (once_key, result, recorded_at_ns) VALUES (?, ?, ?)")
-_RAW_PRUNE = raw_sql("DELETE FROM meta_once WHERE recorded_at_ns < ?")
+# Pruned in batches, each its own short transaction: a backlog (meta down for a while) never holds the writer long.
+PRUNE_BATCH = 2000
+_RAW_OLD = raw_sql("SELECT COUNT(*) FROM (SELECT once_key FROM meta_once WHERE recorded_at_ns < ? LIMIT ?) AS old")
+_RAW_PRUNE = raw_sql(
+    "DELETE FROM meta_once WHERE once_key IN (SELECT once_key FROM meta_once WHERE recorded_at_ns < ? LIMIT ?)"
+)
 
 
 def once(key: str | None, body: Callable[[Tx], T]) -> Callable[[Tx], T]:
@@ -45,9 +50,13 @@ def once(key: str | None, body: Callable[[Tx], T]) -> Callable[[Tx], T]:
     return done_once
 
 
-def prune(tx: Tx) -> None:
-    """Drop the records older than ``KEEP_S``."""
-    tx.execute(_RAW_PRUNE, (tx.now_ns - int(KEEP_S * 1e9),))
+def prune(tx: Tx) -> int:
+    """Drop up to ``PRUNE_BATCH`` records older than ``KEEP_S``; how many went (fewer: none older is left)."""
+    params = (tx.now_ns - int(KEEP_S * 1e9), PRUNE_BATCH)
+    [(old,)] = tx.fetch_all(_RAW_OLD, params)
+    if old:
+        tx.execute(_RAW_PRUNE, params)
+    return int(old)
 
 
 def _encoded(result: Any) -> str:
@@ -61,7 +70,10 @@ def _encoded(result: Any) -> str:
 
 def _decoded(text: str) -> Any:
     got = json.loads(text)
-    if "inode" in got:
-        fields = got["inode"]
+    if "inode" in got:  # the fields this meta knows (a record may come from a newer one during an upgrade)
+        fields = {k: v for k, v in got["inode"].items() if k in _INODE_FIELDS}
         return Inode(**{**fields, "type": InodeType(fields["type"])})
     return got["value"]
+
+
+_INODE_FIELDS = frozenset(f.name for f in dataclasses.fields(Inode))

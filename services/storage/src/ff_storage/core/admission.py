@@ -6,7 +6,7 @@ forwards. The node describes the target as it stands, this says yes or why not.
 CRAQ (3FS flavour): only the chain's head starts updates, for the chain version the caller routed by; a replica
 takes forwarded updates while it may update (serving, or syncing as full-chunk replaces) and its chain is at the
 version the update was sent for, except a repair's copy for this one replica (``no_forward``), which is sent for
-the version the chunk was written at.
+the version the chunk was written at. The head takes none: only a target taken out of the chain would send it one.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def at_replica(
         return Refusal.NOT_SERVING, f"no target of chain {chain_id} here"
     if target.chain_version is None or not target.may_update:
         return Refusal.NOT_SERVING, f"target {target.target_id} not serving"
+    if target.index == 0:  # a head has no predecessor: this comes from a target taken out of the chain
+        return Refusal.NOT_SERVING, f"target {target.target_id} heads chain {chain_id}: it takes no forwarded update"
     if not no_forward and target.chain_version != sent_version:
         return Refusal.STALE_CHAIN_VERSION, f"chain at version {target.chain_version}"
     return None

@@ -313,16 +313,10 @@ class ChunkEngine:
         last = max(metas, key=lambda m: m.chunk_index)
         return last, len(metas), last.key in self._pending
 
-    def keys_of_inode(self, inode_id: int, begin: int, end: int, *, with_pending: bool = False) -> list[ChunkKey]:
-        """The committed chunks of ``inode_id`` in [begin, end) (end 0: unbounded), by index.
-
-        With ``with_pending``, also the chunks that have only a pending version (a first write in flight).
-        """
+    def keys_of_inode(self, inode_id: int, begin: int, end: int) -> list[ChunkKey]:
+        """The committed chunks of ``inode_id`` in [begin, end) (end 0: unbounded), by index."""
         with self._lock:
-            keys = {(inode_id, i) for i in self._indexes(inode_id, begin, end)}
-            if with_pending:
-                keys.update(k for k in self._pending if k[0] == inode_id and k[1] >= begin and (not end or k[1] < end))
-            return sorted(keys)
+            return sorted((inode_id, i) for i in self._indexes(inode_id, begin, end))
 
     def usage(self) -> tuple[int, int]:
         """``(number of committed chunks, their bytes)``."""
