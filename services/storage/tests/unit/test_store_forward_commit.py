@@ -458,15 +458,13 @@ async def test_a_forward_failing_unexpectedly_returns_only_once_the_local_write_
     assert engine.read_committed(KEY) == (engine.get(KEY), b"three" * 100)
 
 
-async def test_a_repair_whose_caller_goes_away_still_rewrites_the_copy_and_leaves_nothing_pending(
-    node: StorageNode, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """RepairChunks at a head whose own copy is bad: cancelled while it stores the good bytes, the repair goes on to
-    its end (before: the stored version stayed pending, and reads answered PENDING_VERSION until the next write)."""
-    good = b"good" * 100
+async def _a_head_with_a_bad_copy(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch, good: bytes, successors: int
+) -> list[Update]:
+    """The node's target heads its chain with ``good`` committed but its own copy damaged; the replicas (faked) hold
+    ``good`` and take what they are sent: returns the list of updates sent to them."""
     await _committed(node, good, 1)
-    engine = _target(node).engine
-    _head_of_its_chain(node, successors=1)
+    _head_of_its_chain(node, successors=successors)
 
     def damaged(key: ChunkKey) -> Any:
         raise ChunkCorrupt(f"chunk {key}: checksum mismatch")
@@ -482,9 +480,20 @@ async def test_a_repair_whose_caller_goes_away_still_rewrites_the_copy_and_leave
         sent.extend(ups)
         return [UpdateResult(IoStatus.OK)] * len(ups)
 
-    monkeypatch.setattr(engine, "read_committed", damaged)
+    monkeypatch.setattr(_target(node).engine, "read_committed", damaged)
     monkeypatch.setattr(node.peers, "read_inline", good_copy)
     monkeypatch.setattr(node.peers, "send_updates", send_updates)
+    return sent
+
+
+async def test_a_repair_whose_caller_goes_away_still_rewrites_the_copy_and_leaves_nothing_pending(
+    node: StorageNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RepairChunks at a head whose own copy is bad: cancelled while it stores the good bytes, the repair goes on to
+    its end (before: the stored version stayed pending, and reads answered PENDING_VERSION until the next write)."""
+    good = b"good" * 100
+    engine = _target(node).engine
+    sent = await _a_head_with_a_bad_copy(node, monkeypatch, good, successors=1)
     entered, release = _held_in_thread(monkeypatch, engine, "write_pending")
     call = asyncio.create_task(node.recovery.repair(RepairRequest(chain_id=1, chain_version=1, keys=(KEY,))))
 
@@ -611,26 +620,7 @@ async def test_a_repair_whose_target_stopped_heading_the_chain_while_it_waited_s
 ) -> None:
     """The head's copy is bad; while its repair waits for the chunk's lock, routing takes the target out of the chain.
     It must not send its copy, older maybe than what the new head holds."""
-    good = b"good" * 100
-    await _committed(node, good, 1)
-    engine = _target(node).engine
-    _head_of_its_chain(node, successors=2)
-
-    def damaged(key: ChunkKey) -> Any:
-        raise ChunkCorrupt(f"chunk {key}: checksum mismatch")
-
-    async def good_copy(node_id: int, io: ReadIO) -> ReadResult:
-        return ReadResult(status=IoStatus.OK, length=len(good), version=1, checksum=crc32c_of(good), inline_data=good)
-
-    sent: list[Update] = []
-
-    async def send_updates(chain: Chain, nxt: RoutingTarget, ups: list[Update], *a: Any, **kw: Any) -> Any:
-        sent.extend(ups)
-        return [UpdateResult(IoStatus.OK)] * len(ups)
-
-    monkeypatch.setattr(engine, "read_committed", damaged)
-    monkeypatch.setattr(node.peers, "read_inline", good_copy)
-    monkeypatch.setattr(node.peers, "send_updates", send_updates)
+    sent = await _a_head_with_a_bad_copy(node, monkeypatch, b"good" * 100, successors=2)
     release = await node.state.locks.acquire(1, [KEY])  # an update of the chunk is running
     repair = asyncio.create_task(node.recovery.repair(RepairRequest(chain_id=1, chain_version=1, keys=(KEY,))))
     await asyncio.sleep(0.05)
