@@ -177,8 +177,8 @@ def _metadata(value: Any) -> tuple[tuple[str, str], ...]:
             raise FrameError("metadata must be a list of [key, value] strings")
     out = []
     for k, v in value:
-        key = k.lower()
-        if _TEXT_KEY.fullmatch(key) is None or key.endswith("-bin"):
+        key = k.lower()  # ASCII only: a non-ASCII letter may lower to an ASCII one (the Kelvin sign to "k")
+        if not k.isascii() or _TEXT_KEY.fullmatch(key) is None or key.endswith("-bin"):
             raise FrameError(f"metadata key {k[:64]!r} is not a text metadata key")
         if not (v.isascii() and v.isprintable()):  # printable ASCII: " " to "~"
             raise FrameError(f"metadata {key!r}: its value is not printable ASCII")

@@ -28,6 +28,7 @@ def test_keys_are_lowercased_and_values_kept() -> None:
         ([["", "v"]], "not a text metadata key"),
         ([["abc\n", "v"]], "not a text metadata key"),
         ([["blob-bin", "AAAA"]], "not a text metadata key"),
+        ([["\u212aey", "v"]], "not a text metadata key"),  # the Kelvin sign lowers to "k": gRPC refuses it too
         ([["ok", "a\tb"]], "not printable ASCII"),
         ([["ok", "\x7f"]], "not printable ASCII"),
         ([["ok", "\u00e9"]], "not printable ASCII"),
