@@ -9,5 +9,5 @@ from __future__ import annotations
 _SERVICE = "/fireflyer.meta.v1.MetaService/"
 
 ONCE_METHODS: frozenset[str] = frozenset(
-    _SERVICE + name for name in ("Mkdirs", "Symlink", "Mknod", "HardLink", "Remove", "Rename")
+    _SERVICE + name for name in ("Mkdirs", "Symlink", "Mknod", "HardLink", "Remove", "Rename", "RestoreTrashEntry")
 )

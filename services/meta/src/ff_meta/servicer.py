@@ -167,7 +167,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def RestoreTrashEntry(
         self, request: pb.RestoreTrashEntryRequest, context: Context
     ) -> pb.RestoreTrashEntryResponse:
-        inode, path = await self._trash.restore(caller(), request.trash_id, wire.restore_to(request))
+        once = _once(context, "RestoreTrashEntry")
+        inode, path = await self._trash.restore(caller(), request.trash_id, wire.restore_to(request), once)
         return pb.RestoreTrashEntryResponse(inode=wire.inode_pb(inode), path=path)
 
     async def EmptyTrash(self, request: pb.EmptyTrashRequest, context: Context) -> pb.EmptyTrashResponse:

@@ -121,3 +121,17 @@ def test_a_record_from_a_meta_whose_inodes_have_more_fields_is_replayed() -> Non
     row = json.loads(once._encoded(Inode(inode_id=5, type=InodeType.DIRECTORY, mode=0o755, uid=1, gid=1)))
     row["inode"]["a_later_field"] = 1
     assert once._decoded(json.dumps(row)) == Inode(inode_id=5, type=InodeType.DIRECTORY, mode=0o755, uid=1, gid=1)
+
+
+async def test_a_restore_from_the_trash_sent_again_answers_its_first_result(meta: MetaOps) -> None:
+    ns = meta.namespace
+    made = await mkdir(ns, "/t")
+    trash_id = await ns.remove(ROOT, at("/t"), False, True, 0, None)
+    restored = await meta.trash.restore(ROOT, trash_id, None, "RestoreTrashEntry/0/k")
+    assert (restored[0].inode_id, restored[1]) == (made, "/t")
+    again_in_trash = await ns.remove(ROOT, at("/t"), False, True, 0, None)
+    assert await meta.trash.restore(ROOT, trash_id, None, "RestoreTrashEntry/0/k") == restored
+    assert await inode_at(ns, "/t") is None  # nothing restored twice: /t is still in the trash
+    with pytest.raises(FsError):
+        await meta.trash.restore(ROOT, trash_id, None)  # without the key it runs: that trash entry is gone
+    assert (await meta.trash.restore(ROOT, again_in_trash, None))[0].inode_id == made

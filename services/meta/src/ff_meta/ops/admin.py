@@ -11,6 +11,7 @@ from ff_meta.ops.namespace import SMALL_PAGE
 from ff_meta.ops.shared import Shared
 from ff_meta.store import trash
 from ff_meta.store.fsops import quotas
+from ff_meta.store.once import once
 
 
 class QuotaOps:
@@ -46,9 +47,11 @@ class TrashOps:
             caller, lambda t: trash.list_trash(t, all_users, page_size, after), small=page_size <= SMALL_PAGE
         )
 
-    async def restore(self, caller: Caller, trash_id: str, to: PathAt | None) -> tuple[Inode, str]:
-        """Put an entry back (where it was, or at ``to``): the inode and its path."""
-        return await self._store.write(caller, lambda t: trash.restore_trash(t, trash_id, to))
+    async def restore(
+        self, caller: Caller, trash_id: str, to: PathAt | None, once_key: str | None = None
+    ) -> tuple[Inode, str]:
+        """Put an entry back (where it was, or at ``to``): the inode and its path; done once per ``once_key``."""
+        return await self._store.write(caller, once(once_key, lambda t: trash.restore_trash(t, trash_id, to)))
 
     async def empty(self, caller: Caller, ids: Sequence[str], expired_only: bool) -> int:
         """Delete the caller's entries among ``ids`` (all of them if none is given): how many went."""

@@ -60,19 +60,30 @@ def prune(tx: Tx) -> int:
 
 
 def _encoded(result: Any) -> str:
-    """A call's result as text: an inode (its row), a string (a trash id), or None."""
+    """A call's result as text: an inode (its row), a string (a trash id, a path), None, or a tuple of those."""
+    return json.dumps(_tagged(result))
+
+
+def _tagged(result: Any) -> dict[str, Any]:
     if isinstance(result, Inode):
-        return json.dumps({"inode": {**dataclasses.asdict(result), "type": int(result.type)}})
+        return {"inode": {**dataclasses.asdict(result), "type": int(result.type)}}
     if result is None or isinstance(result, str):
-        return json.dumps({"value": result})
-    raise TypeError(f"a call done once returns an inode, a string or None, not {type(result).__name__}")
+        return {"value": result}
+    if isinstance(result, tuple):
+        return {"tuple": [_tagged(r) for r in result]}
+    raise TypeError(f"a call done once returns inodes, strings or None, not {type(result).__name__}")
 
 
 def _decoded(text: str) -> Any:
-    got = json.loads(text)
+    return _untagged(json.loads(text))
+
+
+def _untagged(got: dict[str, Any]) -> Any:
     if "inode" in got:  # the fields this meta knows (a record may come from a newer one during an upgrade)
         fields = {k: v for k, v in got["inode"].items() if k in _INODE_FIELDS}
         return Inode(**{**fields, "type": InodeType(fields["type"])})
+    if "tuple" in got:
+        return tuple(_untagged(r) for r in got["tuple"])
     return got["value"]
 
 
