@@ -85,10 +85,12 @@ class Recovery:
     async def _repair_into(self, results: list[UpdateResult], target: Target, key: ChunkKey) -> None:
         """Repair ``key`` with its lock held, if ``target`` still heads its chain (as when it asked for the lock).
 
-        A head taken out of its chain while it waited must not send its copy: the new head may have newer versions.
+        A head taken out of its chain while it waited must not send its copy: the new head may have newer versions
+        (and the replicas take a copy only from a serving target ahead of them, as their routing has it).
         """
         pos = self.state.position(target)
-        if pos is None or pos[1] != 0:
+        serving = target.role.may_update(self.state.lease_ok) and target.role.public is Public.SERVING
+        if pos is None or pos[1] != 0 or not serving:  # (its routing may be stale: a lapsed lease says so)
             results.append(
                 result_of(IoStatus.TARGET_NOT_SERVING, f"target {target.target_id} no longer heads its chain")
             )
@@ -166,11 +168,16 @@ class Recovery:
 
         Raises:
             TargetNotFound: the target is not on this node.
-            InvalidRequest: the target is not syncing.
+            InvalidRequest: the target is not syncing, or its chain is not at ``chain_version`` here (the sender's
+                routing is not this node's: a predecessor taken out of the chain, or one of the two behind).
         """
         target = self.state.get_target(target_id)
         if target.role.public is not Public.SYNCING:
             raise InvalidRequest(f"target {target_id} is not syncing")
+        pos = self.state.position(target)
+        if pos is None or pos[0].version != chain_version:
+            here = pos[0].version if pos else None
+            raise InvalidRequest(f"target {target_id}: its chain is at version {here} here, not {chain_version}")
         target.role.sync_done(chain_version)
         logger.info("target %d: sync done at chain version %d", target_id, chain_version)
 

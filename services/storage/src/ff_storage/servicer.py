@@ -316,7 +316,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def _forward_updates(
         self, request: pb.ForwardUpdatesRequest, attached: Mapping[str, bytearray]
     ) -> pb.ForwardUpdatesResponse:
-        results = await self._n.writer.forward_updates(chunk_updates_from_pb(request), _owner(), attached)
+        updates = chunk_updates_from_pb(request)
+        results = await self._n.writer.forward_updates(updates, _owner(), attached, request.from_target_id)
         return pb.ForwardUpdatesResponse(results=update_results_pb(results))
 
     async def DumpChunkMeta(

@@ -588,11 +588,16 @@ class ChainWriter:
         return await self.state.boxes.take(transfer_id, owner, self.state.config.data_wait_s)
 
     async def forward_updates(
-        self, updates: Sequence[ChunkUpdate], owner: str, attached: Mapping[str, bytearray] | None = None
+        self,
+        updates: Sequence[ChunkUpdate],
+        owner: str,
+        attached: Mapping[str, bytearray] | None = None,
+        from_target: int = 0,
     ) -> list[UpdateResult]:
         """Apply at a replica what its predecessor forwarded (ForwardUpdates) and pass it on; one result per update.
 
-        ``attached``: bytes that came with the call itself, by transfer id (as for ``batch_write``).
+        ``attached``: bytes that came with the call itself, by transfer id (as for ``batch_write``). ``from_target``:
+        the sender; copies (``no_forward``) are taken only from a serving target ahead of this one (``_ahead``).
 
         Raises:
             InvalidRequest: an update is malformed.
@@ -604,8 +609,9 @@ class ChainWriter:
         blobs: dict[str, bytearray | None] = {}
         for n, cu in enumerate(updates):
             target = self.state.target_of_chain(cu.chain_id)
+            ahead = not cu.no_forward or (target is not None and self._ahead(target, from_target))
             refused = _status(
-                admission.at_replica(self._admission_state(target), cu.chain_id, cu.chain_version, cu.no_forward)
+                admission.at_replica(self._admission_state(target), cu.chain_id, cu.chain_version, cu.no_forward, ahead)
             )
             if refused is not None:
                 results[n] = result_of(*refused)
@@ -653,6 +659,14 @@ class ChainWriter:
             for n, u in items:
                 results[n] = u.result
         return results
+
+    def _ahead(self, target: Target, sender: int) -> bool:
+        """Whether target ``sender`` serves ahead of ``target`` in its chain, as this node's routing has it now."""
+        pos = self.state.position(target)
+        if pos is None:
+            return False
+        chain, index = pos
+        return any(t.target_id == sender and Public(t.public_state) is Public.SERVING for t in chain.targets[:index])
 
     async def _replica_updates(self, target: Target, updates: list[Update]) -> None:
         """Apply what the predecessor forwarded and pass it on.

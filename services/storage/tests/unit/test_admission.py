@@ -50,3 +50,18 @@ def test_at_head(target: TargetState | None, routed: int, expected: Refusal | No
 def test_at_replica(target: TargetState | None, sent: int, no_forward: bool, expected: Refusal | None) -> None:
     got = at_replica(target, 3, sent, no_forward)
     assert (got[0] if got else None) is expected, got
+
+
+@pytest.mark.parametrize(
+    ("no_forward", "sender_ahead", "expected"),
+    [
+        (True, True, None),  # a sync's or repair's copy from a serving target ahead of this one
+        (True, False, NS),  # from one taken out of the chain (its routing stale), or behind this one
+        (False, False, None),  # a forward: its chain version says whether it is current
+    ],
+)
+def test_a_copy_is_taken_only_from_a_serving_target_ahead(
+    no_forward: bool, sender_ahead: bool, expected: Refusal | None
+) -> None:
+    got = at_replica(state(index=2), 3, 5, no_forward, sender_ahead)
+    assert (got[0] if got else None) is expected, got

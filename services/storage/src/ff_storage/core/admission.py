@@ -55,15 +55,22 @@ def at_head(target: TargetState | None, chain_id: int, routed_version: int) -> t
 
 
 def at_replica(
-    target: TargetState | None, chain_id: int, sent_version: int, no_forward: bool
+    target: TargetState | None, chain_id: int, sent_version: int, no_forward: bool, sender_ahead: bool = True
 ) -> tuple[Refusal, str] | None:
-    """None when ``target`` takes an update its predecessor sent for chain version ``sent_version``; else why not."""
+    """None when ``target`` takes an update its predecessor sent for chain version ``sent_version``; else why not.
+
+    ``sender_ahead``: the sender is a serving target ahead of ``target`` in its chain, as this node's routing has it.
+    A copy (``no_forward``: a sync's or a repair's, applied whatever version is held here) is taken only from such a
+    sender; one from a target taken out of the chain (its routing stale) may be older than what is here.
+    """
     if target is None:
         return Refusal.NOT_SERVING, f"no target of chain {chain_id} here"
     if target.chain_version is None or not target.may_update:
         return Refusal.NOT_SERVING, f"target {target.target_id} not serving"
     if target.index == 0:  # a head has no predecessor: this comes from a target taken out of the chain
         return Refusal.NOT_SERVING, f"target {target.target_id} heads chain {chain_id}: it takes no forwarded update"
+    if no_forward and not sender_ahead:
+        return Refusal.NOT_SERVING, f"a copy for target {target.target_id} from a target not serving ahead of it"
     if not no_forward and target.chain_version != sent_version:
         return Refusal.STALE_CHAIN_VERSION, f"chain at version {target.chain_version}"
     return None
