@@ -19,17 +19,18 @@ NodeConfigOf = Callable[..., NodeConfig]
 
 @pytest.fixture
 def node_config(tmp_path: Path) -> NodeConfigOf:
-    """Makes the config of a node ``node_id`` with one disk in the test's folder (1 MiB IOs, 16 MiB batches)."""
+    """Makes the config of a node ``node_id`` with one disk in its own folder of the test's (1 MiB IOs, 16 MiB
+    batches; ``forward_timeout_s`` 5 s unless given)."""
 
-    def make(node_id: int, *, fsync: bool) -> NodeConfig:
+    def make(node_id: int, *, fsync: bool, forward_timeout_s: float = 5.0) -> NodeConfig:
         return NodeConfig(
             node_id=node_id,
-            disks=[tmp_path / "disk0"],
-            targets_file=tmp_path / "targets.json",
+            disks=[tmp_path / f"node{node_id}" / "disk0"],
+            targets_file=tmp_path / f"node{node_id}" / "targets.json",
             cluster_token="t" * 32,
             max_io_bytes=1 << 20,
             max_batch_bytes=1 << 24,
-            forward_timeout_s=5.0,
+            forward_timeout_s=forward_timeout_s,
             data_wait_s=1.0,
             fsync=fsync,
         )

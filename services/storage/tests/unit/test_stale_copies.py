@@ -10,7 +10,6 @@ protobuf into the receiving node's ``forward_updates`` with the request's ``from
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -22,28 +21,15 @@ from ff_storage.core.results import IoStatus
 from ff_storage.core.target_role import Local
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
-from ff_storage.node_state import NodeConfig
 from ff_storage.wire import chunk_updates_from_pb, update_results_pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
 
+from .conftest import NodeConfigOf
+
 KEY = (9, 0)
 SIZE = 4096
 S, SY, OFF = mpb.PUBLIC_TARGET_STATE_SERVING, mpb.PUBLIC_TARGET_STATE_SYNCING, mpb.PUBLIC_TARGET_STATE_OFFLINE
-
-
-def _config(tmp: Path, node_id: int) -> NodeConfig:
-    return NodeConfig(
-        node_id=node_id,
-        disks=[tmp / f"n{node_id}" / "disk0"],
-        targets_file=tmp / f"n{node_id}" / "targets.json",
-        cluster_token="t" * 32,
-        max_io_bytes=1 << 20,
-        max_batch_bytes=1 << 24,
-        forward_timeout_s=2.0,
-        data_wait_s=1.0,
-        fsync=False,
-    )
 
 
 class _Client:
@@ -67,8 +53,10 @@ def _routing(version: int, chain_version: int, members: list[tuple[int, int, int
 
 
 @pytest.fixture
-async def nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[int, StorageNode]]:
-    made = {n: StorageNode(_config(tmp_path, n), TransferBoxes()) for n in (101, 102, 103)}
+async def nodes(node_config: NodeConfigOf, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[int, StorageNode]]:
+    made = {
+        n: StorageNode(node_config(n, fsync=False, forward_timeout_s=2.0), TransferBoxes()) for n in (101, 102, 103)
+    }
     for n, node in made.items():
         node.state.create_target(n - 100, 1, 0)  # targets 1, 2, 3 on nodes 101, 102, 103
         monkeypatch.setattr(node.peers, "client", lambda node_id: _Client(made[node_id]))
