@@ -228,12 +228,30 @@ class Recovery:
             removed = 0
             for i in range(0, len(keys), SYNC_BATCH):
                 removed += await self._sync_batch(target, chain, nxt, keys[i : i + SYNC_BATCH])
-            await self.peers.complete_sync(chain, nxt)
+            await self.peers.complete_sync(self._still_syncing(target, nxt), nxt)
             logger.info("synced target %d: %d transferred, %d removed", nxt.target_id, len(keys) - removed, removed)
         except Exception as exc:
             logger.warning("sync of target %d failed (will retry): %s", nxt.target_id, exc)
             await asyncio.sleep(0.5)
             self._syncing.discard(job)
+
+    def _still_syncing(self, target: Target, nxt: RoutingTarget) -> Chain:
+        """The chain as routing has it now, if ``target`` still serves and precedes ``nxt`` (the end of its sync).
+
+        A sync's CompleteSync names the chain's version now, not the one its sync began at: the receiver takes it only
+        for its own version, and a chain that changes more often than a sync takes (another target of it crash-looping)
+        would keep the target syncing. What changed meanwhile did not change who syncs it: every update since went to
+        it as a full replace.
+
+        Raises:
+            RuntimeError: ``target`` no longer serves, or another target follows it now.
+        """
+        now = self.state.successor(target)
+        if now is None or now[1] is None or now[1].target_id != nxt.target_id:
+            raise RuntimeError(f"target {nxt.target_id} no longer follows target {target.target_id}")
+        if not target.role.may_read(self.state.lease_ok):
+            raise RuntimeError(f"target {target.target_id} no longer serves")
+        return now[0]
 
     async def _sync_batch(self, target: Target, chain: Chain, nxt: RoutingTarget, keys: list[ChunkKey]) -> int:
         """Make ``keys`` on ``nxt`` what they are here now; returns the number of removals.

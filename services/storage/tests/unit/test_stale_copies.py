@@ -9,6 +9,7 @@ protobuf into the receiving node's ``forward_updates`` with the request's ``from
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,6 +22,7 @@ from ff_storage.core.results import IoStatus
 from ff_storage.core.target_role import Local
 from ff_storage.dataserver import TransferBoxes
 from ff_storage.node import StorageNode
+from ff_storage.servicer import StorageServicer
 from ff_storage.wire import chunk_updates_from_pb, update_results_pb
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 from fireflyer.storage.v1 import storage_pb2 as spb
@@ -30,6 +32,7 @@ from .conftest import NodeConfigOf
 KEY = (9, 0)
 SIZE = 4096
 S, SY, OFF = mpb.PUBLIC_TARGET_STATE_SERVING, mpb.PUBLIC_TARGET_STATE_SYNCING, mpb.PUBLIC_TARGET_STATE_OFFLINE
+WAIT = mpb.PUBLIC_TARGET_STATE_WAITING
 
 
 class _Client:
@@ -151,3 +154,51 @@ async def test_a_syncing_target_takes_copies_and_its_sync_s_end_only_from_its_pr
     assert r.status == IoStatus.OK  # a copy from A, serving ahead of C, is taken
     c.recovery.complete_sync(3, 2)
     assert c.state.targets[3].role.report() is Local.UPTODATE
+
+
+class _Syncee(_Client):
+    """``_Client`` with the calls a sync makes: a chunk dump (slow, as a big target's) and CompleteSync."""
+
+    async def dump_chunk_meta(
+        self, request: spb.DumpChunkMetaRequest, timeout_s: float | None = None
+    ) -> AsyncIterator[spb.DumpChunkMetaResponse]:
+        await asyncio.sleep(0.5)
+        async for batch in StorageServicer(self.node).DumpChunkMeta(request, None):  # type: ignore[arg-type]
+            yield batch
+
+    async def complete_sync(self, request: spb.CompleteSyncRequest) -> spb.CompleteSyncResponse:
+        return await StorageServicer(self.node).CompleteSync(request, None)  # type: ignore[arg-type]
+
+
+async def test_a_sync_ends_while_another_target_of_its_chain_keeps_changing(
+    nodes: dict[int, StorageNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B syncs from A while C crash-loops: the chain's version moves every 0.2 s, more often than one sync attempt
+    (0.5 s of dump) takes. The sync ends with the chain's version of its end, not the one it began at."""
+    a, b, c = nodes[101], nodes[102], nodes[103]
+    for i in range(5):
+        data = bytes([i]) * SIZE
+        io = WriteIO(chain_id=1, chain_version=1, key=(9, i), offset=0, length=SIZE, chunk_size=SIZE,
+                     checksum=crc32c_of(data), data=data)  # fmt: skip
+        [r] = await a.writer.batch_write([io], "client")
+        assert r.status == IoStatus.OK
+    monkeypatch.setattr(a.peers, "client", lambda node_id: _Syncee(nodes[node_id]))
+
+    def publish(version: int) -> None:
+        flapping = (WAIT, OFF)[version % 2]
+        for node in (a, b, c):
+            node.state.on_routing(_routing(version, version, [(1, 101, S), (2, 102, SY), (3, 103, flapping)]))
+
+    publish(10)
+    stop = asyncio.Event()
+    loop = asyncio.ensure_future(a.recovery.sync_loop(stop, 0.05))
+    try:
+        for version in range(11, 31):  # 4 s of churn
+            await asyncio.sleep(0.2)
+            publish(version)
+            if b.state.targets[2].role.report() is Local.UPTODATE:
+                break
+        assert b.state.targets[2].role.report() is Local.UPTODATE, "B stayed syncing while the chain kept changing"
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
