@@ -343,7 +343,10 @@ async def _do_moves(
 ) -> None:
     new_targets: list[int] = []
     for move in moves:
-        target_id = await replicas.apply_move(client, token, move)
+        try:
+            target_id = await replicas.apply_move(client, token, move, max(1.0, deadline - time.monotonic()))
+        except replicas.ReplicaError as err:
+            raise JoinError(str(err)) from None
         new_targets.append(target_id)
         where = f"to node {move.to_node} (target {target_id})" if move.to_node else "dropped (no other node)"
         print(f"chain {move.chain_id}: replica of node {move.from_node} {where}", file=out)

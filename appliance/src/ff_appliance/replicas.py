@@ -4,7 +4,7 @@ The calls are storage ``CreateTarget`` and mgmtd ``SetChains``: ``join --storage
 onto the new node, ``leave`` moves the leaving node's replicas onto the others. A moved replica is a new, empty target
 at the end of its chain (public state offline): mgmtd's chain scan makes it waiting, then syncing, and the chain's
 serving targets copy every chunk to it (storage recovery) until it serves. The old target leaves the chain in the same
-``SetChains``.
+``SetChains``, unless it is the chain's only serving copy: then it leaves once the new one serves.
 
 Which replicas move is pure (``moves_onto``, ``moves_off``: unit-tested); ``apply_move`` does the calls.
 """
@@ -28,6 +28,8 @@ from hf3fs.placement import target_id_for
 
 POLL_S = 0.2
 CALL_TIMEOUT_S = 10.0
+# How long a move of a chain's only serving copy waits for its new target to serve before the old one leaves.
+SYNC_TIMEOUT_S = 600.0
 
 # chain id -> the node ids of its targets, in chain order
 ChainNodes = Mapping[int, Sequence[int]]
@@ -130,40 +132,61 @@ async def routing(mgmtd: MgmtdClient) -> mpb.RoutingInfo:
     return info
 
 
-async def apply_move(mgmtd: MgmtdClient, token: str, move: Move) -> int:
+async def apply_move(mgmtd: MgmtdClient, token: str, move: Move, sync_timeout_s: float = SYNC_TIMEOUT_S) -> int:
     """Do ``move``: a new target on ``to_node`` (not for a drop), the chain without the old one.
 
-    Returns the new target's id (0 for a drop). The new target syncs afterwards: see ``wait_serving``.
+    Returns the new target's id (0 for a drop). Where another target of the chain serves, the old one leaves in the
+    same ``SetChains`` that adds the new one, which syncs afterwards (see ``wait_serving``). Where the old one is the
+    chain's only serving copy (a chain of one replica, or the others still syncing), the new one joins first and the
+    old one leaves only once the new one serves (within ``sync_timeout_s``): else the chain would lose its data.
 
     Raises:
-        ReplicaError: the chain or a node is not there (routing changed meanwhile).
+        ReplicaError: the chain or a node is not there (routing changed meanwhile); a drop of the chain's only
+            serving copy; the new target not serving in time (the old one then stays in the chain).
         RpcError: a call failed.
     """
     info = await routing(mgmtd)
+    chain, _, kept = _split(info, move)
+    serving_left = any(t.public_state == mpb.PUBLIC_TARGET_STATE_SERVING for t in kept)
+    if not move.to_node:
+        if not serving_left:
+            raise ReplicaError(f"chain {move.chain_id}: node {move.from_node} holds its only serving copy")
+        await _set_targets(mgmtd, chain, kept)
+        return 0
+    node = RoutingView(info).node(move.to_node)
+    if node is None:
+        raise ReplicaError(f"node {move.to_node} is not registered")
+    new_target_id = await _target_on(node.grpc, token, move.chain_id, move.to_node, info)
+    new = mpb.Target(
+        target_id=new_target_id,
+        node_id=move.to_node,
+        public_state=mpb.PUBLIC_TARGET_STATE_OFFLINE,
+        local_state=mpb.LOCAL_TARGET_STATE_OFFLINE,
+    )
+    if serving_left:
+        await _set_targets(mgmtd, chain, [*kept, new])
+        return new_target_id
+    await _set_targets(mgmtd, chain, [*chain.targets, new])  # make before break: it syncs from the old one
+    await wait_serving(mgmtd, [new_target_id], sync_timeout_s)
+    chain, _, kept = _split(await routing(mgmtd), move)
+    await _set_targets(mgmtd, chain, kept)
+    return new_target_id
+
+
+def _split(info: mpb.RoutingInfo, move: Move) -> tuple[mpb.Chain, list[mpb.Target], list[mpb.Target]]:
+    """The move's chain as routing has it, its targets on the move's old node, and the others."""
     chain = next((c for c in info.chains if c.chain_id == move.chain_id), None)
     if chain is None:
         raise ReplicaError(f"chain {move.chain_id} is not in the routing info")
     old = [t for t in chain.targets if t.node_id == move.from_node]
     if not old:
         raise ReplicaError(f"chain {move.chain_id} has no replica on node {move.from_node} any more")
-    kept = [t for t in chain.targets if t.node_id != move.from_node]
-    new_target_id = 0
-    if move.to_node:
-        node = RoutingView(info).node(move.to_node)
-        if node is None:
-            raise ReplicaError(f"node {move.to_node} is not registered")
-        new_target_id = await _target_on(node.grpc, token, move.chain_id, move.to_node, info)
-        kept.append(
-            mpb.Target(
-                target_id=new_target_id,
-                node_id=move.to_node,
-                public_state=mpb.PUBLIC_TARGET_STATE_OFFLINE,
-                local_state=mpb.LOCAL_TARGET_STATE_OFFLINE,
-            )
-        )
-    updated = mpb.Chain(chain_id=chain.chain_id, version=chain.version, targets=kept)
+    return chain, old, [t for t in chain.targets if t.node_id != move.from_node]
+
+
+async def _set_targets(mgmtd: MgmtdClient, chain: mpb.Chain, targets: Sequence[mpb.Target]) -> None:
+    updated = mpb.Chain(chain_id=chain.chain_id, version=chain.version, targets=targets)
     await mgmtd.mgmtd.set_chains(mpb.SetChainsRequest(chains=[updated]))
-    return new_target_id
 
 
 async def _target_on(address: str, token: str, chain_id: int, node_id: int, info: mpb.RoutingInfo) -> int:
