@@ -2,7 +2,7 @@
 
 A client whose connection is lost mid-call cannot know whether a Rename, Remove or Mkdirs ran; sent again, it would
 apply twice (a second Rename finds its source gone, a second Remove takes a file made meanwhile under the name). So
-the client gives such a call a key that stays the same across its attempts (``ff_rpc.ONCE_HEADER``), and meta
+the client gives such a call a key that stays the same across its attempts (``ff_rpc.once.ONCE_HEADER``), and meta
 records the call's result under that key in the call's own transaction: an attempt whose key is recorded answers
 the recorded result and changes nothing. 3FS's meta does the same with its idempotent records (client id and
 request id). A key is the caller's: the servicer binds it to the method and the caller's uid, so one user's key never
