@@ -278,6 +278,15 @@ class NodeState:
                 return chain, i
         return None
 
+    def heads(self, target: Target) -> bool:
+        """Whether ``target`` is its chain's serving head now.
+
+        First in the routing it follows, holding its lease, not down, publicly serving: a head whose routing is stale
+        learns it from its lapsed lease.
+        """
+        pos = self.position(target)
+        return pos is not None and pos[1] == 0 and target.role.may_read(self.lease_ok)
+
     def successor(self, target: Target) -> tuple[Chain, RoutingTarget | None] | None:
         """The target's chain and the next serving or syncing target after it (None: this is the tail).
 

@@ -89,8 +89,7 @@ class Recovery:
         (and the replicas take a copy only from a serving target ahead of them, as their routing has it).
         """
         pos = self.state.position(target)
-        serving = target.role.may_update(self.state.lease_ok) and target.role.public is Public.SERVING
-        if pos is None or pos[1] != 0 or not serving:  # (its routing may be stale: a lapsed lease says so)
+        if pos is None or not self.state.heads(target):
             results.append(
                 result_of(IoStatus.TARGET_NOT_SERVING, f"target {target.target_id} no longer heads its chain")
             )

@@ -324,8 +324,7 @@ class ChainWriter:
         out of its chain meanwhile (its lease lapsed) and back as a replica must neither version the rest, nor
         forward them past the new head: the replicas after it would hold writes the head never saw.
         """
-        state = self._admission_state(target)
-        return state is not None and state.index == 0 and state.serving and state.may_update
+        return self.state.heads(target)
 
     async def _prepared(self, target: Target, updates: list[Update], at_head: bool) -> list[Update]:
         """``prepare.prepare`` on the event loop when the chunks it builds are small, else in a worker thread.
