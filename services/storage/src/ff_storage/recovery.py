@@ -123,10 +123,20 @@ class Recovery:
         up = self._full_replace(target, key, meta, content)
         if own_bad:
             await asyncio.to_thread(_rewrite, target, up, content)
+        refused = []  # the serving replicas that did not take the good copy: each with why
         for other in chain.targets[1:]:
             if Public(other.public_state) is Public.SERVING:
-                with contextlib.suppress(RpcError, ConnectionError, OSError, DataPathError):
-                    await self.peers.send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
+                try:
+                    sent = self.peers.send_updates(chain, other, [up], set(), target.target_id, no_forward=True)
+                    [answer] = await sent
+                except (RpcError, ConnectionError, OSError, DataPathError) as exc:
+                    refused.append(f"target {other.target_id}: {exc}")
+                    continue
+                if answer.status != IoStatus.OK:
+                    refused.append(f"target {other.target_id}: {answer.status.name} {answer.message}".rstrip())
+        if refused:  # the head's copy is good; the chain's is not yet
+            message = f"the head's copy is good, not every replica's: {'; '.join(refused)}"
+            return result_of(IoStatus.FORWARD_FAILED, message, meta.committed_version, target.engine.get(key))
         return result_of(IoStatus.OK, "repaired", meta.committed_version, target.engine.get(key))
 
     async def repair_locked(self, target: Target, key: ChunkKey) -> bool:
@@ -136,7 +146,7 @@ class Recovery:
             return False
         result = await self._repair_one(target, pos[0], key)
         logger.warning("repaired chunk %s of chain %d before an update: %s", key, pos[0].chain_id, result.message)
-        return result.status == IoStatus.OK
+        return result.status in (IoStatus.OK, IoStatus.FORWARD_FAILED)  # the head's own copy is good: go on
 
     @staticmethod
     def _full_replace(target: Target, key: ChunkKey, meta: ChunkMeta, content: bytes) -> Update:

@@ -104,9 +104,12 @@ async def test_a_deposed_head_with_stale_routing_repairs_no_replica_back_to_an_o
     [r] = await b.writer.batch_write([_write(new, 2)], "client")  # version 2 on B and C, acknowledged
     assert r.status == IoStatus.OK and r.committed_version == 2, r
     # A RepairChunks reaches A, which still heads the chain in its routing: it sends its version-1 copy.
-    await a.recovery.repair(RepairRequest(chain_id=1, chain_version=1, keys=(KEY,)))
+    [got] = await a.recovery.repair(RepairRequest(chain_id=1, chain_version=1, keys=(KEY,)))
     assert _held(b) == (2, new), "the new head took the copy"
     assert _held(c) == (2, new), "the tail took a copy from a target no longer ahead of it"
+    # The repair says so, naming each replica that refused, instead of answering "repaired".
+    assert got.status == IoStatus.FORWARD_FAILED, got
+    assert "target 2:" in got.message and "target 3:" in got.message, got.message
 
 
 async def test_a_head_whose_lease_lapsed_repairs_nothing(nodes: dict[int, StorageNode]) -> None:
