@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -523,3 +524,57 @@ def test_two_threads_saving_at_once_take_turns_and_never_share_a_host_buffer(
     for step in (2, 3):
         target = {"w": torch.zeros(1 << 14)}
         assert ckpt.load(tmp_path, target, step=step).step == step and bool((target["w"] == step).all())
+
+
+# ---- a manifest that is no regular file ----
+
+LOAD_IN_A_BOUNDED_PROCESS = """
+import resource, sys, torch
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # before a fix, /dev/zero filled memory up to here
+from haiscale import checkpoint as ckpt
+try:
+    ckpt.load(sys.argv[1], {"a": torch.zeros(4), "b": torch.zeros(8), "s": 0})
+except BaseException as err:
+    print(type(err).__name__, err)
+"""
+
+
+@pytest.mark.parametrize(
+    ("plant", "words"),
+    [
+        (lambda m: m.symlink_to("/dev/zero"), r"^ValueError .*MANIFEST\.json: not a regular file"),
+        (os.mkfifo, r"^ValueError .*MANIFEST\.json: not a regular file"),
+        (lambda m: m.symlink_to("/dev/urandom"), r"^ValueError .*MANIFEST\.json: not a regular file"),
+    ],
+    ids=["dev-zero", "fifo", "dev-urandom"],
+)
+def test_a_manifest_that_is_a_device_or_a_fifo_is_refused_without_blocking_or_filling_memory(
+    tmp_path: Path, plant: Callable[[Path], None], words: str
+) -> None:
+    """A checkpoint folder of someone else's (a shared root, a copied tree) whose MANIFEST.json is a link to
+    /dev/zero made a load read until memory ran out; a FIFO made it wait for a writer forever. A manifest is read
+    only from a regular file, and never more than a manifest may be."""
+    folder = _saved(tmp_path)
+    (folder / ckpt.MANIFEST).unlink()
+    plant(folder / ckpt.MANIFEST)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", LOAD_IN_A_BOUNDED_PROCESS, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the load blocked")
+    assert re.match(words, run.stdout), (run.stdout, run.stderr[-2000:])
+
+
+def test_a_manifest_that_grows_after_its_size_was_looked_at_is_read_no_further_than_a_manifest_may_be(
+    tmp_path: Path,
+) -> None:
+    local = storage.LocalStorage()
+    (tmp_path / "m").write_bytes(b"x" * 100)
+    assert local.read_small(str(tmp_path / "m"), 100) == b"x" * 100
+    with pytest.raises(ValueError, match=r"/m: more than 99 bytes"):
+        local.read_small(str(tmp_path / "m"), 99)

@@ -428,11 +428,12 @@ def read_manifest(loc: Location, folder: str) -> Manifest:
     """The manifest of checkpoint ``folder`` under ``loc``.
 
     Raises:
-        ValueError: the file is not a manifest of this format, or larger than ``MAX_MANIFEST_BYTES`` (names the
-            file).
+        FileNotFoundError: no manifest there (pruned meanwhile).
+        ValueError: the file is not a manifest of this format, not a regular file (a FIFO or ``/dev/zero`` behind
+            the name would block or fill memory), or larger than ``MAX_MANIFEST_BYTES`` (names the file).
     """
     path = loc.join(folder, MANIFEST)
     size = loc.storage.sizes([path])[0]
     if size is not None and size > MAX_MANIFEST_BYTES:
         raise ValueError(f"{path}: {size} bytes, more than a manifest may be ({MAX_MANIFEST_BYTES})")
-    return Manifest.from_json(loc.storage.read_small(path), path)
+    return Manifest.from_json(loc.storage.read_small(path, MAX_MANIFEST_BYTES), path)

@@ -32,6 +32,7 @@ from haiscale.checkpoint.manifest import (
     CHECKSUMS,
     FORMAT,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     Blob,
     Key,
     Manifest,
@@ -228,7 +229,8 @@ def commit(loc: Location, snap: Snapshot, own: Manifest, part_timeout_s: float, 
             )
         time.sleep(PART_WAIT_POLL_S)
     others = [
-        Manifest.from_json(loc.storage.read_small(loc.join(step_folder(snap.step), n)), n) for n in sorted(wanted)
+        Manifest.from_json(loc.storage.read_small(loc.join(step_folder(snap.step), n), MAX_MANIFEST_BYTES), n)
+        for n in sorted(wanted)
     ]
     merged = Manifest(snap.step, snap.world_size, tuple(e for p in [own, *others] for e in p.tensors), own.objects)
     path = loc.join(step_folder(snap.step), MANIFEST)

@@ -60,8 +60,13 @@ class Storage(Protocol):
         Fewer than ``length`` where a file ends.
         """
 
-    def read_small(self, path: str) -> bytes:
-        """The whole file at ``path`` (a manifest or a marker: small files)."""
+    def read_small(self, path: str, limit_bytes: int) -> bytes:
+        """The whole file at ``path`` (a manifest or a part of one: small files), at most ``limit_bytes``.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a regular file (a FIFO, a device), or longer than ``limit_bytes`` (read no further).
+        """
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """The size in bytes of each regular file of ``paths``; None for one that is missing or not a file."""
@@ -172,10 +177,16 @@ class LocalStorage:
             for fd in fds.values():
                 os.close(fd)
 
-    def read_small(self, path: str) -> bytes:
-        """``Storage.read_small`` (FileNotFoundError if there is no such file)."""
-        with open(path, "rb") as f:
-            return f.read()
+    def read_small(self, path: str, limit_bytes: int) -> bytes:
+        """``Storage.read_small``: the type checked on the open file, so nothing swapped in after a look passes.
+
+        Opened without blocking: opening a FIFO for reading would wait for a writer forever.
+        """
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"{path}: not a regular file")
+            return _bounded(path, f.read(limit_bytes + 1), limit_bytes)
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """``Storage.sizes``: one ``os.stat`` each (symlinks followed)."""
@@ -208,6 +219,13 @@ class LocalStorage:
 def _temporary_name(path: str) -> str:
     """A name beside ``path`` no other writer uses: pids and thread ids repeat across hosts and containers."""
     return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def _bounded(path: str, data: bytes, limit_bytes: int) -> bytes:
+    """``data`` read with a limit of ``limit_bytes + 1``; ValueError when it got more than ``limit_bytes``."""
+    if len(data) > limit_bytes:
+        raise ValueError(f"{path}: more than {limit_bytes} bytes, more than a manifest may be")
+    return data
 
 
 def _pread_into(fd: int, offset: int, view: memoryview) -> int:
@@ -303,10 +321,10 @@ class Hf3fsStorage:
                 got[i] += n  # past a file's end its pieces read short, then nothing: the sum is what was read
         return got
 
-    def read_small(self, path: str) -> bytes:
-        """``Storage.read_small`` through a file opened for reading."""
+    def read_small(self, path: str, limit_bytes: int) -> bytes:
+        """``Storage.read_small`` through a file opened for reading (3FS has no FIFOs or devices)."""
         with self.fs.open(path, "rb") as f:
-            return bytes(f.read())
+            return _bounded(path, bytes(f.read(limit_bytes + 1)), limit_bytes)
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """``Storage.sizes``: meta BatchStats of up to ``STAT_BATCH`` paths."""
