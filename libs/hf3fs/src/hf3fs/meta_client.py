@@ -16,7 +16,7 @@ from typing import TypeVar
 import grpc
 
 from ff_cluster import MgmtdClient
-from ff_fsprotocol.meta_once import ONCE_METHODS
+from ff_fsprotocol.meta_once import ONCE_METHODS, ONCE_TAG, ONCE_TAG_VALUE
 from ff_rpc import RetriesExhausted, RetryPolicy, RpcClient, RpcError
 from ff_rpc.client import NO_RETRY, ChannelInvoker, ChannelPool, UnaryCall
 from ff_rpc.fastpath import FastPool
@@ -83,8 +83,9 @@ class MetaClient:
     A call that never reached an instance (no connection) goes to the next one whatever the method; a connection
     lost mid-call or a timeout is retried elsewhere only for methods the proto marks idempotent and for those meta
     does once per key (``ff_fsprotocol.meta_once``: Rename, Remove, Mkdirs, ...; every attempt carries the call's
-    key, and meta answers a repeated key with its first result). Others may have run (a Create sent again would
-    apply twice): they are not retried. ``ff_rpc.retry_call``, with this client as its
+    key, and meta answers a repeated key with its first result), while every meta instance it may call says in its
+    mgmtd registration that it does (an older one would run the retry as a new call). Others may have run (a Create
+    sent again would apply twice): they are not retried. ``ff_rpc.retry_call``, with this client as its
     router: the next instance at once, a backoff and fresh routing after a round of them all.
     """
 
@@ -105,6 +106,7 @@ class MetaClient:
         self._fast = FastPool()
         self._fast_of: dict[str, str] = {}  # gRPC address -> the same instance's fast endpoint (``ff_rpc.fastpath``)
         self._looked_up = False  # whether mgmtd was asked yet (fixed addresses: for their fast endpoints)
+        self._once_everywhere = False  # whether every instance called records ONCE_METHODS' keys (mgmtd's tags)
         retry = RetryPolicy(max_attempts=attempts, initial_backoff_s=0.1, max_backoff_s=1.0)
         rpc = RpcClient(token=token, timeout_s=timeout_s, retry=NO_RETRY)
         self._client = MetaServiceClient(
@@ -116,7 +118,7 @@ class MetaClient:
                 unavailable_did_not_run=True,
                 fast=self._fast,
                 fast_address=self._fast_of.get,
-                once=ONCE_METHODS,
+                once=lambda: ONCE_METHODS if self._once_everywhere else frozenset(),
             )
         )
         self._lock = asyncio.Lock()
@@ -153,10 +155,14 @@ class MetaClient:
                 resp = await self._mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())
             except RpcError:
                 if self._fixed:
+                    self._once_everywhere = False  # what the fixed instances do is not known
                     return self._fixed
                 raise
             found = []
             fast_of = {}
+            # Instances' gRPC addresses, by whether they record ONCE_METHODS' keys.
+            tagged: set[str] = set()
+            untagged: set[str] = set()
             for n in resp.routing_info.nodes:
                 if n.node_type != common_pb2.NODE_TYPE_META or n.status != mpb.NODE_STATUS_ALIVE or not n.enabled:
                     continue
@@ -165,8 +171,11 @@ class MetaClient:
                     found.append(endpoints["grpc"])
                     if "fast" in endpoints:
                         fast_of[endpoints["grpc"]] = endpoints["fast"]
+                    (tagged if n.tags.get(ONCE_TAG) == ONCE_TAG_VALUE else untagged).add(endpoints["grpc"])
             self._fast_of.clear()
             self._fast_of.update(fast_of)
+            called = self._fixed or found
+            self._once_everywhere = bool(called) and all(a in tagged and a not in untagged for a in called)
             if self._fixed:
                 return self._fixed
             if found:

@@ -236,7 +236,8 @@ class ChannelInvoker(Invoker):
     Metadata and the default deadline come from the ``RpcClient``; unary calls retry through ``retry_call`` (a
     ``Route`` is its router), with ``retry`` or else the client's policy. The methods in ``once`` (full paths) are
     ones the service does once per key (``ff_rpc.once``): each call's attempts carry one key, and it is retried as an
-    idempotent call is.
+    idempotent call is. ``once`` may be a callable, asked at each call: the methods done once where the calls go now
+    (none while an instance that may get them does not record keys).
     """
 
     def __init__(
@@ -249,7 +250,7 @@ class ChannelInvoker(Invoker):
         unavailable_did_not_run: bool = False,
         fast: FastPool | None = None,
         fast_address: Callable[[str], str | None] | None = None,
-        once: frozenset[str] = frozenset(),
+        once: frozenset[str] | Callable[[], frozenset[str]] = frozenset(),
     ) -> None:
         self._rpc = rpc
         self._once = once
@@ -292,7 +293,7 @@ class ChannelInvoker(Invoker):
 
         router = None if isinstance(self._route, str) else self._route
         policy = self._retry or self._rpc.retry
-        once = method.path in self._once
+        once = method.path in (self._once() if callable(self._once) else self._once)
         with sending_once() if once else nullcontext():
             return await retry_call(
                 attempt,

@@ -3,6 +3,7 @@ after a lost connection as an idempotent one is; other calls carry no key and ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -20,7 +21,11 @@ CREATE = Method("/t.S/Create", empty_pb2.Empty, empty_pb2.Empty, idempotent=Fals
 LOST = "Connection reset by peer"  # an UNAVAILABLE after the request went out: the server may have run it
 
 
-async def _attempts(method: Method[Any, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[list[str | None], Any]:
+async def _attempts(
+    method: Method[Any, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    once: frozenset[str] | Callable[[], frozenset[str]] = frozenset({RENAME.path}),
+) -> tuple[list[str | None], Any]:
     """Send ``method`` through an invoker whose first attempt loses its connection: each attempt's key, the outcome."""
     rpc = RpcClient(token="t", retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.001))
     keys: list[str | None] = []
@@ -33,7 +38,7 @@ async def _attempts(method: Method[Any, Any], monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(rpc, "send", send)
     channels = ChannelPool()
-    invoker = ChannelInvoker(rpc, channels, "127.0.0.1:1", once=frozenset({RENAME.path}))
+    invoker = ChannelInvoker(rpc, channels, "127.0.0.1:1", once=once)
     try:
         outcome: Any = await invoker.unary(method, empty_pb2.Empty(), timeout_s=1.0)
     except RpcError as err:
@@ -55,6 +60,19 @@ async def test_another_non_idempotent_call_carries_no_key_and_is_not_retried(mon
     keys, outcome = await _attempts(CREATE, monkeypatch)
     assert outcome == grpc.StatusCode.UNAVAILABLE
     assert keys == [None]
+
+
+async def test_the_methods_done_once_are_asked_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client whose service instances do not all record keys (an older one among them) sends no key, no retry."""
+    everywhere = [False]
+    once = lambda: frozenset({RENAME.path}) if everywhere[0] else frozenset()  # noqa: E731
+    keys, outcome = await _attempts(RENAME, monkeypatch, once)
+    assert outcome == grpc.StatusCode.UNAVAILABLE
+    assert keys == [None]
+    everywhere[0] = True
+    keys, outcome = await _attempts(RENAME, monkeypatch, once)
+    assert outcome == empty_pb2.Empty()
+    assert len(keys) == 2 and keys[0] is not None and keys[0] == keys[1]
 
 
 @pytest.mark.parametrize("bad", ["short", "x" * 65, "0123456789abcdef-", "0123456789abcdéf"])

@@ -7,6 +7,7 @@ import logging
 
 from ff_cluster import MgmtdClient, ServiceWiring, Serving, registry_validator, serve_service
 from ff_cluster.chassis import Loop
+from ff_fsprotocol.meta_once import ONCE_TAG, ONCE_TAG_VALUE
 from ff_meta.config import MetaSettings
 from ff_meta.errors import STATUS_TABLE
 from ff_meta.ops import MetaOps, MetaOptions
@@ -85,6 +86,7 @@ def _wiring(settings: MetaSettings, ops: MetaOps, mgmtd: MgmtdClient, token: str
         ],
         mgmtd_addresses=settings.mgmtd_address_list(),
         fast=True,  # metadata calls are small: gRPC's own cost would be most of each (ff_rpc.fastpath)
+        tags={ONCE_TAG: ONCE_TAG_VALUE},  # clients retry ONCE_METHODS only at instances that say so
         loops=lambda serving: [ops.background.run(serving.stop)],
         loops_after_registration=reporter,
     )

@@ -12,8 +12,13 @@ import grpc
 import pytest
 
 import hf3fs
+from ff_cluster import MgmtdClient
+from ff_fsprotocol.meta_once import ONCE_TAG, ONCE_TAG_VALUE
 from ff_rpc import RpcError, client, once
+from ff_testing.process import CLUSTER_TOKEN
+from fireflyer.common.v1 import common_pb2
 from fireflyer.meta.v1 import meta_pb2 as pb
+from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
 
 from .conftest import MetaCluster
 
@@ -112,17 +117,69 @@ class AnswerLoser:
 def test_a_rename_whose_answer_is_lost_is_retried_and_applied_once(fs: hf3fs.FileSystem, home: str) -> None:
     fs.mkdir(f"{home}/a")
     moved = fs.stat(f"{home}/a").inode_id
+    # Before calls were done once, the client could not send this Rename again (it may have run) and raised; sent
+    # again without the key, it would have found its source gone (NOT_FOUND).
+    outcome, lost = lose_one_answer(fs, lambda: rename(fs, f"{home}/a", f"{home}/b"))
+    assert outcome == moved
+    assert lost == 1, "the proxy did not lose the first answer"
+    assert not fs.exists(f"{home}/a") and fs.stat(f"{home}/b").inode_id == moved
+
+
+def lose_one_answer(fs: hf3fs.FileSystem, call: Any) -> tuple[Any, int]:
+    """``call()``'s outcome with the first answer of meta's fast endpoint lost (``AnswerLoser``), and answers lost."""
     meta = fs._meta
+    fs._run(meta.refresh())  # a new client has not asked mgmtd where meta is yet
     grpc_address = meta.current_address
     fast = meta._fast_of[grpc_address]
     loser = AnswerLoser(fast)
     meta._fast_of[grpc_address] = fs._run(loser.start())
     try:
-        # Before calls were done once, the client could not send this Rename again (it may have run) and raised;
-        # sent again without the key, it would have found its source gone (NOT_FOUND).
-        assert rename(fs, f"{home}/a", f"{home}/b") == moved
+        return call(), loser.lost
     finally:
         meta._fast_of[grpc_address] = fast
         fs._run(loser.close())
-    assert loser.lost == 1, "the proxy did not lose the first answer"
-    assert not fs.exists(f"{home}/a") and fs.stat(f"{home}/b").inode_id == moved
+
+
+async def _register_untagged_meta(cluster: MetaCluster) -> int:
+    """A META node registered as a meta instance from before calls were done once registers: the running instance's
+    endpoints, without the tag. Its id."""
+    mgmtd = MgmtdClient([cluster.mgmtd], token=CLUSTER_TOKEN)
+    try:
+        routing = (await mgmtd.mgmtd.get_routing_info(mpb.GetRoutingInfoRequest())).routing_info
+        [real] = [n for n in routing.nodes if n.node_type == common_pb2.NODE_TYPE_META and n.enabled]
+        assert real.tags.get(ONCE_TAG) == ONCE_TAG_VALUE, "meta does not say it does calls once"
+        request = mpb.RegisterNodeRequest(node_type=common_pb2.NODE_TYPE_META, hostname="older-meta")
+        request.endpoints.extend(real.endpoints)
+        return (await mgmtd.mgmtd.register_node(request)).node_id
+    finally:
+        await mgmtd.close()
+
+
+async def _disable(cluster: MetaCluster, node_id: int) -> None:
+    mgmtd = MgmtdClient([cluster.mgmtd], token=cluster.tokens["root"])
+    try:
+        await mgmtd.mgmtd.set_node_enabled(mpb.SetNodeEnabledRequest(node_id=node_id, enabled=False))
+    finally:
+        await mgmtd.close()
+
+
+def test_no_retry_while_a_meta_instance_does_not_say_it_does_calls_once(cluster: MetaCluster, home: str) -> None:
+    """An older meta would run a retried Rename as a new one: while one is registered, the client does not retry
+    (the caller sees the lost connection, as before calls were done once); once it is gone, it does again."""
+    with cluster.connect("alice") as fs:
+        fs.mkdir(f"{home}/a")
+        moved = fs.stat(f"{home}/a").inode_id
+    older = asyncio.run(_register_untagged_meta(cluster))
+    try:
+        with cluster.connect("alice") as fs:  # a client that starts now sees both registrations
+            outcome, lost = lose_one_answer(fs, lambda: rename(fs, f"{home}/a", f"{home}/b"))
+            assert lost == 1
+            assert outcome == grpc.StatusCode.UNAVAILABLE  # not sent again: the move happened once
+            assert not fs.exists(f"{home}/a") and fs.stat(f"{home}/b").inode_id == moved
+    finally:
+        asyncio.run(_disable(cluster, older))
+    with cluster.connect("alice") as fs:
+        fs.mkdir(f"{home}/a")
+        again = fs.stat(f"{home}/a").inode_id
+        outcome, lost = lose_one_answer(fs, lambda: rename(fs, f"{home}/a", f"{home}/c"))
+        assert (outcome, lost) == (again, 1)  # retried with its key: the first answer
