@@ -578,3 +578,24 @@ def test_a_manifest_that_grows_after_its_size_was_looked_at_is_read_no_further_t
     assert local.read_small(str(tmp_path / "m"), 100) == b"x" * 100
     with pytest.raises(ValueError, match=r"/m: more than 99 bytes"):
         local.read_small(str(tmp_path / "m"), 99)
+
+
+# ---- names in a checkpoint root that are not the saver's ----
+
+
+def test_folders_and_leases_of_names_no_save_makes_are_not_checkpoints_and_break_nothing(tmp_path: Path) -> None:
+    """A root others write to (or one tidied by hand) holds ``step-²`` (digits int() refuses: latest_step, load and
+    every save's prune raised ValueError, a committed save reported as failed and not reported to the scheduler),
+    ``step-7`` (a copy of a checkpoint: latest_step said 7, load read another), and a lease named with such digits."""
+    ckpt.save(tmp_path, {"w": torch.full((4,), 3.0)}, step=3, blocking=True)
+    shutil.copytree(tmp_path / "step-000000003", tmp_path / "step-7")
+    shutil.copytree(tmp_path / "step-000000003", tmp_path / "step-0000000008")  # 8 in ten digits
+    (tmp_path / "step-²").mkdir()
+    (tmp_path / "step-000000003" / ".lease-load-²-1-abc-otherhost").write_bytes(b"")
+    assert ckpt.latest_step(tmp_path) == 3
+    target = {"w": torch.zeros(4)}
+    assert ckpt.load(tmp_path, target).url == str(tmp_path / "step-000000003") and bool((target["w"] == 3.0).all())
+    handle = ckpt.save(tmp_path, {"w": torch.full((4,), 4.0)}, step=4, keep=1, blocking=True)
+    assert handle.wait() == str(tmp_path / "step-000000004" / ckpt.MANIFEST) and handle.removed_steps == [3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000008", "step-000000004", "step-7", "step-²"]
+    assert ckpt.latest_step(tmp_path) == 4

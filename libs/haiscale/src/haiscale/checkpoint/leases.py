@@ -71,8 +71,8 @@ def is_live(name: str, now: float) -> bool:
     if not name.startswith(LEASE_PREFIX):
         return False
     fields = name[len(LEASE_PREFIX) :].split("-", 4)
-    if len(fields) != 5 or not fields[1].isdigit() or not fields[2].isdigit():
-        return False
+    if len(fields) != 5 or not all(f.isascii() and f.isdigit() for f in fields[1:3]):
+        return False  # (str.isdigit alone passes digits int() refuses: "²")
     if now - int(fields[1]) > LEASE_S:
         return False
     if fields[4] != _this_host():

@@ -60,9 +60,16 @@ def step_folder(step: int) -> str:
 
 
 def folder_step(name: str) -> int | None:
-    """The step of a checkpoint folder's name (``step_folder``'s inverse); None for any other name."""
+    """The step of a checkpoint folder's name (``step_folder``'s inverse); None for any other name.
+
+    Only the name ``step_folder`` gives counts: ``step-7`` (a folder copied by hand) would be found as step 7 and then
+    looked for as ``step-000000007``, and ``str.isdigit`` passes digits ``int`` refuses (``step-²``).
+    """
     rest = name.removeprefix(STEP_PREFIX)
-    return int(rest) if name.startswith(STEP_PREFIX) and rest.isdigit() else None
+    if not (name.startswith(STEP_PREFIX) and rest.isascii() and rest.isdigit()):
+        return None
+    step = int(rest)
+    return step if step_folder(step) == name else None
 
 
 CHECKSUM = CHECKSUMS[FORMAT]  # what a save checksums with
