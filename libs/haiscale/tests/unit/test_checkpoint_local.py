@@ -5,6 +5,7 @@ manifests, keep-K, one save in flight, and sharded state saved on 4 ranks loaded
 from __future__ import annotations
 
 import json
+import os
 import random
 import zlib
 from pathlib import Path
@@ -278,6 +279,21 @@ def test_keep_k_removes_the_oldest_after_the_new_commit(tmp_path: Path) -> None:
         ckpt.save(tmp_path, {"w": torch.zeros(4)}, step=5)
     with pytest.raises(FileNotFoundError, match="no checkpoint 3"):
         ckpt.load(tmp_path, target, step=3)
+
+
+def test_keep_k_never_removes_the_checkpoint_it_follows_when_a_run_rolled_back_to_an_earlier_step(
+    tmp_path: Path,
+) -> None:
+    """A run rolled back (a loss spike, step 100 would not load) saves step 50 beside step 100: its keep=1 removed
+    step 50 itself, and its handle gave a manifest that was gone (the one reported to the scheduler)."""
+    ckpt.save(tmp_path, {"w": torch.full((4,), 100.0)}, step=100, blocking=True)
+    ckpt.save(tmp_path, {"w": torch.full((4,), 40.0)}, step=40, blocking=True)
+    handle = ckpt.save(tmp_path, {"w": torch.full((4,), 50.0)}, step=50, keep=1, blocking=True)
+    assert handle.removed_steps == [40]
+    assert os.path.exists(handle.wait() or "")
+    target = {"w": torch.zeros(4)}
+    assert ckpt.load(tmp_path, target, step=50).step == 50 and bool((target["w"] == 50.0).all())
+    assert ckpt.latest_step(tmp_path) == 100  # the newest by step is kept too: which to resume from is the run's
 
 
 # ---- sharded state: a ZeRO-style optimizer whose moments are split flat across ranks ----

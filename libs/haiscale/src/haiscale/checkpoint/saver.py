@@ -271,6 +271,9 @@ def committed_steps(loc: Location) -> list[int]:
 def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
     """Remove committed checkpoints beyond the newest ``keep`` and uncommitted folders older than ``newest``.
 
+    ``newest``: the step just committed, which stays whatever its place: a run rolled back to an earlier step (after a
+    loss spike, or a checkpoint that would not load) saves steps below the ones already there.
+
     A folder with a live lease (a save still writing it, a load reading it: see ``leases``) stays, for a later
     prune to remove; so does one that cannot be removed (logged: the new checkpoint is committed whatever happens
     here).
@@ -279,7 +282,7 @@ def prune(loc: Location, newest: int, keep: int | None) -> list[int]:
         The steps removed.
     """
     committed = committed_steps(loc)
-    doomed = set(committed[:-keep] if keep else [])
+    doomed = set(committed[:-keep] if keep else []) - {newest}
     for name in loc.storage.listdir(loc.path):
         step = folder_step(name)
         if step is not None and step < newest and step not in committed:
