@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy
 import pytest
 import torch
@@ -448,6 +449,63 @@ def test_values_that_name_code_are_refused_unless_the_checkpoint_is_trusted(tmp_
     assert mine["cfg"] == _Config(0.5)
 
 
+class _Makes:
+    """A value whose pickle calls ``func(*args)`` (what a hostile checkpoint's values would hold)."""
+
+    def __init__(self, func: Any, *args: Any) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.func, self.args
+
+
+def _reconstruct() -> Any:
+    return numpy.arange(2).__reduce__()[0]  # numpy's _reconstruct, wherever this numpy keeps it
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (_Makes(bytearray, 10**12), r"values call builtins\.bytearray"),
+        (_Makes(bytes, 10**12, "newobj"), r"values call builtins\.bytes"),  # (rewritten below to NEWOBJ)
+        (_Makes(str, [b"x" * 1000] * 1000), r"values call builtins\.str"),  # (a repr a thousand times the pickle)
+        (_Makes(collections.Counter, range(10**6)), r"values pass a range to collections\.Counter"),
+        (_Makes(torch.Size, range(10**6)), r"values pass a range to torch\.Size"),
+        (_Makes(collections.deque, range(10**6)), r"values pass a range to collections\.deque"),
+        (_Makes(_reconstruct(), numpy.ndarray, (10**11,), b"b"), r"make an array larger than their pickle"),
+    ],
+    ids=["bytearray-size", "bytes-newobj", "str-of-a-list", "counter-range", "size-range", "deque-range", "array"],
+)
+def test_values_that_make_more_than_their_bytes_are_refused_before_they_fill_memory(
+    tmp_path: Path, value: Any, words: str
+) -> None:
+    """Values of a few bytes whose pickle calls a type the safe list has (bytearray(10**12), Counter(range(...)), an
+    empty numpy array of 100 GB): a load made them (MemoryError at best, the machine's memory at worst) before
+    anything checked them. Only what the values' own pickles call is called, and nothing larger than the pickle."""
+    ckpt.save(tmp_path, {"w": torch.ones(2), "v": value}, step=1, blocking=True)
+    if value.args[-1] == "newobj":  # bytes.__new__(bytes, 10**12): NEWOBJ takes (class, arguments) as REDUCE does
+        # the arguments (10**12, "newobj") and REDUCE become (10**12,), no-ops and NEWOBJ: as long, as many memos
+        reduce, newobj = b"\x8c\x06newobj\x94\x86\x94R", b"\x85\x94N\x940N0N0N0\x81"
+        _rewrite_values(tmp_path / "step-000000001", lambda b: b.replace(reduce, newobj))
+    state = {"w": torch.zeros(2), "v": None}
+    with pytest.raises(ckpt.UntrustedValues, match=words):
+        ckpt.load(tmp_path, state, in_place=False)
+    assert state["v"] is None and not state["w"].any()
+
+
+def _rewrite_values(folder: Path, rewrite: Callable[[bytes], bytes]) -> None:
+    """Rewrite the pickled values of checkpoint ``folder`` (their checksum too, as a hostile writer would)."""
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    blob = doc["objects"]
+    data = (folder / blob["file"]).read_bytes()
+    old = data[blob["file_offset"] : blob["file_offset"] + blob["length"]]
+    new = rewrite(old)
+    assert new != old and len(new) == len(old)  # (a pickle's frames say how long they are)
+    (folder / blob["file"]).write_bytes(data.replace(old, new))
+    blob.update(crc32c=crc32c.crc32c(new))
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+
+
 def test_the_values_a_trainer_keeps_load_without_trust(tmp_path: Path) -> None:
     """RNG states (Python, numpy), numpy arrays and scalars, optimizer hyper-parameters, torch sizes, dtypes and
     devices, ordered and default dicts, times: what training state holds, none of which names code."""
@@ -466,6 +524,12 @@ def test_the_values_a_trainer_keeps_load_without_trust(tmp_path: Path) -> None:
         "when": datetime.datetime(2026, 11, 27, 12, 0),
         "tags": {"a", "b"},
         "z": complex(1, 2),
+        "span": range(0, 10**12, 7),  # a range is a value (only no argument of a call)
+        "queue": collections.deque([1, 2], maxlen=5),
+        "seen": [collections.Counter("abca")],
+        "frozen": frozenset({1}),
+        "raw": [bytearray(b"xy"), b"z"],
+        "utc": datetime.UTC,
     }
     ckpt.save(tmp_path, {"w": torch.ones(2), "v": values}, step=1, blocking=True)
     target: dict[str, Any] = {"w": torch.zeros(2), "v": {k: None for k in values}}

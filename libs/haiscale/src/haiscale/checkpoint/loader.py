@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,35 +318,113 @@ SAFE_GLOBALS = frozenset(
 )
 
 
+# What of those unpickling may call (REDUCE, NEWOBJ): what the values' own pickles call, at pickle protocol 5 (saves
+# use it). The others (builtins' list, bytes, str..., numpy.ndarray) may only be named, as a defaultdict's factory or an
+# array's class: called, bytes(10**12) or list(range(10**12)) fill memory from a few bytes of a hostile pickle.
+CALLABLE_GLOBALS = frozenset(
+    [("builtins", n) for n in ("complex", "slice", "range")]
+    + [("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")]
+    + [("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")]
+    + [("numpy", "dtype"), ("torch", "Size"), ("torch", "device")]
+    + [(f"numpy.{core}.{m}", f) for core in ("core", "_core") for m, f in _NUMPY_REBUILDERS]
+)
+
+
 class UntrustedValues(ValueError):
     """The checkpoint's pickled values name a class or function that loading without ``trusted=True`` refuses."""
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """An unpickler that finds only ``SAFE_GLOBALS`` (and torch's dtypes)."""
+def _untrusted(what: str) -> UntrustedValues:
+    return UntrustedValues(
+        f"the checkpoint's values {what}, which a load runs when it rebuilds them: load it with trusted=True if you "
+        "trust who wrote it"
+    )
+
+
+class _SafeUnpickler(pickle._Unpickler):
+    """An unpickler that finds only ``SAFE_GLOBALS`` (and torch's dtypes) and calls only ``CALLABLE_GLOBALS``.
+
+    A call may not make more than the pickle holds: no ``range`` for an argument (``Counter(range(10**12))``: its
+    length is not in the pickle's bytes), no empty array larger than the pickle (``_reconstruct(ndarray, shape)``
+    allocates the shape). Python's pure-Python unpickler (``pickle._Unpickler``): the C one's calls cannot be checked;
+    the values of a checkpoint are small.
+    """
+
+    stack: list[Any]  # (the pure-Python unpickler's, set by load)
+    append: Callable[[Any], None]
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__(io.BytesIO(data))
+        self._limit_bytes = len(data)
+        self._callables: dict[int, str] = {}  # id of each CALLABLE_GLOBALS object found -> its name
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in SAFE_GLOBALS or (
             module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         ):
-            return super().find_class(module, name)
-        raise UntrustedValues(
-            f"the checkpoint's values name {module}.{name}, which a load runs when it rebuilds them: load it with "
-            "trusted=True if you trust who wrote it"
-        )
+            found = super().find_class(module, name)
+            if (module, name) in CALLABLE_GLOBALS:
+                self._callables[id(found)] = f"{module}.{name}"
+            return found
+        raise _untrusted(f"name {module}.{name}")
+
+    def _call(self, func: Any, args: Any, kwargs: Any = None, new: bool = False) -> Any:
+        """``func(*args, **kwargs)`` (``new``: ``func.__new__(func, ...)``), if the checks above let it."""
+        name = self._callables.get(id(func))
+        if name is None:
+            raise _untrusted(f"call {getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)!s:.80}")
+        given = [*args, *(kwargs or {}).values()]
+        if any(isinstance(a, range) for a in given):
+            raise _untrusted(f"pass a range to {name} (what it makes of one is not in the checkpoint's bytes)")
+        if name.endswith("._reconstruct") and _array_bytes(given) > self._limit_bytes:
+            raise _untrusted(f"make an array larger than their pickle with {name} ({given[1:3]!r:.80})")
+        return func.__new__(func, *args, **(kwargs or {})) if new else func(*args, **(kwargs or {}))
+
+    def _load_reduce(self) -> None:
+        args = self.stack.pop()
+        self.stack[-1] = self._call(self.stack[-1], args)
+
+    def _load_newobj(self) -> None:
+        args = self.stack.pop()
+        self.append(self._call(self.stack.pop(), args, new=True))
+
+    def _load_newobj_ex(self) -> None:
+        kwargs, args = self.stack.pop(), self.stack.pop()
+        self.append(self._call(self.stack.pop(), args, kwargs, new=True))
+
+    def _instantiate(self, klass: Any, args: Any) -> None:  # protocols 0 and 1 (OBJ, INST)
+        self.append(self._call(klass, tuple(args)))
+
+    # every opcode that calls: REDUCE, NEWOBJ, NEWOBJ_EX here, OBJ and INST through _instantiate (Any: typeshed
+    # types the table's functions as taking the C Unpickler)
+    _CALLING_OPCODES: dict[int, Any] = {
+        pickle.REDUCE[0]: _load_reduce,
+        pickle.NEWOBJ[0]: _load_newobj,
+        pickle.NEWOBJ_EX[0]: _load_newobj_ex,
+    }
+    dispatch = {**pickle._Unpickler.dispatch, **_CALLING_OPCODES}
+
+
+def _array_bytes(args: list[Any]) -> int:
+    """Bytes of the empty array ``_reconstruct(subtype, shape, dtype)`` makes (more than any limit if unknown)."""
+    try:
+        return int(numpy.dtype(args[2]).itemsize) * numel(tuple(int(d) for d in args[1]))
+    except (IndexError, TypeError, ValueError):
+        return 2**63
 
 
 def _unpickle(data: memoryview, names: tuple[str, ...] | None, trusted: bool) -> Values:
     """The pickled values, each ``name -> (keys, value)`` (``names``: what the manifest said they are, if it did).
 
     Raises:
-        UntrustedValues: not ``trusted``, and they name something outside ``SAFE_GLOBALS``.
+        UntrustedValues: not ``trusted``, and they name something outside ``SAFE_GLOBALS``, or make more than their
+            bytes hold (see ``_SafeUnpickler``).
         CorruptCheckpoint: not ``trusted``, and they are not the manifest's values under their keys.
     """
     if trusted:
         trusted_values: Values = pickle.loads(data)
         return trusted_values
-    values = _SafeUnpickler(io.BytesIO(data)).load()
+    values = _SafeUnpickler(data).load()
     if not isinstance(values, dict) or (names is not None and sorted(values) != sorted(names)):
         raise CorruptCheckpoint("values: not the values the manifest names")
     for name, item in values.items():
