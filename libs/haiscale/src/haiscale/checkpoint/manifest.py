@@ -140,7 +140,7 @@ class Manifest:
                 raise ValueError(f"a JSON {type(doc).__name__.replace('dict', 'object')}, not an object")
             kind = CHECKSUMS.get(doc.get("format"))  # type: ignore[arg-type]
             if kind is None:
-                raise ValueError(f"format {doc.get('format')!r}, expected one of {sorted(CHECKSUMS)}")
+                raise ValueError(f"format {_short(doc.get('format'))}, expected one of {sorted(CHECKSUMS)}")
             step, world_size = _integer("step", doc["step"]), _integer("world_size", doc["world_size"], 1)
             if not isinstance(doc["tensors"], list):
                 raise ValueError("tensors is not a list")
@@ -157,15 +157,21 @@ MAX_NUMEL = 2**63 - 1  # elements a tensor can have (torch counts them in int64)
 UINT32 = 2**32
 
 
+def _short(value: Any, limit_chars: int = 100) -> str:
+    """``repr(value)`` for a message, cut to about ``limit_chars``: a crafted manifest's fields may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit_chars else f"{text[:limit_chars]}... ({len(text)} characters)"
+
+
 def _integer(what: str, value: Any, least: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{what} {value!r} is not an integer >= {least}")
+        raise ValueError(f"{what} {_short(value)} is not an integer >= {least}")
     return value
 
 
 def _checksum_field(what: str, value: Any, kind: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < UINT32:
-        raise ValueError(f"{what}{kind} {value!r} is not a 32-bit checksum")
+        raise ValueError(f"{what}{kind} {_short(value)} is not a 32-bit checksum")
     return value
 
 
@@ -177,7 +183,7 @@ def file_name_ok(name: Any) -> bool:
 
 def _file_name(what: str, name: Any) -> str:
     if not file_name_ok(name):
-        raise ValueError(f"{what}file {name!r} is not a name of a file in the checkpoint's folder")
+        raise ValueError(f"{what}file {_short(name)} is not a name of a file in the checkpoint's folder")
     return str(name)
 
 
@@ -253,11 +259,11 @@ def _explain_entry(index: int, fields: Any, kind: str, world_size: int) -> None:
         raise ValueError(f"tensors[{index}] is not an object")
     unknown = sorted(set(fields) - (ENTRY_FIELDS - {"checksum"}) - {kind})
     if unknown:
-        raise ValueError(f"tensors[{index}]: unknown fields {unknown}")
+        raise ValueError(f"tensors[{index}]: unknown fields {_short(unknown)}")
     name = fields.get("name")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"tensors[{index}]: name {name!r} is not a non-empty string")
-    at = f"tensors[{index}] ({name}): "
+        raise ValueError(f"tensors[{index}]: name {_short(name)} is not a non-empty string")
+    at = f"tensors[{index}] ({name if len(name) <= 100 else _short(name)}): "
     keys = fields["keys"]
     if (
         not isinstance(keys, list)
@@ -265,25 +271,25 @@ def _explain_entry(index: int, fields: Any, kind: str, world_size: int) -> None:
         or any(isinstance(k, bool) or not isinstance(k, str | int) for k in keys)
         or ".".join(str(k) for k in keys) != name
     ):
-        raise ValueError(f"{at}keys {keys!r} do not make the name {name!r}")
+        raise ValueError(f"{at}keys {_short(keys)} do not make the name {_short(name)}")
     shape = fields["shape"]
     if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-        raise ValueError(f"{at}shape {shape!r} is not a list of integers >= 0")
+        raise ValueError(f"{at}shape {_short(shape)} is not a list of integers >= 0")
     if _numel(tuple(shape)) > MAX_NUMEL:
-        raise ValueError(f"{at}shape {shape} has more elements than a tensor can hold")
+        raise ValueError(f"{at}shape {_short(shape)} has more elements than a tensor can hold")
     try:
         itemsize = dtype_of(fields["dtype"]).itemsize if isinstance(fields["dtype"], str) else 0
     except ValueError as err:
         raise ValueError(f"{at}{err}") from None
     if not itemsize:
-        raise ValueError(f"{at}unknown dtype {fields['dtype']!r} in the manifest")
+        raise ValueError(f"{at}unknown dtype {_short(fields['dtype'])} in the manifest")
     offset, count = _integer(f"{at}offset", fields["offset"]), _integer(f"{at}numel", fields["numel"])
     if offset + count > _numel(tuple(shape)):
-        raise ValueError(f"{at}elements {offset}..{offset + count} do not fit its shape {shape}")
+        raise ValueError(f"{at}elements {offset}..{offset + count} do not fit its shape {_short(shape)}")
     length = fields["length"]
     if length != count * itemsize or isinstance(length, bool):
         raise ValueError(
-            f"{at}length {length!r} is not {count} elements of {fields['dtype']} ({count * itemsize} bytes)"
+            f"{at}length {_short(length)} is not {count} elements of {fields['dtype']} ({count * itemsize} bytes)"
         )
     shard = _integer(f"{at}shard", fields["shard"])
     if shard >= world_size:
@@ -312,7 +318,7 @@ def _blob(fields: Any, kind: str) -> Blob:
         raise ValueError("objects is not an object")
     names = fields.get("names")
     if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-        raise ValueError(f"objects: names {names!r} is not a list of strings")
+        raise ValueError(f"objects: names {_short(names)} is not a list of strings")
     return Blob(
         file=_file_name("objects: ", fields["file"]),
         file_offset=_integer("objects: file_offset", fields["file_offset"]),
@@ -330,14 +336,23 @@ def _renamed(fields: dict[str, Any], old: str, new: str) -> dict[str, Any]:
 
 
 def _numel(shape: tuple[int, ...]) -> int:
+    """Elements of ``shape``; past ``MAX_NUMEL``, ``MAX_NUMEL + 1`` (multiplied no further).
+
+    A crafted manifest's shape of a million dimensions, multiplied out, is a product of millions of digits: its
+    multiplications take time quadratic in them (an hour for a few megabytes of manifest).
+    """
+    if 0 in shape:
+        return 0
     n = 1
     for d in shape:
         n *= d
+        if abs(n) > MAX_NUMEL:
+            return MAX_NUMEL + 1
     return n
 
 
 def numel(shape: tuple[int, ...]) -> int:
-    """Elements of a tensor of ``shape`` (1 for a scalar's ``()``)."""
+    """Elements of a tensor of ``shape`` (1 for a scalar's ``()``; ``MAX_NUMEL + 1`` for any count past it)."""
     return _numel(shape)
 
 
@@ -354,7 +369,7 @@ def dtype_of(name: str) -> torch.dtype:
     """
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in the manifest")
+        raise ValueError(f"unknown dtype {_short(name)} in the manifest")
     return dtype
 
 
