@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,24 @@ def test_a_second_save_waits_for_the_first(tmp_path: Path) -> None:
     assert first.done()  # at most one save in flight: save() finished the first before snapshotting
     second.wait()
     assert ckpt.latest_step(tmp_path) == 2
+
+
+LAST_SAVE_FAILS = """
+import sys, torch
+from haiscale import checkpoint as ckpt
+ckpt.save(sys.argv[1], {"w": torch.ones(4)}, step=7)  # in the background; the script ends without waiting
+"""
+
+
+def test_the_failure_of_a_processs_last_save_is_logged_when_nothing_waits_for_it(tmp_path: Path) -> None:
+    """A trainer's final save in the background, the process then ending: its error was kept for a wait() or a next
+    save that never came, and the job ended as if the checkpoint were there."""
+    (tmp_path / "file").write_bytes(b"")
+    root = tmp_path / "file" / "ckpt"  # under a regular file: the background write fails
+    run = subprocess.run(
+        [sys.executable, "-c", LAST_SAVE_FAILS, str(root)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert "the save of step 7 failed, nothing of it counts: NotADirectoryError" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("in_place", [True, False])

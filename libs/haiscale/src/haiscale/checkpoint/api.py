@@ -75,8 +75,9 @@ class SaveHandle:
             send(default_sink(), checkpoint_save_seconds=seconds, checkpoint_save_bytes=snap.buffer.numel())
             if keep_buffer:
                 _InFlight.spare = snap.allocation
-        except BaseException as err:  # kept for wait() and the next save()
-            self._error = err
+        except BaseException as err:  # kept for wait() and the next save(), and logged now: a process that ends
+            self._error = err  # after its last save calls neither, and its failure would go unseen
+            logger.error("the save of step %d failed, nothing of it counts: %r", snap.step, err, exc_info=err)
         finally:
             self._done.set()
 
