@@ -251,6 +251,7 @@ class RawFile(io.RawIOBase):
         self.max_bytes = min(MAX_FILE_BYTES, layout.chunk_size * MAX_CHUNKS_PER_FILE)  # where the file must end
         self._cap = capability
         self.cap_expires_at_ns = 0  # 0: unknown (never refreshed ahead of time)
+        self._cap_margin_ns = CAPABILITY_MARGIN_NS  # refreshed this long before it expires
         self._session = session
         self._limit = session.write_limit_bytes if session is not None else NO_LIMIT
         self.length = inode.length_bytes
@@ -677,15 +678,23 @@ class RawFile(io.RawIOBase):
 
         By inode, so a rename does not matter; a write open names this session, which meta then just returns.
         """
-        if not self.cap_expires_at_ns or time.time_ns() < self.cap_expires_at_ns - CAPABILITY_MARGIN_NS:
+        if not self.cap_expires_at_ns or time.time_ns() < self.cap_expires_at_ns - self._cap_margin_ns:
             return
         request = pb.OpenRequest(path=pb.PathAt(parent_inode_id=self.inode_id), open_mode=pb.OPEN_MODE_READ)
         if self._session is not None:
             request.open_mode = pb.OPEN_MODE_WRITE
             request.session_id, request.client_id = self._session.session_id, self._session.client_id
         resp = self._fs.meta_call(lambda m: m.open, request, self.name)
-        self._cap = resp.io_capability.token
-        self.cap_expires_at_ns = resp.io_capability.expires_at_ns
+        self.take_capability(resp.io_capability.token, resp.io_capability.expires_at_ns)
+
+    def take_capability(self, token: bytes, expires_at_ns: int) -> None:
+        """The IoCapability to use from now on.
+
+        Refreshed ``CAPABILITY_MARGIN_NS`` before it expires, or a quarter of its lifetime ahead for a short-lived one
+        (meta gives writable capabilities minutes: its ``writable_capability_ttl_s``).
+        """
+        self._cap, self.cap_expires_at_ns = token, expires_at_ns
+        self._cap_margin_ns = min(CAPABILITY_MARGIN_NS, max(0, expires_at_ns - time.time_ns()) // 4)
 
     def _check_open(self) -> None:
         if self.closed:

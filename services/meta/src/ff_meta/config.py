@@ -27,7 +27,13 @@ class MetaSettings(MgmtdClientSettings):
     default_chunk_size: int = Field(4 * 1024 * 1024, description="chunk size of new files (power of two, 64K-64M)")
     default_stripe_size: int = Field(16, ge=1, description="chains per file (capped by the chain table)")
     session_lease_s: float = Field(30.0, gt=0, description="write sessions not renewed for this long are collected")
-    capability_ttl_s: float = Field(86400.0, gt=0, description="how long an IoCapability lets a client do I/O")
+    capability_ttl_s: float = Field(86400.0, gt=0, description="how long a read-only IoCapability lets a client read")
+    writable_capability_ttl_s: float = Field(
+        300.0,
+        ge=1,
+        description="how long a writable IoCapability lets a client write (clients renew it through their write"
+        " session); a removed file's chunks are removed twice this long after its last write session ended",
+    )
     trash_retention_s: float = Field(3 * 86400.0, gt=0, description="default time a removed tree stays in the trash")
     capacity_bytes: int = Field(1 << 40, gt=0, description="statfs capacity while no storage target reports its disk")
     background_interval_s: float = Field(1.0, gt=0, description="session collection, GC and trash expiry period")

@@ -33,6 +33,7 @@ def options_of(settings: MetaSettings, cluster_token: str) -> MetaOptions:
         default_stripe_size=settings.default_stripe_size,
         lease_s=settings.session_lease_s,
         capability_ttl_s=settings.capability_ttl_s,
+        writable_capability_ttl_s=settings.writable_capability_ttl_s,
         trash_retention_s=settings.trash_retention_s,
         capacity_bytes=settings.capacity_bytes,
         background_interval_s=settings.background_interval_s,

@@ -16,6 +16,7 @@ import hf3fs
 from ff_testing.cluster import Cluster, running_cluster
 
 LEASE_S = 3.0
+WRITABLE_CAPABILITY_TTL_S = 2.0  # short, so that GC (twice that after a removed file's last session) is prompt
 
 
 # The cluster of these tests (ff_testing.cluster.Cluster): its meta services are ``meta``, alice's client
@@ -25,7 +26,12 @@ MetaCluster = Cluster
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetaCluster]:
-    meta = {"session_lease_s": LEASE_S, "background_interval_s": 0.3, "default_chunk_size": 1 << 20}
+    meta = {
+        "session_lease_s": LEASE_S,
+        "background_interval_s": 0.3,
+        "default_chunk_size": 1 << 20,
+        "writable_capability_ttl_s": WRITABLE_CAPABILITY_TTL_S,
+    }
     with running_cluster(tmp_path_factory.mktemp("metacluster"), meta=meta) as c:
         yield c
 

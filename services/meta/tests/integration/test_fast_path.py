@@ -29,7 +29,7 @@ async def _meta_endpoints(cluster: MetaCluster) -> list[dict[str, str]]:
     return [
         {e.name: e.address for e in n.endpoints}
         for n in resp.routing_info.nodes
-        if n.node_type == common_pb2.NODE_TYPE_META
+        if n.node_type == common_pb2.NODE_TYPE_META and n.enabled  # (test_calls_once leaves a disabled one)
     ]
 
 

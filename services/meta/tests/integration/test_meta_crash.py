@@ -34,7 +34,12 @@ from ff_testing.waiting import wait_until
 from fireflyer.meta.v1 import meta_pb2 as pb
 
 LEASE_S = 3.0
-META = {"session_lease_s": LEASE_S, "background_interval_s": 0.3, "default_chunk_size": 1 << 16}
+META = {
+    "session_lease_s": LEASE_S,
+    "background_interval_s": 0.3,
+    "default_chunk_size": 1 << 16,
+    "writable_capability_ttl_s": 2.0,  # writers renew theirs across meta's restarts too
+}
 NUM_CLIENTS = 3
 
 

@@ -17,8 +17,9 @@ import hf3fs
 from ff_cluster import MgmtdClient
 from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
+from hf3fs.files import read_spans, write_spans
 
-from .conftest import LEASE_S, MetaCluster
+from .conftest import LEASE_S, WRITABLE_CAPABILITY_TTL_S, MetaCluster
 
 MiB = 1 << 20
 
@@ -86,6 +87,39 @@ def test_killed_writer_session_collected_length_exact_then_gc(cluster: MetaClust
     # No session is left: removing the file frees its chunks at once (GC), which waits for sessions.
     fs.remove(path)
     _wait(lambda: _chunks_on_storage(cluster, st.inode_id, chains, n) == 0, 30, "GC to remove the chunks")
+
+
+def test_a_writable_capability_kept_after_close_writes_nothing_once_the_file_is_collected(
+    cluster: MetaCluster, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """A client that kept a removed file's writable capability could write chunks after GC removed the file's: on
+    no file, in no quota, removed by nothing (before: the capability lived 24 hours, and storage took 1 MiB)."""
+    f = fs.open(f"{home}/victim", "wb", buffering=0)
+    f.write(b"x" * 100)
+    cap, layout, inode_id, expires_ns = f._cap, f.layout, f.inode_id, f.cap_expires_at_ns
+    assert expires_ns - time.time_ns() <= WRITABLE_CAPABILITY_TTL_S * 1e9
+    f.close()
+    chains = list(layout.chains)
+    fs.remove(f"{home}/victim")
+    _wait(lambda: _chunks_on_storage(cluster, inode_id, chains, 1) == 0, 30, "GC to remove the chunk")
+    ghost = memoryview(b"y" * MiB)
+    with pytest.raises(OSError):  # the capability expired before GC removed the chunks
+        fs._conn.run(write_spans(fs._conn.storage, layout, cap, 0, ghost, "ghost"))
+    assert _chunks_on_storage(cluster, inode_id, chains, 1) == 0
+
+
+def test_a_writer_keeps_writing_past_its_capability_s_lifetime(fs: hf3fs.FileSystem, home: str) -> None:
+    """A handle open for longer than a writable capability lives opens the file again for a new one, in time."""
+    with fs.open(f"{home}/long", "wb", buffering=0) as f:
+        for k in range(4):
+            f.write(bytes([65 + k]) * 1000)
+            time.sleep(WRITABLE_CAPABILITY_TTL_S * 0.7)
+    with fs.open(f"{home}/long", "rb") as r:
+        assert r.read() == b"A" * 1000 + b"B" * 1000 + b"C" * 1000 + b"D" * 1000
+    buf = bytearray(4)
+    with fs.open(f"{home}/long", "rb", buffering=0) as r:  # read-only capabilities live long: read by it later
+        fs._conn.run(read_spans(fs._conn.storage, r.layout, r._cap, 0, 4, "long", memoryview(buf)))
+    assert bytes(buf) == b"AAAA"
 
 
 def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,

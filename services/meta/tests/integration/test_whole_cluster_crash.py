@@ -17,7 +17,12 @@ from ff_testing.waiting import wait_until
 
 from .test_meta_crash import _live_files, _stored_inodes, _tree_problems
 
-META = {"session_lease_s": 3.0, "background_interval_s": 0.3, "default_chunk_size": 1 << 16}
+META = {
+    "session_lease_s": 3.0,
+    "background_interval_s": 0.3,
+    "default_chunk_size": 1 << 16,
+    "writable_capability_ttl_s": 2.0,  # GC waits twice that after a file's last session
+}
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ class DataPath:
         session = resp.session if resp.HasField("session") else None
         layout = self._conn.layout(inode)
         raw = RawFile(self._backend, path, mode, om, inode, layout, resp.io_capability.token, session)
-        raw.cap_expires_at_ns = resp.io_capability.expires_at_ns
+        raw.take_capability(resp.io_capability.token, resp.io_capability.expires_at_ns)
         if session is not None:
             self._sessions.add(raw, session.session_id)
         if om.append:

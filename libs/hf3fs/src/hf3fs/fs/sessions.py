@@ -247,6 +247,7 @@ class WriteSessions:
             session_lost(raw)
             return
         raw.session_renewed(resp.session)
+        raw.take_capability(resp.io_capability.token, resp.io_capability.expires_at_ns)
 
     def renew_now(self) -> None:
         """Report written lengths and renew leases now."""

@@ -1,8 +1,8 @@
 """Meta's background work, in every instance.
 
 Write sessions whose lease lapsed are collected (the length made exact from storage), truncates a crash cut short are
-finished, removed files' chunks are deleted (GC), the trash expires, old records of calls done once go, SQLite's WAL is
-checkpointed.
+finished, removed files' chunks are deleted (GC: once no writable capability for them can be left), the trash expires,
+old records of calls done once go, SQLite's WAL is checkpointed.
 """
 
 from __future__ import annotations
@@ -89,7 +89,11 @@ class Background:
 
     async def run_gc(self) -> int:
         """Remove the chunks of files whose last link went; a file leaves the queue only once storage did."""
-        jobs = await self._store.read(SYSTEM, trash.gc_batch, small=False)
+        # Not before every writable capability given out for the file has expired, by twice their lifetime (a clock
+        # of storage's behind meta's by less than one lifetime): a client holding one could still write chunks, which
+        # nothing would ever remove, outside any quota.
+        ready_before = time.time() - 2 * self._s.options.writable_capability_ttl_s
+        jobs = await self._store.read(SYSTEM, functools.partial(trash.gc_batch, ready_before=ready_before), small=False)
         done = 0
         for job in jobs:
             try:

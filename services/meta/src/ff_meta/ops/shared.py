@@ -37,7 +37,8 @@ class MetaOptions:
     default_chunk_size: int = 4 * 1024 * 1024
     default_stripe_size: int = 16
     lease_s: float = 30.0
-    capability_ttl_s: float = 24 * 3600.0
+    capability_ttl_s: float = 24 * 3600.0  # a read-only IoCapability
+    writable_capability_ttl_s: float = 300.0  # a writable one; GC waits twice that (``Background.run_gc``)
     trash_retention_s: float = 3 * 24 * 3600.0
     capacity_bytes: int = 1 << 40  # StatFs's figure only while no storage target reports its disk
     background_interval_s: float = 1.0
@@ -124,8 +125,13 @@ class Shared:
             )
 
     def capability(self, inode_id: int, writable: bool) -> Capability:
-        """A fresh IoCapability for the file."""
-        expires = time.time_ns() + int(self.options.capability_ttl_s * 1e9)
+        """A fresh IoCapability for the file.
+
+        A writable one lives ``writable_capability_ttl_s`` (clients open the file again for a new one before it
+        expires, naming their write session): the chunks of a removed file are removed once none can be left.
+        """
+        ttl_s = self.options.writable_capability_ttl_s if writable else self.options.capability_ttl_s
+        expires = time.time_ns() + int(ttl_s * 1e9)
         return Capability(
             make_capability(self.capability_key, inode_id, writable, expires), inode_id, writable, expires
         )

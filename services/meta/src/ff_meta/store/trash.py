@@ -95,9 +95,17 @@ def delete_trash_entry(tx: Tx, trash_id: str, budget: int = TRASH_STEP_INODES) -
 # ---- GC queue ----
 
 
-def gc_batch(tx: Tx, limit: int = 32) -> list[GcJob]:
-    """The next files whose chunks to remove, those tried least first."""
-    rows = tx.session.execute(sa.select(gc_queue).order_by(gc_queue.c.attempts, gc_queue.c.enqueued_at).limit(limit))
+def gc_batch(tx: Tx, ready_before: float, limit: int = 32) -> list[GcJob]:
+    """The next files whose chunks to remove, those tried least first: of those queued before ``ready_before``.
+
+    (Unix seconds: a file queued later may still have a writable capability out, ``Background.run_gc``.)
+    """
+    rows = tx.session.execute(
+        sa.select(gc_queue)
+        .where(gc_queue.c.enqueued_at <= ready_before)
+        .order_by(gc_queue.c.attempts, gc_queue.c.enqueued_at)
+        .limit(limit)
+    )
     return [GcJob(r.inode_id, r.chain_table_id, r.stripe_size, r.chain_begin, r.shuffle_seed, r.attempts) for r in rows]
 
 
