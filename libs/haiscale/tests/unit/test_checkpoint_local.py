@@ -316,6 +316,29 @@ def test_keep_k_never_removes_the_checkpoint_it_follows_when_a_run_rolled_back_t
     assert ckpt.latest_step(tmp_path) == 100  # the newest by step is kept too: which to resume from is the run's
 
 
+def test_a_shard_takes_integers_of_any_kind_and_refuses_other_fields_when_it_is_made(tmp_path: Path) -> None:
+    """An offset computed with numpy or torch (numpy.int64, a 0-d tensor) passed the Shard's check, then failed the
+    background write after the data file was written (not JSON serializable); a float offset or dimension was taken,
+    or rounded, the same way. Integers of any kind are ints now, the others refused before anything is written."""
+    shards = {
+        "a": ckpt.Shard(torch.ones(4), (numpy.int64(8),), numpy.int64(4)),
+        "b": ckpt.Shard(torch.ones(2), [4], torch.tensor(2)),
+    }
+    assert shards["a"].offset == 4 and type(shards["a"].offset) is int and type(shards["a"].global_shape[0]) is int
+    ckpt.save(tmp_path, shards, step=1, blocking=True)
+    target = {"a": ckpt.Shard(torch.zeros(4), (8,), 4), "b": ckpt.Shard(torch.zeros(2), (4,), 2)}
+    ckpt.load(tmp_path, target)
+    assert target["a"].local.tolist() == [1.0] * 4 and target["b"].local.tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="global_shape and offset are integers"):
+        ckpt.Shard(torch.ones(4), (8,), 1.5)
+    with pytest.raises(TypeError, match="global_shape and offset are integers"):
+        ckpt.Shard(torch.ones(4), (8.5,), 0)
+    with pytest.raises(ValueError, match=r"global_shape \[-2, -4\] has a negative dimension"):
+        ckpt.Shard(torch.ones(4), (-2, -4), 0)
+    with pytest.raises(TypeError, match="local part is a tensor, not list"):
+        ckpt.Shard([1.0], (8,), 0)
+
+
 # ---- sharded state: a ZeRO-style optimizer whose moments are split flat across ranks ----
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import zlib
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, fields
@@ -50,7 +51,19 @@ class Shard:
     offset: int
 
     def __post_init__(self) -> None:
-        self.global_shape = tuple(int(d) for d in self.global_shape)
+        """Checks and normalizes the fields now: a wrong one would be found only by the background write.
+
+        Integers of any kind (numpy's, a 0-d integer tensor) become ``int``; a float is refused, not rounded.
+        """
+        if not isinstance(self.local, torch.Tensor):
+            raise TypeError(f"a Shard's local part is a tensor, not {type(self.local).__name__}")
+        try:
+            self.global_shape = tuple(operator.index(d) for d in self.global_shape)
+            self.offset = operator.index(self.offset)
+        except TypeError as err:
+            raise TypeError(f"a Shard's global_shape and offset are integers: {err}") from None
+        if any(d < 0 for d in self.global_shape):
+            raise ValueError(f"a Shard's global_shape {list(self.global_shape)} has a negative dimension")
         numel = _numel(self.global_shape)
         if self.offset < 0 or self.offset + self.local.numel() > numel:
             raise ValueError(
