@@ -213,8 +213,12 @@ def _values_slice(b: Blob) -> _Slice:
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, writable, sharing its memory."""
-    array: Any = t.detach().view(-1).view(torch.uint8).numpy()
+    """The bytes of a contiguous CPU tensor, writable, sharing its memory.
+
+    Flattened with ``as_strided``: contiguous, its elements are one run, but ``view(-1)`` of a one-element tensor
+    keeps the stride its dimension had (``x[::2]`` of two elements: 2), and the byte view of that failed.
+    """
+    array: Any = t.detach().as_strided((t.numel(),), (1,)).view(torch.uint8).numpy()
     return memoryview(array)
 
 
