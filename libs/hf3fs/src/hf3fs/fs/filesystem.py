@@ -470,6 +470,15 @@ class FileSystem:
         """The canonical absolute path of ``path``: symlinks resolved, ``.`` and ``..`` gone."""
         return str(self._meta_call(lambda m: m.realpath, pb.RealpathRequest(path=path_at(path)), path).path)
 
+    def realpath_inode(self, inode_id: int) -> str:
+        """A path that reaches the inode now (one of its names), wherever another client moved it.
+
+        Raises:
+            FileNotFoundError: no name reaches it any more (removed).
+        """
+        req = pb.RealpathRequest(path=pb.PathAt(parent_inode_id=inode_id))
+        return str(self._meta_call(lambda m: m.realpath, req).path)
+
     def statfs(self, path: str | None = None) -> StatFs:
         """The cluster's space (meta sums the storage targets' disks); with ``path``, ``df`` of that folder.
 

@@ -18,6 +18,7 @@ the write-back, not returned to the program.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
@@ -34,6 +35,7 @@ from hf3fs.fuse.options import MountOptions
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_BYTES = 1 << 20  # the write-back's own bound for a small file (WritebackOptions.max_file_bytes)
+_REOPEN_ATTEMPTS = 3  # finds of a pending file's path by its inode before it is given up as moving (ESTALE)
 
 
 def deferrable(flags: int) -> bool:
@@ -130,10 +132,19 @@ class PendingFiles:
                 return
             fhs = [fh for path, fh in self._pending.items() if any(_under(path, n) for n in names)]
         for fh in fhs:
-            self.materialize(fh)
+            try:
+                self.materialize(fh)
+            except OSError as err:
+                if err.errno != errno.ESTALE:
+                    raise
+                # removed by another client: the name is not this file's any more (its handle keeps what it holds)
 
     def materialize(self, fh: int) -> None:
-        """Create a pending file in meta now (exclusively), write its bytes and times: its handle becomes ordinary."""
+        """Write a pending file's bytes and times to its inode now: its handle becomes ordinary.
+
+        Raises:
+            OSError: ESTALE when another client removed the file (the handle stays pending, no longer at its name).
+        """
         h = self._table.handles.get(fh)
         if h is None:
             return
@@ -142,7 +153,7 @@ class PendingFiles:
             if pf is None:
                 return
             data = h.file.getvalue()  # type: ignore[attr-defined]
-            f = open_for_handle(self.fs, pf.path, "r+b")
+            f = self._reopen(fh, pf)
             try:
                 f.write(data)
                 f.flush()
@@ -155,8 +166,33 @@ class PendingFiles:
                 raise
             h.file, h.pending, h.dirty = f, None, bool(data)
             with self._lock:
-                self._pending.pop(pf.path, None)
+                if self._pending.get(pf.path) == fh:
+                    del self._pending[pf.path]
         self._cache.changed(pf.path, UNKNOWN)
+
+    def _reopen(self, fh: int, pf: PendingFile) -> Any:
+        """The pending file's own inode opened to write, at the name it has now.
+
+        Another client may have renamed it (or a folder above it) since its create, and put another file at its
+        name: opened by its old path, that other file got the bytes and this one stayed empty. Its path now comes
+        from meta by its inode, and the file opened must be that inode (a rename between the two is tried again).
+        """
+        for _ in range(_REOPEN_ATTEMPTS):
+            try:
+                path = self.fs.realpath_inode(pf.inode_id)
+                f = open_for_handle(self.fs, path, "r+b")
+            except FileNotFoundError:
+                with self._lock:
+                    if self._pending.get(pf.path) == fh:
+                        del self._pending[pf.path]  # its name shows what meta has there now
+                self._cache.changed(pf.path, UNKNOWN)
+                raise OSError(
+                    errno.ESTALE, "removed by another client before its bytes were written", pf.path
+                ) from None
+            if getattr(f, "raw", f).inode_id == pf.inode_id:
+                return f
+            f.close()
+        raise OSError(errno.ESTALE, "renamed again and again by another client", pf.path)
 
     def _count_room(self, room: int, quota_id: int) -> None:
         """Meta's word on a byte quota (``room`` bytes left, as of a Create just now) less what this mount holds.
@@ -226,32 +262,50 @@ class PendingFiles:
     def release(self, fh: int, h: Handle) -> bool:
         """Hand a released pending file to the write-back; False when it is an ordinary handle by now.
 
-        It is made real instead when the write-back cannot carry all that was set on it.
+        It is made real instead when the write-back cannot carry all that was set on it; should that fail (another
+        client removed it, meta away), it goes to the write-back all the same, without its atime: a handle kept
+        pending past its release would leave its name showing a file here, whatever meta has there, until unmount.
         """
         with h.lock:
             pf = h.pending
-            if pf is not None and pf.written_back_whole():
+            if pf is None:
+                return False
+            whole = pf.written_back_whole()
+        if not whole:
+            try:
+                self.materialize(fh)
+            except OSError as err:
+                logger.warning("%s: not made real at its close (%s): written back without its atime", pf.path, err)
+        with h.lock:
+            pf = h.pending
+            if pf is not None:
                 data = h.file.getvalue()  # type: ignore[attr-defined]
                 # a mode set since the create (tar's fchmod) goes with the batch's Create: meta checks that the owner
                 # may write it, then applies it (a mode without owner write too), no SetAttr of its own
                 # by its inode: written into this file wherever another client moved it, never into one that took
                 # its name
-                self.fs.write_back(
-                    pf.path,
-                    data,
-                    perm=pf.perm,
-                    mtime_ns=pf.mtime_ns,
-                    set_mode=pf.perm != pf.made_perm,
-                    inode_id=pf.inode_id,
-                    quota_id=pf.quota_id,
-                )
-                h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
-                with self._lock:
-                    self._pending.pop(pf.path, None)
-                    self._table.handles.pop(fh, None)
-                    self._table.by_inode.pop(h.inode_id, None)
-                self._cache.changed(pf.path, pf.stat(len(data)))  # what meta will have once it commits
+                queued = UNKNOWN
+                try:
+                    self.fs.write_back(
+                        pf.path,
+                        data,
+                        perm=pf.perm,
+                        mtime_ns=pf.mtime_ns,
+                        set_mode=pf.perm != pf.made_perm,
+                        inode_id=pf.inode_id,
+                        quota_id=pf.quota_id,
+                    )
+                    queued = pf.stat(len(data))  # what meta will have once it commits
+                except BaseException as err:
+                    logger.error("%s: its bytes could not be handed to the write-back: %s", pf.path, err)
+                    raise
+                finally:  # the handle goes either way (kept, its name would show it here until unmount)
+                    h.pending = None  # a setattr or open that looked the handle up before waits on its lock: meta now
+                    with self._lock:
+                        if self._pending.get(pf.path) == fh:
+                            del self._pending[pf.path]
+                        self._table.handles.pop(fh, None)
+                        self._table.by_inode.pop(h.inode_id, None)
+                    self._cache.changed(pf.path, queued)
                 return True
-        if pf is not None:
-            self.materialize(fh)
         return False

@@ -5,6 +5,7 @@ Defects not fixed yet are ``xfail(strict=True)``: they show while they last and 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -167,6 +168,20 @@ def _settled(fs: hf3fs.FileSystem, path: str, timeout_s: float = 5.0) -> bool:
     return True
 
 
+def _pending_file(mount: Path, prefix: str, first: bytes) -> tuple[str, int]:
+    """A new folder with a file pending in it (created write-only and exclusive, as tar does), ``first`` written:
+    the folder's name and the file's descriptor."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    (mount / name).mkdir()
+    fd = os.open(mount / name / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, first)
+    except BaseException:
+        os.close(fd)
+        raise
+    return name, fd
+
+
 @needs_fuse
 def test_an_exclusive_create_on_the_mount_excludes_another_client_while_held_open(
     mount: Path, fs_cluster: FsCluster
@@ -188,11 +203,8 @@ def test_an_exclusive_create_on_the_mount_excludes_another_client_while_held_ope
 def test_a_pending_file_whose_folder_another_client_renamed_lands_in_the_renamed_folder(
     mount: Path, fs_cluster: FsCluster
 ) -> None:
-    name = f"ren-{uuid.uuid4().hex[:8]}"
-    (mount / name).mkdir()
-    fd = os.open(mount / name / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    name, fd = _pending_file(mount, "ren", b"written before the rename")
     try:
-        os.write(fd, b"written before the rename")
         fs_cluster.client.rename(f"/fuse/{name}", f"/fuse/{name}-moved")
         fs_cluster.client.mkdir(f"/fuse/{name}")  # and another file takes the old path
         _write(fs_cluster.client, f"/fuse/{name}/f", b"another file")
@@ -215,11 +227,8 @@ def test_a_pending_file_whose_folder_another_client_renamed_lands_in_the_renamed
 def test_a_pending_file_another_client_removed_is_not_made_again(mount: Path, fs_cluster: FsCluster) -> None:
     """Removed while open here: its bytes go with it (as a removed open file's do); a file made at the name since
     is left alone, and nothing reappears at the name."""
-    name = f"rm-{uuid.uuid4().hex[:8]}"
-    (mount / name).mkdir()
-    fd = os.open(mount / name / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    name, fd = _pending_file(mount, "rm", b"written to a file another client removes")
     try:
-        os.write(fd, b"written to a file another client removes")
         fs_cluster.client.remove(f"/fuse/{name}/f")
         _write(fs_cluster.client, f"/fuse/{name}/g", b"a neighbour")
         released = test_fuse_mount.mount_stats(mount)["releases"]
@@ -230,6 +239,85 @@ def test_a_pending_file_another_client_removed_is_not_made_again(mount: Path, fs
     test_fuse_mount.wait_released(mount, released + 1)
     assert sorted(fs_cluster.client.listdir(f"/fuse/{name}")) == ["g"]
     assert _read(fs_cluster.client, f"/fuse/{name}/g") == b"a neighbour"
+
+
+def _made_real_by(how: str, fd: int, path: Path) -> None:
+    """Something a program does to a pending file that needs its bytes in meta at once."""
+    if how == "fsync":
+        os.fsync(fd)
+    elif how == "ftruncate":
+        os.ftruncate(fd, 4)
+    elif how == "growth past 1 MiB":
+        os.pwrite(fd, b"!", 2 << 20)
+    elif how == "an open of its name":
+        with contextlib.suppress(OSError), open(path, "rb"):
+            pass
+
+
+def _mine_after(how: str) -> bytes:
+    mine = b"mine, written before the rename"
+    return {"ftruncate": mine[:4], "growth past 1 MiB": mine + bytes((2 << 20) - len(mine)) + b"!"}.get(how, mine)
+
+
+@needs_fuse
+@pytest.mark.parametrize("how", ["fsync", "ftruncate", "growth past 1 MiB", "an open of its name"])
+def test_a_pending_file_another_client_renamed_is_made_real_in_itself_not_in_the_file_at_its_name(
+    mount: Path, fs_cluster: FsCluster, how: str
+) -> None:
+    """Another client renames a file pending here and makes another at its name; then something needs the pending
+    file in meta. Its bytes were written by its old path: into the other client's file (overwritten), and the
+    renamed file stayed empty."""
+    name, fd = _pending_file(mount, "moved", b"mine, written before the rename")
+    try:
+        fs_cluster.client.rename(f"/fuse/{name}/f", f"/fuse/{name}/f-moved")
+        _write(fs_cluster.client, f"/fuse/{name}/f", b"another client's file")
+        _made_real_by(how, fd, mount / name / "f")
+        released = test_fuse_mount.mount_stats(mount)["releases"]
+    finally:
+        os.close(fd)
+    test_fuse_mount.wait_released(mount, released + 1)
+    assert _read(fs_cluster.client, f"/fuse/{name}/f") == b"another client's file"
+    assert _read(fs_cluster.client, f"/fuse/{name}/f-moved") == _mine_after(how)
+
+
+@needs_fuse
+@pytest.mark.parametrize("how", ["fsync", "an open of its name", "a close with an atime of its own"])
+def test_a_pending_file_another_client_removed_leaves_the_file_made_at_its_name_alone(
+    mount: Path, fs_cluster: FsCluster, how: str
+) -> None:
+    """Another client removes a file pending here and makes another at its name. Its fsync wrote the pending bytes
+    into that other file; and a pending file whose close had to make it real (an atime set apart from its mtime)
+    failed there and was kept pending for good: its name showed it on this mount (the other client's file hidden,
+    an open of it ENOENT) and its handle stayed open until unmount. Now: fsync is ESTALE, the bytes go with the
+    removed file, the name shows the other client's file."""
+    before = test_fuse_mount.mount_stats(mount)
+    name, fd = _pending_file(mount, "removed", b"mine")
+    try:
+        fs_cluster.client.remove(f"/fuse/{name}/f")
+        if how == "a close with an atime of its own":
+            os.utime(fd, ns=(10**9, 2 * 10**9))  # the write-back cannot carry that atime: made real at the close
+            os.close(fd)
+            fd = -1
+            test_fuse_mount.wait_released(mount, before["releases"] + 1)
+        _write(fs_cluster.client, f"/fuse/{name}/f", b"another client's file")
+        if how == "fsync":
+            with pytest.raises(OSError) as caught:
+                os.fsync(fd)
+            assert caught.value.errno == errno.ESTALE
+        # this mount's processes see the other client's file at the name (within the attribute timeout)
+        test_fuse_mount._eventually(
+            lambda: test_fuse_mount._equal((mount / name / "f").read_bytes(), b"another client's file"), timeout_s=5
+        )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+    def nothing_left_open() -> None:
+        stats = test_fuse_mount.mount_stats(mount)
+        assert (stats["open_handles"], stats["pending_files"]) == (before["open_handles"], before["pending_files"])
+
+    test_fuse_mount._eventually(nothing_left_open, timeout_s=5)
+    assert _read(fs_cluster.client, f"/fuse/{name}/f") == b"another client's file"
 
 
 @needs_fuse
