@@ -640,8 +640,10 @@ def _load_in_a_bounded_process(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_manifest_that_grows_after_its_size_was_looked_at_is_read_no_further_than_a_manifest_may_be(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Read in pieces (here of 7 bytes), so a read allocates what the file holds, not the limit."""
+    monkeypatch.setattr(storage, "READ_SMALL_PIECE_BYTES", 7)
     local = storage.LocalStorage()
     (tmp_path / "m").write_bytes(b"x" * 100)
     assert local.read_small(str(tmp_path / "m"), 100) == b"x" * 100

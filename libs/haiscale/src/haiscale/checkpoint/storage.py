@@ -28,6 +28,7 @@ BATCH_BYTES = 256 << 20  # bytes per batch call (its pieces go concurrently): on
 # each); measured in bench/results/checkpoint.md
 READ_CALL_BYTES = 32 << 20
 STAT_BATCH = 1000  # paths per meta BatchStat (meta takes up to 10000)
+READ_SMALL_PIECE_BYTES = 8 << 20  # a manifest is read in pieces of this size
 
 Piece = tuple[int, memoryview]  # (offset in the file, bytes)
 Range = tuple[str, int, int]  # (path, offset, length) of a read
@@ -186,7 +187,7 @@ class LocalStorage:
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ValueError(f"{path}: not a regular file")
-            return _bounded(path, f.read(limit_bytes + 1), limit_bytes)
+            return _read_bounded(path, f, limit_bytes)
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """``Storage.sizes``: one ``os.stat`` each (symlinks followed)."""
@@ -221,11 +222,19 @@ def _temporary_name(path: str) -> str:
     return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
 
 
-def _bounded(path: str, data: bytes, limit_bytes: int) -> bytes:
-    """``data`` read with a limit of ``limit_bytes + 1``; ValueError when it got more than ``limit_bytes``."""
-    if len(data) > limit_bytes:
-        raise ValueError(f"{path}: more than {limit_bytes} bytes, more than a manifest may be")
-    return data
+def _read_bounded(path: str, f: Any, limit_bytes: int) -> bytes:
+    """The rest of file ``f``, read in pieces of ``READ_SMALL_PIECE_BYTES``; ValueError past ``limit_bytes``.
+
+    In pieces: ``read(limit_bytes + 1)`` would allocate the whole limit (a gigabyte) for every manifest read.
+    """
+    pieces: list[bytes] = []
+    total = 0
+    while piece := bytes(f.read(min(READ_SMALL_PIECE_BYTES, limit_bytes + 1 - total))):
+        pieces.append(piece)
+        total += len(piece)
+        if total > limit_bytes:
+            raise ValueError(f"{path}: more than {limit_bytes} bytes, more than a manifest may be")
+    return b"".join(pieces)
 
 
 def _pread_into(fd: int, offset: int, view: memoryview) -> int:
@@ -324,7 +333,7 @@ class Hf3fsStorage:
     def read_small(self, path: str, limit_bytes: int) -> bytes:
         """``Storage.read_small`` through a file opened for reading (3FS has no FIFOs or devices)."""
         with self.fs.open(path, "rb") as f:
-            return _bounded(path, bytes(f.read(limit_bytes + 1)), limit_bytes)
+            return _read_bounded(path, f, limit_bytes)
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """``Storage.sizes``: meta BatchStats of up to ``STAT_BATCH`` paths."""
