@@ -26,6 +26,7 @@ from typing import Any
 from hf3fs.entries import Stat
 
 ABSENT = None  # a cached "no such name"
+_SWEEP_PAST = 4096  # what the cache holds before each new answer drops the expired ones
 
 
 class _Unknown:
@@ -60,6 +61,10 @@ class AttrCache:
         self._cleared = 0  # the generation of the last clear()
         self._lock = threading.Lock()
         self.hits = 0
+
+    def __len__(self) -> int:
+        """How much it holds: names, inodes and folders made here (expired ones go once past ``_SWEEP_PAST``)."""
+        return len(self._entries) + len(self._inodes) + len(self._new_dirs)
 
     @property
     def enabled(self) -> bool:
@@ -212,12 +217,14 @@ class AttrCache:
         self._entries[path] = entry
         if ino is not None:
             self._inodes[ino] = entry
-        if len(self._entries) + len(self._inodes) > 4096:  # a burst of names: drop the expired ones
+        if len(self) > _SWEEP_PAST:  # a burst of names: drop the expired ones
             now = self._clock()
             for p in [p for p, e in self._entries.items() if e.expires <= now]:
                 del self._entries[p]
             for i in [i for i, e in self._inodes.items() if e.expires <= now]:
                 del self._inodes[i]
+            for p in [p for p, until in self._new_dirs.items() if until <= now]:
+                del self._new_dirs[p]
 
     def _drop_inode(self, inode_id: int) -> list[str]:
         """Forget an inode's attributes; its paths stay known to exist.
