@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -504,6 +505,54 @@ def _rewrite_values(folder: Path, rewrite: Callable[[bytes], bytes]) -> None:
     (folder / blob["file"]).write_bytes(data.replace(old, new))
     blob.update(crc32c=crc32c.crc32c(new))
     (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+
+
+def _replace_values(folder: Path, values: dict[str, tuple[tuple[Any, ...], Any]]) -> None:
+    """Give checkpoint ``folder`` other pickled values (appended to its data file), as a hostile writer would."""
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    blob, new = doc["objects"], pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+    with (folder / blob["file"]).open("ab") as f:
+        blob.update(file_offset=f.tell(), length=len(new), crc32c=crc32c.crc32c(new), names=list(values))
+        f.write(new)
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"model": (("model",), "gone")}, r"^model: the checkpoint has a value there, the state dict a dict$"),
+        ({"model.w": (("model", "w"), "gone")}, r"^model\.w: .* a value there, the state dict a Tensor$"),
+        (
+            {"model.w.x": (("model", "w", "x"), 1)},
+            r"^model\.w\.x: .* a value or tensor there, .* a Tensor at model\.w$",
+        ),
+        ({"n.x": (("n", "x"), 1)}, r"^n\.x: .* a value or tensor there, the state dict a int at n$"),
+    ],
+    ids=["a subtree", "a tensor", "through a tensor", "through a value"],
+)
+def test_values_that_would_replace_the_callers_tensors_or_subtrees_are_a_mismatch_that_changes_nothing(
+    tmp_path: Path, values: dict[str, Any], words: str, in_place: bool
+) -> None:
+    """A crafted checkpoint's values are set where their keys say, after the tensors: the value ``model`` replaced
+    the caller's whole model state (the load succeeded), one under a tensor failed halfway (tensors copied, values
+    before it set). Now a mismatch before anything changes (in place, the tensors read in place hold their bytes)."""
+    ckpt.save(tmp_path, {"model": {"w": torch.ones(2)}, "n": 1}, step=1, blocking=True)
+    _replace_values(tmp_path / "step-000000001", {"n": (("n",), 1), **values})
+    w, model = torch.zeros(2), {}
+    model["w"] = w
+    state: dict[str, Any] = {"model": model, "n": 0}
+    with pytest.raises(ckpt.CheckpointMismatch, match=words):
+        ckpt.load(tmp_path, state, in_place=in_place)
+    assert state == {"model": model, "n": 0} and state["model"] is model and model["w"] is w
+    assert in_place or not w.any()
+
+
+def test_a_value_goes_where_the_state_dict_has_an_empty_dict_for_it(tmp_path: Path) -> None:
+    ckpt.save(tmp_path, {"w": torch.ones(2), "data": 5}, step=1, blocking=True)
+    state: dict[str, Any] = {"w": torch.zeros(2), "data": {}}
+    ckpt.load(tmp_path, state)
+    assert state["data"] == 5 and bool((state["w"] == 1).all())
 
 
 def test_the_values_a_trainer_keeps_load_without_trust(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -472,10 +472,36 @@ def read_into(
     data = _read_slices(loc, folder, kind, list(staged.values()), direct)
     if blob is not None and values is None:
         values = _unpickle(data[_values_slice(blob).slot], blob.names, trusted)
+    sets = [*made, *(values or {}).values()]
+    _check_settable(state, sets)
     for w, sources in plan:  # every check passed: now change the caller's state
         _copy(w, [e for e in sources if _slice(e).slot not in direct], data)
-    for keys, value in [*made, *(values or {}).values()]:
+    for keys, value in sets:
         put(state, keys, value)
+
+
+def _check_settable(state: dict[Any, Any], sets: list[tuple[tuple[Key, ...], Any]]) -> None:
+    """Every value and made tensor goes where ``state`` has nothing, a value, or an empty dict.
+
+    None may go through a leaf (``put`` would fail halfway, the values before it set), replace one of the caller's
+    tensors or a dict holding anything (a crafted checkpoint's value ``model`` replaced the whole model's state), or
+    go into a mapping that cannot be changed.
+
+    Raises:
+        CheckpointMismatch: the first that cannot, named.
+    """
+    for keys, _ in sets:
+        node: Any = state
+        for depth, key in enumerate(keys):
+            if not isinstance(node, MutableMapping):
+                held = f"a {type(node).__name__} at {'.'.join(map(str, keys[:depth])) or 'the top'}"
+                raise _mismatch(".".join(map(str, keys)), "a value or tensor there", held)
+            if key not in node:
+                break
+            node = node[key]
+        else:
+            if isinstance(node, torch.Tensor | Shard) or (isinstance(node, Mapping) and node):
+                raise _mismatch(".".join(map(str, keys)), "a value there", f"a {type(node).__name__}")
 
 
 def _check_extents(loc: Location, folder: str, manifest: Manifest) -> None:
