@@ -1,9 +1,15 @@
-"""IoCapability: meta's proof for storage that a user may read (or write) one file's chunks.
+"""IoCapability: meta's proof for storage that a user may read (or write) one file's chunks, where its layout puts them.
 
-A capability is 49 bytes: inode id (8), writable (1), expiry in ns since the epoch (8), and an
-HMAC-SHA256 over those 17 bytes with a key both meta and storage derive from the cluster token. Meta
-makes them at Open/Create/BatchStat; clients pass them opaque in every user ReadIO/WriteIO; storage
-checks them. Cluster-token callers need none.
+A capability is 77 bytes: inode id (8), writable (1), expiry in ns since the epoch (8), the file's layout (chain
+table id 4, chunk size 4, stripe size 4, first chain's index 4, shuffle seed 8: ``CapLayout``), and an HMAC-SHA256
+over those 45 bytes with a key both meta and storage derive from the cluster token. Meta makes them at
+Open/Create/BatchStat; clients pass them opaque in every user ReadIO/WriteIO; storage checks them, and with the layout
+that each chunk is on the chain the layout puts it on (and, written, of the layout's chunk size): a client cannot
+store a file's chunks where neither its length nor its removal would find them (outside its quota, forever).
+Cluster-token callers need none.
+
+The 49-byte form without the layout (meta before the layout was bound) is still taken, for the inode alone, until
+those capabilities expire.
 """
 
 from __future__ import annotations
@@ -11,10 +17,34 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 _HEAD = struct.Struct(">QBq")
-CAPABILITY_BYTES = _HEAD.size + 32
+_LAYOUT = struct.Struct(">IIIIQ")
+CAPABILITY_BYTES = _HEAD.size + _LAYOUT.size + 32
+_UNBOUND_BYTES = _HEAD.size + 32  # the form without the layout
 _KEY_LABEL = b"fireflyer io-capability v1"
+
+
+@dataclass(frozen=True)
+class CapLayout:
+    """The file's layout as its capability carries it (``ff_fsprotocol.layout.file_chains``'s arguments)."""
+
+    chain_table_id: int
+    chunk_size: int
+    stripe_size: int
+    chain_begin: int
+    shuffle_seed: int
+
+
+@dataclass(frozen=True)
+class ChunkAt:
+    """Where an IO says the chunk is: its chain and index; the chunk size a write gives (None for a read)."""
+
+    chain_id: int
+    chunk_index: int
+    chunk_size: int | None = None
 
 
 def capability_key(cluster_token: str) -> bytes:
@@ -24,24 +54,55 @@ def capability_key(cluster_token: str) -> bytes:
     return hmac.new(cluster_token.encode(), _KEY_LABEL, hashlib.sha256).digest()
 
 
-def make_capability(key: bytes, inode_id: int, writable: bool, expires_at_ns: int) -> bytes:
+def make_capability(key: bytes, inode_id: int, writable: bool, expires_at_ns: int, layout: CapLayout) -> bytes:
     """A capability for ``inode_id`` (read, or read and write when ``writable``) valid until ``expires_at_ns``."""
-    head = _HEAD.pack(inode_id, 1 if writable else 0, expires_at_ns)
+    head = _HEAD.pack(inode_id, 1 if writable else 0, expires_at_ns) + _LAYOUT.pack(
+        layout.chain_table_id, layout.chunk_size, layout.stripe_size, layout.chain_begin, layout.shuffle_seed
+    )
     return head + hmac.new(key, head, hashlib.sha256).digest()
 
 
-def check_capability(key: bytes, blob: bytes, inode_id: int, *, write: bool, now_ns: int) -> str | None:
-    """Why ``blob`` does not allow the IO (a short reason), or None when it does."""
-    if len(blob) != CAPABILITY_BYTES:
+def check_capability(
+    key: bytes,
+    blob: bytes,
+    inode_id: int,
+    *,
+    write: bool,
+    now_ns: int,
+    chunk: ChunkAt | None = None,
+    chains_of: Callable[[CapLayout], Sequence[int] | None] | None = None,
+) -> str | None:
+    """Why ``blob`` does not allow the IO (a short reason), or None when it does.
+
+    With ``chunk`` and ``chains_of`` (the file's chain ids for a layout, None when its chain table is unknown), the
+    chunk must be where the capability's layout puts it.
+    """
+    if len(blob) not in (CAPABILITY_BYTES, _UNBOUND_BYTES):
         return "missing or malformed io capability"
-    head, mac = blob[: _HEAD.size], blob[_HEAD.size :]
+    head, mac = blob[:-32], blob[-32:]
     if not hmac.compare_digest(mac, hmac.new(key, head, hashlib.sha256).digest()):
         return "io capability is forged or from another cluster"
-    cap_inode, writable, expires_at_ns = _HEAD.unpack(head)
+    cap_inode, writable, expires_at_ns = _HEAD.unpack_from(head)
     if cap_inode != inode_id:
         return f"io capability is for inode {cap_inode}, not {inode_id}"
     if write and not writable:
         return "io capability is read-only"
     if expires_at_ns <= now_ns:
         return "io capability expired (open the file again)"
+    if len(head) == _HEAD.size or chunk is None or chains_of is None:
+        return None
+    layout = CapLayout(*_LAYOUT.unpack_from(head, _HEAD.size))
+    return _misplaced(layout, chunk, chains_of)
+
+
+def _misplaced(layout: CapLayout, chunk: ChunkAt, chains_of: Callable[[CapLayout], Sequence[int] | None]) -> str | None:
+    """Why ``chunk`` is not where ``layout`` puts it, or None."""
+    if chunk.chunk_size is not None and chunk.chunk_size != layout.chunk_size:
+        return f"the file's chunks are {layout.chunk_size} bytes, not {chunk.chunk_size}"
+    chains = chains_of(layout)
+    if not chains:
+        return f"chain table {layout.chain_table_id} is unknown here, or shorter than the file's stripe"
+    expected = chains[chunk.chunk_index % len(chains)]
+    if chunk.chain_id != expected:
+        return f"chunk {chunk.chunk_index} of the file is on chain {expected}, not {chunk.chain_id}"
     return None

@@ -18,6 +18,7 @@ from ff_cluster import MgmtdClient
 from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs.files import read_spans, write_spans
+from hf3fs.storage_client import ChunkWrite
 
 from .conftest import LEASE_S, WRITABLE_CAPABILITY_TTL_S, MetaCluster
 
@@ -106,6 +107,32 @@ def test_a_writable_capability_kept_after_close_writes_nothing_once_the_file_is_
     with pytest.raises(OSError):  # the capability expired before GC removed the chunks
         fs._conn.run(write_spans(fs._conn.storage, layout, cap, 0, ghost, "ghost"))
     assert _chunks_on_storage(cluster, inode_id, chains, 1) == 0
+
+
+def test_a_writable_capability_writes_only_where_the_file_s_layout_puts_each_chunk(
+    cluster: MetaCluster, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """A chunk stored on a chain the layout does not put it on, or of another chunk size, is found by neither the
+    file's length nor its removal: space outside any quota, forever (before: storage took both)."""
+    f = fs.open(f"{home}/own", "wb", buffering=0)
+    f.write(b"x" * 100)
+    layout, cap, inode_id = f.layout, f._cap, f.inode_id
+    assert len(layout.chains) >= 2, "the test cluster's chain table has one chain"
+    wrong = [
+        ChunkWrite(chain_id=layout.chains[1], inode_id=inode_id, chunk_index=0, data=b"y" * MiB,
+                   chunk_size=layout.chunk_size, capability=cap),
+        ChunkWrite(chain_id=layout.chains[0], inode_id=inode_id, chunk_index=0, data=b"y" * MiB,
+                   chunk_size=layout.chunk_size * 4, capability=cap),
+    ]  # fmt: skip
+    for io in wrong:
+        with pytest.raises(hf3fs.StorageIoError) as refused:
+            fs._conn.run(fs._conn.storage.batch_write([io]))
+        assert refused.value.code.name == "PERMISSION_DENIED"
+    f.write(b"z" * 100)  # the file's own writes go on
+    f.close()
+    with fs.open(f"{home}/own", "rb") as r:
+        assert r.read() == b"x" * 100 + b"z" * 100
+    assert _chunks_on_storage(cluster, inode_id, [layout.chains[1]], 1) == 0
 
 
 def test_a_writer_keeps_writing_past_its_capability_s_lifetime(fs: hf3fs.FileSystem, home: str) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from ff_fsprotocol.capability import capability_key, check_capability
+from ff_fsprotocol.capability import CapLayout, ChunkAt, capability_key, check_capability
 from ff_fsprotocol.datapath import DataRefused, parse_message
+from ff_fsprotocol.layout import file_chains
 from ff_rpc import PermissionDenied, current_principal
 from ff_rpc.auth import authorize, method_access
 from ff_storage.core.errors import InvalidRequest, TargetNotFound
@@ -60,9 +61,41 @@ def _read_response(results: list[ReadResult], parts: Sequence[Buffer | None]) ->
     return read_response_pb(results, transfer_length=total).SerializeToString()
 
 
-def _check_capabilities(key: bytes, ios: Iterable[pb.WriteIO | pb.ReadIO], *, write: bool) -> None:
+class FileChains:
+    """A file's chain ids for its capability's layout, over the chain tables of this node's routing.
+
+    Kept per table version: they are the same for every IO of the file.
+    """
+
+    def __init__(self, node: StorageNode) -> None:
+        self._node = node
+        self._kept: dict[tuple[int, int, int, int, int], tuple[int, ...]] = {}
+
+    def __call__(self, layout: CapLayout) -> Sequence[int] | None:
+        view = self._node.state.view
+        table = view.table(layout.chain_table_id) if view is not None else None
+        if table is None or not 1 <= layout.stripe_size <= len(table.chain_ids):
+            return None
+        key = (table.table_id, table.version, layout.stripe_size, layout.chain_begin, layout.shuffle_seed)
+        chains = self._kept.get(key)
+        if chains is None:
+            if len(self._kept) >= MAX_KEPT_LAYOUTS:
+                self._kept.clear()
+            chains = self._kept[key] = tuple(
+                file_chains(table.chain_ids, layout.chain_begin, layout.stripe_size, layout.shuffle_seed)
+            )
+        return chains
+
+
+MAX_KEPT_LAYOUTS = 4096
+
+
+def _check_capabilities(
+    key: bytes, ios: Iterable[pb.WriteIO | pb.ReadIO], *, write: bool, chains_of: FileChains
+) -> None:
     """User calls must carry meta's IoCapability for each IO's file; the cluster token and admins need none.
 
+    The chunk must be where the capability's layout puts it (``ff_fsprotocol.capability``).
     GrantTransfer needs no check of its own: it hands out only what a checked BatchRead staged for the same
     caller.
     """
@@ -71,7 +104,11 @@ def _check_capabilities(key: bytes, ios: Iterable[pb.WriteIO | pb.ReadIO], *, wr
         return
     now = time.time_ns()
     for n, io in enumerate(ios):
-        reason = check_capability(key, io.io_capability, io.chunk_id.inode_id, write=write, now_ns=now)
+        size = io.chunk_size_bytes if isinstance(io, pb.WriteIO) else None
+        chunk = ChunkAt(io.chain_id, io.chunk_id.chunk_index, size)
+        reason = check_capability(
+            key, io.io_capability, io.chunk_id.inode_id, write=write, now_ns=now, chunk=chunk, chains_of=chains_of
+        )
         if reason is not None:
             raise PermissionDenied(f"ios[{n}]: {reason}")
 
@@ -146,6 +183,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     def __init__(self, node: StorageNode) -> None:
         self._n = node
         self._cap_key = capability_key(node.state.config.cluster_token)
+        self._chains_of = FileChains(node)
 
     async def BatchWrite(self, request: pb.BatchWriteRequest, context: Context) -> pb.BatchWriteResponse:
         return await self._batch_write(request, {})
@@ -153,7 +191,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def _batch_write(
         self, request: pb.BatchWriteRequest, attached: Mapping[str, bytearray]
     ) -> pb.BatchWriteResponse:
-        _check_capabilities(self._cap_key, request.ios, write=True)
+        _check_capabilities(self._cap_key, request.ios, write=True, chains_of=self._chains_of)
         ios = [write_io_from_pb(io) for io in request.ios]
         return pb.BatchWriteResponse(
             results=update_results_pb(await self._n.writer.batch_write(ios, _owner(), attached))
@@ -162,7 +200,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def BatchRead(self, request: pb.BatchReadRequest, context: Context) -> pb.BatchReadResponse:
         if request.transport not in (pb.DATA_TRANSPORT_UNSPECIFIED, pb.DATA_TRANSPORT_INLINE, pb.DATA_TRANSPORT_BULK):
             raise InvalidRequest(f"transport {request.transport} is unknown")
-        _check_capabilities(self._cap_key, request.ios, write=False)
+        _check_capabilities(self._cap_key, request.ios, write=False, chains_of=self._chains_of)
         bulk = request.transport == pb.DATA_TRANSPORT_BULK
         results, tid, length = await self._n.reader.batch_read(read_ios_from_pb(request.ios), bulk=bulk, owner=_owner())
         return read_response_pb(
@@ -196,7 +234,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 request = parse_message(pb.BatchReadRequest, request_bytes)
             except DecodeError as exc:
                 raise InvalidRequest(f"read request does not parse: {exc}") from None
-            _check_capabilities(self._cap_key, request.ios, write=False)
+            _check_capabilities(self._cap_key, request.ios, write=False, chains_of=self._chains_of)
             results, parts = await self._n.reader.read_parts(
                 read_ios_from_pb(request.ios), bulk=True, deliver=deliver if send is not None else None
             )

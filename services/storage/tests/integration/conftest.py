@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from ff_fsprotocol.capability import CapLayout
 from ff_testing.cluster import StorageCluster, start_cluster, tail_logs
+from fireflyer.mgmtd.v1 import mgmtd_pb2
 from hf3fs import StorageClient
 
 
@@ -56,3 +58,10 @@ def damage(path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(100)
         f.write(b"\x00garbage\x00")
+
+
+def layout_on(info: mgmtd_pb2.RoutingInfo, chain_id: int, chunk_size: int) -> CapLayout:
+    """A one-chain file layout over the cluster's chain table that puts every chunk on ``chain_id`` (for the
+    IoCapabilities the tests make as meta would)."""
+    table = info.chain_tables[0]
+    return CapLayout(table.table_id, chunk_size, 1, list(table.chain_ids).index(chain_id), 0)

@@ -5,6 +5,7 @@ connection open, and a peer of another data path version refused with both versi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import time
@@ -32,6 +33,8 @@ from fireflyer.common.v1 import common_pb2
 from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
+
+from .conftest import layout_on
 
 CHUNK = 512 * 1024
 INODE = 21
@@ -143,14 +146,19 @@ async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluste
     new = os.urandom(CHUNK)
     key = capability_key(CLUSTER_TOKEN)
     expiry = time.time_ns() + 60 * 10**9
+    here, elsewhere = layout_on(info, chain.chain_id, CHUNK), layout_on(info, info.chains[1].chain_id, CHUNK)
     conn = DataConnection(head, token)
     try:
         for capability in (
             b"",
-            make_capability(key, INODE, False, expiry),
-            make_capability(key, INODE + 1, True, expiry),
+            make_capability(key, INODE, False, expiry, here),
+            make_capability(key, INODE + 1, True, expiry, here),
+            # the file's own, but its layout puts chunk 0 on another chain, or its chunks are of another size: such
+            # chunks would be found by neither its length nor its removal
+            make_capability(key, INODE, True, expiry, elsewhere),
+            make_capability(key, INODE, True, expiry, dataclasses.replace(here, chunk_size=CHUNK * 2)),
         ):
-            with pytest.raises(DataRefused) as err:  # no IoCapability, a read-only one, another file's
+            with pytest.raises(DataRefused) as err:  # no IoCapability, a read-only one, another file's, misplaced
                 await conn.call("BatchWrite", _write_request(chain, 0, new, "u1", capability), "u1", [new])
             assert err.value.code == "PERMISSION_DENIED"
     finally:
@@ -193,7 +201,7 @@ async def test_data_path_calls_keep_the_rpcs_access_rules(cluster: StorageCluste
                 [ChunkWrite(chain_id=chain.chain_id, inode_id=INODE, chunk_index=0, data=new, chunk_size=CHUNK)]
             )
         assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
-        good = make_capability(key, INODE, True, expiry)
+        good = make_capability(key, INODE, True, expiry, here)
         assert (
             await user.batch_write(
                 [

@@ -24,7 +24,7 @@ from fireflyer.mgmtd.v1 import mgmtd_pb2
 from fireflyer.storage.v1 import storage_pb2 as spb
 from hf3fs import ChunkRead, ChunkWrite, StorageClient, StorageIoError, crc32c_of
 
-from .conftest import chunk_file, damage
+from .conftest import chunk_file, damage, layout_on
 
 CHUNK = 512 * 1024
 INODE = 11
@@ -171,6 +171,22 @@ def _into(sinks: list[memoryview]) -> Callable[[bytearray], list[memoryview]]:
     return lambda raw: sinks
 
 
+async def _read_capabilities(cluster: StorageCluster, chain_id: int, expiry: int) -> list[bytes]:
+    """A good read capability for INODE's chunks on ``chain_id``, then bad ones: none, another file's, an expired
+    one, and the file's for chunks on another chain."""
+    key = capability_key(CLUSTER_TOKEN)
+    info = await cluster.routing()
+    here = layout_on(info, chain_id, CHUNK)
+    elsewhere = layout_on(info, next(c.chain_id for c in info.chains if c.chain_id != chain_id), CHUNK)
+    return [
+        make_capability(key, INODE, False, expiry, here),
+        b"",
+        make_capability(key, INODE + 1, False, expiry, here),
+        make_capability(key, INODE, False, 1, here),
+        make_capability(key, INODE, False, expiry, elsewhere),
+    ]
+
+
 async def test_user_reads_on_the_data_path_need_the_files_io_capability(
     cluster: StorageCluster, client: StorageClient
 ) -> None:
@@ -183,16 +199,15 @@ async def test_user_reads_on_the_data_path_need_the_files_io_capability(
         token = issued.token
     finally:
         await admin.close()
-    key = capability_key(CLUSTER_TOKEN)
     expiry = time.time_ns() + 60 * 10**9
     mg = cluster.client(token)
     user = StorageClient(mg, token, retry_deadline_s=2.0)
     try:
-        for capability in (b"", make_capability(key, INODE + 1, False, expiry), make_capability(key, INODE, False, 1)):
+        good, *bad = await _read_capabilities(cluster, chain_id, expiry)
+        for capability in bad:
             with pytest.raises(StorageIoError) as err:
                 await user.batch_read(reads(chain_id, 2, capability=capability))
             assert err.value.code is grpc.StatusCode.PERMISSION_DENIED
-        good = make_capability(key, INODE, False, expiry)
         assert [bytes(o.data) for o in await user.batch_read(reads(chain_id, 2, capability=good))] == blocks
         assert user._streams == {} and user.data_stats["tcp_pulls"] >= 1
         # Revoked while its data-path connections stay open: each read checks the token again (the nodes cache

@@ -116,7 +116,7 @@ class FileOps:
         return Opened(
             inode=inode,
             session=sess,
-            capability=self._s.capability(inode.inode_id, args.write),
+            capability=self._s.capability(inode, args.write),
             created=created,
             quota_room=room,
         )
@@ -137,7 +137,7 @@ class FileOps:
         session = None
         if args.write:
             session, inode = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
-        return Opened(inode=inode, session=session, capability=self._s.capability(inode.inode_id, args.write))
+        return Opened(inode=inode, session=session, capability=self._s.capability(inode, args.write))
 
     async def _open_session(
         self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str

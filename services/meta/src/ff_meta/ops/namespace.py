@@ -73,7 +73,7 @@ class NamespaceOps:
                 continue
             cap = None
             if read_capability and r.is_file and allowed(caller, r, R):
-                cap = caps.get(r.inode_id) or caps.setdefault(r.inode_id, self._s.capability(r.inode_id, False))
+                cap = caps.get(r.inode_id) or caps.setdefault(r.inode_id, self._s.capability(r, False))
             out.append(StatItem(r, cap))
         return out
 

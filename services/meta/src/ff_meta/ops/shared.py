@@ -9,10 +9,10 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from ff_fsprotocol.capability import make_capability
+from ff_fsprotocol.capability import CapLayout, make_capability
 from ff_fsprotocol.routing import RoutingCache
 from ff_meta.core.errors import FsCode, fs_error
-from ff_meta.core.model import Defaults, LayoutSpec
+from ff_meta.core.model import Defaults, Inode, LayoutSpec
 from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability
 from ff_meta.store.chunks import StorageChunks
@@ -124,17 +124,19 @@ class Shared:
                 f"chain table {layout.chain_table_id} does not exist; chain tables: {sorted(tables)}",
             )
 
-    def capability(self, inode_id: int, writable: bool) -> Capability:
-        """A fresh IoCapability for the file.
+    def capability(self, inode: Inode, writable: bool) -> Capability:
+        """A fresh IoCapability for the file, bound to its layout (storage refuses its chunks anywhere else).
 
         A writable one lives ``writable_capability_ttl_s`` (clients open the file again for a new one before it
         expires, naming their write session): the chunks of a removed file are removed once none can be left.
         """
         ttl_s = self.options.writable_capability_ttl_s if writable else self.options.capability_ttl_s
         expires = time.time_ns() + int(ttl_s * 1e9)
-        return Capability(
-            make_capability(self.capability_key, inode_id, writable, expires), inode_id, writable, expires
+        layout = CapLayout(
+            inode.chain_table_id, inode.chunk_size, inode.stripe_size, inode.chain_begin, inode.shuffle_seed
         )
+        token = make_capability(self.capability_key, inode.inode_id, writable, expires, layout)
+        return Capability(token, inode.inode_id, writable, expires)
 
     def lease_expiry(self) -> float:
         """When a write session opened or renewed now lapses (seconds since the epoch)."""
