@@ -497,7 +497,11 @@ class RawFile(io.RawIOBase):
         no other client appends to the file; one thread of this client at a time holds it (the caller sees to that).
         """
         lease, end_now = self._take_append_lease()
-        return lease, max(end_now, self._fs.local_length(self.inode_id))
+        return lease, max(end_now, self.client_length())
+
+    def client_length(self) -> int:
+        """The furthest any open writer of this client (this file included) wrote into the file, reported or not."""
+        return self._fs.local_length(self.inode_id)
 
     def close_append_lease(self, lease: pb.WriteSession, end: int, *, wrote: bool) -> None:
         """Give the append lease back with the file's new end (what was appended under it is in storage by now)."""

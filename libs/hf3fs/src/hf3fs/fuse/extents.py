@@ -133,13 +133,16 @@ class ExtentBufferedFile:
         there, and the next ``flush`` (fsync, close, the buffer full, or the mount's timer a moment later) sends
         them and gives the lease back with the new end. One lease round trip and one storage batch for a burst of
         appends, instead of each append its own (a log line cost two meta calls and a durable chain write). The
-        caller keeps other handles of this client from appending to the inode meanwhile.
+        caller keeps other handles of this client from appending to the inode meanwhile, and sends what they buffered
+        first: an append under a held lease lands past what any writer of this client wrote since, too.
         """
         data = memoryview(b).cast("B")
         if self._lease is None:
             self.flush()
             self._lease, self._append_end = self.raw.open_append_lease()
             self._lease_start, self._lease_wrote = self._append_end, False
+        else:  # another writer of this client may have written past the appends since (the caller sent its bytes)
+            self._append_end = max(self._append_end, self.raw.client_length())
         start = self._append_end
         try:
             self.raw.ensure_room(start + len(data))  # an append lands whole or not at all

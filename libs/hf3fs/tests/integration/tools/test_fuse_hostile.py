@@ -3,6 +3,7 @@ several handles, each compared with the same sequence on a local folder. Needs /
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -249,3 +250,27 @@ def test_appends_through_two_mounts_all_land_whole(mount: Path, other_mount: Pat
     records = [data[k : k + 64] for k in range(0, len(data), 64)]
     whole = {r for r in records if hashlib.sha1(r[:56]).digest()[:8] == r[56:]}
     assert (len(data), len(whole)) == (3 * 60 * 64, 3 * 60)
+
+
+def _appends_beside_a_writer(folder: Path) -> Iterator[tuple[str, object]]:
+    """An O_APPEND descriptor writes a line, another descriptor writes 100 bytes past the end, the first appends
+    again (within the moment the mount keeps the append lease), five times."""
+    path = folder / "appends-beside"
+    with contextlib.ExitStack() as closing:
+        a = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND | os.O_TRUNC, 0o644)
+        closing.callback(os.close, a)
+        w = os.open(path, os.O_RDWR)
+        closing.callback(os.close, w)
+        for i in range(5):
+            os.write(a, b"<line %d>" % i)
+            os.pwrite(w, b"W" * 10, os.fstat(w).st_size + 100)
+            os.write(a, b"<after %d>" % i)
+            yield f"size after round {i}", os.fstat(w).st_size
+    yield "after close", path.read_bytes()
+
+
+@needs_fuse
+def test_an_append_lands_past_what_another_descriptor_wrote_since_the_last_append(mount: Path, tmp_path: Path) -> None:
+    """The mount keeps the append lease for a burst of appends; an append under it landed where the previous one
+    ended, over what another descriptor had written past that end meanwhile (its bytes lost, the lines out of order)."""
+    _same_as_local(_appends_beside_a_writer, mount / "hostile-appends-beside", tmp_path / "local")

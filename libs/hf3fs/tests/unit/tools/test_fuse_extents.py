@@ -66,6 +66,9 @@ class _Raw:
         self.lease_events.append("open")
         return "lease", max(self.meta_end, len(self.data))
 
+    def client_length(self) -> int:
+        return len(self.data)  # the handles of one client over one raw file: what they wrote
+
     def close_append_lease(self, lease: str, end: int, *, wrote: bool) -> None:
         assert self.leased and lease == "lease"
         self.leased, self.meta_end = False, end
@@ -195,6 +198,22 @@ def test_appends_are_buffered_under_one_lease_and_given_back_with_the_end_at_the
     assert f.append(b"c") == 115  # the next burst takes the lease again
     f.close()
     assert raw.lease_events[-2:] == ["open", "close 116 True"] and raw.closed and bytes(raw.data[115:]) == b"c"
+
+
+def test_an_append_under_a_held_lease_lands_past_what_another_handle_wrote_since() -> None:
+    """Two handles of one mount: an O_APPEND one appends (the lease stays with it for a moment), a plain one writes
+    past the end, then the first appends again. That append landed where the last one ended, over the other
+    handle's bytes (a log line and a pwrite 100 bytes past the end: the pwrite's bytes were overwritten)."""
+    raw = _Raw()
+    appender, writer = ExtentBufferedFile(raw), ExtentBufferedFile(raw)  # type: ignore[arg-type]
+    assert appender.append(b"<one>") == 0
+    writer.seek(105)
+    writer.write(b"W" * 10)
+    writer.flush()  # what the mount does before an append: the other handles' bytes to storage first
+    assert appender.append(b"<two>") == 115 and appender.appending
+    appender.flush()
+    assert bytes(raw.data) == b"<one>" + bytes(100) + b"W" * 10 + b"<two>"
+    assert raw.lease_events == ["open", "close 120 True"]
 
 
 def test_a_full_buffer_of_appends_goes_with_the_lease_and_the_next_append_takes_it_again() -> None:
