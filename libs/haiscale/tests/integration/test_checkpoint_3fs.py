@@ -168,6 +168,22 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     assert listing == ["step-000000003"]
 
 
+def test_a_committed_save_whose_report_fails_succeeds_and_says_it_was_not_reported(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inside a task whose run folder is gone (the agent cleaned it up, its disk failed), the report after the
+    commit raised: wait() raised FileNotFoundError and the next save "the previous save failed", for a checkpoint
+    that was committed and that latest_step and load found. Committed is success: the failed report is logged
+    and ``reported`` is False."""
+    fs, root = cluster.fs("ck-alice"), "hf3fs:///ck/ck-alice/unreported"
+    monkeypatch.setenv(runcontrol.RUN_DIR_ENV, str(tmp_path / "gone"))
+    handle = ckpt.save(root, _tensors(1), step=1, fs=fs)
+    assert handle.wait(60) == f"{root}/step-000000001/{ckpt.MANIFEST}" and not handle.reported
+    assert "step 1 is committed, but reporting it to the scheduler failed: FileNotFoundError" in caplog.text
+    assert ckpt.save(root, _tensors(2), step=2, fs=fs, report=False, blocking=True).wait() is not None
+    assert ckpt.latest_step(root, fs=fs) == 2
+
+
 async def test_the_scheduler_counts_only_a_manifest_of_the_tasks_user(cluster: Cluster) -> None:
     address = cluster.scheduler.address
     agent = await AgentDriver(address, cluster.mgmtd, CLUSTER_TOKEN, suspend_mode="ack_only").start()

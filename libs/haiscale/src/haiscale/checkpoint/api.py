@@ -68,9 +68,9 @@ class SaveHandle:
                 self.manifest_url = f"hf3fs://{path}" if self._loc.in_3fs else path
                 try:
                     self.removed_steps = saver.prune(self._loc, snap.step, keep)
-                except OSError as err:  # committed already: the old ones go at a later save
-                    logger.warning("step %d committed; removing older checkpoints failed: %s", snap.step, err)
-                self.reported = report and saver.report(self._loc, path, snap.step, snap.taken_at)
+                except Exception as err:  # committed already, so the save succeeded: the old ones go at a later save
+                    logger.warning("step %d committed; removing older checkpoints failed: %r", snap.step, err)
+                self.reported = report and self._report(path, snap)
             seconds = time.perf_counter() - started
             send(default_sink(), checkpoint_save_seconds=seconds, checkpoint_save_bytes=snap.buffer.numel())
             if keep_buffer:
@@ -80,6 +80,14 @@ class SaveHandle:
             logger.error("the save of step %d failed, nothing of it counts: %r", snap.step, err, exc_info=err)
         finally:
             self._done.set()
+
+    def _report(self, path: str, snap: Snapshot) -> bool:
+        """``saver.report``; a failure is logged, not raised: the checkpoint is committed, it counts all the same."""
+        try:
+            return saver.report(self._loc, path, snap.step, snap.taken_at)
+        except Exception as err:  # (the run's folder gone, a path the scheduler cannot hold...)
+            logger.error("step %d is committed, but reporting it to the scheduler failed: %r", snap.step, err)
+            return False
 
 
 class _InFlight:
