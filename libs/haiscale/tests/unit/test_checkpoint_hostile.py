@@ -378,6 +378,13 @@ def test_ranks_that_disagree_on_a_tensor_commit_nothing_that_would_not_load(tmp_
     assert ckpt.load(tmp_path, target).step == 1 and not target["m"].local.any()
 
 
+def test_a_load_of_step_true_is_refused_not_taken_for_step_1(tmp_path: Path) -> None:
+    ckpt.save(tmp_path, {"w": torch.ones(2)}, step=1, blocking=True)
+    for step in (True, "1", 1.0):
+        with pytest.raises(TypeError, match=r"step is an integer or None, not"):
+            ckpt.load(tmp_path, {"w": torch.zeros(2)}, step=step)
+
+
 @pytest.mark.parametrize(
     ("state", "words"),
     [
@@ -387,13 +394,15 @@ def test_ranks_that_disagree_on_a_tensor_commit_nothing_that_would_not_load(tmp_
         ),
         ({"a.b": torch.ones(2), "a": {"b": torch.zeros(2)}}, r"a\.b: two leaves .* \['a\.b'\] and \['a', 'b'\]"),
         ({1: torch.ones(2), "1": torch.zeros(2)}, r"1: two leaves .* keys \[1\] and \['1'\]"),
+        ({"": torch.ones(2)}, r"a tensor under the key '' at the top of the state dict has no name"),
     ],
-    ids=["values", "tensors", "int and str"],
+    ids=["values", "tensors", "int and str", "empty name"],
 )
 def test_two_leaves_of_one_name_are_refused_by_save_before_anything_is_written(
     tmp_path: Path, state: dict[Any, Any], words: str
 ) -> None:
-    """A checkpoint finds a leaf by its dotted name: two leaves of one name would lose one (a value silently)."""
+    """A checkpoint finds a leaf by its dotted name: two leaves of one name would lose one (a value silently). A
+    tensor named "" was refused only by the commit's check, after its data was written."""
     with pytest.raises(ValueError, match=words):
         ckpt.save(tmp_path, state, step=1)
     assert list(tmp_path.iterdir()) == []

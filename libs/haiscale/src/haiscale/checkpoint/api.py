@@ -265,6 +265,8 @@ def load(
         CorruptCheckpoint: bytes that fail their checksum (names the first such tensor); no value is set and, not
             ``in_place``, no tensor changed.
     """
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise TypeError(f"step is an integer or None, not {step!r}")  # (True would load step 1)
     _finish_in_flight()
     started = time.perf_counter()
     loc = locate(path, fs)

@@ -124,7 +124,8 @@ def take_snapshot(
     steps) only sends bytes.
 
     Raises:
-        ValueError: two leaves have one name (``{"a.b": x, "a": {"b": y}}``): a load could not tell them apart.
+        ValueError: two leaves have one name (``{"a.b": x, "a": {"b": y}}``): a load could not tell them apart; a
+            tensor has the empty name (``{"": x}``).
     """
     snap = Snapshot(step, rank, world_size, save_id, taken_at=time.time())
     objects: dict[str, tuple[tuple[Key, ...], Any]] = {}
@@ -135,6 +136,8 @@ def take_snapshot(
         if other != keys:  # a load finds leaves by name: one of them would be lost
             both = f"keys {list(other)} and {list(keys)}"
             raise ValueError(f"{name}: two leaves of the state dict have this name: {both}")
+        if not name and isinstance(value, torch.Tensor | Shard):  # (the manifest names every tensor)
+            raise ValueError("a tensor under the key '' at the top of the state dict has no name a manifest can hold")
         if isinstance(value, Shard):
             chosen.append((name, keys, value.local, value.global_shape, value.offset))
         elif rank != 0:
