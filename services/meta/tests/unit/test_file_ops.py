@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from ff_cluster import MgmtdClient
+from ff_meta.core.errors import FsCode, FsError
 from ff_meta.core.model import Defaults, Inode, LayoutSpec, PathAt
 from ff_meta.core.perms import Caller
 from ff_meta.ops import MetaOps, MetaOptions
@@ -186,3 +187,21 @@ async def test_a_close_whose_file_only_grew_meanwhile_takes_storage_answer_at_on
     storage.answer.set()
     closed = await asyncio.wait_for(closing, 10)
     assert closed.length == 10_000 and storage.asks == 1
+
+
+async def test_a_writer_sync_takes_its_report_and_after_a_cut_storage_answer(ops: tuple[MetaOps, Gate]) -> None:
+    """A writer's Sync commits the length its session reports without asking storage (one write, no read first); once
+    its file was cut while it was open, its report no longer counts: that Sync asks storage, and takes its answer."""
+    meta, _ = ops
+    path = PathAt(0, "/synced")
+    storage, inode = await _written_unreported(meta, path)
+    synced = await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "a", 4_000, 123))
+    assert (synced.length, synced.mtime_ns, storage.asks) == (4_000, 123, 0)
+    assert (await meta.files.truncate(ALICE, path, 3_000, "")).length == 3_000
+    storage.end = 6_000  # written past the cut since
+    synced = await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "a", 8_000, None))
+    assert (synced.length, storage.asks) == (6_000, 1)
+    with pytest.raises(FsError) as lost:
+        await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "no-such-session", 9_000, None))
+    assert lost.value.fs_code is FsCode.BAD_SESSION
+    assert (await meta.files.sync(ALICE, CloseArgs(inode.inode_id, "", 0, None))).length == 6_000

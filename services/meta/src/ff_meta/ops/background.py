@@ -88,13 +88,17 @@ class Background:
                 return pruned
 
     async def run_gc(self) -> int:
-        """Remove the chunks of files whose last link went; a file leaves the queue only once storage did."""
+        """Remove the chunks of files whose last link went; a file leaves the queue only once storage did.
+
+        Those done leave it together, in one write after the batch (a crash before it: storage is asked again, and
+        removing chunks already gone is a no-op).
+        """
         # Not before every writable capability given out for the file has expired, by twice their lifetime (a clock
         # of storage's behind meta's by less than one lifetime): a client holding one could still write chunks, which
         # nothing would ever remove, outside any quota.
         ready_before = time.time() - 2 * self._s.options.writable_capability_ttl_s
         jobs = await self._store.read(SYSTEM, functools.partial(trash.gc_batch, ready_before=ready_before), small=False)
-        done = 0
+        done: list[int] = []
         for job in jobs:
             try:
                 await self._s.chunks.remove(
@@ -104,9 +108,10 @@ class Background:
                 logger.warning("GC of inode %d failed (will retry): %s", job.inode_id, err)
                 await self._store.write(SYSTEM, lambda t, i=job.inode_id: trash.gc_failed(t, i))  # type: ignore[misc]
                 continue
-            await self._store.write(SYSTEM, lambda t, i=job.inode_id: trash.gc_done(t, i))  # type: ignore[misc]
-            done += 1
-        return done
+            done.append(job.inode_id)
+        if done:
+            await self._store.write(SYSTEM, functools.partial(trash.gc_done, inode_ids=done))
+        return len(done)
 
     async def expire_trash(self) -> int:
         """Delete the expired trash entries."""

@@ -182,10 +182,16 @@ class FileOps:
 
         A Sync with the writer's session takes the length it reports: its fsync needs its own bytes reachable, and
         those are in storage before it asks (the file never shrinks below what meta knew); the Close makes it exact
-        from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction). Storage
-        is asked again where a truncate may have come between its answer and the write
-        (``fsops.sessions.storage_answer_stands``).
+        from storage. One storage round trip less per fsync that grew a file (SQLite: two per transaction), and no
+        read before its write: the write checks the session itself and, where its report does not count (its file was
+        cut since), changes nothing and the Sync goes the Close's way. Storage is asked again where a truncate may
+        have come between its answer and the write (``fsops.sessions.storage_answer_stands``).
         """
+        if not close and args.session_id:
+            reported = functools.partial(_finish, args, None, close=False, asked=None, reported_only=True)
+            done = await self._store.write(caller, reported)
+            if done is not None:
+                return done
         for _ in range(_STORAGE_ASKS):
             inode, row, may_change = await self._store.read(
                 caller, functools.partial(_authorize, args.inode_id, args.session_id)
@@ -317,9 +323,19 @@ def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, object, bo
     return sessions.authorize_finish(t, inode_id, session_id)
 
 
-def _finish(args: CloseArgs, length: int | None, t: Tx, *, close: bool, asked: Inode) -> Inode | None:
+def _finish(
+    args: CloseArgs, length: int | None, t: Tx, *, close: bool, asked: Inode | None, reported_only: bool = False
+) -> Inode | None:
     return sessions.finish_length(
-        t, args.inode_id, args.session_id, args.written, length, args.mtime_ns, close, asked=asked
+        t,
+        args.inode_id,
+        args.session_id,
+        args.written,
+        length,
+        args.mtime_ns,
+        close,
+        asked=asked,
+        reported_only=reported_only,
     )
 
 

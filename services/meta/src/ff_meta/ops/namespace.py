@@ -149,7 +149,7 @@ class NamespaceOps:
         retention = retention_s or self._s.options.trash_retention_s
         if not 0 <= retention <= MAX_RETENTION_S:  # NaN fails too
             raise fs_error(FsCode.INVALID_ARGUMENT, f"trash_retention_s must be from 0 to {MAX_RETENTION_S:.0f}")
-        trash_id = trash.new_trash_id()
+        trash_id = trash.new_trash_id() if recursive or to_trash else ""  # (an unlink's: none; uuid4 costs a syscall)
         body = once(once_key, lambda t: namespace.remove(t, at, recursive, to_trash, retention, trash_id, expect_dir))
         return await self._store.write(caller, body)
 

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from ff_fsprotocol.layout import file_chains
-from ff_fsprotocol.routing import RoutingCache
+from ff_fsprotocol.routing import RoutingCache, RoutingView
 from ff_meta.core.errors import StorageUnavailable
-from ff_meta.core.lengths import LastChunk, file_end, on_every_chain
+from ff_meta.core.lengths import LastChunk, file_end, nodes_to_ask, on_every_chain
 from ff_meta.core.model import Inode
 from ff_rpc import RpcError
 from ff_rpc.client import ClientPool
@@ -23,6 +23,7 @@ from fireflyer.storage.v1.storage_client import StorageServiceClient
 
 LAST_CHUNK_QUERIES = 512  # files per QueryLastChunk call of ``lengths``
 ATTEMPTS = 8  # per chain call, with fresh routing between them
+T = TypeVar("T")
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")
 _SETTLED = frozenset({spb.CHUNK_IO_STATUS_OK, spb.CHUNK_IO_STATUS_CHUNK_NOT_FOUND})
@@ -92,71 +93,94 @@ class StorageChunks:
     async def length(self, inode: Inode) -> int | None:
         """The file's exact length from storage: the end of its last chunk (None: no chunk at all).
 
-        Every chain of the stripe is asked at once: a Close waits for one storage round trip, not one per chain.
+        Every chain of the stripe is asked at once, and of as few nodes as serve them (``_last_chunks``): a Close
+        waits for one storage round trip, not one per chain.
         """
-        if not inode.is_file or not inode.chain_table_id or not inode.stripe_size:
-            return None
-
-        async def last_chunk(chain_id: int) -> LastChunk:
-            def build(version: int) -> spb.QueryLastChunkRequest:
-                q = spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=inode.inode_id)
-                return spb.QueryLastChunkRequest(queries=[q])
-
-            resp = await self._call(
-                chain_id, lambda c: c.query_last_chunk, build, head=False, ok=lambda r: r.results[0].status in _SETTLED
-            )
-            r = resp.results[0]
-            return (r.last_chunk_index, r.last_chunk_length_bytes) if r.status == spb.CHUNK_IO_STATUS_OK else None
-
-        return await file_end(await self._file_chains(inode), inode.chunk_size, last_chunk)
+        return (await self.lengths([inode]))[0]
 
     async def lengths(self, inodes: Sequence[Inode]) -> list[int | None]:
-        """``length`` of many files at once.
-
-        One QueryLastChunk per chain (up to ``LAST_CHUNK_QUERIES`` files each) for the whole batch, all chains at once,
-        instead of one per file and chain.
-        """
-        per_chain: dict[int, list[int]] = {}  # chain -> inode ids asking it
-        chains_of: list[list[int]] = []
-        for inode in inodes:
-            chains: list[int] = []
-            if inode.is_file and inode.chain_table_id and inode.stripe_size:
-                chains = list(dict.fromkeys(await self._file_chains(inode)))
-            chains_of.append(chains)
-            for c in chains:
-                per_chain.setdefault(c, []).append(inode.inode_id)
-        answers: dict[tuple[int, int], LastChunk] = {}
-
-        async def ask(chain_id: int, ids: list[int]) -> None:
-            def build(version: int) -> spb.QueryLastChunkRequest:
-                return spb.QueryLastChunkRequest(
-                    queries=[spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=i) for i in ids]
-                )
-
-            resp = await self._call(
-                chain_id,
-                lambda c: c.query_last_chunk,
-                build,
-                head=False,
-                ok=lambda r: all(x.status in _SETTLED for x in r.results),
-            )
-            for i, r in zip(ids, resp.results, strict=True):
-                ok = r.status == spb.CHUNK_IO_STATUS_OK
-                answers[(chain_id, i)] = (r.last_chunk_index, r.last_chunk_length_bytes) if ok else None
-
-        await asyncio.gather(
-            *(
-                ask(c, ids[k : k + LAST_CHUNK_QUERIES])
-                for c, ids in per_chain.items()
-                for k in range(0, len(ids), LAST_CHUNK_QUERIES)
-            )
+        """``length`` of many files at once: one QueryLastChunk per node asked for the batch (``_last_chunks``)."""
+        chains_of = [
+            list(dict.fromkeys(await self._file_chains(inode)))
+            if inode.is_file and inode.chain_table_id and inode.stripe_size
+            else []
+            for inode in inodes
+        ]
+        answers = await self._last_chunks(
+            [(c, inode.inode_id) for inode, chains in zip(inodes, chains_of, strict=True) for c in chains]
         )
-        out: list[int | None] = []
-        for inode, chains in zip(inodes, chains_of, strict=True):
-            found = [answers[(c, inode.inode_id)] for c in chains]
-            ends = [i * inode.chunk_size + n for i, n in (a for a in found if a is not None)]
-            out.append(max(ends) if ends else None)
-        return out
+        return [
+            file_end((answers[(c, inode.inode_id)] for c in chains), inode.chunk_size)
+            for inode, chains in zip(inodes, chains_of, strict=True)
+        ]
+
+    async def _last_chunks(self, asks: Sequence[tuple[int, int]]) -> dict[tuple[int, int], LastChunk]:
+        """The last chunk of each (chain, inode) asked, all at once.
+
+        First of few nodes (``_ask_nodes``); a chain whose answer did not settle there (stale routing, a pending
+        version, the node did not answer) is then asked alone, retried with fresh routing (``_ask_chain``).
+        """
+        answers: dict[tuple[int, int], LastChunk] = {}
+        inodes_of: dict[int, list[int]] = {}
+        for chain_id, inode_id in dict.fromkeys(asks):
+            inodes_of.setdefault(chain_id, []).append(inode_id)
+        if inodes_of:
+            await self._ask_nodes(await self._routing.get(), inodes_of, answers)
+        unsettled = {c: [i for i in ids if (c, i) not in answers] for c, ids in inodes_of.items()}
+        await asyncio.gather(
+            *(self._ask_chain(c, part, answers) for c, ids in unsettled.items() for part in _batches(ids))
+        )
+        return answers
+
+    async def _ask_nodes(
+        self, view: RoutingView, inodes_of: dict[int, list[int]], answers: dict[tuple[int, int], LastChunk]
+    ) -> None:
+        """One QueryLastChunk per node of ``core.lengths.nodes_to_ask`` (up to ``LAST_CHUNK_QUERIES`` queries a call).
+
+        Each node answers for every chain it serves; the settled answers go to ``answers``, the rest are left out.
+        """
+        serving: dict[int, list[int]] = {}
+        for chain_id in inodes_of:
+            nodes = (view.node(t.node_id) for t in view.serving(chain_id))
+            serving[chain_id] = [n.node_id for n in nodes if n is not None and n.grpc]
+
+        async def ask(address: str, queries: list[spb.LastChunkQuery]) -> None:
+            try:
+                resp = await self._storage.get(address).query_last_chunk(spb.QueryLastChunkRequest(queries=queries))
+            except RpcError:
+                return  # its chains are asked again alone
+            if len(resp.results) == len(queries):
+                for q, r in zip(queries, resp.results, strict=True):
+                    if r.status in _SETTLED:
+                        answers[(q.chain_id, q.inode_id)] = _last_chunk_of(r)
+
+        calls = []
+        for node_id, chains in nodes_to_ask(serving).items():
+            queries = [
+                spb.LastChunkQuery(chain_id=c, chain_version=view.chains[c].version, inode_id=i)
+                for c in chains
+                for i in inodes_of[c]
+            ]
+            calls += [ask(view.nodes[node_id].grpc, part) for part in _batches(queries)]
+        await asyncio.gather(*calls)
+
+    async def _ask_chain(self, chain_id: int, inode_ids: list[int], answers: dict[tuple[int, int], LastChunk]) -> None:
+        """The last chunks of files on one chain, at a serving target of it, retried with fresh routing."""
+
+        def build(version: int) -> spb.QueryLastChunkRequest:
+            return spb.QueryLastChunkRequest(
+                queries=[spb.LastChunkQuery(chain_id=chain_id, chain_version=version, inode_id=i) for i in inode_ids]
+            )
+
+        resp = await self._call(
+            chain_id,
+            lambda c: c.query_last_chunk,
+            build,
+            head=False,
+            ok=lambda r: all(x.status in _SETTLED for x in r.results),
+        )
+        for i, r in zip(inode_ids, resp.results, strict=True):
+            answers[(chain_id, i)] = _last_chunk_of(r)
 
     async def remove(
         self, inode_id: int, table_id: int, begin: int, stripe: int, seed: int, from_chunk: int = 0
@@ -226,3 +250,15 @@ class StorageChunks:
         )
         if within:
             await self.cut(inode, chunk, within)
+
+
+def _batches(items: list[T]) -> list[list[T]]:
+    """``items`` in parts of up to ``LAST_CHUNK_QUERIES`` (a QueryLastChunk's)."""
+    return [items[k : k + LAST_CHUNK_QUERIES] for k in range(0, len(items), LAST_CHUNK_QUERIES)]
+
+
+def _last_chunk_of(result: spb.LastChunkResult) -> LastChunk:
+    """A settled answer's last chunk: (index, length), or None where the chain holds no chunk of the file."""
+    return (
+        (result.last_chunk_index, result.last_chunk_length_bytes) if result.status == spb.CHUNK_IO_STATUS_OK else None
+    )

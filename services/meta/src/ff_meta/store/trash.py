@@ -16,7 +16,7 @@ from ff_meta.core.model import GcJob, Inode, InodeType, PathAt, TrashRow
 from ff_meta.core.paths import join
 from ff_meta.store.fsops.namespace import new_parent
 from ff_meta.store.schema import gc_queue, trash
-from ff_meta.store.tx import Tx
+from ff_meta.store.tx import Tx, raw_sql
 
 # ---- trash ----
 
@@ -94,6 +94,8 @@ def delete_trash_entry(tx: Tx, trash_id: str, budget: int = TRASH_STEP_INODES) -
 
 # ---- GC queue ----
 
+_RAW_GC_DONE = raw_sql("DELETE FROM meta_gc_queue WHERE inode_id = ?")
+
 
 def gc_batch(tx: Tx, ready_before: float, limit: int = 32) -> list[GcJob]:
     """The next files whose chunks to remove, those tried least first: of those queued before ``ready_before``.
@@ -109,9 +111,14 @@ def gc_batch(tx: Tx, ready_before: float, limit: int = 32) -> list[GcJob]:
     return [GcJob(r.inode_id, r.chain_table_id, r.stripe_size, r.chain_begin, r.shuffle_seed, r.attempts) for r in rows]
 
 
-def gc_done(tx: Tx, inode_id: int) -> None:
-    """Storage removed the file's chunks: it leaves the queue."""
-    tx.session.execute(sa.delete(gc_queue).where(gc_queue.c.inode_id == inode_id))
+def gc_done(tx: Tx, inode_ids: Sequence[int]) -> None:
+    """Storage removed these files' chunks: they leave the queue.
+
+    On the cursor (a few statements by key: on SQLite an inline write on the event loop, one per GC round; through the
+    ORM session each was a trip to the group writer's thread, which held the write lock from the calls meanwhile).
+    """
+    for inode_id in inode_ids:
+        tx.execute(_RAW_GC_DONE, (inode_id,))
 
 
 def gc_failed(tx: Tx, inode_id: int) -> None:

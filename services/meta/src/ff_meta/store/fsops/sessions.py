@@ -126,6 +126,7 @@ def finish_length(
     close: bool,
     *,
     asked: Inode | None = None,
+    reported_only: bool = False,
 ) -> Inode | None:
     """Close or sync: the exact length (storage's answer, never below what meta knew), session ended on close.
 
@@ -136,10 +137,14 @@ def finish_length(
     gone, those after it are in storage): storage's answer alone, which the caller then brings.
 
     None, changing nothing, where storage's answer may predate a truncate (``storage_answer_stands``): ask again.
+    ``reported_only`` (a writer's Sync, storage not asked): None, changing nothing, where the session's report does
+    not count (none, or its file was cut since): ask storage.
     """
     inode, row, may_change = authorize_finish(tx, inode_id, session_id)
     if not may_change:
         return inode
+    if reported_only and (row is None or row.truncated_at_ns is not None):
+        return None
     if row is not None and row.truncated_at_ns is not None:
         written = 0
     if row is None:
