@@ -447,6 +447,35 @@ def _rank_state(
     }
 
 
+LOAD_UNDER_256_OPEN_FILES = """
+import resource, sys, torch
+from haiscale import checkpoint as ckpt
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+n = int(sys.argv[2])
+target = {"m": ckpt.Shard(torch.zeros(2 * n), (2 * n,), 0)}
+ckpt.load(sys.argv[1], target)
+print(torch.equal(target["m"].local, (torch.arange(2 * n) // 2).float()))
+"""
+
+
+def test_a_checkpoint_saved_on_more_ranks_than_open_files_allowed_loads_on_one(tmp_path: Path) -> None:
+    """Saved on 300 ranks, loaded whole on one (a conversion, an evaluation) where a process may open 256 files
+    (1024 is the usual default, against thousands of ranks): every rank's file was opened at once (EMFILE)."""
+    n = 300
+    for rank in [*range(1, n), 0]:
+        shard = ckpt.Shard(torch.full((2,), float(rank)), (2 * n,), 2 * rank)
+        ckpt.save(tmp_path, {"m": shard}, step=1, rank=rank, world_size=n, save_id="many")
+    ckpt.wait_for_saves()
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_UNDER_256_OPEN_FILES, str(tmp_path), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.stdout.split() == ["True"], run.stderr[-2000:]
+
+
 def test_saved_on_4_ranks_loads_on_2_and_1_and_training_continues(tmp_path: Path) -> None:
     model, gen = _model(), torch.Generator().manual_seed(1)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
