@@ -583,9 +583,11 @@ class RawFile(io.RawIOBase):
             # would stay in storage past the new end, and come back with a later write past it or the Close
             self.fsync()
         sid = self._session.session_id if self._session is not None else ""
+        # by inode, under its write session: the file it opened wherever it is now (a rename moved its name, maybe to
+        # another file), and allowed by the session as its writes are, whatever its mode says now (POSIX ftruncate)
         inode = self._fs.meta_call(
             lambda m: m.truncate,
-            pb.TruncateRequest(path=pb.PathAt(path=self.name), length_bytes=size, session_id=sid),
+            pb.TruncateRequest(path=pb.PathAt(parent_inode_id=self.inode_id), length_bytes=size, session_id=sid),
             self.name,
         )
         self.length = self.meta_length = inode.inode.length_bytes
@@ -675,7 +677,10 @@ class RawFile(io.RawIOBase):
         request = pb.ReserveSpaceRequest(
             inode_id=self.inode_id, session_id=self._session.session_id, write_limit_bytes=want, partial=partial
         )
-        return int(self._fs.meta_call(lambda m: m.reserve_space, request, self.name).write_limit_bytes)
+        resp = self._fs.meta_call(lambda m: m.reserve_space, request, self.name)
+        if resp.HasField("io_capability"):  # storage takes writes only below the limit the capability names
+            self.take_capability(resp.io_capability.token, resp.io_capability.expires_at_ns)
+        return int(resp.write_limit_bytes)
 
     def _fresh_capability(self) -> None:
         """Open the file again for a new IoCapability shortly before the one held expires.

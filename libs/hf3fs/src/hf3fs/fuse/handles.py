@@ -6,7 +6,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from hf3fs.entries import Stat
 from hf3fs.fuse.extents import ExtentBufferedFile
@@ -129,6 +129,17 @@ class HandleTable:
         """Whether any handle open here is writable."""
         with self.lock:
             return any(h.writable for h in self.handles.values())
+
+    def cut(self, inode_id: int, length: int) -> None:
+        """After a truncate of ``inode_id`` to ``length``: its writable handles count no byte past it."""
+        for h in self.writers(inode_id):
+            with h.lock:
+                h.end = min(h.end, length)
+                raw: Any = getattr(h.file, "raw", h.file)
+                if isinstance(getattr(raw, "written", None), int):  # else its close reports the old end again
+                    raw.written = min(raw.written, length)
+                    raw.length = min(raw.length, length)
+                    raw.meta_length = min(raw.meta_length, length)
 
     def flush_writers(self, inode_id: int, but: Handle | None = None, span: tuple[int, int] | None = None) -> int:
         """What the writable handles of ``inode_id`` (``but`` one) buffered, to storage: all, or what overlaps ``span``.

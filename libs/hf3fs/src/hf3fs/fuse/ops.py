@@ -646,21 +646,26 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             self._sync(h, always=False)
         try:
             if path is None:
-                with acting_as(None):
-                    self.fs.truncate_inode(inode_id, length)
+                self._truncate_handle(self._get(fh) if fh is not None else None, inode_id, length)
             else:
                 self.fs.truncate(path, length)
         finally:
             self._changed_inode(inode_id)
-        for h in self._table.writers(inode_id):
-            with h.lock:
-                h.end = min(h.end, length)
-                raw: Any = getattr(h.file, "raw", h.file)
-                if isinstance(getattr(raw, "written", None), int):  # else its close reports the old end again
-                    raw.written = min(raw.written, length)
-                    raw.length = min(raw.length, length)
-                    raw.meta_length = min(raw.meta_length, length)
+        self._table.cut(inode_id, length)
         return 0
+
+    def _truncate_handle(self, h: Handle | None, inode_id: int, length: int) -> None:
+        """An ftruncate: through a writable handle's own write session, as its writes.
+
+        The session allows it whatever the mode says by now (a file created 0444, or chmod-ed since: POSIX checks at
+        open); a read-only handle's (the kernel's O_TRUNC) goes as the mount's own user.
+        """
+        with acting_as(None):  # the session is the mount's own user's
+            if h is None or not h.writable or h.pending is not None:
+                self.fs.truncate_inode(inode_id, length)
+                return
+            with h.lock:
+                h.file.truncate(length)
 
     @fuse_errors
     def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
@@ -683,9 +688,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             return 0
         self._table.flush_writers(h.inode_id)
         with acting_as(None):  # on the open handle, as ftruncate: meta checked write access at open
-            if self.fs.stat_inode(h.inode_id).size < offset + size:
-                self.fs.truncate_inode(h.inode_id, offset + size)
-                self._changed_inode(h.inode_id)
+            grow = self.fs.stat_inode(h.inode_id).size < offset + size
+        try:
+            if grow:
+                self._truncate_handle(h, h.inode_id, offset + size)
+        finally:
+            self._changed_inode(h.inode_id)
         return 0
 
     @fuse_errors

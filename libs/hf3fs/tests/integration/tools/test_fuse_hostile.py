@@ -274,3 +274,57 @@ def test_an_append_lands_past_what_another_descriptor_wrote_since_the_last_appen
     """The mount keeps the append lease for a burst of appends; an append under it landed where the previous one
     ended, over what another descriptor had written past that end meanwhile (its bytes lost, the lines out of order)."""
     _same_as_local(_appends_beside_a_writer, mount / "hostile-appends-beside", tmp_path / "local")
+
+
+def _cut_through_a_descriptor_of_a_read_only_file(folder: Path) -> Iterator[tuple[str, object]]:
+    """A file created 0444 and opened read-write by its create, and a file made read-only after its open: each
+    descriptor open for writing writes, cuts and grows it (POSIX checks the mode at open only)."""
+    made = folder / "made-read-only"
+    fd = os.open(made, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o444)
+    try:
+        os.write(fd, b"z" * 100)
+        os.ftruncate(fd, 50)
+        os.posix_fallocate(fd, 0, 1000)
+        yield "created 0444", os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    yield "created 0444, after close", made.read_bytes()
+    later = folder / "read-only-later"
+    fd = os.open(later, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"x" * 100)
+        os.fchmod(fd, 0o444)
+        os.ftruncate(fd, 10)
+        os.pwrite(fd, b"y", 20)
+        yield "chmod 0444 after open", os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    yield "chmod 0444 after open, after close", later.read_bytes()
+
+
+@needs_fuse
+def test_a_descriptor_open_for_writing_cuts_and_grows_a_file_whose_mode_says_read_only(
+    mount: Path, tmp_path: Path
+) -> None:
+    """ftruncate and posix_fallocate went to meta as a truncate of the inode, which meta checks against the file's
+    mode now: EACCES for a file created 0444 through its own descriptor (cp and tar make read-only files so), or
+    chmod-ed since its open. They go through the handle's write session now, as its writes do."""
+    _same_as_local(_cut_through_a_descriptor_of_a_read_only_file, mount / "hostile-read-only", tmp_path / "local")
+
+
+def test_a_file_renamed_while_open_is_cut_through_its_handle(fs_cluster: FsCluster) -> None:
+    """The client's truncate went to meta by the file's name when opened: after a rename (an atomic save's) the name
+    was gone or another file's, and the truncate failed (EBADF, "write session unknown") instead of cutting it."""
+    client = fs_cluster.client
+    client.makedirs("/ffs/hostile", exist_ok=True)
+    with client.open("/ffs/hostile/renamed-open", "wb") as f:
+        f.write(b"mine" * 10)
+    with client.open("/ffs/hostile/renamed-open", "r+b") as f:
+        client.rename("/ffs/hostile/renamed-open", "/ffs/hostile/renamed-open-moved")
+        with client.open("/ffs/hostile/renamed-open", "wb") as other:
+            other.write(b"another file at the name")
+        f.truncate(2)
+    with client.open("/ffs/hostile/renamed-open-moved", "rb") as f:
+        assert f.read() == b"mi"
+    with client.open("/ffs/hostile/renamed-open", "rb") as f:
+        assert f.read() == b"another file at the name"
