@@ -13,6 +13,7 @@ import pickle
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -234,6 +235,18 @@ def test_keep_k_does_not_remove_another_jobs_save_still_writing(
     target = {"w": torch.zeros(8)}
     assert ckpt.load(tmp_path, target, step=5).step == 5 and bool((target["w"] == 5.0).all())
     assert ckpt.latest_step(tmp_path) == 6
+
+
+def test_a_lease_dated_far_in_the_future_does_not_hold_its_folder_forever(tmp_path: Path) -> None:
+    """A lease file dated in 2286 (a host's clock gone wrong, or written by hand into a shared root) was live for
+    ever, from any host and on this one with a live pid (1): keep-K never removed that checkpoint."""
+    for step in (1, 2):
+        ckpt.save(tmp_path, {"w": torch.full((4,), float(step))}, step=step, blocking=True)
+    (tmp_path / "step-000000001" / ".lease-load-9999999999-1-abcdef-otherhost").write_bytes(b"")
+    (tmp_path / "step-000000002" / f".lease-load-9999999999-1-abcdef-{socket.gethostname()}").write_bytes(b"")
+    handle = ckpt.save(tmp_path, {"w": torch.full((4,), 3.0)}, step=3, keep=1, blocking=True)
+    assert handle.removed_steps == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000003"]
 
 
 JOB_B = """

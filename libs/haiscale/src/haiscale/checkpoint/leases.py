@@ -4,7 +4,8 @@ Several processes may share a checkpoint root: the ranks of a job, a restarted j
 save still runs, two jobs by mistake. Each save and load holds a lease while it works: an empty file
 ``.lease-<kind>-<unix time>-<pid>-<random>-<host>`` in the checkpoint's folder. A prune (``saver.prune``) leaves a
 folder with a live lease for a later save. A lease is live until its process is gone (seen on its own host) or
-``LEASE_S`` after it was taken (other hosts), so a crash leaves nothing kept for long.
+``LEASE_S`` after it was taken (other hosts), so a crash leaves nothing kept for long; one dated more than ``LEASE_S``
+ahead of this host's clock is not live either.
 
 The order of operations makes it safe without locks: a load takes its lease *before* it reads the manifest, and a
 prune looks for leases *after* it moved the manifest away (and puts it back if it finds one); a save takes its lease
@@ -73,8 +74,8 @@ def is_live(name: str, now: float) -> bool:
     fields = name[len(LEASE_PREFIX) :].split("-", 4)
     if len(fields) != 5 or not all(f.isascii() and f.isdigit() for f in fields[1:3]):
         return False  # (str.isdigit alone passes digits int() refuses: "²")
-    if now - int(fields[1]) > LEASE_S:
-        return False
+    if abs(now - int(fields[1])) > LEASE_S:
+        return False  # (one "taken" far in the future, by a wrong clock or by hand, would hold its folder forever)
     if fields[4] != _this_host():
         return True
     return _alive(int(fields[2]))
