@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 logger = logging.getLogger(__name__)
 
 MOUNT_WAIT_S = 30.0
+FUSE_MAIN_LOOP_ENDED = 8  # fuse_main's status when its loop ended on a signal (libfuse 3 counts a signal an error)
 UMOUNT_WAIT_S = 10.0
 
 
@@ -105,16 +107,25 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out
     where = check_mount_point(mountpoint)
     check_cluster(fs, options)
 
+    served = threading.Event()
+
     def ready() -> None:
         deadline = time.monotonic() + MOUNT_WAIT_S
         while not os.path.ismount(where) and time.monotonic() < deadline:
             time.sleep(0.05)
+        if os.path.ismount(where):
+            served.set()
         print(f"hf3fs: mounted on {where} (pid {os.getpid()})", file=out or sys.stdout, flush=True)
 
     ops = Hf3fsOperations(fs, options, on_ready=ready)
     try:
         _serve(ops, where, options)
     except RuntimeError as err:  # mfusepy: fuse_main's status (the reason went to stderr)
+        if served.is_set() and err.args == (FUSE_MAIN_LOOP_ENDED,):
+            # SIGTERM, SIGINT or SIGHUP (libfuse's handlers) ended the loop, and libfuse unmounted: a stop, as an
+            # unmount is (an error reading /dev/fuse would end it so too, and libfuse prints that one)
+            print(f"hf3fs: unmounted {where} (stopped by a signal)", file=out or sys.stdout, flush=True)
+            return
         raise OSError(errno.EIO, f"libfuse could not mount or serve (status {err})", where) from None
 
 

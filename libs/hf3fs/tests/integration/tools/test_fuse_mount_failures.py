@@ -19,7 +19,7 @@ import pytest
 from ff_testing.environ import clean_env
 from ff_testing.waiting import wait_until
 
-from .conftest import FsCluster, run_cli
+from .conftest import FsCluster, run_cli, start_cli
 from .test_fuse_mount import MOUNT_TIMEOUT_S, _skip_reason
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
@@ -93,12 +93,13 @@ def test_multi_user_needs_a_token_that_may_act_for_others(fs_cluster: FsCluster,
     assert not where.is_mount() and not _dead(where)
 
 
-def _mount_daemon(fs_cluster: FsCluster, where: Path) -> int:
+def _mount_daemon(fs_cluster: FsCluster, where: Path, *flags: str) -> int:
     run = hf3fs(
         "mount",
         str(where),
         "--log-file",
         str(where.parent / "mount.log"),
+        *flags,
         mgmtd=fs_cluster.mgmtd,
         token=fs_cluster.token,
         timeout_s=MOUNT_TIMEOUT_S + 30,
@@ -154,3 +155,68 @@ def test_umount_removes_a_hung_mount(fs_cluster: FsCluster, where: Path) -> None
 def test_umount_of_a_folder_that_is_no_mount_fails_clearly(fs_cluster: FsCluster, where: Path) -> None:
     run = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
     assert run.code == 1 and "no FUSE mount there" in run.err, run
+
+
+def _tar_style_files(folder: Path, count: int) -> dict[str, bytes]:
+    """``count`` files made as ``tar x`` makes them (write-only, exclusive, then fchmod): pending on a --writeback
+    mount until their close hands them to its write-back. What each holds, by name."""
+    folder.mkdir()
+    made = {}
+    for i in range(count):
+        body = b"%d " % i * (50 + i)
+        fd = os.open(folder / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, body)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        made[f"f{i}"] = body
+    return made
+
+
+def _read_all(fs_cluster: FsCluster, folder: str, names: Iterator[str]) -> dict[str, bytes]:
+    out = {}
+    for name in names:
+        with fs_cluster.client.open(f"{folder}/{name}", "rb") as f:
+            out[name] = bytes(f.read())
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_mount_cleanly_after_committing_what_it_was_handed(
+    fs_cluster: FsCluster, where: Path, sig: signal.Signals
+) -> None:
+    """``kill`` (a service manager's stop) or Ctrl-C of ``hf3fs mount --foreground``: the mount goes, the files closed
+    before are in the cluster whole, and the exit is 0. It said "Input/output error (libfuse could not mount or serve
+    (status 8))" and exited 1, for a stop (libfuse reports a loop ended by a signal as status 8)."""
+    env = clean_env()
+    env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
+    log = where.parent / "mount.log"
+    with log.open("wb") as out:
+        proc = start_cli(["mount", str(where), "--foreground", "--writeback"], env=env, log=out)
+    wait_until(lambda: where.is_mount() or proc.poll() is not None, timeout_s=MOUNT_TIMEOUT_S)
+    assert where.is_mount(), log.read_text()
+    name = f"stop-{sig.name}-{time.monotonic_ns()}"
+    made = _tar_style_files(where / "fuse" / name, 30)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert not where.is_mount() and not _dead(where)
+    assert "stopped by a signal" in log.read_text() and "Input/output error" not in log.read_text()
+    assert _read_all(fs_cluster, f"/fuse/{name}", iter(made)) == made
+
+
+def test_a_killed_writeback_mount_leaves_each_file_it_was_handed_whole_or_empty(
+    fs_cluster: FsCluster, where: Path
+) -> None:
+    """SIGKILL (or a crash) of a --writeback mount right after files were closed: what its write-back had not committed
+    yet is lost, as the README says: each such file stays as its create left it, empty; none is left with part of its
+    bytes or another file's. The others are whole."""
+    pid = _mount_daemon(fs_cluster, where, "--writeback")
+    name = f"killed-{time.monotonic_ns()}"
+    made = _tar_style_files(where / "fuse" / name, 30)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: _dead(where), timeout_s=10)
+    assert hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token).code == 0
+    assert sorted(fs_cluster.client.listdir(f"/fuse/{name}")) == sorted(made)
+    for file, held in _read_all(fs_cluster, f"/fuse/{name}", iter(made)).items():
+        assert held in (made[file], b""), file
