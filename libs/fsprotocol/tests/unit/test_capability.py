@@ -60,6 +60,24 @@ def test_a_chunk_must_be_where_the_file_s_layout_puts_it() -> None:
     )
 
 
+def test_a_write_past_the_capability_s_limit_is_refused() -> None:
+    """The limit is the write session's (the quota it reserved): a file offset, over chunk index, offset and length."""
+    key = capability_key("secret")
+    cap = make_capability(key, 42, True, 2000, LAYOUT, write_limit=4096 * 2 + 100)
+    chains = chains_of(LAYOUT)
+    assert chains is not None
+
+    def why(index: int, end: int) -> str | None:
+        at = ChunkAt(chains[index % 3], index, 4096, end)
+        return check_capability(key, cap, 42, write=True, now_ns=1000, chunk=at, chains_of=chains_of)
+
+    assert why(0, 4096) is None and why(2, 100) is None
+    assert why(2, 101) == "a write past byte 8292 of the file, its write session's limit (reserve space first)"
+    assert why(3, 1) is not None
+    read = ChunkAt(chains[3 % 3], 3)  # reads are not limited
+    assert check_capability(key, cap, 42, write=False, now_ns=1000, chunk=read, chains_of=chains_of) is None
+
+
 def test_a_capability_without_the_layout_still_binds_its_inode() -> None:
     """The 49-byte form a meta before layouts were bound made: taken for its inode, mode and expiry alone."""
     key = capability_key("secret")

@@ -69,14 +69,16 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return pb.RenewSessionsResponse(lease_s=lease_s, lost_session_ids=lost)
 
     async def ReserveSpace(self, request: pb.ReserveSpaceRequest, context: Context) -> pb.ReserveSpaceResponse:
-        limit, available = await self._files.reserve_space(
+        limit, available, cap = await self._files.reserve_space(
             caller(),
             wire.inode_id_of(request.inode_id),
             request.session_id,
             wire.length_of(request.write_limit_bytes, "write_limit_bytes"),
             request.partial,
         )
-        return pb.ReserveSpaceResponse(write_limit_bytes=limit, available_bytes=available)
+        return pb.ReserveSpaceResponse(
+            write_limit_bytes=limit, available_bytes=available, io_capability=wire.capability_pb(cap)
+        )
 
     async def Mkdirs(self, request: pb.MkdirsRequest, context: Context) -> pb.MkdirsResponse:
         return pb.MkdirsResponse(

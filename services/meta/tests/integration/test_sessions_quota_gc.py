@@ -135,6 +135,27 @@ def test_a_writable_capability_writes_only_where_the_file_s_layout_puts_each_chu
     assert _chunks_on_storage(cluster, inode_id, [layout.chains[1]], 1) == 0
 
 
+def test_a_writable_capability_writes_only_what_the_quota_reserved(
+    cluster: MetaCluster, admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """A client that writes to storage itself, past the quota its session reserved (before: storage took it, and
+    the quota learned of it only when the length came back, if ever)."""
+    admin_fs.set_quota(home, max_bytes=2 * MiB)
+    f = fs.open(f"{home}/capped", "wb", buffering=0)
+    f.write(b"x" * 100)  # reserves what the quota grants: 2 MiB
+    layout, inode_id = f.layout, f.inode_id
+    assert f._limit <= 2 * MiB
+    past = f._limit // layout.chunk_size  # the chunk holding the limit, written up to its end
+    io = ChunkWrite(chain_id=layout.chain_of(past), inode_id=inode_id, chunk_index=past, data=b"y" * layout.chunk_size,
+                    chunk_size=layout.chunk_size, capability=f._cap)  # fmt: skip
+    with pytest.raises(hf3fs.StorageIoError) as refused:
+        fs._conn.run(fs._conn.storage.batch_write([io]))
+    assert refused.value.code.name == "PERMISSION_DENIED"
+    assert "limit" in str(refused.value)
+    f.close()
+    assert fs.stat(f"{home}/capped").size == 100
+
+
 def test_a_writer_keeps_writing_past_its_capability_s_lifetime(fs: hf3fs.FileSystem, home: str) -> None:
     """A handle open for longer than a writable capability lives opens the file again for a new one, in time."""
     with fs.open(f"{home}/long", "wb", buffering=0) as f:

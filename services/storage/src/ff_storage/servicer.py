@@ -95,7 +95,7 @@ def _check_capabilities(
 ) -> None:
     """User calls must carry meta's IoCapability for each IO's file; the cluster token and admins need none.
 
-    The chunk must be where the capability's layout puts it (``ff_fsprotocol.capability``).
+    The chunk must be where the capability's layout puts it, and a write below its limit (``ff_fsprotocol.capability``).
     GrantTransfer needs no check of its own: it hands out only what a checked BatchRead staged for the same
     caller.
     """
@@ -104,8 +104,11 @@ def _check_capabilities(
         return
     now = time.time_ns()
     for n, io in enumerate(ios):
-        size = io.chunk_size_bytes if isinstance(io, pb.WriteIO) else None
-        chunk = ChunkAt(io.chain_id, io.chunk_id.chunk_index, size)
+        index = io.chunk_id.chunk_index
+        if isinstance(io, pb.WriteIO):
+            chunk = ChunkAt(io.chain_id, index, io.chunk_size_bytes, io.offset_bytes + io.length_bytes)
+        else:
+            chunk = ChunkAt(io.chain_id, index)
         reason = check_capability(
             key, io.io_capability, io.chunk_id.inode_id, write=write, now_ns=now, chunk=chunk, chains_of=chains_of
         )

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from ff_meta.core.errors import FsCode, FsError, fs_error
-from ff_meta.core.model import Inode, PathAt, QuotaRow, SessionInfo
+from ff_meta.core.model import NO_LIMIT, Inode, PathAt, QuotaRow, SessionInfo
 from ff_meta.core.perms import Caller
 from ff_meta.core.quota import quota_room
 from ff_meta.ops.shared import SYSTEM, Shared
-from ff_meta.ops.types import CloseArgs, CreateArgs, OpenArgs, Opened
+from ff_meta.ops.types import Capability, CloseArgs, CreateArgs, OpenArgs, Opened
 from ff_meta.store.fsops import files, sessions
 from ff_meta.store.tx import Tx
 
@@ -116,7 +116,7 @@ class FileOps:
         return Opened(
             inode=inode,
             session=sess,
-            capability=self._s.capability(inode, args.write),
+            capability=self._s.capability(inode, args.write, sess.write_limit if sess is not None else NO_LIMIT),
             created=created,
             quota_room=room,
         )
@@ -137,7 +137,8 @@ class FileOps:
         session = None
         if args.write:
             session, inode = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
-        return Opened(inode=inode, session=session, capability=self._s.capability(inode, args.write))
+        limit = session.write_limit if session is not None else NO_LIMIT
+        return Opened(inode=inode, session=session, capability=self._s.capability(inode, args.write, limit))
 
     async def _open_session(
         self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str
@@ -314,9 +315,17 @@ class FileOps:
 
     async def reserve_space(
         self, caller: Caller, inode_id: int, session_id: str, want: int, partial: bool
-    ) -> tuple[int, int]:
-        """Raise a write session's limit (quota reserved): (the limit, bytes the quotas would still grant)."""
-        return await self._store.write(caller, lambda t: sessions.reserve(t, inode_id, session_id, want, partial))
+    ) -> tuple[int, int, Capability]:
+        """Raise a write session's limit (quota reserved).
+
+        Returns the limit, bytes the quotas would still grant, and a writable IoCapability up to the limit (storage
+        refuses writes past the one a capability names).
+        """
+        limit, available = await self._store.write(
+            caller, lambda t: sessions.reserve(t, inode_id, session_id, want, partial)
+        )
+        inode = await self._store.read(caller, lambda t: t.must(inode_id))
+        return limit, available, self._s.capability(inode, True, limit)
 
 
 def _authorize(inode_id: int, session_id: str, t: Tx) -> tuple[Inode, object, bool]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ff_fsprotocol.capability import CapLayout, make_capability
 from ff_fsprotocol.routing import RoutingCache
 from ff_meta.core.errors import FsCode, fs_error
-from ff_meta.core.model import Defaults, Inode, LayoutSpec
+from ff_meta.core.model import NO_LIMIT, Defaults, Inode, LayoutSpec
 from ff_meta.core.perms import Caller
 from ff_meta.ops.types import Capability
 from ff_meta.store.chunks import StorageChunks
@@ -124,8 +124,11 @@ class Shared:
                 f"chain table {layout.chain_table_id} does not exist; chain tables: {sorted(tables)}",
             )
 
-    def capability(self, inode: Inode, writable: bool) -> Capability:
+    def capability(self, inode: Inode, writable: bool, write_limit: int = NO_LIMIT) -> Capability:
         """A fresh IoCapability for the file, bound to its layout (storage refuses its chunks anywhere else).
+
+        A writable one lets the client write the file's bytes below ``write_limit`` (its session's, the quota
+        reserved; ReserveSpace hands out a new one with the new limit).
 
         A writable one lives ``writable_capability_ttl_s`` (clients open the file again for a new one before it
         expires, naming their write session): the chunks of a removed file are removed once none can be left.
@@ -135,7 +138,7 @@ class Shared:
         layout = CapLayout(
             inode.chain_table_id, inode.chunk_size, inode.stripe_size, inode.chain_begin, inode.shuffle_seed
         )
-        token = make_capability(self.capability_key, inode.inode_id, writable, expires, layout)
+        token = make_capability(self.capability_key, inode.inode_id, writable, expires, layout, write_limit)
         return Capability(token, inode.inode_id, writable, expires)
 
     def lease_expiry(self) -> float:

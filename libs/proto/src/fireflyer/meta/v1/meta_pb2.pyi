@@ -355,9 +355,11 @@ Global___DirEntry: _TypeAlias = DirEntry  # noqa: Y015
 class IoCapability(_message.Message):
     """Proof for storage that meta allowed I/O on one file: storage checks it on every user call that reads
     or writes the file's chunks (cluster-token calls need none). Opaque to clients; an HMAC made by meta
-    over (inode_id, writable, expires_at_ns) with a key that meta and storage derive from the cluster
-    secret (the scheme lives in one shared library: hf3fs.capability). Clients pass `token` as the
-    `io_capability` of every ReadIO/WriteIO of the file, and refresh it by opening the file again.
+    over (inode_id, writable, expires_at_ns, the file's layout, the write session's limit) with a key that
+    meta and storage derive from the cluster secret (the scheme lives in one shared library:
+    ff_fsprotocol.capability). Storage takes a chunk only on the chain the layout gives it, of the layout's
+    chunk size, and written below the limit. Clients pass `token` as the `io_capability` of every
+    ReadIO/WriteIO of the file, and refresh it by opening the file again (or take ReserveSpace's).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1403,21 +1405,29 @@ class ReserveSpaceResponse(_message.Message):
 
     WRITE_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
     AVAILABLE_BYTES_FIELD_NUMBER: _builtins.int
+    IO_CAPABILITY_FIELD_NUMBER: _builtins.int
     write_limit_bytes: _builtins.int
     """The session's limit now: at least the asked one, or with `partial` possibly less."""
     available_bytes: _builtins.int
     """How many more bytes the directory quotas above the file would grant now (2^64-1 when no byte quota
     applies). Informational: other writers may take them first.
     """
+    @_builtins.property
+    def io_capability(self) -> Global___IoCapability:
+        """A writable capability for the file up to the new limit: storage refuses a write past the limit the
+        capability names, so the client uses this one from now on.
+        """
+
     def __init__(
         self,
         *,
         write_limit_bytes: _builtins.int = ...,
         available_bytes: _builtins.int = ...,
+        io_capability: Global___IoCapability | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["io_capability", b"io_capability"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_bytes", b"available_bytes", "write_limit_bytes", b"write_limit_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_bytes", b"available_bytes", "io_capability", b"io_capability", "write_limit_bytes", b"write_limit_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
