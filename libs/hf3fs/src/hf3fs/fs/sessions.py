@@ -8,7 +8,7 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from ff_rpc import RpcError
@@ -18,6 +18,7 @@ from fireflyer.meta.v1.meta_client import MetaServiceClient
 from hf3fs.files import RawFile, session_lost
 from hf3fs.fs.connection import Connection
 from hf3fs.fs.paths import path_at
+from hf3fs.keyed_locks import KeyedLocks
 from hf3fs.meta_client import Hf3fsError, os_error
 from hf3fs.storage_client import StorageClient
 
@@ -57,7 +58,7 @@ class WriteSessions:
         self._writers: dict[str, RawFile] = {}
         self._lock = threading.Lock()
         self._unclosed: dict[str, tuple[pb.CloseRequest, str]] = {}  # sessions whose Close did not reach meta
-        self._append_locks: dict[int, threading.Lock] = {}
+        self._append_locks = KeyedLocks()  # one appending thread per inode (a lock only while it is appended to)
         self._closing_by: float | None = None  # while close() runs: one retry deadline for all its writers
 
         async def start() -> None:
@@ -82,13 +83,9 @@ class WriteSessions:
         with self._lock:
             return max((w.written for w in self._writers.values() if w.inode_id == inode_id), default=0)
 
-    @contextlib.contextmanager
-    def append_guard(self, inode_id: int) -> Iterator[None]:
+    def append_guard(self, inode_id: int) -> contextlib.AbstractContextManager[None]:
         """One appending thread per inode in this client (meta's append lease is per client)."""
-        with self._lock:
-            lock = self._append_locks.setdefault(inode_id, threading.Lock())
-        with lock:
-            yield
+        return self._append_locks.hold(inode_id)
 
     # ---- closes ----
 

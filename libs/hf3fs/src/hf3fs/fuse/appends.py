@@ -18,10 +18,10 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 from hf3fs.fuse.extents import ExtentBufferedFile
 from hf3fs.fuse.handles import Handle
+from hf3fs.keyed_locks import KeyedLocks
 
 logger = logging.getLogger(__name__)
 
@@ -36,35 +36,22 @@ class AppendLeases:
         self._hold_s, self._retry_s = hold_s, retry_s
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._inode_locks: dict[int, tuple[threading.Lock, int]] = {}  # inode -> its lock, how many hold or await it
+        self._inode_locks = KeyedLocks()
         self._due: list[tuple[float, int, Handle]] = []  # (when, tiebreak, handle) to flush
         self._queued: set[int] = set()  # ids of the handles in ``_due``
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
 
-    @contextlib.contextmanager
-    def appending(self, inode_id: int) -> Iterator[None]:
+    def appending(self, inode_id: int) -> contextlib.AbstractContextManager[None]:
         """Held while one handle of this mount appends to ``inode_id`` (flushing the others, then its own append).
 
-        Meta's lease is per client: two handles here that both took it would append at one offset. The lock goes
-        with its last user (a mount appending to ever new files kept one per file it ever appended to).
+        Meta's lease is per client: two handles here that both took it would append at one offset.
         """
-        with self._lock:
-            lock, users = self._inode_locks.get(inode_id) or (threading.Lock(), 0)
-            self._inode_locks[inode_id] = (lock, users + 1)
-        try:
-            with lock:
-                yield
-        finally:
-            with self._lock:
-                lock, users = self._inode_locks.pop(inode_id)
-                if users > 1:
-                    self._inode_locks[inode_id] = (lock, users - 1)
+        return self._inode_locks.hold(inode_id)
 
     def __len__(self) -> int:
         """How many inodes have an appender here now (holding or awaiting their lock)."""
-        with self._lock:
-            return len(self._inode_locks)
+        return len(self._inode_locks)
 
     def held(self, h: Handle) -> None:
         """``h`` holds the append lease now: flush it ``HOLD_S`` from now unless it is queued already."""
