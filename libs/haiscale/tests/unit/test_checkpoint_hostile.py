@@ -69,6 +69,7 @@ CRAFTED: list[tuple[str, Callable[[Doc], None], str]] = [
     ("a shape that overflows", _set("b", shape=[2**40, 2**40]), r"\(b\): shape \[\d+, \d+\] has more elements"),
     ("a shape of strings", _set("b", shape=["8"]), r"\(b\): shape \['8'\] is not a list of integers >= 0"),
     ("a dtype that is none", _set("b", dtype="Tensor"), r"\(b\): unknown dtype 'Tensor'"),
+    ("a quantized dtype", _set("b", dtype="qint8", length=8), r"\(b\): dtype 'qint8' in the manifest is quantized"),
     ("a file outside the folder", _set("b", file=OUTSIDE), r"\(b\): file '\.\./\.\./secret\.bin' is not a name"),
     ("an absolute file", _set("b", file="/etc/passwd"), r"\(b\): file '/etc/passwd' is not a name"),
     ("values outside the folder", lambda d: d["objects"].update(file=OUTSIDE), r"objects: file '\.\./\.\./secret"),
@@ -154,6 +155,18 @@ def test_a_missing_data_file_is_refused_before_any_tensor_changes(tmp_path: Path
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"rank-00009\.gone\.bin \(b\): no such file"):
         ckpt.load(tmp_path, state)
     assert _unchanged(state)
+
+
+def test_allocate_missing_refuses_a_quantized_dtype_with_a_value_error(tmp_path: Path) -> None:
+    """torch.empty of a quantized dtype fails an internal assert (RuntimeError); no save writes one."""
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / ckpt.MANIFEST).read_text())
+    doc["tensors"].append({**_entry(doc, "b"), "name": "q", "keys": ["q"], "dtype": "quint8", "length": 8})
+    (folder / ckpt.MANIFEST).write_text(json.dumps(doc))
+    state = _target()
+    with pytest.raises(ValueError, match=r"\(q\): dtype 'quint8' in the manifest is quantized"):
+        ckpt.load(tmp_path, state, allocate_missing=True)
+    assert _unchanged(state) and "q" not in state
 
 
 def test_allocate_missing_makes_nothing_a_crafted_shape_claims(tmp_path: Path) -> None:

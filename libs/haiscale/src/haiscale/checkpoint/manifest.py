@@ -378,12 +378,19 @@ def dtype_of(name: str) -> torch.dtype:
     """The torch dtype a manifest names (``dtype_name``'s inverse).
 
     Raises:
-        ValueError: torch has no such dtype.
+        ValueError: torch has no such dtype, or it is a quantized one.
     """
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {_short(name)} in the manifest")
+    if dtype in _QUANTIZED:  # (no save writes one; torch.empty of one fails an internal assert)
+        raise ValueError(f"dtype {name!r} in the manifest is quantized: no checkpoint holds one")
     return dtype
+
+
+_QUANTIZED = frozenset(
+    d for d in (getattr(torch, n, None) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")) if d is not None
+)
 
 
 Key = str | int
