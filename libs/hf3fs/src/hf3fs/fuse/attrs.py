@@ -138,6 +138,17 @@ class AttrCache:
             else:
                 self._put(path, stat)
 
+    def renewed(self, path: str, stat: Stat, since: int) -> bool:
+        """Meta's fresh answer about ``path`` (an Open's, read at generation ``since``), kept as ``remember`` keeps one.
+
+        Whether its size or mtime differ from what was known of the path (True when nothing was): the kernel may
+        still hold the older attributes.
+        """
+        known, before = self.lookup(path)
+        self.remember(path, stat, since)
+        same = known and isinstance(before, Stat) and (before.size, before.mtime_ns) == (stat.size, stat.mtime_ns)
+        return not same
+
     def changed(self, path: str, stat: Any = ABSENT, *, new_dir: bool = False, made: bool = False) -> None:
         """This mount changed ``path``: its new Stat, UNKNOWN when it exists but meta did not say how, or ABSENT.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import stat
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
@@ -82,3 +83,16 @@ def as_caller(method: _F) -> _F:
             return method(self, *args, **kwargs)
 
     return cast(_F, fuse_errors(wrapper))
+
+
+def drops_set_id_bits_only(fs: Any, path: str, mode: int) -> bool:
+    """Whether a chmod of ``path`` to ``mode`` only clears the set-uid/set-gid bits of a file the caller does not own.
+
+    With default_permissions the kernel refuses a non-owner's chmod itself, so this is the kernel's own
+    (file_remove_privs, on a write through a handle opened for writing). The file's mode is read as the mount's user.
+    """
+    uid = caller_identity().uid
+    with acting_as(None):
+        st = fs.lstat(path)
+    kept = st.mode & ~(stat.S_ISUID | stat.S_ISGID)
+    return bool(uid not in (0, st.uid) and (mode & 0o7777) == kept and st.mode != kept)

@@ -26,7 +26,7 @@ from ff_rpc import acting_as
 from hf3fs.entries import Stat
 from hf3fs.fuse.appends import AppendLeases
 from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
-from hf3fs.fuse.callers import as_caller, caller_identity, fuse_errors
+from hf3fs.fuse.callers import as_caller, drops_set_id_bits_only, fuse_errors
 from hf3fs.fuse.extents import open_for_handle
 from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
 from hf3fs.fuse.listings import ListingMark, list_folder
@@ -309,25 +309,13 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
             return 0
         self._pending.settle(path)
         with self._changing(path):
-            if self.options.multi_user and self._drops_set_id_bits(path, mode):
+            if self.options.multi_user and drops_set_id_bits_only(self.fs, path, mode):
                 with acting_as(None):  # the kernel clearing set-id bits after a write by a non-owner (POSIX)
                     st = self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)
             else:
                 st = self.fs.chmod(path, mode & 0o7777, follow_symlinks=False)  # the kernel resolved the path
         self._cache.changed(path, st if isinstance(st, Stat) else UNKNOWN)
         return 0
-
-    def _drops_set_id_bits(self, path: str, mode: int) -> bool:
-        """Whether a chmod only clears the set-uid/set-gid bits of a file whose owner is not the caller.
-
-        With default_permissions the kernel refuses a non-owner's chmod itself, so this is the kernel's own
-        (file_remove_privs, on a write through a handle opened for writing).
-        """
-        uid = caller_identity().uid
-        with acting_as(None):
-            st = self.fs.lstat(path)
-        kept = st.mode & ~(stat.S_ISUID | stat.S_ISGID)
-        return uid not in (0, st.uid) and (mode & 0o7777) == kept and st.mode != kept
 
     def _inode_of(self, fh: int | None) -> int:
         if fh is None:
@@ -549,7 +537,18 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         if self._table.has_writers():
             for h in self._table.writers(self._lstat(path).inode_id):
                 self._sync(h, always=False)
-        return self._open_handle(path, flags)
+        since = self._cache.generation()
+        fh = self._open_handle(path, flags)
+        opened = self._get(fh).file
+        inode = getattr(getattr(opened, "raw", opened), "inode_at_open", None)
+        # close-to-open across mounts: the kernel reads no further than the size it keeps (for the attribute timeout,
+        # maybe from before another mount's close), so it asks again when meta's answer differs from what was known
+        if inode is not None and self._cache.renewed(path, Stat.from_pb(inode), since):
+            self.invalidate_kernel(path)
+        return fh
+
+    def invalidate_kernel(self, path: str) -> None:
+        """Have the kernel forget the attributes and pages it keeps of ``path`` (the FUSE layer sets this)."""
 
     @as_caller
     def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:

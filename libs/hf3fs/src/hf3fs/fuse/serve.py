@@ -129,6 +129,9 @@ def mount(fs: Any, mountpoint: str, options: MountOptions = DEFAULT_OPTIONS, out
         raise OSError(errno.EIO, f"libfuse could not mount or serve (status {err})", where) from None
 
 
+_LIBFUSE: Any = mfusepy._libfuse  # the libfuse mfusepy loaded (fuse_invalidate_path has no wrapper there)
+_LIBFUSE.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_LIBFUSE.fuse_invalidate_path.restype = ctypes.c_int
 _FUSE_READDIR_PLUS = 1  # libfuse 3's enum fuse_readdir_flags: the kernel asks for readdirplus
 _FUSE_FILL_DIR_PLUS = 2  # enum fuse_fill_dir_flags: this entry's attributes are whole (for the kernel to keep)
 
@@ -147,10 +150,21 @@ class _Fuse(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped
     (``readdir_fuse_3``).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, operations: Hf3fsOperations, *args: Any, **kwargs: Any) -> None:
         # open folder handle -> its listing, with the mount's state when it was taken (readdir pages come from it)
         self._listings: dict[int, tuple[ListingMark, list[Any]]] = {}
-        super().__init__(*args, **kwargs)  # serves until unmounted
+        operations.invalidate_kernel = self._invalidate_path  # type: ignore[method-assign]
+        super().__init__(operations, *args, **kwargs)  # serves until unmounted
+
+    def _invalidate_path(self, path: str) -> None:
+        """The kernel forgets the attributes and pages it keeps of ``path``, and asks again.
+
+        libfuse's ``fuse_invalidate_path``, which mfusepy does not wrap; called from a callback (its context names the
+        fuse handle).
+        """
+        fuse = _LIBFUSE.fuse_get_context().contents.fuse
+        if fuse:
+            _LIBFUSE.fuse_invalidate_path(fuse, path.encode(self.encoding, self.errors))  # -ENOENT: nothing kept
 
     def open(self, path: bytes, fip: Any) -> int:
         done = int(super().open(path, fip))

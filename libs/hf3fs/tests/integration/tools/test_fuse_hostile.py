@@ -328,3 +328,23 @@ def test_a_file_renamed_while_open_is_cut_through_its_handle(fs_cluster: FsClust
         assert f.read() == b"mi"
     with client.open("/ffs/hostile/renamed-open", "rb") as f:
         assert f.read() == b"another file at the name"
+
+
+@needs_fuse
+def test_a_file_closed_on_one_mount_is_read_whole_by_an_open_on_another_right_after(
+    mount: Path, other_mount: Path
+) -> None:
+    """Close-to-open across two mounts (two machines): one grows a file and closes it, the other opens it next and
+    reads it. The reader's kernel kept the size it had read moments before (the attribute timeout), so its read
+    stopped there: a short file, without an error, right after the writer's close (9 of 10 rounds)."""
+    name = "hostile-close-to-open"
+    (mount / name).write_bytes(b"")
+    expected = b""
+    for i in range(10):
+        assert (other_mount / name).read_bytes() == expected  # the reader's kernel and mount know the file now
+        with open(mount / name, "ab") as f:
+            f.write(bytes([65 + i]) * (1000 + 100 * i))
+        expected += bytes([65 + i]) * (1000 + 100 * i)
+        with open(other_mount / name, "rb") as f:
+            got = f.read()
+        assert (len(got), got) == (len(expected), expected), f"round {i}"

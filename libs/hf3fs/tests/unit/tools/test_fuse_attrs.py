@@ -154,3 +154,13 @@ def test_folders_made_long_ago_are_forgotten(cache: AttrCache, clock: FakeClock)
         clock.now += 0.005
     assert len(cache) <= 5_000
     assert cache.lookup("/t/d19999/x") == (True, ABSENT)  # the young ones still answer
+
+
+def test_an_opens_fresh_answer_is_kept_and_says_whether_it_differs(cache: AttrCache) -> None:
+    """An Open's inode replaces what the mount knew of the path; it differs (the kernel must ask again) when its size
+    or mtime changed, or when nothing was known."""
+    assert cache.renewed("/f", _stat(5, "file", 10), cache.generation())  # nothing known
+    assert cache.lookup("/f") == (True, _stat(5, "file", 10))
+    assert not cache.renewed("/f", _stat(5, "file", 10), cache.generation())  # the same
+    grown = dataclasses.replace(_stat(5, "file", 10), size=100)
+    assert cache.renewed("/f", grown, cache.generation()) and cache.lookup_inode(5) == grown
