@@ -170,6 +170,26 @@ def test_a_writer_keeps_writing_past_its_capability_s_lifetime(fs: hf3fs.FileSys
     assert bytes(buf) == b"AAAA"
 
 
+def test_a_writer_keeps_writing_past_its_capability_s_lifetime_once_its_file_is_read_only(
+    fs: hf3fs.FileSystem, home: str
+) -> None:
+    """An open descriptor keeps its access when the file's mode changes (POSIX: git's 0444 pack files are written so).
+
+    Its capability refresh names its write session, which is the permission (before: the refresh was an ordinary
+    write open, EACCES once the file was 0444, and the writes after a capability's lifetime failed).
+    """
+    with fs.open(f"{home}/ro", "wb", buffering=0) as f:
+        f.write(b"A" * 1000)
+        fs.chmod(f"{home}/ro", 0o444)
+        for k in range(1, 3):
+            time.sleep(WRITABLE_CAPABILITY_TTL_S * 0.9)
+            f.write(bytes([65 + k]) * 1000)
+    with fs.open(f"{home}/ro", "rb") as r:
+        assert r.read() == b"A" * 1000 + b"B" * 1000 + b"C" * 1000
+    with pytest.raises(PermissionError):  # a new write open is still refused
+        fs.open(f"{home}/ro", "ab")
+
+
 def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
                                                     home: str) -> None:  # fmt: skip
     q = admin_fs.set_quota(home, max_bytes=3 * MiB, max_inodes=5)

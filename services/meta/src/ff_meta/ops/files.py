@@ -124,7 +124,10 @@ class FileOps:
     async def open(self, caller: Caller, args: OpenArgs) -> Opened:
         """Open a file (a read on the fast path; a write opens a session; O_TRUNC empties it first)."""
         if args.write:
-            inode, chain = await self._store.write(caller, lambda t: files.open_file(t, args.path, True, args.read))
+            held = (args.session_id, args.client_id)
+            inode, chain = await self._store.write(
+                caller, lambda t: files.open_file(t, args.path, True, args.read, held)
+            )
         else:
             inode, chain = await self._store.read(caller, lambda t: files.open_file(t, args.path, False, args.read))
         if inode.is_dir:

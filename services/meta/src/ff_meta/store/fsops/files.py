@@ -61,8 +61,19 @@ def _holds_session(tx: Tx, inode: Inode, session_id: str, client_id: str) -> boo
     return owner is not None and (owner[0], owner[1]) == (inode.inode_id, client_id)
 
 
-def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
-    """Open a file: its inode, and for a write the quota chain of its folder."""
+def open_file(
+    tx: Tx, at: PathAt, write: bool, read: bool, session: tuple[str, str] = ("", "")
+) -> tuple[Inode, list[QuotaRow]]:
+    """Open a file: its inode, and for a write the quota chain of its folder.
+
+    A write open that names (``session``: its id and client id) a write session the caller holds on the file it
+    addresses by inode is allowed by that session, as its writes, Truncate and Close are: a descriptor's capability
+    refresh, whatever the file's mode or path says now (POSIX keeps an open descriptor's access; git writes its
+    packs through descriptors of files it created 0444). The session exists already: no quota chain is needed.
+    """
+    held = held_by_session(tx, at, *session) if write and not read else None
+    if held is not None:
+        return held, []
     r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
@@ -71,6 +82,26 @@ def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[
     want = (R if read else 0) | (W if write else 0)
     require(tx.caller, inode, want or R, f"open {at.path}")
     return inode, (tx.quotas.chain(tx.paths.folder_of(r)) if write else [])
+
+
+_RAW_SESSION_HOLDER = raw_sql("SELECT inode_id, client_id, uid FROM meta_sessions WHERE session_id = ?")
+
+
+def held_by_session(tx: Tx, at: PathAt, session_id: str, client_id: str) -> Inode | None:
+    """The file ``at`` addresses by its inode, when ``session_id`` is the caller's (and this client's) session on it.
+
+    None otherwise: then the open is checked as any other.
+    """
+    if not session_id or at.path or not at.parent_id:
+        return None
+    rows = tx.fetch_all(_RAW_SESSION_HOLDER, (session_id,))
+    if not rows:
+        return None
+    inode_id, holder_client, uid = rows[0]
+    if int(inode_id) != at.parent_id or holder_client != client_id or not (tx.caller.is_root or uid == tx.caller.uid):
+        return None
+    inode = tx.get(at.parent_id)
+    return inode if inode is not None and inode.is_file else None
 
 
 def chmod_opened(tx: Tx, inode: Inode, mode: int, path: str) -> Inode:
