@@ -413,17 +413,22 @@ class RawFile(io.RawIOBase):
     def write_extents(self, extents: Sequence[tuple[int, memoryview]]) -> None:
         """Writes each (offset, bytes), not contiguous, in as few storage batches as they fit: a buffer's flush.
 
-        Their quota was reserved as they were buffered (``ensure_room``); the position does not move. A batch holds
-        at most ``MAX_CHUNK_WRITES_PER_BATCH`` writes to one chunk: a chunk's head applies them one after another.
+        Their quota was reserved as they were buffered (``ensure_room``), and is again here when the session's limit
+        no longer covers them: a session meta collected and the renewal opened again starts at the file's length, and
+        storage refuses a write past the limit its capability names. The position does not move. A batch holds at
+        most ``MAX_CHUNK_WRITES_PER_BATCH`` writes to one chunk: a chunk's head applies them one after another.
 
         Raises:
-            OSError: EBADF once the write session was lost, EIO (or the errno storage gave) when storage refused.
+            OSError: EBADF once the write session was lost, EDQUOT when the quota no longer has room for them, EIO
+                (or the errno storage gave) when storage refused.
         """
         self._check_open()
         if self.lost:
             raise OSError(errno.EBADF, "the write session was lost (lease expired)", self.name)
         chunk_size = self.layout.chunk_size
         with self._lock:
+            if extents:
+                self.ensure_room(max(at + len(piece) for at, piece in extents))
             batch: list[tuple[int, memoryview]] = []
             size = 0
             per_chunk: Counter[int] = Counter()

@@ -190,6 +190,35 @@ def test_a_writer_keeps_writing_past_its_capability_s_lifetime_once_its_file_is_
         fs.open(f"{home}/ro", "ab")
 
 
+def test_buffered_extents_flush_under_a_session_reopened_at_the_file_s_length(
+    cluster: MetaCluster, admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """The mount buffers extents with their quota reserved (``ensure_room``) and flushes them later; a session meta
+    collected meanwhile is opened again with its limit at the file's length. The flush reserves again (before: its
+    capability named the new, lower limit and storage refused the buffered bytes: EIO, data lost)."""
+    from fireflyer.meta.v1 import meta_pb2 as mpb
+
+    admin_fs.set_quota(home, max_bytes=8 * MiB)
+    raw = fs.open(f"{home}/buffered", "wb", buffering=0)
+    raw.write(b"a" * 100)
+    raw.ensure_room(2 * MiB)  # as the mount does when it buffers a write
+    session = raw.session
+    assert session is not None
+    # The session's lease lapses and meta collects it (here: ended behind the client's back), then the client's
+    # renewal opens it again: its limit is the file's length.
+    fs._conn.run(fs._conn.meta.call(lambda m: m.close, mpb.CloseRequest(inode_id=raw.inode_id,
+                                                                         session_id=session.session_id)))  # fmt: skip
+    fs._conn.run(fs._sessions._reopen(raw))
+    assert raw._limit < 2 * MiB and not raw.lost
+    data = memoryview(b"b" * (2 * MiB - 100))
+    raw.write_extents([(100, data)])
+    raw.close()
+    with fs.open(f"{home}/buffered", "rb") as r:
+        assert r.read() == b"a" * 100 + b"b" * (2 * MiB - 100)
+    quota = fs.get_quota(home)
+    assert quota is not None and quota.used_bytes == 2 * MiB
+
+
 def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
                                                     home: str) -> None:  # fmt: skip
     q = admin_fs.set_quota(home, max_bytes=3 * MiB, max_inodes=5)
