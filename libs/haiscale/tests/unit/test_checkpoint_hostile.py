@@ -473,10 +473,11 @@ class _Config:
 def test_values_that_name_code_are_refused_unless_the_checkpoint_is_trusted(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     ckpt.save(tmp_path / "root", {"w": torch.ones(2), "evil": _Runs(marker)}, step=1, blocking=True)
-    state = {"w": torch.zeros(2), "evil": None}
-    with pytest.raises(ckpt.UntrustedValues, match=r"values name (posix|os)\.system, .*trusted=True"):
-        ckpt.load(tmp_path / "root", state, in_place=False)
-    assert not marker.exists() and state["evil"] is None and not state["w"].any()
+    for in_place in (False, True):  # (in place too: the values are rebuilt before any tensor is read)
+        state = {"w": torch.zeros(2), "evil": None}
+        with pytest.raises(ckpt.UntrustedValues, match=r"values name (posix|os)\.system, .*trusted=True"):
+            ckpt.load(tmp_path / "root", state, in_place=in_place)
+        assert not marker.exists() and state["evil"] is None and not state["w"].any()
     ckpt.save(tmp_path / "root", {"w": torch.ones(2), "cfg": _Config(0.5)}, step=2, blocking=True)
     with pytest.raises(ckpt.UntrustedValues, match=r"values name .*_Config"):
         ckpt.load(tmp_path / "root", {"w": torch.zeros(2), "cfg": None})
@@ -525,7 +526,7 @@ def test_values_that_make_more_than_their_bytes_are_refused_before_they_fill_mem
         _rewrite_values(tmp_path / "step-000000001", lambda b: b.replace(reduce, newobj))
     state = {"w": torch.zeros(2), "v": None}
     with pytest.raises(ckpt.UntrustedValues, match=words):
-        ckpt.load(tmp_path, state, in_place=False)
+        ckpt.load(tmp_path, state)  # (in place: the values are rebuilt before any tensor is read)
     assert state["v"] is None and not state["w"].any()
 
 
@@ -571,7 +572,7 @@ def test_values_that_would_replace_the_callers_tensors_or_subtrees_are_a_mismatc
 ) -> None:
     """A crafted checkpoint's values are set where their keys say, after the tensors: the value ``model`` replaced
     the caller's whole model state (the load succeeded), one under a tensor failed halfway (tensors copied, values
-    before it set). Now a mismatch before anything changes (in place, the tensors read in place hold their bytes)."""
+    before it set). Now a mismatch before anything changes, in place too."""
     ckpt.save(tmp_path, {"model": {"w": torch.ones(2)}, "n": 1}, step=1, blocking=True)
     _replace_values(tmp_path / "step-000000001", {"n": (("n",), 1), **values})
     w, model = torch.zeros(2), {}
@@ -579,8 +580,7 @@ def test_values_that_would_replace_the_callers_tensors_or_subtrees_are_a_mismatc
     state: dict[str, Any] = {"model": model, "n": 0}
     with pytest.raises(ckpt.CheckpointMismatch, match=words):
         ckpt.load(tmp_path, state, in_place=in_place)
-    assert state == {"model": model, "n": 0} and state["model"] is model and model["w"] is w
-    assert in_place or not w.any()
+    assert state == {"model": model, "n": 0} and state["model"] is model and model["w"] is w and not w.any()
 
 
 def test_a_value_goes_where_the_state_dict_has_an_empty_dict_for_it(tmp_path: Path) -> None:

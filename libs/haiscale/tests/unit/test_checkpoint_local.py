@@ -220,13 +220,13 @@ def test_load_reads_into_the_callers_tensors(tmp_path: Path, monkeypatch: pytest
     ckpt.load(tmp_path, target)
     _assert_same(state, target)
     assert all(target[k] is t and t.data_ptr() == ptr for k, (t, ptr) in before.items())
-    assert len(calls) == 1  # one batch: the tensors and the pickled values (a buffer of its own)
-    assert set(calls[0]) - {t.data_ptr() for t in target.values()} == {calls[0][0]} and len(calls[0]) == 4
+    assert len(calls) == 2  # the pickled values (a buffer of their own, before any tensor), then one batch
+    assert len(calls[0]) == 1 and set(calls[1]) == {t.data_ptr() for t in target.values()}
     again = {k: torch.zeros_like(v) for k, v in state.items()}
     ckpt.load(tmp_path, again, in_place=False)
     _assert_same(state, again)
-    assert len(calls) == 2 and len(calls[1]) == 1  # one staging buffer for the values and the three neighbours
-    assert not set(calls[1]) & {t.data_ptr() for t in again.values()}
+    assert len(calls) == 4 and len(calls[3]) == 1  # the values, then one staging buffer for the three neighbours
+    assert not set(calls[3]) & {t.data_ptr() for t in again.values()}
 
 
 def test_non_contiguous_tensors_and_partial_slices_load(tmp_path: Path) -> None:

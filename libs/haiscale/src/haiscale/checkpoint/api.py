@@ -259,8 +259,8 @@ def load(
 
     Raises:
         FileNotFoundError: no committed checkpoint there.
-        UntrustedValues: not ``trusted``, and the values name something else; no value is set and, not ``in_place``,
-            no tensor changed.
+        UntrustedValues: not ``trusted``, and the values name something else; nothing changed (the values are
+            rebuilt before any tensor is read).
         CheckpointMismatch: the first tensor or value that does not match; ``state_dict`` is unchanged.
         CorruptCheckpoint: bytes that fail their checksum (names the first such tensor); no value is set and, not
             ``in_place``, no tensor changed.

@@ -1,10 +1,11 @@
 """Loading: match the state dict against the manifest before one byte of the caller's tensors changes.
 
-Match the state dict against the manifest (a mismatch changes nothing), then read every needed slice in one
-batch and check its checksum. In place (the default), a saved slice that lies wholly inside a contiguous CPU
-tensor's range is read straight into that tensor (no staging buffer, no page faults, no copy) and checked
-there; the others are read into staging buffers and copied once checked. Not in place, every slice is staged
-and checked before any tensor changes, so bad bytes change nothing either.
+Match the state dict against the manifest (a mismatch changes nothing), read and rebuild the pickled values (values
+a load refuses change nothing), then read every needed slice in one batch and check its checksum. In place (the
+default), a saved slice that lies wholly inside a contiguous CPU tensor's range is read straight into that tensor
+(no staging buffer, no page faults, no copy) and checked there; the others are read into staging buffers and copied
+once checked. Not in place, every slice is staged and checked before any tensor changes, so bad bytes change nothing
+either.
 """
 
 from __future__ import annotations
@@ -470,32 +471,37 @@ def read_into(
     ``trusted``: unpickle the values whatever they name (else only ``SAFE_GLOBALS``: ``UntrustedValues``).
 
     ``in_place``: read what can be straight into the caller's tensors (no staging buffer, no copy), checked after;
-    otherwise every byte is read into staging buffers and checked before any tensor changes. The pickled values
-    are read in the same batch (a format 1 manifest does not name them: they are read first), and set last.
+    otherwise every byte is read into staging buffers and checked before any tensor changes. The pickled values are
+    read, checked and rebuilt before any tensor (a format 1 manifest does not name them: before the match, too), so
+    values a load refuses (``UntrustedValues``, or ones that would replace the caller's tensors or dicts) change
+    nothing, in place too; they are set last.
     """
     kind, blob = manifest.checksum_kind, manifest.objects
     _check_extents(loc, folder, manifest)
     values: Values | None = None
     if blob is not None and blob.names is None:
-        raw = loc.storage.read_ranges([(loc.join(folder, blob.file), blob.file_offset, blob.length)])[0]
-        values = _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"), None, trusted)
+        values = _read_values(loc, folder, blob, kind, trusted)
     names = set(values) if values is not None else set(blob.names or ()) if blob is not None else set()
     slices = _slices_by_name(manifest)
     wants, made = _plan(slices, names, state, allocate_missing)
     plan = [(w, _sources(slices, w.name, w.start, w.stop)) for w in wants]
-    direct = _in_place(plan) if in_place else {}
-    staged = {_slice(e).slot: _slice(e) for _, es in plan for e in es if _slice(e).slot not in direct}
     if blob is not None and values is None:
-        staged[_values_slice(blob).slot] = _values_slice(blob)
-    data = _read_slices(loc, folder, kind, list(staged.values()), direct)
-    if blob is not None and values is None:
-        values = _unpickle(data[_values_slice(blob).slot], blob.names, trusted)
+        values = _read_values(loc, folder, blob, kind, trusted)
     sets = [*made, *(values or {}).values()]
     _check_settable(state, sets)
+    direct = _in_place(plan) if in_place else {}
+    staged = {_slice(e).slot: _slice(e) for _, es in plan for e in es if _slice(e).slot not in direct}
+    data = _read_slices(loc, folder, kind, list(staged.values()), direct)
     for w, sources in plan:  # every check passed: now change the caller's state
         _copy(w, [e for e in sources if _slice(e).slot not in direct], data)
     for keys, value in sets:
         put(state, keys, value)
+
+
+def _read_values(loc: Location, folder: str, blob: Blob, kind: str, trusted: bool) -> Values:
+    """The checkpoint's pickled values, read (one call of their own), checked and rebuilt (see ``_unpickle``)."""
+    raw = loc.storage.read_ranges([(loc.join(folder, blob.file), blob.file_offset, blob.length)])[0]
+    return _unpickle(_checked(raw, blob.length, blob.checksum, kind, f"{blob.file} (values)"), blob.names, trusted)
 
 
 def _check_settable(state: dict[Any, Any], sets: list[tuple[tuple[Key, ...], Any]]) -> None:

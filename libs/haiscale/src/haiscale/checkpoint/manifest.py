@@ -98,7 +98,7 @@ class Blob:
     """The pickled non-tensor values: ``length`` bytes at ``file_offset`` of ``file``.
 
     ``names``: the values' names (format 2), so a load matches the state dict before reading them, and reads them
-    in the same batch as the tensors; None in a format 1 manifest (a load reads them first).
+    before the tensors; None in a format 1 manifest (a load reads them before it matches the state dict).
     """
 
     file: str
