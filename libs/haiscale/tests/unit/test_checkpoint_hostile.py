@@ -330,17 +330,19 @@ def test_a_parameter_that_is_not_contiguous_loads_and_the_ones_before_it_too(tmp
     [
         (lambda: torch.empty(4, device="meta"), r"^b: .* a tensor on the meta device \(no memory to load into\)"),
         (lambda: torch.zeros(4).to_sparse(), r"^b: .* a torch\.sparse_coo tensor \(only strided tensors load\)"),
+        (lambda: torch.zeros(1).expand(4), r"^b: .* an expanded tensor \(elements that share memory"),
     ],
-    ids=["meta", "sparse"],
+    ids=["meta", "sparse", "expanded"],
 )
 def test_a_tensor_without_memory_for_the_bytes_is_a_mismatch_before_anything_changes(
     tmp_path: Path, make: Callable[[], torch.Tensor], words: str
 ) -> None:
     ckpt.save(tmp_path, {"a": torch.ones(4), "b": torch.ones(4), "c": torch.ones(4)}, step=1, blocking=True)
-    target = {"a": torch.zeros(4), "b": make(), "c": torch.zeros(4)}
-    with pytest.raises(ckpt.CheckpointMismatch, match=words):
-        ckpt.load(tmp_path, target)
-    assert not target["a"].any() and not target["c"].any()
+    for in_place in (True, False):  # (an expanded one was copied into last: RuntimeError, a and c already changed)
+        target = {"a": torch.zeros(4), "b": make(), "c": torch.zeros(4)}
+        with pytest.raises(ckpt.CheckpointMismatch, match=words):
+            ckpt.load(tmp_path, target, in_place=in_place)
+        assert not target["a"].any() and not target["c"].any()
 
 
 def test_a_checkpoint_of_two_tensors_loads_into_one_tensor_named_twice_as_load_state_dict_would(

@@ -159,6 +159,8 @@ def _cannot_hold_bytes(t: torch.Tensor) -> str:
         return f"a {t.layout} tensor (only strided tensors load)"
     if t.is_quantized:
         return "a quantized tensor (only plain dtypes load)"
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+        return "an expanded tensor (elements that share memory cannot hold different values)"  # copy_ would raise
     return ""
 
 
