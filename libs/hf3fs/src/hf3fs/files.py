@@ -7,6 +7,7 @@ classes and, for text modes, a TextIOWrapper.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import logging
 import threading
@@ -38,6 +39,7 @@ MAX_CHUNKS_PER_FILE = 1 << 40  # storage's chunk indexes are below 2^40
 NO_LIMIT = (1 << 64) - 1
 RESERVE_STEP_BYTES = 64 << 20
 CAPABILITY_MARGIN_NS = 60 * 10**9
+CAPABILITY_RETRY_NS = 2 * 10**9  # a refresh meta did not answer, while the capability held is still good
 APPEND_LEASE_PREFIX = "append-lease-"  # the write session that serializes appends to one inode
 APPEND_WAIT_S = 90.0  # a dead holder's lease (30 s by default) lapses and meta collects it well before this
 
@@ -252,6 +254,7 @@ class RawFile(io.RawIOBase):
         self._cap = capability
         self.cap_expires_at_ns = 0  # 0: unknown (never refreshed ahead of time)
         self._cap_margin_ns = CAPABILITY_MARGIN_NS  # refreshed this long before it expires
+        self._cap_retry_at_ns = 0  # a refresh meta did not answer is tried again from then (monotonic)
         self._session = session
         self._limit = session.write_limit_bytes if session is not None else NO_LIMIT
         self.length = inode.length_bytes
@@ -320,18 +323,16 @@ class RawFile(io.RawIOBase):
         done = 0
         while done < n:
             step = min(n - done, MAX_IO_BATCH_BYTES)
-            self._fresh_capability()
-            self._fs.run(
-                read_spans(
-                    self._fs.storage,
-                    self.layout,
-                    self._cap,
-                    self._pos + done,
-                    step,
-                    self.name,
-                    view[done : done + step],
-                )
+            read = functools.partial(
+                read_spans,
+                self._fs.storage,
+                self.layout,
+                offset=self._pos + done,
+                length=step,
+                path=self.name,
+                into=view[done : done + step],
             )
+            self._with_capability(read)
             done += step
         self._pos += n
         return n
@@ -450,8 +451,8 @@ class RawFile(io.RawIOBase):
 
     def _send_extents(self, batch: list[tuple[int, memoryview]]) -> None:
         """One storage batch of (offset, bytes) writes."""
-        self._fresh_capability()
-        self._fs.run(write_spans(self._fs.storage, self.layout, self._cap, *batch[0], self.name, more=batch[1:]))
+        first, rest = batch[0], batch[1:]
+        self._with_capability(lambda cap: write_spans(self._fs.storage, self.layout, cap, *first, self.name, more=rest))
         self._wrote(max(at + len(piece) for at, piece in batch))
 
     def _wrote(self, end: int) -> None:
@@ -465,12 +466,15 @@ class RawFile(io.RawIOBase):
         done = 0
         while done < len(data):
             step = min(len(data) - done, MAX_IO_BATCH_BYTES)
-            self._fresh_capability()
-            self._fs.run(
-                write_spans(
-                    self._fs.storage, self.layout, self._cap, offset + done, data[done : done + step], self.name
-                )
+            write = functools.partial(
+                write_spans,
+                self._fs.storage,
+                self.layout,
+                offset=offset + done,
+                data=data[done : done + step],
+                path=self.name,
             )
+            self._with_capability(write)
             done += step
         if move:
             self._pos = end
@@ -687,18 +691,51 @@ class RawFile(io.RawIOBase):
             self.take_capability(resp.io_capability.token, resp.io_capability.expires_at_ns)
         return int(resp.write_limit_bytes)
 
-    def _fresh_capability(self) -> None:
-        """Open the file again for a new IoCapability shortly before the one held expires.
+    def _with_capability(self, call: Callable[[bytes], Coroutine[Any, Any, T]]) -> T:
+        """Run the storage call ``call(capability)`` with a fresh IoCapability; refused, with a new one once more.
 
-        By inode, so a rename does not matter; a write open names this session, which meta then just returns.
+        Storage refuses a capability its clock says expired: this client's clock may be behind meta's (or storage's
+        ahead of it) by more than the refresh margin. A node refuses a whole batch before it writes any of it, and
+        another node's part written already is written again with the same bytes: the call goes again as it was.
         """
-        if not self.cap_expires_at_ns or time.time_ns() < self.cap_expires_at_ns - self._cap_margin_ns:
+        self._fresh_capability()
+        try:
+            return self._fs.run(call(self._cap))
+        except PermissionError:
+            if not self.cap_expires_at_ns:
+                raise
+            self._fresh_capability(force=True)
+            return self._fs.run(call(self._cap))
+
+    def _fresh_capability(self, *, force: bool = False) -> None:
+        """Open the file again for a new IoCapability shortly before the one held expires (``force``: now).
+
+        By inode, so a rename does not matter; a write open names this session, which meta then just returns. When
+        meta does not answer (a restart) while the one held is still good by this client's clock, it is kept and the
+        refresh tried again ``CAPABILITY_RETRY_NS`` later.
+        """
+        now = time.time_ns()
+        if not force and (not self.cap_expires_at_ns or now < self.cap_expires_at_ns - self._cap_margin_ns):
+            return
+        if not force and time.monotonic_ns() < self._cap_retry_at_ns:
             return
         request = pb.OpenRequest(path=pb.PathAt(parent_inode_id=self.inode_id), open_mode=pb.OPEN_MODE_READ)
         if self._session is not None:
             request.open_mode = pb.OPEN_MODE_WRITE
             request.session_id, request.client_id = self._session.session_id, self._session.client_id
-        resp = self._fs.meta_call(lambda m: m.open, request, self.name)
+        try:
+            resp = self._fs.meta_call(lambda m: m.open, request, self.name)
+        except OSError as err:  # Hf3fsError (no meta answered) is one too
+            if force or now >= self.cap_expires_at_ns:
+                raise
+            self._cap_retry_at_ns = time.monotonic_ns() + CAPABILITY_RETRY_NS
+            logger.warning(
+                "%s: IoCapability not refreshed (%s); the one held is good for %.0f s more",
+                self.name,
+                err,
+                (self.cap_expires_at_ns - now) / 1e9,
+            )
+            return
         self.take_capability(resp.io_capability.token, resp.io_capability.expires_at_ns)
 
     def take_capability(self, token: bytes, expires_at_ns: int) -> None:

@@ -219,6 +219,61 @@ def test_buffered_extents_flush_under_a_session_reopened_at_the_file_s_length(
     assert quota is not None and quota.used_bytes == 2 * MiB
 
 
+class _SkewedTime:
+    """``time`` as ``hf3fs.files`` sees it, with a wall clock ``skew_ns`` off this machine's."""
+
+    def __init__(self, skew_ns: int) -> None:
+        self.skew_ns = skew_ns
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def time_ns(self) -> int:
+        return time.time_ns() + self.skew_ns
+
+
+def test_a_writer_whose_clock_is_behind_meta_s_keeps_writing(
+    monkeypatch: pytest.MonkeyPatch, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """A client clock behind meta's (or storage's ahead) by more than the refresh margin, a quarter of a writable
+    capability's lifetime: the client wrote with a capability storage says expired. Refused, it takes a new one and
+    writes again (before: PermissionError until its clock reached its refresh time, every lifetime)."""
+    monkeypatch.setattr(hf3fs.files, "time", _SkewedTime(-int(WRITABLE_CAPABILITY_TTL_S * 2e9)))
+    with fs.open(f"{home}/behind", "wb", buffering=0) as f:
+        f.write(b"A" * 1000)
+        time.sleep(WRITABLE_CAPABILITY_TTL_S * 1.2)
+        f.write(b"B" * 1000)
+    with fs.open(f"{home}/behind", "rb") as r:
+        assert r.read() == b"A" * 1000 + b"B" * 1000
+
+
+def test_a_writer_keeps_writing_while_its_capability_refresh_finds_no_meta(
+    monkeypatch: pytest.MonkeyPatch, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """A refresh is due a quarter of a lifetime before the capability expires; meta not answering it then (a restart)
+    leaves the writer with the one it holds until then (before: the write failed with the refresh's error)."""
+    from fireflyer.meta.v1 import meta_pb2 as mpb
+
+    f = fs.open(f"{home}/no-meta", "wb", buffering=0)
+    f.write(b"A" * 1000)
+    backend = f._fs
+    answer = backend.meta_call
+
+    def no_meta_for_open(method: object, request: object, path: str | None = None) -> object:
+        if isinstance(request, mpb.OpenRequest):
+            raise hf3fs.Hf3fsError("no meta service answered")
+        return answer(method, request, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(backend, "meta_call", no_meta_for_open)
+    # The refresh is due (the client's clock at the margin), the capability still good by storage's.
+    monkeypatch.setattr(hf3fs.files, "time", _SkewedTime(f.cap_expires_at_ns - f._cap_margin_ns - time.time_ns()))
+    f.write(b"B" * 1000)
+    monkeypatch.undo()
+    f.close()
+    with fs.open(f"{home}/no-meta", "rb") as r:
+        assert r.read() == b"A" * 1000 + b"B" * 1000
+
+
 def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
                                                     home: str) -> None:  # fmt: skip
     q = admin_fs.set_quota(home, max_bytes=3 * MiB, max_inodes=5)
