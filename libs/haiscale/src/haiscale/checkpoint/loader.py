@@ -215,6 +215,15 @@ def _values_slice(b: Blob) -> _Slice:
     return _Slice("values", b.file, b.file_offset, b.length, b.checksum)
 
 
+def _holds_bytes_as_saved(t: torch.Tensor) -> bool:
+    """Whether the saved bytes can be written straight into ``t``'s memory.
+
+    A contiguous CPU tensor without a conjugate or negative bit (those views read their memory conjugated or negated:
+    ``copy_`` writes them).
+    """
+    return t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
 def _byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, writable, sharing its memory.
 
@@ -235,11 +244,7 @@ def _in_place(plan: list[tuple[_Want, list[TensorEntry]]]) -> dict[Slot, tuple[_
     """
     uses = Counter(_slice(e).slot for _, sources in plan for e in sources)
     out: dict[Slot, tuple[_Slice, memoryview]] = {}
-    candidates = [
-        (w, sources)
-        for w, sources in plan
-        if w.target.device.type == "cpu" and w.target.is_contiguous() and w.target.numel()
-    ]
+    candidates = [(w, sources) for w, sources in plan if _holds_bytes_as_saved(w.target) and w.target.numel()]
     shared = _sharing_memory([w.target for w, _ in candidates])
     for i, (w, sources) in enumerate(candidates):
         if i in shared:
@@ -312,7 +317,7 @@ def _read_slices(
 def _copy(w: _Want, sources: list[TensorEntry], data: dict[Slot, memoryview]) -> None:
     """Copy the saved elements of ``w``'s range from staging buffers into its tensor (bytes to bytes)."""
     size = w.target.element_size()
-    direct = w.target.device.type == "cpu" and w.target.is_contiguous()
+    direct = _holds_bytes_as_saved(w.target)
     out = w.target if direct else torch.empty(w.target.shape, dtype=w.target.dtype)
     if not out.numel() or not sources:
         return
