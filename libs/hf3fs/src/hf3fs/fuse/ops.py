@@ -29,6 +29,7 @@ from hf3fs.fuse.attrs import ABSENT, UNKNOWN, AttrCache
 from hf3fs.fuse.callers import as_caller, drops_set_id_bits_only, fuse_errors
 from hf3fs.fuse.extents import open_for_handle
 from hf3fs.fuse.handles import Handle, HandleTable, PendingFile
+from hf3fs.fuse.holds import RemovedOpenFiles
 from hf3fs.fuse.listings import ListingMark, list_folder
 from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 from hf3fs.fuse.pending import PendingFiles
@@ -77,12 +78,11 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
         self._lock = self._table.lock  # the table's, which guards the mount's state below too
         self._releases = 0  # writable handles released so far (each after its close made the length exact)
         self._released = 0  # handles released so far, all kinds (the mount's stats)
-        self._holds: dict[int, IO[bytes]] = {}  # removed files still open here: inode -> its hold (a session)
-        self._removed_open: set[int] = set()  # removed files kept by a writable handle's own session (no hold yet)
         self._dirs: dict[int, str] = {}  # open folders: handle -> path
         self._cache = AttrCache(options.attr_timeout_s)  # meta's recent answers (see hf3fs.fuse.attrs)
         # new files meta does not know yet (hf3fs.fuse.pending)
         self._pending = PendingFiles(fs, options, self._cache, self._table, (self._uid, self._gid))
+        self._holds = RemovedOpenFiles(fs, self._table, self._lstat, self._changed_inode)  # removed, still open here
 
     # ---- handles ----
 
@@ -432,7 +432,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def unlink(self, path: str) -> int:
         """unlink; a file still open here keeps its inode (and its handles keep working) until its last release."""
         self._pending.settle(path)
-        self._hold_if_open(path)
+        self._holds.hold_if_open(path)
         with self._changing(path):
             self.fs.remove(path)
         self._cache.changed(path, ABSENT)
@@ -442,50 +442,12 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def rename(self, old: str, new: str) -> int:
         """A rename in meta (atomic); a file renamed over is kept for its handles here, as unlink keeps it."""
         self._pending.settle(old, new)
-        self._hold_if_open(new)  # a file renamed over loses its last name too
+        self._holds.hold_if_open(new)  # a file renamed over loses its last name too
         try:
             self.fs.rename(old, new)
         finally:
             self._cache.clear()  # every name under the two changes
         return 0
-
-    def _hold_if_open(self, path: str) -> None:
-        """Before the last name of a file open here goes: keep a write session on it until its last handle is released.
-
-        The session is opened as the mount's own user. Meta keeps an inode with no name while a session is open, so
-        the open handles keep reading, writing and fstat-ing it, as POSIX wants; its chunks go when the hold closes.
-        Without write permission for the mount's user (a single-user mount of someone else's file) no hold is taken,
-        and the handles fail once meta frees the file.
-
-        A file with a writable handle here needs no new session: that handle's keeps the inode, and should it be
-        released before read-only handles, it becomes the hold (``release``). SQLite removes its journal as soon as
-        it closed it, while the kernel's release of the handle may still be on its way: no Open and Close for a hold
-        per transaction.
-        """
-        with self._lock:
-            if not self._table.by_inode:
-                return
-            open_inodes = set(self._table.by_inode)
-        try:
-            st = self._lstat(path)
-        except OSError:
-            return  # the removal itself reports it
-        if st.type != "file" or st.nlink > 1 or st.inode_id not in open_inodes:
-            return
-        with self._lock:
-            if st.inode_id in self._holds:
-                return
-            if any(self._table.handles[fh].writable for fh in self._table.by_inode.get(st.inode_id, ())):
-                self._removed_open.add(st.inode_id)
-                return
-        try:
-            with acting_as(None):
-                held = self.fs.open(path, "r+b", buffering=0)
-        except OSError as err:
-            logger.info("%s: open but not held across its removal: %s", path, err)
-            return
-        with self._lock:
-            self._holds[st.inode_id] = held
 
     @as_caller
     def symlink(self, target: str, source: str) -> int:
@@ -742,20 +704,6 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 self._changed_inode(h.inode_id, Stat.from_pb(synced) if synced is not None else ABSENT)
                 h.dirty = False
 
-    def _becomes_hold(self, h: Handle, fh: int) -> bool:
-        """Whether a writable handle being released must keep its session as the hold of its removed file.
-
-        It must when only read-only handles of it are left here.
-        """
-        with self._lock:
-            if not h.writable or h.inode_id not in self._removed_open or h.inode_id in self._holds:
-                return False
-            others = [self._table.handles[o] for o in self._table.by_inode.get(h.inode_id, ()) if o != fh]
-            if not others or any(o.writable for o in others):
-                return False
-            self._removed_open.discard(h.inode_id)
-            return True
-
     @fuse_errors
     def release(self, path: str, fh: int) -> int:
         """The kernel's release of a handle: its file closed (and its write session), or kept as a removed file's hold.
@@ -773,7 +721,7 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
     def _release(self, fh: int, h: Handle) -> None:
         if h.pending is not None and self._pending.release(fh, h):
             return
-        hold = self._becomes_hold(h, fh)
+        hold = self._holds.becomes_hold(h, fh)
         try:
             with h.lock:
                 if hold:  # its bytes and exact length go to meta now, its session stays (closed by the last handle)
@@ -788,12 +736,8 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 self._releases += h.writable
                 fhs = self._table.by_inode.get(h.inode_id, set())
                 fhs.discard(fh)
-                held = None
-                if hold:
-                    self._holds[h.inode_id] = h.file
                 if not fhs:
                     self._table.by_inode.pop(h.inode_id, None)
-                    self._removed_open.discard(h.inode_id)
-                    held = self._holds.pop(h.inode_id, None)
+                held = self._holds.released(h.inode_id, h.file if hold else None, last=not fhs)
             if held is not None:
                 held.close()  # the last handle of a removed file: meta may free it now

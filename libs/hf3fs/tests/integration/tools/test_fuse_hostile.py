@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 import random
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -348,3 +349,26 @@ def test_a_file_closed_on_one_mount_is_read_whole_by_an_open_on_another_right_af
         with open(other_mount / name, "rb") as f:
             got = f.read()
         assert (len(got), got) == (len(expected), expected), f"round {i}"
+
+
+@needs_fuse
+@pytest.mark.parametrize("how", ["unlink", "rename over"])
+def test_a_read_only_file_removed_while_open_stays_readable(mount: Path, fs_cluster: FsCluster, how: str) -> None:
+    """git's objects and packs are 0444; one git process removes one (gc, repack) while another reads it. The mount
+    keeps a removed open file with a write session, which meta refused for a read-only file even to its owner: no
+    hold was taken, meta freed the file, and the reader's next read was ENOENT. The file keeps its mode."""
+    path = mount / f"hostile-read-only-removed-{how.replace(' ', '-')}"
+    path.write_bytes(b"object " * 2000)
+    os.chmod(path, 0o444)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        inode_id = os.fstat(fd).st_ino
+        if how == "unlink":
+            os.unlink(path)
+        else:
+            path.with_name(path.name + "-new").write_bytes(b"new")
+            os.rename(path.with_name(path.name + "-new"), path)
+        assert os.pread(fd, 100_000, 0) == b"object " * 2000
+        assert stat.S_IMODE(fs_cluster.client.stat_inode(inode_id).mode) == 0o444
+    finally:
+        os.close(fd)
