@@ -301,6 +301,31 @@ def test_a_closed_session_s_capability_writes_nothing_outside_the_quota(
     assert quota is not None and stored <= quota.used_bytes <= 2 * MiB  # before: 6 MiB stored, 0 counted
 
 
+def test_a_truncate_under_an_open_writer_leaves_its_limit_reserved(
+    admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """A writer's session may write up to its limit (its capability says so) after its file was cut: the quota keeps
+    that room reserved, not free for another writer as well (before: both wrote, 3 MiB under a 2 MiB quota)."""
+    admin_fs.set_quota(home, max_bytes=2 * MiB)
+    a = fs.open(f"{home}/a", "wb", buffering=0)
+    a.write(b"a" * (2 * MiB))
+    a.fsync()
+    a.truncate(0)
+    quota = fs.get_quota(home)
+    assert quota is not None and quota.used_bytes == 2 * MiB  # (reservations included) before: 0
+    with pytest.raises(OSError) as exc, fs.open(f"{home}/b", "wb", buffering=0) as b:
+        b.write(b"b" * MiB)
+    assert exc.value.errno == errno.EDQUOT
+    a.seek(0)
+    a.write(b"c" * (2 * MiB))  # within the limit it holds: no reservation asked
+    a.close()
+    quota = fs.get_quota(home)
+    assert quota is not None and quota.used_bytes == 2 * MiB
+    fs.remove(f"{home}/a")
+    with fs.open(f"{home}/b", "wb") as b:  # the reservation went with the writer's Close
+        b.write(b"b" * (2 * MiB))
+
+
 def test_quota_enforced_and_nothing_written_past_it(admin_fs: hf3fs.FileSystem, fs: hf3fs.FileSystem,
                                                     home: str) -> None:  # fmt: skip
     q = admin_fs.set_quota(home, max_bytes=3 * MiB, max_inodes=5)

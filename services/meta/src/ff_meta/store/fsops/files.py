@@ -10,7 +10,7 @@ from ff_meta.core.model import Defaults, Inode, InodeType, LayoutSpec, PathAt, Q
 from ff_meta.core.perms import R, W, checked_mode, require, require_session_owner
 from ff_meta.store.fsops.namespace import new_inode, new_parent
 from ff_meta.store.fsops.sessions import session_row
-from ff_meta.store.schema import truncates
+from ff_meta.store.schema import sessions, truncates
 from ff_meta.store.tx import Tx, raw_sql
 
 
@@ -168,9 +168,24 @@ def truncate_commit(tx: Tx, at: PathAt, length: int, session_id: str, cut: bool 
         tx.quotas.charge(chain, dbytes=length - inode.length)
     else:
         tx.quotas.charge(chain, dbytes=length - inode.length, enforce=False)
+    if length < inode.length:
+        _reserve_again(tx, inode, length)
     tx.shrink_reported(inode.inode_id, length)
     if cut or length < inode.length:
         tx.mark_cut(inode.inode_id)
     values = {"length": length, "mtime_ns": tx.now_ns, "ctime_ns": tx.now_ns}
     tx.update(inode.inode_id, **values)
     return inode.with_(**values)
+
+
+def _reserve_again(tx: Tx, inode: Inode, length: int) -> None:
+    """A cut to ``length``: each open write session's quotas reserve again what it freed below the session's limit.
+
+    The session may write up to its limit (its IoCapability names it, and its client reserves nothing below it):
+    that room stays its own, not free for another writer too. Its Close gives back what it leaves unused.
+    """
+    q = sa.select(sessions.c.write_limit, sessions.c.quota_ids).where(sessions.c.inode_id == inode.inode_id)
+    for limit, quota_ids in tx.session.execute(q):
+        freed = min(inode.length, int(limit)) - length if limit is not None else 0
+        if freed > 0:
+            tx.quotas.charge(tx.quotas.of_ids(quota_ids), dreserved=freed, enforce=False)
