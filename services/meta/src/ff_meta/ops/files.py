@@ -123,11 +123,9 @@ class FileOps:
 
     async def open(self, caller: Caller, args: OpenArgs) -> Opened:
         """Open a file (a read on the fast path; a write opens a session; O_TRUNC empties it first)."""
+        held = False  # the write session named allows the open (``files.held_by_session``): it must exist still
         if args.write:
-            held = (args.session_id, args.client_id)
-            inode, chain = await self._store.write(
-                caller, lambda t: files.open_file(t, args.path, True, args.read, held)
-            )
+            inode, chain, held = await self._store.write(caller, functools.partial(_open_for_write, args))
         else:
             inode, chain = await self._store.read(caller, lambda t: files.open_file(t, args.path, False, args.read))
         if inode.is_dir:
@@ -139,12 +137,21 @@ class FileOps:
             )
         session = None
         if args.write:
-            session, inode = await self._open_session(caller, inode, chain, args.session_id, args.client_id)
+            session, inode = await self._open_session(
+                caller, inode, chain, args.session_id, args.client_id, must_exist=held
+            )
         limit = session.write_limit if session is not None else NO_LIMIT
         return Opened(inode=inode, session=session, capability=self._s.capability(inode, args.write, limit))
 
     async def _open_session(
-        self, caller: Caller, inode: Inode, chain: list[QuotaRow], session_id: str, client_id: str
+        self,
+        caller: Caller,
+        inode: Inode,
+        chain: list[QuotaRow],
+        session_id: str,
+        client_id: str,
+        *,
+        must_exist: bool = False,
     ) -> tuple[SessionInfo, Inode]:
         """Open (or find again) a write session of the file: the session, and the inode as of that transaction.
 
@@ -158,6 +165,8 @@ class FileOps:
 
         def body(t: Tx) -> tuple[SessionInfo, Inode]:
             now = t.get(inode.inode_id) or inode
+            if must_exist and t.session_owner(session_id) is None:  # ended since: a new one needs the open's checks
+                raise fs_error(FsCode.BAD_SESSION, f"write session {session_id} is closed or collected")
             return sessions.open_session(t, now, chain, session_id, client_id, defaults, expires), now
 
         return await self._store.write(caller, body)
@@ -349,6 +358,14 @@ def _finish(
         asked=asked,
         reported_only=reported_only,
     )
+
+
+def _open_for_write(args: OpenArgs, t: Tx) -> tuple[Inode, list[QuotaRow], bool]:
+    """A write open's file and quota chain, and whether the write session it names allowed it."""
+    held = None if args.read else files.held_by_session(t, args.path, args.session_id, args.client_id)
+    if held is not None:
+        return held, [], True
+    return (*files.open_file(t, args.path, True, args.read), False)
 
 
 def _reserved(t: Tx, sess: SessionInfo, reserve: int) -> SessionInfo:

@@ -61,19 +61,8 @@ def _holds_session(tx: Tx, inode: Inode, session_id: str, client_id: str) -> boo
     return owner is not None and (owner[0], owner[1]) == (inode.inode_id, client_id)
 
 
-def open_file(
-    tx: Tx, at: PathAt, write: bool, read: bool, session: tuple[str, str] = ("", "")
-) -> tuple[Inode, list[QuotaRow]]:
-    """Open a file: its inode, and for a write the quota chain of its folder.
-
-    A write open that names (``session``: its id and client id) a write session the caller holds on the file it
-    addresses by inode is allowed by that session, as its writes, Truncate and Close are: a descriptor's capability
-    refresh, whatever the file's mode or path says now (POSIX keeps an open descriptor's access; git writes its
-    packs through descriptors of files it created 0444). The session exists already: no quota chain is needed.
-    """
-    held = held_by_session(tx, at, *session) if write and not read else None
-    if held is not None:
-        return held, []
+def open_file(tx: Tx, at: PathAt, write: bool, read: bool) -> tuple[Inode, list[QuotaRow]]:
+    """Open a file: its inode, and for a write the quota chain of its folder."""
     r = tx.paths.existing(at, follow_last=True)
     inode = r.inode
     assert inode is not None
@@ -90,7 +79,10 @@ _RAW_SESSION_HOLDER = raw_sql("SELECT inode_id, client_id, uid FROM meta_session
 def held_by_session(tx: Tx, at: PathAt, session_id: str, client_id: str) -> Inode | None:
     """The file ``at`` addresses by its inode, when ``session_id`` is the caller's (and this client's) session on it.
 
-    None otherwise: then the open is checked as any other.
+    A write open that names such a session is allowed by it, as the session's writes, Truncate and Close are: a
+    descriptor's capability refresh, whatever the file's mode or path says now (POSIX keeps an open descriptor's
+    access; git writes its packs through descriptors of files it created 0444). None otherwise: then the open is
+    checked as any other.
     """
     if not session_id or at.path or not at.parent_id:
         return None
