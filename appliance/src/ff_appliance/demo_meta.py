@@ -89,4 +89,7 @@ def _run(addresses: list[str], token: str, step: Callable[[str], None], say: Cal
         fs.trash_empty([trash_id])
         if fs.exists(top):
             raise MetaDemoError(f"{top} still exists")
-        say("emptied: the files' chunks are freed in storage by meta's background GC")
+        say(
+            "emptied: the files' chunks are freed in storage by meta's background GC, once every writable capability"
+            " given out for them has expired (twice writable_capability_ttl_s: 10 minutes by default)"
+        )
