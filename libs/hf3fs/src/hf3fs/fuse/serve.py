@@ -24,7 +24,7 @@ import mfusepy
 
 from ff_rpc import Identity, acting_as
 from hf3fs.fuse.listings import ListingMark
-from hf3fs.fuse.ops import Hf3fsOperations
+from hf3fs.fuse.ops import MOUNT_STATS_XATTR, Hf3fsOperations
 from hf3fs.fuse.options import DEFAULT_OPTIONS, MountOptions
 
 logger = logging.getLogger(__name__)
@@ -350,13 +350,24 @@ def _abort_connection(device: str) -> bool:
     return True
 
 
+def _serving(where: str) -> bool:
+    """Whether the mount's daemon answers: its counters' attribute, from its memory (no meta call), within a while."""
+    probe = [sys.executable, "-c", "import os, sys; os.getxattr(sys.argv[1], sys.argv[2])", where, MOUNT_STATS_XATTR]
+    try:  # in a process of its own: a call to a hung daemon blocks (until killed, as the timeout does)
+        return subprocess.run(probe, capture_output=True, timeout=UMOUNT_WAIT_S, check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def umount(mountpoint: str) -> None:
     """Unmount a FUSE mount (the daemon serving it then exits); a mount whose daemon died or hangs is removed too.
 
-    Its connection is then aborted (as root) and it is detached lazily.
+    Its connection is then aborted (as root) and it is detached lazily. A live mount in use is left mounted: aborting
+    it would fail its programs' calls and lose what they wrote and had not closed yet.
 
     Raises:
-        OSError: nothing is mounted there (EINVAL), or it could not be removed (with fusermount's reason).
+        OSError: nothing is mounted there (EINVAL), it is in use and serving (EBUSY), or it could not be removed (with
+            fusermount's reason).
     """
     where = os.path.abspath(mountpoint)
     device = _fuse_mounts().get(where)
@@ -373,6 +384,13 @@ def umount(mountpoint: str) -> None:
         reason = f"fusermount -u did not return in {UMOUNT_WAIT_S:.0f} s"
     if _fuse_mounts().get(where) != device:  # gone meanwhile
         return
+    if "busy" in reason.lower() and _serving(where):  # in use, and alive: aborting would lose its files' writes
+        raise OSError(
+            errno.EBUSY,
+            "in use (a process has a file or its working folder there): close them first, or detach it with "
+            "'fusermount3 -uz', which lets those finish",
+            where,
+        )
     aborted = _abort_connection(device)
     lazy = subprocess.run(
         [_fusermount(), "-u", "-z", where], capture_output=True, text=True, check=False, timeout=UMOUNT_WAIT_S

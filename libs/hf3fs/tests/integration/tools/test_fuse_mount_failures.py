@@ -152,6 +152,28 @@ def test_umount_removes_a_hung_mount(fs_cluster: FsCluster, where: Path) -> None
         os.kill(pid, signal.SIGCONT)
 
 
+def test_umount_leaves_a_mount_in_use_mounted_and_its_open_files_working(fs_cluster: FsCluster, where: Path) -> None:
+    """``hf3fs umount`` of a live mount where a program has a file open: fusermount refuses (busy), and umount then
+    aborted the FUSE connection as it does for a dead or hung daemon: the program's next write failed (ENOTCONN)
+    and what it had written was lost (the file stayed empty). Now it says the mount is in use, as umount(8) does."""
+    _mount_daemon(fs_cluster, where)
+    name = f"busy-{time.monotonic_ns()}"
+    fd = os.open(where / "fuse" / name, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.write(fd, b"written before the umount")
+        refused = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
+        assert refused.code == 1 and "in use" in refused.err, refused
+        assert where.is_mount()
+        os.write(fd, b", and after")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token).code == 0
+    assert not where.is_mount()
+    with fs_cluster.client.open(f"/fuse/{name}", "rb") as f:
+        assert f.read() == b"written before the umount, and after"
+
+
 def test_umount_of_a_folder_that_is_no_mount_fails_clearly(fs_cluster: FsCluster, where: Path) -> None:
     run = hf3fs("umount", str(where), mgmtd=fs_cluster.mgmtd, token=fs_cluster.token)
     assert run.code == 1 and "no FUSE mount there" in run.err, run
