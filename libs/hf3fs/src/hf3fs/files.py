@@ -702,8 +702,6 @@ class RawFile(io.RawIOBase):
         try:
             return self._fs.run(call(self._cap))
         except PermissionError:
-            if not self.cap_expires_at_ns:
-                raise
             self._fresh_capability(force=True)
             return self._fs.run(call(self._cap))
 
@@ -742,10 +740,14 @@ class RawFile(io.RawIOBase):
         """The IoCapability to use from now on.
 
         Refreshed ``CAPABILITY_MARGIN_NS`` before it expires, or a quarter of its lifetime ahead for a short-lived one
-        (meta gives writable capabilities minutes: its ``writable_capability_ttl_s``).
+        (meta gives writable capabilities minutes: its ``writable_capability_ttl_s``); ``cap_expires_at_ns`` 0 where
+        this client's clock cannot tell.
         """
-        self._cap, self.cap_expires_at_ns = token, expires_at_ns
-        self._cap_margin_ns = min(CAPABILITY_MARGIN_NS, max(0, expires_at_ns - time.time_ns()) // 4)
+        left_ns = expires_at_ns - time.time_ns()
+        # A fresh one already expired by this client's clock: the clock is ahead of meta's by more than the lifetime and
+        # cannot tell when it expires (each IO would open the file again); storage's refusal says (_with_capability).
+        self._cap, self.cap_expires_at_ns = token, expires_at_ns if left_ns > 0 else 0
+        self._cap_margin_ns = min(CAPABILITY_MARGIN_NS, max(0, left_ns) // 4)
 
     def _check_open(self) -> None:
         if self.closed:

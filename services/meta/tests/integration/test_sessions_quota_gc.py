@@ -248,6 +248,34 @@ def test_a_writer_whose_clock_is_behind_meta_s_keeps_writing(
         assert r.read() == b"A" * 1000 + b"B" * 1000
 
 
+def test_a_writer_whose_clock_is_ahead_of_meta_s_by_more_than_a_lifetime_does_not_refresh_at_every_write(
+    monkeypatch: pytest.MonkeyPatch, fs: hf3fs.FileSystem, home: str
+) -> None:
+    """Every capability meta gives looks expired to a client clock ahead by more than its lifetime: the client opened
+    the file again before each write (before: 20 Opens for 20 writes). It refreshes when storage refuses one."""
+    from fireflyer.meta.v1 import meta_pb2 as mpb
+
+    monkeypatch.setattr(hf3fs.files, "time", _SkewedTime(int(WRITABLE_CAPABILITY_TTL_S * 3e9)))
+    with fs.open(f"{home}/ahead", "wb", buffering=0) as f:
+        backend = f._fs
+        answer = backend.meta_call
+        opens = []
+
+        def counted(method: object, request: object, path: str | None = None) -> object:
+            if isinstance(request, mpb.OpenRequest):
+                opens.append(request)
+            return answer(method, request, path)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(backend, "meta_call", counted)
+        for k in range(20):
+            f.write(bytes([65 + k]) * 100)
+        assert len(opens) <= 1
+        time.sleep(WRITABLE_CAPABILITY_TTL_S * 1.2)  # expired by storage's clock: refused, refreshed, sent again
+        f.write(b"Z" * 100)
+    with fs.open(f"{home}/ahead", "rb") as r:
+        assert r.read() == b"".join(bytes([65 + k]) * 100 for k in range(20)) + b"Z" * 100
+
+
 def test_a_writer_keeps_writing_while_its_capability_refresh_finds_no_meta(
     monkeypatch: pytest.MonkeyPatch, fs: hf3fs.FileSystem, home: str
 ) -> None:
