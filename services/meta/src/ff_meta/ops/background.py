@@ -1,7 +1,8 @@
 """Meta's background work, in every instance.
 
 Write sessions whose lease lapsed are collected (the length made exact from storage), truncates a crash cut short are
-finished, removed files' chunks are deleted (GC: once no writable capability for them can be left), the trash expires,
+finished, files a quota'd session closed with room left have their length asked again once its capabilities expired,
+removed files' chunks are deleted (GC: once no writable capability for them can be left), the trash expires,
 old records of calls done once go, SQLite's WAL is checkpointed.
 """
 
@@ -40,6 +41,7 @@ class Background:
             for job in (
                 self.collect_sessions,
                 self.finish_truncates,
+                self.recheck_lengths,
                 self.run_gc,
                 self.expire_trash,
                 self.prune_once,
@@ -71,6 +73,24 @@ class Background:
             collect = functools.partial(sessions.collect_session, storage_length=length, asked=inode)
             if await self._store.write(SYSTEM, lambda t, s=session_id, c=collect: c(t, s)):  # type: ignore[misc]
                 logger.info("collected write session %s of inode %d (lease lapsed)", session_id, inode_id)
+                done += 1
+        return done
+
+    async def recheck_lengths(self) -> int:
+        """Ask storage the length of files whose write session under a byte quota ended with room left.
+
+        Once every capability of that session has expired (as GC waits): what a client wrote under one since counts.
+        """
+        ready_before = time.time() - 2 * self._s.options.writable_capability_ttl_s
+        due = await self._store.read(
+            SYSTEM, functools.partial(sessions.due_length_checks, ready_before=ready_before), small=False
+        )
+        done = 0
+        for inode_id in due:
+            inode = await self._store.read(SYSTEM, lambda t, i=inode_id: t.get(i))  # type: ignore[misc]
+            length = await self._s.chunks.length(inode) if inode is not None else None
+            adopt = functools.partial(sessions.adopt_checked_length, storage_length=length, asked=inode)
+            if await self._store.write(SYSTEM, lambda t, i=inode_id, a=adopt: a(t, i)):  # type: ignore[misc]
                 done += 1
         return done
 

@@ -121,6 +121,15 @@ once = sa.Table(
     sa.Column("recorded_at_ns", sa.BigInteger, nullable=False, index=True),
 )  # fmt: skip
 
+# Files a write session under a byte quota closed with room left: storage is asked their length again once every
+# capability of that session expired (``store/fsops/sessions.py``, ``Background.recheck_lengths``).
+length_checks = sa.Table(
+    "meta_length_checks", metadata,
+    sa.Column("inode_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("ended_at", sa.Float, nullable=False, index=True),
+    sa.Column("quota_ids", sa.Text, nullable=False),
+)  # fmt: skip
+
 counters = sa.Table(
     "meta_counters", metadata,
     sa.Column("name", sa.String(64), primary_key=True),

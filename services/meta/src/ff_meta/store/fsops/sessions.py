@@ -164,14 +164,58 @@ def finish_length(
     return inode
 
 
+_RAW_QUEUE_LENGTH_CHECK = raw_sql(
+    "INSERT INTO meta_length_checks (inode_id, ended_at, quota_ids) VALUES (?, ?, ?) ON CONFLICT (inode_id) "
+    "DO UPDATE SET ended_at = excluded.ended_at, quota_ids = excluded.quota_ids"
+)
+_RAW_DUE_LENGTH_CHECKS = raw_sql("SELECT inode_id FROM meta_length_checks WHERE ended_at <= ? LIMIT ?")
+_RAW_LENGTH_CHECK = raw_sql("SELECT quota_ids FROM meta_length_checks WHERE inode_id = ?")
+_RAW_DROP_LENGTH_CHECK = raw_sql("DELETE FROM meta_length_checks WHERE inode_id = ?")
+
+
 def _end_session(tx: Tx, inode: Inode, row: Any, chain: list[QuotaRow]) -> None:
+    """Give back the session's unused reservation; drop it; free the file if that was its last link's holder.
+
+    A session under a byte quota that ends with room left queues a length check (``adopt_checked_length``): its
+    writable capability, which names its limit, lets a client write up to it until it expires, and what it writes
+    then must count in the quota.
+    """
+    unused = 0
     if row.write_limit is not None:
         unused = max(0, int(row.write_limit) - max(inode.length, int(row.reported_length)))
         if unused:
             tx.quotas.charge(chain, dreserved=-unused, enforce=False)
     tx.delete_session(row.session_id)
     if inode.nlink == 0 and not tx.has_sessions(inode.inode_id):
-        tx.free_file(inode)
+        tx.free_file(inode)  # GC removes every chunk, once no capability is left
+    elif unused:
+        tx.execute(_RAW_QUEUE_LENGTH_CHECK, (inode.inode_id, tx.now_ns / 1e9, row.quota_ids))
+
+
+def due_length_checks(tx: Tx, ready_before: float, limit: int = 32) -> list[int]:
+    """The files queued for a length check before ``ready_before`` (Unix seconds)."""
+    return [int(r[0]) for r in tx.fetch_all(_RAW_DUE_LENGTH_CHECKS, (ready_before, limit))]
+
+
+def adopt_checked_length(tx: Tx, inode_id: int, storage_length: int | None, asked: Inode | None) -> bool:
+    """A queued length check: storage's length, where it is past meta's, becomes the file's.
+
+    Charged to the quotas the ended session was under. Whether the check is done (False: kept for a later round).
+
+    Dropped, changing nothing, while the file has write sessions (theirs end by asking storage too, and would give
+    back a reservation this had charged as bytes) and when the file is gone (GC removes its chunks).
+    """
+    rows = tx.fetch_all(_RAW_LENGTH_CHECK, (inode_id,))
+    inode = tx.get(inode_id)
+    if not rows or inode is None or tx.has_sessions(inode_id):
+        tx.execute(_RAW_DROP_LENGTH_CHECK, (inode_id,))
+        return bool(rows)
+    if storage_length is None or not storage_answer_stands(asked, inode, storage_length, inode.length):
+        return False
+    if storage_length > inode.length:
+        set_length(tx, inode, storage_length, tx.quotas.of_ids(rows[0][0]))
+    tx.execute(_RAW_DROP_LENGTH_CHECK, (inode_id,))
+    return True
 
 
 def collect_session(tx: Tx, session_id: str, storage_length: int | None, asked: Inode | None = None) -> bool:
