@@ -671,10 +671,18 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
 
     @fuse_errors
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        """fsync/fdatasync: the bytes to storage and the length exact on meta (fsync: the mtime too)."""
-        if self._get(fh).pending is not None:
+        """fsync/fdatasync: the bytes to storage and the length exact on meta (fsync: the mtime too).
+
+        The file's, whichever descriptor here wrote them, as a local fsync flushes the inode: an fsync of a read-only
+        descriptor (``sync FILE``) returned 0 with another descriptor's writes still in this process's memory.
+        """
+        h = self._get(fh)
+        if h.pending is not None:
             self._pending.materialize(fh)
-        self._sync(self._get(fh), always=not datasync)
+        for w in self._table.writers(h.inode_id):
+            if w is not h:
+                self._sync(w, always=False)
+        self._sync(h, always=not datasync)
         return 0
 
     def _sync(self, h: Handle, always: bool) -> None:

@@ -420,3 +420,20 @@ def test_random_sequences_over_several_descriptors_end_as_on_a_local_disk(
     (fcf2f53): each seed's sequence compared step by step with a local folder (seeds 2 and 16 of 40 failed before
     that fix)."""
     _same_as_local(_random_descriptors(seed), mount / "hostile-random", tmp_path / "local")
+
+
+@needs_fuse
+def test_an_fsync_of_any_descriptor_sends_what_the_others_wrote(mount: Path, other_mount: Path) -> None:
+    """fsync flushes the file, not only what its descriptor wrote (Linux flushes the inode; ``sync FILE`` opens it
+    read-only to fsync it). An fsync of a descriptor opened read-only before the writes returned 0 while another
+    descriptor's bytes stayed in the mount's memory: not durable, and another mount read the file empty."""
+    name = "hostile-fsync-read-only"
+    w = os.open(mount / name, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+    r = os.open(mount / name, os.O_RDONLY)
+    try:
+        os.write(w, b"durable " * 100)
+        os.fsync(r)
+        assert (other_mount / name).read_bytes() == b"durable " * 100
+    finally:
+        os.close(r)
+        os.close(w)
