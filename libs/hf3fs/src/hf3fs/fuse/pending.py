@@ -174,25 +174,40 @@ class PendingFiles:
         """The pending file's own inode opened to write, at the name it has now.
 
         Another client may have renamed it (or a folder above it) since its create, and put another file at its
-        name: opened by its old path, that other file got the bytes and this one stayed empty. Its path now comes
-        from meta by its inode, and the file opened must be that inode (a rename between the two is tried again).
+        name: opened by its old path, that other file got the bytes and this one stayed empty. Its name is checked
+        first (a Stat of the path: no commit of the write-back's queue, which a call by inode would wait for); a name
+        that holds another inode, or none, is asked of meta by the inode. The file opened must be that inode.
         """
+        path = pf.path
         for _ in range(_REOPEN_ATTEMPTS):
             try:
-                path = self.fs.realpath_inode(pf.inode_id)
+                if not self._holds_inode(path, pf.inode_id):
+                    path = self.fs.realpath_inode(pf.inode_id)
+            except FileNotFoundError:
+                self._gone(fh, pf)
+                raise OSError(errno.ESTALE, "removed by another client before its bytes went", pf.path) from None
+            try:
                 f = open_for_handle(self.fs, path, "r+b")
             except FileNotFoundError:
-                with self._lock:
-                    if self._pending.get(pf.path) == fh:
-                        del self._pending[pf.path]  # its name shows what meta has there now
-                self._cache.changed(pf.path, UNKNOWN)
-                raise OSError(
-                    errno.ESTALE, "removed by another client before its bytes were written", pf.path
-                ) from None
+                continue  # renamed or removed meanwhile: looked for again
             if getattr(f, "raw", f).inode_id == pf.inode_id:
                 return f
             f.close()
         raise OSError(errno.ESTALE, "renamed again and again by another client", pf.path)
+
+    def _holds_inode(self, path: str, inode_id: int) -> bool:
+        """Whether the name ``path`` reaches ``inode_id`` now."""
+        try:
+            return bool(self.fs.lstat(path).inode_id == inode_id)
+        except FileNotFoundError:
+            return False
+
+    def _gone(self, fh: int, pf: PendingFile) -> None:
+        """A pending file another client removed: its name shows what meta has there now; its handle keeps its bytes."""
+        with self._lock:
+            if self._pending.get(pf.path) == fh:
+                del self._pending[pf.path]
+        self._cache.changed(pf.path, UNKNOWN)
 
     def _count_room(self, room: int, quota_id: int) -> None:
         """Meta's word on a byte quota (``room`` bytes left, as of a Create just now) less what this mount holds.
