@@ -726,6 +726,21 @@ class Hf3fsOperations(mfusepy.Operations):  # type: ignore[misc]  # mfusepy is u
                 self._released += 1
         return 0
 
+    def destroy(self, path: str | None) -> None:
+        """The mount is going (an unmount, or a signal that ended libfuse's loop): every handle left is released here.
+
+        A signal ends the loop with the kernel's releases of files just closed still queued: a pending file's bytes,
+        which go to the write-back only at its release, were lost (one of 30 files closed before a SIGTERM stayed
+        empty). A handle still open then has its bytes sent too, as its close would.
+        """
+        with self._lock:
+            left = list(self._table.handles.items())
+        for fh, h in left:
+            try:
+                self._release(fh, h)
+            except Exception:  # the others still go
+                logger.exception("hf3fs mount: releasing inode %d at the unmount failed", h.inode_id)
+
     def _release(self, fh: int, h: Handle) -> None:
         if h.pending is not None and self._pending.release(fh, h):
             return

@@ -5,6 +5,7 @@ Needs /dev/fuse and fusermount3; the hung-mount case needs root (it aborts the F
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -209,8 +210,10 @@ def test_a_signal_stops_the_mount_cleanly_after_committing_what_it_was_handed(
     fs_cluster: FsCluster, where: Path, sig: signal.Signals
 ) -> None:
     """``kill`` (a service manager's stop) or Ctrl-C of ``hf3fs mount --foreground``: the mount goes, the files closed
-    before are in the cluster whole, and the exit is 0. It said "Input/output error (libfuse could not mount or serve
-    (status 8))" and exited 1, for a stop (libfuse reports a loop ended by a signal as status 8)."""
+    before, and what a file still open had written, are in the cluster whole, and the exit is 0. It said
+    "Input/output error (libfuse could not mount or serve (status 8))" and exited 1, for a stop (libfuse reports a
+    loop ended by a signal as status 8); and the still-open file, and now and then the last one closed (its release
+    still queued when the loop ended), stayed empty."""
     env = clean_env()
     env.update({"FF_MGMTD_ADDRESSES": fs_cluster.mgmtd, "FF_TOKEN": fs_cluster.token})
     log = where.parent / "mount.log"
@@ -220,8 +223,14 @@ def test_a_signal_stops_the_mount_cleanly_after_committing_what_it_was_handed(
     assert where.is_mount(), log.read_text()
     name = f"stop-{sig.name}-{time.monotonic_ns()}"
     made = _tar_style_files(where / "fuse" / name, 30)
+    # and one still open, its bytes still in the mount's memory (the kernel's releases of the others may be queued)
+    fd = os.open(where / "fuse" / name / "open", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, b"written, not closed, when the mount stopped")
+    made["open"] = b"written, not closed, when the mount stopped"
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == 0, log.read_text()
+    with contextlib.suppress(OSError):  # ENOTCONN: the mount is gone
+        os.close(fd)
     assert not where.is_mount() and not _dead(where)
     assert "stopped by a signal" in log.read_text() and "Input/output error" not in log.read_text()
     assert _read_all(fs_cluster, f"/fuse/{name}", iter(made)) == made
