@@ -18,7 +18,7 @@ import hf3fs
 from ff_cluster import MgmtdClient
 from ff_testing.cluster import CLUSTER_TOKEN
 from fireflyer.storage.v1 import storage_pb2 as spb
-from hf3fs.files import read_spans, write_spans
+from hf3fs.spans import read_spans, write_spans
 from hf3fs.storage_client import ChunkWrite
 
 from .conftest import LEASE_S, WRITABLE_CAPABILITY_TTL_S, MetaCluster

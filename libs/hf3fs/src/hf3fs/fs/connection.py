@@ -19,9 +19,9 @@ from ff_rpc.client import UnaryCall
 from fireflyer.meta.v1 import meta_pb2 as pb
 from fireflyer.meta.v1.meta_client import MetaServiceClient
 from fireflyer.mgmtd.v1 import mgmtd_pb2 as mpb
-from hf3fs.files import layout_of
 from hf3fs.forks import Process, fork_error
 from hf3fs.meta_client import Hf3fsError, MetaClient, os_error
+from hf3fs.spans import layout_of
 from hf3fs.storage_client import StorageClient
 
 T = TypeVar("T")

@@ -12,11 +12,12 @@ from typing import Any
 
 from ff_fsprotocol.layout import FileLayout
 from fireflyer.meta.v1 import meta_pb2 as pb
-from hf3fs.files import OpenMode, RawFile, read_spans, wrap, write_spans
+from hf3fs.files import OpenMode, RawFile, wrap
 from hf3fs.fs.connection import Connection
 from hf3fs.fs.paths import path_at
 from hf3fs.fs.sessions import MetaCall, OpenFileBackend, WriteSessions
 from hf3fs.meta_client import ERRNO_OF_FS_ERROR, Hf3fsError
+from hf3fs.spans import read_spans, write_spans
 
 WHOLE_FILE = 1 << 62  # a read_batch length meaning "to the end of the file"
 CREATE_RETRY_INTERVAL_S = 0.2  # between attempts of a Create whose answer meta never gave
